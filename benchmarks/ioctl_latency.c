@@ -1,0 +1,157 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ioctl_latency <file> <cmd-hex> <count> [warmup]
+ * ioctl_latency --export <render-node> <count> [warmup]
+ *
+ * Times single ioctls (raw ioctl(2), no retry) with CLOCK_MONOTONIC and
+ * prints one line:  median_ns=.. p99_ns=.. mean_ns=.. count=..
+ *
+ * Plain mode issues <cmd-hex> on a buffer whose first 24 bytes are
+ * op=0 (export), flags=0, gem_handle=1, then zeros; against fuse_echo that
+ * is the floor of any FUSE ioctl.  --export first creates a 2 MiB VRAM BO
+ * and exports it once, then times repeated (idempotent) UALink exports of it:
+ * the daemon's real fast path.  Failed ioctls are timed too and counted on
+ * stderr; in --export mode any failure is fatal.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ualink/ualink_drm.h"
+
+#define BUF_SIZE 4096
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Create a VRAM BO and export it once; leaves the export request in buf. */
+static int setup_export(int fd, unsigned char *buf)
+{
+	union drm_amdgpu_gem_create create;
+	union drm_amdgpu_ualink_handle *u = (void *)buf;
+
+	memset(&create, 0, sizeof(create));
+	create.in.bo_size = 2 << 20;
+	create.in.alignment = 4096;
+	create.in.domains = AMDGPU_GEM_DOMAIN_VRAM;
+	if (ioctl(fd, DRM_IOCTL_AMDGPU_GEM_CREATE, &create) < 0) {
+		perror("GEM_CREATE");
+		return -1;
+	}
+	memset(u, 0, sizeof(*u));
+	u->in.op = DRM_AMDGPU_UALINK_HANDLE_OP_EXPORT;
+	u->in.gem_handle = create.out.handle;
+	if (ioctl(fd, DRM_IOCTL_AMDGPU_UALINK_HANDLE, u) < 0) {
+		perror("UALINK export");
+		return -1;
+	}
+	fprintf(stderr, "exported gem_handle=%u as handle_lo=0x%016llx handle_hi=0x%016llx\n",
+		create.out.handle, (unsigned long long)u->out.export_ualink_handle[0],
+		(unsigned long long)u->out.export_ualink_handle[1]);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static unsigned char buf[BUF_SIZE], request[BUF_SIZE];
+	unsigned long cmd;
+	long count, warmup = 1000, i, failures = 0;
+	int export_mode = argc > 1 && !strcmp(argv[1], "--export");
+	int argi = export_mode ? 2 : 3, fd, first_errno = 0;
+	uint64_t *ns, sum = 0;
+	size_t size;
+
+	if (argc < argi + 1 || argc > argi + 2) {
+		fprintf(stderr, "usage: %s <file> <cmd-hex> <count> [warmup]\n"
+				"       %s --export <render-node> <count> [warmup]\n",
+			argv[0], argv[0]);
+		return 2;
+	}
+	cmd = export_mode ? DRM_IOCTL_AMDGPU_UALINK_HANDLE : strtoul(argv[2], NULL, 16);
+	count = strtol(argv[argi], NULL, 0);
+	if (argc > argi + 1)
+		warmup = strtol(argv[argi + 1], NULL, 0);
+	size = _IOC_SIZE(cmd);
+	if (count <= 0 || warmup < 0 || size > BUF_SIZE) {
+		fprintf(stderr, "%s: need count > 0, warmup >= 0, _IOC_SIZE(cmd) <= %d\n",
+			argv[0], BUF_SIZE);
+		return 2;
+	}
+	fd = open(argv[export_mode ? 2 : 1], O_RDWR | O_CLOEXEC);
+	if (fd < 0) {
+		perror(argv[export_mode ? 2 : 1]);
+		return 1;
+	}
+	ns = calloc((size_t)count, sizeof(*ns));
+	if (!ns)
+		return 1;
+
+	if (export_mode) {
+		if (setup_export(fd, buf))
+			return 1;
+		/* the output overwrote bytes 0-15: rebuild the request */
+		memset(request, 0, sizeof(request));
+		memcpy(request, &(struct drm_amdgpu_ualink_handle_in){
+			.op = DRM_AMDGPU_UALINK_HANDLE_OP_EXPORT,
+			.gem_handle = ((union drm_amdgpu_ualink_handle *)buf)->in.gem_handle,
+		}, 24);
+	} else {
+		memcpy(request, &(struct drm_amdgpu_ualink_handle_in){
+			.op = DRM_AMDGPU_UALINK_HANDLE_OP_EXPORT, .gem_handle = 1,
+		}, 24);
+	}
+
+	for (i = -warmup; i < count; i++) {
+		uint64_t t0, t1;
+		int ret;
+
+		memcpy(buf, request, size);
+		t0 = now_ns();
+		ret = ioctl(fd, cmd, buf);
+		t1 = now_ns();
+		if (ret < 0) {
+			if (!failures++)
+				first_errno = errno;
+			if (export_mode) {
+				fprintf(stderr, "UALINK export: %s\n", strerror(errno));
+				return 1;
+			}
+		}
+		if (i >= 0)
+			ns[i] = t1 - t0;
+	}
+	close(fd);
+
+	if (failures)
+		fprintf(stderr, "%ld of %ld ioctls failed (first: %s)\n",
+			failures, count + warmup, strerrorname_np(first_errno));
+	for (i = 0; i < count; i++)
+		sum += ns[i];
+	qsort(ns, (size_t)count, sizeof(*ns), cmp_u64);
+	/* nearest-rank percentiles */
+	printf("median_ns=%llu p99_ns=%llu mean_ns=%llu count=%ld\n",
+	       (unsigned long long)ns[(count - 1) / 2],
+	       (unsigned long long)ns[(count * 99 + 99) / 100 - 1],
+	       (unsigned long long)(sum / (uint64_t)count), count);
+	free(ns);
+	return 0;
+}

@@ -1,0 +1,467 @@
+"""The FUSE edge against a real mount: a FileTree over an in-test backend, clients in worker
+threads or subprocesses (a FUSE server must never be called from its own thread).
+
+Every test unmounts in `finally` and checks /proc/self/mountinfo afterwards.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from ualinkd.drm.errors import DrmError
+from ualinkd.fuse.backend import Caller, SysAttr, SysDir
+from ualinkd.fuse.lowlevel import FuseSession, clear_stale_mount, fuse_mounts_at
+from ualinkd.fuse.procfd import DMABUF_INO_BASE, dmabuf_ino, resolve_caller_fd
+from ualinkd.fuse.tree import FileTree
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"),
+                       reason="needs root and /dev/fuse"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 20
+
+
+def _ioc(direction: int, nr: int, size: int) -> int:
+    return (direction << 30) | (size << 16) | (ord("d") << 8) | nr
+
+
+IOWR_ECHO = _ioc(3, 0x40, 24)  # out = in, each byte + 1
+IOW_SINK = _ioc(1, 0x41, 16)  # recorded, nothing copied back
+IOR_SOURCE = _ioc(2, 0x42, 40)  # out = 0xA0, 0xA1, ...
+IOWR_EPERM = _ioc(3, 0x43, 24)  # result -EPERM, out = in reversed
+IOWR_ASYNC = _ioc(3, 0x44, 24)  # answered from a task once `gate` is set
+IOWR_BUG = _ioc(3, 0x45, 24)  # the backend raises a plain exception
+IOWR_DRMERR = _ioc(3, 0x46, 24)  # the backend raises DrmError(ENOSPC)
+
+DMABUF_TOKEN, DMABUF_KEY, DMABUF_SIZE = "3141592653", 7, 3 * 4096
+
+
+class FakeDrmFile:
+    def __init__(self, minor: int, caller: Caller) -> None:
+        self.minor, self.caller = minor, caller
+
+
+@dataclass
+class FakeBackend:
+    """Just enough node to exercise every path of the tree."""
+
+    minors: list[int] = field(default_factory=lambda: [128, 129])
+    opened: list[FakeDrmFile] = field(default_factory=list)
+    released: list[FakeDrmFile] = field(default_factory=list)
+    ioctls: list[tuple[int, bytes, int]] = field(default_factory=list)
+    gpu: list[tuple[str, int, Any]] = field(default_factory=list)
+    tokens: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # name->key,size,uid
+    sizes: dict[int, int] = field(default_factory=dict)
+    dmabuf_refs: list[object] = field(default_factory=list)
+    dmabuf_released: list[object] = field(default_factory=list)
+    state: str = "ACTIVE"
+    async_started: trio.Event = field(default_factory=trio.Event)
+    gate: trio.Event = field(default_factory=trio.Event)
+
+    def render_minors(self) -> list[int]:
+        return self.minors
+
+    def open_render(self, minor: int, caller: Caller) -> object:
+        f = FakeDrmFile(minor, caller)
+        self.opened.append(f)
+        return f
+
+    def release_render(self, drm_file: object) -> None:
+        self.released.append(drm_file)  # type: ignore[arg-type]
+
+    def ioctl(self, drm_file: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller):
+        self.ioctls.append((cmd, in_bytes, out_size))
+        if cmd == IOWR_ECHO:
+            return 0, bytes((b + 1) & 0xFF for b in in_bytes)
+        if cmd == IOW_SINK:
+            return 0, b""
+        if cmd == IOR_SOURCE:
+            return 0, bytes(0xA0 + i for i in range(out_size))
+        if cmd == IOWR_EPERM:
+            return -errno.EPERM, in_bytes[::-1]
+        if cmd == IOWR_ASYNC:
+            return self._slow(in_bytes)
+        if cmd == IOWR_BUG:
+            raise RuntimeError("backend bug (expected by the test)")
+        if cmd == IOWR_DRMERR:
+            raise DrmError(errno.ENOSPC, "no space")
+        return -errno.EINVAL, bytes(out_size)
+
+    async def _slow(self, in_bytes: bytes) -> tuple[int, bytes]:
+        self.async_started.set()
+        await self.gate.wait()
+        return 0, b"late".ljust(len(in_bytes), b"!")
+
+    def gpu_read(self, drm_file: object, va: int, size: int, caller: Caller) -> bytes:
+        self.gpu.append(("read", va, size))
+        if va == 0xDEAD000:
+            raise DrmError(errno.EFAULT, "GPU page fault")
+        return va.to_bytes(8, "little")[:size].ljust(size, b"\0")
+
+    def gpu_write(self, drm_file: object, va: int, data: bytes, caller: Caller) -> int:
+        self.gpu.append(("write", va, data))
+        return len(data)
+
+    def dmabuf_lookup(self, name: str, caller: Caller) -> tuple[int, int]:
+        t = self.tokens.get(name)
+        if t is None or t[2] != caller.uid:
+            raise DrmError(errno.ENOENT, "no such token")
+        return t[0], t[1]
+
+    def add_token(self, name: str, key: int, size: int, uid: int) -> None:
+        self.tokens[name] = (key, size, uid)
+        self.sizes[key] = size
+
+    def dmabuf_open(self, key: int, caller: Caller) -> object:
+        for name, (k, _size, _uid) in list(self.tokens.items()):
+            if k == key:
+                del self.tokens[name]  # single use
+                ref = object()
+                self.dmabuf_refs.append(ref)
+                return ref
+        raise DrmError(errno.ENOENT, "token already used")
+
+    def dmabuf_size(self, key: int) -> int:
+        if key not in self.sizes:
+            raise DrmError(errno.ENOENT, "gone")
+        return self.sizes[key]
+
+    def dmabuf_release(self, dmabuf_ref: object) -> None:
+        self.dmabuf_released.append(dmabuf_ref)
+
+    def dmabuf_resolve(self, ino_or_key: int) -> object | None:
+        return None
+
+    def sys_tree(self) -> SysDir:
+        def set_state(text: str) -> None:
+            self.state = text.strip()
+
+        return {
+            "state": SysAttr(lambda: f"{self.state}\n", set_state, mode=0o644),
+            "accel0": {"accel_id": SysAttr(lambda: "5\n")},
+        }
+
+
+@dataclass
+class Mounted:
+    mp: str
+    backend: FakeBackend
+    tree: FileTree
+    session: FuseSession
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.mp, rel)
+
+
+@asynccontextmanager
+async def serving(mp: Path, backend: FakeBackend | None = None) -> AsyncIterator[Mounted]:
+    """Mount a FileTree at mp and serve it for the body; always unmounted afterwards."""
+    clear_stale_mount(mp)
+    backend = backend or FakeBackend()
+    tree = FileTree(backend, mp)
+    session = tree.session()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.serve)
+            try:
+                with trio.fail_after(TIMEOUT):
+                    yield Mounted(str(mp), backend, tree, session)
+            finally:
+                session.unmount()
+    finally:
+        session.close()
+        assert not fuse_mounts_at(str(mp)), "mount left behind"
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a client call off the trio thread (abandoned, not leaked, if the test times out:
+    the unmount in `serving` fails whatever it is blocked on)."""
+    return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+
+
+async def eventually(pred: Callable[[], bool]) -> None:
+    """FUSE_RELEASE is sent after close() returns: wait for it."""
+    while not pred():
+        await trio.sleep(0.005)
+
+
+def _ioctl(fd: int, cmd: int, buf: bytearray) -> bytearray:
+    fcntl.ioctl(fd, cmd, buf, True)
+    return buf
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+
+
+def _raw_ioctl(fd: int, cmd: int, buf: ctypes.Array) -> tuple[int, int]:
+    """(return value, errno) as a C caller sees them."""
+    ctypes.set_errno(0)
+    ret = _libc.ioctl(fd, cmd, buf)
+    return ret, ctypes.get_errno()
+
+
+def _tgid(tid: int) -> int:
+    with open(f"/proc/{tid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
+
+
+# -- ioctl ---------------------------------------------------------------------------------
+
+
+async def test_ioctl_directions_and_errors(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    async with serving(tmp_path / "mnt") as m:
+        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+        try:
+            sent = bytes(range(24))
+            got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(sent))
+            assert bytes(got) == bytes(b + 1 for b in sent)
+            assert m.backend.ioctls[-1] == (IOWR_ECHO, sent, 24)
+
+            # _IOW: 16 bytes in, nothing back.
+            buf = bytearray(b"W" * 16)
+            await in_thread(_ioctl, fd, IOW_SINK, buf)
+            assert buf == b"W" * 16
+            assert m.backend.ioctls[-1] == (IOW_SINK, b"W" * 16, 0)
+
+            # _IOR: nothing in, 40 bytes out.
+            got = await in_thread(_ioctl, fd, IOR_SOURCE, bytearray(40))
+            assert bytes(got) == bytes(0xA0 + i for i in range(40))
+            assert m.backend.ioctls[-1] == (IOR_SOURCE, b"", 40)
+
+            # A negative result: -1/EPERM for the caller *and* the bytes copied back.
+            cbuf = ctypes.create_string_buffer(sent, 24)
+            ret, err = await in_thread(_raw_ioctl, fd, IOWR_EPERM, cbuf)
+            assert (ret, err) == (-1, errno.EPERM)
+            assert cbuf.raw == sent[::-1]
+
+            # DrmError becomes the errno; other exceptions are bugs: EIO,
+            # logged with a traceback, and the server keeps going.
+            ret, err = await in_thread(_raw_ioctl, fd, IOWR_DRMERR, cbuf)
+            assert (ret, err) == (-1, errno.ENOSPC)
+            with caplog.at_level(logging.ERROR, logger="ualinkd.fuse.lowlevel"):
+                ret, err = await in_thread(_raw_ioctl, fd, IOWR_BUG, cbuf)
+            assert (ret, err) == (-1, errno.EIO)
+            assert any(r.exc_info and "backend bug" in str(r.exc_info[1]) for r in caplog.records)
+            got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+            assert bytes(got) == b"\x01" * 24
+        finally:
+            await in_thread(os.close, fd)
+        await eventually(lambda: len(m.backend.released) == 1)
+        assert m.backend.released == m.backend.opened
+        assert m.backend.opened[0].minor == 128
+        # FUSE reports the calling *thread*; /proc/<tid> works like /proc/<pid>.
+        tid = m.backend.opened[0].caller.pid
+        assert _tgid(tid) == os.getpid()
+
+
+async def test_async_ioctl_does_not_block_others(tmp_path: Path):
+    async with serving(tmp_path / "mnt") as m:
+        fd = await in_thread(os.open, m.path("dri/renderD129"), os.O_RDWR)
+        try:
+            slow_result: list[bytes] = []
+
+            async def slow_client() -> None:
+                slow_result.append(bytes(await in_thread(_ioctl, fd, IOWR_ASYNC, bytearray(24))))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(slow_client)
+                await m.backend.async_started.wait()
+                # Answered while the first ioctl is still pending.
+                got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+                assert bytes(got) == b"\x01" * 24
+                assert not slow_result
+                m.backend.gate.set()
+            assert slow_result == [b"late".ljust(24, b"!")]
+        finally:
+            await in_thread(os.close, fd)
+
+
+# -- pread / pwrite ------------------------------------------------------------------------
+
+
+async def test_gpu_read_write_offsets_unchanged(tmp_path: Path):
+    async with serving(tmp_path / "mnt") as m:
+        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+        try:
+            for va in (2**46, 2**46 + 0x1234, 2**47 - 4096):
+                data = await in_thread(os.pread, fd, 8, va)
+                assert int.from_bytes(data, "little") == va
+                assert await in_thread(os.pwrite, fd, b"store!", va) == 6
+                assert m.backend.gpu[-1] == ("write", va, b"store!")
+            with pytest.raises(OSError) as ei:
+                await in_thread(os.pread, fd, 8, 0xDEAD000)
+            assert ei.value.errno == errno.EFAULT
+        finally:
+            await in_thread(os.close, fd)
+
+
+# -- dmabuf --------------------------------------------------------------------------------
+
+
+async def test_dmabuf_open_once_size_and_resolve(tmp_path: Path):
+    backend = FakeBackend()
+    backend.add_token(DMABUF_TOKEN, DMABUF_KEY, DMABUF_SIZE, os.getuid())
+    async with serving(tmp_path / "mnt", backend) as m:
+        assert await in_thread(os.listdir, m.path("dmabuf")) == []
+        with pytest.raises(FileNotFoundError):
+            await in_thread(os.open, m.path("dmabuf/999"), os.O_RDWR)
+
+        path = m.path(f"dmabuf/{DMABUF_TOKEN}")
+        fd = await in_thread(os.open, path, os.O_RDWR)
+        try:
+            assert await in_thread(os.lseek, fd, 0, os.SEEK_END) == DMABUF_SIZE
+            st = await in_thread(os.fstat, fd)
+            assert st.st_size == DMABUF_SIZE and stat.S_ISREG(st.st_mode)
+            assert st.st_ino == dmabuf_ino(DMABUF_KEY)
+            with pytest.raises(FileNotFoundError):  # the token is single-use
+                await in_thread(os.open, path, os.O_RDWR)
+            assert await in_thread(os.listdir, m.path("dmabuf")) == []
+            with pytest.raises(OSError) as ei:  # no CPU access to dma-bufs
+                await in_thread(os.pread, fd, 8, 0)
+            assert ei.value.errno == errno.EINVAL
+
+            # Resolved from the trio thread: procfd must not touch the mount.
+            assert resolve_caller_fd(os.getpid(), fd, m.mp) == DMABUF_KEY
+        finally:
+            await in_thread(os.close, fd)
+        await eventually(lambda: backend.dmabuf_released == backend.dmabuf_refs)
+        assert len(backend.dmabuf_refs) == 1
+
+        with pytest.raises(OSError) as ei:
+            resolve_caller_fd(os.getpid(), fd, m.mp)  # closed now
+        assert ei.value.errno == errno.EBADF
+        plain = tmp_path / "plain"
+        plain.write_bytes(b"x")
+        pfd = os.open(plain, os.O_RDONLY)
+        try:
+            with pytest.raises(OSError) as ei:
+                resolve_caller_fd(os.getpid(), pfd, m.mp)
+            assert ei.value.errno == errno.EINVAL
+        finally:
+            os.close(pfd)
+
+
+async def test_resolve_rejects_other_mounts_dmabuf(tmp_path: Path):
+    other = FakeBackend()
+    other.add_token("42", DMABUF_KEY, 4096, os.getuid())
+    async with serving(tmp_path / "a") as a, serving(tmp_path / "b", other) as b:
+        fd = await in_thread(os.open, b.path("dmabuf/42"), os.O_RDWR)
+        try:
+            assert resolve_caller_fd(os.getpid(), fd, b.mp) == DMABUF_KEY
+            with pytest.raises(OSError) as ei:
+                resolve_caller_fd(os.getpid(), fd, a.mp)
+            assert ei.value.errno == errno.EINVAL
+        finally:
+            await in_thread(os.close, fd)
+
+
+def test_dmabuf_inode_mapping():
+    assert dmabuf_ino(1) == DMABUF_INO_BASE + 1
+    with pytest.raises(ValueError):
+        dmabuf_ino(0)
+
+
+# -- layout and sys ------------------------------------------------------------------------
+
+
+async def test_layout_and_sys_attributes(tmp_path: Path):
+    async with serving(tmp_path / "mnt") as m:
+        assert sorted(await in_thread(os.listdir, m.mp)) == ["dmabuf", "dri", "sys"]
+        assert await in_thread(os.listdir, m.path("dri")) == ["renderD128", "renderD129"]
+        st = await in_thread(os.stat, m.path("dri/renderD128"))
+        assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o666
+        assert st.st_size == 0
+        assert sorted(await in_thread(os.listdir, m.path("sys"))) == ["accel0", "state"]
+        st = await in_thread(os.stat, m.path("sys/accel0/accel_id"))
+        assert st.st_size == 4096 and stat.S_IMODE(st.st_mode) == 0o444
+
+        def read(rel: str) -> str:
+            with open(m.path(rel)) as f:
+                return f.read()
+
+        def write(rel: str, text: str) -> None:
+            with open(m.path(rel), "w") as f:  # O_TRUNC: setattr(size=0) must succeed
+                f.write(text)
+
+        assert await in_thread(read, "sys/state") == "ACTIVE\n"
+        await in_thread(write, "sys/state", "RESET\n")
+        assert m.backend.state == "RESET"
+        assert await in_thread(read, "sys/state") == "RESET\n"  # live, never cached
+        m.backend.state = "ERROR"
+        assert await in_thread(read, "sys/state") == "ERROR\n"
+        assert await in_thread(read, "sys/accel0/accel_id") == "5\n"
+        with pytest.raises(PermissionError):
+            await in_thread(write, "sys/accel0/accel_id", "6\n")
+        with pytest.raises(FileNotFoundError):
+            await in_thread(os.stat, m.path("sys/nope"))
+        sv = await in_thread(os.statvfs, m.mp)
+        assert sv.f_bsize == 4096
+    assert m.tree.open_handles() == {"render": 0, "dmabuf": 0, "sys": 0}
+
+
+# -- stale mounts --------------------------------------------------------------------------
+
+_SERVER = textwrap.dedent(
+    """
+    import sys, trio
+    from ualinkd.fuse.tree import FileTree
+    class B:
+        def render_minors(self): return [128]
+        def sys_tree(self): return {}
+        def ioctl(self, *args): return 0, b""
+    tree = FileTree(B(), sys.argv[1])
+    session = tree.session()
+    trio.run(session.serve)
+    """
+)
+
+
+async def test_clear_stale_mount_after_sigkill(tmp_path: Path):
+    mp = tmp_path / "stale"
+    clear_stale_mount(mp)
+    assert mp.is_dir()
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(mp)], cwd=REPO)
+    try:
+        with trio.fail_after(TIMEOUT):
+            while not await in_thread(os.path.exists, mp / "dri" / "renderD128"):
+                assert proc.poll() is None, "server died"
+                await trio.sleep(0.02)
+        with pytest.raises(OSError) as ei:  # a live server is not cleared
+            await in_thread(clear_stale_mount, mp)
+        assert ei.value.errno == errno.EBUSY
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        with pytest.raises(OSError) as ei:
+            os.stat(mp)
+        assert ei.value.errno == errno.ENOTCONN
+        clear_stale_mount(mp)
+        assert not fuse_mounts_at(str(mp))
+        assert mp.is_dir() and os.listdir(mp) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if fuse_mounts_at(str(mp)):
+            subprocess.run(["umount", "-l", str(mp)], check=False)
+    assert not fuse_mounts_at(str(mp))

@@ -1,0 +1,3 @@
+from ualinkd.cli.main import entry
+
+entry()

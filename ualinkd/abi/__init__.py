@@ -1,0 +1,1 @@
+"""The ioctl ABI: `_IOC` encoding, struct layouts (construct), constants. No I/O here."""

@@ -1,0 +1,71 @@
+"""Numeric constants of the uAPI (spec §1.1, §1.2, §2.2–§2.8, §5.2)."""
+
+from __future__ import annotations
+
+import enum
+import os
+
+# ---- DRM core ------------------------------------------------------------------------
+DRM_CLOEXEC = os.O_CLOEXEC
+DRM_RDWR = os.O_RDWR
+DRM_CAP_PRIME = 0x5
+DRM_PRIME_CAP_IMPORT = 0x1
+DRM_PRIME_CAP_EXPORT = 0x2
+
+# ---- GEM domains (§2.3) ------------------------------------------------------------------
+DOMAIN_CPU = 0x1
+DOMAIN_GTT = 0x2
+DOMAIN_VRAM = 0x4
+DOMAIN_GDS = 0x8
+DOMAIN_GWS = 0x10
+DOMAIN_OA = 0x20
+DOMAIN_DOORBELL = 0x40
+DOMAIN_MASK = 0x7F
+DOMAIN_NPA = 0x80  # Emulator policy 6: internal only; GEM_CREATE rejects it like any bit > 0x7F
+
+# ---- GEM create flags (§2.3) ------------------------------------------------------------
+CREATE_CPU_ACCESS_REQUIRED = 1 << 0
+CREATE_NO_CPU_ACCESS = 1 << 1
+CREATE_CPU_GTT_USWC = 1 << 2
+CREATE_VRAM_CLEARED = 1 << 3
+CREATE_VRAM_CONTIGUOUS = 1 << 5
+CREATE_VM_ALWAYS_VALID = 1 << 6
+CREATE_EXPLICIT_SYNC = 1 << 7
+CREATE_CP_MQD_GFX9 = 1 << 8
+CREATE_VRAM_WIPE_ON_RELEASE = 1 << 9
+CREATE_ENCRYPTED = 1 << 10
+CREATE_PREEMPTIBLE = 1 << 11
+CREATE_DISCARDABLE = 1 << 12
+CREATE_COHERENT = 1 << 13
+CREATE_UNCACHED = 1 << 14
+CREATE_EXT_COHERENT = 1 << 15
+CREATE_GFX12_DCC = 1 << 16
+CREATE_SETTABLE_MASK = 0x1F6CF
+
+# ---- GEM_VA (§2.6) ------------------------------------------------------------------------
+VA_OP_MAP = 1
+VA_OP_UNMAP = 2
+VA_OP_CLEAR = 3
+VA_OP_REPLACE = 4
+VM_DELAY_UPDATE = 1 << 0
+VM_PAGE_READABLE = 1 << 1
+VM_PAGE_WRITEABLE = 1 << 2
+VM_PAGE_EXECUTABLE = 1 << 3
+VM_PAGE_PRT = 1 << 4
+VM_MTYPE_MASK = 0xF << 5
+VM_PAGE_NOALLOC = 1 << 9
+
+# ---- GEM_OP (§2.8) ------------------------------------------------------------------------
+GEM_OP_GET_GEM_CREATE_INFO = 0
+GEM_OP_SET_PLACEMENT = 1
+GEM_OP_GET_MAPPING_INFO = 2
+
+# ---- UALink (§1.2) -------------------------------------------------------------------------
+
+
+class UalinkOp(enum.IntEnum):
+    EXPORT = 0
+    IMPORT = 1
+
+
+GPU_PAGE_SIZE = 4096

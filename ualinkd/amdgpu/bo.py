@@ -1,0 +1,113 @@
+"""amdgpu buffer objects: a GemObject with domains, creation flags and placement (§2.3).
+
+Memory is accounted, not allocated: `MemoryPool` is a domain's capacity (VRAM, GTT), so a
+16 GiB BO costs nothing until something writes to it (issue 4 adds the bytes).
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..abi.constants import (
+    CREATE_NO_CPU_ACCESS,
+    CREATE_VM_ALWAYS_VALID,
+    DOMAIN_GTT,
+    DOMAIN_VRAM,
+)
+from ..drm.errors import DrmError
+from ..drm.gem import DmaBuf, GemObject
+
+if TYPE_CHECKING:
+    from ..drm.device import DrmDevice
+
+GPU_PAGE = 4096
+
+
+class MemoryPool:
+    """Capacity of one memory domain of one GPU."""
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name = name
+        self.size = size
+        self.used = 0
+
+    def fits(self, size: int) -> bool:
+        return self.used + size <= self.size
+
+    def charge(self, size: int) -> None:
+        self.used += size
+
+    def uncharge(self, size: int) -> None:
+        self.used -= size
+
+
+class AmdgpuBo(GemObject):
+    __slots__ = (
+        "alignment",
+        "allowed_domains",
+        "flags",
+        "import_buf",
+        "mmap_offset",
+        "on_handle_free",
+        "pin_count",
+        "placement",
+        "preferred_domains",
+        "ualink_handle_lo",
+    )
+
+    def __init__(
+        self,
+        device: DrmDevice,
+        size: int,
+        alignment: int,
+        domains: int,
+        flags: int,
+        placement: MemoryPool | None,
+    ) -> None:
+        super().__init__(device, size)
+        self.alignment = alignment
+        self.preferred_domains = domains
+        self.allowed_domains = domains | DOMAIN_GTT if domains == DOMAIN_VRAM else domains
+        self.flags = flags
+        self.placement = placement
+        if placement is not None:
+            placement.charge(size)
+        self.pin_count = 0
+        self.ualink_handle_lo = 0  # bo->ualink_handle_lo: non-zero once exported (§3.4)
+        self.import_buf: DmaBuf | None = None  # a foreign dma-buf this BO imports
+        self.mmap_offset = 0
+        self.on_handle_free: Callable[[AmdgpuBo], None] | None = None
+
+    @property
+    def vm_always_valid(self) -> bool:
+        return bool(self.flags & CREATE_VM_ALWAYS_VALID)
+
+    @property
+    def cpu_accessible(self) -> bool:
+        return not self.flags & CREATE_NO_CPU_ACCESS
+
+    def handle_free(self) -> None:
+        # amdgpu wires drm_gem_object_funcs.handle_free to the UALink revoke (§6.4).
+        if self.on_handle_free is not None:
+            self.on_handle_free(self)
+
+    def free(self) -> None:
+        if self.placement is not None:
+            self.placement.uncharge(self.size)
+            self.placement = None
+        if self.import_buf is not None:
+            buf, self.import_buf = self.import_buf, None
+            buf.put()
+
+
+def place(size: int, domains: int, vram: MemoryPool, gtt: MemoryPool) -> MemoryPool | None:
+    """Initial placement: VRAM first if allowed and free, then GTT; ENOMEM if neither."""
+    pools = [p for p, bit in ((vram, DOMAIN_VRAM), (gtt, DOMAIN_GTT)) if domains & bit]
+    if not pools:
+        return None  # CPU / special domains: not accounted
+    for pool in pools:
+        if pool.fits(size):
+            return pool
+    raise DrmError(errno.ENOMEM, f"{size} bytes fit in no allowed domain")

@@ -1,0 +1,192 @@
+"""The amdgpu half of a DrmDevice: its ioctl handlers and GEM/PRIME hooks (spec §1.6, §2.3–2.8).
+
+The UALINK_HANDLE handler decodes the union and applies the kernel's prologue; the export
+and import work itself is the UALink manager's (`UalinkOps`), injected so this layer does
+not depend on the one above it.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from typing import Protocol
+
+from ..abi import constants as c
+from ..abi import structs as st
+from ..drm.device import Caller, DrmDevice, Handler
+from ..drm.errors import DrmError
+from ..drm.file import DrmFile
+from ..drm.gem import DmaBuf, GemObject
+from .bo import AmdgpuBo, MemoryPool, place
+
+# Domains that must stand alone (amdgpu_gem_are_domains_valid, §2.3).
+_SPECIAL = c.DOMAIN_GDS | c.DOMAIN_GWS | c.DOMAIN_OA | c.DOMAIN_DOORBELL
+_GDS_GWS_OA = c.DOMAIN_GDS | c.DOMAIN_GWS | c.DOMAIN_OA
+# DRM_FILE_PAGE_OFFSET_START in bytes: fake mmap offsets start here.
+_MMAP_OFFSET_START = (0x100000000 // 4096 + 1) * 4096
+
+
+class UalinkOps(Protocol):
+    """What the UALINK_HANDLE handler needs from the accel's UALink manager."""
+
+    @property
+    def accel_active(self) -> bool: ...
+
+    def export(self, file: DrmFile, gem_handle: int) -> tuple[int, int]: ...
+
+    def import_handle(self, file: DrmFile, handle_lo: int, handle_hi: int) -> DmaBuf: ...
+
+    def revoke(self, bo: AmdgpuBo) -> None: ...
+
+
+CopyToUser = Callable[[int, int, bytes], None]  # (pid, address, data); raises EFAULT
+
+
+class AmdgpuDriver:
+    def __init__(
+        self,
+        device: DrmDevice,
+        vram_size: int,
+        gtt_size: int,
+        copy_to_user: CopyToUser | None = None,
+    ) -> None:
+        self.device = device
+        self.vram = MemoryPool("vram", vram_size)
+        self.gtt = MemoryPool("gtt", gtt_size)
+        self.ualink: UalinkOps | None = None
+        self.copy_to_user = copy_to_user
+        self._mmap_next = _MMAP_OFFSET_START
+        self.ioctls: dict[int, Handler] = {
+            0x40: self.gem_create_ioctl,
+            0x41: self.gem_mmap_ioctl,
+            0x50: self.gem_op_ioctl,
+            0x5B: self.ualink_handle_ioctl,
+        }
+        device.driver = self
+
+    # -- BOs ---------------------------------------------------------------------------------
+    def bo_create(self, size: int, alignment: int, domains: int, flags: int) -> AmdgpuBo:
+        """amdgpu_gem_object_create with the create ioctl's retry (§2.3): a VRAM-only
+        request that does not fit is retried as VRAM|GTT."""
+        try:
+            pool = place(size, domains, self.vram, self.gtt)
+        except DrmError:
+            if domains != c.DOMAIN_VRAM:
+                raise
+            domains |= c.DOMAIN_GTT
+            pool = place(size, domains, self.vram, self.gtt)
+        bo = AmdgpuBo(self.device, size, alignment, domains, flags, pool)
+        bo.on_handle_free = self._handle_free
+        return bo
+
+    def _handle_free(self, bo: AmdgpuBo) -> None:
+        if self.ualink is not None:
+            self.ualink.revoke(bo)
+
+    def lookup_bo(self, file: DrmFile, handle: int) -> AmdgpuBo:
+        obj = file.lookup(handle)
+        if obj is None:
+            raise DrmError(errno.ENOENT, f"no GEM handle {handle}")
+        assert isinstance(obj, AmdgpuBo)
+        return obj
+
+    # -- DRM driver hooks --------------------------------------------------------------------
+    def gem_object_open(self, obj: GemObject, file: DrmFile) -> None:
+        pass  # GPU VM bo_va bookkeeping arrives with GEM_VA (issue 4)
+
+    def gem_object_close(self, obj: GemObject, file: DrmFile) -> None:
+        pass
+
+    def gem_prime_export(self, obj: GemObject) -> DmaBuf:
+        """amdgpu_gem_prime_export: VM_ALWAYS_VALID (and userptr) BOs cannot be shared."""
+        assert isinstance(obj, AmdgpuBo)
+        if obj.vm_always_valid:
+            raise DrmError(errno.EPERM, "VM_ALWAYS_VALID BOs cannot be exported")
+        return DmaBuf(obj)
+
+    def gem_prime_import(self, buf: DmaBuf) -> GemObject:
+        """amdgpu_gem_prime_import: our own dma-buf resolves to the BO itself (a new
+        reference); another device's becomes a GTT import BO of ours."""
+        if buf.obj.device is self.device:
+            buf.obj.get()
+            return buf.obj
+        bo = AmdgpuBo(self.device, buf.size, 0, c.DOMAIN_GTT, 0, None)
+        bo.on_handle_free = self._handle_free
+        buf.get()
+        bo.import_buf = buf
+        return bo
+
+    # -- GEM_CREATE (§2.3) ---------------------------------------------------------------------
+    def gem_create_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        args = st.GEM_CREATE_IN.decode(bytes(kdata[:32]))
+        flags, domains = args.domain_flags, args.domains
+        if flags & ~c.CREATE_SETTABLE_MASK:
+            raise DrmError(errno.EINVAL, f"create flags {flags:#x}")
+        if domains & ~c.DOMAIN_MASK:
+            raise DrmError(errno.EINVAL, f"domains {domains:#x}")
+        if domains & _SPECIAL and domains.bit_count() != 1:
+            raise DrmError(errno.EINVAL, f"domains {domains:#x}: GDS/GWS/OA/DOORBELL stand alone")
+        if flags & c.CREATE_ENCRYPTED:
+            raise DrmError(errno.EINVAL, "TMZ is disabled")
+        if domains & _GDS_GWS_OA:
+            if flags & c.CREATE_VM_ALWAYS_VALID:
+                raise DrmError(errno.EINVAL, "GDS/GWS/OA cannot be VM_ALWAYS_VALID")
+            flags |= c.CREATE_NO_CPU_ACCESS
+        if args.bo_size == 0:
+            raise DrmError(errno.EINVAL, "zero-sized BO")
+        size = -(-args.bo_size // 4096) * 4096
+        flags |= c.CREATE_VRAM_CLEARED | c.CREATE_VRAM_WIPE_ON_RELEASE
+        bo = self.bo_create(size, args.alignment, domains, flags)
+        handle = file.handle_create(bo)
+        bo.put()  # the handle holds its own reference
+        kdata[:32] = bytes(32)
+        kdata[0:4] = handle.to_bytes(4, "little")
+
+    # -- GEM_MMAP (§2.7) -----------------------------------------------------------------------
+    def gem_mmap_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        handle = int.from_bytes(kdata[0:4], "little")
+        kdata[0:8] = bytes(8)  # the union is zeroed before anything can fail
+        bo = self.lookup_bo(file, handle)
+        if not bo.cpu_accessible:
+            raise DrmError(errno.EPERM, "BO has NO_CPU_ACCESS")
+        if bo.mmap_offset == 0:
+            bo.mmap_offset = self._mmap_next
+            self._mmap_next += -(-bo.size // 4096) * 4096
+        kdata[0:8] = bo.mmap_offset.to_bytes(8, "little")
+
+    # -- GEM_OP (§2.8) -------------------------------------------------------------------------
+    def gem_op_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        args = st.GEM_OP.decode(bytes(kdata[:24]))
+        if args.padding:
+            raise DrmError(errno.EINVAL, "GEM_OP padding must be 0")
+        bo = self.lookup_bo(file, args.handle)
+        if args.op == c.GEM_OP_GET_GEM_CREATE_INFO:
+            info = st.GemCreateIn(bo.size, bo.alignment, bo.preferred_domains, bo.flags)
+            if self.copy_to_user is None:
+                raise DrmError(errno.EFAULT, "no user memory access")
+            self.copy_to_user(caller.pid, args.value, st.GEM_CREATE_IN.encode(info))
+        elif args.op == c.GEM_OP_SET_PLACEMENT:
+            if bo.import_buf is not None and args.value & c.DOMAIN_VRAM:
+                raise DrmError(errno.EINVAL, "imported BOs cannot prefer VRAM")
+            bo.preferred_domains = args.value & (c.DOMAIN_VRAM | c.DOMAIN_GTT | c.DOMAIN_CPU)
+            bo.allowed_domains = bo.preferred_domains
+            if bo.allowed_domains == c.DOMAIN_VRAM:
+                bo.allowed_domains |= c.DOMAIN_GTT
+        else:
+            raise DrmError(errno.EINVAL, f"GEM_OP op {args.op}")
+
+    # -- UALINK_HANDLE (§1.3–§1.6) ---------------------------------------------------------------
+    def ualink_handle_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        args = st.decode_ualink_handle_in(bytes(kdata[:24]))
+        # The state check comes before the op is even looked at (§1.6 step 1, §11.1).
+        if self.ualink is None or not self.ualink.accel_active:
+            raise DrmError(errno.EOPNOTSUPP, "accel is not ACTIVE")
+        if args.op == c.UalinkOp.EXPORT:
+            lo, hi = self.ualink.export(file, args.gem_handle)
+            kdata[0:16] = st.UALINK_HANDLE_OUT_EXPORT.pack(lo, hi)
+        elif args.op == c.UalinkOp.IMPORT:
+            buf = self.ualink.import_handle(file, args.handle_lo, args.handle_hi)
+            token = self.device.tokens.install(buf, file, caller.uid)
+            kdata[0:4] = st.UALINK_HANDLE_OUT_IMPORT.pack(token)
+        else:
+            raise DrmError(errno.EINVAL, f"UALink op {args.op}")

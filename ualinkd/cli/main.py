@@ -1,0 +1,174 @@
+"""`ualinkd node` (one node daemon) and `ualinkd pod` (a whole local pod, one process a node).
+
+`main(argv) -> int` so tests call it directly; `entry()` is the console script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import trio
+
+from ..config import ConfigError, PodConfig
+
+log = logging.getLogger("ualinkd")
+
+
+def _trace_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--trace", nargs="?", const="text", choices=["text", "json"], default=None,
+        help="print one line per ioctl to stdout (--trace=json: one JSON object a line)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ualinkd", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+    node = sub.add_parser("node", help="run one node daemon")
+    node.add_argument("--config", required=True, help="the pod's TOML file")
+    node.add_argument("--node", required=True, help="this node's name in the config")
+    node.add_argument("--mount", required=True, help="where to mount the node's files")
+    _trace_arg(node)
+    pod = sub.add_parser("pod", help="run a whole local pod, one daemon process per node")
+    pod.add_argument("--nodes", type=int, default=2)
+    pod.add_argument("--accels-per-node", type=int, default=1)
+    pod.add_argument("--root", default="./ualink-pod", help="node i is mounted at ROOT/node<i>")
+    pod.add_argument("--ready-timeout", type=float, default=30.0, help=argparse.SUPPRESS)
+    _trace_arg(pod)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.command == "node":
+            return _node(args)
+        return _pod(args)
+    except ConfigError as e:
+        print(f"ualinkd: {e}", file=sys.stderr)
+        return 2
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+def _node(args: argparse.Namespace) -> int:
+    from ..daemon import run_node
+
+    config = PodConfig.load(args.config)
+    config.node(args.node)  # fail early on an unknown name
+    try:
+        trio.run(run_node, config, args.node, args.mount, args.trace)
+    except OSError as e:
+        print(f"ualinkd: {args.node}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _pod(args: argparse.Namespace) -> int:
+    if not 1 <= args.nodes <= 256 or not 1 <= args.accels_per_node <= 8:
+        print("ualinkd: --nodes must be 1..256 and --accels-per-node 1..8", file=sys.stderr)
+        return 2
+    root = os.path.abspath(args.root)
+    os.makedirs(root, exist_ok=True)
+    config = PodConfig.local(args.nodes, args.accels_per_node)
+    conf_path = os.path.join(root, "pod.toml")
+    with open(conf_path, "w") as f:
+        f.write(config.to_toml())
+
+    stop = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    children: list[tuple[str, str, subprocess.Popen[bytes], socket.socket]] = []
+    status = 0
+    try:
+        for node in config.nodes:
+            mount = os.path.join(root, node.name)
+            notify_path = os.path.join(root, f".notify-{node.name}")
+            if os.path.exists(notify_path):
+                os.unlink(notify_path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.bind(notify_path)
+            cmd = [sys.executable, "-m", "ualinkd", "node", "--config", conf_path,
+                   "--node", node.name, "--mount", mount]
+            if args.trace:
+                cmd.append(f"--trace={args.trace}")
+            env = dict(os.environ, NOTIFY_SOCKET=notify_path)
+            proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+            children.append((node.name, mount, proc, sock))
+        for (name, mount, proc, sock), node in zip(children, config.nodes, strict=True):
+            if not _wait_ready(sock, proc, args.ready_timeout, lambda: stop):
+                print(f"ualinkd: {name} did not become ready", file=sys.stderr)
+                return 1
+            ids = ",".join(str(a.accel_id) for a in node.accels)
+            print(f"{name} ready: mount={mount} render={mount}/dri/renderD128 accels={ids}",
+                  flush=True)
+        while not stop:
+            for name, _, proc, _ in children:
+                if proc.poll() is not None:
+                    print(f"ualinkd: {name} exited with status {proc.returncode}",
+                          file=sys.stderr)
+                    stop, status = True, 1
+            time.sleep(0.1)
+    finally:
+        _stop_children(children)
+    return status
+
+
+def _wait_ready(sock: socket.socket, proc: subprocess.Popen[bytes], timeout: float,
+                stopping: object) -> bool:
+    deadline = time.monotonic() + timeout
+    sock.settimeout(0.1)
+    while time.monotonic() < deadline:
+        try:
+            if b"READY=1" in sock.recv(256):
+                return True
+        except TimeoutError:
+            pass
+        if proc.poll() is not None or stopping():  # type: ignore[operator]
+            return False
+    return False
+
+
+def _stop_children(children: list[tuple[str, str, subprocess.Popen[bytes], socket.socket]]) -> None:
+    from ..fuse.lowlevel import clear_stale_mount
+
+    for _, _, proc, _ in children:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for name, mount, proc, sock in children:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop in 10 s; killing it", name)
+            proc.kill()
+            proc.wait()
+        sock.close()
+        try:
+            os.unlink(sock.getsockname())
+        except OSError:
+            pass
+        try:
+            clear_stale_mount(mount)
+        except OSError as e:
+            log.warning("%s: could not clear %s: %s", name, mount, e)

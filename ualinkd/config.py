@@ -1,0 +1,251 @@
+"""The pod configuration (one TOML file) and its validation (DESIGN "Pod configuration").
+
+The file plays the firmware (Emulator policy 8): it gives each accel its pPod and vPod
+information and configuration stage. `PodConfig.local()` builds the embedded default pod
+that `ualinkd pod` runs.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import tomllib
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .ualink.manager import KNOWN_QUIRKS
+from .ualink.state import (
+    ACCEL_MAX,
+    LOCAL_ACCELS_MAX,
+    AddrMode,
+    ConfigStage,
+    PpodInfo,
+    VpodInfo,
+)
+
+GIB = 1 << 30
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+class ConfigError(ValueError):
+    """A pod configuration that cannot be run; the message says what and where."""
+
+
+def parse_size(value: object, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            return int(m.group(1)) * _UNITS[(m.group(2) or "")[:1].upper()]
+    raise ConfigError(f"{where}: {value!r} is not a size (e.g. 4096, \"64MiB\", \"16GiB\")")
+
+
+@dataclass(frozen=True)
+class AccelConfig:
+    accel_id: int
+    vram_size: int = 16 * GIB
+    gtt_size: int = 16 * GIB
+    stage: ConfigStage = ConfigStage.COMPLETE
+    bandwidth: int = 100
+    latency: int = 1
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    address: str
+    accels: tuple[AccelConfig, ...]
+
+
+@dataclass(frozen=True)
+class VpodConfig:
+    vpod_id: int
+    members: frozenset[int]
+    addr_mode: AddrMode
+
+
+@dataclass(frozen=True)
+class PodConfig:
+    uuid: uuid.UUID
+    key: str
+    nodes: tuple[NodeConfig, ...]
+    vpods: tuple[VpodConfig, ...] = ()
+    ppod_size: int = 0
+    kernel_quirks: frozenset[str] = frozenset()
+    response_timeout_ms: int = 5000
+    send_ack_timeout_ms: int = 2000
+    source: str = field(default="<built-in>", compare=False)
+
+    # -- lookups --------------------------------------------------------------------------
+    def node(self, name: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise ConfigError(f"{self.source}: no node named {name!r} (have: "
+                          f"{', '.join(n.name for n in self.nodes)})")
+
+    def ppod_info(self, accel: AccelConfig) -> PpodInfo:
+        return PpodInfo(accel.accel_id, accel.bandwidth, accel.latency, self.ppod_size, self.uuid)
+
+    def vpod_info(self, accel_id: int) -> VpodInfo:
+        for v in self.vpods:
+            if accel_id in v.members:
+                return VpodInfo(v.vpod_id, len(v.members), v.addr_mode, v.members)
+        return VpodInfo()
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def local(cls, nodes: int = 2, accels_per_node: int = 1, base_port: int = 0) -> PodConfig:
+        """The default local pod: every accel in vPod 1, source-aliasing, all ACTIVE."""
+        node_cfgs = []
+        for i in range(nodes):
+            accels = tuple(AccelConfig(i * accels_per_node + k) for k in range(accels_per_node))
+            port = base_port + i if base_port else 0
+            node_cfgs.append(NodeConfig(f"node{i}", f"127.0.0.1:{port}", accels))
+        members = frozenset(a.accel_id for n in node_cfgs for a in n.accels)
+        cfg = cls(
+            uuid=uuid.uuid4(),
+            key=secrets.token_hex(32),
+            nodes=tuple(node_cfgs),
+            vpods=(VpodConfig(1, members, AddrMode.SOURCE_ALIASING),),
+            ppod_size=len(members),
+        )
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def load(cls, path: str | Path) -> PodConfig:
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: {e.strerror}") from None
+        return cls.from_dict(doc, str(path))
+
+    @classmethod
+    def from_dict(cls, doc: dict, source: str = "<dict>") -> PodConfig:
+        pod = doc.get("pod", {})
+        try:
+            pod_uuid = uuid.UUID(str(pod.get("uuid", "")))
+        except ValueError:
+            raise ConfigError(f"{source}: [pod] uuid must be a UUID") from None
+        nodes = []
+        for i, n in enumerate(doc.get("nodes", [])):
+            where = f"{source}: nodes[{i}]"
+            if "name" not in n:
+                raise ConfigError(f"{where}: a node needs a name")
+            accels = []
+            for j, a in enumerate(n.get("accels", [])):
+                aw = f"{where}.accels[{j}]"
+                if not isinstance(a.get("id"), int):
+                    raise ConfigError(f"{aw}: an accel needs an integer id")
+                try:
+                    stage = ConfigStage(a.get("stage", "complete"))
+                except ValueError:
+                    raise ConfigError(
+                        f"{aw}: stage must be one of {[s.value for s in ConfigStage]}"
+                    ) from None
+                accels.append(AccelConfig(
+                    a["id"],
+                    parse_size(a.get("vram_size", 16 * GIB), f"{aw}.vram_size"),
+                    parse_size(a.get("gtt_size", 16 * GIB), f"{aw}.gtt_size"),
+                    stage,
+                    int(a.get("bandwidth", 100)),
+                    int(a.get("latency", 1)),
+                ))
+            nodes.append(NodeConfig(str(n["name"]), str(n.get("address", "")), tuple(accels)))
+        vpods = []
+        for i, v in enumerate(doc.get("vpods", [])):
+            where = f"{source}: vpods[{i}]"
+            mode = {"source-aliasing": AddrMode.SOURCE_ALIASING,
+                    "source-identification": AddrMode.SOURCE_IDENTIFICATION}.get(
+                        v.get("addr_mode", "source-aliasing"))
+            if mode is None:
+                raise ConfigError(
+                    f"{where}: addr_mode must be source-aliasing or source-identification")
+            if not isinstance(v.get("id"), int) or v["id"] <= 0:
+                raise ConfigError(f"{where}: id must be a positive integer (0 means no vPod)")
+            vpods.append(VpodConfig(v["id"], frozenset(v.get("members", [])), mode))
+        all_ids = [a.accel_id for n in nodes for a in n.accels]
+        cfg = cls(
+            uuid=pod_uuid,
+            key=str(pod.get("key", "")),
+            nodes=tuple(nodes),
+            vpods=tuple(vpods),
+            ppod_size=int(pod.get("size", max(all_ids, default=-1) + 1)),
+            kernel_quirks=frozenset(pod.get("kernel_quirks", [])),
+            response_timeout_ms=int(pod.get("response_timeout_ms", 5000)),
+            send_ack_timeout_ms=int(pod.get("send_ack_timeout_ms", 2000)),
+            source=source,
+        )
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        src = self.source
+        if not self.nodes:
+            raise ConfigError(f"{src}: the pod has no nodes")
+        names = [n.name for n in self.nodes]
+        for name in names:
+            if names.count(name) > 1:
+                raise ConfigError(f"{src}: node name {name!r} appears twice")
+        owner: dict[int, str] = {}
+        for n in self.nodes:
+            if not n.accels:
+                raise ConfigError(f"{src}: node {n.name!r} has no accels")
+            if len(n.accels) > LOCAL_ACCELS_MAX:
+                raise ConfigError(f"{src}: node {n.name!r} has {len(n.accels)} accels "
+                                  f"(at most {LOCAL_ACCELS_MAX})")
+            for a in n.accels:
+                if not 0 <= a.accel_id < ACCEL_MAX:
+                    raise ConfigError(f"{src}: accel id {a.accel_id} on node {n.name!r} "
+                                      f"is outside 0..{ACCEL_MAX - 1}")
+                if a.accel_id in owner:
+                    raise ConfigError(f"{src}: accel id {a.accel_id} is on both "
+                                      f"{owner[a.accel_id]!r} and {n.name!r}")
+                owner[a.accel_id] = n.name
+        seen: dict[int, int] = {}
+        for v in self.vpods:
+            for m in sorted(v.members):
+                if m not in owner:
+                    raise ConfigError(f"{src}: vPod {v.vpod_id} member {m} is on no node")
+                if m in seen:
+                    raise ConfigError(f"{src}: accel {m} is in vPods {seen[m]} and {v.vpod_id}")
+                seen[m] = v.vpod_id
+        unknown = self.kernel_quirks - KNOWN_QUIRKS
+        if unknown:
+            raise ConfigError(f"{src}: unknown kernel quirks {sorted(unknown)} "
+                              f"(known: {sorted(KNOWN_QUIRKS)})")
+
+    def to_toml(self) -> str:
+        """The same pod as a TOML file `ualinkd node --config` reads."""
+        lines = [
+            "[pod]",
+            f'uuid = "{self.uuid}"',
+            f'key = "{self.key}"',
+            f"size = {self.ppod_size}",
+            f"kernel_quirks = {sorted(self.kernel_quirks)!r}".replace("'", '"'),
+            f"response_timeout_ms = {self.response_timeout_ms}",
+            f"send_ack_timeout_ms = {self.send_ack_timeout_ms}",
+        ]
+        for n in self.nodes:
+            lines += ["", "[[nodes]]", f'name = "{n.name}"', f'address = "{n.address}"']
+            for a in n.accels:
+                lines += [
+                    "[[nodes.accels]]",
+                    f"id = {a.accel_id}",
+                    f"vram_size = {a.vram_size}",
+                    f"gtt_size = {a.gtt_size}",
+                    f'stage = "{a.stage.value}"',
+                    f"bandwidth = {a.bandwidth}",
+                    f"latency = {a.latency}",
+                ]
+        for v in self.vpods:
+            lines += ["", "[[vpods]]", f"id = {v.vpod_id}",
+                      f"members = {sorted(v.members)}", f'addr_mode = "{v.addr_mode.sysfs}"']
+        return "\n".join(lines) + "\n"

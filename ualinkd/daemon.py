@@ -1,0 +1,115 @@
+"""One node daemon: the pod config, a NodeCore, its FUSE mount, signals, readiness (trio).
+
+`run_node()` mounts `<mount>` (clearing a stale mount left by a killed daemon first),
+serves until SIGINT/SIGTERM, and always unmounts on the way out.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+import trio
+
+from .config import PodConfig
+from .drm.errors import DrmError
+from .fuse.lowlevel import FuseSession, clear_stale_mount
+from .fuse.procfd import resolve_caller_fd
+from .fuse.tree import FileTree
+from .node import NodeCore
+from .trace import TraceRecord
+
+log = logging.getLogger("ualinkd")
+
+
+def sd_notify(state: str) -> None:
+    """systemd's readiness protocol: one datagram to $NOTIFY_SOCKET, if set."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            s.sendall(state.encode())
+    except OSError as e:
+        log.warning("sd_notify to %s failed: %s", os.environ["NOTIFY_SOCKET"], e.strerror)
+
+
+def copy_to_user(pid: int, address: int, data: bytes) -> None:
+    """copy_to_user for ioctls with user pointers: write the caller's memory via /proc.
+    Needs ptrace rights over the caller (root, or the same uid without Yama); else EFAULT."""
+    try:
+        fd = os.open(f"/proc/{pid}/mem", os.O_WRONLY)
+    except OSError:
+        raise DrmError(errno.EFAULT, f"cannot open the memory of pid {pid}") from None
+    try:
+        if os.pwrite(fd, data, address) != len(data):
+            raise DrmError(errno.EFAULT)
+    except (OSError, OverflowError):
+        raise DrmError(errno.EFAULT, f"bad user address {address:#x}") from None
+    finally:
+        os.close(fd)
+
+
+def make_tracer(mode: str | None, out: TextIO) -> Callable[[TraceRecord], None] | None:
+    if not mode:
+        return None
+    fmt = TraceRecord.json if mode == "json" else TraceRecord.text
+
+    def trace(rec: TraceRecord) -> None:
+        out.write(fmt(rec) + "\n")
+        out.flush()
+
+    return trace
+
+
+async def run_node(
+    config: PodConfig,
+    node_name: str,
+    mount: str,
+    trace: str | None = None,
+    trace_out: TextIO = sys.stdout,
+    task_status: trio.TaskStatus[NodeCore] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    mount = os.path.abspath(mount)
+    core = NodeCore(
+        config,
+        node_name,
+        resolve_fd=lambda pid, fd: resolve_caller_fd(pid, fd, mount),
+        copy_to_user=copy_to_user,
+        tracer=make_tracer(trace, trace_out),
+    )
+    clear_stale_mount(mount)
+    session = FuseSession(FileTree(core, mount))
+    session.mount(mount)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signal, nursery.cancel_scope, node_name)
+            states = ", ".join(
+                f"accel {m.accel_id} {m.state.sysfs}" for m in core.managers.values()
+            )
+            log.info("%s: serving %s (%s)", node_name, mount, states)
+            sd_notify("READY=1")
+            task_status.started(core)
+            await session.serve()
+            nursery.cancel_scope.cancel()
+    finally:
+        session.unmount()
+        session.close()
+        log.info("%s: unmounted %s", node_name, mount)
+
+
+async def _stop_on_signal(scope: trio.CancelScope, node_name: str) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("%s: %s, shutting down", node_name, signal.Signals(signum).name)
+            scope.cancel()
+            return

@@ -1,0 +1,217 @@
+"""DrmDevice: one emulated GPU's DRM device, and the kernel's ioctl dispatch rules (§2.1).
+
+`DrmDevice.ioctl()` is drm_ioctl(): table lookup by nr only, copy-in of the intersection of
+the user's and the table's IN bits zero-extended to max(user size, table size), the
+permission check, the handler, and copy-out of the user's size whether the handler
+succeeded or not. The core ioctls (GEM_CLOSE, GET_CAP, PRIME) live here too.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..abi import ioctls as tbl
+from ..abi import structs as st
+from ..abi.constants import (
+    DRM_CAP_PRIME,
+    DRM_CLOEXEC,
+    DRM_PRIME_CAP_EXPORT,
+    DRM_PRIME_CAP_IMPORT,
+    DRM_RDWR,
+)
+from ..abi.ioc import IOC_READ, IOC_WRITE
+from .errors import DrmError
+from .file import DrmFile
+from .gem import DmaBuf, GemObject
+from .tokens import DmaBufTokens
+
+log = logging.getLogger(__name__)
+
+DRM_CAP_TIMESTAMP_MONOTONIC = 0x6
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who issued a request (the FUSE request context)."""
+
+    pid: int
+    uid: int
+    gid: int = 0
+
+
+# A handler works on the kernel buffer in place, like a drm_ioctl_t on kdata.
+Handler = Callable[[DrmFile, bytearray, Caller], None]
+
+
+class DrmDriver(Protocol):
+    """The driver half of a device (amdgpu implements it)."""
+
+    ioctls: dict[int, Handler]
+
+    def gem_object_open(self, obj: GemObject, file: DrmFile) -> None: ...
+    def gem_object_close(self, obj: GemObject, file: DrmFile) -> None: ...
+    def gem_prime_export(self, obj: GemObject) -> DmaBuf: ...
+    def gem_prime_import(self, buf: DmaBuf) -> GemObject: ...
+
+
+@dataclass(frozen=True, slots=True)
+class IoctlResult:
+    """What dispatch produced: the result (0 / -errno), the bytes copied out, and the
+    table entry (None when there was none) for the trace."""
+
+    result: int
+    out: bytes
+    spec: tbl.IoctlSpec | None
+    kdata: bytes  # the kernel buffer after the handler (for tracing)
+
+
+class DrmDevice:
+    def __init__(
+        self,
+        minor: int,
+        tokens: DmaBufTokens,
+        resolve_fd: Callable[[int, int], DmaBuf],
+    ) -> None:
+        self.minor = minor
+        self.tokens = tokens
+        self.resolve_fd = resolve_fd  # (pid, fd) -> DmaBuf; raises EBADF / EINVAL
+        self.driver: DrmDriver = _NoDriver()
+        self.objects: dict[int, GemObject] = {}
+        self.files: set[DrmFile] = set()
+        self._ids = 0
+        self._core: dict[int, Handler] = {
+            0x09: self._gem_close,
+            0x0C: self._get_cap,
+            0x2D: self._prime_handle_to_fd,
+            0x2E: self._prime_fd_to_handle,
+        }
+
+    def next_object_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    # -- files ----------------------------------------------------------------------------
+    def open(self, pid: int = 0, uid: int = 0) -> DrmFile:
+        f = DrmFile(self, pid, uid)
+        self.files.add(f)
+        return f
+
+    def file_closed(self, f: DrmFile) -> None:
+        self.files.discard(f)
+        self.tokens.drop_file(f)
+
+    # -- dispatch (drm_ioctl) -----------------------------------------------------------------
+    def ioctl(self, f: DrmFile, cmd: int, in_bytes: bytes, caller: Caller) -> IoctlResult:
+        nr = cmd & 0xFF
+        spec = tbl.lookup(nr)
+        if spec is None:
+            return IoctlResult(-errno.EINVAL, b"", None, b"")
+        user_dir = (cmd >> 30) & 3
+        user_size = (cmd >> 16) & 0x3FFF
+        table_dir = (spec.cmd >> 30) & 3
+        in_size = user_size if user_dir & table_dir & IOC_WRITE else 0
+        out_size = user_size if user_dir & table_dir & IOC_READ else 0
+        handler = self._core.get(nr) if nr < 0x40 or nr >= 0xA0 else self.driver.ioctls.get(nr)
+        if handler is None and spec.flags & tbl.DRM_RENDER_ALLOW:
+            # The kernel has it, ualinkd does not emulate it: say so rather than fake it.
+            log.info("ioctl %s (nr 0x%02x) is not emulated", spec.name, nr)
+            return IoctlResult(-errno.ENOSYS, b"", spec, b"")
+        ksize = max(in_size, out_size, (spec.cmd >> 16) & 0x3FFF)
+        kdata = bytearray(ksize)
+        kdata[:in_size] = in_bytes[:in_size]
+        result = 0
+        if not spec.flags & tbl.DRM_RENDER_ALLOW:
+            result = -errno.EACCES  # drm_ioctl_permit: render clients need RENDER_ALLOW
+        else:
+            assert handler is not None
+            try:
+                handler(f, kdata, caller)
+            except DrmError as e:
+                result = -e.errno
+        return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
+
+    # -- core handlers ---------------------------------------------------------------------
+    def _gem_close(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        args = st.GEM_CLOSE.decode(kdata[: st.GEM_CLOSE.size])
+        f.handle_delete(args.handle)
+
+    def _get_cap(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        args = st.GET_CAP.decode(kdata[: st.GET_CAP.size])
+        if args.capability == DRM_CAP_PRIME:
+            value = DRM_PRIME_CAP_IMPORT | DRM_PRIME_CAP_EXPORT
+        elif args.capability == DRM_CAP_TIMESTAMP_MONOTONIC:
+            value = 1
+        else:
+            raise DrmError(errno.EINVAL, f"capability {args.capability:#x} not emulated")
+        kdata[8:16] = value.to_bytes(8, "little")
+
+    def prime_handle_to_dmabuf(self, f: DrmFile, handle: int) -> DmaBuf:
+        """drm_gem_prime_handle_to_dmabuf: a *new* reference to the handle's dma-buf,
+        exporting (and caching on the object) on first use."""
+        obj = f.lookup(handle)
+        if obj is None or obj.handle_count == 0:
+            raise DrmError(errno.ENOENT, f"no GEM handle {handle}")
+        cached = f.prime_by_handle.get(handle)
+        if cached is not None:
+            cached.get()
+            return cached
+        imported = getattr(obj, "import_buf", None)
+        if imported is not None:
+            buf: DmaBuf = imported
+            buf.get()
+        elif obj.dma_buf is not None:
+            buf = obj.dma_buf
+            buf.get()
+        else:
+            buf = self.driver.gem_prime_export(obj)  # may raise EPERM
+            buf.get()
+            obj.dma_buf = buf  # the object's cache keeps one reference
+        f.prime_add(buf, handle)
+        return buf
+
+    def _prime_handle_to_fd(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        args = st.PRIME_HANDLE.decode(kdata[: st.PRIME_HANDLE.size])
+        if args.flags & ~(DRM_CLOEXEC | DRM_RDWR):
+            raise DrmError(errno.EINVAL, f"PRIME flags {args.flags:#x}")
+        buf = self.prime_handle_to_dmabuf(f, args.handle)
+        token = self.tokens.install(buf, f, caller.uid)  # takes over our reference
+        kdata[8:12] = token.to_bytes(4, "little")
+
+    def prime_fd_to_handle(self, f: DrmFile, buf: DmaBuf) -> int:
+        """drm_gem_prime_fd_to_handle for an already resolved dma-buf."""
+        handle = f.prime_by_buf.get(buf.id)
+        if handle is not None:
+            return handle
+        obj = self.driver.gem_prime_import(buf)  # returns a new reference
+        handle = f.handle_create(obj)
+        if obj.dma_buf is None and obj is buf.obj:
+            buf.get()
+            obj.dma_buf = buf
+        f.prime_add(buf, handle)
+        obj.put()
+        return handle
+
+    def _prime_fd_to_handle(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        args = st.PRIME_HANDLE.decode(kdata[: st.PRIME_HANDLE.size])
+        buf = self.resolve_fd(caller.pid, args.fd)
+        kdata[0:4] = self.prime_fd_to_handle(f, buf).to_bytes(4, "little")
+
+
+class _NoDriver:
+    ioctls: dict[int, Handler] = {}
+
+    def gem_object_open(self, obj: GemObject, file: DrmFile) -> None:
+        pass
+
+    def gem_object_close(self, obj: GemObject, file: DrmFile) -> None:
+        pass
+
+    def gem_prime_export(self, obj: GemObject) -> DmaBuf:
+        return DmaBuf(obj)
+
+    def gem_prime_import(self, buf: DmaBuf) -> GemObject:
+        raise DrmError(errno.EINVAL)

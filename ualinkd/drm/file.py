@@ -1,0 +1,80 @@
+"""DrmFile: one open of a render node, with its GEM handle table and PRIME cache (§2.4–2.5).
+
+Handles are per file, allocated lowest-free from 1 (idr_alloc(…, 1, 0)); 0 is never valid.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+from typing import TYPE_CHECKING
+
+from .errors import DrmError
+from .gem import DmaBuf, GemObject
+
+if TYPE_CHECKING:
+    from .device import DrmDevice
+
+
+class DrmFile:
+    def __init__(self, device: DrmDevice, pid: int = 0, uid: int = 0) -> None:
+        self.device = device
+        self.pid = pid
+        self.uid = uid
+        self.handles: dict[int, GemObject] = {}
+        self._free: list[int] = []
+        self._next = 1
+        # PRIME cache: the dma-buf each handle was exported as / imported from.
+        self.prime_by_handle: dict[int, DmaBuf] = {}
+        self.prime_by_buf: dict[int, int] = {}  # dma-buf id -> handle
+        self.closed = False
+
+    # -- handle table -----------------------------------------------------------------
+    def handle_create(self, obj: GemObject) -> int:
+        """drm_gem_handle_create_tail: a new handle taking its own reference."""
+        if self._free:
+            handle = heapq.heappop(self._free)
+        else:
+            handle = self._next
+            self._next += 1
+        obj.handle_get()
+        self.handles[handle] = obj
+        self.device.driver.gem_object_open(obj, self)
+        return handle
+
+    def lookup(self, handle: int) -> GemObject | None:
+        return self.handles.get(handle)
+
+    def handle_delete(self, handle: int) -> None:
+        """GEM_CLOSE: unknown handle -> EINVAL (drm_gem_handle_delete, spec §2.4)."""
+        obj = self.handles.pop(handle, None)
+        if obj is None:
+            raise DrmError(errno.EINVAL, f"no GEM handle {handle}")
+        heapq.heappush(self._free, handle)
+        self._release_handle(handle, obj)
+
+    def _release_handle(self, handle: int, obj: GemObject) -> None:
+        self.device.driver.gem_object_close(obj, self)
+        buf = self.prime_by_handle.pop(handle, None)
+        if buf is not None:
+            del self.prime_by_buf[buf.id]
+            buf.put()
+        obj.handle_put()
+
+    # -- PRIME cache --------------------------------------------------------------------
+    def prime_add(self, buf: DmaBuf, handle: int) -> None:
+        if handle in self.prime_by_handle:
+            return
+        buf.get()
+        self.prime_by_handle[handle] = buf
+        self.prime_by_buf[buf.id] = handle
+
+    def release(self) -> None:
+        """Last close of the file (drm_release → drm_gem_release): every handle goes."""
+        if self.closed:
+            return
+        self.closed = True
+        for handle in sorted(self.handles):
+            obj = self.handles.pop(handle)
+            self._release_handle(handle, obj)
+        self.device.file_closed(self)

@@ -1,0 +1,100 @@
+"""dma-buf tokens: how a FUSE server hands out dma-buf fds (Emulator policy 5).
+
+The kernel installs an fd in the caller; we cannot. Instead the ioctl returns a random
+non-zero u32 token and the client opens `<mount>/dmabuf/<token>` once, as the same uid, to
+get a real fd. A token holds a dma-buf reference until it is opened (the reference moves to
+the open file) or its DrmFile closes. `key`s name tokens and open files in the file tree.
+"""
+
+from __future__ import annotations
+
+import errno
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .errors import DrmError
+from .gem import DmaBuf
+
+if TYPE_CHECKING:
+    from .file import DrmFile
+
+
+@dataclass(slots=True)
+class _Token:
+    token: int
+    key: int
+    buf: DmaBuf
+    uid: int
+    owner: DrmFile
+
+
+class DmaBufTokens:
+    def __init__(self, randbits: Callable[[int], int] = secrets.randbits) -> None:
+        self._randbits = randbits
+        self._pending: dict[int, _Token] = {}  # token -> pending
+        self._by_key: dict[int, _Token] = {}  # key -> pending
+        self.opened: dict[int, DmaBuf] = {}  # key -> open dma-buf file
+        self._keys = 0
+
+    def install(self, buf: DmaBuf, owner: DrmFile, uid: int) -> int:
+        """Take over one reference of `buf`; return the token the client will open."""
+        token = 0
+        while token == 0 or token in self._pending:
+            token = self._randbits(32)
+        self._keys += 1
+        entry = _Token(token, self._keys, buf, uid, owner)
+        self._pending[token] = entry
+        self._by_key[entry.key] = entry
+        return token
+
+    def lookup(self, name: str, uid: int) -> tuple[int, int]:
+        """(key, size) of a pending token; ENOENT for unknown, used or foreign tokens."""
+        if not name.isdigit() or len(name) > 10:
+            raise DrmError(errno.ENOENT)
+        entry = self._pending.get(int(name))
+        if entry is None or entry.uid != uid:
+            raise DrmError(errno.ENOENT)
+        return entry.key, entry.buf.size
+
+    def size(self, key: int) -> int:
+        entry = self._by_key.get(key)
+        if entry is not None:
+            return entry.buf.size
+        buf = self.opened.get(key)
+        if buf is None:
+            raise DrmError(errno.ENOENT)
+        return buf.size
+
+    def open(self, key: int, uid: int) -> int:
+        """Consume the token; the open file (named by `key`) now holds the reference."""
+        entry = self._by_key.get(key)
+        if entry is None or entry.uid != uid:
+            raise DrmError(errno.ENOENT if entry is None else errno.EACCES)
+        del self._by_key[key]
+        del self._pending[entry.token]
+        self.opened[key] = entry.buf
+        return key
+
+    def release(self, key: int) -> None:
+        buf = self.opened.pop(key, None)
+        if buf is not None:
+            buf.put()
+
+    def resolve(self, key: int) -> DmaBuf:
+        buf = self.opened.get(key)
+        if buf is None:
+            raise DrmError(errno.EINVAL, "not an open ualinkd dma-buf")
+        return buf
+
+    def drop_file(self, owner: DrmFile) -> None:
+        """The DrmFile that asked is gone: its unopened tokens die with it."""
+        for entry in [e for e in self._pending.values() if e.owner is owner]:
+            del self._pending[entry.token]
+            del self._by_key[entry.key]
+            entry.buf.put()
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)

@@ -1,0 +1,278 @@
+"""cffi (API mode) build script for the slice of libfuse3's low-level API that ualinkd uses.
+
+The C compiler lays out every struct and checks every callback signature against
+<fuse_lowlevel.h>; `lowlevel.py` is the only user of the resulting `_fuse_ll` module.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+from cffi import FFI
+
+# 35: the ioctl op gets `unsigned int cmd` (no sign games with _IOC_READ numbers).
+FUSE_USE_VERSION = 35
+
+
+def _pkg_config() -> tuple[list[str], list[str], list[str]]:
+    """(include_dirs, library_dirs, libraries) for fuse3, with a Debian-layout fallback."""
+    try:
+        cflags = subprocess.run(
+            ["pkg-config", "--cflags", "fuse3"], check=True, capture_output=True, text=True
+        ).stdout
+        libs = subprocess.run(
+            ["pkg-config", "--libs", "fuse3"], check=True, capture_output=True, text=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ["/usr/include/fuse3"], [], ["fuse3"]
+    inc = [f[2:] for f in shlex.split(cflags) if f.startswith("-I")]
+    libdirs = [f[2:] for f in shlex.split(libs) if f.startswith("-L")]
+    libraries = [f[2:] for f in shlex.split(libs) if f.startswith("-l")]
+    return inc or ["/usr/include/fuse3"], libdirs, libraries or ["fuse3"]
+
+
+CDEF = r"""
+typedef int... dev_t;
+typedef int... ino_t;
+typedef int... mode_t;
+typedef int... nlink_t;
+typedef int... uid_t;
+typedef int... gid_t;
+typedef int... pid_t;
+typedef int... off_t;
+typedef int... blksize_t;
+typedef int... blkcnt_t;
+typedef int... time_t;
+typedef int... fsblkcnt_t;
+typedef int... fsfilcnt_t;
+typedef uint64_t fuse_ino_t;
+typedef struct fuse_req *fuse_req_t;
+struct fuse_session;
+struct fuse_conn_info { unsigned want; unsigned capable; ...; };
+
+struct fuse_args { int argc; char **argv; int allocated; };
+
+struct stat {
+    dev_t st_dev; ino_t st_ino; mode_t st_mode; nlink_t st_nlink;
+    uid_t st_uid; gid_t st_gid; dev_t st_rdev; off_t st_size;
+    blksize_t st_blksize; blkcnt_t st_blocks;
+    struct timespec st_atim; struct timespec st_mtim; struct timespec st_ctim;
+    ...;
+};
+struct timespec { time_t tv_sec; long tv_nsec; ...; };
+struct statvfs {
+    unsigned long f_bsize; unsigned long f_frsize;
+    fsblkcnt_t f_blocks; fsblkcnt_t f_bfree; fsblkcnt_t f_bavail;
+    fsfilcnt_t f_files; fsfilcnt_t f_ffree; fsfilcnt_t f_favail;
+    unsigned long f_namemax;
+    ...;
+};
+
+/* Complete (cffi cannot mix bitfields with '...;'); the compiler checks size and offsets. */
+struct fuse_file_info {
+    int flags;
+    unsigned int writepage : 1;
+    unsigned int direct_io : 1;
+    unsigned int keep_cache : 1;
+    unsigned int flush : 1;
+    unsigned int nonseekable : 1;
+    unsigned int flock_release : 1;
+    unsigned int cache_readdir : 1;
+    unsigned int noflush : 1;
+    unsigned int padding : 24;
+    unsigned int padding2 : 32;
+    uint64_t fh;
+    uint64_t lock_owner;
+    uint32_t poll_events;
+};
+
+struct fuse_entry_param {
+    fuse_ino_t ino;
+    uint64_t generation;
+    struct stat attr;
+    double attr_timeout;
+    double entry_timeout;
+};
+
+struct fuse_ctx { uid_t uid; gid_t gid; pid_t pid; mode_t umask; };
+struct fuse_forget_data { fuse_ino_t ino; uint64_t nlookup; };
+
+enum fuse_buf_flags { FUSE_BUF_IS_FD = 2, ... };
+struct fuse_buf { size_t size; enum fuse_buf_flags flags; void *mem; int fd; off_t pos; };
+
+struct fuse_lowlevel_ops {
+    void (*init)(void *userdata, struct fuse_conn_info *conn);
+    void (*destroy)(void *userdata);
+    void (*lookup)(fuse_req_t req, fuse_ino_t parent, const char *name);
+    void (*forget)(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup);
+    void (*getattr)(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void (*setattr)(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+                    struct fuse_file_info *fi);
+    void (*open)(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void (*read)(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                 struct fuse_file_info *fi);
+    void (*write)(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+                  struct fuse_file_info *fi);
+    void (*flush)(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void (*release)(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void (*opendir)(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void (*readdir)(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                    struct fuse_file_info *fi);
+    void (*releasedir)(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void (*statfs)(fuse_req_t req, fuse_ino_t ino);
+    void (*ioctl)(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+                  struct fuse_file_info *fi, unsigned flags, const void *in_buf,
+                  size_t in_bufsz, size_t out_bufsz);
+    void (*forget_multi)(fuse_req_t req, size_t count, struct fuse_forget_data *forgets);
+    ...;
+};
+
+#define FUSE_SET_ATTR_MODE ...
+#define FUSE_SET_ATTR_UID ...
+#define FUSE_SET_ATTR_GID ...
+#define FUSE_SET_ATTR_SIZE ...
+#define FUSE_SET_ATTR_ATIME ...
+#define FUSE_SET_ATTR_MTIME ...
+#define FUSE_IOCTL_COMPAT ...
+#define FUSE_IOCTL_UNRESTRICTED ...
+#define FUSE_IOCTL_DIR ...
+#define FUSE_CAP_SPLICE_WRITE ...
+#define FUSE_CAP_SPLICE_MOVE ...
+#define FUSE_CAP_SPLICE_READ ...
+
+struct fuse_session *fuse_session_new(struct fuse_args *args,
+                                      const struct fuse_lowlevel_ops *op,
+                                      size_t op_size, void *userdata);
+int fuse_session_mount(struct fuse_session *se, const char *mountpoint);
+void fuse_session_unmount(struct fuse_session *se);
+void fuse_session_destroy(struct fuse_session *se);
+int fuse_session_fd(struct fuse_session *se);
+int fuse_session_receive_buf(struct fuse_session *se, struct fuse_buf *buf);
+void fuse_session_process_buf(struct fuse_session *se, const struct fuse_buf *buf);
+void fuse_session_exit(struct fuse_session *se);
+int fuse_session_exited(struct fuse_session *se);
+void fuse_opt_free_args(struct fuse_args *args);
+
+void *fuse_req_userdata(fuse_req_t req);
+const struct fuse_ctx *fuse_req_ctx(fuse_req_t req);
+
+int fuse_reply_err(fuse_req_t req, int err);
+void fuse_reply_none(fuse_req_t req);
+int fuse_reply_entry(fuse_req_t req, const struct fuse_entry_param *e);
+int fuse_reply_attr(fuse_req_t req, const struct stat *attr, double attr_timeout);
+int fuse_reply_open(fuse_req_t req, const struct fuse_file_info *fi);
+int fuse_reply_write(fuse_req_t req, size_t count);
+int fuse_reply_buf(fuse_req_t req, const char *buf, size_t size);
+int fuse_reply_statfs(fuse_req_t req, const struct statvfs *stbuf);
+int fuse_reply_ioctl(fuse_req_t req, int result, const char *buf, size_t size);
+void free(void *ptr);
+size_t fuse_add_direntry(fuse_req_t req, char *buf, size_t bufsize, const char *name,
+                         const struct stat *stbuf, off_t off);
+
+/* Filled with the extern "Python" callbacks below by _ualinkd_ops_init(). */
+void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops);
+
+extern "Python" {
+    void _op_init(void *userdata, struct fuse_conn_info *conn);
+    void _op_destroy(void *userdata);
+    void _op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
+    void _op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup);
+    void _op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets);
+    void _op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void _op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+                     struct fuse_file_info *fi);
+    void _op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void _op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                  struct fuse_file_info *fi);
+    void _op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+                   struct fuse_file_info *fi);
+    void _op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void _op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void _op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void _op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                     struct fuse_file_info *fi);
+    void _op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void _op_statfs(fuse_req_t req, fuse_ino_t ino);
+    void _op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+                   struct fuse_file_info *fi, unsigned flags, const void *in_buf,
+                   size_t in_bufsz, size_t out_bufsz);
+}
+"""
+
+SOURCE = f"""
+#define FUSE_USE_VERSION {FUSE_USE_VERSION}
+#include <sys/types.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fuse_lowlevel.h>
+
+static void _op_init(void *userdata, struct fuse_conn_info *conn);
+static void _op_destroy(void *userdata);
+static void _op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
+static void _op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup);
+static void _op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets);
+static void _op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+static void _op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+                        struct fuse_file_info *fi);
+static void _op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+static void _op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                     struct fuse_file_info *fi);
+static void _op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size,
+                      off_t off, struct fuse_file_info *fi);
+static void _op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+static void _op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+static void _op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+static void _op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                        struct fuse_file_info *fi);
+static void _op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+static void _op_statfs(fuse_req_t req, fuse_ino_t ino);
+static void _op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+                      struct fuse_file_info *fi, unsigned flags, const void *in_buf,
+                      size_t in_bufsz, size_t out_bufsz);
+
+static void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops)
+{{
+    memset(ops, 0, sizeof(*ops));
+    ops->init = _op_init;
+    ops->destroy = _op_destroy;
+    ops->lookup = _op_lookup;
+    ops->forget = _op_forget;
+    ops->forget_multi = _op_forget_multi;
+    ops->getattr = _op_getattr;
+    ops->setattr = _op_setattr;
+    ops->open = _op_open;
+    ops->read = _op_read;
+    ops->write = _op_write;
+    ops->flush = _op_flush;
+    ops->release = _op_release;
+    ops->opendir = _op_opendir;
+    ops->readdir = _op_readdir;
+    ops->releasedir = _op_releasedir;
+    ops->statfs = _op_statfs;
+    ops->ioctl = _op_ioctl;
+}}
+"""
+
+ffibuilder = FFI()
+ffibuilder.cdef(CDEF)
+_inc, _libdirs, _libs = _pkg_config()
+ffibuilder.set_source(
+    "ualinkd.fuse._fuse_ll",
+    SOURCE,
+    include_dirs=_inc,
+    library_dirs=_libdirs,
+    libraries=_libs,
+)
+
+if __name__ == "__main__":
+    import os
+    import tempfile
+
+    # Build in place (next to the package) without leaving .c/.o files there.
+    _root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ffibuilder.compile(tmpdir=tmp, verbose=False)
+        os.replace(so, os.path.join(_root, os.path.relpath(so, tmp)))

@@ -1,0 +1,103 @@
+"""What the FUSE file tree needs from a node: the contract between `fuse/` and the daemon.
+
+The tree (`fuse/tree.py`) only knows paths, inodes and replies; everything a file *means*
+comes through this protocol, implemented by `ualinkd.node.NodeCore` (sans-IO, synchronous).
+Errors cross it as `ualinkd.drm.errors.DrmError(errno)` and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The process behind a FUSE request (fuse_req_ctx)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True, slots=True)
+class SysAttr:
+    """One attribute file of the sysfs lookalike: text produced on every read."""
+
+    read: Callable[[], str]
+    write: Callable[[str], None] | None = None  # None: read-only (mode 0444)
+    mode: int = 0o444
+
+
+# A sys directory: name -> SysAttr (file) or SysDir (sub-directory).
+SysDir = dict[str, "SysAttr | SysDir"]
+
+# An ioctl answer: (result, out_bytes). result is 0 or a negative errno; out_bytes has
+# exactly the out_size the request asked for and is copied back even when result < 0
+# (DESIGN.md, "Restricted ioctls").
+IoctlReply = tuple[int, bytes]
+
+
+class NodeBackend(Protocol):
+    """A node as the file tree sees it. All methods are called from the trio thread."""
+
+    def render_minors(self) -> list[int]:
+        """Minors of the render nodes, in accel order: [128, 129, ...]."""
+        ...
+
+    def open_render(self, minor: int, caller: Caller) -> object:
+        """open() of dri/renderD<minor>: returns the DrmFile (opaque to the tree)."""
+        ...
+
+    def release_render(self, drm_file: object) -> None:
+        """Last close of that open file: drops its handles."""
+        ...
+
+    def ioctl(
+        self, drm_file: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+    ) -> IoctlReply | Awaitable[IoctlReply]:
+        """A restricted ioctl. in_bytes has _IOC_SIZE(cmd) bytes when the IN bit is set
+        (else b""), out_size is _IOC_SIZE(cmd) when the OUT bit is set (else 0).
+        May return an awaitable when the answer needs the fabric; the tree then
+        replies from a task and keeps serving other requests."""
+        ...
+
+    def gpu_read(
+        self, drm_file: object, va: int, size: int, caller: Caller
+    ) -> bytes | Awaitable[bytes]:
+        """pread() on a render node: a GPU load through the file's GPU VM."""
+        ...
+
+    def gpu_write(
+        self, drm_file: object, va: int, data: bytes, caller: Caller
+    ) -> int | Awaitable[int]:
+        """pwrite() on a render node: a GPU store; returns the count written."""
+        ...
+
+    def dmabuf_lookup(self, name: str, caller: Caller) -> tuple[int, int]:
+        """lookup of dmabuf/<name>: (key, size). key is a stable non-zero int naming that
+        pending token's dma-buf (the tree derives the inode from it); ENOENT if the
+        token is unknown, already opened, or belongs to another uid."""
+        ...
+
+    def dmabuf_open(self, key: int, caller: Caller) -> object:
+        """open() of a dmabuf file: consumes the token, returns the open dma-buf (an
+        opaque reference the tree keeps as the file handle)."""
+        ...
+
+    def dmabuf_size(self, key: int) -> int:
+        """st_size of the dmabuf file with that key (the BO size)."""
+        ...
+
+    def dmabuf_release(self, dmabuf_ref: object) -> None:
+        """Last close of an opened dma-buf file: drops that reference."""
+        ...
+
+    def dmabuf_resolve(self, ino_or_key: int) -> object | None:
+        """Not used by the tree; here for symmetry with PRIME_FD_TO_HANDLE."""
+        ...
+
+    def sys_tree(self) -> SysDir:
+        """The sys/ tree (built once; attribute reads are live)."""
+        ...

@@ -1,0 +1,637 @@
+"""libfuse3's low-level session driven from trio: mount, the receive/process loop, replies.
+
+Turns C callbacks into calls on an `Operations` object with Python values, and its return
+values (or `FuseError`, or an awaitable answered from a task) into `fuse_reply_*` calls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import stat
+import subprocess
+import time
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from ualinkd.fuse._fuse_ll import ffi, lib
+from ualinkd.fuse.backend import Caller
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Attr",
+    "Caller",
+    "DirEntry",
+    "FuseError",
+    "FuseSession",
+    "OpenReply",
+    "Operations",
+    "clear_stale_mount",
+]
+
+ROOT_INO = 1
+_SPLICE_CAPS = lib.FUSE_CAP_SPLICE_READ | lib.FUSE_CAP_SPLICE_WRITE | lib.FUSE_CAP_SPLICE_MOVE
+_EAGAIN = -errno.EAGAIN
+_EINTR = -errno.EINTR
+
+
+class FuseError(Exception):
+    """The one exception an operation may raise on purpose: the request fails with errno."""
+
+    def __init__(self, errno_: int) -> None:
+        super().__init__(errno_, os.strerror(errno_))
+        self.errno = errno_
+
+
+@dataclass(slots=True)
+class Attr:
+    """Attributes of an inode, and how long the kernel may cache them (and the name)."""
+
+    ino: int
+    mode: int
+    size: int = 0
+    nlink: int = 1
+    uid: int = 0
+    gid: int = 0
+    attr_timeout: float = 0.0
+    entry_timeout: float = 0.0
+
+
+@dataclass(slots=True)
+class OpenReply:
+    """What open() tells the kernel about the new file handle."""
+
+    fh: int
+    direct_io: bool = False
+    keep_cache: bool = False
+    nonseekable: bool = False
+
+
+# (name, ino, mode, offset of the *next* entry)
+DirEntry = tuple[str, int, int, int]
+
+
+class Operations(Protocol):
+    """What a FuseSession calls. Raise FuseError(errno) to fail a request; any other
+    exception is a bug (logged with its traceback, answered with EIO)."""
+
+    def lookup(self, parent: int, name: str, caller: Caller) -> Attr: ...
+    def forget(self, ino: int, nlookup: int) -> None: ...
+    def getattr(self, ino: int, caller: Caller) -> Attr: ...
+    def setattr(self, ino: int, size: int | None, caller: Caller) -> Attr: ...
+    def open(self, ino: int, flags: int, caller: Caller) -> OpenReply: ...
+    def read(
+        self, ino: int, fh: int, off: int, size: int, caller: Caller
+    ) -> bytes | Awaitable[bytes]: ...
+    def write(
+        self, ino: int, fh: int, off: int, data: bytes, caller: Caller
+    ) -> int | Awaitable[int]: ...
+    def release(self, ino: int, fh: int) -> None: ...
+    def opendir(self, ino: int, caller: Caller) -> int: ...
+    def readdir(self, ino: int, fh: int, off: int) -> Iterable[DirEntry]: ...
+    def releasedir(self, ino: int, fh: int) -> None: ...
+    def ioctl(
+        self, ino: int, fh: int, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+    ) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]: ...
+
+
+# The session whose fuse_session_process_buf() is running. Callbacks only ever run inside
+# that call (or inside fuse_session_destroy), always on the trio thread, so a global set
+# just before is exact and cheaper than fuse_req_userdata + ffi.from_handle.
+_active: FuseSession | None = None
+
+
+class FuseSession:
+    """One FUSE mount served from trio. Lifecycle: mount() -> serve() -> unmount() -> close()."""
+
+    def __init__(self, ops: Operations, *, fsname: str = "ualinkd") -> None:
+        self.ops = ops
+        self.fsname = fsname
+        self.mountpoint: str | None = None
+        self._se: Any = ffi.NULL
+        self._fd = -1
+        self._buf = ffi.new("struct fuse_buf *")
+        self._llops = ffi.new("struct fuse_lowlevel_ops *")
+        lib._ualinkd_ops_init(self._llops)
+        self._callers: dict[tuple[int, int, int], Caller] = {}
+        self._nursery: trio.Nursery | None = None
+        self._fatal: BaseException | None = None
+        self._serving = False
+        # Handy for tests and benchmarks; costs one increment per request.
+        self.requests = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def mount(self, mountpoint: str | os.PathLike[str]) -> None:
+        """Create the session and mount it. Options: allow_other (clients are any uid; we
+        run as root), no default_permissions (the tree checks), no splice."""
+        if self._se != ffi.NULL:
+            raise RuntimeError("already mounted")
+        mp = os.path.abspath(os.fspath(mountpoint))
+        opts = f"fsname={self.fsname},subtype={self.fsname},allow_other"
+        argv_keep = [ffi.new("char[]", a.encode()) for a in ("ualinkd", "-o", opts)]
+        argv = ffi.new("char *[]", argv_keep + [ffi.NULL])
+        args = ffi.new("struct fuse_args *", {"argc": 3, "argv": argv, "allocated": 0})
+        se = lib.fuse_session_new(args, self._llops, ffi.sizeof("struct fuse_lowlevel_ops"),
+                                  ffi.NULL)
+        lib.fuse_opt_free_args(args)
+        if se == ffi.NULL:
+            raise OSError(errno.EINVAL, "fuse_session_new failed (see stderr)")
+        if lib.fuse_session_mount(se, mp.encode()) != 0:
+            lib.fuse_session_destroy(se)
+            raise OSError(errno.EIO, f"fuse_session_mount({mp}) failed (see stderr)")
+        self._se = se
+        self.mountpoint = mp
+        self._fd = lib.fuse_session_fd(se)
+        os.set_blocking(self._fd, False)
+
+    async def serve(self) -> None:
+        """Answer requests until the session ends (unmount, or the kernel drops it).
+        Awaitable replies run as tasks in a nursery owned here, so when serve() returns
+        no request is left unanswered."""
+        if self._se == ffi.NULL:
+            raise RuntimeError("not mounted")
+        self._serving = True
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    while not self._drain():
+                        try:
+                            await trio.lowlevel.wait_readable(self._fd)
+                        except (trio.ClosedResourceError, OSError):
+                            break  # unmount() closed the fd under us
+                finally:
+                    self._nursery = None
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._serving = False
+
+    def unmount(self) -> None:
+        """Unmount (lazily) and close the device fd; pending client calls fail. Idempotent."""
+        if self._se == ffi.NULL or self._fd < 0:
+            return
+        try:
+            trio.lowlevel.notify_closing(self._fd)
+        except RuntimeError:
+            pass  # not inside trio: nobody can be waiting on the fd
+        lib.fuse_session_unmount(self._se)
+        self._fd = -1
+
+    def close(self) -> None:
+        """Unmount if needed and free the session. Call after serve() has returned."""
+        global _active
+        if self._serving:
+            raise RuntimeError("close() while serve() is running")
+        self.unmount()
+        if self._se != ffi.NULL:
+            _active = self
+            lib.fuse_session_destroy(self._se)
+            self._se = ffi.NULL
+        if self._buf.mem != ffi.NULL:
+            lib.free(self._buf.mem)
+            self._buf.mem = ffi.NULL
+
+    def __enter__(self) -> FuseSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _drain(self) -> bool:
+        """Receive and process requests until the device has none (EAGAIN). Returns True
+        when the session is over. Draining before going back to trio saves a scheduler
+        round trip per request when requests queue up."""
+        global _active
+        se, buf = self._se, self._buf
+        receive, process = lib.fuse_session_receive_buf, lib.fuse_session_process_buf
+        while True:
+            if self._fd < 0:
+                return True
+            _active = self
+            n = receive(se, buf)
+            if n > 0:
+                self.requests += 1
+                process(se, buf)
+                if self._fatal is not None:
+                    exc, self._fatal = self._fatal, None
+                    raise exc
+            elif n == _EAGAIN:
+                return False
+            elif n == _EINTR:
+                continue
+            elif n == 0 or lib.fuse_session_exited(se):
+                return True
+            else:
+                raise OSError(-n, f"fuse: reading device: {os.strerror(-n)}")
+
+    # -- helpers used by the callbacks ---------------------------------------------------
+
+    def _caller(self, req: Any) -> Caller:
+        c = lib.fuse_req_ctx(req)
+        key = (c.pid, c.uid, c.gid)
+        caller = self._callers.get(key)
+        if caller is None:
+            if len(self._callers) > 4096:
+                self._callers.clear()
+            caller = self._callers[key] = Caller(*key)
+        return caller
+
+    def _bug(self, req: Any, op: str, exc: BaseException) -> None:
+        """An exception other than FuseError escaped an op: loud, EIO, keep serving."""
+        log.error("fuse %s: unexpected exception, replying EIO", op, exc_info=exc)
+        if req is not None:
+            lib.fuse_reply_err(req, errno.EIO)
+        if not isinstance(exc, Exception):
+            self._fatal = exc  # KeyboardInterrupt and friends: re-raised by serve()
+
+    def _spawn(self, req: Any, op: str, aw: Awaitable[Any], finish: Any) -> None:
+        if self._nursery is None:
+            lib.fuse_reply_err(req, errno.EIO)
+            return
+        self._nursery.start_soon(self._finish_async, req, op, aw, finish)
+
+    async def _finish_async(self, req: Any, op: str, aw: Awaitable[Any], finish: Any) -> None:
+        try:
+            value = await aw
+        except FuseError as e:
+            self._reply_err_late(req, e.errno)
+        except trio.Cancelled:
+            self._reply_err_late(req, errno.EINTR)
+            raise
+        except Exception as e:
+            log.error("fuse %s (async): unexpected exception, replying EIO", op, exc_info=e)
+            self._reply_err_late(req, errno.EIO)
+        else:
+            if self._fd < 0:
+                lib.fuse_reply_none(req)
+                return
+            try:
+                finish(req, value)
+            except Exception as e:
+                self._bug(req, op, e)
+
+    def _reply_err_late(self, req: Any, err: int) -> None:
+        if self._fd < 0:
+            lib.fuse_reply_none(req)  # the connection is gone: just free the request
+        else:
+            lib.fuse_reply_err(req, err)
+
+
+# -- reply helpers (module level: called per request, keep them flat) --------------------
+
+
+def _fill_stat(st: Any, a: Attr) -> None:
+    st.st_ino = a.ino
+    st.st_mode = a.mode
+    st.st_nlink = a.nlink
+    st.st_uid = a.uid
+    st.st_gid = a.gid
+    st.st_size = a.size
+    st.st_blksize = 4096
+    st.st_blocks = (a.size + 511) // 512
+    st.st_atim.tv_sec = st.st_mtim.tv_sec = st.st_ctim.tv_sec = _EPOCH
+
+
+_EPOCH = int(time.time())
+
+
+def _reply_attr(req: Any, a: Attr) -> None:
+    st = ffi.new("struct stat *")
+    _fill_stat(st, a)
+    lib.fuse_reply_attr(req, st, a.attr_timeout)
+
+
+def _reply_entry(req: Any, a: Attr) -> None:
+    e = ffi.new("struct fuse_entry_param *")
+    e.ino = a.ino
+    e.attr_timeout = a.attr_timeout
+    e.entry_timeout = a.entry_timeout
+    _fill_stat(e.attr, a)
+    lib.fuse_reply_entry(req, e)
+
+
+def _reply_read(req: Any, data: bytes) -> None:
+    lib.fuse_reply_buf(req, data, len(data))
+
+
+def _reply_write(req: Any, count: int) -> None:
+    lib.fuse_reply_write(req, count)
+
+
+def _make_ioctl_finisher(out_size: int) -> Any:
+    def finish(req: Any, value: tuple[int, bytes]) -> None:
+        result, out = value
+        if len(out) != out_size:
+            raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_size}")
+        lib.fuse_reply_ioctl(req, result, out, out_size)
+
+    return finish
+
+
+# -- the callbacks -----------------------------------------------------------------------
+# Each one: call the op, reply. FuseError -> fuse_reply_err; anything else -> _bug.
+
+
+@ffi.def_extern()
+def _op_init(userdata: Any, conn: Any) -> None:
+    conn.want &= ~_SPLICE_CAPS
+
+
+@ffi.def_extern()
+def _op_destroy(userdata: Any) -> None:
+    pass
+
+
+@ffi.def_extern()
+def _op_lookup(req: Any, parent: int, name: Any) -> None:
+    s = _active
+    try:
+        a = s.ops.lookup(parent, ffi.string(name).decode("utf-8", "surrogateescape"),
+                         s._caller(req))
+    except FuseError as e:
+        lib.fuse_reply_err(req, e.errno)
+    except BaseException as e:
+        s._bug(req, "lookup", e)
+    else:
+        _reply_entry(req, a)
+
+
+@ffi.def_extern()
+def _op_forget(req: Any, ino: int, nlookup: int) -> None:
+    s = _active
+    try:
+        s.ops.forget(ino, nlookup)
+    except BaseException as e:
+        s._bug(None, "forget", e)
+    lib.fuse_reply_none(req)
+
+
+@ffi.def_extern()
+def _op_forget_multi(req: Any, count: int, forgets: Any) -> None:
+    s = _active
+    try:
+        for i in range(count):
+            s.ops.forget(forgets[i].ino, forgets[i].nlookup)
+    except BaseException as e:
+        s._bug(None, "forget_multi", e)
+    lib.fuse_reply_none(req)
+
+
+@ffi.def_extern()
+def _op_getattr(req: Any, ino: int, fi: Any) -> None:
+    s = _active
+    try:
+        a = s.ops.getattr(ino, s._caller(req))
+    except FuseError as e:
+        lib.fuse_reply_err(req, e.errno)
+    except BaseException as e:
+        s._bug(req, "getattr", e)
+    else:
+        _reply_attr(req, a)
+
+
+@ffi.def_extern()
+def _op_setattr(req: Any, ino: int, attr: Any, to_set: int, fi: Any) -> None:
+    s = _active
+    try:
+        size = attr.st_size if to_set & lib.FUSE_SET_ATTR_SIZE else None
+        a = s.ops.setattr(ino, size, s._caller(req))
+    except FuseError as e:
+        lib.fuse_reply_err(req, e.errno)
+    except BaseException as e:
+        s._bug(req, "setattr", e)
+    else:
+        _reply_attr(req, a)
+
+
+@ffi.def_extern()
+def _op_open(req: Any, ino: int, fi: Any) -> None:
+    s = _active
+    try:
+        r = s.ops.open(ino, fi.flags, s._caller(req))
+    except FuseError as e:
+        lib.fuse_reply_err(req, e.errno)
+    except BaseException as e:
+        s._bug(req, "open", e)
+    else:
+        fi.fh = r.fh
+        fi.direct_io = r.direct_io
+        fi.keep_cache = r.keep_cache
+        fi.nonseekable = r.nonseekable
+        if lib.fuse_reply_open(req, fi) == -errno.ENOENT:
+            # The caller went away before the reply: the kernel sends no release.
+            try:
+                s.ops.release(ino, r.fh)
+            except BaseException as e:
+                s._bug(None, "release (after aborted open)", e)
+
+
+@ffi.def_extern()
+def _op_read(req: Any, ino: int, size: int, off: int, fi: Any) -> None:
+    s = _active
+    try:
+        r = s.ops.read(ino, fi.fh, off, size, s._caller(req))
+        if type(r) is not bytes:
+            if hasattr(r, "__await__"):
+                s._spawn(req, "read", r, _reply_read)
+                return
+            r = bytes(r)
+    except FuseError as e:
+        lib.fuse_reply_err(req, e.errno)
+    except BaseException as e:
+        s._bug(req, "read", e)
+    else:
+        lib.fuse_reply_buf(req, r, len(r))
+
+
+@ffi.def_extern()
+def _op_write(req: Any, ino: int, buf: Any, size: int, off: int, fi: Any) -> None:
+    s = _active
+    try:
+        r = s.ops.write(ino, fi.fh, off, ffi.buffer(buf, size)[:], s._caller(req))
+        if type(r) is not int:
+            if hasattr(r, "__await__"):
+                s._spawn(req, "write", r, _reply_write)
+                return
+            raise TypeError(f"write op returned {type(r).__name__}")
+    except FuseError as e:
+        lib.fuse_reply_err(req, e.errno)
+    except BaseException as e:
+        s._bug(req, "write", e)
+    else:
+        lib.fuse_reply_write(req, r)
+
+
+@ffi.def_extern()
+def _op_flush(req: Any, ino: int, fi: Any) -> None:
+    lib.fuse_reply_err(req, 0)
+
+
+@ffi.def_extern()
+def _op_release(req: Any, ino: int, fi: Any) -> None:
+    s = _active
+    try:
+        s.ops.release(ino, fi.fh)
+    except BaseException as e:
+        s._bug(None, "release", e)
+    lib.fuse_reply_err(req, 0)  # the kernel ignores release errors
+
+
+@ffi.def_extern()
+def _op_opendir(req: Any, ino: int, fi: Any) -> None:
+    s = _active
+    try:
+        fi.fh = s.ops.opendir(ino, s._caller(req))
+    except FuseError as e:
+        lib.fuse_reply_err(req, e.errno)
+    except BaseException as e:
+        s._bug(req, "opendir", e)
+    else:
+        lib.fuse_reply_open(req, fi)
+
+
+@ffi.def_extern()
+def _op_readdir(req: Any, ino: int, size: int, off: int, fi: Any) -> None:
+    s = _active
+    try:
+        entries = s.ops.readdir(ino, fi.fh, off)
+        out = ffi.new("char[]", size)
+        st = ffi.new("struct stat *")
+        used = 0
+        for name, e_ino, mode, next_off in entries:
+            st.st_ino = e_ino
+            st.st_mode = mode
+            bname = name.encode("utf-8", "surrogateescape")
+            need = lib.fuse_add_direntry(req, out + used, size - used, bname, st, next_off)
+            if need > size - used:
+                break
+            used += need
+    except FuseError as e:
+        lib.fuse_reply_err(req, e.errno)
+    except BaseException as e:
+        s._bug(req, "readdir", e)
+    else:
+        lib.fuse_reply_buf(req, out, used)
+
+
+@ffi.def_extern()
+def _op_releasedir(req: Any, ino: int, fi: Any) -> None:
+    s = _active
+    try:
+        s.ops.releasedir(ino, fi.fh)
+    except BaseException as e:
+        s._bug(None, "releasedir", e)
+    lib.fuse_reply_err(req, 0)
+
+
+@ffi.def_extern()
+def _op_statfs(req: Any, ino: int) -> None:
+    st = ffi.new("struct statvfs *")
+    st.f_bsize = st.f_frsize = 4096
+    st.f_namemax = 255
+    lib.fuse_reply_statfs(req, st)
+
+
+@ffi.def_extern()
+def _op_ioctl(
+    req: Any, ino: int, cmd: int, arg: Any, fi: Any, flags: int, in_buf: Any,
+    in_bufsz: int, out_bufsz: int,
+) -> None:
+    s = _active
+    try:
+        if flags & lib.FUSE_IOCTL_COMPAT:
+            raise FuseError(errno.ENOSYS)  # 32-bit callers: not emulated
+        r = s.ops.ioctl(
+            ino, fi.fh, cmd, ffi.buffer(in_buf, in_bufsz)[:] if in_bufsz else b"",
+            out_bufsz, s._caller(req),
+        )
+        if type(r) is not tuple:
+            if hasattr(r, "__await__"):
+                s._spawn(req, "ioctl", r, _make_ioctl_finisher(out_bufsz))
+                return
+            raise TypeError(f"ioctl op returned {type(r).__name__}")
+        result, out = r
+        if len(out) != out_bufsz:
+            raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_bufsz}")
+    except FuseError as e:
+        lib.fuse_reply_err(req, e.errno)
+    except BaseException as e:
+        s._bug(req, "ioctl", e)
+    else:
+        lib.fuse_reply_ioctl(req, result, out, out_bufsz)
+
+
+# -- stale mounts --------------------------------------------------------------------------
+
+_MNT_DETACH = 2
+
+
+def _unescape_mountinfo(field: str) -> str:
+    return field.encode().decode("unicode_escape") if "\\" in field else field
+
+
+def fuse_mounts_at(path: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """fstypes of the mounts stacked at `path` that are FUSE mounts (parsed, not stat'ed:
+    a stat would call into the server)."""
+    path = os.path.abspath(path)
+    found = []
+    try:
+        with open(mountinfo) as f:
+            for line in f:
+                fields = line.split()
+                sep = fields.index("-")
+                if _unescape_mountinfo(fields[4]) == path and fields[sep + 1].startswith(
+                    "fuse"
+                ):
+                    found.append(fields[sep + 1])
+    except FileNotFoundError:
+        pass
+    return found
+
+
+def _lazy_unmount(path: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(os.fsencode(path), _MNT_DETACH) == 0:
+        return
+    err = ctypes.get_errno()
+    if err == errno.EPERM:  # not root: fusermount3 is setuid and may do it
+        subprocess.run(["fusermount3", "-uz", path], check=True, capture_output=True)
+        return
+    raise OSError(err, f"umount2({path}, MNT_DETACH): {os.strerror(err)}")
+
+
+def clear_stale_mount(path: str | os.PathLike[str]) -> None:
+    """Make `path` usable as a mountpoint: create it if missing, and lazily unmount any FUSE
+    mount left there by a server that died (stat gives ENOTCONN). A live FUSE mount is
+    left alone and reported as EBUSY, so two daemons never stack on one directory."""
+    p = os.path.abspath(os.fspath(path))
+    for _ in range(16):  # mounts can be stacked
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            if fuse_mounts_at(p):
+                _lazy_unmount(p)
+                continue
+            os.makedirs(p, exist_ok=True)
+            return
+        except OSError as e:
+            if e.errno != errno.ENOTCONN:
+                raise
+            log.warning("clearing stale FUSE mount at %s (its server is gone)", p)
+            _lazy_unmount(p)
+            continue
+        if fuse_mounts_at(p):
+            raise OSError(errno.EBUSY, f"a live FUSE server is mounted at {p}")
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, f"mountpoint {p} is not a directory")
+        return
+    raise OSError(errno.EBUSY, f"cannot clear the mounts stacked at {p}")

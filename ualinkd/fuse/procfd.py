@@ -1,0 +1,87 @@
+"""Resolve a client's fd to one of this mount's dma-buf files (for PRIME_FD_TO_HANDLE),
+and the dmabuf inode numbering that the file tree and this resolution share.
+
+Only /proc is read: stat'ing the fd's target would call back into our own FUSE server.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+# dmabuf/<token> files get inode DMABUF_INO_BASE + key; nothing else in the tree is that high.
+DMABUF_INO_BASE = 1 << 48
+DMABUF_KEY_LIMIT = 1 << 48
+
+# " (deleted)": the dentry is invalidated once the single-use token is consumed.
+_DMABUF_LINK = re.compile(r"/dmabuf/[0-9]+( \(deleted\))?\Z")
+
+
+def dmabuf_ino(key: int) -> int:
+    """Inode number of the dmabuf file whose backend key is `key` (0 < key < 2**48)."""
+    if not 0 < key < DMABUF_KEY_LIMIT:
+        raise ValueError(f"dmabuf key out of range: {key}")
+    return DMABUF_INO_BASE + key
+
+
+def dmabuf_key(ino: int) -> int | None:
+    """The backend key of a dmabuf inode, or None if `ino` is not one."""
+    key = ino - DMABUF_INO_BASE
+    return key if 0 < key < DMABUF_KEY_LIMIT else None
+
+
+def _fdinfo(pid: int, fd: int) -> dict[str, str]:
+    info = {}
+    with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            info[k] = v.strip()
+    return info
+
+
+def _mount_dev(mountinfo: str, *, mount_id: str | None = None, path: str | None = None) -> str:
+    """The st_dev ("major:minor") of a mount found by id or by mount point; "" if none.
+    For stacked mounts at one path the last (topmost) wins."""
+    dev = ""
+    try:
+        with open(mountinfo) as f:
+            for line in f:
+                fields = line.split()
+                mp = fields[4]
+                if "\\" in mp:
+                    mp = mp.encode().decode("unicode_escape")
+                if (mount_id is not None and fields[0] == mount_id) or (
+                    path is not None and mp == path
+                ):
+                    dev = fields[2]
+    except FileNotFoundError:
+        pass
+    return dev
+
+
+def resolve_caller_fd(pid: int, fd: int, mountpoint: str) -> int:
+    """The dmabuf key behind fd `fd` of process `pid`, which must be a file under
+    `<mountpoint>/dmabuf/` of *this* mount. EBADF: no such fd; EINVAL: not one of ours."""
+    try:
+        link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        info = _fdinfo(pid, fd)
+    except FileNotFoundError:
+        raise OSError(errno.EBADF, f"pid {pid} has no fd {fd}") from None
+    except PermissionError:
+        raise OSError(errno.EACCES, f"cannot inspect fd {fd} of pid {pid}") from None
+    if not _DMABUF_LINK.search(link):
+        raise OSError(errno.EINVAL, f"fd {fd} is not a dma-buf file ({link})")
+    try:
+        key = dmabuf_key(int(info["ino"]))
+    except (KeyError, ValueError):
+        key = None
+    if key is None:
+        raise OSError(errno.EINVAL, f"fd {fd} is not a dma-buf file ({link})")
+    # The path may differ in the caller's mount namespace; the superblock device may not.
+    # It tells apart two ualinkd mounts on one host (a local pod).
+    theirs = _mount_dev(f"/proc/{pid}/mountinfo", mount_id=info.get("mnt_id"))
+    ours = _mount_dev("/proc/self/mountinfo", path=os.path.abspath(mountpoint))
+    if not theirs or theirs != ours:
+        raise OSError(errno.EINVAL, f"fd {fd} is a dma-buf file of another mount")
+    return key

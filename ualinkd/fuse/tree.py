@@ -1,0 +1,307 @@
+"""The file tree of one node's mount: dri/renderD*, dmabuf/<token> and sys/..., as FUSE ops.
+
+Knows paths, inodes, file handles and permissions; what a file *means* is the backend's
+(`backend.NodeBackend`). Backend errors (DrmError) become FuseError here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import stat
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from ualinkd.fuse.backend import Caller, NodeBackend, SysAttr, SysDir
+from ualinkd.fuse.lowlevel import ROOT_INO, Attr, DirEntry, FuseError, FuseSession, OpenReply
+from ualinkd.fuse.procfd import dmabuf_ino, dmabuf_key
+
+try:
+    from ualinkd.drm.errors import DrmError
+except ImportError:  # the DRM layer may not exist yet; DrmError subclasses OSError
+    DrmError = OSError  # type: ignore[misc,assignment]
+
+T = TypeVar("T")
+
+DRI_INO, DMABUF_INO, SYS_INO = 2, 3, 4
+_FIRST_DYNAMIC_INO = 16
+_STATIC_TIMEOUT = 60.0  # dirs and render nodes never change within a run
+_DIR_MODE = stat.S_IFDIR | 0o755
+_RENDER_MODE = stat.S_IFREG | 0o666  # S_IFCHR would be opened as a real device
+_DMABUF_MODE = stat.S_IFREG | 0o600
+_SYSFS_SIZE = 4096  # what sysfs reports for every attribute
+
+
+@dataclass(slots=True)
+class _Dir:
+    ino: int
+    parent: int
+    mode: int = _DIR_MODE
+    children: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Render:
+    ino: int
+    minor: int
+
+
+@dataclass(slots=True)
+class _SysFile:
+    ino: int
+    attr: SysAttr
+
+
+async def _drm_errors_to_fuse(aw: Awaitable[T]) -> T:
+    try:
+        return await aw
+    except DrmError as e:
+        raise FuseError(e.errno) from None
+
+
+class FileTree:
+    """The `lowlevel.Operations` of a node's mount. All calls come from the trio thread."""
+
+    def __init__(self, backend: NodeBackend, mountpoint: str | os.PathLike[str]) -> None:
+        self.backend = backend
+        self.mountpoint = os.path.abspath(os.fspath(mountpoint))
+        self._nodes: dict[int, _Dir | _Render | _SysFile] = {}
+        self._next_ino = itertools.count(_FIRST_DYNAMIC_INO)
+        self._next_fh = itertools.count(1)
+        # fh -> open object, one table per kind so the hot paths do a single dict lookup.
+        self._render_fh: dict[int, object] = {}
+        self._dmabuf_fh: dict[int, object] = {}
+        self._sys_fh: dict[int, SysAttr] = {}
+        # dmabuf inode -> [lookup count, uid, gid]; dropped when the kernel forgets it.
+        self._dmabuf_inodes: dict[int, list[int]] = {}
+        self._backend_ioctl = backend.ioctl
+
+        root = self._add_dir(ROOT_INO, ROOT_INO, None, "")
+        dri = self._add_dir(DRI_INO, ROOT_INO, root, "dri")
+        self._add_dir(DMABUF_INO, ROOT_INO, root, "dmabuf", mode=stat.S_IFDIR | 0o711)
+        sys_dir = self._add_dir(SYS_INO, ROOT_INO, root, "sys")
+        for minor in backend.render_minors():
+            ino = next(self._next_ino)
+            self._nodes[ino] = _Render(ino, minor)
+            dri.children[f"renderD{minor}"] = ino
+        self._add_sys(sys_dir, backend.sys_tree())
+
+    def _add_dir(
+        self, ino: int, parent: int, into: _Dir | None, name: str, mode: int = _DIR_MODE
+    ) -> _Dir:
+        d = _Dir(ino, parent, mode)
+        self._nodes[ino] = d
+        if into is not None:
+            into.children[name] = ino
+        return d
+
+    def _add_sys(self, into: _Dir, tree: SysDir) -> None:
+        for name, item in tree.items():
+            ino = next(self._next_ino)
+            if isinstance(item, SysAttr):
+                self._nodes[ino] = _SysFile(ino, item)
+                into.children[name] = ino
+            else:
+                self._add_sys(self._add_dir(ino, into.ino, into, name), item)
+
+    # -- mounting convenience -------------------------------------------------------------
+
+    def session(self) -> FuseSession:
+        """A FuseSession serving this tree, mounted at self.mountpoint."""
+        s = FuseSession(self)
+        s.mount(self.mountpoint)
+        return s
+
+    # -- attributes ------------------------------------------------------------------------
+
+    def _attr(self, ino: int, caller: Caller) -> Attr:
+        node = self._nodes.get(ino)
+        if node is None:
+            key = dmabuf_key(ino)
+            if key is None:
+                raise FuseError(errno.ENOENT)
+            try:
+                size = self.backend.dmabuf_size(key)
+            except DrmError as e:
+                raise FuseError(e.errno) from None
+            owner = self._dmabuf_inodes.get(ino)
+            uid, gid = (owner[1], owner[2]) if owner else (caller.uid, caller.gid)
+            return Attr(ino, _DMABUF_MODE, size, 1, uid, gid)
+        if isinstance(node, _Render):
+            return Attr(ino, _RENDER_MODE, 0, 1, 0, 0, _STATIC_TIMEOUT, _STATIC_TIMEOUT)
+        if isinstance(node, _SysFile):
+            return Attr(ino, stat.S_IFREG | node.attr.mode, _SYSFS_SIZE)
+        nlink = 2 + sum(isinstance(self._nodes[c], _Dir) for c in node.children.values())
+        return Attr(ino, node.mode, 0, nlink, 0, 0, _STATIC_TIMEOUT, _STATIC_TIMEOUT)
+
+    def lookup(self, parent: int, name: str, caller: Caller) -> Attr:
+        if parent == DMABUF_INO:
+            return self._lookup_dmabuf(name, caller)
+        node = self._nodes.get(parent)
+        if not isinstance(node, _Dir):
+            raise FuseError(errno.ENOTDIR if node is not None else errno.ENOENT)
+        if name == ".":
+            return self._attr(parent, caller)
+        if name == "..":
+            return self._attr(node.parent, caller)
+        ino = node.children.get(name)
+        if ino is None:
+            raise FuseError(errno.ENOENT)
+        return self._attr(ino, caller)
+
+    def _lookup_dmabuf(self, name: str, caller: Caller) -> Attr:
+        try:
+            key, size = self.backend.dmabuf_lookup(name, caller)
+        except DrmError as e:
+            raise FuseError(e.errno) from None
+        ino = dmabuf_ino(key)
+        entry = self._dmabuf_inodes.setdefault(ino, [0, caller.uid, caller.gid])
+        entry[0] += 1
+        # Timeouts 0: every open() goes through lookup (tokens are single-use) and every
+        # fstat/lseek(SEEK_END) through getattr.
+        return Attr(ino, _DMABUF_MODE, size, 1, entry[1], entry[2])
+
+    def forget(self, ino: int, nlookup: int) -> None:
+        entry = self._dmabuf_inodes.get(ino)
+        if entry is not None:
+            entry[0] -= nlookup
+            if entry[0] <= 0:
+                del self._dmabuf_inodes[ino]
+
+    def getattr(self, ino: int, caller: Caller) -> Attr:
+        return self._attr(ino, caller)
+
+    def setattr(self, ino: int, size: int | None, caller: Caller) -> Attr:
+        node = self._nodes.get(ino)
+        if size is not None:
+            # Only open(O_TRUNC) of a writable sys attribute truncates (to nothing, as sysfs).
+            if isinstance(node, _Dir):
+                raise FuseError(errno.EISDIR)
+            if not isinstance(node, _SysFile):
+                raise FuseError(errno.EINVAL)
+            self._check_sys_access(node.attr, os.O_WRONLY, caller)
+        return self._attr(ino, caller)
+
+    # -- open / release ----------------------------------------------------------------------
+
+    @staticmethod
+    def _check_sys_access(attr: SysAttr, flags: int, caller: Caller) -> None:
+        """Attributes belong to root, like sysfs; we check since default_permissions is off."""
+        acc = flags & os.O_ACCMODE
+        if acc != os.O_RDONLY:
+            if attr.write is None or not (caller.uid == 0 or attr.mode & 0o002):
+                raise FuseError(errno.EACCES)
+        if acc != os.O_WRONLY and not (caller.uid == 0 or attr.mode & 0o004):
+            raise FuseError(errno.EACCES)
+
+    def open(self, ino: int, flags: int, caller: Caller) -> OpenReply:
+        node = self._nodes.get(ino)
+        fh = next(self._next_fh)
+        try:
+            if isinstance(node, _Render):
+                self._render_fh[fh] = self.backend.open_render(node.minor, caller)
+            elif isinstance(node, _SysFile):
+                self._check_sys_access(node.attr, flags, caller)
+                self._sys_fh[fh] = node.attr
+            elif isinstance(node, _Dir):
+                raise FuseError(errno.EISDIR)
+            else:
+                key = dmabuf_key(ino)
+                if key is None:
+                    raise FuseError(errno.ENOENT)
+                self._dmabuf_fh[fh] = self.backend.dmabuf_open(key, caller)
+        except DrmError as e:
+            raise FuseError(e.errno) from None
+        # direct_io: pread/pwrite offsets (GPU VAs) and sizes arrive unchanged, and sys
+        # attributes are read live every time (no page cache).
+        return OpenReply(fh, direct_io=True)
+
+    def release(self, ino: int, fh: int) -> None:
+        if (drm_file := self._render_fh.pop(fh, None)) is not None:
+            self.backend.release_render(drm_file)
+        elif (ref := self._dmabuf_fh.pop(fh, None)) is not None:
+            self.backend.dmabuf_release(ref)
+        else:
+            self._sys_fh.pop(fh, None)
+
+    # -- data ------------------------------------------------------------------------------
+
+    def ioctl(
+        self, ino: int, fh: int, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+    ) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]:
+        drm_file = self._render_fh.get(fh)
+        if drm_file is None:
+            raise FuseError(errno.ENOTTY)
+        try:
+            r = self._backend_ioctl(drm_file, cmd, in_bytes, out_size, caller)
+        except DrmError as e:
+            raise FuseError(e.errno) from None
+        if type(r) is tuple:
+            return r
+        return _drm_errors_to_fuse(r)  # type: ignore[arg-type]
+
+    def read(
+        self, ino: int, fh: int, off: int, size: int, caller: Caller
+    ) -> bytes | Awaitable[bytes]:
+        try:
+            if (drm_file := self._render_fh.get(fh)) is not None:
+                r = self.backend.gpu_read(drm_file, off, size, caller)
+                return r if isinstance(r, bytes | bytearray) else _drm_errors_to_fuse(r)
+            if (attr := self._sys_fh.get(fh)) is not None:
+                return attr.read().encode()[off : off + size] if off >= 0 else b""
+        except DrmError as e:
+            raise FuseError(e.errno) from None
+        raise FuseError(errno.EINVAL)  # dma-buf CPU access is not emulated
+
+    def write(
+        self, ino: int, fh: int, off: int, data: bytes, caller: Caller
+    ) -> int | Awaitable[int]:
+        try:
+            if (drm_file := self._render_fh.get(fh)) is not None:
+                r = self.backend.gpu_write(drm_file, off, data, caller)
+                return r if isinstance(r, int) else _drm_errors_to_fuse(r)
+            if (attr := self._sys_fh.get(fh)) is not None:
+                if attr.write is None:
+                    raise FuseError(errno.EACCES)
+                # Like a sysfs store(): each write() is one call with the text as written
+                # (a trailing newline included).
+                attr.write(data.decode("utf-8", "replace"))
+                return len(data)
+        except DrmError as e:
+            raise FuseError(e.errno) from None
+        raise FuseError(errno.EINVAL)
+
+    # -- directories -------------------------------------------------------------------------
+
+    def opendir(self, ino: int, caller: Caller) -> int:
+        if not isinstance(self._nodes.get(ino), _Dir):
+            raise FuseError(errno.ENOTDIR)
+        return 0
+
+    def readdir(self, ino: int, fh: int, off: int) -> Iterable[DirEntry]:
+        d = self._nodes.get(ino)
+        if not isinstance(d, _Dir):
+            raise FuseError(errno.ENOTDIR)
+        # dmabuf/ has no children here: tokens are never listed.
+        names: list[tuple[str, int]] = [(".", ino), ("..", d.parent), *d.children.items()]
+        out = []
+        for i in range(max(off, 0), len(names)):
+            name, child = names[i]
+            node = self._nodes[child]
+            mode = _DIR_MODE if isinstance(node, _Dir) else stat.S_IFREG
+            out.append((name, child, mode, i + 1))
+        return out
+
+    def releasedir(self, ino: int, fh: int) -> None:
+        pass
+
+    # -- introspection (tests, ualinkctl) ----------------------------------------------------
+
+    def open_handles(self) -> dict[str, int]:
+        return {
+            "render": len(self._render_fh),
+            "dmabuf": len(self._dmabuf_fh),
+            "sys": len(self._sys_fh),
+        }

@@ -1,0 +1,152 @@
+"""NodeCore: one node's GPUs wired together, as the FUSE file tree sees them (sans-IO).
+
+It builds, per local accel, a DrmDevice with the amdgpu driver and a UALink manager, runs
+the host-wide late init (state from the pod config, vPod activation), and implements
+`fuse.backend.NodeBackend`. Two edge functions are injected: resolving a caller's fd to
+one of our dma-buf keys (/proc) and writing a caller's memory.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable
+
+from .amdgpu.driver import AmdgpuDriver, CopyToUser
+from .config import PodConfig
+from .drm.device import Caller, DrmDevice
+from .drm.errors import DrmError
+from .drm.file import DrmFile
+from .drm.gem import DmaBuf
+from .drm.tokens import DmaBufTokens
+from .fuse.backend import IoctlReply, SysAttr, SysDir
+from .trace import TraceRecord
+from .ualink.host import UalinkHost
+from .ualink.manager import UalinkManager
+
+log = logging.getLogger(__name__)
+
+RENDER_MINOR_BASE = 128
+FdResolver = Callable[[int, int], int]  # (pid, fd) -> dma-buf key; raises EBADF/EINVAL
+
+
+def _no_resolver(pid: int, fd: int) -> int:
+    raise DrmError(errno.EBADF)
+
+
+class NodeCore:
+    def __init__(
+        self,
+        config: PodConfig,
+        node_name: str,
+        resolve_fd: FdResolver = _no_resolver,
+        copy_to_user: CopyToUser | None = None,
+        tracer: Callable[[TraceRecord], None] | None = None,
+        randbits: Callable[[int], int] | None = None,
+    ) -> None:
+        self.config = config
+        self.node = config.node(node_name)
+        self.name = node_name
+        self.tracer = tracer
+        self.tokens = DmaBufTokens(randbits) if randbits else DmaBufTokens()
+        self._resolve_key = resolve_fd
+        self.host = UalinkHost()
+        self.devices: dict[int, DrmDevice] = {}
+        self.managers: dict[int, UalinkManager] = {}
+        for i, accel in enumerate(self.node.accels):
+            minor = RENDER_MINOR_BASE + i
+            device = DrmDevice(minor, self.tokens, self._resolve_dmabuf)
+            driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user)
+            kwargs = {"randbits": randbits} if randbits else {}
+            mgr = UalinkManager(
+                self.host, driver, config.ppod_info(accel), config.vpod_info(accel.accel_id),
+                accel.stage, config.kernel_quirks, **kwargs,
+            )
+            self.host.managers.append(mgr)
+            self.devices[minor] = device
+            self.managers[minor] = mgr
+        self.host.late_init()
+
+    def _resolve_dmabuf(self, pid: int, fd: int) -> DmaBuf:
+        return self.tokens.resolve(self._resolve_key(pid, fd))
+
+    # -- NodeBackend: render nodes ----------------------------------------------------------
+    def render_minors(self) -> list[int]:
+        return list(self.devices)
+
+    def open_render(self, minor: int, caller: Caller) -> DrmFile:
+        device = self.devices.get(minor)
+        if device is None:
+            raise DrmError(errno.ENODEV)
+        return device.open(caller.pid, caller.uid)
+
+    def release_render(self, drm_file: object) -> None:
+        assert isinstance(drm_file, DrmFile)
+        drm_file.release()
+
+    def ioctl(
+        self, drm_file: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+    ) -> IoctlReply:
+        assert isinstance(drm_file, DrmFile)
+        res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
+        if self.tracer is not None:
+            self.tracer(TraceRecord(caller.pid, self.name, drm_file.device.minor, cmd,
+                                    res.spec, in_bytes, res.result, res.out))
+        return res.result, res.out
+
+    def gpu_read(self, drm_file: object, va: int, size: int, caller: Caller) -> bytes:
+        # The GPU VM of a file has no mappings until GEM_VA is emulated: every VA faults.
+        raise DrmError(errno.EFAULT, f"GPU page fault at VA {va:#x} (unmapped)")
+
+    def gpu_write(self, drm_file: object, va: int, data: bytes, caller: Caller) -> int:
+        raise DrmError(errno.EFAULT, f"GPU page fault at VA {va:#x} (unmapped)")
+
+    # -- NodeBackend: dma-bufs ----------------------------------------------------------------
+    def dmabuf_lookup(self, name: str, caller: Caller) -> tuple[int, int]:
+        return self.tokens.lookup(name, caller.uid)
+
+    def dmabuf_open(self, key: int, caller: Caller) -> object:
+        return self.tokens.open(key, caller.uid)
+
+    def dmabuf_size(self, key: int) -> int:
+        return self.tokens.size(key)
+
+    def dmabuf_release(self, dmabuf_ref: object) -> None:
+        assert isinstance(dmabuf_ref, int)
+        self.tokens.release(dmabuf_ref)
+
+    def dmabuf_resolve(self, ino_or_key: int) -> object | None:
+        return self.tokens.opened.get(ino_or_key)
+
+    # -- NodeBackend: sys/ ----------------------------------------------------------------------
+    def sys_tree(self) -> SysDir:
+        drm: SysDir = {}
+        for minor, mgr in self.managers.items():
+            drm[f"renderD{minor}"] = {"device": {"ualink": ualink_sysfs(mgr)}}
+        return {"class": {"drm": drm}}
+
+    # -- introspection (tests, ualinkctl) ---------------------------------------------------------
+    def live_objects(self) -> int:
+        return sum(len(d.objects) for d in self.devices.values())
+
+
+def ualink_sysfs(mgr: UalinkManager) -> SysDir:
+    """The 12 read-only attribute files of spec §7.1, read live from the manager."""
+
+    def attr(fn: Callable[[], object]) -> SysAttr:
+        return SysAttr(lambda: f"{fn()}\n")
+
+    return {
+        "link_type": attr(lambda: "UALoE"),
+        "accel_id": attr(lambda: mgr.ppod.accel_id),
+        "bandwidth": attr(lambda: mgr.ppod.bandwidth),
+        "latency": attr(lambda: mgr.ppod.latency),
+        "ppod_id": attr(lambda: str(mgr.ppod.ppod_uuid).lower()),
+        "ppod_size": attr(lambda: mgr.ppod.ppod_size),
+        "vpod_id": attr(lambda: mgr.vpod.vpod_id),
+        "vpod_size": attr(lambda: mgr.vpod.vpod_size),
+        "vpod_active_accels": attr(lambda: " ".join(map(str, sorted(mgr.vpod.active_accels)))),
+        "addr_mode": attr(lambda: mgr.vpod.addr_mode.sysfs),
+        "accel_state": attr(lambda: mgr.state.sysfs),
+        "local_accels": attr(lambda: " ".join(map(str, mgr.local_accels))),
+    }
