@@ -92,7 +92,7 @@ async def run_node(
     session.mount(mount)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_signal, nursery.cancel_scope, node_name)
+            await nursery.start(_stop_on_signal, nursery.cancel_scope, node_name)
             states = ", ".join(
                 f"accel {m.accel_id} {m.state.sysfs}" for m in core.managers.values()
             )
@@ -107,8 +107,11 @@ async def run_node(
         log.info("%s: unmounted %s", node_name, mount)
 
 
-async def _stop_on_signal(scope: trio.CancelScope, node_name: str) -> None:
+async def _stop_on_signal(
+    scope: trio.CancelScope, node_name: str, task_status: trio.TaskStatus[None]
+) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()  # handlers are in place before anyone hears READY
         async for signum in signals:
             log.info("%s: %s, shutting down", node_name, signal.Signals(signum).name)
             scope.cancel()

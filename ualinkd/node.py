@@ -123,7 +123,31 @@ class NodeCore:
         drm: SysDir = {}
         for minor, mgr in self.managers.items():
             drm[f"renderD{minor}"] = {"device": {"ualink": ualink_sysfs(mgr)}}
-        return {"class": {"drm": drm}}
+        debug: SysDir = {str(minor): self._debugfs(minor) for minor in self.devices}
+        return {"class": {"drm": drm}, "kernel": {"debug": {"dri": debug}}}
+
+    def _debugfs(self, minor: int) -> SysDir:
+        """debugfs lookalikes (read-only): what the device holds right now."""
+        device, mgr = self.devices[minor], self.managers[minor]
+
+        def gem_objects() -> str:
+            return "".join(
+                f"{o.id} size={o.size} refcount={o.refcount} handle_count={o.handle_count}\n"
+                for o in device.objects.values()
+            )
+
+        def exports() -> str:
+            return "".join(
+                f"{e.handle_lo:#018x} {e.handle_hi:#018x} bo={e.bo.id} size={e.bo.size}\n"
+                for e in mgr.exports.values()
+            )
+
+        return {
+            "gem_objects": SysAttr(gem_objects),
+            "ualink_exports": SysAttr(exports),
+            "clients": SysAttr(lambda: "".join(
+                f"pid={f.pid} uid={f.uid} handles={len(f.handles)}\n" for f in device.files)),
+        }
 
     # -- introspection (tests, ualinkctl) ---------------------------------------------------------
     def live_objects(self) -> int:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..abi.constants import (
     CREATE_NO_CPU_ACCESS,
+    DOMAIN_CPU,
     CREATE_VM_ALWAYS_VALID,
     DOMAIN_GTT,
     DOMAIN_VRAM,
@@ -103,10 +104,15 @@ class AmdgpuBo(GemObject):
 
 
 def place(size: int, domains: int, vram: MemoryPool, gtt: MemoryPool) -> MemoryPool | None:
-    """Initial placement: VRAM first if allowed and free, then GTT; ENOMEM if neither."""
-    pools = [p for p, bit in ((vram, DOMAIN_VRAM), (gtt, DOMAIN_GTT)) if domains & bit]
+    """Initial placement: VRAM first if allowed and free, then GTT; ENOMEM if neither.
+    CPU-domain BOs (and domain 0, which amdgpu treats as CPU) live in system memory, which
+    is what the GTT pool accounts; the tiny special domains are not accounted."""
+    accounted = domains & (DOMAIN_VRAM | DOMAIN_GTT)
+    if domains & DOMAIN_CPU or domains == 0:
+        accounted |= DOMAIN_GTT
+    pools = [p for p, bit in ((vram, DOMAIN_VRAM), (gtt, DOMAIN_GTT)) if accounted & bit]
     if not pools:
-        return None  # CPU / special domains: not accounted
+        return None
     for pool in pools:
         if pool.fits(size):
             return pool

@@ -22,8 +22,9 @@ from .bo import AmdgpuBo, MemoryPool, place
 # Domains that must stand alone (amdgpu_gem_are_domains_valid, §2.3).
 _SPECIAL = c.DOMAIN_GDS | c.DOMAIN_GWS | c.DOMAIN_OA | c.DOMAIN_DOORBELL
 _GDS_GWS_OA = c.DOMAIN_GDS | c.DOMAIN_GWS | c.DOMAIN_OA
-# DRM_FILE_PAGE_OFFSET_START in bytes: fake mmap offsets start here.
-_MMAP_OFFSET_START = (0x100000000 // 4096 + 1) * 4096
+# DRM_FILE_PAGE_OFFSET_START/SIZE in bytes: the fake mmap offset window (drm_gem.c, 64-bit).
+_MMAP_OFFSET_START = (0xFFFFFFFF // 4096 + 1) * 4096
+_MMAP_OFFSET_END = _MMAP_OFFSET_START + (0xFFFFFFFF // 4096) * 256 * 4096
 
 
 class UalinkOps(Protocol):
@@ -150,8 +151,11 @@ class AmdgpuDriver:
         if not bo.cpu_accessible:
             raise DrmError(errno.EPERM, "BO has NO_CPU_ACCESS")
         if bo.mmap_offset == 0:
+            pages = -(-bo.size // 4096) * 4096
+            if self._mmap_next + pages > _MMAP_OFFSET_END:
+                raise DrmError(errno.ENOSPC, "mmap offset space exhausted")
             bo.mmap_offset = self._mmap_next
-            self._mmap_next += -(-bo.size // 4096) * 4096
+            self._mmap_next += pages
         kdata[0:8] = bo.mmap_offset.to_bytes(8, "little")
 
     # -- GEM_OP (§2.8) -------------------------------------------------------------------------

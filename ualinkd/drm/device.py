@@ -32,6 +32,7 @@ from .tokens import DmaBufTokens
 log = logging.getLogger(__name__)
 
 DRM_CAP_TIMESTAMP_MONOTONIC = 0x6
+_reported_unemulated: set[int] = set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +118,10 @@ class DrmDevice:
         out_size = user_size if user_dir & table_dir & IOC_READ else 0
         handler = self._core.get(nr) if nr < 0x40 or nr >= 0xA0 else self.driver.ioctls.get(nr)
         if handler is None and spec.flags & tbl.DRM_RENDER_ALLOW:
-            # The kernel has it, ualinkd does not emulate it: say so rather than fake it.
-            log.info("ioctl %s (nr 0x%02x) is not emulated", spec.name, nr)
+            # The kernel has it, ualinkd does not emulate it: say so (once) rather than fake it.
+            if nr not in _reported_unemulated:
+                _reported_unemulated.add(nr)
+                log.info("ioctl %s (nr 0x%02x) is not emulated: ENOSYS", spec.name, nr)
             return IoctlResult(-errno.ENOSYS, b"", spec, b"")
         ksize = max(in_size, out_size, (spec.cmd >> 16) & 0x3FFF)
         kdata = bytearray(ksize)

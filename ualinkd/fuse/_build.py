@@ -271,8 +271,12 @@ if __name__ == "__main__":
     import os
     import tempfile
 
-    # Build in place (next to the package) without leaving .c/.o files there.
-    _root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # Build in place without leaving .c/.o files, under the name `pip install -e .` uses
+    # (cffi builds for the limited API): two differently named copies would shadow each other.
+    _here = os.path.dirname(os.path.abspath(__file__))
     with tempfile.TemporaryDirectory() as tmp:
         so = ffibuilder.compile(tmpdir=tmp, verbose=False)
-        os.replace(so, os.path.join(_root, os.path.relpath(so, tmp)))
+        os.replace(so, os.path.join(_here, "_fuse_ll.abi3.so"))
+    for name in os.listdir(_here):
+        if name.startswith("_fuse_ll.") and name.endswith(".so") and "abi3" not in name:
+            os.unlink(os.path.join(_here, name))

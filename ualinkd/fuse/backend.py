@@ -33,9 +33,10 @@ class SysAttr:
 # A sys directory: name -> SysAttr (file) or SysDir (sub-directory).
 SysDir = dict[str, "SysAttr | SysDir"]
 
-# An ioctl answer: (result, out_bytes). result is 0 or a negative errno; out_bytes has
-# exactly the out_size the request asked for and is copied back even when result < 0
-# (DESIGN.md, "Restricted ioctls").
+# An ioctl answer: (result, out_bytes). result is 0 or a negative errno; out_bytes (at most
+# the out_size the request asked for) is copied back even when result < 0 (DESIGN.md,
+# "Restricted ioctls"); fewer bytes copy back less: b"" leaves the caller's buffer as it was,
+# as when drm_ioctl fails before its copy-out.
 IoctlReply = tuple[int, bytes]
 
 

@@ -10,7 +10,6 @@ import ctypes
 import errno
 import logging
 import os
-import stat
 import subprocess
 import time
 from collections.abc import Awaitable, Iterable
@@ -136,10 +135,11 @@ class FuseSession:
         mp = os.path.abspath(os.fspath(mountpoint))
         opts = f"fsname={self.fsname},subtype={self.fsname},allow_other"
         argv_keep = [ffi.new("char[]", a.encode()) for a in ("ualinkd", "-o", opts)]
-        argv = ffi.new("char *[]", argv_keep + [ffi.NULL])
+        argv = ffi.new("char *[]", [*argv_keep, ffi.NULL])
         args = ffi.new("struct fuse_args *", {"argc": 3, "argv": argv, "allocated": 0})
-        se = lib.fuse_session_new(args, self._llops, ffi.sizeof("struct fuse_lowlevel_ops"),
-                                  ffi.NULL)
+        se = lib.fuse_session_new(
+            args, self._llops, ffi.sizeof("struct fuse_lowlevel_ops"), ffi.NULL
+        )
         lib.fuse_opt_free_args(args)
         if se == ffi.NULL:
             raise OSError(errno.EINVAL, "fuse_session_new failed (see stderr)")
@@ -330,9 +330,9 @@ def _reply_write(req: Any, count: int) -> None:
 def _make_ioctl_finisher(out_size: int) -> Any:
     def finish(req: Any, value: tuple[int, bytes]) -> None:
         result, out = value
-        if len(out) != out_size:
+        if len(out) > out_size:
             raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_size}")
-        lib.fuse_reply_ioctl(req, result, out, out_size)
+        lib.fuse_reply_ioctl(req, result, out, len(out))
 
     return finish
 
@@ -355,8 +355,9 @@ def _op_destroy(userdata: Any) -> None:
 def _op_lookup(req: Any, parent: int, name: Any) -> None:
     s = _active
     try:
-        a = s.ops.lookup(parent, ffi.string(name).decode("utf-8", "surrogateescape"),
-                         s._caller(req))
+        a = s.ops.lookup(
+            parent, ffi.string(name).decode("utf-8", "surrogateescape"), s._caller(req)
+        )
     except FuseError as e:
         lib.fuse_reply_err(req, e.errno)
     except BaseException as e:
@@ -543,16 +544,27 @@ def _op_statfs(req: Any, ino: int) -> None:
 
 @ffi.def_extern()
 def _op_ioctl(
-    req: Any, ino: int, cmd: int, arg: Any, fi: Any, flags: int, in_buf: Any,
-    in_bufsz: int, out_bufsz: int,
+    req: Any,
+    ino: int,
+    cmd: int,
+    arg: Any,
+    fi: Any,
+    flags: int,
+    in_buf: Any,
+    in_bufsz: int,
+    out_bufsz: int,
 ) -> None:
     s = _active
     try:
         if flags & lib.FUSE_IOCTL_COMPAT:
             raise FuseError(errno.ENOSYS)  # 32-bit callers: not emulated
         r = s.ops.ioctl(
-            ino, fi.fh, cmd, ffi.buffer(in_buf, in_bufsz)[:] if in_bufsz else b"",
-            out_bufsz, s._caller(req),
+            ino,
+            fi.fh,
+            cmd,
+            ffi.buffer(in_buf, in_bufsz)[:] if in_bufsz else b"",
+            out_bufsz,
+            s._caller(req),
         )
         if type(r) is not tuple:
             if hasattr(r, "__await__"):
@@ -560,14 +572,14 @@ def _op_ioctl(
                 return
             raise TypeError(f"ioctl op returned {type(r).__name__}")
         result, out = r
-        if len(out) != out_bufsz:
+        if len(out) > out_bufsz:
             raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_bufsz}")
     except FuseError as e:
         lib.fuse_reply_err(req, e.errno)
     except BaseException as e:
         s._bug(req, "ioctl", e)
     else:
-        lib.fuse_reply_ioctl(req, result, out, out_bufsz)
+        lib.fuse_reply_ioctl(req, result, out, len(out))
 
 
 # -- stale mounts --------------------------------------------------------------------------
@@ -589,9 +601,7 @@ def fuse_mounts_at(path: str, mountinfo: str = "/proc/self/mountinfo") -> list[s
             for line in f:
                 fields = line.split()
                 sep = fields.index("-")
-                if _unescape_mountinfo(fields[4]) == path and fields[sep + 1].startswith(
-                    "fuse"
-                ):
+                if _unescape_mountinfo(fields[4]) == path and fields[sep + 1].startswith("fuse"):
                     found.append(fields[sep + 1])
     except FileNotFoundError:
         pass
@@ -611,12 +621,14 @@ def _lazy_unmount(path: str) -> None:
 
 def clear_stale_mount(path: str | os.PathLike[str]) -> None:
     """Make `path` usable as a mountpoint: create it if missing, and lazily unmount any FUSE
-    mount left there by a server that died (stat gives ENOTCONN). A live FUSE mount is
-    left alone and reported as EBUSY, so two daemons never stack on one directory."""
+    mount left there by a server that died. A live FUSE mount is left alone and reported as
+    EBUSY, so two daemons never stack on one directory. Probes with statfs (never answered
+    from the kernel's attribute cache, unlike stat): do not call it on a mount served by
+    the calling thread."""
     p = os.path.abspath(os.fspath(path))
     for _ in range(16):  # mounts can be stacked
         try:
-            st = os.stat(p)
+            os.statvfs(p)
         except FileNotFoundError:
             if fuse_mounts_at(p):
                 _lazy_unmount(p)
@@ -631,7 +643,7 @@ def clear_stale_mount(path: str | os.PathLike[str]) -> None:
             continue
         if fuse_mounts_at(p):
             raise OSError(errno.EBUSY, f"a live FUSE server is mounted at {p}")
-        if not stat.S_ISDIR(st.st_mode):
+        if not os.path.isdir(p):
             raise NotADirectoryError(errno.ENOTDIR, f"mountpoint {p} is not a directory")
         return
     raise OSError(errno.EBUSY, f"cannot clear the mounts stacked at {p}")

@@ -10,6 +10,8 @@ import errno
 import os
 import re
 
+from ualinkd.drm.errors import DrmError
+
 # dmabuf/<token> files get inode DMABUF_INO_BASE + key; nothing else in the tree is that high.
 DMABUF_INO_BASE = 1 << 48
 DMABUF_KEY_LIMIT = 1 << 48
@@ -67,21 +69,21 @@ def resolve_caller_fd(pid: int, fd: int, mountpoint: str) -> int:
         link = os.readlink(f"/proc/{pid}/fd/{fd}")
         info = _fdinfo(pid, fd)
     except FileNotFoundError:
-        raise OSError(errno.EBADF, f"pid {pid} has no fd {fd}") from None
+        raise DrmError(errno.EBADF, f"pid {pid} has no fd {fd}") from None
     except PermissionError:
-        raise OSError(errno.EACCES, f"cannot inspect fd {fd} of pid {pid}") from None
+        raise DrmError(errno.EACCES, f"cannot inspect fd {fd} of pid {pid}") from None
     if not _DMABUF_LINK.search(link):
-        raise OSError(errno.EINVAL, f"fd {fd} is not a dma-buf file ({link})")
+        raise DrmError(errno.EINVAL, f"fd {fd} is not a dma-buf file ({link})")
     try:
         key = dmabuf_key(int(info["ino"]))
     except (KeyError, ValueError):
         key = None
     if key is None:
-        raise OSError(errno.EINVAL, f"fd {fd} is not a dma-buf file ({link})")
+        raise DrmError(errno.EINVAL, f"fd {fd} is not a dma-buf file ({link})")
     # The path may differ in the caller's mount namespace; the superblock device may not.
     # It tells apart two ualinkd mounts on one host (a local pod).
     theirs = _mount_dev(f"/proc/{pid}/mountinfo", mount_id=info.get("mnt_id"))
     ours = _mount_dev("/proc/self/mountinfo", path=os.path.abspath(mountpoint))
     if not theirs or theirs != ours:
-        raise OSError(errno.EINVAL, f"fd {fd} is a dma-buf file of another mount")
+        raise DrmError(errno.EINVAL, f"fd {fd} is a dma-buf file of another mount")
     return key

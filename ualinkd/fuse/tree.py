@@ -14,14 +14,10 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from ualinkd.drm.errors import DrmError
 from ualinkd.fuse.backend import Caller, NodeBackend, SysAttr, SysDir
 from ualinkd.fuse.lowlevel import ROOT_INO, Attr, DirEntry, FuseError, FuseSession, OpenReply
 from ualinkd.fuse.procfd import dmabuf_ino, dmabuf_key
-
-try:
-    from ualinkd.drm.errors import DrmError
-except ImportError:  # the DRM layer may not exist yet; DrmError subclasses OSError
-    DrmError = OSError  # type: ignore[misc,assignment]
 
 T = TypeVar("T")
 

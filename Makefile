@@ -1,0 +1,54 @@
+# ualinkd: two commands do everything on a fresh Debian machine.
+#   make demo   install what is missing, start a local pod, run the example clients
+#   make test   install what is missing, ruff, the whole test suite
+# Also: make bench (benchmarks/), make c (the C library and programs), make clean.
+
+PYTHON  ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+APT_PKGS := fuse3 libfuse3-dev iproute2 pkg-config gcc make
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTEST_ARGS ?=
+
+.PHONY: all setup apt venv c demo test lint bench clean
+
+all: setup
+
+setup: apt venv c
+
+# System packages: only what is missing, so a second run costs one dpkg query.
+apt:
+	@missing=""; for p in $(APT_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml setup.py ualinkd/fuse/_build.py | apt
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+c: apt
+	$(MAKE) -s -C libualink_c
+
+demo: setup
+	bash libualink_c/examples/demo.sh
+
+lint: venv
+	$(VENV)/bin/ruff check ualinkd tests benchmarks
+
+test: setup lint
+	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(VPY) benchmarks/run.py
+
+clean:
+	$(MAKE) -s -C libualink_c clean
+	rm -rf build *.egg-info ualinkd/fuse/_fuse_ll*.so ualinkd/fuse/_fuse_ll.c ualinkd/fuse/_fuse_ll.o

@@ -1,0 +1,228 @@
+"""The Python struct layouts agree with include/ualink/ualink_drm.h as a C compiler sees it.
+
+The header is compiled with cffi in API mode (partial structs, so the C compiler, not cffi,
+decides every offset) and each `sizeof`/`offsetof` is checked against the offsets derived
+from the `struct.Struct` codec in `ualinkd/abi/structs.py` (spec §1.3, §2.3–§2.8).
+Bytes written through the C struct must also decode to the same values in Python.
+"""
+
+from __future__ import annotations
+
+import importlib
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from ualinkd.abi import structs as st
+
+cffi = pytest.importorskip("cffi")
+
+ROOT = Path(__file__).resolve().parents[2]
+INCLUDE = ROOT / "include"
+
+CDEF = """
+typedef unsigned int __u32;
+typedef int __s32;
+typedef unsigned long long __u64;
+
+struct drm_gem_close { __u32 handle; __u32 pad; ...; };
+struct drm_prime_handle { __u32 handle; __u32 flags; __s32 fd; ...; };
+struct drm_get_cap { __u64 capability; __u64 value; ...; };
+
+struct drm_amdgpu_gem_create_in {
+    __u64 bo_size; __u64 alignment; __u64 domains; __u64 domain_flags; ...;
+};
+struct drm_amdgpu_gem_create_out { __u32 handle; __u32 _pad; ...; };
+union drm_amdgpu_gem_create {
+    struct drm_amdgpu_gem_create_in in; struct drm_amdgpu_gem_create_out out; ...;
+};
+
+struct drm_amdgpu_gem_mmap_in { __u32 handle; __u32 _pad; ...; };
+struct drm_amdgpu_gem_mmap_out { __u64 addr_ptr; ...; };
+union drm_amdgpu_gem_mmap {
+    struct drm_amdgpu_gem_mmap_in in; struct drm_amdgpu_gem_mmap_out out; ...;
+};
+
+struct drm_amdgpu_gem_va {
+    __u32 handle; __u32 _pad; __u32 operation; __u32 flags;
+    __u64 va_address; __u64 offset_in_bo; __u64 map_size; __u64 vm_timeline_point;
+    __u32 vm_timeline_syncobj_out; __u32 num_syncobj_handles;
+    __u64 input_fence_syncobj_handles;
+    ...;
+};
+
+struct drm_amdgpu_gem_op {
+    __u32 handle; __u32 op; __u64 value; __u32 num_entries; __u32 padding; ...;
+};
+
+struct drm_amdgpu_ualink_handle_in {
+    __u32 op;
+    __u32 flags;
+    union {
+        __u32 gem_handle;
+        __u64 import_ualink_handle[2];
+    };
+    ...;
+};
+union drm_amdgpu_ualink_handle_out {
+    __u64 export_ualink_handle[2];
+    __u32 import_dmabuf_handle;
+    ...;
+};
+union drm_amdgpu_ualink_handle {
+    struct drm_amdgpu_ualink_handle_in in;
+    union drm_amdgpu_ualink_handle_out out;
+    ...;
+};
+"""
+
+# Python field name -> C field name where the uAPI spells it differently.
+C_NAMES = {
+    "drm_amdgpu_gem_create_out": {"pad": "_pad"},
+    "drm_amdgpu_gem_mmap_in": {"pad": "_pad"},
+    "drm_amdgpu_gem_va": {"pad": "_pad"},
+}
+
+LAYOUTS = [v for v in vars(st).values() if isinstance(v, st.Layout)]
+
+
+@pytest.fixture(scope="session")
+def c_abi(tmp_path_factory):
+    """(ffi, lib) of the header compiled by the C compiler (cffi API mode)."""
+    tmp = tmp_path_factory.mktemp("cffi_structs")
+    ffi = cffi.FFI()
+    ffi.cdef(CDEF)
+    ffi.set_source(
+        "_ualink_drm_structs", '#include "ualink/ualink_drm.h"', include_dirs=[str(INCLUDE)]
+    )
+    ffi.compile(tmpdir=str(tmp), verbose=False)
+    sys.path.insert(0, str(tmp))
+    try:
+        mod = importlib.import_module("_ualink_drm_structs")
+    finally:
+        sys.path.remove(str(tmp))
+    return mod.ffi, mod.lib
+
+
+def _py_offsets(layout: st.Layout) -> dict[str, int]:
+    fmt = layout.fast.format
+    assert fmt[0] == "<"
+    names = [sub.name for sub in layout.schema.subcons]
+    return {n: struct.calcsize("<" + fmt[1 : 1 + i]) for i, n in enumerate(names)}
+
+
+def test_every_layout_is_checked():
+    """§1.3/§2.x: the layouts compared below are all the Layouts structs.py defines."""
+    assert {lay.name for lay in LAYOUTS} == {
+        "drm_gem_close", "drm_prime_handle", "drm_get_cap",
+        "drm_amdgpu_gem_create_in", "drm_amdgpu_gem_create_out",
+        "drm_amdgpu_gem_mmap_in", "drm_amdgpu_gem_mmap_out",
+        "drm_amdgpu_gem_va", "drm_amdgpu_gem_op",
+    }
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)
+def test_layout_size_and_offsets_match_c(c_abi, layout):
+    """§2.2–§2.8: sizeof and every field offset equal the struct.Struct-derived ones."""
+    ffi, _ = c_abi
+    ctype = f"struct {layout.name}"
+    assert ffi.sizeof(ctype) == layout.size
+    renames = C_NAMES.get(layout.name, {})
+    for name, off in _py_offsets(layout).items():
+        assert ffi.offsetof(ctype, renames.get(name, name)) == off, name
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)
+@settings(max_examples=25, deadline=None)
+@given(data=hs.data())
+def test_bytes_written_in_c_decode_in_python(c_abi, layout, data):
+    """§0.2: values stored through the C struct read back identically in Python."""
+    ffi, _ = c_abi
+    p = ffi.new(f"struct {layout.name} *")
+    renames = C_NAMES.get(layout.name, {})
+    values = {}
+    for name, ch in zip(
+        [s.name for s in layout.schema.subcons], layout.fast.format[1:], strict=True
+    ):
+        bits = struct.calcsize(ch) * 8
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if ch.islower() else (0, (1 << bits) - 1)
+        values[name] = data.draw(hs.integers(lo, hi), label=name)
+        setattr(p, renames.get(name, name), values[name])
+    raw = bytes(ffi.buffer(p))
+    assert layout.decode(raw) == layout.record(**values)
+    assert layout.encode(layout.record(**values)) == raw
+
+
+def test_union_sizes_match_c(c_abi):
+    """§2.3, §2.7, §1.3: the union sizes the dispatcher and handlers use."""
+    ffi, _ = c_abi
+    assert ffi.sizeof("union drm_amdgpu_gem_create") == st.GEM_CREATE_SIZE == 32
+    assert ffi.sizeof("union drm_amdgpu_gem_mmap") == st.GEM_MMAP_SIZE == 8
+    assert ffi.offsetof("union drm_amdgpu_gem_create", "out") == 0
+    assert ffi.offsetof("union drm_amdgpu_gem_mmap", "out") == 0
+    assert ffi.offsetof("struct drm_amdgpu_gem_va", "vm_timeline_point") == (
+        st.GEM_VA_LEGACY_SIZE
+    )
+
+
+def test_ualink_union_layout(c_abi):
+    """§1.3: in @0 size 24, gem_handle @8, import_ualink_handle @8/@16; out: export
+    handle @0/@8, import_dmabuf_handle @0, out size 16; union size 24, alignment 8."""
+    ffi, _ = c_abi
+    u, i, o = (
+        "union drm_amdgpu_ualink_handle",
+        "struct drm_amdgpu_ualink_handle_in",
+        "union drm_amdgpu_ualink_handle_out",
+    )
+    assert ffi.sizeof(u) == st.UALINK_HANDLE_SIZE == 24
+    assert ffi.alignof(u) == 8
+    assert ffi.offsetof(u, "in") == 0
+    assert ffi.offsetof(u, "out") == 0
+    assert ffi.sizeof(i) == 24
+    assert ffi.sizeof(o) == 16
+    assert ffi.offsetof(i, "op") == 0
+    assert ffi.offsetof(i, "flags") == 4
+    assert ffi.offsetof(i, "gem_handle") == 8
+    assert ffi.offsetof(i, "import_ualink_handle", 0) == 8
+    assert ffi.offsetof(i, "import_ualink_handle", 1) == 16
+    assert ffi.offsetof(o, "export_ualink_handle", 0) == 0
+    assert ffi.offsetof(o, "export_ualink_handle", 1) == 8
+    assert ffi.offsetof(o, "import_dmabuf_handle") == 0
+    # The Python codecs use the same offsets.
+    assert st.UALINK_HANDLE_OUT_EXPORT.size == 16
+    assert st.UALINK_HANDLE_OUT_IMPORT.size == 4
+
+
+def test_ualink_union_bytes_round_trip_through_c(c_abi):
+    """§1.3/§1.4: bytes built by C for each view decode to the right fields in Python,
+    and the Python out-codecs produce what C reads."""
+    ffi, _ = c_abi
+    p = ffi.new("union drm_amdgpu_ualink_handle *")
+    cin = getattr(p, "in")  # `in` is a Python keyword
+    cin.op = 1
+    cin.flags = 0xDEADBEEF
+    cin.import_ualink_handle[0] = 0x1122334455667788
+    cin.import_ualink_handle[1] = 0x99AABBCCDDEEFF00
+    args = st.decode_ualink_handle_in(bytes(ffi.buffer(p)))
+    assert args == st.UalinkHandleIn(
+        1, 0xDEADBEEF, 0x55667788, 0x1122334455667788, 0x99AABBCCDDEEFF00
+    )
+
+    p = ffi.new("union drm_amdgpu_ualink_handle *")
+    cin = getattr(p, "in")
+    cin.op = 0
+    cin.gem_handle = 7
+    args = st.decode_ualink_handle_in(bytes(ffi.buffer(p)))
+    assert (args.op, args.gem_handle, args.handle_lo, args.handle_hi) == (0, 7, 7, 0)
+
+    raw = st.UALINK_HANDLE_OUT_EXPORT.pack(0xAAAA000000000005, 0x0123456789ABCDEF) + bytes(8)
+    p = ffi.new("union drm_amdgpu_ualink_handle *")
+    ffi.memmove(p, raw, 24)
+    assert p.out.export_ualink_handle[0] == 0xAAAA000000000005
+    assert p.out.export_ualink_handle[1] == 0x0123456789ABCDEF
+    ffi.memmove(p, st.UALINK_HANDLE_OUT_IMPORT.pack(41), 4)
+    assert p.out.import_dmabuf_handle == 41

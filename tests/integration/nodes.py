@@ -1,0 +1,202 @@
+"""Test harness: real `ualinkd node` processes on real FUSE mounts, and libualink via cffi.
+
+Every daemon started here is stopped, and its mount cleared, even when the test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import cffi
+
+from ualinkd.config import PodConfig
+from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "libualink_c" / "build"
+
+
+def c_program(name: str) -> str:
+    path = BUILD / name
+    if not path.exists():
+        subprocess.run(["make", "-s", "-C", str(REPO / "libualink_c")], check=True)
+    return str(path)
+
+
+class Node:
+    def __init__(self, proc: subprocess.Popen[str], mount: Path, log: Path, out: Path) -> None:
+        self.proc = proc
+        self.mount = mount
+        self.log = log
+        self.out = out
+
+    def render(self, index: int = 0) -> str:
+        return str(self.mount / "dri" / f"renderD{128 + index}")
+
+    def debug(self, minor: int, name: str) -> str:
+        return (self.mount / "sys/kernel/debug/dri" / str(minor) / name).read_text()
+
+    def sysfs(self, minor: int, name: str) -> str:
+        return (self.mount / f"sys/class/drm/renderD{minor}/device/ualink" / name).read_text()
+
+    def log_text(self) -> str:
+        return self.log.read_text()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_node(
+    tmp: Path, config: PodConfig, name: str, trace: str | None = None, timeout: float = 20
+) -> Node:
+    tmp.mkdir(parents=True, exist_ok=True)
+    conf = tmp / f"{name}.toml"
+    conf.write_text(config.to_toml())
+    mount = tmp / f"mnt-{name}"
+    notify = tmp / f"notify-{name}"
+    with contextlib.suppress(FileNotFoundError):
+        notify.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    sock.settimeout(0.1)
+    log, out = tmp / f"{name}.log", tmp / f"{name}.out"
+    cmd = [sys.executable, "-m", "ualinkd", "node", "--config", str(conf), "--node", name,
+           "--mount", str(mount)]
+    if trace:
+        cmd.append(f"--trace={trace}")
+    with open(log, "w") as logf, open(out, "w") as outf:
+        proc = subprocess.Popen(cmd, stdout=outf, stderr=logf, text=True,
+                                env=dict(os.environ, NOTIFY_SOCKET=str(notify)))
+    node = Node(proc, mount, log, out)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                if b"READY=1" in sock.recv(64):
+                    return node
+            except TimeoutError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                node.stop()
+                raise RuntimeError(f"node {name} did not start:\n{log.read_text()}")
+    finally:
+        sock.close()
+
+
+@contextlib.contextmanager
+def running_node(
+    tmp: Path, config: PodConfig | None = None, name: str = "node0", trace: str | None = None
+) -> Iterator[Node]:
+    config = config or PodConfig.local(1, 1)
+    node = start_node(tmp, config, name, trace)
+    try:
+        yield node
+    finally:
+        node.stop()
+        if fuse_mounts_at(str(node.mount)):
+            clear_stale_mount(node.mount)
+        assert not fuse_mounts_at(str(node.mount)), "mount left behind"
+
+
+# ---- libualink through cffi (ABI mode over the built shared library) ------------------------
+
+_CDEF = """
+typedef struct ualink_dev ualink_dev;
+int ualink_open(const char *path, ualink_dev **out);
+void ualink_close(ualink_dev *dev);
+int ualink_fd(const ualink_dev *dev);
+int ualink_bo_create(ualink_dev *dev, uint64_t size, uint64_t alignment,
+                     uint64_t domains, uint64_t flags, uint32_t *handle);
+int ualink_bo_close(ualink_dev *dev, uint32_t handle);
+int ualink_export(ualink_dev *dev, uint32_t gem_handle, uint64_t handle[2]);
+int ualink_import(ualink_dev *dev, const uint64_t handle[2], int *dmabuf_fd);
+int ualink_prime_handle_to_fd(ualink_dev *dev, uint32_t gem_handle, uint32_t flags,
+                              int *dmabuf_fd);
+int ualink_prime_fd_to_handle(ualink_dev *dev, int dmabuf_fd, uint32_t *gem_handle);
+"""
+ffi = cffi.FFI()
+ffi.cdef(_CDEF)
+_lib = None
+
+
+def lib() -> object:
+    global _lib
+    if _lib is None:
+        c_program("libualink.so")
+        _lib = ffi.dlopen(str(BUILD / "libualink.so"))
+    return _lib
+
+
+def _check(rc: int) -> int:
+    if rc < 0:
+        raise OSError(-rc, os.strerror(-rc))
+    return rc
+
+
+class Client:
+    """One open render node (a DrmFile in the daemon) driven through libualink."""
+
+    def __init__(self, path: str) -> None:
+        self.lib = lib()
+        out = ffi.new("ualink_dev **")
+        _check(self.lib.ualink_open(path.encode(), out))
+        self.dev = out[0]
+
+    def close(self) -> None:
+        if self.dev is not None:
+            self.lib.ualink_close(self.dev)
+            self.dev = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def fd(self) -> int:
+        return self.lib.ualink_fd(self.dev)
+
+    def bo_create(self, size: int = 1 << 20, domains: int = 4, flags: int = 0) -> int:
+        h = ffi.new("uint32_t *")
+        _check(self.lib.ualink_bo_create(self.dev, size, 0, domains, flags, h))
+        return h[0]
+
+    def bo_close(self, handle: int) -> None:
+        _check(self.lib.ualink_bo_close(self.dev, handle))
+
+    def export(self, gem_handle: int) -> tuple[int, int]:
+        h = ffi.new("uint64_t[2]")
+        _check(self.lib.ualink_export(self.dev, gem_handle, h))
+        return h[0], h[1]
+
+    def import_(self, handle: tuple[int, int]) -> int:
+        h = ffi.new("uint64_t[2]", list(handle))
+        fd = ffi.new("int *")
+        _check(self.lib.ualink_import(self.dev, h, fd))
+        return fd[0]
+
+    def handle_to_fd(self, gem_handle: int, flags: int = os.O_CLOEXEC | os.O_RDWR) -> int:
+        fd = ffi.new("int *")
+        _check(self.lib.ualink_prime_handle_to_fd(self.dev, gem_handle, flags, fd))
+        return fd[0]
+
+    def fd_to_handle(self, fd: int) -> int:
+        h = ffi.new("uint32_t *")
+        _check(self.lib.ualink_prime_fd_to_handle(self.dev, fd, h))
+        return h[0]
