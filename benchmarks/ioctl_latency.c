@@ -76,7 +76,7 @@ int main(int argc, char **argv)
 	unsigned long cmd;
 	long count, warmup = 1000, i, failures = 0;
 	int export_mode = argc > 1 && !strcmp(argv[1], "--export");
-	int argi = export_mode ? 2 : 3, fd, first_errno = 0;
+	int argi = 3, fd, first_errno = 0;
 	uint64_t *ns, sum = 0;
 	size_t size;
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from ..abi.constants import (
     CREATE_NO_CPU_ACCESS,
-    DOMAIN_CPU,
     CREATE_VM_ALWAYS_VALID,
+    DOMAIN_CPU,
     DOMAIN_GTT,
     DOMAIN_VRAM,
 )

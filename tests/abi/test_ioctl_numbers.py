@@ -1,0 +1,246 @@
+"""Ioctl numbers and uAPI constants: the C header, `abi/ioc.py`, the ioctl table and the spec.
+
+The header's `#define`s are read through `static const unsigned int X_VAL = X;` in a cffi
+API-mode module, so the values are what a C client compiles against (spec §1.1, §2.2).
+The header must also compile on its own, twice, and after the system DRM headers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ualinkd.abi import constants as c
+from ualinkd.abi import ioctls as tbl
+from ualinkd.abi import structs as st
+from ualinkd.abi.ioc import DRM_COMMAND_BASE, DRM_COMMAND_END, DRM_IOCTL_BASE, ioc, iow, iowr
+
+cffi = pytest.importorskip("cffi")
+
+ROOT = Path(__file__).resolve().parents[2]
+INCLUDE = ROOT / "include"
+
+# Spec §1.1 and §2.2 table, literally.
+SPEC_IOCTLS = {
+    "DRM_IOCTL_GEM_CLOSE": 0x40086409,
+    "DRM_IOCTL_PRIME_HANDLE_TO_FD": 0xC00C642D,
+    "DRM_IOCTL_PRIME_FD_TO_HANDLE": 0xC00C642E,
+    "DRM_IOCTL_AMDGPU_GEM_CREATE": 0xC0206440,
+    "DRM_IOCTL_AMDGPU_GEM_MMAP": 0xC0086441,
+    "DRM_IOCTL_AMDGPU_GEM_VA": 0x40406448,
+    "DRM_IOCTL_AMDGPU_GEM_OP": 0xC0186450,
+    "DRM_IOCTL_AMDGPU_UALINK_HANDLE": 0xC018645B,
+}
+
+# Header macro -> expected value from ualinkd's own constants.
+CONSTANTS = {
+    "DRM_IOCTL_GEM_CLOSE": iow(0x09, st.GEM_CLOSE.size),
+    "DRM_IOCTL_GET_CAP": iowr(0x0C, st.GET_CAP.size),
+    "DRM_IOCTL_PRIME_HANDLE_TO_FD": iowr(0x2D, st.PRIME_HANDLE.size),
+    "DRM_IOCTL_PRIME_FD_TO_HANDLE": iowr(0x2E, st.PRIME_HANDLE.size),
+    "DRM_IOCTL_AMDGPU_GEM_CREATE": iowr(0x40, st.GEM_CREATE_SIZE),
+    "DRM_IOCTL_AMDGPU_GEM_MMAP": iowr(0x41, st.GEM_MMAP_SIZE),
+    "DRM_IOCTL_AMDGPU_GEM_VA": iow(0x48, st.GEM_VA.size),
+    "DRM_IOCTL_AMDGPU_GEM_OP": iowr(0x50, st.GEM_OP.size),
+    "DRM_IOCTL_AMDGPU_UALINK_HANDLE": ioc(3, 0x64, 0x5B, st.UALINK_HANDLE_SIZE),
+    "DRM_IOCTL_BASE": DRM_IOCTL_BASE,
+    "DRM_COMMAND_BASE": DRM_COMMAND_BASE,
+    "DRM_COMMAND_END": DRM_COMMAND_END,
+    "DRM_AMDGPU_GEM_CREATE": 0x00,
+    "DRM_AMDGPU_GEM_MMAP": 0x01,
+    "DRM_AMDGPU_GEM_VA": 0x08,
+    "DRM_AMDGPU_GEM_OP": 0x10,
+    "DRM_AMDGPU_UALINK_HANDLE": 0x1B,
+    "DRM_AMDGPU_UALINK_HANDLE_OP_EXPORT": c.UalinkOp.EXPORT,
+    "DRM_AMDGPU_UALINK_HANDLE_OP_IMPORT": c.UalinkOp.IMPORT,
+    "DRM_CLOEXEC": c.DRM_CLOEXEC,
+    "DRM_RDWR": c.DRM_RDWR,
+    "DRM_CAP_PRIME": c.DRM_CAP_PRIME,
+    "DRM_PRIME_CAP_IMPORT": c.DRM_PRIME_CAP_IMPORT,
+    "DRM_PRIME_CAP_EXPORT": c.DRM_PRIME_CAP_EXPORT,
+    "AMDGPU_GEM_DOMAIN_CPU": c.DOMAIN_CPU,
+    "AMDGPU_GEM_DOMAIN_GTT": c.DOMAIN_GTT,
+    "AMDGPU_GEM_DOMAIN_VRAM": c.DOMAIN_VRAM,
+    "AMDGPU_GEM_DOMAIN_GDS": c.DOMAIN_GDS,
+    "AMDGPU_GEM_DOMAIN_GWS": c.DOMAIN_GWS,
+    "AMDGPU_GEM_DOMAIN_OA": c.DOMAIN_OA,
+    "AMDGPU_GEM_DOMAIN_DOORBELL": c.DOMAIN_DOORBELL,
+    "AMDGPU_GEM_DOMAIN_MASK": c.DOMAIN_MASK,
+    "AMDGPU_GEM_CREATE_CPU_ACCESS_REQUIRED": c.CREATE_CPU_ACCESS_REQUIRED,
+    "AMDGPU_GEM_CREATE_NO_CPU_ACCESS": c.CREATE_NO_CPU_ACCESS,
+    "AMDGPU_GEM_CREATE_CPU_GTT_USWC": c.CREATE_CPU_GTT_USWC,
+    "AMDGPU_GEM_CREATE_VRAM_CLEARED": c.CREATE_VRAM_CLEARED,
+    "AMDGPU_GEM_CREATE_VRAM_CONTIGUOUS": c.CREATE_VRAM_CONTIGUOUS,
+    "AMDGPU_GEM_CREATE_VM_ALWAYS_VALID": c.CREATE_VM_ALWAYS_VALID,
+    "AMDGPU_GEM_CREATE_EXPLICIT_SYNC": c.CREATE_EXPLICIT_SYNC,
+    "AMDGPU_VA_OP_MAP": c.VA_OP_MAP,
+    "AMDGPU_VA_OP_UNMAP": c.VA_OP_UNMAP,
+    "AMDGPU_VA_OP_CLEAR": c.VA_OP_CLEAR,
+    "AMDGPU_VA_OP_REPLACE": c.VA_OP_REPLACE,
+    "AMDGPU_VM_DELAY_UPDATE": c.VM_DELAY_UPDATE,
+    "AMDGPU_VM_PAGE_READABLE": c.VM_PAGE_READABLE,
+    "AMDGPU_VM_PAGE_WRITEABLE": c.VM_PAGE_WRITEABLE,
+    "AMDGPU_VM_PAGE_EXECUTABLE": c.VM_PAGE_EXECUTABLE,
+    "AMDGPU_VM_PAGE_PRT": c.VM_PAGE_PRT,
+    "AMDGPU_GEM_OP_GET_GEM_CREATE_INFO": c.GEM_OP_GET_GEM_CREATE_INFO,
+    "AMDGPU_GEM_OP_SET_PLACEMENT": c.GEM_OP_SET_PLACEMENT,
+    "AMDGPU_GEM_OP_GET_MAPPING_INFO": c.GEM_OP_GET_MAPPING_INFO,
+}
+
+# Header macro -> (table, nr) of the entry ualinkd dispatches on.
+TABLE_ENTRIES = {
+    "DRM_IOCTL_GEM_CLOSE": (tbl.CORE_IOCTLS, 0x09),
+    "DRM_IOCTL_GET_CAP": (tbl.CORE_IOCTLS, 0x0C),
+    "DRM_IOCTL_PRIME_HANDLE_TO_FD": (tbl.CORE_IOCTLS, 0x2D),
+    "DRM_IOCTL_PRIME_FD_TO_HANDLE": (tbl.CORE_IOCTLS, 0x2E),
+    "DRM_IOCTL_AMDGPU_GEM_CREATE": (tbl.AMDGPU_IOCTLS, 0x40),
+    "DRM_IOCTL_AMDGPU_GEM_MMAP": (tbl.AMDGPU_IOCTLS, 0x41),
+    "DRM_IOCTL_AMDGPU_GEM_VA": (tbl.AMDGPU_IOCTLS, 0x48),
+    "DRM_IOCTL_AMDGPU_GEM_OP": (tbl.AMDGPU_IOCTLS, 0x50),
+    "DRM_IOCTL_AMDGPU_UALINK_HANDLE": (tbl.AMDGPU_IOCTLS, 0x5B),
+}
+
+
+@pytest.fixture(scope="session")
+def header_values(tmp_path_factory) -> dict[str, int]:
+    """Every macro of CONSTANTS as the C compiler evaluates it."""
+    tmp = tmp_path_factory.mktemp("cffi_ioctls")
+    ffi = cffi.FFI()
+    ffi.cdef("\n".join(f"static const unsigned int {n}_VAL;" for n in CONSTANTS))
+    ffi.set_source(
+        "_ualink_drm_consts",
+        '#include "ualink/ualink_drm.h"\n'
+        + "\n".join(f"static const unsigned int {n}_VAL = {n};" for n in CONSTANTS),
+        include_dirs=[str(INCLUDE)],
+    )
+    ffi.compile(tmpdir=str(tmp), verbose=False)
+    sys.path.insert(0, str(tmp))
+    try:
+        mod = importlib.import_module("_ualink_drm_consts")
+    finally:
+        sys.path.remove(str(tmp))
+    return {n: getattr(mod.lib, f"{n}_VAL") for n in CONSTANTS}
+
+
+@pytest.mark.parametrize("name", list(CONSTANTS))
+def test_header_constant_matches_python(header_values, name):
+    """§1.1, §1.2, §2.2–§2.8: each header macro equals ualinkd's value."""
+    assert header_values[name] == CONSTANTS[name]
+
+
+@pytest.mark.parametrize("name", list(SPEC_IOCTLS))
+def test_ioctl_number_matches_spec_table(header_values, name):
+    """§1.1 and the §2.2 table: the full ioctl values, literally."""
+    assert header_values[name] == SPEC_IOCTLS[name]
+    assert CONSTANTS[name] == SPEC_IOCTLS[name]
+
+
+@pytest.mark.parametrize("name", list(TABLE_ENTRIES))
+def test_dispatch_table_cmd_matches_header(header_values, name):
+    """§2.2: the table cmd (direction and size used by dispatch, §2.1) is the header's."""
+    table, nr = TABLE_ENTRIES[name]
+    spec = table[nr]
+    assert spec.nr == nr
+    assert tbl.lookup(nr) is spec
+    assert spec.cmd == header_values[name]
+    assert spec.flags & tbl.DRM_RENDER_ALLOW
+
+
+def test_ualink_entry_and_table_end():
+    """§1.1: index 0x1B → nr 0x5B, flags AUTH|RENDER_ALLOW, and the table ends there."""
+    spec = tbl.AMDGPU_IOCTLS[0x5B]
+    assert spec.name == "AMDGPU_UALINK_HANDLE"
+    assert spec.flags == tbl.DRM_AUTH | tbl.DRM_RENDER_ALLOW
+    assert spec.emulated
+    assert tbl.AMDGPU_NUM_IOCTLS == 0x1C
+    assert max(tbl.AMDGPU_IOCTLS) == DRM_COMMAND_BASE + 0x1B
+    assert all(tbl.lookup(nr) is None for nr in range(0x4A, 0x50))
+    assert all(tbl.lookup(nr) is None for nr in range(0x5C, 0xA0))
+
+
+def test_emulated_entries():
+    """§2.2: exactly the ioctls a UALink client needs are emulated."""
+    emulated = {s.name for s in (*tbl.CORE_IOCTLS.values(), *tbl.AMDGPU_IOCTLS.values())
+                if s.emulated}
+    assert emulated == {
+        "GEM_CLOSE", "GET_CAP", "PRIME_HANDLE_TO_FD", "PRIME_FD_TO_HANDLE",
+        "AMDGPU_GEM_CREATE", "AMDGPU_GEM_MMAP", "AMDGPU_GEM_OP", "AMDGPU_UALINK_HANDLE",
+    }
+
+
+def test_table_nrs_are_consistent():
+    """§2.1: every table entry's cmd carries its own nr and the 'd' type."""
+    for table in (tbl.CORE_IOCTLS, tbl.AMDGPU_IOCTLS):
+        for nr, spec in table.items():
+            assert spec.nr == nr
+            assert spec.cmd & 0xFF == nr
+            assert (spec.cmd >> 8) & 0xFF == DRM_IOCTL_BASE
+
+
+# ---- the header compiles in every way a client may include it -----------------------------
+
+GCC = shutil.which("gcc")
+needs_gcc = pytest.mark.skipif(GCC is None, reason="needs gcc")
+
+
+def _compile(source: str, *extra: str) -> subprocess.CompletedProcess:
+    assert GCC is not None
+    return subprocess.run(
+        [GCC, "-fsyntax-only", "-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic",
+         f"-I{INCLUDE}", *extra, "-x", "c", "-"],
+        input=source, capture_output=True, text=True, check=False,
+    )
+
+
+_USE = """
+_Static_assert(sizeof(union drm_amdgpu_ualink_handle) == 24, "size");
+_Static_assert(DRM_IOCTL_AMDGPU_UALINK_HANDLE == 0xC018645Bu, "nr");
+int main(void) { return 0; }
+"""
+
+
+@needs_gcc
+def test_header_compiles_alone():
+    """§1.3: the header is self-contained C11 (-Wall -Wextra -pedantic -Werror)."""
+    r = _compile('#include "ualink/ualink_drm.h"\n' + _USE)
+    assert r.returncode == 0, r.stderr
+
+
+@needs_gcc
+def test_header_compiles_twice_included():
+    """§1.3: the include guard holds."""
+    r = _compile('#include "ualink/ualink_drm.h"\n#include "ualink/ualink_drm.h"\n' + _USE)
+    assert r.returncode == 0, r.stderr
+
+
+def _system_drm_flags() -> list[str] | None:
+    """Flags that make <drm/drm.h> and <drm/amdgpu_drm.h> includable, or None."""
+    if GCC is None:
+        return None
+    for flags in ([], ["-I/usr/include/libdrm"]):
+        r = subprocess.run(
+            [GCC, "-fsyntax-only", *flags, "-x", "c", "-"],
+            input="#include <drm/drm.h>\n#include <drm/amdgpu_drm.h>\n",
+            capture_output=True, text=True, check=False,
+        )
+        if r.returncode == 0:
+            return flags
+    return None
+
+
+SYSTEM_DRM = _system_drm_flags()
+
+
+@pytest.mark.skipif(SYSTEM_DRM is None, reason="system <drm/drm.h> not installed")
+def test_header_compiles_after_system_drm_headers():
+    """§1.1: included after the system DRM headers, the header adds only the UALink block
+    and its layout and number still agree."""
+    assert SYSTEM_DRM is not None
+    src = "#include <drm/drm.h>\n#include <drm/amdgpu_drm.h>\n#include \"ualink/ualink_drm.h\"\n"
+    r = _compile(src + _USE, *SYSTEM_DRM)
+    assert r.returncode == 0, r.stderr
