@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from .amdgpu.driver import AmdgpuDriver, CopyToUser
 from .config import PodConfig
-from .drm.device import Caller, DrmDevice
+from .drm.device import Caller, DrmDevice, IoctlResult
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.gem import DmaBuf
@@ -66,6 +66,17 @@ class NodeCore:
             self.devices[minor] = device
             self.managers[minor] = mgr
         self.host.late_init()
+        # Called after every request that may have queued UALink effects (a GEM_CLOSE can
+        # start a revoke); the fabric agent replaces it to carry them out.
+        self.after_request: Callable[[], None] = self._discard_effects
+
+    def _discard_effects(self) -> None:
+        for mgr in self.managers.values():
+            for eff in mgr.take_effects():
+                log.debug("no fabric: dropping %s", eff)
+
+    def manager_by_accel(self, accel_id: int) -> UalinkManager | None:
+        return self.host.by_accel_id(accel_id)
 
     def _resolve_dmabuf(self, pid: int, fd: int) -> DmaBuf:
         return self.tokens.resolve(self._resolve_key(pid, fd))
@@ -83,12 +94,29 @@ class NodeCore:
     def release_render(self, drm_file: object) -> None:
         assert isinstance(drm_file, DrmFile)
         drm_file.release()
+        self.after_request()
 
     def ioctl(
         self, drm_file: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
-    ) -> IoctlReply:
+    ) -> IoctlReply | Awaitable[IoctlReply]:
         assert isinstance(drm_file, DrmFile)
         res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
+        self.after_request()
+        if not isinstance(res, IoctlResult):
+            return self._ioctl_later(res, drm_file, cmd, in_bytes, caller)
+        return self._reply(res, drm_file, cmd, in_bytes, caller)
+
+    async def _ioctl_later(
+        self, pending: Awaitable[IoctlResult], drm_file: DrmFile, cmd: int, in_bytes: bytes,
+        caller: Caller,
+    ) -> IoctlReply:
+        res = await pending
+        self.after_request()
+        return self._reply(res, drm_file, cmd, in_bytes, caller)
+
+    def _reply(
+        self, res: IoctlResult, drm_file: DrmFile, cmd: int, in_bytes: bytes, caller: Caller
+    ) -> IoctlReply:
         if self.tracer is not None:
             self.tracer(TraceRecord(caller.pid, self.name, drm_file.device.minor, cmd,
                                     res.spec, in_bytes, res.result, res.out))
@@ -114,6 +142,7 @@ class NodeCore:
     def dmabuf_release(self, dmabuf_ref: object) -> None:
         assert isinstance(dmabuf_ref, int)
         self.tokens.release(dmabuf_ref)
+        self.after_request()
 
     def dmabuf_resolve(self, ino_or_key: int) -> object | None:
         return self.tokens.opened.get(ino_or_key)

@@ -24,7 +24,12 @@ DRM_COMMAND_END = 0xA0
 
 
 def ioc(direction: int, type_: int, nr: int, size: int) -> int:
-    if not (0 <= size < 1 << _SIZEBITS and 0 <= nr < 256 and 0 <= type_ < 256):
+    if not (
+        0 <= direction < 1 << _DIRBITS
+        and 0 <= size < 1 << _SIZEBITS
+        and 0 <= nr < 256
+        and 0 <= type_ < 256
+    ):
         raise ValueError("ioctl field out of range")
     return (direction << _DIRSHIFT) | (size << _SIZESHIFT) | (type_ << _TYPESHIFT) | nr
 

@@ -62,6 +62,8 @@ class Layout(Generic[T]):
         return self.record(*self.fast.unpack(data))
 
     def decode_construct(self, data: bytes) -> T:
+        if len(data) != self.size:  # construct ignores trailing bytes; STYLE rule 4 does not
+            raise cs.StreamError(f"{self.name}: expected {self.size} bytes, got {len(data)}")
         parsed = self.schema.parse(data)
         return self.record(*(parsed[sub.name] for sub in self.schema.subcons))
 

@@ -51,6 +51,8 @@ class AmdgpuBo(GemObject):
         "flags",
         "import_buf",
         "mmap_offset",
+        "npa",
+        "npa_revoked",
         "on_handle_free",
         "pin_count",
         "placement",
@@ -79,6 +81,10 @@ class AmdgpuBo(GemObject):
         self.ualink_handle_lo = 0  # bo->ualink_handle_lo: non-zero once exported (§3.4)
         self.import_buf: DmaBuf | None = None  # a foreign dma-buf this BO imports
         self.mmap_offset = 0
+        # An imported NPA BO (§4.6): (exporter accel id, NPA page offset, pages), and
+        # whether a revoke/reset took the memory behind it away (§6.3).
+        self.npa: tuple[int, int, int] | None = None
+        self.npa_revoked = False
         self.on_handle_free: Callable[[AmdgpuBo], None] | None = None
 
     @property

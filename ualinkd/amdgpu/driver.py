@@ -8,7 +8,7 @@ not depend on the one above it.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from ..abi import constants as c
@@ -35,7 +35,9 @@ class UalinkOps(Protocol):
 
     def export(self, file: DrmFile, gem_handle: int) -> tuple[int, int]: ...
 
-    def import_handle(self, file: DrmFile, handle_lo: int, handle_hi: int) -> DmaBuf: ...
+    def import_handle(
+        self, file: DrmFile, handle_lo: int, handle_hi: int
+    ) -> DmaBuf | Awaitable[DmaBuf]: ...
 
     def revoke(self, bo: AmdgpuBo) -> None: ...
 
@@ -170,7 +172,7 @@ class AmdgpuDriver:
                 raise DrmError(errno.EFAULT, "no user memory access")
             self.copy_to_user(caller.pid, args.value, st.GEM_CREATE_IN.encode(info))
         elif args.op == c.GEM_OP_SET_PLACEMENT:
-            if bo.import_buf is not None and args.value & c.DOMAIN_VRAM:
+            if (bo.import_buf is not None or bo.npa is not None) and args.value & c.DOMAIN_VRAM:
                 raise DrmError(errno.EINVAL, "imported BOs cannot prefer VRAM")
             bo.preferred_domains = args.value & (c.DOMAIN_VRAM | c.DOMAIN_GTT | c.DOMAIN_CPU)
             bo.allowed_domains = bo.preferred_domains
@@ -180,7 +182,20 @@ class AmdgpuDriver:
             raise DrmError(errno.EINVAL, f"GEM_OP op {args.op}")
 
     # -- UALINK_HANDLE (§1.3–§1.6) ---------------------------------------------------------------
-    def ualink_handle_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+    async def _import_later(
+        self, pending: Awaitable[DmaBuf], file: DrmFile, kdata: bytearray, caller: Caller
+    ) -> None:
+        """A remote import completes over the fabric (§1.6 I3–I20); the ioctl answers then."""
+        buf = await pending
+        if file.closed:
+            buf.put()
+            raise DrmError(errno.EBADF, "the file closed while the import was in flight")
+        token = self.device.tokens.install(buf, file, caller.uid)
+        kdata[0:4] = st.UALINK_HANDLE_OUT_IMPORT.pack(token)
+
+    def ualink_handle_ioctl(
+        self, file: DrmFile, kdata: bytearray, caller: Caller
+    ) -> Awaitable[None] | None:
         args = st.decode_ualink_handle_in(bytes(kdata[:24]))
         # The state check comes before the op is even looked at (§1.6 step 1, §11.1).
         if self.ualink is None or not self.ualink.accel_active:
@@ -189,8 +204,11 @@ class AmdgpuDriver:
             lo, hi = self.ualink.export(file, args.gem_handle)
             kdata[0:16] = st.UALINK_HANDLE_OUT_EXPORT.pack(lo, hi)
         elif args.op == c.UalinkOp.IMPORT:
-            buf = self.ualink.import_handle(file, args.handle_lo, args.handle_hi)
-            token = self.device.tokens.install(buf, file, caller.uid)
+            got = self.ualink.import_handle(file, args.handle_lo, args.handle_hi)
+            if not isinstance(got, DmaBuf):
+                return self._import_later(got, file, kdata, caller)
+            token = self.device.tokens.install(got, file, caller.uid)
             kdata[0:4] = st.UALINK_HANDLE_OUT_IMPORT.pack(token)
         else:
             raise DrmError(errno.EINVAL, f"UALink op {args.op}")
+        return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,8 +44,9 @@ class Caller:
     gid: int = 0
 
 
-# A handler works on the kernel buffer in place, like a drm_ioctl_t on kdata.
-Handler = Callable[[DrmFile, bytearray, Caller], None]
+# A handler works on the kernel buffer in place, like a drm_ioctl_t on kdata. One that needs
+# the fabric returns an awaitable that finishes the work (and may raise DrmError) instead.
+Handler = Callable[[DrmFile, bytearray, Caller], Awaitable[None] | None]
 
 
 class DrmDriver(Protocol):
@@ -106,7 +107,9 @@ class DrmDevice:
         self.tokens.drop_file(f)
 
     # -- dispatch (drm_ioctl) -----------------------------------------------------------------
-    def ioctl(self, f: DrmFile, cmd: int, in_bytes: bytes, caller: Caller) -> IoctlResult:
+    def ioctl(
+        self, f: DrmFile, cmd: int, in_bytes: bytes, caller: Caller
+    ) -> IoctlResult | Awaitable[IoctlResult]:
         nr = cmd & 0xFF
         spec = tbl.lookup(nr)
         if spec is None:
@@ -132,9 +135,23 @@ class DrmDevice:
         else:
             assert handler is not None
             try:
-                handler(f, kdata, caller)
+                pending = handler(f, kdata, caller)
             except DrmError as e:
                 result = -e.errno
+            else:
+                if pending is not None:
+                    return self._finish_later(pending, spec, kdata, out_size)
+        return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
+
+    @staticmethod
+    async def _finish_later(
+        pending: Awaitable[None], spec: tbl.IoctlSpec, kdata: bytearray, out_size: int
+    ) -> IoctlResult:
+        result = 0
+        try:
+            await pending
+        except DrmError as e:
+            result = -e.errno
         return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
 
     # -- core handlers ---------------------------------------------------------------------

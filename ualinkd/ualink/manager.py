@@ -1,8 +1,10 @@
-"""One accel's UALink manager: state, export table, local-path import, revoke (spec §1.6, §3, §6).
+"""One accel's UALink manager (sans-IO): state, exports, imports, NPA space, peers.
 
-Sans-IO and synchronous. Randomness is injected (`randbits`) so tests can pin handles.
-Remote imports (NPA_REQ over the fabric) are the pod-fabric issue's; until then a handle
-whose exporter is on another node fails the way an undeliverable HELLO does.
+Spec §1.6 (ioctl rules), §3 (handles), §4 (NPA), §5.4–§5.12 (protocol), §6 (lifetimes).
+Nothing here waits or touches a socket: work that needs the fabric is put in `outbox` as
+effects (`Send`, `StartSetup`, `StartRevoke`, `Wake`) for the async agent to carry out, and
+the agent calls back in (`receive`, `on_sent`, the `import_*` steps). Randomness is
+injected (`randbits`) so tests can pin handles.
 """
 
 from __future__ import annotations
@@ -10,17 +12,38 @@ from __future__ import annotations
 import errno
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..abi.constants import DOMAIN_VRAM
+from ..abi.constants import CREATE_NO_CPU_ACCESS, DOMAIN_NPA, DOMAIN_VRAM, GPU_PAGE_SIZE
 from ..amdgpu.bo import AmdgpuBo
 from ..amdgpu.driver import AmdgpuDriver
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf
-from .state import ACCEL_MAX, AccelState, ConfigStage, PpodInfo, VpodInfo
+from . import protocol as p
+from .npa import (
+    ALIAS_METADATA,
+    GPUID_SHIFT,
+    RANGE_MASK,
+    RANGE_RESERVED,
+    SEGMENT_PAGES,
+    NpaPageTable,
+    NpaSpace,
+    strip_npa,
+)
+from .peers import (
+    ConnEvent,
+    ConnState,
+    ImporterRecord,
+    ImportNode,
+    NodeEvent,
+    NodeState,
+    PeerConn,
+    RevokeState,
+)
+from .state import ACCEL_MAX, AccelState, AddrMode, ConfigStage, PpodInfo, VpodInfo
 
 if TYPE_CHECKING:
     from .host import UalinkHost
@@ -31,25 +54,70 @@ HANDLE_ACCID_MASK = 0x3FF  # bits 9..0 of handle_lo carry the exporter's accel i
 _U64 = (1 << 64) - 1
 
 # Kernel quirks (Emulator policy 2): named switches, all off by default.
-QUIRK_HELLO_NO_RESET = "hello-no-reset"  # §5.4
-QUIRK_NO_REMOTE_SHOOTDOWN = "no-remote-shootdown"  # §5.11
-QUIRK_STALE_EXPORT_HANDLE = "stale-export-handle"  # §6.10: re-export returns handle_hi = 0
-QUIRK_ALIAS_EXTRA_PINS = "alias-extra-pins"  # §6.10
+QUIRK_HELLO_NO_RESET = "hello-no-reset"  # §5.4: HELLO on ESTABLISHED skips the cleanup
+QUIRK_NO_REMOTE_SHOOTDOWN = "no-remote-shootdown"  # §5.11: accepted; nothing to skip here
+QUIRK_STALE_EXPORT_HANDLE = "stale-export-handle"  # §6.10: re-export returns handle_hi 0
+QUIRK_ALIAS_EXTRA_PINS = "alias-extra-pins"  # §6.10: repeated alias NPA_REQ pins again
 KNOWN_QUIRKS = frozenset(
     {QUIRK_HELLO_NO_RESET, QUIRK_NO_REMOTE_SHOOTDOWN, QUIRK_STALE_EXPORT_HANDLE,
      QUIRK_ALIAS_EXTRA_PINS}
 )
 
+# NPA_FAIL reason -> the importer's errno (§5.2, §1.6 I15–I16)
+FAIL_ERRNO = {p.FailReason.NOSPACE: errno.ENOSPC}
+
+
+# ---- effects: what the agent must do for the manager --------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send `msg` to remote accel `dst`; report the outcome through `on_sent(tag, err)`."""
+
+    src: int
+    dst: int
+    msg: p.Message
+    tag: tuple[object, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StartSetup:
+    """Run setup_connection towards `remote` in the background (receive-side trigger)."""
+
+    src: int
+    remote: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartRevoke:
+    """Wait for the NPA_RELEASEs of a revoke, then finish it (§5.7 steps 6–9)."""
+
+    src: int
+    entry: ExportEntry
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """Something a waiter may be waiting for changed: ("hello", remote), ("import", lo),
+    ("release", lo)."""
+
+    key: tuple[object, ...]
+
+
+Effect = Send | StartSetup | StartRevoke | Wake
+
 
 @dataclass(slots=True)
 class ExportEntry:
-    """A live export (§6.1): holds one BO reference and the export-time dma-buf."""
+    """A live export (§6.1): one BO reference and the export-time dma-buf."""
 
     handle_lo: int
     handle_hi: int
     bo: AmdgpuBo
     buf: DmaBuf
-    importers: set[int] = field(default_factory=set)  # remote accel ids holding an NPA
+    importers: dict[int, ImporterRecord] = field(default_factory=dict)
+    shared_npa: tuple[int, int] | None = None  # source-aliasing: (start, pages)
+    revoke: RevokeState | None = None
 
 
 def generate_handle(
@@ -64,6 +132,9 @@ def generate_handle(
     return lo, randbits(64)
 
 
+RemoteImport = Callable[["UalinkManager", DrmFile, int, int], Awaitable[DmaBuf]]
+
+
 class UalinkManager:
     def __init__(
         self,
@@ -74,6 +145,7 @@ class UalinkManager:
         stage: ConfigStage,
         quirks: frozenset[str] = frozenset(),
         randbits: Callable[[int], int] = secrets.randbits,
+        npa_limit_pages: int | None = None,
     ) -> None:
         self.host = host
         self.driver = driver
@@ -82,10 +154,20 @@ class UalinkManager:
         self.stage = stage
         self.quirks = quirks
         self.randbits = randbits
+        self.npa_limit_pages = npa_limit_pages
         self.state = AccelState.UNCONFIGURED
         self.local_accels: list[int] = []
         self.active_snapshot: frozenset[int] | None = None  # bitmap at activation (§5.10)
-        self.exports: dict[int, ExportEntry] = {}
+        self.exports: dict[int, ExportEntry] = {}  # live table, by handle_lo
+        self.invalid: dict[int, ExportEntry] = {}  # "handle invalid" table (§5.7)
+        self.imports: dict[int, ImportNode] = {}  # by handle_lo
+        self.conns: dict[int, PeerConn] = {}
+        self.npa: NpaSpace = self._new_npa_space(AddrMode.SOURCE_ALIASING)
+        self.npa_table = NpaPageTable()
+        self.drop_msg_bitmap = 0  # §5.12
+        self.outbox: list[Effect] = []
+        self.remote_import: RemoteImport | None = None  # set by the agent when a fabric runs
+        self.internal_file = DrmFile(driver.device)  # the driver's internal "ualink" client
         driver.ualink = self
 
     @property
@@ -96,12 +178,27 @@ class UalinkManager:
     def accel_active(self) -> bool:
         return self.state == AccelState.ACTIVE
 
-    # -- activation (§5.9) --------------------------------------------------------------------
+    def conn(self, remote: int) -> PeerConn:
+        c = self.conns.get(remote)
+        if c is None:
+            c = self.conns[remote] = PeerConn(remote)
+        return c
+
+    def _new_npa_space(self, mode: AddrMode) -> NpaSpace:
+        if mode == AddrMode.SOURCE_IDENTIFICATION:
+            return NpaSpace(0, ACCEL_MAX << GPUID_SHIFT)
+        end = SEGMENT_PAGES - 1  # the size comes from a bit mask: the last page is lost
+        if self.npa_limit_pages is not None:
+            end = min(end, ALIAS_METADATA + self.npa_limit_pages)
+        return NpaSpace(ALIAS_METADATA, end)
+
+    # -- activation (§5.9, §6.9) ---------------------------------------------------------
     def activate(self) -> None:
-        if self.state >= AccelState.ACTIVE and self.state != AccelState.ERROR:
+        if self.state == AccelState.ACTIVE:
             return
         self.state = AccelState.ACTIVE
         self.active_snapshot = self.vpod.active_accels
+        self.npa = self._new_npa_space(self.vpod.addr_mode)
         log.info("accel %d: ACTIVE in vPod %d", self.accel_id, self.vpod.vpod_id)
 
     def deactivate(self) -> None:
@@ -110,14 +207,32 @@ class UalinkManager:
             return
         self.stop()
         self.state = AccelState.PPOD_CONFIGURED
+        log.info("accel %d: deactivated", self.accel_id)
 
     def stop(self) -> None:
-        """Manager stop: every live export torn down without messages (§6.9)."""
+        """Manager stop (§6.9): connections NOT_READY, every import and export torn down
+        without messages; peers are not told."""
+        for c in self.conns.values():
+            c.apply(ConnEvent.STOP)
+        for node in list(self.imports.values()):
+            node.apply(NodeEvent.STOP)
+            self._teardown_node(node)
         for entry in list(self.exports.values()):
+            for remote in list(entry.importers):
+                self._drop_importer(entry, remote)
             self._free_export(entry)
+        for entry in list(self.invalid.values()):  # revokes in flight: stop waiting
+            assert entry.revoke is not None
+            entry.revoke.expected.clear()
+            for rec in entry.importers.values():
+                self._free_npa(rec.npa_start)
+            if entry.shared_npa is not None:
+                self._free_npa(entry.shared_npa[0])
+            self.outbox.append(Wake(("release", entry.handle_lo)))
         self.exports.clear()
+        self.invalid.clear()
 
-    # -- export (§1.6 E1–E7) -----------------------------------------------------------------
+    # -- export (§1.6 E1–E7) ---------------------------------------------------------------
     def export(self, file: DrmFile, gem_handle: int) -> tuple[int, int]:
         bo = self.driver.lookup_bo(file, gem_handle)  # E1: ENOENT
         if not bo.preferred_domains & DOMAIN_VRAM:  # E2
@@ -141,22 +256,105 @@ class UalinkManager:
 
     # -- revoke (§5.7, §6.4) -----------------------------------------------------------------
     def revoke(self, bo: AmdgpuBo) -> None:
-        """handle_free: the BO's GEM handle count reached 0."""
+        """handle_free: the BO's GEM handle count reached 0 (§5.7 steps 1–2)."""
         entry = self.exports.get(bo.ualink_handle_lo) if bo.ualink_handle_lo else None
         if entry is None or entry.bo is not bo:
             return
         del self.exports[entry.handle_lo]
-        self._free_export(entry)
+        if not entry.importers:
+            self._free_export(entry)
+            return
+        entry.revoke = RevokeState()
+        self.invalid[entry.handle_lo] = entry
+        self.revoke_invalidate(entry)
+        self.outbox.append(StartRevoke(self.accel_id, entry))
+
+    def revoke_invalidate(self, entry: ExportEntry) -> None:
+        """§5.7 steps 3–5: invalidate the importers' NPA mappings, unpin, drop the BO, and
+        put one NPA_REVOKE per importer still connected with its recorded generation."""
+        assert entry.revoke is not None
+        for remote, rec in list(entry.importers.items()):
+            if self.conn(remote).ready_generation() != rec.generation:
+                self._drop_importer(entry, remote)  # stale generation: skipped silently
+                continue
+            # PTEs rewritten, then (heavyweight) remote TLB shootdown: importers hold no
+            # translation cache here, so with or without "no-remote-shootdown" the next
+            # access through the NPA faults.
+            self.npa_table.invalidate(rec.npa_start)
+        for rec in entry.importers.values():
+            entry.bo.pin_count -= 1 + rec.extra_pins
+        entry.bo.ualink_handle_lo = 0
+        buf, bo = entry.buf, entry.bo
+        buf.put()
+        bo.put()
+        for remote in entry.importers:
+            entry.revoke.expected.add(remote)
+            msg = p.HandleMsg(p.MsgType.NPA_REVOKE, entry.handle_lo, entry.handle_hi)
+            self.outbox.append(Send(self.accel_id, remote, msg, ("revoke", entry.handle_lo)))
+
+    def revoke_finish(self, entry: ExportEntry) -> list[int]:
+        """§5.7 steps 7–9: free every NPA range, reset the connection to every importer that
+        never released; returns those importers."""
+        assert entry.revoke is not None
+        if self.invalid.get(entry.handle_lo) is not entry:
+            return []  # a manager stop already finished it
+        missing = sorted(entry.revoke.expected)
+        records = dict(entry.importers)
+        entry.importers.clear()
+        for rec in records.values():
+            self._free_npa(rec.npa_start)
+        if entry.shared_npa is not None:
+            self._free_npa(entry.shared_npa[0])
+            entry.shared_npa = None
+        self.invalid.pop(entry.handle_lo, None)
+        for remote in missing:
+            gen = records[remote].generation if remote in records else 0
+            log.warning("accel %d: accel %d never released handle %#x; resetting",
+                        self.accel_id, remote, entry.handle_lo)
+            self.connection_reset(remote, ConnState.NOT_READY, gen)
+        return missing
 
     def _free_export(self, entry: ExportEntry) -> None:
-        # No importers can exist before the fabric (issue 3) brings remote ones.
-        if QUIRK_STALE_EXPORT_HANDLE not in self.quirks or entry.importers:
+        if QUIRK_STALE_EXPORT_HANDLE not in self.quirks:
             entry.bo.ualink_handle_lo = 0
         entry.buf.put()
         entry.bo.put()
 
-    # -- import (§1.6 I1–I2c) ----------------------------------------------------------------
-    def import_handle(self, file: DrmFile, handle_lo: int, handle_hi: int) -> DmaBuf:
+    def _free_npa(self, start: int) -> None:
+        self.npa_table.unmap(start)
+        if start in self.npa.used:
+            self.npa.free(start)
+
+    def _drop_importer(self, entry: ExportEntry, remote: int) -> None:
+        """Forget one importer of a live export: unpin once, free its NPA (§5.8)."""
+        rec = entry.importers.pop(remote)
+        entry.bo.pin_count -= 1 + rec.extra_pins
+        if entry.shared_npa is None:
+            self._free_npa(rec.npa_start)
+        elif not entry.importers:
+            self._free_npa(entry.shared_npa[0])
+            entry.shared_npa = None
+
+    # -- connection reset (§5.8) -------------------------------------------------------------
+    def connection_reset(self, remote: int, new_state: ConnState, generation: int) -> bool:
+        c = self.conn(remote)
+        if c.state != ConnState.ESTABLISHED or c.generation != generation:
+            return False
+        c.state = new_state
+        for node in [n for n in self.imports.values() if n.exporter == remote]:
+            if node.apply(NodeEvent.RESET):
+                self._teardown_node(node)
+        for entry in self.exports.values():
+            if remote in entry.importers:
+                self._drop_importer(entry, remote)
+        log.info("accel %d: connection to accel %d reset (generation %d)",
+                 self.accel_id, remote, generation)
+        return True
+
+    # -- import (§1.6 I1–I20) -----------------------------------------------------------------
+    def import_handle(
+        self, file: DrmFile, handle_lo: int, handle_hi: int
+    ) -> DmaBuf | Awaitable[DmaBuf]:
         exporter_id = handle_lo & HANDLE_ACCID_MASK
         if exporter_id >= ACCEL_MAX:  # I1
             raise DrmError(errno.EINVAL, f"exporter accel id {exporter_id} >= 256")
@@ -170,11 +368,294 @@ class UalinkManager:
             entry.buf.get()  # I2c: a new fd of the exporter's export-time dma-buf
             return entry.buf
         if exporter_id not in self.vpod.active_accels:  # Emulator policy 4
-            log.warning(
-                "import refused: accel %d is not in vPod %d of accel %d",
-                exporter_id, self.vpod.vpod_id, self.accel_id,
-            )
-            raise DrmError(errno.EACCES, f"accel {exporter_id} is outside vPod")
-        # The HELLO towards a remote node cannot be sent without the fabric (§5.1 -ETIME).
-        log.warning("accel %d: no fabric link towards accel %d", self.accel_id, exporter_id)
-        raise DrmError(errno.ETIME, f"no fabric link towards accel {exporter_id}")
+            log.warning("import refused: accel %d is not in vPod %d of accel %d",
+                        exporter_id, self.vpod.vpod_id, self.accel_id)
+            raise DrmError(errno.EACCES, f"accel {exporter_id} is outside the vPod")
+        node = self.imports.get(handle_lo)
+        if node is not None:
+            if node.state in (NodeState.NOT_READY, NodeState.PENDING):  # I3
+                raise DrmError(errno.EAGAIN, "an import of this handle is in flight")
+            if node.state == NodeState.READY and node.buf is not None:  # I5: dedupe
+                node.buf.get()
+                return node.buf
+            raise DrmError(errno.EINVAL, "import is being torn down")  # I4
+        if self.remote_import is None:
+            # No fabric in this process: the HELLO cannot be sent (§5.1 send error).
+            raise DrmError(errno.ETIME, f"no fabric link towards accel {exporter_id}")
+        return self.remote_import(self, file, handle_lo, handle_hi)
+
+    def import_begin(self, handle_lo: int, handle_hi: int) -> ImportNode:
+        """I6–I7: a new node in NOT_READY (the caller holds it until finish/abort)."""
+        if handle_lo in self.imports:
+            raise DrmError(errno.EAGAIN, "another import inserted this handle first")
+        node = ImportNode(handle_lo, handle_hi, handle_lo & HANDLE_ACCID_MASK)
+        self.imports[handle_lo] = node
+        return node
+
+    def setup_connection(self, remote: int) -> bool:
+        """§5.4 local setup_connection: True when a HELLO must be sent and waited for,
+        False when already ESTABLISHED; EAGAIN while someone else sets it up (I8)."""
+        c = self.conn(remote)
+        if c.state == ConnState.ESTABLISHED:
+            return False
+        if c.state in (ConnState.IN_PROGRESS, ConnState.PENDING):
+            raise DrmError(errno.EAGAIN, f"connection to accel {remote} is being set up")
+        c.apply(ConnEvent.SETUP)
+        return True
+
+    def hello(self, remote: int) -> p.Hello:
+        return p.Hello(receiver_id=remote, sender_id=self.accel_id)
+
+    def setup_failed(self, remote: int) -> None:
+        """I9–I11: HELLO not sent, interrupted or timed out: NOT_READY, no cleanup."""
+        self.conn(remote).apply(ConnEvent.HELLO_FAILED)
+
+    def npa_req(self, node: ImportNode) -> p.HandleMsg:
+        return p.HandleMsg(p.MsgType.NPA_REQ, node.handle_lo, node.handle_hi)
+
+    def import_timed_out(self, node: ImportNode, generation: int) -> None:
+        """I14: no NPA_RSP/NPA_FAIL in time: reset the whole connection to the exporter."""
+        self.connection_reset(node.exporter, ConnState.NOT_READY, generation)
+
+    def import_finish(self, node: ImportNode) -> DmaBuf:
+        """I15–I20 once the exporter answered: the NPA BO and its dma-buf, node READY."""
+        if node.state != NodeState.PENDING:
+            raise DrmError(errno.EINVAL, "the import was torn down while it waited")
+        if node.fail_reason:
+            err = FAIL_ERRNO.get(node.fail_reason, errno.EINVAL)  # type: ignore[call-overload]
+            raise DrmError(err, f"exporter answered NPA_FAIL({node.fail_reason})")
+        if node.npa_offset == 0 or node.size_pages == 0:  # I17
+            raise DrmError(errno.EINVAL, "NPA_RSP with NPA 0 or size 0")
+        bo = AmdgpuBo(self.driver.device, node.size_pages * GPU_PAGE_SIZE, 1, DOMAIN_NPA,
+                      CREATE_NO_CPU_ACCESS, None)
+        bo.npa = (node.exporter, node.npa_offset, node.size_pages)
+        node.internal_handle = self.internal_file.handle_create(bo)
+        bo.put()  # the internal handle holds it
+        node.bo = bo
+        node.buf = self.driver.device.prime_handle_to_dmabuf(self.internal_file,
+                                                             node.internal_handle)
+        node.apply(NodeEvent.WAITER_OK)
+        node.buf.get()  # the caller's new fd
+        return node.buf
+
+    def import_abort(self, node: ImportNode) -> None:
+        """The waiter failed: the node leaves the table (§5.5)."""
+        if node.state != NodeState.READY and self.imports.get(node.handle_lo) is node:
+            del self.imports[node.handle_lo]
+
+    def _teardown_node(self, node: ImportNode) -> None:
+        """TEARDOWN: GPU mappings of the NPA BO stop working, the table's references go."""
+        if self.imports.get(node.handle_lo) is node:
+            del self.imports[node.handle_lo]
+        if node.bo is not None:
+            node.bo.npa_revoked = True
+            node.bo = None
+        if node.buf is not None:
+            buf, node.buf = node.buf, None
+            buf.put()
+        if node.internal_handle:
+            self.internal_file.handle_delete(node.internal_handle)
+            node.internal_handle = 0
+        self.outbox.append(Wake(("import", node.handle_lo)))
+
+    # -- receive path (§5.1, §5.3–§5.7, §5.12) --------------------------------------------------
+    def receive(self, src: int, msg: p.Message) -> None:
+        """One message from remote accel `src` (the transport's stamp)."""
+        if not self.accel_active:
+            log.debug("accel %d not ACTIVE: dropping %s from %d", self.accel_id, msg, src)
+            return
+        t = int(msg.type)
+        if t < 64 and self.drop_msg_bitmap >> t & 1:
+            self.drop_msg_bitmap &= ~(1 << t)
+            log.warning("accel %d: dropping one %s from accel %d (drop_msg bitmap)",
+                        self.accel_id, p.MsgType(t).name if t in p.MsgType._value2member_map_
+                        else t, src)
+            return
+        if src not in self.vpod.active_accels:  # Emulator policy 4
+            log.warning("accel %d: dropping %s from accel %d, which is not in vPod %d",
+                        self.accel_id, type(msg).__name__, src, self.vpod.vpod_id)
+            return
+        if isinstance(msg, p.Hello):
+            self._on_hello(src, msg)
+        elif isinstance(msg, p.HelloAck):
+            if self.conn(src).apply(ConnEvent.HELLO_ACK):
+                self.outbox.append(Wake(("hello", src)))
+        elif isinstance(msg, p.HandleMsg) and msg.type == p.MsgType.NPA_REQ:
+            self._on_npa_req(src, msg)
+        elif isinstance(msg, p.NpaRsp | p.NpaFail):
+            self._on_npa_answer(src, msg)
+        elif isinstance(msg, p.HandleMsg) and msg.type == p.MsgType.NPA_REVOKE:
+            self._on_revoke(src, msg)
+        elif isinstance(msg, p.HandleMsg) and msg.type == p.MsgType.NPA_RELEASE:
+            self._on_release(src, msg)
+        else:
+            log.warning("accel %d: unknown message type %d from accel %d ignored",
+                        self.accel_id, t, src)
+
+    def _on_hello(self, src: int, msg: p.Hello) -> None:
+        if msg.receiver_id != self.accel_id or msg.sender_id != src or src >= ACCEL_MAX:
+            log.warning("accel %d: malformed HELLO from accel %d dropped", self.accel_id, src)
+            return
+        c = self.conn(src)
+        if c.state == ConnState.ESTABLISHED and QUIRK_HELLO_NO_RESET not in self.quirks:
+            # The peer restarted: what we shared with it is gone (contract; the reference
+            # build skips this, quirk "hello-no-reset").
+            self.connection_reset(src, ConnState.PENDING, c.generation)
+        c.apply(ConnEvent.HELLO)
+        self.outbox.append(Send(self.accel_id, src, p.HelloAck(), ("hello_ack", src)))
+
+    def _not_established(self, src: int, what: str) -> bool:
+        if self.conn(src).state == ConnState.ESTABLISHED:
+            return False
+        log.info("accel %d: %s from accel %d before the connection is up: dropped, "
+                 "setting up", self.accel_id, what, src)
+        self.outbox.append(StartSetup(self.accel_id, src))
+        return True
+
+    def _fail(self, src: int, lo: int, reason: p.FailReason) -> None:
+        self.outbox.append(Send(self.accel_id, src, p.NpaFail(lo, reason)))
+
+    def _on_npa_req(self, src: int, msg: p.HandleMsg) -> None:
+        """§5.6."""
+        if self._not_established(src, "NPA_REQ"):
+            return
+        lo = msg.handle_lo_bits | self.accel_id
+        entry = self.exports.get(lo)
+        if entry is None or entry.handle_hi != msg.handle_hi:
+            self._fail(src, lo, p.FailReason.INVALID_HANDLE)
+            return
+        bo = entry.bo
+        bo.pin_count += 1
+        mode = self.vpod.addr_mode
+        rec = entry.importers.get(src)
+        if mode == AddrMode.SOURCE_IDENTIFICATION and rec is not None:
+            bo.pin_count -= 1
+            self._fail(src, lo, p.FailReason.DUPLICATE)
+            return
+        pages = -(-bo.size // GPU_PAGE_SIZE)
+        new_range = False
+        if mode == AddrMode.SOURCE_ALIASING and entry.shared_npa is not None:
+            start = entry.shared_npa[0]
+            if rec is not None:
+                if QUIRK_ALIAS_EXTRA_PINS in self.quirks:
+                    rec.extra_pins += 1
+                else:
+                    bo.pin_count -= 1
+        else:
+            if mode == AddrMode.SOURCE_IDENTIFICATION:
+                base = src << GPUID_SHIFT
+                hi = base | RANGE_MASK
+                if self.npa_limit_pages is not None:
+                    hi = min(hi, base + RANGE_RESERVED + self.npa_limit_pages)
+                got = self.npa.alloc(pages, base | RANGE_RESERVED, hi)
+            else:
+                got = self.npa.alloc(pages)
+            if got is None:
+                bo.pin_count -= 1
+                self._fail(src, lo, p.FailReason.NOSPACE)
+                return
+            start, new_range = got, True
+            self.npa_table.map(start, pages, bo)
+            if mode == AddrMode.SOURCE_ALIASING:
+                entry.shared_npa = (start, pages)
+        if rec is None:
+            entry.importers[src] = ImporterRecord(start, pages, self.conn(src).generation)
+        rsp = p.NpaRsp(lo, pages, strip_npa(start))
+        self.outbox.append(Send(self.accel_id, src, rsp, ("npa_rsp", lo, src, new_range)))
+
+    def _npa_rsp_failed(self, lo: int, src: int, new_range: bool) -> None:
+        """§5.6 step 7: NPA_RSP could not be sent: undo, send nothing else."""
+        entry = self.exports.get(lo)
+        if entry is None or src not in entry.importers:
+            return
+        rec = entry.importers.pop(src)
+        entry.bo.pin_count -= 1
+        if new_range:
+            if entry.shared_npa is not None and entry.shared_npa[0] == rec.npa_start:
+                if entry.importers:
+                    return
+                entry.shared_npa = None
+            self._free_npa(rec.npa_start)
+
+    def _on_npa_answer(self, src: int, msg: p.NpaRsp | p.NpaFail) -> None:
+        if self._not_established(src, type(msg).__name__):
+            return
+        node = self.imports.get(msg.handle_lo_bits | src)
+        if node is None or node.exporter != src:
+            log.info("accel %d: %s for unknown handle from accel %d dropped",
+                     self.accel_id, type(msg).__name__, src)
+            return
+        if isinstance(msg, p.NpaRsp):
+            node.npa_offset, node.size_pages = msg.npa_offset, msg.size_pages
+        else:
+            node.fail_reason = msg.reason or p.FailReason.ERROR
+        if node.apply(NodeEvent.ANSWER):
+            self.outbox.append(Wake(("import", node.handle_lo)))
+        else:
+            log.info("accel %d: unsolicited %s from accel %d", self.accel_id,
+                     type(msg).__name__, src)
+
+    def _on_revoke(self, src: int, msg: p.HandleMsg) -> None:
+        lo = msg.handle_lo_bits | src
+        node = self.imports.get(lo)
+        if node is None or node.handle_hi != msg.handle_hi or not node.apply(NodeEvent.REVOKE):
+            log.info("accel %d: NPA_REVOKE for unknown handle %#x from accel %d dropped",
+                     self.accel_id, lo, src)
+            return
+        self._teardown_node(node)
+        release = p.HandleMsg(p.MsgType.NPA_RELEASE, lo, msg.handle_hi)
+        self.outbox.append(Send(self.accel_id, src, release))
+
+    def _on_release(self, src: int, msg: p.HandleMsg) -> None:
+        lo = msg.handle_lo_bits | self.accel_id
+        entry = self.invalid.get(lo)
+        if entry is None or entry.handle_hi != msg.handle_hi or entry.revoke is None:
+            log.info("accel %d: NPA_RELEASE for unknown handle %#x dropped", self.accel_id, lo)
+            return
+        if src not in entry.revoke.expected:
+            log.warning("accel %d: unexpected NPA_RELEASE from accel %d", self.accel_id, src)
+            return
+        entry.revoke.expected.discard(src)
+        if not entry.revoke.expected:
+            self.outbox.append(Wake(("release", lo)))
+
+    # -- send outcomes ----------
+    def on_sent(self, send: Send, err: DrmError | None) -> None:
+        """The agent reports how a `Send` ended (None: the peer accepted it)."""
+        tag = send.tag
+        if tag is None:
+            if err is not None:
+                log.info("accel %d: sending %s to accel %d failed: %s", self.accel_id,
+                         type(send.msg).__name__, send.dst, err.strerror)
+            return
+        kind = tag[0]
+        if kind == "hello_ack":
+            c = self.conn(send.dst)
+            if err is None:
+                if c.apply(ConnEvent.ACK_SENT):
+                    self.outbox.append(Wake(("hello", send.dst)))
+            else:
+                c.apply(ConnEvent.ACK_SEND_FAILED)
+        elif kind == "npa_rsp" and err is not None:
+            _, lo, src, new_range = tag
+            self._npa_rsp_failed(lo, src, new_range)  # type: ignore[arg-type]
+        elif kind == "revoke" and err is not None:
+            entry = self.invalid.get(tag[1])  # type: ignore[arg-type]
+            if entry is not None and entry.revoke is not None:
+                entry.revoke.expected.discard(send.dst)
+                gen = entry.importers[send.dst].generation if send.dst in entry.importers else 0
+                self.connection_reset(send.dst, ConnState.NOT_READY, gen)  # as U′ does
+                if not entry.revoke.expected:
+                    self.outbox.append(Wake(("release", entry.handle_lo)))
+
+    def take_effects(self) -> list[Effect]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    # -- introspection ----------
+    def check_invariants(self) -> None:
+        """Pin count ≥ importers for every export (§5.6), NPA bookkeeping consistent."""
+        for entry in list(self.exports.values()):
+            assert entry.bo.pin_count >= len(entry.importers), (
+                f"pin count {entry.bo.pin_count} < importers {len(entry.importers)}")
+        assert len(self.npa_table) == len(self.npa.used)

@@ -1,0 +1,182 @@
+"""The UALink agent: carries out the managers' effects over the fabric link (trio).
+
+The managers are sans-IO; this is where their waits happen: HELLO_ACK and NPA_RSP waits
+with the pod's response timeout (§1.6 I8–I14), revoke workers waiting for NPA_RELEASE
+(§5.7), and one receive task per local accel that processes that accel's messages in
+arrival order, awaiting the sends each one causes before the next (the soft IH ring, §5.1).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from ..drm.errors import DrmError
+from ..drm.file import DrmFile
+from ..drm.gem import DmaBuf
+from ..node import NodeCore
+from ..ualink import protocol as p
+from ..ualink.manager import (
+    ExportEntry,
+    Send,
+    StartRevoke,
+    StartSetup,
+    UalinkManager,
+    Wake,
+)
+from ..ualink.peers import ConnState, NodeState
+
+log = logging.getLogger(__name__)
+
+SendFn = Callable[[int, int, p.Dwords], Awaitable[None]]
+
+
+class UalinkAgent:
+    def __init__(self, core: NodeCore, send: SendFn, response_timeout: float) -> None:
+        self.core = core
+        self._send = send
+        self.timeout = response_timeout
+        self._events: dict[tuple[object, ...], trio.Event] = {}
+        self._nursery: trio.Nursery | None = None
+        self._rx: dict[int, trio.MemorySendChannel[tuple[int, p.Message]]] = {}
+        for mgr in core.managers.values():
+            mgr.remote_import = self.import_remote
+        core.after_request = self.drain
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for mgr in self.core.managers.values():
+                tx, rx = trio.open_memory_channel[tuple[int, p.Message]](1024)
+                self._rx[mgr.accel_id] = tx
+                nursery.start_soon(self._receive_loop, mgr, rx)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- receiving -------------------------------------------------------------------------
+    def on_message(self, src: int, dst: int, dwords: p.Dwords) -> None:
+        """Called by the link once it has acknowledged a message (§5.1)."""
+        tx = self._rx.get(dst)
+        if tx is None:
+            log.warning("message from accel %d for accel %d, which is not ours", src, dst)
+            return
+        try:
+            tx.send_nowait((src, p.decode(dwords)))
+        except trio.WouldBlock:
+            log.warning("accel %d: receive ring full, dropping a message from accel %d",
+                        dst, src)
+
+    async def _receive_loop(
+        self, mgr: UalinkManager, rx: trio.MemoryReceiveChannel[tuple[int, p.Message]]
+    ) -> None:
+        async for src, msg in rx:
+            mgr.receive(src, msg)
+            await self._run_effects(mgr, inline=True)
+
+    # -- effects ------------------------------------------------------------------------------
+    async def _run_effects(self, mgr: UalinkManager, inline: bool) -> None:
+        while effects := mgr.take_effects():
+            for eff in effects:
+                if isinstance(eff, Send) and inline:
+                    await self._do_send(mgr, eff)
+                else:
+                    self._dispatch(mgr, eff)
+
+    def drain(self) -> None:
+        """After a request (ioctl, close): start whatever the managers queued."""
+        for mgr in self.core.managers.values():
+            for eff in mgr.take_effects():
+                self._dispatch(mgr, eff)
+
+    def _dispatch(self, mgr: UalinkManager, eff: object) -> None:
+        if isinstance(eff, Wake):
+            ev = self._events.pop((mgr.accel_id, *eff.key), None)
+            if ev is not None:
+                ev.set()
+            return
+        if self._nursery is None:
+            log.debug("agent not running: dropping %s", eff)
+            return
+        if isinstance(eff, Send):
+            self._nursery.start_soon(self._send_then_drain, mgr, eff)
+        elif isinstance(eff, StartSetup):
+            self._nursery.start_soon(self._background_setup, mgr, eff.remote)
+        elif isinstance(eff, StartRevoke):
+            self._nursery.start_soon(self._revoke_worker, mgr, eff.entry)
+
+    async def _do_send(self, mgr: UalinkManager, eff: Send) -> None:
+        err: DrmError | None = None
+        try:
+            await self._send(eff.src, eff.dst, eff.msg.encode())
+        except DrmError as e:
+            err = e
+        mgr.on_sent(eff, err)
+
+    async def _send_then_drain(self, mgr: UalinkManager, eff: Send) -> None:
+        await self._do_send(mgr, eff)
+        await self._run_effects(mgr, inline=False)
+
+    async def _wait_for(
+        self, mgr: UalinkManager, key: tuple[object, ...], done: Callable[[], bool]
+    ) -> bool:
+        with trio.move_on_after(self.timeout):
+            while not done():
+                ev = self._events.setdefault((mgr.accel_id, *key), trio.Event())
+                await ev.wait()
+            return True
+        return done()
+
+    # -- flows ----------------------------------------------------------------------------------
+    async def setup_connection(self, mgr: UalinkManager, remote: int) -> None:
+        """§5.4 setup_connection (I8–I11)."""
+        if not mgr.setup_connection(remote):
+            return
+        try:
+            await self._send(mgr.accel_id, remote, mgr.hello(remote).encode())
+        except DrmError:
+            mgr.setup_failed(remote)  # I9
+            raise
+        established = await self._wait_for(
+            mgr, ("hello", remote), lambda: mgr.conn(remote).state == ConnState.ESTABLISHED
+        )
+        if not established:
+            mgr.setup_failed(remote)  # I11: NOT_READY, no cleanup
+            raise DrmError(errno.ETIMEDOUT, f"no HELLO_ACK from accel {remote}")
+
+    async def _background_setup(self, mgr: UalinkManager, remote: int) -> None:
+        try:
+            await self.setup_connection(mgr, remote)
+        except DrmError as e:
+            log.info("accel %d: connection setup towards accel %d: %s", mgr.accel_id,
+                     remote, e.strerror)
+
+    async def import_remote(
+        self, mgr: UalinkManager, file: DrmFile, handle_lo: int, handle_hi: int
+    ) -> DmaBuf:
+        """§1.6 I6–I20 for a handle whose exporter is on another node."""
+        node = mgr.import_begin(handle_lo, handle_hi)
+        try:
+            await self.setup_connection(mgr, node.exporter)
+            generation = mgr.conn(node.exporter).ready_generation()
+            await self._send(mgr.accel_id, node.exporter, mgr.npa_req(node).encode())  # I12
+            answered = await self._wait_for(
+                mgr, ("import", handle_lo), lambda: node.state != NodeState.NOT_READY
+            )
+            if not answered:  # I14: ETIMEDOUT and a connection reset
+                mgr.import_timed_out(node, generation)
+                raise DrmError(errno.ETIMEDOUT, f"no NPA_RSP from accel {node.exporter}")
+            return mgr.import_finish(node)
+        finally:
+            mgr.import_abort(node)
+            self.drain()
+
+    async def _revoke_worker(self, mgr: UalinkManager, entry: ExportEntry) -> None:
+        """§5.7 steps 6–9: wait (not interruptibly) for the releases, then finish."""
+        assert entry.revoke is not None
+        revoke = entry.revoke
+        await self._wait_for(mgr, ("release", entry.handle_lo), lambda: not revoke.expected)
+        mgr.revoke_finish(entry)
+        self.drain()

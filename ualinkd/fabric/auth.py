@@ -1,0 +1,200 @@
+"""The fabric handshake, sans-IO: mutual HMAC-SHA256 challenge–response over the pod key, run
+before a link carries anything else. Frames in (`receive_frame(frame, now)`), frames to send out;
+time is an input, so the handshake deadline is tested without sleeping.
+
+    client → AUTH_HELLO {pod uuid, client name, client nonce}
+    server → AUTH_CHALLENGE {server name, server nonce, mac("server", ...)}
+    client → AUTH_PROOF {mac("client", ...)}
+    server → AUTH_OK
+
+Each mac covers the role label, both nonces, the pod uuid and both node names, so a proof is
+bound to one connection and one direction; the server refuses a client nonce it has seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections import OrderedDict
+from collections.abc import Collection
+from typing import Final
+
+from ..config import ConfigError, PodConfig
+from .wire import (
+    NONCE_SIZE,
+    AuthChallenge,
+    AuthHello,
+    AuthOk,
+    AuthProof,
+    Frame,
+    RemoteProtocolError,
+)
+
+PROTOCOL_VERSION: Final = 1
+HANDSHAKE_TIMEOUT: Final = 5.0
+NONCE_CACHE_SIZE: Final = 65536
+_SERVER_LABEL: Final = b"ualinkd-fabric-v1 server"
+_CLIENT_LABEL: Final = b"ualinkd-fabric-v1 client"
+
+
+class AuthError(RemoteProtocolError):
+    """The peer failed the handshake (wrong pod, key or name, replay, timeout, bad frame)."""
+
+
+def pod_key(config: PodConfig) -> bytes:
+    """The pod key (a hex string in the config) as bytes."""
+    try:
+        key = bytes.fromhex(config.key)
+    except ValueError:
+        raise ConfigError(f"{config.source}: [pod] key must be hexadecimal") from None
+    if len(key) < 16:
+        raise ConfigError(f"{config.source}: [pod] key must be at least 16 bytes (32 hex digits)")
+    return key
+
+
+def _mac(key: bytes, label: bytes, client_nonce: bytes, server_nonce: bytes, config: PodConfig,
+         client: str, server: str) -> bytes:
+    h = hmac.new(key, digestmod=hashlib.sha256)
+    for part in (label, client_nonce, server_nonce, config.uuid.bytes,
+                 client.encode(), server.encode()):
+        h.update(len(part).to_bytes(2, "little") + part)
+    return h.digest()
+
+
+class NonceCache:
+    """Client nonces this daemon has seen, the newest `size` of them (a replay guard)."""
+
+    def __init__(self, size: int = NONCE_CACHE_SIZE) -> None:
+        self._size = size
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+
+    def add(self, nonce: bytes) -> bool:
+        """Record `nonce`; False if it was already there."""
+        if nonce in self._seen:
+            return False
+        self._seen[nonce] = None
+        if len(self._seen) > self._size:
+            self._seen.popitem(last=False)
+        return True
+
+
+class _Handshake:
+    def __init__(self, config: PodConfig, local_name: str, now: float, timeout: float,
+                 key: bytes | None) -> None:
+        self.config = config
+        self.local_name = local_name
+        self.key = pod_key(config) if key is None else key
+        self.timeout = timeout
+        self.deadline = now + timeout
+        self.established = False
+        self.peer_name: str | None = None
+
+    def check_deadline(self, now: float) -> None:
+        """Raise AuthError once the handshake has run out of time."""
+        if not self.established and now >= self.deadline:
+            raise AuthError(f"handshake not finished within {self.timeout:g} s")
+
+    def _unexpected(self, frame: Frame, wanted: str) -> AuthError:
+        return AuthError(f"expected {wanted}, got {frame.frame_type.name}")
+
+
+class ClientHandshake(_Handshake):
+    """The dialing side: proves itself to node `peer_name` and checks that it is talking to it."""
+
+    def __init__(self, config: PodConfig, local_name: str, peer_name: str, *, now: float,
+                 timeout: float = HANDSHAKE_TIMEOUT, key: bytes | None = None,
+                 nonce: bytes | None = None) -> None:
+        super().__init__(config, local_name, now, timeout, key)
+        self.expected_peer = peer_name
+        self.nonce = nonce if nonce is not None else secrets.token_bytes(NONCE_SIZE)
+        self._state = "challenge"
+
+    def initial_frames(self) -> list[Frame]:
+        return [AuthHello(self.config.uuid, self.local_name, self.nonce, PROTOCOL_VERSION)]
+
+    def receive_frame(self, frame: Frame, now: float) -> list[Frame]:
+        self.check_deadline(now)
+        if self._state == "challenge":
+            if not isinstance(frame, AuthChallenge):
+                raise self._unexpected(frame, "AUTH_CHALLENGE")
+            if frame.node_name != self.expected_peer:
+                raise AuthError(f"dialed node {self.expected_peer!r} but "
+                                f"{frame.node_name!r} answered")
+            args = (self.nonce, frame.nonce, self.config, self.local_name, frame.node_name)
+            if not hmac.compare_digest(frame.mac, _mac(self.key, _SERVER_LABEL, *args)):
+                raise AuthError(f"{frame.node_name!r} failed to prove the pod key "
+                                "(different key?)")
+            self.peer_name = frame.node_name
+            self._state = "ok"
+            return [AuthProof(_mac(self.key, _CLIENT_LABEL, *args))]
+        if self._state == "ok":
+            if not isinstance(frame, AuthOk):
+                raise self._unexpected(frame, "AUTH_OK")
+            self._state = "done"
+            self.established = True
+            return []
+        raise AuthError(f"{frame.frame_type.name} after the handshake finished")
+
+
+class ServerHandshake(_Handshake):
+    """The accepting side: admits a node of this pod, other than itself, that knows the key.
+
+    `accept_from` narrows the admitted node names (the link admits only the nodes that dial
+    it); `nonces` is the daemon-wide replay guard.
+    """
+
+    def __init__(self, config: PodConfig, local_name: str, *, now: float, nonces: NonceCache,
+                 accept_from: Collection[str] | None = None,
+                 timeout: float = HANDSHAKE_TIMEOUT, key: bytes | None = None,
+                 nonce: bytes | None = None) -> None:
+        super().__init__(config, local_name, now, timeout, key)
+        self.nonces = nonces
+        others = {n.name for n in config.nodes} - {local_name}
+        self.accept_from = others if accept_from is None else set(accept_from) & others
+        self.nonce = nonce if nonce is not None else secrets.token_bytes(NONCE_SIZE)
+        self._client_nonce = b""
+        self._state = "hello"
+
+    def receive_frame(self, frame: Frame, now: float) -> list[Frame]:
+        self.check_deadline(now)
+        if self._state == "hello":
+            if not isinstance(frame, AuthHello):
+                raise self._unexpected(frame, "AUTH_HELLO")
+            return [self._hello(frame)]
+        if self._state == "proof":
+            if not isinstance(frame, AuthProof):
+                raise self._unexpected(frame, "AUTH_PROOF")
+            assert self.peer_name is not None
+            want = _mac(self.key, _CLIENT_LABEL, self._client_nonce, self.nonce, self.config,
+                        self.peer_name, self.local_name)
+            if not hmac.compare_digest(frame.mac, want):
+                raise AuthError(f"{self.peer_name!r} failed to prove the pod key "
+                                "(different key?)")
+            self._state = "done"
+            self.established = True
+            return [AuthOk()]
+        raise AuthError(f"{frame.frame_type.name} after the handshake finished")
+
+    def _hello(self, hello: AuthHello) -> AuthChallenge:
+        if hello.version != PROTOCOL_VERSION:
+            raise AuthError(f"protocol version {hello.version}, this daemon speaks "
+                            f"{PROTOCOL_VERSION}")
+        if hello.pod_uuid != self.config.uuid:
+            raise AuthError(f"pod {hello.pod_uuid} is not this pod ({self.config.uuid})")
+        name = hello.node_name
+        if name == self.local_name:
+            raise AuthError(f"peer claims to be this node ({name!r})")
+        if name not in {n.name for n in self.config.nodes}:
+            raise AuthError(f"unknown node {name!r}")
+        if name not in self.accept_from:
+            raise AuthError(f"node {name!r} does not dial {self.local_name!r} "
+                            "(the node whose name sorts first dials)")
+        if not self.nonces.add(hello.nonce):
+            raise AuthError(f"replayed nonce from {name!r}")
+        self.peer_name = name
+        self._client_nonce = hello.nonce
+        self._state = "proof"
+        mac = _mac(self.key, _SERVER_LABEL, hello.nonce, self.nonce, self.config, name,
+                   self.local_name)
+        return AuthChallenge(self.local_name, self.nonce, mac)

@@ -1,0 +1,141 @@
+"""Per-remote connection state and importer node state, as transition tables (spec §5.4, §5.5).
+
+Each table maps (state, event) to the next state; anything not in a table is a no-op for
+that event. The manager applies the side effects (generation counts, cleanup, messages).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..amdgpu.bo import AmdgpuBo
+    from ..drm.gem import DmaBuf
+
+
+class ConnState(enum.IntEnum):
+    NOT_READY = 0
+    IN_PROGRESS = 1
+    PENDING = 2
+    ESTABLISHED = 3
+
+
+class ConnEvent(enum.Enum):
+    SETUP = "local setup_connection"
+    HELLO_FAILED = "HELLO send failed / wait interrupted / timed out"
+    HELLO_ACK = "HELLO_ACK received"
+    HELLO = "HELLO received"
+    ACK_SENT = "our HELLO_ACK was accepted"
+    ACK_SEND_FAILED = "our HELLO_ACK could not be sent"
+    STOP = "manager stop/start"
+
+
+_C = ConnState
+_E = ConnEvent
+# §5.4. SETUP from IN_PROGRESS/PENDING answers EAGAIN; from ESTABLISHED returns at once.
+CONN_TRANSITIONS: dict[tuple[ConnState, ConnEvent], ConnState] = {
+    (_C.NOT_READY, _E.SETUP): _C.IN_PROGRESS,
+    (_C.IN_PROGRESS, _E.HELLO_FAILED): _C.NOT_READY,
+    (_C.IN_PROGRESS, _E.HELLO_ACK): _C.ESTABLISHED,
+    (_C.NOT_READY, _E.HELLO): _C.PENDING,
+    (_C.IN_PROGRESS, _E.HELLO): _C.IN_PROGRESS,  # simultaneous open
+    (_C.PENDING, _E.HELLO): _C.PENDING,
+    (_C.ESTABLISHED, _E.HELLO): _C.PENDING,  # the peer restarted
+    (_C.PENDING, _E.ACK_SENT): _C.ESTABLISHED,
+    (_C.IN_PROGRESS, _E.ACK_SENT): _C.ESTABLISHED,
+    (_C.PENDING, _E.ACK_SEND_FAILED): _C.NOT_READY,
+    (_C.IN_PROGRESS, _E.ACK_SEND_FAILED): _C.IN_PROGRESS,
+    **{(s, _E.STOP): _C.NOT_READY for s in ConnState},
+}
+
+
+@dataclass(slots=True)
+class PeerConn:
+    """One remote accel as seen from a local accel."""
+
+    remote: int
+    state: ConnState = ConnState.NOT_READY
+    generation: int = 0  # +1 every time the state becomes ESTABLISHED; never reset
+
+    def apply(self, event: ConnEvent) -> bool:
+        """Take the transition; True if the state became ESTABLISHED by it."""
+        nxt = CONN_TRANSITIONS.get((self.state, event))
+        if nxt is None:
+            return False
+        became = nxt == ConnState.ESTABLISHED and self.state != ConnState.ESTABLISHED
+        self.state = nxt
+        if became:
+            self.generation = (self.generation + 1) & 0xFFFFFFFF
+        return became
+
+    def ready_generation(self) -> int:
+        """The helper of §5.4: the current generation if ESTABLISHED, else 0."""
+        return self.generation if self.state == ConnState.ESTABLISHED else 0
+
+
+class NodeState(enum.IntEnum):
+    NOT_READY = 0
+    PENDING = 1
+    READY = 2
+    TEARDOWN = 3
+
+
+class NodeEvent(enum.Enum):
+    ANSWER = "NPA_RSP or NPA_FAIL from the exporter"
+    WAITER_OK = "waiter created the NPA BO"
+    REVOKE = "NPA_REVOKE with matching handle_hi"
+    RESET = "connection reset towards the exporter"
+    STOP = "manager stop"
+
+
+# §5.5. WAITER_FAILED is not a state: a failed node is removed from the table.
+NODE_TRANSITIONS: dict[tuple[NodeState, NodeEvent], NodeState] = {
+    (NodeState.NOT_READY, NodeEvent.ANSWER): NodeState.PENDING,
+    (NodeState.PENDING, NodeEvent.WAITER_OK): NodeState.READY,
+    (NodeState.READY, NodeEvent.REVOKE): NodeState.TEARDOWN,
+    (NodeState.READY, NodeEvent.RESET): NodeState.TEARDOWN,
+    **{(s, NodeEvent.STOP): NodeState.TEARDOWN for s in NodeState},
+}
+
+
+@dataclass(slots=True)
+class ImportNode:
+    """An import table entry, keyed by handle_lo (§6.2)."""
+
+    handle_lo: int
+    handle_hi: int
+    exporter: int
+    state: NodeState = NodeState.NOT_READY
+    npa_offset: int = 0
+    size_pages: int = 0
+    fail_reason: int = 0
+    answered: bool = False
+    bo: AmdgpuBo | None = None
+    buf: DmaBuf | None = None
+    internal_handle: int = 0
+
+    def apply(self, event: NodeEvent) -> bool:
+        nxt = NODE_TRANSITIONS.get((self.state, event))
+        if nxt is None:
+            return False
+        self.state = nxt
+        return True
+
+
+@dataclass(slots=True)
+class ImporterRecord:
+    """An exporter's record of one importer of one export (§5.6 step 8)."""
+
+    npa_start: int  # in this accel's allocator (GPU id bits included in SI mode)
+    pages: int
+    generation: int
+    extra_pins: int = 0  # only with the alias-extra-pins quirk
+
+
+@dataclass(slots=True)
+class RevokeState:
+    """An export in the "handle invalid" table while its revoke runs (§5.7)."""
+
+    expected: set[int] = field(default_factory=set)
