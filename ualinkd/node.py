@@ -23,6 +23,8 @@ from .fuse.backend import IoctlReply, SysAttr, SysDir
 from .trace import TraceRecord
 from .ualink.host import UalinkHost
 from .ualink.manager import UalinkManager
+from .ualink.state import AddrMode
+from .ualink.sysconfig import SysConfig
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +153,9 @@ class NodeCore:
     def sys_tree(self) -> SysDir:
         drm: SysDir = {}
         for minor, mgr in self.managers.items():
-            drm[f"renderD{minor}"] = {"device": {"ualink": ualink_sysfs(mgr)}}
+            ualink = ualink_sysfs(mgr)
+            ualink.update(self._config_files(SysConfig(self.host, mgr)))
+            drm[f"renderD{minor}"] = {"device": {"ualink": ualink}}
         debug: SysDir = {str(minor): self._debugfs(minor) for minor in self.devices}
         return {"class": {"drm": drm}, "kernel": {"debug": {"dri": debug}}}
 
@@ -171,12 +175,57 @@ class NodeCore:
                 for e in mgr.exports.values()
             )
 
+        def write_drop(text: str) -> None:
+            try:
+                mgr.drop_msg_bitmap = int(text.strip() or "0", 16) & ((1 << 64) - 1)
+            except ValueError:
+                raise DrmError(errno.EINVAL, "ualink_drop_msg takes a hex bitmap") from None
+
         return {
+            # Emulator policy 9: bit n drops the next message of type n (§5.12).
+            "ualink_drop_msg": SysAttr(lambda: f"{mgr.drop_msg_bitmap:#x}\n", write_drop,
+                                       0o600),
             "gem_objects": SysAttr(gem_objects),
             "ualink_exports": SysAttr(exports),
             "clients": SysAttr(lambda: "".join(
                 f"pid={f.pid} uid={f.uid} handles={len(f.handles)}\n" for f in device.files)),
         }
+
+    def _config_files(self, cfg: SysConfig) -> SysDir:
+        """setup/, config/, stations/ with their commit files (§7.1, policy 8)."""
+
+        def rw(group: dict[str, object], name: str,
+               write: Callable[[str, str], None]) -> SysAttr:
+            def show() -> str:
+                v = group[name]
+                if isinstance(v, list):
+                    return " ".join(map(str, v)) + "\n"
+                if isinstance(v, AddrMode):
+                    return v.sysfs + "\n"
+                return f"{v}\n"
+
+            return SysAttr(show, self._after(lambda text: write(name, text)), 0o600)
+
+        def commit(fn: Callable[[str], None]) -> SysAttr:
+            return SysAttr(lambda: "", self._after(fn), 0o200)
+
+        return {
+            "setup": {**{n: rw(cfg.setup, n, cfg.write_setup) for n in cfg.setup},
+                      "commit": commit(cfg.commit_setup)},
+            "config": {**{n: rw(cfg.config, n, cfg.write_config) for n in cfg.config},
+                       "commit": commit(cfg.commit_config)},
+            "stations": {**{n: rw(cfg.stations, n, cfg.write_stations) for n in cfg.stations},
+                         "commit": commit(cfg.commit_stations)},
+        }
+
+    def _after(self, fn: Callable[[str], None]) -> Callable[[str], None]:
+        def run(text: str) -> None:
+            try:
+                fn(text)
+            finally:
+                self.after_request()
+
+        return run
 
     # -- introspection (tests, ualinkctl) ---------------------------------------------------------
     def live_objects(self) -> int:

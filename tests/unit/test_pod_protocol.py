@@ -92,7 +92,7 @@ async def test_remote_import_dedupe_and_npa_bo(nursery, autojump_clock):
     on handle_lo and sends nothing; the exporter pins once."""
     fabric = MemFabric()
     a, b = await start(nursery, make_pod(), fabric)
-    fa, bo, handle = await create_export(a)
+    _fa, bo, handle = await create_export(a)
     fb = b.open_render(128, ME)
     rc, out = await import_(b, fb, handle)
     assert rc == 0
@@ -121,7 +121,7 @@ async def test_revoke_release_on_close(nursery, autojump_clock):
     its node down and answers NPA_RELEASE; the exporter frees the NPA and unpins."""
     fabric = MemFabric()
     a, b = await start(nursery, make_pod(), fabric)
-    fa, bo, handle = await create_export(a)
+    _fa, bo, handle = await create_export(a)
     fb = b.open_render(128, ME)
     assert (await import_(b, fb, handle))[0] == 0
     mgr_a, mgr_b = a.managers[128], b.managers[128]
@@ -142,7 +142,7 @@ async def test_silent_importer_reset_after_timeout(nursery, autojump_clock):
     response timeout and the connection to it is reset."""
     fabric = MemFabric()
     a, b = await start(nursery, make_pod(), fabric)
-    fa, bo, handle = await create_export(a)
+    _fa, bo, handle = await create_export(a)
     fb = b.open_render(128, ME)
     assert (await import_(b, fb, handle))[0] == 0
     fabric.mute.add(1)
@@ -184,7 +184,7 @@ async def test_concurrent_import_eagain(nursery, autojump_clock):
     """§1.6 I3: a second import of a handle while the first waits → EAGAIN."""
     fabric = MemFabric()
     a, b = await start(nursery, make_pod(), fabric)
-    fa, bo, handle = await create_export(a)
+    _fa, bo, handle = await create_export(a)
     fb = b.open_render(128, ME)
     fabric.mute.add(0)
     results = []
@@ -218,7 +218,7 @@ async def test_addressing_modes(nursery, autojump_clock, mode):
     each importer its own NPA inside the importer's segment; pins = importers."""
     fabric = MemFabric()
     a, b, c = await start(nursery, make_pod(3, mode), fabric)
-    fa, bo, handle = await create_export(a)
+    _fa, bo, handle = await create_export(a)
     for core in (b, c):
         assert (await import_(core, core.open_render(128, ME), handle))[0] == 0
     mgr = a.managers[128]
@@ -261,7 +261,7 @@ async def test_drop_bitmap_one_npa_rsp(nursery, autojump_clock):
     resets the connection), the next one succeeds."""
     fabric = MemFabric()
     a, b = await start(nursery, make_pod(), fabric)
-    fa, bo, handle = await create_export(a)
+    _fa, bo, handle = await create_export(a)
     fb = b.open_render(128, ME)
     b.managers[128].drop_msg_bitmap = 1 << p.MsgType.NPA_RSP
     assert (await import_(b, fb, handle))[0] == -errno.ETIMEDOUT

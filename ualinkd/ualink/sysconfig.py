@@ -1,0 +1,185 @@
+"""The deprecated sysfs configuration interface, live in the emulator (spec §7.1, policy 8).
+
+`setup/`, `config/` and `stations/` hold pending values; writing `true` to a `commit` file
+pushes them to the "firmware" (here: the manager's pPod/vPod information) and runs the
+kernel's state changes: pPod commit (§7.1 setup/commit) or a PSP config update (§5.9).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import uuid
+from dataclasses import replace
+
+from ..drm.errors import DrmError
+from .host import UalinkHost
+from .manager import UalinkManager
+from .state import (
+    ACCEL_MAX,
+    LOCAL_ACCELS_MAX,
+    STAGE_TARGET,
+    VPOD_ID_INVALID,
+    AccelState,
+    AddrMode,
+    ConfigStage,
+    VpodInfo,
+    next_state,
+)
+
+log = logging.getLogger(__name__)
+STATIONS_MAX = 64
+
+
+def parse_u32(text: str) -> int:
+    """kstrtou32: decimal (or 0x-prefixed) u32, one trailing newline allowed."""
+    s = text[:-1] if text.endswith("\n") else text
+    try:
+        value = int(s, 0)
+    except ValueError:
+        raise DrmError(errno.EINVAL, f"not a number: {s!r}") from None
+    if not 0 <= value <= 0xFFFFFFFF:
+        raise DrmError(errno.ERANGE, f"{value} is not a u32")
+    return value
+
+
+def parse_ids(text: str, limit: int | None = None) -> list[int]:
+    """Accel ids separated by spaces or commas; each < 256 (ERANGE); at most `limit`."""
+    ids = []
+    for part in text.replace(",", " ").split():
+        try:
+            v = int(part, 10)
+        except ValueError:
+            raise DrmError(errno.EINVAL, f"not an accel id: {part!r}") from None
+        if not 0 <= v < ACCEL_MAX:
+            raise DrmError(errno.ERANGE, f"accel id {v} is not below {ACCEL_MAX}")
+        ids.append(v)
+    if limit is not None and len(ids) > limit:
+        raise DrmError(errno.ENOSPC, f"at most {limit} ids")
+    return ids
+
+
+def _expect_true(text: str) -> None:
+    if text.strip() != "true":
+        raise DrmError(errno.EINVAL, "commit takes the word true")
+
+
+class SysConfig:
+    """Pending configuration of one accel and the commits that apply it."""
+
+    def __init__(self, host: UalinkHost, mgr: UalinkManager) -> None:
+        self.host = host
+        self.mgr = mgr
+        pp, vp = mgr.ppod, mgr.vpod
+        self.setup: dict[str, object] = {
+            "accel_id": pp.accel_id, "bandwidth": pp.bandwidth, "latency": pp.latency,
+            "ppod_size": pp.ppod_size, "ppod_id": pp.ppod_uuid, "local_accels": [],
+        }
+        self.config: dict[str, object] = {
+            "vpod_id": vp.vpod_id, "vpod_size": vp.vpod_size,
+            "vpod_active_accels": sorted(vp.active_accels), "addr_mode": vp.addr_mode,
+        }
+        self.stations: dict[str, object] = {"flags": 0, "lane_en_bitmap": ""}
+
+    # -- writes -----------------------------------------------------------------------------
+    def write_setup(self, name: str, text: str) -> None:
+        if name == "ppod_id":
+            try:
+                self.setup[name] = uuid.UUID(text.strip())
+            except ValueError:
+                raise DrmError(errno.EINVAL, "not a UUID") from None
+        elif name == "local_accels":
+            self.setup[name] = parse_ids(text, LOCAL_ACCELS_MAX)
+        else:
+            self.setup[name] = parse_u32(text)
+
+    def write_config(self, name: str, text: str) -> None:
+        if name == "vpod_active_accels":
+            self.config[name] = sorted(set(parse_ids(text)))
+        elif name == "addr_mode":
+            word = text[:-1] if text.endswith("\n") else text
+            modes = {"source-aliasing": AddrMode.SOURCE_ALIASING,
+                     "source-identification": AddrMode.SOURCE_IDENTIFICATION}
+            if word not in modes:
+                raise DrmError(errno.EINVAL, f"unknown addr_mode {word!r}")
+            self.config[name] = modes[word]
+        else:
+            self.config[name] = parse_u32(text)
+
+    def write_stations(self, name: str, text: str) -> None:
+        if name == "flags":
+            try:
+                value = int(text.strip(), 16)
+            except ValueError:
+                raise DrmError(errno.EINVAL, "flags is a hex u8") from None
+            if not 0 <= value <= 0xFF:
+                raise DrmError(errno.ERANGE, "flags is a hex u8")
+            self.stations[name] = value
+        else:
+            digits = text.rstrip("\n")
+            if len(digits) > STATIONS_MAX:
+                raise DrmError(errno.ENOSPC, f"at most {STATIONS_MAX} stations")
+            if any(ch not in "0123456789abcdefABCDEF" for ch in digits):
+                raise DrmError(errno.EINVAL, "one hex digit per station")
+            self.stations[name] = digits
+
+    # -- commits ----------------------------------------------------------------------------
+    def commit_setup(self, text: str) -> None:
+        """setup/commit: new pPod info; deactivate if ≥ READY; state from the pPod rules;
+        vPod id := 0."""
+        _expect_true(text)
+        mgr, s = self.mgr, self.setup
+        mgr.ppod = replace(
+            mgr.ppod, accel_id=int(s["accel_id"]), bandwidth=int(s["bandwidth"]),  # type: ignore[call-overload]
+            latency=int(s["latency"]), ppod_size=int(s["ppod_size"]),  # type: ignore[call-overload]
+            ppod_uuid=s["ppod_id"],
+        )
+        if mgr.state >= AccelState.READY:
+            mgr.deactivate()
+        mgr.vpod = VpodInfo()
+        mgr.state = AccelState.PPOD_CONFIGURED if mgr.ppod.valid else AccelState.UNCONFIGURED
+        self.config["vpod_id"] = VPOD_ID_INVALID
+        log.info("accel %d: pPod committed, state %s", mgr.accel_id, mgr.state.sysfs)
+
+    def commit_config(self, text: str) -> None:
+        """config/commit: a PSP config update with the pending vPod (§5.9 event table)."""
+        _expect_true(text)
+        mgr, c = self.mgr, self.config
+        active = frozenset(c["vpod_active_accels"])  # type: ignore[call-overload]
+        new = VpodInfo(int(c["vpod_id"]), int(c["vpod_size"]), c["addr_mode"],  # type: ignore[call-overload,arg-type]
+                       active)
+        if mgr.state < AccelState.PPOD_CONFIGURED or mgr.state == AccelState.ERROR:
+            raise DrmError(errno.EINVAL, f"accel is {mgr.state.sysfs}")
+        if new.vpod_id != VPOD_ID_INVALID and not new.valid_for(mgr.ppod):
+            raise DrmError(errno.EINVAL, "the vPod configuration is not valid")
+        config_update(self.host, mgr, new, ConfigStage.COMPLETE)
+
+    def commit_stations(self, text: str) -> None:
+        _expect_true(text)  # pushed to the firmware; no state change (§7.1)
+
+
+def config_update(
+    host: UalinkHost, mgr: UalinkManager, new: VpodInfo, stage: ConfigStage
+) -> None:
+    """amdgpu_ualink_config_update_handler (§5.9 "Event handling")."""
+    prev = mgr.vpod.vpod_id
+    if mgr.state == AccelState.ACTIVE and new.vpod_id == prev and prev != VPOD_ID_INVALID:
+        mgr.vpod = new
+        if new.active_accels != mgr.active_snapshot:
+            host.activate_vpod(mgr)  # membership changed: bounce the members
+        return
+    if new.vpod_id == VPOD_ID_INVALID:
+        mgr.vpod = new
+        mgr.deactivate()
+        mgr.local_accels = []
+        return
+    if prev == VPOD_ID_INVALID:  # joining
+        mgr.vpod = new
+        mgr.state = next_state(mgr.state, STAGE_TARGET[stage], mgr.ppod, mgr.vpod)
+        host.activate_vpod(mgr)
+        return
+    log.error("accel %d: vPod %d -> %d without leaving first: ERROR", mgr.accel_id, prev,
+              new.vpod_id)
+    mgr.deactivate()
+    mgr.vpod = new
+    mgr.state = AccelState.ERROR
