@@ -11,6 +11,7 @@
  */
 #define FUSE_USE_VERSION 34
 #include <errno.h>
+#include <signal.h>
 #include <fuse_lowlevel.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,6 +159,10 @@ int main(int argc, char **argv)
 	se = fuse_session_new(&args, &echo_ops, sizeof(echo_ops), NULL);
 	if (!se)
 		goto out_args;
+	/* A shell starts background jobs with SIGINT ignored, and libfuse only
+	 * takes over signals left at SIG_DFL: reset it so `kill -INT` from a
+	 * benchmark script unmounts too. */
+	signal(SIGINT, SIG_DFL);
 	if (fuse_set_signal_handlers(se) != 0)
 		goto out_session;
 	if (fuse_session_mount(se, opts.mountpoint) != 0)

@@ -43,11 +43,11 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Create a VRAM BO and export it once; leaves the export request in buf. */
-static int setup_export(int fd, unsigned char *buf)
+/* Create a VRAM BO and export it once; returns its GEM handle, 0 on error. */
+static uint32_t setup_export(int fd)
 {
 	union drm_amdgpu_gem_create create;
-	union drm_amdgpu_ualink_handle *u = (void *)buf;
+	union drm_amdgpu_ualink_handle args, *u = &args;
 
 	memset(&create, 0, sizeof(create));
 	create.in.bo_size = 2 << 20;
@@ -55,19 +55,19 @@ static int setup_export(int fd, unsigned char *buf)
 	create.in.domains = AMDGPU_GEM_DOMAIN_VRAM;
 	if (ioctl(fd, DRM_IOCTL_AMDGPU_GEM_CREATE, &create) < 0) {
 		perror("GEM_CREATE");
-		return -1;
+		return 0;
 	}
 	memset(u, 0, sizeof(*u));
 	u->in.op = DRM_AMDGPU_UALINK_HANDLE_OP_EXPORT;
 	u->in.gem_handle = create.out.handle;
 	if (ioctl(fd, DRM_IOCTL_AMDGPU_UALINK_HANDLE, u) < 0) {
 		perror("UALINK export");
-		return -1;
+		return 0;
 	}
 	fprintf(stderr, "exported gem_handle=%u as handle_lo=0x%016llx handle_hi=0x%016llx\n",
 		create.out.handle, (unsigned long long)u->out.export_ualink_handle[0],
 		(unsigned long long)u->out.export_ualink_handle[1]);
-	return 0;
+	return create.out.handle;
 }
 
 int main(int argc, char **argv)
@@ -105,20 +105,14 @@ int main(int argc, char **argv)
 	if (!ns)
 		return 1;
 
-	if (export_mode) {
-		if (setup_export(fd, buf))
-			return 1;
-		/* the output overwrote bytes 0-15: rebuild the request */
-		memset(request, 0, sizeof(request));
-		memcpy(request, &(struct drm_amdgpu_ualink_handle_in){
-			.op = DRM_AMDGPU_UALINK_HANDLE_OP_EXPORT,
-			.gem_handle = ((union drm_amdgpu_ualink_handle *)buf)->in.gem_handle,
-		}, 24);
-	} else {
-		memcpy(request, &(struct drm_amdgpu_ualink_handle_in){
-			.op = DRM_AMDGPU_UALINK_HANDLE_OP_EXPORT, .gem_handle = 1,
-		}, 24);
-	}
+	/* Every timed ioctl starts from this request: the output overwrites it. */
+	uint32_t gem_handle = export_mode ? setup_export(fd) : 1;
+
+	if (!gem_handle)
+		return 1;
+	memcpy(request, &(struct drm_amdgpu_ualink_handle_in){
+		.op = DRM_AMDGPU_UALINK_HANDLE_OP_EXPORT, .gem_handle = gem_handle,
+	}, 24);
 
 	for (i = -warmup; i < count; i++) {
 		uint64_t t0, t1;

@@ -51,6 +51,7 @@ class AccelConfig:
     stage: ConfigStage = ConfigStage.COMPLETE
     bandwidth: int = 100
     latency: int = 1
+    npa_pages: int | None = None  # emulator only: shrink the NPA space (ENOSPC tests)
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,15 @@ class PodConfig:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def local(cls, nodes: int = 2, accels_per_node: int = 1, base_port: int = 0) -> PodConfig:
-        """The default local pod: every accel in vPod 1, source-aliasing, all ACTIVE."""
+    def local(
+        cls, nodes: int = 2, accels_per_node: int = 1, ports: list[int] | None = None
+    ) -> PodConfig:
+        """The default local pod on 127.0.0.1: every accel in vPod 1, source-aliasing, all
+        ACTIVE. `ports` are the nodes' fabric ports (0: any, for a node alone)."""
         node_cfgs = []
         for i in range(nodes):
             accels = tuple(AccelConfig(i * accels_per_node + k) for k in range(accels_per_node))
-            port = base_port + i if base_port else 0
+            port = ports[i] if ports else 0
             node_cfgs.append(NodeConfig(f"node{i}", f"127.0.0.1:{port}", accels))
         members = frozenset(a.accel_id for n in node_cfgs for a in n.accels)
         cfg = cls(
@@ -157,6 +161,7 @@ class PodConfig:
                     stage,
                     int(a.get("bandwidth", 100)),
                     int(a.get("latency", 1)),
+                    int(a["npa_pages"]) if "npa_pages" in a else None,
                 ))
             nodes.append(NodeConfig(str(n["name"]), str(n.get("address", "")), tuple(accels)))
         vpods = []
@@ -245,6 +250,8 @@ class PodConfig:
                     f"bandwidth = {a.bandwidth}",
                     f"latency = {a.latency}",
                 ]
+                if a.npa_pages is not None:
+                    lines.append(f"npa_pages = {a.npa_pages}")
         for v in self.vpods:
             lines += ["", "[[vpods]]", f"id = {v.vpod_id}",
                       f"members = {sorted(v.members)}", f'addr_mode = "{v.addr_mode.sysfs}"']

@@ -19,6 +19,8 @@ import trio
 
 from .config import PodConfig
 from .drm.errors import DrmError
+from .fabric.agent import UalinkAgent
+from .fabric.link import FabricLink
 from .fuse.lowlevel import FuseSession, clear_stale_mount
 from .fuse.procfd import resolve_caller_fd
 from .fuse.tree import FileTree
@@ -87,12 +89,25 @@ async def run_node(
         copy_to_user=copy_to_user,
         tracer=make_tracer(trace, trace_out),
     )
+    agent: UalinkAgent | None = None
+
+    def on_message(src: int, dst: int, dwords: tuple[int, int, int, int]) -> None:
+        assert agent is not None
+        agent.on_message(src, dst, dwords)
+
+    link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5))
+    agent = UalinkAgent(core, link.send, config.response_timeout_ms / 1000)
+    peers = [n.name for n in config.nodes if n.name != node_name]
+    core.fabric_status = lambda: "".join(
+        f"{p} {'up' if link.is_up(p) else 'down'}\n" for p in peers)
     clear_stale_mount(mount)
     session = FuseSession(FileTree(core, mount))
     session.mount(mount)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(_stop_on_signal, nursery.cancel_scope, node_name)
+            await nursery.start(link.run)
+            await nursery.start(agent.run)
             states = ", ".join(
                 f"accel {m.accel_id} {m.state.sysfs}" for m in core.managers.values()
             )

@@ -62,7 +62,7 @@ class NodeCore:
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(
                 self.host, driver, config.ppod_info(accel), config.vpod_info(accel.accel_id),
-                accel.stage, config.kernel_quirks, **kwargs,
+                accel.stage, config.kernel_quirks, npa_limit_pages=accel.npa_pages, **kwargs,
             )
             self.host.managers.append(mgr)
             self.devices[minor] = device
@@ -71,6 +71,8 @@ class NodeCore:
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can
         # start a revoke); the fabric agent replaces it to carry them out.
         self.after_request: Callable[[], None] = self._discard_effects
+        # One line per peer node, "<name> up|down"; the daemon plugs in its fabric link.
+        self.fabric_status: Callable[[], str] = lambda: ""
 
     def _discard_effects(self) -> None:
         for mgr in self.managers.values():
@@ -157,7 +159,9 @@ class NodeCore:
             ualink.update(self._config_files(SysConfig(self.host, mgr)))
             drm[f"renderD{minor}"] = {"device": {"ualink": ualink}}
         debug: SysDir = {str(minor): self._debugfs(minor) for minor in self.devices}
-        return {"class": {"drm": drm}, "kernel": {"debug": {"dri": debug}}}
+        fabric = SysAttr(lambda: self.fabric_status())
+        return {"class": {"drm": drm},
+                "kernel": {"debug": {"dri": debug, "ualink_fabric": fabric}}}
 
     def _debugfs(self, minor: int) -> SysDir:
         """debugfs lookalikes (read-only): what the device holds right now."""
@@ -171,7 +175,8 @@ class NodeCore:
 
         def exports() -> str:
             return "".join(
-                f"{e.handle_lo:#018x} {e.handle_hi:#018x} bo={e.bo.id} size={e.bo.size}\n"
+                f"{e.handle_lo:#018x} {e.handle_hi:#018x} bo={e.bo.id} size={e.bo.size} "
+                f"pins={e.bo.pin_count} importers={','.join(map(str, sorted(e.importers)))}\n"
                 for e in mgr.exports.values()
             )
 
@@ -186,6 +191,14 @@ class NodeCore:
             "ualink_drop_msg": SysAttr(lambda: f"{mgr.drop_msg_bitmap:#x}\n", write_drop,
                                        0o600),
             "gem_objects": SysAttr(gem_objects),
+            "ualink_imports": SysAttr(lambda: "".join(
+                f"{n.handle_lo:#018x} {n.handle_hi:#018x} exporter={n.exporter} "
+                f"state={n.state.name} pages={n.size_pages}\n" for n in mgr.imports.values())),
+            "ualink_peers": SysAttr(lambda: "".join(
+                f"accel={c.remote} state={c.state.name} generation={c.generation}\n"
+                for c in sorted(mgr.conns.values(), key=lambda c: c.remote))),
+            "ualink_npa": SysAttr(lambda: f"used_pages={mgr.npa.used_pages} "
+                                          f"mappings={len(mgr.npa_table)}\n"),
             "ualink_exports": SysAttr(exports),
             "clients": SysAttr(lambda: "".join(
                 f"pid={f.pid} uid={f.uid} handles={len(f.handles)}\n" for f in device.files)),

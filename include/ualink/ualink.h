@@ -22,7 +22,7 @@ typedef struct ualink_dev ualink_dev;
 
 /* Open a render node, e.g. "<mount>/dri/renderD128". NULL means
  * $UALINK_RENDER_NODE, else /dev/dri/renderD128.  The dma-buf directory is
- * $UALINK_DMABUF_DIR, else "<path>/../../dmabuf". */
+ * $UALINK_DMABUF_DIR, else "<dir of path>/../dmabuf" (<mount>/dmabuf). */
 int ualink_open(const char *path, ualink_dev **out);
 /* Close the render node: the daemon drops every GEM handle of this file. */
 void ualink_close(ualink_dev *dev);

@@ -149,7 +149,8 @@ def test_bytes_written_in_c_decode_in_python(c_abi, layout, data):
         [s.name for s in layout.schema.subcons], layout.fast.format[1:], strict=True
     ):
         bits = struct.calcsize(ch) * 8
-        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if ch.islower() else (0, (1 << bits) - 1)
+        signed = ch.islower()
+        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
         values[name] = data.draw(hs.integers(lo, hi), label=name)
         setattr(p, renames.get(name, name), values[name])
     raw = bytes(ffi.buffer(p))

@@ -113,6 +113,38 @@ def running_node(
         assert not fuse_mounts_at(str(node.mount)), "mount left behind"
 
 
+def wait_links_up(node: Node, timeout: float = 10) -> None:
+    """Until the node's fabric links to every peer are up (sys/kernel/debug/ualink_fabric)."""
+    status = node.mount / "sys/kernel/debug/ualink_fabric"
+    deadline = time.monotonic() + timeout
+    while " down" in (text := status.read_text()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fabric links still down:\n{text}")
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def running_pod(
+    tmp: Path, nodes: int = 2, config: PodConfig | None = None, trace: str | None = None
+) -> Iterator[list[Node]]:
+    """Every node of a pod as its own daemon process, talking TCP on 127.0.0.1."""
+    from ualinkd.cli.main import free_tcp_ports
+
+    config = config or PodConfig.local(nodes, 1, free_tcp_ports(nodes))
+    started: list[Node] = []
+    try:
+        for n in config.nodes:
+            started.append(start_node(tmp, config, n.name, trace))
+        for node in started:
+            wait_links_up(node)
+        yield started
+    finally:
+        for node in started:
+            node.stop()
+            if fuse_mounts_at(str(node.mount)):
+                clear_stale_mount(node.mount)
+
+
 # ---- libualink through cffi (ABI mode over the built shared library) ------------------------
 
 _CDEF = """

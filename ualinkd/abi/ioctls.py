@@ -25,7 +25,7 @@ class IoctlSpec:
     name: str
     cmd: int  # the table's own cmd: its direction and size decide copy-in/out with the user's
     flags: int
-    emulated: bool = True  # False: the kernel has it, ualinkd answers ENOSYS (README)
+    emulated: bool = True  # False: the kernel has it, ualinkd answers ENOTTY (README)
 
 
 def _core(nr: int, name: str, direction: int, size: int, flags: int, emulated: bool = False):

@@ -85,7 +85,7 @@ def _pod(args: argparse.Namespace) -> int:
         return 2
     root = os.path.abspath(args.root)
     os.makedirs(root, exist_ok=True)
-    config = PodConfig.local(args.nodes, args.accels_per_node)
+    config = PodConfig.local(args.nodes, args.accels_per_node, free_tcp_ports(args.nodes))
     conf_path = os.path.join(root, "pod.toml")
     with open(conf_path, "w") as f:
         f.write(config.to_toml())
@@ -116,10 +116,13 @@ def _pod(args: argparse.Namespace) -> int:
             env = dict(os.environ, NOTIFY_SOCKET=notify_path)
             proc = subprocess.Popen(cmd, env=env, start_new_session=True)
             children.append((node.name, mount, proc, sock))
-        for (name, mount, proc, sock), node in zip(children, config.nodes, strict=True):
+        for name, _, proc, sock in children:
             if not _wait_ready(sock, proc, args.ready_timeout, lambda: stop):
                 print(f"ualinkd: {name} did not become ready", file=sys.stderr)
                 return 1
+        for name, mount, _, _ in children:
+            _wait_links(name, mount, args.ready_timeout)
+        for (name, mount, _, _), node in zip(children, config.nodes, strict=True):
             ids = ",".join(str(a.accel_id) for a in node.accels)
             print(f"{name} ready: mount={mount} render={mount}/dri/renderD128 accels={ids}",
                   flush=True)
@@ -135,6 +138,20 @@ def _pod(args: argparse.Namespace) -> int:
     return status
 
 
+def free_tcp_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n ports nobody listens on right now (the kernel picks them; we let go at once)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def _wait_ready(sock: socket.socket, proc: subprocess.Popen[bytes], timeout: float,
                 stopping: object) -> bool:
     deadline = time.monotonic() + timeout
@@ -148,6 +165,18 @@ def _wait_ready(sock: socket.socket, proc: subprocess.Popen[bytes], timeout: flo
         if proc.poll() is not None or stopping():  # type: ignore[operator]
             return False
     return False
+
+
+def _wait_links(name: str, mount: str, timeout: float) -> None:
+    """Until the node's fabric links to every peer are up, so the pod is usable at once."""
+    status = os.path.join(mount, "sys", "kernel", "debug", "ualink_fabric")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(status) as f:
+            if " down" not in f.read():
+                return
+        time.sleep(0.05)
+    log.warning("%s: some fabric links are still down", name)
 
 
 def _stop_children(children: list[tuple[str, str, subprocess.Popen[bytes], socket.socket]]) -> None:

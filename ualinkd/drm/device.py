@@ -124,8 +124,8 @@ class DrmDevice:
             # The kernel has it, ualinkd does not emulate it: say so (once) rather than fake it.
             if nr not in _reported_unemulated:
                 _reported_unemulated.add(nr)
-                log.info("ioctl %s (nr 0x%02x) is not emulated: ENOSYS", spec.name, nr)
-            return IoctlResult(-errno.ENOSYS, b"", spec, b"")
+                log.info("ioctl %s (nr 0x%02x) is not emulated: ENOTTY", spec.name, nr)
+            return IoctlResult(-errno.ENOTTY, b"", spec, b"")
         ksize = max(in_size, out_size, (spec.cmd >> 16) & 0x3FFF)
         kdata = bytearray(ksize)
         kdata[:in_size] = in_bytes[:in_size]

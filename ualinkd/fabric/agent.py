@@ -64,7 +64,7 @@ class UalinkAgent:
             log.warning("message from accel %d for accel %d, which is not ours", src, dst)
             return
         try:
-            tx.send_nowait((src, p.decode(dwords)))
+            tx.send_nowait((src, p.decode_message(dwords)))
         except trio.WouldBlock:
             log.warning("accel %d: receive ring full, dropping a message from accel %d",
                         dst, src)

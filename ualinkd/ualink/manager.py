@@ -64,7 +64,7 @@ KNOWN_QUIRKS = frozenset(
 )
 
 # NPA_FAIL reason -> the importer's errno (§5.2, §1.6 I15–I16)
-FAIL_ERRNO = {p.FailReason.NOSPACE: errno.ENOSPC}
+FAIL_ERRNO = {p.NpaFailReason.NOSPACE: errno.ENOSPC}
 
 
 # ---- effects: what the agent must do for the manager --------------------------------------
@@ -289,7 +289,7 @@ class UalinkManager:
         bo.put()
         for remote in entry.importers:
             entry.revoke.expected.add(remote)
-            msg = p.HandleMsg(p.MsgType.NPA_REVOKE, entry.handle_lo, entry.handle_hi)
+            msg = p.NpaRevoke(p.handle_lo_bits(entry.handle_lo), entry.handle_hi)
             self.outbox.append(Send(self.accel_id, remote, msg, ("revoke", entry.handle_lo)))
 
     def revoke_finish(self, entry: ExportEntry) -> list[int]:
@@ -410,8 +410,8 @@ class UalinkManager:
         """I9–I11: HELLO not sent, interrupted or timed out: NOT_READY, no cleanup."""
         self.conn(remote).apply(ConnEvent.HELLO_FAILED)
 
-    def npa_req(self, node: ImportNode) -> p.HandleMsg:
-        return p.HandleMsg(p.MsgType.NPA_REQ, node.handle_lo, node.handle_hi)
+    def npa_req(self, node: ImportNode) -> p.NpaReq:
+        return p.NpaReq(p.handle_lo_bits(node.handle_lo), node.handle_hi)
 
     def import_timed_out(self, node: ImportNode, generation: int) -> None:
         """I14: no NPA_RSP/NPA_FAIL in time: reset the whole connection to the exporter."""
@@ -480,13 +480,13 @@ class UalinkManager:
         elif isinstance(msg, p.HelloAck):
             if self.conn(src).apply(ConnEvent.HELLO_ACK):
                 self.outbox.append(Wake(("hello", src)))
-        elif isinstance(msg, p.HandleMsg) and msg.type == p.MsgType.NPA_REQ:
+        elif isinstance(msg, p.NpaReq):
             self._on_npa_req(src, msg)
         elif isinstance(msg, p.NpaRsp | p.NpaFail):
             self._on_npa_answer(src, msg)
-        elif isinstance(msg, p.HandleMsg) and msg.type == p.MsgType.NPA_REVOKE:
+        elif isinstance(msg, p.NpaRevoke):
             self._on_revoke(src, msg)
-        elif isinstance(msg, p.HandleMsg) and msg.type == p.MsgType.NPA_RELEASE:
+        elif isinstance(msg, p.NpaRelease):
             self._on_release(src, msg)
         else:
             log.warning("accel %d: unknown message type %d from accel %d ignored",
@@ -512,17 +512,17 @@ class UalinkManager:
         self.outbox.append(StartSetup(self.accel_id, src))
         return True
 
-    def _fail(self, src: int, lo: int, reason: p.FailReason) -> None:
-        self.outbox.append(Send(self.accel_id, src, p.NpaFail(lo, reason)))
+    def _fail(self, src: int, lo: int, reason: p.NpaFailReason) -> None:
+        self.outbox.append(Send(self.accel_id, src, p.NpaFail(p.handle_lo_bits(lo), reason)))
 
-    def _on_npa_req(self, src: int, msg: p.HandleMsg) -> None:
+    def _on_npa_req(self, src: int, msg: p.NpaReq) -> None:
         """§5.6."""
         if self._not_established(src, "NPA_REQ"):
             return
         lo = msg.handle_lo_bits | self.accel_id
         entry = self.exports.get(lo)
         if entry is None or entry.handle_hi != msg.handle_hi:
-            self._fail(src, lo, p.FailReason.INVALID_HANDLE)
+            self._fail(src, lo, p.NpaFailReason.INVALID_HANDLE)
             return
         bo = entry.bo
         bo.pin_count += 1
@@ -530,7 +530,7 @@ class UalinkManager:
         rec = entry.importers.get(src)
         if mode == AddrMode.SOURCE_IDENTIFICATION and rec is not None:
             bo.pin_count -= 1
-            self._fail(src, lo, p.FailReason.DUPLICATE)
+            self._fail(src, lo, p.NpaFailReason.DUPLICATE)
             return
         pages = -(-bo.size // GPU_PAGE_SIZE)
         new_range = False
@@ -552,7 +552,7 @@ class UalinkManager:
                 got = self.npa.alloc(pages)
             if got is None:
                 bo.pin_count -= 1
-                self._fail(src, lo, p.FailReason.NOSPACE)
+                self._fail(src, lo, p.NpaFailReason.NOSPACE)
                 return
             start, new_range = got, True
             self.npa_table.map(start, pages, bo)
@@ -560,7 +560,7 @@ class UalinkManager:
                 entry.shared_npa = (start, pages)
         if rec is None:
             entry.importers[src] = ImporterRecord(start, pages, self.conn(src).generation)
-        rsp = p.NpaRsp(lo, pages, strip_npa(start))
+        rsp = p.NpaRsp(p.handle_lo_bits(lo), pages, strip_npa(start))
         self.outbox.append(Send(self.accel_id, src, rsp, ("npa_rsp", lo, src, new_range)))
 
     def _npa_rsp_failed(self, lo: int, src: int, new_range: bool) -> None:
@@ -588,14 +588,14 @@ class UalinkManager:
         if isinstance(msg, p.NpaRsp):
             node.npa_offset, node.size_pages = msg.npa_offset, msg.size_pages
         else:
-            node.fail_reason = msg.reason or p.FailReason.ERROR
+            node.fail_reason = msg.reason or p.NpaFailReason.ERROR
         if node.apply(NodeEvent.ANSWER):
             self.outbox.append(Wake(("import", node.handle_lo)))
         else:
             log.info("accel %d: unsolicited %s from accel %d", self.accel_id,
                      type(msg).__name__, src)
 
-    def _on_revoke(self, src: int, msg: p.HandleMsg) -> None:
+    def _on_revoke(self, src: int, msg: p.NpaRevoke) -> None:
         lo = msg.handle_lo_bits | src
         node = self.imports.get(lo)
         if node is None or node.handle_hi != msg.handle_hi or not node.apply(NodeEvent.REVOKE):
@@ -603,10 +603,10 @@ class UalinkManager:
                      self.accel_id, lo, src)
             return
         self._teardown_node(node)
-        release = p.HandleMsg(p.MsgType.NPA_RELEASE, lo, msg.handle_hi)
+        release = p.NpaRelease(p.handle_lo_bits(lo), msg.handle_hi)
         self.outbox.append(Send(self.accel_id, src, release))
 
-    def _on_release(self, src: int, msg: p.HandleMsg) -> None:
+    def _on_release(self, src: int, msg: p.NpaRelease) -> None:
         lo = msg.handle_lo_bits | self.accel_id
         entry = self.invalid.get(lo)
         if entry is None or entry.handle_hi != msg.handle_hi or entry.revoke is None:

@@ -1,0 +1,305 @@
+"""FabricLink over real sockets on 127.0.0.1: messages, ACKs, timeouts, reconnects, and peers
+that misbehave (each dropped with one log line while a well-behaved peer keeps working)."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import secrets
+import ssl
+import struct
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import trio
+
+from ualinkd.config import AccelConfig, NodeConfig, PodConfig
+from ualinkd.drm.errors import DrmError
+from ualinkd.fabric.auth import ClientHandshake
+from ualinkd.fabric.link import FabricLink
+from ualinkd.fabric.wire import (
+    NEED_DATA,
+    Ack,
+    AuthHello,
+    AuthProof,
+    Frame,
+    FrameDecoder,
+    Msg,
+    encode_frame,
+)
+
+DW = (3, 0x1000, 0, 0)
+
+
+def make_pod(ack_ms: int = 300) -> PodConfig:
+    """Nodes a (accels 0, 1), b (2, 3), c (4, 5): a dials b and c, b dials c."""
+    nodes = tuple(NodeConfig(n, "127.0.0.1:0", (AccelConfig(2 * i), AccelConfig(2 * i + 1)))
+                  for i, n in enumerate("abc"))
+    cfg = PodConfig(uuid=uuid.uuid4(), key=secrets.token_hex(32), nodes=nodes,
+                    send_ack_timeout_ms=ack_ms)
+    cfg.validate()
+    return cfg
+
+
+class Pod:
+    """Links started in one nursery, with every address book kept up to date."""
+
+    def __init__(self, cfg: PodConfig, nursery: trio.Nursery) -> None:
+        self.cfg = cfg
+        self.nursery = nursery
+        self.links: dict[str, FabricLink] = {}
+        self.ports: dict[str, int] = {}
+        self.got: dict[str, list[tuple[int, int, tuple[int, ...]]]] = {}
+        self.states: list[tuple[str, str, bool]] = []
+
+    async def start(self, name: str, cfg: PodConfig | None = None, **kw: object) -> FabricLink:
+        got = self.got.setdefault(name, [])
+        kw = {"connect_backoff": (0.01, 0.05), "handshake_timeout": 0.5, **kw}
+        link = FabricLink(cfg or self.cfg, name, lambda s, d, w: got.append((s, d, w)),
+                          on_peer_state=lambda p, up: self.states.append((name, p, up)),
+                          **kw)  # type: ignore[arg-type]
+        port = await self.nursery.start(link.run)
+        self.links[name], self.ports[name] = link, port
+        for other, olink in self.links.items():
+            if other != name:
+                olink.set_peer_address(name, f"127.0.0.1:{port}")
+                link.set_peer_address(other, f"127.0.0.1:{self.ports[other]}")
+        return link
+
+
+@pytest.fixture
+async def pod() -> AsyncIterator[Pod]:
+    async with trio.open_nursery() as nursery:
+        yield Pod(make_pod(), nursery)
+        nursery.cancel_scope.cancel()
+
+
+async def wait_until(pred: Callable[[], bool], timeout: float = 2.0) -> None:
+    with trio.fail_after(timeout):
+        while not pred():
+            await trio.sleep(0.002)
+
+
+async def read_frame(stream: trio.SocketStream, dec: FrameDecoder) -> Frame:
+    while (f := dec.next_frame()) is NEED_DATA:
+        data = await stream.receive_some(4096)
+        assert data, "peer closed"
+        dec.receive_data(data)
+    return f  # type: ignore[return-value]
+
+
+async def raw_auth(port: int, cfg: PodConfig, name: str, peer: str,
+                   nonce: bytes | None = None) -> tuple[trio.SocketStream, FrameDecoder]:
+    """A hand-driven client that authenticates properly as `name` (then may misbehave)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    hs = ClientHandshake(cfg, name, peer, now=trio.current_time(), nonce=nonce)
+    dec = FrameDecoder()
+    out = hs.initial_frames()
+    while out or not hs.established:
+        await stream.send_all(b"".join(encode_frame(f) for f in out))
+        if hs.established:
+            break
+        out = hs.receive_frame(await read_frame(stream, dec), trio.current_time())
+    return stream, dec
+
+
+async def expect_closed(stream: trio.SocketStream, timeout: float = 2.0) -> None:
+    with trio.fail_after(timeout):
+        try:
+            while await stream.receive_some(4096):
+                pass
+        except trio.BrokenResourceError:
+            pass
+    await stream.aclose()
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("ualinkd.fabric") and r.levelno >= logging.WARNING]
+
+
+# ---- messages ---------------------------------------------------------------------------------
+
+async def test_messages_flow_both_ways_with_the_right_stamps(pod: Pod) -> None:
+    a, b, c = [await pod.start(n) for n in "abc"]
+    await wait_until(lambda: a.is_up("b") and a.is_up("c") and b.is_up("c"))
+    await a.send(0, 2, DW)
+    await b.send(3, 1, (4, 5, 6, 7))
+    await c.send(5, 0, (6, 0, 0, 0))
+    await a.send(1, 4, (7, 1, 2, 3))
+    await c.send(4, 3, (1, 2 << 10, 0, 0))
+    assert pod.got["a"] == [(3, 1, (4, 5, 6, 7)), (5, 0, (6, 0, 0, 0))]
+    assert pod.got["b"] == [(0, 2, DW), (4, 3, (1, 2 << 10, 0, 0))]
+    assert pod.got["c"] == [(1, 4, (7, 1, 2, 3))]
+    assert ("a", "b", True) in pod.states and ("c", "b", True) in pod.states
+    assert (a.peer_of(4), a.peer_of(9)) == ("c", None)
+    rtt = await c.ping("a")
+    assert 0 < rtt < 0.5
+
+
+async def test_many_concurrent_sends_keep_order_per_link(pod: Pod) -> None:
+    a, b = await pod.start("a"), await pod.start("b")
+    async with trio.open_nursery() as n:
+        for i in range(50):
+            n.start_soon(a.send, 0, 2, (3, i, 0, 0))
+            n.start_soon(b.send, 2, 1, (3, i, 0, 0))
+    assert sorted(w[1] for _, _, w in pod.got["b"]) == list(range(50))
+    assert len(pod.got["a"]) == 50
+
+
+async def test_send_errors(pod: Pod) -> None:
+    a = await pod.start("a")
+    with pytest.raises(DrmError) as e:
+        await a.send(0, 77, DW)
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(DrmError) as e:
+        await a.send(0, 1, DW)  # local accel
+    assert e.value.errno == errno.EINVAL
+    start = trio.current_time()
+    with pytest.raises(DrmError) as e:
+        await a.send(0, 2, DW)  # b never started
+    assert e.value.errno == errno.ETIME
+    assert 0.3 <= trio.current_time() - start < 0.6
+
+
+async def test_send_waits_for_a_link_that_comes_up(pod: Pod) -> None:
+    a = await pod.start("a", ack_timeout=2.0)
+    async with trio.open_nursery() as n:
+        n.start_soon(a.send, 0, 2, DW)
+        await trio.sleep(0.05)
+        await pod.start("b")
+    assert pod.got["b"] == [(0, 2, DW)]
+
+
+async def test_reconnects_after_the_listening_side_restarts(pod: Pod, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    a, b = await pod.start("a"), await pod.start("b")
+    await a.send(0, 2, DW)
+    await b.aclose()
+    await wait_until(lambda: not a.is_up("b"))
+    assert ("a", "b", False) in pod.states
+    with pytest.raises(DrmError) as e:
+        await a.send(0, 2, DW)
+    assert e.value.errno == errno.ETIME
+    # Same port again: only the dialer's backoff brings the link back.
+    nodes = tuple(dataclasses.replace(n, address=f"127.0.0.1:{pod.ports['b']}")
+                  if n.name == "b" else n for n in pod.cfg.nodes)
+    pod.got["b"] = []
+    await pod.start("b", dataclasses.replace(pod.cfg, nodes=nodes))
+    await wait_until(lambda: a.is_up("b"))
+    await a.send(1, 3, DW)
+    assert pod.got["b"] == [(1, 3, DW)]
+    assert len(warnings(caplog)) <= 1  # the first failed redial; repeats are DEBUG
+    assert all("cannot link to b" in w for w in warnings(caplog))
+
+
+async def test_nonzero_ack_status_is_ecomm(pod: Pod) -> None:
+    c = await pod.start("c")
+    stream, dec = await raw_auth(pod.ports["c"], pod.cfg, "a", "c")
+    await wait_until(lambda: c.is_up("a"))
+    async with trio.open_nursery() as n:
+        async def fake_firmware() -> None:
+            msg = await read_frame(stream, dec)
+            assert isinstance(msg, Msg) and (msg.src_accel, msg.dst_accel) == (4, 0)
+            await stream.send_all(encode_frame(Ack(msg.seq, -5)))
+        n.start_soon(fake_firmware)
+        with pytest.raises(DrmError) as e:
+            await c.send(4, 0, DW)
+    assert e.value.errno == errno.ECOMM
+    await stream.aclose()
+
+
+# ---- misbehaving peers ----------------------------------------------------------------------
+
+async def _hello(stream: trio.SocketStream, hello: AuthHello) -> None:
+    await stream.send_all(encode_frame(hello))
+
+
+CASES: dict[str, str] = {
+    "wrong_key": "failed to prove the pod key",
+    "wrong_uuid": "is not this pod",
+    "unknown_node": "unknown node 'zed'",
+    "own_name": "claims to be this node",
+    "replayed_nonce": "replayed nonce",
+    "frame_before_handshake": "expected AUTH_HELLO, got MSG",
+    "garbage": "frame length",
+    "oversized_after_auth": "frame length 4294967295",
+    "forged_src_accel": "sent src accel 0",
+    "foreign_dst_accel": "sent dst accel 1",
+    "handshake_timeout": "within 0.5 s",
+    "silent_peer": "nothing received",
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_bad_peer_is_dropped_and_logged_once(pod: Pod, caplog, case: str) -> None:
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    a = await pod.start("a")
+    kw = {"heartbeat_interval": 0.05, "heartbeat_timeout": 0.3} if case == "silent_peer" else {}
+    c = await pod.start("c", **kw)
+    await wait_until(lambda: a.is_up("c"))
+    cfg, port, nonce = pod.cfg, pod.ports["c"], secrets.token_bytes(32)
+    if case in ("oversized_after_auth", "forged_src_accel", "foreign_dst_accel",
+                "silent_peer", "replayed_nonce"):
+        stream, _ = await raw_auth(port, cfg, "b", "c", nonce)
+        await wait_until(lambda: c.is_up("b"))
+        if case == "replayed_nonce":
+            await stream.aclose()
+            await wait_until(lambda: not c.is_up("b"))
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await _hello(stream, AuthHello(cfg.uuid, "b", nonce))
+        elif case == "oversized_after_auth":
+            await stream.send_all(struct.pack("<IB", 0xFFFFFFFF, 0x10))
+        elif case == "forged_src_accel":
+            await stream.send_all(encode_frame(Msg(1, 0, 4, DW)))
+        elif case == "foreign_dst_accel":
+            await stream.send_all(encode_frame(Msg(1, 2, 1, DW)))
+    else:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        if case == "wrong_key":
+            await _hello(stream, AuthHello(cfg.uuid, "b", nonce))
+            await read_frame(stream, FrameDecoder())
+            await stream.send_all(encode_frame(AuthProof(b"\0" * 32)))
+        elif case == "wrong_uuid":
+            await _hello(stream, AuthHello(uuid.uuid4(), "b", nonce))
+        elif case == "unknown_node":
+            await _hello(stream, AuthHello(cfg.uuid, "zed", nonce))
+        elif case == "own_name":
+            await _hello(stream, AuthHello(cfg.uuid, "c", nonce))
+        elif case == "frame_before_handshake":
+            await stream.send_all(encode_frame(Msg(1, 2, 4, DW)))
+        elif case == "garbage":
+            await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await expect_closed(stream)
+    await wait_until(lambda: bool(warnings(caplog)))
+    # The well-behaved peer keeps exchanging messages both ways.
+    await a.send(0, 4, DW)
+    await c.send(5, 1, DW)
+    assert pod.got["c"] == [(0, 4, DW)] and pod.got["a"] == [(5, 1, DW)]
+    [line] = warnings(caplog)
+    assert CASES[case] in line, line
+
+
+# ---- TLS ------------------------------------------------------------------------------------
+
+async def test_tls_links_carry_messages_and_refuse_plain_tcp(pod: Pod, caplog) -> None:
+    trustme = pytest.importorskip("trustme", reason="trustme is not installed in this venv")
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    kw = {"ssl_context": server_ctx, "ssl_client_context": client_ctx}
+    a, c = await pod.start("a", **kw), await pod.start("c", **kw)
+    await a.send(0, 4, DW)
+    await c.send(4, 0, DW)
+    assert pod.got["c"] == [(0, 4, DW)] and pod.got["a"] == [(4, 0, DW)]
+    stream = await trio.open_tcp_stream("127.0.0.1", pod.ports["c"])
+    await _hello(stream, AuthHello(pod.cfg.uuid, "b", secrets.token_bytes(32)))
+    await expect_closed(stream)
+    await wait_until(lambda: bool(warnings(caplog)))
+    [line] = warnings(caplog)
+    assert "refused connection" in line

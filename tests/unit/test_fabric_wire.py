@@ -1,0 +1,310 @@
+"""The fabric codec: UALink messages (spec §5.3), link frames, FrameDecoder, Session (sans-IO)."""
+
+from __future__ import annotations
+
+import struct
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ualinkd.fabric import wire
+from ualinkd.fabric.session import (
+    AckReceived,
+    DataReceived,
+    MessageReceived,
+    PongReceived,
+    RequestReceived,
+    Session,
+)
+from ualinkd.fabric.wire import (
+    MAX_FRAME,
+    NEED_DATA,
+    Ack,
+    AuthChallenge,
+    AuthHello,
+    AuthOk,
+    AuthProof,
+    Data,
+    FrameDecoder,
+    Hello,
+    HelloAck,
+    Load,
+    LocalProtocolError,
+    Msg,
+    MsgType,
+    NpaFail,
+    NpaRelease,
+    NpaReq,
+    NpaRevoke,
+    NpaRsp,
+    Ping,
+    Pong,
+    RemoteProtocolError,
+    Store,
+    UnknownMessage,
+    decode_message,
+    decode_payload,
+    encode_frame,
+    encode_frame_construct,
+    handle_lo_bits,
+    rebuild_handle_lo,
+)
+
+u32 = st.integers(0, 0xFFFFFFFF)
+u64 = st.integers(0, (1 << 64) - 1)
+u16 = st.integers(0, 0xFFFF)
+i32 = st.integers(-(1 << 31), (1 << 31) - 1)
+accel10 = st.integers(0, 0x3FF)
+lo_bits = u64.map(handle_lo_bits)
+dwords = st.tuples(u32, u32, u32, u32)
+
+messages = st.one_of(
+    st.builds(Hello, accel10, accel10),
+    st.just(HelloAck()),
+    st.builds(NpaReq, lo_bits, u64),
+    st.builds(NpaRsp, lo_bits, u32, u32),
+    st.builds(NpaFail, lo_bits, st.integers(0, 0xFF)),
+    st.builds(NpaRevoke, lo_bits, u64),
+    st.builds(NpaRelease, lo_bits, u64),
+)
+
+names = st.text(min_size=1, max_size=20).filter(lambda s: len(s.encode()) < 256)
+frames = st.one_of(
+    st.builds(AuthHello, st.uuids(), names, st.binary(min_size=32, max_size=32),
+              st.integers(0, 0xFFFF)),
+    st.builds(AuthChallenge, names, st.binary(min_size=32, max_size=32),
+              st.binary(min_size=32, max_size=32)),
+    st.builds(AuthProof, st.binary(min_size=32, max_size=32)),
+    st.just(AuthOk()),
+    st.builds(Msg, u32, u16, u16, dwords),
+    st.builds(Ack, u32, i32),
+    st.builds(Ping, u64),
+    st.builds(Pong, u64),
+    st.builds(Load, u32, u16, u16, u64, u32),
+    st.builds(Store, u32, u16, u16, u64, st.binary(max_size=300)),
+    st.builds(Data, u32, i32, st.binary(max_size=300)),
+)
+
+
+# ---- messages (§5.3) ---------------------------------------------------------------------
+
+def test_message_encodings_match_spec_table() -> None:
+    lo, hi = 0x1122334455667_3FF, 0xAABBCCDD_EEFF0011
+    bits = handle_lo_bits(lo)
+    assert Hello(receiver_id=5, sender_id=7).encode() == (1 | 5 << 10 | 7 << 20, 0, 0, 0)
+    assert HelloAck().encode() == (2, 0, 0, 0)
+    assert NpaReq(bits, hi).encode() == ((lo & 0xFFFFFC00) | 3, lo >> 32, 0xEEFF0011, 0xAABBCCDD)
+    assert NpaRsp(bits, 16, 0x1234).encode() == ((lo & 0xFFFFFC00) | 4, lo >> 32, 16, 0x1234)
+    assert NpaFail(bits, 0x102).encode()[2:] == (0x02, 0)  # reason & 0xFF
+    assert NpaRevoke(bits, hi).encode()[0] & 0x3FF == MsgType.NPA_REVOKE
+    assert NpaRelease(bits, hi).encode()[0] & 0x3FF == MsgType.NPA_RELEASE
+    assert rebuild_handle_lo(bits, 3) == (lo & ~0x3FF) | 3
+
+
+def test_message_rejects_values_that_do_not_fit() -> None:
+    with pytest.raises(LocalProtocolError):
+        NpaReq(0x1234_0001, 0)  # bits 9..0 set: the caller forgot handle_lo_bits()
+    with pytest.raises(LocalProtocolError):
+        Hello(1024, 0)
+    with pytest.raises(LocalProtocolError):
+        NpaRsp(0, 1 << 32, 0)
+    with pytest.raises(LocalProtocolError):
+        decode_message((1, 2, 3))  # type: ignore[arg-type]
+
+
+@given(messages)
+def test_message_round_trip(msg: wire.Message) -> None:
+    assert decode_message(msg.encode()) == msg
+
+
+@given(dwords)
+def test_any_dwords_decode_and_match_construct(dws: wire.Dwords) -> None:
+    msg = decode_message(dws)  # never raises
+    raw = struct.pack("<4I", *dws)
+    t = dws[0] & 0x3FF
+    if t not in MsgType.__members__.values():
+        assert msg == UnknownMessage(t, dws)
+        assert msg.encode() == dws
+        return
+    c = wire.MESSAGE_LAYOUTS[MsgType(t)].parse(raw)
+    assert c.dw0.type == t == msg.type
+    if isinstance(msg, Hello):
+        assert (msg.receiver_id, msg.sender_id) == (c.dw0.receiver_id, c.dw0.sender_id)
+        return
+    if isinstance(msg, HelloAck):
+        return
+    assert msg.handle_lo_bits == (c.handle_lo_63_32 << 32) | (c.dw0.handle_lo_31_10 << 10)
+    if isinstance(msg, NpaRsp):
+        assert (msg.size_pages, msg.npa_offset) == (c.size_pages, c.npa_offset)
+    elif isinstance(msg, NpaFail):
+        assert msg.reason == c.reason
+    else:
+        assert msg.handle_hi == c.handle_hi
+
+
+# ---- frames ---------------------------------------------------------------------------------
+
+@given(frames)
+def test_frame_round_trip_and_fast_path_equals_construct(frame: wire.Frame) -> None:
+    raw = encode_frame(frame)
+    assert raw == encode_frame_construct(frame)
+    assert struct.unpack_from("<I", raw)[0] == len(raw) - 4
+    assert decode_payload(raw[4], raw[5:]) == frame
+    assert decode_payload(raw[4], raw[5:], fast=False) == frame
+    dec = FrameDecoder()
+    dec.receive_data(raw)
+    assert dec.next_frame() == frame
+    assert dec.next_frame() is NEED_DATA
+
+
+@given(st.builds(Msg, u32, u16, u16, dwords) | st.builds(Ack, u32, i32)
+       | st.builds(Ping, u64) | st.builds(Pong, u64))
+def test_fast_decode_equals_construct_on_any_payload(frame: wire.Frame) -> None:
+    payload = encode_frame_construct(frame)[5:]
+    assert decode_payload(frame.frame_type, payload, fast=True) == \
+        decode_payload(frame.frame_type, payload, fast=False)
+
+
+def test_encode_refuses_out_of_range_values() -> None:
+    for bad in (Msg(1 << 32, 0, 0, (0, 0, 0, 0)), Msg(1, 0, 0, (0, 0, 0)), Ack(1, 1 << 31),
+                AuthHello(uuid.uuid4(), "a", b"short"),
+                AuthHello(uuid.uuid4(), "x" * 256, b"\0" * 32),
+                Store(1, 0, 0, 0, b"\0" * MAX_FRAME)):
+        with pytest.raises(LocalProtocolError):
+            encode_frame(bad)
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    (struct.pack("<IB", 1, 0x7F), "unknown frame type"),
+    (struct.pack("<I", 0), "length 0 "),
+    (struct.pack("<IB", MAX_FRAME + 1, wire.FrameType.STORE), "length"),
+    (struct.pack("<IB", 0xFFFFFFFF, wire.FrameType.MSG), "length"),
+    (struct.pack("<IBI", 5, wire.FrameType.ACK, 1), "ACK"),  # 4-byte payload, needs 8
+    (struct.pack("<IBQB", 10, wire.FrameType.PING, 1, 0), "PING"),  # trailing byte
+    (struct.pack("<IB", 1, wire.FrameType.AUTH_PROOF), "AUTH_PROOF"),
+    (struct.pack("<IBB", 35, wire.FrameType.AUTH_CHALLENGE, 1) + b"\xff" + b"\0" * 32,
+     "AUTH_CHALLENGE"),  # truncated
+])
+def test_decoder_rejects_bad_frames_and_stays_broken(raw: bytes, why: str) -> None:
+    dec = FrameDecoder()
+    dec.receive_data(raw)
+    with pytest.raises(RemoteProtocolError, match=why):
+        dec.next_frame()
+    with pytest.raises(RemoteProtocolError):
+        dec.next_frame()
+
+
+def test_oversized_length_refused_before_its_payload_arrives() -> None:
+    dec = FrameDecoder()
+    dec.receive_data(struct.pack("<IB", MAX_FRAME + 1, wire.FrameType.DATA))
+    with pytest.raises(RemoteProtocolError):
+        dec.next_frame()
+
+
+def test_non_utf8_name_is_a_remote_error() -> None:
+    raw = encode_frame(AuthChallenge("n", b"\0" * 32, b"\0" * 32)).replace(b"\x01n", b"\x01\xff")
+    with pytest.raises(RemoteProtocolError, match="UTF-8"):
+        decode_payload(raw[4], raw[5:])
+
+
+@given(st.lists(frames, max_size=6), st.data())
+def test_frames_survive_any_chunking(fs: list[wire.Frame], data: st.DataObject) -> None:
+    raw = b"".join(encode_frame(f) for f in fs)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=8)))
+    dec, out, prev = FrameDecoder(), [], 0
+    for cut in [*cuts, len(raw)]:
+        dec.receive_data(raw[prev:cut])
+        prev = cut
+        while (f := dec.next_frame()) is not NEED_DATA:
+            out.append(f)
+    assert out == fs
+    assert dec.buffered == 0
+
+
+@given(st.binary(max_size=400), st.data())
+def test_random_bytes_decode_or_raise_remote_error(raw: bytes, data: st.DataObject) -> None:
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=6)))
+    dec, prev = FrameDecoder(), 0
+    try:
+        for cut in [*cuts, len(raw)]:
+            dec.receive_data(raw[prev:cut])
+            prev = cut
+            while (f := dec.next_frame()) is not NEED_DATA:
+                assert type(f) in wire.FRAME_CLASSES.values()
+    except RemoteProtocolError:
+        pass
+
+
+# ---- session (sans-IO established link) ---------------------------------------------------
+
+def _pair() -> tuple[Session, Session]:
+    """Node A (accels 0, 1) and node B (accel 2), each holding its side of one link."""
+    return Session("B", {2}, {0, 1}), Session("A", {0, 1}, {2})
+
+
+def _pump(src: Session, dst: Session) -> list[object]:
+    dst.receive_data(src.data_to_send())
+    out = []
+    while (ev := dst.next_event()) is not NEED_DATA:
+        out.append(ev)
+    return out
+
+
+def test_session_msg_is_acked_before_it_is_delivered() -> None:
+    a, b = _pair()
+    seq = a.send_message(1, 2, (3, 0, 0, 0))
+    b.receive_data(a.data_to_send())
+    ev = b.next_event()
+    assert ev == MessageReceived(1, 2, (3, 0, 0, 0))
+    assert b.data_to_send() == encode_frame(Ack(seq, 0))  # queued before the event came out
+    a.receive_data(encode_frame(Ack(seq, 0)))
+    assert a.next_event() == AckReceived(seq, 0)
+
+
+def test_session_ping_pong_and_data_plane() -> None:
+    a, b = _pair()
+    a.send_ping(77)
+    a.send_ping(78, track=False)
+    assert _pump(a, b) == []
+    assert _pump(b, a) == [PongReceived(77)]
+    seq = a.send_request(0, 2, 4096, 8)
+    [ev] = _pump(a, b)
+    assert ev == RequestReceived(Load(seq, 0, 2, 4096, 8))
+    b.send_data(seq, 0, b"x" * 8)
+    assert _pump(b, a) == [DataReceived(seq, 0, b"x" * 8)]
+
+
+@pytest.mark.parametrize(("src", "dst"), [(2, 2), (0, 0), (1, 9)])
+def test_session_rejects_a_forged_stamp(src: int, dst: int) -> None:
+    a, b = _pair()
+    b.receive_data(encode_frame(Msg(1, src, dst, (3, 0, 0, 0))))
+    with pytest.raises(RemoteProtocolError, match="accel"):
+        b.next_event()
+    assert b.data_to_send() == b""  # no ACK for a lie
+
+
+def test_session_replies_late_unknown_and_mismatched() -> None:
+    a, b = _pair()
+    s1 = a.send_message(0, 2, (3, 0, 0, 0))
+    a.forget(s1)
+    a.receive_data(encode_frame(Ack(s1, 0)))
+    assert a.next_event() is NEED_DATA  # late ACK: dropped
+    s2 = a.send_request(0, 2, 0, 8)
+    a.receive_data(encode_frame(Ack(s2, 0)))
+    with pytest.raises(RemoteProtocolError, match="LOAD"):
+        a.next_event()
+    a, b = _pair()
+    a.receive_data(encode_frame(Ack(99, 0)))
+    with pytest.raises(RemoteProtocolError, match="never sent"):
+        a.next_event()
+
+
+def test_session_refuses_handshake_frames_and_local_misuse() -> None:
+    a, b = _pair()
+    b.receive_data(encode_frame(AuthOk()))
+    with pytest.raises(RemoteProtocolError, match="after the handshake"):
+        b.next_event()
+    with pytest.raises(LocalProtocolError):
+        a.send_message(2, 1, (0, 0, 0, 0))  # not our accel -> not theirs

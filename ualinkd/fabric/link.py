@@ -1,0 +1,505 @@
+"""FabricLink: this node's TCP links to every other node of the pod (trio). It listens, dials
+the peers whose names sort after ours, authenticates (auth.py), then runs a Session per peer with
+one reader and one writer task; reconnects with backoff; sends wait for the peer's ACK.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import secrets
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from ..config import ConfigError, PodConfig
+from ..drm.errors import DrmError
+from .auth import HANDSHAKE_TIMEOUT, ClientHandshake, NonceCache, ServerHandshake, pod_key
+from .session import (
+    AckReceived,
+    DataReceived,
+    MessageReceived,
+    PongReceived,
+    RequestReceived,
+    Session,
+)
+from .wire import (
+    Data,
+    Dwords,
+    Frame,
+    FrameDecoder,
+    Load,
+    ProtocolError,
+    RemoteProtocolError,
+    Store,
+    _NeedData,
+    encode_frame,
+)
+
+log = logging.getLogger(__name__)
+
+OnMessage = Callable[[int, int, Dwords], None]
+OnPeerState = Callable[[str, bool], None]
+OnRequest = Callable[[str, Load | Store], Data]
+RECEIVE_SIZE = 1 << 16
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` → (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"fabric address {address!r} is not host:port")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class _LinkDown(Exception):
+    """Why a connection ended (logged once by `_run_conn`)."""
+
+    def __init__(self, reason: str, level: int = logging.INFO) -> None:
+        super().__init__(reason)
+        self.level = level
+
+
+class _Waiter:
+    __slots__ = ("event", "result")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.result: Any = None  # None: the link dropped first
+
+    def set(self, result: Any) -> None:
+        self.result = result
+        self.event.set()
+
+
+class _Conn:
+    """One authenticated connection: its stream, its Session, its waiters."""
+
+    def __init__(self, peer: str, stream: trio.abc.Stream, session: Session,
+                 label: str) -> None:
+        self.peer = peer
+        self.stream = stream
+        self.session = session
+        self.label = label
+        self.scope = trio.CancelScope()
+        self.wake = trio.Event()
+        self.writing = False
+        self.waiters: dict[int, _Waiter] = {}
+        self.pings: dict[int, _Waiter] = {}
+        self.last_rx = trio.current_time()
+        self.down: _LinkDown | None = None
+
+    def flush(self) -> None:
+        if self.session.has_data_to_send:
+            self.wake.set()
+
+    def drop(self, reason: _LinkDown) -> None:
+        if self.down is None:
+            self.down = reason
+        self.scope.cancel()
+
+
+class FabricLink:
+    """The fabric seen from node `node_name`: one authenticated connection per peer node.
+
+    `on_message(src_accel, dst_accel, dwords)` is called synchronously from the reader task of
+    the connection the message came in on, in arrival order, after its ACK has been queued;
+    it must not raise (an exception from it is a bug and propagates out of `run`).
+    `on_request(peer, Load | Store) -> Data` serves the data plane (TODO(data-plane issue):
+    wire it to the NPA page tables); without it LOAD/STORE are answered with -EOPNOTSUPP.
+    """
+
+    def __init__(self, config: PodConfig, node_name: str, on_message: OnMessage, *,
+                 ack_timeout: float | None = None,
+                 connect_backoff: tuple[float, float] = (0.05, 2.0),
+                 ssl_context: ssl.SSLContext | None = None,
+                 ssl_client_context: ssl.SSLContext | None = None,
+                 on_peer_state: OnPeerState | None = None,
+                 on_request: OnRequest | None = None,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT,
+                 heartbeat_interval: float = 1.0,
+                 heartbeat_timeout: float = 5.0) -> None:
+        self.config = config
+        self.node_name = node_name
+        self._me = config.node(node_name)
+        self._key = pod_key(config)
+        self._on_message = on_message
+        self._on_peer_state = on_peer_state
+        self._on_request = on_request
+        self.ack_timeout = (config.send_ack_timeout_ms / 1000 if ack_timeout is None
+                            else ack_timeout)
+        self._backoff = connect_backoff
+        self._ssl_server = ssl_context
+        self._ssl_client = ssl_client_context or ssl_context
+        self._handshake_timeout = handshake_timeout
+        self._hb_interval = heartbeat_interval
+        self._hb_timeout = heartbeat_timeout
+        self._local_accels = frozenset(a.accel_id for a in self._me.accels)
+        self._owner = {a.accel_id: n.name for n in config.nodes for a in n.accels}
+        self._accels = {n.name: frozenset(a.accel_id for a in n.accels) for n in config.nodes}
+        self._peers = sorted(n.name for n in config.nodes if n.name != node_name)
+        self._addresses = {n.name: n.address for n in config.nodes}
+        parse_address(self._me.address)  # ours must be usable; a peer's may come later
+        self._address_changed = {p: trio.Event() for p in self._peers}
+        self._conns: dict[str, _Conn] = {}
+        self._up = {p: trio.Event() for p in self._peers}
+        self._nonces = NonceCache()
+        self._progress = trio.lowlevel.ParkingLot()
+        self._scope: trio.CancelScope | None = None
+        self._stopped = trio.Event()
+        self._closed = False
+        self.port: int | None = None
+
+    # -- queries -----------------------------------------------------------------------------
+    def is_up(self, node_name: str) -> bool:
+        return node_name in self._conns
+
+    def peer_of(self, accel_id: int) -> str | None:
+        """The node that owns `accel_id`, or None."""
+        return self._owner.get(accel_id)
+
+    def set_peer_address(self, node_name: str, address: str) -> None:
+        """Where `node_name` listens now (nodes started on ephemeral ports); redials at once."""
+        if node_name not in self._address_changed:
+            raise ConfigError(f"{node_name!r} is not a peer of {self.node_name!r}")
+        parse_address(address)
+        self._addresses[node_name] = address
+        self._address_changed[node_name].set()
+        self._address_changed[node_name] = trio.Event()
+
+    # -- running -----------------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on our address, keep the links up; `task_status.started(bound_port)`."""
+        host, port = parse_address(self._addresses[self.node_name])
+        try:
+            with trio.CancelScope() as self._scope:
+                listeners = await trio.open_tcp_listeners(port, host=host)
+                self.port = listeners[0].socket.getsockname()[1]
+                async with trio.open_nursery() as nursery:
+                    for listener in listeners:
+                        nursery.start_soon(self._accept_loop, listener, nursery)
+                    for peer in self._peers:
+                        if self.node_name < peer:
+                            nursery.start_soon(self._dial_loop, peer)
+                    log.info("fabric %s: listening on %s:%d", self.node_name, host, self.port)
+                    task_status.started(self.port)
+        finally:
+            self._closed = True
+            for ev in self._up.values():  # wake sends waiting for a link: they fail now
+                ev.set()
+            self._stopped.set()
+
+    async def aclose(self, grace: float = 0.5) -> None:
+        """Flush what is queued (up to `grace` seconds), then close every connection."""
+        with trio.move_on_after(grace):
+            while any(c.writing or c.session.has_data_to_send for c in self._conns.values()):
+                await self._progress.park()
+        if self._scope is not None:
+            self._scope.cancel()
+            await self._stopped.wait()
+        self._closed = True
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as e:  # EMFILE and friends: back off, keep serving
+                    log.warning("fabric %s: accept failed: %s", self.node_name, e)
+                    await trio.sleep(self._backoff[0])
+                    continue
+                nursery.start_soon(self._serve_inbound, stream)
+
+    async def _serve_inbound(self, tcp: trio.SocketStream) -> None:
+        try:
+            host, port = tcp.socket.getpeername()[:2]
+            addr = f"{host}:{port}"
+        except OSError:
+            addr = "?"
+        stream: trio.abc.Stream = tcp
+        hs = ServerHandshake(self.config, self.node_name, now=trio.current_time(),
+                             nonces=self._nonces, key=self._key,
+                             accept_from=[p for p in self._peers if p < self.node_name],
+                             timeout=self._handshake_timeout)
+        decoder = FrameDecoder()
+        try:
+            with trio.move_on_at(hs.deadline):
+                if self._ssl_server is not None:
+                    stream = trio.SSLStream(tcp, self._ssl_server, server_side=True)
+                    await stream.do_handshake()
+                await self._handshake(stream, hs, decoder, [])
+            hs.check_deadline(trio.current_time())
+        except (ProtocolError, _LinkDown, trio.BrokenResourceError, OSError) as e:
+            who = f"{hs.peer_name} ({addr})" if hs.peer_name else addr
+            log.warning("fabric %s: refused connection from %s: %s", self.node_name, who, e)
+            await trio.aclose_forcefully(stream)
+            return
+        assert hs.peer_name is not None
+        await self._run_conn(hs.peer_name, stream, decoder, f"from {addr}")
+
+    async def _dial_loop(self, peer: str) -> None:
+        delay = self._backoff[0]
+        quiet = False  # after the first failure, repeats are logged at DEBUG
+        while True:
+            changed = self._address_changed[peer]
+            try:
+                host, port = parse_address(self._addresses[peer])
+            except ConfigError:
+                host, port = "", 0
+            if port == 0:  # not known yet (ephemeral port, no address): set_peer_address
+                await changed.wait()
+                continue
+            try:
+                stream, decoder = await self._dial(peer, host, port)
+            except (ProtocolError, _LinkDown, OSError, trio.BrokenResourceError) as e:
+                log.log(logging.DEBUG if quiet else logging.WARNING,
+                        "fabric %s: cannot link to %s at %s:%d: %s (retrying)",
+                        self.node_name, peer, host, port, e)
+                quiet = True
+                with trio.move_on_after(delay):
+                    await changed.wait()
+                delay = min(delay * 2, self._backoff[1])
+                continue
+            quiet = False
+            delay = self._backoff[0]
+            await self._run_conn(peer, stream, decoder, f"to {host}:{port}")
+            with trio.move_on_after(delay):
+                await changed.wait()
+
+    async def _dial(self, peer: str, host: str, port: int
+                    ) -> tuple[trio.abc.Stream, FrameDecoder]:
+        hs = ClientHandshake(self.config, self.node_name, peer, now=trio.current_time(),
+                             key=self._key, timeout=self._handshake_timeout)
+        decoder = FrameDecoder()
+        stream: trio.abc.Stream | None = None
+        try:
+            with trio.move_on_at(hs.deadline):
+                stream = await trio.open_tcp_stream(host, port)
+                if self._ssl_client is not None:
+                    stream = trio.SSLStream(stream, self._ssl_client, server_hostname=host)
+                    await stream.do_handshake()
+                await self._handshake(stream, hs, decoder, hs.initial_frames())
+            hs.check_deadline(trio.current_time())
+        except BaseException:
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
+            raise
+        assert stream is not None
+        return stream, decoder
+
+    async def _handshake(self, stream: trio.abc.Stream, hs: ClientHandshake | ServerHandshake,
+                         decoder: FrameDecoder, first: list[Frame]) -> None:
+        if first:
+            await stream.send_all(b"".join(encode_frame(f) for f in first))
+        while not hs.established:
+            frame = decoder.next_frame()
+            if isinstance(frame, _NeedData):
+                data = await stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    raise _LinkDown("connection closed during the handshake")
+                decoder.receive_data(data)
+                continue
+            replies = hs.receive_frame(frame, trio.current_time())
+            if replies:
+                await stream.send_all(b"".join(encode_frame(f) for f in replies))
+
+    # -- an established connection -----------------------------------------------------------
+    async def _run_conn(self, peer: str, stream: trio.abc.Stream, decoder: FrameDecoder,
+                        label: str) -> None:
+        session = Session(peer, self._accels[peer], self._local_accels, decoder)
+        conn = _Conn(peer, stream, session, label)
+        old = self._conns.get(peer)
+        if old is not None:  # the peer redialed: its old connection is dead to it
+            old.drop(_LinkDown(f"replaced by a new connection {label}"))
+        self._conns[peer] = conn
+        self._up[peer].set()
+        log.info("fabric %s: link to %s up (%s)", self.node_name, peer, label)
+        if old is None and self._on_peer_state is not None:
+            self._on_peer_state(peer, True)
+        try:
+            with conn.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._reader, conn)
+                    nursery.start_soon(self._writer, conn)
+                    nursery.start_soon(self._heartbeat, conn)
+        finally:
+            for w in (*conn.waiters.values(), *conn.pings.values()):
+                w.set(None)
+            if self._conns.get(peer) is conn:
+                del self._conns[peer]
+                self._up[peer] = trio.Event()
+                if self._on_peer_state is not None:
+                    self._on_peer_state(peer, False)
+            down = conn.down or _LinkDown("closed")
+            if not self._closed or down.level > logging.INFO:
+                log.log(down.level, "fabric %s: link to %s (%s) down: %s",
+                        self.node_name, peer, label, down)
+            self._progress.unpark_all()
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+    async def _reader(self, conn: _Conn) -> None:
+        session = conn.session
+        try:
+            while True:
+                data = await conn.stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    raise _LinkDown(f"{conn.peer} closed the connection")
+                conn.last_rx = trio.current_time()
+                session.receive_data(data)
+                while not isinstance(ev := session.next_event(), _NeedData):
+                    conn.flush()  # the ACK of a MSG goes out ahead of anything it causes
+                    self._dispatch(conn, ev)
+                conn.flush()
+        except RemoteProtocolError as e:
+            conn.drop(_LinkDown(f"protocol error: {e}", logging.WARNING))
+        except _LinkDown as e:
+            conn.drop(e)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            conn.drop(_LinkDown(f"receive failed: {e!r}"))
+
+    def _dispatch(self, conn: _Conn, ev: object) -> None:
+        if isinstance(ev, MessageReceived):
+            self._on_message(ev.src_accel, ev.dst_accel, ev.dwords)
+        elif isinstance(ev, AckReceived | DataReceived):
+            waiter = conn.waiters.pop(ev.seq, None)
+            if waiter is not None:
+                waiter.set(ev)
+        elif isinstance(ev, PongReceived):
+            waiter = conn.pings.pop(ev.token, None)
+            if waiter is not None:
+                waiter.set(ev)
+        elif isinstance(ev, RequestReceived):
+            req = ev.request
+            if self._on_request is None:
+                conn.session.send_data(req.seq, -errno.EOPNOTSUPP)
+            else:
+                reply = self._on_request(conn.peer, req)
+                conn.session.send_data(req.seq, reply.status, reply.data)
+
+    async def _writer(self, conn: _Conn) -> None:
+        try:
+            while True:
+                await conn.wake.wait()
+                conn.wake = trio.Event()
+                data = conn.session.data_to_send()
+                if data:
+                    conn.writing = True
+                    await conn.stream.send_all(data)
+                    conn.writing = False
+                    self._progress.unpark_all()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            conn.drop(_LinkDown(f"send failed: {e!r}"))
+
+    async def _heartbeat(self, conn: _Conn) -> None:
+        while True:
+            await trio.sleep(self._hb_interval)
+            silent = trio.current_time() - conn.last_rx
+            if silent >= self._hb_timeout:
+                conn.drop(_LinkDown(f"nothing received for {silent:.1f} s", logging.WARNING))
+                return
+            conn.session.send_ping(secrets.randbits(64), track=False)
+            conn.flush()
+
+    # -- sending -----------------------------------------------------------------------------
+    async def _conn_for(self, dst_accel: int, src_accel: int) -> tuple[str, _Conn]:
+        """The connection towards `dst_accel`'s node, waiting for it to come up."""
+        peer = self._owner.get(dst_accel)
+        if peer is None:
+            raise DrmError(errno.EINVAL, f"no node owns accel {dst_accel}")
+        if peer == self.node_name:
+            raise DrmError(errno.EINVAL, f"accel {dst_accel} is local, not across the fabric")
+        if src_accel not in self._local_accels:
+            raise DrmError(errno.EINVAL, f"accel {src_accel} is not on {self.node_name}")
+        while True:
+            if self._closed:
+                raise DrmError(errno.ESHUTDOWN, "the fabric link is closed")
+            conn = self._conns.get(peer)
+            if conn is not None:
+                return peer, conn
+            await self._up[peer].wait()
+
+    async def send(self, src_accel: int, dst_accel: int, dwords: Dwords) -> None:
+        """Send one UALink message and wait for the peer to accept it (spec §5.1).
+
+        DrmError: ETIME (no ACK within ack_timeout, or the link dropped before it came),
+        ECOMM (the peer refused it), EINVAL (no such remote accel), ESHUTDOWN (closed).
+        """
+        peer = self._owner.get(dst_accel, "?")
+        waiter = None
+        with trio.move_on_after(self.ack_timeout):
+            peer, conn = await self._conn_for(dst_accel, src_accel)
+            seq = conn.session.send_message(src_accel, dst_accel, dwords)
+            waiter = conn.waiters[seq] = _Waiter()
+            conn.flush()
+            try:
+                await waiter.event.wait()
+            finally:
+                if not waiter.event.is_set():
+                    conn.waiters.pop(seq, None)
+                    conn.session.forget(seq)
+        if waiter is None or not waiter.event.is_set():
+            raise DrmError(errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
+        if waiter.result is None:
+            raise DrmError(errno.ETIME, f"link to {peer} dropped before the ACK")
+        if waiter.result.status != 0:
+            raise DrmError(errno.ECOMM, f"{peer} refused the message "
+                                        f"(status {waiter.result.status})")
+
+    async def request(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
+                      length_or_data: int | bytes) -> bytes:
+        """Data plane: LOAD (`length_or_data` an int) or STORE (bytes) at an NPA byte address.
+
+        Returns the loaded bytes (b"" for a STORE). DrmError(EFAULT) when the peer is not
+        reachable or answers with an error (Emulator policy 3, 10).
+        TODO(data-plane issue): the serving side (`on_request`) and its tests with real memory.
+        """
+        waiter = None
+        peer = self._owner.get(dst_accel, "?")
+        if peer in self._up and peer not in self._conns:  # Emulator policy 3: fault at once
+            raise DrmError(errno.EFAULT, f"{peer} is not reachable")
+        with trio.move_on_after(self.ack_timeout):
+            peer, conn = await self._conn_for(dst_accel, src_accel)
+            seq = conn.session.send_request(src_accel, dst_accel, npa_byte_addr, length_or_data)
+            waiter = conn.waiters[seq] = _Waiter()
+            conn.flush()
+            try:
+                await waiter.event.wait()
+            finally:
+                if not waiter.event.is_set():
+                    conn.waiters.pop(seq, None)
+                    conn.session.forget(seq)
+        if waiter is None or waiter.result is None:
+            raise DrmError(errno.EFAULT, f"no answer from {peer}")
+        if waiter.result.status != 0:
+            raise DrmError(-waiter.result.status if waiter.result.status < 0 else errno.EFAULT)
+        return waiter.result.data
+
+    async def ping(self, node_name: str) -> float:
+        """Round-trip time to `node_name` in seconds; DrmError(ETIME) after ack_timeout."""
+        if node_name not in self._up:
+            raise DrmError(errno.EINVAL, f"{node_name!r} is not a peer of {self.node_name!r}")
+        waiter = None
+        start = math.nan
+        with trio.move_on_after(self.ack_timeout):
+            while (conn := self._conns.get(node_name)) is None:
+                if self._closed:
+                    raise DrmError(errno.ESHUTDOWN, "the fabric link is closed")
+                await self._up[node_name].wait()
+            token = secrets.randbits(64)
+            waiter = conn.pings[token] = _Waiter()
+            start = trio.current_time()
+            conn.session.send_ping(token)
+            conn.flush()
+            try:
+                await waiter.event.wait()
+            finally:
+                if not waiter.event.is_set():
+                    conn.pings.pop(token, None)
+                    conn.session.forget_ping(token)
+        if waiter is None or waiter.result is None:
+            raise DrmError(errno.ETIME, f"no PONG from {node_name}")
+        return trio.current_time() - start
