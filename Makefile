@@ -6,7 +6,7 @@
 PYTHON  ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
-APT_PKGS := fuse3 libfuse3-dev iproute2 pkg-config gcc make
+APT_PKGS := fuse3 libfuse3-dev libdrm-dev iproute2 pkg-config gcc make
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 

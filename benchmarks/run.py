@@ -88,6 +88,20 @@ def main() -> int:
         print(f"{'':<22}{'ratio ualinkd / echo (target 2.5)':<34}"
               f"{u['median_ns'] / e['median_ns']:>10.2f}{u['p99_ns'] / e['p99_ns']:>10.2f}")
     print(f"GEM_CREATE + GEM_CLOSE pairs per second (4 KiB VRAM): {churn['pairs_per_sec']:.0f}")
+
+    import pod_bench
+
+    tmp = Path(tempfile.mkdtemp(prefix="ualink-bench."))
+    try:
+        lines, first, rtt = pod_bench.main(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print()
+    print("\n".join(lines))
+    floor = rows[1][1]["median_ns"] / 1e9  # the echo round trip, scheduler's placement
+    budget = 3 * floor + rtt
+    print(f"first import / (3 FUSE echo floors + 1 TCP round trip) = {first / budget:.2f}"
+          f" (target 4; floor {floor * 1e6:.1f} µs, TCP {rtt * 1e6:.1f} µs)")
     return 0
 
 

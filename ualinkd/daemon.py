@@ -21,6 +21,7 @@ from .config import PodConfig
 from .drm.errors import DrmError
 from .fabric.agent import UalinkAgent
 from .fabric.link import FabricLink
+from .fabric.wire import Data, Load, Store
 from .fuse.lowlevel import FuseSession, clear_stale_mount
 from .fuse.procfd import resolve_caller_fd
 from .fuse.tree import FileTree
@@ -95,8 +96,18 @@ async def run_node(
         assert agent is not None
         agent.on_message(src, dst, dwords)
 
-    link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5))
-    agent = UalinkAgent(core, link.send, config.response_timeout_ms / 1000)
+    def on_request(peer: str, req: Load | Store) -> Data:
+        assert agent is not None
+        arg = req.length if isinstance(req, Load) else req.data
+        try:
+            return Data(req.seq, 0, agent.serve(req.src_accel, req.dst_accel,
+                                                req.npa_byte_addr, arg))
+        except DrmError as e:
+            return Data(req.seq, -e.errno)
+
+    link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
+                      on_request=on_request)
+    agent = UalinkAgent(core, link.send, config.response_timeout_ms / 1000, link.request)
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_status = lambda: "".join(
         f"{p} {'up' if link.is_up(p) else 'down'}\n" for p in peers)

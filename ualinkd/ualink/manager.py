@@ -165,6 +165,8 @@ class UalinkManager:
         self.npa: NpaSpace = self._new_npa_space(AddrMode.SOURCE_ALIASING)
         self.npa_table = NpaPageTable()
         self.drop_msg_bitmap = 0  # §5.12
+        self.refused_accesses = 0  # data-plane accesses the NPA page table refused
+        self._refusals_logged: set[tuple[int, str]] = set()
         self.outbox: list[Effect] = []
         self.remote_import: RemoteImport | None = None  # set by the agent when a fabric runs
         self.internal_file = DrmFile(driver.device)  # the driver's internal "ualink" client
@@ -618,6 +620,50 @@ class UalinkManager:
         entry.revoke.expected.discard(src)
         if not entry.revoke.expected:
             self.outbox.append(Wake(("release", lo)))
+
+    # -- data plane: serving LOAD / STORE from importers (§4.4, policy 10) ----------------------
+    def _resolve_npa(self, src: int, npa_byte_addr: int, length: int) -> tuple[AmdgpuBo, int]:
+        """An importer's NPA access → (our BO, byte offset in it). Refuses (EFAULT) what the
+        exporter's NPA page table would not translate: another GPU's segment, an unmapped or
+        invalidated page, a range past the mapping, a requester that is not an importer."""
+        page = npa_byte_addr >> 12
+        reason = None
+        if not self.accel_active:
+            reason = "accel not ACTIVE"
+        elif (page >> GPUID_SHIFT) & 0x3FF != self.accel_id or npa_byte_addr >> 51:
+            reason = "outside this accel's NPA segment"
+        else:
+            table_page = strip_npa(page)
+            if self.vpod.addr_mode == AddrMode.SOURCE_IDENTIFICATION:
+                table_page |= src << GPUID_SHIFT
+            hit = self.npa_table.lookup(table_page)
+            if hit is None:
+                reason = "NPA not mapped (or its PTE was invalidated)"
+            else:
+                mapping, index = hit
+                offset = index * GPU_PAGE_SIZE + (npa_byte_addr & (GPU_PAGE_SIZE - 1))
+                entry = self.exports.get(mapping.bo.ualink_handle_lo)
+                if entry is None or src not in entry.importers:
+                    reason = f"accel {src} is not an importer of that BO"
+                elif length < 0 or offset + length > min(mapping.bo.size,
+                                                          mapping.pages * GPU_PAGE_SIZE):
+                    reason = "access past the end of the BO"
+                else:
+                    return mapping.bo, offset
+        self.refused_accesses += 1
+        if (src, reason) not in self._refusals_logged:
+            self._refusals_logged.add((src, reason))
+            log.warning("accel %d: refused an NPA access from accel %d at %#x: %s",
+                        self.accel_id, src, npa_byte_addr, reason)
+        raise DrmError(errno.EFAULT, reason)
+
+    def serve_load(self, src: int, npa_byte_addr: int, length: int) -> bytes:
+        bo, offset = self._resolve_npa(src, npa_byte_addr, length)
+        return bo.memory.read(offset, length)
+
+    def serve_store(self, src: int, npa_byte_addr: int, data: bytes) -> None:
+        bo, offset = self._resolve_npa(src, npa_byte_addr, len(data))
+        bo.memory.write(offset, data)
 
     # -- send outcomes ----------
     def on_sent(self, send: Send, err: DrmError | None) -> None:
