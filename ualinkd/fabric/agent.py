@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -29,15 +30,24 @@ from ..ualink.manager import (
 )
 from ..ualink.peers import ConnState, NodeState
 
+if TYPE_CHECKING:
+    from ..amdgpu.vm import RemotePiece
+
 log = logging.getLogger(__name__)
 
 SendFn = Callable[[int, int, p.Dwords], Awaitable[None]]
+# (src accel, dst accel, NPA byte address, length to load | bytes to store) -> loaded bytes
+RequestFn = Callable[[int, int, int, "int | bytes"], Awaitable[bytes]]
+CHUNK = 256 << 10  # data-plane transfers are split into chunks this big ...
+IN_FLIGHT = 8  # ... with this many outstanding at once per transfer
 
 
 class UalinkAgent:
-    def __init__(self, core: NodeCore, send: SendFn, response_timeout: float) -> None:
+    def __init__(self, core: NodeCore, send: SendFn, response_timeout: float,
+                 request: RequestFn | None = None) -> None:
         self.core = core
         self._send = send
+        self._request = request
         self.timeout = response_timeout
         self._events: dict[tuple[object, ...], trio.Event] = {}
         self._nursery: trio.Nursery | None = None
@@ -45,6 +55,55 @@ class UalinkAgent:
         for mgr in core.managers.values():
             mgr.remote_import = self.import_remote
         core.after_request = self.drain
+        if request is not None:
+            core.remote_access = self.remote_access
+
+    # -- data plane ------------------------------------------------------------------------
+    def serve(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
+              length_or_data: int | bytes) -> bytes:
+        """An importer's LOAD/STORE at one of our accels' NPAs; DrmError(EFAULT) refuses it."""
+        mgr = self.core.manager_by_accel(dst_accel)
+        if mgr is None:
+            raise DrmError(errno.EFAULT, f"accel {dst_accel} is not on this node")
+        if isinstance(length_or_data, int):
+            return mgr.serve_load(src_accel, npa_byte_addr, length_or_data)
+        mgr.serve_store(src_accel, npa_byte_addr, length_or_data)
+        return b""
+
+    async def remote_access(
+        self, accel_id: int, piece: RemotePiece, write: bool, data: bytes | None = None
+    ) -> bytes | int:
+        """A GPU load/store of an imported NPA BO: LOAD/STORE requests to the exporter, in
+        chunks, several in flight. A store returns once the exporter applied it. If a chunk
+        faults, the result stops before it (EFAULT when nothing was done, policy 10)."""
+        assert self._request is not None
+        length = piece.length
+        spans = [(off, min(CHUNK, length - off)) for off in range(0, length, CHUNK)]
+        results: list[bytes | None] = [None] * len(spans)
+        limiter = trio.CapacityLimiter(IN_FLIGHT)
+
+        async def one(i: int, off: int, n: int) -> None:
+            async with limiter:
+                arg: int | bytes = n if not write else (data or b"")[off:off + n]
+                try:
+                    results[i] = await self._request(
+                        accel_id, piece.exporter_accel, piece.npa_byte_address + off, arg)
+                except DrmError:
+                    results[i] = None
+
+        async with trio.open_nursery() as nursery:
+            for i, (off, n) in enumerate(spans):
+                nursery.start_soon(one, i, off, n)
+        done = 0
+        loaded = []
+        for (_, n), r in zip(spans, results, strict=True):
+            if r is None:
+                break
+            done += n
+            loaded.append(r)
+        if done == 0 and length:
+            raise DrmError(errno.EFAULT, f"GPU page fault at NPA {piece.npa_byte_address:#x}")
+        return done if write else b"".join(loaded)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
