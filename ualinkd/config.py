@@ -59,6 +59,8 @@ class NodeConfig:
     name: str
     address: str
     accels: tuple[AccelConfig, ...]
+    tls_cert: str | None = None  # PEM certificate (chain) of this node's fabric endpoint
+    tls_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class PodConfig:
     kernel_quirks: frozenset[str] = frozenset()
     response_timeout_ms: int = 5000
     send_ack_timeout_ms: int = 2000
+    tls_ca: str | None = None  # when set (with each node's cert and key) links use mutual TLS
     source: str = field(default="<built-in>", compare=False)
 
     # -- lookups --------------------------------------------------------------------------
@@ -163,7 +166,8 @@ class PodConfig:
                     int(a.get("latency", 1)),
                     int(a["npa_pages"]) if "npa_pages" in a else None,
                 ))
-            nodes.append(NodeConfig(str(n["name"]), str(n.get("address", "")), tuple(accels)))
+            nodes.append(NodeConfig(str(n["name"]), str(n.get("address", "")), tuple(accels),
+                                    n.get("tls_cert"), n.get("tls_key")))
         vpods = []
         for i, v in enumerate(doc.get("vpods", [])):
             where = f"{source}: vpods[{i}]"
@@ -186,6 +190,7 @@ class PodConfig:
             kernel_quirks=frozenset(pod.get("kernel_quirks", [])),
             response_timeout_ms=int(pod.get("response_timeout_ms", 5000)),
             send_ack_timeout_ms=int(pod.get("send_ack_timeout_ms", 2000)),
+            tls_ca=pod.get("tls_ca"),
             source=source,
         )
         cfg.validate()
@@ -222,6 +227,13 @@ class PodConfig:
                 if m in seen:
                     raise ConfigError(f"{src}: accel {m} is in vPods {seen[m]} and {v.vpod_id}")
                 seen[m] = v.vpod_id
+        if self.tls_ca is not None:
+            for n in self.nodes:
+                if not (n.tls_cert and n.tls_key):
+                    raise ConfigError(f"{src}: [pod] tls_ca is set, so node {n.name!r} needs "
+                                      "tls_cert and tls_key")
+        if self.response_timeout_ms <= 0 or self.send_ack_timeout_ms <= 0:
+            raise ConfigError(f"{src}: timeouts must be positive milliseconds")
         unknown = self.kernel_quirks - KNOWN_QUIRKS
         if unknown:
             raise ConfigError(f"{src}: unknown kernel quirks {sorted(unknown)} "
@@ -238,8 +250,12 @@ class PodConfig:
             f"response_timeout_ms = {self.response_timeout_ms}",
             f"send_ack_timeout_ms = {self.send_ack_timeout_ms}",
         ]
+        if self.tls_ca is not None:
+            lines.append(f'tls_ca = "{self.tls_ca}"')
         for n in self.nodes:
             lines += ["", "[[nodes]]", f'name = "{n.name}"', f'address = "{n.address}"']
+            if n.tls_cert and n.tls_key:
+                lines += [f'tls_cert = "{n.tls_cert}"', f'tls_key = "{n.tls_key}"']
             for a in n.accels:
                 lines += [
                     "[[nodes.accels]]",

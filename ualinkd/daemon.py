@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Callable
 from typing import TextIO
@@ -62,6 +63,25 @@ def copy_to_user(pid: int, address: int, data: bytes) -> None:
         os.close(fd)
 
 
+def tls_contexts(
+    config: PodConfig, node_name: str
+) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """Mutual TLS for the fabric when the pod config names a CA: both sides present their
+    node certificate and check the other's against the CA. Node identity itself is still
+    proven by the HMAC handshake inside, so host names are not checked."""
+    if config.tls_ca is None:
+        return None, None
+    node = config.node(node_name)
+    assert node.tls_cert and node.tls_key
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=config.tls_ca)
+    server.verify_mode = ssl.CERT_REQUIRED
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.tls_ca)
+    client.check_hostname = False
+    for ctx in (server, client):
+        ctx.load_cert_chain(node.tls_cert, node.tls_key)
+    return server, client
+
+
 def make_tracer(mode: str | None, out: TextIO) -> Callable[[TraceRecord], None] | None:
     if not mode:
         return None
@@ -105,8 +125,10 @@ async def run_node(
         except DrmError as e:
             return Data(req.seq, -e.errno)
 
+    server_tls, client_tls = tls_contexts(config, node_name)
     link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
-                      on_request=on_request)
+                      on_request=on_request, ssl_context=server_tls,
+                      ssl_client_context=client_tls)
     agent = UalinkAgent(core, link.send, config.response_timeout_ms / 1000, link.request)
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_status = lambda: "".join(

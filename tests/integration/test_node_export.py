@@ -271,3 +271,29 @@ def test_sigterm_unmounts_and_stale_mount_is_cleared(tmp_path):
         assert fuse_mounts_at(str(n.mount))  # dead mount left behind
         with running_node(tmp_path) as n2, Client(n2.render()) as c:
             assert c.export(c.bo_create())[0] != 0
+
+
+def test_pod_command_starts_and_stops_cleanly(tmp_path):
+    """`ualinkd pod` (DESIGN Interfaces): one process per node, a ready line per node
+    once the fabric links are up, a cross-node import works, SIGINT unmounts everything
+    and exits 0."""
+    root = tmp_path / "pod"
+    proc = subprocess.Popen([sys.executable, "-m", "ualinkd", "pod", "--nodes", "2",
+                             "--root", str(root)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        ready = [proc.stdout.readline() for _ in range(2)]
+        assert [line.split()[0] for line in ready] == ["node0", "node1"], ready
+        assert "mount=" in ready[0] and "accels=0" in ready[0]
+        with Client(str(root / "node0/dri/renderD128")) as a, \
+                Client(str(root / "node1/dri/renderD128")) as b:
+            os.close(b.import_(a.export(a.bo_create())))
+        assert (root / "pod.toml").exists()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+        assert not fuse_mounts_at(str(root / "node0"))
+        assert not fuse_mounts_at(str(root / "node1"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

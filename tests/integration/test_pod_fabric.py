@@ -210,3 +210,43 @@ def test_vpod_change_through_sysfs_bounces_the_accel(tmp_path):
             with pytest.raises(OSError) as e:
                 (cfg / "addr_mode").write_text("bogus")
             assert e.value.errno == errno.EINVAL
+
+
+def test_importer_killed_while_exporter_revokes(tmp_path):
+    """§6.5, §5.7 steps 6–8: B is SIGKILLed holding an import; A's revoke gets no
+    RELEASE: after the response timeout A frees the NPA, unpins, and resets its connection
+    to B."""
+    with running_pod(tmp_path, config=pod_config(2, response_ms=300)) as (a, b):
+        with Client(a.render()) as ca:
+            bo = ca.bo_create()
+            handle = ca.export(bo)
+            with Client(b.render()) as cb:
+                os.close(cb.import_(handle))
+                b.stop(signal.SIGKILL)
+            ca.bo_close(bo)
+            assert "state=ESTABLISHED" in a.debug(128, "ualink_peers")
+            assert wait_until(lambda: a.debug(128, "ualink_npa").startswith("used_pages=0 "))
+            assert "state=NOT_READY" in a.debug(128, "ualink_peers")
+            assert a.debug(128, "gem_objects") == ""
+
+
+def test_tls_fabric(tmp_path):
+    """Mutual TLS between daemons when the pod config names a CA; imports work over it."""
+    trustme = pytest.importorskip("trustme", reason="trustme is in the test extras")
+    ca = trustme.CA()
+    ca_path = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    base = pod_config(2)
+    nodes = []
+    for n in base.nodes:
+        cert = ca.issue_cert("127.0.0.1", n.name)
+        cert_path, key_path = tmp_path / f"{n.name}.pem", tmp_path / f"{n.name}.key"
+        cert.cert_chain_pems[0].write_to_path(str(cert_path))
+        cert.private_key_pem.write_to_path(str(key_path))
+        nodes.append(replace(n, tls_cert=str(cert_path), tls_key=str(key_path)))
+    cfg = replace(base, nodes=tuple(nodes), tls_ca=str(ca_path))
+    with running_pod(tmp_path, config=cfg) as (a, b):
+        with Client(a.render()) as ca_, Client(b.render()) as cb:
+            fd = cb.import_(ca_.export(ca_.bo_create()))
+            assert os.lseek(fd, 0, os.SEEK_END) == 1 << 20
+            os.close(fd)

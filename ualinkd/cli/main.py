@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import trio
 
@@ -28,6 +29,23 @@ def _trace_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _quirks_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kernel-quirks", default=None, metavar="NAME[,NAME]",
+        help="switch on kernel quirks (Emulator policy 2), e.g. hello-no-reset; "
+             "adds to the pod config's kernel_quirks",
+    )
+
+
+def _with_quirks(config: PodConfig, names: str | None) -> PodConfig:
+    if not names:
+        return config
+    cfg = replace(config, kernel_quirks=config.kernel_quirks
+                  | frozenset(q.strip() for q in names.split(",") if q.strip()))
+    cfg.validate()
+    return cfg
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ualinkd", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -37,12 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--node", required=True, help="this node's name in the config")
     node.add_argument("--mount", required=True, help="where to mount the node's files")
     _trace_arg(node)
+    _quirks_arg(node)
     pod = sub.add_parser("pod", help="run a whole local pod, one daemon process per node")
     pod.add_argument("--nodes", type=int, default=2)
     pod.add_argument("--accels-per-node", type=int, default=1)
     pod.add_argument("--root", default="./ualink-pod", help="node i is mounted at ROOT/node<i>")
     pod.add_argument("--ready-timeout", type=float, default=30.0, help=argparse.SUPPRESS)
     _trace_arg(pod)
+    _quirks_arg(pod)
     return p
 
 
@@ -69,7 +89,7 @@ def entry() -> None:
 def _node(args: argparse.Namespace) -> int:
     from ..daemon import run_node
 
-    config = PodConfig.load(args.config)
+    config = _with_quirks(PodConfig.load(args.config), args.kernel_quirks)
     config.node(args.node)  # fail early on an unknown name
     try:
         trio.run(run_node, config, args.node, args.mount, args.trace)
@@ -85,7 +105,9 @@ def _pod(args: argparse.Namespace) -> int:
         return 2
     root = os.path.abspath(args.root)
     os.makedirs(root, exist_ok=True)
-    config = PodConfig.local(args.nodes, args.accels_per_node, free_tcp_ports(args.nodes))
+    config = _with_quirks(
+        PodConfig.local(args.nodes, args.accels_per_node, free_tcp_ports(args.nodes)),
+        args.kernel_quirks)
     conf_path = os.path.join(root, "pod.toml")
     with open(conf_path, "w") as f:
         f.write(config.to_toml())
