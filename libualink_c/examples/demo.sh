@@ -38,13 +38,18 @@ HANDLE=$(grep -o '^handle=[0-9a-f]*' "$ROOT/export.out" | head -1 | cut -d= -f2)
 step "client B (another process) imports it on node0: the local path gives a real dma-buf fd"
 "$BIN/import" "$ROOT/node0/dri/renderD128" "$HANDLE" || true
 
-step "importing it on node1 needs the pod fabric (not built yet), so it fails like an unsent HELLO"
+step "client C imports it on node1: HELLO, NPA_REQ and NPA_RSP cross the TCP fabric"
 "$BIN/import" "$ROOT/node1/dri/renderD128" "$HANDLE" || true
+echo "node0 exports:  $(cat "$ROOT/node0/sys/kernel/debug/dri/128/ualink_exports")"
+echo "node1 imports:  $(cat "$ROOT/node1/sys/kernel/debug/dri/128/ualink_imports")"
+echo "node1 peers:    $(cat "$ROOT/node1/sys/kernel/debug/dri/128/ualink_peers")"
 
-step "client A exits: its last GEM handle goes, handle_free revokes the export"
+step "client A exits: its last GEM handle goes, handle_free revokes: NPA_REVOKE -> NPA_RELEASE"
 exec 3>&-
 wait "$EXPORTER" || true
-"$BIN/import" "$ROOT/node0/dri/renderD128" "$HANDLE" || true
+sleep 0.2
+echo "node1 imports:  '$(cat "$ROOT/node1/sys/kernel/debug/dri/128/ualink_imports")' (torn down)"
+"$BIN/import" "$ROOT/node1/dri/renderD128" "$HANDLE" || true
 
 step "what node0 and node1 traced (ualinkd pod --trace)"
 grep -v ' ready: ' "$ROOT/pod.out" || true

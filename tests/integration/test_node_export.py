@@ -297,3 +297,15 @@ def test_pod_command_starts_and_stops_cleanly(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_ualinkctl_state(node):
+    """`ualinkctl` reads a running node through its mount."""
+    from ualinkd.cli import ctl
+
+    out = subprocess.run([sys.executable, "-c", "from ualinkd.cli.ctl import entry; entry()",
+                          "--mount", str(node.mount), "--json", "state"],
+                         check=True, capture_output=True, text=True).stdout
+    accels = json.loads(out)
+    assert accels[0]["render"] == "renderD128" and accels[0]["accel_state"] == "active"
+    assert ctl.main(["--mount", str(node.mount), "state"]) == 0

@@ -15,6 +15,8 @@ def read_accels(mount: str) -> list[dict[str, str]]:
         d = os.path.join(base, name, "device", "ualink")
         info = {"render": name}
         for attr in sorted(os.listdir(d)):
+            if os.path.isdir(os.path.join(d, attr)):
+                continue  # setup/, config/, stations/: the configuration interface
             with open(os.path.join(d, attr)) as f:
                 info[attr] = f.read().rstrip("\n")
         accels.append(info)
