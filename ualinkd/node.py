@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from .amdgpu.driver import AmdgpuDriver, CopyToUser
+from .amdgpu.vm import RemotePiece, gpu_load, gpu_store
 from .config import PodConfig
 from .drm.device import Caller, DrmDevice, IoctlResult
 from .drm.errors import DrmError
@@ -30,10 +31,18 @@ log = logging.getLogger(__name__)
 
 RENDER_MINOR_BASE = 128
 FdResolver = Callable[[int, int], int]  # (pid, fd) -> dma-buf key; raises EBADF/EINVAL
+# (importing accel id, piece, write, data to store | None) -> loaded bytes | count stored.
+RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"], Awaitable["bytes | int"]]
 
 
 def _no_resolver(pid: int, fd: int) -> int:
     raise DrmError(errno.EBADF)
+
+
+async def _no_fabric(
+    accel_id: int, piece: RemotePiece, write: bool, data: bytes | None = None
+) -> bytes | int:
+    raise DrmError(errno.EFAULT, f"accel {piece.exporter_accel} is unreachable (no fabric)")
 
 
 class NodeCore:
@@ -73,6 +82,12 @@ class NodeCore:
         self.after_request: Callable[[], None] = self._discard_effects
         # One line per peer node, "<name> up|down"; the daemon plugs in its fabric link.
         self.fabric_status: Callable[[], str] = lambda: ""
+        # GPU loads/stores of imported NPA BOs (policy 10). The fabric agent replaces it.
+        # Contract: `remote_access(accel_id, piece, write, data)` with accel_id the importing
+        # accel; returns the bytes loaded / the count stored, short when the exporter faults
+        # part-way, and raises DrmError(EFAULT) when not even the first byte could be done
+        # (no PTE at the exporter, exporter unreachable: policy 3).
+        self.remote_access: RemoteAccess = _no_fabric
 
     def _discard_effects(self) -> None:
         for mgr in self.managers.values():
@@ -126,12 +141,37 @@ class NodeCore:
                                     res.spec, in_bytes, res.result, res.out))
         return res.result, res.out
 
-    def gpu_read(self, drm_file: object, va: int, size: int, caller: Caller) -> bytes:
-        # The GPU VM of a file has no mappings until GEM_VA is emulated: every VA faults.
-        raise DrmError(errno.EFAULT, f"GPU page fault at VA {va:#x} (unmapped)")
+    def gpu_read(
+        self, drm_file: object, va: int, size: int, caller: Caller
+    ) -> bytes | Awaitable[bytes]:
+        """A GPU load through the file's VM (policy 10): bytes at once when every piece is
+        local memory, an awaitable when some are remote (the FUSE edge takes both)."""
+        assert isinstance(drm_file, DrmFile)
+        driver = drm_file.device.driver
+        assert isinstance(driver, AmdgpuDriver)
+        return gpu_load(driver.vm(drm_file), va, size, self._remote_for(drm_file),
+                        driver.count_gpu_fault)
 
-    def gpu_write(self, drm_file: object, va: int, data: bytes, caller: Caller) -> int:
-        raise DrmError(errno.EFAULT, f"GPU page fault at VA {va:#x} (unmapped)")
+    def gpu_write(
+        self, drm_file: object, va: int, data: bytes, caller: Caller
+    ) -> int | Awaitable[int]:
+        """A GPU store through the file's VM (policy 10); the count stored."""
+        assert isinstance(drm_file, DrmFile)
+        driver = drm_file.device.driver
+        assert isinstance(driver, AmdgpuDriver)
+        return gpu_store(driver.vm(drm_file), va, data, self._remote_for(drm_file),
+                         driver.count_gpu_fault)
+
+    def _remote_for(
+        self, drm_file: DrmFile
+    ) -> Callable[[RemotePiece, bool, bytes | None], Awaitable[bytes | int]]:
+        def remote(piece: RemotePiece, write: bool, data: bytes | None) -> Awaitable[bytes | int]:
+            # The access is issued by the accel that holds the NPA BO (normally this file's).
+            device = piece.bo.device if piece.bo is not None else drm_file.device
+            accel_id = self.managers[device.minor].accel_id
+            return self.remote_access(accel_id, piece, write, data)
+
+        return remote
 
     # -- NodeBackend: dma-bufs ----------------------------------------------------------------
     def dmabuf_lookup(self, name: str, caller: Caller) -> tuple[int, int]:
@@ -166,6 +206,8 @@ class NodeCore:
     def _debugfs(self, minor: int) -> SysDir:
         """debugfs lookalikes (read-only): what the device holds right now."""
         device, mgr = self.devices[minor], self.managers[minor]
+        driver = device.driver
+        assert isinstance(driver, AmdgpuDriver)
 
         def gem_objects() -> str:
             return "".join(
@@ -191,6 +233,7 @@ class NodeCore:
             "ualink_drop_msg": SysAttr(lambda: f"{mgr.drop_msg_bitmap:#x}\n", write_drop,
                                        0o600),
             "gem_objects": SysAttr(gem_objects),
+            "gpu_faults": SysAttr(lambda: f"{driver.gpu_faults}\n"),
             "ualink_imports": SysAttr(lambda: "".join(
                 f"{n.handle_lo:#018x} {n.handle_hi:#018x} exporter={n.exporter} "
                 f"state={n.state.name} pages={n.size_pages}\n" for n in mgr.imports.values())),

@@ -169,7 +169,8 @@ def test_emulated_entries():
                 if s.emulated}
     assert emulated == {
         "GEM_CLOSE", "GET_CAP", "PRIME_HANDLE_TO_FD", "PRIME_FD_TO_HANDLE",
-        "AMDGPU_GEM_CREATE", "AMDGPU_GEM_MMAP", "AMDGPU_GEM_OP", "AMDGPU_UALINK_HANDLE",
+        "AMDGPU_GEM_CREATE", "AMDGPU_GEM_MMAP", "AMDGPU_GEM_VA", "AMDGPU_GEM_OP",
+        "AMDGPU_UALINK_HANDLE",
     }
 
 

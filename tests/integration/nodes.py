@@ -160,6 +160,10 @@ int ualink_import(ualink_dev *dev, const uint64_t handle[2], int *dmabuf_fd);
 int ualink_prime_handle_to_fd(ualink_dev *dev, uint32_t gem_handle, uint32_t flags,
                               int *dmabuf_fd);
 int ualink_prime_fd_to_handle(ualink_dev *dev, int dmabuf_fd, uint32_t *gem_handle);
+int ualink_va_map(ualink_dev *dev, uint32_t gem_handle, uint64_t va,
+                  uint64_t offset_in_bo, uint64_t size, uint32_t flags);
+int ualink_va_unmap(ualink_dev *dev, uint32_t gem_handle, uint64_t va,
+                    uint64_t offset_in_bo, uint64_t size);
 """
 ffi = cffi.FFI()
 ffi.cdef(_CDEF)
@@ -232,3 +236,19 @@ class Client:
         h = ffi.new("uint32_t *")
         _check(self.lib.ualink_prime_fd_to_handle(self.dev, fd, h))
         return h[0]
+
+    def va_map(self, gem_handle: int, va: int, size: int, offset: int = 0,
+               flags: int = 0x6) -> None:
+        """GEM_VA MAP (flags default READABLE | WRITEABLE)."""
+        _check(self.lib.ualink_va_map(self.dev, gem_handle, va, offset, size, flags))
+
+    def va_unmap(self, gem_handle: int, va: int, size: int, offset: int = 0) -> None:
+        _check(self.lib.ualink_va_unmap(self.dev, gem_handle, va, offset, size))
+
+    def gpu_read(self, va: int, size: int) -> bytes:
+        """One pread at offset = GPU VA (a GPU load; may come back short, policy 10)."""
+        return os.pread(self.fd, size, va)
+
+    def gpu_write(self, va: int, data: bytes) -> int:
+        """One pwrite at offset = GPU VA (a GPU store); the count written."""
+        return os.pwrite(self.fd, data, va)

@@ -128,7 +128,7 @@ AMDGPU_IOCTLS: dict[int, IoctlSpec] = {
         _drv(0x05, "INFO", IOC_WRITE, 32),
         _drv(0x06, "GEM_METADATA", _RW, 288),
         _drv(0x07, "GEM_WAIT_IDLE", _RW, 16),
-        _drv(0x08, "GEM_VA", IOC_WRITE, st.GEM_VA.size),
+        _drv(0x08, "GEM_VA", IOC_WRITE, st.GEM_VA.size, True),
         _drv(0x09, "WAIT_CS", _RW, 32),
         _drv(0x10, "GEM_OP", _RW, st.GEM_OP.size, True),
         _drv(0x11, "GEM_USERPTR", _RW, 24),

@@ -1,7 +1,8 @@
 """amdgpu buffer objects: a GemObject with domains, creation flags and placement (§2.3).
 
-Memory is accounted, not allocated: `MemoryPool` is a domain's capacity (VRAM, GTT), so a
-16 GiB BO costs nothing until something writes to it (issue 4 adds the bytes).
+`MemoryPool` is a domain's capacity (VRAM, GTT), accounted at creation; the bytes themselves
+are a `BoMemory` created on first use and allocated lazily, so a 16 GiB BO costs nothing until
+something writes to it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..abi.constants import (
 )
 from ..drm.errors import DrmError
 from ..drm.gem import DmaBuf, GemObject
+from .memory import BoMemory
 
 if TYPE_CHECKING:
     from ..drm.device import DrmDevice
@@ -46,6 +48,7 @@ class MemoryPool:
 
 class AmdgpuBo(GemObject):
     __slots__ = (
+        "_memory",
         "alignment",
         "allowed_domains",
         "flags",
@@ -86,6 +89,14 @@ class AmdgpuBo(GemObject):
         self.npa: tuple[int, int, int] | None = None
         self.npa_revoked = False
         self.on_handle_free: Callable[[AmdgpuBo], None] | None = None
+        self._memory: BoMemory | None = None
+
+    @property
+    def memory(self) -> BoMemory:
+        """The BO's bytes, created on first use (reads of untouched bytes give zeros)."""
+        if self._memory is None:
+            self._memory = BoMemory(self.size)
+        return self._memory
 
     @property
     def vm_always_valid(self) -> bool:
@@ -101,6 +112,7 @@ class AmdgpuBo(GemObject):
             self.on_handle_free(self)
 
     def free(self) -> None:
+        self._memory = None  # VRAM_WIPE_ON_RELEASE: the bytes go with the BO
         if self.placement is not None:
             self.placement.uncharge(self.size)
             self.placement = None

@@ -1,5 +1,8 @@
 """The amdgpu half of a DrmDevice: its ioctl handlers and GEM/PRIME hooks (spec §1.6, §2.3–2.8).
 
+Each DrmFile gets a GPU VM (`vm.GpuVm`) on first use; gem_object_open/close keep its bo_va
+bookkeeping (§2.4) and GEM_VA maps BOs into it (§2.6).
+
 The UALINK_HANDLE handler decodes the union and applies the kernel's prologue; the export
 and import work itself is the UALink manager's (`UalinkOps`), injected so this layer does
 not depend on the one above it.
@@ -18,6 +21,7 @@ from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf, GemObject
 from .bo import AmdgpuBo, MemoryPool, place
+from .vm import GpuVm, gem_va
 
 # Domains that must stand alone (amdgpu_gem_are_domains_valid, §2.3).
 _SPECIAL = c.DOMAIN_GDS | c.DOMAIN_GWS | c.DOMAIN_OA | c.DOMAIN_DOORBELL
@@ -59,9 +63,11 @@ class AmdgpuDriver:
         self.ualink: UalinkOps | None = None
         self.copy_to_user = copy_to_user
         self._mmap_next = _MMAP_OFFSET_START
+        self.gpu_faults = 0  # GPU page faults of loads/stores through any file's VM (policy 10)
         self.ioctls: dict[int, Handler] = {
             0x40: self.gem_create_ioctl,
             0x41: self.gem_mmap_ioctl,
+            0x48: self.gem_va_ioctl,
             0x50: self.gem_op_ioctl,
             0x5B: self.ualink_handle_ioctl,
         }
@@ -94,11 +100,24 @@ class AmdgpuDriver:
         return obj
 
     # -- DRM driver hooks --------------------------------------------------------------------
+    def vm(self, file: DrmFile) -> GpuVm:
+        """The file's GPU VM (amdgpu_driver_open_kms creates it at open; here on first use)."""
+        vm = file.vm
+        if vm is None:
+            vm = file.vm = GpuVm()
+        assert isinstance(vm, GpuVm)
+        return vm
+
+    def count_gpu_fault(self) -> None:
+        self.gpu_faults += 1
+
     def gem_object_open(self, obj: GemObject, file: DrmFile) -> None:
-        pass  # GPU VM bo_va bookkeeping arrives with GEM_VA (issue 4)
+        assert isinstance(obj, AmdgpuBo)
+        self.vm(file).bo_open(obj)  # amdgpu_gem_object_open: find or add the bo_va
 
     def gem_object_close(self, obj: GemObject, file: DrmFile) -> None:
-        pass
+        assert isinstance(obj, AmdgpuBo)
+        self.vm(file).bo_close(obj)  # the last handle takes the bo_va and its mappings
 
     def gem_prime_export(self, obj: GemObject) -> DmaBuf:
         """amdgpu_gem_prime_export: VM_ALWAYS_VALID (and userptr) BOs cannot be shared."""
@@ -159,6 +178,19 @@ class AmdgpuDriver:
             bo.mmap_offset = self._mmap_next
             self._mmap_next += pages
         kdata[0:8] = bo.mmap_offset.to_bytes(8, "little")
+
+    # -- GEM_VA (§2.6) -------------------------------------------------------------------------
+    def gem_va_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        """Table direction W: nothing is copied back. A 40-byte legacy call arrives here
+        zero-extended to 64 bytes by the DRM core (§2.1)."""
+        args = st.GEM_VA.decode(bytes(kdata[: st.GEM_VA.size]))
+
+        def lookup(handle: int) -> AmdgpuBo | None:
+            obj = file.lookup(handle)
+            assert obj is None or isinstance(obj, AmdgpuBo)
+            return obj
+
+        gem_va(self.vm(file), args, lookup)
 
     # -- GEM_OP (§2.8) -------------------------------------------------------------------------
     def gem_op_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:

@@ -28,6 +28,7 @@ class DrmFile:
         self.prime_by_handle: dict[int, DmaBuf] = {}
         self.prime_by_buf: dict[int, int] = {}  # dma-buf id -> handle
         self.closed = False
+        self.vm: object | None = None  # the driver's GPU VM of this file (amdgpu: GpuVm)
 
     # -- handle table -----------------------------------------------------------------
     def handle_create(self, obj: GemObject) -> int:

@@ -1,0 +1,101 @@
+"""BoMemory: lazily allocated BO bytes, zero until written (spec §2.3 VRAM_CLEARED)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+from ualink_testkit import device, gem_close, gem_create, make_node, open_file
+
+from ualinkd.abi import constants as c
+from ualinkd.amdgpu.bo import AmdgpuBo
+from ualinkd.amdgpu.memory import CHUNK, BoMemory
+
+GIB = 1 << 30
+
+
+def test_untouched_bo_reads_zero_and_costs_nothing():
+    """§2.3: VRAM_CLEARED is forced on, so a new BO reads as zeros; nothing is allocated."""
+    m = BoMemory(16 * GIB)
+    assert m.read(0, 4096) == bytes(4096)
+    assert m.read(16 * GIB - 100, 100) == bytes(100)
+    assert m.read(5 * GIB - 10, 3 * CHUNK) == bytes(3 * CHUNK)
+    assert m.chunks == 0 and m.resident_bytes == 0
+
+
+def test_16_gib_bo_written_far_apart_allocates_two_chunks():
+    """§2.3: a 16 GiB BO written at two far apart offsets holds only the two chunks it
+    touched (64 KiB each), and reads them back."""
+    m = BoMemory(16 * GIB)
+    m.write(0x1000, b"head")
+    m.write(16 * GIB - 4, b"tail")
+    assert m.chunks == 2
+    assert m.resident_bytes == 2 * CHUNK
+    assert m.read(0x1000, 4) == b"head"
+    assert m.read(16 * GIB - 4, 4) == b"tail"
+    assert m.read(0x0FFE, 8) == b"\0\0head\0\0"
+
+
+def test_page_granularity_is_a_parameter():
+    """§2.3: with 4 KiB pages the same two writes cost two pages."""
+    m = BoMemory(16 * GIB, chunk=4096)
+    m.write(0, b"x")
+    m.write(8 * GIB, b"y")
+    assert (m.chunks, m.resident_bytes) == (2, 8192)
+
+
+def test_last_chunk_is_cut_to_the_bo_size():
+    """§2.3: a BO whose size is not a multiple of the chunk allocates no bytes past it."""
+    m = BoMemory(CHUNK + 4096)
+    m.write(CHUNK + 4000, b"z" * 96)
+    assert m.resident_bytes == 4096
+
+
+@pytest.mark.parametrize("offset,n", [(-1, 1), (0, 4097), (4096, 1), (4000, 200), (0, -1)])
+def test_out_of_range_read_is_a_bug(offset, n):
+    """§2.6: callers check ranges against the BO first; an access outside is our bug."""
+    with pytest.raises(AssertionError):
+        BoMemory(4096).read(offset, n)
+
+
+@pytest.mark.parametrize("offset,n", [(-1, 1), (0, 4097), (4096, 1), (4000, 200)])
+def test_out_of_range_write_is_a_bug(offset, n):
+    """§2.6: the same for stores; nothing is written."""
+    m = BoMemory(4096)
+    with pytest.raises(AssertionError):
+        m.write(offset, b"x" * n)
+    assert m.chunks == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(hs.lists(hs.tuples(hs.integers(0, 5 * 4096 - 1), hs.binary(min_size=0, max_size=9000)),
+                max_size=12),
+       hs.sampled_from([4096, 8192, CHUNK]))
+def test_matches_a_flat_bytearray(writes, chunk):
+    """§2.3: any sequence of writes reads back like one flat zero-filled buffer."""
+    size = 5 * 4096
+    m, flat = BoMemory(size, chunk), bytearray(size)
+    for off, data in writes:
+        data = data[: size - off]
+        m.write(off, data)
+        flat[off : off + len(data)] = data
+    assert m.read(0, size) == bytes(flat)
+    for off, data in writes:
+        assert m.read(off, len(data[: size - off])) == bytes(flat[off : off + len(data)])
+
+
+def test_bo_memory_created_on_first_use_and_freed_with_the_bo():
+    """§2.4: the bytes appear on first use and go when the BO is freed (last handle)."""
+    core = make_node()
+    f = open_file(core)
+    h = gem_create(f, 1 << 20, c.DOMAIN_VRAM)
+    bo = f.lookup(h)
+    assert isinstance(bo, AmdgpuBo)
+    assert bo._memory is None
+    bo.memory.write(4096, b"data")
+    assert bo.memory.read(4096, 4) == b"data"
+    assert bo._memory is not None
+    gem_close(f, h)
+    assert bo.refcount == 0
+    assert bo._memory is None
+    assert not device(core).objects

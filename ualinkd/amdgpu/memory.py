@@ -1,0 +1,92 @@
+"""BoMemory: the bytes behind one buffer object, allocated lazily (spec §2.3 VRAM_CLEARED).
+
+A BO's memory is a sparse set of fixed-size chunks, created on the first write that touches
+them; a chunk never written reads as zeros, which is what VRAM_CLEARED (always forced on)
+promises. A 16 GiB BO nobody writes to costs a dict. Offsets are byte offsets in the BO and
+every access must lie inside it: the callers (GPU VM planner, NPA page table) check ranges
+first, so an out-of-range access here is a bug and raises AssertionError.
+"""
+
+from __future__ import annotations
+
+# 64 KiB chunks, measured against 4 KiB pages and 256 KiB chunks (1 MiB first write /
+# rewrite / read, ms): 4 KiB 0.71/0.18/0.15, 64 KiB 0.07/0.05/0.05, 256 KiB 0.06/0.05/0.04.
+# 64 KiB gets nearly all the speed while a sparse BO pays at most 60 KiB per touched spot.
+CHUNK_SHIFT = 16
+CHUNK = 1 << CHUNK_SHIFT
+
+
+_ZEROS: dict[int, bytes] = {}
+
+
+def _zeros(n: int) -> bytes:
+    z = _ZEROS.get(n)
+    if z is None:
+        z = _ZEROS[n] = bytes(n)
+    return z
+
+
+class BoMemory:
+    __slots__ = ("_chunks", "_shift", "chunk", "size")
+
+    def __init__(self, size: int, chunk: int = CHUNK) -> None:
+        if size < 0 or chunk <= 0 or chunk & (chunk - 1):
+            raise AssertionError(f"BoMemory({size}, chunk={chunk})")
+        self.size = size
+        self.chunk = chunk
+        self._shift = chunk.bit_length() - 1
+        self._chunks: dict[int, bytearray] = {}
+
+    @property
+    def chunks(self) -> int:
+        """How many chunks hold real bytes."""
+        return len(self._chunks)
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(len(c) for c in self._chunks.values())
+
+    def _check(self, offset: int, n: int) -> None:
+        if offset < 0 or n < 0 or offset + n > self.size:
+            raise AssertionError(f"BO memory access [{offset:#x}, +{n:#x}) outside "
+                                 f"its {self.size:#x} bytes")
+
+    def read(self, offset: int, n: int) -> bytes:
+        self._check(offset, n)
+        if n == 0:
+            return b""
+        shift, chunks = self._shift, self._chunks
+        first, last = offset >> shift, (offset + n - 1) >> shift
+        if first == last:
+            c = chunks.get(first)
+            if c is None:
+                return bytes(n)
+            o = offset - (first << shift)
+            return bytes(c[o : o + n])
+        # One copy: join takes the chunks' buffers and slices of a shared zero chunk.
+        zeros = memoryview(_zeros(self.chunk))
+        parts: list[memoryview] = []
+        end = offset + n
+        for idx in range(first, last + 1):
+            base = idx << shift
+            lo, hi = max(offset, base), min(end, base + self.chunk)
+            c = chunks.get(idx)
+            parts.append(zeros[: hi - lo] if c is None else memoryview(c)[lo - base : hi - base])
+        return b"".join(parts)
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        n = len(data)
+        self._check(offset, n)
+        shift, chunks, size = self._shift, self._chunks, self.chunk
+        mv = memoryview(data)
+        pos = 0
+        while pos < n:
+            idx = (offset + pos) >> shift
+            base = idx << shift
+            c = chunks.get(idx)
+            if c is None:
+                c = chunks[idx] = bytearray(min(size, self.size - base))
+            o = offset + pos - base
+            k = min(len(c) - o, n - pos)
+            c[o : o + k] = mv[pos : pos + k]
+            pos += k
