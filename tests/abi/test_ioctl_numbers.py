@@ -219,29 +219,34 @@ def test_header_compiles_twice_included():
     assert r.returncode == 0, r.stderr
 
 
-def _system_drm_flags() -> list[str] | None:
-    """Flags that make <drm/drm.h> and <drm/amdgpu_drm.h> includable, or None."""
+def _system_drm_flags() -> tuple[list[str], str] | None:
+    """Flags and includes that bring in the system DRM and amdgpu uAPI headers, or None."""
     if GCC is None:
         return None
-    for flags in ([], ["-I/usr/include/libdrm"]):
+    # The kernel's uapi layout (<drm/drm.h>) or libdrm's (-I/usr/include/libdrm, <drm.h>).
+    for flags, src in (([], _KERNEL_STYLE), (["-I/usr/include/libdrm"], _LIBDRM_STYLE)):
         r = subprocess.run(
             [GCC, "-fsyntax-only", *flags, "-x", "c", "-"],
-            input="#include <drm/drm.h>\n#include <drm/amdgpu_drm.h>\n",
-            capture_output=True, text=True, check=False,
+            input=src, capture_output=True, text=True, check=False,
         )
         if r.returncode == 0:
-            return flags
+            return flags, src
     return None
+
+
+_KERNEL_STYLE = "#include <drm/drm.h>\n#include <drm/amdgpu_drm.h>\n"
+_LIBDRM_STYLE = "#include <drm.h>\n#include <amdgpu_drm.h>\n"
 
 
 SYSTEM_DRM = _system_drm_flags()
 
 
-@pytest.mark.skipif(SYSTEM_DRM is None, reason="system <drm/drm.h> not installed")
+@pytest.mark.skipif(SYSTEM_DRM is None, reason="no system DRM headers (libdrm-dev)")
 def test_header_compiles_after_system_drm_headers():
     """§1.1: included after the system DRM headers, the header adds only the UALink block
     and its layout and number still agree."""
     assert SYSTEM_DRM is not None
-    src = "#include <drm/drm.h>\n#include <drm/amdgpu_drm.h>\n#include \"ualink/ualink_drm.h\"\n"
-    r = _compile(src + _USE, *SYSTEM_DRM)
+    flags, system = SYSTEM_DRM
+    src = system + "#include \"ualink/ualink_drm.h\"\n"
+    r = _compile(src + _USE, *flags)
     assert r.returncode == 0, r.stderr

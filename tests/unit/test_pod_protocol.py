@@ -267,3 +267,34 @@ async def test_drop_bitmap_one_npa_rsp(nursery, autojump_clock):
     assert b.managers[128].drop_msg_bitmap == 0
     assert (await import_(b, fb, handle))[0] == 0
     assert b.managers[128].imports[handle[0]].state == NodeState.READY
+
+
+async def test_data_plane_refusals(nursery, autojump_clock):
+    """§4.4, issue 4 "Bad input": LOAD/STORE at NPAs that are not mapped, outside the
+    exporter's segment, past the BO's end, or from an accel that is not an importer are
+    refused (EFAULT) and counted; a revoke invalidates the PTEs so the next load faults."""
+    fabric = MemFabric()
+    a, b, c = await start(nursery, make_pod(3), fabric)
+    fa, bo, handle = await create_export(a, 64 << 10)
+    fb = b.open_render(128, ME)
+    assert (await import_(b, fb, handle))[0] == 0
+    mgr = a.managers[128]
+    node = b.managers[128].imports[handle[0]]
+    base = ((0 << 29) | node.npa_offset) * 4096
+    mgr.serve_store(1, base + 10, b"hello")
+    assert mgr.serve_load(1, base + 10, 5) == b"hello"
+    bad = [
+        (1, base + (64 << 10), 1),  # past the end of the BO
+        (1, base + (60 << 10), 8 << 10),  # runs past the end
+        (1, base + (5 << 41), 4),  # another GPU's segment
+        (1, 0x800 * 4096 + (1 << 30), 4),  # not mapped
+        (2, base, 4),  # accel 2 never imported it
+    ]
+    for src, addr, n in bad:
+        with pytest.raises(DrmError) as e:
+            mgr.serve_load(src, addr, n)
+        assert e.value.errno == errno.EFAULT
+    assert mgr.refused_accesses == len(bad)
+    await ioctl(a, fa, GEM_CLOSE, struct.pack("<II", bo, 0))
+    with pytest.raises(DrmError):
+        mgr.serve_load(1, base, 4)
