@@ -8,7 +8,6 @@ import os
 import socket
 import statistics
 import sys
-import threading
 import time
 from multiprocessing import get_context
 from pathlib import Path
@@ -27,21 +26,23 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def tcp_rtt(samples: int = 2000) -> list[float]:
-    """Round trip of 32 bytes over a loopback TCP connection (Python both sides)."""
+def _echo_server(port_q) -> None:  # type: ignore[no-untyped-def]
     srv = socket.create_server(("127.0.0.1", 0))
-    port = srv.getsockname()[1]
+    port_q.put(srv.getsockname()[1])
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while data := conn.recv(64):
+        conn.sendall(data)
 
-    def echo() -> None:
-        conn, _ = srv.accept()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        while data := conn.recv(64):
-            conn.sendall(data)
-        conn.close()
 
-    t = threading.Thread(target=echo, daemon=True)
-    t.start()
-    c = socket.create_connection(("127.0.0.1", port))
+def tcp_rtt(samples: int = 2000) -> list[float]:
+    """Round trip of 32 bytes over loopback TCP between two processes (as between two
+    daemons), Python on both sides."""
+    ctx = get_context("fork")
+    q = ctx.Queue()
+    server = ctx.Process(target=_echo_server, args=(q,), daemon=True)
+    server.start()
+    c = socket.create_connection(("127.0.0.1", q.get(timeout=10)))
     c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     out = []
     for _ in range(samples):
@@ -52,7 +53,7 @@ def tcp_rtt(samples: int = 2000) -> list[float]:
             got += len(c.recv(64))
         out.append(time.perf_counter() - t0)
     c.close()
-    srv.close()
+    server.join(5)
     return out
 
 

@@ -89,11 +89,13 @@ def main() -> int:
               f"{u['median_ns'] / e['median_ns']:>10.2f}{u['p99_ns'] / e['p99_ns']:>10.2f}")
     print(f"GEM_CREATE + GEM_CLOSE pairs per second (4 KiB VRAM): {churn['pairs_per_sec']:.0f}")
 
+    import data_bench
     import pod_bench
 
     tmp = Path(tempfile.mkdtemp(prefix="ualink-bench."))
     try:
         lines, first, rtt = pod_bench.main(tmp)
+        data_lines, data = data_bench.main(tmp / "data")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print()
@@ -102,6 +104,11 @@ def main() -> int:
     budget = 3 * floor + rtt
     print(f"first import / (3 FUSE echo floors + 1 TCP round trip) = {first / budget:.2f}"
           f" (target 4; floor {floor * 1e6:.1f} µs, TCP {rtt * 1e6:.1f} µs)")
+    print()
+    print("\n".join(data_lines))
+    small = data[f"remote load {4 << 10}"]
+    print(f"4 KiB remote load / (FUSE echo floor + TCP round trip) = "
+          f"{small / (floor + rtt):.2f} (target ≤ 3)")
     return 0
 
 

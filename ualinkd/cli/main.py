@@ -92,7 +92,15 @@ def _node(args: argparse.Namespace) -> int:
     config = _with_quirks(PodConfig.load(args.config), args.kernel_quirks)
     config.node(args.node)  # fail early on an unknown name
     try:
-        trio.run(run_node, config, args.node, args.mount, args.trace)
+        profile = os.environ.get("UALINKD_PROFILE")  # developers: cProfile output file
+        if profile:
+            import cProfile
+
+            cProfile.runctx("trio.run(run_node, config, args.node, args.mount, args.trace)",
+                            globals(), {**locals(), "run_node": run_node},
+                            f"{profile}.{args.node}")
+        else:
+            trio.run(run_node, config, args.node, args.mount, args.trace)
     except OSError as e:
         print(f"ualinkd: {args.node}: {e}", file=sys.stderr)
         return 1

@@ -58,7 +58,14 @@ class DrmFile:
         self.device.driver.gem_object_close(obj, self)
         buf = self.prime_by_handle.pop(handle, None)
         if buf is not None:
-            del self.prime_by_buf[buf.id]
+            # Two handles of this file can share one dma-buf (both handles of one object);
+            # the lookup by dma-buf then moves to the one that stays (drm_prime_remove_...).
+            if self.prime_by_buf.get(buf.id) == handle:
+                other = next((h for h, b in self.prime_by_handle.items() if b is buf), None)
+                if other is None:
+                    del self.prime_by_buf[buf.id]
+                else:
+                    self.prime_by_buf[buf.id] = other
             buf.put()
         obj.handle_put()
 

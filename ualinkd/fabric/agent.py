@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 SendFn = Callable[[int, int, p.Dwords], Awaitable[None]]
 # (src accel, dst accel, NPA byte address, length to load | bytes to store) -> loaded bytes
 RequestFn = Callable[[int, int, int, "int | bytes"], Awaitable[bytes]]
-CHUNK = 256 << 10  # data-plane transfers are split into chunks this big ...
-IN_FLIGHT = 8  # ... with this many outstanding at once per transfer
+CHUNK = 1 << 20  # data-plane transfers are split into chunks this big ...
+IN_FLIGHT = 4  # ... with this many outstanding at once per transfer
 
 
 class UalinkAgent:
@@ -78,6 +78,15 @@ class UalinkAgent:
         faults, the result stops before it (EFAULT when nothing was done, policy 10)."""
         assert self._request is not None
         length = piece.length
+        if length <= CHUNK:  # one request: no tasks to spawn
+            arg = length if not write else (data or b"")[:length]
+            try:
+                got = await self._request(accel_id, piece.exporter_accel,
+                                          piece.npa_byte_address, arg)
+            except DrmError as e:
+                raise DrmError(errno.EFAULT, f"GPU page fault at NPA "
+                                             f"{piece.npa_byte_address:#x}: {e.strerror}") from None
+            return length if write else got
         spans = [(off, min(CHUNK, length - off)) for off in range(0, length, CHUNK)]
         results: list[bytes | None] = [None] * len(spans)
         limiter = trio.CapacityLimiter(IN_FLIGHT)

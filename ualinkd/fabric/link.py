@@ -5,10 +5,12 @@ one reader and one writer task; reconnects with backoff; sends wait for the peer
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
 import secrets
+import socket
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -44,7 +46,7 @@ log = logging.getLogger(__name__)
 OnMessage = Callable[[int, int, Dwords], None]
 OnPeerState = Callable[[str, bool], None]
 OnRequest = Callable[[str, Load | Store], Data]
-RECEIVE_SIZE = 1 << 16
+RECEIVE_SIZE = 1 << 20  # one data-plane chunk in as few reads as possible
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -53,6 +55,15 @@ def parse_address(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"fabric address {address!r} is not host:port")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _tune(stream: trio.abc.Stream) -> None:
+    """Room for a few data-plane chunks in flight each way (loopback autotuning starts
+    small and a 256 KiB DATA frame would otherwise go out in many partial sends)."""
+    if isinstance(stream, trio.SocketStream):
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            with contextlib.suppress(OSError):
+                stream.socket.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
 
 
 class _LinkDown(Exception):
@@ -219,6 +230,7 @@ class FabricLink:
             addr = f"{host}:{port}"
         except OSError:
             addr = "?"
+        _tune(tcp)
         stream: trio.abc.Stream = tcp
         hs = ServerHandshake(self.config, self.node_name, now=trio.current_time(),
                              nonces=self._nonces, key=self._key,
@@ -278,6 +290,7 @@ class FabricLink:
         try:
             with trio.move_on_at(hs.deadline):
                 stream = await trio.open_tcp_stream(host, port)
+                _tune(stream)
                 if self._ssl_client is not None:
                     stream = trio.SSLStream(stream, self._ssl_client, server_hostname=host)
                     await stream.do_handshake()
@@ -385,10 +398,11 @@ class FabricLink:
             while True:
                 await conn.wake.wait()
                 conn.wake = trio.Event()
-                data = conn.session.data_to_send()
-                if data:
+                parts = conn.session.data_to_send_parts()
+                if parts:
                     conn.writing = True
-                    await conn.stream.send_all(data)
+                    for part in parts:
+                        await conn.stream.send_all(part)
                     conn.writing = False
                     self._progress.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:

@@ -27,8 +27,10 @@ from .wire import (
     RemoteProtocolError,
     Store,
     _NeedData,
-    encode_frame,
+    encode_frame_parts,
 )
+
+_BIG = 64 << 10  # buffers this large are sent as they are, not joined
 
 SEQ_MOD: Final = 1 << 32
 
@@ -85,7 +87,7 @@ class Session:
         self._peer_accels = frozenset(peer_accels)
         self._local_accels = frozenset(local_accels)
         self._decoder = decoder or FrameDecoder()
-        self._out = bytearray()
+        self._out: list[bytes] = []
         self._next_seq = 1
         self._issued = 0
         self._outstanding: dict[int, FrameType] = {}  # seq -> MSG | LOAD | STORE
@@ -99,7 +101,7 @@ class Session:
         return seq
 
     def _queue(self, frame: Frame) -> None:
-        self._out += encode_frame(frame)
+        self._out.extend(encode_frame_parts(frame))
 
     def send_message(self, src_accel: int, dst_accel: int, dwords: Dwords) -> int:
         """Queue a MSG; returns its seq, which the matching AckReceived carries."""
@@ -139,9 +141,26 @@ class Session:
         self._pings.discard(token)
 
     def data_to_send(self) -> bytes:
-        out = bytes(self._out)
+        out = b"".join(self._out)
         self._out.clear()
         return out
+
+    def data_to_send_parts(self) -> list[bytes]:
+        """The queued bytes as few buffers: small frames joined, large data left alone."""
+        parts: list[bytes] = []
+        small: list[bytes] = []
+        for b in self._out:
+            if len(b) < _BIG:
+                small.append(b)
+                continue
+            if small:
+                parts.append(b"".join(small))
+                small = []
+            parts.append(b)
+        if small:
+            parts.append(b"".join(small))
+        self._out.clear()
+        return parts
 
     @property
     def has_data_to_send(self) -> bool:
