@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# `make demo`: a local two-node pod, a C client exporting a VRAM buffer on node0, another
-# process importing it, and what the daemons traced. Stops the pod on the way out.
+# `make demo`: a local two-node pod; a C client on node0 puts a message in VRAM and exports
+# it; a client on node1 imports it, maps it and loads/stores it through its GPU across the
+# fabric; the exporter lets go and the importer's next load faults. Stops the pod at the end.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=libualink_c/build
 ROOT=$(mktemp -d /tmp/ualink-demo.XXXXXX)
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+debug() { cat "$ROOT/$1/sys/kernel/debug/dri/128/$2"; }
 
 .venv/bin/ualinkd pod --nodes 2 --root "$ROOT" --trace >"$ROOT/pod.out" 2>"$ROOT/pod.log" &
 POD=$!
 cleanup() {
-  exec 3>&- 2>/dev/null || true
+  exec 3>&- 4>&- 2>/dev/null || true
   kill -TERM "$POD" 2>/dev/null && wait "$POD" 2>/dev/null || true
   rm -rf "$ROOT"
 }
 trap cleanup EXIT
+wait_for() {  # wait_for FILE PATTERN
+  for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
+  echo "timed out waiting for '$2' in $1" >&2; cat "$ROOT/pod.log" >&2; exit 1
+}
 
 for _ in $(seq 300); do
   [ "$(grep -c ' ready: ' "$ROOT/pod.out" 2>/dev/null)" = 2 ] && break
@@ -23,33 +29,44 @@ for _ in $(seq 300); do
 done
 step "ualinkd pod --nodes 2 --root $ROOT"
 grep ' ready: ' "$ROOT/pod.out"
-step "ualinkctl --mount $ROOT/node0 state"
 .venv/bin/ualinkctl --mount "$ROOT/node0" state
 
-step "client A exports a 2 MiB VRAM BO on node0 (and keeps it open)"
-mkfifo "$ROOT/hold"
-"$BIN/export" "$ROOT/node0/dri/renderD128" --wait <"$ROOT/hold" >"$ROOT/export.out" &
-EXPORTER=$!
-exec 3>"$ROOT/hold"
-for _ in $(seq 100); do grep -q '^handle=' "$ROOT/export.out" && break; sleep 0.05; done
-cat "$ROOT/export.out"
-HANDLE=$(grep -o '^handle=[0-9a-f]*' "$ROOT/export.out" | head -1 | cut -d= -f2)
+step "node0: client A stores a message in a VRAM buffer through its GPU and exports it"
+mkfifo "$ROOT/a.in" "$ROOT/b.in"
+"$BIN/share" "$ROOT/node0/dri/renderD128" <"$ROOT/a.in" >"$ROOT/a.out" &
+SHARE=$!
+exec 3>"$ROOT/a.in"
+wait_for "$ROOT/a.out" '^handle='
+cat "$ROOT/a.out"
+HANDLE=$(grep -o '^handle=[0-9a-f]*' "$ROOT/a.out" | cut -d= -f2)
 
-step "client B (another process) imports it on node0: the local path gives a real dma-buf fd"
-"$BIN/import" "$ROOT/node0/dri/renderD128" "$HANDLE" || true
+step "node0: client B (another process) imports it locally: a real dma-buf fd of the same BO"
+"$BIN/import" "$ROOT/node0/dri/renderD128" "$HANDLE"
 
-step "client C imports it on node1: HELLO, NPA_REQ and NPA_RSP cross the TCP fabric"
-"$BIN/import" "$ROOT/node1/dri/renderD128" "$HANDLE" || true
-echo "node0 exports:  $(cat "$ROOT/node0/sys/kernel/debug/dri/128/ualink_exports")"
-echo "node1 imports:  $(cat "$ROOT/node1/sys/kernel/debug/dri/128/ualink_imports")"
-echo "node1 peers:    $(cat "$ROOT/node1/sys/kernel/debug/dri/128/ualink_peers")"
+step "node1: client C imports it over the fabric, maps it at a GPU VA, loads and stores"
+"$BIN/peer" "$ROOT/node1/dri/renderD128" "$HANDLE" <"$ROOT/b.in" >"$ROOT/b.out" 3>&- &
+PEER=$!
+exec 4>"$ROOT/b.in"
+wait_for "$ROOT/b.out" 'importer stores'
+cat "$ROOT/b.out"
+echo "node0 exports: $(debug node0 ualink_exports)"
+echo "node1 imports: $(debug node1 ualink_imports)"
+echo "node1 peers:   $(debug node1 ualink_peers)"
 
-step "client A exits: its last GEM handle goes, handle_free revokes: NPA_REVOKE -> NPA_RELEASE"
+step "node0: client A loads what node1 stored, then exits: handle_free revokes the export"
 exec 3>&-
-wait "$EXPORTER" || true
-sleep 0.2
-echo "node1 imports:  '$(cat "$ROOT/node1/sys/kernel/debug/dri/128/ualink_imports")' (torn down)"
-"$BIN/import" "$ROOT/node1/dri/renderD128" "$HANDLE" || true
+wait "$SHARE"
+tail -n 1 "$ROOT/a.out"
+for _ in $(seq 100); do [ -z "$(debug node1 ualink_imports)" ] && break; sleep 0.05; done
+echo "node1 imports: '$(debug node1 ualink_imports)' (NPA_REVOKE -> NPA_RELEASE)"
 
-step "what node0 and node1 traced (ualinkd pod --trace)"
+step "node1: client C loads again: the mapping is still there, the memory is not"
+echo load >&4
+wait_for "$ROOT/b.out" 'importer load at'
+tail -n 1 "$ROOT/b.out"
+echo "node1 gpu_faults: $(debug node1 gpu_faults)"
+exec 4>&-
+wait "$PEER"
+
+step "what the daemons traced (ualinkd pod --trace), one line per ioctl"
 grep -v ' ready: ' "$ROOT/pod.out" || true
