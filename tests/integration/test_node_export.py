@@ -306,6 +306,6 @@ def test_ualinkctl_state(node):
     out = subprocess.run([sys.executable, "-c", "from ualinkd.cli.ctl import entry; entry()",
                           "--mount", str(node.mount), "--json", "state"],
                          check=True, capture_output=True, text=True).stdout
-    accels = json.loads(out)
+    accels = json.loads(out)["accels"]
     assert accels[0]["render"] == "renderD128" and accels[0]["accel_state"] == "active"
     assert ctl.main(["--mount", str(node.mount), "state"]) == 0

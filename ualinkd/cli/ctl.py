@@ -1,50 +1,584 @@
-"""`ualinkctl`: look at a running node through its mount (the sys/ tree)."""
+"""`ualinkctl`: look at and steer a running node through its mount (the sys/ tree only).
+
+Reading: the 12 sysfs attributes and the debugfs files of each render node are parsed into
+typed dicts (`--json`: one stable document) or printed as aligned tables. Steering: the
+writable files the kernel has too (config/ + commit, ualink_drop_msg). Every failure is one
+line on stderr that says what was refused and why; exit status 1, usage errors 2.
+`main(argv) -> int` so tests call it directly; `entry()` is the console script.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ..ualink.protocol import MsgType
+
+# -- one-line failures ---------------------------------------------------------------------
 
 
-def read_accels(mount: str) -> list[dict[str, str]]:
-    base = os.path.join(mount, "sys", "class", "drm")
+class CtlError(Exception):
+    """A failure to report as one line (exit status 1)."""
+
+
+def _errname(e: OSError) -> str:
+    return errno.errorcode.get(e.errno or 0, str(e.errno))
+
+
+# -- parsing the files (pure: text in, typed dicts out) ------------------------------------
+
+
+def _ids(text: str) -> list[int]:
+    return [int(x) for x in text.replace(",", " ").split()]
+
+
+# sysfs attribute -> its type; anything else stays a string.
+SYSFS_TYPES: dict[str, Callable[[str], object]] = {
+    "accel_id": int, "bandwidth": int, "latency": int, "ppod_size": int,
+    "vpod_id": int, "vpod_size": int, "vpod_active_accels": _ids, "local_accels": _ids,
+}
+SYSFS_ATTRS = ("link_type", "accel_id", "bandwidth", "latency", "ppod_id", "ppod_size",
+               "vpod_id", "vpod_size", "vpod_active_accels", "addr_mode", "accel_state",
+               "local_accels")
+
+
+@dataclass(frozen=True)
+class LineFormat:
+    """One debugfs file: leading positional fields, then key=value fields."""
+
+    positional: tuple[tuple[str, Callable[[str], object]], ...]
+    keys: dict[str, Callable[[str], object]]
+
+
+DEBUGFS_FORMATS: dict[str, LineFormat] = {
+    "gem_objects": LineFormat((("id", int),), {"size": int, "refcount": int,
+                                               "handle_count": int}),
+    "ualink_exports": LineFormat((("handle_lo", str), ("handle_hi", str)),
+                                 {"bo": int, "size": int, "pins": int, "importers": _ids}),
+    "ualink_imports": LineFormat((("handle_lo", str), ("handle_hi", str)),
+                                 {"exporter": int, "state": str, "pages": int}),
+    "ualink_peers": LineFormat((), {"accel": int, "state": str, "generation": int}),
+    "ualink_npa": LineFormat((), {"used_pages": int, "mappings": int}),
+    "clients": LineFormat((), {"pid": int, "uid": int, "handles": int}),
+}
+
+
+def _guess(text: str) -> object:
+    """A field this version of ualinkctl does not know: an int if it is one."""
+    try:
+        return int(text, 10)
+    except ValueError:
+        return text
+
+
+def parse_line(line: str, fmt: LineFormat, where: str = "") -> dict[str, object]:
+    tokens = line.split()
+    out: dict[str, object] = {}
+    try:
+        for (name, conv), tok in zip(fmt.positional, tokens, strict=False):
+            out[name] = conv(tok)
+        for tok in tokens[len(fmt.positional):]:
+            key, sep, value = tok.partition("=")
+            if not sep:
+                raise ValueError(f"{tok!r} is not key=value")
+            out[key] = fmt.keys.get(key, _guess)(value)
+    except ValueError as e:
+        raise CtlError(f"{where}: cannot parse {line!r}: {e}") from None
+    return out
+
+
+def parse_lines(text: str, fmt: LineFormat, where: str = "") -> list[dict[str, object]]:
+    return [parse_line(ln, fmt, where) for ln in text.splitlines() if ln.strip()]
+
+
+def parse_fabric(text: str) -> list[dict[str, object]]:
+    """sys/kernel/debug/ualink_fabric: `<node> up|down` per peer node."""
+    links = []
+    for ln in text.splitlines():
+        parts = ln.split()
+        if len(parts) == 2:
+            links.append({"node": parts[0], "up": parts[1] == "up"})
+    return links
+
+
+def msg_names(bitmap: int) -> list[str]:
+    return [MsgType(t).name if t in MsgType._value2member_map_ else str(t)
+            for t in range(64) if bitmap >> t & 1]
+
+
+def msg_type(word: str) -> MsgType:
+    """HELLO … NPA_RELEASE, any case, or the type's number."""
+    try:
+        return MsgType(int(word, 0)) if word[:1].isdigit() else MsgType[word.upper()]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"{word!r} is not a message type (one of {', '.join(m.name for m in MsgType)})"
+        ) from None
+
+
+def accel_ids(text: str) -> list[int]:
+    try:
+        ids = sorted(set(_ids(text)))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of accel ids") from None
+    if not ids or not all(0 <= i < 256 for i in ids):
+        raise argparse.ArgumentTypeError(f"{text!r}: accel ids are 0..255, at least one")
+    return ids
+
+
+def explain_vpod_refusal(accel: dict[str, object], pending: dict[str, object]) -> str:
+    """Why config/commit said EINVAL, from the kernel's checks in order (§5.9, §7.1):
+    `accel` is the accel's sysfs attributes, `pending` its config/ files."""
+    aid, state = accel["accel_id"], accel["accel_state"]
+    members = pending["vpod_active_accels"]
+    assert isinstance(members, list)
+    size, ppod_size = pending["vpod_size"], accel["ppod_size"]
+    assert isinstance(size, int) and isinstance(ppod_size, int)
+    head = f"accel {aid} is {state}"
+    if state == "unconfigured":
+        return f"{head}; a vPod needs a committed pPod first (setup/ files, setup/commit)"
+    if state == "error":
+        return f"{head}; it must leave its vPod first (ualinkctl deactivate)"
+    if not 1 <= size <= ppod_size:
+        return f"{head}; the vPod has {size} members but the pPod only {ppod_size} accels"
+    if pending["addr_mode"] not in ("source-aliasing", "source-identification"):
+        return f"{head}; the vPod needs an addr_mode (source-aliasing or source-identification)"
+    if len(members) != size:
+        return f"{head}; vpod_size is {size} but {len(members)} members are listed"
+    if aid not in members:
+        listed = ",".join(map(str, members)) or "none"
+        return f"{head}; the vPod needs accel {aid} among its members (members: {listed})"
+    return f"{head}; the daemon refused the configuration"
+
+
+# -- the mount -------------------------------------------------------------------------------
+
+
+class Mount:
+    """A node's mount, checked once; every read and write failure becomes a CtlError."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        drm = os.path.join(path, "sys", "class", "drm")
+        try:
+            os.stat(path)
+            names = os.listdir(drm)
+        except FileNotFoundError:
+            if not os.path.exists(path):
+                raise CtlError(f"{path} does not exist (is the node running? --mount DIR)") \
+                    from None
+            raise CtlError(f"{path} is not a ualinkd mount (no sys/class/drm)") from None
+        except OSError as e:
+            if e.errno == errno.ENOTCONN:
+                raise CtlError(f"{path}: the node's daemon is gone and left its mount behind "
+                               f"(ENOTCONN); clear it with fusermount3 -uz {path}") from None
+            raise CtlError(f"{path}: {e.strerror} ({_errname(e)})") from None
+        self.renders = sorted((n for n in names if n.startswith("renderD")),
+                              key=lambda n: int(n[len("renderD"):]))
+        if not self.renders:
+            raise CtlError(f"{path} is not a ualinkd mount (no renderD* in sys/class/drm)")
+
+    def _file(self, rel: str) -> str:
+        return os.path.join(self.path, rel)
+
+    def read(self, rel: str) -> str:
+        try:
+            with open(self._file(rel)) as f:
+                return f.read()
+        except FileNotFoundError:
+            raise CtlError(f"{self.path}: no {rel} (a ualinkd older than this ualinkctl?)") \
+                from None
+        except OSError as e:
+            raise CtlError(f"{self.path}: reading {rel}: {e.strerror} ({_errname(e)})") \
+                from None
+
+    def write(self, rel: str, text: str) -> None:
+        """One write(2) of `text`; OSError goes to the caller, who knows what it means."""
+        fd = os.open(self._file(rel), os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def minor(render: str) -> int:
+        return int(render[len("renderD"):])
+
+    def ualink_dir(self, render: str) -> str:
+        return f"sys/class/drm/{render}/device/ualink"
+
+    def debugfs(self, render: str, name: str) -> str:
+        return f"sys/kernel/debug/dri/{self.minor(render)}/{name}"
+
+    def sysfs(self, render: str) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for attr in SYSFS_ATTRS:
+            text = self.read(f"{self.ualink_dir(render)}/{attr}").strip()
+            out[attr] = SYSFS_TYPES.get(attr, str)(text)
+        return out
+
+    def pending_config(self, render: str) -> dict[str, object]:
+        cfg = f"{self.ualink_dir(render)}/config"
+        out: dict[str, object] = {}
+        for attr in ("vpod_id", "vpod_size", "vpod_active_accels", "addr_mode"):
+            text = self.read(f"{cfg}/{attr}").strip()
+            out[attr] = SYSFS_TYPES.get(attr, str)(text)
+        return out
+
+    def table(self, render: str, name: str) -> list[dict[str, object]]:
+        rel = self.debugfs(render, name)
+        return parse_lines(self.read(rel), DEBUGFS_FORMATS[name], rel)
+
+    def fabric(self) -> list[dict[str, object]]:
+        return parse_fabric(self.read("sys/kernel/debug/ualink_fabric"))
+
+    def pick(self, render: str | None) -> str:
+        """`--render`: renderD<n> or <n>; may be left out on a node with one accel."""
+        if render is None:
+            if len(self.renders) == 1:
+                return self.renders[0]
+            raise UsageError(f"--render is needed: this node has {', '.join(self.renders)}")
+        name = render if render.startswith("renderD") else f"renderD{render}"
+        if name not in self.renders:
+            raise UsageError(f"no {name} on this node (it has {', '.join(self.renders)})")
+        return name
+
+
+class UsageError(Exception):
+    """A command line that cannot mean anything on this node (exit status 2)."""
+
+
+# -- sections: one per read subcommand; `all` is their union -----------------------------------
+
+
+def _state(m: Mount, r: str) -> dict[str, object]:
+    return m.sysfs(r)
+
+
+def _peers(m: Mount, r: str) -> dict[str, object]:
+    return {"peers": m.table(r, "ualink_peers")}
+
+
+def _exports(m: Mount, r: str) -> dict[str, object]:
+    return {"exports": m.table(r, "ualink_exports")}
+
+
+def _imports(m: Mount, r: str) -> dict[str, object]:
+    return {"imports": m.table(r, "ualink_imports")}
+
+
+def _npa(m: Mount, r: str) -> dict[str, object]:
+    rows = m.table(r, "ualink_npa")
+    return {"npa": rows[0] if rows else {"used_pages": 0, "mappings": 0}}
+
+
+def _faults(m: Mount, r: str) -> dict[str, object]:
+    faults = m.read(m.debugfs(r, "gpu_faults")).strip()
+    try:
+        bitmap: int | None = int(m.read(m.debugfs(r, "ualink_drop_msg")).strip(), 16)
+    except CtlError:  # 0600: a non-root reader still gets the counters
+        bitmap = None
+    return {"faults": {"gpu_faults": int(faults), "drop_msg": bitmap,
+                       "drop_next": msg_names(bitmap) if bitmap is not None else None}}
+
+
+def _objects(m: Mount, r: str) -> dict[str, object]:
+    return {"objects": m.table(r, "gem_objects"), "clients": m.table(r, "clients")}
+
+
+SECTIONS: dict[str, Callable[[Mount, str], dict[str, object]]] = {
+    "state": _state, "peers": _peers, "exports": _exports, "imports": _imports,
+    "npa": _npa, "faults": _faults, "objects": _objects,
+}
+
+
+def collect(m: Mount, sections: Iterable[str]) -> dict[str, object]:
+    """The --json document: {"mount", "accels": [{render, minor, accel_id, …}], "fabric"?}."""
+    sections = list(sections)
     accels = []
-    for name in sorted(os.listdir(base)):
-        d = os.path.join(base, name, "device", "ualink")
-        info = {"render": name}
-        for attr in sorted(os.listdir(d)):
-            if os.path.isdir(os.path.join(d, attr)):
-                continue  # setup/, config/, stations/: the configuration interface
-            with open(os.path.join(d, attr)) as f:
-                info[attr] = f.read().rstrip("\n")
-        accels.append(info)
-    return accels
+    for r in m.renders:
+        entry: dict[str, object] = {"render": r, "minor": m.minor(r)}
+        if "state" not in sections:
+            entry["accel_id"] = int(m.read(f"{m.ualink_dir(r)}/accel_id").strip())
+        for s in sections:
+            entry.update(SECTIONS[s](m, r))
+        accels.append(entry)
+    doc: dict[str, object] = {"mount": os.path.abspath(m.path), "accels": accels}
+    if "peers" in sections:
+        doc["fabric"] = m.fabric()
+    return doc
+
+
+# -- tables for people ---------------------------------------------------------------------------
+
+
+def _size(n: object) -> str:
+    if not isinstance(n, int):
+        return str(n)
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):g} {unit}"
+    return f"{n} B"
+
+
+def _cell(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, list):
+        return ",".join(map(str, v)) or "-"
+    return str(v)
+
+
+def format_table(header: list[str], rows: list[list[object]]) -> str:
+    """Aligned columns: numbers right-aligned, everything else left-aligned."""
+    cells = [header] + [[_cell(v) for v in r] for r in rows]
+    numeric = [all(isinstance(r[i], int) and not isinstance(r[i], bool) for r in rows)
+               for i in range(len(header))]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    out = []
+    for r in cells:
+        out.append("  ".join((v.rjust(w) if num else v.ljust(w))
+                             for v, w, num in zip(r, widths, numeric, strict=True)).rstrip())
+    return "\n".join(out)
+
+
+def _rows(doc: dict, key: str, cols: list[str],
+          fmt: dict[str, Callable[[object], object]] | None = None) -> list[list[object]]:
+    fmt = fmt or {}
+    rows = []
+    for a in doc["accels"]:
+        for item in a[key]:
+            rows.append([a["render"], a["accel_id"]]
+                        + [fmt.get(c, lambda v: v)(item.get(c)) for c in cols])
+    return rows
+
+
+def render_text(doc: dict, sections: list[str]) -> str:
+    parts: list[str] = []
+
+    def add(title: str, header: list[str], rows: list[list[object]], empty: str,
+            footer: str = "") -> None:
+        body = format_table(header, rows) if rows else f"({empty})"
+        body += f"\n{footer}" if footer else ""
+        titled = len(sections) > 1 or "objects" in sections  # objects prints two tables
+        parts.append(f"{title}\n{body}" if titled else body)
+
+    accels = doc["accels"]
+    if "state" in sections:
+        cols = ["accel_state", "vpod_id", "vpod_size", "vpod_active_accels", "addr_mode",
+                "ppod_size", "local_accels", "bandwidth", "latency"]
+        add("state", ["render", "accel", "state", "vpod", "vpod_size", "members", "addr_mode",
+                      "ppod_size", "local", "bandwidth", "latency"],
+            [[a["render"], a["accel_id"]] + [a[c] for c in cols] for a in accels], "no accels",
+            f"pPod {accels[0]['ppod_id']} ({accels[0]['link_type']})" if accels else "")
+    if "peers" in sections:
+        links = ", ".join(f"{x['node']} {'up' if x['up'] else 'down'}"
+                          for x in doc.get("fabric", []))
+        add("peers", ["render", "accel", "remote", "state", "generation"],
+            _rows(doc, "peers", ["accel", "state", "generation"]), "no peer connections",
+            f"fabric links: {links or 'none (no peer nodes)'}")
+    if "exports" in sections:
+        add("exports", ["render", "accel", "handle_lo", "handle_hi", "bo", "size", "pins",
+                        "importers"],
+            _rows(doc, "exports", ["handle_lo", "handle_hi", "bo", "size", "pins", "importers"],
+                  {"size": _size}), "no exports")
+    if "imports" in sections:
+        add("imports", ["render", "accel", "handle_lo", "handle_hi", "exporter", "state",
+                        "pages"],
+            _rows(doc, "imports", ["handle_lo", "handle_hi", "exporter", "state", "pages"]),
+            "no imports")
+    if "npa" in sections:
+        add("npa", ["render", "accel", "used_pages", "mappings"],
+            [[a["render"], a["accel_id"], a["npa"]["used_pages"], a["npa"]["mappings"]]
+             for a in accels], "no accels")
+    if "faults" in sections:
+        add("faults", ["render", "accel", "gpu_faults", "drop_msg", "drop_next"],
+            [[a["render"], a["accel_id"], a["faults"]["gpu_faults"],
+              None if a["faults"]["drop_msg"] is None else f"{a['faults']['drop_msg']:#x}",
+              a["faults"]["drop_next"]] for a in accels], "no accels")
+    if "objects" in sections:
+        add("objects", ["render", "accel", "id", "size", "refcount", "handle_count"],
+            _rows(doc, "objects", ["id", "size", "refcount", "handle_count"],
+                  {"size": _size}), "no GEM objects")
+        add("clients", ["render", "accel", "pid", "uid", "handles"],
+            _rows(doc, "clients", ["pid", "uid", "handles"]), "no open render nodes")
+    return "\n\n".join(parts)
+
+
+# -- steering ------------------------------------------------------------------------------------
+
+
+def drop_next(m: Mount, render: str, msg: MsgType) -> str:
+    rel = m.debugfs(render, "ualink_drop_msg")
+    bitmap = int(m.read(rel).strip(), 16) | 1 << int(msg)
+    try:
+        m.write(rel, f"{bitmap:#x}\n")
+    except OSError as e:
+        raise CtlError(f"{render}: could not arm the drop of {msg.name}: writing {rel}: "
+                       f"{e.strerror} ({_errname(e)})") from None
+    return (f"{render}: the next {msg.name} it receives is dropped "
+            f"(ualink_drop_msg {bitmap:#x}: {', '.join(msg_names(bitmap))})")
+
+
+def _config_write(m: Mount, render: str, attr: str, value: str, what: str) -> None:
+    rel = f"{m.ualink_dir(render)}/config/{attr}"
+    try:
+        m.write(rel, value)
+    except OSError as e:
+        raise CtlError(f"{what} not committed: {render} refused config/{attr} = "
+                       f"{value.strip()!r}: {e.strerror} ({_errname(e)})") from None
+
+
+def commit_vpod(m: Mount, render: str, vpod_id: int, members: list[int] | None,
+                addr_mode: str | None, force: bool = False) -> str:
+    """Write the pending vPod (members/size/addr_mode when given, then vpod_id) and commit.
+    vpod_id 0 leaves the vPod (deactivate)."""
+    accel = m.sysfs(render)
+    aid, cur = accel["accel_id"], accel["vpod_id"]
+    what = f"vPod {vpod_id}" if vpod_id else f"leaving vPod {cur}"
+    if vpod_id and cur not in (0, vpod_id) and not force:
+        # The kernel's config update handler puts an accel that moves between two vPods
+        # without leaving first into ERROR (§5.9); make that a deliberate act (--force).
+        raise CtlError(f"{what} not committed: accel {aid} is {accel['accel_state']} in vPod "
+                       f"{cur}; leave it first (ualinkctl deactivate), or --force to send "
+                       "the accel to error as the kernel would")
+    if members is not None:
+        _config_write(m, render, "vpod_active_accels", " ".join(map(str, members)) + "\n", what)
+        _config_write(m, render, "vpod_size", f"{len(members)}\n", what)
+    if addr_mode is not None:
+        _config_write(m, render, "addr_mode", addr_mode, what)
+    _config_write(m, render, "vpod_id", f"{vpod_id}\n", what)
+    rel = f"{m.ualink_dir(render)}/config/commit"
+    try:
+        m.write(rel, "true\n")
+    except OSError as e:
+        why = (explain_vpod_refusal(accel, m.pending_config(render))
+               if e.errno == errno.EINVAL else e.strerror)
+        raise CtlError(f"{what} not committed: {why} ({_errname(e)})") from None
+    after = m.sysfs(render)
+    state = after["accel_state"]
+    if state == "error" and force and cur not in (0, vpod_id):
+        return (f"{render}: accel {aid} moved from vPod {cur} to {vpod_id} without leaving "
+                "first and is now error, as the kernel does (ualinkctl deactivate recovers it)")
+    if state == "error":
+        raise CtlError(f"{what} committed, and accel {aid} went to error (it was in vPod "
+                       f"{cur}); ualinkctl deactivate recovers it")
+    if not vpod_id:
+        return f"{render}: accel {aid} left vPod {cur}; now {state}"
+    members_now = ",".join(map(str, after["vpod_active_accels"]))  # type: ignore[call-overload]
+    note = "" if state == "active" else (
+        " (activation waits for the other local accels of the vPod to be configured)")
+    return (f"{render}: accel {aid} in vPod {vpod_id} (members {members_now}, "
+            f"{after['addr_mode']}); now {state}{note}")
+
+
+# -- command line --------------------------------------------------------------------------------
+
+READ_COMMANDS = {
+    "state": "accel states and pPod/vPod information",
+    "peers": "per accel: remote accels, connection states, generations; fabric links",
+    "exports": "exported handles: BO, size, pins, importers",
+    "imports": "imported handles: exporter, state, pages",
+    "npa": "NPA space usage",
+    "faults": "GPU fault counters and pending message drops",
+    "objects": "GEM objects and the clients holding render nodes open",
+    "all": "everything above, one document",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: the options work before or after the subcommand without overwriting.
+    common.add_argument("--mount", default=argparse.SUPPRESS,
+                        help="the node's mount directory (default: $UALINK_MOUNT)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="one JSON document (stable keys, typed values)")
+    p = argparse.ArgumentParser(
+        prog="ualinkctl", parents=[common],
+        description="Look at and steer a running ualinkd node through its mount.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in READ_COMMANDS.items():
+        sub.add_parser(name, parents=[common], help=text, description=text)
+
+    def render_arg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--render", help="renderD<n> or <n> (default: the node's only one)")
+
+    d = sub.add_parser("drop-next", parents=[common],
+                       help="drop the next message of a type that the accel receives")
+    d.add_argument("msg_type", type=msg_type, metavar="MSG_TYPE",
+                   help=", ".join(mt.name for mt in MsgType))
+    render_arg(d)
+    v = sub.add_parser("vpod", parents=[common], help="put the accel in a vPod (config/ + commit)")
+    render_arg(v)
+    v.add_argument("--id", type=int, required=True, help="vPod id (1..2^32-1)")
+    v.add_argument("--members", type=accel_ids, required=True, metavar="ID,ID,…",
+                   help="accel ids of the vPod, this accel among them")
+    v.add_argument("--addr-mode", choices=["source-aliasing", "source-identification"],
+                   default=None, help="default: leave the pending addr_mode as it is")
+    v.add_argument("--force", action="store_true",
+                   help="commit even from another vPod (the kernel then puts the accel in error)")
+    de = sub.add_parser("deactivate", parents=[common], help="leave the vPod (vpod_id 0 + commit)")
+    render_arg(de)
+    re_ = sub.add_parser("reactivate", parents=[common],
+                         help="join a vPod again with the pending members (vpod_id N + commit)")
+    render_arg(re_)
+    re_.add_argument("--id", type=int, required=True, help="the vPod id to join")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ualinkctl", description=__doc__)
-    p.add_argument("--mount", required=True, help="the node's mount directory")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("state", help="accel states and pPod/vPod information")
-    args = p.parse_args(argv)
+    parser = build_parser()
     try:
-        accels = read_accels(args.mount)
-    except OSError as e:
-        print(f"ualinkctl: {args.mount}: {e.strerror}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(accels, indent=2))
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) and usage errors (2) as return values
+        return e.code if isinstance(e.code, int) else 2
+    mount = getattr(args, "mount", None) or os.environ.get("UALINK_MOUNT")
+    as_json = getattr(args, "json", False)
+    if not mount:
+        parser.print_usage(sys.stderr)
+        print("ualinkctl: error: --mount DIR is needed (or $UALINK_MOUNT)", file=sys.stderr)
+        return 2
+    if args.command in ("vpod", "reactivate") and not 1 <= args.id <= 0xFFFFFFFF:
+        print(f"ualinkctl: error: --id {args.id}: a vPod id is 1..4294967295 "
+              "(0 is no vPod: use deactivate)", file=sys.stderr)
+        return 2
+    try:
+        m = Mount(mount)
+        if args.command in READ_COMMANDS:
+            sections = list(SECTIONS) if args.command == "all" else [args.command]
+            doc = collect(m, sections)
+            print(json.dumps(doc, indent=2) if as_json else render_text(doc, sections))
+            return 0
+        render = m.pick(args.render)
+        if args.command == "drop-next":
+            msg = drop_next(m, render, args.msg_type)
+        elif args.command == "vpod":
+            msg = commit_vpod(m, render, args.id, args.members, args.addr_mode, args.force)
+        elif args.command == "deactivate":
+            msg = commit_vpod(m, render, 0, None, None)
+        else:
+            msg = commit_vpod(m, render, args.id, None, None)
+        if as_json:
+            doc = collect(m, ["state", "faults"])
+            doc["accels"] = [a for a in doc["accels"] if a["render"] == render]  # type: ignore[union-attr]
+            doc["message"] = msg
+            print(json.dumps(doc, indent=2))
+        else:
+            print(msg)
         return 0
-    cols = ["render", "accel_id", "accel_state", "vpod_id", "vpod_active_accels",
-            "addr_mode", "local_accels"]
-    rows = [cols] + [[a.get(c, "") for c in cols] for a in accels]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    for r in rows:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
-    return 0
+    except UsageError as e:
+        print(f"ualinkctl: error: {e}", file=sys.stderr)
+        return 2
+    except CtlError as e:
+        print(f"ualinkctl: {e}", file=sys.stderr)
+        return 1
 
 
 def entry() -> None:

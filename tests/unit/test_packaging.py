@@ -1,0 +1,308 @@
+"""packaging/: the container entrypoint run for real (dry run, and one real node), the
+compose file and the Kubernetes manifests checked against the pod config schema, and the
+systemd unit's ExecStart checked against the CLI's own parser."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ualinkd.cli.main import build_parser, free_tcp_ports
+from ualinkd.config import PodConfig
+from ualinkd.fabric.link import parse_address
+
+REPO = Path(__file__).resolve().parents[2]
+PKG = REPO / "packaging"
+ENTRYPOINT = PKG / "entrypoint.sh"
+VENV_BIN = Path(sys.executable).parent
+
+
+def entrypoint(tmp: Path, env: dict[str, str], *args: str,
+               timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    base = {"PATH": os.environ["PATH"], "UALINK_PYTHON": sys.executable,
+            "UALINK_RUNDIR": str(tmp / "run"), "UALINK_MOUNT": str(tmp / "mnt"),
+            "UALINK_DRY_RUN": "1"}
+    return subprocess.run(["bash", str(ENTRYPOINT), *args], env=base | env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def write_pod(tmp: Path, nodes: int = 2) -> Path:
+    conf = tmp / "pod.toml"
+    conf.write_text(PodConfig.local(nodes, 1, free_tcp_ports(nodes)).to_toml())
+    return conf
+
+
+def parse_node_argv(argv: list[str]):
+    args = build_parser().parse_args(argv)
+    assert args.command == "node"
+    return args
+
+
+# -- the entrypoint ------------------------------------------------------------------------------
+
+
+def test_entrypoint_validates_and_prints_the_exec_line(tmp_path):
+    conf = write_pod(tmp_path)
+    r = entrypoint(tmp_path, {"UALINK_CONFIG": str(conf), "UALINK_NODE": "node1",
+                              "UALINK_TRACE": "json"}, "--kernel-quirks", "hello-no-reset")
+    assert r.returncode == 0, r.stderr
+    argv = shlex.split(r.stdout)
+    assert argv[:2] == ["exec", "ualinkd"]
+    args = parse_node_argv(argv[2:])
+    assert (args.config, args.node, args.mount) == (str(conf), "node1", str(tmp_path / "mnt"))
+    assert (args.trace, args.kernel_quirks) == ("json", "hello-no-reset")  # extra args pass
+    assert (tmp_path / "mnt").is_dir()  # the mount point was made
+
+
+def test_entrypoint_defaults_are_the_documented_paths(tmp_path):
+    conf = write_pod(tmp_path)
+    env = {"UALINK_CONFIG": str(conf), "UALINK_NODE": "node0"}
+    r = subprocess.run(["bash", str(ENTRYPOINT)], text=True, capture_output=True, timeout=30,
+                       env={"PATH": os.environ["PATH"], "UALINK_PYTHON": sys.executable,
+                            "UALINK_DRY_RUN": "1", **env})
+    assert r.returncode == 0, r.stderr
+    assert shlex.split(r.stdout)[-2:] == ["--mount", "/run/ualinkd/node"]
+
+
+@pytest.mark.parametrize("case, says", [
+    ("unknown node", "invalid pod config: {conf}: no node named 'node7' (have: node0, node1)"),
+    ("no config", "no pod config at {tmp}/absent.toml (mount it there, or set UALINK_CONFIG)"),
+    ("short key", "invalid pod config: {conf}: [pod] key must be at least 16 bytes"),
+    ("bad toml", "invalid pod config: {conf}: not valid TOML"),
+])
+def test_entrypoint_refuses_a_config_it_cannot_run(tmp_path, case, says):
+    conf = write_pod(tmp_path)
+    env = {"UALINK_CONFIG": str(conf), "UALINK_NODE": "node0"}
+    if case == "unknown node":
+        env["UALINK_NODE"] = "node7"
+    elif case == "no config":
+        env["UALINK_CONFIG"] = str(tmp_path / "absent.toml")
+    elif case == "short key":
+        (tmp_path / "key").write_text("00ff\n")
+        env["UALINK_KEY_FILE"] = str(tmp_path / "key")
+    else:
+        conf.write_text("[pod\n")
+    r = entrypoint(tmp_path, env)
+    assert r.returncode == 2 and r.stdout == ""
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("ualinkd-entrypoint: " + says.format(conf=conf, tmp=tmp_path)), line
+
+
+def test_entrypoint_splices_the_key_file_into_a_private_copy(tmp_path):
+    conf = write_pod(tmp_path)
+    key = "ab" * 32
+    (tmp_path / "key").write_text(key + "\n")
+    r = entrypoint(tmp_path, {"UALINK_CONFIG": str(conf), "UALINK_NODE": "node0",
+                              "UALINK_KEY_FILE": str(tmp_path / "key")})
+    assert r.returncode == 0, r.stderr
+    args = parse_node_argv(shlex.split(r.stdout)[2:])
+    effective = Path(args.config)
+    assert effective == tmp_path / "run" / "pod.toml"
+    assert effective.stat().st_mode & 0o777 == 0o600
+    cfg = PodConfig.load(effective)
+    assert cfg == replace(PodConfig.load(conf), key=key)  # nothing else changed
+
+
+@pytest.mark.integration
+def test_entrypoint_runs_a_node_and_clears_its_stale_mount(tmp_path):
+    """The real thing: exec'd into a daemon that says READY=1 and serves the mount; after a
+    SIGKILL the next start clears the dead mount; SIGTERM unmounts."""
+    from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at
+
+    conf = write_pod(tmp_path, nodes=1)
+    mount = tmp_path / "mnt"
+    notify = tmp_path / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    sock.settimeout(0.1)
+
+    def start() -> subprocess.Popen[str]:
+        env = {"PATH": os.environ["PATH"], "UALINK_PYTHON": sys.executable,
+               "UALINKD": str(VENV_BIN / "ualinkd"), "UALINK_CONFIG": str(conf),
+               "UALINK_NODE": "node0", "UALINK_MOUNT": str(mount),
+               "NOTIFY_SOCKET": str(notify)}
+        proc = subprocess.Popen(["bash", str(ENTRYPOINT)], env=env, text=True,
+                                stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if b"READY=1" in sock.recv(64):
+                    return proc
+            except TimeoutError:
+                pass
+            assert proc.poll() is None, proc.stderr.read()
+        proc.kill()
+        raise AssertionError("no READY=1")
+
+    procs = []
+    try:
+        proc = start()
+        procs.append(proc)
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"node" in cmdline and b"bash" not in cmdline[0]  # exec'd: no shell left
+        assert (mount / "dri" / "renderD128").exists()
+        proc.kill()
+        proc.wait()
+        assert fuse_mounts_at(str(mount))  # the dead daemon's mount
+        proc = start()
+        procs.append(proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        assert "clearing the stale FUSE mount at " + str(mount) in proc.stderr.read()
+        assert not fuse_mounts_at(str(mount))
+    finally:
+        sock.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if fuse_mounts_at(str(mount)):
+            clear_stale_mount(mount)
+
+
+# -- compose -----------------------------------------------------------------------------------
+
+
+def test_compose_runs_the_nodes_of_its_pod_config():
+    doc = yaml.safe_load((PKG / "compose.yaml").read_text())
+    services = doc["services"]
+    assert len(services) == 3
+    toml_sources = set()
+    for name, svc in services.items():
+        assert svc["environment"]["UALINK_NODE"] == name
+        assert svc["hostname"] == name
+        assert "/dev/fuse:/dev/fuse" in svc["devices"] and "SYS_ADMIN" in svc["cap_add"]
+        assert (PKG / svc["build"]["context"] / svc["build"]["dockerfile"]).resolve() == \
+            PKG / "Containerfile"
+        (vol,) = svc["volumes"]
+        src, target, mode = vol.split(":")
+        assert (target, mode) == ("/etc/ualinkd/pod.toml", "ro")
+        toml_sources.add(src)
+        assert svc["networks"] == ["fabric"]
+        assert svc["secrets"] == ["ualink_pod_key"]
+        assert svc["environment"]["UALINK_KEY_FILE"] == "/run/secrets/ualink_pod_key"
+    assert doc["networks"]["fabric"]["internal"] is True
+    assert doc["secrets"]["ualink_pod_key"]["file"] == "./compose/pod.key"
+    (src,) = toml_sources
+    with open(PKG / src, "rb") as f:
+        cfg = PodConfig.from_dict(tomllib.load(f), src)
+    assert [n.name for n in cfg.nodes] == list(services)
+    for n in cfg.nodes:
+        host, port = parse_address(n.address)
+        assert (host, port) == (n.name, 7000)  # the service name, the port the image EXPOSEs
+    assert {m for v in cfg.vpods for m in v.members} == {a.accel_id for n in cfg.nodes
+                                                         for a in n.accels}
+
+
+# -- Kubernetes -----------------------------------------------------------------------------------
+
+
+def test_statefulset_nodes_are_its_pods_and_addresses_the_headless_service():
+    docs = {d["kind"]: d for d in yaml.safe_load_all((PKG / "k8s/statefulset.yaml").read_text())}
+    svc, cm, sts = docs["Service"], docs["ConfigMap"], docs["StatefulSet"]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    assert sts["spec"]["serviceName"] == svc["metadata"]["name"]
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert sts["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (port,) = svc["spec"]["ports"]
+    pod_spec = sts["spec"]["template"]["spec"]
+    (ctr,) = pod_spec["containers"]
+    (cport,) = ctr["ports"]
+    assert (cport["name"], cport["containerPort"]) == (port["targetPort"], port["port"])
+
+    cfg = PodConfig.from_dict(tomllib.loads(cm["data"]["pod.toml"]), "ConfigMap pod.toml")
+    name, svc_name = sts["metadata"]["name"], svc["metadata"]["name"]
+    replicas = sts["spec"]["replicas"]
+    assert [n.name for n in cfg.nodes] == [f"{name}-{i}" for i in range(replicas)]
+    for i, n in enumerate(cfg.nodes):
+        assert parse_address(n.address) == (f"{name}-{i}.{svc_name}", port["port"])
+
+    env = {e["name"]: e for e in ctr["env"]}
+    assert env["UALINK_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    mounts = {m["mountPath"]: m for m in ctr["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    conf_mount = mounts["/etc/ualinkd/pod.toml"]
+    assert volumes[conf_mount["name"]]["configMap"]["name"] == cm["metadata"]["name"]
+    assert conf_mount["subPath"] == "pod.toml"
+    key_path = Path(env["UALINK_KEY_FILE"]["value"])
+    key_vol = volumes[mounts[str(key_path.parent)]["name"]]
+    assert "secretName" in key_vol["secret"]
+
+
+# -- systemd ---------------------------------------------------------------------------------------
+
+
+def read_unit() -> configparser.ConfigParser:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # keys are case-sensitive in systemd
+    unit.read(PKG / "ualinkd@.service")
+    return unit
+
+
+def test_systemd_unit_execstart_is_what_the_cli_parses():
+    svc = read_unit()["Service"]
+    assert svc["Type"] == "notify" and svc["NotifyAccess"] == "main"
+    argv = shlex.split(svc["ExecStart"].replace("%i", "node0"))
+    assert argv[0] == "/usr/local/bin/ualinkd"
+    args = parse_node_argv(argv[1:])
+    assert (args.config, args.node, args.mount) == ("/etc/ualinkd/pod.toml", "node0",
+                                                    "/run/ualinkd/node0")
+
+
+def test_systemd_unit_hardening_keeps_the_mount_visible():
+    """Options that make a private mount namespace would hide the FUSE mount from the host
+    (systemd makes it a slave); the rest must still allow /dev/fuse and mount(2)."""
+    svc = read_unit()["Service"]
+    namespaced = {"ProtectSystem", "ProtectHome", "ReadWritePaths", "ReadOnlyPaths",
+                  "InaccessiblePaths", "PrivateTmp", "PrivateDevices", "PrivateMounts",
+                  "ProtectKernelTunables", "ProtectControlGroups", "ProtectKernelModules",
+                  "ProtectKernelLogs", "ProtectProc", "TemporaryFileSystem", "BindPaths",
+                  "BindReadOnlyPaths", "MountFlags", "RootDirectory", "RootImage"}
+    assert not namespaced & set(svc)
+    assert "CAP_SYS_ADMIN" in svc["CapabilityBoundingSet"].split()
+    assert svc["NoNewPrivileges"] == "yes"
+    assert svc["DeviceAllow"] == "/dev/fuse rw" and svc["DevicePolicy"] == "closed"
+    assert "@mount" in svc["SystemCallFilter"].split()
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
+    text = (PKG / "ualinkd@.service").read_text()
+    unit = tmp_path / "ualinkd@node0.service"
+    unit.write_text(text.replace("/usr/local/bin/ualinkd", str(VENV_BIN / "ualinkd")))
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
+                       text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), r.stderr
+
+
+# -- the image -----------------------------------------------------------------------------------
+
+
+def test_containerfile_copies_what_the_ignore_file_lets_through():
+    text = (PKG / "Containerfile").read_text()
+    assert 'ENTRYPOINT ["/usr/local/bin/ualinkd-entrypoint"]' in text
+    assert "COPY packaging/entrypoint.sh /usr/local/bin/ualinkd-entrypoint" in text
+    ignore = (PKG / "Containerfile.dockerignore").read_text().split()
+    for line in text.splitlines():
+        parts = line.split()
+        if parts[:1] == ["COPY"] and not parts[1].startswith("--from"):
+            for src in parts[1:-1]:
+                assert (REPO / src).exists(), src
+                assert f"!{src}" in ignore or f"!{src}/" in ignore, src
+    assert os.access(ENTRYPOINT, os.X_OK)
+    r = subprocess.run(["bash", "-n", str(ENTRYPOINT)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
