@@ -298,3 +298,36 @@ async def test_data_plane_refusals(nursery, autojump_clock):
     await ioctl(a, fa, GEM_CLOSE, struct.pack("<II", bo, 0))
     with pytest.raises(DrmError):
         mgr.serve_load(1, base, 4)
+
+
+async def test_timed_out_waits_leave_no_events_behind(nursery, autojump_clock):
+    """§1.6 I11, I14: waits that end in ETIMEDOUT (no HELLO_ACK, no NPA_RSP) leave nothing
+    in the agent: a client importing handle after handle from a mute exporter must not
+    grow the daemon."""
+    fabric = MemFabric()
+    a, b = await start(nursery, make_pod(), fabric)
+    fa, bo, (lo, hi) = await create_export(a)
+    fb = b.open_render(128, ME)
+    agent_b = fabric.agents[1]
+    fabric.mute.add(0)
+    for i in range(3):
+        rc, _ = await import_(b, fb, (lo ^ (i << 10), hi))
+        assert rc == -errno.ETIMEDOUT
+    assert agent_b._events == {}
+    assert not b.managers[128].imports
+
+
+async def test_interrupted_hello_wait_leaves_not_ready(nursery, autojump_clock):
+    """§1.6 I10, §5.4: a HELLO_ACK wait that is interrupted puts the connection back to
+    NOT_READY, so the next import sets it up again instead of answering EAGAIN forever."""
+    fabric = MemFabric()
+    a, b = await start(nursery, make_pod(), fabric)
+    fa, bo, handle = await create_export(a)
+    fb = b.open_render(128, ME)
+    fabric.mute.add(0)
+    with trio.move_on_after(1):
+        await import_(b, fb, handle)
+    assert b.managers[128].conn(0).state == ConnState.NOT_READY
+    assert not b.managers[128].imports
+    fabric.mute.clear()
+    assert (await import_(b, fb, handle))[0] == 0

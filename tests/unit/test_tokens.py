@@ -14,6 +14,7 @@ from ualink_testkit import (
     open_file,
     open_token,
     pod_config,
+    prime_to_fd_raw,
     prime_to_token,
 )
 
@@ -82,3 +83,35 @@ def test_unopened_tokens_die_with_their_file():
     assert errno_of(core.tokens.resolve, key) == errno.EINVAL
     assert errno_of(core.dmabuf_size, key) == errno.ENOENT
     core.dmabuf_release(key)  # a second release is harmless
+
+
+def test_non_ascii_digit_names_are_enoent():
+    """Policy 5: a token name is decimal ASCII; "²" or "٣" (str.isdigit() says yes, int()
+    says no) is ENOENT, not a ValueError that the FUSE edge would turn into EIO."""
+    core = make_node()
+    for name in ["\u00b2", "\u0663", "1\u00b2", "\uff11"]:
+        assert errno_of(core.dmabuf_lookup, name, CALLER) == errno.ENOENT
+
+
+def test_unopened_tokens_are_bounded_per_file(monkeypatch):
+    """Policy 5, §1.6 I19: a client that never opens its tokens gets EMFILE (as from
+    fd_install out of fds) instead of growing the daemon; the refused dma-buf reference
+    goes back, and opening a token makes room again."""
+    import ualinkd.drm.tokens as tokens
+
+    monkeypatch.setattr(tokens, "MAX_PENDING_PER_FILE", 3)
+    core = make_node()
+    f = open_file(core)
+    h = gem_create(f)
+    toks = [prime_to_token(f, h) for _ in range(3)]
+    buf = core.tokens.resolve(open_token(core, toks[0]))
+    refs = buf.refcount
+    toks.append(prime_to_token(f, h))  # the opened one made room
+    r = prime_to_fd_raw(f, h)
+    assert r.result == -errno.EMFILE
+    assert buf.refcount == refs + 1  # only the fourth token's reference was added
+    g = open_file(core)
+    prime_to_token(g, gem_create(g))  # the limit is per file
+    assert core.tokens.pending_count == 4
+    f.release()
+    assert core.tokens.pending_count == 1

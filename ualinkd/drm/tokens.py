@@ -4,6 +4,9 @@ The kernel installs an fd in the caller; we cannot. Instead the ioctl returns a 
 non-zero u32 token and the client opens `<mount>/dmabuf/<token>` once, as the same uid, to
 get a real fd. A token holds a dma-buf reference until it is opened (the reference moves to
 the open file) or its DrmFile closes. `key`s name tokens and open files in the file tree.
+A DrmFile may hold at most `MAX_PENDING_PER_FILE` unopened tokens: past that, installing
+fails with EMFILE as fd_install would for a process out of fds (§1.6 I19), so a client that
+never opens its tokens cannot grow the daemon without bound.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ if TYPE_CHECKING:
     from .file import DrmFile
 
 
+MAX_PENDING_PER_FILE = 4096
+
+
 @dataclass(slots=True)
 class _Token:
     token: int
@@ -36,10 +42,17 @@ class DmaBufTokens:
         self._pending: dict[int, _Token] = {}  # token -> pending
         self._by_key: dict[int, _Token] = {}  # key -> pending
         self.opened: dict[int, DmaBuf] = {}  # key -> open dma-buf file
+        self._per_file: dict[DrmFile, int] = {}  # owner -> its pending tokens
         self._keys = 0
 
     def install(self, buf: DmaBuf, owner: DrmFile, uid: int) -> int:
-        """Take over one reference of `buf`; return the token the client will open."""
+        """Take over one reference of `buf` (dropped on failure); return the token the
+        client will open. EMFILE when `owner` already holds too many unopened tokens."""
+        pending = self._per_file.get(owner, 0)
+        if pending >= MAX_PENDING_PER_FILE:
+            buf.put()
+            raise DrmError(errno.EMFILE, f"{pending} dma-buf tokens were never opened")
+        self._per_file[owner] = pending + 1
         token = 0
         while token == 0 or token in self._pending:
             token = self._randbits(32)
@@ -51,7 +64,7 @@ class DmaBufTokens:
 
     def lookup(self, name: str, uid: int) -> tuple[int, int]:
         """(key, size) of a pending token; ENOENT for unknown, used or foreign tokens."""
-        if not name.isdigit() or len(name) > 10:
+        if not (name.isascii() and name.isdigit()) or len(name) > 10:  # not "²" or "٣"
             raise DrmError(errno.ENOENT)
         entry = self._pending.get(int(name))
         if entry is None or entry.uid != uid:
@@ -72,10 +85,18 @@ class DmaBufTokens:
         entry = self._by_key.get(key)
         if entry is None or entry.uid != uid:
             raise DrmError(errno.ENOENT if entry is None else errno.EACCES)
-        del self._by_key[key]
-        del self._pending[entry.token]
+        self._forget(entry)
         self.opened[key] = entry.buf
         return key
+
+    def _forget(self, entry: _Token) -> None:
+        del self._by_key[entry.key]
+        del self._pending[entry.token]
+        left = self._per_file[entry.owner] - 1
+        if left:
+            self._per_file[entry.owner] = left
+        else:
+            del self._per_file[entry.owner]
 
     def release(self, key: int) -> None:
         buf = self.opened.pop(key, None)
@@ -91,8 +112,7 @@ class DmaBufTokens:
     def drop_file(self, owner: DrmFile) -> None:
         """The DrmFile that asked is gone: its unopened tokens die with it."""
         for entry in [e for e in self._pending.values() if e.owner is owner]:
-            del self._pending[entry.token]
-            del self._by_key[entry.key]
+            self._forget(entry)
             entry.buf.put()
 
     @property

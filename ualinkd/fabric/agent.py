@@ -190,12 +190,19 @@ class UalinkAgent:
     async def _wait_for(
         self, mgr: UalinkManager, key: tuple[object, ...], done: Callable[[], bool]
     ) -> bool:
-        with trio.move_on_after(self.timeout):
-            while not done():
-                ev = self._events.setdefault((mgr.accel_id, *key), trio.Event())
-                await ev.wait()
-            return True
-        return done()
+        k = (mgr.accel_id, *key)
+        try:
+            with trio.move_on_after(self.timeout):
+                while not done():
+                    await self._events.setdefault(k, trio.Event()).wait()
+                return True
+            return done()
+        finally:
+            # A wait that ends without its Wake (timeout, cancellation) must not leave its
+            # event behind: one per timed-out import would pile up for good.
+            ev = self._events.get(k)
+            if ev is not None and not ev.is_set() and not ev.statistics().tasks_waiting:
+                del self._events[k]
 
     # -- flows ----------------------------------------------------------------------------------
     async def setup_connection(self, mgr: UalinkManager, remote: int) -> None:
@@ -207,9 +214,13 @@ class UalinkAgent:
         except DrmError:
             mgr.setup_failed(remote)  # I9
             raise
-        established = await self._wait_for(
-            mgr, ("hello", remote), lambda: mgr.conn(remote).state == ConnState.ESTABLISHED
-        )
+        try:
+            established = await self._wait_for(
+                mgr, ("hello", remote), lambda: mgr.conn(remote).state == ConnState.ESTABLISHED
+            )
+        except BaseException:
+            mgr.setup_failed(remote)  # I10: interrupted → NOT_READY (not IN_PROGRESS for good)
+            raise
         if not established:
             mgr.setup_failed(remote)  # I11: NOT_READY, no cleanup
             raise DrmError(errno.ETIMEDOUT, f"no HELLO_ACK from accel {remote}")

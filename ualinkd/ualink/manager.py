@@ -220,9 +220,12 @@ class UalinkManager:
             node.apply(NodeEvent.STOP)
             self._teardown_node(node)
         for entry in list(self.exports.values()):
+            had_importers = bool(entry.importers)
             for remote in list(entry.importers):
                 self._drop_importer(entry, remote)
             self._free_export(entry)
+            if had_importers:  # §3.4: only an export without importers keeps the stale field
+                entry.bo.ualink_handle_lo = 0
         for entry in list(self.invalid.values()):  # revokes in flight: stop waiting
             assert entry.revoke is not None
             entry.revoke.expected.clear()
@@ -283,8 +286,7 @@ class UalinkManager:
             # translation cache here, so with or without "no-remote-shootdown" the next
             # access through the NPA faults.
             self.npa_table.invalidate(rec.npa_start)
-        for rec in entry.importers.values():
-            entry.bo.pin_count -= 1 + rec.extra_pins
+        entry.bo.pin_count -= len(entry.importers)  # once per importer bit (§5.7 step 4)
         entry.bo.ualink_handle_lo = 0
         buf, bo = entry.buf, entry.bo
         buf.put()
@@ -330,7 +332,7 @@ class UalinkManager:
     def _drop_importer(self, entry: ExportEntry, remote: int) -> None:
         """Forget one importer of a live export: unpin once, free its NPA (§5.8)."""
         rec = entry.importers.pop(remote)
-        entry.bo.pin_count -= 1 + rec.extra_pins
+        entry.bo.pin_count -= 1
         if entry.shared_npa is None:
             self._free_npa(rec.npa_start)
         elif not entry.importers:
@@ -535,14 +537,10 @@ class UalinkManager:
             self._fail(src, lo, p.NpaFailReason.DUPLICATE)
             return
         pages = -(-bo.size // GPU_PAGE_SIZE)
-        new_range = False
         if mode == AddrMode.SOURCE_ALIASING and entry.shared_npa is not None:
             start = entry.shared_npa[0]
-            if rec is not None:
-                if QUIRK_ALIAS_EXTRA_PINS in self.quirks:
-                    rec.extra_pins += 1
-                else:
-                    bo.pin_count -= 1
+            if rec is not None and QUIRK_ALIAS_EXTRA_PINS not in self.quirks:
+                bo.pin_count -= 1  # the reference build keeps this pin for good (§6.10)
         else:
             if mode == AddrMode.SOURCE_IDENTIFICATION:
                 base = src << GPUID_SHIFT
@@ -556,28 +554,22 @@ class UalinkManager:
                 bo.pin_count -= 1
                 self._fail(src, lo, p.NpaFailReason.NOSPACE)
                 return
-            start, new_range = got, True
+            start = got
             self.npa_table.map(start, pages, bo)
             if mode == AddrMode.SOURCE_ALIASING:
                 entry.shared_npa = (start, pages)
         if rec is None:
             entry.importers[src] = ImporterRecord(start, pages, self.conn(src).generation)
         rsp = p.NpaRsp(p.handle_lo_bits(lo), pages, strip_npa(start))
-        self.outbox.append(Send(self.accel_id, src, rsp, ("npa_rsp", lo, src, new_range)))
+        self.outbox.append(Send(self.accel_id, src, rsp, ("npa_rsp", lo, src)))
 
-    def _npa_rsp_failed(self, lo: int, src: int, new_range: bool) -> None:
-        """§5.6 step 7: NPA_RSP could not be sent: undo, send nothing else."""
+    def _npa_rsp_failed(self, lo: int, src: int) -> None:
+        """§5.6 step 7: NPA_RSP could not be sent: the requester is no importer, its pin
+        goes, and so does its NPA (source-aliasing: the shared one once nobody is left, even
+        when another importer's grant was still in flight when it was allocated)."""
         entry = self.exports.get(lo)
-        if entry is None or src not in entry.importers:
-            return
-        rec = entry.importers.pop(src)
-        entry.bo.pin_count -= 1
-        if new_range:
-            if entry.shared_npa is not None and entry.shared_npa[0] == rec.npa_start:
-                if entry.importers:
-                    return
-                entry.shared_npa = None
-            self._free_npa(rec.npa_start)
+        if entry is not None and src in entry.importers:
+            self._drop_importer(entry, src)
 
     def _on_npa_answer(self, src: int, msg: p.NpaRsp | p.NpaFail) -> None:
         if self._not_established(src, type(msg).__name__):
@@ -683,8 +675,8 @@ class UalinkManager:
             else:
                 c.apply(ConnEvent.ACK_SEND_FAILED)
         elif kind == "npa_rsp" and err is not None:
-            _, lo, src, new_range = tag
-            self._npa_rsp_failed(lo, src, new_range)  # type: ignore[arg-type]
+            _, lo, src = tag
+            self._npa_rsp_failed(lo, src)  # type: ignore[arg-type]
         elif kind == "revoke" and err is not None:
             entry = self.invalid.get(tag[1])  # type: ignore[arg-type]
             if entry is not None and entry.revoke is not None:

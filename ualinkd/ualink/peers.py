@@ -90,10 +90,16 @@ class NodeEvent(enum.Enum):
     STOP = "manager stop"
 
 
-# §5.5. WAITER_FAILED is not a state: a failed node is removed from the table.
+# §5.5. WAITER_FAILED is not a state: a failed node is removed from the table. NPA_REVOKE
+# tears down a node in any state but TEARDOWN (§5.7 "NPA_REVOKE receipt" checks only the
+# handle): the exporter records an importer before its NPA_RSP is delivered, so a revoke
+# can overtake the answer; the waiter then fails (EINVAL) instead of making a dead node
+# READY that the dedupe path would hand out forever.
 NODE_TRANSITIONS: dict[tuple[NodeState, NodeEvent], NodeState] = {
     (NodeState.NOT_READY, NodeEvent.ANSWER): NodeState.PENDING,
     (NodeState.PENDING, NodeEvent.WAITER_OK): NodeState.READY,
+    (NodeState.NOT_READY, NodeEvent.REVOKE): NodeState.TEARDOWN,
+    (NodeState.PENDING, NodeEvent.REVOKE): NodeState.TEARDOWN,
     (NodeState.READY, NodeEvent.REVOKE): NodeState.TEARDOWN,
     (NodeState.READY, NodeEvent.RESET): NodeState.TEARDOWN,
     **{(s, NodeEvent.STOP): NodeState.TEARDOWN for s in NodeState},
@@ -111,7 +117,6 @@ class ImportNode:
     npa_offset: int = 0
     size_pages: int = 0
     fail_reason: int = 0
-    answered: bool = False
     bo: AmdgpuBo | None = None
     buf: DmaBuf | None = None
     internal_handle: int = 0
@@ -131,7 +136,6 @@ class ImporterRecord:
     npa_start: int  # in this accel's allocator (GPU id bits included in SI mode)
     pages: int
     generation: int
-    extra_pins: int = 0  # only with the alias-extra-pins quirk
 
 
 @dataclass(slots=True)

@@ -31,14 +31,20 @@ log = logging.getLogger(__name__)
 STATIONS_MAX = 64
 
 
+def _decimal(text: str) -> int:
+    """kstrtouint(…, 10): an optional "+", ASCII decimal digits, nothing else (no
+    whitespace, no "0x", no "_", no "-"); EINVAL otherwise."""
+    digits = text[1:] if text.startswith("+") else text
+    if not digits or not (digits.isascii() and digits.isdigit()):
+        raise DrmError(errno.EINVAL, f"not a decimal number: {text!r}")
+    return int(digits, 10)
+
+
 def parse_u32(text: str) -> int:
-    """kstrtou32: decimal (or 0x-prefixed) u32, one trailing newline allowed."""
-    s = text[:-1] if text.endswith("\n") else text
-    try:
-        value = int(s, 0)
-    except ValueError:
-        raise DrmError(errno.EINVAL, f"not a number: {s!r}") from None
-    if not 0 <= value <= 0xFFFFFFFF:
+    """kstrtou32(buf, 10, …) as a sysfs store uses it (§7.1 "decimal u32"): one trailing
+    newline allowed; EINVAL for anything that is not a number, ERANGE above u32."""
+    value = _decimal(text[:-1] if text.endswith("\n") else text)
+    if value > 0xFFFFFFFF:
         raise DrmError(errno.ERANGE, f"{value} is not a u32")
     return value
 
@@ -47,11 +53,8 @@ def parse_ids(text: str, limit: int | None = None) -> list[int]:
     """Accel ids separated by spaces or commas; each < 256 (ERANGE); at most `limit`."""
     ids = []
     for part in text.replace(",", " ").split():
-        try:
-            v = int(part, 10)
-        except ValueError:
-            raise DrmError(errno.EINVAL, f"not an accel id: {part!r}") from None
-        if not 0 <= v < ACCEL_MAX:
+        v = _decimal(part)
+        if v >= ACCEL_MAX:
             raise DrmError(errno.ERANGE, f"accel id {v} is not below {ACCEL_MAX}")
         ids.append(v)
     if limit is not None and len(ids) > limit:
@@ -148,8 +151,12 @@ class SysConfig:
         active = frozenset(c["vpod_active_accels"])  # type: ignore[call-overload]
         new = VpodInfo(int(c["vpod_id"]), int(c["vpod_size"]), c["addr_mode"],  # type: ignore[call-overload,arg-type]
                        active)
-        if mgr.state < AccelState.PPOD_CONFIGURED or mgr.state == AccelState.ERROR:
+        if mgr.state < AccelState.PPOD_CONFIGURED:
             raise DrmError(errno.EINVAL, f"accel is {mgr.state.sysfs}")
+        if mgr.state == AccelState.ERROR and new.vpod_id != VPOD_ID_INVALID:
+            # An accel in ERROR must leave (vPod id 0: deactivate → PPOD_CONFIGURED, §5.9)
+            # before it joins again; joining straight from ERROR would only be ERROR again.
+            raise DrmError(errno.EINVAL, "accel is error: leave the vPod (id 0) first")
         if new.vpod_id != VPOD_ID_INVALID and not new.valid_for(mgr.ppod):
             raise DrmError(errno.EINVAL, "the vPod configuration is not valid")
         config_update(self.host, mgr, new, ConfigStage.COMPLETE)

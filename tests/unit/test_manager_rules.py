@@ -1,0 +1,140 @@
+"""Protocol rules driven straight through one manager (sans-IO). Exporter: failed NPA_RSP
+sends (§5.6 step 7), pins per importer bit (§5.6, §6.10 quirk "alias-extra-pins"), what a
+manager stop leaves in the BO (§3.4, §6.9, §6.10 quirk "stale-export-handle"). Importer:
+NPA_REVOKE against an import still in flight (§5.5, §5.7)."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from ualink_testkit import gem_create, make_node, open_file, pod_config, ualink_export
+
+from ualinkd.drm.errors import DrmError
+from ualinkd.ualink import protocol as p
+from ualinkd.ualink.manager import Send
+from ualinkd.ualink.peers import ConnEvent, ConnState
+
+THREE = {"nodes": [[{"id": 0}], [{"id": 1}], [{"id": 2}]]}
+
+
+def exporter(quirks=()):
+    core = make_node(pod_config(**THREE, quirks=list(quirks)))
+    mgr = core.managers[128]
+    for remote in (1, 2):  # connections up, as after HELLO / HELLO_ACK
+        mgr.conn(remote).apply(ConnEvent.SETUP)
+        mgr.conn(remote).apply(ConnEvent.HELLO_ACK)
+        assert mgr.conn(remote).state == ConnState.ESTABLISHED
+    f = open_file(core)
+    h = gem_create(f, size=1 << 20)
+    lo, hi = ualink_export(f, h)
+    return core, mgr, f, h, lo, hi
+
+
+def request(mgr, src: int, lo: int, hi: int) -> Send:
+    mgr.receive(src, p.NpaReq(p.handle_lo_bits(lo), hi))
+    (eff,) = mgr.take_effects()
+    assert isinstance(eff, Send) and isinstance(eff.msg, p.NpaRsp)
+    return eff
+
+
+def test_failed_rsp_sends_free_the_shared_npa():
+    """§5.6 step 7 (source-aliasing): two importers' grants in flight share one NPA; when
+    both NPA_RSP sends fail, neither is an importer, the BO is unpinned and the shared NPA
+    is unmapped and freed (not left behind because the second grant did not allocate it)."""
+    core, mgr, f, h, lo, hi = exporter()
+    first, second = request(mgr, 1, lo, hi), request(mgr, 2, lo, hi)
+    entry = mgr.exports[lo]
+    assert entry.bo.pin_count == 2 and mgr.npa.used_pages == 256
+    mgr.on_sent(first, DrmError(errno.ETIME))
+    assert list(entry.importers) == [2] and mgr.npa.used_pages == 256
+    mgr.on_sent(second, DrmError(errno.ETIME))
+    assert not entry.importers and entry.bo.pin_count == 0
+    assert entry.shared_npa is None and mgr.npa.used_pages == 0 and len(mgr.npa_table) == 0
+    mgr.check_invariants()
+
+
+def test_repeated_alias_request_pins_once_by_contract():
+    """§5.6 step 4, policy 1: a repeated NPA_REQ from an importer in source-aliasing mode
+    gets the same NPA back and leaves no extra pin; a reset unpins it."""
+    core, mgr, f, h, lo, hi = exporter()
+    request(mgr, 1, lo, hi)
+    request(mgr, 1, lo, hi)
+    entry = mgr.exports[lo]
+    assert entry.bo.pin_count == 1
+    mgr.connection_reset(1, ConnState.NOT_READY, mgr.conn(1).generation)
+    assert entry.bo.pin_count == 0 and mgr.npa.used_pages == 0
+
+
+def test_alias_extra_pins_quirk_leaves_the_extra_pin():
+    """§6.10, policy 2 ("alias-extra-pins"): the reference build pins once per granted
+    NPA_REQ but unpins once per importer bit, so after a reset the extra pin is still
+    there."""
+    core, mgr, f, h, lo, hi = exporter(["alias-extra-pins"])
+    request(mgr, 1, lo, hi)
+    request(mgr, 1, lo, hi)
+    entry = mgr.exports[lo]
+    assert entry.bo.pin_count == 2
+    mgr.connection_reset(1, ConnState.NOT_READY, mgr.conn(1).generation)
+    assert not entry.importers and entry.bo.pin_count == 1
+    mgr.check_invariants()
+
+
+def test_stop_clears_the_handle_of_an_export_with_importers_even_with_the_quirk():
+    """§3.4, §6.10: only an export *without* importers keeps its stale handle_lo across a
+    revoke or a manager stop ("stale-export-handle"); one with importers is cleared, so the
+    surviving BO gets a fresh, usable handle after reactivation."""
+    core, mgr, f, h, lo, hi = exporter(["stale-export-handle"])
+    request(mgr, 1, lo, hi)
+    bo = mgr.exports[lo].bo
+    mgr.deactivate()
+    assert bo.ualink_handle_lo == 0 and bo.pin_count == 0
+    mgr.activate()
+    lo2, hi2 = ualink_export(f, h)
+    assert lo2 in mgr.exports and mgr.exports[lo2].handle_hi == hi2
+
+
+# ---- the importer's side ---------------------------------------------------------------------
+
+
+def importer():
+    core = make_node(pod_config(**THREE), node="node1")
+    mgr = core.managers[128]
+    mgr.conn(0).apply(ConnEvent.SETUP)
+    mgr.conn(0).apply(ConnEvent.HELLO_ACK)
+    return core, mgr
+
+
+def test_revoke_overtaking_the_answer_fails_the_import():
+    """§5.7 "NPA_REVOKE receipt", §5.5: the exporter records an importer before its NPA_RSP
+    is delivered, so a revoke can arrive while the import still waits (NOT_READY) or has
+    its answer but no BO yet (PENDING). The node is torn down and NPA_RELEASE is sent (the
+    exporter would otherwise time out and reset the connection); the waiter fails with
+    EINVAL, and no dead READY node is left for the dedupe path to hand out."""
+    lo, hi = 0x1234_5678_9ABC_0000, 0x42  # exporter accel 0
+    for answered in (False, True):
+        core, mgr = importer()
+        node = mgr.import_begin(lo, hi)
+        if answered:
+            mgr.receive(0, p.NpaRsp(p.handle_lo_bits(lo), 256, 0x800))
+            mgr.take_effects()
+        mgr.receive(0, p.NpaRevoke(p.handle_lo_bits(lo), hi))
+        sends = [e for e in mgr.take_effects() if isinstance(e, Send)]
+        assert [(s.dst, type(s.msg).__name__) for s in sends] == [(0, "NpaRelease")]
+        assert lo not in mgr.imports
+        with pytest.raises(DrmError) as e:
+            mgr.import_finish(node)
+        assert e.value.errno == errno.EINVAL
+        mgr.import_abort(node)
+        assert not mgr.imports and core.live_objects() == 0
+
+
+def test_revoke_with_wrong_handle_hi_is_dropped_without_release():
+    """§5.5, §5.7: NPA_REVOKE with a wrong handle_hi (or for an unknown handle) is dropped
+    without NPA_RELEASE; the waiting import is untouched."""
+    lo, hi = 0x1234_5678_9ABC_0000, 0x42
+    core, mgr = importer()
+    mgr.import_begin(lo, hi)
+    mgr.receive(0, p.NpaRevoke(p.handle_lo_bits(lo), hi ^ 1))
+    mgr.receive(0, p.NpaRevoke(p.handle_lo_bits(lo ^ 0x400), hi))
+    assert not mgr.take_effects() and lo in mgr.imports
