@@ -68,3 +68,21 @@ def test_error_accel_leaves_its_vpod_and_recovers():
     cfg.write_config("vpod_id", "1")
     cfg.commit_config("true")
     assert mgr.state == AccelState.ACTIVE
+
+
+def test_addr_mode_change_bounces_the_accel():
+    """§5.9 config update on an ACTIVE accel with the same vPod id: a new address mode
+    re-lays the NPA space (the emulator bounces the accel, as for a membership change)."""
+    from ualinkd.config import PodConfig
+    from ualinkd.node import NodeCore
+    from ualinkd.ualink.state import AccelState, AddrMode
+
+    core = NodeCore(PodConfig.local(1, 1), "node0")
+    mgr = core.managers[128]
+    cfg = core.sys_tree()["class"]["drm"]["renderD128"]["device"]["ualink"]["config"]
+    assert mgr.npa.start == 0x800  # source-aliasing: the alias space
+    cfg["addr_mode"].write("source-identification\n")
+    cfg["commit"].write("true")
+    assert mgr.state == AccelState.ACTIVE
+    assert mgr.vpod.addr_mode == AddrMode.SOURCE_IDENTIFICATION
+    assert mgr.npa.start == 0  # the whole 39-bit space, allocations per importer segment

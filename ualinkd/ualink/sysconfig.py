@@ -171,7 +171,12 @@ def config_update(
     """amdgpu_ualink_config_update_handler (§5.9 "Event handling")."""
     prev = mgr.vpod.vpod_id
     if mgr.state == AccelState.ACTIVE and new.vpod_id == prev and prev != VPOD_ID_INVALID:
+        mode_changed = new.addr_mode != mgr.vpod.addr_mode
         mgr.vpod = new
+        if mode_changed:
+            # The kernel's behaviour is unknown here; the NPA space is laid out per mode at
+            # activation, so the emulator bounces the accel as for a membership change.
+            mgr.active_snapshot = None
         if new.active_accels != mgr.active_snapshot:
             host.activate_vpod(mgr)  # membership changed: bounce the members
         return
