@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     pod.add_argument("--accels-per-node", type=int, default=1)
     pod.add_argument("--root", default="./ualink-pod", help="node i is mounted at ROOT/node<i>")
     pod.add_argument("--ready-timeout", type=float, default=30.0, help=argparse.SUPPRESS)
+    pod.add_argument("--netns", action="store_true",
+                     help="each node in its own network and mount namespace (needs root): "
+                          "its own IP on a bridge, /dev/dri/renderD128 inside the node")
     _trace_arg(pod)
     _quirks_arg(pod)
     return p
@@ -111,6 +114,8 @@ def _pod(args: argparse.Namespace) -> int:
     if not 1 <= args.nodes <= 256 or not 1 <= args.accels_per_node <= 8:
         print("ualinkd: --nodes must be 1..256 and --accels-per-node 1..8", file=sys.stderr)
         return 2
+    if args.netns:
+        return _pod_netns(args)
     root = os.path.abspath(args.root)
     os.makedirs(root, exist_ok=True)
     config = _with_quirks(
@@ -166,6 +171,54 @@ def _pod(args: argparse.Namespace) -> int:
     finally:
         _stop_children(children)
     return status
+
+
+def _pod_netns(args: argparse.Namespace) -> int:
+    """`ualinkd pod --netns`: the local pod through ualinkd.testing, one namespace a node."""
+    from ..testing import Pod, PodError, PodUnavailable, pod_config
+
+    stop = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    config = _with_quirks(pod_config(args.nodes, args.accels_per_node), args.kernel_quirks)
+    pod = Pod(config, trace=args.trace, state_root=os.path.abspath(args.root),
+              ready_timeout=args.ready_timeout)
+    try:
+        try:
+            pod.start()
+        except PodUnavailable as e:
+            print(f"ualinkd: {e}", file=sys.stderr)
+            return 1
+        except PodError as e:
+            print(f"ualinkd: {e}", file=sys.stderr)
+            return 1
+        for node in pod.nodes:
+            ids = ",".join(map(str, node.accels))
+            print(f"{node.name} ready: ip={node.ip} netns={node.netns} pid={node.pid} "
+                  f"render=/dev/dri/renderD128 (inside the node) accels={ids}", flush=True)
+        first = pod.nodes[0]
+        print(f"pod dir: {pod.dir}\n"
+              f"run a client inside {first.name}: nsenter --net=/run/netns/{first.netns} "
+              f"--mount=/proc/{first.pid}/ns/mnt -- CMD  (plain `ip netns exec "
+              f"{first.netns} CMD` gives the network only, not /dev/dri)\n"
+              f"  or: {sys.executable} -m ualinkd.testing {pod.dir} run {first.name} -- CMD\n"
+              f"faults: {sys.executable} -m ualinkd.testing {pod.dir} "
+              "kill|stop|cont|cut|heal NODE, drop-next NODE NPA_RSP, status", flush=True)
+        dead: set[str] = set()
+        while not stop:
+            for node in pod.nodes:
+                if not node.running and node.name not in dead:
+                    dead.add(node.name)
+                    print(f"ualinkd: {node.name} is not running any more", file=sys.stderr)
+            time.sleep(0.1)
+    finally:
+        pod.close()
+    return 0
 
 
 def free_tcp_ports(n: int, host: str = "127.0.0.1") -> list[int]:

@@ -1,0 +1,82 @@
+"""The testing API's own contract: the pytest fixture, `ualinkd pod --netns`, cleanup of a
+crashed run's leftovers, and that nothing of a pod survives it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ualinkd.testing import cleanup_stale
+
+pytestmark = pytest.mark.pod
+
+
+def netns_names() -> list[str]:
+    try:
+        return os.listdir("/run/netns")
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.ualink_pod(nodes=2, response_timeout_ms=300)
+def test_fixture_pod_leaves_nothing(ualink_pod):
+    """The fixture's pod is up (both links, plain /dev/dri inside); after close() its
+    namespaces, processes and state directory are gone."""
+    pod = ualink_pod
+    assert pod.node(0).fabric() == {"node1": True}
+    assert pod.node(1).run(["cat", "/sys/class/drm/renderD128/device/ualink/accel_state"]
+                           ).stdout == "active\n"
+    pids = [n.pid for n in pod.nodes]
+    pod.node(1).stop()  # a stopped daemon must not keep close() waiting
+    pod.close()
+    assert not [ns for ns in netns_names() if ns.startswith(pod.prefix)]
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+    assert not pod.dir.exists()
+
+
+def test_leftovers_of_a_dead_owner_are_removed(tmp_path):
+    """A netns and a state directory named after an owner pid that no longer exists (a
+    crashed run) are removed by the next start; a live owner's are left alone."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    mine = f"ualk-{dead.pid}-abcd"
+    subprocess.run(["ip", "netns", "add", f"{mine}-node0"], check=True)
+    (tmp_path / mine).mkdir()
+    live = tmp_path / f"ualk-{os.getpid()}-beef"
+    live.mkdir()
+    try:
+        assert mine in cleanup_stale(tmp_path)
+        assert f"{mine}-node0" not in netns_names()
+        assert not (tmp_path / mine).exists() and live.exists()
+    finally:
+        subprocess.run(["ip", "netns", "delete", f"{mine}-node0"], capture_output=True)
+
+
+def test_ualinkd_pod_netns(tmp_path):
+    """`ualinkd pod --netns` prints each node's ready line with its IP and how to run a
+    client inside; SIGINT takes everything down."""
+    proc = subprocess.Popen([sys.executable, "-m", "ualinkd", "pod", "--netns", "--nodes", "2",
+                             "--root", str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        lines = [proc.stdout.readline() for _ in range(4)]
+        assert lines[0].startswith("node0 ready: ip=10.177.0.1 "), lines
+        assert lines[1].startswith("node1 ready: ip=10.177.0.2 "), lines
+        assert "nsenter --net=/run/netns/" in lines[3], lines
+        pod_dir = lines[2].split(": ", 1)[1].strip()
+        r = subprocess.run([sys.executable, "-m", "ualinkd.testing", pod_dir, "run", "node1",
+                            "--", "ls", "/dev/dri"], capture_output=True, text=True, timeout=30)
+        assert r.stdout == "renderD128\n", r
+        prefix = os.path.basename(pod_dir)
+        assert [ns for ns in netns_names() if ns.startswith(prefix)]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    time.sleep(0.1)
+    assert not [ns for ns in netns_names() if ns.startswith(prefix)]
+    assert not os.path.exists(pod_dir)

@@ -1,0 +1,77 @@
+"""Faults on a running namespaced pod from a shell: `python -m ualinkd.testing POD-DIR CMD`.
+
+POD-DIR is the pod's state directory (`ualinkd pod --netns` prints it; tests: `pod.dir`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from ..ualink.protocol import MsgType
+from .pod import Pod, PodError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ualinkd.testing", description=__doc__)
+    p.add_argument("pod_dir", help="the pod's state directory (holds pod.json)")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("status", help="nodes, addresses, pids, links")
+    for name, text in (("kill", "SIGKILL the node's daemon"),
+                       ("stop", "SIGSTOP it (a hung node)"), ("cont", "SIGCONT it"),
+                       ("cut", "take its link down"), ("heal", "bring its link up")):
+        sub.add_parser(name, help=text).add_argument("node")
+    n = sub.add_parser("netem", help="tc netem delay/loss on the node's eth0 (0 0: off)")
+    n.add_argument("node")
+    n.add_argument("--delay-ms", type=float, default=0)
+    n.add_argument("--loss-pct", type=float, default=0)
+    d = sub.add_parser("drop-next", help="drop the next message of a type (§5.12 bitmap)")
+    d.add_argument("node")
+    d.add_argument("msg_type", help="a name (NPA_RSP) or a number")
+    d.add_argument("--minor", type=int, default=128)
+    sub.add_parser("deactivate", help="take an accel out of its vPod").add_argument(
+        "accel", type=int)
+    v = sub.add_parser("set-vpod", help="make ACCELS the vPod ID (leaving others first)")
+    v.add_argument("vpod_id", type=int)
+    v.add_argument("accels", type=int, nargs="+")
+    r = sub.add_parser("run", help="run a command inside the node's namespaces")
+    r.add_argument("node")
+    r.add_argument("argv", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        pod = Pod.attach(args.pod_dir)
+        cmd = args.command
+        if cmd == "status":
+            for node in pod.nodes:
+                links = " ".join(f"{peer}:{'up' if up else 'DOWN'}"
+                                 for peer, up in (node.fabric() if node.running else {}).items())
+                print(f"{node.name} ip={node.ip} netns={node.netns} pid={node.pid or '-'} "
+                      f"accels={','.join(map(str, node.accels))} {links}".rstrip())
+        elif cmd in ("kill", "stop", "cont", "cut", "heal"):
+            getattr(pod.node(args.node), cmd)()
+        elif cmd == "netem":
+            pod.node(args.node).netem(args.delay_ms, args.loss_pct)
+        elif cmd == "drop-next":
+            t = args.msg_type
+            msg = int(t, 0) if t[:1].isdigit() else MsgType[t.upper()]
+            pod.node(args.node).drop_next(msg, args.minor)
+        elif cmd == "deactivate":
+            pod.deactivate(args.accel)
+        elif cmd == "set-vpod":
+            pod.set_vpod(args.vpod_id, args.accels)
+        elif cmd == "run":
+            argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            return subprocess.run(pod.node(args.node).enter_cmd(argv)).returncode
+    except (PodError, KeyError, ValueError, OSError) as e:
+        print(f"ualinkd.testing: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Inside a pod node's fresh mount namespace: make the places a real host has, then exec.
+
+Run as `ip netns exec NS unshare --mount --propagation private python -m
+ualinkd.testing.nodeinit --stage DIR -- CMD…`. It puts a tmpfs over `/dev` and over
+`/sys/class` that mirrors what was there (bind mounts of every entry, so `/dev/null`,
+`/dev/fuse`, `/dev/pts`, `/sys/class/net` … keep working) plus the empty mount points
+`/dev/dri`, `/dev/dmabuf`, `/sys/class/drm`, and a tmpfs on `/sys/kernel/debug` with
+`dri/` and `ualink_fabric`, then execs CMD (the node daemon). The pod binds the daemon's
+files over those once it is ready (a
+FUSE server cannot bind its own files: the lookups would wait on itself).
+
+Nothing here touches the host's /dev or /sys: the new tmpfs mounts exist only in this
+private mount namespace; the host's devtmpfs and sysfs are only bound, never written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import stat
+import sys
+
+MS_BIND = 4096
+MS_REC = 16384
+MNT_DETACH = 2
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+def mount(src: str, dst: str, fstype: str | None = None, flags: int = 0,
+          data: str | None = None) -> None:
+    if _libc.mount(src.encode(), dst.encode(), fstype.encode() if fstype else None, flags,
+                   data.encode() if data else None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {src} on {dst}: {os.strerror(err)}")
+
+
+def umount(path: str) -> None:
+    if _libc.umount2(path.encode(), MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount {path}: {os.strerror(err)}")
+
+
+def mirror(target: str, saved: str, extra_dirs: list[str]) -> None:
+    """A tmpfs on `target` holding a bind of every entry of `saved` (a bind of the old
+    `target`), symlinks copied, plus the empty directories `extra_dirs`."""
+    mount("tmpfs", target, "tmpfs", 0, "mode=755")
+    for name in sorted(os.listdir(saved)):
+        src, dst = os.path.join(saved, name), os.path.join(target, name)
+        st = os.lstat(src)
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(src), dst)
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            os.mkdir(dst, stat.S_IMODE(st.st_mode))
+        else:
+            os.close(os.open(dst, os.O_CREAT | os.O_WRONLY, 0o600))
+        try:
+            mount(src, dst, None, MS_BIND | MS_REC)
+        except OSError as e:  # e.g. a file we may not bind; leave the placeholder
+            print(f"nodeinit: {e}", file=sys.stderr)
+    for d in extra_dirs:
+        os.makedirs(os.path.join(target, d), exist_ok=True)
+
+
+def prepare(stage: str) -> None:
+    os.makedirs(stage, exist_ok=True)
+    mount("tmpfs", stage, "tmpfs", 0, "mode=700")
+    for name, target, extra in (("dev", "/dev", ["dri", "dmabuf"]),
+                                ("class", "/sys/class", ["drm"])):
+        saved = os.path.join(stage, name)
+        os.mkdir(saved)
+        mount(target, saved, None, MS_BIND | MS_REC)
+        mirror(target, saved, extra)
+    umount(stage)  # the binds above keep what they need
+    # debugfs is not mounted in this fresh /sys: a tmpfs with the two places we bind.
+    mount("tmpfs", "/sys/kernel/debug", "tmpfs", 0, "mode=700")
+    os.mkdir("/sys/kernel/debug/dri")
+    os.close(os.open("/sys/kernel/debug/ualink_fabric", os.O_CREAT | os.O_WRONLY, 0o444))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 4 or argv[0] != "--stage" or argv[2] != "--":
+        print("usage: python -m ualinkd.testing.nodeinit --stage DIR -- CMD...", file=sys.stderr)
+        return 2
+    stage, cmd = argv[1], argv[3:]
+    try:
+        prepare(stage)
+    except OSError as e:
+        print(f"nodeinit: {e}", file=sys.stderr)
+        return 1
+    os.execvp(cmd[0], cmd)
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,657 @@
+"""A pod of real node daemons, each in its own network and mount namespace (tests, demos).
+
+Layout of one pod (prefix `ualk-<owner pid>-<4 hex>`, so leftovers of a crashed run are
+found by name and removed at the next start):
+
+- a netns `<prefix>-fabric` holding the bridge `br0`;
+- per node a netns `<prefix>-<node>` with `eth0` (10.177.0.<i+1>/24, veth to `v<i>` on the
+  bridge) and `lo`; the daemon runs there in a private mount namespace where its `dri/`,
+  `dmabuf/`, `sys/class/drm` and `sys/kernel/debug/{dri,ualink_fabric}` are bound over the
+  same paths of a real host (see nodeinit), so a client started with `node.run()` opens the plain
+  `/dev/dri/renderD128` as on a real host;
+- a state directory (pod.toml, logs, notify sockets, mount points, pod.json for the command
+  line) under /tmp/ualinkd-pods/<prefix>.
+
+The host never sees the mounts: it reads a node's files through `/proc/<pid>/root`. Cleanup
+(`Pod.close`, also from `atexit` and on SIGTERM/SIGHUP through SystemExit) kills every
+process in the pod's namespaces and deletes the namespaces, which takes the veths, the
+bridge and the mount namespaces (with the FUSE mounts) with them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..config import AccelConfig, NodeConfig, PodConfig, VpodConfig
+from ..ualink.state import AddrMode
+
+PREFIX = "ualk-"
+STATE_ROOT = Path(os.environ.get("UALINKD_POD_STATE", "/tmp/ualinkd-pods"))
+SUBNET = "10.177.0"
+FABRIC_PORT = 7100
+RENDER_MINOR = 128
+if TYPE_CHECKING:
+    from .agent import Agent
+
+_NS_RE = re.compile(r"^(ualk-(\d+)-[0-9a-f]{4})-")
+
+
+class PodError(RuntimeError):
+    """The pod could not do what was asked; the message says what and on which node."""
+
+
+class PodUnavailable(PodError):
+    """This machine cannot run namespaced pods (not root, a tool or /dev/fuse missing,
+    netem not in the kernel); the message says exactly what is missing."""
+
+
+# -- prerequisites ------------------------------------------------------------------------------
+def check_prerequisites() -> None:
+    """Raise PodUnavailable naming everything that is missing."""
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root (namespaces, mounts and veths need CAP_SYS_ADMIN/CAP_NET_ADMIN)")
+    for tool, pkg in (("ip", "iproute2"), ("unshare", "util-linux"),
+                      ("nsenter", "util-linux"), ("mount", "mount")):
+        if shutil.which(tool) is None:
+            missing.append(f"the `{tool}` command ({pkg})")
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as e:
+        missing.append(f"/dev/fuse ({e.strerror})")
+    if missing:
+        raise PodUnavailable("cannot run a namespaced ualink pod: missing " + "; ".join(missing))
+
+
+def _run(cmd: Sequence[str], what: str, input: str | None = None,
+         check: bool = True) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(list(cmd), input=input, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise PodError(f"{what}: `{' '.join(cmd)}` failed: {r.stderr.strip() or r.returncode}")
+    return r
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _netns_list() -> list[str]:
+    try:
+        return sorted(os.listdir("/run/netns"))
+    except FileNotFoundError:
+        return []
+
+
+def _destroy_netns(names: Iterable[str]) -> None:
+    """Kill every process in each netns (SIGCONT first: stopped ones must die too), then
+    delete it (its veths, bridge and routes go with it)."""
+    names = list(names)
+    for _ in range(3):
+        pids: set[int] = set()
+        for ns in names:
+            r = _run(["ip", "netns", "pids", ns], "list pids", check=False)
+            pids |= {int(p) for p in r.stdout.split() if p.strip().isdigit()}
+        if not pids:
+            break
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+        deadline = time.monotonic() + 5
+        while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    for ns in names:
+        _run(["ip", "netns", "delete", ns], "delete netns", check=False)
+
+
+def cleanup_stale(state_root: Path = STATE_ROOT) -> list[str]:
+    """Remove what pods of dead owner processes left behind (namespaces, their processes,
+    state directories); the prefixes removed."""
+    stale: dict[str, list[str]] = {}
+    for ns in _netns_list():
+        m = _NS_RE.match(ns)
+        if m and not _pid_alive(int(m.group(2))):
+            stale.setdefault(m.group(1), []).append(ns)
+    for names in stale.values():
+        _destroy_netns(names)
+    if state_root.is_dir():
+        for d in state_root.iterdir():
+            m = re.match(r"^ualk-(\d+)-[0-9a-f]{4}$", d.name)
+            if m and not _pid_alive(int(m.group(1))):
+                stale.setdefault(d.name, [])
+                shutil.rmtree(d, ignore_errors=True)
+    return sorted(stale)
+
+
+# -- cleanup on the way out ---------------------------------------------------------------------
+_live_pods: weakref.WeakSet[Pod] = weakref.WeakSet()
+
+
+def _close_all() -> None:
+    for pod in list(_live_pods):
+        with contextlib.suppress(Exception):
+            pod.close()
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds context managers, then atexit runs
+
+
+def _install_exit_handlers() -> None:
+    if getattr(_install_exit_handlers, "done", False):
+        return
+    _install_exit_handlers.done = True  # type: ignore[attr-defined]
+    atexit.register(_close_all)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread: atexit only
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                signal.signal(sig, _exit_on_signal)
+
+
+# -- the config ---------------------------------------------------------------------------------
+def pod_config(nodes: int = 2, accels_per_node: int = 1,
+               vpods: dict[int, Iterable[int]] | None = None,
+               addr_mode: AddrMode = AddrMode.SOURCE_ALIASING,
+               response_timeout_ms: int = 5000, send_ack_timeout_ms: int | None = None,
+               vram_size: int | None = None) -> PodConfig:
+    """A pod config for `Pod`: node i has accels i*K … i*K+K-1; `vpods` maps vPod id →
+    member accels (default: every accel in vPod 1). Addresses are filled in by `Pod`."""
+    base = PodConfig.local(nodes, accels_per_node)
+    if vpods is None:
+        vpods = {1: range(nodes * accels_per_node)}
+    node_cfgs = tuple(
+        replace(n, accels=tuple(AccelConfig(a.accel_id, **({"vram_size": vram_size}
+                                                             if vram_size else {}))
+                                for a in n.accels))
+        for n in base.nodes)
+    cfg = replace(base, nodes=node_cfgs,
+                  vpods=tuple(VpodConfig(v, frozenset(m), addr_mode) for v, m in vpods.items()),
+                  response_timeout_ms=response_timeout_ms,
+                  send_ack_timeout_ms=send_ack_timeout_ms or response_timeout_ms)
+    cfg.validate()
+    return cfg
+
+
+# -- one node -----------------------------------------------------------------------------------
+class PodNode:
+    """One node daemon of a `Pod`: where it lives, how to read its files, and its faults."""
+
+    def __init__(self, pod: Pod, index: int, config: NodeConfig) -> None:
+        self.pod = pod
+        self.index = index
+        self.name = config.name
+        self.accels = tuple(a.accel_id for a in config.accels)
+        self.netns = f"{pod.prefix}-{config.name}"
+        self.ip = f"{SUBNET}.{index + 1}"
+        self.bridge_port = f"v{index}"
+        self.dir = pod.dir / config.name
+        self.mount = self.dir / "mnt"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.attached_pid: int | None = None  # a daemon another process started (attach)
+        self.generation = 0  # daemon starts so far
+        self.clients: list[subprocess.Popen[str]] = []
+
+    def __repr__(self) -> str:
+        return f"<PodNode {self.name} {self.ip} pid={self.pid}>"
+
+    # -- where things are --------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        if self.proc is None:
+            pid = self.attached_pid
+            return pid if pid is not None and _pid_alive(pid) else None
+        return self.proc.pid if self.proc.poll() is None else None
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+    def _need_pid(self) -> int:
+        pid = self.pid
+        if pid is None:
+            raise PodError(f"{self.name} is not running")
+        return pid
+
+    @property
+    def root(self) -> Path:
+        """The node's mount as the host reaches it (through the daemon's mount namespace)."""
+        return Path(f"/proc/{self._need_pid()}/root{self.mount}")
+
+    def minor(self, accel: int) -> int:
+        return RENDER_MINOR + self.accels.index(accel)
+
+    def render(self, accel: int | None = None) -> str:
+        """The render node path *inside* the node (for clients run there)."""
+        minor = RENDER_MINOR if accel is None else self.minor(accel)
+        return f"/dev/dri/renderD{minor}"
+
+    def read(self, rel: str) -> str:
+        """A file of the node's mount (e.g. "sys/kernel/debug/ualink_fabric"). Never call
+        this on a stopped node: the read would wait for it."""
+        return (self.root / rel).read_text()
+
+    def write(self, rel: str, text: str) -> None:
+        (self.root / rel).write_text(text)
+
+    def debug(self, name: str, minor: int = RENDER_MINOR) -> str:
+        return self.read(f"sys/kernel/debug/dri/{minor}/{name}")
+
+    def sysfs(self, name: str, minor: int = RENDER_MINOR) -> str:
+        return self.read(f"sys/class/drm/renderD{minor}/device/ualink/{name}")
+
+    def fabric(self) -> dict[str, bool]:
+        """Peer node name → link up."""
+        out = {}
+        for line in self.read("sys/kernel/debug/ualink_fabric").splitlines():
+            peer, _, state = line.partition(" ")
+            out[peer] = state.strip() == "up"
+        return out
+
+    def leaks(self) -> list[str]:
+        """What this node still holds (pins, NPA ranges, handles, open files, imports)."""
+        found = []
+        for minor in (self.minor(a) for a in self.accels):
+            for name in ("gem_objects", "ualink_exports", "ualink_imports", "clients"):
+                text = self.debug(name, minor)
+                if text:
+                    found.append(f"{self.name} renderD{minor} {name}: {text.strip()}")
+            npa = self.debug("ualink_npa", minor)
+            if not npa.startswith("used_pages=0 mappings=0"):
+                found.append(f"{self.name} renderD{minor} ualink_npa: {npa.strip()}")
+        return found
+
+    # -- clients inside the node ------------------------------------------------------------
+    def enter_cmd(self, argv: Sequence[str], cwd: str | None = None) -> list[str]:
+        """argv prefixed so that it runs in this node's network and mount namespaces."""
+        pid = self._need_pid()
+        return ["nsenter", f"--net=/run/netns/{self.netns}", f"--mount=/proc/{pid}/ns/mnt",
+                f"--wd={cwd or os.getcwd()}", "--", *argv]
+
+    def run(self, argv: Sequence[str], *, check: bool = False, timeout: float = 30,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a command inside the node to completion (text output captured)."""
+        return subprocess.run(self.enter_cmd(argv), capture_output=True, text=True,
+                              check=check, timeout=timeout, input=input)
+
+    def popen(self, argv: Sequence[str], **kw: object) -> subprocess.Popen[str]:
+        """Start a command inside the node; the pod kills it at close if it still runs."""
+        kw.setdefault("text", True)
+        proc = subprocess.Popen(self.enter_cmd(argv), **kw)  # type: ignore[call-overload]
+        self.clients.append(proc)
+        return proc
+
+    def agent(self) -> Agent:
+        """A libualink client process inside the node, driven from the test (see agent)."""
+        from .agent import Agent
+
+        return Agent(self)
+
+    # -- life --------------------------------------------------------------------------------
+    def start(self, timeout: float = 20) -> None:
+        if self.running:
+            raise PodError(f"{self.name} is already running")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.mount.mkdir(exist_ok=True)
+        notify = self.dir / "notify"
+        with contextlib.suppress(FileNotFoundError):
+            notify.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(str(notify))
+        sock.settimeout(0.05)
+        cmd = ["ip", "netns", "exec", self.netns,
+               "unshare", "--mount", "--propagation", "private",
+               sys.executable, "-m", "ualinkd.testing.nodeinit", "--stage",
+               str(self.dir / "stage"), "--",
+               sys.executable, "-m", "ualinkd", "node", "--config", str(self.pod.config_path),
+               "--node", self.name, "--mount", str(self.mount)]
+        if self.pod.trace:
+            cmd.append(f"--trace={self.pod.trace}")
+        self.generation += 1
+        log = self.dir / f"daemon.{self.generation}.log"
+        env = dict(os.environ, NOTIFY_SOCKET=str(notify))
+        try:
+            with open(log, "wb") as logf:
+                self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=env,
+                                             start_new_session=True)
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    if b"READY=1" in sock.recv(64):
+                        break
+                except TimeoutError:
+                    pass
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.kill()
+                    raise PodError(f"{self.name} did not become ready:\n"
+                                   f"{log.read_text(errors='replace')[-3000:]}")
+        finally:
+            sock.close()
+        self.pod._save_state()
+        m = self.mount
+        _run(["nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", "--", "sh", "-c",
+              f"mount --bind {m}/dri /dev/dri && mount --bind {m}/dmabuf /dev/dmabuf && "
+              f"mount --bind {m}/sys/class/drm /sys/class/drm && "
+              f"mount --bind {m}/sys/kernel/debug/dri /sys/kernel/debug/dri && "
+              f"mount --bind {m}/sys/kernel/debug/ualink_fabric /sys/kernel/debug/ualink_fabric"],
+             f"{self.name}: bind the node's files over /dev/dri and /sys/class/drm")
+
+    def log_text(self) -> str:
+        return "".join(p.read_text(errors="replace")
+                       for p in sorted(self.dir.glob("daemon.*.log")))
+
+    def signal(self, sig: int) -> None:
+        os.kill(self._need_pid(), sig)
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (a crash): its mount namespace and FUSE mount go with it once
+        no client is left inside."""
+        if self.proc is None and self.pid is not None:
+            self.signal(signal.SIGKILL)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        """SIGSTOP the daemon (a hung node); its files then block readers until `cont()`."""
+        self.signal(signal.SIGSTOP)
+
+    def cont(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def terminate(self, timeout: float = 10) -> None:
+        """A clean shutdown (SIGTERM), SIGKILL if it takes longer than `timeout`."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self, kill: bool = False, wait_links: bool = True) -> None:
+        """A fresh daemon with no state (a node reset): SIGKILL (kill=True) or SIGTERM the
+        old one if it still runs, start a new one, wait until its links are up."""
+        if kill:
+            self.kill()
+        else:
+            self.terminate()
+        self.start()
+        if wait_links:
+            self.pod.wait_links()
+
+    def _ip_fabric(self, *args: str) -> None:
+        _run(["ip", "-n", self.pod.fabric_netns, "link", "set", self.bridge_port, *args],
+             f"{self.name}: link {' '.join(args)}")
+
+    def cut(self) -> None:
+        """Pull the node's cable: its bridge port goes down (carrier lost on both ends);
+        packets are dropped, TCP connections stay until someone times out."""
+        self._ip_fabric("down")
+
+    def heal(self) -> None:
+        self._ip_fabric("up")
+
+    def netem(self, delay_ms: float = 0, loss_pct: float = 0, jitter_ms: float = 0) -> None:
+        """Delay/loss on the node's eth0 (tc netem); all zero removes it."""
+        if shutil.which("tc") is None:
+            raise PodUnavailable("netem needs the `tc` command (iproute2)")
+        base = ["ip", "netns", "exec", self.netns, "tc", "qdisc"]
+        if not delay_ms and not loss_pct:
+            _run([*base, "del", "dev", "eth0", "root"], "netem off", check=False)
+            return
+        spec = ["netem"]
+        if delay_ms:
+            spec += ["delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
+        if loss_pct:
+            spec += ["loss", f"{loss_pct}%"]
+        r = _run([*base, "replace", "dev", "eth0", "root", *spec], "netem", check=False)
+        if r.returncode != 0:
+            if "unknown" in r.stderr.lower() or "not supported" in r.stderr.lower() \
+                    or "no such file" in r.stderr.lower():
+                raise PodUnavailable(
+                    "tc netem is not available: this kernel has no sch_netem "
+                    f"(CONFIG_NET_SCH_NETEM, module sch_netem); tc said: {r.stderr.strip()}")
+            raise PodError(f"{self.name}: tc netem failed: {r.stderr.strip()}")
+
+    def drop_next(self, msg_type: int, minor: int = RENDER_MINOR) -> None:
+        """Drop the next received message of type `msg_type` on that accel (§5.12: one bit
+        of the debugfs drop bitmap, cleared when it fires)."""
+        rel = f"sys/kernel/debug/dri/{minor}/ualink_drop_msg"
+        bitmap = int(self.read(rel).strip(), 16) | 1 << int(msg_type)
+        self.write(rel, f"{bitmap:#x}")
+
+    def _config(self, accel: int, **values: object) -> None:
+        base = f"sys/class/drm/renderD{self.minor(accel)}/device/ualink/config"
+        for name, value in values.items():
+            if isinstance(value, AddrMode):
+                value = value.sysfs
+            elif isinstance(value, (list, tuple, set, frozenset)):
+                value = " ".join(map(str, sorted(value)))
+            self.write(f"{base}/{name}", str(value))
+        self.write(f"{base}/commit", "true")
+
+    def deactivate(self, accel: int | None = None) -> None:
+        """Take an accel out of its vPod (config/vpod_id 0 + commit: PPOD_CONFIGURED)."""
+        self._config(self.accels[0] if accel is None else accel, vpod_id=0)
+
+    def join(self, accel: int, vpod_id: int, members: Iterable[int],
+             addr_mode: AddrMode | None = None) -> None:
+        """config/ vpod_id, vpod_size, vpod_active_accels (and addr_mode) + commit."""
+        members = sorted(set(members))
+        values: dict[str, object] = {"vpod_id": vpod_id, "vpod_size": len(members),
+                                     "vpod_active_accels": members}
+        if addr_mode is not None:
+            values["addr_mode"] = addr_mode
+        self._config(accel, **values)
+
+
+# -- the pod ------------------------------------------------------------------------------------
+class Pod:
+    """N node daemons in namespaces. Use as a context manager (or call start()/close())."""
+
+    def __init__(self, config: PodConfig | None = None, *, trace: str | None = None,
+                 state_root: Path | str | None = None, ready_timeout: float = 20) -> None:
+        config = config or pod_config()
+        if len(config.nodes) > 250:
+            raise PodError("at most 250 nodes in a namespaced pod")
+        nodes = tuple(replace(n, address=f"{SUBNET}.{i + 1}:{FABRIC_PORT}")
+                      for i, n in enumerate(config.nodes))
+        self.config = replace(config, nodes=nodes)
+        self.config.validate()
+        self.trace = trace
+        self.ready_timeout = ready_timeout
+        self.prefix = f"{PREFIX}{os.getpid()}-{secrets.token_hex(2)}"
+        self.dir = Path(state_root or STATE_ROOT) / self.prefix
+        self.config_path = self.dir / "pod.toml"
+        self.fabric_netns = f"{self.prefix}-fabric"
+        self.nodes = [PodNode(self, i, n) for i, n in enumerate(self.config.nodes)]
+        self._netns: list[str] = []
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<Pod {self.prefix} {len(self.nodes)} nodes>"
+
+    @classmethod
+    def attach(cls, pod_dir: str | Path) -> Pod:
+        """The pod another process runs (its state directory): for faults and reading. It
+        does not own the pod: close() does nothing, start()/restart() are not possible."""
+        pod_dir = Path(pod_dir)
+        try:
+            state = json.loads((pod_dir / "pod.json").read_text())
+        except (OSError, ValueError) as e:
+            raise PodError(f"{pod_dir}: not a running pod's directory ({e})") from None
+        pod = cls(PodConfig.load(pod_dir / "pod.toml"))
+        pod.prefix, pod.dir = state["prefix"], pod_dir
+        pod.config_path, pod.fabric_netns = pod_dir / "pod.toml", state["fabric_netns"]
+        for node, ns in zip(pod.nodes, state["nodes"], strict=True):
+            node.netns, node.ip, node.bridge_port = ns["netns"], ns["ip"], ns["bridge_port"]
+            node.dir, node.mount = Path(ns["mount"]).parent, Path(ns["mount"])
+            node.attached_pid = ns["pid"]
+        pod._closed = True
+        return pod
+
+    def node(self, key: int | str) -> PodNode:
+        if isinstance(key, int):
+            return self.nodes[key]
+        for n in self.nodes:
+            if n.name == key:
+                return n
+        raise PodError(f"no node named {key!r} (have: {', '.join(n.name for n in self.nodes)})")
+
+    def owner(self, accel: int) -> PodNode:
+        """The node that holds `accel`."""
+        for n in self.nodes:
+            if accel in n.accels:
+                return n
+        raise PodError(f"no node holds accel {accel}")
+
+    # -- life --------------------------------------------------------------------------------
+    def __enter__(self) -> Pod:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> Pod:
+        check_prerequisites()
+        cleanup_stale(self.dir.parent)
+        _install_exit_handlers()
+        _live_pods.add(self)
+        try:
+            self.dir.mkdir(parents=True)
+            self.config_path.write_text(self.config.to_toml())
+            self._make_network()
+            for node in self.nodes:
+                node.start(self.ready_timeout)
+            self.wait_links(self.ready_timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _add_netns(self, name: str) -> None:
+        _run(["ip", "netns", "add", name], f"create netns {name}")
+        self._netns.append(name)
+
+    def _make_network(self) -> None:
+        self._add_netns(self.fabric_netns)
+        fab = ["link add br0 type bridge", "link set br0 up", "link set lo up"]
+        for node in self.nodes:
+            self._add_netns(node.netns)
+            fab += [f"link add {node.bridge_port} type veth peer name eth0 netns {node.netns}",
+                    f"link set {node.bridge_port} master br0",
+                    f"link set {node.bridge_port} up"]
+        _run(["ip", "-n", self.fabric_netns, "-batch", "-"], "make the fabric bridge",
+             input="\n".join(fab) + "\n")
+        for node in self.nodes:
+            _run(["ip", "-n", node.netns, "-batch", "-"], f"{node.name}: address its eth0",
+                 input=f"addr add {node.ip}/24 dev eth0\nlink set eth0 up\nlink set lo up\n")
+
+    def _save_state(self) -> None:
+        """pod.json: what `python -m ualinkd.testing` needs to reach the pod."""
+        state = {
+            "prefix": self.prefix, "owner": os.getpid(), "fabric_netns": self.fabric_netns,
+            "nodes": [{"name": n.name, "index": n.index, "netns": n.netns, "ip": n.ip,
+                       "pid": n.pid, "mount": str(n.mount), "accels": list(n.accels),
+                       "bridge_port": n.bridge_port} for n in self.nodes],
+        }
+        tmp = self.dir / "pod.json.tmp"
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.dir / "pod.json")
+
+    def close(self) -> None:
+        """Stop every daemon and client, delete the namespaces and the state directory.
+        Safe to call twice, and from atexit."""
+        if self._closed:
+            return
+        self._closed = True
+        _live_pods.discard(self)
+        for node in self.nodes:
+            for c in node.clients:
+                if c.poll() is None:
+                    c.kill()
+            with contextlib.suppress(Exception):
+                node.terminate(timeout=5)
+        for node in self.nodes:
+            for c in node.clients:
+                with contextlib.suppress(Exception):
+                    c.wait(5)
+        _destroy_netns(self._netns)
+        if os.environ.get("UALINKD_POD_KEEP_LOGS"):
+            return
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- waiting and checking ----------------------------------------------------------------
+    def running_nodes(self) -> list[PodNode]:
+        return [n for n in self.nodes if n.running]
+
+    def wait_links(self, timeout: float = 10) -> None:
+        """Until every running node reports every other running node's link up."""
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = self.running_nodes()
+            names = {n.name for n in alive}
+            down = [f"{n.name}->{peer}" for n in alive
+                    for peer, up in n.fabric().items() if peer in names and not up]
+            if not down:
+                return
+            if time.monotonic() > deadline:
+                raise PodError(f"fabric links still down after {timeout} s: {', '.join(down)}")
+            time.sleep(0.02)
+
+    def leaks(self) -> list[str]:
+        return [leak for n in self.running_nodes() for leak in n.leaks()]
+
+    def assert_clean(self, timeout: float = 5) -> None:
+        """Every running node holds nothing (waits up to `timeout` for cleanup to finish)."""
+        deadline = time.monotonic() + timeout
+        while (found := self.leaks()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if found:
+            raise AssertionError("left behind:\n  " + "\n  ".join(found))
+
+    # -- vPods -------------------------------------------------------------------------------
+    def vpod_of(self, accel: int) -> int:
+        node = self.owner(accel)
+        return int(node.sysfs("vpod_id", node.minor(accel)))
+
+    def set_vpod(self, vpod_id: int, members: Iterable[int],
+                 addr_mode: AddrMode | None = None) -> None:
+        """Make `members` the vPod `vpod_id` at runtime: an accel in another vPod leaves it
+        first (vpod_id 0 + commit), then every member gets the new id, size and member list
+        + commit (members already there are bounced by the membership change, §5.9)."""
+        members = sorted(set(members))
+        for accel in members:
+            current = self.vpod_of(accel)
+            if current not in (0, vpod_id):
+                self.owner(accel).deactivate(accel)
+        for accel in members:
+            self.owner(accel).join(accel, vpod_id, members, addr_mode)
+
+    def deactivate(self, accel: int) -> None:
+        self.owner(accel).deactivate(accel)
