@@ -1,7 +1,7 @@
 # ualinkd: two commands do everything on a fresh Debian machine.
 #   make demo   install what is missing, start a local pod, run the example clients
 #   make test   install what is missing, ruff, the whole test suite
-# Also: make bench (benchmarks/), make c (the C library and programs), make clean.
+# Also: make bench, make bench-pod (benchmarks/), make c (the C library and programs), make clean.
 
 PYTHON  ?= python3
 VENV    := .venv
@@ -10,7 +10,7 @@ APT_PKGS := fuse3 libfuse3-dev libdrm-dev iproute2 pkg-config gcc make
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: all setup apt venv c demo test lint bench clean
+.PHONY: all setup apt venv c demo test lint bench bench-pod clean
 
 all: setup
 
@@ -48,6 +48,9 @@ test: setup lint
 
 bench: setup
 	$(VPY) benchmarks/run.py
+
+bench-pod: setup
+	$(VPY) benchmarks/pod_scale.py
 
 clean:
 	$(MAKE) -s -C libualink_c clean

@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from nodes import Client, running_pod, start_node
+from nodes import Client, running_pod, start_node, wait_links_up
 
 from ualinkd.cli.main import free_tcp_ports
 from ualinkd.config import AccelConfig, NodeConfig, PodConfig, VpodConfig
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 def pod_config(nodes: int = 2, mode: AddrMode = AddrMode.SOURCE_ALIASING,
-               response_ms: int = 500, vpod_members: list[int] | None = None,
+               response_ms: int = 1000, vpod_members: list[int] | None = None,
                npa_pages: int | None = None, quirks: frozenset[str] = frozenset()) -> PodConfig:
     base = PodConfig.local(nodes, 1, free_tcp_ports(nodes))
     members = frozenset(vpod_members if vpod_members is not None else range(nodes))
@@ -156,6 +156,8 @@ def test_killed_exporter_and_restart(tmp_path):
             gen_before = b.debug(128, "ualink_peers")
             a2 = start_node(tmp_path / "restart", cfg, "node0")
             try:
+                wait_links_up(a2)
+                wait_links_up(b)
                 with Client(a2.render()) as ca2:
                     h2 = ca2.export(ca2.bo_create())
                     with pytest.raises(OSError) as e:
