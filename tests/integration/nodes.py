@@ -19,6 +19,7 @@ import cffi
 
 from ualinkd.config import PodConfig
 from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at
+from ualinkd.testing.agent import LIBUALINK_CDEF
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "libualink_c" / "build"
@@ -147,26 +148,8 @@ def running_pod(
 
 # ---- libualink through cffi (ABI mode over the built shared library) ------------------------
 
-_CDEF = """
-typedef struct ualink_dev ualink_dev;
-int ualink_open(const char *path, ualink_dev **out);
-void ualink_close(ualink_dev *dev);
-int ualink_fd(const ualink_dev *dev);
-int ualink_bo_create(ualink_dev *dev, uint64_t size, uint64_t alignment,
-                     uint64_t domains, uint64_t flags, uint32_t *handle);
-int ualink_bo_close(ualink_dev *dev, uint32_t handle);
-int ualink_export(ualink_dev *dev, uint32_t gem_handle, uint64_t handle[2]);
-int ualink_import(ualink_dev *dev, const uint64_t handle[2], int *dmabuf_fd);
-int ualink_prime_handle_to_fd(ualink_dev *dev, uint32_t gem_handle, uint32_t flags,
-                              int *dmabuf_fd);
-int ualink_prime_fd_to_handle(ualink_dev *dev, int dmabuf_fd, uint32_t *gem_handle);
-int ualink_va_map(ualink_dev *dev, uint32_t gem_handle, uint64_t va,
-                  uint64_t offset_in_bo, uint64_t size, uint32_t flags);
-int ualink_va_unmap(ualink_dev *dev, uint32_t gem_handle, uint64_t va,
-                    uint64_t offset_in_bo, uint64_t size);
-"""
 ffi = cffi.FFI()
-ffi.cdef(_CDEF)
+ffi.cdef(LIBUALINK_CDEF)
 _lib = None
 
 

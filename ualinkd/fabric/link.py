@@ -119,8 +119,8 @@ class FabricLink:
     `on_message(src_accel, dst_accel, dwords)` is called synchronously from the reader task of
     the connection the message came in on, in arrival order, after its ACK has been queued;
     it must not raise (an exception from it is a bug and propagates out of `run`).
-    `on_request(peer, Load | Store) -> Data` serves the data plane (TODO(data-plane issue):
-    wire it to the NPA page tables); without it LOAD/STORE are answered with -EOPNOTSUPP.
+    `on_request(peer, Load | Store) -> Data` serves the data plane (the daemon resolves the
+    NPA through its page table); without it LOAD/STORE are answered with -EOPNOTSUPP.
     """
 
     def __init__(self, config: PodConfig, node_name: str, on_message: OnMessage, *,
@@ -469,7 +469,6 @@ class FabricLink:
 
         Returns the loaded bytes (b"" for a STORE). DrmError(EFAULT) when the peer is not
         reachable or answers with an error (Emulator policy 3, 10).
-        TODO(data-plane issue): the serving side (`on_request`) and its tests with real memory.
         """
         waiter = None
         peer = self._owner.get(dst_accel, "?")

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 RW = 0x6  # AMDGPU_VM_PAGE_READABLE | AMDGPU_VM_PAGE_WRITEABLE
 
-_CDEF = """
+# The C API of include/ualink/ualink.h that cffi needs (ABI mode over libualink.so);
+# tests/integration uses the same declarations.
+LIBUALINK_CDEF = """
 typedef struct ualink_dev ualink_dev;
 int ualink_open(const char *path, ualink_dev **out);
 void ualink_close(ualink_dev *dev);
@@ -31,6 +33,8 @@ int ualink_bo_create(ualink_dev *dev, uint64_t size, uint64_t alignment,
 int ualink_bo_close(ualink_dev *dev, uint32_t handle);
 int ualink_export(ualink_dev *dev, uint32_t gem_handle, uint64_t handle[2]);
 int ualink_import(ualink_dev *dev, const uint64_t handle[2], int *dmabuf_fd);
+int ualink_prime_handle_to_fd(ualink_dev *dev, uint32_t gem_handle, uint32_t flags,
+                              int *dmabuf_fd);
 int ualink_prime_fd_to_handle(ualink_dev *dev, int dmabuf_fd, uint32_t *gem_handle);
 int ualink_va_map(ualink_dev *dev, uint32_t gem_handle, uint64_t va,
                   uint64_t offset_in_bo, uint64_t size, uint32_t flags);
@@ -56,7 +60,7 @@ def serve(lib_path: str) -> int:
     import cffi
 
     ffi = cffi.FFI()
-    ffi.cdef(_CDEF)
+    ffi.cdef(LIBUALINK_CDEF)
     lib = ffi.dlopen(lib_path)
     devs: dict[str, object] = {}
 
