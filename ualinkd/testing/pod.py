@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import json
 import os
 import re
@@ -38,6 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..cli import ctl
 from ..config import AccelConfig, NodeConfig, PodConfig, VpodConfig
 from ..ualink.state import AddrMode
 
@@ -269,17 +271,27 @@ class PodNode:
             out[peer] = state.strip() == "up"
         return out
 
+    def report(self) -> dict[str, object]:
+        """What `ualinkctl --mount <node> --json all` prints for this node."""
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = ctl.main(["--mount", str(self.root), "--json", "all"])
+        if rc != 0:
+            raise PodError(f"ualinkctl could not read {self.name}")
+        return json.loads(out.getvalue())
+
     def leaks(self) -> list[str]:
-        """What this node still holds (pins, NPA ranges, handles, open files, imports)."""
+        """What this node still holds (pins, NPA ranges, handles, open files, imports), as
+        `ualinkctl --json` reports it."""
         found = []
-        for minor in (self.minor(a) for a in self.accels):
-            for name in ("gem_objects", "ualink_exports", "ualink_imports", "clients"):
-                text = self.debug(name, minor)
-                if text:
-                    found.append(f"{self.name} renderD{minor} {name}: {text.strip()}")
-            npa = self.debug("ualink_npa", minor)
-            if not npa.startswith("used_pages=0 mappings=0"):
-                found.append(f"{self.name} renderD{minor} ualink_npa: {npa.strip()}")
+        for accel in self.report()["accels"]:  # type: ignore[union-attr]
+            where = f"{self.name} {accel['render']}"
+            for key in ("objects", "exports", "imports", "clients"):
+                if accel[key]:
+                    found.append(f"{where} {key}: {accel[key]}")
+            npa = accel["npa"]
+            if npa["used_pages"] or npa["mappings"]:
+                found.append(f"{where} npa: {npa}")
         return found
 
     # -- clients inside the node ------------------------------------------------------------
