@@ -388,11 +388,13 @@ class FrameDecoder:
             # The data-plane fast path: one copy of the data, straight out of the buffer.
             self._pos = end
             seq, status = struct.unpack_from("<Ii", buf, pos + HEADER_SIZE)
-            return Data(seq, status, bytes(buf[pos + _DATA_HDR.size: end]))
+            with memoryview(buf) as view:  # one copy, not a bytearray slice and a copy of it
+                return Data(seq, status, bytes(view[pos + _DATA_HDR.size: end]))
         if frame_type == FrameType.STORE and length >= _STORE_HDR.size - 4:
             self._pos = end
             head = struct.unpack_from("<IHHQ", buf, pos + HEADER_SIZE)
-            return Store(*head, bytes(buf[pos + _STORE_HDR.size: end]))
+            with memoryview(buf) as view:
+                return Store(*head, bytes(view[pos + _STORE_HDR.size: end]))
         payload = bytes(buf[pos + HEADER_SIZE: end])
         self._pos = end
         return decode_payload(frame_type, payload)
