@@ -288,11 +288,19 @@ def test_pod_command_starts_and_stops_cleanly(tmp_path):
         with Client(str(root / "node0/dri/renderD128")) as a, \
                 Client(str(root / "node1/dri/renderD128")) as b:
             os.close(b.import_(a.export(a.bo_create())))
-        assert (root / "pod.toml").exists()
+        assert (root / "pod.toml").stat().st_mode & 0o777 == 0o600  # it holds the pod key
+        # A second node0 of the same pod: its fabric port is taken, and it says so in one line.
+        r = subprocess.run([sys.executable, "-m", "ualinkd", "node", "--config",
+                            str(root / "pod.toml"), "--node", "node0", "--mount",
+                            str(tmp_path / "second")], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 1, r.stderr
+        assert "ualinkd: node0: [Errno 98]" in r.stderr and "Traceback" not in r.stderr
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
         assert not fuse_mounts_at(str(root / "node0"))
         assert not fuse_mounts_at(str(root / "node1"))
+        assert sorted(p.name for p in root.iterdir()) == ["node0", "node1", "pod.toml"]
     finally:
         if proc.poll() is None:
             proc.kill()

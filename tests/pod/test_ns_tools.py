@@ -59,9 +59,11 @@ def test_leftovers_of_a_dead_owner_are_removed(tmp_path):
 
 def test_ualinkd_pod_netns(tmp_path):
     """`ualinkd pod --netns` prints each node's ready line with its IP and how to run a
-    client inside; SIGINT takes everything down."""
+    client inside; SIGINT takes everything down. The root may hold a space; the pod's
+    directory (its pod.toml holds the key) is private."""
+    root = tmp_path / "pod root"
     proc = subprocess.Popen([sys.executable, "-m", "ualinkd", "pod", "--netns", "--nodes", "2",
-                             "--root", str(tmp_path)], stdout=subprocess.PIPE,
+                             "--root", str(root)], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:
         lines = [proc.stdout.readline() for _ in range(4)]
@@ -72,6 +74,10 @@ def test_ualinkd_pod_netns(tmp_path):
         r = subprocess.run([sys.executable, "-m", "ualinkd.testing", pod_dir, "run", "node1",
                             "--", "ls", "/dev/dri"], capture_output=True, text=True, timeout=30)
         assert r.stdout == "renderD128\n", r
+        assert os.stat(pod_dir).st_mode & 0o777 == 0o700
+        r = subprocess.run([sys.executable, "-m", "ualinkd.testing", pod_dir, "drop-next",
+                            "node1", "BOGUS"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and "is not a message type" in r.stderr, r
         prefix = os.path.basename(pod_dir)
         assert [ns for ns in netns_names() if ns.startswith(prefix)]
     finally:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -47,7 +48,7 @@ def _with_quirks(config: PodConfig, names: str | None) -> PodConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ualinkd", description=__doc__)
+    p = argparse.ArgumentParser(prog="ualinkd", description=__doc__.split("\n\n")[0])
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
     node = sub.add_parser("node", help="run one node daemon")
@@ -94,6 +95,7 @@ def _node(args: argparse.Namespace) -> int:
 
     config = _with_quirks(PodConfig.load(args.config), args.kernel_quirks)
     config.node(args.node)  # fail early on an unknown name
+    failed: list[BaseException] = []
     try:
         profile = os.environ.get("UALINKD_PROFILE")  # developers: cProfile output file
         if profile:
@@ -104,10 +106,16 @@ def _node(args: argparse.Namespace) -> int:
                             f"{profile}.{args.node}")
         else:
             trio.run(run_node, config, args.node, args.mount, args.trace)
-    except OSError as e:
+    except* OSError as group:  # e.g. the fabric port in use, raised inside trio's nursery
+        failed = _leaves(group)
+    for e in failed:
         print(f"ualinkd: {args.node}: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if failed else 0
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    return [leaf for e in group.exceptions
+            for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
 
 
 def _pod(args: argparse.Namespace) -> int:
@@ -122,8 +130,7 @@ def _pod(args: argparse.Namespace) -> int:
         PodConfig.local(args.nodes, args.accels_per_node, free_tcp_ports(args.nodes)),
         args.kernel_quirks)
     conf_path = os.path.join(root, "pod.toml")
-    with open(conf_path, "w") as f:
-        f.write(config.to_toml())
+    write_private(conf_path, config.to_toml())  # it holds the pod key
 
     stop = False
 
@@ -153,6 +160,8 @@ def _pod(args: argparse.Namespace) -> int:
             children.append((node.name, mount, proc, sock))
         for name, _, proc, sock in children:
             if not _wait_ready(sock, proc, args.ready_timeout, lambda: stop):
+                if stop:  # Ctrl-C while starting
+                    return 0
                 print(f"ualinkd: {name} did not become ready", file=sys.stderr)
                 return 1
         for name, mount, _, _ in children:
@@ -221,6 +230,14 @@ def _pod_netns(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_private(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to `path`, readable by its owner only (a pod config holds the key)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def free_tcp_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """n ports nobody listens on right now (the kernel picks them; we let go at once)."""
     socks = []
@@ -275,11 +292,9 @@ def _stop_children(children: list[tuple[str, str, subprocess.Popen[bytes], socke
             log.warning("%s did not stop in 10 s; killing it", name)
             proc.kill()
             proc.wait()
+        with contextlib.suppress(OSError):
+            os.unlink(sock.getsockname())  # before close(): a closed socket has no name
         sock.close()
-        try:
-            os.unlink(sock.getsockname())
-        except OSError:
-            pass
         try:
             clear_stale_mount(mount)
         except OSError as e:

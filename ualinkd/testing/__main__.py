@@ -9,7 +9,7 @@ import argparse
 import subprocess
 import sys
 
-from ..ualink.protocol import MsgType
+from ..cli.ctl import msg_type
 from .pod import Pod, PodError
 
 
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--loss-pct", type=float, default=0)
     d = sub.add_parser("drop-next", help="drop the next message of a type (§5.12 bitmap)")
     d.add_argument("node")
-    d.add_argument("msg_type", help="a name (NPA_RSP) or a number")
+    d.add_argument("msg_type", type=msg_type, help="a name (NPA_RSP) or a number")
     d.add_argument("--minor", type=int, default=128)
     sub.add_parser("deactivate", help="take an accel out of its vPod").add_argument(
         "accel", type=int)
@@ -57,9 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         elif cmd == "netem":
             pod.node(args.node).netem(args.delay_ms, args.loss_pct)
         elif cmd == "drop-next":
-            t = args.msg_type
-            msg = int(t, 0) if t[:1].isdigit() else MsgType[t.upper()]
-            pod.node(args.node).drop_next(msg, args.minor)
+            pod.node(args.node).drop_next(args.msg_type, args.minor)
         elif cmd == "deactivate":
             pod.deactivate(args.accel)
         elif cmd == "set-vpod":

@@ -362,12 +362,13 @@ class PodNode:
         finally:
             sock.close()
         self.pod._save_state()
-        m = self.mount
+        # The mount path goes in as "$1", never into the script: --root may hold spaces.
         _run(["nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", "--", "sh", "-c",
-              f"mount --bind {m}/dri /dev/dri && mount --bind {m}/dmabuf /dev/dmabuf && "
-              f"mount --bind {m}/sys/class/drm /sys/class/drm && "
-              f"mount --bind {m}/sys/kernel/debug/dri /sys/kernel/debug/dri && "
-              f"mount --bind {m}/sys/kernel/debug/ualink_fabric /sys/kernel/debug/ualink_fabric"],
+              'mount --bind "$1/dri" /dev/dri && mount --bind "$1/dmabuf" /dev/dmabuf && '
+              'mount --bind "$1/sys/class/drm" /sys/class/drm && '
+              'mount --bind "$1/sys/kernel/debug/dri" /sys/kernel/debug/dri && '
+              'mount --bind "$1/sys/kernel/debug/ualink_fabric" /sys/kernel/debug/ualink_fabric',
+              "sh", str(self.mount)],
              f"{self.name}: bind the node's files over /dev/dri and /sys/class/drm")
 
     def log_text(self) -> str:
@@ -555,7 +556,8 @@ class Pod:
         _install_exit_handlers()
         _live_pods.add(self)
         try:
-            self.dir.mkdir(parents=True)
+            self.dir.parent.mkdir(parents=True, exist_ok=True)
+            self.dir.mkdir(mode=0o700)  # pod.toml holds the pod key
             self.config_path.write_text(self.config.to_toml())
             self._make_network()
             for node in self.nodes:
