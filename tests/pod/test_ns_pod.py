@@ -310,8 +310,9 @@ def test_netem_or_a_clear_reason(pod):
     try:
         pod.node(1).netem(delay_ms=20)
     except PodUnavailable as e:
-        assert "netem" in str(e)
-        pytest.skip(str(e))
+        # This kernel has no sch_netem: what is under test is then the clear refusal.
+        assert "netem" in str(e) and "sch_netem" in str(e), str(e)
+        return
     try:
         r = pod.node(1).run(["ping", "-c", "1", "-W", "2", pod.node(0).ip])
         assert r.returncode != 0 or "time=" in r.stdout
