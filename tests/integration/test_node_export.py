@@ -317,3 +317,13 @@ def test_ualinkctl_state(node):
     accels = json.loads(out)["accels"]
     assert accels[0]["render"] == "renderD128" and accels[0]["accel_state"] == "active"
     assert ctl.main(["--mount", str(node.mount), "state"]) == 0
+
+
+def test_node_without_subcommand_is_node(tmp_path):
+    """DESIGN "Pod configuration": `ualinkd --config pod.toml --node NAME --mount DIR`."""
+    from ualinkd.cli.main import build_parser, main
+
+    assert main(["--config", str(tmp_path / "missing.toml"), "--node", "n", "--mount",
+                 str(tmp_path / "m")]) == 2  # parsed as `node`: the config is missing
+    assert build_parser().parse_args(["node", "--config", "c", "--node", "n", "--mount",
+                                      "m"]).command == "node"

@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0].startswith("--config"):
+        # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing.
+        argv = ["node", *argv]
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
