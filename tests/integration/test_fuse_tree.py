@@ -324,7 +324,8 @@ async def test_dmabuf_open_once_size_and_resolve(tmp_path: Path):
     backend = FakeBackend()
     backend.add_token(DMABUF_TOKEN, DMABUF_KEY, DMABUF_SIZE, os.getuid())
     async with serving(tmp_path / "mnt", backend) as m:
-        assert await in_thread(os.listdir, m.path("dmabuf")) == []
+        with pytest.raises(PermissionError):  # DESIGN: dmabuf/ cannot be listed
+            await in_thread(os.listdir, m.path("dmabuf"))
         with pytest.raises(FileNotFoundError):
             await in_thread(os.open, m.path("dmabuf/999"), os.O_RDWR)
 
@@ -337,7 +338,8 @@ async def test_dmabuf_open_once_size_and_resolve(tmp_path: Path):
             assert st.st_ino == dmabuf_ino(DMABUF_KEY)
             with pytest.raises(FileNotFoundError):  # the token is single-use
                 await in_thread(os.open, path, os.O_RDWR)
-            assert await in_thread(os.listdir, m.path("dmabuf")) == []
+            with pytest.raises(PermissionError):
+                await in_thread(os.listdir, m.path("dmabuf"))
             with pytest.raises(OSError) as ei:  # no CPU access to dma-bufs
                 await in_thread(os.pread, fd, 8, 0)
             assert ei.value.errno == errno.EINVAL

@@ -274,6 +274,8 @@ class FileTree:
     def opendir(self, ino: int, caller: Caller) -> int:
         if not isinstance(self._nodes.get(ino), _Dir):
             raise FuseError(errno.ENOTDIR)
+        if ino == DMABUF_INO:
+            raise FuseError(errno.EACCES)  # DESIGN: the directory cannot be listed
         return 0
 
     def readdir(self, ino: int, fh: int, off: int) -> Iterable[DirEntry]:
