@@ -13,7 +13,8 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TextIO
 
 import trio
@@ -63,6 +64,70 @@ def copy_to_user(pid: int, address: int, data: bytes) -> None:
         os.close(fd)
 
 
+def copy_from_user(pid: int, address: int, size: int) -> bytes:
+    """copy_from_user for ioctls with user pointers: read the caller's memory via /proc.
+    Same rights as copy_to_user; anything short of `size` bytes is EFAULT."""
+    if size == 0:
+        return b""
+    try:
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    except OSError:
+        raise DrmError(errno.EFAULT, f"cannot open the memory of pid {pid}") from None
+    try:
+        data = os.pread(fd, size, address)
+    except (OSError, OverflowError):
+        raise DrmError(errno.EFAULT, f"bad user address {address:#x}") from None
+    finally:
+        os.close(fd)
+    if len(data) != size:
+        raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
+    return data
+
+
+class TrioSyncWaits:
+    """drm/syncobj.py's SyncWaits on trio: waiters sleep on per-key trio.Events and look
+    again when a key is woken. Deadlines are absolute CLOCK_MONOTONIC ns (the ioctls'
+    clock), converted to trio's clock when a wait starts; `monotonic_ns` is injectable so
+    tests can run on trio's MockClock."""
+
+    def __init__(self, monotonic_ns: Callable[[], int] = time.monotonic_ns) -> None:
+        self._now = monotonic_ns
+        self._events: dict[object, set[trio.Event]] = {}
+
+    def now_ns(self) -> int:
+        return self._now()
+
+    def wake(self, key: object) -> None:
+        for event in self._events.pop(key, ()):
+            event.set()
+
+    def wait_until(
+        self, deadline_ns: int | None, ready: Callable[[], bool], keys: Iterable[object]
+    ) -> Awaitable[bool]:
+        return self._wait(deadline_ns, ready, list(keys))
+
+    async def _wait(self, deadline_ns: int | None, ready: Callable[[], bool],
+                    keys: list[object]) -> bool:
+        deadline = (float("inf") if deadline_ns is None
+                    else trio.current_time() + (deadline_ns - self._now()) / 1e9)
+        with trio.move_on_at(deadline):
+            while not ready():
+                event = trio.Event()
+                for key in keys:
+                    self._events.setdefault(key, set()).add(event)
+                try:
+                    await event.wait()
+                finally:
+                    for key in keys:
+                        waiting = self._events.get(key)
+                        if waiting is not None:
+                            waiting.discard(event)
+                            if not waiting:
+                                del self._events[key]
+            return True
+        return ready()  # the kernel looks once more before ETIME
+
+
 def tls_contexts(
     config: PodConfig, node_name: str
 ) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
@@ -109,6 +174,8 @@ async def run_node(
         resolve_fd=lambda pid, fd: resolve_caller_fd(pid, fd, mount),
         copy_to_user=copy_to_user,
         tracer=make_tracer(trace, trace_out),
+        copy_from_user=copy_from_user,
+        waits=TrioSyncWaits(),
     )
     agent: UalinkAgent | None = None
 

@@ -2,8 +2,8 @@
 
 It builds, per local accel, a DrmDevice with the amdgpu driver and a UALink manager, runs
 the host-wide late init (state from the pod config, vPod activation), and implements
-`fuse.backend.NodeBackend`. Two edge functions are injected: resolving a caller's fd to
-one of our dma-buf keys (/proc) and writing a caller's memory.
+`fuse.backend.NodeBackend`. The edge injects resolving a caller's fd to one of our dma-buf
+keys (/proc), reading and writing a caller's memory, and the syncobj wait primitive.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from collections.abc import Awaitable, Callable
 from .amdgpu.driver import AmdgpuDriver, CopyToUser
 from .amdgpu.vm import RemotePiece, gpu_load, gpu_store
 from .config import PodConfig
-from .drm.device import Caller, DrmDevice, IoctlResult
+from .drm.device import Caller, CopyFromUser, DrmDevice, IoctlResult
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.gem import DmaBuf
+from .drm.syncobj import SyncWaits
 from .drm.tokens import DmaBufTokens
 from .fuse.backend import IoctlReply, SysAttr, SysDir
 from .trace import TraceRecord
@@ -54,6 +55,8 @@ class NodeCore:
         copy_to_user: CopyToUser | None = None,
         tracer: Callable[[TraceRecord], None] | None = None,
         randbits: Callable[[int], int] | None = None,
+        copy_from_user: CopyFromUser | None = None,
+        waits: SyncWaits | None = None,
     ) -> None:
         self.config = config
         self.node = config.node(node_name)
@@ -66,7 +69,8 @@ class NodeCore:
         self.managers: dict[int, UalinkManager] = {}
         for i, accel in enumerate(self.node.accels):
             minor = RENDER_MINOR_BASE + i
-            device = DrmDevice(minor, self.tokens, self._resolve_dmabuf)
+            device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
+                               copy_to_user, waits)
             driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user)
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(

@@ -44,13 +44,30 @@ def _ualink_out(data: bytes, inp: Fields) -> Fields:
     return {"import_dmabuf_handle": st.UALINK_HANDLE_OUT_IMPORT.unpack(data[:4])[0]}
 
 
+def _gem_metadata(data: bytes) -> Fields:
+    m = st.decode_gem_metadata(data[: st.GEM_METADATA_SIZE].ljust(st.GEM_METADATA_SIZE, b"\0"))
+    used = min(m.data_size_bytes, st.GEM_METADATA_DATA_BYTES) // 4
+    return {"handle": m.handle, "op": m.op, "flags": hex(m.flags),
+            "tiling_info": hex(m.tiling_info), "data_size_bytes": m.data_size_bytes,
+            "data": [hex(v) for v in m.data[:used]]}
+
+
 _IN: dict[int, Callable[[bytes], Fields]] = {
     0x09: _layout(st.GEM_CLOSE),
     0x0C: _layout(st.GET_CAP),
     0x2D: _layout(st.PRIME_HANDLE),
     0x2E: _layout(st.PRIME_HANDLE),
+    0xBF: _layout(st.SYNCOBJ_CREATE),
+    0xC0: _layout(st.SYNCOBJ_DESTROY),
+    0xC3: _layout(st.SYNCOBJ_WAIT),
+    0xC4: _layout(st.SYNCOBJ_ARRAY),
+    0xC5: _layout(st.SYNCOBJ_ARRAY),
+    0xCA: _layout(st.SYNCOBJ_TIMELINE_WAIT),
+    0xCB: _layout(st.SYNCOBJ_TIMELINE_ARRAY),
+    0xCD: _layout(st.SYNCOBJ_TIMELINE_ARRAY),
     0x40: _layout(st.GEM_CREATE_IN),
     0x41: _layout(st.GEM_MMAP_IN),
+    0x46: _gem_metadata,
     0x48: _layout(st.GEM_VA),
     0x50: _layout(st.GEM_OP),
     0x5B: _ualink_in,
@@ -59,8 +76,13 @@ _OUT: dict[int, Callable[[bytes, Fields], Fields]] = {
     0x0C: lambda d, i: _layout(st.GET_CAP)(d),
     0x2D: lambda d, i: _layout(st.PRIME_HANDLE)(d),
     0x2E: lambda d, i: _layout(st.PRIME_HANDLE)(d),
+    0xBF: lambda d, i: _layout(st.SYNCOBJ_CREATE)(d),
+    0xC3: lambda d, i: {"first_signaled": _layout(st.SYNCOBJ_WAIT)(d)["first_signaled"]},
+    0xCA: lambda d, i: {
+        "first_signaled": _layout(st.SYNCOBJ_TIMELINE_WAIT)(d)["first_signaled"]},
     0x40: lambda d, i: _layout(st.GEM_CREATE_OUT)(d),
     0x41: lambda d, i: _layout(st.GEM_MMAP_OUT)(d),
+    0x46: lambda d, i: _gem_metadata(d),
     0x50: lambda d, i: _layout(st.GEM_OP)(d),
     0x5B: _ualink_out,
 }

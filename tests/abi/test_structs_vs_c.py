@@ -33,6 +33,22 @@ struct drm_gem_close { __u32 handle; __u32 pad; ...; };
 struct drm_prime_handle { __u32 handle; __u32 flags; __s32 fd; ...; };
 struct drm_get_cap { __u64 capability; __u64 value; ...; };
 
+typedef long long __s64;
+struct drm_syncobj_create { __u32 handle; __u32 flags; ...; };
+struct drm_syncobj_destroy { __u32 handle; __u32 pad; ...; };
+struct drm_syncobj_wait {
+    __u64 handles; __s64 timeout_nsec; __u32 count_handles; __u32 flags;
+    __u32 first_signaled; __u32 pad; __u64 deadline_nsec; ...;
+};
+struct drm_syncobj_timeline_wait {
+    __u64 handles; __u64 points; __s64 timeout_nsec; __u32 count_handles; __u32 flags;
+    __u32 first_signaled; __u32 pad; __u64 deadline_nsec; ...;
+};
+struct drm_syncobj_array { __u64 handles; __u32 count_handles; __u32 pad; ...; };
+struct drm_syncobj_timeline_array {
+    __u64 handles; __u64 points; __u32 count_handles; __u32 flags; ...;
+};
+
 struct drm_amdgpu_gem_create_in {
     __u64 bo_size; __u64 alignment; __u64 domains; __u64 domain_flags; ...;
 };
@@ -52,6 +68,12 @@ struct drm_amdgpu_gem_va {
     __u64 va_address; __u64 offset_in_bo; __u64 map_size; __u64 vm_timeline_point;
     __u32 vm_timeline_syncobj_out; __u32 num_syncobj_handles;
     __u64 input_fence_syncobj_handles;
+    ...;
+};
+
+struct drm_amdgpu_gem_metadata {
+    __u32 handle; __u32 op;
+    struct { __u64 flags; __u64 tiling_info; __u32 data_size_bytes; __u32 data[64]; } data;
     ...;
 };
 
@@ -122,6 +144,8 @@ def test_every_layout_is_checked():
         "drm_amdgpu_gem_create_in", "drm_amdgpu_gem_create_out",
         "drm_amdgpu_gem_mmap_in", "drm_amdgpu_gem_mmap_out",
         "drm_amdgpu_gem_va", "drm_amdgpu_gem_op",
+        "drm_syncobj_create", "drm_syncobj_destroy", "drm_syncobj_wait",
+        "drm_syncobj_timeline_wait", "drm_syncobj_array", "drm_syncobj_timeline_array",
     }
 
 
@@ -227,3 +251,44 @@ def test_ualink_union_bytes_round_trip_through_c(c_abi):
     assert p.out.export_ualink_handle[1] == 0x0123456789ABCDEF
     ffi.memmove(p, st.UALINK_HANDLE_OUT_IMPORT.pack(41), 4)
     assert p.out.import_dmabuf_handle == 41
+
+
+def test_gem_metadata_layout(c_abi):
+    """amdgpu_drm.h: handle @0, op @4, the inner struct @8 (u64 aligned) with flags @8,
+    tiling_info @16, data_size_bytes @24, data[64] @28..284, padded to 288 in all."""
+    ffi, _ = c_abi
+    s = "struct drm_amdgpu_gem_metadata"
+    assert ffi.sizeof(s) == st.GEM_METADATA_SIZE == st.GEM_METADATA_FAST.size == 288
+    assert ffi.alignof(s) == 8
+    p = ffi.new(f"{s} *")
+    base = int(ffi.cast("uintptr_t", p))
+
+    def off(cdata) -> int:
+        return int(ffi.cast("uintptr_t", ffi.addressof(cdata))) - base
+
+    assert (off(p.data), ffi.sizeof(p.data)) == (8, 280)
+    assert off(p.data) + ffi.offsetof(ffi.typeof(p.data), "flags") == 8
+    assert off(p.data) + ffi.offsetof(ffi.typeof(p.data), "tiling_info") == 16
+    assert off(p.data) + ffi.offsetof(ffi.typeof(p.data), "data_size_bytes") == 24
+    assert off(p.data) + ffi.offsetof(ffi.typeof(p.data), "data") == st.GEM_METADATA_DATA_OFFSET
+    assert ffi.sizeof(p.data.data) == st.GEM_METADATA_DATA_BYTES
+
+
+@settings(max_examples=25, deadline=None)
+@given(handle=hs.integers(0, 2**32 - 1), op=hs.integers(0, 2**32 - 1),
+       flags=hs.integers(0, 2**64 - 1), tiling=hs.integers(0, 2**64 - 1),
+       size=hs.integers(0, 2**32 - 1),
+       blob=hs.lists(hs.integers(0, 2**32 - 1), min_size=64, max_size=64))
+def test_gem_metadata_bytes_round_trip_through_c(c_abi, handle, op, flags, tiling, size, blob):
+    """Values stored through the C struct decode identically with both Python codecs,
+    and the Python encoding is what C reads (tail padding zero)."""
+    ffi, _ = c_abi
+    p = ffi.new("struct drm_amdgpu_gem_metadata *")
+    p.handle, p.op = handle, op
+    p.data.flags, p.data.tiling_info, p.data.data_size_bytes = flags, tiling, size
+    for i, v in enumerate(blob):
+        p.data.data[i] = v
+    raw = bytes(ffi.buffer(p))
+    want = st.GemMetadata(handle, op, flags, tiling, size, tuple(blob))
+    assert st.decode_gem_metadata(raw) == want == st.decode_gem_metadata_construct(raw)
+    assert st.encode_gem_metadata(want) == raw

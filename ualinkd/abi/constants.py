@@ -12,6 +12,14 @@ DRM_CAP_PRIME = 0x5
 DRM_PRIME_CAP_IMPORT = 0x1
 DRM_PRIME_CAP_EXPORT = 0x2
 
+# ---- DRM syncobjs (drm.h) -------------------------------------------------------------------
+DRM_SYNCOBJ_CREATE_SIGNALED = 1 << 0
+DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL = 1 << 0
+DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT = 1 << 1
+DRM_SYNCOBJ_WAIT_FLAGS_WAIT_AVAILABLE = 1 << 2
+DRM_SYNCOBJ_WAIT_FLAGS_WAIT_DEADLINE = 1 << 3
+DRM_SYNCOBJ_QUERY_FLAGS_LAST_SUBMITTED = 1 << 0
+
 # ---- GEM domains (§2.3) ------------------------------------------------------------------
 DOMAIN_CPU = 0x1
 DOMAIN_GTT = 0x2
@@ -59,6 +67,10 @@ VM_PAGE_NOALLOC = 1 << 9
 GEM_OP_GET_GEM_CREATE_INFO = 0
 GEM_OP_SET_PLACEMENT = 1
 GEM_OP_GET_MAPPING_INFO = 2
+
+# ---- GEM_METADATA (amdgpu_drm.h: SET is 1, GET is 2) -------------------------------------------
+GEM_METADATA_OP_SET_METADATA = 1
+GEM_METADATA_OP_GET_METADATA = 2
 
 # ---- UALink (§1.2) -------------------------------------------------------------------------
 

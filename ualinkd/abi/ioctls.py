@@ -92,13 +92,22 @@ CORE_IOCTLS: dict[int, IoctlSpec] = {
                 (0xCE, "GETFB2", 0), (0xD0, "CLOSEFB", 0),
             ]
         ),
+        # Syncobjs (drm_syncobj.c): the per-file ones are emulated; sharing them through
+        # fds (HANDLE_TO_FD, FD_TO_HANDLE, EVENTFD) and TRANSFER are not.
         *(
-            _core(nr, f"SYNCOBJ_{name}", _RW, 16, DRM_RENDER_ALLOW)
-            for nr, name in [
-                (0xBF, "CREATE"), (0xC0, "DESTROY"), (0xC1, "HANDLE_TO_FD"),
-                (0xC2, "FD_TO_HANDLE"), (0xC3, "WAIT"), (0xC4, "RESET"), (0xC5, "SIGNAL"),
-                (0xCA, "TIMELINE_WAIT"), (0xCB, "QUERY"), (0xCC, "TRANSFER"),
-                (0xCD, "TIMELINE_SIGNAL"), (0xCF, "EVENTFD"),
+            _core(nr, f"SYNCOBJ_{name}", _RW, size, DRM_RENDER_ALLOW, emulated)
+            for nr, name, size, emulated in [
+                (0xBF, "CREATE", st.SYNCOBJ_CREATE.size, True),
+                (0xC0, "DESTROY", st.SYNCOBJ_DESTROY.size, True),
+                (0xC1, "HANDLE_TO_FD", 16, False), (0xC2, "FD_TO_HANDLE", 16, False),
+                (0xC3, "WAIT", st.SYNCOBJ_WAIT.size, True),
+                (0xC4, "RESET", st.SYNCOBJ_ARRAY.size, True),
+                (0xC5, "SIGNAL", st.SYNCOBJ_ARRAY.size, True),
+                (0xCA, "TIMELINE_WAIT", st.SYNCOBJ_TIMELINE_WAIT.size, True),
+                (0xCB, "QUERY", st.SYNCOBJ_TIMELINE_ARRAY.size, True),
+                (0xCC, "TRANSFER", 32, False),
+                (0xCD, "TIMELINE_SIGNAL", st.SYNCOBJ_TIMELINE_ARRAY.size, True),
+                (0xCF, "EVENTFD", 24, False),
             ]
         ),
         _core(0xD1, "SET_CLIENT_NAME", _RW, 16, DRM_RENDER_ALLOW),
@@ -126,7 +135,7 @@ AMDGPU_IOCTLS: dict[int, IoctlSpec] = {
         _drv(0x03, "BO_LIST", _RW, 24),
         _drv(0x04, "CS", _RW, 24),
         _drv(0x05, "INFO", IOC_WRITE, 32),
-        _drv(0x06, "GEM_METADATA", _RW, 288),
+        _drv(0x06, "GEM_METADATA", _RW, st.GEM_METADATA_SIZE, True),
         _drv(0x07, "GEM_WAIT_IDLE", _RW, 16),
         _drv(0x08, "GEM_VA", IOC_WRITE, st.GEM_VA.size, True),
         _drv(0x09, "WAIT_CS", _RW, 32),

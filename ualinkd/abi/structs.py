@@ -108,6 +108,110 @@ GET_CAP = Layout.of(
     "drm_get_cap", cs.Struct("capability" / cs.Int64un, "value" / cs.Int64un), DrmGetCap
 )
 
+# ---- drm.h: syncobjs (drm_syncobj.c) ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DrmSyncobjCreate:
+    handle: int
+    flags: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrmSyncobjDestroy:
+    handle: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrmSyncobjWait:
+    handles: int  # user pointer to count_handles u32
+    timeout_nsec: int  # absolute CLOCK_MONOTONIC
+    count_handles: int
+    flags: int
+    first_signaled: int
+    pad: int
+    deadline_nsec: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrmSyncobjTimelineWait:
+    handles: int
+    points: int  # user pointer to count_handles u64 (NULL: every point 0)
+    timeout_nsec: int
+    count_handles: int
+    flags: int
+    first_signaled: int
+    pad: int
+    deadline_nsec: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrmSyncobjArray:
+    handles: int
+    count_handles: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrmSyncobjTimelineArray:
+    handles: int
+    points: int
+    count_handles: int
+    flags: int
+
+
+SYNCOBJ_CREATE = Layout.of(
+    "drm_syncobj_create", cs.Struct("handle" / cs.Int32un, "flags" / cs.Int32un),
+    DrmSyncobjCreate,
+)
+SYNCOBJ_DESTROY = Layout.of(
+    "drm_syncobj_destroy", cs.Struct("handle" / cs.Int32un, "pad" / cs.Int32un),
+    DrmSyncobjDestroy,
+)
+SYNCOBJ_WAIT = Layout.of(
+    "drm_syncobj_wait",
+    cs.Struct(
+        "handles" / cs.Int64un,
+        "timeout_nsec" / cs.Int64sn,
+        "count_handles" / cs.Int32un,
+        "flags" / cs.Int32un,
+        "first_signaled" / cs.Int32un,
+        "pad" / cs.Int32un,
+        "deadline_nsec" / cs.Int64un,
+    ),
+    DrmSyncobjWait,
+)
+SYNCOBJ_TIMELINE_WAIT = Layout.of(
+    "drm_syncobj_timeline_wait",
+    cs.Struct(
+        "handles" / cs.Int64un,
+        "points" / cs.Int64un,
+        "timeout_nsec" / cs.Int64sn,
+        "count_handles" / cs.Int32un,
+        "flags" / cs.Int32un,
+        "first_signaled" / cs.Int32un,
+        "pad" / cs.Int32un,
+        "deadline_nsec" / cs.Int64un,
+    ),
+    DrmSyncobjTimelineWait,
+)
+SYNCOBJ_ARRAY = Layout.of(
+    "drm_syncobj_array",
+    cs.Struct("handles" / cs.Int64un, "count_handles" / cs.Int32un, "pad" / cs.Int32un),
+    DrmSyncobjArray,
+)
+SYNCOBJ_TIMELINE_ARRAY = Layout.of(
+    "drm_syncobj_timeline_array",
+    cs.Struct(
+        "handles" / cs.Int64un,
+        "points" / cs.Int64un,
+        "count_handles" / cs.Int32un,
+        "flags" / cs.Int32un,
+    ),
+    DrmSyncobjTimelineArray,
+)
+
 # ---- amdgpu_drm.h -----------------------------------------------------------------------
 
 
@@ -215,6 +319,62 @@ GEM_OP = Layout.of(
     ),
     GemOp,
 )
+
+# struct drm_amdgpu_gem_metadata: {u32 handle; u32 op; struct drm_amdgpu_gem_metadata_data
+# {u64 flags; u64 tiling_info; u32 data_size_bytes; u32 data[64];} data;}. The inner struct
+# holds 276 bytes of fields and is padded to 280 for its u64 alignment (at offset 8), so the
+# whole struct is 288 bytes with data[] at 28. Not a flat `Layout` (it nests an array): a
+# construct schema and a generated struct.Struct, proven equal in tests like the UALink union.
+
+
+@dataclass(frozen=True, slots=True)
+class GemMetadata:
+    handle: int
+    op: int
+    flags: int
+    tiling_info: int
+    data_size_bytes: int
+    data: tuple[int, ...]  # 64 u32
+
+
+GEM_METADATA_SCHEMA = cs.Struct(
+    "handle" / cs.Int32un,
+    "op" / cs.Int32un,
+    "data"
+    / cs.Struct(
+        "flags" / cs.Int64un,
+        "tiling_info" / cs.Int64un,
+        "data_size_bytes" / cs.Int32un,
+        "data" / cs.Array(64, cs.Int32un),
+        cs.Padding(4),
+    ),
+)
+GEM_METADATA_FAST = struct.Struct("<IIQQI64I4x")
+GEM_METADATA_SIZE = 288
+GEM_METADATA_DATA_OFFSET = 28  # data.data[0]
+GEM_METADATA_DATA_BYTES = 256  # sizeof(data.data)
+assert GEM_METADATA_FAST.size == GEM_METADATA_SCHEMA.sizeof() == GEM_METADATA_SIZE
+
+
+def decode_gem_metadata(data: bytes) -> GemMetadata:
+    """Fast path (exactly 288 bytes); proven equal to the construct schema in tests."""
+    v = GEM_METADATA_FAST.unpack(data)
+    return GemMetadata(v[0], v[1], v[2], v[3], v[4], v[5:])
+
+
+def decode_gem_metadata_construct(data: bytes) -> GemMetadata:
+    if len(data) != GEM_METADATA_SIZE:
+        raise cs.StreamError(f"expected {GEM_METADATA_SIZE} bytes, got {len(data)}")
+    p: Any = GEM_METADATA_SCHEMA.parse(data)
+    d = p.data
+    return GemMetadata(p.handle, p.op, d.flags, d.tiling_info, d.data_size_bytes,
+                       tuple(d.data))
+
+
+def encode_gem_metadata(value: GemMetadata) -> bytes:
+    return GEM_METADATA_FAST.pack(value.handle, value.op, value.flags, value.tiling_info,
+                                  value.data_size_bytes, *value.data)
+
 
 # ---- UALink (spec §1.3) -------------------------------------------------------------------
 

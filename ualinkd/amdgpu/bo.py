@@ -53,6 +53,8 @@ class AmdgpuBo(GemObject):
         "allowed_domains",
         "flags",
         "import_buf",
+        "metadata",
+        "metadata_flags",
         "mmap_offset",
         "npa",
         "npa_revoked",
@@ -60,6 +62,7 @@ class AmdgpuBo(GemObject):
         "pin_count",
         "placement",
         "preferred_domains",
+        "tiling_flags",
         "ualink_handle_lo",
     )
 
@@ -90,6 +93,20 @@ class AmdgpuBo(GemObject):
         self.npa_revoked = False
         self.on_handle_free: Callable[[AmdgpuBo], None] | None = None
         self._memory: BoMemory | None = None
+        # amdgpu_bo_user's UMD metadata and tiling flags (GEM_METADATA): the BO's own, so
+        # every handle and every importer of this BO (self-import) sees the same.
+        self.tiling_flags = 0
+        self.metadata = b""
+        self.metadata_flags = 0
+
+    def set_metadata(self, data: bytes, flags: int) -> None:
+        """amdgpu_bo_set_metadata: an empty blob only drops the old one — the flags stay
+        as they were (they change only together with a non-empty blob)."""
+        if not data:
+            self.metadata = b""
+            return
+        self.metadata = bytes(data)
+        self.metadata_flags = flags
 
     @property
     def memory(self) -> BoMemory:

@@ -11,17 +11,18 @@ not depend on the one above it.
 from __future__ import annotations
 
 import errno
-from collections.abc import Awaitable, Callable
+import struct
+from collections.abc import Awaitable
 from typing import Protocol
 
 from ..abi import constants as c
 from ..abi import structs as st
-from ..drm.device import Caller, DrmDevice, Handler
+from ..drm.device import Caller, CopyToUser, DrmDevice, Handler
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf, GemObject
 from .bo import AmdgpuBo, MemoryPool, place
-from .vm import GpuVm, gem_va
+from .vm import GpuVm, VaSync, gem_va
 
 # Domains that must stand alone (amdgpu_gem_are_domains_valid, §2.3).
 _SPECIAL = c.DOMAIN_GDS | c.DOMAIN_GWS | c.DOMAIN_OA | c.DOMAIN_DOORBELL
@@ -46,7 +47,7 @@ class UalinkOps(Protocol):
     def revoke(self, bo: AmdgpuBo) -> None: ...
 
 
-CopyToUser = Callable[[int, int, bytes], None]  # (pid, address, data); raises EFAULT
+__all__ = ["AmdgpuDriver", "CopyToUser", "UalinkOps"]
 
 
 class AmdgpuDriver:
@@ -67,6 +68,7 @@ class AmdgpuDriver:
         self.ioctls: dict[int, Handler] = {
             0x40: self.gem_create_ioctl,
             0x41: self.gem_mmap_ioctl,
+            0x46: self.gem_metadata_ioctl,
             0x48: self.gem_va_ioctl,
             0x50: self.gem_op_ioctl,
             0x5B: self.ualink_handle_ioctl,
@@ -190,7 +192,31 @@ class AmdgpuDriver:
             assert obj is None or isinstance(obj, AmdgpuBo)
             return obj
 
-        gem_va(self.vm(file), args, lookup)
+        sync = VaSync(lambda address, n: self.device.syncobj.read_u32s(caller, address, n),
+                      file.syncobjs.find)
+        gem_va(self.vm(file), args, lookup, sync)
+
+    # -- GEM_METADATA (amdgpu_gem_metadata_ioctl) --------------------------------------------------
+    def gem_metadata_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        """Unknown handle → ENOENT; GET returns tiling_info, flags, data_size_bytes and the
+        blob (bytes of data[] past it are the caller's, echoed); SET stores them (more than
+        256 bytes → EINVAL); any other op → EINVAL (older kernels answered 0 there).
+        The tiling check of pre-GFX9 families (TILE_SPLIT > 6) does not apply to ours."""
+        args = st.decode_gem_metadata(bytes(kdata[: st.GEM_METADATA_SIZE]))
+        bo = self.lookup_bo(file, args.handle)
+        data_at = st.GEM_METADATA_DATA_OFFSET
+        if args.op == c.GEM_METADATA_OP_GET_METADATA:
+            struct.pack_into("<QQI", kdata, 8, bo.metadata_flags, bo.tiling_flags,
+                             len(bo.metadata))
+            kdata[data_at : data_at + len(bo.metadata)] = bo.metadata
+        elif args.op == c.GEM_METADATA_OP_SET_METADATA:
+            size = args.data_size_bytes
+            if size > st.GEM_METADATA_DATA_BYTES:
+                raise DrmError(errno.EINVAL, f"GEM_METADATA data_size_bytes {size} > 256")
+            bo.tiling_flags = args.tiling_info
+            bo.set_metadata(bytes(kdata[data_at : data_at + size]), args.flags)
+        else:
+            raise DrmError(errno.EINVAL, f"GEM_METADATA op {args.op}")
 
     # -- GEM_OP (§2.8) -------------------------------------------------------------------------
     def gem_op_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:

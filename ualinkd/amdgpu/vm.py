@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from ..abi import constants as c
 from ..abi.structs import GemVa
 from ..drm.errors import DrmError
+from ..drm.syncobj import STUB, DrmSyncobj
 from .bo import AmdgpuBo
 
 PAGE = c.GPU_PAGE_SIZE
@@ -43,6 +44,7 @@ VALID_FLAGS = (c.VM_DELAY_UPDATE | c.VM_PAGE_READABLE | c.VM_PAGE_WRITEABLE
                | c.VM_PAGE_EXECUTABLE | c.VM_MTYPE_MASK | c.VM_PAGE_NOALLOC)
 PRT_FLAGS = c.VM_DELAY_UPDATE | c.VM_PAGE_PRT
 
+KMALLOC_MAX_SIZE = 4 << 20  # memdup_user of a larger array fails with ENOMEM
 NPA_GPUID_SHIFT = 29  # §4.1: the accel id field of a page-unit NPA
 
 
@@ -264,10 +266,23 @@ class GpuVm:
 # ---- GEM_VA (§2.6) ---------------------------------------------------------------------------
 
 
-def gem_va(vm: GpuVm, args: GemVa, lookup: Callable[[int], AmdgpuBo | None]) -> None:
+@dataclass(frozen=True, slots=True)
+class VaSync:
+    """GEM_VA's access to the calling file's syncobjs: `read_handles(address, count)` reads
+    the input-fence handle array from user memory (EFAULT), `find` looks a handle up."""
+
+    read_handles: Callable[[int, int], tuple[int, ...]]
+    find: Callable[[int], DrmSyncobj | None]
+
+
+def gem_va(
+    vm: GpuVm, args: GemVa, lookup: Callable[[int], AmdgpuBo | None],
+    sync: VaSync | None = None,
+) -> None:
     """amdgpu_gem_va_ioctl: every check in the kernel's order (§2.6 steps 1–11), then the
-    operation. Page tables are "updated" at once; DELAY_UPDATE changes nothing observable
-    here (no command submission exists to pick the update up later)."""
+    operation and the timeline syncobj (step 12). Page tables are "updated" at once;
+    DELAY_UPDATE changes nothing observable here (no command submission exists to pick the
+    update up later). Without `sync` no user memory can be read and no syncobj exists."""
     va, size, flags, op = args.va_address, args.map_size, args.flags, args.operation
     if va < VA_RESERVED_BOTTOM:  # 1
         raise DrmError(errno.EINVAL, f"GEM_VA address {va:#x} in the reserved bottom")
@@ -288,10 +303,9 @@ def gem_va(vm: GpuVm, args: GemVa, lookup: Callable[[int], AmdgpuBo | None]) -> 
         if bo is None:
             raise DrmError(errno.ENOENT, f"no GEM handle {args.handle}")
     if args.num_syncobj_handles:  # 8
-        # The input fence handles are an array behind a user pointer, which a restricted
-        # FUSE ioctl cannot read; no syncobjs are emulated either, so the kernel would fail
-        # too (EINVAL for a 0 handle, the lookup's error otherwise). We answer EINVAL.
-        raise DrmError(errno.EINVAL, "GEM_VA input syncobjs are not emulated")
+        if sync is None:
+            raise DrmError(errno.EFAULT, "GEM_VA input syncobj handles: no user memory access")
+        _wait_input_fences(sync, args.input_fence_syncobj_handles, args.num_syncobj_handles)
     if bo is not None:  # 9
         bo_va = vm.bo_find(bo)
         if bo_va is None:
@@ -300,10 +314,11 @@ def gem_va(vm: GpuVm, args: GemVa, lookup: Callable[[int], AmdgpuBo | None]) -> 
         bo_va = vm.prt_va
     else:
         bo_va = None
-    if args.vm_timeline_syncobj_out:
-        # No syncobjs are emulated, so every syncobj handle is unknown: drm_syncobj_find
-        # fails and amdgpu_gem_update_timeline_node answers ENOENT.
-        raise DrmError(errno.ENOENT, f"no syncobj {args.vm_timeline_syncobj_out}")
+    timeline = None
+    if args.vm_timeline_syncobj_out:  # amdgpu_gem_update_timeline_node
+        timeline = sync.find(args.vm_timeline_syncobj_out) if sync is not None else None
+        if timeline is None:
+            raise DrmError(errno.ENOENT, f"no syncobj {args.vm_timeline_syncobj_out}")
     if op == c.VA_OP_MAP:  # 10, 11
         assert bo_va is not None
         vm.bo_map(bo_va, va, args.offset_in_bo, size, flags)
@@ -315,6 +330,30 @@ def gem_va(vm: GpuVm, args: GemVa, lookup: Callable[[int], AmdgpuBo | None]) -> 
     else:
         assert bo_va is not None
         vm.bo_replace_map(bo_va, va, args.offset_in_bo, size, flags)
+    # 12: the page tables are up to date at once; the update's fence (a plain, signaled one)
+    # goes to the timeline syncobj. DELAY_UPDATE never gets here with one (step 6).
+    if timeline is not None:
+        if args.vm_timeline_point:
+            timeline.add_point(args.vm_timeline_point)
+        else:
+            timeline.replace_fence(STUB)
+
+
+def _wait_input_fences(sync: VaSync, address: int, count: int) -> None:
+    """amdgpu_gem_add_input_fence: the handle array is copied in whole (memdup_user: EFAULT,
+    ENOMEM past KMALLOC_MAX_SIZE), then each handle in turn: 0 → EINVAL, unknown → ENOENT,
+    no fence → EINVAL (drm_syncobj_find_fence without WAIT_FOR_SUBMIT). The fences are
+    waited for; every fence here is already signaled, so that wait returns at once."""
+    if count * 4 > KMALLOC_MAX_SIZE:
+        raise DrmError(errno.ENOMEM, f"{count} input syncobj handles")
+    for handle in sync.read_handles(address, count):
+        if handle == 0:
+            raise DrmError(errno.EINVAL, "GEM_VA input syncobj handle 0")
+        obj = sync.find(handle)
+        if obj is None:
+            raise DrmError(errno.ENOENT, f"no syncobj {handle}")
+        if not obj.has_point(0):
+            raise DrmError(errno.EINVAL, f"input syncobj {handle} has no fence")
 
 
 # ---- carrying out a GPU access -------------------------------------------------------------

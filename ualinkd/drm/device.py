@@ -3,7 +3,8 @@
 `DrmDevice.ioctl()` is drm_ioctl(): table lookup by nr only, copy-in of the intersection of
 the user's and the table's IN bits zero-extended to max(user size, table size), the
 permission check, the handler, and copy-out of the user's size whether the handler
-succeeded or not. The core ioctls (GEM_CLOSE, GET_CAP, PRIME) live here too.
+succeeded or not. The core ioctls (GEM_CLOSE, GET_CAP, PRIME) live here too; the syncobj
+ones in `syncobj.py`. The edge injects user-memory access and the wait primitive.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..abi.ioc import IOC_READ, IOC_WRITE
 from .errors import DrmError
 from .file import DrmFile
 from .gem import DmaBuf, GemObject
+from .syncobj import DrmSyncobj, SyncobjIoctls, SyncWaits
 from .tokens import DmaBufTokens
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,9 @@ class Caller:
 # A handler works on the kernel buffer in place, like a drm_ioctl_t on kdata. One that needs
 # the fabric returns an awaitable that finishes the work (and may raise DrmError) instead.
 Handler = Callable[[DrmFile, bytearray, Caller], Awaitable[None] | None]
+# User memory of the caller, for arrays behind ioctl pointers: both raise DrmError(EFAULT).
+CopyFromUser = Callable[[int, int, int], bytes]  # (pid, address, size) -> bytes
+CopyToUser = Callable[[int, int, bytes], None]  # (pid, address, data)
 
 
 class DrmDriver(Protocol):
@@ -77,10 +82,16 @@ class DrmDevice:
         minor: int,
         tokens: DmaBufTokens,
         resolve_fd: Callable[[int, int], DmaBuf],
+        copy_from_user: CopyFromUser | None = None,
+        copy_to_user: CopyToUser | None = None,
+        waits: SyncWaits | None = None,
     ) -> None:
         self.minor = minor
         self.tokens = tokens
         self.resolve_fd = resolve_fd  # (pid, fd) -> DmaBuf; raises EBADF / EINVAL
+        self.copy_from_user = copy_from_user
+        self.copy_to_user = copy_to_user
+        self.waits = waits  # None: a wait that would block is a bug (the daemon injects one)
         self.driver: DrmDriver = _NoDriver()
         self.objects: dict[int, GemObject] = {}
         self.files: set[DrmFile] = set()
@@ -91,6 +102,8 @@ class DrmDevice:
             0x2D: self._prime_handle_to_fd,
             0x2E: self._prime_fd_to_handle,
         }
+        self.syncobj = SyncobjIoctls(self)
+        self._core.update(self.syncobj.handlers)
 
     def next_object_id(self) -> int:
         self._ids += 1
@@ -101,6 +114,11 @@ class DrmDevice:
         f = DrmFile(self, pid, uid)
         self.files.add(f)
         return f
+
+    def syncobj_changed(self, obj: DrmSyncobj) -> None:
+        """A syncobj got a fence (or lost it): its waiters look again."""
+        if self.waits is not None:
+            self.waits.wake(obj)
 
     def file_closed(self, f: DrmFile) -> None:
         self.files.discard(f)

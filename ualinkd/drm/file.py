@@ -1,4 +1,5 @@
-"""DrmFile: one open of a render node, with its GEM handle table and PRIME cache (§2.4–2.5).
+"""DrmFile: one open of a render node, with its GEM handle table and PRIME cache (§2.4–2.5)
+and its syncobj table (drm_syncobj.c).
 
 Handles are per file, allocated lowest-free from 1 (idr_alloc(…, 1, 0)); 0 is never valid.
 """
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .errors import DrmError
 from .gem import DmaBuf, GemObject
+from .syncobj import SyncobjTable
 
 if TYPE_CHECKING:
     from .device import DrmDevice
@@ -29,6 +31,7 @@ class DrmFile:
         self.prime_by_buf: dict[int, int] = {}  # dma-buf id -> handle
         self.closed = False
         self.vm: object | None = None  # the driver's GPU VM of this file (amdgpu: GpuVm)
+        self.syncobjs = SyncobjTable(device.syncobj_changed)
 
     # -- handle table -----------------------------------------------------------------
     def handle_create(self, obj: GemObject) -> int:
@@ -85,4 +88,5 @@ class DrmFile:
         for handle in sorted(self.handles):
             obj = self.handles.pop(handle)
             self._release_handle(handle, obj)
+        self.syncobjs.release()  # drm_syncobj_release: waiters keep their own references
         self.device.file_closed(self)
