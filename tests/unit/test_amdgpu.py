@@ -22,6 +22,7 @@ from ualink_testkit import (
     pod_config,
     prime_from_fd,
     prime_to_token,
+    u32,
     ualink_export_raw,
 )
 
@@ -257,3 +258,14 @@ def test_get_gem_create_info_without_user_access_is_efault():
     f = open_file(core)
     h = gem_create(f)
     assert gem_op(f, h, c.GEM_OP_GET_GEM_CREATE_INFO, value=8).result == -errno.EFAULT
+
+
+def test_get_gem_create_info_alignment_in_pages(f, ctu):
+    """§2.8 (GEM: amdgpu_gem_op_ioctl reports tbo.page_alignment << PAGE_SHIFT): a byte
+    alignment reads back rounded up to whole pages; 0 stays 0."""
+    for asked, reported in ((100, 4096), (8192, 8192), (0, 0)):
+        r = gem_create_raw(f, 8192, c.DOMAIN_VRAM, 0, alignment=asked)
+        h = u32(r.out)
+        ctu.writes.clear()
+        assert gem_op(f, h, c.GEM_OP_GET_GEM_CREATE_INFO, value=0x7FFF0000).result == 0
+        assert struct.unpack_from("<QQ", ctu.writes[0][2])[1] == reported

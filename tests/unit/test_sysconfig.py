@@ -86,3 +86,24 @@ def test_addr_mode_change_bounces_the_accel():
     assert mgr.state == AccelState.ACTIVE
     assert mgr.vpod.addr_mode == AddrMode.SOURCE_IDENTIFICATION
     assert mgr.npa.start == 0  # the whole 39-bit space, allocations per importer segment
+
+
+def test_setup_ppod_id_takes_the_36_character_form_only():
+    """§7.1 setup/ppod_id: a UUID string as the kernel parses it (uuid_parse), newline ok."""
+    import errno as _errno
+
+    import pytest as _pytest
+
+    from ualinkd.config import PodConfig
+    from ualinkd.drm.errors import DrmError
+    from ualinkd.node import NodeCore
+
+    core = NodeCore(PodConfig.local(1, 1), "node0")
+    setup = core.sys_tree()["class"]["drm"]["renderD128"]["device"]["ualink"]["setup"]
+    good = "0123abcd-0000-4000-8000-00000000beef"
+    setup["ppod_id"].write(good + "\n")
+    assert setup["ppod_id"].read() == good + "\n"
+    for bad in ("{" + good + "}", "urn:uuid:" + good, good.replace("-", ""), good + "0"):
+        with _pytest.raises(DrmError) as e:
+            setup["ppod_id"].write(bad)
+        assert e.value.errno == _errno.EINVAL

@@ -225,7 +225,10 @@ class AmdgpuDriver:
             raise DrmError(errno.EINVAL, "GEM_OP padding must be 0")
         bo = self.lookup_bo(file, args.handle)
         if args.op == c.GEM_OP_GET_GEM_CREATE_INFO:
-            info = st.GemCreateIn(bo.size, bo.alignment, bo.preferred_domains, bo.flags)
+            # The BO keeps its alignment in pages (tbo.page_alignment): it reads back rounded
+            # up to a page (an NPA BO's byte alignment of 1 reads 4096).
+            alignment = -(-bo.alignment // 4096) * 4096
+            info = st.GemCreateIn(bo.size, alignment, bo.preferred_domains, bo.flags)
             if self.copy_to_user is None:
                 raise DrmError(errno.EFAULT, "no user memory access")
             self.copy_to_user(caller.pid, args.value, st.GEM_CREATE_IN.encode(info))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import uuid
 from dataclasses import replace
 
@@ -29,6 +30,7 @@ from .state import (
 
 log = logging.getLogger(__name__)
 STATIONS_MAX = 64
+_UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 
 
 def _decimal(text: str) -> int:
@@ -87,10 +89,10 @@ class SysConfig:
     # -- writes -----------------------------------------------------------------------------
     def write_setup(self, name: str, text: str) -> None:
         if name == "ppod_id":
-            try:
-                self.setup[name] = uuid.UUID(text.strip())
-            except ValueError:
-                raise DrmError(errno.EINVAL, "not a UUID") from None
+            word = text[:-1] if text.endswith("\n") else text
+            if not _UUID_TEXT.fullmatch(word):  # uuid_parse: the 36-character form only
+                raise DrmError(errno.EINVAL, "not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+            self.setup[name] = uuid.UUID(word)
         elif name == "local_accels":
             self.setup[name] = parse_ids(text, LOCAL_ACCELS_MAX)
         else:
