@@ -50,21 +50,6 @@
 
 #define SHIM_API __attribute__((visibility("default")))
 
-/* ---- DRM_IOCTL_VERSION (drm.h; not in ualink_drm.h) --------------------- */
-#ifndef _DRM_H_
-struct drm_version {
-	int version_major;
-	int version_minor;
-	int version_patchlevel;
-	size_t name_len;
-	char *name;
-	size_t date_len;
-	char *date;
-	size_t desc_len;
-	char *desc;
-};
-#define DRM_IOCTL_VERSION DRM_IOWR(0x00, struct drm_version)
-#endif
 _Static_assert(sizeof(void *) != 8 || sizeof(struct drm_version) == 64,
 	       "struct drm_version is 64 bytes on LP64");
 

@@ -12,6 +12,7 @@
 #include <linux/types.h>
 #include <linux/ioctl.h>
 #include <fcntl.h>
+#include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,6 +40,20 @@ struct drm_prime_handle {
 	__u32 flags;
 	__s32 fd;
 };
+
+/* User pointers inside: the FUSE file cannot fill it; the LD_PRELOAD shim answers it. */
+struct drm_version {
+	int version_major;
+	int version_minor;
+	int version_patchlevel;
+	size_t name_len;
+	char *name;
+	size_t date_len;
+	char *date;
+	size_t desc_len;
+	char *desc;
+};
+#define DRM_IOCTL_VERSION DRM_IOWR(0x00, struct drm_version)
 
 struct drm_get_cap {
 	__u64 capability;

@@ -31,21 +31,6 @@
 
 #include "ualink/ualink_drm.h"
 
-/* drm.h's struct drm_version: ualink_drm.h leaves it out (user pointers). */
-#ifndef _DRM_H_
-struct drm_version {
-	int version_major;
-	int version_minor;
-	int version_patchlevel;
-	size_t name_len;
-	char *name;
-	size_t date_len;
-	char *date;
-	size_t desc_len;
-	char *desc;
-};
-#define DRM_IOCTL_VERSION DRM_IOWR(0x00, struct drm_version)
-#endif
 
 #define BO_SIZE (2ull << 20)
 
