@@ -436,17 +436,17 @@ class FabricLink:
                 return peer, conn
             await self._up[peer].wait()
 
-    async def send(self, src_accel: int, dst_accel: int, dwords: Dwords) -> None:
-        """Send one UALink message and wait for the peer to accept it (spec §5.1).
-
-        DrmError: ETIME (no ACK within ack_timeout, or the link dropped before it came),
-        ECOMM (the peer refused it), EINVAL (no such remote accel), ESHUTDOWN (closed).
-        """
+    async def _exchange(
+        self, dst_accel: int, src_accel: int, queue: Callable[[Session], int]
+    ) -> tuple[str, _Waiter | None]:
+        """Queue a frame that a seq-numbered reply answers (MSG → ACK, LOAD/STORE → DATA) and
+        wait up to ack_timeout for it. The waiter is None if the link never came up; its
+        event is unset if no reply came in time."""
         peer = self._owner.get(dst_accel, "?")
         waiter = None
         with trio.move_on_after(self.ack_timeout):
             peer, conn = await self._conn_for(dst_accel, src_accel)
-            seq = conn.session.send_message(src_accel, dst_accel, dwords)
+            seq = queue(conn.session)
             waiter = conn.waiters[seq] = _Waiter()
             conn.flush()
             try:
@@ -455,6 +455,16 @@ class FabricLink:
                 if not waiter.event.is_set():
                     conn.waiters.pop(seq, None)
                     conn.session.forget(seq)
+        return peer, waiter
+
+    async def send(self, src_accel: int, dst_accel: int, dwords: Dwords) -> None:
+        """Send one UALink message and wait for the peer to accept it (spec §5.1).
+
+        DrmError: ETIME (no ACK within ack_timeout, or the link dropped before it came),
+        ECOMM (the peer refused it), EINVAL (no such remote accel), ESHUTDOWN (closed).
+        """
+        peer, waiter = await self._exchange(
+            dst_accel, src_accel, lambda s: s.send_message(src_accel, dst_accel, dwords))
         if waiter is None or not waiter.event.is_set():
             raise DrmError(errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
         if waiter.result is None:
@@ -470,21 +480,12 @@ class FabricLink:
         Returns the loaded bytes (b"" for a STORE). DrmError(EFAULT) when the peer is not
         reachable or answers with an error (Emulator policy 3, 10).
         """
-        waiter = None
         peer = self._owner.get(dst_accel, "?")
         if peer in self._up and peer not in self._conns:  # Emulator policy 3: fault at once
             raise DrmError(errno.EFAULT, f"{peer} is not reachable")
-        with trio.move_on_after(self.ack_timeout):
-            peer, conn = await self._conn_for(dst_accel, src_accel)
-            seq = conn.session.send_request(src_accel, dst_accel, npa_byte_addr, length_or_data)
-            waiter = conn.waiters[seq] = _Waiter()
-            conn.flush()
-            try:
-                await waiter.event.wait()
-            finally:
-                if not waiter.event.is_set():
-                    conn.waiters.pop(seq, None)
-                    conn.session.forget(seq)
+        peer, waiter = await self._exchange(
+            dst_accel, src_accel,
+            lambda s: s.send_request(src_accel, dst_accel, npa_byte_addr, length_or_data))
         if waiter is None or waiter.result is None:
             raise DrmError(errno.EFAULT, f"no answer from {peer}")
         if waiter.result.status != 0:
