@@ -81,6 +81,9 @@ class PodConfig:
     response_timeout_ms: int = 5000
     send_ack_timeout_ms: int = 2000
     tls_ca: str | None = None  # when set (with each node's cert and key) links use mutual TLS
+    # The fabric links' TCP congestion control; "" keeps the system default. Not BBR: its
+    # pacing slows the data plane's megabyte bursts (see fabric/link.py _tune).
+    tcp_congestion: str = "cubic"
     source: str = field(default="<built-in>", compare=False)
 
     # -- lookups --------------------------------------------------------------------------
@@ -191,6 +194,7 @@ class PodConfig:
             response_timeout_ms=int(pod.get("response_timeout_ms", 5000)),
             send_ack_timeout_ms=int(pod.get("send_ack_timeout_ms", 2000)),
             tls_ca=pod.get("tls_ca"),
+            tcp_congestion=str(pod.get("tcp_congestion", "cubic")),
             source=source,
         )
         cfg.validate()
@@ -252,6 +256,7 @@ class PodConfig:
         ]
         if self.tls_ca is not None:
             lines.append(f'tls_ca = "{self.tls_ca}"')
+        lines.append(f'tcp_congestion = "{self.tcp_congestion}"')
         for n in self.nodes:
             lines += ["", "[[nodes]]", f'name = "{n.name}"', f'address = "{n.address}"']
             if n.tls_cert and n.tls_key:

@@ -23,7 +23,7 @@ from .config import PodConfig
 from .drm.errors import DrmError
 from .fabric.agent import UalinkAgent
 from .fabric.link import FabricLink
-from .fabric.wire import Data, Load, Store
+from .fabric.wire import Load, Store
 from .fuse.lowlevel import FuseSession, clear_stale_mount
 from .fuse.procfd import resolve_caller_fd
 from .fuse.tree import FileTree
@@ -183,14 +183,13 @@ async def run_node(
         assert agent is not None
         agent.on_message(src, dst, dwords)
 
-    def on_request(peer: str, req: Load | Store) -> Data:
+    def on_request(peer: str, req: Load | Store) -> tuple[int, list[memoryview]]:
         assert agent is not None
         arg = req.length if isinstance(req, Load) else req.data
         try:
-            return Data(req.seq, 0, agent.serve(req.src_accel, req.dst_accel,
-                                                req.npa_byte_addr, arg))
+            return 0, agent.serve(req.src_accel, req.dst_accel, req.npa_byte_addr, arg)
         except DrmError as e:
-            return Data(req.seq, -e.errno)
+            return -e.errno, []
 
     server_tls, client_tls = tls_contexts(config, node_name)
     link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from .amdgpu.driver import AmdgpuDriver, CopyToUser
-from .amdgpu.vm import RemotePiece, gpu_load, gpu_store
+from .amdgpu.vm import RemoteFn, RemotePiece, gpu_load, gpu_store
 from .config import PodConfig
 from .drm.device import Caller, CopyFromUser, DrmDevice, IoctlResult
 from .drm.errors import DrmError
@@ -147,7 +147,7 @@ class NodeCore:
 
     def gpu_read(
         self, drm_file: object, va: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes]:
+    ) -> bytes | Awaitable[bytes | bytearray]:
         """A GPU load through the file's VM (policy 10): bytes at once when every piece is
         local memory, an awaitable when some are remote (the FUSE edge takes both)."""
         assert isinstance(drm_file, DrmFile)
@@ -166,10 +166,9 @@ class NodeCore:
         return gpu_store(driver.vm(drm_file), va, data, self._remote_for(drm_file),
                          driver.count_gpu_fault)
 
-    def _remote_for(
-        self, drm_file: DrmFile
-    ) -> Callable[[RemotePiece, bool, bytes | None], Awaitable[bytes | int]]:
-        def remote(piece: RemotePiece, write: bool, data: bytes | None) -> Awaitable[bytes | int]:
+    def _remote_for(self, drm_file: DrmFile) -> RemoteFn:
+        def remote(piece: RemotePiece, write: bool,
+                   data: bytes | None) -> Awaitable[bytes | bytearray | int]:
             # The access is issued by the accel that holds the NPA BO (normally this file's).
             device = piece.bo.device if piece.bo is not None else drm_file.device
             accel_id = self.managers[device.minor].accel_id

@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import logging
 import secrets
+import socket
 import ssl
 import struct
 import uuid
@@ -18,7 +19,7 @@ import trio
 from ualinkd.config import AccelConfig, NodeConfig, PodConfig
 from ualinkd.drm.errors import DrmError
 from ualinkd.fabric.auth import ClientHandshake
-from ualinkd.fabric.link import FabricLink
+from ualinkd.fabric.link import FabricLink, OnRequest
 from ualinkd.fabric.wire import (
     NEED_DATA,
     Ack,
@@ -26,7 +27,9 @@ from ualinkd.fabric.wire import (
     AuthProof,
     Frame,
     FrameDecoder,
+    Load,
     Msg,
+    Store,
     encode_frame,
 )
 
@@ -282,17 +285,99 @@ async def test_bad_peer_is_dropped_and_logged_once(pod: Pod, caplog, case: str) 
     assert CASES[case] in line, line
 
 
-# ---- TLS ------------------------------------------------------------------------------------
+# ---- data plane -------------------------------------------------------------------------------
 
-async def test_tls_links_carry_messages_and_refuse_plain_tcp(pod: Pod, caplog) -> None:
+def _memory_server(mem: bytearray) -> OnRequest:
+    """An exporter's on_request over one flat buffer, answering LOADs with 64 KiB views (as
+    BoMemory.read_views does) and refusing what lies outside it."""
+    def on_request(peer: str, req: Load | Store) -> tuple[int, list[memoryview]]:
+        n = req.length if isinstance(req, Load) else len(req.data)
+        if req.npa_byte_addr + n > len(mem):
+            return -errno.EFAULT, []
+        view = memoryview(mem)[req.npa_byte_addr:req.npa_byte_addr + n]
+        if isinstance(req, Load):
+            return 0, [view[i:i + (64 << 10)] for i in range(0, n, 64 << 10)]
+        view[:] = req.data
+        return 0, []
+    return on_request
+
+
+def _tls_kw() -> dict[str, object]:
     trustme = pytest.importorskip("trustme", reason="trustme is not installed in this venv")
-    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
     ca = trustme.CA()
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
     client_ctx = ssl.create_default_context()
     ca.configure_trust(client_ctx)
-    kw = {"ssl_context": server_ctx, "ssl_client_context": client_ctx}
+    return {"ssl_context": server_ctx, "ssl_client_context": client_ctx}
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+async def test_loads_and_stores_of_every_size_cross_concurrently(pod: Pod, tls: bool) -> None:
+    """LOAD/STORE of 1 byte to 1 MiB, many in flight both ways: every byte arrives, whether
+    a payload comes through the stream buffer or is received in place (plain TCP) or
+    through TLS; failures are per request (EFAULT) and the link stays up."""
+    kw = _tls_kw() if tls else {}
+    mem_a, mem_b = bytearray(4 << 20), bytearray(4 << 20)
+    a = await pod.start("a", on_request=_memory_server(mem_a), **kw)
+    b = await pod.start("b", on_request=_memory_server(mem_b), **kw)
+    await wait_until(lambda: a.is_up("b") and b.is_up("a"))
+    pattern = bytes(range(256)) * (1 << 13)  # 2 MiB
+    mem_b[:] = pattern * 2
+    sizes = [1, 100, 4096, 65535, 65536, 65537, 300_000, 1 << 20]
+
+    async def loads(link: FabricLink, src: int, dst: int, base: int) -> None:
+        for n in sizes:
+            got = await link.request(src, dst, base + n, n)
+            assert got == (pattern * 2)[base + n:base + 2 * n]
+
+    async def stores(link: FabricLink, src: int, dst: int, base: int) -> None:
+        for i, n in enumerate(sizes):
+            data = bytes([i + 1]) * n
+            assert await link.request(src, dst, base, data) == b""
+            assert await link.request(src, dst, base, n) == data  # the store was applied
+
+    async with trio.open_nursery() as nursery:
+        for k in range(3):
+            nursery.start_soon(loads, a, 0, 2, k * 7)
+        nursery.start_soon(stores, a, 1, 3, 3 << 20)  # into b's memory, above the loads
+        nursery.start_soon(stores, b, 2, 0, 0)  # and the other way, at the same time
+    assert mem_b[:3 << 20] == (pattern * 2)[:3 << 20]
+    with pytest.raises(DrmError) as e:
+        await a.request(0, 2, (4 << 20) - 10, 11)
+    assert e.value.errno == errno.EFAULT
+    assert await a.request(0, 2, 0, 4) == pattern[:4]  # the link survived the refusal
+
+
+def _congestion(link: FabricLink, peer: str) -> str:
+    sock = link._conns[peer].sock
+    assert sock is not None
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+
+
+async def test_links_use_the_pods_congestion_control(pod: Pod, caplog) -> None:
+    """PodConfig.tcp_congestion is set on both ends of every link; one the kernel refuses
+    is logged once and the links run with the system default."""
+    want = "reno"  # always built in (the default, cubic, is a module on some kernels)
+    cfg = dataclasses.replace(pod.cfg, tcp_congestion=want)
+    a, b = await pod.start("a", cfg), await pod.start("b", cfg)
+    await wait_until(lambda: a.is_up("b") and b.is_up("a"))
+    assert _congestion(a, "b") == _congestion(b, "a") == want
+    caplog.set_level(logging.WARNING, logger="ualinkd.fabric")
+    bogus = dataclasses.replace(pod.cfg, tcp_congestion="no-such-algorithm")
+    c = await pod.start("c", bogus)
+    await wait_until(lambda: c.is_up("a") and c.is_up("b"))
+    await c.send(4, 0, DW)
+    assert [w for w in warnings(caplog) if "congestion" in w] == [
+        "fabric: TCP congestion control 'no-such-algorithm' refused (No such file or "
+        "directory); links use the system default"]
+
+
+# ---- TLS ------------------------------------------------------------------------------------
+
+async def test_tls_links_carry_messages_and_refuse_plain_tcp(pod: Pod, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    kw = _tls_kw()
     a, c = await pod.start("a", **kw), await pod.start("c", **kw)
     await a.send(0, 4, DW)
     await c.send(4, 0, DW)

@@ -81,7 +81,11 @@ def test_matches_a_flat_bytearray(writes, chunk):
         flat[off : off + len(data)] = data
     assert m.read(0, size) == bytes(flat)
     for off, data in writes:
-        assert m.read(off, len(data[: size - off])) == bytes(flat[off : off + len(data)])
+        n = len(data[: size - off])
+        assert m.read(off, n) == bytes(flat[off : off + n])
+        # read_views: the same bytes, as views a socket writes out (the exporter's LOAD path)
+        assert b"".join(m.read_views(off, n)) == bytes(flat[off : off + n])
+    assert m.read_views(size, 0) == []
 
 
 def test_bo_memory_created_on_first_use_and_freed_with_the_bo():

@@ -140,6 +140,15 @@ def test_round_trip_keeps_quirks_stages_and_modes():
     assert PodConfig.from_dict(tomllib.loads(cfg.to_toml())) == cfg
 
 
+def test_tcp_congestion_defaults_to_cubic_and_round_trips():
+    assert PodConfig.from_dict(pod_doc(nodes=[[{"id": 0}]])).tcp_congestion == "cubic"
+    doc = pod_doc(nodes=[[{"id": 0}]])
+    doc["pod"]["tcp_congestion"] = ""  # the system default
+    cfg = PodConfig.from_dict(doc)
+    assert cfg.tcp_congestion == ""
+    assert PodConfig.from_dict(tomllib.loads(cfg.to_toml())) == cfg
+
+
 def test_load_reports_bad_toml_and_missing_file(tmp_path):
     """Policy 8: unreadable or invalid files are ConfigErrors naming the file."""
     bad = tmp_path / "bad.toml"

@@ -6,7 +6,7 @@ import struct
 import uuid
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ualinkd.fabric import wire
@@ -46,6 +46,7 @@ from ualinkd.fabric.wire import (
     UnknownMessage,
     decode_message,
     decode_payload,
+    encode_data_parts,
     encode_frame,
     encode_frame_construct,
     handle_lo_bits,
@@ -221,6 +222,69 @@ def test_frames_survive_any_chunking(fs: list[wire.Frame], data: st.DataObject) 
             out.append(f)
     assert out == fs
     assert dec.buffered == 0
+
+
+def _big(n: int, seed: int) -> bytes:
+    """n bytes of a pattern (hypothesis would take long to draw 100 KiB of binary)."""
+    return bytes((i * 131 + seed) & 0xFF for i in range(256)) * (n // 256) + bytes(n % 256)
+
+
+big_frames = st.one_of(
+    frames,
+    st.builds(lambda seq, st_, n, seed: Data(seq, st_, _big(n, seed)),
+              u32, i32, st.integers(60 << 10, 200 << 10), st.integers(0, 255)),
+    st.builds(lambda seq, s, d, a, n, seed: Store(seq, s, d, a, _big(n, seed)),
+              u32, u16, u16, u64, st.integers(60 << 10, 200 << 10), st.integers(0, 255)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(big_frames, max_size=5), st.data())
+def test_large_payloads_received_in_place_survive_any_chunking(
+        fs: list[wire.Frame], data: st.DataObject) -> None:
+    """A reader mixing receive_data (its scratch buffer) and receive_buffer/received_into
+    (straight into a large payload's own buffer) gets the frames that were sent."""
+    raw = b"".join(encode_frame(f) for f in fs)
+    dec, out, pos = FrameDecoder(), [], 0
+    while pos < len(raw):
+        into = dec.receive_buffer()
+        k = data.draw(st.integers(1, min(len(raw) - pos, 150_000)))
+        if into is not None:
+            k = min(k, len(into))
+            into[:k] = raw[pos:pos + k]
+            dec.received_into(k)
+        else:
+            dec.receive_data(memoryview(raw)[pos:pos + k])  # a scratch buffer's view
+        pos += k
+        while (f := dec.next_frame()) is not NEED_DATA:
+            out.append(f)
+    assert out == fs  # payloads received in place are bytearrays, equal to the bytes sent
+    assert dec.buffered == 0 and dec.receive_buffer() is None
+
+
+def test_large_payload_collected_once_its_header_is_in() -> None:
+    frame = encode_frame(Data(7, 0, _big(1 << 20, 3)))
+    dec = FrameDecoder()
+    dec.receive_data(frame[:100])
+    assert dec.next_frame() is NEED_DATA
+    into = dec.receive_buffer()
+    assert into is not None and len(into) == len(frame) - 100  # the rest of the payload
+    into[:] = frame[100:]
+    dec.received_into(len(into))
+    got = dec.next_frame()
+    assert isinstance(got, Data) and got.seq == 7 and got.data == _big(1 << 20, 3)
+    assert type(got.data) is bytearray
+    # A small DATA frame still comes out of the stream buffer, as bytes.
+    dec.receive_data(encode_frame(Data(8, 0, b"abc")))
+    assert dec.receive_buffer() is None and dec.next_frame() == Data(8, 0, b"abc")
+
+
+def test_gathered_data_is_the_frame_sent_as_one_buffer() -> None:
+    parts = [memoryview(b"a" * 70000), memoryview(b"b" * 10), b"c" * 5]
+    joined = b"".join(encode_data_parts(5, 0, parts))
+    assert joined == encode_frame(Data(5, 0, b"a" * 70000 + b"b" * 10 + b"c" * 5))
+    with pytest.raises(LocalProtocolError):
+        encode_data_parts(5, 0, [bytes(wire.MAX_DATA + 100)])
 
 
 @given(st.binary(max_size=400), st.data())

@@ -282,7 +282,7 @@ async def test_data_plane_refusals(nursery, autojump_clock):
     node = b.managers[128].imports[handle[0]]
     base = ((0 << 29) | node.npa_offset) * 4096
     mgr.serve_store(1, base + 10, b"hello")
-    assert mgr.serve_load(1, base + 10, 5) == b"hello"
+    assert b"".join(mgr.serve_load(1, base + 10, 5)) == b"hello"
     bad = [
         (1, base + (64 << 10), 1),  # past the end of the BO
         (1, base + (60 << 10), 8 << 10),  # runs past the end

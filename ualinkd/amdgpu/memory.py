@@ -56,23 +56,30 @@ class BoMemory:
         if n == 0:
             return b""
         shift, chunks = self._shift, self._chunks
-        first, last = offset >> shift, (offset + n - 1) >> shift
-        if first == last:
+        first = offset >> shift
+        if first == (offset + n - 1) >> shift:
             c = chunks.get(first)
             if c is None:
                 return bytes(n)
             o = offset - (first << shift)
             return bytes(c[o : o + n])
-        # One copy: join takes the chunks' buffers and slices of a shared zero chunk.
-        zeros = memoryview(_zeros(self.chunk))
+        return b"".join(self.read_views(offset, n))  # one copy
+
+    def read_views(self, offset: int, n: int) -> list[memoryview]:
+        """The bytes at [offset, offset + n) as views of the chunks (a shared zero chunk where
+        nothing was written), for a reader that copies them out itself (a socket's writev).
+        They see later writes to those chunks."""
+        self._check(offset, n)
+        shift, chunks, size = self._shift, self._chunks, self.chunk
+        zeros = memoryview(_zeros(size))
         parts: list[memoryview] = []
         end = offset + n
-        for idx in range(first, last + 1):
+        for idx in range(offset >> shift, ((end - 1) >> shift) + 1 if n else 0):
             base = idx << shift
-            lo, hi = max(offset, base), min(end, base + self.chunk)
+            lo, hi = max(offset, base), min(end, base + size)
             c = chunks.get(idx)
             parts.append(zeros[: hi - lo] if c is None else memoryview(c)[lo - base : hi - base])
-        return b"".join(parts)
+        return parts
 
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         n = len(data)

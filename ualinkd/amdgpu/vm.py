@@ -360,7 +360,7 @@ def _wait_input_fences(sync: VaSync, address: int, count: int) -> None:
 
 # (piece, write, data for a store) -> the loaded bytes | the count stored; may come back
 # short when the exporter faults part-way; DrmError(EFAULT) when nothing could be done.
-RemoteFn = Callable[[RemotePiece, bool, bytes | None], Awaitable[bytes | int]]
+RemoteFn = Callable[[RemotePiece, bool, bytes | None], Awaitable[bytes | bytearray | int]]
 
 
 def _fault(va: int) -> DrmError:
@@ -369,7 +369,7 @@ def _fault(va: int) -> DrmError:
 
 def gpu_load(
     vm: GpuVm, va: int, size: int, remote: RemoteFn, on_fault: Callable[[], None]
-) -> bytes | Awaitable[bytes]:
+) -> bytes | Awaitable[bytes | bytearray]:
     """A GPU load of `size` bytes at `va` (policy 10): EFAULT if the first byte faults, else
     the bytes up to the first faulting page. `on_fault` runs once per faulting access."""
     pieces, fault_at = vm.plan(va, size, write=False)
@@ -385,8 +385,8 @@ def gpu_load(
 
 async def _load_later(
     pieces: list[Piece], va: int, remote: RemoteFn, on_fault: Callable[[], None] | None
-) -> bytes:
-    out: list[bytes] = []
+) -> bytes | bytearray:
+    out: list[bytes | bytearray] = []
     done = 0
     for p in pieces:
         if isinstance(p, LocalPiece):
@@ -399,7 +399,7 @@ async def _load_later(
                     raise
                 r = b""
             assert isinstance(r, bytes | bytearray)
-            got = bytes(r[: p.length])
+            got = r if len(r) <= p.length else r[: p.length]
         out.append(got)
         done += len(got)
         if len(got) < p.length:
@@ -408,7 +408,7 @@ async def _load_later(
             if not done:
                 raise _fault(va)
             break
-    return b"".join(out)
+    return out[0] if len(out) == 1 else b"".join(out)  # one piece: its buffer, uncopied
 
 
 def gpu_store(

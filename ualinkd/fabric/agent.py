@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 SendFn = Callable[[int, int, p.Dwords], Awaitable[None]]
 # (src accel, dst accel, NPA byte address, length to load | bytes to store) -> loaded bytes
-RequestFn = Callable[[int, int, int, "int | bytes"], Awaitable[bytes]]
+RequestFn = Callable[[int, int, int, "int | bytes"], Awaitable[bytes | bytearray]]
 CHUNK = 1 << 20  # data-plane transfers are split into chunks this big ...
 IN_FLIGHT = 4  # ... with this many outstanding at once per transfer
 
@@ -60,19 +60,20 @@ class UalinkAgent:
 
     # -- data plane ------------------------------------------------------------------------
     def serve(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
-              length_or_data: int | bytes) -> bytes:
-        """An importer's LOAD/STORE at one of our accels' NPAs; DrmError(EFAULT) refuses it."""
+              length_or_data: int | bytes | bytearray) -> list[memoryview]:
+        """An importer's LOAD/STORE at one of our accels' NPAs: the loaded bytes as views of
+        the BO's memory (none for a STORE); DrmError(EFAULT) refuses it."""
         mgr = self.core.manager_by_accel(dst_accel)
         if mgr is None:
             raise DrmError(errno.EFAULT, f"accel {dst_accel} is not on this node")
         if isinstance(length_or_data, int):
             return mgr.serve_load(src_accel, npa_byte_addr, length_or_data)
         mgr.serve_store(src_accel, npa_byte_addr, length_or_data)
-        return b""
+        return []
 
     async def remote_access(
         self, accel_id: int, piece: RemotePiece, write: bool, data: bytes | None = None
-    ) -> bytes | int:
+    ) -> bytes | bytearray | int:
         """A GPU load/store of an imported NPA BO: LOAD/STORE requests to the exporter, in
         chunks, several in flight. A store returns once the exporter applied it. If a chunk
         faults, the result stops before it (EFAULT when nothing was done, policy 10)."""
@@ -88,7 +89,7 @@ class UalinkAgent:
                                              f"{piece.npa_byte_address:#x}: {e.strerror}") from None
             return length if write else got
         spans = [(off, min(CHUNK, length - off)) for off in range(0, length, CHUNK)]
-        results: list[bytes | None] = [None] * len(spans)
+        results: list[bytes | bytearray | None] = [None] * len(spans)
         limiter = trio.CapacityLimiter(IN_FLIGHT)
 
         async def one(i: int, off: int, n: int) -> None:

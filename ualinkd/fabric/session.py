@@ -5,7 +5,7 @@ It enforces the transport stamp (spec §5.1) and answers MSG with ACK before del
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -27,6 +27,7 @@ from .wire import (
     RemoteProtocolError,
     Store,
     _NeedData,
+    encode_data_parts,
     encode_frame_parts,
 )
 
@@ -66,7 +67,7 @@ class RequestReceived:
 class DataReceived:
     seq: int
     status: int
-    data: bytes
+    data: bytes | bytearray
 
 
 Event = MessageReceived | AckReceived | PongReceived | RequestReceived | DataReceived
@@ -87,7 +88,7 @@ class Session:
         self._peer_accels = frozenset(peer_accels)
         self._local_accels = frozenset(local_accels)
         self._decoder = decoder or FrameDecoder()
-        self._out: list[bytes] = []
+        self._out: list[bytes | bytearray | memoryview] = []
         self._next_seq = 1
         self._issued = 0
         self._outstanding: dict[int, FrameType] = {}  # seq -> MSG | LOAD | STORE
@@ -124,8 +125,14 @@ class Session:
         self._outstanding[seq] = frame.frame_type
         return seq
 
-    def send_data(self, seq: int, status: int, data: bytes = b"") -> None:
-        self._queue(Data(seq, status, data))
+    def send_data(self, seq: int, status: int,
+                  data: bytes | Sequence[bytes | bytearray | memoryview] = b"") -> None:
+        """Queue the DATA answering `seq`. `data` may be several buffers (an exporter's BO
+        chunks): they are queued as they are, for the socket to copy, not joined here."""
+        if isinstance(data, bytes):
+            self._queue(Data(seq, status, data))
+        else:
+            self._out.extend(encode_data_parts(seq, status, data))
 
     def send_ping(self, token: int, *, track: bool = True) -> None:
         """Queue a PING; a tracked token comes back as PongReceived, an untracked one is eaten."""
@@ -145,10 +152,10 @@ class Session:
         self._out.clear()
         return out
 
-    def data_to_send_parts(self) -> list[bytes]:
+    def data_to_send_parts(self) -> list[bytes | bytearray | memoryview]:
         """The queued bytes as few buffers: small frames joined, large data left alone."""
-        parts: list[bytes] = []
-        small: list[bytes] = []
+        parts: list[bytes | bytearray | memoryview] = []
+        small: list[bytes | bytearray | memoryview] = []
         for b in self._out:
             if len(b) < _BIG:
                 small.append(b)
@@ -167,8 +174,15 @@ class Session:
         return bool(self._out)
 
     # -- receiving ---------------------------------------------------------------------------
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._decoder.receive_data(data)
+
+    def receive_buffer(self) -> memoryview | None:
+        """Where the rest of a large incoming payload goes (FrameDecoder.receive_buffer)."""
+        return self._decoder.receive_buffer()
+
+    def received_into(self, n: int) -> None:
+        self._decoder.received_into(n)
 
     def next_event(self) -> Event | _NeedData:
         while True:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import struct
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar, Final
 
@@ -151,7 +152,7 @@ class Store:
     src_accel: int
     dst_accel: int
     npa_byte_addr: int
-    data: bytes
+    data: bytes | bytearray  # bytearray: a large payload received into its own buffer
     frame_type: ClassVar[FrameType] = FrameType.STORE
 
 
@@ -161,7 +162,7 @@ class Data:
 
     seq: int
     status: int
-    data: bytes = b""
+    data: bytes | bytearray = b""  # bytearray: a large payload received into its own buffer
     frame_type: ClassVar[FrameType] = FrameType.DATA
 
 
@@ -289,6 +290,19 @@ def encode_frame_parts(frame: Frame) -> tuple[bytes, ...]:
     return head, bytes(data)
 
 
+def encode_data_parts(seq: int, status: int, data: Sequence[bytes | bytearray | memoryview]
+                      ) -> list[bytes | bytearray | memoryview]:
+    """A DATA frame whose data is several buffers: its header, then the buffers themselves."""
+    n = sum(len(b) for b in data)
+    if _DATA_HDR.size - 4 + n > MAX_FRAME:
+        raise LocalProtocolError(f"DATA frame too large ({n} bytes)")
+    try:
+        head = _DATA_HDR.pack(_DATA_HDR.size - 4 + n, FrameType.DATA, seq, status)
+    except struct.error as e:
+        raise LocalProtocolError(f"cannot encode DATA seq {seq} status {status}: {e}") from None
+    return [head, *data]
+
+
 def encode_frame_construct(frame: Frame) -> bytes:
     """`encode_frame` without the fast paths (the reference the tests compare against)."""
     payload = FRAME_PAYLOADS[frame.frame_type].build(_to_fields(frame))
@@ -341,6 +355,11 @@ class FrameDecoder:
     `next_frame()` returns a frame or NEED_DATA, or raises RemoteProtocolError, after which the
     decoder stays broken (every later call raises the same error). An oversized length is
     refused as soon as its header arrives, before any of its payload is buffered.
+
+    A large STORE / DATA payload is collected in a buffer of its own, exactly its size: while
+    one is incomplete, `receive_buffer()` is the writable rest of it, so a reader can receive
+    straight into it (`recv_into`, then `received_into(n)`) instead of copying the megabyte
+    through the stream buffer; the frame then carries that buffer as its data.
     """
 
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
@@ -348,17 +367,39 @@ class FrameDecoder:
         self._pos = 0
         self._max_frame = max_frame
         self._error: RemoteProtocolError | None = None
+        # The large payload being collected: its frame's header fields and its bytes.
+        self._payload: bytearray | None = None
+        self._filled = 0
+        self._head: tuple[int, ...] = ()
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet returned as frames."""
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos + self._filled
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        if self._payload is not None:  # fill the payload first, buffer what follows it
+            k = min(len(data), len(self._payload) - self._filled)
+            self._payload[self._filled: self._filled + k] = data[:k]
+            self._filled += k
+            data = data[k:]
+            if not data:
+                return
         if self._pos and self._pos * 2 >= len(self._buf):
             del self._buf[: self._pos]
             self._pos = 0
         self._buf += data
+
+    def receive_buffer(self) -> memoryview | None:
+        """The unfilled rest of the large payload being collected, or None."""
+        if self._payload is None:
+            return None
+        return memoryview(self._payload)[self._filled:]
+
+    def received_into(self, n: int) -> None:
+        """`n` bytes were written at the start of the last `receive_buffer()`."""
+        assert self._payload is not None and 0 <= n <= len(self._payload) - self._filled
+        self._filled += n
 
     def next_frame(self) -> Frame | _NeedData:
         if self._error is not None:
@@ -370,6 +411,14 @@ class FrameDecoder:
             raise
 
     def _next_frame(self) -> Frame | _NeedData:
+        if self._payload is not None:
+            if self._filled < len(self._payload):
+                return NEED_DATA
+            payload, head = self._payload, self._head
+            self._payload, self._filled, self._head = None, 0, ()
+            if len(head) == 2:
+                return Data(head[0], head[1], payload)
+            return Store(*head, payload)
         buf, pos = self._buf, self._pos
         if len(buf) - pos < 4:
             return NEED_DATA
@@ -382,19 +431,41 @@ class FrameDecoder:
         if frame_type not in FRAME_CLASSES:
             raise RemoteProtocolError(f"unknown frame type {frame_type:#04x}")
         end = pos + 4 + length
+        if frame_type == FrameType.DATA and length >= _DATA_HDR.size - 4:
+            return self._data_plane(pos, end, _DATA_HDR.size, "<Ii")
+        if frame_type == FrameType.STORE and length >= _STORE_HDR.size - 4:
+            return self._data_plane(pos, end, _STORE_HDR.size, "<IHHQ")
         if len(buf) < end:
             return NEED_DATA
-        if frame_type == FrameType.DATA and length >= _DATA_HDR.size - 4:
-            # The data-plane fast path: one copy of the data, straight out of the buffer.
-            self._pos = end
-            seq, status = struct.unpack_from("<Ii", buf, pos + HEADER_SIZE)
-            with memoryview(buf) as view:  # one copy, not a bytearray slice and a copy of it
-                return Data(seq, status, bytes(view[pos + _DATA_HDR.size: end]))
-        if frame_type == FrameType.STORE and length >= _STORE_HDR.size - 4:
-            self._pos = end
-            head = struct.unpack_from("<IHHQ", buf, pos + HEADER_SIZE)
-            with memoryview(buf) as view:
-                return Store(*head, bytes(view[pos + _STORE_HDR.size: end]))
         payload = bytes(buf[pos + HEADER_SIZE: end])
         self._pos = end
         return decode_payload(frame_type, payload)
+
+    def _data_plane(self, pos: int, end: int, head_size: int, head_fmt: str
+                    ) -> Frame | _NeedData:
+        """A DATA / STORE frame: its data copied once out of the stream buffer, or, when
+        large and incomplete, collected in a buffer of its own (see the class docstring)."""
+        buf = self._buf
+        start = pos + head_size
+        if len(buf) < start:
+            return NEED_DATA
+        head = struct.unpack_from(head_fmt, buf, pos + HEADER_SIZE)
+        if len(buf) >= end:
+            self._pos = end
+            with memoryview(buf) as view:  # one copy, not a bytearray slice and a copy of it
+                data = bytes(view[start:end])
+            return Data(*head, data) if len(head) == 2 else Store(*head, data)
+        if end - start < _COLLECT_AT:
+            return NEED_DATA
+        self._payload = bytearray(end - start)
+        self._head = head
+        with memoryview(buf) as view:
+            k = len(buf) - start
+            self._payload[:k] = view[start:]
+        self._filled = k
+        del buf[pos:]
+        return NEED_DATA
+
+
+# Payloads from this size on are collected in their own buffer (FrameDecoder.receive_buffer).
+_COLLECT_AT: Final = 64 << 10

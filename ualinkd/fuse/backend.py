@@ -66,7 +66,7 @@ class NodeBackend(Protocol):
 
     def gpu_read(
         self, drm_file: object, va: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes]:
+    ) -> bytes | Awaitable[bytes | bytearray]:
         """pread() on a render node: a GPU load through the file's GPU VM."""
         ...
 

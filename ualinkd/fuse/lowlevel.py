@@ -87,7 +87,7 @@ class Operations(Protocol):
     def open(self, ino: int, flags: int, caller: Caller) -> OpenReply: ...
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes]: ...
+    ) -> bytes | Awaitable[bytes | bytearray]: ...
     def write(
         self, ino: int, fh: int, off: int, data: bytes, caller: Caller
     ) -> int | Awaitable[int]: ...
@@ -319,8 +319,9 @@ def _reply_entry(req: Any, a: Attr) -> None:
     lib.fuse_reply_entry(req, e)
 
 
-def _reply_read(req: Any, data: bytes) -> None:
-    lib.fuse_reply_buf(req, data, len(data))
+def _reply_read(req: Any, data: bytes | bytearray) -> None:
+    # A bytearray (fabric data received in place) is passed by address, not copied.
+    lib.fuse_reply_buf(req, data if type(data) is bytes else ffi.from_buffer(data), len(data))
 
 
 def _reply_write(req: Any, count: int) -> None:

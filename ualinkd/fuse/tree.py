@@ -240,7 +240,7 @@ class FileTree:
 
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes]:
+    ) -> bytes | Awaitable[bytes | bytearray]:
         try:
             if (drm_file := self._render_fh.get(fh)) is not None:
                 r = self.backend.gpu_read(drm_file, off, size, caller)

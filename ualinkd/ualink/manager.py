@@ -649,9 +649,10 @@ class UalinkManager:
                         self.accel_id, src, npa_byte_addr, reason)
         raise DrmError(errno.EFAULT, reason)
 
-    def serve_load(self, src: int, npa_byte_addr: int, length: int) -> bytes:
+    def serve_load(self, src: int, npa_byte_addr: int, length: int) -> list[memoryview]:
+        """The bytes a LOAD reads, as views of the BO's memory (BoMemory.read_views)."""
         bo, offset = self._resolve_npa(src, npa_byte_addr, length)
-        return bo.memory.read(offset, length)
+        return bo.memory.read_views(offset, length)
 
     def serve_store(self, src: int, npa_byte_addr: int, data: bytes) -> None:
         bo, offset = self._resolve_npa(src, npa_byte_addr, len(data))
