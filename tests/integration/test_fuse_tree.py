@@ -78,6 +78,7 @@ class FakeBackend:
     state: str = "ACTIVE"
     async_started: trio.Event = field(default_factory=trio.Event)
     gate: trio.Event = field(default_factory=trio.Event)
+    cancelled: int = 0
 
     def render_minors(self) -> list[int]:
         return self.minors
@@ -110,7 +111,11 @@ class FakeBackend:
 
     async def _slow(self, in_bytes: bytes) -> tuple[int, bytes]:
         self.async_started.set()
-        await self.gate.wait()
+        try:
+            await self.gate.wait()
+        except trio.Cancelled:
+            self.cancelled += 1
+            raise
         return 0, b"late".ljust(len(in_bytes), b"!")
 
     def gpu_read(self, drm_file: object, va: int, size: int, caller: Caller) -> bytes:
@@ -296,6 +301,54 @@ async def test_async_ioctl_does_not_block_others(tmp_path: Path):
             assert slow_result == [b"late".ljust(24, b"!")]
         finally:
             await in_thread(os.close, fd)
+
+
+_SIGNALLED_CLIENT = """
+import ctypes, os, signal, sys
+signal.signal(signal.SIGUSR1, lambda *a: None)  # a handler: the ioctl returns EINTR
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+fd = os.open(sys.argv[1], os.O_RDWR)
+buf = ctypes.create_string_buffer(24)
+ret = libc.ioctl(fd, int(sys.argv[2]), buf)
+print(ret, ctypes.get_errno(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGKILL], ids=["handled", "kill"])
+async def test_signal_interrupts_a_pending_async_ioctl(tmp_path: Path, sig: int):
+    """A caller blocked in a waiting ioctl gets a signal: the kernel sends FUSE INTERRUPT, the
+    wait is cancelled and answered EINTR (spec §1.6 I10/I13: an interrupted wait, which
+    userspace sees as EINTR or a restart); a SIGKILLed caller dies instead of hanging in the
+    kernel until the wait ends. The server keeps serving."""
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        async with serving(tmp_path / "mnt") as m:
+            proc = subprocess.Popen([sys.executable, "-c", _SIGNALLED_CLIENT,
+                                     m.path("dri/renderD128"), str(IOWR_ASYNC)],
+                                    stdout=subprocess.PIPE, text=True)
+            procs.append(proc)
+            await m.backend.async_started.wait()
+            proc.send_signal(sig)
+            rc = await in_thread(proc.wait, 10)
+            out = proc.stdout.read() if proc.stdout else ""
+            await eventually(lambda: m.backend.cancelled == 1)
+            if sig == signal.SIGKILL:
+                assert rc == -signal.SIGKILL
+            else:
+                assert (rc, out.split()) == (0, ["-1", str(errno.EINTR)])
+            assert not m.backend.gate.is_set()
+            fd = await in_thread(os.open, m.path("dri/renderD129"), os.O_RDWR)
+            try:
+                got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+                assert bytes(got) == b"\x01" * 24
+            finally:
+                await in_thread(os.close, fd)
+    finally:  # after the session is gone: a caller stuck in the kernel is released by then
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
 
 
 # -- pread / pwrite ------------------------------------------------------------------------

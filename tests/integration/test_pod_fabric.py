@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -15,6 +17,7 @@ from nodes import Client, running_pod, start_node, wait_links_up
 
 from ualinkd.cli.main import free_tcp_ports
 from ualinkd.config import AccelConfig, NodeConfig, PodConfig, VpodConfig
+from ualinkd.ualink.protocol import MsgType
 from ualinkd.ualink.state import AddrMode
 
 pytestmark = pytest.mark.integration
@@ -252,3 +255,51 @@ def test_tls_fabric(tmp_path):
             fd = cb.import_(ca_.export(ca_.bo_create()))
             assert os.lseek(fd, 0, os.SEEK_END) == 1 << 20
             os.close(fd)
+
+
+_IMPORT_CLIENT = """
+import ctypes, os, signal, struct, sys
+signal.signal(signal.SIGUSR1, lambda *a: None)  # a handler without SA_RESTART: EINTR
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+fd = os.open(sys.argv[1], os.O_RDWR)
+cmd = (3 << 30) | (24 << 16) | (ord("d") << 8) | 0x5B  # DRM_IOCTL_AMDGPU_UALINK_HANDLE
+buf = ctypes.create_string_buffer(struct.pack("<IIQQ", 1, 0, int(sys.argv[2]), int(sys.argv[3])))
+print("waiting", flush=True)
+ret = libc.ioctl(fd, cmd, buf)
+print(ret, ctypes.get_errno(), flush=True)
+"""
+
+
+@pytest.mark.parametrize(("dropped", "after"), [("HELLO_ACK", "NOT_READY"),
+                                                ("NPA_RSP", "ESTABLISHED")])
+def test_signal_during_an_import_wait(tmp_path, dropped, after):
+    """§1.6 I10 / I13: the importer's wait for HELLO_ACK (I10) or NPA_RSP (I13) is interrupted
+    by a signal: the caller sees EINTR (the kernel's -ERESTARTSYS without SA_RESTART) at
+    once, not after the 5 s timeout; the connection goes to NOT_READY after an interrupted
+    HELLO wait and is unchanged after an interrupted NPA wait; the import node is gone, and
+    the next import works."""
+    with running_pod(tmp_path, config=pod_config(2, response_ms=5000)) as (a, b):
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            if dropped == "NPA_RSP":  # the connection is up before the import under test
+                os.close(cb.import_(ca.export(ca.bo_create())))
+            handle = ca.export(ca.bo_create())
+            rel = b.mount / "sys/kernel/debug/dri/128/ualink_drop_msg"
+            rel.write_text(f"{1 << int(MsgType[dropped]):#x}\n")
+            proc = subprocess.Popen([sys.executable, "-c", _IMPORT_CLIENT, b.render(),
+                                     str(handle[0]), str(handle[1])],
+                                    stdout=subprocess.PIPE, text=True)
+            try:
+                assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
+                assert wait_until(lambda: "state=" in b.debug(128, "ualink_imports")
+                                  and int(rel.read_text(), 16) == 0)  # the drop happened
+                proc.send_signal(signal.SIGUSR1)
+                assert proc.wait(3) == 0  # well before the 5 s response timeout
+                assert proc.stdout.read().split() == ["-1", str(errno.EINTR)]
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            assert b.debug(128, "ualink_imports").count("state=") == (dropped == "NPA_RSP")
+            assert f"state={after}" in b.debug(128, "ualink_peers")
+            os.close(cb.import_(handle))  # a retry (what libdrm does on EINTR) works

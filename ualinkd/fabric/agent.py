@@ -212,8 +212,8 @@ class UalinkAgent:
             return
         try:
             await self._send(mgr.accel_id, remote, mgr.hello(remote).encode())
-        except DrmError:
-            mgr.setup_failed(remote)  # I9
+        except BaseException:
+            mgr.setup_failed(remote)  # I9 (or interrupted while sending, as I10)
             raise
         try:
             established = await self._wait_for(

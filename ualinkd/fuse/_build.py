@@ -156,6 +156,8 @@ void fuse_opt_free_args(struct fuse_args *args);
 
 void *fuse_req_userdata(fuse_req_t req);
 const struct fuse_ctx *fuse_req_ctx(fuse_req_t req);
+typedef void (*fuse_interrupt_func_t)(fuse_req_t req, void *data);
+void fuse_req_interrupt_func(fuse_req_t req, fuse_interrupt_func_t func, void *data);
 
 int fuse_reply_err(fuse_req_t req, int err);
 void fuse_reply_none(fuse_req_t req);
@@ -174,6 +176,7 @@ size_t fuse_add_direntry(fuse_req_t req, char *buf, size_t bufsize, const char *
 void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops);
 
 extern "Python" {
+    void _on_interrupt(fuse_req_t req, void *data);
     void _op_init(void *userdata, struct fuse_conn_info *conn);
     void _op_destroy(void *userdata);
     void _op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);

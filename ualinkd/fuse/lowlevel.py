@@ -119,6 +119,7 @@ class FuseSession:
         self._llops = ffi.new("struct fuse_lowlevel_ops *")
         lib._ualinkd_ops_init(self._llops)
         self._callers: dict[tuple[int, int, int], Caller] = {}
+        self._interruptible: dict[int, trio.CancelScope] = {}  # req address -> its wait
         self._nursery: trio.Nursery | None = None
         self._fatal: BaseException | None = None
         self._serving = False
@@ -257,27 +258,42 @@ class FuseSession:
         if self._nursery is None:
             lib.fuse_reply_err(req, errno.EIO)
             return
-        self._nursery.start_soon(self._finish_async, req, op, aw, finish)
+        # The caller may get a signal while we wait (an import's HELLO_ACK or NPA_RSP, a
+        # syncobj wait): the kernel then sends INTERRUPT, and _on_interrupt cancels the wait,
+        # which answers EINTR (spec I10/I13). Without that a SIGKILLed caller would hang in
+        # the kernel until the wait ended.
+        scope = trio.CancelScope()
+        key = int(ffi.cast("uintptr_t", req))
+        self._interruptible[key] = scope
+        lib.fuse_req_interrupt_func(req, lib._on_interrupt, ffi.NULL)  # may cancel at once
+        self._nursery.start_soon(self._finish_async, req, key, scope, op, aw, finish)
 
-    async def _finish_async(self, req: Any, op: str, aw: Awaitable[Any], finish: Any) -> None:
+    async def _finish_async(self, req: Any, key: int, scope: trio.CancelScope, op: str,
+                            aw: Awaitable[Any], finish: Any) -> None:
         try:
-            value = await aw
+            with scope:
+                value = await aw
         except FuseError as e:
             self._reply_err_late(req, e.errno)
-        except trio.Cancelled:
+        except trio.Cancelled:  # the session is shutting down
             self._reply_err_late(req, errno.EINTR)
             raise
         except Exception as e:
             log.error("fuse %s (async): unexpected exception, replying EIO", op, exc_info=e)
             self._reply_err_late(req, errno.EIO)
         else:
-            if self._fd < 0:
+            if scope.cancelled_caught:  # interrupted
+                log.debug("fuse %s: interrupted by a signal to the caller, replying EINTR", op)
+                self._reply_err_late(req, errno.EINTR)
+            elif self._fd < 0:
                 lib.fuse_reply_none(req)
-                return
-            try:
-                finish(req, value)
-            except Exception as e:
-                self._bug(req, op, e)
+            else:
+                try:
+                    finish(req, value)
+                except Exception as e:
+                    self._bug(req, op, e)
+        finally:
+            del self._interruptible[key]  # before any await: req's address may be reused
 
     def _reply_err_late(self, req: Any, err: int) -> None:
         if self._fd < 0:
@@ -340,6 +356,15 @@ def _make_ioctl_finisher(out_size: int) -> Any:
 
 # -- the callbacks -----------------------------------------------------------------------
 # Each one: call the op, reply. FuseError -> fuse_reply_err; anything else -> _bug.
+
+
+@ffi.def_extern()
+def _on_interrupt(req: Any, data: Any) -> None:
+    """libfuse: the kernel interrupted `req` (its caller got a signal)."""
+    s = _active
+    scope = s._interruptible.get(int(ffi.cast("uintptr_t", req))) if s is not None else None
+    if scope is not None:
+        scope.cancel()
 
 
 @ffi.def_extern()
