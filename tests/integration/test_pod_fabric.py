@@ -220,8 +220,9 @@ def test_vpod_change_through_sysfs_bounces_the_accel(tmp_path):
 def test_importer_killed_while_exporter_revokes(tmp_path):
     """§6.5, §5.7 steps 6–8: B is SIGKILLed holding an import; A's revoke gets no
     RELEASE: after the response timeout A frees the NPA, unpins, and resets its connection
-    to B."""
-    with running_pod(tmp_path, config=pod_config(2, response_ms=300)) as (a, b):
+    to B. (No liveness probing, §5.8a: right after the kill the connection still looks
+    ESTABLISHED; 1.5 s timeouts keep that true on a loaded machine.)"""
+    with running_pod(tmp_path, config=pod_config(2, response_ms=1500)) as (a, b):
         with Client(a.render()) as ca:
             bo = ca.bo_create()
             handle = ca.export(bo)
