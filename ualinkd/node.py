@@ -243,7 +243,7 @@ class NodeCore:
             "ualink_peers": SysAttr(lambda: "".join(
                 f"accel={c.remote} state={c.state.name} generation={c.generation}\n"
                 for c in sorted(mgr.conns.values(), key=lambda c: c.remote))),
-            "ualink_npa": SysAttr(lambda: f"used_pages={mgr.npa.used_pages} "
+            "ualink_npa": SysAttr(lambda: f"used_pages={mgr.npa_import_pages} "
                                           f"mappings={len(mgr.npa_table)}\n"),
             "ualink_exports": SysAttr(exports),
             "clients": SysAttr(lambda: "".join(

@@ -45,12 +45,12 @@ def test_failed_rsp_sends_free_the_shared_npa():
     core, mgr, f, h, lo, hi = exporter()
     first, second = request(mgr, 1, lo, hi), request(mgr, 2, lo, hi)
     entry = mgr.exports[lo]
-    assert entry.bo.pin_count == 2 and mgr.npa.used_pages == 256
+    assert entry.bo.pin_count == 2 and mgr.npa_import_pages == 256
     mgr.on_sent(first, DrmError(errno.ETIME))
-    assert list(entry.importers) == [2] and mgr.npa.used_pages == 256
+    assert list(entry.importers) == [2] and mgr.npa_import_pages == 256
     mgr.on_sent(second, DrmError(errno.ETIME))
     assert not entry.importers and entry.bo.pin_count == 0
-    assert entry.shared_npa is None and mgr.npa.used_pages == 0 and len(mgr.npa_table) == 0
+    assert entry.shared_npa is None and mgr.npa_import_pages == 0 and len(mgr.npa_table) == 0
     mgr.check_invariants()
 
 
@@ -63,7 +63,7 @@ def test_repeated_alias_request_pins_once_by_contract():
     entry = mgr.exports[lo]
     assert entry.bo.pin_count == 1
     mgr.connection_reset(1, ConnState.NOT_READY, mgr.conn(1).generation)
-    assert entry.bo.pin_count == 0 and mgr.npa.used_pages == 0
+    assert entry.bo.pin_count == 0 and mgr.npa_import_pages == 0
 
 
 def test_alias_extra_pins_quirk_leaves_the_extra_pin():
@@ -138,3 +138,44 @@ def test_revoke_with_wrong_handle_hi_is_dropped_without_release():
     mgr.receive(0, p.NpaRevoke(p.handle_lo_bits(lo), hi ^ 1))
     mgr.receive(0, p.NpaRevoke(p.handle_lo_bits(lo ^ 0x400), hi))
     assert not mgr.take_effects() and lo in mgr.imports
+
+
+def test_npa_values_on_the_wire_per_addressing_mode():
+    """§4.2: source-aliasing takes a 2-page write-back area from its allocator at activation,
+    so the first BO's NPA is 0x802 and a 2 MiB-aligned BO lands on the next 512-page
+    boundary; source-identification allocates in the importer's segment above its 512
+    reserved pages."""
+    core, mgr, f, h, lo, hi = exporter()
+    assert request(mgr, 1, lo, hi).msg.npa_offset == 0x802
+    big = gem_create(f, size=4 << 20)
+    lo2, hi2 = ualink_export(f, big)
+    assert request(mgr, 1, lo2, hi2).msg.npa_offset == 0xA00
+    assert mgr.npa_import_pages == 256 + 1024  # the write-back area is not an import's
+    mgr.check_invariants()
+    core = make_node(pod_config(nodes=THREE["nodes"], vpods=[
+        {"id": 1, "members": [0, 1, 2], "addr_mode": "source-identification"}]))
+    mgr = core.managers[128]
+    for remote in (1, 2):
+        mgr.conn(remote).apply(ConnEvent.SETUP)
+        mgr.conn(remote).apply(ConnEvent.HELLO_ACK)
+    f = open_file(core)
+    lo, hi = ualink_export(f, gem_create(f, size=1 << 20))
+    assert request(mgr, 2, lo, hi).msg.npa_offset == 0x200  # offset in accel 2's segment
+
+
+def test_repeated_alias_request_records_the_current_generation():
+    """§5.6 step 4: a repeated source-aliasing NPA_REQ marks the requester as importer with
+    the *current* generation, so a later revoke still reaches it (visible with the
+    hello-no-reset quirk, where a new HELLO keeps the old record)."""
+    core, mgr, f, h, lo, hi = exporter(quirks=["hello-no-reset"])
+    request(mgr, 1, lo, hi)
+    gen = mgr.conn(1).generation
+    mgr.receive(1, p.Hello(0, 1))  # the importer reconnects: generation 2, nothing reset
+    for eff in mgr.take_effects():
+        if isinstance(eff, Send):  # the HELLO_ACK went out
+            mgr.on_sent(eff, None)
+    mgr.take_effects()  # the wake-up of a local setup waiting for it (none here)
+    assert mgr.conn(1).state == ConnState.ESTABLISHED and mgr.conn(1).generation == gen + 1
+    gen += 1
+    request(mgr, 1, lo, hi)
+    assert mgr.exports[lo].importers[1].generation == gen

@@ -125,12 +125,12 @@ async def test_revoke_release_on_close(nursery, autojump_clock):
     fb = b.open_render(128, ME)
     assert (await import_(b, fb, handle))[0] == 0
     mgr_a, mgr_b = a.managers[128], b.managers[128]
-    assert mgr_a.npa.used_pages == 256
+    assert mgr_a.npa_import_pages == 256
     assert (await ioctl(a, fa, GEM_CLOSE, struct.pack("<II", bo, 0)))[0] == 0
     await trio.sleep(0.1)
     types = [type(m).__name__ for _, _, m in fabric.log]
     assert types[-2:] == ["NpaRevoke", "NpaRelease"]
-    assert mgr_a.npa.used_pages == 0 and not mgr_a.invalid and not mgr_b.imports
+    assert mgr_a.npa_import_pages == 0 and not mgr_a.invalid and not mgr_b.imports
     assert a.live_objects() == 0
     rc, _ = await import_(b, fb, handle)  # §6.3: re-import after revoke → EINVAL
     assert rc == -errno.EINVAL
@@ -150,7 +150,7 @@ async def test_silent_importer_reset_after_timeout(nursery, autojump_clock):
     await trio.sleep(4.9)
     assert mgr_a.invalid  # still waiting for the release
     await trio.sleep(0.2)
-    assert not mgr_a.invalid and mgr_a.npa.used_pages == 0
+    assert not mgr_a.invalid and mgr_a.npa_import_pages == 0
     assert mgr_a.conn(1).state == ConnState.NOT_READY
 
 
@@ -225,13 +225,13 @@ async def test_addressing_modes(nursery, autojump_clock, mode):
     assert entry.bo.pin_count == 2
     starts = {r.npa_start for r in entry.importers.values()}
     if mode == AddrMode.SOURCE_ALIASING:
-        assert len(starts) == 1 and mgr.npa.used_pages == 256
+        assert len(starts) == 1 and mgr.npa_import_pages == 256
     else:
-        assert {s >> 29 for s in starts} == {1, 2} and mgr.npa.used_pages == 512
+        assert {s >> 29 for s in starts} == {1, 2} and mgr.npa_import_pages == 512
     mgr.check_invariants()
     await ioctl(a, fa, GEM_CLOSE, struct.pack("<II", bo, 0))
     await trio.sleep(0.1)
-    assert mgr.npa.used_pages == 0 and not b.managers[128].imports
+    assert mgr.npa_import_pages == 0 and not b.managers[128].imports
     assert not c.managers[128].imports
 
 

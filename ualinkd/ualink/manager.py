@@ -29,6 +29,7 @@ from .npa import (
     RANGE_MASK,
     RANGE_RESERVED,
     SEGMENT_PAGES,
+    WRITEBACK_PAGES,
     NpaPageTable,
     NpaSpace,
     strip_npa,
@@ -190,9 +191,19 @@ class UalinkManager:
         if mode == AddrMode.SOURCE_IDENTIFICATION:
             return NpaSpace(0, ACCEL_MAX << GPUID_SHIFT)
         end = SEGMENT_PAGES - 1  # the size comes from a bit mask: the last page is lost
-        if self.npa_limit_pages is not None:
-            end = min(end, ALIAS_METADATA + self.npa_limit_pages)
-        return NpaSpace(ALIAS_METADATA, end)
+        if self.npa_limit_pages is not None:  # pages left for imports, write-back aside
+            end = min(end, ALIAS_METADATA + WRITEBACK_PAGES + self.npa_limit_pages)
+        space = NpaSpace(ALIAS_METADATA, end)
+        # §4.2: source-aliasing takes its write-back area from the allocator at activation,
+        # so the first BO's NPA is 0x802, not 0x800.
+        space.reserved = space.alloc(WRITEBACK_PAGES)
+        return space
+
+    @property
+    def npa_import_pages(self) -> int:
+        """NPA pages granted to importers (the write-back area not counted)."""
+        reserved = self.npa.reserved
+        return self.npa.used_pages - (self.npa.used[reserved] if reserved is not None else 0)
 
     # -- activation (§5.9, §6.9) ---------------------------------------------------------
     def activate(self) -> None:
@@ -560,6 +571,8 @@ class UalinkManager:
                 entry.shared_npa = (start, pages)
         if rec is None:
             entry.importers[src] = ImporterRecord(start, pages, self.conn(src).generation)
+        else:  # step 4: a repeated request marks the importer with the current generation
+            rec.generation = self.conn(src).generation
         rsp = p.NpaRsp(p.handle_lo_bits(lo), pages, strip_npa(start))
         self.outbox.append(Send(self.accel_id, src, rsp, ("npa_rsp", lo, src)))
 
@@ -697,4 +710,5 @@ class UalinkManager:
         for entry in list(self.exports.values()):
             assert entry.bo.pin_count >= len(entry.importers), (
                 f"pin count {entry.bo.pin_count} < importers {len(entry.importers)}")
-        assert len(self.npa_table) == len(self.npa.used)
+        reserved = 0 if self.npa.reserved is None else 1
+        assert len(self.npa_table) + reserved == len(self.npa.used)

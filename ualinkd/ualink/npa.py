@@ -20,6 +20,7 @@ RANGE_MASK = (1 << GPUID_SHIFT) - 1  # bits 28..0: offset inside one GPU's segme
 SEGMENT_PAGES = 1 << GPUID_SHIFT
 RANGE_RESERVED = 512  # 2 MiB at the start of every segment (source-identification rings)
 ALIAS_METADATA = 0x800  # 8 MiB reserved at the start of the alias space
+WRITEBACK_PAGES = 2  # source-aliasing write-back area, allocated at activation (§4.2)
 ALIGN_PAGES = 512  # 2 MiB alignment for allocations of >= 2 MiB
 
 
@@ -38,6 +39,7 @@ class NpaSpace:
         self.start, self.end = start, end
         self._free: list[tuple[int, int]] = [(start, end)]  # sorted (start, end) holes
         self.used: dict[int, int] = {}  # start -> pages
+        self.reserved: int | None = None  # the owner's own allocation (alias write-back area)
 
     def alloc(self, pages: int, lo: int | None = None, hi: int | None = None) -> int | None:
         """Best-fit allocation of `pages` inside [lo, hi) (default: the whole space)."""
