@@ -221,6 +221,15 @@ def test_agreeing_members_activate():
     assert host.by_accel_id(2) is None
 
 
+def test_member_in_error_with_agreeing_info_is_bounced_back_to_active():
+    """§5.10: only a member *below* VPOD_CONFIGURED defers the activation; one in ERROR
+    whose pPod/vPod info agrees is deactivated and activated with the rest (§5.9)."""
+    host = _host_with([VPOD, VPOD], [PPOD, PpodInfo(1, 1, 1, 4, U)])
+    host.managers[0].state, host.managers[1].state = S.READY, S.ERROR
+    host.activate_vpod(host.managers[0])
+    assert [m.state for m in host.managers] == [S.ACTIVE, S.ACTIVE]
+
+
 def test_membership_change_bounces_and_tears_down_exports():
     """§5.10 / §6.9: a changed bitmap deactivates and reactivates the accel; its exports
     are torn down (old handles → EINVAL) while GEM handles survive."""

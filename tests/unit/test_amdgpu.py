@@ -138,6 +138,18 @@ def test_vram_only_falls_back_to_gtt_then_enomem(core, f):
     assert (drv.vram.used, drv.gtt.used) == (0, 0)
 
 
+def test_retry_drops_cpu_access_required_first(core, f):
+    """§2.3: on allocation failure the kernel retries without CPU_ACCESS_REQUIRED, then as
+    VRAM|GTT: a BO that needed a retry has lost the flag; one that fit keeps it."""
+    drv = device(core).driver
+    h1 = gem_create(f, size=48 * KIB, flags=c.CREATE_CPU_ACCESS_REQUIRED)
+    assert bo(f, h1).flags & c.CREATE_CPU_ACCESS_REQUIRED
+    h2 = gem_create(f, size=32 * KIB, flags=c.CREATE_CPU_ACCESS_REQUIRED)
+    assert bo(f, h2).placement is drv.gtt
+    assert not bo(f, h2).flags & c.CREATE_CPU_ACCESS_REQUIRED
+    assert bo(f, h2).preferred_domains == c.DOMAIN_VRAM | c.DOMAIN_GTT
+
+
 def test_gtt_only_does_not_fall_back_to_vram(core, f):
     """§2.3: only VRAM-only requests are retried; GTT-only beyond GTT → ENOMEM."""
     assert gem_create_raw(f, size=65 * KIB, domains=c.DOMAIN_GTT).result == -errno.ENOMEM

@@ -173,6 +173,15 @@ def test_ioctl_without_render_allow_is_eacces_with_echo(f):
     assert r.spec is not None and r.spec.name == "GEM_FLINK"
 
 
+def test_dumb_buffer_ioctls_are_not_render_allowed(f):
+    """§2.1 (mainline drm_ioctl.c): CREATE_DUMB / MAP_DUMB / DESTROY_DUMB carry no flags, so
+    a render node refuses them with EACCES after copy-in (the input echoed)."""
+    for nr, size in ((0xB2, 32), (0xB3, 16), (0xB4, 4)):
+        data = bytes(range(1, size + 1))
+        r = ioctl(f, ioc(RW, 0x64, nr, size), data)
+        assert (r.result, r.out) == (-errno.EACCES, data), hex(nr)
+
+
 def test_set_master_is_eacces_with_no_bytes(f):
     """§2.1: an _IO core ioctl without RENDER_ALLOW → EACCES, nothing to copy."""
     r = ioctl(f, ioc(0, 0x64, 0x1E, 0), b"")

@@ -331,3 +331,21 @@ async def test_interrupted_hello_wait_leaves_not_ready(nursery, autojump_clock):
     assert not b.managers[128].imports
     fabric.mute.clear()
     assert (await import_(b, fb, handle))[0] == 0
+
+
+async def test_sends_of_a_deactivated_accel_fail_with_eshutdown(nursery, autojump_clock):
+    """§5.1 send errors ("-ESHUTDOWN: local accel not ACTIVE"), §6.9: an NPA_REVOKE queued by
+    a GEM_CLOSE just before the accel is deactivated never reaches the wire; the stop has
+    already freed everything, and the importer keeps its node (§5.8a)."""
+    fabric = MemFabric()
+    a, b = await start(nursery, make_pod(), fabric)
+    fa, bo, handle = await create_export(a)
+    fb = b.open_render(128, ME)
+    assert (await import_(b, fb, handle))[0] == 0
+    sent = len(fabric.log)
+    assert (await ioctl(a, fa, GEM_CLOSE, struct.pack("<II", bo, 0)))[0] == 0  # REVOKE queued
+    a.managers[128].deactivate()  # before the send task runs
+    await trio.sleep(1)
+    assert fabric.log[sent:] == []
+    assert a.managers[128].npa_import_pages == 0
+    assert [n.state for n in b.managers[128].imports.values()] == [NodeState.READY]

@@ -80,8 +80,9 @@ CORE_IOCTLS: dict[int, IoctlSpec] = {
                 (0xA9, "DETACHMODE", DRM_MASTER), (0xAA, "GETPROPERTY", 0),
                 (0xAB, "SETPROPERTY", DRM_MASTER), (0xAC, "GETPROPBLOB", 0), (0xAD, "GETFB", 0),
                 (0xAE, "ADDFB", 0), (0xAF, "RMFB", 0), (0xB0, "PAGE_FLIP", DRM_MASTER),
-                (0xB1, "DIRTYFB", DRM_MASTER), (0xB2, "CREATE_DUMB", DRM_RENDER_ALLOW),
-                (0xB3, "MAP_DUMB", DRM_RENDER_ALLOW), (0xB4, "DESTROY_DUMB", DRM_RENDER_ALLOW),
+                (0xB1, "DIRTYFB", DRM_MASTER), (0xB2, "CREATE_DUMB", 0),
+                # mainline: no flags (a RENDER_ALLOW variant exists only as a patch)
+                (0xB3, "MAP_DUMB", 0), (0xB4, "DESTROY_DUMB", 0),
                 (0xB5, "GETPLANERESOURCES", 0), (0xB6, "GETPLANE", 0),
                 (0xB7, "SETPLANE", DRM_MASTER), (0xB8, "ADDFB2", 0),
                 (0xB9, "OBJ_GETPROPERTIES", 0), (0xBA, "OBJ_SETPROPERTY", DRM_MASTER),

@@ -77,15 +77,20 @@ class AmdgpuDriver:
 
     # -- BOs ---------------------------------------------------------------------------------
     def bo_create(self, size: int, alignment: int, domains: int, flags: int) -> AmdgpuBo:
-        """amdgpu_gem_object_create with the create ioctl's retry (§2.3): a VRAM-only
-        request that does not fit is retried as VRAM|GTT."""
-        try:
-            pool = place(size, domains, self.vram, self.gtt)
-        except DrmError:
-            if domains != c.DOMAIN_VRAM:
-                raise
-            domains |= c.DOMAIN_GTT
-            pool = place(size, domains, self.vram, self.gtt)
+        """amdgpu_gem_object_create with the create ioctl's retries (§2.3): a request that
+        does not fit is retried without CPU_ACCESS_REQUIRED (the BO keeps that loss), then,
+        if it was VRAM-only, as VRAM|GTT."""
+        while True:
+            try:
+                pool = place(size, domains, self.vram, self.gtt)
+                break
+            except DrmError:
+                if flags & c.CREATE_CPU_ACCESS_REQUIRED:
+                    flags &= ~c.CREATE_CPU_ACCESS_REQUIRED
+                elif domains == c.DOMAIN_VRAM:
+                    domains |= c.DOMAIN_GTT
+                else:
+                    raise
         bo = AmdgpuBo(self.device, size, alignment, domains, flags, pool)
         bo.on_handle_free = self._handle_free
         return bo

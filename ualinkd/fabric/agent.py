@@ -176,10 +176,17 @@ class UalinkAgent:
         elif isinstance(eff, StartRevoke):
             self._nursery.start_soon(self._revoke_worker, mgr, eff.entry)
 
+    async def _transmit(self, mgr: UalinkManager, dst: int, dwords: p.Dwords) -> None:
+        """One message from `mgr`'s accel (§5.1): ESHUTDOWN once that accel is not ACTIVE
+        (deactivated while the send was queued or waited for), else the link's send."""
+        if not mgr.accel_active:
+            raise DrmError(errno.ESHUTDOWN, f"accel {mgr.accel_id} is not ACTIVE")
+        await self._send(mgr.accel_id, dst, dwords)
+
     async def _do_send(self, mgr: UalinkManager, eff: Send) -> None:
         err: DrmError | None = None
         try:
-            await self._send(eff.src, eff.dst, eff.msg.encode())
+            await self._transmit(mgr, eff.dst, eff.msg.encode())
         except DrmError as e:
             err = e
         mgr.on_sent(eff, err)
@@ -211,7 +218,7 @@ class UalinkAgent:
         if not mgr.setup_connection(remote):
             return
         try:
-            await self._send(mgr.accel_id, remote, mgr.hello(remote).encode())
+            await self._transmit(mgr, remote, mgr.hello(remote).encode())
         except BaseException:
             mgr.setup_failed(remote)  # I9 (or interrupted while sending, as I10)
             raise
@@ -241,7 +248,7 @@ class UalinkAgent:
         try:
             await self.setup_connection(mgr, node.exporter)
             generation = mgr.conn(node.exporter).ready_generation()
-            await self._send(mgr.accel_id, node.exporter, mgr.npa_req(node).encode())  # I12
+            await self._transmit(mgr, node.exporter, mgr.npa_req(node).encode())  # I12
             answered = await self._wait_for(
                 mgr, ("import", handle_lo), lambda: node.state != NodeState.NOT_READY
             )

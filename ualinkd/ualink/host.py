@@ -40,7 +40,7 @@ class UalinkHost:
                 return False  # deferred (-EAGAIN), silently
             if other.accel_id not in m.vpod.active_accels:
                 continue
-            if other.state < AccelState.VPOD_CONFIGURED or other.state == AccelState.ERROR:
+            if other.state < AccelState.VPOD_CONFIGURED:  # ERROR is not below: it may join
                 return False
             if (
                 other.ppod.ppod_uuid != m.ppod.ppod_uuid
