@@ -36,6 +36,12 @@ FdResolver = Callable[[int, int], int]  # (pid, fd) -> dma-buf key; raises EBADF
 RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"], Awaitable["bytes | int"]]
 
 
+def pci_bdf(minor: int) -> str:
+    """The made-up PCI address of the GPU behind render node `minor`: one bus per GPU from
+    0x10 up (0000:10:00.0 for renderD128), stable across runs so scripts may name it."""
+    return f"0000:{0x10 + minor - RENDER_MINOR_BASE:02x}:00.0"
+
+
 def _no_resolver(pid: int, fd: int) -> int:
     raise DrmError(errno.EBADF)
 
@@ -196,14 +202,21 @@ class NodeCore:
 
     # -- NodeBackend: sys/ ----------------------------------------------------------------------
     def sys_tree(self) -> SysDir:
+        """§7.1: each GPU's `ualink/` lives under its PCI device, which the card and render
+        node links also reach; the three paths share one directory of attribute objects."""
+        pci: SysDir = {}
         drm: SysDir = {}
         for minor, mgr in self.managers.items():
             ualink = ualink_sysfs(mgr)
             ualink.update(self._config_files(SysConfig(self.host, mgr)))
-            drm[f"renderD{minor}"] = {"device": {"ualink": ualink}}
+            device: SysDir = {"ualink": ualink}
+            pci[pci_bdf(minor)] = device
+            drm[f"card{minor - RENDER_MINOR_BASE}"] = {"device": device}
+            drm[f"renderD{minor}"] = {"device": device}
         debug: SysDir = {str(minor): self._debugfs(minor) for minor in self.devices}
         fabric = SysAttr(lambda: self.fabric_status())
-        return {"class": {"drm": drm},
+        return {"bus": {"pci": {"devices": pci}},
+                "class": {"drm": drm},
                 "kernel": {"debug": {"dri": debug, "ualink_fabric": fabric}}}
 
     def _debugfs(self, minor: int) -> SysDir:

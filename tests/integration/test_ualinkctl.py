@@ -248,7 +248,9 @@ def test_deactivate_reactivate_and_vpod(tmp_path, capsys):
 
 def test_moving_between_vpods_needs_force_and_ends_in_error(tmp_path, capsys):
     """§5.9: a config update from vPod 1 straight to vPod 3 puts the accel in ERROR;
-    ualinkctl refuses without --force and says why; leaving (vPod id 0) recovers."""
+    ualinkctl refuses without --force and says why. §7.1: config/commit does not refuse an
+    accel in ERROR; the update keeps it in ERROR (§5.9 "any other case") and ualinkctl says
+    so; leaving (vPod id 0) recovers."""
     with running_pod(tmp_path) as (a, b):
         line = one_line_failure(capsys, "--mount", str(b.mount), "vpod", "--id", "3",
                                 "--members", "0,1")
@@ -262,8 +264,10 @@ def test_moving_between_vpods_needs_force_and_ends_in_error(tmp_path, capsys):
         assert "now error" in out
         assert b.sysfs(128, "accel_state") == "error\n"
         line = one_line_failure(capsys, "--mount", str(b.mount), "reactivate", "--id", "3")
-        assert line.endswith("accel 1 is error; it must leave its vPod first (ualinkctl "
-                             "deactivate) (EINVAL)")
+        assert line == ("ualinkctl: vPod 3 committed, and accel 1 is now error: it was error "
+                        "in vPod 3, and only leaving its vPod takes an accel out of error; "
+                        "ualinkctl deactivate recovers it")
+        assert (b.sysfs(128, "accel_state"), b.sysfs(128, "vpod_id")) == ("error\n", "3\n")
         rc, out, err = run(capsys, "--mount", str(b.mount), "deactivate")
         assert (rc, out) == (0, "renderD128: accel 1 left vPod 3; now ppod_configured\n"), err
         assert run(capsys, "--mount", str(b.mount), "reactivate", "--id", "1")[0] == 0
@@ -323,6 +327,18 @@ def test_usage_errors_exit_2(busy_pod, capsys):
 
 
 # -- parsing (no daemon) -------------------------------------------------------------------------
+
+
+def test_an_accel_in_error_is_refused_only_for_its_vpod():
+    """§7.1 config/commit: EINVAL only below PPOD_CONFIGURED or for an invalid vPod, so
+    for an accel in error the explanation is the vPod's fault, not the state."""
+    accel = {"accel_id": 1, "accel_state": "error", "ppod_size": 2}
+    pending = {"vpod_active_accels": [0, 1, 2], "vpod_size": 3, "addr_mode": "source-aliasing"}
+    assert ctl.explain_vpod_refusal(accel, pending) == (
+        "accel 1 is error; the vPod has 3 members but the pPod only 2 accels")
+    pending = {"vpod_active_accels": [0], "vpod_size": 1, "addr_mode": "source-aliasing"}
+    assert ctl.explain_vpod_refusal(accel, pending) == (
+        "accel 1 is error; the vPod needs accel 1 among its members (members: 0)")
 
 
 def test_unknown_fields_are_kept_and_garbage_is_one_line():

@@ -5,11 +5,14 @@ from __future__ import annotations
 import errno
 
 import pytest
-from ualink_testkit import make_node, pod_config
+from ualink_testkit import gem_create, make_node, open_file, pod_config, ualink_export
 
 from ualinkd.drm.errors import DrmError
-from ualinkd.ualink.state import AccelState
-from ualinkd.ualink.sysconfig import SysConfig, parse_ids, parse_u32
+from ualinkd.ualink import protocol as p
+from ualinkd.ualink.manager import Send
+from ualinkd.ualink.peers import ConnEvent, ConnState
+from ualinkd.ualink.state import AccelState, AddrMode
+from ualinkd.ualink.sysconfig import SysConfig, parse_hex_u8, parse_ids, parse_u32
 
 
 def errno_of(fn, *args) -> int:
@@ -51,41 +54,152 @@ def test_id_lists():
     assert errno_of(parse_ids, " ".join(map(str, range(9))), 8) == errno.ENOSPC
 
 
-def test_error_accel_leaves_its_vpod_and_recovers():
-    """§5.9, §7.1: config/commit is refused only below PPOD_CONFIGURED, so an accel in
-    ERROR can leave its vPod (id 0): deactivate_accelerator acts on ERROR too and takes it
-    to PPOD_CONFIGURED, from where it can join again."""
-    core = make_node(pod_config(nodes=[[{"id": 0}], [{"id": 1}]]))
+def test_error_accel_takes_config_updates_and_recovers_by_leaving():
+    """§7.1 config/commit is EINVAL only below PPOD_CONFIGURED or for an invalid vPod; then
+    the §5.9 rules apply. An accel in ERROR that commits a non-zero vPod id falls in the
+    "any other case" row: deactivate, state ERROR, and the new vPod info is what sysfs
+    shows. Leaving (id 0) deactivates it to PPOD_CONFIGURED, from where it joins again."""
+    core = make_node(pod_config(nodes=[[{"id": 0}, {"id": 1}], [{"id": 5}]]))
     mgr = core.managers[128]
     cfg = SysConfig(core.host, mgr)
+    shown = core.sys_tree()["class"]["drm"]["renderD128"]["device"]["ualink"]
     cfg.write_config("vpod_id", "3")
     cfg.commit_config("true")  # vPod 1 -> 3 without leaving: ERROR
     assert mgr.state == AccelState.ERROR
-    assert errno_of(cfg.commit_config, "true") == errno.EINVAL  # joining from ERROR
+    cfg.commit_config("true")  # the same id again, from ERROR: no EINVAL, still ERROR
+    assert mgr.state == AccelState.ERROR and mgr.vpod.vpod_id == 3
+    cfg.write_config("vpod_id", "7")
+    cfg.write_config("vpod_active_accels", "0 5")
+    cfg.write_config("vpod_size", "2")
+    cfg.commit_config("true")  # 3 -> 7 from ERROR: ERROR, the new vPod visible
+    assert mgr.state == AccelState.ERROR
+    assert (shown["vpod_id"].read(), shown["vpod_size"].read(),
+            shown["vpod_active_accels"].read()) == ("7\n", "2\n", "0 5\n")
+    assert core.managers[129].state == AccelState.ACTIVE  # its local peer is left alone
+    cfg.write_config("vpod_size", "5")  # an invalid vPod is still refused, ERROR or not
+    assert errno_of(cfg.commit_config, "true") == errno.EINVAL
+    assert mgr.vpod.vpod_size == 2
     cfg.write_config("vpod_id", "0")
     cfg.commit_config("true\n")
     assert mgr.state == AccelState.PPOD_CONFIGURED and mgr.vpod.vpod_id == 0
     cfg.write_config("vpod_id", "1")
+    cfg.write_config("vpod_active_accels", "0,1,5")
+    cfg.write_config("vpod_size", "3")
     cfg.commit_config("true")
     assert mgr.state == AccelState.ACTIVE
 
 
-def test_addr_mode_change_bounces_the_accel():
-    """§5.9 config update on an ACTIVE accel with the same vPod id: a new address mode
-    re-lays the NPA space (the emulator bounces the accel, as for a membership change)."""
-    from ualinkd.config import PodConfig
-    from ualinkd.node import NodeCore
-    from ualinkd.ualink.state import AccelState, AddrMode
+THREE = {"nodes": [[{"id": 0}], [{"id": 1}], [{"id": 2}]]}
 
-    core = NodeCore(PodConfig.local(1, 1), "node0")
+
+def exporter_with_an_importer():
+    """node0 (accel 0, source-aliasing) with connections to accels 1 and 2 up, a 1 MiB BO
+    exported and granted to accel 1."""
+    core = make_node(pod_config(**THREE))
     mgr = core.managers[128]
-    cfg = core.sys_tree()["class"]["drm"]["renderD128"]["device"]["ualink"]["config"]
-    assert mgr.npa.start == 0x800  # source-aliasing: the alias space
-    cfg["addr_mode"].write("source-identification\n")
-    cfg["commit"].write("true")
+    for remote in (1, 2):
+        mgr.conn(remote).apply(ConnEvent.SETUP)
+        mgr.conn(remote).apply(ConnEvent.HELLO_ACK)
+    f = open_file(core)
+    lo, hi = ualink_export(f, gem_create(f, size=1 << 20))
+    assert npa_req(mgr, 1, lo, hi).npa_offset == 0x802
+    return core, mgr, lo, hi
+
+
+def npa_req(mgr, src: int, lo: int, hi: int) -> p.NpaRsp | p.NpaFail:
+    mgr.receive(src, p.NpaReq(p.handle_lo_bits(lo), hi))
+    (eff,) = mgr.take_effects()
+    assert isinstance(eff, Send)
+    return eff.msg
+
+
+def test_addr_mode_change_in_the_same_vpod_leaves_the_manager_running():
+    """§5.9 "config update, state was ACTIVE and vPod id unchanged": membership unchanged
+    → nothing. A new addr_mode alone bounces nothing: exports, importers, pins and
+    connections survive; the recorded vPod info (sysfs addr_mode) takes the new mode while
+    the NPA space keeps the layout of its activation; the next activation uses the new
+    mode."""
+    core, mgr, lo, hi = exporter_with_an_importer()
+    npa, entry = mgr.npa, mgr.exports[lo]
+    ualink = core.sys_tree()["class"]["drm"]["renderD128"]["device"]["ualink"]
+    ualink["config"]["addr_mode"].write("source-identification\n")
+    ualink["config"]["commit"].write("true")
     assert mgr.state == AccelState.ACTIVE
+    assert ualink["addr_mode"].read() == "source-identification\n"
     assert mgr.vpod.addr_mode == AddrMode.SOURCE_IDENTIFICATION
-    assert mgr.npa.start == 0  # the whole 39-bit space, allocations per importer segment
+    assert mgr.npa is npa and npa.start == 0x800  # still the alias space of the activation
+    assert mgr.exports[lo] is entry and list(entry.importers) == [1]
+    assert entry.bo.pin_count == 1 and len(mgr.npa_table) == 1
+    assert all(mgr.conn(r).state == ConnState.ESTABLISHED for r in (1, 2))
+    mgr.check_invariants()
+    mgr.deactivate()
+    mgr.activate()
+    assert mgr.npa.start == 0  # the 39-bit space of source-identification
+
+
+def test_npa_req_after_an_addr_mode_change_uses_the_running_mode():
+    """§5.9, §4.2: after an addr_mode change without a bounce, the NPA space running is
+    still source-aliasing, so a second importer gets the same shared NPA."""
+    core, mgr, lo, hi = exporter_with_an_importer()
+    cfg = SysConfig(core.host, mgr)
+    cfg.write_config("addr_mode", "source-identification")
+    cfg.commit_config("true")
+    rsp = npa_req(mgr, 2, lo, hi)
+    assert isinstance(rsp, p.NpaRsp) and rsp.npa_offset == 0x802
+
+
+def test_granted_npa_still_translates_after_an_addr_mode_change():
+    """§5.9, §4.4: the exporter's NPA page table is the one of its activation, so an
+    importer's LOAD at the NPA it was granted still reaches the BO after the change."""
+    core, mgr, lo, hi = exporter_with_an_importer()
+    npa_byte = 0x802 << 12  # accel 0's segment, the shared alias NPA
+    assert sum(map(len, mgr.serve_load(1, npa_byte, 16))) == 16
+    cfg = SysConfig(core.host, mgr)
+    cfg.write_config("addr_mode", "source-identification")
+    cfg.commit_config("true")
+    assert sum(map(len, mgr.serve_load(1, npa_byte, 16))) == 16
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("0", 0), ("4", 4), ("ff", 0xFF), ("FF\n", 0xFF), ("0x1f", 0x1F), ("0X1F\n", 0x1F),
+    ("+0x2", 2), ("00000004", 4),
+])
+def test_stations_flags_take_hex_u8(text, value):
+    """§7.1 stations/flags "hex u8" (kstrtou8 base 16): optional "0x"/"0X" (and "+"), hex
+    digits, one trailing newline."""
+    assert parse_hex_u8(text) == value
+
+
+@pytest.mark.parametrize("text", [
+    "", "\n", "0x", "0x\n", " 4", "4 ", "4\n\n", "f_f", "-1", "-0", "0o7", "g", "0x-1",
+    "1.0", "\u0663", "\t4",
+])
+def test_stations_flags_refuse_anything_else(text):
+    """§7.1 stations/flags: what kstrtou8 refuses is EINVAL (int(…, 16) took " 4", "f_f"
+    and "-1"), and the file keeps its value."""
+    core = make_node()
+    cfg = SysConfig(core.host, core.managers[128])
+    cfg.write_stations("flags", "0x4")
+    assert errno_of(cfg.write_stations, "flags", text) == errno.EINVAL
+    assert cfg.stations["flags"] == 4
+
+
+@pytest.mark.parametrize("text", ["100", "0x100", "fff\n", "1" * 40])
+def test_stations_flags_above_a_u8_is_erange(text):
+    """§7.1 stations/flags: a hex number above 0xFF is ERANGE (kstrtou8)."""
+    assert errno_of(parse_hex_u8, text) == errno.ERANGE
+
+
+@pytest.mark.parametrize("commit", ["commit_setup", "commit_config", "commit_stations"])
+def test_commit_takes_true_as_sysfs_streq_does(commit):
+    """§7.1 commit files "must be `true` (else -EINVAL)", compared as sysfs_streq: "true"
+    or "true\n" only; no leading space, no second newline, no other case."""
+    core = make_node()
+    cfg = SysConfig(core.host, core.managers[128])
+    for bad in (" true", "true\n\n", "true ", "\ttrue", "True", "true\r\n", "", "\n", "1"):
+        assert errno_of(getattr(cfg, commit), bad) == errno.EINVAL, bad
+    for good in ("true", "true\n"):
+        getattr(cfg, commit)(good)
 
 
 def test_setup_ppod_id_takes_the_36_character_form_only():

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import uuid
 
+import pytest
 from ualink_testkit import make_node, pod_config
 
 from ualinkd.amdgpu.driver import AmdgpuDriver
 from ualinkd.drm.device import DrmDevice
 from ualinkd.drm.tokens import DmaBufTokens
-from ualinkd.node import ualink_sysfs
+from ualinkd.fuse.backend import Caller as FuseCaller
+from ualinkd.fuse.lowlevel import ROOT_INO, FuseError
+from ualinkd.fuse.tree import FileTree
+from ualinkd.node import pci_bdf, ualink_sysfs
 from ualinkd.ualink.host import UalinkHost
 from ualinkd.ualink.manager import UalinkManager
 from ualinkd.ualink.state import AddrMode, ConfigStage, PpodInfo, VpodInfo
@@ -97,8 +103,99 @@ def test_sys_tree_layout():
     """§7.1: /sys/class/drm/renderD<minor>/device/ualink/ for every render node."""
     core = make_node(pod_config(nodes=[[{"id": 0}, {"id": 1}], [{"id": 5}]]))
     drm = core.sys_tree()["class"]["drm"]
-    assert set(drm) == {"renderD128", "renderD129"}
+    assert {n for n in drm if n.startswith("renderD")} == {"renderD128", "renderD129"}
     ualink = drm["renderD129"]["device"]["ualink"]
     assert set(ualink) == FILES | {"setup", "config", "stations"}  # policy 8: live config dirs
     assert all(ualink[n].mode == 0o444 for n in FILES)
     assert ualink["accel_id"].read() == "1\n"
+
+
+# -- the mounted tree, driven through FileTree's operations (no mount needed) -----------------
+
+ROOT = FuseCaller(pid=1, uid=0, gid=0)
+USER = FuseCaller(pid=2, uid=1000, gid=1000)
+
+
+def walk(tree: FileTree, path: str) -> int:
+    """The inode at `path` (relative to the mount), by lookups as the kernel does them."""
+    ino = ROOT_INO
+    for name in path.split("/"):
+        ino = tree.lookup(ino, name, ROOT).ino
+    return ino
+
+
+def read(tree: FileTree, path: str, caller=ROOT) -> str:
+    ino = walk(tree, path)
+    fh = tree.open(ino, os.O_RDONLY, caller).fh
+    try:
+        return tree.read(ino, fh, 0, 4096, caller).decode()  # type: ignore[union-attr]
+    finally:
+        tree.release(ino, fh)
+
+
+def write(tree: FileTree, path: str, text: str, caller=ROOT) -> None:
+    ino = walk(tree, path)
+    fh = tree.open(ino, os.O_WRONLY, caller).fh
+    try:
+        tree.write(ino, fh, 0, text.encode(), caller)
+    finally:
+        tree.release(ino, fh)
+
+
+def open_errno(tree: FileTree, path: str, flags: int, caller=ROOT) -> int:
+    with pytest.raises(FuseError) as e:
+        tree.open(walk(tree, path), flags, caller)
+    return e.value.errno
+
+
+def test_ualink_dir_under_the_pci_device_card_and_render_node():
+    """§7.1: `ualink/` sits under the GPU's PCI device (/sys/bus/pci/devices/<BDF>/ualink/),
+    also reachable as /sys/class/drm/card*/device/ualink/ and renderD*/device/ualink/. The
+    three paths hold the same attribute objects; card<n> is renderD<128+n>; the made-up BDF
+    is 0000:<0x10 + index>:00.0."""
+    core = make_node(pod_config(nodes=[[{"id": 0}, {"id": 1}], [{"id": 5}]]))
+    sys_tree = core.sys_tree()
+    drm, pci = sys_tree["class"]["drm"], sys_tree["bus"]["pci"]["devices"]
+    assert set(drm) == {"card0", "card1", "renderD128", "renderD129"}
+    assert set(pci) == {"0000:10:00.0", "0000:11:00.0"} == {pci_bdf(128), pci_bdf(129)}
+    for index, minor in enumerate((128, 129)):
+        ualink = drm[f"renderD{minor}"]["device"]["ualink"]
+        assert drm[f"card{index}"]["device"]["ualink"] is ualink
+        assert pci[pci_bdf(minor)]["ualink"] is ualink
+
+    tree = FileTree(core, "/nonexistent")
+    paths = ["sys/class/drm/renderD129/device/ualink", "sys/class/drm/card1/device/ualink",
+             "sys/bus/pci/devices/0000:11:00.0/ualink"]
+    for p in paths:
+        assert read(tree, f"{p}/accel_id") == "1\n"
+        assert open_errno(tree, f"{p}/accel_state", os.O_WRONLY) == errno.EACCES
+    # A write through one path is what the others read, and a commit through another acts.
+    write(tree, f"{paths[1]}/config/vpod_id", "0\n")
+    assert read(tree, f"{paths[2]}/config/vpod_id") == read(tree, f"{paths[0]}/config/vpod_id")
+    assert read(tree, f"{paths[0]}/config/vpod_id") == "0\n"
+    write(tree, f"{paths[2]}/config/commit", "true\n")
+    assert {read(tree, f"{p}/accel_state") for p in paths} == {"ppod_configured\n"}
+    assert read(tree, "sys/class/drm/card0/device/ualink/accel_state") == "active\n"
+
+
+@pytest.mark.parametrize("caller", [ROOT, USER], ids=["root", "user"])
+def test_no_read_bit_no_read_open_no_write_bit_no_write_open(caller):
+    """§7.1 modes, as kernfs_fop_open: a file with no read bit (the 0200 commit files) is
+    EACCES for a read open and one with no write bit (the 0444 attributes) for a write
+    open, whatever the uid; root may read and write the 0600 files, others may not."""
+    core = make_node(pod_config(nodes=[[{"id": 0}], [{"id": 5}]]))
+    tree = FileTree(core, "/nonexistent")
+    base = "sys/class/drm/renderD128/device/ualink"
+    for commit in ("setup/commit", "config/commit", "stations/commit"):
+        assert open_errno(tree, f"{base}/{commit}", os.O_RDONLY, caller) == errno.EACCES
+        assert open_errno(tree, f"{base}/{commit}", os.O_RDWR, caller) == errno.EACCES
+    assert open_errno(tree, f"{base}/accel_state", os.O_WRONLY, caller) == errno.EACCES
+    assert read(tree, f"{base}/accel_state", caller) == "active\n"
+    if caller is ROOT:
+        assert read(tree, f"{base}/config/vpod_id", caller) == "1\n"
+        write(tree, f"{base}/stations/flags", "0x4\n", caller)
+        write(tree, f"{base}/stations/commit", "true", caller)
+    else:
+        for flags in (os.O_RDONLY, os.O_WRONLY):
+            assert open_errno(tree, f"{base}/config/vpod_id", flags, caller) == errno.EACCES
+        assert open_errno(tree, f"{base}/config/commit", os.O_WRONLY, caller) == errno.EACCES

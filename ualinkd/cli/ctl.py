@@ -132,8 +132,10 @@ def accel_ids(text: str) -> list[int]:
 
 
 def explain_vpod_refusal(accel: dict[str, object], pending: dict[str, object]) -> str:
-    """Why config/commit said EINVAL, from the kernel's checks in order (§5.9, §7.1):
-    `accel` is the accel's sysfs attributes, `pending` its config/ files."""
+    """Why config/commit said EINVAL, from the kernel's checks in order (§7.1: the accel is
+    below PPOD_CONFIGURED, or the vPod is invalid): `accel` is the accel's sysfs attributes,
+    `pending` its config/ files. An accel in error is not refused: the commit runs and
+    leaves it in error unless it leaves its vPod (§5.9)."""
     aid, state = accel["accel_id"], accel["accel_state"]
     members = pending["vpod_active_accels"]
     assert isinstance(members, list)
@@ -142,8 +144,6 @@ def explain_vpod_refusal(accel: dict[str, object], pending: dict[str, object]) -
     head = f"accel {aid} is {state}"
     if state == "unconfigured":
         return f"{head}; a vPod needs a committed pPod first (setup/ files, setup/commit)"
-    if state == "error":
-        return f"{head}; it must leave its vPod first (ualinkctl deactivate)"
     if not 1 <= size <= ppod_size:
         return f"{head}; the vPod has {size} members but the pPod only {ppod_size} accels"
     if pending["addr_mode"] not in ("source-aliasing", "source-identification"):
@@ -467,9 +467,17 @@ def commit_vpod(m: Mount, render: str, vpod_id: int, members: list[int] | None,
     if state == "error" and force and cur not in (0, vpod_id):
         return (f"{render}: accel {aid} moved from vPod {cur} to {vpod_id} without leaving "
                 "first and is now error, as the kernel does (ualinkctl deactivate recovers it)")
-    if state == "error":
-        raise CtlError(f"{what} committed, and accel {aid} went to error (it was in vPod "
-                       f"{cur}); ualinkctl deactivate recovers it")
+    if state == "error":  # why, by the §5.9 config-update rules
+        before = accel["accel_state"]
+        if not cur:  # joining: the state comes from the pPod/vPod checks; the vPod passed
+            raise CtlError(f"{what} committed, and accel {aid} is now error: it was {before} "
+                           "with no vPod and its pPod is not valid (setup/ files, setup/commit)")
+        if before == "error":
+            why = "only leaving its vPod takes an accel out of error"
+        else:
+            why = "the kernel takes the same vPod again only from an active accel"
+        raise CtlError(f"{what} committed, and accel {aid} is now error: it was {before} in "
+                       f"vPod {cur}, and {why}; ualinkctl deactivate recovers it")
     if not vpod_id:
         return f"{render}: accel {aid} left vPod {cur}; now {state}"
     members_now = ",".join(map(str, after["vpod_active_accels"]))  # type: ignore[call-overload]

@@ -184,13 +184,20 @@ class FileTree:
 
     @staticmethod
     def _check_sys_access(attr: SysAttr, flags: int, caller: Caller) -> None:
-        """Attributes belong to root, like sysfs; we check since default_permissions is off."""
+        """Attributes belong to root, like sysfs; we check since default_permissions is off.
+        As kernfs_fop_open (§7.1 modes), a file with no read bit at all cannot be opened for
+        reading, nor one with no write bit for writing, even by root."""
         acc = flags & os.O_ACCMODE
         if acc != os.O_RDONLY:
-            if attr.write is None or not (caller.uid == 0 or attr.mode & 0o002):
+            if attr.write is None or not attr.mode & 0o222:
                 raise FuseError(errno.EACCES)
-        if acc != os.O_WRONLY and not (caller.uid == 0 or attr.mode & 0o004):
-            raise FuseError(errno.EACCES)
+            if caller.uid != 0 and not attr.mode & 0o002:
+                raise FuseError(errno.EACCES)
+        if acc != os.O_WRONLY:
+            if not attr.mode & 0o444:
+                raise FuseError(errno.EACCES)
+            if caller.uid != 0 and not attr.mode & 0o004:
+                raise FuseError(errno.EACCES)
 
     def open(self, ino: int, flags: int, caller: Caller) -> OpenReply:
         node = self._nodes.get(ino)

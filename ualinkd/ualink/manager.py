@@ -163,7 +163,10 @@ class UalinkManager:
         self.invalid: dict[int, ExportEntry] = {}  # "handle invalid" table (§5.7)
         self.imports: dict[int, ImportNode] = {}  # by handle_lo
         self.conns: dict[int, PeerConn] = {}
-        self.npa: NpaSpace = self._new_npa_space(AddrMode.SOURCE_ALIASING)
+        # The addressing mode the NPA space was laid out in at activation (§4.2); a later
+        # config update that only changes vpod.addr_mode does not re-lay it out (§5.9).
+        self.npa_mode = AddrMode.SOURCE_ALIASING
+        self.npa: NpaSpace = self._new_npa_space(self.npa_mode)
         self.npa_table = NpaPageTable()
         self.drop_msg_bitmap = 0  # §5.12
         self.refused_accesses = 0  # data-plane accesses the NPA page table refused
@@ -211,7 +214,8 @@ class UalinkManager:
             return
         self.state = AccelState.ACTIVE
         self.active_snapshot = self.vpod.active_accels
-        self.npa = self._new_npa_space(self.vpod.addr_mode)
+        self.npa_mode = self.vpod.addr_mode
+        self.npa = self._new_npa_space(self.npa_mode)
         log.info("accel %d: ACTIVE in vPod %d", self.accel_id, self.vpod.vpod_id)
 
     def deactivate(self) -> None:
@@ -541,7 +545,7 @@ class UalinkManager:
             return
         bo = entry.bo
         bo.pin_count += 1
-        mode = self.vpod.addr_mode
+        mode = self.npa_mode
         rec = entry.importers.get(src)
         if mode == AddrMode.SOURCE_IDENTIFICATION and rec is not None:
             bo.pin_count -= 1
@@ -639,7 +643,7 @@ class UalinkManager:
             reason = "outside this accel's NPA segment"
         else:
             table_page = strip_npa(page)
-            if self.vpod.addr_mode == AddrMode.SOURCE_IDENTIFICATION:
+            if self.npa_mode == AddrMode.SOURCE_IDENTIFICATION:
                 table_page |= src << GPUID_SHIFT
             hit = self.npa_table.lookup(table_page)
             if hit is None:

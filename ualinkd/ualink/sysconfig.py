@@ -30,6 +30,7 @@ from .state import (
 
 log = logging.getLogger(__name__)
 STATIONS_MAX = 64
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 
 
@@ -51,6 +52,21 @@ def parse_u32(text: str) -> int:
     return value
 
 
+def parse_hex_u8(text: str) -> int:
+    """kstrtou8(buf, 16, …) as a sysfs store uses it (§7.1 stations/flags "hex u8"): an
+    optional "+", an optional "0x"/"0X", hex digits, one trailing newline allowed; EINVAL
+    for anything else (no whitespace, "_" or "-"), ERANGE above 0xFF."""
+    word = text[:-1] if text.endswith("\n") else text
+    word = word[1:] if word.startswith("+") else word
+    digits = word[2:] if word[:2] in ("0x", "0X") else word
+    if not digits or not _HEX_DIGITS.issuperset(digits):
+        raise DrmError(errno.EINVAL, f"not a hex number: {text!r}")
+    value = int(digits, 16)
+    if value > 0xFF:
+        raise DrmError(errno.ERANGE, f"{value:#x} is not a u8")
+    return value
+
+
 def parse_ids(text: str, limit: int | None = None) -> list[int]:
     """Accel ids separated by spaces or commas; each < 256 (ERANGE); at most `limit`."""
     ids = []
@@ -65,7 +81,8 @@ def parse_ids(text: str, limit: int | None = None) -> list[int]:
 
 
 def _expect_true(text: str) -> None:
-    if text.strip() != "true":
+    """sysfs_streq(buf, "true"): the word exactly, one trailing newline allowed."""
+    if text not in ("true", "true\n"):
         raise DrmError(errno.EINVAL, "commit takes the word true")
 
 
@@ -113,18 +130,12 @@ class SysConfig:
 
     def write_stations(self, name: str, text: str) -> None:
         if name == "flags":
-            try:
-                value = int(text.strip(), 16)
-            except ValueError:
-                raise DrmError(errno.EINVAL, "flags is a hex u8") from None
-            if not 0 <= value <= 0xFF:
-                raise DrmError(errno.ERANGE, "flags is a hex u8")
-            self.stations[name] = value
+            self.stations[name] = parse_hex_u8(text)
         else:
             digits = text.rstrip("\n")
             if len(digits) > STATIONS_MAX:
                 raise DrmError(errno.ENOSPC, f"at most {STATIONS_MAX} stations")
-            if any(ch not in "0123456789abcdefABCDEF" for ch in digits):
+            if not _HEX_DIGITS.issuperset(digits):
                 raise DrmError(errno.EINVAL, "one hex digit per station")
             self.stations[name] = digits
 
@@ -147,7 +158,9 @@ class SysConfig:
         log.info("accel %d: pPod committed, state %s", mgr.accel_id, mgr.state.sysfs)
 
     def commit_config(self, text: str) -> None:
-        """config/commit: a PSP config update with the pending vPod (§5.9 event table)."""
+        """config/commit: EINVAL below PPOD_CONFIGURED or for an invalid vPod (§7.1), else a
+        PSP config update with the pending vPod (§5.9 event table; from ERROR that is the
+        "any other case" row unless the new vPod id is 0)."""
         _expect_true(text)
         mgr, c = self.mgr, self.config
         active = frozenset(c["vpod_active_accels"])  # type: ignore[call-overload]
@@ -155,10 +168,6 @@ class SysConfig:
                        active)
         if mgr.state < AccelState.PPOD_CONFIGURED:
             raise DrmError(errno.EINVAL, f"accel is {mgr.state.sysfs}")
-        if mgr.state == AccelState.ERROR and new.vpod_id != VPOD_ID_INVALID:
-            # An accel in ERROR must leave (vPod id 0: deactivate → PPOD_CONFIGURED, §5.9)
-            # before it joins again; joining straight from ERROR would only be ERROR again.
-            raise DrmError(errno.EINVAL, "accel is error: leave the vPod (id 0) first")
         if new.vpod_id != VPOD_ID_INVALID and not new.valid_for(mgr.ppod):
             raise DrmError(errno.EINVAL, "the vPod configuration is not valid")
         config_update(self.host, mgr, new, ConfigStage.COMPLETE)
@@ -173,12 +182,10 @@ def config_update(
     """amdgpu_ualink_config_update_handler (§5.9 "Event handling")."""
     prev = mgr.vpod.vpod_id
     if mgr.state == AccelState.ACTIVE and new.vpod_id == prev and prev != VPOD_ID_INVALID:
-        mode_changed = new.addr_mode != mgr.vpod.addr_mode
+        # The new info is recorded as it is, addr_mode included, but only a membership
+        # change acts: the NPA space running keeps the mode it was laid out with at
+        # activation, and the next activation takes the new one.
         mgr.vpod = new
-        if mode_changed:
-            # The kernel's behaviour is unknown here; the NPA space is laid out per mode at
-            # activation, so the emulator bounces the accel as for a membership change.
-            mgr.active_snapshot = None
         if new.active_accels != mgr.active_snapshot:
             host.activate_vpod(mgr)  # membership changed: bounce the members
         return
