@@ -64,6 +64,18 @@ def copy_to_user(pid: int, address: int, data: bytes) -> None:
         os.close(fd)
 
 
+def thread_group(tid: int) -> int:
+    """The process of thread `tid` (FUSE reports threads): Tgid in /proc/<tid>/status."""
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return tid
+
+
 def copy_from_user(pid: int, address: int, size: int) -> bytes:
     """copy_from_user for ioctls with user pointers: read the caller's memory via /proc.
     Same rights as copy_to_user; anything short of `size` bytes is EFAULT."""
@@ -176,6 +188,7 @@ async def run_node(
         tracer=make_tracer(trace, trace_out),
         copy_from_user=copy_from_user,
         waits=TrioSyncWaits(),
+        thread_group=thread_group,
     )
     agent: UalinkAgent | None = None
 

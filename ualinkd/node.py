@@ -63,6 +63,7 @@ class NodeCore:
         randbits: Callable[[int], int] | None = None,
         copy_from_user: CopyFromUser | None = None,
         waits: SyncWaits | None = None,
+        thread_group: Callable[[int], int] | None = None,
     ) -> None:
         self.config = config
         self.node = config.node(node_name)
@@ -77,6 +78,8 @@ class NodeCore:
             minor = RENDER_MINOR_BASE + i
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
                                copy_to_user, waits)
+            if thread_group is not None:
+                device.thread_group = thread_group
             driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user)
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(

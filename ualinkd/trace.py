@@ -70,6 +70,7 @@ _IN: dict[int, Callable[[bytes], Fields]] = {
     0x46: _gem_metadata,
     0x48: _layout(st.GEM_VA),
     0x50: _layout(st.GEM_OP),
+    0x51: _layout(st.GEM_USERPTR),
     0x5B: _ualink_in,
 }
 _OUT: dict[int, Callable[[bytes, Fields], Fields]] = {
@@ -84,6 +85,7 @@ _OUT: dict[int, Callable[[bytes, Fields], Fields]] = {
     0x41: lambda d, i: _layout(st.GEM_MMAP_OUT)(d),
     0x46: lambda d, i: _gem_metadata(d),
     0x50: lambda d, i: _layout(st.GEM_OP)(d),
+    0x51: lambda d, i: {"handle": _layout(st.GEM_USERPTR)(d)["handle"]},
     0x5B: _ualink_out,
 }
 

@@ -134,6 +134,7 @@ struct drm_syncobj_timeline_array {
 #define DRM_AMDGPU_GEM_METADATA 0x06
 #define DRM_AMDGPU_GEM_VA     0x08
 #define DRM_AMDGPU_GEM_OP     0x10
+#define DRM_AMDGPU_GEM_USERPTR 0x11
 
 #define AMDGPU_GEM_DOMAIN_CPU      0x1
 #define AMDGPU_GEM_DOMAIN_GTT      0x2
@@ -232,6 +233,18 @@ struct drm_amdgpu_gem_metadata {
 #define DRM_IOCTL_AMDGPU_GEM_VA     DRM_IOW(DRM_COMMAND_BASE + DRM_AMDGPU_GEM_VA, struct drm_amdgpu_gem_va)
 #define DRM_IOCTL_AMDGPU_GEM_METADATA DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_GEM_METADATA, struct drm_amdgpu_gem_metadata)
 #define DRM_IOCTL_AMDGPU_GEM_OP     DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_GEM_OP, struct drm_amdgpu_gem_op)
+
+#define AMDGPU_GEM_USERPTR_READONLY (1 << 0)
+#define AMDGPU_GEM_USERPTR_ANONONLY (1 << 1)
+#define AMDGPU_GEM_USERPTR_VALIDATE (1 << 2)
+#define AMDGPU_GEM_USERPTR_REGISTER (1 << 3)
+struct drm_amdgpu_gem_userptr {
+	__u64 addr;
+	__u64 size;
+	__u32 flags;
+	__u32 handle;
+};
+#define DRM_IOCTL_AMDGPU_GEM_USERPTR DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_GEM_USERPTR, struct drm_amdgpu_gem_userptr)
 #endif /* __AMDGPU_DRM_H__ */
 
 /* ---- UALink (series 2, patch 2/3) ------------------------------------------ */

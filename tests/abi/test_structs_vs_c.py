@@ -81,6 +81,10 @@ struct drm_amdgpu_gem_op {
     __u32 handle; __u32 op; __u64 value; __u32 num_entries; __u32 padding; ...;
 };
 
+struct drm_amdgpu_gem_userptr {
+    __u64 addr; __u64 size; __u32 flags; __u32 handle; ...;
+};
+
 struct drm_amdgpu_ualink_handle_in {
     __u32 op;
     __u32 flags;
@@ -143,7 +147,7 @@ def test_every_layout_is_checked():
         "drm_gem_close", "drm_prime_handle", "drm_get_cap",
         "drm_amdgpu_gem_create_in", "drm_amdgpu_gem_create_out",
         "drm_amdgpu_gem_mmap_in", "drm_amdgpu_gem_mmap_out",
-        "drm_amdgpu_gem_va", "drm_amdgpu_gem_op",
+        "drm_amdgpu_gem_va", "drm_amdgpu_gem_op", "drm_amdgpu_gem_userptr",
         "drm_syncobj_create", "drm_syncobj_destroy", "drm_syncobj_wait",
         "drm_syncobj_timeline_wait", "drm_syncobj_array", "drm_syncobj_timeline_array",
     }

@@ -3,9 +3,14 @@ offset = GPU VA on the render-node fd (spec §2.4, §2.6, Emulator policy 10).""
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import fcntl
 import hashlib
+import mmap
 import os
+import struct
+import threading
 import time
 
 import pytest
@@ -129,3 +134,32 @@ def test_64_mib_round_trip_by_hash(node):
         assert h.digest() == hashlib.sha256(data).digest()
         print(f"\n64 MiB through FUSE: write {size / MIB / (t1 - t0):.0f} MiB/s, "
               f"read {size / MIB / (t2 - t1):.0f} MiB/s")
+
+
+def test_userptr_bo_is_the_callers_memory(node):
+    """AMDGPU_GEM_USERPTR on a real node (the userptr rules of §1.6 E2, §2.7): a BO over this
+    process's page-aligned buffer, registered from a worker thread that then exits; GPU loads
+    through its mapping read the buffer, GPU stores change it (via /proc/<pid>/mem of the
+    process); it is not UALink-exportable and GEM_MMAP refuses it."""
+    buf = mmap.mmap(-1, 2 * 4096)
+    buf[:11] = b"from memory"
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    with Client(node.render()) as c:
+        arg = bytearray(struct.pack("<QQII", addr, len(buf), 0x8 | 0x4, 0))  # REGISTER|VALIDATE
+        t = threading.Thread(target=fcntl.ioctl, args=(c.fd, 0xC0186451, arg, True))
+        t.start()
+        t.join()
+        handle = struct.unpack_from("<I", arg, 20)[0]
+        assert handle != 0
+        c.va_map(handle, VA, len(buf))
+        assert c.gpu_read(VA, 11) == b"from memory"
+        assert c.gpu_write(VA + 4096, b"from the GPU") == 12
+        assert buf[4096:4108] == b"from the GPU"
+        with pytest.raises(OSError) as ei:
+            c.export(handle)
+        assert ei.value.errno == errno.EOPNOTSUPP
+        with pytest.raises(OSError) as ei:
+            fcntl.ioctl(c.fd, 0xC0086441, struct.pack("<II", handle, 0))  # GEM_MMAP
+        assert ei.value.errno == errno.EPERM
+        c.va_unmap(handle, VA, len(buf))
+    buf.close()

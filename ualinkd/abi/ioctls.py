@@ -141,7 +141,7 @@ AMDGPU_IOCTLS: dict[int, IoctlSpec] = {
         _drv(0x08, "GEM_VA", IOC_WRITE, st.GEM_VA.size, True),
         _drv(0x09, "WAIT_CS", _RW, 32),
         _drv(0x10, "GEM_OP", _RW, st.GEM_OP.size, True),
-        _drv(0x11, "GEM_USERPTR", _RW, 24),
+        _drv(0x11, "GEM_USERPTR", _RW, st.GEM_USERPTR.size, True),
         _drv(0x12, "WAIT_FENCES", _RW, 24),
         _drv(0x13, "VM", _RW, 8),
         _drv(0x14, "FENCE_TO_HANDLE", _RW, 32),

@@ -264,6 +264,14 @@ class GemOp:
     padding: int
 
 
+@dataclass(frozen=True, slots=True)
+class GemUserptr:
+    addr: int
+    size: int
+    flags: int
+    handle: int
+
+
 GEM_CREATE_IN = Layout.of(
     "drm_amdgpu_gem_create_in",
     cs.Struct(
@@ -318,6 +326,17 @@ GEM_OP = Layout.of(
         "padding" / cs.Int32un,
     ),
     GemOp,
+)
+
+GEM_USERPTR = Layout.of(
+    "drm_amdgpu_gem_userptr",
+    cs.Struct(
+        "addr" / cs.Int64un,
+        "size" / cs.Int64un,
+        "flags" / cs.Int32un,
+        "handle" / cs.Int32un,
+    ),
+    GemUserptr,
 )
 
 # struct drm_amdgpu_gem_metadata: {u32 handle; u32 op; struct drm_amdgpu_gem_metadata_data

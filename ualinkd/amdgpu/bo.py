@@ -20,7 +20,7 @@ from ..abi.constants import (
 )
 from ..drm.errors import DrmError
 from ..drm.gem import DmaBuf, GemObject
-from .memory import BoMemory
+from .memory import BoMemory, UserMemory
 
 if TYPE_CHECKING:
     from ..drm.device import DrmDevice
@@ -64,6 +64,7 @@ class AmdgpuBo(GemObject):
         "preferred_domains",
         "tiling_flags",
         "ualink_handle_lo",
+        "userptr",
     )
 
     def __init__(
@@ -93,6 +94,8 @@ class AmdgpuBo(GemObject):
         self.npa_revoked = False
         self.on_handle_free: Callable[[AmdgpuBo], None] | None = None
         self._memory: BoMemory | None = None
+        # A userptr BO (AMDGPU_GEM_USERPTR): its pages are a process's memory.
+        self.userptr: UserMemory | None = None
         # amdgpu_bo_user's UMD metadata and tiling flags (GEM_METADATA): the BO's own, so
         # every handle and every importer of this BO (self-import) sees the same.
         self.tiling_flags = 0
@@ -109,8 +112,11 @@ class AmdgpuBo(GemObject):
         self.metadata_flags = flags
 
     @property
-    def memory(self) -> BoMemory:
-        """The BO's bytes, created on first use (reads of untouched bytes give zeros)."""
+    def memory(self) -> BoMemory | UserMemory:
+        """The BO's bytes, created on first use (reads of untouched bytes give zeros); a
+        userptr BO's are its process's memory."""
+        if self.userptr is not None:
+            return self.userptr
         if self._memory is None:
             self._memory = BoMemory(self.size)
         return self._memory

@@ -22,6 +22,7 @@ from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf, GemObject
 from .bo import AmdgpuBo, MemoryPool, place
+from .memory import UserMemory
 from .vm import GpuVm, VaSync, gem_va
 
 # Domains that must stand alone (amdgpu_gem_are_domains_valid, §2.3).
@@ -71,6 +72,7 @@ class AmdgpuDriver:
             0x46: self.gem_metadata_ioctl,
             0x48: self.gem_va_ioctl,
             0x50: self.gem_op_ioctl,
+            0x51: self.gem_userptr_ioctl,
             0x5B: self.ualink_handle_ioctl,
         }
         device.driver = self
@@ -127,10 +129,10 @@ class AmdgpuDriver:
         self.vm(file).bo_close(obj)  # the last handle takes the bo_va and its mappings
 
     def gem_prime_export(self, obj: GemObject) -> DmaBuf:
-        """amdgpu_gem_prime_export: VM_ALWAYS_VALID (and userptr) BOs cannot be shared."""
+        """amdgpu_gem_prime_export: userptr and VM_ALWAYS_VALID BOs cannot be shared."""
         assert isinstance(obj, AmdgpuBo)
-        if obj.vm_always_valid:
-            raise DrmError(errno.EPERM, "VM_ALWAYS_VALID BOs cannot be exported")
+        if obj.userptr is not None or obj.vm_always_valid:
+            raise DrmError(errno.EPERM, "userptr and VM_ALWAYS_VALID BOs cannot be exported")
         return DmaBuf(obj)
 
     def gem_prime_import(self, buf: DmaBuf) -> GemObject:
@@ -171,13 +173,43 @@ class AmdgpuDriver:
         kdata[:32] = bytes(32)
         kdata[0:4] = handle.to_bytes(4, "little")
 
+    # -- GEM_USERPTR (amdgpu_gem_userptr_ioctl) ----------------------------------------------
+    def gem_userptr_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        """A BO over the caller's own memory, for the userptr rules of §1.6 E2, §2.5, §2.7 and
+        §2.8. Unaligned address or size, or unknown flags → EINVAL; writable without
+        REGISTER → EACCES (the MMU-notifier rule of the kernels the spec is taken from);
+        VALIDATE faults the pages in now (EFAULT if any is not mapped). The BO prefers and
+        allows only GTT; GPU loads and stores reach the process's memory (its thread group,
+        so a registering thread may exit), and a READONLY one refuses GPU stores."""
+        args = st.GEM_USERPTR.decode(bytes(kdata[:24]))
+        if (args.addr | args.size) & (c.GPU_PAGE_SIZE - 1):
+            raise DrmError(errno.EINVAL, "userptr address and size must be page aligned")
+        if args.flags & ~c.USERPTR_FLAGS:
+            raise DrmError(errno.EINVAL, f"userptr flags {args.flags:#x}")
+        if not args.flags & (c.USERPTR_READONLY | c.USERPTR_REGISTER):
+            raise DrmError(errno.EACCES, "a writable userptr needs USERPTR_REGISTER")
+        if args.size == 0:
+            raise DrmError(errno.EINVAL, "zero-sized BO")
+        pid = self.device.thread_group(caller.pid)
+        memory = UserMemory(self.device, pid, args.addr, args.size,
+                            readonly=bool(args.flags & c.USERPTR_READONLY))
+        if args.flags & c.USERPTR_VALIDATE:  # get_user_pages: every page must be there
+            for offset in range(0, args.size, c.GPU_PAGE_SIZE):
+                memory.read(offset, 1)
+        bo = AmdgpuBo(self.device, args.size, 0, c.DOMAIN_GTT, 0, None)
+        bo.userptr = memory
+        bo.on_handle_free = self._handle_free
+        handle = file.handle_create(bo)
+        bo.put()
+        kdata[20:24] = handle.to_bytes(4, "little")
+
     # -- GEM_MMAP (§2.7) -----------------------------------------------------------------------
     def gem_mmap_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         handle = int.from_bytes(kdata[0:4], "little")
         kdata[0:8] = bytes(8)  # the union is zeroed before anything can fail
         bo = self.lookup_bo(file, handle)
-        if not bo.cpu_accessible:
-            raise DrmError(errno.EPERM, "BO has NO_CPU_ACCESS")
+        if bo.userptr is not None or not bo.cpu_accessible:
+            raise DrmError(errno.EPERM, "userptr BO, or BO with NO_CPU_ACCESS")
         if bo.mmap_offset == 0:
             pages = -(-bo.size // 4096) * 4096
             if self._mmap_next + pages > _MMAP_OFFSET_END:
@@ -240,6 +272,8 @@ class AmdgpuDriver:
         elif args.op == c.GEM_OP_SET_PLACEMENT:
             if (bo.import_buf is not None or bo.npa is not None) and args.value & c.DOMAIN_VRAM:
                 raise DrmError(errno.EINVAL, "imported BOs cannot prefer VRAM")
+            if bo.userptr is not None:
+                raise DrmError(errno.EPERM, "a userptr BO stays in GTT")
             bo.preferred_domains = args.value & (c.DOMAIN_VRAM | c.DOMAIN_GTT | c.DOMAIN_CPU)
             bo.allowed_domains = bo.preferred_domains
             if bo.allowed_domains == c.DOMAIN_VRAM:

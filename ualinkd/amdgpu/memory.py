@@ -9,6 +9,14 @@ first, so an out-of-range access here is a bug and raises AssertionError.
 
 from __future__ import annotations
 
+import errno
+from typing import TYPE_CHECKING
+
+from ..drm.errors import DrmError
+
+if TYPE_CHECKING:
+    from ..drm.device import DrmDevice
+
 # 64 KiB chunks, measured against 4 KiB pages and 256 KiB chunks (1 MiB first write /
 # rewrite / read, ms): 4 KiB 0.71/0.18/0.15, 64 KiB 0.07/0.05/0.05, 256 KiB 0.06/0.05/0.04.
 # 64 KiB gets nearly all the speed while a sparse BO pays at most 60 KiB per touched spot.
@@ -97,3 +105,43 @@ class BoMemory:
             k = min(len(c) - o, n - pos)
             c[o : o + k] = mv[pos : pos + k]
             pos += k
+
+
+class UserMemory:
+    """The bytes of a userptr BO (AMDGPU_GEM_USERPTR): the creating process's own memory at
+    `address`, read and written through the device's copy_from_user / copy_to_user (looked
+    up at each access, EFAULT without them). A page the process has unmapped, or a process
+    gone, gives DrmError(EFAULT), which a GPU access turns into a fault."""
+
+    __slots__ = ("_device", "address", "pid", "readonly", "size")
+
+    def __init__(self, device: DrmDevice, pid: int, address: int, size: int,
+                 readonly: bool = False) -> None:
+        self._device = device
+        self.pid = pid
+        self.address = address
+        self.size = size
+        self.readonly = readonly  # USERPTR_READONLY: the GPU mapping has no write permission
+
+    def _check(self, offset: int, n: int) -> None:
+        if offset < 0 or n < 0 or offset + n > self.size:
+            raise AssertionError(f"userptr access [{offset:#x}, +{n:#x}) outside "
+                                 f"its {self.size:#x} bytes")
+
+    def read(self, offset: int, n: int) -> bytes:
+        self._check(offset, n)
+        copy = self._device.copy_from_user
+        if copy is None:
+            raise DrmError(errno.EFAULT, "no access to user memory")
+        return copy(self.pid, self.address + offset, n) if n else b""
+
+    def read_views(self, offset: int, n: int) -> list[memoryview]:
+        return [memoryview(self.read(offset, n))]
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        self._check(offset, len(data))
+        copy = self._device.copy_to_user
+        if copy is None:
+            raise DrmError(errno.EFAULT, "no access to user memory")
+        if len(data):
+            copy(self.pid, self.address + offset, bytes(data))

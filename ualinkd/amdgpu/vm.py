@@ -251,6 +251,8 @@ class GpuVm:
             if m is None or not m.flags & need or m.bo_va.bo is None:
                 return pieces, pos
             bo = _backing(m.bo_va.bo)
+            if write and bo.userptr is not None and bo.userptr.readonly:
+                return pieces, pos  # its PTEs never carry WRITEABLE
             n = min(end, m.end) - pos
             off = m.offset + (pos - m.start)
             if bo.npa is not None:

@@ -92,6 +92,9 @@ class DrmDevice:
         self.copy_from_user = copy_from_user
         self.copy_to_user = copy_to_user
         self.waits = waits  # None: a wait that would block is a bug (the daemon injects one)
+        # The process (thread group) of a calling thread: memory a BO keeps using after the
+        # ioctl (userptr) belongs to the process, not to the thread FUSE reports.
+        self.thread_group: Callable[[int], int] = lambda pid: pid
         self.driver: DrmDriver = _NoDriver()
         self.objects: dict[int, GemObject] = {}
         self.files: set[DrmFile] = set()
