@@ -27,6 +27,13 @@ CHUNK = 1 << CHUNK_SHIFT
 _ZEROS: dict[int, bytes] = {}
 
 
+def _check_range(offset: int, n: int, size: int) -> None:
+    """Callers check ranges first: an access outside the BO is a bug."""
+    if offset < 0 or n < 0 or offset + n > size:
+        raise AssertionError(f"BO memory access [{offset:#x}, +{n:#x}) outside "
+                             f"its {size:#x} bytes")
+
+
 def _zeros(n: int) -> bytes:
     z = _ZEROS.get(n)
     if z is None:
@@ -55,9 +62,7 @@ class BoMemory:
         return sum(len(c) for c in self._chunks.values())
 
     def _check(self, offset: int, n: int) -> None:
-        if offset < 0 or n < 0 or offset + n > self.size:
-            raise AssertionError(f"BO memory access [{offset:#x}, +{n:#x}) outside "
-                                 f"its {self.size:#x} bytes")
+        _check_range(offset, n, self.size)
 
     def read(self, offset: int, n: int) -> bytes:
         self._check(offset, n)
@@ -124,9 +129,7 @@ class UserMemory:
         self.readonly = readonly  # USERPTR_READONLY: the GPU mapping has no write permission
 
     def _check(self, offset: int, n: int) -> None:
-        if offset < 0 or n < 0 or offset + n > self.size:
-            raise AssertionError(f"userptr access [{offset:#x}, +{n:#x}) outside "
-                                 f"its {self.size:#x} bytes")
+        _check_range(offset, n, self.size)
 
     def read(self, offset: int, n: int) -> bytes:
         self._check(offset, n)
