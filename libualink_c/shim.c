@@ -575,6 +575,15 @@ static int open_token(uint32_t token, int oflags)
 	return fd;
 }
 
+/* Dispatch is by nr (spec §2.2): a size variant of the same _IOWR ioctl is the same call,
+ * so the token in it becomes an fd as well, when the struct reaches the field. */
+static bool is_drm_rw(unsigned long request, unsigned int nr, unsigned int min_size)
+{
+	return _IOC_TYPE(request) == DRM_IOCTL_BASE && _IOC_NR(request) == nr &&
+	       _IOC_DIR(request) == (_IOC_READ | _IOC_WRITE) &&
+	       _IOC_SIZE(request) >= min_size;
+}
+
 SHIM_API int ioctl(int fd, unsigned long request, ...)
 {
 	va_list ap;
@@ -588,11 +597,11 @@ SHIM_API int ioctl(int fd, unsigned long request, ...)
 	if (!fd_tracked(fd))
 		return real_ioctl(fd, request, arg);
 
-	switch (request) {
-	case DRM_IOCTL_VERSION:
+	if (request == DRM_IOCTL_VERSION)
 		return answer_version(arg);
 
-	case DRM_IOCTL_AMDGPU_UALINK_HANDLE: {
+	/* The UALink import: op at offset 0 in, the token at offset 0 out. */
+	if (is_drm_rw(request, DRM_COMMAND_BASE + DRM_AMDGPU_UALINK_HANDLE, sizeof(__u32))) {
 		union drm_amdgpu_ualink_handle *u = arg;
 		/* Read before the call: the reply overwrites bytes 0-3. */
 		bool import = u && u->in.op == DRM_AMDGPU_UALINK_HANDLE_OP_IMPORT;
@@ -608,7 +617,8 @@ SHIM_API int ioctl(int fd, unsigned long request, ...)
 		return ret;
 	}
 
-	case DRM_IOCTL_PRIME_HANDLE_TO_FD: {
+	/* PRIME_HANDLE_TO_FD: flags at offset 4 in, the token at offset 8 out. */
+	if (is_drm_rw(request, 0x2D, offsetof(struct drm_prime_handle, fd) + sizeof(__s32))) {
 		struct drm_prime_handle *p = arg;
 		uint32_t flags = p ? p->flags : 0;
 
@@ -625,7 +635,5 @@ SHIM_API int ioctl(int fd, unsigned long request, ...)
 		return ret;
 	}
 
-	default:
-		return real_ioctl(fd, request, arg);
-	}
+	return real_ioctl(fd, request, arg);
 }

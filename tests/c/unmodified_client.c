@@ -151,6 +151,24 @@ int main(void)
 	dmabuf = (int)uh.out.import_dmabuf_handle;
 	printf("ok import fd=%d cloexec=%d\n", dmabuf, cloexec(dmabuf));
 
+	/* A longer struct for the same nr (§2.2): the same import, the same fd treatment. */
+	{
+		struct { union drm_amdgpu_ualink_handle u; __u64 tail; } big;
+		int wide;
+
+		memset(&big, 0, sizeof(big));
+		big.u.in.op = DRM_AMDGPU_UALINK_HANDLE_OP_IMPORT;
+		big.u.in.import_ualink_handle[0] = handle[0];
+		big.u.in.import_ualink_handle[1] = handle[1];
+		if (xioctl(fd, DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_UALINK_HANDLE,
+					  big), &big))
+			fail("import_32");
+		wide = (int)big.u.out.import_dmabuf_handle;
+		printf("ok import_32 fd=%d size=%lld\n", wide,
+		       (long long)lseek(wide, 0, SEEK_END));
+		close(wide);
+	}
+
 	size = lseek(dmabuf, 0, SEEK_END);
 	if (size < 0)
 		fail("import_size");

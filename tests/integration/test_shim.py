@@ -79,6 +79,8 @@ def test_unmodified_client_under_the_shim(node):
     bo = s["gem_create"]["handle"]
     assert int(s["import"]["fd"]) >= 0 and s["import"]["cloexec"] == "1"
     assert int(s["import_size"]["size"]) == BO_SIZE
+    # a 32-byte variant of the import (dispatch by nr, §2.2) gets a real fd as well
+    assert int(s["import_32"]["fd"]) >= 0 and int(s["import_32"]["size"]) == BO_SIZE
     assert int(s["fstat"]["size"]) == BO_SIZE
     assert stat.S_ISREG(int(s["fstat"]["mode"], 8))
     assert int(s["fstat"]["uid"]) == os.getuid()
