@@ -16,15 +16,17 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import trio
 
+from ualinkd.amdgpu.memory import BoMemory
 from ualinkd.config import AccelConfig, NodeConfig, PodConfig
 from ualinkd.drm.errors import DrmError
-from ualinkd.fabric.auth import ClientHandshake
+from ualinkd.fabric.auth import ClientHandshake, NonceCache, ServerHandshake
 from ualinkd.fabric.link import FabricLink, OnRequest
 from ualinkd.fabric.wire import (
     NEED_DATA,
     Ack,
     AuthHello,
     AuthProof,
+    Data,
     Frame,
     FrameDecoder,
     Load,
@@ -388,3 +390,59 @@ async def test_tls_links_carry_messages_and_refuse_plain_tcp(pod: Pod, caplog) -
     await wait_until(lambda: bool(warnings(caplog)))
     [line] = warnings(caplog)
     assert "refused connection" in line
+
+
+async def test_a_load_answer_is_the_memory_when_it_was_served(pod: Pod) -> None:
+    """Policy 10 / issue "GPU loads and stores": LOADs pipelined ahead of a STORE to the same
+    bytes are answered with what the memory held when each was served, never with the later
+    STORE's bytes or a mix, even though answers are sent from views of the memory and the
+    peer reads nothing until everything was served (its socket backs up)."""
+    mib = 1 << 20
+    mem = BoMemory(4 * mib)
+    mem.write(0, b"\x11" * mib)
+
+    def on_request(peer: str, req: Load | Store) -> tuple[int, list[memoryview]]:
+        if isinstance(req, Load):
+            return 0, mem.read_views(req.npa_byte_addr, req.length)
+        mem.write(req.npa_byte_addr, req.data)
+        return 0, []
+
+    cfg = dataclasses.replace(pod.cfg, send_ack_timeout_ms=5000)
+    await pod.start("b", cfg, on_request=on_request)
+    stream, dec = await raw_auth(pod.ports["b"], cfg, "a", "b")
+    n = 16
+    frames = [Load(i + 1, 0, 2, 0, mib) for i in range(n)] + [Store(n + 1, 0, 2, 0,
+                                                                      b"\x22" * mib)]
+    for f in frames:
+        await stream.send_all(encode_frame(f))
+    await trio.sleep(0.3)  # b serves all of it while nothing is read here
+    got: dict[int, bytes] = {}
+    while len(got) < n + 1:
+        f = await read_frame(stream, dec)
+        if isinstance(f, Data):
+            got[f.seq] = bytes(f.data)
+    assert all(got[s] == b"\x11" * mib for s in range(1, n + 1))
+    assert mem.read(0, 4) == b"\x22" * 4
+
+
+async def test_frames_that_arrive_with_the_handshake_are_delivered(pod: Pod) -> None:
+    """§5.1: a MSG the peer sends in the same write as its AUTH_OK is delivered at once, not
+    when the next bytes happen to arrive."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    a = await pod.start("a")
+    a.set_peer_address("b", f"127.0.0.1:{port}")
+    stream = await listeners[0].accept()
+    hs = ServerHandshake(pod.cfg, "b", now=trio.current_time(), nonces=NonceCache())
+    dec = FrameDecoder()
+    while True:
+        out = hs.receive_frame(await read_frame(stream, dec), trio.current_time())
+        if hs.established:
+            break
+        await stream.send_all(b"".join(encode_frame(f) for f in out))
+    await stream.send_all(encode_frame(out[0]) + encode_frame(Msg(1, 2, 0, DW)))
+    await wait_until(lambda: bool(pod.got.get("a")), timeout=0.5)  # no heartbeat needed
+    assert pod.got["a"] == [(2, 0, DW)]
+    await stream.aclose()
+    for lst in listeners:
+        await lst.aclose()

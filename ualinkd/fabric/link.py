@@ -134,14 +134,17 @@ class _Conn:
     def flush(self) -> None:
         if not self.has_data_to_send:
             return
-        if self.fd >= 0 and not self.writing:
+        if self.fd >= 0 and not self.writing and not self.pending:
             self.write_now()
-        if self.pending or self.session.has_data_to_send:
+        if self.session.has_data_to_send:
+            self._hold(self.session.data_to_send_parts())
+        if self.pending:
             self.wake.set()
 
     def write_now(self) -> None:
-        """Write what is queued without blocking; keep the rest in `pending`."""
+        """Write what is queued without blocking; hold the rest in `pending`."""
         bufs = self.pending + self.session.data_to_send_parts()
+        self.pending = []
         try:
             while bufs:
                 bufs = _advance(bufs, os.writev(self.fd, bufs[:_IOV_MAX]))
@@ -150,7 +153,12 @@ class _Conn:
         except OSError as e:
             bufs = []
             self.drop(_LinkDown(f"send failed: {e!r}"))
-        self.pending = bufs
+        self._hold(bufs)
+
+    def _hold(self, bufs: list[Buffer]) -> None:
+        """Keep `bufs` for the writer, as they are now: a LOAD's answer is views of the BO's
+        memory, and what it sends must be the bytes at the time it was served."""
+        self.pending += [bytes(b) if isinstance(b, memoryview) else b for b in bufs]
 
     def drop(self, reason: _LinkDown) -> None:
         if self.down is None:
@@ -424,13 +432,22 @@ class FabricLink:
         # plain non-blocking reads (trio's recv adds a task switch each). TLS: receive_some.
         sock, fd = conn.sock, conn.fd
         scratch = memoryview(bytearray(SCRATCH_SIZE))
+        waited = True
         try:
             while True:
+                # Frames first: the handshake's last read may have brought some already.
+                while not isinstance(ev := session.next_event(), _NeedData):
+                    conn.flush()  # the ACK of a MSG goes out ahead of anything it causes
+                    self._dispatch(conn, ev)
+                conn.flush()
+                if not waited:
+                    await trio.lowlevel.checkpoint()  # a busy link must not starve the rest
                 if sock is None:
                     data: Buffer = await conn.stream.receive_some(RECEIVE_SIZE)
                     if not data:
                         raise _LinkDown(f"{conn.peer} closed the connection")
                     session.receive_data(data)
+                    waited = True
                 else:
                     into = session.receive_buffer()
                     waited = False
@@ -448,12 +465,6 @@ class FabricLink:
                     else:
                         session.received_into(n)
                 conn.last_rx = trio.current_time()
-                while not isinstance(ev := session.next_event(), _NeedData):
-                    conn.flush()  # the ACK of a MSG goes out ahead of anything it causes
-                    self._dispatch(conn, ev)
-                conn.flush()
-                if sock is not None and not waited:
-                    await trio.lowlevel.checkpoint()  # a busy link must not starve the rest
         except RemoteProtocolError as e:
             conn.drop(_LinkDown(f"protocol error: {e}", logging.WARNING))
         except _LinkDown as e:
@@ -492,7 +503,9 @@ class FabricLink:
                         await trio.lowlevel.wait_writable(conn.sock)
                         conn.write_now()
                     else:
-                        for part in conn.session.data_to_send_parts():
+                        parts = conn.pending + conn.session.data_to_send_parts()
+                        conn.pending = []
+                        for part in parts:
                             await conn.stream.send_all(part)
                 conn.writing = False
                 self._progress.unpark_all()

@@ -258,14 +258,17 @@ class FuseSession:
         if self._nursery is None:
             lib.fuse_reply_err(req, errno.EIO)
             return
-        # The caller may get a signal while we wait (an import's HELLO_ACK or NPA_RSP, a
-        # syncobj wait): the kernel then sends INTERRUPT, and _on_interrupt cancels the wait,
-        # which answers EINTR (spec I10/I13). Without that a SIGKILLed caller would hang in
-        # the kernel until the wait ended.
+        # An ioctl's caller may get a signal while we wait (an import's HELLO_ACK or
+        # NPA_RSP, a syncobj wait): the kernel then sends INTERRUPT, and _on_interrupt
+        # cancels the wait, which answers EINTR (spec I10/I13); without that a SIGKILLed
+        # caller would hang in the kernel until the wait ended. GPU loads and stores
+        # (read/write) are not interruptible, as on a GPU: a profiler's timer signal must not
+        # restart a long remote read forever; they end within the fabric's timeouts.
         scope = trio.CancelScope()
         key = int(ffi.cast("uintptr_t", req))
         self._interruptible[key] = scope
-        lib.fuse_req_interrupt_func(req, lib._on_interrupt, ffi.NULL)  # may cancel at once
+        if op == "ioctl":
+            lib.fuse_req_interrupt_func(req, lib._on_interrupt, ffi.NULL)  # may cancel now
         self._nursery.start_soon(self._finish_async, req, key, scope, op, aw, finish)
 
     async def _finish_async(self, req: Any, key: int, scope: trio.CancelScope, op: str,
