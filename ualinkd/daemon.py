@@ -6,6 +6,7 @@ serves until SIGINT/SIGTERM, and always unmounts on the way out.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -64,16 +65,71 @@ def copy_to_user(pid: int, address: int, data: bytes) -> None:
         os.close(fd)
 
 
-def thread_group(tid: int) -> int:
-    """The process of thread `tid` (FUSE reports threads): Tgid in /proc/<tid>/status."""
-    try:
-        with open(f"/proc/{tid}/status") as f:
-            for line in f:
-                if line.startswith("Tgid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return tid
+class ProcMemory:
+    """drm.device.ProcessMemory through /proc: a directory fd of /proc/<tgid> pins that
+    process (once it exits, opening anything in it fails, even if its pid is reused); `mem`
+    is opened from it, and `maps` is read from it to refuse what the process has not mapped
+    readable (or writable, for a store: /proc/<pid>/mem itself would write read-only pages)."""
+
+    def __init__(self, tid: int) -> None:
+        # FUSE reports the calling thread; the memory is its process's, which outlives the
+        # thread. The thread is blocked in our ioctl, so its process cannot go away (and its
+        # pid be reused) between reading Tgid and opening /proc/<tgid>.
+        try:
+            with open(f"/proc/{tid}/status") as f:
+                tgid = next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
+            self._dir = os.open(f"/proc/{tgid}", os.O_RDONLY | os.O_DIRECTORY)
+        except (OSError, StopIteration, ValueError):
+            raise DrmError(errno.EFAULT, f"no process for thread {tid}") from None
+        try:
+            self._mem = os.open("mem", os.O_RDWR, dir_fd=self._dir)
+        except OSError:
+            os.close(self._dir)
+            raise DrmError(errno.EFAULT, f"cannot open the memory of process {tgid}") from None
+
+    def check(self, address: int, size: int, write: bool) -> None:
+        try:
+            fd = os.open("maps", os.O_RDONLY, dir_fd=self._dir)
+            with os.fdopen(fd) as f:
+                maps = f.read()
+        except OSError:
+            raise DrmError(errno.EFAULT, "the process is gone") from None
+        pos, end = address, address + size
+        for line in maps.splitlines():  # ascending, non-overlapping ranges
+            span, perms = line.split()[:2]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if hi <= pos:
+                continue
+            if lo > pos or perms[0] != "r" or (write and perms[1] != "w"):
+                break  # a hole, or a mapping without the access
+            pos = hi
+            if pos >= end:
+                return
+        raise DrmError(errno.EFAULT, f"{pos:#x} is not mapped "
+                                     f"{'writable' if write else 'readable'}")
+
+    def read(self, address: int, n: int) -> bytes:
+        try:
+            data = os.pread(self._mem, n, address)
+        except (OSError, OverflowError):
+            data = b""
+        if len(data) != n:
+            raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
+        return data
+
+    def write(self, address: int, data: bytes) -> None:
+        self.check(address, len(data), write=True)
+        try:
+            if os.pwrite(self._mem, data, address) == len(data):
+                return
+        except (OSError, OverflowError):
+            pass
+        raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
+
+    def close(self) -> None:
+        for fd in (self._mem, self._dir):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def copy_from_user(pid: int, address: int, size: int) -> bytes:
@@ -188,7 +244,7 @@ async def run_node(
         tracer=make_tracer(trace, trace_out),
         copy_from_user=copy_from_user,
         waits=TrioSyncWaits(),
-        thread_group=thread_group,
+        open_process_memory=ProcMemory,
     )
     agent: UalinkAgent | None = None
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from .amdgpu.driver import AmdgpuDriver, CopyToUser
 from .amdgpu.vm import RemoteFn, RemotePiece, gpu_load, gpu_store
 from .config import PodConfig
-from .drm.device import Caller, CopyFromUser, DrmDevice, IoctlResult
+from .drm.device import Caller, CopyFromUser, DrmDevice, IoctlResult, OpenProcessMemory
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.gem import DmaBuf
@@ -63,7 +63,7 @@ class NodeCore:
         randbits: Callable[[int], int] | None = None,
         copy_from_user: CopyFromUser | None = None,
         waits: SyncWaits | None = None,
-        thread_group: Callable[[int], int] | None = None,
+        open_process_memory: OpenProcessMemory | None = None,
     ) -> None:
         self.config = config
         self.node = config.node(node_name)
@@ -78,8 +78,7 @@ class NodeCore:
             minor = RENDER_MINOR_BASE + i
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
                                copy_to_user, waits)
-            if thread_group is not None:
-                device.thread_group = thread_group
+            device.open_process_memory = open_process_memory
             driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user)
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(

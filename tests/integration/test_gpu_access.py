@@ -162,4 +162,21 @@ def test_userptr_bo_is_the_callers_memory(node):
             fcntl.ioctl(c.fd, 0xC0086441, struct.pack("<II", handle, 0))  # GEM_MMAP
         assert ei.value.errno == errno.EPERM
         c.va_unmap(handle, VA, len(buf))
+        # VALIDATE checks the process's mappings: a writable BO over a read-only page is
+        # EFAULT (writes through /proc/<pid>/mem would otherwise ignore the protection).
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        ro = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        try:
+            arg = bytearray(struct.pack("<QQII", ro, 4096, 0x8 | 0x4, 0))  # REGISTER|VALIDATE
+            with pytest.raises(OSError) as ei:
+                fcntl.ioctl(c.fd, 0xC0186451, arg, True)
+            assert ei.value.errno == errno.EFAULT
+            arg = bytearray(struct.pack("<QQII", ro, 4096, 0x1 | 0x4, 0))  # READONLY|VALIDATE
+            fcntl.ioctl(c.fd, 0xC0186451, arg, True)
+            assert struct.unpack_from("<I", arg, 20)[0] != 0
+        finally:
+            libc.munmap(ctypes.c_void_p(ro), 4096)
     buf.close()

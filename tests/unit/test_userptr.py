@@ -11,6 +11,7 @@ import struct
 import pytest
 from ualink_testkit import (
     CALLER,
+    GEM_CLOSE,
     GEM_MMAP,
     GEM_OP,
     GEM_VA,
@@ -34,26 +35,31 @@ RO, REG, VALIDATE = c.USERPTR_READONLY, c.USERPTR_REGISTER, c.USERPTR_VALIDATE
 
 
 class FakeProcess:
-    """One process's mapped pages [BASE, BASE + PAGES pages); anything else faults."""
+    """One process's address space (drm.device.ProcessMemory): pages [BASE, BASE + PAGES
+    pages) mapped, the last one read-only; anything else faults."""
 
     def __init__(self) -> None:
         self.mem = bytearray(bytes(range(256)) * (PAGES * PAGE // 256))
-        self.pids: list[int] = []
+        self.opened: list[int] = []  # thread ids it was opened for
+        self.closed = 0
 
-    def _at(self, pid: int, address: int, n: int) -> int:
-        self.pids.append(pid)
+    def check(self, address: int, size: int, write: bool) -> None:
         off = address - BASE
-        if off < 0 or off + n > len(self.mem):
-            raise DrmError(errno.EFAULT, f"bad address {address:#x}")
-        return off
+        if off < 0 or off + size > len(self.mem):
+            raise DrmError(errno.EFAULT, f"{address:#x} is not mapped")
+        if write and off + size > (PAGES - 1) * PAGE:
+            raise DrmError(errno.EFAULT, "the last page is read-only")
 
-    def read(self, pid: int, address: int, n: int) -> bytes:
-        off = self._at(pid, address, n)
-        return bytes(self.mem[off:off + n])
+    def read(self, address: int, n: int) -> bytes:
+        self.check(address, n, write=False)
+        return bytes(self.mem[address - BASE:address - BASE + n])
 
-    def write(self, pid: int, address: int, data: bytes) -> None:
-        off = self._at(pid, address, len(data))
-        self.mem[off:off + len(data)] = data
+    def write(self, address: int, data: bytes) -> None:
+        self.check(address, len(data), write=True)
+        self.mem[address - BASE:address - BASE + len(data)] = data
+
+    def close(self) -> None:
+        self.closed += 1
 
 
 @pytest.fixture
@@ -64,9 +70,13 @@ def proc() -> FakeProcess:
 @pytest.fixture
 def f(proc):
     core = make_node()
+
+    def open_process_memory(tid: int) -> FakeProcess:
+        proc.opened.append(tid)
+        return proc
+
     for dev in core.devices.values():
-        dev.copy_from_user, dev.copy_to_user = proc.read, proc.write
-        dev.thread_group = lambda tid: 7  # the registering thread's process
+        dev.open_process_memory = open_process_memory
     return open_file(core)
 
 
@@ -88,6 +98,7 @@ def userptr(f, **kw) -> int:
     (BASE, PAGE, c.USERPTR_ANONONLY | VALIDATE, errno.EACCES),
     (BASE, 0, RO, errno.EINVAL),  # nothing to map
     (BASE + PAGES * PAGE - PAGE, 2 * PAGE, RO | VALIDATE, errno.EFAULT),  # a page not mapped
+    (BASE, PAGES * PAGE, REG | VALIDATE, errno.EFAULT),  # writable over a read-only page
 ])
 def test_userptr_refusals_echo_the_input(f, addr, size, flags, err):
     """amdgpu_gem_userptr_ioctl's checks in order; on failure the struct is copied back
@@ -131,8 +142,9 @@ def _map(f, h: int, va: int, flags: int) -> None:
 
 
 def test_gpu_loads_and_stores_reach_the_process_memory(f, proc):
-    """A mapped userptr BO: GPU loads read the process's bytes, stores change them, both in
-    the registering thread's process (thread_group); a READONLY one faults on stores."""
+    """A mapped userptr BO: GPU loads read the process's bytes, stores change them (the
+    process memory opened for the calling thread, closed with the BO); a store to a page the
+    process has read-only faults, as does any store through a READONLY BO."""
     h = userptr(f, flags=REG)
     va = 0x100000
     _map(f, h, va, c.VM_PAGE_READABLE | c.VM_PAGE_WRITEABLE)
@@ -145,11 +157,15 @@ def test_gpu_loads_and_stores_reach_the_process_memory(f, proc):
     assert gpu_load(vm, va + 5, 300, remote, lambda: faults.append(1)) == bytes(proc.mem[5:305])
     assert gpu_store(vm, va + PAGE, b"written by the GPU", remote, lambda: None) == 18
     assert proc.mem[PAGE:PAGE + 18] == b"written by the GPU"
-    assert set(proc.pids) == {7}
+    assert proc.opened == [CALLER.pid]
+    with pytest.raises(DrmError):  # the process's last page is read-only
+        gpu_store(vm, va + (PAGES - 1) * PAGE, b"x", remote, lambda: None)
     ro = userptr(f, flags=RO)
     _map(f, ro, 0x200000, c.VM_PAGE_READABLE | c.VM_PAGE_WRITEABLE)
     with pytest.raises(DrmError) as e:
         gpu_store(vm, 0x200000, b"x", remote, lambda: faults.append(1))
     assert e.value.errno == errno.EFAULT and faults == [1]
     assert gpu_load(vm, 0x200000, 4, remote, lambda: None) == bytes(proc.mem[:4])
-    assert CALLER.pid != 7
+    for handle in (h, ro):
+        assert ioctl(f, GEM_CLOSE, struct.pack("<II", handle, 0)).result == 0
+    assert proc.closed == 2

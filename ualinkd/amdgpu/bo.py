@@ -136,6 +136,9 @@ class AmdgpuBo(GemObject):
 
     def free(self) -> None:
         self._memory = None  # VRAM_WIPE_ON_RELEASE: the bytes go with the BO
+        if self.userptr is not None:
+            self.userptr.close()
+            self.userptr = None
         if self.placement is not None:
             self.placement.uncharge(self.size)
             self.placement = None

@@ -178,9 +178,10 @@ class AmdgpuDriver:
         """A BO over the caller's own memory, for the userptr rules of §1.6 E2, §2.5, §2.7 and
         §2.8. Unaligned address or size, or unknown flags → EINVAL; writable without
         REGISTER → EACCES (the MMU-notifier rule of the kernels the spec is taken from);
-        VALIDATE faults the pages in now (EFAULT if any is not mapped). The BO prefers and
-        allows only GTT; GPU loads and stores reach the process's memory (its thread group,
-        so a registering thread may exit), and a READONLY one refuses GPU stores."""
+        VALIDATE faults the pages in now (EFAULT if any is not mapped, or not writable for a
+        writable BO). The BO prefers and allows only GTT; GPU loads and stores reach the
+        process's memory (the process, so the registering thread may exit; never another
+        process that gets its pid later), and a READONLY one refuses GPU stores."""
         args = st.GEM_USERPTR.decode(bytes(kdata[:24]))
         if (args.addr | args.size) & (c.GPU_PAGE_SIZE - 1):
             raise DrmError(errno.EINVAL, "userptr address and size must be page aligned")
@@ -190,12 +191,18 @@ class AmdgpuDriver:
             raise DrmError(errno.EACCES, "a writable userptr needs USERPTR_REGISTER")
         if args.size == 0:
             raise DrmError(errno.EINVAL, "zero-sized BO")
-        pid = self.device.thread_group(caller.pid)
-        memory = UserMemory(self.device, pid, args.addr, args.size,
-                            readonly=bool(args.flags & c.USERPTR_READONLY))
+        opener = self.device.open_process_memory
+        if opener is None:
+            raise DrmError(errno.EFAULT, "no access to the caller's memory")
+        process = opener(caller.pid)
+        readonly = bool(args.flags & c.USERPTR_READONLY)
         if args.flags & c.USERPTR_VALIDATE:  # get_user_pages: every page must be there
-            for offset in range(0, args.size, c.GPU_PAGE_SIZE):
-                memory.read(offset, 1)
+            try:
+                process.check(args.addr, args.size, write=not readonly)
+            except DrmError:
+                process.close()
+                raise
+        memory = UserMemory(process, args.addr, args.size, readonly)
         bo = AmdgpuBo(self.device, args.size, 0, c.DOMAIN_GTT, 0, None)
         bo.userptr = memory
         bo.on_handle_free = self._handle_free

@@ -9,13 +9,10 @@ first, so an out-of-range access here is a bug and raises AssertionError.
 
 from __future__ import annotations
 
-import errno
 from typing import TYPE_CHECKING
 
-from ..drm.errors import DrmError
-
 if TYPE_CHECKING:
-    from ..drm.device import DrmDevice
+    from ..drm.device import ProcessMemory
 
 # 64 KiB chunks, measured against 4 KiB pages and 256 KiB chunks (1 MiB first write /
 # rewrite / read, ms): 4 KiB 0.71/0.18/0.15, 64 KiB 0.07/0.05/0.05, 256 KiB 0.06/0.05/0.04.
@@ -113,17 +110,15 @@ class BoMemory:
 
 
 class UserMemory:
-    """The bytes of a userptr BO (AMDGPU_GEM_USERPTR): the creating process's own memory at
-    `address`, read and written through the device's copy_from_user / copy_to_user (looked
-    up at each access, EFAULT without them). A page the process has unmapped, or a process
-    gone, gives DrmError(EFAULT), which a GPU access turns into a fault."""
+    """The bytes of a userptr BO (AMDGPU_GEM_USERPTR): a process's own memory at `address`,
+    through the ProcessMemory the BO holds open (EFAULT where it is not mapped, is not
+    writable for a store, or the process is gone), which a GPU access turns into a fault."""
 
-    __slots__ = ("_device", "address", "pid", "readonly", "size")
+    __slots__ = ("address", "process", "readonly", "size")
 
-    def __init__(self, device: DrmDevice, pid: int, address: int, size: int,
+    def __init__(self, process: ProcessMemory, address: int, size: int,
                  readonly: bool = False) -> None:
-        self._device = device
-        self.pid = pid
+        self.process = process
         self.address = address
         self.size = size
         self.readonly = readonly  # USERPTR_READONLY: the GPU mapping has no write permission
@@ -133,18 +128,15 @@ class UserMemory:
 
     def read(self, offset: int, n: int) -> bytes:
         self._check(offset, n)
-        copy = self._device.copy_from_user
-        if copy is None:
-            raise DrmError(errno.EFAULT, "no access to user memory")
-        return copy(self.pid, self.address + offset, n) if n else b""
+        return self.process.read(self.address + offset, n) if n else b""
 
     def read_views(self, offset: int, n: int) -> list[memoryview]:
         return [memoryview(self.read(offset, n))]
 
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         self._check(offset, len(data))
-        copy = self._device.copy_to_user
-        if copy is None:
-            raise DrmError(errno.EFAULT, "no access to user memory")
         if len(data):
-            copy(self.pid, self.address + offset, bytes(data))
+            self.process.write(self.address + offset, bytes(data))
+
+    def close(self) -> None:
+        self.process.close()

@@ -54,6 +54,20 @@ CopyFromUser = Callable[[int, int, int], bytes]  # (pid, address, size) -> bytes
 CopyToUser = Callable[[int, int, bytes], None]  # (pid, address, data)
 
 
+class ProcessMemory(Protocol):
+    """One process's address space, held open for as long as a BO uses it: still that
+    process after it exits (then every access is EFAULT), never a later one with its pid.
+    Every method raises DrmError(EFAULT) for memory that is not mapped as asked."""
+
+    def check(self, address: int, size: int, write: bool) -> None: ...
+    def read(self, address: int, n: int) -> bytes: ...
+    def write(self, address: int, data: bytes) -> None: ...  # read-only pages: EFAULT
+    def close(self) -> None: ...
+
+
+OpenProcessMemory = Callable[[int], ProcessMemory]  # a thread id -> its process's memory
+
+
 class DrmDriver(Protocol):
     """The driver half of a device (amdgpu implements it)."""
 
@@ -92,9 +106,9 @@ class DrmDevice:
         self.copy_from_user = copy_from_user
         self.copy_to_user = copy_to_user
         self.waits = waits  # None: a wait that would block is a bug (the daemon injects one)
-        # The process (thread group) of a calling thread: memory a BO keeps using after the
-        # ioctl (userptr) belongs to the process, not to the thread FUSE reports.
-        self.thread_group: Callable[[int], int] = lambda pid: pid
+        # Opens the address space of a calling thread's process for a BO that keeps using
+        # it after the ioctl (userptr); None: no such access (EFAULT).
+        self.open_process_memory: OpenProcessMemory | None = None
         self.driver: DrmDriver = _NoDriver()
         self.objects: dict[int, GemObject] = {}
         self.files: set[DrmFile] = set()
