@@ -179,3 +179,47 @@ def test_repeated_alias_request_records_the_current_generation():
     gen += 1
     request(mgr, 1, lo, hi)
     assert mgr.exports[lo].importers[1].generation == gen
+
+
+def _small_vram_exporter():
+    """Accel 0 with 2 MiB of VRAM and 4 MiB of GTT; connections to accels 1 and 2 up."""
+    nodes = [[{"id": 0, "vram_size": 2 << 20, "gtt_size": 4 << 20}], [{"id": 1}], [{"id": 2}]]
+    core = make_node(pod_config(nodes=nodes))
+    mgr = core.managers[128]
+    for remote in (1, 2):
+        mgr.conn(remote).apply(ConnEvent.SETUP)
+        mgr.conn(remote).apply(ConnEvent.HELLO_ACK)
+    return core, mgr, open_file(core)
+
+
+def test_pin_moves_the_bo_into_vram_evicting_unpinned_ones():
+    """§5.6 step 3, §4.4: the exported BO is pinned in VRAM; one that sits in GTT (a VRAM|GTT
+    fallback) is moved there, unpinned VRAM BOs making room in GTT."""
+    core, mgr, f = _small_vram_exporter()
+    other = f.handles[gem_create(f, size=1 << 20)]  # VRAM, never exported
+    h = gem_create(f, size=2 << 20)  # no room: placed in GTT, preferred VRAM|GTT
+    bo = f.handles[h]
+    drv = mgr.driver
+    assert (other.placement, bo.placement) == (drv.vram, drv.gtt)
+    lo, hi = ualink_export(f, h)
+    request(mgr, 1, lo, hi)
+    assert (other.placement, bo.placement) == (drv.gtt, drv.vram)
+    assert (drv.vram.used, drv.gtt.used) == (2 << 20, 1 << 20)
+    assert bo.pin_count == 1
+
+
+def test_pin_that_vram_cannot_take_is_npa_fail_error():
+    """§5.6 step 3: "Pin it in VRAM; failure → NPA_FAIL(ERROR)" (the importer's EINVAL,
+    §1.6 I16) when VRAM is held by pinned BOs; nothing is pinned or allocated."""
+    core, mgr, f = _small_vram_exporter()
+    first = gem_create(f, size=1 << 20)
+    lo1, hi1 = ualink_export(f, first)
+    request(mgr, 1, lo1, hi1)  # pinned in VRAM
+    h = gem_create(f, size=2 << 20)  # in GTT
+    lo, hi = ualink_export(f, h)
+    mgr.receive(2, p.NpaReq(p.handle_lo_bits(lo), hi))
+    (eff,) = mgr.take_effects()
+    assert isinstance(eff.msg, p.NpaFail) and eff.msg.reason == p.NpaFailReason.ERROR
+    assert f.handles[h].pin_count == 0 and f.handles[h].placement is mgr.driver.gtt
+    assert mgr.npa_import_pages == 256  # only the first BO's
+    mgr.check_invariants()

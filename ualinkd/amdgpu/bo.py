@@ -29,21 +29,60 @@ GPU_PAGE = 4096
 
 
 class MemoryPool:
-    """Capacity of one memory domain of one GPU."""
+    """Capacity of one memory domain of one GPU, and the BOs placed in it."""
 
     def __init__(self, name: str, size: int) -> None:
         self.name = name
         self.size = size
         self.used = 0
+        self.residents: set[AmdgpuBo] = set()
 
     def fits(self, size: int) -> bool:
         return self.used + size <= self.size
 
-    def charge(self, size: int) -> None:
-        self.used += size
+    def charge(self, bo: AmdgpuBo) -> None:
+        self.used += bo.size
+        self.residents.add(bo)
 
-    def uncharge(self, size: int) -> None:
-        self.used -= size
+    def uncharge(self, bo: AmdgpuBo) -> None:
+        self.used -= bo.size
+        self.residents.discard(bo)
+
+
+def move(bo: AmdgpuBo, to: MemoryPool) -> None:
+    """A BO changes domain (TTM validate / eviction); its bytes stay what they are."""
+    if bo.placement is not None:
+        bo.placement.uncharge(bo)
+    to.charge(bo)
+    bo.placement = to
+
+
+def pin_in_vram(bo: AmdgpuBo, vram: MemoryPool, gtt: MemoryPool) -> bool:
+    """amdgpu_bo_pin(bo, VRAM) for a BO not pinned yet: in VRAM already, or moved there,
+    evicting unpinned VRAM BOs that may live in GTT (largest first) when it does not fit;
+    False when even that cannot make room (everything else pinned, or GTT full)."""
+    if bo.placement is vram:
+        return True
+    if not bo.allowed_domains & DOMAIN_VRAM:
+        return False
+    need = vram.used + bo.size - vram.size
+    victims: list[AmdgpuBo] = []
+    if need > 0:
+        movable = sorted((b for b in vram.residents
+                          if b.pin_count == 0 and b.allowed_domains & DOMAIN_GTT),
+                         key=lambda b: b.size, reverse=True)
+        for b in movable:
+            if need <= 0:
+                break
+            victims.append(b)
+            need -= b.size
+        gtt_free = gtt.size - gtt.used + (bo.size if bo.placement is gtt else 0)
+        if need > 0 or sum(b.size for b in victims) > gtt_free:
+            return False
+    for b in victims:
+        move(b, gtt)
+    move(bo, vram)
+    return True
 
 
 class AmdgpuBo(GemObject):
@@ -83,7 +122,7 @@ class AmdgpuBo(GemObject):
         self.flags = flags
         self.placement = placement
         if placement is not None:
-            placement.charge(size)
+            placement.charge(self)
         self.pin_count = 0
         self.ualink_handle_lo = 0  # bo->ualink_handle_lo: non-zero once exported (§3.4)
         self.import_buf: DmaBuf | None = None  # a foreign dma-buf this BO imports
@@ -140,7 +179,7 @@ class AmdgpuBo(GemObject):
             self.userptr.close()
             self.userptr = None
         if self.placement is not None:
-            self.placement.uncharge(self.size)
+            self.placement.uncharge(self)
             self.placement = None
         if self.import_buf is not None:
             buf, self.import_buf = self.import_buf, None

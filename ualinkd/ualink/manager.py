@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..abi.constants import CREATE_NO_CPU_ACCESS, DOMAIN_NPA, DOMAIN_VRAM, GPU_PAGE_SIZE
-from ..amdgpu.bo import AmdgpuBo
+from ..amdgpu.bo import AmdgpuBo, pin_in_vram
 from ..amdgpu.driver import AmdgpuDriver
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
@@ -544,6 +544,13 @@ class UalinkManager:
             self._fail(src, lo, p.NpaFailReason.INVALID_HANDLE)
             return
         bo = entry.bo
+        # Step 3: pinned in VRAM while any importer holds an NPA (moved there, evicting
+        # others, if it sits in GTT); when VRAM cannot take it → NPA_FAIL(ERROR).
+        if bo.pin_count == 0 and not pin_in_vram(bo, self.driver.vram, self.driver.gtt):
+            log.warning("accel %d: cannot pin BO of handle %#x in VRAM for accel %d",
+                        self.accel_id, lo, src)
+            self._fail(src, lo, p.NpaFailReason.ERROR)
+            return
         bo.pin_count += 1
         mode = self.npa_mode
         rec = entry.importers.get(src)
