@@ -5,6 +5,7 @@ NPA_REVOKE against an import still in flight (§5.5, §5.7)."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 
 import pytest
@@ -223,3 +224,15 @@ def test_pin_that_vram_cannot_take_is_npa_fail_error():
     assert f.handles[h].pin_count == 0 and f.handles[h].placement is mgr.driver.gtt
     assert mgr.npa_import_pages == 256  # only the first BO's
     mgr.check_invariants()
+
+
+def test_messages_are_taken_from_the_accels_of_the_activation():
+    """Policy 4, §5.10: per-peer resources exist for the bitmap the accel was activated with.
+    A config update whose activation pass has not run (deferred) changes the recorded vPod
+    but not whom the accel hears: accel 2, still in the activation's bitmap, is answered."""
+    core, mgr, f, h, lo, hi = exporter()
+    mgr.vpod = dataclasses.replace(mgr.vpod, vpod_size=2, active_accels=frozenset({0, 1}))
+    assert isinstance(request(mgr, 2, lo, hi).msg, p.NpaRsp)
+    mgr.active_snapshot = frozenset({0, 1})  # as after an activation with the new bitmap
+    mgr.receive(2, p.NpaReq(p.handle_lo_bits(lo), hi))
+    assert mgr.take_effects() == []  # dropped (and logged)

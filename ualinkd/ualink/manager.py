@@ -490,7 +490,10 @@ class UalinkManager:
                         self.accel_id, p.MsgType(t).name if t in p.MsgType._value2member_map_
                         else t, src)
             return
-        if src not in self.vpod.active_accels:  # Emulator policy 4
+        # Emulator policy 4, §5.10: per-peer resources exist only for the accels of the
+        # bitmap this accel was activated with; anything from another accel is dropped.
+        members = self.active_snapshot
+        if src not in (members if members is not None else self.vpod.active_accels):
             log.warning("accel %d: dropping %s from accel %d, which is not in vPod %d",
                         self.accel_id, type(msg).__name__, src, self.vpod.vpod_id)
             return
