@@ -63,8 +63,10 @@ class Node:
 
 
 def start_node(
-    tmp: Path, config: PodConfig, name: str, trace: str | None = None, timeout: float = 20
+    tmp: Path, config: PodConfig, name: str, trace: str | None = None, timeout: float = 20,
+    prefix: list[str] | None = None,
 ) -> Node:
+    """One `ualinkd node`, ready (READY=1); `prefix` wraps its command (e.g. setpriv)."""
     tmp.mkdir(parents=True, exist_ok=True)
     conf = tmp / f"{name}.toml"
     conf.write_text(config.to_toml())
@@ -76,8 +78,8 @@ def start_node(
     sock.bind(str(notify))
     sock.settimeout(0.1)
     log, out = tmp / f"{name}.log", tmp / f"{name}.out"
-    cmd = [sys.executable, "-m", "ualinkd", "node", "--config", str(conf), "--node", name,
-           "--mount", str(mount)]
+    cmd = [*(prefix or []), sys.executable, "-m", "ualinkd", "node", "--config", str(conf),
+           "--node", name, "--mount", str(mount)]
     if trace:
         cmd.append(f"--trace={trace}")
     with open(log, "w") as logf, open(out, "w") as outf:

@@ -1,0 +1,70 @@
+"""packaging/ualinkd@.service: its capability bounding set is enough for what a node does for
+clients of another uid (spec §2.5 PRIME FD_TO_HANDLE through /proc/<pid>/fd, Emulator policy
+5; user memory through /proc/<pid>/mem). The node runs as root limited to exactly the unit's
+CapabilityBoundingSet (setpriv), the client as nobody, with raw ioctls only."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from nodes import start_node
+
+from ualinkd.config import PodConfig
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                       reason="needs root and setpriv"),
+    pytest.mark.skipif(not Path("/usr/bin/python3").exists(),
+                       reason="needs a python3 that the nobody user can run"),
+]
+
+UNIT = Path(__file__).resolve().parents[2] / "packaging" / "ualinkd@.service"
+
+CLIENT = """
+import fcntl, os, struct, sys
+mount = sys.argv[1]
+fd = os.open(mount + "/dri/renderD128", os.O_RDWR)
+arg = bytearray(struct.pack("<QQQQ", 4096, 0, 4, 0))
+fcntl.ioctl(fd, 0xC0206440, arg, True)                        # AMDGPU_GEM_CREATE
+handle = struct.unpack_from("<I", arg)[0]
+arg = bytearray(struct.pack("<IIi", handle, 0x80002, -1))
+fcntl.ioctl(fd, 0xC00C642D, arg, True)                        # PRIME_HANDLE_TO_FD: a token
+token = struct.unpack_from("<I", arg, 8)[0]
+buf = os.open(f"{mount}/dmabuf/{token}", os.O_RDWR)
+arg = bytearray(struct.pack("<IIi", 0, 0, buf))
+fcntl.ioctl(fd, 0xC00C642E, arg, True)                        # PRIME_FD_TO_HANDLE
+print(handle, struct.unpack_from("<I", arg)[0])
+"""
+
+
+def bounding_set() -> list[str]:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read_string(UNIT.read_text())
+    return unit["Service"]["CapabilityBoundingSet"].split()
+
+
+def test_unit_capabilities_serve_a_client_of_another_uid():
+    caps = ",".join("+" + c.lower().removeprefix("cap_") for c in bounding_set())
+    tmp = Path(tempfile.mkdtemp(prefix="ualink-caps-", dir="/tmp"))
+    tmp.chmod(0o755)  # the nobody client reaches the mount through it
+    node = None
+    try:
+        node = start_node(tmp, PodConfig.local(1, 1), "node0",
+                          prefix=["setpriv", f"--bounding-set=-all,{caps}", "--"])
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "/usr/bin/python3", "-c", CLIENT, str(node.mount)],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr + node.log_text()
+        created, found = r.stdout.split()
+        assert created == found  # the same dma-buf → the same handle (§2.5)
+    finally:
+        if node is not None:
+            node.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
