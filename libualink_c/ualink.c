@@ -66,7 +66,7 @@ static char *dmabuf_dir_for(const char *render_path)
 }
 
 /* Trade a dma-buf token for the real fd. Tokens are single-use; if this
- * fails the daemon keeps the reference until it expires the token. */
+ * fails the daemon keeps the reference until the render fd is closed. */
 static int open_dmabuf_token(const ualink_dev *dev, uint32_t token,
 			     int oflags, int *fd_out)
 {

@@ -1,9 +1,11 @@
 """dma-buf tokens: how a FUSE server hands out dma-buf fds (Emulator policy 5).
 
 The kernel installs an fd in the caller; we cannot. Instead the ioctl returns a random
-non-zero u32 token and the client opens `<mount>/dmabuf/<token>` once, as the same uid, to
-get a real fd. A token holds a dma-buf reference until it is opened (the reference moves to
-the open file) or its DrmFile closes. `key`s name tokens and open files in the file tree.
+non-zero u32 token (below 2^31, so the s32 `fd` field of PRIME_HANDLE_TO_FD never reads as a
+negative, error-looking value) and the client opens `<mount>/dmabuf/<token>` once, as the
+same uid, to get a real fd. A token holds a dma-buf reference until it is opened (the
+reference moves to the open file) or its DrmFile closes. `key`s name tokens and open files
+in the file tree.
 A DrmFile may hold at most `MAX_PENDING_PER_FILE` unopened tokens: past that, installing
 fails with EMFILE as fd_install would for a process out of fds (§1.6 I19), so a client that
 never opens its tokens cannot grow the daemon without bound.
@@ -55,7 +57,7 @@ class DmaBufTokens:
         self._per_file[owner] = pending + 1
         token = 0
         while token == 0 or token in self._pending:
-            token = self._randbits(32)
+            token = self._randbits(31)
         self._keys += 1
         entry = _Token(token, self._keys, buf, uid, owner)
         self._pending[token] = entry

@@ -18,7 +18,6 @@ import trio
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf
-from ..node import NodeCore
 from ..ualink import protocol as p
 from ..ualink.manager import (
     ExportEntry,
@@ -32,6 +31,7 @@ from ..ualink.peers import ConnState, NodeState
 
 if TYPE_CHECKING:
     from ..amdgpu.vm import RemotePiece
+    from ..node import NodeCore
 
 log = logging.getLogger(__name__)
 
