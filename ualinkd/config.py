@@ -1,4 +1,5 @@
 """The pod configuration (one TOML file) and its validation (DESIGN "Pod configuration").
+A key the file format does not have is an error, never ignored: it is a typo.
 
 The file plays the firmware (Emulator policy 8): it gives each accel its pPod and vPod
 information and configuration stage. `PodConfig.local()` builds the embedded default pod
@@ -7,6 +8,7 @@ that `ualinkd pod` runs.
 
 from __future__ import annotations
 
+import difflib
 import re
 import secrets
 import tomllib
@@ -31,6 +33,50 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 class ConfigError(ValueError):
     """A pod configuration that cannot be run; the message says what and where."""
+
+
+# Every key a pod file may hold, per table: what from_dict reads (and to_toml writes).
+# Anything else is a typo that would otherwise be ignored without a word.
+TOP_LEVEL = "the top level"
+KEYS: dict[str, frozenset[str]] = {
+    TOP_LEVEL: frozenset({"pod", "nodes", "vpods"}),
+    "[pod]": frozenset({"uuid", "key", "size", "kernel_quirks", "response_timeout_ms",
+                        "send_ack_timeout_ms", "tls_ca", "tcp_congestion"}),
+    "[[nodes]]": frozenset({"name", "address", "accels", "tls_cert", "tls_key"}),
+    "[[nodes.accels]]": frozenset({"id", "vram_size", "gtt_size", "stage", "bandwidth",
+                                   "latency", "npa_pages"}),
+    "[[vpods]]": frozenset({"id", "members", "addr_mode"}),
+}
+
+
+def _check_keys(table: dict, section: str, where: str) -> None:
+    """A ConfigError naming the keys of `table` that `section` does not have, the keys it
+    has, and where a misplaced or misspelt key probably belongs."""
+    allowed = KEYS[section]
+    unknown = [k for k in table if k not in allowed]
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        homes = [s for s, keys in KEYS.items() if key in keys]
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        if homes:
+            hints.append(f"{key!r} belongs in {' or '.join(homes)}")
+        elif close:
+            hints.append(f"did you mean {close[0]!r}?")
+    place = "at the top level" if section == TOP_LEVEL else f"in {section}"
+    raise ConfigError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} "
+                      f"{', '.join(map(repr, unknown))} {place} "
+                      f"(allowed there: {', '.join(sorted(allowed))})"
+                      + "".join(f"; {h}" for h in hints))
+
+
+def _tables(value: object, header: str, where: str) -> list[dict]:
+    """An array of tables (`[[header]]`), checked: `[header]` or `header = 3` is an error."""
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise ConfigError(f"{where}: {header.rsplit('.', 1)[-1]} must be an array of tables "
+                          f"([[{header}]])")
+    return value
 
 
 def parse_size(value: object, where: str) -> int:
@@ -139,19 +185,25 @@ class PodConfig:
 
     @classmethod
     def from_dict(cls, doc: dict, source: str = "<dict>") -> PodConfig:
+        _check_keys(doc, TOP_LEVEL, source)
         pod = doc.get("pod", {})
+        if not isinstance(pod, dict):
+            raise ConfigError(f"{source}: pod must be a table ([pod])")
+        _check_keys(pod, "[pod]", source)
         try:
             pod_uuid = uuid.UUID(str(pod.get("uuid", "")))
         except ValueError:
             raise ConfigError(f"{source}: [pod] uuid must be a UUID") from None
         nodes = []
-        for i, n in enumerate(doc.get("nodes", [])):
+        for i, n in enumerate(_tables(doc.get("nodes", []), "nodes", source)):
             where = f"{source}: nodes[{i}]"
+            _check_keys(n, "[[nodes]]", where)
             if "name" not in n:
                 raise ConfigError(f"{where}: a node needs a name")
             accels = []
-            for j, a in enumerate(n.get("accels", [])):
+            for j, a in enumerate(_tables(n.get("accels", []), "nodes.accels", where)):
                 aw = f"{where}.accels[{j}]"
+                _check_keys(a, "[[nodes.accels]]", aw)
                 if not isinstance(a.get("id"), int):
                     raise ConfigError(f"{aw}: an accel needs an integer id")
                 try:
@@ -172,8 +224,9 @@ class PodConfig:
             nodes.append(NodeConfig(str(n["name"]), str(n.get("address", "")), tuple(accels),
                                     n.get("tls_cert"), n.get("tls_key")))
         vpods = []
-        for i, v in enumerate(doc.get("vpods", [])):
+        for i, v in enumerate(_tables(doc.get("vpods", []), "vpods", source)):
             where = f"{source}: vpods[{i}]"
+            _check_keys(v, "[[vpods]]", where)
             mode = {"source-aliasing": AddrMode.SOURCE_ALIASING,
                     "source-identification": AddrMode.SOURCE_IDENTIFICATION}.get(
                         v.get("addr_mode", "source-aliasing"))

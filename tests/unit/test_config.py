@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import tomllib
 
 import pytest
 from ualink_testkit import pod_doc
 
-from ualinkd.config import ConfigError, PodConfig, parse_size
+from ualinkd.config import KEYS, ConfigError, PodConfig, parse_size
 from ualinkd.ualink.state import AddrMode, ConfigStage
 
 
@@ -164,3 +165,75 @@ def test_node_lookup():
     cfg = PodConfig.local(2)
     with pytest.raises(ConfigError, match=r"no node named 'x' \(have: node0, node1\)"):
         cfg.node("x")
+
+
+def test_misplaced_key_at_the_top_level():
+    """Policy 8: `kernel_quirks` above [pod] is not ignored: the error names the key, where
+    it was found, what is allowed there and where it belongs."""
+    doc = pod_doc()
+    doc["kernel_quirks"] = ["hello-no-reset"]
+    assert err(doc) == ("pod.toml: unknown key 'kernel_quirks' at the top level (allowed "
+                        "there: nodes, pod, vpods); 'kernel_quirks' belongs in [pod]")
+
+
+def test_misspelt_array_of_tables():
+    """Policy 8: `[[vpod]]` for `[[vpods]]` would leave every accel outside a vPod."""
+    text = PodConfig.local(2).to_toml().replace("[[vpods]]", "[[vpod]]")
+    assert err(tomllib.loads(text)) == ("pod.toml: unknown key 'vpod' at the top level "
+                                        "(allowed there: nodes, pod, vpods); did you mean "
+                                        "'vpods'?")
+
+
+@pytest.mark.parametrize("edit,expected", [
+    (lambda d: d["pod"].update(response_timeout=50),
+     "pod.toml: unknown key 'response_timeout' in [pod] (allowed there: kernel_quirks, key, "
+     "response_timeout_ms, send_ack_timeout_ms, size, tcp_congestion, tls_ca, uuid); "
+     "did you mean 'response_timeout_ms'?"),
+    (lambda d: d["nodes"][1].update(adress="127.0.0.1:7001"),
+     "pod.toml: nodes[1]: unknown key 'adress' in [[nodes]] (allowed there: accels, address, "
+     "name, tls_cert, tls_key); did you mean 'address'?"),
+    (lambda d: d["nodes"][0]["accels"][0].update(vram="1GiB", stage="ppod", colour="red"),
+     "pod.toml: nodes[0].accels[0]: unknown keys 'vram', 'colour' in [[nodes.accels]] "
+     "(allowed there: bandwidth, gtt_size, id, latency, npa_pages, stage, vram_size); "
+     "did you mean 'vram_size'?"),
+    (lambda d: d["vpods"][0].update(members=[0], addr_mode="source-aliasing", name="x"),
+     "pod.toml: vpods[0]: unknown key 'name' in [[vpods]] (allowed there: addr_mode, id, "
+     "members); 'name' belongs in [[nodes]]"),
+])
+def test_unknown_keys_in_each_table(edit, expected):
+    """Policy 8: a typo in any table is an error naming the table entry and its keys."""
+    doc = copy.deepcopy(pod_doc())  # its default accel tables are shared
+    edit(doc)
+    assert err(doc) == expected
+
+
+def test_single_table_for_an_array_of_tables():
+    """Policy 8: `[vpods]` or `[nodes.accels]` (one pair of brackets) is named as such."""
+    text = PodConfig.local(2).to_toml()
+    assert err(tomllib.loads(text.replace("[[vpods]]", "[vpods]"))) == (
+        "pod.toml: vpods must be an array of tables ([[vpods]])")
+    one = PodConfig.local(1).to_toml().replace("[[nodes.accels]]", "[nodes.accels]")
+    assert err(tomllib.loads(one)) == (
+        "pod.toml: nodes[0]: accels must be an array of tables ([[nodes.accels]])")
+    assert err({**pod_doc(), "pod": "x"}) == "pod.toml: pod must be a table ([pod])"
+
+
+def test_to_toml_writes_exactly_the_known_keys(tmp_path):
+    """Policy 8: with every optional field set, to_toml writes every key the loader knows
+    and no other, and the file loads back as the same pod."""
+    doc = pod_doc(nodes=[[{"id": 0, "npa_pages": 64}], [{"id": 5}]],
+                  quirks=["hello-no-reset"], tls_ca="/ca.pem", tcp_congestion="")
+    for i, n in enumerate(doc["nodes"]):
+        n.update(tls_cert=f"/n{i}.pem", tls_key=f"/n{i}.key")
+    cfg = PodConfig.from_dict(doc)
+    path = tmp_path / "pod.toml"
+    path.write_text(cfg.to_toml())
+    assert PodConfig.load(path) == cfg
+    written = tomllib.loads(cfg.to_toml())
+    assert {
+        "the top level": set(written),
+        "[pod]": set(written["pod"]),
+        "[[nodes]]": set().union(*written["nodes"]),
+        "[[nodes.accels]]": set().union(*(a for n in written["nodes"] for a in n["accels"])),
+        "[[vpods]]": set().union(*written["vpods"]),
+    } == KEYS

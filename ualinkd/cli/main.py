@@ -1,4 +1,6 @@
 """`ualinkd node` (one node daemon) and `ualinkd pod` (a whole local pod, one process a node).
+A pod's nodes never outlive it: SIGINT, SIGTERM and SIGHUP stop it in order, and a killed pod
+takes its nodes with it (parent-death signal); one pod at a time runs on a root.
 
 `main(argv) -> int` so tests call it directly; `entry()` is the console script.
 """
@@ -7,13 +9,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import errno
+import fcntl
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import trio
@@ -21,6 +28,15 @@ import trio
 from ..config import ConfigError, PodConfig
 
 log = logging.getLogger("ualinkd")
+
+# Set by `ualinkd pod` for the node daemons it starts: the pod's pid. A node that finds it
+# asks for SIGTERM when that process dies (see _die_with_pod).
+POD_PID_ENV = "UALINKD_POD_PID"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# How long a new pod waits for the node daemons of a pod that just died to unmount.
+_LIVE_MOUNT_GRACE = 5.0
+_POD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_NODE_DIR_RE = re.compile(r"node\d+")  # where `ualinkd pod` mounts its nodes
 
 
 def _trace_arg(p: argparse.ArgumentParser) -> None:
@@ -72,9 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0].startswith("--config"):
-        # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing.
-        argv = ["node", *argv]
+    if not {"node", "pod", "-h", "--help"} & set(argv) and any(
+            a == "--config" or a.startswith("--config=") for a in argv):
+        # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing,
+        # in any order (`ualinkd -v --node n --config pod.toml --mount m`).
+        argv = [*(a for a in argv if a in ("-v", "--verbose")), "node",
+                *(a for a in argv if a not in ("-v", "--verbose"))]
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -97,6 +116,10 @@ def entry() -> None:
 def _node(args: argparse.Namespace) -> int:
     from ..daemon import run_node
 
+    if not _die_with_pod():
+        print(f"ualinkd: {args.node}: the pod that started this node is gone",
+              file=sys.stderr)
+        return 1
     config = _with_quirks(PodConfig.load(args.config), args.kernel_quirks)
     config.node(args.node)  # fail early on an unknown name
     failed: list[BaseException] = []
@@ -117,6 +140,26 @@ def _node(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _die_with_pod() -> bool:
+    """When `ualinkd pod` started this node ($UALINKD_POD_PID): have the kernel send us
+    SIGTERM when the pod process dies, however it dies (SIGKILL included), so that no node
+    outlives its pod with a live mount; SIGTERM unmounts cleanly. False if the pod is
+    already gone. The signal comes when the *thread* that forked us exits: the pod forks
+    from its main thread. Set here rather than in a preexec_fn because `ualinkd pod
+    --netns` starts nodes through ip/unshare/nodeinit, which all exec: this process still
+    has the pod as its parent."""
+    pod_pid = os.environ.pop(POD_PID_ENV, None)  # not for anything this node starts
+    if pod_pid is None:
+        return True
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    # The pod may have died before the prctl, when no signal was armed yet: then our
+    # parent is someone else (init or a subreaper).
+    return os.getppid() == int(pod_pid)
+
+
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     return [leaf for e in group.exceptions
             for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
@@ -130,11 +173,6 @@ def _pod(args: argparse.Namespace) -> int:
         return _pod_netns(args)
     root = os.path.abspath(args.root)
     os.makedirs(root, exist_ok=True)
-    config = _with_quirks(
-        PodConfig.local(args.nodes, args.accels_per_node, free_tcp_ports(args.nodes)),
-        args.kernel_quirks)
-    conf_path = os.path.join(root, "pod.toml")
-    write_private(conf_path, config.to_toml())  # it holds the pod key
 
     stop = False
 
@@ -142,9 +180,37 @@ def _pod(args: argparse.Namespace) -> int:
         nonlocal stop
         stop = True
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for sig in _POD_SIGNALS:  # SIGHUP: the terminal closed or the ssh session dropped
+        signal.signal(sig, on_signal)
 
+    # Nothing under ROOT is rewritten before we know this pod can run there: pod.toml is
+    # the config of whatever nodes still serve ROOT, and holds their key.
+    with _root_lock(root) as locked:
+        if not locked:
+            print(f"ualinkd: another `ualinkd pod` is running on {root}", file=sys.stderr)
+            return 1
+        try:
+            busy = _clear_old_mounts(root, lambda: stop)
+        except (OSError, subprocess.CalledProcessError) as e:  # the latter: fusermount3 -uz
+            print(f"ualinkd: {e}", file=sys.stderr)
+            return 1
+        if stop:
+            return 0
+        if busy:
+            print(f"ualinkd: {', '.join(busy)} {'is' if len(busy) == 1 else 'are'} still "
+                  "served by a live FUSE server (a node of an earlier pod?): stop it first",
+                  file=sys.stderr)
+            return 1
+        config = _with_quirks(
+            PodConfig.local(args.nodes, args.accels_per_node, free_tcp_ports(args.nodes)),
+            args.kernel_quirks)
+        return _run_local_pod(args, root, config, lambda: stop)
+
+
+def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
+                   stopping: Callable[[], bool]) -> int:
+    conf_path = os.path.join(root, "pod.toml")
+    write_private(conf_path, config.to_toml())  # it holds the pod key
     children: list[tuple[str, str, subprocess.Popen[bytes], socket.socket]] = []
     status = 0
     try:
@@ -159,12 +225,14 @@ def _pod(args: argparse.Namespace) -> int:
                    "--node", node.name, "--mount", mount]
             if args.trace:
                 cmd.append(f"--trace={args.trace}")
-            env = dict(os.environ, NOTIFY_SOCKET=notify_path)
+            env = {**os.environ, "NOTIFY_SOCKET": notify_path, POD_PID_ENV: str(os.getpid())}
+            # A session of its own: the terminal's SIGINT/SIGHUP reach the pod only, which
+            # stops the nodes in order; the nodes die with the pod through POD_PID_ENV.
             proc = subprocess.Popen(cmd, env=env, start_new_session=True)
             children.append((node.name, mount, proc, sock))
         for name, _, proc, sock in children:
-            if not _wait_ready(sock, proc, args.ready_timeout, lambda: stop):
-                if stop:  # Ctrl-C while starting
+            if not _wait_ready(sock, proc, args.ready_timeout, stopping):
+                if stopping():  # Ctrl-C while starting
                     return 0
                 print(f"ualinkd: {name} did not become ready", file=sys.stderr)
                 return 1
@@ -174,12 +242,12 @@ def _pod(args: argparse.Namespace) -> int:
             ids = ",".join(str(a.accel_id) for a in node.accels)
             print(f"{name} ready: mount={mount} render={mount}/dri/renderD128 accels={ids}",
                   flush=True)
-        while not stop:
+        while not stopping() and not status:
             for name, _, proc, _ in children:
                 if proc.poll() is not None:
                     print(f"ualinkd: {name} exited with status {proc.returncode}",
                           file=sys.stderr)
-                    stop, status = True, 1
+                    status = 1
             time.sleep(0.1)
     finally:
         _stop_children(children)
@@ -196,11 +264,15 @@ def _pod_netns(args: argparse.Namespace) -> int:
         nonlocal stop
         stop = True
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # Before Pod.start: it turns a SIGHUP still at its default into SystemExit(129).
+    for sig in _POD_SIGNALS:
+        signal.signal(sig, on_signal)
     config = _with_quirks(pod_config(args.nodes, args.accels_per_node), args.kernel_quirks)
     pod = Pod(config, trace=args.trace, state_root=os.path.abspath(args.root),
               ready_timeout=args.ready_timeout)
+    # Pod starts each node with our environment, through ip netns exec, unshare and
+    # nodeinit, which all exec: the node's parent is this process, and it dies with it.
+    os.environ[POD_PID_ENV] = str(os.getpid())
     try:
         try:
             pod.start()
@@ -230,8 +302,51 @@ def _pod_netns(args: argparse.Namespace) -> int:
                     print(f"ualinkd: {node.name} is not running any more", file=sys.stderr)
             time.sleep(0.1)
     finally:
+        os.environ.pop(POD_PID_ENV, None)
         pod.close()
     return 0
+
+
+@contextlib.contextmanager
+def _root_lock(root: str) -> Iterator[bool]:
+    """An exclusive flock on the pod's root directory while the pod runs: True when we got
+    it, False when another pod holds it. The kernel lets go when the pod dies, however it
+    dies; the nodes never hold it (Popen closes every other fd)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
+    finally:
+        os.close(fd)
+
+
+def _clear_old_mounts(root: str, stopping: Callable[[], bool]) -> list[str]:
+    """Make the `node<i>` mount points under `root` usable (DESIGN: stale mounts are cleared
+    at the next start): a dead FUSE mount (its daemon was SIGKILL'd) is unmounted lazily; a
+    live one gets _LIVE_MOUNT_GRACE seconds to go, as the nodes of a pod that just died
+    unmount on their parent-death SIGTERM. The mount points still live after that."""
+    from ..fuse.lowlevel import clear_stale_mount, fuse_mounts_at
+
+    deadline = time.monotonic() + _LIVE_MOUNT_GRACE
+    while True:
+        busy = []
+        for name in sorted(os.listdir(root)):
+            path = os.path.join(root, name)
+            if not _NODE_DIR_RE.fullmatch(name) or not fuse_mounts_at(path):
+                continue  # parsed from mountinfo: no stat into a server that may hang
+            try:
+                clear_stale_mount(path)
+            except OSError as e:
+                if e.errno != errno.EBUSY:
+                    raise
+                busy.append(path)
+        if not busy or time.monotonic() >= deadline or stopping():
+            return busy
+        time.sleep(0.1)
 
 
 def write_private(path: str | os.PathLike[str], text: str) -> None:
@@ -257,7 +372,7 @@ def free_tcp_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def _wait_ready(sock: socket.socket, proc: subprocess.Popen[bytes], timeout: float,
-                stopping: object) -> bool:
+                stopping: Callable[[], bool]) -> bool:
     deadline = time.monotonic() + timeout
     sock.settimeout(0.1)
     while time.monotonic() < deadline:
@@ -266,7 +381,7 @@ def _wait_ready(sock: socket.socket, proc: subprocess.Popen[bytes], timeout: flo
                 return True
         except TimeoutError:
             pass
-        if proc.poll() is not None or stopping():  # type: ignore[operator]
+        if proc.poll() is not None or stopping():
             return False
     return False
 

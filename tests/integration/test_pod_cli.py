@@ -1,0 +1,300 @@
+"""`ualinkd pod` as a user's terminal sees it: SIGHUP stops it like SIGTERM, a SIGKILL'd pod
+takes its node daemons (and their mounts) with it, and a second pod on the same root never
+overwrites the pod.toml of nodes that still serve it (DESIGN "Interfaces").
+
+Every process and FUSE mount a test leaves under its tmp directory is killed and lazily
+unmounted afterwards, even when the test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+# -- what runs and what is mounted under a directory (from /proc: a stat could hang) ---------
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def fuse_mounts_under(top: Path) -> list[str]:
+    """FUSE mount points at or below `top`, deepest last."""
+    top_s = str(top)
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = _unescape(fields[4])
+            fstype = fields[fields.index("-") + 1]
+            if fstype.startswith("fuse") and (point == top_s or point.startswith(top_s + "/")):
+                found.append(point)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie nobody reaps counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def pids_using(top: Path) -> set[int]:
+    """Processes with `top`, or a path below it, among their arguments."""
+    top_b = os.fsencode(top)
+    found = set()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(a == top_b or a.startswith(top_b + b"/") for a in argv):
+            found.add(int(d))
+    return found
+
+
+def node_pids(root: Path) -> set[int]:
+    conf = os.fsencode(root / "pod.toml")
+    found = set()
+    for pid in pids_using(root):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+            if b"node" in argv and conf in argv:
+                found.add(pid)
+    return found
+
+
+def wait_for(cond: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Iterator[Path]:
+    """tmp_path, and afterwards nothing left running or mounted under it."""
+    yield tmp_path
+    left = pids_using(tmp_path)
+    for pid in left:
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+    wait_for(lambda: not any(alive(p) for p in left), 10)
+    for point in reversed(fuse_mounts_under(tmp_path)):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+    assert not left, f"processes left running: {sorted(left)}"
+
+
+# -- one `ualinkd pod` ------------------------------------------------------------------------
+class PodProcess:
+    def __init__(self, root: Path, nodes: int) -> None:
+        self.root = root
+        self.out = root.parent / f"{root.name}.out"
+        self.err = root.parent / f"{root.name}.err"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ualinkd", "pod", "--nodes", str(nodes),
+                 "--root", str(root)], stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        self.nodes: set[int] = set()
+
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def wait_ready(self, nodes: int, timeout: float = 60) -> None:
+        """Until the pod printed a ready line per node (it does once the links are up)."""
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the pod exited with {self.proc.returncode}:\n"
+                                     f"{self.stderr()}")
+            return self.out.read_text().count(" ready: ") == nodes
+        assert wait_for(ready, timeout), f"the pod is not ready:\n{self.stderr()}"
+        self.nodes = node_pids(self.root)
+        assert len(self.nodes) == nodes, self.nodes
+        for i in range(nodes):
+            assert (self.root / f"node{i}" / "dri" / "renderD128").exists()
+
+
+@contextlib.contextmanager
+def pod(root: Path, nodes: int = 2) -> Iterator[PodProcess]:
+    p = PodProcess(root, nodes)
+    try:
+        p.wait_ready(nodes)
+        yield p
+    finally:
+        if p.proc.poll() is None:
+            p.proc.kill()
+        p.proc.wait()
+
+
+def test_sighup_stops_the_pod_as_sigterm_does(tmp):
+    """A closed terminal or a dropped ssh session (SIGHUP): every node daemon stops and
+    unmounts, and the pod exits 0 as for SIGTERM."""
+    root = tmp / "pod"
+    with pod(root) as p:
+        p.proc.send_signal(signal.SIGHUP)
+        assert p.proc.wait(30) == 0, p.stderr()
+        assert not any(alive(pid) for pid in p.nodes)
+        assert not fuse_mounts_under(root)
+        assert sorted(x.name for x in root.iterdir()) == ["node0", "node1", "pod.toml"]
+
+
+def test_sigkilled_pod_takes_its_nodes_and_mounts_with_it(tmp):
+    """The node daemons die with the pod process even when it gets SIGKILL (parent-death
+    signal SIGTERM: they unmount on the way out), and the next pod on the root starts."""
+    root = tmp / "pod"
+    with pod(root) as p:
+        p.proc.kill()
+        p.proc.wait()
+        assert wait_for(lambda: not any(alive(pid) for pid in p.nodes), 10), \
+            f"node daemons {sorted(pid for pid in p.nodes if alive(pid))} outlived the pod"
+        assert wait_for(lambda: not fuse_mounts_under(root), 5), fuse_mounts_under(root)
+    with pod(root) as p:
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(30) == 0, p.stderr()
+    assert not fuse_mounts_under(root)
+
+
+def test_pod_restarted_at_once_after_a_sigkill(tmp):
+    """A new pod started the moment the old one was SIGKILL'd waits for the old nodes to
+    unmount (they are on their way out) and starts."""
+    root = tmp / "pod"
+    with pod(root) as old:
+        old.proc.kill()
+        old.proc.wait()
+        with pod(root) as new:
+            assert not any(alive(pid) for pid in old.nodes)
+            assert not new.nodes & old.nodes
+            new.proc.send_signal(signal.SIGTERM)
+            assert new.proc.wait(30) == 0, new.stderr()
+    assert not fuse_mounts_under(root)
+
+
+def test_second_pod_on_a_live_root_keeps_its_pod_toml(tmp):
+    """A second `ualinkd pod` on the root of a running one exits 1 and leaves its pod.toml
+    (the running nodes' config, with its key) alone; the first pod keeps working."""
+    root = tmp / "pod"
+    with pod(root) as first:
+        conf = (root / "pod.toml").read_bytes()
+        r = subprocess.run([sys.executable, "-m", "ualinkd", "pod", "--nodes", "3", "--root",
+                            str(root)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1, r.stderr
+        assert f"another `ualinkd pod` is running on {root}" in r.stderr
+        assert (root / "pod.toml").read_bytes() == conf
+        assert not (root / "node2").exists()
+        assert "node1 up" in (root / "node0/sys/kernel/debug/ualink_fabric").read_text()
+        first.proc.send_signal(signal.SIGINT)
+        assert first.proc.wait(30) == 0, first.stderr()
+    assert not fuse_mounts_under(root)
+
+
+def test_live_node_left_on_the_root_blocks_the_start(tmp):
+    """A node daemon still serving ROOT/node0 without its pod (e.g. a pod killed by an
+    older ualinkd): the new pod waits a little for it to go, then exits 1 naming the mount,
+    and pod.toml stays as it was."""
+    root = tmp / "pod"
+    with pod(root) as p:
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(30) == 0
+    conf = (root / "pod.toml").read_bytes()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UALINKD_")}
+    orphan = subprocess.Popen([sys.executable, "-m", "ualinkd", "node", "--config",
+                               str(root / "pod.toml"), "--node", "node0", "--mount",
+                               str(root / "node0")], env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: (root / "node0/dri/renderD128").exists(), 30)
+        r = subprocess.run([sys.executable, "-m", "ualinkd", "pod", "--nodes", "2", "--root",
+                            str(root)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1, r.stderr
+        assert f"{root / 'node0'} is still served by a live FUSE server" in r.stderr
+        assert (root / "pod.toml").read_bytes() == conf
+        assert orphan.poll() is None
+    finally:
+        orphan.terminate()
+        orphan.wait(20)
+    assert not fuse_mounts_under(root)
+
+
+def test_dead_mount_left_on_the_root_is_cleared(tmp):
+    """A node daemon SIGKILL'd together with its pod leaves a dead FUSE mount; the next
+    pod on the root clears it and starts."""
+    root = tmp / "pod"
+    with pod(root) as p:
+        (victim,) = [pid for pid in p.nodes
+                     if str(root / "node1").encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        p.proc.send_signal(signal.SIGSTOP)  # so that it cannot clear the mount itself
+        os.kill(victim, signal.SIGKILL)
+        assert wait_for(lambda: not alive(victim), 10)
+        p.proc.kill()
+        p.proc.wait()
+        assert wait_for(lambda: not any(alive(pid) for pid in p.nodes), 10)
+    assert fuse_mounts_under(root) == [str(root / "node1")]  # dead, ENOTCONN
+    with pod(root) as p:
+        assert "pod.toml" in os.listdir(root)
+        p.proc.send_signal(signal.SIGINT)
+        assert p.proc.wait(30) == 0, p.stderr()
+    assert not fuse_mounts_under(root)
+
+
+def test_netns_pod_nodes_die_with_it_and_sighup_stops_it(tmp):
+    """`ualinkd pod --netns`: the node daemons (started through ip netns exec, unshare and
+    nodeinit, all exec'ing) die with a SIGKILL'd pod; the namespaces it leaves are removed
+    by the next start, and SIGHUP stops that one as SIGTERM does (exit 0, all gone)."""
+    from ualinkd.testing import PodUnavailable, check_prerequisites, cleanup_stale
+
+    try:
+        check_prerequisites()
+    except PodUnavailable as e:
+        pytest.skip(str(e))
+    root = tmp / "pods"
+
+    def start() -> tuple[subprocess.Popen[bytes], str, set[int]]:
+        out = tmp / "netns.out"
+        with open(out, "w") as f:
+            proc = subprocess.Popen([sys.executable, "-m", "ualinkd", "pod", "--netns",
+                                     "--nodes", "2", "--root", str(root)], stdout=f,
+                                    stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        assert wait_for(lambda: "faults:" in out.read_text() or proc.poll() is not None, 60)
+        text = out.read_text()
+        assert proc.poll() is None, text
+        prefix = os.path.basename(re.search(r"^pod dir: (.*)$", text, re.M).group(1))
+        return proc, prefix, {int(pid) for pid in re.findall(r" pid=(\d+) ", text)}
+
+    def netns(prefix: str) -> list[str]:
+        return [ns for ns in os.listdir("/run/netns") if ns.startswith(prefix)]
+
+    proc, prefix, nodes = start()
+    try:
+        assert len(nodes) == 2
+        proc.kill()
+        proc.wait()
+        assert wait_for(lambda: not any(alive(pid) for pid in nodes), 10), \
+            f"node daemons {sorted(pid for pid in nodes if alive(pid))} outlived the pod"
+        proc, prefix2, _ = start()
+        assert not netns(prefix) and not (root / prefix).exists()
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(30) == 0
+        assert not netns(prefix2) and not (root / prefix2).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cleanup_stale(root)
