@@ -720,9 +720,12 @@ class UalinkManager:
 
     # -- introspection ----------
     def check_invariants(self) -> None:
-        """Pin count ≥ importers for every export (§5.6), NPA bookkeeping consistent."""
+        """Pin count ≥ importers for every export and a pinned BO in VRAM (§5.6 step 3),
+        NPA bookkeeping consistent."""
         for entry in list(self.exports.values()):
             assert entry.bo.pin_count >= len(entry.importers), (
                 f"pin count {entry.bo.pin_count} < importers {len(entry.importers)}")
+            assert not entry.bo.pin_count or entry.bo.placement is self.driver.vram, (
+                "a pinned BO outside VRAM")
         reserved = 0 if self.npa.reserved is None else 1
         assert len(self.npa_table) + reserved == len(self.npa.used)
