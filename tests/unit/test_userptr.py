@@ -136,8 +136,8 @@ def test_userptr_bo_rules(f):
                                                                     c.DOMAIN_GTT, 0)
 
 
-def _map(f, h: int, va: int, flags: int) -> None:
-    args = st.GemVa(h, 0, c.VA_OP_MAP, flags, va, 0, PAGES * PAGE, 0, 0, 0, 0)
+def _map(f, h: int, va: int, flags: int, size: int = PAGES * PAGE) -> None:
+    args = st.GemVa(h, 0, c.VA_OP_MAP, flags, va, 0, size, 0, 0, 0, 0)
     assert ioctl(f, GEM_VA, st.GEM_VA.encode(args)).result == 0
 
 
@@ -169,3 +169,25 @@ def test_gpu_loads_and_stores_reach_the_process_memory(f, proc):
     for handle in (h, ro):
         assert ioctl(f, GEM_CLOSE, struct.pack("<II", handle, 0)).result == 0
     assert proc.closed == 2
+
+
+def test_userptr_faults_give_short_counts(f, proc):
+    """Policy 10: a GPU access that runs into a page the process does not have (or, for a
+    store, has read-only) returns what came before it, and counts one GPU fault."""
+    vm = f.device.driver.vm(f)
+    faults: list[int] = []
+
+    def remote(*a):
+        raise AssertionError("no remote pieces here")
+
+    edge = BASE + (PAGES - 1) * PAGE  # the last mapped page; the next one is not mapped
+    h = userptr(f, addr=edge, size=2 * PAGE, flags=RO)  # no VALIDATE: accepted as is
+    _map(f, h, 0x100000, c.VM_PAGE_READABLE, size=2 * PAGE)
+    got = gpu_load(vm, 0x100000 + 100, 2 * PAGE - 100, remote, lambda: faults.append(1))
+    assert got == bytes(proc.mem[-PAGE + 100:]) and faults == [1]
+    w = userptr(f, flags=REG)  # the last page is read-only in the process
+    _map(f, w, 0x200000, c.VM_PAGE_READABLE | c.VM_PAGE_WRITEABLE)
+    at = 0x200000 + (PAGES - 2) * PAGE
+    assert gpu_store(vm, at, b"y" * 2 * PAGE, remote, lambda: faults.append(2)) == PAGE
+    assert proc.mem[(PAGES - 2) * PAGE:(PAGES - 1) * PAGE] == b"y" * PAGE
+    assert faults == [1, 2]

@@ -380,9 +380,69 @@ def gpu_load(
         if fault_at == va:
             raise _fault(va)
     if all(type(p) is LocalPiece for p in pieces):
-        return b"".join(p.bo.memory.read(p.bo_offset, p.length)  # type: ignore[union-attr]
-                        for p in pieces)
+        out: list[bytes] = []
+        done = 0
+        for p in pieces:
+            got = _read_local(p)  # type: ignore[arg-type]
+            out.append(got)
+            done += len(got)
+            if len(got) < p.length:  # a userptr page its process does not have
+                if fault_at is None:
+                    on_fault()
+                if not done:
+                    raise _fault(va)
+                break
+        return b"".join(out)
     return _load_later(pieces, va, remote, on_fault if fault_at is None else None)
+
+
+def _read_local(p: LocalPiece) -> bytes:
+    """A local piece's bytes. Only a userptr BO can fault here (its process's memory): then
+    the bytes up to the first page that faults (policy 10's short count)."""
+    mem = p.bo.memory
+    try:
+        return mem.read(p.bo_offset, p.length)
+    except DrmError:
+        if p.bo.userptr is None:
+            raise
+    out = bytearray()
+    for pos, n in _pages(p.bo_offset, p.length):
+        try:
+            out += mem.read(pos, n)
+        except DrmError:
+            break
+    return bytes(out)
+
+
+def _write_local(p: LocalPiece, data: bytes | memoryview) -> int:
+    """Store into a local piece; the count stored (short only for a userptr BO whose
+    process has a page unmapped or read-only, policy 10)."""
+    mem = p.bo.memory
+    try:
+        mem.write(p.bo_offset, data)
+        return p.length
+    except DrmError:
+        if p.bo.userptr is None:
+            raise
+    done = 0
+    for pos, n in _pages(p.bo_offset, p.length):
+        try:
+            mem.write(pos, data[done : done + n])
+        except DrmError:
+            break
+        done += n
+    return done
+
+
+def _pages(offset: int, length: int) -> list[tuple[int, int]]:
+    """[offset, offset + length) cut at GPU page boundaries: (offset, length) pairs."""
+    out = []
+    pos, end = offset, offset + length
+    while pos < end:
+        n = min(end, (pos // PAGE + 1) * PAGE) - pos
+        out.append((pos, n))
+        pos += n
+    return out
 
 
 async def _load_later(
@@ -392,7 +452,7 @@ async def _load_later(
     done = 0
     for p in pieces:
         if isinstance(p, LocalPiece):
-            got = p.bo.memory.read(p.bo_offset, p.length)
+            got = _read_local(p)
         else:
             try:
                 r = await remote(p, False, None)
@@ -427,8 +487,14 @@ def gpu_store(
         mv = memoryview(data)
         done = 0
         for p in pieces:
-            p.bo.memory.write(p.bo_offset, mv[done : done + p.length])  # type: ignore[union-attr]
-            done += p.length
+            n = _write_local(p, mv[done : done + p.length])  # type: ignore[arg-type]
+            done += n
+            if n < p.length:  # a userptr page its process does not let us write
+                if fault_at is None:
+                    on_fault()
+                if not done:
+                    raise _fault(va)
+                break
         return done
     return _store_later(pieces, va, data, remote, on_fault if fault_at is None else None)
 
@@ -441,8 +507,7 @@ async def _store_later(
     for p in pieces:
         chunk = data[done : done + p.length]
         if isinstance(p, LocalPiece):
-            p.bo.memory.write(p.bo_offset, chunk)
-            n = p.length
+            n = _write_local(p, chunk)
         else:
             try:
                 r = await remote(p, True, chunk)
