@@ -87,13 +87,15 @@ class ProcMemory:
             os.close(self._dir)
             raise DrmError(errno.EFAULT, f"cannot open the memory of process {tgid}") from None
 
-    def check(self, address: int, size: int, write: bool) -> None:
+    def accessible(self, address: int, size: int, write: bool) -> int:
+        """Bytes from `address` (up to `size`) in mappings readable (and writable, for a
+        write): /proc/<pid>/mem itself would read PROT_NONE pages and write read-only ones."""
         try:
             fd = os.open("maps", os.O_RDONLY, dir_fd=self._dir)
             with os.fdopen(fd) as f:
                 maps = f.read()
         except OSError:
-            raise DrmError(errno.EFAULT, "the process is gone") from None
+            return 0  # the process is gone
         pos, end = address, address + size
         for line in maps.splitlines():  # ascending, non-overlapping ranges
             span, perms = line.split()[:2]
@@ -104,26 +106,27 @@ class ProcMemory:
                 break  # a hole, or a mapping without the access
             pos = hi
             if pos >= end:
-                return
-        raise DrmError(errno.EFAULT, f"{pos:#x} is not mapped "
-                                     f"{'writable' if write else 'readable'}")
+                return size
+        return pos - address
 
     def read(self, address: int, n: int) -> bytes:
-        try:
-            data = os.pread(self._mem, n, address)
-        except (OSError, OverflowError):
-            data = b""
+        data = b""
+        if self.accessible(address, n, write=False) == n:
+            try:
+                data = os.pread(self._mem, n, address)
+            except (OSError, OverflowError):
+                pass
         if len(data) != n:
             raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
         return data
 
     def write(self, address: int, data: bytes) -> None:
-        self.check(address, len(data), write=True)
-        try:
-            if os.pwrite(self._mem, data, address) == len(data):
-                return
-        except (OSError, OverflowError):
-            pass
+        if self.accessible(address, len(data), write=True) == len(data):
+            try:
+                if os.pwrite(self._mem, data, address) == len(data):
+                    return
+            except (OSError, OverflowError):
+                pass
         raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
 
     def close(self) -> None:

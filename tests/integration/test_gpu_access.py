@@ -179,4 +179,21 @@ def test_userptr_bo_is_the_callers_memory(node):
             assert struct.unpack_from("<I", arg, 20)[0] != 0
         finally:
             libc.munmap(ctypes.c_void_p(ro), 4096)
+        # Policy 10: a GPU load that runs into a page the process made PROT_NONE stops
+        # there (a short count), though /proc/<pid>/mem itself would read it.
+        two = libc.mmap(None, 8192, mmap.PROT_READ | mmap.PROT_WRITE,
+                        mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        try:
+            ctypes.memmove(two, b"visible", 7)
+            libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            assert libc.mprotect(ctypes.c_void_p(two + 4096), 4096, 0) == 0  # PROT_NONE
+            arg = bytearray(struct.pack("<QQII", two, 8192, 0x1, 0))  # READONLY
+            fcntl.ioctl(c.fd, 0xC0186451, arg, True)
+            guarded = struct.unpack_from("<I", arg, 20)[0]
+            c.va_map(guarded, VA, 8192, flags=READABLE)
+            got = c.gpu_read(VA, 8192)
+            assert len(got) == 4096 and got[:7] == b"visible"
+            c.va_unmap(guarded, VA, 8192)
+        finally:
+            libc.munmap(ctypes.c_void_p(two), 8192)
     buf.close()

@@ -327,8 +327,10 @@ def test_node_without_subcommand_is_node(tmp_path):
                  str(tmp_path / "m")]) == 2  # parsed as `node`: the config is missing
     for argv in (["-v", "--node", "n", "--config", str(tmp_path / "missing.toml")],
                  ["--mount", str(tmp_path / "m"), f"--config={tmp_path / 'missing.toml'}",
-                  "--node", "n"]):  # any order, -v anywhere
-        assert main([*argv, "--mount", str(tmp_path / "m")] if "--mount" not in argv
+                  "--node", "n"],
+                 ["-v", "--config", str(tmp_path / "missing.toml"), "--node", "node"]):
+        # any order, -v in front, values that spell a subcommand ("node", "pod")
+        assert main([*argv, "--mount", str(tmp_path / "pod")] if "--mount" not in argv
                     else argv) == 2
     assert build_parser().parse_args(["node", "--config", "c", "--node", "n", "--mount",
                                       "m"]).command == "node"

@@ -105,14 +105,19 @@ def tmp(tmp_path: Path) -> Iterator[Path]:
 
 # -- one `ualinkd pod` ------------------------------------------------------------------------
 class PodProcess:
-    def __init__(self, root: Path, nodes: int) -> None:
+    def __init__(self, root: Path, nodes: int, nohup: bool = False) -> None:
         self.root = root
         self.out = root.parent / f"{root.name}.out"
         self.err = root.parent / f"{root.name}.err"
+
+        def ignore_sighup() -> None:  # what nohup does before it execs
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "ualinkd", "pod", "--nodes", str(nodes),
-                 "--root", str(root)], stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+                 "--root", str(root)], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                preexec_fn=ignore_sighup if nohup else None)
         self.nodes: set[int] = set()
 
     def stderr(self) -> str:
@@ -133,8 +138,8 @@ class PodProcess:
 
 
 @contextlib.contextmanager
-def pod(root: Path, nodes: int = 2) -> Iterator[PodProcess]:
-    p = PodProcess(root, nodes)
+def pod(root: Path, nodes: int = 2, nohup: bool = False) -> Iterator[PodProcess]:
+    p = PodProcess(root, nodes, nohup)
     try:
         p.wait_ready(nodes)
         yield p
@@ -154,6 +159,35 @@ def test_sighup_stops_the_pod_as_sigterm_does(tmp):
         assert not any(alive(pid) for pid in p.nodes)
         assert not fuse_mounts_under(root)
         assert sorted(x.name for x in root.iterdir()) == ["node0", "node1", "pod.toml"]
+
+
+def test_nohup_pod_survives_sighup(tmp):
+    """`nohup ualinkd pod &`: a SIGHUP inherited as ignored stays ignored; SIGTERM stops it."""
+    root = tmp / "pod"
+    with pod(root, nohup=True) as p:
+        p.proc.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        assert p.proc.poll() is None and all(alive(pid) for pid in p.nodes)
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(30) == 0, p.stderr()
+
+
+def test_stopped_node_left_on_the_root_does_not_hang_the_start(tmp):
+    """A node of a dead pod that is SIGSTOPped (its mount answers nothing): the next pod does
+    not hang on it (no statfs into that mount from the pod itself); it reports the mount and
+    exits 1, and once the node runs again it finishes dying and the root is usable."""
+    root = tmp / "pod"
+    with pod(root, nodes=1) as p:
+        (node,) = p.nodes
+        os.kill(node, signal.SIGSTOP)
+        p.proc.kill()
+        p.proc.wait()
+    second = subprocess.run([sys.executable, "-m", "ualinkd", "pod", "--nodes", "1",
+                             "--root", str(root)], capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1 and str(root / "node0") in second.stderr, second.stderr
+    os.kill(node, signal.SIGCONT)  # its parent-death SIGTERM is delivered now
+    assert wait_for(lambda: not alive(node), 10)
+    assert wait_for(lambda: not fuse_mounts_under(root), 5)
 
 
 def test_sigkilled_pod_takes_its_nodes_and_mounts_with_it(tmp):

@@ -43,19 +43,21 @@ class FakeProcess:
         self.opened: list[int] = []  # thread ids it was opened for
         self.closed = 0
 
-    def check(self, address: int, size: int, write: bool) -> None:
+    def accessible(self, address: int, size: int, write: bool) -> int:
         off = address - BASE
-        if off < 0 or off + size > len(self.mem):
-            raise DrmError(errno.EFAULT, f"{address:#x} is not mapped")
-        if write and off + size > (PAGES - 1) * PAGE:
-            raise DrmError(errno.EFAULT, "the last page is read-only")
+        top = (PAGES - 1) * PAGE if write else len(self.mem)  # the last page: read-only
+        if off < 0 or off >= top:
+            return 0
+        return min(size, top - off)
 
     def read(self, address: int, n: int) -> bytes:
-        self.check(address, n, write=False)
+        if self.accessible(address, n, write=False) < n:
+            raise DrmError(errno.EFAULT, f"{address:#x} is not mapped")
         return bytes(self.mem[address - BASE:address - BASE + n])
 
     def write(self, address: int, data: bytes) -> None:
-        self.check(address, len(data), write=True)
+        if self.accessible(address, len(data), write=True) < len(data):
+            raise DrmError(errno.EFAULT, f"{address:#x} is not mapped writable")
         self.mem[address - BASE:address - BASE + len(data)] = data
 
     def close(self) -> None:

@@ -196,12 +196,11 @@ class AmdgpuDriver:
             raise DrmError(errno.EFAULT, "no access to the caller's memory")
         process = opener(caller.pid)
         readonly = bool(args.flags & c.USERPTR_READONLY)
-        if args.flags & c.USERPTR_VALIDATE:  # get_user_pages: every page must be there
-            try:
-                process.check(args.addr, args.size, write=not readonly)
-            except DrmError:
-                process.close()
-                raise
+        # get_user_pages: with VALIDATE every page must be there, with the access the BO has.
+        if (args.flags & c.USERPTR_VALIDATE
+                and process.accessible(args.addr, args.size, not readonly) < args.size):
+            process.close()
+            raise DrmError(errno.EFAULT, "userptr range not mapped as asked")
         memory = UserMemory(process, args.addr, args.size, readonly)
         bo = AmdgpuBo(self.device, args.size, 0, c.DOMAIN_GTT, 0, None)
         bo.userptr = memory

@@ -126,6 +126,11 @@ class UserMemory:
     def _check(self, offset: int, n: int) -> None:
         _check_range(offset, n, self.size)
 
+    def accessible(self, offset: int, n: int, write: bool) -> int:
+        """How many of the n bytes at `offset` the process has mapped for the access."""
+        self._check(offset, n)
+        return self.process.accessible(self.address + offset, n, write) if n else 0
+
     def read(self, offset: int, n: int) -> bytes:
         self._check(offset, n)
         return self.process.read(self.address + offset, n) if n else b""

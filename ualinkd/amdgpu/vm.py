@@ -398,51 +398,36 @@ def gpu_load(
 
 def _read_local(p: LocalPiece) -> bytes:
     """A local piece's bytes. Only a userptr BO can fault here (its process's memory): then
-    the bytes up to the first page that faults (policy 10's short count)."""
-    mem = p.bo.memory
+    the bytes up to the first page the process does not have readable (policy 10's short
+    count), empty if that is the first."""
+    user = p.bo.userptr
+    if user is None:
+        return p.bo.memory.read(p.bo_offset, p.length)
+    n = user.accessible(p.bo_offset, p.length, write=False)
     try:
-        return mem.read(p.bo_offset, p.length)
-    except DrmError:
-        if p.bo.userptr is None:
+        return user.read(p.bo_offset, n) if n else b""
+    except DrmError as e:  # the process changed its mappings since
+        if e.errno != errno.EFAULT:
             raise
-    out = bytearray()
-    for pos, n in _pages(p.bo_offset, p.length):
-        try:
-            out += mem.read(pos, n)
-        except DrmError:
-            break
-    return bytes(out)
+        return b""
 
 
 def _write_local(p: LocalPiece, data: bytes | memoryview) -> int:
     """Store into a local piece; the count stored (short only for a userptr BO whose
     process has a page unmapped or read-only, policy 10)."""
-    mem = p.bo.memory
-    try:
-        mem.write(p.bo_offset, data)
+    user = p.bo.userptr
+    if user is None:
+        p.bo.memory.write(p.bo_offset, data)
         return p.length
-    except DrmError:
-        if p.bo.userptr is None:
+    n = user.accessible(p.bo_offset, p.length, write=True)
+    try:
+        if n:
+            user.write(p.bo_offset, data[:n])
+    except DrmError as e:
+        if e.errno != errno.EFAULT:
             raise
-    done = 0
-    for pos, n in _pages(p.bo_offset, p.length):
-        try:
-            mem.write(pos, data[done : done + n])
-        except DrmError:
-            break
-        done += n
-    return done
-
-
-def _pages(offset: int, length: int) -> list[tuple[int, int]]:
-    """[offset, offset + length) cut at GPU page boundaries: (offset, length) pairs."""
-    out = []
-    pos, end = offset, offset + length
-    while pos < end:
-        n = min(end, (pos // PAGE + 1) * PAGE) - pos
-        out.append((pos, n))
-        pos += n
-    return out
+        return 0
+    return n
 
 
 async def _load_later(

@@ -88,12 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not {"node", "pod", "-h", "--help"} & set(argv) and any(
-            a == "--config" or a.startswith("--config=") for a in argv):
+    lead = 0
+    while lead < len(argv) and argv[lead] in ("-v", "--verbose"):
+        lead += 1
+    if lead < len(argv) and argv[lead] not in ("node", "pod", "-h", "--help") and any(
+            a == "--config" or a.startswith("--config=") for a in argv[lead:]):
         # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing,
-        # in any order (`ualinkd -v --node n --config pod.toml --mount m`).
-        argv = [*(a for a in argv if a in ("-v", "--verbose")), "node",
-                *(a for a in argv if a not in ("-v", "--verbose"))]
+        # its options in any order (`ualinkd -v --node n --config pod.toml --mount m`).
+        argv = [*argv[:lead], "node", *argv[lead:]]
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -180,8 +182,7 @@ def _pod(args: argparse.Namespace) -> int:
         nonlocal stop
         stop = True
 
-    for sig in _POD_SIGNALS:  # SIGHUP: the terminal closed or the ssh session dropped
-        signal.signal(sig, on_signal)
+    _catch_pod_signals(on_signal)
 
     # Nothing under ROOT is rewritten before we know this pod can run there: pod.toml is
     # the config of whatever nodes still serve ROOT, and holds their key.
@@ -237,7 +238,7 @@ def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
                 print(f"ualinkd: {name} did not become ready", file=sys.stderr)
                 return 1
         for name, mount, _, _ in children:
-            _wait_links(name, mount, args.ready_timeout)
+            _wait_links(name, mount, args.ready_timeout, stopping)
         for (name, mount, _, _), node in zip(children, config.nodes, strict=True):
             ids = ",".join(str(a.accel_id) for a in node.accels)
             print(f"{name} ready: mount={mount} render={mount}/dri/renderD128 accels={ids}",
@@ -265,8 +266,7 @@ def _pod_netns(args: argparse.Namespace) -> int:
         stop = True
 
     # Before Pod.start: it turns a SIGHUP still at its default into SystemExit(129).
-    for sig in _POD_SIGNALS:
-        signal.signal(sig, on_signal)
+    _catch_pod_signals(on_signal)
     config = _with_quirks(pod_config(args.nodes, args.accels_per_node), args.kernel_quirks)
     pod = Pod(config, trace=args.trace, state_root=os.path.abspath(args.root),
               ready_timeout=args.ready_timeout)
@@ -275,7 +275,10 @@ def _pod_netns(args: argparse.Namespace) -> int:
     os.environ[POD_PID_ENV] = str(os.getpid())
     try:
         try:
-            pod.start()
+            try:
+                pod.start()
+            finally:
+                os.environ.pop(POD_PID_ENV, None)  # not for the clients run in the pod
         except PodUnavailable as e:
             print(f"ualinkd: {e}", file=sys.stderr)
             return 1
@@ -307,6 +310,15 @@ def _pod_netns(args: argparse.Namespace) -> int:
     return 0
 
 
+def _catch_pod_signals(handler: Callable[[int, object], None]) -> None:
+    """SIGINT, SIGTERM and SIGHUP (terminal closed, ssh dropped) stop the pod, except a
+    SIGHUP inherited as ignored: `nohup ualinkd pod &` must survive the hangup."""
+    for sig in _POD_SIGNALS:
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue
+        signal.signal(sig, handler)
+
+
 @contextlib.contextmanager
 def _root_lock(root: str) -> Iterator[bool]:
     """An exclusive flock on the pod's root directory while the pod runs: True when we got
@@ -318,6 +330,10 @@ def _root_lock(root: str) -> Iterator[bool]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             yield False
+        except OSError as e:  # e.g. NFS: no locks on a directory there
+            log.warning("cannot lock %s (%s): not guarding against a second pod", root,
+                        e.strerror)
+            yield True
         else:
             yield True
     finally:
@@ -338,6 +354,9 @@ def _clear_old_mounts(root: str, stopping: Callable[[], bool]) -> list[str]:
             path = os.path.join(root, name)
             if not _NODE_DIR_RE.fullmatch(name) or not fuse_mounts_at(path):
                 continue  # parsed from mountinfo: no stat into a server that may hang
+            if not _answers_in_time(path):
+                busy.append(path)  # a stopped server: statfs here would never return
+                continue
             try:
                 clear_stale_mount(path)
             except OSError as e:
@@ -347,6 +366,18 @@ def _clear_old_mounts(root: str, stopping: Callable[[], bool]) -> list[str]:
         if not busy or time.monotonic() >= deadline or stopping():
             return busy
         time.sleep(0.1)
+
+
+def _answers_in_time(path: str, timeout: float = 2.0) -> bool:
+    """statfs of a FUSE mount from a child process: False if it has not returned within
+    `timeout` (its server is alive but stopped); the child, still waiting for a request the
+    server never read, dies of the SIGKILL. A dead server answers at once (ENOTCONN)."""
+    try:
+        subprocess.run(["stat", "-f", "-c", "%T", path], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def write_private(path: str | os.PathLike[str], text: str) -> None:
@@ -386,11 +417,12 @@ def _wait_ready(sock: socket.socket, proc: subprocess.Popen[bytes], timeout: flo
     return False
 
 
-def _wait_links(name: str, mount: str, timeout: float) -> None:
+def _wait_links(name: str, mount: str, timeout: float,
+                stopping: Callable[[], bool] = lambda: False) -> None:
     """Until the node's fabric links to every peer are up, so the pod is usable at once."""
     status = os.path.join(mount, "sys", "kernel", "debug", "ualink_fabric")
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stopping():
         with open(status) as f:
             if " down" not in f.read():
                 return

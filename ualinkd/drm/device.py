@@ -56,12 +56,13 @@ CopyToUser = Callable[[int, int, bytes], None]  # (pid, address, data)
 
 class ProcessMemory(Protocol):
     """One process's address space, held open for as long as a BO uses it: still that
-    process after it exits (then every access is EFAULT), never a later one with its pid.
-    Every method raises DrmError(EFAULT) for memory that is not mapped as asked."""
+    process after it exits (then nothing is accessible), never a later one with its pid.
+    `accessible` counts the bytes from `address` mapped readable (writable, for a write);
+    read and write raise DrmError(EFAULT) unless all of theirs are."""
 
-    def check(self, address: int, size: int, write: bool) -> None: ...
+    def accessible(self, address: int, size: int, write: bool) -> int: ...
     def read(self, address: int, n: int) -> bytes: ...
-    def write(self, address: int, data: bytes) -> None: ...  # read-only pages: EFAULT
+    def write(self, address: int, data: bytes) -> None: ...
     def close(self) -> None: ...
 
 
