@@ -379,6 +379,7 @@ def gpu_load(
         on_fault()
         if fault_at == va:
             raise _fault(va)
+    later_fault = on_fault if fault_at is None else None  # one fault per access
     if all(type(p) is LocalPiece for p in pieces):
         out: list[bytes] = []
         done = 0
@@ -387,13 +388,19 @@ def gpu_load(
             out.append(got)
             done += len(got)
             if len(got) < p.length:  # a userptr page its process does not have
-                if fault_at is None:
-                    on_fault()
-                if not done:
-                    raise _fault(va)
+                _short(done, va, later_fault)
                 break
         return b"".join(out)
-    return _load_later(pieces, va, remote, on_fault if fault_at is None else None)
+    return _load_later(pieces, va, remote, later_fault)
+
+
+def _short(done: int, va: int, on_fault: Callable[[], None] | None) -> None:
+    """A piece came back short (policy 10): count the fault unless the planner already
+    did; EFAULT when nothing at all was done, else the caller stops at its short count."""
+    if on_fault is not None:
+        on_fault()
+    if not done:
+        raise _fault(va)
 
 
 def _read_local(p: LocalPiece) -> bytes:
@@ -450,10 +457,7 @@ async def _load_later(
         out.append(got)
         done += len(got)
         if len(got) < p.length:
-            if on_fault is not None:
-                on_fault()
-            if not done:
-                raise _fault(va)
+            _short(done, va, on_fault)
             break
     return out[0] if len(out) == 1 else b"".join(out)  # one piece: its buffer, uncopied
 
@@ -468,6 +472,7 @@ def gpu_store(
         on_fault()
         if fault_at == va:
             raise _fault(va)
+    later_fault = on_fault if fault_at is None else None  # one fault per access
     if all(type(p) is LocalPiece for p in pieces):
         mv = memoryview(data)
         done = 0
@@ -475,13 +480,10 @@ def gpu_store(
             n = _write_local(p, mv[done : done + p.length])  # type: ignore[arg-type]
             done += n
             if n < p.length:  # a userptr page its process does not let us write
-                if fault_at is None:
-                    on_fault()
-                if not done:
-                    raise _fault(va)
+                _short(done, va, later_fault)
                 break
         return done
-    return _store_later(pieces, va, data, remote, on_fault if fault_at is None else None)
+    return _store_later(pieces, va, data, remote, later_fault)
 
 
 async def _store_later(
@@ -504,9 +506,6 @@ async def _store_later(
             n = min(r, p.length)
         done += n
         if n < p.length:
-            if on_fault is not None:
-                on_fault()
-            if not done:
-                raise _fault(va)
+            _short(done, va, on_fault)
             break
     return done
