@@ -20,28 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from ualinkd.fuse.lowlevel import fuse_mounts_under
+
 pytestmark = pytest.mark.integration
 
 
-# -- what runs and what is mounted under a directory (from /proc: a stat could hang) ---------
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def fuse_mounts_under(top: Path) -> list[str]:
-    """FUSE mount points at or below `top`, deepest last."""
-    top_s = str(top)
-    found = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            point = _unescape(fields[4])
-            fstype = fields[fields.index("-") + 1]
-            if fstype.startswith("fuse") and (point == top_s or point.startswith(top_s + "/")):
-                found.append(point)
-    return found
-
-
+# -- what runs under a directory (from /proc: a stat could hang) -----------------------------
 def alive(pid: int) -> bool:
     """Running (a zombie nobody reaps counts as gone)."""
     try:

@@ -345,15 +345,16 @@ def _clear_old_mounts(root: str, stopping: Callable[[], bool]) -> list[str]:
     at the next start): a dead FUSE mount (its daemon was SIGKILL'd) is unmounted lazily; a
     live one gets _LIVE_MOUNT_GRACE seconds to go, as the nodes of a pod that just died
     unmount on their parent-death SIGTERM. The mount points still live after that."""
-    from ..fuse.lowlevel import clear_stale_mount, fuse_mounts_at
+    from ..fuse.lowlevel import clear_stale_mount, fuse_mounts_under
 
     deadline = time.monotonic() + _LIVE_MOUNT_GRACE
     while True:
         busy = []
-        for name in sorted(os.listdir(root)):
-            path = os.path.join(root, name)
-            if not _NODE_DIR_RE.fullmatch(name) or not fuse_mounts_at(path):
-                continue  # parsed from mountinfo: no stat into a server that may hang
+        # Parsed from mountinfo, once a pass: no stat into a server that may hang.
+        mounted = sorted({path for path in fuse_mounts_under(root)
+                          if os.path.dirname(path) == root
+                          and _NODE_DIR_RE.fullmatch(os.path.basename(path))})
+        for path in mounted:
             if not _answers_in_time(path):
                 busy.append(path)  # a stopped server: statfs here would never return
                 continue

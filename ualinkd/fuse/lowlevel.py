@@ -620,21 +620,34 @@ def _unescape_mountinfo(field: str) -> str:
     return field.encode().decode("unicode_escape") if "\\" in field else field
 
 
-def fuse_mounts_at(path: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
-    """fstypes of the mounts stacked at `path` that are FUSE mounts (parsed, not stat'ed:
-    a stat would call into the server)."""
-    path = os.path.abspath(path)
+def _fuse_mounts(mountinfo: str) -> list[tuple[str, str]]:
+    """(mount point, fstype) of every FUSE mount, in mount order (parsed, not stat'ed: a stat
+    would call into the server)."""
     found = []
     try:
         with open(mountinfo) as f:
             for line in f:
                 fields = line.split()
-                sep = fields.index("-")
-                if _unescape_mountinfo(fields[4]) == path and fields[sep + 1].startswith("fuse"):
-                    found.append(fields[sep + 1])
+                fstype = fields[fields.index("-") + 1]
+                if fstype.startswith("fuse"):
+                    found.append((_unescape_mountinfo(fields[4]), fstype))
     except FileNotFoundError:
         pass
     return found
+
+
+def fuse_mounts_at(path: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """fstypes of the mounts stacked at `path` that are FUSE mounts."""
+    path = os.path.abspath(path)
+    return [fstype for point, fstype in _fuse_mounts(mountinfo) if point == path]
+
+
+def fuse_mounts_under(top: str | os.PathLike[str],
+                      mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """FUSE mount points at or below `top`, in mount order (unmount in reverse)."""
+    top = os.path.abspath(os.fspath(top))
+    return [point for point, _ in _fuse_mounts(mountinfo)
+            if point == top or point.startswith(top + "/")]
 
 
 def _lazy_unmount(path: str) -> None:
