@@ -13,14 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cffi
 import pytest
 
 from ualinkd.abi import constants as c
 from ualinkd.abi import ioctls as tbl
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import DRM_COMMAND_BASE, DRM_COMMAND_END, DRM_IOCTL_BASE, ioc, iow, iowr
-
-cffi = pytest.importorskip("cffi")
 
 ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = ROOT / "include"

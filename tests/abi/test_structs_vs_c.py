@@ -13,13 +13,12 @@ import struct
 import sys
 from pathlib import Path
 
+import cffi
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from ualinkd.abi import structs as st
-
-cffi = pytest.importorskip("cffi")
 
 ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = ROOT / "include"

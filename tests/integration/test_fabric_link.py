@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 import trio
+import trustme
 
 from ualinkd.amdgpu.memory import BoMemory
 from ualinkd.config import AccelConfig, NodeConfig, PodConfig
@@ -305,7 +306,6 @@ def _memory_server(mem: bytearray) -> OnRequest:
 
 
 def _tls_kw() -> dict[str, object]:
-    trustme = pytest.importorskip("trustme", reason="trustme is not installed in this venv")
     ca = trustme.CA()
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(server_ctx)

@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 
 import pytest
+import trustme
 from nodes import Client, running_pod, start_node, wait_links_up
 
 from ualinkd.cli.main import free_tcp_ports
@@ -238,7 +239,6 @@ def test_importer_killed_while_exporter_revokes(tmp_path):
 
 def test_tls_fabric(tmp_path):
     """Mutual TLS between daemons when the pod config names a CA; imports work over it."""
-    trustme = pytest.importorskip("trustme", reason="trustme is in the test extras")
     ca = trustme.CA()
     ca_path = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_path))
