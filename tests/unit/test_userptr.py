@@ -138,6 +138,11 @@ def test_userptr_bo_rules(f):
                                                                     c.DOMAIN_GTT, 0)
 
 
+def remote(*a):
+    """The RemoteFn of a VM with local pieces only."""
+    raise AssertionError("no remote pieces here")
+
+
 def _map(f, h: int, va: int, flags: int, size: int = PAGES * PAGE) -> None:
     args = st.GemVa(h, 0, c.VA_OP_MAP, flags, va, 0, size, 0, 0, 0, 0)
     assert ioctl(f, GEM_VA, st.GEM_VA.encode(args)).result == 0
@@ -152,9 +157,6 @@ def test_gpu_loads_and_stores_reach_the_process_memory(f, proc):
     _map(f, h, va, c.VM_PAGE_READABLE | c.VM_PAGE_WRITEABLE)
     vm = f.device.driver.vm(f)
     faults: list[int] = []
-
-    def remote(*a):
-        raise AssertionError("no remote pieces here")
 
     assert gpu_load(vm, va + 5, 300, remote, lambda: faults.append(1)) == bytes(proc.mem[5:305])
     assert gpu_store(vm, va + PAGE, b"written by the GPU", remote, lambda: None) == 18
@@ -178,9 +180,6 @@ def test_userptr_faults_give_short_counts(f, proc):
     store, has read-only) returns what came before it, and counts one GPU fault."""
     vm = f.device.driver.vm(f)
     faults: list[int] = []
-
-    def remote(*a):
-        raise AssertionError("no remote pieces here")
 
     edge = BASE + (PAGES - 1) * PAGE  # the last mapped page; the next one is not mapped
     h = userptr(f, addr=edge, size=2 * PAGE, flags=RO)  # no VALIDATE: accepted as is
