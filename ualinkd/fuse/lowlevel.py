@@ -265,9 +265,10 @@ class FuseSession:
         # (read/write) are not interruptible, as on a GPU: a profiler's timer signal must not
         # restart a long remote read forever; they end within the fabric's timeouts.
         scope = trio.CancelScope()
-        key = int(ffi.cast("uintptr_t", req))
-        self._interruptible[key] = scope
+        key = 0
         if op == "ioctl":
+            key = int(ffi.cast("uintptr_t", req))
+            self._interruptible[key] = scope
             lib.fuse_req_interrupt_func(req, lib._on_interrupt, ffi.NULL)  # may cancel now
         self._nursery.start_soon(self._finish_async, req, key, scope, op, aw, finish)
 
@@ -296,7 +297,8 @@ class FuseSession:
                 except Exception as e:
                     self._bug(req, op, e)
         finally:
-            del self._interruptible[key]  # before any await: req's address may be reused
+            if key:
+                del self._interruptible[key]  # before any await: req's address may be reused
 
     def _reply_err_late(self, req: Any, err: int) -> None:
         if self._fd < 0:
