@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .amdgpu.profile import DEFAULT_PROFILE, PROFILES
 from .ualink.manager import KNOWN_QUIRKS
 from .ualink.state import (
     ACCEL_MAX,
@@ -44,7 +45,7 @@ KEYS: dict[str, frozenset[str]] = {
                         "send_ack_timeout_ms", "tls_ca", "tcp_congestion"}),
     "[[nodes]]": frozenset({"name", "address", "accels", "tls_cert", "tls_key"}),
     "[[nodes.accels]]": frozenset({"id", "vram_size", "gtt_size", "stage", "bandwidth",
-                                   "latency", "npa_pages"}),
+                                   "latency", "npa_pages", "profile"}),
     "[[vpods]]": frozenset({"id", "members", "addr_mode"}),
 }
 
@@ -79,6 +80,15 @@ def _tables(value: object, header: str, where: str) -> list[dict]:
     return value
 
 
+def _profile(value: object, where: str) -> str:
+    if isinstance(value, str) and value in PROFILES:
+        return value
+    close = difflib.get_close_matches(str(value), PROFILES, n=1)
+    raise ConfigError(f"{where}: {value!r} is not a device profile (one of "
+                      f"{', '.join(sorted(PROFILES))})"
+                      + (f"; did you mean {close[0]!r}?" if close else ""))
+
+
 def parse_size(value: object, where: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
@@ -98,6 +108,7 @@ class AccelConfig:
     bandwidth: int = 100
     latency: int = 1
     npa_pages: int | None = None  # emulator only: shrink the NPA space (ENOSPC tests)
+    profile: str = DEFAULT_PROFILE  # amdgpu/profile.py: the device the accel says it is
 
 
 @dataclass(frozen=True)
@@ -220,6 +231,7 @@ class PodConfig:
                     int(a.get("bandwidth", 100)),
                     int(a.get("latency", 1)),
                     int(a["npa_pages"]) if "npa_pages" in a else None,
+                    _profile(a.get("profile", DEFAULT_PROFILE), f"{aw}.profile"),
                 ))
             nodes.append(NodeConfig(str(n["name"]), str(n.get("address", "")), tuple(accels),
                                     n.get("tls_cert"), n.get("tls_key")))
@@ -326,6 +338,8 @@ class PodConfig:
                 ]
                 if a.npa_pages is not None:
                     lines.append(f"npa_pages = {a.npa_pages}")
+                if a.profile != DEFAULT_PROFILE:
+                    lines.append(f'profile = "{a.profile}"')
         for v in self.vpods:
             lines += ["", "[[vpods]]", f"id = {v.vpod_id}",
                       f"members = {sorted(v.members)}", f'addr_mode = "{v.addr_mode.sysfs}"']
