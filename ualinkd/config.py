@@ -89,6 +89,37 @@ def _profile(value: object, where: str) -> str:
                       + (f"; did you mean {close[0]!r}?" if close else ""))
 
 
+def _int(value: object, where: str, lo: int | None = None, hi: int | None = None) -> int:
+    """A TOML integer within [lo, hi]: a string, float or bool is an error naming the key
+    (int("fast") would be a traceback, int(2.7) a silent 2, int("2") a silent 2)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{where}: {value!r} is not an integer")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = (f"at least {lo}" if hi is None else f"in {lo}..{hi}" if lo is not None
+                  else f"at most {hi}")
+        raise ConfigError(f"{where}: {value} must be {bounds}")
+    return value
+
+
+def _str(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {value!r} is not a string")
+    return value
+
+
+def _int_list(value: object, where: str) -> list[int]:
+    """An array of integers: `members = "0,1"` is an error, not the members '0', ',', '1'."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: {value!r} is not an array (e.g. [0, 1])")
+    return [_int(v, f"{where}[{i}]", 0) for i, v in enumerate(value)]
+
+
+def _str_list(value: object, where: str) -> list[str]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: {value!r} is not an array of strings (e.g. [\"a\"])")
+    return [_str(v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+
 def parse_size(value: object, where: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
@@ -215,8 +246,9 @@ class PodConfig:
             for j, a in enumerate(_tables(n.get("accels", []), "nodes.accels", where)):
                 aw = f"{where}.accels[{j}]"
                 _check_keys(a, "[[nodes.accels]]", aw)
-                if not isinstance(a.get("id"), int):
+                if "id" not in a:
                     raise ConfigError(f"{aw}: an accel needs an integer id")
+                _int(a["id"], f"{aw}.id")
                 try:
                     stage = ConfigStage(a.get("stage", "complete"))
                 except ValueError:
@@ -228,38 +260,47 @@ class PodConfig:
                     parse_size(a.get("vram_size", 16 * GIB), f"{aw}.vram_size"),
                     parse_size(a.get("gtt_size", 16 * GIB), f"{aw}.gtt_size"),
                     stage,
-                    int(a.get("bandwidth", 100)),
-                    int(a.get("latency", 1)),
-                    int(a["npa_pages"]) if "npa_pages" in a else None,
+                    _int(a.get("bandwidth", 100), f"{aw}.bandwidth", 1),
+                    _int(a.get("latency", 1), f"{aw}.latency", 0),
+                    _int(a["npa_pages"], f"{aw}.npa_pages", 1) if "npa_pages" in a else None,
                     _profile(a.get("profile", DEFAULT_PROFILE), f"{aw}.profile"),
                 ))
-            nodes.append(NodeConfig(str(n["name"]), str(n.get("address", "")), tuple(accels),
-                                    n.get("tls_cert"), n.get("tls_key")))
+            nodes.append(NodeConfig(
+                _str(n["name"], f"{where}.name"), _str(n.get("address", ""), f"{where}.address"),
+                tuple(accels),
+                _str(n["tls_cert"], f"{where}.tls_cert") if "tls_cert" in n else None,
+                _str(n["tls_key"], f"{where}.tls_key") if "tls_key" in n else None))
         vpods = []
         for i, v in enumerate(_tables(doc.get("vpods", []), "vpods", source)):
             where = f"{source}: vpods[{i}]"
             _check_keys(v, "[[vpods]]", where)
             mode = {"source-aliasing": AddrMode.SOURCE_ALIASING,
                     "source-identification": AddrMode.SOURCE_IDENTIFICATION}.get(
-                        v.get("addr_mode", "source-aliasing"))
+                        _str(v.get("addr_mode", "source-aliasing"), f"{where}.addr_mode"))
             if mode is None:
                 raise ConfigError(
                     f"{where}: addr_mode must be source-aliasing or source-identification")
-            if not isinstance(v.get("id"), int) or v["id"] <= 0:
+            if not isinstance(v.get("id"), int) or isinstance(v["id"], bool) or v["id"] <= 0:
                 raise ConfigError(f"{where}: id must be a positive integer (0 means no vPod)")
-            vpods.append(VpodConfig(v["id"], frozenset(v.get("members", [])), mode))
+            vpods.append(VpodConfig(
+                v["id"], frozenset(_int_list(v.get("members", []), f"{where}.members")), mode))
         all_ids = [a.accel_id for n in nodes for a in n.accels]
         cfg = cls(
             uuid=pod_uuid,
-            key=str(pod.get("key", "")),
+            key=_str(pod.get("key", ""), f"{source}: [pod] key"),
             nodes=tuple(nodes),
             vpods=tuple(vpods),
-            ppod_size=int(pod.get("size", max(all_ids, default=-1) + 1)),
-            kernel_quirks=frozenset(pod.get("kernel_quirks", [])),
-            response_timeout_ms=int(pod.get("response_timeout_ms", 5000)),
-            send_ack_timeout_ms=int(pod.get("send_ack_timeout_ms", 2000)),
-            tls_ca=pod.get("tls_ca"),
-            tcp_congestion=str(pod.get("tcp_congestion", "cubic")),
+            ppod_size=_int(pod.get("size", max(all_ids, default=-1) + 1),
+                           f"{source}: [pod] size", 0, (1 << 32) - 1),  # a u32 in sysfs
+            kernel_quirks=frozenset(_str_list(pod.get("kernel_quirks", []),
+                                              f"{source}: [pod] kernel_quirks")),
+            response_timeout_ms=_int(pod.get("response_timeout_ms", 5000),
+                                     f"{source}: [pod] response_timeout_ms", 1),
+            send_ack_timeout_ms=_int(pod.get("send_ack_timeout_ms", 2000),
+                                     f"{source}: [pod] send_ack_timeout_ms", 1),
+            tls_ca=_str(pod["tls_ca"], f"{source}: [pod] tls_ca") if "tls_ca" in pod else None,
+            tcp_congestion=_str(pod.get("tcp_congestion", "cubic"),
+                                f"{source}: [pod] tcp_congestion"),
             source=source,
         )
         cfg.validate()
@@ -273,6 +314,15 @@ class PodConfig:
         for name in names:
             if names.count(name) > 1:
                 raise ConfigError(f"{src}: node name {name!r} appears twice")
+        addresses: dict[str, str] = {}
+        for n in self.nodes:
+            # Two nodes on one address would each dial the other's listener as itself: not a
+            # warning twice a second forever, an error before anything starts. (Port 0 is
+            # "any free port", filled in at start-up.)
+            if n.address and not n.address.endswith(":0") and n.address in addresses:
+                raise ConfigError(f"{src}: nodes {addresses[n.address]!r} and {n.name!r} "
+                                  f"have the same address {n.address}")
+            addresses[n.address] = n.name
         owner: dict[int, str] = {}
         for n in self.nodes:
             if not n.accels:
@@ -338,8 +388,7 @@ class PodConfig:
                 ]
                 if a.npa_pages is not None:
                     lines.append(f"npa_pages = {a.npa_pages}")
-                if a.profile != DEFAULT_PROFILE:
-                    lines.append(f'profile = "{a.profile}"')
+                lines.append(f'profile = "{a.profile}"')
         for v in self.vpods:
             lines += ["", "[[vpods]]", f"id = {v.vpod_id}",
                       f"members = {sorted(v.members)}", f'addr_mode = "{v.addr_mode.sysfs}"']

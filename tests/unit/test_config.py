@@ -194,7 +194,7 @@ def test_misspelt_array_of_tables():
      "name, tls_cert, tls_key); did you mean 'address'?"),
     (lambda d: d["nodes"][0]["accels"][0].update(vram="1GiB", stage="ppod", colour="red"),
      "pod.toml: nodes[0].accels[0]: unknown keys 'vram', 'colour' in [[nodes.accels]] "
-     "(allowed there: bandwidth, gtt_size, id, latency, npa_pages, stage, vram_size); "
+     "(allowed there: bandwidth, gtt_size, id, latency, npa_pages, profile, stage, vram_size); "
      "did you mean 'vram_size'?"),
     (lambda d: d["vpods"][0].update(members=[0], addr_mode="source-aliasing", name="x"),
      "pod.toml: vpods[0]: unknown key 'name' in [[vpods]] (allowed there: addr_mode, id, "
@@ -237,3 +237,46 @@ def test_to_toml_writes_exactly_the_known_keys(tmp_path):
         "[[nodes.accels]]": set().union(*(a for n in written["nodes"] for a in n["accels"])),
         "[[vpods]]": set().union(*written["vpods"]),
     } == KEYS
+
+
+def _mutate(where: str, key: str, value: object) -> dict:
+    doc = pod_doc(nodes=[[{"id": 0}], [{"id": 1}]])
+    table = {"pod": doc["pod"], "node": doc["nodes"][0], "accel": doc["nodes"][0]["accels"][0],
+             "vpod": doc["vpods"][0] if doc.get("vpods") else None}[where]
+    assert table is not None
+    table[key] = value
+    return doc
+
+
+@pytest.mark.parametrize(("where", "key", "value", "says"), [
+    ("accel", "bandwidth", "fast", "bandwidth: 'fast' is not an integer"),
+    ("accel", "latency", 2.5, "latency: 2.5 is not an integer"),
+    ("accel", "npa_pages", 0, "npa_pages: 0 must be at least 1"),
+    ("pod", "size", -1, "[pod] size: -1 must be in 0..4294967295"),
+    ("pod", "size", "2", "[pod] size: '2' is not an integer"),
+    ("pod", "size", 2.7, "[pod] size: 2.7 is not an integer"),
+    ("pod", "response_timeout_ms", True, "response_timeout_ms: True is not an integer"),
+    ("pod", "kernel_quirks", "hello-no-reset", "kernel_quirks: 'hello-no-reset' is not an array"),
+    ("node", "address", 7000, "address: 7000 is not a string"),
+])
+def test_wrong_types_are_errors_naming_the_key(where, key, value, says):
+    """Policy 8: a value of the wrong type is a ConfigError that names the key, never a
+    traceback (int('fast')) nor a silent conversion (int(2.7) == 2, int('2'))."""
+    assert says in err(_mutate(where, key, value))
+
+
+def test_vpod_members_must_be_an_array_of_accel_ids():
+    """`members = "0,1"` is an error about the type, not "member , is on no node"."""
+    doc = pod_doc(nodes=[[{"id": 0}], [{"id": 1}]])
+    doc["vpods"] = [{"id": 1, "members": "0,1"}]
+    assert "members: '0,1' is not an array" in err(doc)
+    doc["vpods"] = [{"id": 1, "members": [0, "1"]}]
+    assert "members[1]: '1' is not an integer" in err(doc)
+
+
+def test_two_nodes_on_one_address_is_an_error():
+    """Two nodes with one fabric address would dial each other's listener as themselves;
+    port 0 ("any free port") is exempt."""
+    doc = pod_doc(nodes=[[{"id": 0}], [{"id": 1}]])
+    doc["nodes"][0]["address"] = doc["nodes"][1]["address"] = "127.0.0.1:7000"
+    assert "nodes 'node0' and 'node1' have the same address 127.0.0.1:7000" in err(doc)

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 import trio
 
+from .. import __version__
 from ..config import ConfigError, PodConfig
 
 log = logging.getLogger("ualinkd")
@@ -65,15 +66,26 @@ def _with_quirks(config: PodConfig, names: str | None) -> PodConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ualinkd", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"ualinkd {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    # -v after the subcommand too (`ualinkd pod -v`): SUPPRESS keeps a leading -v when the
+    # subcommand's own is absent.
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
-    node = sub.add_parser("node", help="run one node daemon")
+    check = sub.add_parser("check", parents=[verbose],
+                           help="validate a pod's TOML file without running anything")
+    check.add_argument("--config", required=True, help="the pod's TOML file")
+    check.add_argument("--node", help="also check that this node is in it")
+    node = sub.add_parser("node", parents=[verbose], help="run one node daemon")
     node.add_argument("--config", required=True, help="the pod's TOML file")
     node.add_argument("--node", required=True, help="this node's name in the config")
     node.add_argument("--mount", required=True, help="where to mount the node's files")
     _trace_arg(node)
     _quirks_arg(node)
-    pod = sub.add_parser("pod", help="run a whole local pod, one daemon process per node")
+    pod = sub.add_parser("pod", parents=[verbose],
+                         help="run a whole local pod, one daemon process per node")
     pod.add_argument("--nodes", type=int, default=2)
     pod.add_argument("--accels-per-node", type=int, default=1)
     pod.add_argument("--root", default="./ualink-pod", help="node i is mounted at ROOT/node<i>")
@@ -91,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     lead = 0
     while lead < len(argv) and argv[lead] in ("-v", "--verbose"):
         lead += 1
-    if lead < len(argv) and argv[lead] not in ("node", "pod", "-h", "--help") and any(
+    if lead < len(argv) and argv[lead] not in (
+            "node", "pod", "check", "-h", "--help", "--version") and any(
             a == "--config" or a.startswith("--config=") for a in argv[lead:]):
         # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing,
         # its options in any order (`ualinkd -v --node n --config pod.toml --mount m`).
@@ -103,12 +116,27 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
+        if args.command == "check":
+            return _check(args)
         if args.command == "node":
             return _node(args)
         return _pod(args)
     except ConfigError as e:
         print(f"ualinkd: {e}", file=sys.stderr)
         return 2
+
+
+def _check(args: argparse.Namespace) -> int:
+    """`ualinkd check`: the whole validation a start would do (PodConfig.load), nothing run."""
+    config = PodConfig.load(args.config)
+    if args.node is not None:
+        config.node(args.node)
+    accels = sum(len(n.accels) for n in config.nodes)
+    print(f"{args.config}: ok: {len(config.nodes)} node{'s' * (len(config.nodes) != 1)}, "
+          f"{accels} accel{'s' * (accels != 1)}, {len(config.vpods)} vPod"
+          f"{'s' * (len(config.vpods) != 1)}, {'mutual TLS' if config.tls_ca else 'key'} "
+          "authentication")
+    return 0
 
 
 def entry() -> None:
