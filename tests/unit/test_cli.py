@@ -44,6 +44,8 @@ def test_check_accepts_a_good_file_and_names_what_is_in_it(tmp_path, capsys):
     path = _write(tmp_path, pod_doc(nodes=[[{"id": 0}], [{"id": 1}, {"id": 2}]]))
     assert main(["check", "--config", path, "--node", "node1"]) == 0
     assert capsys.readouterr().out == f"{path}: ok: 2 nodes, 3 accels, 1 vPod, key authentication\n"
+    assert main(["check", path]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: ok: 2 nodes")
 
 
 def test_check_refuses_what_a_start_would_refuse(tmp_path, capsys):

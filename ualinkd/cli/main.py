@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", parents=[verbose],
                            help="validate a pod's TOML file without running anything")
-    check.add_argument("--config", required=True, help="the pod's TOML file")
+    check.add_argument("file", nargs="?", metavar="POD.toml", help="the pod's TOML file")
+    check.add_argument("--config", help="the same, as the other commands spell it")
     check.add_argument("--node", help="also check that this node is in it")
     node = sub.add_parser("node", parents=[verbose], help="run one node daemon")
     node.add_argument("--config", required=True, help="the pod's TOML file")
@@ -128,11 +129,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     """`ualinkd check`: the whole validation a start would do (PodConfig.load), nothing run."""
-    config = PodConfig.load(args.config)
+    path = args.file or args.config
+    if path is None or (args.file and args.config):
+        raise ConfigError("check needs one pod file: ualinkd check POD.toml")
+    config = PodConfig.load(path)
     if args.node is not None:
         config.node(args.node)
     accels = sum(len(n.accels) for n in config.nodes)
-    print(f"{args.config}: ok: {len(config.nodes)} node{'s' * (len(config.nodes) != 1)}, "
+    print(f"{path}: ok: {len(config.nodes)} node{'s' * (len(config.nodes) != 1)}, "
           f"{accels} accel{'s' * (accels != 1)}, {len(config.vpods)} vPod"
           f"{'s' * (len(config.vpods) != 1)}, {'mutual TLS' if config.tls_ca else 'key'} "
           "authentication")
