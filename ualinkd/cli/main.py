@@ -79,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", nargs="?", metavar="POD.toml", help="the pod's TOML file")
     check.add_argument("--config", help="the same, as the other commands spell it")
     check.add_argument("--node", help="also check that this node is in it")
+    cfg = sub.add_parser("config", help="where the C side is, pkg-config style: "
+                         "cc prog.c $(ualinkd config --cflags --libs)")
+    for flag, what in (("--cflags", "the compiler flags for <ualink/ualink.h>"),
+                       ("--libs", "the linker flags for libualink.so"),
+                       ("--shim", "the LD_PRELOAD shim's path"),
+                       ("--libdir", "the directory of libualink.so"),
+                       ("--includedir", "the directory holding ualink/"),
+                       ("--bindir", "the directory of the example clients"),
+                       ("--pkgconfig-path", "a PKG_CONFIG_PATH entry for ualink.pc")):
+        cfg.add_argument(flag, action="append_const", const=flag, dest="what", help=what)
     node = sub.add_parser("node", parents=[verbose], help="run one node daemon")
     node.add_argument("--config", required=True, help="the pod's TOML file")
     node.add_argument("--node", required=True, help="this node's name in the config")
@@ -105,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     while lead < len(argv) and argv[lead] in ("-v", "--verbose"):
         lead += 1
     if lead < len(argv) and argv[lead] not in (
-            "node", "pod", "check", "-h", "--help", "--version") and any(
+            "node", "pod", "check", "config", "-h", "--help", "--version") and any(
             a == "--config" or a.startswith("--config=") for a in argv[lead:]):
         # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing,
         # its options in any order (`ualinkd -v --node n --config pod.toml --mount m`).
@@ -119,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return _check(args)
+        if args.command == "config":
+            return _native_config(args.what or [])
         if args.command == "node":
             return _node(args)
         return _pod(args)
@@ -140,6 +152,32 @@ def _check(args: argparse.Namespace) -> int:
           f"{accels} accel{'s' * (accels != 1)}, {len(config.vpods)} vPod"
           f"{'s' * (len(config.vpods) != 1)}, {'mutual TLS' if config.tls_ca else 'key'} "
           "authentication")
+    return 0
+
+
+def _native_config(what: list[str]) -> int:
+    """`ualinkd config --cflags --libs ...`: one line, the answers in the order asked."""
+    from .. import native
+
+    lay = native.layout()
+    if not lay.library.exists():
+        print(f"ualinkd: libualink.so is not built ({lay.library}): run `make c` in the "
+              "checkout", file=sys.stderr)
+        return 1
+    answers = {
+        "--cflags": f"-I{lay.include_dir}",
+        "--libs": f"-L{lay.lib_dir} -Wl,-rpath,{lay.lib_dir} -lualink",
+        "--shim": str(lay.shim),
+        "--libdir": str(lay.lib_dir),
+        "--includedir": str(lay.include_dir),
+        "--bindir": str(lay.bin_dir),
+        "--pkgconfig-path": str(lay.pkgconfig_dir or ""),
+    }
+    if not what:
+        for flag, value in answers.items():
+            print(f"{flag[2:]}: {value}")
+        return 0
+    print(" ".join(answers[w] for w in what))
     return 0
 
 

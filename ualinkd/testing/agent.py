@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import native
+
 if TYPE_CHECKING:
     from .pod import PodNode
 
@@ -44,15 +46,12 @@ int ualink_va_unmap(ualink_dev *dev, uint32_t gem_handle, uint64_t va,
 
 
 def libualink_path() -> Path:
-    """The built libualink.so of this checkout (UALINK_LIBRARY overrides)."""
-    env = os.environ.get("UALINK_LIBRARY")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[2]
-    path = repo / "libualink_c" / "build" / "libualink.so"
-    if not path.exists():
-        subprocess.run(["make", "-s", "-C", str(repo / "libualink_c")], check=True)
-    return path
+    """libualink.so: the installed package's, or this checkout's (built on first use);
+    UALINK_LIBRARY overrides (ualinkd/native.py)."""
+    lay = native.layout()
+    if not lay.installed and not lay.library.exists() and not os.environ.get("UALINK_LIBRARY"):
+        subprocess.run(["make", "-s", "-C", str(lay.lib_dir.parent)], check=True)
+    return native.library_path()
 
 
 # -- inside the node ------------------------------------------------------------------------------
