@@ -316,3 +316,49 @@ def test_netns_pod_nodes_die_with_it_and_sighup_stops_it(tmp):
             proc.kill()
             proc.wait()
         cleanup_stale(root)
+
+
+def test_a_dead_node_leaves_the_others_running_and_starts_again(tmp):
+    """Issue 11: one node's death is a fault to study, not the pod's end: the pod says so
+    (one line naming the signal), the other node keeps serving, `ualinkd start-node` brings
+    the node back with its links; every node running at the stop: exit status 0."""
+    root = tmp / "pod"
+    with pod(root, nodes=2) as p:
+        victim = next(pid for pid in p.nodes
+                      if b"node1" in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0"))
+        os.kill(victim, signal.SIGKILL)
+        assert wait_for(lambda: "node1 was killed by SIGKILL" in p.stderr(), 10), p.stderr()
+        assert "node0 keeps running" in p.stderr()
+        assert p.proc.poll() is None  # the pod goes on
+        ctl = [str(Path(sys.executable).parent / "ualinkctl"), "--mount", str(root / "node0"),
+               "state"]
+        state = subprocess.run(ctl, capture_output=True, text=True, timeout=30)
+        assert state.returncode == 0 and "active" in state.stdout.lower(), state
+        again = subprocess.run([sys.executable, "-m", "ualinkd", "start-node", "--root",
+                                str(root), "node1"], capture_output=True, text=True, timeout=90)
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.startswith("node1 ready: mount=")
+        assert (root / "node1" / "dri" / "renderD128").exists()
+        busy = subprocess.run([sys.executable, "-m", "ualinkd", "start-node", "--root",
+                               str(root), "node1"], capture_output=True, text=True, timeout=90)
+        assert busy.returncode == 1 and "node1 is running" in busy.stderr
+        fabric = root / "node0" / "sys" / "kernel" / "debug" / "ualink_fabric"
+        assert wait_for(lambda: "node1 up" in fabric.read_text(), 20), fabric.read_text()
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(timeout=30) == 0
+    assert not node_pids(root)
+
+
+def test_a_node_dead_at_the_stop_is_in_the_exit_status(tmp):
+    root = tmp / "pod"
+    with pod(root, nodes=2) as p:
+        os.kill(min(p.nodes), signal.SIGKILL)
+        assert wait_for(lambda: "was killed by SIGKILL" in p.stderr(), 10), p.stderr()
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(timeout=30) == 1
+
+
+def test_start_node_without_a_pod_says_so(tmp):
+    r = subprocess.run([sys.executable, "-m", "ualinkd", "start-node", "--root", str(tmp),
+                        "node0"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "no `ualinkd pod` is running on" in r.stderr

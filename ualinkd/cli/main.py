@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import trio
 
@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "its own IP on a bridge, /dev/dri/renderD128 inside the node")
     _trace_arg(pod)
     _quirks_arg(pod)
+    again = sub.add_parser("start-node", parents=[verbose],
+                           help="start a node of a running `ualinkd pod` again")
+    again.add_argument("node")
+    again.add_argument("--root", default="./ualink-pod", help="the pod's --root")
+    again.add_argument("--timeout", type=float, default=60.0, help=argparse.SUPPRESS)
     return p
 
 
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     while lead < len(argv) and argv[lead] in ("-v", "--verbose"):
         lead += 1
     if lead < len(argv) and argv[lead] not in (
-            "node", "pod", "check", "config", "-h", "--help", "--version") and any(
+            "node", "pod", "check", "config", "start-node", "-h", "--help", "--version") and any(
             a == "--config" or a.startswith("--config=") for a in argv[lead:]):
         # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing,
         # its options in any order (`ualinkd -v --node n --config pod.toml --mount m`).
@@ -129,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return _check(args)
+        if args.command == "start-node":
+            return _start_node(args)
         if args.command == "config":
             return _native_config(args.what or [])
         if args.command == "node":
@@ -278,51 +285,170 @@ def _pod(args: argparse.Namespace) -> int:
         return _run_local_pod(args, root, config, lambda: stop)
 
 
+_CONTROL = ".control"  # under ROOT: `ualinkd start-node` asks the running pod through it
+
+
+@dataclass
+class _Child:
+    """One node daemon of a local pod and its readiness socket."""
+
+    name: str
+    mount: str
+    proc: subprocess.Popen[bytes]
+    sock: socket.socket
+    reported: bool = False  # its exit was reported
+
+
+def _spawn_node(args: argparse.Namespace, root: str, conf_path: str, name: str) -> _Child:
+    mount = os.path.join(root, name)
+    notify_path = os.path.join(root, f".notify-{name}")
+    if os.path.exists(notify_path):
+        os.unlink(notify_path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(notify_path)
+    cmd = [sys.executable, "-m", "ualinkd", "node", "--config", conf_path,
+           "--node", name, "--mount", mount]
+    if args.trace:
+        cmd.append(f"--trace={args.trace}")
+    env = {**os.environ, "NOTIFY_SOCKET": notify_path, POD_PID_ENV: str(os.getpid())}
+    # A session of its own: the terminal's SIGINT/SIGHUP reach the pod only, which
+    # stops the nodes in order; the nodes die with the pod through POD_PID_ENV.
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    return _Child(name, mount, proc, sock)
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
 def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
                    stopping: Callable[[], bool]) -> int:
     conf_path = os.path.join(root, "pod.toml")
     write_private(conf_path, config.to_toml())  # it holds the pod key
-    children: list[tuple[str, str, subprocess.Popen[bytes], socket.socket]] = []
-    status = 0
+    children: dict[str, _Child] = {}
+    control: socket.socket | None = None
     try:
         for node in config.nodes:
-            mount = os.path.join(root, node.name)
-            notify_path = os.path.join(root, f".notify-{node.name}")
-            if os.path.exists(notify_path):
-                os.unlink(notify_path)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            sock.bind(notify_path)
-            cmd = [sys.executable, "-m", "ualinkd", "node", "--config", conf_path,
-                   "--node", node.name, "--mount", mount]
-            if args.trace:
-                cmd.append(f"--trace={args.trace}")
-            env = {**os.environ, "NOTIFY_SOCKET": notify_path, POD_PID_ENV: str(os.getpid())}
-            # A session of its own: the terminal's SIGINT/SIGHUP reach the pod only, which
-            # stops the nodes in order; the nodes die with the pod through POD_PID_ENV.
-            proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-            children.append((node.name, mount, proc, sock))
-        for name, _, proc, sock in children:
-            if not _wait_ready(sock, proc, args.ready_timeout, stopping):
+            children[node.name] = _spawn_node(args, root, conf_path, node.name)
+        for c in children.values():
+            if not _wait_ready(c.sock, c.proc, args.ready_timeout, stopping):
                 if stopping():  # Ctrl-C while starting
                     return 0
-                print(f"ualinkd: {name} did not become ready", file=sys.stderr)
+                print(f"ualinkd: {c.name} did not become ready", file=sys.stderr)
                 return 1
-        for name, mount, _, _ in children:
-            _wait_links(name, mount, args.ready_timeout, stopping)
-        for (name, mount, _, _), node in zip(children, config.nodes, strict=True):
+        for c in children.values():
+            _wait_links(c.name, c.mount, args.ready_timeout, stopping)
+        for c, node in zip(children.values(), config.nodes, strict=True):
             ids = ",".join(str(a.accel_id) for a in node.accels)
-            print(f"{name} ready: mount={mount} render={mount}/dri/renderD128 accels={ids}",
-                  flush=True)
-        while not stopping() and not status:
-            for name, _, proc, _ in children:
-                if proc.poll() is not None:
-                    print(f"ualinkd: {name} exited with status {proc.returncode}",
-                          file=sys.stderr)
-                    status = 1
+            print(f"{c.name} ready: mount={c.mount} render={c.mount}/dri/renderD128 "
+                  f"accels={ids}", flush=True)
+        control = _control_socket(root)
+        while not stopping():
+            for c in children.values():
+                if c.proc.poll() is not None and not c.reported:
+                    # One node's end is a fault to study, not the pod's end (issue 11).
+                    c.reported = True
+                    alive = [o.name for o in children.values() if o.proc.poll() is None]
+                    print(f"ualinkd: {c.name} {_exit_text(c.proc.returncode)}; "
+                          f"{', '.join(alive) or 'no node'} keep{'s' * (len(alive) == 1)} "
+                          f"running (start it again: ualinkd start-node --root {root} "
+                          f"{c.name})", file=sys.stderr, flush=True)
+            _serve_control(control, args, root, conf_path, children, stopping)
             time.sleep(0.1)
     finally:
-        _stop_children(children)
-    return status
+        if control is not None:
+            control.close()
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(root, _CONTROL))
+        _stop_children([(c.name, c.mount, c.proc, c.sock) for c in children.values()])
+    # A node that was down when the pod stopped is reported in the exit status.
+    return 1 if any(c.reported for c in children.values()) else 0
+
+
+def _control_socket(root: str) -> socket.socket:
+    path = os.path.join(root, _CONTROL)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # ours: the root lock says no other pod runs here
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o077)  # the pod's owner only, like pod.toml
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(4)
+    sock.setblocking(False)
+    return sock
+
+
+def _serve_control(control: socket.socket, args: argparse.Namespace, root: str,
+                   conf_path: str, children: dict[str, _Child],
+                   stopping: Callable[[], bool]) -> None:
+    """Answer `ualinkd start-node` requests: one line in ("start NAME"), one line out."""
+    while True:
+        try:
+            conn, _ = control.accept()
+        except BlockingIOError:
+            return
+        with conn:
+            conn.settimeout(2)
+            try:
+                words = conn.recv(256).decode(errors="replace").split()
+            except OSError:
+                continue
+            reply = _start_again(words, args, root, conf_path, children, stopping)
+            with contextlib.suppress(OSError):
+                conn.sendall(reply.encode() + b"\n")
+
+
+def _start_again(words: list[str], args: argparse.Namespace, root: str, conf_path: str,
+                 children: dict[str, _Child], stopping: Callable[[], bool]) -> str:
+    if len(words) != 2 or words[0] != "start":
+        return "error: unknown request"
+    name = words[1]
+    old = children.get(name)
+    if old is None:
+        return f"error: no node {name!r} in this pod (have: {', '.join(children)})"
+    if old.proc.poll() is None:
+        return f"error: {name} is running (pid {old.proc.pid})"
+    old.sock.close()
+    new = _spawn_node(args, root, conf_path, name)
+    children[name] = new
+    if not _wait_ready(new.sock, new.proc, args.ready_timeout, stopping):
+        new.reported = new.proc.poll() is not None
+        return f"error: {name} did not become ready"
+    print(f"{name} ready: mount={new.mount} render={new.mount}/dri/renderD128 (started "
+          "again)", flush=True)
+    return f"ok: {name} ready: mount={new.mount}"
+
+
+def _start_node(args: argparse.Namespace) -> int:
+    """`ualinkd start-node --root ROOT NODE`: ask the `ualinkd pod` serving ROOT to start
+    its node NODE again (after it died or was killed)."""
+    path = os.path.join(os.path.abspath(args.root), _CONTROL)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(args.timeout)
+            s.connect(path)
+            s.sendall(f"start {args.node}".encode())
+            reply = s.makefile().readline().strip()
+    except (FileNotFoundError, ConnectionRefusedError):
+        print(f"ualinkd: no `ualinkd pod` is running on {args.root} (no {path})",
+              file=sys.stderr)
+        return 1
+    except TimeoutError:
+        print(f"ualinkd: the pod on {args.root} did not answer in {args.timeout:g} s",
+              file=sys.stderr)
+        return 1
+    if reply.startswith("ok: "):
+        print(reply[4:])
+        return 0
+    print(f"ualinkd: {reply.removeprefix('error: ') or 'the pod closed the connection'}",
+          file=sys.stderr)
+    return 1
 
 
 def _pod_netns(args: argparse.Namespace) -> int:
