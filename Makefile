@@ -12,7 +12,7 @@ APT_PKGS := fuse3 libfuse3-dev libdrm-dev iproute2 pkg-config gcc make python3-v
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: all setup apt venv c demo test lint bench bench-pod clean
+.PHONY: all setup apt venv c demo test lint bench bench-pod clean wheelhouse image test-containers
 
 all: setup
 
@@ -53,6 +53,21 @@ bench: setup
 
 bench-pod: setup
 	$(VPY) benchmarks/pod_scale.py
+
+# The container tier (issue 11): the image is built from a wheelhouse made here, on a base
+# made without any registry (debootstrap + podman import); tests/containers runs pods of it.
+IMAGE   ?= ualinkd:0.1.0
+WHEELHOUSE := build/wheelhouse
+
+wheelhouse: venv
+	rm -rf $(WHEELHOUSE)
+	$(VPY) -m pip wheel -q --disable-pip-version-check -w $(WHEELHOUSE) .
+
+image: wheelhouse
+	packaging/build-image.sh $(IMAGE)
+
+test-containers: setup wheelhouse
+	$(VPY) -m pytest -q -p no:cacheprovider tests/containers $(PYTEST_ARGS)
 
 clean:
 	$(MAKE) -s -C libualink_c clean

@@ -79,7 +79,9 @@ EOF
 run_config=$(sed -n 1p <<<"$validated")
 host=$(sed -n 2p <<<"$validated")
 
-[ -c /dev/fuse ] || die "no /dev/fuse: run the container with --device /dev/fuse and --cap-add SYS_ADMIN"
+# A dry run only says what it would run: it needs no device.
+[ -c /dev/fuse ] || [ "$dry_run" = 1 ] \
+    || die "no /dev/fuse: run the container with --device /dev/fuse and --cap-add SYS_ADMIN"
 
 # 2. The mount point, and a stale FUSE mount on it (its daemon died: stat fails ENOTCONN).
 is_fuse_mount() {
