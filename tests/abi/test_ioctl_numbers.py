@@ -16,6 +16,7 @@ from pathlib import Path
 import cffi
 import pytest
 
+import ualinkd.node  # noqa: F401  (the daemon's assembly: every handler module registers)
 from ualinkd.abi import constants as c
 from ualinkd.abi import ioctls as tbl
 from ualinkd.abi import structs as st
@@ -145,6 +146,7 @@ TABLE_ENTRIES = {
     "DRM_IOCTL_SYNCOBJ_QUERY": (tbl.CORE_IOCTLS, 0xCB),
     "DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL": (tbl.CORE_IOCTLS, 0xCD),
     "DRM_IOCTL_AMDGPU_GEM_METADATA": (tbl.AMDGPU_IOCTLS, 0x46),
+    "DRM_IOCTL_AMDGPU_GEM_USERPTR": (tbl.AMDGPU_IOCTLS, 0x51),
 }
 
 
@@ -180,6 +182,31 @@ def test_ioctl_number_matches_spec_table(header_values, name):
     """§1.1 and the §2.2 table: the full ioctl values, literally."""
     assert header_values[name] == SPEC_IOCTLS[name]
     assert CONSTANTS[name] == SPEC_IOCTLS[name]
+
+
+def test_table_entries_cover_every_emulated_entry():
+    """The header-checked entries are exactly the emulated ones plus the header's others:
+    every entry with a handler has its DRM_IOCTL_ macro compared below."""
+    checked = {table[nr] for table, nr in TABLE_ENTRIES.values()}
+    emulated = {s for s in tbl.all_entries() if s.emulated}
+    assert emulated <= checked, sorted(s.name for s in emulated - checked)
+    for macro, (table, nr) in TABLE_ENTRIES.items():
+        assert macro == "DRM_IOCTL_" + table[nr].name
+
+
+def test_every_handler_is_registered_against_a_table_entry():
+    """ioctls.py is the one table: a node's devices dispatch exactly the entries the table
+    calls emulated, each keyed by the entry itself (core ones by the device, the rest by
+    the driver)."""
+    from ualinkd.config import PodConfig
+    from ualinkd.node import NodeCore
+
+    device = next(iter(NodeCore(PodConfig.local(1, 1), "node0").devices.values()))
+    bound = {**device.handlers, **device.driver.ioctls}
+    assert set(bound) == {s for s in tbl.all_entries() if s.emulated}
+    assert all(s.core for s in device.handlers)
+    assert not any(s.core for s in device.driver.ioctls)
+    assert all(tbl.lookup(s.nr) is s for s in bound)
 
 
 @pytest.mark.parametrize("name", list(TABLE_ENTRIES))

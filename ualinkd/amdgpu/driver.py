@@ -16,6 +16,7 @@ from collections.abc import Awaitable
 from typing import Protocol
 
 from ..abi import constants as c
+from ..abi import ioctls as tbl
 from ..abi import structs as st
 from ..drm.device import Caller, CopyToUser, DrmDevice, Handler
 from ..drm.errors import DrmError
@@ -66,15 +67,7 @@ class AmdgpuDriver:
         self.copy_to_user = copy_to_user
         self._mmap_next = _MMAP_OFFSET_START
         self.gpu_faults = 0  # GPU page faults of loads/stores through any file's VM (policy 10)
-        self.ioctls: dict[int, Handler] = {
-            0x40: self.gem_create_ioctl,
-            0x41: self.gem_mmap_ioctl,
-            0x46: self.gem_metadata_ioctl,
-            0x48: self.gem_va_ioctl,
-            0x50: self.gem_op_ioctl,
-            0x51: self.gem_userptr_ioctl,
-            0x5B: self.ualink_handle_ioctl,
-        }
+        self.ioctls: dict[tbl.IoctlSpec, Handler] = tbl.bind(self)  # type: ignore[assignment]
         device.driver = self
 
     # -- BOs ---------------------------------------------------------------------------------
@@ -148,6 +141,7 @@ class AmdgpuDriver:
         return bo
 
     # -- GEM_CREATE (§2.3) ---------------------------------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_CREATE)
     def gem_create_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.GEM_CREATE_IN.decode(bytes(kdata[:32]))
         flags, domains = args.domain_flags, args.domains
@@ -174,6 +168,7 @@ class AmdgpuDriver:
         kdata[0:4] = handle.to_bytes(4, "little")
 
     # -- GEM_USERPTR (amdgpu_gem_userptr_ioctl) ----------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_USERPTR)
     def gem_userptr_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         """A BO over the caller's own memory, for the userptr rules of §1.6 E2, §2.5, §2.7 and
         §2.8. Unaligned address or size, or unknown flags → EINVAL; writable without
@@ -210,6 +205,7 @@ class AmdgpuDriver:
         kdata[20:24] = handle.to_bytes(4, "little")
 
     # -- GEM_MMAP (§2.7) -----------------------------------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_MMAP)
     def gem_mmap_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         handle = int.from_bytes(kdata[0:4], "little")
         kdata[0:8] = bytes(8)  # the union is zeroed before anything can fail
@@ -225,6 +221,7 @@ class AmdgpuDriver:
         kdata[0:8] = bo.mmap_offset.to_bytes(8, "little")
 
     # -- GEM_VA (§2.6) -------------------------------------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_VA)
     def gem_va_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         """Table direction W: nothing is copied back. A 40-byte legacy call arrives here
         zero-extended to 64 bytes by the DRM core (§2.1)."""
@@ -240,6 +237,7 @@ class AmdgpuDriver:
         gem_va(self.vm(file), args, lookup, sync)
 
     # -- GEM_METADATA (amdgpu_gem_metadata_ioctl) --------------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_METADATA)
     def gem_metadata_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         """Unknown handle → ENOENT; GET returns tiling_info, flags, data_size_bytes and the
         blob (bytes of data[] past it are the caller's, echoed); SET stores them (more than
@@ -262,6 +260,7 @@ class AmdgpuDriver:
             raise DrmError(errno.EINVAL, f"GEM_METADATA op {args.op}")
 
     # -- GEM_OP (§2.8) -------------------------------------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_OP)
     def gem_op_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.GEM_OP.decode(bytes(kdata[:24]))
         if args.padding:
@@ -299,6 +298,7 @@ class AmdgpuDriver:
         token = self.device.tokens.install(buf, file, caller.uid)
         kdata[0:4] = st.UALINK_HANDLE_OUT_IMPORT.pack(token)
 
+    @tbl.handles(tbl.AMDGPU_UALINK_HANDLE)
     def ualink_handle_ioctl(
         self, file: DrmFile, kdata: bytearray, caller: Caller
     ) -> Awaitable[None] | None:

@@ -72,7 +72,7 @@ OpenProcessMemory = Callable[[int], ProcessMemory]  # a thread id -> its process
 class DrmDriver(Protocol):
     """The driver half of a device (amdgpu implements it)."""
 
-    ioctls: dict[int, Handler]
+    ioctls: dict[tbl.IoctlSpec, Handler]  # tbl.bind(driver): its @handles methods
 
     def gem_object_open(self, obj: GemObject, file: DrmFile) -> None: ...
     def gem_object_close(self, obj: GemObject, file: DrmFile) -> None: ...
@@ -114,14 +114,10 @@ class DrmDevice:
         self.objects: dict[int, GemObject] = {}
         self.files: set[DrmFile] = set()
         self._ids = 0
-        self._core: dict[int, Handler] = {
-            0x09: self._gem_close,
-            0x0C: self._get_cap,
-            0x2D: self._prime_handle_to_fd,
-            0x2E: self._prime_fd_to_handle,
-        }
         self.syncobj = SyncobjIoctls(self)
-        self._core.update(self.syncobj.handlers)
+        # The core ioctls' handlers: this device's and its syncobj half's @handles methods.
+        self.handlers: dict[tbl.IoctlSpec, Handler] = {
+            **tbl.bind(self), **tbl.bind(self.syncobj)}  # type: ignore[dict-item]
 
     def next_object_id(self) -> int:
         self._ids += 1
@@ -155,7 +151,7 @@ class DrmDevice:
         table_dir = (spec.cmd >> 30) & 3
         in_size = user_size if user_dir & table_dir & IOC_WRITE else 0
         out_size = user_size if user_dir & table_dir & IOC_READ else 0
-        handler = self._core.get(nr) if nr < 0x40 or nr >= 0xA0 else self.driver.ioctls.get(nr)
+        handler = (self.handlers if spec.core else self.driver.ioctls).get(spec)
         if handler is None and spec.flags & tbl.DRM_RENDER_ALLOW:
             # The kernel has it, ualinkd does not emulate it: say so (once) rather than fake it.
             if nr not in _reported_unemulated:
@@ -191,10 +187,12 @@ class DrmDevice:
         return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
 
     # -- core handlers ---------------------------------------------------------------------
+    @tbl.handles(tbl.GEM_CLOSE)
     def _gem_close(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.GEM_CLOSE.decode(kdata[: st.GEM_CLOSE.size])
         f.handle_delete(args.handle)
 
+    @tbl.handles(tbl.GET_CAP)
     def _get_cap(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.GET_CAP.decode(kdata[: st.GET_CAP.size])
         if args.capability == DRM_CAP_PRIME:
@@ -229,6 +227,7 @@ class DrmDevice:
         f.prime_add(buf, handle)
         return buf
 
+    @tbl.handles(tbl.PRIME_HANDLE_TO_FD)
     def _prime_handle_to_fd(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.PRIME_HANDLE.decode(kdata[: st.PRIME_HANDLE.size])
         if args.flags & ~(DRM_CLOEXEC | DRM_RDWR):
@@ -251,6 +250,7 @@ class DrmDevice:
         obj.put()
         return handle
 
+    @tbl.handles(tbl.PRIME_FD_TO_HANDLE)
     def _prime_fd_to_handle(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.PRIME_HANDLE.decode(kdata[: st.PRIME_HANDLE.size])
         buf = self.resolve_fd(caller.pid, args.fd)
@@ -258,7 +258,7 @@ class DrmDevice:
 
 
 class _NoDriver:
-    ioctls: dict[int, Handler] = {}
+    ioctls: dict[tbl.IoctlSpec, Handler] = {}
 
     def gem_object_open(self, obj: GemObject, file: DrmFile) -> None:
         pass
