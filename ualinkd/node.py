@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from .amdgpu.driver import AmdgpuDriver, CopyToUser
+from .amdgpu.profile import PROFILES
 from .amdgpu.vm import RemoteFn, RemotePiece, gpu_load, gpu_store
 from .config import PodConfig
 from .drm.device import Caller, CopyFromUser, DrmDevice, IoctlResult, OpenProcessMemory
@@ -79,7 +80,8 @@ class NodeCore:
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
                                copy_to_user, waits)
             device.open_process_memory = open_process_memory
-            driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user)
+            driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user,
+                                  PROFILES[accel.profile])
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(
                 self.host, driver, config.ppod_info(accel), config.vpod_info(accel.accel_id),

@@ -191,8 +191,8 @@ def test_set_master_is_eacces_with_no_bytes(f):
 
 def test_not_emulated_render_ioctl_is_enosys(f):
     """Emulator (ioctls.py, README): a render-allowed ioctl that ualinkd does not emulate
-    (AMDGPU_CTX) answers ENOTTY rather than pretending."""
-    r = ioctl(f, ioc(RW, 0x64, 0x42, 16), bytes(16))
+    (AMDGPU_CS: no execution) answers ENOTTY rather than pretending."""
+    r = ioctl(f, ioc(RW, 0x64, 0x44, 24), bytes(24))
     assert (r.result, r.out) == (-errno.ENOTTY, b"")
 
 

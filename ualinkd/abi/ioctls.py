@@ -83,7 +83,7 @@ def bind(obj: object) -> dict[IoctlSpec, Callable[..., object]]:
 # -- trace decoders: what the bytes of each entry mean -----------------------------------------
 
 
-def fields(layout: st.Layout) -> DecodeIn:
+def fields(layout: st.Layout | st.ArrayLayout) -> DecodeIn:
     def decode(data: bytes) -> Fields:
         padded = data[: layout.size].ljust(layout.size, b"\0")
         return dataclasses.asdict(layout.decode(padded))  # type: ignore[call-overload]
@@ -91,7 +91,7 @@ def fields(layout: st.Layout) -> DecodeIn:
     return decode
 
 
-def out_fields(layout: st.Layout, *names: str) -> DecodeOut:
+def out_fields(layout: st.Layout | st.ArrayLayout, *names: str) -> DecodeOut:
     """The copied-back bytes through `layout`, all fields or only `names`."""
     decode = fields(layout)
 
@@ -128,9 +128,9 @@ def _gem_metadata(data: bytes) -> Fields:
             "data": [hex(v) for v in m.data[:used]]}
 
 
-def _entry(nr: int, name: str, layout: st.Layout | int, direction: int = IOC_READ | IOC_WRITE,
-           flags: int = DRM_RENDER_ALLOW, decode_in: DecodeIn | None = None,
-           decode_out: DecodeOut | None = None) -> IoctlSpec:
+def _entry(nr: int, name: str, layout: st.Layout | st.ArrayLayout | int,
+           direction: int = IOC_READ | IOC_WRITE, flags: int = DRM_RENDER_ALLOW,
+           decode_in: DecodeIn | None = None, decode_out: DecodeOut | None = None) -> IoctlSpec:
     """An entry whose arguments have a layout here (its size is the table's size)."""
     size = layout if isinstance(layout, int) else layout.size
     if decode_in is None and not isinstance(layout, int):
@@ -138,7 +138,7 @@ def _entry(nr: int, name: str, layout: st.Layout | int, direction: int = IOC_REA
     return IoctlSpec(nr, name, ioc(direction, ord("d"), nr, size), flags, decode_in, decode_out)
 
 
-def _drv_entry(index: int, name: str, layout: st.Layout | int,
+def _drv_entry(index: int, name: str, layout: st.Layout | st.ArrayLayout | int,
                direction: int = IOC_READ | IOC_WRITE, decode_in: DecodeIn | None = None,
                decode_out: DecodeOut | None = None) -> IoctlSpec:
     return _entry(DRM_COMMAND_BASE + index, f"AMDGPU_{name}", layout, direction,
@@ -156,8 +156,10 @@ PRIME_FD_TO_HANDLE = _entry(0x2E, "PRIME_FD_TO_HANDLE", st.PRIME_HANDLE,
 SYNCOBJ_CREATE = _entry(0xBF, "SYNCOBJ_CREATE", st.SYNCOBJ_CREATE,
                         decode_out=out_fields(st.SYNCOBJ_CREATE))
 SYNCOBJ_DESTROY = _entry(0xC0, "SYNCOBJ_DESTROY", st.SYNCOBJ_DESTROY)
-SYNCOBJ_HANDLE_TO_FD = _entry(0xC1, "SYNCOBJ_HANDLE_TO_FD", 16)
-SYNCOBJ_FD_TO_HANDLE = _entry(0xC2, "SYNCOBJ_FD_TO_HANDLE", 16)
+SYNCOBJ_HANDLE_TO_FD = _entry(0xC1, "SYNCOBJ_HANDLE_TO_FD", st.SYNCOBJ_HANDLE,
+                              decode_out=out_fields(st.SYNCOBJ_HANDLE))
+SYNCOBJ_FD_TO_HANDLE = _entry(0xC2, "SYNCOBJ_FD_TO_HANDLE", st.SYNCOBJ_HANDLE,
+                              decode_out=out_fields(st.SYNCOBJ_HANDLE))
 SYNCOBJ_WAIT = _entry(0xC3, "SYNCOBJ_WAIT", st.SYNCOBJ_WAIT,
                       decode_out=out_fields(st.SYNCOBJ_WAIT, "first_signaled"))
 SYNCOBJ_RESET = _entry(0xC4, "SYNCOBJ_RESET", st.SYNCOBJ_ARRAY)
@@ -166,9 +168,9 @@ SYNCOBJ_TIMELINE_WAIT = _entry(0xCA, "SYNCOBJ_TIMELINE_WAIT", st.SYNCOBJ_TIMELIN
                                decode_out=out_fields(st.SYNCOBJ_TIMELINE_WAIT,
                                                      "first_signaled"))
 SYNCOBJ_QUERY = _entry(0xCB, "SYNCOBJ_QUERY", st.SYNCOBJ_TIMELINE_ARRAY)
-SYNCOBJ_TRANSFER = _entry(0xCC, "SYNCOBJ_TRANSFER", 32)
+SYNCOBJ_TRANSFER = _entry(0xCC, "SYNCOBJ_TRANSFER", st.SYNCOBJ_TRANSFER)
 SYNCOBJ_TIMELINE_SIGNAL = _entry(0xCD, "SYNCOBJ_TIMELINE_SIGNAL", st.SYNCOBJ_TIMELINE_ARRAY)
-SYNCOBJ_EVENTFD = _entry(0xCF, "SYNCOBJ_EVENTFD", 24)
+SYNCOBJ_EVENTFD = _entry(0xCF, "SYNCOBJ_EVENTFD", st.SYNCOBJ_EVENTFD)
 
 AMDGPU_GEM_CREATE = _drv_entry(0x00, "GEM_CREATE", st.GEM_CREATE_SIZE,
                                decode_in=fields(st.GEM_CREATE_IN),
@@ -176,8 +178,9 @@ AMDGPU_GEM_CREATE = _drv_entry(0x00, "GEM_CREATE", st.GEM_CREATE_SIZE,
 AMDGPU_GEM_MMAP = _drv_entry(0x01, "GEM_MMAP", st.GEM_MMAP_SIZE,
                              decode_in=fields(st.GEM_MMAP_IN),
                              decode_out=out_fields(st.GEM_MMAP_OUT))
-AMDGPU_CTX = _drv_entry(0x02, "CTX", 16)
-AMDGPU_INFO = _drv_entry(0x05, "INFO", 32, IOC_WRITE)
+AMDGPU_CTX = _drv_entry(0x02, "CTX", st.CTX_SIZE, decode_in=fields(st.CTX_IN),
+                        decode_out=lambda d, i: {"out": d[:16].hex()})
+AMDGPU_INFO = _drv_entry(0x05, "INFO", st.INFO, IOC_WRITE)
 AMDGPU_GEM_METADATA = _drv_entry(0x06, "GEM_METADATA", st.GEM_METADATA_SIZE,
                                  decode_in=_gem_metadata,
                                  decode_out=lambda d, i: _gem_metadata(d))
@@ -185,7 +188,7 @@ AMDGPU_GEM_VA = _drv_entry(0x08, "GEM_VA", st.GEM_VA, IOC_WRITE)
 AMDGPU_GEM_OP = _drv_entry(0x10, "GEM_OP", st.GEM_OP, decode_out=out_fields(st.GEM_OP))
 AMDGPU_GEM_USERPTR = _drv_entry(0x11, "GEM_USERPTR", st.GEM_USERPTR,
                                 decode_out=out_fields(st.GEM_USERPTR, "handle"))
-AMDGPU_VM = _drv_entry(0x13, "VM", 8)
+AMDGPU_VM = _drv_entry(0x13, "VM", st.VM_SIZE, decode_in=fields(st.VM_IN))
 AMDGPU_UALINK_HANDLE = _drv_entry(0x1B, "UALINK_HANDLE", st.UALINK_HANDLE_SIZE,
                                   decode_in=_ualink_in, decode_out=_ualink_out)
 
@@ -193,7 +196,7 @@ AMDGPU_UALINK_HANDLE = _drv_entry(0x1B, "UALINK_HANDLE", st.UALINK_HANDLE_SIZE,
 # DRM core ioctls of a modern kernel (no DRM_LEGACY, CONFIG_AGP off). Only the nrs listed
 # exist; any other core nr is EINVAL. Those without DRM_RENDER_ALLOW answer EACCES on a
 # render node before their handler would run, so they need no emulation.
-VERSION = _entry(0x00, "VERSION", 64)
+VERSION = _entry(0x00, "VERSION", st.DRM_VERSION, decode_out=out_fields(st.DRM_VERSION))
 
 
 def _core(nr: int, name: str, direction: int, size: int, flags: int) -> IoctlSpec:

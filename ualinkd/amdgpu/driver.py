@@ -18,12 +18,14 @@ from typing import Protocol
 from ..abi import constants as c
 from ..abi import ioctls as tbl
 from ..abi import structs as st
-from ..drm.device import Caller, CopyToUser, DrmDevice, Handler
+from ..drm.device import Caller, CopyToUser, DriverVersion, DrmDevice, Handler
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf, GemObject
 from .bo import AmdgpuBo, MemoryPool, place
+from .info import AmdgpuInfo
 from .memory import UserMemory
+from .profile import MI300X, DeviceProfile
 from .vm import GpuVm, VaSync, gem_va
 
 # Domains that must stand alone (amdgpu_gem_are_domains_valid, §2.3).
@@ -59,15 +61,21 @@ class AmdgpuDriver:
         vram_size: int,
         gtt_size: int,
         copy_to_user: CopyToUser | None = None,
+        profile: DeviceProfile = MI300X,
     ) -> None:
         self.device = device
+        self.profile = profile
         self.vram = MemoryPool("vram", vram_size)
         self.gtt = MemoryPool("gtt", gtt_size)
         self.ualink: UalinkOps | None = None
         self.copy_to_user = copy_to_user
         self._mmap_next = _MMAP_OFFSET_START
         self.gpu_faults = 0  # GPU page faults of loads/stores through any file's VM (policy 10)
-        self.ioctls: dict[tbl.IoctlSpec, Handler] = tbl.bind(self)  # type: ignore[assignment]
+        # amdgpu_drv.c: KMS_DRIVER_MAJOR.MINOR.PATCHLEVEL of the kernels the spec is from
+        self.version = DriverVersion(3, 64, 0, "amdgpu", "20150101", "AMD GPU")
+        self.info = AmdgpuInfo(self, profile)  # INFO, and the CTX / VM stubs
+        self.ioctls: dict[tbl.IoctlSpec, Handler] = {  # type: ignore[dict-item]
+            **tbl.bind(self), **tbl.bind(self.info)}
         device.driver = self
 
     # -- BOs ---------------------------------------------------------------------------------

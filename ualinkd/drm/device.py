@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -34,6 +35,8 @@ from .tokens import DmaBufTokens
 log = logging.getLogger(__name__)
 
 DRM_CAP_TIMESTAMP_MONOTONIC = 0x6
+DRM_CAP_SYNCOBJ = 0x13
+DRM_CAP_SYNCOBJ_TIMELINE = 0x14
 _reported_unemulated: set[int] = set()
 
 
@@ -69,10 +72,23 @@ class ProcessMemory(Protocol):
 OpenProcessMemory = Callable[[int], ProcessMemory]  # a thread id -> its process's memory
 
 
+@dataclass(frozen=True, slots=True)
+class DriverVersion:
+    """What DRM_IOCTL_VERSION reports (struct drm_driver's major..desc)."""
+
+    major: int
+    minor: int
+    patchlevel: int
+    name: str
+    date: str
+    desc: str
+
+
 class DrmDriver(Protocol):
     """The driver half of a device (amdgpu implements it)."""
 
     ioctls: dict[tbl.IoctlSpec, Handler]  # tbl.bind(driver): its @handles methods
+    version: DriverVersion
 
     def gem_object_open(self, obj: GemObject, file: DrmFile) -> None: ...
     def gem_object_close(self, obj: GemObject, file: DrmFile) -> None: ...
@@ -118,6 +134,24 @@ class DrmDevice:
         # The core ioctls' handlers: this device's and its syncobj half's @handles methods.
         self.handlers: dict[tbl.IoctlSpec, Handler] = {
             **tbl.bind(self), **tbl.bind(self.syncobj)}  # type: ignore[dict-item]
+
+    # -- the caller's memory (copy_from_user / copy_to_user) -------------------------------
+    def read_user(self, caller: Caller, address: int, size: int) -> bytes:
+        """copy_from_user: all `size` bytes or DrmError(EFAULT)."""
+        copy = self.copy_from_user
+        if copy is None:
+            raise DrmError(errno.EFAULT, "no user memory access")
+        data = copy(caller.pid, address, size)
+        if len(data) != size:
+            raise DrmError(errno.EFAULT, f"short read of user memory at {address:#x}")
+        return data
+
+    def write_user(self, caller: Caller, address: int, data: bytes) -> None:
+        """copy_to_user: all of `data` or DrmError(EFAULT)."""
+        copy = self.copy_to_user
+        if copy is None:
+            raise DrmError(errno.EFAULT, "no user memory access")
+        copy(caller.pid, address, data)
 
     def next_object_id(self) -> int:
         self._ids += 1
@@ -192,12 +226,38 @@ class DrmDevice:
         args = st.GEM_CLOSE.decode(kdata[: st.GEM_CLOSE.size])
         f.handle_delete(args.handle)
 
+    @tbl.handles(tbl.VERSION)
+    def _version(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        """drm_version: the driver's numbers, then name, date, desc by drm_copy_field: each
+        copies min(strlen, the caller's length) bytes (no NUL) to the caller's buffer when
+        that is non-zero and the buffer non-NULL, and always reports the full length (1);
+        a copy that faults ends the ioctl with EFAULT, the lengths already set still copied
+        back (2), the later fields untouched."""
+        v = st.DRM_VERSION.decode(bytes(kdata[: st.DRM_VERSION.size]))
+        drv = self.driver.version
+        struct.pack_into("<iii", kdata, 0, drv.major, drv.minor, drv.patchlevel)
+        for at, (buf, user_len), value in zip(
+            (st.DRM_VERSION.offsets["name_len"], st.DRM_VERSION.offsets["date_len"],
+             st.DRM_VERSION.offsets["desc_len"]),
+            ((v.name, v.name_len), (v.date, v.date_len), (v.desc, v.desc_len)),
+            (drv.name, drv.date, drv.desc), strict=True,
+        ):
+            text = value.encode()
+            n = min(len(text), user_len)
+            struct.pack_into("<Q", kdata, at, len(text))  # 1
+            if n and buf:
+                self.write_user(caller, buf, text[:n])  # 2
+
     @tbl.handles(tbl.GET_CAP)
     def _get_cap(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        """drm_getcap, the caps a render-only client gets: PRIME import|export, a monotonic
+        timestamp, and SYNCOBJ / SYNCOBJ_TIMELINE (amdgpu has DRIVER_SYNCOBJ and
+        DRIVER_SYNCOBJ_TIMELINE). The KMS caps are not emulated (EINVAL)."""
         args = st.GET_CAP.decode(kdata[: st.GET_CAP.size])
         if args.capability == DRM_CAP_PRIME:
             value = DRM_PRIME_CAP_IMPORT | DRM_PRIME_CAP_EXPORT
-        elif args.capability == DRM_CAP_TIMESTAMP_MONOTONIC:
+        elif args.capability in (DRM_CAP_TIMESTAMP_MONOTONIC, DRM_CAP_SYNCOBJ,
+                                 DRM_CAP_SYNCOBJ_TIMELINE):
             value = 1
         else:
             raise DrmError(errno.EINVAL, f"capability {args.capability:#x} not emulated")
@@ -259,6 +319,7 @@ class DrmDevice:
 
 class _NoDriver:
     ioctls: dict[tbl.IoctlSpec, Handler] = {}
+    version = DriverVersion(0, 0, 0, "", "", "")
 
     def gem_object_open(self, obj: GemObject, file: DrmFile) -> None:
         pass

@@ -154,19 +154,10 @@ class SyncobjIoctls:
 
     # -- user memory --------------------------------------------------------------------------
     def read_user(self, caller: Caller, address: int, size: int) -> bytes:
-        copy = self.device.copy_from_user
-        if copy is None:
-            raise DrmError(errno.EFAULT, "no user memory access")
-        data = copy(caller.pid, address, size)
-        if len(data) != size:
-            raise DrmError(errno.EFAULT, f"short read of user memory at {address:#x}")
-        return data
+        return self.device.read_user(caller, address, size)
 
     def write_user(self, caller: Caller, address: int, data: bytes) -> None:
-        copy = self.device.copy_to_user
-        if copy is None:
-            raise DrmError(errno.EFAULT, "no user memory access")
-        copy(caller.pid, address, data)
+        self.device.write_user(caller, address, data)
 
     def read_u32s(self, caller: Caller, address: int, count: int) -> tuple[int, ...]:
         return struct.unpack(f"<{count}I", self.read_user(caller, address, 4 * count))
