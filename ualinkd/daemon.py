@@ -51,18 +51,16 @@ def sd_notify(state: str) -> None:
 
 def copy_to_user(pid: int, address: int, data: bytes) -> None:
     """copy_to_user for ioctls with user pointers: write the caller's memory via /proc.
-    Needs ptrace rights over the caller (root, or the same uid without Yama); else EFAULT."""
+    Only pages the caller has mapped writable take it (/proc/<pid>/mem itself would write
+    read-only ones): anything else is EFAULT, as the kernel's copy_to_user. Needs ptrace
+    rights over the caller (root, or the same uid without Yama); else EFAULT."""
+    if not data:
+        return
+    mem = ProcMemory(pid)
     try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_WRONLY)
-    except OSError:
-        raise DrmError(errno.EFAULT, f"cannot open the memory of pid {pid}") from None
-    try:
-        if os.pwrite(fd, data, address) != len(data):
-            raise DrmError(errno.EFAULT)
-    except (OSError, OverflowError):
-        raise DrmError(errno.EFAULT, f"bad user address {address:#x}") from None
+        mem.write(address, data)
     finally:
-        os.close(fd)
+        mem.close()
 
 
 class ProcMemory:
@@ -136,23 +134,16 @@ class ProcMemory:
 
 
 def copy_from_user(pid: int, address: int, size: int) -> bytes:
-    """copy_from_user for ioctls with user pointers: read the caller's memory via /proc.
-    Same rights as copy_to_user; anything short of `size` bytes is EFAULT."""
+    """copy_from_user for ioctls with user pointers: read the caller's memory via /proc,
+    only from pages it has mapped readable (not PROT_NONE ones, which /proc/<pid>/mem would
+    read). Same rights as copy_to_user; anything short of `size` bytes is EFAULT."""
     if size == 0:
         return b""
+    mem = ProcMemory(pid)
     try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
-    except OSError:
-        raise DrmError(errno.EFAULT, f"cannot open the memory of pid {pid}") from None
-    try:
-        data = os.pread(fd, size, address)
-    except (OSError, OverflowError):
-        raise DrmError(errno.EFAULT, f"bad user address {address:#x}") from None
+        return mem.read(address, size)
     finally:
-        os.close(fd)
-    if len(data) != size:
-        raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
-    return data
+        mem.close()
 
 
 class TrioSyncWaits:
