@@ -7,9 +7,11 @@ serves until SIGINT/SIGTERM, and always unmounts on the way out.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import logging
 import os
+import select
 import signal
 import socket
 import ssl
@@ -146,6 +148,68 @@ def copy_from_user(pid: int, address: int, size: int) -> bytes:
         mem.close()
 
 
+_SYS_PIDFD_GETFD = 438  # x86-64 (and the generic table)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class CallerEventFd:
+    """drm.syncobj.EventFd: the daemon's own reference to a caller's eventfd. Reopening it
+    through /proc/<pid>/fd answers ENXIO (an anonymous inode has no open), so the file is
+    taken with pidfd_getfd(2), which needs the same ptrace rights as /proc/<pid>/mem. The
+    fd must be an eventfd: none → EBADF, another file → EINVAL (eventfd_ctx_fdget)."""
+
+    def __init__(self, tid: int, fd: int) -> None:
+        try:
+            target = os.readlink(f"/proc/{tid}/fd/{fd}")
+        except OSError:
+            raise DrmError(errno.EBADF, f"thread {tid} has no fd {fd}") from None
+        if target != "anon_inode:[eventfd]":
+            raise DrmError(errno.EINVAL, f"fd {fd} is not an eventfd ({target})")
+        try:
+            pidfd = os.pidfd_open(_tgid(tid))
+        except (OSError, ValueError):
+            raise DrmError(errno.EBADF, f"no process for thread {tid}") from None
+        try:
+            got = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
+            if got < 0:
+                err = ctypes.get_errno()
+                raise DrmError(errno.EBADF if err == errno.EBADF else errno.EPERM,
+                               f"pidfd_getfd of fd {fd}: {os.strerror(err)}")
+        finally:
+            os.close(pidfd)
+        self._fd: int | None = got
+        # The same open file as the caller's: check it is still an eventfd (the fd number
+        # could have been reused between the readlink and the getfd).
+        if os.readlink(f"/proc/self/fd/{got}") != "anon_inode:[eventfd]":
+            self.close()
+            raise DrmError(errno.EINVAL, f"fd {fd} is not an eventfd")
+
+    def signal(self) -> None:
+        """eventfd_signal: add 1. Never blocks the daemon: the file's flags are the caller's
+        (shared), so writability is polled first (POLLOUT: the counter can take 1); a
+        counter at its maximum loses this increment, as a saturated one does."""
+        if self._fd is None:
+            return
+        try:
+            p = select.poll()
+            p.register(self._fd, select.POLLOUT)
+            if p.poll(0):
+                os.eventfd_write(self._fd, 1)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
+def _tgid(tid: int) -> int:
+    with open(f"/proc/{tid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
+
+
 class TrioSyncWaits:
     """drm/syncobj.py's SyncWaits on trio: waiters sleep on per-key trio.Events and look
     again when a key is woken. Deadlines are absolute CLOCK_MONOTONIC ns (the ioctls'
@@ -239,6 +303,7 @@ async def run_node(
         copy_from_user=copy_from_user,
         waits=TrioSyncWaits(),
         open_process_memory=ProcMemory,
+        open_eventfd=CallerEventFd,
     )
     agent: UalinkAgent | None = None
 
