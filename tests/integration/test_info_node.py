@@ -199,3 +199,47 @@ def test_cs_bo_list_wait_cs_stay_enotty(fd):
     """No execution: CS, BO_LIST and WAIT_CS answer ENOTTY (README)."""
     for cmd, size in ((iowr(0x44, 24), 24), (iowr(0x43, 24), 24), (iowr(0x49, 32), 32)):
         assert errno_of(fd, cmd, bytes(size)) == errno.ENOTTY
+
+
+class _DrmVersion(ctypes.Structure):
+    _fields_ = [("version_major", ctypes.c_int), ("version_minor", ctypes.c_int),
+                ("version_patchlevel", ctypes.c_int), ("name_len", ctypes.c_int),
+                ("name", ctypes.c_char_p), ("date_len", ctypes.c_int),
+                ("date", ctypes.c_char_p), ("desc_len", ctypes.c_int),
+                ("desc", ctypes.c_char_p)]
+
+
+def _libdrm():
+    try:
+        return ctypes.CDLL("libdrm.so.2", use_errno=True)
+    except OSError:
+        pytest.skip("libdrm.so.2 not installed (make setup installs libdrm-dev)")
+
+
+def test_unmodified_libdrm_calls_without_the_shim(fd):
+    """Debian's libdrm, unmodified, no LD_PRELOAD: drmGetVersion (its two VERSION calls),
+    drmGetCap(DRM_CAP_SYNCOBJ[_TIMELINE]) and drmCommandWrite(DRM_AMDGPU_INFO) with
+    libdrm 2.4.114's 368-byte DEV_INFO struct all reach the daemon and succeed."""
+    drm = _libdrm()
+    drm.drmGetVersion.restype = ctypes.POINTER(_DrmVersion)
+    drm.drmFreeVersion.argtypes = [ctypes.POINTER(_DrmVersion)]
+    v = drm.drmGetVersion(fd)
+    assert v
+    try:
+        got = v.contents
+        assert (got.version_major, got.version_minor, got.name, got.desc) == (
+            3, 64, b"amdgpu", b"AMD GPU")
+    finally:
+        drm.drmFreeVersion(v)
+    value = ctypes.c_uint64()
+    for cap in (0x13, 0x14):
+        assert drm.drmGetCap(fd, ctypes.c_uint64(cap), ctypes.byref(value)) == 0
+        assert value.value == 1
+    out = buffer(368)
+    req = bytearray(st.INFO.encode(st.AmdgpuInfo(ctypes.addressof(out), 368, DEV_INFO,
+                                                 (0, 0, 0, 0))))
+    arg = (ctypes.c_char * len(req)).from_buffer(req)
+    assert drm.drmCommandWrite(fd, ctypes.c_ulong(0x05), arg, ctypes.c_ulong(32)) == 0
+    device_id, family, num_se = (struct.unpack_from("<I", bytes(out), at)[0]
+                                 for at in (0, 16, 20))
+    assert (device_id, family, num_se) == (0x74A1, 141, 32)
