@@ -11,6 +11,7 @@ import fcntl
 import os
 import select
 import struct
+import time
 
 import pytest
 from nodes import running_node
@@ -142,3 +143,28 @@ def test_eventfd_errnos_and_transfer(node, fds, tmp_path):
         assert os.eventfd_read(efd) == 1
     finally:
         os.close(efd)
+
+
+def test_pending_eventfds_are_released_with_the_syncobj(node):
+    """The daemon's own eventfd references of a syncobj that never signals go when its last
+    holder (the render fd) closes: the daemon's fd count is back where it was."""
+    def daemon_fds() -> int:
+        return len(os.listdir(f"/proc/{node.proc.pid}/fd"))
+
+    fd = os.open(node.render(), os.O_RDWR)
+    before = daemon_fds()
+    efds = [os.eventfd(0, os.EFD_NONBLOCK) for _ in range(5)]
+    try:
+        h = create(fd)
+        for efd in efds:
+            call(fd, EVENTFD, st.SYNCOBJ_EVENTFD.encode(st.DrmSyncobjEventfd(h, 0, 3, efd, 0)))
+        assert daemon_fds() == before + 5
+        assert not any(readable(e) for e in efds)
+    finally:
+        os.close(fd)
+        for efd in efds:
+            os.close(efd)
+    deadline = time.monotonic() + 10  # FUSE sends RELEASE after close() has returned
+    while daemon_fds() != before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert daemon_fds() == before
