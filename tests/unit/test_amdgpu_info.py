@@ -379,6 +379,14 @@ def test_ctx_priority_rules(f):
     assert ctx(f, 1, priority=1023, caller=ROOT).result == 0
 
 
+def test_ctx_ids_run_out_at_amdgpu_vm_max_num_ctx(f):
+    """idr_alloc(…, 1, AMDGPU_VM_MAX_NUM_CTX): ids 1..4095, then ENOSPC."""
+    for _ in range(inf.AMDGPU_VM_MAX_NUM_CTX - 1):
+        assert ctx(f, 1).result == 0
+    r = ctx(f, 1)
+    assert (r.result, r.out[:4]) == (-errno.ENOSPC, bytes(4))
+
+
 @pytest.mark.parametrize("op", [0, 5, 6, 8, 0xFFFFFFFF])
 def test_ctx_other_ops_einval(f, op):
     assert ctx(f, op).result == -errno.EINVAL

@@ -289,6 +289,9 @@ class AmdgpuInfo:
             ctx_id = 1
             while ctx_id in ctxs:
                 ctx_id += 1
+            if ctx_id >= AMDGPU_VM_MAX_NUM_CTX:  # idr_alloc(…, 1, AMDGPU_VM_MAX_NUM_CTX)
+                kdata[0:4] = bytes(4)
+                raise DrmError(errno.ENOSPC, "no context id left")
             ctxs.add(ctx_id)
             kdata[0:4] = ctx_id.to_bytes(4, "little")  # 4
             return
@@ -323,4 +326,5 @@ CTX_OP_ALLOC_CTX, CTX_OP_FREE_CTX, CTX_OP_QUERY_STATE, CTX_OP_QUERY_STATE2 = 1, 
 CTX_PRIORITY_UNSET, CTX_PRIORITY_VERY_LOW = -2048, -1023
 CTX_PRIORITY_NORMAL, CTX_PRIORITY_VERY_HIGH = 0, 1023
 CTX_NO_RESET = 0
+AMDGPU_VM_MAX_NUM_CTX = 4096
 VM_OP_RESERVE_VMID, VM_OP_UNRESERVE_VMID = 1, 2
