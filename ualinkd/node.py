@@ -13,13 +13,14 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from .amdgpu.driver import AmdgpuDriver, CopyToUser
+from .amdgpu.profile import PROFILES
 from .amdgpu.vm import RemoteFn, RemotePiece, gpu_load, gpu_store
 from .config import PodConfig
 from .drm.device import Caller, CopyFromUser, DrmDevice, IoctlResult, OpenProcessMemory
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.gem import DmaBuf
-from .drm.syncobj import SyncWaits
+from .drm.syncobj import EventFd, SyncWaits
 from .drm.tokens import DmaBufTokens
 from .fuse.backend import IoctlReply, SysAttr, SysDir
 from .trace import TraceRecord
@@ -64,6 +65,7 @@ class NodeCore:
         copy_from_user: CopyFromUser | None = None,
         waits: SyncWaits | None = None,
         open_process_memory: OpenProcessMemory | None = None,
+        open_eventfd: Callable[[int, int], EventFd] | None = None,
     ) -> None:
         self.config = config
         self.node = config.node(node_name)
@@ -79,7 +81,10 @@ class NodeCore:
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
                                copy_to_user, waits)
             device.open_process_memory = open_process_memory
-            driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user)
+            device.resolve_token_fd = self._resolve_token
+            device.open_eventfd = open_eventfd
+            driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user,
+                                  PROFILES[accel.profile])
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(
                 self.host, driver, config.ppod_info(accel), config.vpod_info(accel.accel_id),
@@ -111,6 +116,10 @@ class NodeCore:
 
     def _resolve_dmabuf(self, pid: int, fd: int) -> DmaBuf:
         return self.tokens.resolve(self._resolve_key(pid, fd))
+
+    def _resolve_token(self, pid: int, fd: int) -> object:
+        """Any token file behind the caller's fd (syncobj files, sync files)."""
+        return self.tokens.resolve_any(self._resolve_key(pid, fd))
 
     # -- NodeBackend: render nodes ----------------------------------------------------------
     def render_minors(self) -> list[int]:

@@ -221,7 +221,7 @@ def test_single_table_for_an_array_of_tables():
 def test_to_toml_writes_exactly_the_known_keys(tmp_path):
     """Policy 8: with every optional field set, to_toml writes every key the loader knows
     and no other, and the file loads back as the same pod."""
-    doc = pod_doc(nodes=[[{"id": 0, "npa_pages": 64}], [{"id": 5}]],
+    doc = pod_doc(nodes=[[{"id": 0, "npa_pages": 64, "profile": "mi300a"}], [{"id": 5}]],
                   quirks=["hello-no-reset"], tls_ca="/ca.pem", tcp_congestion="")
     for i, n in enumerate(doc["nodes"]):
         n.update(tls_cert=f"/n{i}.pem", tls_key=f"/n{i}.key")
