@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import uuid
 
 import pytest
@@ -15,7 +16,8 @@ from ualinkd.drm.tokens import DmaBufTokens
 from ualinkd.fuse.backend import Caller as FuseCaller
 from ualinkd.fuse.lowlevel import ROOT_INO, FuseError
 from ualinkd.fuse.tree import FileTree
-from ualinkd.node import pci_bdf, ualink_sysfs
+from ualinkd.node import ualink_sysfs
+from ualinkd.sysfs import pci_bdf, resolve
 from ualinkd.ualink.host import UalinkHost
 from ualinkd.ualink.manager import UalinkManager
 from ualinkd.ualink.state import AddrMode, ConfigStage, PpodInfo, VpodInfo
@@ -102,9 +104,10 @@ def test_reads_are_live():
 def test_sys_tree_layout():
     """§7.1: /sys/class/drm/renderD<minor>/device/ualink/ for every render node."""
     core = make_node(pod_config(nodes=[[{"id": 0}, {"id": 1}], [{"id": 5}]]))
-    drm = core.sys_tree()["class"]["drm"]
+    sys_tree = core.sys_tree()
+    drm = sys_tree["class"]["drm"]
     assert {n for n in drm if n.startswith("renderD")} == {"renderD128", "renderD129"}
-    ualink = drm["renderD129"]["device"]["ualink"]
+    ualink = resolve(sys_tree, "class/drm/renderD129/device/ualink")
     assert set(ualink) == FILES | {"setup", "config", "stations"}  # policy 8: live config dirs
     assert all(ualink[n].mode == 0o444 for n in FILES)
     assert ualink["accel_id"].read() == "1\n"
@@ -116,12 +119,26 @@ ROOT = FuseCaller(pid=1, uid=0, gid=0)
 USER = FuseCaller(pid=2, uid=1000, gid=1000)
 
 
-def walk(tree: FileTree, path: str) -> int:
-    """The inode at `path` (relative to the mount), by lookups as the kernel does them."""
-    ino = ROOT_INO
-    for name in path.split("/"):
-        ino = tree.lookup(ino, name, ROOT).ino
-    return ino
+def walk(tree: FileTree, path: str, caller=ROOT) -> int:
+    """The inode at `path` (relative to the mount), by lookups as the kernel does them,
+    following symlinks (relative to the link's directory) on the way."""
+    todo = [p for p in path.split("/") if p]
+    stack = [ROOT_INO]  # the directories walked, for ".."
+    hops = 0
+    while todo:
+        name = todo.pop(0)
+        if name == "..":
+            if len(stack) > 1:
+                stack.pop()
+            continue
+        attr = tree.lookup(stack[-1], name, caller)
+        if stat.S_ISLNK(attr.mode):
+            hops += 1
+            assert hops < 40, f"{path}: symlink loop"
+            todo = tree.readlink(attr.ino, caller).decode().split("/") + todo
+            continue
+        stack.append(attr.ino)
+    return stack[-1]
 
 
 def read(tree: FileTree, path: str, caller=ROOT) -> str:
@@ -156,12 +173,12 @@ def test_ualink_dir_under_the_pci_device_card_and_render_node():
     core = make_node(pod_config(nodes=[[{"id": 0}, {"id": 1}], [{"id": 5}]]))
     sys_tree = core.sys_tree()
     drm, pci = sys_tree["class"]["drm"], sys_tree["bus"]["pci"]["devices"]
-    assert set(drm) == {"card0", "card1", "renderD128", "renderD129"}
+    assert set(drm) == {"card0", "card1", "renderD128", "renderD129", "version"}
     assert set(pci) == {"0000:10:00.0", "0000:11:00.0"} == {pci_bdf(128), pci_bdf(129)}
     for index, minor in enumerate((128, 129)):
-        ualink = drm[f"renderD{minor}"]["device"]["ualink"]
-        assert drm[f"card{index}"]["device"]["ualink"] is ualink
-        assert pci[pci_bdf(minor)]["ualink"] is ualink
+        ualink = resolve(sys_tree, f"class/drm/renderD{minor}/device/ualink")
+        assert resolve(sys_tree, f"class/drm/card{index}/device/ualink") is ualink
+        assert resolve(sys_tree, f"bus/pci/devices/{pci_bdf(minor)}/ualink") is ualink
 
     tree = FileTree(core, "/nonexistent")
     paths = ["sys/class/drm/renderD129/device/ualink", "sys/class/drm/card1/device/ualink",
