@@ -263,7 +263,7 @@ class NodeCore:
                 for e in mgr.exports.values())),
             "clients": table("clients", lambda: (
                 {"pid": f.pid, "uid": f.uid, "handles": len(f.handles)} for f in device.files)),
-        })
+        }, mode=sysfs.DEBUGFS_DIR_MODE)
 
     def _config_files(self, cfg: SysConfig) -> SysDir:
         """setup/, config/, stations/ with their commit files (§7.1, policy 8)."""
