@@ -17,6 +17,7 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from nodes import Client, running_pod  # noqa: E402
 
+from ualinkd import sysfs  # noqa: E402
 from ualinkd.cli.main import free_tcp_ports  # noqa: E402
 from ualinkd.config import AccelConfig, NodeConfig, PodConfig  # noqa: E402
 
@@ -109,7 +110,7 @@ def main(tmp: Path) -> list[str]:
                     clients = [Client(b.render(i)) for i in range(n)]
                     for c in clients:
                         os.close(c.import_(h))
-                    npa = a.mount / "sys/kernel/debug/dri/128/ualink_npa"
+                    npa = a.mount / sysfs.debugfs_file(128, "ualink_npa")
                     t0 = time.perf_counter()
                     ca.bo_close(bo)
                     while not npa.read_text().startswith("used_pages=0 "):

@@ -18,6 +18,7 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from nodes import Client  # noqa: E402
 
+from ualinkd import sysfs  # noqa: E402
 from ualinkd.testing import Pod, pod_config  # noqa: E402
 
 SIZES = [int(x) for x in os.environ.get("BENCH_POD_SIZES", "2,8,32").split(",")]
@@ -73,7 +74,7 @@ def one(n: int) -> str:
             for node in importers:
                 with Client(render(node)) as c:
                     os.close(c.import_(handle))
-            npa = exporter.root / "sys/kernel/debug/dri/128/ualink_npa"
+            npa = exporter.root / sysfs.debugfs_file(128, "ualink_npa")
             before = npa.read_text()
             t = time.perf_counter()
             ca.bo_close(bo)
