@@ -1038,14 +1038,16 @@ SHIM_API char *canonicalize_file_name(const char *path)
 /* ---- /dev/dri listings --------------------------------------------------------- */
 
 /* An opendir("/dev/dri") is remembered here: its readdir gives the node's
- * entries as they are (renderD* as DT_CHR), then, after a rewind, card<N-128>
- * for each renderD<N>, as a real /dev/dri lists both (drmGetDevices2 folds
- * them into one device by PCI address).  More than DRI_LISTINGS at once are
- * listed without card entries. */
+ * entries as they are (renderD* and card* as DT_CHR), then, after a rewind,
+ * card<N-128> for each renderD<N> the directory did not list itself, as a real
+ * /dev/dri lists both (drmGetDevices2 folds them into one device by PCI
+ * address).  More than DRI_LISTINGS at once are listed as they are. */
 #define DRI_LISTINGS 8
+#define LISTED_CARDS 256
 static struct dri_listing {
 	_Atomic(DIR *) dir;
 	bool cards;		/* the second pass: card entries */
+	uint64_t listed[LISTED_CARDS / 64];	/* card<n> the directory has */
 	struct dirent64 card;
 } dri_listings[DRI_LISTINGS];
 static atomic_int dri_listings_open;
@@ -1082,6 +1084,7 @@ SHIM_API DIR *opendir(const char *path)
 
 			if (atomic_compare_exchange_strong(&dri_listings[i].dir, &expected, dir)) {
 				dri_listings[i].cards = false;
+				memset(dri_listings[i].listed, 0, sizeof(dri_listings[i].listed));
 				atomic_fetch_add(&dri_listings_open, 1);
 				break;
 			}
@@ -1097,6 +1100,16 @@ static int render_minor(const char *name)
 
 	if (strncmp(name, "renderD", 7) != 0 || !parse_index(name + 7, 0xfffe, &n) ||
 	    n < RENDER_MINOR_BASE)
+		return -1;
+	return (int)n;
+}
+
+/* card<N>: N, else -1. */
+static int card_minor(const char *name)
+{
+	unsigned long n;
+
+	if (strncmp(name, "card", 4) != 0 || !parse_index(name + 4, 0xfffe, &n))
 		return -1;
 	return (int)n;
 }
@@ -1119,7 +1132,10 @@ static struct dirent64 *do_readdir(enum real_id id, DIR *dir)
 	while (!l->cards) {
 		e = fn(dir);
 		if (e) {
-			if (render_minor(e->d_name) >= 0)
+			minor = card_minor(e->d_name);
+			if (minor >= 0 && minor < LISTED_CARDS)
+				l->listed[minor / 64] |= (uint64_t)1 << (minor % 64);
+			if (minor >= 0 || render_minor(e->d_name) >= 0)
 				e->d_type = DT_CHR;
 			return e;
 		}
@@ -1130,16 +1146,16 @@ static struct dirent64 *do_readdir(enum real_id id, DIR *dir)
 		l->cards = true;
 	}
 	while ((e = fn(dir))) {
-		minor = render_minor(e->d_name);
-		if (minor < 0)
+		minor = render_minor(e->d_name) - RENDER_MINOR_BASE;	/* the card's */
+		if (minor < 0 || (minor < LISTED_CARDS &&
+				  (l->listed[minor / 64] >> (minor % 64) & 1)))
 			continue;
 		memset(&l->card, 0, sizeof(l->card));
 		l->card.d_ino = e->d_ino;
 		l->card.d_off = e->d_off;
 		l->card.d_reclen = sizeof(l->card);
 		l->card.d_type = DT_CHR;
-		snprintf(l->card.d_name, sizeof(l->card.d_name), "card%d",
-			 minor - RENDER_MINOR_BASE);
+		snprintf(l->card.d_name, sizeof(l->card.d_name), "card%d", minor);
 		return &l->card;
 	}
 	return NULL;
