@@ -269,8 +269,7 @@ async def run_node(
                       ssl_client_context=client_tls)
     agent = UalinkAgent(core, link.send, config.response_timeout_ms / 1000, link.request)
     peers = [n.name for n in config.nodes if n.name != node_name]
-    core.fabric_status = lambda: "".join(
-        f"{p} {'up' if link.is_up(p) else 'down'}\n" for p in peers)
+    core.fabric_links = lambda: {p: link.is_up(p) for p in peers}
     clear_stale_mount(mount)
     session = FuseSession(FileTree(core, mount))
     session.mount(mount)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
+from . import sysfs
 from .amdgpu.driver import AmdgpuDriver, CopyToUser
+from .amdgpu.profile import PROFILES
 from .amdgpu.vm import RemoteFn, RemotePiece, gpu_load, gpu_store
 from .config import PodConfig
 from .drm.device import Caller, CopyFromUser, DrmDevice, IoctlResult, OpenProcessMemory
@@ -21,25 +23,19 @@ from .drm.file import DrmFile
 from .drm.gem import DmaBuf
 from .drm.syncobj import SyncWaits
 from .drm.tokens import DmaBufTokens
-from .fuse.backend import IoctlReply, SysAttr, SysDir
+from .fuse.backend import IoctlReply
+from .sysfs import SysAttr, SysDir, pci_bdf  # noqa: F401 (pci_bdf: its old home)
 from .trace import TraceRecord
 from .ualink.host import UalinkHost
 from .ualink.manager import UalinkManager
-from .ualink.state import AddrMode
 from .ualink.sysconfig import SysConfig
 
 log = logging.getLogger(__name__)
 
-RENDER_MINOR_BASE = 128
+RENDER_MINOR_BASE = sysfs.RENDER_MINOR_BASE
 FdResolver = Callable[[int, int], int]  # (pid, fd) -> dma-buf key; raises EBADF/EINVAL
 # (importing accel id, piece, write, data to store | None) -> loaded bytes | count stored.
 RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"], Awaitable["bytes | int"]]
-
-
-def pci_bdf(minor: int) -> str:
-    """The made-up PCI address of the GPU behind render node `minor`: one bus per GPU from
-    0x10 up (0000:10:00.0 for renderD128), stable across runs so scripts may name it."""
-    return f"0000:{0x10 + minor - RENDER_MINOR_BASE:02x}:00.0"
 
 
 def _no_resolver(pid: int, fd: int) -> int:
@@ -79,7 +75,8 @@ class NodeCore:
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
                                copy_to_user, waits)
             device.open_process_memory = open_process_memory
-            driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user)
+            driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user,
+                                  PROFILES[accel.profile])
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(
                 self.host, driver, config.ppod_info(accel), config.vpod_info(accel.accel_id),
@@ -92,8 +89,9 @@ class NodeCore:
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can
         # start a revoke); the fabric agent replaces it to carry them out.
         self.after_request: Callable[[], None] = self._discard_effects
-        # One line per peer node, "<name> up|down"; the daemon plugs in its fabric link.
-        self.fabric_status: Callable[[], str] = lambda: ""
+        # Peer node name -> link up (sys/kernel/debug/ualink_fabric); the daemon plugs in
+        # its fabric link.
+        self.fabric_links: Callable[[], dict[str, bool]] = dict
         # GPU loads/stores of imported NPA BOs (policy 10). The fabric agent replaces it.
         # Contract: `remote_access(accel_id, piece, write, data)` with accel_id the importing
         # accel; returns the bytes loaded / the count stored, short when the exporter faults
@@ -116,7 +114,12 @@ class NodeCore:
     def render_minors(self) -> list[int]:
         return list(self.devices)
 
+    def primary_minors(self) -> list[int]:
+        return [sysfs.card_index(m) for m in self.devices]
+
     def open_render(self, minor: int, caller: Caller) -> DrmFile:
+        if minor < RENDER_MINOR_BASE:  # card<n>: the same device as renderD<128 + n>
+            minor += RENDER_MINOR_BASE
         device = self.devices.get(minor)
         if device is None:
             raise DrmError(errno.ENODEV)
@@ -204,93 +207,85 @@ class NodeCore:
 
     # -- NodeBackend: sys/ ----------------------------------------------------------------------
     def sys_tree(self) -> SysDir:
-        """§7.1: each GPU's `ualink/` lives under its PCI device, which the card and render
-        node links also reach; the three paths share one directory of attribute objects."""
-        pci: SysDir = {}
-        drm: SysDir = {}
+        """The layout of `sysfs.py`: per GPU its PCI device directory (§7.1: `ualink/` is
+        there) with its DRM minors, reached through the card, render node, bus and
+        dev/char links; debugfs (root only) under kernel/debug."""
+        root = SysDir({"class": SysDir({"drm": SysDir({
+            "version": SysAttr(lambda: "drm 1.1.0 20060810\n")})})})  # drm_sysfs's class file
         for minor, mgr in self.managers.items():
             ualink = ualink_sysfs(mgr)
             ualink.update(self._config_files(SysConfig(self.host, mgr)))
-            device: SysDir = {"ualink": ualink}
-            pci[pci_bdf(minor)] = device
-            drm[f"card{minor - RENDER_MINOR_BASE}"] = {"device": device}
-            drm[f"renderD{minor}"] = {"device": device}
-        debug: SysDir = {str(minor): self._debugfs(minor) for minor in self.devices}
-        fabric = SysAttr(lambda: self.fabric_status())
-        return {"bus": {"pci": {"devices": pci}},
-                "class": {"drm": drm},
-                "kernel": {"debug": {"dri": debug, "ualink_fabric": fabric}}}
+            profile = PROFILES[self.node.accels[sysfs.card_index(minor)].profile]
+            sysfs.merge(root, sysfs.gpu_sysfs(minor, profile, ualink))
+        debug = SysDir({str(minor): self._debugfs(minor) for minor in self.devices},
+                       mode=sysfs.DEBUGFS_DIR_MODE)
+        fabric = SysAttr(lambda: sysfs.show_fabric(self.fabric_links()), mode=sysfs.DEBUG_RO)
+        root["kernel"] = SysDir({"debug": SysDir({"dri": debug, "ualink_fabric": fabric},
+                                                 mode=sysfs.DEBUGFS_DIR_MODE)})
+        return root
 
     def _debugfs(self, minor: int) -> SysDir:
-        """debugfs lookalikes (read-only): what the device holds right now."""
+        """debugfs lookalikes (root only, as debugfs is): what the device holds right now,
+        one line per item in the formats of `sysfs.DEBUGFS`."""
         device, mgr = self.devices[minor], self.managers[minor]
         driver = device.driver
         assert isinstance(driver, AmdgpuDriver)
+        fmt = sysfs.DEBUGFS
 
-        def gem_objects() -> str:
-            return "".join(
-                f"{o.id} size={o.size} refcount={o.refcount} handle_count={o.handle_count}\n"
-                for o in device.objects.values()
-            )
-
-        def exports() -> str:
-            return "".join(
-                f"{e.handle_lo:#018x} {e.handle_hi:#018x} bo={e.bo.id} size={e.bo.size} "
-                f"pins={e.bo.pin_count} importers={','.join(map(str, sorted(e.importers)))}\n"
-                for e in mgr.exports.values()
-            )
+        def table(name: str, rows: Callable[[], Iterable[dict[str, object]]]) -> SysAttr:
+            return SysAttr(lambda: "".join(fmt[name].line(**r) for r in rows()),
+                           mode=sysfs.DEBUG_RO)
 
         def write_drop(text: str) -> None:
             try:
-                mgr.drop_msg_bitmap = int(text.strip() or "0", 16) & ((1 << 64) - 1)
-            except ValueError:
-                raise DrmError(errno.EINVAL, "ualink_drop_msg takes a hex bitmap") from None
+                mgr.drop_msg_bitmap = sysfs.parse_drop_msg(text)
+            except sysfs.ParseError as e:
+                raise DrmError(errno.EINVAL, str(e)) from None
 
-        return {
+        return SysDir({
             # Emulator policy 9: bit n drops the next message of type n (§5.12).
-            "ualink_drop_msg": SysAttr(lambda: f"{mgr.drop_msg_bitmap:#x}\n", write_drop,
-                                       0o600),
-            "gem_objects": SysAttr(gem_objects),
-            "gpu_faults": SysAttr(lambda: f"{driver.gpu_faults}\n"),
-            "ualink_imports": SysAttr(lambda: "".join(
-                f"{n.handle_lo:#018x} {n.handle_hi:#018x} exporter={n.exporter} "
-                f"state={n.state.name} pages={n.size_pages}\n" for n in mgr.imports.values())),
-            "ualink_peers": SysAttr(lambda: "".join(
-                f"accel={c.remote} state={c.state.name} generation={c.generation}\n"
+            sysfs.DROP_MSG: SysAttr(lambda: sysfs.show_drop_msg(mgr.drop_msg_bitmap),
+                                    write_drop, sysfs.DEBUG_RW),
+            "gem_objects": table("gem_objects", lambda: (
+                {"id": o.id, "size": o.size, "refcount": o.refcount,
+                 "handle_count": o.handle_count} for o in device.objects.values())),
+            "gpu_faults": SysAttr(lambda: f"{driver.gpu_faults}\n", mode=sysfs.DEBUG_RO),
+            "ualink_imports": table("ualink_imports", lambda: (
+                {"handle_lo": n.handle_lo, "handle_hi": n.handle_hi, "exporter": n.exporter,
+                 "state": n.state.name, "pages": n.size_pages} for n in mgr.imports.values())),
+            "ualink_peers": table("ualink_peers", lambda: (
+                {"accel": c.remote, "state": c.state.name, "generation": c.generation}
                 for c in sorted(mgr.conns.values(), key=lambda c: c.remote))),
-            "ualink_npa": SysAttr(lambda: f"used_pages={mgr.npa_import_pages} "
-                                          f"mappings={len(mgr.npa_table)}\n"),
-            "ualink_exports": SysAttr(exports),
-            "clients": SysAttr(lambda: "".join(
-                f"pid={f.pid} uid={f.uid} handles={len(f.handles)}\n" for f in device.files)),
-        }
+            "ualink_npa": table("ualink_npa", lambda: (
+                {"used_pages": mgr.npa_import_pages, "mappings": len(mgr.npa_table)},)),
+            "ualink_exports": table("ualink_exports", lambda: (
+                {"handle_lo": e.handle_lo, "handle_hi": e.handle_hi, "bo": e.bo.id,
+                 "size": e.bo.size, "pins": e.bo.pin_count, "importers": e.importers}
+                for e in mgr.exports.values())),
+            "clients": table("clients", lambda: (
+                {"pid": f.pid, "uid": f.uid, "handles": len(f.handles)} for f in device.files)),
+        }, mode=sysfs.DEBUGFS_DIR_MODE)
 
     def _config_files(self, cfg: SysConfig) -> SysDir:
         """setup/, config/, stations/ with their commit files (§7.1, policy 8)."""
 
         def rw(group: dict[str, object], name: str,
                write: Callable[[str, str], None]) -> SysAttr:
-            def show() -> str:
-                v = group[name]
-                if isinstance(v, list):
-                    return " ".join(map(str, v)) + "\n"
-                if isinstance(v, AddrMode):
-                    return v.sysfs + "\n"
-                return f"{v}\n"
-
-            return SysAttr(show, self._after(lambda text: write(name, text)), 0o600)
+            return SysAttr(lambda: sysfs.show_value(group[name]),
+                           self._after(lambda text: write(name, text)), sysfs.ATTR_RW)
 
         def commit(fn: Callable[[str], None]) -> SysAttr:
-            return SysAttr(lambda: "", self._after(fn), 0o200)
+            return SysAttr(lambda: "", self._after(fn), sysfs.ATTR_WO)
 
-        return {
-            "setup": {**{n: rw(cfg.setup, n, cfg.write_setup) for n in cfg.setup},
-                      "commit": commit(cfg.commit_setup)},
-            "config": {**{n: rw(cfg.config, n, cfg.write_config) for n in cfg.config},
-                       "commit": commit(cfg.commit_config)},
-            "stations": {**{n: rw(cfg.stations, n, cfg.write_stations) for n in cfg.stations},
-                         "commit": commit(cfg.commit_stations)},
-        }
+        return SysDir({
+            "setup": SysDir({**{n: rw(cfg.setup, n, cfg.write_setup) for n in cfg.setup},
+                             "commit": commit(cfg.commit_setup)}),
+            "config": SysDir({**{n: rw(cfg.config, n, cfg.write_config) for n in cfg.config},
+                              "commit": commit(cfg.commit_config)}),
+            "stations": SysDir({**{n: rw(cfg.stations, n, cfg.write_stations)
+                                   for n in cfg.stations},
+                                "commit": commit(cfg.commit_stations)}),
+        })
 
     def _after(self, fn: Callable[[str], None]) -> Callable[[str], None]:
         def run(text: str) -> None:
@@ -310,9 +305,9 @@ def ualink_sysfs(mgr: UalinkManager) -> SysDir:
     """The 12 read-only attribute files of spec §7.1, read live from the manager."""
 
     def attr(fn: Callable[[], object]) -> SysAttr:
-        return SysAttr(lambda: f"{fn()}\n")
+        return SysAttr(lambda: sysfs.show_value(fn()))
 
-    return {
+    return SysDir({
         "link_type": attr(lambda: "UALoE"),
         "accel_id": attr(lambda: mgr.ppod.accel_id),
         "bandwidth": attr(lambda: mgr.ppod.bandwidth),
@@ -321,8 +316,8 @@ def ualink_sysfs(mgr: UalinkManager) -> SysDir:
         "ppod_size": attr(lambda: mgr.ppod.ppod_size),
         "vpod_id": attr(lambda: mgr.vpod.vpod_id),
         "vpod_size": attr(lambda: mgr.vpod.vpod_size),
-        "vpod_active_accels": attr(lambda: " ".join(map(str, sorted(mgr.vpod.active_accels)))),
-        "addr_mode": attr(lambda: mgr.vpod.addr_mode.sysfs),
-        "accel_state": attr(lambda: mgr.state.sysfs),
-        "local_accels": attr(lambda: " ".join(map(str, mgr.local_accels))),
-    }
+        "vpod_active_accels": attr(lambda: sorted(mgr.vpod.active_accels)),
+        "addr_mode": attr(lambda: mgr.vpod.addr_mode),
+        "accel_state": attr(lambda: mgr.state),
+        "local_accels": attr(lambda: list(mgr.local_accels)),
+    })

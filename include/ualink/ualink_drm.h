@@ -62,6 +62,9 @@ struct drm_get_cap {
 #define DRM_CAP_PRIME 0x5
 #define DRM_PRIME_CAP_IMPORT 0x1
 #define DRM_PRIME_CAP_EXPORT 0x2
+#define DRM_CAP_TIMESTAMP_MONOTONIC 0x6
+#define DRM_CAP_SYNCOBJ 0x13
+#define DRM_CAP_SYNCOBJ_TIMELINE 0x14
 
 #define DRM_SYNCOBJ_CREATE_SIGNALED (1 << 0)
 struct drm_syncobj_create {
@@ -113,6 +116,33 @@ struct drm_syncobj_timeline_array {
 	__u32 flags;
 };
 
+/* fd: a dmabuf/ token from HANDLE_TO_FD (the shim turns it into an fd), a real fd in. */
+#define DRM_SYNCOBJ_FD_TO_HANDLE_FLAGS_IMPORT_SYNC_FILE (1 << 0)
+#define DRM_SYNCOBJ_HANDLE_TO_FD_FLAGS_EXPORT_SYNC_FILE (1 << 0)
+struct drm_syncobj_handle {
+	__u32 handle;
+	__u32 flags;
+	__s32 fd;
+	__u32 pad;
+};
+
+struct drm_syncobj_transfer {
+	__u32 src_handle;
+	__u32 dst_handle;
+	__u64 src_point;
+	__u64 dst_point;
+	__u32 flags;
+	__u32 pad;
+};
+
+struct drm_syncobj_eventfd {
+	__u32 handle;
+	__u32 flags;
+	__u64 point;
+	__s32 fd;
+	__u32 pad;
+};
+
 #define DRM_IOCTL_GEM_CLOSE          DRM_IOW(0x09, struct drm_gem_close)
 #define DRM_IOCTL_GET_CAP            DRM_IOWR(0x0c, struct drm_get_cap)
 #define DRM_IOCTL_PRIME_HANDLE_TO_FD DRM_IOWR(0x2d, struct drm_prime_handle)
@@ -125,6 +155,10 @@ struct drm_syncobj_timeline_array {
 #define DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT   DRM_IOWR(0xCA, struct drm_syncobj_timeline_wait)
 #define DRM_IOCTL_SYNCOBJ_QUERY           DRM_IOWR(0xCB, struct drm_syncobj_timeline_array)
 #define DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL DRM_IOWR(0xCD, struct drm_syncobj_timeline_array)
+#define DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD    DRM_IOWR(0xC1, struct drm_syncobj_handle)
+#define DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE    DRM_IOWR(0xC2, struct drm_syncobj_handle)
+#define DRM_IOCTL_SYNCOBJ_TRANSFER        DRM_IOWR(0xCC, struct drm_syncobj_transfer)
+#define DRM_IOCTL_SYNCOBJ_EVENTFD         DRM_IOWR(0xCF, struct drm_syncobj_eventfd)
 #endif /* _DRM_H_ */
 
 /* ---- amdgpu (amdgpu_drm.h) ------------------------------------------------ */
@@ -245,6 +279,255 @@ struct drm_amdgpu_gem_userptr {
 	__u32 handle;
 };
 #define DRM_IOCTL_AMDGPU_GEM_USERPTR DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_GEM_USERPTR, struct drm_amdgpu_gem_userptr)
+
+/* Contexts and VMIDs: accepted as the kernel does, nothing ever runs on them. */
+#define DRM_AMDGPU_CTX 0x02
+#define AMDGPU_CTX_OP_ALLOC_CTX     1
+#define AMDGPU_CTX_OP_FREE_CTX      2
+#define AMDGPU_CTX_OP_QUERY_STATE   3
+#define AMDGPU_CTX_OP_QUERY_STATE2  4
+#define AMDGPU_CTX_NO_RESET         0
+#define AMDGPU_CTX_PRIORITY_UNSET     -2048
+#define AMDGPU_CTX_PRIORITY_VERY_LOW  -1023
+#define AMDGPU_CTX_PRIORITY_NORMAL    0
+#define AMDGPU_CTX_PRIORITY_VERY_HIGH 1023
+struct drm_amdgpu_ctx_in {
+	__u32 op;
+	__u32 flags;
+	__u32 ctx_id;
+	__s32 priority;
+};
+union drm_amdgpu_ctx_out {
+	struct {
+		__u32 ctx_id;
+		__u32 _pad;
+	} alloc;
+	struct {
+		__u64 flags;
+		__u32 hangs;
+		__u32 reset_status;
+	} state;
+};
+union drm_amdgpu_ctx {
+	struct drm_amdgpu_ctx_in in;
+	union drm_amdgpu_ctx_out out;
+};
+#define DRM_IOCTL_AMDGPU_CTX DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_CTX, union drm_amdgpu_ctx)
+
+#define DRM_AMDGPU_VM 0x13
+#define AMDGPU_VM_OP_RESERVE_VMID   1
+#define AMDGPU_VM_OP_UNRESERVE_VMID 2
+struct drm_amdgpu_vm_in {
+	__u32 op;
+	__u32 flags;
+};
+struct drm_amdgpu_vm_out {
+	__u64 flags;
+};
+union drm_amdgpu_vm {
+	struct drm_amdgpu_vm_in in;
+	struct drm_amdgpu_vm_out out;
+};
+#define DRM_IOCTL_AMDGPU_VM DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_VM, union drm_amdgpu_vm)
+
+/* AMDGPU_INFO: the answer goes to return_pointer, at most return_size bytes. */
+#define DRM_AMDGPU_INFO 0x05
+#define AMDGPU_INFO_ACCEL_WORKING     0x00
+#define AMDGPU_INFO_HW_IP_INFO        0x02
+#define AMDGPU_INFO_HW_IP_COUNT       0x03
+#define AMDGPU_INFO_TIMESTAMP         0x05
+#define AMDGPU_INFO_FW_VERSION        0x0e
+#define AMDGPU_INFO_VRAM_USAGE        0x10
+#define AMDGPU_INFO_GTT_USAGE         0x11
+#define AMDGPU_INFO_GDS_CONFIG        0x13
+#define AMDGPU_INFO_VRAM_GTT          0x14
+#define AMDGPU_INFO_READ_MMR_REG      0x15
+#define AMDGPU_INFO_DEV_INFO          0x16
+#define AMDGPU_INFO_VIS_VRAM_USAGE    0x17
+#define AMDGPU_INFO_MEMORY            0x19
+#define AMDGPU_INFO_SENSOR            0x1D
+#define AMDGPU_INFO_VRAM_LOST_COUNTER 0x1F
+#define AMDGPU_INFO_MMR_SE_INDEX_SHIFT 0
+#define AMDGPU_INFO_MMR_SE_INDEX_MASK  0xff
+#define AMDGPU_INFO_MMR_SH_INDEX_SHIFT 8
+#define AMDGPU_INFO_MMR_SH_INDEX_MASK  0xff
+#define AMDGPU_HW_IP_GFX      0
+#define AMDGPU_HW_IP_COMPUTE  1
+#define AMDGPU_HW_IP_DMA      2
+#define AMDGPU_HW_IP_UVD      3
+#define AMDGPU_HW_IP_VCE      4
+#define AMDGPU_HW_IP_UVD_ENC  5
+#define AMDGPU_HW_IP_VCN_DEC  6
+#define AMDGPU_HW_IP_VCN_ENC  7
+#define AMDGPU_HW_IP_VCN_JPEG 8
+#define AMDGPU_HW_IP_VPE      9
+#define AMDGPU_HW_IP_NUM      10
+#define AMDGPU_HW_IP_INSTANCE_MAX_COUNT 1
+#define AMDGPU_INFO_FW_GFX_MEC 0x08
+#define AMDGPU_INFO_FW_SDMA    0x0b
+#define AMDGPU_INFO_SENSOR_GFX_SCLK 0x1
+#define AMDGPU_INFO_SENSOR_GPU_TEMP 0x3
+#define AMDGPU_IDS_FLAGS_FUSION      0x01
+#define AMDGPU_IDS_FLAGS_GANG_SUBMIT 0x10
+#define AMDGPU_FAMILY_AI 141
+#define AMDGPU_VRAM_TYPE_HBM 6
+
+struct drm_amdgpu_query_fw {
+	__u32 fw_type;
+	__u32 ip_instance;
+	__u32 index;
+	__u32 _pad;
+};
+
+struct drm_amdgpu_info {
+	__u64 return_pointer;
+	__u32 return_size;
+	__u32 query;
+	union {
+		struct {
+			__u32 id;
+			__u32 _pad;
+		} mode_crtc;
+		struct {
+			__u32 type;
+			__u32 ip_instance;
+		} query_hw_ip;
+		struct {
+			__u32 dword_offset;
+			__u32 count;
+			__u32 instance;
+			__u32 flags;
+		} read_mmr_reg;
+		struct drm_amdgpu_query_fw query_fw;
+		struct {
+			__u32 type;
+			__u32 offset;
+		} vbios_info;
+		struct {
+			__u32 type;
+		} sensor_info;
+		struct {
+			__u32 type;
+		} video_cap;
+	};
+};
+
+struct drm_amdgpu_info_gds {
+	__u32 gds_gfx_partition_size;
+	__u32 compute_partition_size;
+	__u32 gds_total_size;
+	__u32 gws_per_gfx_partition;
+	__u32 gws_per_compute_partition;
+	__u32 oa_per_gfx_partition;
+	__u32 oa_per_compute_partition;
+	__u32 _pad;
+};
+
+struct drm_amdgpu_info_vram_gtt {
+	__u64 vram_size;
+	__u64 vram_cpu_accessible_size;
+	__u64 gtt_size;
+};
+
+struct drm_amdgpu_heap_info {
+	__u64 total_heap_size;
+	__u64 usable_heap_size;
+	__u64 heap_usage;
+	__u64 max_allocation;
+};
+
+struct drm_amdgpu_memory_info {
+	struct drm_amdgpu_heap_info vram;
+	struct drm_amdgpu_heap_info cpu_accessible_vram;
+	struct drm_amdgpu_heap_info gtt;
+};
+
+struct drm_amdgpu_info_firmware {
+	__u32 ver;
+	__u32 feature;
+};
+
+/* The current kernel's 448 bytes; libdrm 2.4.114 knows the first 368 (to tcc_disabled_mask). */
+struct drm_amdgpu_info_device {
+	__u32 device_id;
+	__u32 chip_rev;
+	__u32 external_rev;
+	__u32 pci_rev;
+	__u32 family;
+	__u32 num_shader_engines;
+	__u32 num_shader_arrays_per_engine;
+	__u32 gpu_counter_freq;
+	__u64 max_engine_clock;
+	__u64 max_memory_clock;
+	__u32 cu_active_number;
+	__u32 cu_ao_mask;
+	__u32 cu_bitmap[4][4];
+	__u32 enabled_rb_pipes_mask;
+	__u32 num_rb_pipes;
+	__u32 num_hw_gfx_contexts;
+	__u32 pcie_gen;
+	__u64 ids_flags;
+	__u64 virtual_address_offset;
+	__u64 virtual_address_max;
+	__u32 virtual_address_alignment;
+	__u32 pte_fragment_size;
+	__u32 gart_page_size;
+	__u32 ce_ram_size;
+	__u32 vram_type;
+	__u32 vram_bit_width;
+	__u32 vce_harvest_config;
+	__u32 gc_double_offchip_lds_buf;
+	__u64 prim_buf_gpu_addr;
+	__u64 pos_buf_gpu_addr;
+	__u64 cntl_sb_buf_gpu_addr;
+	__u64 param_buf_gpu_addr;
+	__u32 prim_buf_size;
+	__u32 pos_buf_size;
+	__u32 cntl_sb_buf_size;
+	__u32 param_buf_size;
+	__u32 wave_front_size;
+	__u32 num_shader_visible_vgprs;
+	__u32 num_cu_per_sh;
+	__u32 num_tcc_blocks;
+	__u32 gs_vgt_table_depth;
+	__u32 gs_prim_buffer_depth;
+	__u32 max_gs_waves_per_vgt;
+	__u32 pcie_num_lanes;
+	__u32 cu_ao_bitmap[4][4];
+	__u64 high_va_offset;
+	__u64 high_va_max;
+	__u32 pa_sc_tile_steering_override;
+	__u64 tcc_disabled_mask;
+	__u64 min_engine_clock;
+	__u64 min_memory_clock;
+	__u32 tcp_cache_size;
+	__u32 num_sqc_per_wgp;
+	__u32 sqc_data_cache_size;
+	__u32 sqc_inst_cache_size;
+	__u32 gl1c_cache_size;
+	__u32 gl2c_cache_size;
+	__u64 mall_size;
+	__u32 enabled_rb_pipes_mask_hi;
+	__u32 shadow_size;
+	__u32 shadow_alignment;
+	__u32 csa_size;
+	__u32 csa_alignment;
+	__u32 userq_ip_mask;
+	__u32 pad;
+};
+
+/* The current kernel's 40 bytes (libdrm 2.4.114: 32, without the last two fields). */
+struct drm_amdgpu_info_hw_ip {
+	__u32 hw_ip_version_major;
+	__u32 hw_ip_version_minor;
+	__u64 capabilities_flags;
+	__u32 ib_start_alignment;
+	__u32 ib_size_alignment;
+	__u32 available_rings;
+	__u32 ip_discovery_version;
+	__u32 userq_num_slots;
+};
+#define DRM_IOCTL_AMDGPU_INFO DRM_IOW(DRM_COMMAND_BASE + DRM_AMDGPU_INFO, struct drm_amdgpu_info)
 #endif /* __AMDGPU_DRM_H__ */
 
 /* ---- UALink (series 2, patch 2/3) ------------------------------------------ */

@@ -16,6 +16,7 @@ from pathlib import Path
 import cffi
 import pytest
 
+import ualinkd.node  # noqa: F401  (the daemon's assembly: every handler module registers)
 from ualinkd.abi import constants as c
 from ualinkd.abi import ioctls as tbl
 from ualinkd.abi import structs as st
@@ -44,6 +45,15 @@ SPEC_IOCTLS = {
     "DRM_IOCTL_SYNCOBJ_QUERY": 0xC01864CB,
     "DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL": 0xC01864CD,
     "DRM_IOCTL_AMDGPU_GEM_METADATA": 0xC1206446,
+    # userspace-surface.md §2.2 / §7: VERSION, INFO, CTX, VM and the syncobj fd ioctls
+    "DRM_IOCTL_VERSION": 0xC0406400,
+    "DRM_IOCTL_AMDGPU_INFO": 0x40206445,
+    "DRM_IOCTL_AMDGPU_CTX": 0xC0106442,
+    "DRM_IOCTL_AMDGPU_VM": 0xC0086453,
+    "DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD": 0xC01064C1,
+    "DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE": 0xC01064C2,
+    "DRM_IOCTL_SYNCOBJ_TRANSFER": 0xC02064CC,
+    "DRM_IOCTL_SYNCOBJ_EVENTFD": 0xC01864CF,
 }
 
 # Header macro -> expected value from ualinkd's own constants.
@@ -123,6 +133,28 @@ CONSTANTS = {
     "AMDGPU_GEM_OP_GET_GEM_CREATE_INFO": c.GEM_OP_GET_GEM_CREATE_INFO,
     "AMDGPU_GEM_OP_SET_PLACEMENT": c.GEM_OP_SET_PLACEMENT,
     "AMDGPU_GEM_OP_GET_MAPPING_INFO": c.GEM_OP_GET_MAPPING_INFO,
+    "DRM_IOCTL_VERSION": iowr(0x00, st.DRM_VERSION.size),
+    "DRM_IOCTL_AMDGPU_INFO": iow(0x45, st.INFO.size),
+    "DRM_IOCTL_AMDGPU_CTX": iowr(0x42, st.CTX_SIZE),
+    "DRM_IOCTL_AMDGPU_VM": iowr(0x53, st.VM_SIZE),
+    "DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD": iowr(0xC1, st.SYNCOBJ_HANDLE.size),
+    "DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE": iowr(0xC2, st.SYNCOBJ_HANDLE.size),
+    "DRM_IOCTL_SYNCOBJ_TRANSFER": iowr(0xCC, st.SYNCOBJ_TRANSFER.size),
+    "DRM_IOCTL_SYNCOBJ_EVENTFD": iowr(0xCF, st.SYNCOBJ_EVENTFD.size),
+    "DRM_CAP_SYNCOBJ": 0x13,
+    "DRM_CAP_SYNCOBJ_TIMELINE": 0x14,
+    "AMDGPU_INFO_ACCEL_WORKING": 0x00,
+    "AMDGPU_INFO_DEV_INFO": 0x16,
+    "AMDGPU_INFO_READ_MMR_REG": 0x15,
+    "AMDGPU_INFO_MEMORY": 0x19,
+    "AMDGPU_INFO_SENSOR": 0x1D,
+    "AMDGPU_INFO_VRAM_LOST_COUNTER": 0x1F,
+    "AMDGPU_CTX_OP_ALLOC_CTX": 1,
+    "AMDGPU_CTX_OP_QUERY_STATE2": 4,
+    "AMDGPU_VM_OP_RESERVE_VMID": 1,
+    "AMDGPU_VM_OP_UNRESERVE_VMID": 2,
+    "DRM_SYNCOBJ_FD_TO_HANDLE_FLAGS_IMPORT_SYNC_FILE": 1,
+    "DRM_SYNCOBJ_HANDLE_TO_FD_FLAGS_EXPORT_SYNC_FILE": 1,
 }
 
 # Header macro -> (table, nr) of the entry ualinkd dispatches on.
@@ -145,6 +177,15 @@ TABLE_ENTRIES = {
     "DRM_IOCTL_SYNCOBJ_QUERY": (tbl.CORE_IOCTLS, 0xCB),
     "DRM_IOCTL_SYNCOBJ_TIMELINE_SIGNAL": (tbl.CORE_IOCTLS, 0xCD),
     "DRM_IOCTL_AMDGPU_GEM_METADATA": (tbl.AMDGPU_IOCTLS, 0x46),
+    "DRM_IOCTL_AMDGPU_GEM_USERPTR": (tbl.AMDGPU_IOCTLS, 0x51),
+    "DRM_IOCTL_VERSION": (tbl.CORE_IOCTLS, 0x00),
+    "DRM_IOCTL_AMDGPU_INFO": (tbl.AMDGPU_IOCTLS, 0x45),
+    "DRM_IOCTL_AMDGPU_CTX": (tbl.AMDGPU_IOCTLS, 0x42),
+    "DRM_IOCTL_AMDGPU_VM": (tbl.AMDGPU_IOCTLS, 0x53),
+    "DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD": (tbl.CORE_IOCTLS, 0xC1),
+    "DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE": (tbl.CORE_IOCTLS, 0xC2),
+    "DRM_IOCTL_SYNCOBJ_TRANSFER": (tbl.CORE_IOCTLS, 0xCC),
+    "DRM_IOCTL_SYNCOBJ_EVENTFD": (tbl.CORE_IOCTLS, 0xCF),
 }
 
 
@@ -180,6 +221,31 @@ def test_ioctl_number_matches_spec_table(header_values, name):
     """§1.1 and the §2.2 table: the full ioctl values, literally."""
     assert header_values[name] == SPEC_IOCTLS[name]
     assert CONSTANTS[name] == SPEC_IOCTLS[name]
+
+
+def test_table_entries_cover_every_emulated_entry():
+    """The header-checked entries are exactly the emulated ones plus the header's others:
+    every entry with a handler has its DRM_IOCTL_ macro compared below."""
+    checked = {table[nr] for table, nr in TABLE_ENTRIES.values()}
+    emulated = {s for s in tbl.all_entries() if s.emulated}
+    assert emulated <= checked, sorted(s.name for s in emulated - checked)
+    for macro, (table, nr) in TABLE_ENTRIES.items():
+        assert macro == "DRM_IOCTL_" + table[nr].name
+
+
+def test_every_handler_is_registered_against_a_table_entry():
+    """ioctls.py is the one table: a node's devices dispatch exactly the entries the table
+    calls emulated, each keyed by the entry itself (core ones by the device, the rest by
+    the driver)."""
+    from ualinkd.config import PodConfig
+    from ualinkd.node import NodeCore
+
+    device = next(iter(NodeCore(PodConfig.local(1, 1), "node0").devices.values()))
+    bound = {**device.handlers, **device.driver.ioctls}
+    assert set(bound) == {s for s in tbl.all_entries() if s.emulated}
+    assert all(s.core for s in device.handlers)
+    assert not any(s.core for s in device.driver.ioctls)
+    assert all(tbl.lookup(s.nr) is s for s in bound)
 
 
 @pytest.mark.parametrize("name", list(TABLE_ENTRIES))
@@ -218,6 +284,8 @@ def test_emulated_entries():
         # libhsakmt's VA map/unmap waits on a timeline syncobj (spec §9)
         "SYNCOBJ_CREATE", "SYNCOBJ_DESTROY", "SYNCOBJ_WAIT", "SYNCOBJ_RESET", "SYNCOBJ_SIGNAL",
         "SYNCOBJ_TIMELINE_WAIT", "SYNCOBJ_QUERY", "SYNCOBJ_TIMELINE_SIGNAL",
+        # unmodified libdrm_amdgpu clients (userspace-surface.md §7 items 4, 5, 8, 9)
+        "VERSION", "AMDGPU_INFO", "AMDGPU_CTX", "AMDGPU_VM",
     }
 
 

@@ -103,6 +103,37 @@ union drm_amdgpu_ualink_handle {
     union drm_amdgpu_ualink_handle_out out;
     ...;
 };
+
+struct drm_syncobj_handle { __u32 handle; __u32 flags; __s32 fd; __u32 pad; ...; };
+struct drm_syncobj_transfer {
+    __u32 src_handle; __u32 dst_handle; __u64 src_point; __u64 dst_point; __u32 flags;
+    __u32 pad; ...;
+};
+struct drm_syncobj_eventfd { __u32 handle; __u32 flags; __u64 point; __s32 fd; __u32 pad; ...; };
+struct drm_amdgpu_ctx_in { __u32 op; __u32 flags; __u32 ctx_id; __s32 priority; ...; };
+union drm_amdgpu_ctx { struct drm_amdgpu_ctx_in in; ...; };
+struct drm_amdgpu_vm_in { __u32 op; __u32 flags; ...; };
+union drm_amdgpu_vm { struct drm_amdgpu_vm_in in; ...; };
+struct drm_amdgpu_info_gds {
+    __u32 gds_gfx_partition_size; __u32 compute_partition_size; __u32 gds_total_size;
+    __u32 gws_per_gfx_partition; __u32 gws_per_compute_partition; __u32 oa_per_gfx_partition;
+    __u32 oa_per_compute_partition; __u32 _pad; ...;
+};
+struct drm_amdgpu_info_vram_gtt {
+    __u64 vram_size; __u64 vram_cpu_accessible_size; __u64 gtt_size; ...;
+};
+struct drm_amdgpu_heap_info {
+    __u64 total_heap_size; __u64 usable_heap_size; __u64 heap_usage; __u64 max_allocation; ...;
+};
+struct drm_amdgpu_memory_info {
+    struct drm_amdgpu_heap_info vram; struct drm_amdgpu_heap_info cpu_accessible_vram;
+    struct drm_amdgpu_heap_info gtt; ...;
+};
+struct drm_amdgpu_info_firmware { __u32 ver; __u32 feature; ...; };
+struct drm_version { int version_major; int version_minor; int version_patchlevel; ...; };
+struct drm_amdgpu_info { __u64 return_pointer; __u32 return_size; __u32 query; ...; };
+struct drm_amdgpu_info_hw_ip { __u32 hw_ip_version_major; ...; };
+struct drm_amdgpu_info_device { __u32 device_id; ...; };
 """
 
 # Python field name -> C field name where the uAPI spells it differently.
@@ -110,6 +141,7 @@ C_NAMES = {
     "drm_amdgpu_gem_create_out": {"pad": "_pad"},
     "drm_amdgpu_gem_mmap_in": {"pad": "_pad"},
     "drm_amdgpu_gem_va": {"pad": "_pad"},
+    "drm_amdgpu_info_gds": {"pad": "_pad"},
 }
 
 LAYOUTS = [v for v in vars(st).values() if isinstance(v, st.Layout)]
@@ -149,6 +181,9 @@ def test_every_layout_is_checked():
         "drm_amdgpu_gem_va", "drm_amdgpu_gem_op", "drm_amdgpu_gem_userptr",
         "drm_syncobj_create", "drm_syncobj_destroy", "drm_syncobj_wait",
         "drm_syncobj_timeline_wait", "drm_syncobj_array", "drm_syncobj_timeline_array",
+        "drm_syncobj_handle", "drm_syncobj_transfer", "drm_syncobj_eventfd",
+        "drm_amdgpu_ctx_in", "drm_amdgpu_vm_in", "drm_amdgpu_info_gds",
+        "drm_amdgpu_info_vram_gtt", "drm_amdgpu_heap_info", "drm_amdgpu_info_firmware",
     }
 
 
@@ -295,3 +330,113 @@ def test_gem_metadata_bytes_round_trip_through_c(c_abi, handle, op, flags, tilin
     want = st.GemMetadata(handle, op, flags, tiling, size, tuple(blob))
     assert st.decode_gem_metadata(raw) == want == st.decode_gem_metadata_construct(raw)
     assert st.encode_gem_metadata(want) == raw
+
+
+# ---- the structs with arrays and padding (ArrayLayout): the C compiler decides ------------------
+
+ARRAY_LAYOUTS = [v for v in vars(st).values() if isinstance(v, st.ArrayLayout)]
+
+
+def test_every_array_layout_is_checked():
+    """userspace-surface.md §2.2, §2.5: the ArrayLayouts compared below are all there are."""
+    assert {lay.name for lay in ARRAY_LAYOUTS} == {
+        "drm_version", "drm_amdgpu_info", "drm_amdgpu_info_hw_ip", "drm_amdgpu_info_device"}
+
+
+def _c_offsets(ffi, layout: st.ArrayLayout) -> dict[str, int]:
+    """Each field's offset as the C compiler has it; `drm_amdgpu_info.args` is the
+    anonymous union (its views must all start there)."""
+    ctype = f"struct {layout.name}"
+    out = {}
+    for name in layout.offsets:
+        if layout.name == "drm_amdgpu_info" and name == "args":
+            views = [ffi.offsetof(ctype, v) for v in (
+                "mode_crtc", "query_hw_ip", "read_mmr_reg", "query_fw", "vbios_info",
+                "sensor_info", "video_cap")]
+            assert len(set(views)) == 1
+            out[name] = views[0]
+        else:
+            out[name] = ffi.offsetof(ctype, name)
+    return out
+
+
+@pytest.fixture(scope="session")
+def c_full(tmp_path_factory):
+    """The ArrayLayout structs with every field declared (partial structs, so the C
+    compiler still decides the offsets)."""
+    tmp = tmp_path_factory.mktemp("cffi_array_structs")
+    fields = {
+        "drm_amdgpu_info": "__u64 return_pointer; __u32 return_size; __u32 query; "
+        "struct { __u32 id; __u32 _pad; } mode_crtc; "
+        "struct { __u32 type; __u32 ip_instance; } query_hw_ip; "
+        "struct { __u32 dword_offset; __u32 count; __u32 instance; __u32 flags; } "
+        "read_mmr_reg; struct drm_amdgpu_query_fw query_fw; "
+        "struct { __u32 type; __u32 offset; } vbios_info; struct { __u32 type; } sensor_info; "
+        "struct { __u32 type; } video_cap;",
+    }
+    decls = ["typedef unsigned int __u32; typedef int __s32; "
+             "typedef unsigned long long __u64;"]
+    decls.append("struct drm_version { int version_major; int version_minor; "
+                 "int version_patchlevel; size_t name_len; char *name; size_t date_len; "
+                 "char *date; size_t desc_len; char *desc; ...; };")
+    decls.append("struct drm_amdgpu_query_fw { __u32 fw_type; __u32 ip_instance; "
+                 "__u32 index; __u32 _pad; };")
+    decls.append(f"struct drm_amdgpu_info {{ {fields['drm_amdgpu_info']} ...; }};")
+    for lay in (st.INFO_HW_IP, st.INFO_DEVICE):
+        body = " ".join(
+            f"{'__u64' if _is_u64(lay, n) else '__u32'} {n}"
+            f"{'[4][4]' if c is not None else ''};"
+            for n, c in zip(lay.offsets, lay.counts, strict=True))
+        decls.append(f"struct {lay.name} {{ {body} ...; }};")
+    ffi = cffi.FFI()
+    ffi.cdef("\n".join(decls))
+    ffi.set_source("_ualink_drm_array_structs", '#include "ualink/ualink_drm.h"',
+                   include_dirs=[str(INCLUDE)])
+    ffi.compile(tmpdir=str(tmp), verbose=False)
+    sys.path.insert(0, str(tmp))
+    try:
+        mod = importlib.import_module("_ualink_drm_array_structs")
+    finally:
+        sys.path.remove(str(tmp))
+    return mod.ffi
+
+
+def _is_u64(layout: st.ArrayLayout, name: str) -> bool:
+    sub = next(s for s in layout.schema.subcons if s.name == name)
+    inner = sub.subcon if hasattr(sub, "subcon") else sub
+    return getattr(inner, "sizeof", lambda: 0)() == 8
+
+
+@pytest.mark.parametrize("layout", ARRAY_LAYOUTS, ids=lambda lay: lay.name)
+def test_array_layout_size_and_offsets_match_c(c_full, layout):
+    """§2.2 / §5: sizeof and every offset (arrays, implicit padding) equal the C compiler's:
+    drm_amdgpu_info_device is 448 bytes with tcc_disabled_mask at 360 (after 4 bytes of
+    padding), drm_amdgpu_info_hw_ip 40, drm_amdgpu_info 32, drm_version 64."""
+    ffi = c_full
+    assert ffi.sizeof(f"struct {layout.name}") == layout.size
+    assert _c_offsets(ffi, layout) == layout.offsets
+
+
+def test_info_structs_against_c(c_abi, c_full):
+    """§5: the sizes libdrm versions disagree on, and the memory info's three heaps."""
+    ffi, _ = c_abi
+    assert c_full.sizeof("struct drm_amdgpu_info_device") == 448
+    assert st.INFO_DEVICE.offsets["tcc_disabled_mask"] + 8 == st.INFO_DEVICE_2_4_114_SIZE
+    assert c_full.sizeof("struct drm_amdgpu_info_hw_ip") == 40
+    assert ffi.sizeof("struct drm_amdgpu_memory_info") == st.MEMORY_INFO_SIZE == 96
+    assert ffi.offsetof("struct drm_amdgpu_memory_info", "gtt") == 64
+    assert ffi.sizeof("union drm_amdgpu_ctx") == st.CTX_SIZE
+    assert ffi.sizeof("union drm_amdgpu_vm") == st.VM_SIZE
+
+
+@pytest.mark.parametrize("layout", ARRAY_LAYOUTS, ids=lambda lay: lay.name)
+@settings(max_examples=30, deadline=None)
+@given(data=hs.data())
+def test_array_layout_codecs_agree(layout, data):
+    """STYLE 4: the generated struct.Struct and the construct schema decode random bytes
+    alike (padding ignored), and encode what they decode."""
+    raw = data.draw(hs.binary(min_size=layout.size, max_size=layout.size))
+    value = layout.decode(raw)
+    assert value == layout.decode_construct(raw)
+    assert layout.encode(value) == layout.encode_construct(value)
+    assert layout.decode(layout.encode(value)) == value

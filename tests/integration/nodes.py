@@ -17,6 +17,7 @@ from pathlib import Path
 
 import cffi
 
+from ualinkd import sysfs
 from ualinkd.config import PodConfig
 from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at
 from ualinkd.testing.agent import LIBUALINK_CDEF
@@ -43,10 +44,10 @@ class Node:
         return str(self.mount / "dri" / f"renderD{128 + index}")
 
     def debug(self, minor: int, name: str) -> str:
-        return (self.mount / "sys/kernel/debug/dri" / str(minor) / name).read_text()
+        return (self.mount / sysfs.debugfs_file(minor, name)).read_text()
 
     def sysfs(self, minor: int, name: str) -> str:
-        return (self.mount / f"sys/class/drm/renderD{minor}/device/ualink" / name).read_text()
+        return (self.mount / sysfs.ualink_file(minor, name)).read_text()
 
     def log_text(self) -> str:
         return self.log.read_text()
@@ -118,9 +119,9 @@ def running_node(
 
 def wait_links_up(node: Node, timeout: float = 10) -> None:
     """Until the node's fabric links to every peer are up (sys/kernel/debug/ualink_fabric)."""
-    status = node.mount / "sys/kernel/debug/ualink_fabric"
+    status = node.mount / sysfs.FABRIC_STATUS
     deadline = time.monotonic() + timeout
-    while " down" in (text := status.read_text()):
+    while not all(sysfs.parse_fabric(text := status.read_text()).values()):
         if time.monotonic() > deadline:
             raise RuntimeError(f"fabric links still down:\n{text}")
         time.sleep(0.02)

@@ -83,6 +83,9 @@ class FakeBackend:
     def render_minors(self) -> list[int]:
         return self.minors
 
+    def primary_minors(self) -> list[int]:
+        return []  # render nodes only
+
     def open_render(self, minor: int, caller: Caller) -> object:
         f = FakeDrmFile(minor, caller)
         self.opened.append(f)
@@ -490,6 +493,7 @@ _SERVER = textwrap.dedent(
     from ualinkd.fuse.tree import FileTree
     class B:
         def render_minors(self): return [128]
+        def primary_minors(self): return []
         def sys_tree(self): return {}
         def ioctl(self, *args): return 0, b""
     tree = FileTree(B(), sys.argv[1])

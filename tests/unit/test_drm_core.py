@@ -28,6 +28,7 @@ from ualink_testkit import (
 )
 
 from ualinkd.abi import constants as c
+from ualinkd.abi import ioctls as tbl
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import IOC_READ, IOC_WRITE, ioc
 from ualinkd.amdgpu.bo import AmdgpuBo
@@ -68,8 +69,8 @@ class Spy:
 
 def _spy_ualink(core: NodeCore) -> Spy:
     drv = device(core).driver
-    spy = Spy(drv.ioctls[0x5B])
-    drv.ioctls[0x5B] = spy
+    spy = Spy(drv.ioctls[tbl.AMDGPU_UALINK_HANDLE])
+    drv.ioctls[tbl.AMDGPU_UALINK_HANDLE] = spy
     return spy
 
 
@@ -114,7 +115,7 @@ def test_direction_intersection_table_write_only(core, f):
     """§2.1: GEM_VA is IOW in the table, so an IOWR call is copied in but nothing is copied
     back, even though the handler wrote to the buffer."""
     spy = Spy(write=b"\xff" * 64)
-    device(core).driver.ioctls[0x48] = spy
+    device(core).driver.ioctls[tbl.AMDGPU_GEM_VA] = spy
     data = bytes(range(64))
     r = ioctl(f, ioc(RW, 0x64, 0x48, 64), data)
     assert r.result == 0
@@ -125,7 +126,7 @@ def test_direction_intersection_table_write_only(core, f):
 def test_direction_intersection_user_read_only(core, f):
     """§2.1: a user cmd without the IN bit copies nothing in: the handler sees zeros."""
     spy = Spy(write=b"\x01")
-    device(core).driver.ioctls[0x48] = spy
+    device(core).driver.ioctls[tbl.AMDGPU_GEM_VA] = spy
     r = ioctl(f, ioc(IOC_READ, 0x64, 0x48, 64), b"\x99" * 64)
     assert (r.result, r.out) == (0, b"")
     assert spy.seen == [bytes(64)]
@@ -190,8 +191,8 @@ def test_set_master_is_eacces_with_no_bytes(f):
 
 def test_not_emulated_render_ioctl_is_enosys(f):
     """Emulator (ioctls.py, README): a render-allowed ioctl that ualinkd does not emulate
-    (AMDGPU_CTX) answers ENOTTY rather than pretending."""
-    r = ioctl(f, ioc(RW, 0x64, 0x42, 16), bytes(16))
+    (AMDGPU_CS: no execution) answers ENOTTY rather than pretending."""
+    r = ioctl(f, ioc(RW, 0x64, 0x44, 24), bytes(24))
     assert (r.result, r.out) == (-errno.ENOTTY, b"")
 
 

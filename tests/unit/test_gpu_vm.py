@@ -660,4 +660,4 @@ def test_gem_va_struct_is_what_the_table_says():
     spec = tbl.AMDGPU_IOCTLS[0x48]
     assert spec.emulated and spec.cmd == 0x40406448
     assert st.GEM_VA.size == 64 and struct.calcsize("<IIIIQQQQIIQ") == 64
-    assert device(make_node()).driver.ioctls[0x48]
+    assert device(make_node()).driver.ioctls[tbl.AMDGPU_GEM_VA]

@@ -8,6 +8,7 @@ import pytest
 from ualink_testkit import gem_create, make_node, open_file, pod_config, ualink_export
 
 from ualinkd.drm.errors import DrmError
+from ualinkd.sysfs import resolve
 from ualinkd.ualink import protocol as p
 from ualinkd.ualink.manager import Send
 from ualinkd.ualink.peers import ConnEvent, ConnState
@@ -62,7 +63,7 @@ def test_error_accel_takes_config_updates_and_recovers_by_leaving():
     core = make_node(pod_config(nodes=[[{"id": 0}, {"id": 1}], [{"id": 5}]]))
     mgr = core.managers[128]
     cfg = SysConfig(core.host, mgr)
-    shown = core.sys_tree()["class"]["drm"]["renderD128"]["device"]["ualink"]
+    shown = resolve(core.sys_tree(), "class/drm/renderD128/device/ualink")
     cfg.write_config("vpod_id", "3")
     cfg.commit_config("true")  # vPod 1 -> 3 without leaving: ERROR
     assert mgr.state == AccelState.ERROR
@@ -121,7 +122,7 @@ def test_addr_mode_change_in_the_same_vpod_leaves_the_manager_running():
     mode."""
     core, mgr, lo, hi = exporter_with_an_importer()
     npa, entry = mgr.npa, mgr.exports[lo]
-    ualink = core.sys_tree()["class"]["drm"]["renderD128"]["device"]["ualink"]
+    ualink = resolve(core.sys_tree(), "class/drm/renderD128/device/ualink")
     ualink["config"]["addr_mode"].write("source-identification\n")
     ualink["config"]["commit"].write("true")
     assert mgr.state == AccelState.ACTIVE
@@ -213,7 +214,7 @@ def test_setup_ppod_id_takes_the_36_character_form_only():
     from ualinkd.node import NodeCore
 
     core = NodeCore(PodConfig.local(1, 1), "node0")
-    setup = core.sys_tree()["class"]["drm"]["renderD128"]["device"]["ualink"]["setup"]
+    setup = resolve(core.sys_tree(), "class/drm/renderD128/device/ualink")["setup"]
     good = "0123abcd-0000-4000-8000-00000000beef"
     setup["ppod_id"].write(good + "\n")
     assert setup["ppod_id"].read() == good + "\n"

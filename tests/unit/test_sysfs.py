@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import uuid
 
 import pytest
-from ualink_testkit import make_node, pod_config
+from ualink_testkit import make_node, open_file, pod_config
 
 from ualinkd.amdgpu.driver import AmdgpuDriver
 from ualinkd.drm.device import DrmDevice
@@ -15,7 +16,8 @@ from ualinkd.drm.tokens import DmaBufTokens
 from ualinkd.fuse.backend import Caller as FuseCaller
 from ualinkd.fuse.lowlevel import ROOT_INO, FuseError
 from ualinkd.fuse.tree import FileTree
-from ualinkd.node import pci_bdf, ualink_sysfs
+from ualinkd.node import ualink_sysfs
+from ualinkd.sysfs import pci_bdf, resolve
 from ualinkd.ualink.host import UalinkHost
 from ualinkd.ualink.manager import UalinkManager
 from ualinkd.ualink.state import AddrMode, ConfigStage, PpodInfo, VpodInfo
@@ -102,9 +104,10 @@ def test_reads_are_live():
 def test_sys_tree_layout():
     """§7.1: /sys/class/drm/renderD<minor>/device/ualink/ for every render node."""
     core = make_node(pod_config(nodes=[[{"id": 0}, {"id": 1}], [{"id": 5}]]))
-    drm = core.sys_tree()["class"]["drm"]
+    sys_tree = core.sys_tree()
+    drm = sys_tree["class"]["drm"]
     assert {n for n in drm if n.startswith("renderD")} == {"renderD128", "renderD129"}
-    ualink = drm["renderD129"]["device"]["ualink"]
+    ualink = resolve(sys_tree, "class/drm/renderD129/device/ualink")
     assert set(ualink) == FILES | {"setup", "config", "stations"}  # policy 8: live config dirs
     assert all(ualink[n].mode == 0o444 for n in FILES)
     assert ualink["accel_id"].read() == "1\n"
@@ -116,12 +119,26 @@ ROOT = FuseCaller(pid=1, uid=0, gid=0)
 USER = FuseCaller(pid=2, uid=1000, gid=1000)
 
 
-def walk(tree: FileTree, path: str) -> int:
-    """The inode at `path` (relative to the mount), by lookups as the kernel does them."""
-    ino = ROOT_INO
-    for name in path.split("/"):
-        ino = tree.lookup(ino, name, ROOT).ino
-    return ino
+def walk(tree: FileTree, path: str, caller=ROOT) -> int:
+    """The inode at `path` (relative to the mount), by lookups as the kernel does them,
+    following symlinks (relative to the link's directory) on the way."""
+    todo = [p for p in path.split("/") if p]
+    stack = [ROOT_INO]  # the directories walked, for ".."
+    hops = 0
+    while todo:
+        name = todo.pop(0)
+        if name == "..":
+            if len(stack) > 1:
+                stack.pop()
+            continue
+        attr = tree.lookup(stack[-1], name, caller)
+        if stat.S_ISLNK(attr.mode):
+            hops += 1
+            assert hops < 40, f"{path}: symlink loop"
+            todo = tree.readlink(attr.ino, caller).decode().split("/") + todo
+            continue
+        stack.append(attr.ino)
+    return stack[-1]
 
 
 def read(tree: FileTree, path: str, caller=ROOT) -> str:
@@ -156,12 +173,12 @@ def test_ualink_dir_under_the_pci_device_card_and_render_node():
     core = make_node(pod_config(nodes=[[{"id": 0}, {"id": 1}], [{"id": 5}]]))
     sys_tree = core.sys_tree()
     drm, pci = sys_tree["class"]["drm"], sys_tree["bus"]["pci"]["devices"]
-    assert set(drm) == {"card0", "card1", "renderD128", "renderD129"}
+    assert set(drm) == {"card0", "card1", "renderD128", "renderD129", "version"}
     assert set(pci) == {"0000:10:00.0", "0000:11:00.0"} == {pci_bdf(128), pci_bdf(129)}
     for index, minor in enumerate((128, 129)):
-        ualink = drm[f"renderD{minor}"]["device"]["ualink"]
-        assert drm[f"card{index}"]["device"]["ualink"] is ualink
-        assert pci[pci_bdf(minor)]["ualink"] is ualink
+        ualink = resolve(sys_tree, f"class/drm/renderD{minor}/device/ualink")
+        assert resolve(sys_tree, f"class/drm/card{index}/device/ualink") is ualink
+        assert resolve(sys_tree, f"bus/pci/devices/{pci_bdf(minor)}/ualink") is ualink
 
     tree = FileTree(core, "/nonexistent")
     paths = ["sys/class/drm/renderD129/device/ualink", "sys/class/drm/card1/device/ualink",
@@ -199,3 +216,211 @@ def test_no_read_bit_no_read_open_no_write_bit_no_write_open(caller):
         for flags in (os.O_RDONLY, os.O_WRONLY):
             assert open_errno(tree, f"{base}/config/vpod_id", flags, caller) == errno.EACCES
         assert open_errno(tree, f"{base}/config/commit", os.O_WRONLY, caller) == errno.EACCES
+
+
+# -- the DRM and PCI sysfs of each GPU, as libdrm 2.4.114 reads it -------------------------------
+
+TWO_GPUS = [[{"id": 0}, {"id": 1, "profile": "mi300a"}], [{"id": 5}]]
+
+
+def test_minors_and_pci_device_as_drmGetDevice2_reads_them():
+    """libdrm's drmNodeIsDRM (stat 226:M/device/drm), drmGetDeviceNameFromFd2 (the minor's
+    uevent DEVNAME), drmParseSubsystemType (strrchr of the subsystem link's target starts
+    "/pci"), get_pci_path (realpath of 226:M/device), drmParsePciBusInfo (PCI_SLOT_NAME as
+    %04x:%02x:%02x.%1u) and parse_separate_sysfs_files (fscanf %x), each GPU its own
+    profile (userspace-surface §2.2)."""
+    core = make_node(pod_config(nodes=TWO_GPUS))
+    sys_tree = core.sys_tree()
+    for minor, card, device_id, bdf in ((128, 0, 0x74A1, "0000:10:00.0"),
+                                        (129, 1, 0x74A0, "0000:11:00.0")):
+        pci = resolve(sys_tree, f"devices/pci0000:{0x10 + card:02x}/{bdf}")
+        for m, name in ((minor, f"renderD{minor}"), (card, f"card{card}")):
+            node = resolve(sys_tree, f"dev/char/226:{m}")
+            assert node is resolve(sys_tree, f"class/drm/{name}") is pci["drm"][name]
+            assert resolve(sys_tree, f"dev/char/226:{m}/device") is pci
+            assert isinstance(resolve(sys_tree, f"dev/char/226:{m}/device/drm"), dict)
+            assert node["uevent"].read() == (
+                f"MAJOR=226\nMINOR={m}\nDEVNAME=dri/{name}\nDEVTYPE=drm_minor\n")
+            assert node["dev"].read() == f"226:{m}\n"
+            assert resolve(sys_tree, f"dev/char/226:{m}/subsystem") is sys_tree["class"]["drm"]
+        # Each accel its own card<n>: drmGetPrimaryDeviceNameFromFd keeps them apart.
+        assert sorted(pci["drm"]) == [f"card{card}", f"renderD{minor}"]
+        target = pci["subsystem"].target
+        assert target[target.rindex("/"):].startswith("/pci")
+        assert resolve(sys_tree, f"dev/char/226:{minor}/device/subsystem") \
+            is sys_tree["bus"]["pci"]
+        assert resolve(sys_tree, f"bus/pci/devices/{bdf}") is pci
+        assert resolve(sys_tree, f"bus/pci/drivers/amdgpu/{bdf}") is pci
+        assert resolve(sys_tree, f"devices/pci0000:{0x10 + card:02x}/{bdf}/driver") \
+            is sys_tree["bus"]["pci"]["drivers"]["amdgpu"]
+        uevent = dict(line.split("=", 1) for line in pci["uevent"].read().splitlines())
+        assert uevent["DRIVER"] == "amdgpu"
+        assert uevent["PCI_ID"] == f"1002:{device_id:04X}"
+        assert uevent["PCI_SLOT_NAME"] == bdf
+        dom, bus, dev_fn = bdf.split(":")
+        assert (int(dom, 16), int(bus, 16), dev_fn) == (0, 0x10 + card, "00.0")
+        files = {n: pci[n].read() for n in ("vendor", "device", "subsystem_vendor",
+                                            "subsystem_device", "revision")}
+        assert files == {"vendor": "0x1002\n", "device": f"{device_id:#06x}\n",
+                         "subsystem_vendor": "0x1002\n",
+                         "subsystem_device": f"{device_id:#06x}\n", "revision": "0x00\n"}
+        assert pci["ualink"]["accel_id"].read() == f"{card}\n"
+
+
+def test_pci_config_header_as_parse_config_sysfs_file_reads_it():
+    """libdrm's fallback when `revision` is missing: 64 bytes of config space, vendor@0,
+    device@2, revision@8, subsystem vendor@44, device@46, little-endian."""
+    import struct
+
+    from ualinkd.amdgpu.profile import PROFILES
+
+    core = make_node(pod_config(nodes=TWO_GPUS))
+    for bdf, profile in (("0000:10:00.0", PROFILES["mi300x"]),
+                         ("0000:11:00.0", PROFILES["mi300a"])):
+        attr = resolve(core.sys_tree(), f"bus/pci/devices/{bdf}/config")
+        cfg = attr.read()
+        assert isinstance(cfg, bytes) and len(cfg) == 64 == attr.size
+        assert struct.unpack_from("<HH", cfg, 0) == (profile.pci_vendor, profile.pci_device)
+        assert cfg[8] == profile.pci_revision
+        assert struct.unpack_from("<HH", cfg, 44) == (profile.subsystem_vendor,
+                                                      profile.subsystem_device)
+
+
+def test_links_through_the_file_tree():
+    """The FUSE tree serves SysLinks as symlinks (S_IFLNK, readlink gives the relative
+    target, readdir says DT_LNK), and a walk that follows them as the kernel does reaches
+    the PCI directory from every name; dri/ has card<n> beside renderD<128+n>."""
+    core = make_node(pod_config(nodes=TWO_GPUS))
+    tree = FileTree(core, "/nonexistent")
+    ino = walk(tree, "sys/class/drm")
+    attr = tree.lookup(ino, "card1", ROOT)
+    assert stat.S_ISLNK(attr.mode) and attr.size == len(
+        b"../../devices/pci0000:11/0000:11:00.0/drm/card1")
+    assert tree.readlink(attr.ino, ROOT) == b"../../devices/pci0000:11/0000:11:00.0/drm/card1"
+    types = {name: mode for name, _, mode, _ in tree.readdir(ino, 0, 0)}
+    assert types["card1"] == types["renderD128"] == stat.S_IFLNK
+    assert types["version"] == stat.S_IFREG
+    pci = walk(tree, "sys/devices/pci0000:11/0000:11:00.0")
+    for path in ("sys/dev/char/226:129/device", "sys/dev/char/226:1/device",
+                 "sys/class/drm/card1/device", "sys/bus/pci/devices/0000:11:00.0",
+                 "sys/class/drm/renderD129/device/drm/card1/device"):
+        assert walk(tree, path) == pci, path
+    assert read(tree, "sys/dev/char/226:1/device/uevent").endswith(
+        "PCI_SLOT_NAME=0000:11:00.0\nMODALIAS=pci:v00001002d000074A0sv00001002sd000074A0"
+        "bc12sc00i00\n")
+    with pytest.raises(FuseError) as e:
+        tree.readlink(walk(tree, "sys/class/drm/version"), ROOT)
+    assert e.value.errno == errno.EINVAL
+    dri = walk(tree, "dri")
+    assert sorted(n for n, *_ in tree.readdir(dri, 0, 0) if n[0] != ".") == [
+        "card0", "card1", "renderD128", "renderD129"]
+    card1 = tree.lookup(dri, "card1", ROOT).ino
+    fh = tree.open(card1, os.O_RDWR, USER).fh
+    try:
+        assert tree._render_fh[fh].device.minor == 129  # the same GPU as renderD129
+    finally:
+        tree.release(card1, fh)
+
+
+# -- permissions: debugfs is root's, and no sys file is writable by others (issue 10 item 2) -----
+
+DEBUGFS_FILES = ["clients", "gem_objects", "gpu_faults", "ualink_drop_msg", "ualink_exports",
+                 "ualink_imports", "ualink_npa", "ualink_peers"]
+
+
+def _files(tree: dict, path: str = ""):
+    for name, item in tree.items():
+        p = f"{path}/{name}" if path else name
+        if isinstance(item, dict):
+            yield p, item
+            yield from _files(item, p)
+        else:
+            yield p, item
+
+
+def test_modes_debugfs_root_only_and_no_file_writable_by_others():
+    """debugfs is mounted 0700 root (its handles are capabilities: a uid that reads
+    ualink_exports can import anyone's BO); every writable attribute is writable by root
+    only, as sysfs attributes are (§7.1: 0600 / 0200)."""
+    from ualinkd.sysfs import SysAttr, SysLink, dir_mode
+
+    core = make_node(pod_config(nodes=TWO_GPUS))
+    sys_tree = core.sys_tree()
+    assert dir_mode(sys_tree["kernel"]["debug"]) == 0o700
+    assert sorted(sys_tree["kernel"]["debug"]["dri"]["128"]) == DEBUGFS_FILES
+    seen = 0
+    for path, item in _files(sys_tree):
+        if isinstance(item, SysLink):
+            continue
+        mode = dir_mode(item) if isinstance(item, dict) else item.mode
+        if path.startswith("kernel/debug/"):
+            assert mode & 0o077 == 0, (path, oct(mode))
+            seen += 1
+        if isinstance(item, SysAttr):
+            assert mode & 0o022 == 0, (path, oct(mode))
+            if item.write is None:
+                assert mode & 0o222 == 0, (path, oct(mode))
+    assert seen == 1 + 2 * (1 + len(DEBUGFS_FILES)) + 1  # dri/, per minor dir + files, fabric
+
+
+def test_debugfs_refuses_other_uids_at_every_step():
+    """As a 0700 debugfs: another uid cannot search or list the directories, stat what is
+    in them, or open a file, even through an inode the kernel cached from root's lookup
+    (FUSE answers cached dentries without a lookup: the open is checked too). Root reads
+    and writes them."""
+    core = make_node(pod_config(nodes=TWO_GPUS))
+    tree = FileTree(core, "/nonexistent")
+    debug = walk(tree, "sys/kernel/debug")
+    assert stat.S_IMODE(tree.getattr(debug, USER).mode) == 0o700  # stat of the mount point
+    for caller in (USER, FuseCaller(pid=3, uid=1000, gid=0)):
+        for parent, name in ((debug, "dri"), (walk(tree, "sys/kernel/debug/dri"), "128")):
+            with pytest.raises(FuseError) as e:
+                tree.lookup(parent, name, caller)
+            assert e.value.errno == errno.EACCES
+        for d in ("sys/kernel/debug", "sys/kernel/debug/dri", "sys/kernel/debug/dri/129"):
+            with pytest.raises(FuseError) as e:
+                tree.opendir(walk(tree, d), caller)
+            assert e.value.errno == errno.EACCES
+        for name in DEBUGFS_FILES:
+            ino = walk(tree, f"sys/kernel/debug/dri/128/{name}")  # root looked it up
+            with pytest.raises(FuseError) as e:
+                tree.getattr(ino, caller)
+            assert e.value.errno == errno.EACCES, name
+            with pytest.raises(FuseError) as e:
+                tree.open(ino, os.O_RDONLY, caller)
+            assert e.value.errno == errno.EACCES, name
+        with pytest.raises(FuseError) as e:
+            tree.open(walk(tree, "sys/kernel/debug/ualink_fabric"), os.O_RDONLY, caller)
+        assert e.value.errno == errno.EACCES
+    assert read(tree, "sys/kernel/debug/dri/128/ualink_npa") == "used_pages=0 mappings=0\n"
+    write(tree, "sys/kernel/debug/dri/128/ualink_drop_msg", "0x10")
+    assert read(tree, "sys/kernel/debug/dri/128/ualink_drop_msg") == "0x10\n"
+    assert read(tree, "sys/class/drm/renderD128/device/ualink/accel_state", USER) == "active\n"
+
+
+# -- the line formats: what the daemon prints is what the readers parse --------------------------
+
+
+def test_debugfs_lines_round_trip():
+    """sysfs.DEBUGFS: line() is the daemon's, parse_line() ualinkctl's and the harnesses'."""
+    from ualinkd import sysfs
+
+    fmt = sysfs.DEBUGFS["ualink_exports"]
+    line = fmt.line(handle_lo=0x1234, handle_hi=0xABC, bo=3, size=4096, pins=1,
+                    importers={5, 2})
+    assert line == "0x0000000000001234 0x0000000000000abc bo=3 size=4096 pins=1 importers=2,5\n"
+    assert fmt.parse_line(line) == {"handle_lo": "0x0000000000001234",
+                                    "handle_hi": "0x0000000000000abc", "bo": 3, "size": 4096,
+                                    "pins": 1, "importers": [2, 5]}
+    with pytest.raises(TypeError):
+        fmt.line(bo=1)
+    assert sysfs.parse_fabric(sysfs.show_fabric({"node1": True, "node2": False})) == {
+        "node1": True, "node2": False}
+    assert sysfs.parse_drop_msg(sysfs.show_drop_msg(0x82)) == 0x82
+    with pytest.raises(sysfs.ParseError):
+        sysfs.parse_drop_msg("zz")
+    core = make_node(pod_config(nodes=TWO_GPUS))
+    f = open_file(core)
+    debug = core.sys_tree()["kernel"]["debug"]["dri"]["128"]
+    assert sysfs.DEBUGFS["clients"].parse(debug["clients"].read()) == [
+        {"pid": f.pid, "uid": f.uid, "handles": 0}]

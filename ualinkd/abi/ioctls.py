@@ -1,15 +1,21 @@
-"""The static half of the ioctl tables: nr -> name, table cmd (direction, size), flags.
+"""The one ioctl table: nr -> entry (name, table cmd = direction and size, flags, how the
+trace decodes its bytes), and the registry of handlers.
 
-Handlers are bound in `drm/` and `amdgpu/`; this table alone drives the trace decoder and
-the ABI tests. Flags are the kernel's DRM_* access flags (drm_ioctl.c, spec §2.1).
+Handlers in `drm/` and `amdgpu/` register against the named entries (`@handles(GEM_VA)`);
+dispatch (drm/device.py) finds them through `bind`, the trace decoder reads the entries'
+decoders, and "emulated" is having a handler. Flags are the kernel's DRM_* access flags
+(drm_ioctl.c, spec §2.1).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from . import structs as st
-from .ioc import DRM_COMMAND_BASE, IOC_NONE, IOC_READ, IOC_WRITE, ioc, iow, iowr
+from .ioc import DRM_COMMAND_BASE, DRM_COMMAND_END, IOC_NONE, IOC_READ, IOC_WRITE, ioc
 
 DRM_AUTH = 0x1
 DRM_MASTER = 0x2
@@ -19,26 +25,188 @@ DRM_RENDER_ALLOW = 0x20
 _RW = IOC_READ | IOC_WRITE
 
 
-@dataclass(frozen=True, slots=True)
+Fields = dict[str, Any]
+DecodeIn = Callable[[bytes], Fields]
+DecodeOut = Callable[[bytes, Fields], Fields]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class IoctlSpec:
+    """One entry of the kernel's table. Compared and hashed by identity: handlers are
+    registered against the entry itself (`handles`), never against its number."""
+
     nr: int
     name: str
     cmd: int  # the table's own cmd: its direction and size decide copy-in/out with the user's
     flags: int
-    emulated: bool = True  # False: the kernel has it, ualinkd answers ENOTTY (README)
+    decode_in: DecodeIn | None = None  # the trace's view of the bytes copied in
+    decode_out: DecodeOut | None = None  # ... and of the bytes copied back (given the input)
+
+    @property
+    def emulated(self) -> bool:
+        """A handler is registered for it (else the kernel has it, ualinkd answers ENOTTY).
+        Handlers register when their class is defined, so this reads the daemon's truth
+        once `ualinkd.node` (which pulls in every handler module) is imported."""
+        return self in _HANDLED
+
+    @property
+    def core(self) -> bool:
+        """A DRM core ioctl (dispatched by the device), not one of the driver's."""
+        return not DRM_COMMAND_BASE <= self.nr < DRM_COMMAND_END
 
 
-def _core(nr: int, name: str, direction: int, size: int, flags: int, emulated: bool = False):
-    return IoctlSpec(nr, name, ioc(direction, ord("d"), nr, size), flags, emulated)
+_HANDLED: set[IoctlSpec] = set()
+H = TypeVar("H", bound=Callable[..., object])
+
+
+def handles(spec: IoctlSpec) -> Callable[[H], H]:
+    """Mark a method as the handler of `spec`; `bind` collects the marked methods."""
+
+    def mark(fn: H) -> H:
+        fn.__ioctl__ = spec  # type: ignore[attr-defined]
+        _HANDLED.add(spec)
+        return fn
+
+    return mark
+
+
+def bind(obj: object) -> dict[IoctlSpec, Callable[..., object]]:
+    """Every method of `obj`'s class marked with @handles, bound to `obj`, by its entry."""
+    out: dict[IoctlSpec, Callable[..., object]] = {}
+    for name in dir(type(obj)):
+        spec = getattr(getattr(type(obj), name, None), "__ioctl__", None)
+        if isinstance(spec, IoctlSpec):
+            out[spec] = getattr(obj, name)
+    return out
+
+
+# -- trace decoders: what the bytes of each entry mean -----------------------------------------
+
+
+def fields(layout: st.Layout | st.ArrayLayout) -> DecodeIn:
+    def decode(data: bytes) -> Fields:
+        padded = data[: layout.size].ljust(layout.size, b"\0")
+        return dataclasses.asdict(layout.decode(padded))  # type: ignore[call-overload]
+
+    return decode
+
+
+def out_fields(layout: st.Layout | st.ArrayLayout, *names: str) -> DecodeOut:
+    """The copied-back bytes through `layout`, all fields or only `names`."""
+    decode = fields(layout)
+
+    def out(data: bytes, inp: Fields) -> Fields:
+        d = decode(data)
+        return {n: d[n] for n in names} if names else d
+
+    return out
+
+
+def _ualink_in(data: bytes) -> Fields:
+    args = st.decode_ualink_handle_in(data[:24].ljust(24, b"\0"))
+    out: Fields = {"op": args.op, "flags": args.flags}
+    if args.op == 0:
+        out["gem_handle"] = args.gem_handle
+    else:
+        out["import_ualink_handle"] = [hex(args.handle_lo), hex(args.handle_hi)]
+    return out
+
+
+def _ualink_out(data: bytes, inp: Fields) -> Fields:
+    data = data[:16].ljust(16, b"\0")
+    if inp.get("op") == 0:
+        lo, hi = st.UALINK_HANDLE_OUT_EXPORT.unpack(data)
+        return {"export_ualink_handle": [hex(lo), hex(hi)]}
+    return {"import_dmabuf_handle": st.UALINK_HANDLE_OUT_IMPORT.unpack(data[:4])[0]}
+
+
+def _gem_metadata(data: bytes) -> Fields:
+    m = st.decode_gem_metadata(data[: st.GEM_METADATA_SIZE].ljust(st.GEM_METADATA_SIZE, b"\0"))
+    used = min(m.data_size_bytes, st.GEM_METADATA_DATA_BYTES) // 4
+    return {"handle": m.handle, "op": m.op, "flags": hex(m.flags),
+            "tiling_info": hex(m.tiling_info), "data_size_bytes": m.data_size_bytes,
+            "data": [hex(v) for v in m.data[:used]]}
+
+
+def _entry(nr: int, name: str, layout: st.Layout | st.ArrayLayout | int,
+           direction: int = IOC_READ | IOC_WRITE, flags: int = DRM_RENDER_ALLOW,
+           decode_in: DecodeIn | None = None, decode_out: DecodeOut | None = None) -> IoctlSpec:
+    """An entry whose arguments have a layout here (its size is the table's size)."""
+    size = layout if isinstance(layout, int) else layout.size
+    if decode_in is None and not isinstance(layout, int):
+        decode_in = fields(layout)
+    return IoctlSpec(nr, name, ioc(direction, ord("d"), nr, size), flags, decode_in, decode_out)
+
+
+def _drv_entry(index: int, name: str, layout: st.Layout | st.ArrayLayout | int,
+               direction: int = IOC_READ | IOC_WRITE, decode_in: DecodeIn | None = None,
+               decode_out: DecodeOut | None = None) -> IoctlSpec:
+    return _entry(DRM_COMMAND_BASE + index, f"AMDGPU_{name}", layout, direction,
+                  DRM_AUTH | DRM_RENDER_ALLOW, decode_in, decode_out)
+
+
+# -- the named entries handlers register against ------------------------------------------------
+
+GEM_CLOSE = _entry(0x09, "GEM_CLOSE", st.GEM_CLOSE, IOC_WRITE)
+GET_CAP = _entry(0x0C, "GET_CAP", st.GET_CAP, decode_out=out_fields(st.GET_CAP))
+PRIME_HANDLE_TO_FD = _entry(0x2D, "PRIME_HANDLE_TO_FD", st.PRIME_HANDLE,
+                            decode_out=out_fields(st.PRIME_HANDLE))
+PRIME_FD_TO_HANDLE = _entry(0x2E, "PRIME_FD_TO_HANDLE", st.PRIME_HANDLE,
+                            decode_out=out_fields(st.PRIME_HANDLE))
+SYNCOBJ_CREATE = _entry(0xBF, "SYNCOBJ_CREATE", st.SYNCOBJ_CREATE,
+                        decode_out=out_fields(st.SYNCOBJ_CREATE))
+SYNCOBJ_DESTROY = _entry(0xC0, "SYNCOBJ_DESTROY", st.SYNCOBJ_DESTROY)
+SYNCOBJ_HANDLE_TO_FD = _entry(0xC1, "SYNCOBJ_HANDLE_TO_FD", st.SYNCOBJ_HANDLE,
+                              decode_out=out_fields(st.SYNCOBJ_HANDLE))
+SYNCOBJ_FD_TO_HANDLE = _entry(0xC2, "SYNCOBJ_FD_TO_HANDLE", st.SYNCOBJ_HANDLE,
+                              decode_out=out_fields(st.SYNCOBJ_HANDLE))
+SYNCOBJ_WAIT = _entry(0xC3, "SYNCOBJ_WAIT", st.SYNCOBJ_WAIT,
+                      decode_out=out_fields(st.SYNCOBJ_WAIT, "first_signaled"))
+SYNCOBJ_RESET = _entry(0xC4, "SYNCOBJ_RESET", st.SYNCOBJ_ARRAY)
+SYNCOBJ_SIGNAL = _entry(0xC5, "SYNCOBJ_SIGNAL", st.SYNCOBJ_ARRAY)
+SYNCOBJ_TIMELINE_WAIT = _entry(0xCA, "SYNCOBJ_TIMELINE_WAIT", st.SYNCOBJ_TIMELINE_WAIT,
+                               decode_out=out_fields(st.SYNCOBJ_TIMELINE_WAIT,
+                                                     "first_signaled"))
+SYNCOBJ_QUERY = _entry(0xCB, "SYNCOBJ_QUERY", st.SYNCOBJ_TIMELINE_ARRAY)
+SYNCOBJ_TRANSFER = _entry(0xCC, "SYNCOBJ_TRANSFER", st.SYNCOBJ_TRANSFER)
+SYNCOBJ_TIMELINE_SIGNAL = _entry(0xCD, "SYNCOBJ_TIMELINE_SIGNAL", st.SYNCOBJ_TIMELINE_ARRAY)
+SYNCOBJ_EVENTFD = _entry(0xCF, "SYNCOBJ_EVENTFD", st.SYNCOBJ_EVENTFD)
+
+AMDGPU_GEM_CREATE = _drv_entry(0x00, "GEM_CREATE", st.GEM_CREATE_SIZE,
+                               decode_in=fields(st.GEM_CREATE_IN),
+                               decode_out=out_fields(st.GEM_CREATE_OUT))
+AMDGPU_GEM_MMAP = _drv_entry(0x01, "GEM_MMAP", st.GEM_MMAP_SIZE,
+                             decode_in=fields(st.GEM_MMAP_IN),
+                             decode_out=out_fields(st.GEM_MMAP_OUT))
+AMDGPU_CTX = _drv_entry(0x02, "CTX", st.CTX_SIZE, decode_in=fields(st.CTX_IN),
+                        decode_out=lambda d, i: {"out": d[:16].hex()})
+AMDGPU_INFO = _drv_entry(0x05, "INFO", st.INFO, IOC_WRITE)
+AMDGPU_GEM_METADATA = _drv_entry(0x06, "GEM_METADATA", st.GEM_METADATA_SIZE,
+                                 decode_in=_gem_metadata,
+                                 decode_out=lambda d, i: _gem_metadata(d))
+AMDGPU_GEM_VA = _drv_entry(0x08, "GEM_VA", st.GEM_VA, IOC_WRITE)
+AMDGPU_GEM_OP = _drv_entry(0x10, "GEM_OP", st.GEM_OP, decode_out=out_fields(st.GEM_OP))
+AMDGPU_GEM_USERPTR = _drv_entry(0x11, "GEM_USERPTR", st.GEM_USERPTR,
+                                decode_out=out_fields(st.GEM_USERPTR, "handle"))
+AMDGPU_VM = _drv_entry(0x13, "VM", st.VM_SIZE, decode_in=fields(st.VM_IN))
+AMDGPU_UALINK_HANDLE = _drv_entry(0x1B, "UALINK_HANDLE", st.UALINK_HANDLE_SIZE,
+                                  decode_in=_ualink_in, decode_out=_ualink_out)
 
 
 # DRM core ioctls of a modern kernel (no DRM_LEGACY, CONFIG_AGP off). Only the nrs listed
 # exist; any other core nr is EINVAL. Those without DRM_RENDER_ALLOW answer EACCES on a
 # render node before their handler would run, so they need no emulation.
+VERSION = _entry(0x00, "VERSION", st.DRM_VERSION, decode_out=out_fields(st.DRM_VERSION))
+
+
+def _core(nr: int, name: str, direction: int, size: int, flags: int) -> IoctlSpec:
+    return IoctlSpec(nr, name, ioc(direction, ord("d"), nr, size), flags)
+
+
 CORE_IOCTLS: dict[int, IoctlSpec] = {
     s.nr: s
     for s in [
-        _core(0x00, "VERSION", _RW, 64, DRM_RENDER_ALLOW),
+        VERSION,
         _core(0x01, "GET_UNIQUE", _RW, 16, 0),
         _core(0x02, "GET_MAGIC", IOC_READ, 4, 0),
         _core(0x03, "IRQ_BUSID", _RW, 16, DRM_MASTER | DRM_ROOT_ONLY),
@@ -46,10 +214,10 @@ CORE_IOCTLS: dict[int, IoctlSpec] = {
         _core(0x06, "GET_STATS", IOC_READ, 248, 0),
         _core(0x07, "SET_VERSION", _RW, 16, DRM_MASTER),
         _core(0x08, "MODESET_CTL", IOC_WRITE, 8, 0),
-        IoctlSpec(0x09, "GEM_CLOSE", iow(0x09, st.GEM_CLOSE.size), DRM_RENDER_ALLOW),
+        GEM_CLOSE,
         _core(0x0A, "GEM_FLINK", _RW, 8, DRM_AUTH),
         _core(0x0B, "GEM_OPEN", _RW, 16, DRM_AUTH),
-        IoctlSpec(0x0C, "GET_CAP", iowr(0x0C, st.GET_CAP.size), DRM_RENDER_ALLOW),
+        GET_CAP,
         _core(0x0D, "SET_CLIENT_CAP", IOC_WRITE, 16, 0),
         _core(0x10, "SET_UNIQUE", IOC_WRITE, 16, DRM_AUTH | DRM_MASTER | DRM_ROOT_ONLY),
         _core(0x11, "AUTH_MAGIC", IOC_WRITE, 4, DRM_MASTER),
@@ -60,12 +228,8 @@ CORE_IOCTLS: dict[int, IoctlSpec] = {
         _core(0x27, "ADD_DRAW", _RW, 4, DRM_AUTH | DRM_MASTER | DRM_ROOT_ONLY),
         _core(0x28, "RM_DRAW", _RW, 4, DRM_AUTH | DRM_MASTER | DRM_ROOT_ONLY),
         _core(0x2C, "FINISH", IOC_WRITE, 8, DRM_AUTH),
-        IoctlSpec(
-            0x2D, "PRIME_HANDLE_TO_FD", iowr(0x2D, st.PRIME_HANDLE.size), DRM_RENDER_ALLOW
-        ),
-        IoctlSpec(
-            0x2E, "PRIME_FD_TO_HANDLE", iowr(0x2E, st.PRIME_HANDLE.size), DRM_RENDER_ALLOW
-        ),
+        PRIME_HANDLE_TO_FD,
+        PRIME_FD_TO_HANDLE,
         _core(0x3A, "WAIT_VBLANK", _RW, 24, 0),
         _core(0x3B, "CRTC_GET_SEQUENCE", _RW, 24, 0),
         _core(0x3C, "CRTC_QUEUE_SEQUENCE", _RW, 24, 0),
@@ -93,36 +257,14 @@ CORE_IOCTLS: dict[int, IoctlSpec] = {
                 (0xCE, "GETFB2", 0), (0xD0, "CLOSEFB", 0),
             ]
         ),
-        # Syncobjs (drm_syncobj.c): the per-file ones are emulated; sharing them through
-        # fds (HANDLE_TO_FD, FD_TO_HANDLE, EVENTFD) and TRANSFER are not.
-        *(
-            _core(nr, f"SYNCOBJ_{name}", _RW, size, DRM_RENDER_ALLOW, emulated)
-            for nr, name, size, emulated in [
-                (0xBF, "CREATE", st.SYNCOBJ_CREATE.size, True),
-                (0xC0, "DESTROY", st.SYNCOBJ_DESTROY.size, True),
-                (0xC1, "HANDLE_TO_FD", 16, False), (0xC2, "FD_TO_HANDLE", 16, False),
-                (0xC3, "WAIT", st.SYNCOBJ_WAIT.size, True),
-                (0xC4, "RESET", st.SYNCOBJ_ARRAY.size, True),
-                (0xC5, "SIGNAL", st.SYNCOBJ_ARRAY.size, True),
-                (0xCA, "TIMELINE_WAIT", st.SYNCOBJ_TIMELINE_WAIT.size, True),
-                (0xCB, "QUERY", st.SYNCOBJ_TIMELINE_ARRAY.size, True),
-                (0xCC, "TRANSFER", 32, False),
-                (0xCD, "TIMELINE_SIGNAL", st.SYNCOBJ_TIMELINE_ARRAY.size, True),
-                (0xCF, "EVENTFD", 24, False),
-            ]
-        ),
+        # Syncobjs (drm_syncobj.c)
+        SYNCOBJ_CREATE, SYNCOBJ_DESTROY, SYNCOBJ_HANDLE_TO_FD, SYNCOBJ_FD_TO_HANDLE,
+        SYNCOBJ_WAIT, SYNCOBJ_RESET, SYNCOBJ_SIGNAL, SYNCOBJ_TIMELINE_WAIT, SYNCOBJ_QUERY,
+        SYNCOBJ_TRANSFER, SYNCOBJ_TIMELINE_SIGNAL, SYNCOBJ_EVENTFD,
         _core(0xD1, "SET_CLIENT_NAME", _RW, 16, DRM_RENDER_ALLOW),
     ]
 }
 CORE_IOCTL_COUNT = max(CORE_IOCTLS) + 1
-
-
-def _drv(index: int, name: str, direction: int, size: int, emulated: bool = False):
-    nr = DRM_COMMAND_BASE + index
-    return IoctlSpec(
-        nr, f"AMDGPU_{name}", ioc(direction, ord("d"), nr, size), DRM_AUTH | DRM_RENDER_ALLOW,
-        emulated,
-    )
 
 
 # amdgpu's driver table (amdgpu_drv.c + the UALink entry at index 0x1B, spec §1.1). Indices
@@ -130,28 +272,28 @@ def _drv(index: int, name: str, direction: int, size: int, emulated: bool = Fals
 AMDGPU_IOCTLS: dict[int, IoctlSpec] = {
     s.nr: s
     for s in [
-        _drv(0x00, "GEM_CREATE", _RW, st.GEM_CREATE_SIZE, True),
-        _drv(0x01, "GEM_MMAP", _RW, st.GEM_MMAP_SIZE, True),
-        _drv(0x02, "CTX", _RW, 16),
-        _drv(0x03, "BO_LIST", _RW, 24),
-        _drv(0x04, "CS", _RW, 24),
-        _drv(0x05, "INFO", IOC_WRITE, 32),
-        _drv(0x06, "GEM_METADATA", _RW, st.GEM_METADATA_SIZE, True),
-        _drv(0x07, "GEM_WAIT_IDLE", _RW, 16),
-        _drv(0x08, "GEM_VA", IOC_WRITE, st.GEM_VA.size, True),
-        _drv(0x09, "WAIT_CS", _RW, 32),
-        _drv(0x10, "GEM_OP", _RW, st.GEM_OP.size, True),
-        _drv(0x11, "GEM_USERPTR", _RW, st.GEM_USERPTR.size, True),
-        _drv(0x12, "WAIT_FENCES", _RW, 24),
-        _drv(0x13, "VM", _RW, 8),
-        _drv(0x14, "FENCE_TO_HANDLE", _RW, 32),
-        _drv(0x15, "SCHED", IOC_WRITE, 16),
-        _drv(0x16, "USERQ", _RW, 64),
-        _drv(0x17, "USERQ_SIGNAL", _RW, 48),
-        _drv(0x18, "USERQ_WAIT", _RW, 56),
-        _drv(0x19, "GEM_LIST_HANDLES", _RW, 16),
-        _drv(0x1A, "PROC_OPTIONS", _RW, 8),
-        _drv(0x1B, "UALINK_HANDLE", _RW, st.UALINK_HANDLE_SIZE, True),
+        AMDGPU_GEM_CREATE,
+        AMDGPU_GEM_MMAP,
+        AMDGPU_CTX,
+        _drv_entry(0x03, "BO_LIST", 24),
+        _drv_entry(0x04, "CS", 24),
+        AMDGPU_INFO,
+        AMDGPU_GEM_METADATA,
+        _drv_entry(0x07, "GEM_WAIT_IDLE", 16),
+        AMDGPU_GEM_VA,
+        _drv_entry(0x09, "WAIT_CS", 32),
+        AMDGPU_GEM_OP,
+        AMDGPU_GEM_USERPTR,
+        _drv_entry(0x12, "WAIT_FENCES", 24),
+        AMDGPU_VM,
+        _drv_entry(0x14, "FENCE_TO_HANDLE", 32),
+        _drv_entry(0x15, "SCHED", 16, IOC_WRITE),
+        _drv_entry(0x16, "USERQ", 64),
+        _drv_entry(0x17, "USERQ_SIGNAL", 48),
+        _drv_entry(0x18, "USERQ_WAIT", 56),
+        _drv_entry(0x19, "GEM_LIST_HANDLES", 16),
+        _drv_entry(0x1A, "PROC_OPTIONS", 8),
+        AMDGPU_UALINK_HANDLE,
     ]
 }
 AMDGPU_NUM_IOCTLS = 0x1C
@@ -159,6 +301,10 @@ AMDGPU_NUM_IOCTLS = 0x1C
 
 def lookup(nr: int) -> IoctlSpec | None:
     """The table entry the kernel would pick for `nr` (None: no entry, EINVAL)."""
-    if DRM_COMMAND_BASE <= nr < 0xA0:
+    if DRM_COMMAND_BASE <= nr < DRM_COMMAND_END:
         return AMDGPU_IOCTLS.get(nr)
     return CORE_IOCTLS.get(nr)
+
+
+def all_entries() -> list[IoctlSpec]:
+    return [*CORE_IOCTLS.values(), *AMDGPU_IOCTLS.values()]

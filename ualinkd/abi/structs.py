@@ -439,3 +439,383 @@ def decode_ualink_handle_in_construct(data: bytes) -> UalinkHandleIn:
     parsed: Any = UALINK_HANDLE_IN_SCHEMA.parse(data)
     lo, hi = parsed.u["import"].import_ualink_handle
     return UalinkHandleIn(parsed.op, parsed.flags, parsed.u["export"].gem_handle, lo, hi)
+
+
+# ---- structs with arrays or padding (answers copied to user memory, and their requests) -----
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayLayout(Generic[T]):
+    """A C struct with fixed arrays (a tuple field) and explicit padding (`cs.Padding`):
+    the construct schema is the source of truth, the struct.Struct is generated from it,
+    and `offsets` gives each field's offset for the C comparison. Kept apart from the flat
+    `Layout`s, whose codecs map one format character to one field."""
+
+    name: str
+    schema: cs.Struct
+    record: type[T]
+    fast: struct.Struct
+    counts: tuple[int | None, ...]  # per field: its array length, None for a scalar
+    offsets: dict[str, int]
+
+    @classmethod
+    def of(cls, name: str, schema: cs.Struct, record: type[T]) -> ArrayLayout[T]:
+        fmt, counts, offsets = "<", [], {}
+        for sub in schema.subcons:
+            if sub.name is None:  # cs.Padding
+                fmt += f"{sub.sizeof()}x"
+                continue
+            inner = sub.subcon if isinstance(sub, cs.Renamed) else sub
+            offsets[sub.name] = struct.calcsize(fmt)
+            if isinstance(inner, cs.Array):
+                fmt += f"{inner.count}{_FORMAT[inner.subcon]}"
+                counts.append(inner.count)
+            else:
+                fmt += _FORMAT[inner]
+                counts.append(None)
+        fields = [f.name for f in dataclasses.fields(record)]  # type: ignore[arg-type]
+        if fields != list(offsets):
+            raise TypeError(f"{name}: record fields {fields} != schema fields {list(offsets)}")
+        fast = struct.Struct(fmt)
+        if fast.size != schema.sizeof():
+            raise TypeError(f"{name}: struct size {fast.size} != schema {schema.sizeof()}")
+        return cls(name, schema, record, fast, tuple(counts), offsets)
+
+    @property
+    def size(self) -> int:
+        return self.fast.size
+
+    def decode(self, data: bytes) -> T:
+        flat = self.fast.unpack(data)
+        values: list[Any] = []
+        i = 0
+        for n in self.counts:
+            if n is None:
+                values.append(flat[i])
+                i += 1
+            else:
+                values.append(tuple(flat[i : i + n]))
+                i += n
+        return self.record(*values)
+
+    def decode_construct(self, data: bytes) -> T:
+        if len(data) != self.size:
+            raise cs.StreamError(f"{self.name}: expected {self.size} bytes, got {len(data)}")
+        parsed = self.schema.parse(data)
+        return self.record(*(
+            tuple(parsed[n]) if c is not None else parsed[n]
+            for n, c in zip(self.offsets, self.counts, strict=True)))
+
+    def encode(self, value: T) -> bytes:
+        flat: list[int] = []
+        for v, n in zip(dataclasses.astuple(value), self.counts,  # type: ignore[call-overload]
+                        strict=True):
+            if n is None:
+                flat.append(v)
+            elif len(v) != n:
+                raise struct.error(f"{self.name}: array of {len(v)}, not {n}")
+            else:
+                flat.extend(v)
+        return self.fast.pack(*flat)
+
+    def encode_construct(self, value: T) -> bytes:
+        d = dataclasses.asdict(value)  # type: ignore[call-overload]
+        return self.schema.build({k: list(v) if isinstance(v, tuple) else v
+                                  for k, v in d.items()})
+
+
+_U32, _U64 = cs.Int32un, cs.Int64un
+
+
+@dataclass(frozen=True, slots=True)
+class DrmVersion:
+    """struct drm_version: the three lengths are in/out, the pointers are caller buffers."""
+
+    version_major: int
+    version_minor: int
+    version_patchlevel: int
+    name_len: int
+    name: int
+    date_len: int
+    date: int
+    desc_len: int
+    desc: int
+
+
+DRM_VERSION = ArrayLayout.of(
+    "drm_version",
+    cs.Struct("version_major" / cs.Int32sn, "version_minor" / cs.Int32sn,
+              "version_patchlevel" / cs.Int32sn, cs.Padding(4),
+              "name_len" / _U64, "name" / _U64, "date_len" / _U64, "date" / _U64,
+              "desc_len" / _U64, "desc" / _U64),
+    DrmVersion,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DrmSyncobjHandle:
+    handle: int
+    flags: int
+    fd: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrmSyncobjTransfer:
+    src_handle: int
+    dst_handle: int
+    src_point: int
+    dst_point: int
+    flags: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrmSyncobjEventfd:
+    handle: int
+    flags: int
+    point: int
+    fd: int
+    pad: int
+
+
+SYNCOBJ_HANDLE = Layout.of(
+    "drm_syncobj_handle",
+    cs.Struct("handle" / _U32, "flags" / _U32, "fd" / cs.Int32sn, "pad" / _U32),
+    DrmSyncobjHandle,
+)
+SYNCOBJ_TRANSFER = Layout.of(
+    "drm_syncobj_transfer",
+    cs.Struct("src_handle" / _U32, "dst_handle" / _U32, "src_point" / _U64,
+              "dst_point" / _U64, "flags" / _U32, "pad" / _U32),
+    DrmSyncobjTransfer,
+)
+SYNCOBJ_EVENTFD = Layout.of(
+    "drm_syncobj_eventfd",
+    cs.Struct("handle" / _U32, "flags" / _U32, "point" / _U64, "fd" / cs.Int32sn,
+              "pad" / _U32),
+    DrmSyncobjEventfd,
+)
+
+
+# ---- amdgpu_drm.h: CTX, VM, INFO ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuCtxIn:
+    op: int
+    flags: int
+    ctx_id: int
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuVmIn:
+    op: int
+    flags: int
+
+
+CTX_IN = Layout.of(
+    "drm_amdgpu_ctx_in",
+    cs.Struct("op" / _U32, "flags" / _U32, "ctx_id" / _U32, "priority" / cs.Int32sn),
+    AmdgpuCtxIn,
+)
+CTX_SIZE = 16  # union drm_amdgpu_ctx
+CTX_OUT_ALLOC = struct.Struct("<II")  # out.alloc: ctx_id, _pad
+CTX_OUT_STATE = struct.Struct("<QII")  # out.state: flags, hangs, reset_status
+VM_IN = Layout.of("drm_amdgpu_vm_in", cs.Struct("op" / _U32, "flags" / _U32), AmdgpuVmIn)
+VM_SIZE = 8  # union drm_amdgpu_vm
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuInfo:
+    """struct drm_amdgpu_info; `args` is the 16-byte union as four u32: every view
+    (query_hw_ip, read_mmr_reg, query_fw, sensor_info, ...) is u32s from offset 16."""
+
+    return_pointer: int
+    return_size: int
+    query: int
+    args: tuple[int, int, int, int]
+
+
+INFO = ArrayLayout.of(
+    "drm_amdgpu_info",
+    cs.Struct("return_pointer" / _U64, "return_size" / _U32, "query" / _U32,
+              "args" / cs.Array(4, _U32)),
+    AmdgpuInfo,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class InfoGds:
+    gds_gfx_partition_size: int
+    compute_partition_size: int
+    gds_total_size: int
+    gws_per_gfx_partition: int
+    gws_per_compute_partition: int
+    oa_per_gfx_partition: int
+    oa_per_compute_partition: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class InfoVramGtt:
+    vram_size: int
+    vram_cpu_accessible_size: int
+    gtt_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeapInfo:
+    total_heap_size: int
+    usable_heap_size: int
+    heap_usage: int
+    max_allocation: int
+
+
+@dataclass(frozen=True, slots=True)
+class InfoFirmware:
+    ver: int
+    feature: int
+
+
+INFO_GDS = Layout.of("drm_amdgpu_info_gds",
+                     cs.Struct(*(f.name / _U32 for f in dataclasses.fields(InfoGds))), InfoGds)
+INFO_VRAM_GTT = Layout.of(
+    "drm_amdgpu_info_vram_gtt",
+    cs.Struct("vram_size" / _U64, "vram_cpu_accessible_size" / _U64, "gtt_size" / _U64),
+    InfoVramGtt,
+)
+HEAP_INFO = Layout.of(
+    "drm_amdgpu_heap_info",
+    cs.Struct("total_heap_size" / _U64, "usable_heap_size" / _U64, "heap_usage" / _U64,
+              "max_allocation" / _U64),
+    HeapInfo,
+)
+MEMORY_INFO_SIZE = 3 * 32  # struct drm_amdgpu_memory_info: vram, cpu_accessible_vram, gtt
+INFO_FIRMWARE = Layout.of("drm_amdgpu_info_firmware",
+                          cs.Struct("ver" / _U32, "feature" / _U32), InfoFirmware)
+
+
+@dataclass(frozen=True, slots=True)
+class InfoHwIp:
+    hw_ip_version_major: int
+    hw_ip_version_minor: int
+    capabilities_flags: int
+    ib_start_alignment: int
+    ib_size_alignment: int
+    available_rings: int
+    ip_discovery_version: int
+    userq_num_slots: int
+
+
+INFO_HW_IP = ArrayLayout.of(
+    "drm_amdgpu_info_hw_ip",
+    cs.Struct("hw_ip_version_major" / _U32, "hw_ip_version_minor" / _U32,
+              "capabilities_flags" / _U64, "ib_start_alignment" / _U32,
+              "ib_size_alignment" / _U32, "available_rings" / _U32,
+              "ip_discovery_version" / _U32, "userq_num_slots" / _U32, cs.Padding(4)),
+    InfoHwIp,
+)
+INFO_HW_IP_2_4_114_SIZE = 32  # libdrm 2.4.114: no ip_discovery_version (a _pad), no slots
+
+
+@dataclass(frozen=True, slots=True)
+class InfoDevice:
+    """struct drm_amdgpu_info_device of the current kernel uAPI (448 bytes); libdrm 2.4.114
+    asks for its first 368 bytes (to tcc_disabled_mask) and gets exactly those."""
+
+    device_id: int
+    chip_rev: int
+    external_rev: int
+    pci_rev: int
+    family: int
+    num_shader_engines: int
+    num_shader_arrays_per_engine: int
+    gpu_counter_freq: int
+    max_engine_clock: int
+    max_memory_clock: int
+    cu_active_number: int
+    cu_ao_mask: int
+    cu_bitmap: tuple[int, ...]  # [4][4], row-major
+    enabled_rb_pipes_mask: int
+    num_rb_pipes: int
+    num_hw_gfx_contexts: int
+    pcie_gen: int
+    ids_flags: int
+    virtual_address_offset: int
+    virtual_address_max: int
+    virtual_address_alignment: int
+    pte_fragment_size: int
+    gart_page_size: int
+    ce_ram_size: int
+    vram_type: int
+    vram_bit_width: int
+    vce_harvest_config: int
+    gc_double_offchip_lds_buf: int
+    prim_buf_gpu_addr: int
+    pos_buf_gpu_addr: int
+    cntl_sb_buf_gpu_addr: int
+    param_buf_gpu_addr: int
+    prim_buf_size: int
+    pos_buf_size: int
+    cntl_sb_buf_size: int
+    param_buf_size: int
+    wave_front_size: int
+    num_shader_visible_vgprs: int
+    num_cu_per_sh: int
+    num_tcc_blocks: int
+    gs_vgt_table_depth: int
+    gs_prim_buffer_depth: int
+    max_gs_waves_per_vgt: int
+    pcie_num_lanes: int
+    cu_ao_bitmap: tuple[int, ...]  # [4][4]
+    high_va_offset: int
+    high_va_max: int
+    pa_sc_tile_steering_override: int
+    tcc_disabled_mask: int
+    min_engine_clock: int
+    min_memory_clock: int
+    tcp_cache_size: int
+    num_sqc_per_wgp: int
+    sqc_data_cache_size: int
+    sqc_inst_cache_size: int
+    gl1c_cache_size: int
+    gl2c_cache_size: int
+    mall_size: int
+    enabled_rb_pipes_mask_hi: int
+    shadow_size: int
+    shadow_alignment: int
+    csa_size: int
+    csa_alignment: int
+    userq_ip_mask: int
+    pad: int
+
+
+_U64_FIELDS = {
+    "max_engine_clock", "max_memory_clock", "ids_flags", "virtual_address_offset",
+    "virtual_address_max", "prim_buf_gpu_addr", "pos_buf_gpu_addr", "cntl_sb_buf_gpu_addr",
+    "param_buf_gpu_addr", "high_va_offset", "high_va_max", "tcc_disabled_mask",
+    "min_engine_clock", "min_memory_clock", "mall_size",
+}
+
+
+def _dev_info_schema() -> cs.Struct:
+    subcons: list[Any] = []
+    for f in dataclasses.fields(InfoDevice):
+        if f.name in ("cu_bitmap", "cu_ao_bitmap"):
+            subcons.append(f.name / cs.Array(16, _U32))
+        elif f.name in _U64_FIELDS:
+            if f.name == "tcc_disabled_mask":
+                subcons.append(cs.Padding(4))  # after pa_sc_tile_steering_override
+            subcons.append(f.name / _U64)
+        else:
+            subcons.append(f.name / _U32)
+    subcons.append(cs.Padding(4))  # the struct's u64 alignment: 444 -> 448
+    return cs.Struct(*subcons)
+
+
+INFO_DEVICE = ArrayLayout.of("drm_amdgpu_info_device", _dev_info_schema(), InfoDevice)
+INFO_DEVICE_2_4_114_SIZE = 368  # libdrm 2.4.114's struct ends at tcc_disabled_mask
+assert INFO_DEVICE.size == 448
+assert INFO_DEVICE.offsets["tcc_disabled_mask"] + 8 == INFO_DEVICE_2_4_114_SIZE

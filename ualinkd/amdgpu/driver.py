@@ -16,13 +16,16 @@ from collections.abc import Awaitable
 from typing import Protocol
 
 from ..abi import constants as c
+from ..abi import ioctls as tbl
 from ..abi import structs as st
-from ..drm.device import Caller, CopyToUser, DrmDevice, Handler
+from ..drm.device import Caller, CopyToUser, DriverVersion, DrmDevice, Handler
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf, GemObject
 from .bo import AmdgpuBo, MemoryPool, place
+from .info import AmdgpuInfo
 from .memory import UserMemory
+from .profile import MI300X, DeviceProfile
 from .vm import GpuVm, VaSync, gem_va
 
 # Domains that must stand alone (amdgpu_gem_are_domains_valid, §2.3).
@@ -58,23 +61,21 @@ class AmdgpuDriver:
         vram_size: int,
         gtt_size: int,
         copy_to_user: CopyToUser | None = None,
+        profile: DeviceProfile = MI300X,
     ) -> None:
         self.device = device
+        self.profile = profile
         self.vram = MemoryPool("vram", vram_size)
         self.gtt = MemoryPool("gtt", gtt_size)
         self.ualink: UalinkOps | None = None
         self.copy_to_user = copy_to_user
         self._mmap_next = _MMAP_OFFSET_START
         self.gpu_faults = 0  # GPU page faults of loads/stores through any file's VM (policy 10)
-        self.ioctls: dict[int, Handler] = {
-            0x40: self.gem_create_ioctl,
-            0x41: self.gem_mmap_ioctl,
-            0x46: self.gem_metadata_ioctl,
-            0x48: self.gem_va_ioctl,
-            0x50: self.gem_op_ioctl,
-            0x51: self.gem_userptr_ioctl,
-            0x5B: self.ualink_handle_ioctl,
-        }
+        # amdgpu_drv.c: KMS_DRIVER_MAJOR.MINOR.PATCHLEVEL of the kernels the spec is from
+        self.version = DriverVersion(3, 64, 0, "amdgpu", "20150101", "AMD GPU")
+        self.info = AmdgpuInfo(self, profile)  # INFO, and the CTX / VM stubs
+        self.ioctls: dict[tbl.IoctlSpec, Handler] = {  # type: ignore[dict-item]
+            **tbl.bind(self), **tbl.bind(self.info)}
         device.driver = self
 
     # -- BOs ---------------------------------------------------------------------------------
@@ -148,6 +149,7 @@ class AmdgpuDriver:
         return bo
 
     # -- GEM_CREATE (§2.3) ---------------------------------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_CREATE)
     def gem_create_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.GEM_CREATE_IN.decode(bytes(kdata[:32]))
         flags, domains = args.domain_flags, args.domains
@@ -174,6 +176,7 @@ class AmdgpuDriver:
         kdata[0:4] = handle.to_bytes(4, "little")
 
     # -- GEM_USERPTR (amdgpu_gem_userptr_ioctl) ----------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_USERPTR)
     def gem_userptr_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         """A BO over the caller's own memory, for the userptr rules of §1.6 E2, §2.5, §2.7 and
         §2.8. Unaligned address or size, or unknown flags → EINVAL; writable without
@@ -210,6 +213,7 @@ class AmdgpuDriver:
         kdata[20:24] = handle.to_bytes(4, "little")
 
     # -- GEM_MMAP (§2.7) -----------------------------------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_MMAP)
     def gem_mmap_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         handle = int.from_bytes(kdata[0:4], "little")
         kdata[0:8] = bytes(8)  # the union is zeroed before anything can fail
@@ -225,6 +229,7 @@ class AmdgpuDriver:
         kdata[0:8] = bo.mmap_offset.to_bytes(8, "little")
 
     # -- GEM_VA (§2.6) -------------------------------------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_VA)
     def gem_va_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         """Table direction W: nothing is copied back. A 40-byte legacy call arrives here
         zero-extended to 64 bytes by the DRM core (§2.1)."""
@@ -240,6 +245,7 @@ class AmdgpuDriver:
         gem_va(self.vm(file), args, lookup, sync)
 
     # -- GEM_METADATA (amdgpu_gem_metadata_ioctl) --------------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_METADATA)
     def gem_metadata_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         """Unknown handle → ENOENT; GET returns tiling_info, flags, data_size_bytes and the
         blob (bytes of data[] past it are the caller's, echoed); SET stores them (more than
@@ -262,6 +268,7 @@ class AmdgpuDriver:
             raise DrmError(errno.EINVAL, f"GEM_METADATA op {args.op}")
 
     # -- GEM_OP (§2.8) -------------------------------------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_OP)
     def gem_op_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.GEM_OP.decode(bytes(kdata[:24]))
         if args.padding:
@@ -299,6 +306,7 @@ class AmdgpuDriver:
         token = self.device.tokens.install(buf, file, caller.uid)
         kdata[0:4] = st.UALINK_HANDLE_OUT_IMPORT.pack(token)
 
+    @tbl.handles(tbl.AMDGPU_UALINK_HANDLE)
     def ualink_handle_ioctl(
         self, file: DrmFile, kdata: bytearray, caller: Caller
     ) -> Awaitable[None] | None:

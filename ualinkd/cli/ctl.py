@@ -15,8 +15,8 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
+from .. import sysfs
 from ..ualink.protocol import MsgType
 
 # -- one-line failures ---------------------------------------------------------------------
@@ -33,63 +33,19 @@ def _errname(e: OSError) -> str:
 # -- parsing the files (pure: text in, typed dicts out) ------------------------------------
 
 
-def _ids(text: str) -> list[int]:
-    return [int(x) for x in text.replace(",", " ").split()]
-
-
-# sysfs attribute -> its type; anything else stays a string.
-SYSFS_TYPES: dict[str, Callable[[str], object]] = {
-    "accel_id": int, "bandwidth": int, "latency": int, "ppod_size": int,
-    "vpod_id": int, "vpod_size": int, "vpod_active_accels": _ids, "local_accels": _ids,
-}
-SYSFS_ATTRS = ("link_type", "accel_id", "bandwidth", "latency", "ppod_id", "ppod_size",
-               "vpod_id", "vpod_size", "vpod_active_accels", "addr_mode", "accel_state",
-               "local_accels")
-
-
-@dataclass(frozen=True)
-class LineFormat:
-    """One debugfs file: leading positional fields, then key=value fields."""
-
-    positional: tuple[tuple[str, Callable[[str], object]], ...]
-    keys: dict[str, Callable[[str], object]]
-
-
-DEBUGFS_FORMATS: dict[str, LineFormat] = {
-    "gem_objects": LineFormat((("id", int),), {"size": int, "refcount": int,
-                                               "handle_count": int}),
-    "ualink_exports": LineFormat((("handle_lo", str), ("handle_hi", str)),
-                                 {"bo": int, "size": int, "pins": int, "importers": _ids}),
-    "ualink_imports": LineFormat((("handle_lo", str), ("handle_hi", str)),
-                                 {"exporter": int, "state": str, "pages": int}),
-    "ualink_peers": LineFormat((), {"accel": int, "state": str, "generation": int}),
-    "ualink_npa": LineFormat((), {"used_pages": int, "mappings": int}),
-    "clients": LineFormat((), {"pid": int, "uid": int, "handles": int}),
-}
-
-
-def _guess(text: str) -> object:
-    """A field this version of ualinkctl does not know: an int if it is one."""
-    try:
-        return int(text, 10)
-    except ValueError:
-        return text
+# The formats are the daemon's own (ualinkd/sysfs.py); these names are ualinkctl's API.
+SYSFS_TYPES = sysfs.UALINK_TYPES
+SYSFS_ATTRS = sysfs.UALINK_ATTRS
+LineFormat = sysfs.LineFormat
+DEBUGFS_FORMATS = sysfs.DEBUGFS
+_ids = sysfs.ids
 
 
 def parse_line(line: str, fmt: LineFormat, where: str = "") -> dict[str, object]:
-    tokens = line.split()
-    out: dict[str, object] = {}
     try:
-        for (name, conv), tok in zip(fmt.positional, tokens, strict=False):
-            out[name] = conv(tok)
-        for tok in tokens[len(fmt.positional):]:
-            key, sep, value = tok.partition("=")
-            if not sep:
-                raise ValueError(f"{tok!r} is not key=value")
-            out[key] = fmt.keys.get(key, _guess)(value)
-    except ValueError as e:
-        raise CtlError(f"{where}: cannot parse {line!r}: {e}") from None
-    return out
+        return fmt.parse_line(line)
+    except sysfs.ParseError as e:
+        raise CtlError(f"{where}: {e}") from None
 
 
 def parse_lines(text: str, fmt: LineFormat, where: str = "") -> list[dict[str, object]]:
@@ -97,13 +53,8 @@ def parse_lines(text: str, fmt: LineFormat, where: str = "") -> list[dict[str, o
 
 
 def parse_fabric(text: str) -> list[dict[str, object]]:
-    """sys/kernel/debug/ualink_fabric: `<node> up|down` per peer node."""
-    links = []
-    for ln in text.splitlines():
-        parts = ln.split()
-        if len(parts) == 2:
-            links.append({"node": parts[0], "up": parts[1] == "up"})
-    return links
+    """sys/kernel/debug/ualink_fabric as the JSON document's list of links."""
+    return [{"node": n, "up": up} for n, up in sysfs.parse_fabric(text).items()]
 
 
 def msg_names(bitmap: int) -> list[str]:
@@ -164,7 +115,7 @@ class Mount:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        drm = os.path.join(path, "sys", "class", "drm")
+        drm = os.path.join(path, sysfs.DRM_CLASS)
         try:
             os.stat(path)
             names = os.listdir(drm)
@@ -193,6 +144,11 @@ class Mount:
         except FileNotFoundError:
             raise CtlError(f"{self.path}: no {rel} (a ualinkd older than this ualinkctl?)") \
                 from None
+        except PermissionError as e:
+            hint = (" (debugfs is root only, as on a real host: run ualinkctl as root)"
+                    if rel.startswith("sys/kernel/debug/") else "")
+            raise CtlError(f"{self.path}: reading {rel}: {e.strerror} ({_errname(e)}){hint}") \
+                from None
         except OSError as e:
             raise CtlError(f"{self.path}: reading {rel}: {e.strerror} ({_errname(e)})") \
                 from None
@@ -210,32 +166,33 @@ class Mount:
         return int(render[len("renderD"):])
 
     def ualink_dir(self, render: str) -> str:
-        return f"sys/class/drm/{render}/device/ualink"
+        return sysfs.ualink_dir(self.minor(render))
 
     def debugfs(self, render: str, name: str) -> str:
-        return f"sys/kernel/debug/dri/{self.minor(render)}/{name}"
+        return sysfs.debugfs_file(self.minor(render), name)
 
     def sysfs(self, render: str) -> dict[str, object]:
-        out: dict[str, object] = {}
-        for attr in SYSFS_ATTRS:
-            text = self.read(f"{self.ualink_dir(render)}/{attr}").strip()
-            out[attr] = SYSFS_TYPES.get(attr, str)(text)
-        return out
+        return {attr: sysfs.parse_value(attr, self.read(f"{self.ualink_dir(render)}/{attr}"))
+                for attr in SYSFS_ATTRS}
 
     def pending_config(self, render: str) -> dict[str, object]:
         cfg = f"{self.ualink_dir(render)}/config"
-        out: dict[str, object] = {}
-        for attr in ("vpod_id", "vpod_size", "vpod_active_accels", "addr_mode"):
-            text = self.read(f"{cfg}/{attr}").strip()
-            out[attr] = SYSFS_TYPES.get(attr, str)(text)
-        return out
+        return {attr: sysfs.parse_value(attr, self.read(f"{cfg}/{attr}"))
+                for attr in sysfs.VPOD_CONFIG}
 
     def table(self, render: str, name: str) -> list[dict[str, object]]:
         rel = self.debugfs(render, name)
         return parse_lines(self.read(rel), DEBUGFS_FORMATS[name], rel)
 
+    def drop_msg(self, render: str) -> int:
+        rel = self.debugfs(render, sysfs.DROP_MSG)
+        try:
+            return sysfs.parse_drop_msg(self.read(rel))
+        except sysfs.ParseError as e:
+            raise CtlError(f"{rel}: {e}") from None
+
     def fabric(self) -> list[dict[str, object]]:
-        return parse_fabric(self.read("sys/kernel/debug/ualink_fabric"))
+        return parse_fabric(self.read(sysfs.FABRIC_STATUS))
 
     def pick(self, render: str | None) -> str:
         """`--render`: renderD<n> or <n>; may be left out on a node with one accel."""
@@ -279,10 +236,7 @@ def _npa(m: Mount, r: str) -> dict[str, object]:
 
 def _faults(m: Mount, r: str) -> dict[str, object]:
     faults = m.read(m.debugfs(r, "gpu_faults")).strip()
-    try:
-        bitmap: int | None = int(m.read(m.debugfs(r, "ualink_drop_msg")).strip(), 16)
-    except CtlError:  # 0600: a non-root reader still gets the counters
-        bitmap = None
+    bitmap: int | None = m.drop_msg(r)
     return {"faults": {"gpu_faults": int(faults), "drop_msg": bitmap,
                        "drop_next": msg_names(bitmap) if bitmap is not None else None}}
 
@@ -416,10 +370,10 @@ def render_text(doc: dict, sections: list[str]) -> str:
 
 
 def drop_next(m: Mount, render: str, msg: MsgType) -> str:
-    rel = m.debugfs(render, "ualink_drop_msg")
-    bitmap = int(m.read(rel).strip(), 16) | 1 << int(msg)
+    rel = m.debugfs(render, sysfs.DROP_MSG)
+    bitmap = m.drop_msg(render) | 1 << int(msg)
     try:
-        m.write(rel, f"{bitmap:#x}\n")
+        m.write(rel, sysfs.show_drop_msg(bitmap))
     except OSError as e:
         raise CtlError(f"{render}: could not arm the drop of {msg.name}: writing {rel}: "
                        f"{e.strerror} ({_errname(e)})") from None

@@ -421,11 +421,13 @@ def _wait_ready(sock: socket.socket, proc: subprocess.Popen[bytes], timeout: flo
 def _wait_links(name: str, mount: str, timeout: float,
                 stopping: Callable[[], bool] = lambda: False) -> None:
     """Until the node's fabric links to every peer are up, so the pod is usable at once."""
-    status = os.path.join(mount, "sys", "kernel", "debug", "ualink_fabric")
+    from .. import sysfs
+
+    status = os.path.join(mount, sysfs.FABRIC_STATUS)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not stopping():
         with open(status) as f:
-            if " down" not in f.read():
+            if all(sysfs.parse_fabric(f.read()).values()):
                 return
         time.sleep(0.05)
     log.warning("%s: some fabric links are still down", name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -34,6 +35,8 @@ from .tokens import DmaBufTokens
 log = logging.getLogger(__name__)
 
 DRM_CAP_TIMESTAMP_MONOTONIC = 0x6
+DRM_CAP_SYNCOBJ = 0x13
+DRM_CAP_SYNCOBJ_TIMELINE = 0x14
 _reported_unemulated: set[int] = set()
 
 
@@ -69,10 +72,23 @@ class ProcessMemory(Protocol):
 OpenProcessMemory = Callable[[int], ProcessMemory]  # a thread id -> its process's memory
 
 
+@dataclass(frozen=True, slots=True)
+class DriverVersion:
+    """What DRM_IOCTL_VERSION reports (struct drm_driver's major..desc)."""
+
+    major: int
+    minor: int
+    patchlevel: int
+    name: str
+    date: str
+    desc: str
+
+
 class DrmDriver(Protocol):
     """The driver half of a device (amdgpu implements it)."""
 
-    ioctls: dict[int, Handler]
+    ioctls: dict[tbl.IoctlSpec, Handler]  # tbl.bind(driver): its @handles methods
+    version: DriverVersion
 
     def gem_object_open(self, obj: GemObject, file: DrmFile) -> None: ...
     def gem_object_close(self, obj: GemObject, file: DrmFile) -> None: ...
@@ -114,14 +130,28 @@ class DrmDevice:
         self.objects: dict[int, GemObject] = {}
         self.files: set[DrmFile] = set()
         self._ids = 0
-        self._core: dict[int, Handler] = {
-            0x09: self._gem_close,
-            0x0C: self._get_cap,
-            0x2D: self._prime_handle_to_fd,
-            0x2E: self._prime_fd_to_handle,
-        }
         self.syncobj = SyncobjIoctls(self)
-        self._core.update(self.syncobj.handlers)
+        # The core ioctls' handlers: this device's and its syncobj half's @handles methods.
+        self.handlers: dict[tbl.IoctlSpec, Handler] = {
+            **tbl.bind(self), **tbl.bind(self.syncobj)}  # type: ignore[dict-item]
+
+    # -- the caller's memory (copy_from_user / copy_to_user) -------------------------------
+    def read_user(self, caller: Caller, address: int, size: int) -> bytes:
+        """copy_from_user: all `size` bytes or DrmError(EFAULT)."""
+        copy = self.copy_from_user
+        if copy is None:
+            raise DrmError(errno.EFAULT, "no user memory access")
+        data = copy(caller.pid, address, size)
+        if len(data) != size:
+            raise DrmError(errno.EFAULT, f"short read of user memory at {address:#x}")
+        return data
+
+    def write_user(self, caller: Caller, address: int, data: bytes) -> None:
+        """copy_to_user: all of `data` or DrmError(EFAULT)."""
+        copy = self.copy_to_user
+        if copy is None:
+            raise DrmError(errno.EFAULT, "no user memory access")
+        copy(caller.pid, address, data)
 
     def next_object_id(self) -> int:
         self._ids += 1
@@ -155,7 +185,7 @@ class DrmDevice:
         table_dir = (spec.cmd >> 30) & 3
         in_size = user_size if user_dir & table_dir & IOC_WRITE else 0
         out_size = user_size if user_dir & table_dir & IOC_READ else 0
-        handler = self._core.get(nr) if nr < 0x40 or nr >= 0xA0 else self.driver.ioctls.get(nr)
+        handler = (self.handlers if spec.core else self.driver.ioctls).get(spec)
         if handler is None and spec.flags & tbl.DRM_RENDER_ALLOW:
             # The kernel has it, ualinkd does not emulate it: say so (once) rather than fake it.
             if nr not in _reported_unemulated:
@@ -191,15 +221,43 @@ class DrmDevice:
         return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
 
     # -- core handlers ---------------------------------------------------------------------
+    @tbl.handles(tbl.GEM_CLOSE)
     def _gem_close(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.GEM_CLOSE.decode(kdata[: st.GEM_CLOSE.size])
         f.handle_delete(args.handle)
 
+    @tbl.handles(tbl.VERSION)
+    def _version(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        """drm_version: the driver's numbers, then name, date, desc by drm_copy_field: each
+        copies min(strlen, the caller's length) bytes (no NUL) to the caller's buffer when
+        that is non-zero and the buffer non-NULL, and always reports the full length (1);
+        a copy that faults ends the ioctl with EFAULT, the lengths already set still copied
+        back (2), the later fields untouched."""
+        v = st.DRM_VERSION.decode(bytes(kdata[: st.DRM_VERSION.size]))
+        drv = self.driver.version
+        struct.pack_into("<iii", kdata, 0, drv.major, drv.minor, drv.patchlevel)
+        for at, (buf, user_len), value in zip(
+            (st.DRM_VERSION.offsets["name_len"], st.DRM_VERSION.offsets["date_len"],
+             st.DRM_VERSION.offsets["desc_len"]),
+            ((v.name, v.name_len), (v.date, v.date_len), (v.desc, v.desc_len)),
+            (drv.name, drv.date, drv.desc), strict=True,
+        ):
+            text = value.encode()
+            n = min(len(text), user_len)
+            struct.pack_into("<Q", kdata, at, len(text))  # 1
+            if n and buf:
+                self.write_user(caller, buf, text[:n])  # 2
+
+    @tbl.handles(tbl.GET_CAP)
     def _get_cap(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        """drm_getcap, the caps a render-only client gets: PRIME import|export, a monotonic
+        timestamp, and SYNCOBJ / SYNCOBJ_TIMELINE (amdgpu has DRIVER_SYNCOBJ and
+        DRIVER_SYNCOBJ_TIMELINE). The KMS caps are not emulated (EINVAL)."""
         args = st.GET_CAP.decode(kdata[: st.GET_CAP.size])
         if args.capability == DRM_CAP_PRIME:
             value = DRM_PRIME_CAP_IMPORT | DRM_PRIME_CAP_EXPORT
-        elif args.capability == DRM_CAP_TIMESTAMP_MONOTONIC:
+        elif args.capability in (DRM_CAP_TIMESTAMP_MONOTONIC, DRM_CAP_SYNCOBJ,
+                                 DRM_CAP_SYNCOBJ_TIMELINE):
             value = 1
         else:
             raise DrmError(errno.EINVAL, f"capability {args.capability:#x} not emulated")
@@ -229,6 +287,7 @@ class DrmDevice:
         f.prime_add(buf, handle)
         return buf
 
+    @tbl.handles(tbl.PRIME_HANDLE_TO_FD)
     def _prime_handle_to_fd(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.PRIME_HANDLE.decode(kdata[: st.PRIME_HANDLE.size])
         if args.flags & ~(DRM_CLOEXEC | DRM_RDWR):
@@ -251,6 +310,7 @@ class DrmDevice:
         obj.put()
         return handle
 
+    @tbl.handles(tbl.PRIME_FD_TO_HANDLE)
     def _prime_fd_to_handle(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.PRIME_HANDLE.decode(kdata[: st.PRIME_HANDLE.size])
         buf = self.resolve_fd(caller.pid, args.fd)
@@ -258,7 +318,8 @@ class DrmDevice:
 
 
 class _NoDriver:
-    ioctls: dict[int, Handler] = {}
+    ioctls: dict[tbl.IoctlSpec, Handler] = {}
+    version = DriverVersion(0, 0, 0, "", "", "")
 
     def gem_object_open(self, obj: GemObject, file: DrmFile) -> None:
         pass

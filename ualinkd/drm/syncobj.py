@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..abi import constants as c
+from ..abi import ioctls as tbl
 from ..abi import structs as st
 from .errors import DrmError
 
@@ -150,32 +151,13 @@ class SyncobjIoctls:
 
     def __init__(self, device: DrmDevice) -> None:
         self.device = device
-        self.handlers = {
-            0xBF: self.create_ioctl,
-            0xC0: self.destroy_ioctl,
-            0xC3: self.wait_ioctl,
-            0xC4: self.reset_ioctl,
-            0xC5: self.signal_ioctl,
-            0xCA: self.timeline_wait_ioctl,
-            0xCB: self.query_ioctl,
-            0xCD: self.timeline_signal_ioctl,
-        }
 
     # -- user memory --------------------------------------------------------------------------
     def read_user(self, caller: Caller, address: int, size: int) -> bytes:
-        copy = self.device.copy_from_user
-        if copy is None:
-            raise DrmError(errno.EFAULT, "no user memory access")
-        data = copy(caller.pid, address, size)
-        if len(data) != size:
-            raise DrmError(errno.EFAULT, f"short read of user memory at {address:#x}")
-        return data
+        return self.device.read_user(caller, address, size)
 
     def write_user(self, caller: Caller, address: int, data: bytes) -> None:
-        copy = self.device.copy_to_user
-        if copy is None:
-            raise DrmError(errno.EFAULT, "no user memory access")
-        copy(caller.pid, address, data)
+        self.device.write_user(caller, address, data)
 
     def read_u32s(self, caller: Caller, address: int, count: int) -> tuple[int, ...]:
         return struct.unpack(f"<{count}I", self.read_user(caller, address, 4 * count))
@@ -198,6 +180,7 @@ class SyncobjIoctls:
         return objs
 
     # -- CREATE / DESTROY ---------------------------------------------------------------------
+    @tbl.handles(tbl.SYNCOBJ_CREATE)
     def create_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.SYNCOBJ_CREATE.decode(bytes(kdata[: st.SYNCOBJ_CREATE.size]))
         if args.flags & ~c.DRM_SYNCOBJ_CREATE_SIGNALED:
@@ -205,6 +188,7 @@ class SyncobjIoctls:
         handle = f.syncobjs.create(bool(args.flags & c.DRM_SYNCOBJ_CREATE_SIGNALED))
         kdata[0:4] = handle.to_bytes(4, "little")
 
+    @tbl.handles(tbl.SYNCOBJ_DESTROY)
     def destroy_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.SYNCOBJ_DESTROY.decode(bytes(kdata[: st.SYNCOBJ_DESTROY.size]))
         if args.pad:
@@ -220,14 +204,17 @@ class SyncobjIoctls:
             raise DrmError(errno.EINVAL, "no syncobj handles")
         return self.array_find(f, caller, args.handles, args.count_handles)
 
+    @tbl.handles(tbl.SYNCOBJ_RESET)
     def reset_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         for obj in self._array(f, kdata, caller):
             obj.replace_fence(None)
 
+    @tbl.handles(tbl.SYNCOBJ_SIGNAL)
     def signal_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         for obj in self._array(f, kdata, caller):
             obj.replace_fence(STUB)  # drm_syncobj_assign_null_handle
 
+    @tbl.handles(tbl.SYNCOBJ_TIMELINE_SIGNAL)
     def timeline_signal_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         """Flags must be 0; a NULL `points` signals every syncobj at point 0. The points are
         read before any syncobj changes (older kernels' copy; newer ones fault part-way)."""
@@ -243,6 +230,7 @@ class SyncobjIoctls:
             obj.add_point(point)
 
     # -- QUERY ------------------------------------------------------------------------------------
+    @tbl.handles(tbl.SYNCOBJ_QUERY)
     def query_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.SYNCOBJ_TIMELINE_ARRAY.decode(bytes(kdata[: st.SYNCOBJ_TIMELINE_ARRAY.size]))
         if args.flags & ~c.DRM_SYNCOBJ_QUERY_FLAGS_LAST_SUBMITTED:
@@ -254,6 +242,7 @@ class SyncobjIoctls:
         self.write_user(caller, args.points, struct.pack(f"<{len(points)}Q", *points))
 
     # -- WAIT / TIMELINE_WAIT ---------------------------------------------------------------------
+    @tbl.handles(tbl.SYNCOBJ_WAIT)
     def wait_ioctl(
         self, f: DrmFile, kdata: bytearray, caller: Caller
     ) -> Awaitable[None] | None:
@@ -265,6 +254,7 @@ class SyncobjIoctls:
         objs = self.array_find(f, caller, args.handles, args.count_handles)
         return self._wait(objs, [0] * len(objs), args.flags, args.timeout_nsec, kdata, 24)
 
+    @tbl.handles(tbl.SYNCOBJ_TIMELINE_WAIT)
     def timeline_wait_ioctl(
         self, f: DrmFile, kdata: bytearray, caller: Caller
     ) -> Awaitable[None] | None:

@@ -107,6 +107,7 @@ struct fuse_lowlevel_ops {
     void (*lookup)(fuse_req_t req, fuse_ino_t parent, const char *name);
     void (*forget)(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup);
     void (*getattr)(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void (*readlink)(fuse_req_t req, fuse_ino_t ino);
     void (*setattr)(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
                     struct fuse_file_info *fi);
     void (*open)(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
@@ -166,6 +167,7 @@ int fuse_reply_attr(fuse_req_t req, const struct stat *attr, double attr_timeout
 int fuse_reply_open(fuse_req_t req, const struct fuse_file_info *fi);
 int fuse_reply_write(fuse_req_t req, size_t count);
 int fuse_reply_buf(fuse_req_t req, const char *buf, size_t size);
+int fuse_reply_readlink(fuse_req_t req, const char *link);
 int fuse_reply_statfs(fuse_req_t req, const struct statvfs *stbuf);
 int fuse_reply_ioctl(fuse_req_t req, int result, const char *buf, size_t size);
 void free(void *ptr);
@@ -183,6 +185,7 @@ extern "Python" {
     void _op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup);
     void _op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets);
     void _op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+    void _op_readlink(fuse_req_t req, fuse_ino_t ino);
     void _op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
                      struct fuse_file_info *fi);
     void _op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
@@ -218,6 +221,7 @@ static void _op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
 static void _op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup);
 static void _op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets);
 static void _op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+static void _op_readlink(fuse_req_t req, fuse_ino_t ino);
 static void _op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
                         struct fuse_file_info *fi);
 static void _op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
@@ -245,6 +249,7 @@ static void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops)
     ops->forget = _op_forget;
     ops->forget_multi = _op_forget_multi;
     ops->getattr = _op_getattr;
+    ops->readlink = _op_readlink;
     ops->setattr = _op_setattr;
     ops->open = _op_open;
     ops->read = _op_read;

@@ -7,9 +7,14 @@ Errors cross it as `ualinkd.drm.errors.DrmError(errno)` and nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Protocol
+
+# The sys/ tree's node kinds live with its layout (ualinkd/sysfs.py); the tree serves them.
+from ualinkd.sysfs import SysAttr, SysDir, SysLink
+
+__all__ = ["Caller", "IoctlReply", "NodeBackend", "SysAttr", "SysDir", "SysLink"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,18 +25,6 @@ class Caller:
     uid: int
     gid: int
 
-
-@dataclass(frozen=True, slots=True)
-class SysAttr:
-    """One attribute file of the sysfs lookalike: text produced on every read."""
-
-    read: Callable[[], str]
-    write: Callable[[str], None] | None = None  # None: read-only (mode 0444)
-    mode: int = 0o444
-
-
-# A sys directory: name -> SysAttr (file) or SysDir (sub-directory).
-SysDir = dict[str, "SysAttr | SysDir"]
 
 # An ioctl answer: (result, out_bytes). result is 0 or a negative errno; out_bytes (at most
 # the out_size the request asked for) is copied back even when result < 0 (DESIGN.md,
@@ -47,8 +40,14 @@ class NodeBackend(Protocol):
         """Minors of the render nodes, in accel order: [128, 129, ...]."""
         ...
 
+    def primary_minors(self) -> list[int]:
+        """Minors of the card<n> nodes beside them ([] for render nodes only); open_render
+        takes these minors too."""
+        ...
+
     def open_render(self, minor: int, caller: Caller) -> object:
-        """open() of dri/renderD<minor>: returns the DrmFile (opaque to the tree)."""
+        """open() of dri/renderD<minor> (or dri/card<minor>): returns the DrmFile (opaque to
+        the tree)."""
         ...
 
     def release_render(self, drm_file: object) -> None:
@@ -100,5 +99,5 @@ class NodeBackend(Protocol):
         ...
 
     def sys_tree(self) -> SysDir:
-        """The sys/ tree (built once; attribute reads are live)."""
+        """The sys/ tree (built once; attribute reads are live); see ualinkd/sysfs.py."""
         ...

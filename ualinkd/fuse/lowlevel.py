@@ -83,6 +83,7 @@ class Operations(Protocol):
     def lookup(self, parent: int, name: str, caller: Caller) -> Attr: ...
     def forget(self, ino: int, nlookup: int) -> None: ...
     def getattr(self, ino: int, caller: Caller) -> Attr: ...
+    def readlink(self, ino: int, caller: Caller) -> bytes: ...
     def setattr(self, ino: int, size: int | None, caller: Caller) -> Attr: ...
     def open(self, ino: int, flags: int, caller: Caller) -> OpenReply: ...
     def read(
@@ -429,6 +430,19 @@ def _op_getattr(req: Any, ino: int, fi: Any) -> None:
         s._bug(req, "getattr", e)
     else:
         _reply_attr(req, a)
+
+
+@ffi.def_extern()
+def _op_readlink(req: Any, ino: int) -> None:
+    s = _active
+    try:
+        target = s.ops.readlink(ino, s._caller(req))
+    except FuseError as e:
+        lib.fuse_reply_err(req, e.errno)
+    except BaseException as e:
+        s._bug(req, "readlink", e)
+    else:
+        lib.fuse_reply_readlink(req, target)
 
 
 @ffi.def_extern()

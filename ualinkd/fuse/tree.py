@@ -1,7 +1,10 @@
-"""The file tree of one node's mount: dri/renderD*, dmabuf/<token> and sys/..., as FUSE ops.
+"""The file tree of one node's mount: dri/{renderD*,card*}, dmabuf/<token> and sys/..., as
+FUSE ops.
 
 Knows paths, inodes, file handles and permissions; what a file *means* is the backend's
-(`backend.NodeBackend`). Backend errors (DrmError) become FuseError here and nowhere else.
+(`backend.NodeBackend`), the sys/ layout is `ualinkd/sysfs.py`'s. Backend errors (DrmError)
+become FuseError here and nowhere else. The mount has no default_permissions (the kernel
+does not check modes), so every permission of the tree is checked here, by uid.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ualinkd.drm.errors import DrmError
-from ualinkd.fuse.backend import Caller, NodeBackend, SysAttr, SysDir
+from ualinkd.fuse.backend import Caller, NodeBackend
 from ualinkd.fuse.lowlevel import ROOT_INO, Attr, DirEntry, FuseError, FuseSession, OpenReply
 from ualinkd.fuse.procfd import dmabuf_ino, dmabuf_key
+from ualinkd.sysfs import SysAttr, SysDir, SysLink, dir_mode
 
 T = TypeVar("T")
 
@@ -27,7 +31,7 @@ _STATIC_TIMEOUT = 60.0  # dirs and render nodes never change within a run
 _DIR_MODE = stat.S_IFDIR | 0o755
 _RENDER_MODE = stat.S_IFREG | 0o666  # S_IFCHR would be opened as a real device
 _DMABUF_MODE = stat.S_IFREG | 0o600
-_SYSFS_SIZE = 4096  # what sysfs reports for every attribute
+_LINK_MODE = stat.S_IFLNK | 0o777
 
 
 @dataclass(slots=True)
@@ -36,18 +40,33 @@ class _Dir:
     parent: int
     mode: int = _DIR_MODE
     children: dict[str, int] = field(default_factory=dict)
+    hidden: bool = False  # under a directory only root may search (debugfs)
 
 
 @dataclass(slots=True)
 class _Render:
     ino: int
     minor: int
+    hidden: bool = False
 
 
 @dataclass(slots=True)
 class _SysFile:
     ino: int
     attr: SysAttr
+    hidden: bool = False
+
+
+@dataclass(slots=True)
+class _SysLink:
+    ino: int
+    target: bytes
+    hidden: bool = False
+
+
+def _others_may(mode: int, bit: int, caller: Caller) -> bool:
+    """Whether a non-root caller passes mode bit r/w/x (4/2/1) of a root:root inode."""
+    return bool(mode & (bit << 3 if caller.gid == 0 else bit))
 
 
 async def _drm_errors_to_fuse(aw: Awaitable[T]) -> T:
@@ -63,7 +82,7 @@ class FileTree:
     def __init__(self, backend: NodeBackend, mountpoint: str | os.PathLike[str]) -> None:
         self.backend = backend
         self.mountpoint = os.path.abspath(os.fspath(mountpoint))
-        self._nodes: dict[int, _Dir | _Render | _SysFile] = {}
+        self._nodes: dict[int, _Dir | _Render | _SysFile | _SysLink] = {}
         self._next_ino = itertools.count(_FIRST_DYNAMIC_INO)
         self._next_fh = itertools.count(1)
         # fh -> open object, one table per kind so the hot paths do a single dict lookup.
@@ -82,6 +101,12 @@ class FileTree:
             ino = next(self._next_ino)
             self._nodes[ino] = _Render(ino, minor)
             dri.children[f"renderD{minor}"] = ino
+        # card<n>: the GPU's primary node, opened as its render node (no DRM master or
+        # authentication is emulated: every opener is a render client).
+        for minor in backend.primary_minors():
+            ino = next(self._next_ino)
+            self._nodes[ino] = _Render(ino, minor)
+            dri.children[f"card{minor}"] = ino
         self._add_sys(sys_dir, backend.sys_tree())
 
     def _add_dir(
@@ -94,13 +119,21 @@ class FileTree:
         return d
 
     def _add_sys(self, into: _Dir, tree: SysDir) -> None:
+        # Children of a directory others may not search are hidden from them, and so is
+        # everything below a hidden directory.
+        hidden = into.hidden or not into.mode & 0o001
         for name, item in tree.items():
             ino = next(self._next_ino)
             if isinstance(item, SysAttr):
-                self._nodes[ino] = _SysFile(ino, item)
+                self._nodes[ino] = _SysFile(ino, item, hidden)
+                into.children[name] = ino
+            elif isinstance(item, SysLink):
+                self._nodes[ino] = _SysLink(ino, item.target.encode(), hidden)
                 into.children[name] = ino
             else:
-                self._add_sys(self._add_dir(ino, into.ino, into, name), item)
+                d = self._add_dir(ino, into.ino, into, name, stat.S_IFDIR | dir_mode(item))
+                d.hidden = hidden
+                self._add_sys(d, item)
 
     # -- mounting convenience -------------------------------------------------------------
 
@@ -127,8 +160,13 @@ class FileTree:
             return Attr(ino, _DMABUF_MODE, size, 1, uid, gid)
         if isinstance(node, _Render):
             return Attr(ino, _RENDER_MODE, 0, 1, 0, 0, _STATIC_TIMEOUT, _STATIC_TIMEOUT)
+        if node.hidden and caller.uid != 0:
+            raise FuseError(errno.EACCES)  # the walk to it would have failed
         if isinstance(node, _SysFile):
-            return Attr(ino, stat.S_IFREG | node.attr.mode, _SYSFS_SIZE)
+            return Attr(ino, stat.S_IFREG | node.attr.mode, node.attr.size)
+        if isinstance(node, _SysLink):
+            return Attr(ino, _LINK_MODE, len(node.target), 1, 0, 0, _STATIC_TIMEOUT,
+                        _STATIC_TIMEOUT)
         nlink = 2 + sum(isinstance(self._nodes[c], _Dir) for c in node.children.values())
         return Attr(ino, node.mode, 0, nlink, 0, 0, _STATIC_TIMEOUT, _STATIC_TIMEOUT)
 
@@ -138,6 +176,8 @@ class FileTree:
         node = self._nodes.get(parent)
         if not isinstance(node, _Dir):
             raise FuseError(errno.ENOTDIR if node is not None else errno.ENOENT)
+        if caller.uid != 0 and (node.hidden or not _others_may(node.mode, 1, caller)):
+            raise FuseError(errno.EACCES)  # may_lookup: search permission on the directory
         if name == ".":
             return self._attr(parent, caller)
         if name == "..":
@@ -191,12 +231,12 @@ class FileTree:
         if acc != os.O_RDONLY:
             if attr.write is None or not attr.mode & 0o222:
                 raise FuseError(errno.EACCES)
-            if caller.uid != 0 and not attr.mode & 0o002:
+            if caller.uid != 0 and not _others_may(attr.mode, 2, caller):
                 raise FuseError(errno.EACCES)
         if acc != os.O_WRONLY:
             if not attr.mode & 0o444:
                 raise FuseError(errno.EACCES)
-            if caller.uid != 0 and not attr.mode & 0o004:
+            if caller.uid != 0 and not _others_may(attr.mode, 4, caller):
                 raise FuseError(errno.EACCES)
 
     def open(self, ino: int, flags: int, caller: Caller) -> OpenReply:
@@ -206,6 +246,10 @@ class FileTree:
             if isinstance(node, _Render):
                 self._render_fh[fh] = self.backend.open_render(node.minor, caller)
             elif isinstance(node, _SysFile):
+                # The open itself is checked, not only the lookup: the kernel's dentry cache
+                # answers a path another uid looked up without asking us.
+                if node.hidden and caller.uid != 0:
+                    raise FuseError(errno.EACCES)
                 self._check_sys_access(node.attr, flags, caller)
                 self._sys_fh[fh] = node.attr
             elif isinstance(node, _Dir):
@@ -253,7 +297,10 @@ class FileTree:
                 r = self.backend.gpu_read(drm_file, off, size, caller)
                 return r if isinstance(r, bytes | bytearray) else _drm_errors_to_fuse(r)
             if (attr := self._sys_fh.get(fh)) is not None:
-                return attr.read().encode()[off : off + size] if off >= 0 else b""
+                data = attr.read()
+                if isinstance(data, str):
+                    data = data.encode()
+                return data[off : off + size] if off >= 0 else b""
         except DrmError as e:
             raise FuseError(e.errno) from None
         raise FuseError(errno.EINVAL)  # dma-buf CPU access is not emulated
@@ -279,10 +326,13 @@ class FileTree:
     # -- directories -------------------------------------------------------------------------
 
     def opendir(self, ino: int, caller: Caller) -> int:
-        if not isinstance(self._nodes.get(ino), _Dir):
+        node = self._nodes.get(ino)
+        if not isinstance(node, _Dir):
             raise FuseError(errno.ENOTDIR)
         if ino == DMABUF_INO:
             raise FuseError(errno.EACCES)  # DESIGN: the directory cannot be listed
+        if caller.uid != 0 and (node.hidden or not _others_may(node.mode, 4, caller)):
+            raise FuseError(errno.EACCES)
         return 0
 
     def readdir(self, ino: int, fh: int, off: int) -> Iterable[DirEntry]:
@@ -295,9 +345,22 @@ class FileTree:
         for i in range(max(off, 0), len(names)):
             name, child = names[i]
             node = self._nodes[child]
-            mode = _DIR_MODE if isinstance(node, _Dir) else stat.S_IFREG
+            if isinstance(node, _Dir):
+                mode = stat.S_IFDIR
+            elif isinstance(node, _SysLink):
+                mode = stat.S_IFLNK
+            else:
+                mode = stat.S_IFREG
             out.append((name, child, mode, i + 1))
         return out
+
+    def readlink(self, ino: int, caller: Caller) -> bytes:
+        node = self._nodes.get(ino)
+        if not isinstance(node, _SysLink):
+            raise FuseError(errno.EINVAL)  # readlink(2) of something not a link
+        if node.hidden and caller.uid != 0:
+            raise FuseError(errno.EACCES)
+        return node.target
 
     def releasedir(self, ino: int, fh: int) -> None:
         pass

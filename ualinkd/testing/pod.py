@@ -39,6 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import sysfs
 from ..cli import ctl
 from ..config import AccelConfig, NodeConfig, PodConfig, VpodConfig
 from ..ualink.state import AddrMode
@@ -47,7 +48,7 @@ PREFIX = "ualk-"
 STATE_ROOT = Path(os.environ.get("UALINKD_POD_STATE", "/tmp/ualinkd-pods"))
 SUBNET = "10.177.0"
 FABRIC_PORT = 7100
-RENDER_MINOR = 128
+RENDER_MINOR = sysfs.RENDER_MINOR_BASE
 if TYPE_CHECKING:
     from .agent import Agent
 
@@ -258,18 +259,14 @@ class PodNode:
         (self.root / rel).write_text(text)
 
     def debug(self, name: str, minor: int = RENDER_MINOR) -> str:
-        return self.read(f"sys/kernel/debug/dri/{minor}/{name}")
+        return self.read(sysfs.debugfs_file(minor, name))
 
     def sysfs(self, name: str, minor: int = RENDER_MINOR) -> str:
-        return self.read(f"sys/class/drm/renderD{minor}/device/ualink/{name}")
+        return self.read(sysfs.ualink_file(minor, name))
 
     def fabric(self) -> dict[str, bool]:
         """Peer node name → link up."""
-        out = {}
-        for line in self.read("sys/kernel/debug/ualink_fabric").splitlines():
-            peer, _, state = line.partition(" ")
-            out[peer] = state.strip() == "up"
-        return out
+        return sysfs.parse_fabric(self.read(sysfs.FABRIC_STATUS))
 
     def report(self) -> dict[str, object]:
         """What `ualinkctl --mount <node> --json all` prints for this node."""
@@ -453,18 +450,16 @@ class PodNode:
     def drop_next(self, msg_type: int, minor: int = RENDER_MINOR) -> None:
         """Drop the next received message of type `msg_type` on that accel (§5.12: one bit
         of the debugfs drop bitmap, cleared when it fires)."""
-        rel = f"sys/kernel/debug/dri/{minor}/ualink_drop_msg"
-        bitmap = int(self.read(rel).strip(), 16) | 1 << int(msg_type)
-        self.write(rel, f"{bitmap:#x}")
+        rel = sysfs.debugfs_file(minor, sysfs.DROP_MSG)
+        bitmap = sysfs.parse_drop_msg(self.read(rel)) | 1 << int(msg_type)
+        self.write(rel, sysfs.show_drop_msg(bitmap))
 
     def _config(self, accel: int, **values: object) -> None:
-        base = f"sys/class/drm/renderD{self.minor(accel)}/device/ualink/config"
+        base = sysfs.ualink_file(self.minor(accel), "config")
         for name, value in values.items():
-            if isinstance(value, AddrMode):
-                value = value.sysfs
-            elif isinstance(value, (list, tuple, set, frozenset)):
-                value = " ".join(map(str, sorted(value)))
-            self.write(f"{base}/{name}", str(value))
+            if isinstance(value, set | frozenset):
+                value = sorted(value)
+            self.write(f"{base}/{name}", sysfs.show_value(value))
         self.write(f"{base}/commit", "true")
 
     def deactivate(self, accel: int | None = None) -> None:

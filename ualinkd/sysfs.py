@@ -1,0 +1,419 @@
+"""The sys/ tree of a node's mount, described once: paths, modes and the text of every file.
+
+The daemon builds the tree from this (`node.NodeCore.sys_tree`), the FUSE layer serves it
+(`fuse/tree.py`: SysAttr, SysLink, SysDir), and everything that reads it — `ualinkctl`,
+`ualinkd.testing`, the pod launcher, the test harnesses — finds its files with the path
+functions here and turns their lines into typed values with the same `LineFormat` that
+printed them, so a format is changed in one place.
+
+Layout (paths relative to the mount), as a kernel with one PCI device per GPU has it
+(drivers/base/core.c, drm_sysfs.c, pci-sysfs.c): the real directory of GPU `n` is
+`sys/devices/pci0000:<bb>/0000:<bb>:00.0/` (one made-up root bus per GPU, bb = 0x10 + n,
+as multi-socket hosts have one root complex per GPU); `sys/bus/pci/devices/<bdf>`,
+`sys/class/drm/{card<n>,renderD<128+n>}` and `sys/dev/char/226:<minor>` are relative
+symlinks into it. `sys/kernel/debug/` is debugfs: root only (mode 0700, as the kernel mounts
+it), with this emulator's debug files under `dri/<render minor>/`.
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from .amdgpu.profile import DeviceProfile
+
+# -- the node kinds the FUSE tree serves ---------------------------------------------------------
+
+SYSFS_SIZE = 4096  # what sysfs reports as st_size for every text attribute
+DIR_MODE = 0o755
+DEBUGFS_DIR_MODE = 0o700  # debugfs is mounted 0700 root:root (kernel ≥ 3.7), its tree too
+ATTR_RO = 0o444  # a sysfs show-only attribute (DEVICE_ATTR_RO)
+ATTR_RW = 0o600  # the deprecated ualink configuration files (§7.1)
+ATTR_WO = 0o200  # the commit files (§7.1)
+DEBUG_RO = 0o400  # debugfs files, readable by root only
+DEBUG_RW = 0o600
+
+
+@dataclass(frozen=True, slots=True)
+class SysAttr:
+    """One attribute file: its content produced on every read (text, or bytes for a binary
+    attribute such as PCI `config`), and the store() a write calls (None: read-only)."""
+
+    read: Callable[[], str | bytes]
+    write: Callable[[str], None] | None = None
+    mode: int = ATTR_RO
+    size: int = SYSFS_SIZE  # st_size; a binary attribute reports its own size
+
+
+@dataclass(frozen=True, slots=True)
+class SysLink:
+    """A symlink, its target relative to the link's directory (as sysfs writes them), so it
+    resolves inside the mount and, bound over /sys in a namespace node, inside /sys."""
+
+    target: str
+
+
+class SysDir(dict[str, "SysAttr | SysLink | SysDir"]):
+    """A directory: name → entry. A plain dict is a directory of mode 0755 too."""
+
+    def __init__(self, entries: Mapping[str, SysAttr | SysLink | SysDir] | None = None,
+                 mode: int = DIR_MODE) -> None:
+        super().__init__(entries or {})
+        self.mode = mode
+
+
+SysNode = SysAttr | SysLink | SysDir
+
+
+def dir_mode(d: Mapping[str, object]) -> int:
+    return getattr(d, "mode", DIR_MODE)
+
+
+def resolve(root: Mapping[str, object], path: str) -> object:
+    """The entry at `path` (relative to the sys/ root `root`), following symlinks the way
+    the kernel does: each relative target is taken from the directory holding the link."""
+    parts: list[str] = []  # the resolved directory names so far
+    todo = [p for p in path.split("/") if p]
+    hops = 0
+    node: object = root
+    while todo:
+        name = todo.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            parts = parts[:-1]
+            node = _walk(root, parts)
+            continue
+        if not isinstance(node, Mapping) or name not in node:
+            raise KeyError("/".join([*parts, name]))
+        child = node[name]
+        if isinstance(child, SysLink):
+            hops += 1
+            if hops > 40:  # MAXSYMLINKS
+                raise KeyError(f"{path}: too many levels of symbolic links")
+            todo = [p for p in child.target.split("/") if p] + todo
+            continue
+        parts.append(name)
+        node = child
+    return node
+
+
+def _walk(root: Mapping[str, object], parts: list[str]) -> object:
+    node: object = root
+    for p in parts:
+        assert isinstance(node, Mapping)
+        node = node[p]
+    return node
+
+
+# -- paths ----------------------------------------------------------------------------------------
+
+SYS = "sys"
+DRM_MAJOR = 226
+RENDER_MINOR_BASE = 128  # drm_minor_alloc: render minors are 128 + the primary's index
+DRM_CLASS = "sys/class/drm"
+FABRIC_STATUS = "sys/kernel/debug/ualink_fabric"
+DEBUGFS_DRI = "sys/kernel/debug/dri"
+
+
+def card_index(render_minor: int) -> int:
+    """n of card<n> for renderD<render_minor>: each accel its own primary minor."""
+    return render_minor - RENDER_MINOR_BASE
+
+
+def pci_bus(render_minor: int) -> int:
+    return 0x10 + card_index(render_minor)
+
+
+def pci_bdf(render_minor: int) -> str:
+    """The made-up PCI address of the GPU behind render node `minor`: one bus per GPU from
+    0x10 up (0000:10:00.0 for renderD128), stable across runs so scripts may name it."""
+    return f"0000:{pci_bus(render_minor):02x}:00.0"
+
+
+def pci_root(render_minor: int) -> str:
+    """The GPU's root bus directory under sys/devices/ (`pci<domain>:<bus>`)."""
+    return f"pci0000:{pci_bus(render_minor):02x}"
+
+
+def pci_device_dir(render_minor: int) -> str:
+    """The GPU's real sysfs directory, relative to sys/ (what realpath gives for
+    /sys/dev/char/226:<minor>/device)."""
+    return f"devices/{pci_root(render_minor)}/{pci_bdf(render_minor)}"
+
+
+def ualink_dir(render_minor: int) -> str:
+    """§7.1: the GPU's `ualink/` directory, by the render node's path."""
+    return f"{DRM_CLASS}/renderD{render_minor}/device/ualink"
+
+
+def ualink_file(render_minor: int, name: str) -> str:
+    return f"{ualink_dir(render_minor)}/{name}"
+
+
+def debugfs_file(render_minor: int, name: str) -> str:
+    return f"{DEBUGFS_DRI}/{render_minor}/{name}"
+
+
+# -- text formats ---------------------------------------------------------------------------------
+
+
+class ParseError(ValueError):
+    """A line of a sys file that does not have its format."""
+
+
+def ids(text: str) -> list[int]:
+    """Accel ids separated by spaces or commas (as the kernel's bitmap/list parsers take)."""
+    return [int(x) for x in text.replace(",", " ").split()]
+
+
+def show_value(v: object) -> str:
+    """One sysfs value as its attribute prints it, newline included (§7.1: lists are
+    space-separated, an empty list is just the newline)."""
+    if isinstance(v, list | tuple):
+        return " ".join(map(str, v)) + "\n"
+    sysfs = getattr(v, "sysfs", None)  # AddrMode, AccelState
+    return f"{sysfs if isinstance(sysfs, str) else v}\n"
+
+
+# §7.1: the 12 read-only attributes, in the order of the kernel's attribute group, and the
+# type each one's text parses to (anything else stays a string).
+UALINK_ATTRS = ("link_type", "accel_id", "bandwidth", "latency", "ppod_id", "ppod_size",
+                "vpod_id", "vpod_size", "vpod_active_accels", "addr_mode", "accel_state",
+                "local_accels")
+UALINK_TYPES: dict[str, Callable[[str], object]] = {
+    "accel_id": int, "bandwidth": int, "latency": int, "ppod_size": int,
+    "vpod_id": int, "vpod_size": int, "vpod_active_accels": ids, "local_accels": ids,
+}
+CONFIG_GROUPS = ("setup", "config", "stations")
+VPOD_CONFIG = ("vpod_id", "vpod_size", "vpod_active_accels", "addr_mode")
+
+
+def parse_value(name: str, text: str) -> object:
+    """A ualink attribute's (or config file's) text as its typed value."""
+    return UALINK_TYPES.get(name, str)(text.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    name: str
+    parse: Callable[[str], object] = str
+    show: Callable[[object], str] = str
+
+
+def _hex64(v: object) -> str:
+    assert isinstance(v, int)
+    return f"{v:#018x}"
+
+
+def _id_list(v: object) -> str:
+    assert isinstance(v, Iterable)
+    return ",".join(map(str, sorted(v)))
+
+
+def _guess(text: str) -> object:
+    """A field this reader does not know (a newer daemon): an int if it is one."""
+    try:
+        return int(text, 10)
+    except ValueError:
+        return text
+
+
+@dataclass(frozen=True)
+class LineFormat:
+    """One debugfs table: a line per item, leading positional fields, then key=value."""
+
+    positional: tuple[Field, ...]
+    fields: tuple[Field, ...]
+
+    @property
+    def keys(self) -> dict[str, Callable[[str], object]]:
+        return {f.name: f.parse for f in self.fields}
+
+    def line(self, **values: object) -> str:
+        """The line the daemon prints for one item (every field given, in order)."""
+        if set(values) != {f.name for f in (*self.positional, *self.fields)}:
+            raise TypeError(f"fields {sorted(values)} do not match the format")
+        out = [f.show(values[f.name]) for f in self.positional]
+        out += [f"{f.name}={f.show(values[f.name])}" for f in self.fields]
+        return " ".join(out) + "\n"
+
+    def parse_line(self, line: str) -> dict[str, object]:
+        tokens = line.split()
+        keys = self.keys
+        out: dict[str, object] = {}
+        try:
+            for f, tok in zip(self.positional, tokens, strict=False):
+                out[f.name] = f.parse(tok)
+            for tok in tokens[len(self.positional):]:
+                key, sep, value = tok.partition("=")
+                if not sep:
+                    raise ValueError(f"{tok!r} is not key=value")
+                out[key] = keys.get(key, _guess)(value)
+        except ValueError as e:
+            raise ParseError(f"cannot parse {line!r}: {e}") from None
+        return out
+
+    def parse(self, text: str) -> list[dict[str, object]]:
+        return [self.parse_line(ln) for ln in text.splitlines() if ln.strip()]
+
+
+_HANDLES = (Field("handle_lo", str, _hex64), Field("handle_hi", str, _hex64))
+
+DEBUGFS: dict[str, LineFormat] = {
+    "gem_objects": LineFormat((Field("id", int),), (
+        Field("size", int), Field("refcount", int), Field("handle_count", int))),
+    "ualink_exports": LineFormat(_HANDLES, (
+        Field("bo", int), Field("size", int), Field("pins", int),
+        Field("importers", ids, _id_list))),
+    "ualink_imports": LineFormat(_HANDLES, (
+        Field("exporter", int), Field("state", str), Field("pages", int))),
+    "ualink_peers": LineFormat((), (
+        Field("accel", int), Field("state", str), Field("generation", int))),
+    "ualink_npa": LineFormat((), (Field("used_pages", int), Field("mappings", int))),
+    "clients": LineFormat((), (Field("pid", int), Field("uid", int), Field("handles", int))),
+}
+DEBUGFS_COUNTERS = ("gpu_faults",)  # one decimal number
+DROP_MSG = "ualink_drop_msg"  # Emulator policy 9: a hex bitmap, bit n = message type n
+
+
+def show_drop_msg(bitmap: int) -> str:
+    return f"{bitmap:#x}\n"
+
+
+def parse_drop_msg(text: str) -> int:
+    """What a write to ualink_drop_msg means (hex, with or without 0x; empty is 0)."""
+    try:
+        return int(text.strip() or "0", 16) & ((1 << 64) - 1)
+    except ValueError:
+        raise ParseError("ualink_drop_msg takes a hex bitmap") from None
+
+
+def show_fabric(links: Mapping[str, bool]) -> str:
+    """sys/kernel/debug/ualink_fabric: `<peer node> up|down`, one line per peer."""
+    return "".join(f"{peer} {'up' if up else 'down'}\n" for peer, up in links.items())
+
+
+def parse_fabric(text: str) -> dict[str, bool]:
+    """Peer node name → link up."""
+    out = {}
+    for ln in text.splitlines():
+        parts = ln.split()
+        if len(parts) == 2:
+            out[parts[0]] = parts[1] == "up"
+    return out
+
+
+# -- the DRM and PCI sysfs of one GPU -------------------------------------------------------------
+
+
+def minor_uevent(minor: int) -> str:
+    """drm_sysfs's uevent of a minor (what drmGetDeviceNameFromFd2 reads DEVNAME from)."""
+    name = f"renderD{minor}" if minor >= RENDER_MINOR_BASE else f"card{minor}"
+    return f"MAJOR={DRM_MAJOR}\nMINOR={minor}\nDEVNAME=dri/{name}\nDEVTYPE=drm_minor\n"
+
+
+# Class code 12h/00h, "processing accelerator" (chosen: an accelerator without display; the
+# profiles do not name a class, and libdrm does not read it).
+PCI_CLASS = 0x120000
+
+
+def pci_uevent(profile: DeviceProfile, render_minor: int) -> str:
+    """pci_uevent(): DRIVER, PCI_CLASS, PCI_ID (upper hex), PCI_SUBSYS_ID, PCI_SLOT_NAME
+    (drmParsePciBusInfo reads it as %04x:%02x:%02x.%1u), MODALIAS."""
+    p = profile
+    return (f"DRIVER=amdgpu\nPCI_CLASS={PCI_CLASS:X}\n"
+            f"PCI_ID={p.pci_vendor:04X}:{p.pci_device:04X}\n"
+            f"PCI_SUBSYS_ID={p.subsystem_vendor:04X}:{p.subsystem_device:04X}\n"
+            f"PCI_SLOT_NAME={pci_bdf(render_minor)}\n"
+            f"MODALIAS=pci:v{p.pci_vendor:08X}d{p.pci_device:08X}"
+            f"sv{p.subsystem_vendor:08X}sd{p.subsystem_device:08X}"
+            f"bc{PCI_CLASS >> 16:02X}sc{PCI_CLASS >> 8 & 0xFF:02X}i{PCI_CLASS & 0xFF:02X}\n")
+
+
+PCI_CONFIG_HEADER = 64  # what an unprivileged reader gets of config space (pci_read_config)
+
+
+def pci_config(profile: DeviceProfile) -> bytes:
+    """The standard 64-byte type-0 header, little-endian: vendor@0, device@2, revision@8,
+    class code@9..11, subsystem vendor@44, subsystem device@46 (parse_config_sysfs_file)."""
+    p = profile
+    cfg = bytearray(PCI_CONFIG_HEADER)
+    cfg[0:2] = p.pci_vendor.to_bytes(2, "little")
+    cfg[2:4] = p.pci_device.to_bytes(2, "little")
+    cfg[8] = p.pci_revision
+    cfg[9:12] = PCI_CLASS.to_bytes(3, "little")
+    cfg[44:46] = p.subsystem_vendor.to_bytes(2, "little")
+    cfg[46:48] = p.subsystem_device.to_bytes(2, "little")
+    return bytes(cfg)
+
+
+def _const(text: str) -> SysAttr:
+    return SysAttr(lambda: text)
+
+
+def gpu_sysfs(render_minor: int, profile: DeviceProfile, ualink: SysDir) -> SysDir:
+    """The sys/ entries of one GPU: its PCI device directory (with `ualink` in it), its two
+    DRM minors, and the links the kernel makes to them. A tree to merge into sys/."""
+    n = card_index(render_minor)
+    bdf, root = pci_bdf(render_minor), pci_root(render_minor)
+    p = profile
+    minors = {}
+    for name, minor in ((f"card{n}", n), (f"renderD{render_minor}", render_minor)):
+        minors[name] = SysDir({
+            "dev": _const(f"{DRM_MAJOR}:{minor}\n"),
+            "uevent": _const(minor_uevent(minor)),
+            # from sys/devices/<root>/<bdf>/drm/<name>
+            "device": SysLink(f"../../../{bdf}"),
+            "subsystem": SysLink("../../../../../class/drm"),
+        })
+    device = SysDir({
+        "vendor": _const(f"{p.pci_vendor:#06x}\n"),
+        "device": _const(f"{p.pci_device:#06x}\n"),
+        "subsystem_vendor": _const(f"{p.subsystem_vendor:#06x}\n"),
+        "subsystem_device": _const(f"{p.subsystem_device:#06x}\n"),
+        "revision": _const(f"{p.pci_revision:#04x}\n"),
+        "class": _const(f"{PCI_CLASS:#08x}\n"),
+        "uevent": _const(pci_uevent(p, render_minor)),
+        "config": SysAttr(lambda: pci_config(p), size=PCI_CONFIG_HEADER),
+        # drmParseSubsystemType: the basename of this link's target must start with "pci".
+        "subsystem": SysLink("../../../bus/pci"),
+        "driver": SysLink("../../../bus/pci/drivers/amdgpu"),
+        "drm": SysDir(minors),
+        "ualink": ualink,
+    })
+    to_device = f"devices/{root}/{bdf}"
+    return SysDir({
+        "devices": SysDir({root: SysDir({bdf: device})}),
+        "bus": SysDir({"pci": SysDir({
+            "devices": SysDir({bdf: SysLink(f"../../../{to_device}")}),
+            "drivers": SysDir({"amdgpu": SysDir({bdf: SysLink(f"../../../../{to_device}")})}),
+        })}),
+        "class": SysDir({"drm": SysDir({
+            name: SysLink(f"../../{to_device}/drm/{name}") for name in minors})}),
+        "dev": SysDir({"char": SysDir({
+            f"{DRM_MAJOR}:{minor}": SysLink(f"../../{to_device}/drm/{name}")
+            for name, minor in ((f"card{n}", n), (f"renderD{render_minor}", render_minor))})}),
+    })
+
+
+def merge(into: SysDir, tree: Mapping[str, SysNode]) -> SysDir:
+    """Merge `tree` into `into` (directories joined; a name given twice is a bug)."""
+    for name, item in tree.items():
+        if isinstance(item, SysDir) and isinstance(into.get(name), SysDir):
+            merge(into[name], item)  # type: ignore[arg-type]
+        else:
+            assert name not in into, f"{name} is in the sys tree twice"
+            into[name] = item
+    return into
+
+
+def is_dir(node: object) -> bool:
+    return isinstance(node, dict)
+
+
+def file_type(node: object) -> int:
+    if isinstance(node, SysLink):
+        return stat.S_IFLNK
+    return stat.S_IFDIR if is_dir(node) else stat.S_IFREG
