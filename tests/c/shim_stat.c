@@ -40,6 +40,8 @@ static void show(const char *step, int ret, const struct stat *st)
 	       major(st->st_rdev), minor(st->st_rdev));
 }
 
+char *__realpath_chk(const char *path, char *resolved, size_t resolvedlen);
+
 #if defined(__x86_64__)
 /* The symbols an old binary links to (glibc 2.2.5's versions). */
 int old_xstat(int, const char *, struct stat *);
@@ -147,6 +149,19 @@ int main(void)
 		fail("realpath_sys");
 	printf("ok realpath_sys path=%s\n", canon);
 	free(canon);
+
+	/* libdrm's get_pci_path (fortified: __realpath_chk) and get_subsystem_type */
+	canon = __realpath_chk("/sys/dev/char/226:128/device", path, sizeof(path));
+	if (!canon)
+		fail("realpath_chk");
+	printf("ok realpath_chk path=%s\n", canon);
+	{
+		char link[PATH_MAX] = "";
+
+		if (readlink("/sys/dev/char/226:128/device/subsystem", link, sizeof(link) - 1) < 0)
+			fail("readlink");
+		printf("ok readlink link=%s\n", link);
+	}
 
 	/* a node the node does not have */
 	if (stat("/dev/dri/renderD200", &st) != -1)
