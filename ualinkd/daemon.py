@@ -7,9 +7,11 @@ serves until SIGINT/SIGTERM, and always unmounts on the way out.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import logging
 import os
+import select
 import signal
 import socket
 import ssl
@@ -51,18 +53,16 @@ def sd_notify(state: str) -> None:
 
 def copy_to_user(pid: int, address: int, data: bytes) -> None:
     """copy_to_user for ioctls with user pointers: write the caller's memory via /proc.
-    Needs ptrace rights over the caller (root, or the same uid without Yama); else EFAULT."""
+    Only pages the caller has mapped writable take it (/proc/<pid>/mem itself would write
+    read-only ones): anything else is EFAULT, as the kernel's copy_to_user. Needs ptrace
+    rights over the caller (root, or the same uid without Yama); else EFAULT."""
+    if not data:
+        return
+    mem = ProcMemory(pid)
     try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_WRONLY)
-    except OSError:
-        raise DrmError(errno.EFAULT, f"cannot open the memory of pid {pid}") from None
-    try:
-        if os.pwrite(fd, data, address) != len(data):
-            raise DrmError(errno.EFAULT)
-    except (OSError, OverflowError):
-        raise DrmError(errno.EFAULT, f"bad user address {address:#x}") from None
+        mem.write(address, data)
     finally:
-        os.close(fd)
+        mem.close()
 
 
 class ProcMemory:
@@ -136,23 +136,78 @@ class ProcMemory:
 
 
 def copy_from_user(pid: int, address: int, size: int) -> bytes:
-    """copy_from_user for ioctls with user pointers: read the caller's memory via /proc.
-    Same rights as copy_to_user; anything short of `size` bytes is EFAULT."""
+    """copy_from_user for ioctls with user pointers: read the caller's memory via /proc,
+    only from pages it has mapped readable (not PROT_NONE ones, which /proc/<pid>/mem would
+    read). Same rights as copy_to_user; anything short of `size` bytes is EFAULT."""
     if size == 0:
         return b""
+    mem = ProcMemory(pid)
     try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
-    except OSError:
-        raise DrmError(errno.EFAULT, f"cannot open the memory of pid {pid}") from None
-    try:
-        data = os.pread(fd, size, address)
-    except (OSError, OverflowError):
-        raise DrmError(errno.EFAULT, f"bad user address {address:#x}") from None
+        return mem.read(address, size)
     finally:
-        os.close(fd)
-    if len(data) != size:
-        raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
-    return data
+        mem.close()
+
+
+_SYS_PIDFD_GETFD = 438  # x86-64 (and the generic table)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class CallerEventFd:
+    """drm.syncobj.EventFd: the daemon's own reference to a caller's eventfd. Reopening it
+    through /proc/<pid>/fd answers ENXIO (an anonymous inode has no open), so the file is
+    taken with pidfd_getfd(2), which needs the same ptrace rights as /proc/<pid>/mem. The
+    fd must be an eventfd: none → EBADF, another file → EINVAL (eventfd_ctx_fdget)."""
+
+    def __init__(self, tid: int, fd: int) -> None:
+        try:
+            target = os.readlink(f"/proc/{tid}/fd/{fd}")
+        except OSError:
+            raise DrmError(errno.EBADF, f"thread {tid} has no fd {fd}") from None
+        if target != "anon_inode:[eventfd]":
+            raise DrmError(errno.EINVAL, f"fd {fd} is not an eventfd ({target})")
+        try:
+            pidfd = os.pidfd_open(_tgid(tid))
+        except (OSError, ValueError):
+            raise DrmError(errno.EBADF, f"no process for thread {tid}") from None
+        try:
+            got = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
+            if got < 0:
+                err = ctypes.get_errno()
+                raise DrmError(errno.EBADF if err == errno.EBADF else errno.EPERM,
+                               f"pidfd_getfd of fd {fd}: {os.strerror(err)}")
+        finally:
+            os.close(pidfd)
+        self._fd: int | None = got
+        # The same open file as the caller's: check it is still an eventfd (the fd number
+        # could have been reused between the readlink and the getfd).
+        if os.readlink(f"/proc/self/fd/{got}") != "anon_inode:[eventfd]":
+            self.close()
+            raise DrmError(errno.EINVAL, f"fd {fd} is not an eventfd")
+
+    def signal(self) -> None:
+        """eventfd_signal: add 1. Never blocks the daemon: the file's flags are the caller's
+        (shared), so writability is polled first (POLLOUT: the counter can take 1); a
+        counter at its maximum loses this increment, as a saturated one does."""
+        if self._fd is None:
+            return
+        try:
+            p = select.poll()
+            p.register(self._fd, select.POLLOUT)
+            if p.poll(0):
+                os.eventfd_write(self._fd, 1)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
+def _tgid(tid: int) -> int:
+    with open(f"/proc/{tid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
 
 
 class TrioSyncWaits:
@@ -248,6 +303,7 @@ async def run_node(
         copy_from_user=copy_from_user,
         waits=TrioSyncWaits(),
         open_process_memory=ProcMemory,
+        open_eventfd=CallerEventFd,
     )
     agent: UalinkAgent | None = None
 

@@ -21,7 +21,7 @@ from .drm.device import Caller, CopyFromUser, DrmDevice, IoctlResult, OpenProces
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.gem import DmaBuf
-from .drm.syncobj import SyncWaits
+from .drm.syncobj import EventFd, SyncWaits
 from .drm.tokens import DmaBufTokens
 from .fuse.backend import IoctlReply
 from .sysfs import SysAttr, SysDir, pci_bdf  # noqa: F401 (pci_bdf: its old home)
@@ -60,6 +60,7 @@ class NodeCore:
         copy_from_user: CopyFromUser | None = None,
         waits: SyncWaits | None = None,
         open_process_memory: OpenProcessMemory | None = None,
+        open_eventfd: Callable[[int, int], EventFd] | None = None,
     ) -> None:
         self.config = config
         self.node = config.node(node_name)
@@ -75,6 +76,8 @@ class NodeCore:
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
                                copy_to_user, waits)
             device.open_process_memory = open_process_memory
+            device.resolve_token_fd = self._resolve_token
+            device.open_eventfd = open_eventfd
             driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user,
                                   PROFILES[accel.profile])
             kwargs = {"randbits": randbits} if randbits else {}
@@ -109,6 +112,10 @@ class NodeCore:
 
     def _resolve_dmabuf(self, pid: int, fd: int) -> DmaBuf:
         return self.tokens.resolve(self._resolve_key(pid, fd))
+
+    def _resolve_token(self, pid: int, fd: int) -> object:
+        """Any token file behind the caller's fd (syncobj files, sync files)."""
+        return self.tokens.resolve_any(self._resolve_key(pid, fd))
 
     # -- NodeBackend: render nodes ----------------------------------------------------------
     def render_minors(self) -> list[int]:

@@ -286,6 +286,7 @@ def test_emulated_entries():
         "SYNCOBJ_TIMELINE_WAIT", "SYNCOBJ_QUERY", "SYNCOBJ_TIMELINE_SIGNAL",
         # unmodified libdrm_amdgpu clients (userspace-surface.md §7 items 4, 5, 8, 9)
         "VERSION", "AMDGPU_INFO", "AMDGPU_CTX", "AMDGPU_VM",
+        "SYNCOBJ_HANDLE_TO_FD", "SYNCOBJ_FD_TO_HANDLE", "SYNCOBJ_TRANSFER", "SYNCOBJ_EVENTFD",
     }
 
 

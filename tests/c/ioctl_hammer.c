@@ -5,9 +5,13 @@
  * Robustness test for the daemon's ioctl path: issues <count> pseudo-random
  * ioctls on one render-node fd and tallies the errnos.  Numbers are biased
  * towards the DRM type 'd' and the interesting nrs (the amdgpu driver range
- * 0x40-0x5c, GEM_CLOSE 0x09, PRIME 0x2d/0x2e); direction bits, sizes (0-64,
- * often 16/24/32) and payload bytes are random.  Never more than 4096 bytes,
- * never another fd.  The same seed gives the same sequence (own PRNG).
+ * 0x40-0x5c, VERSION 0x00, GEM_CLOSE 0x09, GET_CAP 0x0c, PRIME 0x2d/0x2e, the
+ * syncobj range 0xbf-0xcf); direction bits, sizes (0-64, often 16/24/32) and
+ * payload bytes are random.  Some payloads carry pointers into this program's
+ * own scratch area, so ioctls that write through user pointers (AMDGPU_INFO's
+ * return_pointer, VERSION's buffers, syncobj arrays) succeed now and then.
+ * Never more than 4096 bytes, never another fd.  The same seed gives the same
+ * sequence (own PRNG).
  *
  * Output, one line: hammer: N ioctls, ok=.., EINVAL=.., <ENAME>=.., ...
  * Exit 0 unless the arguments or the open are bad.  -v logs every ioctl to
@@ -56,7 +60,9 @@ static int vfs_type(unsigned type)
 
 static unsigned random_nr(void)
 {
-	static const unsigned hot[] = { 0x09, 0x2d, 0x2e, 0x40, 0x48, 0x50, 0x5b };
+	static const unsigned hot[] = { 0x00, 0x09, 0x0c, 0x2d, 0x2e, 0x40, 0x42, 0x45,
+					0x48, 0x50, 0x53, 0x5b, 0xbf, 0xc1, 0xc2, 0xc4,
+					0xcb, 0xcc, 0xcf };
 	unsigned r = pick(100);
 
 	if (r < 25)
@@ -86,11 +92,23 @@ static unsigned long random_cmd(void)
 	return _IOC(pick(4), type, random_nr(), random_size());
 }
 
+/* Where pointer-carrying payloads point: writes through them land here. */
+static unsigned char scratch[2 * BUF_SIZE];
+
 static void fill_random(unsigned char *buf, unsigned size)
 {
 	unsigned i;
 
-	switch (pick(4)) {
+	switch (pick(5)) {
+	case 4:		/* 8-byte slots: small integers or pointers into scratch */
+		memset(buf, 0, size);
+		for (i = 0; i + 8 <= size; i += 8) {
+			uint64_t v = pick(2) ? (uint64_t)(uintptr_t)(scratch + pick(BUF_SIZE))
+					     : pick(512);
+
+			memcpy(buf + i, &v, sizeof(v));
+		}
+		break;
 	case 0:		/* all zero: the common "empty struct" */
 		memset(buf, 0, size);
 		break;

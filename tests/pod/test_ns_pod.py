@@ -9,6 +9,7 @@ import errno
 import os
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -122,8 +123,9 @@ def test_c_clients_on_plain_dev_dri_paths(pod):
     r = c.run(["sh", "-c", "ls /dev/dri; cat /sys/class/drm/renderD128/device/ualink/accel_state"
                            " /sys/kernel/debug/dri/129/ualink_npa /sys/kernel/debug/ualink_fabric;"
                            " ip -br -4 addr show eth0"], check=True)
-    assert r.stdout.split()[:5] == ["renderD128", "renderD129", "active", "used_pages=0",
-                                    "mappings=0"], r.stdout
+    # /dev/dri has the card<n> nodes too (issue 9 item 3).
+    assert r.stdout.split()[:7] == ["card0", "card1", "renderD128", "renderD129", "active",
+                                    "used_pages=0", "mappings=0"], r.stdout
     assert "node0 up" in r.stdout and c.ip in r.stdout
     build = os.path.join(REPO, "libualink_c", "build")
     if not os.path.exists(os.path.join(build, "share")):
@@ -342,3 +344,39 @@ def test_fault_command_line(pod):
     cli("drop-next", "node1", "NPA_RSP", "--minor", "129")
     assert pod.node(1).debug("ualink_drop_msg", 129) == "0x10\n"
     pod.node(1).write("sys/kernel/debug/dri/129/ualink_drop_msg", "0")
+
+
+def test_node_sys_is_the_daemons_drm_and_pci_sysfs(pod):
+    """Issue 9 item 3: inside a node, /sys/dev/char/226:*, /sys/class/drm and the GPUs' PCI
+    directories are the daemon's sys tree, resolved as libdrm does (realpath of
+    226:M/device, its uevent, device/drm listing card<n> and renderD<n>), while the host's
+    other /sys and /dev entries still work."""
+    node = pod.node(2)
+    script = textwrap.dedent("""
+        set -e
+        readlink -f /sys/dev/char/226:128/device
+        readlink -f /sys/dev/char/226:1/device
+        cat /sys/dev/char/226:129/uevent
+        grep PCI_SLOT_NAME /sys/dev/char/226:129/device/uevent
+        ls /sys/class/drm/card0/device/drm /sys/class/drm/card1/device/drm
+        readlink /sys/class/drm/renderD128/device/subsystem
+        readlink -f /sys/bus/pci/devices/0000:11:00.0
+        cat /sys/bus/pci/devices/0000:11:00.0/ualink/accel_id
+        od -An -tx1 -N4 /sys/class/drm/card0/device/config
+        test -e /sys/class/net/eth0 && test -c /dev/null && echo host-paths-ok
+    """)
+    r = node.run(["sh", "-c", script])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "/sys/devices/pci0000:10/0000:10:00.0",
+        "/sys/devices/pci0000:11/0000:11:00.0",
+        "MAJOR=226", "MINOR=129", "DEVNAME=dri/renderD129", "DEVTYPE=drm_minor",
+        "PCI_SLOT_NAME=0000:11:00.0",
+        "/sys/class/drm/card0/device/drm:", "card0", "renderD128", "",
+        "/sys/class/drm/card1/device/drm:", "card1", "renderD129",
+        "../../../bus/pci",
+        "/sys/devices/pci0000:11/0000:11:00.0",
+        f"{node.accels[1]}",
+        " 02 10 a1 74",
+        "host-paths-ok",
+    ], r.stdout

@@ -73,7 +73,7 @@ def test_ualinkd_pod_netns(tmp_path):
         pod_dir = lines[2].split(": ", 1)[1].strip()
         r = subprocess.run([sys.executable, "-m", "ualinkd.testing", pod_dir, "run", "node1",
                             "--", "ls", "/dev/dri"], capture_output=True, text=True, timeout=30)
-        assert r.stdout == "renderD128\n", r
+        assert r.stdout == "card0\nrenderD128\n", r  # each GPU its card<n> too
         assert os.stat(pod_dir).st_mode & 0o777 == 0o700
         r = subprocess.run([sys.executable, "-m", "ualinkd.testing", pod_dir, "drop-next",
                             "node1", "BOGUS"], capture_output=True, text=True, timeout=30)

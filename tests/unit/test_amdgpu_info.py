@@ -401,3 +401,22 @@ def test_info_called_with_other_directions(f, mem):
     r = ioctl(f, ioc(IOC_READ, 0x64, 0x45, 32), data)
     assert (r.result, r.out) == (-errno.EINVAL, b"")
     assert mem.writes == [(CALLER.pid, PTR, struct.pack("<I", 1))]
+
+
+def test_trace_decodes_info_and_version_from_the_table():
+    """STYLE rule 6: --trace decodes the new entries from abi/ioctls.py (INFO's request,
+    VERSION's request and answer)."""
+    from ualinkd.node import NodeCore
+    from ualinkd.trace import TraceRecord
+
+    recs: list[TraceRecord] = []
+    core = NodeCore(pod_config(), "node0", resolve_fd=lambda p, fd: fd, tracer=recs.append,
+                    copy_to_user=CopyToUserFake())
+    f = open_file(core)
+    core.ioctl(f, INFO, st.INFO.encode(st.AmdgpuInfo(PTR, 448, inf.DEV_INFO, (0, 0, 0, 0))),
+               0, CALLER)
+    core.ioctl(f, VERSION, bytes(64), 64, CALLER)
+    info_rec, version_rec = (r.as_dict() for r in recs)
+    assert info_rec["ioctl"] == "AMDGPU_INFO" and info_rec["in"]["query"] == 0x16
+    assert info_rec["in"]["return_size"] == 448 and info_rec["out"] == {}
+    assert version_rec["out"]["version_minor"] == 64 and version_rec["out"]["name_len"] == 6

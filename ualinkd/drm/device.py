@@ -29,7 +29,7 @@ from ..abi.ioc import IOC_READ, IOC_WRITE
 from .errors import DrmError
 from .file import DrmFile
 from .gem import DmaBuf, GemObject
-from .syncobj import DrmSyncobj, SyncobjIoctls, SyncWaits
+from .syncobj import DrmSyncobj, EventFd, SyncobjIoctls, SyncWaits
 from .tokens import DmaBufTokens
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,11 @@ class DrmDevice:
         # Opens the address space of a calling thread's process for a BO that keeps using
         # it after the ioctl (userptr); None: no such access (EFAULT).
         self.open_process_memory: OpenProcessMemory | None = None
+        # (pid, fd) -> the token file behind a caller's fd (syncobj and sync files, for
+        # SYNCOBJ_FD_TO_HANDLE); EBADF / EINVAL. None: no fd resolution.
+        self.resolve_token_fd: Callable[[int, int], object] | None = None
+        # (pid, fd) -> the daemon's own reference to a caller's eventfd (EBADF, EINVAL)
+        self.open_eventfd: Callable[[int, int], EventFd] | None = None
         self.driver: DrmDriver = _NoDriver()
         self.objects: dict[int, GemObject] = {}
         self.files: set[DrmFile] = set()

@@ -67,17 +67,76 @@ class Fence:
 STUB = Fence(0, False)  # dma_fence_get_stub()
 
 
+class EventFd(Protocol):
+    """The daemon's own reference to a caller's eventfd (the edge duplicates the fd)."""
+
+    def signal(self) -> None: ...  # eventfd_signal: add 1 to the counter
+    def close(self) -> None: ...
+
+
+# Pending SYNCOBJ_EVENTFD entries per syncobj: each holds a duplicated fd in the daemon, so
+# a client cannot exhaust the daemon's fds through them (the kernel has no cap: ENOMEM).
+MAX_EVENTFDS_PER_SYNCOBJ = 256
+
+
+@dataclass(slots=True)
+class _EventfdEntry:
+    eventfd: EventFd
+    point: int
+
+
 class DrmSyncobj:
-    __slots__ = ("_changed", "fence")
+    """One syncobj, shared by every handle to it (in any file) and every syncobj file:
+    `refs` counts those (drm_syncobj's kref); at 0 its pending eventfds are released."""
+
+    __slots__ = ("_changed", "_eventfds", "fence", "refs")
 
     def __init__(self, changed: Callable[[DrmSyncobj], None], fence: Fence | None = None):
         self.fence = fence
         self._changed = changed
+        self.refs = 1
+        self._eventfds: list[_EventfdEntry] = []
+
+    def get(self) -> None:
+        self.refs += 1
+
+    def put(self) -> None:
+        self.refs -= 1
+        if self.refs == 0:  # drm_syncobj_free: pending eventfd entries go with it
+            for entry in self._eventfds:
+                entry.eventfd.close()
+            self._eventfds.clear()
 
     def replace_fence(self, fence: Fence | None) -> None:
-        """drm_syncobj_replace_fence: waiters look again (a NULL fence satisfies none)."""
+        """drm_syncobj_replace_fence: waiters and eventfds look again (a NULL fence
+        satisfies none)."""
         self.fence = fence
         self._changed(self)
+        if self._eventfds:
+            self._eventfds = [e for e in self._eventfds if not self._fire(e)]
+
+    def _fire(self, entry: _EventfdEntry) -> bool:
+        """syncobj_eventfd_entry_func: once a fence exists for the entry's point it is
+        signaled (here every fence is), so the eventfd is signaled and the entry done."""
+        if not self.has_point(entry.point):
+            return False
+        entry.eventfd.signal()
+        entry.eventfd.close()
+        return True
+
+    def add_eventfd(self, eventfd: EventFd, point: int) -> None:
+        """drm_syncobj_add_eventfd: checked at once, else when a fence arrives."""
+        entry = _EventfdEntry(eventfd, point)
+        if self._fire(entry):
+            return
+        if len(self._eventfds) >= MAX_EVENTFDS_PER_SYNCOBJ:
+            eventfd.close()
+            raise DrmError(errno.ENOMEM, "too many eventfds wait on this syncobj")
+        self._eventfds.append(entry)
+
+    @property
+    def pending_eventfds(self) -> int:
+        return len(self._eventfds)
 
     def add_point(self, point: int) -> None:
         """drm_syncobj_add_point with a signaled fence: a chain node on top of the old fence.
@@ -96,11 +155,57 @@ class DrmSyncobj:
             return False
         return point == 0 or (fence.chain and fence.point >= point)
 
+    def fence_at(self, point: int) -> Fence | None:
+        """drm_syncobj_find_fence's fence for `point` (None: no fence for it). Point 0 is the
+        fence itself; a later point's chain link is signaled, so dma_fence_chain_find_seqno
+        walks past it and the caller gets the stub."""
+        if not self.has_point(point):
+            return None
+        return self.fence if point == 0 else STUB
+
     def query(self) -> int:
         """SYNCOBJ_QUERY: the last signaled point of a chain (all of it is signaled here,
         so with or without LAST_SUBMITTED: the head's seqno); 0 for a plain fence or none."""
         fence = self.fence
         return fence.point if fence is not None and fence.chain else 0
+
+
+class SyncobjFile:
+    """What SYNCOBJ_HANDLE_TO_FD hands out (the kernel's "syncobj_file"): a token file of
+    the dma-buf token namespace holding one reference to the syncobj. size 0."""
+
+    __slots__ = ("refcount", "syncobj")
+    size = 0
+
+    def __init__(self, syncobj: DrmSyncobj) -> None:
+        syncobj.get()
+        self.syncobj = syncobj
+        self.refcount = 1
+
+    def get(self) -> None:
+        self.refcount += 1
+
+    def put(self) -> None:
+        self.refcount -= 1
+        if self.refcount == 0:
+            self.syncobj.put()
+
+
+class SyncFile:
+    """A sync_file (EXPORT_SYNC_FILE): one fence, signaled like all of them. size 0."""
+
+    __slots__ = ("fence", "refcount")
+    size = 0
+
+    def __init__(self, fence: Fence) -> None:
+        self.fence = fence
+        self.refcount = 1
+
+    def get(self) -> None:
+        self.refcount += 1
+
+    def put(self) -> None:
+        self.refcount -= 1
 
 
 class SyncobjTable:
@@ -116,10 +221,18 @@ class SyncobjTable:
         return len(self._objs)
 
     def create(self, signaled: bool) -> int:
+        obj = DrmSyncobj(self._changed, STUB if signaled else None)
+        handle = self.install(obj)
+        obj.put()  # the handle holds its own reference
+        return handle
+
+    def install(self, obj: DrmSyncobj) -> int:
+        """A new handle to `obj` taking its own reference (drm_syncobj_get + idr_alloc)."""
         handle = heapq.heappop(self._free) if self._free else self._next
         if handle == self._next:
             self._next += 1
-        self._objs[handle] = DrmSyncobj(self._changed, STUB if signaled else None)
+        obj.get()
+        self._objs[handle] = obj
         return handle
 
     def find(self, handle: int) -> DrmSyncobj | None:
@@ -127,11 +240,15 @@ class SyncobjTable:
 
     def destroy(self, handle: int) -> None:
         """drm_syncobj_destroy: unknown handle → EINVAL. A waiter keeps its reference."""
-        if self._objs.pop(handle, None) is None:
+        obj = self._objs.pop(handle, None)
+        if obj is None:
             raise DrmError(errno.EINVAL, f"no syncobj {handle}")
         heapq.heappush(self._free, handle)
+        obj.put()
 
     def release(self) -> None:
+        for obj in self._objs.values():
+            obj.put()
         self._objs.clear()
         self._free.clear()
         self._next = 1
@@ -316,3 +433,144 @@ class SyncobjIoctls:
             finish(signaled_by[0] if signaled_by else first)
 
         return wait()
+
+    # -- sharing through fds: HANDLE_TO_FD / FD_TO_HANDLE / TRANSFER / EVENTFD ---------------------
+    # The fd field of HANDLE_TO_FD carries a token of the dma-buf token namespace (opened at
+    # <mount>/dmabuf/<token>, as PRIME's); FD_TO_HANDLE and EVENTFD take a real fd of the
+    # caller, resolved through /proc by the edge.
+
+    @tbl.handles(tbl.SYNCOBJ_HANDLE_TO_FD)
+    def handle_to_fd_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        """drm_syncobj_handle_to_fd_ioctl: pad ≠ 0 (1) or flags other than 0 /
+        EXPORT_SYNC_FILE (2) → EINVAL. A syncobj file: unknown handle → EINVAL (3).
+        EXPORT_SYNC_FILE (drm_syncobj_export_sync_file): unknown handle → ENOENT (4), no
+        fence → EINVAL (5), else a sync file of that fence. The fd is the token (6)."""
+        args = st.SYNCOBJ_HANDLE.decode(bytes(kdata[: st.SYNCOBJ_HANDLE.size]))
+        if args.pad:  # 1
+            raise DrmError(errno.EINVAL, "SYNCOBJ_HANDLE_TO_FD pad must be 0")
+        if args.flags not in (0, c.DRM_SYNCOBJ_HANDLE_TO_FD_FLAGS_EXPORT_SYNC_FILE):  # 2
+            raise DrmError(errno.EINVAL, f"SYNCOBJ_HANDLE_TO_FD flags {args.flags:#x}")
+        obj = f.syncobjs.find(args.handle)
+        shared: SyncobjFile | SyncFile
+        if not args.flags:
+            if obj is None:  # 3
+                raise DrmError(errno.EINVAL, f"no syncobj {args.handle}")
+            shared = SyncobjFile(obj)
+        else:
+            if obj is None:  # 4
+                raise DrmError(errno.ENOENT, f"no syncobj {args.handle}")
+            fence = obj.fence_at(0)
+            if fence is None:  # 5
+                raise DrmError(errno.EINVAL, f"syncobj {args.handle} has no fence")
+            shared = SyncFile(fence)
+        token = self.device.tokens.install(shared, f, caller.uid)  # 6 (EMFILE when full)
+        kdata[8:12] = token.to_bytes(4, "little")
+
+    @tbl.handles(tbl.SYNCOBJ_FD_TO_HANDLE)
+    def fd_to_handle_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        """drm_syncobj_fd_to_handle_ioctl: pad ≠ 0 (1) or flags other than 0 /
+        IMPORT_SYNC_FILE (2) → EINVAL. Without flags the fd must be a syncobj file (any
+        other fd, or none: EINVAL) and a new handle to its syncobj comes back (3).
+        IMPORT_SYNC_FILE: the fd must be a sync file (else EINVAL) (4), the handle an
+        existing syncobj (else ENOENT) (5), which then holds the sync file's fence (6)."""
+        args = st.SYNCOBJ_HANDLE.decode(bytes(kdata[: st.SYNCOBJ_HANDLE.size]))
+        if args.pad:  # 1
+            raise DrmError(errno.EINVAL, "SYNCOBJ_FD_TO_HANDLE pad must be 0")
+        if args.flags not in (0, c.DRM_SYNCOBJ_FD_TO_HANDLE_FLAGS_IMPORT_SYNC_FILE):  # 2
+            raise DrmError(errno.EINVAL, f"SYNCOBJ_FD_TO_HANDLE flags {args.flags:#x}")
+        shared = self._resolve(caller, args.fd)
+        if not args.flags:
+            if not isinstance(shared, SyncobjFile):  # 3
+                raise DrmError(errno.EINVAL, f"fd {args.fd} is not a syncobj file")
+            handle = f.syncobjs.install(shared.syncobj)
+            kdata[0:4] = handle.to_bytes(4, "little")
+            return
+        if not isinstance(shared, SyncFile):  # 4
+            raise DrmError(errno.EINVAL, f"fd {args.fd} is not a sync file")
+        obj = f.syncobjs.find(args.handle)
+        if obj is None:  # 5
+            raise DrmError(errno.ENOENT, f"no syncobj {args.handle}")
+        obj.replace_fence(shared.fence)  # 6
+
+    def _resolve(self, caller: Caller, fd: int) -> object:
+        """The token file behind the caller's fd; fdget failing is EINVAL here too."""
+        resolve = self.device.resolve_token_fd
+        if resolve is None:
+            raise DrmError(errno.EINVAL, "no fd resolution")
+        try:
+            return resolve(caller.pid, fd)
+        except DrmError as e:
+            if e.errno == errno.EBADF:
+                raise DrmError(errno.EINVAL, f"no fd {fd}") from None
+            raise
+
+    @tbl.handles(tbl.SYNCOBJ_TRANSFER)
+    def transfer_ioctl(
+        self, f: DrmFile, kdata: bytearray, caller: Caller
+    ) -> Awaitable[None] | None:
+        """drm_syncobj_transfer_ioctl: pad ≠ 0 → EINVAL (1); flags other than
+        WAIT_FOR_SUBMIT → EINVAL (2); an unknown destination (3) or source (4) → ENOENT;
+        the source's fence for src_point (5): none → EINVAL, unless WAIT_FOR_SUBMIT waits
+        up to 5 s for one (ETIME); then dst_point ≠ 0 adds it to the destination's
+        timeline at dst_point, dst_point 0 replaces the destination's fence (6)."""
+        args = st.SYNCOBJ_TRANSFER.decode(bytes(kdata[: st.SYNCOBJ_TRANSFER.size]))
+        if args.pad:  # 1
+            raise DrmError(errno.EINVAL, "SYNCOBJ_TRANSFER pad must be 0")
+        if args.flags & ~c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT:  # 2
+            raise DrmError(errno.EINVAL, f"SYNCOBJ_TRANSFER flags {args.flags:#x}")
+        dst = f.syncobjs.find(args.dst_handle)
+        if dst is None:  # 3
+            raise DrmError(errno.ENOENT, f"no syncobj {args.dst_handle}")
+        src = f.syncobjs.find(args.src_handle)
+        if src is None:  # 4
+            raise DrmError(errno.ENOENT, f"no syncobj {args.src_handle}")
+
+        def finish() -> None:  # 6
+            fence = src.fence_at(args.src_point)
+            assert fence is not None
+            if args.dst_point:
+                dst.add_point(args.dst_point)  # dma_fence_unwrap_merge: a plain fence
+            else:
+                dst.replace_fence(fence)
+
+        if src.has_point(args.src_point):  # 5
+            finish()
+            return None
+        if not args.flags & c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT:
+            raise DrmError(errno.EINVAL, "SYNCOBJ_TRANSFER: no fence for the source point")
+        waits = self.device.waits
+        if waits is None:
+            raise RuntimeError("a blocking syncobj wait needs the edge's SyncWaits")
+        deadline = waits.now_ns() + WAIT_FOR_SUBMIT_TIMEOUT_NS
+
+        async def wait() -> None:
+            if not await waits.wait_until(deadline, lambda: src.has_point(args.src_point),
+                                          [src]):
+                raise DrmError(errno.ETIME, "SYNCOBJ_TRANSFER: no fence was submitted")
+            finish()
+
+        return wait()
+
+    @tbl.handles(tbl.SYNCOBJ_EVENTFD)
+    def eventfd_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        """drm_syncobj_eventfd_ioctl: flags other than WAIT_AVAILABLE (1) or pad ≠ 0 (2) →
+        EINVAL; an unknown handle → ENOENT (3); the caller's fd must be an eventfd (no such
+        fd: EBADF, another file: EINVAL) (4); the daemon keeps its own reference to it and
+        signals it once a fence exists for `point`: at once if one does, since every fence
+        is signaled on arrival (5)."""
+        args = st.SYNCOBJ_EVENTFD.decode(bytes(kdata[: st.SYNCOBJ_EVENTFD.size]))
+        if args.flags & ~c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_AVAILABLE:  # 1
+            raise DrmError(errno.EINVAL, f"SYNCOBJ_EVENTFD flags {args.flags:#x}")
+        if args.pad:  # 2
+            raise DrmError(errno.EINVAL, "SYNCOBJ_EVENTFD pad must be 0")
+        obj = f.syncobjs.find(args.handle)
+        if obj is None:  # 3
+            raise DrmError(errno.ENOENT, f"no syncobj {args.handle}")
+        open_eventfd = self.device.open_eventfd
+        if open_eventfd is None:
+            raise DrmError(errno.EBADF, "no access to the caller's fds")
+        obj.add_eventfd(open_eventfd(caller.pid, args.fd), args.point)  # 4, 5
+
+
+# drm_syncobj.c: how long WAIT_FOR_SUBMIT waits for a fence in drm_syncobj_find_fence
+WAIT_FOR_SUBMIT_TIMEOUT_NS = 5_000_000_000

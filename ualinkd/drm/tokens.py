@@ -6,6 +6,8 @@ negative, error-looking value) and the client opens `<mount>/dmabuf/<token>` onc
 same uid, to get a real fd. A token holds a dma-buf reference until it is opened (the
 reference moves to the open file) or its DrmFile closes. `key`s name tokens and open files
 in the file tree.
+Syncobj files and sync files (SYNCOBJ_HANDLE_TO_FD) are tokens of the same namespace and
+directory, so the same open turns them into fds; only their kind tells them apart.
 A DrmFile may hold at most `MAX_PENDING_PER_FILE` unopened tokens: past that, installing
 fails with EMFILE as fd_install would for a process out of fds (§1.6 I19), so a client that
 never opens its tokens cannot grow the daemon without bound.
@@ -17,7 +19,7 @@ import errno
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import DrmError
 from .gem import DmaBuf
@@ -29,11 +31,20 @@ if TYPE_CHECKING:
 MAX_PENDING_PER_FILE = 4096
 
 
+class Shared(Protocol):
+    """What a token file holds: a dma-buf, a syncobj file or a sync file."""
+
+    @property
+    def size(self) -> int: ...
+    def get(self) -> None: ...
+    def put(self) -> None: ...
+
+
 @dataclass(slots=True)
 class _Token:
     token: int
     key: int
-    buf: DmaBuf
+    buf: Shared
     uid: int
     owner: DrmFile
 
@@ -43,11 +54,11 @@ class DmaBufTokens:
         self._randbits = randbits
         self._pending: dict[int, _Token] = {}  # token -> pending
         self._by_key: dict[int, _Token] = {}  # key -> pending
-        self.opened: dict[int, DmaBuf] = {}  # key -> open dma-buf file
+        self.opened: dict[int, Shared] = {}  # key -> open dma-buf (or syncobj) file
         self._per_file: dict[DrmFile, int] = {}  # owner -> its pending tokens
         self._keys = 0
 
-    def install(self, buf: DmaBuf, owner: DrmFile, uid: int) -> int:
+    def install(self, buf: Shared, owner: DrmFile, uid: int) -> int:
         """Take over one reference of `buf` (dropped on failure); return the token the
         client will open. EMFILE when `owner` already holds too many unopened tokens."""
         pending = self._per_file.get(owner, 0)
@@ -107,8 +118,15 @@ class DmaBufTokens:
 
     def resolve(self, key: int) -> DmaBuf:
         buf = self.opened.get(key)
-        if buf is None:
+        if not isinstance(buf, DmaBuf):
             raise DrmError(errno.EINVAL, "not an open ualinkd dma-buf")
+        return buf
+
+    def resolve_any(self, key: int) -> Shared:
+        """The open token file of `key`, whatever it holds (EINVAL: none)."""
+        buf = self.opened.get(key)
+        if buf is None:
+            raise DrmError(errno.EINVAL, "not an open ualinkd token file")
         return buf
 
     def drop_file(self, owner: DrmFile) -> None:

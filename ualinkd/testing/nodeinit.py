@@ -1,13 +1,20 @@
 """Inside a pod node's fresh mount namespace: make the places a real host has, then exec.
 
 Run as `ip netns exec NS unshare --mount --propagation private python -m
-ualinkd.testing.nodeinit --stage DIR -- CMD…`. It puts a tmpfs over `/dev` and over
-`/sys/class` that mirrors what was there (bind mounts of every entry, so `/dev/null`,
-`/dev/fuse`, `/dev/pts`, `/sys/class/net` … keep working) plus the empty mount points
-`/dev/dri`, `/dev/dmabuf`, `/sys/class/drm`, and a tmpfs on `/sys/kernel/debug` with
-`dri/` and `ualink_fabric`, then execs CMD (the node daemon). The pod binds the daemon's
-files over those once it is ready (a
-FUSE server cannot bind its own files: the lookups would wait on itself).
+ualinkd.testing.nodeinit --stage DIR -- CMD…`. It puts a tmpfs over `/dev`, `/sys/class`,
+`/sys/devices`, `/sys/dev/char` and `/sys/bus/pci/devices` that mirrors what was there (bind
+mounts of every entry, symlinks copied, so `/dev/null`, `/dev/fuse`, `/dev/pts`,
+`/sys/class/net` … keep working) plus the empty mount points `/dev/dri`, `/dev/dmabuf`,
+`/sys/class/drm`, and a tmpfs on `/sys/kernel/debug` with `dri/` and `ualink_fabric`, then
+execs CMD (the node daemon).
+
+Once the daemon is ready the pod runs `python -m ualinkd.testing.nodeinit --bind MOUNT` in
+the daemon's mount namespace (a FUSE server cannot bind its own files: the lookups would
+wait on itself): the daemon's `dri/`, `dmabuf/`, `sys/class/drm`, debugfs files and GPU
+directories `sys/devices/pci0000:<bb>` are bound over the same paths, and its
+`sys/dev/char/226:*` and `sys/bus/pci/devices/<bdf>` links are copied, so the relative links
+of the sys tree (ualinkd/sysfs.py) resolve inside the node's /sys as on a real host:
+`readlink -f /sys/dev/char/226:128/device` is `/sys/devices/pci0000:10/0000:10:00.0`.
 
 Nothing here touches the host's /dev or /sys: the new tmpfs mounts exist only in this
 private mount namespace; the host's devtmpfs and sysfs are only bound, never written.
@@ -67,11 +74,18 @@ def mirror(target: str, saved: str, extra_dirs: list[str]) -> None:
         os.makedirs(os.path.join(target, d), exist_ok=True)
 
 
+# What is mirrored (a tmpfs of binds and copied links) so the daemon's files can be added.
+MIRRORS = (("dev", "/dev", ["dri", "dmabuf"]), ("class", "/sys/class", ["drm"]),
+           ("devices", "/sys/devices", []), ("char", "/sys/dev/char", []),
+           ("pci", "/sys/bus/pci/devices", []))
+
+
 def prepare(stage: str) -> None:
     os.makedirs(stage, exist_ok=True)
     mount("tmpfs", stage, "tmpfs", 0, "mode=700")
-    for name, target, extra in (("dev", "/dev", ["dri", "dmabuf"]),
-                                ("class", "/sys/class", ["drm"])):
+    for name, target, extra in MIRRORS:
+        if not os.path.isdir(target):  # e.g. no PCI bus in this machine
+            continue
         saved = os.path.join(stage, name)
         os.mkdir(saved)
         mount(target, saved, None, MS_BIND | MS_REC)
@@ -83,10 +97,49 @@ def prepare(stage: str) -> None:
     os.close(os.open("/sys/kernel/debug/ualink_fabric", os.O_CREAT | os.O_WRONLY, 0o444))
 
 
+def _link(target: str, path: str) -> None:
+    """`ln -sfn target path`: a host's link of that name (its own GPU) is replaced."""
+    if os.path.lexists(path):
+        os.unlink(path)
+    os.symlink(target, path)
+
+
+def bind(node_mount: str) -> None:
+    """The daemon's files over the host paths (see the module docstring)."""
+    from .. import sysfs
+
+    def at(rel: str) -> str:
+        return os.path.join(node_mount, rel)
+
+    for rel, dst in (("dri", "/dev/dri"), ("dmabuf", "/dev/dmabuf"),
+                     (sysfs.DRM_CLASS, "/sys/class/drm"),
+                     (sysfs.DEBUGFS_DRI, "/sys/kernel/debug/dri"),
+                     (sysfs.FABRIC_STATUS, "/sys/kernel/debug/ualink_fabric")):
+        mount(at(rel), dst, None, MS_BIND)
+    for root in sorted(os.listdir(at("sys/devices"))):  # pci0000:<bb>, one per GPU
+        dst = os.path.join("/sys/devices", root)
+        os.makedirs(dst, exist_ok=True)
+        mount(at(f"sys/devices/{root}"), dst, None, MS_BIND)
+    for rel, host in (("sys/dev/char", "/sys/dev/char"),
+                      ("sys/bus/pci/devices", "/sys/bus/pci/devices")):
+        if not os.path.isdir(host):
+            continue
+        for name in sorted(os.listdir(at(rel))):
+            _link(os.readlink(at(f"{rel}/{name}")), os.path.join(host, name))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 2 and argv[0] == "--bind":
+        try:
+            bind(argv[1])
+        except OSError as e:
+            print(f"nodeinit --bind: {e}", file=sys.stderr)
+            return 1
+        return 0
     if len(argv) < 4 or argv[0] != "--stage" or argv[2] != "--":
-        print("usage: python -m ualinkd.testing.nodeinit --stage DIR -- CMD...", file=sys.stderr)
+        print("usage: python -m ualinkd.testing.nodeinit --stage DIR -- CMD...\n"
+              "       python -m ualinkd.testing.nodeinit --bind NODE_MOUNT", file=sys.stderr)
         return 2
     stage, cmd = argv[1], argv[3:]
     try:

@@ -6,9 +6,10 @@ found by name and removed at the next start):
 - a netns `<prefix>-fabric` holding the bridge `br0`;
 - per node a netns `<prefix>-<node>` with `eth0` (10.177.0.<i+1>/24, veth to `v<i>` on the
   bridge) and `lo`; the daemon runs there in a private mount namespace where its `dri/`,
-  `dmabuf/`, `sys/class/drm` and `sys/kernel/debug/{dri,ualink_fabric}` are bound over the
-  same paths of a real host (see nodeinit), so a client started with `node.run()` opens the plain
-  `/dev/dri/renderD128` as on a real host;
+  `dmabuf/`, `sys/class/drm`, `sys/kernel/debug/{dri,ualink_fabric}` and GPU directories
+  are bound over the same paths of a real host and its `sys/dev/char/226:*` links copied
+  (see nodeinit), so a client started with `node.run()` opens the plain
+  `/dev/dri/renderD128` and walks `/sys/dev/char/226:128/device` as on a real host;
 - a state directory (pod.toml, logs, notify sockets, mount points, pod.json for the command
   line) under /tmp/ualinkd-pods/<prefix>.
 
@@ -359,14 +360,9 @@ class PodNode:
         finally:
             sock.close()
         self.pod._save_state()
-        # The mount path goes in as "$1", never into the script: --root may hold spaces.
-        _run(["nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", "--", "sh", "-c",
-              'mount --bind "$1/dri" /dev/dri && mount --bind "$1/dmabuf" /dev/dmabuf && '
-              'mount --bind "$1/sys/class/drm" /sys/class/drm && '
-              'mount --bind "$1/sys/kernel/debug/dri" /sys/kernel/debug/dri && '
-              'mount --bind "$1/sys/kernel/debug/ualink_fabric" /sys/kernel/debug/ualink_fabric',
-              "sh", str(self.mount)],
-             f"{self.name}: bind the node's files over /dev/dri and /sys/class/drm")
+        _run(["nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", "--", sys.executable, "-m",
+              "ualinkd.testing.nodeinit", "--bind", str(self.mount)],
+             f"{self.name}: bind the node's files over /dev/dri and its GPUs' /sys")
 
     def log_text(self) -> str:
         return "".join(p.read_text(errors="replace")
