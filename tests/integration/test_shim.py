@@ -144,7 +144,9 @@ def test_only_interposed_symbols_are_exported():
     # references such as __xstat@GLIBC_2.2.5 bind to the wrappers)
     body = re.sub(r"/\*.*?\*/", "", SHIM_MAP.read_text(), flags=re.S)
     glob = body.split("global:")[1].split("local:")[0]
-    assert {n.strip() for n in glob.split(";") if n.strip()} == INTERPOSED
+    # (it also names shim_mmap.c's wrappers, so building that file in cannot hide them)
+    assert {n.strip() for n in glob.split(";") if n.strip()} == INTERPOSED | {
+        "mmap", "mmap64", "munmap", "mremap"}
     assert "@" not in nm.stdout
 
 
