@@ -209,23 +209,3 @@ def test_fabric_export_import_across_two_nodes(tmp_path):
             if exporter.poll() is None:
                 exporter.kill()
                 exporter.wait()
-
-
-def test_discovery_inside_a_namespace_node(tmp_path):
-    """`--netns` nodes (ualinkd.testing): the plain /dev/dri and /sys paths are the node's,
-    so no redirection is needed, but a FUSE file is no character device: without the shim
-    drmGetNodeTypeFromFd fails; with it (UALINK_DRI_DIR=/dev/dri, identity only) the whole
-    discovery and amdgpu_device_initialize pass."""
-    from ualinkd.testing import Pod, pod_config
-
-    prog = c_program("libdrm_discovery")
-    c_program("libualink_shim.so")
-    with Pod(pod_config(nodes=1, accels_per_node=1), state_root=tmp_path) as pod:
-        n = pod.node(0)
-        bare = n.run([prog], timeout=60)
-        assert bare.returncode == 1
-        assert parse(bare.stdout)["node_type"] == {"status": "fail", "err": str(-errno.EINVAL)}
-        r = n.run(["env", f"LD_PRELOAD={SHIM}", "UALINK_DRI_DIR=/dev/dri", prog], timeout=60)
-        s = passed(r)
-        check_discovery(s, accels=1)
-        assert r.stderr == ""
