@@ -303,9 +303,23 @@ static void config_init(void)
 	is_active = true;
 }
 
+/* Set while this thread reads the configuration: a wrapper it re-enters (a
+ * malloc interposer reading /sys/kernel/mm/... from inside dlsym or realpath)
+ * sees the shim off instead of waiting on its own pthread_once. */
+static __thread bool in_config __attribute__((tls_model("initial-exec")));
+
+static void config_init_guarded(void)
+{
+	in_config = true;
+	config_init();
+	in_config = false;
+}
+
 bool shim_active(void)
 {
-	pthread_once(&config_once, config_init);
+	if (in_config)
+		return false;
+	pthread_once(&config_once, config_init_guarded);
 	return is_active;
 }
 

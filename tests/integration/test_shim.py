@@ -235,6 +235,17 @@ def test_sys_paths_are_the_nodes(node):
     assert r.stdout.split() == ["fopen", "True"], r.stderr
 
 
+def test_wrapper_reentered_while_reading_the_configuration(node):
+    """shim.c's recursion guard: a later preload's realpath (reached from the shim's own
+    configuration) opens a /sys file through the shim; that open passes through instead of
+    waiting on the configuration it is part of (a hang: the timeout fails it)."""
+    reenter = c_program("shim_reenter.so")
+    r = run([c_program("shim_stat")], LD_PRELOAD=f"{SHIM}:{reenter}",
+            UALINK_DRI_DIR=str(node.mount / "dri"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert steps(r.stdout)["stat"]["rdev"] == "226:128"
+
+
 @pytest.mark.parametrize("bad", ["nonexistent", "plain-dir", "file"])
 def test_bad_dri_dir_leaves_dev_dri_alone(node, tmp_path: Path, bad: str):
     """Issue 9, bad input: a UALINK_DRI_DIR that does not exist or is not a ualinkd mount
