@@ -43,7 +43,9 @@
  * The real functions come from dlsym(RTLD_NEXT) on first use.  A thread that
  * re-enters a wrapper while it is inside dlsym (e.g. through a malloc
  * interposer that opens a file) gets the raw system call instead, so there is
- * no recursion.  No wrapper allocates, and no code here calls a wrapped name
+ * no recursion; a wrapper re-entered while the configuration is being read
+ * sees the shim off.  No wrapper allocates (realpath(…, NULL) grows glibc's
+ * own answer when the host path is longer), and no code here calls a wrapped name
  * directly (it would come back here): it goes through real() or a syscall.
  * The internal interface for other wrapper files is shim.h.
  */
