@@ -6,28 +6,51 @@
  *   LD_PRELOAD=libualink_c/build/libualink_shim.so \
  *   UALINK_DRI_DIR=<mount>/dri  ./program
  *
- * What it does (DESIGN.md, "A dma-buf fd from a FUSE server" and "Restricted
- * ioctls"):
- *  - open/openat (and the 64 and fortify variants) of /dev/dri/renderD<N> go
- *    to $UALINK_DRI_DIR/renderD<N>, of /dev/dri/card<N> to renderD<N+128>;
- *    the fds so opened are remembered (an atomic bitmap indexed by fd, cleared
- *    by close/close_range/closefrom, copied by dup/dup2/dup3/fcntl(F_DUPFD*)).
- *  - On those fds: a successful UALINK_HANDLE IMPORT or PRIME_HANDLE_TO_FD
- *    returns a dma-buf *token*; the shim trades it for the real fd by opening
- *    <dmabuf dir>/<token> ($UALINK_DMABUF_DIR, else $UALINK_DRI_DIR/../dmabuf)
- *    and writes the fd where the kernel would have.  If that open fails the
- *    ioctl fails with its errno.
- *  - DRM_IOCTL_VERSION (user pointers a FUSE file cannot fill) is answered
- *    here, as amdgpu 3.64.0 would, with drm_version()'s copy rules.
+ * What it does (DESIGN.md, "A dma-buf fd from a FUSE server", "Restricted
+ * ioctls" and "The real userspace on top"; spec userspace-surface §2.2, §7):
+ *  - Paths.  An absolute path the client names is redirected into the node's
+ *    mount (the parent of $UALINK_DRI_DIR) by the open family, fopen*,
+ *    freopen*, opendir, readlink*, realpath, access*, and the stat family:
+ *      /dev/dri, /dev/dri/renderD<N>     → <mount>/dri, <mount>/dri/renderD<N>
+ *      /dev/dri/card<N>                  → <mount>/dri/renderD<N+128>
+ *      /dev/kfd                          → <mount>/kfd
+ *      /sys/dev/char/226:*, /sys/class/drm[/…], /sys/devices/virtual/kfd[/…]
+ *                                        → <mount>/sys/…
+ *      /sys/bus/pci/devices/<bdf>[/…], /sys/devices/pci<…>/<bdf>[/…]
+ *                                        → <mount>/sys/… when the node has <bdf>
+ *    glibc's fopen, opendir and realpath reach the file system through
+ *    internal calls, so each has its own wrapper.  realpath answers the path
+ *    a real host would show (/sys/…, /dev/dri/…), never the mount's: libdrm
+ *    parses it.  When <mount>/sys does not exist (a namespace node, where
+ *    UALINK_DRI_DIR=/dev/dri and /sys already is the node's) /sys is left as is.
+ *    Relative paths and *at() calls with a directory fd are not redirected.
+ *  - Device identity.  The fds opened through those paths are remembered
+ *    (with the DRM minor they were opened as); the stat family reports them,
+ *    and the /dev/dri/renderD<N> and card<N> paths, as S_IFCHR|0666 with
+ *    st_rdev = makedev(226, N) (drmGetNodeTypeFromFd, drmGetDevice2).
+ *    readdir of /dev/dri lists card<N-128> beside each renderD<N>, both DT_CHR.
+ *  - Tokens.  On those fds a successful UALINK_HANDLE IMPORT,
+ *    PRIME_HANDLE_TO_FD or SYNCOBJ_HANDLE_TO_FD returns a *token*; the shim
+ *    trades it for the real fd by opening <dmabuf dir>/<token>
+ *    ($UALINK_DMABUF_DIR, else <mount>/dmabuf) and writes the fd where the
+ *    kernel would have.  If that open fails the ioctl fails with its errno.
+ *  - DRM_IOCTL_VERSION is answered here, as amdgpu 3.64.0 would, with
+ *    drm_version()'s copy rules (a raw caller without the shim asks the node).
  *  - Everything else passes straight through.  Without UALINK_DRI_DIR the
- *    shim changes nothing.
+ *    shim changes nothing; with one that is not a ualinkd mount it changes
+ *    nothing either and says so once on stderr.
  *
  * The real functions come from dlsym(RTLD_NEXT) on first use.  A thread that
  * re-enters a wrapper while it is inside dlsym (e.g. through a malloc
  * interposer that opens a file) gets the raw system call instead, so there is
- * no recursion.  No wrapper allocates.
+ * no recursion; a wrapper re-entered while the configuration is being read
+ * sees the shim off.  No wrapper allocates (realpath(…, NULL) grows glibc's
+ * own answer when the host path is longer), and no code here calls a wrapped name
+ * directly (it would come back here): it goes through real() or a syscall.
+ * The internal interface for other wrapper files is shim.h.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -42,16 +65,23 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "shim.h"
 #include "ualink/ualink_drm.h"
 
 #define SHIM_API __attribute__((visibility("default")))
 
 _Static_assert(sizeof(void *) != 8 || sizeof(struct drm_version) == 64,
 	       "struct drm_version is 64 bytes on LP64");
+/* LP64: the 64 variants are the same structs, so one wrapper body serves both. */
+_Static_assert(sizeof(struct stat) == sizeof(struct stat64), "struct stat64");
+_Static_assert(sizeof(struct dirent) == sizeof(struct dirent64), "struct dirent64");
 
 #define SHIM_VERSION_MAJOR 3
 #define SHIM_VERSION_MINOR 64
@@ -59,6 +89,10 @@ _Static_assert(sizeof(void *) != 8 || sizeof(struct drm_version) == 64,
 #define SHIM_NAME "amdgpu"
 #define SHIM_DATE "20150101"
 #define SHIM_DESC "AMD GPU"
+
+#define DRM_MAJOR 226
+#define RENDER_MINOR_BASE 128
+#define FUSE_SUPER_MAGIC 0x65735546
 
 /* ---- the real functions ---------------------------------------------------- */
 
@@ -74,12 +108,35 @@ typedef int (*dup_fn)(int);
 typedef int (*dup2_fn)(int, int);
 typedef int (*dup3_fn)(int, int, int);
 typedef int (*fcntl_fn)(int, int, ...);
+typedef int (*stat_fn)(const char *, struct stat *);
+typedef int (*fstat_fn)(int, struct stat *);
+typedef int (*fstatat_fn)(int, const char *, struct stat *, int);
+typedef int (*statx_fn)(int, const char *, int, unsigned int, struct statx *);
+typedef FILE *(*fopen_fn)(const char *, const char *);
+typedef FILE *(*freopen_fn)(const char *, const char *, FILE *);
+typedef DIR *(*opendir_fn)(const char *);
+typedef struct dirent64 *(*readdir_fn)(DIR *);
+typedef int (*closedir_fn)(DIR *);
+typedef void (*rewinddir_fn)(DIR *);
+typedef ssize_t (*readlink_fn)(const char *, char *, size_t);
+typedef ssize_t (*readlinkat_fn)(int, const char *, char *, size_t);
+typedef char *(*realpath_fn)(const char *, char *);
+typedef char *(*realpath_chk_fn)(const char *, char *, size_t);
+typedef char *(*canonicalize_fn)(const char *);
+typedef int (*access_fn)(const char *, int);
+typedef int (*faccessat_fn)(int, const char *, int, int);
 
 enum real_id {
 	R_OPEN, R_OPEN64, R_OPENAT, R_OPENAT64,
 	R_OPEN_2, R_OPEN64_2, R_OPENAT_2, R_OPENAT64_2,
 	R_CLOSE, R_CLOSE_RANGE, R_CLOSEFROM, R_IOCTL,
 	R_DUP, R_DUP2, R_DUP3, R_FCNTL, R_FCNTL64,
+	R_STAT, R_STAT64, R_LSTAT, R_LSTAT64, R_FSTAT, R_FSTAT64,
+	R_FSTATAT, R_FSTATAT64, R_STATX,
+	R_FOPEN, R_FOPEN64, R_FREOPEN, R_FREOPEN64,
+	R_OPENDIR, R_READDIR, R_READDIR64, R_CLOSEDIR, R_REWINDDIR,
+	R_READLINK, R_READLINKAT, R_REALPATH, R_REALPATH_CHK, R_CANONICALIZE,
+	R_ACCESS, R_FACCESSAT, R_EUIDACCESS, R_EACCESS,
 	R_COUNT
 };
 
@@ -92,6 +149,20 @@ static const char *const real_names[R_COUNT] = {
 	[R_CLOSEFROM] = "closefrom", [R_IOCTL] = "ioctl",
 	[R_DUP] = "dup", [R_DUP2] = "dup2", [R_DUP3] = "dup3",
 	[R_FCNTL] = "fcntl", [R_FCNTL64] = "fcntl64",
+	[R_STAT] = "stat", [R_STAT64] = "stat64",
+	[R_LSTAT] = "lstat", [R_LSTAT64] = "lstat64",
+	[R_FSTAT] = "fstat", [R_FSTAT64] = "fstat64",
+	[R_FSTATAT] = "fstatat", [R_FSTATAT64] = "fstatat64", [R_STATX] = "statx",
+	[R_FOPEN] = "fopen", [R_FOPEN64] = "fopen64",
+	[R_FREOPEN] = "freopen", [R_FREOPEN64] = "freopen64",
+	[R_OPENDIR] = "opendir", [R_READDIR] = "readdir",
+	[R_READDIR64] = "readdir64", [R_CLOSEDIR] = "closedir",
+	[R_REWINDDIR] = "rewinddir",
+	[R_READLINK] = "readlink", [R_READLINKAT] = "readlinkat",
+	[R_REALPATH] = "realpath", [R_REALPATH_CHK] = "__realpath_chk",
+	[R_CANONICALIZE] = "canonicalize_file_name",
+	[R_ACCESS] = "access", [R_FACCESSAT] = "faccessat",
+	[R_EUIDACCESS] = "euidaccess", [R_EACCESS] = "eaccess",
 };
 
 /* NULL: not looked up yet.  A failed lookup stores RESOLVE_FAILED. */
@@ -101,32 +172,39 @@ static char resolve_failed_marker;
 
 static __thread bool in_dlsym __attribute__((tls_model("initial-exec")));
 
-/* The next definition of a symbol, or NULL (caller falls back to the raw
- * system call) if there is none or we are already inside dlsym. */
-static void *real(enum real_id id)
+void *shim_next(_Atomic(void *) *slot, const char *name)
 {
-	void *fn = atomic_load_explicit(&real_fns[id], memory_order_acquire);
+	void *fn = atomic_load_explicit(slot, memory_order_acquire);
 
 	if (fn == NULL) {
 		if (in_dlsym)
 			return NULL;
 		in_dlsym = true;
-		fn = dlsym(RTLD_NEXT, real_names[id]);
+		fn = dlsym(RTLD_NEXT, name);
 		in_dlsym = false;
 		if (fn == NULL)
 			fn = RESOLVE_FAILED;
 		/* Racing threads store the same value. */
-		atomic_store_explicit(&real_fns[id], fn, memory_order_release);
+		atomic_store_explicit(slot, fn, memory_order_release);
 	}
 	return fn == RESOLVE_FAILED ? NULL : fn;
+}
+
+/* The next definition of a symbol, or NULL (caller falls back to the raw
+ * system call) if there is none or we are already inside dlsym. */
+static void *real(enum real_id id)
+{
+	return shim_next(&real_fns[id], real_names[id]);
 }
 
 /* ---- configuration (read once) --------------------------------------------- */
 
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
-static bool shim_active;
-static char dri_dir[PATH_MAX];
+static bool is_active;
+static char dri_dir[PATH_MAX];		/* canonical <mount>/dri */
 static char dmabuf_dir[PATH_MAX];
+static char sys_dir[PATH_MAX];		/* "<mount>/sys", or "" for the system's /sys */
+static char kfd_path[PATH_MAX];
 
 /* dst = src made absolute against the cwd of the moment (openat() with a
  * dirfd must not resolve our redirected path against that dirfd). */
@@ -144,81 +222,161 @@ static bool absolute_path(char *dst, size_t size, const char *src)
 	return n > 0 && (size_t)n < size;
 }
 
+static int raw_stat(const char *path, struct stat *st)
+{
+	return (int)syscall(SYS_newfstatat, AT_FDCWD, path, st, 0);
+}
+
+/* Why dir is not a ualinkd mount's dri/, or NULL if it is one: a directory on
+ * a FUSE file system holding the first accel's render node as a regular file
+ * (a real /dev/dri holds character devices; the node's renderD128 always
+ * exists, DESIGN.md "The mount of one node"). */
+static const char *not_a_mount(const char *dir)
+{
+	char path[PATH_MAX];
+	struct statfs fs;
+	struct stat st;
+
+	if (raw_stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+		return "not a directory";
+	if (syscall(SYS_statfs, dir, &fs) != 0 || fs.f_type != FUSE_SUPER_MAGIC)
+		return "not a FUSE mount";
+	if (snprintf(path, sizeof(path), "%s/renderD%d", dir, RENDER_MINOR_BASE) >=
+		    (int)sizeof(path) ||
+	    raw_stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+		return "no ualinkd renderD128 in it";
+	return NULL;
+}
+
+/* Said once (config_init runs once), with write(2): stdio may not be ready. */
+static void say_off(const char *dir, const char *why)
+{
+	char msg[PATH_MAX + 160];
+	int n = snprintf(msg, sizeof(msg),
+			 "libualink_shim: UALINK_DRI_DIR=%s is not a ualinkd mount (%s); "
+			 "the shim is off and /dev/dri is the system's\n", dir, why);
+
+	if (n > 0)
+		(void)!syscall(SYS_write, 2, msg,
+			       (size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg) - 1);
+}
+
 static void config_init(void)
 {
 	const char *dri = getenv("UALINK_DRI_DIR");
 	const char *dmabuf = getenv("UALINK_DMABUF_DIR");
-	char tmp[PATH_MAX];
+	realpath_fn canon = (realpath_fn)real(R_REALPATH);
+	char mount[PATH_MAX];
+	const char *why;
+	struct stat st;
+	char *slash;
 
-	if (!dri || !*dri || !absolute_path(dri_dir, sizeof(dri_dir), dri))
+	if (!dri || !*dri)
 		return;
+	if (!canon || !canon(dri, dri_dir)) {
+		say_off(dri, strerror(errno));
+		return;
+	}
+	why = not_a_mount(dri_dir);
+	if (why) {
+		say_off(dri, why);
+		return;
+	}
+	memcpy(mount, dri_dir, sizeof(mount));
+	slash = strrchr(mount, '/');
+	if (slash == mount)
+		slash++;	/* <mount> is "/" */
+	*slash = '\0';
 	if (dmabuf && *dmabuf) {
 		if (!absolute_path(dmabuf_dir, sizeof(dmabuf_dir), dmabuf))
 			return;
-	} else {
-		/* "<dri>/../dmabuf"; the kernel resolves the "..". */
-		if (snprintf(tmp, sizeof(tmp), "%s/../dmabuf", dri_dir) >=
-		    (int)sizeof(tmp))
-			return;
-		memcpy(dmabuf_dir, tmp, sizeof(tmp));
+	} else if (snprintf(dmabuf_dir, sizeof(dmabuf_dir), "%s/dmabuf",
+			    strcmp(mount, "/") ? mount : "") >= (int)sizeof(dmabuf_dir)) {
+		return;
 	}
-	shim_active = true;
+	if (snprintf(sys_dir, sizeof(sys_dir), "%s/sys", strcmp(mount, "/") ? mount : "") >=
+		    (int)sizeof(sys_dir) ||
+	    strcmp(sys_dir, "/sys") == 0 || raw_stat(sys_dir, &st) != 0 ||
+	    !S_ISDIR(st.st_mode))
+		sys_dir[0] = '\0';
+	if (snprintf(kfd_path, sizeof(kfd_path), "%s/kfd", strcmp(mount, "/") ? mount : "") >=
+	    (int)sizeof(kfd_path))
+		return;
+	is_active = true;
 }
 
-static bool active(void)
+/* Set while this thread reads the configuration: a wrapper it re-enters (a
+ * malloc interposer reading /sys/kernel/mm/... from inside dlsym or realpath)
+ * sees the shim off instead of waiting on its own pthread_once. */
+static __thread bool in_config __attribute__((tls_model("initial-exec")));
+
+static void config_init_guarded(void)
 {
-	pthread_once(&config_once, config_init);
-	return shim_active;
+	in_config = true;
+	config_init();
+	in_config = false;
 }
 
-/* ---- the fd table: one bit per fd ------------------------------------------ */
+bool shim_active(void)
+{
+	if (in_config)
+		return false;
+	pthread_once(&config_once, config_init_guarded);
+	return is_active;
+}
 
-/* fs.nr_open's default ceiling; 128 KiB of bss, touched only where used. */
+const char *shim_dri_dir(void)
+{
+	return dri_dir;
+}
+
+const char *shim_dmabuf_dir(void)
+{
+	return dmabuf_dir;
+}
+
+/* ---- the fd table: the DRM minor each render-node fd was opened as --------- */
+
+/* fs.nr_open's default ceiling.  2 MiB of bss, touched only where used: an
+ * entry is minor + 1, 0 for any fd that is not a render node. */
 #define FD_LIMIT (1u << 20)
-#define WORD_BITS 64u
-static atomic_uint_least64_t render_fds[FD_LIMIT / WORD_BITS];
+static _Atomic uint16_t fd_nodes[FD_LIMIT];
+/* One past the highest fd ever tracked: close_range/closefrom sweep no more. */
+static atomic_uint fd_high;
 
-static bool fd_tracked(int fd)
+int shim_fd_minor(int fd)
 {
 	if (fd < 0 || (unsigned)fd >= FD_LIMIT)
-		return false;
-	return atomic_load_explicit(&render_fds[(unsigned)fd / WORD_BITS],
-				    memory_order_relaxed) &
-	       ((uint_least64_t)1 << ((unsigned)fd % WORD_BITS));
+		return -1;
+	return (int)atomic_load_explicit(&fd_nodes[fd], memory_order_relaxed) - 1;
 }
 
-static void fd_set_tracked(int fd, bool on)
+/* minor -1: the fd is not (or no longer) a render node. */
+static void fd_track(int fd, int minor)
 {
-	uint_least64_t bit;
+	unsigned high;
 
 	if (fd < 0 || (unsigned)fd >= FD_LIMIT)
 		return;
-	bit = (uint_least64_t)1 << ((unsigned)fd % WORD_BITS);
-	if (on)
-		atomic_fetch_or_explicit(&render_fds[(unsigned)fd / WORD_BITS],
-					 bit, memory_order_relaxed);
-	else
-		atomic_fetch_and_explicit(&render_fds[(unsigned)fd / WORD_BITS],
-					  ~bit, memory_order_relaxed);
+	if (minor >= 0) {
+		high = atomic_load_explicit(&fd_high, memory_order_relaxed);
+		while (high <= (unsigned)fd &&
+		       !atomic_compare_exchange_weak(&fd_high, &high, (unsigned)fd + 1))
+			;
+	}
+	atomic_store_explicit(&fd_nodes[fd], (uint16_t)(minor + 1), memory_order_relaxed);
 }
 
 static void fd_clear_range(unsigned first, unsigned last)
 {
+	unsigned high = atomic_load_explicit(&fd_high, memory_order_relaxed);
 	unsigned fd;
 
-	if (first >= FD_LIMIT)
-		return;
-	if (last >= FD_LIMIT)
-		last = FD_LIMIT - 1;
-	for (fd = first; fd <= last; fd++) {
-		if (fd % WORD_BITS == 0 && fd + WORD_BITS - 1 <= last) {
-			atomic_store_explicit(&render_fds[fd / WORD_BITS], 0,
-					      memory_order_relaxed);
-			fd += WORD_BITS - 1;
-		} else {
-			fd_set_tracked((int)fd, false);
-		}
-	}
+	if (last >= high)
+		last = high - 1;	/* high 0: the loop below does not run */
+	for (fd = first; high && fd <= last; fd++)
+		if (atomic_load_explicit(&fd_nodes[fd], memory_order_relaxed))
+			atomic_store_explicit(&fd_nodes[fd], 0, memory_order_relaxed);
 }
 
 /* ---- redirection ------------------------------------------------------------ */
@@ -241,49 +399,133 @@ static bool parse_index(const char *s, unsigned long max, unsigned long *out)
 	return true;
 }
 
-/* If path names a DRM node, write the ualinkd render node into buf and
- * return buf; else return path unchanged. */
-static const char *redirect(const char *path, char *buf, size_t size)
+/* path is dir itself or below it ("/sys/class/drm" covers ".../drm/x", not
+ * ".../drmx"); *rest is what follows dir. */
+static bool under(const char *path, const char *dir, const char **rest)
 {
-	static const char prefix[] = "/dev/dri/";
-	unsigned long n;
-	const char *leaf;
-	int len;
+	size_t n = strlen(dir);
 
-	if (!path || strncmp(path, prefix, sizeof(prefix) - 1) != 0 ||
-	    !active())
-		return path;
-	leaf = path + sizeof(prefix) - 1;
-	if (strncmp(leaf, "renderD", 7) == 0 &&
-	    parse_index(leaf + 7, 1u << 20, &n)) {
-		/* renderD<N> as is */
-	} else if (strncmp(leaf, "card", 4) == 0 &&
-		   parse_index(leaf + 4, 1u << 20, &n)) {
-		n += 128;
-	} else {
-		return path;
-	}
-	len = snprintf(buf, size, "%s/renderD%lu", dri_dir, n);
-	if (len < 0 || (size_t)len >= size)
-		return path;
-	return buf;
+	if (strncmp(path, dir, n) != 0 || (path[n] != '\0' && path[n] != '/'))
+		return false;
+	if (rest)
+		*rest = path + n;
+	return true;
 }
 
-/* After an open: remember the fd if it is one of ours, forget any stale
+/* What a redirected path is: the answer to stat and realpath depends on it. */
+enum target_kind { T_NONE, T_NODE, T_DRI_DIR, T_KFD, T_SYS };
+struct target {
+	enum target_kind kind;
+	int minor;		/* T_NODE: the DRM minor the path names */
+};
+
+static const char *join(char *buf, size_t size, const char *dir, const char *rest)
+{
+	int n = snprintf(buf, size, "%s%s", dir, rest);
+
+	return n < 0 || (size_t)n >= size ? NULL : buf;
+}
+
+/* The PCI device directories the node serves (l1b's tree): redirected when
+ * the node has the directory rest names up to the end of the component that
+ * starts at comp (the <bdf>); another device of that name is the host's. */
+static const char *sys_pci(const char *rest, const char *comp, char *buf, size_t size)
+{
+	const char *end = strchrnul(comp, '/');
+	char probe[PATH_MAX];
+	int n;
+
+	if (end == comp)
+		return NULL;
+	n = snprintf(probe, sizeof(probe), "%s%.*s", sys_dir, (int)(end - rest), rest);
+	if (n < 0 || (size_t)n >= sizeof(probe) ||
+	    syscall(SYS_faccessat, AT_FDCWD, probe, F_OK) != 0)
+		return NULL;
+	return join(buf, size, sys_dir, rest);
+}
+
+static const char *redirect_sys(const char *path, char *buf, size_t size)
+{
+	const char *rest = path + 4;	/* "/dev/char/…" of "/sys/dev/char/…" */
+	const char *bdf;
+
+	if (!sys_dir[0])
+		return NULL;
+	if (strncmp(rest, "/dev/char/226:", 14) == 0 || under(rest, "/class/drm", NULL) ||
+	    under(rest, "/devices/virtual/kfd", NULL))
+		return join(buf, size, sys_dir, rest);
+	if (strncmp(rest, "/bus/pci/devices/", 17) == 0)
+		return sys_pci(rest, rest + 17, buf, size);
+	if (strncmp(rest, "/devices/pci", 12) == 0) {
+		/* /devices/pci<domain:bus>/<bdf>: never the root bus alone. */
+		bdf = strchr(rest + 12, '/');
+		return bdf ? sys_pci(rest, bdf + 1, buf, size) : NULL;
+	}
+	return NULL;
+}
+
+/* If path names something of the node, write where it lives into buf and
+ * return buf (t says what it is); else return path unchanged (T_NONE). */
+static const char *redirect(const char *path, char *buf, size_t size, struct target *t)
+{
+	const char *leaf, *out = NULL;
+	unsigned long n;
+
+	t->kind = T_NONE;
+	t->minor = -1;
+	if (!path || path[0] != '/' ||
+	    (strncmp(path, "/dev/", 5) != 0 && strncmp(path, "/sys/", 5) != 0) ||
+	    !shim_active())
+		return path;
+	if (path[1] == 's') {
+		out = redirect_sys(path, buf, size);
+		if (out)
+			t->kind = T_SYS;
+	} else if (strcmp(path, "/dev/kfd") == 0) {
+		out = join(buf, size, kfd_path, "");
+		t->kind = T_KFD;
+	} else if (strcmp(path, "/dev/dri") == 0 || strcmp(path, "/dev/dri/") == 0) {
+		out = join(buf, size, dri_dir, "");
+		t->kind = T_DRI_DIR;
+	} else if (strncmp(path, "/dev/dri/", 9) == 0) {
+		leaf = path + 9;
+		if (strncmp(leaf, "renderD", 7) == 0 && parse_index(leaf + 7, 0xfffe, &n)) {
+			t->minor = (int)n;
+		} else if (strncmp(leaf, "card", 4) == 0 &&
+			   parse_index(leaf + 4, 0xfffe - RENDER_MINOR_BASE, &n)) {
+			t->minor = (int)n;
+			n += RENDER_MINOR_BASE;
+		} else {
+			return path;
+		}
+		if (snprintf(buf, size, "%s/renderD%lu", dri_dir, n) < (int)size) {
+			out = buf;
+			t->kind = T_NODE;
+		}
+	}
+	if (!out) {
+		t->kind = T_NONE;
+		t->minor = -1;
+		return path;
+	}
+	return out;
+}
+
+/* After an open: remember the fd if it is a render node, forget any stale
  * entry otherwise. */
-static int track_open(int fd, bool redirected)
+static int track_open(int fd, const struct target *t)
 {
 	int saved = errno;
 
 	if (fd >= 0) {
-		if (redirected && (unsigned)fd >= FD_LIMIT) {
+		if (t->kind == T_NODE && (unsigned)fd >= FD_LIMIT) {
 			/* Cannot track it; an untracked render node would hand
 			 * out tokens as fds.  Refuse rather than mislead. */
 			syscall(SYS_close, fd);
 			errno = EMFILE;
 			return -1;
 		}
-		fd_set_tracked(fd, redirected);
+		fd_track(fd, t->kind == T_NODE ? t->minor : -1);
 	}
 	errno = saved;
 	return fd;
@@ -297,8 +539,8 @@ static int do_openat(enum real_id id, int dirfd, const char *path, int flags,
 		     mode_t mode)
 {
 	char buf[PATH_MAX];
-	const char *target = redirect(path, buf, sizeof(buf));
-	bool redirected = target != path;
+	struct target t;
+	const char *target = redirect(path, buf, sizeof(buf), &t);
 	int fd;
 
 	switch (id) {
@@ -334,7 +576,7 @@ static int do_openat(enum real_id id, int dirfd, const char *path, int flags,
 		break;
 	}
 	}
-	return track_open(fd, redirected);
+	return track_open(fd, &t);
 }
 
 #define MODE_ARG(flags, mode)                          \
@@ -400,15 +642,588 @@ SHIM_API int __openat64_2(int dirfd, const char *path, int flags)
 	return do_openat(R_OPENAT64_2, dirfd, path, flags, 0);
 }
 
+/* fopen and freopen open through glibc's internal __open: a wrapper each.
+ * No raw fallback exists for them; inside dlsym they fail with ENOSYS. */
+static FILE *do_fopen(enum real_id id, const char *path, const char *mode, FILE *stream)
+{
+	char buf[PATH_MAX];
+	struct target t;
+	const char *target = redirect(path, buf, sizeof(buf), &t);
+	void *fn = real(id);
+	FILE *f;
+
+	if (!fn) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	if (id == R_FREOPEN || id == R_FREOPEN64)
+		f = ((freopen_fn)fn)(path ? target : NULL, mode, stream);
+	else
+		f = ((fopen_fn)fn)(target, mode);
+	if (f)
+		track_open(fileno(f), &t);
+	return f;
+}
+
+SHIM_API FILE *fopen(const char *path, const char *mode)
+{
+	return do_fopen(R_FOPEN, path, mode, NULL);
+}
+
+SHIM_API FILE *fopen64(const char *path, const char *mode)
+{
+	return do_fopen(R_FOPEN64, path, mode, NULL);
+}
+
+SHIM_API FILE *freopen(const char *path, const char *mode, FILE *stream)
+{
+	return do_fopen(R_FREOPEN, path, mode, stream);
+}
+
+SHIM_API FILE *freopen64(const char *path, const char *mode, FILE *stream)
+{
+	return do_fopen(R_FREOPEN64, path, mode, stream);
+}
+
+/* ---- the stat family: a character device 226:N ------------------------------- */
+
+/* What stat(2) says of a real DRM minor (only the type, mode and rdev matter
+ * to libdrm; the size of a character device is 0). */
+static void chr_identity(struct stat *st, int minor)
+{
+	st->st_mode = S_IFCHR | 0666;
+	st->st_rdev = makedev(DRM_MAJOR, (unsigned)minor);
+	st->st_size = 0;
+}
+
+static int identity(int ret, struct stat *st, int minor)
+{
+	if (ret == 0 && minor >= 0)
+		chr_identity(st, minor);
+	return ret;
+}
+
+/* The fd itself, not a path: "" (or NULL, kernels >= 6.11) with AT_EMPTY_PATH. */
+static bool fd_itself(const char *path, int flags)
+{
+	return (!path || path[0] == '\0') && (flags & AT_EMPTY_PATH);
+}
+
+static int raw_fstatat(int dirfd, const char *path, struct stat *st, int flags)
+{
+	return (int)syscall(SYS_newfstatat, dirfd, path, st, flags);
+}
+
+/* fstatat(dirfd, path, …) with glibc's rules: an empty path with
+ * AT_EMPTY_PATH is the fd itself. */
+static int do_fstatat(enum real_id id, int dirfd, const char *path, struct stat *st,
+		      int flags)
+{
+	char buf[PATH_MAX];
+	struct target t;
+	const char *target;
+	fstatat_fn fn = (fstatat_fn)real(id);
+	int ret, minor;
+
+	if (fd_itself(path, flags)) {
+		ret = fn ? fn(dirfd, path, st, flags) : raw_fstatat(dirfd, path, st, flags);
+		return identity(ret, st, shim_fd_minor(dirfd));
+	}
+	target = redirect(path, buf, sizeof(buf), &t);
+	ret = fn ? fn(dirfd, target, st, flags) : raw_fstatat(dirfd, target, st, flags);
+	minor = t.kind == T_NODE ? t.minor : -1;
+	return identity(ret, st, minor);
+}
+
+static int do_stat(enum real_id id, const char *path, struct stat *st)
+{
+	char buf[PATH_MAX];
+	struct target t;
+	const char *target = redirect(path, buf, sizeof(buf), &t);
+	stat_fn fn = (stat_fn)real(id);
+	bool nofollow = id == R_LSTAT || id == R_LSTAT64;
+	int ret;
+
+	ret = fn ? fn(target, st)
+		 : raw_fstatat(AT_FDCWD, target, st, nofollow ? AT_SYMLINK_NOFOLLOW : 0);
+	return identity(ret, st, t.kind == T_NODE ? t.minor : -1);
+}
+
+static int do_fstat(enum real_id id, int fd, struct stat *st)
+{
+	fstat_fn fn = (fstat_fn)real(id);
+	int ret = fn ? fn(fd, st) : raw_fstatat(fd, "", st, AT_EMPTY_PATH);
+
+	return identity(ret, st, shim_fd_minor(fd));
+}
+
+SHIM_API int stat(const char *path, struct stat *st)
+{
+	return do_stat(R_STAT, path, st);
+}
+
+SHIM_API int stat64(const char *path, struct stat64 *st)
+{
+	return do_stat(R_STAT64, path, (struct stat *)st);
+}
+
+SHIM_API int lstat(const char *path, struct stat *st)
+{
+	return do_stat(R_LSTAT, path, st);
+}
+
+SHIM_API int lstat64(const char *path, struct stat64 *st)
+{
+	return do_stat(R_LSTAT64, path, (struct stat *)st);
+}
+
+SHIM_API int fstat(int fd, struct stat *st)
+{
+	return do_fstat(R_FSTAT, fd, st);
+}
+
+SHIM_API int fstat64(int fd, struct stat64 *st)
+{
+	return do_fstat(R_FSTAT64, fd, (struct stat *)st);
+}
+
+SHIM_API int fstatat(int dirfd, const char *path, struct stat *st, int flags)
+{
+	return do_fstatat(R_FSTATAT, dirfd, path, st, flags);
+}
+
+SHIM_API int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags)
+{
+	return do_fstatat(R_FSTATAT64, dirfd, path, (struct stat *)st, flags);
+}
+
+/* Binaries linked against glibc < 2.33 call these (versioned compat symbols,
+ * which dlsym cannot find); the version argument is checked as glibc does on
+ * 64-bit kABIs (x86_64: _STAT_VER_KERNEL 0 or _STAT_VER_LINUX 1; else 0). */
+static bool stat_ver_ok(int ver)
+{
+#if defined(__x86_64__)
+	if (ver == 0 || ver == 1)
+		return true;
+#else
+	if (ver == 0)
+		return true;
+#endif
+	errno = EINVAL;
+	return false;
+}
+
+int __xstat(int ver, const char *path, struct stat *st);
+int __xstat64(int ver, const char *path, struct stat64 *st);
+int __lxstat(int ver, const char *path, struct stat *st);
+int __lxstat64(int ver, const char *path, struct stat64 *st);
+int __fxstat(int ver, int fd, struct stat *st);
+int __fxstat64(int ver, int fd, struct stat64 *st);
+int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags);
+int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st, int flags);
+
+SHIM_API int __xstat(int ver, const char *path, struct stat *st)
+{
+	return stat_ver_ok(ver) ? do_fstatat(R_FSTATAT64, AT_FDCWD, path, st, 0) : -1;
+}
+
+SHIM_API int __xstat64(int ver, const char *path, struct stat64 *st)
+{
+	return __xstat(ver, path, (struct stat *)st);
+}
+
+SHIM_API int __lxstat(int ver, const char *path, struct stat *st)
+{
+	return stat_ver_ok(ver) ? do_fstatat(R_FSTATAT64, AT_FDCWD, path, st,
+					     AT_SYMLINK_NOFOLLOW) : -1;
+}
+
+SHIM_API int __lxstat64(int ver, const char *path, struct stat64 *st)
+{
+	return __lxstat(ver, path, (struct stat *)st);
+}
+
+SHIM_API int __fxstat(int ver, int fd, struct stat *st)
+{
+	return stat_ver_ok(ver) ? do_fstat(R_FSTAT64, fd, st) : -1;
+}
+
+SHIM_API int __fxstat64(int ver, int fd, struct stat64 *st)
+{
+	return __fxstat(ver, fd, (struct stat *)st);
+}
+
+SHIM_API int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags)
+{
+	return stat_ver_ok(ver) ? do_fstatat(R_FSTATAT64, dirfd, path, st, flags) : -1;
+}
+
+SHIM_API int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st,
+			  int flags)
+{
+	return __fxstatat(ver, dirfd, path, (struct stat *)st, flags);
+}
+
+SHIM_API int statx(int dirfd, const char *path, int flags, unsigned int mask,
+		   struct statx *stx)
+{
+	char buf[PATH_MAX];
+	struct target t = { T_NONE, -1 };
+	const char *target = path;
+	statx_fn fn = (statx_fn)real(R_STATX);
+	int ret, minor;
+
+	if (fd_itself(path, flags))
+		minor = shim_fd_minor(dirfd);
+	else {
+		target = redirect(path, buf, sizeof(buf), &t);
+		minor = t.kind == T_NODE ? t.minor : -1;
+	}
+	ret = fn ? fn(dirfd, target, flags, mask, stx)
+		 : (int)syscall(SYS_statx, dirfd, target, flags, mask, stx);
+	if (ret == 0 && minor >= 0) {
+		stx->stx_mode = S_IFCHR | 0666;
+		stx->stx_rdev_major = DRM_MAJOR;
+		stx->stx_rdev_minor = (unsigned)minor;
+		stx->stx_size = 0;
+	}
+	return ret;
+}
+
+/* ---- access, readlink, realpath --------------------------------------------- */
+
+static int do_access(enum real_id id, const char *path, int mode)
+{
+	char buf[PATH_MAX];
+	struct target t;
+	const char *target = redirect(path, buf, sizeof(buf), &t);
+	access_fn fn = (access_fn)real(id);
+	int flags = id == R_ACCESS ? 0 : AT_EACCESS;
+
+	return fn ? fn(target, mode)
+		  : (int)syscall(SYS_faccessat2, AT_FDCWD, target, mode, flags);
+}
+
+SHIM_API int access(const char *path, int mode)
+{
+	return do_access(R_ACCESS, path, mode);
+}
+
+SHIM_API int euidaccess(const char *path, int mode)
+{
+	return do_access(R_EUIDACCESS, path, mode);
+}
+
+SHIM_API int eaccess(const char *path, int mode)
+{
+	return do_access(R_EACCESS, path, mode);
+}
+
+SHIM_API int faccessat(int dirfd, const char *path, int mode, int flags)
+{
+	char buf[PATH_MAX];
+	struct target t;
+	const char *target = redirect(path, buf, sizeof(buf), &t);
+	faccessat_fn fn = (faccessat_fn)real(R_FACCESSAT);
+
+	return fn ? fn(dirfd, target, mode, flags)
+		  : (int)syscall(SYS_faccessat2, dirfd, target, mode, flags);
+}
+
+/* A link's text is passed on as it is: the node's sysfs links are relative,
+ * as the kernel's are, and libdrm reads only their last component. */
+SHIM_API ssize_t readlink(const char *path, char *out, size_t size)
+{
+	char buf[PATH_MAX];
+	struct target t;
+	const char *target = redirect(path, buf, sizeof(buf), &t);
+	readlink_fn fn = (readlink_fn)real(R_READLINK);
+
+	return fn ? fn(target, out, size)
+		  : (ssize_t)syscall(SYS_readlinkat, AT_FDCWD, target, out, size);
+}
+
+SHIM_API ssize_t readlinkat(int dirfd, const char *path, char *out, size_t size)
+{
+	char buf[PATH_MAX];
+	struct target t;
+	const char *target = redirect(path, buf, sizeof(buf), &t);
+	readlinkat_fn fn = (readlinkat_fn)real(R_READLINKAT);
+
+	return fn ? fn(dirfd, target, out, size)
+		  : (ssize_t)syscall(SYS_readlinkat, dirfd, target, out, size);
+}
+
+/* The host path for resolved, the canonical path of a redirected one, written
+ * into resolved (which has room for PATH_MAX, or was malloc'd by realpath:
+ * then grown if the answer is longer).  Returns the answer, or NULL (ENOMEM). */
+static char *host_path(char *resolved, bool malloced, const char *path,
+		       const struct target *t)
+{
+	char out[PATH_MAX];
+	const char *rest;
+	size_t n;
+
+	switch (t->kind) {
+	case T_NODE:		/* the name asked for: card0 is not renderD128 */
+		n = (size_t)snprintf(out, sizeof(out), "%s", path);
+		break;
+	case T_DRI_DIR:
+		n = (size_t)snprintf(out, sizeof(out), "/dev/dri");
+		break;
+	case T_KFD:
+		n = (size_t)snprintf(out, sizeof(out), "/dev/kfd");
+		break;
+	case T_SYS:
+		/* A link that leads out of the node's tree is answered as it is. */
+		if (!under(resolved, sys_dir, &rest))
+			return resolved;
+		n = (size_t)snprintf(out, sizeof(out), "/sys%s", rest);
+		break;
+	default:
+		return resolved;
+	}
+	if (n >= sizeof(out)) {
+		errno = ENAMETOOLONG;
+		return NULL;
+	}
+	if (malloced && n > strlen(resolved)) {
+		char *grown = realloc(resolved, n + 1);
+
+		if (!grown) {
+			free(resolved);
+			errno = ENOMEM;
+			return NULL;
+		}
+		resolved = grown;
+	}
+	memcpy(resolved, out, n + 1);
+	return resolved;
+}
+
+SHIM_API char *realpath(const char *path, char *resolved)
+{
+	char buf[PATH_MAX];
+	struct target t;
+	const char *target = redirect(path, buf, sizeof(buf), &t);
+	realpath_fn fn = (realpath_fn)real(R_REALPATH);
+	char *r;
+
+	if (!fn) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	r = fn(target, resolved);
+	return r && t.kind != T_NONE ? host_path(r, resolved == NULL, path, &t) : r;
+}
+
+/* The fortified realpath (libdrm's get_pci_path is built with it). */
+char *__realpath_chk(const char *path, char *resolved, size_t resolvedlen);
+SHIM_API char *__realpath_chk(const char *path, char *resolved, size_t resolvedlen)
+{
+	char buf[PATH_MAX];
+	struct target t;
+	const char *target = redirect(path, buf, sizeof(buf), &t);
+	realpath_chk_fn fn = (realpath_chk_fn)real(R_REALPATH_CHK);
+	char *r;
+
+	if (!fn) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	r = fn(target, resolved, resolvedlen);	/* aborts if resolvedlen < PATH_MAX */
+	return r && t.kind != T_NONE ? host_path(r, false, path, &t) : r;
+}
+
+SHIM_API char *canonicalize_file_name(const char *path)
+{
+	char buf[PATH_MAX];
+	struct target t;
+	const char *target = redirect(path, buf, sizeof(buf), &t);
+	canonicalize_fn fn = (canonicalize_fn)real(R_CANONICALIZE);
+	char *r;
+
+	if (!fn) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	r = fn(target);
+	return r && t.kind != T_NONE ? host_path(r, true, path, &t) : r;
+}
+
+/* ---- /dev/dri listings --------------------------------------------------------- */
+
+/* An opendir("/dev/dri") is remembered here: its readdir gives the node's
+ * entries as they are (renderD* and card* as DT_CHR), then, after a rewind,
+ * card<N-128> for each renderD<N> the directory did not list itself, as a real
+ * /dev/dri lists both (drmGetDevices2 folds them into one device by PCI
+ * address).  More than DRI_LISTINGS at once are listed as they are. */
+#define DRI_LISTINGS 8
+#define LISTED_CARDS 256
+static struct dri_listing {
+	_Atomic(DIR *) dir;
+	bool cards;		/* the second pass: card entries */
+	uint64_t listed[LISTED_CARDS / 64];	/* card<n> the directory has */
+	struct dirent64 card;
+} dri_listings[DRI_LISTINGS];
+static atomic_int dri_listings_open;
+
+static struct dri_listing *listing_of(DIR *dir)
+{
+	int i;
+
+	if (!dir || atomic_load_explicit(&dri_listings_open, memory_order_relaxed) == 0)
+		return NULL;
+	for (i = 0; i < DRI_LISTINGS; i++)
+		if (atomic_load(&dri_listings[i].dir) == dir)
+			return &dri_listings[i];
+	return NULL;
+}
+
+SHIM_API DIR *opendir(const char *path)
+{
+	char buf[PATH_MAX];
+	struct target t;
+	const char *target = redirect(path, buf, sizeof(buf), &t);
+	opendir_fn fn = (opendir_fn)real(R_OPENDIR);
+	DIR *dir;
+	int i;
+
+	if (!fn) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	dir = fn(target);
+	if (dir && t.kind == T_DRI_DIR) {
+		for (i = 0; i < DRI_LISTINGS; i++) {
+			DIR *expected = NULL;
+
+			if (atomic_compare_exchange_strong(&dri_listings[i].dir, &expected, dir)) {
+				dri_listings[i].cards = false;
+				memset(dri_listings[i].listed, 0, sizeof(dri_listings[i].listed));
+				atomic_fetch_add(&dri_listings_open, 1);
+				break;
+			}
+		}
+	}
+	return dir;
+}
+
+/* renderD<N> with N >= 128: N, else -1. */
+static int render_minor(const char *name)
+{
+	unsigned long n;
+
+	if (strncmp(name, "renderD", 7) != 0 || !parse_index(name + 7, 0xfffe, &n) ||
+	    n < RENDER_MINOR_BASE)
+		return -1;
+	return (int)n;
+}
+
+/* card<N>: N, else -1. */
+static int card_minor(const char *name)
+{
+	unsigned long n;
+
+	if (strncmp(name, "card", 4) != 0 || !parse_index(name + 4, 0xfffe, &n))
+		return -1;
+	return (int)n;
+}
+
+static struct dirent64 *do_readdir(enum real_id id, DIR *dir)
+{
+	readdir_fn fn = (readdir_fn)real(id);
+	rewinddir_fn rewind_fn;
+	struct dri_listing *l;
+	struct dirent64 *e;
+	int minor;
+
+	if (!fn) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	l = listing_of(dir);
+	if (!l)
+		return fn(dir);
+	while (!l->cards) {
+		e = fn(dir);
+		if (e) {
+			minor = card_minor(e->d_name);
+			if (minor >= 0 && minor < LISTED_CARDS)
+				l->listed[minor / 64] |= (uint64_t)1 << (minor % 64);
+			if (minor >= 0 || render_minor(e->d_name) >= 0)
+				e->d_type = DT_CHR;
+			return e;
+		}
+		rewind_fn = (rewinddir_fn)real(R_REWINDDIR);
+		if (!rewind_fn)
+			return NULL;
+		rewind_fn(dir);
+		l->cards = true;
+	}
+	while ((e = fn(dir))) {
+		minor = render_minor(e->d_name) - RENDER_MINOR_BASE;	/* the card's */
+		if (minor < 0 || (minor < LISTED_CARDS &&
+				  (l->listed[minor / 64] >> (minor % 64) & 1)))
+			continue;
+		memset(&l->card, 0, sizeof(l->card));
+		l->card.d_ino = e->d_ino;
+		l->card.d_off = e->d_off;
+		l->card.d_reclen = sizeof(l->card);
+		l->card.d_type = DT_CHR;
+		snprintf(l->card.d_name, sizeof(l->card.d_name), "card%d", minor);
+		return &l->card;
+	}
+	return NULL;
+}
+
+SHIM_API struct dirent *readdir(DIR *dir)
+{
+	return (struct dirent *)do_readdir(R_READDIR, dir);
+}
+
+SHIM_API struct dirent64 *readdir64(DIR *dir)
+{
+	return do_readdir(R_READDIR64, dir);
+}
+
+SHIM_API void rewinddir(DIR *dir)
+{
+	rewinddir_fn fn = (rewinddir_fn)real(R_REWINDDIR);
+	struct dri_listing *l = listing_of(dir);
+
+	if (l)
+		l->cards = false;
+	if (fn)
+		fn(dir);
+}
+
+SHIM_API int closedir(DIR *dir)
+{
+	closedir_fn fn = (closedir_fn)real(R_CLOSEDIR);
+	struct dri_listing *l = listing_of(dir);
+
+	/* Forgotten before the DIR is freed: a later opendir may reuse it. */
+	if (l) {
+		atomic_store(&l->dir, NULL);
+		atomic_fetch_sub(&dri_listings_open, 1);
+	}
+	if (!fn) {
+		errno = ENOSYS;
+		return -1;
+	}
+	return fn(dir);
+}
+
 /* ---- close and dup ------------------------------------------------------------ */
 
-/* The bit goes before the fd does: once closed, the number can be reused by
+/* The entry goes before the fd does: once closed, the number can be reused by
  * another thread's open, whose entry we must not wipe. */
 SHIM_API int close(int fd)
 {
 	close_fn fn = (close_fn)real(R_CLOSE);
 
-	fd_set_tracked(fd, false);
+	fd_track(fd, -1);
 	return fn ? fn(fd) : (int)syscall(SYS_close, fd);
 }
 
@@ -434,13 +1249,13 @@ SHIM_API void closefrom(int lowfd)
 		syscall(SYS_close_range, (unsigned)lowfd, ~0u, 0);
 }
 
-/* newfd refers to oldfd's open file: same DrmFile, same tracking. */
+/* newfd refers to oldfd's open file: same DrmFile, same minor. */
 static int track_dup(int oldfd, int newfd)
 {
 	if (newfd >= 0) {
 		int saved = errno;
 
-		fd_set_tracked(newfd, fd_tracked(oldfd));
+		fd_track(newfd, shim_fd_minor(oldfd));
 		errno = saved;
 	}
 	return newfd;
@@ -461,7 +1276,7 @@ SHIM_API int dup2(int oldfd, int newfd)
 	if (fn) {
 		ret = fn(oldfd, newfd);
 	} else if (oldfd == newfd) {
-		ret = fcntl(oldfd, F_GETFD) < 0 ? -1 : newfd;
+		ret = syscall(SYS_fcntl, oldfd, F_GETFD) < 0 ? -1 : newfd;
 	} else {
 		ret = (int)syscall(SYS_dup3, oldfd, newfd, 0);
 	}
@@ -549,7 +1364,7 @@ static int answer_version(struct drm_version *v)
 	return 0;
 }
 
-/* Trade a dma-buf token for the real fd (single-use, same uid). */
+/* Trade a token for the real fd (single-use, same uid). */
 static int open_token(uint32_t token, int oflags)
 {
 	char path[PATH_MAX];
@@ -571,7 +1386,7 @@ static int open_token(uint32_t token, int oflags)
 			: (int)syscall(SYS_openat, AT_FDCWD, path, oflags);
 	} while (fd == -1 && errno == EINTR);
 	if (fd >= 0)
-		fd_set_tracked(fd, false);	/* a dma-buf, not a render node */
+		fd_track(fd, -1);	/* a dma-buf or syncobj, not a render node */
 	return fd;
 }
 
@@ -584,6 +1399,10 @@ static bool is_drm_rw(unsigned long request, unsigned int nr, unsigned int min_s
 	       _IOC_SIZE(request) >= min_size;
 }
 
+/* struct drm_syncobj_handle (drm.h): handle, flags, fd, pad [, point]. */
+#define DRM_SYNCOBJ_HANDLE_TO_FD_NR 0xC1
+#define SYNCOBJ_HANDLE_FD_OFFSET 8
+
 SHIM_API int ioctl(int fd, unsigned long request, ...)
 {
 	va_list ap;
@@ -594,7 +1413,7 @@ SHIM_API int ioctl(int fd, unsigned long request, ...)
 	arg = va_arg(ap, void *);
 	va_end(ap);
 
-	if (!fd_tracked(fd))
+	if (!shim_fd_is_render(fd))
 		return real_ioctl(fd, request, arg);
 
 	if (request == DRM_IOCTL_VERSION)
@@ -632,6 +1451,25 @@ SHIM_API int ioctl(int fd, unsigned long request, ...)
 		if (dmabuf < 0)
 			return -1;
 		p->fd = dmabuf;
+		return ret;
+	}
+
+	/* SYNCOBJ_HANDLE_TO_FD (a syncobj fd, or a sync_file with
+	 * EXPORT_SYNC_FILE): the token at offset 8 out.  The kernel's
+	 * drm_syncobj_get_fd and drm_syncobj_export_sync_file always take an
+	 * O_CLOEXEC fd; there is no flag for it. */
+	if (is_drm_rw(request, DRM_SYNCOBJ_HANDLE_TO_FD_NR,
+		      SYNCOBJ_HANDLE_FD_OFFSET + sizeof(__s32))) {
+		__s32 token;
+
+		ret = real_ioctl(fd, request, arg);
+		if (ret != 0)
+			return ret;
+		memcpy(&token, (char *)arg + SYNCOBJ_HANDLE_FD_OFFSET, sizeof(token));
+		dmabuf = open_token((uint32_t)token, O_RDWR | O_CLOEXEC);
+		if (dmabuf < 0)
+			return -1;
+		memcpy((char *)arg + SYNCOBJ_HANDLE_FD_OFFSET, &dmabuf, sizeof(dmabuf));
 		return ret;
 	}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes.util
 import errno
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 from nodes import REPO, c_program, running_node
 
+from ualinkd.config import PodConfig
+
 pytestmark = pytest.mark.integration
 
 SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
@@ -23,7 +26,15 @@ INTERPOSED = {
     "open", "open64", "openat", "openat64", "__open_2", "__open64_2", "__openat_2",
     "__openat64_2", "close", "close_range", "closefrom", "dup", "dup2", "dup3", "fcntl",
     "fcntl64", "ioctl",
+    # paths and the device identity (spec userspace-surface §7 items 1-3)
+    "fopen", "fopen64", "freopen", "freopen64", "opendir", "readdir", "readdir64",
+    "rewinddir", "closedir", "stat", "stat64", "lstat", "lstat64", "fstat", "fstat64",
+    "fstatat", "fstatat64", "statx", "__xstat", "__xstat64", "__lxstat", "__lxstat64",
+    "__fxstat", "__fxstat64", "__fxstatat", "__fxstatat64", "access", "faccessat",
+    "euidaccess", "eaccess", "readlink", "readlinkat", "realpath", "__realpath_chk",
+    "canonicalize_file_name",
 }
+SHIM_MAP = REPO / "libualink_c" / "libualink_shim.map"
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +140,135 @@ def test_only_interposed_symbols_are_exported():
                         text=True, check=True)
     exported = {line.split()[-1] for line in nm.stdout.splitlines() if line.strip()}
     assert exported == INTERPOSED
+    # the map names the same set, unversioned (an anonymous node: old binaries' versioned
+    # references such as __xstat@GLIBC_2.2.5 bind to the wrappers)
+    body = re.sub(r"/\*.*?\*/", "", SHIM_MAP.read_text(), flags=re.S)
+    glob = body.split("global:")[1].split("local:")[0]
+    # (it also names shim_mmap.c's wrappers, so building that file in cannot hide them)
+    assert {n.strip() for n in glob.split(";") if n.strip()} == INTERPOSED | {
+        "mmap", "mmap64", "munmap", "mremap"}
+    assert "@" not in nm.stdout
+
+
+def chr_steps(r: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
+    assert r.returncode == 0, r.stdout + r.stderr
+    return steps(r.stdout)
+
+
+def test_stat_family_reports_a_drm_character_device(node):
+    """§7 item 1: every stat entry point (the glibc < 2.33 __xstat family through their
+    versioned symbols) reports /dev/dri/renderD128 and card0, and the fds opened from them
+    (dups too), as S_IFCHR|0666 with st_rdev 226:128 and 226:0 (drmGetNodeTypeFromFd,
+    drmGetDevice2's fstat64/stat64); a node the node lacks is ENOENT."""
+    r = run([c_program("shim_stat")], LD_PRELOAD=str(SHIM),
+            UALINK_DRI_DIR=str(node.mount / "dri"))
+    s = chr_steps(r)
+    chr_mode = f"{stat.S_IFCHR | 0o666:o}"
+    card = {"stat_card", "lstat64", "fstatat64", "fstat_card", "statx_fd", "__lxstat",
+            "__fxstat64"}
+    render = {"stat", "stat64", "lstat", "fstatat", "fstat", "fstat64", "fstatat_empty",
+              "fstat_dup", "statx", "__xstat", "__fxstat", "__fxstatat", "__xstat64"}
+    if os.uname().machine != "x86_64":
+        card -= {"__lxstat", "__fxstat64"}
+        render -= {"__xstat", "__fxstat", "__fxstatat", "__xstat64"}
+    for step in card | render:
+        assert s[step]["mode"] == chr_mode, (step, r.stdout)
+        assert s[step]["rdev"] == ("226:0" if step in card else "226:128"), (step, r.stdout)
+    if os.uname().machine == "x86_64":
+        assert s["__xstat_bad_version"]["errno"] == str(errno.EINVAL)
+    assert s["stat_missing"]["errno"] == str(errno.ENOENT)
+    # §2.2 step 7: opendir("/dev/dri") lists render and card, both DT_CHR, again after a rewind
+    entries = [line.split()[2:] for line in r.stdout.splitlines() if " entry " in line]
+    assert entries == [["name=renderD128", "type=2"], ["name=card0", "type=2"]]
+    again = [line.split()[2] for line in r.stdout.splitlines() if " entry_again " in line]
+    assert again == ["name=renderD128", "name=card0"]
+    # realpath answers the host's paths, never the mount's
+    assert s["realpath"]["path"] == "/dev/dri/card0"
+    assert s["realpath_dir"]["path"] == "/dev/dri"
+    # the accel's real sysfs directory (sysfs.pci_device_dir), as /sys on a host shows it
+    assert s["realpath_sys"]["path"] == "/sys/devices/pci0000:10/0000:10:00.0"
+    assert s["realpath_chk"]["path"] == "/sys/devices/pci0000:10/0000:10:00.0"
+    assert s["readlink"]["link"].endswith("/bus/pci")  # relative, as the kernel's
+    assert str(node.mount) not in r.stdout
+    assert r.stderr == ""
+
+
+def test_two_accels_list_and_stat_each(tmp_path_factory):
+    """Each accel of a 2-accel node is its own pair of minors: renderD128/card0 and
+    renderD129/card1, listed in /dev/dri and each with its own rdev."""
+    with running_node(tmp_path_factory.mktemp("two"), PodConfig.local(1, 2)) as n:
+        r = run(["sh", "-c", "stat -c '%n %F %t:%T' /dev/dri/renderD129 /dev/dri/card1 && "
+                 "ls /dev/dri"], LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(n.mount / "dri"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["/dev/dri/renderD129 character special file e2:81",
+                         "/dev/dri/card1 character special file e2:1"]
+    assert sorted(lines[2:]) == ["card0", "card1", "renderD128", "renderD129"]
+
+
+def test_sys_paths_are_the_nodes(node):
+    """§7 item 2: /sys/class/drm, the accel's PCI directory and /sys/dev/char/226:* are read
+    from the node's own sys/ tree by fopen, open, opendir, access and stat; other /sys
+    paths stay the host's."""
+    state = (node.mount / "sys/class/drm/renderD128/device/ualink/accel_state").read_text()
+    script = ("cat /sys/class/drm/renderD128/device/ualink/accel_state && "
+              "ls /sys/class/drm | grep -E '^(card|renderD)' && "
+              "cat /sys/bus/pci/devices/0000:10:00.0/ualink/accel_state && "
+              "test -e /sys/class/drm/card0 && echo access-ok && "
+              "test ! -e /sys/class/drm/renderD129 && echo absent-ok && "
+              "test -d /sys/kernel && echo host-ok")
+    r = run(["sh", "-c", script], LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [state.strip(), "card0", "renderD128", state.strip(),
+                                     "access-ok", "absent-ok", "host-ok"]
+    fopen = textwrap.dedent("""
+        import sys
+        # Python's open() is open(2); ctypes' fopen is glibc's, which opens internally
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fopen.restype = ctypes.c_void_p
+        f = libc.fopen(b"/sys/class/drm/renderD128/device/ualink/accel_state", b"r")
+        print("fopen", bool(f))
+    """)
+    r = run([sys.executable, "-c", fopen], LD_PRELOAD=str(SHIM),
+            UALINK_DRI_DIR=str(node.mount / "dri"))
+    assert r.stdout.split() == ["fopen", "True"], r.stderr
+
+
+def test_wrapper_reentered_while_reading_the_configuration(node):
+    """shim.c's recursion guard: a later preload's realpath (reached from the shim's own
+    configuration) opens a /sys file through the shim; that open passes through instead of
+    waiting on the configuration it is part of (a hang: the timeout fails it)."""
+    reenter = c_program("shim_reenter.so")
+    r = run([c_program("shim_stat")], LD_PRELOAD=f"{SHIM}:{reenter}",
+            UALINK_DRI_DIR=str(node.mount / "dri"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert steps(r.stdout)["stat"]["rdev"] == "226:128"
+
+
+@pytest.mark.parametrize("bad", ["nonexistent", "plain-dir", "file"])
+def test_bad_dri_dir_leaves_dev_dri_alone(node, tmp_path: Path, bad: str):
+    """Issue 9, bad input: a UALINK_DRI_DIR that does not exist or is not a ualinkd mount
+    leaves the program's own /dev/dri alone and says so once on stderr."""
+    if os.path.exists("/dev/dri/renderD128"):
+        pytest.skip("this machine has a real /dev/dri/renderD128")
+    target = tmp_path / bad
+    if bad == "plain-dir":
+        target.mkdir()
+        (target / "renderD128").write_text("")  # looks like one, but not on a FUSE mount
+    elif bad == "file":
+        target.write_text("")
+    r = run(["sh", "-c", "cat /dev/dri/renderD128; stat /dev/dri/card0; ls /dev/dri"],
+            LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(target))
+    said = [line for line in r.stderr.splitlines() if line.startswith("libualink_shim:")]
+    # one line per process (cat, stat and ls each say it once), naming the directory
+    assert len(said) == 3, r.stderr
+    assert all(str(target) in line and "not a ualinkd mount" in line for line in said)
+    assert r.stderr.count("No such file or directory") >= 3  # the system's /dev/dri
+    # the unmodified client sees the real /dev/dri: ENOENT, not the node
+    r = run([c_program("unmodified_client")], LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(target))
+    assert steps(r.stdout) == {"open": {"status": "fail", "errno": str(errno.ENOENT)}}
+    assert r.stderr.count("libualink_shim:") == 1
 
 
 LIBDRM_SCRIPT = textwrap.dedent("""
