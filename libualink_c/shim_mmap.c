@@ -1,0 +1,219 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * CPU mappings of BOs for libualink_shim.so (README, "CPU mappings").
+ *
+ * A ualinkd render node or dma-buf is a FUSE file, which cannot be mapped
+ * MAP_SHARED here (libfuse 3.14).  The BO's memory is a memfd the daemon
+ * itself reads and writes for GPU loads, stores and the fabric, so mapping
+ * that memfd is mapping the BO.  mmap/mmap64 of an fd on the ualinkd mount
+ * ($UALINK_DRI_DIR's file system):
+ *   1. UALINKD_IOCTL_MMAP_GRANT on the fd, with mmap's arguments: the daemon
+ *      makes the kernel's checks (drm_gem_mmap, dma_buf_mmap_internal,
+ *      amdgpu_gem_object_mmap) and answers a one-time grant, or the errno
+ *      mmap must fail with;
+ *   2. the grant is sent on the daemon's abstract unix socket, which checks
+ *      that this process and uid asked for it and sends the memfd back
+ *      (SCM_RIGHTS), read-only unless the mapping may ever be written;
+ *   3. the memfd is mapped with the caller's address, prot and flags
+ *      (MAP_FIXED included) and closed; the mapping keeps it.
+ * A file of the mount that knows no grant (ENOTTY: sys attributes) is mapped
+ * as before.  Anonymous mappings and other files cost one branch (plus one
+ * fstat for files).  munmap and mprotect need no wrapper: the mapping is an
+ * ordinary shared file mapping.  Every system call here is raw, so the other
+ * wrappers of the shim (stat, fcntl, ioctl) never see ours.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "ualink/ualink_cpumap.h"
+
+#define SHIM_API __attribute__((visibility("default")))
+
+_Static_assert(sizeof(struct ualinkd_mmap_grant) == 48, "grant is 48 bytes");
+_Static_assert(sizeof(struct ualinkd_mmap_fetch) == 16, "fetch reply is 16 bytes");
+
+/* ---- which fds are ours ------------------------------------------------------ */
+
+static pthread_once_t mount_once = PTHREAD_ONCE_INIT;
+static bool have_mount;
+static dev_t mount_dev;
+
+/* The mount's st_dev: that of <UALINK_DRI_DIR>/renderD128 (the directory
+ * itself may be a bind mount target elsewhere, the render node never is). */
+static void mount_init(void)
+{
+	const char *dri = getenv("UALINK_DRI_DIR");
+	char path[PATH_MAX];
+	struct stat st;
+
+	if (!dri || !*dri ||
+	    snprintf(path, sizeof(path), "%s/renderD128", dri) >= (int)sizeof(path))
+		return;
+	if (syscall(SYS_newfstatat, AT_FDCWD, path, &st, 0) != 0)
+		return;
+	mount_dev = st.st_dev;
+	have_mount = true;
+}
+
+static bool on_mount(int fd)
+{
+	struct stat st;
+	int saved = errno;
+	bool ours;
+
+	pthread_once(&mount_once, mount_init);
+	if (!have_mount)
+		return false;
+	ours = syscall(SYS_fstat, fd, &st) == 0 && S_ISREG(st.st_mode) &&
+	       st.st_dev == mount_dev;
+	errno = saved;
+	return ours;
+}
+
+/* ---- the grant and the fetch --------------------------------------------------- */
+
+static void *raw_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+}
+
+/* 0 and the grant, or -errno; -ENOTTY: the file knows no grants. */
+static int ask_grant(int fd, struct ualinkd_mmap_grant *g)
+{
+	long r;
+
+	do {
+		r = syscall(SYS_ioctl, fd, UALINKD_IOCTL_MMAP_GRANT, g);
+	} while (r == -1 && (errno == EINTR || errno == EAGAIN));
+	return r == 0 ? 0 : -errno;
+}
+
+/* The memfd behind a grant (>= 0) and where to map it from, or -errno. */
+static int fetch(const struct ualinkd_mmap_grant *g, struct ualinkd_mmap_fetch *reply)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	union {
+		struct cmsghdr hdr;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} ctl;
+	struct iovec iov = { .iov_base = reply, .iov_len = sizeof(*reply) };
+	struct msghdr msg = {
+		.msg_iov = &iov, .msg_iovlen = 1,
+		.msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf),
+	};
+	struct cmsghdr *c;
+	int s, n, memfd = -1, err;
+	socklen_t alen;
+	long r;
+
+	/* Abstract: sun_path[0] = 0, then the name, no terminating NUL. */
+	n = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, UALINKD_CPUMAP_SOCKET_FMT,
+		     (unsigned long long)g->socket);
+	alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	s = (int)syscall(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return -errno;
+	do {
+		r = syscall(SYS_connect, s, &sa, alen);
+	} while (r == -1 && errno == EINTR);
+	if (r != 0)
+		goto fail;
+	do {
+		r = syscall(SYS_sendto, s, &g->grant, sizeof(g->grant), MSG_NOSIGNAL, NULL, 0);
+	} while (r == -1 && errno == EINTR);
+	if (r != (long)sizeof(g->grant))
+		goto fail;
+	do {
+		r = syscall(SYS_recvmsg, s, &msg, MSG_CMSG_CLOEXEC);
+	} while (r == -1 && errno == EINTR);
+	if (r < 0)
+		goto fail;
+	for (c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+		    c->cmsg_len == CMSG_LEN(sizeof(int)))
+			memcpy(&memfd, CMSG_DATA(c), sizeof(int));
+	syscall(SYS_close, s);
+	if (r != (long)sizeof(*reply)) {
+		err = -EPROTO;
+	} else if (reply->result < 0) {
+		err = reply->result;
+	} else if (memfd < 0) {
+		err = -EPROTO;
+	} else {
+		return memfd;
+	}
+	if (memfd >= 0)
+		syscall(SYS_close, memfd);
+	return err;
+fail:
+	err = -errno;
+	syscall(SYS_close, s);
+	/* The daemon that answered the ioctl is not there: as if mmap failed. */
+	return err == -ECONNREFUSED || err == -ENOENT ? -ENODEV : err;
+}
+
+static void *map_bo(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	struct ualinkd_mmap_grant g = {
+		.offset = (uint64_t)off, .length = len, .prot = (uint32_t)prot,
+		.flags = (uint32_t)flags,
+	};
+	struct ualinkd_mmap_fetch reply;
+	int saved = errno, fl, memfd, err;
+	void *p;
+
+	fl = (int)syscall(SYS_fcntl, fd, F_GETFL);
+	if (fl < 0)
+		return MAP_FAILED;	/* EBADF, as mmap would */
+	g.fmode = (uint32_t)(fl & O_ACCMODE);
+	err = ask_grant(fd, &g);
+	if (err == -ENOTTY) {
+		errno = saved;
+		return raw_mmap(addr, len, prot, flags, fd, off);
+	}
+	if (err == 0) {
+		memfd = fetch(&g, &reply);
+		err = memfd < 0 ? memfd : 0;
+	}
+	if (err) {
+		errno = -err;
+		return MAP_FAILED;
+	}
+	p = raw_mmap(addr, len, prot, (flags & ~MAP_TYPE) | (int)reply.map_type, memfd,
+		     (off_t)reply.backing_offset);
+	err = errno;
+	syscall(SYS_close, memfd);
+	errno = p == MAP_FAILED ? err : saved;
+	return p;
+}
+
+/* ---- the wrappers ------------------------------------------------------------ */
+
+SHIM_API void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	if (fd < 0 || (flags & MAP_ANONYMOUS) || !on_mount(fd))
+		return raw_mmap(addr, len, prot, flags, fd, off);
+	return map_bo(addr, len, prot, flags, fd, off);
+}
+
+/* LP64: off_t is 64 bits, so mmap64 is the same call. */
+SHIM_API void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	return mmap(addr, len, prot, flags, fd, off);
+}
