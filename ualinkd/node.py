@@ -235,7 +235,9 @@ class NodeCore:
         fabric = SysAttr(lambda: self.fabric_status())
         return {"bus": {"pci": {"devices": pci}},
                 "class": {"drm": drm},
-                "kernel": {"debug": {"dri": debug, "ualink_fabric": fabric}}}
+                "kernel": {"debug": {"dri": debug, "ualink_fabric": fabric,
+                                     "cpu_map_grants": SysAttr(
+                                         lambda: f"{self.cpu_maps.pending_count}\n")}}}
 
     def _debugfs(self, minor: int) -> SysDir:
         """debugfs lookalikes (read-only): what the device holds right now."""
