@@ -13,6 +13,7 @@
  *   cpu_map other <render> <offset> map a BO of another process at its offset
  *   cpu_map grant <render>          a grant taken with the raw ioctl, not fetched
  *   cpu_map fetch <socket> <grant>  present a grant (someone else's)
+ *   cpu_map bench <render> <rounds> the cost of mmap + first touch of 2 MiB BOs
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -487,6 +488,59 @@ static int run_fetch(const char *socket_hex, const char *grant)
 	return 0;
 }
 
+/* ---- cost (printed, never asserted) ---------------------------------------------- */
+
+static void touch_all(volatile char *p, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i += 4096)
+		p[i] = 1;
+}
+
+static int run_bench(const char *render, int rounds)
+{
+	int fd = open_render(render), i;
+	double t0, map_us = 0, touch_us = 0, remap_us = 0, anon_us = 0, unmap_us = 0;
+	char *p;
+
+	for (i = 0; i < rounds; i++) {
+		uint32_t bo = gem_create(fd, BO_SIZE);
+		uint64_t off = gem_mmap(fd, bo);
+		struct drm_gem_close cl = { .handle = bo };
+
+		t0 = now_us();
+		p = mmap(NULL, BO_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)off);
+		map_us += now_us() - t0;
+		if (p == MAP_FAILED) {
+			fail("bench", errno);
+			return 1;
+		}
+		t0 = now_us();
+		touch_all(p, BO_SIZE);	/* first touch: the pages come to exist */
+		touch_us += now_us() - t0;
+		t0 = now_us();
+		munmap(p, BO_SIZE);
+		unmap_us += now_us() - t0;
+		t0 = now_us();
+		p = mmap(NULL, BO_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)off);
+		touch_all(p, BO_SIZE);	/* a second mapping: the pages exist already */
+		remap_us += now_us() - t0;
+		munmap(p, BO_SIZE);
+		ioctl(fd, DRM_IOCTL_GEM_CLOSE, &cl);
+		t0 = now_us();
+		p = mmap(NULL, BO_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		touch_all(p, BO_SIZE);	/* what the same touch costs in plain anonymous memory */
+		anon_us += now_us() - t0;
+		munmap(p, BO_SIZE);
+	}
+	ok("bench", "rounds=%d mmap_us=%.1f first_touch_us=%.1f munmap_us=%.1f "
+	   "remap_and_touch_us=%.1f anon_map_and_touch_us=%.1f", rounds, map_us / rounds,
+	   touch_us / rounds, unmap_us / rounds, remap_us / rounds, anon_us / rounds);
+	close(fd);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -500,6 +554,8 @@ int main(int argc, char **argv)
 		return run_other(argv[2], argv[3]);
 	if (argc == 3 && !strcmp(argv[1], "grant"))
 		return run_grant(argv[2]);
+	if (argc == 4 && !strcmp(argv[1], "bench"))
+		return run_bench(argv[2], atoi(argv[3]));
 	if (argc == 4 && !strcmp(argv[1], "fetch"))
 		return run_fetch(argv[2], argv[3]);
 	fprintf(stderr, "usage: see the comment at the top of cpu_map.c\n");

@@ -189,3 +189,11 @@ def test_remote_importer_and_exporter_cpu_map_share_one_memory(tmp_path):
         assert imp["remote_load"]["data"] == "exporter-cpu-store", imp
         assert imp["remote_store"]["status"] == "ok", imp
         assert command(exp, "show 8192 12")["show"]["data"] == "remote-store"
+
+
+def test_another_uid_maps_its_own_bos(node):
+    """The uid rule is not "root only": nobody maps the BOs of its own DrmFile, with every
+    mapping and refusal of the one-node run the same (SO_PEERCRED uid = the FUSE caller's)."""
+    as_nobody = cpu_map(node, "local", RENDER, prefix=NOBODY)
+    failed = {k: v for k, v in as_nobody.items() if v["status"] != "ok"}
+    assert not failed and "after_close" in as_nobody, as_nobody
