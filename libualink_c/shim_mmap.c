@@ -37,6 +37,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -104,7 +105,10 @@ static int ask_grant(int fd, struct ualinkd_mmap_grant *g)
 	return r == 0 ? 0 : -errno;
 }
 
-/* The memfd behind a grant (>= 0) and where to map it from, or -errno. */
+static const struct timeval fetch_timeout = { .tv_sec = 10 };
+
+/* The memfd behind a grant (>= 0) and where to map it from, or -errno
+ * (ETIMEDOUT when the daemon does not answer within fetch_timeout). */
 static int fetch(const struct ualinkd_mmap_grant *g, struct ualinkd_mmap_fetch *reply)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -129,6 +133,10 @@ static int fetch(const struct ualinkd_mmap_grant *g, struct ualinkd_mmap_fetch *
 	s = (int)syscall(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (s < 0)
 		return -errno;
+	/* A daemon that stops answering must not hang mmap: the fetch is one small
+	 * message each way, answered at once by a live daemon. */
+	syscall(SYS_setsockopt, s, SOL_SOCKET, SO_RCVTIMEO, &fetch_timeout, sizeof(fetch_timeout));
+	syscall(SYS_setsockopt, s, SOL_SOCKET, SO_SNDTIMEO, &fetch_timeout, sizeof(fetch_timeout));
 	do {
 		r = syscall(SYS_connect, s, &sa, alen);
 	} while (r == -1 && errno == EINTR);
@@ -142,8 +150,11 @@ static int fetch(const struct ualinkd_mmap_grant *g, struct ualinkd_mmap_fetch *
 	do {
 		r = syscall(SYS_recvmsg, s, &msg, MSG_CMSG_CLOEXEC);
 	} while (r == -1 && errno == EINTR);
-	if (r < 0)
+	if (r < 0) {
+		if (errno == EAGAIN)
+			errno = ETIMEDOUT;
 		goto fail;
+	}
 	for (c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
 		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
 		    c->cmsg_len == CMSG_LEN(sizeof(int)))
