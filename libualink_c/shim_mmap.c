@@ -18,15 +18,27 @@
  *      (MAP_FIXED included) and closed; the mapping keeps it.
  * A file of the mount that knows no grant (ENOTTY: sys attributes) is mapped
  * as before.  Anonymous mappings and other files cost one branch (plus one
- * fstat for files).  munmap and mprotect need no wrapper: the mapping is an
- * ordinary shared file mapping.  Every system call here is raw, so the other
- * wrappers of the shim (stat, fcntl, ioctl) never see ours.
+ * fstat for files).
+ *
+ * Lifetimes.  The kernel's mapping holds the render (or dma-buf) file: its
+ * DrmFile, with its handles, outlives close() until the last munmap.  Ours is
+ * of the memfd, so each BO mapping also gets a *guard*: one PROT_NONE
+ * MAP_PRIVATE page of the FUSE file itself (which FUSE allows and never
+ * reads until touched), holding the file as the kernel's vma would, with no
+ * fd the program could close or see.  A table of BO mappings follows munmap,
+ * MAP_FIXED over them and mremap, and drops a guard when no byte of its
+ * mapping is left (a partial munmap keeps it; mremap drops it, as if
+ * unmapped).  A full table (MAX_MAPS) or a failed guard only loses the hold.
+ * Every system call here is raw, so the other wrappers of the shim (stat,
+ * fcntl, ioctl) never see ours.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -214,13 +226,172 @@ static void *map_bo(void *addr, size_t len, int prot, int flags, int fd, off_t o
 	return p;
 }
 
+/* ---- guards: the file held while a BO mapping lives ----------------------------- */
+
+#define MAX_MAPS 16384
+#define PAGE 4096ul
+
+struct bo_map {
+	uintptr_t start, end;	/* page-aligned; end == 0: a free slot */
+	uintptr_t guard;	/* shared by the pieces of a split mapping */
+};
+
+static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct bo_map maps[MAX_MAPS];
+static unsigned maps_used;	/* slots [0, maps_used) may be live */
+static _Atomic unsigned live_maps;	/* fast path: nothing to look at */
+
+static bool guard_in_use(uintptr_t guard)
+{
+	unsigned i;
+
+	for (i = 0; i < maps_used; i++)
+		if (maps[i].end && maps[i].guard == guard)
+			return true;
+	return false;
+}
+
+static struct bo_map *free_slot(void)
+{
+	unsigned i;
+
+	for (i = 0; i < maps_used; i++)
+		if (!maps[i].end)
+			return &maps[i];
+	return maps_used < MAX_MAPS ? &maps[maps_used++] : NULL;
+}
+
+/* [start, end) is no longer mapped: cut it out of every BO mapping, and drop
+ * the guards nothing is left of.  Called with maps_lock held. */
+static void forget_range_locked(uintptr_t start, uintptr_t end)
+{
+	uintptr_t dropped[16];
+	unsigned i, n = 0;
+
+	for (i = 0; i < maps_used; i++) {
+		struct bo_map *m = &maps[i];
+		struct bo_map *tail;
+
+		if (!m->end || m->end <= start || end <= m->start)
+			continue;
+		if (m->start < start && end < m->end && (tail = free_slot())) {
+			/* A hole in the middle: two pieces, one guard. */
+			*tail = (struct bo_map){ end, m->end, m->guard };
+			live_maps++;
+			m->end = start;
+		} else if (m->start < start) {
+			m->end = start;
+		} else if (end < m->end) {
+			m->start = end;
+		} else {
+			m->end = 0;
+			live_maps--;
+			if (n < sizeof(dropped) / sizeof(dropped[0]))
+				dropped[n++] = m->guard;
+			else if (!guard_in_use(m->guard))
+				syscall(SYS_munmap, m->guard, PAGE);
+		}
+	}
+	for (i = 0; i < n; i++)
+		if (!guard_in_use(dropped[i]))
+			syscall(SYS_munmap, dropped[i], PAGE);
+}
+
+static void forget_range(void *addr, size_t len)
+{
+	uintptr_t start = (uintptr_t)addr & ~(PAGE - 1);
+	uintptr_t end = ((uintptr_t)addr + len + PAGE - 1) & ~(PAGE - 1);
+
+	if (!live_maps || !len)
+		return;
+	pthread_mutex_lock(&maps_lock);
+	forget_range_locked(start, end);
+	pthread_mutex_unlock(&maps_lock);
+}
+
+/* A new BO mapping at [p, p + len) of `fd`'s file: guard it. */
+static void remember(void *p, size_t len, int fd)
+{
+	void *guard = raw_mmap(NULL, PAGE, PROT_NONE, MAP_PRIVATE, fd, 0);
+	struct bo_map *m;
+
+	if (guard == MAP_FAILED)
+		return;
+	pthread_mutex_lock(&maps_lock);
+	m = free_slot();
+	if (m) {
+		*m = (struct bo_map){ (uintptr_t)p, ((uintptr_t)p + len + PAGE - 1) & ~(PAGE - 1),
+				      (uintptr_t)guard };
+		live_maps++;
+	}
+	pthread_mutex_unlock(&maps_lock);
+	if (!m)
+		syscall(SYS_munmap, guard, PAGE);
+}
+
 /* ---- the wrappers ------------------------------------------------------------ */
 
 SHIM_API void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
-	if (fd < 0 || (flags & MAP_ANONYMOUS) || !on_mount(fd))
-		return raw_mmap(addr, len, prot, flags, fd, off);
-	return map_bo(addr, len, prot, flags, fd, off);
+	int saved = errno;
+	void *p;
+
+	if (fd < 0 || (flags & MAP_ANONYMOUS) || !on_mount(fd)) {
+		p = raw_mmap(addr, len, prot, flags, fd, off);
+		if (p != MAP_FAILED && (flags & MAP_FIXED))
+			forget_range(p, len);	/* whatever was there is gone */
+		return p;
+	}
+	p = map_bo(addr, len, prot, flags, fd, off);
+	if (p != MAP_FAILED) {
+		saved = errno;
+		if (flags & MAP_FIXED)
+			forget_range(p, len);
+		remember(p, len, fd);
+		errno = saved;
+	}
+	return p;
+}
+
+SHIM_API int munmap(void *addr, size_t len)
+{
+	long r = syscall(SYS_munmap, addr, len);
+
+	if (r == 0) {
+		int saved = errno;
+
+		forget_range(addr, len);
+		errno = saved;
+	}
+	return (int)r;
+}
+
+/* A BO mapping that moves loses its guard (as if unmapped: the hold ends
+ * early, never late); one that shrinks in place loses the cut-off tail; what
+ * was mapped at a MREMAP_FIXED target was unmapped first. */
+SHIM_API void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
+{
+	void *new_addr = NULL, *p;
+	va_list ap;
+
+	if (flags & MREMAP_FIXED) {
+		va_start(ap, flags);
+		new_addr = va_arg(ap, void *);
+		va_end(ap);
+	}
+	p = (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
+	if (p != MAP_FAILED) {
+		int saved = errno;
+
+		if (p != old)
+			forget_range(old, old_len);
+		else if (new_len < old_len)
+			forget_range((char *)old + new_len, old_len - new_len);
+		if (flags & MREMAP_FIXED)
+			forget_range(p, new_len);
+		errno = saved;
+	}
+	return p;
 }
 
 /* LP64: off_t is 64 bits, so mmap64 is the same call. */

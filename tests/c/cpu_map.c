@@ -13,6 +13,8 @@
  *   cpu_map other <render> <offset> map a BO of another process at its offset
  *   cpu_map grant <render>          a grant taken with the raw ioctl, not fetched
  *   cpu_map fetch <socket> <grant>  present a grant (someone else's)
+ *   cpu_map hold <render>           a mapped BO whose fd is closed; stdin lines
+ *                                   step it: partial munmap, then the rest
  *   cpu_map bench <render> <rounds> the cost of mmap + first touch of 2 MiB BOs
  */
 #define _GNU_SOURCE
@@ -488,6 +490,45 @@ static int run_fetch(const char *socket_hex, const char *grant)
 	return 0;
 }
 
+/* ---- lifetimes ---------------------------------------------------------------------- */
+
+/* The kernel's mapping holds the render file: close() leaves the DrmFile (and
+ * its handle, and so the UALink export) until the last byte is unmapped. */
+static int run_hold(const char *render)
+{
+	int fd = open_render(render);
+	uint32_t bo = gem_create(fd, BO_SIZE);
+	uint64_t off = gem_mmap(fd, bo);
+	union drm_amdgpu_ualink_handle u = { .in = { .op = DRM_AMDGPU_UALINK_HANDLE_OP_EXPORT,
+						      .gem_handle = bo } };
+	char line[64], *p;
+
+	p = mmap(NULL, BO_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)off);
+	if (!off || p == MAP_FAILED || ioctl(fd, DRM_IOCTL_AMDGPU_UALINK_HANDLE, &u) != 0) {
+		fail("hold", errno);
+		return 1;
+	}
+	close(fd);
+	memcpy(p, "held", 5);
+	ok("closed", "pid=%d lo=%" PRIu64, (int)getpid(), (uint64_t)u.out.export_ualink_handle[0]);
+	if (!fgets(line, sizeof(line), stdin))
+		return 1;
+	/* Unmapping part of it keeps the hold; so does a hole in the middle. */
+	if (munmap(p + BO_SIZE / 2, 4096) == 0 && munmap(p, 4096) == 0 && !strcmp(p + 4096, ""))
+		ok("partial", NULL);
+	else
+		fail("partial", errno);
+	if (!fgets(line, sizeof(line), stdin))
+		return 1;
+	if (munmap(p, BO_SIZE) == 0)
+		ok("unmapped", NULL);
+	else
+		fail("unmapped", errno);
+	while (fgets(line, sizeof(line), stdin))
+		;
+	return failures ? 1 : 0;
+}
+
 /* ---- cost (printed, never asserted) ---------------------------------------------- */
 
 static void touch_all(volatile char *p, size_t n)
@@ -554,6 +595,8 @@ int main(int argc, char **argv)
 		return run_other(argv[2], argv[3]);
 	if (argc == 3 && !strcmp(argv[1], "grant"))
 		return run_grant(argv[2]);
+	if (argc == 3 && !strcmp(argv[1], "hold"))
+		return run_hold(argv[2]);
 	if (argc == 4 && !strcmp(argv[1], "bench"))
 		return run_bench(argv[2], atoi(argv[3]));
 	if (argc == 4 && !strcmp(argv[1], "fetch"))

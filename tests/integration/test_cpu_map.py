@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -197,3 +198,26 @@ def test_another_uid_maps_its_own_bos(node):
     as_nobody = cpu_map(node, "local", RENDER, prefix=NOBODY)
     failed = {k: v for k, v in as_nobody.items() if v["status"] != "ok"}
     assert not failed and "after_close" in as_nobody, as_nobody
+
+
+def _clients(node) -> str:
+    return node.debug(128, "clients")
+
+
+def test_a_mapping_holds_its_render_file(node):
+    """The kernel's vma holds the render file: after close() the DrmFile stays, with its
+    handle and so its UALink export (§6.4: the handle count drops only when the file goes),
+    through a partial munmap and a hole, until the last byte is unmapped; then the file is
+    released and the export revoked."""
+    with cpu_map_proc(node, "hold", RENDER) as proc:
+        closed = next_step(proc)["closed"]
+        mine = f"pid={closed['pid']} "
+        lo = f"{int(closed['lo']):#018x}"
+        assert mine in _clients(node) and lo in node.debug(128, "ualink_exports")
+        assert command(proc, "partial")["partial"]["status"] == "ok"
+        assert mine in _clients(node) and lo in node.debug(128, "ualink_exports")
+        assert command(proc, "unmap")["unmapped"]["status"] == "ok"
+        deadline = time.monotonic() + 10
+        while mine in _clients(node) or lo in node.debug(128, "ualink_exports"):
+            assert time.monotonic() < deadline, _clients(node)
+            time.sleep(0.02)

@@ -22,7 +22,7 @@ BO_SIZE = 2 << 20
 INTERPOSED = {
     "open", "open64", "openat", "openat64", "__open_2", "__open64_2", "__openat_2",
     "__openat64_2", "close", "close_range", "closefrom", "dup", "dup2", "dup3", "fcntl",
-    "fcntl64", "ioctl", "mmap", "mmap64",
+    "fcntl64", "ioctl", "mmap", "mmap64", "munmap", "mremap",
 }
 
 
