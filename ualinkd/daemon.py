@@ -23,6 +23,7 @@ from typing import TextIO
 import trio
 
 from .config import PodConfig
+from .cpumap_server import serve_cpu_maps
 from .drm.errors import DrmError
 from .fabric.agent import UalinkAgent
 from .fabric.link import FabricLink
@@ -334,6 +335,7 @@ async def run_node(
             await nursery.start(_stop_on_signal, nursery.cancel_scope, node_name)
             await nursery.start(link.run)
             await nursery.start(agent.run)
+            await nursery.start(serve_cpu_maps, core.cpu_maps)
             states = ", ".join(
                 f"accel {m.accel_id} {m.state.sysfs}" for m in core.managers.values()
             )

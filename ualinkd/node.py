@@ -13,6 +13,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from . import sysfs
+from .abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
+from .amdgpu.cpu_map import CpuMapGrants
 from .amdgpu.driver import AmdgpuDriver, CopyToUser
 from .amdgpu.profile import PROFILES
 from .amdgpu.vm import RemoteFn, RemotePiece, gpu_load, gpu_store
@@ -89,6 +91,8 @@ class NodeCore:
             self.devices[minor] = device
             self.managers[minor] = mgr
         self.host.late_init()
+        # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
+        self.cpu_maps = CpuMapGrants()
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can
         # start a revoke); the fabric agent replaces it to carry them out.
         self.after_request: Callable[[], None] = self._discard_effects
@@ -141,6 +145,8 @@ class NodeCore:
         self, drm_file: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply | Awaitable[IoctlReply]:
         assert isinstance(drm_file, DrmFile)
+        if cmd == UALINKD_IOCTL_MMAP_GRANT:  # ualinkd's own, by its whole number (abi/cpumap.py)
+            return self.cpu_maps.render_ioctl(drm_file, in_bytes, caller)
         res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
         self.after_request()
         if not isinstance(res, IoctlResult):
@@ -209,6 +215,16 @@ class NodeCore:
         self.tokens.release(dmabuf_ref)
         self.after_request()
 
+    def dmabuf_ioctl(
+        self, dmabuf_ref: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+    ) -> IoctlReply:
+        """An ioctl on an opened dma-buf file: only the CPU-mapping grant (a kernel dma-buf's
+        own DMA_BUF_IOCTL_* are not emulated: ENOTTY, as before)."""
+        assert isinstance(dmabuf_ref, int)
+        if cmd != UALINKD_IOCTL_MMAP_GRANT:
+            raise DrmError(errno.ENOTTY)
+        return self.cpu_maps.dmabuf_ioctl(self.tokens.resolve(dmabuf_ref), in_bytes, caller)
+
     def dmabuf_resolve(self, ino_or_key: int) -> object | None:
         return self.tokens.opened.get(ino_or_key)
 
@@ -227,7 +243,9 @@ class NodeCore:
         debug = SysDir({str(minor): self._debugfs(minor) for minor in self.devices},
                        mode=sysfs.DEBUGFS_DIR_MODE)
         fabric = SysAttr(lambda: sysfs.show_fabric(self.fabric_links()), mode=sysfs.DEBUG_RO)
-        root["kernel"] = SysDir({"debug": SysDir({"dri": debug, "ualink_fabric": fabric},
+        grants = SysAttr(lambda: f"{self.cpu_maps.pending_count}\n", mode=sysfs.DEBUG_RO)
+        root["kernel"] = SysDir({"debug": SysDir({"dri": debug, "ualink_fabric": fabric,
+                                                 "cpu_map_grants": grants},
                                                  mode=sysfs.DEBUGFS_DIR_MODE)})
         return root
 

@@ -25,7 +25,7 @@ BO_SIZE = 2 << 20
 INTERPOSED = {
     "open", "open64", "openat", "openat64", "__open_2", "__open64_2", "__openat_2",
     "__openat64_2", "close", "close_range", "closefrom", "dup", "dup2", "dup3", "fcntl",
-    "fcntl64", "ioctl",
+    "fcntl64", "ioctl", "mmap", "mmap64", "munmap", "mremap",
     # paths and the device identity (spec userspace-surface §7 items 1-3)
     "fopen", "fopen64", "freopen", "freopen64", "opendir", "readdir", "readdir64",
     "rewinddir", "closedir", "stat", "stat64", "lstat", "lstat64", "fstat", "fstat64",

@@ -2,7 +2,7 @@
 
 `MemoryPool` is a domain's capacity (VRAM, GTT), accounted at creation; the bytes themselves
 are a `BoMemory` created on first use and allocated lazily, so a 16 GiB BO costs nothing until
-something writes to it.
+something writes to it. A BO that is CPU-mapped shares them as a memfd (`BoMemory.share`).
 """
 
 from __future__ import annotations
@@ -160,6 +160,14 @@ class AmdgpuBo(GemObject):
             self._memory = BoMemory(self.size)
         return self._memory
 
+    def backing(self) -> AmdgpuBo:
+        """The BO whose bytes this one is: itself, or for an import of another local
+        device's dma-buf the exporter's BO (as the GPU VM planner resolves it)."""
+        bo = self
+        while bo.import_buf is not None and isinstance(bo.import_buf.obj, AmdgpuBo):
+            bo = bo.import_buf.obj
+        return bo
+
     @property
     def vm_always_valid(self) -> bool:
         return bool(self.flags & CREATE_VM_ALWAYS_VALID)
@@ -174,7 +182,9 @@ class AmdgpuBo(GemObject):
             self.on_handle_free(self)
 
     def free(self) -> None:
-        self._memory = None  # VRAM_WIPE_ON_RELEASE: the bytes go with the BO
+        if self._memory is not None:  # VRAM_WIPE_ON_RELEASE: the bytes go with the BO
+            self._memory.close()
+            self._memory = None
         if self.userptr is not None:
             self.userptr.close()
             self.userptr = None

@@ -5,10 +5,21 @@ them; a chunk never written reads as zeros, which is what VRAM_CLEARED (always f
 promises. A 16 GiB BO nobody writes to costs a dict. Offsets are byte offsets in the BO and
 every access must lie inside it: the callers (GPU VM planner, NPA page table) check ranges
 first, so an out-of-range access here is a bug and raises AssertionError.
+
+A BO that a process CPU-maps (README, "CPU mappings") moves, once and for good, into a
+sealed memfd of its size: `share()`. From then on that file *is* the BO's memory: the
+client's mapping of it, GPU loads/stores (pread/pwrite at a VA) and fabric LOAD/STOREs all
+reach the same pages, with nothing copied back and forth. The daemon reads and writes it
+with pread/pwrite rather than mapping it: a read of a hole in a memfd returns zeros without
+allocating (a read fault through a mapping would allocate the page), so a 16 GiB BO stays
+sparse until something writes to it. A memfd is anonymous memory, not I/O: no call here
+blocks, which keeps this module sans-IO.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -38,8 +49,15 @@ def _zeros(n: int) -> bytes:
     return z
 
 
+# The seals a shared BO's memfd carries before any client sees it: its size can never
+# change (a client that shrank it would make the daemon's reads short and its NPA LOADs
+# fault), and the seals themselves cannot be changed or removed.
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_IO_MAX = 1 << 30  # per pread/pwrite call (Linux moves at most 0x7ffff000 bytes per call)
+
+
 class BoMemory:
-    __slots__ = ("_chunks", "_shift", "chunk", "size")
+    __slots__ = ("_chunks", "_shared", "_shift", "chunk", "size")
 
     def __init__(self, size: int, chunk: int = CHUNK) -> None:
         if size < 0 or chunk <= 0 or chunk & (chunk - 1):
@@ -48,15 +66,48 @@ class BoMemory:
         self.chunk = chunk
         self._shift = chunk.bit_length() - 1
         self._chunks: dict[int, bytearray] = {}
+        self._shared: int | None = None  # the memfd, once shared
 
     @property
     def chunks(self) -> int:
-        """How many chunks hold real bytes."""
+        """How many chunks hold real bytes (0 once shared: the memfd holds them)."""
         return len(self._chunks)
 
     @property
     def resident_bytes(self) -> int:
+        if self._shared is not None:
+            return os.fstat(self._shared).st_blocks * 512
         return sum(len(c) for c in self._chunks.values())
+
+    @property
+    def shared(self) -> bool:
+        return self._shared is not None
+
+    def share(self, name: str = "ualinkd-bo") -> int:
+        """The memfd that holds this BO's bytes from now on (created, sealed and filled with
+        what was written so far on the first call; the same fd after). The fd stays ours:
+        callers hand out duplicates, and `close()` closes it."""
+        if self._shared is None:
+            fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            try:
+                os.ftruncate(fd, self.size)  # sparse: no page exists until written
+                for idx, c in self._chunks.items():
+                    _pwrite_all(fd, c, idx << self._shift)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._chunks.clear()
+            self._shared = fd
+        return self._shared
+
+    def close(self) -> None:
+        """The BO is freed: our reference to a shared memfd goes (a client mapping of it
+        keeps its pages until unmapped; nobody else can reach them)."""
+        if self._shared is not None:
+            fd, self._shared = self._shared, None
+            os.close(fd)
+        self._chunks.clear()
 
     def _check(self, offset: int, n: int) -> None:
         _check_range(offset, n, self.size)
@@ -65,6 +116,8 @@ class BoMemory:
         self._check(offset, n)
         if n == 0:
             return b""
+        if self._shared is not None:
+            return _pread_all(self._shared, n, offset)
         shift, chunks = self._shift, self._chunks
         first = offset >> shift
         if first == (offset + n - 1) >> shift:
@@ -80,6 +133,8 @@ class BoMemory:
         nothing was written), for a reader that copies them out itself (a socket's writev).
         They see later writes to those chunks."""
         self._check(offset, n)
+        if self._shared is not None:
+            return [memoryview(_pread_all(self._shared, n, offset))] if n else []
         shift, chunks, size = self._shift, self._chunks, self.chunk
         zeros = memoryview(_zeros(size))
         parts: list[memoryview] = []
@@ -94,6 +149,9 @@ class BoMemory:
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         n = len(data)
         self._check(offset, n)
+        if self._shared is not None:
+            _pwrite_all(self._shared, data, offset)
+            return
         shift, chunks, size = self._shift, self._chunks, self.chunk
         mv = memoryview(data)
         pos = 0
@@ -107,6 +165,25 @@ class BoMemory:
             k = min(len(c) - o, n - pos)
             c[o : o + k] = mv[pos : pos + k]
             pos += k
+
+
+def _pread_all(fd: int, n: int, offset: int) -> bytes:
+    """n bytes at `offset` of a sealed memfd of at least offset + n bytes (never short)."""
+    if n <= _IO_MAX:
+        data = os.pread(fd, n, offset)
+    else:
+        data = b"".join(os.pread(fd, min(_IO_MAX, n - k), offset + k)
+                        for k in range(0, n, _IO_MAX))
+    if len(data) != n:
+        raise AssertionError(f"short read of a sealed BO memfd: {len(data)} of {n}")
+    return data
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    mv = memoryview(data).cast("B")
+    done = 0
+    while done < len(mv):
+        done += os.pwrite(fd, mv[done : done + _IO_MAX], offset + done)
 
 
 class UserMemory:

@@ -111,9 +111,7 @@ def npa_byte_address(npa: tuple[int, int, int], offset_in_bo: int) -> int:
 
 def _backing(bo: AmdgpuBo) -> AmdgpuBo:
     """The BO whose memory a BO shows: an import of a local foreign dma-buf is its exporter's."""
-    while bo.import_buf is not None and isinstance(bo.import_buf.obj, AmdgpuBo):
-        bo = bo.import_buf.obj
-    return bo
+    return bo.backing()
 
 
 def verify_parameters(bo: AmdgpuBo | None, saddr: int, offset: int, size: int) -> None:

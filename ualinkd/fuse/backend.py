@@ -94,6 +94,12 @@ class NodeBackend(Protocol):
         """Last close of an opened dma-buf file: drops that reference."""
         ...
 
+    def dmabuf_ioctl(
+        self, dmabuf_ref: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+    ) -> IoctlReply:
+        """A restricted ioctl on an opened dma-buf file (ENOTTY unless the node knows it)."""
+        ...
+
     def dmabuf_resolve(self, ino_or_key: int) -> object | None:
         """Not used by the tree; here for symmetry with PRIME_FD_TO_HANDLE."""
         ...

@@ -280,7 +280,13 @@ class FileTree:
     ) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]:
         drm_file = self._render_fh.get(fh)
         if drm_file is None:
-            raise FuseError(errno.ENOTTY)
+            ref = self._dmabuf_fh.get(fh)
+            if ref is None:
+                raise FuseError(errno.ENOTTY)
+            try:
+                return self.backend.dmabuf_ioctl(ref, cmd, in_bytes, out_size, caller)
+            except DrmError as e:
+                raise FuseError(e.errno) from None
         try:
             r = self._backend_ioctl(drm_file, cmd, in_bytes, out_size, caller)
         except DrmError as e:
