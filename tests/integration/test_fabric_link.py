@@ -224,12 +224,12 @@ async def _hello(stream: trio.SocketStream, hello: AuthHello) -> None:
 
 
 CASES: dict[str, str] = {
-    "wrong_key": "failed to prove the pod key",
+    "wrong_key": "failed to prove the key of our link",
     "wrong_uuid": "is not this pod",
     "unknown_node": "unknown node 'zed'",
     "own_name": "claims to be this node",
     "replayed_nonce": "replayed nonce",
-    "frame_before_handshake": "expected AUTH_HELLO, got MSG",
+    "frame_before_handshake": "MSG frame before the handshake finished",
     "garbage": "frame length",
     "oversized_after_auth": "frame length 4294967295",
     "forged_src_accel": "sent src accel 0",
@@ -305,12 +305,17 @@ def _memory_server(mem: bytearray) -> OnRequest:
     return on_request
 
 
-def _tls_kw() -> dict[str, object]:
-    ca = trustme.CA()
+def _tls_kw(name: str, ca: trustme.CA, cert_name: str | None = None) -> dict[str, object]:
+    """Mutual TLS as daemon.tls_contexts sets it up, with a certificate for `cert_name`
+    (default: the node's own name) from `ca`."""
+    cert = ca.issue_cert("127.0.0.1", cert_name or name)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    server_ctx.verify_mode = ssl.CERT_REQUIRED
     client_ctx = ssl.create_default_context()
-    ca.configure_trust(client_ctx)
+    client_ctx.check_hostname = False
+    for ctx in (server_ctx, client_ctx):
+        ca.configure_trust(ctx)
+        cert.configure_cert(ctx)
     return {"ssl_context": server_ctx, "ssl_client_context": client_ctx}
 
 
@@ -319,10 +324,10 @@ async def test_loads_and_stores_of_every_size_cross_concurrently(pod: Pod, tls: 
     """LOAD/STORE of 1 byte to 1 MiB, many in flight both ways: every byte arrives, whether
     a payload comes through the stream buffer or is received in place (plain TCP) or
     through TLS; failures are per request (EFAULT) and the link stays up."""
-    kw = _tls_kw() if tls else {}
+    ca = trustme.CA()
     mem_a, mem_b = bytearray(4 << 20), bytearray(4 << 20)
-    a = await pod.start("a", on_request=_memory_server(mem_a), **kw)
-    b = await pod.start("b", on_request=_memory_server(mem_b), **kw)
+    a = await pod.start("a", on_request=_memory_server(mem_a), **(_tls_kw("a", ca) if tls else {}))
+    b = await pod.start("b", on_request=_memory_server(mem_b), **(_tls_kw("b", ca) if tls else {}))
     await wait_until(lambda: a.is_up("b") and b.is_up("a"))
     pattern = bytes(range(256)) * (1 << 13)  # 2 MiB
     mem_b[:] = pattern * 2
@@ -379,8 +384,8 @@ async def test_links_use_the_pods_congestion_control(pod: Pod, caplog) -> None:
 
 async def test_tls_links_carry_messages_and_refuse_plain_tcp(pod: Pod, caplog) -> None:
     caplog.set_level(logging.INFO, logger="ualinkd.fabric")
-    kw = _tls_kw()
-    a, c = await pod.start("a", **kw), await pod.start("c", **kw)
+    ca = trustme.CA()
+    a, c = await pod.start("a", **_tls_kw("a", ca)), await pod.start("c", **_tls_kw("c", ca))
     await a.send(0, 4, DW)
     await c.send(4, 0, DW)
     assert pod.got["c"] == [(0, 4, DW)] and pod.got["a"] == [(4, 0, DW)]

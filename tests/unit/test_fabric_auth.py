@@ -59,13 +59,13 @@ def test_wrong_key_fails_on_both_sides() -> None:
     c = ClientHandshake(other, "node0", "node2", now=0.0)
     s = _server()
     [challenge] = s.receive_frame(c.initial_frames()[0], 0.0)
-    with pytest.raises(AuthError, match="prove the pod key"):
+    with pytest.raises(AuthError, match="prove the key of our link"):
         c.receive_frame(challenge, 0.0)
     # A client that does not check the server and sends a proof made with its own key:
     c2 = ClientHandshake(other, "node0", "node2", now=0.0)
     s2 = _server()
     s2.receive_frame(c2.initial_frames()[0], 0.0)
-    with pytest.raises(AuthError, match="prove the pod key"):
+    with pytest.raises(AuthError, match="prove the key of our link"):
         s2.receive_frame(AuthProof(b"\0" * 32), 0.0)
 
 
