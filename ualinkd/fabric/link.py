@@ -203,11 +203,16 @@ def _cause(reason: str) -> str:
 
 
 def _reason(e: BaseException) -> str:
-    """Why `e` ended a connection; trio's BrokenResourceError keeps an SSLError as __cause__."""
+    """Why `e` ended a connection. trio keeps the error underneath as __cause__: the
+    ssl.SSLError of a failed TLS handshake (its BrokenResourceError says nothing), the
+    ConnectionRefusedError of a failed dial."""
     text = str(e)
     cause = e.__cause__
-    if cause is not None and (not text or isinstance(cause, ssl.SSLError)):
-        return f"{text}: {cause}" if text else str(cause) or repr(cause)
+    if isinstance(cause, BaseExceptionGroup):  # open_tcp_stream: one error per address tried
+        cause = cause.exceptions[-1]
+    if isinstance(cause, OSError):  # ssl.SSLError is one
+        detail = str(cause) or repr(cause)
+        return f"{text}: {detail}" if text else detail
     return text or repr(e)
 
 
@@ -484,7 +489,7 @@ class FabricLink:
                 # WARNING when the failure is new or of another kind than the last (refused,
                 # then an impostor answering: both are news); each repeat at DEBUG.
                 reason = _reason(e)
-                kind = (type(e), e.errno if isinstance(e, OSError) else _cause(reason))
+                kind = (type(e), _cause(reason))
                 log.log(logging.DEBUG if kind == last else logging.WARNING,
                         "fabric %s: cannot link to %s at %s:%d: %s (retrying)",
                         self.node_name, peer, host, port, reason)
