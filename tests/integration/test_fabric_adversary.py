@@ -244,14 +244,16 @@ def test_malformed_and_replayed_handshakes_close_with_one_line_each(tmp_path: Pa
 
 
 def test_impostors_cannot_take_the_link(tmp_path: Path) -> None:
-    """Item 8 against real daemons: an impostor holding node2's own config (its link keys,
-    no pod key) claims to be node0 to node1 and is refused; a connection with node0's real
-    key while node0's link is alive is refused too (after a liveness probe) and does not
-    replace it; the client's stores and loads keep succeeding and the link never flaps."""
+    """Item 8 against real daemons, each run from its own `node_config` file (its link keys,
+    no pod key): an impostor holding node2's file claims to be node0 to node1 and is
+    refused; a connection with node0's real key while node0's link is alive is refused too
+    (after a liveness probe) and does not replace it; the client's stores and loads keep
+    succeeding and the link never flaps."""
     from ualinkd.fabric.auth import node_config, node_keys
 
     cfg = PodConfig.local(3, 1, free_tcp_ports(3))
-    with running_pod_of(tmp_path, cfg, ["node0", "node1"]) as (n0, n1):
+    with running_pod_of(tmp_path, cfg, ["node0", "node1"], own_files=True) as (n0, n1):
+        assert 'key = ""' in (tmp_path / "node1.toml").read_text()
         served = Served(n1, n0)
         try:
             port = parse_address(cfg.node("node1").address)[1]
@@ -287,12 +289,16 @@ def test_impostors_cannot_take_the_link(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def running_pod_of(tmp: Path, cfg: PodConfig, names: list[str]) -> Iterator[list[Node]]:
-    """Some nodes of a pod (the others never start), their links among each other up."""
+def running_pod_of(tmp: Path, cfg: PodConfig, names: list[str], own_files: bool = False
+                   ) -> Iterator[list[Node]]:
+    """Some nodes of a pod (the others never start), their links among each other up; with
+    `own_files` each runs from its own `node_config` file."""
+    from ualinkd.fabric.auth import node_config
+
     started: list[Node] = []
     try:
         for name in names:
-            started.append(start_node(tmp, cfg, name))
+            started.append(start_node(tmp, node_config(cfg, name) if own_files else cfg, name))
         for name, node in zip(names, started, strict=True):
             status = node.mount / "sys/kernel/debug/ualink_fabric"
             wait_for(lambda status=status, name=name: all(

@@ -26,6 +26,7 @@ from dataclasses import replace
 import trio
 
 from ..config import ConfigError, PodConfig
+from ..fabric.auth import node_config, node_keys
 
 log = logging.getLogger("ualinkd")
 
@@ -83,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "its own IP on a bridge, /dev/dri/renderD128 inside the node")
     _trace_arg(pod)
     _quirks_arg(pod)
+    own = sub.add_parser(
+        "node-config", help="the pod config for one node alone: its own link keys, no pod key "
+                            "(holding it proves that node and no other)")
+    own.add_argument("--config", required=True, help="the pod's TOML file (with the pod key)")
+    own.add_argument("--node", required=True, help="the node the file is for")
+    own.add_argument("--out", required=True, help="where to write it (mode 0600)")
     return p
 
 
@@ -91,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     lead = 0
     while lead < len(argv) and argv[lead] in ("-v", "--verbose"):
         lead += 1
-    if lead < len(argv) and argv[lead] not in ("node", "pod", "-h", "--help") and any(
+    if lead < len(argv) and argv[lead] not in ("node", "pod", "node-config", "-h",
+                                               "--help") and any(
             a == "--config" or a.startswith("--config=") for a in argv[lead:]):
         # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing,
         # its options in any order (`ualinkd -v --node n --config pod.toml --mount m`).
@@ -105,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "node":
             return _node(args)
+        if args.command == "node-config":
+            return _node_config(args)
         return _pod(args)
     except ConfigError as e:
         print(f"ualinkd: {e}", file=sys.stderr)
@@ -123,7 +133,7 @@ def _node(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     config = _with_quirks(PodConfig.load(args.config), args.kernel_quirks)
-    config.node(args.node)  # fail early on an unknown name
+    node_keys(config, args.node)  # fail early on an unknown name or a link without a key
     failed: list[BaseException] = []
     try:
         profile = os.environ.get("UALINKD_PROFILE")  # developers: cProfile output file
@@ -140,6 +150,11 @@ def _node(args: argparse.Namespace) -> int:
     for e in failed:
         print(f"ualinkd: {args.node}: {e}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _node_config(args: argparse.Namespace) -> int:
+    write_private(args.out, node_config(PodConfig.load(args.config), args.node).to_toml())
+    return 0
 
 
 def _die_with_pod() -> bool:
