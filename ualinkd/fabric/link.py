@@ -8,7 +8,7 @@ MAX_PENDING_HANDSHAKES are in progress at a time and MAX_PENDING_PER_ADDRESS per
 address (more are closed at once), and each has HANDSHAKE_TIMEOUT to finish. Refusals are
 logged one line per cause: the first at once, the rest as a count every REFUSAL_LOG_INTERVAL.
 A new connection never replaces a live link to the same peer: the old link is probed, and
-only if it hears nothing within the heartbeat timeout does the newcomer take over.
+only if it misses two heartbeats does the newcomer take over; else the newcomer is refused.
 """
 
 from __future__ import annotations
@@ -456,19 +456,22 @@ class FabricLink:
 
     async def _old_link_gone(self, peer: str) -> bool:
         """True when no live link to `peer` stands in the way of a new one. A link that is
-        there is sent a PING: whatever it receives within the heartbeat timeout proves it
-        alive (False); a link that stays silent that long is dropped as dead (True)."""
+        there is sent a PING: whatever it receives within two heartbeat intervals (a PONG
+        takes one round trip; the peer's own heartbeats come every interval) proves it alive
+        (False); a link that misses that many heartbeats is dropped as dead (True). Short,
+        so that a peer that redialed because it lost the old link is not left waiting."""
+        probe = min(self._hb_timeout, 2 * self._hb_interval)
         while (old := self._conns.get(peer)) is not None and old.down is None:
             start = trio.current_time()
             old.session.send_ping(secrets.randbits(64), track=False)
             old.flush()
-            with trio.move_on_after(self._hb_timeout):
+            with trio.move_on_after(probe):
                 while old.down is None and old.last_rx <= start:
                     await trio.sleep(min(0.02, self._hb_interval))
             if old.down is None and old.last_rx > start:
                 return False
-            old.drop(_LinkDown(f"silent for {self._hb_timeout:g} s after a new connection "
-                               "came", logging.WARNING))
+            old.drop(_LinkDown(f"silent for {probe:g} s after a liveness probe (a new "
+                               "connection came)", logging.WARNING))
         return True
 
     async def _dial_loop(self, peer: str) -> None:
