@@ -18,6 +18,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from nodes import Client, Node, running_pod, start_node
@@ -310,3 +311,43 @@ def running_pod_of(tmp: Path, cfg: PodConfig, names: list[str], own_files: bool 
             if fuse_mounts_at(str(node.mount)):
                 clear_stale_mount(node.mount)
 
+
+
+def test_tls_another_nodes_valid_certificate_is_refused(tmp_path: Path) -> None:
+    """Item 8 with mutual TLS (real daemons): a connection presenting node2's valid
+    certificate that claims to be node0, even with node0's link key, is refused; the link
+    and the client are unaffected."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    ca_path = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    base = PodConfig.local(3, 1, free_tcp_ports(3))
+    nodes = []
+    for n in base.nodes:
+        cert = ca.issue_cert("127.0.0.1", n.name)
+        cert_path, key_path = tmp_path / f"{n.name}.pem", tmp_path / f"{n.name}.key"
+        cert.cert_chain_pems[0].write_to_path(str(cert_path))
+        cert.private_key_pem.write_to_path(str(key_path))
+        nodes.append(replace(n, tls_cert=str(cert_path), tls_key=str(key_path)))
+    cfg = replace(base, nodes=tuple(nodes), tls_ca=str(ca_path))
+    with running_pod_of(tmp_path, cfg, ["node0", "node1"]) as (n0, n1):
+        served = Served(n1, n0)
+        try:
+            ctx = ssl.create_default_context(cafile=str(ca_path))
+            ctx.check_hostname = False
+            ctx.load_cert_chain(str(tmp_path / "node2.pem"), str(tmp_path / "node2.key"))
+            port = parse_address(cfg.node("node1").address)[1]
+            with ctx.wrap_socket(connect(port)) as s:
+                hs = ClientHandshake(cfg, "node0", "node1", now=time.monotonic())
+                s.sendall(encode_frame(hs.initial_frames()[0]))
+                assert closed_by_peer(s)
+            served.check()
+        finally:
+            served.close()
+        lines = refusals(n1)
+        assert any("claims to be 'node0' but its TLS certificate is for" in ln
+                   and "node2" in ln for ln in lines), lines
+        assert n1.log_text().count("link to node0 up") == 1, "the link flapped"
