@@ -15,6 +15,7 @@
 #   UALINK_NODE       this node's name in the pod config [the host name]
 #   UALINK_CONFIG     the pod's TOML [/etc/ualinkd/pod.toml]
 #   UALINK_KEY_FILE   a file holding the pod key (hex); replaces [pod] key of the config
+#                     (or none: a config from `ualinkd node-config` holds this node's keys)
 #   UALINK_MOUNT      the mount point [/run/ualinkd/node]
 #   UALINK_RUNDIR     where the effective config goes when a key is spliced in [/run/ualinkd]
 #   UALINK_DNS_WAIT   seconds to wait for our own address to resolve [60]
@@ -47,7 +48,7 @@ validated=$(
     "$python" - <<'EOF'
 import os, sys, tomllib
 from ualinkd.config import ConfigError, PodConfig
-from ualinkd.fabric.auth import pod_key
+from ualinkd.fabric.auth import node_keys
 from ualinkd.fabric.link import parse_address
 
 path, node = os.environ["UALINK_CONFIG"], os.environ["UALINK_NODE"]
@@ -59,7 +60,7 @@ try:
         with open(key_file) as f:
             doc.setdefault("pod", {})["key"] = f.read().strip()
     cfg = PodConfig.from_dict(doc, path)
-    pod_key(cfg)
+    node_keys(cfg, node)  # the pod key, or this node's own link keys (ualinkd node-config)
     host, _ = parse_address(cfg.node(node).address)
 except tomllib.TOMLDecodeError as e:
     sys.exit(f"ualinkd-entrypoint: invalid pod config: {path}: not valid TOML: {e}")

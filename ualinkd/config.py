@@ -43,7 +43,7 @@ KEYS: dict[str, frozenset[str]] = {
     TOP_LEVEL: frozenset({"pod", "nodes", "vpods"}),
     "[pod]": frozenset({"uuid", "key", "size", "kernel_quirks", "response_timeout_ms",
                         "send_ack_timeout_ms", "tls_ca", "tcp_congestion"}),
-    "[[nodes]]": frozenset({"name", "address", "accels", "tls_cert", "tls_key"}),
+    "[[nodes]]": frozenset({"name", "address", "accels", "tls_cert", "tls_key", "link_keys"}),
     "[[nodes.accels]]": frozenset({"id", "vram_size", "gtt_size", "stage", "bandwidth",
                                    "latency", "npa_pages", "profile"}),
     "[[vpods]]": frozenset({"id", "members", "addr_mode"}),
@@ -149,6 +149,9 @@ class NodeConfig:
     accels: tuple[AccelConfig, ...]
     tls_cert: str | None = None  # PEM certificate (chain) of this node's fabric endpoint
     tls_key: str | None = None
+    # The secrets of this node's links, (peer name, hex key) sorted by peer: a node's own file
+    # carries them instead of the pod key, so it can prove only its own name (fabric/auth.py).
+    link_keys: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -265,11 +268,17 @@ class PodConfig:
                     _int(a["npa_pages"], f"{aw}.npa_pages", 1) if "npa_pages" in a else None,
                     _profile(a.get("profile", DEFAULT_PROFILE), f"{aw}.profile"),
                 ))
+            link_keys = n.get("link_keys", {})
+            if not isinstance(link_keys, dict) or not all(
+                    isinstance(v, str) for v in link_keys.values()):
+                raise ConfigError(f"{where}: link_keys must be a table of peer name = "
+                                  '"hex key" (e.g. link_keys = { node1 = "…" })')
             nodes.append(NodeConfig(
                 _str(n["name"], f"{where}.name"), _str(n.get("address", ""), f"{where}.address"),
                 tuple(accels),
                 _str(n["tls_cert"], f"{where}.tls_cert") if "tls_cert" in n else None,
-                _str(n["tls_key"], f"{where}.tls_key") if "tls_key" in n else None))
+                _str(n["tls_key"], f"{where}.tls_key") if "tls_key" in n else None,
+                tuple(sorted(link_keys.items()))))
         vpods = []
         for i, v in enumerate(_tables(doc.get("vpods", []), "vpods", source)):
             where = f"{source}: vpods[{i}]"
@@ -346,6 +355,24 @@ class PodConfig:
                 if m in seen:
                     raise ConfigError(f"{src}: accel {m} is in vPods {seen[m]} and {v.vpod_id}")
                 seen[m] = v.vpod_id
+        keys: dict[frozenset[str], str] = {}
+        for n in self.nodes:
+            for peer, hexkey in n.link_keys:
+                if peer == n.name or peer not in names:
+                    what = "itself" if peer == n.name else "no node of the pod"
+                    raise ConfigError(f"{src}: node {n.name!r} has a link key for "
+                                      f"{peer!r}, which is {what}")
+                try:
+                    ok = len(bytes.fromhex(hexkey)) >= 16
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise ConfigError(f"{src}: node {n.name!r}: link_keys.{peer} must be at "
+                                      "least 16 bytes in hex (32 hex digits)")
+                pair = frozenset((n.name, peer))
+                if keys.setdefault(pair, hexkey.lower()) != hexkey.lower():
+                    raise ConfigError(f"{src}: nodes {n.name!r} and {peer!r} give their link "
+                                      "different keys")
         if self.tls_ca is not None:
             for n in self.nodes:
                 if not (n.tls_cert and n.tls_key):
@@ -376,6 +403,9 @@ class PodConfig:
             lines += ["", "[[nodes]]", f'name = "{n.name}"', f'address = "{n.address}"']
             if n.tls_cert and n.tls_key:
                 lines += [f'tls_cert = "{n.tls_cert}"', f'tls_key = "{n.tls_key}"']
+            if n.link_keys:
+                lines.append("link_keys = { " + ", ".join(
+                    f'"{peer}" = "{k}"' for peer, k in n.link_keys) + " }")
             for a in n.accels:
                 lines += [
                     "[[nodes.accels]]",

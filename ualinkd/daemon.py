@@ -259,8 +259,9 @@ def tls_contexts(
     config: PodConfig, node_name: str
 ) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
     """Mutual TLS for the fabric when the pod config names a CA: both sides present their
-    node certificate and check the other's against the CA. Node identity itself is still
-    proven by the HMAC handshake inside, so host names are not checked."""
+    node certificate and check the other's against the CA. Host names are not checked: the
+    link checks that the certificate names the node the peer claims to be (its DNS
+    subjectAltNames or common name), and the HMAC handshake inside proves the link key."""
     if config.tls_ca is None:
         return None, None
     node = config.node(node_name)

@@ -3,6 +3,7 @@ that misbehave (each dropped with one log line while a well-behaved peer keeps w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -20,7 +21,15 @@ import trustme
 from ualinkd.amdgpu.memory import BoMemory
 from ualinkd.config import AccelConfig, NodeConfig, PodConfig
 from ualinkd.drm.errors import DrmError
-from ualinkd.fabric.auth import ClientHandshake, NonceCache, ServerHandshake
+from ualinkd.fabric import link as link_mod
+from ualinkd.fabric.auth import (
+    AuthError,
+    ClientHandshake,
+    NonceCache,
+    ServerHandshake,
+    node_config,
+    node_keys,
+)
 from ualinkd.fabric.link import FabricLink, OnRequest
 from ualinkd.fabric.wire import (
     NEED_DATA,
@@ -88,7 +97,7 @@ async def wait_until(pred: Callable[[], bool], timeout: float = 2.0) -> None:
             await trio.sleep(0.002)
 
 
-async def read_frame(stream: trio.SocketStream, dec: FrameDecoder) -> Frame:
+async def read_frame(stream: trio.abc.Stream, dec: FrameDecoder) -> Frame:
     while (f := dec.next_frame()) is NEED_DATA:
         data = await stream.receive_some(4096)
         assert data, "peer closed"
@@ -97,10 +106,16 @@ async def read_frame(stream: trio.SocketStream, dec: FrameDecoder) -> Frame:
 
 
 async def raw_auth(port: int, cfg: PodConfig, name: str, peer: str,
-                   nonce: bytes | None = None) -> tuple[trio.SocketStream, FrameDecoder]:
-    """A hand-driven client that authenticates properly as `name` (then may misbehave)."""
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    hs = ClientHandshake(cfg, name, peer, now=trio.current_time(), nonce=nonce)
+                   nonce: bytes | None = None, key: bytes | None = None,
+                   ssl_context: ssl.SSLContext | None = None
+                   ) -> tuple[trio.abc.Stream, FrameDecoder]:
+    """A hand-driven client that authenticates as `name` (with the key of its link to `peer`,
+    or `key`; over TLS with `ssl_context`), then may misbehave."""
+    stream: trio.abc.Stream = await trio.open_tcp_stream("127.0.0.1", port)
+    if ssl_context is not None:
+        stream = trio.SSLStream(stream, ssl_context, server_hostname="127.0.0.1")
+        await stream.do_handshake()
+    hs = ClientHandshake(cfg, name, peer, now=trio.current_time(), nonce=nonce, key=key)
     dec = FrameDecoder()
     out = hs.initial_frames()
     while out or not hs.established:
@@ -111,14 +126,14 @@ async def raw_auth(port: int, cfg: PodConfig, name: str, peer: str,
     return stream, dec
 
 
-async def expect_closed(stream: trio.SocketStream, timeout: float = 2.0) -> None:
+async def expect_closed(stream: trio.abc.Stream, timeout: float = 2.0) -> None:
     with trio.fail_after(timeout):
         try:
             while await stream.receive_some(4096):
                 pass
         except trio.BrokenResourceError:
             pass
-    await stream.aclose()
+    await trio.aclose_forcefully(stream)
 
 
 def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -224,12 +239,12 @@ async def _hello(stream: trio.SocketStream, hello: AuthHello) -> None:
 
 
 CASES: dict[str, str] = {
-    "wrong_key": "failed to prove the pod key",
+    "wrong_key": "failed to prove the key of our link",
     "wrong_uuid": "is not this pod",
     "unknown_node": "unknown node 'zed'",
     "own_name": "claims to be this node",
     "replayed_nonce": "replayed nonce",
-    "frame_before_handshake": "expected AUTH_HELLO, got MSG",
+    "frame_before_handshake": "MSG frame before the handshake finished",
     "garbage": "frame length",
     "oversized_after_auth": "frame length 4294967295",
     "forged_src_accel": "sent src accel 0",
@@ -305,12 +320,17 @@ def _memory_server(mem: bytearray) -> OnRequest:
     return on_request
 
 
-def _tls_kw() -> dict[str, object]:
-    ca = trustme.CA()
+def _tls_kw(name: str, ca: trustme.CA, cert_name: str | None = None) -> dict[str, object]:
+    """Mutual TLS as daemon.tls_contexts sets it up, with a certificate for `cert_name`
+    (default: the node's own name) from `ca`."""
+    cert = ca.issue_cert("127.0.0.1", cert_name or name)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    server_ctx.verify_mode = ssl.CERT_REQUIRED
     client_ctx = ssl.create_default_context()
-    ca.configure_trust(client_ctx)
+    client_ctx.check_hostname = False
+    for ctx in (server_ctx, client_ctx):
+        ca.configure_trust(ctx)
+        cert.configure_cert(ctx)
     return {"ssl_context": server_ctx, "ssl_client_context": client_ctx}
 
 
@@ -319,10 +339,10 @@ async def test_loads_and_stores_of_every_size_cross_concurrently(pod: Pod, tls: 
     """LOAD/STORE of 1 byte to 1 MiB, many in flight both ways: every byte arrives, whether
     a payload comes through the stream buffer or is received in place (plain TCP) or
     through TLS; failures are per request (EFAULT) and the link stays up."""
-    kw = _tls_kw() if tls else {}
+    ca = trustme.CA()
     mem_a, mem_b = bytearray(4 << 20), bytearray(4 << 20)
-    a = await pod.start("a", on_request=_memory_server(mem_a), **kw)
-    b = await pod.start("b", on_request=_memory_server(mem_b), **kw)
+    a = await pod.start("a", on_request=_memory_server(mem_a), **(_tls_kw("a", ca) if tls else {}))
+    b = await pod.start("b", on_request=_memory_server(mem_b), **(_tls_kw("b", ca) if tls else {}))
     await wait_until(lambda: a.is_up("b") and b.is_up("a"))
     pattern = bytes(range(256)) * (1 << 13)  # 2 MiB
     mem_b[:] = pattern * 2
@@ -379,8 +399,8 @@ async def test_links_use_the_pods_congestion_control(pod: Pod, caplog) -> None:
 
 async def test_tls_links_carry_messages_and_refuse_plain_tcp(pod: Pod, caplog) -> None:
     caplog.set_level(logging.INFO, logger="ualinkd.fabric")
-    kw = _tls_kw()
-    a, c = await pod.start("a", **kw), await pod.start("c", **kw)
+    ca = trustme.CA()
+    a, c = await pod.start("a", **_tls_kw("a", ca)), await pod.start("c", **_tls_kw("c", ca))
     await a.send(0, 4, DW)
     await c.send(4, 0, DW)
     assert pod.got["c"] == [(0, 4, DW)] and pod.got["a"] == [(4, 0, DW)]
@@ -390,6 +410,7 @@ async def test_tls_links_carry_messages_and_refuse_plain_tcp(pod: Pod, caplog) -
     await wait_until(lambda: bool(warnings(caplog)))
     [line] = warnings(caplog)
     assert "refused connection" in line
+    assert "SSL" in line.rpartition(": ")[2] or "SSL" in line, line  # item 9: the reason
 
 
 async def test_a_load_answer_is_the_memory_when_it_was_served(pod: Pod) -> None:
@@ -446,3 +467,187 @@ async def test_frames_that_arrive_with_the_handshake_are_delivered(pod: Pod) -> 
     await stream.aclose()
     for lst in listeners:
         await lst.aclose()
+
+
+# ---- identity and pre-authentication limits (issue 10 items 3, 8, 9) ---------------------
+
+def _round_trips(link: FabricLink, src: int, dst: int, n: int) -> Callable[[], object]:
+    async def run() -> None:
+        for i in range(n):
+            await link.send(src, dst, (3, i, 0, 0))
+            await trio.sleep(0.005)
+    return run
+
+
+async def test_an_impostor_with_another_nodes_keys_is_refused(pod: Pod, caplog) -> None:
+    """Item 8: a holds only its own link keys (node_config); claiming to be b to c with
+    either of them fails the proof, and c's real link to b never goes down."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    a, b, c = [await pod.start(n) for n in "abc"]
+    await wait_until(lambda: c.is_up("a") and c.is_up("b"))
+    stolen = node_config(pod.cfg, "a")
+    for key in node_keys(stolen, "a").values():
+        stream = await trio.open_tcp_stream("127.0.0.1", pod.ports["c"])
+        hs = ClientHandshake(stolen, "b", "c", now=trio.current_time(), key=key)
+        await stream.send_all(encode_frame(hs.initial_frames()[0]))
+        challenge = await read_frame(stream, FrameDecoder())
+        with pytest.raises(AuthError, match="failed to prove"):
+            hs.receive_frame(challenge, trio.current_time())
+        await stream.send_all(encode_frame(AuthProof(b"\0" * 32)))  # try its luck anyway
+        await expect_closed(stream)
+    await b.send(2, 4, DW)
+    await c.send(4, 2, DW)
+    assert pod.got["c"] == [(2, 4, DW)] and pod.got["b"] == [(4, 2, DW)]
+    assert ("c", "b", False) not in pod.states
+    lines = warnings(caplog)
+    assert len(lines) == 1 and "refused connection from b (127.0.0.1:" in lines[0]
+    assert "'b' failed to prove the key of our link" in lines[0]
+
+
+async def test_a_second_connection_does_not_replace_a_live_link(pod: Pod, caplog) -> None:
+    """Item 8: connections that authenticate as b (with the right key) while c's link to b
+    is alive are refused after a liveness probe of the old link; round trips over it keep
+    succeeding the whole time and it never flaps."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    b, c = await pod.start("b"), await pod.start("c")
+    await wait_until(lambda: c.is_up("b"))
+    async with trio.open_nursery() as n:
+        n.start_soon(_round_trips(b, 2, 4, 40))
+        n.start_soon(_round_trips(c, 5, 3, 40))
+        for _ in range(5):
+            stream, _dec = await raw_auth(pod.ports["c"], pod.cfg, "b", "c")
+            await expect_closed(stream, timeout=6)
+    assert len(pod.got["c"]) == len(pod.got["b"]) == 40
+    assert [s for s in pod.states if s[1] == "b"] == [("c", "b", True)]
+    refused = [w for w in warnings(caplog) if "refused" in w]
+    assert refused and "a live link to b exists" in refused[0]
+
+
+async def test_a_silent_link_gives_way_to_a_new_connection(pod: Pod) -> None:
+    """Item 8: a link whose peer has gone silent (half-open) does not lock its peer out: the
+    newcomer takes over once the old link fails its liveness probe, and carries messages."""
+    c = await pod.start("c", heartbeat_interval=0.05, heartbeat_timeout=0.5)
+    old, _ = await raw_auth(pod.ports["c"], pod.cfg, "b", "c")  # never reads nor writes
+    await wait_until(lambda: c.is_up("b"))
+    new, dec = await raw_auth(pod.ports["c"], pod.cfg, "b", "c")
+    await expect_closed(old)
+    with trio.fail_after(2):
+        async with trio.open_nursery() as n:
+            n.start_soon(c.send, 4, 2, DW)
+            while not isinstance(f := await read_frame(new, dec), Msg):
+                pass
+            await new.send_all(encode_frame(Ack(f.seq, 0)))
+    assert (f.src_accel, f.dst_accel, f.dwords) == (4, 2, DW)
+    await new.aclose()
+
+
+async def test_tls_a_valid_certificate_of_another_node_is_refused(pod: Pod, caplog) -> None:
+    """Item 8: with mutual TLS, a's own valid certificate does not admit a connection that
+    claims to be b, even with the right link key; b's certificate does."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    ca = trustme.CA()
+    await pod.start("c", **_tls_kw("c", ca))
+    a_cert = _tls_kw("a", ca)["ssl_client_context"]
+    stream = await trio.open_tcp_stream("127.0.0.1", pod.ports["c"])
+    tls = trio.SSLStream(stream, a_cert, server_hostname="127.0.0.1")  # type: ignore[arg-type]
+    await tls.do_handshake()
+    await tls.send_all(encode_frame(AuthHello(pod.cfg.uuid, "b", secrets.token_bytes(32))))
+    await expect_closed(tls)
+    await wait_until(lambda: bool(warnings(caplog)))
+    [line] = warnings(caplog)
+    assert "claims to be 'b' but its TLS certificate is for" in line and "'a'" not in line
+    b_cert = _tls_kw("b", ca)["ssl_client_context"]
+    ok, _ = await raw_auth(pod.ports["c"], pod.cfg, "b", "c",
+                           ssl_context=b_cert)  # type: ignore[arg-type]
+    await ok.aclose()
+
+
+async def _idle(host: str, port: int) -> trio.SocketStream:
+    sock = trio.socket.socket()
+    await sock.bind((host, 0))
+    await sock.connect(("127.0.0.1", port))
+    return trio.SocketStream(sock)
+
+
+async def _closed_by_peer(stream: trio.SocketStream) -> bool:
+    with trio.move_on_after(1):
+        try:
+            return await stream.receive_some(1) == b""
+        except trio.BrokenResourceError:
+            return True
+    return False
+
+
+async def test_pending_handshakes_are_capped_in_all_and_per_address(
+        pod: Pod, caplog, monkeypatch) -> None:
+    """Item 3: at most `max_pending` unauthenticated connections (5 in all, 3 from one
+    address here); more are closed at once, one log line per cause plus one with the count
+    of the rest; the established link keeps working, and the slots come back."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    monkeypatch.setattr(link_mod, "REFUSAL_LOG_INTERVAL", 0.2)
+    a = await pod.start("a")
+    c = await pod.start("c", max_pending=(5, 3), handshake_timeout=5.0)
+    await wait_until(lambda: c.is_up("a"))
+    held = [await _idle("127.0.0.2", pod.ports["c"]) for _ in range(3)]
+    await wait_until(lambda: c.pending_handshakes == 3)
+    per_address = await _idle("127.0.0.2", pod.ports["c"])
+    assert await _closed_by_peer(per_address)
+    held += [await _idle("127.0.0.3", pod.ports["c"]) for _ in range(2)]
+    await wait_until(lambda: c.pending_handshakes == 5)
+    in_all = [await _idle(f"127.0.0.{4 + i}", pod.ports["c"]) for i in range(20)]
+    for s in [per_address, *in_all]:
+        assert await _closed_by_peer(s)
+        await s.aclose()
+    await a.send(0, 4, DW)
+    assert pod.got["c"] == [(0, 4, DW)]
+    await wait_until(lambda: len(warnings(caplog)) >= 3)
+    lines = warnings(caplog)
+    assert "3 handshakes in progress from 127.0.0.2 (the limit per address)" in lines[0]
+    assert "5 handshakes in progress (the limit)" in lines[1]
+    assert "refused 19 more connections like that within 0 s, from 19 addresses" in lines[2]
+    assert len(lines) == 3
+    for s in held:
+        await s.aclose()
+    await wait_until(lambda: c.pending_handshakes == 0)
+    await pod.start("b")
+    await wait_until(lambda: c.is_up("b"))
+
+
+async def test_a_dial_failure_is_a_warning_when_its_kind_changes(pod: Pod, caplog) -> None:
+    """Item 9: a dialer logs at WARNING the first failure and each change of its kind (the
+    peer refuses connections, then an impostor answers on its address), each repeat at
+    DEBUG."""
+    caplog.set_level(logging.DEBUG, logger="ualinkd.fabric")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    a = await pod.start("a")
+    a.set_peer_address("b", f"127.0.0.1:{port}")
+
+    def dial_failures() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "cannot link to b" in r.getMessage()]
+
+    await wait_until(lambda: len(dial_failures()) >= 3)
+    listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+
+    async def impostor() -> None:  # c's handshake answering on b's address
+        while True:
+            stream = await listeners[0].accept()
+            hs = ServerHandshake(pod.cfg, "c", now=trio.current_time(), nonces=NonceCache())
+            with contextlib.suppress(Exception):
+                out = hs.receive_frame(await read_frame(stream, FrameDecoder()),
+                                       trio.current_time())
+                await stream.send_all(encode_frame(out[0]))
+                await stream.receive_some(100)
+            await stream.aclose()
+
+    async with trio.open_nursery() as n:
+        n.start_soon(impostor)
+        await wait_until(lambda: sum("'c' answered" in r.getMessage()
+                                     for r in dial_failures()) >= 3)
+        n.cancel_scope.cancel()
+    await listeners[0].aclose()
+    loud = [r.getMessage() for r in dial_failures() if r.levelno >= logging.WARNING]
+    assert len(loud) == 2, loud
+    assert "Connection refused" in loud[0]
+    assert "dialed node 'b' but 'c' answered" in loud[1]

@@ -191,7 +191,7 @@ def test_misspelt_array_of_tables():
      "did you mean 'response_timeout_ms'?"),
     (lambda d: d["nodes"][1].update(adress="127.0.0.1:7001"),
      "pod.toml: nodes[1]: unknown key 'adress' in [[nodes]] (allowed there: accels, address, "
-     "name, tls_cert, tls_key); did you mean 'address'?"),
+     "link_keys, name, tls_cert, tls_key); did you mean 'address'?"),
     (lambda d: d["nodes"][0]["accels"][0].update(vram="1GiB", stage="ppod", colour="red"),
      "pod.toml: nodes[0].accels[0]: unknown keys 'vram', 'colour' in [[nodes.accels]] "
      "(allowed there: bandwidth, gtt_size, id, latency, npa_pages, profile, stage, vram_size); "
@@ -225,6 +225,7 @@ def test_to_toml_writes_exactly_the_known_keys(tmp_path):
                   quirks=["hello-no-reset"], tls_ca="/ca.pem", tcp_congestion="")
     for i, n in enumerate(doc["nodes"]):
         n.update(tls_cert=f"/n{i}.pem", tls_key=f"/n{i}.key")
+    doc["nodes"][0]["link_keys"] = {"node1": "cd" * 32}
     cfg = PodConfig.from_dict(doc)
     path = tmp_path / "pod.toml"
     path.write_text(cfg.to_toml())

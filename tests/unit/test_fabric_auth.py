@@ -15,6 +15,9 @@ from ualinkd.fabric.auth import (
     ClientHandshake,
     NonceCache,
     ServerHandshake,
+    node_config,
+    node_keys,
+    pair_key,
     pod_key,
 )
 from ualinkd.fabric.wire import (
@@ -59,13 +62,13 @@ def test_wrong_key_fails_on_both_sides() -> None:
     c = ClientHandshake(other, "node0", "node2", now=0.0)
     s = _server()
     [challenge] = s.receive_frame(c.initial_frames()[0], 0.0)
-    with pytest.raises(AuthError, match="prove the pod key"):
+    with pytest.raises(AuthError, match="prove the key of our link"):
         c.receive_frame(challenge, 0.0)
     # A client that does not check the server and sends a proof made with its own key:
     c2 = ClientHandshake(other, "node0", "node2", now=0.0)
     s2 = _server()
     s2.receive_frame(c2.initial_frames()[0], 0.0)
-    with pytest.raises(AuthError, match="prove the pod key"):
+    with pytest.raises(AuthError, match="prove the key of our link"):
         s2.receive_frame(AuthProof(b"\0" * 32), 0.0)
 
 
@@ -143,3 +146,79 @@ def test_forged_challenge_macs_never_verify(nonce: bytes, mac: bytes) -> None:
     c = ClientHandshake(POD, "node0", "node2", now=0.0)
     with pytest.raises(AuthError):
         c.receive_frame(AuthChallenge("node2", nonce, mac), 0.0)
+
+
+# ---- identity: per-link keys, a node's own config, TLS names (issue 10 item 8) -------------
+
+def test_each_link_has_its_own_key() -> None:
+    """K_ab = HMAC(pod key, "ualinkd pair" ‖ sorted names): symmetric, distinct per pair."""
+    k = pod_key(POD)
+    assert pair_key(k, "node0", "node2") == pair_key(k, "node2", "node0")
+    keys = {pair_key(k, a, b) for a, b in [("node0", "node1"), ("node0", "node2"),
+                                           ("node1", "node2")]}
+    assert len(keys) == 3
+    assert node_keys(POD, "node2") == {"node0": pair_key(k, "node0", "node2"),
+                                       "node1": pair_key(k, "node1", "node2")}
+
+
+def test_a_node_config_holds_only_its_own_link_keys(tmp_path) -> None:
+    """node_config: no pod key, the node's link keys in its own entry, nothing for the other
+    links; it loads back, and runs a handshake with a node given the pod key."""
+    own = node_config(POD, "node0")
+    assert own.key == ""
+    assert [n.link_keys != () for n in own.nodes] == [True, False, False]
+    path = tmp_path / "node0.toml"
+    path.write_text(own.to_toml())
+    loaded = PodConfig.load(path)
+    assert node_keys(loaded, "node0") == node_keys(POD, "node0")
+    with pytest.raises(ConfigError, match="no key for the link between 'node1' and 'node2'"):
+        node_keys(loaded, "node1")
+    c = ClientHandshake(loaded, "node0", "node2", now=0.0)
+    s = _server()
+    _run(c, s)
+    assert c.established and s.established
+
+
+def test_holding_one_nodes_keys_does_not_make_you_another() -> None:
+    """An impostor with node0's config (its link keys, no pod key) claims to be node1 to
+    node2 with each key it has: every attempt fails at the proof."""
+    stolen = node_config(POD, "node0")
+    with pytest.raises(ConfigError):
+        ClientHandshake(stolen, "node1", "node2", now=0.0)  # it has no key for node1–node2
+    for key in node_keys(stolen, "node0").values():
+        c = ClientHandshake(stolen, "node1", "node2", now=0.0, key=key)
+        s = _server()
+        [challenge] = s.receive_frame(c.initial_frames()[0], 0.0)
+        with pytest.raises(AuthError, match="prove the key of our link"):
+            c.receive_frame(challenge, 0.0)  # node2's challenge is not under this key
+        with pytest.raises(AuthError, match="'node1' failed to prove the key of our link"):
+            s.receive_frame(AuthProof(b"\0" * 32), 0.0)
+
+
+@pytest.mark.parametrize(("edit", "why"), [
+    ({"node0": {"node9": "ab" * 16}}, "link key for 'node9', which is no node of the pod"),
+    ({"node0": {"node0": "ab" * 16}}, "which is itself"),
+    ({"node0": {"node1": "ab" * 8}}, "link_keys.node1 must be at least 16 bytes"),
+    ({"node0": {"node1": "ab" * 16}, "node1": {"node0": "cd" * 16}},
+     "give their link different keys"),
+])
+def test_link_keys_are_checked(edit: dict, why: str) -> None:
+    nodes = tuple(dataclasses.replace(n, link_keys=tuple(edit.get(n.name, {}).items()))
+                  for n in POD.nodes)
+    with pytest.raises(ConfigError, match=why):
+        dataclasses.replace(POD, nodes=nodes).validate()
+
+
+def test_tls_certificate_must_name_the_claimed_node() -> None:
+    """With TLS, node0's valid certificate does not admit a peer that claims to be node1, on
+    either side of the handshake."""
+    s = _server(cert_names={"node0", "127.0.0.1"})
+    with pytest.raises(AuthError, match=r"claims to be 'node1' but its TLS certificate is for "
+                                        r"127\.0\.0\.1, node0"):
+        s.receive_frame(AuthHello(POD.uuid, "node1", b"\1" * 32), 0.0)
+    c = ClientHandshake(POD, "node0", "node2", now=0.0, cert_names={"node1"})
+    [challenge] = _server().receive_frame(c.initial_frames()[0], 0.0)
+    with pytest.raises(AuthError, match="claims to be 'node2'"):
+        c.receive_frame(challenge, 0.0)
+    ok = _server(cert_names={"node0"})
+    ok.receive_frame(AuthHello(POD.uuid, "node0", b"\2" * 32), 0.0)

@@ -204,6 +204,65 @@ def test_oversized_length_refused_before_its_payload_arrives() -> None:
         dec.next_frame()
 
 
+def _store_header(length: int = 1 << 20) -> bytes:
+    """The 21 bytes that start a STORE of `length` data bytes (its data never follows)."""
+    return struct.pack("<IBIHHQ", 17 + length, wire.FrameType.STORE, 1, 0, 2, 0)
+
+
+def test_full_decoder_collects_a_large_store_from_its_header() -> None:
+    """What the data plane does, and why a decoder before authentication must not: a 21-byte
+    STORE header makes the decoder allocate the whole payload buffer."""
+    dec = FrameDecoder()
+    dec.receive_data(_store_header())
+    assert dec.next_frame() is NEED_DATA
+    buf = dec.receive_buffer()
+    assert buf is not None and len(buf) == 1 << 20
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    (_store_header(), "frame length 1048593 outside 1..512"),
+    (_store_header()[:4], "frame length 1048593 outside 1..512"),  # refused at the length
+    (_store_header(100), "STORE frame before the handshake finished"),
+    (encode_frame(Msg(1, 0, 2, (1, 2, 3, 4))), "MSG frame before the handshake finished"),
+    (encode_frame(Load(1, 0, 2, 0, 1 << 20)), "LOAD frame before the handshake finished"),
+    (struct.pack("<IB", 1, 0x7F), "unknown frame type"),
+])
+def test_handshake_decoder_refuses_other_frames_at_the_header(raw: bytes, why: str) -> None:
+    """Issue 10 item 3: before the handshake only handshake frames of handshake size; anything
+    else is refused from its header alone, with nothing buffered or allocated for it."""
+    dec = FrameDecoder.for_handshake()
+    dec.receive_data(raw)
+    with pytest.raises(RemoteProtocolError, match=why):
+        dec.next_frame()
+    assert dec.receive_buffer() is None and dec.buffered <= len(raw)
+
+
+def test_handshake_decoder_opens_the_data_plane_after_the_handshake() -> None:
+    """Frames that come in the same read as AUTH_OK decode once the handshake is done."""
+    dec = FrameDecoder.for_handshake()
+    msg = Msg(1, 0, 2, (1, 2, 3, 4))
+    dec.receive_data(encode_frame(AuthOk()) + encode_frame(msg) + _store_header())
+    assert dec.next_frame() == AuthOk()
+    dec.open_data_plane()
+    assert dec.next_frame() == msg
+    assert dec.next_frame() is NEED_DATA
+    assert dec.receive_buffer() is not None
+
+
+@given(st.binary(max_size=600))
+def test_handshake_decoder_never_allocates_for_any_bytes(raw: bytes) -> None:
+    """Any bytes: handshake frames, NEED_DATA or RemoteProtocolError, and never a payload
+    buffer, nor more buffered than was received."""
+    dec = FrameDecoder.for_handshake()
+    dec.receive_data(raw)
+    try:
+        while (f := dec.next_frame()) is not NEED_DATA:
+            assert f.frame_type in wire.HANDSHAKE_FRAMES
+    except RemoteProtocolError:
+        pass
+    assert dec.receive_buffer() is None and dec.buffered <= len(raw)
+
+
 def test_non_utf8_name_is_a_remote_error() -> None:
     raw = encode_frame(AuthChallenge("n", b"\0" * 32, b"\0" * 32)).replace(b"\x01n", b"\x01\xff")
     with pytest.raises(RemoteProtocolError, match="UTF-8"):

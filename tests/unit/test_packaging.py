@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ualinkd.cli.main import build_parser, free_tcp_ports
+from ualinkd.cli.main import build_parser, free_tcp_ports, main
 from ualinkd.config import PodConfig
 from ualinkd.fabric.link import parse_address
 
@@ -114,6 +114,24 @@ def test_entrypoint_splices_the_key_file_into_a_private_copy(tmp_path):
     assert effective.stat().st_mode & 0o777 == 0o600
     cfg = PodConfig.load(effective)
     assert cfg == replace(PodConfig.load(conf), key=key)  # nothing else changed
+
+
+def test_entrypoint_runs_a_node_config_without_the_pod_key(tmp_path):
+    """Issue 10 item 8: a node's own file from `ualinkd node-config` (its link keys, no pod
+    key) is a config the entrypoint runs; it refuses the file for another node, which has no
+    key for that node's link with a third."""
+    conf = write_pod(tmp_path, nodes=3)
+    own = tmp_path / "node0.toml"
+    assert main(["node-config", "--config", str(conf), "--node", "node0", "--out",
+                 str(own)]) == 0
+    assert own.stat().st_mode & 0o777 == 0o600
+    assert PodConfig.load(own).key == ""
+    r = entrypoint(tmp_path, {"UALINK_CONFIG": str(own), "UALINK_NODE": "node0"})
+    assert r.returncode == 0, r.stderr
+    assert parse_node_argv(shlex.split(r.stdout)[2:]).config == str(own)
+    r = entrypoint(tmp_path, {"UALINK_CONFIG": str(own), "UALINK_NODE": "node1"})
+    assert r.returncode == 2
+    assert "no key for the link between 'node1' and 'node2'" in r.stderr
 
 
 @pytest.mark.integration

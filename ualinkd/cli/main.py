@@ -27,6 +27,7 @@ import trio
 
 from .. import __version__
 from ..config import ConfigError, PodConfig
+from ..fabric.auth import node_config, node_keys
 
 log = logging.getLogger("ualinkd")
 
@@ -111,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     again.add_argument("node")
     again.add_argument("--root", default="./ualink-pod", help="the pod's --root")
     again.add_argument("--timeout", type=float, default=60.0, help=argparse.SUPPRESS)
+    own = sub.add_parser(
+        "node-config", help="the pod config for one node alone: its own link keys, no pod key "
+                            "(holding it proves that node and no other)")
+    own.add_argument("--config", required=True, help="the pod's TOML file (with the pod key)")
+    own.add_argument("--node", required=True, help="the node the file is for")
+    own.add_argument("--out", required=True, help="where to write it (mode 0600)")
     return p
 
 
@@ -120,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     while lead < len(argv) and argv[lead] in ("-v", "--verbose"):
         lead += 1
     if lead < len(argv) and argv[lead] not in (
-            "node", "pod", "check", "config", "start-node", "-h", "--help", "--version") and any(
+            "node", "pod", "check", "config", "start-node", "node-config", "-h", "--help",
+            "--version") and any(
             a == "--config" or a.startswith("--config=") for a in argv[lead:]):
         # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing,
         # its options in any order (`ualinkd -v --node n --config pod.toml --mount m`).
@@ -140,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             return _native_config(args.what or [])
         if args.command == "node":
             return _node(args)
+        if args.command == "node-config":
+            return _node_config(args)
         return _pod(args)
     except ConfigError as e:
         print(f"ualinkd: {e}", file=sys.stderr)
@@ -200,7 +210,7 @@ def _node(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     config = _with_quirks(PodConfig.load(args.config), args.kernel_quirks)
-    config.node(args.node)  # fail early on an unknown name
+    node_keys(config, args.node)  # fail early on an unknown name or a link without a key
     failed: list[BaseException] = []
     try:
         profile = os.environ.get("UALINKD_PROFILE")  # developers: cProfile output file
@@ -217,6 +227,11 @@ def _node(args: argparse.Namespace) -> int:
     for e in failed:
         print(f"ualinkd: {args.node}: {e}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _node_config(args: argparse.Namespace) -> int:
+    write_private(args.out, node_config(PodConfig.load(args.config), args.node).to_toml())
+    return 0
 
 
 def _die_with_pod() -> bool:

@@ -1,6 +1,16 @@
-"""The fabric handshake, sans-IO: mutual HMAC-SHA256 challenge–response over the pod key, run
+"""The fabric handshake, sans-IO: mutual HMAC-SHA256 challenge–response over the link's key, run
 before a link carries anything else. Frames in (`receive_frame(frame, now)`), frames to send out;
 time is an input, so the handshake deadline is tested without sleeping.
+
+Identity. Every pair of nodes {a, b} has its own link key,
+
+    K_ab = HMAC-SHA256(pod key, "ualinkd pair" ‖ min(a, b) ‖ max(a, b))   (parts length-prefixed)
+
+or the key that both nodes' config gives it (`link_keys`). A node's own config may carry only
+its link keys (`node_config`), not the pod key: holding node c's keys K_ca, K_cb then proves
+"c" and nothing else, since K_ab cannot be computed from them. Whoever holds the pod key can
+be any node (it is the operator's master key). With mutual TLS the peer's certificate must
+name the node it claims to be, too (its DNS subjectAltNames or common name).
 
     client → AUTH_HELLO {pod uuid, client name, client nonce}
     server → AUTH_CHALLENGE {server name, server nonce, mac("server", ...)}
@@ -17,7 +27,8 @@ import hashlib
 import hmac
 import secrets
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import replace
 from typing import Final
 
 from ..config import ConfigError, PodConfig
@@ -36,6 +47,7 @@ HANDSHAKE_TIMEOUT: Final = 5.0
 NONCE_CACHE_SIZE: Final = 65536
 _SERVER_LABEL: Final = b"ualinkd-fabric-v1 server"
 _CLIENT_LABEL: Final = b"ualinkd-fabric-v1 client"
+_PAIR_LABEL: Final = b"ualinkd pair"
 
 
 class AuthError(RemoteProtocolError):
@@ -51,6 +63,52 @@ def pod_key(config: PodConfig) -> bytes:
     if len(key) < 16:
         raise ConfigError(f"{config.source}: [pod] key must be at least 16 bytes (32 hex digits)")
     return key
+
+
+def pair_key(pod_key: bytes, a: str, b: str) -> bytes:
+    """K_ab, the key of the link between nodes `a` and `b` derived from the pod key."""
+    h = hmac.new(pod_key, digestmod=hashlib.sha256)
+    for part in (_PAIR_LABEL, *(n.encode() for n in sorted((a, b)))):
+        h.update(len(part).to_bytes(2, "little") + part)
+    return h.digest()
+
+
+def node_keys(config: PodConfig, name: str) -> dict[str, bytes]:
+    """The key of each link of node `name`, by peer: the one a node's `link_keys` gives, else
+    derived from the pod key. ConfigError names a link that has neither."""
+    given: dict[str, str] = {}
+    for n in config.nodes:
+        for peer, hexkey in n.link_keys:
+            if n.name == name:
+                given[peer] = hexkey
+            elif peer == name:
+                given.setdefault(n.name, hexkey)
+    config.node(name)  # a ConfigError if there is no such node
+    missing = [n.name for n in config.nodes if n.name != name and n.name not in given]
+    master = pod_key(config) if config.key or (missing and not given) else None
+    if missing and master is None:
+        raise ConfigError(f"{config.source}: no key for the link between {name!r} and "
+                          f"{', '.join(map(repr, missing))}: set [pod] key, or link_keys in "
+                          f"the [[nodes]] entry of {name!r}")
+    keys = {}
+    for n in config.nodes:
+        if n.name in given:
+            keys[n.name] = bytes.fromhex(given[n.name])
+        elif n.name != name:
+            assert master is not None
+            keys[n.name] = pair_key(master, name, n.name)
+    return keys
+
+
+def node_config(config: PodConfig, name: str) -> PodConfig:
+    """The pod config for node `name` alone: no pod key, and `name`'s link keys in its own
+    [[nodes]] entry (every other entry without keys). Holding it proves `name`, no other node."""
+    keys = node_keys(config, name)
+    nodes = tuple(replace(n, link_keys=tuple(sorted((p, k.hex()) for p, k in keys.items()))
+                          if n.name == name else ()) for n in config.nodes)
+    cfg = replace(config, key="", nodes=nodes)
+    cfg.validate()
+    return cfg
 
 
 def _mac(key: bytes, label: bytes, client_nonce: bytes, server_nonce: bytes, config: PodConfig,
@@ -81,10 +139,11 @@ class NonceCache:
 
 class _Handshake:
     def __init__(self, config: PodConfig, local_name: str, now: float, timeout: float,
-                 key: bytes | None) -> None:
+                 cert_names: Collection[str] | None) -> None:
         self.config = config
         self.local_name = local_name
-        self.key = pod_key(config) if key is None else key
+        # TLS: the names in the peer's verified certificate; the peer must be one of them.
+        self.cert_names = None if cert_names is None else frozenset(cert_names)
         self.timeout = timeout
         self.deadline = now + timeout
         self.established = False
@@ -98,14 +157,20 @@ class _Handshake:
     def _unexpected(self, frame: Frame, wanted: str) -> AuthError:
         return AuthError(f"expected {wanted}, got {frame.frame_type.name}")
 
+    def _check_cert(self, name: str) -> None:
+        if self.cert_names is not None and name not in self.cert_names:
+            names = ", ".join(sorted(self.cert_names)) or "no name"
+            raise AuthError(f"claims to be {name!r} but its TLS certificate is for {names}")
+
 
 class ClientHandshake(_Handshake):
     """The dialing side: proves itself to node `peer_name` and checks that it is talking to it."""
 
     def __init__(self, config: PodConfig, local_name: str, peer_name: str, *, now: float,
                  timeout: float = HANDSHAKE_TIMEOUT, key: bytes | None = None,
-                 nonce: bytes | None = None) -> None:
-        super().__init__(config, local_name, now, timeout, key)
+                 nonce: bytes | None = None, cert_names: Collection[str] | None = None) -> None:
+        super().__init__(config, local_name, now, timeout, cert_names)
+        self.key = node_keys(config, local_name)[peer_name] if key is None else key
         self.expected_peer = peer_name
         self.nonce = nonce if nonce is not None else secrets.token_bytes(NONCE_SIZE)
         self._state = "challenge"
@@ -121,10 +186,11 @@ class ClientHandshake(_Handshake):
             if frame.node_name != self.expected_peer:
                 raise AuthError(f"dialed node {self.expected_peer!r} but "
                                 f"{frame.node_name!r} answered")
+            self._check_cert(frame.node_name)
             args = (self.nonce, frame.nonce, self.config, self.local_name, frame.node_name)
             if not hmac.compare_digest(frame.mac, _mac(self.key, _SERVER_LABEL, *args)):
-                raise AuthError(f"{frame.node_name!r} failed to prove the pod key "
-                                "(different key?)")
+                raise AuthError(f"{frame.node_name!r} failed to prove the key of our link "
+                                "(a different key, or not that node)")
             self.peer_name = frame.node_name
             self._state = "ok"
             return [AuthProof(_mac(self.key, _CLIENT_LABEL, *args))]
@@ -138,7 +204,8 @@ class ClientHandshake(_Handshake):
 
 
 class ServerHandshake(_Handshake):
-    """The accepting side: admits a node of this pod, other than itself, that knows the key.
+    """The accepting side: admits a node of this pod, other than itself, that knows the key of
+    its link with us (`keys`, by peer name; default `node_keys`).
 
     `accept_from` narrows the admitted node names (the link admits only the nodes that dial
     it); `nonces` is the daemon-wide replay guard.
@@ -146,9 +213,11 @@ class ServerHandshake(_Handshake):
 
     def __init__(self, config: PodConfig, local_name: str, *, now: float, nonces: NonceCache,
                  accept_from: Collection[str] | None = None,
-                 timeout: float = HANDSHAKE_TIMEOUT, key: bytes | None = None,
-                 nonce: bytes | None = None) -> None:
-        super().__init__(config, local_name, now, timeout, key)
+                 timeout: float = HANDSHAKE_TIMEOUT, keys: Mapping[str, bytes] | None = None,
+                 nonce: bytes | None = None, cert_names: Collection[str] | None = None) -> None:
+        super().__init__(config, local_name, now, timeout, cert_names)
+        self.keys = node_keys(config, local_name) if keys is None else keys
+        self.key = b""  # the claimed peer's link key, once its AUTH_HELLO names it
         self.nonces = nonces
         others = {n.name for n in config.nodes} - {local_name}
         self.accept_from = others if accept_from is None else set(accept_from) & others
@@ -169,8 +238,8 @@ class ServerHandshake(_Handshake):
             want = _mac(self.key, _CLIENT_LABEL, self._client_nonce, self.nonce, self.config,
                         self.peer_name, self.local_name)
             if not hmac.compare_digest(frame.mac, want):
-                raise AuthError(f"{self.peer_name!r} failed to prove the pod key "
-                                "(different key?)")
+                raise AuthError(f"{self.peer_name!r} failed to prove the key of our link "
+                                "(a different key, or not that node)")
             self._state = "done"
             self.established = True
             return [AuthOk()]
@@ -190,9 +259,14 @@ class ServerHandshake(_Handshake):
         if name not in self.accept_from:
             raise AuthError(f"node {name!r} does not dial {self.local_name!r} "
                             "(the node whose name sorts first dials)")
+        self._check_cert(name)
+        key = self.keys.get(name)
+        if key is None:
+            raise AuthError(f"no key for the link with {name!r} in this node's config")
         if not self.nonces.add(hello.nonce):
             raise AuthError(f"replayed nonce from {name!r}")
         self.peer_name = name
+        self.key = key
         self._client_nonce = hello.nonce
         self._state = "proof"
         mac = _mac(self.key, _SERVER_LABEL, hello.nonce, self.nonce, self.config, name,

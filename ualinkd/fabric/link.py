@@ -1,6 +1,14 @@
 """FabricLink: this node's TCP links to every other node of the pod (trio). It listens, dials
 the peers whose names sort after ours, authenticates (auth.py), then runs a Session per peer with
 one reader and one writer task; reconnects with backoff; sends wait for the peer's ACK.
+
+Before a connection has authenticated it costs little and cannot make us hold much: its
+decoder takes only handshake frames of handshake size (FrameDecoder.for_handshake), at most
+MAX_PENDING_HANDSHAKES are in progress at a time and MAX_PENDING_PER_ADDRESS per source
+address (more are closed at once), and each has HANDSHAKE_TIMEOUT to finish. Refusals are
+logged one line per cause: the first at once, the rest as a count every REFUSAL_LOG_INTERVAL.
+A new connection never replaces a live link to the same peer: the old link is probed, and
+only if it misses two heartbeats does the newcomer take over; else the newcomer is refused.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ import errno
 import logging
 import math
 import os
+import re
 import secrets
 import socket
 import ssl
@@ -20,7 +29,7 @@ import trio
 
 from ..config import ConfigError, PodConfig
 from ..drm.errors import DrmError
-from .auth import HANDSHAKE_TIMEOUT, ClientHandshake, NonceCache, ServerHandshake, pod_key
+from .auth import HANDSHAKE_TIMEOUT, ClientHandshake, NonceCache, ServerHandshake, node_keys
 from .session import (
     AckReceived,
     DataReceived,
@@ -49,6 +58,12 @@ OnPeerState = Callable[[str, bool], None]
 OnRequest = Callable[[str, Load | Store], tuple[int, list[memoryview]]]
 RECEIVE_SIZE = 1 << 20  # one data-plane chunk in as few reads as possible (TLS)
 SCRATCH_SIZE = 64 << 10  # plain TCP: per-connection receive buffer for everything but payloads
+HANDSHAKE_RECEIVE_SIZE = 4096  # handshake frames are at most HANDSHAKE_MAX_FRAME bytes
+# Unauthenticated connections in progress: in all, and from one source address (a local pod
+# of up to 250 nodes dials from 127.0.0.1; its handshakes take milliseconds).
+MAX_PENDING_HANDSHAKES = 512
+MAX_PENDING_PER_ADDRESS = 64
+REFUSAL_LOG_INTERVAL = 5.0
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -182,6 +197,80 @@ def _advance(bufs: list[Buffer], n: int) -> list[Buffer]:
     return rest
 
 
+def _cause(reason: str) -> str:
+    """What kind of refusal `reason` is: the reason without its names and numbers."""
+    return re.sub(r"'[^']*'|\S*\d\S*", "_", reason)
+
+
+def _reason(e: BaseException) -> str:
+    """Why `e` ended a connection. trio keeps the error underneath as __cause__: the
+    ssl.SSLError of a failed TLS handshake (its BrokenResourceError says nothing), the
+    ConnectionRefusedError of a failed dial."""
+    text = str(e)
+    cause = e.__cause__
+    if isinstance(cause, BaseExceptionGroup):  # open_tcp_stream: one error per address tried
+        cause = cause.exceptions[-1]
+    if isinstance(cause, OSError):  # ssl.SSLError is one
+        detail = str(cause) or repr(cause)
+        return f"{text}: {detail}" if text else detail
+    return text or repr(e)
+
+
+class _Refusals:
+    """Refused inbound connections, logged one line per cause and interval: the first of a
+    cause at once, in full; those that follow within `interval` as one line with their count
+    (a flood of a thousand connections is two lines, not a thousand)."""
+
+    def __init__(self, node_name: str, interval: float) -> None:
+        self._node = node_name
+        self.interval = interval
+        # cause -> [window start, count since the first, source hosts, the last reason]
+        self._open: dict[str, list[Any]] = {}
+
+    def note(self, who: str, host: str, reason: str, now: float) -> None:
+        cause = _cause(reason)
+        w = self._open.get(cause)
+        if w is None:
+            log.warning("fabric %s: refused connection from %s: %s", self._node, who, reason)
+            self._open[cause] = [now, 0, set(), reason]
+        else:
+            w[1] += 1
+            w[2].add(host)
+            w[3] = f"{who}: {reason}"
+
+    def flush(self, now: float, everything: bool = False) -> None:
+        for cause, w in list(self._open.items()):
+            if not everything and now - w[0] < self.interval:
+                continue
+            if not w[1]:
+                del self._open[cause]
+                continue
+            log.warning("fabric %s: refused %d more connection%s like that within %.0f s, "
+                        "from %d address%s (the last from %s)", self._node, w[1],
+                        "s" if w[1] > 1 else "", self.interval, len(w[2]),
+                        "es" if len(w[2]) > 1 else "", w[3])
+            self._open[cause] = [now, 0, set(), w[3]]
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await trio.sleep(self.interval)
+                self.flush(trio.current_time())
+        finally:
+            self.flush(trio.current_time(), everything=True)
+
+
+def _cert_names(stream: trio.abc.Stream) -> frozenset[str] | None:
+    """The names a TLS peer's verified certificate gives (DNS subjectAltNames and common
+    names), or None on plain TCP."""
+    if not isinstance(stream, trio.SSLStream):
+        return None
+    cert = stream.getpeercert() or {}
+    names = {v for k, v in cert.get("subjectAltName", ()) if k == "DNS"}
+    names |= {v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"}
+    return frozenset(names)
+
+
 class FabricLink:
     """The fabric seen from node `node_name`: one authenticated connection per peer node.
 
@@ -202,11 +291,13 @@ class FabricLink:
                  on_request: OnRequest | None = None,
                  handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  heartbeat_interval: float = 1.0,
-                 heartbeat_timeout: float = 5.0) -> None:
+                 heartbeat_timeout: float = 5.0,
+                 max_pending: tuple[int, int] = (MAX_PENDING_HANDSHAKES,
+                                                 MAX_PENDING_PER_ADDRESS)) -> None:
         self.config = config
         self.node_name = node_name
         self._me = config.node(node_name)
-        self._key = pod_key(config)
+        self._keys = node_keys(config, node_name)
         self._on_message = on_message
         self._on_peer_state = on_peer_state
         self._on_request = on_request
@@ -228,6 +319,10 @@ class FabricLink:
         self._conns: dict[str, _Conn] = {}
         self._up = {p: trio.Event() for p in self._peers}
         self._nonces = NonceCache()
+        self._max_pending = max_pending
+        self._pending: dict[str, int] = {}  # source host -> handshakes in progress
+        self._pending_total = 0
+        self._refusals = _Refusals(node_name, REFUSAL_LOG_INTERVAL)
         self._progress = trio.lowlevel.ParkingLot()
         self._scope: trio.CancelScope | None = None
         self._stopped = trio.Event()
@@ -260,6 +355,7 @@ class FabricLink:
                 listeners = await trio.open_tcp_listeners(port, host=host)
                 self.port = listeners[0].socket.getsockname()[1]
                 async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._refusals.run)
                     for listener in listeners:
                         nursery.start_soon(self._accept_loop, listener, nursery)
                     for peer in self._peers:
@@ -294,37 +390,93 @@ class FabricLink:
                     continue
                 nursery.start_soon(self._serve_inbound, stream)
 
+    @property
+    def pending_handshakes(self) -> int:
+        """Inbound connections that have not finished their handshake yet."""
+        return self._pending_total
+
     async def _serve_inbound(self, tcp: trio.SocketStream) -> None:
         try:
             host, port = tcp.socket.getpeername()[:2]
             addr = f"{host}:{port}"
         except OSError:
-            addr = "?"
-        _tune(tcp, self.config.tcp_congestion)
+            host = addr = "?"
+        total, per_address = self._max_pending
+        if self._pending_total >= total or self._pending.get(host, 0) >= per_address:
+            why = (f"{self._pending_total} handshakes in progress (the limit)"
+                   if self._pending_total >= total else
+                   f"{self._pending[host]} handshakes in progress from {host} (the limit "
+                   "per address)")
+            self._refusals.note(addr, host, why, trio.current_time())
+            await trio.aclose_forcefully(tcp)
+            return
+        self._pending_total += 1
+        self._pending[host] = self._pending.get(host, 0) + 1
+        try:
+            admitted = await self._authenticate_inbound(tcp, host, addr)
+        finally:
+            self._pending_total -= 1
+            self._pending[host] -= 1
+            if not self._pending[host]:
+                del self._pending[host]
+        if admitted is not None:
+            peer, stream, decoder = admitted
+            await self._run_conn(peer, stream, decoder, f"from {addr}")
+
+    async def _authenticate_inbound(self, tcp: trio.SocketStream, host: str, addr: str
+                                    ) -> tuple[str, trio.abc.Stream, FrameDecoder] | None:
+        """The handshake of an inbound connection, and the check that it does not displace
+        a live link: (peer, stream, decoder), or None when refused (and closed)."""
         stream: trio.abc.Stream = tcp
         hs = ServerHandshake(self.config, self.node_name, now=trio.current_time(),
-                             nonces=self._nonces, key=self._key,
+                             nonces=self._nonces, keys=self._keys,
                              accept_from=[p for p in self._peers if p < self.node_name],
                              timeout=self._handshake_timeout)
-        decoder = FrameDecoder()
+        decoder = FrameDecoder.for_handshake()
         try:
             with trio.move_on_at(hs.deadline):
                 if self._ssl_server is not None:
                     stream = trio.SSLStream(tcp, self._ssl_server, server_side=True)
                     await stream.do_handshake()
+                    hs.cert_names = _cert_names(stream)
                 await self._handshake(stream, hs, decoder, [])
             hs.check_deadline(trio.current_time())
+            assert hs.peer_name is not None
+            if not await self._old_link_gone(hs.peer_name):
+                raise _LinkDown(f"a live link to {hs.peer_name} exists (it answered a "
+                                "liveness probe); a second connection does not replace it")
         except (ProtocolError, _LinkDown, trio.BrokenResourceError, OSError) as e:
             who = f"{hs.peer_name} ({addr})" if hs.peer_name else addr
-            log.warning("fabric %s: refused connection from %s: %s", self.node_name, who, e)
+            self._refusals.note(who, host, _reason(e), trio.current_time())
             await trio.aclose_forcefully(stream)
-            return
-        assert hs.peer_name is not None
-        await self._run_conn(hs.peer_name, stream, decoder, f"from {addr}")
+            return None
+        decoder.open_data_plane()
+        _tune(tcp, self.config.tcp_congestion)
+        return hs.peer_name, stream, decoder
+
+    async def _old_link_gone(self, peer: str) -> bool:
+        """True when no live link to `peer` stands in the way of a new one. A link that is
+        there is sent a PING: whatever it receives within two heartbeat intervals (a PONG
+        takes one round trip; the peer's own heartbeats come every interval) proves it alive
+        (False); a link that misses that many heartbeats is dropped as dead (True). Short,
+        so that a peer that redialed because it lost the old link is not left waiting."""
+        probe = min(self._hb_timeout, 2 * self._hb_interval)
+        while (old := self._conns.get(peer)) is not None and old.down is None:
+            start = trio.current_time()
+            old.session.send_ping(secrets.randbits(64), track=False)
+            old.flush()
+            with trio.move_on_after(probe):
+                while old.down is None and old.last_rx <= start:
+                    await trio.sleep(min(0.02, self._hb_interval))
+            if old.down is None and old.last_rx > start:
+                return False
+            old.drop(_LinkDown(f"silent for {probe:g} s after a liveness probe (a new "
+                               "connection came)", logging.WARNING))
+        return True
 
     async def _dial_loop(self, peer: str) -> None:
         delay = self._backoff[0]
-        quiet = False  # after the first failure, repeats are logged at DEBUG
+        last: tuple[object, ...] | None = None  # the kind of the last failure
         while True:
             changed = self._address_changed[peer]
             try:
@@ -337,15 +489,19 @@ class FabricLink:
             try:
                 stream, decoder = await self._dial(peer, host, port)
             except (ProtocolError, _LinkDown, OSError, trio.BrokenResourceError) as e:
-                log.log(logging.DEBUG if quiet else logging.WARNING,
+                # WARNING when the failure is new or of another kind than the last (refused,
+                # then an impostor answering: both are news); each repeat at DEBUG.
+                reason = _reason(e)
+                kind = (type(e), _cause(reason))
+                log.log(logging.DEBUG if kind == last else logging.WARNING,
                         "fabric %s: cannot link to %s at %s:%d: %s (retrying)",
-                        self.node_name, peer, host, port, e)
-                quiet = True
+                        self.node_name, peer, host, port, reason)
+                last = kind
                 with trio.move_on_after(delay):
                     await changed.wait()
                 delay = min(delay * 2, self._backoff[1])
                 continue
-            quiet = False
+            last = None
             delay = self._backoff[0]
             await self._run_conn(peer, stream, decoder, f"to {host}:{port}")
             with trio.move_on_after(delay):
@@ -354,8 +510,8 @@ class FabricLink:
     async def _dial(self, peer: str, host: str, port: int
                     ) -> tuple[trio.abc.Stream, FrameDecoder]:
         hs = ClientHandshake(self.config, self.node_name, peer, now=trio.current_time(),
-                             key=self._key, timeout=self._handshake_timeout)
-        decoder = FrameDecoder()
+                             key=self._keys[peer], timeout=self._handshake_timeout)
+        decoder = FrameDecoder.for_handshake()
         stream: trio.abc.Stream | None = None
         try:
             with trio.move_on_at(hs.deadline):
@@ -364,6 +520,7 @@ class FabricLink:
                 if self._ssl_client is not None:
                     stream = trio.SSLStream(stream, self._ssl_client, server_hostname=host)
                     await stream.do_handshake()
+                    hs.cert_names = _cert_names(stream)
                 await self._handshake(stream, hs, decoder, hs.initial_frames())
             hs.check_deadline(trio.current_time())
         except BaseException:
@@ -371,6 +528,7 @@ class FabricLink:
                 await trio.aclose_forcefully(stream)
             raise
         assert stream is not None
+        decoder.open_data_plane()
         return stream, decoder
 
     async def _handshake(self, stream: trio.abc.Stream, hs: ClientHandshake | ServerHandshake,
@@ -380,7 +538,7 @@ class FabricLink:
         while not hs.established:
             frame = decoder.next_frame()
             if isinstance(frame, _NeedData):
-                data = await stream.receive_some(RECEIVE_SIZE)
+                data = await stream.receive_some(HANDSHAKE_RECEIVE_SIZE)
                 if not data:
                     raise _LinkDown("connection closed during the handshake")
                 decoder.receive_data(data)

@@ -52,6 +52,9 @@ MAX_DATA: Final = 1 << 20  # bytes of a STORE / DATA payload (one data-plane tra
 MAX_FRAME: Final = MAX_DATA + 64  # largest `length` accepted; more drops the connection
 NONCE_SIZE: Final = 32
 MAC_SIZE: Final = 32
+# Largest `length` of a handshake frame: AUTH_CHALLENGE with a 255-byte name is 322. Before
+# the handshake completes nothing larger is accepted (FrameDecoder.for_handshake).
+HANDSHAKE_MAX_FRAME: Final = 512
 
 
 class FrameType(enum.IntEnum):
@@ -356,21 +359,40 @@ class FrameDecoder:
     decoder stays broken (every later call raises the same error). An oversized length is
     refused as soon as its header arrives, before any of its payload is buffered.
 
+    A decoder made by `for_handshake()` serves a connection that has not authenticated yet: it
+    accepts only handshake frames of at most HANDSHAKE_MAX_FRAME bytes, and refuses anything
+    else at its 5-byte header, before buffering or allocating for it (an unauthenticated peer
+    must not make the daemon hold a megabyte per 19-byte STORE header). `open_data_plane()`
+    lifts the limits once the handshake is done.
+
     A large STORE / DATA payload is collected in a buffer of its own, exactly its size: while
     one is incomplete, `receive_buffer()` is the writable rest of it, so a reader can receive
     straight into it (`recv_into`, then `received_into(n)`) instead of copying the megabyte
     through the stream buffer; the frame then carries that buffer as its data.
     """
 
-    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME,
+                 frame_types: frozenset[FrameType] | None = None) -> None:
         self._buf = bytearray()
         self._pos = 0
         self._max_frame = max_frame
+        self._types: frozenset[int] = frozenset(FRAME_CLASSES if frame_types is None
+                                                else frame_types)
         self._error: RemoteProtocolError | None = None
         # The large payload being collected: its frame's header fields and its bytes.
         self._payload: bytearray | None = None
         self._filled = 0
         self._head: tuple[int, ...] = ()
+
+    @classmethod
+    def for_handshake(cls) -> FrameDecoder:
+        """A decoder for a connection before its handshake is done (see the class docstring)."""
+        return cls(HANDSHAKE_MAX_FRAME, HANDSHAKE_FRAMES)
+
+    def open_data_plane(self) -> None:
+        """The handshake is done: every frame type, up to MAX_FRAME."""
+        self._max_frame = MAX_FRAME
+        self._types = frozenset(FRAME_CLASSES)
 
     @property
     def buffered(self) -> int:
@@ -428,8 +450,11 @@ class FrameDecoder:
         if len(buf) - pos < HEADER_SIZE:
             return NEED_DATA
         frame_type = buf[pos + 4]
-        if frame_type not in FRAME_CLASSES:
-            raise RemoteProtocolError(f"unknown frame type {frame_type:#04x}")
+        if frame_type not in self._types:
+            if frame_type not in FRAME_CLASSES:
+                raise RemoteProtocolError(f"unknown frame type {frame_type:#04x}")
+            raise RemoteProtocolError(f"{FrameType(frame_type).name} frame before the "
+                                      "handshake finished")
         end = pos + 4 + length
         if frame_type == FrameType.DATA and length >= _DATA_HDR.size - 4:
             return self._data_plane(pos, end, _DATA_HDR.size, "<Ii")

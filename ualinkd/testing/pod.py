@@ -174,6 +174,31 @@ def _install_exit_handlers() -> None:
                 signal.signal(sig, _exit_on_signal)
 
 
+def mount_report(root: str | Path, name: str) -> dict[str, object]:
+    """What `ualinkctl --mount ROOT --json all` prints for the node mounted at `root`."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = ctl.main(["--mount", str(root), "--json", "all"])
+    if rc != 0:
+        raise PodError(f"ualinkctl could not read {name}")
+    return json.loads(out.getvalue())
+
+
+def mount_leaks(root: str | Path, name: str) -> list[str]:
+    """What the node mounted at `root` still holds (pins, NPA ranges, handles, open files,
+    imports), as `ualinkctl --json` reports it; any node mount, in a Pod or not."""
+    found = []
+    for accel in mount_report(root, name)["accels"]:  # type: ignore[union-attr]
+        where = f"{name} {accel['render']}"
+        for key in ("objects", "exports", "imports", "clients"):
+            if accel[key]:
+                found.append(f"{where} {key}: {accel[key]}")
+        npa = accel["npa"]
+        if npa["used_pages"] or npa["mappings"]:
+            found.append(f"{where} npa: {npa}")
+    return found
+
+
 # -- the config ---------------------------------------------------------------------------------
 def pod_config(nodes: int = 2, accels_per_node: int = 1,
                vpods: dict[int, Iterable[int]] | None = None,
@@ -271,26 +296,12 @@ class PodNode:
 
     def report(self) -> dict[str, object]:
         """What `ualinkctl --mount <node> --json all` prints for this node."""
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            rc = ctl.main(["--mount", str(self.root), "--json", "all"])
-        if rc != 0:
-            raise PodError(f"ualinkctl could not read {self.name}")
-        return json.loads(out.getvalue())
+        return mount_report(self.root, self.name)
 
     def leaks(self) -> list[str]:
         """What this node still holds (pins, NPA ranges, handles, open files, imports), as
         `ualinkctl --json` reports it."""
-        found = []
-        for accel in self.report()["accels"]:  # type: ignore[union-attr]
-            where = f"{self.name} {accel['render']}"
-            for key in ("objects", "exports", "imports", "clients"):
-                if accel[key]:
-                    found.append(f"{where} {key}: {accel[key]}")
-            npa = accel["npa"]
-            if npa["used_pages"] or npa["mappings"]:
-                found.append(f"{where} npa: {npa}")
-        return found
+        return mount_leaks(self.root, self.name)
 
     # -- clients inside the node ------------------------------------------------------------
     def enter_cmd(self, argv: Sequence[str], cwd: str | None = None) -> list[str]:
