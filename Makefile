@@ -56,4 +56,5 @@ bench-pod: setup
 
 clean:
 	$(MAKE) -s -C libualink_c clean
+	$(MAKE) -s -C benchmarks clean
 	rm -rf build *.egg-info ualinkd/fuse/_fuse_ll*.so ualinkd/fuse/_fuse_ll.c ualinkd/fuse/_fuse_ll.o
