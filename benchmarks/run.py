@@ -467,7 +467,7 @@ def extras() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="ualink-bench."))
     try:
-        lines, _first, _rtt = pod_bench.main(tmp)
+        lines = pod_bench.main(tmp)
         data_lines, _data = data_bench.main(tmp / "data")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
