@@ -23,6 +23,11 @@ The first import is also broken down by phase in a second pod whose daemons run 
 benchmarks/stamps.py (timestamps at the ioctl, message-send and message-receive edges;
 they cost a few µs, so that pod's totals are not the figures above).
 
+Beside each FUSE server's figure: what one operation costs the server processes (the echo
+server; both daemons) in CPU time, time spent runnable but waiting for a CPU, and context
+switches, from /proc/<pid>/task/*/schedstat: on a loaded machine the latency moves, these
+much less, and the waiting column says how much of the latency the load added.
+
 The result, with every repetition's numbers, is written as JSON (default
 benchmarks/results/latest.json; `--json PATH`). `--quick` is a short run for smoke tests
 (its figures mean little). `--extras` adds the older pod and data-plane tables (revoke →
@@ -180,31 +185,71 @@ def pod(tmp: Path, stamps: bool) -> Iterator[list[Node]]:
 
 # -- one repetition of each measurement ----------------------------------------------------
 
-def measure(kind: str, c: Counts, cpus: set[int] | None, echo_dev: Path,
-            a: Node, b: Node) -> dict[str, float]:
-    """One measurement; every value in ns (or bytes/s for the stream)."""
-    lat = LIB_BUILD / "ioctl_latency"
+class ServerClock:
+    """CPU time, run-queue wait and context switches of server processes (every thread),
+    from /proc/<pid>/task/*/schedstat and status: what an operation costs the daemons
+    whatever else the machine runs, and how much of its latency was spent waiting for a
+    CPU."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.start = self.read()
+
+    def read(self) -> tuple[int, int, int]:
+        cpu = wait = switches = 0
+        for pid in self.pids:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(FileNotFoundError):
+                    on, queued, _ = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+                    cpu, wait = cpu + int(on), wait + int(queued)
+                    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+                        if "ctxt_switches:" in line:
+                            switches += int(line.split()[1])
+        return cpu, wait, switches
+
+    def per_op(self, ops: int) -> dict[str, float]:
+        end = self.read()
+        cpu, wait, switches = (e - s for e, s in zip(end, self.start, strict=True))
+        return {"server_cpu_ns_per_op": cpu / ops, "server_wait_ns_per_op": wait / ops,
+                "server_switches_per_op": switches / ops}
+
+
+WARMUP = 1000  # ioctl_latency's default warm-up calls
+
+
+def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[bytes],
+            echo_dev: Path, a: Node, b: Node) -> dict[str, float]:
+    """One measurement; every value in ns (or bytes/s for the stream), and for the FUSE
+    servers' figures their cost per operation (ServerClock)."""
+    lat, pod_lat = LIB_BUILD / "ioctl_latency", BUILD / "pod_latency"
+    pods = [a.proc.pid, b.proc.pid]
     if kind == "echo":
-        return fields(run_c(lat, [str(echo_dev), UALINK_CMD, str(c.ioctls)], cpus))
+        clock = ServerClock([echo.pid])
+        out = fields(run_c(lat, [str(echo_dev), UALINK_CMD, str(c.ioctls)], cpus))
+        return {**out, **clock.per_op(c.ioctls + WARMUP)}
     if kind == "export":
-        return fields(run_c(lat, ["--export", a.render(), str(c.ioctls)], cpus))
+        clock = ServerClock(pods)
+        out = fields(run_c(lat, ["--export", a.render(), str(c.ioctls)], cpus))
+        return {**out, **clock.per_op(c.ioctls + WARMUP)}
     if kind == "tcp_rtt":
         return fields(run_c(BUILD / "tcp_floor", ["rtt", str(c.rtts)], cpus))
     if kind == "tcp_stream":
         return fields(run_c(BUILD / "tcp_floor", ["stream", str(c.stream_bytes),
                                                    str(c.stream_reps)], cpus))
     if kind == "first_import":
-        steps = import_samples(run_c(BUILD / "pod_latency",
-                                     ["import", a.render(), b.render(), str(c.imports)], cpus))
-        return {k: statistics.median(s[k] for s in steps)
-                for k in ("total_ns", "ioctl_ns", "open_ns", "fd_to_handle_ns")}
-    if kind == "loads":
-        out = run_c(BUILD / "pod_latency", ["load", a.render(), b.render(),
-                                            f"{4 * KiB}:{c.loads_4k}", f"{MiB}:{c.loads_1m}"],
-                    cpus)
-        got = {int(f["size"]): f for f in map(fields, out.splitlines())}
-        return {"load_4k_ns": got[4 * KiB]["median_ns"], "load_4k_p99_ns": got[4 * KiB]["p99_ns"],
-                "load_1m_ns": got[MiB]["median_ns"], "load_1m_p99_ns": got[MiB]["p99_ns"]}
+        # Each sample also creates, exports and closes a BO and closes the import: the
+        # daemons' cost per op is per such cycle.
+        clock = ServerClock(pods)
+        steps = import_samples(run_c(pod_lat, ["import", a.render(), b.render(),
+                                               str(c.imports)], cpus))
+        return {**{k: statistics.median(s[k] for s in steps)
+                   for k in ("total_ns", "ioctl_ns", "open_ns", "fd_to_handle_ns")},
+                **clock.per_op(c.imports + c.imports // 10 + 1)}
+    if kind in ("load_4k", "load_1m"):
+        size, count = (4 * KiB, c.loads_4k) if kind == "load_4k" else (MiB, c.loads_1m)
+        clock = ServerClock(pods)
+        out = fields(run_c(pod_lat, ["load", a.render(), b.render(), f"{size}:{count}"], cpus))
+        return {**out, **clock.per_op(count + count // 10 + 1)}
     raise ValueError(kind)
 
 
@@ -223,12 +268,15 @@ def ratios(m: dict[str, dict[str, float]]) -> dict[str, float]:
     return {
         "export": m["export"]["median_ns"] / echo,
         "first_import": m["first_import"]["total_ns"] / (3 * echo + rtt),
-        "load_4k": m["loads"]["load_4k_ns"] / (echo + rtt),
-        "load_1m": (MiB * 1e9 / m["loads"]["load_1m_ns"]) / m["tcp_stream"]["median_bps"],
+        "load_4k": m["load_4k"]["median_ns"] / (echo + rtt),
+        "load_1m": (MiB * 1e9 / m["load_1m"]["median_ns"]) / m["tcp_stream"]["median_bps"],
     }
 
 
-KINDS = ["echo", "export", "tcp_rtt", "first_import", "tcp_stream", "loads"]
+KINDS = ["echo", "export", "tcp_rtt", "first_import", "tcp_stream", "load_4k", "load_1m"]
+SERVED = {"echo": "C libfuse3 echo, per ioctl", "export": "ualinkd, per export ioctl",
+          "first_import": "ualinkd, per import cycle", "load_4k": "ualinkd, per 4 KiB load",
+          "load_1m": "ualinkd, per 1 MiB load"}
 
 
 def placement_runs(reps: int, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[bytes],
@@ -238,7 +286,7 @@ def placement_runs(reps: int, c: Counts, cpus: set[int] | None, echo: subprocess
         pin(pid, cpus or all_cpus)
     runs = []
     for _ in range(reps):
-        m = {k: measure(k, c, cpus, echo_dev, a, b) for k in KINDS}
+        m = {k: measure(k, c, cpus, echo, echo_dev, a, b) for k in KINDS}
         runs.append({"measured": m, "ratios": ratios(m)})
     return runs
 
@@ -337,9 +385,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "first_import_ioctl_ns": pick("first_import", "ioctl_ns"),
             "first_import_open_ns": pick("first_import", "open_ns"),
             "first_import_fd_to_handle_ns": pick("first_import", "fd_to_handle_ns"),
-            "load_4k_ns": pick("loads", "load_4k_ns"),
-            "load_1m_ns": pick("loads", "load_1m_ns"),
+            "load_4k_ns": pick("load_4k", "median_ns"),
+            "load_1m_ns": pick("load_1m", "median_ns"),
         },
+        "server_cost": {k: {f: pick(k, f)["median"] for f in (
+            "server_cpu_ns_per_op", "server_wait_ns_per_op", "server_switches_per_op")}
+            for k in SERVED},
         "ratios": {},
     }
     for k, (what, cmp, goal) in GOALS.items():
@@ -388,6 +439,13 @@ def table(result: dict[str, Any]) -> list[str]:
             met = "yes" if r["met"] else "NO"
             lines.append(f"{'  ' + r['what']:<{w}}{spread(r, 1, '{:.2f}'):>26}"
                          f"{r['goal']:>9}  {met}")
+        lines.append(f"{'server processes (all threads), median':<{w}}{'CPU µs':>10}"
+                     f"{'waiting µs':>12}{'switches':>10}")
+        for k, what in SERVED.items():
+            sc = p["server_cost"][k]
+            lines.append(f"{'  ' + what:<{w}}{sc['server_cpu_ns_per_op'] / 1e3:>10.1f}"
+                         f"{sc['server_wait_ns_per_op'] / 1e3:>12.1f}"
+                         f"{sc['server_switches_per_op']:>10.1f}")
     bd = result.get("breakdown")
     if bd:
         lines += ["", "first import by phase (a second pod, daemons under benchmarks/stamps.py; "

@@ -47,6 +47,11 @@ def test_quick_run_writes_every_key(tmp_path):
         for group in ("floors", "figures", "ratios"):
             for v in p[group].values():
                 assert 0 < v["min"] <= v["median"] <= v["max"], (group, v)
+        assert set(p["server_cost"]) == {"echo", "export", "first_import", "load_4k",
+                                         "load_1m"}
+        for cost in p["server_cost"].values():
+            assert cost["server_cpu_ns_per_op"] > 0 and cost["server_switches_per_op"] > 0
+            assert cost["server_wait_ns_per_op"] >= 0
         for r in p["ratios"].values():
             assert r["goal"].split()[0] in ("<=", ">=") and isinstance(r["met"], bool)
     for name in ("pinned", "scheduler"):
