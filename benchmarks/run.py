@@ -31,7 +31,9 @@ much less, and the waiting column says how much of the latency the load added.
 The result, with every repetition's numbers, is written as JSON (default
 benchmarks/results/latest.json; `--json PATH`). `--quick` is a short run for smoke tests
 (its figures mean little). `--extras` adds the older pod and data-plane tables (revoke →
-RELEASE, imports/s, loads and stores by size) after the main table.
+RELEASE, imports/s, loads and stores by size) after the main table; `--profile` runs the
+import and load workload once more with both daemons under cProfile and prints each one's
+top functions (the stats files are kept beside the JSON).
 """
 
 from __future__ import annotations
@@ -363,6 +365,39 @@ def breakdown(tmp: Path, c: Counts, cpu: int) -> dict[str, Any]:
     return result
 
 
+# -- where the daemons' time goes --------------------------------------------------------
+
+def profile(tmp: Path, c: Counts, out_dir: Path) -> list[str]:
+    """The first-import cycle and the 4 KiB and 1 MiB loads once more, in a pod whose
+    daemons run under cProfile ($UALINKD_PROFILE, ualinkd/cli/main.py); the stats files
+    go to out_dir/profile.<node> (pstats) and the top functions of each are printed."""
+    import pstats
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["UALINKD_PROFILE"] = str(out_dir / "profile")
+    try:
+        with pod(tmp, stamps=False) as (a, b):
+            os.environ.pop("UALINKD_PROFILE")
+            run_c(BUILD / "pod_latency", ["import", a.render(), b.render(), str(c.imports)],
+                  None)
+            run_c(BUILD / "pod_latency", ["load", a.render(), b.render(),
+                                          f"{4 * KiB}:{c.loads_4k}", f"{MiB}:{c.loads_1m}"],
+                  None)
+    finally:
+        os.environ.pop("UALINKD_PROFILE", None)
+    lines = []
+    for role, name in (("exporter", "node0"), ("importer", "node1")):
+        import io
+
+        buf = io.StringIO()
+        stats = pstats.Stats(str(out_dir / f"profile.{name}"), stream=buf)
+        stats.sort_stats("tottime").print_stats(15)
+        lines += ["", f"cProfile of the {role} ({out_dir / f'profile.{name}'}), by own time:",
+                  *[ln for ln in buf.getvalue().splitlines()
+                    if ln.strip() and not ln.startswith(("   Ordered", "   List"))][1:]]
+    return lines
+
+
 # -- report --------------------------------------------------------------------------------
 
 def summary(xs: list[float]) -> dict[str, float]:
@@ -483,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=HERE / "results" / "latest.json")
     ap.add_argument("--no-breakdown", action="store_true")
     ap.add_argument("--extras", action="store_true", help="also the older pod/data tables")
+    ap.add_argument("--profile", action="store_true",
+                    help="also cProfile both daemons over an import and load workload")
     args = ap.parse_args(argv)
     reps = args.reps or (1 if args.quick else 5)
     counts = Counts(args.quick)
@@ -512,6 +549,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nload average before / after: {' '.join(result['machine_before']['loadavg'])} / "
           f"{' '.join(result['machine_after']['loadavg'])} ({result['machine_before']['cpus']} "
           f"CPUs); JSON: {args.json}")
+    if args.profile:
+        tmp = Path(tempfile.mkdtemp(prefix="ualink-bench."))
+        try:
+            print("\n".join(profile(tmp, counts, args.json.parent)))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     if args.extras:
         print(f"GEM_CREATE + GEM_CLOSE pairs per second (4 KiB VRAM): "
               f"{result['gem_churn_pairs_per_sec']:.0f}")
