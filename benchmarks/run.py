@@ -361,8 +361,31 @@ def breakdown(tmp: Path, c: Counts, cpu: int) -> dict[str, Any]:
     for name, ss in samples.items():
         per, seen = phases(ss, exporter, importer)
         result[name] = {"median_ns": {k: statistics.median(v) if v else None
-                                      for k, v in per.items()}, **seen}
+                                      for k, v in per.items()}, **seen,
+                        "messages_per_cycle": messages_per_cycle(ss, exporter, importer)}
     return result
+
+
+def messages_per_cycle(samples: list[dict[str, float]], exporter: Stamps,
+                       importer: Stamps) -> dict[str, dict[str, float]]:
+    """MSGs each daemon sent per sample cycle (import, then the closes and the next BO's
+    create and export: from one sample's t0 to the next), by type (§5.2); each also costs
+    an ACK the other way."""
+    from ualinkd.ualink.protocol import MsgType
+
+    if len(samples) < 2:
+        return {}
+    lo, hi, n = samples[0]["t0"], samples[-1]["t0"], len(samples) - 1
+    out = {}
+    for role, st in (("exporter", exporter), ("importer", importer)):
+        times, types = st.by_kind.get("msg_out", []), st.types.get("msg_out", [])
+        counts: dict[str, float] = {}
+        for t, typ in zip(times, types, strict=True):
+            if lo <= t < hi:
+                name = MsgType(typ).name if typ in MsgType._value2member_map_ else str(typ)
+                counts[name] = counts.get(name, 0) + 1 / n
+        out[role] = counts
+    return out
 
 
 # -- where the daemons' time goes --------------------------------------------------------
@@ -491,6 +514,9 @@ def table(result: dict[str, Any]) -> list[str]:
                 f"{v['median_ns'][k] / 1e3:>12.1f}" if v["median_ns"][k] is not None
                 else f"{'-':>12}" for v in bd.values()))
         for n, v in bd.items():
+            for role, counts in v["messages_per_cycle"].items():
+                lines.append(f"  {n}: MSGs the {role} sent per import cycle (each ACKed): " +
+                             ", ".join(f"{k} {x:.1f}" for k, x in sorted(counts.items())))
             if v["skipped"]:
                 lines.append(f"  {n}: {v['skipped']} of {v['samples']} samples lacked a stamp")
     return lines
