@@ -70,6 +70,8 @@ from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at  # noqa: E40
 
 UALINK_CMD = "c018645b"  # DRM_IOCTL_AMDGPU_UALINK_HANDLE
 KiB, MiB = 1 << 10, 1 << 20
+# "Left to the scheduler" is every CPU this process may run on (a cpuset may hide some).
+ALLOWED = os.sched_getaffinity(0)
 
 GOALS = {  # name: (what, comparison, goal)
     "export": ("export ioctl / C FUSE echo", "<=", 2.0),
@@ -283,7 +285,7 @@ SERVED = {"echo": "C libfuse3 echo, per ioctl", "export": "ualinkd, per export i
 
 def placement_runs(reps: int, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[bytes],
                    echo_dev: Path, a: Node, b: Node) -> list[dict[str, Any]]:
-    all_cpus = set(range(os.cpu_count() or 1))
+    all_cpus = ALLOWED
     for pid in (echo.pid, a.proc.pid, b.proc.pid):
         pin(pid, cpus or all_cpus)
     runs = []
@@ -353,7 +355,7 @@ def breakdown(tmp: Path, c: Counts, cpu: int) -> dict[str, Any]:
     with pod(tmp, stamps=True) as (a, b):
         for name, cpus in (("pinned", {cpu}), ("scheduler", None)):
             for node in (a, b):
-                pin(node.proc.pid, cpus or set(range(os.cpu_count() or 1)))
+                pin(node.proc.pid, cpus or ALLOWED)
             samples[name] = import_samples(run_c(
                 BUILD / "pod_latency", ["import", a.render(), b.render(), str(c.breakdown)],
                 cpus))
@@ -523,7 +525,7 @@ def table(result: dict[str, Any]) -> list[str]:
 
 
 def machine() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "kernel": platform.release(),
+    return {"cpus": len(ALLOWED), "kernel": platform.release(),
             "loadavg": Path("/proc/loadavg").read_text().split()[:3],
             "system_congestion": Path("/proc/sys/net/ipv4/tcp_congestion_control")
             .read_text().strip()}
@@ -539,8 +541,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a short run (smoke tests)")
     ap.add_argument("--reps", type=int, default=int(os.environ.get("BENCH_REPS", 0)) or None,
                     help="repetitions per placement (default 5, --quick 1; $BENCH_REPS)")
-    ap.add_argument("--cpu", type=int, default=int(os.environ.get("BENCH_CPU", "0")),
-                    help="the CPU of the pinned placement ($BENCH_CPU, default 0)")
+    ap.add_argument("--cpu", type=int, default=int(os.environ.get("BENCH_CPU", min(ALLOWED))),
+                    help="the CPU of the pinned placement ($BENCH_CPU, default the first "
+                         "this process may use)")
     ap.add_argument("--json", type=Path, default=HERE / "results" / "latest.json")
     ap.add_argument("--no-breakdown", action="store_true")
     ap.add_argument("--extras", action="store_true", help="also the older pod/data tables")
