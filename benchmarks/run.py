@@ -298,49 +298,59 @@ def placement_runs(reps: int, c: Counts, cpus: set[int] | None, echo: subprocess
 # -- the first import, phase by phase ------------------------------------------------------
 
 class Stamps:
-    def __init__(self, path: Path) -> None:
-        rows = sorted(json.loads(path.read_text()))
-        self.by_kind: dict[str, list[int]] = {}
-        self.types: dict[str, list[int]] = {}
-        for ns, kind, typ in rows:
-            self.by_kind.setdefault(kind, []).append(ns)
-            self.types.setdefault(kind, []).append(typ)
+    """One daemon's stamps (benchmarks/stamps.py), by kind and MSG type."""
 
-    def first(self, kind: str, lo: float, hi: float) -> int | None:
-        xs = self.by_kind.get(kind, [])
+    def __init__(self, path: Path) -> None:
+        self.times: dict[tuple[str, int], list[int]] = {}
+        for ns, kind, typ in sorted(json.loads(path.read_text())):
+            self.times.setdefault((kind, typ), []).append(ns)
+
+    def first(self, kind: str, lo: float, hi: float, typ: int = 0) -> int | None:
+        xs = self.times.get((kind, typ), [])
         i = bisect.bisect_left(xs, lo)
         return xs[i] if i < len(xs) and xs[i] <= hi else None
 
-    def last(self, kind: str, lo: float, hi: float) -> int | None:
-        xs = self.by_kind.get(kind, [])
+    def last(self, kind: str, lo: float, hi: float, typ: int = 0) -> int | None:
+        xs = self.times.get((kind, typ), [])
         i = bisect.bisect_right(xs, hi) - 1
         return xs[i] if i >= 0 and xs[i] >= lo else None
 
-    def type_at(self, kind: str, ns: int) -> int:
-        return self.types[kind][bisect.bisect_left(self.by_kind[kind], ns)]
+    def count(self, kind: str, lo: float, hi: float) -> dict[int, int]:
+        """MSGs of each type stamped `kind` in [lo, hi)."""
+        out = {}
+        for (k, typ), xs in self.times.items():
+            if k == kind and (n := bisect.bisect_left(xs, hi) - bisect.bisect_left(xs, lo)):
+                out[typ] = n
+        return out
 
 
 def phases(samples: list[dict[str, float]], exporter: Stamps,
            importer: Stamps) -> tuple[dict[str, list[float]], dict[str, int]]:
-    """Per sample: the importer's ioctl entry, its first MSG out, the exporter's first MSG in
-    after it and last MSG out before the importer's last MSG in, the importer's ioctl answer;
-    a sample with any edge missing is skipped (counted)."""
+    """Per sample (the client's t0..t3): the importer's ioctl entry, its NPA_REQ queued, the
+    exporter's NPA_REQ decoded and its NPA_RSP queued, the importer's NPA_RSP decoded, the
+    importer's ioctl answer. MSGs of other types in the same window (a revoke of the
+    previous sample's BO going out late, a HELLO) are counted, not taken for an edge; a
+    sample with an edge missing (an NPA_FAIL instead of NPA_RSP) is skipped and counted."""
+    from ualinkd.ualink.protocol import MsgType
+
+    req_t, rsp_t = MsgType.NPA_REQ, MsgType.NPA_RSP
     out: dict[str, list[float]] = {k: [] for k, _ in PHASES}
     out["total"] = []
-    seen = {"samples": len(samples), "skipped": 0, "request_type": 0, "reply_type": 0}
+    seen = {"samples": len(samples), "skipped": 0, "other_msgs": 0}
     for s in samples:
         t0, t1, t2, t3 = s["t0"], s["t1"], s["t2"], s["t3"]
         a = importer.first("ioctl_in", t0, t1)
-        req = a and importer.first("msg_out", a, t1)
-        got = req and exporter.first("msg_in", req, t1)
-        rsp = got and exporter.last("msg_out", got, t1)
-        back = rsp and importer.last("msg_in", rsp, t1)
+        req = a and importer.first("msg_out", a, t1, req_t)
+        got = req and exporter.first("msg_in", req, t1, req_t)
+        rsp = got and exporter.first("msg_out", got, t1, rsp_t)
+        back = rsp and importer.first("msg_in", rsp, t1, rsp_t)
         done = back and importer.last("ioctl_out", back, t1)
+        for st in (importer, exporter):
+            seen["other_msgs"] += sum(n for typ, n in st.count("msg_out", t0, t1).items()
+                                      if typ not in (req_t, rsp_t))
         if not (a and req and got and rsp and back and done):
             seen["skipped"] += 1
             continue
-        seen["request_type"] = importer.type_at("msg_out", req)
-        seen["reply_type"] = exporter.type_at("msg_out", rsp)
         for k, v in zip([k for k, _ in PHASES],
                         [a - t0, req - a, got - req, rsp - got, back - rsp, done - back,
                          t1 - done, t2 - t1, t3 - t2], strict=True):
@@ -378,16 +388,10 @@ def messages_per_cycle(samples: list[dict[str, float]], exporter: Stamps,
     if len(samples) < 2:
         return {}
     lo, hi, n = samples[0]["t0"], samples[-1]["t0"], len(samples) - 1
-    out = {}
-    for role, st in (("exporter", exporter), ("importer", importer)):
-        times, types = st.by_kind.get("msg_out", []), st.types.get("msg_out", [])
-        counts: dict[str, float] = {}
-        for t, typ in zip(times, types, strict=True):
-            if lo <= t < hi:
-                name = MsgType(typ).name if typ in MsgType._value2member_map_ else str(typ)
-                counts[name] = counts.get(name, 0) + 1 / n
-        out[role] = counts
-    return out
+    names = {int(t): t.name for t in MsgType}
+    return {role: {names.get(typ, str(typ)): k / n
+                   for typ, k in st.count("msg_out", lo, hi).items()}
+            for role, st in (("exporter", exporter), ("importer", importer))}
 
 
 # -- where the daemons' time goes --------------------------------------------------------
@@ -521,6 +525,9 @@ def table(result: dict[str, Any]) -> list[str]:
                              ", ".join(f"{k} {x:.1f}" for k, x in sorted(counts.items())))
             if v["skipped"]:
                 lines.append(f"  {n}: {v['skipped']} of {v['samples']} samples lacked a stamp")
+            if v["other_msgs"]:
+                lines.append(f"  {n}: {v['other_msgs']} other MSGs went out during the "
+                             "samples' import ioctls (not counted as their edges)")
     return lines
 
 
