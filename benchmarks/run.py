@@ -25,8 +25,9 @@ they cost a few µs, so that pod's totals are not the figures above).
 
 Beside each FUSE server's figure: what one operation costs the server processes (the echo
 server; both daemons) in CPU time, time spent runnable but waiting for a CPU, and context
-switches, from /proc/<pid>/task/*/schedstat: on a loaded machine the latency moves, these
-much less, and the waiting column says how much of the latency the load added.
+switches, from /proc/<pid>/task/*/schedstat and status. The waiting column says how much
+of a latency a loaded machine added; the CPU column is the work itself (it moves too under
+load, with caches shared with other work, but less than the latency does).
 
 The result, with every repetition's numbers, is written as JSON (default
 benchmarks/results/latest.json; `--json PATH`). `--quick` is a short run for smoke tests
