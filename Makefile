@@ -11,6 +11,7 @@ VPY     := $(VENV)/bin/python
 APT_PKGS := fuse3 libfuse3-dev libdrm-dev iproute2 pkg-config gcc make python3-venv python3-dev
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
+BENCH_ARGS ?=  # e.g. make bench BENCH_ARGS="--reps 3 --profile"
 
 .PHONY: all setup apt venv c demo test lint bench bench-pod clean wheelhouse image test-containers
 
@@ -49,7 +50,7 @@ test: setup lint
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup
-	$(VPY) benchmarks/run.py
+	$(VPY) benchmarks/run.py $(BENCH_ARGS)
 
 bench-pod: setup
 	$(VPY) benchmarks/pod_scale.py
@@ -71,4 +72,5 @@ test-containers: setup wheelhouse
 
 clean:
 	$(MAKE) -s -C libualink_c clean
+	$(MAKE) -s -C benchmarks clean
 	rm -rf build *.egg-info ualinkd/fuse/_fuse_ll*.so ualinkd/fuse/_fuse_ll.c ualinkd/fuse/_fuse_ll.o

@@ -1,11 +1,10 @@
-"""Pod figures for `make bench`: import latency over the fabric next to its floors (a FUSE
-echo round trip and a TCP round trip, measured in the same run), revoke → every RELEASE for
-1, 4 and 8 importers, and first imports per second from 8 client processes."""
+"""Extra pod figures for `make bench --extras` (Python clients through libualink; the floors
+and goals are in run.py): first and deduplicated import latency, revoke → every RELEASE
+for 1, 4 and 8 importers, and first imports per second from 8 client processes."""
 
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import sys
 import time
@@ -25,37 +24,6 @@ from ualinkd.config import AccelConfig, NodeConfig, PodConfig  # noqa: E402
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-def _echo_server(port_q) -> None:  # type: ignore[no-untyped-def]
-    srv = socket.create_server(("127.0.0.1", 0))
-    port_q.put(srv.getsockname()[1])
-    conn, _ = srv.accept()
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    while data := conn.recv(64):
-        conn.sendall(data)
-
-
-def tcp_rtt(samples: int = 2000) -> list[float]:
-    """Round trip of 32 bytes over loopback TCP between two processes (as between two
-    daemons), Python on both sides."""
-    ctx = get_context("fork")
-    q = ctx.Queue()
-    server = ctx.Process(target=_echo_server, args=(q,), daemon=True)
-    server.start()
-    c = socket.create_connection(("127.0.0.1", q.get(timeout=10)))
-    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    out = []
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        c.sendall(b"x" * 32)
-        got = 0
-        while got < 32:
-            got += len(c.recv(64))
-        out.append(time.perf_counter() - t0)
-    c.close()
-    server.join(5)
-    return out
 
 
 def pod_config(importer_accels: int) -> PodConfig:
@@ -78,7 +46,6 @@ def _importer(render: str, handles: list[tuple[int, int]], q) -> None:  # type: 
 
 def main(tmp: Path) -> list[str]:
     lines = []
-    rtt = tcp_rtt()
     with running_pod(tmp / "pod", config=pod_config(8)) as (a, b):
         with Client(a.render()) as ca, Client(b.render()) as cb:
             first, dedup = [], []
@@ -99,7 +66,6 @@ def main(tmp: Path) -> list[str]:
                 ca.bo_close(bo)
             lines.append(("first import (ioctl + dma-buf open + FD_TO_HANDLE)", first))
             lines.append(("deduped import (same)", dedup))
-            lines.append(("TCP round trip, loopback, Python", rtt))
             # revoke -> all releases for 1, 4, 8 importer accels (all on node b)
             revoke = {}
             for n in (1, 4, 8):
@@ -142,4 +108,4 @@ def main(tmp: Path) -> list[str]:
         out.append(f"{f'revoke -> all RELEASEs, {n} importer(s)':<52}"
                    f"{statistics.median(xs) * 1e6:>10.1f}{pct(xs, 0.99) * 1e6:>10.1f}")
     out.append(f"first imports per second, 8 client processes: {total / elapsed:.0f}")
-    return out, statistics.median(first), statistics.median(rtt)  # type: ignore[return-value]
+    return out

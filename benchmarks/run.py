@@ -1,116 +1,616 @@
-"""`make bench`: ualinkd's ioctl latency next to a minimal C libfuse3 echo server, measured
-in the same run on the same machine, plus GEM_CREATE+GEM_CLOSE throughput.
+"""`make bench`: ualinkd's figures next to their C floors, measured in the same run and the
+same CPU placement, with the ratios and the goals of issue 15.
 
-Two placements are measured for both servers: client and server pinned to one CPU (the
-FUSE round trip without a cross-CPU wake-up) and left to the scheduler. The ratio of
-ualinkd's median to the echo server's median is the figure the target refers to (≤ 2.5).
+Every figure is taken by a C client (benchmarks/ioctl_latency.c, pod_latency.c) and every
+floor is a C program doing the same physical work:
+
+| figure (ualinkd)                             | floor (C)                           | goal   |
+|----------------------------------------------|-------------------------------------|--------|
+| export ioctl on an exported BO               | libfuse3 echo ioctl (fuse_echo.c)   | ≤ 2.0× |
+| first import: ioctl + dma-buf open + FD→hdl  | 3 echo ioctls + 1 TCP round trip    | ≤ 4×   |
+| 4 KiB remote GPU load                        | 1 echo ioctl + 1 TCP round trip     | ≤ 3×   |
+| 1 MiB remote GPU load, as throughput         | TCP loopback stream (tcp_floor.c)   | ≥ 0.5  |
+
+The TCP floors (tcp_floor.c) run between two processes set up as the fabric's links are
+(TCP_NODELAY, 4 MiB buffers, the pod's congestion control: PodConfig.tcp_congestion).
+
+Two placements: everything (client, daemons or floor servers) pinned to one CPU, and left
+to the scheduler. Each placement is measured `--reps` times, floor and figure interleaved in
+each repetition so that a machine's drift moves both; a ratio is computed per repetition
+(floor and figure of the same repetition) and the median and min–max of those are printed.
+
+The first import is also broken down by phase in a second pod whose daemons run under
+benchmarks/stamps.py (timestamps at the ioctl, message-send and message-receive edges;
+they cost a few µs, so that pod's totals are not the figures above).
+
+Beside each FUSE server's figure: what one operation costs the server processes (the echo
+server; both daemons) in CPU time, time spent runnable but waiting for a CPU, and context
+switches, from /proc/<pid>/task/*/schedstat and status. The waiting column says how much
+of a latency a loaded machine added; the CPU column is the work itself (it moves too under
+load, with caches shared with other work, but less than the latency does).
+
+The result, with every repetition's numbers, is written as JSON (default
+benchmarks/results/latest.json; `--json PATH`). `--quick` is a short run for smoke tests
+(its figures mean little). `--extras` adds the older pod and data-plane tables (revoke →
+RELEASE, imports/s, loads and stores by size) after the main table; `--profile` runs the
+import and load workload once more with both daemons under cProfile and prints each one's
+top functions (the stats files are kept beside the JSON).
 """
 
 from __future__ import annotations
 
+import argparse
+import bisect
+import contextlib
+import json
 import os
+import platform
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-BUILD = REPO / "libualink_c" / "build"
+HERE = REPO / "benchmarks"
+LIB_BUILD = REPO / "libualink_c" / "build"
+BUILD = HERE / "build"
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from nodes import start_node  # noqa: E402
+from nodes import Node, start_node, wait_links_up  # noqa: E402
 
+from ualinkd.cli.main import free_tcp_ports  # noqa: E402
 from ualinkd.config import PodConfig  # noqa: E402
 from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at  # noqa: E402
 
-UALINK_CMD = "c018645b"
-COUNT = int(os.environ.get("BENCH_COUNT", "20000"))
+UALINK_CMD = "c018645b"  # DRM_IOCTL_AMDGPU_UALINK_HANDLE
+KiB, MiB = 1 << 10, 1 << 20
+# "Left to the scheduler" is every CPU this process may run on (a cpuset may hide some).
+ALLOWED = os.sched_getaffinity(0)
+
+GOALS = {  # name: (what, comparison, goal)
+    "export": ("export ioctl / C FUSE echo", "<=", 2.0),
+    "first_import": ("first import / (3 FUSE echoes + 1 TCP RTT)", "<=", 4.0),
+    "load_4k": ("4 KiB remote load / (1 FUSE echo + 1 TCP RTT)", "<=", 3.0),
+    "load_1m": ("1 MiB remote load throughput / C TCP stream", ">=", 0.5),
+}
+
+# Phases of the first import, from the client's and the stamped daemons' clocks.
+PHASES = [
+    ("fuse_in", "FUSE in (client ioctl → daemon's handler)"),
+    ("manager", "manager (handler → NPA_REQ queued)"),
+    ("fabric_send", "fabric send (→ exporter decoded it)"),
+    ("exporter", "exporter processing (→ NPA_RSP queued)"),
+    ("reply_fabric", "reply over the fabric (→ importer decoded it)"),
+    ("reply_importer", "importer's reply (→ ioctl answer built)"),
+    ("fuse_out", "FUSE out (answer → client's ioctl returns)"),
+    ("token_open", "token open (dmabuf/<token>)"),
+    ("fd_to_handle", "FD_TO_HANDLE"),
+]
 
 
-def parse(out: str) -> dict[str, float]:
-    return {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.]+)", out)}
 
 
-def latency(args: list[str], pin: bool) -> dict[str, float]:
-    cmd = (["taskset", "-c", "0"] if pin else []) + [str(BUILD / "ioctl_latency"), *args]
-    return parse(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+class Counts:
+    """How much each measurement does; `--quick` shrinks everything."""
+
+    def __init__(self, quick: bool) -> None:
+        base = int(os.environ.get("BENCH_COUNT", "200" if quick else "10000"))
+        self.ioctls = base  # echo and export ioctls per repetition
+        self.rtts = base  # TCP round trips
+        self.imports = max(5, base // 50)  # first imports
+        self.loads_4k = max(10, base // 5)
+        self.loads_1m = max(3, base // 50)
+        self.stream_bytes = (16 if quick else 256) * MiB
+        self.stream_reps = 2 if quick else 3
+        self.breakdown = max(5, base // 50)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
 
 
-def pin_process(pid: int, pin: bool) -> None:
-    os.sched_setaffinity(pid, {0} if pin else set(range(os.cpu_count() or 1)))
+# -- processes and placement ---------------------------------------------------------------
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` onto `cpus` (sched_setaffinity is per thread)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(tid), cpus)
 
 
-def main() -> int:
-    subprocess.run(["make", "-s", "-C", str(REPO / "libualink_c")], check=True)
-    tmp = Path(tempfile.mkdtemp(prefix="ualink-bench."))
-    echo_mnt = tmp / "echo"
-    echo_mnt.mkdir()
-    echo = subprocess.Popen([str(BUILD / "fuse_echo"), str(echo_mnt), "-f"])
-    node = None
+def run_c(prog: Path, args: list[str], cpus: set[int] | None, timeout: float = 600) -> str:
+    """Run a C program in a placement (None: the scheduler's); its stdout."""
+    prefix = ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
+    r = subprocess.run([*prefix, str(prog), *args], capture_output=True, text=True,
+                       timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{prog.name} {' '.join(args)}: exit {r.returncode}\n{r.stderr}")
+    return r.stdout
+
+
+def fields(line: str) -> dict[str, float]:
+    return {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.]+)", line)}
+
+
+@contextlib.contextmanager
+def fuse_echo(tmp: Path) -> Iterator[subprocess.Popen[bytes]]:
+    mnt = tmp / "echo"
+    mnt.mkdir()
+    proc = subprocess.Popen([str(LIB_BUILD / "fuse_echo"), str(mnt), "-f"])
     try:
-        for _ in range(100):
-            if fuse_mounts_at(str(echo_mnt)):
-                break
-            time.sleep(0.05)
-        node = start_node(tmp, PodConfig.local(1, 1), "node0")
-        render = node.render()
-        rows = []
-        for pin in (True, False):
-            pin_process(echo.pid, pin)
-            pin_process(node.proc.pid, pin)
-            e = latency([str(echo_mnt / "dev"), UALINK_CMD, str(COUNT)], pin)
-            u = latency(["--export", render, str(COUNT)], pin)
-            rows.append((pin, e, u))
-        churn = parse(subprocess.run([str(BUILD / "gem_churn"), render, "3"], check=True,
-                                     capture_output=True, text=True).stdout)
+        deadline = time.monotonic() + 10
+        while not fuse_mounts_at(str(mnt)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("fuse_echo did not mount")
+            time.sleep(0.02)
+        yield proc
     finally:
-        if node is not None:
-            node.stop()
-        echo.send_signal(signal.SIGTERM)
-        echo.wait(10)
-        for m in (echo_mnt, tmp / "mnt-node0"):
-            if fuse_mounts_at(str(m)):
-                clear_stale_mount(m)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if fuse_mounts_at(str(mnt)):
+            clear_stale_mount(mnt)
+
+
+@contextlib.contextmanager
+def pod(tmp: Path, stamps: bool) -> Iterator[list[Node]]:
+    """Two `ualinkd node` daemons on loopback TCP (the pod's defaults, cubic included);
+    with `stamps`, each under benchmarks/stamps.py writing tmp/stamps-<node>.json at exit."""
+    config = PodConfig.local(2, 1, free_tcp_ports(2))
+    prefix = [sys.executable, str(HERE / "stamps.py")] if stamps else None
+    started: list[Node] = []
+    try:
+        for n in config.nodes:
+            if stamps:
+                os.environ["UALINK_BENCH_STAMPS"] = str(tmp / f"stamps-{n.name}.json")
+            try:
+                started.append(start_node(tmp, config, n.name, prefix=prefix))
+            finally:
+                os.environ.pop("UALINK_BENCH_STAMPS", None)
+        for node in started:
+            wait_links_up(node)
+        yield started
+    finally:
+        for node in started:
+            if node.stop() != 0:
+                print(f"warning: {node.log} ended with exit {node.proc.returncode}",
+                      file=sys.stderr)
+            if fuse_mounts_at(str(node.mount)):
+                clear_stale_mount(node.mount)
+
+
+# -- one repetition of each measurement ----------------------------------------------------
+
+class ServerClock:
+    """CPU time, run-queue wait and context switches of server processes (every thread),
+    from /proc/<pid>/task/*/schedstat and status: what an operation costs the daemons
+    whatever else the machine runs, and how much of its latency was spent waiting for a
+    CPU."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.start = self.read()
+
+    def read(self) -> tuple[int, int, int]:
+        cpu = wait = switches = 0
+        for pid in self.pids:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(FileNotFoundError):
+                    on, queued, _ = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+                    cpu, wait = cpu + int(on), wait + int(queued)
+                    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+                        if "ctxt_switches:" in line:
+                            switches += int(line.split()[1])
+        return cpu, wait, switches
+
+    def per_op(self, ops: int) -> dict[str, float]:
+        end = self.read()
+        cpu, wait, switches = (e - s for e, s in zip(end, self.start, strict=True))
+        return {"server_cpu_ns_per_op": cpu / ops, "server_wait_ns_per_op": wait / ops,
+                "server_switches_per_op": switches / ops}
+
+
+WARMUP = 1000  # ioctl_latency's default warm-up calls
+
+
+def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[bytes],
+            echo_dev: Path, a: Node, b: Node) -> dict[str, float]:
+    """One measurement; every value in ns (or bytes/s for the stream), and for the FUSE
+    servers' figures their cost per operation (ServerClock)."""
+    lat, pod_lat = LIB_BUILD / "ioctl_latency", BUILD / "pod_latency"
+    pods = [a.proc.pid, b.proc.pid]
+    if kind == "echo":
+        clock = ServerClock([echo.pid])
+        out = fields(run_c(lat, [str(echo_dev), UALINK_CMD, str(c.ioctls)], cpus))
+        return {**out, **clock.per_op(c.ioctls + WARMUP)}
+    if kind == "export":
+        clock = ServerClock(pods)
+        out = fields(run_c(lat, ["--export", a.render(), str(c.ioctls)], cpus))
+        return {**out, **clock.per_op(c.ioctls + WARMUP)}
+    if kind == "tcp_rtt":
+        return fields(run_c(BUILD / "tcp_floor", ["rtt", str(c.rtts)], cpus))
+    if kind == "tcp_stream":
+        return fields(run_c(BUILD / "tcp_floor", ["stream", str(c.stream_bytes),
+                                                   str(c.stream_reps)], cpus))
+    if kind == "first_import":
+        # Each sample also creates, exports and closes a BO and closes the import: the
+        # daemons' cost per op is per such cycle.
+        clock = ServerClock(pods)
+        steps = import_samples(run_c(pod_lat, ["import", a.render(), b.render(),
+                                               str(c.imports)], cpus))
+        return {**{k: statistics.median(s[k] for s in steps)
+                   for k in ("total_ns", "ioctl_ns", "open_ns", "fd_to_handle_ns")},
+                **clock.per_op(c.imports + c.imports // 10 + 1)}
+    if kind in ("load_4k", "load_1m"):
+        size, count = (4 * KiB, c.loads_4k) if kind == "load_4k" else (MiB, c.loads_1m)
+        clock = ServerClock(pods)
+        out = fields(run_c(pod_lat, ["load", a.render(), b.render(), f"{size}:{count}"], cpus))
+        return {**out, **clock.per_op(count + count // 10 + 1)}
+    raise ValueError(kind)
+
+
+def import_samples(out: str) -> list[dict[str, float]]:
+    steps = []
+    for line in out.splitlines():
+        f = fields(line)
+        steps.append({**f, "total_ns": f["t3"] - f["t0"], "ioctl_ns": f["t1"] - f["t0"],
+                      "open_ns": f["t2"] - f["t1"], "fd_to_handle_ns": f["t3"] - f["t2"]})
+    return steps
+
+
+def ratios(m: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The four goal ratios of one repetition (floor and figure from the same one)."""
+    echo, rtt = m["echo"]["median_ns"], m["tcp_rtt"]["median_ns"]
+    return {
+        "export": m["export"]["median_ns"] / echo,
+        "first_import": m["first_import"]["total_ns"] / (3 * echo + rtt),
+        "load_4k": m["load_4k"]["median_ns"] / (echo + rtt),
+        "load_1m": (MiB * 1e9 / m["load_1m"]["median_ns"]) / m["tcp_stream"]["median_bps"],
+    }
+
+
+KINDS = ["echo", "export", "tcp_rtt", "first_import", "tcp_stream", "load_4k", "load_1m"]
+SERVED = {"echo": "C libfuse3 echo, per ioctl", "export": "ualinkd, per export ioctl",
+          "first_import": "ualinkd, per import cycle", "load_4k": "ualinkd, per 4 KiB load",
+          "load_1m": "ualinkd, per 1 MiB load"}
+
+
+def placement_runs(reps: int, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[bytes],
+                   echo_dev: Path, a: Node, b: Node) -> list[dict[str, Any]]:
+    all_cpus = ALLOWED
+    for pid in (echo.pid, a.proc.pid, b.proc.pid):
+        pin(pid, cpus or all_cpus)
+    runs = []
+    for _ in range(reps):
+        m = {k: measure(k, c, cpus, echo, echo_dev, a, b) for k in KINDS}
+        runs.append({"measured": m, "ratios": ratios(m)})
+    return runs
+
+
+# -- the first import, phase by phase ------------------------------------------------------
+
+class Stamps:
+    """One daemon's stamps (benchmarks/stamps.py), by kind and MSG type."""
+
+    def __init__(self, path: Path) -> None:
+        self.times: dict[tuple[str, int], list[int]] = {}
+        for ns, kind, typ in sorted(json.loads(path.read_text())):
+            self.times.setdefault((kind, typ), []).append(ns)
+
+    def first(self, kind: str, lo: float, hi: float, typ: int = 0) -> int | None:
+        xs = self.times.get((kind, typ), [])
+        i = bisect.bisect_left(xs, lo)
+        return xs[i] if i < len(xs) and xs[i] <= hi else None
+
+    def last(self, kind: str, lo: float, hi: float, typ: int = 0) -> int | None:
+        xs = self.times.get((kind, typ), [])
+        i = bisect.bisect_right(xs, hi) - 1
+        return xs[i] if i >= 0 and xs[i] >= lo else None
+
+    def count(self, kind: str, lo: float, hi: float) -> dict[int, int]:
+        """MSGs of each type stamped `kind` in [lo, hi)."""
+        out = {}
+        for (k, typ), xs in self.times.items():
+            if k == kind and (n := bisect.bisect_left(xs, hi) - bisect.bisect_left(xs, lo)):
+                out[typ] = n
+        return out
+
+
+def phases(samples: list[dict[str, float]], exporter: Stamps,
+           importer: Stamps) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Per sample (the client's t0..t3): the importer's ioctl entry, its NPA_REQ queued, the
+    exporter's NPA_REQ decoded and its NPA_RSP queued, the importer's NPA_RSP decoded, the
+    importer's ioctl answer. MSGs of other types in the same window (a revoke of the
+    previous sample's BO going out late, a HELLO) are counted, not taken for an edge; a
+    sample with an edge missing (an NPA_FAIL instead of NPA_RSP) is skipped and counted."""
+    from ualinkd.ualink.protocol import MsgType
+
+    req_t, rsp_t = MsgType.NPA_REQ, MsgType.NPA_RSP
+    out: dict[str, list[float]] = {k: [] for k, _ in PHASES}
+    out["total"] = []
+    seen = {"samples": len(samples), "skipped": 0, "other_msgs": 0}
+    for s in samples:
+        t0, t1, t2, t3 = s["t0"], s["t1"], s["t2"], s["t3"]
+        a = importer.first("ioctl_in", t0, t1)
+        req = a and importer.first("msg_out", a, t1, req_t)
+        got = req and exporter.first("msg_in", req, t1, req_t)
+        rsp = got and exporter.first("msg_out", got, t1, rsp_t)
+        back = rsp and importer.first("msg_in", rsp, t1, rsp_t)
+        done = back and importer.last("ioctl_out", back, t1)
+        for st in (importer, exporter):
+            seen["other_msgs"] += sum(n for typ, n in st.count("msg_out", t0, t1).items()
+                                      if typ not in (req_t, rsp_t))
+        if not (a and req and got and rsp and back and done):
+            seen["skipped"] += 1
+            continue
+        for k, v in zip([k for k, _ in PHASES],
+                        [a - t0, req - a, got - req, rsp - got, back - rsp, done - back,
+                         t1 - done, t2 - t1, t3 - t2], strict=True):
+            out[k].append(v)
+        out["total"].append(t3 - t0)
+    return out, seen
+
+
+def breakdown(tmp: Path, c: Counts, cpu: int) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    samples: dict[str, list[dict[str, float]]] = {}
+    with pod(tmp, stamps=True) as (a, b):
+        for name, cpus in (("pinned", {cpu}), ("scheduler", None)):
+            for node in (a, b):
+                pin(node.proc.pid, cpus or ALLOWED)
+            samples[name] = import_samples(run_c(
+                BUILD / "pod_latency", ["import", a.render(), b.render(), str(c.breakdown)],
+                cpus))
+    exporter, importer = Stamps(tmp / "stamps-node0.json"), Stamps(tmp / "stamps-node1.json")
+    for name, ss in samples.items():
+        per, seen = phases(ss, exporter, importer)
+        result[name] = {"median_ns": {k: statistics.median(v) if v else None
+                                      for k, v in per.items()}, **seen,
+                        "messages_per_cycle": messages_per_cycle(ss, exporter, importer)}
+    return result
+
+
+def messages_per_cycle(samples: list[dict[str, float]], exporter: Stamps,
+                       importer: Stamps) -> dict[str, dict[str, float]]:
+    """MSGs each daemon sent per sample cycle (import, then the closes and the next BO's
+    create and export: from one sample's t0 to the next), by type (§5.2); each also costs
+    an ACK the other way."""
+    from ualinkd.ualink.protocol import MsgType
+
+    if len(samples) < 2:
+        return {}
+    lo, hi, n = samples[0]["t0"], samples[-1]["t0"], len(samples) - 1
+    names = {int(t): t.name for t in MsgType}
+    return {role: {names.get(typ, str(typ)): k / n
+                   for typ, k in st.count("msg_out", lo, hi).items()}
+            for role, st in (("exporter", exporter), ("importer", importer))}
+
+
+# -- where the daemons' time goes --------------------------------------------------------
+
+def profile(tmp: Path, c: Counts, out_dir: Path) -> list[str]:
+    """The first-import cycle and the 4 KiB and 1 MiB loads once more, in a pod whose
+    daemons run under cProfile ($UALINKD_PROFILE, ualinkd/cli/main.py); the stats files
+    go to out_dir/profile.<node> (pstats) and the top functions of each are printed."""
+    import pstats
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["UALINKD_PROFILE"] = str(out_dir / "profile")
+    try:
+        with pod(tmp, stamps=False) as (a, b):
+            os.environ.pop("UALINKD_PROFILE")
+            run_c(BUILD / "pod_latency", ["import", a.render(), b.render(), str(c.imports)],
+                  None)
+            run_c(BUILD / "pod_latency", ["load", a.render(), b.render(),
+                                          f"{4 * KiB}:{c.loads_4k}", f"{MiB}:{c.loads_1m}"],
+                  None)
+    finally:
+        os.environ.pop("UALINKD_PROFILE", None)
+    lines = []
+    for role, name in (("exporter", "node0"), ("importer", "node1")):
+        import io
+
+        buf = io.StringIO()
+        stats = pstats.Stats(str(out_dir / f"profile.{name}"), stream=buf)
+        stats.sort_stats("tottime").print_stats(15)
+        lines += ["", f"cProfile of the {role} ({out_dir / f'profile.{name}'}), by own time:",
+                  *[ln for ln in buf.getvalue().splitlines()
+                    if ln.strip() and not ln.startswith(("   Ordered", "   List"))][1:]]
+    return lines
+
+
+# -- report --------------------------------------------------------------------------------
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    def pick(kind: str, key: str) -> dict[str, float]:
+        return summary([r["measured"][kind][key] for r in runs])
+
+    out = {
+        "floors": {
+            "fuse_echo_ioctl_ns": pick("echo", "median_ns"),
+            "tcp_rtt_ns": pick("tcp_rtt", "median_ns"),
+            "tcp_stream_bps": pick("tcp_stream", "median_bps"),
+        },
+        "figures": {
+            "export_ioctl_ns": pick("export", "median_ns"),
+            "first_import_ns": pick("first_import", "total_ns"),
+            "first_import_ioctl_ns": pick("first_import", "ioctl_ns"),
+            "first_import_open_ns": pick("first_import", "open_ns"),
+            "first_import_fd_to_handle_ns": pick("first_import", "fd_to_handle_ns"),
+            "load_4k_ns": pick("load_4k", "median_ns"),
+            "load_1m_ns": pick("load_1m", "median_ns"),
+        },
+        "server_cost": {k: {f: pick(k, f)["median"] for f in (
+            "server_cpu_ns_per_op", "server_wait_ns_per_op", "server_switches_per_op")}
+            for k in SERVED},
+        "ratios": {},
+    }
+    for k, (what, cmp, goal) in GOALS.items():
+        s = summary([r["ratios"][k] for r in runs])
+        worst = s["max"] if cmp == "<=" else s["min"]
+        out["ratios"][k] = {**s, "what": what, "goal": f"{cmp} {goal}",
+                            "met": s["median"] <= goal if cmp == "<=" else s["median"] >= goal,
+                            "met_every_run": worst <= goal if cmp == "<=" else worst >= goal}
+    return out
+
+
+def spread(s: dict[str, float], scale: float, fmt: str = "{:.1f}") -> str:
+    med, lo, hi = (fmt.format(s[k] / scale) for k in ("median", "min", "max"))
+    return f"{med} [{lo}–{hi}]"
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    lines = [f"ualinkd against C floors, {result['reps']} repetition(s) per placement: "
+             "median [min–max] of the repetitions' medians"]
+    w = 46
+    for name, p in result["placements"].items():
+        where = (f"pinned: client and servers on CPU {result['cpu']}" if name == "pinned"
+                 else "left to the scheduler")
+        f, g = p["floors"], p["figures"]
+        lines += ["", f"== {where} ==",
+                  f"{'floors (C)':<{w}}{'µs, or GiB/s':>26}",
+                  f"{'  libfuse3 echo ioctl (24 bytes)':<{w}}"
+                  f"{spread(f['fuse_echo_ioctl_ns'], 1e3):>26}",
+                  f"{'  TCP round trip (64 bytes, loopback)':<{w}}"
+                  f"{spread(f['tcp_rtt_ns'], 1e3):>26}",
+                  f"{'  TCP stream GiB/s (' + result['congestion'] + ')':<{w}}"
+                  f"{spread(f['tcp_stream_bps'], 1 << 30, '{:.2f}'):>26}",
+                  f"{'ualinkd (C client)':<{w}}",
+                  f"{'  export ioctl (already exported BO)':<{w}}"
+                  f"{spread(g['export_ioctl_ns'], 1e3):>26}",
+                  f"{'  first import (3 steps below)':<{w}}"
+                  f"{spread(g['first_import_ns'], 1e3):>26}",
+                  f"{'    import ioctl':<{w}}{spread(g['first_import_ioctl_ns'], 1e3):>26}",
+                  f"{'    dma-buf token open':<{w}}{spread(g['first_import_open_ns'], 1e3):>26}",
+                  f"{'    PRIME_FD_TO_HANDLE':<{w}}"
+                  f"{spread(g['first_import_fd_to_handle_ns'], 1e3):>26}",
+                  f"{'  4 KiB remote GPU load':<{w}}{spread(g['load_4k_ns'], 1e3):>26}",
+                  f"{'  1 MiB remote GPU load':<{w}}{spread(g['load_1m_ns'], 1e3):>26}",
+                  f"{'ratios (per repetition)':<{w}}{'ratio':>26}{'goal':>9}{'  met':<6}"]
+        for r in p["ratios"].values():
+            met = "yes" if r["met"] else "NO"
+            lines.append(f"{'  ' + r['what']:<{w}}{spread(r, 1, '{:.2f}'):>26}"
+                         f"{r['goal']:>9}  {met}")
+        lines.append(f"{'server processes (all threads), median':<{w}}{'CPU µs':>10}"
+                     f"{'waiting µs':>12}{'switches':>10}")
+        for k, what in SERVED.items():
+            sc = p["server_cost"][k]
+            lines.append(f"{'  ' + what:<{w}}{sc['server_cpu_ns_per_op'] / 1e3:>10.1f}"
+                         f"{sc['server_wait_ns_per_op'] / 1e3:>12.1f}"
+                         f"{sc['server_switches_per_op']:>10.1f}")
+    bd = result.get("breakdown")
+    if bd:
+        lines += ["", "first import by phase (a second pod, daemons under benchmarks/stamps.py; "
+                      "median µs)",
+                  f"{'phase':<{w}}" + "".join(f"{n:>12}" for n in bd)]
+        for k, label in [*PHASES, ("total", "total (instrumented)")]:
+            lines.append(f"{'  ' + label:<{w}}" + "".join(
+                f"{v['median_ns'][k] / 1e3:>12.1f}" if v["median_ns"][k] is not None
+                else f"{'-':>12}" for v in bd.values()))
+        for n, v in bd.items():
+            for role, counts in v["messages_per_cycle"].items():
+                lines.append(f"  {n}: MSGs the {role} sent per import cycle (each ACKed): " +
+                             ", ".join(f"{k} {x:.1f}" for k, x in sorted(counts.items())))
+            if v["skipped"]:
+                lines.append(f"  {n}: {v['skipped']} of {v['samples']} samples lacked a stamp")
+            if v["other_msgs"]:
+                lines.append(f"  {n}: {v['other_msgs']} other MSGs went out during the "
+                             "samples' import ioctls (not counted as their edges)")
+    return lines
+
+
+def machine() -> dict[str, Any]:
+    return {"cpus": len(ALLOWED), "kernel": platform.release(),
+            "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+            "system_congestion": Path("/proc/sys/net/ipv4/tcp_congestion_control")
+            .read_text().strip()}
+
+
+def build() -> None:
+    subprocess.run(["make", "-s", "-C", str(REPO / "libualink_c")], check=True)
+    subprocess.run(["make", "-s", "-C", str(HERE)], check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a short run (smoke tests)")
+    ap.add_argument("--reps", type=int, default=int(os.environ.get("BENCH_REPS", 0)) or None,
+                    help="repetitions per placement (default 5, --quick 1; $BENCH_REPS)")
+    ap.add_argument("--cpu", type=int, default=int(os.environ.get("BENCH_CPU", min(ALLOWED))),
+                    help="the CPU of the pinned placement ($BENCH_CPU, default the first "
+                         "this process may use)")
+    ap.add_argument("--json", type=Path, default=HERE / "results" / "latest.json")
+    ap.add_argument("--no-breakdown", action="store_true")
+    ap.add_argument("--extras", action="store_true", help="also the older pod/data tables")
+    ap.add_argument("--profile", action="store_true",
+                    help="also cProfile both daemons over an import and load workload")
+    args = ap.parse_args(argv)
+    reps = args.reps or (1 if args.quick else 5)
+    counts = Counts(args.quick)
+    build()
+    congestion = PodConfig.local(1, 1).tcp_congestion or "system default"
+    result: dict[str, Any] = {"reps": reps, "cpu": args.cpu, "counts": counts.as_dict(),
+                              "congestion": congestion, "machine_before": machine(),
+                              "placements": {}, "runs": {}}
+    tmp = Path(tempfile.mkdtemp(prefix="ualink-bench."))
+    try:
+        with fuse_echo(tmp) as echo, pod(tmp / "pod", stamps=False) as (a, b):
+            for name, cpus in (("pinned", {args.cpu}), ("scheduler", None)):
+                runs = placement_runs(reps, counts, cpus, echo, tmp / "echo" / "dev", a, b)
+                result["runs"][name] = runs
+                result["placements"][name] = summarize(runs)
+            if args.extras:
+                churn = fields(run_c(LIB_BUILD / "gem_churn", [a.render(), "3"], None))
+                result["gem_churn_pairs_per_sec"] = churn["pairs_per_sec"]
+        if not args.no_breakdown:
+            result["breakdown"] = breakdown(tmp / "stamped", counts, args.cpu)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    result["machine_after"] = machine()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print("\n".join(table(result)))
+    print(f"\nload average before / after: {' '.join(result['machine_before']['loadavg'])} / "
+          f"{' '.join(result['machine_after']['loadavg'])} ({result['machine_before']['cpus']} "
+          f"CPUs); JSON: {args.json}")
+    if args.profile:
+        tmp = Path(tempfile.mkdtemp(prefix="ualink-bench."))
+        try:
+            print("\n".join(profile(tmp, counts, args.json.parent)))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.extras:
+        print(f"GEM_CREATE + GEM_CLOSE pairs per second (4 KiB VRAM): "
+              f"{result['gem_churn_pairs_per_sec']:.0f}")
+        extras()
+    return 0
 
-    print(f"ioctl round trip, 24-byte DRM_IOCTL_AMDGPU_UALINK_HANDLE, {COUNT} calls each")
-    print(f"{'placement':<22}{'server':<34}{'median µs':>10}{'p99 µs':>10}")
-    for pin, e, u in rows:
-        where = "same CPU (pinned)" if pin else "scheduler's choice"
-        print(f"{where:<22}{'C libfuse3 echo (baseline)':<34}"
-              f"{e['median_ns'] / 1e3:>10.1f}{e['p99_ns'] / 1e3:>10.1f}")
-        print(f"{'':<22}{'ualinkd export (already exported)':<34}"
-              f"{u['median_ns'] / 1e3:>10.1f}{u['p99_ns'] / 1e3:>10.1f}")
-        print(f"{'':<22}{'ratio ualinkd / echo (target 2.5)':<34}"
-              f"{u['median_ns'] / e['median_ns']:>10.2f}{u['p99_ns'] / e['p99_ns']:>10.2f}")
-    print(f"GEM_CREATE + GEM_CLOSE pairs per second (4 KiB VRAM): {churn['pairs_per_sec']:.0f}")
 
+def extras() -> None:
     import data_bench
     import pod_bench
 
     tmp = Path(tempfile.mkdtemp(prefix="ualink-bench."))
     try:
-        lines, first, rtt = pod_bench.main(tmp)
-        data_lines, data = data_bench.main(tmp / "data")
+        lines = pod_bench.main(tmp)
+        data_lines, _data = data_bench.main(tmp / "data")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print()
-    print("\n".join(lines))
-    floor = rows[1][1]["median_ns"] / 1e9  # the echo round trip, scheduler's placement
-    budget = 3 * floor + rtt
-    print(f"first import / (3 FUSE echo floors + 1 TCP round trip) = {first / budget:.2f}"
-          f" (target 4; floor {floor * 1e6:.1f} µs, TCP {rtt * 1e6:.1f} µs)")
-    print()
-    print("\n".join(data_lines))
-    small = data[f"remote load {4 << 10}"]
-    print(f"4 KiB remote load / (FUSE echo floor + TCP round trip) = "
-          f"{small / (floor + rtt):.2f} (target ≤ 3)")
-    return 0
-
+    print("\nextras (Python clients; no floors)")
+    print("\n".join([*lines, "", *data_lines]))
 
 if __name__ == "__main__":
     sys.exit(main())

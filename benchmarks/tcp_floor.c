@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tcp_floor rtt <count> [size] [warmup] [congestion]
+ * tcp_floor stream <total-bytes> <reps> [chunk] [congestion]
+ *
+ * The TCP floors under ualinkd's fabric figures, in C: two processes (this
+ * one and a child it forks, so both inherit the caller's CPU placement) on a
+ * loopback TCP connection set up the way the fabric sets up its links
+ * (TCP_NODELAY as trio does, 4 MiB SO_SNDBUF/SO_RCVBUF and the congestion
+ * control as fabric/link.py _tune does).
+ *
+ * rtt:    <size> bytes (default 64, about one fabric MSG frame) sent and
+ *         echoed back, <count> times after <warmup> (default 1000).  The
+ *         congestion control (default "cubic") hardly matters here.  Prints
+ *         median_ns=.. p99_ns=.. mean_ns=.. count=..
+ * stream: <total-bytes> written one way in <chunk>-byte write(2)s (default
+ *         1 MiB), the sink answering one byte when it has everything; <reps>
+ *         such transfers.  Congestion control default "cubic" (the pod's
+ *         default tcp_congestion), "" keeps the system's.  Prints
+ *         median_bps=.. min_bps=.. max_bps=.. reps=.. congestion=..
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static void die(const char *what)
+{
+	perror(what);
+	exit(1);
+}
+
+/* As the fabric tunes a link: Nagle off, big buffers, the congestion control. */
+static void tune(int fd, const char *congestion)
+{
+	int one = 1, buf = 4 << 20;
+
+	if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)))
+		die("TCP_NODELAY");
+	setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+	if (congestion && *congestion &&
+	    setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, congestion, strlen(congestion)))
+		die("TCP_CONGESTION");
+}
+
+static void read_full(int fd, char *p, size_t n)
+{
+	while (n) {
+		ssize_t r = read(fd, p, n);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			die("read");
+		p += r;
+		n -= (size_t)r;
+	}
+}
+
+static void write_full(int fd, const char *p, size_t n)
+{
+	while (n) {
+		ssize_t r = write(fd, p, n);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			die("write");
+		p += r;
+		n -= (size_t)r;
+	}
+}
+
+/*
+ * A connected pair: the child gets the accepted end and runs child(fd, arg),
+ * the parent gets the connecting end.  Both ends are tuned.
+ */
+static int pair(const char *congestion, void (*child)(int, void *), void *arg, pid_t *pid)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	socklen_t len = sizeof(a);
+	int lfd, fd;
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof(a)) || listen(lfd, 1) ||
+	    getsockname(lfd, (struct sockaddr *)&a, &len))
+		die("listen");
+	*pid = fork();
+	if (*pid < 0)
+		die("fork");
+	if (*pid == 0) {
+		int c = accept(lfd, NULL, NULL);
+
+		if (c < 0)
+			die("accept");
+		close(lfd);
+		tune(c, congestion);
+		child(c, arg);
+		_exit(0);
+	}
+	close(lfd);
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		die("socket");
+	tune(fd, congestion);
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)))
+		die("connect");
+	return fd;
+}
+
+static void echo_child(int fd, void *arg)
+{
+	size_t size = *(size_t *)arg;
+	char buf[65536];
+
+	for (;;) {
+		size_t got = 0;
+
+		while (got < size) {
+			ssize_t r = read(fd, buf + got, size - got);
+
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0)
+				return;	/* the parent is done */
+			got += (size_t)r;
+		}
+		write_full(fd, buf, size);
+	}
+}
+
+static int rtt(long count, size_t size, long warmup, const char *congestion)
+{
+	static char buf[65536];
+	uint64_t *ns = calloc((size_t)count, sizeof(*ns)), sum = 0;
+	pid_t pid;
+	int fd, status;
+	long i;
+
+	if (!ns || size == 0 || size > sizeof(buf))
+		return 2;
+	fd = pair(congestion, echo_child, &size, &pid);
+	memset(buf, 0x5a, size);
+	for (i = -warmup; i < count; i++) {
+		uint64_t t0 = now_ns();
+
+		write_full(fd, buf, size);
+		read_full(fd, buf, size);
+		if (i >= 0)
+			ns[i] = now_ns() - t0;
+	}
+	close(fd);
+	waitpid(pid, &status, 0);
+	for (i = 0; i < count; i++)
+		sum += ns[i];
+	qsort(ns, (size_t)count, sizeof(*ns), cmp_u64);
+	printf("median_ns=%llu p99_ns=%llu mean_ns=%llu count=%ld size=%zu\n",
+	       (unsigned long long)ns[(count - 1) / 2],
+	       (unsigned long long)ns[(count * 99 + 99) / 100 - 1],
+	       (unsigned long long)(sum / (uint64_t)count), count, size);
+	free(ns);
+	return 0;
+}
+
+struct sink_arg {
+	size_t total;
+	long reps;
+};
+
+static void sink_child(int fd, void *argp)
+{
+	struct sink_arg *arg = argp;
+	static char buf[1 << 20];
+	long r;
+
+	for (r = 0; r < arg->reps; r++) {
+		size_t got = 0;
+
+		while (got < arg->total) {
+			ssize_t n = read(fd, buf, sizeof(buf));
+
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				return;
+			got += (size_t)n;
+		}
+		write_full(fd, "k", 1);
+	}
+}
+
+static int stream(size_t total, long reps, size_t chunk, const char *congestion)
+{
+	struct sink_arg arg = { total, reps };
+	double *bps = calloc((size_t)reps, sizeof(*bps));
+	char *buf = malloc(chunk), k;
+	pid_t pid;
+	int fd, status;
+	long r;
+
+	if (!bps || !buf || chunk == 0 || total < chunk)
+		return 2;
+	memset(buf, 0xa5, chunk);
+	fd = pair(congestion, sink_child, &arg, &pid);
+	for (r = 0; r < reps; r++) {
+		uint64_t t0 = now_ns();
+		size_t sent = 0;
+
+		while (sent < total) {
+			size_t n = total - sent < chunk ? total - sent : chunk;
+
+			write_full(fd, buf, n);
+			sent += n;
+		}
+		read_full(fd, &k, 1);
+		bps[r] = (double)total * 1e9 / (double)(now_ns() - t0);
+	}
+	close(fd);
+	waitpid(pid, &status, 0);
+	/* sort ascending by insertion: reps is small */
+	for (r = 1; r < reps; r++)
+		for (long j = r; j > 0 && bps[j - 1] > bps[j]; j--) {
+			double t = bps[j];
+
+			bps[j] = bps[j - 1];
+			bps[j - 1] = t;
+		}
+	printf("median_bps=%.0f min_bps=%.0f max_bps=%.0f reps=%ld chunk=%zu congestion=%s\n",
+	       bps[(reps - 1) / 2], bps[0], bps[reps - 1], reps, chunk,
+	       congestion && *congestion ? congestion : "system");
+	free(bps);
+	free(buf);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	signal(SIGPIPE, SIG_IGN);
+	if (argc >= 3 && !strcmp(argv[1], "rtt") && argc <= 6) {
+		long count = strtol(argv[2], NULL, 0);
+		size_t size = argc > 3 ? strtoul(argv[3], NULL, 0) : 64;
+		long warmup = argc > 4 ? strtol(argv[4], NULL, 0) : 1000;
+
+		if (count > 0 && warmup >= 0)
+			return rtt(count, size, warmup, argc > 5 ? argv[5] : "cubic");
+	} else if (argc >= 4 && !strcmp(argv[1], "stream") && argc <= 6) {
+		size_t total = strtoul(argv[2], NULL, 0);
+		long reps = strtol(argv[3], NULL, 0);
+		size_t chunk = argc > 4 ? strtoul(argv[4], NULL, 0) : 1 << 20;
+
+		if (reps > 0)
+			return stream(total, reps, chunk, argc > 5 ? argv[5] : "cubic");
+	}
+	fprintf(stderr, "usage: %s rtt <count> [size] [warmup] [congestion]\n"
+			"       %s stream <total-bytes> <reps> [chunk] [congestion]\n",
+		argv[0], argv[0]);
+	return 2;
+}
