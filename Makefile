@@ -67,8 +67,12 @@ wheelhouse: venv
 image: wheelhouse
 	packaging/build-image.sh $(IMAGE)
 
+CONTAINER_PKGS := podman runc debootstrap
+
 test-containers: setup wheelhouse
-	$(VPY) -m pytest -q -p no:cacheprovider tests/containers $(PYTEST_ARGS)
+	@$(MAKE) -s apt APT_PKGS="$(CONTAINER_PKGS)"
+	$(VPY) -m pip install -q --disable-pip-version-check podman-compose
+	UALINK_CONTAINER_TESTS=1 $(VPY) -m pytest -q -p no:cacheprovider tests/containers $(PYTEST_ARGS)
 
 clean:
 	$(MAKE) -s -C libualink_c clean

@@ -12,7 +12,7 @@ set -uo pipefail
 image=${1:?usage: podman-probe.sh IMAGE}
 cache=${UALINK_CACHE:-/var/cache/ualinkd-images}
 mkdir -p "$cache"
-try() { CONTAINERS_CONF=${1:-} podman run --rm --network none "$image" true 2>&1; }
+try() { CONTAINERS_CONF=${1:-} podman run --rm --network none --entrypoint /bin/true "$image" 2>&1; }
 
 if out=$(try ""); then
     echo ""
