@@ -31,6 +31,12 @@ step "ualinkd pod --nodes 2 --root $ROOT"
 grep ' ready: ' "$ROOT/pod.out"
 .venv/bin/ualinkctl --mount "$ROOT/node0" state
 
+step "node0: an unmodified libdrm_amdgpu program (Debian's libdrm, through the LD_PRELOAD shim)"
+echo "LD_PRELOAD=$BIN/libualink_shim.so UALINK_DRI_DIR=$ROOT/node0/dri $BIN/libdrm_discovery"
+LD_PRELOAD=$BIN/libualink_shim.so UALINK_DRI_DIR=$ROOT/node0/dri "$BIN/libdrm_discovery" \
+  | grep -E '^ok (devices|device2|node_type|names|init|gpu_info|heap_vram|dev_info)' \
+  | cut -c1-110
+
 step "node0: client A stores a message in a VRAM buffer through its GPU and exports it"
 mkfifo "$ROOT/a.in" "$ROOT/b.in"
 "$BIN/share" "$ROOT/node0/dri/renderD128" <"$ROOT/a.in" >"$ROOT/a.out" &

@@ -350,3 +350,28 @@ def test_unknown_fields_are_kept_and_garbage_is_one_line():
     assert str(e.value).startswith("ualink_peers: cannot parse 'accel=x'")
     assert ctl.parse_line("0x1 0x2 bo=1 size=4096 pins=0 importers=",
                           ctl.DEBUGFS_FORMATS["ualink_exports"])["importers"] == []
+
+
+def test_a_stopped_node_is_not_answering_instead_of_a_hang(tmp_path):
+    """Issue 11: every read of a node's files by ualinkctl is bounded. On a SIGSTOPped
+    daemon `ualinkctl state` says it is not answering and exits 1 (the watchdog, far above
+    the 2 s bound, turns a regression into a failure, not a hung CI)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ualinkctl = str(Path(sys.executable).parent / "ualinkctl")
+    with running_node(tmp_path) as n:
+        os.kill(n.proc.pid, signal.SIGSTOP)
+        try:
+            for argv in (["state"], ["--json", "all"], ["drop-next", "NPA_RSP"]):
+                r = subprocess.run([ualinkctl, "--mount", str(n.mount), *argv],
+                                   capture_output=True, text=True, timeout=30)
+                assert r.returncode == 1, (argv, r.stdout, r.stderr)
+                assert "not answering after 2 s (is the node's daemon stopped?)" in r.stderr
+                assert r.stderr.count("\n") == 1, r.stderr
+        finally:
+            os.kill(n.proc.pid, signal.SIGCONT)
+        r = subprocess.run([ualinkctl, "--mount", str(n.mount), "state"], capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 0, r.stderr

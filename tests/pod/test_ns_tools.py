@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -78,6 +79,22 @@ def test_ualinkd_pod_netns(tmp_path):
         r = subprocess.run([sys.executable, "-m", "ualinkd.testing", pod_dir, "drop-next",
                             "node1", "BOGUS"], capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and "is not a message type" in r.stderr, r
+        # ualinkctl inside a node finds the node by itself (its /sys is the node's).
+        ctl = str(Path(sys.executable).parent / "ualinkctl")
+        r = subprocess.run([sys.executable, "-m", "ualinkd.testing", pod_dir, "run", "node1",
+                            "--", ctl, "state"], capture_output=True, text=True, timeout=30,
+                           env={k: v for k, v in os.environ.items() if k != "UALINK_MOUNT"})
+        assert r.returncode == 0 and "active" in r.stdout, r
+        # A stopped node is "not answering" in the status table, never a hang (issue 11).
+        tool = [sys.executable, "-m", "ualinkd.testing", pod_dir]
+        subprocess.run([*tool, "stop", "node1"], check=True, timeout=30)
+        try:
+            r = subprocess.run([*tool, "status"], capture_output=True, text=True, timeout=30)
+        finally:
+            subprocess.run([*tool, "cont", "node1"], check=True, timeout=30)
+        assert r.returncode == 0, r
+        (n1,) = [line for line in r.stdout.splitlines() if line.startswith("node1 ")]
+        assert n1.endswith("not answering (stopped?)"), r.stdout
         prefix = os.path.basename(pod_dir)
         assert [ns for ns in netns_names() if ns.startswith(prefix)]
     finally:

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterable
 
 from .. import sysfs
+from ..bounded import NotAnswering, bounded
 from ..ualink.protocol import MsgType
 
 # -- one-line failures ---------------------------------------------------------------------
@@ -117,8 +118,9 @@ class Mount:
         self.path = path
         drm = os.path.join(path, sysfs.DRM_CLASS)
         try:
-            os.stat(path)
-            names = os.listdir(drm)
+            names = bounded(lambda: (os.stat(path), os.listdir(drm))[1], f"node at {path}")
+        except NotAnswering as e:
+            raise CtlError(str(e)) from None
         except FileNotFoundError:
             if not os.path.exists(path):
                 raise CtlError(f"{path} does not exist (is the node running? --mount DIR)") \
@@ -138,9 +140,13 @@ class Mount:
         return os.path.join(self.path, rel)
 
     def read(self, rel: str) -> str:
-        try:
+        def read() -> str:
             with open(self._file(rel)) as f:
                 return f.read()
+        try:
+            return bounded(read, f"node at {self.path}")
+        except NotAnswering as e:
+            raise CtlError(str(e)) from None
         except FileNotFoundError:
             raise CtlError(f"{self.path}: no {rel} (a ualinkd older than this ualinkctl?)") \
                 from None
@@ -154,12 +160,18 @@ class Mount:
                 from None
 
     def write(self, rel: str, text: str) -> None:
-        """One write(2) of `text`; OSError goes to the caller, who knows what it means."""
-        fd = os.open(self._file(rel), os.O_WRONLY)
+        """One write(2) of `text`; OSError goes to the caller, who knows what it means
+        (a node that does not answer is a CtlError)."""
+        def write() -> None:
+            fd = os.open(self._file(rel), os.O_WRONLY)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
         try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
+            bounded(write, f"node at {self.path}")
+        except NotAnswering as e:
+            raise CtlError(str(e)) from None
 
     @staticmethod
     def minor(render: str) -> int:
@@ -495,13 +507,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _inside_a_node() -> str | None:
+    """Inside a namespace node (ualinkd.testing, `ualinkd pod --netns`) the node's sys/ tree
+    is the plain /sys: then the mount is "/", found without --mount."""
+    try:
+        names = bounded(lambda: os.listdir("/" + sysfs.DRM_CLASS), "/sys/class/drm")
+    except OSError:
+        return None
+    render = next((n for n in names if n.startswith("renderD")), None)
+    if render is None:
+        return None
+    state = os.path.join("/", sysfs.ualink_file(int(render[len("renderD"):]), "accel_state"))
+    try:
+        return "/" if bounded(lambda: os.path.isfile(state), state) else None
+    except OSError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) and usage errors (2) as return values
         return e.code if isinstance(e.code, int) else 2
-    mount = getattr(args, "mount", None) or os.environ.get("UALINK_MOUNT")
+    mount = getattr(args, "mount", None) or os.environ.get("UALINK_MOUNT") or _inside_a_node()
     as_json = getattr(args, "json", False)
     if not mount:
         parser.print_usage(sys.stderr)

@@ -48,8 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         cmd = args.command
         if cmd == "status":
             for node in pod.nodes:
-                links = " ".join(f"{peer}:{'up' if up else 'DOWN'}"
-                                 for peer, up in (node.fabric() if node.running else {}).items())
+                try:
+                    links = " ".join(f"{peer}:{'up' if up else 'DOWN'}" for peer, up in
+                                     (node.fabric() if node.running else {}).items())
+                except PodError:  # stopped: the read gave up instead of waiting for it
+                    links = "not answering (stopped?)"
                 print(f"{node.name} ip={node.ip} netns={node.netns} pid={node.pid or '-'} "
                       f"accels={','.join(map(str, node.accels))} {links}".rstrip())
         elif cmd in ("kill", "stop", "cont", "cut", "heal"):

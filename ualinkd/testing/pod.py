@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import sysfs
+from ..bounded import DEFAULT_TIMEOUT, NotAnswering, bounded
 from ..cli import ctl
 from ..config import AccelConfig, NodeConfig, PodConfig, VpodConfig
 from ..ualink.state import AddrMode
@@ -276,13 +277,19 @@ class PodNode:
         minor = RENDER_MINOR if accel is None else self.minor(accel)
         return f"/dev/dri/renderD{minor}"
 
-    def read(self, rel: str) -> str:
-        """A file of the node's mount (e.g. "sys/kernel/debug/ualink_fabric"). Never call
-        this on a stopped node: the read would wait for it."""
-        return (self.root / rel).read_text()
+    def read(self, rel: str, timeout: float = DEFAULT_TIMEOUT) -> str:
+        """A file of the node's mount (e.g. "sys/kernel/debug/ualink_fabric"); a stopped
+        node raises PodError after `timeout` s instead of blocking the caller for good."""
+        try:
+            return bounded(lambda: (self.root / rel).read_text(), self.name, timeout)
+        except NotAnswering as e:
+            raise PodError(str(e)) from None
 
-    def write(self, rel: str, text: str) -> None:
-        (self.root / rel).write_text(text)
+    def write(self, rel: str, text: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+        try:
+            bounded(lambda: (self.root / rel).write_text(text), self.name, timeout)
+        except NotAnswering as e:
+            raise PodError(str(e)) from None
 
     def debug(self, name: str, minor: int = RENDER_MINOR) -> str:
         return self.read(sysfs.debugfs_file(minor, name))
