@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import io
 import json
 import os
@@ -67,11 +68,24 @@ class PodUnavailable(PodError):
 
 
 # -- prerequisites ------------------------------------------------------------------------------
+def _effective_caps() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
 def check_prerequisites() -> None:
     """Raise PodUnavailable naming everything that is missing."""
     missing = []
-    if os.geteuid() != 0:
-        missing.append("root (namespaces, mounts and veths need CAP_SYS_ADMIN/CAP_NET_ADMIN)")
+    caps = _effective_caps()
+    for bit, name, why in ((21, "CAP_SYS_ADMIN", "namespaces and FUSE mounts"),
+                           (12, "CAP_NET_ADMIN", "network namespaces and veths")):
+        if not caps >> bit & 1:
+            how = ("run as root" if os.geteuid() != 0
+                   else f"in a container: --cap-add {name.removeprefix('CAP_')}")
+            missing.append(f"{name} for {why} ({how})")
     for tool, pkg in (("ip", "iproute2"), ("unshare", "util-linux"),
                       ("nsenter", "util-linux"), ("mount", "mount")):
         if shutil.which(tool) is None:
@@ -79,7 +93,9 @@ def check_prerequisites() -> None:
     try:
         os.close(os.open("/dev/fuse", os.O_RDWR))
     except OSError as e:
-        missing.append(f"/dev/fuse ({e.strerror})")
+        hint = ("modprobe fuse" if e.errno == errno.ENOENT
+                else "in a container: --device /dev/fuse")
+        missing.append(f"/dev/fuse ({e.strerror}: {hint})")
     if missing:
         raise PodUnavailable("cannot run a namespaced ualink pod: missing " + "; ".join(missing))
 
