@@ -251,9 +251,10 @@ async def run_node(
     )
     agent: UalinkAgent | None = None
 
-    def on_message(src: int, dst: int, dwords: tuple[int, int, int, int]) -> None:
+    def on_message(src: int, dst: int, dwords: tuple[int, int, int, int]
+                   ) -> Awaitable[None] | None:
         assert agent is not None
-        agent.on_message(src, dst, dwords)
+        return agent.on_message(src, dst, dwords)
 
     def on_request(peer: str, req: Load | Store) -> tuple[int, list[memoryview]]:
         assert agent is not None

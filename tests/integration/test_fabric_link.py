@@ -32,6 +32,7 @@ from ualinkd.fabric.wire import (
     FrameDecoder,
     Load,
     Msg,
+    Ping,
     Store,
     encode_frame,
 )
@@ -88,12 +89,16 @@ async def wait_until(pred: Callable[[], bool], timeout: float = 2.0) -> None:
             await trio.sleep(0.002)
 
 
-async def read_frame(stream: trio.SocketStream, dec: FrameDecoder) -> Frame:
-    while (f := dec.next_frame()) is NEED_DATA:
-        data = await stream.receive_some(4096)
-        assert data, "peer closed"
-        dec.receive_data(data)
-    return f  # type: ignore[return-value]
+async def read_frame(stream: trio.SocketStream, dec: FrameDecoder,
+                     pings: bool = False) -> Frame:
+    """The next frame; the link's heartbeat PINGs (one as soon as it is up) are skipped."""
+    while True:
+        while (f := dec.next_frame()) is NEED_DATA:
+            data = await stream.receive_some(4096)
+            assert data, "peer closed"
+            dec.receive_data(data)
+        if pings or not isinstance(f, Ping):
+            return f  # type: ignore[return-value]
 
 
 async def raw_auth(port: int, cfg: PodConfig, name: str, peer: str,

@@ -1,6 +1,12 @@
 """FabricLink: this node's TCP links to every other node of the pod (trio). It listens, dials
 the peers whose names sort after ours, authenticates (auth.py), then runs a Session per peer with
 one reader and one writer task; reconnects with backoff; sends wait for the peer's ACK.
+
+What a link holds is bounded, and a full bound stops reading, never drops what the peer sent
+in order: a message whose receive ring is full waits, and the reader with it (TCP then slows
+the sender); data-plane answers held for a peer that does not take them are capped at
+HOLD_MAX, past which its requests wait unserved (DEFER_MAX of them), then reading stops, and a
+peer that takes nothing for the heartbeat timeout is dropped as not reading.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ import os
 import secrets
 import socket
 import ssl
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -43,12 +50,20 @@ from .wire import (
 
 log = logging.getLogger(__name__)
 
-OnMessage = Callable[[int, int, Dwords], None]
+# May return an awaitable: the message is taken once it completes, and nothing more is read
+# from that peer meanwhile (back-pressure).
+OnMessage = Callable[[int, int, Dwords], Awaitable[None] | None]
 OnPeerState = Callable[[str, bool], None]
 # -> (status: 0 or -errno, the loaded bytes as buffers to send as they are)
 OnRequest = Callable[[str, Load | Store], tuple[int, list[memoryview]]]
 RECEIVE_SIZE = 1 << 20  # one data-plane chunk in as few reads as possible (TLS)
 SCRATCH_SIZE = 64 << 10  # plain TCP: per-connection receive buffer for everything but payloads
+# Per connection: bytes of answers held for a peer (beyond its socket buffers) before its
+# further requests wait unserved; how many may wait (and their STORE bytes) before reading
+# from it stops. A few transfers' worth of chunks (agent.CHUNK, agent.IN_FLIGHT).
+HOLD_MAX = 16 << 20
+DEFER_MAX = 1024
+DEFER_MAX_BYTES = 16 << 20
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -120,6 +135,14 @@ class _Conn:
         self.wake = trio.Event()
         self.writing = False
         self.pending: list[Buffer] = []  # bytes the socket did not take yet, in order
+        self.held = 0  # their length
+        self.stuck_since = trio.current_time()  # since when `pending` has not shrunk
+        self.deferred: deque[Load | Store] = deque()  # requests waiting for `held` to drop
+        self.deferred_bytes = 0
+        self.room = trio.Event()  # set when `deferred` is no longer full
+        self.paused = False  # the reader waits (for a ring or for `deferred`), not reading
+        self.not_reading_logged = False
+        self.expired = 0  # requests refused past their deadline
         self.waiters: dict[int, _Waiter] = {}
         self.pings: dict[int, _Waiter] = {}
         self.last_rx = trio.current_time()
@@ -143,22 +166,34 @@ class _Conn:
 
     def write_now(self) -> None:
         """Write what is queued without blocking; hold the rest in `pending`."""
-        bufs = self.pending + self.session.data_to_send_parts()
-        self.pending = []
+        new = self.session.data_to_send_parts()
+        bufs = self.pending + new
+        total = self.held + sum(len(b) for b in new)
+        self.pending, self.held = [], 0
+        written = 0
         try:
             while bufs:
-                bufs = _advance(bufs, os.writev(self.fd, bufs[:_IOV_MAX]))
+                n = os.writev(self.fd, bufs[:_IOV_MAX])
+                written += n
+                bufs = _advance(bufs, n)
         except BlockingIOError:
             pass
         except OSError as e:
-            bufs = []
+            bufs, total = [], 0
             self.drop(_LinkDown(f"send failed: {e!r}"))
-        self._hold(bufs)
+        if written:
+            self.stuck_since = trio.current_time()
+        self._hold(bufs, total - written)
 
-    def _hold(self, bufs: list[Buffer]) -> None:
-        """Keep `bufs` for the writer, as they are now: a LOAD's answer is views of the BO's
-        memory, and what it sends must be the bytes at the time it was served."""
+    def _hold(self, bufs: list[Buffer], size: int | None = None) -> None:
+        """Keep `bufs` (`size` bytes) for the writer, as they are now: a LOAD's answer is
+        views of the BO's memory, and what it sends must be the bytes when it was served."""
+        if not bufs:
+            return
+        if not self.pending:
+            self.stuck_since = trio.current_time()
         self.pending += [bytes(b) if isinstance(b, memoryview) else b for b in bufs]
+        self.held += sum(len(b) for b in bufs) if size is None else size
 
     def drop(self, reason: _LinkDown) -> None:
         if self.down is None:
@@ -392,7 +427,8 @@ class FabricLink:
     # -- an established connection -----------------------------------------------------------
     async def _run_conn(self, peer: str, stream: trio.abc.Stream, decoder: FrameDecoder,
                         label: str) -> None:
-        session = Session(peer, self._accels[peer], self._local_accels, decoder)
+        session = Session(peer, self._accels[peer], self._local_accels, decoder,
+                          now=trio.current_time())
         conn = _Conn(peer, stream, session, label)
         old = self._conns.get(peer)
         if old is not None:  # the peer redialed: its old connection is dead to it
@@ -418,6 +454,9 @@ class FabricLink:
                 if self._on_peer_state is not None:
                     self._on_peer_state(peer, False)
             down = conn.down or _LinkDown("closed")
+            if conn.expired > 1:
+                log.info("fabric %s: %d requests from %s refused past their deadline",
+                         self.node_name, conn.expired, peer)
             if not self._closed or down.level > logging.INFO:
                 log.log(down.level, "fabric %s: link to %s (%s) down: %s",
                         self.node_name, peer, label, down)
@@ -436,9 +475,18 @@ class FabricLink:
         try:
             while True:
                 # Frames first: the handshake's last read may have brought some already.
-                while not isinstance(ev := session.next_event(), _NeedData):
+                while not isinstance(ev := session.next_event(trio.current_time()), _NeedData):
                     conn.flush()  # the ACK of a MSG goes out ahead of anything it causes
-                    self._dispatch(conn, ev)
+                    wait = self._dispatch(conn, ev)
+                    if wait is not None:  # a full receive ring: read nothing until it is in
+                        conn.paused = True
+                        await wait
+                        conn.paused = False
+                    while len(conn.deferred) >= DEFER_MAX or conn.deferred_bytes >= DEFER_MAX_BYTES:
+                        conn.paused = True  # the peer does not take its answers: read no more
+                        conn.room = trio.Event()
+                        await conn.room.wait()
+                        conn.paused = False
                 conn.flush()
                 if not waited:
                     await trio.lowlevel.checkpoint()  # a busy link must not starve the rest
@@ -472,10 +520,11 @@ class FabricLink:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             conn.drop(_LinkDown(f"receive failed: {e!r}"))
 
-    def _dispatch(self, conn: _Conn, ev: object) -> None:
+    def _dispatch(self, conn: _Conn, ev: object) -> Awaitable[None] | None:
+        """Act on one event; for a message its ring cannot take yet, what to await."""
         if isinstance(ev, MessageReceived):
-            self._on_message(ev.src_accel, ev.dst_accel, ev.dwords)
-        elif isinstance(ev, AckReceived | DataReceived):
+            return self._on_message(ev.src_accel, ev.dst_accel, ev.dwords)
+        if isinstance(ev, AckReceived | DataReceived):
             waiter = conn.waiters.pop(ev.seq, None)
             if waiter is not None:
                 waiter.set(ev)
@@ -485,11 +534,42 @@ class FabricLink:
                 waiter.set(ev)
         elif isinstance(ev, RequestReceived):
             req = ev.request
-            if self._on_request is None:
-                conn.session.send_data(req.seq, -errno.EOPNOTSUPP)
+            if conn.deferred or conn.held >= HOLD_MAX:  # in order, behind those waiting
+                if not conn.not_reading_logged:
+                    conn.not_reading_logged = True
+                    log.warning("fabric %s: %s is not taking its answers (%d MiB held for "
+                                "it): its requests wait unserved", self.node_name,
+                                conn.peer, conn.held >> 20)
+                conn.deferred.append(req)
+                conn.deferred_bytes += len(req.data) if isinstance(req, Store) else 0
             else:
-                status, data = self._on_request(conn.peer, req)
-                conn.session.send_data(req.seq, status, data)
+                self._serve(conn, req)
+        return None
+
+    def _serve(self, conn: _Conn, req: Load | Store) -> None:
+        session = conn.session
+        if session.expired(req, trio.current_time()):
+            conn.expired += 1
+            if conn.expired == 1:  # one line per link; the count when it goes down
+                log.warning("fabric %s: refused a %s from %s past its deadline (its "
+                            "requester had given up)", self.node_name,
+                            type(req).__name__.upper(), conn.peer)
+            session.send_data(req.seq, -errno.ETIME)
+        elif self._on_request is None:
+            session.send_data(req.seq, -errno.EOPNOTSUPP)
+        else:
+            status, data = self._on_request(conn.peer, req)
+            session.send_data(req.seq, status, data)
+
+    def _serve_deferred(self, conn: _Conn) -> None:
+        """Serve waiting requests, in order, while what is held for the peer allows."""
+        while conn.deferred and conn.held < HOLD_MAX and conn.down is None:
+            req = conn.deferred.popleft()
+            conn.deferred_bytes -= len(req.data) if isinstance(req, Store) else 0
+            self._serve(conn, req)
+            conn.flush()
+        if len(conn.deferred) < DEFER_MAX and conn.deferred_bytes < DEFER_MAX_BYTES:
+            conn.room.set()
 
     async def _writer(self, conn: _Conn) -> None:
         """Finishes what `_Conn.flush` could not write at once (all of it, with TLS)."""
@@ -498,29 +578,43 @@ class FabricLink:
                 await conn.wake.wait()
                 conn.wake = trio.Event()
                 conn.writing = True
-                while conn.has_data_to_send:
+                while conn.has_data_to_send or conn.deferred:
                     if conn.sock is not None:
                         await trio.lowlevel.wait_writable(conn.sock)
                         conn.write_now()
                     else:
                         parts = conn.pending + conn.session.data_to_send_parts()
                         conn.pending = []
+                        conn.held = sum(len(p) for p in parts)
                         for part in parts:
                             await conn.stream.send_all(part)
+                            conn.held -= len(part)
+                            conn.stuck_since = trio.current_time()
+                    self._serve_deferred(conn)
                 conn.writing = False
                 self._progress.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             conn.drop(_LinkDown(f"send failed: {e!r}"))
 
     async def _heartbeat(self, conn: _Conn) -> None:
+        """PINGs (carrying our link clock, from the start), and the two ways a link dies
+        quietly: nothing received while reading, nothing taken while answers are held."""
         while True:
+            conn.session.send_ping(secrets.randbits(64), track=False, now=trio.current_time())
+            conn.flush()
             await trio.sleep(self._hb_interval)
-            silent = trio.current_time() - conn.last_rx
+            now = trio.current_time()
+            if conn.paused:  # not reading, on purpose: silence means nothing
+                conn.last_rx = now
+            silent = now - conn.last_rx
             if silent >= self._hb_timeout:
                 conn.drop(_LinkDown(f"nothing received for {silent:.1f} s", logging.WARNING))
                 return
-            conn.session.send_ping(secrets.randbits(64), track=False)
-            conn.flush()
+            stuck = now - conn.stuck_since
+            if conn.pending and stuck >= self._hb_timeout:
+                conn.drop(_LinkDown(f"peer not reading: {conn.held >> 20} MiB held, none "
+                                    f"taken for {stuck:.1f} s", logging.WARNING))
+                return
 
     # -- sending -----------------------------------------------------------------------------
     async def _conn_for(self, dst_accel: int, src_accel: int) -> tuple[str, _Conn]:
@@ -541,16 +635,18 @@ class FabricLink:
             await self._up[peer].wait()
 
     async def _exchange(
-        self, dst_accel: int, src_accel: int, queue: Callable[[Session], int]
+        self, dst_accel: int, src_accel: int, queue: Callable[[Session, float], int]
     ) -> tuple[str, _Waiter | None]:
         """Queue a frame that a seq-numbered reply answers (MSG → ACK, LOAD/STORE → DATA) and
-        wait up to ack_timeout for it. The waiter is None if the link never came up; its
+        wait up to ack_timeout for it (`queue(session, give_up)`: give_up is when the wait
+        ends). The waiter is None if the link never came up; its
         event is unset if no reply came in time."""
         peer = self._owner.get(dst_accel, "?")
         waiter = None
-        with trio.move_on_after(self.ack_timeout):
+        give_up = trio.current_time() + self.ack_timeout
+        with trio.move_on_at(give_up):
             peer, conn = await self._conn_for(dst_accel, src_accel)
-            seq = queue(conn.session)
+            seq = queue(conn.session, give_up)
             waiter = conn.waiters[seq] = _Waiter()
             conn.flush()
             try:
@@ -568,7 +664,7 @@ class FabricLink:
         ECOMM (the peer refused it), EINVAL (no such remote accel), ESHUTDOWN (closed).
         """
         peer, waiter = await self._exchange(
-            dst_accel, src_accel, lambda s: s.send_message(src_accel, dst_accel, dwords))
+            dst_accel, src_accel, lambda s, _: s.send_message(src_accel, dst_accel, dwords))
         if waiter is None or not waiter.event.is_set():
             raise DrmError(errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
         if waiter.result is None:
@@ -589,7 +685,9 @@ class FabricLink:
             raise DrmError(errno.EFAULT, f"{peer} is not reachable")
         peer, waiter = await self._exchange(
             dst_accel, src_accel,
-            lambda s: s.send_request(src_accel, dst_accel, npa_byte_addr, length_or_data))
+            lambda s, give_up: s.send_request(src_accel, dst_accel, npa_byte_addr,
+                                              length_or_data, now=trio.current_time(),
+                                              give_up=give_up))
         if waiter is None or waiter.result is None:
             raise DrmError(errno.EFAULT, f"no answer from {peer}")
         if waiter.result.status != 0:
@@ -610,7 +708,7 @@ class FabricLink:
             token = secrets.randbits(64)
             waiter = conn.pings[token] = _Waiter()
             start = trio.current_time()
-            conn.session.send_ping(token)
+            conn.session.send_ping(token, now=start)
             conn.flush()
             try:
                 await waiter.event.wait()
