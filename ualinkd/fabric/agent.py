@@ -155,8 +155,8 @@ class UalinkAgent:
             await self._run_effects(mgr, inline=True)
             if rx.statistics().current_buffer_used == 0 and self._ring_waits.get(mgr.accel_id):
                 # One line per episode of a full ring, not one per message that waited.
-                log.info("accel %d: receive ring (%d messages) was full; the fabric waited "
-                         "for room %d times", mgr.accel_id, self.ring_size,
+                log.info("accel %d: receive ring (%d messages) was full; %d messages waited "
+                         "for room (none dropped)", mgr.accel_id, self.ring_size,
                          self._ring_waits.pop(mgr.accel_id))
 
     # -- effects ------------------------------------------------------------------------------

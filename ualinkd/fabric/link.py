@@ -3,10 +3,12 @@ the peers whose names sort after ours, authenticates (auth.py), then runs a Sess
 one reader and one writer task; reconnects with backoff; sends wait for the peer's ACK.
 
 What a link holds is bounded, and a full bound stops reading, never drops what the peer sent
-in order: a message whose receive ring is full waits, and the reader with it (TCP then slows
-the sender); data-plane answers held for a peer that does not take them are capped at
-HOLD_MAX, past which its requests wait unserved (DEFER_MAX of them), then reading stops, and a
-peer that takes nothing for the heartbeat timeout is dropped as not reading.
+in order. A message whose receive ring is full waits in the link's inbox (acknowledged, in
+order, up to INBOX_MAX), past which the reader waits too and TCP slows the sender; the inbox
+lets the reader reach the ACKs that the ring's own handlers wait for. Data-plane answers held
+for a peer that does not take them are capped at HOLD_MAX, past which its requests wait
+unserved (DEFER_MAX of them), then reading stops; a peer that takes nothing for the
+heartbeat timeout is dropped as not reading.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ SCRATCH_SIZE = 64 << 10  # plain TCP: per-connection receive buffer for everythi
 # further requests wait unserved; how many may wait (and their STORE bytes) before reading
 # from it stops. A few transfers' worth of chunks (agent.CHUNK, agent.IN_FLIGHT).
 HOLD_MAX = 16 << 20
+INBOX_MAX = 4096  # acknowledged messages waiting for their ring, per connection
 DEFER_MAX = 1024
 DEFER_MAX_BYTES = 16 << 20
 
@@ -140,7 +143,12 @@ class _Conn:
         self.deferred: deque[Load | Store] = deque()  # requests waiting for `held` to drop
         self.deferred_bytes = 0
         self.room = trio.Event()  # set when `deferred` is no longer full
-        self.paused = False  # the reader waits (for a ring or for `deferred`), not reading
+        # Acknowledged messages their ring could not take yet, in order: (src, dst, dwords),
+        # or for the first, what to await until it is in (FabricLink._deliver).
+        self.inbox: deque[tuple[int, int, Dwords] | Awaitable[None]] = deque()
+        self.inbox_wake = trio.Event()
+        self.inbox_room = trio.Event()
+        self.paused = False  # the reader waits (for the inbox or `deferred`), not reading
         self.not_reading_logged = False
         self.expired = 0  # requests refused past their deadline
         self.waiters: dict[int, _Waiter] = {}
@@ -265,6 +273,7 @@ class FabricLink:
         self._nonces = NonceCache()
         self._progress = trio.lowlevel.ParkingLot()
         self._scope: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
         self._closed = False
         self.port: int | None = None
@@ -295,6 +304,7 @@ class FabricLink:
                 listeners = await trio.open_tcp_listeners(port, host=host)
                 self.port = listeners[0].socket.getsockname()[1]
                 async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
                     for listener in listeners:
                         nursery.start_soon(self._accept_loop, listener, nursery)
                     for peer in self._peers:
@@ -442,6 +452,7 @@ class FabricLink:
             with conn.scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._reader, conn)
+                    nursery.start_soon(self._deliver, conn)
                     nursery.start_soon(self._writer, conn)
                     nursery.start_soon(self._heartbeat, conn)
         finally:
@@ -461,6 +472,8 @@ class FabricLink:
                 log.log(down.level, "fabric %s: link to %s (%s) down: %s",
                         self.node_name, peer, label, down)
             self._progress.unpark_all()
+            if conn.inbox and self._nursery is not None:
+                self._nursery.start_soon(self._deliver_rest, conn)
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 
@@ -477,10 +490,11 @@ class FabricLink:
                 # Frames first: the handshake's last read may have brought some already.
                 while not isinstance(ev := session.next_event(trio.current_time()), _NeedData):
                     conn.flush()  # the ACK of a MSG goes out ahead of anything it causes
-                    wait = self._dispatch(conn, ev)
-                    if wait is not None:  # a full receive ring: read nothing until it is in
+                    self._dispatch(conn, ev)
+                    while len(conn.inbox) >= INBOX_MAX:  # rings full: read nothing more
                         conn.paused = True
-                        await wait
+                        conn.inbox_room = trio.Event()
+                        await conn.inbox_room.wait()
                         conn.paused = False
                     while len(conn.deferred) >= DEFER_MAX or conn.deferred_bytes >= DEFER_MAX_BYTES:
                         conn.paused = True  # the peer does not take its answers: read no more
@@ -520,11 +534,14 @@ class FabricLink:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             conn.drop(_LinkDown(f"receive failed: {e!r}"))
 
-    def _dispatch(self, conn: _Conn, ev: object) -> Awaitable[None] | None:
-        """Act on one event; for a message its ring cannot take yet, what to await."""
+    def _dispatch(self, conn: _Conn, ev: object) -> None:
         if isinstance(ev, MessageReceived):
-            return self._on_message(ev.src_accel, ev.dst_accel, ev.dwords)
-        if isinstance(ev, AckReceived | DataReceived):
+            if conn.inbox:  # behind those already waiting
+                conn.inbox.append((ev.src_accel, ev.dst_accel, ev.dwords))
+            elif (wait := self._on_message(ev.src_accel, ev.dst_accel, ev.dwords)) is not None:
+                conn.inbox.append(wait)
+                conn.inbox_wake.set()
+        elif isinstance(ev, AckReceived | DataReceived):
             waiter = conn.waiters.pop(ev.seq, None)
             if waiter is not None:
                 waiter.set(ev)
@@ -544,7 +561,26 @@ class FabricLink:
                 conn.deferred_bytes += len(req.data) if isinstance(req, Store) else 0
             else:
                 self._serve(conn, req)
-        return None
+
+    async def _deliver(self, conn: _Conn) -> None:
+        """Hands the inbox's messages to their rings, in order, as they take them."""
+        while True:
+            while not conn.inbox:
+                conn.inbox_wake = trio.Event()
+                await conn.inbox_wake.wait()
+            head = conn.inbox[0]
+            wait = self._on_message(*head) if isinstance(head, tuple) else head
+            if wait is not None:
+                await wait
+            conn.inbox.popleft()
+            conn.inbox_room.set()
+
+    async def _deliver_rest(self, conn: _Conn) -> None:
+        while conn.inbox:
+            head = conn.inbox.popleft()
+            wait = self._on_message(*head) if isinstance(head, tuple) else head
+            if wait is not None:
+                await wait
 
     def _serve(self, conn: _Conn, req: Load | Store) -> None:
         session = conn.session
