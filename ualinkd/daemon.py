@@ -268,7 +268,8 @@ async def run_node(
     link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
                       on_request=on_request, ssl_context=server_tls,
                       ssl_client_context=client_tls)
-    agent = UalinkAgent(core, link.send, config.response_timeout_ms / 1000, link.request)
+    agent = UalinkAgent(core, link.send, config.response_timeout_ms / 1000, link.request,
+                        send_queued=link.send_queued)
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_status = lambda: "".join(
         f"{p} {'up' if link.is_up(p) else 'down'}\n" for p in peers)

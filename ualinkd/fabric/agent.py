@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SendFn = Callable[[int, int, p.Dwords], Awaitable[None]]
+# Queues the message at once (its order fixed); the awaitable waits for the ACK.
+SendQueuedFn = Callable[[int, int, p.Dwords], Awaitable[None]]
 # (src accel, dst accel, NPA byte address, length to load | bytes to store) -> loaded bytes
 RequestFn = Callable[[int, int, int, "int | bytes"], Awaitable[bytes | bytearray]]
 CHUNK = 1 << 20  # data-plane transfers are split into chunks this big ...
@@ -45,8 +47,10 @@ RING_SIZE = 1024  # messages queued per local accel; past it the link stops read
 
 class UalinkAgent:
     def __init__(self, core: NodeCore, send: SendFn, response_timeout: float,
-                 request: RequestFn | None = None, ring_size: int = RING_SIZE) -> None:
+                 request: RequestFn | None = None, ring_size: int = RING_SIZE,
+                 send_queued: SendQueuedFn | None = None) -> None:
         self.core = core
+        self._send_queued = send_queued
         self.ring_size = ring_size
         # accel -> times the link waited for room in its full ring since it last emptied
         self._ring_waits: dict[int, int] = {}
@@ -164,7 +168,14 @@ class UalinkAgent:
         while effects := mgr.take_effects():
             for eff in effects:
                 if isinstance(eff, Send) and inline:
-                    await self._do_send(mgr, eff)
+                    if (eff.tag is None and self._send_queued is not None
+                            and self._nursery is not None and mgr.accel_active):
+                        # Nothing waits on its outcome (NPA_RELEASE, NPA_FAIL): queued now,
+                        # in order, and the ring goes on while the ACK comes.
+                        wait = self._send_queued(mgr.accel_id, eff.dst, eff.msg.encode())
+                        self._nursery.start_soon(self._finish_send, mgr, eff, wait)
+                    else:
+                        await self._do_send(mgr, eff)
                 else:
                     self._dispatch(mgr, eff)
 
@@ -204,6 +215,15 @@ class UalinkAgent:
         except DrmError as e:
             err = e
         mgr.on_sent(eff, err)
+
+    async def _finish_send(self, mgr: UalinkManager, eff: Send, wait: Awaitable[None]) -> None:
+        err: DrmError | None = None
+        try:
+            await wait
+        except DrmError as e:
+            err = e
+        mgr.on_sent(eff, err)
+        await self._run_effects(mgr, inline=False)
 
     async def _send_then_drain(self, mgr: UalinkManager, eff: Send) -> None:
         await self._do_send(mgr, eff)

@@ -701,6 +701,31 @@ class FabricLink:
         """
         peer, waiter = await self._exchange(
             dst_accel, src_accel, lambda s, _: s.send_message(src_accel, dst_accel, dwords))
+        self._check_ack(peer, waiter)
+
+    def send_queued(self, src_accel: int, dst_accel: int, dwords: Dwords) -> Awaitable[None]:
+        """`send`, with the MSG queued before this returns when the link is up (so it keeps
+        its place among the caller's sends); what it returns waits for the ACK. A receive
+        ring's handler sends this way the messages whose ACK changes nothing, and goes on
+        with the next message meanwhile: a burst of N costs one round trip, not N."""
+        peer = self._owner.get(dst_accel)
+        conn = self._conns.get(peer) if peer is not None else None
+        if conn is None or src_accel not in self._local_accels:
+            return self.send(src_accel, dst_accel, dwords)
+        seq = conn.session.send_message(src_accel, dst_accel, dwords)
+        waiter = conn.waiters[seq] = _Waiter()
+        conn.flush()
+        return self._wait_ack(peer, conn, seq, waiter)
+
+    async def _wait_ack(self, peer: str, conn: _Conn, seq: int, waiter: _Waiter) -> None:
+        with trio.move_on_after(self.ack_timeout):
+            await waiter.event.wait()
+        if not waiter.event.is_set():
+            conn.waiters.pop(seq, None)
+            conn.session.forget(seq)
+        self._check_ack(peer, waiter)
+
+    def _check_ack(self, peer: str, waiter: _Waiter | None) -> None:
         if waiter is None or not waiter.event.is_set():
             raise DrmError(errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
         if waiter.result is None:
