@@ -81,10 +81,10 @@ frames = st.one_of(
     st.just(AuthOk()),
     st.builds(Msg, u32, u16, u16, dwords),
     st.builds(Ack, u32, i32),
-    st.builds(Ping, u64),
+    st.builds(Ping, u64, u32),
     st.builds(Pong, u64),
-    st.builds(Load, u32, u16, u16, u64, u32),
-    st.builds(Store, u32, u16, u16, u64, st.binary(max_size=300)),
+    st.builds(Load, u32, u16, u16, u64, u32, u32),
+    st.builds(Store, u32, u16, u16, u64, st.binary(max_size=300), u32),
     st.builds(Data, u32, i32, st.binary(max_size=300)),
 )
 
@@ -161,7 +161,7 @@ def test_frame_round_trip_and_fast_path_equals_construct(frame: wire.Frame) -> N
 
 
 @given(st.builds(Msg, u32, u16, u16, dwords) | st.builds(Ack, u32, i32)
-       | st.builds(Ping, u64) | st.builds(Pong, u64))
+       | st.builds(Ping, u64, u32) | st.builds(Pong, u64))
 def test_fast_decode_equals_construct_on_any_payload(frame: wire.Frame) -> None:
     payload = encode_frame_construct(frame)[5:]
     assert decode_payload(frame.frame_type, payload, fast=True) == \
@@ -233,8 +233,8 @@ big_frames = st.one_of(
     frames,
     st.builds(lambda seq, st_, n, seed: Data(seq, st_, _big(n, seed)),
               u32, i32, st.integers(60 << 10, 200 << 10), st.integers(0, 255)),
-    st.builds(lambda seq, s, d, a, n, seed: Store(seq, s, d, a, _big(n, seed)),
-              u32, u16, u16, u64, st.integers(60 << 10, 200 << 10), st.integers(0, 255)),
+    st.builds(lambda seq, s, d, a, n, seed, dl: Store(seq, s, d, a, _big(n, seed), dl),
+              u32, u16, u16, u64, st.integers(60 << 10, 200 << 10), st.integers(0, 255), u32),
 )
 
 
