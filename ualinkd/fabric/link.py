@@ -647,7 +647,7 @@ class FabricLink:
                 conn.drop(_LinkDown(f"nothing received for {silent:.1f} s", logging.WARNING))
                 return
             stuck = now - conn.stuck_since
-            if conn.pending and stuck >= self._hb_timeout:
+            if conn.held and stuck >= self._hb_timeout:  # (TLS: `held` while in send_all)
                 conn.drop(_LinkDown(f"peer not reading: {conn.held >> 20} MiB held, none "
                                     f"taken for {stuck:.1f} s", logging.WARNING))
                 return
