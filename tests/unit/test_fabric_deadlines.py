@@ -105,3 +105,13 @@ def test_just_past_the_wait_is_refused(ping_delay: float, after_ping: float, tim
     req = _request(a, b, ping_at=100.0, ping_delay=ping_delay, sent=sent, timeout=timeout)
     margin = min(ANSWER_MARGIN, timeout / 4)
     assert b.expired(req, sent + timeout - margin + late)
+
+
+def test_a_load_keeps_no_margin() -> None:
+    """A LOAD changes nothing: it is refused only once its requester surely gave up (the
+    answer's margin is for stores, whose late answer would hide a change)."""
+    a, b = _pair(0.0, 0.0)
+    req = _request(a, b, ping_at=1.0, ping_delay=0.0, sent=2.0, timeout=2.0, store=False)
+    assert isinstance(req, Load)
+    assert not b.expired(req, 3.9)
+    assert b.expired(req, 4.01)

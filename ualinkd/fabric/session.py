@@ -134,17 +134,20 @@ class Session:
         """Our link clock at `now` (what our PINGs carry)."""
         return math.floor((now - self._origin) * 1000) % CLOCK_MOD
 
-    def deadline_for(self, now: float, give_up: float) -> int:
+    def deadline_for(self, now: float, give_up: float, margin: bool = True) -> int:
         """The Load/Store deadline for a request queued at `now` whose sender stops waiting
         at `give_up` (both our time): on the peer's link clock, a lower bound of it at `now`
-        plus what is left of the wait but the answer's margin. 0 (none) before the peer's
-        first PING; a wait already over gives an already-passed deadline."""
+        plus what is left of the wait, less the answer's margin (`margin`: a STORE, whose
+        late answer would hide a change; a LOAD changes nothing, and is refused only once
+        its sender surely gave up). 0 (none) before the peer's first PING; a wait already
+        over gives an already-passed deadline."""
         if self._peer_clock is None:
             return 0
         peer_ms, received = self._peer_clock
         lower = peer_ms + math.floor((now - received) * 1000)
         left = give_up - now
-        budget = math.floor((left - min(ANSWER_MARGIN, left / 4)) * 1000)
+        keep = min(ANSWER_MARGIN, left / 4) if margin else 0.0
+        budget = math.floor((left - keep) * 1000)
         return (lower + max(budget, -1)) % CLOCK_MOD or CLOCK_MOD - 1
 
     def expired(self, request: Load | Store, now: float) -> bool:
@@ -162,7 +165,9 @@ class Session:
         With `now` and `give_up` (when the sender stops waiting), stamped with a deadline."""
         self._check_stamp(src_accel, dst_accel, outgoing=True)
         seq = self._seq()
-        deadline = 0 if now is None or give_up is None else self.deadline_for(now, give_up)
+        store = not isinstance(length_or_data, int)
+        deadline = (0 if now is None or give_up is None
+                    else self.deadline_for(now, give_up, margin=store))
         if isinstance(length_or_data, int):
             frame: Frame = Load(seq, src_accel, dst_accel, npa_byte_addr, length_or_data,
                                 deadline)
