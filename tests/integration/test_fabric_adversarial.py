@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +40,19 @@ def ctl_all(node) -> dict:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def section_len(node, name: str) -> int:
+    """How many entries `ualinkctl --json all` lists under `name`, for polling while the
+    node changes; -1 when the read tore (a debugfs file longer than one FUSE read is
+    rendered again for each piece, so a read racing a change can see two versions of it:
+    tree.py, reported)."""
+    ctl = os.path.join(os.path.dirname(sys.executable), "ualinkctl")
+    out = subprocess.run([ctl, "--mount", str(node.mount), "--json", "all"],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        return -1
+    return len(json.loads(out.stdout)["accels"][0][name])
 
 
 def peers(node) -> list[dict]:
@@ -117,8 +131,8 @@ def test_revoke_burst_of_2000_loses_nothing_and_spares_a_bystander(tmp_path):
                 by.check()
                 t0 = time.monotonic()
                 ca.close()  # handle_free of 2000 exported BOs: the burst
-                assert wait_until(lambda: len(ctl_all(b)["accels"][0]["imports"]) == 1, 60)
-                assert wait_until(lambda: len(ctl_all(a)["accels"][0]["exports"]) == 1, 60)
+                assert wait_until(lambda: section_len(b, "imports") == 1, 60)
+                assert wait_until(lambda: section_len(a, "exports") == 1, 60)
                 burst = time.monotonic() - t0
                 by.check()
             finally:
@@ -135,7 +149,8 @@ def test_revoke_burst_of_2000_loses_nothing_and_spares_a_bystander(tmp_path):
               f"loads, worst {by.worst * 1000:.0f} ms")
     for log in logs:
         assert "reset (generation" not in log and "dropping" not in log, log[-3000:]
-        assert "never released" not in log and "failed" not in log, log[-3000:]
+        assert "never released" not in log, log[-3000:]
+        assert not re.search(r"sending \w+ to accel \d+ failed", log), log[-3000:]
         assert log.count("was full") <= 4, log[-3000:]  # one line per episode, not per message
 
 
