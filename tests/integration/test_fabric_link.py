@@ -268,6 +268,39 @@ async def test_a_full_ring_holds_messages_without_blocking_the_acks_behind_them(
     assert pod.got["a"] == [(2, 0, (9, 0, 0, 0))]
 
 
+async def test_acknowledged_messages_are_delivered_after_the_link_goes_down(pod: Pod) -> None:
+    """Issue 10 item 4: messages b acknowledged while its ring was full are delivered even
+    when the link drops before the ring has room (the sender was told they were taken)."""
+    got: list[int] = []
+    ring_free = trio.Event()
+    links: dict[str, FabricLink] = {}
+
+    def on_message(src: int, dst: int, dwords: tuple[int, ...]):
+        if ring_free.is_set():
+            got.append(dwords[1])
+            return None
+
+        async def full_ring() -> None:
+            await ring_free.wait()
+            got.append(dwords[1])
+        return full_ring()
+
+    a = await pod.start("a")
+    links["b"] = await pod.start("b", on_message=on_message)
+    await wait_until(lambda: a.is_up("b"))
+    async with trio.open_nursery() as n:
+        for i in range(10):
+            n.start_soon(a.send, 0, 2, (3, i, 0, 0))
+            await trio.sleep(0)
+    conn = links["b"]._conns["a"]
+    assert len(conn.inbox) == 10  # all ACKed, none delivered
+    await a.aclose()
+    await wait_until(lambda: not links["b"].is_up("a"))
+    ring_free.set()
+    await wait_until(lambda: len(got) == 10)
+    assert got == list(range(10))
+
+
 # ---- misbehaving peers ----------------------------------------------------------------------
 
 async def _hello(stream: trio.SocketStream, hello: AuthHello) -> None:

@@ -143,9 +143,9 @@ class _Conn:
         self.deferred: deque[Load | Store] = deque()  # requests waiting for `held` to drop
         self.deferred_bytes = 0
         self.room = trio.Event()  # set when `deferred` is no longer full
-        # Acknowledged messages their ring could not take yet, in order: (src, dst, dwords),
-        # or for the first, what to await until it is in (FabricLink._deliver).
-        self.inbox: deque[tuple[int, int, Dwords] | Awaitable[None]] = deque()
+        # Acknowledged messages their ring could not take yet, in order: (src, dst, dwords,
+        # what to await until it is in, if on_message already said; FabricLink._deliver).
+        self.inbox: deque[tuple[int, int, Dwords, Awaitable[None] | None]] = deque()
         self.inbox_wake = trio.Event()
         self.inbox_room = trio.Event()
         self.paused = False  # the reader waits (for the inbox or `deferred`), not reading
@@ -537,9 +537,9 @@ class FabricLink:
     def _dispatch(self, conn: _Conn, ev: object) -> None:
         if isinstance(ev, MessageReceived):
             if conn.inbox:  # behind those already waiting
-                conn.inbox.append((ev.src_accel, ev.dst_accel, ev.dwords))
+                conn.inbox.append((ev.src_accel, ev.dst_accel, ev.dwords, None))
             elif (wait := self._on_message(ev.src_accel, ev.dst_accel, ev.dwords)) is not None:
-                conn.inbox.append(wait)
+                conn.inbox.append((ev.src_accel, ev.dst_accel, ev.dwords, wait))
                 conn.inbox_wake.set()
         elif isinstance(ev, AckReceived | DataReceived):
             waiter = conn.waiters.pop(ev.seq, None)
@@ -568,19 +568,22 @@ class FabricLink:
             while not conn.inbox:
                 conn.inbox_wake = trio.Event()
                 await conn.inbox_wake.wait()
-            head = conn.inbox[0]
-            wait = self._on_message(*head) if isinstance(head, tuple) else head
-            if wait is not None:
-                await wait
-            conn.inbox.popleft()
+            await self._deliver_head(conn)
             conn.inbox_room.set()
+
+    async def _deliver_head(self, conn: _Conn) -> None:
+        src, dst, dwords, wait = conn.inbox[0]
+        # Cancelled while it waits (the link went down): not delivered, and tried afresh.
+        conn.inbox[0] = (src, dst, dwords, None)
+        if wait is None:
+            wait = self._on_message(src, dst, dwords)
+        if wait is not None:
+            await wait
+        conn.inbox.popleft()
 
     async def _deliver_rest(self, conn: _Conn) -> None:
         while conn.inbox:
-            head = conn.inbox.popleft()
-            wait = self._on_message(*head) if isinstance(head, tuple) else head
-            if wait is not None:
-                await wait
+            await self._deliver_head(conn)
 
     def _serve(self, conn: _Conn, req: Load | Store) -> None:
         session = conn.session
