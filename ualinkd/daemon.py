@@ -309,9 +309,10 @@ async def run_node(
     )
     agent: UalinkAgent | None = None
 
-    def on_message(src: int, dst: int, dwords: tuple[int, int, int, int]) -> None:
+    def on_message(src: int, dst: int, dwords: tuple[int, int, int, int]
+                   ) -> Awaitable[None] | None:
         assert agent is not None
-        agent.on_message(src, dst, dwords)
+        return agent.on_message(src, dst, dwords)
 
     def on_request(peer: str, req: Load | Store) -> tuple[int, list[memoryview]]:
         assert agent is not None
@@ -325,7 +326,8 @@ async def run_node(
     link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
                       on_request=on_request, ssl_context=server_tls,
                       ssl_client_context=client_tls)
-    agent = UalinkAgent(core, link.send, config.response_timeout_ms / 1000, link.request)
+    agent = UalinkAgent(core, link.send, config.response_timeout_ms / 1000, link.request,
+                        send_queued=link.send_queued)
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_links = lambda: {p: link.is_up(p) for p in peers}
     clear_stale_mount(mount)

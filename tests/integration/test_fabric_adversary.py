@@ -131,7 +131,7 @@ def refusals(node: Node) -> list[str]:
     return [ln for ln in node.log_text().splitlines() if "refused" in ln]
 
 
-STORE_HEADER = struct.pack("<IBIHHQ", 17 + MIB, FrameType.STORE, 1, 0, 1, 0)  # 21 bytes
+STORE_HEADER = struct.pack("<IBIHHQI", 21 + MIB, FrameType.STORE, 1, 0, 1, 0, 0)  # 25 bytes
 
 
 def test_store_header_flood_before_auth_costs_no_memory(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from ualinkd.fabric.wire import (
     FrameDecoder,
     Load,
     Msg,
+    Ping,
     Store,
     encode_frame,
 )
@@ -69,10 +70,12 @@ class Pod:
         self.got: dict[str, list[tuple[int, int, tuple[int, ...]]]] = {}
         self.states: list[tuple[str, str, bool]] = []
 
-    async def start(self, name: str, cfg: PodConfig | None = None, **kw: object) -> FabricLink:
+    async def start(self, name: str, cfg: PodConfig | None = None, on_message=None,
+                    **kw: object) -> FabricLink:
         got = self.got.setdefault(name, [])
         kw = {"connect_backoff": (0.01, 0.05), "handshake_timeout": 0.5, **kw}
-        link = FabricLink(cfg or self.cfg, name, lambda s, d, w: got.append((s, d, w)),
+        link = FabricLink(cfg or self.cfg, name,
+                          on_message or (lambda s, d, w: got.append((s, d, w))),
                           on_peer_state=lambda p, up: self.states.append((name, p, up)),
                           **kw)  # type: ignore[arg-type]
         port = await self.nursery.start(link.run)
@@ -97,12 +100,16 @@ async def wait_until(pred: Callable[[], bool], timeout: float = 2.0) -> None:
             await trio.sleep(0.002)
 
 
-async def read_frame(stream: trio.abc.Stream, dec: FrameDecoder) -> Frame:
-    while (f := dec.next_frame()) is NEED_DATA:
-        data = await stream.receive_some(4096)
-        assert data, "peer closed"
-        dec.receive_data(data)
-    return f  # type: ignore[return-value]
+async def read_frame(stream: trio.abc.Stream, dec: FrameDecoder,
+                     pings: bool = False) -> Frame:
+    """The next frame; the link's heartbeat PINGs (one as soon as it is up) are skipped."""
+    while True:
+        while (f := dec.next_frame()) is NEED_DATA:
+            data = await stream.receive_some(4096)
+            assert data, "peer closed"
+            dec.receive_data(data)
+        if pings or not isinstance(f, Ping):
+            return f  # type: ignore[return-value]
 
 
 async def raw_auth(port: int, cfg: PodConfig, name: str, peer: str,
@@ -230,6 +237,83 @@ async def test_nonzero_ack_status_is_ecomm(pod: Pod) -> None:
             await c.send(4, 0, DW)
     assert e.value.errno == errno.ECOMM
     await stream.aclose()
+
+
+async def test_a_full_ring_holds_messages_without_blocking_the_acks_behind_them(
+        pod: Pod, monkeypatch) -> None:
+    """Issue 10 item 4 (§5.1): b's ring takes nothing until the handler of b's first message
+    has sent a message to a and had its ACK, which comes back behind a's 60 further messages:
+    b keeps reading (the acknowledged messages wait in the link's inbox, in order), so the
+    ACK arrives and nothing is lost. With the inbox full (INBOX_MAX) b stops reading, and
+    reads on once there is room."""
+    import ualinkd.fabric.link as link_mod
+
+    monkeypatch.setattr(link_mod, "INBOX_MAX", 40)
+    got: list[int] = []
+    ring_free = trio.Event()
+    handler_sent: list[object] = []
+    links: dict[str, FabricLink] = {}
+
+    def on_message(src: int, dst: int, dwords: tuple[int, ...]):
+        if not ring_free.is_set():
+            async def full_ring() -> None:
+                if not handler_sent:  # the first message's handler talks back to a
+                    handler_sent.append(None)
+                    await links["b"].send(2, 0, (9, 0, 0, 0))
+                    handler_sent[0] = "acked"
+                await ring_free.wait()
+                got.append(dwords[1])
+            return full_ring()
+        got.append(dwords[1])
+        return None
+
+    a = await pod.start("a", ack_timeout=5.0)
+    links["b"] = await pod.start("b", on_message=on_message, ack_timeout=5.0)
+    await wait_until(lambda: a.is_up("b"))
+    async with trio.open_nursery() as n:
+        for i in range(61):
+            n.start_soon(a.send, 0, 2, (3, i, 0, 0))
+            await trio.sleep(0)
+        await wait_until(lambda: handler_sent == ["acked"])  # not stuck behind the 60
+        b_conn = links["b"]._conns["a"]
+        await wait_until(lambda: b_conn.paused)  # inbox full: reading stopped
+        assert len(b_conn.inbox) == 40
+        ring_free.set()
+    assert got == list(range(61))  # every message, in order
+    assert pod.got["a"] == [(2, 0, (9, 0, 0, 0))]
+
+
+async def test_acknowledged_messages_are_delivered_after_the_link_goes_down(pod: Pod) -> None:
+    """Issue 10 item 4: messages b acknowledged while its ring was full are delivered even
+    when the link drops before the ring has room (the sender was told they were taken)."""
+    got: list[int] = []
+    ring_free = trio.Event()
+    links: dict[str, FabricLink] = {}
+
+    def on_message(src: int, dst: int, dwords: tuple[int, ...]):
+        if ring_free.is_set():
+            got.append(dwords[1])
+            return None
+
+        async def full_ring() -> None:
+            await ring_free.wait()
+            got.append(dwords[1])
+        return full_ring()
+
+    a = await pod.start("a")
+    links["b"] = await pod.start("b", on_message=on_message)
+    await wait_until(lambda: a.is_up("b"))
+    async with trio.open_nursery() as n:
+        for i in range(10):
+            n.start_soon(a.send, 0, 2, (3, i, 0, 0))
+            await trio.sleep(0)
+    conn = links["b"]._conns["a"]
+    assert len(conn.inbox) == 10  # all ACKed, none delivered
+    await a.aclose()
+    await wait_until(lambda: not links["b"].is_up("a"))
+    ring_free.set()
+    await wait_until(lambda: len(got) == 10)
+    assert got == list(range(10))
 
 
 # ---- misbehaving peers ----------------------------------------------------------------------

@@ -81,10 +81,10 @@ frames = st.one_of(
     st.just(AuthOk()),
     st.builds(Msg, u32, u16, u16, dwords),
     st.builds(Ack, u32, i32),
-    st.builds(Ping, u64),
+    st.builds(Ping, u64, u32),
     st.builds(Pong, u64),
-    st.builds(Load, u32, u16, u16, u64, u32),
-    st.builds(Store, u32, u16, u16, u64, st.binary(max_size=300)),
+    st.builds(Load, u32, u16, u16, u64, u32, u32),
+    st.builds(Store, u32, u16, u16, u64, st.binary(max_size=300), u32),
     st.builds(Data, u32, i32, st.binary(max_size=300)),
 )
 
@@ -161,7 +161,7 @@ def test_frame_round_trip_and_fast_path_equals_construct(frame: wire.Frame) -> N
 
 
 @given(st.builds(Msg, u32, u16, u16, dwords) | st.builds(Ack, u32, i32)
-       | st.builds(Ping, u64) | st.builds(Pong, u64))
+       | st.builds(Ping, u64, u32) | st.builds(Pong, u64))
 def test_fast_decode_equals_construct_on_any_payload(frame: wire.Frame) -> None:
     payload = encode_frame_construct(frame)[5:]
     assert decode_payload(frame.frame_type, payload, fast=True) == \
@@ -205,12 +205,12 @@ def test_oversized_length_refused_before_its_payload_arrives() -> None:
 
 
 def _store_header(length: int = 1 << 20) -> bytes:
-    """The 21 bytes that start a STORE of `length` data bytes (its data never follows)."""
-    return struct.pack("<IBIHHQ", 17 + length, wire.FrameType.STORE, 1, 0, 2, 0)
+    """The 25 bytes that start a STORE of `length` data bytes (its data never follows)."""
+    return struct.pack("<IBIHHQI", 21 + length, wire.FrameType.STORE, 1, 0, 2, 0, 0)
 
 
 def test_full_decoder_collects_a_large_store_from_its_header() -> None:
-    """What the data plane does, and why a decoder before authentication must not: a 21-byte
+    """What the data plane does, and why a decoder before authentication must not: a 25-byte
     STORE header makes the decoder allocate the whole payload buffer."""
     dec = FrameDecoder()
     dec.receive_data(_store_header())
@@ -220,8 +220,8 @@ def test_full_decoder_collects_a_large_store_from_its_header() -> None:
 
 
 @pytest.mark.parametrize(("raw", "why"), [
-    (_store_header(), "frame length 1048593 outside 1..512"),
-    (_store_header()[:4], "frame length 1048593 outside 1..512"),  # refused at the length
+    (_store_header(), "frame length 1048597 outside 1..512"),
+    (_store_header()[:4], "frame length 1048597 outside 1..512"),  # refused at the length
     (_store_header(100), "STORE frame before the handshake finished"),
     (encode_frame(Msg(1, 0, 2, (1, 2, 3, 4))), "MSG frame before the handshake finished"),
     (encode_frame(Load(1, 0, 2, 0, 1 << 20)), "LOAD frame before the handshake finished"),
@@ -292,8 +292,8 @@ big_frames = st.one_of(
     frames,
     st.builds(lambda seq, st_, n, seed: Data(seq, st_, _big(n, seed)),
               u32, i32, st.integers(60 << 10, 200 << 10), st.integers(0, 255)),
-    st.builds(lambda seq, s, d, a, n, seed: Store(seq, s, d, a, _big(n, seed)),
-              u32, u16, u16, u64, st.integers(60 << 10, 200 << 10), st.integers(0, 255)),
+    st.builds(lambda seq, s, d, a, n, seed, dl: Store(seq, s, d, a, _big(n, seed), dl),
+              u32, u16, u16, u64, st.integers(60 << 10, 200 << 10), st.integers(0, 255), u32),
 )
 
 

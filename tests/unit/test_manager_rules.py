@@ -236,3 +236,36 @@ def test_messages_are_taken_from_the_accels_of_the_activation():
     mgr.active_snapshot = frozenset({0, 1})  # as after an activation with the new bitmap
     mgr.receive(2, p.NpaReq(p.handle_lo_bits(lo), hi))
     assert mgr.take_effects() == []  # dropped (and logged)
+
+
+def test_a_flood_of_one_cause_is_logged_with_a_count(caplog):
+    """Issue 10 item 4: 2000 NPA_RELEASEs for handles nobody revokes (a burst that outlived
+    its revokes) log the first and then the 10th, 100th, 1000th with the count, not 2000
+    lines; and a revoke timing out towards an importer that never released logs once, with
+    the connection reset, counting the other revokes waiting on it."""
+    import logging
+
+    core, mgr, f, h, lo, hi = exporter()
+    with caplog.at_level(logging.INFO, "ualinkd.ualink.manager"):
+        for i in range(2000):
+            mgr.receive(1, p.NpaRelease((i + 1) << 10, 7))
+    lines = [r.getMessage() for r in caplog.records if "NPA_RELEASE" in r.getMessage()]
+    assert len(lines) == 4
+    assert lines[-1].endswith("(1000 times so far)")
+    caplog.clear()
+    entries = []
+    for _ in range(5):  # five exports imported by accel 1, all revoked, none released
+        g = gem_create(f, size=1 << 20)
+        elo, ehi = ualink_export(f, g)
+        request(mgr, 1, elo, ehi)
+        entries.append(mgr.exports[elo])
+    for entry in entries:
+        mgr.revoke(entry.bo)
+    mgr.take_effects()
+    with caplog.at_level(logging.INFO, "ualinkd.ualink.manager"):
+        for entry in entries:
+            assert mgr.revoke_finish(entry) == [1]
+    never = [r.getMessage() for r in caplog.records if "never released" in r.getMessage()]
+    assert len(never) == 1 and "nor 4 other handles" in never[0]
+    assert mgr.conn(1).state == ConnState.NOT_READY
+    mgr.check_invariants()

@@ -36,16 +36,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SendFn = Callable[[int, int, p.Dwords], Awaitable[None]]
+# Queues the message at once (its order fixed); the awaitable waits for the ACK.
+SendQueuedFn = Callable[[int, int, p.Dwords], Awaitable[None]]
 # (src accel, dst accel, NPA byte address, length to load | bytes to store) -> loaded bytes
 RequestFn = Callable[[int, int, int, "int | bytes"], Awaitable[bytes | bytearray]]
 CHUNK = 1 << 20  # data-plane transfers are split into chunks this big ...
 IN_FLIGHT = 4  # ... with this many outstanding at once per transfer
+RING_SIZE = 1024  # messages queued per local accel; past it the link stops reading
 
 
 class UalinkAgent:
     def __init__(self, core: NodeCore, send: SendFn, response_timeout: float,
-                 request: RequestFn | None = None) -> None:
+                 request: RequestFn | None = None, ring_size: int = RING_SIZE,
+                 send_queued: SendQueuedFn | None = None) -> None:
         self.core = core
+        self._send_queued = send_queued
+        self.ring_size = ring_size
+        # accel -> times the link waited for room in its full ring since it last emptied
+        self._ring_waits: dict[int, int] = {}
         self._send = send
         self._request = request
         self.timeout = response_timeout
@@ -119,24 +127,29 @@ class UalinkAgent:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for mgr in self.core.managers.values():
-                tx, rx = trio.open_memory_channel[tuple[int, p.Message]](1024)
+                tx, rx = trio.open_memory_channel[tuple[int, p.Message]](self.ring_size)
                 self._rx[mgr.accel_id] = tx
                 nursery.start_soon(self._receive_loop, mgr, rx)
             task_status.started()
             await trio.sleep_forever()
 
     # -- receiving -------------------------------------------------------------------------
-    def on_message(self, src: int, dst: int, dwords: p.Dwords) -> None:
-        """Called by the link once it has acknowledged a message (§5.1)."""
+    def on_message(self, src: int, dst: int, dwords: p.Dwords) -> Awaitable[None] | None:
+        """Called by the link once it has acknowledged a message (§5.1), in arrival order.
+        An acknowledged message is never dropped: when `dst`'s ring is full this returns
+        what to await until it is queued, and the link reads nothing more from that peer
+        meanwhile (back-pressure: TCP slows the sender down)."""
         tx = self._rx.get(dst)
         if tx is None:
             log.warning("message from accel %d for accel %d, which is not ours", src, dst)
-            return
+            return None
+        item = (src, p.decode_message(dwords))
         try:
-            tx.send_nowait((src, p.decode_message(dwords)))
+            tx.send_nowait(item)
         except trio.WouldBlock:
-            log.warning("accel %d: receive ring full, dropping a message from accel %d",
-                        dst, src)
+            self._ring_waits[dst] = self._ring_waits.get(dst, 0) + 1
+            return tx.send(item)
+        return None
 
     async def _receive_loop(
         self, mgr: UalinkManager, rx: trio.MemoryReceiveChannel[tuple[int, p.Message]]
@@ -144,13 +157,25 @@ class UalinkAgent:
         async for src, msg in rx:
             mgr.receive(src, msg)
             await self._run_effects(mgr, inline=True)
+            if rx.statistics().current_buffer_used == 0 and self._ring_waits.get(mgr.accel_id):
+                # One line per episode of a full ring, not one per message that waited.
+                log.info("accel %d: receive ring (%d messages) was full; %d messages waited "
+                         "for room (none dropped)", mgr.accel_id, self.ring_size,
+                         self._ring_waits.pop(mgr.accel_id))
 
     # -- effects ------------------------------------------------------------------------------
     async def _run_effects(self, mgr: UalinkManager, inline: bool) -> None:
         while effects := mgr.take_effects():
             for eff in effects:
                 if isinstance(eff, Send) and inline:
-                    await self._do_send(mgr, eff)
+                    if (eff.tag is None and self._send_queued is not None
+                            and self._nursery is not None and mgr.accel_active):
+                        # Nothing waits on its outcome (NPA_RELEASE, NPA_FAIL): queued now,
+                        # in order, and the ring goes on while the ACK comes.
+                        wait = self._send_queued(mgr.accel_id, eff.dst, eff.msg.encode())
+                        self._nursery.start_soon(self._finish_send, mgr, eff, wait)
+                    else:
+                        await self._do_send(mgr, eff)
                 else:
                     self._dispatch(mgr, eff)
 
@@ -190,6 +215,15 @@ class UalinkAgent:
         except DrmError as e:
             err = e
         mgr.on_sent(eff, err)
+
+    async def _finish_send(self, mgr: UalinkManager, eff: Send, wait: Awaitable[None]) -> None:
+        err: DrmError | None = None
+        try:
+            await wait
+        except DrmError as e:
+            err = e
+        mgr.on_sent(eff, err)
+        await self._run_effects(mgr, inline=False)
 
     async def _send_then_drain(self, mgr: UalinkManager, eff: Send) -> None:
         await self._do_send(mgr, eff)

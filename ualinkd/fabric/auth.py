@@ -42,7 +42,8 @@ from .wire import (
     RemoteProtocolError,
 )
 
-PROTOCOL_VERSION: Final = 1
+# 2: pairwise link keys (auth), the link clock in PING and deadlines in LOAD/STORE (wire).
+PROTOCOL_VERSION: Final = 2
 HANDSHAKE_TIMEOUT: Final = 5.0
 NONCE_CACHE_SIZE: Final = 65536
 _SERVER_LABEL: Final = b"ualinkd-fabric-v1 server"

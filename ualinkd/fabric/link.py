@@ -9,6 +9,14 @@ address (more are closed at once), and each has HANDSHAKE_TIMEOUT to finish. Ref
 logged one line per cause: the first at once, the rest as a count every REFUSAL_LOG_INTERVAL.
 A new connection never replaces a live link to the same peer: the old link is probed, and
 only if it misses two heartbeats does the newcomer take over; else the newcomer is refused.
+
+What a link holds is bounded, and a full bound stops reading, never drops what the peer sent
+in order. A message whose receive ring is full waits in the link's inbox (acknowledged, in
+order, up to INBOX_MAX), past which the reader waits too and TCP slows the sender; the inbox
+lets the reader reach the ACKs that the ring's own handlers wait for. Data-plane answers held
+for a peer that does not take them are capped at HOLD_MAX, past which its requests wait
+unserved (DEFER_MAX of them), then reading stops; a peer that takes nothing for the
+heartbeat timeout is dropped as not reading.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ import re
 import secrets
 import socket
 import ssl
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -52,7 +61,9 @@ from .wire import (
 
 log = logging.getLogger(__name__)
 
-OnMessage = Callable[[int, int, Dwords], None]
+# May return an awaitable: the message is taken once it completes, and nothing more is read
+# from that peer meanwhile (back-pressure).
+OnMessage = Callable[[int, int, Dwords], Awaitable[None] | None]
 OnPeerState = Callable[[str, bool], None]
 # -> (status: 0 or -errno, the loaded bytes as buffers to send as they are)
 OnRequest = Callable[[str, Load | Store], tuple[int, list[memoryview]]]
@@ -64,6 +75,13 @@ HANDSHAKE_RECEIVE_SIZE = 4096  # handshake frames are at most HANDSHAKE_MAX_FRAM
 MAX_PENDING_HANDSHAKES = 512
 MAX_PENDING_PER_ADDRESS = 64
 REFUSAL_LOG_INTERVAL = 5.0
+# Per connection: bytes of answers held for a peer (beyond its socket buffers) before its
+# further requests wait unserved; how many may wait (and their STORE bytes) before reading
+# from it stops. A few transfers' worth of chunks (agent.CHUNK, agent.IN_FLIGHT).
+HOLD_MAX = 16 << 20
+INBOX_MAX = 4096  # acknowledged messages waiting for their ring, per connection
+DEFER_MAX = 1024
+DEFER_MAX_BYTES = 16 << 20
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -135,6 +153,19 @@ class _Conn:
         self.wake = trio.Event()
         self.writing = False
         self.pending: list[Buffer] = []  # bytes the socket did not take yet, in order
+        self.held = 0  # their length
+        self.stuck_since = trio.current_time()  # since when `pending` has not shrunk
+        self.deferred: deque[Load | Store] = deque()  # requests waiting for `held` to drop
+        self.deferred_bytes = 0
+        self.room = trio.Event()  # set when `deferred` is no longer full
+        # Acknowledged messages their ring could not take yet, in order: (src, dst, dwords,
+        # what to await until it is in, if on_message already said; FabricLink._deliver).
+        self.inbox: deque[tuple[int, int, Dwords, Awaitable[None] | None]] = deque()
+        self.inbox_wake = trio.Event()
+        self.inbox_room = trio.Event()
+        self.paused = False  # the reader waits (for the inbox or `deferred`), not reading
+        self.not_reading_logged = False
+        self.expired = 0  # requests refused past their deadline
         self.waiters: dict[int, _Waiter] = {}
         self.pings: dict[int, _Waiter] = {}
         self.last_rx = trio.current_time()
@@ -158,22 +189,34 @@ class _Conn:
 
     def write_now(self) -> None:
         """Write what is queued without blocking; hold the rest in `pending`."""
-        bufs = self.pending + self.session.data_to_send_parts()
-        self.pending = []
+        new = self.session.data_to_send_parts()
+        bufs = self.pending + new
+        total = self.held + sum(len(b) for b in new)
+        self.pending, self.held = [], 0
+        written = 0
         try:
             while bufs:
-                bufs = _advance(bufs, os.writev(self.fd, bufs[:_IOV_MAX]))
+                n = os.writev(self.fd, bufs[:_IOV_MAX])
+                written += n
+                bufs = _advance(bufs, n)
         except BlockingIOError:
             pass
         except OSError as e:
-            bufs = []
+            bufs, total = [], 0
             self.drop(_LinkDown(f"send failed: {e!r}"))
-        self._hold(bufs)
+        if written:
+            self.stuck_since = trio.current_time()
+        self._hold(bufs, total - written)
 
-    def _hold(self, bufs: list[Buffer]) -> None:
-        """Keep `bufs` for the writer, as they are now: a LOAD's answer is views of the BO's
-        memory, and what it sends must be the bytes at the time it was served."""
+    def _hold(self, bufs: list[Buffer], size: int | None = None) -> None:
+        """Keep `bufs` (`size` bytes) for the writer, as they are now: a LOAD's answer is
+        views of the BO's memory, and what it sends must be the bytes when it was served."""
+        if not bufs:
+            return
+        if not self.pending:
+            self.stuck_since = trio.current_time()
         self.pending += [bytes(b) if isinstance(b, memoryview) else b for b in bufs]
+        self.held += sum(len(b) for b in bufs) if size is None else size
 
     def drop(self, reason: _LinkDown) -> None:
         if self.down is None:
@@ -325,6 +368,7 @@ class FabricLink:
         self._refusals = _Refusals(node_name, REFUSAL_LOG_INTERVAL)
         self._progress = trio.lowlevel.ParkingLot()
         self._scope: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
         self._closed = False
         self.port: int | None = None
@@ -356,6 +400,7 @@ class FabricLink:
                 self.port = listeners[0].socket.getsockname()[1]
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._refusals.run)
+                    self._nursery = nursery
                     for listener in listeners:
                         nursery.start_soon(self._accept_loop, listener, nursery)
                     for peer in self._peers:
@@ -550,7 +595,8 @@ class FabricLink:
     # -- an established connection -----------------------------------------------------------
     async def _run_conn(self, peer: str, stream: trio.abc.Stream, decoder: FrameDecoder,
                         label: str) -> None:
-        session = Session(peer, self._accels[peer], self._local_accels, decoder)
+        session = Session(peer, self._accels[peer], self._local_accels, decoder,
+                          now=trio.current_time())
         conn = _Conn(peer, stream, session, label)
         old = self._conns.get(peer)
         if old is not None:  # the peer redialed: its old connection is dead to it
@@ -564,6 +610,7 @@ class FabricLink:
             with conn.scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._reader, conn)
+                    nursery.start_soon(self._deliver, conn)
                     nursery.start_soon(self._writer, conn)
                     nursery.start_soon(self._heartbeat, conn)
         finally:
@@ -576,10 +623,15 @@ class FabricLink:
                 if self._on_peer_state is not None:
                     self._on_peer_state(peer, False)
             down = conn.down or _LinkDown("closed")
+            if conn.expired > 1:
+                log.info("fabric %s: %d requests from %s refused past their deadline",
+                         self.node_name, conn.expired, peer)
             if not self._closed or down.level > logging.INFO:
                 log.log(down.level, "fabric %s: link to %s (%s) down: %s",
                         self.node_name, peer, label, down)
             self._progress.unpark_all()
+            if conn.inbox and self._nursery is not None:
+                self._nursery.start_soon(self._deliver_rest, conn)
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 
@@ -594,9 +646,19 @@ class FabricLink:
         try:
             while True:
                 # Frames first: the handshake's last read may have brought some already.
-                while not isinstance(ev := session.next_event(), _NeedData):
+                while not isinstance(ev := session.next_event(trio.current_time()), _NeedData):
                     conn.flush()  # the ACK of a MSG goes out ahead of anything it causes
                     self._dispatch(conn, ev)
+                    while len(conn.inbox) >= INBOX_MAX:  # rings full: read nothing more
+                        conn.paused = True
+                        conn.inbox_room = trio.Event()
+                        await conn.inbox_room.wait()
+                        conn.paused = False
+                    while len(conn.deferred) >= DEFER_MAX or conn.deferred_bytes >= DEFER_MAX_BYTES:
+                        conn.paused = True  # the peer does not take its answers: read no more
+                        conn.room = trio.Event()
+                        await conn.room.wait()
+                        conn.paused = False
                 conn.flush()
                 if not waited:
                     await trio.lowlevel.checkpoint()  # a busy link must not starve the rest
@@ -632,7 +694,11 @@ class FabricLink:
 
     def _dispatch(self, conn: _Conn, ev: object) -> None:
         if isinstance(ev, MessageReceived):
-            self._on_message(ev.src_accel, ev.dst_accel, ev.dwords)
+            if conn.inbox:  # behind those already waiting
+                conn.inbox.append((ev.src_accel, ev.dst_accel, ev.dwords, None))
+            elif (wait := self._on_message(ev.src_accel, ev.dst_accel, ev.dwords)) is not None:
+                conn.inbox.append((ev.src_accel, ev.dst_accel, ev.dwords, wait))
+                conn.inbox_wake.set()
         elif isinstance(ev, AckReceived | DataReceived):
             waiter = conn.waiters.pop(ev.seq, None)
             if waiter is not None:
@@ -643,11 +709,64 @@ class FabricLink:
                 waiter.set(ev)
         elif isinstance(ev, RequestReceived):
             req = ev.request
-            if self._on_request is None:
-                conn.session.send_data(req.seq, -errno.EOPNOTSUPP)
+            if conn.deferred or conn.held >= HOLD_MAX:  # in order, behind those waiting
+                if not conn.not_reading_logged:
+                    conn.not_reading_logged = True
+                    log.warning("fabric %s: %s is not taking its answers (%d MiB held for "
+                                "it): its requests wait unserved", self.node_name,
+                                conn.peer, conn.held >> 20)
+                conn.deferred.append(req)
+                conn.deferred_bytes += len(req.data) if isinstance(req, Store) else 0
             else:
-                status, data = self._on_request(conn.peer, req)
-                conn.session.send_data(req.seq, status, data)
+                self._serve(conn, req)
+
+    async def _deliver(self, conn: _Conn) -> None:
+        """Hands the inbox's messages to their rings, in order, as they take them."""
+        while True:
+            while not conn.inbox:
+                conn.inbox_wake = trio.Event()
+                await conn.inbox_wake.wait()
+            await self._deliver_head(conn)
+            conn.inbox_room.set()
+
+    async def _deliver_head(self, conn: _Conn) -> None:
+        src, dst, dwords, wait = conn.inbox[0]
+        # Cancelled while it waits (the link went down): not delivered, and tried afresh.
+        conn.inbox[0] = (src, dst, dwords, None)
+        if wait is None:
+            wait = self._on_message(src, dst, dwords)
+        if wait is not None:
+            await wait
+        conn.inbox.popleft()
+
+    async def _deliver_rest(self, conn: _Conn) -> None:
+        while conn.inbox:
+            await self._deliver_head(conn)
+
+    def _serve(self, conn: _Conn, req: Load | Store) -> None:
+        session = conn.session
+        if session.expired(req, trio.current_time()):
+            conn.expired += 1
+            if conn.expired == 1:  # one line per link; the count when it goes down
+                log.warning("fabric %s: refused a %s from %s past its deadline (its "
+                            "requester had given up)", self.node_name,
+                            type(req).__name__.upper(), conn.peer)
+            session.send_data(req.seq, -errno.ETIME)
+        elif self._on_request is None:
+            session.send_data(req.seq, -errno.EOPNOTSUPP)
+        else:
+            status, data = self._on_request(conn.peer, req)
+            session.send_data(req.seq, status, data)
+
+    def _serve_deferred(self, conn: _Conn) -> None:
+        """Serve waiting requests, in order, while what is held for the peer allows."""
+        while conn.deferred and conn.held < HOLD_MAX and conn.down is None:
+            req = conn.deferred.popleft()
+            conn.deferred_bytes -= len(req.data) if isinstance(req, Store) else 0
+            self._serve(conn, req)
+            conn.flush()
+        if len(conn.deferred) < DEFER_MAX and conn.deferred_bytes < DEFER_MAX_BYTES:
+            conn.room.set()
 
     async def _writer(self, conn: _Conn) -> None:
         """Finishes what `_Conn.flush` could not write at once (all of it, with TLS)."""
@@ -656,29 +775,43 @@ class FabricLink:
                 await conn.wake.wait()
                 conn.wake = trio.Event()
                 conn.writing = True
-                while conn.has_data_to_send:
+                while conn.has_data_to_send or conn.deferred:
                     if conn.sock is not None:
                         await trio.lowlevel.wait_writable(conn.sock)
                         conn.write_now()
                     else:
                         parts = conn.pending + conn.session.data_to_send_parts()
                         conn.pending = []
+                        conn.held = sum(len(p) for p in parts)
                         for part in parts:
                             await conn.stream.send_all(part)
+                            conn.held -= len(part)
+                            conn.stuck_since = trio.current_time()
+                    self._serve_deferred(conn)
                 conn.writing = False
                 self._progress.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             conn.drop(_LinkDown(f"send failed: {e!r}"))
 
     async def _heartbeat(self, conn: _Conn) -> None:
+        """PINGs (carrying our link clock, from the start), and the two ways a link dies
+        quietly: nothing received while reading, nothing taken while answers are held."""
         while True:
+            conn.session.send_ping(secrets.randbits(64), track=False, now=trio.current_time())
+            conn.flush()
             await trio.sleep(self._hb_interval)
-            silent = trio.current_time() - conn.last_rx
+            now = trio.current_time()
+            if conn.paused:  # not reading, on purpose: silence means nothing
+                conn.last_rx = now
+            silent = now - conn.last_rx
             if silent >= self._hb_timeout:
                 conn.drop(_LinkDown(f"nothing received for {silent:.1f} s", logging.WARNING))
                 return
-            conn.session.send_ping(secrets.randbits(64), track=False)
-            conn.flush()
+            stuck = now - conn.stuck_since
+            if conn.held and stuck >= self._hb_timeout:  # (TLS: `held` while in send_all)
+                conn.drop(_LinkDown(f"peer not reading: {conn.held >> 20} MiB held, none "
+                                    f"taken for {stuck:.1f} s", logging.WARNING))
+                return
 
     # -- sending -----------------------------------------------------------------------------
     async def _conn_for(self, dst_accel: int, src_accel: int) -> tuple[str, _Conn]:
@@ -699,16 +832,18 @@ class FabricLink:
             await self._up[peer].wait()
 
     async def _exchange(
-        self, dst_accel: int, src_accel: int, queue: Callable[[Session], int]
+        self, dst_accel: int, src_accel: int, queue: Callable[[Session, float], int]
     ) -> tuple[str, _Waiter | None]:
         """Queue a frame that a seq-numbered reply answers (MSG → ACK, LOAD/STORE → DATA) and
-        wait up to ack_timeout for it. The waiter is None if the link never came up; its
+        wait up to ack_timeout for it (`queue(session, give_up)`: give_up is when the wait
+        ends). The waiter is None if the link never came up; its
         event is unset if no reply came in time."""
         peer = self._owner.get(dst_accel, "?")
         waiter = None
-        with trio.move_on_after(self.ack_timeout):
+        give_up = trio.current_time() + self.ack_timeout
+        with trio.move_on_at(give_up):
             peer, conn = await self._conn_for(dst_accel, src_accel)
-            seq = queue(conn.session)
+            seq = queue(conn.session, give_up)
             waiter = conn.waiters[seq] = _Waiter()
             conn.flush()
             try:
@@ -726,7 +861,32 @@ class FabricLink:
         ECOMM (the peer refused it), EINVAL (no such remote accel), ESHUTDOWN (closed).
         """
         peer, waiter = await self._exchange(
-            dst_accel, src_accel, lambda s: s.send_message(src_accel, dst_accel, dwords))
+            dst_accel, src_accel, lambda s, _: s.send_message(src_accel, dst_accel, dwords))
+        self._check_ack(peer, waiter)
+
+    def send_queued(self, src_accel: int, dst_accel: int, dwords: Dwords) -> Awaitable[None]:
+        """`send`, with the MSG queued before this returns when the link is up (so it keeps
+        its place among the caller's sends); what it returns waits for the ACK. A receive
+        ring's handler sends this way the messages whose ACK changes nothing, and goes on
+        with the next message meanwhile: a burst of N costs one round trip, not N."""
+        peer = self._owner.get(dst_accel)
+        conn = self._conns.get(peer) if peer is not None else None
+        if conn is None or src_accel not in self._local_accels:
+            return self.send(src_accel, dst_accel, dwords)
+        seq = conn.session.send_message(src_accel, dst_accel, dwords)
+        waiter = conn.waiters[seq] = _Waiter()
+        conn.flush()
+        return self._wait_ack(peer, conn, seq, waiter)
+
+    async def _wait_ack(self, peer: str, conn: _Conn, seq: int, waiter: _Waiter) -> None:
+        with trio.move_on_after(self.ack_timeout):
+            await waiter.event.wait()
+        if not waiter.event.is_set():
+            conn.waiters.pop(seq, None)
+            conn.session.forget(seq)
+        self._check_ack(peer, waiter)
+
+    def _check_ack(self, peer: str, waiter: _Waiter | None) -> None:
         if waiter is None or not waiter.event.is_set():
             raise DrmError(errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
         if waiter.result is None:
@@ -747,7 +907,9 @@ class FabricLink:
             raise DrmError(errno.EFAULT, f"{peer} is not reachable")
         peer, waiter = await self._exchange(
             dst_accel, src_accel,
-            lambda s: s.send_request(src_accel, dst_accel, npa_byte_addr, length_or_data))
+            lambda s, give_up: s.send_request(src_accel, dst_accel, npa_byte_addr,
+                                              length_or_data, now=trio.current_time(),
+                                              give_up=give_up))
         if waiter is None or waiter.result is None:
             raise DrmError(errno.EFAULT, f"no answer from {peer}")
         if waiter.result.status != 0:
@@ -768,7 +930,7 @@ class FabricLink:
             token = secrets.randbits(64)
             waiter = conn.pings[token] = _Waiter()
             start = trio.current_time()
-            conn.session.send_ping(token)
+            conn.session.send_ping(token, now=start)
             conn.flush()
             try:
                 await waiter.event.wait()

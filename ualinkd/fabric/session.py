@@ -1,10 +1,20 @@
 """One established (authenticated) fabric link to a peer node, sans-IO in h11's shape: bytes in
 (`receive_data`), events out (`next_event`), frames to send queued as bytes (`data_to_send`).
 It enforces the transport stamp (spec §5.1) and answers MSG with ACK before delivering it.
+
+Time is an input (aioquic's `now`, seconds on the caller's monotonic clock), never read here.
+Each side's link clock is milliseconds since its Session began, mod 2^32; every PING carries
+the sender's. A requester stamps each LOAD/STORE with a deadline on the *receiver's* link
+clock: the latest receiver time by which it could still take the answer, from a lower bound
+of the receiver's clock now (its last PING's clock plus the time since it was received: the
+PING left no later than it arrived). So a receiver that finds a request past its deadline
+knows the requester has given up, and refuses it unserved (`expired`): a store whose
+requester reported an error never changes memory later (README, emulator decisions).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -34,6 +44,11 @@ from .wire import (
 _BIG = 64 << 10  # buffers this large are sent as they are, not joined
 
 SEQ_MOD: Final = 1 << 32
+CLOCK_MOD: Final = 1 << 32  # link clocks in ms wrap after 49 days: compared modulo
+# Of a requester's wait, the part kept back for the answer's way home (a quarter of it, at
+# most ANSWER_MARGIN seconds): a request served later is refused, so that the answer of one
+# served can still arrive in time.
+ANSWER_MARGIN: Final = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +98,11 @@ class Session:
     """
 
     def __init__(self, peer: str, peer_accels: Collection[int], local_accels: Collection[int],
-                 decoder: FrameDecoder | None = None) -> None:
+                 decoder: FrameDecoder | None = None, *, now: float = 0.0) -> None:
         self.peer = peer
+        self._origin = now  # our link clock's zero
+        # The peer's clock from its last PING: (its link clock in ms, our `now` on receipt).
+        self._peer_clock: tuple[int, float] | None = None
         self._peer_accels = frozenset(peer_accels)
         self._local_accels = frozenset(local_accels)
         self._decoder = decoder or FrameDecoder()
@@ -112,15 +130,50 @@ class Session:
         self._outstanding[seq] = FrameType.MSG
         return seq
 
+    def clock(self, now: float) -> int:
+        """Our link clock at `now` (what our PINGs carry)."""
+        return math.floor((now - self._origin) * 1000) % CLOCK_MOD
+
+    def deadline_for(self, now: float, give_up: float, margin: bool = True) -> int:
+        """The Load/Store deadline for a request queued at `now` whose sender stops waiting
+        at `give_up` (both our time): on the peer's link clock, a lower bound of it at `now`
+        plus what is left of the wait, less the answer's margin (`margin`: a STORE, whose
+        late answer would hide a change; a LOAD changes nothing, and is refused only once
+        its sender surely gave up). 0 (none) before the peer's first PING; a wait already
+        over gives an already-passed deadline."""
+        if self._peer_clock is None:
+            return 0
+        peer_ms, received = self._peer_clock
+        lower = peer_ms + math.floor((now - received) * 1000)
+        left = give_up - now
+        keep = min(ANSWER_MARGIN, left / 4) if margin else 0.0
+        budget = math.floor((left - keep) * 1000)
+        return (lower + max(budget, -1)) % CLOCK_MOD or CLOCK_MOD - 1
+
+    def expired(self, request: Load | Store, now: float) -> bool:
+        """Whether `request`'s deadline has passed on our link clock at `now`: its
+        requester no longer waits, so serving it would act on a request reported failed."""
+        if not request.deadline:
+            return False
+        late = (self.clock(now) - request.deadline) % CLOCK_MOD
+        return 0 < late < CLOCK_MOD // 2
+
     def send_request(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
-                     length_or_data: int | bytes) -> int:
-        """Queue a LOAD (an int length) or a STORE (the bytes); returns the seq DATA answers."""
+                     length_or_data: int | bytes, *, now: float | None = None,
+                     give_up: float | None = None) -> int:
+        """Queue a LOAD (an int length) or a STORE (the bytes); returns the seq DATA answers.
+        With `now` and `give_up` (when the sender stops waiting), stamped with a deadline."""
         self._check_stamp(src_accel, dst_accel, outgoing=True)
         seq = self._seq()
+        store = not isinstance(length_or_data, int)
+        deadline = (0 if now is None or give_up is None
+                    else self.deadline_for(now, give_up, margin=store))
         if isinstance(length_or_data, int):
-            frame: Frame = Load(seq, src_accel, dst_accel, npa_byte_addr, length_or_data)
+            frame: Frame = Load(seq, src_accel, dst_accel, npa_byte_addr, length_or_data,
+                                deadline)
         else:
-            frame = Store(seq, src_accel, dst_accel, npa_byte_addr, bytes(length_or_data))
+            frame = Store(seq, src_accel, dst_accel, npa_byte_addr, bytes(length_or_data),
+                          deadline)
         self._queue(frame)
         self._outstanding[seq] = frame.frame_type
         return seq
@@ -134,11 +187,12 @@ class Session:
         else:
             self._out.extend(encode_data_parts(seq, status, data))
 
-    def send_ping(self, token: int, *, track: bool = True) -> None:
-        """Queue a PING; a tracked token comes back as PongReceived, an untracked one is eaten."""
+    def send_ping(self, token: int, *, track: bool = True, now: float | None = None) -> None:
+        """Queue a PING; a tracked token comes back as PongReceived, an untracked one is eaten.
+        It carries our link clock at `now` (the peer stamps its requests from it)."""
         if track:
             self._pings.add(token)
-        self._queue(Ping(token))
+        self._queue(Ping(token, 0 if now is None else self.clock(now)))
 
     def forget(self, seq: int) -> None:
         """The sender stopped waiting for `seq`: a late reply is dropped, not an error."""
@@ -184,11 +238,15 @@ class Session:
     def received_into(self, n: int) -> None:
         self._decoder.received_into(n)
 
-    def next_event(self) -> Event | _NeedData:
+    def next_event(self, now: float | None = None) -> Event | _NeedData:
+        """The next event; `now` is when the bytes were taken in (a PING's clock is dated
+        by it; without it, PINGs give the peer's clock no reading)."""
         while True:
             frame = self._decoder.next_frame()
             if frame is NEED_DATA:
                 return NEED_DATA
+            if now is not None and frame.frame_type == FrameType.PING:
+                self._peer_clock = (frame.clock, now)
             event = self._handle(frame)
             if event is not None:
                 return event

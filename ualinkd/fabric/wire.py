@@ -80,7 +80,7 @@ class AuthHello:
     pod_uuid: uuid.UUID
     node_name: str
     nonce: bytes
-    version: int = 1
+    version: int = 2  # auth.PROTOCOL_VERSION (wire sits below auth)
     frame_type: ClassVar[FrameType] = FrameType.AUTH_HELLO
 
 
@@ -125,7 +125,11 @@ class Ack:
 
 @dataclass(frozen=True, slots=True)
 class Ping:
+    """`clock`: the sender's link clock (ms since its side of the link came up, mod 2^32),
+    from which the receiver stamps its data-plane requests (Session.send_request)."""
+
     token: int
+    clock: int = 0
     frame_type: ClassVar[FrameType] = FrameType.PING
 
 
@@ -137,13 +141,17 @@ class Pong:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """Data plane: read `length` bytes at an NPA byte address of `dst_accel`; answered by DATA."""
+    """Data plane: read `length` bytes at an NPA byte address of `dst_accel`; answered by DATA.
+    `deadline`: on the receiver's link clock, after which the requester no longer waits
+    (0: none); a request served later could change memory after its requester reported
+    an error, so it is refused instead (Session.expired)."""
 
     seq: int
     src_accel: int
     dst_accel: int
     npa_byte_addr: int
     length: int
+    deadline: int = 0
     frame_type: ClassVar[FrameType] = FrameType.LOAD
 
 
@@ -156,6 +164,7 @@ class Store:
     dst_accel: int
     npa_byte_addr: int
     data: bytes | bytearray  # bytearray: a large payload received into its own buffer
+    deadline: int = 0  # as Load.deadline
     frame_type: ClassVar[FrameType] = FrameType.STORE
 
 
@@ -193,11 +202,13 @@ FRAME_PAYLOADS: Final[dict[FrameType, cs.Construct]] = {
     FrameType.AUTH_OK: cs.Struct(cs.Terminated),
     FrameType.MSG: cs.Struct(*_ACCELS, "dwords" / cs.Array(4, cs.Int32ul), cs.Terminated),
     FrameType.ACK: cs.Struct("seq" / cs.Int32ul, "status" / cs.Int32sl, cs.Terminated),
-    FrameType.PING: cs.Struct("token" / cs.Int64ul, cs.Terminated),
+    FrameType.PING: cs.Struct("token" / cs.Int64ul, "clock" / cs.Int32ul, cs.Terminated),
     FrameType.PONG: cs.Struct("token" / cs.Int64ul, cs.Terminated),
     FrameType.LOAD: cs.Struct(
-        *_ACCELS, "npa_byte_addr" / cs.Int64ul, "length" / cs.Int32ul, cs.Terminated),
-    FrameType.STORE: cs.Struct(*_ACCELS, "npa_byte_addr" / cs.Int64ul, "data" / cs.GreedyBytes),
+        *_ACCELS, "npa_byte_addr" / cs.Int64ul, "length" / cs.Int32ul,
+        "deadline" / cs.Int32ul, cs.Terminated),
+    FrameType.STORE: cs.Struct(*_ACCELS, "npa_byte_addr" / cs.Int64ul, "deadline" / cs.Int32ul,
+                               "data" / cs.GreedyBytes),
     FrameType.DATA: cs.Struct("seq" / cs.Int32ul, "status" / cs.Int32sl, "data" / cs.GreedyBytes),
 }
 FRAME_HEADER: Final = cs.Struct("length" / cs.Int32ul, "type" / cs.Int8ul)
@@ -207,12 +218,12 @@ HEADER_SIZE: Final = 5
 _FAST: Final[dict[FrameType, struct.Struct]] = {
     FrameType.MSG: struct.Struct("<IBIHH4I"),
     FrameType.ACK: struct.Struct("<IBIi"),
-    FrameType.PING: struct.Struct("<IBQ"),
+    FrameType.PING: struct.Struct("<IBQI"),
     FrameType.PONG: struct.Struct("<IBQ"),
 }
 # ... and for the data plane, whose payloads can be a megabyte: header struct + raw bytes.
-_LOAD: Final = struct.Struct("<IBIHHQI")
-_STORE_HDR: Final = struct.Struct("<IBIHHQ")
+_LOAD: Final = struct.Struct("<IBIHHQII")
+_STORE_HDR: Final = struct.Struct("<IBIHHQI")
 _DATA_HDR: Final = struct.Struct("<IBIi")
 
 
@@ -259,10 +270,12 @@ def encode_frame(frame: Frame) -> bytes:
                                  frame.dst_accel, *frame.dwords)
             if ft == FrameType.ACK:
                 return fast.pack(fast.size - 4, ft, frame.seq, frame.status)
+            if ft == FrameType.PING:
+                return fast.pack(fast.size - 4, ft, frame.token, frame.clock)
             return fast.pack(fast.size - 4, ft, frame.token)
         if ft == FrameType.LOAD:
             return _LOAD.pack(_LOAD.size - 4, ft, frame.seq, frame.src_accel, frame.dst_accel,
-                              frame.npa_byte_addr, frame.length)
+                              frame.npa_byte_addr, frame.length, frame.deadline)
         if ft in (FrameType.STORE, FrameType.DATA):
             return b"".join(encode_frame_parts(frame))
         payload = FRAME_PAYLOADS[ft].build(_to_fields(frame))
@@ -285,7 +298,8 @@ def encode_frame_parts(frame: Frame) -> tuple[bytes, ...]:
     try:
         if ft == FrameType.STORE:
             head = _STORE_HDR.pack(_STORE_HDR.size - 4 + len(data), ft, frame.seq,
-                                   frame.src_accel, frame.dst_accel, frame.npa_byte_addr)
+                                   frame.src_accel, frame.dst_accel, frame.npa_byte_addr,
+                                   frame.deadline)
         else:
             head = _DATA_HDR.pack(_DATA_HDR.size - 4 + len(data), ft, frame.seq, frame.status)
     except struct.error as e:
@@ -325,12 +339,12 @@ def decode_payload(frame_type: int, payload: bytes, *, fast: bool = True) -> Fra
             return Msg(v[0], v[1], v[2], v[3:7])
         if ft == FrameType.ACK:
             return Ack(v[0], v[1])
-        return FRAME_CLASSES[ft](v[0])
+        return FRAME_CLASSES[ft](*v)
     if fast and ft == FrameType.LOAD and len(payload) == _LOAD.size - HEADER_SIZE:
-        return Load(*struct.unpack_from("<IHHQI", payload))
+        return Load(*struct.unpack_from("<IHHQII", payload))
     if fast and ft == FrameType.STORE and len(payload) >= _STORE_HDR.size - HEADER_SIZE:
         n = _STORE_HDR.size - HEADER_SIZE
-        return Store(*struct.unpack_from("<IHHQ", payload), payload[n:])
+        return _store(struct.unpack_from(_STORE_FMT, payload), payload[n:])
     if fast and ft == FrameType.DATA and len(payload) >= _DATA_HDR.size - HEADER_SIZE:
         n = _DATA_HDR.size - HEADER_SIZE
         return Data(*struct.unpack_from("<Ii", payload), payload[n:])
@@ -340,6 +354,14 @@ def decode_payload(frame_type: int, payload: bytes, *, fast: bool = True) -> Fra
         raise RemoteProtocolError(
             f"bad {ft.name} frame: {len(payload)}-byte payload does not parse") from None
     return _from_fields(ft, c)
+
+
+_STORE_FMT: Final = "<IHHQI"  # a STORE's fields before its data
+
+
+def _store(head: tuple[int, ...], data: bytes | bytearray) -> Store:
+    seq, src, dst, addr, deadline = head
+    return Store(seq, src, dst, addr, data, deadline)
 
 
 class _NeedData:
@@ -440,7 +462,7 @@ class FrameDecoder:
             self._payload, self._filled, self._head = None, 0, ()
             if len(head) == 2:
                 return Data(head[0], head[1], payload)
-            return Store(*head, payload)
+            return _store(head, payload)
         buf, pos = self._buf, self._pos
         if len(buf) - pos < 4:
             return NEED_DATA
@@ -459,7 +481,7 @@ class FrameDecoder:
         if frame_type == FrameType.DATA and length >= _DATA_HDR.size - 4:
             return self._data_plane(pos, end, _DATA_HDR.size, "<Ii")
         if frame_type == FrameType.STORE and length >= _STORE_HDR.size - 4:
-            return self._data_plane(pos, end, _STORE_HDR.size, "<IHHQ")
+            return self._data_plane(pos, end, _STORE_HDR.size, _STORE_FMT)
         if len(buf) < end:
             return NEED_DATA
         payload = bytes(buf[pos + HEADER_SIZE: end])
@@ -479,7 +501,7 @@ class FrameDecoder:
             self._pos = end
             with memoryview(buf) as view:  # one copy, not a bytearray slice and a copy of it
                 data = bytes(view[start:end])
-            return Data(*head, data) if len(head) == 2 else Store(*head, data)
+            return Data(*head, data) if len(head) == 2 else _store(head, data)
         if end - start < _COLLECT_AT:
             return NEED_DATA
         self._payload = bytearray(end - start)

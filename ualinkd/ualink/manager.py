@@ -171,10 +171,22 @@ class UalinkManager:
         self.drop_msg_bitmap = 0  # §5.12
         self.refused_accesses = 0  # data-plane accesses the NPA page table refused
         self._refusals_logged: set[tuple[int, str]] = set()
+        self._repeats: dict[tuple[object, ...], int] = {}  # see _log_repeated
         self.outbox: list[Effect] = []
         self.remote_import: RemoteImport | None = None  # set by the agent when a fabric runs
         self.internal_file = DrmFile(driver.device)  # the driver's internal "ualink" client
         driver.ualink = self
+
+    def _log_repeated(self, key: tuple[object, ...], level: int, fmt: str, *args: object) -> None:
+        """One line per cause, not one per message: the first occurrence of `key` is logged,
+        then the 10th, 100th, … with the count so far (a burst of 2000 revokes towards a
+        dead importer gives four lines, not 2000)."""
+        n = self._repeats.get(key, 0) + 1
+        self._repeats[key] = n
+        if n == 1:
+            log.log(level, fmt, *args)
+        elif n in (10, 100, 1000, 10000) or n % 100000 == 0:
+            log.log(level, fmt + " (%d times so far)", *args, n)
 
     @property
     def accel_id(self) -> int:
@@ -328,9 +340,13 @@ class UalinkManager:
         self.invalid.pop(entry.handle_lo, None)
         for remote in missing:
             gen = records[remote].generation if remote in records else 0
-            log.warning("accel %d: accel %d never released handle %#x; resetting",
-                        self.accel_id, remote, entry.handle_lo)
-            self.connection_reset(remote, ConnState.NOT_READY, gen)
+            if self.connection_reset(remote, ConnState.NOT_READY, gen):
+                # The revokes still waiting on it end the same way: counted in this line.
+                waiting = sum(remote in e.revoke.expected for e in self.invalid.values()
+                              if e.revoke is not None)
+                log.warning("accel %d: accel %d never released handle %#x (nor %d other "
+                            "handles being revoked); resetting the connection", self.accel_id,
+                            remote, entry.handle_lo, waiting)
         return missing
 
     def _free_export(self, entry: ExportEntry) -> None:
@@ -494,8 +510,9 @@ class UalinkManager:
         # bitmap this accel was activated with; anything from another accel is dropped.
         members = self.active_snapshot
         if src not in (members if members is not None else self.vpod.active_accels):
-            log.warning("accel %d: dropping %s from accel %d, which is not in vPod %d",
-                        self.accel_id, type(msg).__name__, src, self.vpod.vpod_id)
+            self._log_repeated(("not-in-vpod", src), logging.WARNING,
+                               "accel %d: dropping %s from accel %d, which is not in vPod %d",
+                               self.accel_id, type(msg).__name__, src, self.vpod.vpod_id)
             return
         if isinstance(msg, p.Hello):
             self._on_hello(src, msg)
@@ -620,8 +637,9 @@ class UalinkManager:
         lo = msg.handle_lo_bits | src
         node = self.imports.get(lo)
         if node is None or node.handle_hi != msg.handle_hi or not node.apply(NodeEvent.REVOKE):
-            log.info("accel %d: NPA_REVOKE for unknown handle %#x from accel %d dropped",
-                     self.accel_id, lo, src)
+            self._log_repeated(("revoke-unknown", src), logging.INFO,
+                               "accel %d: NPA_REVOKE for unknown handle %#x from accel %d "
+                               "dropped", self.accel_id, lo, src)
             return
         self._teardown_node(node)
         release = p.NpaRelease(p.handle_lo_bits(lo), msg.handle_hi)
@@ -631,7 +649,9 @@ class UalinkManager:
         lo = msg.handle_lo_bits | self.accel_id
         entry = self.invalid.get(lo)
         if entry is None or entry.handle_hi != msg.handle_hi or entry.revoke is None:
-            log.info("accel %d: NPA_RELEASE for unknown handle %#x dropped", self.accel_id, lo)
+            self._log_repeated(("release-unknown", src), logging.INFO,
+                               "accel %d: NPA_RELEASE for unknown handle %#x from accel %d "
+                               "dropped", self.accel_id, lo, src)
             return
         if src not in entry.revoke.expected:
             log.warning("accel %d: unexpected NPA_RELEASE from accel %d", self.accel_id, src)
@@ -691,8 +711,10 @@ class UalinkManager:
         tag = send.tag
         if tag is None:
             if err is not None:
-                log.info("accel %d: sending %s to accel %d failed: %s", self.accel_id,
-                         type(send.msg).__name__, send.dst, err.strerror)
+                name = type(send.msg).__name__
+                self._log_repeated(("send-failed", name, send.dst, err.errno), logging.INFO,
+                                   "accel %d: sending %s to accel %d failed: %s",
+                                   self.accel_id, name, send.dst, err.strerror)
             return
         kind = tag[0]
         if kind == "hello_ack":
