@@ -42,7 +42,8 @@ TOP_LEVEL = "the top level"
 KEYS: dict[str, frozenset[str]] = {
     TOP_LEVEL: frozenset({"pod", "nodes", "vpods"}),
     "[pod]": frozenset({"uuid", "key", "size", "kernel_quirks", "response_timeout_ms",
-                        "send_ack_timeout_ms", "tls_ca", "tcp_congestion"}),
+                        "send_ack_timeout_ms", "tls_ca", "tcp_congestion",
+                        "caller_memory_timeout_ms"}),
     "[[nodes]]": frozenset({"name", "address", "accels", "tls_cert", "tls_key"}),
     "[[nodes.accels]]": frozenset({"id", "vram_size", "gtt_size", "stage", "bandwidth",
                                    "latency", "npa_pages", "profile"}),
@@ -137,6 +138,9 @@ class PodConfig:
     kernel_quirks: frozenset[str] = frozenset()
     response_timeout_ms: int = 5000
     send_ack_timeout_ms: int = 2000
+    # How long a daemon waits for a client's memory (an ioctl's arrays, a userptr BO) before
+    # it answers EFAULT: a page of a hung file system must not hold the ioctl for ever.
+    caller_memory_timeout_ms: int = 1000
     tls_ca: str | None = None  # when set (with each node's cert and key) links use mutual TLS
     # The fabric links' TCP congestion control; "" keeps the system default. Not BBR: its
     # pacing slows the data plane's megabyte bursts (see fabric/link.py _tune).
@@ -258,6 +262,7 @@ class PodConfig:
             kernel_quirks=frozenset(pod.get("kernel_quirks", [])),
             response_timeout_ms=int(pod.get("response_timeout_ms", 5000)),
             send_ack_timeout_ms=int(pod.get("send_ack_timeout_ms", 2000)),
+            caller_memory_timeout_ms=int(pod.get("caller_memory_timeout_ms", 1000)),
             tls_ca=pod.get("tls_ca"),
             tcp_congestion=str(pod.get("tcp_congestion", "cubic")),
             source=source,
@@ -301,7 +306,8 @@ class PodConfig:
                 if not (n.tls_cert and n.tls_key):
                     raise ConfigError(f"{src}: [pod] tls_ca is set, so node {n.name!r} needs "
                                       "tls_cert and tls_key")
-        if self.response_timeout_ms <= 0 or self.send_ack_timeout_ms <= 0:
+        if min(self.response_timeout_ms, self.send_ack_timeout_ms,
+               self.caller_memory_timeout_ms) <= 0:
             raise ConfigError(f"{src}: timeouts must be positive milliseconds")
         unknown = self.kernel_quirks - KNOWN_QUIRKS
         if unknown:
@@ -318,6 +324,7 @@ class PodConfig:
             f"kernel_quirks = {sorted(self.kernel_quirks)!r}".replace("'", '"'),
             f"response_timeout_ms = {self.response_timeout_ms}",
             f"send_ack_timeout_ms = {self.send_ack_timeout_ms}",
+            f"caller_memory_timeout_ms = {self.caller_memory_timeout_ms}",
         ]
         if self.tls_ca is not None:
             lines.append(f'tls_ca = "{self.tls_ca}"')

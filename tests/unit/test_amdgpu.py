@@ -22,6 +22,7 @@ from ualink_testkit import (
     pod_config,
     prime_from_fd,
     prime_to_token,
+    run,
     u32,
     ualink_export_raw,
 )
@@ -195,7 +196,9 @@ def test_mmap_offsets_are_stable_and_disjoint(f):
 
 
 def gem_op(f, handle, op, value=0, padding=0, caller=CALLER):
-    return ioctl(f, GEM_OP, st.GEM_OP.encode(st.GemOp(handle, op, value, 0, padding)), caller)
+    # GET_GEM_CREATE_INFO's copy_to_user is an awaitable (the fakes finish at once).
+    return run(ioctl(f, GEM_OP, st.GEM_OP.encode(st.GemOp(handle, op, value, 0, padding)),
+                     caller))
 
 
 def test_gem_op_padding_is_einval(f):

@@ -186,15 +186,17 @@ def test_misspelt_array_of_tables():
 
 @pytest.mark.parametrize("edit,expected", [
     (lambda d: d["pod"].update(response_timeout=50),
-     "pod.toml: unknown key 'response_timeout' in [pod] (allowed there: kernel_quirks, key, "
-     "response_timeout_ms, send_ack_timeout_ms, size, tcp_congestion, tls_ca, uuid); "
+     "pod.toml: unknown key 'response_timeout' in [pod] (allowed there: "
+     "caller_memory_timeout_ms, kernel_quirks, key, response_timeout_ms, "
+     "send_ack_timeout_ms, size, tcp_congestion, tls_ca, uuid); "
      "did you mean 'response_timeout_ms'?"),
     (lambda d: d["nodes"][1].update(adress="127.0.0.1:7001"),
      "pod.toml: nodes[1]: unknown key 'adress' in [[nodes]] (allowed there: accels, address, "
      "name, tls_cert, tls_key); did you mean 'address'?"),
     (lambda d: d["nodes"][0]["accels"][0].update(vram="1GiB", stage="ppod", colour="red"),
      "pod.toml: nodes[0].accels[0]: unknown keys 'vram', 'colour' in [[nodes.accels]] "
-     "(allowed there: bandwidth, gtt_size, id, latency, npa_pages, stage, vram_size); "
+     "(allowed there: bandwidth, gtt_size, id, latency, npa_pages, profile, stage, "
+     "vram_size); "
      "did you mean 'vram_size'?"),
     (lambda d: d["vpods"][0].update(members=[0], addr_mode="source-aliasing", name="x"),
      "pod.toml: vpods[0]: unknown key 'name' in [[vpods]] (allowed there: addr_mode, id, "
@@ -221,7 +223,7 @@ def test_single_table_for_an_array_of_tables():
 def test_to_toml_writes_exactly_the_known_keys(tmp_path):
     """Policy 8: with every optional field set, to_toml writes every key the loader knows
     and no other, and the file loads back as the same pod."""
-    doc = pod_doc(nodes=[[{"id": 0, "npa_pages": 64}], [{"id": 5}]],
+    doc = pod_doc(nodes=[[{"id": 0, "npa_pages": 64}], [{"id": 5, "profile": "mi300a"}]],
                   quirks=["hello-no-reset"], tls_ca="/ca.pem", tcp_congestion="")
     for i, n in enumerate(doc["nodes"]):
         n.update(tls_cert=f"/n{i}.pem", tls_key=f"/n{i}.key")

@@ -151,11 +151,10 @@ class AmdgpuBo(GemObject):
         self.metadata_flags = flags
 
     @property
-    def memory(self) -> BoMemory | UserMemory:
-        """The BO's bytes, created on first use (reads of untouched bytes give zeros); a
-        userptr BO's are its process's memory."""
-        if self.userptr is not None:
-            return self.userptr
+    def memory(self) -> BoMemory:
+        """The BO's bytes, created on first use (reads of untouched bytes give zeros). A
+        userptr BO has none of its own: its bytes are `userptr`, its process's memory."""
+        assert self.userptr is None, "a userptr BO's memory is its process's"
         if self._memory is None:
             self._memory = BoMemory(self.size)
         return self._memory

@@ -49,20 +49,23 @@ class Caller:
 # A handler works on the kernel buffer in place, like a drm_ioctl_t on kdata. One that needs
 # the fabric returns an awaitable that finishes the work (and may raise DrmError) instead.
 Handler = Callable[[DrmFile, bytearray, Caller], Awaitable[None] | None]
-# User memory of the caller, for arrays behind ioctl pointers: both raise DrmError(EFAULT).
-CopyFromUser = Callable[[int, int, int], bytes]  # (pid, address, size) -> bytes
-CopyToUser = Callable[[int, int, bytes], None]  # (pid, address, data)
+# User memory of the caller, for arrays behind ioctl pointers: awaitables (the edge does the
+# access off the thread that serves FUSE, DESIGN "Restricted ioctls"); both raise
+# DrmError(EFAULT) unless every byte was done.
+CopyFromUser = Callable[[int, int, int], Awaitable[bytes]]  # (pid, address, size) -> bytes
+CopyToUser = Callable[[int, int, bytes], Awaitable[None]]  # (pid, address, data)
 
 
 class ProcessMemory(Protocol):
     """One process's address space, held open for as long as a BO uses it: still that
     process after it exits (then nothing is accessible), never a later one with its pid.
     `accessible` counts the bytes from `address` mapped readable (writable, for a write);
-    read and write raise DrmError(EFAULT) unless all of theirs are."""
+    `read` gives the bytes up to the first page that is not (short, maybe empty), `write`
+    stores up to there and gives the count. Awaitables, for the reason CopyFromUser is."""
 
-    def accessible(self, address: int, size: int, write: bool) -> int: ...
-    def read(self, address: int, n: int) -> bytes: ...
-    def write(self, address: int, data: bytes) -> None: ...
+    def accessible(self, address: int, size: int, write: bool) -> Awaitable[int]: ...
+    def read(self, address: int, n: int) -> Awaitable[bytes]: ...
+    def write(self, address: int, data: bytes) -> Awaitable[int]: ...
     def close(self) -> None: ...
 
 

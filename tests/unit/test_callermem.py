@@ -1,0 +1,74 @@
+"""The daemon's caller-memory access (ualinkd/callermem.py): the maps check that refuses
+ranges of the node's own mount, and the bounded worker pool (DESIGN "Restricted ioctls")."""
+
+from __future__ import annotations
+
+import errno
+import threading
+
+import pytest
+import trio
+
+from ualinkd.callermem import CallerMemory, maps_extent
+from ualinkd.drm.errors import DrmError
+
+MAPS = """\
+7f0000000000-7f0000002000 rw-p 00000000 00:00 0
+7f0000002000-7f0000003000 r--p 00000000 08:01 1234   /usr/lib/libc.so.6
+7f0000003000-7f0000004000 rw-p 00000000 00:2d 17     /mnt/node0/sys/accel_state
+7f0000004000-7f0000005000 rw-p 00000000 00:00 0
+7f0000006000-7f0000007000 ---p 00000000 00:00 0
+"""
+BASE = 0x7F0000000000
+OWN = (0, 0x2D)  # maps prints the device in hex, mountinfo in decimal (0:45)
+
+
+@pytest.mark.parametrize(("address", "size", "write", "refused", "extent"), [
+    (BASE, 0x2000, False, None, 0x2000),
+    (BASE + 0x1000, 0x2000, False, None, 0x2000),  # across two mappings
+    (BASE + 0x1000, 0x2000, True, None, 0x1000),  # the library is read-only
+    (BASE, 0x5000, False, None, 0x5000),
+    (BASE, 0x5000, False, OWN, 0x3000),  # stops at the file of our own mount
+    (BASE + 0x3000, 8, False, OWN, 0),
+    (BASE + 0x3000, 8, False, (0, 0x2E), 8),  # another mount's file is fine
+    (BASE + 0x4800, 0x1000, False, None, 0x800),  # then a hole
+    (BASE + 0x6000, 4, False, None, 0),  # PROT_NONE
+    (BASE - 8, 16, False, None, 0),  # starts before any mapping
+])
+def test_maps_extent(address, size, write, refused, extent):
+    """/proc/<pid>/mem would read PROT_NONE pages, write read-only ones and fault in any
+    file; the access is limited to what the process has mapped with that access, and never
+    a file on the refused device (the dev field is hex major:minor)."""
+    assert maps_extent(MAPS, address, size, write, refused) == extent
+
+
+def test_the_pool_bounds_every_access_and_refuses_at_once_when_all_are_stuck():
+    """A worker that does not return costs its caller `timeout` (then EFAULT) and keeps its
+    slot; with every slot held, an access fails with EFAULT without waiting for a thread;
+    once the stuck ones return, accesses work again. Trio keeps running throughout."""
+    release = threading.Event()
+    errors: list[int] = []
+
+    async def main() -> None:
+        mem = CallerMemory(timeout=0.2, workers=2)
+
+        async def stuck() -> None:
+            try:
+                await mem.run(release.wait)
+            except DrmError as e:
+                errors.append(e.errno)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(stuck)
+            n.start_soon(stuck)
+        assert errors == [errno.EFAULT] * 2
+        assert mem.stuck == 2
+        with pytest.raises(DrmError) as ei:
+            await mem.run(lambda: 1)  # every worker is held: refused without a thread
+        assert ei.value.errno == errno.EFAULT
+        release.set()
+        while mem.stuck:
+            await trio.sleep(0.01)
+        assert await mem.run(lambda: 7) == 7
+
+    trio.run(main)
