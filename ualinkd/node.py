@@ -79,7 +79,7 @@ class NodeCore:
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
                                copy_to_user, waits)
             device.open_process_memory = open_process_memory
-            driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user)
+            driver = AmdgpuDriver(device, *config.accel_memory(accel), copy_to_user)
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(
                 self.host, driver, config.ppod_info(accel), config.vpod_info(accel.accel_id),

@@ -93,6 +93,18 @@ def test_create_gds_with_vm_always_valid_is_einval(f):
     assert bo(f, h).flags & c.CREATE_NO_CPU_ACCESS
 
 
+@pytest.mark.parametrize("domain", [c.DOMAIN_GDS, c.DOMAIN_GWS, c.DOMAIN_OA,
+                                    c.DOMAIN_DOORBELL])
+def test_special_domain_bos_are_accounted(f, domain):
+    """Issue 10 item 10: a special-domain BO's bytes are the daemon's like any BO's (it can
+    be GEM_VA mapped and stored to), so it is charged to the GTT pool: a 1 TiB GDS BO, which
+    nothing accounted before, is ENOMEM; a small one takes its size from GTT."""
+    assert gem_create_raw(f, size=1 << 40, domains=domain).result == -errno.ENOMEM
+    gtt = f.device.driver.gtt
+    h = gem_create(f, 16 * KIB, domains=domain)
+    assert bo(f, h).placement is gtt and gtt.used == 16 * KIB
+
+
 def test_create_encrypted_is_einval(f):
     """§2.3: ENCRYPTED is settable but TMZ is off → EINVAL."""
     assert gem_create_raw(f, flags=c.CREATE_ENCRYPTED).result == -errno.EINVAL

@@ -187,7 +187,7 @@ def test_misspelt_array_of_tables():
 @pytest.mark.parametrize("edit,expected", [
     (lambda d: d["pod"].update(response_timeout=50),
      "pod.toml: unknown key 'response_timeout' in [pod] (allowed there: "
-     "caller_memory_timeout_ms, kernel_quirks, key, response_timeout_ms, "
+     "caller_memory_timeout_ms, kernel_quirks, key, memory_budget, response_timeout_ms, "
      "send_ack_timeout_ms, size, tcp_congestion, tls_ca, uuid); "
      "did you mean 'response_timeout_ms'?"),
     (lambda d: d["nodes"][1].update(adress="127.0.0.1:7001"),
@@ -223,8 +223,10 @@ def test_single_table_for_an_array_of_tables():
 def test_to_toml_writes_exactly_the_known_keys(tmp_path):
     """Policy 8: with every optional field set, to_toml writes every key the loader knows
     and no other, and the file loads back as the same pod."""
-    doc = pod_doc(nodes=[[{"id": 0, "npa_pages": 64}], [{"id": 5, "profile": "mi300a"}]],
-                  quirks=["hello-no-reset"], tls_ca="/ca.pem", tcp_congestion="")
+    doc = pod_doc(nodes=[[{"id": 0, "npa_pages": 64, "vram_size": "1GiB", "gtt_size": 4096}],
+                         [{"id": 5, "profile": "mi300a"}]],
+                  quirks=["hello-no-reset"], tls_ca="/ca.pem", tcp_congestion="",
+                  memory_budget="8GiB")
     for i, n in enumerate(doc["nodes"]):
         n.update(tls_cert=f"/n{i}.pem", tls_key=f"/n{i}.key")
     cfg = PodConfig.from_dict(doc)
@@ -239,3 +241,29 @@ def test_to_toml_writes_exactly_the_known_keys(tmp_path):
         "[[nodes.accels]]": set().union(*(a for n in written["nodes"] for a in n["accels"])),
         "[[vpods]]": set().union(*written["vpods"]),
     } == KEYS
+
+
+def test_default_memory_follows_the_host():
+    """Issue 10 item 10: with no sizes in the file, every accel's VRAM and GTT are its share
+    of the pod's memory budget, half of MemTotal by default, so the BOs of a whole local pod
+    cannot hold more than half of the host (it was 16 + 16 GiB per accel on a 24 GiB host).
+    An accel's own vram_size / gtt_size win; memory_budget sets the pod's total."""
+    host = 24 << 30
+    cfg = PodConfig.from_dict(pod_doc(nodes=[[{"id": 0}, {"id": 1}], [{"id": 2}, {"id": 3}]]))
+    sizes = [cfg.accel_memory(a, host) for n in cfg.nodes for a in n.accels]
+    assert sizes == [(3 << 29, 3 << 29)] * 4  # 12 GiB over 4 accels, half VRAM, half GTT
+    assert sum(v + g for v, g in sizes) <= host // 2
+    cfg = PodConfig.from_dict(pod_doc(nodes=[[{"id": 0, "vram_size": "1GiB"}], [{"id": 5}]],
+                                      memory_budget="1GiB"))
+    assert [cfg.accel_memory(a) for n in cfg.nodes for a in n.accels] == [
+        (1 << 30, 256 << 20), (256 << 20, 256 << 20)]
+    assert "memory_budget: '1 parsec' is not a size" in err(pod_doc(memory_budget="1 parsec"))
+
+
+def test_default_memory_of_this_host():
+    """Without a budget the share comes from this host's /proc/meminfo MemTotal."""
+    from ualinkd.config import host_memory_total
+
+    cfg = PodConfig.from_dict(pod_doc())
+    vram, gtt = cfg.accel_memory(cfg.nodes[0].accels[0])
+    assert vram == gtt and 0 < 4 * vram <= host_memory_total() // 2
