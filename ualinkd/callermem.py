@@ -25,6 +25,7 @@ import os
 from collections.abc import Callable
 from typing import TypeVar
 
+import outcome
 import trio
 
 from .drm.errors import DrmError
@@ -146,16 +147,18 @@ class CallerMemory:
         self._limiter = trio.CapacityLimiter(workers)
         self._exhausted_reported = False
         self._timeout_reported = False
+        self._stuck = 0
 
     @property
     def stuck(self) -> int:
-        """Worker threads busy right now (stuck ones included)."""
-        return self._limiter.borrowed_tokens
+        """Workers still inside an access that outlived its deadline."""
+        return self._stuck
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
-        """`fn(*args)` on a worker, at most `timeout` seconds: EFAULT past it, and at once
-        when every worker is still busy with an access that timed out."""
-        if self._limiter.available_tokens == 0:
+        """`fn(*args)` on a worker, at most `timeout` seconds in all (waiting for a free
+        worker included): EFAULT past it, and at once when every worker is stuck in an
+        access that outlived its deadline. Busy workers are waited for; stuck ones are not."""
+        if self._stuck >= self._limiter.total_tokens:
             if not self._exhausted_reported:
                 self._exhausted_reported = True
                 log.warning("caller memory: all %d workers are stuck in accesses that do "
@@ -163,19 +166,50 @@ class CallerMemory:
                             "caller memory with EFAULT until one returns",
                             self._limiter.total_tokens)
             raise DrmError(errno.EFAULT, "every caller-memory worker is stuck")
-        with trio.move_on_after(self.timeout) as scope:
-            result = await trio.to_thread.run_sync(fn, *args, limiter=self._limiter,
-                                                   abandon_on_cancel=True)
-        if scope.cancelled_caught:
-            if not self._timeout_reported:
-                self._timeout_reported = True
-                log.warning("caller memory: an access did not finish in %.1f s: EFAULT; "
-                            "its worker is left to finish (%d of %d busy)", self.timeout,
-                            self._limiter.borrowed_tokens, self._limiter.total_tokens)
-            raise DrmError(errno.EFAULT, f"caller memory access took over {self.timeout} s")
-        if self._limiter.borrowed_tokens == 0:
+        borrower = object()
+        finished = trio.Event()
+        box: dict[str, object] = {}
+        token = trio.lowlevel.current_trio_token()
+
+        def report(result: outcome.Outcome[T]) -> None:  # on the trio thread
+            box["result"] = result
+            self._limiter.release_on_behalf_of(borrower)
+            if box.get("abandoned"):
+                self._unstuck()
+            finished.set()
+
+        def deliver(result: outcome.Outcome[T]) -> None:  # on the worker, when fn returns
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(report, result)
+
+        launched = False
+        try:
+            with trio.move_on_after(self.timeout):
+                await self._limiter.acquire_on_behalf_of(borrower)  # a busy one frees soon
+                try:
+                    trio.lowlevel.start_thread_soon(lambda: fn(*args), deliver)
+                except BaseException:
+                    self._limiter.release_on_behalf_of(borrower)
+                    raise
+                launched = True
+                await finished.wait()
+        finally:
+            if launched and not finished.is_set():  # past the deadline, or interrupted:
+                box["abandoned"] = True  # the thread keeps its worker until fn returns
+                self._stuck += 1
+        if finished.is_set():
+            return box["result"].unwrap()  # type: ignore[attr-defined, no-any-return]
+        if not self._timeout_reported:
+            self._timeout_reported = True
+            log.warning("caller memory: an access did not finish in %.1f s: EFAULT; its "
+                        "worker is left to finish (%d of %d stuck)", self.timeout,
+                        self._stuck, self._limiter.total_tokens)
+        raise DrmError(errno.EFAULT, f"caller memory access took over {self.timeout} s")
+
+    def _unstuck(self) -> None:
+        self._stuck -= 1
+        if not self._stuck:
             self._exhausted_reported = self._timeout_reported = False  # all recovered
-        return result
 
     # -- the injected functions (drm.device's CopyFromUser, CopyToUser, OpenProcessMemory) --
     async def copy_from_user(self, pid: int, address: int, size: int) -> bytes:

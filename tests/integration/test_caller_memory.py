@@ -12,11 +12,14 @@ client has a watchdog, and a node that hangs anyway is freed with umount -f
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import errno
+import fcntl
 import os
 import select
 import signal
+import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,6 +28,7 @@ from pathlib import Path
 import pytest
 from nodes import Client, Node, c_program, force_unmount, running_node, running_pod
 
+from ualinkd.abi.ioc import iowr
 from ualinkd.cli.main import free_tcp_ports
 from ualinkd.config import PodConfig
 
@@ -32,6 +36,7 @@ pytestmark = pytest.mark.integration
 
 ATTR = "sys/class/drm/renderD128/device/ualink/accel_state"
 SYS_PREAD64 = 17  # x86_64
+SYNCOBJ_CREATE, SYNCOBJ_RESET = iowr(0xBF, 8), iowr(0xC4, 16)
 
 
 class MappedCaller:
@@ -99,6 +104,18 @@ def test_pointers_into_the_nodes_own_mount_are_efault(tmp_path):
         assert node.sysfs(128, "accel_state") == "active\n"
 
 
+def ordinary_reset(fd: int) -> int:
+    """SYNCOBJ_RESET of a new syncobj, its handle array in this process's memory: errno."""
+    out = bytearray(8)
+    fcntl.ioctl(fd, SYNCOBJ_CREATE, out)
+    handles = (ctypes.c_uint32 * 1)(struct.unpack_from("<I", out)[0])
+    try:
+        fcntl.ioctl(fd, SYNCOBJ_RESET, struct.pack("<QII", ctypes.addressof(handles), 1, 0))
+    except OSError as e:
+        return e.errno
+    return 0
+
+
 def _threads_in_pread(pid: int) -> int:
     """Threads of `pid` blocked in pread64 (the daemon's trio thread never is)."""
     count = 0
@@ -114,10 +131,10 @@ def test_a_hung_mapping_holds_only_its_caller_and_only_for_the_timeout(tmp_path)
     """The pointers lie in a mapping of another node's mount whose daemon is SIGSTOPped (a
     hung file system). Nine threads RESET through it at once: eight workers block in the
     pread, and while they do node0 serves other clients (sys reads, BOs, GPU stores and
-    loads) with the caller's ioctls still pending; the ninth finds every worker busy and
-    fails at once; the eight fail with EFAULT at the deadline. When the file system comes
-    back the workers finish and the next caller-memory ioctl works; the exhaustion is one
-    log line."""
+    loads) with the caller's ioctls still pending; the ninth waits for a worker; all nine
+    fail with EFAULT at the deadline. Now every worker is stuck, so any caller-memory ioctl
+    (an ordinary array of another client) fails at once, with one log line. When the file
+    system comes back the workers finish and caller-memory ioctls work again."""
     config = dataclasses.replace(PodConfig.local(2, 1, free_tcp_ports(2)),
                                  caller_memory_timeout_ms=5000)
     with running_pod(tmp_path, config=config) as (n0, n1), \
@@ -138,6 +155,9 @@ def test_a_hung_mapping_holds_only_its_caller_and_only_for_the_timeout(tmp_path)
             assert client.proc.poll() is None  # its ioctls are still waiting
             assert _threads_in_pread(n0.proc.pid) >= 8
             assert client.result(timeout=30) == {"reset_threads": [errno.EFAULT] * 9}
+            with open(n0.render(), "rb+", buffering=0) as other:
+                for _ in range(2):
+                    assert ordinary_reset(other.fileno()) == errno.EFAULT
         finally:
             n1.proc.send_signal(signal.SIGCONT)
         deadline = time.monotonic() + 10
@@ -146,4 +166,6 @@ def test_a_hung_mapping_holds_only_its_caller_and_only_for_the_timeout(tmp_path)
             time.sleep(0.01)
         client.go()
         assert client.result(timeout=30) == {"reset_good": 0}
+        with open(n0.render(), "rb+", buffering=0) as other:
+            assert ordinary_reset(other.fileno()) == 0
         assert n0.log_text().count("workers are stuck") == 1

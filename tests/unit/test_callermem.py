@@ -72,3 +72,27 @@ def test_the_pool_bounds_every_access_and_refuses_at_once_when_all_are_stuck():
         assert await mem.run(lambda: 7) == 7
 
     trio.run(main)
+
+
+def test_busy_workers_are_waited_for_not_refused():
+    """Only workers stuck past a deadline count as lost: with the one worker busy in an
+    access that finishes, the next access waits for it instead of failing."""
+    release = threading.Event()
+    got: list[object] = []
+
+    async def main() -> None:
+        mem = CallerMemory(timeout=30, workers=1)
+
+        async def access(fn) -> None:
+            got.append(await mem.run(fn))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(access, lambda: release.wait() and "first")
+            await trio.sleep(0.05)
+            n.start_soon(access, lambda: "second")
+            await trio.sleep(0.05)
+            release.set()
+        assert mem.stuck == 0
+
+    trio.run(main)
+    assert sorted(got) == ["first", "second"]
