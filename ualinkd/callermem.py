@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
+import struct
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -71,6 +73,62 @@ def maps_extent(maps: str, address: int, size: int, write: bool,
     return max(0, pos - address)
 
 
+# PROCMAP_QUERY (Linux 6.11, uapi linux/fs.h): one VMA of /proc/<pid>/maps by address, without
+# formatting the whole file (reading a Python client's 200-line maps cost ~0.5 ms a call).
+# struct procmap_query: size, query_flags, query_addr, vma_start, vma_end, vma_flags,
+# vma_page_size, vma_offset, inode (u64 each), dev_major, dev_minor, vma_name_size,
+# build_id_size (u32), vma_name_addr, build_id_addr (u64): 104 bytes, _IOWR('f', 17, ...).
+_PROCMAP_QUERY_FMT = struct.Struct("=9Q4I2Q")
+PROCMAP_QUERY = (3 << 30) | (_PROCMAP_QUERY_FMT.size << 16) | (ord("f") << 8) | 17
+_VMA_READABLE, _VMA_WRITABLE = 0x01, 0x02
+_query_supported = True
+
+
+def _query_extent(maps_fd: int, address: int, size: int, write: bool,
+                  refused: Dev | None) -> int | None:
+    """maps_extent() through PROCMAP_QUERY on an open maps file; None when the kernel has
+    no such ioctl (then the text is read)."""
+    global _query_supported
+    pos, end = address, address + size
+    while pos < end:
+        buf = bytearray(_PROCMAP_QUERY_FMT.pack(_PROCMAP_QUERY_FMT.size, 0, pos,
+                                                *([0] * 12)))
+        try:
+            fcntl.ioctl(maps_fd, PROCMAP_QUERY, buf)
+        except OSError as e:
+            if e.errno in (errno.ENOTTY, errno.EINVAL) and pos == address:
+                _query_supported = False
+                return None
+            break  # ENOENT: no VMA covers pos (a hole); ESRCH: the process is gone
+        except OverflowError:
+            break
+        f = _PROCMAP_QUERY_FMT.unpack(buf)
+        lo, hi, flags, dev = f[3], f[4], f[5], (f[9], f[10])
+        if lo > pos or not flags & _VMA_READABLE or (write and not flags & _VMA_WRITABLE):
+            break
+        if refused is not None and dev == refused:
+            break  # a file of our own mount: faulting it in would ask us
+        pos = hi
+    return min(size, max(0, pos - address))
+
+
+def _extent_of(dir_fd: int, address: int, size: int, write: bool,
+               refused: Dev | None) -> int:
+    """In a worker: the accessible prefix of [address, address + size) of the process."""
+    if _query_supported:
+        try:
+            maps_fd = os.open("maps", os.O_RDONLY, dir_fd=dir_fd)
+        except OSError:
+            return 0  # the process is gone
+        try:
+            n = _query_extent(maps_fd, address, size, write, refused)
+        finally:
+            os.close(maps_fd)
+        if n is not None:
+            return n
+    return maps_extent(_read_maps(dir_fd), address, size, write, refused)
+
+
 def _read_maps(dir_fd: int) -> str:
     try:
         fd = os.open("maps", os.O_RDONLY, dir_fd=dir_fd)
@@ -87,7 +145,7 @@ def _access(dir_fd: int, mem_fd: int, address: int, arg: int | bytes,
     try:
         write = isinstance(arg, bytes)
         size = len(arg) if isinstance(arg, bytes) else arg
-        n = maps_extent(_read_maps(dir_fd), address, size, write, refused)
+        n = _extent_of(dir_fd, address, size, write, refused)
         if isinstance(arg, bytes):
             if not n:
                 return 0
@@ -111,7 +169,7 @@ def _extent(dir_fd: int, mem_fd: int, address: int, size: int, write: bool,
             refused: Dev | None) -> int:
     """In a worker: maps_extent of the process behind `dir_fd` (closes both fds)."""
     try:
-        return maps_extent(_read_maps(dir_fd), address, size, write, refused)
+        return _extent_of(dir_fd, address, size, write, refused)
     finally:
         for fd in (dir_fd, mem_fd):
             with contextlib.suppress(OSError):

@@ -96,3 +96,47 @@ def test_busy_workers_are_waited_for_not_refused():
 
     trio.run(main)
     assert sorted(got) == ["first", "second"]
+
+
+def test_procmap_query_agrees_with_the_maps_text(tmp_path):
+    """PROCMAP_QUERY (one VMA by address) gives what the /proc/<pid>/maps text gives, on
+    this process: read/write permissions, holes, and a file on the refused device."""
+    import ctypes
+    import mmap
+    import os
+
+    from ualinkd.callermem import _query_extent, _read_maps
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page = mmap.PAGESIZE
+    base = libc.mmap(None, 6 * page, mmap.PROT_READ | mmap.PROT_WRITE,
+                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    libc.mprotect(base + page, page, mmap.PROT_READ)  # rw, r, rw, none, file, rw
+    libc.mprotect(base + 3 * page, page, 0)  # PROT_NONE
+    path = tmp_path / "f"
+    path.write_bytes(bytes(page))
+    fd = os.open(path, os.O_RDWR)
+    libc.mmap(base + 4 * page, page, mmap.PROT_READ | mmap.PROT_WRITE,
+              mmap.MAP_PRIVATE | 0x10, fd, 0)  # MAP_FIXED
+    st_ = os.fstat(fd)
+    refused = (os.major(st_.st_dev), os.minor(st_.st_dev))
+    dir_fd = os.open("/proc/self", os.O_RDONLY | os.O_DIRECTORY)
+    maps_fd = os.open("maps", os.O_RDONLY, dir_fd=dir_fd)
+    try:
+        cases = [(0, 6, False, None), (0, 3, True, None), (1, 1, False, None),
+                 (2, 2, False, None), (4, 2, False, None), (4, 1, False, refused),
+                 (0, 6, False, refused), (5, 1, True, refused)]
+        for first, pages, write, ref in cases:
+            addr, size = base + first * page, pages * page
+            text = maps_extent(_read_maps(dir_fd), addr, size, write, ref)
+            assert _query_extent(maps_fd, addr, size, write, ref) == text, (first, pages)
+        assert _query_extent(maps_fd, base, 6 * page, False, None) == 3 * page
+        assert _query_extent(maps_fd, base + 4 * page, page, False, refused) == 0
+    finally:
+        os.close(maps_fd)
+        os.close(dir_fd)
+        os.close(fd)
