@@ -167,10 +167,13 @@ async def run_node(
     core.fabric_status = lambda: "".join(
         f"{p} {'up' if link.is_up(p) else 'down'}\n" for p in peers)
     clear_stale_mount(mount)
+    # mountinfo names the mount point by its real path; resolve it before mounting (after,
+    # the last lstat would ask our own FUSE server, which is not serving yet).
+    real_mount = os.path.realpath(mount)
     session = FuseSession(FileTree(core, mount))
     session.mount(mount)
     # Caller ranges that map files of this mount are refused (faulting them in would ask us).
-    caller_memory.own_dev = mount_device(mount)
+    caller_memory.own_dev = mount_device(real_mount)
     if caller_memory.own_dev is None:
         session.unmount()
         session.close()
