@@ -42,7 +42,8 @@ TOP_LEVEL = "the top level"
 KEYS: dict[str, frozenset[str]] = {
     TOP_LEVEL: frozenset({"pod", "nodes", "vpods"}),
     "[pod]": frozenset({"uuid", "key", "size", "kernel_quirks", "response_timeout_ms",
-                        "send_ack_timeout_ms", "tls_ca", "tcp_congestion"}),
+                        "send_ack_timeout_ms", "tls_ca", "tcp_congestion",
+                        "caller_memory_timeout_ms", "memory_budget"}),
     "[[nodes]]": frozenset({"name", "address", "accels", "tls_cert", "tls_key", "link_keys"}),
     "[[nodes.accels]]": frozenset({"id", "vram_size", "gtt_size", "stage", "bandwidth",
                                    "latency", "npa_pages", "profile"}),
@@ -130,11 +131,24 @@ def parse_size(value: object, where: str) -> int:
     raise ConfigError(f"{where}: {value!r} is not a size (e.g. 4096, \"64MiB\", \"16GiB\")")
 
 
+MIB = 1 << 20
+
+
+def host_memory_total(meminfo: str = "/proc/meminfo") -> int:
+    """MemTotal of the host this runs on, in bytes."""
+    with open(meminfo) as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise ConfigError(f"{meminfo} has no MemTotal")
+
+
 @dataclass(frozen=True)
 class AccelConfig:
     accel_id: int
-    vram_size: int = 16 * GIB
-    gtt_size: int = 16 * GIB
+    # None: the accel's share of the pod's memory budget (PodConfig.accel_memory).
+    vram_size: int | None = None
+    gtt_size: int | None = None
     stage: ConfigStage = ConfigStage.COMPLETE
     bandwidth: int = 100
     latency: int = 1
@@ -171,6 +185,12 @@ class PodConfig:
     kernel_quirks: frozenset[str] = frozenset()
     response_timeout_ms: int = 5000
     send_ack_timeout_ms: int = 2000
+    # How long a daemon waits for a client's memory (an ioctl's arrays, a userptr BO) before
+    # it answers EFAULT: a page of a hung file system must not hold the ioctl for ever.
+    caller_memory_timeout_ms: int = 1000
+    # Bytes of emulated VRAM + GTT the whole pod may hold (every BO's bytes live in a daemon's
+    # memory); None: half the MemTotal of the host a daemon runs on. See accel_memory().
+    memory_budget: int | None = None
     tls_ca: str | None = None  # when set (with each node's cert and key) links use mutual TLS
     # The fabric links' TCP congestion control; "" keeps the system default. Not BBR: its
     # pacing slows the data plane's megabyte bursts (see fabric/link.py _tune).
@@ -187,6 +207,23 @@ class PodConfig:
 
     def ppod_info(self, accel: AccelConfig) -> PpodInfo:
         return PpodInfo(accel.accel_id, accel.bandwidth, accel.latency, self.ppod_size, self.uuid)
+
+    def accel_memory(self, accel: AccelConfig,
+                     host_total: int | None = None) -> tuple[int, int]:
+        """(VRAM, GTT) capacity of `accel`: its own vram_size / gtt_size where set, else an
+        even share of the pod's memory budget over every accel of the pod, half VRAM and
+        half GTT, in whole MiB. The whole pod may sit on one host (`ualinkd pod`), so the
+        budget is split over all of its accels; with the default budget (half of MemTotal)
+        the BOs of every daemon on this host together stay within half of its memory."""
+        if accel.vram_size is not None and accel.gtt_size is not None:
+            return accel.vram_size, accel.gtt_size
+        budget = self.memory_budget
+        if budget is None:
+            budget = (host_memory_total() if host_total is None else host_total) // 2
+        accels = sum(len(n.accels) for n in self.nodes)
+        half = budget // accels // 2 // MIB * MIB
+        return (half if accel.vram_size is None else accel.vram_size,
+                half if accel.gtt_size is None else accel.gtt_size)
 
     def vpod_info(self, accel_id: int) -> VpodInfo:
         for v in self.vpods:
@@ -260,8 +297,8 @@ class PodConfig:
                     ) from None
                 accels.append(AccelConfig(
                     a["id"],
-                    parse_size(a.get("vram_size", 16 * GIB), f"{aw}.vram_size"),
-                    parse_size(a.get("gtt_size", 16 * GIB), f"{aw}.gtt_size"),
+                    parse_size(a["vram_size"], f"{aw}.vram_size") if "vram_size" in a else None,
+                    parse_size(a["gtt_size"], f"{aw}.gtt_size") if "gtt_size" in a else None,
                     stage,
                     _int(a.get("bandwidth", 100), f"{aw}.bandwidth", 1),
                     _int(a.get("latency", 1), f"{aw}.latency", 0),
@@ -310,6 +347,10 @@ class PodConfig:
             tls_ca=_str(pod["tls_ca"], f"{source}: [pod] tls_ca") if "tls_ca" in pod else None,
             tcp_congestion=_str(pod.get("tcp_congestion", "cubic"),
                                 f"{source}: [pod] tcp_congestion"),
+            caller_memory_timeout_ms=_int(pod.get("caller_memory_timeout_ms", 1000),
+                                          f"{source}: [pod] caller_memory_timeout_ms", 1),
+            memory_budget=(parse_size(pod["memory_budget"], f"{source}: [pod] memory_budget")
+                           if "memory_budget" in pod else None),
             source=source,
         )
         cfg.validate()
@@ -378,7 +419,8 @@ class PodConfig:
                 if not (n.tls_cert and n.tls_key):
                     raise ConfigError(f"{src}: [pod] tls_ca is set, so node {n.name!r} needs "
                                       "tls_cert and tls_key")
-        if self.response_timeout_ms <= 0 or self.send_ack_timeout_ms <= 0:
+        if min(self.response_timeout_ms, self.send_ack_timeout_ms,
+               self.caller_memory_timeout_ms) <= 0:
             raise ConfigError(f"{src}: timeouts must be positive milliseconds")
         unknown = self.kernel_quirks - KNOWN_QUIRKS
         if unknown:
@@ -395,7 +437,10 @@ class PodConfig:
             f"kernel_quirks = {sorted(self.kernel_quirks)!r}".replace("'", '"'),
             f"response_timeout_ms = {self.response_timeout_ms}",
             f"send_ack_timeout_ms = {self.send_ack_timeout_ms}",
+            f"caller_memory_timeout_ms = {self.caller_memory_timeout_ms}",
         ]
+        if self.memory_budget is not None:
+            lines.append(f"memory_budget = {self.memory_budget}")
         if self.tls_ca is not None:
             lines.append(f'tls_ca = "{self.tls_ca}"')
         lines.append(f'tcp_congestion = "{self.tcp_congestion}"')
@@ -410,8 +455,8 @@ class PodConfig:
                 lines += [
                     "[[nodes.accels]]",
                     f"id = {a.accel_id}",
-                    f"vram_size = {a.vram_size}",
-                    f"gtt_size = {a.gtt_size}",
+                    *([f"vram_size = {a.vram_size}"] if a.vram_size is not None else []),
+                    *([f"gtt_size = {a.gtt_size}"] if a.gtt_size is not None else []),
                     f'stage = "{a.stage.value}"',
                     f"bandwidth = {a.bandwidth}",
                     f"latency = {a.latency}",

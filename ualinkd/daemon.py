@@ -22,6 +22,7 @@ from typing import TextIO
 
 import trio
 
+from .callermem import CallerMemory
 from .config import PodConfig
 from .cpumap_server import serve_cpu_maps
 from .drm.errors import DrmError
@@ -29,7 +30,7 @@ from .fabric.agent import UalinkAgent
 from .fabric.link import FabricLink
 from .fabric.wire import Load, Store
 from .fuse.lowlevel import FuseSession, clear_stale_mount
-from .fuse.procfd import resolve_caller_fd
+from .fuse.procfd import mount_device, resolve_caller_fd
 from .fuse.tree import FileTree
 from .node import NodeCore
 from .trace import TraceRecord
@@ -50,103 +51,6 @@ def sd_notify(state: str) -> None:
             s.sendall(state.encode())
     except OSError as e:
         log.warning("sd_notify to %s failed: %s", os.environ["NOTIFY_SOCKET"], e.strerror)
-
-
-def copy_to_user(pid: int, address: int, data: bytes) -> None:
-    """copy_to_user for ioctls with user pointers: write the caller's memory via /proc.
-    Only pages the caller has mapped writable take it (/proc/<pid>/mem itself would write
-    read-only ones): anything else is EFAULT, as the kernel's copy_to_user. Needs ptrace
-    rights over the caller (root, or the same uid without Yama); else EFAULT."""
-    if not data:
-        return
-    mem = ProcMemory(pid)
-    try:
-        mem.write(address, data)
-    finally:
-        mem.close()
-
-
-class ProcMemory:
-    """drm.device.ProcessMemory through /proc: a directory fd of /proc/<tgid> pins that
-    process (once it exits, opening anything in it fails, even if its pid is reused); `mem`
-    is opened from it, and `maps` is read from it to refuse what the process has not mapped
-    readable (or writable, for a store: /proc/<pid>/mem itself would write read-only pages)."""
-
-    def __init__(self, tid: int) -> None:
-        # FUSE reports the calling thread; the memory is its process's, which outlives the
-        # thread. The thread is blocked in our ioctl, so its process cannot go away (and its
-        # pid be reused) between reading Tgid and opening /proc/<tgid>.
-        try:
-            with open(f"/proc/{tid}/status") as f:
-                tgid = next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
-            self._dir = os.open(f"/proc/{tgid}", os.O_RDONLY | os.O_DIRECTORY)
-        except (OSError, StopIteration, ValueError):
-            raise DrmError(errno.EFAULT, f"no process for thread {tid}") from None
-        try:
-            self._mem = os.open("mem", os.O_RDWR, dir_fd=self._dir)
-        except OSError:
-            os.close(self._dir)
-            raise DrmError(errno.EFAULT, f"cannot open the memory of process {tgid}") from None
-
-    def accessible(self, address: int, size: int, write: bool) -> int:
-        """Bytes from `address` (up to `size`) in mappings readable (and writable, for a
-        write): /proc/<pid>/mem itself would read PROT_NONE pages and write read-only ones."""
-        try:
-            fd = os.open("maps", os.O_RDONLY, dir_fd=self._dir)
-            with os.fdopen(fd) as f:
-                maps = f.read()
-        except OSError:
-            return 0  # the process is gone
-        pos, end = address, address + size
-        for line in maps.splitlines():  # ascending, non-overlapping ranges
-            span, perms = line.split()[:2]
-            lo, hi = (int(x, 16) for x in span.split("-"))
-            if hi <= pos:
-                continue
-            if lo > pos or perms[0] != "r" or (write and perms[1] != "w"):
-                break  # a hole, or a mapping without the access
-            pos = hi
-            if pos >= end:
-                return size
-        return pos - address
-
-    def read(self, address: int, n: int) -> bytes:
-        data = b""
-        if self.accessible(address, n, write=False) == n:
-            try:
-                data = os.pread(self._mem, n, address)
-            except (OSError, OverflowError):
-                pass
-        if len(data) != n:
-            raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
-        return data
-
-    def write(self, address: int, data: bytes) -> None:
-        if self.accessible(address, len(data), write=True) == len(data):
-            try:
-                if os.pwrite(self._mem, data, address) == len(data):
-                    return
-            except (OSError, OverflowError):
-                pass
-        raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
-
-    def close(self) -> None:
-        for fd in (self._mem, self._dir):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-def copy_from_user(pid: int, address: int, size: int) -> bytes:
-    """copy_from_user for ioctls with user pointers: read the caller's memory via /proc,
-    only from pages it has mapped readable (not PROT_NONE ones, which /proc/<pid>/mem would
-    read). Same rights as copy_to_user; anything short of `size` bytes is EFAULT."""
-    if size == 0:
-        return b""
-    mem = ProcMemory(pid)
-    try:
-        return mem.read(address, size)
-    finally:
-        mem.close()
 
 
 _SYS_PIDFD_GETFD = 438  # x86-64 (and the generic table)
@@ -296,15 +200,16 @@ async def run_node(
     task_status: trio.TaskStatus[NodeCore] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     mount = os.path.abspath(mount)
+    caller_memory = CallerMemory(config.caller_memory_timeout_ms / 1000)
     core = NodeCore(
         config,
         node_name,
         resolve_fd=lambda pid, fd: resolve_caller_fd(pid, fd, mount),
-        copy_to_user=copy_to_user,
+        copy_to_user=caller_memory.copy_to_user,
         tracer=make_tracer(trace, trace_out),
-        copy_from_user=copy_from_user,
+        copy_from_user=caller_memory.copy_from_user,
         waits=TrioSyncWaits(),
-        open_process_memory=ProcMemory,
+        open_process_memory=caller_memory.open_process,
         open_eventfd=CallerEventFd,
     )
     agent: UalinkAgent | None = None
@@ -331,8 +236,17 @@ async def run_node(
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_links = lambda: {p: link.is_up(p) for p in peers}
     clear_stale_mount(mount)
+    # mountinfo names the mount point by its real path; resolve it before mounting (after,
+    # the last lstat would ask our own FUSE server, which is not serving yet).
+    real_mount = os.path.realpath(mount)
     session = FuseSession(FileTree(core, mount))
     session.mount(mount)
+    # Caller ranges that map files of this mount are refused (faulting them in would ask us).
+    caller_memory.own_dev = mount_device(real_mount)
+    if caller_memory.own_dev is None:
+        session.unmount()
+        session.close()
+        raise OSError(errno.EIO, f"{mount} is not in our mountinfo after mounting it")
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(_stop_on_signal, nursery.cancel_scope, node_name)

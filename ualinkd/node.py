@@ -80,7 +80,7 @@ class NodeCore:
             device.open_process_memory = open_process_memory
             device.resolve_token_fd = self._resolve_token
             device.open_eventfd = open_eventfd
-            driver = AmdgpuDriver(device, accel.vram_size, accel.gtt_size, copy_to_user,
+            driver = AmdgpuDriver(device, *config.accel_memory(accel), copy_to_user,
                                   PROFILES[accel.profile])
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(

@@ -33,6 +33,21 @@ def c_program(name: str) -> str:
     return str(path)
 
 
+_MNT_FORCE = 1
+
+
+def force_unmount(mount: Path) -> None:
+    """umount -f: for FUSE this aborts the connection (fuse_umount_begin), failing every
+    request in flight, which frees whatever waits on the server, the server itself included;
+    then the mount is detached (fusermount -u -z)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.umount2(os.fsencode(str(mount)), _MNT_FORCE)
+    if fuse_mounts_at(str(mount)):
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=10)
+
+
 class Node:
     def __init__(self, proc: subprocess.Popen[str], mount: Path, log: Path, out: Path) -> None:
         self.proc = proc
@@ -58,8 +73,11 @@ class Node:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                # A daemon stuck in the kernel (waiting on a FUSE request, maybe its own)
+                # ignores even SIGKILL until its connection is aborted.
+                force_unmount(self.mount)
                 self.proc.kill()
-                self.proc.wait()
+                self.proc.wait(timeout)
         return self.proc.returncode
 
 

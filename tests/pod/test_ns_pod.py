@@ -147,6 +147,30 @@ def test_c_clients_on_plain_dev_dri_paths(pod):
         share.wait()
 
 
+def test_pointers_into_the_bind_mounted_sysfs_are_efault(pod):
+    """Issue 10 item 1 inside a namespace node: a client's ioctl pointers in a MAP_PRIVATE
+    mapping of /sys/class/drm/renderD128/device/ualink/accel_state, a bind mount of the
+    node's own FUSE mount (same device), are EFAULT, not a daemon hung for good. The client
+    has a deadline; should the node hang anyway, umount -f in its namespace frees it."""
+    node = pod.node(1)
+    build = os.path.join(REPO, "libualink_c", "build")
+    if not os.path.exists(os.path.join(build, "mapped_caller")):
+        subprocess.run(["make", "-s", "-C", os.path.join(REPO, "libualink_c")], check=True)
+    try:
+        r = node.run([os.path.join(build, "mapped_caller"), "/dev/dri/renderD128",
+                      "/sys/class/drm/renderD128/device/ualink/accel_state"], input="\n",
+                     timeout=30)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["nsenter", f"--mount=/proc/{node.pid}/ns/mnt", "umount", "-f",
+                        str(node.mount)], capture_output=True, timeout=10)
+        raise
+    assert r.returncode == 0, r.stderr
+    got = dict(pair.split("=") for pair in r.stdout.split()[1:])
+    assert got == {**{k: str(errno.EFAULT) for k in (
+        "syncobj_reset", "syncobj_query", "gem_op_create_info", "gem_va_input_fences",
+        "userptr_validate", "userptr_gpu_load")}, "userptr_create": "0", "userptr_va_map": "0"}
+
+
 def test_killed_exporter_then_restart(pod):
     """Policy 3 + §5.8a: node0 (accel 0) is SIGKILLed while accels 2, 4, 6 have its BO
     mapped: their loads fault at once; their imports stay (no liveness probing) and a new

@@ -22,6 +22,7 @@ from ualink_testkit import (
     pod_config,
     prime_from_fd,
     prime_to_token,
+    run,
     u32,
     ualink_export_raw,
 )
@@ -90,6 +91,18 @@ def test_create_gds_with_vm_always_valid_is_einval(f):
     assert r.result == -errno.EINVAL
     h = gem_create(f, domains=c.DOMAIN_GWS)
     assert bo(f, h).flags & c.CREATE_NO_CPU_ACCESS
+
+
+@pytest.mark.parametrize("domain", [c.DOMAIN_GDS, c.DOMAIN_GWS, c.DOMAIN_OA,
+                                    c.DOMAIN_DOORBELL])
+def test_special_domain_bos_are_accounted(f, domain):
+    """Issue 10 item 10: a special-domain BO's bytes are the daemon's like any BO's (it can
+    be GEM_VA mapped and stored to), so it is charged to the GTT pool: a 1 TiB GDS BO, which
+    nothing accounted before, is ENOMEM; a small one takes its size from GTT."""
+    assert gem_create_raw(f, size=1 << 40, domains=domain).result == -errno.ENOMEM
+    gtt = f.device.driver.gtt
+    h = gem_create(f, 16 * KIB, domains=domain)
+    assert bo(f, h).placement is gtt and gtt.used == 16 * KIB
 
 
 def test_create_encrypted_is_einval(f):
@@ -195,7 +208,9 @@ def test_mmap_offsets_are_stable_and_disjoint(f):
 
 
 def gem_op(f, handle, op, value=0, padding=0, caller=CALLER):
-    return ioctl(f, GEM_OP, st.GEM_OP.encode(st.GemOp(handle, op, value, 0, padding)), caller)
+    # GET_GEM_CREATE_INFO's copy_to_user is an awaitable (the fakes finish at once).
+    return run(ioctl(f, GEM_OP, st.GEM_OP.encode(st.GemOp(handle, op, value, 0, padding)),
+                     caller))
 
 
 def test_gem_op_padding_is_einval(f):

@@ -16,11 +16,12 @@ from ualink_testkit import (
     CopyToUserFake,
     device,
     gem_create,
-    ioctl,
     make_node,
     open_file,
     pod_config,
+    run,
 )
+from ualink_testkit import ioctl as raw_ioctl
 
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import IOC_READ, IOC_WRITE, ioc, iow, iowr
@@ -34,6 +35,12 @@ CTX = iowr(0x42, 16)
 VM = iowr(0x53, 8)
 PTR = 0x7F00_0000_1000
 ROOT = Caller(pid=4242, uid=0)
+
+
+def ioctl(f, cmd: int, data: bytes, caller: Caller = CALLER):
+    """An ioctl run to its result: its copy to the caller's memory is an awaitable (the
+    daemon's is bounded, callermem.py) that the fake finishes at once."""
+    return run(raw_ioctl(f, cmd, data, caller))
 
 
 @pytest.fixture
@@ -201,7 +208,7 @@ def test_usage_is_live_and_sizes_are_the_accels(core, f, mem):
     """VRAM_USAGE / VIS_VRAM_USAGE / GTT_USAGE follow BO creation and close; VRAM_GTT and
     MEMORY are the accel's pools (VRAM less the 8 MiB page-table reserve, 3/4 max
     allocation), their heap_usage the same live figures."""
-    cfg = core.node.accels[0]
+    vram_size, gtt_size = core.config.accel_memory(core.node.accels[0])
 
     def u64(q: int) -> int:
         return struct.unpack("<Q", info(f, mem, q, 8))[0]
@@ -213,15 +220,15 @@ def test_usage_is_live_and_sizes_are_the_accels(core, f, mem):
     assert u64(inf.VIS_VRAM_USAGE) == base_vram + 3 * MIB
     assert u64(inf.GTT_USAGE) == base_gtt + MIB
     vram_gtt = st.INFO_VRAM_GTT.decode(info(f, mem, inf.VRAM_GTT, 24))
-    assert vram_gtt.vram_size == cfg.vram_size - inf.AMDGPU_VM_RESERVED_VRAM
-    assert vram_gtt.gtt_size == cfg.gtt_size
+    assert vram_gtt.vram_size == vram_size - inf.AMDGPU_VM_RESERVED_VRAM
+    assert vram_gtt.gtt_size == gtt_size
     raw = info(f, mem, inf.MEMORY, 96)
     heaps = [st.HEAP_INFO.decode(raw[i : i + 32]) for i in (0, 32, 64)]
-    assert heaps[0].total_heap_size == cfg.vram_size
+    assert heaps[0].total_heap_size == vram_size
     assert heaps[0].heap_usage == base_vram + 3 * MIB
     assert heaps[0].max_allocation == heaps[0].usable_heap_size * 3 // 4
-    assert heaps[2] == st.HeapInfo(cfg.gtt_size, cfg.gtt_size, base_gtt + MIB,
-                                   cfg.gtt_size * 3 // 4)
+    assert heaps[2] == st.HeapInfo(gtt_size, gtt_size, base_gtt + MIB,
+                                   gtt_size * 3 // 4)
     for handle in (h, g):
         assert ioctl(f, iow(0x09, 8), struct.pack("<II", handle, 0)).result == 0
     assert u64(inf.VRAM_USAGE) == base_vram and u64(inf.GTT_USAGE) == base_gtt
@@ -421,9 +428,9 @@ def test_trace_decodes_info_and_version_from_the_table():
     core = NodeCore(pod_config(), "node0", resolve_fd=lambda p, fd: fd, tracer=recs.append,
                     copy_to_user=CopyToUserFake())
     f = open_file(core)
-    core.ioctl(f, INFO, st.INFO.encode(st.AmdgpuInfo(PTR, 448, inf.DEV_INFO, (0, 0, 0, 0))),
-               0, CALLER)
-    core.ioctl(f, VERSION, bytes(64), 64, CALLER)
+    run(core.ioctl(f, INFO, st.INFO.encode(st.AmdgpuInfo(PTR, 448, inf.DEV_INFO, (0, 0, 0, 0))),
+                   0, CALLER))
+    run(core.ioctl(f, VERSION, bytes(64), 64, CALLER))
     info_rec, version_rec = (r.as_dict() for r in recs)
     assert info_rec["ioctl"] == "AMDGPU_INFO" and info_rec["in"]["query"] == 0x16
     assert info_rec["in"]["return_size"] == 448 and info_rec["out"] == {}

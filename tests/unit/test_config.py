@@ -186,15 +186,17 @@ def test_misspelt_array_of_tables():
 
 @pytest.mark.parametrize("edit,expected", [
     (lambda d: d["pod"].update(response_timeout=50),
-     "pod.toml: unknown key 'response_timeout' in [pod] (allowed there: kernel_quirks, key, "
-     "response_timeout_ms, send_ack_timeout_ms, size, tcp_congestion, tls_ca, uuid); "
+     "pod.toml: unknown key 'response_timeout' in [pod] (allowed there: "
+     "caller_memory_timeout_ms, kernel_quirks, key, memory_budget, response_timeout_ms, "
+     "send_ack_timeout_ms, size, tcp_congestion, tls_ca, uuid); "
      "did you mean 'response_timeout_ms'?"),
     (lambda d: d["nodes"][1].update(adress="127.0.0.1:7001"),
      "pod.toml: nodes[1]: unknown key 'adress' in [[nodes]] (allowed there: accels, address, "
      "link_keys, name, tls_cert, tls_key); did you mean 'address'?"),
     (lambda d: d["nodes"][0]["accels"][0].update(vram="1GiB", stage="ppod", colour="red"),
      "pod.toml: nodes[0].accels[0]: unknown keys 'vram', 'colour' in [[nodes.accels]] "
-     "(allowed there: bandwidth, gtt_size, id, latency, npa_pages, profile, stage, vram_size); "
+     "(allowed there: bandwidth, gtt_size, id, latency, npa_pages, profile, stage, "
+     "vram_size); "
      "did you mean 'vram_size'?"),
     (lambda d: d["vpods"][0].update(members=[0], addr_mode="source-aliasing", name="x"),
      "pod.toml: vpods[0]: unknown key 'name' in [[vpods]] (allowed there: addr_mode, id, "
@@ -221,8 +223,10 @@ def test_single_table_for_an_array_of_tables():
 def test_to_toml_writes_exactly_the_known_keys(tmp_path):
     """Policy 8: with every optional field set, to_toml writes every key the loader knows
     and no other, and the file loads back as the same pod."""
-    doc = pod_doc(nodes=[[{"id": 0, "npa_pages": 64, "profile": "mi300a"}], [{"id": 5}]],
-                  quirks=["hello-no-reset"], tls_ca="/ca.pem", tcp_congestion="")
+    doc = pod_doc(nodes=[[{"id": 0, "npa_pages": 64, "vram_size": "1GiB", "gtt_size": 4096}],
+                         [{"id": 5, "profile": "mi300a"}]],
+                  quirks=["hello-no-reset"], tls_ca="/ca.pem", tcp_congestion="",
+                  memory_budget="8GiB")
     for i, n in enumerate(doc["nodes"]):
         n.update(tls_cert=f"/n{i}.pem", tls_key=f"/n{i}.key")
     doc["nodes"][0]["link_keys"] = {"node1": "cd" * 32}
@@ -281,3 +285,29 @@ def test_two_nodes_on_one_address_is_an_error():
     doc = pod_doc(nodes=[[{"id": 0}], [{"id": 1}]])
     doc["nodes"][0]["address"] = doc["nodes"][1]["address"] = "127.0.0.1:7000"
     assert "nodes 'node0' and 'node1' have the same address 127.0.0.1:7000" in err(doc)
+
+
+def test_default_memory_follows_the_host():
+    """Issue 10 item 10: with no sizes in the file, every accel's VRAM and GTT are its share
+    of the pod's memory budget, half of MemTotal by default, so the BOs of a whole local pod
+    cannot hold more than half of the host (it was 16 + 16 GiB per accel on a 24 GiB host).
+    An accel's own vram_size / gtt_size win; memory_budget sets the pod's total."""
+    host = 24 << 30
+    cfg = PodConfig.from_dict(pod_doc(nodes=[[{"id": 0}, {"id": 1}], [{"id": 2}, {"id": 3}]]))
+    sizes = [cfg.accel_memory(a, host) for n in cfg.nodes for a in n.accels]
+    assert sizes == [(3 << 29, 3 << 29)] * 4  # 12 GiB over 4 accels, half VRAM, half GTT
+    assert sum(v + g for v, g in sizes) <= host // 2
+    cfg = PodConfig.from_dict(pod_doc(nodes=[[{"id": 0, "vram_size": "1GiB"}], [{"id": 5}]],
+                                      memory_budget="1GiB"))
+    assert [cfg.accel_memory(a) for n in cfg.nodes for a in n.accels] == [
+        (1 << 30, 256 << 20), (256 << 20, 256 << 20)]
+    assert "memory_budget: '1 parsec' is not a size" in err(pod_doc(memory_budget="1 parsec"))
+
+
+def test_default_memory_of_this_host():
+    """Without a budget the share comes from this host's /proc/meminfo MemTotal."""
+    from ualinkd.config import host_memory_total
+
+    cfg = PodConfig.from_dict(pod_doc())
+    vram, gtt = cfg.accel_memory(cfg.nodes[0].accels[0])
+    assert vram == gtt and 0 < 4 * vram <= host_memory_total() // 2

@@ -92,7 +92,7 @@ def va_args(handle: int = 0, op: int = c.VA_OP_MAP, flags: int = RW, va: int = V
 
 def va_raw(f: DrmFile, *a: Any, cmd: int = GEM_VA, **kw: Any):
     data = st.GEM_VA.encode(va_args(*a, **kw))
-    return ioctl(f, cmd, data[: (cmd >> 16) & 0x3FFF])
+    return run(ioctl(f, cmd, data[: (cmd >> 16) & 0x3FFF]))  # input fences: a coroutine
 
 
 def va_ok(f: DrmFile, *a: Any, **kw: Any) -> None:

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from ualink_testkit import CALLER, GEM_VA, gem_close, gem_create, ioctl, open_file, pod_config
+from ualink_testkit import CALLER, GEM_VA, gem_close, gem_create, open_file, pod_config
+from ualink_testkit import ioctl as raw_ioctl
 
 from ualinkd.abi import constants as c
 from ualinkd.abi import structs as st
@@ -53,15 +54,22 @@ class UserMemory:
             raise DrmError(errno.EFAULT, f"bad address {address:#x}")
         return slice(address - BASE, address - BASE + n)
 
-    def read(self, pid: int, address: int, n: int) -> bytes:
+    def peek(self, address: int, n: int) -> bytes:
         return bytes(self.mem[self._span(address, n)])
 
-    def write(self, pid: int, address: int, data: bytes) -> None:
+    def poke(self, address: int, data: bytes) -> None:
         self.mem[self._span(address, len(data))] = data
+
+    # The device's copy_from_user / copy_to_user: awaitables, as the daemon's are.
+    async def read(self, pid: int, address: int, n: int) -> bytes:
+        return self.peek(address, n)
+
+    async def write(self, pid: int, address: int, data: bytes) -> None:
+        self.poke(address, data)
 
     def put(self, data: bytes) -> int:
         address, self.next = self.next, self.next + -(-len(data) // 8) * 8
-        self.write(0, address, data)
+        self.poke(address, data)
         return address
 
     def u32s(self, *values: int) -> int:
@@ -109,6 +117,12 @@ def run(aw: Any) -> Any:
     raise AssertionError("the wait suspended")
 
 
+def ioctl(f: DrmFile, cmd: int, data: bytes, caller: Any = CALLER) -> IoctlResult:
+    """An ioctl that does not block (its user-memory copies are awaitables that finish at
+    once here), run to its result."""
+    return run(raw_ioctl(f, cmd, data, caller))
+
+
 def create(f: DrmFile, flags: int = 0) -> int:
     r = ioctl(f, CREATE, struct.pack("<II", 0, flags))
     assert r.result == 0, r
@@ -119,7 +133,7 @@ def wait_raw(f: DrmFile, mem: UserMemory, handles: list[int], flags: int = 0,
              timeout: int = 0) -> IoctlResult | Awaitable[IoctlResult]:
     data = st.SYNCOBJ_WAIT.encode(st.DrmSyncobjWait(
         mem.u32s(*handles), timeout, len(handles), flags, 0, 0, 0))
-    return ioctl(f, WAIT, data)
+    return raw_ioctl(f, WAIT, data)
 
 
 def tl_wait_raw(f: DrmFile, mem: UserMemory, handles: list[int], points: list[int] | None,
@@ -127,7 +141,7 @@ def tl_wait_raw(f: DrmFile, mem: UserMemory, handles: list[int], points: list[in
     pts = mem.u64s(*points) if points is not None else 0
     data = st.SYNCOBJ_TIMELINE_WAIT.encode(st.DrmSyncobjTimelineWait(
         mem.u32s(*handles), pts, timeout, len(handles), flags, 0, 0, 0))
-    return ioctl(f, TL_WAIT, data)
+    return raw_ioctl(f, TL_WAIT, data)
 
 
 def first_signaled(r: IoctlResult, at: int = 24) -> int:
@@ -153,7 +167,7 @@ def query(f: DrmFile, mem: UserMemory, handles: list[int], flags: int = 0) -> li
         st.DrmSyncobjTimelineArray(mem.u32s(*handles), out, len(handles), flags))
     r = ioctl(f, QUERY, data)
     assert r.result == 0, r
-    return list(struct.unpack(f"<{len(handles)}Q", mem.read(0, out, 8 * len(handles))))
+    return list(struct.unpack(f"<{len(handles)}Q", mem.peek(out, 8 * len(handles))))
 
 
 # ---- CREATE / DESTROY -------------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ualink_testkit import gem_create, make_node, open_file, pod_config, ualink_export
 
 from ualinkd.drm.errors import DrmError
@@ -42,6 +44,35 @@ def test_u32_files_refuse_anything_else(text):
 
 def test_u32_overflow_is_erange():
     assert errno_of(parse_u32, "4294967296") == errno.ERANGE
+
+
+@given(st.text("0123456789", min_size=1, max_size=6000), st.sampled_from(["", "+"]),
+       st.sampled_from(["", "\n"]))
+@settings(max_examples=80, deadline=None)
+def test_u32_any_length_is_a_value_or_erange(digits, sign, newline):
+    """_parse_integer (lib/kstrtox.c) accumulates into a u64 and answers ERANGE at the first
+    overflow, for any number of digits; leading zeros never overflow. So a decimal of any
+    length (beyond int()'s 4300-digit limit too) is its value or ERANGE, never another
+    error; the same for the id lists."""
+    significant = digits.lstrip("0") or "0"
+    value = int(significant) if len(significant) <= 12 else None  # None: far above a u32
+    if value is not None and value <= 0xFFFFFFFF:
+        assert parse_u32(sign + digits + newline) == value
+    else:
+        assert errno_of(parse_u32, sign + digits + newline) == errno.ERANGE
+    if value is not None and value < 256:
+        assert parse_ids(sign + digits) == [value]
+    else:
+        assert errno_of(parse_ids, sign + digits) == errno.ERANGE
+
+
+def test_a_5000_digit_decimal_to_a_sys_attribute_is_erange():
+    """Issue 10 item 9: 5000 digits written to setup/bandwidth answer ERANGE (they raised
+    int()'s ValueError, an EIO and a traceback)."""
+    core = make_node()
+    cfg = SysConfig(core.host, next(iter(core.managers.values())))
+    assert errno_of(cfg.write_setup, "bandwidth", "9" * 5000 + "\n") == errno.ERANGE
+    assert errno_of(cfg.write_config, "vpod_active_accels", "1" * 5000) == errno.ERANGE
 
 
 def test_id_lists():

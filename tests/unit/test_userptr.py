@@ -19,6 +19,7 @@ from ualink_testkit import (
     make_node,
     open_file,
     prime_to_fd_raw,
+    run,
     ualink_export_raw,
 )
 
@@ -43,22 +44,25 @@ class FakeProcess:
         self.opened: list[int] = []  # thread ids it was opened for
         self.closed = 0
 
-    def accessible(self, address: int, size: int, write: bool) -> int:
+    def extent(self, address: int, size: int, write: bool) -> int:
         off = address - BASE
         top = (PAGES - 1) * PAGE if write else len(self.mem)  # the last page: read-only
         if off < 0 or off >= top:
             return 0
         return min(size, top - off)
 
-    def read(self, address: int, n: int) -> bytes:
-        if self.accessible(address, n, write=False) < n:
-            raise DrmError(errno.EFAULT, f"{address:#x} is not mapped")
+    # The awaitables of drm.device.ProcessMemory (the daemon's go through worker threads).
+    async def accessible(self, address: int, size: int, write: bool) -> int:
+        return self.extent(address, size, write)
+
+    async def read(self, address: int, n: int) -> bytes:
+        n = self.extent(address, n, write=False)
         return bytes(self.mem[address - BASE:address - BASE + n])
 
-    def write(self, address: int, data: bytes) -> None:
-        if self.accessible(address, len(data), write=True) < len(data):
-            raise DrmError(errno.EFAULT, f"{address:#x} is not mapped writable")
-        self.mem[address - BASE:address - BASE + len(data)] = data
+    async def write(self, address: int, data: bytes) -> int:
+        n = self.extent(address, len(data), write=True)
+        self.mem[address - BASE:address - BASE + n] = data[:n]
+        return n
 
     def close(self) -> None:
         self.closed += 1
@@ -83,7 +87,7 @@ def f(proc):
 
 
 def userptr_raw(f, addr: int = BASE, size: int = PAGES * PAGE, flags: int = RO | VALIDATE):
-    return ioctl(f, GEM_USERPTR, st.GEM_USERPTR.encode(st.GemUserptr(addr, size, flags, 0)))
+    return run(ioctl(f, GEM_USERPTR, st.GEM_USERPTR.encode(st.GemUserptr(addr, size, flags, 0))))
 
 
 def userptr(f, **kw) -> int:
@@ -158,18 +162,19 @@ def test_gpu_loads_and_stores_reach_the_process_memory(f, proc):
     vm = f.device.driver.vm(f)
     faults: list[int] = []
 
-    assert gpu_load(vm, va + 5, 300, remote, lambda: faults.append(1)) == bytes(proc.mem[5:305])
-    assert gpu_store(vm, va + PAGE, b"written by the GPU", remote, lambda: None) == 18
+    got = run(gpu_load(vm, va + 5, 300, remote, lambda: faults.append(1)))
+    assert got == bytes(proc.mem[5:305])
+    assert run(gpu_store(vm, va + PAGE, b"written by the GPU", remote, lambda: None)) == 18
     assert proc.mem[PAGE:PAGE + 18] == b"written by the GPU"
     assert proc.opened == [CALLER.pid]
     with pytest.raises(DrmError):  # the process's last page is read-only
-        gpu_store(vm, va + (PAGES - 1) * PAGE, b"x", remote, lambda: None)
+        run(gpu_store(vm, va + (PAGES - 1) * PAGE, b"x", remote, lambda: None))
     ro = userptr(f, flags=RO)
     _map(f, ro, 0x200000, c.VM_PAGE_READABLE | c.VM_PAGE_WRITEABLE)
     with pytest.raises(DrmError) as e:
-        gpu_store(vm, 0x200000, b"x", remote, lambda: faults.append(1))
+        run(gpu_store(vm, 0x200000, b"x", remote, lambda: faults.append(1)))
     assert e.value.errno == errno.EFAULT and faults == [1]
-    assert gpu_load(vm, 0x200000, 4, remote, lambda: None) == bytes(proc.mem[:4])
+    assert run(gpu_load(vm, 0x200000, 4, remote, lambda: None)) == bytes(proc.mem[:4])
     for handle in (h, ro):
         assert ioctl(f, GEM_CLOSE, struct.pack("<II", handle, 0)).result == 0
     assert proc.closed == 2
@@ -184,11 +189,11 @@ def test_userptr_faults_give_short_counts(f, proc):
     edge = BASE + (PAGES - 1) * PAGE  # the last mapped page; the next one is not mapped
     h = userptr(f, addr=edge, size=2 * PAGE, flags=RO)  # no VALIDATE: accepted as is
     _map(f, h, 0x100000, c.VM_PAGE_READABLE, size=2 * PAGE)
-    got = gpu_load(vm, 0x100000 + 100, 2 * PAGE - 100, remote, lambda: faults.append(1))
+    got = run(gpu_load(vm, 0x100000 + 100, 2 * PAGE - 100, remote, lambda: faults.append(1)))
     assert got == bytes(proc.mem[-PAGE + 100:]) and faults == [1]
     w = userptr(f, flags=REG)  # the last page is read-only in the process
     _map(f, w, 0x200000, c.VM_PAGE_READABLE | c.VM_PAGE_WRITEABLE)
     at = 0x200000 + (PAGES - 2) * PAGE
-    assert gpu_store(vm, at, b"y" * 2 * PAGE, remote, lambda: faults.append(2)) == PAGE
+    assert run(gpu_store(vm, at, b"y" * 2 * PAGE, remote, lambda: faults.append(2))) == PAGE
     assert proc.mem[(PAGES - 2) * PAGE:(PAGES - 1) * PAGE] == b"y" * PAGE
     assert faults == [1, 2]

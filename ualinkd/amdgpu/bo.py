@@ -1,8 +1,10 @@
 """amdgpu buffer objects: a GemObject with domains, creation flags and placement (§2.3).
 
-`MemoryPool` is a domain's capacity (VRAM, GTT), accounted at creation; the bytes themselves
-are a `BoMemory` created on first use and allocated lazily, so a 16 GiB BO costs nothing until
-something writes to it. A BO that is CPU-mapped shares them as a memfd (`BoMemory.share`).
+`MemoryPool` is a domain's capacity (VRAM, GTT), accounted at creation for every BO whose
+bytes the daemon holds; the bytes themselves are a `BoMemory` created on first use and
+allocated lazily, so a 16 GiB BO costs nothing until something writes to it, and what all
+BOs can ever hold is the pools' sizes (the pod's memory budget, config.py). A BO that is
+CPU-mapped shares them as a memfd (`BoMemory.share`).
 """
 
 from __future__ import annotations
@@ -151,11 +153,10 @@ class AmdgpuBo(GemObject):
         self.metadata_flags = flags
 
     @property
-    def memory(self) -> BoMemory | UserMemory:
-        """The BO's bytes, created on first use (reads of untouched bytes give zeros); a
-        userptr BO's are its process's memory."""
-        if self.userptr is not None:
-            return self.userptr
+    def memory(self) -> BoMemory:
+        """The BO's bytes, created on first use (reads of untouched bytes give zeros). A
+        userptr BO has none of its own: its bytes are `userptr`, its process's memory."""
+        assert self.userptr is None, "a userptr BO's memory is its process's"
         if self._memory is None:
             self._memory = BoMemory(self.size)
         return self._memory
@@ -196,16 +197,16 @@ class AmdgpuBo(GemObject):
             buf.put()
 
 
-def place(size: int, domains: int, vram: MemoryPool, gtt: MemoryPool) -> MemoryPool | None:
+def place(size: int, domains: int, vram: MemoryPool, gtt: MemoryPool) -> MemoryPool:
     """Initial placement: VRAM first if allowed and free, then GTT; ENOMEM if neither.
     CPU-domain BOs (and domain 0, which amdgpu treats as CPU) live in system memory, which
-    is what the GTT pool accounts; the tiny special domains are not accounted."""
+    is what the GTT pool accounts. So do the special domains (GDS, GWS, OA, DOORBELL): tiny
+    apertures on a GPU, but here their bytes are the daemon's like any BO's, and a BO whose
+    bytes nobody accounts could grow the daemon without bound through GPU stores."""
     accounted = domains & (DOMAIN_VRAM | DOMAIN_GTT)
-    if domains & DOMAIN_CPU or domains == 0:
+    if domains & DOMAIN_CPU or not accounted:
         accounted |= DOMAIN_GTT
     pools = [p for p, bit in ((vram, DOMAIN_VRAM), (gtt, DOMAIN_GTT)) if accounted & bit]
-    if not pools:
-        return None
     for pool in pools:
         if pool.fits(size):
             return pool

@@ -18,7 +18,7 @@ from typing import Protocol
 from ..abi import constants as c
 from ..abi import ioctls as tbl
 from ..abi import structs as st
-from ..drm.device import Caller, CopyToUser, DriverVersion, DrmDevice, Handler
+from ..drm.device import Caller, CopyToUser, DriverVersion, DrmDevice, Handler, ProcessMemory
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf, GemObject
@@ -177,14 +177,18 @@ class AmdgpuDriver:
 
     # -- GEM_USERPTR (amdgpu_gem_userptr_ioctl) ----------------------------------------------
     @tbl.handles(tbl.AMDGPU_GEM_USERPTR)
-    def gem_userptr_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+    def gem_userptr_ioctl(
+        self, file: DrmFile, kdata: bytearray, caller: Caller
+    ) -> Awaitable[None] | None:
         """A BO over the caller's own memory, for the userptr rules of §1.6 E2, §2.5, §2.7 and
         §2.8. Unaligned address or size, or unknown flags → EINVAL; writable without
         REGISTER → EACCES (the MMU-notifier rule of the kernels the spec is taken from);
         VALIDATE faults the pages in now (EFAULT if any is not mapped, or not writable for a
         writable BO). The BO prefers and allows only GTT; GPU loads and stores reach the
         process's memory (the process, so the registering thread may exit; never another
-        process that gets its pid later), and a READONLY one refuses GPU stores."""
+        process that gets its pid later), and a READONLY one refuses GPU stores. VALIDATE
+        looks at the process's mappings off the FUSE thread: then the answer is an
+        awaitable."""
         args = st.GEM_USERPTR.decode(bytes(kdata[:24]))
         if (args.addr | args.size) & (c.GPU_PAGE_SIZE - 1):
             raise DrmError(errno.EINVAL, "userptr address and size must be page aligned")
@@ -199,13 +203,30 @@ class AmdgpuDriver:
             raise DrmError(errno.EFAULT, "no access to the caller's memory")
         process = opener(caller.pid)
         readonly = bool(args.flags & c.USERPTR_READONLY)
+        if args.flags & c.USERPTR_VALIDATE:
+            return self._userptr_validated(file, kdata, process, args.addr, args.size,
+                                           readonly)
+        self._userptr_create(file, kdata, process, args.addr, args.size, readonly)
+        return None
+
+    async def _userptr_validated(self, file: DrmFile, kdata: bytearray,
+                                 process: ProcessMemory, addr: int, size: int,
+                                 readonly: bool) -> None:
         # get_user_pages: with VALIDATE every page must be there, with the access the BO has.
-        if (args.flags & c.USERPTR_VALIDATE
-                and process.accessible(args.addr, args.size, not readonly) < args.size):
+        try:
+            ok = await process.accessible(addr, size, not readonly) >= size
+        except BaseException:
+            process.close()
+            raise
+        if not ok:
             process.close()
             raise DrmError(errno.EFAULT, "userptr range not mapped as asked")
-        memory = UserMemory(process, args.addr, args.size, readonly)
-        bo = AmdgpuBo(self.device, args.size, 0, c.DOMAIN_GTT, 0, None)
+        self._userptr_create(file, kdata, process, addr, size, readonly)
+
+    def _userptr_create(self, file: DrmFile, kdata: bytearray, process: ProcessMemory,
+                        addr: int, size: int, readonly: bool) -> None:
+        memory = UserMemory(process, addr, size, readonly)
+        bo = AmdgpuBo(self.device, size, 0, c.DOMAIN_GTT, 0, None)
         bo.userptr = memory
         bo.on_handle_free = self._handle_free
         handle = file.handle_create(bo)
@@ -230,7 +251,9 @@ class AmdgpuDriver:
 
     # -- GEM_VA (§2.6) -------------------------------------------------------------------------
     @tbl.handles(tbl.AMDGPU_GEM_VA)
-    def gem_va_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+    def gem_va_ioctl(
+        self, file: DrmFile, kdata: bytearray, caller: Caller
+    ) -> Awaitable[None] | None:
         """Table direction W: nothing is copied back. A 40-byte legacy call arrives here
         zero-extended to 64 bytes by the DRM core (§2.1)."""
         args = st.GEM_VA.decode(bytes(kdata[: st.GEM_VA.size]))
@@ -242,7 +265,7 @@ class AmdgpuDriver:
 
         sync = VaSync(lambda address, n: self.device.syncobj.read_u32s(caller, address, n),
                       file.syncobjs.find)
-        gem_va(self.vm(file), args, lookup, sync)
+        return gem_va(self.vm(file), args, lookup, sync)
 
     # -- GEM_METADATA (amdgpu_gem_metadata_ioctl) --------------------------------------------------
     @tbl.handles(tbl.AMDGPU_GEM_METADATA)
@@ -269,7 +292,9 @@ class AmdgpuDriver:
 
     # -- GEM_OP (§2.8) -------------------------------------------------------------------------
     @tbl.handles(tbl.AMDGPU_GEM_OP)
-    def gem_op_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+    def gem_op_ioctl(
+        self, file: DrmFile, kdata: bytearray, caller: Caller
+    ) -> Awaitable[None] | None:
         args = st.GEM_OP.decode(bytes(kdata[:24]))
         if args.padding:
             raise DrmError(errno.EINVAL, "GEM_OP padding must be 0")
@@ -281,8 +306,9 @@ class AmdgpuDriver:
             info = st.GemCreateIn(bo.size, alignment, bo.preferred_domains, bo.flags)
             if self.copy_to_user is None:
                 raise DrmError(errno.EFAULT, "no user memory access")
-            self.copy_to_user(caller.pid, args.value, st.GEM_CREATE_IN.encode(info))
-        elif args.op == c.GEM_OP_SET_PLACEMENT:
+            # The last thing it does: nothing changes while the copy is in flight.
+            return self.copy_to_user(caller.pid, args.value, st.GEM_CREATE_IN.encode(info))
+        if args.op == c.GEM_OP_SET_PLACEMENT:
             if (bo.import_buf is not None or bo.npa is not None) and args.value & c.DOMAIN_VRAM:
                 raise DrmError(errno.EINVAL, "imported BOs cannot prefer VRAM")
             if bo.userptr is not None:
@@ -291,8 +317,8 @@ class AmdgpuDriver:
             bo.allowed_domains = bo.preferred_domains
             if bo.allowed_domains == c.DOMAIN_VRAM:
                 bo.allowed_domains |= c.DOMAIN_GTT
-        else:
-            raise DrmError(errno.EINVAL, f"GEM_OP op {args.op}")
+            return None
+        raise DrmError(errno.EINVAL, f"GEM_OP op {args.op}")
 
     # -- UALINK_HANDLE (§1.3–§1.6) ---------------------------------------------------------------
     async def _import_later(

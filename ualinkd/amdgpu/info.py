@@ -251,7 +251,7 @@ class AmdgpuInfo:
 
     # -- the ioctls -----------------------------------------------------------------------------
     @tbl.handles(tbl.AMDGPU_INFO)
-    def info_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+    async def info_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         """amdgpu_info_ioctl: return_size 0 or a NULL return_pointer → EINVAL before the
         query is looked at (1); the query's answer (2); min(return_size, its size) bytes
         to the caller's memory, EFAULT if that fails (3)."""
@@ -259,8 +259,8 @@ class AmdgpuInfo:
         if not info.return_size or not info.return_pointer:  # 1
             raise DrmError(errno.EINVAL, "AMDGPU_INFO needs return_pointer and return_size")
         data = self.answer(file, info)  # 2
-        self.driver.device.write_user(caller, info.return_pointer,  # 3
-                                      data[: info.return_size])
+        await self.driver.device.write_user(caller, info.return_pointer,  # 3
+                                            data[: info.return_size])
 
     @tbl.handles(tbl.AMDGPU_CTX)
     def ctx_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:

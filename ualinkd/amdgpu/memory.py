@@ -188,8 +188,10 @@ def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> N
 
 class UserMemory:
     """The bytes of a userptr BO (AMDGPU_GEM_USERPTR): a process's own memory at `address`,
-    through the ProcessMemory the BO holds open (EFAULT where it is not mapped, is not
-    writable for a store, or the process is gone), which a GPU access turns into a fault."""
+    through the ProcessMemory the BO holds open. Accesses are awaitables (the edge reaches
+    that memory off the FUSE thread) and stop at the first page that is not mapped, not
+    writable for a store, or gone with the process: a short count, which a GPU access turns
+    into a fault (policy 10)."""
 
     __slots__ = ("address", "process", "readonly", "size")
 
@@ -203,22 +205,20 @@ class UserMemory:
     def _check(self, offset: int, n: int) -> None:
         _check_range(offset, n, self.size)
 
-    def accessible(self, offset: int, n: int, write: bool) -> int:
+    async def accessible(self, offset: int, n: int, write: bool) -> int:
         """How many of the n bytes at `offset` the process has mapped for the access."""
         self._check(offset, n)
-        return self.process.accessible(self.address + offset, n, write) if n else 0
+        return await self.process.accessible(self.address + offset, n, write) if n else 0
 
-    def read(self, offset: int, n: int) -> bytes:
+    async def read(self, offset: int, n: int) -> bytes:
+        """The bytes at `offset` up to the first page the process does not have readable."""
         self._check(offset, n)
-        return self.process.read(self.address + offset, n) if n else b""
+        return await self.process.read(self.address + offset, n) if n else b""
 
-    def read_views(self, offset: int, n: int) -> list[memoryview]:
-        return [memoryview(self.read(offset, n))]
-
-    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+    async def write(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+        """Store up to the first page the process does not have writable; the count."""
         self._check(offset, len(data))
-        if len(data):
-            self.process.write(self.address + offset, bytes(data))
+        return await self.process.write(self.address + offset, bytes(data)) if len(data) else 0
 
     def close(self) -> None:
         self.process.close()

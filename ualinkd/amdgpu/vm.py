@@ -6,7 +6,8 @@ GEM_VA: `gem_va()` is amdgpu_gem_va_ioctl with every check in the kernel's order
 `GpuVm` map/unmap/replace/clear operations are amdgpu_vm_bo_map & co. And GPU loads and
 stores: `plan()` cuts a VA range into pieces of local BO memory and remote NPA memory and
 says where the first GPU page fault is; `gpu_load`/`gpu_store` carry the pieces out with
-policy 10's EFAULT / short-count rule, returning an awaitable only when the fabric is needed.
+policy 10's EFAULT / short-count rule, returning an awaitable only when the fabric or a
+process's memory (a userptr BO, reached off the FUSE thread) is needed.
 
 Mappings are page aligned and never overlap; they sit in a sorted list of start addresses
 (bisect) with a dict beside it, so a lookup is logarithmic. Addresses inside the VM are the
@@ -269,20 +270,22 @@ class GpuVm:
 @dataclass(frozen=True, slots=True)
 class VaSync:
     """GEM_VA's access to the calling file's syncobjs: `read_handles(address, count)` reads
-    the input-fence handle array from user memory (EFAULT), `find` looks a handle up."""
+    the input-fence handle array from user memory (an awaitable; EFAULT), `find` looks a
+    handle up."""
 
-    read_handles: Callable[[int, int], tuple[int, ...]]
+    read_handles: Callable[[int, int], Awaitable[tuple[int, ...]]]
     find: Callable[[int], DrmSyncobj | None]
 
 
 def gem_va(
     vm: GpuVm, args: GemVa, lookup: Callable[[int], AmdgpuBo | None],
     sync: VaSync | None = None,
-) -> None:
+) -> Awaitable[None] | None:
     """amdgpu_gem_va_ioctl: every check in the kernel's order (§2.6 steps 1–11), then the
     operation and the timeline syncobj (step 12). Page tables are "updated" at once;
     DELAY_UPDATE changes nothing observable here (no command submission exists to pick the
-    update up later). Without `sync` no user memory can be read and no syncobj exists."""
+    update up later). Without `sync` no user memory can be read and no syncobj exists.
+    With input fences the rest runs after their handles are copied in: an awaitable."""
     va, size, flags, op = args.va_address, args.map_size, args.flags, args.operation
     if va < VA_RESERVED_BOTTOM:  # 1
         raise DrmError(errno.EINVAL, f"GEM_VA address {va:#x} in the reserved bottom")
@@ -305,7 +308,28 @@ def gem_va(
     if args.num_syncobj_handles:  # 8
         if sync is None:
             raise DrmError(errno.EFAULT, "GEM_VA input syncobj handles: no user memory access")
-        _wait_input_fences(sync, args.input_fence_syncobj_handles, args.num_syncobj_handles)
+        if args.num_syncobj_handles * 4 > KMALLOC_MAX_SIZE:
+            raise DrmError(errno.ENOMEM, f"{args.num_syncobj_handles} input syncobj handles")
+        return _va_after_input_fences(vm, args, va, bo, sync)
+    _gem_va_apply(vm, args, va, bo, sync)
+    return None
+
+
+async def _va_after_input_fences(
+    vm: GpuVm, args: GemVa, va: int, bo: AmdgpuBo | None, sync: VaSync
+) -> None:
+    handles = await sync.read_handles(args.input_fence_syncobj_handles,
+                                      args.num_syncobj_handles)
+    _wait_input_fences(sync, handles)
+    _gem_va_apply(vm, args, va, bo, sync)
+
+
+def _gem_va_apply(
+    vm: GpuVm, args: GemVa, va: int, bo: AmdgpuBo | None, sync: VaSync | None
+) -> None:
+    """Steps 9–12, once the input fences are there. The BO is looked up again through the
+    VM: if its handle closed meanwhile its bo_va went with it (ENOENT, as the kernel's)."""
+    flags, op, size = args.flags, args.operation, args.map_size
     if bo is not None:  # 9
         bo_va = vm.bo_find(bo)
         if bo_va is None:
@@ -339,14 +363,13 @@ def gem_va(
             timeline.replace_fence(STUB)
 
 
-def _wait_input_fences(sync: VaSync, address: int, count: int) -> None:
+def _wait_input_fences(sync: VaSync, handles: tuple[int, ...]) -> None:
     """amdgpu_gem_add_input_fence: the handle array is copied in whole (memdup_user: EFAULT,
-    ENOMEM past KMALLOC_MAX_SIZE), then each handle in turn: 0 → EINVAL, unknown → ENOENT,
-    no fence → EINVAL (drm_syncobj_find_fence without WAIT_FOR_SUBMIT). The fences are
-    waited for; every fence here is already signaled, so that wait returns at once."""
-    if count * 4 > KMALLOC_MAX_SIZE:
-        raise DrmError(errno.ENOMEM, f"{count} input syncobj handles")
-    for handle in sync.read_handles(address, count):
+    ENOMEM past KMALLOC_MAX_SIZE, checked by the caller), then each handle in turn: 0 →
+    EINVAL, unknown → ENOENT, no fence → EINVAL (drm_syncobj_find_fence without
+    WAIT_FOR_SUBMIT). The fences are waited for; every fence here is already signaled, so
+    that wait returns at once."""
+    for handle in handles:
         if handle == 0:
             raise DrmError(errno.EINVAL, "GEM_VA input syncobj handle 0")
         obj = sync.find(handle)
@@ -378,17 +401,9 @@ def gpu_load(
         if fault_at == va:
             raise _fault(va)
     later_fault = on_fault if fault_at is None else None  # one fault per access
-    if all(type(p) is LocalPiece for p in pieces):
-        out: list[bytes] = []
-        done = 0
-        for p in pieces:
-            got = _read_local(p)  # type: ignore[arg-type]
-            out.append(got)
-            done += len(got)
-            if len(got) < p.length:  # a userptr page its process does not have
-                _short(done, va, later_fault)
-                break
-        return b"".join(out)
+    if all(type(p) is LocalPiece and p.bo.userptr is None for p in pieces):
+        return b"".join([p.bo.memory.read(p.bo_offset, p.length)
+                         for p in pieces])
     return _load_later(pieces, va, remote, later_fault)
 
 
@@ -401,38 +416,24 @@ def _short(done: int, va: int, on_fault: Callable[[], None] | None) -> None:
         raise _fault(va)
 
 
-def _read_local(p: LocalPiece) -> bytes:
-    """A local piece's bytes. Only a userptr BO can fault here (its process's memory): then
-    the bytes up to the first page the process does not have readable (policy 10's short
-    count), empty if that is the first."""
+async def _read_local(p: LocalPiece) -> bytes:
+    """A local piece's bytes. Only a userptr BO can fault here (its process's memory, read
+    off the FUSE thread, so this is a coroutine): then the bytes up to the first page the
+    process does not have readable (policy 10's short count), empty if that is the first."""
     user = p.bo.userptr
     if user is None:
         return p.bo.memory.read(p.bo_offset, p.length)
-    n = user.accessible(p.bo_offset, p.length, write=False)
-    try:
-        return user.read(p.bo_offset, n) if n else b""
-    except DrmError as e:  # the process changed its mappings since
-        if e.errno != errno.EFAULT:
-            raise
-        return b""
+    return await user.read(p.bo_offset, p.length)
 
 
-def _write_local(p: LocalPiece, data: bytes | memoryview) -> int:
+async def _write_local(p: LocalPiece, data: bytes | memoryview) -> int:
     """Store into a local piece; the count stored (short only for a userptr BO whose
     process has a page unmapped or read-only, policy 10)."""
     user = p.bo.userptr
     if user is None:
         p.bo.memory.write(p.bo_offset, data)
         return p.length
-    n = user.accessible(p.bo_offset, p.length, write=True)
-    try:
-        if n:
-            user.write(p.bo_offset, data[:n])
-    except DrmError as e:
-        if e.errno != errno.EFAULT:
-            raise
-        return 0
-    return n
+    return await user.write(p.bo_offset, data)
 
 
 async def _load_later(
@@ -442,7 +443,7 @@ async def _load_later(
     done = 0
     for p in pieces:
         if isinstance(p, LocalPiece):
-            got = _read_local(p)
+            got = await _read_local(p)
         else:
             try:
                 r = await remote(p, False, None)
@@ -471,15 +472,12 @@ def gpu_store(
         if fault_at == va:
             raise _fault(va)
     later_fault = on_fault if fault_at is None else None  # one fault per access
-    if all(type(p) is LocalPiece for p in pieces):
+    if all(type(p) is LocalPiece and p.bo.userptr is None for p in pieces):
         mv = memoryview(data)
         done = 0
         for p in pieces:
-            n = _write_local(p, mv[done : done + p.length])  # type: ignore[arg-type]
-            done += n
-            if n < p.length:  # a userptr page its process does not let us write
-                _short(done, va, later_fault)
-                break
+            p.bo.memory.write(p.bo_offset, mv[done : done + p.length])
+            done += p.length
         return done
     return _store_later(pieces, va, data, remote, later_fault)
 
@@ -492,7 +490,7 @@ async def _store_later(
     for p in pieces:
         chunk = data[done : done + p.length]
         if isinstance(p, LocalPiece):
-            n = _write_local(p, chunk)
+            n = await _write_local(p, chunk)
         else:
             try:
                 r = await remote(p, True, chunk)

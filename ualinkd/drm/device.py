@@ -52,20 +52,23 @@ class Caller:
 # A handler works on the kernel buffer in place, like a drm_ioctl_t on kdata. One that needs
 # the fabric returns an awaitable that finishes the work (and may raise DrmError) instead.
 Handler = Callable[[DrmFile, bytearray, Caller], Awaitable[None] | None]
-# User memory of the caller, for arrays behind ioctl pointers: both raise DrmError(EFAULT).
-CopyFromUser = Callable[[int, int, int], bytes]  # (pid, address, size) -> bytes
-CopyToUser = Callable[[int, int, bytes], None]  # (pid, address, data)
+# User memory of the caller, for arrays behind ioctl pointers: awaitables (the edge does the
+# access off the thread that serves FUSE, DESIGN "Restricted ioctls"); both raise
+# DrmError(EFAULT) unless every byte was done.
+CopyFromUser = Callable[[int, int, int], Awaitable[bytes]]  # (pid, address, size) -> bytes
+CopyToUser = Callable[[int, int, bytes], Awaitable[None]]  # (pid, address, data)
 
 
 class ProcessMemory(Protocol):
     """One process's address space, held open for as long as a BO uses it: still that
     process after it exits (then nothing is accessible), never a later one with its pid.
     `accessible` counts the bytes from `address` mapped readable (writable, for a write);
-    read and write raise DrmError(EFAULT) unless all of theirs are."""
+    `read` gives the bytes up to the first page that is not (short, maybe empty), `write`
+    stores up to there and gives the count. Awaitables, for the reason CopyFromUser is."""
 
-    def accessible(self, address: int, size: int, write: bool) -> int: ...
-    def read(self, address: int, n: int) -> bytes: ...
-    def write(self, address: int, data: bytes) -> None: ...
+    def accessible(self, address: int, size: int, write: bool) -> Awaitable[int]: ...
+    def read(self, address: int, n: int) -> Awaitable[bytes]: ...
+    def write(self, address: int, data: bytes) -> Awaitable[int]: ...
     def close(self) -> None: ...
 
 
@@ -141,22 +144,23 @@ class DrmDevice:
             **tbl.bind(self), **tbl.bind(self.syncobj)}  # type: ignore[dict-item]
 
     # -- the caller's memory (copy_from_user / copy_to_user) -------------------------------
-    def read_user(self, caller: Caller, address: int, size: int) -> bytes:
-        """copy_from_user: all `size` bytes or DrmError(EFAULT)."""
+    async def read_user(self, caller: Caller, address: int, size: int) -> bytes:
+        """copy_from_user: all `size` bytes or DrmError(EFAULT). An awaitable: the daemon
+        reaches the caller's memory off the FUSE thread, within a bound (callermem.py)."""
         copy = self.copy_from_user
         if copy is None:
             raise DrmError(errno.EFAULT, "no user memory access")
-        data = copy(caller.pid, address, size)
+        data = await copy(caller.pid, address, size)
         if len(data) != size:
             raise DrmError(errno.EFAULT, f"short read of user memory at {address:#x}")
         return data
 
-    def write_user(self, caller: Caller, address: int, data: bytes) -> None:
-        """copy_to_user: all of `data` or DrmError(EFAULT)."""
+    async def write_user(self, caller: Caller, address: int, data: bytes) -> None:
+        """copy_to_user: all of `data` or DrmError(EFAULT) (an awaitable, as read_user)."""
         copy = self.copy_to_user
         if copy is None:
             raise DrmError(errno.EFAULT, "no user memory access")
-        copy(caller.pid, address, data)
+        await copy(caller.pid, address, data)
 
     def next_object_id(self) -> int:
         self._ids += 1
@@ -232,7 +236,7 @@ class DrmDevice:
         f.handle_delete(args.handle)
 
     @tbl.handles(tbl.VERSION)
-    def _version(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+    async def _version(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         """drm_version: the driver's numbers, then name, date, desc by drm_copy_field: each
         copies min(strlen, the caller's length) bytes (no NUL) to the caller's buffer when
         that is non-zero and the buffer non-NULL, and always reports the full length (1);
@@ -251,7 +255,7 @@ class DrmDevice:
             n = min(len(text), user_len)
             struct.pack_into("<Q", kdata, at, len(text))  # 1
             if n and buf:
-                self.write_user(caller, buf, text[:n])  # 2
+                await self.write_user(caller, buf, text[:n])  # 2
 
     @tbl.handles(tbl.GET_CAP)
     def _get_cap(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:

@@ -8,7 +8,10 @@ plain fence (CREATE_SIGNALED, SIGNAL), or a timeline chain whose head is at some
 A wait that is not satisfied at once becomes an awaitable built on the injected `SyncWaits`
 (the trio edge implements it; this layer never imports trio). Attaching a fence to a syncobj
 wakes whoever waits on it. Arrays behind user pointers are read and written through the
-device's injected copy_from_user / copy_to_user (EFAULT on a bad pointer).
+device's injected copy_from_user / copy_to_user (EFAULT on a bad pointer); those are
+awaitables, so every ioctl with an array answers from a coroutine. Each copies its arrays in
+before it looks anything up and changes nothing before its last copy in, as the kernel does,
+so other requests served while a copy is in flight see no half-done ioctl.
 """
 
 from __future__ import annotations
@@ -270,26 +273,26 @@ class SyncobjIoctls:
         self.device = device
 
     # -- user memory --------------------------------------------------------------------------
-    def read_user(self, caller: Caller, address: int, size: int) -> bytes:
-        return self.device.read_user(caller, address, size)
+    async def read_user(self, caller: Caller, address: int, size: int) -> bytes:
+        return await self.device.read_user(caller, address, size)
 
-    def write_user(self, caller: Caller, address: int, data: bytes) -> None:
-        self.device.write_user(caller, address, data)
+    async def write_user(self, caller: Caller, address: int, data: bytes) -> None:
+        await self.device.write_user(caller, address, data)
 
-    def read_u32s(self, caller: Caller, address: int, count: int) -> tuple[int, ...]:
-        return struct.unpack(f"<{count}I", self.read_user(caller, address, 4 * count))
+    async def read_u32s(self, caller: Caller, address: int, count: int) -> tuple[int, ...]:
+        return struct.unpack(f"<{count}I", await self.read_user(caller, address, 4 * count))
 
-    def read_u64s(self, caller: Caller, address: int, count: int) -> tuple[int, ...]:
-        return struct.unpack(f"<{count}Q", self.read_user(caller, address, 8 * count))
+    async def read_u64s(self, caller: Caller, address: int, count: int) -> tuple[int, ...]:
+        return struct.unpack(f"<{count}Q", await self.read_user(caller, address, 8 * count))
 
-    def array_find(
+    async def array_find(
         self, f: DrmFile, caller: Caller, address: int, count: int
     ) -> list[DrmSyncobj]:
         """drm_syncobj_array_find: copy the handles in (EFAULT), each must exist (ENOENT)."""
         if count > MAX_HANDLES:
             raise DrmError(errno.ENOMEM, f"{count} syncobj handles")
         objs = []
-        for handle in self.read_u32s(caller, address, count):
+        for handle in await self.read_u32s(caller, address, count):
             obj = f.syncobjs.find(handle)
             if obj is None:
                 raise DrmError(errno.ENOENT, f"no syncobj {handle}")
@@ -313,26 +316,26 @@ class SyncobjIoctls:
         f.syncobjs.destroy(args.handle)
 
     # -- RESET / SIGNAL / TIMELINE_SIGNAL -----------------------------------------------------
-    def _array(self, f: DrmFile, kdata: bytearray, caller: Caller) -> list[DrmSyncobj]:
+    async def _array(self, f: DrmFile, kdata: bytearray, caller: Caller) -> list[DrmSyncobj]:
         args = st.SYNCOBJ_ARRAY.decode(bytes(kdata[: st.SYNCOBJ_ARRAY.size]))
         if args.pad:
             raise DrmError(errno.EINVAL, "syncobj array pad must be 0")
         if args.count_handles == 0:
             raise DrmError(errno.EINVAL, "no syncobj handles")
-        return self.array_find(f, caller, args.handles, args.count_handles)
+        return await self.array_find(f, caller, args.handles, args.count_handles)
 
     @tbl.handles(tbl.SYNCOBJ_RESET)
-    def reset_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
-        for obj in self._array(f, kdata, caller):
+    async def reset_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        for obj in await self._array(f, kdata, caller):
             obj.replace_fence(None)
 
     @tbl.handles(tbl.SYNCOBJ_SIGNAL)
-    def signal_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
-        for obj in self._array(f, kdata, caller):
+    async def signal_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        for obj in await self._array(f, kdata, caller):
             obj.replace_fence(STUB)  # drm_syncobj_assign_null_handle
 
     @tbl.handles(tbl.SYNCOBJ_TIMELINE_SIGNAL)
-    def timeline_signal_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+    async def timeline_signal_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         """Flags must be 0; a NULL `points` signals every syncobj at point 0. The points are
         read before any syncobj changes (older kernels' copy; newer ones fault part-way)."""
         args = st.SYNCOBJ_TIMELINE_ARRAY.decode(bytes(kdata[: st.SYNCOBJ_TIMELINE_ARRAY.size]))
@@ -340,50 +343,50 @@ class SyncobjIoctls:
             raise DrmError(errno.EINVAL, f"TIMELINE_SIGNAL flags {args.flags:#x}")
         if args.count_handles == 0:
             raise DrmError(errno.EINVAL, "no syncobj handles")
-        objs = self.array_find(f, caller, args.handles, args.count_handles)
-        points = (self.read_u64s(caller, args.points, len(objs)) if args.points
+        objs = await self.array_find(f, caller, args.handles, args.count_handles)
+        points = (await self.read_u64s(caller, args.points, len(objs)) if args.points
                   else (0,) * len(objs))
         for obj, point in zip(objs, points, strict=True):
             obj.add_point(point)
 
     # -- QUERY ------------------------------------------------------------------------------------
     @tbl.handles(tbl.SYNCOBJ_QUERY)
-    def query_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
+    async def query_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.SYNCOBJ_TIMELINE_ARRAY.decode(bytes(kdata[: st.SYNCOBJ_TIMELINE_ARRAY.size]))
         if args.flags & ~c.DRM_SYNCOBJ_QUERY_FLAGS_LAST_SUBMITTED:
             raise DrmError(errno.EINVAL, f"SYNCOBJ_QUERY flags {args.flags:#x}")
         if args.count_handles == 0:
             raise DrmError(errno.EINVAL, "no syncobj handles")
-        objs = self.array_find(f, caller, args.handles, args.count_handles)
+        objs = await self.array_find(f, caller, args.handles, args.count_handles)
         points = [obj.query() for obj in objs]
-        self.write_user(caller, args.points, struct.pack(f"<{len(points)}Q", *points))
+        await self.write_user(caller, args.points, struct.pack(f"<{len(points)}Q", *points))
 
     # -- WAIT / TIMELINE_WAIT ---------------------------------------------------------------------
     @tbl.handles(tbl.SYNCOBJ_WAIT)
-    def wait_ioctl(
-        self, f: DrmFile, kdata: bytearray, caller: Caller
-    ) -> Awaitable[None] | None:
+    async def wait_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.SYNCOBJ_WAIT.decode(bytes(kdata[: st.SYNCOBJ_WAIT.size]))
         if args.flags & ~_WAIT_FLAGS:  # WAIT_AVAILABLE is for timeline waits only
             raise DrmError(errno.EINVAL, f"SYNCOBJ_WAIT flags {args.flags:#x}")
         if args.count_handles == 0:
             raise DrmError(errno.EINVAL, "no syncobj handles")
-        objs = self.array_find(f, caller, args.handles, args.count_handles)
-        return self._wait(objs, [0] * len(objs), args.flags, args.timeout_nsec, kdata, 24)
+        objs = await self.array_find(f, caller, args.handles, args.count_handles)
+        pending = self._wait(objs, [0] * len(objs), args.flags, args.timeout_nsec, kdata, 24)
+        if pending is not None:
+            await pending
 
     @tbl.handles(tbl.SYNCOBJ_TIMELINE_WAIT)
-    def timeline_wait_ioctl(
-        self, f: DrmFile, kdata: bytearray, caller: Caller
-    ) -> Awaitable[None] | None:
+    async def timeline_wait_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.SYNCOBJ_TIMELINE_WAIT.decode(bytes(kdata[: st.SYNCOBJ_TIMELINE_WAIT.size]))
         if args.flags & ~_TIMELINE_WAIT_FLAGS:
             raise DrmError(errno.EINVAL, f"SYNCOBJ_TIMELINE_WAIT flags {args.flags:#x}")
         if args.count_handles == 0:
             raise DrmError(errno.EINVAL, "no syncobj handles")
-        objs = self.array_find(f, caller, args.handles, args.count_handles)
-        points = (list(self.read_u64s(caller, args.points, len(objs))) if args.points
+        objs = await self.array_find(f, caller, args.handles, args.count_handles)
+        points = (list(await self.read_u64s(caller, args.points, len(objs))) if args.points
                   else [0] * len(objs))
-        return self._wait(objs, points, args.flags, args.timeout_nsec, kdata, 32)
+        pending = self._wait(objs, points, args.flags, args.timeout_nsec, kdata, 32)
+        if pending is not None:
+            await pending
 
     def _wait(
         self, objs: list[DrmSyncobj], points: list[int], flags: int, timeout_nsec: int,

@@ -165,6 +165,11 @@ void fuse_reply_none(fuse_req_t req);
 int fuse_reply_entry(fuse_req_t req, const struct fuse_entry_param *e);
 int fuse_reply_attr(fuse_req_t req, const struct stat *attr, double attr_timeout);
 int fuse_reply_open(fuse_req_t req, const struct fuse_file_info *fi);
+int _ualinkd_reply_open_flags(fuse_req_t req, uint64_t fh, uint32_t open_flags);
+#define FOPEN_DIRECT_IO ...
+#define FOPEN_KEEP_CACHE ...
+#define FOPEN_NONSEEKABLE ...
+#define FOPEN_PARALLEL_DIRECT_WRITES ...
 int fuse_reply_write(fuse_req_t req, size_t count);
 int fuse_reply_buf(fuse_req_t req, const char *buf, size_t size);
 int fuse_reply_readlink(fuse_req_t req, const char *link);
@@ -213,7 +218,23 @@ SOURCE = f"""
 #include <sys/statvfs.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <fuse_lowlevel.h>
+#include <linux/fuse.h>
+
+/* libfuse 3.14's fuse_file_info has no parallel_direct_writes bit (3.15 added it), so its
+   fuse_reply_open cannot ask for FOPEN_PARALLEL_DIRECT_WRITES. This is the same reply (a
+   struct fuse_open_out, exactly what fuse_reply_open sends) with the open flags given. */
+static int _ualinkd_reply_open_flags(fuse_req_t req, uint64_t fh, uint32_t open_flags)
+{{
+    struct fuse_open_out out;
+    struct iovec iov = {{ &out, sizeof(out) }};
+
+    memset(&out, 0, sizeof(out));
+    out.fh = fh;
+    out.open_flags = open_flags;
+    return fuse_reply_iov(req, &iov, 1);
+}}
 
 static void _op_init(void *userdata, struct fuse_conn_info *conn);
 static void _op_destroy(void *userdata);

@@ -70,6 +70,10 @@ class OpenReply:
     direct_io: bool = False
     keep_cache: bool = False
     nonseekable: bool = False
+    # FOPEN_PARALLEL_DIRECT_WRITES: direct_io writes of this file take the inode's lock
+    # shared, not exclusive, so they run side by side (the kernel still serializes a write
+    # that ends beyond the file's size, and every write while someone has it mmapped).
+    parallel_direct_writes: bool = False
 
 
 # (name, ino, mode, offset of the *next* entry)
@@ -469,11 +473,18 @@ def _op_open(req: Any, ino: int, fi: Any) -> None:
     except BaseException as e:
         s._bug(req, "open", e)
     else:
-        fi.fh = r.fh
-        fi.direct_io = r.direct_io
-        fi.keep_cache = r.keep_cache
-        fi.nonseekable = r.nonseekable
-        if lib.fuse_reply_open(req, fi) == -errno.ENOENT:
+        if r.parallel_direct_writes:
+            flags = (lib.FOPEN_PARALLEL_DIRECT_WRITES
+                     | lib.FOPEN_DIRECT_IO * r.direct_io | lib.FOPEN_KEEP_CACHE * r.keep_cache
+                     | lib.FOPEN_NONSEEKABLE * r.nonseekable)
+            sent = lib._ualinkd_reply_open_flags(req, r.fh, flags)
+        else:
+            fi.fh = r.fh
+            fi.direct_io = r.direct_io
+            fi.keep_cache = r.keep_cache
+            fi.nonseekable = r.nonseekable
+            sent = lib.fuse_reply_open(req, fi)
+        if sent == -errno.ENOENT:
             # The caller went away before the reply: the kernel sends no release.
             try:
                 s.ops.release(ino, r.fh)

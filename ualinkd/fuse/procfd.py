@@ -62,6 +62,16 @@ def _mount_dev(mountinfo: str, *, mount_id: str | None = None, path: str | None 
     return dev
 
 
+def mount_device(mountpoint: str) -> tuple[int, int] | None:
+    """(major, minor) of the superblock mounted at `mountpoint` in our mount namespace, from
+    mountinfo (a stat of a FUSE mount would ask its server, which may be us)."""
+    dev = _mount_dev("/proc/self/mountinfo", path=os.path.abspath(mountpoint))
+    if not dev:
+        return None
+    major, _, minor = dev.partition(":")
+    return int(major), int(minor)
+
+
 def resolve_caller_fd(pid: int, fd: int, mountpoint: str) -> int:
     """The dmabuf key behind fd `fd` of process `pid`, which must be a file under
     `<mountpoint>/dmabuf/` of *this* mount. EBADF: no such fd; EINVAL: not one of ours."""

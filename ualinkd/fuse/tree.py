@@ -32,6 +32,9 @@ _DIR_MODE = stat.S_IFDIR | 0o755
 _RENDER_MODE = stat.S_IFREG | 0o666  # S_IFCHR would be opened as a real device
 _DMABUF_MODE = stat.S_IFREG | 0o600
 _LINK_MODE = stat.S_IFLNK | 0o777
+# A render node's size covers the whole 48-bit GPU VA space: a direct_io write that ends
+# beyond st_size takes the inode lock exclusively even with parallel direct writes.
+_RENDER_SIZE = 1 << 48
 
 
 @dataclass(slots=True)
@@ -159,7 +162,8 @@ class FileTree:
             uid, gid = (owner[1], owner[2]) if owner else (caller.uid, caller.gid)
             return Attr(ino, _DMABUF_MODE, size, 1, uid, gid)
         if isinstance(node, _Render):
-            return Attr(ino, _RENDER_MODE, 0, 1, 0, 0, _STATIC_TIMEOUT, _STATIC_TIMEOUT)
+            return Attr(ino, _RENDER_MODE, _RENDER_SIZE, 1, 0, 0, _STATIC_TIMEOUT,
+                        _STATIC_TIMEOUT)
         if node.hidden and caller.uid != 0:
             raise FuseError(errno.EACCES)  # the walk to it would have failed
         if isinstance(node, _SysFile):
@@ -262,8 +266,10 @@ class FileTree:
         except DrmError as e:
             raise FuseError(e.errno) from None
         # direct_io: pread/pwrite offsets (GPU VAs) and sizes arrive unchanged, and sys
-        # attributes are read live every time (no page cache).
-        return OpenReply(fh, direct_io=True)
+        # attributes are read live every time (no page cache). A render node's GPU stores
+        # run in parallel: one waiting on a remote exporter holds up no other.
+        return OpenReply(fh, direct_io=True,
+                         parallel_direct_writes=isinstance(node, _Render))
 
     def release(self, ino: int, fh: int) -> None:
         if (drm_file := self._render_fh.pop(fh, None)) is not None:

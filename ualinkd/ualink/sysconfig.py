@@ -34,13 +34,22 @@ _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 
 
+_U64_DIGITS = len(str((1 << 64) - 1))
+
+
 def _decimal(text: str) -> int:
     """kstrtouint(…, 10): an optional "+", ASCII decimal digits, nothing else (no
-    whitespace, no "0x", no "_", no "-"); EINVAL otherwise."""
+    whitespace, no "0x", no "_", no "-"); EINVAL otherwise. _parse_integer stops at the
+    first overflow of a u64 with ERANGE, whatever the length; leading zeros never overflow
+    (5000 zeros then "7" is 7). Converting only what can fit also keeps int()'s 4300-digit
+    limit (a ValueError) out of reach."""
     digits = text[1:] if text.startswith("+") else text
     if not digits or not (digits.isascii() and digits.isdigit()):
         raise DrmError(errno.EINVAL, f"not a decimal number: {text!r}")
-    return int(digits, 10)
+    significant = digits.lstrip("0")
+    if len(significant) > _U64_DIGITS:
+        raise DrmError(errno.ERANGE, f"a {len(significant)}-digit number overflows a u64")
+    return int(significant or "0", 10)
 
 
 def parse_u32(text: str) -> int:

@@ -1,0 +1,142 @@
+"""The daemon's caller-memory access (ualinkd/callermem.py): the maps check that refuses
+ranges of the node's own mount, and the bounded worker pool (DESIGN "Restricted ioctls")."""
+
+from __future__ import annotations
+
+import errno
+import threading
+
+import pytest
+import trio
+
+from ualinkd.callermem import CallerMemory, maps_extent
+from ualinkd.drm.errors import DrmError
+
+MAPS = """\
+7f0000000000-7f0000002000 rw-p 00000000 00:00 0
+7f0000002000-7f0000003000 r--p 00000000 08:01 1234   /usr/lib/libc.so.6
+7f0000003000-7f0000004000 rw-p 00000000 00:2d 17     /mnt/node0/sys/accel_state
+7f0000004000-7f0000005000 rw-p 00000000 00:00 0
+7f0000006000-7f0000007000 ---p 00000000 00:00 0
+"""
+BASE = 0x7F0000000000
+OWN = (0, 0x2D)  # maps prints the device in hex, mountinfo in decimal (0:45)
+
+
+@pytest.mark.parametrize(("address", "size", "write", "refused", "extent"), [
+    (BASE, 0x2000, False, None, 0x2000),
+    (BASE + 0x1000, 0x2000, False, None, 0x2000),  # across two mappings
+    (BASE + 0x1000, 0x2000, True, None, 0x1000),  # the library is read-only
+    (BASE, 0x5000, False, None, 0x5000),
+    (BASE, 0x5000, False, OWN, 0x3000),  # stops at the file of our own mount
+    (BASE + 0x3000, 8, False, OWN, 0),
+    (BASE + 0x3000, 8, False, (0, 0x2E), 8),  # another mount's file is fine
+    (BASE + 0x4800, 0x1000, False, None, 0x800),  # then a hole
+    (BASE + 0x6000, 4, False, None, 0),  # PROT_NONE
+    (BASE - 8, 16, False, None, 0),  # starts before any mapping
+])
+def test_maps_extent(address, size, write, refused, extent):
+    """/proc/<pid>/mem would read PROT_NONE pages, write read-only ones and fault in any
+    file; the access is limited to what the process has mapped with that access, and never
+    a file on the refused device (the dev field is hex major:minor)."""
+    assert maps_extent(MAPS, address, size, write, refused) == extent
+
+
+def test_the_pool_bounds_every_access_and_refuses_at_once_when_all_are_stuck():
+    """A worker that does not return costs its caller `timeout` (then EFAULT) and keeps its
+    slot; with every slot held, an access fails with EFAULT without waiting for a thread;
+    once the stuck ones return, accesses work again. Trio keeps running throughout."""
+    release = threading.Event()
+    errors: list[int] = []
+
+    async def main() -> None:
+        mem = CallerMemory(timeout=0.2, workers=2)
+
+        async def stuck() -> None:
+            try:
+                await mem.run(release.wait)
+            except DrmError as e:
+                errors.append(e.errno)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(stuck)
+            n.start_soon(stuck)
+        assert errors == [errno.EFAULT] * 2
+        assert mem.stuck == 2
+        with pytest.raises(DrmError) as ei:
+            await mem.run(lambda: 1)  # every worker is held: refused without a thread
+        assert ei.value.errno == errno.EFAULT
+        release.set()
+        while mem.stuck:
+            await trio.sleep(0.01)
+        assert await mem.run(lambda: 7) == 7
+
+    trio.run(main)
+
+
+def test_busy_workers_are_waited_for_not_refused():
+    """Only workers stuck past a deadline count as lost: with the one worker busy in an
+    access that finishes, the next access waits for it instead of failing."""
+    release = threading.Event()
+    got: list[object] = []
+
+    async def main() -> None:
+        mem = CallerMemory(timeout=30, workers=1)
+
+        async def access(fn) -> None:
+            got.append(await mem.run(fn))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(access, lambda: release.wait() and "first")
+            await trio.sleep(0.05)
+            n.start_soon(access, lambda: "second")
+            await trio.sleep(0.05)
+            release.set()
+        assert mem.stuck == 0
+
+    trio.run(main)
+    assert sorted(got) == ["first", "second"]
+
+
+def test_procmap_query_agrees_with_the_maps_text(tmp_path):
+    """PROCMAP_QUERY (one VMA by address) gives what the /proc/<pid>/maps text gives, on
+    this process: read/write permissions, holes, and a file on the refused device."""
+    import ctypes
+    import mmap
+    import os
+
+    from ualinkd.callermem import _query_extent, _read_maps
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page = mmap.PAGESIZE
+    base = libc.mmap(None, 6 * page, mmap.PROT_READ | mmap.PROT_WRITE,
+                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    libc.mprotect(base + page, page, mmap.PROT_READ)  # rw, r, rw, none, file, rw
+    libc.mprotect(base + 3 * page, page, 0)  # PROT_NONE
+    path = tmp_path / "f"
+    path.write_bytes(bytes(page))
+    fd = os.open(path, os.O_RDWR)
+    libc.mmap(base + 4 * page, page, mmap.PROT_READ | mmap.PROT_WRITE,
+              mmap.MAP_PRIVATE | 0x10, fd, 0)  # MAP_FIXED
+    st_ = os.fstat(fd)
+    refused = (os.major(st_.st_dev), os.minor(st_.st_dev))
+    dir_fd = os.open("/proc/self", os.O_RDONLY | os.O_DIRECTORY)
+    maps_fd = os.open("maps", os.O_RDONLY, dir_fd=dir_fd)
+    try:
+        cases = [(0, 6, False, None), (0, 3, True, None), (1, 1, False, None),
+                 (2, 2, False, None), (4, 2, False, None), (4, 1, False, refused),
+                 (0, 6, False, refused), (5, 1, True, refused)]
+        for first, pages, write, ref in cases:
+            addr, size = base + first * page, pages * page
+            text = maps_extent(_read_maps(dir_fd), addr, size, write, ref)
+            assert _query_extent(maps_fd, addr, size, write, ref) == text, (first, pages)
+        assert _query_extent(maps_fd, base, 6 * page, False, None) == 3 * page
+        assert _query_extent(maps_fd, base + 4 * page, page, False, refused) == 0
+    finally:
+        os.close(maps_fd)
+        os.close(dir_fd)
+        os.close(fd)

@@ -1,0 +1,333 @@
+"""Caller memory for the daemon: copy_from_user / copy_to_user and userptr BOs' process
+memory through /proc/<pid>/mem, never on the trio thread that serves FUSE (trio).
+
+Touching another process's memory can block for as long as faulting its page in takes: for
+ever when the page is of a file of *this* mount (the kernel sends us the FUSE READ and we are
+the ones waiting: D state, DESIGN "Restricted ioctls"), a hung NFS mount, a stopped FUSE
+server. So:
+
+- a range whose mapping is a file of our own mount (its `maps` line names our mount's device;
+  bind mounts in a namespace node keep it) is refused with EFAULT before anything is read;
+- every access (reading `maps`, which waits for the process's mmap lock too, and the
+  pread/pwrite) runs on one of `workers` threads and is waited for at most `timeout`
+  seconds: past it the caller gets EFAULT and the thread is left to finish on its own,
+  keeping its slot; while every slot is held by such a thread, accesses fail with EFAULT at
+  once (one log line when that starts). A thread held by our own mount after a race (the
+  range remapped after the check) frees itself: the trio thread is free to answer the READ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import struct
+from collections.abc import Callable
+from typing import TypeVar
+
+import outcome
+import trio
+
+from .drm.errors import DrmError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# A page fault of resident or swapped memory takes microseconds to milliseconds; a second is
+# far beyond that and still short for a client stuck behind a hung file system.
+TIMEOUT = 1.0
+# Threads that may be inside /proc/<pid>/mem at once: enough that a few stuck ones (each
+# held by a hung mapping until it recovers) leave room for everyone else.
+WORKERS = 8
+
+Dev = tuple[int, int]  # (major, minor) of a superblock
+
+
+def maps_extent(maps: str, address: int, size: int, write: bool,
+                refused_dev: Dev | None = None) -> int:
+    """Bytes from `address` (up to `size`) covered by consecutive mappings of `maps` (the
+    text of /proc/<pid>/maps) that are readable, writable too for a write, and not of a file
+    on `refused_dev`: /proc/<pid>/mem itself would read PROT_NONE pages and write read-only
+    ones (FOLL_FORCE), and fault in pages of any file."""
+    pos, end = address, address + size
+    for line in maps.splitlines():  # ascending, non-overlapping ranges
+        fields = line.split()
+        if len(fields) < 5:
+            continue
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if hi <= pos:
+            continue
+        perms = fields[1]
+        if lo > pos or perms[0] != "r" or (write and perms[1] != "w"):
+            break  # a hole, or a mapping without the access
+        if refused_dev is not None:
+            major, _, minor = fields[3].partition(":")  # hex, as show_map_vma prints them
+            if (int(major, 16), int(minor, 16)) == refused_dev:
+                break  # a file of our own mount: faulting it in would ask us
+        pos = hi
+        if pos >= end:
+            return size
+    return max(0, pos - address)
+
+
+# PROCMAP_QUERY (Linux 6.11, uapi linux/fs.h): one VMA of /proc/<pid>/maps by address, without
+# formatting the whole file (reading a Python client's 200-line maps cost ~0.5 ms a call).
+# struct procmap_query: size, query_flags, query_addr, vma_start, vma_end, vma_flags,
+# vma_page_size, vma_offset, inode (u64 each), dev_major, dev_minor, vma_name_size,
+# build_id_size (u32), vma_name_addr, build_id_addr (u64): 104 bytes, _IOWR('f', 17, ...).
+_PROCMAP_QUERY_FMT = struct.Struct("=9Q4I2Q")
+PROCMAP_QUERY = (3 << 30) | (_PROCMAP_QUERY_FMT.size << 16) | (ord("f") << 8) | 17
+_VMA_READABLE, _VMA_WRITABLE = 0x01, 0x02
+_query_supported = True
+
+
+def _query_extent(maps_fd: int, address: int, size: int, write: bool,
+                  refused: Dev | None) -> int | None:
+    """maps_extent() through PROCMAP_QUERY on an open maps file; None when the kernel has
+    no such ioctl (then the text is read)."""
+    global _query_supported
+    pos, end = address, address + size
+    while pos < end:
+        buf = bytearray(_PROCMAP_QUERY_FMT.pack(_PROCMAP_QUERY_FMT.size, 0, pos,
+                                                *([0] * 12)))
+        try:
+            fcntl.ioctl(maps_fd, PROCMAP_QUERY, buf)
+        except OSError as e:
+            if e.errno in (errno.ENOTTY, errno.EINVAL) and pos == address:
+                _query_supported = False
+                return None
+            break  # ENOENT: no VMA covers pos (a hole); ESRCH: the process is gone
+        except OverflowError:
+            break
+        f = _PROCMAP_QUERY_FMT.unpack(buf)
+        lo, hi, flags, dev = f[3], f[4], f[5], (f[9], f[10])
+        if lo > pos or not flags & _VMA_READABLE or (write and not flags & _VMA_WRITABLE):
+            break
+        if refused is not None and dev == refused:
+            break  # a file of our own mount: faulting it in would ask us
+        pos = hi
+    return min(size, max(0, pos - address))
+
+
+def _extent_of(dir_fd: int, address: int, size: int, write: bool,
+               refused: Dev | None) -> int:
+    """In a worker: the accessible prefix of [address, address + size) of the process."""
+    if _query_supported:
+        try:
+            maps_fd = os.open("maps", os.O_RDONLY, dir_fd=dir_fd)
+        except OSError:
+            return 0  # the process is gone
+        try:
+            n = _query_extent(maps_fd, address, size, write, refused)
+        finally:
+            os.close(maps_fd)
+        if n is not None:
+            return n
+    return maps_extent(_read_maps(dir_fd), address, size, write, refused)
+
+
+def _read_maps(dir_fd: int) -> str:
+    try:
+        fd = os.open("maps", os.O_RDONLY, dir_fd=dir_fd)
+        with os.fdopen(fd) as f:
+            return f.read()
+    except OSError:
+        return ""  # the process is gone: nothing is accessible
+
+
+def _access(dir_fd: int, mem_fd: int, address: int, arg: int | bytes,
+            refused: Dev | None) -> bytes | int:
+    """In a worker: the accessible prefix of the range, then read (arg = size) or write
+    (arg = data) it. Closes both fds (dups, so a BO closing meanwhile cannot reuse them)."""
+    try:
+        write = isinstance(arg, bytes)
+        size = len(arg) if isinstance(arg, bytes) else arg
+        n = _extent_of(dir_fd, address, size, write, refused)
+        if isinstance(arg, bytes):
+            if not n:
+                return 0
+            try:
+                return os.pwrite(mem_fd, arg[:n], address)
+            except (OSError, OverflowError):
+                return 0
+        if not n:
+            return b""
+        try:
+            return os.pread(mem_fd, n, address)
+        except (OSError, OverflowError):
+            return b""
+    finally:
+        for fd in (dir_fd, mem_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _extent(dir_fd: int, mem_fd: int, address: int, size: int, write: bool,
+            refused: Dev | None) -> int:
+    """In a worker: maps_extent of the process behind `dir_fd` (closes both fds)."""
+    try:
+        return _extent_of(dir_fd, address, size, write, refused)
+    finally:
+        for fd in (dir_fd, mem_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _open_thread(tid: int) -> tuple[int, int]:
+    """/proc/<tid> and its mem: a thread's directory shows its process's address space."""
+    dir_fd = os.open(f"/proc/{tid}", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return dir_fd, os.open("mem", os.O_RDWR, dir_fd=dir_fd)
+    except OSError:
+        os.close(dir_fd)
+        raise
+
+
+def _one_shot(tid: int, address: int, arg: int | bytes, refused: Dev | None) -> bytes | int:
+    try:
+        dir_fd, mem_fd = _open_thread(tid)
+    except OSError:
+        return 0 if isinstance(arg, bytes) else b""
+    return _access(dir_fd, mem_fd, address, arg, refused)
+
+
+class CallerMemory:
+    """The daemon's one way into its callers' memory (see the module docstring). Set
+    `own_dev` to the mount's device once it is mounted: ranges mapping its files are
+    refused."""
+
+    def __init__(self, timeout: float = TIMEOUT, workers: int = WORKERS) -> None:
+        self.timeout = timeout
+        self.own_dev: Dev | None = None
+        self._limiter = trio.CapacityLimiter(workers)
+        self._exhausted_reported = False
+        self._timeout_reported = False
+        self._stuck = 0
+
+    @property
+    def stuck(self) -> int:
+        """Workers still inside an access that outlived its deadline."""
+        return self._stuck
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` on a worker, at most `timeout` seconds in all (waiting for a free
+        worker included): EFAULT past it, and at once when every worker is stuck in an
+        access that outlived its deadline. Busy workers are waited for; stuck ones are not."""
+        if self._stuck >= self._limiter.total_tokens:
+            if not self._exhausted_reported:
+                self._exhausted_reported = True
+                log.warning("caller memory: all %d workers are stuck in accesses that do "
+                            "not finish (a hung file system mapped by a client?); refusing "
+                            "caller memory with EFAULT until one returns",
+                            self._limiter.total_tokens)
+            raise DrmError(errno.EFAULT, "every caller-memory worker is stuck")
+        borrower = object()
+        finished = trio.Event()
+        box: dict[str, object] = {}
+        token = trio.lowlevel.current_trio_token()
+
+        def report(result: outcome.Outcome[T]) -> None:  # on the trio thread
+            box["result"] = result
+            self._limiter.release_on_behalf_of(borrower)
+            if box.get("abandoned"):
+                self._unstuck()
+            finished.set()
+
+        def deliver(result: outcome.Outcome[T]) -> None:  # on the worker, when fn returns
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(report, result)
+
+        launched = False
+        try:
+            with trio.move_on_after(self.timeout):
+                await self._limiter.acquire_on_behalf_of(borrower)  # a busy one frees soon
+                try:
+                    trio.lowlevel.start_thread_soon(lambda: fn(*args), deliver)
+                except BaseException:
+                    self._limiter.release_on_behalf_of(borrower)
+                    raise
+                launched = True
+                await finished.wait()
+        finally:
+            if launched and not finished.is_set():  # past the deadline, or interrupted:
+                box["abandoned"] = True  # the thread keeps its worker until fn returns
+                self._stuck += 1
+        if finished.is_set():
+            return box["result"].unwrap()  # type: ignore[attr-defined, no-any-return]
+        if not self._timeout_reported:
+            self._timeout_reported = True
+            log.warning("caller memory: an access did not finish in %.1f s: EFAULT; its "
+                        "worker is left to finish (%d of %d stuck)", self.timeout,
+                        self._stuck, self._limiter.total_tokens)
+        raise DrmError(errno.EFAULT, f"caller memory access took over {self.timeout} s")
+
+    def _unstuck(self) -> None:
+        self._stuck -= 1
+        if not self._stuck:
+            self._exhausted_reported = self._timeout_reported = False  # all recovered
+
+    # -- the injected functions (drm.device's CopyFromUser, CopyToUser, OpenProcessMemory) --
+    async def copy_from_user(self, pid: int, address: int, size: int) -> bytes:
+        """copy_from_user for ioctls with user pointers: EFAULT unless all `size` bytes are
+        mapped readable (not from our own mount) and read."""
+        if size == 0:
+            return b""
+        data = await self.run(_one_shot, pid, address, size, self.own_dev)
+        if len(data) != size:  # type: ignore[arg-type]
+            raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
+        return data  # type: ignore[return-value]
+
+    async def copy_to_user(self, pid: int, address: int, data: bytes) -> None:
+        """copy_to_user: EFAULT unless every byte lands in a writable mapping."""
+        if not data:
+            return
+        if await self.run(_one_shot, pid, address, data, self.own_dev) != len(data):
+            raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
+
+    def open_process(self, tid: int) -> ProcMemory:
+        return ProcMemory(tid, self)
+
+
+class ProcMemory:
+    """drm.device.ProcessMemory through /proc: a directory fd of /proc/<tgid> pins that
+    process (once it exits, opening anything in it fails, even if its pid is reused); `mem`
+    is opened from it. Opening reads no caller memory, so it happens on the caller's request;
+    every access goes through the CallerMemory's workers."""
+
+    def __init__(self, tid: int, owner: CallerMemory) -> None:
+        self._owner = owner
+        # FUSE reports the calling thread; the memory is its process's, which outlives the
+        # thread. The thread is blocked in our ioctl, so its process cannot go away (and its
+        # pid be reused) between reading Tgid and opening /proc/<tgid>.
+        try:
+            with open(f"/proc/{tid}/status") as f:
+                tgid = next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
+            self._dir, self._mem = _open_thread(tgid)
+        except (OSError, StopIteration, ValueError):
+            raise DrmError(errno.EFAULT, f"no process for thread {tid}") from None
+
+    def _fds(self) -> tuple[int, int]:
+        if self._dir < 0:
+            raise DrmError(errno.EFAULT, "the process memory is closed")
+        return os.dup(self._dir), os.dup(self._mem)
+
+    async def accessible(self, address: int, size: int, write: bool) -> int:
+        return await self._owner.run(_extent, *self._fds(), address, size, write,
+                                     self._owner.own_dev)
+
+    async def read(self, address: int, n: int) -> bytes:
+        return await self._owner.run(_access, *self._fds(), address, n,  # type: ignore[return-value]
+                                     self._owner.own_dev)
+
+    async def write(self, address: int, data: bytes) -> int:
+        return await self._owner.run(_access, *self._fds(), address, bytes(data),  # type: ignore[return-value]
+                                     self._owner.own_dev)
+
+    def close(self) -> None:
+        for fd in (self._mem, self._dir):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._dir = self._mem = -1
