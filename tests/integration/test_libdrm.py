@@ -134,7 +134,8 @@ def test_discovery_and_queries(node):
     AMDGPU_INFO query of the 2.4.114 API (spec §2.2)."""
     s = passed(run_shimmed("libdrm_discovery", node.mount))
     check_discovery(s, accels=1)
-    check_queries(s, PodConfig.local(1, 1).nodes[0].accels[0].vram_size)
+    cfg = PodConfig.local(1, 1)
+    check_queries(s, cfg.accel_memory(cfg.nodes[0].accels[0])[0])
     assert "init_other" not in s
 
 

@@ -8,7 +8,7 @@ import stat
 import uuid
 
 import pytest
-from ualink_testkit import make_node, open_file, pod_config
+from ualink_testkit import gem_create, make_node, open_file, pod_config
 
 from ualinkd.amdgpu.driver import AmdgpuDriver
 from ualinkd.drm.device import DrmDevice
@@ -425,3 +425,22 @@ def test_debugfs_lines_round_trip():
     debug = core.sys_tree()["kernel"]["debug"]["dri"]["128"]
     assert sysfs.DEBUGFS["clients"].parse(debug["clients"].read()) == [
         {"pid": f.pid, "uid": f.uid, "handles": 0}]
+
+
+def test_a_sys_file_read_in_pieces_is_one_text():
+    """seq_file's rule: the read at offset 0 takes the text, later offsets of the same open
+    read from it, so a debugfs table longer than one FUSE read that changes meanwhile is
+    never torn (it was: 'cannot parse 292t=1'); a new open (or a read at 0) sees the change."""
+    core = make_node(pod_config(nodes=TWO_GPUS))
+    tree = FileTree(core, "/nonexistent")
+    f = open_file(core)
+    ino = walk(tree, "sys/kernel/debug/dri/128/gem_objects")
+    fh = tree.open(ino, os.O_RDONLY, ROOT).fh
+    first = tree.read(ino, fh, 0, 10, ROOT)
+    for _ in range(50):  # the table grows between the two reads
+        gem_create(f, 4096)
+    rest = tree.read(ino, fh, 10, 1 << 20, ROOT)
+    whole = tree.read(ino, fh, 0, 1 << 20, ROOT)
+    assert len(first + rest) < len(whole)  # the later state is longer
+    assert whole.startswith(first)
+    tree.release(ino, fh)

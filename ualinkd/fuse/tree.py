@@ -92,6 +92,10 @@ class FileTree:
         self._render_fh: dict[int, object] = {}
         self._dmabuf_fh: dict[int, object] = {}
         self._sys_fh: dict[int, SysAttr] = {}
+        # What a sys file showed at the read at offset 0, per open: later offsets read from
+        # it, so a file longer than one FUSE read is one consistent text (seq_file's rule),
+        # never the head of one version and the tail of another.
+        self._sys_text: dict[int, bytes] = {}
         # dmabuf inode -> [lookup count, uid, gid]; dropped when the kernel forgets it.
         self._dmabuf_inodes: dict[int, list[int]] = {}
         self._backend_ioctl = backend.ioctl
@@ -278,6 +282,7 @@ class FileTree:
             self.backend.dmabuf_release(ref)
         else:
             self._sys_fh.pop(fh, None)
+            self._sys_text.pop(fh, None)
 
     # -- data ------------------------------------------------------------------------------
 
@@ -309,9 +314,10 @@ class FileTree:
                 r = self.backend.gpu_read(drm_file, off, size, caller)
                 return r if isinstance(r, bytes | bytearray) else _drm_errors_to_fuse(r)
             if (attr := self._sys_fh.get(fh)) is not None:
-                data = attr.read()
-                if isinstance(data, str):
-                    data = data.encode()
+                if off == 0 or fh not in self._sys_text:
+                    data = attr.read()
+                    self._sys_text[fh] = data.encode() if isinstance(data, str) else data
+                data = self._sys_text[fh]
                 return data[off : off + size] if off >= 0 else b""
         except DrmError as e:
             raise FuseError(e.errno) from None
@@ -329,6 +335,7 @@ class FileTree:
                     raise FuseError(errno.EACCES)
                 # Like a sysfs store(): each write() is one call with the text as written
                 # (a trailing newline included).
+                self._sys_text.pop(fh, None)
                 attr.write(data.decode("utf-8", "replace"))
                 return len(data)
         except DrmError as e:
