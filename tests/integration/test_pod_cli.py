@@ -362,3 +362,35 @@ def test_start_node_without_a_pod_says_so(tmp):
     r = subprocess.run([sys.executable, "-m", "ualinkd", "start-node", "--root", str(tmp),
                         "node0"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "no `ualinkd pod` is running on" in r.stderr
+
+
+def test_ualinkctl_pod_status_shows_every_node_and_a_stopped_one(tmp):
+    """Issue 11: `ualinkctl pod status ROOT|ROOT/pod.toml` is one table of every node (and
+    --json); a SIGSTOPped node is "not answering (stopped?)" within the read bound, the
+    others still answer, and the exit status says not every node serves."""
+    import json
+
+    root = tmp / "pod"
+    ctl = str(Path(sys.executable).parent / "ualinkctl")
+    with pod(root, nodes=3) as p:
+        r = subprocess.run([ctl, "pod", "status", str(root)], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0].split() == ["node", "address", "accels", "status", "state", "links"]
+        assert [ln.split()[0] for ln in lines[1:]] == ["node0", "node1", "node2"]
+        assert all(" serving " in ln and " active " in ln for ln in lines[1:]), r.stdout
+        victim = next(pid for pid in p.nodes
+                      if b"node1" in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0"))
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            r = subprocess.run([ctl, "pod", "status", str(root / "pod.toml"), "--json"],
+                               capture_output=True, text=True, timeout=60)
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        assert r.returncode == 1, r.stderr
+        status = {n["node"]: n["status"] for n in json.loads(r.stdout)["nodes"]}
+        assert status == {"node0": "serving", "node1": "not answering (stopped?)",
+                          "node2": "serving"}
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(timeout=30) == 0

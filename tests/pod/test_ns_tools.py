@@ -95,6 +95,9 @@ def test_ualinkd_pod_netns(tmp_path):
         assert r.returncode == 0, r
         (n1,) = [line for line in r.stdout.splitlines() if line.startswith("node1 ")]
         assert n1.endswith("not answering (stopped?)"), r.stdout
+        r = subprocess.run([ctl, "pod", "status", pod_dir], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0 and r.stdout.count(" serving ") == 2, r
         prefix = os.path.basename(pod_dir)
         assert [ns for ns in netns_names() if ns.startswith(prefix)]
     finally:

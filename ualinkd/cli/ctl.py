@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 
-from .. import sysfs
+from .. import __version__, sysfs
 from ..bounded import NotAnswering, bounded
 from ..ualink.protocol import MsgType
 
@@ -477,7 +477,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ualinkctl", parents=[common],
         description="Look at and steer a running ualinkd node through its mount.")
+    p.add_argument("--version", action="version", version=f"ualinkctl {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ps = sub.add_parser("pod", help="every node of a pod in one table (no --mount needed)")
+    ps.add_argument("pod_what", choices=["status"], metavar="status")
+    ps.add_argument("pod", metavar="POD.toml|POD-DIR",
+                    help="a `ualinkd pod` root or its pod.toml (nodes mounted beside it), or "
+                         "a namespaced pod's state directory (`ualinkd pod --netns` prints it)")
+    ps.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                    help="one JSON document")
+    ps.add_argument("--watch", type=float, nargs="?", const=1.0, default=None, metavar="S",
+                    help="print again every S seconds (default 1) until Ctrl-C")
     for name, text in READ_COMMANDS.items():
         sub.add_parser(name, parents=[common], help=text, description=text)
 
@@ -524,12 +534,101 @@ def _inside_a_node() -> str | None:
         return None
 
 
+def pod_nodes(path: str) -> list[tuple[str, str, str, str | None]]:
+    """(name, address, accels, mount or None) of every node of the pod at `path`: a
+    `ualinkd pod` root or its pod.toml (node NAME is mounted at ROOT/NAME), or the state
+    directory of a namespaced pod (its pod.json; the mount is reached through the daemon's
+    /proc/<pid>/root, None when the daemon is not running)."""
+    from ..config import ConfigError, PodConfig
+
+    if os.path.isfile(os.path.join(path, "pod.json")):
+        from ..testing.pod import Pod, PodError
+
+        try:
+            pod = Pod.attach(path)
+        except (PodError, OSError, ValueError) as e:
+            raise CtlError(f"{path}: not a pod state directory ({e})") from None
+        return [(n.name, n.ip, ",".join(map(str, n.accels)),
+                 str(n.root) if n.running else None) for n in pod.nodes]
+    toml = os.path.join(path, "pod.toml") if os.path.isdir(path) else path
+    try:
+        config = PodConfig.load(toml)
+    except ConfigError as e:
+        raise CtlError(str(e)) from None
+    root = os.path.dirname(os.path.abspath(toml))
+    return [(n.name, n.address, ",".join(str(a.accel_id) for a in n.accels),
+             os.path.join(root, n.name)) for n in config.nodes]
+
+
+def pod_status(path: str) -> list[dict[str, object]]:
+    """One row per node: whether it serves (every read bounded: a stopped node is "not
+    answering"), its accels' states and its links."""
+    rows: list[dict[str, object]] = []
+    for name, address, accels, mount in pod_nodes(path):
+        row: dict[str, object] = {"node": name, "address": address, "accels": accels,
+                                  "mount": mount, "status": "serving", "states": [],
+                                  "links": {}}
+        try:
+            if mount is None:
+                raise CtlError("not running")
+            m = Mount(mount)
+            row["states"] = [str(m.sysfs(r).get("accel_state", "?")) for r in m.renders]
+            try:
+                row["links"] = sysfs.parse_fabric(m.read(sysfs.FABRIC_STATUS))
+            except CtlError:
+                row["links"] = None  # debugfs is root only
+        except CtlError as e:
+            text = str(e)
+            row["status"] = ("not answering (stopped?)" if "not answering" in text
+                             else "not running" if text == "not running"
+                             else "gone (its mount is dead)" if "ENOTCONN" in text
+                             else "not mounted" if "does not exist" in text else text)
+        rows.append(row)
+    return rows
+
+
+def render_pod_status(rows: list[dict[str, object]]) -> str:
+    def links(row: dict[str, object]) -> str:
+        up = row["links"]
+        if up is None:
+            return "(root only)"
+        return " ".join(f"{p}:{'up' if ok else 'DOWN'}" for p, ok in up.items())  # type: ignore[union-attr]
+    return format_table(["node", "address", "accels", "status", "state", "links"],
+                        [[r["node"], r["address"], r["accels"], r["status"],
+                          ",".join(r["states"]) or "-", links(r) or "-"]  # type: ignore[arg-type]
+                         for r in rows])
+
+
+def _pod_command(args: argparse.Namespace, as_json: bool) -> int:
+    import time
+
+    while True:
+        rows = pod_status(args.pod)
+        print(json.dumps({"pod": args.pod, "nodes": rows}, indent=2) if as_json
+              else render_pod_status(rows), flush=True)
+        if args.watch is None:
+            return 0 if all(r["status"] == "serving" for r in rows) else 1
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+        print()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) and usage errors (2) as return values
         return e.code if isinstance(e.code, int) else 2
+    if args.command == "pod":
+        try:
+            return _pod_command(args, getattr(args, "json", False))
+        except CtlError as e:
+            print(f"ualinkctl: {e}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return 130
     mount = getattr(args, "mount", None) or os.environ.get("UALINK_MOUNT") or _inside_a_node()
     as_json = getattr(args, "json", False)
     if not mount:

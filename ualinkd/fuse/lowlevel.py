@@ -10,6 +10,7 @@ import ctypes
 import errno
 import logging
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Awaitable, Iterable
@@ -151,7 +152,8 @@ class FuseSession:
             raise OSError(errno.EINVAL, "fuse_session_new failed (see stderr)")
         if lib.fuse_session_mount(se, mp.encode()) != 0:
             lib.fuse_session_destroy(se)
-            raise OSError(errno.EIO, f"fuse_session_mount({mp}) failed (see stderr)")
+            raise OSError(errno.EIO, f"fuse_session_mount({mp}) failed"
+                          + (non_root_mount_hint() or " (see stderr)"))
         self._se = se
         self.mountpoint = mp
         self._fd = lib.fuse_session_fd(se)
@@ -641,6 +643,30 @@ def _op_ioctl(
 # -- stale mounts --------------------------------------------------------------------------
 
 _MNT_DETACH = 2
+
+
+def non_root_mount_hint(fuse_conf: str = "/etc/fuse.conf") -> str:
+    """What to change so that this uid can mount ualinkd (README "Running without root"):
+    "" for root or when nothing is missing. A non-root mount goes through fusermount3 (setuid
+    root, from the fuse3 package), needs read/write access to /dev/fuse, and, for
+    allow_other (clients of other uids), user_allow_other in /etc/fuse.conf."""
+    if os.geteuid() == 0:
+        return ""
+    fixes = []
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        fixes.append("/dev/fuse is not read/writable by this user (Debian makes it 0666; "
+                     "`chmod 0666 /dev/fuse`, or a group with access)")
+    if shutil.which("fusermount3") is None:
+        fixes.append("fusermount3 is missing (apt-get install fuse3)")
+    try:
+        with open(fuse_conf) as f:
+            allowed = any(line.split("#")[0].strip() == "user_allow_other" for line in f)
+    except OSError:
+        allowed = False
+    if not allowed:
+        fixes.append(f"add the line `user_allow_other` to {fuse_conf} (ualinkd mounts with "
+                     "allow_other so clients of other uids reach the node)")
+    return (": as a non-root user, " + "; ".join(fixes)) if fixes else ""
 
 
 def _unescape_mountinfo(field: str) -> str:
