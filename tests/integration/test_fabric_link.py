@@ -697,10 +697,14 @@ async def test_pending_handshakes_are_capped_in_all_and_per_address(
     await wait_until(lambda: c.is_up("b"))
 
 
-async def test_a_dial_failure_is_a_warning_when_its_kind_changes(pod: Pod, caplog) -> None:
-    """Item 9: a dialer logs at WARNING the first failure and each change of its kind (the
-    peer refuses connections, then an impostor answers on its address), each repeat at
-    DEBUG."""
+async def test_a_dial_failure_is_a_warning_when_its_kind_changes(pod: Pod, caplog,
+                                                                 monkeypatch) -> None:
+    """Item 9: a dialer logs at WARNING the first lasting failure and each change of its kind
+    (the peer refuses connections, then an impostor answers on its address), each repeat at
+    DEBUG. (DIAL_WARN_AFTER 0: every failure counts as lasting here.)"""
+    import ualinkd.fabric.link as link_module
+
+    monkeypatch.setattr(link_module, "DIAL_WARN_AFTER", 0.0)
     caplog.set_level(logging.DEBUG, logger="ualinkd.fabric")
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -735,3 +739,21 @@ async def test_a_dial_failure_is_a_warning_when_its_kind_changes(pod: Pod, caplo
     assert len(loud) == 2, loud
     assert "Connection refused" in loud[0]
     assert "dialed node 'b' but 'c' answered" in loud[1]
+
+
+async def test_a_peer_that_starts_within_the_grace_is_no_warning(pod: Pod, caplog) -> None:
+    """Issue 11: a pod's nodes start in any order, so refused dials in the first seconds are
+    DEBUG, and the first link to a peer too (INFO is for a link that comes back)."""
+    caplog.set_level(logging.DEBUG, logger="ualinkd.fabric")
+    with socket.socket() as sk:  # where b is not listening yet
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    a = await pod.start("a")
+    a.set_peer_address("b", f"127.0.0.1:{port}")
+    await trio.sleep(0.3)  # a dials b, which is not there yet: refused, several times
+    b = await pod.start("b")
+    await wait_until(lambda: a.is_up("b") and b.is_up("a"))
+    refused = [r for r in caplog.records if "cannot link to b" in r.getMessage()]
+    assert refused and all(r.levelno == logging.DEBUG for r in refused)
+    ups = [r for r in caplog.records if "link to" in r.getMessage() and " up" in r.getMessage()]
+    assert ups and all(r.levelno == logging.DEBUG for r in ups)

@@ -75,6 +75,7 @@ HANDSHAKE_RECEIVE_SIZE = 4096  # handshake frames are at most HANDSHAKE_MAX_FRAM
 MAX_PENDING_HANDSHAKES = 512
 MAX_PENDING_PER_ADDRESS = 64
 REFUSAL_LOG_INTERVAL = 5.0
+DIAL_WARN_AFTER = 10.0  # s a peer may stay unreachable before it is worth a WARNING
 # Per connection: bytes of answers held for a peer (beyond its socket buffers) before its
 # further requests wait unserved; how many may wait (and their STORE bytes) before reading
 # from it stops. A few transfers' worth of chunks (agent.CHUNK, agent.IN_FLIGHT).
@@ -367,6 +368,7 @@ class FabricLink:
         self._pending_total = 0
         self._refusals = _Refusals(node_name, REFUSAL_LOG_INTERVAL)
         self._progress = trio.lowlevel.ParkingLot()
+        self._ever_up: set[str] = set()
         self._scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
@@ -406,7 +408,7 @@ class FabricLink:
                     for peer in self._peers:
                         if self.node_name < peer:
                             nursery.start_soon(self._dial_loop, peer)
-                    log.info("fabric %s: listening on %s:%d", self.node_name, host, self.port)
+                    log.debug("fabric %s: listening on %s:%d", self.node_name, host, self.port)
                     task_status.started(self.port)
         finally:
             self._closed = True
@@ -522,6 +524,12 @@ class FabricLink:
     async def _dial_loop(self, peer: str) -> None:
         delay = self._backoff[0]
         last: tuple[object, ...] | None = None  # the kind of the last failure
+        # A pod's nodes start in any order, so a refused dial in the first seconds is the
+        # normal case: failures are DEBUG until the peer has been unreachable for
+        # DIAL_WARN_AFTER (its retry budget), then one WARNING, and again when the kind
+        # of failure changes.
+        failing_since: float | None = None
+        warned = False
         while True:
             changed = self._address_changed[peer]
             try:
@@ -538,15 +546,21 @@ class FabricLink:
                 # then an impostor answering: both are news); each repeat at DEBUG.
                 reason = _reason(e)
                 kind = (type(e), _cause(reason))
-                log.log(logging.DEBUG if kind == last else logging.WARNING,
-                        "fabric %s: cannot link to %s at %s:%d: %s (retrying)",
-                        self.node_name, peer, host, port, reason)
+                now = trio.current_time()
+                failing_since = now if failing_since is None else failing_since
+                lasting = now - failing_since >= DIAL_WARN_AFTER
+                loud = lasting and (not warned or kind != last)
+                log.log(logging.WARNING if loud else logging.DEBUG,
+                        "fabric %s: cannot link to %s at %s:%d%s: %s (retrying)",
+                        self.node_name, peer, host, port,
+                        f" for {now - failing_since:.0f} s" if lasting else "", reason)
+                warned = warned or loud
                 last = kind
                 with trio.move_on_after(delay):
                     await changed.wait()
                 delay = min(delay * 2, self._backoff[1])
                 continue
-            last = None
+            last, failing_since, warned = None, None, False
             delay = self._backoff[0]
             await self._run_conn(peer, stream, decoder, f"to {host}:{port}")
             with trio.move_on_after(delay):
@@ -603,7 +617,11 @@ class FabricLink:
             old.drop(_LinkDown(f"replaced by a new connection {label}"))
         self._conns[peer] = conn
         self._up[peer].set()
-        log.info("fabric %s: link to %s up (%s)", self.node_name, peer, label)
+        # The first link to a peer is the normal start (DEBUG); one after it went down is news.
+        again = peer in self._ever_up
+        self._ever_up.add(peer)
+        log.log(logging.INFO if again else logging.DEBUG, "fabric %s: link to %s up%s (%s)",
+                self.node_name, peer, " again" if again else "", label)
         if old is None and self._on_peer_state is not None:
             self._on_peer_state(peer, True)
         try:
@@ -626,9 +644,11 @@ class FabricLink:
             if conn.expired > 1:
                 log.info("fabric %s: %d requests from %s refused past their deadline",
                          self.node_name, conn.expired, peer)
-            if not self._closed or down.level > logging.INFO:
-                log.log(down.level, "fabric %s: link to %s (%s) down: %s",
-                        self.node_name, peer, label, down)
+            # A link we closed ourselves (stopping: cancelled, nothing went wrong) is DEBUG;
+            # a peer that left or a failure is news.
+            quiet = (self._closed or conn.down is None) and down.level <= logging.INFO
+            log.log(logging.DEBUG if quiet else down.level, "fabric %s: link to %s (%s) down: %s",
+                    self.node_name, peer, label, down)
             self._progress.unpark_all()
             if conn.inbox and self._nursery is not None:
                 self._nursery.start_soon(self._deliver_rest, conn)
