@@ -98,6 +98,13 @@ def test_ualinkd_pod_netns(tmp_path):
         r = subprocess.run([ctl, "pod", "status", pod_dir], capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 0 and r.stdout.count(" serving ") == 2, r
+        # A killed node is started again by the pod's own process (issue 11).
+        subprocess.run([*tool, "kill", "node1"], check=True, timeout=30)
+        r = subprocess.run([*tool, "start", "node1"], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0 and r.stdout.startswith("node1 ready: pid="), r
+        r = subprocess.run([*tool, "status"], capture_output=True, text=True, timeout=30)
+        assert "node0:up" in r.stdout and "node1:up" in r.stdout, r.stdout
         prefix = os.path.basename(pod_dir)
         assert [ns for ns in netns_names() if ns.startswith(prefix)]
     finally:

@@ -403,6 +403,13 @@ def _serve_control(control: socket.socket, args: argparse.Namespace, root: str,
                    conf_path: str, children: dict[str, _Child],
                    stopping: Callable[[], bool]) -> None:
     """Answer `ualinkd start-node` requests: one line in ("start NAME"), one line out."""
+    _serve_requests(control, lambda words: _start_again(words, args, root, conf_path,
+                                                        children, stopping))
+
+
+def _serve_requests(control: socket.socket, answer: Callable[[list[str]], str]) -> None:
+    """The control socket of a running pod: each connection one request line in (its
+    words), one answer line out ("ok: …" or "error: …")."""
     while True:
         try:
             conn, _ = control.accept()
@@ -414,7 +421,7 @@ def _serve_control(control: socket.socket, args: argparse.Namespace, root: str,
                 words = conn.recv(256).decode(errors="replace").split()
             except OSError:
                 continue
-            reply = _start_again(words, args, root, conf_path, children, stopping)
+            reply = answer(words)
             with contextlib.suppress(OSError):
                 conn.sendall(reply.encode() + b"\n")
 
@@ -509,12 +516,35 @@ def _pod_netns(args: argparse.Namespace) -> int:
               f"faults: {sys.executable} -m ualinkd.testing {pod.dir} "
               "kill|stop|cont|cut|heal NODE, drop-next NODE NPA_RSP, status", flush=True)
         dead: set[str] = set()
-        while not stop:
-            for node in pod.nodes:
-                if not node.running and node.name not in dead:
-                    dead.add(node.name)
-                    print(f"ualinkd: {node.name} is not running any more", file=sys.stderr)
-            time.sleep(0.1)
+
+        def start_again(words: list[str]) -> str:
+            # `python -m ualinkd.testing POD-DIR start NODE`: the node is started by this
+            # process, so it stays this pod's (its child, closed with it).
+            if len(words) != 2 or words[0] != "start":
+                return "error: unknown request"
+            try:
+                node = pod.node(words[1])
+                node.start()
+                pod.wait_links()
+            except (PodError, KeyError) as e:
+                return f"error: {e}"
+            dead.discard(node.name)
+            print(f"{node.name} ready: ip={node.ip} pid={node.pid} (started again)", flush=True)
+            return f"ok: {node.name} ready: pid={node.pid}"
+
+        control = _control_socket(str(pod.dir))
+        try:
+            while not stop:
+                for node in pod.nodes:
+                    if not node.running and node.name not in dead:
+                        dead.add(node.name)
+                        print(f"ualinkd: {node.name} is not running any more (start it "
+                              f"again: {sys.executable} -m ualinkd.testing {pod.dir} start "
+                              f"{node.name})", file=sys.stderr, flush=True)
+                _serve_requests(control, start_again)
+                time.sleep(0.1)
+        finally:
+            control.close()
     finally:
         os.environ.pop(POD_PID_ENV, None)
         pod.close()

@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
                        ("stop", "SIGSTOP it (a hung node)"), ("cont", "SIGCONT it"),
                        ("cut", "take its link down"), ("heal", "bring its link up")):
         sub.add_parser(name, help=text).add_argument("node")
+    sub.add_parser("start", help="start a stopped or killed node again (a `ualinkd pod "
+                   "--netns` pod: its own process starts it)").add_argument("node")
     n = sub.add_parser("netem", help="tc netem delay/loss on the node's eth0 (0 0: off)")
     n.add_argument("node")
     n.add_argument("--delay-ms", type=float, default=0)
@@ -43,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "start":
+        return _ask_pod(args.pod_dir, f"start {args.node}")
     try:
         pod = Pod.attach(args.pod_dir)
         cmd = args.command
@@ -72,6 +76,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ualinkd.testing: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _ask_pod(pod_dir: str, request: str) -> int:
+    """One request to the process that owns the pod (ualinkd pod --netns), through its
+    control socket: a node it starts stays its own (closed with the pod)."""
+    import os
+    import socket
+
+    path = os.path.join(pod_dir, ".control")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(90)
+            s.connect(path)
+            s.sendall(request.encode())
+            reply = s.makefile().readline().strip()
+    except (FileNotFoundError, ConnectionRefusedError):
+        print(f"ualinkd.testing: {pod_dir} has no running `ualinkd pod --netns` to ask (no "
+              f"{path}); in a test, pod.node(NAME).start()", file=sys.stderr)
+        return 1
+    except TimeoutError:
+        print("ualinkd.testing: the pod did not answer in 90 s", file=sys.stderr)
+        return 1
+    if reply.startswith("ok: "):
+        print(reply[4:])
+        return 0
+    print(f"ualinkd.testing: {reply.removeprefix('error: ') or 'no answer'}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
