@@ -47,6 +47,8 @@ def test_probe_sees_what_the_emulator_has():
         assert abi.sizes[agg.ctype] == agg.size, agg.ctype
         for f in agg.fields:
             assert abi.fields[(agg.ctype, f.path)] == (f.offset, f.size), (agg.ctype, f.path)
+            if f.signed is not None:
+                assert abi.signed[(agg.ctype, f.path)] is f.signed, (agg.ctype, f.path)
     for macro, spec in check.emulator_ioctls().items():
         assert abi.ioctls[macro] == spec.cmd, macro
 
@@ -89,6 +91,19 @@ def test_changed_field_type_fails_naming_the_field(tmp_path):
     assert p.stdout.splitlines() == [
         "`drm_amdgpu_ualink_handle_in.gem_handle` is 8 bytes, emulator expects 4",
         "1 mismatch: 38 structs and 27 ioctl numbers compared"]
+
+
+@needs_cc
+def test_changed_signedness_fails_naming_the_field(tmp_path):
+    """A same-size type change is a type change too: drm_prime_handle.fd as __u32 (the
+    kernel's is __s32, drm.h) fails naming the field."""
+    text = PROJECT_HEADER.read_text()
+    start = text.index("struct drm_prime_handle {")
+    at = text.index("__s32 fd;", start)
+    copy = tmp_path / "ualink_drm.h"
+    copy.write_text(text[:at] + "__u32 fd;" + text[at + len("__s32 fd;"):])
+    r = check.check([str(copy)])
+    assert r.mismatches == ["`drm_prime_handle.fd` is unsigned, emulator expects signed"]
 
 
 @needs_cc

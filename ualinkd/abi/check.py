@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import construct as cs
+
 from . import ioctls as tbl
 from . import structs as st
 from .ioc import DRM_IOCTL_BASE, IoctlCmd
@@ -40,6 +42,7 @@ class Field:
     path: str  # C member designator: `in`, `data.flags`, `import_ualink_handle`
     offset: int
     size: int
+    signed: bool | None = None  # a scalar integer's signedness (None: not compared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,10 @@ C_NAMES: dict[str, dict[str, str]] = {
 }
 
 
+_SIGNED = {cs.Int8un: False, cs.Int16un: False, cs.Int32un: False, cs.Int64un: False,
+           cs.Int32sn: True, cs.Int64sn: True}
+
+
 def _layout(lay: st.Layout | st.ArrayLayout) -> Aggregate:
     names = C_NAMES.get(lay.name, {})
     out = []
@@ -71,24 +78,30 @@ def _layout(lay: st.Layout | st.ArrayLayout) -> Aggregate:
         fmt = lay.fast.format[1:]
         for i, sub in enumerate(lay.schema.subcons):
             off = struct.calcsize("<" + fmt[:i])
-            out.append(Field(names.get(sub.name, sub.name), off, struct.calcsize(fmt[i])))
+            out.append(Field(names.get(sub.name, sub.name), off, struct.calcsize(fmt[i]),
+                             fmt[i].islower()))
     else:
         for sub in lay.schema.subcons:
             if sub.name is None:  # padding
                 continue
+            inner = sub.subcon if isinstance(sub, cs.Renamed) else sub
+            scalar = _SIGNED.get(inner)
             out.append(Field(names.get(sub.name, sub.name), lay.offsets[sub.name],
-                             sub.sizeof()))
+                             sub.sizeof(), scalar))
     return Aggregate(f"struct {lay.name}", lay.size, tuple(out))
 
 
 def _unions() -> list[Aggregate]:
     """The unions and nested structs the handlers read by hand (not a flat Layout)."""
     meta = st.GEM_METADATA_SCHEMA.subcons[2].subcon  # the inner `data` struct
-    meta_fields = [Field("handle", 0, 4), Field("op", 4, 4), Field("data", 8, meta.sizeof())]
+    meta_fields = [Field("handle", 0, 4, False), Field("op", 4, 4, False),
+                   Field("data", 8, meta.sizeof())]
     off = 8
     for sub in meta.subcons:
         if sub.name is not None:
-            meta_fields.append(Field(f"data.{sub.name}", off, sub.sizeof()))
+            inner = sub.subcon if isinstance(sub, cs.Renamed) else sub
+            meta_fields.append(Field(f"data.{sub.name}", off, sub.sizeof(),
+                                     _SIGNED.get(inner)))
         off += sub.sizeof()
     heap = st.HEAP_INFO.size
     return [
@@ -105,11 +118,12 @@ def _unions() -> list[Aggregate]:
         # spec §1.3: in {op @0, flags @4, union {gem_handle; import_ualink_handle[2]} @8};
         # out {export_ualink_handle[2] | import_dmabuf_handle} @0
         Aggregate("struct drm_amdgpu_ualink_handle_in", st.UALINK_HANDLE_SIZE, (
-            Field("op", 0, 4), Field("flags", 4, 4), Field("gem_handle", 8, 4),
+            Field("op", 0, 4, False), Field("flags", 4, 4, False),
+            Field("gem_handle", 8, 4, False),
             Field("import_ualink_handle", 8, 16))),
         Aggregate("union drm_amdgpu_ualink_handle_out", st.UALINK_HANDLE_OUT_EXPORT.size, (
             Field("export_ualink_handle", 0, st.UALINK_HANDLE_OUT_EXPORT.size),
-            Field("import_dmabuf_handle", 0, st.UALINK_HANDLE_OUT_IMPORT.size))),
+            Field("import_dmabuf_handle", 0, st.UALINK_HANDLE_OUT_IMPORT.size, False))),
         Aggregate("union drm_amdgpu_ualink_handle", st.UALINK_HANDLE_SIZE, (
             Field("in", 0, st.UALINK_HANDLE_SIZE),
             Field("out", 0, st.UALINK_HANDLE_OUT_EXPORT.size))),
@@ -162,6 +176,7 @@ class HeaderAbi:
 
     sizes: dict[str, int] = field(default_factory=dict)  # ctype -> sizeof
     fields: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    signed: dict[tuple[str, str], bool] = field(default_factory=dict)  # scalar fields
     ioctls: dict[str, int] = field(default_factory=dict)  # every DRM_IOCTL_* macro's value
     invalid: set[str] = field(default_factory=set)  # macros defined but not evaluable
 
@@ -202,6 +217,9 @@ def probe(headers: Sequence[str], cflags: Sequence[str] = (),
         for f in agg.fields:
             items.append((f'printf("F|{t}|{f.path}|%zu|%zu\\n", __builtin_offsetof({t}, '
                           f"{f.path}), sizeof((({t} *)0)->{f.path}));", f"F|{t}|{f.path}"))
+            if f.signed is not None:  # its own line: a non-scalar member drops only it
+                items.append((f'printf("G|{t}|{f.path}|%d\\n", (int)((__typeof__((({t} *)0)'
+                              f"->{f.path}))-1 < 0));", f"G|{t}|{f.path}"))
     for m in macros:
         items.append((f'printf("I|{m}|%llu\\n", (unsigned long long)({m}));', f"I|{m}"))
     dropped: set[str] = set()
@@ -235,6 +253,8 @@ def probe(headers: Sequence[str], cflags: Sequence[str] = (),
             abi.sizes[rest[0]] = int(rest[1])
         elif kind == "F":
             abi.fields[(rest[0], rest[1])] = (int(rest[2]), int(rest[3]))
+        elif kind == "G":
+            abi.signed[(rest[0], rest[1])] = rest[2] == "1"
         elif kind == "I":
             abi.ioctls[rest[0]] = int(rest[1])
     return abi
@@ -294,6 +314,12 @@ def compare(abi: HeaderAbi, aggregates: Sequence[Aggregate] | None = None,
             if size != f.size:
                 rep.mismatches.append(f"`{agg.name}.{f.path}` is {size} bytes, emulator "
                                       f"expects {f.size}")
+                bad = True
+            signed = abi.signed.get((t, f.path))
+            if f.signed is not None and signed is not None and signed != f.signed:
+                rep.mismatches.append(
+                    f"`{agg.name}.{f.path}` is {'signed' if signed else 'unsigned'}, "
+                    f"emulator expects {'signed' if f.signed else 'unsigned'}")
                 bad = True
         hsize = abi.sizes[t]
         declared = [f for f in agg.fields if f not in missing]
