@@ -71,6 +71,20 @@ _SIGNED = {cs.Int8un: False, cs.Int16un: False, cs.Int32un: False, cs.Int64un: F
            cs.Int32sn: True, cs.Int64sn: True}
 
 
+# Members the handlers read through views a Layout does not name: AMDGPU_INFO's request union
+# is `args`, four u32 from offset 16, read per query (amdgpu/info.py).
+_VIEWS: dict[str, tuple[Field, ...]] = {
+    "drm_amdgpu_info": (
+        Field("query_hw_ip.type", 16, 4, False), Field("query_hw_ip.ip_instance", 20, 4, False),
+        Field("query_fw.fw_type", 16, 4, False), Field("query_fw.ip_instance", 20, 4, False),
+        Field("query_fw.index", 24, 4, False),
+        Field("read_mmr_reg.dword_offset", 16, 4, False),
+        Field("read_mmr_reg.count", 20, 4, False), Field("read_mmr_reg.instance", 24, 4, False),
+        Field("sensor_info.type", 16, 4, False),
+    ),
+}
+
+
 def _layout(lay: st.Layout | st.ArrayLayout) -> Aggregate:
     names = C_NAMES.get(lay.name, {})
     out = []
@@ -88,7 +102,7 @@ def _layout(lay: st.Layout | st.ArrayLayout) -> Aggregate:
             scalar = _SIGNED.get(inner)
             out.append(Field(names.get(sub.name, sub.name), lay.offsets[sub.name],
                              sub.sizeof(), scalar))
-    return Aggregate(f"struct {lay.name}", lay.size, tuple(out))
+    return Aggregate(f"struct {lay.name}", lay.size, (*out, *_VIEWS.get(lay.name, ())))
 
 
 def _unions() -> list[Aggregate]:
@@ -109,8 +123,16 @@ def _unions() -> list[Aggregate]:
             Field("in", 0, st.GEM_CREATE_IN.size), Field("out", 0, st.GEM_CREATE_OUT.size))),
         Aggregate("union drm_amdgpu_gem_mmap", st.GEM_MMAP_SIZE, (
             Field("in", 0, st.GEM_MMAP_IN.size), Field("out", 0, st.GEM_MMAP_OUT.size))),
-        Aggregate("union drm_amdgpu_ctx", st.CTX_SIZE, (Field("in", 0, st.CTX_IN.size),)),
-        Aggregate("union drm_amdgpu_vm", st.VM_SIZE, (Field("in", 0, st.VM_IN.size),)),
+        # out.alloc.ctx_id and out.state {flags, hangs, reset_status} (amdgpu/info.py)
+        Aggregate("union drm_amdgpu_ctx_out", st.CTX_SIZE, (
+            Field("alloc", 0, st.CTX_OUT_ALLOC.size), Field("alloc.ctx_id", 0, 4, False),
+            Field("state", 0, st.CTX_OUT_STATE.size), Field("state.flags", 0, 8, False),
+            Field("state.hangs", 8, 4, False), Field("state.reset_status", 12, 4, False))),
+        Aggregate("union drm_amdgpu_ctx", st.CTX_SIZE, (
+            Field("in", 0, st.CTX_IN.size), Field("out", 0, st.CTX_OUT_STATE.size))),
+        Aggregate("struct drm_amdgpu_vm_out", st.VM_SIZE, (Field("flags", 0, 8, False),)),
+        Aggregate("union drm_amdgpu_vm", st.VM_SIZE, (
+            Field("in", 0, st.VM_IN.size), Field("out", 0, st.VM_SIZE))),
         Aggregate("struct drm_amdgpu_gem_metadata", st.GEM_METADATA_SIZE, tuple(meta_fields)),
         Aggregate("struct drm_amdgpu_memory_info", st.MEMORY_INFO_SIZE, (
             Field("vram", 0, heap), Field("cpu_accessible_vram", heap, heap),
