@@ -143,6 +143,25 @@ def test_changed_ioctl_number_is_reported(tmp_path):
 
 
 @needs_cc
+@needs_libdrm
+def test_header_named_through_include_dirs():
+    """A HEADER that is not a file is #include <HEADER>, found through -I."""
+    p = _abi_check("amdgpu_drm.h", "-I", str(LIBDRM))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "`drm_amdgpu_ualink_handle` not declared" in p.stdout
+
+
+@needs_cc
+def test_header_declaring_nothing_of_the_abi_fails(tmp_path):
+    """A header with none of the structs or ioctls (the wrong file) is not a pass."""
+    other = tmp_path / "other.h"
+    other.write_text("struct unrelated { int x; };\n")
+    p = _abi_check(str(other))
+    assert p.returncode == 1
+    assert "declares none of the emulator's structs or ioctls" in p.stdout
+
+
+@needs_cc
 def test_header_that_does_not_compile_exits_2(tmp_path):
     bad = tmp_path / "bad.h"
     bad.write_text("struct drm_gem_close { __u32 handle\n")

@@ -211,7 +211,10 @@ def compiler() -> str:
 
 
 def _includes(headers: Sequence[str]) -> str:
-    return "".join(f'#include "{os.path.abspath(h)}"\n' for h in headers)
+    """A file that exists by its absolute path; any other name as <name>, found through the
+    -I directories (`ualinkd abi-check amdgpu_drm.h -I /usr/include/libdrm`)."""
+    return "".join(f'#include "{os.path.abspath(h)}"\n' if os.path.isfile(h)
+                   else f"#include <{h}>\n" for h in headers)
 
 
 def _ioctl_macros(cc: str, headers: Sequence[str], cflags: Sequence[str]) -> list[str]:
@@ -384,6 +387,9 @@ def compare(abi: HeaderAbi, aggregates: Sequence[Aggregate] | None = None,
         rep.mismatches.append(f"`{macro}` is {got:#010x} (dir {h.direction}, nr {h.nr:#04x}, "
                               f"size {h.size}), emulator expects {spec.cmd:#010x} (dir "
                               f"{e.direction}, nr {e.nr:#04x}, size {e.size})")
+    if not rep.checked_structs and not rep.checked_ioctls:
+        rep.mismatches.append("the header declares none of the emulator's structs or ioctls "
+                              "(the wrong file, or a missing -I/-D?)")
     answered = {s.nr for s in ioctls.values()}
     for macro, value in sorted(abi.ioctls.items()):
         cmd = IoctlCmd.decode(value)
