@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import struct
 import subprocess
@@ -191,6 +192,19 @@ class CompileError(Exception):
     """The header does not compile (or the probe program does not run)."""
 
 
+_TIMEOUT = 120  # seconds for one compiler run (a wedged compiler fails instead of hanging)
+
+
+def _run(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False,
+                              timeout=_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise CompileError(f"{argv[0]} did not finish in {_TIMEOUT} s") from None
+    except OSError as e:
+        raise CompileError(f"cannot run {argv[0]}: {e}") from None
+
+
 @dataclass(slots=True)
 class HeaderAbi:
     """What the compiler made of the header: sizes, (offset, size) per field, macro values.
@@ -203,11 +217,12 @@ class HeaderAbi:
     invalid: set[str] = field(default_factory=set)  # macros defined but not evaluable
 
 
-def compiler() -> str:
+def compiler() -> list[str]:
+    """$CC (it may carry words: `ccache gcc`), else cc, else gcc."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
+    if not cc:
         raise CompileError("no C compiler (cc) on PATH; install gcc")
-    return cc
+    return shlex.split(cc)
 
 
 def _includes(headers: Sequence[str]) -> str:
@@ -217,10 +232,9 @@ def _includes(headers: Sequence[str]) -> str:
                    else f"#include <{h}>\n" for h in headers)
 
 
-def _ioctl_macros(cc: str, headers: Sequence[str], cflags: Sequence[str]) -> list[str]:
+def _ioctl_macros(cc: list[str], headers: Sequence[str], cflags: Sequence[str]) -> list[str]:
     """Every object-like DRM_IOCTL_* macro the headers define (cc -E -dM)."""
-    r = subprocess.run([cc, *cflags, "-E", "-dM", "-x", "c", "-"], input=_includes(headers),
-                       capture_output=True, text=True, check=False)
+    r = _run([*cc, *cflags, "-E", "-dM", "-x", "c", "-"], _includes(headers))
     if r.returncode != 0:
         raise CompileError(f"the header does not compile:\n{r.stderr.strip()}")
     names = re.findall(r"^#define (DRM_IOCTL_\w+) ", r.stdout, re.M)
@@ -250,14 +264,13 @@ def probe(headers: Sequence[str], cflags: Sequence[str] = (),
     dropped: set[str] = set()
     with tempfile.TemporaryDirectory(prefix="ualinkd-abi-check-") as tmp:
         src, exe = Path(tmp) / "probe.c", Path(tmp) / "probe"
-        for _ in range(4):
+        while True:  # each failed pass drops at least one item (clang stops at 20 errors)
             live = [it for it in items if it[1] not in dropped]
             head = "#include <stdio.h>\n#include <stddef.h>\n" + _includes(headers)
             first = head.count("\n") + 2  # line of the first item
             body = "\n".join(stmt for stmt, _ in live)
             src.write_text(f"{head}int main(void) {{\n{body}\nreturn 0;\n}}\n")
-            r = subprocess.run([cc, *cflags, "-w", "-o", str(exe), str(src)],
-                               capture_output=True, text=True, check=False)
+            r = _run([*cc, *cflags, "-w", "-o", str(exe), str(src)])
             if r.returncode == 0:
                 break
             bad = {int(n) for n in re.findall(rf"{re.escape(str(src))}:(\d+):", r.stderr)}
@@ -265,10 +278,7 @@ def probe(headers: Sequence[str], cflags: Sequence[str] = (),
             if not hit:
                 raise CompileError(f"the probe does not compile:\n{r.stderr.strip()}")
             dropped |= hit
-        else:
-            raise CompileError(f"the probe does not compile:\n{r.stderr.strip()}")
-        run = subprocess.run([str(exe)], capture_output=True, text=True, check=False,
-                             timeout=60)
+        run = _run([str(exe)])
         if run.returncode != 0:
             raise CompileError(f"the probe failed: {run.stderr.strip()}")
     abi = HeaderAbi(invalid={k[2:] for k in dropped if k.startswith("I|")})
