@@ -147,6 +147,12 @@ local function dissect_frame(tvb, pinfo, tree)
     t:add(f.type, tvb(4, 1))
     local o = 5
     local info = name
+    if (FIXED[ft] ~= nil and length ~= FIXED[ft]) or (MIN[ft] ~= nil and length < MIN[ft]) then
+        -- wire.py refuses it and drops the connection; show it, do not read past it
+        t:add_expert_info(PI_MALFORMED, PI_ERROR,
+                          string.format("%s frame of length %d: malformed", name, length))
+        return name .. " [malformed]"
+    end
     if ft == 0x01 then
         t:add_le(f.version, tvb(o, 2))
         t:add(f.pod_uuid, tvb(o + 2, 16))
