@@ -36,9 +36,9 @@ local ERRNO = {
 }
 -- Fixed payload+type lengths (the `length` field) of the frames that have one.
 local FIXED = {
-    [0x03] = 33, [0x04] = 1, [0x10] = 25, [0x11] = 9, [0x12] = 13, [0x13] = 9, [0x20] = 29,
+    [0x03] = 33, [0x04] = 1, [0x10] = 25, [0x11] = 9, [0x12] = 13, [0x13] = 9, [0x20] = 25,
 }
-local MIN = { [0x01] = 52, [0x02] = 67, [0x21] = 21, [0x22] = 9 }
+local MIN = { [0x01] = 52, [0x02] = 66, [0x21] = 21, [0x22] = 9 }
 local MAX_FRAME = 1048576 + 64  -- wire.py MAX_FRAME (Lua 5.2: no << operator)
 
 local f = {

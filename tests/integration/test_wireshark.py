@@ -88,6 +88,7 @@ def test_tshark_decodes_a_pod_capture(tmp_path):
     assert "Lua: Error" not in out and "Lua: Error" not in r.stderr, out[-3000:] + r.stderr
     lo, hi = handle
     want = f"0x{hi:016x}{lo & ~0x3FF & (2**64 - 1):016x}"
+    assert "malformed" not in out
     assert "UALink fabric frame: AUTH_HELLO" in out
     assert "Protocol version: 2" in out
     assert "Node name: node0" in out and "Node name: node1" in out
@@ -142,6 +143,7 @@ def test_every_frame_and_message_type_from_wire_py(tmp_path):
     subprocess.run(["text2pcap", "-q", "-T", "40001,40002", str(text), str(pcap)],
                    check=True, timeout=60)
     out = _tshark(pcap, "-V")
+    assert "malformed" not in out
     for want in (
         "Protocol version: 2", "Pod UUID: 12345678-9abc-def0-1234-56789abcdef0",
         "Node name: node7", "Node name: node8", "UALink fabric frame: AUTH_PROOF",
@@ -164,3 +166,19 @@ def test_every_frame_and_message_type_from_wire_py(tmp_path):
                  "ACK seq=6 status=-110 ETIMEDOUT", "STORE seq=9 3->4 npa=0x0000000000803010 "
                  "len=5", "DATA seq=9 status=-62 ETIME len=0"):
         assert want in summary, summary
+
+
+def test_a_frame_of_the_wrong_length_is_marked_malformed(tmp_path):
+    """An ACK whose length (5) is not its layout's (9; wire.py refuses it) on a link already
+    recognised: marked malformed, not read past its end."""
+    bad_ack = (5).to_bytes(4, "little") + bytes([w.FrameType.ACK]) + bytes(4)
+    text = tmp_path / "bad.txt"
+    text.write_text("".join("0000 " + " ".join(f"{b:02x}" for b in seg) + "\n\n"
+                            for seg in (w.encode_frame(w.Ping(1, 2)), bad_ack)))
+    pcap = tmp_path / "bad.pcap"
+    subprocess.run(["text2pcap", "-q", "-T", "40003,40004", str(text), str(pcap)],
+                   check=True, timeout=60)
+    summary = _tshark(pcap)
+    assert "PING token=0x0000000000000001 clock=2" in summary
+    assert "ACK [malformed]" in summary
+    assert "ACK frame of length 5: malformed" in _tshark(pcap, "-V")
