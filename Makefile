@@ -7,8 +7,11 @@ PYTHON  ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 # python3-venv and python3-dev: Debian's python3 needs them for the venv and for the cffi
-# FUSE binding (a pyenv or source-built python brings its own).
-APT_PKGS := fuse3 libfuse3-dev libdrm-dev iproute2 pkg-config gcc make python3-venv python3-dev
+# FUSE binding (a pyenv or source-built python brings its own). tshark (and its dumpcap): the
+# fabric dissector's test (tests/integration/test_wireshark.py); its debconf question is
+# answered by DEBIAN_FRONTEND=noninteractive below.
+APT_PKGS := fuse3 libfuse3-dev libdrm-dev iproute2 pkg-config gcc make python3-venv python3-dev \
+            tshark
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=  # e.g. make bench BENCH_ARGS="--reps 3 --profile"

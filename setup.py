@@ -2,7 +2,7 @@
 # (API mode: the C compiler checks every struct and callback signature).
 #
 # A wheel also carries the C side (ualinkd/native.py says where it is found): libualink.so,
-# the LD_PRELOAD shim, the headers, a pkg-config file and the example clients, built here by
+# the LD_PRELOAD shim, the headers, a pkg-config file, the example clients and the Wireshark dissector, built here by
 # libualink_c/Makefile into ualinkd/_native/. An editable install (`pip install -e .`, what
 # `make setup` does) skips it: the checkout's libualink_c/build/ is used in place.
 import os
@@ -51,6 +51,9 @@ class build_py_with_native(build_py):
             for e in EXAMPLES:
                 shutil.copy2(b / e, out / "bin" / e)
         shutil.copytree(HERE / "include", out / "include")
+        (out / "share" / "wireshark").mkdir(parents=True)
+        shutil.copy2(HERE / "packaging" / "wireshark" / "ualink.lua",
+                     out / "share" / "wireshark" / "ualink.lua")
         version = self.distribution.get_version()
         (out / "lib" / "pkgconfig" / "ualink.pc").write_text(PC % version)
 

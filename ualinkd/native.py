@@ -1,5 +1,5 @@
 """Where the C side of ualinkd is: libualink.so, the LD_PRELOAD shim, the headers, the
-pkg-config file and the example clients.
+pkg-config file, the example clients and the Wireshark dissector.
 
 A wheel (or `pip install .`) carries them inside the package, in `ualinkd/_native/`
 (setup.py builds them with libualink_c/Makefile); a source checkout (`pip install -e .`, the
@@ -25,6 +25,7 @@ class NativeLayout:
     bin_dir: Path  # the example clients: export, import, share, peer
     pkgconfig_dir: Path | None  # holds ualink.pc (installed package only)
     installed: bool  # inside the package (a wheel) rather than a source checkout
+    wireshark: Path  # the fabric protocol's Lua dissector (tshark -X lua_script:...)
 
     @property
     def library(self) -> Path:
@@ -37,10 +38,11 @@ def layout() -> NativeLayout:
     if (native / "lib" / "libualink.so").exists():
         return NativeLayout(native / "include", native / "lib",
                             native / "lib" / "libualink_shim.so", native / "bin",
-                            native / "lib" / "pkgconfig", True)
+                            native / "lib" / "pkgconfig", True,
+                            native / "share" / "wireshark" / "ualink.lua")
     build = _CHECKOUT / "libualink_c" / "build"
     return NativeLayout(_CHECKOUT / "include", build, build / "libualink_shim.so", build,
-                        None, False)
+                        None, False, _CHECKOUT / "packaging" / "wireshark" / "ualink.lua")
 
 
 def library_path() -> Path:

@@ -1,9 +1,10 @@
 """The Python struct layouts agree with include/ualink/ualink_drm.h as a C compiler sees it.
 
-The header is compiled with cffi in API mode (partial structs, so the C compiler, not cffi,
-decides every offset) and each `sizeof`/`offsetof` is checked against the offsets derived
-from the `struct.Struct` codec in `ualinkd/abi/structs.py` (spec §1.3, §2.3–§2.8).
-Bytes written through the C struct must also decode to the same values in Python.
+Sizes and offsets come from `ualinkd/abi/check.py`'s probe (the one `ualinkd abi-check`
+runs: a generated C program prints sizeof/offsetof) and are checked against the offsets
+derived from the `struct.Struct` codecs in `ualinkd/abi/structs.py` (spec §1.3, §2.3–§2.8).
+Bytes written through the C struct (cffi in API mode, partial structs) must also decode to
+the same values in Python.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
+from ualinkd.abi import check as abi_check
 from ualinkd.abi import structs as st
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,15 +189,23 @@ def test_every_layout_is_checked():
     }
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)
-def test_layout_size_and_offsets_match_c(c_abi, layout):
-    """§2.2–§2.8: sizeof and every field offset equal the struct.Struct-derived ones."""
-    ffi, _ = c_abi
-    ctype = f"struct {layout.name}"
-    assert ffi.sizeof(ctype) == layout.size
-    renames = C_NAMES.get(layout.name, {})
-    for name, off in _py_offsets(layout).items():
-        assert ffi.offsetof(ctype, renames.get(name, name)) == off, name
+@pytest.fixture(scope="session")
+def probed():
+    """The header as `ualinkd abi-check` sees it (a generated C program's sizeof/offsetof)."""
+    return abi_check.probe([str(INCLUDE / "ualink" / "ualink_drm.h")])
+
+
+@pytest.mark.parametrize("layout", [*LAYOUTS, *[v for v in vars(st).values()
+                                                 if isinstance(v, st.ArrayLayout)]],
+                         ids=lambda lay: lay.name)
+def test_layout_size_and_offsets_match_c(probed, layout):
+    """§2.2–§2.8, §5: sizeof and every field offset equal the codec's, as the C compiler has
+    them (drm_amdgpu_info_device 448 bytes with tcc_disabled_mask at 360, hw_ip 40, info 32,
+    drm_version 64). abi/check.py's probe is the one comparison; this pins it per layout."""
+    agg = next(a for a in abi_check.emulator_aggregates() if a.name == layout.name)
+    assert probed.sizes[agg.ctype] == layout.size
+    for f in agg.fields:
+        assert probed.fields[(agg.ctype, f.path)] == (f.offset, f.size), f.path
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)
@@ -343,86 +353,12 @@ def test_every_array_layout_is_checked():
         "drm_version", "drm_amdgpu_info", "drm_amdgpu_info_hw_ip", "drm_amdgpu_info_device"}
 
 
-def _c_offsets(ffi, layout: st.ArrayLayout) -> dict[str, int]:
-    """Each field's offset as the C compiler has it; `drm_amdgpu_info.args` is the
-    anonymous union (its views must all start there)."""
-    ctype = f"struct {layout.name}"
-    out = {}
-    for name in layout.offsets:
-        if layout.name == "drm_amdgpu_info" and name == "args":
-            views = [ffi.offsetof(ctype, v) for v in (
-                "mode_crtc", "query_hw_ip", "read_mmr_reg", "query_fw", "vbios_info",
-                "sensor_info", "video_cap")]
-            assert len(set(views)) == 1
-            out[name] = views[0]
-        else:
-            out[name] = ffi.offsetof(ctype, name)
-    return out
-
-
-@pytest.fixture(scope="session")
-def c_full(tmp_path_factory):
-    """The ArrayLayout structs with every field declared (partial structs, so the C
-    compiler still decides the offsets)."""
-    tmp = tmp_path_factory.mktemp("cffi_array_structs")
-    fields = {
-        "drm_amdgpu_info": "__u64 return_pointer; __u32 return_size; __u32 query; "
-        "struct { __u32 id; __u32 _pad; } mode_crtc; "
-        "struct { __u32 type; __u32 ip_instance; } query_hw_ip; "
-        "struct { __u32 dword_offset; __u32 count; __u32 instance; __u32 flags; } "
-        "read_mmr_reg; struct drm_amdgpu_query_fw query_fw; "
-        "struct { __u32 type; __u32 offset; } vbios_info; struct { __u32 type; } sensor_info; "
-        "struct { __u32 type; } video_cap;",
-    }
-    decls = ["typedef unsigned int __u32; typedef int __s32; "
-             "typedef unsigned long long __u64;"]
-    decls.append("struct drm_version { int version_major; int version_minor; "
-                 "int version_patchlevel; size_t name_len; char *name; size_t date_len; "
-                 "char *date; size_t desc_len; char *desc; ...; };")
-    decls.append("struct drm_amdgpu_query_fw { __u32 fw_type; __u32 ip_instance; "
-                 "__u32 index; __u32 _pad; };")
-    decls.append(f"struct drm_amdgpu_info {{ {fields['drm_amdgpu_info']} ...; }};")
-    for lay in (st.INFO_HW_IP, st.INFO_DEVICE):
-        body = " ".join(
-            f"{'__u64' if _is_u64(lay, n) else '__u32'} {n}"
-            f"{'[4][4]' if c is not None else ''};"
-            for n, c in zip(lay.offsets, lay.counts, strict=True))
-        decls.append(f"struct {lay.name} {{ {body} ...; }};")
-    ffi = cffi.FFI()
-    ffi.cdef("\n".join(decls))
-    ffi.set_source("_ualink_drm_array_structs", '#include "ualink/ualink_drm.h"',
-                   include_dirs=[str(INCLUDE)])
-    ffi.compile(tmpdir=str(tmp), verbose=False)
-    sys.path.insert(0, str(tmp))
-    try:
-        mod = importlib.import_module("_ualink_drm_array_structs")
-    finally:
-        sys.path.remove(str(tmp))
-    return mod.ffi
-
-
-def _is_u64(layout: st.ArrayLayout, name: str) -> bool:
-    sub = next(s for s in layout.schema.subcons if s.name == name)
-    inner = sub.subcon if hasattr(sub, "subcon") else sub
-    return getattr(inner, "sizeof", lambda: 0)() == 8
-
-
-@pytest.mark.parametrize("layout", ARRAY_LAYOUTS, ids=lambda lay: lay.name)
-def test_array_layout_size_and_offsets_match_c(c_full, layout):
-    """§2.2 / §5: sizeof and every offset (arrays, implicit padding) equal the C compiler's:
-    drm_amdgpu_info_device is 448 bytes with tcc_disabled_mask at 360 (after 4 bytes of
-    padding), drm_amdgpu_info_hw_ip 40, drm_amdgpu_info 32, drm_version 64."""
-    ffi = c_full
-    assert ffi.sizeof(f"struct {layout.name}") == layout.size
-    assert _c_offsets(ffi, layout) == layout.offsets
-
-
-def test_info_structs_against_c(c_abi, c_full):
+def test_info_structs_against_c(c_abi, probed):
     """§5: the sizes libdrm versions disagree on, and the memory info's three heaps."""
     ffi, _ = c_abi
-    assert c_full.sizeof("struct drm_amdgpu_info_device") == 448
+    assert probed.sizes["struct drm_amdgpu_info_device"] == 448
     assert st.INFO_DEVICE.offsets["tcc_disabled_mask"] + 8 == st.INFO_DEVICE_2_4_114_SIZE
-    assert c_full.sizeof("struct drm_amdgpu_info_hw_ip") == 40
+    assert probed.sizes["struct drm_amdgpu_info_hw_ip"] == 40
     assert ffi.sizeof("struct drm_amdgpu_memory_info") == st.MEMORY_INFO_SIZE == 96
     assert ffi.offsetof("struct drm_amdgpu_memory_info", "gtt") == 64
     assert ffi.sizeof("union drm_amdgpu_ctx") == st.CTX_SIZE

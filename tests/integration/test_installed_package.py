@@ -83,6 +83,13 @@ def test_wheel_carries_the_c_side(installed: Path):
     ldd = _run(["ldd", str(bindir / "export")]).stdout
     found = [line.split("=>")[1].split()[0] for line in ldd.splitlines() if "libualink" in line]
     assert [Path(os.path.realpath(f)).parent for f in found] == [lib.resolve()], ldd
+    # issue 12: the Wireshark dissector is in the package, and the installed header passes
+    # the installed `ualinkd abi-check`.
+    lua = Path(_run([str(installed / "bin" / "ualinkd"), "config", "--wireshark"]).stdout.strip())
+    assert str(lua).startswith(site) and lua.name == "ualink.lua" and lua.is_file()
+    check = _run([str(installed / "bin" / "ualinkd"), "abi-check",
+                  str(include / "ualink" / "ualink_drm.h")]).stdout
+    assert check.splitlines()[-1].startswith("ok: "), check
 
 
 def test_user_project_builds_a_client_and_runs_the_fixture(installed: Path, tmp_path: Path):

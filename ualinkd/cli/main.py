@@ -88,8 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
                        ("--libdir", "the directory of libualink.so"),
                        ("--includedir", "the directory holding ualink/"),
                        ("--bindir", "the directory of the example clients"),
-                       ("--pkgconfig-path", "a PKG_CONFIG_PATH entry for ualink.pc")):
+                       ("--pkgconfig-path", "a PKG_CONFIG_PATH entry for ualink.pc"),
+                       ("--wireshark", "the fabric protocol's Wireshark dissector: "
+                                       "tshark -X lua_script:$(ualinkd config --wireshark)")):
         cfg.add_argument(flag, action="append_const", const=flag, dest="what", help=what)
+    abi = sub.add_parser(
+        "abi-check", help="compile a client's uAPI header (amdgpu_drm.h, drm.h) and compare "
+                          "its structs and ioctl numbers with the emulator's")
+    abi.add_argument("headers", nargs="+", metavar="HEADER")
+    abi.add_argument("-I", dest="include", action="append", default=[], metavar="DIR",
+                     help="an include directory for the compiler")
+    abi.add_argument("--cflags", default="", metavar="FLAGS",
+                     help="more compiler flags, one string (--cflags='-DFOO -m64')")
     node = sub.add_parser("node", parents=[verbose], help="run one node daemon")
     node.add_argument("--config", required=True, help="the pod's TOML file")
     node.add_argument("--node", required=True, help="this node's name in the config")
@@ -127,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     while lead < len(argv) and argv[lead] in ("-v", "--verbose"):
         lead += 1
     if lead < len(argv) and argv[lead] not in (
-            "node", "pod", "check", "config", "start-node", "node-config", "-h", "--help",
+            "node", "pod", "check", "config", "start-node", "node-config", "abi-check", "-h",
+            "--help",
             "--version") and any(
             a == "--config" or a.startswith("--config=") for a in argv[lead:]):
         # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing,
@@ -150,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             return _node(args)
         if args.command == "node-config":
             return _node_config(args)
+        if args.command == "abi-check":
+            return _abi_check(args)
         return _pod(args)
     except ConfigError as e:
         print(f"ualinkd: {e}", file=sys.stderr)
@@ -172,11 +185,32 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _abi_check(args: argparse.Namespace) -> int:
+    """`ualinkd abi-check HEADER...`: one line per mismatch or note; 1 on any mismatch, 2 when
+    the header does not compile."""
+    import shlex
+
+    from ..abi import check
+
+    cflags = [f"-I{d}" for d in args.include] + shlex.split(args.cflags)
+    try:
+        report = check.check(args.headers, cflags)
+    except check.CompileError as e:
+        print(f"ualinkd: {e}", file=sys.stderr)
+        return 2
+    for line in report.lines():
+        print(line)
+    return 0 if report.ok else 1
+
+
 def _native_config(what: list[str]) -> int:
     """`ualinkd config --cflags --libs ...`: one line, the answers in the order asked."""
     from .. import native
 
     lay = native.layout()
+    if what == ["--wireshark"]:  # a Lua file: no C build needed
+        print(lay.wireshark)
+        return 0
     if not lay.library.exists():
         print(f"ualinkd: libualink.so is not built ({lay.library}): run `make c` in the "
               "checkout", file=sys.stderr)
@@ -189,6 +223,7 @@ def _native_config(what: list[str]) -> int:
         "--includedir": str(lay.include_dir),
         "--bindir": str(lay.bin_dir),
         "--pkgconfig-path": str(lay.pkgconfig_dir or ""),
+        "--wireshark": str(lay.wireshark),
     }
     if not what:
         for flag, value in answers.items():

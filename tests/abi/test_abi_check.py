@@ -1,0 +1,170 @@
+"""`ualinkd abi-check`: a client's header against the emulator's structs and ioctl numbers
+(issue 12 item 3). The C compiler decides every offset (ualinkd/abi/check.py's probe).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ualinkd.abi import check
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT_HEADER = ROOT / "include" / "ualink" / "ualink_drm.h"
+LIBDRM = Path("/usr/include/libdrm")
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+needs_libdrm = pytest.mark.skipif(not (LIBDRM / "amdgpu_drm.h").exists(),
+                                  reason="needs libdrm-dev's amdgpu_drm.h")
+
+
+def _abi_check(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ualinkd", "abi-check", *args],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+@needs_cc
+def test_project_header_passes_with_every_struct_and_ioctl_declared():
+    """spec §1.3, §2.2: include/ualink/ualink_drm.h declares everything the emulator decodes,
+    each at the emulator's offsets, and every emulated ioctl with the emulator's number."""
+    r = check.check([str(PROJECT_HEADER)])
+    assert r.ok, r.mismatches
+    assert r.notes == []
+    assert r.checked_structs == len(check.emulator_aggregates())
+    assert r.checked_ioctls == len(check.emulator_ioctls())
+
+
+@needs_cc
+def test_probe_sees_what_the_emulator_has():
+    """The probe's numbers for the project header are the emulator's own, field by field
+    (the comparison that used to live in tests/abi as hand-written cffi cdefs)."""
+    abi = check.probe([str(PROJECT_HEADER)])
+    for agg in check.emulator_aggregates():
+        assert abi.sizes[agg.ctype] == agg.size, agg.ctype
+        for f in agg.fields:
+            assert abi.fields[(agg.ctype, f.path)] == (f.offset, f.size), (agg.ctype, f.path)
+            if f.signed is not None:
+                assert abi.signed[(agg.ctype, f.path)] is f.signed, (agg.ctype, f.path)
+    for macro, spec in check.emulator_ioctls().items():
+        assert abi.ioctls[macro] == spec.cmd, macro
+
+
+@needs_cc
+@needs_libdrm
+def test_libdrm_header_passes_with_older_layouts_noted():
+    """Debian libdrm-dev (2.4.114): no UALink block (not declared), the 40-byte GEM_VA and
+    the 368-byte drm_amdgpu_info_device as older prefixes, no mismatch; exit status 0."""
+    p = _abi_check(str(LIBDRM / "amdgpu_drm.h"), "-I", str(LIBDRM))
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    assert "`drm_amdgpu_ualink_handle` not declared" in out
+    assert "`DRM_IOCTL_AMDGPU_UALINK_HANDLE` not declared" in out
+    if "vm_timeline_point" not in (LIBDRM / "amdgpu_drm.h").read_text():  # libdrm < 2.4.121
+        assert "`drm_amdgpu_gem_va` is an older prefix: 40 bytes (through `map_size`)" in out
+        assert "`DRM_IOCTL_AMDGPU_GEM_VA` is 0x40286448: the older 40-byte argument" in out
+    if "userq_ip_mask" not in (LIBDRM / "amdgpu_drm.h").read_text():
+        assert ("`drm_amdgpu_info_device` is an older prefix: 368 bytes (through "
+                "`tcc_disabled_mask`), emulator 448") in out
+    assert re.search(r"^not answered by the emulator .*\bAMDGPU_CS\b", out, re.M)
+    assert out.splitlines()[-1].startswith("ok: ")
+
+
+def _edited_copy(tmp_path: Path, old: str, new: str) -> Path:
+    text = PROJECT_HEADER.read_text()
+    assert text.count(old) == 1, old
+    copy = tmp_path / "ualink_drm.h"
+    copy.write_text(text.replace(old, new))
+    return copy
+
+
+@needs_cc
+def test_changed_field_type_fails_naming_the_field(tmp_path):
+    """issue 12: a header with one field's type changed fails naming that field: the
+    union's gem_handle as a u64 is the one line (the union's size does not change)."""
+    copy = _edited_copy(tmp_path, "\t\t__u32 gem_handle;", "\t\t__u64 gem_handle;")
+    p = _abi_check(str(copy))
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert p.stdout.splitlines() == [
+        "`drm_amdgpu_ualink_handle_in.gem_handle` is 8 bytes, emulator expects 4",
+        "1 mismatch: 40 structs and 27 ioctl numbers compared"]
+
+
+@needs_cc
+def test_changed_signedness_fails_naming_the_field(tmp_path):
+    """A same-size type change is a type change too: drm_prime_handle.fd as __u32 (the
+    kernel's is __s32, drm.h) fails naming the field."""
+    text = PROJECT_HEADER.read_text()
+    start = text.index("struct drm_prime_handle {")
+    at = text.index("__s32 fd;", start)
+    copy = tmp_path / "ualink_drm.h"
+    copy.write_text(text[:at] + "__u32 fd;" + text[at + len("__s32 fd;"):])
+    r = check.check([str(copy)])
+    assert r.mismatches == ["`drm_prime_handle.fd` is unsigned, emulator expects signed"]
+
+
+@needs_cc
+def test_changed_field_type_moving_later_fields_names_each_offset(tmp_path):
+    """flags as a u64 moves it and the union after it (spec §1.3 offsets 4 and 8), grows the
+    struct, and so changes the ioctl number, which carries the size."""
+    copy = _edited_copy(tmp_path, "\t__u32 flags;\n\tunion {", "\t__u64 flags;\n\tunion {")
+    r = check.check([str(copy)])
+    assert not r.ok
+    assert r.mismatches == [
+        "`drm_amdgpu_ualink_handle_in.flags` at offset 8, emulator expects 4",
+        "`drm_amdgpu_ualink_handle_in.flags` is 8 bytes, emulator expects 4",
+        "`drm_amdgpu_ualink_handle_in.gem_handle` at offset 16, emulator expects 8",
+        "`drm_amdgpu_ualink_handle_in.import_ualink_handle` at offset 16, emulator expects 8",
+        "`drm_amdgpu_ualink_handle_in` is 32 bytes, emulator expects 24",
+        "`drm_amdgpu_ualink_handle.in` is 32 bytes, emulator expects 24",
+        "`drm_amdgpu_ualink_handle` is 32 bytes, emulator expects 24",
+        "`DRM_IOCTL_AMDGPU_UALINK_HANDLE` is 0xc020645b (dir 3, nr 0x5b, size 32), emulator "
+        "expects 0xc018645b (dir 3, nr 0x5b, size 24)",
+    ]
+
+
+@needs_cc
+def test_changed_ioctl_number_is_reported(tmp_path):
+    """issue 12: the UALink ioctl's index moved (0x1B -> 0x1C) is a mismatch naming both
+    numbers, while every struct still agrees."""
+    text = PROJECT_HEADER.read_text()
+    m = re.search(r"#define DRM_AMDGPU_UALINK_HANDLE\s+0x1[bB]", text)
+    assert m, "the header defines DRM_AMDGPU_UALINK_HANDLE as 0x1B"
+    copy = tmp_path / "ualink_drm.h"
+    copy.write_text(text[: m.start()] + "#define DRM_AMDGPU_UALINK_HANDLE 0x1C" + text[m.end():])
+    r = check.check([str(copy)])
+    assert not r.ok
+    assert r.mismatches == [
+        "`DRM_IOCTL_AMDGPU_UALINK_HANDLE` is 0xc018645c (dir 3, nr 0x5c, size 24), emulator "
+        "expects 0xc018645b (dir 3, nr 0x5b, size 24)"]
+
+
+@needs_cc
+@needs_libdrm
+def test_header_named_through_include_dirs():
+    """A HEADER that is not a file is #include <HEADER>, found through -I."""
+    p = _abi_check("amdgpu_drm.h", "-I", str(LIBDRM))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "`drm_amdgpu_ualink_handle` not declared" in p.stdout
+
+
+@needs_cc
+def test_header_declaring_nothing_of_the_abi_fails(tmp_path):
+    """A header with none of the structs or ioctls (the wrong file) is not a pass."""
+    other = tmp_path / "other.h"
+    other.write_text("struct unrelated { int x; };\n")
+    p = _abi_check(str(other))
+    assert p.returncode == 1
+    assert "declares none of the emulator's structs or ioctls" in p.stdout
+
+
+@needs_cc
+def test_header_that_does_not_compile_exits_2(tmp_path):
+    bad = tmp_path / "bad.h"
+    bad.write_text("struct drm_gem_close { __u32 handle\n")
+    p = _abi_check(str(bad))
+    assert p.returncode == 2
+    assert "does not compile" in p.stderr
