@@ -122,12 +122,19 @@ def _str_list(value: object, where: str) -> list[str]:
 
 
 def parse_size(value: object, where: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, str):
+    """A positive size: bytes, or a string with a unit ("64MiB"); 0 is a pool that could
+    hold nothing, refused here rather than as ENOMEM at every GEM_CREATE."""
+    size = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str):
         m = _SIZE_RE.match(value)
         if m:
-            return int(m.group(1)) * _UNITS[(m.group(2) or "")[:1].upper()]
+            size = int(m.group(1)) * _UNITS[(m.group(2) or "")[:1].upper()]
+    if size is not None and size <= 0:
+        raise ConfigError(f"{where}: {value!r} must be a positive size")
+    if size is not None:
+        return size
     raise ConfigError(f"{where}: {value!r} is not a size (e.g. 4096, \"64MiB\", \"16GiB\")")
 
 

@@ -311,3 +311,10 @@ def test_default_memory_of_this_host():
     cfg = PodConfig.from_dict(pod_doc())
     vram, gtt = cfg.accel_memory(cfg.nodes[0].accels[0])
     assert vram == gtt and 0 < 4 * vram <= host_memory_total() // 2
+
+
+@pytest.mark.parametrize("value", [0, -1, "0MiB"])
+def test_sizes_must_be_positive(value):
+    """Issue 11: a pool of 0 bytes (or less) is a ConfigError naming the key."""
+    doc = pod_doc(nodes=[[{"id": 0, "vram_size": value}], [{"id": 1}]])
+    assert f"nodes[0].accels[0].vram_size: {value!r} must be a positive size" in err(doc)
