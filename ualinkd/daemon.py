@@ -189,9 +189,14 @@ def make_tracer(mode: str | None, out: TextIO,
     as_json = mode == "json"
 
     def trace(rec: Record) -> None:
-        if keep(rec):
-            out.write((rec.json() if as_json else rec.text()) + "\n")
-            out.flush()
+        # Called inside request handling: a record that cannot be rendered (a decoder's
+        # bug) or a full disk must cost the trace line, never the caller's ioctl.
+        try:
+            if keep(rec):
+                out.write((rec.json() if as_json else rec.text()) + "\n")
+                out.flush()
+        except Exception:
+            log.exception("trace: cannot write the record of %s", rec.name)
 
     return trace
 
