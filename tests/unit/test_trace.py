@@ -274,3 +274,25 @@ def test_filter(traced):
     for bad_term in ("ioctl=NOPE", "kind=syscall", "accel=x", "colour=red", "pid"):
         with pytest.raises(ValueError):
             TraceFilter([bad_term])
+
+
+def test_tracer_filters_and_survives_a_failing_stream(traced, caplog):
+    """daemon.make_tracer: a filtered-out record writes nothing; a stream that fails (a full
+    disk) costs the trace line, not the request."""
+    import io
+
+    from ualinkd.daemon import make_tracer
+
+    rec = gem_create(traced)
+    buf = io.StringIO()
+    make_tracer("json", buf, TraceFilter(["kind=gpu"]))(rec)
+    assert buf.getvalue() == ""
+    make_tracer("json", buf)(rec)
+    assert json.loads(buf.getvalue())["ioctl"] == "AMDGPU_GEM_CREATE"
+
+    class Full(io.StringIO):
+        def write(self, s: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    make_tracer("text", Full())(rec)
+    assert "cannot write the record of AMDGPU_GEM_CREATE" in caplog.text
