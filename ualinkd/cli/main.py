@@ -527,6 +527,9 @@ def _pod_netns(args: argparse.Namespace) -> int:
     # Before Pod.start: it turns a SIGHUP still at its default into SystemExit(129).
     _catch_pod_signals(on_signal)
     config = _with_quirks(pod_config(args.nodes, args.accels_per_node), args.kernel_quirks)
+    if args.trace and not args.trace_file:
+        print("ualinkd: the trace goes to each node's daemon log in the pod dir, which is "
+              "deleted on exit; --trace-file FILE keeps it", file=sys.stderr)
     pod = Pod(config, trace=args.trace, state_root=os.path.abspath(args.root),
               ready_timeout=args.ready_timeout, trace_file=args.trace_file,
               trace_filter=args.trace_filter)
