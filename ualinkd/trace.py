@@ -186,7 +186,8 @@ class TraceRecord:
         hints = self.spec.hints if self.spec else {}
         inp, out = self._decoded()
         name = self.spec.full_name if self.spec else _ioc_text(self.cmd)
-        arg = "{" + (_text_fields(inp, hints) if inp or self.spec else self.in_bytes.hex()) + "}"
+        decoded = self.spec is not None and self.spec.decode_in is not None
+        arg = "{" + (_text_fields(inp, hints) if decoded else self.in_bytes.hex()) + "}"
         if out:
             arg += " => {" + _text_fields(out, hints) + "}"
         elif self.out_bytes and not (self.spec and self.spec.decode_out) and (

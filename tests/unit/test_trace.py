@@ -185,6 +185,13 @@ def test_unknown_nr_record(traced):
     assert (d["ioctl"], d["in"], d["out"], d["out_hex"]) == ("UNKNOWN_NR_0x4a", {}, {}, "")
 
 
+def test_entry_without_decoder_shows_raw_bytes(traced):
+    """A table entry ualinkd does not emulate (AMDGPU_CS: ENOTTY) prints its bytes in hex."""
+    rec = traced(tbl.AMDGPU_IOCTLS[0x44].cmd, bytes(range(24)))
+    assert rec.text().endswith("DRM_IOCTL_AMDGPU_CS({" + bytes(range(24)).hex() + "}) = -1 "
+                               "ENOTTY (Inappropriate ioctl for device) <0.000125>")
+
+
 def test_short_input_is_rendered_not_raised(traced):
     """§2.1: a short struct (zero-extended by the core) still renders."""
     rec = traced(ioc(3, 0x64, 0x5B, 8), struct.pack("<II", 0, 0))
