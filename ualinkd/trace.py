@@ -260,6 +260,7 @@ class GpuAccessRecord:
 # Fabric fields that print in hex (the handle's halves, addresses); the rest are decimal.
 _FABRIC_HEX: Hints = {"handle_lo_bits": Hex(), "handle_hi": Hex(), "npa_offset": Hex(),
                       "npa_byte_addr": Hex(), "length": Hex()}
+_FABRIC_HANDLE = ("handle_lo_bits", "handle_hi")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -307,7 +308,9 @@ class FabricRecord:
             "duration": self.duration, "node": self.node, "direction": self.direction,
             "message": self.message, "src_accel": self.src_accel, "dst_accel": self.dst_accel,
             "src_node": self.src_node, "dst_node": self.dst_node,
-            "fields": _json_fields(self.fields, {}), "result": self.result,
+            # the handle's halves are handles: hex strings, as ioctls' 128-bit handles are
+            "fields": {k: hex(v) if k in _FABRIC_HANDLE and isinstance(v, int) else v
+                       for k, v in self.fields.items()}, "result": self.result,
             "errno": errno.errorcode.get(err) if err else None,
         }
 

@@ -255,7 +255,7 @@ def test_fabric_record():
     d = check_json(rec)
     assert (d["type"], d["message"], d["src_node"], d["dst_node"], d["fields"]) == (
         "fabric", "NPA_REQ", "node1", "node0",
-        {"handle_lo_bits": 0x123456780400, "handle_hi": 0xAABB})
+        {"handle_lo_bits": "0x123456780400", "handle_hi": "0xaabb"})
     recv = FabricRecord.ualink("node0", "recv", 1, 0, msg.encode(), names, start=T0)
     assert recv.text().startswith("22:13:20.250000 node0 fabric recv node1/accel1 -> ")
     assert " = " not in recv.text()
