@@ -303,3 +303,14 @@ def test_tracer_filters_and_survives_a_failing_stream(traced, caplog):
 
     make_tracer("text", Full())(rec)
     assert "cannot write the record of AMDGPU_GEM_CREATE" in caplog.text
+
+
+def test_info_query_names_agree_with_the_handler():
+    """The trace's AMDGPU_INFO_* names (abi/constants.py) and the numbers amdgpu/info.py
+    answers are one list: every query the handler knows has its own name in the trace."""
+    from ualinkd.amdgpu import info
+
+    for name in ("ACCEL_WORKING", "HW_IP_INFO", "HW_IP_COUNT", "TIMESTAMP", "FW_VERSION",
+                 "VRAM_USAGE", "GTT_USAGE", "GDS_CONFIG", "VRAM_GTT", "READ_MMR_REG",
+                 "DEV_INFO", "VIS_VRAM_USAGE", "MEMORY", "SENSOR", "VRAM_LOST_COUNTER"):
+        assert c.INFO_QUERIES[getattr(info, name)] == name
