@@ -33,7 +33,7 @@ from .fuse.lowlevel import FuseSession, clear_stale_mount
 from .fuse.procfd import mount_device, resolve_caller_fd
 from .fuse.tree import FileTree
 from .node import NodeCore
-from .trace import TraceRecord
+from .trace import FabricRecord, Record, TraceFilter
 
 log = logging.getLogger("ualinkd")
 
@@ -179,16 +179,34 @@ def tls_contexts(
     return server, client
 
 
-def make_tracer(mode: str | None, out: TextIO) -> Callable[[TraceRecord], None] | None:
+def make_tracer(mode: str | None, out: TextIO,
+                trace_filter: TraceFilter | None = None) -> Callable[[Record], None] | None:
+    """One line per record that passes the filter. Each line is one write() of a stream
+    opened for appending, so the nodes of a pod can share one --trace-file."""
     if not mode:
         return None
-    fmt = TraceRecord.json if mode == "json" else TraceRecord.text
+    keep = trace_filter.match if trace_filter is not None else (lambda rec: True)
+    as_json = mode == "json"
 
-    def trace(rec: TraceRecord) -> None:
-        out.write(fmt(rec) + "\n")
-        out.flush()
+    def trace(rec: Record) -> None:
+        # Called inside request handling: a record that cannot be rendered (a decoder's
+        # bug) or a full disk must cost the trace line, never the caller's ioctl.
+        try:
+            if keep(rec):
+                out.write((rec.json() if as_json else rec.text()) + "\n")
+                out.flush()
+        except Exception:
+            log.exception("trace: cannot write the record of %s", rec.name)
 
     return trace
+
+
+def open_trace_file(path: str | None) -> TextIO:
+    """--trace-file: appended to (a pod truncates it once and its nodes share it); stdout
+    when none is given."""
+    if path is None:
+        return sys.stdout
+    return open(path, "a", buffering=1)
 
 
 async def run_node(
@@ -198,15 +216,17 @@ async def run_node(
     trace: str | None = None,
     trace_out: TextIO = sys.stdout,
     task_status: trio.TaskStatus[NodeCore] = trio.TASK_STATUS_IGNORED,
+    trace_filter: TraceFilter | None = None,
 ) -> None:
     mount = os.path.abspath(mount)
     caller_memory = CallerMemory(config.caller_memory_timeout_ms / 1000)
+    tracer = make_tracer(trace, trace_out, trace_filter)
     core = NodeCore(
         config,
         node_name,
         resolve_fd=lambda pid, fd: resolve_caller_fd(pid, fd, mount),
         copy_to_user=caller_memory.copy_to_user,
-        tracer=make_tracer(trace, trace_out),
+        tracer=tracer,
         copy_from_user=caller_memory.copy_from_user,
         waits=TrioSyncWaits(),
         open_process_memory=caller_memory.open_process,
@@ -227,12 +247,18 @@ async def run_node(
         except DrmError as e:
             return -e.errno, []
 
+    if tracer is not None:
+        on_message, on_request = _trace_receives(tracer, config, node_name, on_message,
+                                                 on_request)
     server_tls, client_tls = tls_contexts(config, node_name)
     link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
                       on_request=on_request, ssl_context=server_tls,
                       ssl_client_context=client_tls)
-    agent = UalinkAgent(core, link.send, config.response_timeout_ms / 1000, link.request,
-                        send_queued=link.send_queued)
+    send, send_queued, request = link.send, link.send_queued, link.request
+    if tracer is not None:
+        send, send_queued, request = _trace_sends(tracer, config, node_name, link)
+    agent = UalinkAgent(core, send, config.response_timeout_ms / 1000, request,
+                        send_queued=send_queued)
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_links = lambda: {p: link.is_up(p) for p in peers}
     clear_stale_mount(mount)
@@ -265,6 +291,99 @@ async def run_node(
         session.unmount()
         session.close()
         log.info("%s: unmounted %s", node_name, mount)
+
+
+def _accel_names(config: PodConfig) -> Callable[[int], str | None]:
+    owner = {a.accel_id: n.name for n in config.nodes for a in n.accels}
+    return owner.get
+
+
+def _trace_receives(
+    tracer: Callable[[Record], None], config: PodConfig, node: str,
+    on_message: Callable[[int, int, tuple[int, int, int, int]], Awaitable[None] | None],
+    on_request: Callable[[str, Load | Store], tuple[int, list[memoryview]]],
+) -> tuple[Callable[[int, int, tuple[int, int, int, int]], Awaitable[None] | None],
+           Callable[[str, Load | Store], tuple[int, list[memoryview]]]]:
+    """The fabric on the receiving side: each UALink message as it arrives, each LOAD/STORE
+    as this node serves it (the result is its DATA answer's status)."""
+    names = _accel_names(config)
+
+    def message(src: int, dst: int, dwords: tuple[int, int, int, int]
+                ) -> Awaitable[None] | None:
+        tracer(FabricRecord.ualink(node, "recv", src, dst, dwords, names, start=time.time()))
+        return on_message(src, dst, dwords)
+
+    def request(peer: str, req: Load | Store) -> tuple[int, list[memoryview]]:
+        start = time.time()
+        status, bufs = on_request(peer, req)
+        tracer(_data_record(node, "recv", req, names, status, start))
+        return status, bufs
+
+    return message, request
+
+
+def _data_record(node: str, direction: str, req: Load | Store,
+                 names: Callable[[int], str | None], status: int,
+                 start: float) -> FabricRecord:
+    is_load = isinstance(req, Load)
+    length = req.length if isinstance(req, Load) else len(req.data)
+    return FabricRecord(node, direction, "LOAD" if is_load else "STORE", req.src_accel,
+                        req.dst_accel, names(req.src_accel), names(req.dst_accel),
+                        {"npa_byte_addr": req.npa_byte_addr, "length": length}, status,
+                        start, time.time() - start)
+
+
+def _trace_sends(
+    tracer: Callable[[Record], None], config: PodConfig, node: str, link: FabricLink,
+) -> tuple[Callable[..., Awaitable[None]], Callable[..., Awaitable[None]],
+           Callable[..., Awaitable[bytes | bytearray]]]:
+    """The fabric on the sending side: each UALink message when its ACK came (or the send
+    failed), each LOAD/STORE when its DATA came back; the duration is the round trip."""
+    names = _accel_names(config)
+
+    def sent(src: int, dst: int, dwords: tuple[int, int, int, int], start: float,
+             err: DrmError | None) -> None:
+        tracer(FabricRecord.ualink(node, "send", src, dst, dwords, names,
+                                   -err.errno if err else 0, start, time.time() - start))
+
+    async def send(src: int, dst: int, dwords: tuple[int, int, int, int]) -> None:
+        start = time.time()
+        try:
+            await link.send(src, dst, dwords)
+        except DrmError as e:
+            sent(src, dst, dwords, start, e)
+            raise
+        sent(src, dst, dwords, start, None)
+
+    def send_queued(src: int, dst: int, dwords: tuple[int, int, int, int]) -> Awaitable[None]:
+        start = time.time()
+        acked = link.send_queued(src, dst, dwords)  # queued now, in the caller's order
+
+        async def wait() -> None:
+            try:
+                await acked
+            except DrmError as e:
+                sent(src, dst, dwords, start, e)
+                raise
+            sent(src, dst, dwords, start, None)
+
+        return wait()
+
+    async def request(src: int, dst: int, npa_byte_addr: int,
+                      length_or_data: int | bytes) -> bytes | bytearray:
+        start = time.time()
+        req: Load | Store = (Load(0, src, dst, npa_byte_addr, length_or_data)
+                             if isinstance(length_or_data, int)
+                             else Store(0, src, dst, npa_byte_addr, length_or_data))
+        try:
+            got = await link.request(src, dst, npa_byte_addr, length_or_data)
+        except DrmError as e:
+            tracer(_data_record(node, "send", req, names, -e.errno, start))
+            raise
+        tracer(_data_record(node, "send", req, names, 0, start))
+        return got
+
+    return send, send_queued, request
 
 
 async def _stop_on_signal(

@@ -9,7 +9,9 @@ keys (/proc), reading and writing a caller's memory, and the syncobj wait primit
 from __future__ import annotations
 
 import errno
+import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from . import sysfs
@@ -27,7 +29,7 @@ from .drm.syncobj import EventFd, SyncWaits
 from .drm.tokens import DmaBufTokens
 from .fuse.backend import IoctlReply
 from .sysfs import SysAttr, SysDir, pci_bdf  # noqa: F401 (pci_bdf: its old home)
-from .trace import TraceRecord
+from .trace import GpuAccessRecord, Record, TraceRecord
 from .ualink.host import UalinkHost
 from .ualink.manager import UalinkManager
 from .ualink.sysconfig import SysConfig
@@ -57,17 +59,19 @@ class NodeCore:
         node_name: str,
         resolve_fd: FdResolver = _no_resolver,
         copy_to_user: CopyToUser | None = None,
-        tracer: Callable[[TraceRecord], None] | None = None,
+        tracer: Callable[[Record], None] | None = None,
         randbits: Callable[[int], int] | None = None,
         copy_from_user: CopyFromUser | None = None,
         waits: SyncWaits | None = None,
         open_process_memory: OpenProcessMemory | None = None,
         open_eventfd: Callable[[int, int], EventFd] | None = None,
+        trace_clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.node = config.node(node_name)
         self.name = node_name
         self.tracer = tracer
+        self.trace_clock = trace_clock  # the trace's timestamps (wall clock, strace -tt)
         self.tokens = DmaBufTokens(randbits) if randbits else DmaBufTokens()
         self._resolve_key = resolve_fd
         self.host = UalinkHost()
@@ -147,26 +151,30 @@ class NodeCore:
         assert isinstance(drm_file, DrmFile)
         if cmd == UALINKD_IOCTL_MMAP_GRANT:  # ualinkd's own, by its whole number (abi/cpumap.py)
             return self.cpu_maps.render_ioctl(drm_file, in_bytes, caller)
+        start = self.trace_clock() if self.tracer is not None else 0.0
         res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
         self.after_request()
         if not isinstance(res, IoctlResult):
-            return self._ioctl_later(res, drm_file, cmd, in_bytes, caller)
-        return self._reply(res, drm_file, cmd, in_bytes, caller)
+            return self._ioctl_later(res, drm_file, cmd, in_bytes, caller, start)
+        return self._reply(res, drm_file, cmd, in_bytes, caller, start)
 
     async def _ioctl_later(
         self, pending: Awaitable[IoctlResult], drm_file: DrmFile, cmd: int, in_bytes: bytes,
-        caller: Caller,
+        caller: Caller, start: float,
     ) -> IoctlReply:
         res = await pending
         self.after_request()
-        return self._reply(res, drm_file, cmd, in_bytes, caller)
+        return self._reply(res, drm_file, cmd, in_bytes, caller, start)
 
     def _reply(
-        self, res: IoctlResult, drm_file: DrmFile, cmd: int, in_bytes: bytes, caller: Caller
+        self, res: IoctlResult, drm_file: DrmFile, cmd: int, in_bytes: bytes, caller: Caller,
+        start: float,
     ) -> IoctlReply:
         if self.tracer is not None:
-            self.tracer(TraceRecord(caller.pid, self.name, drm_file.device.minor, cmd,
-                                    res.spec, in_bytes, res.result, res.out))
+            minor = drm_file.device.minor
+            self.tracer(TraceRecord(caller.pid, self.name, minor, cmd, res.spec, in_bytes,
+                                    res.result, res.out, self.managers[minor].accel_id, start,
+                                    self.trace_clock() - start))
         return res.result, res.out
 
     def gpu_read(
@@ -177,8 +185,11 @@ class NodeCore:
         assert isinstance(drm_file, DrmFile)
         driver = drm_file.device.driver
         assert isinstance(driver, AmdgpuDriver)
-        return gpu_load(driver.vm(drm_file), va, size, self._remote_for(drm_file),
-                        driver.count_gpu_fault)
+        load = self._traced_gpu(drm_file, "load", va, size, b"", caller,
+                                lambda: gpu_load(driver.vm(drm_file), va, size,
+                                                 self._remote_for(drm_file),
+                                                 driver.count_gpu_fault))
+        return load  # type: ignore[return-value]
 
     def gpu_write(
         self, drm_file: object, va: int, data: bytes, caller: Caller
@@ -187,8 +198,53 @@ class NodeCore:
         assert isinstance(drm_file, DrmFile)
         driver = drm_file.device.driver
         assert isinstance(driver, AmdgpuDriver)
-        return gpu_store(driver.vm(drm_file), va, data, self._remote_for(drm_file),
-                         driver.count_gpu_fault)
+        store = self._traced_gpu(drm_file, "store", va, len(data), data, caller,
+                                 lambda: gpu_store(driver.vm(drm_file), va, data,
+                                                   self._remote_for(drm_file),
+                                                   driver.count_gpu_fault))
+        return store  # type: ignore[return-value]
+
+    def _traced_gpu(self, drm_file: DrmFile, op: str, va: int, length: int, data: bytes,
+                    caller: Caller, access: Callable[[], object]) -> object:
+        """Run a GPU load/store; with a tracer, record its VA, length, result and fault
+        (whether it finished at once or after remote pieces came back)."""
+        if self.tracer is None:
+            return access()
+        start = self.trace_clock()
+
+        def record(result: object) -> None:
+            assert self.tracer is not None
+            minor = drm_file.device.minor
+            if isinstance(result, DrmError):
+                done, got = -result.errno, b""
+            elif isinstance(result, int):
+                done, got = result, bytes(data[:result])
+            else:
+                assert isinstance(result, bytes | bytearray)
+                done, got = len(result), bytes(result)
+            self.tracer(GpuAccessRecord(caller.pid, self.name, minor,
+                                        self.managers[minor].accel_id, op, va, length, done,
+                                        got, start, self.trace_clock() - start))
+
+        try:
+            res = access()
+        except DrmError as e:
+            record(e)
+            raise
+        if not inspect.isawaitable(res):
+            record(res)
+            return res
+
+        async def later() -> object:
+            try:
+                done = await res
+            except DrmError as e:
+                record(e)
+                raise
+            record(done)
+            return done
+
+        return later()
 
     def _remote_for(self, drm_file: DrmFile) -> RemoteFn:
         def remote(piece: RemotePiece, write: bool,

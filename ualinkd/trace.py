@@ -1,6 +1,15 @@
-"""strace-like decoding of ioctls for `--trace` (text) and `--trace=json` (one object a line).
+"""strace-like tracing for `--trace` (text) and `--trace=json` (one object a line).
 
-Driven by the one ioctl table (`abi/ioctls.py`): each entry says how its bytes decode.
+Three kinds of record share one timeline: ioctls (decoded through the one ioctl table,
+`abi/ioctls.py`: each entry says how its bytes decode and how each field prints), GPU loads
+and stores (pread/pwrite at a VA of a render node), and fabric messages (the seven UALink
+messages and the data plane's LOAD/STORE, on the sending and on the receiving node).
+
+Text follows strace: `-tt` wall-clock time, the call with its decoded argument
+(`{in} => {out}` where the kernel copied bytes back), `= 0` or `= -1 EINVAL (Invalid
+argument)`, the `-T` duration in `<…>`. JSON: one object a line with `"v": SCHEMA_VERSION`,
+every field typed (numbers as numbers, 128-bit handles as hex strings, flags and enums as
+their raw value with their names) and the raw in/out bytes in hex.
 """
 
 from __future__ import annotations
@@ -8,45 +17,165 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .abi.ioc import IoctlCmd
-from .abi.ioctls import Fields, IoctlSpec
+from .abi.ioctls import (
+    EnumOf,
+    FieldFormat,
+    Fields,
+    FlagSet,
+    Handle128,
+    Hex,
+    Hints,
+    IoctlSpec,
+    all_entries,
+)
+from .ualink.protocol import MSG_TYPE_MASK, MsgType, decode_message
+
+SCHEMA_VERSION = 1
+_DATA_PREVIEW = 32  # bytes of a load/store shown in text (strace -s 32)
+_DATA_JSON_MAX = 4096  # bytes of a load/store kept in JSON (data_truncated says so)
 
 
+# -- one field ----------------------------------------------------------------------------------
+def text_value(value: Any, fmt: FieldFormat | None) -> str:
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(text_value(v, fmt) for v in value) + "]"
+    if not isinstance(value, int):
+        return str(value)
+    if isinstance(fmt, Hex | Handle128):
+        return hex(value) if value else "0"
+    if isinstance(fmt, FlagSet):
+        names, rest = fmt.names(value)
+        if rest or not names:
+            names.append(hex(rest) if rest else "0")
+        return "|".join(names)
+    if isinstance(fmt, EnumOf):
+        return fmt.name(value) or str(value)
+    return str(value)
+
+
+def json_value(value: Any, fmt: FieldFormat | None) -> Any:
+    if isinstance(value, list | tuple):
+        return [json_value(v, fmt) for v in value]
+    if not isinstance(value, int):
+        return value
+    if isinstance(fmt, Handle128):
+        return f"{value:#034x}"
+    if isinstance(fmt, FlagSet):
+        names, rest = fmt.names(value)
+        out: dict[str, Any] = {"value": value, "names": names}
+        if rest:
+            out["unknown"] = rest
+        return out
+    if isinstance(fmt, EnumOf):
+        return {"value": value, "name": fmt.name(value)}
+    return value
+
+
+def _text_fields(fields: Fields, hints: Hints) -> str:
+    return ", ".join(f"{k}={text_value(v, hints.get(k))}" for k, v in fields.items())
+
+
+def _json_fields(fields: Fields, hints: Hints) -> Fields:
+    return {k: json_value(v, hints.get(k)) for k, v in fields.items()}
+
+
+def strerror(err: int) -> str:
+    """`EINVAL (Invalid argument)`, as strace prints a failed call's errno."""
+    return f"{errno.errorcode.get(err, str(err))} ({os.strerror(err)})"
+
+
+def timestamp(t: float) -> str:
+    """strace -tt: local wall-clock time with microseconds."""
+    us = round(t * 1_000_000)
+    return time.strftime("%H:%M:%S", time.localtime(us // 1_000_000)) + f".{us % 1_000_000:06d}"
+
+
+def _ioc_text(cmd: int) -> str:
+    """strace's spelling of an ioctl number it has no name for."""
+    c = IoctlCmd.decode(cmd)
+    d = "|".join(n for n, b in (("_IOC_WRITE", 1), ("_IOC_READ", 2)) if c.direction & b)
+    return f"_IOC({d or '_IOC_NONE'}, {c.type:#x}, {c.nr:#x}, {c.size:#x})"
+
+
+def _preview(data: bytes) -> str:
+    """strace's quoting of a buffer: printable ASCII as is, the rest escaped, 32 bytes."""
+    out = []
+    for b in data[:_DATA_PREVIEW]:
+        ch = chr(b)
+        out.append({0: "\\0", 10: "\\n", 9: "\\t", 34: '\\"', 92: "\\\\"}.get(b)
+                   or (ch if 32 <= b < 127 else f"\\x{b:02x}"))
+    return '"' + "".join(out) + '"' + ("..." if len(data) > _DATA_PREVIEW else "")
+
+
+def _tail(start: float, duration: float) -> tuple[str, str]:
+    return (timestamp(start) + " " if start else "",
+            f" <{duration:.6f}>" if start else "")
+
+
+# -- the records --------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, slots=True)
 class TraceRecord:
+    """One ioctl on a render node, as the DRM core answered it."""
+
     pid: int
     node: str
     minor: int
     cmd: int
     spec: IoctlSpec | None
     in_bytes: bytes
-    result: int
-    out_bytes: bytes
+    result: int  # 0 or -errno
+    out_bytes: bytes  # what the core copied back (also on failure: drm_ioctl copies out)
+    accel: int | None = None
+    start: float = 0.0  # wall clock (time.time) when the request came
+    duration: float = 0.0  # seconds until the answer
+
+    kind = "ioctl"
+
+    @property
+    def name(self) -> str:
+        return self.spec.name if self.spec else f"UNKNOWN_NR_0x{IoctlCmd.decode(self.cmd).nr:02x}"
+
+    def _decoded(self) -> tuple[Fields, Fields]:
+        spec = self.spec
+        inp = spec.decode_in(self.in_bytes) if spec and spec.decode_in else {}
+        out: Fields = {}
+        # The copied-back bytes are worth decoding when the call succeeded, or when a failed
+        # call changed them (GEM_MMAP zeroes its union before failing).
+        changed = self.out_bytes and self.out_bytes != self.in_bytes[: len(self.out_bytes)]
+        if spec and spec.decode_out and self.out_bytes and (self.result == 0 or changed):
+            out = spec.decode_out(self.out_bytes, inp)
+        return inp, out
 
     def as_dict(self) -> Fields:
         c = IoctlCmd.decode(self.cmd)
-        nr = c.nr
-        spec = self.spec
-        inp = spec.decode_in(self.in_bytes) if spec and spec.decode_in else {}
-        out = (
-            spec.decode_out(self.out_bytes, inp)
-            if spec and spec.decode_out and self.result == 0 and self.out_bytes
-            else {}
-        )
+        hints = self.spec.hints if self.spec else {}
+        inp, out = self._decoded()
+        err = -self.result if self.result < 0 else None
         return {
+            "v": SCHEMA_VERSION,
+            "type": "ioctl",
+            "time": self.start,
+            "duration": self.duration,
             "pid": self.pid,
             "node": self.node,
             "minor": self.minor,
-            "ioctl": self.spec.name if self.spec else f"UNKNOWN_NR_0x{nr:02x}",
+            "accel": self.accel,
+            "ioctl": self.name,
             "cmd": f"{self.cmd:#010x}",
+            "nr": c.nr,
             "dir": "".join(x for x, b in (("W", 1), ("R", 2)) if c.direction & b) or "N",
             "size": c.size,
-            "in": inp,
+            "in": _json_fields(inp, hints),
             "in_hex": self.in_bytes.hex(),
             "result": self.result,
-            "errno": errno.errorcode.get(-self.result) if self.result < 0 else None,
-            "out": out,
+            "errno": errno.errorcode.get(err) if err else None,
+            "out": _json_fields(out, hints),
             "out_hex": self.out_bytes.hex(),
         }
 
@@ -54,14 +183,228 @@ class TraceRecord:
         return json.dumps(self.as_dict(), separators=(",", ":"))
 
     def text(self) -> str:
-        d = self.as_dict()
-        args = ", ".join(f"{k}={v}" for k, v in d["in"].items()) or d["in_hex"]
-        res = "0" if self.result == 0 else f"-1 {d['errno']} ({-self.result})"
-        out = ", ".join(f"{k}={v}" for k, v in d["out"].items())
-        if not out and self.out_bytes:
-            out = "bytes=" + d["out_hex"]
-        tail = f" -> {{{out}}}" if out else ""
-        return (
-            f"[pid {self.pid}] {self.node} renderD{self.minor} "
-            f"{d['ioctl']}({d['cmd']}, {{{args}}}) = {res}{tail}"
-        )
+        hints = self.spec.hints if self.spec else {}
+        inp, out = self._decoded()
+        name = self.spec.full_name if self.spec else _ioc_text(self.cmd)
+        decoded = self.spec is not None and self.spec.decode_in is not None
+        arg = "{" + (_text_fields(inp, hints) if decoded else self.in_bytes.hex()) + "}"
+        if out:
+            arg += " => {" + _text_fields(out, hints) + "}"
+        elif self.out_bytes and not (self.spec and self.spec.decode_out) and (
+                self.result == 0 or self.out_bytes != self.in_bytes[: len(self.out_bytes)]):
+            arg += " => {" + self.out_bytes.hex() + "}"
+        res = "0" if self.result == 0 else f"-1 {strerror(-self.result)}"
+        ts, dur = _tail(self.start, self.duration)
+        return (f"{ts}[pid {self.pid}] {self.node} renderD{self.minor} {name}({arg}) = {res}"
+                f"{dur}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuAccessRecord:
+    """A GPU load (pread) or store (pwrite) at a VA through a render node's GPU VM. A
+    result short of `length` is a fault part-way (at `va + result`); -errno: none of it."""
+
+    pid: int
+    node: str
+    minor: int
+    accel: int | None
+    op: str  # "load" | "store"
+    va: int
+    length: int
+    result: int  # bytes done, or -errno
+    data: bytes  # what was loaded / what was asked to be stored
+    start: float = 0.0
+    duration: float = 0.0
+
+    kind = "gpu"
+
+    @property
+    def name(self) -> str:
+        return f"GPU_{self.op.upper()}"
+
+    @property
+    def fault_va(self) -> int | None:
+        if self.result < 0:
+            return self.va
+        return self.va + self.result if self.result < self.length else None
+
+    def as_dict(self) -> Fields:
+        err = -self.result if self.result < 0 else None
+        return {
+            "v": SCHEMA_VERSION, "type": "gpu", "time": self.start, "duration": self.duration,
+            "pid": self.pid, "node": self.node, "minor": self.minor, "accel": self.accel,
+            "op": self.op, "va": self.va, "length": self.length, "result": self.result,
+            "errno": errno.errorcode.get(err) if err else None,
+            "fault_va": self.fault_va,
+            "data_hex": self.data[:_DATA_JSON_MAX].hex(),
+            "data_truncated": len(self.data) > _DATA_JSON_MAX,
+        }
+
+    def json(self) -> str:
+        return json.dumps(self.as_dict(), separators=(",", ":"))
+
+    def text(self) -> str:
+        ts, dur = _tail(self.start, self.duration)
+        if self.result < 0:
+            res = f"-1 {strerror(-self.result)}"
+        else:
+            res = str(self.result)
+            if self.fault_va is not None:
+                res += f" (GPU fault at va={self.fault_va:#x})"
+        shown = self.data if self.op == "store" or self.result > 0 else b""
+        data = f", {_preview(shown)}" if shown else ""
+        return (f"{ts}[pid {self.pid}] {self.node} renderD{self.minor} {self.name}("
+                f"va={self.va:#x}{data}, len={self.length:#x}) = {res}{dur}")
+
+
+# Fabric fields that print in hex (the handle's halves, addresses); the rest are decimal.
+_FABRIC_HEX: Hints = {"handle_lo_bits": Hex(), "handle_hi": Hex(), "npa_offset": Hex(),
+                      "npa_byte_addr": Hex(), "length": Hex()}
+_FABRIC_HANDLE = ("handle_lo_bits", "handle_hi")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FabricRecord:
+    """One fabric message as this node sent or received it: a UALink message (its four
+    dwords) or a data-plane LOAD/STORE (summarised: address and length, not the data)."""
+
+    node: str  # the node that traced it
+    direction: str  # "send" | "recv"
+    message: str  # HELLO … NPA_RELEASE, LOAD, STORE
+    src_accel: int
+    dst_accel: int
+    src_node: str | None
+    dst_node: str | None
+    fields: Fields
+    result: int | None = None  # sends: 0 (ACKed / answered) or -errno; receives: None
+    start: float = 0.0
+    duration: float = 0.0
+
+    kind = "fabric"
+    pid = None
+
+    @classmethod
+    def ualink(cls, node: str, direction: str, src: int, dst: int,
+               dwords: tuple[int, int, int, int], names: Callable[[int], str | None],
+               result: int | None = None, start: float = 0.0,
+               duration: float = 0.0) -> FabricRecord:
+        t = dwords[0] & MSG_TYPE_MASK
+        try:
+            name = MsgType(t).name
+            fields = dataclasses.asdict(decode_message(dwords))  # type: ignore[call-overload]
+        except ValueError:
+            name, fields = f"UNKNOWN_{t}", {"dwords": [hex(d) for d in dwords]}
+        return cls(node, direction, name, src, dst, names(src), names(dst), fields, result,
+                   start, duration)
+
+    @property
+    def name(self) -> str:
+        return self.message
+
+    def as_dict(self) -> Fields:
+        err = -self.result if self.result is not None and self.result < 0 else None
+        return {
+            "v": SCHEMA_VERSION, "type": "fabric", "time": self.start,
+            "duration": self.duration, "node": self.node, "direction": self.direction,
+            "message": self.message, "src_accel": self.src_accel, "dst_accel": self.dst_accel,
+            "src_node": self.src_node, "dst_node": self.dst_node,
+            # the handle's halves are handles: hex strings, as ioctls' 128-bit handles are
+            "fields": {k: hex(v) if k in _FABRIC_HANDLE and isinstance(v, int) else v
+                       for k, v in self.fields.items()}, "result": self.result,
+            "errno": errno.errorcode.get(err) if err else None,
+        }
+
+    def json(self) -> str:
+        return json.dumps(self.as_dict(), separators=(",", ":"))
+
+    def text(self) -> str:
+        ts, dur = _tail(self.start, self.duration)
+        route = (f"{self.src_node or '?'}/accel{self.src_accel} -> "
+                 f"{self.dst_node or '?'}/accel{self.dst_accel}")
+        body = f"{self.message}{{{_text_fields(self.fields, _FABRIC_HEX)}}}"
+        if self.result is None:
+            return f"{ts}{self.node} fabric {self.direction} {route} {body}"
+        res = "0" if self.result == 0 else f"-1 {strerror(-self.result)}"
+        return f"{ts}{self.node} fabric {self.direction} {route} {body} = {res}{dur}"
+
+
+Record = TraceRecord | GpuAccessRecord | FabricRecord
+KINDS = ("ioctl", "gpu", "fabric")
+
+
+# -- filters ------------------------------------------------------------------------------------
+class TraceFilter:
+    """`--trace-filter KEY=V[,V…]` (repeatable; terms AND, values OR), strace `-e` style:
+
+    - `kind=ioctl,gpu,fabric` — which records;
+    - `ioctl=GEM_VA,UALINK_HANDLE` — which ioctls (the table's names, with or without the
+      `DRM_IOCTL_` and `AMDGPU_` prefixes); other kinds pass;
+    - `node=node0`, `accel=0,1` (a fabric message matches by either end), `pid=1234`
+      (fabric messages have no pid: none match);
+    - `failed` — only calls that failed (strace -Z) and loads/stores that faulted.
+    """
+
+    def __init__(self, terms: Iterable[str] = ()) -> None:
+        self.kinds: set[str] | None = None
+        self.ioctls: set[str] | None = None
+        self.nodes: set[str] | None = None
+        self.accels: set[int] | None = None
+        self.pids: set[int] | None = None
+        self.failed = False
+        names = {s.name for s in all_entries()}
+        for term in terms:
+            key, sep, value = term.partition("=")
+            key = key.strip()
+            values = [v.strip() for v in value.split(",") if v.strip()]
+            if key == "failed" and not sep:
+                self.failed = True
+                continue
+            if not sep or not values:
+                raise ValueError(f"trace filter {term!r}: expected KEY=VALUE[,VALUE…]")
+            if key == "kind":
+                bad = [v for v in values if v not in KINDS]
+                if bad:
+                    raise ValueError(f"trace filter kind: {bad[0]!r} is not one of "
+                                     f"{', '.join(KINDS)}")
+                self.kinds = set(values)
+            elif key == "ioctl":
+                wanted = set()
+                for v in values:
+                    n = v.upper().removeprefix("DRM_IOCTL_")
+                    found = [x for x in (n, f"AMDGPU_{n}") if x in names]
+                    if not found:
+                        raise ValueError(f"trace filter ioctl: no ioctl named {v!r}")
+                    wanted.update(found)
+                self.ioctls = wanted
+            elif key == "node":
+                self.nodes = set(values)
+            elif key in ("accel", "pid"):
+                try:
+                    ints = {int(v, 0) for v in values}
+                except ValueError:
+                    raise ValueError(f"trace filter {key}: {value!r} is not a number") from None
+                setattr(self, key + "s", ints)
+            else:
+                raise ValueError(f"trace filter {term!r}: the keys are kind, ioctl, node, "
+                                 "accel, pid, failed")
+
+    def match(self, rec: Record) -> bool:
+        if self.kinds is not None and rec.kind not in self.kinds:
+            return False
+        if self.nodes is not None and rec.node not in self.nodes:
+            return False
+        if self.pids is not None and rec.pid not in self.pids:
+            return False
+        if self.accels is not None:
+            ends = ((rec.src_accel, rec.dst_accel) if isinstance(rec, FabricRecord)
+                    else (rec.accel,))
+            if not self.accels.intersection(ends):
+                return False
+        if self.ioctls is not None and isinstance(rec, TraceRecord):
+            if rec.spec is None or rec.spec.name not in self.ioctls:
+                return False
+        if self.failed:
+            if isinstance(rec, GpuAccessRecord):
+                return rec.fault_va is not None
+            return rec.result is not None and rec.result < 0
+        return True

@@ -9,7 +9,8 @@ ROOT=$(mktemp -d /tmp/ualink-demo.XXXXXX)
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 debug() { cat "$ROOT/$1/sys/kernel/debug/dri/128/$2"; }
 
-.venv/bin/ualinkd pod --nodes 2 --root "$ROOT" --trace >"$ROOT/pod.out" 2>"$ROOT/pod.log" &
+.venv/bin/ualinkd pod --nodes 2 --root "$ROOT" --trace --trace-file "$ROOT/trace.txt" \
+  >"$ROOT/pod.out" 2>"$ROOT/pod.log" &
 POD=$!
 cleanup() {
   exec 3>&- 4>&- 2>/dev/null || true
@@ -74,5 +75,5 @@ echo "node1 gpu_faults: $(debug node1 gpu_faults)"
 exec 4>&-
 wait "$PEER"
 
-step "what the daemons traced (ualinkd pod --trace), one line per ioctl"
-grep -v ' ready: ' "$ROOT/pod.out" || true
+step "what the daemons traced (ualinkd pod --trace --trace-file): ioctls, GPU loads/stores, fabric messages"
+cat "$ROOT/trace.txt"

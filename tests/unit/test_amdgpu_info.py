@@ -432,6 +432,7 @@ def test_trace_decodes_info_and_version_from_the_table():
                    0, CALLER))
     run(core.ioctl(f, VERSION, bytes(64), 64, CALLER))
     info_rec, version_rec = (r.as_dict() for r in recs)
-    assert info_rec["ioctl"] == "AMDGPU_INFO" and info_rec["in"]["query"] == 0x16
+    assert info_rec["ioctl"] == "AMDGPU_INFO"
+    assert info_rec["in"]["query"] == {"value": 0x16, "name": "DEV_INFO"}
     assert info_rec["in"]["return_size"] == 448 and info_rec["out"] == {}
     assert version_rec["out"]["version_minor"] == 64 and version_rec["out"]["name_len"] == 6

@@ -126,7 +126,8 @@ def test_trace_decodes_gem_metadata_and_syncobj_wait():
     data = meta(3, SET, 0x10, 0x20, 4, (0xAB,))
     rec = TraceRecord(1, "n", 128, GEM_METADATA, tbl.lookup(0x46), data, 0, data)
     d = rec.as_dict()
-    assert d["in"]["data"] == ["0xab"] and d["out"]["tiling_info"] == "0x20"
+    assert d["in"]["data"] == [0xAB] and d["out"]["tiling_info"] == 0x20
+    assert "tiling_info=0x20" in rec.text() and "data=[0xab]" in rec.text()
     wait = st.SYNCOBJ_WAIT.encode(st.DrmSyncobjWait(0x1000, 5, 1, 2, 0, 0, 0))
     rec = TraceRecord(1, "n", 128, iowr(0xC3, 40), tbl.lookup(0xC3), wait, 0, wait)
     assert rec.as_dict()["in"]["count_handles"] == 1

@@ -1,101 +1,316 @@
 """--trace rendering: strace-like text and one JSON object a line (STYLE rule 6: the same
-ioctl table drives dispatch and the trace decoder; spec §1.4 for what failures carry)."""
+ioctl table drives dispatch and the trace decoder, its per-field hints the formatting; spec
+§1.4 for what failures carry; issue 12 for the format)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
+import time
 
 import pytest
 from ualink_testkit import (
     CALLER,
     GEM_CREATE,
+    GEM_VA,
+    PRIME_FLAGS,
+    PRIME_HANDLE_TO_FD,
     UALINK,
     ScriptedBits,
     open_file,
     pod_config,
+    run,
 )
 
+from ualinkd.abi import constants as c
+from ualinkd.abi import ioctls as tbl
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import ioc
+from ualinkd.drm.errors import DrmError
 from ualinkd.node import NodeCore
-from ualinkd.trace import TraceRecord
+from ualinkd.trace import (
+    SCHEMA_VERSION,
+    FabricRecord,
+    GpuAccessRecord,
+    TraceFilter,
+    TraceRecord,
+)
+from ualinkd.ualink.protocol import NpaReq
+
+T0 = 1_700_000_000.25  # 22:13:20.250000 UTC
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
 
 
 @pytest.fixture
-def traced():
-    recs: list[TraceRecord] = []
+def core():
+    recs: list = []
     bits = ScriptedBits(0x1111_2222_3333_4000, 0x5555_6666_7777_8888)
-    core = NodeCore(pod_config(nodes=[[{"id": 0}]]), "node0", resolve_fd=lambda p, f: f,
-                    tracer=recs.append, randbits=bits)
+    ticks = itertools.count()
+    # Every call of the clock advances 125 µs: a request starts at one tick, ends at the next.
+    node = NodeCore(pod_config(nodes=[[{"id": 0}]]), "node0", resolve_fd=lambda p, f: f,
+                    tracer=recs.append, randbits=bits,
+                    trace_clock=lambda: T0 + next(ticks) * 0.000125)
+    node.recs = recs  # type: ignore[attr-defined]
+    return node
+
+
+@pytest.fixture
+def traced(core):
     f = open_file(core)
 
     def call(cmd: int, data: bytes) -> TraceRecord:
-        core.ioctl(f, cmd, data, (cmd >> 16) & 0x3FFF, CALLER)
-        return recs[-1]
+        run(core.ioctl(f, cmd, data, (cmd >> 16) & 0x3FFF, CALLER))
+        return core.recs[-1]
 
+    call.file = f  # type: ignore[attr-defined]
     return call
 
 
-def check_json(rec: TraceRecord) -> dict:
+def check_json(rec) -> dict:
     line = rec.json()
     assert "\n" not in line
     d = json.loads(line)
-    assert d == rec.as_dict()
+    assert d == rec.as_dict() and d["v"] == SCHEMA_VERSION
     return d
 
 
+def gem_create(traced, size=4096, domains=c.DOMAIN_VRAM, flags=0) -> TraceRecord:
+    return traced(GEM_CREATE, st.GEM_CREATE_IN.encode(st.GemCreateIn(size, 0, domains, flags)))
+
+
 def test_success_record(traced):
-    """§2.3: a successful GEM_CREATE: decoded in and out, result 0."""
-    rec = traced(GEM_CREATE, st.GEM_CREATE_IN.encode(st.GemCreateIn(4096, 0, 4, 0)))
+    """§2.3: a successful GEM_CREATE: strace -tt time, hex sizes, named domains and flags,
+    the copied-back handle after =>, the -T duration."""
+    rec = gem_create(traced, 0x200000, c.DOMAIN_VRAM | c.DOMAIN_GTT,
+                     c.CREATE_VRAM_CLEARED | c.CREATE_CPU_ACCESS_REQUIRED | 1 << 20)
     assert rec.text() == (
-        "[pid 4242] node0 renderD128 AMDGPU_GEM_CREATE(0xc0206440, {bo_size=4096, "
-        "alignment=0, domains=4, domain_flags=0}) = 0 -> {handle=1, pad=0}"
-    )
+        "22:13:20.250000 [pid 4242] node0 renderD128 DRM_IOCTL_AMDGPU_GEM_CREATE({"
+        "bo_size=0x200000, alignment=0, domains=AMDGPU_GEM_DOMAIN_GTT|AMDGPU_GEM_DOMAIN_VRAM, "
+        "domain_flags=AMDGPU_GEM_CREATE_CPU_ACCESS_REQUIRED|AMDGPU_GEM_CREATE_VRAM_CLEARED|"
+        "0x100000}) = -1 EINVAL (Invalid argument) <0.000125>")
+    rec = gem_create(traced, 4096)
+    assert rec.text().endswith(
+        "DRM_IOCTL_AMDGPU_GEM_CREATE({bo_size=0x1000, alignment=0, "
+        "domains=AMDGPU_GEM_DOMAIN_VRAM, domain_flags=0} => {handle=1}) = 0 <0.000125>")
     d = check_json(rec)
-    assert (d["ioctl"], d["dir"], d["size"], d["result"], d["errno"]) == (
-        "AMDGPU_GEM_CREATE", "WR", 32, 0, None)
-    assert d["out"] == {"handle": 1, "pad": 0}
+    assert (d["type"], d["ioctl"], d["dir"], d["size"], d["result"], d["errno"]) == (
+        "ioctl", "AMDGPU_GEM_CREATE", "WR", 32, 0, None)
+    assert d["in"]["bo_size"] == 4096
+    assert d["in"]["domains"] == {"value": 4, "names": ["AMDGPU_GEM_DOMAIN_VRAM"]}
+    assert d["in"]["domain_flags"] == {"value": 0, "names": []}
+    assert d["out"] == {"handle": 1}
     assert d["out_hex"] == "01" + "00" * 31
+    assert d["time"] == T0 + 2 * 0.000125 and d["duration"] == pytest.approx(0.000125, abs=1e-6)
+    assert (d["pid"], d["node"], d["minor"], d["accel"]) == (4242, "node0", 128, 0)
+
+
+def test_unknown_flag_bits_are_kept_in_json(traced):
+    rec = gem_create(traced, 4096, c.DOMAIN_VRAM, 1 << 20)
+    d = check_json(rec)
+    assert d["in"]["domain_flags"] == {"value": 1 << 20, "names": [], "unknown": 1 << 20}
+    assert d["errno"] == "EINVAL" and d["result"] == -22
 
 
 def test_ualink_export_record(traced):
-    """§1.4: export success shows both handle halves."""
-    traced(GEM_CREATE, st.GEM_CREATE_IN.encode(st.GemCreateIn(4096, 0, 4, 0)))
+    """§1.4: export success shows the 128-bit handle as one number; op is named."""
+    gem_create(traced)
     rec = traced(UALINK, struct.pack("<IIIIQ", 0, 0, 1, 0, 0))
     assert rec.text().endswith(
-        "AMDGPU_UALINK_HANDLE(0xc018645b, {op=0, flags=0, gem_handle=1}) = 0 -> "
-        "{export_ualink_handle=['0x1111222233334000', '0x5555666677778888']}")
+        "DRM_IOCTL_AMDGPU_UALINK_HANDLE({op=EXPORT, flags=0, gem_handle=1} => "
+        "{export_ualink_handle=0x55556666777788881111222233334000}) = 0 <0.000125>")
     d = check_json(rec)
-    assert d["out"] == {"export_ualink_handle": ["0x1111222233334000", "0x5555666677778888"]}
+    assert d["in"]["op"] == {"value": 0, "name": "EXPORT"}
+    assert d["out"] == {"export_ualink_handle": "0x55556666777788881111222233334000"}
 
 
-def test_failure_record_shows_errno_and_echo(traced):
-    """§1.4: a failure carries the errno name and the echoed bytes."""
+def test_failure_record_shows_errno_message(traced):
+    """§1.4: a failure: `-1 EINVAL (Invalid argument)`; the core echoed the bytes unchanged,
+    so nothing follows =>; JSON keeps the raw bytes."""
     data = struct.pack("<IIQQ", 1, 0, 0x3FF, 7)
     rec = traced(UALINK, data)
     assert rec.text() == (
-        "[pid 4242] node0 renderD128 AMDGPU_UALINK_HANDLE(0xc018645b, {op=1, flags=0, "
-        "import_ualink_handle=['0x3ff', '0x7']}) = -1 EINVAL (22) -> {bytes="
-        + data.hex() + "}"
-    )
+        "22:13:20.250000 [pid 4242] node0 renderD128 DRM_IOCTL_AMDGPU_UALINK_HANDLE({op=IMPORT, "
+        "flags=0, import_ualink_handle=0x700000000000003ff}) = -1 EINVAL (Invalid argument) "
+        "<0.000125>")
     d = check_json(rec)
     assert (d["result"], d["errno"], d["out"], d["out_hex"]) == (-22, "EINVAL", {}, data.hex())
+    assert d["in"]["import_ualink_handle"] == "0x000000000000000700000000000003ff"
+
+
+def test_gem_va_record(traced):
+    """§2.6: the VA, offset and size in hex, operation and page flags by name."""
+    h = TraceRecord.as_dict(gem_create(traced, 0x200000))["out"]["handle"]
+    va = st.GEM_VA.encode(st.GemVa(h, 0, c.VA_OP_MAP, c.VM_PAGE_READABLE | c.VM_PAGE_WRITEABLE,
+                                   0x7F0000200000, 0, 0x200000, 0, 0, 0, 0))
+    rec = traced(GEM_VA, va)
+    assert ("({handle=1, pad=0, operation=MAP, flags=AMDGPU_VM_PAGE_READABLE|"
+            "AMDGPU_VM_PAGE_WRITEABLE, va_address=0x7f0000200000, offset_in_bo=0, "
+            "map_size=0x200000, vm_timeline_point=0, vm_timeline_syncobj_out=0, "
+            "num_syncobj_handles=0, input_fence_syncobj_handles=0}) = 0") in rec.text()
+    d = check_json(rec)
+    assert d["in"]["operation"] == {"value": 1, "name": "MAP"}
+    assert d["in"]["va_address"] == 0x7F0000200000
+    assert d["in"]["flags"]["names"] == ["AMDGPU_VM_PAGE_READABLE", "AMDGPU_VM_PAGE_WRITEABLE"]
+
+
+def test_prime_flags_and_info_query_are_named(traced):
+    """drm_prime.c flags (DRM_CLOEXEC|DRM_RDWR) and AMDGPU_INFO's query by name."""
+    gem_create(traced)
+    rec = traced(PRIME_HANDLE_TO_FD, struct.pack("<IIi", 1, PRIME_FLAGS, -1))
+    assert "({handle=1, flags=DRM_CLOEXEC|DRM_RDWR, fd=-1} => {fd=" in rec.text()
+    info = TraceRecord(1, "n", 128, tbl.AMDGPU_INFO.cmd, tbl.AMDGPU_INFO,
+                       st.INFO.encode(st.AmdgpuInfo(0x7FFD1000, 368, 0x16, (0, 0, 0, 0))),
+                       0, b"")
+    assert ("DRM_IOCTL_AMDGPU_INFO({return_pointer=0x7ffd1000, return_size=368, "
+            "query=DEV_INFO, args=[0, 0, 0, 0]}) = 0") in info.text()
+    assert info.as_dict()["in"]["query"] == {"value": 0x16, "name": "DEV_INFO"}
 
 
 def test_unknown_nr_record(traced):
-    """§2.1: no table entry: named by nr, EINVAL, nothing copied back."""
+    """§2.1: no table entry: strace's _IOC spelling, EINVAL, nothing copied back."""
     rec = traced(ioc(3, 0x64, 0x4A, 8), bytes(8))
     assert rec.text() == (
-        "[pid 4242] node0 renderD128 UNKNOWN_NR_0x4a(0xc008644a, {0000000000000000}) "
-        "= -1 EINVAL (22)")
+        "22:13:20.250000 [pid 4242] node0 renderD128 _IOC(_IOC_WRITE|_IOC_READ, 0x64, 0x4a, "
+        "0x8)({0000000000000000}) = -1 EINVAL (Invalid argument) <0.000125>")
     d = check_json(rec)
-    assert (d["in"], d["out"], d["out_hex"]) == ({}, {}, "")
+    assert (d["ioctl"], d["in"], d["out"], d["out_hex"]) == ("UNKNOWN_NR_0x4a", {}, {}, "")
+
+
+def test_entry_without_decoder_shows_raw_bytes(traced):
+    """A table entry ualinkd does not emulate (AMDGPU_CS: ENOTTY) prints its bytes in hex."""
+    rec = traced(tbl.AMDGPU_IOCTLS[0x44].cmd, bytes(range(24)))
+    assert rec.text().endswith("DRM_IOCTL_AMDGPU_CS({" + bytes(range(24)).hex() + "}) = -1 "
+                               "ENOTTY (Inappropriate ioctl for device) <0.000125>")
 
 
 def test_short_input_is_rendered_not_raised(traced):
     """§2.1: a short struct (zero-extended by the core) still renders."""
     rec = traced(ioc(3, 0x64, 0x5B, 8), struct.pack("<II", 0, 0))
     d = check_json(rec)
-    assert d["in"] == {"op": 0, "flags": 0, "gem_handle": 0}
-    assert "ENOENT" in rec.text()
+    assert d["in"] == {"op": {"value": 0, "name": "EXPORT"}, "flags": 0, "gem_handle": 0}
+    assert "ENOENT (No such file or directory)" in rec.text()
+
+
+def test_every_hint_names_a_field_its_decoder_gives():
+    """A hint for a field no decoder produces is a typo that would print silently raw."""
+    for spec in tbl.all_entries():
+        if not spec.hints:
+            continue
+        size = st.UALINK_HANDLE_SIZE if spec is tbl.AMDGPU_UALINK_HANDLE else 512
+        names = set()
+        for op in (0, 1):
+            data = struct.pack("<I", op).ljust(size, b"\0")
+            inp = spec.decode_in(data) if spec.decode_in else {}
+            out = spec.decode_out(data, inp) if spec.decode_out else {}
+            names |= set(inp) | set(out)
+        assert set(spec.hints) <= names, (spec.name, set(spec.hints) - names)
+
+
+def test_gpu_loads_and_stores_are_traced(traced, core):
+    """Policy 10: a GPU store and load at a VA: VA, length, result, the data; a load that
+    runs off the mapping faults part-way (short count, fault VA); one wholly outside:
+    EFAULT."""
+    f = traced.file
+    gem_create(traced, 4096)
+    va = 0x100000
+    traced(GEM_VA, st.GEM_VA.encode(st.GemVa(1, 0, c.VA_OP_MAP, c.VM_PAGE_READABLE
+                                             | c.VM_PAGE_WRITEABLE, va, 0, 4096, 0, 0, 0, 0)))
+    assert run(core.gpu_write(f, va, b"hello\0", CALLER)) == 6
+    store = core.recs[-1]
+    assert isinstance(store, GpuAccessRecord)
+    assert store.text() == ('22:13:20.250500 [pid 4242] node0 renderD128 GPU_STORE('
+                            'va=0x100000, "hello\\0", len=0x6) = 6 <0.000125>')
+    run(core.gpu_read(f, va + 4000, 200, CALLER))
+    load = core.recs[-1]
+    assert load.result == 96 and load.fault_va == va + 4096
+    assert load.text().endswith(", len=0xc8) = 96 (GPU fault at va=0x101000) <0.000125>")
+    with pytest.raises(DrmError):
+        run(core.gpu_read(f, 0x900000, 8, CALLER))
+    miss = core.recs[-1]
+    assert miss.text().endswith("GPU_LOAD(va=0x900000, len=0x8) = -1 EFAULT (Bad address) "
+                                "<0.000125>")
+    d = check_json(miss)
+    assert (d["type"], d["op"], d["va"], d["length"], d["result"], d["errno"],
+            d["fault_va"]) == ("gpu", "load", 0x900000, 8, -14, "EFAULT", 0x900000)
+    assert check_json(store)["data_hex"] == b"hello\0".hex()
+
+
+def test_fabric_record():
+    """§5.1: a UALink message with both ends named, the handle halves in hex."""
+    msg = NpaReq(0x1234_5678_0400, 0xAABB)
+    names = {0: "node0", 1: "node1"}.get
+    rec = FabricRecord.ualink("node1", "send", 1, 0, msg.encode(), names, 0, T0, 0.0005)
+    assert rec.text() == (
+        "22:13:20.250000 node1 fabric send node1/accel1 -> node0/accel0 NPA_REQ{"
+        "handle_lo_bits=0x123456780400, handle_hi=0xaabb} = 0 <0.000500>")
+    d = check_json(rec)
+    assert (d["type"], d["message"], d["src_node"], d["dst_node"], d["fields"]) == (
+        "fabric", "NPA_REQ", "node1", "node0",
+        {"handle_lo_bits": "0x123456780400", "handle_hi": "0xaabb"})
+    recv = FabricRecord.ualink("node0", "recv", 1, 0, msg.encode(), names, start=T0)
+    assert recv.text().startswith("22:13:20.250000 node0 fabric recv node1/accel1 -> ")
+    assert " = " not in recv.text()
+
+
+def test_filter(traced):
+    """--trace-filter: terms AND, values OR; ioctl names with or without prefixes."""
+    gem = gem_create(traced)
+    bad = traced(UALINK, struct.pack("<IIQQ", 1, 0, 0x3FF, 7))
+    gpu = GpuAccessRecord(7, "node1", 128, 1, "load", 0, 8, 8, bytes(8))
+    fab = FabricRecord("node0", "send", "HELLO", 0, 1, "node0", "node1", {}, 0)
+    assert TraceFilter().match(gem)
+    only = TraceFilter(["ioctl=DRM_IOCTL_AMDGPU_UALINK_HANDLE"])
+    assert [only.match(r) for r in (gem, bad, gpu, fab)] == [False, True, True, True]
+    f = TraceFilter(["ioctl=gem_create,UALINK_HANDLE", "kind=ioctl"])
+    assert [f.match(r) for r in (gem, bad, gpu, fab)] == [True, True, False, False]
+    assert [TraceFilter(["failed"]).match(r) for r in (gem, bad, gpu)] == [False, True, False]
+    assert [TraceFilter(["accel=1"]).match(r) for r in (gem, gpu, fab)] == [False, True, True]
+    assert [TraceFilter(["pid=4242,7"]).match(r) for r in (gem, gpu, fab)] == [
+        True, True, False]
+    assert [TraceFilter(["node=node1"]).match(r) for r in (gem, gpu, fab)] == [
+        False, True, False]
+    for bad_term in ("ioctl=NOPE", "kind=syscall", "accel=x", "colour=red", "pid"):
+        with pytest.raises(ValueError):
+            TraceFilter([bad_term])
+
+
+def test_tracer_filters_and_survives_a_failing_stream(traced, caplog):
+    """daemon.make_tracer: a filtered-out record writes nothing; a stream that fails (a full
+    disk) costs the trace line, not the request."""
+    import io
+
+    from ualinkd.daemon import make_tracer
+
+    rec = gem_create(traced)
+    buf = io.StringIO()
+    make_tracer("json", buf, TraceFilter(["kind=gpu"]))(rec)
+    assert buf.getvalue() == ""
+    make_tracer("json", buf)(rec)
+    assert json.loads(buf.getvalue())["ioctl"] == "AMDGPU_GEM_CREATE"
+
+    class Full(io.StringIO):
+        def write(self, s: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    make_tracer("text", Full())(rec)
+    assert "cannot write the record of AMDGPU_GEM_CREATE" in caplog.text
+
+
+def test_info_query_names_agree_with_the_handler():
+    """The trace's AMDGPU_INFO_* names (abi/constants.py) and the numbers amdgpu/info.py
+    answers are one list: every query the handler knows has its own name in the trace."""
+    from ualinkd.amdgpu import info
+
+    for name in ("ACCEL_WORKING", "HW_IP_INFO", "HW_IP_COUNT", "TIMESTAMP", "FW_VERSION",
+                 "VRAM_USAGE", "GTT_USAGE", "GDS_CONFIG", "VRAM_GTT", "READ_MMR_REG",
+                 "DEV_INFO", "VIS_VRAM_USAGE", "MEMORY", "SENSOR", "VRAM_LOST_COUNTER"):
+        assert c.INFO_QUERIES[getattr(info, name)] == name

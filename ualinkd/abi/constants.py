@@ -11,6 +11,12 @@ DRM_RDWR = os.O_RDWR
 DRM_CAP_PRIME = 0x5
 DRM_PRIME_CAP_IMPORT = 0x1
 DRM_PRIME_CAP_EXPORT = 0x2
+# DRM_CAP_* (drm.h), named by the trace
+DRM_CAPS = {0x1: "DUMB_BUFFER", 0x2: "VBLANK_HIGH_CRTC", 0x3: "DUMB_PREFERRED_DEPTH",
+            0x4: "DUMB_PREFER_SHADOW", 0x5: "PRIME", 0x6: "TIMESTAMP_MONOTONIC",
+            0x7: "ASYNC_PAGE_FLIP", 0x8: "CURSOR_WIDTH", 0x9: "CURSOR_HEIGHT",
+            0x10: "ADDFB2_MODIFIERS", 0x11: "PAGE_FLIP_TARGET", 0x12: "CRTC_IN_VBLANK_EVENT",
+            0x13: "SYNCOBJ", 0x14: "SYNCOBJ_TIMELINE", 0x15: "ATOMIC_ASYNC_PAGE_FLIP"}
 
 # ---- DRM syncobjs (drm.h) -------------------------------------------------------------------
 DRM_SYNCOBJ_CREATE_SIGNALED = 1 << 0
@@ -71,6 +77,21 @@ GEM_OP_GET_MAPPING_INFO = 2
 # ---- GEM_METADATA (amdgpu_drm.h: SET is 1, GET is 2) -------------------------------------------
 GEM_METADATA_OP_SET_METADATA = 1
 GEM_METADATA_OP_GET_METADATA = 2
+
+# ---- AMDGPU_INFO queries (amdgpu_drm.h AMDGPU_INFO_*) ------------------------------------
+INFO_QUERIES = {0x00: "ACCEL_WORKING", 0x01: "CRTC_FROM_ID", 0x02: "HW_IP_INFO",
+                0x03: "HW_IP_COUNT", 0x05: "TIMESTAMP", 0x0E: "FW_VERSION",
+                0x0F: "NUM_BYTES_MOVED", 0x10: "VRAM_USAGE", 0x11: "GTT_USAGE",
+                0x13: "GDS_CONFIG", 0x14: "VRAM_GTT", 0x15: "READ_MMR_REG", 0x16: "DEV_INFO",
+                0x17: "VIS_VRAM_USAGE", 0x18: "NUM_EVICTIONS", 0x19: "MEMORY",
+                0x1A: "VCE_CLOCK_TABLE", 0x1B: "VBIOS", 0x1C: "NUM_HANDLES", 0x1D: "SENSOR",
+                0x1E: "NUM_VRAM_CPU_PAGE_FAULTS", 0x1F: "VRAM_LOST_COUNTER",
+                0x20: "RAS_ENABLED_FEATURES", 0x21: "VIDEO_CAPS", 0x22: "MAX_IBS",
+                0x23: "GPUVM_FAULT", 0x24: "UQ_FW_AREAS"}
+# AMDGPU_CTX_OP_* and AMDGPU_VM_OP_* (amdgpu_drm.h)
+CTX_OPS = {1: "ALLOC_CTX", 2: "FREE_CTX", 3: "QUERY_STATE", 4: "QUERY_STATE2",
+           5: "GET_STABLE_PSTATE", 6: "SET_STABLE_PSTATE"}
+VM_OPS = {1: "RESERVE_VMID", 2: "UNRESERVE_VMID"}
 
 # ---- UALink (§1.2) -------------------------------------------------------------------------
 

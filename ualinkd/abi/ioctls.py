@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from . import constants as c
 from . import structs as st
 from .ioc import DRM_COMMAND_BASE, DRM_COMMAND_END, IOC_NONE, IOC_READ, IOC_WRITE, ioc
 
@@ -30,6 +31,89 @@ DecodeIn = Callable[[bytes], Fields]
 DecodeOut = Callable[[bytes, Fields], Fields]
 
 
+# -- how the trace prints a field (STYLE rule 6: the hints live with the entries) ------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hex:
+    """An address, a size or opaque bits: printed 0x…, as strace prints pointers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Handle128:
+    """A 128-bit UALink handle (the decoder joins handle_hi << 64 | handle_lo): one hex number;
+    a hex string in JSON (no JSON reader keeps 128 bits in a number)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlagSet:
+    """A bit mask: the names of its set bits joined by |, unknown bits as hex (strace's
+    `O_RDWR|O_CLOEXEC`)."""
+
+    bits: tuple[tuple[int, str], ...]
+
+    def names(self, value: int) -> tuple[list[str], int]:
+        """The names of the set bits and what no name covers."""
+        names, rest = [], value
+        for bit, name in self.bits:
+            if value & bit == bit and bit:
+                names.append(name)
+                rest &= ~bit
+        return names, rest
+
+
+@dataclass(frozen=True, slots=True)
+class EnumOf:
+    """A value out of a list (op=EXPORT, query=DEV_INFO); an unknown one prints as a number."""
+
+    values: tuple[tuple[int, str], ...]
+
+    def name(self, value: int) -> str | None:
+        return next((n for v, n in self.values if v == value), None)
+
+
+HEX, HANDLE128 = Hex(), Handle128()
+FieldFormat = Hex | Handle128 | FlagSet | EnumOf
+Hints = dict[str, FieldFormat]  # field name -> format; a field not named prints as decimal
+
+
+def flag_set(prefix: str, **bits: int) -> FlagSet:
+    return FlagSet(tuple((v, prefix + k) for k, v in bits.items()))
+
+
+def enum_of(names: dict[int, str]) -> EnumOf:
+    return EnumOf(tuple(names.items()))
+
+
+GEM_DOMAINS = flag_set("AMDGPU_GEM_DOMAIN_", CPU=c.DOMAIN_CPU, GTT=c.DOMAIN_GTT,
+                       VRAM=c.DOMAIN_VRAM, GDS=c.DOMAIN_GDS, GWS=c.DOMAIN_GWS, OA=c.DOMAIN_OA,
+                       DOORBELL=c.DOMAIN_DOORBELL)
+GEM_CREATE_FLAGS = flag_set(
+    "AMDGPU_GEM_CREATE_", CPU_ACCESS_REQUIRED=c.CREATE_CPU_ACCESS_REQUIRED,
+    NO_CPU_ACCESS=c.CREATE_NO_CPU_ACCESS, CPU_GTT_USWC=c.CREATE_CPU_GTT_USWC,
+    VRAM_CLEARED=c.CREATE_VRAM_CLEARED, VRAM_CONTIGUOUS=c.CREATE_VRAM_CONTIGUOUS,
+    VM_ALWAYS_VALID=c.CREATE_VM_ALWAYS_VALID, EXPLICIT_SYNC=c.CREATE_EXPLICIT_SYNC,
+    CP_MQD_GFX9=c.CREATE_CP_MQD_GFX9, VRAM_WIPE_ON_RELEASE=c.CREATE_VRAM_WIPE_ON_RELEASE,
+    ENCRYPTED=c.CREATE_ENCRYPTED, PREEMPTIBLE=c.CREATE_PREEMPTIBLE,
+    DISCARDABLE=c.CREATE_DISCARDABLE, COHERENT=c.CREATE_COHERENT, UNCACHED=c.CREATE_UNCACHED,
+    EXT_COHERENT=c.CREATE_EXT_COHERENT, GFX12_DCC=c.CREATE_GFX12_DCC)
+VM_PAGE_FLAGS = flag_set("AMDGPU_VM_", DELAY_UPDATE=c.VM_DELAY_UPDATE,
+                         PAGE_READABLE=c.VM_PAGE_READABLE, PAGE_WRITEABLE=c.VM_PAGE_WRITEABLE,
+                         PAGE_EXECUTABLE=c.VM_PAGE_EXECUTABLE, PAGE_PRT=c.VM_PAGE_PRT,
+                         PAGE_NOALLOC=c.VM_PAGE_NOALLOC)
+VA_OPERATIONS = enum_of({c.VA_OP_MAP: "MAP", c.VA_OP_UNMAP: "UNMAP", c.VA_OP_CLEAR: "CLEAR",
+                         c.VA_OP_REPLACE: "REPLACE"})
+PRIME_FLAGS = flag_set("DRM_", CLOEXEC=c.DRM_CLOEXEC, RDWR=c.DRM_RDWR)
+SYNCOBJ_WAIT_FLAGS = flag_set(
+    "DRM_SYNCOBJ_WAIT_FLAGS_", WAIT_ALL=c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL,
+    WAIT_FOR_SUBMIT=c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT,
+    WAIT_AVAILABLE=c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_AVAILABLE,
+    WAIT_DEADLINE=c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_DEADLINE)
+USERPTR_FLAGS = flag_set("AMDGPU_GEM_USERPTR_", READONLY=c.USERPTR_READONLY,
+                         ANONONLY=c.USERPTR_ANONONLY, VALIDATE=c.USERPTR_VALIDATE,
+                         REGISTER=c.USERPTR_REGISTER)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class IoctlSpec:
     """One entry of the kernel's table. Compared and hashed by identity: handlers are
@@ -41,6 +125,12 @@ class IoctlSpec:
     flags: int
     decode_in: DecodeIn | None = None  # the trace's view of the bytes copied in
     decode_out: DecodeOut | None = None  # ... and of the bytes copied back (given the input)
+    hints: Hints = dataclasses.field(default_factory=dict)  # how the decoded fields print
+
+    @property
+    def full_name(self) -> str:
+        """The name of the header's macro (what strace prints): DRM_IOCTL_AMDGPU_GEM_VA."""
+        return f"DRM_IOCTL_{self.name}"
 
     @property
     def emulated(self) -> bool:
@@ -105,98 +195,141 @@ def out_fields(layout: st.Layout | st.ArrayLayout, *names: str) -> DecodeOut:
 def _ualink_in(data: bytes) -> Fields:
     args = st.decode_ualink_handle_in(data[:24].ljust(24, b"\0"))
     out: Fields = {"op": args.op, "flags": args.flags}
-    if args.op == 0:
+    if args.op == c.UalinkOp.EXPORT:
         out["gem_handle"] = args.gem_handle
     else:
-        out["import_ualink_handle"] = [hex(args.handle_lo), hex(args.handle_hi)]
+        out["import_ualink_handle"] = args.handle_hi << 64 | args.handle_lo
     return out
 
 
 def _ualink_out(data: bytes, inp: Fields) -> Fields:
     data = data[:16].ljust(16, b"\0")
-    if inp.get("op") == 0:
+    if inp.get("op") == c.UalinkOp.EXPORT:
         lo, hi = st.UALINK_HANDLE_OUT_EXPORT.unpack(data)
-        return {"export_ualink_handle": [hex(lo), hex(hi)]}
+        return {"export_ualink_handle": hi << 64 | lo}
     return {"import_dmabuf_handle": st.UALINK_HANDLE_OUT_IMPORT.unpack(data[:4])[0]}
 
 
 def _gem_metadata(data: bytes) -> Fields:
     m = st.decode_gem_metadata(data[: st.GEM_METADATA_SIZE].ljust(st.GEM_METADATA_SIZE, b"\0"))
     used = min(m.data_size_bytes, st.GEM_METADATA_DATA_BYTES) // 4
-    return {"handle": m.handle, "op": m.op, "flags": hex(m.flags),
-            "tiling_info": hex(m.tiling_info), "data_size_bytes": m.data_size_bytes,
-            "data": [hex(v) for v in m.data[:used]]}
+    return {"handle": m.handle, "op": m.op, "flags": m.flags,
+            "tiling_info": m.tiling_info, "data_size_bytes": m.data_size_bytes,
+            "data": list(m.data[:used])}
 
 
 def _entry(nr: int, name: str, layout: st.Layout | st.ArrayLayout | int,
            direction: int = IOC_READ | IOC_WRITE, flags: int = DRM_RENDER_ALLOW,
-           decode_in: DecodeIn | None = None, decode_out: DecodeOut | None = None) -> IoctlSpec:
+           decode_in: DecodeIn | None = None, decode_out: DecodeOut | None = None,
+           hints: Hints | None = None) -> IoctlSpec:
     """An entry whose arguments have a layout here (its size is the table's size)."""
     size = layout if isinstance(layout, int) else layout.size
     if decode_in is None and not isinstance(layout, int):
         decode_in = fields(layout)
-    return IoctlSpec(nr, name, ioc(direction, ord("d"), nr, size), flags, decode_in, decode_out)
+    return IoctlSpec(nr, name, ioc(direction, ord("d"), nr, size), flags, decode_in, decode_out,
+                     hints or {})
 
 
 def _drv_entry(index: int, name: str, layout: st.Layout | st.ArrayLayout | int,
                direction: int = IOC_READ | IOC_WRITE, decode_in: DecodeIn | None = None,
-               decode_out: DecodeOut | None = None) -> IoctlSpec:
+               decode_out: DecodeOut | None = None, hints: Hints | None = None) -> IoctlSpec:
     return _entry(DRM_COMMAND_BASE + index, f"AMDGPU_{name}", layout, direction,
-                  DRM_AUTH | DRM_RENDER_ALLOW, decode_in, decode_out)
+                  DRM_AUTH | DRM_RENDER_ALLOW, decode_in, decode_out, hints)
 
 
 # -- the named entries handlers register against ------------------------------------------------
 
 GEM_CLOSE = _entry(0x09, "GEM_CLOSE", st.GEM_CLOSE, IOC_WRITE)
-GET_CAP = _entry(0x0C, "GET_CAP", st.GET_CAP, decode_out=out_fields(st.GET_CAP))
+GET_CAP = _entry(0x0C, "GET_CAP", st.GET_CAP, decode_out=out_fields(st.GET_CAP),
+                 hints={"capability": enum_of(c.DRM_CAPS)})
 PRIME_HANDLE_TO_FD = _entry(0x2D, "PRIME_HANDLE_TO_FD", st.PRIME_HANDLE,
-                            decode_out=out_fields(st.PRIME_HANDLE))
+                            decode_out=out_fields(st.PRIME_HANDLE, "fd"),
+                            hints={"flags": PRIME_FLAGS})
 PRIME_FD_TO_HANDLE = _entry(0x2E, "PRIME_FD_TO_HANDLE", st.PRIME_HANDLE,
-                            decode_out=out_fields(st.PRIME_HANDLE))
+                            decode_out=out_fields(st.PRIME_HANDLE, "handle"),
+                            hints={"flags": PRIME_FLAGS})
 SYNCOBJ_CREATE = _entry(0xBF, "SYNCOBJ_CREATE", st.SYNCOBJ_CREATE,
-                        decode_out=out_fields(st.SYNCOBJ_CREATE))
+                        decode_out=out_fields(st.SYNCOBJ_CREATE, "handle"),
+                        hints={"flags": flag_set("DRM_SYNCOBJ_CREATE_",
+                                                 SIGNALED=c.DRM_SYNCOBJ_CREATE_SIGNALED)})
 SYNCOBJ_DESTROY = _entry(0xC0, "SYNCOBJ_DESTROY", st.SYNCOBJ_DESTROY)
-SYNCOBJ_HANDLE_TO_FD = _entry(0xC1, "SYNCOBJ_HANDLE_TO_FD", st.SYNCOBJ_HANDLE,
-                              decode_out=out_fields(st.SYNCOBJ_HANDLE))
-SYNCOBJ_FD_TO_HANDLE = _entry(0xC2, "SYNCOBJ_FD_TO_HANDLE", st.SYNCOBJ_HANDLE,
-                              decode_out=out_fields(st.SYNCOBJ_HANDLE))
+SYNCOBJ_HANDLE_TO_FD = _entry(
+    0xC1, "SYNCOBJ_HANDLE_TO_FD", st.SYNCOBJ_HANDLE, decode_out=out_fields(st.SYNCOBJ_HANDLE, "fd"),
+    hints={"flags": flag_set("DRM_SYNCOBJ_HANDLE_TO_FD_FLAGS_", EXPORT_SYNC_FILE=(
+        c.DRM_SYNCOBJ_HANDLE_TO_FD_FLAGS_EXPORT_SYNC_FILE))})
+SYNCOBJ_FD_TO_HANDLE = _entry(
+    0xC2, "SYNCOBJ_FD_TO_HANDLE", st.SYNCOBJ_HANDLE,
+    decode_out=out_fields(st.SYNCOBJ_HANDLE, "handle"),
+    hints={"flags": flag_set("DRM_SYNCOBJ_FD_TO_HANDLE_FLAGS_", IMPORT_SYNC_FILE=(
+        c.DRM_SYNCOBJ_FD_TO_HANDLE_FLAGS_IMPORT_SYNC_FILE))})
 SYNCOBJ_WAIT = _entry(0xC3, "SYNCOBJ_WAIT", st.SYNCOBJ_WAIT,
-                      decode_out=out_fields(st.SYNCOBJ_WAIT, "first_signaled"))
-SYNCOBJ_RESET = _entry(0xC4, "SYNCOBJ_RESET", st.SYNCOBJ_ARRAY)
-SYNCOBJ_SIGNAL = _entry(0xC5, "SYNCOBJ_SIGNAL", st.SYNCOBJ_ARRAY)
+                      decode_out=out_fields(st.SYNCOBJ_WAIT, "first_signaled"),
+                      hints={"handles": HEX, "flags": SYNCOBJ_WAIT_FLAGS})
+SYNCOBJ_RESET = _entry(0xC4, "SYNCOBJ_RESET", st.SYNCOBJ_ARRAY, hints={"handles": HEX})
+SYNCOBJ_SIGNAL = _entry(0xC5, "SYNCOBJ_SIGNAL", st.SYNCOBJ_ARRAY, hints={"handles": HEX})
 SYNCOBJ_TIMELINE_WAIT = _entry(0xCA, "SYNCOBJ_TIMELINE_WAIT", st.SYNCOBJ_TIMELINE_WAIT,
                                decode_out=out_fields(st.SYNCOBJ_TIMELINE_WAIT,
-                                                     "first_signaled"))
-SYNCOBJ_QUERY = _entry(0xCB, "SYNCOBJ_QUERY", st.SYNCOBJ_TIMELINE_ARRAY)
-SYNCOBJ_TRANSFER = _entry(0xCC, "SYNCOBJ_TRANSFER", st.SYNCOBJ_TRANSFER)
-SYNCOBJ_TIMELINE_SIGNAL = _entry(0xCD, "SYNCOBJ_TIMELINE_SIGNAL", st.SYNCOBJ_TIMELINE_ARRAY)
-SYNCOBJ_EVENTFD = _entry(0xCF, "SYNCOBJ_EVENTFD", st.SYNCOBJ_EVENTFD)
+                                                     "first_signaled"),
+                               hints={"handles": HEX, "points": HEX,
+                                      "flags": SYNCOBJ_WAIT_FLAGS})
+SYNCOBJ_QUERY = _entry(0xCB, "SYNCOBJ_QUERY", st.SYNCOBJ_TIMELINE_ARRAY,
+                       hints={"handles": HEX, "points": HEX, "flags": flag_set(
+                           "DRM_SYNCOBJ_QUERY_FLAGS_",
+                           LAST_SUBMITTED=c.DRM_SYNCOBJ_QUERY_FLAGS_LAST_SUBMITTED)})
+SYNCOBJ_TRANSFER = _entry(0xCC, "SYNCOBJ_TRANSFER", st.SYNCOBJ_TRANSFER,
+                          hints={"flags": SYNCOBJ_WAIT_FLAGS})
+SYNCOBJ_TIMELINE_SIGNAL = _entry(0xCD, "SYNCOBJ_TIMELINE_SIGNAL", st.SYNCOBJ_TIMELINE_ARRAY,
+                                 hints={"handles": HEX, "points": HEX})
+SYNCOBJ_EVENTFD = _entry(0xCF, "SYNCOBJ_EVENTFD", st.SYNCOBJ_EVENTFD,
+                         hints={"flags": SYNCOBJ_WAIT_FLAGS})
 
 AMDGPU_GEM_CREATE = _drv_entry(0x00, "GEM_CREATE", st.GEM_CREATE_SIZE,
                                decode_in=fields(st.GEM_CREATE_IN),
-                               decode_out=out_fields(st.GEM_CREATE_OUT))
+                               decode_out=out_fields(st.GEM_CREATE_OUT, "handle"),
+                               hints={"bo_size": HEX, "alignment": HEX, "domains": GEM_DOMAINS,
+                                      "domain_flags": GEM_CREATE_FLAGS})
 AMDGPU_GEM_MMAP = _drv_entry(0x01, "GEM_MMAP", st.GEM_MMAP_SIZE,
                              decode_in=fields(st.GEM_MMAP_IN),
-                             decode_out=out_fields(st.GEM_MMAP_OUT))
+                             decode_out=out_fields(st.GEM_MMAP_OUT),
+                             hints={"addr_ptr": HEX})
 AMDGPU_CTX = _drv_entry(0x02, "CTX", st.CTX_SIZE, decode_in=fields(st.CTX_IN),
-                        decode_out=lambda d, i: {"out": d[:16].hex()})
-AMDGPU_INFO = _drv_entry(0x05, "INFO", st.INFO, IOC_WRITE)
+                        decode_out=lambda d, i: {"out": d[:16].hex()},
+                        hints={"op": enum_of(c.CTX_OPS)})
+AMDGPU_INFO = _drv_entry(0x05, "INFO", st.INFO, IOC_WRITE,
+                         hints={"return_pointer": HEX, "query": enum_of(c.INFO_QUERIES)})
 AMDGPU_GEM_METADATA = _drv_entry(0x06, "GEM_METADATA", st.GEM_METADATA_SIZE,
                                  decode_in=_gem_metadata,
-                                 decode_out=lambda d, i: _gem_metadata(d))
-AMDGPU_GEM_VA = _drv_entry(0x08, "GEM_VA", st.GEM_VA, IOC_WRITE)
-AMDGPU_GEM_OP = _drv_entry(0x10, "GEM_OP", st.GEM_OP, decode_out=out_fields(st.GEM_OP))
+                                 decode_out=lambda d, i: _gem_metadata(d),
+                                 hints={"op": enum_of({
+                                     c.GEM_METADATA_OP_SET_METADATA: "SET_METADATA",
+                                     c.GEM_METADATA_OP_GET_METADATA: "GET_METADATA"}),
+                                     "flags": HEX, "tiling_info": HEX, "data": HEX})
+AMDGPU_GEM_VA = _drv_entry(0x08, "GEM_VA", st.GEM_VA, IOC_WRITE,
+                           hints={"operation": VA_OPERATIONS, "flags": VM_PAGE_FLAGS,
+                                  "va_address": HEX, "offset_in_bo": HEX, "map_size": HEX,
+                                  "input_fence_syncobj_handles": HEX})
+AMDGPU_GEM_OP = _drv_entry(0x10, "GEM_OP", st.GEM_OP, decode_out=out_fields(st.GEM_OP),
+                           hints={"op": enum_of({
+                               c.GEM_OP_GET_GEM_CREATE_INFO: "GET_GEM_CREATE_INFO",
+                               c.GEM_OP_SET_PLACEMENT: "SET_PLACEMENT",
+                               c.GEM_OP_GET_MAPPING_INFO: "GET_MAPPING_INFO"}),
+                               "value": HEX})
 AMDGPU_GEM_USERPTR = _drv_entry(0x11, "GEM_USERPTR", st.GEM_USERPTR,
-                                decode_out=out_fields(st.GEM_USERPTR, "handle"))
-AMDGPU_VM = _drv_entry(0x13, "VM", st.VM_SIZE, decode_in=fields(st.VM_IN))
-AMDGPU_UALINK_HANDLE = _drv_entry(0x1B, "UALINK_HANDLE", st.UALINK_HANDLE_SIZE,
-                                  decode_in=_ualink_in, decode_out=_ualink_out)
+                                decode_out=out_fields(st.GEM_USERPTR, "handle"),
+                                hints={"addr": HEX, "size": HEX, "flags": USERPTR_FLAGS})
+AMDGPU_VM = _drv_entry(0x13, "VM", st.VM_SIZE, decode_in=fields(st.VM_IN),
+                       hints={"op": enum_of(c.VM_OPS)})
+AMDGPU_UALINK_HANDLE = _drv_entry(
+    0x1B, "UALINK_HANDLE", st.UALINK_HANDLE_SIZE, decode_in=_ualink_in, decode_out=_ualink_out,
+    hints={"op": enum_of({op.value: op.name for op in c.UalinkOp}),
+           "import_ualink_handle": HANDLE128, "export_ualink_handle": HANDLE128})
 
 
 # DRM core ioctls of a modern kernel (no DRM_LEGACY, CONFIG_AGP off). Only the nrs listed
 # exist; any other core nr is EINVAL. Those without DRM_RENDER_ALLOW answer EACCES on a
 # render node before their handler would run, so they need no emulation.
-VERSION = _entry(0x00, "VERSION", st.DRM_VERSION, decode_out=out_fields(st.DRM_VERSION))
+VERSION = _entry(0x00, "VERSION", st.DRM_VERSION, decode_out=out_fields(st.DRM_VERSION),
+                 hints={"name": HEX, "date": HEX, "desc": HEX})
 
 
 def _core(nr: int, name: str, direction: int, size: int, flags: int) -> IoctlSpec:

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import TextIO
 
 import trio
 
@@ -44,8 +46,42 @@ _NODE_DIR_RE = re.compile(r"node\d+")  # where `ualinkd pod` mounts its nodes
 def _trace_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace", nargs="?", const="text", choices=["text", "json"], default=None,
-        help="print one line per ioctl to stdout (--trace=json: one JSON object a line)",
+        help="one line per ioctl, GPU load/store and fabric message, strace-style (--trace=json:"
+             " one JSON object a line), to stdout or --trace-file",
     )
+    p.add_argument("--trace-file", metavar="FILE", default=None,
+                   help="write the trace to FILE (a pod's nodes share it) instead of stdout")
+    p.add_argument("--trace-filter", metavar="KEY=V[,V]", action="append", default=[],
+                   help="trace only what matches (repeatable, terms AND): kind=ioctl,gpu,fabric"
+                        " ioctl=GEM_VA,UALINK_HANDLE node=NAME accel=N pid=N failed")
+
+
+def _trace_options(args: argparse.Namespace) -> list[str]:
+    """The trace options again, for the node daemons a pod starts."""
+    if not args.trace:
+        return []
+    out = [f"--trace={args.trace}"]
+    if args.trace_file:
+        out.append(f"--trace-file={os.path.abspath(args.trace_file)}")
+    out += [f"--trace-filter={t}" for t in args.trace_filter]
+    return out
+
+
+def _check_trace_args(args: argparse.Namespace) -> None:
+    from ..trace import TraceFilter
+
+    if (args.trace_file or args.trace_filter) and not args.trace:
+        raise ConfigError("--trace-file and --trace-filter need --trace")
+    try:
+        TraceFilter(args.trace_filter)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _ready_stream(args: argparse.Namespace) -> TextIO:
+    """Where a pod's `ready` lines go: stdout, unless the trace goes there (then stdout holds
+    the trace and nothing else, so `ualinkd pod --trace=json | jq` reads only JSON)."""
+    return sys.stderr if args.trace and not args.trace_file else sys.stdout
 
 
 def _quirks_arg(p: argparse.ArgumentParser) -> None:
@@ -151,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
+        if args.command in ("node", "pod"):
+            _check_trace_args(args)
         if args.command == "check":
             return _check(args)
         if args.command == "start-node":
@@ -246,19 +284,28 @@ def _node(args: argparse.Namespace) -> int:
         return 1
     config = _with_quirks(PodConfig.load(args.config), args.kernel_quirks)
     node_keys(config, args.node)  # fail early on an unknown name or a link without a key
+    from ..daemon import open_trace_file
+    from ..trace import TraceFilter
+
     failed: list[BaseException] = []
+    trace_out = open_trace_file(args.trace_file) if args.trace else sys.stdout
+    trace_filter = TraceFilter(args.trace_filter)
+    run = functools.partial(run_node, trace_filter=trace_filter)
     try:
         profile = os.environ.get("UALINKD_PROFILE")  # developers: cProfile output file
         if profile:
             import cProfile
 
-            cProfile.runctx("trio.run(run_node, config, args.node, args.mount, args.trace)",
-                            globals(), {**locals(), "run_node": run_node},
+            cProfile.runctx("trio.run(run, config, args.node, args.mount, args.trace, "
+                            "trace_out)", globals(), {**locals(), "run": run},
                             f"{profile}.{args.node}")
         else:
-            trio.run(run_node, config, args.node, args.mount, args.trace)
+            trio.run(run, config, args.node, args.mount, args.trace, trace_out)
     except* OSError as group:  # e.g. the fabric port in use, raised inside trio's nursery
         failed = _leaves(group)
+    finally:
+        if trace_out is not sys.stdout:
+            trace_out.close()
     for e in failed:
         print(f"ualinkd: {args.node}: {e}", file=sys.stderr)
     return 1 if failed else 0
@@ -357,9 +404,7 @@ def _spawn_node(args: argparse.Namespace, root: str, conf_path: str, name: str) 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(notify_path)
     cmd = [sys.executable, "-m", "ualinkd", "node", "--config", conf_path,
-           "--node", name, "--mount", mount]
-    if args.trace:
-        cmd.append(f"--trace={args.trace}")
+           "--node", name, "--mount", mount, *_trace_options(args)]
     env = {**os.environ, "NOTIFY_SOCKET": notify_path, POD_PID_ENV: str(os.getpid())}
     # A session of its own: the terminal's SIGINT/SIGHUP reach the pod only, which
     # stops the nodes in order; the nodes die with the pod through POD_PID_ENV.
@@ -379,6 +424,9 @@ def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
                    stopping: Callable[[], bool]) -> int:
     conf_path = os.path.join(root, "pod.toml")
     write_private(conf_path, config.to_toml())  # it holds the pod key
+    if args.trace_file:
+        open(args.trace_file, "w").close()  # this pod's trace; its nodes append to it
+    ready_out = _ready_stream(args)
     children: dict[str, _Child] = {}
     control: socket.socket | None = None
     try:
@@ -395,7 +443,7 @@ def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
         for c, node in zip(children.values(), config.nodes, strict=True):
             ids = ",".join(str(a.accel_id) for a in node.accels)
             print(f"{c.name} ready: mount={c.mount} render={c.mount}/dri/renderD128 "
-                  f"accels={ids}", flush=True)
+                  f"accels={ids}", file=ready_out, flush=True)
         control = _control_socket(root)
         while not stopping():
             for c in children.values():
@@ -478,7 +526,7 @@ def _start_again(words: list[str], args: argparse.Namespace, root: str, conf_pat
         new.reported = new.proc.poll() is not None
         return f"error: {name} did not become ready"
     print(f"{name} ready: mount={new.mount} render={new.mount}/dri/renderD128 (started "
-          "again)", flush=True)
+          "again)", file=_ready_stream(args), flush=True)
     return f"ok: {name} ready: mount={new.mount}"
 
 
@@ -521,8 +569,12 @@ def _pod_netns(args: argparse.Namespace) -> int:
     # Before Pod.start: it turns a SIGHUP still at its default into SystemExit(129).
     _catch_pod_signals(on_signal)
     config = _with_quirks(pod_config(args.nodes, args.accels_per_node), args.kernel_quirks)
+    if args.trace and not args.trace_file:
+        print("ualinkd: the trace goes to each node's daemon log in the pod dir, which is "
+              "deleted on exit; --trace-file FILE keeps it", file=sys.stderr)
     pod = Pod(config, trace=args.trace, state_root=os.path.abspath(args.root),
-              ready_timeout=args.ready_timeout)
+              ready_timeout=args.ready_timeout, trace_file=args.trace_file,
+              trace_filter=args.trace_filter)
     # Pod starts each node with our environment, through ip netns exec, unshare and
     # nodeinit, which all exec: the node's parent is this process, and it dies with it.
     os.environ[POD_PID_ENV] = str(os.getpid())

@@ -5,7 +5,8 @@
         ualink_pod.node(1).kill()
 
 The marker's keywords go to `pod_config` (a `config=PodConfig` keyword is used as is;
-`trace=True` or `trace="json"` traces every node's ioctls into its log). `ualink_pod` is one
+`trace=True` or `trace="json"` traces every node's ioctls into its log, `trace_file=PATH`
+into that file instead, `trace_filter=["kind=ioctl"]` filters it). `ualink_pod` is one
 pod per test; `ualink_pod_session` one pod for the whole session (default shape, no marker).
 A test that fails gets every node's daemon log (and trace) in its report.
 
@@ -59,8 +60,11 @@ def pod_or_skip(required: bool = False, **kw: object) -> Pod:
     trace = kw.pop("trace", None)
     if trace is True:
         trace = "text"
+    trace_file = kw.pop("trace_file", None)
+    trace_filter = kw.pop("trace_filter", ())
     config = kw.pop("config", None) or pod_config(**kw)  # type: ignore[arg-type]
-    return Pod(config, trace=trace or None).start()  # type: ignore[arg-type]
+    return Pod(config, trace=trace or None, trace_file=trace_file,  # type: ignore[arg-type]
+               trace_filter=trace_filter).start()  # type: ignore[arg-type]
 
 
 def _attach(request: pytest.FixtureRequest, pod: Pod) -> None:

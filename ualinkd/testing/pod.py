@@ -372,6 +372,9 @@ class PodNode:
                "--node", self.name, "--mount", str(self.mount)]
         if self.pod.trace:
             cmd.append(f"--trace={self.pod.trace}")
+            if self.pod.trace_file is not None:  # the same path inside: /dev, /sys are new
+                cmd.append(f"--trace-file={self.pod.trace_file}")
+            cmd += [f"--trace-filter={t}" for t in self.pod.trace_filter]
         self.generation += 1
         log = self.dir / f"daemon.{self.generation}.log"
         env = dict(os.environ, NOTIFY_SOCKET=str(notify))
@@ -512,7 +515,12 @@ class Pod:
     """N node daemons in namespaces. Use as a context manager (or call start()/close())."""
 
     def __init__(self, config: PodConfig | None = None, *, trace: str | None = None,
-                 state_root: Path | str | None = None, ready_timeout: float = 20) -> None:
+                 state_root: Path | str | None = None, ready_timeout: float = 20,
+                 trace_file: Path | str | None = None,
+                 trace_filter: Sequence[str] = ()) -> None:
+        """`trace` ("text" or "json") traces every node into its daemon log, or with
+        `trace_file` into that file (shared by the nodes, truncated at start, kept after
+        close); `trace_filter` are `--trace-filter` terms."""
         config = config or pod_config()
         if len(config.nodes) > 250:
             raise PodError("at most 250 nodes in a namespaced pod")
@@ -521,6 +529,10 @@ class Pod:
         self.config = replace(config, nodes=nodes)
         self.config.validate()
         self.trace = trace
+        self.trace_file = Path(trace_file).absolute() if trace_file is not None else None
+        self.trace_filter = tuple(trace_filter)
+        if (self.trace_file or self.trace_filter) and not trace:
+            raise PodError("trace_file and trace_filter need trace")
         self.ready_timeout = ready_timeout
         self.prefix = f"{PREFIX}{os.getpid()}-{secrets.token_hex(2)}"
         self.dir = Path(state_root or STATE_ROOT) / self.prefix
@@ -584,6 +596,8 @@ class Pod:
             self.dir.parent.mkdir(parents=True, exist_ok=True)
             self.dir.mkdir(mode=0o700)  # pod.toml holds the pod key
             self.config_path.write_text(self.config.to_toml())
+            if self.trace_file is not None:
+                self.trace_file.write_text("")  # this pod's trace; its nodes append to it
             self._make_network()
             for node in self.nodes:
                 node.start(self.ready_timeout)
