@@ -229,6 +229,11 @@ class CallerMemory:
         box: dict[str, object] = {}
         token = trio.lowlevel.current_trio_token()
 
+        def start() -> T:  # on the worker: an access given up before it began never begins
+            if box.get("abandoned"):
+                raise DrmError(errno.EFAULT, "caller memory access given up before it began")
+            return fn(*args)
+
         def report(result: outcome.Outcome[T]) -> None:  # on the trio thread
             box["result"] = result
             self._limiter.release_on_behalf_of(borrower)
@@ -245,7 +250,7 @@ class CallerMemory:
             with trio.move_on_after(self.timeout):
                 await self._limiter.acquire_on_behalf_of(borrower)  # a busy one frees soon
                 try:
-                    trio.lowlevel.start_thread_soon(lambda: fn(*args), deliver)
+                    trio.lowlevel.start_thread_soon(lambda: start(), deliver)
                 except BaseException:
                     self._limiter.release_on_behalf_of(borrower)
                     raise

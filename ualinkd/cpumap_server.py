@@ -46,11 +46,16 @@ def tgid_of(tid: int) -> int | None:
     return None
 
 
+MAX_FETCHES = 64  # connections being served at once
+
+
 def _open_for(grant: Grant) -> tuple[int, bool]:
-    """The fd to send and whether it is ours to close after sending."""
-    if grant.writable:
-        return grant.memfd, False
-    return os.open(f"/proc/self/fd/{grant.memfd}", os.O_RDONLY | os.O_CLOEXEC), True
+    """The fd to send (always ours to close after sending): a fresh open of the memfd, never
+    the daemon's own descriptor. A shared open file description would let the client change
+    the daemon's file status flags (O_APPEND makes every daemon pwrite an append, which the
+    grow seal refuses)."""
+    mode = os.O_RDWR if grant.writable else os.O_RDONLY
+    return os.open(f"/proc/self/fd/{grant.memfd}", mode | os.O_CLOEXEC), True
 
 
 async def _serve_one(conn: trio.socket.SocketType, grants: CpuMapGrants) -> None:
@@ -105,6 +110,12 @@ async def serve_cpu_maps(
             async with trio.open_nursery() as nursery:
                 while True:
                     conn, _ = await sock.accept()
+                    if len(nursery.child_tasks) >= MAX_FETCHES:
+                        # Bounded: each connection is an fd for up to _FETCH_TIMEOUT; a
+                        # flood of them must not take the daemon's fds. The shim's mmap
+                        # then fails (ENODEV) and can be retried.
+                        conn.close()
+                        continue
                     nursery.start_soon(_serve_one, conn, grants)
         finally:
             grants.socket = 0

@@ -209,6 +209,18 @@ def open_trace_file(path: str | None) -> TextIO:
     return open(path, "a", buffering=1)
 
 
+def _raise_fd_limit() -> None:
+    """Clients hold daemon fds (userptr BOs' process memory, eventfds, CPU-map fetches, fabric
+    links): take the hard RLIMIT_NOFILE as the soft one, as servers do, so the default 1024
+    is not what a busy node runs out of."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 async def run_node(
     config: PodConfig,
     node_name: str,
@@ -219,6 +231,7 @@ async def run_node(
     trace_filter: TraceFilter | None = None,
 ) -> None:
     mount = os.path.abspath(mount)
+    _raise_fd_limit()
     caller_memory = CallerMemory(config.caller_memory_timeout_ms / 1000)
     tracer = make_tracer(trace, trace_out, trace_filter)
     core = NodeCore(

@@ -221,3 +221,33 @@ def test_a_mapping_holds_its_render_file(node):
         while mine in _clients(node) or lo in node.debug(128, "ualink_exports"):
             assert time.monotonic() < deadline, _clients(node)
             time.sleep(0.02)
+
+
+def test_a_read_only_fd_cannot_claim_to_be_writable(node):
+    """Review finding (do_mmap's FMODE_WRITE rule, enforced at the FUSE edge): the grant's
+    `fmode` is the open's own access mode, not what the caller writes in the request, so a
+    raw caller holding an O_RDONLY render fd that asks for a writable shared mapping with
+    fmode=O_RDWR gets EACCES."""
+    import errno
+    import fcntl
+
+    from ualinkd.abi import cpumap as abi
+    from ualinkd.abi import structs as st
+    from ualinkd.abi.ioc import iowr
+    from ualinkd.amdgpu import cpu_map as cm
+
+    fd = os.open(node.render(), os.O_RDONLY)
+    try:
+        create = bytearray(st.GEM_CREATE_IN.encode(st.GemCreateIn(1 << 20, 4096, 4, 0)))
+        fcntl.ioctl(fd, iowr(0x40, 32), create)
+        handle = int.from_bytes(create[:4], "little")
+        mm = bytearray(handle.to_bytes(4, "little") + bytes(4))
+        fcntl.ioctl(fd, iowr(0x41, 8), mm)
+        offset = int.from_bytes(mm, "little")
+        req = bytearray(abi.MMAP_GRANT.encode(abi.MmapGrant(
+            offset, 1 << 20, cm.PROT_READ | cm.PROT_WRITE, cm.MAP_SHARED, cm.O_RDWR, 0, 0, 0)))
+        with pytest.raises(OSError) as e:
+            fcntl.ioctl(fd, abi.UALINKD_IOCTL_MMAP_GRANT, req)
+        assert e.value.errno == errno.EACCES
+    finally:
+        os.close(fd)

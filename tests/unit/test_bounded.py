@@ -23,3 +23,13 @@ def test_a_call_that_blocks_gives_up():
             bounded(gate.wait, "node7", timeout=0.05)
     finally:
         gate.set()  # let the abandoned thread go
+
+
+def test_mountinfo_paths_with_escapes_and_utf8():
+    """The kernel escapes space, tab, newline and backslash as octal and writes other bytes
+    as they are: both undone on bytes (unicode_escape garbled '/tmp/ü x')."""
+    from ualinkd.fuse.lowlevel import unescape_mountinfo
+
+    assert unescape_mountinfo("/tmp/\u00fc\\040x") == "/tmp/\u00fc x"
+    assert unescape_mountinfo("/a\\134b\\011c") == "/a\\b\tc"
+    assert unescape_mountinfo("/plain") == "/plain"

@@ -289,3 +289,38 @@ def test_freed_bo_closes_its_memfd(core):
         assert os.fstat(fd).st_ino != ino  # the number was reused by something else
     except OSError:
         pass  # closed
+
+
+def test_no_cpu_access_is_refused_through_a_cross_device_import():
+    """Review finding: a NO_CPU_ACCESS BO of renderD128 imported by renderD129 of the same
+    node is backed by that BO: the grant checks the memory it would hand out (EPERM), not
+    only the import BO's own flags."""
+    from ualink_testkit import (
+        CALLER,
+        GEM_MMAP,
+        gem_create,
+        ioctl,
+        make_node,
+        open_file,
+        open_token,
+        pod_config,
+        prime_from_fd,
+        prime_to_token,
+    )
+
+    from ualinkd.abi import constants as c
+    from ualinkd.abi import cpumap as abi
+    from ualinkd.amdgpu import cpu_map
+
+    core = make_node(pod_config(nodes=(({"id": 0}, {"id": 1}), ({"id": 5},))))
+    core.cpu_maps.socket = 0x1234
+    fa, fb = open_file(core, 0), open_file(core, 1)
+    h = gem_create(fa, 2 << 20, c.DOMAIN_VRAM, c.CREATE_NO_CPU_ACCESS)
+    hb = prime_from_fd(fb, open_token(core, prime_to_token(fa, h)))
+    r = ioctl(fb, GEM_MMAP, hb.to_bytes(4, "little") + bytes(4))
+    off = int.from_bytes(r.out[:8], "little")
+    req = abi.MmapGrant(off, 2 << 20, cpu_map.PROT_READ | cpu_map.PROT_WRITE,
+                        cpu_map.MAP_SHARED, cpu_map.O_RDWR, 0, 0, 0)
+    res, _ = core.ioctl(fb, abi.UALINKD_IOCTL_MMAP_GRANT, abi.MMAP_GRANT.encode(req), 48,
+                        CALLER)
+    assert res == -errno.EPERM

@@ -115,3 +115,30 @@ def test_a_load_keeps_no_margin() -> None:
     assert isinstance(req, Load)
     assert not b.expired(req, 3.9)
     assert b.expired(req, 4.01)
+
+
+def test_every_ping_carries_the_link_clock():
+    """Review finding: the liveness probe sent a PING without `now`, clock 0, and the peer's
+    next requests carried deadlines the exporter saw as long past (ETIME at once). A PING
+    now always carries the clock; a request after any PING is served in its window."""
+    from ualinkd.fabric.session import RequestReceived, Session
+    from ualinkd.fabric.wire import NEED_DATA
+
+    def deliver(src, dst, now):
+        dst.receive_data(src.data_to_send())
+        out = []
+        while (ev := dst.next_event(now)) is not NEED_DATA:
+            out.append(ev)
+        return out
+
+    a = Session("B", {2}, {0}, now=0.0)
+    b = Session("A", {0}, {2}, now=0.0)
+    t = 3600.0
+    b.send_ping(1, track=False, now=t)
+    deliver(b, a, t)
+    b.send_ping(2, track=False, now=t + 0.1)  # the probe, as link.py sends it now
+    deliver(b, a, t + 0.2)
+    a.send_request(0, 2, 4096, 8, now=t + 0.2, give_up=t + 2.2)
+    [ev] = deliver(a, b, t + 0.2)
+    assert isinstance(ev, RequestReceived)
+    assert not b.expired(ev.request, t + 0.2)

@@ -388,8 +388,8 @@ def test_session_msg_is_acked_before_it_is_delivered() -> None:
 
 def test_session_ping_pong_and_data_plane() -> None:
     a, b = _pair()
-    a.send_ping(77)
-    a.send_ping(78, track=False)
+    a.send_ping(77, now=0.0)
+    a.send_ping(78, track=False, now=0.0)
     assert _pump(a, b) == []
     assert _pump(b, a) == [PongReceived(77)]
     seq = a.send_request(0, 2, 4096, 8)

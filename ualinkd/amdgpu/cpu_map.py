@@ -77,8 +77,11 @@ def _amdgpu_gem_object_mmap(bo: AmdgpuBo, req: abi.MmapGrant) -> int:
     A userptr BO or one with NO_CPU_ACCESS (every imported NPA BO, §2.7) → EPERM. MAP_PRIVATE
     is COW (EINVAL) except PROT_NONE, which amdgpu keeps for the Thunk by clearing
     VM_MAYWRITE: then a read-only shared mapping, never writable, even after mprotect."""
-    if bo.userptr is not None or not bo.cpu_accessible:
-        raise DrmError(errno.EPERM, "userptr BO, or BO with NO_CPU_ACCESS")
+    # The BO named and the one whose memory is mapped (an import of a local dma-buf is
+    # backed by its exporter's BO, which may be NO_CPU_ACCESS or an NPA BO).
+    for b in (bo, bo.backing()):
+        if b.userptr is not None or not b.cpu_accessible:
+            raise DrmError(errno.EPERM, "userptr BO, or BO with NO_CPU_ACCESS")
     if req.flags & MAP_TYPE == MAP_PRIVATE and req.prot & (PROT_READ | PROT_WRITE | PROT_EXEC):
         raise DrmError(errno.EINVAL, "a COW mapping of a BO")
     return MAP_SHARED

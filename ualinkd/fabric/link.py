@@ -510,7 +510,8 @@ class FabricLink:
         probe = min(self._hb_timeout, 2 * self._hb_interval)
         while (old := self._conns.get(peer)) is not None and old.down is None:
             start = trio.current_time()
-            old.session.send_ping(secrets.randbits(64), track=False)
+            # With our clock: a PING carries it, and the peer stamps its requests from it.
+            old.session.send_ping(secrets.randbits(64), track=False, now=trio.current_time())
             old.flush()
             with trio.move_on_after(probe):
                 while old.down is None and old.last_rx <= start:

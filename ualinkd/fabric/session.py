@@ -187,12 +187,13 @@ class Session:
         else:
             self._out.extend(encode_data_parts(seq, status, data))
 
-    def send_ping(self, token: int, *, track: bool = True, now: float | None = None) -> None:
+    def send_ping(self, token: int, *, now: float, track: bool = True) -> None:
         """Queue a PING; a tracked token comes back as PongReceived, an untracked one is eaten.
-        It carries our link clock at `now` (the peer stamps its requests from it)."""
+        It carries our link clock at `now`, which the peer stamps its requests from, so `now`
+        is required: a PING with clock 0 would make every request after it look expired."""
         if track:
             self._pings.add(token)
-        self._queue(Ping(token, 0 if now is None else self.clock(now)))
+        self._queue(Ping(token, self.clock(now)))
 
     def forget(self, seq: int) -> None:
         """The sender stopped waiting for `seq`: a late reply is dropped, not an error."""

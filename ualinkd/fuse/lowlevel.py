@@ -10,6 +10,7 @@ import ctypes
 import errno
 import logging
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -669,8 +670,14 @@ def non_root_mount_hint(fuse_conf: str = "/etc/fuse.conf") -> str:
     return (": as a non-root user, " + "; ".join(fixes)) if fixes else ""
 
 
-def _unescape_mountinfo(field: str) -> str:
-    return field.encode().decode("unicode_escape") if "\\" in field else field
+def unescape_mountinfo(field: str) -> str:
+    """A mountinfo path field as the path: the kernel writes space, tab, newline and
+    backslash as octal escapes (\\040 …) and every other byte as is (UTF-8 included), so
+    the escapes are undone on the bytes, never with unicode_escape (which garbles UTF-8)."""
+    if "\\" not in field:
+        return field
+    raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), os.fsencode(field))
+    return os.fsdecode(raw)
 
 
 def _fuse_mounts(mountinfo: str) -> list[tuple[str, str]]:
@@ -683,7 +690,7 @@ def _fuse_mounts(mountinfo: str) -> list[tuple[str, str]]:
                 fields = line.split()
                 fstype = fields[fields.index("-") + 1]
                 if fstype.startswith("fuse"):
-                    found.append((_unescape_mountinfo(fields[4]), fstype))
+                    found.append((unescape_mountinfo(fields[4]), fstype))
     except FileNotFoundError:
         pass
     return found

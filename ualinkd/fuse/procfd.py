@@ -12,6 +12,8 @@ import re
 
 from ualinkd.drm.errors import DrmError
 
+from .lowlevel import unescape_mountinfo
+
 # dmabuf/<token> files get inode DMABUF_INO_BASE + key; nothing else in the tree is that high.
 DMABUF_INO_BASE = 1 << 48
 DMABUF_KEY_LIMIT = 1 << 48
@@ -50,9 +52,7 @@ def _mount_dev(mountinfo: str, *, mount_id: str | None = None, path: str | None 
         with open(mountinfo) as f:
             for line in f:
                 fields = line.split()
-                mp = fields[4]
-                if "\\" in mp:
-                    mp = mp.encode().decode("unicode_escape")
+                mp = unescape_mountinfo(fields[4])
                 if (mount_id is not None and fields[0] == mount_id) or (
                     path is not None and mp == path
                 ):

@@ -13,10 +13,12 @@ import errno
 import itertools
 import os
 import stat
+import struct
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from ualinkd.abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
 from ualinkd.drm.errors import DrmError
 from ualinkd.fuse.backend import Caller, NodeBackend
 from ualinkd.fuse.lowlevel import ROOT_INO, Attr, DirEntry, FuseError, FuseSession, OpenReply
@@ -72,6 +74,16 @@ def _others_may(mode: int, bit: int, caller: Caller) -> bool:
     return bool(mode & (bit << 3 if caller.gid == 0 else bit))
 
 
+_FMODE_AT = 24  # struct ualinkd_mmap_grant: offset, length (u64), prot, flags (u32), fmode
+
+
+def _with_fmode(in_bytes: bytes, mode: int) -> bytes:
+    """The grant request with its `fmode` field set to `mode` (struct ualinkd_mmap_grant)."""
+    if len(in_bytes) < _FMODE_AT + 4:
+        return in_bytes
+    return in_bytes[:_FMODE_AT] + struct.pack("<I", mode) + in_bytes[_FMODE_AT + 4:]
+
+
 async def _drm_errors_to_fuse(aw: Awaitable[T]) -> T:
     try:
         return await aw
@@ -96,6 +108,7 @@ class FileTree:
         # it, so a file longer than one FUSE read is one consistent text (seq_file's rule),
         # never the head of one version and the tail of another.
         self._sys_text: dict[int, bytes] = {}
+        self._fh_mode: dict[int, int] = {}  # render and dma-buf opens: flags & O_ACCMODE
         # dmabuf inode -> [lookup count, uid, gid]; dropped when the kernel forgets it.
         self._dmabuf_inodes: dict[int, list[int]] = {}
         self._backend_ioctl = backend.ioctl
@@ -253,6 +266,7 @@ class FileTree:
         try:
             if isinstance(node, _Render):
                 self._render_fh[fh] = self.backend.open_render(node.minor, caller)
+                self._fh_mode[fh] = flags & os.O_ACCMODE
             elif isinstance(node, _SysFile):
                 # The open itself is checked, not only the lookup: the kernel's dentry cache
                 # answers a path another uid looked up without asking us.
@@ -267,6 +281,7 @@ class FileTree:
                 if key is None:
                     raise FuseError(errno.ENOENT)
                 self._dmabuf_fh[fh] = self.backend.dmabuf_open(key, caller)
+                self._fh_mode[fh] = flags & os.O_ACCMODE
         except DrmError as e:
             raise FuseError(e.errno) from None
         # direct_io: pread/pwrite offsets (GPU VAs) and sizes arrive unchanged, and sys
@@ -276,6 +291,7 @@ class FileTree:
                          parallel_direct_writes=isinstance(node, _Render))
 
     def release(self, ino: int, fh: int) -> None:
+        self._fh_mode.pop(fh, None)
         if (drm_file := self._render_fh.pop(fh, None)) is not None:
             self.backend.release_render(drm_file)
         elif (ref := self._dmabuf_fh.pop(fh, None)) is not None:
@@ -289,6 +305,10 @@ class FileTree:
     def ioctl(
         self, ino: int, fh: int, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]:
+        if cmd == UALINKD_IOCTL_MMAP_GRANT:
+            # The file's access mode is what the open gave it, not what the caller says:
+            # a read-only fd never gets a writable mapping (do_mmap's FMODE_WRITE check).
+            in_bytes = _with_fmode(in_bytes, self._fh_mode.get(fh, os.O_RDONLY))
         drm_file = self._render_fh.get(fh)
         if drm_file is None:
             ref = self._dmabuf_fh.get(fh)
