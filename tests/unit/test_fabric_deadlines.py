@@ -142,3 +142,33 @@ def test_every_ping_carries_the_link_clock():
     [ev] = deliver(a, b, t + 0.2)
     assert isinstance(ev, RequestReceived)
     assert not b.expired(ev.request, t + 0.2)
+
+
+def test_data_longer_than_its_load_is_a_protocol_error():
+    """Review finding: a DATA answering a LOAD must not carry more than was asked (a hostile
+    or broken exporter); a shorter one is the short count of policy 10."""
+    import pytest
+
+    from ualinkd.fabric.session import DataReceived, Session
+    from ualinkd.fabric.wire import NEED_DATA, RemoteProtocolError
+
+    def pump(src, dst):
+        dst.receive_data(src.data_to_send())
+        out = []
+        while (ev := dst.next_event(0.0)) is not NEED_DATA:
+            out.append(ev)
+        return out
+
+    a = Session("B", {2}, {0}, now=0.0)
+    b = Session("A", {0}, {2}, now=0.0)
+    seq = a.send_request(0, 2, 4096, 8)
+    pump(a, b)
+    b.send_data(seq, 0, b"x" * 4)  # short: fine
+    [ev] = pump(b, a)
+    assert isinstance(ev, DataReceived) and ev.data == b"x" * 4
+    seq = a.send_request(0, 2, 4096, 8)
+    pump(a, b)
+    b.send_data(seq, 0, b"x" * 9)
+    a.receive_data(b.data_to_send())
+    with pytest.raises(RemoteProtocolError, match="DATA of 9 bytes answers a LOAD of 8"):
+        a.next_event(0.0)

@@ -117,8 +117,13 @@ class UalinkAgent:
         for (_, n), r in zip(spans, results, strict=True):
             if r is None:
                 break
-            done += n
+            # A short answer (policy 10: the exporter faulted part-way) ends the count there:
+            # later chunks would land at the wrong offsets.
+            got = n if write else len(r)
+            done += got
             loaded.append(r)
+            if got < n:
+                break
         if done == 0 and length:
             raise DrmError(errno.EFAULT, f"GPU page fault at NPA {piece.npa_byte_address:#x}")
         return done if write else b"".join(loaded)

@@ -110,6 +110,7 @@ class Session:
         self._next_seq = 1
         self._issued = 0
         self._outstanding: dict[int, FrameType] = {}  # seq -> MSG | LOAD | STORE
+        self._load_length: dict[int, int] = {}  # seq of an outstanding LOAD -> its length
         self._pings: set[int] = set()
 
     # -- sending -----------------------------------------------------------------------------
@@ -176,6 +177,8 @@ class Session:
                           deadline)
         self._queue(frame)
         self._outstanding[seq] = frame.frame_type
+        if isinstance(length_or_data, int):
+            self._load_length[seq] = length_or_data
         return seq
 
     def send_data(self, seq: int, status: int,
@@ -198,6 +201,7 @@ class Session:
     def forget(self, seq: int) -> None:
         """The sender stopped waiting for `seq`: a late reply is dropped, not an error."""
         self._outstanding.pop(seq, None)
+        self._load_length.pop(seq, None)
 
     def forget_ping(self, token: int) -> None:
         self._pings.discard(token)
@@ -276,8 +280,15 @@ class Session:
                     f"{self.peer}: LOAD of {frame.length} bytes > {MAX_DATA}")
             return RequestReceived(frame)
         if ft == FrameType.DATA:
-            return self._reply(frame.seq, (FrameType.LOAD, FrameType.STORE),
-                               DataReceived(frame.seq, frame.status, frame.data))
+            asked = self._load_length.get(frame.seq)
+            if asked is not None and len(frame.data) > asked:
+                raise RemoteProtocolError(f"{self.peer}: DATA of {len(frame.data)} bytes "
+                                          f"answers a LOAD of {asked}")
+            event = self._reply(frame.seq, (FrameType.LOAD, FrameType.STORE),
+                                DataReceived(frame.seq, frame.status, frame.data))
+            if event is not None:
+                self._load_length.pop(frame.seq, None)
+            return event
         assert ft in HANDSHAKE_FRAMES
         raise RemoteProtocolError(f"{self.peer}: {ft.name} after the handshake")
 
