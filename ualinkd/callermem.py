@@ -31,6 +31,7 @@ import outcome
 import trio
 
 from .drm.errors import DrmError
+from .fuse.procfd import tgid_of
 
 log = logging.getLogger(__name__)
 
@@ -308,8 +309,9 @@ class ProcMemory:
         # thread. The thread is blocked in our ioctl, so its process cannot go away (and its
         # pid be reused) between reading Tgid and opening /proc/<tgid>.
         try:
-            with open(f"/proc/{tid}/status") as f:
-                tgid = next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
+            tgid = tgid_of(tid)
+            if tgid is None:
+                raise OSError(errno.ESRCH, "gone")
             self._dir, self._mem = _open_thread(tgid)
         except (OSError, StopIteration, ValueError):
             raise DrmError(errno.EFAULT, f"no process for thread {tid}") from None

@@ -25,6 +25,7 @@ import trio
 from .abi.cpumap import GRANT_REPLY_SIZE, GRANT_REQUEST_SIZE, socket_name
 from .amdgpu.cpu_map import CpuMapGrants, Grant
 from .drm.errors import DrmError
+from .fuse.procfd import tgid_of
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +33,6 @@ _REPLY = struct.Struct("<iIQ")
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _FETCH_TIMEOUT = 5.0  # a peer that connects and sends nothing holds a task this long at most
 assert _REPLY.size == GRANT_REPLY_SIZE
-
-
-def tgid_of(tid: int) -> int | None:
-    """The process of a thread (FUSE reports the calling thread), None when it is gone."""
-    try:
-        with open(f"/proc/{tid}/status") as f:
-            for line in f:
-                if line.startswith("Tgid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 MAX_FETCHES = 64  # connections being served at once

@@ -30,7 +30,7 @@ from .fabric.agent import UalinkAgent
 from .fabric.link import FabricLink
 from .fabric.wire import Load, Store
 from .fuse.lowlevel import FuseSession, clear_stale_mount
-from .fuse.procfd import mount_device, resolve_caller_fd
+from .fuse.procfd import mount_device, resolve_caller_fd, tgid_of
 from .fuse.tree import FileTree
 from .node import NodeCore
 from .trace import FabricRecord, Record, TraceFilter
@@ -71,7 +71,7 @@ class CallerEventFd:
         if target != "anon_inode:[eventfd]":
             raise DrmError(errno.EINVAL, f"fd {fd} is not an eventfd ({target})")
         try:
-            pidfd = os.pidfd_open(_tgid(tid))
+            pidfd = os.pidfd_open(tgid_of(tid) or -1)
         except (OSError, ValueError):
             raise DrmError(errno.EBADF, f"no process for thread {tid}") from None
         try:
@@ -108,11 +108,6 @@ class CallerEventFd:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
-
-
-def _tgid(tid: int) -> int:
-    with open(f"/proc/{tid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
 
 
 class TrioSyncWaits:

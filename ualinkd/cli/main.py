@@ -530,29 +530,35 @@ def _start_again(words: list[str], args: argparse.Namespace, root: str, conf_pat
     return f"ok: {name} ready: mount={new.mount}"
 
 
+def ask_pod(pod_dir: str, request: str, timeout: float) -> tuple[bool, str]:
+    """One request to the process that runs a pod (`ualinkd pod`, `ualinkd pod --netns`)
+    through its control socket in `pod_dir`: (answered ok, the answer or why not)."""
+    path = os.path.join(os.path.abspath(pod_dir), _CONTROL)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(path)
+            s.sendall(request.encode())
+            reply = s.makefile().readline().strip()
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False, f"no running pod to ask in {pod_dir} (no {path})"
+    except TimeoutError:
+        return False, f"the pod did not answer in {timeout:g} s"
+    if reply.startswith("ok: "):
+        return True, reply[4:]
+    return False, reply.removeprefix("error: ") or "the pod closed the connection"
+
+
 def _start_node(args: argparse.Namespace) -> int:
     """`ualinkd start-node --root ROOT NODE`: ask the `ualinkd pod` serving ROOT to start
     its node NODE again (after it died or was killed)."""
-    path = os.path.join(os.path.abspath(args.root), _CONTROL)
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(args.timeout)
-            s.connect(path)
-            s.sendall(f"start {args.node}".encode())
-            reply = s.makefile().readline().strip()
-    except (FileNotFoundError, ConnectionRefusedError):
-        print(f"ualinkd: no `ualinkd pod` is running on {args.root} (no {path})",
-              file=sys.stderr)
-        return 1
-    except TimeoutError:
-        print(f"ualinkd: the pod on {args.root} did not answer in {args.timeout:g} s",
-              file=sys.stderr)
-        return 1
-    if reply.startswith("ok: "):
-        print(reply[4:])
+    ok, text = ask_pod(args.root, f"start {args.node}", args.timeout)
+    if ok:
+        print(text)
         return 0
-    print(f"ualinkd: {reply.removeprefix('error: ') or 'the pod closed the connection'}",
-          file=sys.stderr)
+    if text.startswith("no running pod"):
+        text = f"no `ualinkd pod` is running on {args.root} ({text})"
+    print(f"ualinkd: {text}", file=sys.stderr)
     return 1
 
 

@@ -114,3 +114,15 @@ def resolve_caller_fd(pid: int, fd: int, mountpoint: str) -> int:
 
 _ours: dict[str, str] = {}
 _theirs_ok: set[tuple[str, str, str | None]] = set()
+
+
+def tgid_of(tid: int) -> int | None:
+    """The process of a thread (FUSE reports the calling thread), None when it is gone."""
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None

@@ -79,29 +79,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ask_pod(pod_dir: str, request: str) -> int:
-    """One request to the process that owns the pod (ualinkd pod --netns), through its
-    control socket: a node it starts stays its own (closed with the pod)."""
-    import os
-    import socket
+    """One request to the process that owns the pod (ualinkd pod --netns): a node it starts
+    stays its own (closed with the pod)."""
+    from ..cli.main import ask_pod
 
-    path = os.path.join(pod_dir, ".control")
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(90)
-            s.connect(path)
-            s.sendall(request.encode())
-            reply = s.makefile().readline().strip()
-    except (FileNotFoundError, ConnectionRefusedError):
-        print(f"ualinkd.testing: {pod_dir} has no running `ualinkd pod --netns` to ask (no "
-              f"{path}); in a test, pod.node(NAME).start()", file=sys.stderr)
-        return 1
-    except TimeoutError:
-        print("ualinkd.testing: the pod did not answer in 90 s", file=sys.stderr)
-        return 1
-    if reply.startswith("ok: "):
-        print(reply[4:])
+    ok, text = ask_pod(pod_dir, request, 90)
+    if ok:
+        print(text)
         return 0
-    print(f"ualinkd.testing: {reply.removeprefix('error: ') or 'no answer'}", file=sys.stderr)
+    if text.startswith("no running pod"):
+        text += "; in a test, pod.node(NAME).start()"
+    print(f"ualinkd.testing: {text}", file=sys.stderr)
     return 1
 
 
