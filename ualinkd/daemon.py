@@ -23,7 +23,7 @@ from typing import TextIO
 import trio
 
 from .callermem import CallerMemory
-from .config import PodConfig
+from .config import PodConfig, host_memory_total
 from .cpumap_server import serve_cpu_maps
 from .drm.errors import DrmError
 from .fabric.agent import UalinkAgent
@@ -211,6 +211,10 @@ async def run_node(
         waits=TrioSyncWaits(),
         open_process_memory=caller_memory.open_process,
         open_eventfd=CallerEventFd,
+        clock=lambda: (time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW),
+                       time.clock_gettime_ns(time.CLOCK_BOOTTIME)),
+        host_cpus=os.cpu_count() or 1,
+        host_memory=host_memory_total(),
     )
     agent: UalinkAgent | None = None
 

@@ -819,3 +819,96 @@ INFO_DEVICE = ArrayLayout.of("drm_amdgpu_info_device", _dev_info_schema(), InfoD
 INFO_DEVICE_2_4_114_SIZE = 368  # libdrm 2.4.114's struct ends at tcc_disabled_mask
 assert INFO_DEVICE.size == 448
 assert INFO_DEVICE.offsets["tcc_disabled_mask"] + 8 == INFO_DEVICE_2_4_114_SIZE
+
+
+# ---- kfd_ioctl.h (the KFD's 'K' ioctls, include/ualink/ualink_kfd.h) ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KfdGetVersion:
+    major_version: int
+    minor_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdSetMemoryPolicy:
+    alternate_aperture_base: int
+    alternate_aperture_size: int
+    gpu_id: int
+    default_policy: int
+    alternate_policy: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdGetClockCounters:
+    gpu_clock_counter: int
+    cpu_clock_counter: int
+    system_clock_counter: int
+    system_clock_freq: int
+    gpu_id: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdProcessDeviceApertures:
+    lds_base: int
+    lds_limit: int
+    scratch_base: int
+    scratch_limit: int
+    gpuvm_base: int
+    gpuvm_limit: int
+    gpu_id: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdGetProcessAperturesNew:
+    kfd_process_device_apertures_ptr: int
+    num_of_nodes: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdAcquireVm:
+    drm_fd: int
+    gpu_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdGetAvailableMemory:
+    available: int
+    gpu_id: int
+    pad: int
+
+
+KFD_GET_VERSION = Layout.of("kfd_ioctl_get_version_args",
+                            cs.Struct("major_version" / _U32, "minor_version" / _U32),
+                            KfdGetVersion)
+KFD_SET_MEMORY_POLICY = Layout.of(
+    "kfd_ioctl_set_memory_policy_args",
+    cs.Struct("alternate_aperture_base" / _U64, "alternate_aperture_size" / _U64,
+              "gpu_id" / _U32, "default_policy" / _U32, "alternate_policy" / _U32,
+              "pad" / _U32),
+    KfdSetMemoryPolicy)
+KFD_GET_CLOCK_COUNTERS = Layout.of(
+    "kfd_ioctl_get_clock_counters_args",
+    cs.Struct("gpu_clock_counter" / _U64, "cpu_clock_counter" / _U64,
+              "system_clock_counter" / _U64, "system_clock_freq" / _U64,
+              "gpu_id" / _U32, "pad" / _U32),
+    KfdGetClockCounters)
+KFD_PROCESS_DEVICE_APERTURES = Layout.of(
+    "kfd_process_device_apertures",
+    cs.Struct("lds_base" / _U64, "lds_limit" / _U64, "scratch_base" / _U64,
+              "scratch_limit" / _U64, "gpuvm_base" / _U64, "gpuvm_limit" / _U64,
+              "gpu_id" / _U32, "pad" / _U32),
+    KfdProcessDeviceApertures)
+KFD_GET_PROCESS_APERTURES_NEW = Layout.of(
+    "kfd_ioctl_get_process_apertures_new_args",
+    cs.Struct("kfd_process_device_apertures_ptr" / _U64, "num_of_nodes" / _U32, "pad" / _U32),
+    KfdGetProcessAperturesNew)
+KFD_ACQUIRE_VM = Layout.of("kfd_ioctl_acquire_vm_args",
+                           cs.Struct("drm_fd" / _U32, "gpu_id" / _U32), KfdAcquireVm)
+KFD_GET_AVAILABLE_MEMORY = Layout.of(
+    "kfd_ioctl_get_available_memory_args",
+    cs.Struct("available" / _U64, "gpu_id" / _U32, "pad" / _U32), KfdGetAvailableMemory)
