@@ -452,7 +452,7 @@ static const char *redirect_sys(const char *path, char *buf, size_t size)
 	if (!sys_dir[0])
 		return NULL;
 	if (strncmp(rest, "/dev/char/226:", 14) == 0 || under(rest, "/class/drm", NULL) ||
-	    under(rest, "/devices/virtual/kfd", NULL))
+	    under(rest, "/devices/virtual/kfd", NULL) || under(rest, "/class/kfd", NULL))
 		return join(buf, size, sys_dir, rest);
 	if (strncmp(rest, "/bus/pci/devices/", 17) == 0)
 		return sys_pci(rest, rest + 17, buf, size);

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from . import sysfs
 from .abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
+from .abi.drmfile_query import NONCE, UALINKD_IOCTL_DRM_FILE_QUERY
 from .amdgpu.cpu_map import CpuMapGrants
 from .amdgpu.driver import AmdgpuDriver, CopyToUser
 from .amdgpu.profile import PROFILES
@@ -111,6 +112,9 @@ class NodeCore:
             TopologyGpu(gid, m, sysfs.pci_bus(m), p, config.accel_memory(a)[0])
             for gid, m, p, a in zip(ids, self.devices, profiles, self.node.accels,
                                     strict=True)))
+        # ACQUIRE_VM's questions in flight: nonce -> the render file that answered (None
+        # until one does); abi/drmfile_query.py.
+        self.drm_file_queries: dict[int, DrmFile | None] = {}
         self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, drivers, strict=True)],  # type: ignore[arg-type]
                        clock or _no_clock, copy_to_user, resolve_drm_file)
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
@@ -169,6 +173,8 @@ class NodeCore:
         assert isinstance(drm_file, DrmFile)
         if cmd == UALINKD_IOCTL_MMAP_GRANT:  # ualinkd's own, by its whole number (abi/cpumap.py)
             return self.cpu_maps.render_ioctl(drm_file, in_bytes, caller)
+        if cmd == UALINKD_IOCTL_DRM_FILE_QUERY:
+            return self._answer_drm_file_query(drm_file, in_bytes)
         res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
         self.after_request()
         if not isinstance(res, IoctlResult):
@@ -221,6 +227,15 @@ class NodeCore:
             return self.remote_access(accel_id, piece, write, data)
 
         return remote
+
+    def _answer_drm_file_query(self, drm_file: DrmFile, in_bytes: bytes) -> IoctlReply:
+        """The daemon's own question (abi/drmfile_query.py): only a pending nonce, answered
+        once; anything else EINVAL, as a real DRM fd answers an unknown nr."""
+        (nonce,) = NONCE.unpack(in_bytes[: NONCE.size].ljust(NONCE.size, b"\0"))
+        if nonce not in self.drm_file_queries or self.drm_file_queries[nonce] is not None:
+            return -errno.EINVAL, b""
+        self.drm_file_queries[nonce] = drm_file
+        return 0, b""
 
     # -- NodeBackend: the KFD ---------------------------------------------------------------
     def open_kfd(self, caller: Caller) -> KfdProcess:

@@ -1,0 +1,126 @@
+"""<mount>/kfd on a real node (issue 14 items 1–4; spec userspace-surface §3.3): the 'K'
+ioctls through ioctl(2) on the FUSE file, ACQUIRE_VM naming a render node by the caller's
+fd (found by the daemon's private question on a copy of it, never guessed), and the KFD
+topology read through the shim's /sys/devices/virtual/kfd and /sys/class/kfd redirects."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from nodes import REPO, c_program, running_node
+
+from ualinkd import sysfs
+from ualinkd.abi import ioctls as tbl
+from ualinkd.abi.ioc import IOC_READ, IOC_WRITE, ioc
+from ualinkd.config import PodConfig
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (FUSE mounts, pidfd_getfd)"),
+]
+SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    with running_node(tmp_path_factory.mktemp("kfd"), PodConfig.local(1, 2)) as n:
+        yield n
+
+
+def kfd_ioctl(fd: int, cmd: int, data: bytes) -> tuple[int, bytes]:
+    """ioctl(2) with a buffer: (0 or errno, the buffer after the call)."""
+    buf = bytearray(data)
+    try:
+        fcntl.ioctl(fd, cmd, buf)
+    except OSError as e:
+        return e.errno, bytes(buf)
+    return 0, bytes(buf)
+
+
+def gpu_ids(node) -> list[int]:
+    top = node.mount / sysfs.KFD_TOPOLOGY
+    return [int((top / f"nodes/{n}/gpu_id").read_text()) for n in (1, 2)]
+
+
+def test_kfd_get_version_and_unknown_nrs(node):
+    fd = os.open(node.mount / "kfd", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        err, out = kfd_ioctl(fd, tbl.KFD_GET_VERSION.cmd, bytes(8))
+        assert err == 0 and struct.unpack("<II", out) == (1, 17)
+        err, out = kfd_ioctl(fd, ioc(IOC_READ | IOC_WRITE, ord("K"), 0x60, 16), b"\x77" * 16)
+        assert (err, out) == (errno.ENOTTY, b"\x77" * 16)  # nothing copied back
+    finally:
+        os.close(fd)
+
+
+def test_acquire_vm_finds_the_open_behind_the_fd(node):
+    """Two opens of renderD128 share its inode; ACQUIRE_VM binds the one the fd names, the
+    other is then EBUSY; a file that is not a render node of this daemon and a closed fd are
+    EINVAL (kfd_ioctl_acquire_vm's fget / amdgpu_file_to_fpriv); renderD129 for GPU 0 is
+    EINVAL (another GPU's VM)."""
+    g0, g1 = gpu_ids(node)
+    kfd = os.open(node.mount / "kfd", os.O_RDWR | os.O_CLOEXEC)
+    r0 = os.open(node.render(0), os.O_RDWR | os.O_CLOEXEC)
+    r0b = os.open(node.render(0), os.O_RDWR | os.O_CLOEXEC)
+    r1 = os.open(node.render(1), os.O_RDWR | os.O_CLOEXEC)
+    other = tempfile.TemporaryFile()
+    closed = os.open("/dev/null", os.O_RDONLY)
+    os.close(closed)
+    cmd = tbl.KFD_ACQUIRE_VM.cmd
+    try:
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", other.fileno(), g0))[0] == errno.EINVAL
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", closed, g0))[0] == errno.EINVAL
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", kfd, g0))[0] == errno.EINVAL
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", r1, g0))[0] == errno.EINVAL
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", r0b, g0))[0] == 0
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", r0b, g0))[0] == 0
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", r0, g0))[0] == errno.EBUSY
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", r1, g1))[0] == 0
+    finally:
+        for fd in (kfd, r0, r0b, r1):
+            os.close(fd)
+        other.close()
+
+
+def test_process_apertures_into_caller_memory(node):
+    kfd = os.open(node.mount / "kfd", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        cmd = tbl.KFD_GET_PROCESS_APERTURES_NEW.cmd
+        err, out = kfd_ioctl(kfd, cmd, struct.pack("<QII", 0, 0, 0))
+        assert err == 0 and struct.unpack("<QII", out)[1] == 2
+        arr = ctypes.create_string_buffer(2 * 56)
+        err, out = kfd_ioctl(kfd, cmd, struct.pack("<QII", ctypes.addressof(arr), 2, 0))
+        assert err == 0 and struct.unpack("<QII", out)[1] == 2
+        ids = [struct.unpack_from("<6QII", arr.raw, i * 56)[6] for i in range(2)]
+        assert ids == gpu_ids(node)
+        err, _ = kfd_ioctl(kfd, cmd, struct.pack("<QII", 8, 2, 0))
+        assert err == errno.EFAULT
+    finally:
+        os.close(kfd)
+
+
+def test_topology_through_the_shim(node):
+    """/sys/devices/virtual/kfd and /sys/class/kfd are the node's tree under the shim, and
+    /dev/kfd its kfd (the shim's redirects; libhsakmt fopens and opendirs these)."""
+    c_program("libualink_shim.so")
+    script = ("cat /sys/devices/virtual/kfd/kfd/topology/generation_id && "
+              "ls /sys/class/kfd/kfd/topology/nodes && "
+              "cat /sys/class/kfd/kfd/topology/nodes/2/gpu_id && "
+              "grep drm_render_minor /sys/devices/virtual/kfd/kfd/topology/nodes/2/properties"
+              " && test -e /dev/kfd && echo kfd-ok")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
+    env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+    r = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split("\n")[:-1] == ["1", "0", "1", "2", str(gpu_ids(node)[1]),
+                                         "drm_render_minor 129", "kfd-ok"]
+    assert Path(node.mount / "kfd").exists()
