@@ -912,3 +912,41 @@ KFD_ACQUIRE_VM = Layout.of("kfd_ioctl_acquire_vm_args",
 KFD_GET_AVAILABLE_MEMORY = Layout.of(
     "kfd_ioctl_get_available_memory_args",
     cs.Struct("available" / _U64, "gpu_id" / _U32, "pad" / _U32), KfdGetAvailableMemory)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdAllocMemoryOfGpu:
+    va_addr: int
+    size: int
+    handle: int
+    mmap_offset: int
+    gpu_id: int
+    flags: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdFreeMemoryOfGpu:
+    handle: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdMapMemoryToGpu:
+    handle: int
+    device_ids_array_ptr: int
+    n_devices: int
+    n_success: int
+
+
+KFD_ALLOC_MEMORY_OF_GPU = Layout.of(
+    "kfd_ioctl_alloc_memory_of_gpu_args",
+    cs.Struct("va_addr" / _U64, "size" / _U64, "handle" / _U64, "mmap_offset" / _U64,
+              "gpu_id" / _U32, "flags" / _U32),
+    KfdAllocMemoryOfGpu)
+KFD_FREE_MEMORY_OF_GPU = Layout.of("kfd_ioctl_free_memory_of_gpu_args",
+                                   cs.Struct("handle" / _U64), KfdFreeMemoryOfGpu)
+# kfd_ioctl_map_memory_to_gpu_args and kfd_ioctl_unmap_memory_from_gpu_args: one layout
+KFD_MAP_MEMORY_TO_GPU = Layout.of(
+    "kfd_ioctl_map_memory_to_gpu_args",
+    cs.Struct("handle" / _U64, "device_ids_array_ptr" / _U64, "n_devices" / _U32,
+              "n_success" / _U32),
+    KfdMapMemoryToGpu)

@@ -241,13 +241,18 @@ class AmdgpuDriver:
         bo = self.lookup_bo(file, handle)
         if bo.userptr is not None or not bo.cpu_accessible:
             raise DrmError(errno.EPERM, "userptr BO, or BO with NO_CPU_ACCESS")
+        kdata[0:8] = self.mmap_offset(bo).to_bytes(8, "little")
+
+    def mmap_offset(self, bo: AmdgpuBo) -> int:
+        """amdgpu_bo_mmap_offset: the BO's fake offset on the render node, given on first
+        use (drm_gem_create_mmap_offset); ENOSPC when the offset space is used up."""
         if bo.mmap_offset == 0:
             pages = -(-bo.size // 4096) * 4096
             if self._mmap_next + pages > _MMAP_OFFSET_END:
                 raise DrmError(errno.ENOSPC, "mmap offset space exhausted")
             bo.mmap_offset = self._mmap_next
             self._mmap_next += pages
-        kdata[0:8] = bo.mmap_offset.to_bytes(8, "little")
+        return bo.mmap_offset
 
     # -- GEM_VA (§2.6) -------------------------------------------------------------------------
     @tbl.handles(tbl.AMDGPU_GEM_VA)

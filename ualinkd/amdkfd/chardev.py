@@ -10,17 +10,21 @@ Time is an argument too (`clock`), so GET_CLOCK_COUNTERS is tested without sleep
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from ..abi import constants as c
 from ..abi import ioctls as tbl
 from ..abi import structs as st
 from ..abi.ioc import IOC_READ, IOC_WRITE
+from ..amdgpu.bo import AmdgpuBo
 from ..amdgpu.driver import AmdgpuDriver
-from ..amdgpu.vm import MAX_PFN
-from ..drm.device import Caller, CopyToUser, IoctlResult
+from ..amdgpu.vm import MAX_PFN, GpuVm
+from ..drm.device import Caller, CopyFromUser, CopyToUser, IoctlResult
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 
@@ -43,6 +47,33 @@ GPUVM_BASE = 0x1000000
 GPUVM_LIMIT = (MAX_PFN << 12) // 2 - 1
 
 
+# kfd_ioctl.h allocation flags
+ALLOC_MEM_FLAGS_VRAM = 1 << 0
+ALLOC_MEM_FLAGS_GTT = 1 << 1
+ALLOC_MEM_FLAGS_USERPTR = 1 << 2
+ALLOC_MEM_FLAGS_DOORBELL = 1 << 3
+ALLOC_MEM_FLAGS_MMIO_REMAP = 1 << 4
+ALLOC_MEM_FLAGS_WRITABLE = 1 << 31
+ALLOC_MEM_FLAGS_EXECUTABLE = 1 << 30
+ALLOC_MEM_FLAGS_PUBLIC = 1 << 29
+PAGE_SIZE = 4096
+# kfd_doorbell_process_slice on gfx9: 1024 queues x 8-byte doorbells
+DOORBELL_PROCESS_SLICE = 1024 * 8
+# kfd_priv.h's mmap cookies on the kfd fd: the type in bits 62-63, the gpu_id from bit 46
+KFD_MMAP_TYPE_DOORBELL = 0x3 << 62
+KFD_MMAP_TYPE_MMIO = 0x0 << 62
+KFD_MMAP_GPU_ID_SHIFT = 46
+
+
+def kfd_mmap_gpu_id(gpu_id: int) -> int:
+    return (gpu_id & 0xFFFF) << KFD_MMAP_GPU_ID_SHIFT
+
+
+def make_handle(gpu_id: int, idr: int) -> int:
+    """MAKE_HANDLE: the gpu_id in the high 32 bits, the pdd's idr in the low ones."""
+    return gpu_id << 32 | idr
+
+
 def _app_limit(base: int) -> int:
     """MAKE_LDS_APP_LIMIT / MAKE_SCRATCH_APP_LIMIT: the rest of the base's 4 GiB window."""
     return (base & 0xFFFF_FFFF_0000_0000) | 0xFFFF_FFFF
@@ -61,6 +92,21 @@ class KfdNode:
 
 
 @dataclass(eq=False, slots=True)
+class KfdMem:
+    """kgd_mem: one allocation. Its BO holds a GEM handle in the acquired render file (the
+    kernel allows that file the BO's mmap node instead; either way mmap(render fd,
+    mmap_offset) reaches it), and is mapped at `va` in the VM of each GPU in `mapped`."""
+
+    bo: AmdgpuBo
+    gem_handle: int
+    va: int
+    size: int
+    flags: int
+    attached: dict[int, GpuVm] = field(default_factory=dict)  # gpu_id -> a peer's VM
+    mapped: set[int] = field(default_factory=set)
+
+
+@dataclass(eq=False, slots=True)
 class KfdProcessDevice:
     """kfd_process_device: a process's state on one GPU; `drm_file` is the render file whose
     VM ACQUIRE_VM bound (None until then)."""
@@ -69,6 +115,14 @@ class KfdProcessDevice:
     drm_file: DrmFile | None = None
     default_policy: int = KFD_IOC_CACHE_POLICY_COHERENT
     alternate_policy: int = KFD_IOC_CACHE_POLICY_COHERENT
+    mems: dict[int, KfdMem] = field(default_factory=dict)  # alloc_idr
+    next_idr: int = 0
+
+    def vm(self) -> GpuVm:
+        """The acquired VM (kfd_bind_process_to_device: ENODEV before ACQUIRE_VM)."""
+        if self.drm_file is None:
+            raise DrmError(errno.ENODEV, "no VM acquired for this GPU")
+        return self.node.driver.vm(self.drm_file)
 
 
 @dataclass(eq=False, slots=True)
@@ -104,11 +158,13 @@ class Kfd:
         clock: Clock,
         copy_to_user: CopyToUser | None = None,
         resolve_drm_file: ResolveDrmFile | None = None,
+        copy_from_user: CopyFromUser | None = None,
     ) -> None:
         self.nodes = {n.gpu_id: n for n in nodes}
         assert len(self.nodes) == len(nodes), "gpu_ids must be unique"
         self.clock = clock
         self.copy_to_user = copy_to_user
+        self.copy_from_user = copy_from_user
         self.resolve_drm_file = resolve_drm_file
         self.processes: dict[int, KfdProcess] = {}
         self.handlers: dict[tbl.IoctlSpec, KfdHandler] = tbl.bind(self)  # type: ignore[assignment]
@@ -127,6 +183,9 @@ class Kfd:
         assert p.opens >= 0
         if p.opens == 0:
             # kfd_process_wq_release: the process's devices let go of their VMs.
+            for pdd in p.pdds.values():
+                for idr in list(pdd.mems):
+                    self._free(p, pdd, idr, force=True)
             for pdd in p.pdds.values():
                 pdd.drm_file = None
             self.processes.pop(p.pid, None)
@@ -172,6 +231,14 @@ class Kfd:
         except DrmError as e:
             result = -e.errno
         return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
+
+    async def _read_user(self, caller: Caller, address: int, size: int) -> bytes:
+        if self.copy_from_user is None:
+            raise DrmError(errno.EFAULT, "no user memory access")
+        data = await self.copy_from_user(caller.pid, address, size)
+        if len(data) != size:
+            raise DrmError(errno.EFAULT, f"short read of user memory at {address:#x}")
+        return data
 
     async def _write_user(self, caller: Caller, address: int, data: bytes) -> None:
         if self.copy_to_user is None:
@@ -272,3 +339,164 @@ class Kfd:
         vram = p.pdd_by_id(a.gpu_id).node.driver.vram  # 1
         kdata[:16] = layout.encode(st.KfdGetAvailableMemory(
             max(vram.size - vram.used, 0), a.gpu_id, a.pad))  # 2
+
+    # -- memory (kfd_ioctl_alloc/free_memory_of_gpu, map/unmap_memory_to/from_gpu) ----------
+    @tbl.handles(tbl.KFD_ALLOC_MEMORY_OF_GPU)
+    def alloc_memory_of_gpu(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_alloc_memory_of_gpu + amdgpu_amdkfd_gpuvm_alloc_memory_of_gpu: a size
+        (1), a gpu_id of the process (2), a VM acquired on it (ENODEV) (3); DOORBELL takes
+        exactly the process's doorbell slice and MMIO_REMAP one page (4); the first memory
+        type set picks the domain, none is EINVAL (5); USERPTR is not emulated here
+        (EINVAL, said in the log) (6); capacity as the KFD's limit, no fallback to another
+        domain (ENOMEM) (7); the handle is MAKE_HANDLE(gpu_id, idr) (8); mmap_offset the
+        render node's for VRAM/GTT, the kfd fd's cookie for MMIO/doorbells (9)."""
+        layout = st.KFD_ALLOC_MEMORY_OF_GPU
+        a = layout.decode(bytes(kdata[: layout.size]))
+        if a.size == 0:  # 1
+            raise DrmError(errno.EINVAL, "zero-sized allocation")
+        pdd = p.pdd_by_id(a.gpu_id)  # 2
+        pdd.vm()  # 3
+        assert pdd.drm_file is not None
+        driver = pdd.node.driver
+        if a.flags & ALLOC_MEM_FLAGS_DOORBELL and a.size != DOORBELL_PROCESS_SLICE:  # 4
+            raise DrmError(errno.EINVAL, "a doorbell allocation is one process slice")
+        if a.flags & ALLOC_MEM_FLAGS_MMIO_REMAP and a.size != PAGE_SIZE:
+            raise DrmError(errno.EINVAL, "an MMIO remap allocation is one page")
+        size = -(-a.size // PAGE_SIZE) * PAGE_SIZE
+        if a.flags & ALLOC_MEM_FLAGS_VRAM:  # 5
+            domain, pool = c.DOMAIN_VRAM, driver.vram
+        elif a.flags & ALLOC_MEM_FLAGS_GTT:
+            domain, pool = c.DOMAIN_GTT, driver.gtt
+        elif a.flags & ALLOC_MEM_FLAGS_USERPTR:  # 6
+            log.info("KFD USERPTR allocations are not emulated: EINVAL")
+            raise DrmError(errno.EINVAL, "USERPTR allocations are not emulated")
+        elif a.flags & (ALLOC_MEM_FLAGS_DOORBELL | ALLOC_MEM_FLAGS_MMIO_REMAP):
+            domain, pool = c.DOMAIN_GTT, driver.gtt  # a page of memory stands for the BAR
+        else:
+            raise DrmError(errno.EINVAL, f"no memory type in flags {a.flags:#x}")
+        if not pool.fits(size):  # 7
+            raise DrmError(errno.ENOMEM, f"{pool.name} is full")
+        create_flags = c.CREATE_CPU_ACCESS_REQUIRED if a.flags & ALLOC_MEM_FLAGS_PUBLIC else 0
+        bo = driver.bo_create(size, PAGE_SIZE, domain, create_flags)
+        gem_handle = pdd.drm_file.handle_create(bo)
+        bo.put()  # the handle holds its reference
+        idr = pdd.next_idr  # 8
+        pdd.next_idr += 1
+        pdd.mems[idr] = KfdMem(bo, gem_handle, a.va_addr, size, a.flags)
+        if a.flags & ALLOC_MEM_FLAGS_MMIO_REMAP:  # 9
+            offset = KFD_MMAP_TYPE_MMIO | kfd_mmap_gpu_id(a.gpu_id)
+        elif a.flags & ALLOC_MEM_FLAGS_DOORBELL:
+            offset = KFD_MMAP_TYPE_DOORBELL | kfd_mmap_gpu_id(a.gpu_id)
+        else:
+            offset = driver.mmap_offset(bo)
+        kdata[: layout.size] = layout.encode(st.KfdAllocMemoryOfGpu(
+            a.va_addr, a.size, make_handle(a.gpu_id, idr), offset, a.gpu_id, a.flags))
+
+    def _mem(self, p: KfdProcess, handle: int, missing: int) -> tuple[KfdProcessDevice, int]:
+        pdd = p.pdd_by_id(handle >> 32)
+        idr = handle & 0xFFFF_FFFF
+        if idr not in pdd.mems:
+            raise DrmError(missing, f"no allocation {handle:#x}")
+        return pdd, idr
+
+    def _free(self, p: KfdProcess, pdd: KfdProcessDevice, idr: int, force: bool) -> None:
+        mem = pdd.mems[idr]
+        if mem.mapped and not force:
+            raise DrmError(errno.EBUSY, "the allocation is still mapped")
+        for gpu_id in list(mem.mapped):
+            self._unmap_on(p, mem, gpu_id)
+        for vm in mem.attached.values():
+            vm.bo_close(mem.bo)
+        mem.attached.clear()
+        del pdd.mems[idr]
+        if pdd.drm_file is not None and pdd.drm_file.lookup(mem.gem_handle) is mem.bo:
+            pdd.drm_file.handle_delete(mem.gem_handle)
+
+    @tbl.handles(tbl.KFD_FREE_MEMORY_OF_GPU)
+    def free_memory_of_gpu(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_free_memory_of_gpu: the handle's gpu_id the process's (1) and its idr
+        an allocation (EINVAL) (2); still mapped on a GPU: EBUSY
+        (amdgpu_amdkfd_gpuvm_free_memory_of_gpu) (3); its GEM handle goes with it (4)."""
+        a = st.KFD_FREE_MEMORY_OF_GPU.decode(bytes(kdata[:8]))
+        pdd, idr = self._mem(p, a.handle, errno.EINVAL)  # 1, 2
+        self._free(p, pdd, idr, force=False)  # 3, 4
+
+    def _vm_of(self, p: KfdProcess, gpu_id: int) -> GpuVm:
+        return p.pdd_by_id(gpu_id).vm()
+
+    def _unmap_on(self, p: KfdProcess, mem: KfdMem, gpu_id: int) -> None:
+        vm = mem.attached.get(gpu_id) or self._vm_of(p, gpu_id)
+        bo_va = vm.bo_find(mem.bo)
+        if bo_va is not None:
+            with contextlib.suppress(DrmError):  # the render file may have dropped it
+                vm.bo_unmap(bo_va, mem.va)
+        mem.mapped.discard(gpu_id)
+
+    def _device_ids(self, kdata: bytearray, caller: Caller
+                    ) -> tuple[st.KfdMapMemoryToGpu, Awaitable[bytes]]:
+        """Both ioctls' first steps: n_devices > 0 and n_success <= n_devices (EINVAL), then
+        the gpu_id array read from the caller (EFAULT)."""
+        a = st.KFD_MAP_MEMORY_TO_GPU.decode(bytes(kdata[: st.KFD_MAP_MEMORY_TO_GPU.size]))
+        if a.n_devices == 0 or a.n_success > a.n_devices:
+            raise DrmError(errno.EINVAL, "bad n_devices / n_success")
+        return a, self._read_user(caller, a.device_ids_array_ptr, 4 * a.n_devices)
+
+    @tbl.handles(tbl.KFD_MAP_MEMORY_TO_GPU)
+    def map_memory_to_gpu(self, p: KfdProcess, kdata: bytearray,
+                          caller: Caller) -> Awaitable[None]:
+        """kfd_ioctl_map_memory_to_gpu: n_devices / n_success (EINVAL) (1), the array
+        (EFAULT) (2), the handle's GPU the process's (EINVAL) with a VM (ENODEV) (3), the
+        allocation known (ENOMEM, as the kernel's translate_handle failure) (4); then from
+        n_success on, each gpu_id the process's (EINVAL) with a VM (ENODEV), the BO mapped
+        at its va in that VM (already mapped: nothing to do), n_success counting each GPU
+        done, copied back on failure too (5)."""
+        a, ids_read = self._device_ids(kdata, caller)  # 1
+
+        async def run() -> None:
+            raw = await ids_read  # 2
+            ids = struct.unpack(f"<{a.n_devices}I", raw)
+            pdd, idr = self._mem_checked(p, a.handle)  # 3, 4
+            mem = pdd.mems[idr]
+            writable = c.VM_PAGE_WRITEABLE if mem.flags & ALLOC_MEM_FLAGS_WRITABLE else 0
+            execable = c.VM_PAGE_EXECUTABLE if mem.flags & ALLOC_MEM_FLAGS_EXECUTABLE else 0
+            for i in range(a.n_success, a.n_devices):  # 5
+                gpu_id = ids[i]
+                vm = self._vm_of(p, gpu_id)
+                if gpu_id not in mem.mapped:
+                    bo_va = vm.bo_find(mem.bo)
+                    if bo_va is None:  # a peer GPU: kfd_mem_attach
+                        bo_va = vm.bo_open(mem.bo)
+                        mem.attached[gpu_id] = vm
+                    vm.bo_map(bo_va, mem.va, 0, mem.size,
+                              c.VM_PAGE_READABLE | writable | execable)
+                    mem.mapped.add(gpu_id)
+                kdata[20:24] = (i + 1).to_bytes(4, "little")
+
+        return run()
+
+    def _mem_checked(self, p: KfdProcess, handle: int) -> tuple[KfdProcessDevice, int]:
+        pdd = p.pdd_by_id(handle >> 32)
+        pdd.vm()
+        return self._mem(p, handle, errno.ENOMEM)
+
+    @tbl.handles(tbl.KFD_UNMAP_MEMORY_FROM_GPU)
+    def unmap_memory_from_gpu(self, p: KfdProcess, kdata: bytearray,
+                              caller: Caller) -> Awaitable[None]:
+        """kfd_ioctl_unmap_memory_from_gpu: the map ioctl's steps 1–4, then from n_success
+        on each gpu_id the process's (EINVAL), the BO mapped there (else EINVAL,
+        amdgpu_amdkfd_gpuvm_unmap_memory_from_gpu's not-attached case), unmapped;
+        n_success as for map."""
+        a, ids_read = self._device_ids(kdata, caller)
+
+        async def run() -> None:
+            ids = struct.unpack(f"<{a.n_devices}I", await ids_read)
+            pdd, idr = self._mem_checked(p, a.handle)
+            mem = pdd.mems[idr]
+            for i in range(a.n_success, a.n_devices):
+                p.pdd_by_id(ids[i])
+                if ids[i] not in mem.mapped:
+                    raise DrmError(errno.EINVAL, f"not mapped on GPU {ids[i]:#x}")
+                self._unmap_on(p, mem, ids[i])
+                kdata[20:24] = (i + 1).to_bytes(4, "little")
+
+        return run()
