@@ -207,3 +207,122 @@ def test_apertures_layout_is_56_bytes():
     assert st.KFD_PROCESS_DEVICE_APERTURES.size == 56
     assert chardev.GPUVM_LIMIT == 0x7FFFFFFFFFFF
     assert ioc(IOC_WRITE, ord("K"), 0x15, 8) == tbl.KFD_ACQUIRE_VM.cmd
+
+
+class UserArrays(Memory):
+    """Memory that also answers copy_from_user with u32 arrays placed by the test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrays: dict[int, bytes] = {}
+
+    async def copy_from_user(self, pid: int, address: int, size: int) -> bytes:
+        if address in self.bad or address not in self.arrays:
+            raise DrmError(errno.EFAULT)
+        return self.arrays[address][:size]
+
+
+def memory_node(accels: int = 2):
+    """A node whose process acquired every GPU's VM through its own render files."""
+    fds: dict[int, object] = {}
+    mem = UserArrays()
+    node = make_node(accels, fds=fds, mem=mem)
+    node.kfd.copy_from_user = mem.copy_from_user
+    p = node.kfd.open(CALLER)
+    ids = [g.gpu_id for g in node.topology.gpus]
+    files = []
+    for i, dev in enumerate(node.devices.values()):
+        f = dev.open(CALLER.pid, 0)
+        files.append(f)
+        fds[10 + i] = f
+        acquire = struct.pack("<II", 10 + i, ids[i])
+        assert call(node, p, tbl.KFD_ACQUIRE_VM.cmd, acquire).result == 0
+    return node, p, ids, files, mem
+
+
+def alloc(node, p, gpu_id: int, flags: int, size: int = 1 << 20, va: int = 1 << 32):
+    res = call(node, p, tbl.KFD_ALLOC_MEMORY_OF_GPU.cmd,
+               struct.pack("<QQQQII", va, size, 0, 0, gpu_id, flags))
+    return res.result, st.KFD_ALLOC_MEMORY_OF_GPU.decode(res.out)
+
+
+def test_alloc_rules():
+    """kfd_ioctl_alloc_memory_of_gpu: size 0 EINVAL, unknown gpu_id EINVAL, no VM ENODEV,
+    doorbells one slice and MMIO one page (EINVAL), no memory type EINVAL, USERPTR not
+    emulated (EINVAL), too big ENOMEM with no fallback to GTT; a VRAM allocation is a GEM BO
+    of the acquired file, handle = gpu_id << 32 | idr, mmap offset the render node's."""
+    node, p, (g0, g1), (f0, _), _ = memory_node()
+    vram = chardev.ALLOC_MEM_FLAGS_VRAM
+    assert alloc(node, p, g0, vram, size=0)[0] == -errno.EINVAL
+    assert alloc(node, p, 0xBEEF, vram)[0] == -errno.EINVAL
+    assert alloc(node, p, g0, 0)[0] == -errno.EINVAL
+    assert alloc(node, p, g0, chardev.ALLOC_MEM_FLAGS_USERPTR)[0] == -errno.EINVAL
+    assert alloc(node, p, g0, chardev.ALLOC_MEM_FLAGS_MMIO_REMAP, size=8192)[0] == -errno.EINVAL
+    assert alloc(node, p, g0, chardev.ALLOC_MEM_FLAGS_DOORBELL, size=4096)[0] == -errno.EINVAL
+    capacity = node.topology.gpus[0].vram_size
+    assert alloc(node, p, g0, vram, size=capacity + 4096)[0] == -errno.ENOMEM
+    assert node.devices[128].driver.gtt.used == 0  # no fallback
+    q = node.kfd.open(Caller(pid=99, uid=0))  # a process that acquired nothing
+    assert alloc(node, q, g0, vram)[0] == -errno.ENODEV
+    rc, out = alloc(node, p, g0, vram | chardev.ALLOC_MEM_FLAGS_WRITABLE)
+    assert rc == 0 and out.handle == g0 << 32 | 0
+    bo = p.pdds[g0].mems[0].bo
+    assert any(o is bo for o in f0.handles.values())
+    assert out.mmap_offset == bo.mmap_offset != 0
+    rc, out = alloc(node, p, g0, chardev.ALLOC_MEM_FLAGS_MMIO_REMAP, size=4096, va=2 << 32)
+    assert rc == 0 and out.handle == g0 << 32 | 1
+    assert out.mmap_offset == chardev.KFD_MMAP_TYPE_MMIO | g0 << 46
+
+
+def test_map_unmap_free_rules():
+    """kfd_ioctl_map_memory_to_gpu / unmap / free: n_devices 0 or n_success > n_devices
+    EINVAL, a faulting array EFAULT, an unknown handle ENOMEM; a gpu_id not the process's
+    EINVAL with n_success counting the GPUs done; mapping twice is no error; a mapped
+    allocation cannot be freed (EBUSY); unmapping where it is not mapped is EINVAL; the
+    mapping is in each GPU's VM at va (a GPU load through the file reads the BO)."""
+    node, p, (g0, g1), (f0, f1), mem = memory_node()
+    flags = chardev.ALLOC_MEM_FLAGS_VRAM | chardev.ALLOC_MEM_FLAGS_WRITABLE
+    va = 1 << 32
+    _, out = alloc(node, p, g0, flags, va=va)
+    h = out.handle
+    mem.arrays[0x100] = struct.pack("<II", g0, g1)
+    mem.arrays[0x200] = struct.pack("<II", g0, 0xBEEF)
+    mapc, unmapc = tbl.KFD_MAP_MEMORY_TO_GPU.cmd, tbl.KFD_UNMAP_MEMORY_FROM_GPU.cmd
+
+    def m(cmd, handle, ptr, n, done=0):
+        res = call(node, p, cmd, struct.pack("<QQII", handle, ptr, n, done))
+        return res.result, struct.unpack("<QQII", res.out)[3] if res.out else None
+
+    assert m(mapc, h, 0x100, 0)[0] == -errno.EINVAL
+    assert m(mapc, h, 0x100, 1, done=2)[0] == -errno.EINVAL
+    assert m(mapc, h, 0x999, 2)[0] == -errno.EFAULT
+    assert m(mapc, h | 7, 0x100, 2)[0] == -errno.ENOMEM
+    assert m(mapc, h, 0x200, 2) == (-errno.EINVAL, 1)  # g0 mapped, then the bad id
+    assert m(mapc, h, 0x200, 1) == (0, 1)  # again: nothing to do
+    assert m(mapc, h, 0x100, 2, done=1) == (0, 2)  # the retry from n_success maps g1
+    for f in (f0, f1):
+        vm = f.device.driver.vm(f)
+        assert vm.lookup(va) is not None and vm.lookup(va).bo_va.bo is p.pdds[g0].mems[0].bo
+    free = tbl.KFD_FREE_MEMORY_OF_GPU.cmd
+    assert call(node, p, free, struct.pack("<Q", h)).result == -errno.EBUSY
+    assert m(unmapc, h, 0x100, 2) == (0, 2)
+    assert m(unmapc, h, 0x100, 1) == (-errno.EINVAL, 0)  # not mapped there any more
+    assert f1.device.driver.vm(f1).lookup(va) is None
+    assert call(node, p, free, struct.pack("<Q", h)).result == 0
+    assert call(node, p, free, struct.pack("<Q", h)).result == -errno.EINVAL
+    assert node.devices[128].objects == {}
+
+
+def test_process_exit_frees_its_allocations():
+    """A process that goes with allocations mapped leaves nothing: its BOs unmapped from
+    every VM and freed (kfd_process_wq_release)."""
+    node, p, (g0, g1), (f0, f1), mem = memory_node()
+    _, out = alloc(node, p, g0, chardev.ALLOC_MEM_FLAGS_VRAM)
+    mem.arrays[0x100] = struct.pack("<II", g0, g1)
+    res = call(node, p, tbl.KFD_MAP_MEMORY_TO_GPU.cmd,
+               struct.pack("<QQII", out.handle, 0x100, 2, 0))
+    assert res.result == 0
+    node.release_kfd(p)
+    assert f1.device.driver.vm(f1).lookup(1 << 32) is None
+    assert f0.device.driver.vm(f0).lookup(1 << 32) is None
+    assert node.devices[128].objects == {}
