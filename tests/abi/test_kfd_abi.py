@@ -1,0 +1,87 @@
+"""The KFD layouts and numbers of ualinkd/abi (structs.py's kfd_* Layouts, ioctls.py's
+KFD_IOCTLS) agree with include/ualink/ualink_kfd.h and with the system's
+<linux/kfd_ioctl.h> (Debian's linux-libc-dev), as the C compiler sees them: sizeof, every
+offset, and each AMDKFD_IOC_* number (the kernel's kfd_ioctl.h, issue 14)."""
+
+from __future__ import annotations
+
+import importlib
+import struct
+import sys
+from pathlib import Path
+
+import cffi
+import pytest
+
+from ualinkd.abi import ioctls as tbl
+from ualinkd.abi import structs as st
+
+INCLUDE = Path(__file__).resolve().parents[2] / "include"
+SYSTEM_HEADER = Path("/usr/include/linux/kfd_ioctl.h")
+LAYOUTS = [v for v in vars(st).values() if isinstance(v, st.Layout) and v.name.startswith("kfd")]
+IOCTLS = {  # macro -> table entry
+    "AMDKFD_IOC_GET_VERSION": tbl.KFD_GET_VERSION,
+    "AMDKFD_IOC_SET_MEMORY_POLICY": tbl.KFD_SET_MEMORY_POLICY,
+    "AMDKFD_IOC_GET_CLOCK_COUNTERS": tbl.KFD_GET_CLOCK_COUNTERS,
+    "AMDKFD_IOC_GET_PROCESS_APERTURES_NEW": tbl.KFD_GET_PROCESS_APERTURES_NEW,
+    "AMDKFD_IOC_ACQUIRE_VM": tbl.KFD_ACQUIRE_VM,
+    "AMDKFD_IOC_ALLOC_MEMORY_OF_GPU": tbl.KFD_ALLOC_MEMORY_OF_GPU,
+    "AMDKFD_IOC_FREE_MEMORY_OF_GPU": tbl.KFD_FREE_MEMORY_OF_GPU,
+    "AMDKFD_IOC_MAP_MEMORY_TO_GPU": tbl.KFD_MAP_MEMORY_TO_GPU,
+    "AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU": tbl.KFD_UNMAP_MEMORY_FROM_GPU,
+    "AMDKFD_IOC_AVAILABLE_MEMORY": tbl.KFD_AVAILABLE_MEMORY,
+}
+
+
+def _compile(tmp: Path, name: str, include: str, dirs: list[str]) -> object:
+    ffi = cffi.FFI()
+    cdef = "typedef unsigned int __u32; typedef unsigned long long __u64;\n"
+    for lay in LAYOUTS:
+        fields = " ".join(f"{'__u64' if c == 'Q' else '__u32'} {sub.name};"
+                          for c, sub in zip(lay.fast.format[1:], lay.schema.subcons,
+                                            strict=True))
+        cdef += f"struct {lay.name} {{ {fields} ...; }};\n"
+    cdef += "".join(f"#define {m} ...\n" for m in IOCTLS)
+    ffi.cdef(cdef)
+    ffi.set_source(name, include, include_dirs=[str(INCLUDE), *dirs])
+    ffi.compile(tmpdir=str(tmp), verbose=False)
+    sys.path.insert(0, str(tmp))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp))
+
+
+@pytest.fixture(scope="module", params=["ours", "system"])
+def c_kfd(request, tmp_path_factory):
+    if request.param == "system" and not SYSTEM_HEADER.exists():
+        pytest.skip("no <linux/kfd_ioctl.h> (linux-libc-dev)")
+    tmp = tmp_path_factory.mktemp(f"kfd_{request.param}")
+    dirs: list[str] = []
+    if request.param == "ours":
+        include = '#include "ualink/ualink_kfd.h"'
+    else:
+        # kfd_ioctl.h includes <drm/drm.h>; libdrm-dev has it as libdrm/drm.h
+        (tmp / "inc").mkdir()
+        (tmp / "inc" / "drm").symlink_to("/usr/include/libdrm")
+        include, dirs = "#include <linux/kfd_ioctl.h>", [str(tmp / "inc")]
+    return _compile(tmp, f"_ualink_kfd_{request.param}", include, dirs)
+
+
+def test_every_kfd_layout_is_here():
+    assert len(LAYOUTS) == 10
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)
+def test_kfd_layouts_match_c(c_kfd, layout):
+    ffi = c_kfd.ffi
+    ctype = f"struct {layout.name}"
+    assert ffi.sizeof(ctype) == layout.size
+    fmt = layout.fast.format
+    for i, sub in enumerate(layout.schema.subcons):
+        assert ffi.offsetof(ctype, sub.name) == struct.calcsize("<" + fmt[1 : 1 + i]), sub.name
+
+
+@pytest.mark.parametrize("macro", sorted(IOCTLS))
+def test_kfd_ioctl_numbers_match_c(c_kfd, macro):
+    assert getattr(c_kfd.lib, macro) & 0xFFFFFFFF == IOCTLS[macro].cmd
