@@ -106,6 +106,12 @@ struct kfd_ioctl_get_available_memory_args {
 	__u32 pad;
 };
 
+struct kfd_ioctl_export_dmabuf_args {
+	__u64 handle;
+	__u32 flags;		/* O_CLOEXEC etc. for the fd */
+	__u32 dmabuf_fd;	/* out */
+};
+
 #define AMDKFD_IOC_GET_VERSION \
 	_IOR(AMDKFD_IOCTL_BASE, 0x01, struct kfd_ioctl_get_version_args)
 #define AMDKFD_IOC_SET_MEMORY_POLICY \
@@ -126,6 +132,8 @@ struct kfd_ioctl_get_available_memory_args {
 	_IOWR(AMDKFD_IOCTL_BASE, 0x19, struct kfd_ioctl_unmap_memory_from_gpu_args)
 #define AMDKFD_IOC_AVAILABLE_MEMORY \
 	_IOWR(AMDKFD_IOCTL_BASE, 0x23, struct kfd_ioctl_get_available_memory_args)
+#define AMDKFD_IOC_EXPORT_DMABUF \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x24, struct kfd_ioctl_export_dmabuf_args)
 #endif /* KFD_IOCTL_H_INCLUDED */
 
 #ifdef __cplusplus

@@ -11,11 +11,12 @@ import fcntl
 import os
 import struct
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from nodes import REPO, c_program, running_node
+from nodes import REPO, Client, c_program, running_node, running_pod
 
 from ualinkd import sysfs
 from ualinkd.abi import ioctls as tbl
@@ -124,3 +125,98 @@ def test_topology_through_the_shim(node):
     assert r.stdout.split("\n")[:-1] == ["1", "0", "1", "2", str(gpu_ids(node)[1]),
                                          "drm_render_minor 129", "kfd-ok"]
     assert Path(node.mount / "kfd").exists()
+
+
+# ---- KFD memory over UALink (issue 14 item 3: "its dma-buf export is exportable over UALink")
+
+KFD_VRAM_RW = (1 << 0) | (1 << 31)  # KFD_IOC_ALLOC_MEM_FLAGS_VRAM | WRITABLE
+SIZE = 2 << 20
+VA = 1 << 33
+
+
+def kfd_vram(kfd: int, render_fd: int, gpu_id: int) -> int:
+    """ACQUIRE_VM with `render_fd`, a VRAM allocation at VA mapped on the GPU: its handle."""
+    assert kfd_ioctl(kfd, tbl.KFD_ACQUIRE_VM.cmd, struct.pack("<II", render_fd, gpu_id))[0] == 0
+    err, out = kfd_ioctl(kfd, tbl.KFD_ALLOC_MEMORY_OF_GPU.cmd,
+                         struct.pack("<QQQQII", VA, SIZE, 0, 0, gpu_id, KFD_VRAM_RW))
+    assert err == 0
+    handle = struct.unpack("<QQQQII", out)[2]
+    ids = (ctypes.c_uint32 * 1)(gpu_id)
+    err, out = kfd_ioctl(kfd, tbl.KFD_MAP_MEMORY_TO_GPU.cmd,
+                         struct.pack("<QQII", handle, ctypes.addressof(ids), 1, 0))
+    assert err == 0 and struct.unpack("<QQII", out)[3] == 1
+    return handle
+
+
+def test_kfd_memory_exported_over_ualink_and_read_on_another_node(tmp_path):
+    """A KFD VRAM allocation on node A, written by A's GPU through the acquired file;
+    EXPORT_DMABUF -> (the token opened as the dma-buf fd) -> PRIME_FD_TO_HANDLE -> UALink
+    export; node B imports the handle, maps it and its GPU loads A's bytes over the fabric
+    (spec userspace-surface §3.3 steps 5–8)."""
+    with running_pod(tmp_path, 2) as (a, b):
+        gpu = int((a.mount / sysfs.KFD_TOPOLOGY / "nodes/1/gpu_id").read_text())
+        kfd = os.open(a.mount / "kfd", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            with Client(a.render()) as ca, Client(b.render()) as cb:
+                handle = kfd_vram(kfd, ca.fd, gpu)
+                data = bytes(range(256)) * (SIZE // 256)
+                assert ca.gpu_write(VA, data) == SIZE
+                err, out = kfd_ioctl(kfd, tbl.KFD_EXPORT_DMABUF.cmd,
+                                     struct.pack("<QII", handle, os.O_CLOEXEC, 0))
+                assert err == 0
+                token = struct.unpack("<QII", out)[2]
+                dmabuf = os.open(a.mount / "dmabuf" / str(token), os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    assert os.lseek(dmabuf, 0, os.SEEK_END) == SIZE
+                    gem = ca.fd_to_handle(dmabuf)
+                finally:
+                    os.close(dmabuf)
+                ualink = ca.export(gem)
+                fd = cb.import_(ualink)
+                try:
+                    h = cb.fd_to_handle(fd)
+                    cb.va_map(h, VA, SIZE)
+                    assert cb.gpu_read(VA, 4096) == data[:4096]
+                    assert cb.gpu_read(VA + SIZE - 4096, 4096) == data[-4096:]
+                finally:
+                    os.close(fd)
+                # A GEM handle keeps the BO after KFD frees its allocation (§3.3 step 5)
+                ids = (ctypes.c_uint32 * 1)(gpu)
+                assert kfd_ioctl(kfd, tbl.KFD_UNMAP_MEMORY_FROM_GPU.cmd, struct.pack(
+                    "<QQII", handle, ctypes.addressof(ids), 1, 0))[0] == 0
+                assert kfd_ioctl(kfd, tbl.KFD_FREE_MEMORY_OF_GPU.cmd,
+                                 struct.pack("<Q", handle))[0] == 0
+        finally:
+            os.close(kfd)
+
+
+SHIM_EXPORT = """
+import ctypes, fcntl, os, struct, sys
+kfd = os.open("/dev/kfd", os.O_RDWR | os.O_CLOEXEC)
+render = os.open("/dev/dri/renderD128", os.O_RDWR | os.O_CLOEXEC)
+gpu = int(open("/sys/class/kfd/kfd/topology/nodes/1/gpu_id").read())
+def io(cmd, data):
+    buf = bytearray(data)
+    fcntl.ioctl(kfd, cmd, buf)
+    return bytes(buf)
+io({acquire}, struct.pack("<II", render, gpu))
+out = io({alloc}, struct.pack("<QQQQII", 1 << 33, 1 << 20, 0, 0, gpu, {flags}))
+handle = struct.unpack("<QQQQII", out)[2]
+fd = struct.unpack("<QII", io({export}, struct.pack("<QII", handle, os.O_CLOEXEC, 0)))[2]
+print(os.fstat(fd).st_size, "/dmabuf/" in os.readlink(f"/proc/self/fd/{{fd}}"))
+"""
+
+
+def test_kfd_export_dmabuf_gives_a_real_fd_under_the_shim(node):
+    """Under the shim, EXPORT_DMABUF's dmabuf_fd is the dma-buf file's fd (the token traded
+    as for PRIME), not the token."""
+    c_program("libualink_shim.so")
+    script = SHIM_EXPORT.format(acquire=tbl.KFD_ACQUIRE_VM.cmd,
+                                alloc=tbl.KFD_ALLOC_MEMORY_OF_GPU.cmd,
+                                export=tbl.KFD_EXPORT_DMABUF.cmd, flags=KFD_VRAM_RW)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == [str(1 << 20), "True"]

@@ -950,3 +950,15 @@ KFD_MAP_MEMORY_TO_GPU = Layout.of(
     cs.Struct("handle" / _U64, "device_ids_array_ptr" / _U64, "n_devices" / _U32,
               "n_success" / _U32),
     KfdMapMemoryToGpu)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdExportDmabuf:
+    handle: int
+    flags: int
+    dmabuf_fd: int
+
+
+KFD_EXPORT_DMABUF = Layout.of(
+    "kfd_ioctl_export_dmabuf_args",
+    cs.Struct("handle" / _U64, "flags" / _U32, "dmabuf_fd" / _U32), KfdExportDmabuf)

@@ -500,3 +500,23 @@ class Kfd:
                 kdata[20:24] = (i + 1).to_bytes(4, "little")
 
         return run()
+
+    @tbl.handles(tbl.KFD_EXPORT_DMABUF)
+    def export_dmabuf(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_export_dmabuf: the handle's GPU known and the process's (EINVAL) (1),
+        its idr an allocation (EINVAL) (2); the BO exported as PRIME_HANDLE_TO_FD exports
+        it (amdgpu_amdkfd_gpuvm_export_dmabuf: the same dma-buf every time) (3), and the
+        fd a dma-buf token of the acquired render file, which the shim (or libualink)
+        opens as the real fd, as for PRIME (DESIGN "A dma-buf fd from a FUSE server") (4).
+        MMIO and doorbell pages are not memory to share: EINVAL (an SG BO's export)."""
+        layout = st.KFD_EXPORT_DMABUF
+        a = layout.decode(bytes(kdata[: layout.size]))
+        pdd, idr = self._mem(p, a.handle, errno.EINVAL)  # 1, 2
+        mem = pdd.mems[idr]
+        if mem.flags & (ALLOC_MEM_FLAGS_DOORBELL | ALLOC_MEM_FLAGS_MMIO_REMAP):
+            raise DrmError(errno.EINVAL, "MMIO and doorbell pages are not exported")
+        assert pdd.drm_file is not None  # an allocation implies an acquired VM
+        device = pdd.node.driver.device
+        buf = device.prime_handle_to_dmabuf(pdd.drm_file, mem.gem_handle)  # 3
+        token = device.tokens.install(buf, pdd.drm_file, caller.uid)  # 4
+        kdata[: layout.size] = layout.encode(st.KfdExportDmabuf(a.handle, a.flags, token))
