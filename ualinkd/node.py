@@ -116,7 +116,8 @@ class NodeCore:
         # until one does); abi/drmfile_query.py.
         self.drm_file_queries: dict[int, DrmFile | None] = {}
         self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, drivers, strict=True)],  # type: ignore[arg-type]
-                       clock or _no_clock, copy_to_user, resolve_drm_file, copy_from_user)
+                       clock or _no_clock, copy_to_user, resolve_drm_file, copy_from_user,
+                       waits)
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
         self.cpu_maps = CpuMapGrants()
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can

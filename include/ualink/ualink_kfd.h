@@ -106,6 +106,49 @@ struct kfd_ioctl_get_available_memory_args {
 	__u32 pad;
 };
 
+/* Events: a signal event's id is its slot in the events page. */
+struct kfd_ioctl_create_event_args {
+	__u64 event_page_offset;	/* in: the events page's allocation; out: its mmap cookie */
+	__u32 event_trigger_data;	/* out */
+	__u32 event_type;		/* 0 signal, ... */
+	__u32 auto_reset;
+	__u32 node_id;
+	__u32 event_id;			/* out */
+	__u32 event_slot_index;		/* out */
+};
+
+struct kfd_ioctl_destroy_event_args {
+	__u32 event_id;
+	__u32 pad;
+};
+
+struct kfd_ioctl_set_event_args {
+	__u32 event_id;
+	__u32 pad;
+};
+
+struct kfd_ioctl_reset_event_args {
+	__u32 event_id;
+	__u32 pad;
+};
+
+/* One entry of WAIT_EVENTS' array: exception data (a 32-byte union) the kernel fills for
+ * memory and HW exception events, then the event to wait for. */
+struct kfd_event_data {
+	__u64 exception_data[4];
+	__u64 kfd_event_data_ext;
+	__u32 event_id;
+	__u32 pad;
+};
+
+struct kfd_ioctl_wait_events_args {
+	__u64 events_ptr;	/* struct kfd_event_data[num_events], 48 bytes each */
+	__u32 num_events;
+	__u32 wait_for_all;
+	__u32 timeout;		/* ms; 0xffffffff: for ever */
+	__u32 wait_result;	/* out: 0 complete, 1 timeout */
+};
+
 struct kfd_ioctl_export_dmabuf_args {
 	__u64 handle;
 	__u32 flags;		/* O_CLOEXEC etc. for the fd */
@@ -118,6 +161,16 @@ struct kfd_ioctl_export_dmabuf_args {
 	_IOW(AMDKFD_IOCTL_BASE, 0x04, struct kfd_ioctl_set_memory_policy_args)
 #define AMDKFD_IOC_GET_CLOCK_COUNTERS \
 	_IOWR(AMDKFD_IOCTL_BASE, 0x05, struct kfd_ioctl_get_clock_counters_args)
+#define AMDKFD_IOC_CREATE_EVENT \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x08, struct kfd_ioctl_create_event_args)
+#define AMDKFD_IOC_DESTROY_EVENT \
+	_IOW(AMDKFD_IOCTL_BASE, 0x09, struct kfd_ioctl_destroy_event_args)
+#define AMDKFD_IOC_SET_EVENT \
+	_IOW(AMDKFD_IOCTL_BASE, 0x0A, struct kfd_ioctl_set_event_args)
+#define AMDKFD_IOC_RESET_EVENT \
+	_IOW(AMDKFD_IOCTL_BASE, 0x0B, struct kfd_ioctl_reset_event_args)
+#define AMDKFD_IOC_WAIT_EVENTS \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x0C, struct kfd_ioctl_wait_events_args)
 #define AMDKFD_IOC_GET_PROCESS_APERTURES_NEW \
 	_IOWR(AMDKFD_IOCTL_BASE, 0x14, struct kfd_ioctl_get_process_apertures_new_args)
 #define AMDKFD_IOC_ACQUIRE_VM \

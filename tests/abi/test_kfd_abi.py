@@ -31,6 +31,11 @@ IOCTLS = {  # macro -> table entry
     "AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU": tbl.KFD_UNMAP_MEMORY_FROM_GPU,
     "AMDKFD_IOC_AVAILABLE_MEMORY": tbl.KFD_AVAILABLE_MEMORY,
     "AMDKFD_IOC_EXPORT_DMABUF": tbl.KFD_EXPORT_DMABUF,
+    "AMDKFD_IOC_CREATE_EVENT": tbl.KFD_CREATE_EVENT,
+    "AMDKFD_IOC_DESTROY_EVENT": tbl.KFD_DESTROY_EVENT,
+    "AMDKFD_IOC_SET_EVENT": tbl.KFD_SET_EVENT,
+    "AMDKFD_IOC_RESET_EVENT": tbl.KFD_RESET_EVENT,
+    "AMDKFD_IOC_WAIT_EVENTS": tbl.KFD_WAIT_EVENTS,
 }
 
 
@@ -46,6 +51,7 @@ def _compile(tmp: Path, name: str, include: str, dirs: list[str],
                           for c, sub in zip(lay.fast.format[1:], lay.schema.subcons,
                                             strict=True))
         cdef += f"struct {lay.name} {{ {fields} ...; }};\n"
+    cdef += "struct kfd_event_data { __u64 kfd_event_data_ext; __u32 event_id; ...; };\n"
     cdef += "".join(f"#define {m} ...\n" for m in IOCTLS
                     if known is None or f"#define {m}" in known)
     ffi.cdef(cdef)
@@ -78,7 +84,7 @@ def c_kfd(request, tmp_path_factory):
 
 
 def test_every_kfd_layout_is_here():
-    assert len(LAYOUTS) == 11
+    assert len(LAYOUTS) == 14
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)
@@ -100,3 +106,10 @@ def test_kfd_ioctl_numbers_match_c(c_kfd, macro):
     if not hasattr(c_kfd.lib, macro):
         pytest.skip(f"{macro} is newer than this header")
     assert getattr(c_kfd.lib, macro) & 0xFFFFFFFF == IOCTLS[macro].cmd
+
+
+def test_event_data_entries_match_c(c_kfd):
+    """WAIT_EVENTS reads struct kfd_event_data[num_events]: its size and event_id offset."""
+    ffi = c_kfd.ffi
+    assert ffi.sizeof("struct kfd_event_data") == st.KFD_EVENT_DATA_SIZE
+    assert ffi.offsetof("struct kfd_event_data", "event_id") == st.KFD_EVENT_DATA_EVENT_ID

@@ -326,3 +326,110 @@ def test_process_exit_frees_its_allocations():
     assert f1.device.driver.vm(f1).lookup(1 << 32) is None
     assert f0.device.driver.vm(f0).lookup(1 << 32) is None
     assert node.devices[128].objects == {}
+
+
+# ---- events (kfd_events.c) ------------------------------------------------------------------
+
+def event_node():
+    from ualinkd.daemon import TrioSyncWaits
+    mem = UserArrays()
+    node = make_node(1, mem=mem)
+    node.kfd.copy_from_user = mem.copy_from_user
+    node.kfd.waits = TrioSyncWaits()
+    return node, node.kfd.open(CALLER), mem
+
+
+def create(node, p, event_type: int = 0, auto_reset: int = 1, page: int = 0):
+    res = call(node, p, tbl.KFD_CREATE_EVENT.cmd,
+               struct.pack("<QIIIIII", page, 0, event_type, auto_reset, 0, 0, 0))
+    return res.result, st.KFD_CREATE_EVENT.decode(res.out)
+
+
+def wait_args(mem, ids, ptr=0x500, all_=0, timeout=0) -> bytes:
+    mem.arrays[ptr] = b"".join(struct.pack("<32xQII", 0, i, 0) for i in ids)
+    return struct.pack("<QIIII", ptr, len(ids), all_, timeout, 0xFF)
+
+
+def test_signal_events_set_wait_reset_destroy():
+    """kfd_event_create: signal ids are slots 0, 1, ... with the events mmap cookie; other
+    types ids from 4096. SET then a polling WAIT completes and consumes an auto-reset event
+    (the next poll is TIMEOUT, 0 returned); a manual-reset one stays signaled until RESET;
+    wait_for_all needs every one; unknown ids and CPU-setting a non-signal event EINVAL."""
+    node, p, mem = event_node()
+    _, e0 = create(node, p)
+    _, e1 = create(node, p, auto_reset=0)
+    rc, other = create(node, p, event_type=3)
+    assert (e0.event_id, e0.event_slot_index, e0.event_trigger_data) == (0, 0, 0)
+    assert e1.event_id == 1 and e0.event_page_offset == chardev.KFD_MMAP_TYPE_EVENTS
+    assert rc == 0 and other.event_id == chardev.KFD_FIRST_NONSIGNAL_EVENT_ID
+    ev_set = tbl.KFD_SET_EVENT.cmd
+
+    def wait(ids, **kw):
+        res = call(node, p, tbl.KFD_WAIT_EVENTS.cmd, wait_args(mem, ids, **kw))
+        return res.result, struct.unpack("<QIIII", res.out)[4]
+
+    assert wait([0]) == (0, chardev.KFD_IOC_WAIT_RESULT_TIMEOUT)
+    assert call(node, p, ev_set, struct.pack("<II", 0, 0)).result == 0
+    assert wait([0, 1]) == (0, chardev.KFD_IOC_WAIT_RESULT_COMPLETE)
+    assert wait([0]) == (0, chardev.KFD_IOC_WAIT_RESULT_TIMEOUT)  # auto-reset: consumed
+    call(node, p, ev_set, struct.pack("<II", 1, 0))
+    assert wait([1]) == wait([1]) == (0, chardev.KFD_IOC_WAIT_RESULT_COMPLETE)
+    assert wait([0, 1], all_=1) == (0, chardev.KFD_IOC_WAIT_RESULT_TIMEOUT)
+    assert call(node, p, tbl.KFD_RESET_EVENT.cmd, struct.pack("<II", 1, 0)).result == 0
+    assert wait([1]) == (0, chardev.KFD_IOC_WAIT_RESULT_TIMEOUT)
+    assert call(node, p, ev_set, struct.pack("<II", other.event_id, 0)).result == -errno.EINVAL
+    assert call(node, p, ev_set, struct.pack("<II", 77, 0)).result == -errno.EINVAL
+    assert wait([77])[0] == -errno.EINVAL
+    assert call(node, p, tbl.KFD_WAIT_EVENTS.cmd, struct.pack("<QIIII", 0x999, 1, 0, 0, 0)
+                ).result == -errno.EFAULT
+    destroy = tbl.KFD_DESTROY_EVENT.cmd
+    assert call(node, p, destroy, struct.pack("<II", 0, 0)).result == 0
+    assert call(node, p, destroy, struct.pack("<II", 0, 0)).result == -errno.EINVAL
+    _, again = create(node, p)
+    assert again.event_id == 0  # the lowest free slot
+
+
+def test_a_blocking_wait_is_woken_by_set_event_and_times_out_otherwise():
+    """WAIT_EVENTS with a timeout sleeps until SET_EVENT (COMPLETE) or its deadline
+    (TIMEOUT); the clock is trio's (autojump: no real sleeping)."""
+    node, p, mem = event_node()
+    create(node, p)
+    args = wait_args(mem, [0], timeout=5000)
+
+    async def main() -> tuple[int, int]:
+        async with trio.open_nursery() as nursery:
+            out: list[int] = []
+
+            async def waiter() -> None:
+                res = await node.kfd.ioctl(p, tbl.KFD_WAIT_EVENTS.cmd, args, CALLER)
+                out.extend([res.result, struct.unpack("<QIIII", res.out)[4]])
+
+            nursery.start_soon(waiter)
+            await trio.sleep(1)
+            node.kfd.ioctl(p, tbl.KFD_SET_EVENT.cmd, struct.pack("<II", 0, 0), CALLER)
+        return out[0], out[1]
+
+    from trio.testing import MockClock
+
+    from ualinkd.daemon import TrioSyncWaits
+    node.kfd.waits = TrioSyncWaits(lambda: int(trio.current_time() * 1e9))
+    assert trio.run(main, clock=MockClock(autojump_threshold=0)) == (
+        0, chardev.KFD_IOC_WAIT_RESULT_COMPLETE)
+
+    async def alone() -> int:
+        res = await node.kfd.ioctl(p, tbl.KFD_WAIT_EVENTS.cmd, args, CALLER)
+        return struct.unpack("<QIIII", res.out)[4]
+
+    assert trio.run(alone, clock=MockClock(autojump_threshold=0)) == (
+        chardev.KFD_IOC_WAIT_RESULT_TIMEOUT)
+
+
+def test_events_page_is_set_once_from_an_allocation():
+    """CREATE_EVENT's event_page_offset: an allocation handle of the process (EINVAL
+    otherwise), accepted once (a second page EINVAL)."""
+    node, p, ids, _, _ = memory_node(1)
+    _, out = alloc(node, p, ids[0], chardev.ALLOC_MEM_FLAGS_GTT, size=4096 * 2)
+    assert create(node, p, page=ids[0] << 32 | 9)[0] == -errno.EINVAL
+    rc, ev = create(node, p, page=out.handle)
+    assert rc == 0 and p.event_page == out.handle
+    assert create(node, p, page=out.handle)[0] == -errno.EINVAL

@@ -962,3 +962,48 @@ class KfdExportDmabuf:
 KFD_EXPORT_DMABUF = Layout.of(
     "kfd_ioctl_export_dmabuf_args",
     cs.Struct("handle" / _U64, "flags" / _U32, "dmabuf_fd" / _U32), KfdExportDmabuf)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdCreateEvent:
+    event_page_offset: int
+    event_trigger_data: int
+    event_type: int
+    auto_reset: int
+    node_id: int
+    event_id: int
+    event_slot_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdEventId:
+    """kfd_ioctl_destroy_event_args, _set_event_args and _reset_event_args: one layout."""
+
+    event_id: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdWaitEvents:
+    events_ptr: int
+    num_events: int
+    wait_for_all: int
+    timeout: int
+    wait_result: int
+
+
+KFD_CREATE_EVENT = Layout.of(
+    "kfd_ioctl_create_event_args",
+    cs.Struct("event_page_offset" / _U64, "event_trigger_data" / _U32, "event_type" / _U32,
+              "auto_reset" / _U32, "node_id" / _U32, "event_id" / _U32,
+              "event_slot_index" / _U32),
+    KfdCreateEvent)
+KFD_EVENT_ID = Layout.of("kfd_ioctl_set_event_args",
+                         cs.Struct("event_id" / _U32, "pad" / _U32), KfdEventId)
+KFD_WAIT_EVENTS = Layout.of(
+    "kfd_ioctl_wait_events_args",
+    cs.Struct("events_ptr" / _U64, "num_events" / _U32, "wait_for_all" / _U32,
+              "timeout" / _U32, "wait_result" / _U32),
+    KfdWaitEvents)
+KFD_EVENT_DATA_SIZE = 48  # struct kfd_event_data: a 32-byte union, an ext pointer, event_id, pad
+KFD_EVENT_DATA_EVENT_ID = 40  # offsetof(struct kfd_event_data, event_id)

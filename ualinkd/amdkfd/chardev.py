@@ -27,6 +27,7 @@ from ..amdgpu.vm import MAX_PFN, GpuVm
 from ..drm.device import Caller, CopyFromUser, CopyToUser, IoctlResult
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
+from ..drm.syncobj import SyncWaits
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,8 @@ class KfdProcess:
     pid: int
     pdds: dict[int, KfdProcessDevice] = field(default_factory=dict)
     opens: int = 0
+    events: dict[int, KfdEvent] = field(default_factory=dict)  # event_idr
+    event_page: int | None = None  # the handle of the GTT BO libhsakmt gave as events page
 
     def pdd_by_id(self, gpu_id: int) -> KfdProcessDevice:
         """kfd_process_device_data_by_id; an unknown gpu_id is EINVAL in every caller."""
@@ -141,6 +144,28 @@ class KfdProcess:
         if pdd is None:
             raise DrmError(errno.EINVAL, f"no GPU with gpu_id {gpu_id:#x}")
         return pdd
+
+
+# kfd_events.c / kfd_ioctl.h
+KFD_IOC_EVENT_SIGNAL = 0
+KFD_IOC_EVENT_DEBUG_EVENT = 5
+KFD_SIGNAL_EVENT_LIMIT = 4096
+KFD_FIRST_NONSIGNAL_EVENT_ID = KFD_SIGNAL_EVENT_LIMIT
+KFD_MMAP_TYPE_EVENTS = 0x2 << 62
+KFD_EVENT_TIMEOUT_INFINITE = 0xFFFFFFFF
+KFD_IOC_WAIT_RESULT_COMPLETE = 0
+KFD_IOC_WAIT_RESULT_TIMEOUT = 1
+
+
+@dataclass(eq=False, slots=True)
+class KfdEvent:
+    """kfd_event: signaled by SET_EVENT (no GPU raises one here), seen by WAIT_EVENTS; an
+    auto-reset event is consumed by the wait that sees it."""
+
+    event_id: int
+    type: int
+    auto_reset: bool
+    signaled: bool = False
 
 
 KfdHandler = Callable[[KfdProcess, bytearray, Caller], "Awaitable[None] | None"]
@@ -159,12 +184,14 @@ class Kfd:
         copy_to_user: CopyToUser | None = None,
         resolve_drm_file: ResolveDrmFile | None = None,
         copy_from_user: CopyFromUser | None = None,
+        waits: SyncWaits | None = None,
     ) -> None:
         self.nodes = {n.gpu_id: n for n in nodes}
         assert len(self.nodes) == len(nodes), "gpu_ids must be unique"
         self.clock = clock
         self.copy_to_user = copy_to_user
         self.copy_from_user = copy_from_user
+        self.waits = waits  # None: a wait that would block is a bug (the daemon injects one)
         self.resolve_drm_file = resolve_drm_file
         self.processes: dict[int, KfdProcess] = {}
         self.handlers: dict[tbl.IoctlSpec, KfdHandler] = tbl.bind(self)  # type: ignore[assignment]
@@ -188,6 +215,10 @@ class Kfd:
                     self._free(p, pdd, idr, force=True)
             for pdd in p.pdds.values():
                 pdd.drm_file = None
+            for ev in p.events.values():  # waiters (none can remain: same process) look again
+                if self.waits is not None:
+                    self.waits.wake(ev)
+            p.events.clear()
             self.processes.pop(p.pid, None)
 
     # -- dispatch (kfd_ioctl) -----------------------------------------------------------------
@@ -520,3 +551,108 @@ class Kfd:
         buf = device.prime_handle_to_dmabuf(pdd.drm_file, mem.gem_handle)  # 3
         token = device.tokens.install(buf, pdd.drm_file, caller.uid)  # 4
         kdata[: layout.size] = layout.encode(st.KfdExportDmabuf(a.handle, a.flags, token))
+
+    # -- events (kfd_events.c) -----------------------------------------------------------------
+    @tbl.handles(tbl.KFD_CREATE_EVENT)
+    def create_event(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_create_event: an event_page_offset names the process's events page
+        once (a second one EINVAL), as an allocation handle of a GPU of the process with
+        a VM (EINVAL / ENODEV / EINVAL) (1); a signal (or debug) event takes the lowest
+        free slot below KFD_SIGNAL_EVENT_LIMIT (ENOSPC when full), its id = slot = trigger
+        data, and answers event_page_offset = KFD_MMAP_TYPE_EVENTS (2); any other type an
+        id from KFD_FIRST_NONSIGNAL_EVENT_ID on (3)."""
+        layout = st.KFD_CREATE_EVENT
+        a = layout.decode(bytes(kdata[: layout.size]))
+        page_offset = a.event_page_offset
+        if page_offset:  # 1
+            if p.event_page is not None:
+                raise DrmError(errno.EINVAL, "the events page is already set")
+            p.pdd_by_id(page_offset >> 32).vm()
+            self._mem(p, page_offset, errno.EINVAL)
+            p.event_page = page_offset
+        slot = 0
+        if a.event_type in (KFD_IOC_EVENT_SIGNAL, KFD_IOC_EVENT_DEBUG_EVENT):  # 2
+            event_id = next((i for i in range(KFD_SIGNAL_EVENT_LIMIT) if i not in p.events),
+                            None)
+            if event_id is None:
+                raise DrmError(errno.ENOSPC, "no free signal event slot")
+            page_offset, slot = KFD_MMAP_TYPE_EVENTS, event_id
+        else:  # 3
+            event_id = max((i for i in p.events if i >= KFD_FIRST_NONSIGNAL_EVENT_ID),
+                           default=KFD_FIRST_NONSIGNAL_EVENT_ID - 1) + 1
+        p.events[event_id] = KfdEvent(event_id, a.event_type, a.auto_reset != 0)
+        kdata[: layout.size] = layout.encode(st.KfdCreateEvent(
+            page_offset, event_id, a.event_type, a.auto_reset, a.node_id, event_id, slot))
+
+    @staticmethod
+    def _event(p: KfdProcess, kdata: bytearray, cpu_signaled: bool) -> KfdEvent:
+        """lookup_event_by_id (EINVAL); SET/RESET need a CPU-signalable (signal) event."""
+        a = st.KFD_EVENT_ID.decode(bytes(kdata[:8]))
+        ev = p.events.get(a.event_id)
+        if ev is None:
+            raise DrmError(errno.EINVAL, f"no event {a.event_id}")
+        if cpu_signaled and ev.type != KFD_IOC_EVENT_SIGNAL:
+            raise DrmError(errno.EINVAL, "only signal events are set from the CPU")
+        return ev
+
+    @tbl.handles(tbl.KFD_DESTROY_EVENT)
+    def destroy_event(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        ev = self._event(p, kdata, cpu_signaled=False)
+        del p.events[ev.event_id]
+        if self.waits is not None:
+            self.waits.wake(ev)
+
+    @tbl.handles(tbl.KFD_SET_EVENT)
+    def set_event(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_set_event: signaled, and its waiters woken (one of them consumes an
+        auto-reset event; the kernel's wake_up_all activates every waiter at once)."""
+        ev = self._event(p, kdata, cpu_signaled=True)
+        ev.signaled = True
+        if self.waits is not None:
+            self.waits.wake(ev)
+
+    @tbl.handles(tbl.KFD_RESET_EVENT)
+    def reset_event(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        self._event(p, kdata, cpu_signaled=True).signaled = False
+
+    @tbl.handles(tbl.KFD_WAIT_EVENTS)
+    def wait_events(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> Awaitable[None]:
+        """kfd_wait_on_events: each kfd_event_data read from the caller (EFAULT) and its
+        event known (EINVAL) (1); a waiter is activated by its event being signaled, which
+        an auto-reset event gives up to it (2); all / any activated completes (3); timeout
+        0 polls, 0xFFFFFFFF waits for ever, else that many ms (4); at the deadline the
+        result is TIMEOUT, still 0 returned (5)."""
+        layout = st.KFD_WAIT_EVENTS
+        a = layout.decode(bytes(kdata[: layout.size]))
+
+        async def run() -> None:
+            size = st.KFD_EVENT_DATA_SIZE
+            raw = await self._read_user(caller, a.events_ptr, size * a.num_events)  # 1
+            evs = []
+            for i in range(a.num_events):
+                (eid,) = struct.unpack_from("<I", raw, i * size + st.KFD_EVENT_DATA_EVENT_ID)
+                ev = p.events.get(eid)
+                if ev is None:
+                    raise DrmError(errno.EINVAL, f"no event {eid}")
+                evs.append(ev)
+            activated = [False] * len(evs)
+
+            def ready() -> bool:  # 2, 3
+                for i, ev in enumerate(evs):
+                    if not activated[i] and ev.signaled:
+                        activated[i] = True
+                        if ev.auto_reset:
+                            ev.signaled = False
+                return all(activated) if a.wait_for_all else any(activated)
+
+            done = ready()
+            if not done and a.timeout != 0:  # 4
+                if self.waits is None:
+                    raise DrmError(errno.EINVAL, "no way to wait")
+                deadline = (None if a.timeout == KFD_EVENT_TIMEOUT_INFINITE
+                            else self.waits.now_ns() + a.timeout * 1_000_000)
+                done = await self.waits.wait_until(deadline, ready, evs)
+            result = KFD_IOC_WAIT_RESULT_COMPLETE if done else KFD_IOC_WAIT_RESULT_TIMEOUT  # 5
+            kdata[20:24] = result.to_bytes(4, "little")
+
+        return run()
