@@ -7,7 +7,7 @@
  * Steps: open the KFD, its version, the topology snapshot (a CPU node and one GPU node per
  * accel), each GPU's node and memory properties, then VRAM and system memory allocations
  * mapped to the GPU, a GPU store and load of them through the render node (pwrite/pread at
- * the GPU VA, the emulator's GPU), free, close.
+ * the GPU VA, the emulator's GPU), free, a signal event set and waited for, close.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -174,6 +174,25 @@ int main(void)
 		CHECK("unmap_system", hsaKmtUnmapMemoryToGPU(host));
 		CHECK("free_system", hsaKmtFreeMemory(host, size));
 		printf("ok free\n");
+	}
+	{
+		/* A signal event: set from the CPU, seen by the next wait (auto-reset). */
+		HsaEventDescriptor desc = {.EventType = HSA_EVENTTYPE_SIGNAL, .NodeId = gpu};
+		HsaEvent *ev = NULL;
+		HSAKMT_STATUS s;
+
+		CHECK("create_event", hsaKmtCreateEvent(&desc, false, false, &ev));
+		printf("ok create_event id=%u\n", ev->EventId);
+		s = hsaKmtWaitOnEvent(ev, 0);
+		step++;
+		if (s != HSAKMT_STATUS_WAIT_TIMEOUT) {
+			printf("fail wait_unsignaled status=%d\n", (int)s);
+			return step;
+		}
+		CHECK("set_event", hsaKmtSetEvent(ev));
+		CHECK("wait_event", hsaKmtWaitOnEvent(ev, 1000));
+		printf("ok wait_event\n");
+		CHECK("destroy_event", hsaKmtDestroyEvent(ev));
 	}
 	CHECK("release_system_properties", hsaKmtReleaseSystemProperties());
 	CHECK("close_kfd", hsaKmtCloseKFD());

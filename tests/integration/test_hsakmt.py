@@ -3,7 +3,8 @@ real node (issue 14, "Acceptance with the real thing"; spec userspace-surface §
 hsaKmtOpenKFD, the version, the topology snapshot (a CPU node and a GPU node per accel with
 the DRM identity), node and memory properties, VRAM and system memory allocated, mapped to
 the GPU, stored to and loaded back by the emulated GPU (the system memory's CPU pointer sees
-the GPU's store), unmapped, freed, closed; and the node left holding nothing."""
+the GPU's store), unmapped, freed; a signal event set and waited for (its events page a
+KFD allocation); closed; and the node left holding nothing."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def test_libhsakmt_opens_allocates_maps_and_frees(tmp_path: Path):
             assert {"heap": "1", "size": str(vram)} in [
                 {"heap": b["heap"], "size": b["size"]} for b in banks]
         for step in ("alloc_vram", "map_vram", "gpu_store_load_vram", "alloc_system",
-                     "map_system", "gpu_store_load_system", "free", "close_kfd"):
+                     "map_system", "gpu_store_load_system", "free", "create_event",
+                     "wait_event", "close_kfd"):
             assert step in by, r.stdout
         # Everything freed: no GEM object left on either GPU (the debugfs tables).
         for minor in (128, 129):
