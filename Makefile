@@ -6,10 +6,10 @@
 PYTHON  ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
-# libhsakmt-dev: Debian's libhsakmt 5.2.3, which tests/c/hsakmt_client.c links unmodified.
+# libhsakmt-dev, rocminfo: Debian's libhsakmt and ROCr 5.2.3, run unmodified by test_hsakmt.py.
 # python3-venv and python3-dev: Debian's python3 needs them for the venv and for the cffi
 # FUSE binding (a pyenv or source-built python brings its own).
-APT_PKGS := fuse3 libfuse3-dev libdrm-dev libhsakmt-dev iproute2 pkg-config gcc make python3-venv python3-dev
+APT_PKGS := fuse3 libfuse3-dev libdrm-dev libhsakmt-dev rocminfo iproute2 pkg-config gcc make python3-venv python3-dev
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=  # e.g. make bench BENCH_ARGS="--reps 3 --profile"

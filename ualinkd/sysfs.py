@@ -430,6 +430,13 @@ CRAT_IOLINK_TYPE_PCIEXPRESS = 2
 CRAT_IOLINK_FLAGS_ENABLED = 1
 GFX9_MAX_WAVES_PER_SIMD = 10  # gfx_v9_0_get_cu_info
 GFX9_LDS_SIZE_KB = 64
+# kfd_topology.h's HSA_CACHE_TYPE_* (kfd_crat.c turns the CRAT flags into these for `type`);
+# ROCr keeps a GPU cache only if it is HSACU and not an instruction cache.
+HSA_CACHE_TYPE_DATA, HSA_CACHE_TYPE_HSACU = 0x1, 0x8
+# A GPU node's caches (chosen, gfx9-like: the per-CU L1 vector cache and the L2 the node
+# shares; the kernel lists one L1 entry per CU group, one is enough for a runtime's totals).
+# (level, size in KiB, line size) — ROCr asserts a GPU node has at least one.
+GPU_CACHES = ((1, 16, 128), (2, 4096, 128))
 
 
 def kfd_node_dir(n: int) -> str:
@@ -454,6 +461,20 @@ def _bank(heap_type: int, size: int, width: int, clk_mhz: int) -> SysDir:
         ("mem_clk_max", clk_mhz)]))})
 
 
+def gpu_simd_id_base(n: int) -> int:
+    """The first processor id of GPU node `n` (kfd_topology's 0x80001000 base, apart per
+    node)."""
+    return 0x80001000 + (n << 12)
+
+
+def _cache(simd_id_base: int, level: int, size_kb: int, line: int) -> SysDir:
+    return SysDir({"properties": _const(_props([
+        ("processor_id_low", simd_id_base), ("level", level), ("size", size_kb),
+        ("cache_line_size", line), ("cache_lines_per_tag", 1), ("association", 16),
+        ("latency", 0),
+        ("type", HSA_CACHE_TYPE_DATA | HSA_CACHE_TYPE_HSACU)]) + "sibling_map 1\n")})
+
+
 def kfd_gpu_properties(n: int, g: TopologyGpu) -> str:
     """A GPU node's `properties`: its shape from the profile, the same numbers AMDGPU_INFO
     gives (simd_count = CUs x SIMDs per CU), and the identity of its render node and PCI
@@ -461,8 +482,8 @@ def kfd_gpu_properties(n: int, g: TopologyGpu) -> str:
     p = g.profile
     return _props([
         ("cpu_cores_count", 0), ("simd_count", p.num_cu * p.simd_per_cu),
-        ("mem_banks_count", 1), ("caches_count", 0), ("io_links_count", 1),
-        ("p2p_links_count", 0), ("cpu_core_id_base", 0), ("simd_id_base", 0x80001000 + n),
+        ("mem_banks_count", 1), ("caches_count", len(GPU_CACHES)), ("io_links_count", 1),
+        ("p2p_links_count", 0), ("cpu_core_id_base", 0), ("simd_id_base", gpu_simd_id_base(n)),
         ("max_waves_per_simd", GFX9_MAX_WAVES_PER_SIMD), ("lds_size_in_kb", GFX9_LDS_SIZE_KB),
         ("gds_size_in_kb", 0), ("num_gws", p.gws_size), ("wave_front_size", p.wave_front_size),
         ("array_count", p.num_shader_engines * p.num_shader_arrays_per_engine),
@@ -516,7 +537,8 @@ def kfd_topology_sysfs(topo: Topology) -> SysDir:
             "mem_banks": SysDir({"0": _bank(HSA_MEM_HEAP_TYPE_FB_PUBLIC, g.vram_size,
                                             g.profile.vram_bit_width,
                                             g.profile.max_memory_clock_khz // 1000)}),
-            "caches": SysDir(),
+            "caches": SysDir({str(i): _cache(gpu_simd_id_base(n), *c)
+                              for i, c in enumerate(GPU_CACHES)}),
             "io_links": SysDir({"0": _iolink(n, 0)}),
             "p2p_links": SysDir(),
         })

@@ -149,6 +149,19 @@ struct kfd_ioctl_wait_events_args {
 	__u32 wait_result;	/* out: 0 complete, 1 timeout */
 };
 
+struct kfd_ioctl_set_scratch_backing_va_args {
+	__u64 va_addr;
+	__u32 gpu_id;
+	__u32 pad;
+};
+
+struct kfd_ioctl_set_trap_handler_args {
+	__u64 tba_addr;
+	__u64 tma_addr;
+	__u32 gpu_id;
+	__u32 pad;
+};
+
 struct kfd_ioctl_export_dmabuf_args {
 	__u64 handle;
 	__u32 flags;		/* O_CLOEXEC etc. for the fd */
@@ -171,6 +184,10 @@ struct kfd_ioctl_export_dmabuf_args {
 	_IOW(AMDKFD_IOCTL_BASE, 0x0B, struct kfd_ioctl_reset_event_args)
 #define AMDKFD_IOC_WAIT_EVENTS \
 	_IOWR(AMDKFD_IOCTL_BASE, 0x0C, struct kfd_ioctl_wait_events_args)
+#define AMDKFD_IOC_SET_SCRATCH_BACKING_VA \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x11, struct kfd_ioctl_set_scratch_backing_va_args)
+#define AMDKFD_IOC_SET_TRAP_HANDLER \
+	_IOW(AMDKFD_IOCTL_BASE, 0x13, struct kfd_ioctl_set_trap_handler_args)
 #define AMDKFD_IOC_GET_PROCESS_APERTURES_NEW \
 	_IOWR(AMDKFD_IOCTL_BASE, 0x14, struct kfd_ioctl_get_process_apertures_new_args)
 #define AMDKFD_IOC_ACQUIRE_VM \

@@ -36,6 +36,8 @@ IOCTLS = {  # macro -> table entry
     "AMDKFD_IOC_SET_EVENT": tbl.KFD_SET_EVENT,
     "AMDKFD_IOC_RESET_EVENT": tbl.KFD_RESET_EVENT,
     "AMDKFD_IOC_WAIT_EVENTS": tbl.KFD_WAIT_EVENTS,
+    "AMDKFD_IOC_SET_SCRATCH_BACKING_VA": tbl.KFD_SET_SCRATCH_BACKING_VA,
+    "AMDKFD_IOC_SET_TRAP_HANDLER": tbl.KFD_SET_TRAP_HANDLER,
 }
 
 
@@ -84,7 +86,7 @@ def c_kfd(request, tmp_path_factory):
 
 
 def test_every_kfd_layout_is_here():
-    assert len(LAYOUTS) == 14
+    assert len(LAYOUTS) == 16
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)

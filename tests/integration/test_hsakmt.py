@@ -9,6 +9,7 @@ KFD allocation); closed; and the node left holding nothing."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -70,3 +71,31 @@ def test_libhsakmt_opens_allocates_maps_and_frees(tmp_path: Path):
             assert node.debug(minor, "gem_objects").strip() == "", node.debug(minor,
                                                                               "gem_objects")
 
+
+
+@pytest.mark.skipif(shutil.which("rocminfo") is None, reason="rocminfo is not installed")
+def test_rocminfo_lists_the_accel_as_a_gpu_agent(tmp_path: Path):
+    """Debian's rocminfo 5.2.3 (ROCr 5.2.3 over libhsakmt) through the shim lists the CPU
+    and the accel as a GPU agent. Two things stand in for the host, both said in the README:
+    rocminfo first runs `lsmod | grep amdgpu` (kmod reads /proc/modules, which this
+    container does not have), answered by an `lsmod` on PATH that lists amdgpu; and ROCr
+    5.2.3 drops a gfx942 node as "unrecognized id", so HSA_OVERRIDE_GFX_VERSION=9.0.10
+    presents it as gfx90a, as a user of an old ROCr on MI300 would."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lsmod = bin_dir / "lsmod"
+    lsmod.write_text("#!/bin/sh\necho 'Module                  Size  Used by'\n"
+                     "echo 'amdgpu               1  0'\n")
+    lsmod.chmod(0o755)
+    with running_node(tmp_path / "node", PodConfig.local(1, 1)) as node:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
+        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"),
+                   PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}",
+                   HSA_OVERRIDE_GFX_VERSION="9.0.10")
+        r = subprocess.run(["rocminfo"], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr + node.log_text()
+        types = [line.split(":", 1)[1].strip() for line in r.stdout.splitlines()
+                 if line.strip().startswith("Device Type:")]
+        assert types == ["CPU", "GPU"], r.stdout
+        assert "amdgcn-amd-amdhsa--gfx90a" in r.stdout

@@ -1007,3 +1007,29 @@ KFD_WAIT_EVENTS = Layout.of(
     KfdWaitEvents)
 KFD_EVENT_DATA_SIZE = 48  # struct kfd_event_data: a 32-byte union, an ext pointer, event_id, pad
 KFD_EVENT_DATA_EVENT_ID = 40  # offsetof(struct kfd_event_data, event_id)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdSetScratchBackingVa:
+    va_addr: int
+    gpu_id: int
+    pad: int
+
+
+KFD_SET_SCRATCH_BACKING_VA = Layout.of(
+    "kfd_ioctl_set_scratch_backing_va_args",
+    cs.Struct("va_addr" / _U64, "gpu_id" / _U32, "pad" / _U32), KfdSetScratchBackingVa)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdSetTrapHandler:
+    tba_addr: int
+    tma_addr: int
+    gpu_id: int
+    pad: int
+
+
+KFD_SET_TRAP_HANDLER = Layout.of(
+    "kfd_ioctl_set_trap_handler_args",
+    cs.Struct("tba_addr" / _U64, "tma_addr" / _U64, "gpu_id" / _U32, "pad" / _U32),
+    KfdSetTrapHandler)

@@ -223,12 +223,18 @@ class AmdgpuDriver:
             raise DrmError(errno.EFAULT, "userptr range not mapped as asked")
         self._userptr_create(file, kdata, process, addr, size, readonly)
 
+    def userptr_bo(self, process: ProcessMemory, addr: int, size: int,
+                   readonly: bool) -> AmdgpuBo:
+        """A GTT BO over `process`'s memory at `addr` (amdgpu_ttm_tt_set_userptr); it keeps
+        `process` open for as long as it lives."""
+        bo = AmdgpuBo(self.device, size, 0, c.DOMAIN_GTT, 0, None)
+        bo.userptr = UserMemory(process, addr, size, readonly)
+        bo.on_handle_free = self._handle_free
+        return bo
+
     def _userptr_create(self, file: DrmFile, kdata: bytearray, process: ProcessMemory,
                         addr: int, size: int, readonly: bool) -> None:
-        memory = UserMemory(process, addr, size, readonly)
-        bo = AmdgpuBo(self.device, size, 0, c.DOMAIN_GTT, 0, None)
-        bo.userptr = memory
-        bo.on_handle_free = self._handle_free
+        bo = self.userptr_bo(process, addr, size, readonly)
         handle = file.handle_create(bo)
         bo.put()
         kdata[20:24] = handle.to_bytes(4, "little")

@@ -117,6 +117,8 @@ class KfdProcessDevice:
     default_policy: int = KFD_IOC_CACHE_POLICY_COHERENT
     alternate_policy: int = KFD_IOC_CACHE_POLICY_COHERENT
     mems: dict[int, KfdMem] = field(default_factory=dict)  # alloc_idr
+    scratch_backing_va: int = 0  # qpd.sh_hidden_private_base
+    trap_handler: tuple[int, int] = (0, 0)  # (tba, tma)
     next_idr: int = 0
 
     def vm(self) -> GpuVm:
@@ -373,21 +375,23 @@ class Kfd:
 
     # -- memory (kfd_ioctl_alloc/free_memory_of_gpu, map/unmap_memory_to/from_gpu) ----------
     @tbl.handles(tbl.KFD_ALLOC_MEMORY_OF_GPU)
-    def alloc_memory_of_gpu(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+    def alloc_memory_of_gpu(self, p: KfdProcess, kdata: bytearray,
+                            caller: Caller) -> Awaitable[None] | None:
         """kfd_ioctl_alloc_memory_of_gpu + amdgpu_amdkfd_gpuvm_alloc_memory_of_gpu: a size
         (1), a gpu_id of the process (2), a VM acquired on it (ENODEV) (3); DOORBELL takes
         exactly the process's doorbell slice and MMIO_REMAP one page (4); the first memory
-        type set picks the domain, none is EINVAL (5); USERPTR is not emulated here
-        (EINVAL, said in the log) (6); capacity as the KFD's limit, no fallback to another
-        domain (ENOMEM) (7); the handle is MAKE_HANDLE(gpu_id, idr) (8); mmap_offset the
-        render node's for VRAM/GTT, the kfd fd's cookie for MMIO/doorbells (9)."""
+        type set picks the domain, none is EINVAL (5); USERPTR: the user address (in
+        mmap_offset) and size page aligned (EINVAL), its pages there now with the BO's
+        access (init_user_pages: EFAULT), a GTT BO over the caller's memory (6);
+        capacity as the KFD's limit, no fallback to another domain (ENOMEM) (7); the
+        handle is MAKE_HANDLE(gpu_id, idr) (8); mmap_offset the render node's for
+        VRAM/GTT/USERPTR, the kfd fd's cookie for MMIO/doorbells (9)."""
         layout = st.KFD_ALLOC_MEMORY_OF_GPU
         a = layout.decode(bytes(kdata[: layout.size]))
         if a.size == 0:  # 1
             raise DrmError(errno.EINVAL, "zero-sized allocation")
         pdd = p.pdd_by_id(a.gpu_id)  # 2
         pdd.vm()  # 3
-        assert pdd.drm_file is not None
         driver = pdd.node.driver
         if a.flags & ALLOC_MEM_FLAGS_DOORBELL and a.size != DOORBELL_PROCESS_SLICE:  # 4
             raise DrmError(errno.EINVAL, "a doorbell allocation is one process slice")
@@ -399,8 +403,7 @@ class Kfd:
         elif a.flags & ALLOC_MEM_FLAGS_GTT:
             domain, pool = c.DOMAIN_GTT, driver.gtt
         elif a.flags & ALLOC_MEM_FLAGS_USERPTR:  # 6
-            log.info("KFD USERPTR allocations are not emulated: EINVAL")
-            raise DrmError(errno.EINVAL, "USERPTR allocations are not emulated")
+            return self._alloc_userptr(p, pdd, a, kdata, caller)
         elif a.flags & (ALLOC_MEM_FLAGS_DOORBELL | ALLOC_MEM_FLAGS_MMIO_REMAP):
             domain, pool = c.DOMAIN_GTT, driver.gtt  # a page of memory stands for the BAR
         else:
@@ -408,18 +411,51 @@ class Kfd:
         if not pool.fits(size):  # 7
             raise DrmError(errno.ENOMEM, f"{pool.name} is full")
         create_flags = c.CREATE_CPU_ACCESS_REQUIRED if a.flags & ALLOC_MEM_FLAGS_PUBLIC else 0
-        bo = driver.bo_create(size, PAGE_SIZE, domain, create_flags)
+        self._install(pdd, driver.bo_create(size, PAGE_SIZE, domain, create_flags), a, kdata)
+        return None
+
+    async def _alloc_userptr(self, p: KfdProcess, pdd: KfdProcessDevice,
+                             a: st.KfdAllocMemoryOfGpu, kdata: bytearray,
+                             caller: Caller) -> None:
+        addr = a.mmap_offset
+        if (addr | a.size) & (PAGE_SIZE - 1):
+            raise DrmError(errno.EINVAL, "userptr address and size must be page aligned")
+        driver = pdd.node.driver
+        opener = driver.device.open_process_memory
+        if opener is None:
+            raise DrmError(errno.EFAULT, "no access to the caller's memory")
+        process = opener(caller.pid)
+        readonly = not a.flags & ALLOC_MEM_FLAGS_WRITABLE
+        try:
+            ok = await process.accessible(addr, a.size, not readonly) >= a.size
+        except BaseException:
+            process.close()
+            raise
+        if not ok:
+            process.close()
+            raise DrmError(errno.EFAULT, "userptr range not mapped as asked")
+        if pdd.drm_file is None:  # released while the pages were looked at
+            process.close()
+            raise DrmError(errno.ENODEV, "no VM acquired for this GPU")
+        self._install(pdd, driver.userptr_bo(process, addr, a.size, readonly), a, kdata)
+
+    def _install(self, pdd: KfdProcessDevice, bo: AmdgpuBo, a: st.KfdAllocMemoryOfGpu,
+                 kdata: bytearray) -> None:
+        """Steps 8–9: the BO's GEM handle in the acquired file, the allocation's handle and
+        its mmap offset copied back."""
+        assert pdd.drm_file is not None
         gem_handle = pdd.drm_file.handle_create(bo)
         bo.put()  # the handle holds its reference
         idr = pdd.next_idr  # 8
         pdd.next_idr += 1
-        pdd.mems[idr] = KfdMem(bo, gem_handle, a.va_addr, size, a.flags)
+        pdd.mems[idr] = KfdMem(bo, gem_handle, a.va_addr, bo.size, a.flags)
         if a.flags & ALLOC_MEM_FLAGS_MMIO_REMAP:  # 9
             offset = KFD_MMAP_TYPE_MMIO | kfd_mmap_gpu_id(a.gpu_id)
         elif a.flags & ALLOC_MEM_FLAGS_DOORBELL:
             offset = KFD_MMAP_TYPE_DOORBELL | kfd_mmap_gpu_id(a.gpu_id)
         else:
-            offset = driver.mmap_offset(bo)
+            offset = pdd.node.driver.mmap_offset(bo)
+        layout = st.KFD_ALLOC_MEMORY_OF_GPU
         kdata[: layout.size] = layout.encode(st.KfdAllocMemoryOfGpu(
             a.va_addr, a.size, make_handle(a.gpu_id, idr), offset, a.gpu_id, a.flags))
 
@@ -656,3 +692,23 @@ class Kfd:
             kdata[20:24] = result.to_bytes(4, "little")
 
         return run()
+
+    @tbl.handles(tbl.KFD_SET_SCRATCH_BACKING_VA)
+    def set_scratch_backing_va(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_set_scratch_backing_va: a gpu_id of the process (EINVAL) with a VM
+        (kfd_bind_process_to_device: ENODEV); the address is kept for the queues (none run
+        here)."""
+        a = st.KFD_SET_SCRATCH_BACKING_VA.decode(bytes(kdata[:16]))
+        pdd = p.pdd_by_id(a.gpu_id)
+        pdd.vm()
+        pdd.scratch_backing_va = a.va_addr
+
+    @tbl.handles(tbl.KFD_SET_TRAP_HANDLER)
+    def set_trap_handler(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_set_trap_handler: a gpu_id of the process (EINVAL) bound to it (ESRCH
+        when it cannot be, here: no VM); TBA/TMA kept for the queues (none run here)."""
+        a = st.KFD_SET_TRAP_HANDLER.decode(bytes(kdata[:24]))
+        pdd = p.pdd_by_id(a.gpu_id)
+        if pdd.drm_file is None:
+            raise DrmError(errno.ESRCH, "the process cannot be bound to this GPU")
+        pdd.trap_handler = (a.tba_addr, a.tma_addr)

@@ -248,15 +248,22 @@ def alloc(node, p, gpu_id: int, flags: int, size: int = 1 << 20, va: int = 1 << 
 
 def test_alloc_rules():
     """kfd_ioctl_alloc_memory_of_gpu: size 0 EINVAL, unknown gpu_id EINVAL, no VM ENODEV,
-    doorbells one slice and MMIO one page (EINVAL), no memory type EINVAL, USERPTR not
-    emulated (EINVAL), too big ENOMEM with no fallback to GTT; a VRAM allocation is a GEM BO
+    doorbells one slice and MMIO one page (EINVAL), no memory type EINVAL, USERPTR at an
+    unaligned address EINVAL and without the caller's pages EFAULT,
+    too big ENOMEM with no fallback to GTT; a VRAM allocation is a GEM BO
     of the acquired file, handle = gpu_id << 32 | idr, mmap offset the render node's."""
     node, p, (g0, g1), (f0, _), _ = memory_node()
     vram = chardev.ALLOC_MEM_FLAGS_VRAM
     assert alloc(node, p, g0, vram, size=0)[0] == -errno.EINVAL
     assert alloc(node, p, 0xBEEF, vram)[0] == -errno.EINVAL
     assert alloc(node, p, g0, 0)[0] == -errno.EINVAL
-    assert alloc(node, p, g0, chardev.ALLOC_MEM_FLAGS_USERPTR)[0] == -errno.EINVAL
+    userptr = chardev.ALLOC_MEM_FLAGS_USERPTR
+    res = call(node, p, tbl.KFD_ALLOC_MEMORY_OF_GPU.cmd,
+               struct.pack("<QQQQII", 1 << 32, 4096, 0, 0x1234, g0, userptr))
+    assert res.result == -errno.EINVAL  # an unaligned user address
+    res = call(node, p, tbl.KFD_ALLOC_MEMORY_OF_GPU.cmd,
+               struct.pack("<QQQQII", 1 << 32, 4096, 0, 0x10000, g0, userptr))
+    assert res.result == -errno.EFAULT  # no access to the caller's memory here
     assert alloc(node, p, g0, chardev.ALLOC_MEM_FLAGS_MMIO_REMAP, size=8192)[0] == -errno.EINVAL
     assert alloc(node, p, g0, chardev.ALLOC_MEM_FLAGS_DOORBELL, size=4096)[0] == -errno.EINVAL
     capacity = node.topology.gpus[0].vram_size
