@@ -440,3 +440,35 @@ def test_events_page_is_set_once_from_an_allocation():
     rc, ev = create(node, p, page=out.handle)
     assert rc == 0 and p.event_page == out.handle
     assert create(node, p, page=out.handle)[0] == -errno.EINVAL
+
+
+def test_scratch_backing_and_trap_handler_need_a_bound_gpu():
+    """SET_SCRATCH_BACKING_VA: unknown gpu_id EINVAL, no VM ENODEV; SET_TRAP_HANDLER:
+    unknown gpu_id EINVAL, not bindable ESRCH; both kept once the VM is acquired (ROCr's
+    GpuAgent asserts both succeed)."""
+    node, p, (g0, _), _, _ = memory_node()
+    q = node.kfd.open(Caller(pid=77, uid=0))
+    scratch, trap = tbl.KFD_SET_SCRATCH_BACKING_VA.cmd, tbl.KFD_SET_TRAP_HANDLER.cmd
+    assert call(node, p, scratch, struct.pack("<QII", 1 << 40, 5, 0)).result == -errno.EINVAL
+    assert call(node, q, scratch, struct.pack("<QII", 1 << 40, g0, 0)).result == -errno.ENODEV
+    assert call(node, p, scratch, struct.pack("<QII", 1 << 40, g0, 0)).result == 0
+    assert p.pdds[g0].scratch_backing_va == 1 << 40
+    assert call(node, p, trap, struct.pack("<QQII", 1, 2, 5, 0)).result == -errno.EINVAL
+    assert call(node, q, trap, struct.pack("<QQII", 1, 2, g0, 0)).result == -errno.ESRCH
+    assert call(node, p, trap, struct.pack("<QQII", 0x1000, 0x2000, g0, 0)).result == 0
+    assert p.pdds[g0].trap_handler == (0x1000, 0x2000)
+
+
+def test_gpu_nodes_list_their_caches_as_hsacu_data_caches():
+    """ROCr's GpuAgent keeps only HSACU, non-instruction caches and asserts one is left:
+    every GPU node lists caches_count entries of type DATA|HSACU (9)."""
+    node = make_node(1)
+    tree = node.sys_tree()
+    base = f"{sysfs.KFD_TOPOLOGY[len('sys/'):]}/nodes/1"
+    props = dict(line.split() for line in
+                 sysfs.resolve(tree, f"{base}/properties").read().splitlines())
+    caches = sysfs.resolve(tree, f"{base}/caches")
+    assert len(caches) == int(props["caches_count"]) > 0
+    for c in caches.values():
+        kv = dict(line.split() for line in c["properties"].read().splitlines())
+        assert kv["type"] == "9" and int(kv["size"]) > 0
