@@ -162,6 +162,10 @@ struct kfd_ioctl_set_trap_handler_args {
 	__u32 pad;
 };
 
+struct kfd_ioctl_set_xnack_mode_args {
+	__s32 xnack_enabled;	/* < 0: query (out: the mode) */
+};
+
 struct kfd_ioctl_export_dmabuf_args {
 	__u64 handle;
 	__u32 flags;		/* O_CLOEXEC etc. for the fd */
@@ -202,6 +206,8 @@ struct kfd_ioctl_export_dmabuf_args {
 	_IOWR(AMDKFD_IOCTL_BASE, 0x19, struct kfd_ioctl_unmap_memory_from_gpu_args)
 #define AMDKFD_IOC_AVAILABLE_MEMORY \
 	_IOWR(AMDKFD_IOCTL_BASE, 0x23, struct kfd_ioctl_get_available_memory_args)
+#define AMDKFD_IOC_SET_XNACK_MODE \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x21, struct kfd_ioctl_set_xnack_mode_args)
 #define AMDKFD_IOC_EXPORT_DMABUF \
 	_IOWR(AMDKFD_IOCTL_BASE, 0x24, struct kfd_ioctl_export_dmabuf_args)
 #endif /* KFD_IOCTL_H_INCLUDED */

@@ -38,6 +38,7 @@ IOCTLS = {  # macro -> table entry
     "AMDKFD_IOC_WAIT_EVENTS": tbl.KFD_WAIT_EVENTS,
     "AMDKFD_IOC_SET_SCRATCH_BACKING_VA": tbl.KFD_SET_SCRATCH_BACKING_VA,
     "AMDKFD_IOC_SET_TRAP_HANDLER": tbl.KFD_SET_TRAP_HANDLER,
+    "AMDKFD_IOC_SET_XNACK_MODE": tbl.KFD_SET_XNACK_MODE,
 }
 
 
@@ -45,11 +46,12 @@ def _compile(tmp: Path, name: str, include: str, dirs: list[str],
              known: str | None = None) -> object:
     """The header through cffi; `known`: a header's text, to leave out what it predates."""
     ffi = cffi.FFI()
-    cdef = "typedef unsigned int __u32; typedef unsigned long long __u64;\n"
+    cdef = "typedef unsigned int __u32; typedef int __s32; typedef unsigned long long __u64;\n"
     for lay in LAYOUTS:
         if known is not None and f"struct {lay.name} {{" not in known:
             continue
-        fields = " ".join(f"{'__u64' if c == 'Q' else '__u32'} {sub.name};"
+        ctypes_ = {"Q": "__u64", "I": "__u32", "i": "__s32"}
+        fields = " ".join(f"{ctypes_[c]} {sub.name};"
                           for c, sub in zip(lay.fast.format[1:], lay.schema.subcons,
                                             strict=True))
         cdef += f"struct {lay.name} {{ {fields} ...; }};\n"
@@ -86,7 +88,7 @@ def c_kfd(request, tmp_path_factory):
 
 
 def test_every_kfd_layout_is_here():
-    assert len(LAYOUTS) == 16
+    assert len(LAYOUTS) == 17
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)

@@ -71,7 +71,7 @@ def test_unknown_and_out_of_range_nrs_are_enotty_with_nothing_copied():
     for nr in (0x00, tbl.KFD_COMMAND_END, 0x80, 0xFF):
         res = call(node, p, ioc(IOC_READ | IOC_WRITE, ord("K"), nr, 16), b"\x55" * 16)
         assert (res.result, res.out) == (-errno.ENOTTY, b"")
-    create_queue = tbl.KFD_IOCTLS[0x02]
+    create_queue = tbl.KFD_IOCTLS[0x02]  # queues: not emulated
     assert call(node, p, create_queue.cmd, bytes(88)).result == -errno.ENOTTY
 
 
@@ -472,3 +472,14 @@ def test_gpu_nodes_list_their_caches_as_hsacu_data_caches():
     for c in caches.values():
         kv = dict(line.split() for line in c["properties"].read().splitlines())
         assert kv["type"] == "9" and int(kv["size"]) > 0
+
+
+def test_xnack_mode_query_and_set():
+    """kfd_ioctl_set_xnack_mode: -1 queries (off at first), 1 switches it on, then -1 says
+    so."""
+    node = make_node(1)
+    p = node.kfd.open(CALLER)
+    cmd = tbl.KFD_SET_XNACK_MODE.cmd
+    assert call(node, p, cmd, struct.pack("<i", -1)).out == struct.pack("<i", 0)
+    assert call(node, p, cmd, struct.pack("<i", 1)).result == 0
+    assert call(node, p, cmd, struct.pack("<i", -1)).out == struct.pack("<i", 1)

@@ -1033,3 +1033,12 @@ KFD_SET_TRAP_HANDLER = Layout.of(
     "kfd_ioctl_set_trap_handler_args",
     cs.Struct("tba_addr" / _U64, "tma_addr" / _U64, "gpu_id" / _U32, "pad" / _U32),
     KfdSetTrapHandler)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdSetXnackMode:
+    xnack_enabled: int  # __s32: < 0 queries
+
+
+KFD_SET_XNACK_MODE = Layout.of("kfd_ioctl_set_xnack_mode_args",
+                               cs.Struct("xnack_enabled" / cs.Int32sn), KfdSetXnackMode)

@@ -139,6 +139,7 @@ class KfdProcess:
     opens: int = 0
     events: dict[int, KfdEvent] = field(default_factory=dict)  # event_idr
     event_page: int | None = None  # the handle of the GTT BO libhsakmt gave as events page
+    xnack_enabled: bool = False  # kfd_process_xnack_mode(p, false): retry faults off
 
     def pdd_by_id(self, gpu_id: int) -> KfdProcessDevice:
         """kfd_process_device_data_by_id; an unknown gpu_id is EINVAL in every caller."""
@@ -712,3 +713,15 @@ class Kfd:
         if pdd.drm_file is None:
             raise DrmError(errno.ESRCH, "the process cannot be bound to this GPU")
         pdd.trap_handler = (a.tba_addr, a.tma_addr)
+
+    @tbl.handles(tbl.KFD_SET_XNACK_MODE)
+    def set_xnack_mode(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_set_xnack_mode: a negative value queries the mode (1); else the mode
+        is switched (no queues can exist here, so never EBUSY); every GPU of this emulator
+        is a gfx9.4 part that can retry faults, so enabling is allowed (kfd_process_xnack_mode)
+        (2)."""
+        a = st.KFD_SET_XNACK_MODE.decode(bytes(kdata[:4]))
+        if a.xnack_enabled < 0:  # 1
+            kdata[:4] = st.KFD_SET_XNACK_MODE.encode(st.KfdSetXnackMode(int(p.xnack_enabled)))
+        else:
+            p.xnack_enabled = a.xnack_enabled != 0  # 2
