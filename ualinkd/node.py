@@ -358,6 +358,12 @@ class NodeCore:
                 for e in mgr.exports.values())),
             "clients": table("clients", lambda: (
                 {"pid": f.pid, "uid": f.uid, "handles": len(f.handles)} for f in device.files)),
+            "kfd_allocations": table("kfd_allocations", lambda: (
+                {"pid": proc.pid, "handle": gpu_id << 32 | idr, "va": mem.va, "size": mem.size,
+                 "mapped": sorted(mem.mapped)}
+                for proc in self.kfd.processes.values()
+                for gpu_id, pdd in proc.pdds.items() if pdd.node.driver is driver
+                for idr, mem in pdd.mems.items())),
         }, mode=sysfs.DEBUGFS_DIR_MODE)
 
     def _config_files(self, cfg: SysConfig) -> SysDir:

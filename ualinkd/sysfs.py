@@ -275,6 +275,12 @@ DEBUGFS: dict[str, LineFormat] = {
         Field("accel", int), Field("state", str), Field("generation", int))),
     "ualink_npa": LineFormat((), (Field("used_pages", int), Field("mappings", int))),
     "clients": LineFormat((), (Field("pid", int), Field("uid", int), Field("handles", int))),
+    # The KFD's allocations on this GPU, per process (issue 14 item 6): the handle, where it
+    # is in the GPU VA space, and the gpu_ids of the VMs it is mapped in.
+    "kfd_allocations": LineFormat((), (
+        Field("pid", int), Field("handle", lambda t: int(t, 16), _hex64),
+        Field("va", lambda t: int(t, 16), _hex64), Field("size", int),
+        Field("mapped", ids, _id_list))),
 }
 DEBUGFS_COUNTERS = ("gpu_faults",)  # one decimal number
 DROP_MSG = "ualink_drop_msg"  # Emulator policy 9: a hex bitmap, bit n = message type n

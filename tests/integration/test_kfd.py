@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import json
 import os
 import struct
 import subprocess
@@ -21,6 +22,7 @@ from nodes import REPO, Client, c_program, running_node, running_pod
 from ualinkd import sysfs
 from ualinkd.abi import ioctls as tbl
 from ualinkd.abi.ioc import IOC_READ, IOC_WRITE, ioc
+from ualinkd.cli import ctl
 from ualinkd.config import PodConfig
 
 pytestmark = [
@@ -220,3 +222,27 @@ def test_kfd_export_dmabuf_gives_a_real_fd_under_the_shim(node):
                        text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.split() == [str(1 << 20), "True"]
+
+
+def test_ualinkctl_lists_kfd_allocations(node, capsys):
+    """Issue 14 item 6: `ualinkctl kfd` shows each KFD allocation of the node (pid, handle,
+    GPU VA, size, the GPUs it is mapped on), in text and --json; gone when the process
+    closes its kfd."""
+    gpu = gpu_ids(node)[0]
+    kfd = os.open(node.mount / "kfd", os.O_RDWR | os.O_CLOEXEC)
+    render = os.open(node.render(0), os.O_RDWR | os.O_CLOEXEC)
+    try:
+        handle = kfd_vram(kfd, render, gpu)
+        assert ctl.main(["--mount", str(node.mount), "kfd"]) == 0
+        text = capsys.readouterr().out
+        assert f"{handle:#x}" in text and f"{VA:#x}" in text and "2 MiB" in text
+        assert ctl.main(["--mount", str(node.mount), "--json", "kfd"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        rows = [r for a in doc["accels"] for r in a["kfd"]]
+        assert rows == [{"pid": os.getpid(), "handle": handle, "va": VA, "size": SIZE,
+                         "mapped": [gpu]}]
+    finally:
+        os.close(kfd)
+        os.close(render)
+    assert ctl.main(["--mount", str(node.mount), "--json", "kfd"]) == 0
+    assert all(a["kfd"] == [] for a in json.loads(capsys.readouterr().out)["accels"])

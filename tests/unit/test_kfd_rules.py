@@ -483,3 +483,18 @@ def test_xnack_mode_query_and_set():
     assert call(node, p, cmd, struct.pack("<i", -1)).out == struct.pack("<i", 0)
     assert call(node, p, cmd, struct.pack("<i", 1)).result == 0
     assert call(node, p, cmd, struct.pack("<i", -1)).out == struct.pack("<i", 1)
+
+
+def test_kfd_allocations_debugfs_table():
+    """Issue 14 item 6: each GPU's debugfs lists the KFD allocations on it (pid, handle,
+    va, size, the gpu_ids it is mapped on), in the format ualinkctl parses."""
+    node, p, (g0, g1), _, mem = memory_node()
+    _, out = alloc(node, p, g0, chardev.ALLOC_MEM_FLAGS_VRAM, va=1 << 32)
+    mem.arrays[0x100] = struct.pack("<II", g0, g1)
+    call(node, p, tbl.KFD_MAP_MEMORY_TO_GPU.cmd, struct.pack("<QQII", out.handle, 0x100, 2, 0))
+    tree = node.sys_tree()
+    fmt = sysfs.DEBUGFS["kfd_allocations"]
+    rows = fmt.parse(sysfs.resolve(tree, "kernel/debug/dri/128/kfd_allocations").read())
+    assert rows == [{"pid": CALLER.pid, "handle": out.handle, "va": 1 << 32, "size": 1 << 20,
+                     "mapped": sorted([g0, g1])}]
+    assert sysfs.resolve(tree, "kernel/debug/dri/129/kfd_allocations").read() == ""
