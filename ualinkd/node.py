@@ -118,6 +118,7 @@ class NodeCore:
         self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, drivers, strict=True)],  # type: ignore[arg-type]
                        clock or _no_clock, copy_to_user, resolve_drm_file, copy_from_user,
                        waits)
+        self.kfd.resolve_dmabuf = self._resolve_dmabuf
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
         self.cpu_maps = CpuMapGrants()
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can

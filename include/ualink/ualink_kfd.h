@@ -166,6 +166,22 @@ struct kfd_ioctl_set_xnack_mode_args {
 	__s32 xnack_enabled;	/* < 0: query (out: the mode) */
 };
 
+struct kfd_ioctl_get_dmabuf_info_args {
+	__u64 size;		/* out */
+	__u64 metadata_ptr;	/* where the BO's UMD metadata goes (0: not wanted) */
+	__u32 metadata_size;	/* in: room; out: the metadata's size */
+	__u32 gpu_id;		/* out */
+	__u32 flags;		/* out: KFD_IOC_ALLOC_MEM_FLAGS_* */
+	__u32 dmabuf_fd;
+};
+
+struct kfd_ioctl_import_dmabuf_args {
+	__u64 va_addr;
+	__u64 handle;		/* out */
+	__u32 gpu_id;
+	__u32 dmabuf_fd;
+};
+
 struct kfd_ioctl_export_dmabuf_args {
 	__u64 handle;
 	__u32 flags;		/* O_CLOEXEC etc. for the fd */
@@ -206,6 +222,10 @@ struct kfd_ioctl_export_dmabuf_args {
 	_IOWR(AMDKFD_IOCTL_BASE, 0x19, struct kfd_ioctl_unmap_memory_from_gpu_args)
 #define AMDKFD_IOC_AVAILABLE_MEMORY \
 	_IOWR(AMDKFD_IOCTL_BASE, 0x23, struct kfd_ioctl_get_available_memory_args)
+#define AMDKFD_IOC_GET_DMABUF_INFO \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x1C, struct kfd_ioctl_get_dmabuf_info_args)
+#define AMDKFD_IOC_IMPORT_DMABUF \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x1D, struct kfd_ioctl_import_dmabuf_args)
 #define AMDKFD_IOC_SET_XNACK_MODE \
 	_IOWR(AMDKFD_IOCTL_BASE, 0x21, struct kfd_ioctl_set_xnack_mode_args)
 #define AMDKFD_IOC_EXPORT_DMABUF \

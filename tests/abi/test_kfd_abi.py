@@ -39,6 +39,8 @@ IOCTLS = {  # macro -> table entry
     "AMDKFD_IOC_SET_SCRATCH_BACKING_VA": tbl.KFD_SET_SCRATCH_BACKING_VA,
     "AMDKFD_IOC_SET_TRAP_HANDLER": tbl.KFD_SET_TRAP_HANDLER,
     "AMDKFD_IOC_SET_XNACK_MODE": tbl.KFD_SET_XNACK_MODE,
+    "AMDKFD_IOC_GET_DMABUF_INFO": tbl.KFD_GET_DMABUF_INFO,
+    "AMDKFD_IOC_IMPORT_DMABUF": tbl.KFD_IMPORT_DMABUF,
 }
 
 
@@ -88,7 +90,7 @@ def c_kfd(request, tmp_path_factory):
 
 
 def test_every_kfd_layout_is_here():
-    assert len(LAYOUTS) == 17
+    assert len(LAYOUTS) == 19
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)

@@ -246,3 +246,39 @@ def test_ualinkctl_lists_kfd_allocations(node, capsys):
         os.close(render)
     assert ctl.main(["--mount", str(node.mount), "--json", "kfd"]) == 0
     assert all(a["kfd"] == [] for a in json.loads(capsys.readouterr().out)["accels"])
+
+
+def test_kfd_import_dmabuf_of_a_render_node_bo(node):
+    """IMPORT_DMABUF with a real dma-buf fd (PRIME_HANDLE_TO_FD of a GEM BO through
+    libualink): the daemon finds the dma-buf behind the caller's fd, the BO becomes a KFD
+    allocation of the GPU, mapped at va_addr, and GET_DMABUF_INFO reports its size and GPU;
+    a regular file's fd is EINVAL."""
+    gpu = gpu_ids(node)[0]
+    kfd = os.open(node.mount / "kfd", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        with Client(node.render(0)) as c:
+            assert kfd_ioctl(kfd, tbl.KFD_ACQUIRE_VM.cmd, struct.pack("<II", c.fd, gpu))[0] == 0
+            bo = c.bo_create(SIZE)
+            fd = c.handle_to_fd(bo)
+            try:
+                err, out = kfd_ioctl(kfd, tbl.KFD_GET_DMABUF_INFO.cmd,
+                                     struct.pack("<QQIIII", 0, 0, 0, 0, 0, fd))
+                assert err == 0
+                size, _, _, got_gpu, _, _ = struct.unpack("<QQIIII", out)
+                assert (size, got_gpu) == (SIZE, gpu)
+                err, out = kfd_ioctl(kfd, tbl.KFD_IMPORT_DMABUF.cmd,
+                                     struct.pack("<QQII", VA, 0, gpu, fd))
+                assert err == 0
+                handle = struct.unpack("<QQII", out)[1]
+                ids = (ctypes.c_uint32 * 1)(gpu)
+                assert kfd_ioctl(kfd, tbl.KFD_MAP_MEMORY_TO_GPU.cmd, struct.pack(
+                    "<QQII", handle, ctypes.addressof(ids), 1, 0))[0] == 0
+                assert c.gpu_write(VA, b"\x42" * 4096) == 4096
+                assert c.gpu_read(VA, 4096) == b"\x42" * 4096
+                with tempfile.TemporaryFile() as f:
+                    assert kfd_ioctl(kfd, tbl.KFD_IMPORT_DMABUF.cmd, struct.pack(
+                        "<QQII", VA, 0, gpu, f.fileno()))[0] == errno.EINVAL
+            finally:
+                os.close(fd)
+    finally:
+        os.close(kfd)

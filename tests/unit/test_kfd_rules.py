@@ -498,3 +498,38 @@ def test_kfd_allocations_debugfs_table():
     assert rows == [{"pid": CALLER.pid, "handle": out.handle, "va": 1 << 32, "size": 1 << 20,
                      "mapped": sorted([g0, g1])}]
     assert sysfs.resolve(tree, "kernel/debug/dri/129/kfd_allocations").read() == ""
+
+
+def test_dmabuf_info_and_import():
+    """kfd_ioctl_get_dmabuf_info: size, the exporting GPU's gpu_id, VRAM, the metadata
+    (EINVAL when it does not fit); an fd that is no dma-buf is the resolver's EBADF.
+    kfd_ioctl_import_dmabuf: the BO becomes an allocation of the importing GPU (a new
+    handle gpu_id << 32 | idr), mappable there; an unknown gpu_id EINVAL."""
+    node, p, (g0, g1), (f0, f1), mem = memory_node()
+    dev0 = node.devices[128]
+    bo = dev0.driver.bo_create(1 << 20, 4096, 4, 0)
+    bo.set_metadata(b"meta!", 0)
+    gem = f0.handle_create(bo)
+    bo.put()
+    buf = dev0.prime_handle_to_dmabuf(f0, gem)
+    node.kfd.resolve_dmabuf = lambda pid, fd: buf if fd == 9 else (_ for _ in ()).throw(
+        DrmError(errno.EBADF))
+    info = tbl.KFD_GET_DMABUF_INFO.cmd
+    res = call(node, p, info, struct.pack("<QQIIII", 0, 0, 0, 0, 0, 9))
+    size, _, msize, gpu, flags, _ = struct.unpack("<QQIIII", res.out)
+    assert (res.result, size, msize, gpu) == (0, 1 << 20, 5, g0)
+    assert flags & chardev.ALLOC_MEM_FLAGS_VRAM
+    assert call(node, p, info, struct.pack("<QQIIII", 0, 0x700, 2, 0, 0, 9)
+                ).result == -errno.EINVAL
+    assert call(node, p, info, struct.pack("<QQIIII", 0, 0x700, 64, 0, 0, 9)).result == 0
+    assert mem.writes[0x700] == b"meta!"
+    assert call(node, p, info, struct.pack("<QQIIII", 0, 0, 0, 0, 0, 3)).result == -errno.EBADF
+    imp = tbl.KFD_IMPORT_DMABUF.cmd
+    assert call(node, p, imp, struct.pack("<QQII", 1 << 34, 0, 0xBEEF, 9)).result == -errno.EINVAL
+    res = call(node, p, imp, struct.pack("<QQII", 1 << 34, 0, g0, 9))
+    handle = struct.unpack("<QQII", res.out)[1]
+    assert res.result == 0 and handle == g0 << 32 | 0
+    assert p.pdds[g0].mems[0].bo is bo
+    mem.arrays[0x100] = struct.pack("<I", g0)
+    res = call(node, p, tbl.KFD_MAP_MEMORY_TO_GPU.cmd, struct.pack("<QQII", handle, 0x100, 1, 0))
+    assert res.result == 0 and f0.device.driver.vm(f0).lookup(1 << 34).bo_va.bo is bo

@@ -1042,3 +1042,32 @@ class KfdSetXnackMode:
 
 KFD_SET_XNACK_MODE = Layout.of("kfd_ioctl_set_xnack_mode_args",
                                cs.Struct("xnack_enabled" / cs.Int32sn), KfdSetXnackMode)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdImportDmabuf:
+    va_addr: int
+    handle: int
+    gpu_id: int
+    dmabuf_fd: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdGetDmabufInfo:
+    size: int
+    metadata_ptr: int
+    metadata_size: int
+    gpu_id: int
+    flags: int
+    dmabuf_fd: int
+
+
+KFD_IMPORT_DMABUF = Layout.of(
+    "kfd_ioctl_import_dmabuf_args",
+    cs.Struct("va_addr" / _U64, "handle" / _U64, "gpu_id" / _U32, "dmabuf_fd" / _U32),
+    KfdImportDmabuf)
+KFD_GET_DMABUF_INFO = Layout.of(
+    "kfd_ioctl_get_dmabuf_info_args",
+    cs.Struct("size" / _U64, "metadata_ptr" / _U64, "metadata_size" / _U32, "gpu_id" / _U32,
+              "flags" / _U32, "dmabuf_fd" / _U32),
+    KfdGetDmabufInfo)

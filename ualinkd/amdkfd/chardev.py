@@ -27,6 +27,7 @@ from ..amdgpu.vm import MAX_PFN, GpuVm
 from ..drm.device import Caller, CopyFromUser, CopyToUser, IoctlResult
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
+from ..drm.gem import DmaBuf
 from ..drm.syncobj import SyncWaits
 
 log = logging.getLogger(__name__)
@@ -197,6 +198,8 @@ class Kfd:
         self.waits = waits  # None: a wait that would block is a bug (the daemon injects one)
         self.resolve_drm_file = resolve_drm_file
         self.processes: dict[int, KfdProcess] = {}
+        # (pid, fd) -> the dma-buf behind a caller's fd (dma_buf_get: EBADF / EINVAL)
+        self.resolve_dmabuf: Callable[[int, int], DmaBuf] | None = None
         self.handlers: dict[tbl.IoctlSpec, KfdHandler] = tbl.bind(self)  # type: ignore[assignment]
 
     # -- open / release (kfd_open, kfd_release) ---------------------------------------------
@@ -725,3 +728,79 @@ class Kfd:
             kdata[:4] = st.KFD_SET_XNACK_MODE.encode(st.KfdSetXnackMode(int(p.xnack_enabled)))
         else:
             p.xnack_enabled = a.xnack_enabled != 0  # 2
+
+    # -- dma-buf import and info (kfd_ioctl_import_dmabuf, kfd_ioctl_get_dmabuf_info) -------
+    def _dmabuf_bo(self, caller: Caller, fd: int) -> AmdgpuBo:
+        """dma_buf_get (EBADF / EINVAL) and an amdgpu BO behind it (EINVAL otherwise)."""
+        if self.resolve_dmabuf is None:
+            raise DrmError(errno.EBADF, "no fd resolution")
+        buf = self.resolve_dmabuf(caller.pid, fd)
+        if not isinstance(buf.obj, AmdgpuBo):
+            raise DrmError(errno.EINVAL, "not an amdgpu dma-buf")
+        return buf.obj
+
+    @tbl.handles(tbl.KFD_IMPORT_DMABUF)
+    def import_dmabuf(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_import_dmabuf: a gpu_id of the process (EINVAL) with a VM (ENODEV) (1),
+        the fd a dma-buf (EBADF / EINVAL) of an amdgpu BO (EINVAL) (2); the BO becomes an
+        allocation of that GPU at va_addr, through a GEM handle of the acquired file
+        (PRIME_FD_TO_HANDLE's: the file's existing handle if it has one) (3)."""
+        layout = st.KFD_IMPORT_DMABUF
+        a = layout.decode(bytes(kdata[: layout.size]))
+        pdd = p.pdd_by_id(a.gpu_id)  # 1
+        pdd.vm()
+        assert pdd.drm_file is not None
+        if self.resolve_dmabuf is None:
+            raise DrmError(errno.EBADF, "no fd resolution")
+        buf = self.resolve_dmabuf(caller.pid, a.dmabuf_fd)  # 2
+        if not isinstance(buf.obj, AmdgpuBo) or getattr(buf.obj, "npa", None) is not None:
+            raise DrmError(errno.EINVAL, "not an amdgpu dma-buf")
+        device = pdd.node.driver.device
+        gem_handle = device.prime_fd_to_handle(pdd.drm_file, buf)  # 3
+        bo = pdd.drm_file.lookup(gem_handle)
+        assert isinstance(bo, AmdgpuBo)
+        flags = (ALLOC_MEM_FLAGS_VRAM if bo.placement is pdd.node.driver.vram
+                 else ALLOC_MEM_FLAGS_GTT) | ALLOC_MEM_FLAGS_WRITABLE
+        idr = pdd.next_idr
+        pdd.next_idr += 1
+        pdd.mems[idr] = KfdMem(bo, gem_handle, a.va_addr, bo.size, flags)
+        kdata[: layout.size] = layout.encode(st.KfdImportDmabuf(
+            a.va_addr, make_handle(a.gpu_id, idr), a.gpu_id, a.dmabuf_fd))
+
+    @tbl.handles(tbl.KFD_GET_DMABUF_INFO)
+    def get_dmabuf_info(self, p: KfdProcess, kdata: bytearray,
+                        caller: Caller) -> Awaitable[None] | None:
+        """kfd_ioctl_get_dmabuf_info: a KFD device at all (EINVAL) (1); the fd a dma-buf
+        of an amdgpu BO (EBADF / EINVAL) (2); with a metadata buffer, the BO's UMD
+        metadata must fit in metadata_size (EINVAL) and is copied out (EFAULT) (3); the
+        answer: size, the gpu_id of the BO's GPU, VRAM or GTT (PUBLIC when CPU access was
+        required), the metadata's size (4)."""
+        layout = st.KFD_GET_DMABUF_INFO
+        a = layout.decode(bytes(kdata[: layout.size]))
+        if not self.nodes:  # 1
+            raise DrmError(errno.EINVAL, "no KFD device")
+        bo = self._dmabuf_bo(caller, a.dmabuf_fd)  # 2
+        node = next((n for n in self.nodes.values() if n.driver.device is bo.device), None)
+        if node is None:
+            raise DrmError(errno.EINVAL, "the dma-buf is not of a GPU of this node")
+        flags = ALLOC_MEM_FLAGS_VRAM if bo.placement is node.driver.vram else ALLOC_MEM_FLAGS_GTT
+        if bo.flags & c.CREATE_CPU_ACCESS_REQUIRED:
+            flags |= ALLOC_MEM_FLAGS_PUBLIC
+        meta = bo.metadata
+
+        def answer() -> None:  # 4
+            kdata[: layout.size] = layout.encode(st.KfdGetDmabufInfo(
+                bo.size, a.metadata_ptr, len(meta), node.gpu_id, flags, a.dmabuf_fd))
+
+        if not a.metadata_ptr:
+            answer()
+            return None
+        if len(meta) > a.metadata_size:  # 3
+            raise DrmError(errno.EINVAL, "the metadata buffer is too small")
+
+        async def copy_out() -> None:
+            if meta:
+                await self._write_user(caller, a.metadata_ptr, meta)
+            answer()
+
+        return copy_out()
