@@ -6,11 +6,13 @@
 PYTHON  ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
+# libhsakmt-dev, rocminfo: Debian's libhsakmt and ROCr 5.2.3, run unmodified by test_hsakmt.py.
 # python3-venv and python3-dev: Debian's python3 needs them for the venv and for the cffi
-# FUSE binding (a pyenv or source-built python brings its own). tshark (and its dumpcap): the
+# FUSE binding (a pyenv or source-built python brings its own). libhsakmt-dev and rocminfo:
+# Debian's libhsakmt and ROCr, for the KFD tests (tests/integration/test_hsakmt.py). tshark (and its dumpcap): the
 # fabric dissector's test (tests/integration/test_wireshark.py); its debconf question is
 # answered by DEBIAN_FRONTEND=noninteractive below.
-APT_PKGS := fuse3 libfuse3-dev libdrm-dev iproute2 pkg-config gcc make python3-venv python3-dev \
+APT_PKGS := fuse3 libfuse3-dev libdrm-dev libhsakmt-dev rocminfo iproute2 pkg-config gcc make python3-venv python3-dev \
             tshark
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=

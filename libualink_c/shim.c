@@ -452,7 +452,7 @@ static const char *redirect_sys(const char *path, char *buf, size_t size)
 	if (!sys_dir[0])
 		return NULL;
 	if (strncmp(rest, "/dev/char/226:", 14) == 0 || under(rest, "/class/drm", NULL) ||
-	    under(rest, "/devices/virtual/kfd", NULL))
+	    under(rest, "/devices/virtual/kfd", NULL) || under(rest, "/class/kfd", NULL))
 		return join(buf, size, sys_dir, rest);
 	if (strncmp(rest, "/bus/pci/devices/", 17) == 0)
 		return sys_pci(rest, rest + 17, buf, size);
@@ -1399,6 +1399,45 @@ static bool is_drm_rw(unsigned long request, unsigned int nr, unsigned int min_s
 	       _IOC_SIZE(request) >= min_size;
 }
 
+/* KFD EXPORT_DMABUF on the node's kfd (include/ualink/ualink_kfd.h): the fd it returns is a
+ * token, traded for the real fd as PRIME's is.  Whether `fd` is the node's kfd is asked of
+ * /proc only for this one request. */
+struct shim_kfd_export_dmabuf {
+	__u64 handle;
+	__u32 flags;
+	__u32 dmabuf_fd;
+};
+#define SHIM_KFD_EXPORT_DMABUF _IOWR('K', 0x24, struct shim_kfd_export_dmabuf)
+
+static bool fd_is_kfd(int fd)
+{
+	char link[32], target[PATH_MAX];
+	ssize_t n;
+
+	if (!kfd_path[0])
+		return false;
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = (ssize_t)syscall(SYS_readlinkat, AT_FDCWD, link, target, sizeof(target) - 1);
+	if (n <= 0)
+		return false;
+	target[n] = 0;
+	return strcmp(target, kfd_path) == 0;
+}
+
+static int kfd_export_dmabuf(int fd, unsigned long request, void *arg)
+{
+	struct shim_kfd_export_dmabuf *a = arg;
+	int ret = real_ioctl(fd, request, arg), dmabuf;
+
+	if (ret != 0)
+		return ret;
+	dmabuf = open_token(a->dmabuf_fd, O_RDWR | ((a->flags & O_CLOEXEC) ? O_CLOEXEC : 0));
+	if (dmabuf < 0)
+		return -1;
+	a->dmabuf_fd = (__u32)dmabuf;
+	return ret;
+}
+
 /* struct drm_syncobj_handle (drm.h): handle, flags, fd, pad [, point]. */
 #define DRM_SYNCOBJ_HANDLE_TO_FD_NR 0xC1
 #define SYNCOBJ_HANDLE_FD_OFFSET 8
@@ -1413,6 +1452,8 @@ SHIM_API int ioctl(int fd, unsigned long request, ...)
 	arg = va_arg(ap, void *);
 	va_end(ap);
 
+	if (request == SHIM_KFD_EXPORT_DMABUF && arg && fd_is_kfd(fd))
+		return kfd_export_dmabuf(fd, request, arg);
 	if (!shim_fd_is_render(fd))
 		return real_ioctl(fd, request, arg);
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import logging
 import os
+import secrets
 import select
 import signal
 import socket
@@ -22,10 +24,12 @@ from typing import TextIO
 
 import trio
 
+from .abi.drmfile_query import NONCE, UALINKD_IOCTL_DRM_FILE_QUERY
 from .callermem import CallerMemory
-from .config import PodConfig
+from .config import PodConfig, host_memory_total
 from .cpumap_server import serve_cpu_maps
 from .drm.errors import DrmError
+from .drm.file import DrmFile
 from .fabric.agent import UalinkAgent
 from .fabric.link import FabricLink
 from .fabric.wire import Load, Store
@@ -108,6 +112,34 @@ class CallerEventFd:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
+
+
+def query_drm_file(tid: int, fd: int, own_dev: tuple[int, int] | None, nonce: int) -> bool:
+    """On a worker thread, never the FUSE one: take a copy of the caller's fd and, if it is
+    a file of our own mount, ask it the private question (abi/drmfile_query.py); whether the
+    ioctl succeeded. An fd that is not open is EINVAL, as KFD's fget failure is."""
+    try:
+        pidfd = os.pidfd_open(tgid_of(tid) or -1)
+    except (OSError, ValueError, StopIteration):
+        raise DrmError(errno.EINVAL, f"no process for thread {tid}") from None
+    try:
+        got = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
+        if got < 0:
+            raise DrmError(errno.EINVAL, f"pidfd_getfd of fd {fd}: "
+                           f"{os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(pidfd)
+    try:
+        st = os.fstat(got)
+        if own_dev is None or (os.major(st.st_dev), os.minor(st.st_dev)) != own_dev:
+            return False  # not one of our files: no ioctl to someone else's device
+        try:
+            fcntl.ioctl(got, UALINKD_IOCTL_DRM_FILE_QUERY, NONCE.pack(nonce))
+        except OSError:
+            return False
+        return True
+    finally:
+        os.close(got)
 
 
 class TrioSyncWaits:
@@ -239,7 +271,26 @@ async def run_node(
         waits=TrioSyncWaits(),
         open_process_memory=caller_memory.open_process,
         open_eventfd=CallerEventFd,
+        clock=lambda: (time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW),
+                       time.clock_gettime_ns(time.CLOCK_BOOTTIME)),
+        host_cpus=os.cpu_count() or 1,
+        host_memory=host_memory_total(),
+        resolve_drm_file=lambda tid, fd: resolve_drm_file(tid, fd),
     )
+
+    async def resolve_drm_file(tid: int, fd: int) -> DrmFile:
+        """ACQUIRE_VM's fd -> the DrmFile behind it (abi/drmfile_query.py), off the FUSE
+        thread within the caller-memory bound; EINVAL for anything not our render node."""
+        nonce = secrets.randbits(64) or 1
+        core.drm_file_queries[nonce] = None
+        try:
+            await caller_memory.run(query_drm_file, tid, fd, caller_memory.own_dev, nonce)
+            drm_file = core.drm_file_queries.get(nonce)
+        finally:
+            core.drm_file_queries.pop(nonce, None)
+        if drm_file is None:
+            raise DrmError(errno.EINVAL, f"fd {fd} is not a render node of this daemon")
+        return drm_file
     agent: UalinkAgent | None = None
 
     def on_message(src: int, dst: int, dwords: tuple[int, int, int, int]

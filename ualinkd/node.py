@@ -16,10 +16,13 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from . import sysfs
 from .abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
+from .abi.drmfile_query import NONCE, UALINKD_IOCTL_DRM_FILE_QUERY
 from .amdgpu.cpu_map import CpuMapGrants
 from .amdgpu.driver import AmdgpuDriver, CopyToUser
 from .amdgpu.profile import PROFILES
 from .amdgpu.vm import RemoteFn, RemotePiece, gpu_load, gpu_store
+from .amdkfd.chardev import Clock, Kfd, KfdNode, KfdProcess, ResolveDrmFile
+from .amdkfd.topology import Topology, TopologyGpu, gpu_ids
 from .config import PodConfig
 from .drm.device import Caller, CopyFromUser, DrmDevice, IoctlResult, OpenProcessMemory
 from .drm.errors import DrmError
@@ -52,6 +55,10 @@ async def _no_fabric(
     raise DrmError(errno.EFAULT, f"accel {piece.exporter_accel} is unreachable (no fabric)")
 
 
+def _no_clock() -> tuple[int, int]:
+    return (0, 0)
+
+
 class NodeCore:
     def __init__(
         self,
@@ -66,6 +73,10 @@ class NodeCore:
         open_process_memory: OpenProcessMemory | None = None,
         open_eventfd: Callable[[int, int], EventFd] | None = None,
         trace_clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
+        resolve_drm_file: ResolveDrmFile | None = None,
+        host_cpus: int = 1,
+        host_memory: int = 0,
     ) -> None:
         self.config = config
         self.node = config.node(node_name)
@@ -95,6 +106,23 @@ class NodeCore:
             self.devices[minor] = device
             self.managers[minor] = mgr
         self.host.late_init()
+        # The KFD (issue 14): a GPU node per accel over the same devices, and the topology
+        # that names them by the same gpu_ids.
+        drivers = [d.driver for d in self.devices.values()]
+        profiles = [PROFILES[a.profile] for a in self.node.accels]
+        ids = gpu_ids([(p, sysfs.pci_bus(m) << 8) for p, m in zip(profiles, self.devices,
+                                                                    strict=True)])
+        self.topology = Topology(host_cpus, host_memory, tuple(
+            TopologyGpu(gid, m, sysfs.pci_bus(m), p, config.accel_memory(a)[0])
+            for gid, m, p, a in zip(ids, self.devices, profiles, self.node.accels,
+                                    strict=True)))
+        # ACQUIRE_VM's questions in flight: nonce -> the render file that answered (None
+        # until one does); abi/drmfile_query.py.
+        self.drm_file_queries: dict[int, DrmFile | None] = {}
+        self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, drivers, strict=True)],  # type: ignore[arg-type]
+                       clock or _no_clock, copy_to_user, resolve_drm_file, copy_from_user,
+                       waits)
+        self.kfd.resolve_dmabuf = self._resolve_dmabuf
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
         self.cpu_maps = CpuMapGrants()
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can
@@ -152,6 +180,8 @@ class NodeCore:
         if cmd == UALINKD_IOCTL_MMAP_GRANT:  # ualinkd's own, by its whole number (abi/cpumap.py)
             return self.cpu_maps.render_ioctl(drm_file, in_bytes, caller)
         start = self.trace_clock() if self.tracer is not None else 0.0
+        if cmd == UALINKD_IOCTL_DRM_FILE_QUERY:
+            return self._answer_drm_file_query(drm_file, in_bytes)
         res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
         self.after_request()
         if not isinstance(res, IoctlResult):
@@ -256,6 +286,45 @@ class NodeCore:
 
         return remote
 
+    def _answer_drm_file_query(self, drm_file: DrmFile, in_bytes: bytes) -> IoctlReply:
+        """The daemon's own question (abi/drmfile_query.py): only a pending nonce, answered
+        once; anything else EINVAL, as a real DRM fd answers an unknown nr."""
+        (nonce,) = NONCE.unpack(in_bytes[: NONCE.size].ljust(NONCE.size, b"\0"))
+        if nonce not in self.drm_file_queries or self.drm_file_queries[nonce] is not None:
+            return -errno.EINVAL, b""
+        self.drm_file_queries[nonce] = drm_file
+        return 0, b""
+
+    # -- NodeBackend: the KFD ---------------------------------------------------------------
+    def open_kfd(self, caller: Caller) -> KfdProcess:
+        return self.kfd.open(caller)
+
+    def release_kfd(self, process: object) -> None:
+        assert isinstance(process, KfdProcess)
+        self.kfd.release(process)
+        self.after_request()
+
+    def kfd_ioctl(
+        self, process: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+    ) -> IoctlReply | Awaitable[IoctlReply]:
+        assert isinstance(process, KfdProcess)
+        res = self.kfd.ioctl(process, cmd, in_bytes, caller)
+        if not isinstance(res, IoctlResult):
+            return self._kfd_later(res, cmd, in_bytes, caller)
+        return self._kfd_reply(res, cmd, in_bytes, caller)
+
+    async def _kfd_later(self, pending: Awaitable[IoctlResult], cmd: int, in_bytes: bytes,
+                         caller: Caller) -> IoctlReply:
+        return self._kfd_reply(await pending, cmd, in_bytes, caller)
+
+    def _kfd_reply(self, res: IoctlResult, cmd: int, in_bytes: bytes,
+                   caller: Caller) -> IoctlReply:
+        self.after_request()
+        if self.tracer is not None:
+            self.tracer(TraceRecord(caller.pid, self.name, 0, cmd, res.spec, in_bytes,
+                                    res.result, res.out))
+        return res.result, res.out
+
     # -- NodeBackend: dma-bufs ----------------------------------------------------------------
     def dmabuf_lookup(self, name: str, caller: Caller) -> tuple[int, int]:
         return self.tokens.lookup(name, caller.uid)
@@ -296,6 +365,7 @@ class NodeCore:
             ualink.update(self._config_files(SysConfig(self.host, mgr)))
             profile = PROFILES[self.node.accels[sysfs.card_index(minor)].profile]
             sysfs.merge(root, sysfs.gpu_sysfs(minor, profile, ualink))
+        sysfs.merge(root, sysfs.kfd_topology_sysfs(self.topology))
         debug = SysDir({str(minor): self._debugfs(minor) for minor in self.devices},
                        mode=sysfs.DEBUGFS_DIR_MODE)
         fabric = SysAttr(lambda: sysfs.show_fabric(self.fabric_links()), mode=sysfs.DEBUG_RO)
@@ -345,6 +415,12 @@ class NodeCore:
                 for e in mgr.exports.values())),
             "clients": table("clients", lambda: (
                 {"pid": f.pid, "uid": f.uid, "handles": len(f.handles)} for f in device.files)),
+            "kfd_allocations": table("kfd_allocations", lambda: (
+                {"pid": proc.pid, "handle": gpu_id << 32 | idr, "va": mem.va, "size": mem.size,
+                 "mapped": sorted(mem.mapped)}
+                for proc in self.kfd.processes.values()
+                for gpu_id, pdd in proc.pdds.items() if pdd.node.driver is driver
+                for idr, mem in pdd.mems.items())),
         }, mode=sysfs.DEBUGFS_DIR_MODE)
 
     def _config_files(self, cfg: SysConfig) -> SysDir:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .amdgpu.profile import DeviceProfile
+from .amdkfd.topology import Topology, TopologyGpu
 
 # -- the node kinds the FUSE tree serves ---------------------------------------------------------
 
@@ -115,6 +116,7 @@ RENDER_MINOR_BASE = 128  # drm_minor_alloc: render minors are 128 + the primary'
 DRM_CLASS = "sys/class/drm"
 FABRIC_STATUS = "sys/kernel/debug/ualink_fabric"
 DEBUGFS_DRI = "sys/kernel/debug/dri"
+KFD_TOPOLOGY = "sys/devices/virtual/kfd/kfd/topology"  # kfd_topology.c's sysfs root
 
 
 def card_index(render_minor: int) -> int:
@@ -273,6 +275,12 @@ DEBUGFS: dict[str, LineFormat] = {
         Field("accel", int), Field("state", str), Field("generation", int))),
     "ualink_npa": LineFormat((), (Field("used_pages", int), Field("mappings", int))),
     "clients": LineFormat((), (Field("pid", int), Field("uid", int), Field("handles", int))),
+    # The KFD's allocations on this GPU, per process (issue 14 item 6): the handle, where it
+    # is in the GPU VA space, and the gpu_ids of the VMs it is mapped in.
+    "kfd_allocations": LineFormat((), (
+        Field("pid", int), Field("handle", lambda t: int(t, 16), _hex64),
+        Field("va", lambda t: int(t, 16), _hex64), Field("size", int),
+        Field("mapped", ids, _id_list))),
 }
 DEBUGFS_COUNTERS = ("gpu_faults",)  # one decimal number
 DROP_MSG = "ualink_drop_msg"  # Emulator policy 9: a hex bitmap, bit n = message type n
@@ -417,3 +425,137 @@ def file_type(node: object) -> int:
     if isinstance(node, SysLink):
         return stat.S_IFLNK
     return stat.S_IFDIR if is_dir(node) else stat.S_IFREG
+
+
+# -- the KFD topology (kfd_topology.c): sys/devices/virtual/kfd/kfd/topology/ ---------------------
+# Each `properties` file is "name value" lines, the order of the kernel's node_show /
+# mem_show / iolink_show; libhsakmt's parser reads them by name and ignores the rest.
+HSA_MEM_HEAP_TYPE_SYSTEM = 0
+HSA_MEM_HEAP_TYPE_FB_PUBLIC = 1
+CRAT_IOLINK_TYPE_PCIEXPRESS = 2
+CRAT_IOLINK_FLAGS_ENABLED = 1
+GFX9_MAX_WAVES_PER_SIMD = 10  # gfx_v9_0_get_cu_info
+GFX9_LDS_SIZE_KB = 64
+# kfd_topology.h's HSA_CACHE_TYPE_* (kfd_crat.c turns the CRAT flags into these for `type`);
+# ROCr keeps a GPU cache only if it is HSACU and not an instruction cache.
+HSA_CACHE_TYPE_DATA, HSA_CACHE_TYPE_HSACU = 0x1, 0x8
+# A GPU node's caches (chosen, gfx9-like: the per-CU L1 vector cache and the L2 the node
+# shares; the kernel lists one L1 entry per CU group, one is enough for a runtime's totals).
+# (level, size in KiB, line size) — ROCr asserts a GPU node has at least one.
+GPU_CACHES = ((1, 16, 128), (2, 4096, 128))
+
+
+def kfd_node_dir(n: int) -> str:
+    return f"{KFD_TOPOLOGY}/nodes/{n}"
+
+
+def _props(pairs: list[tuple[str, int]]) -> str:
+    return "".join(f"{k} {v}\n" for k, v in pairs)
+
+
+def _iolink(node_from: int, node_to: int) -> SysDir:
+    return SysDir({"properties": _const(_props([
+        ("type", CRAT_IOLINK_TYPE_PCIEXPRESS), ("version_major", 0), ("version_minor", 0),
+        ("node_from", node_from), ("node_to", node_to), ("weight", 20),
+        ("min_latency", 0), ("max_latency", 0), ("min_bandwidth", 0), ("max_bandwidth", 0),
+        ("recommended_transfer_size", 0), ("flags", CRAT_IOLINK_FLAGS_ENABLED)]))})
+
+
+def _bank(heap_type: int, size: int, width: int, clk_mhz: int) -> SysDir:
+    return SysDir({"properties": _const(_props([
+        ("heap_type", heap_type), ("size_in_bytes", size), ("flags", 0), ("width", width),
+        ("mem_clk_max", clk_mhz)]))})
+
+
+def gpu_simd_id_base(n: int) -> int:
+    """The first processor id of GPU node `n` (kfd_topology's 0x80001000 base, apart per
+    node)."""
+    return 0x80001000 + (n << 12)
+
+
+def _cache(simd_id_base: int, level: int, size_kb: int, line: int) -> SysDir:
+    return SysDir({"properties": _const(_props([
+        ("processor_id_low", simd_id_base), ("level", level), ("size", size_kb),
+        ("cache_line_size", line), ("cache_lines_per_tag", 1), ("association", 16),
+        ("latency", 0),
+        ("type", HSA_CACHE_TYPE_DATA | HSA_CACHE_TYPE_HSACU)]) + "sibling_map 1\n")})
+
+
+def kfd_gpu_properties(n: int, g: TopologyGpu) -> str:
+    """A GPU node's `properties`: its shape from the profile, the same numbers AMDGPU_INFO
+    gives (simd_count = CUs x SIMDs per CU), and the identity of its render node and PCI
+    device (drm_render_minor, location_id = bus << 8 | devfn, domain)."""
+    p = g.profile
+    return _props([
+        ("cpu_cores_count", 0), ("simd_count", p.num_cu * p.simd_per_cu),
+        ("mem_banks_count", 1), ("caches_count", len(GPU_CACHES)), ("io_links_count", 1),
+        ("p2p_links_count", 0), ("cpu_core_id_base", 0), ("simd_id_base", gpu_simd_id_base(n)),
+        ("max_waves_per_simd", GFX9_MAX_WAVES_PER_SIMD), ("lds_size_in_kb", GFX9_LDS_SIZE_KB),
+        ("gds_size_in_kb", 0), ("num_gws", p.gws_size), ("wave_front_size", p.wave_front_size),
+        ("array_count", p.num_shader_engines * p.num_shader_arrays_per_engine),
+        ("simd_arrays_per_engine", p.num_shader_arrays_per_engine),
+        ("cu_per_simd_array", p.num_cu_per_sh), ("simd_per_cu", p.simd_per_cu),
+        ("max_slots_scratch_cu", 32), ("gfx_target_version", p.gfx_target_version),
+        ("vendor_id", p.pci_vendor), ("device_id", p.pci_device),
+        ("location_id", g.pci_bus << 8), ("domain", 0),
+        ("drm_render_minor", g.render_minor), ("hive_id", 0),
+        ("num_sdma_engines", p.sdma_instances), ("num_sdma_xgmi_engines", 0),
+        ("num_sdma_queues_per_engine", 8), ("num_cp_queues", 0),
+        ("max_engine_clk_fcompute", p.max_engine_clock_khz // 1000), ("local_mem_size", 0),
+        ("fw_version", 0), ("capability", 0), ("debug_prop", 0), ("sdma_fw_version", 0),
+        ("unique_id", 0), ("num_xcc", p.num_xcc),
+        ("max_engine_clk_ccompute", p.max_engine_clock_khz // 1000)])
+
+
+def kfd_topology_sysfs(topo: Topology) -> SysDir:
+    """The topology tree, to merge into sys/: node 0 the CPU (gpu_id 0, its system memory,
+    one link to each GPU), then a node per GPU with its VRAM bank and a PCIe link to the
+    CPU; class/kfd/kfd links to the device directory as the kernel's class device does."""
+    nodes = SysDir({"0": SysDir({
+        "gpu_id": _const("0\n"),
+        "name": _const("\n"),
+        "properties": _const(_props([
+            ("cpu_cores_count", topo.cpu_cores), ("simd_count", 0), ("mem_banks_count", 1),
+            ("caches_count", 0), ("io_links_count", len(topo.gpus)), ("p2p_links_count", 0),
+            ("cpu_core_id_base", 0), ("simd_id_base", 0), ("max_waves_per_simd", 0),
+            ("lds_size_in_kb", 0), ("gds_size_in_kb", 0), ("num_gws", 0),
+            ("wave_front_size", 0), ("array_count", 0), ("simd_arrays_per_engine", 0),
+            ("cu_per_simd_array", 0), ("simd_per_cu", 0), ("max_slots_scratch_cu", 0),
+            ("gfx_target_version", 0), ("vendor_id", 0), ("device_id", 0),
+            ("location_id", 0), ("domain", 0), ("drm_render_minor", 0), ("hive_id", 0),
+            ("num_sdma_engines", 0), ("num_sdma_xgmi_engines", 0),
+            ("num_sdma_queues_per_engine", 0), ("num_cp_queues", 0),
+            ("max_engine_clk_fcompute", 0), ("local_mem_size", 0), ("fw_version", 0),
+            ("capability", 0), ("debug_prop", 0), ("sdma_fw_version", 0), ("unique_id", 0),
+            ("num_xcc", 0), ("max_engine_clk_ccompute", 0)])),
+        "mem_banks": SysDir({"0": _bank(HSA_MEM_HEAP_TYPE_SYSTEM, topo.system_memory, 64, 0)}),
+        "caches": SysDir(),
+        "io_links": SysDir({str(i): _iolink(0, i + 1) for i in range(len(topo.gpus))}),
+        "p2p_links": SysDir(),
+    })})
+    for i, g in enumerate(topo.gpus):
+        n = i + 1
+        nodes[str(n)] = SysDir({
+            "gpu_id": _const(f"{g.gpu_id}\n"),
+            # node_props.name: the ASIC's name; GC 9.4.x parts are named by IP discovery
+            "name": _const("ip discovery\n"),
+            "properties": _const(kfd_gpu_properties(n, g)),
+            "mem_banks": SysDir({"0": _bank(HSA_MEM_HEAP_TYPE_FB_PUBLIC, g.vram_size,
+                                            g.profile.vram_bit_width,
+                                            g.profile.max_memory_clock_khz // 1000)}),
+            "caches": SysDir({str(i): _cache(gpu_simd_id_base(n), *c)
+                              for i, c in enumerate(GPU_CACHES)}),
+            "io_links": SysDir({"0": _iolink(n, 0)}),
+            "p2p_links": SysDir(),
+        })
+    topology = SysDir({
+        "generation_id": _const("1\n"),
+        "system_properties": _const(_props([("platform_oem", 0), ("platform_id", 0),
+                                            ("platform_rev", 0)])),
+        "nodes": nodes,
+    })
+    return SysDir({
+        "devices": SysDir({"virtual": SysDir({"kfd": SysDir({"kfd": SysDir({
+            "topology": topology})})})}),
+        "class": SysDir({"kfd": SysDir({"kfd": SysLink("../../devices/virtual/kfd/kfd")})}),
+    })

@@ -446,7 +446,7 @@ def test_dmabuf_inode_mapping():
 
 async def test_layout_and_sys_attributes(tmp_path: Path):
     async with serving(tmp_path / "mnt") as m:
-        assert sorted(await in_thread(os.listdir, m.mp)) == ["dmabuf", "dri", "sys"]
+        assert sorted(await in_thread(os.listdir, m.mp)) == ["dmabuf", "dri", "kfd", "sys"]
         assert await in_thread(os.listdir, m.path("dri")) == ["renderD128", "renderD129"]
         st = await in_thread(os.stat, m.path("dri/renderD128"))
         assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o666
@@ -482,7 +482,7 @@ async def test_layout_and_sys_attributes(tmp_path: Path):
             await in_thread(os.stat, m.path("sys/nope"))
         sv = await in_thread(os.statvfs, m.mp)
         assert sv.f_bsize == 4096
-    assert m.tree.open_handles() == {"render": 0, "dmabuf": 0, "sys": 0}
+    assert m.tree.open_handles() == {"render": 0, "dmabuf": 0, "kfd": 0, "sys": 0}
 
 
 # -- stale mounts --------------------------------------------------------------------------

@@ -404,3 +404,29 @@ def test_node_sys_is_the_daemons_drm_and_pci_sysfs(pod):
         " 02 10 a1 74",
         "host-paths-ok",
     ], r.stdout
+
+
+def test_node_has_its_kfd_at_dev_kfd_and_the_topology_in_sys(pod):
+    """Issue 14 items 1–2: inside a node, /dev/kfd is the daemon's kfd (GET_VERSION answers
+    1.17), /sys/devices/virtual/kfd and /sys/class/kfd are its topology (a CPU node and one
+    node per accel, each with its render minor), and the host's other virtual devices are
+    still there."""
+    node = pod.node(2)
+    script = textwrap.dedent("""
+        import fcntl, os, struct
+        fd = os.open("/dev/kfd", os.O_RDWR)
+        buf = bytearray(8)
+        fcntl.ioctl(fd, 0x80084B01, buf)
+        print(*struct.unpack("<II", buf))
+        top = "/sys/devices/virtual/kfd/kfd/topology/nodes"
+        print(sorted(os.listdir(top)))
+        for n in ("1", "2"):
+            props = dict(l.split() for l in open(f"{top}/{n}/properties"))
+            print(props["drm_render_minor"])
+        print(os.path.realpath("/sys/class/kfd/kfd"))
+        print(os.path.isdir("/sys/devices/virtual/net/lo"))
+    """)
+    r = node.run([sys.executable, "-c", script])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["1 17", "['0', '1', '2']", "128", "129",
+                                     "/sys/devices/virtual/kfd/kfd", "True"], r.stdout

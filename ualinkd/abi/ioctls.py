@@ -441,3 +441,95 @@ def lookup(nr: int) -> IoctlSpec | None:
 
 def all_entries() -> list[IoctlSpec]:
     return [*CORE_IOCTLS.values(), *AMDGPU_IOCTLS.values()]
+
+
+# -- the KFD's table (/dev/kfd, kfd_chardev.c's amdkfd_ioctls) -----------------------------------
+# Type 'K'; the kernel dispatches by nr alone, within [AMDKFD_COMMAND_START,
+# AMDKFD_COMMAND_END): anything else is ENOTTY before a byte is copied. Entries without a
+# layout here carry only their size (not emulated: ENOTTY, said once in the log).
+KFD_IOCTL_TYPE = ord("K")
+KFD_COMMAND_START = 0x01
+KFD_COMMAND_END = 0x27
+
+
+def _kfd(nr: int, name: str, layout: st.Layout | int, direction: int = _RW) -> IoctlSpec:
+    size = layout if isinstance(layout, int) else layout.size
+    decode_in = None if isinstance(layout, int) else fields(layout)
+    decode_out = None if isinstance(layout, int) else out_fields(layout)
+    return IoctlSpec(nr, f"AMDKFD_{name}", ioc(direction, KFD_IOCTL_TYPE, nr, size), 0,
+                     decode_in, decode_out)
+
+
+KFD_GET_VERSION = _kfd(0x01, "GET_VERSION", st.KFD_GET_VERSION, IOC_READ)
+KFD_SET_MEMORY_POLICY = _kfd(0x04, "SET_MEMORY_POLICY", st.KFD_SET_MEMORY_POLICY, IOC_WRITE)
+KFD_GET_CLOCK_COUNTERS = _kfd(0x05, "GET_CLOCK_COUNTERS", st.KFD_GET_CLOCK_COUNTERS)
+KFD_CREATE_EVENT = _kfd(0x08, "CREATE_EVENT", st.KFD_CREATE_EVENT)
+KFD_DESTROY_EVENT = _kfd(0x09, "DESTROY_EVENT", st.KFD_EVENT_ID, IOC_WRITE)
+KFD_SET_EVENT = _kfd(0x0A, "SET_EVENT", st.KFD_EVENT_ID, IOC_WRITE)
+KFD_RESET_EVENT = _kfd(0x0B, "RESET_EVENT", st.KFD_EVENT_ID, IOC_WRITE)
+KFD_WAIT_EVENTS = _kfd(0x0C, "WAIT_EVENTS", st.KFD_WAIT_EVENTS)
+KFD_SET_SCRATCH_BACKING_VA = _kfd(0x11, "SET_SCRATCH_BACKING_VA",
+                                  st.KFD_SET_SCRATCH_BACKING_VA)
+KFD_SET_TRAP_HANDLER = _kfd(0x13, "SET_TRAP_HANDLER", st.KFD_SET_TRAP_HANDLER, IOC_WRITE)
+KFD_GET_PROCESS_APERTURES_NEW = _kfd(0x14, "GET_PROCESS_APERTURES_NEW",
+                                     st.KFD_GET_PROCESS_APERTURES_NEW)
+KFD_ACQUIRE_VM = _kfd(0x15, "ACQUIRE_VM", st.KFD_ACQUIRE_VM, IOC_WRITE)
+KFD_ALLOC_MEMORY_OF_GPU = _kfd(0x16, "ALLOC_MEMORY_OF_GPU", st.KFD_ALLOC_MEMORY_OF_GPU)
+KFD_FREE_MEMORY_OF_GPU = _kfd(0x17, "FREE_MEMORY_OF_GPU", st.KFD_FREE_MEMORY_OF_GPU, IOC_WRITE)
+KFD_MAP_MEMORY_TO_GPU = _kfd(0x18, "MAP_MEMORY_TO_GPU", st.KFD_MAP_MEMORY_TO_GPU)
+KFD_UNMAP_MEMORY_FROM_GPU = _kfd(0x19, "UNMAP_MEMORY_FROM_GPU", st.KFD_MAP_MEMORY_TO_GPU)
+KFD_GET_DMABUF_INFO = _kfd(0x1C, "GET_DMABUF_INFO", st.KFD_GET_DMABUF_INFO)
+KFD_IMPORT_DMABUF = _kfd(0x1D, "IMPORT_DMABUF", st.KFD_IMPORT_DMABUF)
+KFD_SET_XNACK_MODE = _kfd(0x21, "SET_XNACK_MODE", st.KFD_SET_XNACK_MODE)
+KFD_EXPORT_DMABUF = _kfd(0x24, "EXPORT_DMABUF", st.KFD_EXPORT_DMABUF)
+KFD_AVAILABLE_MEMORY = _kfd(0x23, "AVAILABLE_MEMORY", st.KFD_GET_AVAILABLE_MEMORY)
+
+KFD_IOCTLS: dict[int, IoctlSpec] = {
+    s.nr: s
+    for s in [
+        KFD_GET_VERSION,
+        _kfd(0x02, "CREATE_QUEUE", 88),
+        _kfd(0x03, "DESTROY_QUEUE", 8),
+        KFD_SET_MEMORY_POLICY,
+        KFD_GET_CLOCK_COUNTERS,
+        _kfd(0x06, "GET_PROCESS_APERTURES", 400, IOC_READ),
+        _kfd(0x07, "UPDATE_QUEUE", 24, IOC_WRITE),
+        KFD_CREATE_EVENT,
+        KFD_DESTROY_EVENT,
+        KFD_SET_EVENT,
+        KFD_RESET_EVENT,
+        KFD_WAIT_EVENTS,
+        _kfd(0x0D, "DBG_REGISTER_DEPRECATED", 8, IOC_WRITE),
+        _kfd(0x0E, "DBG_UNREGISTER_DEPRECATED", 8, IOC_WRITE),
+        _kfd(0x0F, "DBG_ADDRESS_WATCH_DEPRECATED", 16, IOC_WRITE),
+        _kfd(0x10, "DBG_WAVE_CONTROL_DEPRECATED", 16, IOC_WRITE),
+        KFD_SET_SCRATCH_BACKING_VA,
+        _kfd(0x12, "GET_TILE_CONFIG", 40),
+        KFD_SET_TRAP_HANDLER,
+        KFD_GET_PROCESS_APERTURES_NEW,
+        KFD_ACQUIRE_VM,
+        KFD_ALLOC_MEMORY_OF_GPU,
+        KFD_FREE_MEMORY_OF_GPU,
+        KFD_MAP_MEMORY_TO_GPU,
+        KFD_UNMAP_MEMORY_FROM_GPU,
+        _kfd(0x1A, "SET_CU_MASK", 16, IOC_WRITE),
+        _kfd(0x1B, "GET_QUEUE_WAVE_STATE", 24),
+        KFD_GET_DMABUF_INFO,
+        KFD_IMPORT_DMABUF,
+        _kfd(0x1E, "ALLOC_QUEUE_GWS", 16),
+        _kfd(0x1F, "SMI_EVENTS", 8),
+        _kfd(0x20, "SVM", 24),
+        KFD_SET_XNACK_MODE,
+        _kfd(0x22, "CRIU_OP", 56),
+        KFD_AVAILABLE_MEMORY,
+        KFD_EXPORT_DMABUF,
+        _kfd(0x25, "RUNTIME_ENABLE", 16),
+        _kfd(0x26, "DBG_TRAP", 32),
+    ]
+}
+assert set(KFD_IOCTLS) == set(range(KFD_COMMAND_START, KFD_COMMAND_END))
+
+
+def kfd_lookup(nr: int) -> IoctlSpec | None:
+    """kfd_ioctl's entry for `nr` (None: outside the command range, ENOTTY)."""
+    return KFD_IOCTLS.get(nr) if KFD_COMMAND_START <= nr < KFD_COMMAND_END else None

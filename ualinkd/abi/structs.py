@@ -819,3 +819,255 @@ INFO_DEVICE = ArrayLayout.of("drm_amdgpu_info_device", _dev_info_schema(), InfoD
 INFO_DEVICE_2_4_114_SIZE = 368  # libdrm 2.4.114's struct ends at tcc_disabled_mask
 assert INFO_DEVICE.size == 448
 assert INFO_DEVICE.offsets["tcc_disabled_mask"] + 8 == INFO_DEVICE_2_4_114_SIZE
+
+
+# ---- kfd_ioctl.h (the KFD's 'K' ioctls, include/ualink/ualink_kfd.h) ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KfdGetVersion:
+    major_version: int
+    minor_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdSetMemoryPolicy:
+    alternate_aperture_base: int
+    alternate_aperture_size: int
+    gpu_id: int
+    default_policy: int
+    alternate_policy: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdGetClockCounters:
+    gpu_clock_counter: int
+    cpu_clock_counter: int
+    system_clock_counter: int
+    system_clock_freq: int
+    gpu_id: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdProcessDeviceApertures:
+    lds_base: int
+    lds_limit: int
+    scratch_base: int
+    scratch_limit: int
+    gpuvm_base: int
+    gpuvm_limit: int
+    gpu_id: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdGetProcessAperturesNew:
+    kfd_process_device_apertures_ptr: int
+    num_of_nodes: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdAcquireVm:
+    drm_fd: int
+    gpu_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdGetAvailableMemory:
+    available: int
+    gpu_id: int
+    pad: int
+
+
+KFD_GET_VERSION = Layout.of("kfd_ioctl_get_version_args",
+                            cs.Struct("major_version" / _U32, "minor_version" / _U32),
+                            KfdGetVersion)
+KFD_SET_MEMORY_POLICY = Layout.of(
+    "kfd_ioctl_set_memory_policy_args",
+    cs.Struct("alternate_aperture_base" / _U64, "alternate_aperture_size" / _U64,
+              "gpu_id" / _U32, "default_policy" / _U32, "alternate_policy" / _U32,
+              "pad" / _U32),
+    KfdSetMemoryPolicy)
+KFD_GET_CLOCK_COUNTERS = Layout.of(
+    "kfd_ioctl_get_clock_counters_args",
+    cs.Struct("gpu_clock_counter" / _U64, "cpu_clock_counter" / _U64,
+              "system_clock_counter" / _U64, "system_clock_freq" / _U64,
+              "gpu_id" / _U32, "pad" / _U32),
+    KfdGetClockCounters)
+KFD_PROCESS_DEVICE_APERTURES = Layout.of(
+    "kfd_process_device_apertures",
+    cs.Struct("lds_base" / _U64, "lds_limit" / _U64, "scratch_base" / _U64,
+              "scratch_limit" / _U64, "gpuvm_base" / _U64, "gpuvm_limit" / _U64,
+              "gpu_id" / _U32, "pad" / _U32),
+    KfdProcessDeviceApertures)
+KFD_GET_PROCESS_APERTURES_NEW = Layout.of(
+    "kfd_ioctl_get_process_apertures_new_args",
+    cs.Struct("kfd_process_device_apertures_ptr" / _U64, "num_of_nodes" / _U32, "pad" / _U32),
+    KfdGetProcessAperturesNew)
+KFD_ACQUIRE_VM = Layout.of("kfd_ioctl_acquire_vm_args",
+                           cs.Struct("drm_fd" / _U32, "gpu_id" / _U32), KfdAcquireVm)
+KFD_GET_AVAILABLE_MEMORY = Layout.of(
+    "kfd_ioctl_get_available_memory_args",
+    cs.Struct("available" / _U64, "gpu_id" / _U32, "pad" / _U32), KfdGetAvailableMemory)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdAllocMemoryOfGpu:
+    va_addr: int
+    size: int
+    handle: int
+    mmap_offset: int
+    gpu_id: int
+    flags: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdFreeMemoryOfGpu:
+    handle: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdMapMemoryToGpu:
+    handle: int
+    device_ids_array_ptr: int
+    n_devices: int
+    n_success: int
+
+
+KFD_ALLOC_MEMORY_OF_GPU = Layout.of(
+    "kfd_ioctl_alloc_memory_of_gpu_args",
+    cs.Struct("va_addr" / _U64, "size" / _U64, "handle" / _U64, "mmap_offset" / _U64,
+              "gpu_id" / _U32, "flags" / _U32),
+    KfdAllocMemoryOfGpu)
+KFD_FREE_MEMORY_OF_GPU = Layout.of("kfd_ioctl_free_memory_of_gpu_args",
+                                   cs.Struct("handle" / _U64), KfdFreeMemoryOfGpu)
+# kfd_ioctl_map_memory_to_gpu_args and kfd_ioctl_unmap_memory_from_gpu_args: one layout
+KFD_MAP_MEMORY_TO_GPU = Layout.of(
+    "kfd_ioctl_map_memory_to_gpu_args",
+    cs.Struct("handle" / _U64, "device_ids_array_ptr" / _U64, "n_devices" / _U32,
+              "n_success" / _U32),
+    KfdMapMemoryToGpu)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdExportDmabuf:
+    handle: int
+    flags: int
+    dmabuf_fd: int
+
+
+KFD_EXPORT_DMABUF = Layout.of(
+    "kfd_ioctl_export_dmabuf_args",
+    cs.Struct("handle" / _U64, "flags" / _U32, "dmabuf_fd" / _U32), KfdExportDmabuf)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdCreateEvent:
+    event_page_offset: int
+    event_trigger_data: int
+    event_type: int
+    auto_reset: int
+    node_id: int
+    event_id: int
+    event_slot_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdEventId:
+    """kfd_ioctl_destroy_event_args, _set_event_args and _reset_event_args: one layout."""
+
+    event_id: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdWaitEvents:
+    events_ptr: int
+    num_events: int
+    wait_for_all: int
+    timeout: int
+    wait_result: int
+
+
+KFD_CREATE_EVENT = Layout.of(
+    "kfd_ioctl_create_event_args",
+    cs.Struct("event_page_offset" / _U64, "event_trigger_data" / _U32, "event_type" / _U32,
+              "auto_reset" / _U32, "node_id" / _U32, "event_id" / _U32,
+              "event_slot_index" / _U32),
+    KfdCreateEvent)
+KFD_EVENT_ID = Layout.of("kfd_ioctl_set_event_args",
+                         cs.Struct("event_id" / _U32, "pad" / _U32), KfdEventId)
+KFD_WAIT_EVENTS = Layout.of(
+    "kfd_ioctl_wait_events_args",
+    cs.Struct("events_ptr" / _U64, "num_events" / _U32, "wait_for_all" / _U32,
+              "timeout" / _U32, "wait_result" / _U32),
+    KfdWaitEvents)
+KFD_EVENT_DATA_SIZE = 48  # struct kfd_event_data: a 32-byte union, an ext pointer, event_id, pad
+KFD_EVENT_DATA_EVENT_ID = 40  # offsetof(struct kfd_event_data, event_id)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdSetScratchBackingVa:
+    va_addr: int
+    gpu_id: int
+    pad: int
+
+
+KFD_SET_SCRATCH_BACKING_VA = Layout.of(
+    "kfd_ioctl_set_scratch_backing_va_args",
+    cs.Struct("va_addr" / _U64, "gpu_id" / _U32, "pad" / _U32), KfdSetScratchBackingVa)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdSetTrapHandler:
+    tba_addr: int
+    tma_addr: int
+    gpu_id: int
+    pad: int
+
+
+KFD_SET_TRAP_HANDLER = Layout.of(
+    "kfd_ioctl_set_trap_handler_args",
+    cs.Struct("tba_addr" / _U64, "tma_addr" / _U64, "gpu_id" / _U32, "pad" / _U32),
+    KfdSetTrapHandler)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdSetXnackMode:
+    xnack_enabled: int  # __s32: < 0 queries
+
+
+KFD_SET_XNACK_MODE = Layout.of("kfd_ioctl_set_xnack_mode_args",
+                               cs.Struct("xnack_enabled" / cs.Int32sn), KfdSetXnackMode)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdImportDmabuf:
+    va_addr: int
+    handle: int
+    gpu_id: int
+    dmabuf_fd: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdGetDmabufInfo:
+    size: int
+    metadata_ptr: int
+    metadata_size: int
+    gpu_id: int
+    flags: int
+    dmabuf_fd: int
+
+
+KFD_IMPORT_DMABUF = Layout.of(
+    "kfd_ioctl_import_dmabuf_args",
+    cs.Struct("va_addr" / _U64, "handle" / _U64, "gpu_id" / _U32, "dmabuf_fd" / _U32),
+    KfdImportDmabuf)
+KFD_GET_DMABUF_INFO = Layout.of(
+    "kfd_ioctl_get_dmabuf_info_args",
+    cs.Struct("size" / _U64, "metadata_ptr" / _U64, "metadata_size" / _U32, "gpu_id" / _U32,
+              "flags" / _U32, "dmabuf_fd" / _U32),
+    KfdGetDmabufInfo)

@@ -223,12 +223,18 @@ class AmdgpuDriver:
             raise DrmError(errno.EFAULT, "userptr range not mapped as asked")
         self._userptr_create(file, kdata, process, addr, size, readonly)
 
+    def userptr_bo(self, process: ProcessMemory, addr: int, size: int,
+                   readonly: bool) -> AmdgpuBo:
+        """A GTT BO over `process`'s memory at `addr` (amdgpu_ttm_tt_set_userptr); it keeps
+        `process` open for as long as it lives."""
+        bo = AmdgpuBo(self.device, size, 0, c.DOMAIN_GTT, 0, None)
+        bo.userptr = UserMemory(process, addr, size, readonly)
+        bo.on_handle_free = self._handle_free
+        return bo
+
     def _userptr_create(self, file: DrmFile, kdata: bytearray, process: ProcessMemory,
                         addr: int, size: int, readonly: bool) -> None:
-        memory = UserMemory(process, addr, size, readonly)
-        bo = AmdgpuBo(self.device, size, 0, c.DOMAIN_GTT, 0, None)
-        bo.userptr = memory
-        bo.on_handle_free = self._handle_free
+        bo = self.userptr_bo(process, addr, size, readonly)
         handle = file.handle_create(bo)
         bo.put()
         kdata[20:24] = handle.to_bytes(4, "little")
@@ -241,13 +247,18 @@ class AmdgpuDriver:
         bo = self.lookup_bo(file, handle)
         if bo.userptr is not None or not bo.cpu_accessible:
             raise DrmError(errno.EPERM, "userptr BO, or BO with NO_CPU_ACCESS")
+        kdata[0:8] = self.mmap_offset(bo).to_bytes(8, "little")
+
+    def mmap_offset(self, bo: AmdgpuBo) -> int:
+        """amdgpu_bo_mmap_offset: the BO's fake offset on the render node, given on first
+        use (drm_gem_create_mmap_offset); ENOSPC when the offset space is used up."""
         if bo.mmap_offset == 0:
             pages = -(-bo.size // 4096) * 4096
             if self._mmap_next + pages > _MMAP_OFFSET_END:
                 raise DrmError(errno.ENOSPC, "mmap offset space exhausted")
             bo.mmap_offset = self._mmap_next
             self._mmap_next += pages
-        kdata[0:8] = bo.mmap_offset.to_bytes(8, "little")
+        return bo.mmap_offset
 
     # -- GEM_VA (§2.6) -------------------------------------------------------------------------
     @tbl.handles(tbl.AMDGPU_GEM_VA)

@@ -257,9 +257,13 @@ def _objects(m: Mount, r: str) -> dict[str, object]:
     return {"objects": m.table(r, "gem_objects"), "clients": m.table(r, "clients")}
 
 
+def _kfd(m: Mount, r: str) -> dict[str, object]:
+    return {"kfd": m.table(r, "kfd_allocations")}
+
+
 SECTIONS: dict[str, Callable[[Mount, str], dict[str, object]]] = {
     "state": _state, "peers": _peers, "exports": _exports, "imports": _imports,
-    "npa": _npa, "faults": _faults, "objects": _objects,
+    "npa": _npa, "faults": _faults, "objects": _objects, "kfd": _kfd,
 }
 
 
@@ -375,6 +379,11 @@ def render_text(doc: dict, sections: list[str]) -> str:
                   {"size": _size}), "no GEM objects")
         add("clients", ["render", "accel", "pid", "uid", "handles"],
             _rows(doc, "clients", ["pid", "uid", "handles"]), "no open render nodes")
+    if "kfd" in sections:
+        add("kfd", ["render", "accel", "pid", "handle", "va", "size", "mapped"],
+            _rows(doc, "kfd", ["pid", "handle", "va", "size", "mapped"],
+                  {"size": _size, "handle": lambda v: f"{v:#x}", "va": lambda v: f"{v:#x}"}),
+            "no KFD allocations")
     return "\n\n".join(parts)
 
 
@@ -463,6 +472,7 @@ READ_COMMANDS = {
     "npa": "NPA space usage",
     "faults": "GPU fault counters and pending message drops",
     "objects": "GEM objects and the clients holding render nodes open",
+    "kfd": "KFD processes' allocations: handle, GPU VA, size, the GPUs it is mapped on",
     "all": "everything above, one document",
 }
 

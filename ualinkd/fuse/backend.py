@@ -75,6 +75,20 @@ class NodeBackend(Protocol):
         """pwrite() on a render node: a GPU store; returns the count written."""
         ...
 
+    def open_kfd(self, caller: Caller) -> object:
+        """open() of <mount>/kfd: the caller's KFD process (opaque to the tree)."""
+        ...
+
+    def release_kfd(self, process: object) -> None:
+        """Last close of an open of kfd."""
+        ...
+
+    def kfd_ioctl(
+        self, process: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+    ) -> IoctlReply | Awaitable[IoctlReply]:
+        """A 'K' ioctl on an open kfd, as `ioctl` is for a render node."""
+        ...
+
     def dmabuf_lookup(self, name: str, caller: Caller) -> tuple[int, int]:
         """lookup of dmabuf/<name>: (key, size). key is a stable non-zero int naming that
         pending token's dma-buf (the tree derives the inode from it); ENOENT if the

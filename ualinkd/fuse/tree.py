@@ -56,6 +56,14 @@ class _Render:
 
 
 @dataclass(slots=True)
+class _Kfd:
+    """<mount>/kfd: the node's /dev/kfd (the shim redirects to it)."""
+
+    ino: int
+    hidden: bool = False
+
+
+@dataclass(slots=True)
 class _SysFile:
     ino: int
     attr: SysAttr
@@ -97,12 +105,13 @@ class FileTree:
     def __init__(self, backend: NodeBackend, mountpoint: str | os.PathLike[str]) -> None:
         self.backend = backend
         self.mountpoint = os.path.abspath(os.fspath(mountpoint))
-        self._nodes: dict[int, _Dir | _Render | _SysFile | _SysLink] = {}
+        self._nodes: dict[int, _Dir | _Render | _Kfd | _SysFile | _SysLink] = {}
         self._next_ino = itertools.count(_FIRST_DYNAMIC_INO)
         self._next_fh = itertools.count(1)
         # fh -> open object, one table per kind so the hot paths do a single dict lookup.
         self._render_fh: dict[int, object] = {}
         self._dmabuf_fh: dict[int, object] = {}
+        self._kfd_fh: dict[int, object] = {}
         self._sys_fh: dict[int, SysAttr] = {}
         # What a sys file showed at the read at offset 0, per open: later offsets read from
         # it, so a file longer than one FUSE read is one consistent text (seq_file's rule),
@@ -127,6 +136,9 @@ class FileTree:
             ino = next(self._next_ino)
             self._nodes[ino] = _Render(ino, minor)
             dri.children[f"card{minor}"] = ino
+        kfd_ino = next(self._next_ino)
+        self._nodes[kfd_ino] = _Kfd(kfd_ino)
+        root.children["kfd"] = kfd_ino
         self._add_sys(sys_dir, backend.sys_tree())
 
     def _add_dir(
@@ -178,6 +190,8 @@ class FileTree:
             owner = self._dmabuf_inodes.get(ino)
             uid, gid = (owner[1], owner[2]) if owner else (caller.uid, caller.gid)
             return Attr(ino, _DMABUF_MODE, size, 1, uid, gid)
+        if isinstance(node, _Kfd):
+            return Attr(ino, _RENDER_MODE, 0, 1, 0, 0, _STATIC_TIMEOUT, _STATIC_TIMEOUT)
         if isinstance(node, _Render):
             return Attr(ino, _RENDER_MODE, _RENDER_SIZE, 1, 0, 0, _STATIC_TIMEOUT,
                         _STATIC_TIMEOUT)
@@ -267,6 +281,8 @@ class FileTree:
             if isinstance(node, _Render):
                 self._render_fh[fh] = self.backend.open_render(node.minor, caller)
                 self._fh_mode[fh] = flags & os.O_ACCMODE
+            elif isinstance(node, _Kfd):
+                self._kfd_fh[fh] = self.backend.open_kfd(caller)
             elif isinstance(node, _SysFile):
                 # The open itself is checked, not only the lookup: the kernel's dentry cache
                 # answers a path another uid looked up without asking us.
@@ -296,6 +312,8 @@ class FileTree:
             self.backend.release_render(drm_file)
         elif (ref := self._dmabuf_fh.pop(fh, None)) is not None:
             self.backend.dmabuf_release(ref)
+        elif (process := self._kfd_fh.pop(fh, None)) is not None:
+            self.backend.release_kfd(process)
         else:
             self._sys_fh.pop(fh, None)
             self._sys_text.pop(fh, None)
@@ -310,6 +328,12 @@ class FileTree:
             # a read-only fd never gets a writable mapping (do_mmap's FMODE_WRITE check).
             in_bytes = _with_fmode(in_bytes, self._fh_mode.get(fh, os.O_RDONLY))
         drm_file = self._render_fh.get(fh)
+        if drm_file is None and (process := self._kfd_fh.get(fh)) is not None:
+            try:
+                r = self.backend.kfd_ioctl(process, cmd, in_bytes, out_size, caller)
+            except DrmError as e:
+                raise FuseError(e.errno) from None
+            return r if type(r) is tuple else _drm_errors_to_fuse(r)  # type: ignore[arg-type]
         if drm_file is None:
             ref = self._dmabuf_fh.get(fh)
             if ref is None:
@@ -410,5 +434,6 @@ class FileTree:
         return {
             "render": len(self._render_fh),
             "dmabuf": len(self._dmabuf_fh),
+            "kfd": len(self._kfd_fh),
             "sys": len(self._sys_fh),
         }

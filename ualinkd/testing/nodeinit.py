@@ -75,9 +75,11 @@ def mirror(target: str, saved: str, extra_dirs: list[str]) -> None:
 
 
 # What is mirrored (a tmpfs of binds and copied links) so the daemon's files can be added.
-MIRRORS = (("dev", "/dev", ["dri", "dmabuf"]), ("class", "/sys/class", ["drm"]),
-           ("devices", "/sys/devices", []), ("char", "/sys/dev/char", []),
-           ("pci", "/sys/bus/pci/devices", []))
+# /sys/devices/virtual is mirrored too (after /sys/devices), so the KFD's directory can be
+# added beside the host's virtual devices (net, tty, ...) without hiding them.
+MIRRORS = (("dev", "/dev", ["dri", "dmabuf"]), ("class", "/sys/class", ["drm", "kfd"]),
+           ("devices", "/sys/devices", []), ("virtual", "/sys/devices/virtual", ["kfd"]),
+           ("char", "/sys/dev/char", []), ("pci", "/sys/bus/pci/devices", []))
 
 
 def prepare(stage: str) -> None:
@@ -117,9 +119,19 @@ def bind(node_mount: str) -> None:
                      (sysfs.FABRIC_STATUS, "/sys/kernel/debug/ualink_fabric")):
         mount(at(rel), dst, None, MS_BIND)
     for root in sorted(os.listdir(at("sys/devices"))):  # pci0000:<bb>, one per GPU
+        if root == "virtual":  # only its kfd/ is the daemon's (below)
+            continue
         dst = os.path.join("/sys/devices", root)
         os.makedirs(dst, exist_ok=True)
         mount(at(f"sys/devices/{root}"), dst, None, MS_BIND)
+    # The KFD: its sysfs directory, the class link to it, and /dev/kfd (issue 14).
+    os.makedirs("/sys/devices/virtual/kfd", exist_ok=True)
+    mount(at("sys/devices/virtual/kfd"), "/sys/devices/virtual/kfd", None, MS_BIND)
+    os.makedirs("/sys/class/kfd", exist_ok=True)
+    _link(os.readlink(at("sys/class/kfd/kfd")), "/sys/class/kfd/kfd")
+    if not os.path.exists("/dev/kfd"):
+        os.close(os.open("/dev/kfd", os.O_CREAT | os.O_WRONLY, 0o666))
+    mount(at("kfd"), "/dev/kfd", None, MS_BIND)
     for rel, host in (("sys/dev/char", "/sys/dev/char"),
                       ("sys/bus/pci/devices", "/sys/bus/pci/devices")):
         if not os.path.isdir(host):

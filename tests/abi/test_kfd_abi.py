@@ -1,0 +1,121 @@
+"""The KFD layouts and numbers of ualinkd/abi (structs.py's kfd_* Layouts, ioctls.py's
+KFD_IOCTLS) agree with include/ualink/ualink_kfd.h and with the system's
+<linux/kfd_ioctl.h> (Debian's linux-libc-dev), as the C compiler sees them: sizeof, every
+offset, and each AMDKFD_IOC_* number (the kernel's kfd_ioctl.h, issue 14)."""
+
+from __future__ import annotations
+
+import importlib
+import struct
+import sys
+from pathlib import Path
+
+import cffi
+import pytest
+
+from ualinkd.abi import ioctls as tbl
+from ualinkd.abi import structs as st
+
+INCLUDE = Path(__file__).resolve().parents[2] / "include"
+SYSTEM_HEADER = Path("/usr/include/linux/kfd_ioctl.h")
+LAYOUTS = [v for v in vars(st).values() if isinstance(v, st.Layout) and v.name.startswith("kfd")]
+IOCTLS = {  # macro -> table entry
+    "AMDKFD_IOC_GET_VERSION": tbl.KFD_GET_VERSION,
+    "AMDKFD_IOC_SET_MEMORY_POLICY": tbl.KFD_SET_MEMORY_POLICY,
+    "AMDKFD_IOC_GET_CLOCK_COUNTERS": tbl.KFD_GET_CLOCK_COUNTERS,
+    "AMDKFD_IOC_GET_PROCESS_APERTURES_NEW": tbl.KFD_GET_PROCESS_APERTURES_NEW,
+    "AMDKFD_IOC_ACQUIRE_VM": tbl.KFD_ACQUIRE_VM,
+    "AMDKFD_IOC_ALLOC_MEMORY_OF_GPU": tbl.KFD_ALLOC_MEMORY_OF_GPU,
+    "AMDKFD_IOC_FREE_MEMORY_OF_GPU": tbl.KFD_FREE_MEMORY_OF_GPU,
+    "AMDKFD_IOC_MAP_MEMORY_TO_GPU": tbl.KFD_MAP_MEMORY_TO_GPU,
+    "AMDKFD_IOC_UNMAP_MEMORY_FROM_GPU": tbl.KFD_UNMAP_MEMORY_FROM_GPU,
+    "AMDKFD_IOC_AVAILABLE_MEMORY": tbl.KFD_AVAILABLE_MEMORY,
+    "AMDKFD_IOC_EXPORT_DMABUF": tbl.KFD_EXPORT_DMABUF,
+    "AMDKFD_IOC_CREATE_EVENT": tbl.KFD_CREATE_EVENT,
+    "AMDKFD_IOC_DESTROY_EVENT": tbl.KFD_DESTROY_EVENT,
+    "AMDKFD_IOC_SET_EVENT": tbl.KFD_SET_EVENT,
+    "AMDKFD_IOC_RESET_EVENT": tbl.KFD_RESET_EVENT,
+    "AMDKFD_IOC_WAIT_EVENTS": tbl.KFD_WAIT_EVENTS,
+    "AMDKFD_IOC_SET_SCRATCH_BACKING_VA": tbl.KFD_SET_SCRATCH_BACKING_VA,
+    "AMDKFD_IOC_SET_TRAP_HANDLER": tbl.KFD_SET_TRAP_HANDLER,
+    "AMDKFD_IOC_SET_XNACK_MODE": tbl.KFD_SET_XNACK_MODE,
+    "AMDKFD_IOC_GET_DMABUF_INFO": tbl.KFD_GET_DMABUF_INFO,
+    "AMDKFD_IOC_IMPORT_DMABUF": tbl.KFD_IMPORT_DMABUF,
+}
+
+
+def _compile(tmp: Path, name: str, include: str, dirs: list[str],
+             known: str | None = None) -> object:
+    """The header through cffi; `known`: a header's text, to leave out what it predates."""
+    ffi = cffi.FFI()
+    cdef = "typedef unsigned int __u32; typedef int __s32; typedef unsigned long long __u64;\n"
+    for lay in LAYOUTS:
+        if known is not None and f"struct {lay.name} {{" not in known:
+            continue
+        ctypes_ = {"Q": "__u64", "I": "__u32", "i": "__s32"}
+        fields = " ".join(f"{ctypes_[c]} {sub.name};"
+                          for c, sub in zip(lay.fast.format[1:], lay.schema.subcons,
+                                            strict=True))
+        cdef += f"struct {lay.name} {{ {fields} ...; }};\n"
+    cdef += "struct kfd_event_data { __u64 kfd_event_data_ext; __u32 event_id; ...; };\n"
+    cdef += "".join(f"#define {m} ...\n" for m in IOCTLS
+                    if known is None or f"#define {m}" in known)
+    ffi.cdef(cdef)
+    ffi.set_source(name, include, include_dirs=[str(INCLUDE), *dirs])
+    ffi.compile(tmpdir=str(tmp), verbose=False)
+    sys.path.insert(0, str(tmp))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp))
+
+
+@pytest.fixture(scope="module", params=["ours", "system"])
+def c_kfd(request, tmp_path_factory):
+    if request.param == "system" and not SYSTEM_HEADER.exists():
+        pytest.skip("no <linux/kfd_ioctl.h> (linux-libc-dev)")
+    tmp = tmp_path_factory.mktemp(f"kfd_{request.param}")
+    dirs: list[str] = []
+    if request.param == "ours":
+        include = '#include "ualink/ualink_kfd.h"'
+    else:
+        # kfd_ioctl.h includes <drm/drm.h>; libdrm-dev has it as libdrm/drm.h
+        (tmp / "inc").mkdir()
+        (tmp / "inc" / "drm").symlink_to("/usr/include/libdrm")
+        include, dirs = "#include <linux/kfd_ioctl.h>", [str(tmp / "inc")]
+        # Debian 12's header is KFD 1.11 (Linux 6.1): EXPORT_DMABUF came later
+        return _compile(tmp, f"_ualink_kfd_{request.param}", include, dirs,
+                        SYSTEM_HEADER.read_text())
+    return _compile(tmp, f"_ualink_kfd_{request.param}", include, dirs)
+
+
+def test_every_kfd_layout_is_here():
+    assert len(LAYOUTS) == 19
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)
+def test_kfd_layouts_match_c(c_kfd, layout):
+    ffi = c_kfd.ffi
+    ctype = f"struct {layout.name}"
+    try:
+        ffi.sizeof(ctype)
+    except ffi.error:
+        pytest.skip(f"{ctype} is newer than this header")
+    assert ffi.sizeof(ctype) == layout.size
+    fmt = layout.fast.format
+    for i, sub in enumerate(layout.schema.subcons):
+        assert ffi.offsetof(ctype, sub.name) == struct.calcsize("<" + fmt[1 : 1 + i]), sub.name
+
+
+@pytest.mark.parametrize("macro", sorted(IOCTLS))
+def test_kfd_ioctl_numbers_match_c(c_kfd, macro):
+    if not hasattr(c_kfd.lib, macro):
+        pytest.skip(f"{macro} is newer than this header")
+    assert getattr(c_kfd.lib, macro) & 0xFFFFFFFF == IOCTLS[macro].cmd
+
+
+def test_event_data_entries_match_c(c_kfd):
+    """WAIT_EVENTS reads struct kfd_event_data[num_events]: its size and event_id offset."""
+    ffi = c_kfd.ffi
+    assert ffi.sizeof("struct kfd_event_data") == st.KFD_EVENT_DATA_SIZE
+    assert ffi.offsetof("struct kfd_event_data", "event_id") == st.KFD_EVENT_DATA_EVENT_ID

@@ -1,0 +1,101 @@
+"""Debian's libhsakmt 5.2.3, unmodified (tests/c/hsakmt_client.c), through the shim against a
+real node (issue 14, "Acceptance with the real thing"; spec userspace-surface §3.3):
+hsaKmtOpenKFD, the version, the topology snapshot (a CPU node and a GPU node per accel with
+the DRM identity), node and memory properties, VRAM and system memory allocated, mapped to
+the GPU, stored to and loaded back by the emulated GPU (the system memory's CPU pointer sees
+the GPU's store), unmapped, freed; a signal event set and waited for (its events page a
+KFD allocation); closed; and the node left holding nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from nodes import REPO, c_program, running_node
+
+from ualinkd import sysfs
+from ualinkd.config import PodConfig
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not Path("/usr/include/hsakmt.h").exists(),
+                       reason="libhsakmt-dev is not installed (make apt installs it)"),
+]
+SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
+
+
+def steps(stdout: str) -> list[tuple[str, str, dict[str, str]]]:
+    out = []
+    for line in stdout.splitlines():
+        status, step, *rest = line.split(" ")
+        out.append((status, step, dict(w.split("=", 1) for w in rest if "=" in w)))
+    return out
+
+
+def test_libhsakmt_opens_allocates_maps_and_frees(tmp_path: Path):
+    config = PodConfig.local(1, 2)
+    with running_node(tmp_path, config) as node:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
+        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+        r = subprocess.run([c_program("hsakmt_client")], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr + node.log_text()
+        got = steps(r.stdout)
+        assert all(s == "ok" for s, _, _ in got if s != "info"), r.stdout
+        by = {}
+        for _, step, f in got:
+            by.setdefault(step, []).append(f)
+        assert by["get_version"] == [{"major": "1", "minor": "17"}]
+        assert by["system_properties"] == [{"nodes": "3"}]
+        nodes = {int(f["node"]): f for f in by["node_properties"]}
+        assert nodes[0]["simds"] == "0" and int(nodes[0]["cpu_cores"]) >= 1
+        vram = config.accel_memory(config.nodes[0].accels[0])[0]
+        for n, minor in ((1, 128), (2, 129)):
+            f = nodes[n]
+            assert f["render_minor"] == str(minor)
+            assert f["device_id"] == str(0x74A1) and f["simds"] == "1216"
+            assert f["gfx"] == "9.4.2"
+            assert int(f["location_id"]) == sysfs.pci_bus(minor) << 8
+            banks = [b for b in by["memory_properties"] if b["node"] == str(n)]
+            assert {"heap": "1", "size": str(vram)} in [
+                {"heap": b["heap"], "size": b["size"]} for b in banks]
+        for step in ("alloc_vram", "map_vram", "gpu_store_load_vram", "alloc_system",
+                     "map_system", "gpu_store_load_system", "free", "create_event",
+                     "wait_event", "close_kfd"):
+            assert step in by, r.stdout
+        # Everything freed: no GEM object left on either GPU (the debugfs tables).
+        for minor in (128, 129):
+            assert node.debug(minor, "gem_objects").strip() == "", node.debug(minor,
+                                                                              "gem_objects")
+
+
+
+@pytest.mark.skipif(shutil.which("rocminfo") is None, reason="rocminfo is not installed")
+def test_rocminfo_lists_the_accel_as_a_gpu_agent(tmp_path: Path):
+    """Debian's rocminfo 5.2.3 (ROCr 5.2.3 over libhsakmt) through the shim lists the CPU
+    and the accel as a GPU agent. Two things stand in for the host, both said in the README:
+    rocminfo first runs `lsmod | grep amdgpu` (kmod reads /proc/modules, which this
+    container does not have), answered by an `lsmod` on PATH that lists amdgpu; and ROCr
+    5.2.3 drops a gfx942 node as "unrecognized id", so HSA_OVERRIDE_GFX_VERSION=9.0.10
+    presents it as gfx90a, as a user of an old ROCr on MI300 would."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lsmod = bin_dir / "lsmod"
+    lsmod.write_text("#!/bin/sh\necho 'Module                  Size  Used by'\n"
+                     "echo 'amdgpu               1  0'\n")
+    lsmod.chmod(0o755)
+    with running_node(tmp_path / "node", PodConfig.local(1, 1)) as node:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
+        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"),
+                   PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}",
+                   HSA_OVERRIDE_GFX_VERSION="9.0.10")
+        r = subprocess.run(["rocminfo"], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr + node.log_text()
+        types = [line.split(":", 1)[1].strip() for line in r.stdout.splitlines()
+                 if line.strip().startswith("Device Type:")]
+        assert types == ["CPU", "GPU"], r.stdout
+        assert "amdgcn-amd-amdhsa--gfx90a" in r.stdout

@@ -1,0 +1,284 @@
+"""<mount>/kfd on a real node (issue 14 items 1–4; spec userspace-surface §3.3): the 'K'
+ioctls through ioctl(2) on the FUSE file, ACQUIRE_VM naming a render node by the caller's
+fd (found by the daemon's private question on a copy of it, never guessed), and the KFD
+topology read through the shim's /sys/devices/virtual/kfd and /sys/class/kfd redirects."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from nodes import REPO, Client, c_program, running_node, running_pod
+
+from ualinkd import sysfs
+from ualinkd.abi import ioctls as tbl
+from ualinkd.abi.ioc import IOC_READ, IOC_WRITE, ioc
+from ualinkd.cli import ctl
+from ualinkd.config import PodConfig
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (FUSE mounts, pidfd_getfd)"),
+]
+SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    with running_node(tmp_path_factory.mktemp("kfd"), PodConfig.local(1, 2)) as n:
+        yield n
+
+
+def kfd_ioctl(fd: int, cmd: int, data: bytes) -> tuple[int, bytes]:
+    """ioctl(2) with a buffer: (0 or errno, the buffer after the call)."""
+    buf = bytearray(data)
+    try:
+        fcntl.ioctl(fd, cmd, buf)
+    except OSError as e:
+        return e.errno, bytes(buf)
+    return 0, bytes(buf)
+
+
+def gpu_ids(node) -> list[int]:
+    top = node.mount / sysfs.KFD_TOPOLOGY
+    return [int((top / f"nodes/{n}/gpu_id").read_text()) for n in (1, 2)]
+
+
+def test_kfd_get_version_and_unknown_nrs(node):
+    fd = os.open(node.mount / "kfd", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        err, out = kfd_ioctl(fd, tbl.KFD_GET_VERSION.cmd, bytes(8))
+        assert err == 0 and struct.unpack("<II", out) == (1, 17)
+        err, out = kfd_ioctl(fd, ioc(IOC_READ | IOC_WRITE, ord("K"), 0x60, 16), b"\x77" * 16)
+        assert (err, out) == (errno.ENOTTY, b"\x77" * 16)  # nothing copied back
+    finally:
+        os.close(fd)
+
+
+def test_acquire_vm_finds_the_open_behind_the_fd(node):
+    """Two opens of renderD128 share its inode; ACQUIRE_VM binds the one the fd names, the
+    other is then EBUSY; a file that is not a render node of this daemon and a closed fd are
+    EINVAL (kfd_ioctl_acquire_vm's fget / amdgpu_file_to_fpriv); renderD129 for GPU 0 is
+    EINVAL (another GPU's VM)."""
+    g0, g1 = gpu_ids(node)
+    kfd = os.open(node.mount / "kfd", os.O_RDWR | os.O_CLOEXEC)
+    r0 = os.open(node.render(0), os.O_RDWR | os.O_CLOEXEC)
+    r0b = os.open(node.render(0), os.O_RDWR | os.O_CLOEXEC)
+    r1 = os.open(node.render(1), os.O_RDWR | os.O_CLOEXEC)
+    other = tempfile.TemporaryFile()
+    closed = os.open("/dev/null", os.O_RDONLY)
+    os.close(closed)
+    cmd = tbl.KFD_ACQUIRE_VM.cmd
+    try:
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", other.fileno(), g0))[0] == errno.EINVAL
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", closed, g0))[0] == errno.EINVAL
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", kfd, g0))[0] == errno.EINVAL
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", r1, g0))[0] == errno.EINVAL
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", r0b, g0))[0] == 0
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", r0b, g0))[0] == 0
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", r0, g0))[0] == errno.EBUSY
+        assert kfd_ioctl(kfd, cmd, struct.pack("<II", r1, g1))[0] == 0
+    finally:
+        for fd in (kfd, r0, r0b, r1):
+            os.close(fd)
+        other.close()
+
+
+def test_process_apertures_into_caller_memory(node):
+    kfd = os.open(node.mount / "kfd", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        cmd = tbl.KFD_GET_PROCESS_APERTURES_NEW.cmd
+        err, out = kfd_ioctl(kfd, cmd, struct.pack("<QII", 0, 0, 0))
+        assert err == 0 and struct.unpack("<QII", out)[1] == 2
+        arr = ctypes.create_string_buffer(2 * 56)
+        err, out = kfd_ioctl(kfd, cmd, struct.pack("<QII", ctypes.addressof(arr), 2, 0))
+        assert err == 0 and struct.unpack("<QII", out)[1] == 2
+        ids = [struct.unpack_from("<6QII", arr.raw, i * 56)[6] for i in range(2)]
+        assert ids == gpu_ids(node)
+        err, _ = kfd_ioctl(kfd, cmd, struct.pack("<QII", 8, 2, 0))
+        assert err == errno.EFAULT
+    finally:
+        os.close(kfd)
+
+
+def test_topology_through_the_shim(node):
+    """/sys/devices/virtual/kfd and /sys/class/kfd are the node's tree under the shim, and
+    /dev/kfd its kfd (the shim's redirects; libhsakmt fopens and opendirs these)."""
+    c_program("libualink_shim.so")
+    script = ("cat /sys/devices/virtual/kfd/kfd/topology/generation_id && "
+              "ls /sys/class/kfd/kfd/topology/nodes && "
+              "cat /sys/class/kfd/kfd/topology/nodes/2/gpu_id && "
+              "grep drm_render_minor /sys/devices/virtual/kfd/kfd/topology/nodes/2/properties"
+              " && test -e /dev/kfd && echo kfd-ok")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
+    env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+    r = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split("\n")[:-1] == ["1", "0", "1", "2", str(gpu_ids(node)[1]),
+                                         "drm_render_minor 129", "kfd-ok"]
+    assert Path(node.mount / "kfd").exists()
+
+
+# ---- KFD memory over UALink (issue 14 item 3: "its dma-buf export is exportable over UALink")
+
+KFD_VRAM_RW = (1 << 0) | (1 << 31)  # KFD_IOC_ALLOC_MEM_FLAGS_VRAM | WRITABLE
+SIZE = 2 << 20
+VA = 1 << 33
+
+
+def kfd_vram(kfd: int, render_fd: int, gpu_id: int) -> int:
+    """ACQUIRE_VM with `render_fd`, a VRAM allocation at VA mapped on the GPU: its handle."""
+    assert kfd_ioctl(kfd, tbl.KFD_ACQUIRE_VM.cmd, struct.pack("<II", render_fd, gpu_id))[0] == 0
+    err, out = kfd_ioctl(kfd, tbl.KFD_ALLOC_MEMORY_OF_GPU.cmd,
+                         struct.pack("<QQQQII", VA, SIZE, 0, 0, gpu_id, KFD_VRAM_RW))
+    assert err == 0
+    handle = struct.unpack("<QQQQII", out)[2]
+    ids = (ctypes.c_uint32 * 1)(gpu_id)
+    err, out = kfd_ioctl(kfd, tbl.KFD_MAP_MEMORY_TO_GPU.cmd,
+                         struct.pack("<QQII", handle, ctypes.addressof(ids), 1, 0))
+    assert err == 0 and struct.unpack("<QQII", out)[3] == 1
+    return handle
+
+
+def test_kfd_memory_exported_over_ualink_and_read_on_another_node(tmp_path):
+    """A KFD VRAM allocation on node A, written by A's GPU through the acquired file;
+    EXPORT_DMABUF -> (the token opened as the dma-buf fd) -> PRIME_FD_TO_HANDLE -> UALink
+    export; node B imports the handle, maps it and its GPU loads A's bytes over the fabric
+    (spec userspace-surface §3.3 steps 5–8)."""
+    with running_pod(tmp_path, 2) as (a, b):
+        gpu = int((a.mount / sysfs.KFD_TOPOLOGY / "nodes/1/gpu_id").read_text())
+        kfd = os.open(a.mount / "kfd", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            with Client(a.render()) as ca, Client(b.render()) as cb:
+                handle = kfd_vram(kfd, ca.fd, gpu)
+                data = bytes(range(256)) * (SIZE // 256)
+                assert ca.gpu_write(VA, data) == SIZE
+                err, out = kfd_ioctl(kfd, tbl.KFD_EXPORT_DMABUF.cmd,
+                                     struct.pack("<QII", handle, os.O_CLOEXEC, 0))
+                assert err == 0
+                token = struct.unpack("<QII", out)[2]
+                dmabuf = os.open(a.mount / "dmabuf" / str(token), os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    assert os.lseek(dmabuf, 0, os.SEEK_END) == SIZE
+                    gem = ca.fd_to_handle(dmabuf)
+                finally:
+                    os.close(dmabuf)
+                ualink = ca.export(gem)
+                fd = cb.import_(ualink)
+                try:
+                    h = cb.fd_to_handle(fd)
+                    cb.va_map(h, VA, SIZE)
+                    assert cb.gpu_read(VA, 4096) == data[:4096]
+                    assert cb.gpu_read(VA + SIZE - 4096, 4096) == data[-4096:]
+                finally:
+                    os.close(fd)
+                # A GEM handle keeps the BO after KFD frees its allocation (§3.3 step 5)
+                ids = (ctypes.c_uint32 * 1)(gpu)
+                assert kfd_ioctl(kfd, tbl.KFD_UNMAP_MEMORY_FROM_GPU.cmd, struct.pack(
+                    "<QQII", handle, ctypes.addressof(ids), 1, 0))[0] == 0
+                assert kfd_ioctl(kfd, tbl.KFD_FREE_MEMORY_OF_GPU.cmd,
+                                 struct.pack("<Q", handle))[0] == 0
+        finally:
+            os.close(kfd)
+
+
+SHIM_EXPORT = """
+import ctypes, fcntl, os, struct, sys
+kfd = os.open("/dev/kfd", os.O_RDWR | os.O_CLOEXEC)
+render = os.open("/dev/dri/renderD128", os.O_RDWR | os.O_CLOEXEC)
+gpu = int(open("/sys/class/kfd/kfd/topology/nodes/1/gpu_id").read())
+def io(cmd, data):
+    buf = bytearray(data)
+    fcntl.ioctl(kfd, cmd, buf)
+    return bytes(buf)
+io({acquire}, struct.pack("<II", render, gpu))
+out = io({alloc}, struct.pack("<QQQQII", 1 << 33, 1 << 20, 0, 0, gpu, {flags}))
+handle = struct.unpack("<QQQQII", out)[2]
+fd = struct.unpack("<QII", io({export}, struct.pack("<QII", handle, os.O_CLOEXEC, 0)))[2]
+print(os.fstat(fd).st_size, "/dmabuf/" in os.readlink(f"/proc/self/fd/{{fd}}"))
+"""
+
+
+def test_kfd_export_dmabuf_gives_a_real_fd_under_the_shim(node):
+    """Under the shim, EXPORT_DMABUF's dmabuf_fd is the dma-buf file's fd (the token traded
+    as for PRIME), not the token."""
+    c_program("libualink_shim.so")
+    script = SHIM_EXPORT.format(acquire=tbl.KFD_ACQUIRE_VM.cmd,
+                                alloc=tbl.KFD_ALLOC_MEMORY_OF_GPU.cmd,
+                                export=tbl.KFD_EXPORT_DMABUF.cmd, flags=KFD_VRAM_RW)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == [str(1 << 20), "True"]
+
+
+def test_ualinkctl_lists_kfd_allocations(node, capsys):
+    """Issue 14 item 6: `ualinkctl kfd` shows each KFD allocation of the node (pid, handle,
+    GPU VA, size, the GPUs it is mapped on), in text and --json; gone when the process
+    closes its kfd."""
+    gpu = gpu_ids(node)[0]
+    kfd = os.open(node.mount / "kfd", os.O_RDWR | os.O_CLOEXEC)
+    render = os.open(node.render(0), os.O_RDWR | os.O_CLOEXEC)
+    try:
+        handle = kfd_vram(kfd, render, gpu)
+        assert ctl.main(["--mount", str(node.mount), "kfd"]) == 0
+        text = capsys.readouterr().out
+        assert f"{handle:#x}" in text and f"{VA:#x}" in text and "2 MiB" in text
+        assert ctl.main(["--mount", str(node.mount), "--json", "kfd"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        rows = [r for a in doc["accels"] for r in a["kfd"]]
+        assert rows == [{"pid": os.getpid(), "handle": handle, "va": VA, "size": SIZE,
+                         "mapped": [gpu]}]
+    finally:
+        os.close(kfd)
+        os.close(render)
+    assert ctl.main(["--mount", str(node.mount), "--json", "kfd"]) == 0
+    assert all(a["kfd"] == [] for a in json.loads(capsys.readouterr().out)["accels"])
+
+
+def test_kfd_import_dmabuf_of_a_render_node_bo(node):
+    """IMPORT_DMABUF with a real dma-buf fd (PRIME_HANDLE_TO_FD of a GEM BO through
+    libualink): the daemon finds the dma-buf behind the caller's fd, the BO becomes a KFD
+    allocation of the GPU, mapped at va_addr, and GET_DMABUF_INFO reports its size and GPU;
+    a regular file's fd is EINVAL."""
+    gpu = gpu_ids(node)[0]
+    kfd = os.open(node.mount / "kfd", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        with Client(node.render(0)) as c:
+            assert kfd_ioctl(kfd, tbl.KFD_ACQUIRE_VM.cmd, struct.pack("<II", c.fd, gpu))[0] == 0
+            bo = c.bo_create(SIZE)
+            fd = c.handle_to_fd(bo)
+            try:
+                err, out = kfd_ioctl(kfd, tbl.KFD_GET_DMABUF_INFO.cmd,
+                                     struct.pack("<QQIIII", 0, 0, 0, 0, 0, fd))
+                assert err == 0
+                size, _, _, got_gpu, _, _ = struct.unpack("<QQIIII", out)
+                assert (size, got_gpu) == (SIZE, gpu)
+                err, out = kfd_ioctl(kfd, tbl.KFD_IMPORT_DMABUF.cmd,
+                                     struct.pack("<QQII", VA, 0, gpu, fd))
+                assert err == 0
+                handle = struct.unpack("<QQII", out)[1]
+                ids = (ctypes.c_uint32 * 1)(gpu)
+                assert kfd_ioctl(kfd, tbl.KFD_MAP_MEMORY_TO_GPU.cmd, struct.pack(
+                    "<QQII", handle, ctypes.addressof(ids), 1, 0))[0] == 0
+                assert c.gpu_write(VA, b"\x42" * 4096) == 4096
+                assert c.gpu_read(VA, 4096) == b"\x42" * 4096
+                with tempfile.TemporaryFile() as f:
+                    assert kfd_ioctl(kfd, tbl.KFD_IMPORT_DMABUF.cmd, struct.pack(
+                        "<QQII", VA, 0, gpu, f.fileno()))[0] == errno.EINVAL
+            finally:
+                os.close(fd)
+    finally:
+        os.close(kfd)
