@@ -155,7 +155,10 @@ def _unions() -> list[Aggregate]:
 
 def emulator_aggregates() -> list[Aggregate]:
     """Every struct and union the emulator decodes, with its layout as the emulator has it."""
-    lays = [v for v in vars(st).values() if isinstance(v, st.Layout | st.ArrayLayout)]
+    # The DRM and amdgpu uAPI: the KFD's structs ('K' ioctls, include/ualink/ualink_kfd.h)
+    # are another header's, checked by tests/abi/test_kfd_abi.py against <linux/kfd_ioctl.h>.
+    lays = [v for v in vars(st).values() if isinstance(v, st.Layout | st.ArrayLayout)
+            and not v.name.startswith("kfd_")]
     return [*(_layout(lay) for lay in lays), *_unions()]
 
 
