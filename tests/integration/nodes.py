@@ -6,6 +6,7 @@ Every daemon started here is stopped, and its mount cleared, even when the test 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cffi
+import pytest
 
 from ualinkd import sysfs
 from ualinkd.config import PodConfig
@@ -256,3 +258,17 @@ class Client:
     def gpu_write(self, va: int, data: bytes) -> int:
         """One pwrite at offset = GPU VA (a GPU store); the count written."""
         return os.pwrite(self.fd, data, va)
+
+
+def call(fd: int, cmd: int, data: bytes) -> bytes:
+    """A raw ioctl(2) on `fd` with `data` as the argument: the bytes copied back."""
+    buf = bytearray(data)
+    fcntl.ioctl(fd, cmd, buf)
+    return bytes(buf)
+
+
+def errno_of(fd: int, cmd: int, data: bytes) -> int:
+    """The errno of a raw ioctl(2) that must fail."""
+    with pytest.raises(OSError) as ei:
+        call(fd, cmd, data)
+    return ei.value.errno

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import mmap
 import os
 import struct
 
 import pytest
-from nodes import running_node
+from nodes import call, errno_of, running_node
 
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import iow, iowr
@@ -44,18 +43,6 @@ def fd(node):
     fd = os.open(node.render(), os.O_RDWR)
     yield fd
     os.close(fd)
-
-
-def call(fd: int, cmd: int, data: bytes) -> bytes:
-    buf = bytearray(data)
-    fcntl.ioctl(fd, cmd, buf)
-    return bytes(buf)
-
-
-def errno_of(fd: int, cmd: int, data: bytes) -> int:
-    with pytest.raises(OSError) as ei:
-        call(fd, cmd, data)
-    return ei.value.errno
 
 
 def info(fd: int, query: int, out: ctypes.Array | int, size: int,

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import os
 import select
 import struct
 import time
 
 import pytest
-from nodes import running_node
+from nodes import call, errno_of, running_node
 
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import iowr
@@ -38,18 +37,6 @@ def fds(node):
     yield opened
     for fd in opened:
         os.close(fd)
-
-
-def call(fd: int, cmd: int, data: bytes) -> bytes:
-    buf = bytearray(data)
-    fcntl.ioctl(fd, cmd, buf)
-    return bytes(buf)
-
-
-def errno_of(fd: int, cmd: int, data: bytes) -> int:
-    with pytest.raises(OSError) as ei:
-        call(fd, cmd, data)
-    return ei.value.errno
 
 
 def create(fd: int, signaled: bool = False) -> int:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import os
 import struct
 import threading
 import time
 
 import pytest
-from nodes import running_node
+from nodes import call, errno_of, running_node
 
 from ualinkd.abi import constants as c
 from ualinkd.abi import structs as st
@@ -41,18 +40,6 @@ def fd(node):
     fd = os.open(node.render(), os.O_RDWR)
     yield fd
     os.close(fd)
-
-
-def call(fd: int, cmd: int, data: bytes) -> bytes:
-    buf = bytearray(data)
-    fcntl.ioctl(fd, cmd, buf)
-    return bytes(buf)
-
-
-def errno_of(fd: int, cmd: int, data: bytes) -> int:
-    with pytest.raises(OSError) as ei:
-        call(fd, cmd, data)
-    return ei.value.errno
 
 
 def u32s(*values: int) -> ctypes.Array:
