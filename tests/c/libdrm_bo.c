@@ -28,27 +28,9 @@
 #include <amdgpu_drm.h>
 #include <xf86drm.h>
 
+#include "libdrm_check.h"
+
 #define BO_SIZE (2u << 20)
-
-static void fail(const char *step, int err)
-{
-	printf("fail %s err=%d (%s)\n", step, err, strerror(err < 0 ? -err : err));
-	exit(1);
-}
-
-static void check(int ret, const char *step)
-{
-	if (ret < 0)
-		fail(step, ret == -1 ? -errno : ret);
-}
-
-static void expect(int cond, const char *step)
-{
-	if (!cond) {
-		printf("fail %s err=0 (check)\n", step);
-		exit(1);
-	}
-}
 
 static int cloexec(int fd)
 {

@@ -25,18 +25,7 @@
 #include <amdgpu_drm.h>
 #include <xf86drm.h>
 
-static void fail(const char *step, int err)
-{
-	printf("fail %s err=%d (%s)\n", step, err, strerror(err < 0 ? -err : err));
-	exit(1);
-}
-
-/* libdrm returns -errno from amdgpu_* and -1/errno from some drm* calls. */
-static void check(int ret, const char *step)
-{
-	if (ret < 0)
-		fail(step, ret == -1 ? -errno : ret);
-}
+#include "libdrm_check.h"
 
 static void print_device(const char *step, drmDevicePtr d)
 {

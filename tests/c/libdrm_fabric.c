@@ -33,6 +33,8 @@
 #include <amdgpu_drm.h>
 #include <xf86drm.h>
 
+#include "libdrm_check.h"
+
 #include "ualink/ualink_drm.h"	/* only its UALink part: amdgpu_drm.h came first */
 
 #define BO_SIZE (2u << 20)
@@ -54,18 +56,6 @@ struct gem_va_timeline {
 	uint64_t input_fence_syncobj_handles;
 };
 _Static_assert(sizeof(struct gem_va_timeline) == 64, "64-byte GEM_VA");
-
-static void fail(const char *step, int err)
-{
-	printf("fail %s err=%d (%s)\n", step, err, strerror(err < 0 ? -err : err));
-	exit(1);
-}
-
-static void check(int ret, const char *step)
-{
-	if (ret < 0)
-		fail(step, ret == -1 ? -errno : ret);
-}
 
 static amdgpu_device_handle init(void)
 {
