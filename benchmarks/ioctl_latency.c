@@ -24,24 +24,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_stats.h"
+
 #include "ualink/ualink_drm.h"
 
 #define BUF_SIZE 4096
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* Create a VRAM BO and export it once; returns its GEM handle, 0 on error. */
 static uint32_t setup_export(int fd)
@@ -77,7 +64,7 @@ int main(int argc, char **argv)
 	long count, warmup = 1000, i, failures = 0;
 	int export_mode = argc > 1 && !strcmp(argv[1], "--export");
 	int argi = 3, fd, first_errno = 0;
-	uint64_t *ns, sum = 0;
+	uint64_t *ns;
 	size_t size;
 
 	if (argc < argi + 1 || argc > argi + 2) {
@@ -138,14 +125,8 @@ int main(int argc, char **argv)
 	if (failures)
 		fprintf(stderr, "%ld of %ld ioctls failed (first: %s)\n",
 			failures, count + warmup, strerrorname_np(first_errno));
-	for (i = 0; i < count; i++)
-		sum += ns[i];
-	qsort(ns, (size_t)count, sizeof(*ns), cmp_u64);
-	/* nearest-rank percentiles */
-	printf("median_ns=%llu p99_ns=%llu mean_ns=%llu count=%ld\n",
-	       (unsigned long long)ns[(count - 1) / 2],
-	       (unsigned long long)ns[(count * 99 + 99) / 100 - 1],
-	       (unsigned long long)(sum / (uint64_t)count), count);
+	print_stats(ns, count);
+	printf("\n");
 	free(ns);
 	return 0;
 }

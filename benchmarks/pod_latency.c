@@ -35,25 +35,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_stats.h"
+
 #include "ualink/ualink_drm.h"
 
 #define VA 0x100000000ull
 #define IMPORT_BO_SIZE (1u << 20)
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
-}
 
 static void fail(const char *what)
 {
@@ -264,7 +251,7 @@ static int cmd_load(const char *exp_path, const char *imp_path, int nspec, char 
 	va_map(ifd, gem, max);
 	for (s = 0; s < nspec; s++) {
 		long count = counts[s], warmup = count / 10 + 1, i;
-		uint64_t *ns = calloc((size_t)count, sizeof(*ns)), sum = 0;
+		uint64_t *ns = calloc((size_t)count, sizeof(*ns));
 
 		if (!ns)
 			return 1;
@@ -275,13 +262,9 @@ static int cmd_load(const char *exp_path, const char *imp_path, int nspec, char 
 			if (i >= 0)
 				ns[i] = now_ns() - t0;
 		}
-		for (i = 0; i < count; i++)
-			sum += ns[i];
-		qsort(ns, (size_t)count, sizeof(*ns), cmp_u64);
-		printf("size=%zu median_ns=%llu p99_ns=%llu mean_ns=%llu count=%ld\n", sizes[s],
-		       (unsigned long long)ns[(count - 1) / 2],
-		       (unsigned long long)ns[(count * 99 + 99) / 100 - 1],
-		       (unsigned long long)(sum / (uint64_t)count), count);
+		printf("size=%zu ", sizes[s]);
+		print_stats(ns, count);
+		printf("\n");
 		fflush(stdout);
 		free(ns);
 	}

@@ -34,20 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
-}
+#include "bench_stats.h"
 
 static void die(const char *what)
 {
@@ -159,7 +146,7 @@ static void echo_child(int fd, void *arg)
 static int rtt(long count, size_t size, long warmup, const char *congestion)
 {
 	static char buf[65536];
-	uint64_t *ns = calloc((size_t)count, sizeof(*ns)), sum = 0;
+	uint64_t *ns = calloc((size_t)count, sizeof(*ns));
 	pid_t pid;
 	int fd, status;
 	long i;
@@ -178,13 +165,8 @@ static int rtt(long count, size_t size, long warmup, const char *congestion)
 	}
 	close(fd);
 	waitpid(pid, &status, 0);
-	for (i = 0; i < count; i++)
-		sum += ns[i];
-	qsort(ns, (size_t)count, sizeof(*ns), cmp_u64);
-	printf("median_ns=%llu p99_ns=%llu mean_ns=%llu count=%ld size=%zu\n",
-	       (unsigned long long)ns[(count - 1) / 2],
-	       (unsigned long long)ns[(count * 99 + 99) / 100 - 1],
-	       (unsigned long long)(sum / (uint64_t)count), count, size);
+	print_stats(ns, count);
+	printf(" size=%zu\n", size);
 	free(ns);
 	return 0;
 }
