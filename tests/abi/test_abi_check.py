@@ -1,5 +1,5 @@
 """`ualinkd abi-check`: a client's header against the emulator's structs and ioctl numbers
-(issue 12 item 3). The C compiler decides every offset (ualinkd/abi/check.py's probe).
+(issue 12 item 3). The C compiler decides every offset (ualinkd/abi_check.py's probe).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ualinkd.abi import check
+from ualinkd import abi_check as check
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT_HEADER = ROOT / "include" / "ualink" / "ualink_drm.h"

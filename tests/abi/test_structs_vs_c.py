@@ -1,6 +1,6 @@
 """The Python struct layouts agree with include/ualink/ualink_drm.h as a C compiler sees it.
 
-Sizes and offsets come from `ualinkd/abi/check.py`'s probe (the one `ualinkd abi-check`
+Sizes and offsets come from `ualinkd/abi_check.py`'s probe (the one `ualinkd abi-check`
 runs: a generated C program prints sizeof/offsetof) and are checked against the offsets
 derived from the `struct.Struct` codecs in `ualinkd/abi/structs.py` (spec §1.3, §2.3–§2.8).
 Bytes written through the C struct (cffi in API mode, partial structs) must also decode to
@@ -203,7 +203,7 @@ def probed():
 def test_layout_size_and_offsets_match_c(probed, layout):
     """§2.2–§2.8, §5: sizeof and every field offset equal the codec's, as the C compiler has
     them (drm_amdgpu_info_device 448 bytes with tcc_disabled_mask at 360, hw_ip 40, info 32,
-    drm_version 64). abi/check.py's probe is the one comparison; this pins it per layout."""
+    drm_version 64). abi_check.py's probe is the one comparison; this pins it per layout."""
     agg = next(a for a in abi_check.emulator_aggregates() if a.name == layout.name)
     assert probed.sizes[agg.ctype] == layout.size
     for f in agg.fields:

@@ -228,7 +228,7 @@ def _abi_check(args: argparse.Namespace) -> int:
     the header does not compile."""
     import shlex
 
-    from ..abi import check
+    from .. import abi_check as check
 
     cflags = [f"-I{d}" for d in args.include] + shlex.split(args.cflags)
     try:

@@ -14,8 +14,8 @@ passes: drm_ioctl() zero-extends a shorter argument and copies out only the call
 (spec §2.1), and INFO answers are cut to the caller's return_size. Its ioctl number, which
 carries the shorter size, passes for the same reason.
 
-This module runs the C compiler (subprocess) and is no part of the sans-IO core; tests/abi
-uses it against include/ualink/ualink_drm.h.
+This module runs the C compiler (subprocess), so it sits beside the sans-IO `abi/` layer it
+reads, not in it; tests/abi uses it against include/ualink/ualink_drm.h.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import construct as cs
 
-from . import ioctls as tbl
-from . import structs as st
-from .ioc import DRM_IOCTL_BASE, IoctlCmd
+from .abi import ioctls as tbl
+from .abi import structs as st
+from .abi.ioc import DRM_IOCTL_BASE, IoctlCmd
 
 
 @dataclass(frozen=True, slots=True)
