@@ -34,8 +34,6 @@
  *    trades it for the real fd by opening <dmabuf dir>/<token>
  *    ($UALINK_DMABUF_DIR, else <mount>/dmabuf) and writes the fd where the
  *    kernel would have.  If that open fails the ioctl fails with its errno.
- *  - DRM_IOCTL_VERSION is answered here, as amdgpu 3.64.0 would, with
- *    drm_version()'s copy rules (a raw caller without the shim asks the node).
  *  - Everything else passes straight through.  Without UALINK_DRI_DIR the
  *    shim changes nothing; with one that is not a ualinkd mount it changes
  *    nothing either and says so once on stderr.
@@ -77,18 +75,9 @@
 
 #define SHIM_API __attribute__((visibility("default")))
 
-_Static_assert(sizeof(void *) != 8 || sizeof(struct drm_version) == 64,
-	       "struct drm_version is 64 bytes on LP64");
 /* LP64: the 64 variants are the same structs, so one wrapper body serves both. */
 _Static_assert(sizeof(struct stat) == sizeof(struct stat64), "struct stat64");
 _Static_assert(sizeof(struct dirent) == sizeof(struct dirent64), "struct dirent64");
-
-#define SHIM_VERSION_MAJOR 3
-#define SHIM_VERSION_MINOR 64
-#define SHIM_VERSION_PATCHLEVEL 0
-#define SHIM_NAME "amdgpu"
-#define SHIM_DATE "20150101"
-#define SHIM_DESC "AMD GPU"
 
 #define DRM_MAJOR 226
 #define RENDER_MINOR_BASE 128
@@ -1335,35 +1324,6 @@ static int real_ioctl(int fd, unsigned long request, void *arg)
 		  : (int)syscall(SYS_ioctl, fd, request, arg);
 }
 
-/* drm_version()'s copy_field: at most *len bytes, no NUL, *len = real length. */
-static void copy_field(char *buf, size_t *len, const char *value)
-{
-	size_t n = strlen(value);
-
-	if (n > *len)
-		n = *len;
-	*len = strlen(value);
-	if (n && buf)
-		memcpy(buf, value, n);
-}
-
-/* Answered here: the FUSE file cannot write through the user pointers.  A bad
- * pointer faults in the caller instead of giving EFAULT. */
-static int answer_version(struct drm_version *v)
-{
-	if (!v) {
-		errno = EFAULT;
-		return -1;
-	}
-	v->version_major = SHIM_VERSION_MAJOR;
-	v->version_minor = SHIM_VERSION_MINOR;
-	v->version_patchlevel = SHIM_VERSION_PATCHLEVEL;
-	copy_field(v->name, &v->name_len, SHIM_NAME);
-	copy_field(v->date, &v->date_len, SHIM_DATE);
-	copy_field(v->desc, &v->desc_len, SHIM_DESC);
-	return 0;
-}
-
 /* Trade a token for the real fd (single-use, same uid). */
 static int open_token(uint32_t token, int oflags)
 {
@@ -1456,9 +1416,6 @@ SHIM_API int ioctl(int fd, unsigned long request, ...)
 		return kfd_export_dmabuf(fd, request, arg);
 	if (!shim_fd_is_render(fd))
 		return real_ioctl(fd, request, arg);
-
-	if (request == DRM_IOCTL_VERSION)
-		return answer_version(arg);
 
 	/* The UALink import: op at offset 0 in, the token at offset 0 out. */
 	if (is_drm_rw(request, DRM_COMMAND_BASE + DRM_AMDGPU_UALINK_HANDLE, sizeof(__u32))) {

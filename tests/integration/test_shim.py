@@ -79,7 +79,8 @@ def test_unmodified_client_under_the_shim(node):
     assert r.returncode == 0, r.stdout + r.stderr
     s = steps(r.stdout)
     assert all(v["status"] in ("ok", "info") for v in s.values()), r.stdout
-    # DRM_IOCTL_VERSION answered by the shim, drmGetVersion's two passes and truncation
+    # DRM_IOCTL_VERSION answered by the daemon through caller memory (drm_version):
+    # drmGetVersion's two passes and truncation
     for step in ("version", "card0"):
         assert s[step] | {"status": "ok"} == {
             "status": "ok", "name": "amdgpu", "major": "3", "minor": "64",
