@@ -18,13 +18,20 @@ from . import sysfs
 from .abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
 from .abi.drmfile_query import NONCE, UALINKD_IOCTL_DRM_FILE_QUERY
 from .amdgpu.cpu_map import CpuMapGrants
-from .amdgpu.driver import AmdgpuDriver, CopyToUser
+from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.profile import PROFILES
 from .amdgpu.vm import RemoteFn, RemotePiece, gpu_load, gpu_store
 from .amdkfd.chardev import Clock, Kfd, KfdNode, KfdProcess, ResolveDrmFile
 from .amdkfd.topology import Topology, TopologyGpu, gpu_ids
 from .config import PodConfig
-from .drm.device import Caller, CopyFromUser, DrmDevice, IoctlResult, OpenProcessMemory
+from .drm.device import (
+    Caller,
+    CopyFromUser,
+    CopyToUser,
+    DrmDevice,
+    IoctlResult,
+    OpenProcessMemory,
+)
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.gem import DmaBuf
@@ -95,8 +102,7 @@ class NodeCore:
             device.open_process_memory = open_process_memory
             device.resolve_token_fd = self._resolve_token
             device.open_eventfd = open_eventfd
-            driver = AmdgpuDriver(device, *config.accel_memory(accel), copy_to_user,
-                                  PROFILES[accel.profile])
+            driver = AmdgpuDriver(device, *config.accel_memory(accel), PROFILES[accel.profile])
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(
                 self.host, driver, config.ppod_info(accel), config.vpod_info(accel.accel_id),

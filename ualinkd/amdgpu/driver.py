@@ -18,7 +18,7 @@ from typing import Protocol
 from ..abi import constants as c
 from ..abi import ioctls as tbl
 from ..abi import structs as st
-from ..drm.device import Caller, CopyToUser, DriverVersion, DrmDevice, Handler, ProcessMemory
+from ..drm.device import Caller, DriverVersion, DrmDevice, Handler, ProcessMemory
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf, GemObject
@@ -51,7 +51,7 @@ class UalinkOps(Protocol):
     def revoke(self, bo: AmdgpuBo) -> None: ...
 
 
-__all__ = ["AmdgpuDriver", "CopyToUser", "UalinkOps"]
+__all__ = ["AmdgpuDriver", "UalinkOps"]
 
 
 class AmdgpuDriver:
@@ -60,7 +60,6 @@ class AmdgpuDriver:
         device: DrmDevice,
         vram_size: int,
         gtt_size: int,
-        copy_to_user: CopyToUser | None = None,
         profile: DeviceProfile = MI300X,
     ) -> None:
         self.device = device
@@ -68,7 +67,6 @@ class AmdgpuDriver:
         self.vram = MemoryPool("vram", vram_size)
         self.gtt = MemoryPool("gtt", gtt_size)
         self.ualink: UalinkOps | None = None
-        self.copy_to_user = copy_to_user
         self._mmap_next = _MMAP_OFFSET_START
         self.gpu_faults = 0  # GPU page faults of loads/stores through any file's VM (policy 10)
         # amdgpu_drv.c: KMS_DRIVER_MAJOR.MINOR.PATCHLEVEL of the kernels the spec is from
@@ -315,10 +313,8 @@ class AmdgpuDriver:
             # up to a page (an NPA BO's byte alignment of 1 reads 4096).
             alignment = -(-bo.alignment // 4096) * 4096
             info = st.GemCreateIn(bo.size, alignment, bo.preferred_domains, bo.flags)
-            if self.copy_to_user is None:
-                raise DrmError(errno.EFAULT, "no user memory access")
             # The last thing it does: nothing changes while the copy is in flight.
-            return self.copy_to_user(caller.pid, args.value, st.GEM_CREATE_IN.encode(info))
+            return self.device.write_user(caller, args.value, st.GEM_CREATE_IN.encode(info))
         if args.op == c.GEM_OP_SET_PLACEMENT:
             if (bo.import_buf is not None or bo.npa is not None) and args.value & c.DOMAIN_VRAM:
                 raise DrmError(errno.EINVAL, "imported BOs cannot prefer VRAM")
