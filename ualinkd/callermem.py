@@ -207,6 +207,7 @@ class CallerMemory:
         self._exhausted_reported = False
         self._timeout_reported = False
         self._stuck = 0
+        self._processes: dict[int, _PinnedProcess] = {}
 
     @property
     def stuck(self) -> int:
@@ -294,17 +295,9 @@ class CallerMemory:
             raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
 
     def open_process(self, tid: int) -> ProcMemory:
-        return ProcMemory(tid, self)
-
-
-class ProcMemory:
-    """drm.device.ProcessMemory through /proc: a directory fd of /proc/<tgid> pins that
-    process (once it exits, opening anything in it fails, even if its pid is reused); `mem`
-    is opened from it. Opening reads no caller memory, so it happens on the caller's request;
-    every access goes through the CallerMemory's workers."""
-
-    def __init__(self, tid: int, owner: CallerMemory) -> None:
-        self._owner = owner
+        """A handle on the memory of `tid`'s process. Every handle on one live process
+        shares one pair of fds (a client with many userptr BOs costs the daemon two fds, not
+        two per BO); a process that has exited since gets a new pair."""
         # FUSE reports the calling thread; the memory is its process's, which outlives the
         # thread. The thread is blocked in our ioctl, so its process cannot go away (and its
         # pid be reused) between reading Tgid and opening /proc/<tgid>.
@@ -312,14 +305,59 @@ class ProcMemory:
             tgid = tgid_of(tid)
             if tgid is None:
                 raise OSError(errno.ESRCH, "gone")
-            self._dir, self._mem = _open_thread(tgid)
+            pinned = self._processes.get(tgid)
+            if pinned is None or not pinned.alive():
+                pinned = self._processes[tgid] = _PinnedProcess(tgid, *_open_thread(tgid))
         except (OSError, StopIteration, ValueError):
             raise DrmError(errno.EFAULT, f"no process for thread {tid}") from None
+        pinned.refs += 1
+        return ProcMemory(pinned, self)
+
+    def _unpin(self, pinned: _PinnedProcess) -> None:
+        pinned.refs -= 1
+        if pinned.refs == 0:
+            if self._processes.get(pinned.tgid) is pinned:
+                del self._processes[pinned.tgid]
+            for fd in (pinned.mem, pinned.dir):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    @property
+    def pinned_processes(self) -> int:
+        return len(self._processes)
+
+
+class _PinnedProcess:
+    """A directory fd of /proc/<tgid>, which pins that process (once it exits, opening
+    anything in it fails, even if its pid is reused), and its `mem`; `refs` counts the open
+    ProcMemory handles (CallerMemory owns it)."""
+
+    __slots__ = ("dir", "mem", "refs", "tgid")
+
+    def __init__(self, tgid: int, dir_fd: int, mem_fd: int) -> None:
+        self.tgid, self.dir, self.mem, self.refs = tgid, dir_fd, mem_fd, 0
+
+    def alive(self) -> bool:
+        try:
+            os.stat("stat", dir_fd=self.dir)
+        except OSError:
+            return False
+        return True
+
+
+class ProcMemory:
+    """drm.device.ProcessMemory through /proc (a handle on a _PinnedProcess). Opening
+    reads no caller memory, so it happens on the caller's request; every access goes through
+    the CallerMemory's workers, on duplicates of the pinned fds."""
+
+    def __init__(self, pinned: _PinnedProcess, owner: CallerMemory) -> None:
+        self._owner = owner
+        self._pinned: _PinnedProcess | None = pinned
 
     def _fds(self) -> tuple[int, int]:
-        if self._dir < 0:
+        if self._pinned is None:
             raise DrmError(errno.EFAULT, "the process memory is closed")
-        return os.dup(self._dir), os.dup(self._mem)
+        return os.dup(self._pinned.dir), os.dup(self._pinned.mem)
 
     async def accessible(self, address: int, size: int, write: bool) -> int:
         return await self._owner.run(_extent, *self._fds(), address, size, write,
@@ -334,7 +372,6 @@ class ProcMemory:
                                      self._owner.own_dev)
 
     def close(self) -> None:
-        for fd in (self._mem, self._dir):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._dir = self._mem = -1
+        if self._pinned is not None:
+            self._owner._unpin(self._pinned)
+            self._pinned = None

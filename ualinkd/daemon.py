@@ -61,23 +61,85 @@ _SYS_PIDFD_GETFD = 438  # x86-64 (and the generic table)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+# A kernel holds a registered eventfd as a reference, the daemon as an fd of its own: so that
+# one client cannot spend the fds every other client and fabric link needs, each process may
+# have this many registered at once, and all processes together half the daemon's fd limit.
+# Past either, SYNCOBJ_EVENTFD is ENOMEM (what the kernel answers when it cannot allocate the
+# entry), with one log line per process.
+MAX_EVENTFDS_PER_PROCESS = 4096
+
+
+class _HeldEventFds:
+    """Who holds how many registered eventfds (CallerEventFd is the one user)."""
+
+    def __init__(self) -> None:
+        self.by_tgid: dict[int, int] = {}
+        self.total = 0
+        self._reported: set[int] = set()
+
+    def total_limit(self) -> int:
+        import resource
+
+        return max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
+
+    def take(self, tgid: int) -> None:
+        held = self.by_tgid.get(tgid, 0)
+        if held >= MAX_EVENTFDS_PER_PROCESS or self.total >= self.total_limit():
+            if tgid not in self._reported:
+                self._reported.add(tgid)
+                log.warning("process %d: SYNCOBJ_EVENTFD refused (ENOMEM): %d eventfds held "
+                            "for it, %d for all (limits %d per process, %d in all)", tgid,
+                            held, self.total, MAX_EVENTFDS_PER_PROCESS, self.total_limit())
+            raise DrmError(errno.ENOMEM, f"process {tgid} holds {held} eventfds")
+        self.by_tgid[tgid] = held + 1
+        self.total += 1
+
+    def give_back(self, tgid: int) -> None:
+        held = self.by_tgid[tgid] - 1
+        if held:
+            self.by_tgid[tgid] = held
+        else:
+            del self.by_tgid[tgid]
+            self._reported.discard(tgid)
+        self.total -= 1
+
+
 class CallerEventFd:
     """drm.syncobj.EventFd: the daemon's own reference to a caller's eventfd. Reopening it
     through /proc/<pid>/fd answers ENXIO (an anonymous inode has no open), so the file is
     taken with pidfd_getfd(2), which needs the same ptrace rights as /proc/<pid>/mem. The
-    fd must be an eventfd: none → EBADF, another file → EINVAL (eventfd_ctx_fdget)."""
+    fd must be an eventfd: none → EBADF, another file → EINVAL (eventfd_ctx_fdget); a
+    process over its quota (MAX_EVENTFDS_PER_PROCESS) → ENOMEM."""
+
+    held = _HeldEventFds()
 
     def __init__(self, tid: int, fd: int) -> None:
+        self._fd: int | None = None
+        self._tgid: int | None = None
         try:
             target = os.readlink(f"/proc/{tid}/fd/{fd}")
         except OSError:
             raise DrmError(errno.EBADF, f"thread {tid} has no fd {fd}") from None
         if target != "anon_inode:[eventfd]":
             raise DrmError(errno.EINVAL, f"fd {fd} is not an eventfd ({target})")
+        tgid = tgid_of(tid)
         try:
-            pidfd = os.pidfd_open(tgid_of(tid) or -1)
+            pidfd = os.pidfd_open(tgid or -1)
         except (OSError, ValueError):
             raise DrmError(errno.EBADF, f"no process for thread {tid}") from None
+        try:
+            self.held.take(tgid or -1)
+        except DrmError:
+            os.close(pidfd)
+            raise
+        self._tgid = tgid or -1
+        try:
+            self._getfd(pidfd, fd)
+        except BaseException:
+            self._release_quota()
+            raise
+
+    def _getfd(self, pidfd: int, fd: int) -> None:
         try:
             got = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
             if got < 0:
@@ -86,7 +148,7 @@ class CallerEventFd:
                                f"pidfd_getfd of fd {fd}: {os.strerror(err)}")
         finally:
             os.close(pidfd)
-        self._fd: int | None = got
+        self._fd = got
         # The same open file as the caller's: check it is still an eventfd (the fd number
         # could have been reused between the readlink and the getfd).
         if os.readlink(f"/proc/self/fd/{got}") != "anon_inode:[eventfd]":
@@ -112,6 +174,12 @@ class CallerEventFd:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
+        self._release_quota()
+
+    def _release_quota(self) -> None:
+        if self._tgid is not None:
+            self.held.give_back(self._tgid)
+            self._tgid = None
 
 
 def query_drm_file(tid: int, fd: int, own_dev: tuple[int, int] | None, nonce: int) -> bool:
