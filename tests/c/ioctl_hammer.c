@@ -1,9 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ioctl_hammer <render-node> <count> <seed> [-v]
+ * ioctl_hammer <render-node|kfd> <count> <seed> [-v]
  *
  * Robustness test for the daemon's ioctl path: issues <count> pseudo-random
- * ioctls on one render-node fd and tallies the errnos.  Numbers are biased
+ * ioctls on one render-node fd and tallies the errnos.  On a file named "kfd"
+ * the type is the KFD's 'K' and every nr 0x01-0x3f is as likely (the KFD's
+ * whole table; the pointer-carrying ones - MAP_MEMORY's device array,
+ * WAIT_EVENTS' events, GET_TILE_CONFIG's arrays - land in scratch, and
+ * ACQUIRE_VM's drm_fd names one of this program's own fds).  Numbers are biased
  * towards the DRM type 'd' and the interesting nrs (the amdgpu driver range
  * 0x40-0x5c, VERSION 0x00, GEM_CLOSE 0x09, GET_CAP 0x0c, PRIME 0x2d/0x2e, the
  * syncobj range 0xbf-0xcf); direction bits, sizes (0-64, often 16/24/32) and
@@ -81,10 +85,14 @@ static unsigned random_size(void)
 	return pick(MAX_SIZE + 1);
 }
 
+static int kfd_mode;
+
 static unsigned long random_cmd(void)
 {
 	unsigned type = 'd';
 
+	if (kfd_mode && pick(10) != 0)
+		return _IOC(pick(4), 'K', 1 + pick(0x3f), random_size());
 	if (pick(10) == 0)
 		do
 			type = pick(0x100);
@@ -129,14 +137,17 @@ int main(int argc, char **argv)
 	static unsigned char buf[BUF_SIZE];
 	unsigned long count, i, ok = 0, other = 0;
 	int fd, verbose, e;
+	const char *base;
 
 	if (argc < 4 || argc > 5 || (argc == 5 && strcmp(argv[4], "-v"))) {
-		fprintf(stderr, "usage: %s <render-node> <count> <seed> [-v]\n", argv[0]);
+		fprintf(stderr, "usage: %s <render-node|kfd> <count> <seed> [-v]\n", argv[0]);
 		return 2;
 	}
 	verbose = argc == 5;
 	count = strtoul(argv[2], NULL, 0);
 	rng_state = strtoull(argv[3], NULL, 0) * 0x9E3779B97F4A7C15ULL + 1;
+	base = strrchr(argv[1], '/');
+	kfd_mode = strcmp(base ? base + 1 : argv[1], "kfd") == 0;
 	fd = open(argv[1], O_RDWR | O_CLOEXEC);
 	if (fd < 0) {
 		fprintf(stderr, "%s: %s: %s\n", argv[0], argv[1], strerror(errno));
