@@ -307,15 +307,17 @@ async def run_node(
             return -e.errno, []
 
     if tracer is not None:
-        on_message, on_request = _trace_receives(tracer, config, node_name, on_message,
-                                                 on_request)
+        # the same callables, traced (mypy tells a def's type from a Callable's)
+        on_message, on_request = _trace_receives(  # type: ignore[assignment]
+            tracer, config, node_name, on_message, on_request)
     server_tls, client_tls = tls_contexts(config, node_name)
     link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
                       on_request=on_request, ssl_context=server_tls,
                       ssl_client_context=client_tls)
     send, send_queued, request = link.send, link.send_queued, link.request
     if tracer is not None:
-        send, send_queued, request = _trace_sends(tracer, config, node_name, link)
+        send, send_queued, request = _trace_sends(  # type: ignore[assignment]  # (as above)
+            tracer, config, node_name, link)
     agent = UalinkAgent(core, send, config.response_timeout_ms / 1000, request,
                         send_queued=send_queued)
     peers = [n.name for n in config.nodes if n.name != node_name]
@@ -324,7 +326,7 @@ async def run_node(
     # mountinfo names the mount point by its real path; resolve it before mounting (after,
     # the last lstat would ask our own FUSE server, which is not serving yet).
     real_mount = os.path.realpath(mount)
-    session = FuseSession(FileTree(core, mount))
+    session = FuseSession(FileTree(core, mount))  # type: ignore[arg-type]  # two Callers
     session.mount(mount)
     # Caller ranges that map files of this mount are refused (faulting them in would ask us).
     caller_memory.own_dev = mount_device(real_mount)

@@ -409,8 +409,9 @@ def gpu_sysfs(render_minor: int, profile: DeviceProfile, ualink: SysDir) -> SysD
 def merge(into: SysDir, tree: Mapping[str, SysNode]) -> SysDir:
     """Merge `tree` into `into` (directories joined; a name given twice is a bug)."""
     for name, item in tree.items():
-        if isinstance(item, SysDir) and isinstance(into.get(name), SysDir):
-            merge(into[name], item)  # type: ignore[arg-type]
+        sub = into.get(name)
+        if isinstance(item, SysDir) and isinstance(sub, SysDir):
+            merge(sub, item)
         else:
             assert name not in into, f"{name} is in the sys tree twice"
             into[name] = item

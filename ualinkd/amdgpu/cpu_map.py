@@ -52,7 +52,7 @@ class Grant:
 
     @property
     def memfd(self) -> int:
-        return self.bo.memory.share()  # type: ignore[union-attr]  (never a userptr BO)
+        return self.bo.memory.share()  # never a userptr BO (BO.memory asserts it)
 
 
 def _mm_core_checks(req: abi.MmapGrant) -> bool:

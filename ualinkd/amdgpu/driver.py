@@ -74,7 +74,7 @@ class AmdgpuDriver:
         # amdgpu_drv.c: KMS_DRIVER_MAJOR.MINOR.PATCHLEVEL of the kernels the spec is from
         self.version = DriverVersion(3, 64, 0, "amdgpu", "20150101", "AMD GPU")
         self.info = AmdgpuInfo(self, profile)  # INFO, and the CTX / VM stubs
-        self.ioctls: dict[tbl.IoctlSpec, Handler] = {  # type: ignore[dict-item]
+        self.ioctls: dict[tbl.IoctlSpec, Handler] = {
             **tbl.bind(self), **tbl.bind(self.info)}
         device.driver = self
 

@@ -141,7 +141,7 @@ class DrmDevice:
         self.syncobj = SyncobjIoctls(self)
         # The core ioctls' handlers: this device's and its syncobj half's @handles methods.
         self.handlers: dict[tbl.IoctlSpec, Handler] = {
-            **tbl.bind(self), **tbl.bind(self.syncobj)}  # type: ignore[dict-item]
+            **tbl.bind(self), **tbl.bind(self.syncobj)}
 
     # -- the caller's memory (copy_from_user / copy_to_user) -------------------------------
     async def read_user(self, caller: Caller, address: int, size: int) -> bytes:

@@ -65,7 +65,7 @@ KNOWN_QUIRKS = frozenset(
 )
 
 # NPA_FAIL reason -> the importer's errno (§5.2, §1.6 I15–I16)
-FAIL_ERRNO = {p.NpaFailReason.NOSPACE: errno.ENOSPC}
+FAIL_ERRNO: dict[int, int] = {p.NpaFailReason.NOSPACE: errno.ENOSPC}
 
 
 # ---- effects: what the agent must do for the manager --------------------------------------
@@ -457,7 +457,7 @@ class UalinkManager:
         if node.state != NodeState.PENDING:
             raise DrmError(errno.EINVAL, "the import was torn down while it waited")
         if node.fail_reason:
-            err = FAIL_ERRNO.get(node.fail_reason, errno.EINVAL)  # type: ignore[call-overload]
+            err = FAIL_ERRNO.get(node.fail_reason, errno.EINVAL)
             raise DrmError(err, f"exporter answered NPA_FAIL({node.fail_reason})")
         if node.npa_offset == 0 or node.size_pages == 0:  # I17
             raise DrmError(errno.EINVAL, "NPA_RSP with NPA 0 or size 0")
@@ -701,7 +701,7 @@ class UalinkManager:
         bo, offset = self._resolve_npa(src, npa_byte_addr, length)
         return bo.memory.read_views(offset, length)
 
-    def serve_store(self, src: int, npa_byte_addr: int, data: bytes) -> None:
+    def serve_store(self, src: int, npa_byte_addr: int, data: bytes | bytearray) -> None:
         bo, offset = self._resolve_npa(src, npa_byte_addr, len(data))
         bo.memory.write(offset, data)
 
@@ -726,9 +726,9 @@ class UalinkManager:
                 c.apply(ConnEvent.ACK_SEND_FAILED)
         elif kind == "npa_rsp" and err is not None:
             _, lo, src = tag
-            self._npa_rsp_failed(lo, src)  # type: ignore[arg-type]
+            self._npa_rsp_failed(lo, src)  # type: ignore[arg-type]  # Send.tag: an untyped tuple
         elif kind == "revoke" and err is not None:
-            entry = self.invalid.get(tag[1])  # type: ignore[arg-type]
+            entry = self.invalid.get(tag[1])  # type: ignore[call-overload]  # (as above)
             if entry is not None and entry.revoke is not None:
                 entry.revoke.expected.discard(send.dst)
                 gen = entry.importers[send.dst].generation if send.dst in entry.importers else 0
