@@ -398,7 +398,6 @@ CORE_IOCTLS: dict[int, IoctlSpec] = {
         _core(0xD1, "SET_CLIENT_NAME", _RW, 16, DRM_RENDER_ALLOW),
     ]
 }
-CORE_IOCTL_COUNT = max(CORE_IOCTLS) + 1
 
 
 # amdgpu's driver table (amdgpu_drv.c + the UALink entry at index 0x1B, spec §1.1). Indices

@@ -722,7 +722,6 @@ INFO_HW_IP = ArrayLayout.of(
               "ip_discovery_version" / _U32, "userq_num_slots" / _U32, cs.Padding(4)),
     InfoHwIp,
 )
-INFO_HW_IP_2_4_114_SIZE = 32  # libdrm 2.4.114: no ip_discovery_version (a _pad), no slots
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,6 @@ def _errname(e: OSError) -> str:
 
 
 # The formats are the daemon's own (ualinkd/sysfs.py); these names are ualinkctl's API.
-SYSFS_TYPES = sysfs.UALINK_TYPES
 SYSFS_ATTRS = sysfs.UALINK_ATTRS
 LineFormat = sysfs.LineFormat
 DEBUGFS_FORMATS = sysfs.DEBUGFS

@@ -25,6 +25,7 @@ from ..drm.gem import DmaBuf
 from . import protocol as p
 from .npa import (
     ALIAS_METADATA,
+    GPUID_MASK,
     GPUID_SHIFT,
     RANGE_MASK,
     RANGE_RESERVED,
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HANDLE_ACCID_MASK = 0x3FF  # bits 9..0 of handle_lo carry the exporter's accel id (§3.1)
 _U64 = (1 << 64) - 1
 
 # Kernel quirks (Emulator policy 2): named switches, all off by default.
@@ -127,7 +127,7 @@ def generate_handle(
     """§3.2: random handle_lo with the accel id in bits 9..0, non-zero and unique among
     live exports; handle_hi is 64 random bits drawn afterwards (may be 0)."""
     while True:
-        lo = (randbits(64) & ~HANDLE_ACCID_MASK & _U64) | accel_id
+        lo = (randbits(64) & ~p.HANDLE_LO_ID_MASK & _U64) | accel_id
         if lo != 0 and lo not in live:
             break
     return lo, randbits(64)
@@ -390,7 +390,7 @@ class UalinkManager:
     def import_handle(
         self, file: DrmFile, handle_lo: int, handle_hi: int
     ) -> DmaBuf | Awaitable[DmaBuf]:
-        exporter_id = handle_lo & HANDLE_ACCID_MASK
+        exporter_id = handle_lo & p.HANDLE_LO_ID_MASK
         if exporter_id >= ACCEL_MAX:  # I1
             raise DrmError(errno.EINVAL, f"exporter accel id {exporter_id} >= 256")
         if exporter_id in self.local_accels:  # I2: local path, no messages, no pin
@@ -423,7 +423,7 @@ class UalinkManager:
         """I6–I7: a new node in NOT_READY (the caller holds it until finish/abort)."""
         if handle_lo in self.imports:
             raise DrmError(errno.EAGAIN, "another import inserted this handle first")
-        node = ImportNode(handle_lo, handle_hi, handle_lo & HANDLE_ACCID_MASK)
+        node = ImportNode(handle_lo, handle_hi, handle_lo & p.HANDLE_LO_ID_MASK)
         self.imports[handle_lo] = node
         return node
 
@@ -669,7 +669,7 @@ class UalinkManager:
         reason = None
         if not self.accel_active:
             reason = "accel not ACTIVE"
-        elif (page >> GPUID_SHIFT) & 0x3FF != self.accel_id or npa_byte_addr >> 51:
+        elif (page >> GPUID_SHIFT) & GPUID_MASK != self.accel_id or npa_byte_addr >> 51:
             reason = "outside this accel's NPA segment"
         else:
             table_page = strip_npa(page)
