@@ -326,7 +326,7 @@ async def run_node(
     # mountinfo names the mount point by its real path; resolve it before mounting (after,
     # the last lstat would ask our own FUSE server, which is not serving yet).
     real_mount = os.path.realpath(mount)
-    session = FuseSession(FileTree(core, mount))  # type: ignore[arg-type]  # two Callers
+    session = FuseSession(FileTree(core, mount))
     session.mount(mount)
     # Caller ranges that map files of this mount are refused (faulting them in would ask us).
     caller_memory.own_dev = mount_device(real_mount)

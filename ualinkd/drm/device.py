@@ -42,7 +42,8 @@ _reported_unemulated: set[int] = set()
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who issued a request (the FUSE request context)."""
+    """Who issued a request: the FUSE request context (fuse_req_ctx), as every layer sees it
+    (fuse/backend.py re-exports it for the FUSE edge)."""
 
     pid: int
     uid: int
