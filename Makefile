@@ -48,8 +48,10 @@ c: apt
 demo: setup
 	bash libualink_c/examples/demo.sh
 
+# ruff, then mypy (its configuration, strict on the sans-IO layers, is in pyproject.toml).
 lint: venv
 	$(VENV)/bin/ruff check ualinkd tests benchmarks
+	$(VENV)/bin/mypy
 
 test: setup lint
 	$(VPY) -m pytest -q $(PYTEST_ARGS)

@@ -30,6 +30,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import construct as cs
 
@@ -86,7 +87,7 @@ _VIEWS: dict[str, tuple[Field, ...]] = {
 }
 
 
-def _layout(lay: st.Layout | st.ArrayLayout) -> Aggregate:
+def _layout(lay: st.Layout[Any] | st.ArrayLayout[Any]) -> Aggregate:
     names = C_NAMES.get(lay.name, {})
     out = []
     if isinstance(lay, st.Layout):
@@ -384,20 +385,20 @@ def compare(abi: HeaderAbi, aggregates: Sequence[Aggregate] | None = None,
         if macro in abi.invalid:
             rep.mismatches.append(f"`{macro}` is defined but does not compile")
             continue
-        got = abi.ioctls.get(macro)
-        if got is None:
+        value = abi.ioctls.get(macro)
+        if value is None:
             rep.notes.append(f"`{macro}` not declared")
             continue
         rep.checked_ioctls += 1
-        if got == spec.cmd:
+        if value == spec.cmd:
             continue
-        h, e = IoctlCmd.decode(got), IoctlCmd.decode(spec.cmd)
+        h, e = IoctlCmd.decode(value), IoctlCmd.decode(spec.cmd)
         older = prefix.get(_IOCTL_ARGS.get(spec.name, ""))
         if (h.direction, h.type, h.nr) == (e.direction, e.type, e.nr) and h.size == older:
-            rep.notes.append(f"`{macro}` is {got:#010x}: the older {h.size}-byte argument "
+            rep.notes.append(f"`{macro}` is {value:#010x}: the older {h.size}-byte argument "
                              f"(emulator {spec.cmd:#010x}; accepted)")
             continue
-        rep.mismatches.append(f"`{macro}` is {got:#010x} (dir {h.direction}, nr {h.nr:#04x}, "
+        rep.mismatches.append(f"`{macro}` is {value:#010x} (dir {h.direction}, nr {h.nr:#04x}, "
                               f"size {h.size}), emulator expects {spec.cmd:#010x} (dir "
                               f"{e.direction}, nr {e.nr:#04x}, size {e.size})")
     if not rep.checked_structs and not rep.checked_ioctls:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -27,7 +27,7 @@ def bounded(fn: Callable[[], T], what: str, timeout: float = DEFAULT_TIMEOUT) ->
     """fn() on a helper thread: its result or exception, or NotAnswering after `timeout`.
     The main thread waits on an Event, so Ctrl-C (KeyboardInterrupt) still works."""
     done = threading.Event()
-    box: list[object] = []
+    box: list[tuple[bool, Any]] = []  # (True, fn's result) or (False, what it raised)
 
     def run() -> None:
         try:
@@ -40,7 +40,7 @@ def bounded(fn: Callable[[], T], what: str, timeout: float = DEFAULT_TIMEOUT) ->
     if not done.wait(timeout):
         raise NotAnswering(f"{what}: not answering after {timeout:g} s (is the node's daemon "
                            "stopped?)")
-    ok, value = box[0]  # type: ignore[misc]
+    ok, value = box[0]
     if ok:
-        return value  # type: ignore[return-value]
-    raise value  # type: ignore[misc]
+        return value  # fn's T, boxed
+    raise value

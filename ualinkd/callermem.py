@@ -263,7 +263,7 @@ class CallerMemory:
                 box["abandoned"] = True  # the thread keeps its worker until fn returns
                 self._stuck += 1
         if finished.is_set():
-            return box["result"].unwrap()  # type: ignore[attr-defined, no-any-return]
+            return box["result"].unwrap()  # type: ignore[attr-defined]  # the Outcome above
         if not self._timeout_reported:
             self._timeout_reported = True
             log.warning("caller memory: an access did not finish in %.1f s: EFAULT; its "
@@ -283,6 +283,7 @@ class CallerMemory:
         if size == 0:
             return b""
         data = await self.run(_one_shot, pid, address, size, self.own_dev)
+        # _one_shot returns bytes for a size (an int count for data to write)
         if len(data) != size:  # type: ignore[arg-type]
             raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
         return data  # type: ignore[return-value]
@@ -363,12 +364,13 @@ class ProcMemory:
         return await self._owner.run(_extent, *self._fds(), address, size, write,
                                      self._owner.own_dev)
 
+    # _access returns bytes for a size and the count written for data (one worker function).
     async def read(self, address: int, n: int) -> bytes:
-        return await self._owner.run(_access, *self._fds(), address, n,  # type: ignore[return-value]
+        return await self._owner.run(_access, *self._fds(), address, n,  # type: ignore[arg-type]
                                      self._owner.own_dev)
 
     async def write(self, address: int, data: bytes) -> int:
-        return await self._owner.run(_access, *self._fds(), address, bytes(data),  # type: ignore[return-value]
+        return await self._owner.run(_access, *self._fds(), address, bytes(data),  # type: ignore[arg-type]
                                      self._owner.own_dev)
 
     def close(self) -> None:

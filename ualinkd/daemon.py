@@ -375,15 +375,17 @@ async def run_node(
             return -e.errno, []
 
     if tracer is not None:
-        on_message, on_request = _trace_receives(tracer, config, node_name, on_message,
-                                                 on_request)
+        # the same callables, traced (mypy tells a def's type from a Callable's)
+        on_message, on_request = _trace_receives(  # type: ignore[assignment]
+            tracer, config, node_name, on_message, on_request)
     server_tls, client_tls = tls_contexts(config, node_name)
     link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
                       on_request=on_request, ssl_context=server_tls,
                       ssl_client_context=client_tls)
     send, send_queued, request = link.send, link.send_queued, link.request
     if tracer is not None:
-        send, send_queued, request = _trace_sends(tracer, config, node_name, link)
+        send, send_queued, request = _trace_sends(  # type: ignore[assignment]  # (as above)
+            tracer, config, node_name, link)
     agent = UalinkAgent(core, send, config.response_timeout_ms / 1000, request,
                         send_queued=send_queued)
     peers = [n.name for n in config.nodes if n.name != node_name]

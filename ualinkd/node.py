@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 RENDER_MINOR_BASE = sysfs.RENDER_MINOR_BASE
 FdResolver = Callable[[int, int], int]  # (pid, fd) -> dma-buf key; raises EBADF/EINVAL
 # (importing accel id, piece, write, data to store | None) -> loaded bytes | count stored.
-RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"], Awaitable["bytes | int"]]
+RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"],
+                        Awaitable["bytes | bytearray | int"]]
 
 
 def _no_resolver(pid: int, fd: int) -> int:
@@ -125,6 +126,7 @@ class NodeCore:
         # ACQUIRE_VM's questions in flight: nonce -> the render file that answered (None
         # until one does); abi/drmfile_query.py.
         self.drm_file_queries: dict[int, DrmFile | None] = {}
+        # every device above was given an AmdgpuDriver (DrmDevice.driver is the core's view)
         self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, drivers, strict=True)],  # type: ignore[arg-type]
                        clock or _no_clock, copy_to_user, resolve_drm_file, copy_from_user,
                        waits)
@@ -225,7 +227,7 @@ class NodeCore:
                                 lambda: gpu_load(driver.vm(drm_file), va, size,
                                                  self._remote_for(drm_file),
                                                  driver.count_gpu_fault))
-        return load  # type: ignore[return-value]
+        return load  # type: ignore[return-value]  # gpu_load's result, traced
 
     def gpu_write(
         self, drm_file: object, va: int, data: bytes, caller: Caller
@@ -238,7 +240,7 @@ class NodeCore:
                                  lambda: gpu_store(driver.vm(drm_file), va, data,
                                                    self._remote_for(drm_file),
                                                    driver.count_gpu_fault))
-        return store  # type: ignore[return-value]
+        return store  # type: ignore[return-value]  # gpu_store's result, traced
 
     def _traced_gpu(self, drm_file: DrmFile, op: str, va: int, length: int, data: bytes,
                     caller: Caller, access: Callable[[], object]) -> object:

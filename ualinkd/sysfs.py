@@ -17,7 +17,6 @@ it), with this emulator's debug files under `dri/<render minor>/`.
 
 from __future__ import annotations
 
-import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -110,7 +109,6 @@ def _walk(root: Mapping[str, object], parts: list[str]) -> object:
 
 # -- paths ----------------------------------------------------------------------------------------
 
-SYS = "sys"
 DRM_MAJOR = 226
 RENDER_MINOR_BASE = 128  # drm_minor_alloc: render minors are 128 + the primary's index
 DRM_CLASS = "sys/class/drm"
@@ -137,12 +135,6 @@ def pci_bdf(render_minor: int) -> str:
 def pci_root(render_minor: int) -> str:
     """The GPU's root bus directory under sys/devices/ (`pci<domain>:<bus>`)."""
     return f"pci0000:{pci_bus(render_minor):02x}"
-
-
-def pci_device_dir(render_minor: int) -> str:
-    """The GPU's real sysfs directory, relative to sys/ (what realpath gives for
-    /sys/dev/char/226:<minor>/device)."""
-    return f"devices/{pci_root(render_minor)}/{pci_bdf(render_minor)}"
 
 
 def ualink_dir(render_minor: int) -> str:
@@ -188,7 +180,6 @@ UALINK_TYPES: dict[str, Callable[[str], object]] = {
     "accel_id": int, "bandwidth": int, "latency": int, "ppod_size": int,
     "vpod_id": int, "vpod_size": int, "vpod_active_accels": ids, "local_accels": ids,
 }
-CONFIG_GROUPS = ("setup", "config", "stations")
 VPOD_CONFIG = ("vpod_id", "vpod_size", "vpod_active_accels", "addr_mode")
 
 
@@ -282,7 +273,6 @@ DEBUGFS: dict[str, LineFormat] = {
         Field("va", lambda t: int(t, 16), _hex64), Field("size", int),
         Field("mapped", ids, _id_list))),
 }
-DEBUGFS_COUNTERS = ("gpu_faults",)  # one decimal number
 DROP_MSG = "ualink_drop_msg"  # Emulator policy 9: a hex bitmap, bit n = message type n
 
 
@@ -409,8 +399,9 @@ def gpu_sysfs(render_minor: int, profile: DeviceProfile, ualink: SysDir) -> SysD
 def merge(into: SysDir, tree: Mapping[str, SysNode]) -> SysDir:
     """Merge `tree` into `into` (directories joined; a name given twice is a bug)."""
     for name, item in tree.items():
-        if isinstance(item, SysDir) and isinstance(into.get(name), SysDir):
-            merge(into[name], item)  # type: ignore[arg-type]
+        sub = into.get(name)
+        if isinstance(item, SysDir) and isinstance(sub, SysDir):
+            merge(sub, item)
         else:
             assert name not in into, f"{name} is in the sys tree twice"
             into[name] = item
@@ -419,12 +410,6 @@ def merge(into: SysDir, tree: Mapping[str, SysNode]) -> SysDir:
 
 def is_dir(node: object) -> bool:
     return isinstance(node, dict)
-
-
-def file_type(node: object) -> int:
-    if isinstance(node, SysLink):
-        return stat.S_IFLNK
-    return stat.S_IFDIR if is_dir(node) else stat.S_IFREG
 
 
 # -- the KFD topology (kfd_topology.c): sys/devices/virtual/kfd/kfd/topology/ ---------------------
@@ -443,10 +428,6 @@ HSA_CACHE_TYPE_DATA, HSA_CACHE_TYPE_HSACU = 0x1, 0x8
 # shares; the kernel lists one L1 entry per CU group, one is enough for a runtime's totals).
 # (level, size in KiB, line size) — ROCr asserts a GPU node has at least one.
 GPU_CACHES = ((1, 16, 128), (2, 4096, 128))
-
-
-def kfd_node_dir(n: int) -> str:
-    return f"{KFD_TOPOLOGY}/nodes/{n}"
 
 
 def _props(pairs: list[tuple[str, int]]) -> str:

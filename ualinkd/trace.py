@@ -291,7 +291,7 @@ class FabricRecord:
         t = dwords[0] & MSG_TYPE_MASK
         try:
             name = MsgType(t).name
-            fields = dataclasses.asdict(decode_message(dwords))  # type: ignore[call-overload]
+            fields = dataclasses.asdict(decode_message(dwords))
         except ValueError:
             name, fields = f"UNKNOWN_{t}", {"dwords": [hex(d) for d in dwords]}
         return cls(node, direction, name, src, dst, names(src), names(dst), fields, result,

@@ -186,7 +186,7 @@ def test_stat_family_reports_a_drm_character_device(node):
     # realpath answers the host's paths, never the mount's
     assert s["realpath"]["path"] == "/dev/dri/card0"
     assert s["realpath_dir"]["path"] == "/dev/dri"
-    # the accel's real sysfs directory (sysfs.pci_device_dir), as /sys on a host shows it
+    # the accel's real sysfs directory (sysfs.pci_root, pci_bdf), as /sys on a host shows it
     assert s["realpath_sys"]["path"] == "/sys/devices/pci0000:10/0000:10:00.0"
     assert s["realpath_chk"]["path"] == "/sys/devices/pci0000:10/0000:10:00.0"
     assert s["readlink"]["link"].endswith("/bus/pci")  # relative, as the kernel's

@@ -101,7 +101,8 @@ class UalinkOp(enum.IntEnum):
     IMPORT = 1
 
 
-GPU_PAGE_SIZE = 4096
+GPU_PAGE_SIZE = 4096  # AMDGPU_GPU_PAGE_SIZE: GPU VA and NPA pages
+PAGE_SIZE = 4096  # x86-64's CPU page: BO sizes (amdgpu_bo_create), mmap offsets (drm_vma)
 
 # AMDGPU_GEM_USERPTR flags (amdgpu_drm.h)
 USERPTR_READONLY = 1 << 0

@@ -34,16 +34,22 @@ def ioc(direction: int, type_: int, nr: int, size: int) -> int:
     return (direction << _DIRSHIFT) | (size << _SIZESHIFT) | (type_ << _TYPESHIFT) | nr
 
 
+def ioc_dir(cmd: int) -> int:
+    """_IOC_DIR(cmd)."""
+    return (cmd >> _DIRSHIFT) & ((1 << _DIRBITS) - 1)
+
+
+def ioc_size(cmd: int) -> int:
+    """_IOC_SIZE(cmd): the argument's size the number declares."""
+    return (cmd >> _SIZESHIFT) & ((1 << _SIZEBITS) - 1)
+
+
 def io(nr: int) -> int:
     return ioc(IOC_NONE, DRM_IOCTL_BASE, nr, 0)
 
 
 def iow(nr: int, size: int) -> int:
     return ioc(IOC_WRITE, DRM_IOCTL_BASE, nr, size)
-
-
-def ior(nr: int, size: int) -> int:
-    return ioc(IOC_READ, DRM_IOCTL_BASE, nr, size)
 
 
 def iowr(nr: int, size: int) -> int:

@@ -153,16 +153,17 @@ def handles(spec: IoctlSpec) -> Callable[[H], H]:
     """Mark a method as the handler of `spec`; `bind` collects the marked methods."""
 
     def mark(fn: H) -> H:
-        fn.__ioctl__ = spec  # type: ignore[attr-defined]
+        fn.__ioctl__ = spec  # type: ignore[attr-defined]  # a mark on the function, read by bind()
         _HANDLED.add(spec)
         return fn
 
     return mark
 
 
-def bind(obj: object) -> dict[IoctlSpec, Callable[..., object]]:
-    """Every method of `obj`'s class marked with @handles, bound to `obj`, by its entry."""
-    out: dict[IoctlSpec, Callable[..., object]] = {}
+def bind(obj: object) -> dict[IoctlSpec, Callable[..., Any]]:
+    """Every method of `obj`'s class marked with @handles, bound to `obj`, by its entry.
+    (`Any`: the signature is the caller's handler type, Handler or KfdHandler.)"""
+    out: dict[IoctlSpec, Callable[..., Any]] = {}
     for name in dir(type(obj)):
         spec = getattr(getattr(type(obj), name, None), "__ioctl__", None)
         if isinstance(spec, IoctlSpec):
@@ -173,15 +174,15 @@ def bind(obj: object) -> dict[IoctlSpec, Callable[..., object]]:
 # -- trace decoders: what the bytes of each entry mean -----------------------------------------
 
 
-def fields(layout: st.Layout | st.ArrayLayout) -> DecodeIn:
+def fields(layout: st.Layout[Any] | st.ArrayLayout[Any]) -> DecodeIn:
     def decode(data: bytes) -> Fields:
         padded = data[: layout.size].ljust(layout.size, b"\0")
-        return dataclasses.asdict(layout.decode(padded))  # type: ignore[call-overload]
+        return dataclasses.asdict(layout.decode(padded))
 
     return decode
 
 
-def out_fields(layout: st.Layout | st.ArrayLayout, *names: str) -> DecodeOut:
+def out_fields(layout: st.Layout[Any] | st.ArrayLayout[Any], *names: str) -> DecodeOut:
     """The copied-back bytes through `layout`, all fields or only `names`."""
     decode = fields(layout)
 
@@ -218,7 +219,7 @@ def _gem_metadata(data: bytes) -> Fields:
             "data": list(m.data[:used])}
 
 
-def _entry(nr: int, name: str, layout: st.Layout | st.ArrayLayout | int,
+def _entry(nr: int, name: str, layout: st.Layout[Any] | st.ArrayLayout[Any] | int,
            direction: int = IOC_READ | IOC_WRITE, flags: int = DRM_RENDER_ALLOW,
            decode_in: DecodeIn | None = None, decode_out: DecodeOut | None = None,
            hints: Hints | None = None) -> IoctlSpec:
@@ -230,7 +231,7 @@ def _entry(nr: int, name: str, layout: st.Layout | st.ArrayLayout | int,
                      hints or {})
 
 
-def _drv_entry(index: int, name: str, layout: st.Layout | st.ArrayLayout | int,
+def _drv_entry(index: int, name: str, layout: st.Layout[Any] | st.ArrayLayout[Any] | int,
                direction: int = IOC_READ | IOC_WRITE, decode_in: DecodeIn | None = None,
                decode_out: DecodeOut | None = None, hints: Hints | None = None) -> IoctlSpec:
     return _entry(DRM_COMMAND_BASE + index, f"AMDGPU_{name}", layout, direction,
@@ -397,7 +398,6 @@ CORE_IOCTLS: dict[int, IoctlSpec] = {
         _core(0xD1, "SET_CLIENT_NAME", _RW, 16, DRM_RENDER_ALLOW),
     ]
 }
-CORE_IOCTL_COUNT = max(CORE_IOCTLS) + 1
 
 
 # amdgpu's driver table (amdgpu_drv.c + the UALink entry at index 0x1B, spec §1.1). Indices
@@ -452,7 +452,7 @@ KFD_COMMAND_START = 0x01
 KFD_COMMAND_END = 0x27
 
 
-def _kfd(nr: int, name: str, layout: st.Layout | int, direction: int = _RW) -> IoctlSpec:
+def _kfd(nr: int, name: str, layout: st.Layout[Any] | int, direction: int = _RW) -> IoctlSpec:
     size = layout if isinstance(layout, int) else layout.size
     decode_in = None if isinstance(layout, int) else fields(layout)
     decode_out = None if isinstance(layout, int) else out_fields(layout)

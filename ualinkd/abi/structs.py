@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 import struct
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import construct as cs
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")  # every record is a dataclass
 
 # construct field -> struct format character (native little endian, no implicit padding).
 _FORMAT = {
@@ -47,7 +50,7 @@ class Layout(Generic[T]):
 
     @classmethod
     def of(cls, name: str, schema: cs.Struct, record: type[T]) -> Layout[T]:
-        fields = [f.name for f in dataclasses.fields(record)]  # type: ignore[arg-type]
+        fields = [f.name for f in dataclasses.fields(record)]
         names = [sub.name for sub in schema.subcons]
         if fields != names:
             raise TypeError(f"{name}: record fields {fields} != schema fields {names}")
@@ -57,7 +60,7 @@ class Layout(Generic[T]):
     def size(self) -> int:
         return self.fast.size
 
-    def decode(self, data: bytes) -> T:
+    def decode(self, data: bytes | bytearray) -> T:
         """Fast path. `data` must be exactly `size` bytes (the DRM core zero-extends)."""
         return self.record(*self.fast.unpack(data))
 
@@ -68,10 +71,11 @@ class Layout(Generic[T]):
         return self.record(*(parsed[sub.name] for sub in self.schema.subcons))
 
     def encode(self, value: T) -> bytes:
-        return self.fast.pack(*dataclasses.astuple(value))  # type: ignore[call-overload]
+        return self.fast.pack(*dataclasses.astuple(value))
 
     def encode_construct(self, value: T) -> bytes:
-        return self.schema.build(dataclasses.asdict(value))  # type: ignore[call-overload]
+        built: bytes = self.schema.build(dataclasses.asdict(value))
+        return built
 
 
 # ---- drm.h ----------------------------------------------------------------------------
@@ -473,7 +477,7 @@ class ArrayLayout(Generic[T]):
             else:
                 fmt += _FORMAT[inner]
                 counts.append(None)
-        fields = [f.name for f in dataclasses.fields(record)]  # type: ignore[arg-type]
+        fields = [f.name for f in dataclasses.fields(record)]
         if fields != list(offsets):
             raise TypeError(f"{name}: record fields {fields} != schema fields {list(offsets)}")
         fast = struct.Struct(fmt)
@@ -485,7 +489,7 @@ class ArrayLayout(Generic[T]):
     def size(self) -> int:
         return self.fast.size
 
-    def decode(self, data: bytes) -> T:
+    def decode(self, data: bytes | bytearray) -> T:
         flat = self.fast.unpack(data)
         values: list[Any] = []
         i = 0
@@ -508,7 +512,7 @@ class ArrayLayout(Generic[T]):
 
     def encode(self, value: T) -> bytes:
         flat: list[int] = []
-        for v, n in zip(dataclasses.astuple(value), self.counts,  # type: ignore[call-overload]
+        for v, n in zip(dataclasses.astuple(value), self.counts,
                         strict=True):
             if n is None:
                 flat.append(v)
@@ -519,9 +523,10 @@ class ArrayLayout(Generic[T]):
         return self.fast.pack(*flat)
 
     def encode_construct(self, value: T) -> bytes:
-        d = dataclasses.asdict(value)  # type: ignore[call-overload]
-        return self.schema.build({k: list(v) if isinstance(v, tuple) else v
-                                  for k, v in d.items()})
+        d = dataclasses.asdict(value)
+        built: bytes = self.schema.build({k: list(v) if isinstance(v, tuple) else v
+                                          for k, v in d.items()})
+        return built
 
 
 _U32, _U64 = cs.Int32un, cs.Int64un
@@ -717,7 +722,6 @@ INFO_HW_IP = ArrayLayout.of(
               "ip_discovery_version" / _U32, "userq_num_slots" / _U32, cs.Padding(4)),
     InfoHwIp,
 )
-INFO_HW_IP_2_4_114_SIZE = 32  # libdrm 2.4.114: no ip_discovery_version (a _pad), no slots
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,6 @@ from .memory import BoMemory, UserMemory
 if TYPE_CHECKING:
     from ..drm.device import DrmDevice
 
-GPU_PAGE = 4096
-
-
 class MemoryPool:
     """Capacity of one memory domain of one GPU, and the BOs placed in it."""
 

@@ -19,12 +19,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..abi import constants as c
 from ..abi import cpumap as abi
 from ..drm.device import Caller
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf
-from .bo import GPU_PAGE, AmdgpuBo
+from .bo import AmdgpuBo
 
 # mmap(2) constants (asm-generic/mman*.h).
 PROT_READ, PROT_WRITE, PROT_EXEC = 0x1, 0x2, 0x4
@@ -52,13 +53,13 @@ class Grant:
 
     @property
     def memfd(self) -> int:
-        return self.bo.memory.share()  # type: ignore[union-attr]  (never a userptr BO)
+        return self.bo.memory.share()  # never a userptr BO (BO.memory asserts it)
 
 
 def _mm_core_checks(req: abi.MmapGrant) -> bool:
     """do_mmap's checks before any driver sees the call, for a file mapping; whether the
     mapping may ever be written (VM_MAYWRITE with VM_SHARED)."""
-    if req.length == 0 or req.offset & (GPU_PAGE - 1):
+    if req.length == 0 or req.offset & (c.PAGE_SIZE - 1):
         raise DrmError(errno.EINVAL, "mmap length 0 or unaligned offset")
     map_type = req.flags & MAP_TYPE
     if map_type not in (MAP_SHARED, MAP_PRIVATE, MAP_SHARED_VALIDATE):

@@ -32,8 +32,8 @@ from .vm import GpuVm, VaSync, gem_va
 _SPECIAL = c.DOMAIN_GDS | c.DOMAIN_GWS | c.DOMAIN_OA | c.DOMAIN_DOORBELL
 _GDS_GWS_OA = c.DOMAIN_GDS | c.DOMAIN_GWS | c.DOMAIN_OA
 # DRM_FILE_PAGE_OFFSET_START/SIZE in bytes: the fake mmap offset window (drm_gem.c, 64-bit).
-_MMAP_OFFSET_START = (0xFFFFFFFF // 4096 + 1) * 4096
-_MMAP_OFFSET_END = _MMAP_OFFSET_START + (0xFFFFFFFF // 4096) * 256 * 4096
+_MMAP_OFFSET_START = (0xFFFFFFFF // c.PAGE_SIZE + 1) * c.PAGE_SIZE
+_MMAP_OFFSET_END = _MMAP_OFFSET_START + (0xFFFFFFFF // c.PAGE_SIZE) * 256 * c.PAGE_SIZE
 
 
 class UalinkOps(Protocol):
@@ -72,7 +72,7 @@ class AmdgpuDriver:
         # amdgpu_drv.c: KMS_DRIVER_MAJOR.MINOR.PATCHLEVEL of the kernels the spec is from
         self.version = DriverVersion(3, 64, 0, "amdgpu", "20150101", "AMD GPU")
         self.info = AmdgpuInfo(self, profile)  # INFO, and the CTX / VM stubs
-        self.ioctls: dict[tbl.IoctlSpec, Handler] = {  # type: ignore[dict-item]
+        self.ioctls: dict[tbl.IoctlSpec, Handler] = {
             **tbl.bind(self), **tbl.bind(self.info)}
         device.driver = self
 
@@ -165,7 +165,7 @@ class AmdgpuDriver:
             flags |= c.CREATE_NO_CPU_ACCESS
         if args.bo_size == 0:
             raise DrmError(errno.EINVAL, "zero-sized BO")
-        size = -(-args.bo_size // 4096) * 4096
+        size = -(-args.bo_size // c.PAGE_SIZE) * c.PAGE_SIZE
         flags |= c.CREATE_VRAM_CLEARED | c.CREATE_VRAM_WIPE_ON_RELEASE
         bo = self.bo_create(size, args.alignment, domains, flags)
         handle = file.handle_create(bo)
@@ -251,7 +251,7 @@ class AmdgpuDriver:
         """amdgpu_bo_mmap_offset: the BO's fake offset on the render node, given on first
         use (drm_gem_create_mmap_offset); ENOSPC when the offset space is used up."""
         if bo.mmap_offset == 0:
-            pages = -(-bo.size // 4096) * 4096
+            pages = -(-bo.size // c.PAGE_SIZE) * c.PAGE_SIZE
             if self._mmap_next + pages > _MMAP_OFFSET_END:
                 raise DrmError(errno.ENOSPC, "mmap offset space exhausted")
             bo.mmap_offset = self._mmap_next
@@ -311,7 +311,7 @@ class AmdgpuDriver:
         if args.op == c.GEM_OP_GET_GEM_CREATE_INFO:
             # The BO keeps its alignment in pages (tbo.page_alignment): it reads back rounded
             # up to a page (an NPA BO's byte alignment of 1 reads 4096).
-            alignment = -(-bo.alignment // 4096) * 4096
+            alignment = -(-bo.alignment // c.PAGE_SIZE) * c.PAGE_SIZE
             info = st.GemCreateIn(bo.size, alignment, bo.preferred_domains, bo.flags)
             # The last thing it does: nothing changes while the copy is in flight.
             return self.device.write_user(caller, args.value, st.GEM_CREATE_IN.encode(info))

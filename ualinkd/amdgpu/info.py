@@ -238,7 +238,7 @@ class AmdgpuInfo:
         if sh != 0xFF and sh >= AMDGPU_GFX_MAX_SH_PER_SE:  # 2
             raise DrmError(errno.EINVAL, f"READ_MMR_REG SH {sh}")
         if count > MMR_MAX_COUNT:  # 3
-            raise DrmError(errno.EINVAL, f"READ_MMR_REG count {count} > 128")
+            raise DrmError(errno.EINVAL, f"READ_MMR_REG count {count} > {MMR_MAX_COUNT}")
         regs = []
         for reg in range(dword_offset, dword_offset + count):
             if reg == GB_ADDR_CONFIG:

@@ -402,8 +402,8 @@ def gpu_load(
             raise _fault(va)
     later_fault = on_fault if fault_at is None else None  # one fault per access
     if all(type(p) is LocalPiece and p.bo.userptr is None for p in pieces):
-        return b"".join([p.bo.memory.read(p.bo_offset, p.length)
-                         for p in pieces])
+        return b"".join([p.bo.memory.read(p.bo_offset, p.length)  # type: ignore[union-attr]
+                         for p in pieces])  # (all() above: every piece is a LocalPiece)
     return _load_later(pieces, va, remote, later_fault)
 
 
@@ -443,7 +443,7 @@ async def _load_later(
     done = 0
     for p in pieces:
         if isinstance(p, LocalPiece):
-            got = await _read_local(p)
+            got: bytes | bytearray = await _read_local(p)
         else:
             try:
                 r = await remote(p, False, None)
@@ -476,7 +476,8 @@ def gpu_store(
         mv = memoryview(data)
         done = 0
         for p in pieces:
-            p.bo.memory.write(p.bo_offset, mv[done : done + p.length])
+            # all() above: every piece is a LocalPiece, which mypy cannot see
+            p.bo.memory.write(p.bo_offset, mv[done : done + p.length])  # type: ignore[union-attr]
             done += p.length
         return done
     return _store_later(pieces, va, data, remote, later_fault)

@@ -200,7 +200,7 @@ class Kfd:
         self.processes: dict[int, KfdProcess] = {}
         # (pid, fd) -> the dma-buf behind a caller's fd (dma_buf_get: EBADF / EINVAL)
         self.resolve_dmabuf: Callable[[int, int], DmaBuf] | None = None
-        self.handlers: dict[tbl.IoctlSpec, KfdHandler] = tbl.bind(self)  # type: ignore[assignment]
+        self.handlers: dict[tbl.IoctlSpec, KfdHandler] = tbl.bind(self)
 
     # -- open / release (kfd_open, kfd_release) ---------------------------------------------
     def open(self, caller: Caller) -> KfdProcess:

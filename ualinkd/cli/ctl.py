@@ -35,7 +35,6 @@ def _errname(e: OSError) -> str:
 
 
 # The formats are the daemon's own (ualinkd/sysfs.py); these names are ualinkctl's API.
-SYSFS_TYPES = sysfs.UALINK_TYPES
 SYSFS_ATTRS = sysfs.UALINK_ATTRS
 LineFormat = sysfs.LineFormat
 DEBUGFS_FORMATS = sysfs.DEBUGFS
@@ -455,7 +454,7 @@ def commit_vpod(m: Mount, render: str, vpod_id: int, members: list[int] | None,
                        f"vPod {cur}, and {why}; ualinkctl deactivate recovers it")
     if not vpod_id:
         return f"{render}: accel {aid} left vPod {cur}; now {state}"
-    members_now = ",".join(map(str, after["vpod_active_accels"]))  # type: ignore[call-overload]
+    members_now = ",".join(map(str, after["vpod_active_accels"]))  # type: ignore[call-overload]  # a list
     note = "" if state == "active" else (
         " (activation waits for the other local accels of the vPod to be configured)")
     return (f"{render}: accel {aid} in vPod {vpod_id} (members {members_now}, "
@@ -602,10 +601,11 @@ def render_pod_status(rows: list[dict[str, object]]) -> str:
         up = row["links"]
         if up is None:
             return "(root only)"
-        return " ".join(f"{p}:{'up' if ok else 'DOWN'}" for p, ok in up.items())  # type: ignore[union-attr]
+        # a row is JSON-shaped (dict[str, object]): its "links" is a dict here
+        return " ".join(f"{p}:{'up' if ok else 'DOWN'}" for p, ok in up.items())  # type: ignore[attr-defined]
     return format_table(["node", "address", "accels", "status", "state", "links"],
                         [[r["node"], r["address"], r["accels"], r["status"],
-                          ",".join(r["states"]) or "-", links(r) or "-"]  # type: ignore[arg-type]
+                          ",".join(r["states"]) or "-", links(r) or "-"]  # type: ignore[arg-type]  # list
                          for r in rows])
 
 
@@ -667,7 +667,8 @@ def main(argv: list[str] | None = None) -> int:
             msg = commit_vpod(m, render, args.id, None, None)
         if as_json:
             doc = collect(m, ["state", "faults"])
-            doc["accels"] = [a for a in doc["accels"] if a["render"] == render]  # type: ignore[union-attr]
+            # JSON-shaped (dict[str, object]): "accels" is a list of dicts
+            doc["accels"] = [a for a in doc["accels"] if a["render"] == render]  # type: ignore[attr-defined]
             doc["message"] = msg
             print(json.dumps(doc, indent=2))
         else:

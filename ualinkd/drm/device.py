@@ -25,7 +25,7 @@ from ..abi.constants import (
     DRM_PRIME_CAP_IMPORT,
     DRM_RDWR,
 )
-from ..abi.ioc import IOC_READ, IOC_WRITE
+from ..abi.ioc import IOC_READ, IOC_WRITE, ioc_dir, ioc_size
 from .errors import DrmError
 from .file import DrmFile
 from .gem import DmaBuf, GemObject
@@ -42,7 +42,8 @@ _reported_unemulated: set[int] = set()
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who issued a request (the FUSE request context)."""
+    """Who issued a request: the FUSE request context (fuse_req_ctx), as every layer sees it
+    (fuse/backend.py re-exports it for the FUSE edge)."""
 
     pid: int
     uid: int
@@ -141,7 +142,7 @@ class DrmDevice:
         self.syncobj = SyncobjIoctls(self)
         # The core ioctls' handlers: this device's and its syncobj half's @handles methods.
         self.handlers: dict[tbl.IoctlSpec, Handler] = {
-            **tbl.bind(self), **tbl.bind(self.syncobj)}  # type: ignore[dict-item]
+            **tbl.bind(self), **tbl.bind(self.syncobj)}
 
     # -- the caller's memory (copy_from_user / copy_to_user) -------------------------------
     async def read_user(self, caller: Caller, address: int, size: int) -> bytes:
@@ -189,9 +190,9 @@ class DrmDevice:
         spec = tbl.lookup(nr)
         if spec is None:
             return IoctlResult(-errno.EINVAL, b"", None, b"")
-        user_dir = (cmd >> 30) & 3
-        user_size = (cmd >> 16) & 0x3FFF
-        table_dir = (spec.cmd >> 30) & 3
+        user_dir = ioc_dir(cmd)
+        user_size = ioc_size(cmd)
+        table_dir = ioc_dir(spec.cmd)
         in_size = user_size if user_dir & table_dir & IOC_WRITE else 0
         out_size = user_size if user_dir & table_dir & IOC_READ else 0
         handler = (self.handlers if spec.core else self.driver.ioctls).get(spec)
@@ -201,7 +202,7 @@ class DrmDevice:
                 _reported_unemulated.add(nr)
                 log.info("ioctl %s (nr 0x%02x) is not emulated: ENOTTY", spec.name, nr)
             return IoctlResult(-errno.ENOTTY, b"", spec, b"")
-        ksize = max(in_size, out_size, (spec.cmd >> 16) & 0x3FFF)
+        ksize = max(in_size, out_size, ioc_size(spec.cmd))
         kdata = bytearray(ksize)
         kdata[:in_size] = in_bytes[:in_size]
         result = 0

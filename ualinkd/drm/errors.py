@@ -10,5 +10,7 @@ import os
 
 
 class DrmError(OSError):
+    errno: int  # always set (OSError's may be None): the reply is -errno
+
     def __init__(self, err: int, detail: str | None = None) -> None:
         super().__init__(err, detail or os.strerror(err))

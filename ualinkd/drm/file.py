@@ -1,17 +1,18 @@
 """DrmFile: one open of a render node, with its GEM handle table and PRIME cache (§2.4–2.5)
 and its syncobj table (drm_syncobj.c).
 
-Handles are per file, allocated lowest-free from 1 (idr_alloc(…, 1, 0)); 0 is never valid.
+Handles are per file, allocated lowest-free from 1 (idr_alloc(…, 1, 0); drm/idr.py); 0 is
+never valid.
 """
 
 from __future__ import annotations
 
 import errno
-import heapq
 from typing import TYPE_CHECKING
 
 from .errors import DrmError
 from .gem import DmaBuf, GemObject
+from .idr import HandleIdr
 from .syncobj import SyncobjTable
 
 if TYPE_CHECKING:
@@ -24,8 +25,7 @@ class DrmFile:
         self.pid = pid
         self.uid = uid
         self.handles: dict[int, GemObject] = {}
-        self._free: list[int] = []
-        self._next = 1
+        self._idr = HandleIdr()
         # PRIME cache: the dma-buf each handle was exported as / imported from.
         self.prime_by_handle: dict[int, DmaBuf] = {}
         self.prime_by_buf: dict[int, int] = {}  # dma-buf id -> handle
@@ -36,11 +36,7 @@ class DrmFile:
     # -- handle table -----------------------------------------------------------------
     def handle_create(self, obj: GemObject) -> int:
         """drm_gem_handle_create_tail: a new handle taking its own reference."""
-        if self._free:
-            handle = heapq.heappop(self._free)
-        else:
-            handle = self._next
-            self._next += 1
+        handle = self._idr.alloc()
         obj.handle_get()
         self.handles[handle] = obj
         self.device.driver.gem_object_open(obj, self)
@@ -54,7 +50,7 @@ class DrmFile:
         obj = self.handles.pop(handle, None)
         if obj is None:
             raise DrmError(errno.EINVAL, f"no GEM handle {handle}")
-        heapq.heappush(self._free, handle)
+        self._idr.remove(handle)
         self._release_handle(handle, obj)
 
     def _release_handle(self, handle: int, obj: GemObject) -> None:

@@ -17,7 +17,6 @@ so other requests served while a copy is in flight see no half-done ioctl.
 from __future__ import annotations
 
 import errno
-import heapq
 import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -28,6 +27,7 @@ from ..abi import constants as c
 from ..abi import ioctls as tbl
 from ..abi import structs as st
 from .errors import DrmError
+from .idr import HandleIdr
 
 if TYPE_CHECKING:
     from .device import Caller, DrmDevice
@@ -217,8 +217,7 @@ class SyncobjTable:
     def __init__(self, changed: Callable[[DrmSyncobj], None]) -> None:
         self._changed = changed
         self._objs: dict[int, DrmSyncobj] = {}
-        self._free: list[int] = []
-        self._next = 1
+        self._idr = HandleIdr()
 
     def __len__(self) -> int:
         return len(self._objs)
@@ -231,9 +230,7 @@ class SyncobjTable:
 
     def install(self, obj: DrmSyncobj) -> int:
         """A new handle to `obj` taking its own reference (drm_syncobj_get + idr_alloc)."""
-        handle = heapq.heappop(self._free) if self._free else self._next
-        if handle == self._next:
-            self._next += 1
+        handle = self._idr.alloc()
         obj.get()
         self._objs[handle] = obj
         return handle
@@ -246,15 +243,14 @@ class SyncobjTable:
         obj = self._objs.pop(handle, None)
         if obj is None:
             raise DrmError(errno.EINVAL, f"no syncobj {handle}")
-        heapq.heappush(self._free, handle)
+        self._idr.remove(handle)
         obj.put()
 
     def release(self) -> None:
         for obj in self._objs.values():
             obj.put()
         self._objs.clear()
-        self._free.clear()
-        self._next = 1
+        self._idr.clear()
 
 
 # ---- the ioctls ----------------------------------------------------------------------------

@@ -104,7 +104,7 @@ class UalinkAgent:
             async with limiter:
                 arg: int | bytes = n if not write else (data or b"")[off:off + n]
                 try:
-                    results[i] = await self._request(
+                    results[i] = await self._request(  # type: ignore[misc]  # asserted above
                         accel_id, piece.exporter_accel, piece.npa_byte_address + off, arg)
                 except DrmError:
                     results[i] = None
@@ -119,10 +119,10 @@ class UalinkAgent:
                 break
             # A short answer (policy 10: the exporter faulted part-way) ends the count there:
             # later chunks would land at the wrong offsets.
-            got = n if write else len(r)
-            done += got
+            count = n if write else len(r)
+            done += count
             loaded.append(r)
-            if got < n:
+            if count < n:
                 break
         if done == 0 and length:
             raise DrmError(errno.EFAULT, f"GPU page fault at NPA {piece.npa_byte_address:#x}")

@@ -897,7 +897,7 @@ class FabricLink:
         seq = conn.session.send_message(src_accel, dst_accel, dwords)
         waiter = conn.waiters[seq] = _Waiter()
         conn.flush()
-        return self._wait_ack(peer, conn, seq, waiter)
+        return self._wait_ack(peer, conn, seq, waiter)  # type: ignore[arg-type]  # conn: peer
 
     async def _wait_ack(self, peer: str, conn: _Conn, seq: int, waiter: _Waiter) -> None:
         with trio.move_on_after(self.ack_timeout):

@@ -127,7 +127,7 @@ class Session:
         """Queue a MSG; returns its seq, which the matching AckReceived carries."""
         self._check_stamp(src_accel, dst_accel, outgoing=True)
         seq = self._seq()
-        self._queue(Msg(seq, src_accel, dst_accel, tuple(dwords)))
+        self._queue(Msg(seq, src_accel, dst_accel, tuple(dwords)))  # type: ignore[arg-type]  # 4 dwords
         self._outstanding[seq] = FrameType.MSG
         return seq
 
@@ -252,7 +252,7 @@ class Session:
                 return NEED_DATA
             if now is not None and frame.frame_type == FrameType.PING:
                 self._peer_clock = (frame.clock, now)
-            event = self._handle(frame)
+            event = self._handle(frame)  # type: ignore[arg-type]  # not NEED_DATA: a Frame
             if event is not None:
                 return event
 
@@ -278,7 +278,7 @@ class Session:
             if ft == FrameType.LOAD and frame.length > MAX_DATA:
                 raise RemoteProtocolError(
                     f"{self.peer}: LOAD of {frame.length} bytes > {MAX_DATA}")
-            return RequestReceived(frame)
+            return RequestReceived(frame)  # type: ignore[arg-type]  # a Load or a Store
         if ft == FrameType.DATA:
             asked = self._load_length.get(frame.seq)
             if asked is not None and len(frame.data) > asked:

@@ -347,7 +347,7 @@ def decode_payload(frame_type: int, payload: bytes, *, fast: bool = True) -> Fra
         return _store(struct.unpack_from(_STORE_FMT, payload), payload[n:])
     if fast and ft == FrameType.DATA and len(payload) >= _DATA_HDR.size - HEADER_SIZE:
         n = _DATA_HDR.size - HEADER_SIZE
-        return Data(*struct.unpack_from("<Ii", payload), payload[n:])
+        return Data(*struct.unpack_from("<Ii", payload), payload[n:])  # type: ignore[call-arg]  # seq, status
     try:
         c = FRAME_PAYLOADS[ft].parse(payload)
     except cs.ConstructError:
@@ -455,6 +455,7 @@ class FrameDecoder:
             raise
 
     def _next_frame(self) -> Frame | _NeedData:
+        payload: bytes | bytearray
         if self._payload is not None:
             if self._filled < len(self._payload):
                 return NEED_DATA

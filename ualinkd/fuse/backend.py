@@ -8,22 +8,15 @@ Errors cross it as `ualinkd.drm.errors.DrmError(errno)` and nothing else.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import Protocol
 
-# The sys/ tree's node kinds live with its layout (ualinkd/sysfs.py); the tree serves them.
+# The process behind a request (fuse_req_ctx) is the DRM core's Caller, one type from the
+# FUSE edge down to the ioctl handlers. The sys/ tree's node kinds live with its layout
+# (ualinkd/sysfs.py); the tree serves them.
+from ualinkd.drm.device import Caller
 from ualinkd.sysfs import SysAttr, SysDir, SysLink
 
 __all__ = ["Caller", "IoctlReply", "NodeBackend", "SysAttr", "SysDir", "SysLink"]
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """The process behind a FUSE request (fuse_req_ctx)."""
-
-    pid: int
-    uid: int
-    gid: int
 
 
 # An ioctl answer: (result, out_bytes). result is 0 or a negative errno; out_bytes (at most

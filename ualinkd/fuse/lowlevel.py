@@ -627,7 +627,8 @@ def _op_ioctl(
         )
         if type(r) is not tuple:
             if hasattr(r, "__await__"):
-                s._spawn(req, "ioctl", r, _make_ioctl_finisher(out_bufsz))
+                s._spawn(req, "ioctl", r,  # type: ignore[arg-type]  # hasattr: an awaitable
+                         _make_ioctl_finisher(out_bufsz))
                 return
             raise TypeError(f"ioctl op returned {type(r).__name__}")
         result, out = r

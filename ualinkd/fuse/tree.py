@@ -333,6 +333,7 @@ class FileTree:
                 r = self.backend.kfd_ioctl(process, cmd, in_bytes, out_size, caller)
             except DrmError as e:
                 raise FuseError(e.errno) from None
+            # not a tuple: the awaitable the backend returns for a slow ioctl
             return r if type(r) is tuple else _drm_errors_to_fuse(r)  # type: ignore[arg-type]
         if drm_file is None:
             ref = self._dmabuf_fh.get(fh)
@@ -348,7 +349,7 @@ class FileTree:
             raise FuseError(e.errno) from None
         if type(r) is tuple:
             return r
-        return _drm_errors_to_fuse(r)  # type: ignore[arg-type]
+        return _drm_errors_to_fuse(r)  # type: ignore[arg-type]  # (as above)
 
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from ..cli.ctl import msg_type
+from ..sysfs import RENDER_MINOR_BASE
 from .pod import Pod, PodError
 
 
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("drop-next", help="drop the next message of a type (§5.12 bitmap)")
     d.add_argument("node")
     d.add_argument("msg_type", type=msg_type, help="a name (NPA_RSP) or a number")
-    d.add_argument("--minor", type=int, default=128)
+    d.add_argument("--minor", type=int, default=RENDER_MINOR_BASE)
     sub.add_parser("deactivate", help="take an accel out of its vPod").add_argument(
         "accel", type=int)
     v = sub.add_parser("set-vpod", help="make ACCELS the vPod ID (leaving others first)")

@@ -13,8 +13,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import native
 
@@ -60,7 +61,7 @@ def serve(lib_path: str) -> int:
 
     ffi = cffi.FFI()
     ffi.cdef(LIBUALINK_CDEF)
-    lib = ffi.dlopen(lib_path)
+    lib: Any = ffi.dlopen(lib_path)  # its functions are the cdef's, unknown to the stubs
     devs: dict[str, object] = {}
 
     def dev(path: str) -> object:
@@ -112,7 +113,7 @@ def serve(lib_path: str) -> int:
         if d is not None:
             lib.ualink_close(d)
 
-    ops = {
+    ops: dict[str, Callable[..., object]] = {
         "bo_create": bo_create,
         "bo_close": lambda p, g: check(lib.ualink_bo_close(dev(p), g)),
         "export": export,
@@ -166,7 +167,7 @@ class Agent:
                 self.proc.kill()
                 self.proc.wait()
 
-    def call(self, op: str, *args: object) -> object:
+    def call(self, op: str, *args: object) -> Any:  # a JSON value, shaped by the op
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps({"op": op, "args": list(args)}) + "\n")
         self.proc.stdin.flush()
@@ -182,21 +183,21 @@ class Agent:
         return self.node.render(accel)
 
     def bo_create(self, size: int, accel: int | None = None, domains: int = 4) -> int:
-        return self.call("bo_create", self.render(accel), size, domains)  # type: ignore[return-value]
+        return self.call("bo_create", self.render(accel), size, domains)
 
     def bo_close(self, gem: int, accel: int | None = None) -> None:
         self.call("bo_close", self.render(accel), gem)
 
     def export(self, gem: int, accel: int | None = None) -> tuple[int, int]:
-        lo, hi = self.call("export", self.render(accel), gem)  # type: ignore[misc]
+        lo, hi = self.call("export", self.render(accel), gem)
         return lo, hi
 
     def import_(self, handle: tuple[int, int], accel: int | None = None) -> int:
         """Import + PRIME_FD_TO_HANDLE (+ close the dma-buf fd): the NPA BO's GEM handle."""
-        return self.call("import", self.render(accel), list(handle))  # type: ignore[return-value]
+        return self.call("import", self.render(accel), list(handle))
 
     def import_size(self, handle: tuple[int, int], accel: int | None = None) -> int:
-        return self.call("import_size", self.render(accel), list(handle))  # type: ignore[return-value]
+        return self.call("import_size", self.render(accel), list(handle))
 
     def va_map(self, gem: int, va: int, size: int, accel: int | None = None,
                flags: int = RW) -> None:
@@ -206,10 +207,10 @@ class Agent:
         self.call("va_unmap", self.render(accel), gem, va, size)
 
     def gpu_read(self, va: int, size: int, accel: int | None = None) -> bytes:
-        return bytes.fromhex(self.call("gpu_read", self.render(accel), va, size))  # type: ignore[arg-type]
+        return bytes.fromhex(self.call("gpu_read", self.render(accel), va, size))
 
     def gpu_write(self, va: int, data: bytes, accel: int | None = None) -> int:
-        return self.call("gpu_write", self.render(accel), va, data.hex())  # type: ignore[return-value]
+        return self.call("gpu_write", self.render(accel), va, data.hex())
 
     def close_render(self, accel: int | None = None) -> None:
         self.call("close", self.render(accel))

@@ -77,7 +77,8 @@ def mirror(target: str, saved: str, extra_dirs: list[str]) -> None:
 # What is mirrored (a tmpfs of binds and copied links) so the daemon's files can be added.
 # /sys/devices/virtual is mirrored too (after /sys/devices), so the KFD's directory can be
 # added beside the host's virtual devices (net, tty, ...) without hiding them.
-MIRRORS = (("dev", "/dev", ["dri", "dmabuf"]), ("class", "/sys/class", ["drm", "kfd"]),
+MIRRORS: tuple[tuple[str, str, list[str]], ...] = (
+           ("dev", "/dev", ["dri", "dmabuf"]), ("class", "/sys/class", ["drm", "kfd"]),
            ("devices", "/sys/devices", []), ("virtual", "/sys/devices/virtual", ["kfd"]),
            ("char", "/sys/dev/char", []), ("pci", "/sys/bus/pci/devices", []))
 

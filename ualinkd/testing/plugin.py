@@ -62,6 +62,7 @@ def pod_or_skip(required: bool = False, **kw: object) -> Pod:
         trace = "text"
     trace_file = kw.pop("trace_file", None)
     trace_filter = kw.pop("trace_filter", ())
+    # kw: the marker's keywords, whatever a test wrote; pod_config and Pod check them
     config = kw.pop("config", None) or pod_config(**kw)  # type: ignore[arg-type]
     return Pod(config, trace=trace or None, trace_file=trace_file,  # type: ignore[arg-type]
                trace_filter=trace_filter).start()  # type: ignore[arg-type]

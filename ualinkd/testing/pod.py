@@ -183,7 +183,7 @@ def _exit_on_signal(signum: int, frame: object) -> None:
 def _install_exit_handlers() -> None:
     if getattr(_install_exit_handlers, "done", False):
         return
-    _install_exit_handlers.done = True  # type: ignore[attr-defined]
+    _install_exit_handlers.done = True  # type: ignore[attr-defined]  # a once-only mark
     atexit.register(_close_all)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError):  # not the main thread: atexit only
@@ -205,7 +205,7 @@ def mount_leaks(root: str | Path, name: str) -> list[str]:
     """What the node mounted at `root` still holds (pins, NPA ranges, handles, open files,
     imports), as `ualinkctl --json` reports it; any node mount, in a Pod or not."""
     found = []
-    for accel in mount_report(root, name)["accels"]:  # type: ignore[union-attr]
+    for accel in mount_report(root, name)["accels"]:  # type: ignore[attr-defined]  # JSON
         where = f"{name} {accel['render']}"
         for key in ("objects", "exports", "imports", "clients"):
             if accel[key]:
@@ -228,8 +228,7 @@ def pod_config(nodes: int = 2, accels_per_node: int = 1,
     if vpods is None:
         vpods = {1: range(nodes * accels_per_node)}
     node_cfgs = tuple(
-        replace(n, accels=tuple(AccelConfig(a.accel_id, **({"vram_size": vram_size}
-                                                             if vram_size else {}))
+        replace(n, accels=tuple(AccelConfig(a.accel_id, vram_size=vram_size or None)
                                 for a in n.accels))
         for n in base.nodes)
     cfg = replace(base, nodes=node_cfgs,
@@ -342,7 +341,7 @@ class PodNode:
     def popen(self, argv: Sequence[str], **kw: object) -> subprocess.Popen[str]:
         """Start a command inside the node; the pod kills it at close if it still runs."""
         kw.setdefault("text", True)
-        proc = subprocess.Popen(self.enter_cmd(argv), **kw)  # type: ignore[call-overload]
+        proc = subprocess.Popen(self.enter_cmd(argv), **kw)  # type: ignore[call-overload]  # Popen's
         self.clients.append(proc)
         return proc
 

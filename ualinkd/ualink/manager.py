@@ -25,6 +25,7 @@ from ..drm.gem import DmaBuf
 from . import protocol as p
 from .npa import (
     ALIAS_METADATA,
+    GPUID_MASK,
     GPUID_SHIFT,
     RANGE_MASK,
     RANGE_RESERVED,
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HANDLE_ACCID_MASK = 0x3FF  # bits 9..0 of handle_lo carry the exporter's accel id (§3.1)
 _U64 = (1 << 64) - 1
 
 # Kernel quirks (Emulator policy 2): named switches, all off by default.
@@ -65,7 +65,7 @@ KNOWN_QUIRKS = frozenset(
 )
 
 # NPA_FAIL reason -> the importer's errno (§5.2, §1.6 I15–I16)
-FAIL_ERRNO = {p.NpaFailReason.NOSPACE: errno.ENOSPC}
+FAIL_ERRNO: dict[int, int] = {p.NpaFailReason.NOSPACE: errno.ENOSPC}
 
 
 # ---- effects: what the agent must do for the manager --------------------------------------
@@ -127,7 +127,7 @@ def generate_handle(
     """§3.2: random handle_lo with the accel id in bits 9..0, non-zero and unique among
     live exports; handle_hi is 64 random bits drawn afterwards (may be 0)."""
     while True:
-        lo = (randbits(64) & ~HANDLE_ACCID_MASK & _U64) | accel_id
+        lo = (randbits(64) & ~p.HANDLE_LO_ID_MASK & _U64) | accel_id
         if lo != 0 and lo not in live:
             break
     return lo, randbits(64)
@@ -390,7 +390,7 @@ class UalinkManager:
     def import_handle(
         self, file: DrmFile, handle_lo: int, handle_hi: int
     ) -> DmaBuf | Awaitable[DmaBuf]:
-        exporter_id = handle_lo & HANDLE_ACCID_MASK
+        exporter_id = handle_lo & p.HANDLE_LO_ID_MASK
         if exporter_id >= ACCEL_MAX:  # I1
             raise DrmError(errno.EINVAL, f"exporter accel id {exporter_id} >= 256")
         if exporter_id in self.local_accels:  # I2: local path, no messages, no pin
@@ -423,7 +423,7 @@ class UalinkManager:
         """I6–I7: a new node in NOT_READY (the caller holds it until finish/abort)."""
         if handle_lo in self.imports:
             raise DrmError(errno.EAGAIN, "another import inserted this handle first")
-        node = ImportNode(handle_lo, handle_hi, handle_lo & HANDLE_ACCID_MASK)
+        node = ImportNode(handle_lo, handle_hi, handle_lo & p.HANDLE_LO_ID_MASK)
         self.imports[handle_lo] = node
         return node
 
@@ -457,7 +457,7 @@ class UalinkManager:
         if node.state != NodeState.PENDING:
             raise DrmError(errno.EINVAL, "the import was torn down while it waited")
         if node.fail_reason:
-            err = FAIL_ERRNO.get(node.fail_reason, errno.EINVAL)  # type: ignore[call-overload]
+            err = FAIL_ERRNO.get(node.fail_reason, errno.EINVAL)
             raise DrmError(err, f"exporter answered NPA_FAIL({node.fail_reason})")
         if node.npa_offset == 0 or node.size_pages == 0:  # I17
             raise DrmError(errno.EINVAL, "NPA_RSP with NPA 0 or size 0")
@@ -669,7 +669,7 @@ class UalinkManager:
         reason = None
         if not self.accel_active:
             reason = "accel not ACTIVE"
-        elif (page >> GPUID_SHIFT) & 0x3FF != self.accel_id or npa_byte_addr >> 51:
+        elif (page >> GPUID_SHIFT) & GPUID_MASK != self.accel_id or npa_byte_addr >> 51:
             reason = "outside this accel's NPA segment"
         else:
             table_page = strip_npa(page)
@@ -701,7 +701,7 @@ class UalinkManager:
         bo, offset = self._resolve_npa(src, npa_byte_addr, length)
         return bo.memory.read_views(offset, length)
 
-    def serve_store(self, src: int, npa_byte_addr: int, data: bytes) -> None:
+    def serve_store(self, src: int, npa_byte_addr: int, data: bytes | bytearray) -> None:
         bo, offset = self._resolve_npa(src, npa_byte_addr, len(data))
         bo.memory.write(offset, data)
 
@@ -726,9 +726,9 @@ class UalinkManager:
                 c.apply(ConnEvent.ACK_SEND_FAILED)
         elif kind == "npa_rsp" and err is not None:
             _, lo, src = tag
-            self._npa_rsp_failed(lo, src)  # type: ignore[arg-type]
+            self._npa_rsp_failed(lo, src)  # type: ignore[arg-type]  # Send.tag: an untyped tuple
         elif kind == "revoke" and err is not None:
-            entry = self.invalid.get(tag[1])  # type: ignore[arg-type]
+            entry = self.invalid.get(tag[1])  # type: ignore[call-overload]  # (as above)
             if entry is not None and entry.revoke is not None:
                 entry.revoke.expected.discard(send.dst)
                 gen = entry.importers[send.dst].generation if send.dst in entry.importers else 0

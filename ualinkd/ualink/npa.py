@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..amdgpu.bo import AmdgpuBo
 
 GPUID_SHIFT = 29
+GPUID_MASK = (1 << 10) - 1  # the accel id: 10 bits, at GPUID_SHIFT
 RANGE_MASK = (1 << GPUID_SHIFT) - 1  # bits 28..0: offset inside one GPU's segment
 SEGMENT_PAGES = 1 << GPUID_SHIFT
 RANGE_RESERVED = 512  # 2 MiB at the start of every segment (source-identification rings)
@@ -25,11 +26,7 @@ ALIGN_PAGES = 512  # 2 MiB alignment for allocations of >= 2 MiB
 
 
 def strip_npa(npa: int) -> int:
-    return npa & ~(((1 << 10) - 1) << GPUID_SHIFT)
-
-
-def generate_npa(offset: int, accel_id: int) -> int:
-    return offset | (accel_id << GPUID_SHIFT)
+    return npa & ~(GPUID_MASK << GPUID_SHIFT)
 
 
 class NpaSpace:

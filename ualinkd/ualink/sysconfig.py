@@ -155,9 +155,10 @@ class SysConfig:
         _expect_true(text)
         mgr, s = self.mgr, self.setup
         mgr.ppod = replace(
+            # The pending values are `object`s: the attribute writers checked their types.
             mgr.ppod, accel_id=int(s["accel_id"]), bandwidth=int(s["bandwidth"]),  # type: ignore[call-overload]
             latency=int(s["latency"]), ppod_size=int(s["ppod_size"]),  # type: ignore[call-overload]
-            ppod_uuid=s["ppod_id"],
+            ppod_uuid=s["ppod_id"],  # type: ignore[arg-type]
         )
         if mgr.state >= AccelState.READY:
             mgr.deactivate()
@@ -172,6 +173,7 @@ class SysConfig:
         "any other case" row unless the new vPod id is 0)."""
         _expect_true(text)
         mgr, c = self.mgr, self.config
+        # The pending values are `object`s: the attribute writers checked their types.
         active = frozenset(c["vpod_active_accels"])  # type: ignore[call-overload]
         new = VpodInfo(int(c["vpod_id"]), int(c["vpod_size"]), c["addr_mode"],  # type: ignore[call-overload,arg-type]
                        active)
