@@ -66,6 +66,13 @@ def test_libhsakmt_opens_allocates_maps_and_frees(tmp_path: Path):
                      "map_system", "gpu_store_load_system", "free", "create_event",
                      "wait_event", "close_kfd"):
             assert step in by, r.stdout
+        # A queue: none to give (the DQM's limit, EPERM), which libhsakmt 5.2.3 reports
+        # as HSAKMT_STATUS_ERROR for any failed CREATE_QUEUE; what it allocated for the
+        # queue first (EOP buffer, CWSR area) is freed again.
+        (q,) = by["create_queue"]
+        assert q["status"] == "1", q  # HSAKMT_STATUS_ERROR
+        assert int(q["gem_before"]) >= 0 and q["gem_before"] == q["gem_after"], q
+        assert "AMDKFD_CREATE_QUEUE (nr 0x02) is not emulated" not in node.log_text()
         # Everything freed: no GEM object left on either GPU (the debugfs tables).
         for minor in (128, 129):
             assert node.debug(minor, "gem_objects").strip() == "", node.debug(minor,

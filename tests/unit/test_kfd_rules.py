@@ -71,8 +71,8 @@ def test_unknown_and_out_of_range_nrs_are_enotty_with_nothing_copied():
     for nr in (0x00, tbl.KFD_COMMAND_END, 0x80, 0xFF):
         res = call(node, p, ioc(IOC_READ | IOC_WRITE, ord("K"), nr, 16), b"\x55" * 16)
         assert (res.result, res.out) == (-errno.ENOTTY, b"")
-    create_queue = tbl.KFD_IOCTLS[0x02]  # queues: not emulated
-    assert call(node, p, create_queue.cmd, bytes(88)).result == -errno.ENOTTY
+    criu = tbl.KFD_IOCTLS[0x22]  # CRIU: not emulated
+    assert call(node, p, criu.cmd, bytes(56)).result == -errno.ENOTTY
 
 
 def test_get_version_is_1_17_by_nr_whatever_the_type():

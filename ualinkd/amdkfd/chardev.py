@@ -141,6 +141,10 @@ class KfdProcess:
     events: dict[int, KfdEvent] = field(default_factory=dict)  # event_idr
     event_page: int | None = None  # the handle of the GTT BO libhsakmt gave as events page
     xnack_enabled: bool = False  # kfd_process_xnack_mode(p, false): retry faults off
+    # runtime_info (RUNTIME_ENABLE): DEBUG_RUNTIME_STATE_ENABLED or not, r_debug, ttmp_setup
+    runtime_enabled: bool = False
+    r_debug: int = 0
+    ttmp_setup: bool = False
 
     def pdd_by_id(self, gpu_id: int) -> KfdProcessDevice:
         """kfd_process_device_data_by_id; an unknown gpu_id is EINVAL in every caller."""
@@ -159,6 +163,21 @@ KFD_MMAP_TYPE_EVENTS = 0x2 << 62
 KFD_EVENT_TIMEOUT_INFINITE = 0xFFFFFFFF
 KFD_IOC_WAIT_RESULT_COMPLETE = 0
 KFD_IOC_WAIT_RESULT_TIMEOUT = 1
+
+# kfd_ioctl.h / kfd_priv.h: queues
+KFD_MAX_QUEUE_PERCENTAGE = 100
+KFD_MAX_QUEUE_PRIORITY = 15
+# COMPUTE, SDMA, COMPUTE_AQL, SDMA_XGMI, SDMA_BY_ENG_ID (1.17)
+KFD_IOC_QUEUE_TYPES = frozenset({0, 1, 2, 3, 4})
+KFD_MAX_NUM_CUS = 1024  # kfd_ioctl_set_cu_mask's max_num_cus
+ENOTSUPP = 524  # include/linux/errno.h: kernel-internal, returned as is by the KFD
+# x86-64's TASK_SIZE_MAX with 4-level paging: access_ok's bound for user addresses
+TASK_SIZE_MAX = (1 << 47) - PAGE_SIZE
+
+
+def access_ok(address: int, size: int) -> bool:
+    """access_ok: the range lies below TASK_SIZE_MAX (it says nothing about mappings)."""
+    return address + size <= TASK_SIZE_MAX
 
 
 @dataclass(eq=False, slots=True)
@@ -728,6 +747,97 @@ class Kfd:
             kdata[:4] = st.KFD_SET_XNACK_MODE.encode(st.KfdSetXnackMode(int(p.xnack_enabled)))
         else:
             p.xnack_enabled = a.xnack_enabled != 0  # 2
+
+    # -- queues (kfd_ioctl_create_queue ... kfd_ioctl_alloc_queue_gws) ------------------------
+    # No queue is ever created: the emulated GPU has no hardware queue (HQD / HWS slot) to
+    # give, so the device queue manager's limit is always reached. Every argument check
+    # before that is the kernel's, so a runtime sees the same errno for a bad argument as
+    # on a real KFD, and EPERM (create_queue_cpsch / _nocpsch: total_queue_count >=
+    # max_num_of_queues_per_device) for a good one. Lookups of a queue id then find none.
+
+    @staticmethod
+    def _queue_fields_checked(percentage: int, priority: int, ring_base: int,
+                              ring_size: int) -> None:
+        """The checks set_queue_properties_from_user and kfd_ioctl_update_queue share:
+        percentage (bits 0-7 since pm4_target_xcc took bits 8-15) <= 100 and priority <= 15
+        (EINVAL), a ring base the user may address (access_ok: EFAULT), a ring size 0 or a
+        power of two (EINVAL)."""
+        if percentage > KFD_MAX_QUEUE_PERCENTAGE:
+            raise DrmError(errno.EINVAL, "queue percentage above KFD_MAX_QUEUE_PERCENTAGE")
+        if priority > KFD_MAX_QUEUE_PRIORITY:
+            raise DrmError(errno.EINVAL, "queue priority above KFD_MAX_QUEUE_PRIORITY")
+        if ring_base and not access_ok(ring_base, 8):
+            raise DrmError(errno.EFAULT, "ring base address not a user address")
+        if ring_size & (ring_size - 1):
+            raise DrmError(errno.EINVAL, "ring size is not a power of 2 or 0")
+
+    @tbl.handles(tbl.KFD_CREATE_QUEUE)
+    def create_queue(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_create_queue: set_queue_properties_from_user's checks in order —
+        percentage/priority/ring base/ring size (EINVAL/EINVAL/EFAULT/EINVAL), read and
+        write pointers and, when given, EOP buffer and CWSR area user addresses (EFAULT),
+        a known queue type (ENOTSUPP, the kernel's internal 524, as it leaks to the user)
+        (1); the gpu_id the process's (EINVAL) (2), the process bound to it (ESRCH: here,
+        no VM acquired) (3); then pqm_create_queue reaches the device queue manager, which
+        has no queue left: EPERM (4). Nothing is allocated on any path."""
+        a = st.KFD_CREATE_QUEUE.decode(bytes(kdata[: st.KFD_CREATE_QUEUE.size]))
+        self._queue_fields_checked(a.queue_percentage & 0xFF, a.queue_priority,  # 1
+                                   a.ring_base_address, a.ring_size)
+        for name, addr, optional in (("read pointer", a.read_pointer_address, False),
+                                     ("write pointer", a.write_pointer_address, False),
+                                     ("EOP buffer", a.eop_buffer_address, True),
+                                     ("CWSR area", a.ctx_save_restore_address, True)):
+            if (addr or not optional) and not access_ok(addr, 4):
+                raise DrmError(errno.EFAULT, f"{name} not a user address")
+        if a.queue_type not in KFD_IOC_QUEUE_TYPES:
+            raise DrmError(ENOTSUPP, f"unknown queue type {a.queue_type}")
+        pdd = p.pdd_by_id(a.gpu_id)  # 2
+        if pdd.drm_file is None:  # 3
+            raise DrmError(errno.ESRCH, "the process cannot be bound to this GPU")
+        raise DrmError(errno.EPERM, "no hardware queue left on this GPU")  # 4
+
+    @tbl.handles(tbl.KFD_DESTROY_QUEUE)
+    def destroy_queue(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """pqm_destroy_queue: a queue id that matches no queue is EINVAL."""
+        a = st.KFD_DESTROY_QUEUE.decode(bytes(kdata[: st.KFD_DESTROY_QUEUE.size]))
+        raise DrmError(errno.EINVAL, f"no queue {a.queue_id}")
+
+    @tbl.handles(tbl.KFD_UPDATE_QUEUE)
+    def update_queue(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_update_queue: the shared checks on the whole percentage (1), then
+        pqm_update_queue_properties finds no queue: EFAULT (2)."""
+        a = st.KFD_UPDATE_QUEUE.decode(bytes(kdata[: st.KFD_UPDATE_QUEUE.size]))
+        self._queue_fields_checked(a.queue_percentage, a.queue_priority,  # 1
+                                   a.ring_base_address, a.ring_size)
+        raise DrmError(errno.EFAULT, f"no queue {a.queue_id}")  # 2
+
+    @tbl.handles(tbl.KFD_SET_CU_MASK)
+    def set_cu_mask(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> Awaitable[None]:
+        """kfd_ioctl_set_cu_mask: num_cu_mask a non-zero multiple of 32 (EINVAL) (1), at
+        most 1024 bits used (2), that many bits read from cu_mask_ptr (EFAULT) (3); then
+        pqm_update_mqd finds no queue: EFAULT (4)."""
+        a = st.KFD_SET_CU_MASK.decode(bytes(kdata[: st.KFD_SET_CU_MASK.size]))
+        if a.num_cu_mask % 32 or a.num_cu_mask == 0:  # 1
+            raise DrmError(errno.EINVAL, "num_cu_mask must be a non-zero multiple of 32")
+        count = min(a.num_cu_mask, KFD_MAX_NUM_CUS)  # 2
+
+        async def run() -> None:
+            await self._read_user(caller, a.cu_mask_ptr, count // 8)  # 3
+            raise DrmError(errno.EFAULT, f"no queue {a.queue_id}")  # 4
+
+        return run()
+
+    @tbl.handles(tbl.KFD_GET_QUEUE_WAVE_STATE)
+    def get_queue_wave_state(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """pqm_get_wave_state: no queue with that id is EFAULT."""
+        a = st.KFD_GET_QUEUE_WAVE_STATE.decode(bytes(kdata[: st.KFD_GET_QUEUE_WAVE_STATE.size]))
+        raise DrmError(errno.EFAULT, f"no queue {a.queue_id}")
+
+    @tbl.handles(tbl.KFD_ALLOC_QUEUE_GWS)
+    def alloc_queue_gws(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_alloc_queue_gws: pqm_get_user_queue finds no queue: EINVAL."""
+        a = st.KFD_ALLOC_QUEUE_GWS.decode(bytes(kdata[: st.KFD_ALLOC_QUEUE_GWS.size]))
+        raise DrmError(errno.EINVAL, f"no queue {a.queue_id}")
 
     # -- dma-buf import and info (kfd_ioctl_import_dmabuf, kfd_ioctl_get_dmabuf_info) -------
     def _dmabuf_bo(self, caller: Caller, fd: int) -> AmdgpuBo:
