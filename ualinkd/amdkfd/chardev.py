@@ -169,7 +169,12 @@ KFD_MAX_QUEUE_PERCENTAGE = 100
 KFD_MAX_QUEUE_PRIORITY = 15
 # COMPUTE, SDMA, COMPUTE_AQL, SDMA_XGMI, SDMA_BY_ENG_ID (1.17)
 KFD_IOC_QUEUE_TYPES = frozenset({0, 1, 2, 3, 4})
-KFD_MAX_NUM_CUS = 1024  # kfd_ioctl_set_cu_mask's max_num_cus
+KFD_MAX_NUM_CUS = 1024
+# amdgpu_gfx_config's tile_mode_array[32] and macrotile_mode_array[16] (zero on gfx9)
+GFX9_NUM_TILE_CONFIGS = 32
+GFX9_NUM_MACRO_TILE_CONFIGS = 16
+KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK = 1
+KFD_RUNTIME_ENABLE_MODE_TTMP_SAVE_MASK = 2  # kfd_ioctl_set_cu_mask's max_num_cus
 ENOTSUPP = 524  # include/linux/errno.h: kernel-internal, returned as is by the KFD
 # x86-64's TASK_SIZE_MAX with 4-level paging: access_ok's bound for user addresses
 TASK_SIZE_MAX = (1 << 47) - PAGE_SIZE
@@ -838,6 +843,74 @@ class Kfd:
         """kfd_ioctl_alloc_queue_gws: pqm_get_user_queue finds no queue: EINVAL."""
         a = st.KFD_ALLOC_QUEUE_GWS.decode(bytes(kdata[: st.KFD_ALLOC_QUEUE_GWS.size]))
         raise DrmError(errno.EINVAL, f"no queue {a.queue_id}")
+
+    @tbl.handles(tbl.KFD_GET_TILE_CONFIG)
+    def get_tile_config(self, p: KfdProcess, kdata: bytearray,
+                        caller: Caller) -> Awaitable[None] | None:
+        """kfd_ioctl_get_tile_config: a gpu_id of the process (EINVAL) (1); gb_addr_config
+        from the GPU's profile, num_banks / num_ranks 0 (amdgpu_amdkfd_get_tile_config:
+        gfx9 sets neither) (2); num_tile_configs becomes min(asked, 32) and that many
+        entries of the tile mode array go to tile_config_ptr, a fault leaving it 0 and
+        EFAULT (3); then the same for the 16 macro tile modes (4). gfx9 programs no tile
+        mode tables (swizzle modes replaced them), so every entry is 0."""
+        layout = st.KFD_GET_TILE_CONFIG
+        a = layout.decode(bytes(kdata[: layout.size]))
+        pdd = p.pdd_by_id(a.gpu_id)  # 1
+        tiles = min(a.num_tile_configs, GFX9_NUM_TILE_CONFIGS)
+        macros = min(a.num_macro_tile_configs, GFX9_NUM_MACRO_TILE_CONFIGS)
+
+        def answer(n_tiles: int, n_macros: int) -> None:  # 2
+            kdata[: layout.size] = layout.encode(st.KfdGetTileConfig(
+                a.tile_config_ptr, a.macro_tile_config_ptr, n_tiles, n_macros, a.gpu_id,
+                pdd.node.driver.profile.gb_addr_config, 0, 0))
+
+        answer(tiles, a.num_macro_tile_configs)
+        if not tiles and not macros:
+            answer(tiles, macros)
+            return None
+
+        async def copy_out() -> None:
+            if tiles:  # 3 (copy_to_user of 0 bytes touches nothing)
+                try:
+                    await self._write_user(caller, a.tile_config_ptr, bytes(4 * tiles))
+                except DrmError:
+                    answer(0, a.num_macro_tile_configs)
+                    raise
+            answer(tiles, macros)
+            if macros:  # 4
+                try:
+                    await self._write_user(caller, a.macro_tile_config_ptr, bytes(4 * macros))
+                except DrmError:
+                    answer(tiles, 0)
+                    raise
+
+        return copy_out()
+
+    @tbl.handles(tbl.KFD_RUNTIME_ENABLE)
+    def runtime_enable(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_runtime_enable (since 1.13, the debugger API; GET_VERSION says 1.17):
+        ENABLE in mode_mask enables (runtime_enable): EBUSY when already enabled, EEXIST
+        when the process has queues (never here), else the state, r_debug and the TTMP
+        setup are kept; no debugger attaches to this KFD, so nothing waits (1). Without
+        ENABLE it disables (runtime_disable): r_debug and TTMP setup cleared, 0 (2).
+        capabilities_mask is not written, as the kernel's is not."""
+        a = st.KFD_RUNTIME_ENABLE.decode(bytes(kdata[: st.KFD_RUNTIME_ENABLE.size]))
+        if a.mode_mask & KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK:  # 1
+            if p.runtime_enabled:
+                raise DrmError(errno.EBUSY, "the runtime is already enabled")
+            p.runtime_enabled, p.r_debug = True, a.r_debug
+            p.ttmp_setup = bool(a.mode_mask & KFD_RUNTIME_ENABLE_MODE_TTMP_SAVE_MASK)
+        else:  # 2
+            p.runtime_enabled, p.r_debug, p.ttmp_setup = False, 0, False
+
+    @tbl.handles(tbl.KFD_SVM)
+    def svm(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_svm of a kernel built without CONFIG_HSA_AMD_SVM: EPERM for every op.
+        This KFD has no SVM: no GPU node sets HSA_CAP_SVMAPI_SUPPORTED in its topology
+        capability, so libhsakmt 5.2.3 reports the SVM API unsupported and ROCr keeps to
+        ALLOC_MEMORY_OF_GPU; SET/GET_ATTR would need HMM-style migration and fault
+        handling this emulator does not have."""
+        raise DrmError(errno.EPERM, "no SVM support")
 
     # -- dma-buf import and info (kfd_ioctl_import_dmabuf, kfd_ioctl_get_dmabuf_info) -------
     def _dmabuf_bo(self, caller: Caller, fd: int) -> AmdgpuBo:
