@@ -52,8 +52,10 @@ def make_node(accels: int = 2, fds: dict[int, object] | None = None,
                     host_cpus=8, host_memory=1 << 34)
 
 
-def call(node: NodeCore, p, cmd: int, data: bytes = b"") -> IoctlResult:
-    res = node.kfd.ioctl(p, cmd, data, CALLER)
+def call(node: NodeCore, p, cmd: int, data: bytes = b"", caller: Caller | None = None
+         ) -> IoctlResult:
+    """The ioctl from `p`'s own process (kfd_ioctl's lead_thread check), unless `caller`."""
+    res = node.kfd.ioctl(p, cmd, data, caller or Caller(pid=p.pid, uid=CALLER.uid))
     if isinstance(res, IoctlResult):
         return res
 
@@ -156,6 +158,23 @@ def test_set_memory_policy_and_available_memory_and_clocks():
     assert out == (10**8, 10**9, 5 * 10**9, 10**9, g, 0)  # 100 MHz GPU counter
     out = struct.unpack("<QQQQII", call(node, p, clk, struct.pack("<32xII", 1, 0)).out)
     assert out[0] == 0 and out[1] == 10**9
+
+
+def test_a_kfd_file_answers_only_its_own_process():
+    """kfd_ioctl: after the nr lookup (an unknown nr stays ENOTTY), a caller whose process
+    is not the one that opened the file gets EBADF with nothing copied; another thread of
+    the same process (tgid_of maps it) is that process."""
+    node = make_node(1)
+    node.kfd.tgid_of = lambda tid: {4243: CALLER.pid}.get(tid, tid)
+    p = node.kfd.open(Caller(pid=4243, uid=0))  # opened by a second thread
+    assert p.pid == CALLER.pid
+    stranger = Caller(pid=5000, uid=0)
+    res = call(node, p, tbl.KFD_GET_VERSION.cmd, b"", stranger)
+    assert (res.result, res.out) == (-errno.EBADF, b"")
+    res = call(node, p, ioc(IOC_READ, ord("K"), 0x60, 8), b"", stranger)
+    assert res.result == -errno.ENOTTY
+    assert call(node, p, tbl.KFD_GET_VERSION.cmd, b"", Caller(pid=4243, uid=0)).result == 0
+    assert call(node, p, tbl.KFD_GET_VERSION.cmd).result == 0
 
 
 def test_one_process_per_pid_released_with_its_last_open():

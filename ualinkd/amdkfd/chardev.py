@@ -225,13 +225,19 @@ class Kfd:
         # (pid, fd) -> the dma-buf behind a caller's fd (dma_buf_get: EBADF / EINVAL)
         self.resolve_dmabuf: Callable[[int, int], DmaBuf] | None = None
         self.handlers: dict[tbl.IoctlSpec, KfdHandler] = tbl.bind(self)  # type: ignore[assignment]
+        # The process of a calling thread (FUSE reports the thread), None when it is gone;
+        # the edge injects /proc's answer. A kfd_process is one per process, not thread.
+        self.tgid_of: Callable[[int], int | None] = lambda tid: tid
 
     # -- open / release (kfd_open, kfd_release) ---------------------------------------------
     def open(self, caller: Caller) -> KfdProcess:
-        p = self.processes.get(caller.pid)
+        """kfd_open -> kfd_create_process(current): the caller's process (its thread
+        group, the lead_thread later ioctls are checked against)."""
+        pid = self.tgid_of(caller.pid) or caller.pid
+        p = self.processes.get(pid)
         if p is None:
-            p = KfdProcess(caller.pid, {g: KfdProcessDevice(n) for g, n in self.nodes.items()})
-            self.processes[caller.pid] = p
+            p = KfdProcess(pid, {g: KfdProcessDevice(n) for g, n in self.nodes.items()})
+            self.processes[pid] = p
         p.opens += 1
         return p
 
@@ -255,13 +261,18 @@ class Kfd:
     def ioctl(self, p: KfdProcess, cmd: int, in_bytes: bytes,
               caller: Caller) -> IoctlResult | Awaitable[IoctlResult]:
         """kfd_ioctl: the entry by nr alone (outside the command range: ENOTTY, nothing
-        copied) (1); the table's own cmd decides the copies, with the user's size, the
-        buffer zero-extended to the table's size (2); the handler (3); the user's size
-        copied back whenever the table's cmd has the OUT bit, success or not (4)."""
+        copied) (1); only the process that opened the file may use it — a child that
+        inherited the fd, or one it was passed to, gets EBADF, nothing copied (the
+        lead_thread check; children make their own KFD context) (1b); the table's own
+        cmd decides the copies, with the user's size, the buffer zero-extended to the
+        table's size (2); the handler (3); the user's size copied back whenever the
+        table's cmd has the OUT bit, success or not (4)."""
         nr = cmd & 0xFF
         spec = tbl.kfd_lookup(nr)  # 1
         if spec is None:
             return IoctlResult(-errno.ENOTTY, b"", None, b"")
+        if self.tgid_of(caller.pid) != p.pid:  # 1b
+            return IoctlResult(-errno.EBADF, b"", spec, b"")
         handler = self.handlers.get(spec)
         if handler is None:
             if nr not in _reported_unemulated:
