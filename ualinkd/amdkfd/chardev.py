@@ -163,6 +163,7 @@ KFD_MMAP_TYPE_EVENTS = 0x2 << 62
 KFD_EVENT_TIMEOUT_INFINITE = 0xFFFFFFFF
 KFD_IOC_WAIT_RESULT_COMPLETE = 0
 KFD_IOC_WAIT_RESULT_TIMEOUT = 1
+KFD_IOC_WAIT_RESULT_FAIL = 2
 
 # kfd_ioctl.h / kfd_priv.h: queues
 KFD_MAX_QUEUE_PERCENTAGE = 100
@@ -194,6 +195,16 @@ class KfdEvent:
     type: int
     auto_reset: bool
     signaled: bool = False
+    waiters: list[KfdEventWaiter] = field(default_factory=list)  # ev->wq
+
+
+@dataclass(eq=False, slots=True)
+class KfdEventWaiter:
+    """kfd_event_waiter: one WAIT_EVENTS call's hold on one event; `event` None once the
+    event was destroyed under it."""
+
+    event: KfdEvent | None
+    activated: bool
 
 
 KfdHandler = Callable[[KfdProcess, bytearray, Caller], "Awaitable[None] | None"]
@@ -672,17 +683,23 @@ class Kfd:
 
     @tbl.handles(tbl.KFD_DESTROY_EVENT)
     def destroy_event(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """destroy_event: the event's waiters lose it (their wait fails) and are woken."""
         ev = self._event(p, kdata, cpu_signaled=False)
         del p.events[ev.event_id]
+        for w in ev.waiters:
+            w.event = None
         if self.waits is not None:
             self.waits.wake(ev)
 
     @tbl.handles(tbl.KFD_SET_EVENT)
     def set_event(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
-        """kfd_set_event: signaled, and its waiters woken (one of them consumes an
-        auto-reset event; the kernel's wake_up_all activates every waiter at once)."""
+        """kfd_set_event -> set_event: every waiter in the event's queue is activated at
+        once (wake_up_all); the event stays signaled unless it is auto-reset and someone
+        was waiting (then those waiters consumed it together)."""
         ev = self._event(p, kdata, cpu_signaled=True)
-        ev.signaled = True
+        ev.signaled = not ev.auto_reset or not ev.waiters
+        for w in ev.waiters:
+            w.activated = True
         if self.waits is not None:
             self.waits.wake(ev)
 
@@ -693,10 +710,13 @@ class Kfd:
     @tbl.handles(tbl.KFD_WAIT_EVENTS)
     def wait_events(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> Awaitable[None]:
         """kfd_wait_on_events: each kfd_event_data read from the caller (EFAULT) and its
-        event known (EINVAL) (1); a waiter is activated by its event being signaled, which
-        an auto-reset event gives up to it (2); all / any activated completes (3); timeout
-        0 polls, 0xFFFFFFFF waits for ever, else that many ms (4); at the deadline the
-        result is TIMEOUT, still 0 returned (5)."""
+        event known (EINVAL) (1); init_event_waiter: a waiter starts activated if its event
+        is signaled now, which an auto-reset event gives up to it (2); the waiters join
+        their events' queues, where SET_EVENT activates them all (3); test_event_condition:
+        all / any activated completes, a waiter whose event was destroyed fails (4);
+        timeout 0 polls, 0xFFFFFFFF waits for ever, else that many ms (5); the result
+        COMPLETE or TIMEOUT with 0 returned, FAIL with EIO (6); the waiters leave the
+        queues whatever happened (free_waiters) (7)."""
         layout = st.KFD_WAIT_EVENTS
         a = layout.decode(bytes(kdata[: layout.size]))
 
@@ -710,25 +730,33 @@ class Kfd:
                 if ev is None:
                     raise DrmError(errno.EINVAL, f"no event {eid}")
                 evs.append(ev)
-            activated = [False] * len(evs)
+            waiters = []
+            for ev in evs:  # 2, 3
+                waiters.append(KfdEventWaiter(ev, ev.signaled))
+                ev.signaled = ev.signaled and not ev.auto_reset
+                ev.waiters.append(waiters[-1])
 
-            def ready() -> bool:  # 2, 3
-                for i, ev in enumerate(evs):
-                    if not activated[i] and ev.signaled:
-                        activated[i] = True
-                        if ev.auto_reset:
-                            ev.signaled = False
-                return all(activated) if a.wait_for_all else any(activated)
+            def condition() -> int:  # 4
+                if any(w.event is None for w in waiters):
+                    return KFD_IOC_WAIT_RESULT_FAIL
+                done = (all if a.wait_for_all else any)(w.activated for w in waiters)
+                return KFD_IOC_WAIT_RESULT_COMPLETE if done else KFD_IOC_WAIT_RESULT_TIMEOUT
 
-            done = ready()
-            if not done and a.timeout != 0:  # 4
-                if self.waits is None:
-                    raise DrmError(errno.EINVAL, "no way to wait")
-                deadline = (None if a.timeout == KFD_EVENT_TIMEOUT_INFINITE
-                            else self.waits.now_ns() + a.timeout * 1_000_000)
-                done = await self.waits.wait_until(deadline, ready, evs)
-            result = KFD_IOC_WAIT_RESULT_COMPLETE if done else KFD_IOC_WAIT_RESULT_TIMEOUT  # 5
-            kdata[20:24] = result.to_bytes(4, "little")
+            try:
+                if condition() == KFD_IOC_WAIT_RESULT_TIMEOUT and a.timeout != 0:  # 5
+                    if self.waits is None:
+                        raise DrmError(errno.EINVAL, "no way to wait")
+                    deadline = (None if a.timeout == KFD_EVENT_TIMEOUT_INFINITE
+                                else self.waits.now_ns() + a.timeout * 1_000_000)
+                    await self.waits.wait_until(
+                        deadline, lambda: condition() != KFD_IOC_WAIT_RESULT_TIMEOUT, evs)
+                result = condition()
+            finally:
+                for w, ev in zip(waiters, evs, strict=True):  # 7
+                    ev.waiters.remove(w)
+            kdata[20:24] = result.to_bytes(4, "little")  # 6
+            if result == KFD_IOC_WAIT_RESULT_FAIL:
+                raise DrmError(errno.EIO, "an event was destroyed during the wait")
 
         return run()
 
