@@ -80,6 +80,46 @@ def test_libhsakmt_opens_allocates_maps_and_frees(tmp_path: Path):
 
 
 
+def fake_lsmod(tmp_path: Path) -> Path:
+    """rocminfo's `lsmod | grep amdgpu` answered (kmod reads /proc/modules, absent here)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lsmod = bin_dir / "lsmod"
+    lsmod.write_text("#!/bin/sh\necho 'Module                  Size  Used by'\n"
+                     "echo 'amdgpu               1  0'\n")
+    lsmod.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.skipif(shutil.which("rocminfo") is None, reason="rocminfo is not installed")
+def test_rocminfo_recognizes_an_mi210_without_override(tmp_path: Path):
+    """With the gfx90a (MI210) profile, ROCr 5.2.3 knows the GPU: rocminfo lists it as a
+    GPU agent named gfx90a with its 104 CUs, no HSA_OVERRIDE_GFX_VERSION set (only the
+    lsmod stand-in)."""
+    import dataclasses
+
+    from ualinkd.config import AccelConfig
+    base = PodConfig.local(1, 1)
+    node_cfg = dataclasses.replace(base.nodes[0], accels=(AccelConfig(0, profile="mi210"),))
+    config = dataclasses.replace(base, nodes=(node_cfg,))
+    bin_dir = fake_lsmod(tmp_path)
+    with running_node(tmp_path / "node", config) as node:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
+        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"),
+                   PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}")
+        r = subprocess.run(["rocminfo"], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr + node.log_text()
+        types = [line.split(":", 1)[1].strip() for line in r.stdout.splitlines()
+                 if line.strip().startswith("Device Type:")]
+        assert types == ["CPU", "GPU"], r.stdout
+        assert "amdgcn-amd-amdhsa--gfx90a" in r.stdout
+        assert "unrecognized id" not in r.stdout + r.stderr
+        cus = [line.split(":", 1)[1].strip() for line in r.stdout.splitlines()
+               if line.strip().startswith("Compute Unit:")]
+        assert cus[-1] == "104", r.stdout
+
+
 @pytest.mark.skipif(shutil.which("rocminfo") is None, reason="rocminfo is not installed")
 def test_rocminfo_lists_the_accel_as_a_gpu_agent(tmp_path: Path):
     """Debian's rocminfo 5.2.3 (ROCr 5.2.3 over libhsakmt) through the shim lists the CPU
@@ -88,12 +128,7 @@ def test_rocminfo_lists_the_accel_as_a_gpu_agent(tmp_path: Path):
     container does not have), answered by an `lsmod` on PATH that lists amdgpu; and ROCr
     5.2.3 drops a gfx942 node as "unrecognized id", so HSA_OVERRIDE_GFX_VERSION=9.0.10
     presents it as gfx90a, as a user of an old ROCr on MI300 would."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    lsmod = bin_dir / "lsmod"
-    lsmod.write_text("#!/bin/sh\necho 'Module                  Size  Used by'\n"
-                     "echo 'amdgpu               1  0'\n")
-    lsmod.chmod(0o755)
+    bin_dir = fake_lsmod(tmp_path)
     with running_node(tmp_path / "node", PodConfig.local(1, 1)) as node:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
         env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"),

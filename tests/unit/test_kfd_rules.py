@@ -552,3 +552,21 @@ def test_dmabuf_info_and_import():
     mem.arrays[0x100] = struct.pack("<I", g0)
     res = call(node, p, tbl.KFD_MAP_MEMORY_TO_GPU.cmd, struct.pack("<QQII", handle, 0x100, 1, 0))
     assert res.result == 0 and f0.device.driver.vm(f0).lookup(1 << 34).bo_va.bo is bo
+
+
+def test_an_mi210_node_is_gfx90a_in_the_topology():
+    """The MI200-class profile: gfx_target_version 90010 (gfx90a, which ROCr 5.2.3 knows),
+    PCI 1002:740f, 104 CUs x 4 SIMDs, one XCC, in the KFD topology and the PCI identity."""
+    import dataclasses
+
+    from ualinkd.config import AccelConfig
+    base = PodConfig.local(1, 1)
+    node_cfg = dataclasses.replace(base.nodes[0], accels=(AccelConfig(0, profile="mi210"),))
+    config = dataclasses.replace(base, nodes=(node_cfg,))
+    node = NodeCore(config, config.nodes[0].name, clock=lambda: (0, 0), host_cpus=2,
+                    host_memory=1 << 34)
+    props = dict(line.split() for line in sysfs.resolve(
+        node.sys_tree(), "devices/virtual/kfd/kfd/topology/nodes/1/properties")
+        .read().splitlines())
+    assert (props["gfx_target_version"], props["device_id"], props["simd_count"],
+            props["num_xcc"]) == ("90010", str(0x740F), "416", "1")
