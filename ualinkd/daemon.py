@@ -345,6 +345,7 @@ async def run_node(
         host_memory=host_memory_total(),
         resolve_drm_file=lambda tid, fd: resolve_drm_file(tid, fd),
     )
+    core.kfd.tgid_of = tgid_of  # kfd_ioctl's process check is per process, not thread
 
     async def resolve_drm_file(tid: int, fd: int) -> DrmFile:
         """ACQUIRE_VM's fd -> the DrmFile behind it (abi/drmfile_query.py), off the FUSE

@@ -188,6 +188,78 @@ struct kfd_ioctl_export_dmabuf_args {
 	__u32 dmabuf_fd;	/* out */
 };
 
+/* Queues: create_queue_args is 96 bytes since 1.17 (sdma_engine_id); 88 before. */
+struct kfd_ioctl_create_queue_args {
+	__u64 ring_base_address;
+	__u64 write_pointer_address;
+	__u64 read_pointer_address;
+	__u64 doorbell_offset;		/* out */
+	__u32 ring_size;
+	__u32 gpu_id;
+	__u32 queue_type;
+	__u32 queue_percentage;
+	__u32 queue_priority;
+	__u32 queue_id;			/* out */
+	__u64 eop_buffer_address;
+	__u64 eop_buffer_size;
+	__u64 ctx_save_restore_address;
+	__u32 ctx_save_restore_size;
+	__u32 ctl_stack_size;
+	__u32 sdma_engine_id;
+	__u32 pad;
+};
+
+struct kfd_ioctl_destroy_queue_args {
+	__u32 queue_id;
+	__u32 pad;
+};
+
+struct kfd_ioctl_update_queue_args {
+	__u64 ring_base_address;
+	__u32 queue_id;
+	__u32 ring_size;
+	__u32 queue_percentage;
+	__u32 queue_priority;
+};
+
+struct kfd_ioctl_set_cu_mask_args {
+	__u32 queue_id;
+	__u32 num_cu_mask;
+	__u64 cu_mask_ptr;
+};
+
+struct kfd_ioctl_get_queue_wave_state_args {
+	__u64 ctl_stack_address;
+	__u32 ctl_stack_used_size;	/* out */
+	__u32 save_area_used_size;	/* out */
+	__u32 queue_id;
+	__u32 pad;
+};
+
+struct kfd_ioctl_alloc_queue_gws_args {
+	__u32 queue_id;
+	__u32 num_gws;
+	__u32 first_gws;		/* out */
+	__u32 pad;
+};
+
+struct kfd_ioctl_get_tile_config_args {
+	__u64 tile_config_ptr;		/* array of num_tile_configs u32 */
+	__u64 macro_tile_config_ptr;	/* array of num_macro_tile_configs u32 */
+	__u32 num_tile_configs;		/* in: array size, out: entries written */
+	__u32 num_macro_tile_configs;	/* in: array size, out: entries written */
+	__u32 gpu_id;
+	__u32 gb_addr_config;		/* out */
+	__u32 num_banks;		/* out */
+	__u32 num_ranks;		/* out */
+};
+
+struct kfd_ioctl_runtime_enable_args {
+	__u64 r_debug;
+	__u32 mode_mask;
+	__u32 capabilities_mask;
+};
+
 #define AMDKFD_IOC_GET_VERSION \
 	_IOR(AMDKFD_IOCTL_BASE, 0x01, struct kfd_ioctl_get_version_args)
 #define AMDKFD_IOC_SET_MEMORY_POLICY \
@@ -230,6 +302,22 @@ struct kfd_ioctl_export_dmabuf_args {
 	_IOWR(AMDKFD_IOCTL_BASE, 0x21, struct kfd_ioctl_set_xnack_mode_args)
 #define AMDKFD_IOC_EXPORT_DMABUF \
 	_IOWR(AMDKFD_IOCTL_BASE, 0x24, struct kfd_ioctl_export_dmabuf_args)
+#define AMDKFD_IOC_CREATE_QUEUE \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x02, struct kfd_ioctl_create_queue_args)
+#define AMDKFD_IOC_DESTROY_QUEUE \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x03, struct kfd_ioctl_destroy_queue_args)
+#define AMDKFD_IOC_UPDATE_QUEUE \
+	_IOW(AMDKFD_IOCTL_BASE, 0x07, struct kfd_ioctl_update_queue_args)
+#define AMDKFD_IOC_GET_TILE_CONFIG \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x12, struct kfd_ioctl_get_tile_config_args)
+#define AMDKFD_IOC_SET_CU_MASK \
+	_IOW(AMDKFD_IOCTL_BASE, 0x1A, struct kfd_ioctl_set_cu_mask_args)
+#define AMDKFD_IOC_GET_QUEUE_WAVE_STATE \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x1B, struct kfd_ioctl_get_queue_wave_state_args)
+#define AMDKFD_IOC_ALLOC_QUEUE_GWS \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x1E, struct kfd_ioctl_alloc_queue_gws_args)
+#define AMDKFD_IOC_RUNTIME_ENABLE \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x25, struct kfd_ioctl_runtime_enable_args)
 #endif /* KFD_IOCTL_H_INCLUDED */
 
 #ifdef __cplusplus

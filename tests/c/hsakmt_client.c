@@ -94,6 +94,26 @@ static int gpu_store_load(int minor, uint64_t va, size_t size, unsigned char pat
 	return ok;
 }
 
+/* The node's GEM objects on renderD<minor>: lines of its debugfs table gem_objects. */
+static int gem_objects(int minor)
+{
+	const char *dri = getenv("UALINK_DRI_DIR");
+	char path[4096], line[512];
+	int n = 0;
+	FILE *f;
+
+	if (!dri)
+		return -1;
+	snprintf(path, sizeof(path), "%s/../sys/kernel/debug/dri/%d/gem_objects", dri, minor);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		n += line[0] != '\n';
+	fclose(f);
+	return n;
+}
+
 int main(void)
 {
 	HsaVersionInfo ver;
@@ -193,6 +213,33 @@ int main(void)
 		CHECK("wait_event", hsaKmtWaitOnEvent(ev, 1000));
 		printf("ok wait_event\n");
 		CHECK("destroy_event", hsaKmtDestroyEvent(ev));
+	}
+	{
+		/*
+		 * A compute queue: the emulated GPU has none to give, so hsaKmtCreateQueue
+		 * fails with the status libhsakmt gives any failed CREATE_QUEUE, having freed
+		 * the EOP / CWSR buffers it allocated first (the VRAM left is the same).
+		 */
+		HsaQueueResource res = {0};
+		uint64_t rwptr[2] = {0, 0};
+		HsaNodeProperties p;
+		int before, after;
+		void *ring = NULL;
+		HSAKMT_STATUS s;
+
+		if (posix_memalign(&ring, 4096, 4096))
+			return 101;
+		memset(ring, 0, 4096);
+		res.QueueRptrValue = (uintptr_t)&rwptr[0];
+		res.QueueWptrValue = (uintptr_t)&rwptr[1];
+		CHECK("node_properties", hsaKmtGetNodeProperties(gpu, &p));
+		before = gem_objects(p.DrmRenderMinor);
+		s = hsaKmtCreateQueue(gpu, HSA_QUEUE_COMPUTE_AQL, 100, HSA_QUEUE_PRIORITY_NORMAL,
+				      ring, 4096, NULL, &res);
+		after = gem_objects(p.DrmRenderMinor);
+		printf("ok create_queue status=%d gem_before=%d gem_after=%d\n", (int)s, before,
+		       after);
+		free(ring);
 	}
 	CHECK("release_system_properties", hsaKmtReleaseSystemProperties());
 	CHECK("close_kfd", hsaKmtCloseKFD());

@@ -66,11 +66,58 @@ def test_libhsakmt_opens_allocates_maps_and_frees(tmp_path: Path):
                      "map_system", "gpu_store_load_system", "free", "create_event",
                      "wait_event", "close_kfd"):
             assert step in by, r.stdout
+        # A queue: none to give (the DQM's limit, EPERM), which libhsakmt 5.2.3 reports
+        # as HSAKMT_STATUS_ERROR for any failed CREATE_QUEUE; what it allocated for the
+        # queue first (EOP buffer, CWSR area) is freed again.
+        (q,) = by["create_queue"]
+        assert q["status"] == "1", q  # HSAKMT_STATUS_ERROR
+        assert int(q["gem_before"]) >= 0 and q["gem_before"] == q["gem_after"], q
+        assert "AMDKFD_CREATE_QUEUE (nr 0x02) is not emulated" not in node.log_text()
         # Everything freed: no GEM object left on either GPU (the debugfs tables).
         for minor in (128, 129):
             assert node.debug(minor, "gem_objects").strip() == "", node.debug(minor,
                                                                               "gem_objects")
 
+
+
+def fake_lsmod(tmp_path: Path) -> Path:
+    """rocminfo's `lsmod | grep amdgpu` answered (kmod reads /proc/modules, absent here)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lsmod = bin_dir / "lsmod"
+    lsmod.write_text("#!/bin/sh\necho 'Module                  Size  Used by'\n"
+                     "echo 'amdgpu               1  0'\n")
+    lsmod.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.skipif(shutil.which("rocminfo") is None, reason="rocminfo is not installed")
+def test_rocminfo_recognizes_an_mi210_without_override(tmp_path: Path):
+    """With the gfx90a (MI210) profile, ROCr 5.2.3 knows the GPU: rocminfo lists it as a
+    GPU agent named gfx90a with its 104 CUs, no HSA_OVERRIDE_GFX_VERSION set (only the
+    lsmod stand-in)."""
+    import dataclasses
+
+    from ualinkd.config import AccelConfig
+    base = PodConfig.local(1, 1)
+    node_cfg = dataclasses.replace(base.nodes[0], accels=(AccelConfig(0, profile="mi210"),))
+    config = dataclasses.replace(base, nodes=(node_cfg,))
+    bin_dir = fake_lsmod(tmp_path)
+    with running_node(tmp_path / "node", config) as node:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
+        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"),
+                   PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}")
+        r = subprocess.run(["rocminfo"], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr + node.log_text()
+        types = [line.split(":", 1)[1].strip() for line in r.stdout.splitlines()
+                 if line.strip().startswith("Device Type:")]
+        assert types == ["CPU", "GPU"], r.stdout
+        assert "amdgcn-amd-amdhsa--gfx90a" in r.stdout
+        assert "unrecognized id" not in r.stdout + r.stderr
+        cus = [line.split(":", 1)[1].strip() for line in r.stdout.splitlines()
+               if line.strip().startswith("Compute Unit:")]
+        assert cus[-1] == "104", r.stdout
 
 
 @pytest.mark.skipif(shutil.which("rocminfo") is None, reason="rocminfo is not installed")
@@ -81,12 +128,7 @@ def test_rocminfo_lists_the_accel_as_a_gpu_agent(tmp_path: Path):
     container does not have), answered by an `lsmod` on PATH that lists amdgpu; and ROCr
     5.2.3 drops a gfx942 node as "unrecognized id", so HSA_OVERRIDE_GFX_VERSION=9.0.10
     presents it as gfx90a, as a user of an old ROCr on MI300 would."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    lsmod = bin_dir / "lsmod"
-    lsmod.write_text("#!/bin/sh\necho 'Module                  Size  Used by'\n"
-                     "echo 'amdgpu               1  0'\n")
-    lsmod.chmod(0o755)
+    bin_dir = fake_lsmod(tmp_path)
     with running_node(tmp_path / "node", PodConfig.local(1, 1)) as node:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
         env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"),

@@ -282,3 +282,39 @@ def test_kfd_import_dmabuf_of_a_render_node_bo(node):
                 os.close(fd)
     finally:
         os.close(kfd)
+
+
+def test_a_kfd_fd_works_only_in_the_process_that_opened_it(node):
+    """kfd_ioctl's lead_thread check: another thread of the opening process may use the fd;
+    a process that inherited it gets EBADF with nothing copied back, and the same process
+    opening /dev/kfd itself gets a KFD context of its own that works."""
+    import threading
+    fd = os.open(node.mount / "kfd", os.O_RDWR)
+    try:
+        got: list[tuple[int, bytes]] = []
+        t = threading.Thread(target=lambda: got.append(
+            kfd_ioctl(fd, tbl.KFD_GET_VERSION.cmd, bytes(8))))
+        t.start()
+        t.join(30)
+        assert got and got[0][0] == 0 and struct.unpack("<II", got[0][1]) == (1, 17)
+        child = (
+            "import fcntl, os, struct, sys\n"
+            "fd, cmd, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]\n"
+            "buf = bytearray(b'\\x55' * 8)\n"
+            "try:\n"
+            "    fcntl.ioctl(fd, cmd, buf); err = 0\n"
+            "except OSError as e:\n"
+            "    err = e.errno\n"
+            "own = os.open(path, os.O_RDWR)\n"
+            "mine = bytearray(8)\n"
+            "fcntl.ioctl(own, cmd, mine)\n"
+            "print(err, buf.hex(), struct.unpack('<II', mine))\n")
+        r = subprocess.run([sys.executable, "-c", child, str(fd), str(tbl.KFD_GET_VERSION.cmd),
+                            str(node.mount / "kfd")], pass_fds=[fd], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        err, buf, mine = r.stdout.split(" ", 2)
+        assert int(err) == errno.EBADF and buf == "55" * 8
+        assert mine.strip() == "(1, 17)"
+    finally:
+        os.close(fd)

@@ -52,8 +52,10 @@ def make_node(accels: int = 2, fds: dict[int, object] | None = None,
                     host_cpus=8, host_memory=1 << 34)
 
 
-def call(node: NodeCore, p, cmd: int, data: bytes = b"") -> IoctlResult:
-    res = node.kfd.ioctl(p, cmd, data, CALLER)
+def call(node: NodeCore, p, cmd: int, data: bytes = b"", caller: Caller | None = None
+         ) -> IoctlResult:
+    """The ioctl from `p`'s own process (kfd_ioctl's lead_thread check), unless `caller`."""
+    res = node.kfd.ioctl(p, cmd, data, caller or Caller(pid=p.pid, uid=CALLER.uid))
     if isinstance(res, IoctlResult):
         return res
 
@@ -71,8 +73,8 @@ def test_unknown_and_out_of_range_nrs_are_enotty_with_nothing_copied():
     for nr in (0x00, tbl.KFD_COMMAND_END, 0x80, 0xFF):
         res = call(node, p, ioc(IOC_READ | IOC_WRITE, ord("K"), nr, 16), b"\x55" * 16)
         assert (res.result, res.out) == (-errno.ENOTTY, b"")
-    create_queue = tbl.KFD_IOCTLS[0x02]  # queues: not emulated
-    assert call(node, p, create_queue.cmd, bytes(88)).result == -errno.ENOTTY
+    criu = tbl.KFD_IOCTLS[0x22]  # CRIU: not emulated
+    assert call(node, p, criu.cmd, bytes(56)).result == -errno.ENOTTY
 
 
 def test_get_version_is_1_17_by_nr_whatever_the_type():
@@ -156,6 +158,23 @@ def test_set_memory_policy_and_available_memory_and_clocks():
     assert out == (10**8, 10**9, 5 * 10**9, 10**9, g, 0)  # 100 MHz GPU counter
     out = struct.unpack("<QQQQII", call(node, p, clk, struct.pack("<32xII", 1, 0)).out)
     assert out[0] == 0 and out[1] == 10**9
+
+
+def test_a_kfd_file_answers_only_its_own_process():
+    """kfd_ioctl: after the nr lookup (an unknown nr stays ENOTTY), a caller whose process
+    is not the one that opened the file gets EBADF with nothing copied; another thread of
+    the same process (tgid_of maps it) is that process."""
+    node = make_node(1)
+    node.kfd.tgid_of = lambda tid: {4243: CALLER.pid}.get(tid, tid)
+    p = node.kfd.open(Caller(pid=4243, uid=0))  # opened by a second thread
+    assert p.pid == CALLER.pid
+    stranger = Caller(pid=5000, uid=0)
+    res = call(node, p, tbl.KFD_GET_VERSION.cmd, b"", stranger)
+    assert (res.result, res.out) == (-errno.EBADF, b"")
+    res = call(node, p, ioc(IOC_READ, ord("K"), 0x60, 8), b"", stranger)
+    assert res.result == -errno.ENOTTY
+    assert call(node, p, tbl.KFD_GET_VERSION.cmd, b"", Caller(pid=4243, uid=0)).result == 0
+    assert call(node, p, tbl.KFD_GET_VERSION.cmd).result == 0
 
 
 def test_one_process_per_pid_released_with_its_last_open():
@@ -533,3 +552,21 @@ def test_dmabuf_info_and_import():
     mem.arrays[0x100] = struct.pack("<I", g0)
     res = call(node, p, tbl.KFD_MAP_MEMORY_TO_GPU.cmd, struct.pack("<QQII", handle, 0x100, 1, 0))
     assert res.result == 0 and f0.device.driver.vm(f0).lookup(1 << 34).bo_va.bo is bo
+
+
+def test_an_mi210_node_is_gfx90a_in_the_topology():
+    """The MI200-class profile: gfx_target_version 90010 (gfx90a, which ROCr 5.2.3 knows),
+    PCI 1002:740f, 104 CUs x 4 SIMDs, one XCC, in the KFD topology and the PCI identity."""
+    import dataclasses
+
+    from ualinkd.config import AccelConfig
+    base = PodConfig.local(1, 1)
+    node_cfg = dataclasses.replace(base.nodes[0], accels=(AccelConfig(0, profile="mi210"),))
+    config = dataclasses.replace(base, nodes=(node_cfg,))
+    node = NodeCore(config, config.nodes[0].name, clock=lambda: (0, 0), host_cpus=2,
+                    host_memory=1 << 34)
+    props = dict(line.split() for line in sysfs.resolve(
+        node.sys_tree(), "devices/virtual/kfd/kfd/topology/nodes/1/properties")
+        .read().splitlines())
+    assert (props["gfx_target_version"], props["device_id"], props["simd_count"],
+            props["num_xcc"]) == ("90010", str(0x740F), "416", "1")

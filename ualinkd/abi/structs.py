@@ -1075,3 +1075,131 @@ KFD_GET_DMABUF_INFO = Layout.of(
     cs.Struct("size" / _U64, "metadata_ptr" / _U64, "metadata_size" / _U32, "gpu_id" / _U32,
               "flags" / _U32, "dmabuf_fd" / _U32),
     KfdGetDmabufInfo)
+
+
+# -- queues (kfd_ioctl.h 1.17: create_queue_args grew sdma_engine_id + pad to 96 bytes; an
+# older caller's 88 bytes are zero-extended, as kfd_ioctl does for any shorter user size)
+@dataclass(frozen=True, slots=True)
+class KfdCreateQueue:
+    ring_base_address: int
+    write_pointer_address: int
+    read_pointer_address: int
+    doorbell_offset: int
+    ring_size: int
+    gpu_id: int
+    queue_type: int
+    queue_percentage: int
+    queue_priority: int
+    queue_id: int
+    eop_buffer_address: int
+    eop_buffer_size: int
+    ctx_save_restore_address: int
+    ctx_save_restore_size: int
+    ctl_stack_size: int
+    sdma_engine_id: int
+    pad: int
+
+
+KFD_CREATE_QUEUE = Layout.of(
+    "kfd_ioctl_create_queue_args",
+    cs.Struct("ring_base_address" / _U64, "write_pointer_address" / _U64,
+              "read_pointer_address" / _U64, "doorbell_offset" / _U64, "ring_size" / _U32,
+              "gpu_id" / _U32, "queue_type" / _U32, "queue_percentage" / _U32,
+              "queue_priority" / _U32, "queue_id" / _U32, "eop_buffer_address" / _U64,
+              "eop_buffer_size" / _U64, "ctx_save_restore_address" / _U64,
+              "ctx_save_restore_size" / _U32, "ctl_stack_size" / _U32,
+              "sdma_engine_id" / _U32, "pad" / _U32),
+    KfdCreateQueue)
+KFD_CREATE_QUEUE_SIZE_1_16 = 88  # before sdma_engine_id (libhsakmt 5.2.3's size)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdDestroyQueue:
+    queue_id: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdUpdateQueue:
+    ring_base_address: int
+    queue_id: int
+    ring_size: int
+    queue_percentage: int
+    queue_priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdSetCuMask:
+    queue_id: int
+    num_cu_mask: int
+    cu_mask_ptr: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdGetQueueWaveState:
+    ctl_stack_address: int
+    ctl_stack_used_size: int
+    save_area_used_size: int
+    queue_id: int
+    pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class KfdAllocQueueGws:
+    queue_id: int
+    num_gws: int
+    first_gws: int
+    pad: int
+
+
+KFD_DESTROY_QUEUE = Layout.of("kfd_ioctl_destroy_queue_args",
+                              cs.Struct("queue_id" / _U32, "pad" / _U32), KfdDestroyQueue)
+KFD_UPDATE_QUEUE = Layout.of(
+    "kfd_ioctl_update_queue_args",
+    cs.Struct("ring_base_address" / _U64, "queue_id" / _U32, "ring_size" / _U32,
+              "queue_percentage" / _U32, "queue_priority" / _U32), KfdUpdateQueue)
+KFD_SET_CU_MASK = Layout.of(
+    "kfd_ioctl_set_cu_mask_args",
+    cs.Struct("queue_id" / _U32, "num_cu_mask" / _U32, "cu_mask_ptr" / _U64), KfdSetCuMask)
+KFD_GET_QUEUE_WAVE_STATE = Layout.of(
+    "kfd_ioctl_get_queue_wave_state_args",
+    cs.Struct("ctl_stack_address" / _U64, "ctl_stack_used_size" / _U32,
+              "save_area_used_size" / _U32, "queue_id" / _U32, "pad" / _U32),
+    KfdGetQueueWaveState)
+KFD_ALLOC_QUEUE_GWS = Layout.of(
+    "kfd_ioctl_alloc_queue_gws_args",
+    cs.Struct("queue_id" / _U32, "num_gws" / _U32, "first_gws" / _U32, "pad" / _U32),
+    KfdAllocQueueGws)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdGetTileConfig:
+    tile_config_ptr: int
+    macro_tile_config_ptr: int
+    num_tile_configs: int
+    num_macro_tile_configs: int
+    gpu_id: int
+    gb_addr_config: int
+    num_banks: int
+    num_ranks: int
+
+
+KFD_GET_TILE_CONFIG = Layout.of(
+    "kfd_ioctl_get_tile_config_args",
+    cs.Struct("tile_config_ptr" / _U64, "macro_tile_config_ptr" / _U64,
+              "num_tile_configs" / _U32, "num_macro_tile_configs" / _U32, "gpu_id" / _U32,
+              "gb_addr_config" / _U32, "num_banks" / _U32, "num_ranks" / _U32),
+    KfdGetTileConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class KfdRuntimeEnable:
+    r_debug: int
+    mode_mask: int
+    capabilities_mask: int
+
+
+KFD_RUNTIME_ENABLE = Layout.of(
+    "kfd_ioctl_runtime_enable_args",
+    cs.Struct("r_debug" / _U64, "mode_mask" / _U32, "capabilities_mask" / _U32),
+    KfdRuntimeEnable)

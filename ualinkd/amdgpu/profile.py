@@ -132,5 +132,29 @@ MI325X = DeviceProfile(
     max_memory_clock_khz=1_300_000, gb_addr_config=0x2A114042,
 )
 
-PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (MI300X, MI300A, MI325X)}
+# An MI200-class part (Aldebaran, GC 9.4.2 = gfx90a), which ROCr 5.2.3 knows: Debian's
+# rocminfo lists it as a GPU agent without HSA_OVERRIDE_GFX_VERSION (it drops gfx942 as an
+# "unrecognized id"). MI210's public shape: PCI 1002:740f, 104 CUs of 4 SIMDs, one XCC,
+# 4096-bit HBM2e, 1700 MHz engine / 1600 MHz memory clock peaks, 64 GB (the emulated VRAM
+# capacity is the pod config's, not the part's). Shader engines 8 x 13 CUs and the IP
+# versions (SDMA 4.4.0 x 5, VCN/JPEG 2.6.0) are Aldebaran's layout as chosen here;
+# external_rev = rev_id + 0x3C as soc15.c sets it for Aldebaran.
+_GFX90A_IPS: dict[int, HwIp] = {
+    HW_IP_GFX: HwIp(9, 4, 0x090402, 0, 32, 32, 1),
+    HW_IP_COMPUTE: HwIp(9, 4, 0x090402, 0xF, 32, 32, 1),
+    HW_IP_DMA: HwIp(4, 4, 0x040400, 0x1, 256, 4, 5),
+    HW_IP_VCN_DEC: HwIp(2, 6, 0x020600, 0x1, 256, 64, 2),
+    HW_IP_VCN_JPEG: HwIp(2, 6, 0x020600, 0x1, 256, 64, 2),
+}
+MI210 = DeviceProfile(
+    name="mi210", pci_vendor=PCI_VENDOR_ID_ATI, pci_device=0x740F, pci_revision=0x02,
+    subsystem_vendor=PCI_VENDOR_ID_ATI, subsystem_device=0x0C34, family=AMDGPU_FAMILY_AI,
+    chip_rev=0, external_rev=0x3E, ids_flags=0, gfx_target_version=90010,
+    num_shader_engines=8, num_cu=104, simd_per_cu=4, wave_front_size=64, num_xcc=1,
+    vram_type=6, vram_bit_width=4096, max_engine_clock_khz=1_700_000,
+    max_memory_clock_khz=1_600_000, gb_addr_config=0x2A114042, num_cu_per_sh=13,
+    sdma_instances=5, hw_ips=dict(_GFX90A_IPS),
+)
+
+PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (MI300X, MI300A, MI325X, MI210)}
 DEFAULT_PROFILE = MI300X.name

@@ -141,6 +141,10 @@ class KfdProcess:
     events: dict[int, KfdEvent] = field(default_factory=dict)  # event_idr
     event_page: int | None = None  # the handle of the GTT BO libhsakmt gave as events page
     xnack_enabled: bool = False  # kfd_process_xnack_mode(p, false): retry faults off
+    # runtime_info (RUNTIME_ENABLE): DEBUG_RUNTIME_STATE_ENABLED or not, r_debug, ttmp_setup
+    runtime_enabled: bool = False
+    r_debug: int = 0
+    ttmp_setup: bool = False
 
     def pdd_by_id(self, gpu_id: int) -> KfdProcessDevice:
         """kfd_process_device_data_by_id; an unknown gpu_id is EINVAL in every caller."""
@@ -159,6 +163,27 @@ KFD_MMAP_TYPE_EVENTS = 0x2 << 62
 KFD_EVENT_TIMEOUT_INFINITE = 0xFFFFFFFF
 KFD_IOC_WAIT_RESULT_COMPLETE = 0
 KFD_IOC_WAIT_RESULT_TIMEOUT = 1
+KFD_IOC_WAIT_RESULT_FAIL = 2
+
+# kfd_ioctl.h / kfd_priv.h: queues
+KFD_MAX_QUEUE_PERCENTAGE = 100
+KFD_MAX_QUEUE_PRIORITY = 15
+# COMPUTE, SDMA, COMPUTE_AQL, SDMA_XGMI, SDMA_BY_ENG_ID (1.17)
+KFD_IOC_QUEUE_TYPES = frozenset({0, 1, 2, 3, 4})
+KFD_MAX_NUM_CUS = 1024
+# amdgpu_gfx_config's tile_mode_array[32] and macrotile_mode_array[16] (zero on gfx9)
+GFX9_NUM_TILE_CONFIGS = 32
+GFX9_NUM_MACRO_TILE_CONFIGS = 16
+KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK = 1
+KFD_RUNTIME_ENABLE_MODE_TTMP_SAVE_MASK = 2  # kfd_ioctl_set_cu_mask's max_num_cus
+ENOTSUPP = 524  # include/linux/errno.h: kernel-internal, returned as is by the KFD
+# x86-64's TASK_SIZE_MAX with 4-level paging: access_ok's bound for user addresses
+TASK_SIZE_MAX = (1 << 47) - PAGE_SIZE
+
+
+def access_ok(address: int, size: int) -> bool:
+    """access_ok: the range lies below TASK_SIZE_MAX (it says nothing about mappings)."""
+    return address + size <= TASK_SIZE_MAX
 
 
 @dataclass(eq=False, slots=True)
@@ -170,6 +195,16 @@ class KfdEvent:
     type: int
     auto_reset: bool
     signaled: bool = False
+    waiters: list[KfdEventWaiter] = field(default_factory=list)  # ev->wq
+
+
+@dataclass(eq=False, slots=True)
+class KfdEventWaiter:
+    """kfd_event_waiter: one WAIT_EVENTS call's hold on one event; `event` None once the
+    event was destroyed under it."""
+
+    event: KfdEvent | None
+    activated: bool
 
 
 KfdHandler = Callable[[KfdProcess, bytearray, Caller], "Awaitable[None] | None"]
@@ -201,13 +236,19 @@ class Kfd:
         # (pid, fd) -> the dma-buf behind a caller's fd (dma_buf_get: EBADF / EINVAL)
         self.resolve_dmabuf: Callable[[int, int], DmaBuf] | None = None
         self.handlers: dict[tbl.IoctlSpec, KfdHandler] = tbl.bind(self)
+        # The process of a calling thread (FUSE reports the thread), None when it is gone;
+        # the edge injects /proc's answer. A kfd_process is one per process, not thread.
+        self.tgid_of: Callable[[int], int | None] = lambda tid: tid
 
     # -- open / release (kfd_open, kfd_release) ---------------------------------------------
     def open(self, caller: Caller) -> KfdProcess:
-        p = self.processes.get(caller.pid)
+        """kfd_open -> kfd_create_process(current): the caller's process (its thread
+        group, the lead_thread later ioctls are checked against)."""
+        pid = self.tgid_of(caller.pid) or caller.pid
+        p = self.processes.get(pid)
         if p is None:
-            p = KfdProcess(caller.pid, {g: KfdProcessDevice(n) for g, n in self.nodes.items()})
-            self.processes[caller.pid] = p
+            p = KfdProcess(pid, {g: KfdProcessDevice(n) for g, n in self.nodes.items()})
+            self.processes[pid] = p
         p.opens += 1
         return p
 
@@ -231,13 +272,18 @@ class Kfd:
     def ioctl(self, p: KfdProcess, cmd: int, in_bytes: bytes,
               caller: Caller) -> IoctlResult | Awaitable[IoctlResult]:
         """kfd_ioctl: the entry by nr alone (outside the command range: ENOTTY, nothing
-        copied) (1); the table's own cmd decides the copies, with the user's size, the
-        buffer zero-extended to the table's size (2); the handler (3); the user's size
-        copied back whenever the table's cmd has the OUT bit, success or not (4)."""
+        copied) (1); only the process that opened the file may use it — a child that
+        inherited the fd, or one it was passed to, gets EBADF, nothing copied (the
+        lead_thread check; children make their own KFD context) (1b); the table's own
+        cmd decides the copies, with the user's size, the buffer zero-extended to the
+        table's size (2); the handler (3); the user's size copied back whenever the
+        table's cmd has the OUT bit, success or not (4)."""
         nr = cmd & 0xFF
         spec = tbl.kfd_lookup(nr)  # 1
         if spec is None:
             return IoctlResult(-errno.ENOTTY, b"", None, b"")
+        if self.tgid_of(caller.pid) != p.pid:  # 1b
+            return IoctlResult(-errno.EBADF, b"", spec, b"")
         handler = self.handlers.get(spec)
         if handler is None:
             if nr not in _reported_unemulated:
@@ -637,17 +683,23 @@ class Kfd:
 
     @tbl.handles(tbl.KFD_DESTROY_EVENT)
     def destroy_event(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """destroy_event: the event's waiters lose it (their wait fails) and are woken."""
         ev = self._event(p, kdata, cpu_signaled=False)
         del p.events[ev.event_id]
+        for w in ev.waiters:
+            w.event = None
         if self.waits is not None:
             self.waits.wake(ev)
 
     @tbl.handles(tbl.KFD_SET_EVENT)
     def set_event(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
-        """kfd_set_event: signaled, and its waiters woken (one of them consumes an
-        auto-reset event; the kernel's wake_up_all activates every waiter at once)."""
+        """kfd_set_event -> set_event: every waiter in the event's queue is activated at
+        once (wake_up_all); the event stays signaled unless it is auto-reset and someone
+        was waiting (then those waiters consumed it together)."""
         ev = self._event(p, kdata, cpu_signaled=True)
-        ev.signaled = True
+        ev.signaled = not ev.auto_reset or not ev.waiters
+        for w in ev.waiters:
+            w.activated = True
         if self.waits is not None:
             self.waits.wake(ev)
 
@@ -658,10 +710,13 @@ class Kfd:
     @tbl.handles(tbl.KFD_WAIT_EVENTS)
     def wait_events(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> Awaitable[None]:
         """kfd_wait_on_events: each kfd_event_data read from the caller (EFAULT) and its
-        event known (EINVAL) (1); a waiter is activated by its event being signaled, which
-        an auto-reset event gives up to it (2); all / any activated completes (3); timeout
-        0 polls, 0xFFFFFFFF waits for ever, else that many ms (4); at the deadline the
-        result is TIMEOUT, still 0 returned (5)."""
+        event known (EINVAL) (1); init_event_waiter: a waiter starts activated if its event
+        is signaled now, which an auto-reset event gives up to it (2); the waiters join
+        their events' queues, where SET_EVENT activates them all (3); test_event_condition:
+        all / any activated completes, a waiter whose event was destroyed fails (4);
+        timeout 0 polls, 0xFFFFFFFF waits for ever, else that many ms (5); the result
+        COMPLETE or TIMEOUT with 0 returned, FAIL with EIO (6); the waiters leave the
+        queues whatever happened (free_waiters) (7)."""
         layout = st.KFD_WAIT_EVENTS
         a = layout.decode(bytes(kdata[: layout.size]))
 
@@ -675,25 +730,33 @@ class Kfd:
                 if ev is None:
                     raise DrmError(errno.EINVAL, f"no event {eid}")
                 evs.append(ev)
-            activated = [False] * len(evs)
+            waiters = []
+            for ev in evs:  # 2, 3
+                waiters.append(KfdEventWaiter(ev, ev.signaled))
+                ev.signaled = ev.signaled and not ev.auto_reset
+                ev.waiters.append(waiters[-1])
 
-            def ready() -> bool:  # 2, 3
-                for i, ev in enumerate(evs):
-                    if not activated[i] and ev.signaled:
-                        activated[i] = True
-                        if ev.auto_reset:
-                            ev.signaled = False
-                return all(activated) if a.wait_for_all else any(activated)
+            def condition() -> int:  # 4
+                if any(w.event is None for w in waiters):
+                    return KFD_IOC_WAIT_RESULT_FAIL
+                done = (all if a.wait_for_all else any)(w.activated for w in waiters)
+                return KFD_IOC_WAIT_RESULT_COMPLETE if done else KFD_IOC_WAIT_RESULT_TIMEOUT
 
-            done = ready()
-            if not done and a.timeout != 0:  # 4
-                if self.waits is None:
-                    raise DrmError(errno.EINVAL, "no way to wait")
-                deadline = (None if a.timeout == KFD_EVENT_TIMEOUT_INFINITE
-                            else self.waits.now_ns() + a.timeout * 1_000_000)
-                done = await self.waits.wait_until(deadline, ready, evs)
-            result = KFD_IOC_WAIT_RESULT_COMPLETE if done else KFD_IOC_WAIT_RESULT_TIMEOUT  # 5
-            kdata[20:24] = result.to_bytes(4, "little")
+            try:
+                if condition() == KFD_IOC_WAIT_RESULT_TIMEOUT and a.timeout != 0:  # 5
+                    if self.waits is None:
+                        raise DrmError(errno.EINVAL, "no way to wait")
+                    deadline = (None if a.timeout == KFD_EVENT_TIMEOUT_INFINITE
+                                else self.waits.now_ns() + a.timeout * 1_000_000)
+                    await self.waits.wait_until(
+                        deadline, lambda: condition() != KFD_IOC_WAIT_RESULT_TIMEOUT, evs)
+                result = condition()
+            finally:
+                for w, ev in zip(waiters, evs, strict=True):  # 7
+                    ev.waiters.remove(w)
+            kdata[20:24] = result.to_bytes(4, "little")  # 6
+            if result == KFD_IOC_WAIT_RESULT_FAIL:
+                raise DrmError(errno.EIO, "an event was destroyed during the wait")
 
         return run()
 
@@ -728,6 +791,165 @@ class Kfd:
             kdata[:4] = st.KFD_SET_XNACK_MODE.encode(st.KfdSetXnackMode(int(p.xnack_enabled)))
         else:
             p.xnack_enabled = a.xnack_enabled != 0  # 2
+
+    # -- queues (kfd_ioctl_create_queue ... kfd_ioctl_alloc_queue_gws) ------------------------
+    # No queue is ever created: the emulated GPU has no hardware queue (HQD / HWS slot) to
+    # give, so the device queue manager's limit is always reached. Every argument check
+    # before that is the kernel's, so a runtime sees the same errno for a bad argument as
+    # on a real KFD, and EPERM (create_queue_cpsch / _nocpsch: total_queue_count >=
+    # max_num_of_queues_per_device) for a good one. Lookups of a queue id then find none.
+
+    @staticmethod
+    def _queue_fields_checked(percentage: int, priority: int, ring_base: int,
+                              ring_size: int) -> None:
+        """The checks set_queue_properties_from_user and kfd_ioctl_update_queue share:
+        percentage (bits 0-7 since pm4_target_xcc took bits 8-15) <= 100 and priority <= 15
+        (EINVAL), a ring base the user may address (access_ok: EFAULT), a ring size 0 or a
+        power of two (EINVAL)."""
+        if percentage > KFD_MAX_QUEUE_PERCENTAGE:
+            raise DrmError(errno.EINVAL, "queue percentage above KFD_MAX_QUEUE_PERCENTAGE")
+        if priority > KFD_MAX_QUEUE_PRIORITY:
+            raise DrmError(errno.EINVAL, "queue priority above KFD_MAX_QUEUE_PRIORITY")
+        if ring_base and not access_ok(ring_base, 8):
+            raise DrmError(errno.EFAULT, "ring base address not a user address")
+        if ring_size & (ring_size - 1):
+            raise DrmError(errno.EINVAL, "ring size is not a power of 2 or 0")
+
+    @tbl.handles(tbl.KFD_CREATE_QUEUE)
+    def create_queue(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_create_queue: set_queue_properties_from_user's checks in order —
+        percentage/priority/ring base/ring size (EINVAL/EINVAL/EFAULT/EINVAL), read and
+        write pointers and, when given, EOP buffer and CWSR area user addresses (EFAULT),
+        a known queue type (ENOTSUPP, the kernel's internal 524, as it leaks to the user)
+        (1); the gpu_id the process's (EINVAL) (2), the process bound to it (ESRCH: here,
+        no VM acquired) (3); then pqm_create_queue reaches the device queue manager, which
+        has no queue left: EPERM (4). Nothing is allocated on any path."""
+        a = st.KFD_CREATE_QUEUE.decode(bytes(kdata[: st.KFD_CREATE_QUEUE.size]))
+        self._queue_fields_checked(a.queue_percentage & 0xFF, a.queue_priority,  # 1
+                                   a.ring_base_address, a.ring_size)
+        for name, addr, optional in (("read pointer", a.read_pointer_address, False),
+                                     ("write pointer", a.write_pointer_address, False),
+                                     ("EOP buffer", a.eop_buffer_address, True),
+                                     ("CWSR area", a.ctx_save_restore_address, True)):
+            if (addr or not optional) and not access_ok(addr, 4):
+                raise DrmError(errno.EFAULT, f"{name} not a user address")
+        if a.queue_type not in KFD_IOC_QUEUE_TYPES:
+            raise DrmError(ENOTSUPP, f"unknown queue type {a.queue_type}")
+        pdd = p.pdd_by_id(a.gpu_id)  # 2
+        if pdd.drm_file is None:  # 3
+            raise DrmError(errno.ESRCH, "the process cannot be bound to this GPU")
+        raise DrmError(errno.EPERM, "no hardware queue left on this GPU")  # 4
+
+    @tbl.handles(tbl.KFD_DESTROY_QUEUE)
+    def destroy_queue(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """pqm_destroy_queue: a queue id that matches no queue is EINVAL."""
+        a = st.KFD_DESTROY_QUEUE.decode(bytes(kdata[: st.KFD_DESTROY_QUEUE.size]))
+        raise DrmError(errno.EINVAL, f"no queue {a.queue_id}")
+
+    @tbl.handles(tbl.KFD_UPDATE_QUEUE)
+    def update_queue(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_update_queue: the shared checks on the whole percentage (1), then
+        pqm_update_queue_properties finds no queue: EFAULT (2)."""
+        a = st.KFD_UPDATE_QUEUE.decode(bytes(kdata[: st.KFD_UPDATE_QUEUE.size]))
+        self._queue_fields_checked(a.queue_percentage, a.queue_priority,  # 1
+                                   a.ring_base_address, a.ring_size)
+        raise DrmError(errno.EFAULT, f"no queue {a.queue_id}")  # 2
+
+    @tbl.handles(tbl.KFD_SET_CU_MASK)
+    def set_cu_mask(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> Awaitable[None]:
+        """kfd_ioctl_set_cu_mask: num_cu_mask a non-zero multiple of 32 (EINVAL) (1), at
+        most 1024 bits used (2), that many bits read from cu_mask_ptr (EFAULT) (3); then
+        pqm_update_mqd finds no queue: EFAULT (4)."""
+        a = st.KFD_SET_CU_MASK.decode(bytes(kdata[: st.KFD_SET_CU_MASK.size]))
+        if a.num_cu_mask % 32 or a.num_cu_mask == 0:  # 1
+            raise DrmError(errno.EINVAL, "num_cu_mask must be a non-zero multiple of 32")
+        count = min(a.num_cu_mask, KFD_MAX_NUM_CUS)  # 2
+
+        async def run() -> None:
+            await self._read_user(caller, a.cu_mask_ptr, count // 8)  # 3
+            raise DrmError(errno.EFAULT, f"no queue {a.queue_id}")  # 4
+
+        return run()
+
+    @tbl.handles(tbl.KFD_GET_QUEUE_WAVE_STATE)
+    def get_queue_wave_state(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """pqm_get_wave_state: no queue with that id is EFAULT."""
+        a = st.KFD_GET_QUEUE_WAVE_STATE.decode(bytes(kdata[: st.KFD_GET_QUEUE_WAVE_STATE.size]))
+        raise DrmError(errno.EFAULT, f"no queue {a.queue_id}")
+
+    @tbl.handles(tbl.KFD_ALLOC_QUEUE_GWS)
+    def alloc_queue_gws(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_alloc_queue_gws: pqm_get_user_queue finds no queue: EINVAL."""
+        a = st.KFD_ALLOC_QUEUE_GWS.decode(bytes(kdata[: st.KFD_ALLOC_QUEUE_GWS.size]))
+        raise DrmError(errno.EINVAL, f"no queue {a.queue_id}")
+
+    @tbl.handles(tbl.KFD_GET_TILE_CONFIG)
+    def get_tile_config(self, p: KfdProcess, kdata: bytearray,
+                        caller: Caller) -> Awaitable[None] | None:
+        """kfd_ioctl_get_tile_config: a gpu_id of the process (EINVAL) (1); gb_addr_config
+        from the GPU's profile, num_banks / num_ranks 0 (amdgpu_amdkfd_get_tile_config:
+        gfx9 sets neither) (2); num_tile_configs becomes min(asked, 32) and that many
+        entries of the tile mode array go to tile_config_ptr, a fault leaving it 0 and
+        EFAULT (3); then the same for the 16 macro tile modes (4). gfx9 programs no tile
+        mode tables (swizzle modes replaced them), so every entry is 0."""
+        layout = st.KFD_GET_TILE_CONFIG
+        a = layout.decode(bytes(kdata[: layout.size]))
+        pdd = p.pdd_by_id(a.gpu_id)  # 1
+        tiles = min(a.num_tile_configs, GFX9_NUM_TILE_CONFIGS)
+        macros = min(a.num_macro_tile_configs, GFX9_NUM_MACRO_TILE_CONFIGS)
+
+        def answer(n_tiles: int, n_macros: int) -> None:  # 2
+            kdata[: layout.size] = layout.encode(st.KfdGetTileConfig(
+                a.tile_config_ptr, a.macro_tile_config_ptr, n_tiles, n_macros, a.gpu_id,
+                pdd.node.driver.profile.gb_addr_config, 0, 0))
+
+        answer(tiles, a.num_macro_tile_configs)
+        if not tiles and not macros:
+            answer(tiles, macros)
+            return None
+
+        async def copy_out() -> None:
+            if tiles:  # 3 (copy_to_user of 0 bytes touches nothing)
+                try:
+                    await self._write_user(caller, a.tile_config_ptr, bytes(4 * tiles))
+                except DrmError:
+                    answer(0, a.num_macro_tile_configs)
+                    raise
+            answer(tiles, macros)
+            if macros:  # 4
+                try:
+                    await self._write_user(caller, a.macro_tile_config_ptr, bytes(4 * macros))
+                except DrmError:
+                    answer(tiles, 0)
+                    raise
+
+        return copy_out()
+
+    @tbl.handles(tbl.KFD_RUNTIME_ENABLE)
+    def runtime_enable(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_runtime_enable (since 1.13, the debugger API; GET_VERSION says 1.17):
+        ENABLE in mode_mask enables (runtime_enable): EBUSY when already enabled, EEXIST
+        when the process has queues (never here), else the state, r_debug and the TTMP
+        setup are kept; no debugger attaches to this KFD, so nothing waits (1). Without
+        ENABLE it disables (runtime_disable): r_debug and TTMP setup cleared, 0 (2).
+        capabilities_mask is not written, as the kernel's is not."""
+        a = st.KFD_RUNTIME_ENABLE.decode(bytes(kdata[: st.KFD_RUNTIME_ENABLE.size]))
+        if a.mode_mask & KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK:  # 1
+            if p.runtime_enabled:
+                raise DrmError(errno.EBUSY, "the runtime is already enabled")
+            p.runtime_enabled, p.r_debug = True, a.r_debug
+            p.ttmp_setup = bool(a.mode_mask & KFD_RUNTIME_ENABLE_MODE_TTMP_SAVE_MASK)
+        else:  # 2
+            p.runtime_enabled, p.r_debug, p.ttmp_setup = False, 0, False
+
+    @tbl.handles(tbl.KFD_SVM)
+    def svm(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
+        """kfd_ioctl_svm of a kernel built without CONFIG_HSA_AMD_SVM: EPERM for every op.
+        This KFD has no SVM: no GPU node sets HSA_CAP_SVMAPI_SUPPORTED in its topology
+        capability, so libhsakmt 5.2.3 reports the SVM API unsupported and ROCr keeps to
+        ALLOC_MEMORY_OF_GPU; SET/GET_ATTR would need HMM-style migration and fault
+        handling this emulator does not have."""
+        raise DrmError(errno.EPERM, "no SVM support")
 
     # -- dma-buf import and info (kfd_ioctl_import_dmabuf, kfd_ioctl_get_dmabuf_info) -------
     def _dmabuf_bo(self, caller: Caller, fd: int) -> AmdgpuBo:
