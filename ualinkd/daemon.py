@@ -340,7 +340,7 @@ async def run_node(
             await nursery.start(link.run)
             await nursery.start(agent.run)
             await nursery.start(serve_cpu_maps, core.cpu_maps)
-            await nursery.start(_serve_trace, core, mount)
+            await nursery.start(_serve_trace, core, real_mount)
             states = ", ".join(
                 f"accel {m.accel_id} {m.state.sysfs}" for m in core.managers.values()
             )
@@ -355,14 +355,14 @@ async def run_node(
         log.info("%s: unmounted %s", node_name, mount)
 
 
-async def _serve_trace(core: NodeCore, mount: str,
+async def _serve_trace(core: NodeCore, real_mount: str,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """`ualinkd record`'s subscriptions (replay/record.py); a node that cannot listen still
     serves its clients, only not recorders."""
     from .replay.record import bind_trace_socket, serve_trace
 
     try:
-        sock, path = await bind_trace_socket(mount)
+        sock, path = await bind_trace_socket(real_mount)
     except OSError as e:
         log.warning("%s: no trace subscriptions (ualinkd record): %s", core.name, e)
         task_status.started()

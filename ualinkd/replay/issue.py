@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import TextIO
 
@@ -20,6 +21,7 @@ from .session import (
     OpenCall,
     Outcome,
     Replay,
+    Skip,
     load,
     timeline,
 )
@@ -96,9 +98,16 @@ class Issuer:
         self.fds.clear()
 
 
+MAX_GAP = 2.0  # seconds: the longest recorded pause between two calls a replay keeps
+
+
 def run(path: str, mounts: dict[str, str], pids: set[int] | None = None,
         out: TextIO = sys.stdout, nodes: set[str] | None = None) -> list[Difference]:
-    """Replay the recording at `path`; print each difference and a summary; return them."""
+    """Replay the recording at `path`; print each difference and a summary; return them.
+
+    Calls keep the recorded pauses between them (up to MAX_GAP): what the daemons did in
+    the background meanwhile (a revoke's NPA_REVOKE and NPA_RELEASE after a close) had that
+    long in the recording too."""
     with open(path) as f:
         recs = timeline(load(f), pids, nodes)
     replay = Replay(recs)
@@ -106,14 +115,25 @@ def run(path: str, mounts: dict[str, str], pids: set[int] | None = None,
     found: list[Difference] = []
     skipped = 0
     say: Callable[[str], None] = lambda s: print(s, file=out, flush=True)  # noqa: E731
+    last: tuple[float, float] | None = None  # (recorded end, when the replay issued it)
     try:
         for index, rec in replay.steps():
+            end = rec["time"] + rec.get("duration", 0.0)
+            if last is not None:
+                wait = min(max(end - last[0], 0.0), MAX_GAP) - (time.monotonic() - last[1])
+                if wait > 0:
+                    time.sleep(wait)
+            last = (end, time.monotonic())
             if rec["node"] not in mounts and "" not in mounts:
                 skipped += 1
                 say(f"#{index} {replay.label(rec)}: skipped (no --mount for node "
                     f"{rec['node']})")
                 continue
             call = replay.plan(rec)
+            if isinstance(call, Skip):
+                skipped += 1
+                say(f"  not issued: #{index} {replay.label(rec)}: {call.why} (#{call.because})")
+                continue
             if isinstance(call, str):
                 found.append(Difference(index, replay.label(rec), f"not replayable: {call}"))
                 say(str(found[-1]))

@@ -103,6 +103,20 @@ ARRAYS: dict[str, tuple[ArraySlot, ...]] = {
 }
 
 
+_INFO_TIMESTAMP = 0x05  # AMDGPU_INFO_TIMESTAMP: the GPU clock counter
+
+
+def clock_reading(name: str, in_bytes: bytes) -> tuple[bool, tuple[int, int] | None]:
+    """Answers that read a clock, which no two runs share: (the memory the call writes is
+    one, the struct's copied-out byte range that is one). Compared by size only."""
+    if name == "AMDGPU_INFO":
+        query = int.from_bytes(in_bytes[12:16].ljust(4, b"\0"), "little")
+        return query == _INFO_TIMESTAMP, None
+    if name == "AMDKFD_GET_CLOCK_COUNTERS":  # gpu, cpu, system counters (u64 each)
+        return False, (0, 24)
+    return False, None
+
+
 def slots(name: str, in_bytes: bytes) -> tuple[Slot, ...]:
     """The handed-out values in `name`'s struct; unions are read from the input's op."""
     if name == "AMDGPU_UALINK_HANDLE":

@@ -32,10 +32,12 @@ log = logging.getLogger(__name__)
 QUEUE = 65536  # records a subscriber may be behind before it loses some
 
 
-def trace_socket_path(mount: str) -> str:
+def trace_socket_path(mount: str, resolved: bool = False) -> str:
     """Where the daemon serving `mount` takes trace subscribers: named by a hash of the
-    mount's real path (unix socket paths are short; the mount path may not be)."""
-    real = os.path.realpath(mount)
+    mount's real path (unix socket paths are short; the mount path may not be). The daemon
+    passes the path it resolved before mounting (`resolved`): after, resolving it would ask
+    its own FUSE server, which is not serving yet."""
+    real = mount if resolved else os.path.realpath(mount)
     digest = hashlib.sha256(real.encode()).hexdigest()[:16]
     base = "/run/ualinkd" if os.geteuid() == 0 else os.path.join(
         tempfile.gettempdir(), f"ualinkd-{os.geteuid()}")
@@ -69,9 +71,10 @@ class TraceHub:
                 pass
 
 
-async def bind_trace_socket(mount: str) -> tuple[trio.socket.SocketType, str]:
-    """The listening socket for `mount`'s subscribers (a stale one of a dead daemon goes)."""
-    path = trace_socket_path(mount)
+async def bind_trace_socket(real_mount: str) -> tuple[trio.socket.SocketType, str]:
+    """The listening socket for the subscribers of the mount at `real_mount` (its resolved
+    path); a stale socket of a dead daemon goes."""
+    path = trace_socket_path(real_mount, resolved=True)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)

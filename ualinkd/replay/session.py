@@ -23,6 +23,7 @@ from .mapping import (
     NEW,
     Mapper,
     Region,
+    clock_reading,
     pointers,
     regions,
     scope_of,
@@ -88,6 +89,7 @@ class Buffer:
 
     data: bytearray  # initial contents (span + SLACK)
     expect: bytearray  # what it must hold after the call if the replay matches
+    any_of: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # clock readings
 
 
 @dataclasses.dataclass(slots=True)
@@ -111,6 +113,15 @@ class GpuCall:
 
 
 Call = OpenCall | CloseCall | IoctlCall | GpuCall
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Skip:
+    """A record that follows from a call that already differed (its file or token came
+    from it): not issued, not a difference of its own."""
+
+    because: int  # the index of the differing call
+    why: str
 
 
 @dataclasses.dataclass(slots=True)
@@ -150,6 +161,10 @@ class Replay:
         self.fd_of: dict[FileKey, int] = {}  # the replayer's fd of each recorded open
         self.file_of_key: dict[tuple[str, int], FileKey] = {}  # a dma-buf key's open
         self.calls = 0
+        # Values the recording's call handed out and the replay's did not (it failed):
+        # (kind, scope, recorded value) -> that call's index; files not opened because of one.
+        self.lost: dict[tuple[str, tuple[str, int | None], int], int] = {}
+        self.skipped_files: dict[FileKey, int] = {}
 
     def steps(self) -> Iterator[tuple[int, dict[str, Any]]]:
         return enumerate(self.recs, 1)
@@ -162,17 +177,25 @@ class Replay:
         return f"[pid {rec.get('pid')}] {rec['node']} {what}"
 
     # -- planning -------------------------------------------------------------------------
-    def plan(self, rec: dict[str, Any]) -> Call | str:
-        """The call to issue, or why this record cannot be replayed."""
+    def plan(self, rec: dict[str, Any]) -> Call | Skip | str:
+        """The call to issue, a Skip, or why this record cannot be replayed."""
         kind = rec["type"]
         key: FileKey = (rec["node"], rec["file"]) if rec.get("file") is not None else ("", 0)
+        if key in self.skipped_files:
+            if kind == "release":
+                return Skip(self.skipped_files.pop(key), "its file was not opened")
+            return Skip(self.skipped_files[key], "its file was not opened")
         if kind == "open":
             path = rec["path"]
             if path.startswith("dmabuf/"):
                 if rec.get("token") is None:
                     return "a dma-buf opened by a name the recording does not have"
-                token = self.mapper.to_replay("token", scope_of("token", rec["node"], None),
-                                              rec["token"])
+                scope = scope_of("token", rec["node"], None)
+                lost = self.lost.get(("token", scope, rec["token"]))
+                if lost is not None:
+                    self.skipped_files[key] = lost
+                    return Skip(lost, "the replay's call was not given its token")
+                token = self.mapper.to_replay("token", scope, rec["token"])
                 path = f"dmabuf/{token}"
             return OpenCall(rec["node"], path, key)
         if rec.get("file") is None or key not in self.fd_of:
@@ -216,9 +239,15 @@ class Replay:
             self._map_array(spans, buffers, ptr, count, a.size, a.kind, node, key[1])
         for b in buffers:
             b.expect = bytearray(b.data)
+        clock_mem, _ = clock_reading(name, in_bytes)
         for m in mem:  # what the recording's daemon wrote back
             if m["op"] == "write" and m["result"] == 0:
                 self._place(spans, buffers, m["addr"], bytes.fromhex(m["hex"]), initial=False)
+                if clock_mem:
+                    for r, b in zip(spans, buffers, strict=True):
+                        if r.start <= m["addr"] < r.end:
+                            off = m["addr"] - r.start
+                            b.any_of.append((off, off + m["len"]))
         patches = [(-1, off, j, delta) for off, j, delta in pointers(in_bytes, spans)]
         for i, (r, b) in enumerate(zip(spans, buffers, strict=True)):
             patches += [(i, off, j, delta)
@@ -297,6 +326,11 @@ class Replay:
         want = bytes.fromhex(rec["out_hex"])
         if out.result != rec["result"]:
             found.append(diff(f"= {_errname(out.result)}, recorded = {_errname(rec['result'])}"))
+            if rec["result"] == 0:
+                for s in slots(name, in_bytes):
+                    if s.where == "out" and s.role == NEW and (r := s.read(want)):
+                        self.lost[(s.kind, scope_of(s.kind, node, file), r)] = found[0].index
+            return found  # what it copied out means nothing next to the recording's
         got = bytearray(out.arg[:len(want)])
         # Echoed inputs: the replay sent mapped values and patched pointers; read them back
         # as the recording's where the daemon left them as sent.
@@ -317,27 +351,30 @@ class Replay:
                     problem = self.mapper.learn(s.kind, scope, r, p)
                     if problem:
                         found.append(diff(f"{s.field} ({s.kind}): {problem}"))
-                    else:
-                        s.write(got, r)
+                    s.write(got, r)  # told once, as a handed-out value
                 elif s.where == "in" and s.role == FREE and (v := s.read(in_bytes)):
                     self.mapper.forget(s.kind, scope, v)
-        handed = {s.offset for s in slots(name, in_bytes)
-                  if s.where == "out" and s.role == NEW}
+        _, clock_out = clock_reading(name, in_bytes)
+        if clock_out is not None:
+            lo, hi = clock_out
+            got[lo:hi] = want[lo:hi]
         if bytes(got) != want:
-            found += [diff(d) for d in _field_diffs(want, bytes(got), handed, name, in_bytes)]
+            found += [diff(d) for d in _field_diffs(want, bytes(got), name, in_bytes)]
         for i, (b, after) in enumerate(zip(call.buffers, out.buffers, strict=True)):
-            if after != bytes(b.expect):
-                at = next(k for k in range(len(after)) if after[k] != b.expect[k])
+            expect = bytearray(b.expect)
+            for lo, hi in b.any_of:
+                expect[lo:hi] = after[lo:hi]
+            if after != bytes(expect):
+                at = next(k for k in range(len(after)) if after[k] != expect[k])
                 found.append(diff(
                     f"caller memory (pointer #{i}) differs at +{at:#x}: "
-                    f"{after[at:at + 16].hex()} vs recorded {bytes(b.expect[at:at + 16]).hex()}"
+                    f"{after[at:at + 16].hex()} vs recorded {bytes(expect[at:at + 16]).hex()}"
                     + (" (written past what the recording wrote)"
-                       if all(x == CANARY for x in b.expect[at:at + 16]) else "")))
+                       if all(x == CANARY for x in expect[at:at + 16]) else "")))
         return found
 
 
-def _field_diffs(want: bytes, got: bytes, handed: set[int], name: str,
-                 in_bytes: bytes) -> list[str]:
+def _field_diffs(want: bytes, got: bytes, name: str, in_bytes: bytes) -> list[str]:
     """Copied-out bytes that differ, by field where the ioctl table decodes them."""
     from ..abi.ioctls import all_entries
 
