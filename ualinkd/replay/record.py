@@ -117,7 +117,7 @@ async def _subscriber(conn: trio.socket.SocketType, core: object, hub: TraceHub)
         with conn:
             hello = {"v": SCHEMA_VERSION, "type": "recording", "time": time.time(),
                      "node": getattr(core, "name", None)}
-            await conn.sendall((json.dumps(hello) + "\n").encode())
+            await _send_all(conn, (json.dumps(hello) + "\n").encode())
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_closed, conn, nursery.cancel_scope)
                 async for line in recv:
@@ -131,14 +131,20 @@ async def _subscriber(conn: trio.socket.SocketType, core: object, hub: TraceHub)
                         batch.append(json.dumps({"v": SCHEMA_VERSION, "type": "lost",
                                                  "count": entry[1][0]}))
                         entry[1][0] = 0
-                    await conn.sendall(("\n".join(batch) + "\n").encode())
-    except OSError:
-        pass
+                    await _send_all(conn, ("\n".join(batch) + "\n").encode())
+    except Exception as e:  # a recorder going away (or anything else) never stops the node
+        log.debug("trace subscriber gone: %r", e)
     finally:
         hub.subscribers.remove(entry)
         send.close()
         if not hub.subscribers:
             core.tracer = hub.base  # type: ignore[attr-defined]
+
+
+async def _send_all(conn: trio.socket.SocketType, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[await conn.send(view):]
 
 
 async def _until_closed(conn: trio.socket.SocketType, scope: trio.CancelScope) -> None:
