@@ -43,7 +43,8 @@ from .ualink.protocol import MSG_TYPE_MASK, MsgType, decode_message
 # key on "type" and the v1 fields still work; a v1 file lacks what a replay needs.
 SCHEMA_VERSION = 2
 _DATA_PREVIEW = 32  # bytes of a load/store shown in text (strace -s 32)
-_DATA_JSON_MAX = 4096  # bytes of a load/store kept in JSON (data_truncated says so)
+_DATA_JSON_MAX = 1 << 20  # bytes of a load/store kept in JSON: a FUSE read/write's most (a
+# recording keeps every byte; data_truncated says when not)
 
 
 # -- one field ----------------------------------------------------------------------------------
