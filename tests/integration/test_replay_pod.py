@@ -226,7 +226,7 @@ def test_replay_with_stale_export_quirk_shows_exactly_its_differences(tmp_path):
 def test_ualinkd_record_attaches_to_a_running_pod(tmp_path):
     """`ualinkd record --mount … -o FILE` on a pod started without --trace: the session's
     calls are in FILE (schema 2, with their opens) and replay against a fresh pod with no
-    differences; `--pid` keeps only that client's calls."""
+    differences."""
     out = tmp_path / "attached.jsonl"
     with pod(tmp_path, "running") as root:
         rec = subprocess.Popen(

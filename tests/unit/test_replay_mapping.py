@@ -175,6 +175,15 @@ def test_failed_import_skips_the_dmabuf_open_of_its_token():
     assert isinstance(replay.plan(_rec("release", path="dmabuf", file=2)), Skip)
 
 
+def test_release_of_a_file_opened_before_the_recording_is_not_a_difference():
+    """`ualinkd record` attached mid-session (or `--pid`): a release of a file it never saw
+    opened is nothing to replay; an ioctl on such a file cannot be replayed (a difference)."""
+    replay = Replay([])
+    skip = replay.plan(_rec("release", path="dri/renderD128", file=4))
+    assert isinstance(skip, Skip) and skip.because is None
+    assert isinstance(replay.plan(_ioctl("GEM_CLOSE", GEM_CLOSE, bytes(8), b"")), str)
+
+
 def test_gpu_load_compares_the_bytes_loaded():
     replay = Replay([])
     _opened(replay)

@@ -132,7 +132,8 @@ def run(path: str, mounts: dict[str, str], pids: set[int] | None = None,
             call = replay.plan(rec)
             if isinstance(call, Skip):
                 skipped += 1
-                say(f"  not issued: #{index} {replay.label(rec)}: {call.why} (#{call.because})")
+                see = f" (#{call.because})" if call.because is not None else ""
+                say(f"  not issued: #{index} {replay.label(rec)}: {call.why}{see}")
                 continue
             if isinstance(call, str):
                 found.append(Difference(index, replay.label(rec), f"not replayable: {call}"))

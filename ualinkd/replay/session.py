@@ -120,7 +120,7 @@ class Skip:
     """A record that follows from a call that already differed (its file or token came
     from it): not issued, not a difference of its own."""
 
-    because: int  # the index of the differing call
+    because: int | None  # the index of the differing call (None: nothing to replay)
     why: str
 
 
@@ -165,6 +165,7 @@ class Replay:
         # (kind, scope, recorded value) -> that call's index; files not opened because of one.
         self.lost: dict[tuple[str, tuple[str, int | None], int], int] = {}
         self.skipped_files: dict[FileKey, int] = {}
+        self.recorded_opens = {(r["node"], r["file"]) for r in recs if r["type"] == "open"}
 
     def steps(self) -> Iterator[tuple[int, dict[str, Any]]]:
         return enumerate(self.recs, 1)
@@ -185,6 +186,9 @@ class Replay:
             if kind == "release":
                 return Skip(self.skipped_files.pop(key), "its file was not opened")
             return Skip(self.skipped_files[key], "its file was not opened")
+        if kind == "release" and key not in self.recorded_opens:
+            return Skip(None, "the file was opened before the recording began (or by a pid "
+                              "left out)")
         if kind == "open":
             path = rec["path"]
             if path.startswith("dmabuf/"):
