@@ -287,6 +287,8 @@ def make_tracer(mode: str | None, out: TextIO,
         # Called inside request handling: a record that cannot be rendered (a decoder's
         # bug) or a full disk must cost the trace line, never the caller's ioctl.
         try:
+            if not as_json and rec.kind == "file":
+                return  # opens and releases are for recordings (JSON)
             if keep(rec):
                 out.write((rec.json() if as_json else rec.text()) + "\n")
                 out.flush()
@@ -409,6 +411,7 @@ async def run_node(
             await nursery.start(link.run)
             await nursery.start(agent.run)
             await nursery.start(serve_cpu_maps, core.cpu_maps)
+            await nursery.start(_serve_trace, core, real_mount)
             states = ", ".join(
                 f"accel {m.accel_id} {m.state.sysfs}" for m in core.managers.values()
             )
@@ -421,6 +424,22 @@ async def run_node(
         session.unmount()
         session.close()
         log.info("%s: unmounted %s", node_name, mount)
+
+
+async def _serve_trace(core: NodeCore, real_mount: str,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """`ualinkd record`'s subscriptions (replay/record.py); a node that cannot listen still
+    serves its clients, only not recorders."""
+    from .replay.record import bind_trace_socket, serve_trace
+
+    try:
+        sock, path = await bind_trace_socket(real_mount)
+    except OSError as e:
+        log.warning("%s: no trace subscriptions (ualinkd record): %s", core.name, e)
+        task_status.started()
+        return
+    task_status.started()
+    await serve_trace(core, sock, path)
 
 
 def _accel_names(config: PodConfig) -> Callable[[int], str | None]:

@@ -39,7 +39,14 @@ from .drm.syncobj import EventFd, SyncWaits
 from .drm.tokens import DmaBufTokens
 from .fuse.backend import IoctlReply
 from .sysfs import SysAttr, SysDir, pci_bdf  # noqa: F401 (pci_bdf: its old home)
-from .trace import GpuAccessRecord, Record, TraceRecord
+from .trace import (
+    FdResolution,
+    FileRecord,
+    GpuAccessRecord,
+    MemAccess,
+    Record,
+    TraceRecord,
+)
 from .ualink.host import UalinkHost
 from .ualink.manager import UalinkManager
 from .ualink.sysconfig import SysConfig
@@ -93,6 +100,18 @@ class NodeCore:
         self.trace_clock = trace_clock  # the trace's timestamps (wall clock, strace -tt)
         self.tokens = DmaBufTokens(randbits) if randbits else DmaBufTokens()
         self._resolve_key = resolve_fd
+        # What a recording needs beyond the ioctl's bytes (trace schema 2), kept only while
+        # tracing: the id of each open file, and per calling thread the caller memory and
+        # fds its ioctl in progress touched (a thread has one ioctl in flight at a time).
+        self._file_ids: dict[int, int] = {}  # id(DrmFile | KfdProcess) or dma-buf key -> id
+        self._next_file = 1
+        self._token_of_key: dict[int, int] = {}
+        self._mem: dict[int, list[MemAccess]] = {}
+        self._fds: dict[int, list[FdResolution]] = {}
+        if copy_from_user is not None:
+            copy_from_user = self._recorded_copy_from(copy_from_user)
+        if copy_to_user is not None:
+            copy_to_user = self._recorded_copy_to(copy_to_user)
         self.host = UalinkHost()
         self.devices: dict[int, DrmDevice] = {}
         self.managers: dict[int, UalinkManager] = {}
@@ -155,11 +174,81 @@ class NodeCore:
         return self.host.by_accel_id(accel_id)
 
     def _resolve_dmabuf(self, pid: int, fd: int) -> DmaBuf:
-        return self.tokens.resolve(self._resolve_key(pid, fd))
+        return self.tokens.resolve(self._recorded_key(pid, fd))
 
     def _resolve_token(self, pid: int, fd: int) -> object:
         """Any token file behind the caller's fd (syncobj files, sync files)."""
-        return self.tokens.resolve_any(self._resolve_key(pid, fd))
+        return self.tokens.resolve_any(self._recorded_key(pid, fd))
+
+    # -- what a recording keeps (trace schema 2) ---------------------------------------------
+    def _recorded_key(self, pid: int, fd: int) -> int:
+        fds = self._fds.get(pid)
+        if fds is None:
+            return self._resolve_key(pid, fd)
+        try:
+            key = self._resolve_key(pid, fd)
+        except DrmError as e:
+            fds.append(FdResolution(fd, None, -e.errno))
+            raise
+        fds.append(FdResolution(fd, key))
+        return key
+
+    def _recorded_copy_from(self, copy: CopyFromUser) -> CopyFromUser:
+        async def copy_from_user(pid: int, addr: int, size: int) -> bytes:
+            mem = self._mem.get(pid)
+            if mem is None:
+                return await copy(pid, addr, size)
+            try:
+                data = await copy(pid, addr, size)
+            except DrmError as e:
+                mem.append(MemAccess("read", addr, size, b"", -e.errno))
+                raise
+            mem.append(MemAccess("read", addr, size, bytes(data)))
+            return data
+
+        return copy_from_user
+
+    def _recorded_copy_to(self, copy: CopyToUser) -> CopyToUser:
+        async def copy_to_user(pid: int, addr: int, data: bytes) -> None:
+            mem = self._mem.get(pid)
+            if mem is None:
+                return await copy(pid, addr, data)
+            try:
+                await copy(pid, addr, data)
+            except DrmError as e:
+                mem.append(MemAccess("write", addr, len(data), bytes(data), -e.errno))
+                raise
+            mem.append(MemAccess("write", addr, len(data), bytes(data)))
+
+        return copy_to_user
+
+    def _begin_call(self, caller: Caller) -> None:
+        if self.tracer is not None:
+            self._mem[caller.pid] = []
+            self._fds[caller.pid] = []
+
+    def _end_call(self, caller: Caller) -> tuple[tuple[MemAccess, ...], tuple[FdResolution, ...]]:
+        return (tuple(self._mem.pop(caller.pid, ())), tuple(self._fds.pop(caller.pid, ())))
+
+    def _trace_open(self, obj: object, caller: Caller, path: str, minor: int | None = None,
+                    token: int | None = None, key: int | None = None) -> None:
+        if self.tracer is None:
+            return
+        file = self._next_file
+        self._next_file += 1
+        self._file_ids[key if key is not None else id(obj)] = file
+        self.tracer(FileRecord("open", caller.pid, self.name, file, path, minor, token, key,
+                               start=self.trace_clock()))
+
+    def _trace_release(self, obj: object, path: str, key: int | None = None) -> None:
+        file = self._file_ids.pop(key if key is not None else id(obj), None)
+        if self.tracer is not None and file is not None:
+            self.tracer(FileRecord("release", 0, self.name, file, path, key=key,
+                                   start=self.trace_clock()))
+
+    def file_id(self, obj: object) -> int | None:
+        """The trace's id of an open render node or KFD file (None: opened untraced)."""
+        return self._file_ids.get(id(obj))
 
     # -- NodeBackend: render nodes ----------------------------------------------------------
     def render_minors(self) -> list[int]:
@@ -174,10 +263,13 @@ class NodeCore:
         device = self.devices.get(minor)
         if device is None:
             raise DrmError(errno.ENODEV)
-        return device.open(caller.pid, caller.uid)
+        drm_file = device.open(caller.pid, caller.uid)
+        self._trace_open(drm_file, caller, f"dri/renderD{minor}", minor)
+        return drm_file
 
     def release_render(self, drm_file: object) -> None:
         assert isinstance(drm_file, DrmFile)
+        self._trace_release(drm_file, f"dri/renderD{drm_file.device.minor}")
         drm_file.release()
         self.after_request()
 
@@ -190,6 +282,7 @@ class NodeCore:
         start = self.trace_clock() if self.tracer is not None else 0.0
         if cmd == UALINKD_IOCTL_DRM_FILE_QUERY:
             return self._answer_drm_file_query(drm_file, in_bytes)
+        self._begin_call(caller)
         res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
         self.after_request()
         if not isinstance(res, IoctlResult):
@@ -208,11 +301,13 @@ class NodeCore:
         self, res: IoctlResult, drm_file: DrmFile, cmd: int, in_bytes: bytes, caller: Caller,
         start: float,
     ) -> IoctlReply:
+        mem, fds = self._end_call(caller)
         if self.tracer is not None:
             minor = drm_file.device.minor
             self.tracer(TraceRecord(caller.pid, self.name, minor, cmd, res.spec, in_bytes,
                                     res.result, res.out, self.managers[minor].accel_id, start,
-                                    self.trace_clock() - start))
+                                    self.trace_clock() - start, self.file_id(drm_file), mem,
+                                    fds))
         return res.result, res.out
 
     def gpu_read(
@@ -262,7 +357,8 @@ class NodeCore:
                 done, got = len(result), bytes(result)
             self.tracer(GpuAccessRecord(caller.pid, self.name, minor,
                                         self.managers[minor].accel_id, op, va, length, done,
-                                        got, start, self.trace_clock() - start))
+                                        got, start, self.trace_clock() - start,
+                                        self.file_id(drm_file)))
 
         try:
             res = access()
@@ -305,10 +401,13 @@ class NodeCore:
 
     # -- NodeBackend: the KFD ---------------------------------------------------------------
     def open_kfd(self, caller: Caller) -> KfdProcess:
-        return self.kfd.open(caller)
+        process = self.kfd.open(caller)
+        self._trace_open(process, caller, "kfd")
+        return process
 
     def release_kfd(self, process: object) -> None:
         assert isinstance(process, KfdProcess)
+        self._trace_release(process, "kfd")
         self.kfd.release(process)
         self.after_request()
 
@@ -316,35 +415,49 @@ class NodeCore:
         self, process: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply | Awaitable[IoctlReply]:
         assert isinstance(process, KfdProcess)
+        start = self.trace_clock() if self.tracer is not None else 0.0
+        self._begin_call(caller)
         res = self.kfd.ioctl(process, cmd, in_bytes, caller)
         if not isinstance(res, IoctlResult):
-            return self._kfd_later(res, cmd, in_bytes, caller)
-        return self._kfd_reply(res, cmd, in_bytes, caller)
+            return self._kfd_later(res, process, cmd, in_bytes, caller, start)
+        return self._kfd_reply(res, process, cmd, in_bytes, caller, start)
 
-    async def _kfd_later(self, pending: Awaitable[IoctlResult], cmd: int, in_bytes: bytes,
-                         caller: Caller) -> IoctlReply:
-        return self._kfd_reply(await pending, cmd, in_bytes, caller)
+    async def _kfd_later(self, pending: Awaitable[IoctlResult], process: KfdProcess, cmd: int,
+                         in_bytes: bytes, caller: Caller, start: float) -> IoctlReply:
+        return self._kfd_reply(await pending, process, cmd, in_bytes, caller, start)
 
-    def _kfd_reply(self, res: IoctlResult, cmd: int, in_bytes: bytes,
-                   caller: Caller) -> IoctlReply:
+    def _kfd_reply(self, res: IoctlResult, process: KfdProcess, cmd: int, in_bytes: bytes,
+                   caller: Caller, start: float) -> IoctlReply:
         self.after_request()
+        mem, fds = self._end_call(caller)
         if self.tracer is not None:
             self.tracer(TraceRecord(caller.pid, self.name, 0, cmd, res.spec, in_bytes,
-                                    res.result, res.out))
+                                    res.result, res.out, None, start,
+                                    self.trace_clock() - start, self.file_id(process), mem,
+                                    fds))
         return res.result, res.out
 
     # -- NodeBackend: dma-bufs ----------------------------------------------------------------
     def dmabuf_lookup(self, name: str, caller: Caller) -> tuple[int, int]:
-        return self.tokens.lookup(name, caller.uid)
+        key, size = self.tokens.lookup(name, caller.uid)
+        if self.tracer is not None:
+            if len(self._token_of_key) >= 4096:  # looked up, never opened: keep it bounded
+                self._token_of_key.clear()
+            self._token_of_key[key] = int(name)
+        return key, size
 
     def dmabuf_open(self, key: int, caller: Caller) -> object:
-        return self.tokens.open(key, caller.uid)
+        ref = self.tokens.open(key, caller.uid)
+        token = self._token_of_key.pop(key, None)
+        self._trace_open(ref, caller, f"dmabuf/{token}", token=token, key=key)
+        return ref
 
     def dmabuf_size(self, key: int) -> int:
         return self.tokens.size(key)
 
     def dmabuf_release(self, dmabuf_ref: object) -> None:
         assert isinstance(dmabuf_ref, int)
+        self._trace_release(dmabuf_ref, "dmabuf", key=dmabuf_ref)
         self.tokens.release(dmabuf_ref)
         self.after_request()
 

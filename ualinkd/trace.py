@@ -34,11 +34,17 @@ from .abi.ioctls import (
     IoctlSpec,
     all_entries,
 )
+from .replay.mapping import handed_out
 from .ualink.protocol import MSG_TYPE_MASK, MsgType, decode_message
 
-SCHEMA_VERSION = 1
+# 2: a recording (issue 12 item 2): open/release records name each file, ioctls and GPU
+# accesses name their file, ioctls carry the caller memory they read and wrote (`mem`), the
+# fds they resolved (`fds`) and the values the daemon handed out (`handed`). v1 readers that
+# key on "type" and the v1 fields still work; a v1 file lacks what a replay needs.
+SCHEMA_VERSION = 2
 _DATA_PREVIEW = 32  # bytes of a load/store shown in text (strace -s 32)
-_DATA_JSON_MAX = 4096  # bytes of a load/store kept in JSON (data_truncated says so)
+_DATA_JSON_MAX = 1 << 20  # bytes of a load/store kept in JSON: a FUSE read/write's most (a
+# recording keeps every byte; data_truncated says when not)
 
 
 # -- one field ----------------------------------------------------------------------------------
@@ -120,6 +126,76 @@ def _tail(start: float, duration: float) -> tuple[str, str]:
 
 # -- the records --------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, slots=True)
+class MemAccess:
+    """One copy_from_user (`read`) or copy_to_user (`write`) an ioctl made: the bytes read
+    in (what a replay must put behind the pointer) or copied out (what it must find there)."""
+
+    op: str  # "read" | "write"
+    addr: int
+    length: int
+    data: bytes  # read: the bytes read (b"" when it failed); write: the bytes written
+    result: int = 0  # 0 or -errno (EFAULT)
+
+    def as_dict(self) -> Fields:
+        return {"op": self.op, "addr": self.addr, "len": self.length, "hex": self.data.hex(),
+                "result": self.result}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FdResolution:
+    """A caller's fd an ioctl looked up (PRIME_FD_TO_HANDLE's, SYNCOBJ_FD_TO_HANDLE's): the
+    dma-buf token file behind it (`key`, the one its FileRecord opened), or -errno."""
+
+    fd: int
+    key: int | None
+    result: int = 0
+
+    def as_dict(self) -> Fields:
+        return {"fd": self.fd, "key": self.key, "result": self.result}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileRecord:
+    """A file of the mount opened (`open`) or its last reference released (`release`):
+    which one each later ioctl and GPU access is on, so a replay opens the same."""
+
+    event: str  # "open" | "release"
+    pid: int
+    node: str
+    file: int  # the node's id for this open file, unique while the daemon runs
+    path: str  # relative to the mount: dri/renderD128, kfd, dmabuf/<token>
+    minor: int | None = None
+    token: int | None = None  # dmabuf/<token>: the token named, and the key it opened
+    key: int | None = None
+    result: int = 0
+    start: float = 0.0
+
+    kind = "file"
+    accel = None
+
+    @property
+    def name(self) -> str:
+        return self.event.upper()
+
+    def as_dict(self) -> Fields:
+        err = -self.result if self.result < 0 else None
+        return {"v": SCHEMA_VERSION, "type": self.event, "time": self.start, "duration": 0.0,
+                "pid": self.pid, "node": self.node, "file": self.file, "path": self.path,
+                "minor": self.minor, "token": self.token, "key": self.key,
+                "result": self.result, "errno": errno.errorcode.get(err) if err else None}
+
+    def json(self) -> str:
+        return json.dumps(self.as_dict(), separators=(",", ":"))
+
+    def text(self) -> str:
+        ts = timestamp(self.start) + " " if self.start else ""
+        if self.event == "release":
+            return f"{ts}[pid {self.pid}] {self.node} close({self.path}) = 0"
+        res = str(self.file) if self.result == 0 else f"-1 {strerror(-self.result)}"
+        return f"{ts}[pid {self.pid}] {self.node} open({self.path}) = {res}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class TraceRecord:
     """One ioctl on a render node, as the DRM core answered it."""
 
@@ -134,6 +210,9 @@ class TraceRecord:
     accel: int | None = None
     start: float = 0.0  # wall clock (time.time) when the request came
     duration: float = 0.0  # seconds until the answer
+    file: int | None = None  # the node's id of the open file (its FileRecord)
+    mem: tuple[MemAccess, ...] = ()  # caller memory behind the struct's pointers, in order
+    fds: tuple[FdResolution, ...] = ()  # the caller's fds the call resolved
 
     kind = "ioctl"
 
@@ -177,6 +256,11 @@ class TraceRecord:
             "errno": errno.errorcode.get(err) if err else None,
             "out": _json_fields(out, hints),
             "out_hex": self.out_bytes.hex(),
+            "file": self.file,
+            "mem": [m.as_dict() for m in self.mem],
+            "fds": [f.as_dict() for f in self.fds],
+            "handed": [h.as_dict() for h in handed_out(self.name, self.in_bytes,
+                                                        self.out_bytes, self.result)],
         }
 
     def json(self) -> str:
@@ -215,6 +299,7 @@ class GpuAccessRecord:
     data: bytes  # what was loaded / what was asked to be stored
     start: float = 0.0
     duration: float = 0.0
+    file: int | None = None
 
     kind = "gpu"
 
@@ -237,7 +322,7 @@ class GpuAccessRecord:
             "errno": errno.errorcode.get(err) if err else None,
             "fault_va": self.fault_va,
             "data_hex": self.data[:_DATA_JSON_MAX].hex(),
-            "data_truncated": len(self.data) > _DATA_JSON_MAX,
+            "data_truncated": len(self.data) > _DATA_JSON_MAX, "file": self.file,
         }
 
     def json(self) -> str:
@@ -328,8 +413,8 @@ class FabricRecord:
         return f"{ts}{self.node} fabric {self.direction} {route} {body} = {res}{dur}"
 
 
-Record = TraceRecord | GpuAccessRecord | FabricRecord
-KINDS = ("ioctl", "gpu", "fabric")
+Record = TraceRecord | GpuAccessRecord | FabricRecord | FileRecord
+KINDS = ("ioctl", "gpu", "fabric", "file")
 
 
 # -- filters ------------------------------------------------------------------------------------

@@ -116,11 +116,11 @@ def test_json_trace_on_stdout_is_json_only(tmp_path):
     out, err = result
     assert err.count(" ready: ") == 2
     records = [json.loads(line) for line in out.splitlines()]
-    assert records and all(r["v"] == 1 for r in records)
+    assert records and all(r["v"] == 2 for r in records)
     tool = subprocess.run([sys.executable, "-m", "json.tool", "--json-lines"], input=out,
                           capture_output=True, text=True, timeout=60)
     assert tool.returncode == 0, tool.stderr
-    assert {r["type"] for r in records} == {"ioctl", "gpu", "fabric"}
+    assert {r["type"] for r in records} == {"ioctl", "gpu", "fabric", "open", "release"}
     create = next(r for r in records if r["type"] == "ioctl"
                   and r["ioctl"] == "AMDGPU_GEM_CREATE")
     assert create["in"]["bo_size"] == 2 * MIB and create["result"] == 0

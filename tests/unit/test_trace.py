@@ -54,18 +54,20 @@ def utc(monkeypatch):
 def core():
     recs: list = []
     bits = ScriptedBits(0x1111_2222_3333_4000, 0x5555_6666_7777_8888)
-    ticks = itertools.count()
+    ticks = [itertools.count()]
     # Every call of the clock advances 125 µs: a request starts at one tick, ends at the next.
     node = NodeCore(pod_config(nodes=[[{"id": 0}]]), "node0", resolve_fd=lambda p, f: f,
                     tracer=recs.append, randbits=bits,
-                    trace_clock=lambda: T0 + next(ticks) * 0.000125)
+                    trace_clock=lambda: T0 + next(ticks[0]) * 0.000125)
     node.recs = recs  # type: ignore[attr-defined]
+    node.ticks = ticks  # type: ignore[attr-defined]
     return node
 
 
 @pytest.fixture
 def traced(core):
     f = open_file(core)
+    core.ticks[0] = itertools.count()  # the open's record took a tick: calls start at T0
 
     def call(cmd: int, data: bytes) -> TraceRecord:
         run(core.ioctl(f, cmd, data, (cmd >> 16) & 0x3FFF, CALLER))

@@ -30,6 +30,7 @@ import trio
 from .. import __version__
 from ..config import ConfigError, PodConfig
 from ..fabric.auth import node_config, node_keys
+from ..replay import cli as replay_cli
 
 log = logging.getLogger("ualinkd")
 
@@ -164,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     own.add_argument("--config", required=True, help="the pod's TOML file (with the pod key)")
     own.add_argument("--node", required=True, help="the node the file is for")
     own.add_argument("--out", required=True, help="where to write it (mode 0600)")
+    replay_cli.add_parsers(sub, verbose)
     return p
 
 
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         lead += 1
     if lead < len(argv) and argv[lead] not in (
             "node", "pod", "check", "config", "start-node", "node-config", "abi-check", "-h",
-            "--help",
+            "--help", *replay_cli.COMMANDS,
             "--version") and any(
             a == "--config" or a.startswith("--config=") for a in argv[lead:]):
         # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing,
@@ -201,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             return _node_config(args)
         if args.command == "abi-check":
             return _abi_check(args)
+        if args.command in replay_cli.COMMANDS:
+            return replay_cli.run(args)
         return _pod(args)
     except ConfigError as e:
         print(f"ualinkd: {e}", file=sys.stderr)

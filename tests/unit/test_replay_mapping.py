@@ -1,0 +1,255 @@
+"""Record and replay, sans-IO (issue 12 item 2): the mapping of values the daemon hands out
+(GEM handles per file — drm_gem_handle_create's idr, handle 0 never valid; UALink handles
+pod-wide, spec §3.4 / §6.10), caller-memory spans and the pointers into them, a recorded call
+planned against the replayer's own buffers and its answer compared; and what a traced NodeCore
+puts in a recording (schema 2: opens, caller memory, resolved fds, handed-out values)."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+from ualink_testkit import CALLER, GEM_CLOSE, GEM_CREATE, UALINK, open_file, pod_config, run
+
+from ualinkd.abi import constants as c
+from ualinkd.abi import structs as st
+from ualinkd.abi.ioc import ioc
+from ualinkd.node import NodeCore
+from ualinkd.replay.mapping import Mapper, Region, pointers, regions
+from ualinkd.replay.record import _keep
+from ualinkd.replay.session import (
+    CANARY,
+    GpuCall,
+    IoctlCall,
+    OpenCall,
+    Outcome,
+    Replay,
+    Skip,
+    load,
+    timeline,
+)
+
+SYNCOBJ_WAIT = ioc(3, 0x64, 0xC3, 40)
+SCOPE = ("node0", 1)
+
+
+# -- Mapper ----------------------------------------------------------------------------------
+def test_mapper_follows_handed_out_values_and_keeps_unknown_ones():
+    m = Mapper()
+    assert m.learn("gem", SCOPE, 1, 7) is None
+    assert m.to_replay("gem", SCOPE, 1) == 7
+    assert m.to_replay("gem", SCOPE, 99) == 99  # a client's bogus handle stays bogus
+    assert m.to_replay("gem", ("node0", 2), 1) == 1  # another file's table
+    assert m.learn("gem", SCOPE, 1, 7) is None  # handed out again as the same (E3 export)
+
+
+def test_mapper_flags_a_value_reused_for_another_and_zero_for_a_handle():
+    """§6.10: the stale re-export hands out the first export's handle_lo (a value the
+    recording had for another handle) and handle_hi 0."""
+    m = Mapper()
+    assert m.learn("ualink_lo", ("", None), 0xA00, 0xB00) is None
+    assert "which the recording had as 0xa00" in m.learn("ualink_lo", ("", None), 0xC00, 0xB00)
+    assert "0 where the recording had a value" in m.learn("ualink_hi", ("", None), 0x5, 0)
+    # the replay goes on with what its daemon handed out
+    assert m.to_replay("ualink_lo", ("", None), 0xC00) == 0xB00
+
+
+def test_mapper_forget_lets_the_idr_hand_a_closed_handle_out_again():
+    m = Mapper()
+    m.learn("gem", SCOPE, 1, 1)
+    m.learn("gem", SCOPE, 2, 3)
+    m.forget("gem", SCOPE, 2)
+    assert m.learn("gem", SCOPE, 4, 3) is None  # 3 was closed in the replay: free again
+    m.forget_scope(SCOPE)
+    assert m.to_replay("gem", SCOPE, 1) == 1
+
+
+def test_spans_merge_and_aligned_u64_pointers_into_them_are_found():
+    spans = regions([(0x1008, 8), (0x1000, 8), (0x2000, 4), (0x3000, 0)])
+    assert spans == [Region(0x1000, 0x1010), Region(0x2000, 0x2004)]
+    # a u32 of the span's address in a u64's high half is no pointer; a misaligned one neither
+    data = struct.pack("<QQII", 0x1008, 5, 0, 0x2000) + struct.pack("<IQI", 0, 0x2000, 0)
+    assert pointers(data, spans) == [(0, 0, 8)]
+    assert pointers(struct.pack("<QQ", 7, 0x2003), spans) == [(8, 1, 3)]
+
+
+# -- Replay: planning and comparing ---------------------------------------------------------
+def _rec(kind: str, **kw: object) -> dict:
+    base = {"v": 2, "type": kind, "time": kw.pop("time", 0.0), "duration": 0.0,
+            "pid": 10, "node": "node0", "file": 1}
+    base.update(kw)
+    return base
+
+
+def _ioctl(name: str, cmd: int, in_bytes: bytes, out_bytes: bytes, result: int = 0,
+           mem: list | None = None, fds: list | None = None, time: float = 1.0) -> dict:
+    return _rec("ioctl", ioctl=name, cmd=f"{cmd:#010x}", in_hex=in_bytes.hex(),
+                out_hex=out_bytes.hex(), result=result, mem=mem or [], fds=fds or [],
+                time=time)
+
+
+def _opened(replay: Replay) -> None:
+    rec = _rec("open", path="dri/renderD128", minor=128, token=None, key=None, result=0)
+    call = replay.plan(rec)
+    assert isinstance(call, OpenCall) and call.path == "dri/renderD128"
+    assert replay.compare(1, rec, call, Outcome(0, fd=3)) == []
+
+
+def _gem_create(handle: int) -> bytes:
+    return struct.pack("<I", handle).ljust(32, b"\0")
+
+
+def test_a_handle_handed_out_differently_is_mapped_into_later_calls():
+    replay = Replay([])
+    _opened(replay)
+    inp = st.GEM_CREATE_IN.encode(st.GemCreateIn(4096, 0, c.DOMAIN_VRAM, 0))
+    create = _ioctl("AMDGPU_GEM_CREATE", GEM_CREATE, inp, _gem_create(1))
+    call = replay.plan(create)
+    assert isinstance(call, IoctlCall)
+    call.sent = bytes(call.arg)
+    assert replay.compare(2, create, call, Outcome(0, arg=_gem_create(5))) == []
+    close = _ioctl("GEM_CLOSE", GEM_CLOSE, struct.pack("<II", 1, 0), b"")
+    call = replay.plan(close)
+    assert isinstance(call, IoctlCall) and call.arg[:4] == struct.pack("<I", 5)
+
+
+def test_fresh_replay_value_that_the_recording_had_for_another_call_is_a_difference():
+    replay = Replay([])
+    _opened(replay)
+    inp = st.GEM_CREATE_IN.encode(st.GemCreateIn(4096, 0, c.DOMAIN_VRAM, 0))
+    for i, (rec_h, rep_h) in enumerate(((1, 1), (2, 1))):
+        rec = _ioctl("AMDGPU_GEM_CREATE", GEM_CREATE, inp, _gem_create(rec_h))
+        call = replay.plan(rec)
+        assert isinstance(call, IoctlCall)
+        call.sent = bytes(call.arg)
+        diffs = replay.compare(2 + i, rec, call, Outcome(0, arg=_gem_create(rep_h)))
+    assert len(diffs) == 1 and "handle (gem)" in diffs[0].what
+
+
+def test_syncobj_array_behind_a_pointer_gets_a_buffer_with_mapped_handles():
+    """SYNCOBJ_WAIT reads `count_handles` u32s at `handles` (drm_syncobj_array_find): the
+    replay's buffer holds the replay's handles, and the struct points at it."""
+    replay = Replay([])
+    _opened(replay)
+    replay.mapper.learn("syncobj", SCOPE, 1, 8)
+    replay.mapper.learn("syncobj", SCOPE, 2, 9)
+    addr = 0x7FFD0000
+    wait = struct.pack("<QqIIIIQ", addr, 0, 2, 0, 0, 0, 0)
+    rec = _ioctl("SYNCOBJ_WAIT", SYNCOBJ_WAIT, wait, wait, mem=[
+        {"op": "read", "addr": addr, "len": 8, "hex": struct.pack("<II", 1, 2).hex(),
+         "result": 0}])
+    call = replay.plan(rec)
+    assert isinstance(call, IoctlCall)
+    assert call.buffers[0].data[:8] == struct.pack("<II", 8, 9)
+    assert call.buffers[0].data[8:] == bytes([CANARY]) * (len(call.buffers[0].data) - 8)
+    assert call.patches == [(-1, 0, 0, 0)]
+    sent = bytearray(call.arg)
+    sent[0:8] = struct.pack("<Q", 0x5555000)  # where the edge put the buffer
+    call.sent = bytes(sent)
+    ok = Outcome(0, arg=bytes(sent), buffers=[bytes(call.buffers[0].data)])
+    assert replay.compare(2, rec, call, ok) == []
+    # a daemon that writes into the caller's array, where the recording's did not
+    wrote = bytearray(call.buffers[0].data)
+    wrote[12] = 0
+    diffs = replay.compare(3, rec, call, Outcome(0, arg=bytes(sent), buffers=[bytes(wrote)]))
+    assert len(diffs) == 1 and "written past what the recording wrote" in diffs[0].what
+
+
+def test_failed_import_skips_the_dmabuf_open_of_its_token():
+    replay = Replay([])
+    _opened(replay)
+    imp = bytearray(24)
+    imp[0:4] = struct.pack("<I", c.UalinkOp.IMPORT)
+    imp[8:24] = struct.pack("<QQ", 0xAB00, 0xCD)
+    out = struct.pack("<I", 77).ljust(24, b"\0")
+    rec = _ioctl("AMDGPU_UALINK_HANDLE", UALINK, bytes(imp), out)
+    call = replay.plan(rec)
+    assert isinstance(call, IoctlCall)
+    call.sent = bytes(call.arg)
+    diffs = replay.compare(2, rec, call, Outcome(-22, arg=bytes(imp)))
+    assert [d.what for d in diffs] == ["= -1 EINVAL, recorded = 0"]
+    dmabuf = _rec("open", path="dmabuf/77", token=77, key=5, file=2, result=0)
+    skip = replay.plan(dmabuf)
+    assert isinstance(skip, Skip) and skip.because == 2
+    assert isinstance(replay.plan(_rec("release", path="dmabuf", file=2)), Skip)
+
+
+def test_release_of_a_file_opened_before_the_recording_is_not_a_difference():
+    """`ualinkd record` attached mid-session (or `--pid`): a release of a file it never saw
+    opened is nothing to replay; an ioctl on such a file cannot be replayed (a difference)."""
+    replay = Replay([])
+    skip = replay.plan(_rec("release", path="dri/renderD128", file=4))
+    assert isinstance(skip, Skip) and skip.because is None
+    assert isinstance(replay.plan(_ioctl("GEM_CLOSE", GEM_CLOSE, bytes(8), b"")), str)
+
+
+def test_gpu_load_compares_the_bytes_loaded():
+    replay = Replay([])
+    _opened(replay)
+    rec = _rec("gpu", op="load", va=0x1000, length=4, result=4, data_hex="68656c6c")
+    call = replay.plan(rec)
+    assert isinstance(call, GpuCall)
+    assert replay.compare(2, rec, call, Outcome(4, data=b"hell")) == []
+    (d,) = replay.compare(3, rec, call, Outcome(4, data=b"help"))
+    assert "loaded bytes differ from offset 0x3" in d.what
+
+
+def test_timeline_orders_by_completion_and_keeps_a_pids_releases():
+    recs = [_rec("ioctl", time=1.0, duration=5.0, pid=1),  # a wait that blocked
+            _rec("ioctl", time=2.0, pid=2),  # the signal it waited for
+            _rec("open", time=0.5, pid=1, file=9),
+            _rec("release", time=7.0, pid=0, file=9),
+            _rec("fabric", time=1.5)]
+    assert [r["time"] for r in timeline(recs)] == [0.5, 2.0, 1.0, 7.0]
+    assert [r["time"] for r in timeline(recs, pids={1})] == [0.5, 1.0, 7.0]
+
+
+def test_a_v1_trace_is_refused_as_a_recording():
+    line = json.dumps({"v": 1, "type": "ioctl"})
+    try:
+        load([line])
+    except ValueError as e:
+        assert "schema 1" in str(e)
+    else:
+        raise AssertionError("a v1 trace was taken as a recording")
+
+
+def test_record_pid_filter_keeps_that_pid_and_releases():
+    out = io.StringIO()
+    for rec in ({"type": "ioctl", "pid": 1}, {"type": "ioctl", "pid": 2},
+                {"type": "release", "pid": 0}):
+        _keep(json.dumps(rec).encode(), {1}, out)
+    assert [json.loads(x)["pid"] for x in out.getvalue().splitlines()] == [1, 0]
+
+
+# -- what a traced node records ---------------------------------------------------------------
+def test_traced_node_records_opens_caller_memory_and_handed_out_values():
+    """Schema 2: the render node's open with its file id, GEM_CREATE's handle in `handed`,
+    SYNCOBJ_WAIT's handle array in `mem` as read from the caller."""
+    recs: list = []
+    memory = {0x9000: struct.pack("<I", 1)}
+
+    async def copy_from_user(pid: int, addr: int, size: int) -> bytes:
+        return memory[addr][:size]
+
+    async def copy_to_user(pid: int, addr: int, data: bytes) -> None:
+        memory[addr] = data
+
+    core = NodeCore(pod_config(nodes=[[{"id": 0}]]), "node0", tracer=recs.append,
+                    copy_from_user=copy_from_user, copy_to_user=copy_to_user)
+    f = open_file(core)
+    inp = st.GEM_CREATE_IN.encode(st.GemCreateIn(4096, 0, c.DOMAIN_VRAM, 0))
+    run(core.ioctl(f, GEM_CREATE, inp, 32, CALLER))
+    run(core.ioctl(f, ioc(3, 0x64, 0xBF, 8), bytes(8), 8, CALLER))  # SYNCOBJ_CREATE
+    wait = struct.pack("<QqIIIIQ", 0x9000, 0, 1, 0, 0, 0, 0)
+    run(core.ioctl(f, SYNCOBJ_WAIT, wait, 40, CALLER))
+    core.release_render(f)
+    d = [r.as_dict() for r in recs]
+    assert [x["type"] for x in d] == ["open", "ioctl", "ioctl", "ioctl", "release"]
+    assert d[0]["path"] == "dri/renderD128" and d[0]["pid"] == CALLER.pid
+    assert {x["file"] for x in d} == {d[0]["file"]}
+    assert d[1]["handed"] == [{"kind": "gem", "field": "handle", "value": 1}]
+    assert d[2]["handed"] == [{"kind": "syncobj", "field": "handle", "value": 1}]
+    assert d[3]["mem"] == [{"op": "read", "addr": 0x9000, "len": 4, "hex": "01000000",
+                            "result": 0}]

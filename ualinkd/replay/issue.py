@@ -1,0 +1,154 @@
+"""`ualinkd replay`: the edge that re-issues a recorded session as a real client — files
+opened through the node's mount, ioctl(2) called through libc with the replayer's own memory
+behind each pointer, GPU loads and stores as pread/pwrite — and prints where the answers differ
+from the recording (the planning and comparing are `replay/session.py`'s)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from .session import (
+    Call,
+    CloseCall,
+    Difference,
+    GpuCall,
+    IoctlCall,
+    OpenCall,
+    Outcome,
+    Replay,
+    Skip,
+    load,
+    timeline,
+)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_ioctl = _libc.ioctl
+_ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+_ioctl.restype = ctypes.c_int
+
+
+class Issuer:
+    """Issues planned calls; `mounts` maps a recorded node name to a mount ("" = default)."""
+
+    def __init__(self, mounts: dict[str, str]) -> None:
+        self.mounts = mounts
+        self.fds: dict[tuple[str, int], int] = {}
+
+    def mount_for(self, node: str) -> str:
+        m = self.mounts.get(node, self.mounts.get(""))
+        if m is None:
+            raise KeyError(node)
+        return m
+
+    def issue(self, call: Call) -> Outcome:
+        if isinstance(call, OpenCall):
+            try:
+                fd = os.open(os.path.join(self.mount_for(call.node), call.path),
+                             os.O_RDWR | os.O_CLOEXEC)
+            except OSError as e:
+                return Outcome(-(e.errno or 5))
+            self.fds[call.file] = fd
+            return Outcome(0, fd=fd)
+        if isinstance(call, CloseCall):
+            fd = self.fds.pop(call.file, None)
+            if fd is not None:
+                os.close(fd)
+            return Outcome(0)
+        if isinstance(call, GpuCall):
+            fd = self.fds[call.file]
+            try:
+                if call.op == "load":
+                    data = os.pread(fd, call.length, call.va)
+                    return Outcome(len(data), data=data)
+                return Outcome(os.pwrite(fd, call.data, call.va))
+            except OSError as e:
+                return Outcome(-(e.errno or 5))
+        return self._ioctl(call)
+
+    def _ioctl(self, call: IoctlCall) -> Outcome:
+        bufs = [ctypes.create_string_buffer(bytes(b.data), len(b.data)) for b in call.buffers]
+        addrs = [ctypes.addressof(b) for b in bufs]
+        arg = bytearray(call.arg)
+        for where, off, j, delta in call.patches:
+            ptr = (addrs[j] + delta).to_bytes(8, "little")
+            if where == -1:
+                arg[off:off + 8] = ptr
+            else:
+                ctypes.memmove(addrs[where] + off, ptr, 8)
+        call.sent = bytes(arg)
+        c_arg = ctypes.create_string_buffer(bytes(arg), max(len(arg), 1))
+        ret = _ioctl(self.fds[call.file], call.cmd, ctypes.addressof(c_arg))
+        err = ctypes.get_errno() if ret < 0 else 0
+        after = [bytes(b.raw) for b in bufs]
+        # Pointers the replay patched into its buffers read back as the recording's.
+        for where, off, _j, _delta in call.patches:
+            if where >= 0:
+                after[where] = (after[where][:off] + bytes(call.buffers[where].expect[off:off + 8])
+                                + after[where][off + 8:])
+        return Outcome(-err if ret < 0 else ret, arg=c_arg.raw[:len(arg)], buffers=after)
+
+    def close_all(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+MAX_GAP = 2.0  # seconds: the longest recorded pause between two calls a replay keeps
+
+
+def run(path: str, mounts: dict[str, str], pids: set[int] | None = None,
+        out: TextIO = sys.stdout, nodes: set[str] | None = None) -> list[Difference]:
+    """Replay the recording at `path`; print each difference and a summary; return them.
+
+    Calls keep the recorded pauses between them (up to MAX_GAP): what the daemons did in
+    the background meanwhile (a revoke's NPA_REVOKE and NPA_RELEASE after a close) had that
+    long in the recording too."""
+    with open(path) as f:
+        recs = timeline(load(f), pids, nodes)
+    replay = Replay(recs)
+    issuer = Issuer(mounts)
+    found: list[Difference] = []
+    skipped = 0
+    say: Callable[[str], None] = lambda s: print(s, file=out, flush=True)  # noqa: E731
+    last: tuple[float, float] | None = None  # (recorded end, when the replay issued it)
+    try:
+        for index, rec in replay.steps():
+            end = rec["time"] + rec.get("duration", 0.0)
+            if last is not None:
+                wait = min(max(end - last[0], 0.0), MAX_GAP) - (time.monotonic() - last[1])
+                if wait > 0:
+                    time.sleep(wait)
+            last = (end, time.monotonic())
+            if rec["node"] not in mounts and "" not in mounts:
+                skipped += 1
+                say(f"#{index} {replay.label(rec)}: skipped (no --mount for node "
+                    f"{rec['node']})")
+                continue
+            call = replay.plan(rec)
+            if isinstance(call, Skip):
+                skipped += 1
+                see = f" (#{call.because})" if call.because is not None else ""
+                say(f"  not issued: #{index} {replay.label(rec)}: {call.why}{see}")
+                continue
+            if isinstance(call, str):
+                found.append(Difference(index, replay.label(rec), f"not replayable: {call}"))
+                say(str(found[-1]))
+                continue
+            diffs = replay.compare(index, rec, call, issuer.issue(call))
+            for d in diffs:
+                say(str(d))
+            found += diffs
+    finally:
+        issuer.close_all()
+    calls = sum(1 for r in recs if r["type"] in ("ioctl", "gpu"))
+    calls_differing = len({d.index for d in found})
+    say(f"replayed {len(recs) - skipped} records ({calls} ioctls and GPU accesses) from "
+        f"{path}: " + (f"{len(found)} differences in {calls_differing} calls" if found
+                       else "no differences"))
+    return found
+

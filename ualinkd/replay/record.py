@@ -1,0 +1,231 @@
+"""`ualinkd record`: attach to running node daemons and write their JSON trace (schema 2,
+a recording `ualinkd replay` takes) until interrupted or `--duration` ends.
+
+Each node daemon listens on a unix socket named after its mount (`trace_socket_path`, root's
+runtime directory, mode 0600: a trace holds the clients' data). A subscriber gets one JSON
+trace line per record from the moment it connects, at no cost to clients while nobody is
+subscribed. A subscriber that falls more than `QUEUE` records behind loses records, and is
+told so by a `{"type": "lost", "count": N}` line (its recording is then incomplete).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+import trio
+
+from ..trace import SCHEMA_VERSION, Record
+
+log = logging.getLogger(__name__)
+
+QUEUE = 65536  # records a subscriber may be behind before it loses some
+
+
+def trace_socket_path(mount: str, resolved: bool = False) -> str:
+    """Where the daemon serving `mount` takes trace subscribers: named by a hash of the
+    mount's real path (unix socket paths are short; the mount path may not be). The daemon
+    passes the path it resolved before mounting (`resolved`): after, resolving it would ask
+    its own FUSE server, which is not serving yet."""
+    real = mount if resolved else os.path.realpath(mount)
+    digest = hashlib.sha256(real.encode()).hexdigest()[:16]
+    base = "/run/ualinkd" if os.geteuid() == 0 else os.path.join(
+        tempfile.gettempdir(), f"ualinkd-{os.geteuid()}")
+    return os.path.join(base, f"trace-{digest}.sock")
+
+
+class TraceHub:
+    """The node's tracer while subscribers are attached: the daemon's own (`--trace`) plus
+    one bounded queue per subscriber."""
+
+    def __init__(self, base: Callable[[Record], None] | None) -> None:
+        self.base = base
+        self.subscribers: list[tuple[trio.MemorySendChannel[str], list[int]]] = []
+
+    def __call__(self, rec: Record) -> None:
+        if self.base is not None:
+            self.base(rec)
+        if not self.subscribers:
+            return
+        try:
+            line = rec.json()
+        except Exception:
+            log.exception("trace: cannot render the record of %s", rec.name)
+            return
+        for send, lost in self.subscribers:
+            try:
+                send.send_nowait(line)
+            except trio.WouldBlock:
+                lost[0] += 1
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+
+async def bind_trace_socket(real_mount: str) -> tuple[trio.socket.SocketType, str]:
+    """The listening socket for the subscribers of the mount at `real_mount` (its resolved
+    path); a stale socket of a dead daemon goes."""
+    path = trace_socket_path(real_mount, resolved=True)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old = os.umask(0o177)
+    try:
+        await sock.bind(path)
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old)
+    sock.listen(8)
+    return sock, path
+
+
+async def serve_trace(core: object, sock: trio.socket.SocketType, path: str) -> None:
+    """Take `ualinkd record` subscribers until cancelled; `core.tracer` is the hub while
+    anyone is subscribed and the daemon's own tracer otherwise."""
+    base = core.tracer  # type: ignore[attr-defined]
+    hub = TraceHub(base)
+    with sock:
+        try:
+            async with trio.open_nursery() as nursery:
+                while True:
+                    conn, _ = await sock.accept()
+                    nursery.start_soon(_subscriber, conn, core, hub)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            core.tracer = base  # type: ignore[attr-defined]
+
+
+async def _subscriber(conn: trio.socket.SocketType, core: object, hub: TraceHub) -> None:
+    send, recv = trio.open_memory_channel[str](QUEUE)
+    entry = (send, [0])
+    hub.subscribers.append(entry)
+    core.tracer = hub  # type: ignore[attr-defined]
+    try:
+        with conn:
+            hello = {"v": SCHEMA_VERSION, "type": "recording", "time": time.time(),
+                     "node": getattr(core, "name", None)}
+            await _send_all(conn, (json.dumps(hello) + "\n").encode())
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_until_closed, conn, nursery.cancel_scope)
+                async for line in recv:
+                    batch = [line]
+                    while len(batch) < 256:
+                        try:
+                            batch.append(recv.receive_nowait())
+                        except trio.WouldBlock:
+                            break
+                    if entry[1][0]:
+                        batch.append(json.dumps({"v": SCHEMA_VERSION, "type": "lost",
+                                                 "count": entry[1][0]}))
+                        entry[1][0] = 0
+                    await _send_all(conn, ("\n".join(batch) + "\n").encode())
+    except Exception as e:  # a recorder going away (or anything else) never stops the node
+        log.debug("trace subscriber gone: %r", e)
+    finally:
+        hub.subscribers.remove(entry)
+        send.close()
+        if not hub.subscribers:
+            core.tracer = hub.base  # type: ignore[attr-defined]
+
+
+async def _send_all(conn: trio.socket.SocketType, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[await conn.send(view):]
+
+
+async def _until_closed(conn: trio.socket.SocketType, scope: trio.CancelScope) -> None:
+    while await conn.recv(4096):
+        pass
+    scope.cancel()
+
+
+def record(mounts: list[str], out: TextIO, pids: set[int] | None = None,
+           duration: float | None = None, ready: Callable[[], None] | None = None) -> int:
+    """Write the nodes' records to `out` until SIGINT/SIGTERM or `duration` seconds; the
+    number of records written. Records of other pids are left out with `pids` (fabric
+    records have none: they go too)."""
+    socks = []
+    for m in mounts:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(trace_socket_path(m))
+        socks.append(s)
+    stop = [False]
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop[0] = True
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    sel = selectors.DefaultSelector()
+    partial: dict[socket.socket, bytes] = {}
+    for s in socks:
+        sel.register(s, selectors.EVENT_READ)
+        partial[s] = b""
+    written = 0
+    end = None if duration is None else time.monotonic() + duration
+    try:
+        # The hello line of each node says it is subscribed: from here on nothing is missed.
+        for s in socks:
+            while b"\n" not in partial[s]:
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise ConnectionError("the node closed the trace subscription")
+                partial[s] += chunk
+            _, partial[s] = partial[s].split(b"\n", 1)
+        if ready is not None:
+            ready()
+        while not stop[0] and (end is None or time.monotonic() < end):
+            timeout = 0.2 if end is None else max(0.0, min(0.2, end - time.monotonic()))
+            for key, _ in sel.select(timeout):
+                s = key.fileobj
+                assert isinstance(s, socket.socket)
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    sel.unregister(s)
+                    continue
+                data = partial[s] + chunk
+                *lines, partial[s] = data.split(b"\n")
+                for line in lines:
+                    written += _keep(line, pids, out)
+            if partial and not sel.get_map():
+                break
+        # Drain what the nodes sent before we stopped.
+        for s in socks:
+            s.setblocking(False)
+            with contextlib.suppress(BlockingIOError, OSError):
+                while chunk := s.recv(1 << 20):
+                    data = partial[s] + chunk
+                    *lines, partial[s] = data.split(b"\n")
+                    for line in lines:
+                        written += _keep(line, pids, out)
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        for s in socks:
+            s.close()
+        out.flush()
+    return written
+
+
+def _keep(line: bytes, pids: set[int] | None, out: TextIO) -> int:
+    if not line.strip():
+        return 0
+    if pids is not None:
+        rec = json.loads(line)
+        if rec.get("pid") not in pids and rec.get("type") not in ("release", "lost"):
+            return 0
+    out.write(line.decode() + "\n")
+    return 1

@@ -1,0 +1,402 @@
+"""A recorded session as the calls a replay issues, and each answer compared with the
+recording's (sans-IO: the edge, `replay/issue.py`, opens the files and calls ioctl(2)).
+
+The recording is a JSON trace of schema 2 (`trace.py`). Calls are replayed in the order they
+completed (start + duration), across all pids and nodes: a wait that blocked until another
+process signalled completes after the signal, and an import after the export it imports. A
+call is planned (`plan`), issued by the edge, and its outcome compared (`compare`), which also
+teaches the mapper the values the replay's daemon handed out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ..abi.ioc import IoctlCmd
+from .mapping import (
+    ARRAYS,
+    FREE,
+    NEW,
+    Mapper,
+    Region,
+    clock_reading,
+    pointers,
+    regions,
+    scope_of,
+    slots,
+)
+
+SLACK = 4096  # bytes after each caller-memory span: a replay that writes past it shows
+CANARY = 0xA5  # what a span holds where the recording neither read nor wrote
+FileKey = tuple[str, int]  # (node, the trace's file id)
+
+
+class RecordingError(ValueError):
+    """The file is not a recording a replay can use (not JSON lines, schema < 2)."""
+
+
+def load(lines: Iterable[str]) -> list[dict[str, Any]]:
+    recs = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RecordingError(f"line {n}: not JSON ({e.msg})") from None
+        if not isinstance(rec, dict) or "type" not in rec:
+            raise RecordingError(f"line {n}: not a trace record")
+        if rec.get("v", 0) < 2 and rec["type"] in ("ioctl", "gpu"):
+            raise RecordingError(f"line {n}: trace schema {rec.get('v')} has no file ids nor "
+                                 "caller memory; record with this build (schema 2)")
+        recs.append(rec)
+    return recs
+
+
+def timeline(recs: Iterable[dict[str, Any]], pids: set[int] | None = None,
+             nodes: set[str] | None = None) -> list[dict[str, Any]]:
+    """The replayable records in completion order; with `pids`, those pids' calls and the
+    releases of the files they opened."""
+    keep = [r for r in recs if r["type"] in ("open", "release", "ioctl", "gpu")
+            and (nodes is None or r["node"] in nodes)]
+    if pids is not None:
+        mine = {(r["node"], r["file"]) for r in keep if r["type"] == "open" and r["pid"] in pids}
+        keep = [r for r in keep if r["pid"] in pids
+                or (r["type"] == "release" and (r["node"], r["file"]) in mine)]
+    return sorted(keep, key=lambda r: (r["time"] + r.get("duration", 0.0)))
+
+
+# -- what the edge issues ------------------------------------------------------------------
+@dataclasses.dataclass(slots=True)
+class OpenCall:
+    node: str
+    path: str
+    file: FileKey
+
+
+@dataclasses.dataclass(slots=True)
+class CloseCall:
+    file: FileKey
+
+
+@dataclasses.dataclass(slots=True)
+class Buffer:
+    """Replayer memory standing for one span of the recorded caller's memory."""
+
+    data: bytearray  # initial contents (span + SLACK)
+    expect: bytearray  # what it must hold after the call if the replay matches
+    any_of: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # clock readings
+
+
+@dataclasses.dataclass(slots=True)
+class IoctlCall:
+    file: FileKey
+    cmd: int
+    arg: bytearray  # the struct (pointers still the recorded ones)
+    buffers: list[Buffer]
+    # (in the struct: -1 | in buffer i, offset, buffer j, offset in j): a pointer to patch
+    patches: list[tuple[int, int, int, int]]
+    sent: bytes = b""  # set by the edge: the struct with the pointers patched
+
+
+@dataclasses.dataclass(slots=True)
+class GpuCall:
+    file: FileKey
+    op: str
+    va: int
+    length: int
+    data: bytes
+
+
+Call = OpenCall | CloseCall | IoctlCall | GpuCall
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Skip:
+    """A record that follows from a call that already differed (its file or token came
+    from it): not issued, not a difference of its own."""
+
+    because: int | None  # the index of the differing call (None: nothing to replay)
+    why: str
+
+
+@dataclasses.dataclass(slots=True)
+class Outcome:
+    """What the replay's call answered: 0 / a count, or -errno; the struct and buffers after
+    (ioctl); the bytes loaded (GPU load); the fd opened (open)."""
+
+    result: int
+    arg: bytes = b""
+    buffers: list[bytes] = dataclasses.field(default_factory=list)
+    data: bytes = b""
+    fd: int = -1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Difference:
+    index: int  # the record's position in the timeline (1-based)
+    call: str  # "[pid 123] node0 AMDGPU_UALINK_HANDLE"
+    what: str
+
+    def __str__(self) -> str:
+        return f"#{self.index} {self.call}: {self.what}"
+
+
+def _errname(result: int) -> str:
+    if result >= 0:
+        return str(result)
+    return f"-1 {errno.errorcode.get(-result, str(-result))}"
+
+
+class Replay:
+    """Plans each recorded record as a call, compares what the replay answered."""
+
+    def __init__(self, recs: list[dict[str, Any]]) -> None:
+        self.recs = recs
+        self.mapper = Mapper()
+        self.fd_of: dict[FileKey, int] = {}  # the replayer's fd of each recorded open
+        self.file_of_key: dict[tuple[str, int], FileKey] = {}  # a dma-buf key's open
+        self.calls = 0
+        # Values the recording's call handed out and the replay's did not (it failed):
+        # (kind, scope, recorded value) -> that call's index; files not opened because of one.
+        self.lost: dict[tuple[str, tuple[str, int | None], int], int] = {}
+        self.skipped_files: dict[FileKey, int] = {}
+        self.recorded_opens = {(r["node"], r["file"]) for r in recs if r["type"] == "open"}
+
+    def steps(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        return enumerate(self.recs, 1)
+
+    @staticmethod
+    def label(rec: dict[str, Any]) -> str:
+        what = {"open": f"open({rec.get('path')})", "release": f"close({rec.get('path')})",
+                "gpu": f"GPU_{str(rec.get('op', '')).upper()}"}.get(rec["type"],
+                                                                    rec.get("ioctl", "?"))
+        return f"[pid {rec.get('pid')}] {rec['node']} {what}"
+
+    # -- planning -------------------------------------------------------------------------
+    def plan(self, rec: dict[str, Any]) -> Call | Skip | str:
+        """The call to issue, a Skip, or why this record cannot be replayed."""
+        kind = rec["type"]
+        key: FileKey = (rec["node"], rec["file"]) if rec.get("file") is not None else ("", 0)
+        if key in self.skipped_files:
+            if kind == "release":
+                return Skip(self.skipped_files.pop(key), "its file was not opened")
+            return Skip(self.skipped_files[key], "its file was not opened")
+        if kind == "release" and key not in self.recorded_opens:
+            return Skip(None, "the file was opened before the recording began (or by a pid "
+                              "left out)")
+        if kind == "open":
+            path = rec["path"]
+            if path.startswith("dmabuf/"):
+                if rec.get("token") is None:
+                    return "a dma-buf opened by a name the recording does not have"
+                scope = scope_of("token", rec["node"], None)
+                lost = self.lost.get(("token", scope, rec["token"]))
+                if lost is not None:
+                    self.skipped_files[key] = lost
+                    return Skip(lost, "the replay's call was not given its token")
+                token = self.mapper.to_replay("token", scope, rec["token"])
+                path = f"dmabuf/{token}"
+            return OpenCall(rec["node"], path, key)
+        if rec.get("file") is None or key not in self.fd_of:
+            return "its file was opened before the recording began (or not replayed)"
+        if kind == "release":
+            return CloseCall(key)
+        if kind == "gpu":
+            data = bytes.fromhex(rec.get("data_hex", ""))
+            if rec["op"] == "store" and rec.get("data_truncated"):
+                return f"the recording kept {len(data)} of the store's {rec['length']} bytes"
+            return GpuCall(key, rec["op"], rec["va"], rec["length"], data)
+        return self._plan_ioctl(rec, key)
+
+    def _plan_ioctl(self, rec: dict[str, Any], key: FileKey) -> IoctlCall:
+        cmd = int(rec["cmd"], 16)
+        in_bytes = bytes.fromhex(rec["in_hex"])
+        arg = bytearray(in_bytes.ljust(max(IoctlCmd.decode(cmd).size, len(in_bytes)), b"\0"))
+        node, name = rec["node"], rec["ioctl"]
+        fd_of_recorded = {f["fd"]: f.get("key") for f in rec.get("fds", [])}
+        for s in slots(name, in_bytes):
+            if s.where != "in" or (v := s.read(in_bytes)) is None:
+                continue
+            if s.kind == "fd":
+                opened = self.file_of_key.get((node, fd_of_recorded.get(v, -1)))
+                if opened is not None and opened in self.fd_of:
+                    s.write(arg, self.fd_of[opened])
+            else:
+                s.write(arg, self.mapper.to_replay(s.kind, scope_of(s.kind, node, key[1]), v))
+        mem = rec.get("mem", [])
+        spans = regions((m["addr"], m["len"]) for m in mem)
+        buffers = []
+        for r in spans:
+            data = bytearray([CANARY]) * (r.end - r.start + SLACK)
+            buffers.append(Buffer(data, bytearray()))
+        for m in mem:  # what was read in, where it was read
+            if m["op"] == "read" and m["result"] == 0:
+                self._place(spans, buffers, m["addr"], bytes.fromhex(m["hex"]), initial=True)
+        for a in ARRAYS.get(name, ()):
+            ptr = int.from_bytes(in_bytes[a.ptr:a.ptr + 8], "little")
+            count = int.from_bytes(in_bytes[a.count:a.count + 4], "little")
+            self._map_array(spans, buffers, ptr, count, a.size, a.kind, node, key[1])
+        for b in buffers:
+            b.expect = bytearray(b.data)
+        clock_mem, _ = clock_reading(name, in_bytes)
+        for m in mem:  # what the recording's daemon wrote back
+            if m["op"] == "write" and m["result"] == 0:
+                self._place(spans, buffers, m["addr"], bytes.fromhex(m["hex"]), initial=False)
+                if clock_mem:
+                    for r, b in zip(spans, buffers, strict=True):
+                        if r.start <= m["addr"] < r.end:
+                            off = m["addr"] - r.start
+                            b.any_of.append((off, off + m["len"]))
+        patches = [(-1, off, j, delta) for off, j, delta in pointers(in_bytes, spans)]
+        for i, (r, b) in enumerate(zip(spans, buffers, strict=True)):
+            patches += [(i, off, j, delta)
+                        for off, j, delta in pointers(b.data[:r.end - r.start], spans)]
+        return IoctlCall(key, cmd, arg, buffers, patches)
+
+    @staticmethod
+    def _place(spans: list[Region], buffers: list[Buffer], addr: int, data: bytes,
+               initial: bool) -> None:
+        for r, b in zip(spans, buffers, strict=True):
+            if r.start <= addr < r.end:
+                off = addr - r.start
+                (b.data if initial else b.expect)[off:off + len(data)] = data
+                if initial:
+                    b.expect[off:off + len(data)] = data
+                return
+
+    def _map_array(self, spans: list[Region], buffers: list[Buffer], ptr: int, count: int,
+                   size: int, kind: str, node: str, file: int) -> None:
+        for r, b in zip(spans, buffers, strict=True):
+            if r.start <= ptr < r.end:
+                base = ptr - r.start
+                for i in range(min(count, (r.end - ptr) // size)):
+                    o = base + i * size
+                    v = int.from_bytes(b.data[o:o + size], "little")
+                    mapped = self.mapper.to_replay(kind, scope_of(kind, node, file), v)
+                    b.data[o:o + size] = mapped.to_bytes(size, "little")
+                return
+
+    # -- comparing ------------------------------------------------------------------------
+    def compare(self, index: int, rec: dict[str, Any], call: Call,
+                out: Outcome) -> list[Difference]:
+        self.calls += 1
+        label = self.label(rec)
+
+        def diff(what: str) -> Difference:
+            return Difference(index, label, what)
+
+        if isinstance(call, OpenCall):
+            want = rec.get("result", 0)
+            if out.result < 0:
+                return [diff(f"open failed: {_errname(out.result)}, recorded {_errname(want)}")]
+            self.fd_of[call.file] = out.fd
+            if rec.get("key") is not None:
+                self.file_of_key[(rec["node"], rec["key"])] = call.file
+            return []
+        if isinstance(call, CloseCall):
+            self.fd_of.pop(call.file, None)
+            self.mapper.forget_scope(call.file)
+            return []
+        if isinstance(call, GpuCall):
+            return self._compare_gpu(rec, out, diff)
+        return self._compare_ioctl(rec, call, out, diff)
+
+    @staticmethod
+    def _compare_gpu(rec: dict[str, Any], out: Outcome, diff: Any) -> list[Difference]:
+        found = []
+        if out.result != rec["result"]:
+            found.append(diff(f"result {_errname(out.result)}, recorded "
+                              f"{_errname(rec['result'])}"))
+        if rec["op"] == "load" and rec["result"] > 0:
+            want = bytes.fromhex(rec["data_hex"])
+            got = out.data[:len(want)]
+            if got != want:
+                at = next(i for i in range(min(len(got), len(want)) + 1)
+                          if i >= len(got) or i >= len(want) or got[i] != want[i])
+                found.append(diff(f"loaded bytes differ from offset {at:#x}: "
+                                  f"{got[at:at + 16].hex()} vs recorded {want[at:at + 16].hex()}"))
+        return found
+
+    def _compare_ioctl(self, rec: dict[str, Any], call: IoctlCall, out: Outcome,
+                       diff: Any) -> list[Difference]:
+        found: list[Difference] = []
+        node, name, file = rec["node"], rec["ioctl"], call.file[1]
+        in_bytes = bytes.fromhex(rec["in_hex"])
+        want = bytes.fromhex(rec["out_hex"])
+        if out.result != rec["result"]:
+            found.append(diff(f"= {_errname(out.result)}, recorded = {_errname(rec['result'])}"))
+            if rec["result"] == 0:
+                for s in slots(name, in_bytes):
+                    if s.where == "out" and s.role == NEW and (r := s.read(want)):
+                        self.lost[(s.kind, scope_of(s.kind, node, file), r)] = found[0].index
+            return found  # what it copied out means nothing next to the recording's
+        got = bytearray(out.arg[:len(want)])
+        # Echoed inputs: the replay sent mapped values and patched pointers; read them back
+        # as the recording's where the daemon left them as sent.
+        for s in slots(name, in_bytes):
+            if s.where == "in" and (v := s.read(in_bytes)) is not None:
+                if s.read(got) == s.read(call.sent):
+                    s.write(got, v)
+        for where, off, _j, _d in call.patches:
+            if where == -1 and off + 8 <= len(got) and got[off:off + 8] == call.sent[off:off + 8]:
+                got[off:off + 8] = in_bytes[off:off + 8]
+        if out.result == 0 and rec["result"] == 0:
+            for s in slots(name, in_bytes):
+                scope = scope_of(s.kind, node, file)
+                if s.where == "out" and s.role == NEW:
+                    r, p = s.read(want), s.read(out.arg)
+                    if r is None or p is None:
+                        continue
+                    problem = self.mapper.learn(s.kind, scope, r, p)
+                    if problem:
+                        found.append(diff(f"{s.field} ({s.kind}): {problem}"))
+                    s.write(got, r)  # told once, as a handed-out value
+                elif s.where == "in" and s.role == FREE and (v := s.read(in_bytes)):
+                    self.mapper.forget(s.kind, scope, v)
+        _, clock_out = clock_reading(name, in_bytes)
+        if clock_out is not None:
+            lo, hi = clock_out
+            got[lo:hi] = want[lo:hi]
+        if bytes(got) != want:
+            found += [diff(d) for d in _field_diffs(want, bytes(got), name, in_bytes)]
+        for i, (b, after) in enumerate(zip(call.buffers, out.buffers, strict=True)):
+            expect = bytearray(b.expect)
+            for lo, hi in b.any_of:
+                expect[lo:hi] = after[lo:hi]
+            if after != bytes(expect):
+                at = next(k for k in range(len(after)) if after[k] != expect[k])
+                found.append(diff(
+                    f"caller memory (pointer #{i}) differs at +{at:#x}: "
+                    f"{after[at:at + 16].hex()} vs recorded {bytes(expect[at:at + 16]).hex()}"
+                    + (" (written past what the recording wrote)"
+                       if all(x == CANARY for x in expect[at:at + 16]) else "")))
+        return found
+
+
+def _field_diffs(want: bytes, got: bytes, name: str, in_bytes: bytes) -> list[str]:
+    """Copied-out bytes that differ, by field where the ioctl table decodes them."""
+    from ..abi.ioctls import all_entries
+
+    spec = next((s for s in all_entries() if s.name == name), None)
+    if spec is not None and spec.decode_out is not None and spec.decode_in is not None:
+        try:
+            inp = spec.decode_in(in_bytes)
+            a, b = spec.decode_out(want, inp), spec.decode_out(got, inp)
+        except Exception:  # undecodable: compare the bytes
+            a = b = None
+        if a is not None and b is not None and a != b:
+            return [f"out {k}: {_show(b.get(k))}, recorded {_show(a.get(k))}"
+                    for k in a if a.get(k) != b.get(k)]
+    at = next(i for i in range(min(len(want), len(got)) + 1)
+              if i >= len(want) or i >= len(got) or want[i] != got[i])
+    return [f"copied-out bytes differ at offset {at}: {got[at:at + 16].hex()}, recorded "
+            f"{want[at:at + 16].hex()}"]
+
+
+def _show(v: object) -> str:
+    return hex(v) if isinstance(v, int) else str(v)
