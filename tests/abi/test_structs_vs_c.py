@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from ualinkd.abi import check as abi_check
+from ualinkd import abi_check
 from ualinkd.abi import structs as st
 
 ROOT = Path(__file__).resolve().parents[2]
