@@ -421,6 +421,13 @@ class NodeCore:
                 for proc in self.kfd.processes.values()
                 for gpu_id, pdd in proc.pdds.items() if pdd.node.driver is driver
                 for idr, mem in pdd.mems.items())),
+            "kfd_processes": table("kfd_processes", lambda: (
+                {"pid": proc.pid, "gpu_id": gpu_id,
+                 "vm_file_pid": pdd.drm_file.pid if pdd.drm_file is not None else 0,
+                 "vm_mappings": len(pdd.vm()) if pdd.drm_file is not None else 0,
+                 "allocations": len(pdd.mems), "events": len(proc.events)}
+                for proc in self.kfd.processes.values()
+                for gpu_id, pdd in proc.pdds.items() if pdd.node.driver is driver)),
         }, mode=sysfs.DEBUGFS_DIR_MODE)
 
     def _config_files(self, cfg: SysConfig) -> SysDir:

@@ -241,11 +241,21 @@ def test_ualinkctl_lists_kfd_allocations(node, capsys):
         rows = [r for a in doc["accels"] for r in a["kfd"]]
         assert rows == [{"pid": os.getpid(), "handle": handle, "va": VA, "size": SIZE,
                          "mapped": [gpu]}]
+        # the process on each GPU: its VM (the render file ACQUIRE_VM bound, one mapping)
+        # on the first, no VM on the second
+        procs = [r for a in doc["accels"] for r in a["kfd_processes"]]
+        assert procs == [
+            {"pid": os.getpid(), "gpu_id": gpu, "vm_file_pid": os.getpid(), "vm_mappings": 1,
+             "allocations": 1, "events": 0},
+            {"pid": os.getpid(), "gpu_id": gpu_ids(node)[1], "vm_file_pid": 0,
+             "vm_mappings": 0, "allocations": 0, "events": 0}]
+        assert f"render file of pid {os.getpid()}" in text and "kfd processes" in text
     finally:
         os.close(kfd)
         os.close(render)
     assert ctl.main(["--mount", str(node.mount), "--json", "kfd"]) == 0
-    assert all(a["kfd"] == [] for a in json.loads(capsys.readouterr().out)["accels"])
+    after = json.loads(capsys.readouterr().out)["accels"]
+    assert all(a["kfd"] == [] and a["kfd_processes"] == [] for a in after)
 
 
 def test_kfd_import_dmabuf_of_a_render_node_bo(node):
@@ -318,3 +328,52 @@ def test_a_kfd_fd_works_only_in_the_process_that_opened_it(node):
         assert mine.strip() == "(1, 17)"
     finally:
         os.close(fd)
+
+
+def test_a_killed_process_leaves_no_kfd_state(node):
+    """A process killed (SIGKILL) holding a VM, a mapped VRAM allocation, a GTT one and a
+    signal event leaves nothing (issue 14 "Bad input"; kfd_process_wq_release): no KFD
+    process, allocation, GEM object or render client remains on the node."""
+    import signal
+    import time
+    gpu = gpu_ids(node)[0]
+    child = (
+        "import ctypes, fcntl, os, struct, sys\n"
+        "kfd_path, render_path, gpu = sys.argv[1], sys.argv[2], int(sys.argv[3])\n"
+        "acq, alloc, mapc, ev = (int(a) for a in sys.argv[4:8])\n"
+        "kfd = os.open(kfd_path, os.O_RDWR); r = os.open(render_path, os.O_RDWR)\n"
+        "fcntl.ioctl(kfd, acq, bytearray(struct.pack('<II', r, gpu)))\n"
+        "handles = []\n"
+        "for va, flags in ((1 << 33, 0x80000001), (1 << 34, 0x80000002)):\n"
+        "    b = bytearray(struct.pack('<QQQQII', va, 1 << 20, 0, 0, gpu, flags))\n"
+        "    fcntl.ioctl(kfd, alloc, b); handles.append(struct.unpack('<QQQQII', b)[2])\n"
+        "ids = (ctypes.c_uint32 * 1)(gpu)\n"
+        "fcntl.ioctl(kfd, mapc, bytearray(struct.pack('<QQII', handles[0],\n"
+        "            ctypes.addressof(ids), 1, 0)))\n"
+        "fcntl.ioctl(kfd, ev, bytearray(struct.pack('<QIIIIII', 0, 0, 0, 1, 0, 0, 0)))\n"
+        "print('ready', flush=True)\n"
+        "import time; time.sleep(600)\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child, str(node.mount / "kfd"), str(node.render(0)), str(gpu),
+         *(str(s.cmd) for s in (tbl.KFD_ACQUIRE_VM, tbl.KFD_ALLOC_MEMORY_OF_GPU,
+                                tbl.KFD_MAP_MEMORY_TO_GPU, tbl.KFD_CREATE_EVENT))],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        minor = 128
+        rows = node.debug(minor, "kfd_processes").splitlines()
+        assert len(rows) == 1 and f"pid={proc.pid}" in rows[0] and "allocations=2" in rows[0]
+        assert "events=1" in rows[0] and "vm_mappings=1" in rows[0]
+        assert len(node.debug(minor, "kfd_allocations").splitlines()) == 2
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        deadline = time.monotonic() + 30  # the releases follow the exit asynchronously
+        tables = ("kfd_processes", "kfd_allocations", "gem_objects", "clients")
+        while time.monotonic() < deadline and any(node.debug(minor, t).strip()
+                                                  for t in tables):
+            time.sleep(0.1)
+        for t in tables:
+            assert node.debug(minor, t).strip() == "", (t, node.debug(minor, t))
+    finally:
+        proc.kill()
+        proc.wait(30)
