@@ -308,6 +308,10 @@ class NodeCore:
         self, process: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply | Awaitable[IoctlReply]:
         assert isinstance(process, KfdProcess)
+        if cmd == UALINKD_IOCTL_MMAP_GRANT:  # mmap(kfd fd): kfd_mmap's memory (cpu_map.py)
+            return self.cpu_maps.kfd_ioctl(
+                lambda offset, length: self.kfd.mmap_target(caller, offset, length),
+                in_bytes, caller)
         res = self.kfd.ioctl(process, cmd, in_bytes, caller)
         if not isinstance(res, IoctlResult):
             return self._kfd_later(res, cmd, in_bytes, caller)
