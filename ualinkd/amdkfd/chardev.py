@@ -194,6 +194,7 @@ KFD_MAX_QUEUE_PERCENTAGE = 100
 KFD_MAX_QUEUE_PRIORITY = 15
 # COMPUTE, SDMA, COMPUTE_AQL, SDMA_XGMI, SDMA_BY_ENG_ID (1.17)
 KFD_IOC_QUEUE_TYPES = frozenset({0, 1, 2, 3, 4})
+KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID = 4
 KFD_MAX_NUM_CUS = 1024
 # amdgpu_gfx_config's tile_mode_array[32] and macrotile_mode_array[16] (zero on gfx9)
 GFX9_NUM_TILE_CONFIGS = 32
@@ -912,7 +913,8 @@ class Kfd:
         write pointers and, when given, EOP buffer and CWSR area user addresses (EFAULT),
         a known queue type (ENOTSUPP, the kernel's internal 524, as it leaks to the user)
         (1); the gpu_id the process's (EINVAL) (2), the process bound to it (ESRCH: here,
-        no VM acquired) (3); then pqm_create_queue reaches the device queue manager, which
+        no VM acquired) (3), an SDMA_BY_ENG_ID queue's engine one of the GPU's (EINVAL)
+        (3b); then pqm_create_queue reaches the device queue manager, which
         has no queue left: EPERM (4). Nothing is allocated on any path."""
         a = st.KFD_CREATE_QUEUE.decode(bytes(kdata[: st.KFD_CREATE_QUEUE.size]))
         self._queue_fields_checked(a.queue_percentage & 0xFF, a.queue_priority,  # 1
@@ -928,6 +930,11 @@ class Kfd:
         pdd = p.pdd_by_id(a.gpu_id)  # 2
         if pdd.drm_file is None:  # 3
             raise DrmError(errno.ESRCH, "the process cannot be bound to this GPU")
+        # 3b: SDMA_BY_ENG_ID names an engine of the GPU (the topology's num_sdma_engines,
+        # no xGMI SDMA engines here)
+        sdma_engines = pdd.node.driver.profile.sdma_instances
+        if a.queue_type == KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID and a.sdma_engine_id >= sdma_engines:
+            raise DrmError(errno.EINVAL, f"no SDMA engine {a.sdma_engine_id}")
         raise DrmError(errno.EPERM, "no hardware queue left on this GPU")  # 4
 
     @tbl.handles(tbl.KFD_DESTROY_QUEUE)
