@@ -415,6 +415,10 @@ class NodeCore:
         self, process: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply | Awaitable[IoctlReply]:
         assert isinstance(process, KfdProcess)
+        if cmd == UALINKD_IOCTL_MMAP_GRANT:  # mmap(kfd fd): kfd_mmap's memory (cpu_map.py)
+            return self.cpu_maps.kfd_ioctl(
+                lambda offset, length: self.kfd.mmap_target(caller, offset, length),
+                in_bytes, caller)
         start = self.trace_clock() if self.tracer is not None else 0.0
         self._begin_call(caller)
         res = self.kfd.ioctl(process, cmd, in_bytes, caller)
@@ -542,6 +546,13 @@ class NodeCore:
                 for proc in self.kfd.processes.values()
                 for gpu_id, pdd in proc.pdds.items() if pdd.node.driver is driver
                 for idr, mem in pdd.mems.items())),
+            "kfd_processes": table("kfd_processes", lambda: (
+                {"pid": proc.pid, "gpu_id": gpu_id,
+                 "vm_file_pid": pdd.drm_file.pid if pdd.drm_file is not None else 0,
+                 "vm_mappings": len(pdd.vm()) if pdd.drm_file is not None else 0,
+                 "allocations": len(pdd.mems), "events": len(proc.events)}
+                for proc in self.kfd.processes.values()
+                for gpu_id, pdd in proc.pdds.items() if pdd.node.driver is driver)),
         }, mode=sysfs.DEBUGFS_DIR_MODE)
 
     def _config_files(self, cfg: SysConfig) -> SysDir:

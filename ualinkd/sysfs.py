@@ -272,6 +272,12 @@ DEBUGFS: dict[str, LineFormat] = {
         Field("pid", int), Field("handle", lambda t: int(t, 16), _hex64),
         Field("va", lambda t: int(t, 16), _hex64), Field("size", int),
         Field("mapped", ids, _id_list))),
+    # The KFD processes on this GPU (issue 14 item 6): each one's pdd, whether ACQUIRE_VM
+    # bound a VM (the render file's owner pid, 0: none) and how many mappings that VM holds,
+    # its allocations here and its events (the process's, counted on every GPU row).
+    "kfd_processes": LineFormat((), (
+        Field("pid", int), Field("gpu_id", int), Field("vm_file_pid", int),
+        Field("vm_mappings", int), Field("allocations", int), Field("events", int))),
 }
 DROP_MSG = "ualink_drop_msg"  # Emulator policy 9: a hex bitmap, bit n = message type n
 

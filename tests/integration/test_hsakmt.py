@@ -45,6 +45,8 @@ def test_libhsakmt_opens_allocates_maps_and_frees(tmp_path: Path):
         assert r.returncode == 0, r.stdout + r.stderr + node.log_text()
         got = steps(r.stdout)
         assert all(s == "ok" for s, _, _ in got if s != "info"), r.stdout
+        # the MMIO remap page's CPU mapping (mmap of the kfd fd) now succeeds
+        assert "Failed to map remapped mmio page" not in r.stdout + r.stderr
         by = {}
         for _, step, f in got:
             by.setdefault(step, []).append(f)
@@ -141,3 +143,51 @@ def test_rocminfo_lists_the_accel_as_a_gpu_agent(tmp_path: Path):
                  if line.strip().startswith("Device Type:")]
         assert types == ["CPU", "GPU"], r.stdout
         assert "amdgcn-amd-amdhsa--gfx90a" in r.stdout
+
+
+ROCR_QUEUE = r"""
+import ctypes
+hsa = ctypes.CDLL("libhsa-runtime64.so.1")
+class Agent(ctypes.Structure):
+    _fields_ = [("handle", ctypes.c_uint64)]
+assert hsa.hsa_init() == 0
+gpus = []
+def cb(agent, data):
+    dev = ctypes.c_uint32(99)
+    hsa.hsa_agent_get_info(agent, 17, ctypes.byref(dev))  # HSA_AGENT_INFO_DEVICE
+    if dev.value == 1:  # HSA_DEVICE_TYPE_GPU
+        gpus.append(Agent(agent.handle))
+    return 0
+cbf = ctypes.CFUNCTYPE(ctypes.c_int, Agent, ctypes.c_void_p)(cb)
+assert hsa.hsa_iterate_agents(cbf, None) == 0
+hsa.hsa_queue_create.argtypes = [Agent, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32,
+                                 ctypes.POINTER(ctypes.c_void_p)]
+q = ctypes.c_void_p()
+status = hsa.hsa_queue_create(gpus[0], 1024, 0, None, None, 0xFFFFFFFF, 0xFFFFFFFF,
+                              ctypes.byref(q))
+print(len(gpus), hex(status), hex(hsa.hsa_shut_down()))
+"""
+
+
+@pytest.mark.skipif(not Path("/usr/lib/x86_64-linux-gnu/libhsa-runtime64.so.1").exists(),
+                    reason="Debian's ROCr (libhsa-runtime64-1) is not installed")
+def test_rocr_queue_create_is_out_of_resources(tmp_path: Path):
+    """What a runtime that needs a queue sees: Debian's ROCr 5.2.3 (ctypes, through the
+    shim) comes up and finds the MI210 GPU agent, and hsa_queue_create fails with
+    HSA_STATUS_ERROR_OUT_OF_RESOURCES (hsaKmtCreateQueue failed: CREATE_QUEUE's EPERM);
+    hsa_shut_down then succeeds."""
+    import dataclasses
+    import sys
+
+    from ualinkd.config import AccelConfig
+    base = PodConfig.local(1, 1)
+    node_cfg = dataclasses.replace(base.nodes[0], accels=(AccelConfig(0, profile="mi210"),))
+    config = dataclasses.replace(base, nodes=(node_cfg,))
+    with running_node(tmp_path / "node", config) as node:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
+        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+        r = subprocess.run([sys.executable, "-c", ROCR_QUEUE], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr + node.log_text()
+        assert r.stdout.split() == ["1", "0x1008", "0x0"], r.stdout + r.stderr

@@ -241,11 +241,21 @@ def test_ualinkctl_lists_kfd_allocations(node, capsys):
         rows = [r for a in doc["accels"] for r in a["kfd"]]
         assert rows == [{"pid": os.getpid(), "handle": handle, "va": VA, "size": SIZE,
                          "mapped": [gpu]}]
+        # the process on each GPU: its VM (the render file ACQUIRE_VM bound, one mapping)
+        # on the first, no VM on the second
+        procs = [r for a in doc["accels"] for r in a["kfd_processes"]]
+        assert procs == [
+            {"pid": os.getpid(), "gpu_id": gpu, "vm_file_pid": os.getpid(), "vm_mappings": 1,
+             "allocations": 1, "events": 0},
+            {"pid": os.getpid(), "gpu_id": gpu_ids(node)[1], "vm_file_pid": 0,
+             "vm_mappings": 0, "allocations": 0, "events": 0}]
+        assert f"render file of pid {os.getpid()}" in text and "kfd processes" in text
     finally:
         os.close(kfd)
         os.close(render)
     assert ctl.main(["--mount", str(node.mount), "--json", "kfd"]) == 0
-    assert all(a["kfd"] == [] for a in json.loads(capsys.readouterr().out)["accels"])
+    after = json.loads(capsys.readouterr().out)["accels"]
+    assert all(a["kfd"] == [] and a["kfd_processes"] == [] for a in after)
 
 
 def test_kfd_import_dmabuf_of_a_render_node_bo(node):
@@ -318,3 +328,132 @@ def test_a_kfd_fd_works_only_in_the_process_that_opened_it(node):
         assert mine.strip() == "(1, 17)"
     finally:
         os.close(fd)
+
+
+def test_a_killed_process_leaves_no_kfd_state(node):
+    """A process killed (SIGKILL) holding a VM, a mapped VRAM allocation, a GTT one and a
+    signal event leaves nothing (issue 14 "Bad input"; kfd_process_wq_release): no KFD
+    process, allocation, GEM object or render client remains on the node."""
+    import signal
+    import time
+    gpu = gpu_ids(node)[0]
+    child = (
+        "import ctypes, fcntl, os, struct, sys\n"
+        "kfd_path, render_path, gpu = sys.argv[1], sys.argv[2], int(sys.argv[3])\n"
+        "acq, alloc, mapc, ev = (int(a) for a in sys.argv[4:8])\n"
+        "kfd = os.open(kfd_path, os.O_RDWR); r = os.open(render_path, os.O_RDWR)\n"
+        "fcntl.ioctl(kfd, acq, bytearray(struct.pack('<II', r, gpu)))\n"
+        "handles = []\n"
+        "for va, flags in ((1 << 33, 0x80000001), (1 << 34, 0x80000002)):\n"
+        "    b = bytearray(struct.pack('<QQQQII', va, 1 << 20, 0, 0, gpu, flags))\n"
+        "    fcntl.ioctl(kfd, alloc, b); handles.append(struct.unpack('<QQQQII', b)[2])\n"
+        "ids = (ctypes.c_uint32 * 1)(gpu)\n"
+        "fcntl.ioctl(kfd, mapc, bytearray(struct.pack('<QQII', handles[0],\n"
+        "            ctypes.addressof(ids), 1, 0)))\n"
+        "fcntl.ioctl(kfd, ev, bytearray(struct.pack('<QIIIIII', 0, 0, 0, 1, 0, 0, 0)))\n"
+        "print('ready', flush=True)\n"
+        "import time; time.sleep(600)\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child, str(node.mount / "kfd"), str(node.render(0)), str(gpu),
+         *(str(s.cmd) for s in (tbl.KFD_ACQUIRE_VM, tbl.KFD_ALLOC_MEMORY_OF_GPU,
+                                tbl.KFD_MAP_MEMORY_TO_GPU, tbl.KFD_CREATE_EVENT))],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        minor = 128
+        rows = node.debug(minor, "kfd_processes").splitlines()
+        assert len(rows) == 1 and f"pid={proc.pid}" in rows[0] and "allocations=2" in rows[0]
+        assert "events=1" in rows[0] and "vm_mappings=1" in rows[0]
+        assert len(node.debug(minor, "kfd_allocations").splitlines()) == 2
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        deadline = time.monotonic() + 30  # the releases follow the exit asynchronously
+        tables = ("kfd_processes", "kfd_allocations", "gem_objects", "clients")
+        while time.monotonic() < deadline and any(node.debug(minor, t).strip()
+                                                  for t in tables):
+            time.sleep(0.1)
+        for t in tables:
+            assert node.debug(minor, t).strip() == "", (t, node.debug(minor, t))
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+KFD_MMAP_CHILD = r'''
+import ctypes, errno, fcntl, json, os, struct, sys
+kfd_path, render_path, gpu = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ACQ, ALLOC, MAPC, CREATE = (int(a) for a in sys.argv[4:8])
+libc = ctypes.CDLL(None, use_errno=True)  # the shim's mmap under LD_PRELOAD
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_int64]
+kfd = os.open(kfd_path, os.O_RDWR); r = os.open(render_path, os.O_RDWR)
+fcntl.ioctl(kfd, ACQ, bytearray(struct.pack("<II", r, gpu)))
+ids = (ctypes.c_uint32 * 1)(gpu)
+
+def alloc(va, size, flags):
+    b = bytearray(struct.pack("<QQQQII", va, size, 0, 0, gpu, flags))
+    fcntl.ioctl(kfd, ALLOC, b)
+    _, _, handle, offset, _, _ = struct.unpack("<QQQQII", b)
+    fcntl.ioctl(kfd, MAPC, bytearray(struct.pack("<QQII", handle, ctypes.addressof(ids), 1, 0)))
+    return handle, offset
+
+def kmap(size, offset):
+    off = offset - (1 << 64) if offset >= 1 << 63 else offset
+    p = libc.mmap(None, size, 3, 1, kfd, off)  # PROT_READ|WRITE, MAP_SHARED
+    return (p, 0) if p not in (None, ctypes.c_void_p(-1).value) else (None, ctypes.get_errno())
+
+out = {}
+EV_VA, DB_VA, MMIO_VA = 1 << 35, (1 << 35) + (1 << 20), (1 << 35) + (2 << 20)
+page, _ = alloc(EV_VA, 32768, 0x80000002)  # GTT | WRITABLE: libhsakmt's events page
+b = bytearray(struct.pack("<QIIIIII", page, 0, 0, 1, 0, 0, 0))
+fcntl.ioctl(kfd, CREATE, b)
+_, trigger, _, _, _, event_id, slot = struct.unpack("<QIIIIII", b)
+ev, err = kmap(32768, 2 << 62)  # KFD_MMAP_TYPE_EVENTS
+out["events_err"] = err
+if ev is None:
+    sys.exit(f"mmap of the events page: errno {err}")
+out["slot_before"] = ctypes.string_at(ev + 8 * slot, 8).hex()
+out["page_rest"] = ctypes.string_at(ev + 8 * (slot + 1), 8).hex()
+ctypes.memmove(ev + 8 * slot, struct.pack("<Q", event_id), 8)  # as a GPU's signal would
+out["slot_gpu_load"] = os.pread(r, 8, EV_VA + 8 * slot).hex()
+out["events_too_big"] = kmap(65536, 2 << 62)[1]
+_, db_cookie = alloc(DB_VA, 8192, 0x80000008)  # DOORBELL
+db, out["doorbell_err"] = kmap(8192, db_cookie)
+ctypes.memmove(db + 8, struct.pack("<Q", 0x1234), 8)
+out["doorbell_gpu_load"] = os.pread(r, 8, DB_VA + 8).hex()
+out["doorbell_wrong_size"] = kmap(4096, db_cookie)[1]
+_, mmio_cookie = alloc(MMIO_VA, 4096, 0x80000010)  # MMIO_REMAP
+out["mmio_err"] = kmap(4096, mmio_cookie)[1]
+out["mmio_wrong_size"] = kmap(8192, mmio_cookie)[1]
+out["unknown_gpu"] = kmap(8192, (3 << 62) | (0x1 << 46))[1]
+print(json.dumps(out))
+'''
+
+
+def test_kfd_fd_mmap_events_doorbells_and_mmio_through_the_shim(node):
+    """mmap(kfd fd) through the shim's CPU mappings (kfd_mmap): at KFD_MMAP_TYPE_EVENTS the
+    events page CREATE_EVENT was given, every slot UNSIGNALED_EVENT_SLOT
+    (kfd_event_page_set), and a store to the event's slot is the GPU's load of the same
+    page; more than 32 KiB EINVAL. At a DOORBELL allocation's cookie the process's
+    doorbell slice, the memory the GPU mapping of that allocation reaches, any other size
+    EINVAL; the MMIO remap page, one page only; an unknown gpu_id ENODEV."""
+    gpu = gpu_ids(node)[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LD_")}
+    env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+    r = subprocess.run(
+        [sys.executable, "-c", KFD_MMAP_CHILD, str(node.mount / "kfd"), str(node.render(0)),
+         str(gpu), *(str(s.cmd) for s in (tbl.KFD_ACQUIRE_VM, tbl.KFD_ALLOC_MEMORY_OF_GPU,
+                                          tbl.KFD_MAP_MEMORY_TO_GPU, tbl.KFD_CREATE_EVENT))],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr + node.log_text()
+    out = json.loads(r.stdout)
+    assert out["events_err"] == 0
+    assert out["slot_before"] == "ff" * 8 and out["page_rest"] == "ff" * 8
+    assert out["slot_gpu_load"] == struct.pack("<Q", 0).hex()  # event 0 in slot 0
+    assert out["events_too_big"] == errno.EINVAL
+    assert out["doorbell_err"] == 0
+    assert out["doorbell_gpu_load"] == struct.pack("<Q", 0x1234).hex()
+    assert out["doorbell_wrong_size"] == errno.EINVAL
+    assert out["mmio_err"] == 0 and out["mmio_wrong_size"] == errno.EINVAL
+    assert out["unknown_gpu"] == errno.ENODEV

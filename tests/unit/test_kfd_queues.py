@@ -52,6 +52,9 @@ def test_create_queue_checks_its_arguments_then_finds_no_free_queue():
         (dict(ctx_save_restore_address=KERNEL_ADDR), -errno.EFAULT),
         (dict(queue_type=5), -chardev.ENOTSUPP),
         (dict(queue_type=4), -errno.EPERM),  # SDMA_BY_ENG_ID, new in 1.17
+        (dict(queue_type=4, sdma_engine_id=15), -errno.EPERM),  # mi300x: 16 engines
+        (dict(queue_type=4, sdma_engine_id=16), -errno.EINVAL),
+        (dict(queue_type=2, sdma_engine_id=16), -errno.EPERM),  # ignored for compute
         (dict(gpu_id=0xBEEF), -errno.EINVAL),
         (dict(queue_percentage=101, gpu_id=0xBEEF), -errno.EINVAL),  # args before gpu_id
         (dict(queue_type=9, gpu_id=0xBEEF), -chardev.ENOTSUPP),

@@ -570,3 +570,36 @@ def test_an_mi210_node_is_gfx90a_in_the_topology():
         .read().splitlines())
     assert (props["gfx_target_version"], props["device_id"], props["simd_count"],
             props["num_xcc"]) == ("90010", str(0x740F), "416", "1")
+
+
+def test_kfd_mmap_targets():
+    """kfd_mmap's choice of memory: no KFD process for the caller EINVAL; a DOORBELL /
+    MMIO_REMAP allocation is the very BO the kfd fd's mmap of its cookie maps (one memory,
+    GPU and CPU); RESERVED_MEM EINVAL, a device type of an unknown gpu_id ENODEV; the events
+    page given to CREATE_EVENT starts all UNSIGNALED_EVENT_SLOT."""
+    node, p, (g0, _), _, _ = memory_node()
+    me = Caller(pid=p.pid, uid=0)
+    with pytest.raises(DrmError) as e:
+        node.kfd.mmap_target(Caller(pid=31337, uid=0), chardev.KFD_MMAP_TYPE_EVENTS, 4096)
+    assert e.value.errno == errno.EINVAL
+    rc, db = alloc(node, p, g0, chardev.ALLOC_MEM_FLAGS_DOORBELL, size=8192, va=3 << 32)
+    assert rc == 0
+    bo, off = node.kfd.mmap_target(me, db.mmap_offset, 8192)
+    assert bo is p.pdds[g0].mems[db.handle & 0xFFFFFFFF].bo and off == 0
+    rc, mmio = alloc(node, p, g0, chardev.ALLOC_MEM_FLAGS_MMIO_REMAP, size=4096, va=4 << 32)
+    assert node.kfd.mmap_target(me, mmio.mmap_offset, 4096)[0] is \
+        p.pdds[g0].mems[mmio.handle & 0xFFFFFFFF].bo
+    for cookie, want in ((chardev.KFD_MMAP_TYPE_RESERVED_MEM | g0 << 46, errno.EINVAL),
+                         (chardev.KFD_MMAP_TYPE_MMIO | 0x1 << 46, errno.ENODEV),
+                         (chardev.KFD_MMAP_TYPE_EVENTS, errno.EINVAL)):  # no page yet
+        with pytest.raises(DrmError) as e:
+            node.kfd.mmap_target(me, cookie, 4096)
+        assert e.value.errno == want, hex(cookie)
+    rc, page = alloc(node, p, g0, chardev.ALLOC_MEM_FLAGS_GTT, size=32768, va=5 << 32)
+    res = call(node, p, tbl.KFD_CREATE_EVENT.cmd,
+               struct.pack("<QIIIIII", page.handle, 0, 0, 1, 0, 0, 0))
+    assert res.result == 0
+    bo, _ = node.kfd.mmap_target(me, chardev.KFD_MMAP_TYPE_EVENTS, 32768)
+    assert bo.memory.read(0, 32768) == b"\xff" * 32768
+    node.release_kfd(p)
+    assert node.devices[128].objects == {}  # doorbell and MMIO pages go with the process

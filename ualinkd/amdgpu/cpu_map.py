@@ -111,6 +111,12 @@ class CpuMapGrants:
         """The grant ioctl on a dma-buf file: mmap(dma-buf fd, offset into the buffer)."""
         return self._ioctl(in_bytes, caller, lambda req: self._dmabuf_target(buf, req))
 
+    def kfd_ioctl(self, target: Callable[[int, int], tuple[AmdgpuBo, int]], in_bytes: bytes,
+                  caller: Caller) -> tuple[int, bytes]:
+        """The grant ioctl on the kfd file: mmap(kfd fd, a KFD_MMAP_TYPE_* cookie);
+        `target(offset, length)` is kfd_mmap's choice of memory (amdkfd/chardev.py)."""
+        return self._ioctl(in_bytes, caller, lambda req: target(req.offset, req.length))
+
     def _ioctl(self, in_bytes: bytes, caller: Caller,
                target: Callable[[abi.MmapGrant], tuple[AmdgpuBo, int]]) -> tuple[int, bytes]:
         data = bytearray(in_bytes[: abi.MMAP_GRANT.size].ljust(abi.MMAP_GRANT.size, b"\0"))

@@ -121,6 +121,27 @@ class KfdProcessDevice:
     scratch_backing_va: int = 0  # qpd.sh_hidden_private_base
     trap_handler: tuple[int, int] = (0, 0)  # (tba, tma)
     next_idr: int = 0
+    # qpd.proc_doorbells: the process's doorbell slice on this GPU, what DOORBELL
+    # allocations map on the GPU and mmap(kfd fd, KFD_MMAP_TYPE_DOORBELL) on the CPU (GTT
+    # memory stands for the doorbell BAR); made on first use, dropped with the process.
+    doorbell_bo: AmdgpuBo | None = None
+
+    # The GPU's MMIO remap page (rmmio_remap: the HDP flush registers), what MMIO_REMAP
+    # allocations map on the GPU and mmap(kfd fd, KFD_MMAP_TYPE_MMIO) on the CPU. The
+    # kernel's is one page of the device; here one page of GTT memory per process and GPU
+    # (nothing reads those registers, and so it goes with the process).
+    mmio_bo: AmdgpuBo | None = None
+
+    def doorbells(self) -> AmdgpuBo:
+        if self.doorbell_bo is None:
+            self.doorbell_bo = self.node.driver.bo_create(
+                DOORBELL_PROCESS_SLICE, PAGE_SIZE, c.DOMAIN_GTT, 0)
+        return self.doorbell_bo
+
+    def mmio_page(self) -> AmdgpuBo:
+        if self.mmio_bo is None:
+            self.mmio_bo = self.node.driver.bo_create(PAGE_SIZE, PAGE_SIZE, c.DOMAIN_GTT, 0)
+        return self.mmio_bo
 
     def vm(self) -> GpuVm:
         """The acquired VM (kfd_bind_process_to_device: ENODEV before ACQUIRE_VM)."""
@@ -164,12 +185,16 @@ KFD_EVENT_TIMEOUT_INFINITE = 0xFFFFFFFF
 KFD_IOC_WAIT_RESULT_COMPLETE = 0
 KFD_IOC_WAIT_RESULT_TIMEOUT = 1
 KFD_IOC_WAIT_RESULT_FAIL = 2
+UNSIGNALED_EVENT_SLOT = 0xFFFF_FFFF_FFFF_FFFF
+KFD_MMAP_TYPE_RESERVED_MEM = 0x1 << 62
+KFD_MMAP_TYPE_MASK = 0x3 << 62
 
 # kfd_ioctl.h / kfd_priv.h: queues
 KFD_MAX_QUEUE_PERCENTAGE = 100
 KFD_MAX_QUEUE_PRIORITY = 15
 # COMPUTE, SDMA, COMPUTE_AQL, SDMA_XGMI, SDMA_BY_ENG_ID (1.17)
 KFD_IOC_QUEUE_TYPES = frozenset({0, 1, 2, 3, 4})
+KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID = 4
 KFD_MAX_NUM_CUS = 1024
 # amdgpu_gfx_config's tile_mode_array[32] and macrotile_mode_array[16] (zero on gfx9)
 GFX9_NUM_TILE_CONFIGS = 32
@@ -262,6 +287,10 @@ class Kfd:
                     self._free(p, pdd, idr, force=True)
             for pdd in p.pdds.values():
                 pdd.drm_file = None
+                for bar in (pdd.doorbell_bo, pdd.mmio_bo):
+                    if bar is not None:
+                        bar.put()
+                pdd.doorbell_bo = pdd.mmio_bo = None
             for ev in p.events.values():  # waiters (none can remain: same process) look again
                 if self.waits is not None:
                     self.waits.wake(ev)
@@ -455,7 +484,12 @@ class Kfd:
         elif a.flags & ALLOC_MEM_FLAGS_USERPTR:  # 6
             return self._alloc_userptr(p, pdd, a, kdata, caller)
         elif a.flags & (ALLOC_MEM_FLAGS_DOORBELL | ALLOC_MEM_FLAGS_MMIO_REMAP):
-            domain, pool = c.DOMAIN_GTT, driver.gtt  # a page of memory stands for the BAR
+            # An SG BO over the BAR pages (the process's doorbells, the device's MMIO page):
+            # the same memory the kfd fd's mmap of that cookie reaches.
+            bar = pdd.doorbells() if a.flags & ALLOC_MEM_FLAGS_DOORBELL else pdd.mmio_page()
+            bar.get()  # _install's put leaves the handle's reference
+            self._install(pdd, bar, a, kdata)
+            return None
         else:
             raise DrmError(errno.EINVAL, f"no memory type in flags {a.flags:#x}")
         if not pool.fits(size):  # 7
@@ -654,8 +688,12 @@ class Kfd:
             if p.event_page is not None:
                 raise DrmError(errno.EINVAL, "the events page is already set")
             p.pdd_by_id(page_offset >> 32).vm()
-            self._mem(p, page_offset, errno.EINVAL)
+            pdd, idr = self._mem(p, page_offset, errno.EINVAL)
             p.event_page = page_offset
+            # kfd_event_page_set: every slot starts unsignaled
+            bo = pdd.mems[idr].bo
+            with contextlib.suppress(DrmError):
+                bo.memory.write(0, b"\xff" * min(bo.size, KFD_SIGNAL_EVENT_LIMIT * 8))
         slot = 0
         if a.event_type in (KFD_IOC_EVENT_SIGNAL, KFD_IOC_EVENT_DEBUG_EVENT):  # 2
             event_id = next((i for i in range(KFD_SIGNAL_EVENT_LIMIT) if i not in p.events),
@@ -663,12 +701,65 @@ class Kfd:
             if event_id is None:
                 raise DrmError(errno.ENOSPC, "no free signal event slot")
             page_offset, slot = KFD_MMAP_TYPE_EVENTS, event_id
+            self._write_slot(p, slot, UNSIGNALED_EVENT_SLOT)
         else:  # 3
             event_id = max((i for i in p.events if i >= KFD_FIRST_NONSIGNAL_EVENT_ID),
                            default=KFD_FIRST_NONSIGNAL_EVENT_ID - 1) + 1
         p.events[event_id] = KfdEvent(event_id, a.event_type, a.auto_reset != 0)
         kdata[: layout.size] = layout.encode(st.KfdCreateEvent(
             page_offset, event_id, a.event_type, a.auto_reset, a.node_id, event_id, slot))
+
+    def _events_page(self, p: KfdProcess) -> AmdgpuBo | None:
+        """p->signal_page: the allocation CREATE_EVENT named (None before one did)."""
+        if p.event_page is None:
+            return None
+        pdd = p.pdds.get(p.event_page >> 32)
+        mem = pdd.mems.get(p.event_page & 0xFFFF_FFFF) if pdd is not None else None
+        return mem.bo if mem is not None else None
+
+    def _write_slot(self, p: KfdProcess, slot: int, value: int) -> None:
+        bo = self._events_page(p)
+        if bo is not None and (slot + 1) * 8 <= bo.size:
+            with contextlib.suppress(DrmError):
+                bo.memory.write(slot * 8, value.to_bytes(8, "little"))
+
+    # -- mmap of the kfd fd (kfd_mmap) -----------------------------------------------------
+    def mmap_target(self, caller: Caller, offset: int, length: int) -> tuple[AmdgpuBo, int]:
+        """kfd_mmap: the calling process's KFD context (kfd_get_process(current): EINVAL
+        without one) (1); the gpu_id in bits 46-61 names a device or none (2); by the type
+        in bits 62-63: DOORBELL the process's doorbell slice, exactly its size
+        (kfd_doorbell_mmap: EINVAL) (3); EVENTS the signal page, at most 32 KiB rounded to
+        its page order (kfd_event_mmap: EINVAL), none yet EINVAL (4); MMIO the device's
+        remap page, exactly one page (kfd_mmio_mmap: EINVAL) (5); a device type without a
+        device ENODEV (6); RESERVED_MEM is the APU CWSR area, which no GPU here has:
+        EINVAL (7). Returns the BO whose memory is mapped and the offset into it."""
+        pid = self.tgid_of(caller.pid)
+        p = self.processes.get(pid) if pid is not None else None
+        if p is None:  # 1
+            raise DrmError(errno.EINVAL, "no KFD process for the caller")
+        gpu_id = (offset >> KFD_MMAP_GPU_ID_SHIFT) & 0xFFFF  # 2
+        node = self.nodes.get(gpu_id) if gpu_id else None
+        kind = offset & KFD_MMAP_TYPE_MASK
+        if kind == KFD_MMAP_TYPE_EVENTS:  # 4
+            pages = -(-length // PAGE_SIZE)
+            if (pages - 1).bit_length() > ((KFD_SIGNAL_EVENT_LIMIT * 8 // PAGE_SIZE) - 1
+                                           ).bit_length():
+                raise DrmError(errno.EINVAL, "events page mmap of an illegal size")
+            bo = self._events_page(p)
+            if bo is None:
+                raise DrmError(errno.EINVAL, "no signal page")
+            return bo, 0
+        if node is None:  # 6
+            raise DrmError(errno.ENODEV, f"no GPU with gpu_id {gpu_id:#x}")
+        if kind == KFD_MMAP_TYPE_DOORBELL:  # 3
+            if length != DOORBELL_PROCESS_SLICE:
+                raise DrmError(errno.EINVAL, "a doorbell mapping is one process slice")
+            return p.pdds[gpu_id].doorbells(), 0
+        if kind == KFD_MMAP_TYPE_MMIO:  # 5
+            if length != PAGE_SIZE:
+                raise DrmError(errno.EINVAL, "the MMIO remap mapping is one page")
+            return p.pdds[gpu_id].mmio_page(), 0
+        raise DrmError(errno.EINVAL, "no reserved memory on this GPU")  # 7
 
     @staticmethod
     def _event(p: KfdProcess, kdata: bytearray, cpu_signaled: bool) -> KfdEvent:
@@ -822,7 +913,8 @@ class Kfd:
         write pointers and, when given, EOP buffer and CWSR area user addresses (EFAULT),
         a known queue type (ENOTSUPP, the kernel's internal 524, as it leaks to the user)
         (1); the gpu_id the process's (EINVAL) (2), the process bound to it (ESRCH: here,
-        no VM acquired) (3); then pqm_create_queue reaches the device queue manager, which
+        no VM acquired) (3), an SDMA_BY_ENG_ID queue's engine one of the GPU's (EINVAL)
+        (3b); then pqm_create_queue reaches the device queue manager, which
         has no queue left: EPERM (4). Nothing is allocated on any path."""
         a = st.KFD_CREATE_QUEUE.decode(bytes(kdata[: st.KFD_CREATE_QUEUE.size]))
         self._queue_fields_checked(a.queue_percentage & 0xFF, a.queue_priority,  # 1
@@ -838,6 +930,11 @@ class Kfd:
         pdd = p.pdd_by_id(a.gpu_id)  # 2
         if pdd.drm_file is None:  # 3
             raise DrmError(errno.ESRCH, "the process cannot be bound to this GPU")
+        # 3b: SDMA_BY_ENG_ID names an engine of the GPU (the topology's num_sdma_engines,
+        # no xGMI SDMA engines here)
+        sdma_engines = pdd.node.driver.profile.sdma_instances
+        if a.queue_type == KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID and a.sdma_engine_id >= sdma_engines:
+            raise DrmError(errno.EINVAL, f"no SDMA engine {a.sdma_engine_id}")
         raise DrmError(errno.EPERM, "no hardware queue left on this GPU")  # 4
 
     @tbl.handles(tbl.KFD_DESTROY_QUEUE)

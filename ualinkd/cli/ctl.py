@@ -257,7 +257,7 @@ def _objects(m: Mount, r: str) -> dict[str, object]:
 
 
 def _kfd(m: Mount, r: str) -> dict[str, object]:
-    return {"kfd": m.table(r, "kfd_allocations")}
+    return {"kfd": m.table(r, "kfd_allocations"), "kfd_processes": m.table(r, "kfd_processes")}
 
 
 SECTIONS: dict[str, Callable[[Mount, str], dict[str, object]]] = {
@@ -336,7 +336,7 @@ def render_text(doc: dict, sections: list[str]) -> str:
             footer: str = "") -> None:
         body = format_table(header, rows) if rows else f"({empty})"
         body += f"\n{footer}" if footer else ""
-        titled = len(sections) > 1 or "objects" in sections  # objects prints two tables
+        titled = len(sections) > 1 or bool({"objects", "kfd"} & set(sections))  # 2 tables each
         parts.append(f"{title}\n{body}" if titled else body)
 
     accels = doc["accels"]
@@ -379,6 +379,12 @@ def render_text(doc: dict, sections: list[str]) -> str:
         add("clients", ["render", "accel", "pid", "uid", "handles"],
             _rows(doc, "clients", ["pid", "uid", "handles"]), "no open render nodes")
     if "kfd" in sections:
+        add("kfd processes", ["render", "accel", "pid", "gpu_id", "vm", "vm_mappings",
+                              "allocations", "events"],
+            _rows(doc, "kfd_processes", ["pid", "gpu_id", "vm_file_pid", "vm_mappings",
+                                         "allocations", "events"],
+                  {"vm_file_pid": lambda v: f"render file of pid {v}" if v else "none"}),
+            "no KFD processes")
         add("kfd", ["render", "accel", "pid", "handle", "va", "size", "mapped"],
             _rows(doc, "kfd", ["pid", "handle", "va", "size", "mapped"],
                   {"size": _size, "handle": lambda v: f"{v:#x}", "va": lambda v: f"{v:#x}"}),
@@ -471,7 +477,8 @@ READ_COMMANDS = {
     "npa": "NPA space usage",
     "faults": "GPU fault counters and pending message drops",
     "objects": "GEM objects and the clients holding render nodes open",
-    "kfd": "KFD processes' allocations: handle, GPU VA, size, the GPUs it is mapped on",
+    "kfd": "KFD processes (their VM, allocation and event counts) and allocations: handle, "
+           "GPU VA, size, the GPUs it is mapped on",
     "all": "everything above, one document",
 }
 

@@ -117,7 +117,7 @@ class FileTree:
         # it, so a file longer than one FUSE read is one consistent text (seq_file's rule),
         # never the head of one version and the tail of another.
         self._sys_text: dict[int, bytes] = {}
-        self._fh_mode: dict[int, int] = {}  # render and dma-buf opens: flags & O_ACCMODE
+        self._fh_mode: dict[int, int] = {}  # render, kfd, dma-buf opens: flags & O_ACCMODE
         # dmabuf inode -> [lookup count, uid, gid]; dropped when the kernel forgets it.
         self._dmabuf_inodes: dict[int, list[int]] = {}
         self._backend_ioctl = backend.ioctl
@@ -283,6 +283,7 @@ class FileTree:
                 self._fh_mode[fh] = flags & os.O_ACCMODE
             elif isinstance(node, _Kfd):
                 self._kfd_fh[fh] = self.backend.open_kfd(caller)
+                self._fh_mode[fh] = flags & os.O_ACCMODE  # mmap(kfd fd) checks it too
             elif isinstance(node, _SysFile):
                 # The open itself is checked, not only the lookup: the kernel's dentry cache
                 # answers a path another uid looked up without asking us.
