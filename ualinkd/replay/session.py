@@ -175,6 +175,11 @@ class Replay:
         what = {"open": f"open({rec.get('path')})", "release": f"close({rec.get('path')})",
                 "gpu": f"GPU_{str(rec.get('op', '')).upper()}"}.get(rec["type"],
                                                                     rec.get("ioctl", "?"))
+        for field in ("query", "op"):  # which of a multiplexed ioctl's calls (INFO, UALINK)
+            value = rec.get("in", {}).get(field) if rec["type"] == "ioctl" else None
+            if isinstance(value, dict) and value.get("name"):
+                what += f"({field}={value['name']})"
+                break
         return f"[pid {rec.get('pid')}] {rec['node']} {what}"
 
     # -- planning -------------------------------------------------------------------------
