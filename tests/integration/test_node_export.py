@@ -252,7 +252,10 @@ def test_trace_json(tmp_path):
         c.export(bo)
         with pytest.raises(OSError):
             c.export(bo + 5)
-    records = [json.loads(line) for line in n.out.read_text().splitlines()]
+    lines = [json.loads(line) for line in n.out.read_text().splitlines()]
+    assert lines[0]["type"] == "open" and lines[0]["path"] == "dri/renderD128"
+    records = [r for r in lines if r["type"] == "ioctl"]
+    assert {r["file"] for r in records} == {lines[0]["file"]}
     names = [r["ioctl"] for r in records]
     assert names[:3] == ["AMDGPU_GEM_CREATE", "AMDGPU_UALINK_HANDLE", "AMDGPU_UALINK_HANDLE"]
     assert records[0]["in"]["bo_size"] == 8192 and records[0]["result"] == 0

@@ -177,6 +177,19 @@ def test_replay_against_a_fresh_pod_has_no_differences(demo_recording, tmp_path)
     assert "no differences" in res.stdout.splitlines()[-1]
 
 
+def test_replay_against_a_pod_of_another_shape_shows_its_memory_sizes(demo_recording,
+                                                                    tmp_path):
+    """The demo's recording (one accel per node) against a pod with two accels per node: the
+    node's VRAM is split between its accels, so the INFO queries that report memory sizes
+    differ (VRAM_GTT, MEMORY) and nothing else: the export, the imports over the fabric, the
+    loads and stores and the revoked load's fault answer as recorded."""
+    with pod(tmp_path, "shape", "--accels-per-node", "2") as root:
+        res = replay(demo_recording, root)
+    assert res.returncode == 1, res.stdout + res.stderr
+    queries = {d.split(":")[0].rsplit(" ", 1)[1] for d in differences(res)}
+    assert queries == {"AMDGPU_INFO(query=VRAM_GTT)", "AMDGPU_INFO(query=MEMORY)"}, res.stdout
+
+
 def test_tampered_recording_shows_its_difference(demo_recording, tmp_path):
     """A recording whose GPU load says other bytes came back: the replay names that load
     and exits 1; nothing else differs."""
@@ -215,8 +228,8 @@ def test_replay_with_stale_export_quirk_shows_exactly_its_differences(tmp_path):
     calls = {d.split(":")[0] for d in diffs}
     assert len(calls) == 2, res.stdout
     export, imp = sorted(calls, key=lambda d: int(d.split()[0][1:]))
-    assert export.endswith("node0 AMDGPU_UALINK_HANDLE") and imp.endswith(
-        "node1 AMDGPU_UALINK_HANDLE"), res.stdout
+    assert export.endswith("node0 AMDGPU_UALINK_HANDLE(op=EXPORT)") and imp.endswith(
+        "node1 AMDGPU_UALINK_HANDLE(op=IMPORT)"), res.stdout
     text = "\n".join(diffs)
     assert "export_ualink_handle[0] (ualink_lo)" in text and "which the recording had" in text
     assert "export_ualink_handle[1] (ualink_hi)" in text and "replayed 0x0" in text

@@ -69,4 +69,4 @@ def test_ualinkd_pod_netns_trace_file(tmp_path):
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     assert any(r["type"] == "ioctl" and r["ioctl"] == "AMDGPU_GEM_CREATE"
                and r["node"] == "node0" and r["in"]["bo_size"] == 4096 for r in records)
-    assert {r["v"] for r in records} == {1}
+    assert {r["v"] for r in records} == {2}

@@ -431,9 +431,11 @@ def test_trace_decodes_info_and_version_from_the_table():
     run(core.ioctl(f, INFO, st.INFO.encode(st.AmdgpuInfo(PTR, 448, inf.DEV_INFO, (0, 0, 0, 0))),
                    0, CALLER))
     run(core.ioctl(f, VERSION, bytes(64), 64, CALLER))
-    # the open record of the file (trace schema 2), then the two ioctls
-    info_rec, version_rec = (d for d in (r.as_dict() for r in recs) if "ioctl" in d)
+    info_rec, version_rec = (r.as_dict() for r in recs if isinstance(r, TraceRecord))
     assert info_rec["ioctl"] == "AMDGPU_INFO"
     assert info_rec["in"]["query"] == {"value": 0x16, "name": "DEV_INFO"}
     assert info_rec["in"]["return_size"] == 448 and info_rec["out"] == {}
     assert version_rec["out"]["version_minor"] == 64 and version_rec["out"]["name_len"] == 6
+    # schema 2 (a recording): what INFO copied to its return_pointer, as written
+    (w,) = info_rec["mem"]
+    assert (w["op"], w["addr"], w["result"]) == ("write", PTR, 0) and 0 < w["len"] <= 448

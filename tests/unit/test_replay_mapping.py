@@ -10,6 +10,8 @@ import io
 import json
 import struct
 
+from hypothesis import given, settings
+from hypothesis import strategies as st_h
 from ualink_testkit import CALLER, GEM_CLOSE, GEM_CREATE, UALINK, open_file, pod_config, run
 
 from ualinkd.abi import constants as c
@@ -253,3 +255,40 @@ def test_traced_node_records_opens_caller_memory_and_handed_out_values():
     assert d[2]["handed"] == [{"kind": "syncobj", "field": "handle", "value": 1}]
     assert d[3]["mem"] == [{"op": "read", "addr": 0x9000, "len": 4, "hex": "01000000",
                             "result": 0}]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st_h.lists(st_h.tuples(st_h.booleans(), st_h.integers(0, 30)), max_size=60),
+       st_h.randoms(use_true_random=False))
+def test_mapper_never_flags_two_runs_of_one_session(ops, rnd):
+    """Two runs of one create/close sequence, each with its own idr (the recording's hands
+    out the lowest free handle from 1, drm_gem_handle_create's idr_alloc; the replay's any
+    free value): learn never reports a problem, and every live handle maps to its twin. A
+    replay value still live for another handle is always reported."""
+    m = Mapper()
+    rec_live: dict[int, int] = {}  # recorded -> replayed
+    for create, pick in ops:
+        if create or not rec_live:
+            r = next(h for h in range(1, 100) if h not in rec_live)
+            p = rnd.choice([h for h in range(1, 200) if h not in rec_live.values()])
+            assert m.learn("gem", SCOPE, r, p) is None
+            rec_live[r] = p
+        else:
+            r = sorted(rec_live)[pick % len(rec_live)]
+            m.forget("gem", SCOPE, r)
+            del rec_live[r]
+        assert all(m.to_replay("gem", SCOPE, r) == p for r, p in rec_live.items())
+    if rec_live:
+        r = next(h for h in range(1, 100) if h not in rec_live)
+        assert m.learn("gem", SCOPE, r, next(iter(rec_live.values()))) is not None
+
+
+def test_a_recording_that_lost_records_is_a_difference(tmp_path):
+    """`ualinkd record` fell behind (a `lost` line): the replay says so and fails."""
+    from ualinkd.replay.issue import run as replay_run
+
+    path = tmp_path / "rec.jsonl"
+    path.write_text(json.dumps({"v": 2, "type": "lost", "count": 3}) + "\n")
+    out = io.StringIO()
+    (d,) = replay_run(str(path), {"": str(tmp_path)}, out=out)
+    assert "lost 3 records" in d.what and "lost 3 records" in out.getvalue()

@@ -79,14 +79,14 @@ async def bind_trace_socket(real_mount: str) -> tuple[trio.socket.SocketType, st
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    old = os.umask(0o177)
     try:
         await sock.bind(path)
+        # No umask dance (process-wide, and the daemon has threads): the directory is the
+        # daemon user's alone until the socket is 0600.
+        os.chmod(path, 0o600)
     except OSError:
         sock.close()
         raise
-    finally:
-        os.umask(old)
     sock.listen(8)
     return sock, path
 

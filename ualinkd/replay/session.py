@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..abi.ioc import IoctlCmd
@@ -175,6 +175,11 @@ class Replay:
         what = {"open": f"open({rec.get('path')})", "release": f"close({rec.get('path')})",
                 "gpu": f"GPU_{str(rec.get('op', '')).upper()}"}.get(rec["type"],
                                                                     rec.get("ioctl", "?"))
+        for field in ("query", "op"):  # which of a multiplexed ioctl's calls (INFO, UALINK)
+            value = rec.get("in", {}).get(field) if rec["type"] == "ioctl" else None
+            if isinstance(value, dict) and value.get("name"):
+                what += f"({field}={value['name']})"
+                break
         return f"[pid {rec.get('pid')}] {rec['node']} {what}"
 
     # -- planning -------------------------------------------------------------------------
@@ -307,7 +312,8 @@ class Replay:
         return self._compare_ioctl(rec, call, out, diff)
 
     @staticmethod
-    def _compare_gpu(rec: dict[str, Any], out: Outcome, diff: Any) -> list[Difference]:
+    def _compare_gpu(rec: dict[str, Any], out: Outcome,
+                     diff: Callable[[str], Difference]) -> list[Difference]:
         found = []
         if out.result != rec["result"]:
             found.append(diff(f"result {_errname(out.result)}, recorded "
@@ -323,7 +329,7 @@ class Replay:
         return found
 
     def _compare_ioctl(self, rec: dict[str, Any], call: IoctlCall, out: Outcome,
-                       diff: Any) -> list[Difference]:
+                       diff: Callable[[str], Difference]) -> list[Difference]:
         found: list[Difference] = []
         node, name, file = rec["node"], rec["ioctl"], call.file[1]
         in_bytes = bytes.fromhex(rec["in_hex"])
