@@ -9,7 +9,6 @@ import contextlib
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 from ualinkd import sysfs
 from ualinkd.config import PodConfig
 from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at
+from ualinkd.readiness import notify_socket, wait_ready
 from ualinkd.testing.agent import LIBUALINK_CDEF
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,11 +93,7 @@ def start_node(
     conf.write_text(config.to_toml())
     mount = tmp / f"mnt-{name}"
     notify = tmp / f"notify-{name}"
-    with contextlib.suppress(FileNotFoundError):
-        notify.unlink()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(notify))
-    sock.settimeout(0.1)
+    sock = notify_socket(notify)
     log, out = tmp / f"{name}.log", tmp / f"{name}.out"
     cmd = [*(prefix or []), sys.executable, "-m", "ualinkd", "node", "--config", str(conf),
            "--node", name, "--mount", str(mount)]
@@ -107,17 +103,11 @@ def start_node(
         proc = subprocess.Popen(cmd, stdout=outf, stderr=logf, text=True,
                                 env=dict(os.environ, NOTIFY_SOCKET=str(notify)))
     node = Node(proc, mount, log, out)
-    deadline = time.monotonic() + timeout
     try:
-        while True:
-            try:
-                if b"READY=1" in sock.recv(64):
-                    return node
-            except TimeoutError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                node.stop()
-                raise RuntimeError(f"node {name} did not start:\n{log.read_text()}")
+        if not wait_ready(sock, proc, timeout):
+            node.stop()
+            raise RuntimeError(f"node {name} did not start:\n{log.read_text()}")
+        return node
     finally:
         sock.close()
 

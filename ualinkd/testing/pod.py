@@ -31,7 +31,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ from .. import sysfs
 from ..bounded import DEFAULT_TIMEOUT, NotAnswering, bounded
 from ..cli import ctl
 from ..config import AccelConfig, NodeConfig, PodConfig, VpodConfig
+from ..readiness import notify_socket, wait_ready
 from ..ualink.state import AddrMode
 
 PREFIX = "ualk-"
@@ -358,11 +358,7 @@ class PodNode:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.mount.mkdir(exist_ok=True)
         notify = self.dir / "notify"
-        with contextlib.suppress(FileNotFoundError):
-            notify.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.bind(str(notify))
-        sock.settimeout(0.05)
+        sock = notify_socket(notify)
         cmd = ["ip", "netns", "exec", self.netns,
                "unshare", "--mount", "--propagation", "private",
                sys.executable, "-m", "ualinkd.testing.nodeinit", "--stage",
@@ -382,17 +378,10 @@ class PodNode:
                 self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=env,
                                              start_new_session=True)
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    if b"READY=1" in sock.recv(64):
-                        break
-                except TimeoutError:
-                    pass
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.kill()
-                    raise PodError(f"{self.name} did not become ready:\n"
-                                   f"{log.read_text(errors='replace')[-3000:]}")
+            if not wait_ready(sock, self.proc, timeout):
+                self.kill()
+                raise PodError(f"{self.name} did not become ready:\n"
+                               f"{log.read_text(errors='replace')[-3000:]}")
         finally:
             sock.close()
         self.pod._save_state()
