@@ -38,7 +38,6 @@ import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .. import sysfs
 from ..bounded import DEFAULT_TIMEOUT, NotAnswering, bounded
@@ -46,15 +45,13 @@ from ..cli import ctl
 from ..config import AccelConfig, NodeConfig, PodConfig, VpodConfig
 from ..readiness import notify_socket, wait_ready
 from ..ualink.state import AddrMode
+from .agent import Agent
 
 PREFIX = "ualk-"
 STATE_ROOT = Path(os.environ.get("UALINKD_POD_STATE", "/tmp/ualinkd-pods"))
 SUBNET = "10.177.0"
 FABRIC_PORT = 7100
 RENDER_MINOR = sysfs.RENDER_MINOR_BASE
-if TYPE_CHECKING:
-    from .agent import Agent
-
 _NS_RE = re.compile(r"^(ualk-(\d+)-[0-9a-f]{4})-")
 
 
@@ -347,8 +344,6 @@ class PodNode:
 
     def agent(self) -> Agent:
         """A libualink client process inside the node, driven from the test (see agent)."""
-        from .agent import Agent
-
         return Agent(self)
 
     # -- life --------------------------------------------------------------------------------
