@@ -58,7 +58,7 @@ class Node:
         self.out = out
 
     def render(self, index: int = 0) -> str:
-        return str(self.mount / "dri" / f"renderD{128 + index}")
+        return str(self.mount / "dri" / f"renderD{sysfs.RENDER_MINOR_BASE + index}")
 
     def debug(self, minor: int, name: str) -> str:
         return (self.mount / sysfs.debugfs_file(minor, name)).read_text()
@@ -68,6 +68,12 @@ class Node:
 
     def log_text(self) -> str:
         return self.log.read_text()
+
+    def close(self) -> None:
+        """Stop the daemon and clear its mount if it left one (a test's cleanup)."""
+        self.stop()
+        if fuse_mounts_at(str(self.mount)):
+            clear_stale_mount(self.mount)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
         if self.proc.poll() is None:
@@ -121,10 +127,18 @@ def running_node(
     try:
         yield node
     finally:
-        node.stop()
-        if fuse_mounts_at(str(node.mount)):
-            clear_stale_mount(node.mount)
+        node.close()
         assert not fuse_mounts_at(str(node.mount)), "mount left behind"
+
+
+@contextlib.contextmanager
+def render_fd(node: Node, index: int = 0) -> Iterator[int]:
+    """An open (O_RDWR) of the node's render node, closed afterwards."""
+    fd = os.open(node.render(index), os.O_RDWR)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def wait_links_up(node: Node, timeout: float = 10) -> None:
@@ -154,9 +168,7 @@ def running_pod(
         yield started
     finally:
         for node in started:
-            node.stop()
-            if fuse_mounts_at(str(node.mount)):
-                clear_stale_mount(node.mount)
+            node.close()
 
 
 # ---- libualink through cffi (ABI mode over the built shared library) ------------------------

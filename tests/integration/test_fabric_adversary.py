@@ -28,7 +28,6 @@ from ualinkd.config import PodConfig
 from ualinkd.fabric.auth import ClientHandshake
 from ualinkd.fabric.link import parse_address
 from ualinkd.fabric.wire import AuthHello, AuthProof, FrameDecoder, FrameType, encode_frame
-from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at
 from ualinkd.testing.pod import mount_leaks
 
 MIB = 1 << 20
@@ -307,9 +306,7 @@ def running_pod_of(tmp: Path, cfg: PodConfig, names: list[str], own_files: bool 
         yield started
     finally:
         for node in started:
-            node.stop()
-            if fuse_mounts_at(str(node.mount)):
-                clear_stale_mount(node.mount)
+            node.close()
 
 
 
