@@ -12,7 +12,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import cffi
@@ -129,6 +130,33 @@ def running_node(
     finally:
         node.close()
         assert not fuse_mounts_at(str(node.mount)), "mount left behind"
+
+
+def wait_until(pred: Callable[[], object], timeout: float = 5.0) -> bool:
+    """Poll `pred` until it is true (True) or `timeout` seconds passed (its last answer)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return bool(pred())
+
+
+def tls_pod_config(tmp: Path, base: PodConfig) -> PodConfig:
+    """`base` with mutual TLS: a CA (trustme) in `tmp` and a certificate for each node."""
+    import trustme
+
+    ca = trustme.CA()
+    ca_path = tmp / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    nodes = []
+    for n in base.nodes:
+        cert = ca.issue_cert("127.0.0.1", n.name)
+        cert_path, key_path = tmp / f"{n.name}.pem", tmp / f"{n.name}.key"
+        cert.cert_chain_pems[0].write_to_path(str(cert_path))
+        cert.private_key_pem.write_to_path(str(key_path))
+        nodes.append(replace(n, tls_cert=str(cert_path), tls_key=str(key_path)))
+    return replace(base, nodes=tuple(nodes), tls_ca=str(ca_path))
 
 
 @contextlib.contextmanager
