@@ -10,6 +10,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,8 +25,8 @@ SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
 VA = 0x100000000
 
 
-def timed(fn, seconds: float = 1.0, min_reps: int = 5) -> list[float]:  # type: ignore[no-untyped-def]
-    out = []
+def timed(fn: Callable[[], object], seconds: float = 1.0, min_reps: int = 5) -> list[float]:
+    out: list[float] = []
     deadline = time.perf_counter() + seconds
     while len(out) < min_reps or time.perf_counter() < deadline:
         t0 = time.perf_counter()

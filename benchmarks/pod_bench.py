@@ -9,6 +9,7 @@ import statistics
 import sys
 import time
 from multiprocessing import get_context
+from multiprocessing.queues import Queue
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ def pod_config(importer_accels: int) -> PodConfig:
                      len(members))
 
 
-def _importer(render: str, handles: list[tuple[int, int]], q) -> None:  # type: ignore[no-untyped-def]
+def _importer(render: str, handles: list[tuple[int, int]], q: Queue[int]) -> None:
     with Client(render) as c:
         for h in handles:
             os.close(c.import_(h))

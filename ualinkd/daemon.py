@@ -15,7 +15,6 @@ import os
 import secrets
 import select
 import signal
-import socket
 import ssl
 import sys
 import time
@@ -37,24 +36,10 @@ from .fuse.lowlevel import FuseSession, clear_stale_mount
 from .fuse.procfd import mount_device, resolve_caller_fd, tgid_of
 from .fuse.tree import FileTree
 from .node import NodeCore
+from .readiness import sd_notify
 from .trace import FabricRecord, Record, TraceFilter
 
 log = logging.getLogger("ualinkd")
-
-
-def sd_notify(state: str) -> None:
-    """systemd's readiness protocol: one datagram to $NOTIFY_SOCKET, if set."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.connect(addr)
-            s.sendall(state.encode())
-    except OSError as e:
-        log.warning("sd_notify to %s failed: %s", os.environ["NOTIFY_SOCKET"], e.strerror)
 
 
 _SYS_PIDFD_GETFD = 438  # x86-64 (and the generic table)

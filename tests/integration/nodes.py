@@ -9,11 +9,11 @@ import contextlib
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import cffi
@@ -22,6 +22,7 @@ import pytest
 from ualinkd import sysfs
 from ualinkd.config import PodConfig
 from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at
+from ualinkd.readiness import notify_socket, wait_ready
 from ualinkd.testing.agent import LIBUALINK_CDEF
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ class Node:
         self.out = out
 
     def render(self, index: int = 0) -> str:
-        return str(self.mount / "dri" / f"renderD{128 + index}")
+        return str(self.mount / "dri" / f"renderD{sysfs.RENDER_MINOR_BASE + index}")
 
     def debug(self, minor: int, name: str) -> str:
         return (self.mount / sysfs.debugfs_file(minor, name)).read_text()
@@ -68,6 +69,12 @@ class Node:
 
     def log_text(self) -> str:
         return self.log.read_text()
+
+    def close(self) -> None:
+        """Stop the daemon and clear its mount if it left one (a test's cleanup)."""
+        self.stop()
+        if fuse_mounts_at(str(self.mount)):
+            clear_stale_mount(self.mount)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
         if self.proc.poll() is None:
@@ -93,11 +100,7 @@ def start_node(
     conf.write_text(config.to_toml())
     mount = tmp / f"mnt-{name}"
     notify = tmp / f"notify-{name}"
-    with contextlib.suppress(FileNotFoundError):
-        notify.unlink()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(notify))
-    sock.settimeout(0.1)
+    sock = notify_socket(notify)
     log, out = tmp / f"{name}.log", tmp / f"{name}.out"
     cmd = [*(prefix or []), sys.executable, "-m", "ualinkd", "node", "--config", str(conf),
            "--node", name, "--mount", str(mount)]
@@ -107,17 +110,11 @@ def start_node(
         proc = subprocess.Popen(cmd, stdout=outf, stderr=logf, text=True,
                                 env=dict(os.environ, NOTIFY_SOCKET=str(notify)))
     node = Node(proc, mount, log, out)
-    deadline = time.monotonic() + timeout
     try:
-        while True:
-            try:
-                if b"READY=1" in sock.recv(64):
-                    return node
-            except TimeoutError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                node.stop()
-                raise RuntimeError(f"node {name} did not start:\n{log.read_text()}")
+        if not wait_ready(sock, proc, timeout):
+            node.stop()
+            raise RuntimeError(f"node {name} did not start:\n{log.read_text()}")
+        return node
     finally:
         sock.close()
 
@@ -131,10 +128,45 @@ def running_node(
     try:
         yield node
     finally:
-        node.stop()
-        if fuse_mounts_at(str(node.mount)):
-            clear_stale_mount(node.mount)
+        node.close()
         assert not fuse_mounts_at(str(node.mount)), "mount left behind"
+
+
+def wait_until(pred: Callable[[], object], timeout: float = 5.0) -> bool:
+    """Poll `pred` until it is true (True) or `timeout` seconds passed (its last answer)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return bool(pred())
+
+
+def tls_pod_config(tmp: Path, base: PodConfig) -> PodConfig:
+    """`base` with mutual TLS: a CA (trustme) in `tmp` and a certificate for each node."""
+    import trustme
+
+    ca = trustme.CA()
+    ca_path = tmp / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    nodes = []
+    for n in base.nodes:
+        cert = ca.issue_cert("127.0.0.1", n.name)
+        cert_path, key_path = tmp / f"{n.name}.pem", tmp / f"{n.name}.key"
+        cert.cert_chain_pems[0].write_to_path(str(cert_path))
+        cert.private_key_pem.write_to_path(str(key_path))
+        nodes.append(replace(n, tls_cert=str(cert_path), tls_key=str(key_path)))
+    return replace(base, nodes=tuple(nodes), tls_ca=str(ca_path))
+
+
+@contextlib.contextmanager
+def render_fd(node: Node, index: int = 0) -> Iterator[int]:
+    """An open (O_RDWR) of the node's render node, closed afterwards."""
+    fd = os.open(node.render(index), os.O_RDWR)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def wait_links_up(node: Node, timeout: float = 10) -> None:
@@ -164,9 +196,7 @@ def running_pod(
         yield started
     finally:
         for node in started:
-            node.stop()
-            if fuse_mounts_at(str(node.mount)):
-                clear_stale_mount(node.mount)
+            node.close()
 
 
 # ---- libualink through cffi (ABI mode over the built shared library) ------------------------

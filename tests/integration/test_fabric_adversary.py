@@ -18,17 +18,15 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 
-from nodes import Client, Node, running_pod, start_node
+from nodes import Client, Node, running_pod, start_node, tls_pod_config
 
 from ualinkd.cli.main import free_tcp_ports
 from ualinkd.config import PodConfig
 from ualinkd.fabric.auth import ClientHandshake
 from ualinkd.fabric.link import parse_address
 from ualinkd.fabric.wire import AuthHello, AuthProof, FrameDecoder, FrameType, encode_frame
-from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at
 from ualinkd.testing.pod import mount_leaks
 
 MIB = 1 << 20
@@ -307,9 +305,7 @@ def running_pod_of(tmp: Path, cfg: PodConfig, names: list[str], own_files: bool 
         yield started
     finally:
         for node in started:
-            node.stop()
-            if fuse_mounts_at(str(node.mount)):
-                clear_stale_mount(node.mount)
+            node.close()
 
 
 
@@ -319,20 +315,8 @@ def test_tls_another_nodes_valid_certificate_is_refused(tmp_path: Path) -> None:
     and the client are unaffected."""
     import ssl
 
-    import trustme
-
-    ca = trustme.CA()
+    cfg = tls_pod_config(tmp_path, PodConfig.local(3, 1, free_tcp_ports(3)))
     ca_path = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_path))
-    base = PodConfig.local(3, 1, free_tcp_ports(3))
-    nodes = []
-    for n in base.nodes:
-        cert = ca.issue_cert("127.0.0.1", n.name)
-        cert_path, key_path = tmp_path / f"{n.name}.pem", tmp_path / f"{n.name}.key"
-        cert.cert_chain_pems[0].write_to_path(str(cert_path))
-        cert.private_key_pem.write_to_path(str(key_path))
-        nodes.append(replace(n, tls_cert=str(cert_path), tls_key=str(key_path)))
-    cfg = replace(base, nodes=tuple(nodes), tls_ca=str(ca_path))
     with running_pod_of(tmp_path, cfg, ["node0", "node1"]) as (n0, n1):
         served = Served(n1, n0)
         try:

@@ -13,7 +13,7 @@ import os
 import struct
 
 import pytest
-from nodes import call, errno_of, running_node
+from nodes import call, errno_of, render_fd, running_node
 
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import iow, iowr
@@ -40,9 +40,8 @@ def node(tmp_path_factory):
 
 @pytest.fixture
 def fd(node):
-    fd = os.open(node.render(), os.O_RDWR)
-    yield fd
-    os.close(fd)
+    with render_fd(node) as fd:
+        yield fd
 
 
 def info(fd: int, query: int, out: ctypes.Array | int, size: int,

@@ -9,12 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import replace
 
 import pytest
-import trustme
-from nodes import Client, running_pod, start_node, wait_links_up
+from nodes import Client, running_pod, start_node, tls_pod_config, wait_links_up, wait_until
 
 from ualinkd.cli.main import free_tcp_ports
 from ualinkd.config import AccelConfig, NodeConfig, PodConfig, VpodConfig
@@ -37,15 +35,6 @@ def pod_config(nodes: int = 2, mode: AddrMode = AddrMode.SOURCE_ALIASING,
     return replace(base, nodes=node_cfgs, vpods=(VpodConfig(1, members, mode),),
                    response_timeout_ms=response_ms, send_ack_timeout_ms=response_ms,
                    kernel_quirks=quirks)
-
-
-def wait_until(pred, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
 
 
 def test_export_on_a_import_on_b_and_c(tmp_path):
@@ -239,18 +228,7 @@ def test_importer_killed_while_exporter_revokes(tmp_path):
 
 def test_tls_fabric(tmp_path):
     """Mutual TLS between daemons when the pod config names a CA; imports work over it."""
-    ca = trustme.CA()
-    ca_path = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_path))
-    base = pod_config(2)
-    nodes = []
-    for n in base.nodes:
-        cert = ca.issue_cert("127.0.0.1", n.name)
-        cert_path, key_path = tmp_path / f"{n.name}.pem", tmp_path / f"{n.name}.key"
-        cert.cert_chain_pems[0].write_to_path(str(cert_path))
-        cert.private_key_pem.write_to_path(str(key_path))
-        nodes.append(replace(n, tls_cert=str(cert_path), tls_key=str(key_path)))
-    cfg = replace(base, nodes=tuple(nodes), tls_ca=str(ca_path))
+    cfg = tls_pod_config(tmp_path, pod_config(2))
     with running_pod(tmp_path, config=cfg) as (a, b):
         with Client(a.render()) as ca_, Client(b.render()) as cb:
             fd = cb.import_(ca_.export(ca_.bo_create()))

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from nodes import call, errno_of, running_node
+from nodes import call, errno_of, render_fd, running_node
 
 from ualinkd.abi import constants as c
 from ualinkd.abi import structs as st
@@ -37,9 +37,8 @@ def node(tmp_path_factory):
 
 @pytest.fixture
 def fd(node):
-    fd = os.open(node.render(), os.O_RDWR)
-    yield fd
-    os.close(fd)
+    with render_fd(node) as fd:
+        yield fd
 
 
 def u32s(*values: int) -> ctypes.Array:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import itertools
 import struct
-from collections.abc import Awaitable
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from ualink_testkit import (
     ioctl,
     make_node,
     open_file,
+    run,
 )
 
 from ualinkd.abi import constants as c
@@ -102,18 +102,6 @@ def va_ok(f: DrmFile, *a: Any, **kw: Any) -> None:
 
 def spans(f: DrmFile) -> list[tuple[int, int, int, int]]:
     return [(m.start, m.end, m.offset, m.flags) for m in vm_of(f).mappings()]
-
-
-def run(aw: Any) -> Any:
-    """Drive a coroutine whose awaits never suspend (the fakes here), without trio."""
-    if not isinstance(aw, Awaitable):
-        return aw
-    coro = aw.__await__()
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value
-    raise AssertionError("the coroutine suspended")
 
 
 # ---- GEM_VA: every check of §2.6 in the kernel's order ------------------------------------------

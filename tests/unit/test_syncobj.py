@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from ualink_testkit import CALLER, GEM_VA, gem_close, gem_create, open_file, pod_config
+from ualink_testkit import CALLER, GEM_VA, gem_close, gem_create, open_file, pod_config, run
 from ualink_testkit import ioctl as raw_ioctl
 
 from ualinkd.abi import constants as c
@@ -103,18 +103,6 @@ def core(mem):
 @pytest.fixture
 def f(core) -> DrmFile:
     return open_file(core)
-
-
-def run(aw: Any) -> Any:
-    """Drive an awaitable that never suspends, without trio."""
-    if not isinstance(aw, Awaitable):
-        return aw
-    coro = aw.__await__()
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value
-    raise AssertionError("the wait suspended")
 
 
 def ioctl(f: DrmFile, cmd: int, data: bytes, caller: Any = CALLER) -> IoctlResult:

@@ -30,6 +30,7 @@ import trio
 from .. import __version__
 from ..config import ConfigError, PodConfig
 from ..fabric.auth import node_config, node_keys
+from ..readiness import notify_socket, wait_ready
 from ..replay import cli as replay_cli
 
 log = logging.getLogger("ualinkd")
@@ -403,10 +404,7 @@ class _Child:
 def _spawn_node(args: argparse.Namespace, root: str, conf_path: str, name: str) -> _Child:
     mount = os.path.join(root, name)
     notify_path = os.path.join(root, f".notify-{name}")
-    if os.path.exists(notify_path):
-        os.unlink(notify_path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(notify_path)
+    sock = notify_socket(notify_path)
     cmd = [sys.executable, "-m", "ualinkd", "node", "--config", conf_path,
            "--node", name, "--mount", mount, *_trace_options(args)]
     env = {**os.environ, "NOTIFY_SOCKET": notify_path, POD_PID_ENV: str(os.getpid())}
@@ -437,7 +435,7 @@ def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
         for node in config.nodes:
             children[node.name] = _spawn_node(args, root, conf_path, node.name)
         for c in children.values():
-            if not _wait_ready(c.sock, c.proc, args.ready_timeout, stopping):
+            if not wait_ready(c.sock, c.proc, args.ready_timeout, stopping):
                 if stopping():  # Ctrl-C while starting
                     return 0
                 print(f"ualinkd: {c.name} did not become ready", file=sys.stderr)
@@ -526,7 +524,7 @@ def _start_again(words: list[str], args: argparse.Namespace, root: str, conf_pat
     old.sock.close()
     new = _spawn_node(args, root, conf_path, name)
     children[name] = new
-    if not _wait_ready(new.sock, new.proc, args.ready_timeout, stopping):
+    if not wait_ready(new.sock, new.proc, args.ready_timeout, stopping):
         new.reported = new.proc.poll() is not None
         return f"error: {name} did not become ready"
     print(f"{name} ready: mount={new.mount} render={new.mount}/dri/renderD128 (started "
@@ -739,21 +737,6 @@ def free_tcp_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def _wait_ready(sock: socket.socket, proc: subprocess.Popen[bytes], timeout: float,
-                stopping: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + timeout
-    sock.settimeout(0.1)
-    while time.monotonic() < deadline:
-        try:
-            if b"READY=1" in sock.recv(256):
-                return True
-        except TimeoutError:
-            pass
-        if proc.poll() is not None or stopping():
-            return False
-    return False
 
 
 def _wait_links(name: str, mount: str, timeout: float,

@@ -13,14 +13,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .. import native
-
-if TYPE_CHECKING:
-    from .pod import PodNode
 
 RW = 0x6  # AMDGPU_VM_PAGE_READABLE | AMDGPU_VM_PAGE_WRITEABLE
 
@@ -141,11 +138,21 @@ def serve(lib_path: str) -> int:
 
 
 # -- the test's side -----------------------------------------------------------------------------
+class AgentHost(Protocol):
+    """Where an Agent runs: what it needs of a pod node (ualinkd.testing.pod.PodNode)."""
+
+    name: str
+
+    def render(self, accel: int | None) -> str: ...
+
+    def popen(self, argv: Sequence[str], **kw: Any) -> subprocess.Popen[str]: ...
+
+
 class Agent:
     """A client process inside `node`; every call is one request to it. Close it (or use
     `with`) to close its render nodes: the daemon then drops that client's handles."""
 
-    def __init__(self, node: PodNode) -> None:
+    def __init__(self, node: AgentHost) -> None:
         self.node = node
         self.proc = node.popen([sys.executable, "-m", "ualinkd.testing.agent",
                                 str(libualink_path())],

@@ -31,7 +31,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,22 +38,20 @@ import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .. import sysfs
 from ..bounded import DEFAULT_TIMEOUT, NotAnswering, bounded
 from ..cli import ctl
 from ..config import AccelConfig, NodeConfig, PodConfig, VpodConfig
+from ..readiness import notify_socket, wait_ready
 from ..ualink.state import AddrMode
+from .agent import Agent
 
 PREFIX = "ualk-"
 STATE_ROOT = Path(os.environ.get("UALINKD_POD_STATE", "/tmp/ualinkd-pods"))
 SUBNET = "10.177.0"
 FABRIC_PORT = 7100
 RENDER_MINOR = sysfs.RENDER_MINOR_BASE
-if TYPE_CHECKING:
-    from .agent import Agent
-
 _NS_RE = re.compile(r"^(ualk-(\d+)-[0-9a-f]{4})-")
 
 
@@ -347,8 +344,6 @@ class PodNode:
 
     def agent(self) -> Agent:
         """A libualink client process inside the node, driven from the test (see agent)."""
-        from .agent import Agent
-
         return Agent(self)
 
     # -- life --------------------------------------------------------------------------------
@@ -358,11 +353,7 @@ class PodNode:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.mount.mkdir(exist_ok=True)
         notify = self.dir / "notify"
-        with contextlib.suppress(FileNotFoundError):
-            notify.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.bind(str(notify))
-        sock.settimeout(0.05)
+        sock = notify_socket(notify)
         cmd = ["ip", "netns", "exec", self.netns,
                "unshare", "--mount", "--propagation", "private",
                sys.executable, "-m", "ualinkd.testing.nodeinit", "--stage",
@@ -382,17 +373,10 @@ class PodNode:
                 self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=env,
                                              start_new_session=True)
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    if b"READY=1" in sock.recv(64):
-                        break
-                except TimeoutError:
-                    pass
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.kill()
-                    raise PodError(f"{self.name} did not become ready:\n"
-                                   f"{log.read_text(errors='replace')[-3000:]}")
+            if not wait_ready(sock, self.proc, timeout):
+                self.kill()
+                raise PodError(f"{self.name} did not become ready:\n"
+                               f"{log.read_text(errors='replace')[-3000:]}")
         finally:
             sock.close()
         self.pod._save_state()
