@@ -55,9 +55,9 @@ class Issuer:
             self.fds[call.file] = fd
             return Outcome(0, fd=fd)
         if isinstance(call, CloseCall):
-            fd = self.fds.pop(call.file, None)
-            if fd is not None:
-                os.close(fd)
+            closing = self.fds.pop(call.file, None)
+            if closing is not None:
+                os.close(closing)
             return Outcome(0)
         if isinstance(call, GpuCall):
             fd = self.fds[call.file]

@@ -190,8 +190,9 @@ def record(mounts: list[str], out: TextIO, pids: set[int] | None = None,
         while not stop[0] and (end is None or time.monotonic() < end):
             timeout = 0.2 if end is None else max(0.0, min(0.2, end - time.monotonic()))
             for key, _ in sel.select(timeout):
-                s = key.fileobj
-                assert isinstance(s, socket.socket)
+                sub = key.fileobj
+                assert isinstance(sub, socket.socket)
+                s = sub
                 chunk = s.recv(1 << 20)
                 if not chunk:
                     sel.unregister(s)

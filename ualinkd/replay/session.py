@@ -390,6 +390,8 @@ def _field_diffs(want: bytes, got: bytes, name: str, in_bytes: bytes) -> list[st
 
     spec = next((s for s in all_entries() if s.name == name), None)
     if spec is not None and spec.decode_out is not None and spec.decode_in is not None:
+        a: dict[str, Any] | None
+        b: dict[str, Any] | None
         try:
             inp = spec.decode_in(in_bytes)
             a, b = spec.decode_out(want, inp), spec.decode_out(got, inp)
