@@ -9,19 +9,7 @@ import mmap
 import os
 
 import pytest
-from ualink_testkit import (
-    CALLER,
-    GEM_MMAP,
-    OTHER_UID,
-    device,
-    gem_close,
-    gem_create,
-    ioctl,
-    make_node,
-    open_file,
-    open_token,
-    prime_to_token,
-)
+import ualink_testkit as kit
 
 from ualinkd.abi import constants as c
 from ualinkd.abi import cpumap as abi
@@ -34,7 +22,7 @@ from ualinkd.drm.gem import DmaBuf
 GIB = 1 << 30
 SIZE = 2 << 20
 RW = cpu_map.PROT_READ | cpu_map.PROT_WRITE
-TGID = {CALLER.pid: CALLER.pid, OTHER_UID.pid: OTHER_UID.pid}
+TGID = {kit.CALLER.pid: kit.CALLER.pid, kit.OTHER_UID.pid: kit.OTHER_UID.pid}
 
 
 def tgid_of(tid: int) -> int | None:
@@ -43,19 +31,19 @@ def tgid_of(tid: int) -> int | None:
 
 @pytest.fixture
 def core():
-    core = make_node()
+    core = kit.make_node()
     core.cpu_maps.socket = 0x1234  # as the daemon's socket server does once it listens
     return core
 
 
 def gem_mmap(f, handle: int) -> int:
-    r = ioctl(f, GEM_MMAP, handle.to_bytes(4, "little") + bytes(4))
+    r = kit.ioctl(f, kit.GEM_MMAP, handle.to_bytes(4, "little") + bytes(4))
     assert r.result == 0, r
     return int.from_bytes(r.out, "little")
 
 
 def grant_raw(core, f, offset: int, length: int = SIZE, prot: int = RW,
-              flags: int = cpu_map.MAP_SHARED, fmode: int = cpu_map.O_RDWR, caller=CALLER):
+              flags: int = cpu_map.MAP_SHARED, fmode: int = cpu_map.O_RDWR, caller=kit.CALLER):
     req = abi.MmapGrant(offset, length, prot, flags, fmode, 0, 0, 0)
     return core.ioctl(f, abi.UALINKD_IOCTL_MMAP_GRANT, abi.MMAP_GRANT.encode(req),
                       abi.MMAP_GRANT.size, caller)
@@ -68,8 +56,8 @@ def grant(core, f, offset: int, **kw) -> abi.MmapGrant:
 
 
 def bo_setup(core, size: int = SIZE):
-    f = open_file(core)
-    h = gem_create(f, size, c.DOMAIN_VRAM)
+    f = kit.open_file(core)
+    h = kit.gem_create(f, size, c.DOMAIN_VRAM)
     return f, h, gem_mmap(f, h)
 
 
@@ -83,7 +71,7 @@ def test_the_number_is_not_a_drm_ioctl():
 
 def test_without_a_socket_mmap_stays_enodev():
     """Before the socket listens nothing can be fetched: ENODEV, mmap's old answer."""
-    core = make_node()
+    core = kit.make_node()
     f, _h, off = bo_setup(core)
     assert grant_raw(core, f, off) == (-errno.ENODEV, b"")
 
@@ -96,17 +84,18 @@ def test_grant_names_the_socket_and_is_fetched_once(core):
     g = grant(core, f, off)
     assert (g.offset, g.length, g.prot, g.socket) == (off, SIZE, RW, 0x1234)
     assert g.grant != 0 and core.cpu_maps.pending_count == 1
-    got = core.cpu_maps.take(g.grant, CALLER.pid, CALLER.uid, tgid_of)
+    got = core.cpu_maps.take(g.grant, kit.CALLER.pid, kit.CALLER.uid, tgid_of)
     assert (got.backing_offset, got.writable, got.map_type) == (0, True, cpu_map.MAP_SHARED)
     assert got.bo is f.lookup(h)
     core.cpu_maps.done(got)
     with pytest.raises(DrmError) as e:
-        core.cpu_maps.take(g.grant, CALLER.pid, CALLER.uid, tgid_of)
+        core.cpu_maps.take(g.grant, kit.CALLER.pid, kit.CALLER.uid, tgid_of)
     assert e.value.errno == errno.ENOENT
 
 
-@pytest.mark.parametrize("peer", [(OTHER_UID.pid, CALLER.uid), (CALLER.pid, OTHER_UID.uid),
-                                  (OTHER_UID.pid, OTHER_UID.uid)])
+@pytest.mark.parametrize("peer", [(kit.OTHER_UID.pid, kit.CALLER.uid),
+                                  (kit.CALLER.pid, kit.OTHER_UID.uid),
+                                  (kit.OTHER_UID.pid, kit.OTHER_UID.uid)])
 def test_someone_elses_grant_is_eacces_and_gone(core, peer):
     """Security: only the process (and uid) whose ioctl made the grant can fetch it; a wrong
     peer gets EACCES, and the grant is consumed (its BO reference dropped)."""
@@ -124,8 +113,8 @@ def test_someone_elses_grant_is_eacces_and_gone(core, peer):
 def test_a_thread_of_the_process_is_the_process(core):
     """FUSE reports the calling thread; SO_PEERCRED the process: they match through Tgid."""
     f, _h, off = bo_setup(core)
-    g = grant(core, f, off, caller=type(CALLER)(pid=5001, uid=CALLER.uid))
-    got = core.cpu_maps.take(g.grant, 5000, CALLER.uid, {5001: 5000}.get)
+    g = grant(core, f, off, caller=type(kit.CALLER)(pid=5001, uid=kit.CALLER.uid))
+    got = core.cpu_maps.take(g.grant, 5000, kit.CALLER.uid, {5001: 5000}.get)
     core.cpu_maps.done(got)
 
 
@@ -155,7 +144,7 @@ def test_file_without_a_handle_is_eacces(core):
     """drm_vma_node_is_allowed: another DrmFile of the same device (same uid even) that holds
     no handle to the BO cannot map it."""
     _f, _h, off = bo_setup(core)
-    other = open_file(core)
+    other = kit.open_file(core)
     assert grant_raw(core, other, off) == (-errno.EACCES, b"")
 
 
@@ -165,7 +154,7 @@ def test_prot_none_private_is_a_read_only_shared_mapping(core):
     f, _h, off = bo_setup(core)
     for kw in ({"prot": 0, "flags": cpu_map.MAP_PRIVATE},
                {"prot": cpu_map.PROT_READ, "fmode": cpu_map.O_RDONLY}):
-        got = core.cpu_maps.take(grant(core, f, off, **kw).grant, CALLER.pid, CALLER.uid,
+        got = core.cpu_maps.take(grant(core, f, off, **kw).grant, kit.CALLER.pid, kit.CALLER.uid,
                                  tgid_of)
         assert (got.writable, got.map_type) == (False, cpu_map.MAP_SHARED)
         core.cpu_maps.done(got)
@@ -174,12 +163,12 @@ def test_prot_none_private_is_a_read_only_shared_mapping(core):
 def test_no_cpu_access_bo_is_eperm(core):
     """§2.7: a BO with NO_CPU_ACCESS (every imported NPA BO) cannot be mapped: EPERM — here
     through its dma-buf, since GEM_MMAP already refuses it an offset."""
-    dev = device(core)
+    dev = kit.device(core)
     bo = AmdgpuBo(dev, SIZE, 0, c.DOMAIN_VRAM, c.CREATE_NO_CPU_ACCESS, None)
     buf = DmaBuf(bo)
     bo.put()
-    assert core.cpu_maps.dmabuf_ioctl(buf, _req(0, SIZE), CALLER) == (-errno.EPERM, b"")
-    assert core.cpu_maps.dmabuf_ioctl(buf, _req(0, 2 * SIZE), CALLER) == (-errno.EINVAL, b"")
+    assert core.cpu_maps.dmabuf_ioctl(buf, _req(0, SIZE), kit.CALLER) == (-errno.EPERM, b"")
+    assert core.cpu_maps.dmabuf_ioctl(buf, _req(0, 2 * SIZE), kit.CALLER) == (-errno.EINVAL, b"")
     buf.put()
 
 
@@ -192,12 +181,13 @@ def test_dmabuf_offsets_are_bo_offsets(core):
     """dma_buf_mmap_internal: pgoff is relative to the buffer; the range must lie inside."""
     f, h, _off = bo_setup(core)
     buf = DmaBuf(f.lookup(h))
-    result, out = core.cpu_maps.dmabuf_ioctl(buf, _req(8192, 4096), CALLER)
+    result, out = core.cpu_maps.dmabuf_ioctl(buf, _req(8192, 4096), kit.CALLER)
     assert result == 0
-    got = core.cpu_maps.take(abi.MMAP_GRANT.decode(out).grant, CALLER.pid, CALLER.uid, tgid_of)
+    got = core.cpu_maps.take(abi.MMAP_GRANT.decode(out).grant, kit.CALLER.pid, kit.CALLER.uid,
+                             tgid_of)
     assert got.backing_offset == 8192
     core.cpu_maps.done(got)
-    assert core.cpu_maps.dmabuf_ioctl(buf, _req(SIZE - 4096, 8192), CALLER)[0] == -errno.EINVAL
+    assert core.cpu_maps.dmabuf_ioctl(buf, _req(SIZE - 4096, 8192), kit.CALLER)[0] == -errno.EINVAL
     buf.put()
 
 
@@ -208,9 +198,9 @@ def test_pending_grant_keeps_the_bo_and_eviction_drops_it(core, monkeypatch):
     f, h, off = bo_setup(core)
     bo = f.lookup(h)
     g = grant(core, f, off)
-    gem_close(f, h)
+    kit.gem_close(f, h)
     assert bo.refcount == 1 and bo.memory.shared
-    got = core.cpu_maps.take(g.grant, CALLER.pid, CALLER.uid, tgid_of)
+    got = core.cpu_maps.take(g.grant, kit.CALLER.pid, kit.CALLER.uid, tgid_of)
     os.pread(got.memfd, 1, 0)  # still open
     core.cpu_maps.done(got)
     assert bo.refcount == 0
@@ -226,11 +216,11 @@ def test_pending_grant_keeps_the_bo_and_eviction_drops_it(core, monkeypatch):
 def test_grant_through_the_node_on_a_dmabuf_file(core):
     """The dma-buf file answers the grant ioctl; any other ioctl on it stays ENOTTY."""
     f, h, _off = bo_setup(core)
-    key = open_token(core, prime_to_token(f, h))
+    key = kit.open_token(core, kit.prime_to_token(f, h))
     assert core.dmabuf_ioctl(key, abi.UALINKD_IOCTL_MMAP_GRANT, _req(0, SIZE), 48,
-                             CALLER)[0] == 0
+                             kit.CALLER)[0] == 0
     with pytest.raises(DrmError) as e:
-        core.dmabuf_ioctl(key, 0xC0086200, bytes(8), 8, CALLER)
+        core.dmabuf_ioctl(key, 0xC0086200, bytes(8), 8, kit.CALLER)
     assert e.value.errno == errno.ENOTTY
     core.cpu_maps.clear()
     core.dmabuf_release(key)
@@ -280,11 +270,11 @@ def test_shared_memory_is_one_memory_with_a_mapping():
 def test_freed_bo_closes_its_memfd(core):
     """VRAM_WIPE_ON_RELEASE: the BO's bytes go with it — the daemon's memfd is closed."""
     f, h, off = bo_setup(core)
-    got = core.cpu_maps.take(grant(core, f, off).grant, CALLER.pid, CALLER.uid, tgid_of)
+    got = core.cpu_maps.take(grant(core, f, off).grant, kit.CALLER.pid, kit.CALLER.uid, tgid_of)
     fd = got.memfd
     ino = os.fstat(fd).st_ino
     core.cpu_maps.done(got)
-    gem_close(f, h)
+    kit.gem_close(f, h)
     try:
         assert os.fstat(fd).st_ino != ino  # the number was reused by something else
     except OSError:
@@ -295,32 +285,20 @@ def test_no_cpu_access_is_refused_through_a_cross_device_import():
     """Review finding: a NO_CPU_ACCESS BO of renderD128 imported by renderD129 of the same
     node is backed by that BO: the grant checks the memory it would hand out (EPERM), not
     only the import BO's own flags."""
-    from ualink_testkit import (
-        CALLER,
-        GEM_MMAP,
-        gem_create,
-        ioctl,
-        make_node,
-        open_file,
-        open_token,
-        pod_config,
-        prime_from_fd,
-        prime_to_token,
-    )
 
     from ualinkd.abi import constants as c
     from ualinkd.abi import cpumap as abi
     from ualinkd.amdgpu import cpu_map
 
-    core = make_node(pod_config(nodes=(({"id": 0}, {"id": 1}), ({"id": 5},))))
+    core = kit.make_node(kit.pod_config(nodes=(({"id": 0}, {"id": 1}), ({"id": 5},))))
     core.cpu_maps.socket = 0x1234
-    fa, fb = open_file(core, 0), open_file(core, 1)
-    h = gem_create(fa, 2 << 20, c.DOMAIN_VRAM, c.CREATE_NO_CPU_ACCESS)
-    hb = prime_from_fd(fb, open_token(core, prime_to_token(fa, h)))
-    r = ioctl(fb, GEM_MMAP, hb.to_bytes(4, "little") + bytes(4))
+    fa, fb = kit.open_file(core, 0), kit.open_file(core, 1)
+    h = kit.gem_create(fa, 2 << 20, c.DOMAIN_VRAM, c.CREATE_NO_CPU_ACCESS)
+    hb = kit.prime_from_fd(fb, kit.open_token(core, kit.prime_to_token(fa, h)))
+    r = kit.ioctl(fb, kit.GEM_MMAP, hb.to_bytes(4, "little") + bytes(4))
     off = int.from_bytes(r.out[:8], "little")
     req = abi.MmapGrant(off, 2 << 20, cpu_map.PROT_READ | cpu_map.PROT_WRITE,
                         cpu_map.MAP_SHARED, cpu_map.O_RDWR, 0, 0, 0)
     res, _ = core.ioctl(fb, abi.UALINKD_IOCTL_MMAP_GRANT, abi.MMAP_GRANT.encode(req), 48,
-                        CALLER)
+                        kit.CALLER)
     assert res == -errno.EPERM

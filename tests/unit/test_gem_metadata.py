@@ -6,15 +6,7 @@ from __future__ import annotations
 import errno
 
 import pytest
-from ualink_testkit import (
-    gem_create,
-    ioctl,
-    make_node,
-    open_file,
-    open_token,
-    prime_from_fd,
-    prime_to_token,
-)
+import ualink_testkit as kit
 
 from ualinkd.abi import constants as c
 from ualinkd.abi import structs as st
@@ -27,12 +19,12 @@ SET, GET = c.GEM_METADATA_OP_SET_METADATA, c.GEM_METADATA_OP_GET_METADATA
 
 @pytest.fixture
 def core():
-    return make_node()
+    return kit.make_node()
 
 
 @pytest.fixture
 def f(core):
-    return open_file(core)
+    return kit.open_file(core)
 
 
 def meta(handle: int, op: int, flags: int = 0, tiling: int = 0, size: int = 0,
@@ -42,7 +34,7 @@ def meta(handle: int, op: int, flags: int = 0, tiling: int = 0, size: int = 0,
 
 
 def get(f, handle: int, fill: int = 0) -> st.GemMetadata:
-    r = ioctl(f, GEM_METADATA, meta(handle, GET, data=(fill,) * 64))
+    r = kit.ioctl(f, GEM_METADATA, meta(handle, GET, data=(fill,) * 64))
     assert r.result == 0, r
     return st.decode_gem_metadata(r.out)
 
@@ -50,8 +42,8 @@ def get(f, handle: int, fill: int = 0) -> st.GemMetadata:
 def test_set_then_get_round_trip(f):
     """SET stores flags, tiling_info and data_size_bytes of data; GET returns them and the
     whole struct is copied back (table direction RW)."""
-    h = gem_create(f)
-    r = ioctl(f, GEM_METADATA, meta(h, SET, 0xF1A6, 0x7111, 12, (1, 2, 3)))
+    h = kit.gem_create(f)
+    r = kit.ioctl(f, GEM_METADATA, meta(h, SET, 0xF1A6, 0x7111, 12, (1, 2, 3)))
     assert r.result == 0
     m = get(f, h)
     assert (m.handle, m.op, m.flags, m.tiling_info, m.data_size_bytes) == (
@@ -61,59 +53,59 @@ def test_set_then_get_round_trip(f):
 
 def test_get_echoes_the_callers_bytes_past_the_blob(f):
     """amdgpu_bo_get_metadata copies only metadata_size bytes into data[]."""
-    h = gem_create(f)
-    ioctl(f, GEM_METADATA, meta(h, SET, size=8, data=(0xA, 0xB)))
+    h = kit.gem_create(f)
+    kit.ioctl(f, GEM_METADATA, meta(h, SET, size=8, data=(0xA, 0xB)))
     m = get(f, h, fill=0x5A5A5A5A)
     assert m.data[:2] == (0xA, 0xB)
     assert set(m.data[2:]) == {0x5A5A5A5A}
 
 
 def test_fresh_bo_reads_zero(f):
-    h = gem_create(f)
+    h = kit.gem_create(f)
     m = get(f, h, fill=7)
     assert (m.flags, m.tiling_info, m.data_size_bytes, m.data[0]) == (0, 0, 0, 7)
 
 
 def test_set_more_than_256_bytes_is_einval(f):
     """data_size_bytes > sizeof(data) → EINVAL, nothing stored; 256 is allowed."""
-    h = gem_create(f)
-    assert ioctl(f, GEM_METADATA, meta(h, SET, 1, 2, 257)).result == -errno.EINVAL
+    h = kit.gem_create(f)
+    assert kit.ioctl(f, GEM_METADATA, meta(h, SET, 1, 2, 257)).result == -errno.EINVAL
     assert get(f, h).tiling_info == 0
-    assert ioctl(f, GEM_METADATA, meta(h, SET, 1, 2, 256, (9,) * 64)).result == 0
+    assert kit.ioctl(f, GEM_METADATA, meta(h, SET, 1, 2, 256, (9,) * 64)).result == 0
     assert get(f, h).data == (9,) * 64
 
 
 def test_unknown_handle_is_enoent(f):
-    assert ioctl(f, GEM_METADATA, meta(77, GET)).result == -errno.ENOENT
-    assert ioctl(f, GEM_METADATA, meta(0, SET)).result == -errno.ENOENT
+    assert kit.ioctl(f, GEM_METADATA, meta(77, GET)).result == -errno.ENOENT
+    assert kit.ioctl(f, GEM_METADATA, meta(0, SET)).result == -errno.ENOENT
 
 
 @pytest.mark.parametrize("op", [0, 3, 1 << 31])
 def test_unknown_op_is_einval(f, op):
     """Current amdgpu_gem_metadata_ioctl: any op but GET/SET → EINVAL (older kernels
     fell through with 0); the input is echoed."""
-    h = gem_create(f)
+    h = kit.gem_create(f)
     data = meta(h, op, 5, 6, 4, (1,))
-    r = ioctl(f, GEM_METADATA, data)
+    r = kit.ioctl(f, GEM_METADATA, data)
     assert (r.result, r.out) == (-errno.EINVAL, data)
 
 
 def test_empty_set_drops_the_blob_but_keeps_the_flags(f):
     """amdgpu_bo_set_metadata with size 0 frees the blob and returns: the flags stay;
     tiling_info is set regardless (hsaKmtMemHandleFree's zero metadata)."""
-    h = gem_create(f)
-    ioctl(f, GEM_METADATA, meta(h, SET, 0xAB, 0xCD, 4, (1,)))
-    assert ioctl(f, GEM_METADATA, meta(h, SET)).result == 0
+    h = kit.gem_create(f)
+    kit.ioctl(f, GEM_METADATA, meta(h, SET, 0xAB, 0xCD, 4, (1,)))
+    assert kit.ioctl(f, GEM_METADATA, meta(h, SET)).result == 0
     m = get(f, h)
     assert (m.flags, m.tiling_info, m.data_size_bytes) == (0xAB, 0, 0)
 
 
 def test_metadata_belongs_to_the_bo(core, f):
     """The metadata lives in the BO: a self-import in another file (same BO, §2.5) sees it."""
-    h = gem_create(f)
-    ioctl(f, GEM_METADATA, meta(h, SET, 0x11, 0x22, 4, (0x33,)))
-    g = open_file(core)
-    h2 = prime_from_fd(g, open_token(core, prime_to_token(f, h)))
+    h = kit.gem_create(f)
+    kit.ioctl(f, GEM_METADATA, meta(h, SET, 0x11, 0x22, 4, (0x33,)))
+    g = kit.open_file(core)
+    h2 = kit.prime_from_fd(g, kit.open_token(core, kit.prime_to_token(f, h)))
     m = get(g, h2)
     assert (m.flags, m.tiling_info, m.data[0]) == (0x11, 0x22, 0x33)
 

@@ -9,19 +9,9 @@ import struct
 from typing import Any
 
 import pytest
+import ualink_testkit as kit
 from hypothesis import given, settings
 from hypothesis import strategies as hs
-from ualink_testkit import (
-    CALLER,
-    GEM_VA,
-    device,
-    gem_close,
-    gem_create,
-    ioctl,
-    make_node,
-    open_file,
-    run,
-)
 
 from ualinkd.abi import constants as c
 from ualinkd.abi import structs as st
@@ -59,12 +49,12 @@ assert GEM_VA_LEGACY == 0x40286448
 
 @pytest.fixture
 def core():
-    return make_node()
+    return kit.make_node()
 
 
 @pytest.fixture
 def f(core):
-    return open_file(core)
+    return kit.open_file(core)
 
 
 def driver_of(f: DrmFile) -> AmdgpuDriver:
@@ -90,9 +80,9 @@ def va_args(handle: int = 0, op: int = c.VA_OP_MAP, flags: int = RW, va: int = V
                     syncobjs)
 
 
-def va_raw(f: DrmFile, *a: Any, cmd: int = GEM_VA, **kw: Any):
+def va_raw(f: DrmFile, *a: Any, cmd: int = kit.GEM_VA, **kw: Any):
     data = st.GEM_VA.encode(va_args(*a, **kw))
-    return run(ioctl(f, cmd, data[: (cmd >> 16) & 0x3FFF]))  # input fences: a coroutine
+    return kit.run(kit.ioctl(f, cmd, data[: (cmd >> 16) & 0x3FFF]))  # input fences: a coroutine
 
 
 def va_ok(f: DrmFile, *a: Any, **kw: Any) -> None:
@@ -159,7 +149,7 @@ ORDER = [
 @pytest.mark.parametrize("name,kw,err,msg", ORDER, ids=[r[0] for r in ORDER])
 def test_gem_va_checks_in_kernel_order(f, name, kw, err, msg):
     """§2.6 steps 1–11: the first broken rule decides the errno, in the kernel's order."""
-    h = gem_create(f, 4 * PAGE)
+    h = kit.gem_create(f, 4 * PAGE)
     args = {"handle": h, **kw}
     with pytest.raises(DrmError) as ei:
         gem_va(vm_of(f), va_args(**args), lambda handle: f.lookup(handle))  # type: ignore
@@ -171,7 +161,7 @@ def test_gem_va_checks_in_kernel_order(f, name, kw, err, msg):
 def test_bo_not_in_this_files_vm_is_enoent_before_parameter_checks(f):
     """§2.6 step 9: a handle whose BO has no bo_va in this VM → ENOENT, before step 10.
     (The kernel reaches this only if gem_object_open failed; we drop the bo_va by hand.)"""
-    h = gem_create(f, PAGE)
+    h = kit.gem_create(f, PAGE)
     vm_of(f).bo_close(bo_of(f, h))
     with pytest.raises(DrmError) as ei:
         gem_va(vm_of(f), va_args(h, va=VA + 1, syncobj_out=3), f.lookup)  # type: ignore
@@ -181,7 +171,7 @@ def test_bo_not_in_this_files_vm_is_enoent_before_parameter_checks(f):
 def test_reserved_top_boundary_and_upper_half(f):
     """§2.6 steps 2–3: a range ending exactly at VM size − reserved top is accepted; an
     upper-half address is masked to 48 bits and stored masked."""
-    h = gem_create(f, 4 * PAGE)
+    h = kit.gem_create(f, 4 * PAGE)
     top = VM_SIZE - VA_RESERVED_TOP
     va_ok(f, h, va=canon(top - 2 * PAGE), size=2 * PAGE)
     assert spans(f)[-1][:2] == (top - 2 * PAGE, top)
@@ -194,7 +184,7 @@ def test_reserved_top_boundary_and_upper_half(f):
 
 def test_flag_subsets_accepted(f):
     """§2.6 step 4: the ordinary set with MTYPE and NOALLOC, and {DELAY_UPDATE, PRT}."""
-    h = gem_create(f, 4 * PAGE)
+    h = kit.gem_create(f, 4 * PAGE)
     va_ok(f, h, flags=c.VM_DELAY_UPDATE | RW | c.VM_PAGE_EXECUTABLE | c.VM_MTYPE_MASK
           | c.VM_PAGE_NOALLOC)
     va_ok(f, NO_HANDLE, flags=c.VM_PAGE_PRT | c.VM_DELAY_UPDATE, va=VA + 0x10000)
@@ -214,7 +204,7 @@ def test_clear_and_prt_ignore_the_handle(f):
 def test_legacy_40_byte_call(f):
     """§2.1/§2.2: a 40-byte GEM_VA (0x40286448) is zero-extended to 64 bytes by the core;
     nothing is copied back (table direction W), and an IOWR call gets nothing back either."""
-    h = gem_create(f, PAGE)
+    h = kit.gem_create(f, PAGE)
     r = va_raw(f, h, cmd=GEM_VA_LEGACY)
     assert (r.result, r.out) == (0, b"")
     assert spans(f) == [(VA, VA + PAGE, 0, RW)]
@@ -228,7 +218,7 @@ def test_legacy_40_byte_call(f):
 
 def test_map_overlap_is_einval_even_across_bos(f):
     """§2.6 step 11: MAP onto any existing mapping of this VM → EINVAL."""
-    a, b = gem_create(f, 4 * PAGE), gem_create(f, 4 * PAGE)
+    a, b = kit.gem_create(f, 4 * PAGE), kit.gem_create(f, 4 * PAGE)
     va_ok(f, a, size=2 * PAGE)
     assert va_raw(f, b, va=VA + PAGE, size=2 * PAGE).result == -errno.EINVAL
     assert va_raw(f, b, va=VA - PAGE, size=2 * PAGE).result == -errno.EINVAL
@@ -239,7 +229,7 @@ def test_map_overlap_is_einval_even_across_bos(f):
 def test_unmap_needs_this_bo_at_that_page(f):
     """§2.6 step 11: UNMAP finds a mapping of *this* BO starting at the page of va (the
     kernel compares page numbers); a mapping's middle or another BO's → ENOENT."""
-    a, b = gem_create(f, 4 * PAGE), gem_create(f, 4 * PAGE)
+    a, b = kit.gem_create(f, 4 * PAGE), kit.gem_create(f, 4 * PAGE)
     va_ok(f, a, size=2 * PAGE)
     assert va_raw(f, b, op=c.VA_OP_UNMAP).result == -errno.ENOENT
     assert va_raw(f, a, op=c.VA_OP_UNMAP, va=VA + PAGE).result == -errno.ENOENT
@@ -250,7 +240,7 @@ def test_unmap_needs_this_bo_at_that_page(f):
 def test_clear_splits_and_keeps_offsets(f):
     """§2.6 step 11: CLEAR removes the range and keeps the parts sticking out, the tail
     with its BO offset moved on; the tail is then unmapped at its own start."""
-    h = gem_create(f, 8 * PAGE)
+    h = kit.gem_create(f, 8 * PAGE)
     va_ok(f, h, offset=PAGE, size=6 * PAGE, flags=R)
     va_ok(f, NO_HANDLE, op=c.VA_OP_CLEAR, va=VA + 2 * PAGE, size=2 * PAGE)
     assert spans(f) == [(VA, VA + 2 * PAGE, PAGE, R), (VA + 4 * PAGE, VA + 6 * PAGE, 5 * PAGE, R)]
@@ -262,7 +252,7 @@ def test_clear_splits_and_keeps_offsets(f):
 
 def test_clear_spanning_several_mappings(f):
     """§2.6 step 11: CLEAR across three mappings of two BOs."""
-    a, b = gem_create(f, 4 * PAGE), gem_create(f, 4 * PAGE)
+    a, b = kit.gem_create(f, 4 * PAGE), kit.gem_create(f, 4 * PAGE)
     va_ok(f, a, size=2 * PAGE)
     va_ok(f, b, va=VA + 2 * PAGE, size=PAGE)
     va_ok(f, a, va=VA + 4 * PAGE, offset=2 * PAGE, size=2 * PAGE)
@@ -272,7 +262,7 @@ def test_clear_spanning_several_mappings(f):
 
 def test_replace_clears_the_range_first(f):
     """§2.6 step 11: REPLACE clears [va, va+size) of whatever is there, then maps."""
-    a, b = gem_create(f, 4 * PAGE), gem_create(f, 4 * PAGE)
+    a, b = kit.gem_create(f, 4 * PAGE), kit.gem_create(f, 4 * PAGE)
     va_ok(f, a, size=4 * PAGE)
     va_ok(f, b, op=c.VA_OP_REPLACE, va=VA + PAGE, offset=PAGE, size=2 * PAGE, flags=R)
     assert spans(f) == [(VA, VA + PAGE, 0, RW), (VA + PAGE, VA + 3 * PAGE, PAGE, R),
@@ -284,7 +274,7 @@ def test_replace_clears_the_range_first(f):
 
 def test_lookup_is_by_interval(f):
     """§2.6: lookups hit inside a mapping and miss in gaps and at the end."""
-    h = gem_create(f, 4 * PAGE)
+    h = kit.gem_create(f, 4 * PAGE)
     va_ok(f, h, size=PAGE)
     va_ok(f, h, va=VA + 2 * PAGE, size=PAGE)
     vm = vm_of(f)
@@ -300,48 +290,47 @@ def test_lookup_is_by_interval(f):
 
 def test_gem_close_removes_bo_va_and_mappings(f):
     """§2.4: closing the file's last handle to a BO removes its bo_va and every mapping."""
-    h = gem_create(f, 4 * PAGE)
+    h = kit.gem_create(f, 4 * PAGE)
     va_ok(f, h, size=PAGE)
     va_ok(f, h, va=VA + 4 * PAGE, size=PAGE)
     bo = bo_of(f, h)
     assert vm_of(f).bo_find(bo) is not None
-    gem_close(f, h)
+    kit.gem_close(f, h)
     assert spans(f) == [] and vm_of(f).bo_find(bo) is None
 
 
 def test_bo_va_counts_handles_of_the_same_file(f):
     """§2.4: two handles of one file to one BO share a bo_va; the mappings go only with the
     second close. (A second handle to the same BO, as GEM_OPEN would make it.)"""
-    h = gem_create(f, PAGE)
+    h = kit.gem_create(f, PAGE)
     bo = bo_of(f, h)
     h2 = f.handle_create(bo)
     va_ok(f, h, size=PAGE)
     bo_va = vm_of(f).bo_find(bo)
     assert bo_va is not None and bo_va.ref_count == 2
-    gem_close(f, h)
+    kit.gem_close(f, h)
     assert len(spans(f)) == 1
-    gem_close(f, h2)
+    kit.gem_close(f, h2)
     assert spans(f) == []
 
 
 def test_each_file_has_its_own_vm(core, f):
     """§2.4/§2.6: VMs are per file; another file's GEM_CLOSE leaves ours alone, and a BO
     shared through PRIME needs its own GEM_VA in each file."""
-    from ualink_testkit import open_token, prime_from_fd, prime_to_token
 
-    h = gem_create(f, PAGE)
-    g = open_file(core)
-    hg = prime_from_fd(g, open_token(core, prime_to_token(f, h)))
+    h = kit.gem_create(f, PAGE)
+    g = kit.open_file(core)
+    hg = kit.prime_from_fd(g, kit.open_token(core, kit.prime_to_token(f, h)))
     va_ok(f, h)
     assert spans(g) == []
     va_ok(g, hg, va=VA + PAGE, flags=R)
-    gem_close(g, hg)
+    kit.gem_close(g, hg)
     assert spans(g) == [] and len(spans(f)) == 1
 
 
 def test_file_release_empties_its_vm(core, f):
     """§2.4: the last close of the file closes every handle, so every bo_va goes."""
-    h = gem_create(f, PAGE)
+    h = kit.gem_create(f, PAGE)
     va_ok(f, h)
     vm = vm_of(f)
     core.release_render(f)
@@ -353,20 +342,20 @@ def test_file_release_empties_its_vm(core, f):
 
 def test_write_then_read_back(core, f):
     """Policy 10: a store then a load at the same VA through one mapping."""
-    h = gem_create(f, 4 * PAGE)
+    h = kit.gem_create(f, 4 * PAGE)
     va_ok(f, h, offset=PAGE, size=2 * PAGE)
-    assert core.gpu_write(f, VA + 10, b"hello", CALLER) == 5
-    assert core.gpu_read(f, VA + 8, 9, CALLER) == b"\0\0hello\0\0"
+    assert core.gpu_write(f, VA + 10, b"hello", kit.CALLER) == 5
+    assert core.gpu_read(f, VA + 8, 9, kit.CALLER) == b"\0\0hello\0\0"
     assert bo_of(f, h).memory.read(PAGE + 10, 5) == b"hello"
 
 
 def test_two_mappings_of_one_bo_alias(core, f):
     """§2.6: two VAs mapping the same BO page see each other's stores."""
-    h = gem_create(f, PAGE)
+    h = kit.gem_create(f, PAGE)
     va_ok(f, h)
     va_ok(f, h, va=VA + 0x10000, flags=R)
-    core.gpu_write(f, VA, b"alias", CALLER)
-    assert core.gpu_read(f, VA + 0x10000, 5, CALLER) == b"alias"
+    core.gpu_write(f, VA, b"alias", kit.CALLER)
+    assert core.gpu_read(f, VA + 0x10000, 5, kit.CALLER) == b"alias"
 
 
 def test_unmapped_first_byte_is_efault_and_counted(core, f):
@@ -374,8 +363,8 @@ def test_unmapped_first_byte_is_efault_and_counted(core, f):
     debugfs shows it."""
     faults = core.sys_tree()["kernel"]["debug"]["dri"]["128"]["gpu_faults"]
     assert faults.read() == "0\n"
-    for op in (lambda: core.gpu_read(f, VA, 4, CALLER),
-               lambda: core.gpu_write(f, VA, b"x", CALLER)):
+    for op in (lambda: core.gpu_read(f, VA, 4, kit.CALLER),
+               lambda: core.gpu_write(f, VA, b"x", kit.CALLER)):
         with pytest.raises(DrmError) as ei:
             op()
         assert ei.value.errno == errno.EFAULT
@@ -385,38 +374,38 @@ def test_unmapped_first_byte_is_efault_and_counted(core, f):
 
 def test_short_count_at_the_end_of_a_mapping(core, f):
     """Policy 10: a load/store running past the mapping stops at the first faulting page."""
-    h = gem_create(f, 2 * PAGE)
+    h = kit.gem_create(f, 2 * PAGE)
     va_ok(f, h, size=2 * PAGE)
-    assert len(core.gpu_read(f, VA + 100, 3 * PAGE, CALLER)) == 2 * PAGE - 100
-    assert core.gpu_write(f, VA + PAGE, b"y" * 2 * PAGE, CALLER) == PAGE
+    assert len(core.gpu_read(f, VA + 100, 3 * PAGE, kit.CALLER)) == 2 * PAGE - 100
+    assert core.gpu_write(f, VA + PAGE, b"y" * 2 * PAGE, kit.CALLER) == PAGE
     assert driver_of(f).gpu_faults == 2
 
 
 def test_permissions(core, f):
     """Policy 10: stores need WRITEABLE, loads READABLE; PRT mappings have neither."""
-    h = gem_create(f, 4 * PAGE)
+    h = kit.gem_create(f, 4 * PAGE)
     va_ok(f, h, flags=R)
     va_ok(f, h, va=VA + PAGE, offset=PAGE, flags=W)
     va_ok(f, NO_HANDLE, va=VA + 2 * PAGE, flags=c.VM_PAGE_PRT)
-    assert core.gpu_read(f, VA, 8, CALLER) == bytes(8)
-    assert core.gpu_write(f, VA + PAGE, b"w", CALLER) == 1
+    assert core.gpu_read(f, VA, 8, kit.CALLER) == bytes(8)
+    assert core.gpu_write(f, VA + PAGE, b"w", kit.CALLER) == 1
     for fn, va, arg in [(core.gpu_write, VA, b"w"), (core.gpu_read, VA + PAGE, 1),
                         (core.gpu_read, VA + 2 * PAGE, 1), (core.gpu_write, VA + 2 * PAGE, b"w")]:
         with pytest.raises(DrmError) as ei:
-            fn(f, va, arg, CALLER)
+            fn(f, va, arg, kit.CALLER)
         assert ei.value.errno == errno.EFAULT
     # A read from the readable page into the write-only one stops at the boundary.
-    assert core.gpu_read(f, VA + PAGE - 4, 8, CALLER) == bytes(4)
+    assert core.gpu_read(f, VA + PAGE - 4, 8, kit.CALLER) == bytes(4)
 
 
 def test_gem_close_then_access_faults(core, f):
     """§2.4 + policy 10: after GEM_CLOSE the mapping is gone and the VA faults."""
-    h = gem_create(f, PAGE)
+    h = kit.gem_create(f, PAGE)
     va_ok(f, h)
-    core.gpu_write(f, VA, b"z", CALLER)
-    gem_close(f, h)
+    core.gpu_write(f, VA, b"z", kit.CALLER)
+    kit.gem_close(f, h)
     with pytest.raises(DrmError) as ei:
-        core.gpu_read(f, VA, 1, CALLER)
+        core.gpu_read(f, VA, 1, kit.CALLER)
     assert ei.value.errno == errno.EFAULT
 
 
@@ -463,10 +452,10 @@ def test_npa_address_and_remote_round_trip(core, f):
     core.remote_access = fabric
     h = npa_bo(f)
     va_ok(f, h, offset=PAGE, size=2 * PAGE)
-    w = core.gpu_write(f, VA + 3, b"far", CALLER)
+    w = core.gpu_write(f, VA + 3, b"far", kit.CALLER)
     assert not isinstance(w, int)
-    assert run(w) == 3
-    assert run(core.gpu_read(f, VA + 2, 5, CALLER)) == b"\0far\0"
+    assert kit.run(w) == 3
+    assert kit.run(core.gpu_read(f, VA + 2, 5, kit.CALLER)) == b"\0far\0"
     accel, piece, write = fabric.calls[0]
     assert accel == core.managers[128].accel_id == 0
     assert piece.exporter_accel == 5
@@ -479,17 +468,17 @@ def test_remote_fault_rules(core, f):
     count; a local piece before a failing remote one is kept."""
     fabric = FakeFabric()
     core.remote_access = fabric
-    local, remote = gem_create(f, PAGE), npa_bo(f, pages=2)
+    local, remote = kit.gem_create(f, PAGE), npa_bo(f, pages=2)
     va_ok(f, local, size=PAGE)
     va_ok(f, remote, va=VA + PAGE, size=2 * PAGE)
     base = ((5 << 29) | 0x1234) * 4096
     fabric.fault_from = base + PAGE  # the NPA BO's second page has no PTE at the exporter
-    core.gpu_write(f, VA, b"L" * PAGE, CALLER)
-    assert run(core.gpu_write(f, VA + PAGE - 2, b"abcdef", CALLER)) == 6
-    assert run(core.gpu_read(f, VA + PAGE - 2, 6, CALLER)) == b"abcdef"
-    assert len(run(core.gpu_read(f, VA, 3 * PAGE, CALLER))) == 2 * PAGE
+    core.gpu_write(f, VA, b"L" * PAGE, kit.CALLER)
+    assert kit.run(core.gpu_write(f, VA + PAGE - 2, b"abcdef", kit.CALLER)) == 6
+    assert kit.run(core.gpu_read(f, VA + PAGE - 2, 6, kit.CALLER)) == b"abcdef"
+    assert len(kit.run(core.gpu_read(f, VA, 3 * PAGE, kit.CALLER))) == 2 * PAGE
     with pytest.raises(DrmError) as ei:
-        run(core.gpu_read(f, VA + 2 * PAGE, 4, CALLER))
+        kit.run(core.gpu_read(f, VA + 2 * PAGE, 4, kit.CALLER))
     assert ei.value.errno == errno.EFAULT
     assert driver_of(f).gpu_faults == 2
 
@@ -499,7 +488,7 @@ def test_no_fabric_means_exporter_unreachable(core, f):
     h = npa_bo(f)
     va_ok(f, h)
     with pytest.raises(DrmError) as ei:
-        run(core.gpu_read(f, VA, 4, CALLER))
+        kit.run(core.gpu_read(f, VA, 4, kit.CALLER))
     assert ei.value.errno == errno.EFAULT
     assert driver_of(f).gpu_faults == 1
 
@@ -512,7 +501,7 @@ def test_revoked_npa_bo_faults_but_mapping_stays(core, f):
     va_ok(f, h)
     bo_of(f, h).npa_revoked = True
     with pytest.raises(DrmError) as ei:
-        core.gpu_read(f, VA, 4, CALLER)  # faults before any remote access: synchronous
+        core.gpu_read(f, VA, 4, kit.CALLER)  # faults before any remote access: synchronous
     assert ei.value.errno == errno.EFAULT and not fabric.calls
     assert len(spans(f)) == 1
     va_ok(f, h, op=c.VA_OP_UNMAP)
@@ -521,17 +510,16 @@ def test_revoked_npa_bo_faults_but_mapping_stays(core, f):
 def test_import_of_another_local_devices_dmabuf_shares_memory():
     """§2.5: a dma-buf of accel A imported into accel B is a GTT import BO of B; its GPU
     loads see A's memory."""
-    from ualink_testkit import open_token, pod_config, prime_from_fd, prime_to_token
 
-    core = make_node(pod_config(nodes=(({"id": 0}, {"id": 1}),)))
-    fa, fb = open_file(core, 0), open_file(core, 1)
-    ha = gem_create(fa, PAGE)
-    hb = prime_from_fd(fb, open_token(core, prime_to_token(fa, ha)))
+    core = kit.make_node(kit.pod_config(nodes=(({"id": 0}, {"id": 1}),)))
+    fa, fb = kit.open_file(core, 0), kit.open_file(core, 1)
+    ha = kit.gem_create(fa, PAGE)
+    hb = kit.prime_from_fd(fb, kit.open_token(core, kit.prime_to_token(fa, ha)))
     assert bo_of(fb, hb) is not bo_of(fa, ha)
     va_ok(fa, ha)
     va_ok(fb, hb, va=VA + PAGE)
-    core.gpu_write(fa, VA, b"shared", CALLER)
-    assert core.gpu_read(fb, VA + PAGE, 6, CALLER) == b"shared"
+    core.gpu_write(fa, VA, b"shared", kit.CALLER)
+    assert core.gpu_read(fb, VA + PAGE, 6, kit.CALLER) == b"shared"
 
 
 # ---- the planner against a byte-by-byte model (hypothesis) -----------------------------------
@@ -562,13 +550,13 @@ def test_plan_matches_byte_model(layout, start, length, write):
     """Policy 10, §4.5, §6.3: plan() equals a model that looks up every byte on its own:
     the pieces cover exactly [va, first faulting byte), each byte lands where its mapping
     says, and a fault after the first byte sits on a page boundary."""
-    core = make_node()
-    f = open_file(core)
+    core = kit.make_node()
+    f = kit.open_file(core)
     d = driver_of(f)
     bos: dict[str, AmdgpuBo] = {}
     for kind in ("local", "local2", "npa", "npa_revoked"):
         if kind.startswith("local"):
-            h = gem_create(f, 8 * PAGE)
+            h = kit.gem_create(f, 8 * PAGE)
         else:
             h = npa_bo(f, exporter=7, page_offset=0x40 if kind == "npa" else 0x80, pages=8)
             bo_of(f, h).npa_revoked = kind == "npa_revoked"
@@ -625,9 +613,9 @@ def test_plan_matches_byte_model(layout, start, length, write):
 def test_random_gem_va_sequences_keep_invariants(ops):
     """§2.6: after any sequence of GEM_VA calls mappings never overlap, every mapping is in
     its bo_va's set and vice versa, and every mapping fits its BO."""
-    core = make_node()
-    f = open_file(core)
-    handles = [gem_create(f, 8 * PAGE) for _ in range(3)]
+    core = kit.make_node()
+    f = kit.open_file(core)
+    handles = [kit.gem_create(f, 8 * PAGE) for _ in range(3)]
     for op, page, pages, which in ops:
         va_raw(f, handles[which], op=op, va=BASE + page * PAGE, size=pages * PAGE,
                offset=(page % 3) * PAGE)
@@ -648,4 +636,4 @@ def test_gem_va_struct_is_what_the_table_says():
     spec = tbl.AMDGPU_IOCTLS[0x48]
     assert spec.emulated and spec.cmd == 0x40406448
     assert st.GEM_VA.size == 64 and struct.calcsize("<IIIIQQQQIIQ") == 64
-    assert device(make_node()).driver.ioctls[tbl.AMDGPU_GEM_VA]
+    assert kit.device(kit.make_node()).driver.ioctls[tbl.AMDGPU_GEM_VA]
