@@ -23,7 +23,7 @@ from ualinkd import sysfs
 from ualinkd.config import PodConfig
 from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at
 from ualinkd.readiness import notify_socket, wait_ready
-from ualinkd.testing.agent import LIBUALINK_CDEF
+from ualinkd.testing.agent import libualink_cdef
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "libualink_c" / "build"
@@ -202,7 +202,7 @@ def running_pod(
 # ---- libualink through cffi (ABI mode over the built shared library) ------------------------
 
 ffi = cffi.FFI()
-ffi.cdef(LIBUALINK_CDEF)
+ffi.cdef(libualink_cdef())
 _lib = None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -21,26 +22,14 @@ from .. import native
 
 RW = 0x6  # AMDGPU_VM_PAGE_READABLE | AMDGPU_VM_PAGE_WRITEABLE
 
-# The C API of include/ualink/ualink.h that cffi needs (ABI mode over libualink.so);
-# tests/integration uses the same declarations.
-LIBUALINK_CDEF = """
-typedef struct ualink_dev ualink_dev;
-int ualink_open(const char *path, ualink_dev **out);
-void ualink_close(ualink_dev *dev);
-int ualink_fd(const ualink_dev *dev);
-int ualink_bo_create(ualink_dev *dev, uint64_t size, uint64_t alignment,
-                     uint64_t domains, uint64_t flags, uint32_t *handle);
-int ualink_bo_close(ualink_dev *dev, uint32_t handle);
-int ualink_export(ualink_dev *dev, uint32_t gem_handle, uint64_t handle[2]);
-int ualink_import(ualink_dev *dev, const uint64_t handle[2], int *dmabuf_fd);
-int ualink_prime_handle_to_fd(ualink_dev *dev, uint32_t gem_handle, uint32_t flags,
-                              int *dmabuf_fd);
-int ualink_prime_fd_to_handle(ualink_dev *dev, int dmabuf_fd, uint32_t *gem_handle);
-int ualink_va_map(ualink_dev *dev, uint32_t gem_handle, uint64_t va,
-                  uint64_t offset_in_bo, uint64_t size, uint32_t flags);
-int ualink_va_unmap(ualink_dev *dev, uint32_t gem_handle, uint64_t va,
-                    uint64_t offset_in_bo, uint64_t size);
-"""
+
+def libualink_cdef() -> str:
+    """The C API cffi needs (ABI mode over libualink.so), read from ualink/ualink.h itself
+    (the installed package's or the checkout's): the declarations inside its extern "C"
+    block, comments dropped. tests/integration uses the same declarations."""
+    header = (native.layout().include_dir / "ualink" / "ualink.h").read_text()
+    body = header.split('extern "C" {\n#endif\n', 1)[1].split("#ifdef __cplusplus", 1)[0]
+    return re.sub(r"/\*.*?\*/", "", body, flags=re.S)
 
 
 def libualink_path() -> Path:
@@ -57,7 +46,7 @@ def serve(lib_path: str) -> int:
     import cffi
 
     ffi = cffi.FFI()
-    ffi.cdef(LIBUALINK_CDEF)
+    ffi.cdef(libualink_cdef())
     lib: Any = ffi.dlopen(lib_path)  # its functions are the cdef's, unknown to the stubs
     devs: dict[str, object] = {}
 
