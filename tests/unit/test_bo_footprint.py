@@ -70,3 +70,19 @@ def test_a_live_export_costs_under_1_kib() -> None:
         tracemalloc.stop()
     print(f"{per:.0f} bytes per live export")
     assert per < 1024, f"{per:.0f} bytes per live export"
+
+
+def test_exports_share_an_empty_importers_dict_until_the_first_import() -> None:
+    """§5.6: the first NPA_REQ makes the requester an importer of that export alone; the
+    other exports (which share one empty importers dict to save 64 bytes each) stay empty,
+    and a revoke/release leaves the shared one empty."""
+    from test_manager_rules import exporter, request
+
+    core, mgr, f, h, lo, hi = exporter()
+    lo2, _ = ualink_export(f, gem_create(f, 1 << 20))
+    a, b = mgr.exports[lo], mgr.exports[lo2]
+    assert a.importers is b.importers and not a.importers
+    request(mgr, 1, lo, hi)
+    assert list(a.importers) == [1] and not b.importers
+    assert a.importers is not b.importers
+    mgr.check_invariants()
