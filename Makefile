@@ -2,6 +2,8 @@
 #   make demo   install what is missing, start a local pod, run the example clients
 #   make test   install what is missing, ruff, the whole test suite
 # Also: make bench, make bench-pod (benchmarks/), make c (the C library and programs), make clean.
+#   make bench-pod sizes: BENCH_POD_EXPORTS=1000000 BENCH_POD_LOCAL=64 BENCH_POD_REVOKE_BOS=2000
+#   BENCH_POD_REVOKE_IMPORTERS=8 BENCH_POD_SIZES=2,8,32 (0 or empty skips that part).
 
 PYTHON  ?= python3
 VENV    := .venv
@@ -60,6 +62,7 @@ bench: setup
 	$(VPY) benchmarks/run.py $(BENCH_ARGS)
 
 bench-pod: setup
+	$(MAKE) -C benchmarks
 	$(VPY) benchmarks/pod_scale.py
 
 # The container tier (issue 11): the image is built from a wheelhouse made here, on a base

@@ -1,14 +1,33 @@
-"""`make bench-pod`: pods of 2, 8 and 32 nodes (one accel each, every node in its own
-network and mount namespace, ualinkd.testing) — time to all-ACTIVE with every fabric link
-up, daemon RSS, first-import latency with one importer per node at once, and revoke → every
-RELEASE with all other nodes importing. Targets: 32 nodes ACTIVE in < 30 s; revoke fan-out
-to 31 importers < 100 ms."""
+"""`make bench-pod`: the pod at scale (issue 15 item 3), then pods of 2, 8 and 32 nodes.
+
+1. Live exports on one node (benchmarks/build/export_scale, raw ioctls): export latency of
+   a new export and of an idempotent re-export at 1,000 and at BENCH_POD_EXPORTS (default
+   1,000,000) live exports, and the daemon's RSS growth per export.
+   Goals: p50 at the large count within 1.2x of the 1,000 figure; <= 1 KiB per export.
+2. A local pod (`ualinkd pod --nodes BENCH_POD_LOCAL`, default 64, TCP on 127.0.0.1): time
+   from the command to every node ready with every fabric link up, each accel ACTIVE, and
+   the RSS of every daemon. Goal: 64 nodes in < 30 s.
+3. Revoke fan-out: BENCH_POD_REVOKE_BOS (2000) exported BOs, each imported by every one of
+   BENCH_POD_REVOKE_IMPORTERS (8) nodes; the exporter's file closes (every BO's handle_free
+   revokes it) and the time until every RELEASE is in (the exporter's NPA use back to what
+   it was before the imports). Goal: < 1 s.
+4. Pods of BENCH_POD_SIZES (2,8,32) nodes in network and mount namespaces
+   (ualinkd.testing): time to all-ACTIVE, daemon RSS, first-import latency with one
+   importer per node at once, revoke of one BO imported by every other node.
+
+Each part runs unless its variable is 0 (BENCH_POD_SIZES empty). The ualinkd sources are
+byte-compiled first, as an installed package's are (pip compiles at install): with
+PYTHONDONTWRITEBYTECODE set every daemon would otherwise compile them again at start."""
 
 from __future__ import annotations
 
+import compileall
 import os
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,7 +40,12 @@ from nodes import Client  # noqa: E402
 from ualinkd import sysfs  # noqa: E402
 from ualinkd.testing import Pod, pod_config  # noqa: E402
 
-SIZES = [int(x) for x in os.environ.get("BENCH_POD_SIZES", "2,8,32").split(",")]
+SIZES = [int(x) for x in os.environ.get("BENCH_POD_SIZES", "2,8,32").split(",") if x]
+EXPORTS = int(os.environ.get("BENCH_POD_EXPORTS", "1000000"))
+LOCAL = int(os.environ.get("BENCH_POD_LOCAL", "64"))
+REVOKE_BOS = int(os.environ.get("BENCH_POD_REVOKE_BOS", "2000"))
+REVOKE_IMPORTERS = int(os.environ.get("BENCH_POD_REVOKE_IMPORTERS", "8"))
+EXPORT_SCALE = REPO / "benchmarks" / "build" / "export_scale"
 
 
 def rss_mib(pid: int) -> float:
@@ -29,6 +53,12 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -86,8 +116,132 @@ def one(n: int) -> str:
             f"{revoke * 1e3:>12.1f}")
 
 
+def fields(line: str) -> dict[str, int]:
+    return {k: int(v) for k, v in (kv.split("=") for kv in line.split())}
+
+
+def exports(n: int) -> None:
+    """Part 1: one node, n live exports of 4 KiB VRAM BOs from one file."""
+    checkpoints = sorted({c for c in (1000, 10_000, 100_000, n) if c <= n})
+    # Accounted VRAM only: BO bytes are allocated on first write, and nothing writes.
+    vram = max(1 << 30, n * 4096 * 2)
+    print("\nlive exports on one node (4 KiB VRAM BOs, one file; export_scale)")
+    print(f"{'live':>9} {'new p50 us':>11} {'new p99 us':>11} {'re-export p50 us':>17} "
+          f"{'RSS MiB':>9} {'KiB/export':>11}")
+    t = time.perf_counter()
+    with Pod(pod_config(nodes=2, vram_size=vram)) as pod:
+        node = pod.nodes[0]
+        assert node.pid is not None
+        out = subprocess.run([str(EXPORT_SCALE), render(node), str(node.pid),
+                              *map(str, checkpoints)],
+                             check=True, capture_output=True, text=True,
+                             timeout=60 + n * 0.002).stdout
+    rows = [fields(line) for line in out.splitlines()]
+    base = rows[0]["rss_kib"]
+    for r in rows[1:]:
+        per = (r["rss_kib"] - base) / r["live"]
+        print(f"{r['live']:>9} {r['new_p50_ns'] / 1e3:>11.1f} {r['new_p99_ns'] / 1e3:>11.1f} "
+              f"{r['reexport_p50_ns'] / 1e3:>17.1f} {r['rss_kib'] / 1024:>9.1f} {per:>11.3f}")
+    small, big = rows[1], rows[-1]
+    new, again = (big[k] / small[k] for k in ("new_p50_ns", "reexport_p50_ns"))
+    per = (big["rss_kib"] - base) / big["live"]
+    print(f"goals at {big['live']}: new export p50 {new:.2f}x, re-export p50 {again:.2f}x "
+          f"of the {small['live']} figure (<= 1.2x); {per:.3f} KiB per export (<= 1 KiB) "
+          f"[{'met' if max(new, again) <= 1.2 and per <= 1 else 'MISSED'}] "
+          f"({time.perf_counter() - t:.0f} s)")
+
+
+def local_pod(n: int) -> None:
+    """Part 2: `ualinkd pod --nodes n`, timed to every node ready with its links up."""
+    print(f"\nlocal pod: ualinkd pod --nodes {n} (127.0.0.1)")
+    with tempfile.TemporaryDirectory(prefix="ualinkd-bench-pod-") as root:
+        t = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "ualinkd", "pod", "--nodes", str(n),
+                                 "--root", root, "--ready-timeout", "120"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert proc.stdout is not None
+            ready = 0
+            for line in proc.stdout:  # printed once every node has every link up
+                ready += " ready: " in line
+                if ready == n:
+                    break
+            up = time.perf_counter() - t
+            if ready != n:
+                raise RuntimeError(f"only {ready} of {n} nodes became ready")
+            states = {(Path(root) / f"node{i}" / "sys" / "class" / "drm" / "renderD128"
+                       / "device" / "ualink" / "accel_state").read_text().strip()
+                      for i in range(n)}
+            kids = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+                    .read_text().split()]
+            rss = [rss_mib(pid) for pid in kids]
+            cpu = [cpu_s(pid) for pid in kids]
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(120)
+    print(f"all {n} nodes ready with every link up in {up:.1f} s, accel states {sorted(states)}"
+          f" [{'met' if up < 30 and states == {'active'} else 'MISSED'}: < 30 s]")
+    print(f"RSS per daemon MiB: min {min(rss):.1f} median {statistics.median(rss):.1f} "
+          f"max {max(rss):.1f} total {sum(rss):.0f}")
+    print("  " + " ".join(f"{r:.1f}" for r in rss))
+    print(f"CPU per daemon until then: median {statistics.median(cpu):.2f} s, "
+          f"total {sum(cpu):.0f} s (this machine: {os.cpu_count()} CPUs)")
+
+
+def revoke_fanout(bos: int, importers: int) -> None:
+    """Part 3: `bos` exports, each imported by `importers` nodes, revoked at once."""
+    print(f"\nrevoke fan-out: {bos} exported BOs imported by {importers} nodes each")
+    with Pod(pod_config(nodes=importers + 1, response_timeout_ms=5000)) as pod:
+        exporter = pod.nodes[0]
+        npa = exporter.root / sysfs.debugfs_file(128, "ualink_npa")
+        baseline = npa.read_text()
+        ca = Client(render(exporter))
+        try:
+            handles = [ca.export(ca.bo_create(64 << 10)) for _ in range(bos)]
+            held: list[list[int]] = []
+            clients = [Client(render(node)) for node in pod.nodes[1:]]
+            t = time.perf_counter()
+
+            def import_all(c: Client) -> None:
+                fds = [c.import_(h) for h in handles]
+                held.append(fds)
+
+            threads = [threading.Thread(target=import_all, args=(c,)) for c in clients]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            if sum(map(len, held)) != bos * importers:
+                raise RuntimeError("an importer failed")
+            imported = time.perf_counter() - t
+            assert npa.read_text() != baseline
+            t = time.perf_counter()
+            ca.close()  # drm_release: every handle goes, every BO's handle_free revokes it
+            while npa.read_text() != baseline:  # the NPA frees come with the RELEASEs
+                time.sleep(0.001)
+            revoke = time.perf_counter() - t
+        finally:
+            ca.close()
+            for fds in held:
+                for fd in fds:
+                    os.close(fd)
+            for c in clients:
+                c.close()
+    print(f"{bos * importers} imports in {imported:.1f} s; revoke -> every RELEASE in: "
+          f"{revoke * 1e3:.0f} ms [{'met' if revoke < 1 else 'MISSED'}: < 1 s]")
+
+
 def main() -> int:
-    print("pods in namespaces, one accel per node")
+    compileall.compile_dir(str(REPO / "ualinkd"), quiet=1)
+    if EXPORTS:
+        exports(EXPORTS)
+    if LOCAL:
+        local_pod(LOCAL)
+    if REVOKE_BOS and REVOKE_IMPORTERS:
+        revoke_fanout(REVOKE_BOS, REVOKE_IMPORTERS)
+    if not SIZES:
+        return 0
+    print("\npods in namespaces, one accel per node")
     print(f"{'nodes':>5} {'ACTIVE s':>12} {'RSS MiB':>10} {'imp p50 ms':>10} "
           f"{'imp p99 ms':>10} {'revoke ms':>12}")
     for n in SIZES:

@@ -27,6 +27,23 @@ from .memory import BoMemory, UserMemory
 if TYPE_CHECKING:
     from ..drm.device import DrmDevice
 
+# Sizes, alignments and flags take few distinct values, but each BO would hold its own int
+# object of each (32 bytes apiece above 256): the BOs share one per value instead, up to a
+# bound so that a client making BOs of ever new sizes grows nothing here.
+_SHARED_INTS: dict[int, int] = {}
+_SHARED_INTS_MAX = 4096
+
+
+def shared_int(v: int) -> int:
+    """The one int object every BO uses for the value `v` (v itself past the bound)."""
+    got = _SHARED_INTS.get(v)
+    if got is None:
+        if len(_SHARED_INTS) >= _SHARED_INTS_MAX:
+            return v
+        got = _SHARED_INTS[v] = v
+    return got
+
+
 class MemoryPool:
     """Capacity of one memory domain of one GPU, and the BOs placed in it."""
 
@@ -114,11 +131,11 @@ class AmdgpuBo(GemObject):
         flags: int,
         placement: MemoryPool | None,
     ) -> None:
-        super().__init__(device, size)
-        self.alignment = alignment
+        super().__init__(device, shared_int(size))
+        self.alignment = shared_int(alignment)
         self.preferred_domains = domains
         self.allowed_domains = domains | DOMAIN_GTT if domains == DOMAIN_VRAM else domains
-        self.flags = flags
+        self.flags = shared_int(flags)
         self.placement = placement
         if placement is not None:
             placement.charge(self)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 import struct
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from ..abi import constants as c
@@ -68,6 +68,9 @@ class AmdgpuDriver:
         self.gtt = MemoryPool("gtt", gtt_size)
         self.ualink: UalinkOps | None = None
         self._mmap_next = _MMAP_OFFSET_START
+        # One hook shared by every BO (a bound method per BO would be 64 bytes each); it
+        # looks _handle_free up at each call, so a wrapper installed later is honoured.
+        self._on_handle_free: Callable[[AmdgpuBo], None] = lambda bo: self._handle_free(bo)
         self.gpu_faults = 0  # GPU page faults of loads/stores through any file's VM (policy 10)
         # amdgpu_drv.c: KMS_DRIVER_MAJOR.MINOR.PATCHLEVEL of the kernels the spec is from
         self.version = DriverVersion(3, 64, 0, "amdgpu", "20150101", "AMD GPU")
@@ -93,7 +96,7 @@ class AmdgpuDriver:
                 else:
                     raise
         bo = AmdgpuBo(self.device, size, alignment, domains, flags, pool)
-        bo.on_handle_free = self._handle_free
+        bo.on_handle_free = self._on_handle_free
         return bo
 
     def _handle_free(self, bo: AmdgpuBo) -> None:
@@ -141,7 +144,7 @@ class AmdgpuDriver:
             buf.obj.get()
             return buf.obj
         bo = AmdgpuBo(self.device, buf.size, 0, c.DOMAIN_GTT, 0, None)
-        bo.on_handle_free = self._handle_free
+        bo.on_handle_free = self._on_handle_free
         buf.get()
         bo.import_buf = buf
         return bo
@@ -227,7 +230,7 @@ class AmdgpuDriver:
         `process` open for as long as it lives."""
         bo = AmdgpuBo(self.device, size, 0, c.DOMAIN_GTT, 0, None)
         bo.userptr = UserMemory(process, addr, size, readonly)
-        bo.on_handle_free = self._handle_free
+        bo.on_handle_free = self._on_handle_free
         return bo
 
     def _userptr_create(self, file: DrmFile, kdata: bytearray, process: ProcessMemory,

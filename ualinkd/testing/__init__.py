@@ -9,17 +9,31 @@
 `python -m ualinkd.testing POD-DIR kill node1` injects faults into a running pod.
 """
 
-from .pod import (
-    FABRIC_PORT,
-    SUBNET,
-    Pod,
-    PodError,
-    PodNode,
-    PodUnavailable,
-    check_prerequisites,
-    cleanup_stale,
-    pod_config,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .pod import (
+        FABRIC_PORT,
+        SUBNET,
+        Pod,
+        PodError,
+        PodNode,
+        PodUnavailable,
+        check_prerequisites,
+        cleanup_stale,
+        pod_config,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: `python -m ualinkd.testing.nodeinit` runs twice per pod node
+    # start and needs none of it (pod.py pulls in the config, the manager and the CLI).
+    if name in __all__:
+        from . import pod
+
+        return getattr(pod, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "FABRIC_PORT",

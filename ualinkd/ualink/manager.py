@@ -108,6 +108,12 @@ class Wake:
 Effect = Send | StartSetup | StartRevoke | Wake
 
 
+# The importers of every export nobody imports yet: one shared dict that stays empty (an
+# empty dict per export is 64 bytes; a node may hold 10^6 exports). The first import gives
+# the entry a dict of its own (handle_import_request); nothing else adds to it.
+_NO_IMPORTERS: dict[int, ImporterRecord] = {}
+
+
 @dataclass(slots=True)
 class ExportEntry:
     """A live export (§6.1): one BO reference and the export-time dma-buf."""
@@ -116,7 +122,7 @@ class ExportEntry:
     handle_hi: int
     bo: AmdgpuBo
     buf: DmaBuf
-    importers: dict[int, ImporterRecord] = field(default_factory=dict)
+    importers: dict[int, ImporterRecord] = field(default_factory=lambda: _NO_IMPORTERS)
     shared_npa: tuple[int, int] | None = None  # source-aliasing: (start, pages)
     revoke: RevokeState | None = None
 
@@ -601,6 +607,8 @@ class UalinkManager:
             if mode == AddrMode.SOURCE_ALIASING:
                 entry.shared_npa = (start, pages)
         if rec is None:
+            if entry.importers is _NO_IMPORTERS:
+                entry.importers = {}
             entry.importers[src] = ImporterRecord(start, pages, self.conn(src).generation)
         else:  # step 4: a repeated request marks the importer with the current generation
             rec.generation = self.conn(src).generation
@@ -744,6 +752,7 @@ class UalinkManager:
     def check_invariants(self) -> None:
         """Pin count ≥ importers for every export and a pinned BO in VRAM (§5.6 step 3),
         NPA bookkeeping consistent."""
+        assert not _NO_IMPORTERS, "the shared empty importers dict was written to"
         for entry in list(self.exports.values()):
             assert entry.bo.pin_count >= len(entry.importers), (
                 f"pin count {entry.bo.pin_count} < importers {len(entry.importers)}")
