@@ -12,7 +12,7 @@ import re
 
 from ualinkd.drm.errors import DrmError
 
-from .lowlevel import unescape_mountinfo
+from .mounts import unescape_mountinfo
 
 # dmabuf/<token> files get inode DMABUF_INO_BASE + key; nothing else in the tree is that high.
 DMABUF_INO_BASE = 1 << 48
