@@ -757,3 +757,54 @@ async def test_a_peer_that_starts_within_the_grace_is_no_warning(pod: Pod, caplo
     assert refused and all(r.levelno == logging.DEBUG for r in refused)
     ups = [r for r in caplog.records if "link to" in r.getMessage() and " up" in r.getMessage()]
     assert ups and all(r.levelno == logging.DEBUG for r in ups)
+
+
+async def test_an_ack_shares_its_write_with_the_reply_its_message_caused(
+        pod: Pod, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spec §5.1's ACK, sent in order ahead of the reply the message causes: a receive ring's
+    task answers in a later scheduler step, and the link's deferred flush (flush_soon) puts
+    the ACK and that reply in one write (one wake-up of the peer, not two)."""
+    writes: list[tuple[int, bytes]] = []
+    real_writev = link_mod.os.writev
+
+    def recording_writev(fd: int, bufs: list[bytes]) -> int:
+        n = real_writev(fd, bufs)
+        writes.append((fd, b"".join(bytes(b) for b in bufs)[:n]))
+        return n
+
+    tx, rx = trio.open_memory_channel[tuple[int, int, tuple[int, ...]]](16)
+    b_got: list[tuple[int, int, tuple[int, ...]]] = []
+
+    def ring(src: int, dst: int, dwords: tuple[int, ...]) -> None:
+        b_got.append((src, dst, dwords))
+        tx.send_nowait((src, dst, dwords))
+
+    a = await pod.start("a")
+    b = await pod.start("b", on_message=ring)
+    await wait_until(lambda: a.is_up("b") and b.is_up("a"))
+    reply = (6, 7, 8, 9)
+
+    async def answer() -> None:
+        async for src, dst, _ in rx:  # a ring task, as the agent's
+            await b.send_queued(dst, src, reply)
+
+    pod.nursery.start_soon(answer)
+    monkeypatch.setattr(link_mod.os, "writev", recording_writev)
+    with trio.fail_after(5):
+        await a.send(0, 2, DW)
+        await wait_until(lambda: (0, 2, reply) in pod.got["a"] or (2, 0, reply) in pod.got["a"])
+    assert b_got == [(0, 2, DW)]
+    b_fd = b._conns["a"].fd
+    frames_per_write = []
+    for fd, data in writes:
+        if fd != b_fd:
+            continue
+        dec = FrameDecoder()
+        dec.receive_data(data)
+        kinds = []
+        while (f := dec.next_frame()) is not NEED_DATA:
+            if isinstance(f, Ack | Msg):  # heartbeat PINGs and PONGs go with whatever
+                kinds.append(type(f).__name__)
+        if kinds:
+            frames_per_write.append(kinds)
+    assert frames_per_write == [["Ack", "Msg"]]
