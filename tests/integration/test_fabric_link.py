@@ -779,9 +779,22 @@ async def test_an_ack_shares_its_write_with_the_reply_its_message_caused(
         b_got.append((src, dst, dwords))
         tx.send_nowait((src, dst, dwords))
 
+    def frames(data: bytes) -> list[Frame]:
+        dec, out = FrameDecoder(), []
+        dec.receive_data(data)
+        while (f := dec.next_frame()) is not NEED_DATA:
+            out.append(f)
+        return out
+
+    monkeypatch.setattr(link_mod.os, "writev", recording_writev)
     a = await pod.start("a")
-    b = await pod.start("b", on_message=ring)
+    # b's heartbeat: one PING at link-up (a flush of its own), then none during the test.
+    b = await pod.start("b", on_message=ring, heartbeat_interval=60.0, heartbeat_timeout=120.0)
     await wait_until(lambda: a.is_up("b") and b.is_up("a"))
+    b_fd = b._conns["a"].fd
+    await wait_until(lambda: any(fd == b_fd and any(isinstance(f, Ping) for f in frames(d))
+                                 for fd, d in writes))
+    writes.clear()
     reply = (6, 7, 8, 9)
 
     async def answer() -> None:
@@ -789,22 +802,14 @@ async def test_an_ack_shares_its_write_with_the_reply_its_message_caused(
             await b.send_queued(dst, src, reply)
 
     pod.nursery.start_soon(answer)
-    monkeypatch.setattr(link_mod.os, "writev", recording_writev)
     with trio.fail_after(5):
         await a.send(0, 2, DW)
         await wait_until(lambda: (0, 2, reply) in pod.got["a"] or (2, 0, reply) in pod.got["a"])
     assert b_got == [(0, 2, DW)]
-    b_fd = b._conns["a"].fd
     frames_per_write = []
     for fd, data in writes:
-        if fd != b_fd:
-            continue
-        dec = FrameDecoder()
-        dec.receive_data(data)
-        kinds = []
-        while (f := dec.next_frame()) is not NEED_DATA:
-            if isinstance(f, Ack | Msg):  # heartbeat PINGs and PONGs go with whatever
-                kinds.append(type(f).__name__)
-        if kinds:
+        # Heartbeat PINGs and PONGs go out with whatever is written.
+        kinds = [type(f).__name__ for f in frames(data) if isinstance(f, Ack | Msg)]
+        if fd == b_fd and kinds:
             frames_per_write.append(kinds)
     assert frames_per_write == [["Ack", "Msg"]]

@@ -694,8 +694,8 @@ class FabricLink:
                     # usually causes (written by another task), to share its write.
                     if type(ev) is MessageReceived:
                         acked = True
-                    else:
-                        conn.flush()
+                    elif type(ev) is RequestReceived:
+                        conn.flush()  # answers to earlier requests leave as we go
                     self._dispatch(conn, ev)
                     while len(conn.inbox) >= INBOX_MAX:  # rings full: read nothing more
                         conn.flush()  # the ACKs of what waits in the inbox go out now
@@ -709,7 +709,7 @@ class FabricLink:
                         conn.room = trio.Event()
                         await conn.room.wait()
                         conn.paused = False
-                if acked:
+                if acked or conn.soon:  # (conn.soon: ACKs still owed from an earlier read)
                     conn.flush_soon()
                 else:
                     conn.flush()
