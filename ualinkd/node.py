@@ -17,10 +17,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from . import sysfs
 from .abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
 from .abi.drmfile_query import NONCE, UALINKD_IOCTL_DRM_FILE_QUERY
+from .amdgpu.access import RemoteFn, gpu_load, gpu_store
 from .amdgpu.cpu_map import CpuMapGrants
 from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.profile import PROFILES
-from .amdgpu.vm import RemoteFn, RemotePiece, gpu_load, gpu_store
+from .amdgpu.vm import RemotePiece
 from .amdkfd.chardev import Clock, Kfd, KfdNode, KfdProcess, ResolveDrmFile
 from .amdkfd.topology import Topology, TopologyGpu, gpu_ids
 from .config import PodConfig

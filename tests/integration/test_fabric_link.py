@@ -757,3 +757,59 @@ async def test_a_peer_that_starts_within_the_grace_is_no_warning(pod: Pod, caplo
     assert refused and all(r.levelno == logging.DEBUG for r in refused)
     ups = [r for r in caplog.records if "link to" in r.getMessage() and " up" in r.getMessage()]
     assert ups and all(r.levelno == logging.DEBUG for r in ups)
+
+
+async def test_an_ack_shares_its_write_with_the_reply_its_message_caused(
+        pod: Pod, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spec §5.1's ACK, sent in order ahead of the reply the message causes: a receive ring's
+    task answers in a later scheduler step, and the link's deferred flush (flush_soon) puts
+    the ACK and that reply in one write (one wake-up of the peer, not two)."""
+    writes: list[tuple[int, bytes]] = []
+    real_writev = link_mod.os.writev
+
+    def recording_writev(fd: int, bufs: list[bytes]) -> int:
+        n = real_writev(fd, bufs)
+        writes.append((fd, b"".join(bytes(b) for b in bufs)[:n]))
+        return n
+
+    tx, rx = trio.open_memory_channel[tuple[int, int, tuple[int, ...]]](16)
+    b_got: list[tuple[int, int, tuple[int, ...]]] = []
+
+    def ring(src: int, dst: int, dwords: tuple[int, ...]) -> None:
+        b_got.append((src, dst, dwords))
+        tx.send_nowait((src, dst, dwords))
+
+    def frames(data: bytes) -> list[Frame]:
+        dec, out = FrameDecoder(), []
+        dec.receive_data(data)
+        while (f := dec.next_frame()) is not NEED_DATA:
+            out.append(f)
+        return out
+
+    monkeypatch.setattr(link_mod.os, "writev", recording_writev)
+    a = await pod.start("a")
+    # b's heartbeat: one PING at link-up (a flush of its own), then none during the test.
+    b = await pod.start("b", on_message=ring, heartbeat_interval=60.0, heartbeat_timeout=120.0)
+    await wait_until(lambda: a.is_up("b") and b.is_up("a"))
+    b_fd = b._conns["a"].fd
+    await wait_until(lambda: any(fd == b_fd and any(isinstance(f, Ping) for f in frames(d))
+                                 for fd, d in writes))
+    writes.clear()
+    reply = (6, 7, 8, 9)
+
+    async def answer() -> None:
+        async for src, dst, _ in rx:  # a ring task, as the agent's
+            await b.send_queued(dst, src, reply)
+
+    pod.nursery.start_soon(answer)
+    with trio.fail_after(5):
+        await a.send(0, 2, DW)
+        await wait_until(lambda: (0, 2, reply) in pod.got["a"] or (2, 0, reply) in pod.got["a"])
+    assert b_got == [(0, 2, DW)]
+    frames_per_write = []
+    for fd, data in writes:
+        # Heartbeat PINGs and PONGs go out with whatever is written.
+        kinds = [type(f).__name__ for f in frames(data) if isinstance(f, Ack | Msg)]
+        if fd == b_fd and kinds:
+            frames_per_write.append(kinds)
+    assert frames_per_write == [["Ack", "Msg"]]

@@ -26,7 +26,7 @@ from ualink_testkit import (
 from ualinkd.abi import constants as c
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import ioc
-from ualinkd.amdgpu.vm import gpu_load, gpu_store
+from ualinkd.amdgpu.access import gpu_load, gpu_store
 from ualinkd.drm.errors import DrmError
 
 GEM_USERPTR = ioc(3, 0x64, 0x51, 24)

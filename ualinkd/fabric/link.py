@@ -80,6 +80,11 @@ DIAL_WARN_AFTER = 10.0  # s a peer may stay unreachable before it is worth a WAR
 # further requests wait unserved; how many may wait (and their STORE bytes) before reading
 # from it stops. A few transfers' worth of chunks (agent.CHUNK, agent.IN_FLIGHT).
 HOLD_MAX = 16 << 20
+# Scheduler steps the writer waits before sending the ACKs of MSGs just read (flush_soon):
+# the task a MSG wakes (a receive ring) answers in the next step, the task that ring wakes in
+# turn (an import waiting for HELLO_ACK, which sends NPA_REQ) in the one after, and trio may
+# run a step's tasks in either order.
+ACK_COALESCE_STEPS = 2
 INBOX_MAX = 4096  # acknowledged messages waiting for their ring, per connection
 DEFER_MAX = 1024
 DEFER_MAX_BYTES = 16 << 20
@@ -153,6 +158,7 @@ class _Conn:
         self.scope = trio.CancelScope()
         self.wake = trio.Event()
         self.writing = False
+        self.soon = False  # flush_soon() asked the writer for a deferred flush
         self.pending: list[Buffer] = []  # bytes the socket did not take yet, in order
         self.held = 0  # their length
         self.stuck_since = trio.current_time()  # since when `pending` has not shrunk
@@ -187,6 +193,19 @@ class _Conn:
             self._hold(self.session.data_to_send_parts())
         if self.pending:
             self.wake.set()
+
+    def flush_soon(self) -> None:
+        """Flush after the tasks that the frames just read woke have run (the writer waits
+        ACK_COALESCE_STEPS scheduler steps first): a MSG's ACK then leaves in the same write
+        as the reply it caused, one write and one wake-up of the peer instead of two. The
+        ACK is delayed by those steps only, never past the next write of anything else."""
+        if not self.has_data_to_send:
+            return
+        if self.writing or self.pending:
+            self.flush()
+            return
+        self.soon = True
+        self.wake.set()
 
     def write_now(self) -> None:
         """Write what is queued without blocking; hold the rest in `pending`."""
@@ -667,20 +686,33 @@ class FabricLink:
         try:
             while True:
                 # Frames first: the handshake's last read may have brought some already.
+                acked = False
                 while not isinstance(ev := session.next_event(trio.current_time()), _NeedData):
-                    conn.flush()  # the ACK of a MSG goes out ahead of anything it causes
+                    # A MSG's ACK is queued in the session as the MSG is decoded, so it goes
+                    # out ahead of anything the MSG causes whenever it is written. Data-plane
+                    # answers go out at once; a MSG's ACK waits for the reply the message
+                    # usually causes (written by another task), to share its write.
+                    if type(ev) is MessageReceived:
+                        acked = True
+                    elif type(ev) is RequestReceived:
+                        conn.flush()  # answers to earlier requests leave as we go
                     self._dispatch(conn, ev)
                     while len(conn.inbox) >= INBOX_MAX:  # rings full: read nothing more
+                        conn.flush()  # the ACKs of what waits in the inbox go out now
                         conn.paused = True
                         conn.inbox_room = trio.Event()
                         await conn.inbox_room.wait()
                         conn.paused = False
                     while len(conn.deferred) >= DEFER_MAX or conn.deferred_bytes >= DEFER_MAX_BYTES:
+                        conn.flush()
                         conn.paused = True  # the peer does not take its answers: read no more
                         conn.room = trio.Event()
                         await conn.room.wait()
                         conn.paused = False
-                conn.flush()
+                if acked or conn.soon:  # (conn.soon: ACKs still owed from an earlier read)
+                    conn.flush_soon()
+                else:
+                    conn.flush()
                 if not waited:
                     await trio.lowlevel.checkpoint()  # a busy link must not starve the rest
                 if sock is None:
@@ -795,6 +827,14 @@ class FabricLink:
             while True:
                 await conn.wake.wait()
                 conn.wake = trio.Event()
+                if conn.soon:
+                    conn.soon = False
+                    for _ in range(ACK_COALESCE_STEPS):
+                        await trio.lowlevel.checkpoint()
+                    if conn.sock is not None:
+                        conn.flush()  # what the woken tasks did not write with it
+                        if not conn.pending:
+                            continue
                 conn.writing = True
                 while conn.has_data_to_send or conn.deferred:
                     if conn.sock is not None:

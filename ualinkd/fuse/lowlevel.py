@@ -6,15 +6,11 @@ values (or `FuseError`, or an awaitable answered from a task) into `fuse_reply_*
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
-import re
-import shutil
-import subprocess
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,6 +18,15 @@ import trio
 
 from ualinkd.fuse._fuse_ll import ffi, lib
 from ualinkd.fuse.backend import Caller
+
+# Stale-mount clearing lives in mounts.py; these names stay importable from here.
+from ualinkd.fuse.mounts import (
+    clear_stale_mount,
+    fuse_mounts_at,
+    fuse_mounts_under,
+    non_root_mount_hint,
+    unescape_mountinfo,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +39,10 @@ __all__ = [
     "OpenReply",
     "Operations",
     "clear_stale_mount",
+    "fuse_mounts_at",
+    "fuse_mounts_under",
+    "non_root_mount_hint",
+    "unescape_mountinfo",
 ]
 
 ROOT_INO = 1
@@ -262,7 +271,8 @@ class FuseSession:
         if not isinstance(exc, Exception):
             self._fatal = exc  # KeyboardInterrupt and friends: re-raised by serve()
 
-    def _spawn(self, req: Any, op: str, aw: Awaitable[Any], finish: Any) -> None:
+    def _spawn(self, req: Any, op: str, aw: Awaitable[Any], finish: Reply,
+               args: tuple[Any, ...]) -> None:
         if self._nursery is None:
             lib.fuse_reply_err(req, errno.EIO)
             return
@@ -278,10 +288,10 @@ class FuseSession:
             key = int(ffi.cast("uintptr_t", req))
             self._interruptible[key] = scope
             lib.fuse_req_interrupt_func(req, lib._on_interrupt, ffi.NULL)  # may cancel now
-        self._nursery.start_soon(self._finish_async, req, key, scope, op, aw, finish)
+        self._nursery.start_soon(self._finish_async, req, key, scope, op, aw, finish, args)
 
     async def _finish_async(self, req: Any, key: int, scope: trio.CancelScope, op: str,
-                            aw: Awaitable[Any], finish: Any) -> None:
+                            aw: Awaitable[Any], finish: Reply, args: tuple[Any, ...]) -> None:
         try:
             with scope:
                 value = await aw
@@ -301,7 +311,7 @@ class FuseSession:
                 lib.fuse_reply_none(req)
             else:
                 try:
-                    finish(req, value)
+                    finish(req, value, *args)
                 except Exception as e:
                     self._bug(req, op, e)
         finally:
@@ -348,27 +358,75 @@ def _reply_entry(req: Any, a: Attr) -> None:
     lib.fuse_reply_entry(req, e)
 
 
-def _reply_read(req: Any, data: bytes | bytearray) -> None:
+def _reply_buf(req: Any, data: bytes | bytearray, *_: Any) -> None:
     # A bytearray (fabric data received in place) is passed by address, not copied.
     lib.fuse_reply_buf(req, data if type(data) is bytes else ffi.from_buffer(data), len(data))
 
 
-def _reply_write(req: Any, count: int) -> None:
+def _reply_write(req: Any, count: int, *_: Any) -> None:
+    if type(count) is not int:
+        raise TypeError(f"write op returned {type(count).__name__}")
     lib.fuse_reply_write(req, count)
 
 
-def _make_ioctl_finisher(out_size: int) -> Any:
-    def finish(req: Any, value: tuple[int, bytes]) -> None:
-        result, out = value
-        if len(out) > out_size:
-            raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_size}")
-        lib.fuse_reply_ioctl(req, result, out, len(out))
+def _reply_ioctl(req: Any, value: tuple[int, bytes], *args: Any) -> None:
+    result, out = value
+    out_size = args[-1]  # the callback's out_bufsz
+    if len(out) > out_size:
+        raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_size}")
+    lib.fuse_reply_ioctl(req, result, out, len(out))
 
-    return finish
+
+def _reply_none(req: Any, _value: None, *_: Any) -> None:
+    lib.fuse_reply_none(req)
+
+
+def _reply_ok(req: Any, _value: None, *_: Any) -> None:
+    lib.fuse_reply_err(req, 0)
 
 
 # -- the callbacks -----------------------------------------------------------------------
-# Each one: call the op, reply. FuseError -> fuse_reply_err; anything else -> _bug.
+# Each libfuse callback is a `body` that calls the op and returns its value; `_callback`
+# is the one place where that value (or an awaitable of it) becomes a reply and where
+# exceptions cross the boundary: FuseError -> fuse_reply_err, anything else -> _bug (EIO).
+
+
+Reply = Callable[..., None]
+
+
+def _callback(op: str, reply: Reply, *, no_error_reply: bool = False) -> Callable[
+        [Callable[..., Any]], Callable[..., None]]:
+    """Register `body(s, req, *args)` as libfuse's `_op_<op>`; `reply(req, value, *args)`
+    answers it, from a task when the value is awaitable. `no_error_reply`: requests that
+    take no error reply (forget, release): a failing op is logged and the reply still sent."""
+
+    def register(body: Callable[..., Any]) -> Callable[..., None]:
+        if no_error_reply:
+            def cb(req: Any, *args: Any) -> None:
+                s = _active
+                try:
+                    body(s, req, *args)
+                except BaseException as e:
+                    s._bug(None, op, e)
+                reply(req, None)
+        else:
+            def cb(req: Any, *args: Any) -> None:
+                s = _active
+                try:
+                    r = body(s, req, *args)
+                    if hasattr(r, "__await__"):
+                        s._spawn(req, op, r, reply, args)
+                    else:
+                        reply(req, r, *args)
+                except FuseError as e:
+                    lib.fuse_reply_err(req, e.errno)
+                except BaseException as e:
+                    s._bug(req, op, e)
+
+        cb.__name__ = cb.__qualname__ = f"_op_{op}"
+        return ffi.def_extern(name=f"_op_{op}")(cb)
+
+    return register
 
 
 @ffi.def_extern()
@@ -390,145 +448,75 @@ def _op_destroy(userdata: Any) -> None:
     pass
 
 
-@ffi.def_extern()
-def _op_lookup(req: Any, parent: int, name: Any) -> None:
-    s = _active
-    try:
-        a = s.ops.lookup(
-            parent, ffi.string(name).decode("utf-8", "surrogateescape"), s._caller(req)
-        )
-    except FuseError as e:
-        lib.fuse_reply_err(req, e.errno)
-    except BaseException as e:
-        s._bug(req, "lookup", e)
+@_callback("lookup", lambda req, a, *_: _reply_entry(req, a))
+def _lookup(s: FuseSession, req: Any, parent: int, name: Any) -> Attr:
+    return s.ops.lookup(
+        parent, ffi.string(name).decode("utf-8", "surrogateescape"), s._caller(req))
+
+
+@_callback("forget", _reply_none, no_error_reply=True)
+def _forget(s: FuseSession, req: Any, ino: int, nlookup: int) -> None:
+    s.ops.forget(ino, nlookup)
+
+
+@_callback("forget_multi", _reply_none, no_error_reply=True)
+def _forget_multi(s: FuseSession, req: Any, count: int, forgets: Any) -> None:
+    for i in range(count):
+        s.ops.forget(forgets[i].ino, forgets[i].nlookup)
+
+
+@_callback("getattr", lambda req, a, *_: _reply_attr(req, a))
+def _getattr(s: FuseSession, req: Any, ino: int, fi: Any) -> Attr:
+    return s.ops.getattr(ino, s._caller(req))
+
+
+@_callback("readlink", lambda req, target, *_: lib.fuse_reply_readlink(req, target))
+def _readlink(s: FuseSession, req: Any, ino: int) -> bytes:
+    return s.ops.readlink(ino, s._caller(req))
+
+
+@_callback("setattr", lambda req, a, *_: _reply_attr(req, a))
+def _setattr(s: FuseSession, req: Any, ino: int, attr: Any, to_set: int, fi: Any) -> Attr:
+    size = attr.st_size if to_set & lib.FUSE_SET_ATTR_SIZE else None
+    return s.ops.setattr(ino, size, s._caller(req))
+
+
+def _reply_open(req: Any, r: OpenReply, ino: int, fi: Any) -> None:
+    if r.parallel_direct_writes:
+        flags = (lib.FOPEN_PARALLEL_DIRECT_WRITES
+                 | lib.FOPEN_DIRECT_IO * r.direct_io | lib.FOPEN_KEEP_CACHE * r.keep_cache
+                 | lib.FOPEN_NONSEEKABLE * r.nonseekable)
+        sent = lib._ualinkd_reply_open_flags(req, r.fh, flags)
     else:
-        _reply_entry(req, a)
+        fi.fh = r.fh
+        fi.direct_io = r.direct_io
+        fi.keep_cache = r.keep_cache
+        fi.nonseekable = r.nonseekable
+        sent = lib.fuse_reply_open(req, fi)
+    if sent == -errno.ENOENT:
+        # The caller went away before the reply: the kernel sends no release.
+        s = _active
+        try:
+            s.ops.release(ino, r.fh)
+        except BaseException as e:
+            s._bug(None, "release (after aborted open)", e)
 
 
-@ffi.def_extern()
-def _op_forget(req: Any, ino: int, nlookup: int) -> None:
-    s = _active
-    try:
-        s.ops.forget(ino, nlookup)
-    except BaseException as e:
-        s._bug(None, "forget", e)
-    lib.fuse_reply_none(req)
+@_callback("open", _reply_open)
+def _open(s: FuseSession, req: Any, ino: int, fi: Any) -> OpenReply:
+    return s.ops.open(ino, fi.flags, s._caller(req))
 
 
-@ffi.def_extern()
-def _op_forget_multi(req: Any, count: int, forgets: Any) -> None:
-    s = _active
-    try:
-        for i in range(count):
-            s.ops.forget(forgets[i].ino, forgets[i].nlookup)
-    except BaseException as e:
-        s._bug(None, "forget_multi", e)
-    lib.fuse_reply_none(req)
+@_callback("read", _reply_buf)
+def _read(s: FuseSession, req: Any, ino: int, size: int, off: int,
+          fi: Any) -> bytes | Awaitable[bytes | bytearray]:
+    return s.ops.read(ino, fi.fh, off, size, s._caller(req))
 
 
-@ffi.def_extern()
-def _op_getattr(req: Any, ino: int, fi: Any) -> None:
-    s = _active
-    try:
-        a = s.ops.getattr(ino, s._caller(req))
-    except FuseError as e:
-        lib.fuse_reply_err(req, e.errno)
-    except BaseException as e:
-        s._bug(req, "getattr", e)
-    else:
-        _reply_attr(req, a)
-
-
-@ffi.def_extern()
-def _op_readlink(req: Any, ino: int) -> None:
-    s = _active
-    try:
-        target = s.ops.readlink(ino, s._caller(req))
-    except FuseError as e:
-        lib.fuse_reply_err(req, e.errno)
-    except BaseException as e:
-        s._bug(req, "readlink", e)
-    else:
-        lib.fuse_reply_readlink(req, target)
-
-
-@ffi.def_extern()
-def _op_setattr(req: Any, ino: int, attr: Any, to_set: int, fi: Any) -> None:
-    s = _active
-    try:
-        size = attr.st_size if to_set & lib.FUSE_SET_ATTR_SIZE else None
-        a = s.ops.setattr(ino, size, s._caller(req))
-    except FuseError as e:
-        lib.fuse_reply_err(req, e.errno)
-    except BaseException as e:
-        s._bug(req, "setattr", e)
-    else:
-        _reply_attr(req, a)
-
-
-@ffi.def_extern()
-def _op_open(req: Any, ino: int, fi: Any) -> None:
-    s = _active
-    try:
-        r = s.ops.open(ino, fi.flags, s._caller(req))
-    except FuseError as e:
-        lib.fuse_reply_err(req, e.errno)
-    except BaseException as e:
-        s._bug(req, "open", e)
-    else:
-        if r.parallel_direct_writes:
-            flags = (lib.FOPEN_PARALLEL_DIRECT_WRITES
-                     | lib.FOPEN_DIRECT_IO * r.direct_io | lib.FOPEN_KEEP_CACHE * r.keep_cache
-                     | lib.FOPEN_NONSEEKABLE * r.nonseekable)
-            sent = lib._ualinkd_reply_open_flags(req, r.fh, flags)
-        else:
-            fi.fh = r.fh
-            fi.direct_io = r.direct_io
-            fi.keep_cache = r.keep_cache
-            fi.nonseekable = r.nonseekable
-            sent = lib.fuse_reply_open(req, fi)
-        if sent == -errno.ENOENT:
-            # The caller went away before the reply: the kernel sends no release.
-            try:
-                s.ops.release(ino, r.fh)
-            except BaseException as e:
-                s._bug(None, "release (after aborted open)", e)
-
-
-@ffi.def_extern()
-def _op_read(req: Any, ino: int, size: int, off: int, fi: Any) -> None:
-    s = _active
-    try:
-        r = s.ops.read(ino, fi.fh, off, size, s._caller(req))
-        if type(r) is not bytes:
-            if hasattr(r, "__await__"):
-                s._spawn(req, "read", r, _reply_read)
-                return
-            r = bytes(r)
-    except FuseError as e:
-        lib.fuse_reply_err(req, e.errno)
-    except BaseException as e:
-        s._bug(req, "read", e)
-    else:
-        lib.fuse_reply_buf(req, r, len(r))
-
-
-@ffi.def_extern()
-def _op_write(req: Any, ino: int, buf: Any, size: int, off: int, fi: Any) -> None:
-    s = _active
-    try:
-        r = s.ops.write(ino, fi.fh, off, ffi.buffer(buf, size)[:], s._caller(req))
-        if type(r) is not int:
-            if hasattr(r, "__await__"):
-                s._spawn(req, "write", r, _reply_write)
-                return
-            raise TypeError(f"write op returned {type(r).__name__}")
-    except FuseError as e:
-        lib.fuse_reply_err(req, e.errno)
-    except BaseException as e:
-        s._bug(req, "write", e)
-    else:
-        lib.fuse_reply_write(req, r)
+@_callback("write", _reply_write)
+def _write(s: FuseSession, req: Any, ino: int, buf: Any, size: int, off: int,
+           fi: Any) -> int | Awaitable[int]:
+    return s.ops.write(ino, fi.fh, off, ffi.buffer(buf, size)[:], s._caller(req))
 
 
 @ffi.def_extern()
@@ -536,61 +524,43 @@ def _op_flush(req: Any, ino: int, fi: Any) -> None:
     lib.fuse_reply_err(req, 0)
 
 
-@ffi.def_extern()
-def _op_release(req: Any, ino: int, fi: Any) -> None:
-    s = _active
-    try:
-        s.ops.release(ino, fi.fh)
-    except BaseException as e:
-        s._bug(None, "release", e)
-    lib.fuse_reply_err(req, 0)  # the kernel ignores release errors
+# The kernel ignores release errors: always 0.
+@_callback("release", _reply_ok, no_error_reply=True)
+def _release(s: FuseSession, req: Any, ino: int, fi: Any) -> None:
+    s.ops.release(ino, fi.fh)
 
 
-@ffi.def_extern()
-def _op_opendir(req: Any, ino: int, fi: Any) -> None:
-    s = _active
-    try:
-        fi.fh = s.ops.opendir(ino, s._caller(req))
-    except FuseError as e:
-        lib.fuse_reply_err(req, e.errno)
-    except BaseException as e:
-        s._bug(req, "opendir", e)
-    else:
-        lib.fuse_reply_open(req, fi)
+def _reply_opendir(req: Any, fh: int, ino: int, fi: Any) -> None:
+    fi.fh = fh
+    lib.fuse_reply_open(req, fi)
 
 
-@ffi.def_extern()
-def _op_readdir(req: Any, ino: int, size: int, off: int, fi: Any) -> None:
-    s = _active
-    try:
-        entries = s.ops.readdir(ino, fi.fh, off)
-        out = ffi.new("char[]", size)
-        st = ffi.new("struct stat *")
-        used = 0
-        for name, e_ino, mode, next_off in entries:
-            st.st_ino = e_ino
-            st.st_mode = mode
-            bname = name.encode("utf-8", "surrogateescape")
-            need = lib.fuse_add_direntry(req, out + used, size - used, bname, st, next_off)
-            if need > size - used:
-                break
-            used += need
-    except FuseError as e:
-        lib.fuse_reply_err(req, e.errno)
-    except BaseException as e:
-        s._bug(req, "readdir", e)
-    else:
-        lib.fuse_reply_buf(req, out, used)
+@_callback("opendir", _reply_opendir)
+def _opendir(s: FuseSession, req: Any, ino: int, fi: Any) -> int:
+    return s.ops.opendir(ino, s._caller(req))
 
 
-@ffi.def_extern()
-def _op_releasedir(req: Any, ino: int, fi: Any) -> None:
-    s = _active
-    try:
-        s.ops.releasedir(ino, fi.fh)
-    except BaseException as e:
-        s._bug(None, "releasedir", e)
-    lib.fuse_reply_err(req, 0)
+@_callback("readdir", lambda req, buf, *_: lib.fuse_reply_buf(req, buf[0], buf[1]))
+def _readdir(s: FuseSession, req: Any, ino: int, size: int, off: int,
+             fi: Any) -> tuple[Any, int]:
+    entries = s.ops.readdir(ino, fi.fh, off)
+    out = ffi.new("char[]", size)
+    st = ffi.new("struct stat *")
+    used = 0
+    for name, e_ino, mode, next_off in entries:
+        st.st_ino = e_ino
+        st.st_mode = mode
+        bname = name.encode("utf-8", "surrogateescape")
+        need = lib.fuse_add_direntry(req, out + used, size - used, bname, st, next_off)
+        if need > size - used:
+            break
+        used += need
+    return out, used
+
+
+@_callback("releasedir", _reply_ok, no_error_reply=True)
+def _releasedir(s: FuseSession, req: Any, ino: int, fi: Any) -> None:
+    s.ops.releasedir(ino, fi.fh)
 
 
 @ffi.def_extern()
@@ -601,152 +571,11 @@ def _op_statfs(req: Any, ino: int) -> None:
     lib.fuse_reply_statfs(req, st)
 
 
-@ffi.def_extern()
-def _op_ioctl(
-    req: Any,
-    ino: int,
-    cmd: int,
-    arg: Any,
-    fi: Any,
-    flags: int,
-    in_buf: Any,
-    in_bufsz: int,
-    out_bufsz: int,
-) -> None:
-    s = _active
-    try:
-        if flags & lib.FUSE_IOCTL_COMPAT:
-            raise FuseError(errno.ENOSYS)  # 32-bit callers: not emulated
-        r = s.ops.ioctl(
-            ino,
-            fi.fh,
-            cmd,
-            ffi.buffer(in_buf, in_bufsz)[:] if in_bufsz else b"",
-            out_bufsz,
-            s._caller(req),
-        )
-        if type(r) is not tuple:
-            if hasattr(r, "__await__"):
-                s._spawn(req, "ioctl", r,  # type: ignore[arg-type]  # hasattr: an awaitable
-                         _make_ioctl_finisher(out_bufsz))
-                return
-            raise TypeError(f"ioctl op returned {type(r).__name__}")
-        result, out = r
-        if len(out) > out_bufsz:
-            raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_bufsz}")
-    except FuseError as e:
-        lib.fuse_reply_err(req, e.errno)
-    except BaseException as e:
-        s._bug(req, "ioctl", e)
-    else:
-        lib.fuse_reply_ioctl(req, result, out, len(out))
-
-
-# -- stale mounts --------------------------------------------------------------------------
-
-_MNT_DETACH = 2
-
-
-def non_root_mount_hint(fuse_conf: str = "/etc/fuse.conf") -> str:
-    """What to change so that this uid can mount ualinkd (README "Running without root"):
-    "" for root or when nothing is missing. A non-root mount goes through fusermount3 (setuid
-    root, from the fuse3 package), needs read/write access to /dev/fuse, and, for
-    allow_other (clients of other uids), user_allow_other in /etc/fuse.conf."""
-    if os.geteuid() == 0:
-        return ""
-    fixes = []
-    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-        fixes.append("/dev/fuse is not read/writable by this user (Debian makes it 0666; "
-                     "`chmod 0666 /dev/fuse`, or a group with access)")
-    if shutil.which("fusermount3") is None:
-        fixes.append("fusermount3 is missing (apt-get install fuse3)")
-    try:
-        with open(fuse_conf) as f:
-            allowed = any(line.split("#")[0].strip() == "user_allow_other" for line in f)
-    except OSError:
-        allowed = False
-    if not allowed:
-        fixes.append(f"add the line `user_allow_other` to {fuse_conf} (ualinkd mounts with "
-                     "allow_other so clients of other uids reach the node)")
-    return (": as a non-root user, " + "; ".join(fixes)) if fixes else ""
-
-
-def unescape_mountinfo(field: str) -> str:
-    """A mountinfo path field as the path: the kernel writes space, tab, newline and
-    backslash as octal escapes (\\040 …) and every other byte as is (UTF-8 included), so
-    the escapes are undone on the bytes, never with unicode_escape (which garbles UTF-8)."""
-    if "\\" not in field:
-        return field
-    raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), os.fsencode(field))
-    return os.fsdecode(raw)
-
-
-def _fuse_mounts(mountinfo: str) -> list[tuple[str, str]]:
-    """(mount point, fstype) of every FUSE mount, in mount order (parsed, not stat'ed: a stat
-    would call into the server)."""
-    found = []
-    try:
-        with open(mountinfo) as f:
-            for line in f:
-                fields = line.split()
-                fstype = fields[fields.index("-") + 1]
-                if fstype.startswith("fuse"):
-                    found.append((unescape_mountinfo(fields[4]), fstype))
-    except FileNotFoundError:
-        pass
-    return found
-
-
-def fuse_mounts_at(path: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
-    """fstypes of the mounts stacked at `path` that are FUSE mounts."""
-    path = os.path.abspath(path)
-    return [fstype for point, fstype in _fuse_mounts(mountinfo) if point == path]
-
-
-def fuse_mounts_under(top: str | os.PathLike[str],
-                      mountinfo: str = "/proc/self/mountinfo") -> list[str]:
-    """FUSE mount points at or below `top`, in mount order (unmount in reverse)."""
-    top = os.path.abspath(os.fspath(top))
-    return [point for point, _ in _fuse_mounts(mountinfo)
-            if point == top or point.startswith(top + "/")]
-
-
-def _lazy_unmount(path: str) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.umount2(os.fsencode(path), _MNT_DETACH) == 0:
-        return
-    err = ctypes.get_errno()
-    if err == errno.EPERM:  # not root: fusermount3 is setuid and may do it
-        subprocess.run(["fusermount3", "-uz", path], check=True, capture_output=True)
-        return
-    raise OSError(err, f"umount2({path}, MNT_DETACH): {os.strerror(err)}")
-
-
-def clear_stale_mount(path: str | os.PathLike[str]) -> None:
-    """Make `path` usable as a mountpoint: create it if missing, and lazily unmount any FUSE
-    mount left there by a server that died. A live FUSE mount is left alone and reported as
-    EBUSY, so two daemons never stack on one directory. Probes with statfs (never answered
-    from the kernel's attribute cache, unlike stat): do not call it on a mount served by
-    the calling thread."""
-    p = os.path.abspath(os.fspath(path))
-    for _ in range(16):  # mounts can be stacked
-        try:
-            os.statvfs(p)
-        except FileNotFoundError:
-            if fuse_mounts_at(p):
-                _lazy_unmount(p)
-                continue
-            os.makedirs(p, exist_ok=True)
-            return
-        except OSError as e:
-            if e.errno != errno.ENOTCONN:
-                raise
-            log.warning("clearing stale FUSE mount at %s (its server is gone)", p)
-            _lazy_unmount(p)
-            continue
-        if fuse_mounts_at(p):
-            raise OSError(errno.EBUSY, f"a live FUSE server is mounted at {p}")
-        if not os.path.isdir(p):
-            raise NotADirectoryError(errno.ENOTDIR, f"mountpoint {p} is not a directory")
-        return
-    raise OSError(errno.EBUSY, f"cannot clear the mounts stacked at {p}")
+@_callback("ioctl", _reply_ioctl)
+def _ioctl(s: FuseSession, req: Any, ino: int, cmd: int, arg: Any, fi: Any, flags: int,
+           in_buf: Any, in_bufsz: int,
+           out_bufsz: int) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]:
+    if flags & lib.FUSE_IOCTL_COMPAT:
+        raise FuseError(errno.ENOSYS)  # 32-bit callers: not emulated
+    return s.ops.ioctl(ino, fi.fh, cmd, ffi.buffer(in_buf, in_bufsz)[:] if in_bufsz else b"",
+                       out_bufsz, s._caller(req))

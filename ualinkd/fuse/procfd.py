@@ -12,7 +12,7 @@ import re
 
 from ualinkd.drm.errors import DrmError
 
-from .lowlevel import unescape_mountinfo
+from .mounts import unescape_mountinfo
 
 # dmabuf/<token> files get inode DMABUF_INO_BASE + key; nothing else in the tree is that high.
 DMABUF_INO_BASE = 1 << 48
@@ -35,12 +35,21 @@ def dmabuf_key(ino: int) -> int | None:
     return key if 0 < key < DMABUF_KEY_LIMIT else None
 
 
+def _read_proc(path: str) -> bytes:
+    """A small /proc file in one read: a third of what open()'s text layer costs (~10 µs
+    against ~30 µs here), which matters on PRIME_FD_TO_HANDLE's path."""
+    f = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(f, 4096)
+    finally:
+        os.close(f)
+
+
 def _fdinfo(pid: int, fd: int) -> dict[str, str]:
     info = {}
-    with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            info[k] = v.strip()
+    for line in _read_proc(f"/proc/{pid}/fdinfo/{fd}").decode("ascii", "replace").splitlines():
+        k, _, v = line.partition(":")
+        info[k] = v.strip()
     return info
 
 
@@ -94,9 +103,10 @@ def resolve_caller_fd(pid: int, fd: int, mountpoint: str) -> int:
     # It tells apart two ualinkd mounts on one host (a local pod). Parsing mountinfo costs
     # ~100 µs, so both sides are cached: ours per mount point, theirs per (mount namespace,
     # mount id) once seen to be ours (ids are unique among live mounts).
-    mountpoint = os.path.abspath(mountpoint)
-    ours = _ours.get(mountpoint) or _ours.setdefault(
-        mountpoint, _mount_dev("/proc/self/mountinfo", path=mountpoint))
+    ours = _ours.get(mountpoint)
+    if not ours:
+        ours = _ours[mountpoint] = _mount_dev("/proc/self/mountinfo",
+                                              path=os.path.abspath(mountpoint))
     try:
         ns = os.readlink(f"/proc/{pid}/ns/mnt")
     except OSError:
@@ -119,10 +129,8 @@ _theirs_ok: set[tuple[str, str, str | None]] = set()
 def tgid_of(tid: int) -> int | None:
     """The process of a thread (FUSE reports the calling thread), None when it is gone."""
     try:
-        with open(f"/proc/{tid}/status") as f:
-            for line in f:
-                if line.startswith("Tgid:"):
-                    return int(line.split()[1])
+        status = _read_proc(f"/proc/{tid}/status")
+        at = status.index(b"\nTgid:") + 6
+        return int(status[at:status.index(b"\n", at)])
     except (OSError, ValueError):
-        pass
-    return None
+        return None

@@ -1,0 +1,142 @@
+"""GPU loads and stores through a GpuVm (spec policy 10, §4.5, §4.6, §6.3).
+
+`gpu_load`/`gpu_store` take the pieces `GpuVm.plan()` cut a VA range into and carry them
+out with policy 10's EFAULT / short-count rule, returning an awaitable only when the fabric
+or a process's memory (a userptr BO, reached off the FUSE thread) is needed.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Awaitable, Callable
+
+from ..drm.errors import DrmError
+from .vm import GpuVm, LocalPiece, Piece, RemotePiece
+
+__all__ = ["RemoteFn", "gpu_load", "gpu_store"]
+
+# (piece, write, data for a store) -> the loaded bytes | the count stored; may come back
+# short when the exporter faults part-way; DrmError(EFAULT) when nothing could be done.
+RemoteFn = Callable[[RemotePiece, bool, bytes | None], Awaitable[bytes | bytearray | int]]
+
+
+def _fault(va: int) -> DrmError:
+    return DrmError(errno.EFAULT, f"GPU page fault at VA {va:#x}")
+
+
+def gpu_load(
+    vm: GpuVm, va: int, size: int, remote: RemoteFn, on_fault: Callable[[], None]
+) -> bytes | Awaitable[bytes | bytearray]:
+    """A GPU load of `size` bytes at `va` (policy 10): EFAULT if the first byte faults, else
+    the bytes up to the first faulting page. `on_fault` runs once per faulting access."""
+    pieces, fault_at = vm.plan(va, size, write=False)
+    if fault_at is not None:
+        on_fault()
+        if fault_at == va:
+            raise _fault(va)
+    later_fault = on_fault if fault_at is None else None  # one fault per access
+    if all(type(p) is LocalPiece and p.bo.userptr is None for p in pieces):
+        return b"".join([p.bo.memory.read(p.bo_offset, p.length)  # type: ignore[union-attr]
+                         for p in pieces])  # (all() above: every piece is a LocalPiece)
+    return _load_later(pieces, va, remote, later_fault)
+
+
+def _short(done: int, va: int, on_fault: Callable[[], None] | None) -> None:
+    """A piece came back short (policy 10): count the fault unless the planner already
+    did; EFAULT when nothing at all was done, else the caller stops at its short count."""
+    if on_fault is not None:
+        on_fault()
+    if not done:
+        raise _fault(va)
+
+
+async def _read_local(p: LocalPiece) -> bytes:
+    """A local piece's bytes. Only a userptr BO can fault here (its process's memory, read
+    off the FUSE thread, so this is a coroutine): then the bytes up to the first page the
+    process does not have readable (policy 10's short count), empty if that is the first."""
+    user = p.bo.userptr
+    if user is None:
+        return p.bo.memory.read(p.bo_offset, p.length)
+    return await user.read(p.bo_offset, p.length)
+
+
+async def _write_local(p: LocalPiece, data: bytes | memoryview) -> int:
+    """Store into a local piece; the count stored (short only for a userptr BO whose
+    process has a page unmapped or read-only, policy 10)."""
+    user = p.bo.userptr
+    if user is None:
+        p.bo.memory.write(p.bo_offset, data)
+        return p.length
+    return await user.write(p.bo_offset, data)
+
+
+async def _load_later(
+    pieces: list[Piece], va: int, remote: RemoteFn, on_fault: Callable[[], None] | None
+) -> bytes | bytearray:
+    out: list[bytes | bytearray] = []
+    done = 0
+    for p in pieces:
+        if isinstance(p, LocalPiece):
+            got: bytes | bytearray = await _read_local(p)
+        else:
+            try:
+                r = await remote(p, False, None)
+            except DrmError as e:
+                if e.errno != errno.EFAULT and not done:
+                    raise
+                r = b""
+            assert isinstance(r, bytes | bytearray)
+            got = r if len(r) <= p.length else r[: p.length]
+        out.append(got)
+        done += len(got)
+        if len(got) < p.length:
+            _short(done, va, on_fault)
+            break
+    return out[0] if len(out) == 1 else b"".join(out)  # one piece: its buffer, uncopied
+
+
+def gpu_store(
+    vm: GpuVm, va: int, data: bytes, remote: RemoteFn, on_fault: Callable[[], None]
+) -> int | Awaitable[int]:
+    """A GPU store of `data` at `va` (policy 10): EFAULT if the first byte faults, else the
+    count stored up to the first faulting page."""
+    pieces, fault_at = vm.plan(va, len(data), write=True)
+    if fault_at is not None:
+        on_fault()
+        if fault_at == va:
+            raise _fault(va)
+    later_fault = on_fault if fault_at is None else None  # one fault per access
+    if all(type(p) is LocalPiece and p.bo.userptr is None for p in pieces):
+        mv = memoryview(data)
+        done = 0
+        for p in pieces:
+            # all() above: every piece is a LocalPiece, which mypy cannot see
+            p.bo.memory.write(p.bo_offset, mv[done : done + p.length])  # type: ignore[union-attr]
+            done += p.length
+        return done
+    return _store_later(pieces, va, data, remote, later_fault)
+
+
+async def _store_later(
+    pieces: list[Piece], va: int, data: bytes, remote: RemoteFn,
+    on_fault: Callable[[], None] | None,
+) -> int:
+    done = 0
+    for p in pieces:
+        chunk = data[done : done + p.length]
+        if isinstance(p, LocalPiece):
+            n = await _write_local(p, chunk)
+        else:
+            try:
+                r = await remote(p, True, chunk)
+            except DrmError as e:
+                if e.errno != errno.EFAULT and not done:
+                    raise
+                r = 0
+            assert isinstance(r, int)
+            n = min(r, p.length)
+        done += n
+        if n < p.length:
+            _short(done, va, on_fault)
+            break
+    return done
