@@ -35,7 +35,7 @@ from .sysfs import SysAttr, SysDir, pci_bdf  # noqa: F401 (pci_bdf: its old home
 from .trace import GpuAccessRecord, Record, TraceRecord
 from .ualink.host import UalinkHost
 from .ualink.manager import UalinkManager
-from .ualink.sysconfig import SysConfig
+from .ualink.sysconfig import SysConfig, field_names
 
 log = logging.getLogger(__name__)
 
@@ -426,21 +426,24 @@ class NodeCore:
     def _config_files(self, cfg: SysConfig) -> SysDir:
         """setup/, config/, stations/ with their commit files (§7.1, policy 8)."""
 
-        def rw(group: dict[str, object], name: str,
+        def rw(group: Callable[[], object], name: str,
                write: Callable[[str, str], None]) -> SysAttr:
-            return SysAttr(lambda: sysfs.show_value(group[name]),
+            # `group` reads the pending value now: a write replaces the whole typed value.
+            return SysAttr(lambda: sysfs.show_value(getattr(group(), name)),
                            self._after(lambda text: write(name, text)), sysfs.ATTR_RW)
 
         def commit(fn: Callable[[str], None]) -> SysAttr:
             return SysAttr(lambda: "", self._after(fn), sysfs.ATTR_WO)
 
         return SysDir({
-            "setup": SysDir({**{n: rw(cfg.setup, n, cfg.write_setup) for n in cfg.setup},
+            "setup": SysDir({**{n: rw(lambda: cfg.setup, n, cfg.write_setup)
+                                for n in field_names(cfg.setup)},
                              "commit": commit(cfg.commit_setup)}),
-            "config": SysDir({**{n: rw(cfg.config, n, cfg.write_config) for n in cfg.config},
+            "config": SysDir({**{n: rw(lambda: cfg.config, n, cfg.write_config)
+                                 for n in field_names(cfg.config)},
                               "commit": commit(cfg.commit_config)}),
-            "stations": SysDir({**{n: rw(cfg.stations, n, cfg.write_stations)
-                                   for n in cfg.stations},
+            "stations": SysDir({**{n: rw(lambda: cfg.stations, n, cfg.write_stations)
+                                   for n in field_names(cfg.stations)},
                                 "commit": commit(cfg.commit_stations)}),
         })
 

@@ -44,7 +44,17 @@ from .peers import (
     PeerConn,
     RevokeState,
 )
-from .state import ACCEL_MAX, AccelState, AddrMode, ConfigStage, PpodInfo, VpodInfo
+from .state import (
+    ACCEL_MAX,
+    STAGE_TARGET,
+    AccelEvent,
+    AccelState,
+    AddrMode,
+    ConfigStage,
+    PpodInfo,
+    VpodInfo,
+    accel_transition,
+)
 
 if TYPE_CHECKING:
     from .host import UalinkHost
@@ -220,11 +230,18 @@ class UalinkManager:
         reserved = self.npa.reserved
         return self.npa.used_pages - (self.npa.used[reserved] if reserved is not None else 0)
 
-    # -- activation (§5.9, §6.9) ---------------------------------------------------------
+    # -- the accel state (§5.9, §6.9) ---------------------------------------------------------
+    def change_state(self, event: AccelEvent, stage: ConfigStage | None = None) -> bool:
+        """The one place the accel state changes: `event` (with the configuration `stage`
+        for AccelEvent.STAGE) through state.ACCEL_TRANSITIONS. True if the state changed."""
+        target = STAGE_TARGET[stage] if stage is not None else None
+        nxt = accel_transition(self.state, event, self.ppod, self.vpod, target)
+        changed, self.state = nxt != self.state, nxt
+        return changed
+
     def activate(self) -> None:
-        if self.state == AccelState.ACTIVE:
+        if not self.change_state(AccelEvent.ACTIVATE):
             return
-        self.state = AccelState.ACTIVE
         self.active_snapshot = self.vpod.active_accels
         self.npa_mode = self.vpod.addr_mode
         self.npa = self._new_npa_space(self.npa_mode)
@@ -232,10 +249,9 @@ class UalinkManager:
 
     def deactivate(self) -> None:
         """deactivate_accelerator: acts on ACTIVE and ERROR; stops the manager (§6.9)."""
-        if self.state < AccelState.ACTIVE:
+        if not self.change_state(AccelEvent.DEACTIVATE):
             return
         self.stop()
-        self.state = AccelState.PPOD_CONFIGURED
         log.info("accel %d: deactivated", self.accel_id)
 
     def stop(self) -> None:
@@ -372,10 +388,13 @@ class UalinkManager:
 
     # -- connection reset (§5.8) -------------------------------------------------------------
     def connection_reset(self, remote: int, new_state: ConnState, generation: int) -> bool:
+        """§5.8: `new_state` NOT_READY (timeouts) or PENDING (a HELLO while ESTABLISHED),
+        only from ESTABLISHED with the same `generation`; then the cleanup."""
         c = self.conn(remote)
-        if c.state != ConnState.ESTABLISHED or c.generation != generation:
+        event = ConnEvent.RESET if new_state == ConnState.NOT_READY else ConnEvent.RESET_FOR_HELLO
+        if c.generation != generation or not c.takes(event):
             return False
-        c.state = new_state
+        c.apply(event)
         for node in [n for n in self.imports.values() if n.exporter == remote]:
             if node.apply(NodeEvent.RESET):
                 self._teardown_node(node)
