@@ -151,4 +151,6 @@ class ImporterRecord:
 class RevokeState:
     """An export in the "handle invalid" table while its revoke runs (§5.7)."""
 
-    expected: set[int] = field(default_factory=set)
+    expected: set[int] = field(default_factory=set)  # importers whose RELEASE is awaited
+    unsent: int = 0  # NPA_REVOKE sends whose outcome is not known yet
+    deadline: float | None = None  # §5.7 step 6: the 5 s wait, armed once all are sent
