@@ -160,27 +160,31 @@ class SysConfig:
             word = text[:-1] if text.endswith("\n") else text
             if not _UUID_TEXT.fullmatch(word):  # uuid_parse: the 36-character form only
                 raise DrmError(errno.EINVAL, "not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
-            value: object = uuid.UUID(word)
+            self.setup = replace(self.setup, ppod_id=uuid.UUID(word))
         elif name == "local_accels":
-            value = tuple(parse_ids(text, LOCAL_ACCELS_MAX))
+            self.setup = replace(self.setup, local_accels=tuple(parse_ids(text, LOCAL_ACCELS_MAX)))
         else:
-            value = parse_u32(text)
-        self.setup = replace(self.setup, **{name: value})
+            v, s = parse_u32(text), self.setup
+            self.setup = {"accel_id": lambda: replace(s, accel_id=v),
+                          "bandwidth": lambda: replace(s, bandwidth=v),
+                          "latency": lambda: replace(s, latency=v),
+                          "ppod_size": lambda: replace(s, ppod_size=v)}[name]()
 
     def write_config(self, name: str, text: str) -> None:
-        value: object
         if name == "vpod_active_accels":
-            value = tuple(sorted(set(parse_ids(text))))
+            self.config = replace(self.config,
+                                  vpod_active_accels=tuple(sorted(set(parse_ids(text)))))
         elif name == "addr_mode":
             word = text[:-1] if text.endswith("\n") else text
             modes = {"source-aliasing": AddrMode.SOURCE_ALIASING,
                      "source-identification": AddrMode.SOURCE_IDENTIFICATION}
             if word not in modes:
                 raise DrmError(errno.EINVAL, f"unknown addr_mode {word!r}")
-            value = modes[word]
+            self.config = replace(self.config, addr_mode=modes[word])
         else:
-            value = parse_u32(text)
-        self.config = replace(self.config, **{name: value})
+            v, c = parse_u32(text), self.config
+            self.config = {"vpod_id": lambda: replace(c, vpod_id=v),
+                           "vpod_size": lambda: replace(c, vpod_size=v)}[name]()
 
     def write_stations(self, name: str, text: str) -> None:
         if name == "flags":
