@@ -209,3 +209,24 @@ def test_revoke_ends_at_the_last_release_and_a_failed_send_resets():
     assert lo not in mgr.invalid and mgr.get_timer() is None
     assert mgr.conn(1).state == ConnState.ESTABLISHED
     mgr.check_invariants()
+
+
+def test_connection_reset_goes_through_the_connection_table():
+    """§5.8: a reset applies only from ESTABLISHED with the same generation, to NOT_READY
+    (timeouts) or PENDING (a HELLO while ESTABLISHED): rows of peers.CONN_TRANSITIONS."""
+    from ualinkd.ualink.peers import CONN_TRANSITIONS
+
+    assert CONN_TRANSITIONS[(ConnState.ESTABLISHED, ConnEvent.RESET)] == ConnState.NOT_READY
+    assert (CONN_TRANSITIONS[(ConnState.ESTABLISHED, ConnEvent.RESET_FOR_HELLO)]
+            == ConnState.PENDING)
+    assert not any((s, ConnEvent.RESET) in CONN_TRANSITIONS
+                   for s in ConnState if s != ConnState.ESTABLISHED)
+    core, mgr, flows = importer()
+    c = mgr.conn(0)
+    assert not mgr.connection_reset(0, ConnState.NOT_READY, 0)  # NOT_READY: no row
+    c.apply(ConnEvent.SETUP)
+    c.apply(ConnEvent.HELLO_ACK)
+    assert not mgr.connection_reset(0, ConnState.NOT_READY, c.generation + 1)
+    assert c.state == ConnState.ESTABLISHED
+    assert mgr.connection_reset(0, ConnState.PENDING, c.generation)
+    assert c.state == ConnState.PENDING
