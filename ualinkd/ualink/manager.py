@@ -445,11 +445,11 @@ class UalinkManager:
             return
         entry.revoke = RevokeState()
         self.invalid[entry.handle_lo] = entry
-        self.revoke_invalidate(entry)
+        self._revoke_invalidate(entry)
         if not entry.revoke.expected:  # nobody to wait for (all stale or gone)
             self.revoke_finish(entry)
 
-    def revoke_invalidate(self, entry: ExportEntry) -> None:
+    def _revoke_invalidate(self, entry: ExportEntry) -> None:
         """§5.7 steps 3–5: invalidate the importers' NPA mappings, unpin, drop the BO, and
         put one NPA_REVOKE per importer still connected with its recorded generation."""
         assert entry.revoke is not None
@@ -583,7 +583,7 @@ class UalinkManager:
         self.imports[handle_lo] = node
         return node
 
-    def setup_connection(self, remote: int) -> bool:
+    def _setup_connection(self, remote: int) -> bool:
         """§5.4 local setup_connection: True when a HELLO must be sent and waited for,
         False when already ESTABLISHED; EAGAIN while someone else sets it up (I8)."""
         c = self.conn(remote)
@@ -594,17 +594,17 @@ class UalinkManager:
         c.apply(ConnEvent.SETUP)
         return True
 
-    def hello(self, remote: int) -> p.Hello:
+    def _hello(self, remote: int) -> p.Hello:
         return p.Hello(receiver_id=remote, sender_id=self.accel_id)
 
-    def setup_failed(self, remote: int) -> None:
+    def _hello_failed(self, remote: int) -> None:
         """I9–I11: HELLO not sent, interrupted or timed out: NOT_READY, no cleanup."""
         self.conn(remote).apply(ConnEvent.HELLO_FAILED)
 
     def npa_req(self, node: ImportNode) -> p.NpaReq:
         return p.NpaReq(p.handle_lo_bits(node.handle_lo), node.handle_hi)
 
-    def import_timed_out(self, node: ImportNode, generation: int) -> None:
+    def _import_timed_out(self, node: ImportNode, generation: int) -> None:
         """I14: no NPA_RSP/NPA_FAIL in time: reset the whole connection to the exporter."""
         self.connection_reset(node.exporter, ConnState.NOT_READY, generation)
 
@@ -705,7 +705,7 @@ class UalinkManager:
         log.info("accel %d: %s from accel %d before the connection is up: dropped, "
                  "setting up", self.accel_id, what, src)
         try:
-            if self.setup_connection(src):
+            if self._setup_connection(src):
                 self._setup(src, None)
         except DrmError as e:  # someone else is setting it up
             log.info("accel %d: connection setup towards accel %d: %s", self.accel_id, src,
@@ -899,7 +899,7 @@ class UalinkManager:
         node = self.import_begin(handle_lo, handle_hi)
         flow = ImportFlow(node)
         try:
-            setup = self.setup_connection(node.exporter)  # I8: EAGAIN while in progress
+            setup = self._setup_connection(node.exporter)  # I8: EAGAIN while in progress
         except DrmError:
             self.import_abort(node)
             raise
@@ -914,7 +914,7 @@ class UalinkManager:
         """The connection is IN_PROGRESS: send HELLO (§5.4)."""
         setup = ConnSetup(remote, next(self._setup_numbers), flow)
         self.setups[setup.number] = setup
-        self.outbox.append(Send(self.accel_id, remote, self.hello(remote),
+        self.outbox.append(Send(self.accel_id, remote, self._hello(remote),
                                 HelloSent(remote, setup.number)))
 
     def _hello_sent(self, tag: HelloSent, err: DrmError | None, now: float | None) -> None:
@@ -933,7 +933,7 @@ class UalinkManager:
     def _setup_failed(self, setup: ConnSetup, err: DrmError) -> None:
         """I9–I11: NOT_READY, no cleanup; the import (if any) fails with `err`."""
         del self.setups[setup.number]
-        self.setup_failed(setup.remote)
+        self._hello_failed(setup.remote)
         if setup.flow is not None:
             self._end(setup.flow, err)
         else:
@@ -1004,7 +1004,7 @@ class UalinkManager:
             return
         for setup in [s for s in self.setups.values() if s.flow is flow]:
             del self.setups[setup.number]
-            self.setup_failed(setup.remote)
+            self._hello_failed(setup.remote)
         del self.flows[flow.node.handle_lo]
         flow.step, flow.deadline = ImportStep.DONE, None
         flow.error = DrmError(errno.EINTR, "the import was interrupted")
@@ -1070,7 +1070,7 @@ class UalinkManager:
                 node = what.node
                 self._end(what, DrmError(errno.ETIMEDOUT, f"no NPA_RSP from accel "
                                                           f"{node.exporter}"))
-                self.import_timed_out(node, what.generation)
+                self._import_timed_out(node, what.generation)
             else:
                 assert what.revoke is not None
                 what.revoke.deadline = None
