@@ -374,8 +374,7 @@ async def run_node(
     if tracer is not None:
         send, send_queued, request = _trace_sends(  # type: ignore[assignment]  # (as above)
             tracer, config, node_name, link)
-    agent = UalinkAgent(core, send, config.response_timeout_ms / 1000, request,
-                        send_queued=send_queued)
+    agent = UalinkAgent(core, send, request, send_queued=send_queued)
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_links = lambda: {p: link.is_up(p) for p in peers}
     clear_stale_mount(mount)

@@ -49,8 +49,8 @@ from .trace import (
     TraceRecord,
 )
 from .ualink.host import UalinkHost
-from .ualink.manager import UalinkManager
-from .ualink.sysconfig import SysConfig
+from .ualink.manager import ImportWaiter, UalinkManager
+from .ualink.sysconfig import SysConfig, field_names
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,8 @@ class NodeCore:
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(
                 self.host, driver, config.ppod_info(accel), config.vpod_info(accel.accel_id),
-                accel.stage, config.kernel_quirks, npa_limit_pages=accel.npa_pages, **kwargs,
+                accel.stage, config.kernel_quirks, npa_limit_pages=accel.npa_pages,
+                response_timeout=config.response_timeout_ms / 1000, **kwargs,
             )
             self.host.managers.append(mgr)
             self.devices[minor] = device
@@ -154,17 +155,29 @@ class NodeCore:
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
         self.cpu_maps = CpuMapGrants()
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can
-        # start a revoke); the fabric agent replaces it to carry them out.
+        # start a revoke); a fabric carries them out (`attach_fabric`).
         self.after_request: Callable[[], None] = self._discard_effects
         # Peer node name -> link up (sys/kernel/debug/ualink_fabric); the daemon plugs in
         # its fabric link.
         self.fabric_links: Callable[[], dict[str, bool]] = dict
-        # GPU loads/stores of imported NPA BOs (policy 10). The fabric agent replaces it.
+        # GPU loads/stores of imported NPA BOs (policy 10); a fabric's (`attach_fabric`).
         # Contract: `remote_access(accel_id, piece, write, data)` with accel_id the importing
         # accel; returns the bytes loaded / the count stored, short when the exporter faults
         # part-way, and raises DrmError(EFAULT) when not even the first byte could be done
         # (no PTE at the exporter, exporter unreachable: policy 3).
         self.remote_access: RemoteAccess = _no_fabric
+
+    def attach_fabric(self, drain: Callable[[], None], wait_import: ImportWaiter,
+                      remote_access: RemoteAccess | None) -> None:
+        """A fabric agent (fabric/agent.py) serves this node from now on: `drain` carries
+        the managers' effects after each request, `wait_import` waits for their remote
+        imports, `remote_access` (when it has a data plane) does GPU loads/stores of
+        imported NPA BOs."""
+        self.after_request = drain
+        for mgr in self.managers.values():
+            mgr.attach(wait_import)
+        if remote_access is not None:
+            self.remote_access = remote_access
 
     def _discard_effects(self) -> None:
         for mgr in self.managers.values():
@@ -559,21 +572,24 @@ class NodeCore:
     def _config_files(self, cfg: SysConfig) -> SysDir:
         """setup/, config/, stations/ with their commit files (§7.1, policy 8)."""
 
-        def rw(group: dict[str, object], name: str,
+        def rw(group: Callable[[], object], name: str,
                write: Callable[[str, str], None]) -> SysAttr:
-            return SysAttr(lambda: sysfs.show_value(group[name]),
+            # `group` reads the pending value now: a write replaces the whole typed value.
+            return SysAttr(lambda: sysfs.show_value(getattr(group(), name)),
                            self._after(lambda text: write(name, text)), sysfs.ATTR_RW)
 
         def commit(fn: Callable[[str], None]) -> SysAttr:
             return SysAttr(lambda: "", self._after(fn), sysfs.ATTR_WO)
 
         return SysDir({
-            "setup": SysDir({**{n: rw(cfg.setup, n, cfg.write_setup) for n in cfg.setup},
+            "setup": SysDir({**{n: rw(lambda: cfg.setup, n, cfg.write_setup)
+                                for n in field_names(cfg.setup)},
                              "commit": commit(cfg.commit_setup)}),
-            "config": SysDir({**{n: rw(cfg.config, n, cfg.write_config) for n in cfg.config},
+            "config": SysDir({**{n: rw(lambda: cfg.config, n, cfg.write_config)
+                                 for n in field_names(cfg.config)},
                               "commit": commit(cfg.commit_config)}),
-            "stations": SysDir({**{n: rw(cfg.stations, n, cfg.write_stations)
-                                   for n in cfg.stations},
+            "stations": SysDir({**{n: rw(lambda: cfg.stations, n, cfg.write_stations)
+                                   for n in field_names(cfg.stations)},
                                 "commit": commit(cfg.commit_stations)}),
         })
 

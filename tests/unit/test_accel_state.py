@@ -277,3 +277,38 @@ def test_deactivate_stops_manager_and_ioctl():
     assert m.state is S.PPOD_CONFIGURED
     f.release()
     assert device(core).objects == {}
+
+
+# -- the one table (ualink/state.py ACCEL_TRANSITIONS) --------------------------------------------
+
+
+@pytest.mark.parametrize("current", list(S))
+def test_activate_deactivate_and_commit_rows(current):
+    """§5.9: activate_accelerator is a no-op on ACTIVE only; deactivate_accelerator acts on
+    ACTIVE and ERROR (→ PPOD_CONFIGURED); setup/commit (§7.1) follows the pPod's validity."""
+    from ualinkd.ualink.state import AccelEvent, accel_transition
+
+    assert accel_transition(current, AccelEvent.ACTIVATE, PPOD, VPOD) is S.ACTIVE
+    want = S.PPOD_CONFIGURED if current >= S.ACTIVE else current
+    assert accel_transition(current, AccelEvent.DEACTIVATE, PPOD, VPOD) is want
+    assert accel_transition(current, AccelEvent.PPOD_COMMIT, PPOD, VPOD) is S.PPOD_CONFIGURED
+    assert accel_transition(current, AccelEvent.PPOD_COMMIT, PPOD_SIZE0, VPOD) is S.UNCONFIGURED
+    assert accel_transition(current, AccelEvent.CONFIG_REFUSED, PPOD, VPOD) is S.ERROR
+
+
+@pytest.mark.parametrize("name", sorted(BAD_VPODS))
+def test_the_refusal_explained_is_the_check_that_failed(name):
+    """config/commit's EINVAL (§7.1) and ualinkctl's sentence come from the same checks:
+    each invalid vPod is refused with the sentence of its own check, a valid one is not."""
+    from ualinkd.ualink.state import config_refusal
+
+    why = config_refusal(S.PPOD_CONFIGURED, PPOD, BAD_VPODS[name])
+    assert why is not None and not BAD_VPODS[name].valid_for(PPOD)
+    words = {"size0": "the pPod only", "bigger-than-ppod": "the pPod only",
+             "addr-mode-invalid": "addr_mode", "popcount-differs": "members are listed",
+             "not-a-member": "among its members"}
+    assert words[name] in why
+    assert config_refusal(S.PPOD_CONFIGURED, PPOD, VPOD) is None
+    assert config_refusal(S.ERROR, PPOD, VPOD) is None  # error is not refused for its state
+    assert "committed pPod" in (config_refusal(S.UNCONFIGURED, PPOD, VPOD) or "")
+    assert config_refusal(S.PPOD_CONFIGURED, PPOD, NO_VPOD) is None  # leaving: never refused

@@ -62,7 +62,7 @@ def test_random_messages_never_break_the_manager(data):
                 assert 0 <= eff.dst < 256
                 eff.msg.encode()  # well-formed on the wire
                 # the peer accepts every message: complete the send like the agent does
-                mgr.on_sent(eff, None)
+                mgr.on_sent(eff, None, 0.0)
         mgr.check_invariants()
 
 
@@ -77,5 +77,5 @@ def test_the_generator_can_reach_a_grant():
         mgr.receive(1, p.decode_message(dwords))
         for eff in mgr.take_effects():
             if isinstance(eff, Send):
-                mgr.on_sent(eff, None)
+                mgr.on_sent(eff, None, 0.0)
     assert list(mgr.exports[lo].importers) == [1]

@@ -174,7 +174,7 @@ def test_repeated_alias_request_records_the_current_generation():
     mgr.receive(1, p.Hello(0, 1))  # the importer reconnects: generation 2, nothing reset
     for eff in mgr.take_effects():
         if isinstance(eff, Send):  # the HELLO_ACK went out
-            mgr.on_sent(eff, None)
+            mgr.on_sent(eff, None, 0.0)
     mgr.take_effects()  # the wake-up of a local setup waiting for it (none here)
     assert mgr.conn(1).state == ConnState.ESTABLISHED and mgr.conn(1).generation == gen + 1
     gen += 1

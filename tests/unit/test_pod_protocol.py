@@ -57,7 +57,7 @@ async def start(nursery: trio.Nursery, cfg: PodConfig, fabric: MemFabric) -> lis
     cores = []
     for n in cfg.nodes:
         core = NodeCore(cfg, n.name)
-        agent = UalinkAgent(core, fabric.send, cfg.response_timeout_ms / 1000)
+        agent = UalinkAgent(core, fabric.send)
         await nursery.start(agent.run)
         for a in n.accels:
             fabric.agents[a.accel_id] = agent

@@ -213,7 +213,7 @@ def test_stations_flags_refuse_anything_else(text):
     cfg = SysConfig(core.host, core.managers[128])
     cfg.write_stations("flags", "0x4")
     assert errno_of(cfg.write_stations, "flags", text) == errno.EINVAL
-    assert cfg.stations["flags"] == 4
+    assert cfg.stations.flags == 4
 
 
 @pytest.mark.parametrize("text", ["100", "0x100", "fff\n", "1" * 40])

@@ -19,6 +19,14 @@ from collections.abc import Callable, Iterable
 from .. import __version__, sysfs
 from ..bounded import NotAnswering, bounded
 from ..ualink.protocol import MsgType
+from ..ualink.state import (
+    AccelState,
+    AddrMode,
+    PpodInfo,
+    VpodInfo,
+    config_refusal,
+    why_error,
+)
 
 # -- one-line failures ---------------------------------------------------------------------
 
@@ -82,29 +90,31 @@ def accel_ids(text: str) -> list[int]:
     return ids
 
 
-def explain_vpod_refusal(accel: dict[str, object], pending: dict[str, object]) -> str:
-    """Why config/commit said EINVAL, from the kernel's checks in order (§7.1: the accel is
-    below PPOD_CONFIGURED, or the vPod is invalid): `accel` is the accel's sysfs attributes,
-    `pending` its config/ files. An accel in error is not refused: the commit runs and
-    leaves it in error unless it leaves its vPod (§5.9)."""
-    aid, state = accel["accel_id"], accel["accel_state"]
+def _pending_vpod(accel: dict[str, object], pending: dict[str, object]
+                  ) -> tuple[AccelState, PpodInfo, VpodInfo]:
+    """The accel's state, pPod and pending vPod as the daemon's state machine sees them,
+    from its sysfs attributes and config/ files."""
+    aid, ppod_size, size = accel["accel_id"], accel["ppod_size"], pending["vpod_size"]
     members = pending["vpod_active_accels"]
+    assert isinstance(aid, int) and isinstance(ppod_size, int) and isinstance(size, int)
     assert isinstance(members, list)
-    size, ppod_size = pending["vpod_size"], accel["ppod_size"]
-    assert isinstance(size, int) and isinstance(ppod_size, int)
-    head = f"accel {aid} is {state}"
-    if state == "unconfigured":
-        return f"{head}; a vPod needs a committed pPod first (setup/ files, setup/commit)"
-    if not 1 <= size <= ppod_size:
-        return f"{head}; the vPod has {size} members but the pPod only {ppod_size} accels"
-    if pending["addr_mode"] not in ("source-aliasing", "source-identification"):
-        return f"{head}; the vPod needs an addr_mode (source-aliasing or source-identification)"
-    if len(members) != size:
-        return f"{head}; vpod_size is {size} but {len(members)} members are listed"
-    if aid not in members:
-        listed = ",".join(map(str, members)) or "none"
-        return f"{head}; the vPod needs accel {aid} among its members (members: {listed})"
-    return f"{head}; the daemon refused the configuration"
+    modes = {m.sysfs: m for m in AddrMode}
+    vpod_id = pending.get("vpod_id", 1)  # only a vPod being joined is ever refused
+    assert isinstance(vpod_id, int)
+    return (next((s for s in AccelState if s.sysfs == accel["accel_state"]), AccelState.ERROR),
+            PpodInfo(accel_id=aid, ppod_size=ppod_size),
+            VpodInfo(vpod_id, size, modes.get(str(pending["addr_mode"]), AddrMode.INVALID),
+                     frozenset(members)))
+
+
+def explain_vpod_refusal(accel: dict[str, object], pending: dict[str, object]) -> str:
+    """Why config/commit said EINVAL, by the daemon's own checks (ualink/state.py
+    `config_refusal`, §7.1: the accel is below PPOD_CONFIGURED, or the vPod is invalid):
+    `accel` is the accel's sysfs attributes, `pending` its config/ files. An accel in error
+    is not refused: the commit runs and leaves it in error unless it leaves its vPod (§5.9)."""
+    why = config_refusal(*_pending_vpod(accel, pending))
+    return (f"accel {accel['accel_id']} is {accel['accel_state']}; "
+            f"{why or 'the daemon refused the configuration'}")
 
 
 # -- the mount -------------------------------------------------------------------------------
@@ -447,17 +457,12 @@ def commit_vpod(m: Mount, render: str, vpod_id: int, members: list[int] | None,
     if state == "error" and force and cur not in (0, vpod_id):
         return (f"{render}: accel {aid} moved from vPod {cur} to {vpod_id} without leaving "
                 "first and is now error, as the kernel does (ualinkctl deactivate recovers it)")
-    if state == "error":  # why, by the §5.9 config-update rules
-        before = accel["accel_state"]
-        if not cur:  # joining: the state comes from the pPod/vPod checks; the vPod passed
-            raise CtlError(f"{what} committed, and accel {aid} is now error: it was {before} "
-                           "with no vPod and its pPod is not valid (setup/ files, setup/commit)")
-        if before == "error":
-            why = "only leaving its vPod takes an accel out of error"
-        else:
-            why = "the kernel takes the same vPod again only from an active accel"
-        raise CtlError(f"{what} committed, and accel {aid} is now error: it was {before} in "
-                       f"vPod {cur}, and {why}; ualinkctl deactivate recovers it")
+    if state == "error":  # why, by the §5.9 config-update rules (ualink/state.py)
+        before = next(s for s in AccelState if s.sysfs == accel["accel_state"])
+        assert isinstance(cur, int)
+        raise CtlError(f"{what} committed, and accel {aid} is now error: "
+                       f"{why_error(before, cur, vpod_id)}"
+                       + ("" if not cur else "; ualinkctl deactivate recovers it"))
     if not vpod_id:
         return f"{render}: accel {aid} left vPod {cur}; now {state}"
     members_now = ",".join(map(str, after["vpod_active_accels"]))  # type: ignore[call-overload]  # a list

@@ -1,37 +1,40 @@
-"""The UALink agent: carries out the managers' effects over the fabric link (trio).
+"""The UALink agent: waits for the fabric on behalf of the managers (trio).
 
-The managers are sans-IO; this is where their waits happen: HELLO_ACK and NPA_RSP waits
-with the pod's response timeout (§1.6 I8–I14), revoke workers waiting for NPA_RELEASE
-(§5.7), and one receive task per local accel that processes that accel's messages in
-arrival order, awaiting the sends each one causes before the next (the soft IH ring, §5.1).
+The managers (ualink/manager.py) decide every UALink flow, timeouts included; this only
+waits, delivers and carries: one receive task per local accel that hands that accel's
+messages to its manager in arrival order, awaiting the sends each one answers with before
+the next (the soft IH ring, §5.1); one timer task per accel that calls `handle_timer(now)`
+at the manager's `get_timer()`; the sends' outcomes reported back with the time; and the
+waits of imports in flight, woken by the managers' `Wake` effects.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from ..drm.errors import DrmError
-from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf
 from ..ualink import protocol as p
+from ..ualink.host import UalinkHost
 from ..ualink.manager import (
-    ExportEntry,
+    HelloAckSent,
+    ImportDone,
+    ImportFlow,
+    ImportWaiter,
+    NpaRspSent,
     Send,
-    StartRevoke,
-    StartSetup,
     UalinkManager,
     Wake,
 )
-from ..ualink.peers import ConnState, NodeState
 
 if TYPE_CHECKING:
     from ..amdgpu.vm import RemotePiece
-    from ..node import NodeCore
 
 log = logging.getLogger(__name__)
 
@@ -43,35 +46,51 @@ RequestFn = Callable[[int, int, int, "int | bytes"], Awaitable[bytes | bytearray
 CHUNK = 1 << 20  # data-plane transfers are split into chunks this big ...
 IN_FLIGHT = 4  # ... with this many outstanding at once per transfer
 RING_SIZE = 1024  # messages queued per local accel; past it the link stops reading
+# (importing accel, piece, write, data to store | None) -> loaded bytes | count stored
+RemoteAccessFn = Callable[[int, "RemotePiece", bool, "bytes | None"],
+                          Awaitable["bytes | bytearray | int"]]
+
+
+class FabricNode(Protocol):
+    """What the agent needs from the node it serves (node.py's NodeCore)."""
+
+    @property
+    def host(self) -> UalinkHost: ...
+
+    def attach_fabric(self, drain: Callable[[], None], wait_import: ImportWaiter,
+                      remote_access: RemoteAccessFn | None) -> None: ...
+
+
+# Replies a receive handler sends: awaited (or queued) by the ring before its next message.
+_RING_REPLIES = (HelloAckSent, NpaRspSent)
 
 
 class UalinkAgent:
-    def __init__(self, core: NodeCore, send: SendFn, response_timeout: float,
-                 request: RequestFn | None = None, ring_size: int = RING_SIZE,
-                 send_queued: SendQueuedFn | None = None) -> None:
-        self.core = core
+    def __init__(self, node: FabricNode, send: SendFn, request: RequestFn | None = None,
+                 ring_size: int = RING_SIZE, send_queued: SendQueuedFn | None = None) -> None:
+        self.host = node.host
         self._send_queued = send_queued
         self.ring_size = ring_size
         # accel -> times the link waited for room in its full ring since it last emptied
         self._ring_waits: dict[int, int] = {}
         self._send = send
         self._request = request
-        self.timeout = response_timeout
-        self._events: dict[tuple[object, ...], trio.Event] = {}
+        self._events: dict[tuple[int, ImportDone], trio.Event] = {}
         self._nursery: trio.Nursery | None = None
         self._rx: dict[int, trio.MemorySendChannel[tuple[int, p.Message]]] = {}
-        for mgr in core.managers.values():
-            mgr.remote_import = self.import_remote
-        core.after_request = self.drain
-        if request is not None:
-            core.remote_access = self.remote_access
+        # accel -> the deadline its timer task sleeps until, and the event that wakes it
+        # sooner (set only when a manager's next deadline comes before that).
+        self._timer_at: dict[int, float] = {}
+        self._timer_kick: dict[int, trio.Event] = {}
+        node.attach_fabric(self.drain, self.wait_import,
+                           self.remote_access if request is not None else None)
 
     # -- data plane ------------------------------------------------------------------------
     def serve(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
               length_or_data: int | bytes | bytearray) -> list[memoryview]:
         """An importer's LOAD/STORE at one of our accels' NPAs: the loaded bytes as views of
         the BO's memory (none for a STORE); DrmError(EFAULT) refuses it."""
-        mgr = self.core.manager_by_accel(dst_accel)
+        mgr = self.host.by_accel_id(dst_accel)
         if mgr is None:
             raise DrmError(errno.EFAULT, f"accel {dst_accel} is not on this node")
         if isinstance(length_or_data, int):
@@ -131,10 +150,11 @@ class UalinkAgent:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            for mgr in self.core.managers.values():
+            for mgr in self.host.managers:
                 tx, rx = trio.open_memory_channel[tuple[int, p.Message]](self.ring_size)
                 self._rx[mgr.accel_id] = tx
                 nursery.start_soon(self._receive_loop, mgr, rx)
+                nursery.start_soon(self._timer_loop, mgr)
             task_status.started()
             await trio.sleep_forever()
 
@@ -168,11 +188,49 @@ class UalinkAgent:
                          "for room (none dropped)", mgr.accel_id, self.ring_size,
                          self._ring_waits.pop(mgr.accel_id))
 
+    async def _timer_loop(self, mgr: UalinkManager) -> None:
+        """aioquic's loop: sleep until the manager's next deadline (or until an earlier one
+        is armed), then let it decide what the time means."""
+        while True:
+            deadline = mgr.get_timer()
+            kick = self._timer_kick[mgr.accel_id] = trio.Event()
+            at = self._timer_at[mgr.accel_id] = math.inf if deadline is None else deadline
+            with trio.move_on_at(at):
+                await kick.wait()
+            mgr.handle_timer(trio.current_time())
+            await self._run_effects(mgr, inline=False)
+
+    def _check_timer(self, mgr: UalinkManager) -> None:
+        """Wake the timer task only when the next deadline moved before its sleep."""
+        deadline = mgr.get_timer()
+        if deadline is not None and deadline < self._timer_at.get(mgr.accel_id, -math.inf):
+            self._timer_kick[mgr.accel_id].set()
+
+    # -- imports --------------------------------------------------------------------------------
+    async def wait_import(self, mgr: UalinkManager, flow: ImportFlow) -> DmaBuf:
+        """Wait for the manager to decide the import (§1.6 I6–I20); the outcome is its."""
+        key = (mgr.accel_id, ImportDone(flow.node.handle_lo))
+        try:
+            while not flow.done:
+                await self._events.setdefault(key, trio.Event()).wait()
+        except BaseException:
+            mgr.import_cancelled(flow)  # I10
+            self.drain()
+            raise
+        finally:
+            # A wait that ends without its Wake (cancellation) must not leave its event
+            # behind.
+            ev = self._events.get(key)
+            if ev is not None and not ev.is_set() and not ev.statistics().tasks_waiting:
+                del self._events[key]
+        return flow.outcome()
+
     # -- effects ------------------------------------------------------------------------------
     async def _run_effects(self, mgr: UalinkManager, inline: bool) -> None:
         while effects := mgr.take_effects():
             for eff in effects:
-                if isinstance(eff, Send) and inline:
+                if isinstance(eff, Send) and inline and (
+                        eff.tag is None or isinstance(eff.tag, _RING_REPLIES)):
                     if (eff.tag is None and self._send_queued is not None
                             and self._nursery is not None and mgr.accel_active):
                         # Nothing waits on its outcome (NPA_RELEASE, NPA_FAIL): queued now,
@@ -183,28 +241,30 @@ class UalinkAgent:
                         await self._do_send(mgr, eff)
                 else:
                     self._dispatch(mgr, eff)
+        self._check_timer(mgr)
 
     def drain(self) -> None:
         """After a request (ioctl, close): start whatever the managers queued."""
-        for mgr in self.core.managers.values():
+        for mgr in self.host.managers:
             for eff in mgr.take_effects():
                 self._dispatch(mgr, eff)
+            self._check_timer(mgr)
 
-    def _dispatch(self, mgr: UalinkManager, eff: object) -> None:
+    def _dispatch(self, mgr: UalinkManager, eff: Send | Wake) -> None:
         if isinstance(eff, Wake):
-            ev = self._events.pop((mgr.accel_id, *eff.key), None)
+            ev = self._events.pop((mgr.accel_id, eff.key), None)
             if ev is not None:
                 ev.set()
             return
         if self._nursery is None:
             log.debug("agent not running: dropping %s", eff)
             return
-        if isinstance(eff, Send):
+        if self._send_queued is not None and mgr.accel_active:
+            # Queued now (its place among this accel's sends fixed), its ACK awaited aside.
+            wait = self._send_queued(mgr.accel_id, eff.dst, eff.msg.encode())
+            self._nursery.start_soon(self._finish_send, mgr, eff, wait)
+        else:
             self._nursery.start_soon(self._send_then_drain, mgr, eff)
-        elif isinstance(eff, StartSetup):
-            self._nursery.start_soon(self._background_setup, mgr, eff.remote)
-        elif isinstance(eff, StartRevoke):
-            self._nursery.start_soon(self._revoke_worker, mgr, eff.entry)
 
     async def _transmit(self, mgr: UalinkManager, dst: int, dwords: p.Dwords) -> None:
         """One message from `mgr`'s accel (§5.1): ESHUTDOWN once that accel is not ACTIVE
@@ -219,7 +279,7 @@ class UalinkAgent:
             await self._transmit(mgr, eff.dst, eff.msg.encode())
         except DrmError as e:
             err = e
-        mgr.on_sent(eff, err)
+        mgr.on_sent(eff, err, trio.current_time())
 
     async def _finish_send(self, mgr: UalinkManager, eff: Send, wait: Awaitable[None]) -> None:
         err: DrmError | None = None
@@ -227,82 +287,9 @@ class UalinkAgent:
             await wait
         except DrmError as e:
             err = e
-        mgr.on_sent(eff, err)
+        mgr.on_sent(eff, err, trio.current_time())
         await self._run_effects(mgr, inline=False)
 
     async def _send_then_drain(self, mgr: UalinkManager, eff: Send) -> None:
         await self._do_send(mgr, eff)
         await self._run_effects(mgr, inline=False)
-
-    async def _wait_for(
-        self, mgr: UalinkManager, key: tuple[object, ...], done: Callable[[], bool]
-    ) -> bool:
-        k = (mgr.accel_id, *key)
-        try:
-            with trio.move_on_after(self.timeout):
-                while not done():
-                    await self._events.setdefault(k, trio.Event()).wait()
-                return True
-            return done()
-        finally:
-            # A wait that ends without its Wake (timeout, cancellation) must not leave its
-            # event behind: one per timed-out import would pile up for good.
-            ev = self._events.get(k)
-            if ev is not None and not ev.is_set() and not ev.statistics().tasks_waiting:
-                del self._events[k]
-
-    # -- flows ----------------------------------------------------------------------------------
-    async def setup_connection(self, mgr: UalinkManager, remote: int) -> None:
-        """§5.4 setup_connection (I8–I11)."""
-        if not mgr.setup_connection(remote):
-            return
-        try:
-            await self._transmit(mgr, remote, mgr.hello(remote).encode())
-        except BaseException:
-            mgr.setup_failed(remote)  # I9 (or interrupted while sending, as I10)
-            raise
-        try:
-            established = await self._wait_for(
-                mgr, ("hello", remote), lambda: mgr.conn(remote).state == ConnState.ESTABLISHED
-            )
-        except BaseException:
-            mgr.setup_failed(remote)  # I10: interrupted → NOT_READY (not IN_PROGRESS for good)
-            raise
-        if not established:
-            mgr.setup_failed(remote)  # I11: NOT_READY, no cleanup
-            raise DrmError(errno.ETIMEDOUT, f"no HELLO_ACK from accel {remote}")
-
-    async def _background_setup(self, mgr: UalinkManager, remote: int) -> None:
-        try:
-            await self.setup_connection(mgr, remote)
-        except DrmError as e:
-            log.info("accel %d: connection setup towards accel %d: %s", mgr.accel_id,
-                     remote, e.strerror)
-
-    async def import_remote(
-        self, mgr: UalinkManager, file: DrmFile, handle_lo: int, handle_hi: int
-    ) -> DmaBuf:
-        """§1.6 I6–I20 for a handle whose exporter is on another node."""
-        node = mgr.import_begin(handle_lo, handle_hi)
-        try:
-            await self.setup_connection(mgr, node.exporter)
-            generation = mgr.conn(node.exporter).ready_generation()
-            await self._transmit(mgr, node.exporter, mgr.npa_req(node).encode())  # I12
-            answered = await self._wait_for(
-                mgr, ("import", handle_lo), lambda: node.state != NodeState.NOT_READY
-            )
-            if not answered:  # I14: ETIMEDOUT and a connection reset
-                mgr.import_timed_out(node, generation)
-                raise DrmError(errno.ETIMEDOUT, f"no NPA_RSP from accel {node.exporter}")
-            return mgr.import_finish(node)
-        finally:
-            mgr.import_abort(node)
-            self.drain()
-
-    async def _revoke_worker(self, mgr: UalinkManager, entry: ExportEntry) -> None:
-        """§5.7 steps 6–9: wait (not interruptibly) for the releases, then finish."""
-        assert entry.revoke is not None
-        revoke = entry.revoke
-        await self._wait_for(mgr, ("release", entry.handle_lo), lambda: not revoke.expected)
-        mgr.revoke_finish(entry)
-        self.drain()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from .manager import UalinkManager
-from .state import STAGE_TARGET, AccelState, next_state
+from .state import AccelEvent, AccelState
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class UalinkHost:
     def late_init(self) -> None:
         """ualink_ip_late_init on every GPU: state from the firmware stage, then activation."""
         for m in self.managers:
-            m.state = next_state(m.state, STAGE_TARGET[m.stage], m.ppod, m.vpod)
+            m.change_state(AccelEvent.STAGE, m.stage)
         for m in self.managers:
             self.activate_vpod(m)
 

@@ -1,15 +1,60 @@
-"""One accel's UALink manager (sans-IO): state, exports, imports, NPA space, peers.
+"""One accel's UALink manager (sans-IO): state, exports, imports, NPA space, peers, and the
+UALink flows that run between them (spec §1.6, §3, §4, §5.4–§5.12, §6).
 
-Spec §1.6 (ioctl rules), §3 (handles), §4 (NPA), §5.4–§5.12 (protocol), §6 (lifetimes).
-Nothing here waits or touches a socket: work that needs the fabric is put in `outbox` as
-effects (`Send`, `StartSetup`, `StartRevoke`, `Wake`) for the async agent to carry out, and
-the agent calls back in (`receive`, `on_sent`, the `import_*` steps). Randomness is
-injected (`randbits`) so tests can pin handles.
+Nothing here waits or touches a socket. Work for the fabric leaves through `outbox` as
+typed effects (`Send`, `Wake`); the agent (fabric/agent.py) carries them and calls back in
+with what happened: `receive(src, msg)`, `on_sent(send, err, now)`, `handle_timer(now)`.
+Time is an input, as in aioquic: `get_timer()` is the next deadline, and nothing times out
+unless the caller says the time has come. Randomness is injected (`randbits`).
+
+Theory of operation
+===================
+
+The import flow (§1.6 I6–I20, §5.4, §5.5). `import_handle()` checks the handle (I1–I5) and,
+for an exporter on another node, starts an `ImportFlow` and returns what the agent's
+waiter makes of it; the waiter only waits for `Wake(ImportDone)` and reads the outcome.
+The flow's steps, all decided here:
+
+    CONNECTING  connection NOT_READY: it becomes IN_PROGRESS, HELLO is sent (tag HelloSent).
+                (IN_PROGRESS or PENDING: EAGAIN at once, I8; ESTABLISHED: straight on.)
+                The HELLO send fails          → NOT_READY, the import fails with that error
+                sent, then ESTABLISHED (a HELLO_ACK, or our HELLO_ACK to the peer's own
+                HELLO accepted)               → REQUESTING
+                sent, and no connection within response_timeout (5 s) → NOT_READY, no
+                cleanup, ETIMEDOUT (I11)
+    REQUESTING  NPA_REQ is sent (tag NpaReqSent) with the connection's generation noted.
+                The send fails                → the import fails with that error
+                sent, then the node leaves NOT_READY (NPA_RSP/NPA_FAIL, or torn down by a
+                revoke, a reset or a stop)    → DONE: import_finish (the NPA BO, or the
+                                                errno of NPA_FAIL / EINVAL)
+                sent, and no answer within response_timeout → DONE with ETIMEDOUT, and the
+                connection to the exporter is reset with the noted generation (I14, §5.8)
+    DONE        the node leaves the table unless READY; `Wake(ImportDone(handle_lo))`.
+
+A step's clock starts once its message was accepted (the kernel sends, then waits). The
+2 s rule is the transport's: a send the peer does not acknowledge within
+send_ack_timeout_ms comes back as `on_sent(.., DrmError(ETIME), ..)` and fails the step.
+A waiter that is cancelled calls `import_cancelled()`: CONNECTING → NOT_READY (I10).
+A connection setup also starts without an import when NPA_REQ, NPA_RSP or NPA_FAIL comes
+from a peer that is not ESTABLISHED (§5.4); its failure is only logged.
+
+The revoke flow (§5.7). `revoke()` (the BO's last GEM handle went) takes the export out of
+the live table; with importers it goes to the "handle invalid" table: mappings
+invalidated, pins dropped, one NPA_REVOKE per importer still connected with its recorded
+generation (tag RevokeSent). A failed REVOKE send drops that importer from the expected
+set and resets its connection (as U′ does). Once every send has its outcome the 5 s wait
+is armed (step 6). Each NPA_RELEASE clears its importer; when none is expected, or at the
+deadline, `revoke_finish()` frees every NPA range and resets the connection to each
+importer that never released (steps 7–9). A manager stop ends every flow without
+messages (§6.9).
 """
 
 from __future__ import annotations
 
+import enum
 import errno
+import heapq
+import itertools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -45,7 +90,17 @@ from .peers import (
     PeerConn,
     RevokeState,
 )
-from .state import ACCEL_MAX, AccelState, AddrMode, ConfigStage, PpodInfo, VpodInfo
+from .state import (
+    ACCEL_MAX,
+    STAGE_TARGET,
+    AccelEvent,
+    AccelState,
+    AddrMode,
+    ConfigStage,
+    PpodInfo,
+    VpodInfo,
+    accel_transition,
+)
 
 if TYPE_CHECKING:
     from .host import UalinkHost
@@ -69,43 +124,123 @@ FAIL_ERRNO: dict[int, int] = {p.NpaFailReason.NOSPACE: errno.ENOSPC}
 
 
 # ---- effects: what the agent must do for the manager --------------------------------------
+# A Send's tag says what its outcome means to the manager (see `on_sent`).
 
 
 @dataclass(frozen=True, slots=True)
-class Send:
-    """Send `msg` to remote accel `dst`; report the outcome through `on_sent(tag, err)`."""
+class HelloSent:
+    """A connection setup's HELLO (§5.4); `setup` numbers the setup it belongs to."""
 
-    src: int
-    dst: int
-    msg: p.Message
-    tag: tuple[object, ...] | None = None
+    remote: int
+    setup: int
 
 
 @dataclass(frozen=True, slots=True)
-class StartSetup:
-    """Run setup_connection towards `remote` in the background (receive-side trigger)."""
+class HelloAckSent:
+    """Our HELLO_ACK to the peer's HELLO (§5.4: accepted → ESTABLISHED)."""
 
-    src: int
     remote: int
 
 
 @dataclass(frozen=True, slots=True)
-class StartRevoke:
-    """Wait for the NPA_RELEASEs of a revoke, then finish it (§5.7 steps 6–9)."""
+class NpaReqSent:
+    """An import's NPA_REQ (§1.6 I12)."""
+
+    handle_lo: int
+
+
+@dataclass(frozen=True, slots=True)
+class NpaRspSent:
+    """A grant to importer `src` (§5.6 step 7: a failed send takes it back)."""
+
+    handle_lo: int
+    src: int
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeSent:
+    """One NPA_REVOKE of the revoke of `handle_lo` (§5.7 step 5)."""
+
+    handle_lo: int
+
+
+SendTag = HelloSent | HelloAckSent | NpaReqSent | NpaRspSent | RevokeSent
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send `msg` to remote accel `dst`; report the outcome through `on_sent`."""
 
     src: int
-    entry: ExportEntry
+    dst: int
+    msg: p.Message
+    tag: SendTag | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ImportDone:
+    """Wake key: the import flow of `handle_lo` has its outcome."""
+
+    handle_lo: int
+
+
+WakeKey = ImportDone
 
 
 @dataclass(frozen=True, slots=True)
 class Wake:
-    """Something a waiter may be waiting for changed: ("hello", remote), ("import", lo),
-    ("release", lo)."""
+    """Wake whoever waits for `key`."""
 
-    key: tuple[object, ...]
+    key: WakeKey
 
 
-Effect = Send | StartSetup | StartRevoke | Wake
+Effect = Send | Wake
+
+
+class ImportStep(enum.Enum):
+    CONNECTING = "HELLO sent or being sent; waiting for the connection"
+    REQUESTING = "NPA_REQ sent or being sent; waiting for the exporter's answer"
+    DONE = "the outcome is known"
+
+
+@dataclass(slots=True, eq=False)
+class ImportFlow:
+    """One remote import in flight (see the theory of operation above)."""
+
+    node: ImportNode
+    step: ImportStep = ImportStep.CONNECTING
+    sent: bool = False  # this step's message was accepted by the peer
+    deadline: float | None = None
+    generation: int = 0  # of the connection when NPA_REQ went out (I14's reset)
+    buf: DmaBuf | None = None
+    error: DrmError | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.step == ImportStep.DONE
+
+    def outcome(self) -> DmaBuf:
+        """The new dma-buf reference (handed over once), or the import's DrmError."""
+        assert self.done
+        if self.error is not None:
+            raise self.error
+        buf, self.buf = self.buf, None
+        assert buf is not None, "an import's outcome is taken once"
+        return buf
+
+
+@dataclass(slots=True, eq=False)
+class ConnSetup:
+    """One setup_connection towards `remote` (§5.4), for an import or on a receive trigger."""
+
+    remote: int
+    number: int
+    flow: ImportFlow | None = None
+    sent: bool = False
+    deadline: float | None = None
+
+
+ImportWaiter = Callable[["UalinkManager", ImportFlow], Awaitable[DmaBuf]]
 
 
 # The importers of every export nobody imports yet: one shared dict that stays empty (an
@@ -139,9 +274,6 @@ def generate_handle(
     return lo, randbits(64)
 
 
-RemoteImport = Callable[["UalinkManager", DrmFile, int, int], Awaitable[DmaBuf]]
-
-
 class UalinkManager:
     def __init__(
         self,
@@ -153,6 +285,7 @@ class UalinkManager:
         quirks: frozenset[str] = frozenset(),
         randbits: Callable[[int], int] = secrets.randbits,
         npa_limit_pages: int | None = None,
+        response_timeout: float = 5.0,
     ) -> None:
         self.host = host
         self.driver = driver
@@ -179,7 +312,16 @@ class UalinkManager:
         self._refusals_logged: set[tuple[int, str]] = set()
         self._repeats: dict[tuple[object, ...], int] = {}  # see _log_repeated
         self.outbox: list[Effect] = []
-        self.remote_import: RemoteImport | None = None  # set by the agent when a fabric runs
+        # The UALink flows (theory of operation above) and their deadlines.
+        self.response_timeout = response_timeout  # §1.6 I11, I14; §5.7 step 6
+        self.flows: dict[int, ImportFlow] = {}  # by handle_lo
+        self.setups: dict[int, ConnSetup] = {}  # by ConnSetup.number
+        self._setup_numbers = itertools.count(1)
+        self._timers: list[tuple[float, int, ImportFlow | ConnSetup | ExportEntry]] = []
+        self._timer_seq = itertools.count()
+        # How an import that must wait is awaited: the fabric's waiter (`attach`); None
+        # when no fabric runs in this process.
+        self.import_waiter: ImportWaiter | None = None
         self.internal_file = DrmFile(driver.device)  # the driver's internal "ualink" client
         driver.ualink = self
 
@@ -226,11 +368,18 @@ class UalinkManager:
         reserved = self.npa.reserved
         return self.npa.used_pages - (self.npa.used[reserved] if reserved is not None else 0)
 
-    # -- activation (§5.9, §6.9) ---------------------------------------------------------
+    # -- the accel state (§5.9, §6.9) ---------------------------------------------------------
+    def change_state(self, event: AccelEvent, stage: ConfigStage | None = None) -> bool:
+        """The one place the accel state changes: `event` (with the configuration `stage`
+        for AccelEvent.STAGE) through state.ACCEL_TRANSITIONS. True if the state changed."""
+        target = STAGE_TARGET[stage] if stage is not None else None
+        nxt = accel_transition(self.state, event, self.ppod, self.vpod, target)
+        changed, self.state = nxt != self.state, nxt
+        return changed
+
     def activate(self) -> None:
-        if self.state == AccelState.ACTIVE:
+        if not self.change_state(AccelEvent.ACTIVATE):
             return
-        self.state = AccelState.ACTIVE
         self.active_snapshot = self.vpod.active_accels
         self.npa_mode = self.vpod.addr_mode
         self.npa = self._new_npa_space(self.npa_mode)
@@ -238,10 +387,9 @@ class UalinkManager:
 
     def deactivate(self) -> None:
         """deactivate_accelerator: acts on ACTIVE and ERROR; stops the manager (§6.9)."""
-        if self.state < AccelState.ACTIVE:
+        if not self.change_state(AccelEvent.DEACTIVATE):
             return
         self.stop()
-        self.state = AccelState.PPOD_CONFIGURED
         log.info("accel %d: deactivated", self.accel_id)
 
     def stop(self) -> None:
@@ -266,7 +414,6 @@ class UalinkManager:
                 self._free_npa(rec.npa_start)
             if entry.shared_npa is not None:
                 self._free_npa(entry.shared_npa[0])
-            self.outbox.append(Wake(("release", entry.handle_lo)))
         self.exports.clear()
         self.invalid.clear()
 
@@ -304,10 +451,11 @@ class UalinkManager:
             return
         entry.revoke = RevokeState()
         self.invalid[entry.handle_lo] = entry
-        self.revoke_invalidate(entry)
-        self.outbox.append(StartRevoke(self.accel_id, entry))
+        self._revoke_invalidate(entry)
+        if not entry.revoke.expected:  # nobody to wait for (all stale or gone)
+            self.revoke_finish(entry)
 
-    def revoke_invalidate(self, entry: ExportEntry) -> None:
+    def _revoke_invalidate(self, entry: ExportEntry) -> None:
         """§5.7 steps 3–5: invalidate the importers' NPA mappings, unpin, drop the BO, and
         put one NPA_REVOKE per importer still connected with its recorded generation."""
         assert entry.revoke is not None
@@ -327,7 +475,8 @@ class UalinkManager:
         for remote in entry.importers:
             entry.revoke.expected.add(remote)
             msg = p.NpaRevoke(p.handle_lo_bits(entry.handle_lo), entry.handle_hi)
-            self.outbox.append(Send(self.accel_id, remote, msg, ("revoke", entry.handle_lo)))
+            entry.revoke.unsent += 1
+            self.outbox.append(Send(self.accel_id, remote, msg, RevokeSent(entry.handle_lo)))
 
     def revoke_finish(self, entry: ExportEntry) -> list[int]:
         """§5.7 steps 7–9: free every NPA range, reset the connection to every importer that
@@ -378,10 +527,13 @@ class UalinkManager:
 
     # -- connection reset (§5.8) -------------------------------------------------------------
     def connection_reset(self, remote: int, new_state: ConnState, generation: int) -> bool:
+        """§5.8: `new_state` NOT_READY (timeouts) or PENDING (a HELLO while ESTABLISHED),
+        only from ESTABLISHED with the same `generation`; then the cleanup."""
         c = self.conn(remote)
-        if c.state != ConnState.ESTABLISHED or c.generation != generation:
+        event = ConnEvent.RESET if new_state == ConnState.NOT_READY else ConnEvent.RESET_FOR_HELLO
+        if c.generation != generation or not c.takes(event):
             return False
-        c.state = new_state
+        c.apply(event)
         for node in [n for n in self.imports.values() if n.exporter == remote]:
             if node.apply(NodeEvent.RESET):
                 self._teardown_node(node)
@@ -420,10 +572,14 @@ class UalinkManager:
                 node.buf.get()
                 return node.buf
             raise DrmError(errno.EINVAL, "import is being torn down")  # I4
-        if self.remote_import is None:
+        if self.import_waiter is None:
             # No fabric in this process: the HELLO cannot be sent (§5.1 send error).
             raise DrmError(errno.ETIME, f"no fabric link towards accel {exporter_id}")
-        return self.remote_import(self, file, handle_lo, handle_hi)
+        return self.import_waiter(self, self._start_import(handle_lo, handle_hi))
+
+    def attach(self, waiter: ImportWaiter) -> None:
+        """A fabric runs: imports that must wait are awaited through `waiter`."""
+        self.import_waiter = waiter
 
     def import_begin(self, handle_lo: int, handle_hi: int) -> ImportNode:
         """I6–I7: a new node in NOT_READY (the caller holds it until finish/abort)."""
@@ -433,7 +589,7 @@ class UalinkManager:
         self.imports[handle_lo] = node
         return node
 
-    def setup_connection(self, remote: int) -> bool:
+    def _setup_connection(self, remote: int) -> bool:
         """§5.4 local setup_connection: True when a HELLO must be sent and waited for,
         False when already ESTABLISHED; EAGAIN while someone else sets it up (I8)."""
         c = self.conn(remote)
@@ -444,17 +600,17 @@ class UalinkManager:
         c.apply(ConnEvent.SETUP)
         return True
 
-    def hello(self, remote: int) -> p.Hello:
+    def _hello(self, remote: int) -> p.Hello:
         return p.Hello(receiver_id=remote, sender_id=self.accel_id)
 
-    def setup_failed(self, remote: int) -> None:
+    def _hello_failed(self, remote: int) -> None:
         """I9–I11: HELLO not sent, interrupted or timed out: NOT_READY, no cleanup."""
         self.conn(remote).apply(ConnEvent.HELLO_FAILED)
 
     def npa_req(self, node: ImportNode) -> p.NpaReq:
         return p.NpaReq(p.handle_lo_bits(node.handle_lo), node.handle_hi)
 
-    def import_timed_out(self, node: ImportNode, generation: int) -> None:
+    def _import_timed_out(self, node: ImportNode, generation: int) -> None:
         """I14: no NPA_RSP/NPA_FAIL in time: reset the whole connection to the exporter."""
         self.connection_reset(node.exporter, ConnState.NOT_READY, generation)
 
@@ -497,7 +653,7 @@ class UalinkManager:
         if node.internal_handle:
             self.internal_file.handle_delete(node.internal_handle)
             node.internal_handle = 0
-        self.outbox.append(Wake(("import", node.handle_lo)))
+        self._node_changed(node)
 
     # -- receive path (§5.1, §5.3–§5.7, §5.12) --------------------------------------------------
     def receive(self, src: int, msg: p.Message) -> None:
@@ -524,7 +680,7 @@ class UalinkManager:
             self._on_hello(src, msg)
         elif isinstance(msg, p.HelloAck):
             if self.conn(src).apply(ConnEvent.HELLO_ACK):
-                self.outbox.append(Wake(("hello", src)))
+                self._connected(src)
         elif isinstance(msg, p.NpaReq):
             self._on_npa_req(src, msg)
         elif isinstance(msg, p.NpaRsp | p.NpaFail):
@@ -547,14 +703,19 @@ class UalinkManager:
             # build skips this, quirk "hello-no-reset").
             self.connection_reset(src, ConnState.PENDING, c.generation)
         c.apply(ConnEvent.HELLO)
-        self.outbox.append(Send(self.accel_id, src, p.HelloAck(), ("hello_ack", src)))
+        self.outbox.append(Send(self.accel_id, src, p.HelloAck(), HelloAckSent(src)))
 
     def _not_established(self, src: int, what: str) -> bool:
         if self.conn(src).state == ConnState.ESTABLISHED:
             return False
         log.info("accel %d: %s from accel %d before the connection is up: dropped, "
                  "setting up", self.accel_id, what, src)
-        self.outbox.append(StartSetup(self.accel_id, src))
+        try:
+            if self._setup_connection(src):
+                self._setup(src, None)
+        except DrmError as e:  # someone else is setting it up
+            log.info("accel %d: connection setup towards accel %d: %s", self.accel_id, src,
+                     e.strerror)
         return True
 
     def _fail(self, src: int, lo: int, reason: p.NpaFailReason) -> None:
@@ -613,7 +774,7 @@ class UalinkManager:
         else:  # step 4: a repeated request marks the importer with the current generation
             rec.generation = self.conn(src).generation
         rsp = p.NpaRsp(p.handle_lo_bits(lo), pages, strip_npa(start))
-        self.outbox.append(Send(self.accel_id, src, rsp, ("npa_rsp", lo, src)))
+        self.outbox.append(Send(self.accel_id, src, rsp, NpaRspSent(lo, src)))
 
     def _npa_rsp_failed(self, lo: int, src: int) -> None:
         """§5.6 step 7: NPA_RSP could not be sent: the requester is no importer, its pin
@@ -636,7 +797,7 @@ class UalinkManager:
         else:
             node.fail_reason = msg.reason or p.NpaFailReason.ERROR
         if node.apply(NodeEvent.ANSWER):
-            self.outbox.append(Wake(("import", node.handle_lo)))
+            self._node_changed(node)
         else:
             log.info("accel %d: unsolicited %s from accel %d", self.accel_id,
                      type(msg).__name__, src)
@@ -666,7 +827,7 @@ class UalinkManager:
             return
         entry.revoke.expected.discard(src)
         if not entry.revoke.expected:
-            self.outbox.append(Wake(("release", lo)))
+            self.revoke_finish(entry)
 
     # -- data plane: serving LOAD / STORE from importers (§4.4, policy 10) ----------------------
     def _resolve_npa(self, src: int, npa_byte_addr: int, length: int) -> tuple[AmdgpuBo, int]:
@@ -714,8 +875,9 @@ class UalinkManager:
         bo.memory.write(offset, data)
 
     # -- send outcomes ----------
-    def on_sent(self, send: Send, err: DrmError | None) -> None:
-        """The agent reports how a `Send` ended (None: the peer accepted it)."""
+    def on_sent(self, send: Send, err: DrmError | None, now: float | None = None) -> None:
+        """The agent reports how a `Send` ended (None: the peer accepted it) at time `now`
+        (needed by the sends whose acceptance starts a wait: HELLO, NPA_REQ, NPA_REVOKE)."""
         tag = send.tag
         if tag is None:
             if err is not None:
@@ -723,26 +885,204 @@ class UalinkManager:
                 self._log_repeated(("send-failed", name, send.dst, err.errno), logging.INFO,
                                    "accel %d: sending %s to accel %d failed: %s",
                                    self.accel_id, name, send.dst, err.strerror)
-            return
-        kind = tag[0]
-        if kind == "hello_ack":
+        elif isinstance(tag, HelloAckSent):
             c = self.conn(send.dst)
             if err is None:
                 if c.apply(ConnEvent.ACK_SENT):
-                    self.outbox.append(Wake(("hello", send.dst)))
+                    self._connected(send.dst)
             else:
                 c.apply(ConnEvent.ACK_SEND_FAILED)
-        elif kind == "npa_rsp" and err is not None:
-            _, lo, src = tag
-            self._npa_rsp_failed(lo, src)  # type: ignore[arg-type]  # Send.tag: an untyped tuple
-        elif kind == "revoke" and err is not None:
-            entry = self.invalid.get(tag[1])  # type: ignore[call-overload]  # (as above)
-            if entry is not None and entry.revoke is not None:
-                entry.revoke.expected.discard(send.dst)
-                gen = entry.importers[send.dst].generation if send.dst in entry.importers else 0
-                self.connection_reset(send.dst, ConnState.NOT_READY, gen)  # as U′ does
-                if not entry.revoke.expected:
-                    self.outbox.append(Wake(("release", entry.handle_lo)))
+        elif isinstance(tag, HelloSent):
+            self._hello_sent(tag, err, now)
+        elif isinstance(tag, NpaReqSent):
+            self._npa_req_sent(tag, err, now)
+        elif isinstance(tag, NpaRspSent):
+            if err is not None:
+                self._npa_rsp_failed(tag.handle_lo, tag.src)
+        else:
+            self._revoke_sent(tag, send.dst, err, now)
+
+    # -- the import flow (theory of operation at the top) ------------------------------------
+    def _start_import(self, handle_lo: int, handle_hi: int) -> ImportFlow:
+        node = self.import_begin(handle_lo, handle_hi)
+        flow = ImportFlow(node)
+        try:
+            setup = self._setup_connection(node.exporter)  # I8: EAGAIN while in progress
+        except DrmError:
+            self.import_abort(node)
+            raise
+        self.flows[handle_lo] = flow
+        if setup:
+            self._setup(node.exporter, flow)
+        else:
+            self._request(flow)
+        return flow
+
+    def _setup(self, remote: int, flow: ImportFlow | None) -> None:
+        """The connection is IN_PROGRESS: send HELLO (§5.4)."""
+        setup = ConnSetup(remote, next(self._setup_numbers), flow)
+        self.setups[setup.number] = setup
+        self.outbox.append(Send(self.accel_id, remote, self._hello(remote),
+                                HelloSent(remote, setup.number)))
+
+    def _hello_sent(self, tag: HelloSent, err: DrmError | None, now: float | None) -> None:
+        setup = self.setups.get(tag.setup)
+        if setup is None:
+            return  # its import was cancelled
+        if err is not None:  # I9
+            self._setup_failed(setup, err)
+        elif self.conn(setup.remote).state == ConnState.ESTABLISHED:
+            setup.sent = True
+            self._connected(setup.remote)
+        else:
+            setup.sent = True
+            self._arm(setup, now)
+
+    def _setup_failed(self, setup: ConnSetup, err: DrmError) -> None:
+        """I9–I11: NOT_READY, no cleanup; the import (if any) fails with `err`."""
+        del self.setups[setup.number]
+        self._hello_failed(setup.remote)
+        if setup.flow is not None:
+            self._end(setup.flow, err)
+        else:
+            log.info("accel %d: connection setup towards accel %d: %s", self.accel_id,
+                     setup.remote, err.strerror)
+
+    def _connected(self, remote: int) -> None:
+        """The connection to `remote` became ESTABLISHED: the setups whose HELLO went out
+        are done, and their imports go on to NPA_REQ."""
+        for setup in [s for s in self.setups.values() if s.remote == remote and s.sent]:
+            del self.setups[setup.number]
+            flow = setup.flow
+            if flow is not None and self.flows.get(flow.node.handle_lo) is flow:
+                self._request(flow)
+
+    def _request(self, flow: ImportFlow) -> None:
+        """I12: NPA_REQ to the exporter, the connection's generation noted for I14."""
+        node = flow.node
+        flow.step, flow.sent, flow.deadline = ImportStep.REQUESTING, False, None
+        flow.generation = self.conn(node.exporter).ready_generation()
+        self.outbox.append(Send(self.accel_id, node.exporter, self.npa_req(node),
+                                NpaReqSent(node.handle_lo)))
+
+    def _npa_req_sent(self, tag: NpaReqSent, err: DrmError | None, now: float | None) -> None:
+        flow = self.flows.get(tag.handle_lo)
+        if flow is None or flow.step != ImportStep.REQUESTING:
+            return
+        if err is not None:
+            self._end(flow, err)
+            return
+        flow.sent = True
+        if flow.node.state != NodeState.NOT_READY:  # answered (or torn down) already
+            self._finish(flow)
+        else:
+            self._arm(flow, now)
+
+    def _node_changed(self, node: ImportNode) -> None:
+        """The node was answered or torn down: a flow waiting on it finishes (I13, I15)."""
+        flow = self.flows.get(node.handle_lo)
+        if (flow is not None and flow.node is node and flow.step == ImportStep.REQUESTING
+                and flow.sent):
+            self._finish(flow)
+
+    def _finish(self, flow: ImportFlow) -> None:
+        try:
+            buf = self.import_finish(flow.node)
+        except DrmError as e:
+            self._end(flow, e)
+        else:
+            self._end(flow, None, buf)
+
+    def _end(self, flow: ImportFlow, err: DrmError | None, buf: DmaBuf | None = None) -> None:
+        """DONE: the node leaves the table unless READY; the waiter is woken."""
+        lo = flow.node.handle_lo
+        if self.flows.get(lo) is flow:
+            del self.flows[lo]
+        flow.step, flow.deadline, flow.error, flow.buf = ImportStep.DONE, None, err, buf
+        self.import_abort(flow.node)
+        self.outbox.append(Wake(ImportDone(lo)))
+
+    def import_cancelled(self, flow: ImportFlow) -> None:
+        """The waiter was cancelled (I10): a connection being set up for it goes back to
+        NOT_READY, the node leaves the table; an outcome nobody will take is dropped."""
+        if flow.done:
+            if flow.buf is not None:
+                buf, flow.buf = flow.buf, None
+                buf.put()
+            return
+        for setup in [s for s in self.setups.values() if s.flow is flow]:
+            del self.setups[setup.number]
+            self._hello_failed(setup.remote)
+        del self.flows[flow.node.handle_lo]
+        flow.step, flow.deadline = ImportStep.DONE, None
+        flow.error = DrmError(errno.EINTR, "the import was interrupted")
+        self.import_abort(flow.node)
+
+    # -- the revoke flow ----------
+    def _revoke_sent(self, tag: RevokeSent, dst: int, err: DrmError | None,
+                     now: float | None) -> None:
+        entry = self.invalid.get(tag.handle_lo)
+        if entry is None or entry.revoke is None:
+            return
+        revoke = entry.revoke
+        revoke.unsent -= 1
+        if err is not None:
+            revoke.expected.discard(dst)
+            gen = entry.importers[dst].generation if dst in entry.importers else 0
+            self.connection_reset(dst, ConnState.NOT_READY, gen)  # as U′ does
+        if not revoke.expected:
+            self.revoke_finish(entry)
+        elif revoke.unsent == 0:
+            self._arm(entry, now)  # step 6: wait up to 5 s for the releases
+
+    # -- time (aioquic's get_timer / handle_timer) --------------------------------------------
+    def _arm(self, what: ImportFlow | ConnSetup | ExportEntry, now: float | None) -> None:
+        assert now is not None, "a send that starts a wait is reported with the time"
+        deadline = now + self.response_timeout
+        if isinstance(what, ExportEntry):
+            assert what.revoke is not None
+            what.revoke.deadline = deadline
+        else:
+            what.deadline = deadline
+        heapq.heappush(self._timers, (deadline, next(self._timer_seq), what))
+
+    def _armed(self, deadline: float, what: ImportFlow | ConnSetup | ExportEntry) -> bool:
+        """Whether a timer entry still stands (its flow may have ended or moved on)."""
+        if isinstance(what, ImportFlow):
+            return self.flows.get(what.node.handle_lo) is what and what.deadline == deadline
+        if isinstance(what, ConnSetup):
+            return self.setups.get(what.number) is what and what.deadline == deadline
+        return (self.invalid.get(what.handle_lo) is what and what.revoke is not None
+                and what.revoke.deadline == deadline)
+
+    def get_timer(self) -> float | None:
+        """The next deadline of a flow (None: nothing waits for time)."""
+        timers = self._timers
+        while timers and not self._armed(timers[0][0], timers[0][2]):
+            heapq.heappop(timers)
+        return timers[0][0] if timers else None
+
+    def handle_timer(self, now: float) -> None:
+        """Every deadline at or before `now` fires: I11 (no HELLO_ACK), I14 (no NPA_RSP:
+        ETIMEDOUT and a connection reset), §5.7 step 6 (releases missing: finish)."""
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            deadline, _, what = heapq.heappop(timers)
+            if not self._armed(deadline, what):
+                continue
+            if isinstance(what, ConnSetup):
+                what.deadline = None
+                self._setup_failed(what, DrmError(errno.ETIMEDOUT,
+                                                  f"no HELLO_ACK from accel {what.remote}"))
+            elif isinstance(what, ImportFlow):
+                node = what.node
+                self._end(what, DrmError(errno.ETIMEDOUT, f"no NPA_RSP from accel "
+                                                          f"{node.exporter}"))
+                self._import_timed_out(node, what.generation)
+            else:
+                assert what.revoke is not None
+                what.revoke.deadline = None
+                self.revoke_finish(what)
 
     def take_effects(self) -> list[Effect]:
         out, self.outbox = self.outbox, []

@@ -29,6 +29,8 @@ class ConnEvent(enum.Enum):
     HELLO = "HELLO received"
     ACK_SENT = "our HELLO_ACK was accepted"
     ACK_SEND_FAILED = "our HELLO_ACK could not be sent"
+    RESET = "connection reset (§5.8): NPA_RSP timeout, missing NPA_RELEASE, failed REVOKE"
+    RESET_FOR_HELLO = "connection reset requested by a HELLO while ESTABLISHED"
     STOP = "manager stop/start"
 
 
@@ -47,6 +49,9 @@ CONN_TRANSITIONS: dict[tuple[ConnState, ConnEvent], ConnState] = {
     (_C.IN_PROGRESS, _E.ACK_SENT): _C.ESTABLISHED,
     (_C.PENDING, _E.ACK_SEND_FAILED): _C.NOT_READY,
     (_C.IN_PROGRESS, _E.ACK_SEND_FAILED): _C.IN_PROGRESS,
+    # §5.8: only from ESTABLISHED (the caller also checks the generation).
+    (_C.ESTABLISHED, _E.RESET): _C.NOT_READY,
+    (_C.ESTABLISHED, _E.RESET_FOR_HELLO): _C.PENDING,
     **{(s, _E.STOP): _C.NOT_READY for s in ConnState},
 }
 
@@ -58,6 +63,10 @@ class PeerConn:
     remote: int
     state: ConnState = ConnState.NOT_READY
     generation: int = 0  # +1 every time the state becomes ESTABLISHED; never reset
+
+    def takes(self, event: ConnEvent) -> bool:
+        """True if the table has a row for `event` from the current state."""
+        return (self.state, event) in CONN_TRANSITIONS
 
     def apply(self, event: ConnEvent) -> bool:
         """Take the transition; True if the state became ESTABLISHED by it."""
@@ -142,4 +151,6 @@ class ImporterRecord:
 class RevokeState:
     """An export in the "handle invalid" table while its revoke runs (§5.7)."""
 
-    expected: set[int] = field(default_factory=set)
+    expected: set[int] = field(default_factory=set)  # importers whose RELEASE is awaited
+    unsent: int = 0  # NPA_REVOKE sends whose outcome is not known yet
+    deadline: float | None = None  # §5.7 step 6: the 5 s wait, armed once all are sent

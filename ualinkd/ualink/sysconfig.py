@@ -11,7 +11,7 @@ import errno
 import logging
 import re
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 
 from ..drm.errors import DrmError
 from .host import UalinkHost
@@ -19,13 +19,16 @@ from .manager import UalinkManager
 from .state import (
     ACCEL_MAX,
     LOCAL_ACCELS_MAX,
-    STAGE_TARGET,
     VPOD_ID_INVALID,
+    AccelEvent,
     AccelState,
     AddrMode,
     ConfigStage,
+    ConfigUpdate,
+    PpodInfo,
     VpodInfo,
-    next_state,
+    config_refusal,
+    config_update_case,
 )
 
 log = logging.getLogger(__name__)
@@ -95,6 +98,49 @@ def _expect_true(text: str) -> None:
         raise DrmError(errno.EINVAL, "commit takes the word true")
 
 
+@dataclass(frozen=True, slots=True)
+class PendingSetup:
+    """setup/: the pPod values setup/commit pushes (§7.1); field names are the file names."""
+
+    accel_id: int
+    bandwidth: int
+    latency: int
+    ppod_size: int
+    ppod_id: uuid.UUID
+    local_accels: tuple[int, ...] = ()
+
+    def ppod(self) -> PpodInfo:
+        return PpodInfo(self.accel_id, self.bandwidth, self.latency, self.ppod_size,
+                        self.ppod_id)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingConfig:
+    """config/: the vPod values config/commit pushes (§7.1)."""
+
+    vpod_id: int
+    vpod_size: int
+    vpod_active_accels: tuple[int, ...]
+    addr_mode: AddrMode
+
+    def vpod(self) -> VpodInfo:
+        return VpodInfo(self.vpod_id, self.vpod_size, self.addr_mode,
+                        frozenset(self.vpod_active_accels))
+
+
+@dataclass(frozen=True, slots=True)
+class PendingStations:
+    """stations/ (§7.1): pushed to the firmware, no state change."""
+
+    flags: int = 0
+    lane_en_bitmap: str = ""
+
+
+def field_names(pending: PendingSetup | PendingConfig | PendingStations) -> list[str]:
+    """The attribute files of one pending group, in declaration order."""
+    return [f.name for f in fields(pending)]
+
+
 class SysConfig:
     """Pending configuration of one accel and the commits that apply it."""
 
@@ -102,15 +148,11 @@ class SysConfig:
         self.host = host
         self.mgr = mgr
         pp, vp = mgr.ppod, mgr.vpod
-        self.setup: dict[str, object] = {
-            "accel_id": pp.accel_id, "bandwidth": pp.bandwidth, "latency": pp.latency,
-            "ppod_size": pp.ppod_size, "ppod_id": pp.ppod_uuid, "local_accels": [],
-        }
-        self.config: dict[str, object] = {
-            "vpod_id": vp.vpod_id, "vpod_size": vp.vpod_size,
-            "vpod_active_accels": sorted(vp.active_accels), "addr_mode": vp.addr_mode,
-        }
-        self.stations: dict[str, object] = {"flags": 0, "lane_en_bitmap": ""}
+        self.setup = PendingSetup(pp.accel_id, pp.bandwidth, pp.latency, pp.ppod_size,
+                                  pp.ppod_uuid)
+        self.config = PendingConfig(vp.vpod_id, vp.vpod_size, tuple(sorted(vp.active_accels)),
+                                    vp.addr_mode)
+        self.stations = PendingStations()
 
     # -- writes -----------------------------------------------------------------------------
     def write_setup(self, name: str, text: str) -> None:
@@ -118,53 +160,55 @@ class SysConfig:
             word = text[:-1] if text.endswith("\n") else text
             if not _UUID_TEXT.fullmatch(word):  # uuid_parse: the 36-character form only
                 raise DrmError(errno.EINVAL, "not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
-            self.setup[name] = uuid.UUID(word)
+            self.setup = replace(self.setup, ppod_id=uuid.UUID(word))
         elif name == "local_accels":
-            self.setup[name] = parse_ids(text, LOCAL_ACCELS_MAX)
+            self.setup = replace(self.setup, local_accels=tuple(parse_ids(text, LOCAL_ACCELS_MAX)))
         else:
-            self.setup[name] = parse_u32(text)
+            v, s = parse_u32(text), self.setup
+            self.setup = {"accel_id": lambda: replace(s, accel_id=v),
+                          "bandwidth": lambda: replace(s, bandwidth=v),
+                          "latency": lambda: replace(s, latency=v),
+                          "ppod_size": lambda: replace(s, ppod_size=v)}[name]()
 
     def write_config(self, name: str, text: str) -> None:
         if name == "vpod_active_accels":
-            self.config[name] = sorted(set(parse_ids(text)))
+            self.config = replace(self.config,
+                                  vpod_active_accels=tuple(sorted(set(parse_ids(text)))))
         elif name == "addr_mode":
             word = text[:-1] if text.endswith("\n") else text
             modes = {"source-aliasing": AddrMode.SOURCE_ALIASING,
                      "source-identification": AddrMode.SOURCE_IDENTIFICATION}
             if word not in modes:
                 raise DrmError(errno.EINVAL, f"unknown addr_mode {word!r}")
-            self.config[name] = modes[word]
+            self.config = replace(self.config, addr_mode=modes[word])
         else:
-            self.config[name] = parse_u32(text)
+            v, c = parse_u32(text), self.config
+            self.config = {"vpod_id": lambda: replace(c, vpod_id=v),
+                           "vpod_size": lambda: replace(c, vpod_size=v)}[name]()
 
     def write_stations(self, name: str, text: str) -> None:
         if name == "flags":
-            self.stations[name] = parse_hex_u8(text)
+            self.stations = replace(self.stations, flags=parse_hex_u8(text))
         else:
             digits = text.rstrip("\n")
             if len(digits) > STATIONS_MAX:
                 raise DrmError(errno.ENOSPC, f"at most {STATIONS_MAX} stations")
             if not _HEX_DIGITS.issuperset(digits):
                 raise DrmError(errno.EINVAL, "one hex digit per station")
-            self.stations[name] = digits
+            self.stations = replace(self.stations, lane_en_bitmap=digits)
 
     # -- commits ----------------------------------------------------------------------------
     def commit_setup(self, text: str) -> None:
         """setup/commit: new pPod info; deactivate if ≥ READY; state from the pPod rules;
         vPod id := 0."""
         _expect_true(text)
-        mgr, s = self.mgr, self.setup
-        mgr.ppod = replace(
-            # The pending values are `object`s: the attribute writers checked their types.
-            mgr.ppod, accel_id=int(s["accel_id"]), bandwidth=int(s["bandwidth"]),  # type: ignore[call-overload]
-            latency=int(s["latency"]), ppod_size=int(s["ppod_size"]),  # type: ignore[call-overload]
-            ppod_uuid=s["ppod_id"],  # type: ignore[arg-type]
-        )
+        mgr = self.mgr
+        mgr.ppod = self.setup.ppod()
         if mgr.state >= AccelState.READY:
             mgr.deactivate()
         mgr.vpod = VpodInfo()
-        mgr.state = AccelState.PPOD_CONFIGURED if mgr.ppod.valid else AccelState.UNCONFIGURED
-        self.config["vpod_id"] = VPOD_ID_INVALID
+        mgr.change_state(AccelEvent.PPOD_COMMIT)
+        self.config = replace(self.config, vpod_id=VPOD_ID_INVALID)
         log.info("accel %d: pPod committed, state %s", mgr.accel_id, mgr.state.sysfs)
 
     def commit_config(self, text: str) -> None:
@@ -172,15 +216,10 @@ class SysConfig:
         PSP config update with the pending vPod (§5.9 event table; from ERROR that is the
         "any other case" row unless the new vPod id is 0)."""
         _expect_true(text)
-        mgr, c = self.mgr, self.config
-        # The pending values are `object`s: the attribute writers checked their types.
-        active = frozenset(c["vpod_active_accels"])  # type: ignore[call-overload]
-        new = VpodInfo(int(c["vpod_id"]), int(c["vpod_size"]), c["addr_mode"],  # type: ignore[call-overload,arg-type]
-                       active)
-        if mgr.state < AccelState.PPOD_CONFIGURED:
-            raise DrmError(errno.EINVAL, f"accel is {mgr.state.sysfs}")
-        if new.vpod_id != VPOD_ID_INVALID and not new.valid_for(mgr.ppod):
-            raise DrmError(errno.EINVAL, "the vPod configuration is not valid")
+        mgr, new = self.mgr, self.config.vpod()
+        why = config_refusal(mgr.state, mgr.ppod, new)
+        if why is not None:
+            raise DrmError(errno.EINVAL, f"accel is {mgr.state.sysfs}; {why}")
         config_update(self.host, mgr, new, ConfigStage.COMPLETE)
 
     def commit_stations(self, text: str) -> None:
@@ -192,7 +231,8 @@ def config_update(
 ) -> None:
     """amdgpu_ualink_config_update_handler (§5.9 "Event handling")."""
     prev = mgr.vpod.vpod_id
-    if mgr.state == AccelState.ACTIVE and new.vpod_id == prev and prev != VPOD_ID_INVALID:
+    case = config_update_case(mgr.state, prev, new.vpod_id)
+    if case == ConfigUpdate.SAME_VPOD_ACTIVE:
         # The new info is recorded as it is, addr_mode included, but only a membership
         # change acts: the NPA space running keeps the mode it was laid out with at
         # activation, and the next activation takes the new one.
@@ -200,18 +240,18 @@ def config_update(
         if new.active_accels != mgr.active_snapshot:
             host.activate_vpod(mgr)  # membership changed: bounce the members
         return
-    if new.vpod_id == VPOD_ID_INVALID:
+    if case == ConfigUpdate.LEAVE:
         mgr.vpod = new
         mgr.deactivate()
         mgr.local_accels = []
         return
-    if prev == VPOD_ID_INVALID:  # joining
+    if case == ConfigUpdate.JOIN:
         mgr.vpod = new
-        mgr.state = next_state(mgr.state, STAGE_TARGET[stage], mgr.ppod, mgr.vpod)
+        mgr.change_state(AccelEvent.STAGE, stage)
         host.activate_vpod(mgr)
         return
     log.error("accel %d: vPod %d -> %d without leaving first: ERROR", mgr.accel_id, prev,
               new.vpod_id)
     mgr.deactivate()
     mgr.vpod = new
-    mgr.state = AccelState.ERROR
+    mgr.change_state(AccelEvent.CONFIG_REFUSED)
