@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 
 import pytest
-from ualink_testkit import gem_create, make_node, open_file, pod_config, ualink_export
+from ualink_testkit import connected_export, make_node, open_file, pod_config
 
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.gem import DmaBuf
@@ -156,13 +156,7 @@ def test_an_interrupted_import_leaves_the_connection_not_ready():
 
 
 def exporter():
-    core = make_node(pod_config(**THREE))
-    mgr = core.managers[128]
-    for remote in (1, 2):
-        mgr.conn(remote).apply(ConnEvent.SETUP)
-        mgr.conn(remote).apply(ConnEvent.HELLO_ACK)
-    f = open_file(core)
-    lo, hi = ualink_export(f, gem_create(f, size=1 << 20))
+    core, mgr, f, lo, hi = connected_export(pod_config(**THREE))
     for remote in (1, 2):
         mgr.receive(remote, p.NpaReq(p.handle_lo_bits(lo), hi))
         for eff in mgr.take_effects():

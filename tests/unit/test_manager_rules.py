@@ -9,7 +9,14 @@ import dataclasses
 import errno
 
 import pytest
-from ualink_testkit import gem_create, make_node, open_file, pod_config, ualink_export
+from ualink_testkit import (
+    connected_export,
+    gem_create,
+    make_node,
+    open_file,
+    pod_config,
+    ualink_export,
+)
 
 from ualinkd.drm.errors import DrmError
 from ualinkd.ualink import protocol as p
@@ -153,14 +160,8 @@ def test_npa_values_on_the_wire_per_addressing_mode():
     assert request(mgr, 1, lo2, hi2).msg.npa_offset == 0xA00
     assert mgr.npa_import_pages == 256 + 1024  # the write-back area is not an import's
     mgr.check_invariants()
-    core = make_node(pod_config(nodes=THREE["nodes"], vpods=[
+    core, mgr, f, lo, hi = connected_export(pod_config(nodes=THREE["nodes"], vpods=[
         {"id": 1, "members": [0, 1, 2], "addr_mode": "source-identification"}]))
-    mgr = core.managers[128]
-    for remote in (1, 2):
-        mgr.conn(remote).apply(ConnEvent.SETUP)
-        mgr.conn(remote).apply(ConnEvent.HELLO_ACK)
-    f = open_file(core)
-    lo, hi = ualink_export(f, gem_create(f, size=1 << 20))
     assert request(mgr, 2, lo, hi).msg.npa_offset == 0x200  # offset in accel 2's segment
 
 

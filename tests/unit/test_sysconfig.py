@@ -7,13 +7,13 @@ import errno
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ualink_testkit import gem_create, make_node, open_file, pod_config, ualink_export
+from ualink_testkit import connected_export, make_node, pod_config
 
 from ualinkd.drm.errors import DrmError
 from ualinkd.sysfs import resolve
 from ualinkd.ualink import protocol as p
 from ualinkd.ualink.manager import Send
-from ualinkd.ualink.peers import ConnEvent, ConnState
+from ualinkd.ualink.peers import ConnState
 from ualinkd.ualink.state import AccelState, AddrMode
 from ualinkd.ualink.sysconfig import SysConfig, parse_hex_u8, parse_ids, parse_u32
 
@@ -127,13 +127,7 @@ THREE = {"nodes": [[{"id": 0}], [{"id": 1}], [{"id": 2}]]}
 def exporter_with_an_importer():
     """node0 (accel 0, source-aliasing) with connections to accels 1 and 2 up, a 1 MiB BO
     exported and granted to accel 1."""
-    core = make_node(pod_config(**THREE))
-    mgr = core.managers[128]
-    for remote in (1, 2):
-        mgr.conn(remote).apply(ConnEvent.SETUP)
-        mgr.conn(remote).apply(ConnEvent.HELLO_ACK)
-    f = open_file(core)
-    lo, hi = ualink_export(f, gem_create(f, size=1 << 20))
+    core, mgr, f, lo, hi = connected_export(pod_config(**THREE))
     assert npa_req(mgr, 1, lo, hi).npa_offset == 0x802
     return core, mgr, lo, hi
 

@@ -211,3 +211,20 @@ class ScriptedBits:
             return self.values.pop(0) & ((1 << k) - 1)
         self._n += 0x10001
         return self._n & ((1 << k) - 1)
+
+
+def connected_export(config: PodConfig, remotes: Iterable[int] = (1, 2),
+                     size: int = 1 << 20) -> tuple[NodeCore, Any, DrmFile, int, int]:
+    """Accel 0's manager of a node of `config` with its connections to `remotes` up
+    (SETUP, HELLO_ACK: §5.4) and a BO of `size` exported (§6.1): core, manager, the file
+    and the UALink handle's two halves."""
+    from ualinkd.ualink.peers import ConnEvent
+
+    core = make_node(config)
+    mgr = core.managers[128]
+    for remote in remotes:
+        mgr.conn(remote).apply(ConnEvent.SETUP)
+        mgr.conn(remote).apply(ConnEvent.HELLO_ACK)
+    f = open_file(core)
+    lo, hi = ualink_export(f, gem_create(f, size=size))
+    return core, mgr, f, lo, hi
