@@ -54,6 +54,21 @@ class UalinkOps(Protocol):
 __all__ = ["AmdgpuDriver", "UalinkOps"]
 
 
+async def user_pages_present(process: ProcessMemory, addr: int, size: int,
+                             readonly: bool) -> None:
+    """get_user_pages for a userptr BO that must be backed now (GEM_USERPTR's VALIDATE, the
+    KFD's USERPTR allocation): every page mapped, writable unless `readonly`; else EFAULT,
+    and `process` is closed on any failure."""
+    try:
+        ok = await process.accessible(addr, size, not readonly) >= size
+    except BaseException:
+        process.close()
+        raise
+    if not ok:
+        process.close()
+        raise DrmError(errno.EFAULT, "userptr range not mapped as asked")
+
+
 class AmdgpuDriver:
     def __init__(
         self,
@@ -213,15 +228,7 @@ class AmdgpuDriver:
     async def _userptr_validated(self, file: DrmFile, kdata: bytearray,
                                  process: ProcessMemory, addr: int, size: int,
                                  readonly: bool) -> None:
-        # get_user_pages: with VALIDATE every page must be there, with the access the BO has.
-        try:
-            ok = await process.accessible(addr, size, not readonly) >= size
-        except BaseException:
-            process.close()
-            raise
-        if not ok:
-            process.close()
-            raise DrmError(errno.EFAULT, "userptr range not mapped as asked")
+        await user_pages_present(process, addr, size, readonly)
         self._userptr_create(file, kdata, process, addr, size, readonly)
 
     def userptr_bo(self, process: ProcessMemory, addr: int, size: int,

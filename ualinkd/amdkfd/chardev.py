@@ -22,9 +22,9 @@ from ..abi import ioctls as tbl
 from ..abi import structs as st
 from ..abi.ioc import IOC_READ, IOC_WRITE
 from ..amdgpu.bo import AmdgpuBo
-from ..amdgpu.driver import AmdgpuDriver
+from ..amdgpu.driver import AmdgpuDriver, user_pages_present
 from ..amdgpu.vm import MAX_PFN, GpuVm
-from ..drm.device import Caller, CopyFromUser, CopyToUser, IoctlResult
+from ..drm.device import Caller, CopyFromUser, CopyToUser, IoctlResult, finish_later
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf
@@ -331,18 +331,8 @@ class Kfd:
         except DrmError as e:
             return IoctlResult(-e.errno, bytes(kdata[:out_size]), spec, bytes(kdata))  # 4
         if pending is not None:
-            return self._finish_later(pending, spec, kdata, out_size)
+            return finish_later(pending, spec, kdata, out_size)
         return IoctlResult(0, bytes(kdata[:out_size]), spec, bytes(kdata))
-
-    @staticmethod
-    async def _finish_later(pending: Awaitable[None], spec: tbl.IoctlSpec, kdata: bytearray,
-                            out_size: int) -> IoctlResult:
-        result = 0
-        try:
-            await pending
-        except DrmError as e:
-            result = -e.errno
-        return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
 
     async def _read_user(self, caller: Caller, address: int, size: int) -> bytes:
         if self.copy_from_user is None:
@@ -510,14 +500,7 @@ class Kfd:
             raise DrmError(errno.EFAULT, "no access to the caller's memory")
         process = opener(caller.pid)
         readonly = not a.flags & ALLOC_MEM_FLAGS_WRITABLE
-        try:
-            ok = await process.accessible(addr, a.size, not readonly) >= a.size
-        except BaseException:
-            process.close()
-            raise
-        if not ok:
-            process.close()
-            raise DrmError(errno.EFAULT, "userptr range not mapped as asked")
+        await user_pages_present(process, addr, a.size, readonly)
         if pdd.drm_file is None:  # released while the pages were looked at
             process.close()
             raise DrmError(errno.ENODEV, "no VM acquired for this GPU")

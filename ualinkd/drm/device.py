@@ -111,6 +111,18 @@ class IoctlResult:
     kdata: bytes  # the kernel buffer after the handler (for tracing)
 
 
+async def finish_later(pending: Awaitable[None], spec: tbl.IoctlSpec, kdata: bytearray,
+                       out_size: int) -> IoctlResult:
+    """The end of an ioctl whose handler awaits (caller memory, a wait): its errno, and the
+    user's size copied back whether it failed or not (drm_ioctl's and kfd_ioctl's rule)."""
+    result = 0
+    try:
+        await pending
+    except DrmError as e:
+        result = -e.errno
+    return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
+
+
 class DrmDevice:
     def __init__(
         self,
@@ -216,18 +228,7 @@ class DrmDevice:
                 result = -e.errno
             else:
                 if pending is not None:
-                    return self._finish_later(pending, spec, kdata, out_size)
-        return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
-
-    @staticmethod
-    async def _finish_later(
-        pending: Awaitable[None], spec: tbl.IoctlSpec, kdata: bytearray, out_size: int
-    ) -> IoctlResult:
-        result = 0
-        try:
-            await pending
-        except DrmError as e:
-            result = -e.errno
+                    return finish_later(pending, spec, kdata, out_size)
         return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
 
     # -- core handlers ---------------------------------------------------------------------
