@@ -93,6 +93,23 @@ def fake_lsmod(tmp_path: Path) -> Path:
     return bin_dir
 
 
+def run_rocminfo(node, bin_dir: Path, **extra_env: str) -> str:
+    """Debian's rocminfo through the shim against `node`, with the lsmod stand-in on PATH;
+    its output (stdout, then stderr), once it exited 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
+    env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"),
+               PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}", **extra_env)
+    r = subprocess.run(["rocminfo"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr + node.log_text()
+    return r.stdout + r.stderr
+
+
+def agent_field(stdout: str, name: str) -> list[str]:
+    """The values of one `Name: value` field of rocminfo's agents, in order."""
+    return [line.split(":", 1)[1].strip() for line in stdout.splitlines()
+            if line.strip().startswith(f"{name}:")]
+
+
 @pytest.mark.skipif(shutil.which("rocminfo") is None, reason="rocminfo is not installed")
 def test_rocminfo_recognizes_an_mi210_without_override(tmp_path: Path):
     """With the gfx90a (MI210) profile, ROCr 5.2.3 knows the GPU: rocminfo lists it as a
@@ -106,20 +123,11 @@ def test_rocminfo_recognizes_an_mi210_without_override(tmp_path: Path):
     config = dataclasses.replace(base, nodes=(node_cfg,))
     bin_dir = fake_lsmod(tmp_path)
     with running_node(tmp_path / "node", config) as node:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
-        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"),
-                   PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}")
-        r = subprocess.run(["rocminfo"], env=env, capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr + node.log_text()
-        types = [line.split(":", 1)[1].strip() for line in r.stdout.splitlines()
-                 if line.strip().startswith("Device Type:")]
-        assert types == ["CPU", "GPU"], r.stdout
-        assert "amdgcn-amd-amdhsa--gfx90a" in r.stdout
-        assert "unrecognized id" not in r.stdout + r.stderr
-        cus = [line.split(":", 1)[1].strip() for line in r.stdout.splitlines()
-               if line.strip().startswith("Compute Unit:")]
-        assert cus[-1] == "104", r.stdout
+        out = run_rocminfo(node, bin_dir)
+        assert agent_field(out, "Device Type") == ["CPU", "GPU"], out
+        assert "amdgcn-amd-amdhsa--gfx90a" in out
+        assert "unrecognized id" not in out
+        assert agent_field(out, "Compute Unit")[-1] == "104", out
 
 
 @pytest.mark.skipif(shutil.which("rocminfo") is None, reason="rocminfo is not installed")
@@ -132,17 +140,9 @@ def test_rocminfo_lists_the_accel_as_a_gpu_agent(tmp_path: Path):
     presents it as gfx90a, as a user of an old ROCr on MI300 would."""
     bin_dir = fake_lsmod(tmp_path)
     with running_node(tmp_path / "node", PodConfig.local(1, 1)) as node:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
-        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"),
-                   PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}",
-                   HSA_OVERRIDE_GFX_VERSION="9.0.10")
-        r = subprocess.run(["rocminfo"], env=env, capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr + node.log_text()
-        types = [line.split(":", 1)[1].strip() for line in r.stdout.splitlines()
-                 if line.strip().startswith("Device Type:")]
-        assert types == ["CPU", "GPU"], r.stdout
-        assert "amdgcn-amd-amdhsa--gfx90a" in r.stdout
+        out = run_rocminfo(node, bin_dir, HSA_OVERRIDE_GFX_VERSION="9.0.10")
+        assert agent_field(out, "Device Type") == ["CPU", "GPU"], out
+        assert "amdgcn-amd-amdhsa--gfx90a" in out
 
 
 ROCR_QUEUE = r"""

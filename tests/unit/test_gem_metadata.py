@@ -17,16 +17,6 @@ assert GEM_METADATA == 0xC1206446
 SET, GET = c.GEM_METADATA_OP_SET_METADATA, c.GEM_METADATA_OP_GET_METADATA
 
 
-@pytest.fixture
-def core():
-    return kit.make_node()
-
-
-@pytest.fixture
-def f(core):
-    return kit.open_file(core)
-
-
 def meta(handle: int, op: int, flags: int = 0, tiling: int = 0, size: int = 0,
          data: tuple[int, ...] = ()) -> bytes:
     return st.encode_gem_metadata(

@@ -47,16 +47,6 @@ GEM_VA_LEGACY = iow(0x48, st.GEM_VA_LEGACY_SIZE)
 assert GEM_VA_LEGACY == 0x40286448
 
 
-@pytest.fixture
-def core():
-    return kit.make_node()
-
-
-@pytest.fixture
-def f(core):
-    return kit.open_file(core)
-
-
 def driver_of(f: DrmFile) -> AmdgpuDriver:
     d = f.device.driver
     assert isinstance(d, AmdgpuDriver)

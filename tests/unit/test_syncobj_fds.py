@@ -15,7 +15,6 @@ from ualink_testkit import (
     device,
     gem_create,
     ioctl,
-    make_node,
     open_file,
     open_token,
     prime_from_fd_raw,
@@ -43,11 +42,6 @@ class FakeEventFd:
 
     def close(self) -> None:
         self.closed = True
-
-
-@pytest.fixture
-def core():
-    return make_node()
 
 
 @pytest.fixture

@@ -22,11 +22,6 @@ def core():
     return kit.make_node(kit.pod_config(**TWO_LOCAL))
 
 
-@pytest.fixture
-def f(core):
-    return kit.open_file(core)
-
-
 def mgr(core, i=0):
     return list(core.managers.values())[i]
 

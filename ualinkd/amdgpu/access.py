@@ -24,17 +24,26 @@ def _fault(va: int) -> DrmError:
     return DrmError(errno.EFAULT, f"GPU page fault at VA {va:#x}")
 
 
+
+def _plan(vm: GpuVm, va: int, n: int, write: bool,
+          on_fault: Callable[[], None]) -> tuple[list[Piece], Callable[[], None] | None]:
+    """The pieces of an access and who reports a fault found later: a fault in the page
+    table is reported now (EFAULT if it is at the first byte), and then not again, since
+    an access faults once."""
+    pieces, fault_at = vm.plan(va, n, write=write)
+    if fault_at is not None:
+        on_fault()
+        if fault_at == va:
+            raise _fault(va)
+    return pieces, (on_fault if fault_at is None else None)
+
+
 def gpu_load(
     vm: GpuVm, va: int, size: int, remote: RemoteFn, on_fault: Callable[[], None]
 ) -> bytes | Awaitable[bytes | bytearray]:
     """A GPU load of `size` bytes at `va` (policy 10): EFAULT if the first byte faults, else
     the bytes up to the first faulting page. `on_fault` runs once per faulting access."""
-    pieces, fault_at = vm.plan(va, size, write=False)
-    if fault_at is not None:
-        on_fault()
-        if fault_at == va:
-            raise _fault(va)
-    later_fault = on_fault if fault_at is None else None  # one fault per access
+    pieces, later_fault = _plan(vm, va, size, False, on_fault)
     if all(type(p) is LocalPiece and p.bo.userptr is None for p in pieces):
         return b"".join([p.bo.memory.read(p.bo_offset, p.length)  # type: ignore[union-attr]
                          for p in pieces])  # (all() above: every piece is a LocalPiece)
@@ -100,12 +109,7 @@ def gpu_store(
 ) -> int | Awaitable[int]:
     """A GPU store of `data` at `va` (policy 10): EFAULT if the first byte faults, else the
     count stored up to the first faulting page."""
-    pieces, fault_at = vm.plan(va, len(data), write=True)
-    if fault_at is not None:
-        on_fault()
-        if fault_at == va:
-            raise _fault(va)
-    later_fault = on_fault if fault_at is None else None  # one fault per access
+    pieces, later_fault = _plan(vm, va, len(data), True, on_fault)
     if all(type(p) is LocalPiece and p.bo.userptr is None for p in pieces):
         mv = memoryview(data)
         done = 0
