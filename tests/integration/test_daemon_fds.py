@@ -21,7 +21,7 @@ import sys
 import textwrap
 
 import pytest
-from nodes import call, running_node
+from nodes import call
 
 from ualinkd.abi import constants as c
 from ualinkd.abi import ioctls as tbl
@@ -31,12 +31,6 @@ from ualinkd.daemon import MAX_EVENTFDS_PER_PROCESS
 pytestmark = pytest.mark.integration
 
 PAGE = 4096
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    with running_node(tmp_path_factory.mktemp("fds")) as n:
-        yield n
 
 
 def daemon_fds(node) -> int:

@@ -14,19 +14,13 @@ import threading
 import time
 
 import pytest
-from nodes import Client, running_node
+from nodes import Client
 
 pytestmark = pytest.mark.integration
 
 READABLE, WRITEABLE = 0x2, 0x4
 VA = 0x1_0000_0000
 MIB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    with running_node(tmp_path_factory.mktemp("gpu")) as n:
-        yield n
 
 
 def faults(node) -> int:

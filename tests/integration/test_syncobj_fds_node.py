@@ -13,7 +13,7 @@ import struct
 import time
 
 import pytest
-from nodes import call, errno_of, running_node
+from nodes import call, errno_of
 
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import iowr
@@ -23,12 +23,6 @@ pytestmark = pytest.mark.integration
 CREATE, SIGNAL = iowr(0xBF, 8), iowr(0xC5, 16)
 TO_FD, FROM_FD, TRANSFER, EVENTFD = iowr(0xC1, 16), iowr(0xC2, 16), iowr(0xCC, 32), iowr(0xCF, 24)
 EXPORT_SYNC_FILE = IMPORT_SYNC_FILE = 1
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    with running_node(tmp_path_factory.mktemp("syncobj_fds")) as n:
-        yield n
 
 
 @pytest.fixture

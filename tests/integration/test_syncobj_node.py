@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from nodes import call, errno_of, render_fd, running_node
+from nodes import call, errno_of, render_fd
 
 from ualinkd.abi import constants as c
 from ualinkd.abi import structs as st
@@ -27,12 +27,6 @@ CREATE, WAIT, TL_WAIT, QUERY = iowr(0xBF, 8), iowr(0xC3, 40), iowr(0xCA, 48), io
 SUBMIT = c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT
 BAD = 0x10  # never mapped
 VA = 0x1_0000_0000
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    with running_node(tmp_path_factory.mktemp("syncobj")) as n:
-        yield n
 
 
 @pytest.fixture
