@@ -7,14 +7,12 @@ The header must also compile on its own, twice, and after the system DRM headers
 
 from __future__ import annotations
 
-import importlib
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import cffi
 import pytest
+from cffi_compiled import compiled
 
 import ualinkd.node  # noqa: F401  (the daemon's assembly: every handler module registers)
 from ualinkd.abi import constants as c
@@ -193,20 +191,12 @@ TABLE_ENTRIES = {
 def header_values(tmp_path_factory) -> dict[str, int]:
     """Every macro of CONSTANTS as the C compiler evaluates it."""
     tmp = tmp_path_factory.mktemp("cffi_ioctls")
-    ffi = cffi.FFI()
-    ffi.cdef("\n".join(f"static const unsigned int {n}_VAL;" for n in CONSTANTS))
-    ffi.set_source(
-        "_ualink_drm_consts",
+    mod = compiled(
+        tmp, "_ualink_drm_consts",
+        "\n".join(f"static const unsigned int {n}_VAL;" for n in CONSTANTS),
         '#include "ualink/ualink_drm.h"\n'
         + "\n".join(f"static const unsigned int {n}_VAL = {n};" for n in CONSTANTS),
-        include_dirs=[str(INCLUDE)],
-    )
-    ffi.compile(tmpdir=str(tmp), verbose=False)
-    sys.path.insert(0, str(tmp))
-    try:
-        mod = importlib.import_module("_ualink_drm_consts")
-    finally:
-        sys.path.remove(str(tmp))
+        [str(INCLUDE)])
     return {n: getattr(mod.lib, f"{n}_VAL") for n in CONSTANTS}
 
 

@@ -5,13 +5,11 @@ offset, and each AMDKFD_IOC_* number (the kernel's kfd_ioctl.h, issue 14)."""
 
 from __future__ import annotations
 
-import importlib
 import struct
-import sys
 from pathlib import Path
 
-import cffi
 import pytest
+from cffi_compiled import compiled
 
 from ualinkd.abi import ioctls as tbl
 from ualinkd.abi import structs as st
@@ -58,7 +56,6 @@ GREW_SINCE_SYSTEM_HEADER = {"kfd_ioctl_create_queue_args": 88}
 def _compile(tmp: Path, name: str, include: str, dirs: list[str],
              known: str | None = None) -> object:
     """The header through cffi; `known`: a header's text, to leave out what it predates."""
-    ffi = cffi.FFI()
     cdef = "typedef unsigned int __u32; typedef int __s32; typedef unsigned long long __u64;\n"
     for lay in LAYOUTS:
         if known is not None and f"struct {lay.name} {{" not in known:
@@ -74,14 +71,7 @@ def _compile(tmp: Path, name: str, include: str, dirs: list[str],
     cdef += "struct kfd_event_data { __u64 kfd_event_data_ext; __u32 event_id; ...; };\n"
     cdef += "".join(f"#define {m} ...\n" for m in IOCTLS
                     if known is None or f"#define {m}" in known)
-    ffi.cdef(cdef)
-    ffi.set_source(name, include, include_dirs=[str(INCLUDE), *dirs])
-    ffi.compile(tmpdir=str(tmp), verbose=False)
-    sys.path.insert(0, str(tmp))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(tmp))
+    return compiled(tmp, name, cdef, include, [str(INCLUDE), *dirs])
 
 
 @pytest.fixture(scope="module", params=["ours", "system"])

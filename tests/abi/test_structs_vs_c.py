@@ -9,13 +9,11 @@ the same values in Python.
 
 from __future__ import annotations
 
-import importlib
 import struct
-import sys
 from pathlib import Path
 
-import cffi
 import pytest
+from cffi_compiled import compiled
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
@@ -155,17 +153,8 @@ LAYOUTS = [v for v in vars(st).values()
 def c_abi(tmp_path_factory):
     """(ffi, lib) of the header compiled by the C compiler (cffi API mode)."""
     tmp = tmp_path_factory.mktemp("cffi_structs")
-    ffi = cffi.FFI()
-    ffi.cdef(CDEF)
-    ffi.set_source(
-        "_ualink_drm_structs", '#include "ualink/ualink_drm.h"', include_dirs=[str(INCLUDE)]
-    )
-    ffi.compile(tmpdir=str(tmp), verbose=False)
-    sys.path.insert(0, str(tmp))
-    try:
-        mod = importlib.import_module("_ualink_drm_structs")
-    finally:
-        sys.path.remove(str(tmp))
+    mod = compiled(tmp, "_ualink_drm_structs", CDEF, '#include "ualink/ualink_drm.h"',
+                   [str(INCLUDE)])
     return mod.ffi, mod.lib
 
 
