@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import typing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 
 import construct as cs
 
@@ -19,6 +20,14 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 T = TypeVar("T", bound="DataclassInstance")  # every record is a dataclass
+
+# A record field's C type, in its annotation: `handle: U32` is an int that is a __u32 in the
+# struct. Layout.of_record builds the construct schema from these, so a flat struct's fields
+# are written once, in its record.
+U32 = Annotated[int, cs.Int32un]
+S32 = Annotated[int, cs.Int32sn]
+U64 = Annotated[int, cs.Int64un]
+S64 = Annotated[int, cs.Int64sn]
 
 # construct field -> struct format character (native little endian, no implicit padding).
 _FORMAT = {
@@ -56,6 +65,19 @@ class Layout(Generic[T]):
             raise TypeError(f"{name}: record fields {fields} != schema fields {names}")
         return cls(name, schema, record, struct.Struct(_flat_format(schema)))
 
+    @classmethod
+    def of_record(cls, name: str, record: type[T]) -> Layout[T]:
+        """The layout whose fields are `record`'s, in order, each of the C type its
+        annotation names (U32, S32, U64, S64)."""
+        hints = typing.get_type_hints(record, include_extras=True)
+        subs = []
+        for f in dataclasses.fields(record):
+            meta = getattr(hints[f.name], "__metadata__", ())
+            if not meta:
+                raise TypeError(f"{name}.{f.name}: no C type in its annotation (U32, U64, ...)")
+            subs.append(f.name / meta[0])
+        return cls.of(name, cs.Struct(*subs), record)
+
     @property
     def size(self) -> int:
         return self.fast.size
@@ -83,265 +105,161 @@ class Layout(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class DrmGemClose:
-    handle: int
-    pad: int
+    handle: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class DrmPrimeHandle:
-    handle: int
-    flags: int
-    fd: int
+    handle: U32
+    flags: U32
+    fd: S32
 
 
 @dataclass(frozen=True, slots=True)
 class DrmGetCap:
-    capability: int
-    value: int
+    capability: U64
+    value: U64
 
 
-GEM_CLOSE = Layout.of(
-    "drm_gem_close", cs.Struct("handle" / cs.Int32un, "pad" / cs.Int32un), DrmGemClose
-)
-PRIME_HANDLE = Layout.of(
-    "drm_prime_handle",
-    cs.Struct("handle" / cs.Int32un, "flags" / cs.Int32un, "fd" / cs.Int32sn),
-    DrmPrimeHandle,
-)
-GET_CAP = Layout.of(
-    "drm_get_cap", cs.Struct("capability" / cs.Int64un, "value" / cs.Int64un), DrmGetCap
-)
+GEM_CLOSE = Layout.of_record("drm_gem_close", DrmGemClose)
+PRIME_HANDLE = Layout.of_record("drm_prime_handle", DrmPrimeHandle)
+GET_CAP = Layout.of_record("drm_get_cap", DrmGetCap)
 
 # ---- drm.h: syncobjs (drm_syncobj.c) ------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class DrmSyncobjCreate:
-    handle: int
-    flags: int
+    handle: U32
+    flags: U32
 
 
 @dataclass(frozen=True, slots=True)
 class DrmSyncobjDestroy:
-    handle: int
-    pad: int
+    handle: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class DrmSyncobjWait:
-    handles: int  # user pointer to count_handles u32
-    timeout_nsec: int  # absolute CLOCK_MONOTONIC
-    count_handles: int
-    flags: int
-    first_signaled: int
-    pad: int
-    deadline_nsec: int
+    handles: U64  # user pointer to count_handles u32
+    timeout_nsec: S64  # absolute CLOCK_MONOTONIC
+    count_handles: U32
+    flags: U32
+    first_signaled: U32
+    pad: U32
+    deadline_nsec: U64
 
 
 @dataclass(frozen=True, slots=True)
 class DrmSyncobjTimelineWait:
-    handles: int
-    points: int  # user pointer to count_handles u64 (NULL: every point 0)
-    timeout_nsec: int
-    count_handles: int
-    flags: int
-    first_signaled: int
-    pad: int
-    deadline_nsec: int
+    handles: U64
+    points: U64  # user pointer to count_handles u64 (NULL: every point 0)
+    timeout_nsec: S64
+    count_handles: U32
+    flags: U32
+    first_signaled: U32
+    pad: U32
+    deadline_nsec: U64
 
 
 @dataclass(frozen=True, slots=True)
 class DrmSyncobjArray:
-    handles: int
-    count_handles: int
-    pad: int
+    handles: U64
+    count_handles: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class DrmSyncobjTimelineArray:
-    handles: int
-    points: int
-    count_handles: int
-    flags: int
+    handles: U64
+    points: U64
+    count_handles: U32
+    flags: U32
 
 
-SYNCOBJ_CREATE = Layout.of(
-    "drm_syncobj_create", cs.Struct("handle" / cs.Int32un, "flags" / cs.Int32un),
-    DrmSyncobjCreate,
-)
-SYNCOBJ_DESTROY = Layout.of(
-    "drm_syncobj_destroy", cs.Struct("handle" / cs.Int32un, "pad" / cs.Int32un),
-    DrmSyncobjDestroy,
-)
-SYNCOBJ_WAIT = Layout.of(
-    "drm_syncobj_wait",
-    cs.Struct(
-        "handles" / cs.Int64un,
-        "timeout_nsec" / cs.Int64sn,
-        "count_handles" / cs.Int32un,
-        "flags" / cs.Int32un,
-        "first_signaled" / cs.Int32un,
-        "pad" / cs.Int32un,
-        "deadline_nsec" / cs.Int64un,
-    ),
-    DrmSyncobjWait,
-)
-SYNCOBJ_TIMELINE_WAIT = Layout.of(
-    "drm_syncobj_timeline_wait",
-    cs.Struct(
-        "handles" / cs.Int64un,
-        "points" / cs.Int64un,
-        "timeout_nsec" / cs.Int64sn,
-        "count_handles" / cs.Int32un,
-        "flags" / cs.Int32un,
-        "first_signaled" / cs.Int32un,
-        "pad" / cs.Int32un,
-        "deadline_nsec" / cs.Int64un,
-    ),
-    DrmSyncobjTimelineWait,
-)
-SYNCOBJ_ARRAY = Layout.of(
-    "drm_syncobj_array",
-    cs.Struct("handles" / cs.Int64un, "count_handles" / cs.Int32un, "pad" / cs.Int32un),
-    DrmSyncobjArray,
-)
-SYNCOBJ_TIMELINE_ARRAY = Layout.of(
-    "drm_syncobj_timeline_array",
-    cs.Struct(
-        "handles" / cs.Int64un,
-        "points" / cs.Int64un,
-        "count_handles" / cs.Int32un,
-        "flags" / cs.Int32un,
-    ),
-    DrmSyncobjTimelineArray,
-)
+SYNCOBJ_CREATE = Layout.of_record("drm_syncobj_create", DrmSyncobjCreate)
+SYNCOBJ_DESTROY = Layout.of_record("drm_syncobj_destroy", DrmSyncobjDestroy)
+SYNCOBJ_WAIT = Layout.of_record("drm_syncobj_wait", DrmSyncobjWait)
+SYNCOBJ_TIMELINE_WAIT = Layout.of_record("drm_syncobj_timeline_wait", DrmSyncobjTimelineWait)
+SYNCOBJ_ARRAY = Layout.of_record("drm_syncobj_array", DrmSyncobjArray)
+SYNCOBJ_TIMELINE_ARRAY = Layout.of_record("drm_syncobj_timeline_array", DrmSyncobjTimelineArray)
 
 # ---- amdgpu_drm.h -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class GemCreateIn:
-    bo_size: int
-    alignment: int
-    domains: int
-    domain_flags: int
+    bo_size: U64
+    alignment: U64
+    domains: U64
+    domain_flags: U64
 
 
 @dataclass(frozen=True, slots=True)
 class GemCreateOut:
-    handle: int
-    pad: int
+    handle: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class GemMmapIn:
-    handle: int
-    pad: int
+    handle: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class GemMmapOut:
-    addr_ptr: int
+    addr_ptr: U64
 
 
 @dataclass(frozen=True, slots=True)
 class GemVa:
-    handle: int
-    pad: int
-    operation: int
-    flags: int
-    va_address: int
-    offset_in_bo: int
-    map_size: int
-    vm_timeline_point: int
-    vm_timeline_syncobj_out: int
-    num_syncobj_handles: int
-    input_fence_syncobj_handles: int
+    handle: U32
+    pad: U32
+    operation: U32
+    flags: U32
+    va_address: U64
+    offset_in_bo: U64
+    map_size: U64
+    vm_timeline_point: U64
+    vm_timeline_syncobj_out: U32
+    num_syncobj_handles: U32
+    input_fence_syncobj_handles: U64
 
 
 @dataclass(frozen=True, slots=True)
 class GemOp:
-    handle: int
-    op: int
-    value: int
-    num_entries: int
-    padding: int
+    handle: U32
+    op: U32
+    value: U64
+    num_entries: U32
+    padding: U32
 
 
 @dataclass(frozen=True, slots=True)
 class GemUserptr:
-    addr: int
-    size: int
-    flags: int
-    handle: int
+    addr: U64
+    size: U64
+    flags: U32
+    handle: U32
 
 
-GEM_CREATE_IN = Layout.of(
-    "drm_amdgpu_gem_create_in",
-    cs.Struct(
-        "bo_size" / cs.Int64un,
-        "alignment" / cs.Int64un,
-        "domains" / cs.Int64un,
-        "domain_flags" / cs.Int64un,
-    ),
-    GemCreateIn,
-)
-GEM_CREATE_OUT = Layout.of(
-    "drm_amdgpu_gem_create_out",
-    cs.Struct("handle" / cs.Int32un, "pad" / cs.Int32un),
-    GemCreateOut,
-)
+GEM_CREATE_IN = Layout.of_record("drm_amdgpu_gem_create_in", GemCreateIn)
+GEM_CREATE_OUT = Layout.of_record("drm_amdgpu_gem_create_out", GemCreateOut)
 GEM_CREATE_SIZE = 32  # union drm_amdgpu_gem_create: max(in 32, out 8)
 
-GEM_MMAP_IN = Layout.of(
-    "drm_amdgpu_gem_mmap_in", cs.Struct("handle" / cs.Int32un, "pad" / cs.Int32un), GemMmapIn
-)
-GEM_MMAP_OUT = Layout.of(
-    "drm_amdgpu_gem_mmap_out", cs.Struct("addr_ptr" / cs.Int64un), GemMmapOut
-)
+GEM_MMAP_IN = Layout.of_record("drm_amdgpu_gem_mmap_in", GemMmapIn)
+GEM_MMAP_OUT = Layout.of_record("drm_amdgpu_gem_mmap_out", GemMmapOut)
 GEM_MMAP_SIZE = 8
 
-GEM_VA = Layout.of(
-    "drm_amdgpu_gem_va",
-    cs.Struct(
-        "handle" / cs.Int32un,
-        "pad" / cs.Int32un,
-        "operation" / cs.Int32un,
-        "flags" / cs.Int32un,
-        "va_address" / cs.Int64un,
-        "offset_in_bo" / cs.Int64un,
-        "map_size" / cs.Int64un,
-        "vm_timeline_point" / cs.Int64un,
-        "vm_timeline_syncobj_out" / cs.Int32un,
-        "num_syncobj_handles" / cs.Int32un,
-        "input_fence_syncobj_handles" / cs.Int64un,
-    ),
-    GemVa,
-)
+GEM_VA = Layout.of_record("drm_amdgpu_gem_va", GemVa)
 GEM_VA_LEGACY_SIZE = 40
 
-GEM_OP = Layout.of(
-    "drm_amdgpu_gem_op",
-    cs.Struct(
-        "handle" / cs.Int32un,
-        "op" / cs.Int32un,
-        "value" / cs.Int64un,
-        "num_entries" / cs.Int32un,
-        "padding" / cs.Int32un,
-    ),
-    GemOp,
-)
+GEM_OP = Layout.of_record("drm_amdgpu_gem_op", GemOp)
 
-GEM_USERPTR = Layout.of(
-    "drm_amdgpu_gem_userptr",
-    cs.Struct(
-        "addr" / cs.Int64un,
-        "size" / cs.Int64un,
-        "flags" / cs.Int32un,
-        "handle" / cs.Int32un,
-    ),
-    GemUserptr,
-)
+GEM_USERPTR = Layout.of_record("drm_amdgpu_gem_userptr", GemUserptr)
 
 # struct drm_amdgpu_gem_metadata: {u32 handle; u32 op; struct drm_amdgpu_gem_metadata_data
 # {u64 flags; u64 tiling_info; u32 data_size_bytes; u32 data[64];} data;}. The inner struct
@@ -559,48 +477,34 @@ DRM_VERSION = ArrayLayout.of(
 
 @dataclass(frozen=True, slots=True)
 class DrmSyncobjHandle:
-    handle: int
-    flags: int
-    fd: int
-    pad: int
+    handle: U32
+    flags: U32
+    fd: S32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class DrmSyncobjTransfer:
-    src_handle: int
-    dst_handle: int
-    src_point: int
-    dst_point: int
-    flags: int
-    pad: int
+    src_handle: U32
+    dst_handle: U32
+    src_point: U64
+    dst_point: U64
+    flags: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class DrmSyncobjEventfd:
-    handle: int
-    flags: int
-    point: int
-    fd: int
-    pad: int
+    handle: U32
+    flags: U32
+    point: U64
+    fd: S32
+    pad: U32
 
 
-SYNCOBJ_HANDLE = Layout.of(
-    "drm_syncobj_handle",
-    cs.Struct("handle" / _U32, "flags" / _U32, "fd" / cs.Int32sn, "pad" / _U32),
-    DrmSyncobjHandle,
-)
-SYNCOBJ_TRANSFER = Layout.of(
-    "drm_syncobj_transfer",
-    cs.Struct("src_handle" / _U32, "dst_handle" / _U32, "src_point" / _U64,
-              "dst_point" / _U64, "flags" / _U32, "pad" / _U32),
-    DrmSyncobjTransfer,
-)
-SYNCOBJ_EVENTFD = Layout.of(
-    "drm_syncobj_eventfd",
-    cs.Struct("handle" / _U32, "flags" / _U32, "point" / _U64, "fd" / cs.Int32sn,
-              "pad" / _U32),
-    DrmSyncobjEventfd,
-)
+SYNCOBJ_HANDLE = Layout.of_record("drm_syncobj_handle", DrmSyncobjHandle)
+SYNCOBJ_TRANSFER = Layout.of_record("drm_syncobj_transfer", DrmSyncobjTransfer)
+SYNCOBJ_EVENTFD = Layout.of_record("drm_syncobj_eventfd", DrmSyncobjEventfd)
 
 
 # ---- amdgpu_drm.h: CTX, VM, INFO ------------------------------------------------------------
@@ -608,27 +512,23 @@ SYNCOBJ_EVENTFD = Layout.of(
 
 @dataclass(frozen=True, slots=True)
 class AmdgpuCtxIn:
-    op: int
-    flags: int
-    ctx_id: int
-    priority: int
+    op: U32
+    flags: U32
+    ctx_id: U32
+    priority: S32
 
 
 @dataclass(frozen=True, slots=True)
 class AmdgpuVmIn:
-    op: int
-    flags: int
+    op: U32
+    flags: U32
 
 
-CTX_IN = Layout.of(
-    "drm_amdgpu_ctx_in",
-    cs.Struct("op" / _U32, "flags" / _U32, "ctx_id" / _U32, "priority" / cs.Int32sn),
-    AmdgpuCtxIn,
-)
+CTX_IN = Layout.of_record("drm_amdgpu_ctx_in", AmdgpuCtxIn)
 CTX_SIZE = 16  # union drm_amdgpu_ctx
 CTX_OUT_ALLOC = struct.Struct("<II")  # out.alloc: ctx_id, _pad
 CTX_OUT_STATE = struct.Struct("<QII")  # out.state: flags, hangs, reset_status
-VM_IN = Layout.of("drm_amdgpu_vm_in", cs.Struct("op" / _U32, "flags" / _U32), AmdgpuVmIn)
+VM_IN = Layout.of_record("drm_amdgpu_vm_in", AmdgpuVmIn)
 VM_SIZE = 8  # union drm_amdgpu_vm
 
 
@@ -665,41 +565,31 @@ class InfoGds:
 
 @dataclass(frozen=True, slots=True)
 class InfoVramGtt:
-    vram_size: int
-    vram_cpu_accessible_size: int
-    gtt_size: int
+    vram_size: U64
+    vram_cpu_accessible_size: U64
+    gtt_size: U64
 
 
 @dataclass(frozen=True, slots=True)
 class HeapInfo:
-    total_heap_size: int
-    usable_heap_size: int
-    heap_usage: int
-    max_allocation: int
+    total_heap_size: U64
+    usable_heap_size: U64
+    heap_usage: U64
+    max_allocation: U64
 
 
 @dataclass(frozen=True, slots=True)
 class InfoFirmware:
-    ver: int
-    feature: int
+    ver: U32
+    feature: U32
 
 
 INFO_GDS = Layout.of("drm_amdgpu_info_gds",
                      cs.Struct(*(f.name / _U32 for f in dataclasses.fields(InfoGds))), InfoGds)
-INFO_VRAM_GTT = Layout.of(
-    "drm_amdgpu_info_vram_gtt",
-    cs.Struct("vram_size" / _U64, "vram_cpu_accessible_size" / _U64, "gtt_size" / _U64),
-    InfoVramGtt,
-)
-HEAP_INFO = Layout.of(
-    "drm_amdgpu_heap_info",
-    cs.Struct("total_heap_size" / _U64, "usable_heap_size" / _U64, "heap_usage" / _U64,
-              "max_allocation" / _U64),
-    HeapInfo,
-)
+INFO_VRAM_GTT = Layout.of_record("drm_amdgpu_info_vram_gtt", InfoVramGtt)
+HEAP_INFO = Layout.of_record("drm_amdgpu_heap_info", HeapInfo)
 MEMORY_INFO_SIZE = 3 * 32  # struct drm_amdgpu_memory_info: vram, cpu_accessible_vram, gtt
-INFO_FIRMWARE = Layout.of("drm_amdgpu_info_firmware",
-                          cs.Struct("ver" / _U32, "feature" / _U32), InfoFirmware)
+INFO_FIRMWARE = Layout.of_record("drm_amdgpu_info_firmware", InfoFirmware)
 
 
 @dataclass(frozen=True, slots=True)
@@ -830,376 +720,295 @@ assert INFO_DEVICE.offsets["tcc_disabled_mask"] + 8 == INFO_DEVICE_2_4_114_SIZE
 
 @dataclass(frozen=True, slots=True)
 class KfdGetVersion:
-    major_version: int
-    minor_version: int
+    major_version: U32
+    minor_version: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdSetMemoryPolicy:
-    alternate_aperture_base: int
-    alternate_aperture_size: int
-    gpu_id: int
-    default_policy: int
-    alternate_policy: int
-    pad: int
+    alternate_aperture_base: U64
+    alternate_aperture_size: U64
+    gpu_id: U32
+    default_policy: U32
+    alternate_policy: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdGetClockCounters:
-    gpu_clock_counter: int
-    cpu_clock_counter: int
-    system_clock_counter: int
-    system_clock_freq: int
-    gpu_id: int
-    pad: int
+    gpu_clock_counter: U64
+    cpu_clock_counter: U64
+    system_clock_counter: U64
+    system_clock_freq: U64
+    gpu_id: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdProcessDeviceApertures:
-    lds_base: int
-    lds_limit: int
-    scratch_base: int
-    scratch_limit: int
-    gpuvm_base: int
-    gpuvm_limit: int
-    gpu_id: int
-    pad: int
+    lds_base: U64
+    lds_limit: U64
+    scratch_base: U64
+    scratch_limit: U64
+    gpuvm_base: U64
+    gpuvm_limit: U64
+    gpu_id: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdGetProcessAperturesNew:
-    kfd_process_device_apertures_ptr: int
-    num_of_nodes: int
-    pad: int
+    kfd_process_device_apertures_ptr: U64
+    num_of_nodes: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdAcquireVm:
-    drm_fd: int
-    gpu_id: int
+    drm_fd: U32
+    gpu_id: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdGetAvailableMemory:
-    available: int
-    gpu_id: int
-    pad: int
+    available: U64
+    gpu_id: U32
+    pad: U32
 
 
-KFD_GET_VERSION = Layout.of("kfd_ioctl_get_version_args",
-                            cs.Struct("major_version" / _U32, "minor_version" / _U32),
-                            KfdGetVersion)
-KFD_SET_MEMORY_POLICY = Layout.of(
-    "kfd_ioctl_set_memory_policy_args",
-    cs.Struct("alternate_aperture_base" / _U64, "alternate_aperture_size" / _U64,
-              "gpu_id" / _U32, "default_policy" / _U32, "alternate_policy" / _U32,
-              "pad" / _U32),
-    KfdSetMemoryPolicy)
-KFD_GET_CLOCK_COUNTERS = Layout.of(
-    "kfd_ioctl_get_clock_counters_args",
-    cs.Struct("gpu_clock_counter" / _U64, "cpu_clock_counter" / _U64,
-              "system_clock_counter" / _U64, "system_clock_freq" / _U64,
-              "gpu_id" / _U32, "pad" / _U32),
-    KfdGetClockCounters)
-KFD_PROCESS_DEVICE_APERTURES = Layout.of(
-    "kfd_process_device_apertures",
-    cs.Struct("lds_base" / _U64, "lds_limit" / _U64, "scratch_base" / _U64,
-              "scratch_limit" / _U64, "gpuvm_base" / _U64, "gpuvm_limit" / _U64,
-              "gpu_id" / _U32, "pad" / _U32),
-    KfdProcessDeviceApertures)
-KFD_GET_PROCESS_APERTURES_NEW = Layout.of(
-    "kfd_ioctl_get_process_apertures_new_args",
-    cs.Struct("kfd_process_device_apertures_ptr" / _U64, "num_of_nodes" / _U32, "pad" / _U32),
-    KfdGetProcessAperturesNew)
-KFD_ACQUIRE_VM = Layout.of("kfd_ioctl_acquire_vm_args",
-                           cs.Struct("drm_fd" / _U32, "gpu_id" / _U32), KfdAcquireVm)
-KFD_GET_AVAILABLE_MEMORY = Layout.of(
-    "kfd_ioctl_get_available_memory_args",
-    cs.Struct("available" / _U64, "gpu_id" / _U32, "pad" / _U32), KfdGetAvailableMemory)
+KFD_GET_VERSION = Layout.of_record("kfd_ioctl_get_version_args", KfdGetVersion)
+KFD_SET_MEMORY_POLICY = Layout.of_record("kfd_ioctl_set_memory_policy_args", KfdSetMemoryPolicy)
+KFD_GET_CLOCK_COUNTERS = Layout.of_record("kfd_ioctl_get_clock_counters_args", KfdGetClockCounters)
+KFD_PROCESS_DEVICE_APERTURES = Layout.of_record(
+    "kfd_process_device_apertures", KfdProcessDeviceApertures)
+KFD_GET_PROCESS_APERTURES_NEW = Layout.of_record(
+    "kfd_ioctl_get_process_apertures_new_args", KfdGetProcessAperturesNew)
+KFD_ACQUIRE_VM = Layout.of_record("kfd_ioctl_acquire_vm_args", KfdAcquireVm)
+KFD_GET_AVAILABLE_MEMORY = Layout.of_record(
+    "kfd_ioctl_get_available_memory_args", KfdGetAvailableMemory)
 
 
 @dataclass(frozen=True, slots=True)
 class KfdAllocMemoryOfGpu:
-    va_addr: int
-    size: int
-    handle: int
-    mmap_offset: int
-    gpu_id: int
-    flags: int
+    va_addr: U64
+    size: U64
+    handle: U64
+    mmap_offset: U64
+    gpu_id: U32
+    flags: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdFreeMemoryOfGpu:
-    handle: int
+    handle: U64
 
 
 @dataclass(frozen=True, slots=True)
 class KfdMapMemoryToGpu:
-    handle: int
-    device_ids_array_ptr: int
-    n_devices: int
-    n_success: int
+    handle: U64
+    device_ids_array_ptr: U64
+    n_devices: U32
+    n_success: U32
 
 
-KFD_ALLOC_MEMORY_OF_GPU = Layout.of(
-    "kfd_ioctl_alloc_memory_of_gpu_args",
-    cs.Struct("va_addr" / _U64, "size" / _U64, "handle" / _U64, "mmap_offset" / _U64,
-              "gpu_id" / _U32, "flags" / _U32),
-    KfdAllocMemoryOfGpu)
-KFD_FREE_MEMORY_OF_GPU = Layout.of("kfd_ioctl_free_memory_of_gpu_args",
-                                   cs.Struct("handle" / _U64), KfdFreeMemoryOfGpu)
+KFD_ALLOC_MEMORY_OF_GPU = Layout.of_record(
+    "kfd_ioctl_alloc_memory_of_gpu_args", KfdAllocMemoryOfGpu)
+KFD_FREE_MEMORY_OF_GPU = Layout.of_record("kfd_ioctl_free_memory_of_gpu_args", KfdFreeMemoryOfGpu)
 # kfd_ioctl_map_memory_to_gpu_args and kfd_ioctl_unmap_memory_from_gpu_args: one layout
-KFD_MAP_MEMORY_TO_GPU = Layout.of(
-    "kfd_ioctl_map_memory_to_gpu_args",
-    cs.Struct("handle" / _U64, "device_ids_array_ptr" / _U64, "n_devices" / _U32,
-              "n_success" / _U32),
-    KfdMapMemoryToGpu)
+KFD_MAP_MEMORY_TO_GPU = Layout.of_record("kfd_ioctl_map_memory_to_gpu_args", KfdMapMemoryToGpu)
 
 
 @dataclass(frozen=True, slots=True)
 class KfdExportDmabuf:
-    handle: int
-    flags: int
-    dmabuf_fd: int
+    handle: U64
+    flags: U32
+    dmabuf_fd: U32
 
 
-KFD_EXPORT_DMABUF = Layout.of(
-    "kfd_ioctl_export_dmabuf_args",
-    cs.Struct("handle" / _U64, "flags" / _U32, "dmabuf_fd" / _U32), KfdExportDmabuf)
+KFD_EXPORT_DMABUF = Layout.of_record("kfd_ioctl_export_dmabuf_args", KfdExportDmabuf)
 
 
 @dataclass(frozen=True, slots=True)
 class KfdCreateEvent:
-    event_page_offset: int
-    event_trigger_data: int
-    event_type: int
-    auto_reset: int
-    node_id: int
-    event_id: int
-    event_slot_index: int
+    event_page_offset: U64
+    event_trigger_data: U32
+    event_type: U32
+    auto_reset: U32
+    node_id: U32
+    event_id: U32
+    event_slot_index: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdEventId:
     """kfd_ioctl_destroy_event_args, _set_event_args and _reset_event_args: one layout."""
 
-    event_id: int
-    pad: int
+    event_id: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdWaitEvents:
-    events_ptr: int
-    num_events: int
-    wait_for_all: int
-    timeout: int
-    wait_result: int
+    events_ptr: U64
+    num_events: U32
+    wait_for_all: U32
+    timeout: U32
+    wait_result: U32
 
 
-KFD_CREATE_EVENT = Layout.of(
-    "kfd_ioctl_create_event_args",
-    cs.Struct("event_page_offset" / _U64, "event_trigger_data" / _U32, "event_type" / _U32,
-              "auto_reset" / _U32, "node_id" / _U32, "event_id" / _U32,
-              "event_slot_index" / _U32),
-    KfdCreateEvent)
-KFD_EVENT_ID = Layout.of("kfd_ioctl_set_event_args",
-                         cs.Struct("event_id" / _U32, "pad" / _U32), KfdEventId)
-KFD_WAIT_EVENTS = Layout.of(
-    "kfd_ioctl_wait_events_args",
-    cs.Struct("events_ptr" / _U64, "num_events" / _U32, "wait_for_all" / _U32,
-              "timeout" / _U32, "wait_result" / _U32),
-    KfdWaitEvents)
+KFD_CREATE_EVENT = Layout.of_record("kfd_ioctl_create_event_args", KfdCreateEvent)
+KFD_EVENT_ID = Layout.of_record("kfd_ioctl_set_event_args", KfdEventId)
+KFD_WAIT_EVENTS = Layout.of_record("kfd_ioctl_wait_events_args", KfdWaitEvents)
 KFD_EVENT_DATA_SIZE = 48  # struct kfd_event_data: a 32-byte union, an ext pointer, event_id, pad
 KFD_EVENT_DATA_EVENT_ID = 40  # offsetof(struct kfd_event_data, event_id)
 
 
 @dataclass(frozen=True, slots=True)
 class KfdSetScratchBackingVa:
-    va_addr: int
-    gpu_id: int
-    pad: int
+    va_addr: U64
+    gpu_id: U32
+    pad: U32
 
 
-KFD_SET_SCRATCH_BACKING_VA = Layout.of(
-    "kfd_ioctl_set_scratch_backing_va_args",
-    cs.Struct("va_addr" / _U64, "gpu_id" / _U32, "pad" / _U32), KfdSetScratchBackingVa)
+KFD_SET_SCRATCH_BACKING_VA = Layout.of_record(
+    "kfd_ioctl_set_scratch_backing_va_args", KfdSetScratchBackingVa)
 
 
 @dataclass(frozen=True, slots=True)
 class KfdSetTrapHandler:
-    tba_addr: int
-    tma_addr: int
-    gpu_id: int
-    pad: int
+    tba_addr: U64
+    tma_addr: U64
+    gpu_id: U32
+    pad: U32
 
 
-KFD_SET_TRAP_HANDLER = Layout.of(
-    "kfd_ioctl_set_trap_handler_args",
-    cs.Struct("tba_addr" / _U64, "tma_addr" / _U64, "gpu_id" / _U32, "pad" / _U32),
-    KfdSetTrapHandler)
+KFD_SET_TRAP_HANDLER = Layout.of_record("kfd_ioctl_set_trap_handler_args", KfdSetTrapHandler)
 
 
 @dataclass(frozen=True, slots=True)
 class KfdSetXnackMode:
-    xnack_enabled: int  # __s32: < 0 queries
+    xnack_enabled: S32  # __s32: < 0 queries
 
 
-KFD_SET_XNACK_MODE = Layout.of("kfd_ioctl_set_xnack_mode_args",
-                               cs.Struct("xnack_enabled" / cs.Int32sn), KfdSetXnackMode)
+KFD_SET_XNACK_MODE = Layout.of_record("kfd_ioctl_set_xnack_mode_args", KfdSetXnackMode)
 
 
 @dataclass(frozen=True, slots=True)
 class KfdImportDmabuf:
-    va_addr: int
-    handle: int
-    gpu_id: int
-    dmabuf_fd: int
+    va_addr: U64
+    handle: U64
+    gpu_id: U32
+    dmabuf_fd: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdGetDmabufInfo:
-    size: int
-    metadata_ptr: int
-    metadata_size: int
-    gpu_id: int
-    flags: int
-    dmabuf_fd: int
+    size: U64
+    metadata_ptr: U64
+    metadata_size: U32
+    gpu_id: U32
+    flags: U32
+    dmabuf_fd: U32
 
 
-KFD_IMPORT_DMABUF = Layout.of(
-    "kfd_ioctl_import_dmabuf_args",
-    cs.Struct("va_addr" / _U64, "handle" / _U64, "gpu_id" / _U32, "dmabuf_fd" / _U32),
-    KfdImportDmabuf)
-KFD_GET_DMABUF_INFO = Layout.of(
-    "kfd_ioctl_get_dmabuf_info_args",
-    cs.Struct("size" / _U64, "metadata_ptr" / _U64, "metadata_size" / _U32, "gpu_id" / _U32,
-              "flags" / _U32, "dmabuf_fd" / _U32),
-    KfdGetDmabufInfo)
+KFD_IMPORT_DMABUF = Layout.of_record("kfd_ioctl_import_dmabuf_args", KfdImportDmabuf)
+KFD_GET_DMABUF_INFO = Layout.of_record("kfd_ioctl_get_dmabuf_info_args", KfdGetDmabufInfo)
 
 
 # -- queues (kfd_ioctl.h 1.17: create_queue_args grew sdma_engine_id + pad to 96 bytes; an
 # older caller's 88 bytes are zero-extended, as kfd_ioctl does for any shorter user size)
 @dataclass(frozen=True, slots=True)
 class KfdCreateQueue:
-    ring_base_address: int
-    write_pointer_address: int
-    read_pointer_address: int
-    doorbell_offset: int
-    ring_size: int
-    gpu_id: int
-    queue_type: int
-    queue_percentage: int
-    queue_priority: int
-    queue_id: int
-    eop_buffer_address: int
-    eop_buffer_size: int
-    ctx_save_restore_address: int
-    ctx_save_restore_size: int
-    ctl_stack_size: int
-    sdma_engine_id: int
-    pad: int
+    ring_base_address: U64
+    write_pointer_address: U64
+    read_pointer_address: U64
+    doorbell_offset: U64
+    ring_size: U32
+    gpu_id: U32
+    queue_type: U32
+    queue_percentage: U32
+    queue_priority: U32
+    queue_id: U32
+    eop_buffer_address: U64
+    eop_buffer_size: U64
+    ctx_save_restore_address: U64
+    ctx_save_restore_size: U32
+    ctl_stack_size: U32
+    sdma_engine_id: U32
+    pad: U32
 
 
-KFD_CREATE_QUEUE = Layout.of(
-    "kfd_ioctl_create_queue_args",
-    cs.Struct("ring_base_address" / _U64, "write_pointer_address" / _U64,
-              "read_pointer_address" / _U64, "doorbell_offset" / _U64, "ring_size" / _U32,
-              "gpu_id" / _U32, "queue_type" / _U32, "queue_percentage" / _U32,
-              "queue_priority" / _U32, "queue_id" / _U32, "eop_buffer_address" / _U64,
-              "eop_buffer_size" / _U64, "ctx_save_restore_address" / _U64,
-              "ctx_save_restore_size" / _U32, "ctl_stack_size" / _U32,
-              "sdma_engine_id" / _U32, "pad" / _U32),
-    KfdCreateQueue)
+KFD_CREATE_QUEUE = Layout.of_record("kfd_ioctl_create_queue_args", KfdCreateQueue)
 KFD_CREATE_QUEUE_SIZE_1_16 = 88  # before sdma_engine_id (libhsakmt 5.2.3's size)
 
 
 @dataclass(frozen=True, slots=True)
 class KfdDestroyQueue:
-    queue_id: int
-    pad: int
+    queue_id: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdUpdateQueue:
-    ring_base_address: int
-    queue_id: int
-    ring_size: int
-    queue_percentage: int
-    queue_priority: int
+    ring_base_address: U64
+    queue_id: U32
+    ring_size: U32
+    queue_percentage: U32
+    queue_priority: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdSetCuMask:
-    queue_id: int
-    num_cu_mask: int
-    cu_mask_ptr: int
+    queue_id: U32
+    num_cu_mask: U32
+    cu_mask_ptr: U64
 
 
 @dataclass(frozen=True, slots=True)
 class KfdGetQueueWaveState:
-    ctl_stack_address: int
-    ctl_stack_used_size: int
-    save_area_used_size: int
-    queue_id: int
-    pad: int
+    ctl_stack_address: U64
+    ctl_stack_used_size: U32
+    save_area_used_size: U32
+    queue_id: U32
+    pad: U32
 
 
 @dataclass(frozen=True, slots=True)
 class KfdAllocQueueGws:
-    queue_id: int
-    num_gws: int
-    first_gws: int
-    pad: int
+    queue_id: U32
+    num_gws: U32
+    first_gws: U32
+    pad: U32
 
 
-KFD_DESTROY_QUEUE = Layout.of("kfd_ioctl_destroy_queue_args",
-                              cs.Struct("queue_id" / _U32, "pad" / _U32), KfdDestroyQueue)
-KFD_UPDATE_QUEUE = Layout.of(
-    "kfd_ioctl_update_queue_args",
-    cs.Struct("ring_base_address" / _U64, "queue_id" / _U32, "ring_size" / _U32,
-              "queue_percentage" / _U32, "queue_priority" / _U32), KfdUpdateQueue)
-KFD_SET_CU_MASK = Layout.of(
-    "kfd_ioctl_set_cu_mask_args",
-    cs.Struct("queue_id" / _U32, "num_cu_mask" / _U32, "cu_mask_ptr" / _U64), KfdSetCuMask)
-KFD_GET_QUEUE_WAVE_STATE = Layout.of(
-    "kfd_ioctl_get_queue_wave_state_args",
-    cs.Struct("ctl_stack_address" / _U64, "ctl_stack_used_size" / _U32,
-              "save_area_used_size" / _U32, "queue_id" / _U32, "pad" / _U32),
-    KfdGetQueueWaveState)
-KFD_ALLOC_QUEUE_GWS = Layout.of(
-    "kfd_ioctl_alloc_queue_gws_args",
-    cs.Struct("queue_id" / _U32, "num_gws" / _U32, "first_gws" / _U32, "pad" / _U32),
-    KfdAllocQueueGws)
+KFD_DESTROY_QUEUE = Layout.of_record("kfd_ioctl_destroy_queue_args", KfdDestroyQueue)
+KFD_UPDATE_QUEUE = Layout.of_record("kfd_ioctl_update_queue_args", KfdUpdateQueue)
+KFD_SET_CU_MASK = Layout.of_record("kfd_ioctl_set_cu_mask_args", KfdSetCuMask)
+KFD_GET_QUEUE_WAVE_STATE = Layout.of_record(
+    "kfd_ioctl_get_queue_wave_state_args", KfdGetQueueWaveState)
+KFD_ALLOC_QUEUE_GWS = Layout.of_record("kfd_ioctl_alloc_queue_gws_args", KfdAllocQueueGws)
 
 
 @dataclass(frozen=True, slots=True)
 class KfdGetTileConfig:
-    tile_config_ptr: int
-    macro_tile_config_ptr: int
-    num_tile_configs: int
-    num_macro_tile_configs: int
-    gpu_id: int
-    gb_addr_config: int
-    num_banks: int
-    num_ranks: int
+    tile_config_ptr: U64
+    macro_tile_config_ptr: U64
+    num_tile_configs: U32
+    num_macro_tile_configs: U32
+    gpu_id: U32
+    gb_addr_config: U32
+    num_banks: U32
+    num_ranks: U32
 
 
-KFD_GET_TILE_CONFIG = Layout.of(
-    "kfd_ioctl_get_tile_config_args",
-    cs.Struct("tile_config_ptr" / _U64, "macro_tile_config_ptr" / _U64,
-              "num_tile_configs" / _U32, "num_macro_tile_configs" / _U32, "gpu_id" / _U32,
-              "gb_addr_config" / _U32, "num_banks" / _U32, "num_ranks" / _U32),
-    KfdGetTileConfig)
+KFD_GET_TILE_CONFIG = Layout.of_record("kfd_ioctl_get_tile_config_args", KfdGetTileConfig)
 
 
 @dataclass(frozen=True, slots=True)
 class KfdRuntimeEnable:
-    r_debug: int
-    mode_mask: int
-    capabilities_mask: int
+    r_debug: U64
+    mode_mask: U32
+    capabilities_mask: U32
 
 
-KFD_RUNTIME_ENABLE = Layout.of(
-    "kfd_ioctl_runtime_enable_args",
-    cs.Struct("r_debug" / _U64, "mode_mask" / _U32, "capabilities_mask" / _U32),
-    KfdRuntimeEnable)
+KFD_RUNTIME_ENABLE = Layout.of_record("kfd_ioctl_runtime_enable_args", KfdRuntimeEnable)
