@@ -83,6 +83,15 @@ class GemLifetimes(RuleBasedStateMachine):
     def _files_with_handles(self) -> list[DrmFile]:
         return [f for f in self.files if f.handles]
 
+    def _pick(self, i: int, j: int) -> tuple[DrmFile, int, AmdgpuBo]:
+        """The i-th file that holds handles, its j-th handle and that handle's BO."""
+        fs = self._files_with_handles()
+        f = fs[i % len(fs)]
+        h = self._handle(f, j)
+        bo = f.handles[h]
+        assert isinstance(bo, AmdgpuBo)
+        return f, h, bo
+
     def _track_obj(self, obj: GemObject) -> None:
         if not any(o is obj for o in self.objs):
             self.objs.append(obj)
@@ -151,11 +160,7 @@ class GemLifetimes(RuleBasedStateMachine):
     @precondition(lambda self: any(f.handles for f in self.files))
     @rule(i=idx, j=idx)
     def prime_export(self, i, j):
-        fs = self._files_with_handles()
-        f = fs[i % len(fs)]
-        h = self._handle(f, j)
-        bo = f.handles[h]
-        assert isinstance(bo, AmdgpuBo)
+        f, h, bo = self._pick(i, j)
         r = prime_to_fd_raw(f, h)
         if bo.vm_always_valid:
             assert r.result == -errno.EPERM
@@ -203,11 +208,7 @@ class GemLifetimes(RuleBasedStateMachine):
     @precondition(lambda self: any(f.handles for f in self.files))
     @rule(i=idx, j=idx)
     def ualink_export(self, i, j):
-        fs = self._files_with_handles()
-        f = fs[i % len(fs)]
-        h = self._handle(f, j)
-        bo = f.handles[h]
-        assert isinstance(bo, AmdgpuBo)
+        f, h, bo = self._pick(i, j)
         r = ualink_export_raw(f, h)
         if not bo.preferred_domains & c.DOMAIN_VRAM:
             assert r.result == -errno.EOPNOTSUPP  # §1.6 E2 (GTT BOs, imports)
