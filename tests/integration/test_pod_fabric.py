@@ -4,6 +4,7 @@ pod config (Emulator policy 7)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -217,8 +218,12 @@ def test_importer_killed_while_exporter_revokes(tmp_path):
             bo = ca.bo_create()
             handle = ca.export(bo)
             with Client(b.render()) as cb:
-                os.close(cb.import_(handle))
+                # The import's dma-buf stays open until B is gone: closed first, B's release
+                # of it could reach A before the kill, and A would have nothing to time out.
+                fd = cb.import_(handle)
                 b.stop(signal.SIGKILL)
+                with contextlib.suppress(OSError):  # ENOTCONN: B's mount died with it
+                    os.close(fd)
             ca.bo_close(bo)
             assert "state=ESTABLISHED" in a.debug(128, "ualink_peers")
             assert wait_until(lambda: a.debug(128, "ualink_npa").startswith("used_pages=0 "))
