@@ -21,15 +21,8 @@ import trustme
 from ualinkd.amdgpu.memory import BoMemory
 from ualinkd.config import AccelConfig, NodeConfig, PodConfig
 from ualinkd.drm.errors import DrmError
+from ualinkd.fabric import auth
 from ualinkd.fabric import link as link_mod
-from ualinkd.fabric.auth import (
-    AuthError,
-    ClientHandshake,
-    NonceCache,
-    ServerHandshake,
-    node_config,
-    node_keys,
-)
 from ualinkd.fabric.link import FabricLink, OnRequest
 from ualinkd.fabric.wire import (
     NEED_DATA,
@@ -122,7 +115,7 @@ async def raw_auth(port: int, cfg: PodConfig, name: str, peer: str,
     if ssl_context is not None:
         stream = trio.SSLStream(stream, ssl_context, server_hostname="127.0.0.1")
         await stream.do_handshake()
-    hs = ClientHandshake(cfg, name, peer, now=trio.current_time(), nonce=nonce, key=key)
+    hs = auth.ClientHandshake(cfg, name, peer, now=trio.current_time(), nonce=nonce, key=key)
     dec = FrameDecoder()
     out = hs.initial_frames()
     while out or not hs.established:
@@ -538,7 +531,7 @@ async def test_frames_that_arrive_with_the_handshake_are_delivered(pod: Pod) -> 
     a = await pod.start("a")
     a.set_peer_address("b", f"127.0.0.1:{port}")
     stream = await listeners[0].accept()
-    hs = ServerHandshake(pod.cfg, "b", now=trio.current_time(), nonces=NonceCache())
+    hs = auth.ServerHandshake(pod.cfg, "b", now=trio.current_time(), nonces=auth.NonceCache())
     dec = FrameDecoder()
     while True:
         out = hs.receive_frame(await read_frame(stream, dec), trio.current_time())
@@ -569,13 +562,13 @@ async def test_an_impostor_with_another_nodes_keys_is_refused(pod: Pod, caplog) 
     caplog.set_level(logging.INFO, logger="ualinkd.fabric")
     a, b, c = [await pod.start(n) for n in "abc"]
     await wait_until(lambda: c.is_up("a") and c.is_up("b"))
-    stolen = node_config(pod.cfg, "a")
-    for key in node_keys(stolen, "a").values():
+    stolen = auth.node_config(pod.cfg, "a")
+    for key in auth.node_keys(stolen, "a").values():
         stream = await trio.open_tcp_stream("127.0.0.1", pod.ports["c"])
-        hs = ClientHandshake(stolen, "b", "c", now=trio.current_time(), key=key)
+        hs = auth.ClientHandshake(stolen, "b", "c", now=trio.current_time(), key=key)
         await stream.send_all(encode_frame(hs.initial_frames()[0]))
         challenge = await read_frame(stream, FrameDecoder())
-        with pytest.raises(AuthError, match="failed to prove"):
+        with pytest.raises(auth.AuthError, match="failed to prove"):
             hs.receive_frame(challenge, trio.current_time())
         await stream.send_all(encode_frame(AuthProof(b"\0" * 32)))  # try its luck anyway
         await expect_closed(stream)
@@ -721,7 +714,8 @@ async def test_a_dial_failure_is_a_warning_when_its_kind_changes(pod: Pod, caplo
     async def impostor() -> None:  # c's handshake answering on b's address
         while True:
             stream = await listeners[0].accept()
-            hs = ServerHandshake(pod.cfg, "c", now=trio.current_time(), nonces=NonceCache())
+            hs = auth.ServerHandshake(pod.cfg, "c", now=trio.current_time(),
+                                      nonces=auth.NonceCache())
             with contextlib.suppress(Exception):
                 out = hs.receive_frame(await read_frame(stream, FrameDecoder()),
                                        trio.current_time())

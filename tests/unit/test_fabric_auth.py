@@ -10,47 +10,29 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ualinkd.config import ConfigError, PodConfig
-from ualinkd.fabric.auth import (
-    AuthError,
-    ClientHandshake,
-    NonceCache,
-    ServerHandshake,
-    node_config,
-    node_keys,
-    pair_key,
-    pod_key,
-)
-from ualinkd.fabric.wire import (
-    Ack,
-    AuthChallenge,
-    AuthHello,
-    AuthOk,
-    AuthProof,
-    Frame,
-    RemoteProtocolError,
-)
+from ualinkd.fabric import auth, wire
 
 POD = PodConfig.local(nodes=3)
 
 
 def _server(cfg: PodConfig = POD, name: str = "node2", now: float = 0.0,
-            nonces: NonceCache | None = None, **kw: object) -> ServerHandshake:
-    return ServerHandshake(cfg, name, now=now, nonces=nonces or NonceCache(), **kw)
+            nonces: auth.NonceCache | None = None, **kw: object) -> auth.ServerHandshake:
+    return auth.ServerHandshake(cfg, name, now=now, nonces=nonces or auth.NonceCache(), **kw)
 
 
-def _run(client: ClientHandshake, server: ServerHandshake, now: float = 0.0) -> None:
-    pending: list[Frame] = client.initial_frames()
+def _run(client: auth.ClientHandshake, server: auth.ServerHandshake, now: float = 0.0) -> None:
+    pending: list[wire.Frame] = client.initial_frames()
     to_server = True
     while pending:
         side = server if to_server else client
-        out: list[Frame] = []
+        out: list[wire.Frame] = []
         for f in pending:
             out += side.receive_frame(f, now)
         pending, to_server = out, not to_server
 
 
 def test_handshake_succeeds_both_ways() -> None:
-    c = ClientHandshake(POD, "node0", "node2", now=0.0)
+    c = auth.ClientHandshake(POD, "node0", "node2", now=0.0)
     s = _server()
     _run(c, s, now=1.0)
     assert c.established and s.established
@@ -59,64 +41,64 @@ def test_handshake_succeeds_both_ways() -> None:
 
 def test_wrong_key_fails_on_both_sides() -> None:
     other = dataclasses.replace(POD, key="ab" * 32)
-    c = ClientHandshake(other, "node0", "node2", now=0.0)
+    c = auth.ClientHandshake(other, "node0", "node2", now=0.0)
     s = _server()
     [challenge] = s.receive_frame(c.initial_frames()[0], 0.0)
-    with pytest.raises(AuthError, match="prove the key of our link"):
+    with pytest.raises(auth.AuthError, match="prove the key of our link"):
         c.receive_frame(challenge, 0.0)
     # A client that does not check the server and sends a proof made with its own key:
-    c2 = ClientHandshake(other, "node0", "node2", now=0.0)
+    c2 = auth.ClientHandshake(other, "node0", "node2", now=0.0)
     s2 = _server()
     s2.receive_frame(c2.initial_frames()[0], 0.0)
-    with pytest.raises(AuthError, match="prove the key of our link"):
-        s2.receive_frame(AuthProof(b"\0" * 32), 0.0)
+    with pytest.raises(auth.AuthError, match="prove the key of our link"):
+        s2.receive_frame(wire.AuthProof(b"\0" * 32), 0.0)
 
 
 @pytest.mark.parametrize(("hello", "why"), [
-    (AuthHello(uuid.uuid4(), "node0", b"\1" * 32), "is not this pod"),
-    (AuthHello(POD.uuid, "stranger", b"\1" * 32), "unknown node"),
-    (AuthHello(POD.uuid, "node2", b"\1" * 32), "this node"),
-    (AuthHello(POD.uuid, "node0", b"\1" * 32, version=9), "protocol version"),
+    (wire.AuthHello(uuid.uuid4(), "node0", b"\1" * 32), "is not this pod"),
+    (wire.AuthHello(POD.uuid, "stranger", b"\1" * 32), "unknown node"),
+    (wire.AuthHello(POD.uuid, "node2", b"\1" * 32), "this node"),
+    (wire.AuthHello(POD.uuid, "node0", b"\1" * 32, version=9), "protocol version"),
 ])
-def test_server_refuses_bad_hello(hello: AuthHello, why: str) -> None:
-    with pytest.raises(AuthError, match=why):
+def test_server_refuses_bad_hello(hello: wire.AuthHello, why: str) -> None:
+    with pytest.raises(auth.AuthError, match=why):
         _server().receive_frame(hello, 0.0)
 
 
 def test_server_admits_only_the_nodes_that_dial_it() -> None:
     s = _server(name="node1", accept_from=["node0"])
-    with pytest.raises(AuthError, match="does not dial"):
-        s.receive_frame(AuthHello(POD.uuid, "node2", b"\1" * 32), 0.0)
+    with pytest.raises(auth.AuthError, match="does not dial"):
+        s.receive_frame(wire.AuthHello(POD.uuid, "node2", b"\1" * 32), 0.0)
 
 
 def test_replayed_nonce_is_refused() -> None:
-    nonces = NonceCache()
-    c = ClientHandshake(POD, "node0", "node2", now=0.0, nonce=b"\7" * 32)
+    nonces = auth.NonceCache()
+    c = auth.ClientHandshake(POD, "node0", "node2", now=0.0, nonce=b"\7" * 32)
     _run(c, _server(nonces=nonces))
-    replay = ClientHandshake(POD, "node0", "node2", now=0.0, nonce=b"\7" * 32)
-    with pytest.raises(AuthError, match="replayed nonce"):
+    replay = auth.ClientHandshake(POD, "node0", "node2", now=0.0, nonce=b"\7" * 32)
+    with pytest.raises(auth.AuthError, match="replayed nonce"):
         _run(replay, _server(nonces=nonces))
 
 
 def test_nonce_cache_is_bounded() -> None:
-    cache = NonceCache(size=2)
+    cache = auth.NonceCache(size=2)
     assert cache.add(b"a") and cache.add(b"b") and not cache.add(b"a")
     assert cache.add(b"c") and cache.add(b"a")  # "a" fell out
 
 
 def test_client_checks_who_answers() -> None:
-    c = ClientHandshake(POD, "node0", "node1", now=0.0)
+    c = auth.ClientHandshake(POD, "node0", "node1", now=0.0)
     [challenge] = _server(name="node2").receive_frame(c.initial_frames()[0], 0.0)
-    with pytest.raises(AuthError, match="dialed node 'node1'"):
+    with pytest.raises(auth.AuthError, match="dialed node 'node1'"):
         c.receive_frame(challenge, 0.0)
 
 
-@pytest.mark.parametrize("frame", [Ack(1, 0), AuthOk(), AuthProof(b"\0" * 32)])
-def test_anything_but_the_next_handshake_frame_is_refused(frame: Frame) -> None:
-    with pytest.raises(AuthError, match="expected AUTH_HELLO"):
+@pytest.mark.parametrize("frame", [wire.Ack(1, 0), wire.AuthOk(), wire.AuthProof(b"\0" * 32)])
+def test_anything_but_the_next_handshake_frame_is_refused(frame: wire.Frame) -> None:
+    with pytest.raises(auth.AuthError, match="expected AUTH_HELLO"):
         _server().receive_frame(frame, 0.0)
-    c = ClientHandshake(POD, "node0", "node2", now=0.0)
-    with pytest.raises(AuthError, match="expected AUTH_CHALLENGE"):
+    c = auth.ClientHandshake(POD, "node0", "node2", now=0.0)
+    with pytest.raises(auth.AuthError, match="expected AUTH_CHALLENGE"):
         c.receive_frame(frame, 0.0)
 
 
@@ -124,56 +106,56 @@ def test_deadline_is_an_input() -> None:
     s = _server(now=100.0, timeout=5.0)
     assert s.deadline == 105.0
     s.check_deadline(104.9)
-    with pytest.raises(AuthError, match="within 5 s"):
-        s.receive_frame(AuthHello(POD.uuid, "node0", b"\1" * 32), 105.0)
-    c = ClientHandshake(POD, "node0", "node2", now=0.0, timeout=0.5)
-    with pytest.raises(AuthError):
+    with pytest.raises(auth.AuthError, match="within 5 s"):
+        s.receive_frame(wire.AuthHello(POD.uuid, "node0", b"\1" * 32), 105.0)
+    c = auth.ClientHandshake(POD, "node0", "node2", now=0.0, timeout=0.5)
+    with pytest.raises(auth.AuthError):
         c.check_deadline(0.5)
 
 
 def test_auth_error_is_a_remote_protocol_error() -> None:
-    assert issubclass(AuthError, RemoteProtocolError)
+    assert issubclass(auth.AuthError, wire.RemoteProtocolError)
 
 
 @pytest.mark.parametrize("key", ["", "zz" * 16, "ab" * 8])
 def test_pod_key_must_be_long_hex(key: str) -> None:
     with pytest.raises(ConfigError, match="key"):
-        pod_key(dataclasses.replace(POD, key=key))
+        auth.pod_key(dataclasses.replace(POD, key=key))
 
 
 @given(st.binary(min_size=32, max_size=32), st.binary(min_size=32, max_size=32))
 def test_forged_challenge_macs_never_verify(nonce: bytes, mac: bytes) -> None:
-    c = ClientHandshake(POD, "node0", "node2", now=0.0)
-    with pytest.raises(AuthError):
-        c.receive_frame(AuthChallenge("node2", nonce, mac), 0.0)
+    c = auth.ClientHandshake(POD, "node0", "node2", now=0.0)
+    with pytest.raises(auth.AuthError):
+        c.receive_frame(wire.AuthChallenge("node2", nonce, mac), 0.0)
 
 
 # ---- identity: per-link keys, a node's own config, TLS names (issue 10 item 8) -------------
 
 def test_each_link_has_its_own_key() -> None:
     """K_ab = HMAC(pod key, "ualinkd pair" ‖ sorted names): symmetric, distinct per pair."""
-    k = pod_key(POD)
-    assert pair_key(k, "node0", "node2") == pair_key(k, "node2", "node0")
-    keys = {pair_key(k, a, b) for a, b in [("node0", "node1"), ("node0", "node2"),
+    k = auth.pod_key(POD)
+    assert auth.pair_key(k, "node0", "node2") == auth.pair_key(k, "node2", "node0")
+    keys = {auth.pair_key(k, a, b) for a, b in [("node0", "node1"), ("node0", "node2"),
                                            ("node1", "node2")]}
     assert len(keys) == 3
-    assert node_keys(POD, "node2") == {"node0": pair_key(k, "node0", "node2"),
-                                       "node1": pair_key(k, "node1", "node2")}
+    assert auth.node_keys(POD, "node2") == {"node0": auth.pair_key(k, "node0", "node2"),
+                                       "node1": auth.pair_key(k, "node1", "node2")}
 
 
 def test_a_node_config_holds_only_its_own_link_keys(tmp_path) -> None:
     """node_config: no pod key, the node's link keys in its own entry, nothing for the other
     links; it loads back, and runs a handshake with a node given the pod key."""
-    own = node_config(POD, "node0")
+    own = auth.node_config(POD, "node0")
     assert own.key == ""
     assert [n.link_keys != () for n in own.nodes] == [True, False, False]
     path = tmp_path / "node0.toml"
     path.write_text(own.to_toml())
     loaded = PodConfig.load(path)
-    assert node_keys(loaded, "node0") == node_keys(POD, "node0")
+    assert auth.node_keys(loaded, "node0") == auth.node_keys(POD, "node0")
     with pytest.raises(ConfigError, match="no key for the link between 'node1' and 'node2'"):
-        node_keys(loaded, "node1")
-    c = ClientHandshake(loaded, "node0", "node2", now=0.0)
+        auth.node_keys(loaded, "node1")
+    c = auth.ClientHandshake(loaded, "node0", "node2", now=0.0)
     s = _server()
     _run(c, s)
     assert c.established and s.established
@@ -182,17 +164,17 @@ def test_a_node_config_holds_only_its_own_link_keys(tmp_path) -> None:
 def test_holding_one_nodes_keys_does_not_make_you_another() -> None:
     """An impostor with node0's config (its link keys, no pod key) claims to be node1 to
     node2 with each key it has: every attempt fails at the proof."""
-    stolen = node_config(POD, "node0")
+    stolen = auth.node_config(POD, "node0")
     with pytest.raises(ConfigError):
-        ClientHandshake(stolen, "node1", "node2", now=0.0)  # it has no key for node1–node2
-    for key in node_keys(stolen, "node0").values():
-        c = ClientHandshake(stolen, "node1", "node2", now=0.0, key=key)
+        auth.ClientHandshake(stolen, "node1", "node2", now=0.0)  # it has no key for node1–node2
+    for key in auth.node_keys(stolen, "node0").values():
+        c = auth.ClientHandshake(stolen, "node1", "node2", now=0.0, key=key)
         s = _server()
         [challenge] = s.receive_frame(c.initial_frames()[0], 0.0)
-        with pytest.raises(AuthError, match="prove the key of our link"):
+        with pytest.raises(auth.AuthError, match="prove the key of our link"):
             c.receive_frame(challenge, 0.0)  # node2's challenge is not under this key
-        with pytest.raises(AuthError, match="'node1' failed to prove the key of our link"):
-            s.receive_frame(AuthProof(b"\0" * 32), 0.0)
+        with pytest.raises(auth.AuthError, match="'node1' failed to prove the key of our link"):
+            s.receive_frame(wire.AuthProof(b"\0" * 32), 0.0)
 
 
 @pytest.mark.parametrize(("edit", "why"), [
@@ -213,12 +195,12 @@ def test_tls_certificate_must_name_the_claimed_node() -> None:
     """With TLS, node0's valid certificate does not admit a peer that claims to be node1, on
     either side of the handshake."""
     s = _server(cert_names={"node0", "127.0.0.1"})
-    with pytest.raises(AuthError, match=r"claims to be 'node1' but its TLS certificate is for "
+    with pytest.raises(auth.AuthError, match=r"claims to be 'node1' but its TLS certificate is for "
                                         r"127\.0\.0\.1, node0"):
-        s.receive_frame(AuthHello(POD.uuid, "node1", b"\1" * 32), 0.0)
-    c = ClientHandshake(POD, "node0", "node2", now=0.0, cert_names={"node1"})
+        s.receive_frame(wire.AuthHello(POD.uuid, "node1", b"\1" * 32), 0.0)
+    c = auth.ClientHandshake(POD, "node0", "node2", now=0.0, cert_names={"node1"})
     [challenge] = _server().receive_frame(c.initial_frames()[0], 0.0)
-    with pytest.raises(AuthError, match="claims to be 'node2'"):
+    with pytest.raises(auth.AuthError, match="claims to be 'node2'"):
         c.receive_frame(challenge, 0.0)
     ok = _server(cert_names={"node0"})
-    ok.receive_frame(AuthHello(POD.uuid, "node0", b"\2" * 32), 0.0)
+    ok.receive_frame(wire.AuthHello(POD.uuid, "node0", b"\2" * 32), 0.0)

@@ -9,15 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ualinkd.fabric import wire
-from ualinkd.fabric.session import (
-    AckReceived,
-    DataReceived,
-    MessageReceived,
-    PongReceived,
-    RequestReceived,
-    Session,
-)
+from ualinkd.fabric import session, wire
 from ualinkd.fabric.wire import (
     MAX_FRAME,
     NEED_DATA,
@@ -362,12 +354,12 @@ def test_random_bytes_decode_or_raise_remote_error(raw: bytes, data: st.DataObje
 
 # ---- session (sans-IO established link) ---------------------------------------------------
 
-def _pair() -> tuple[Session, Session]:
+def _pair() -> tuple[session.Session, session.Session]:
     """Node A (accels 0, 1) and node B (accel 2), each holding its side of one link."""
-    return Session("B", {2}, {0, 1}), Session("A", {0, 1}, {2})
+    return session.Session("B", {2}, {0, 1}), session.Session("A", {0, 1}, {2})
 
 
-def _pump(src: Session, dst: Session) -> list[object]:
+def _pump(src: session.Session, dst: session.Session) -> list[object]:
     dst.receive_data(src.data_to_send())
     out = []
     while (ev := dst.next_event()) is not NEED_DATA:
@@ -380,10 +372,10 @@ def test_session_msg_is_acked_before_it_is_delivered() -> None:
     seq = a.send_message(1, 2, (3, 0, 0, 0))
     b.receive_data(a.data_to_send())
     ev = b.next_event()
-    assert ev == MessageReceived(1, 2, (3, 0, 0, 0))
+    assert ev == session.MessageReceived(1, 2, (3, 0, 0, 0))
     assert b.data_to_send() == encode_frame(Ack(seq, 0))  # queued before the event came out
     a.receive_data(encode_frame(Ack(seq, 0)))
-    assert a.next_event() == AckReceived(seq, 0)
+    assert a.next_event() == session.AckReceived(seq, 0)
 
 
 def test_session_ping_pong_and_data_plane() -> None:
@@ -391,12 +383,12 @@ def test_session_ping_pong_and_data_plane() -> None:
     a.send_ping(77, now=0.0)
     a.send_ping(78, track=False, now=0.0)
     assert _pump(a, b) == []
-    assert _pump(b, a) == [PongReceived(77)]
+    assert _pump(b, a) == [session.PongReceived(77)]
     seq = a.send_request(0, 2, 4096, 8)
     [ev] = _pump(a, b)
-    assert ev == RequestReceived(Load(seq, 0, 2, 4096, 8))
+    assert ev == session.RequestReceived(Load(seq, 0, 2, 4096, 8))
     b.send_data(seq, 0, b"x" * 8)
-    assert _pump(b, a) == [DataReceived(seq, 0, b"x" * 8)]
+    assert _pump(b, a) == [session.DataReceived(seq, 0, b"x" * 8)]
 
 
 @pytest.mark.parametrize(("src", "dst"), [(2, 2), (0, 0), (1, 9)])

@@ -18,19 +18,9 @@ from ualinkd.abi import constants as c
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import ioc
 from ualinkd.node import NodeCore
+from ualinkd.replay import session
 from ualinkd.replay.mapping import Mapper, Region, pointers, regions
 from ualinkd.replay.record import _keep
-from ualinkd.replay.session import (
-    CANARY,
-    GpuCall,
-    IoctlCall,
-    OpenCall,
-    Outcome,
-    Replay,
-    Skip,
-    load,
-    timeline,
-)
 
 SYNCOBJ_WAIT = ioc(3, 0x64, 0xC3, 40)
 SCOPE = ("node0", 1)
@@ -91,11 +81,11 @@ def _ioctl(name: str, cmd: int, in_bytes: bytes, out_bytes: bytes, result: int =
                 time=time)
 
 
-def _opened(replay: Replay) -> None:
+def _opened(replay: session.Replay) -> None:
     rec = _rec("open", path="dri/renderD128", minor=128, token=None, key=None, result=0)
     call = replay.plan(rec)
-    assert isinstance(call, OpenCall) and call.path == "dri/renderD128"
-    assert replay.compare(1, rec, call, Outcome(0, fd=3)) == []
+    assert isinstance(call, session.OpenCall) and call.path == "dri/renderD128"
+    assert replay.compare(1, rec, call, session.Outcome(0, fd=3)) == []
 
 
 def _gem_create(handle: int) -> bytes:
@@ -103,36 +93,36 @@ def _gem_create(handle: int) -> bytes:
 
 
 def test_a_handle_handed_out_differently_is_mapped_into_later_calls():
-    replay = Replay([])
+    replay = session.Replay([])
     _opened(replay)
     inp = st.GEM_CREATE_IN.encode(st.GemCreateIn(4096, 0, c.DOMAIN_VRAM, 0))
     create = _ioctl("AMDGPU_GEM_CREATE", GEM_CREATE, inp, _gem_create(1))
     call = replay.plan(create)
-    assert isinstance(call, IoctlCall)
+    assert isinstance(call, session.IoctlCall)
     call.sent = bytes(call.arg)
-    assert replay.compare(2, create, call, Outcome(0, arg=_gem_create(5))) == []
+    assert replay.compare(2, create, call, session.Outcome(0, arg=_gem_create(5))) == []
     close = _ioctl("GEM_CLOSE", GEM_CLOSE, struct.pack("<II", 1, 0), b"")
     call = replay.plan(close)
-    assert isinstance(call, IoctlCall) and call.arg[:4] == struct.pack("<I", 5)
+    assert isinstance(call, session.IoctlCall) and call.arg[:4] == struct.pack("<I", 5)
 
 
 def test_fresh_replay_value_that_the_recording_had_for_another_call_is_a_difference():
-    replay = Replay([])
+    replay = session.Replay([])
     _opened(replay)
     inp = st.GEM_CREATE_IN.encode(st.GemCreateIn(4096, 0, c.DOMAIN_VRAM, 0))
     for i, (rec_h, rep_h) in enumerate(((1, 1), (2, 1))):
         rec = _ioctl("AMDGPU_GEM_CREATE", GEM_CREATE, inp, _gem_create(rec_h))
         call = replay.plan(rec)
-        assert isinstance(call, IoctlCall)
+        assert isinstance(call, session.IoctlCall)
         call.sent = bytes(call.arg)
-        diffs = replay.compare(2 + i, rec, call, Outcome(0, arg=_gem_create(rep_h)))
+        diffs = replay.compare(2 + i, rec, call, session.Outcome(0, arg=_gem_create(rep_h)))
     assert len(diffs) == 1 and "handle (gem)" in diffs[0].what
 
 
 def test_syncobj_array_behind_a_pointer_gets_a_buffer_with_mapped_handles():
     """SYNCOBJ_WAIT reads `count_handles` u32s at `handles` (drm_syncobj_array_find): the
     replay's buffer holds the replay's handles, and the struct points at it."""
-    replay = Replay([])
+    replay = session.Replay([])
     _opened(replay)
     replay.mapper.learn("syncobj", SCOPE, 1, 8)
     replay.mapper.learn("syncobj", SCOPE, 2, 9)
@@ -142,24 +132,25 @@ def test_syncobj_array_behind_a_pointer_gets_a_buffer_with_mapped_handles():
         {"op": "read", "addr": addr, "len": 8, "hex": struct.pack("<II", 1, 2).hex(),
          "result": 0}])
     call = replay.plan(rec)
-    assert isinstance(call, IoctlCall)
+    assert isinstance(call, session.IoctlCall)
     assert call.buffers[0].data[:8] == struct.pack("<II", 8, 9)
-    assert call.buffers[0].data[8:] == bytes([CANARY]) * (len(call.buffers[0].data) - 8)
+    assert call.buffers[0].data[8:] == bytes([session.CANARY]) * (len(call.buffers[0].data) - 8)
     assert call.patches == [(-1, 0, 0, 0)]
     sent = bytearray(call.arg)
     sent[0:8] = struct.pack("<Q", 0x5555000)  # where the edge put the buffer
     call.sent = bytes(sent)
-    ok = Outcome(0, arg=bytes(sent), buffers=[bytes(call.buffers[0].data)])
+    ok = session.Outcome(0, arg=bytes(sent), buffers=[bytes(call.buffers[0].data)])
     assert replay.compare(2, rec, call, ok) == []
     # a daemon that writes into the caller's array, where the recording's did not
     wrote = bytearray(call.buffers[0].data)
     wrote[12] = 0
-    diffs = replay.compare(3, rec, call, Outcome(0, arg=bytes(sent), buffers=[bytes(wrote)]))
+    got = session.Outcome(0, arg=bytes(sent), buffers=[bytes(wrote)])
+    diffs = replay.compare(3, rec, call, got)
     assert len(diffs) == 1 and "written past what the recording wrote" in diffs[0].what
 
 
 def test_failed_import_skips_the_dmabuf_open_of_its_token():
-    replay = Replay([])
+    replay = session.Replay([])
     _opened(replay)
     imp = bytearray(24)
     imp[0:4] = struct.pack("<I", c.UalinkOp.IMPORT)
@@ -167,33 +158,33 @@ def test_failed_import_skips_the_dmabuf_open_of_its_token():
     out = struct.pack("<I", 77).ljust(24, b"\0")
     rec = _ioctl("AMDGPU_UALINK_HANDLE", UALINK, bytes(imp), out)
     call = replay.plan(rec)
-    assert isinstance(call, IoctlCall)
+    assert isinstance(call, session.IoctlCall)
     call.sent = bytes(call.arg)
-    diffs = replay.compare(2, rec, call, Outcome(-22, arg=bytes(imp)))
+    diffs = replay.compare(2, rec, call, session.Outcome(-22, arg=bytes(imp)))
     assert [d.what for d in diffs] == ["= -1 EINVAL, recorded = 0"]
     dmabuf = _rec("open", path="dmabuf/77", token=77, key=5, file=2, result=0)
     skip = replay.plan(dmabuf)
-    assert isinstance(skip, Skip) and skip.because == 2
-    assert isinstance(replay.plan(_rec("release", path="dmabuf", file=2)), Skip)
+    assert isinstance(skip, session.Skip) and skip.because == 2
+    assert isinstance(replay.plan(_rec("release", path="dmabuf", file=2)), session.Skip)
 
 
 def test_release_of_a_file_opened_before_the_recording_is_not_a_difference():
     """`ualinkd record` attached mid-session (or `--pid`): a release of a file it never saw
     opened is nothing to replay; an ioctl on such a file cannot be replayed (a difference)."""
-    replay = Replay([])
+    replay = session.Replay([])
     skip = replay.plan(_rec("release", path="dri/renderD128", file=4))
-    assert isinstance(skip, Skip) and skip.because is None
+    assert isinstance(skip, session.Skip) and skip.because is None
     assert isinstance(replay.plan(_ioctl("GEM_CLOSE", GEM_CLOSE, bytes(8), b"")), str)
 
 
 def test_gpu_load_compares_the_bytes_loaded():
-    replay = Replay([])
+    replay = session.Replay([])
     _opened(replay)
     rec = _rec("gpu", op="load", va=0x1000, length=4, result=4, data_hex="68656c6c")
     call = replay.plan(rec)
-    assert isinstance(call, GpuCall)
-    assert replay.compare(2, rec, call, Outcome(4, data=b"hell")) == []
-    (d,) = replay.compare(3, rec, call, Outcome(4, data=b"help"))
+    assert isinstance(call, session.GpuCall)
+    assert replay.compare(2, rec, call, session.Outcome(4, data=b"hell")) == []
+    (d,) = replay.compare(3, rec, call, session.Outcome(4, data=b"help"))
     assert "loaded bytes differ from offset 0x3" in d.what
 
 
@@ -203,14 +194,14 @@ def test_timeline_orders_by_completion_and_keeps_a_pids_releases():
             _rec("open", time=0.5, pid=1, file=9),
             _rec("release", time=7.0, pid=0, file=9),
             _rec("fabric", time=1.5)]
-    assert [r["time"] for r in timeline(recs)] == [0.5, 2.0, 1.0, 7.0]
-    assert [r["time"] for r in timeline(recs, pids={1})] == [0.5, 1.0, 7.0]
+    assert [r["time"] for r in session.timeline(recs)] == [0.5, 2.0, 1.0, 7.0]
+    assert [r["time"] for r in session.timeline(recs, pids={1})] == [0.5, 1.0, 7.0]
 
 
 def test_a_v1_trace_is_refused_as_a_recording():
     line = json.dumps({"v": 1, "type": "ioctl"})
     try:
-        load([line])
+        session.load([line])
     except ValueError as e:
         assert "schema 1" in str(e)
     else:
