@@ -29,7 +29,7 @@ from .config import PodConfig, host_memory_total
 from .cpumap_server import serve_cpu_maps
 from .drm.errors import DrmError
 from .drm.file import DrmFile
-from .fabric.agent import UalinkAgent
+from .fabric.agent import RequestSoonFn, UalinkAgent
 from .fabric.link import FabricLink
 from .fabric.wire import Load, Store
 from .fuse.lowlevel import FuseSession, clear_stale_mount
@@ -371,10 +371,13 @@ async def run_node(
                       on_request=on_request, ssl_context=server_tls,
                       ssl_client_context=client_tls)
     send, send_queued, request = link.send, link.send_queued, link.request
+    request_soon: RequestSoonFn | None = link.request_soon
     if tracer is not None:
         send, send_queued, request = _trace_sends(  # type: ignore[assignment]  # (as above)
             tracer, config, node_name, link)
-    agent = UalinkAgent(core, send, request, send_queued=send_queued)
+        request_soon = None  # a traced request is recorded by _trace_sends' wrapper
+    agent = UalinkAgent(core, send, request, send_queued=send_queued,
+                        request_soon=request_soon)
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_links = lambda: {p: link.is_up(p) for p in peers}
     clear_stale_mount(mount)

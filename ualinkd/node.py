@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from . import sysfs
 from .abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
 from .abi.drmfile_query import NONCE, UALINKD_IOCTL_DRM_FILE_QUERY
-from .amdgpu.access import RemoteFn, gpu_load, gpu_store
+from .amdgpu.access import RemoteFn, RemoteSoonFn, gpu_load, gpu_store
 from .amdgpu.cpu_map import CpuMapGrants
 from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.profile import PROFILES
@@ -25,6 +25,7 @@ from .amdgpu.vm import RemotePiece
 from .amdkfd.chardev import Clock, Kfd, KfdNode, KfdProcess, ResolveDrmFile
 from .amdkfd.topology import Topology, TopologyGpu, gpu_ids
 from .config import PodConfig
+from .drm.completion import Completion
 from .drm.device import (
     Caller,
     CopyFromUser,
@@ -59,6 +60,9 @@ FdResolver = Callable[[int, int], int]  # (pid, fd) -> dma-buf key; raises EBADF
 # (importing accel id, piece, write, data to store | None) -> loaded bytes | count stored.
 RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"],
                         Awaitable["bytes | bytearray | int"]]
+# The same answered by callback; None when it cannot be (then RemoteAccess is used).
+RemoteAccessSoon = Callable[[int, RemotePiece, bool, "bytes | None"],
+                            "Completion[bytes | bytearray | int] | None"]
 
 
 def _no_resolver(pid: int, fd: int) -> int:
@@ -166,18 +170,21 @@ class NodeCore:
         # part-way, and raises DrmError(EFAULT) when not even the first byte could be done
         # (no PTE at the exporter, exporter unreachable: policy 3).
         self.remote_access: RemoteAccess = _no_fabric
+        self.remote_access_soon: RemoteAccessSoon | None = None
 
     def attach_fabric(self, drain: Callable[[], None], wait_import: ImportWaiter,
-                      remote_access: RemoteAccess | None) -> None:
+                      remote_access: RemoteAccess | None,
+                      remote_access_soon: RemoteAccessSoon | None = None) -> None:
         """A fabric agent (fabric/agent.py) serves this node from now on: `drain` carries
         the managers' effects after each request, `wait_import` waits for their remote
         imports, `remote_access` (when it has a data plane) does GPU loads/stores of
-        imported NPA BOs."""
+        imported NPA BOs, `remote_access_soon` the same by callback where it can."""
         self.after_request = drain
         for mgr in self.managers.values():
             mgr.attach(wait_import)
         if remote_access is not None:
             self.remote_access = remote_access
+        self.remote_access_soon = remote_access_soon
 
     def _discard_effects(self) -> None:
         for mgr in self.managers.values():
@@ -332,10 +339,11 @@ class NodeCore:
         assert isinstance(drm_file, DrmFile)
         driver = drm_file.device.driver
         assert isinstance(driver, AmdgpuDriver)
+        remote, remote_soon = self._remote_for(drm_file)
         load = self._traced_gpu(drm_file, "load", va, size, b"", caller,
-                                lambda: gpu_load(driver.vm(drm_file), va, size,
-                                                 self._remote_for(drm_file),
-                                                 driver.count_gpu_fault))
+                                lambda: gpu_load(driver.vm(drm_file), va, size, remote,
+                                                 driver.count_gpu_fault,
+                                                 remote_soon=remote_soon))
         return load  # type: ignore[return-value]  # gpu_load's result, traced
 
     def gpu_write(
@@ -345,10 +353,11 @@ class NodeCore:
         assert isinstance(drm_file, DrmFile)
         driver = drm_file.device.driver
         assert isinstance(driver, AmdgpuDriver)
+        remote, remote_soon = self._remote_for(drm_file)
         store = self._traced_gpu(drm_file, "store", va, len(data), data, caller,
-                                 lambda: gpu_store(driver.vm(drm_file), va, data,
-                                                   self._remote_for(drm_file),
-                                                   driver.count_gpu_fault))
+                                 lambda: gpu_store(driver.vm(drm_file), va, data, remote,
+                                                   driver.count_gpu_fault,
+                                                   remote_soon=remote_soon))
         return store  # type: ignore[return-value]  # gpu_store's result, traced
 
     def _traced_gpu(self, drm_file: DrmFile, op: str, va: int, length: int, data: bytes,
@@ -379,6 +388,17 @@ class NodeCore:
         except DrmError as e:
             record(e)
             raise
+        if type(res) is Completion:
+            def recorded(c: Completion[object]) -> object:
+                try:
+                    done = c.result()
+                except DrmError as e:
+                    record(e)
+                    raise
+                record(done)
+                return done
+
+            return res.then(recorded)
         if not inspect.isawaitable(res):
             record(res)
             return res
@@ -394,15 +414,27 @@ class NodeCore:
 
         return later()
 
-    def _remote_for(self, drm_file: DrmFile) -> RemoteFn:
-        def remote(piece: RemotePiece, write: bool,
-                   data: bytes | None) -> Awaitable[bytes | bytearray | int]:
+    def _remote_for(self, drm_file: DrmFile) -> tuple[RemoteFn, RemoteSoonFn | None]:
+        """The fabric's access functions for `drm_file`'s remote pieces (awaitable, and by
+        callback when the fabric offers it)."""
+        def issuer(piece: RemotePiece) -> int:
             # The access is issued by the accel that holds the NPA BO (normally this file's).
             device = piece.bo.device if piece.bo is not None else drm_file.device
-            accel_id = self.managers[device.minor].accel_id
-            return self.remote_access(accel_id, piece, write, data)
+            return self.managers[device.minor].accel_id
 
-        return remote
+        def remote(piece: RemotePiece, write: bool,
+                   data: bytes | None) -> Awaitable[bytes | bytearray | int]:
+            return self.remote_access(issuer(piece), piece, write, data)
+
+        soon = self.remote_access_soon
+        if soon is None:
+            return remote, None
+
+        def remote_soon(piece: RemotePiece, write: bool,
+                        data: bytes | None) -> Completion[bytes | bytearray | int] | None:
+            return soon(issuer(piece), piece, write, data)
+
+        return remote, remote_soon
 
     def _answer_drm_file_query(self, drm_file: DrmFile, in_bytes: bytes) -> IoctlReply:
         """The daemon's own question (abi/drmfile_query.py): only a pending nonce, answered

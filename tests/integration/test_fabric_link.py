@@ -20,6 +20,7 @@ import trustme
 
 from ualinkd.amdgpu.memory import BoMemory
 from ualinkd.config import AccelConfig, NodeConfig, PodConfig
+from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.fabric import auth
 from ualinkd.fabric import link as link_mod
@@ -446,6 +447,84 @@ async def test_loads_and_stores_of_every_size_cross_concurrently(pod: Pod, tls: 
         await a.request(0, 2, (4 << 20) - 10, 11)
     assert e.value.errno == errno.EFAULT
     assert await a.request(0, 2, 0, 4) == pattern[:4]  # the link survived the refusal
+
+
+async def _completed(c: Completion[bytes | bytearray] | None) -> bytes | bytearray:
+    """Wait (a test's poll) for what request_soon's Completion says."""
+    assert c is not None
+    await wait_until(lambda: c.done)
+    return c.result()
+
+
+async def test_request_soon_answers_as_request_does(pod: Pod) -> None:
+    """request_soon (the data plane without a task per request) loads and stores the same
+    bytes as request, fails the same way (EFAULT refused by the exporter, EFAULT when the
+    link drops with requests in flight), and declines (None) where request would wait or
+    refuse: no link up yet, an accel that is not ours."""
+    mem_b = bytearray(4 << 20)
+    a = await pod.start("a")
+    assert a.request_soon(0, 2, 0, 4) is None  # b has not come up: request() decides
+    b = await pod.start("b", on_request=_memory_server(mem_b))
+    await wait_until(lambda: a.is_up("b") and b.is_up("a"))
+    assert a.request_soon(2, 0, 0, 4) is None  # accel 2 is b's, not a's
+    pattern = bytes(range(256)) * (1 << 12)  # 1 MiB
+    mem_b[: 1 << 20] = pattern
+    many = [a.request_soon(0, 2, n, n) for n in (1, 4096, 65537, 1 << 19)]
+    for n, c in zip((1, 4096, 65537, 1 << 19), many, strict=True):
+        assert await _completed(c) == pattern[n:2 * n]
+    assert await _completed(a.request_soon(1, 3, 2 << 20, b"\x5a" * 4096)) == b""
+    assert mem_b[2 << 20:(2 << 20) + 4096] == b"\x5a" * 4096
+    with pytest.raises(DrmError) as e:
+        await _completed(a.request_soon(0, 2, (4 << 20) - 10, 11))
+    assert e.value.errno == errno.EFAULT  # the exporter's -EFAULT
+    assert await a.request(0, 2, 0, 4) == pattern[:4]  # and the link is still up
+    in_flight = [a.request_soon(0, 2, 0, 1 << 20) for _ in range(8)]
+    a._conns["b"].drop(link_mod._LinkDown("test"))
+    for c in in_flight:
+        assert c is not None
+        await wait_until(lambda c=c: c.done)
+        try:
+            assert c.result() == pattern  # answered before the drop
+        except DrmError as err:
+            assert err.errno == errno.EFAULT  # or failed with the link
+
+
+async def test_request_soon_gives_up_at_its_deadline(pod: Pod) -> None:
+    """§5.1's ack timeout bounds a data-plane request as it does `request`'s: a peer that
+    reads a LOAD and never answers fails it with EFAULT once ack_timeout (300 ms here) has
+    passed, not before; its late DATA is then dropped and the link stays up."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    a = await pod.start("a")
+    a.set_peer_address("b", f"127.0.0.1:{port}")
+    stream = await listeners[0].accept()
+    hs = auth.ServerHandshake(pod.cfg, "b", now=trio.current_time(), nonces=auth.NonceCache())
+    dec = FrameDecoder()
+    while True:
+        out = hs.receive_frame(await read_frame(stream, dec), trio.current_time())
+        if hs.established:
+            break
+        await stream.send_all(b"".join(encode_frame(f) for f in out))
+    await stream.send_all(b"".join(encode_frame(f) for f in out))
+    await wait_until(lambda: a.is_up("b"))
+    start = trio.current_time()
+    c = a.request_soon(0, 2, 4096, 16)
+    assert c is not None
+    load = await read_frame(stream, dec)
+    assert isinstance(load, Load) and load.length == 16
+    await trio.sleep(0.2)
+    assert not c.done  # still within its 300 ms
+    await wait_until(lambda: c.done, timeout=2.0)
+    assert trio.current_time() - start >= 0.3
+    with pytest.raises(DrmError) as e:
+        c.result()
+    assert e.value.errno == errno.EFAULT
+    await stream.send_all(encode_frame(Data(load.seq, 0, b"\0" * 16)))  # too late: dropped
+    await trio.sleep(0.05)
+    assert a.is_up("b")
+    await stream.aclose()
+    for lst in listeners:
+        await lst.aclose()
 
 
 def _congestion(link: FabricLink, peer: str) -> str:

@@ -10,14 +10,18 @@ from __future__ import annotations
 import errno
 from collections.abc import Awaitable, Callable
 
+from ..drm.completion import Completion
 from ..drm.errors import DrmError
 from .vm import GpuVm, LocalPiece, Piece, RemotePiece
 
-__all__ = ["RemoteFn", "gpu_load", "gpu_store"]
+__all__ = ["RemoteFn", "RemoteSoonFn", "gpu_load", "gpu_store"]
 
 # (piece, write, data for a store) -> the loaded bytes | the count stored; may come back
 # short when the exporter faults part-way; DrmError(EFAULT) when nothing could be done.
 RemoteFn = Callable[[RemotePiece, bool, bytes | None], Awaitable[bytes | bytearray | int]]
+# The same answered by callback (drm/completion.py), or None when it cannot be.
+RemoteSoonFn = Callable[[RemotePiece, bool, bytes | None],
+                        Completion[bytes | bytearray | int] | None]
 
 
 def _fault(va: int) -> DrmError:
@@ -39,15 +43,45 @@ def _plan(vm: GpuVm, va: int, n: int, write: bool,
 
 
 def gpu_load(
-    vm: GpuVm, va: int, size: int, remote: RemoteFn, on_fault: Callable[[], None]
-) -> bytes | Awaitable[bytes | bytearray]:
+    vm: GpuVm, va: int, size: int, remote: RemoteFn, on_fault: Callable[[], None], *,
+    remote_soon: RemoteSoonFn | None = None,
+) -> bytes | Awaitable[bytes | bytearray] | Completion[bytes | bytearray]:
     """A GPU load of `size` bytes at `va` (policy 10): EFAULT if the first byte faults, else
-    the bytes up to the first faulting page. `on_fault` runs once per faulting access."""
+    the bytes up to the first faulting page. `on_fault` runs once per faulting access.
+    A load of one remote piece is a Completion when `remote_soon` takes it."""
     pieces, later_fault = _plan(vm, va, size, False, on_fault)
     if all(type(p) is LocalPiece and p.bo.userptr is None for p in pieces):
         return b"".join([p.bo.memory.read(p.bo_offset, p.length)  # type: ignore[union-attr]
                          for p in pieces])  # (all() above: every piece is a LocalPiece)
+    if remote_soon is not None and len(pieces) == 1 and type(piece := pieces[0]) is RemotePiece:
+        c = remote_soon(piece, False, None)
+        if c is not None:
+            return c.then(lambda c: _loaded(piece, _outcome(c), 0, va, later_fault))
     return _load_later(pieces, va, remote, later_fault)
+
+
+def _outcome(c: Completion[bytes | bytearray | int]) -> bytes | bytearray | int | DrmError:
+    """A remote piece's answer, its DrmError as a value (what _loaded/_stored take)."""
+    try:
+        return c.result()
+    except DrmError as e:
+        return e
+
+
+def _loaded(p: RemotePiece, r: bytes | bytearray | int | DrmError, done: int, va: int,
+            on_fault: Callable[[], None] | None) -> bytes | bytearray:
+    """A remote piece's bytes after `done` bytes of the access (policy 10): a fault
+    loads nothing from it, an error other than a fault fails an access not yet begun;
+    short, it ends the access (EFAULT when nothing at all was loaded)."""
+    if isinstance(r, DrmError):
+        if r.errno != errno.EFAULT and not done:
+            raise r
+        r = b""
+    assert isinstance(r, bytes | bytearray)
+    got = r if len(r) <= p.length else r[: p.length]
+    if len(got) < p.length:
+        _short(done + len(got), va, on_fault)
+    return got
 
 
 def _short(done: int, va: int, on_fault: Callable[[], None] | None) -> None:
@@ -87,29 +121,33 @@ async def _load_later(
     for p in pieces:
         if isinstance(p, LocalPiece):
             got: bytes | bytearray = await _read_local(p)
+            if len(got) < p.length:
+                _short(done + len(got), va, on_fault)
         else:
             try:
-                r = await remote(p, False, None)
+                r: bytes | bytearray | int | DrmError = await remote(p, False, None)
             except DrmError as e:
-                if e.errno != errno.EFAULT and not done:
-                    raise
-                r = b""
-            assert isinstance(r, bytes | bytearray)
-            got = r if len(r) <= p.length else r[: p.length]
+                r = e
+            got = _loaded(p, r, done, va, on_fault)
         out.append(got)
         done += len(got)
         if len(got) < p.length:
-            _short(done, va, on_fault)
             break
     return out[0] if len(out) == 1 else b"".join(out)  # one piece: its buffer, uncopied
 
 
 def gpu_store(
-    vm: GpuVm, va: int, data: bytes, remote: RemoteFn, on_fault: Callable[[], None]
-) -> int | Awaitable[int]:
+    vm: GpuVm, va: int, data: bytes, remote: RemoteFn, on_fault: Callable[[], None], *,
+    remote_soon: RemoteSoonFn | None = None,
+) -> int | Awaitable[int] | Completion[int]:
     """A GPU store of `data` at `va` (policy 10): EFAULT if the first byte faults, else the
-    count stored up to the first faulting page."""
+    count stored up to the first faulting page. A store of one remote piece is a Completion
+    when `remote_soon` takes it."""
     pieces, later_fault = _plan(vm, va, len(data), True, on_fault)
+    if remote_soon is not None and len(pieces) == 1 and type(piece := pieces[0]) is RemotePiece:
+        c = remote_soon(piece, True, data[: piece.length])
+        if c is not None:
+            return c.then(lambda c: _stored(piece, _outcome(c), 0, va, later_fault))
     if all(type(p) is LocalPiece and p.bo.userptr is None for p in pieces):
         mv = memoryview(data)
         done = 0
@@ -130,17 +168,29 @@ async def _store_later(
         chunk = data[done : done + p.length]
         if isinstance(p, LocalPiece):
             n = await _write_local(p, chunk)
+            if n < p.length:
+                _short(done + n, va, on_fault)
         else:
             try:
-                r = await remote(p, True, chunk)
+                r: bytes | bytearray | int | DrmError = await remote(p, True, chunk)
             except DrmError as e:
-                if e.errno != errno.EFAULT and not done:
-                    raise
-                r = 0
-            assert isinstance(r, int)
-            n = min(r, p.length)
+                r = e
+            n = _stored(p, r, done, va, on_fault)
         done += n
         if n < p.length:
-            _short(done, va, on_fault)
             break
     return done
+
+
+def _stored(p: RemotePiece, r: bytes | bytearray | int | DrmError, done: int, va: int,
+            on_fault: Callable[[], None] | None) -> int:
+    """The count a remote piece stored after `done` bytes of the access: `_loaded`'s rule."""
+    if isinstance(r, DrmError):
+        if r.errno != errno.EFAULT and not done:
+            raise r
+        r = 0
+    assert isinstance(r, int)
+    n = min(r, p.length)
+    if n < p.length:
+        _short(done + n, va, on_fault)
+    return n

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from ..drm.completion import Completion
 from ..drm.errors import DrmError
 from ..drm.gem import DmaBuf
 from ..ualink import protocol as p
@@ -43,12 +44,16 @@ SendFn = Callable[[int, int, p.Dwords], Awaitable[None]]
 SendQueuedFn = Callable[[int, int, p.Dwords], Awaitable[None]]
 # (src accel, dst accel, NPA byte address, length to load | bytes to store) -> loaded bytes
 RequestFn = Callable[[int, int, int, "int | bytes"], Awaitable[bytes | bytearray]]
+# The same, answered by callback (None: the link cannot take it now; RequestFn decides)
+RequestSoonFn = Callable[[int, int, int, "int | bytes"], "Completion[bytes | bytearray] | None"]
 CHUNK = 1 << 20  # data-plane transfers are split into chunks this big ...
 IN_FLIGHT = 4  # ... with this many outstanding at once per transfer
 RING_SIZE = 1024  # messages queued per local accel; past it the link stops reading
 # (importing accel, piece, write, data to store | None) -> loaded bytes | count stored
 RemoteAccessFn = Callable[[int, "RemotePiece", bool, "bytes | None"],
                           Awaitable["bytes | bytearray | int"]]
+RemoteAccessSoonFn = Callable[[int, "RemotePiece", bool, "bytes | None"],
+                              "Completion[bytes | bytearray | int] | None"]
 
 
 class FabricNode(Protocol):
@@ -58,7 +63,14 @@ class FabricNode(Protocol):
     def host(self) -> UalinkHost: ...
 
     def attach_fabric(self, drain: Callable[[], None], wait_import: ImportWaiter,
-                      remote_access: RemoteAccessFn | None) -> None: ...
+                      remote_access: RemoteAccessFn | None,
+                      remote_access_soon: RemoteAccessSoonFn | None = None) -> None: ...
+
+
+def _piece_fault(piece: RemotePiece, e: DrmError) -> DrmError:
+    """A failed request of a piece is a GPU page fault (policy 10), whatever its cause."""
+    return DrmError(errno.EFAULT,
+                    f"GPU page fault at NPA {piece.npa_byte_address:#x}: {e.strerror}")
 
 
 # Replies a receive handler sends: awaited (or queued) by the ring before its next message.
@@ -67,7 +79,8 @@ _RING_REPLIES = (HelloAckSent, NpaRspSent)
 
 class UalinkAgent:
     def __init__(self, node: FabricNode, send: SendFn, request: RequestFn | None = None,
-                 ring_size: int = RING_SIZE, send_queued: SendQueuedFn | None = None) -> None:
+                 ring_size: int = RING_SIZE, send_queued: SendQueuedFn | None = None,
+                 request_soon: RequestSoonFn | None = None) -> None:
         self.host = node.host
         self._send_queued = send_queued
         self.ring_size = ring_size
@@ -75,6 +88,7 @@ class UalinkAgent:
         self._ring_waits: dict[int, int] = {}
         self._send = send
         self._request = request
+        self._request_soon = request_soon
         self._events: dict[tuple[int, ImportDone], trio.Event] = {}
         self._nursery: trio.Nursery | None = None
         self._rx: dict[int, trio.MemorySendChannel[tuple[int, p.Message]]] = {}
@@ -83,7 +97,8 @@ class UalinkAgent:
         self._timer_at: dict[int, float] = {}
         self._timer_kick: dict[int, trio.Event] = {}
         node.attach_fabric(self.drain, self.wait_import,
-                           self.remote_access if request is not None else None)
+                           self.remote_access if request is not None else None,
+                           self.remote_access_soon if request_soon is not None else None)
 
     # -- data plane ------------------------------------------------------------------------
     def serve(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
@@ -112,8 +127,7 @@ class UalinkAgent:
                 got = await self._request(accel_id, piece.exporter_accel,
                                           piece.npa_byte_address, arg)
             except DrmError as e:
-                raise DrmError(errno.EFAULT, f"GPU page fault at NPA "
-                                             f"{piece.npa_byte_address:#x}: {e.strerror}") from None
+                raise _piece_fault(piece, e) from None
             return length if write else got
         spans = [(off, min(CHUNK, length - off)) for off in range(0, length, CHUNK)]
         results: list[bytes | bytearray | None] = [None] * len(spans)
@@ -146,6 +160,29 @@ class UalinkAgent:
         if done == 0 and length:
             raise DrmError(errno.EFAULT, f"GPU page fault at NPA {piece.npa_byte_address:#x}")
         return done if write else b"".join(loaded)
+
+    def remote_access_soon(
+        self, accel_id: int, piece: RemotePiece, write: bool, data: bytes | None = None
+    ) -> Completion[bytes | bytearray | int] | None:
+        """`remote_access` answered by callback, for a piece one request carries (the
+        common GPU load/store); None when it takes more, or the link cannot take it now."""
+        assert self._request_soon is not None
+        length = piece.length
+        if length > CHUNK:
+            return None
+        c = self._request_soon(accel_id, piece.exporter_accel, piece.npa_byte_address,
+                               length if not write else (data or b"")[:length])
+        if c is None:
+            return None
+
+        def answered(c: Completion[bytes | bytearray]) -> bytes | bytearray | int:
+            try:
+                got = c.result()
+            except DrmError as e:
+                raise _piece_fault(piece, e) from None
+            return length if write else got
+
+        return c.then(answered)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import heapq
+import itertools
 import logging
 import math
 import os
@@ -37,6 +39,7 @@ from typing import Any
 import trio
 
 from ..config import ConfigError, PodConfig
+from ..drm.completion import Completion
 from ..drm.errors import DrmError
 from .auth import HANDSHAKE_TIMEOUT, ClientHandshake, NonceCache, ServerHandshake, node_keys
 from .session import (
@@ -142,6 +145,35 @@ class _Waiter:
         self.event.set()
 
 
+class _Completing:
+    """A waiter whose answer completes a Completion in the reader's call (request_soon)."""
+
+    __slots__ = ("completion", "peer")
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+        # Dropped once set: the deadline heap keeps this waiter until its deadline, and must
+        # not keep the loaded bytes that long.
+        self.completion: Completion[bytes | bytearray] | None = Completion()
+
+    def set(self, result: Any) -> None:
+        c, self.completion = self.completion, None
+        if c is None:
+            return
+        if result is None or result.status != 0:
+            c.set_error(_data_error(self.peer, result))
+        else:
+            c.set_result(result.data)
+
+
+def _data_error(peer: str, result: Any) -> DrmError:
+    """A data-plane request's failure (Emulator policy 3, 10): no answer (the link dropped,
+    or the deadline passed) or the exporter's -errno."""
+    if result is None:
+        return DrmError(errno.EFAULT, f"no answer from {peer}")
+    return DrmError(-result.status if result.status < 0 else errno.EFAULT)
+
+
 class _Conn:
     """One authenticated connection: its stream, its Session, its waiters.
 
@@ -173,7 +205,7 @@ class _Conn:
         self.paused = False  # the reader waits (for the inbox or `deferred`), not reading
         self.not_reading_logged = False
         self.expired = 0  # requests refused past their deadline
-        self.waiters: dict[int, _Waiter] = {}
+        self.waiters: dict[int, _Waiter | _Completing] = {}
         self.pings: dict[int, _Waiter] = {}
         self.last_rx = trio.current_time()
         self.down: _LinkDown | None = None
@@ -392,6 +424,11 @@ class FabricLink:
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
         self._closed = False
+        # request_soon's waits by deadline, and the event that wakes `_expire` (None: it is
+        # not running, and request_soon declines).
+        self._deadlines: list[tuple[float, int, _Conn, int, _Completing]] = []
+        self._deadline_ids = itertools.count()  # ties broken in order, never by _Conn
+        self._expiring: trio.Event | None = None
         self.port: int | None = None
 
     # -- queries -----------------------------------------------------------------------------
@@ -421,6 +458,7 @@ class FabricLink:
                 self.port = listeners[0].socket.getsockname()[1]
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._refusals.run)
+                    nursery.start_soon(self._expire)
                     self._nursery = nursery
                     for listener in listeners:
                         nursery.start_soon(self._accept_loop, listener, nursery)
@@ -431,6 +469,8 @@ class FabricLink:
                     task_status.started(self.port)
         finally:
             self._closed = True
+            self._expiring = None
+            self._deadlines.clear()  # (their connections, now closed, failed them)
             for ev in self._up.values():  # wake sends waiting for a link: they fail now
                 ev.set()
             self._stopped.set()
@@ -971,11 +1011,56 @@ class FabricLink:
             lambda s, give_up: s.send_request(src_accel, dst_accel, npa_byte_addr,
                                               length_or_data, now=trio.current_time(),
                                               give_up=give_up))
-        if waiter is None or waiter.result is None:
-            raise DrmError(errno.EFAULT, f"no answer from {peer}")
-        if waiter.result.status != 0:
-            raise DrmError(-waiter.result.status if waiter.result.status < 0 else errno.EFAULT)
-        return waiter.result.data
+        result = None if waiter is None else waiter.result
+        if result is None or result.status != 0:
+            raise _data_error(peer, result)
+        return result.data
+
+    def request_soon(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
+                     length_or_data: int | bytes) -> Completion[bytes | bytearray] | None:
+        """`request` without a task: the LOAD/STORE is queued and written now, and its DATA
+        completes the Completion in the reader's call (the same errors, as set_error; the
+        same deadline, ack_timeout, kept by `_expire`). None when the link is not up or the
+        accels are not ours: then `request` decides (it waits for a link coming up, or
+        faults at once)."""
+        peer = self._owner.get(dst_accel)
+        conn = self._conns.get(peer) if peer is not None else None
+        if conn is None or src_accel not in self._local_accels or self._expiring is None:
+            return None
+        now = trio.current_time()
+        give_up = now + self.ack_timeout
+        seq = conn.session.send_request(src_accel, dst_accel, npa_byte_addr, length_or_data,
+                                        now=now, give_up=give_up)
+        waiter = conn.waiters[seq] = _Completing(conn.peer)
+        if not self._deadlines or give_up < self._deadlines[0][0]:
+            self._expiring.set()  # its sleep ends too late (or it has none)
+        heapq.heappush(self._deadlines, (give_up, next(self._deadline_ids), conn, seq, waiter))
+        completion = waiter.completion
+        assert completion is not None  # (set only by the reader, later)
+        conn.flush()
+        return completion
+
+    async def _expire(self) -> None:
+        """Ends request_soon's waits at their deadline, as `_exchange`'s scope does for
+        `request`: the seq is forgotten (a late DATA is dropped) and the request fails."""
+        deadlines = self._deadlines
+        while True:
+            self._expiring = trio.Event()
+            if not deadlines:
+                await self._expiring.wait()
+                continue
+            with trio.move_on_at(deadlines[0][0]):
+                await self._expiring.wait()
+                continue
+            # Answered requests leave the heap here too, not one wake-up each at their own
+            # deadline: in steady traffic this wakes about once per ack_timeout.
+            now = trio.current_time()
+            while deadlines and (deadlines[0][0] <= now or deadlines[0][4].completion is None):
+                _, _, conn, seq, waiter = heapq.heappop(deadlines)
+                if conn.waiters.get(seq) is waiter:
+                    del conn.waiters[seq]
+                    conn.session.forget(seq)
+                    waiter.set(None)
 
     async def ping(self, node_name: str) -> float:
         """Round-trip time to `node_name` in seconds; DrmError(ETIME) after ack_timeout."""

@@ -13,6 +13,7 @@ from typing import Protocol
 # The process behind a request (fuse_req_ctx) is the DRM core's Caller, one type from the
 # FUSE edge down to the ioctl handlers. The sys/ tree's node kinds live with its layout
 # (ualinkd/sysfs.py); the tree serves them.
+from ualinkd.drm.completion import Completion
 from ualinkd.drm.device import Caller
 from ualinkd.sysfs import SysAttr, SysDir, SysLink
 
@@ -58,14 +59,16 @@ class NodeBackend(Protocol):
 
     def gpu_read(
         self, drm_file: object, va: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes | bytearray]:
-        """pread() on a render node: a GPU load through the file's GPU VM."""
+    ) -> bytes | Awaitable[bytes | bytearray] | Completion[bytes | bytearray]:
+        """pread() on a render node: a GPU load through the file's GPU VM (the bytes now,
+        or later: by an awaitable, or a Completion answered by callback)."""
         ...
 
     def gpu_write(
         self, drm_file: object, va: int, data: bytes, caller: Caller
-    ) -> int | Awaitable[int]:
-        """pwrite() on a render node: a GPU store; returns the count written."""
+    ) -> int | Awaitable[int] | Completion[int]:
+        """pwrite() on a render node: a GPU store; returns the count written (or later, as
+        gpu_read)."""
         ...
 
     def open_kfd(self, caller: Caller) -> object:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import trio
 
+from ualinkd.drm.completion import Completion
 from ualinkd.fuse._fuse_ll import ffi, lib
 from ualinkd.fuse.backend import Caller
 
@@ -103,10 +104,10 @@ class Operations(Protocol):
     def open(self, ino: int, flags: int, caller: Caller) -> OpenReply: ...
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes | bytearray]: ...
+    ) -> bytes | Awaitable[bytes | bytearray] | Completion[bytes | bytearray]: ...
     def write(
         self, ino: int, fh: int, off: int, data: bytes, caller: Caller
-    ) -> int | Awaitable[int]: ...
+    ) -> int | Awaitable[int] | Completion[int]: ...
     def release(self, ino: int, fh: int) -> None: ...
     def opendir(self, ino: int, caller: Caller) -> int: ...
     def readdir(self, ino: int, fh: int, off: int) -> Iterable[DirEntry]: ...
@@ -318,6 +319,33 @@ class FuseSession:
             if key:
                 del self._interruptible[key]  # before any await: req's address may be reused
 
+    def _complete(self, req: Any, op: str, c: Completion[Any], finish: Reply,
+                  args: tuple[Any, ...]) -> None:
+        """Answer `req` when `c` completes, from whoever completes it (the fabric's reader:
+        a GPU load's DATA), with no task in between. Not interruptible, as `_spawn`'s GPU
+        loads and stores are not; the fabric's deadline ends it."""
+
+        def done(c: Completion[Any]) -> None:
+            try:
+                value = c.result()
+            except FuseError as e:
+                self._reply_err_late(req, e.errno)
+                return
+            except Exception as e:
+                log.error("fuse %s (completion): unexpected exception, replying EIO", op,
+                          exc_info=e)
+                self._reply_err_late(req, errno.EIO)
+                return
+            if self._fd < 0:
+                lib.fuse_reply_none(req)
+                return
+            try:
+                finish(req, value, *args)
+            except Exception as e:
+                self._bug(req, op, e)
+
+        c.when_done(done)
+
     def _reply_err_late(self, req: Any, err: int) -> None:
         if self._fd < 0:
             lib.fuse_reply_none(req)  # the connection is gone: just free the request
@@ -414,7 +442,9 @@ def _callback(op: str, reply: Reply, *, no_error_reply: bool = False) -> Callabl
                 s = _active
                 try:
                     r = body(s, req, *args)
-                    if hasattr(r, "__await__"):
+                    if type(r) is Completion:
+                        s._complete(req, op, r, reply, args)
+                    elif hasattr(r, "__await__"):
                         s._spawn(req, op, r, reply, args)
                     else:
                         reply(req, r, *args)
@@ -509,13 +539,13 @@ def _open(s: FuseSession, req: Any, ino: int, fi: Any) -> OpenReply:
 
 @_callback("read", _reply_buf)
 def _read(s: FuseSession, req: Any, ino: int, size: int, off: int,
-          fi: Any) -> bytes | Awaitable[bytes | bytearray]:
+          fi: Any) -> bytes | Awaitable[bytes | bytearray] | Completion[bytes | bytearray]:
     return s.ops.read(ino, fi.fh, off, size, s._caller(req))
 
 
 @_callback("write", _reply_write)
 def _write(s: FuseSession, req: Any, ino: int, buf: Any, size: int, off: int,
-           fi: Any) -> int | Awaitable[int]:
+           fi: Any) -> int | Awaitable[int] | Completion[int]:
     return s.ops.write(ino, fi.fh, off, ffi.buffer(buf, size)[:], s._caller(req))
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ualinkd.abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
+from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.fuse.backend import Caller, NodeBackend
 from ualinkd.fuse.lowlevel import ROOT_INO, Attr, DirEntry, FuseError, FuseSession, OpenReply
@@ -95,6 +96,14 @@ def _with_fmode(in_bytes: bytes, mode: int) -> bytes:
 async def _drm_errors_to_fuse(aw: Awaitable[T]) -> T:
     try:
         return await aw
+    except DrmError as e:
+        raise FuseError(e.errno) from None
+
+
+def _drm_error_to_fuse(c: Completion[T]) -> T:
+    """`_drm_errors_to_fuse` for an answer that comes by callback."""
+    try:
+        return c.result()
     except DrmError as e:
         raise FuseError(e.errno) from None
 
@@ -354,11 +363,14 @@ class FileTree:
 
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes | bytearray]:
+    ) -> bytes | Awaitable[bytes | bytearray] | Completion[bytes | bytearray]:
         try:
             if (drm_file := self._render_fh.get(fh)) is not None:
                 r = self.backend.gpu_read(drm_file, off, size, caller)
-                return r if isinstance(r, bytes | bytearray) else _drm_errors_to_fuse(r)
+                if isinstance(r, bytes | bytearray):
+                    return r
+                return r.then(_drm_error_to_fuse) if isinstance(r, Completion) \
+                    else _drm_errors_to_fuse(r)
             if (attr := self._sys_fh.get(fh)) is not None:
                 if off == 0 or fh not in self._sys_text:
                     data = attr.read()
@@ -371,11 +383,14 @@ class FileTree:
 
     def write(
         self, ino: int, fh: int, off: int, data: bytes, caller: Caller
-    ) -> int | Awaitable[int]:
+    ) -> int | Awaitable[int] | Completion[int]:
         try:
             if (drm_file := self._render_fh.get(fh)) is not None:
                 r = self.backend.gpu_write(drm_file, off, data, caller)
-                return r if isinstance(r, int) else _drm_errors_to_fuse(r)
+                if isinstance(r, int):
+                    return r
+                return r.then(_drm_error_to_fuse) if isinstance(r, Completion) \
+                    else _drm_errors_to_fuse(r)
             if (attr := self._sys_fh.get(fh)) is not None:
                 if attr.write is None:
                     raise FuseError(errno.EACCES)
