@@ -61,11 +61,16 @@ class _HeldEventFds:
         self.by_tgid: dict[int, int] = {}
         self.total = 0
         self._reported: set[int] = set()
+        self._limit: int | None = None
 
     def total_limit(self) -> int:
-        import resource
+        """Half the fd limit, read at the first eventfd (after run_node raised it to the hard
+        limit: this object exists from import time on)."""
+        if self._limit is None:
+            import resource
 
-        return max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
+            self._limit = max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
+        return self._limit
 
     def take(self, tgid: int) -> None:
         held = self.by_tgid.get(tgid, 0)

@@ -24,7 +24,15 @@ from ..abi.ioc import IOC_READ, IOC_WRITE
 from ..amdgpu.bo import AmdgpuBo
 from ..amdgpu.driver import AmdgpuDriver, user_pages_present
 from ..amdgpu.vm import MAX_PFN, GpuVm
-from ..drm.device import Caller, CopyFromUser, CopyToUser, IoctlResult, finish_later
+from ..drm.device import (
+    Caller,
+    CopyFromUser,
+    CopyToUser,
+    IoctlResult,
+    finish_later,
+    read_user,
+    write_user,
+)
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf
@@ -335,17 +343,10 @@ class Kfd:
         return IoctlResult(0, bytes(kdata[:out_size]), spec, bytes(kdata))
 
     async def _read_user(self, caller: Caller, address: int, size: int) -> bytes:
-        if self.copy_from_user is None:
-            raise DrmError(errno.EFAULT, "no user memory access")
-        data = await self.copy_from_user(caller.pid, address, size)
-        if len(data) != size:
-            raise DrmError(errno.EFAULT, f"short read of user memory at {address:#x}")
-        return data
+        return await read_user(self.copy_from_user, caller, address, size)
 
     async def _write_user(self, caller: Caller, address: int, data: bytes) -> None:
-        if self.copy_to_user is None:
-            raise DrmError(errno.EFAULT, "no user memory access")
-        await self.copy_to_user(caller.pid, address, data)
+        await write_user(self.copy_to_user, caller, address, data)
 
     # -- handlers ------------------------------------------------------------------------------
     @tbl.handles(tbl.KFD_GET_VERSION)

@@ -111,6 +111,27 @@ class IoctlResult:
     kdata: bytes  # the kernel buffer after the handler (for tracing)
 
 
+async def read_user(copy: CopyFromUser | None, caller: Caller, address: int,
+                    size: int) -> bytes:
+    """copy_from_user (the DRM's and the KFD's): all `size` bytes or DrmError(EFAULT). An
+    awaitable: the daemon reaches the caller's memory off the FUSE thread, within a bound
+    (callermem.py)."""
+    if copy is None:
+        raise DrmError(errno.EFAULT, "no user memory access")
+    data = await copy(caller.pid, address, size)
+    if len(data) != size:
+        raise DrmError(errno.EFAULT, f"short read of user memory at {address:#x}")
+    return data
+
+
+async def write_user(copy: CopyToUser | None, caller: Caller, address: int,
+                     data: bytes) -> None:
+    """copy_to_user: all of `data` or DrmError(EFAULT) (an awaitable, as read_user)."""
+    if copy is None:
+        raise DrmError(errno.EFAULT, "no user memory access")
+    await copy(caller.pid, address, data)
+
+
 async def finish_later(pending: Awaitable[None], spec: tbl.IoctlSpec, kdata: bytearray,
                        out_size: int) -> IoctlResult:
     """The end of an ioctl whose handler awaits (caller memory, a wait): its errno, and the
@@ -158,22 +179,10 @@ class DrmDevice:
 
     # -- the caller's memory (copy_from_user / copy_to_user) -------------------------------
     async def read_user(self, caller: Caller, address: int, size: int) -> bytes:
-        """copy_from_user: all `size` bytes or DrmError(EFAULT). An awaitable: the daemon
-        reaches the caller's memory off the FUSE thread, within a bound (callermem.py)."""
-        copy = self.copy_from_user
-        if copy is None:
-            raise DrmError(errno.EFAULT, "no user memory access")
-        data = await copy(caller.pid, address, size)
-        if len(data) != size:
-            raise DrmError(errno.EFAULT, f"short read of user memory at {address:#x}")
-        return data
+        return await read_user(self.copy_from_user, caller, address, size)
 
     async def write_user(self, caller: Caller, address: int, data: bytes) -> None:
-        """copy_to_user: all of `data` or DrmError(EFAULT) (an awaitable, as read_user)."""
-        copy = self.copy_to_user
-        if copy is None:
-            raise DrmError(errno.EFAULT, "no user memory access")
-        await copy(caller.pid, address, data)
+        await write_user(self.copy_to_user, caller, address, data)
 
     def next_object_id(self) -> int:
         self._ids += 1
