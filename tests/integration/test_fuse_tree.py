@@ -6,6 +6,7 @@ Every test unmounts in `finally` and checks /proc/self/mountinfo afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 import trio
 
+from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.fuse.backend import Caller, SysAttr, SysDir
 from ualinkd.fuse.lowlevel import FuseSession, clear_stale_mount, fuse_mounts_at
@@ -79,6 +81,7 @@ class FakeBackend:
     async_started: trio.Event = field(default_factory=trio.Event)
     gate: trio.Event = field(default_factory=trio.Event)
     cancelled: int = 0
+    completions: list[Completion[bytes]] = field(default_factory=list)
 
     def render_minors(self) -> list[int]:
         return self.minors
@@ -121,10 +124,15 @@ class FakeBackend:
             raise
         return 0, b"late".ljust(len(in_bytes), b"!")
 
-    def gpu_read(self, drm_file: object, va: int, size: int, caller: Caller) -> bytes:
+    def gpu_read(self, drm_file: object, va: int, size: int,
+                 caller: Caller) -> bytes | Completion[bytes]:
         self.gpu.append(("read", va, size))
         if va == 0xDEAD000:
             raise DrmError(errno.EFAULT, "GPU page fault")
+        if va == COMPLETION_VA:  # answered when the test completes it (the fabric's way)
+            c: Completion[bytes] = Completion()
+            self.completions.append(c)
+            return c
         return va.to_bytes(8, "little")[:size].ljust(size, b"\0")
 
     def gpu_write(self, drm_file: object, va: int, data: bytes, caller: Caller) -> int:
@@ -371,6 +379,48 @@ async def test_gpu_read_write_offsets_unchanged(tmp_path: Path):
             assert ei.value.errno == errno.EFAULT
         finally:
             await in_thread(os.close, fd)
+
+
+COMPLETION_VA = 0xC0DE000
+
+
+async def test_gpu_read_answered_by_a_completion(tmp_path: Path):
+    """A read may be answered by a Completion (the data plane's path without a task): the
+    reply goes out in the call that completes it, a DrmError as the caller's errno; one
+    still pending when the session ends is answered then, and completing it later does
+    nothing (no reply to a request, or a session, that is gone)."""
+    backend = FakeBackend()
+    got: list[object] = []
+
+    async def load(fd: int) -> None:
+        try:
+            got.append(await in_thread(os.pread, fd, 8, COMPLETION_VA))
+        except OSError as e:
+            got.append(e.errno)
+
+    async with trio.open_nursery() as outer:
+        async with serving(tmp_path / "mnt", backend) as m:
+            fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(load, fd)
+                    await eventually(lambda: len(backend.completions) == 1)
+                    assert got == []
+                    backend.completions[0].set_result(b"answered")
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(load, fd)
+                    await eventually(lambda: len(backend.completions) == 2)
+                    backend.completions[1].set_error(DrmError(errno.EFAULT, "fault"))
+                assert got == [b"answered", errno.EFAULT]
+                outer.start_soon(load, fd)  # still pending when the session ends
+                await eventually(lambda: len(backend.completions) == 3)
+            finally:
+                fd_to_close = fd
+        # unmounted and closed: the pending read was answered (or aborted by the unmount)
+    with contextlib.suppress(OSError):  # ENOTCONN: the mount is gone
+        os.close(fd_to_close)
+    assert len(got) == 3 and got[2] in (errno.EINTR, errno.ENOTCONN, errno.ECONNABORTED)
+    backend.completions[2].set_result(b"too late")  # nothing to answer: no crash, no reply
 
 
 # -- dmabuf --------------------------------------------------------------------------------

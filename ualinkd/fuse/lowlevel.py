@@ -137,6 +137,9 @@ class FuseSession:
         lib._ualinkd_ops_init(self._llops)
         self._callers: dict[tuple[int, int, int], Caller] = {}
         self._interruptible: dict[int, trio.CancelScope] = {}  # req address -> its wait
+        # Requests a Completion will answer (req address -> req): answered EINTR when serve()
+        # ends, as its tasks are, so none is answered after the session is gone.
+        self._completing: dict[int, Any] = {}
         self._nursery: trio.Nursery | None = None
         self._fatal: BaseException | None = None
         self._serving = False
@@ -191,6 +194,9 @@ class FuseSession:
                     nursery.cancel_scope.cancel()
         finally:
             self._serving = False
+            pending, self._completing = self._completing, {}
+            for req in pending.values():
+                self._reply_err_late(req, errno.EINTR)
 
     def unmount(self) -> None:
         """Unmount (lazily) and close the device fd; pending client calls fail. Idempotent."""
@@ -325,7 +331,12 @@ class FuseSession:
         a GPU load's DATA), with no task in between. Not interruptible, as `_spawn`'s GPU
         loads and stores are not; the fabric's deadline ends it."""
 
+        key = int(ffi.cast("uintptr_t", req))
+        self._completing[key] = req
+
         def done(c: Completion[Any]) -> None:
+            if self._completing.pop(key, None) is None:
+                return  # answered when serve() ended
             try:
                 value = c.result()
             except FuseError as e:
