@@ -194,12 +194,16 @@ def _node_child(argv: list[str], env: dict[str, str]) -> NoReturn:
         # A session of its own: the terminal's SIGINT/SIGHUP reach the pod only, which
         # stops the nodes in order; the nodes die with the pod through POD_PID_ENV.
         os.setsid()
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        for fd in map(int, os.listdir("/proc/self/fd")):  # (SC_OPEN_MAX may be 2^30)
+            if fd > 2:
+                with contextlib.suppress(OSError):  # (the listing's own, closed by now)
+                    os.close(fd)
         for sig in _POD_SIGNALS:  # as after exec: ours reset, an inherited SIG_IGN kept
             if signal.getsignal(sig) != signal.SIG_IGN:
                 signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
                               else signal.SIG_DFL)
         os.environ.update(env)
+        sys.argv = [sys.argv[0], *argv]
         _set_cmdline([sys.executable, "-m", "ualinkd", *argv], argv[argv.index("--node") + 1])
         logging.root.handlers.clear()  # the node's own logging set-up, not ours
         from .main import main
