@@ -547,9 +547,10 @@ class FabricLink:
     async def _old_link_gone(self, peer: str) -> bool:
         """True when no live link to `peer` stands in the way of a new one. A link that is
         there is sent a PING: whatever it receives within two heartbeat intervals (a PONG
-        takes one round trip; the peer's own heartbeats come every interval) proves it alive
-        (False); a link that misses that many heartbeats is dropped as dead (True). Short,
-        so that a peer that redialed because it lost the old link is not left waiting."""
+        takes one round trip; the peer sends something, a heartbeat at least, about every
+        interval) proves it alive (False); a link that misses that many heartbeats is
+        dropped as dead (True). Short, so that a peer that redialed because it lost the old
+        link is not left waiting."""
         probe = min(self._hb_timeout, 2 * self._hb_interval)
         while (old := self._conns.get(peer)) is not None and old.down is None:
             start = trio.current_time()
