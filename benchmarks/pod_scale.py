@@ -6,7 +6,7 @@
    Goals: p50 at the large count within 1.2x of the 1,000 figure; <= 1 KiB per export.
 2. A local pod (`ualinkd pod --nodes BENCH_POD_LOCAL`, default 64, TCP on 127.0.0.1): time
    from the command to every node ready with every fabric link up, each accel ACTIVE, and
-   the RSS of every daemon. Goal: 64 nodes in < 30 s.
+   the RSS (and PSS) of every daemon. Goal: 64 nodes in < 30 s.
 3. Revoke fan-out: BENCH_POD_REVOKE_BOS (2000) exported BOs, each imported by every one of
    BENCH_POD_REVOKE_IMPORTERS (8) nodes; the exporter's file closes (every BO's handle_free
    revokes it) and the time until every RELEASE is in (the exporter's NPA use back to what
@@ -51,6 +51,15 @@ EXPORT_SCALE = REPO / "benchmarks" / "build" / "export_scale"
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def pss_mib(pid: int) -> float:
+    """The process's proportional share of the memory it maps: the nodes `ualinkd pod`
+    forks share the pages of the code it imported once, which RSS counts in full for each."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -175,6 +184,7 @@ def local_pod(n: int) -> None:
             kids = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
                     .read_text().split()]
             rss = [rss_mib(pid) for pid in kids]
+            pss = [pss_mib(pid) for pid in kids]
             cpu = [cpu_s(pid) for pid in kids]
         finally:
             proc.send_signal(signal.SIGINT)
@@ -184,6 +194,8 @@ def local_pod(n: int) -> None:
     print(f"RSS per daemon MiB: min {min(rss):.1f} median {statistics.median(rss):.1f} "
           f"max {max(rss):.1f} total {sum(rss):.0f}")
     print("  " + " ".join(f"{r:.1f}" for r in rss))
+    print(f"PSS per daemon MiB (shared pages split among their users): median "
+          f"{statistics.median(pss):.1f}, total {sum(pss):.0f}")
     print(f"CPU per daemon until then: median {statistics.median(cpu):.2f} s, "
           f"total {sum(cpu):.0f} s (this machine: {os.cpu_count()} CPUs)")
 

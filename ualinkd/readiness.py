@@ -9,13 +9,19 @@ import contextlib
 import logging
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 log = logging.getLogger("ualinkd")
 
 READY = b"READY=1"
+
+
+class _Process(Protocol):
+    """A subprocess.Popen, or what `ualinkd pod` forks (cli/pod.py NodeProcess)."""
+
+    def poll(self) -> int | None: ...
 
 
 def sd_notify(state: str) -> None:
@@ -47,8 +53,8 @@ def notify_socket(path: str | os.PathLike[str]) -> socket.socket:
     return sock
 
 
-def wait_ready(sock: socket.socket, proc: subprocess.Popen[bytes] | subprocess.Popen[str],
-               timeout: float, stopping: Callable[[], bool] = lambda: False) -> bool:
+def wait_ready(sock: socket.socket, proc: _Process, timeout: float,
+               stopping: Callable[[], bool] = lambda: False) -> bool:
     """Until `proc` says READY=1 on `sock`: True; False once it exits, `stopping()` is true
     or `timeout` seconds passed (the caller decides what a failed start means)."""
     deadline = time.monotonic() + timeout

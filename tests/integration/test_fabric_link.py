@@ -6,16 +6,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import itertools
 import logging
 import secrets
 import socket
 import ssl
 import struct
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 import trio
+import trio.testing
 import trustme
 
 from ualinkd.amdgpu.memory import BoMemory
@@ -25,6 +28,7 @@ from ualinkd.drm.errors import DrmError
 from ualinkd.fabric import auth
 from ualinkd.fabric import link as link_mod
 from ualinkd.fabric.link import FabricLink, OnRequest
+from ualinkd.fabric.session import HEARTBEAT
 from ualinkd.fabric.wire import (
     NEED_DATA,
     Ack,
@@ -36,6 +40,7 @@ from ualinkd.fabric.wire import (
     Load,
     Msg,
     Ping,
+    Pong,
     Store,
     encode_frame,
 )
@@ -886,3 +891,139 @@ async def test_an_ack_shares_its_write_with_the_reply_its_message_caused(
         if fd == b_fd and kinds:
             frames_per_write.append(kinds)
     assert frames_per_write == [["Ack", "Msg"]]
+
+
+# ---- heartbeats, on trio's MockClock (virtual time: exact, and no real waiting) ---------------
+
+@contextlib.contextmanager
+def real_time_watchdog(seconds: float):  # type: ignore[no-untyped-def]
+    """Fails the test after `seconds` of real time: on a MockClock, trio.fail_after waits
+    for virtual time, which passes only when the test jumps it."""
+    token = trio.lowlevel.current_trio_token()
+    scope = trio.CancelScope()
+
+    def expire() -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            trio.from_thread.run_sync(scope.cancel, trio_token=token)
+
+    timer = threading.Timer(seconds, expire)
+    timer.start()
+    try:
+        with scope:
+            yield
+    finally:
+        timer.cancel()
+    if scope.cancelled_caught:
+        pytest.fail(f"watchdog: not done after {seconds} s of real time")
+
+
+async def settle() -> None:
+    """Until every task waits (for time or I/O), frames written on 127.0.0.1 taken in."""
+    for _ in range(3):
+        await trio.testing.wait_all_tasks_blocked()
+
+
+async def advance(clock: trio.testing.MockClock, seconds: float, step: float = 0.25) -> None:
+    """Virtual time passes by `step`s, each with everything it wakes done."""
+    end = trio.current_time() + seconds
+    while trio.current_time() < end:
+        clock.jump(min(step, end - trio.current_time()))
+        await settle()
+
+
+class RawPeer:
+    """Node b, hand-driven: authenticated to c, it keeps every frame c sends with the
+    (virtual) time it came, ACKs each MSG, and answers PINGs only if `pong`."""
+
+    def __init__(self, stream: trio.abc.Stream, dec: FrameDecoder, pong: bool) -> None:
+        self.stream, self.dec, self.pong = stream, dec, pong
+        self.frames: list[tuple[float, Frame]] = []
+        self.closed = False
+
+    def pings(self) -> list[tuple[float, Ping]]:
+        return [(t, f) for t, f in self.frames if isinstance(f, Ping)]
+
+    async def run(self) -> None:
+        try:
+            while True:
+                while (f := self.dec.next_frame()) is NEED_DATA:
+                    data = await self.stream.receive_some(4096)
+                    if not data:
+                        self.closed = True
+                        return
+                    self.dec.receive_data(data)
+                self.frames.append((trio.current_time(), f))  # type: ignore[arg-type]
+                if isinstance(f, Msg):
+                    await self.stream.send_all(encode_frame(Ack(f.seq, 0)))
+                elif isinstance(f, Ping) and self.pong and f.token != HEARTBEAT:
+                    await self.stream.send_all(encode_frame(Pong(f.token)))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):  # (the latter: ours)
+            self.closed = True
+
+
+async def test_a_busy_link_sends_no_heartbeat_pings(
+        pod: Pod, mock_clock: trio.testing.MockClock) -> None:
+    """A link that carries traffic needs no heartbeat: what c sends proves it alive to b as
+    well as a PING would. c PINGs once at link-up (its link clock, which b stamps its
+    requests from), then, while it sends every 0.25 s, only every 10 intervals (the clock
+    again); idle, about every interval. Heartbeat PINGs (token 0) get no PONG; others do."""
+    c = await pod.start("c")  # the daemon's heartbeat: interval 1 s, timeout 5 s
+    with real_time_watchdog(30):
+        stream, dec = await raw_auth(pod.ports["c"], pod.cfg, "b", "c")
+        raw = RawPeer(stream, dec, pong=True)
+        pod.nursery.start_soon(raw.run)
+        await settle()
+        assert c.is_up("b")
+        [(up, first)] = raw.pings()
+        assert first.token == HEARTBEAT
+        await stream.send_all(encode_frame(Ping(HEARTBEAT, 1)) + encode_frame(Ping(7, 1)))
+        await settle()
+        assert [f for _, f in raw.frames if isinstance(f, Pong)] == [Pong(7)]
+        while trio.current_time() < up + 9.5:
+            await c.send(4, 2, DW)
+            await advance(mock_clock, 0.25)
+        assert len(raw.pings()) == 1, raw.pings()  # every interval, before
+        while trio.current_time() < up + 10.5:
+            await c.send(4, 2, DW)
+            await advance(mock_clock, 0.25)
+        [_, (refresh, again)] = raw.pings()
+        assert again.token == HEARTBEAT and refresh - up == 10.0
+        quiet = trio.current_time()
+        await advance(mock_clock, 4.0)  # idle
+        idle = [t for t, _ in raw.pings()[2:]]
+        assert len(idle) == 4 and idle[0] - quiet <= 1.125, (quiet, idle)
+        assert all(0.75 <= t1 - t0 <= 1.25 for t0, t1 in itertools.pairwise(idle))
+        assert c.is_up("b") and not raw.closed
+    await stream.aclose()
+
+
+@pytest.mark.parametrize("answers", [False, True], ids=["silent", "answers_pings"])
+async def test_a_silent_peer_is_probed_then_dropped_after_the_timeout(
+        pod: Pod, mock_clock: trio.testing.MockClock, caplog, answers: bool) -> None:
+    """A peer that sends nothing is still dropped once nothing came from it for the
+    heartbeat timeout (5 s), exactly then. After 2 intervals of silence its PINGs ask for a
+    PONG, once an interval: a peer with sparser heartbeats of its own (another interval) that
+    answers them is alive, and stays."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    c = await pod.start("c")
+    with real_time_watchdog(30):
+        stream, dec = await raw_auth(pod.ports["c"], pod.cfg, "b", "c")
+        raw = RawPeer(stream, dec, pong=answers)
+        pod.nursery.start_soon(raw.run)
+        await settle()
+        up = trio.current_time()
+        assert c.is_up("b")
+        await advance(mock_clock, 4.75)
+        assert c.is_up("b")
+        await advance(mock_clock, 0.25 if not answers else 7.0)
+        assert c.is_up("b") == answers and raw.closed != answers
+        if not answers:
+            assert trio.current_time() - up == 5.0
+            assert "nothing received for 5.0 s" in warnings(caplog)[-1]
+        probes = [t - up for t, f in raw.pings() if f.token != HEARTBEAT]
+        heartbeats = [t - up for t, f in raw.pings() if f.token == HEARTBEAT]
+        assert heartbeats[0] == 0.0 and probes and min(probes) > 2.0
+        if not answers:  # (an answer resets the silence: heartbeats again, for 2 s)
+            assert max(heartbeats) <= 2.0
+            assert all(t1 - t0 >= 1.0 for t0, t1 in itertools.pairwise(probes))
+    await stream.aclose()

@@ -133,6 +133,39 @@ def pod(root: Path, nodes: int = 2, nohup: bool = False) -> Iterator[PodProcess]
         p.proc.wait()
 
 
+def test_a_node_forked_by_the_pod_is_as_if_exec_d(tmp):
+    """`ualinkd pod` forks its nodes from itself, with the node code imported once (cli/pod.py
+    _fork_node): each still shows the command line `ualinkd node` would have had (ps, pgrep
+    -f), leads a session of its own, and holds none of the pod's fds (its root lock, the
+    other nodes' readiness sockets)."""
+    root = tmp / "pod"
+    with pod(root, nodes=2) as p:
+        for pid in p.nodes:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            name = argv[argv.index(b"--node") + 1].decode()
+            assert argv == [os.fsencode(a) for a in (
+                sys.executable, "-m", "ualinkd", "node", "--config", str(root / "pod.toml"),
+                "--node", name, "--mount", str(root / name), "")]
+            assert os.getsid(pid) == pid
+            fds = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()
+                   if fd.name not in ("0", "1", "2")]
+            assert str(root) not in fds, fds  # the pod's flock on its root
+            assert not any(f.startswith("socket:") and _is_notify(pid, f) for f in fds)
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(30) == 0
+
+
+def _is_notify(pid: int, link: str) -> bool:
+    """Whether the socket `link` ("socket:[inode]") of process `pid` is bound to a path of
+    the pod's readiness sockets (.notify-NAME)."""
+    inode = link[len("socket:["):-1]
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        cols = line.split()
+        if cols[6] == inode and len(cols) > 7 and "/.notify-" in cols[7]:
+            return True
+    return False
+
+
 def test_sighup_stops_the_pod_as_sigterm_does(tmp):
     """A closed terminal or a dropped ssh session (SIGHUP): every node daemon stops and
     unmounts, and the pod exits 0 as for SIGTERM."""

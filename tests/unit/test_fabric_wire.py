@@ -391,6 +391,27 @@ def test_session_ping_pong_and_data_plane() -> None:
     assert _pump(b, a) == [session.DataReceived(seq, 0, b"x" * 8)]
 
 
+def test_a_heartbeat_ping_is_not_answered_but_gives_its_clock() -> None:
+    """A PING with token HEARTBEAT (0) gets no PONG: each side sends its own heartbeats, so
+    answering them doubled a link's idle traffic. Its clock still dates the sender's link
+    clock (requests are stamped from it); any other token is answered."""
+    a, b = _pair()
+    a.send_heartbeat(now=2.5)
+    b.receive_data(a.data_to_send())
+    assert b.next_event(7.0) is NEED_DATA
+    assert not b.has_data_to_send  # no PONG queued
+    # a's clock read 2500 ms at b's 7.0: a LOAD b sends at 7.125 waiting 2 s is stamped
+    # from it (a LOAD keeps no margin for its answer).
+    seq = b.send_request(2, 0, 4096, 8, now=7.125, give_up=9.125)
+    [ev] = _pump(b, a)
+    assert ev == session.RequestReceived(Load(seq, 2, 0, 4096, 8, 2500 + 125 + 2000))
+    a.send_ping(9, track=False, now=3.0)
+    assert _pump(a, b) == []
+    assert b.data_to_send() == encode_frame(Pong(9))
+    with pytest.raises(wire.LocalProtocolError):
+        a.send_ping(session.HEARTBEAT, now=3.0)  # a PONG for it would never come
+
+
 @pytest.mark.parametrize(("src", "dst"), [(2, 2), (0, 0), (1, 9)])
 def test_session_rejects_a_forged_stamp(src: int, dst: int) -> None:
     a, b = _pair()

@@ -10,6 +10,16 @@ logged one line per cause: the first at once, the rest as a count every REFUSAL_
 A new connection never replaces a live link to the same peer: the old link is probed, and
 only if it misses two heartbeats does the newcomer take over; else the newcomer is refused.
 
+Liveness: each side makes sure its peer hears from it about every heartbeat interval,
+with a heartbeat PING (unanswered: the peer's own prove the peer alive) only when it has sent
+nothing else for that long, and at least every CLOCK_REFRESH_INTERVALS intervals for the
+link clock the PING carries. A peer heard nothing from for PROBE_AFTER_INTERVALS intervals
+(its heartbeats may be sparser than ours) is sent PINGs that it answers, once an interval.
+A link that brought nothing for the heartbeat timeout is dropped. One task sweeps every link
+HEARTBEAT_SWEEPS times an interval: a pod of 64 nodes has 63 links a node, swept in one
+wake-up rather than 63, and an idle link carries two frames an interval, not four (a PING
+and a PONG each way).
+
 What a link holds is bounded, and a full bound stops reading, never drops what the peer sent
 in order. A message whose receive ring is full waits in the link's inbox (acknowledged, in
 order, up to INBOX_MAX), past which the reader waits too and TCP slows the sender; the inbox
@@ -91,6 +101,17 @@ ACK_COALESCE_STEPS = 2
 INBOX_MAX = 4096  # acknowledged messages waiting for their ring, per connection
 DEFER_MAX = 1024
 DEFER_MAX_BYTES = 16 << 20
+# Sweeps of the links per heartbeat interval. A link we have sent nothing on for more than
+# an interval less half a sweep gets its heartbeat PING (so the PINGs of an idle link come
+# an interval apart, however late each sweep runs, and no link is quiet for much longer).
+HEARTBEAT_SWEEPS = 4
+# A peer silent for this many intervals (twice what its heartbeats leave, if it uses ours)
+# is asked for PONGs: its silence then says it is gone, whatever its own interval.
+PROBE_AFTER_INTERVALS = 2
+# A busy link (never quiet for an interval) still sends a PING every this many intervals:
+# the peer's reading of our link clock is then never old (its deadlines assume our clock
+# runs at its rate; two hosts' clocks, 100 ppm apart, drift 1 ms in 10 s, and none on one).
+CLOCK_REFRESH_INTERVALS = 10
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -208,6 +229,8 @@ class _Conn:
         self.waiters: dict[int, _Waiter | _Completing] = {}
         self.pings: dict[int, _Waiter] = {}
         self.last_rx = trio.current_time()
+        self.last_tx = self.last_rx  # when the socket last took bytes from us
+        self.pinged = -math.inf  # when the last heartbeat PING was queued
         self.down: _LinkDown | None = None
         self.sock = stream.socket if isinstance(stream, trio.SocketStream) else None
         self.fd = self.sock.fileno() if self.sock is not None else -1
@@ -257,7 +280,7 @@ class _Conn:
             bufs, total = [], 0
             self.drop(_LinkDown(f"send failed: {e!r}"))
         if written:
-            self.stuck_since = trio.current_time()
+            self.stuck_since = self.last_tx = trio.current_time()
         self._hold(bufs, total - written)
 
     def _hold(self, bufs: list[Buffer], size: int | None = None) -> None:
@@ -459,6 +482,7 @@ class FabricLink:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._refusals.run)
                     nursery.start_soon(self._expire)
+                    nursery.start_soon(self._heartbeats)
                     self._nursery = nursery
                     for listener in listeners:
                         nursery.start_soon(self._accept_loop, listener, nursery)
@@ -563,14 +587,17 @@ class FabricLink:
     async def _old_link_gone(self, peer: str) -> bool:
         """True when no live link to `peer` stands in the way of a new one. A link that is
         there is sent a PING: whatever it receives within two heartbeat intervals (a PONG
-        takes one round trip; the peer's own heartbeats come every interval) proves it alive
-        (False); a link that misses that many heartbeats is dropped as dead (True). Short,
-        so that a peer that redialed because it lost the old link is not left waiting."""
+        takes one round trip; the peer sends something, a heartbeat at least, about every
+        interval) proves it alive (False); a link that misses that many heartbeats is
+        dropped as dead (True). Short, so that a peer that redialed because it lost the old
+        link is not left waiting."""
         probe = min(self._hb_timeout, 2 * self._hb_interval)
         while (old := self._conns.get(peer)) is not None and old.down is None:
             start = trio.current_time()
             # With our clock: a PING carries it, and the peer stamps its requests from it.
-            old.session.send_ping(secrets.randbits(64), track=False, now=trio.current_time())
+            # Not a heartbeat: this one is answered (a PONG in one round trip).
+            old.session.send_ping(secrets.randbits(64) or 1, track=False,
+                                  now=trio.current_time())
             old.flush()
             with trio.move_on_after(probe):
                 while old.down is None and old.last_rx <= start:
@@ -690,7 +717,8 @@ class FabricLink:
                     nursery.start_soon(self._reader, conn)
                     nursery.start_soon(self._deliver, conn)
                     nursery.start_soon(self._writer, conn)
-                    nursery.start_soon(self._heartbeat, conn)
+                    # Our link clock at once: the peer's deadlines need it (Session).
+                    self._heartbeat_ping(conn, trio.current_time())
         finally:
             conn.fd = -1  # nothing writes to the fd number once it is closed (and reused)
             for w in (*conn.waiters.values(), *conn.pings.values()):
@@ -887,32 +915,54 @@ class FabricLink:
                         for part in parts:
                             await conn.stream.send_all(part)
                             conn.held -= len(part)
-                            conn.stuck_since = trio.current_time()
+                            conn.stuck_since = conn.last_tx = trio.current_time()
                     self._serve_deferred(conn)
                 conn.writing = False
                 self._progress.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             conn.drop(_LinkDown(f"send failed: {e!r}"))
 
-    async def _heartbeat(self, conn: _Conn) -> None:
-        """PINGs (carrying our link clock, from the start), and the two ways a link dies
-        quietly: nothing received while reading, nothing taken while answers are held."""
+    def _heartbeat_ping(self, conn: _Conn, now: float) -> None:
+        conn.session.send_heartbeat(now=now)
+        conn.pinged = now
+        conn.flush()
+
+    async def _heartbeats(self) -> None:
+        """Sweeps every link HEARTBEAT_SWEEPS times a heartbeat interval: heartbeat PINGs
+        where needed, and the two ways a link dies quietly: nothing received while reading,
+        nothing taken while answers are held."""
+        step = self._hb_interval / HEARTBEAT_SWEEPS
+        sweep = trio.current_time()
         while True:
-            conn.session.send_ping(secrets.randbits(64), track=False, now=trio.current_time())
-            conn.flush()
-            await trio.sleep(self._hb_interval)
+            sweep = max(sweep + step, trio.current_time())  # late: no catching up
+            await trio.sleep_until(sweep)
             now = trio.current_time()
-            if conn.paused:  # not reading, on purpose: silence means nothing
-                conn.last_rx = now
-            silent = now - conn.last_rx
-            if silent >= self._hb_timeout:
-                conn.drop(_LinkDown(f"nothing received for {silent:.1f} s", logging.WARNING))
-                return
-            stuck = now - conn.stuck_since
-            if conn.held and stuck >= self._hb_timeout:  # (TLS: `held` while in send_all)
-                conn.drop(_LinkDown(f"peer not reading: {conn.held >> 20} MiB held, none "
-                                    f"taken for {stuck:.1f} s", logging.WARNING))
-                return
+            for conn in list(self._conns.values()):
+                if conn.down is None:
+                    self._sweep(conn, now, self._hb_interval - step / 2)
+
+    def _sweep(self, conn: _Conn, now: float, quiet_max: float) -> None:
+        if conn.paused:  # not reading, on purpose: silence means nothing
+            conn.last_rx = now
+        silent = now - conn.last_rx
+        if silent >= self._hb_timeout:
+            conn.drop(_LinkDown(f"nothing received for {silent:.1f} s", logging.WARNING))
+            return
+        stuck = now - conn.stuck_since
+        if conn.held and stuck >= self._hb_timeout:  # (TLS: `held` while in send_all)
+            conn.drop(_LinkDown(f"peer not reading: {conn.held >> 20} MiB held, none "
+                                f"taken for {stuck:.1f} s", logging.WARNING))
+            return
+        interval = self._hb_interval
+        if silent > PROBE_AFTER_INTERVALS * interval and now - conn.pinged >= interval:
+            # Answered, unlike a heartbeat (and carrying our clock as well).
+            conn.session.send_ping(secrets.randbits(64) or 1, track=False, now=now)
+            conn.pinged = now
+            conn.flush()
+        # Anything written proves us alive as well as a PING, except for the clock it carries.
+        elif (now - max(conn.last_tx, conn.pinged) > quiet_max
+              or now - conn.pinged >= CLOCK_REFRESH_INTERVALS * interval):
+            self._heartbeat_ping(conn, now)
 
     # -- sending -----------------------------------------------------------------------------
     async def _conn_for(self, dst_accel: int, src_accel: int) -> tuple[str, _Conn]:
@@ -1073,7 +1123,7 @@ class FabricLink:
                 if self._closed:
                     raise DrmError(errno.ESHUTDOWN, "the fabric link is closed")
                 await self._up[node_name].wait()
-            token = secrets.randbits(64)
+            token = secrets.randbits(64) or 1  # (0: a heartbeat, never answered)
             waiter = conn.pings[token] = _Waiter()
             start = trio.current_time()
             conn.session.send_ping(token, now=start)

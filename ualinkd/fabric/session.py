@@ -10,6 +10,10 @@ of the receiver's clock now (its last PING's clock plus the time since it was re
 PING left no later than it arrived). So a receiver that finds a request past its deadline
 knows the requester has given up, and refuses it unserved (`expired`): a store whose
 requester reported an error never changes memory later (README, emulator decisions).
+
+A PING with token HEARTBEAT is a heartbeat: it carries the clock and proves the sender alive,
+and is not answered (each side sends its own, so a PONG would only double the traffic). Any
+other token is answered with a PONG of the same token (round trips, liveness probes).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ CLOCK_MOD: Final = 1 << 32  # link clocks in ms wrap after 49 days: compared mod
 # most ANSWER_MARGIN seconds): a request served later is refused, so that the answer of one
 # served can still arrive in time.
 ANSWER_MARGIN: Final = 0.5
+HEARTBEAT: Final = 0  # the token of a PING that wants no PONG
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,12 +196,19 @@ class Session:
             self._out.extend(encode_data_parts(seq, status, data))
 
     def send_ping(self, token: int, *, now: float, track: bool = True) -> None:
-        """Queue a PING; a tracked token comes back as PongReceived, an untracked one is eaten.
-        It carries our link clock at `now`, which the peer stamps its requests from, so `now`
-        is required: a PING with clock 0 would make every request after it look expired."""
+        """Queue a PING that the peer answers with a PONG; a tracked token comes back as
+        PongReceived, an untracked one is eaten. It carries our link clock at `now`, which
+        the peer stamps its requests from, so `now` is required: a PING with clock 0 would
+        make every request after it look expired. `token` is not HEARTBEAT (no PONG)."""
+        if token == HEARTBEAT:
+            raise LocalProtocolError("PING token 0 is the heartbeat's, which gets no PONG")
         if track:
             self._pings.add(token)
         self._queue(Ping(token, self.clock(now)))
+
+    def send_heartbeat(self, *, now: float) -> None:
+        """Queue a heartbeat PING: our link clock at `now`, and no PONG asked for."""
+        self._queue(Ping(HEARTBEAT, self.clock(now)))
 
     def forget(self, seq: int) -> None:
         """The sender stopped waiting for `seq`: a late reply is dropped, not an error."""
@@ -266,7 +278,8 @@ class Session:
         if ft == FrameType.ACK:
             return self._reply(frame.seq, (FrameType.MSG,), AckReceived(frame.seq, frame.status))
         if ft == FrameType.PING:
-            self._queue(Pong(frame.token))
+            if frame.token != HEARTBEAT:
+                self._queue(Pong(frame.token))
             return None
         if ft == FrameType.PONG:
             if frame.token in self._pings:
