@@ -995,8 +995,7 @@ class FabricLink:
 
     def _queue_batch(self, conn: _Conn, src_accel: int, dst_accel: int,
                      messages: Sequence[Dwords]) -> tuple[list[int], _Batch]:
-        session = conn.session
-        seqs = [session.send_message(src_accel, dst_accel, dw) for dw in messages]
+        seqs = conn.session.send_messages(src_accel, dst_accel, messages)
         batch = _Batch(len(seqs))
         waiters = conn.waiters
         for seq in seqs:
