@@ -257,7 +257,8 @@ class UalinkAgent:
         """The effects of one ring message: the replies the ring waits for (HELLO_ACK,
         NPA_RSP; every send when no batches can be queued) are sent and awaited here, after
         what `later` holds went out ahead of them; the rest is added to `later`."""
-        while effects := mgr.take_effects():
+        while mgr.outbox:  # (most messages, a RELEASE received, cause none)
+            effects = mgr.take_effects()
             for eff in effects:
                 if isinstance(eff, Send) and (
                         isinstance(eff.tag, _RING_REPLIES)

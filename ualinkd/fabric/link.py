@@ -143,14 +143,16 @@ class _Waiter:
 
 
 class _Batch:
-    """One waiter for the ACKs of several MSGs queued together (`FabricLink.send_batch`):
-    each of their seqs maps to it in `_Conn.waiters`. It notes every ACK with the time it
-    came and wakes its one task once, when the last is in or the link dropped, so a burst
-    of N messages costs one wake-up, not N."""
+    """One waiter for the ACKs of several MSGs queued together on `conn`
+    (`FabricLink.send_batch`): each of their seqs maps to it in `_Conn.waiters`. It notes
+    every ACK with the time it came (the read that brought it: `conn.last_rx`) and wakes its
+    one task once, when the last is in or the link dropped, so a burst of N messages costs
+    one wake-up, not N."""
 
-    __slots__ = ("acks", "dropped", "event", "left")
+    __slots__ = ("acks", "conn", "dropped", "event", "left")
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, conn: _Conn, count: int) -> None:
+        self.conn = conn
         self.event = trio.Event()
         self.acks: dict[int, tuple[int, float]] = {}  # seq -> (ACK status, when it came)
         self.left = count
@@ -161,7 +163,7 @@ class _Batch:
             self.dropped = True
             self.event.set()
             return
-        self.acks[result.seq] = (result.status, trio.current_time())
+        self.acks[result.seq] = (result.status, self.conn.last_rx)
         self.left -= 1
         if not self.left:
             self.event.set()
@@ -996,7 +998,7 @@ class FabricLink:
     def _queue_batch(self, conn: _Conn, src_accel: int, dst_accel: int,
                      messages: Sequence[Dwords]) -> tuple[list[int], _Batch]:
         seqs = conn.session.send_messages(src_accel, dst_accel, messages)
-        batch = _Batch(len(seqs))
+        batch = _Batch(conn, len(seqs))
         waiters = conn.waiters
         for seq in seqs:
             waiters[seq] = batch  # type: ignore[assignment]  # _Batch.set as _Waiter.set

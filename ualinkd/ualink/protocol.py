@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import ClassVar, Final
+from typing import ClassVar, Final, TypeVar
 
 import construct as cs
 
@@ -133,6 +133,9 @@ class _HandleMessage:
                 self.handle_hi & U32, self.handle_hi >> 32)
 
 
+_H = TypeVar("_H", bound=_HandleMessage)
+
+
 @dataclass(frozen=True, slots=True)
 class NpaReq(_HandleMessage):
     type: ClassVar[MsgType] = MsgType.NPA_REQ
@@ -195,6 +198,18 @@ class UnknownMessage:
 
 Message = Hello | HelloAck | NpaReq | NpaRsp | NpaFail | NpaRevoke | NpaRelease | UnknownMessage
 
+_new, _set = object.__new__, object.__setattr__
+
+
+def _decoded(cls: type[_H], bits: int, handle_hi: int) -> _H:
+    """`cls(bits, handle_hi)` for fields just decoded, which fit by construction (bits: dw1:dw0
+    with bits 9..0 cleared; handle_hi: dw3:dw2), so without __post_init__'s checks: the
+    receive path of every NPA_REQ, NPA_REVOKE and NPA_RELEASE."""
+    msg = _new(cls)
+    _set(msg, "handle_lo_bits", bits)
+    _set(msg, "handle_hi", handle_hi)
+    return msg
+
 
 def decode_message(dwords: Dwords) -> Message:
     """The four dwords of a received message → its typed value. Any four u32s decode."""
@@ -214,15 +229,15 @@ def decode_message(dwords: Dwords) -> Message:
     if t == MsgType.HELLO_ACK:
         return HelloAck()
     if t == MsgType.NPA_REQ:
-        return NpaReq(bits, dw3 << 32 | dw2)
+        return _decoded(NpaReq, bits, dw3 << 32 | dw2)
     if t == MsgType.NPA_RSP:
         return NpaRsp(bits, dw2, dw3)
     if t == MsgType.NPA_FAIL:
         return NpaFail(bits, dw2 & 0xFF)
     if t == MsgType.NPA_REVOKE:
-        return NpaRevoke(bits, dw3 << 32 | dw2)
+        return _decoded(NpaRevoke, bits, dw3 << 32 | dw2)
     if t == MsgType.NPA_RELEASE:
-        return NpaRelease(bits, dw3 << 32 | dw2)
+        return _decoded(NpaRelease, bits, dw3 << 32 | dw2)
     return UnknownMessage(t, (dw0, dw1, dw2, dw3))
 
 
