@@ -157,6 +157,8 @@ class _Batch:
         self.acks: dict[int, tuple[int, float]] = {}  # seq -> (ACK status, when it came)
         self.left = count
         self.dropped = False
+        if not count:
+            self.event.set()
 
     def set(self, result: Any) -> None:
         if result is None:  # the link dropped: what is not acknowledged now never will be
