@@ -18,7 +18,7 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TextIO
 
 import trio
@@ -30,7 +30,7 @@ from .cpumap_server import serve_cpu_maps
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .fabric.agent import RequestSoonFn, UalinkAgent
-from .fabric.link import FabricLink
+from .fabric.link import FabricLink, SendOutcome
 from .fabric.wire import Load, Store
 from .fuse.lowlevel import FuseSession, clear_stale_mount
 from .fuse.procfd import mount_device, resolve_caller_fd, tgid_of
@@ -375,13 +375,13 @@ async def run_node(
     link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
                       on_request=on_request, ssl_context=server_tls,
                       ssl_client_context=client_tls)
-    send, send_queued, request = link.send, link.send_queued, link.request
+    send, send_batch, request = link.send, link.send_batch, link.request
     request_soon: RequestSoonFn | None = link.request_soon
     if tracer is not None:
-        send, send_queued, request = _trace_sends(  # type: ignore[assignment]  # (as above)
+        send, send_batch, request = _trace_sends(  # type: ignore[assignment]  # (as above)
             tracer, config, node_name, link)
         request_soon = None  # a traced request is recorded by _trace_sends' wrapper
-    agent = UalinkAgent(core, send, request, send_queued=send_queued,
+    agent = UalinkAgent(core, send, request, send_batch=send_batch,
                         request_soon=request_soon)
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_links = lambda: {p: link.is_up(p) for p in peers}
@@ -476,7 +476,7 @@ def _data_record(node: str, direction: str, req: Load | Store,
 
 def _trace_sends(
     tracer: Callable[[Record], None], config: PodConfig, node: str, link: FabricLink,
-) -> tuple[Callable[..., Awaitable[None]], Callable[..., Awaitable[None]],
+) -> tuple[Callable[..., Awaitable[None]], Callable[..., Awaitable[list[SendOutcome]]],
            Callable[..., Awaitable[bytes | bytearray]]]:
     """The fabric on the sending side: each UALink message when its ACK came (or the send
     failed), each LOAD/STORE when its DATA came back; the duration is the round trip."""
@@ -496,17 +496,18 @@ def _trace_sends(
             raise
         sent(src, dst, dwords, start, None)
 
-    def send_queued(src: int, dst: int, dwords: tuple[int, int, int, int]) -> Awaitable[None]:
-        start = time.time()
-        acked = link.send_queued(src, dst, dwords)  # queued now, in the caller's order
+    def send_batch(src: int, dst: int, messages: Sequence[tuple[int, int, int, int]]
+                   ) -> Awaitable[list[SendOutcome]]:
+        start, t0 = time.time(), trio.current_time()
+        acked = link.send_batch(src, dst, messages)  # queued now, in the caller's order
 
-        async def wait() -> None:
-            try:
-                await acked
-            except DrmError as e:
-                sent(src, dst, dwords, start, e)
-                raise
-            sent(src, dst, dwords, start, None)
+        async def wait() -> list[SendOutcome]:
+            outcomes = await acked
+            for dwords, (err, when) in zip(messages, outcomes, strict=True):
+                # each one's round trip: from the queueing to its own ACK (or failure)
+                tracer(FabricRecord.ualink(node, "send", src, dst, dwords, names,
+                                           -err.errno if err else 0, start, when - t0))
+            return outcomes
 
         return wait()
 
@@ -524,7 +525,7 @@ def _trace_sends(
         tracer(_data_record(node, "send", req, names, 0, start))
         return got
 
-    return send, send_queued, request
+    return send, send_batch, request
 
 
 async def _stop_on_signal(

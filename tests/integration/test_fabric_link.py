@@ -1027,3 +1027,95 @@ async def test_a_silent_peer_is_probed_then_dropped_after_the_timeout(
             assert max(heartbeats) <= 2.0
             assert all(t1 - t0 >= 1.0 for t0, t1 in itertools.pairwise(probes))
     await stream.aclose()
+
+
+# ---- batches (send_batch: a burst of sends, one flush, one ACK waiter) ---------------------
+
+async def test_a_batch_has_each_messages_outcome_as_single_sends_would(pod: Pod) -> None:
+    """Spec §5.1 per message of a batch: the MSGs leave in order; each one's ACK is its own
+    outcome (status 0: accepted, with the time it came; a refusal: ECOMM); one the peer
+    never acknowledges fails with ETIME at ack_timeout (0.3 s) from the queueing, and its
+    late ACK is dropped without harm, as for a single send that gave up."""
+    c = await pod.start("c")
+    stream, dec = await raw_auth(pod.ports["c"], pod.cfg, "a", "c")
+    await wait_until(lambda: c.is_up("a"))
+    batch = [(3, i << 10, 0, 0) for i in range(3)]
+    got: list[Msg] = []
+
+    async def firmware() -> None:
+        for _ in batch:
+            got.append(await read_frame(stream, dec))  # type: ignore[arg-type]
+        await stream.send_all(encode_frame(Ack(got[0].seq, 0))
+                              + encode_frame(Ack(got[1].seq, -5)))
+
+    start = trio.current_time()
+    async with trio.open_nursery() as n:
+        n.start_soon(firmware)
+        outcomes = await c.send_batch(4, 0, batch)
+    assert [(m.src_accel, m.dst_accel, m.dwords) for m in got] == [(4, 0, dw) for dw in batch]
+    assert [m.seq for m in got] == sorted({m.seq for m in got})
+    (e0, t0), (e1, t1), (e2, t2) = outcomes
+    assert e0 is None and start <= t0 < start + 0.3
+    assert e1 is not None and e1.errno == errno.ECOMM and t0 <= t1
+    assert e2 is not None and e2.errno == errno.ETIME and t2 >= start + 0.3
+    await stream.send_all(encode_frame(Ack(got[2].seq, 0)))  # late: dropped, link stays
+    with trio.fail_after(0.1):
+        assert await c.send_batch(4, 0, []) == []  # an empty batch is nothing, at once
+
+    async def firmware_again() -> None:
+        m = await read_frame(stream, dec)
+        await stream.send_all(encode_frame(Ack(m.seq, 0)))  # type: ignore[union-attr]
+
+    async with trio.open_nursery() as n:
+        n.start_soon(firmware_again)
+        (outcome,) = await c.send_batch(4, 0, [DW])
+    assert outcome[0] is None and c.is_up("a")
+    await stream.aclose()
+
+
+async def test_a_batch_fails_at_once_when_the_link_drops(pod: Pod) -> None:
+    """A link that drops before the ACKs came fails every unacknowledged message of the
+    batch with ETIME then, not at the ACK timeout (as `send` does: the peer may never have
+    taken them)."""
+    c = await pod.start("c", ack_timeout=5.0)
+    stream, dec = await raw_auth(pod.ports["c"], pod.cfg, "a", "c")
+    await wait_until(lambda: c.is_up("a"))
+
+    async def firmware() -> None:
+        m = await read_frame(stream, dec)
+        await stream.send_all(encode_frame(Ack(m.seq, 0)))  # type: ignore[union-attr]
+        await read_frame(stream, dec)
+        await stream.aclose()  # the second one is never acknowledged
+
+    start = trio.current_time()
+    async with trio.open_nursery() as n:
+        n.start_soon(firmware)
+        with trio.fail_after(3):
+            (e0, _), (e1, t1) = await c.send_batch(4, 0, [DW, DW])
+    assert e0 is None
+    assert e1 is not None and e1.errno == errno.ETIME and "dropped" in e1.strerror
+    assert t1 - start < 3
+
+
+async def test_a_batch_waits_for_its_link_like_single_sends(pod: Pod) -> None:
+    """A batch queued while the link is down waits for it up to the ACK timeout (then is
+    sent whole, in order); without the link it fails with ETIME; an accel no node owns is
+    EINVAL, for every message."""
+    a = await pod.start("a", ack_timeout=2.0)
+    async with trio.open_nursery() as n:
+        results: list[object] = []
+
+        async def batch() -> None:
+            results.extend(await a.send_batch(0, 2, [(3, i, 0, 0) for i in range(5)]))
+
+        n.start_soon(batch)
+        await trio.sleep(0.05)
+        await pod.start("b")
+    assert [e for e, _ in results] == [None] * 5  # type: ignore[misc]
+    assert pod.got["b"] == [(0, 2, (3, i, 0, 0)) for i in range(5)]
+    outcomes = await a.send_batch(0, 77, [DW, DW])
+    assert [e.errno for e, _ in outcomes if e is not None] == [errno.EINVAL] * 2
+    start = trio.current_time()
+    outcomes = await a.send_batch(0, 4, [DW, DW])  # c never started
+    assert [e.errno for e, _ in outcomes if e is not None] == [errno.ETIME] * 2
+    assert trio.current_time() - start >= 2.0

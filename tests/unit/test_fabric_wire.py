@@ -378,6 +378,30 @@ def test_session_msg_is_acked_before_it_is_delivered() -> None:
     assert a.next_event() == session.AckReceived(seq, 0)
 
 
+@given(st.lists(dwords, min_size=1, max_size=20))
+def test_session_a_batch_is_the_frames_of_single_sends(batch: list[tuple[int, ...]]) -> None:
+    """Session.send_messages (one stamp check, frames packed as they go) queues exactly
+    what as many send_message calls would: the same MSG frames, in order, seqs in turn,
+    each ACK matched to its own seq; an out-of-range dword is refused as single sends
+    refuse it (spec §5.1: per-peer order is the sending order)."""
+    a, b = _pair()
+    singles = [a.send_message(0, 2, dw) for dw in batch]
+    one_by_one = a.data_to_send()
+    a2, _ = _pair()
+    seqs = a2.send_messages(0, 2, batch)
+    assert seqs == singles and a2.data_to_send() == one_by_one
+    assert one_by_one == b"".join(encode_frame_construct(Msg(s, 0, 2, dw))
+                                  for s, dw in zip(seqs, batch, strict=True))
+    b.receive_data(one_by_one)
+    while (ev := b.next_event()) is not NEED_DATA:
+        assert isinstance(ev, session.MessageReceived)
+    assert _pump(b, a2) == [session.AckReceived(s, 0) for s in seqs]
+    with pytest.raises(LocalProtocolError):
+        a2.send_messages(0, 2, [(0, 0, 0, 1 << 32)])
+    with pytest.raises(LocalProtocolError):
+        a2.send_messages(0, 2, [(0, 0, 0)])  # type: ignore[list-item]
+
+
 def test_session_ping_pong_and_data_plane() -> None:
     a, b = _pair()
     a.send_ping(77, now=0.0)

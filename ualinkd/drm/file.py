@@ -60,7 +60,11 @@ class DrmFile:
             # Two handles of this file can share one dma-buf (both handles of one object);
             # the lookup by dma-buf then moves to the one that stays (drm_prime_remove_...).
             if self.prime_by_buf.get(buf.id) == handle:
-                other = next((h for h, b in self.prime_by_handle.items() if b is buf), None)
+                # Only another handle of the same object can share its dma-buf: none when
+                # this is the object's last handle (a scan per close would make closing n
+                # handles, e.g. n imports torn down by a revoke, cost n^2).
+                other = None if obj.handle_count <= 1 else next(
+                    (h for h, b in self.prime_by_handle.items() if b is buf), None)
                 if other is None:
                     del self.prime_by_buf[buf.id]
                 else:

@@ -43,7 +43,7 @@ import secrets
 import socket
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
@@ -193,6 +193,40 @@ def _data_error(peer: str, result: Any) -> DrmError:
     if result is None:
         return DrmError(errno.EFAULT, f"no answer from {peer}")
     return DrmError(-result.status if result.status < 0 else errno.EFAULT)
+
+
+class _Batch:
+    """One waiter for the ACKs of several MSGs queued together on `conn`
+    (`FabricLink.send_batch`): each of their seqs maps to it in `_Conn.waiters`. It notes
+    every ACK with the time it came (the read that brought it: `conn.last_rx`) and wakes its
+    one task once, when the last is in or the link dropped, so a burst of N messages costs
+    one wake-up, not N."""
+
+    __slots__ = ("acks", "conn", "dropped", "event", "left")
+
+    def __init__(self, conn: _Conn, count: int) -> None:
+        self.conn = conn
+        self.event = trio.Event()
+        self.acks: dict[int, tuple[int, float]] = {}  # seq -> (ACK status, when it came)
+        self.left = count
+        self.dropped = False
+        if not count:
+            self.event.set()
+
+    def set(self, result: Any) -> None:
+        if result is None:  # the link dropped: what is not acknowledged now never will be
+            self.dropped = True
+            self.event.set()
+            return
+        self.acks[result.seq] = (result.status, self.conn.last_rx)
+        self.left -= 1
+        if not self.left:
+            self.event.set()
+
+
+# A message's outcome in a batch: None (accepted) or the DrmError `send` would raise, and
+# when that became known (the ACK's arrival; the deadline, for a missing one).
+SendOutcome = tuple[DrmError | None, float]
 
 
 class _Conn:
@@ -1036,6 +1070,78 @@ class FabricLink:
             conn.waiters.pop(seq, None)
             conn.session.forget(seq)
         self._check_ack(peer, waiter)
+
+    def send_batch(self, src_accel: int, dst_accel: int,
+                   messages: Sequence[Dwords]) -> Awaitable[list[SendOutcome]]:
+        """`send_queued` for several messages to one accel: all queued, in order, before
+        this returns when the link is up, written with one flush, and their ACKs awaited
+        with one waiter and one deadline (ack_timeout from now, as for sends started
+        together). What it returns gives each message's outcome, in order: None or the
+        DrmError `send` would have raised, with the time it became known (its ACK's
+        arrival; the deadline or the link's drop for one that never came)."""
+        give_up = trio.current_time() + self.ack_timeout
+        peer = self._owner.get(dst_accel)
+        conn = self._conns.get(peer) if peer is not None else None
+        if peer is None or conn is None or src_accel not in self._local_accels:
+            return self._send_batch_later(src_accel, dst_accel, messages, give_up)
+        queued = self._queue_batch(conn, src_accel, dst_accel, messages)
+        return self._wait_batch(peer, conn, queued, give_up)
+
+    def _queue_batch(self, conn: _Conn, src_accel: int, dst_accel: int,
+                     messages: Sequence[Dwords]) -> tuple[list[int], _Batch]:
+        seqs = conn.session.send_messages(src_accel, dst_accel, messages)
+        batch = _Batch(conn, len(seqs))
+        waiters = conn.waiters
+        for seq in seqs:
+            waiters[seq] = batch  # type: ignore[assignment]  # _Batch.set as _Waiter.set
+        conn.flush()
+        return seqs, batch
+
+    async def _send_batch_later(self, src_accel: int, dst_accel: int,
+                                messages: Sequence[Dwords],
+                                give_up: float) -> list[SendOutcome]:
+        """The link is not up (or the stamp is wrong): wait for it until `give_up`, as the
+        messages' own `send`s would have, then queue them all in order."""
+        peer = self._owner.get(dst_accel, "?")
+        err: DrmError | None = None
+        queued = None
+        with trio.move_on_at(give_up):
+            try:
+                peer, conn = await self._conn_for(dst_accel, src_accel)
+            except DrmError as e:
+                err = e
+            else:
+                queued = conn, self._queue_batch(conn, src_accel, dst_accel, messages)
+        if queued is None:
+            now = trio.current_time()
+            why = (err.errno, err.strerror) if err is not None else (
+                errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
+            return [(DrmError(*why), now) for _ in messages]
+        conn, (seqs, batch) = queued
+        return await self._wait_batch(peer, conn, (seqs, batch), give_up)
+
+    async def _wait_batch(self, peer: str, conn: _Conn, queued: tuple[list[int], _Batch],
+                          give_up: float) -> list[SendOutcome]:
+        seqs, batch = queued
+        with trio.move_on_at(give_up):
+            await batch.event.wait()
+        now = trio.current_time()
+        out: list[SendOutcome] = []
+        missing = (f"link to {peer} dropped before the ACK" if batch.dropped else
+                   f"no ACK from {peer} within {self.ack_timeout:g} s")
+        for seq in seqs:
+            got = batch.acks.get(seq)
+            if got is None:
+                if conn.waiters.get(seq) is batch:
+                    del conn.waiters[seq]
+                conn.session.forget(seq)
+                out.append((DrmError(errno.ETIME, missing), now))
+            elif got[0] != 0:
+                out.append((DrmError(errno.ECOMM, f"{peer} refused the message "
+                                                  f"(status {got[0]})"), got[1]))
+            else:
+                out.append((None, got[1]))
+        return out
 
     def _check_ack(self, peer: str, waiter: _Waiter | None) -> None:
         if waiter is None or not waiter.event.is_set():

@@ -221,6 +221,12 @@ _FAST: Final[dict[FrameType, struct.Struct]] = {
     FrameType.PING: struct.Struct("<IBQI"),
     FrameType.PONG: struct.Struct("<IBQ"),
 }
+# Decoding them (FrameDecoder): a MSG's and an ACK's fields straight out of the stream buffer.
+_MSG_FIELDS: Final = struct.Struct("<IHH4I")
+_ACK_FIELDS: Final = struct.Struct("<Ii")
+_MSG_LENGTH: Final = _FAST[FrameType.MSG].size - 4
+_ACK_LENGTH: Final = _FAST[FrameType.ACK].size - 4
+_LENGTH: Final = struct.Struct("<I")
 # ... and for the data plane, whose payloads can be a megabyte: header struct + raw bytes.
 _LOAD: Final = struct.Struct("<IBIHHQII")
 _STORE_HDR: Final = struct.Struct("<IBIHHQI")
@@ -467,7 +473,7 @@ class FrameDecoder:
         buf, pos = self._buf, self._pos
         if len(buf) - pos < 4:
             return NEED_DATA
-        (length,) = struct.unpack_from("<I", buf, pos)
+        (length,) = _LENGTH.unpack_from(buf, pos)
         if length == 0 or length > self._max_frame:
             raise RemoteProtocolError(f"frame length {length} outside 1..{self._max_frame}")
         if len(buf) - pos < HEADER_SIZE:
@@ -479,6 +485,20 @@ class FrameDecoder:
             raise RemoteProtocolError(f"{FrameType(frame_type).name} frame before the "
                                       "handshake finished")
         end = pos + 4 + length
+        # The frames of every message round trip, unpacked in place (decode_payload's fast
+        # path, without copying the payload out first).
+        if frame_type == _MSG_TYPE and length == _MSG_LENGTH:
+            if len(buf) < end:
+                return NEED_DATA
+            seq, src, dst, dw0, dw1, dw2, dw3 = _MSG_FIELDS.unpack_from(buf, pos + HEADER_SIZE)
+            self._pos = end
+            return Msg(seq, src, dst, (dw0, dw1, dw2, dw3))
+        if frame_type == _ACK_TYPE and length == _ACK_LENGTH:
+            if len(buf) < end:
+                return NEED_DATA
+            seq, status = _ACK_FIELDS.unpack_from(buf, pos + HEADER_SIZE)
+            self._pos = end
+            return Ack(seq, status)
         if frame_type == FrameType.DATA and length >= _DATA_HDR.size - 4:
             return self._data_plane(pos, end, _DATA_HDR.size, "<Ii")
         if frame_type == FrameType.STORE and length >= _STORE_HDR.size - 4:
@@ -515,5 +535,7 @@ class FrameDecoder:
         return NEED_DATA
 
 
+_MSG_TYPE: Final = int(FrameType.MSG)
+_ACK_TYPE: Final = int(FrameType.ACK)
 # Payloads from this size on are collected in their own buffer (FrameDecoder.receive_buffer).
 _COLLECT_AT: Final = 64 << 10

@@ -472,11 +472,12 @@ class UalinkManager:
         buf, bo = entry.buf, entry.bo
         buf.put()
         bo.put()
-        for remote in entry.importers:
-            entry.revoke.expected.add(remote)
-            msg = p.NpaRevoke(p.handle_lo_bits(entry.handle_lo), entry.handle_hi)
-            entry.revoke.unsent += 1
-            self.outbox.append(Send(self.accel_id, remote, msg, RevokeSent(entry.handle_lo)))
+        # One message and one tag for every importer: they are the same values.
+        msg = p.NpaRevoke(p.handle_lo_bits(entry.handle_lo), entry.handle_hi)
+        tag = RevokeSent(entry.handle_lo)
+        entry.revoke.expected.update(entry.importers)
+        entry.revoke.unsent += len(entry.importers)
+        self.outbox.extend(Send(self.accel_id, remote, msg, tag) for remote in entry.importers)
 
     def revoke_finish(self, entry: ExportEntry) -> list[int]:
         """§5.7 steps 7–9: free every NPA range, reset the connection to every importer that
@@ -662,7 +663,7 @@ class UalinkManager:
             log.debug("accel %d not ACTIVE: dropping %s from %d", self.accel_id, msg, src)
             return
         t = int(msg.type)
-        if t < 64 and self.drop_msg_bitmap >> t & 1:
+        if self.drop_msg_bitmap and t < 64 and self.drop_msg_bitmap >> t & 1:
             self.drop_msg_bitmap &= ~(1 << t)
             log.warning("accel %d: dropping one %s from accel %d (drop_msg bitmap)",
                         self.accel_id, p.MsgType(t).name if t in p.MsgType._value2member_map_
@@ -676,22 +677,16 @@ class UalinkManager:
                                "accel %d: dropping %s from accel %d, which is not in vPod %d",
                                self.accel_id, type(msg).__name__, src, self.vpod.vpod_id)
             return
-        if isinstance(msg, p.Hello):
-            self._on_hello(src, msg)
-        elif isinstance(msg, p.HelloAck):
-            if self.conn(src).apply(ConnEvent.HELLO_ACK):
-                self._connected(src)
-        elif isinstance(msg, p.NpaReq):
-            self._on_npa_req(src, msg)
-        elif isinstance(msg, p.NpaRsp | p.NpaFail):
-            self._on_npa_answer(src, msg)
-        elif isinstance(msg, p.NpaRevoke):
-            self._on_revoke(src, msg)
-        elif isinstance(msg, p.NpaRelease):
-            self._on_release(src, msg)
-        else:
+        handler = _RECEIVERS.get(type(msg))
+        if handler is None:
             log.warning("accel %d: unknown message type %d from accel %d ignored",
                         self.accel_id, t, src)
+        else:
+            handler(self, src, msg)
+
+    def _on_hello_ack(self, src: int, msg: p.HelloAck) -> None:
+        if self.conn(src).apply(ConnEvent.HELLO_ACK):
+            self._connected(src)
 
     def _on_hello(self, src: int, msg: p.Hello) -> None:
         if msg.receiver_id != self.accel_id or msg.sender_id != src or src >= ACCEL_MAX:
@@ -1100,3 +1095,15 @@ class UalinkManager:
                 "a pinned BO outside VRAM")
         reserved = 0 if self.npa.reserved is None else 1
         assert len(self.npa_table) + reserved == len(self.npa.used)
+
+
+# receive(): each message type's handler (one lookup per message, not a chain of isinstance).
+_RECEIVERS: dict[type, Callable[..., None]] = {
+    p.Hello: UalinkManager._on_hello,
+    p.HelloAck: UalinkManager._on_hello_ack,
+    p.NpaReq: UalinkManager._on_npa_req,
+    p.NpaRsp: UalinkManager._on_npa_answer,
+    p.NpaFail: UalinkManager._on_npa_answer,
+    p.NpaRevoke: UalinkManager._on_revoke,
+    p.NpaRelease: UalinkManager._on_release,
+}

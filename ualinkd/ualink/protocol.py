@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import ClassVar, Final
+from typing import ClassVar, Final, TypeVar
 
 import construct as cs
 
@@ -77,6 +77,8 @@ def rebuild_handle_lo(bits: int, accel_id: int) -> int:
 
 
 def _check(name: str, value: object, limit: int) -> None:
+    if type(value) is int and 0 <= value <= limit:  # the common case, first and cheap
+        return
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
         raise LocalProtocolError(f"{name}={value!r} does not fit in 0..{limit:#x}")
 
@@ -129,6 +131,9 @@ class _HandleMessage:
     def encode(self) -> Dwords:
         return (*_npa_dw01(self.type, self.handle_lo_bits),
                 self.handle_hi & U32, self.handle_hi >> 32)
+
+
+_H = TypeVar("_H", bound=_HandleMessage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,14 +198,30 @@ class UnknownMessage:
 
 Message = Hello | HelloAck | NpaReq | NpaRsp | NpaFail | NpaRevoke | NpaRelease | UnknownMessage
 
+_new, _set = object.__new__, object.__setattr__
+
+
+def _decoded(cls: type[_H], bits: int, handle_hi: int) -> _H:
+    """`cls(bits, handle_hi)` for fields just decoded, which fit by construction (bits: dw1:dw0
+    with bits 9..0 cleared; handle_hi: dw3:dw2), so without __post_init__'s checks: the
+    receive path of every NPA_REQ, NPA_REVOKE and NPA_RELEASE."""
+    msg = _new(cls)
+    _set(msg, "handle_lo_bits", bits)
+    _set(msg, "handle_hi", handle_hi)
+    return msg
+
 
 def decode_message(dwords: Dwords) -> Message:
     """The four dwords of a received message → its typed value. Any four u32s decode."""
     if len(dwords) != 4:
         raise LocalProtocolError(f"a message is four dwords, not {len(dwords)}")
-    for i, dw in enumerate(dwords):
-        _check(f"dw{i}", dw, U32)
     dw0, dw1, dw2, dw3 = dwords
+    # Four ints OR'ed are below 2^32 exactly when each is in 0..U32 (a negative one makes
+    # the OR negative); anything else gets the full check and its error.
+    if not type(dw0) is type(dw1) is type(dw2) is type(dw3) is int or (
+            dw0 | dw1 | dw2 | dw3) >> 32:
+        for i, dw in enumerate(dwords):
+            _check(f"dw{i}", dw, U32)
     t = dw0 & MSG_TYPE_MASK
     bits = (dw1 << 32) | (dw0 & ~MSG_TYPE_MASK)
     if t == MsgType.HELLO:
@@ -208,15 +229,15 @@ def decode_message(dwords: Dwords) -> Message:
     if t == MsgType.HELLO_ACK:
         return HelloAck()
     if t == MsgType.NPA_REQ:
-        return NpaReq(bits, dw3 << 32 | dw2)
+        return _decoded(NpaReq, bits, dw3 << 32 | dw2)
     if t == MsgType.NPA_RSP:
         return NpaRsp(bits, dw2, dw3)
     if t == MsgType.NPA_FAIL:
         return NpaFail(bits, dw2 & 0xFF)
     if t == MsgType.NPA_REVOKE:
-        return NpaRevoke(bits, dw3 << 32 | dw2)
+        return _decoded(NpaRevoke, bits, dw3 << 32 | dw2)
     if t == MsgType.NPA_RELEASE:
-        return NpaRelease(bits, dw3 << 32 | dw2)
+        return _decoded(NpaRelease, bits, dw3 << 32 | dw2)
     return UnknownMessage(t, (dw0, dw1, dw2, dw3))
 
 

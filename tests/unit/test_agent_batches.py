@@ -1,0 +1,194 @@
+"""The agent's batches (fabric/agent.py) through the real managers and agents, over an
+in-memory fabric with FabricLink.send_batch's contract: a burst of sends to one accel is
+queued whole and in order, and its outcomes come back together, each with the time it
+became known. The spec's rules must read the same as with one send at a time: per-link
+order (§5.1), the 2 s ACK rule and the reset of an importer whose NPA_REVOKE it failed
+(§5.7 step 5, U′), the 5 s release wait counted from each REVOKE's acceptance (§5.7 step
+6), the reset of an importer that never releases (§6.5). Time is trio's autojump clock."""
+
+from __future__ import annotations
+
+import errno
+import struct
+
+import trio
+from test_pod_protocol import GEM_CREATE, ME, UALINK, import_, ioctl, make_pod
+
+from ualinkd.drm.errors import DrmError
+from ualinkd.fabric.agent import UalinkAgent
+from ualinkd.node import NodeCore
+from ualinkd.ualink import protocol as p
+from ualinkd.ualink.peers import ConnState
+
+ACK_TIMEOUT = 2.0  # send_ack_timeout_ms
+
+
+class BatchFabric:
+    """Delivers messages to the agent of their destination accel. `send` is a single send
+    (the ring's awaited replies); `send_batch` logs the whole batch at once (queued), then
+    delivers its messages and gives their outcomes. Per accel: `ack_delay` (seconds before
+    each message of a batch is accepted, one after the other), `silent` (never
+    acknowledged: ETIME at ACK_TIMEOUT), `mute` (accepted, never processed)."""
+
+    def __init__(self) -> None:
+        self.agents: dict[int, UalinkAgent] = {}
+        self.ack_delay: dict[int, float] = {}
+        self.silent: set[int] = set()
+        self.mute: set[int] = set()
+        self.log: list[tuple[int, int, p.Message]] = []  # in the order queued on the links
+        self.batches: list[tuple[int, int, int]] = []  # (src, dst, messages)
+
+    def _deliver(self, src: int, dst: int, dwords: p.Dwords) -> None:
+        if dst not in self.mute:
+            self.agents[dst].on_message(src, dst, dwords)
+
+    async def send(self, src: int, dst: int, dwords: p.Dwords) -> None:
+        self.log.append((src, dst, p.decode_message(dwords)))
+        await trio.sleep(0)
+        self._deliver(src, dst, dwords)
+
+    def send_batch(self, src: int, dst: int, messages: list[p.Dwords]):
+        self.batches.append((src, dst, len(messages)))
+        self.log.extend((src, dst, p.decode_message(dw)) for dw in messages)
+        start = trio.current_time()
+
+        async def acked() -> list[tuple[DrmError | None, float]]:
+            await trio.sleep(0)
+            if dst in self.silent:
+                await trio.sleep_until(start + ACK_TIMEOUT)
+                return [(DrmError(errno.ETIME, "no ACK"), trio.current_time())
+                        for _ in messages]
+            out: list[tuple[DrmError | None, float]] = []
+            for dw in messages:  # (without a delay: all in one go, as one read brings them)
+                if dst in self.ack_delay:
+                    await trio.sleep(self.ack_delay[dst])
+                self._deliver(src, dst, dw)
+                out.append((None, trio.current_time()))
+            return out
+
+        return acked()
+
+
+async def start(nursery: trio.Nursery, nodes: int, fabric: BatchFabric) -> list[NodeCore]:
+    cfg = make_pod(nodes)
+    cores = []
+    for n in cfg.nodes:
+        core = NodeCore(cfg, n.name)
+        agent = UalinkAgent(core, fabric.send, send_batch=fabric.send_batch)
+        await nursery.start(agent.run)
+        for a in n.accels:
+            fabric.agents[a.accel_id] = agent
+        cores.append(core)
+    return cores
+
+
+async def exported_and_imported(cores: list[NodeCore], count: int):
+    """`count` BOs of node 0 exported from one file, each imported by every other node."""
+    f = cores[0].open_render(128, ME)
+    bos, handles = [], []
+    for _ in range(count):
+        bo, handle = await export(cores[0], f)
+        bos.append(bo)
+        handles.append(handle)
+    for core in cores[1:]:
+        fi = core.open_render(128, ME)
+        for h in handles:
+            assert (await import_(core, fi, h))[0] == 0
+    return f, bos, handles
+
+
+async def export(core: NodeCore, f) -> tuple[int, tuple[int, int]]:
+    rc, out = await ioctl(core, f, GEM_CREATE, struct.pack("<QQQQ", 1 << 20, 0, 4, 0))
+    bo = struct.unpack_from("<I", out)[0]
+    rc, out = await ioctl(core, f, UALINK, struct.pack("<IIIxxxxQ", 0, 0, bo, 0))
+    assert rc == 0
+    return bo, struct.unpack("<QQ", out[:16])
+
+
+async def test_a_files_revokes_leave_as_one_batch_per_importer_in_order(nursery, autojump_clock):
+    """§6.6, §5.7: closing the exporter's file revokes its BOs in handle order; their
+    NPA_REVOKEs go to each importer as one batch, in that order, and the importers'
+    NPA_RELEASEs (a ring burst each) come back the same way; everything is freed."""
+    fabric = BatchFabric()
+    cores = await start(nursery, 3, fabric)
+    f, bos, handles = await exported_and_imported(cores, 3)
+    fabric.log.clear()
+    fabric.batches.clear()
+    cores[0].release_render(f)
+    await trio.sleep(0.5)
+    mgr = cores[0].managers[128]
+    assert not mgr.invalid and mgr.npa_import_pages == 0
+    assert sorted(fabric.batches) == [(0, 1, 3), (0, 2, 3), (1, 0, 3), (2, 0, 3)]
+    for dst in (1, 2):
+        revokes = [m for s, d, m in fabric.log if (s, d) == (0, dst)]
+        assert revokes == [p.NpaRevoke(p.handle_lo_bits(lo), hi) for lo, hi in handles]
+        releases = [m for s, d, m in fabric.log if (s, d) == (dst, 0)]
+        assert releases == [p.NpaRelease(p.handle_lo_bits(lo), hi) for lo, hi in handles]
+        assert not cores[dst].managers[128].imports
+    assert all(c.managers[128].conn(0 if i else 1).state == ConnState.ESTABLISHED
+               for i, c in enumerate(cores))
+
+
+async def test_a_batch_whose_acks_time_out_resets_its_importer_as_single_sends(
+        nursery, autojump_clock):
+    """§5.7 step 5 (U′): NPA_REVOKEs the transport could not deliver (no ACK in 2 s: ETIME)
+    drop that importer from the release set and reset its connection, at the 2 s mark;
+    the other importer's releases finish each revoke at once, no 5 s wait."""
+    fabric = BatchFabric()
+    cores = await start(nursery, 3, fabric)
+    f, bos, handles = await exported_and_imported(cores, 2)
+    mgr = cores[0].managers[128]
+    fabric.silent.add(2)
+    t0 = trio.current_time()
+    cores[0].release_render(f)
+    await trio.sleep_until(t0 + ACK_TIMEOUT - 0.01)
+    assert mgr.conn(2).state == ConnState.ESTABLISHED and len(mgr.invalid) == 2
+    await trio.sleep_until(t0 + ACK_TIMEOUT + 0.01)
+    assert mgr.conn(2).state == ConnState.NOT_READY  # one reset for the batch's importer
+    assert not mgr.invalid and mgr.npa_import_pages == 0
+    assert mgr.conn(1).state == ConnState.ESTABLISHED
+
+
+async def test_the_release_wait_counts_from_each_revokes_own_ack(nursery, autojump_clock):
+    """§5.7 step 6: the 5 s wait for NPA_RELEASE starts when that handle's NPA_REVOKE was
+    accepted, not when its batch's last ACK came: here the importer accepts one REVOKE a
+    second (at +1 s and +2 s) and never releases, so the first handle is finished and the
+    connection reset (§6.5) at +6 s, the second at +7 s."""
+    fabric = BatchFabric()
+    cores = await start(nursery, 2, fabric)
+    f, bos, handles = await exported_and_imported(cores, 2)
+    mgr = cores[0].managers[128]
+    (lo1, _), (lo2, _) = handles
+    fabric.ack_delay[1] = 1.0
+    fabric.mute.add(1)
+    t0 = trio.current_time()
+    cores[0].release_render(f)
+    await trio.sleep_until(t0 + 5.99)
+    assert set(mgr.invalid) == {lo1, lo2} and mgr.conn(1).state == ConnState.ESTABLISHED
+    await trio.sleep_until(t0 + 6.01)
+    assert set(mgr.invalid) == {lo2} and mgr.conn(1).state == ConnState.NOT_READY
+    await trio.sleep_until(t0 + 7.01)
+    assert not mgr.invalid and mgr.npa_import_pages == 0
+
+
+async def test_a_ring_burst_keeps_each_links_order_around_an_awaited_reply(
+        nursery, autojump_clock):
+    """§5.1: the ring handles a burst in arrival order; the RELEASEs it does not wait for
+    are batched, but one queued before a reply the ring must await (NPA_RSP) goes out
+    before it, and one after it after: the link's order is the handlers' order."""
+    fabric = BatchFabric()
+    a, b = await start(nursery, 2, fabric)
+    f, bos, ((lo1, hi1), (lo2, hi2)) = await exported_and_imported([a, b], 2)
+    fb = b.open_render(128, ME)
+    _, (blo, bhi) = await export(b, fb)
+    fabric.log.clear()
+    agent = fabric.agents[1]
+    for msg in (p.NpaRevoke(p.handle_lo_bits(lo1), hi1),
+                p.NpaReq(p.handle_lo_bits(blo), bhi),
+                p.NpaRevoke(p.handle_lo_bits(lo2), hi2)):
+        assert agent.on_message(0, 1, msg.encode()) is None  # one burst in b's ring
+    await trio.sleep(0.5)
+    sent = [type(m).__name__ for s, d, m in fabric.log if (s, d) == (1, 0)]
+    assert sent == ["NpaRelease", "NpaRsp", "NpaRelease"]
+    assert not b.managers[128].imports
+
