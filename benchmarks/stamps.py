@@ -11,7 +11,8 @@ $UALINK_BENCH_STAMPS when the daemon exits:
 
 - ``ioctl_in`` / ``ioctl_out``: NodeCore.ioctl entered / NodeCore._reply done (the ioctl's
   answer is built; the FUSE reply follows) for DRM_IOCTL_AMDGPU_UALINK_HANDLE;
-- ``msg_out``: Session.send_message (a MSG queued to the socket), with its type (§5.2);
+- ``msg_out``: Session.send_messages (each MSG queued to the socket: single sends and batches
+  both come through it), with its type (§5.2);
 - ``msg_in``: FabricLink._dispatch of a MessageReceived (the MSG decoded), with its type.
 
 A stamp is (ns, kind, msg type or 0). If a method named here is gone (the daemon was
@@ -46,7 +47,7 @@ def install() -> None:
     add = STAMPS.append
     cmd_ualink = DRM_IOCTL_AMDGPU_UALINK_HANDLE
     ioctl, reply = NodeCore.ioctl, NodeCore._reply
-    send_message, dispatch = Session.send_message, FabricLink._dispatch
+    send_messages, dispatch = Session.send_messages, FabricLink._dispatch
 
     def timed_ioctl(self: NodeCore, drm_file: object, cmd: int, *args: Any) -> Any:
         if cmd == cmd_ualink:
@@ -59,9 +60,11 @@ def install() -> None:
             add((now(), "ioctl_out", 0))
         return out
 
-    def timed_send(self: Session, src: int, dst: int, dwords: Any) -> int:
-        add((now(), "msg_out", dwords[0] & MSG_TYPE_MASK))
-        return send_message(self, src, dst, dwords)
+    def timed_send(self: Session, src: int, dst: int, messages: Any) -> list[int]:
+        t = now()
+        for dwords in messages:
+            add((t, "msg_out", dwords[0] & MSG_TYPE_MASK))
+        return send_messages(self, src, dst, messages)
 
     def timed_dispatch(self: FabricLink, conn: Any, ev: object) -> None:
         if type(ev) is MessageReceived:
@@ -71,7 +74,7 @@ def install() -> None:
     # Patched in for the run: the stamps are this benchmark's only, the classes stay as they are.
     NodeCore.ioctl = timed_ioctl  # type: ignore[method-assign]
     NodeCore._reply = timed_reply  # type: ignore[method-assign]
-    Session.send_message = timed_send  # type: ignore[method-assign]
+    Session.send_messages = timed_send  # type: ignore[method-assign]
     FabricLink._dispatch = timed_dispatch  # type: ignore[method-assign]
 
 
