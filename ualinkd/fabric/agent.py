@@ -333,9 +333,17 @@ class UalinkAgent:
                 batches.setdefault(eff.dst, []).append(eff)
             else:
                 self._nursery.start_soon(self._send_then_drain, mgr, eff)
+        # A revoke's one NPA_REVOKE goes to each of its importers: encoded once, not once each.
+        encoded: dict[int, p.Dwords] = {}
         for dst, sends in batches.items():
             assert self._send_batch is not None and self._nursery is not None
-            wait = self._send_batch(mgr.accel_id, dst, [eff.msg.encode() for eff in sends])
+            messages = []
+            for eff in sends:
+                dwords = encoded.get(id(eff.msg))
+                if dwords is None:
+                    dwords = encoded[id(eff.msg)] = eff.msg.encode()
+                messages.append(dwords)
+            wait = self._send_batch(mgr.accel_id, dst, messages)
             self._nursery.start_soon(self._finish_batch, mgr, sends, wait)
 
     async def _transmit(self, mgr: UalinkManager, dst: int, dwords: p.Dwords) -> None:
