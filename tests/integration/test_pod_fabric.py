@@ -221,10 +221,18 @@ def test_importer_killed_while_exporter_revokes(tmp_path):
                 # The import's dma-buf stays open until B is gone: closed first, B's release
                 # of it could reach A before the kill, and A would have nothing to time out.
                 fd = cb.import_(handle)
+                # B's ACK of the NPA_RSP must reach A before B dies: without it A counts B as
+                # no importer (§5.6 step 7) and again has nothing to time out. B's next
+                # message to A (a second import's NPA_REQ) goes behind that ACK on the same
+                # connection, so once the second import returns, A has the ACK.
+                bo2 = ca.bo_create()
+                fd2 = cb.import_(ca.export(bo2))
                 b.stop(signal.SIGKILL)
-                with contextlib.suppress(OSError):  # ENOTCONN: B's mount died with it
-                    os.close(fd)
+                for f in (fd, fd2):
+                    with contextlib.suppress(OSError):  # ENOTCONN: B's mount died with it
+                        os.close(f)
             ca.bo_close(bo)
+            ca.bo_close(bo2)
             assert "state=ESTABLISHED" in a.debug(128, "ualink_peers")
             assert wait_until(lambda: a.debug(128, "ualink_npa").startswith("used_pages=0 "))
             # (the reset follows the NPA's release in a later step of A's: wait for it too)
