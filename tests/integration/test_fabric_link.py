@@ -132,6 +132,24 @@ async def raw_auth(port: int, cfg: PodConfig, name: str, peer: str,
     return stream, dec
 
 
+async def raw_server_b(pod: Pod) -> tuple[FabricLink, trio.abc.Stream, FrameDecoder,
+                                          list[Frame], list[trio.SocketListener]]:
+    """Link a, dialing a hand-driven "b" that answers its handshake up to the last frames
+    (returned unsent: the caller sends them, with whatever it wants in the same write)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    a = await pod.start("a")
+    a.set_peer_address("b", f"127.0.0.1:{port}")
+    stream = await listeners[0].accept()
+    hs = auth.ServerHandshake(pod.cfg, "b", now=trio.current_time(), nonces=auth.NonceCache())
+    dec = FrameDecoder()
+    while True:
+        out = hs.receive_frame(await read_frame(stream, dec), trio.current_time())
+        if hs.established:
+            return a, stream, dec, out, listeners
+        await stream.send_all(b"".join(encode_frame(f) for f in out))
+
+
 async def expect_closed(stream: trio.abc.Stream, timeout: float = 2.0) -> None:
     with trio.fail_after(timeout):
         try:
@@ -498,18 +516,7 @@ async def test_request_soon_gives_up_at_its_deadline(pod: Pod) -> None:
     """§5.1's ack timeout bounds a data-plane request as it does `request`'s: a peer that
     reads a LOAD and never answers fails it with EFAULT once ack_timeout (300 ms here) has
     passed, not before; its late DATA is then dropped and the link stays up."""
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    a = await pod.start("a")
-    a.set_peer_address("b", f"127.0.0.1:{port}")
-    stream = await listeners[0].accept()
-    hs = auth.ServerHandshake(pod.cfg, "b", now=trio.current_time(), nonces=auth.NonceCache())
-    dec = FrameDecoder()
-    while True:
-        out = hs.receive_frame(await read_frame(stream, dec), trio.current_time())
-        if hs.established:
-            break
-        await stream.send_all(b"".join(encode_frame(f) for f in out))
+    a, stream, dec, out, listeners = await raw_server_b(pod)
     await stream.send_all(b"".join(encode_frame(f) for f in out))
     await wait_until(lambda: a.is_up("b"))
     start = trio.current_time()
@@ -610,18 +617,7 @@ async def test_a_load_answer_is_the_memory_when_it_was_served(pod: Pod) -> None:
 async def test_frames_that_arrive_with_the_handshake_are_delivered(pod: Pod) -> None:
     """§5.1: a MSG the peer sends in the same write as its AUTH_OK is delivered at once, not
     when the next bytes happen to arrive."""
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    a = await pod.start("a")
-    a.set_peer_address("b", f"127.0.0.1:{port}")
-    stream = await listeners[0].accept()
-    hs = auth.ServerHandshake(pod.cfg, "b", now=trio.current_time(), nonces=auth.NonceCache())
-    dec = FrameDecoder()
-    while True:
-        out = hs.receive_frame(await read_frame(stream, dec), trio.current_time())
-        if hs.established:
-            break
-        await stream.send_all(b"".join(encode_frame(f) for f in out))
+    a, stream, dec, out, listeners = await raw_server_b(pod)
     await stream.send_all(encode_frame(out[0]) + encode_frame(Msg(1, 2, 0, DW)))
     await wait_until(lambda: bool(pod.got.get("a")), timeout=0.5)  # no heartbeat needed
     assert pod.got["a"] == [(2, 0, DW)]
