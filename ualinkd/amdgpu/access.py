@@ -68,14 +68,30 @@ def _outcome(c: Completion[bytes | bytearray | int]) -> bytes | bytearray | int 
         return e
 
 
+async def _answer(remote: RemoteFn, p: RemotePiece, write: bool,
+                  data: bytes | None) -> bytes | bytearray | int | DrmError:
+    """`_outcome` for the awaitable path."""
+    try:
+        return await remote(p, write, data)
+    except DrmError as e:
+        return e
+
+
+def _check_failed(r: DrmError, done: int) -> None:
+    """Policy 10 for a piece that failed after `done` bytes of the access: a fault does
+    nothing of the piece (the caller goes on with it as empty); an error other than a
+    fault fails an access not yet begun."""
+    if r.errno != errno.EFAULT and not done:
+        raise r
+
+
 def _loaded(p: RemotePiece, r: bytes | bytearray | int | DrmError, done: int, va: int,
             on_fault: Callable[[], None] | None) -> bytes | bytearray:
     """A remote piece's bytes after `done` bytes of the access (policy 10): a fault
     loads nothing from it, an error other than a fault fails an access not yet begun;
     short, it ends the access (EFAULT when nothing at all was loaded)."""
     if isinstance(r, DrmError):
-        if r.errno != errno.EFAULT and not done:
-            raise r
+        _check_failed(r, done)
         r = b""
     assert isinstance(r, bytes | bytearray)
     got = r if len(r) <= p.length else r[: p.length]
@@ -124,11 +140,7 @@ async def _load_later(
             if len(got) < p.length:
                 _short(done + len(got), va, on_fault)
         else:
-            try:
-                r: bytes | bytearray | int | DrmError = await remote(p, False, None)
-            except DrmError as e:
-                r = e
-            got = _loaded(p, r, done, va, on_fault)
+            got = _loaded(p, await _answer(remote, p, False, None), done, va, on_fault)
         out.append(got)
         done += len(got)
         if len(got) < p.length:
@@ -171,11 +183,7 @@ async def _store_later(
             if n < p.length:
                 _short(done + n, va, on_fault)
         else:
-            try:
-                r: bytes | bytearray | int | DrmError = await remote(p, True, chunk)
-            except DrmError as e:
-                r = e
-            n = _stored(p, r, done, va, on_fault)
+            n = _stored(p, await _answer(remote, p, True, chunk), done, va, on_fault)
         done += n
         if n < p.length:
             break
@@ -186,8 +194,7 @@ def _stored(p: RemotePiece, r: bytes | bytearray | int | DrmError, done: int, va
             on_fault: Callable[[], None] | None) -> int:
     """The count a remote piece stored after `done` bytes of the access: `_loaded`'s rule."""
     if isinstance(r, DrmError):
-        if r.errno != errno.EFAULT and not done:
-            raise r
+        _check_failed(r, done)
         r = 0
     assert isinstance(r, int)
     n = min(r, p.length)
