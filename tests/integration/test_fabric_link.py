@@ -873,7 +873,7 @@ async def test_an_ack_shares_its_write_with_the_reply_its_message_caused(
 
     async def answer() -> None:
         async for src, dst, _ in rx:  # a ring task, as the agent's
-            await b.send_queued(dst, src, reply)
+            await b.send_batch(dst, src, [reply])
 
     pod.nursery.start_soon(answer)
     with trio.fail_after(5):

@@ -260,7 +260,7 @@ class _Conn:
         self.paused = False  # the reader waits (for the inbox or `deferred`), not reading
         self.not_reading_logged = False
         self.expired = 0  # requests refused past their deadline
-        self.waiters: dict[int, _Waiter | _Completing] = {}
+        self.waiters: dict[int, _Waiter | _Completing | _Batch] = {}
         self.pings: dict[int, _Waiter] = {}
         self.last_rx = trio.current_time()
         self.last_tx = self.last_rx  # when the socket last took bytes from us
@@ -1049,32 +1049,12 @@ class FabricLink:
             dst_accel, src_accel, lambda s, _: s.send_message(src_accel, dst_accel, dwords))
         self._check_ack(peer, waiter)
 
-    def send_queued(self, src_accel: int, dst_accel: int, dwords: Dwords) -> Awaitable[None]:
-        """`send`, with the MSG queued before this returns when the link is up (so it keeps
-        its place among the caller's sends); what it returns waits for the ACK. A receive
-        ring's handler sends this way the messages whose ACK changes nothing, and goes on
-        with the next message meanwhile: a burst of N costs one round trip, not N."""
-        peer = self._owner.get(dst_accel)
-        conn = self._conns.get(peer) if peer is not None else None
-        if conn is None or src_accel not in self._local_accels:
-            return self.send(src_accel, dst_accel, dwords)
-        seq = conn.session.send_message(src_accel, dst_accel, dwords)
-        waiter = conn.waiters[seq] = _Waiter()
-        conn.flush()
-        return self._wait_ack(peer, conn, seq, waiter)  # type: ignore[arg-type]  # conn: peer
-
-    async def _wait_ack(self, peer: str, conn: _Conn, seq: int, waiter: _Waiter) -> None:
-        with trio.move_on_after(self.ack_timeout):
-            await waiter.event.wait()
-        if not waiter.event.is_set():
-            conn.waiters.pop(seq, None)
-            conn.session.forget(seq)
-        self._check_ack(peer, waiter)
-
     def send_batch(self, src_accel: int, dst_accel: int,
                    messages: Sequence[Dwords]) -> Awaitable[list[SendOutcome]]:
-        """`send_queued` for several messages to one accel: all queued, in order, before
-        this returns when the link is up, written with one flush, and their ACKs awaited
+        """`send` for several messages to one accel: all queued, in order, before this
+        returns when the link is up (so they keep their place among the caller's sends: a
+        receive ring goes on with its next message meanwhile), written with one flush, and
+        their ACKs awaited
         with one waiter and one deadline (ack_timeout from now, as for sends started
         together). What it returns gives each message's outcome, in order: None or the
         DrmError `send` would have raised, with the time it became known (its ACK's
@@ -1093,7 +1073,7 @@ class FabricLink:
         batch = _Batch(conn, len(seqs))
         waiters = conn.waiters
         for seq in seqs:
-            waiters[seq] = batch  # type: ignore[assignment]  # _Batch.set as _Waiter.set
+            waiters[seq] = batch
         conn.flush()
         return seqs, batch
 
