@@ -37,6 +37,7 @@ from .drm.device import (
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.gem import DmaBuf
+from .drm.loaded import Loaded
 from .drm.syncobj import EventFd, SyncWaits
 from .drm.tokens import DmaBufTokens
 from .fuse.backend import IoctlReply
@@ -62,7 +63,7 @@ RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"],
                         Awaitable["bytes | bytearray | int"]]
 # The same answered by callback; None when it cannot be (then RemoteAccess is used).
 RemoteAccessSoon = Callable[[int, RemotePiece, bool, "bytes | None"],
-                            "Completion[bytes | bytearray | int] | None"]
+                            "Completion[Loaded | int] | None"]
 
 
 def _no_resolver(pid: int, fd: int) -> int:
@@ -431,7 +432,7 @@ class NodeCore:
             return remote, None
 
         def remote_soon(piece: RemotePiece, write: bool,
-                        data: bytes | None) -> Completion[bytes | bytearray | int] | None:
+                        data: bytes | None) -> Completion[Loaded | int] | None:
             return soon(issuer(piece), piece, write, data)
 
         return remote, remote_soon

@@ -25,6 +25,7 @@ from ualinkd.amdgpu.memory import BoMemory
 from ualinkd.config import AccelConfig, NodeConfig, PodConfig
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
+from ualinkd.drm.loaded import Loaded, in_memory
 from ualinkd.fabric import auth
 from ualinkd.fabric import link as link_mod
 from ualinkd.fabric.link import FabricLink, OnRequest
@@ -472,11 +473,12 @@ async def test_loads_and_stores_of_every_size_cross_concurrently(pod: Pod, tls: 
     assert await a.request(0, 2, 0, 4) == pattern[:4]  # the link survived the refusal
 
 
-async def _completed(c: Completion[bytes | bytearray] | None) -> bytes | bytearray:
-    """Wait (a test's poll) for what request_soon's Completion says."""
+async def _completed(c: Completion[Loaded] | None) -> bytes | bytearray:
+    """Wait (a test's poll) for what request_soon's Completion says: a large payload that
+    was spliced into a pipe is in memory by then (drm/loaded.py's contract)."""
     assert c is not None
     await wait_until(lambda: c.done)
-    return c.result()
+    return in_memory(c.result())
 
 
 async def test_request_soon_answers_as_request_does(pod: Pod) -> None:

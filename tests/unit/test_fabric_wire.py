@@ -468,3 +468,66 @@ def test_session_refuses_handshake_frames_and_local_misuse() -> None:
         b.next_event()
     with pytest.raises(LocalProtocolError):
         a.send_message(2, 1, (0, 0, 0, 0))  # not our accel -> not theirs
+
+
+class _Sink:
+    """A test's diverted-payload sink: a bytearray the 'reader' fills itself."""
+
+    def __init__(self, n: int) -> None:
+        self.mem = bytearray(n)
+
+    def __len__(self) -> int:
+        return len(self.mem)
+
+
+@settings(deadline=None, max_examples=50)
+@given(st.integers(64 << 10, 1 << 20), st.integers(5, 70 << 10), st.integers(512, 100 << 10))
+def test_a_diverted_data_payload_is_the_readers_sink(size: int, first: int, step: int) -> None:
+    """FrameDecoder.divert (the reader's splice path, fabric/splice.py): a large DATA named
+    by collecting() from its header on, before any buffer exists; diverted, the bytes that
+    came with the header are handed back, the rest is only counted (received_into), the
+    frame carries the sink, and what follows the frame decodes as before."""
+    payload = (bytes(range(251)) * (size // 251 + 1))[:size]
+    tail = encode_frame(Ping(99, 5))
+    raw = b"".join(wire.encode_frame_parts(Data(7, 0, payload))) + tail
+    head = min(first, len(raw) - len(tail) - 1)
+    dec = FrameDecoder()
+    dec.receive_data(raw[:head])
+    while dec.next_frame() is NEED_DATA and dec.collecting() is None:
+        dec.receive_data(raw[head:head + 1])  # the header, a byte at a time
+        head += 1
+    assert dec.collecting() is wire.FrameType.DATA and dec.collecting_size == size
+    sink = _Sink(size)
+    prefix = dec.divert(sink)
+    assert payload.startswith(prefix) and dec.receive_buffer() is None
+    with pytest.raises(wire.LocalProtocolError):
+        dec.receive_data(b"x")  # bytes of a diverted payload go to the sink, not here
+    done = len(prefix)
+    sink.mem[:done] = prefix
+    pos = len(raw) - len(tail) - (size - done)  # where the payload's rest starts
+    while done < size:
+        n = min(step, size - done)
+        sink.mem[done:done + n] = raw[pos:pos + n]
+        assert dec.next_frame() is NEED_DATA
+        dec.received_into(n)
+        done += n
+        pos += n
+    dec.receive_data(raw[pos:])
+    frame = dec.next_frame()
+    assert isinstance(frame, Data) and frame.seq == 7 and frame.data is sink
+    assert bytes(sink.mem) == payload
+    assert dec.next_frame() == Ping(99, 5) and dec.next_frame() is NEED_DATA
+
+
+def test_a_large_store_is_named_but_only_data_is_diverted_by_the_link() -> None:
+    """collecting() names a large STORE too (the link diverts only DATA); a divert of the
+    wrong size is refused, and asking for the buffer allocates it with the bytes so far."""
+    dec = FrameDecoder()
+    dec.receive_data(_store_header() + b"\x01\x02")
+    assert dec.next_frame() is NEED_DATA
+    assert dec.collecting() is wire.FrameType.STORE and dec.collecting_size == 1 << 20
+    with pytest.raises(wire.LocalProtocolError):
+        dec.divert(_Sink(10))
+    buf = dec.receive_buffer()
+    assert buf is not None and len(buf) == (1 << 20) - 2
+    assert dec.collecting() is None and dec.buffered == 2

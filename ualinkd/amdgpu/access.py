@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from ..drm.completion import Completion
 from ..drm.errors import DrmError
+from ..drm.loaded import Loaded, in_memory
 from .vm import GpuVm, LocalPiece, Piece, RemotePiece
 
 __all__ = ["RemoteFn", "RemoteSoonFn", "gpu_load", "gpu_store"]
@@ -21,7 +22,7 @@ __all__ = ["RemoteFn", "RemoteSoonFn", "gpu_load", "gpu_store"]
 RemoteFn = Callable[[RemotePiece, bool, bytes | None], Awaitable[bytes | bytearray | int]]
 # The same answered by callback (drm/completion.py), or None when it cannot be.
 RemoteSoonFn = Callable[[RemotePiece, bool, bytes | None],
-                        Completion[bytes | bytearray | int] | None]
+                        Completion[Loaded | int] | None]
 
 
 def _fault(va: int) -> DrmError:
@@ -45,7 +46,7 @@ def _plan(vm: GpuVm, va: int, n: int, write: bool,
 def gpu_load(
     vm: GpuVm, va: int, size: int, remote: RemoteFn, on_fault: Callable[[], None], *,
     remote_soon: RemoteSoonFn | None = None,
-) -> bytes | Awaitable[bytes | bytearray] | Completion[bytes | bytearray]:
+) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]:
     """A GPU load of `size` bytes at `va` (policy 10): EFAULT if the first byte faults, else
     the bytes up to the first faulting page. `on_fault` runs once per faulting access.
     A load of one remote piece is a Completion when `remote_soon` takes it."""
@@ -60,7 +61,7 @@ def gpu_load(
     return _load_later(pieces, va, remote, later_fault)
 
 
-def _outcome(c: Completion[bytes | bytearray | int]) -> bytes | bytearray | int | DrmError:
+def _outcome(c: Completion[Loaded | int]) -> Loaded | int | DrmError:
     """A remote piece's answer, its DrmError as a value (what _loaded/_stored take)."""
     try:
         return c.result()
@@ -85,16 +86,17 @@ def _check_failed(r: DrmError, done: int) -> None:
         raise r
 
 
-def _loaded(p: RemotePiece, r: bytes | bytearray | int | DrmError, done: int, va: int,
-            on_fault: Callable[[], None] | None) -> bytes | bytearray:
+def _loaded(p: RemotePiece, r: Loaded | int | DrmError, done: int, va: int,
+            on_fault: Callable[[], None] | None) -> Loaded:
     """A remote piece's bytes after `done` bytes of the access (policy 10): a fault
     loads nothing from it, an error other than a fault fails an access not yet begun;
     short, it ends the access (EFAULT when nothing at all was loaded)."""
     if isinstance(r, DrmError):
         _check_failed(r, done)
         r = b""
-    assert isinstance(r, bytes | bytearray)
-    got = r if len(r) <= p.length else r[: p.length]
+    assert not isinstance(r, int)
+    # (Never longer than asked from the fabric, whose session refuses such a DATA.)
+    got = r if len(r) <= p.length else in_memory(r)[: p.length]
     if len(got) < p.length:
         _short(done + len(got), va, on_fault)
     return got
@@ -140,7 +142,8 @@ async def _load_later(
             if len(got) < p.length:
                 _short(done + len(got), va, on_fault)
         else:
-            got = _loaded(p, await _answer(remote, p, False, None), done, va, on_fault)
+            got = in_memory(_loaded(p, await _answer(remote, p, False, None), done, va,
+                                    on_fault))
         out.append(got)
         done += len(got)
         if len(got) < p.length:
@@ -190,7 +193,7 @@ async def _store_later(
     return done
 
 
-def _stored(p: RemotePiece, r: bytes | bytearray | int | DrmError, done: int, va: int,
+def _stored(p: RemotePiece, r: Loaded | int | DrmError, done: int, va: int,
             on_fault: Callable[[], None] | None) -> int:
     """The count a remote piece stored after `done` bytes of the access: `_loaded`'s rule."""
     if isinstance(r, DrmError):

@@ -27,6 +27,7 @@ import trio
 from ..drm.completion import Completion
 from ..drm.errors import DrmError
 from ..drm.gem import DmaBuf
+from ..drm.loaded import Loaded
 from ..ualink import protocol as p
 from ..ualink.host import UalinkHost
 from ..ualink.manager import (
@@ -54,7 +55,7 @@ SendBatchFn = Callable[[int, int, Sequence[p.Dwords]],
 # (src accel, dst accel, NPA byte address, length to load | bytes to store) -> loaded bytes
 RequestFn = Callable[[int, int, int, "int | bytes"], Awaitable[bytes | bytearray]]
 # The same, answered by callback (None: the link cannot take it now; RequestFn decides)
-RequestSoonFn = Callable[[int, int, int, "int | bytes"], "Completion[bytes | bytearray] | None"]
+RequestSoonFn = Callable[[int, int, int, "int | bytes"], "Completion[Loaded] | None"]
 CHUNK = 1 << 20  # data-plane transfers are split into chunks this big ...
 IN_FLIGHT = 4  # ... with this many outstanding at once per transfer
 RING_SIZE = 1024  # messages queued per local accel; past it the link stops reading
@@ -63,7 +64,7 @@ BURST = 256  # messages a ring takes per wake-up, their sends queued together
 RemoteAccessFn = Callable[[int, "RemotePiece", bool, "bytes | None"],
                           Awaitable["bytes | bytearray | int"]]
 RemoteAccessSoonFn = Callable[[int, "RemotePiece", bool, "bytes | None"],
-                              "Completion[bytes | bytearray | int] | None"]
+                              "Completion[Loaded | int] | None"]
 
 
 class FabricNode(Protocol):
@@ -173,7 +174,7 @@ class UalinkAgent:
 
     def remote_access_soon(
         self, accel_id: int, piece: RemotePiece, write: bool, data: bytes | None = None
-    ) -> Completion[bytes | bytearray | int] | None:
+    ) -> Completion[Loaded | int] | None:
         """`remote_access` answered by callback, for a piece one request carries (the
         common GPU load/store); None when it takes more, or the link cannot take it now."""
         assert self._request_soon is not None
@@ -185,7 +186,7 @@ class UalinkAgent:
         if c is None:
             return None
 
-        def answered(c: Completion[bytes | bytearray]) -> bytes | bytearray | int:
+        def answered(c: Completion[Loaded]) -> Loaded | int:
             try:
                 got = c.result()
             except DrmError as e:

@@ -51,6 +51,7 @@ import trio
 from ..config import ConfigError, PodConfig
 from ..drm.completion import Completion
 from ..drm.errors import DrmError
+from ..drm.loaded import Loaded, in_memory
 from .auth import HANDSHAKE_TIMEOUT, ClientHandshake, NonceCache, ServerHandshake, node_keys
 from .session import (
     AckReceived,
@@ -60,10 +61,12 @@ from .session import (
     RequestReceived,
     Session,
 )
+from .splice import PipedPayload, PipePool
 from .wire import (
     Dwords,
     Frame,
     FrameDecoder,
+    FrameType,
     Load,
     ProtocolError,
     RemoteProtocolError,
@@ -175,7 +178,7 @@ class _Completing:
         self.peer = peer
         # Dropped once set: the deadline heap keeps this waiter until its deadline, and must
         # not keep the loaded bytes that long.
-        self.completion: Completion[bytes | bytearray] | None = Completion()
+        self.completion: Completion[Loaded] | None = Completion()
 
     def set(self, result: Any) -> None:
         c, self.completion = self.completion, None
@@ -782,8 +785,12 @@ class FabricLink:
         # Plain TCP: receive into one reusable buffer, and the rest of a large STORE / DATA
         # payload straight into its own buffer (one copy of a megabyte, not three), with
         # plain non-blocking reads (trio's recv adds a task switch each). TLS: receive_some.
+        # A large DATA payload is spliced into a pipe instead (fabric/splice.py): a GPU load's
+        # FUSE reply splices it on from there.
         sock, fd = conn.sock, conn.fd
         scratch = memoryview(bytearray(SCRATCH_SIZE))
+        pipes = PipePool() if fd >= 0 else None
+        piped: PipedPayload | None = None
         waited = True
         try:
             while True:
@@ -811,6 +818,9 @@ class FabricLink:
                         conn.room = trio.Event()
                         await conn.room.wait()
                         conn.paused = False
+                if piped is not None and not piped.left:  # its frame was dispatched
+                    piped.settle()
+                    piped = None
                 if acked or conn.soon:  # (conn.soon: ACKs still owed from an earlier read)
                     conn.flush_soon()
                 else:
@@ -824,18 +834,36 @@ class FabricLink:
                     session.receive_data(data)
                     waited = True
                 else:
-                    into = session.receive_buffer()
+                    if (piped is None and pipes is not None
+                            and session.collecting() is FrameType.DATA
+                            and (pipe := pipes.take()) is not None):
+                        piped = PipedPayload(session.collecting_size(), pipes, pipe)
+                        piped.start(session.divert(piped))
                     waited = False
                     while True:
                         try:
-                            n = os.readv(fd, [scratch if into is None else into])
+                            if piped is None:
+                                into = session.receive_buffer()
+                                n = os.readv(fd, [scratch if into is None else into])
+                            elif piped.piping:
+                                into = None
+                                n = piped.splice_from(fd)
+                            else:
+                                into = None
+                                n = os.readv(fd, [piped.rest()])
+                                piped.received(n)
                             break
                         except BlockingIOError:
+                            if piped is not None and piped.pipe_full():
+                                piped.to_memory()  # (a peer trickling tiny segments)
+                                continue
                             await trio.lowlevel.wait_readable(sock)
                             waited = True
                     if not n:
                         raise _LinkDown(f"{conn.peer} closed the connection")
-                    if into is None:
+                    if piped is not None:
+                        session.received_into(n)
+                    elif into is None:
                         session.receive_data(scratch[:n])
                     else:
                         session.received_into(n)
@@ -846,6 +874,11 @@ class FabricLink:
             conn.drop(e)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             conn.drop(_LinkDown(f"receive failed: {e!r}"))
+        finally:
+            if piped is not None:
+                piped.close()
+            if pipes is not None:
+                pipes.close()
 
     def _dispatch(self, conn: _Conn, ev: object) -> None:
         if isinstance(ev, MessageReceived):
@@ -1150,10 +1183,10 @@ class FabricLink:
         result = None if waiter is None else waiter.result
         if result is None or result.status != 0:
             raise _data_error(peer, result)
-        return result.data
+        return in_memory(result.data)
 
     def request_soon(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
-                     length_or_data: int | bytes) -> Completion[bytes | bytearray] | None:
+                     length_or_data: int | bytes) -> Completion[Loaded] | None:
         """`request` without a task: the LOAD/STORE is queued and written now, and its DATA
         completes the Completion in the reader's call (the same errors, as set_error; the
         same deadline, ack_timeout, kept by `_expire`). None when the link is not up or the

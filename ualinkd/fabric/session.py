@@ -40,6 +40,7 @@ from .wire import (
     Ping,
     Pong,
     RemoteProtocolError,
+    Sink,
     Store,
     _NeedData,
     encode_data_parts,
@@ -94,7 +95,7 @@ class RequestReceived:
 class DataReceived:
     seq: int
     status: int
-    data: bytes | bytearray
+    data: bytes | bytearray | Sink  # Sink: a payload the reader diverted (a PipedPayload)
 
 
 Event = MessageReceived | AckReceived | PongReceived | RequestReceived | DataReceived
@@ -277,6 +278,17 @@ class Session:
 
     def received_into(self, n: int) -> None:
         self._decoder.received_into(n)
+
+    def collecting(self) -> FrameType | None:
+        """A large payload that may be diverted (FrameDecoder.collecting)."""
+        return self._decoder.collecting()
+
+    def collecting_size(self) -> int:
+        return self._decoder.collecting_size
+
+    def divert(self, sink: Sink) -> bytes:
+        """FrameDecoder.divert."""
+        return self._decoder.divert(sink)
 
     def next_event(self, now: float | None = None) -> Event | _NeedData:
         """The next event; `now` is when the bytes were taken in (a PING's clock is dated

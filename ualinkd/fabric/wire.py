@@ -12,7 +12,7 @@ import struct
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import ClassVar, Final
+from typing import ClassVar, Final, Protocol
 
 import construct as cs
 
@@ -168,13 +168,21 @@ class Store:
     frame_type: ClassVar[FrameType] = FrameType.STORE
 
 
+class Sink(Protocol):
+    """Where a reader collects a diverted payload (FrameDecoder.divert): a DATA frame then
+    carries it as its data. Its length is the payload's."""
+
+    def __len__(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Data:
     """The answer to LOAD (the bytes) or STORE (no bytes); status 0 or a negative errno."""
 
     seq: int
     status: int
-    data: bytes | bytearray = b""  # bytearray: a large payload received into its own buffer
+    # bytearray: a large payload received into its own buffer; a Sink: one a reader diverted.
+    data: bytes | bytearray | Sink = b""
     frame_type: ClassVar[FrameType] = FrameType.DATA
 
 
@@ -299,6 +307,8 @@ def encode_frame_parts(frame: Frame) -> tuple[bytes, ...]:
     if ft not in (FrameType.STORE, FrameType.DATA):
         return (encode_frame(frame),)
     data = frame.data
+    if not isinstance(data, bytes | bytearray):  # a Sink is what a reader received
+        raise LocalProtocolError(f"cannot encode a {type(data).__name__} as frame data")
     if _STORE_HDR.size - 4 + len(data) > MAX_FRAME:
         raise LocalProtocolError(f"{ft.name} frame too large ({len(data)} bytes)")
     try:
@@ -396,7 +406,10 @@ class FrameDecoder:
     A large STORE / DATA payload is collected in a buffer of its own, exactly its size: while
     one is incomplete, `receive_buffer()` is the writable rest of it, so a reader can receive
     straight into it (`recv_into`, then `received_into(n)`) instead of copying the megabyte
-    through the stream buffer; the frame then carries that buffer as its data.
+    through the stream buffer; the frame then carries that buffer as its data. That buffer
+    is allocated only when asked for: until then `collecting()` names the payload, and a
+    reader may `divert()` it into a `Sink` of its own (a pipe it splices the socket into),
+    counting what it puts there with `received_into(n)`; the frame then carries the sink.
     """
 
     def __init__(self, max_frame: int = MAX_FRAME,
@@ -407,10 +420,14 @@ class FrameDecoder:
         self._types: frozenset[int] = frozenset(FRAME_CLASSES if frame_types is None
                                                 else frame_types)
         self._error: RemoteProtocolError | None = None
-        # The large payload being collected: its frame's header fields and its bytes.
-        self._payload: bytearray | None = None
+        # The large payload being collected: its frame's header fields and its bytes (or the
+        # reader's sink for them). Before its buffer is allocated: its size and the bytes of
+        # it that came with its header.
+        self._payload: bytearray | Sink | None = None
         self._filled = 0
         self._head: tuple[int, ...] = ()
+        self._size = 0
+        self._prefix = b""
 
     @classmethod
     def for_handshake(cls) -> FrameDecoder:
@@ -425,26 +442,63 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received and not yet returned as frames."""
-        return len(self._buf) - self._pos + self._filled
+        return len(self._buf) - self._pos + self._filled + len(self._prefix)
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        if self._size:
+            self._allocate()
         if self._payload is not None:  # fill the payload first, buffer what follows it
             k = min(len(data), len(self._payload) - self._filled)
-            self._payload[self._filled: self._filled + k] = data[:k]
-            self._filled += k
-            data = data[k:]
-            if not data:
-                return
+            if k:
+                if not isinstance(self._payload, bytearray):
+                    raise LocalProtocolError("receive_data() while a diverted payload is "
+                                             "collected")
+                self._payload[self._filled: self._filled + k] = data[:k]
+                self._filled += k
+                data = data[k:]
+                if not data:
+                    return
         if self._pos and self._pos * 2 >= len(self._buf):
             del self._buf[: self._pos]
             self._pos = 0
         self._buf += data
 
     def receive_buffer(self) -> memoryview | None:
-        """The unfilled rest of the large payload being collected, or None."""
-        if self._payload is None:
+        """The unfilled rest of the large payload being collected, or None (also while it
+        is diverted)."""
+        if self._size:
+            self._allocate()
+        if not isinstance(self._payload, bytearray):
             return None
         return memoryview(self._payload)[self._filled:]
+
+    def collecting(self) -> FrameType | None:
+        """The type of the large payload being collected, while it has no buffer yet (and
+        may be diverted); else None."""
+        if not self._size:
+            return None
+        return FrameType.DATA if len(self._head) == 2 else FrameType.STORE
+
+    @property
+    def collecting_size(self) -> int:
+        """The size of the payload `collecting()` names (0: none)."""
+        return self._size
+
+    def divert(self, sink: Sink) -> bytes:
+        """Collect the payload `collecting()` names in `sink`, of its size, instead of a
+        buffer of ours: returns the bytes of it already received (the caller puts them first
+        in the sink; they are counted), and the caller counts the rest with
+        `received_into(n)` as it puts it there."""
+        if not self._size or len(sink) != self._size:
+            raise LocalProtocolError("divert() without a payload of that size being collected")
+        prefix, self._prefix = self._prefix, b""
+        self._payload, self._filled, self._size = sink, len(prefix), 0
+        return prefix
+
+    def _allocate(self) -> None:
+        payload = self._payload = bytearray(self._size)
+        payload[: len(self._prefix)] = self._prefix
+        self._filled, self._size, self._prefix = len(self._prefix), 0, b""
 
     def received_into(self, n: int) -> None:
         """`n` bytes were written at the start of the last `receive_buffer()`."""
@@ -461,7 +515,9 @@ class FrameDecoder:
             raise
 
     def _next_frame(self) -> Frame | _NeedData:
-        payload: bytes | bytearray
+        payload: bytes | bytearray | Sink
+        if self._size:
+            return NEED_DATA
         if self._payload is not None:
             if self._filled < len(self._payload):
                 return NEED_DATA
@@ -469,6 +525,7 @@ class FrameDecoder:
             self._payload, self._filled, self._head = None, 0, ()
             if len(head) == 2:
                 return Data(head[0], head[1], payload)
+            assert isinstance(payload, bytearray)  # (only a DATA payload is diverted)
             return _store(head, payload)
         buf, pos = self._buf, self._pos
         if len(buf) - pos < 4:
@@ -525,12 +582,10 @@ class FrameDecoder:
             return Data(*head, data) if len(head) == 2 else _store(head, data)
         if end - start < _COLLECT_AT:
             return NEED_DATA
-        self._payload = bytearray(end - start)
         self._head = head
+        self._size = end - start
         with memoryview(buf) as view:
-            k = len(buf) - start
-            self._payload[:k] = view[start:]
-        self._filled = k
+            self._prefix = bytes(view[start:])
         del buf[pos:]
         return NEED_DATA
 

@@ -175,6 +175,10 @@ int fuse_reply_buf(fuse_req_t req, const char *buf, size_t size);
 int fuse_reply_readlink(fuse_req_t req, const char *link);
 int fuse_reply_statfs(fuse_req_t req, const struct statvfs *stbuf);
 int fuse_reply_ioctl(fuse_req_t req, int result, const char *buf, size_t size);
+uint64_t _ualinkd_in_unique(const struct fuse_buf *buf);
+int _ualinkd_reply_spliced(struct fuse_session *se, fuse_req_t req, uint64_t unique,
+                           const char *head, size_t head_size, int fd, size_t size,
+                           int out_r, int out_w);
 void free(void *ptr);
 size_t fuse_add_direntry(fuse_req_t req, char *buf, size_t bufsize, const char *name,
                          const struct stat *stbuf, off_t off);
@@ -212,6 +216,9 @@ extern "Python" {
 """
 
 SOURCE = f"""
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE  /* splice(2) */
+#endif
 #define FUSE_USE_VERSION {FUSE_USE_VERSION}
 #include <sys/types.h>
 #include <sys/stat.h>
@@ -219,6 +226,8 @@ SOURCE = f"""
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <linux/fuse.h>
 
@@ -234,6 +243,56 @@ static int _ualinkd_reply_open_flags(fuse_req_t req, uint64_t fh, uint32_t open_
     out.fh = fh;
     out.open_flags = open_flags;
     return fuse_reply_iov(req, &iov, 1);
+}}
+
+/* The `unique` of the request in `buf` (its struct fuse_in_header), while it is processed. */
+static uint64_t _ualinkd_in_unique(const struct fuse_buf *buf)
+{{
+    return ((const struct fuse_in_header *)buf->mem)->unique;
+}}
+
+/* Answer read request `req` (`unique`) with `head`, then the `size` bytes waiting in the
+   pipe `fd`: its struct fuse_out_header and `head` are written into the empty pipe
+   `out_w`, the bytes moved after them (pipe to pipe: no copy), and the whole reply spliced
+   from `out_r` into /dev/fuse in one write, where the kernel copies it into the caller's
+   buffer. libfuse's fuse_reply_data cannot do this for a reply near 1 MiB without
+   CAP_SYS_RESOURCE (its pipe would have to outgrow pipe-max-size). 0: answered, `req`
+   freed. Else -errno: `req` answered EIO, and both pipes may hold bytes (drop them). */
+static int _ualinkd_reply_spliced(struct fuse_session *se, fuse_req_t req, uint64_t unique,
+                                  const char *head, size_t head_size, int fd, size_t size,
+                                  int out_r, int out_w)
+{{
+    struct fuse_out_header out;
+    struct iovec iov[2];
+    size_t total = sizeof(out) + head_size + size, moved = 0;
+    ssize_t n;
+    int err;
+
+    out.len = (uint32_t)total;
+    out.error = 0;
+    out.unique = unique;
+    iov[0].iov_base = &out;
+    iov[0].iov_len = sizeof(out);
+    iov[1].iov_base = (void *)head;
+    iov[1].iov_len = head_size;
+    n = writev(out_w, iov, head_size ? 2 : 1);
+    if (n != (ssize_t)(sizeof(out) + head_size))
+        goto fail;
+    while (moved < size) {{
+        n = splice(fd, NULL, out_w, NULL, size - moved, SPLICE_F_NONBLOCK);
+        if (n <= 0)
+            goto fail;
+        moved += (size_t)n;
+    }}
+    n = splice(out_r, NULL, fuse_session_fd(se), NULL, total, 0);
+    if (n != (ssize_t)total)
+        goto fail;
+    fuse_reply_none(req);
+    return 0;
+fail:
+    err = n < 0 ? errno : EIO;
+    fuse_reply_err(req, EIO);
+    return -err;
 }}
 
 static void _op_init(void *userdata, struct fuse_conn_info *conn);

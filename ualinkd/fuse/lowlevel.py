@@ -7,6 +7,7 @@ values (or `FuseError`, or an awaitable answered from a task) into `fuse_reply_*
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import time
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 import trio
 
 from ualinkd.drm.completion import Completion
+from ualinkd.drm.loaded import Loaded, PipedBytes
 from ualinkd.fuse._fuse_ll import ffi, lib
 from ualinkd.fuse.backend import Caller
 
@@ -104,7 +106,7 @@ class Operations(Protocol):
     def open(self, ino: int, flags: int, caller: Caller) -> OpenReply: ...
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes | bytearray] | Completion[bytes | bytearray]: ...
+    ) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]: ...
     def write(
         self, ino: int, fh: int, off: int, data: bytes, caller: Caller
     ) -> int | Awaitable[int] | Completion[int]: ...
@@ -140,6 +142,9 @@ class FuseSession:
         # Requests a Completion will answer (req address -> req): answered EINTR when serve()
         # ends, as its tasks are, so none is answered after the session is gone.
         self._completing: dict[int, Any] = {}
+        # The pipe a spliced read reply is put together in (_reply_spliced), made at the first.
+        self._splice_out: tuple[int, int] | None = None
+        self._splice_refused = False
         self._nursery: trio.Nursery | None = None
         self._fatal: BaseException | None = None
         self._serving = False
@@ -222,6 +227,10 @@ class FuseSession:
         if self._buf.mem != ffi.NULL:
             lib.free(self._buf.mem)
             self._buf.mem = ffi.NULL
+        if self._splice_out is not None:
+            os.close(self._splice_out[0])
+            os.close(self._splice_out[1])
+            self._splice_out = None
 
     def __enter__(self) -> FuseSession:
         return self
@@ -333,6 +342,9 @@ class FuseSession:
 
         key = int(ffi.cast("uintptr_t", req))
         self._completing[key] = req
+        # A GPU load's bytes may come in a pipe (drm/loaded.py): its reply is then written to
+        # /dev/fuse by us, which takes the request's unique (read now, from its buffer).
+        unique = lib._ualinkd_in_unique(self._buf) if op == "read" else 0
 
         def done(c: Completion[Any]) -> None:
             if self._completing.pop(key, None) is None:
@@ -351,11 +363,40 @@ class FuseSession:
                 lib.fuse_reply_none(req)
                 return
             try:
+                if unique and not isinstance(value, bytes | bytearray) and \
+                        self._reply_spliced(req, unique, value):
+                    return
                 finish(req, value, *args)
             except Exception as e:
                 self._bug(req, op, e)
 
         c.when_done(done)
+
+    def _reply_spliced(self, req: Any, unique: int, data: PipedBytes) -> bool:
+        """Answer a read with bytes held in a pipe by splicing them on into /dev/fuse (one
+        copy, the kernel's, into the caller's buffer). False when they are in memory (or
+        no pipe of ours could be had): the caller replies with `data.memory()`."""
+        out = self._splice_out
+        if out is None:
+            if self._splice_refused:
+                return False
+            out = self._splice_out = _out_pipe()
+            if out is None:
+                self._splice_refused = True
+                return False
+        parts = data.splice_parts()
+        if parts is None:
+            return False
+        prefix, fd, count = parts
+        err = lib._ualinkd_reply_spliced(self._se, req, unique, prefix, len(prefix), fd, count,
+                                         out[0], out[1])
+        if err:  # (answered EIO): what is left in our pipe belongs to no reply
+            log.error("fuse read: splicing a %d-byte reply failed (%s), replied EIO",
+                      len(prefix) + count, os.strerror(-err))
+            os.close(out[0])
+            os.close(out[1])
+            self._splice_out = None
+        return True
 
     def _reply_err_late(self, req: Any, err: int) -> None:
         if self._fd < 0:
@@ -397,7 +438,25 @@ def _reply_entry(req: Any, a: Attr) -> None:
     lib.fuse_reply_entry(req, e)
 
 
-def _reply_buf(req: Any, data: bytes | bytearray, *_: Any) -> None:
+def _out_pipe() -> tuple[int, int] | None:
+    """A pipe for spliced read replies: 256 slots (1 MiB, the default pipe-max-size), room
+    for a reply's header, the bytes that came with the DATA frame's header and every slot
+    of the fabric's payload pipe (fabric/splice.py: half as many)."""
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
+    except OSError as e:
+        os.close(r)
+        os.close(w)
+        log.info("fuse: a 1 MiB pipe was refused (%s); GPU loads are replied from memory",
+                 e.strerror)
+        return None
+    return r, w
+
+
+def _reply_buf(req: Any, data: Loaded, *_: Any) -> None:
+    if not isinstance(data, bytes | bytearray):
+        data = data.memory()  # (FuseSession._complete splices it when it can)
     # A bytearray (fabric data received in place) is passed by address, not copied.
     lib.fuse_reply_buf(req, data if type(data) is bytes else ffi.from_buffer(data), len(data))
 
@@ -550,7 +609,7 @@ def _open(s: FuseSession, req: Any, ino: int, fi: Any) -> OpenReply:
 
 @_callback("read", _reply_buf)
 def _read(s: FuseSession, req: Any, ino: int, size: int, off: int,
-          fi: Any) -> bytes | Awaitable[bytes | bytearray] | Completion[bytes | bytearray]:
+          fi: Any) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]:
     return s.ops.read(ino, fi.fh, off, size, s._caller(req))
 
 

@@ -21,6 +21,7 @@ from typing import TypeVar
 from ualinkd.abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
+from ualinkd.drm.loaded import Loaded
 from ualinkd.fuse.backend import Caller, NodeBackend
 from ualinkd.fuse.lowlevel import ROOT_INO, Attr, DirEntry, FuseError, FuseSession, OpenReply
 from ualinkd.fuse.procfd import dmabuf_ino, dmabuf_key
@@ -363,7 +364,7 @@ class FileTree:
 
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes | bytearray] | Completion[bytes | bytearray]:
+    ) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]:
         try:
             if (drm_file := self._render_fh.get(fh)) is not None:
                 r = self.backend.gpu_read(drm_file, off, size, caller)

@@ -1,0 +1,148 @@
+"""A large DATA payload spliced from the link's socket into a pipe (fabric/splice.py,
+drm/loaded.py): real links over loopback TCP, real pipes, a hand-driven peer for the cases a
+daemon never produces."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+from test_fabric_link import (
+    Pod,
+    _completed,
+    _memory_server,
+    make_pod,
+    raw_server_b,
+    read_frame,
+    wait_until,
+)
+
+from ualinkd.drm.completion import Completion
+from ualinkd.drm.errors import DrmError
+from ualinkd.drm.loaded import Loaded
+from ualinkd.fabric.wire import Data, Load, encode_frame, encode_frame_parts
+
+MIB = 1 << 20
+PATTERN = bytes(range(251)) * (MIB // 251 + 1)  # 251: no period that hides a misplaced page
+
+
+@pytest.fixture
+async def pod() -> AsyncIterator[Pod]:
+    async with trio.open_nursery() as nursery:
+        yield Pod(make_pod(ack_ms=5000), nursery)  # (a trickled MiB takes a while)
+        nursery.cancel_scope.cancel()
+
+
+def _pipes() -> int:
+    """This process's pipe fds (the links' sockets come and go with reconnects)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+        except FileNotFoundError:
+            pass  # (the listing's own fd)
+    return n
+
+
+def _drain_spliced(data: Loaded) -> bytes | None:
+    """What a splicing consumer (the FUSE reply) does, inside the reader's call: take the
+    pipe and read all of it. None when the bytes were not in a pipe."""
+    assert not isinstance(data, bytes | bytearray), "a large payload should be PipedBytes"
+    parts = data.splice_parts()
+    if parts is None:
+        return None
+    prefix, fd, count = parts
+    got = bytearray(prefix)
+    while count:
+        chunk = os.read(fd, count)
+        assert chunk
+        got += chunk
+        count -= len(chunk)
+    return bytes(got)
+
+
+async def test_a_large_load_answer_comes_in_a_pipe_and_leaves_no_fd(pod: Pod) -> None:
+    """A 1 MiB DATA on a plain TCP link reaches request_soon's consumer as PipedBytes: in
+    the reader's call the pipe holds every byte after those that came with the header (the
+    FUSE reply splices them on); a consumer that does not splice gets them in memory once
+    that call ended. The pipes are reused: 20 loads later the process holds no more fds."""
+    mem_b = bytearray(4 * MIB)
+    mem_b[:MIB] = PATTERN[:MIB]
+    a = await pod.start("a")
+    await pod.start("b", on_request=_memory_server(mem_b))
+    await wait_until(lambda: a.is_up("b") and pod.links["b"].is_up("a"))
+
+    spliced: list[bytes | None] = []
+
+    def load_spliced() -> Completion[Loaded]:
+        c = a.request_soon(0, 2, 0, MIB)
+        assert c is not None
+        c.when_done(lambda c: spliced.append(_drain_spliced(c.result())))
+        return c
+
+    c = load_spliced()
+    await wait_until(lambda: c.done)
+    assert spliced == [PATTERN[:MIB]]
+    before = _pipes()
+    for _ in range(20):
+        c = load_spliced()
+        await wait_until(lambda c=c: c.done)
+        assert await _completed(a.request_soon(0, 2, 0, MIB)) == PATTERN[:MIB]  # in memory
+    assert spliced[1:] == [PATTERN[:MIB]] * 20
+    assert _pipes() == before
+    assert await a.request(0, 2, 12345, MIB - 12345) == PATTERN[12345:MIB]  # request(): bytes
+
+
+async def test_a_trickled_payload_fills_the_pipe_and_moves_to_memory(pod: Pod) -> None:
+    """A peer that sends its 1 MiB DATA in small, separate TCP segments fills the pipe's
+    slots (one per segment) long before its bytes: the reader then moves the payload to
+    memory and reads the rest there. Every byte arrives in order and nothing is spliced."""
+    a, stream, dec, out, listeners = await raw_server_b(pod)
+    await stream.send_all(b"".join(encode_frame(f) for f in out))
+    await wait_until(lambda: a.is_up("b"))
+    assert isinstance(stream, trio.SocketStream)
+    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    got: list[bytes | None] = []
+    c = a.request_soon(0, 2, 0, MIB)
+    assert c is not None
+    c.when_done(lambda c: got.append(_drain_spliced(c.result())))
+    load = await read_frame(stream, dec)
+    assert isinstance(load, Load) and load.length == MIB
+    frame = b"".join(encode_frame_parts(Data(load.seq, 0, PATTERN[:MIB])))
+    step = 2048  # 512 segments for the pipe's 128 slots
+    for i in range(0, len(frame), step):
+        await stream.send_all(frame[i:i + step])
+        await trio.sleep(0.0005)  # its own segment, read (spliced) before the next
+    assert await _completed(c) == PATTERN[:MIB]
+    assert got == [None]  # in memory by the time it was dispatched
+    await stream.aclose()
+    for lst in listeners:
+        await lst.aclose()
+
+
+async def test_a_peer_gone_mid_payload_fails_the_load_and_frees_the_pipe(pod: Pod) -> None:
+    """The exporter's link drops halfway through a large DATA: the load fails with EFAULT
+    (policy 3), the half-filled pipe is closed, and the next link carries loads again."""
+    a, stream, dec, out, listeners = await raw_server_b(pod)
+    await stream.send_all(b"".join(encode_frame(f) for f in out))
+    await wait_until(lambda: a.is_up("b"))
+    before = _pipes()
+    c = a.request_soon(0, 2, 0, MIB)
+    assert c is not None
+    load = await read_frame(stream, dec)
+    assert isinstance(load, Load)
+    frame = b"".join(encode_frame_parts(Data(load.seq, 0, PATTERN[:MIB])))
+    await stream.send_all(frame[: len(frame) // 2])
+    await trio.sleep(0.05)  # spliced into the pipe by now
+    await stream.aclose()
+    with pytest.raises(DrmError) as e:
+        await _completed(c)
+    assert e.value.errno == errno.EFAULT
+    for lst in listeners:
+        await lst.aclose()
+    await wait_until(lambda: not a.is_up("b"))
+    await wait_until(lambda: _pipes() == before)  # the half-filled pipe was closed
