@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import trio
 
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
+from ualinkd.fabric.splice import PipedPayload, PipePool
 from ualinkd.fuse.backend import Caller, SysAttr, SysDir
 from ualinkd.fuse.lowlevel import FuseSession, clear_stale_mount, fuse_mounts_at
 from ualinkd.fuse.procfd import DMABUF_INO_BASE, dmabuf_ino, resolve_caller_fd
@@ -421,6 +423,60 @@ async def test_gpu_read_answered_by_a_completion(tmp_path: Path):
         os.close(fd_to_close)
     assert len(got) == 3 and got[2] in (errno.EINTR, errno.ENOTCONN, errno.ECONNABORTED)
     backend.completions[2].set_result(b"too late")  # nothing to answer: no crash, no reply
+
+
+async def test_gpu_read_of_piped_bytes_is_spliced_into_the_caller(tmp_path: Path):
+    """A read answered with bytes the fabric holds in a pipe (drm/loaded.py) is replied by
+    splicing them, after the bytes that came with the DATA header, into /dev/fuse
+    (FuseSession._reply_spliced): the caller gets every byte in order, the pipe is emptied
+    (the reader then reuses it), and a second such read works the same."""
+    backend = FakeBackend()
+    size, head = (1 << 20) - 48, 65523  # (a 1 MiB read the kernel split; a first read's part)
+    data = (bytes(range(251)) * (size // 251 + 1))[:size]
+    pool = PipePool()
+
+    def piped(n: int) -> PipedPayload:
+        pipe = pool.take()
+        assert pipe is not None
+        p = PipedPayload(n, pool, pipe)
+        p.start(data[:head])
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        with a, b:
+            sent = head
+            while p.left:  # (the socket holds less than the payload: send, splice, repeat)
+                if sent < n:
+                    with contextlib.suppress(BlockingIOError):
+                        sent += a.send(data[sent:min(n, sent + (64 << 10))])
+                with contextlib.suppress(BlockingIOError):
+                    p.splice_from(b.fileno())
+        return p
+
+    async with serving(tmp_path / "mnt", backend) as m:
+        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+        try:
+            got: list[bytes] = []
+
+            async def load() -> None:
+                got.append(await in_thread(os.pread, fd, size, COMPLETION_VA))
+
+            for i in range(2):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(load)
+                    await eventually(lambda i=i: len(backend.completions) == i + 1)
+                    # The kernel's request: at most 256 pages of the caller's buffer, which
+                    # need not be page-aligned; the answer is what it asked (as _loaded's).
+                    n = [e for e in backend.gpu if e[1] == COMPLETION_VA][-1][2]
+                    assert isinstance(n, int) and n > head
+                    p = piped(n)
+                    backend.completions[i].set_result(p)  # type: ignore[arg-type]
+                    assert p.splice_parts() is None  # handed to the reply, not left
+                    p.settle()  # (what the reader does next)
+                # (the rest of the caller's read, a request of its own, the fake answers)
+                assert len(got[i]) == size and got[i][:n] == data[:n]
+        finally:
+            await in_thread(os.close, fd)
+    pool.close()
 
 
 # -- dmabuf --------------------------------------------------------------------------------
