@@ -257,7 +257,9 @@ class _Conn:
         self.inbox: deque[tuple[int, int, Dwords, Awaitable[None] | None]] = deque()
         self.inbox_wake = trio.Event()
         self.inbox_room = trio.Event()
-        self.paused = False  # the reader waits (for the inbox or `deferred`), not reading
+        self.paused = False  # the reader waits (for the inbox, `deferred` or `held`)
+        # session.replied when `held` was last seen below HOLD_MAX (FabricLink._reader).
+        self.replied_mark = 0
         self.not_reading_logged = False
         self.expired = 0  # requests refused past their deadline
         self.waiters: dict[int, _Waiter | _Completing | _Batch] = {}
@@ -815,6 +817,10 @@ class FabricLink:
                     conn.flush_soon()
                 else:
                     conn.flush()
+                if conn.held < HOLD_MAX:
+                    conn.replied_mark = session.replied
+                elif session.replied - conn.replied_mark >= HOLD_MAX:
+                    await self._wait_taken(conn)
                 if not waited:
                     await trio.lowlevel.checkpoint()  # a busy link must not starve the rest
                 if sock is None:
@@ -846,6 +852,24 @@ class FabricLink:
             conn.drop(e)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             conn.drop(_LinkDown(f"receive failed: {e!r}"))
+
+    async def _wait_taken(self, conn: _Conn) -> None:
+        """The peer's MSGs and PINGs made us queue HOLD_MAX of ACKs and PONGs since it last
+        had less than HOLD_MAX held for it: it sends faster than it takes them (requests
+        wait in `deferred` instead, but these are answered as they are read). Read nothing
+        more from it until it has taken what is held; TCP slows it down meanwhile, and
+        `_sweep` drops it if it takes nothing for the heartbeat timeout."""
+        if not conn.not_reading_logged:
+            conn.not_reading_logged = True
+            log.warning("fabric %s: %s is not taking its answers (%d MiB held for it): "
+                        "reading from it waits", self.node_name, conn.peer, conn.held >> 20)
+        conn.flush()
+        conn.paused = True
+        while conn.held >= HOLD_MAX:
+            conn.room = trio.Event()
+            await conn.room.wait()
+        conn.paused = False
+        conn.replied_mark = conn.session.replied
 
     def _dispatch(self, conn: _Conn, ev: object) -> None:
         if isinstance(ev, MessageReceived):

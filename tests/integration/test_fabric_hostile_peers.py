@@ -1,0 +1,69 @@
+"""FabricLink against hand-driven peers that hold the pod key and misbehave on the data and
+control planes (the robustness review, session 6): whatever such a peer does costs a bounded
+amount of memory, loses nothing it was promised, and the other links keep being served."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+from test_fabric_link import DW, Pod, make_pod, raw_server_b, wait_until
+
+from ualinkd.fabric import link as link_mod
+from ualinkd.fabric.wire import Ping, Pong, _NeedData, encode_frame
+
+
+@pytest.fixture
+async def pod() -> AsyncIterator[Pod]:
+    async with trio.open_nursery() as nursery:
+        yield Pod(make_pod(), nursery)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_ping_flood_from_a_peer_that_reads_too_little_is_bounded(
+        pod: Pod, monkeypatch, caplog) -> None:
+    """Each PING with a token is answered with a PONG (session.py). A peer that sends them
+    far faster than it takes the PONGs (here: not at all, while it sends) must not make us
+    hold PONGs without bound: once HOLD_MAX of replies are held for it, we read nothing
+    more from it (TCP then slows it down), another link is still served, and once it reads
+    again every PING is answered, in order, none lost. (A peer that takes a little now and
+    then is never "not reading", so the heartbeat timeout alone does not bound this.)"""
+    monkeypatch.setattr(link_mod, "HOLD_MAX", 64 << 10)
+    a, stream, dec, out, listeners = await raw_server_b(pod)
+    await pod.start("c")
+    await stream.send_all(b"".join(encode_frame(f) for f in out))
+    await wait_until(lambda: a.is_up("b") and a.is_up("c"))
+    conn = a._conns["b"]
+    assert conn.sock is not None
+    # Our side's socket takes little (the peer's window is small), so what it does not
+    # take is held by the link, where it is counted.
+    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    count = 200_000  # 2.6 MB of PONGs, forty times HOLD_MAX
+    flood = b"".join(encode_frame(Ping(i + 1, 0)) for i in range(count))
+    # HOLD_MAX held before, HOLD_MAX of replies since, one read's replies more
+    bound = 3 * link_mod.HOLD_MAX
+    tokens: list[int] = []
+    with trio.fail_after(30):  # watchdog
+        async with trio.open_nursery() as n:
+            n.start_soon(stream.send_all, flood)  # (it blocks once we stop reading)
+            await wait_until(lambda: conn.paused or conn.held > bound, timeout=20)
+            assert conn.held <= bound, f"{conn.held} bytes held for a peer that does not read"
+            assert [r for r in caplog.records if "not taking its answers" in r.getMessage()]
+            await a.send(0, 4, DW)  # another link is served meanwhile
+            assert pod.got["c"] == [(0, 4, DW)]
+            # It reads again, as fast as it can: every PING is answered, in order.
+            while len(tokens) < count:
+                data = await stream.receive_some(1 << 20)
+                assert data, "a closed the link"
+                dec.receive_data(data)
+                while not isinstance(f := dec.next_frame(), _NeedData):
+                    if isinstance(f, Pong):
+                        tokens.append(f.token)
+    assert tokens == list(range(1, count + 1))
+    assert a.is_up("b")
+    assert len([r for r in caplog.records if "not taking its answers" in r.getMessage()]) == 1
+    await stream.aclose()
+    for lst in listeners:
+        await lst.aclose()
