@@ -5,13 +5,14 @@ amount of memory, loses nothing it was promised, and the other links keep being 
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 import trio
 from test_fabric_link import DW, Pod, make_pod, raw_server_b, wait_until
 
 from ualinkd.fabric import link as link_mod
+from ualinkd.fabric.link import FabricLink
 from ualinkd.fabric.wire import Ping, Pong, _NeedData, encode_frame
 
 
@@ -67,3 +68,40 @@ async def test_a_ping_flood_from_a_peer_that_reads_too_little_is_bounded(
     await stream.aclose()
     for lst in listeners:
         await lst.aclose()
+
+
+async def test_messages_that_waited_for_the_link_keep_their_order(pod: Pod) -> None:
+    """§5.1 (the soft IH ring takes messages in arrival order) and FabricLink.send_batch's
+    contract (queued in order): a batch sent while the link to b is down waits for it; a
+    message sent once the link is up (here: from the link-up callback, before any waiting
+    task has run) goes behind it, not ahead. So does a single `send`."""
+    order: list[Awaitable[object]] = []
+    a: FabricLink
+
+    def on_peer_state(peer: str, up: bool) -> None:
+        if up and peer == "b":
+            order.append(a.send_batch(0, 2, [(3, 2, 0, 0)]))
+            order.append(a.send(0, 2, (3, 3, 0, 0)))
+
+    a = FabricLink(pod.cfg, "a", lambda s, d, w: None, on_peer_state=on_peer_state,
+                   connect_backoff=(0.01, 0.05), handshake_timeout=0.5, ack_timeout=5.0)
+    pod.ports["a"] = await pod.nursery.start(a.run)
+    pod.links["a"] = a
+    waited = [a.send_batch(0, 2, [(3, 0, 0, 0)]), a.send(0, 2, (3, 1, 0, 0))]  # b is down
+    outcomes: list[object] = []
+
+    async def wait(aw: Awaitable[object]) -> None:
+        outcomes.append(await aw)
+
+    with trio.fail_after(10):  # watchdog
+        async with trio.open_nursery() as n:
+            for aw in waited:
+                n.start_soon(wait, aw)
+            await trio.sleep(0.05)  # both wait for the link
+            await pod.start("b")
+            await wait_until(lambda: len(order) == 2)
+            for aw in order:
+                n.start_soon(wait, aw)
+    assert [w[1] for _, _, w in pod.got["b"]] == [0, 1, 2, 3]
+    assert outcomes.count(None) == 2  # the sends' (they raise on failure)
+    assert all(o == [(None, o[0][1])] for o in outcomes if o is not None)

@@ -65,6 +65,7 @@ from .wire import (
     Frame,
     FrameDecoder,
     Load,
+    LocalProtocolError,
     ProtocolError,
     RemoteProtocolError,
     Store,
@@ -222,6 +223,19 @@ class _Batch:
         self.left -= 1
         if not self.left:
             self.event.set()
+
+
+class _Parked:
+    """A batch sent while its link was down (FabricLink.send_batch): queued when the link
+    comes up, in line with the others parked for that peer, before anything sent later."""
+
+    __slots__ = ("dst", "error", "event", "give_up", "messages", "queued", "src")
+
+    def __init__(self, src: int, dst: int, messages: Sequence[Dwords], give_up: float) -> None:
+        self.src, self.dst, self.messages, self.give_up = src, dst, messages, give_up
+        self.event = trio.Event()  # set once queued, dropped or failed, or the link closed
+        self.queued: tuple[_Conn, tuple[list[int], _Batch]] | None = None
+        self.error: LocalProtocolError | None = None
 
 
 # A message's outcome in a batch: None (accepted) or the DrmError `send` would raise, and
@@ -488,6 +502,8 @@ class FabricLink:
         self._deadlines: list[tuple[float, int, _Conn, int, _Completing]] = []
         self._deadline_ids = itertools.count()  # ties broken in order, never by _Conn
         self._expiring: trio.Event | None = None
+        # Per peer whose link is down: the batches waiting for it, in the order they were sent.
+        self._parked: dict[str, deque[_Parked]] = {}
         self.port: int | None = None
 
     # -- queries -----------------------------------------------------------------------------
@@ -533,6 +549,10 @@ class FabricLink:
             self._deadlines.clear()  # (their connections, now closed, failed them)
             for ev in self._up.values():  # wake sends waiting for a link: they fail now
                 ev.set()
+            for line in self._parked.values():
+                for parked in line:
+                    parked.event.set()
+            self._parked.clear()
             self._stopped.set()
 
     async def aclose(self, grace: float = 0.5) -> None:
@@ -740,6 +760,7 @@ class FabricLink:
             old.drop(_LinkDown(f"replaced by a new connection {label}"))
         self._conns[peer] = conn
         self._up[peer].set()
+        self._unpark(peer, conn)
         # The first link to a peer is the normal start (DEBUG); one after it went down is news.
         again = peer in self._ever_up
         self._ever_up.add(peer)
@@ -1069,6 +1090,12 @@ class FabricLink:
         DrmError: ETIME (no ACK within ack_timeout, or the link dropped before it came),
         ECOMM (the peer refused it), EINVAL (no such remote accel), ESHUTDOWN (closed).
         """
+        peer = self._owner.get(dst_accel)
+        if self._parks(peer, src_accel):  # in line with the batches that wait for the link
+            ((err, _),) = await self.send_batch(src_accel, dst_accel, (dwords,))
+            if err is not None:
+                raise err
+            return
         peer, waiter = await self._exchange(
             dst_accel, src_accel, lambda s, _: s.send_message(src_accel, dst_accel, dwords))
         self._check_ack(peer, waiter)
@@ -1083,13 +1110,58 @@ class FabricLink:
         together). What it returns gives each message's outcome, in order: None or the
         DrmError `send` would have raised, with the time it became known (its ACK's
         arrival; the deadline or the link's drop for one that never came)."""
-        give_up = trio.current_time() + self.ack_timeout
+        now = trio.current_time()
+        give_up = now + self.ack_timeout
         peer = self._owner.get(dst_accel)
+        if self._parks(peer, src_accel):
+            assert peer is not None
+            line = self._parked.setdefault(peer, deque())
+            while line and line[0].give_up <= now:  # (failed by now: their waits are over)
+                line.popleft().event.set()
+            parked = _Parked(src_accel, dst_accel, messages, give_up)
+            line.append(parked)
+            return self._wait_parked(peer, parked)
         conn = self._conns.get(peer) if peer is not None else None
         if peer is None or conn is None or src_accel not in self._local_accels:
             return self._send_batch_later(src_accel, dst_accel, messages, give_up)
         queued = self._queue_batch(conn, src_accel, dst_accel, messages)
         return self._wait_batch(peer, conn, queued, give_up)
+
+    def _parks(self, peer: str | None, src_accel: int) -> bool:
+        """Whether a send to `peer` now waits in line for its link (it is down)."""
+        return (peer is not None and peer in self._up and peer not in self._conns
+                and src_accel in self._local_accels and not self._closed)
+
+    def _unpark(self, peer: str, conn: _Conn) -> None:
+        """The link to `peer` is up: queue the batches that waited for it, in the order they
+        were sent, before anyone can send anything else on it (a task woken by the link
+        runs later, and trio runs the tasks of one wake-up in either order)."""
+        now = trio.current_time()
+        for parked in self._parked.pop(peer, ()):
+            if parked.give_up > now:
+                try:
+                    parked.queued = conn, self._queue_batch(conn, parked.src, parked.dst,
+                                                            parked.messages)
+                except LocalProtocolError as e:  # (the sender's bug: raised to it)
+                    parked.error = e
+            parked.event.set()
+
+    async def _wait_parked(self, peer: str, parked: _Parked) -> list[SendOutcome]:
+        with trio.move_on_at(parked.give_up):
+            await parked.event.wait()
+        if parked.error is not None:
+            raise parked.error
+        if parked.queued is None:
+            line = self._parked.get(peer)
+            if line is not None and parked in line:
+                line.remove(parked)
+                if not line:
+                    del self._parked[peer]
+            why = (errno.ESHUTDOWN, "the fabric link is closed") if self._closed else (
+                errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
+            return [(DrmError(*why), trio.current_time()) for _ in parked.messages]
+        conn, queued = parked.queued
+        return await self._wait_batch(peer, conn, queued, parked.give_up)
 
     def _queue_batch(self, conn: _Conn, src_accel: int, dst_accel: int,
                      messages: Sequence[Dwords]) -> tuple[list[int], _Batch]:
