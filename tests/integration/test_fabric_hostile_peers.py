@@ -4,16 +4,17 @@ amount of memory, loses nothing it was promised, and the other links keep being 
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 import trio
-from test_fabric_link import DW, Pod, make_pod, raw_server_b, wait_until
+from test_fabric_link import DW, Pod, expect_closed, make_pod, raw_server_b, wait_until
 
 from ualinkd.fabric import link as link_mod
 from ualinkd.fabric.link import FabricLink
-from ualinkd.fabric.wire import Ping, Pong, _NeedData, encode_frame
+from ualinkd.fabric.wire import AuthHello, Ping, Pong, _NeedData, encode_frame
 
 
 @pytest.fixture
@@ -105,3 +106,22 @@ async def test_messages_that_waited_for_the_link_keep_their_order(pod: Pod) -> N
     assert [w[1] for _, _, w in pod.got["b"]] == [0, 1, 2, 3]
     assert outcomes.count(None) == 2  # the sends' (they raise on failure)
     assert all(o == [(None, o[0][1])] for o in outcomes if o is not None)
+
+
+async def test_a_flood_of_hellos_with_made_up_names_is_two_log_lines(pod: Pod, caplog) -> None:
+    """Refusals are logged one line per cause and interval (link.py, _Refusals): the cause is
+    the reason without the names in it. A name the refusal quotes with double quotes (its
+    repr, when it holds a single quote) is still a name: 30 unauthenticated HELLOs, each
+    with a different made-up name, are one line and one count line, not 30 lines."""
+    caplog.set_level(logging.WARNING, logger="ualinkd.fabric")
+    c = await pod.start("c")
+    for i in range(30):
+        name = "evil'" + "".join(chr(ord("a") + int(d)) for d in f"{i:02d}")  # no digits
+        stream = await trio.open_tcp_stream("127.0.0.1", pod.ports["c"])
+        await stream.send_all(encode_frame(AuthHello(pod.cfg.uuid, name, b"\1" * 32)))
+        await expect_closed(stream)
+    await c.aclose()  # (flushes the count line)
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "unknown node \"evil'aa\"" in lines[0]
+    assert "refused 29 more connections like that" in lines[1]

@@ -366,8 +366,10 @@ def _advance(bufs: list[Buffer], n: int) -> list[Buffer]:
 
 
 def _cause(reason: str) -> str:
-    """What kind of refusal `reason` is: the reason without its names and numbers."""
-    return re.sub(r"'[^']*'|\S*\d\S*", "_", reason)
+    """What kind of refusal `reason` is: the reason without its names and numbers. A name
+    is quoted as its repr: in single quotes, or in double quotes when it holds a single
+    quote (a peer's made-up names are not as many causes)."""
+    return re.sub(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\S*\d\S*""", "_", reason)
 
 
 def _reason(e: BaseException) -> str:
