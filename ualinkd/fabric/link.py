@@ -1106,8 +1106,9 @@ class FabricLink:
                    messages: Sequence[Dwords]) -> Awaitable[list[SendOutcome]]:
         """`send` for several messages to one accel: all queued, in order, before this
         returns when the link is up (so they keep their place among the caller's sends: a
-        receive ring goes on with its next message meanwhile), written with one flush, and
-        their ACKs awaited
+        receive ring goes on with its next message meanwhile; when it is down, in line with
+        the sends waiting for it, queued as it comes up: `_unpark`), written with one
+        flush, and their ACKs awaited
         with one waiter and one deadline (ack_timeout from now, as for sends started
         together). What it returns gives each message's outcome, in order: None or the
         DrmError `send` would have raised, with the time it became known (its ACK's
