@@ -4,6 +4,7 @@ amount of memory, loses nothing it was promised, and the other links keep being 
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable
@@ -12,9 +13,10 @@ import pytest
 import trio
 from test_fabric_link import DW, Pod, expect_closed, make_pod, raw_server_b, wait_until
 
+from ualinkd.drm.errors import DrmError
 from ualinkd.fabric import link as link_mod
 from ualinkd.fabric.link import FabricLink
-from ualinkd.fabric.wire import AuthHello, Ping, Pong, _NeedData, encode_frame
+from ualinkd.fabric.wire import AuthHello, Data, Load, Ping, Pong, _NeedData, encode_frame
 
 
 @pytest.fixture
@@ -125,3 +127,51 @@ async def test_a_flood_of_hellos_with_made_up_names_is_two_log_lines(pod: Pod, c
     assert len(lines) == 2, lines
     assert "unknown node \"evil'aa\"" in lines[0]
     assert "refused 29 more connections like that" in lines[1]
+
+
+async def test_every_request_soon_is_answered_once_when_the_peer_vanishes(pod: Pod) -> None:
+    """The data plane without tasks (request_soon, drm/completion.py): of 2,000 LOADs in
+    flight, the peer answers every other one (a few of them twice), then
+    vanishes. Each Completion is done exactly once (a second answer would raise in the
+    reader and end the link loudly): with the bytes, or EFAULT (policy 3); nothing is
+    left in the link's tables afterwards, and the link comes up again."""
+    a, stream, dec, out, listeners = await raw_server_b(pod)
+    await stream.send_all(b"".join(encode_frame(f) for f in out))
+    await wait_until(lambda: a.is_up("b"))
+    conn = a._conns["b"]
+    n = 2000
+    done: list[int] = []
+    completions = []
+    for i in range(n):
+        c = a.request_soon(0, 2, 4096 * i, 8)
+        assert c is not None
+        c.when_done(lambda c, i=i: done.append(i))
+        completions.append(c)
+    loads: list[Load] = []
+    with trio.fail_after(10):
+        while len(loads) < n:
+            data = await stream.receive_some(1 << 16)
+            dec.receive_data(data)
+            while not isinstance(f := dec.next_frame(), _NeedData):
+                if isinstance(f, Load):
+                    loads.append(f)
+    answers = []
+    for k, load in enumerate(loads[::2]):
+        frame = encode_frame(Data(load.seq, 0, k.to_bytes(8, "little")))
+        answers.append(frame * 2 if k % 100 == 0 else frame)  # a duplicate: dropped
+    await stream.send_all(b"".join(answers))
+    await wait_until(lambda: len(done) == n // 2, timeout=5)
+    await stream.aclose()  # the peer vanishes with half of the LOADs unanswered
+    await wait_until(lambda: len(done) == n, timeout=5)
+    assert sorted(done) == list(range(n))  # each exactly once
+    for k, c in enumerate(completions):
+        if k % 2 == 0:
+            assert c.result() == (k // 2).to_bytes(8, "little")
+        else:
+            with pytest.raises(DrmError) as e:
+                c.result()
+            assert e.value.errno == errno.EFAULT
+    await wait_until(lambda: not a._deadlines, timeout=5)  # (at their deadlines: 300 ms)
+    assert all(w.completion is None for w in conn.waiters.values())
+    for lst in listeners:
+        await lst.aclose()
