@@ -68,6 +68,7 @@ from .wire import (
     FrameDecoder,
     FrameType,
     Load,
+    LocalProtocolError,
     ProtocolError,
     RemoteProtocolError,
     Store,
@@ -227,6 +228,19 @@ class _Batch:
             self.event.set()
 
 
+class _Parked:
+    """A batch sent while its link was down (FabricLink.send_batch): queued when the link
+    comes up, in line with the others parked for that peer, before anything sent later."""
+
+    __slots__ = ("dst", "error", "event", "give_up", "messages", "queued", "src")
+
+    def __init__(self, src: int, dst: int, messages: Sequence[Dwords], give_up: float) -> None:
+        self.src, self.dst, self.messages, self.give_up = src, dst, messages, give_up
+        self.event = trio.Event()  # set once queued, dropped or failed, or the link closed
+        self.queued: tuple[_Conn, tuple[list[int], _Batch]] | None = None
+        self.error: LocalProtocolError | None = None
+
+
 # A message's outcome in a batch: None (accepted) or the DrmError `send` would raise, and
 # when that became known (the ACK's arrival; the deadline, for a missing one).
 SendOutcome = tuple[DrmError | None, float]
@@ -260,7 +274,9 @@ class _Conn:
         self.inbox: deque[tuple[int, int, Dwords, Awaitable[None] | None]] = deque()
         self.inbox_wake = trio.Event()
         self.inbox_room = trio.Event()
-        self.paused = False  # the reader waits (for the inbox or `deferred`), not reading
+        self.paused = False  # the reader waits (for the inbox, `deferred` or `held`)
+        # session.replied when `held` was last seen below HOLD_MAX (FabricLink._reader).
+        self.replied_mark = 0
         self.not_reading_logged = False
         self.expired = 0  # requests refused past their deadline
         self.waiters: dict[int, _Waiter | _Completing | _Batch] = {}
@@ -353,8 +369,10 @@ def _advance(bufs: list[Buffer], n: int) -> list[Buffer]:
 
 
 def _cause(reason: str) -> str:
-    """What kind of refusal `reason` is: the reason without its names and numbers."""
-    return re.sub(r"'[^']*'|\S*\d\S*", "_", reason)
+    """What kind of refusal `reason` is: the reason without its names and numbers. A name
+    is quoted as its repr: in single quotes, or in double quotes when it holds a single
+    quote (a peer's made-up names are not as many causes)."""
+    return re.sub(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\S*\d\S*""", "_", reason)
 
 
 def _reason(e: BaseException) -> str:
@@ -489,6 +507,8 @@ class FabricLink:
         self._deadlines: list[tuple[float, int, _Conn, int, _Completing]] = []
         self._deadline_ids = itertools.count()  # ties broken in order, never by _Conn
         self._expiring: trio.Event | None = None
+        # Per peer whose link is down: the batches waiting for it, in the order they were sent.
+        self._parked: dict[str, deque[_Parked]] = {}
         self.port: int | None = None
 
     # -- queries -----------------------------------------------------------------------------
@@ -534,6 +554,10 @@ class FabricLink:
             self._deadlines.clear()  # (their connections, now closed, failed them)
             for ev in self._up.values():  # wake sends waiting for a link: they fail now
                 ev.set()
+            for line in self._parked.values():
+                for parked in line:
+                    parked.event.set()
+            self._parked.clear()
             self._stopped.set()
 
     async def aclose(self, grace: float = 0.5) -> None:
@@ -741,6 +765,7 @@ class FabricLink:
             old.drop(_LinkDown(f"replaced by a new connection {label}"))
         self._conns[peer] = conn
         self._up[peer].set()
+        self._unpark(peer, conn)
         # The first link to a peer is the normal start (DEBUG); one after it went down is news.
         again = peer in self._ever_up
         self._ever_up.add(peer)
@@ -825,6 +850,10 @@ class FabricLink:
                     conn.flush_soon()
                 else:
                     conn.flush()
+                if conn.held < HOLD_MAX:
+                    conn.replied_mark = session.replied
+                elif session.replied - conn.replied_mark >= HOLD_MAX:
+                    await self._wait_taken(conn)
                 if not waited:
                     await trio.lowlevel.checkpoint()  # a busy link must not starve the rest
                 if sock is None:
@@ -879,6 +908,24 @@ class FabricLink:
                 piped.close()
             if pipes is not None:
                 pipes.close()
+
+    async def _wait_taken(self, conn: _Conn) -> None:
+        """The peer's MSGs and PINGs made us queue HOLD_MAX of ACKs and PONGs since it last
+        had less than HOLD_MAX held for it: it sends faster than it takes them (requests
+        wait in `deferred` instead, but these are answered as they are read). Read nothing
+        more from it until it has taken what is held; TCP slows it down meanwhile, and
+        `_sweep` drops it if it takes nothing for the heartbeat timeout."""
+        if not conn.not_reading_logged:
+            conn.not_reading_logged = True
+            log.warning("fabric %s: %s is not taking its answers (%d MiB held for it): "
+                        "reading from it waits", self.node_name, conn.peer, conn.held >> 20)
+        conn.flush()
+        conn.paused = True
+        while conn.held >= HOLD_MAX:
+            conn.room = trio.Event()
+            await conn.room.wait()
+        conn.paused = False
+        conn.replied_mark = conn.session.replied
 
     def _dispatch(self, conn: _Conn, ev: object) -> None:
         if isinstance(ev, MessageReceived):
@@ -1078,6 +1125,12 @@ class FabricLink:
         DrmError: ETIME (no ACK within ack_timeout, or the link dropped before it came),
         ECOMM (the peer refused it), EINVAL (no such remote accel), ESHUTDOWN (closed).
         """
+        peer = self._owner.get(dst_accel)
+        if self._parks(peer, src_accel):  # in line with the batches that wait for the link
+            ((err, _),) = await self.send_batch(src_accel, dst_accel, (dwords,))
+            if err is not None:
+                raise err
+            return
         peer, waiter = await self._exchange(
             dst_accel, src_accel, lambda s, _: s.send_message(src_accel, dst_accel, dwords))
         self._check_ack(peer, waiter)
@@ -1086,19 +1139,65 @@ class FabricLink:
                    messages: Sequence[Dwords]) -> Awaitable[list[SendOutcome]]:
         """`send` for several messages to one accel: all queued, in order, before this
         returns when the link is up (so they keep their place among the caller's sends: a
-        receive ring goes on with its next message meanwhile), written with one flush, and
-        their ACKs awaited
+        receive ring goes on with its next message meanwhile; when it is down, in line with
+        the sends waiting for it, queued as it comes up: `_unpark`), written with one
+        flush, and their ACKs awaited
         with one waiter and one deadline (ack_timeout from now, as for sends started
         together). What it returns gives each message's outcome, in order: None or the
         DrmError `send` would have raised, with the time it became known (its ACK's
         arrival; the deadline or the link's drop for one that never came)."""
-        give_up = trio.current_time() + self.ack_timeout
+        now = trio.current_time()
+        give_up = now + self.ack_timeout
         peer = self._owner.get(dst_accel)
+        if self._parks(peer, src_accel):
+            assert peer is not None
+            line = self._parked.setdefault(peer, deque())
+            while line and line[0].give_up <= now:  # (failed by now: their waits are over)
+                line.popleft().event.set()
+            parked = _Parked(src_accel, dst_accel, messages, give_up)
+            line.append(parked)
+            return self._wait_parked(peer, parked)
         conn = self._conns.get(peer) if peer is not None else None
         if peer is None or conn is None or src_accel not in self._local_accels:
             return self._send_batch_later(src_accel, dst_accel, messages, give_up)
         queued = self._queue_batch(conn, src_accel, dst_accel, messages)
         return self._wait_batch(peer, conn, queued, give_up)
+
+    def _parks(self, peer: str | None, src_accel: int) -> bool:
+        """Whether a send to `peer` now waits in line for its link (it is down)."""
+        return (peer is not None and peer in self._up and peer not in self._conns
+                and src_accel in self._local_accels and not self._closed)
+
+    def _unpark(self, peer: str, conn: _Conn) -> None:
+        """The link to `peer` is up: queue the batches that waited for it, in the order they
+        were sent, before anyone can send anything else on it (a task woken by the link
+        runs later, and trio runs the tasks of one wake-up in either order)."""
+        now = trio.current_time()
+        for parked in self._parked.pop(peer, ()):
+            if parked.give_up > now:
+                try:
+                    parked.queued = conn, self._queue_batch(conn, parked.src, parked.dst,
+                                                            parked.messages)
+                except LocalProtocolError as e:  # (the sender's bug: raised to it)
+                    parked.error = e
+            parked.event.set()
+
+    async def _wait_parked(self, peer: str, parked: _Parked) -> list[SendOutcome]:
+        with trio.move_on_at(parked.give_up):
+            await parked.event.wait()
+        if parked.error is not None:
+            raise parked.error
+        if parked.queued is None:
+            line = self._parked.get(peer)
+            if line is not None and parked in line:
+                line.remove(parked)
+                if not line:
+                    del self._parked[peer]
+            why = (errno.ESHUTDOWN, "the fabric link is closed") if self._closed else (
+                errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
+            return [(DrmError(*why), trio.current_time()) for _ in parked.messages]
+        conn, queued = parked.queued
+        return await self._wait_batch(peer, conn, queued, parked.give_up)
 
     def _queue_batch(self, conn: _Conn, src_accel: int, dst_accel: int,
                      messages: Sequence[Dwords]) -> tuple[list[int], _Batch]:

@@ -54,6 +54,7 @@ _MSG, _ACK = FrameType.MSG, FrameType.ACK
 _MSG_PACK: Final = _FAST[FrameType.MSG]
 _ACK_PACK: Final = _FAST[FrameType.ACK].pack
 _ACK_LENGTH: Final = _FAST[FrameType.ACK].size - 4
+_PONG_SIZE: Final = _FAST[FrameType.PONG].size
 
 SEQ_MOD: Final = 1 << 32
 CLOCK_MOD: Final = 1 << 32  # link clocks in ms wrap after 49 days: compared modulo
@@ -125,6 +126,9 @@ class Session:
         self._outstanding: dict[int, FrameType] = {}  # seq -> MSG | LOAD | STORE
         self._load_length: dict[int, int] = {}  # seq of an outstanding LOAD -> its length
         self._pings: set[int] = set()
+        # Bytes of the ACKs and PONGs queued so far in answer to the peer's MSGs and PINGs
+        # (the link stops reading from a peer that sends them faster than it takes them).
+        self.replied = 0
 
     # -- sending -----------------------------------------------------------------------------
     def _seq(self) -> int:
@@ -311,6 +315,7 @@ class Session:
                 self._check_stamp(src, dst)  # raises, saying which
             seq = frame.seq
             self._out.append(_ACK_PACK(_ACK_LENGTH, _ACK, seq, 0))  # §5.1, as below
+            self.replied += _ACK_LENGTH + 4
             return MessageReceived(src, dst, frame.dwords)
         if ft is _ACK:
             seq = frame.seq
@@ -322,12 +327,14 @@ class Session:
             self._check_stamp(frame.src_accel, frame.dst_accel)
             # §5.1: the peer's firmware accepts a message before its driver sees it.
             self._queue(Ack(frame.seq, 0))
+            self.replied += _ACK_LENGTH + 4
             return MessageReceived(frame.src_accel, frame.dst_accel, frame.dwords)
         if ft == FrameType.ACK:
             return self._reply(frame.seq, (FrameType.MSG,), AckReceived(frame.seq, frame.status))
         if ft == FrameType.PING:
             if frame.token != HEARTBEAT:
                 self._queue(Pong(frame.token))
+                self.replied += _PONG_SIZE
             return None
         if ft == FrameType.PONG:
             if frame.token in self._pings:

@@ -679,8 +679,9 @@ class UalinkManager:
             return
         handler = _RECEIVERS.get(type(msg))
         if handler is None:
-            log.warning("accel %d: unknown message type %d from accel %d ignored",
-                        self.accel_id, t, src)
+            self._log_repeated(("unknown-type", src), logging.WARNING,
+                               "accel %d: unknown message type %d from accel %d ignored",
+                               self.accel_id, t, src)
         else:
             handler(self, src, msg)
 
@@ -690,7 +691,9 @@ class UalinkManager:
 
     def _on_hello(self, src: int, msg: p.Hello) -> None:
         if msg.receiver_id != self.accel_id or msg.sender_id != src or src >= ACCEL_MAX:
-            log.warning("accel %d: malformed HELLO from accel %d dropped", self.accel_id, src)
+            self._log_repeated(("hello-malformed", src), logging.WARNING,
+                               "accel %d: malformed HELLO from accel %d dropped",
+                               self.accel_id, src)
             return
         c = self.conn(src)
         if c.state == ConnState.ESTABLISHED and QUIRK_HELLO_NO_RESET not in self.quirks:
@@ -703,14 +706,16 @@ class UalinkManager:
     def _not_established(self, src: int, what: str) -> bool:
         if self.conn(src).state == ConnState.ESTABLISHED:
             return False
-        log.info("accel %d: %s from accel %d before the connection is up: dropped, "
-                 "setting up", self.accel_id, what, src)
+        self._log_repeated(("not-established", src, what), logging.INFO,
+                           "accel %d: %s from accel %d before the connection is up: "
+                           "dropped, setting up", self.accel_id, what, src)
         try:
             if self._setup_connection(src):
                 self._setup(src, None)
         except DrmError as e:  # someone else is setting it up
-            log.info("accel %d: connection setup towards accel %d: %s", self.accel_id, src,
-                     e.strerror)
+            self._log_repeated(("setup-busy", src, e.errno), logging.INFO,
+                               "accel %d: connection setup towards accel %d: %s",
+                               self.accel_id, src, e.strerror)
         return True
 
     def _fail(self, src: int, lo: int, reason: p.NpaFailReason) -> None:
@@ -784,8 +789,9 @@ class UalinkManager:
             return
         node = self.imports.get(msg.handle_lo_bits | src)
         if node is None or node.exporter != src:
-            log.info("accel %d: %s for unknown handle from accel %d dropped",
-                     self.accel_id, type(msg).__name__, src)
+            self._log_repeated(("answer-unknown", src, type(msg)), logging.INFO,
+                               "accel %d: %s for unknown handle from accel %d dropped",
+                               self.accel_id, type(msg).__name__, src)
             return
         if isinstance(msg, p.NpaRsp):
             node.npa_offset, node.size_pages = msg.npa_offset, msg.size_pages
@@ -794,8 +800,9 @@ class UalinkManager:
         if node.apply(NodeEvent.ANSWER):
             self._node_changed(node)
         else:
-            log.info("accel %d: unsolicited %s from accel %d", self.accel_id,
-                     type(msg).__name__, src)
+            self._log_repeated(("answer-unsolicited", src, type(msg)), logging.INFO,
+                               "accel %d: unsolicited %s from accel %d", self.accel_id,
+                               type(msg).__name__, src)
 
     def _on_revoke(self, src: int, msg: p.NpaRevoke) -> None:
         lo = msg.handle_lo_bits | src
@@ -818,7 +825,9 @@ class UalinkManager:
                                "dropped", self.accel_id, lo, src)
             return
         if src not in entry.revoke.expected:
-            log.warning("accel %d: unexpected NPA_RELEASE from accel %d", self.accel_id, src)
+            self._log_repeated(("release-unexpected", src), logging.WARNING,
+                               "accel %d: unexpected NPA_RELEASE from accel %d",
+                               self.accel_id, src)
             return
         entry.revoke.expected.discard(src)
         if not entry.revoke.expected:
