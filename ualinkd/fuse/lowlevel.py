@@ -370,7 +370,11 @@ class FuseSession:
             except Exception as e:
                 self._bug(req, op, e)
 
-        c.when_done(done)
+        try:
+            c.when_done(done)
+        except BaseException:
+            del self._completing[key]  # the callback answers it (EIO): serve() must not
+            raise
 
     def _reply_spliced(self, req: Any, unique: int, data: PipedBytes) -> bool:
         """Answer a read with bytes held in a pipe by splicing them on into /dev/fuse (one
