@@ -425,6 +425,26 @@ async def test_gpu_read_answered_by_a_completion(tmp_path: Path):
     backend.completions[2].set_result(b"too late")  # nothing to answer: no crash, no reply
 
 
+def _piped_bytes(pool: PipePool, data: bytes, head: int) -> PipedPayload:
+    """`data` as the fabric's reader leaves a large DATA payload: its first `head` bytes in
+    memory, the rest spliced into a pipe (here from a socketpair, in the socket's steps)."""
+    pipe = pool.take()
+    assert pipe is not None
+    p = PipedPayload(len(data), pool, pipe)
+    p.start(data[:head])
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    with a, b:
+        sent = head
+        while p.left:
+            if sent < len(data):
+                with contextlib.suppress(BlockingIOError):
+                    sent += a.send(data[sent:sent + (64 << 10)])
+            with contextlib.suppress(BlockingIOError):
+                p.splice_from(b.fileno())
+    return p
+
+
 async def test_gpu_read_of_piped_bytes_is_spliced_into_the_caller(tmp_path: Path):
     """A read answered with bytes the fabric holds in a pipe (drm/loaded.py) is replied by
     splicing them, after the bytes that came with the DATA header, into /dev/fuse
@@ -435,22 +455,6 @@ async def test_gpu_read_of_piped_bytes_is_spliced_into_the_caller(tmp_path: Path
     data = (bytes(range(251)) * (size // 251 + 1))[:size]
     pool = PipePool()
 
-    def piped(n: int) -> PipedPayload:
-        pipe = pool.take()
-        assert pipe is not None
-        p = PipedPayload(n, pool, pipe)
-        p.start(data[:head])
-        a, b = socket.socketpair()
-        a.setblocking(False)
-        with a, b:
-            sent = head
-            while p.left:  # (the socket holds less than the payload: send, splice, repeat)
-                if sent < n:
-                    with contextlib.suppress(BlockingIOError):
-                        sent += a.send(data[sent:min(n, sent + (64 << 10))])
-                with contextlib.suppress(BlockingIOError):
-                    p.splice_from(b.fileno())
-        return p
 
     async with serving(tmp_path / "mnt", backend) as m:
         fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
@@ -468,12 +472,66 @@ async def test_gpu_read_of_piped_bytes_is_spliced_into_the_caller(tmp_path: Path
                     # need not be page-aligned; the answer is what it asked (as _loaded's).
                     n = [e for e in backend.gpu if e[1] == COMPLETION_VA][-1][2]
                     assert isinstance(n, int) and n > head
-                    p = piped(n)
+                    p = _piped_bytes(pool, data[:n], head)
                     backend.completions[i].set_result(p)  # type: ignore[arg-type]
                     assert p.splice_parts() is None  # handed to the reply, not left
                     p.settle()  # (what the reader does next)
                 # (the rest of the caller's read, a request of its own, the fake answers)
                 assert len(got[i]) == size and got[i][:n] == data[:n]
+        finally:
+            await in_thread(os.close, fd)
+    pool.close()
+
+
+async def test_a_spliced_read_answers_a_caller_killed_while_it_waited(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """A read's caller SIGKILLed while its bytes travel cannot go before its request is
+    answered (the kernel waits for a request the server has taken, uninterruptibly,
+    fuse's request_wait_answer): the spliced reply, when the bytes come, frees it, with
+    nothing logged above DEBUG; the next spliced read is answered as usual."""
+    backend = FakeBackend()
+    size = 300_000
+    data = (bytes(range(251)) * (size // 251 + 1))[:size]
+    pool = PipePool()
+
+    async with serving(tmp_path / "mnt", backend) as m:
+        reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import os
+            fd = os.open({m.path("dri/renderD128")!r}, os.O_RDWR)
+            os.pread(fd, {size}, {COMPLETION_VA})
+        """)])
+        try:
+            with trio.fail_after(10):
+                await eventually(lambda: len(backend.completions) == 1)
+            reader.kill()
+            await trio.sleep(0.1)
+            assert reader.poll() is None  # still waiting for its answer
+            n = [e for e in backend.gpu if e[1] == COMPLETION_VA][-1][2]
+            assert isinstance(n, int)
+            with caplog.at_level(logging.DEBUG, logger="ualinkd.fuse"):
+                p = _piped_bytes(pool, data[:n], 0)
+                backend.completions[0].set_result(p)  # type: ignore[arg-type]
+                p.settle()
+            with trio.fail_after(10):
+                assert await in_thread(reader.wait) == -signal.SIGKILL
+        finally:
+            if reader.poll() is None:
+                backend.completions[0].set_error(DrmError(errno.EFAULT, "test cleanup"))
+                reader.wait()
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+        try:
+            got: list[bytes] = []
+
+            async def load() -> None:
+                got.append(await in_thread(os.pread, fd, n, COMPLETION_VA))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(load)
+                await eventually(lambda: len(backend.completions) == 2)
+                backend.completions[1].set_result(  # type: ignore[arg-type]
+                    _piped_bytes(pool, data[:n], 4096))
+            assert got == [data[:n]]
         finally:
             await in_thread(os.close, fd)
     pool.close()

@@ -257,7 +257,9 @@ static uint64_t _ualinkd_in_unique(const struct fuse_buf *buf)
    from `out_r` into /dev/fuse in one write, where the kernel copies it into the caller's
    buffer. libfuse's fuse_reply_data cannot do this for a reply near 1 MiB without
    CAP_SYS_RESOURCE (its pipe would have to outgrow pipe-max-size). 0: answered, `req`
-   freed. Else -errno: `req` answered EIO, and both pipes may hold bytes (drop them). */
+   freed. -ENOENT: the kernel no longer waits for the reply (its caller was killed), `req`
+   freed, as libfuse's own writes treat it. Else -errno: `req` answered EIO. Unless 0, both
+   pipes may hold bytes (drop them). */
 static int _ualinkd_reply_spliced(struct fuse_session *se, fuse_req_t req, uint64_t unique,
                                   const char *head, size_t head_size, int fd, size_t size,
                                   int out_r, int out_w)
@@ -285,6 +287,10 @@ static int _ualinkd_reply_spliced(struct fuse_session *se, fuse_req_t req, uint6
         moved += (size_t)n;
     }}
     n = splice(out_r, NULL, fuse_session_fd(se), NULL, total, 0);
+    if (n < 0 && errno == ENOENT) {{
+        fuse_reply_none(req);
+        return -ENOENT;
+    }}
     if (n != (ssize_t)total)
         goto fail;
     fuse_reply_none(req);

@@ -394,9 +394,13 @@ class FuseSession:
         prefix, fd, count = parts
         err = lib._ualinkd_reply_spliced(self._se, req, unique, prefix, len(prefix), fd, count,
                                          out[0], out[1])
-        if err:  # (answered EIO): what is left in our pipe belongs to no reply
-            log.error("fuse read: splicing a %d-byte reply failed (%s), replied EIO",
-                      len(prefix) + count, os.strerror(-err))
+        if err:  # what is left in our pipe belongs to no reply
+            if err == -errno.ENOENT:  # its caller is gone (killed): nobody to answer
+                log.debug("fuse read: the caller of a %d-byte read is gone",
+                          len(prefix) + count)
+            else:  # (answered EIO)
+                log.error("fuse read: splicing a %d-byte reply failed (%s), replied EIO",
+                          len(prefix) + count, os.strerror(-err))
             os.close(out[0])
             os.close(out[1])
             self._splice_out = None
