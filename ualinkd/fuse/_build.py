@@ -182,6 +182,10 @@ size_t fuse_add_direntry(fuse_req_t req, char *buf, size_t bufsize, const char *
 /* Filled with the extern "Python" callbacks below by _ualinkd_ops_init(). */
 void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops);
 
+/* The receive/process loop (see SOURCE). */
+struct _ualinkd_loop { unsigned long requests; int stop; };
+int _ualinkd_drain(struct fuse_session *se, struct fuse_buf *buf, struct _ualinkd_loop *loop);
+
 extern "Python" {
     void _on_interrupt(fuse_req_t req, void *data);
     void _op_init(void *userdata, struct fuse_conn_info *conn);
@@ -205,9 +209,9 @@ extern "Python" {
                      struct fuse_file_info *fi);
     void _op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
     void _op_statfs(fuse_req_t req, fuse_ino_t ino);
-    void _op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
-                   struct fuse_file_info *fi, unsigned flags, const void *in_buf,
-                   size_t in_bufsz, size_t out_bufsz);
+    void _op_ioctl(fuse_req_t req, fuse_ino_t ino, uint64_t fh, unsigned int cmd,
+                   const char *in_buf, size_t in_bufsz, size_t out_bufsz,
+                   pid_t pid, uid_t uid, gid_t gid);
 }
 """
 
@@ -216,6 +220,7 @@ SOURCE = f"""
 #include <sys/types.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -257,9 +262,60 @@ static void _op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                         struct fuse_file_info *fi);
 static void _op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 static void _op_statfs(fuse_req_t req, fuse_ino_t ino);
-static void _op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
-                      struct fuse_file_info *fi, unsigned flags, const void *in_buf,
-                      size_t in_bufsz, size_t out_bufsz);
+static void _op_ioctl(fuse_req_t req, fuse_ino_t ino, uint64_t fh, unsigned int cmd,
+                      const char *in_buf, size_t in_bufsz, size_t out_bufsz,
+                      pid_t pid, uid_t uid, gid_t gid);
+
+/* libfuse's ioctl callback, passing Python only what the tree uses, as plain values: each
+   pointer a cffi callback receives becomes a Python object, and fuse_req_ctx() was one more
+   call from Python (the export ioctl's daemon CPU: see lowlevel._ioctl). 32-bit callers
+   are not emulated (the layouts are the 64-bit ones): ENOSYS, as before, without a trip
+   into Python. */
+static void _ualinkd_op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
+                              struct fuse_file_info *fi, unsigned flags, const void *in_buf,
+                              size_t in_bufsz, size_t out_bufsz)
+{{
+    const struct fuse_ctx *ctx;
+
+    (void)arg;
+    if (flags & FUSE_IOCTL_COMPAT) {{
+        fuse_reply_err(req, ENOSYS);
+        return;
+    }}
+    ctx = fuse_req_ctx(req);
+    _op_ioctl(req, ino, fi->fh, cmd, (const char *)in_buf, in_bufsz, out_bufsz,
+              ctx->pid, ctx->uid, ctx->gid);
+}}
+
+struct _ualinkd_loop {{ unsigned long requests; int stop; }};
+
+/* Receive and process requests until the device has none. Returns 0 when it has none
+   (EAGAIN: wait for it to be readable), 1 when the session is over, 2 when a callback set
+   loop->stop (unmount, a fatal exception), -errno when reading the device failed. In C
+   because it runs twice per request (the second receive finds EAGAIN), and from Python
+   each turn was two or three cffi calls; the callbacks it runs are Python. */
+static int _ualinkd_drain(struct fuse_session *se, struct fuse_buf *buf,
+                          struct _ualinkd_loop *loop)
+{{
+    for (;;) {{
+        int n = fuse_session_receive_buf(se, buf);
+
+        if (n > 0) {{
+            loop->requests++;
+            fuse_session_process_buf(se, buf);
+            if (loop->stop)
+                return 2;
+        }} else if (n == -EAGAIN) {{
+            return 0;
+        }} else if (n == -EINTR) {{
+            continue;
+        }} else if (n == 0 || fuse_session_exited(se)) {{
+            return 1;
+        }} else {{
+            return n;
+        }}
+    }}
+}}
 
 static void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops)
 {{
@@ -281,7 +337,7 @@ static void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops)
     ops->readdir = _op_readdir;
     ops->releasedir = _op_releasedir;
     ops->statfs = _op_statfs;
-    ops->ioctl = _op_ioctl;
+    ops->ioctl = _ualinkd_op_ioctl;
 }}
 """
 

@@ -143,8 +143,14 @@ class FuseSession:
         self._nursery: trio.Nursery | None = None
         self._fatal: BaseException | None = None
         self._serving = False
-        # Handy for tests and benchmarks; costs one increment per request.
-        self.requests = 0
+        # The C receive/process loop's state: its request count, and the flag that stops
+        # it after the request it is processing (unmount, a fatal exception).
+        self._loop = ffi.new("struct _ualinkd_loop *")
+
+    @property
+    def requests(self) -> int:
+        """Requests received so far (handy for tests and benchmarks)."""
+        return int(self._loop.requests)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -208,6 +214,7 @@ class FuseSession:
             pass  # not inside trio: nobody can be waiting on the fd
         lib.fuse_session_unmount(self._se)
         self._fd = -1
+        self._loop.stop = 1  # called from a callback: no further receive on the closed fd
 
     def close(self) -> None:
         """Unmount if needed and free the session. Call after serve() has returned."""
@@ -234,40 +241,33 @@ class FuseSession:
     def _drain(self) -> bool:
         """Receive and process requests until the device has none (EAGAIN). Returns True
         when the session is over. Draining before going back to trio saves a scheduler
-        round trip per request when requests queue up."""
+        round trip per request when requests queue up. The loop itself is C
+        (`_ualinkd_drain`, fuse/_build.py); the callbacks it runs are the Python below."""
         global _active
-        se, buf = self._se, self._buf
-        receive, process = lib.fuse_session_receive_buf, lib.fuse_session_process_buf
-        while True:
-            if self._fd < 0:
-                return True
-            _active = self
-            n = receive(se, buf)
-            if n > 0:
-                self.requests += 1
-                process(se, buf)
-                if self._fatal is not None:
-                    exc, self._fatal = self._fatal, None
-                    raise exc
-            elif n == _EAGAIN:
-                return False
-            elif n == _EINTR:
-                continue
-            elif n == 0 or lib.fuse_session_exited(se):
-                return True
-            else:
-                raise OSError(-n, f"fuse: reading device: {os.strerror(-n)}")
+        if self._fd < 0:
+            return True
+        _active = self
+        n = lib._ualinkd_drain(self._se, self._buf, self._loop)
+        if self._fatal is not None:
+            exc, self._fatal = self._fatal, None
+            self._loop.stop = 0
+            raise exc
+        if n == 0:
+            return False
+        if n > 0:  # over, or stopped by unmount()
+            return True
+        raise OSError(-n, f"fuse: reading device: {os.strerror(-n)}")
 
     # -- helpers used by the callbacks ---------------------------------------------------
 
     def _caller(self, req: Any) -> Caller:
         c = lib.fuse_req_ctx(req)
-        key = (c.pid, c.uid, c.gid)
-        caller = self._callers.get(key)
-        if caller is None:
-            if len(self._callers) > 4096:
-                self._callers.clear()
-            caller = self._callers[key] = Caller(*key)
+        return self._callers.get((c.pid, c.uid, c.gid)) or self._new_caller(c.pid, c.uid, c.gid)
+
+    def _new_caller(self, pid: int, uid: int, gid: int) -> Caller:
+        if len(self._callers) > 4096:
+            self._callers.clear()
+        caller = self._callers[pid, uid, gid] = Caller(pid, uid, gid)
         return caller
 
     def _bug(self, req: Any, op: str, exc: BaseException) -> None:
@@ -277,6 +277,7 @@ class FuseSession:
             lib.fuse_reply_err(req, errno.EIO)
         if not isinstance(exc, Exception):
             self._fatal = exc  # KeyboardInterrupt and friends: re-raised by serve()
+            self._loop.stop = 1
 
     def _spawn(self, req: Any, op: str, aw: Awaitable[Any], finish: Reply,
                args: tuple[Any, ...]) -> None:
@@ -410,7 +411,7 @@ def _reply_write(req: Any, count: int, *_: Any) -> None:
 
 def _reply_ioctl(req: Any, value: tuple[int, bytes], *args: Any) -> None:
     result, out = value
-    out_size = args[-1]  # the callback's out_bufsz
+    out_size = args[5]  # the callback's out_bufsz
     if len(out) > out_size:
         raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_size}")
     lib.fuse_reply_ioctl(req, result, out, len(out))
@@ -612,11 +613,12 @@ def _op_statfs(req: Any, ino: int) -> None:
     lib.fuse_reply_statfs(req, st)
 
 
+# The ioctl callback's arguments are plain values (fuse/_build.py's _ualinkd_op_ioctl takes
+# the file handle and the caller out of libfuse's, and answers 32-bit callers ENOSYS).
 @_callback("ioctl", _reply_ioctl)
-def _ioctl(s: FuseSession, req: Any, ino: int, cmd: int, arg: Any, fi: Any, flags: int,
-           in_buf: Any, in_bufsz: int,
-           out_bufsz: int) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]:
-    if flags & lib.FUSE_IOCTL_COMPAT:
-        raise FuseError(errno.ENOSYS)  # 32-bit callers: not emulated
-    return s.ops.ioctl(ino, fi.fh, cmd, ffi.buffer(in_buf, in_bufsz)[:] if in_bufsz else b"",
-                       out_bufsz, s._caller(req))
+def _ioctl(s: FuseSession, req: Any, ino: int, fh: int, cmd: int, in_buf: Any, in_bufsz: int,
+           out_bufsz: int, pid: int, uid: int,
+           gid: int) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]:
+    caller = s._callers.get((pid, uid, gid)) or s._new_caller(pid, uid, gid)
+    return s.ops.ioctl(ino, fh, cmd, ffi.unpack(in_buf, in_bufsz) if in_bufsz else b"",
+                       out_bufsz, caller)
