@@ -409,9 +409,8 @@ def _reply_write(req: Any, count: int, *_: Any) -> None:
     lib.fuse_reply_write(req, count)
 
 
-def _reply_ioctl(req: Any, value: tuple[int, bytes], *args: Any) -> None:
+def _reply_ioctl(req: Any, value: tuple[int, bytes], out_size: int) -> None:
     result, out = value
-    out_size = args[5]  # the callback's out_bufsz
     if len(out) > out_size:
         raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_size}")
     lib.fuse_reply_ioctl(req, result, out, len(out))
@@ -453,13 +452,7 @@ def _callback(op: str, reply: Reply, *, no_error_reply: bool = False) -> Callabl
             def cb(req: Any, *args: Any) -> None:
                 s = _active
                 try:
-                    r = body(s, req, *args)
-                    if type(r) is Completion:
-                        s._complete(req, op, r, reply, args)
-                    elif hasattr(r, "__await__"):
-                        s._spawn(req, op, r, reply, args)
-                    else:
-                        reply(req, r, *args)
+                    _answer(s, req, op, body(s, req, *args), reply, args)
                 except FuseError as e:
                     lib.fuse_reply_err(req, e.errno)
                 except BaseException as e:
@@ -469,6 +462,18 @@ def _callback(op: str, reply: Reply, *, no_error_reply: bool = False) -> Callabl
         return ffi.def_extern(name=f"_op_{op}")(cb)
 
     return register
+
+
+def _answer(s: FuseSession | None, req: Any, op: str, r: Any, reply: Reply,
+            args: tuple[Any, ...]) -> None:
+    """`reply` with an op's value now, or when its Completion or awaitable has it."""
+    assert s is not None  # callbacks run only inside _drain (or close), which set it
+    if type(r) is Completion:
+        s._complete(req, op, r, reply, args)
+    elif hasattr(r, "__await__"):
+        s._spawn(req, op, r, reply, args)
+    else:
+        reply(req, r, *args)
 
 
 @ffi.def_extern()
@@ -613,12 +618,26 @@ def _op_statfs(req: Any, ino: int) -> None:
     lib.fuse_reply_statfs(req, st)
 
 
-# The ioctl callback's arguments are plain values (fuse/_build.py's _ualinkd_op_ioctl takes
-# the file handle and the caller out of libfuse's, and answers 32-bit callers ENOSYS).
-@_callback("ioctl", _reply_ioctl)
-def _ioctl(s: FuseSession, req: Any, ino: int, fh: int, cmd: int, in_buf: Any, in_bufsz: int,
-           out_bufsz: int, pid: int, uid: int,
-           gid: int) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]:
-    caller = s._callers.get((pid, uid, gid)) or s._new_caller(pid, uid, gid)
-    return s.ops.ioctl(ino, fh, cmd, ffi.unpack(in_buf, in_bufsz) if in_bufsz else b"",
-                       out_bufsz, caller)
+# The ioctl callback is written out rather than made by _callback, with its reply inline
+# for the common answer (a tuple now): it runs for every ioctl, and _callback's cb -> body
+# -> _caller chain with its *args tuples was 3 of the 19 Python calls the daemon made per
+# export ioctl outside trio (cProfile). Its arguments are plain values (fuse/_build.py's
+# _ualinkd_op_ioctl takes the file handle and the caller out of libfuse's, and answers
+# 32-bit callers ENOSYS). Errors cross as in _callback: FuseError -> fuse_reply_err,
+# anything else -> _bug (EIO).
+@ffi.def_extern(name="_op_ioctl")
+def _op_ioctl(req: Any, ino: int, fh: int, cmd: int, in_buf: Any, in_bufsz: int,
+              out_bufsz: int, pid: int, uid: int, gid: int) -> None:
+    s = _active
+    try:
+        r = s.ops.ioctl(ino, fh, cmd, ffi.unpack(in_buf, in_bufsz) if in_bufsz else b"",
+                        out_bufsz,
+                        s._callers.get((pid, uid, gid)) or s._new_caller(pid, uid, gid))
+        if type(r) is tuple:
+            _reply_ioctl(req, r, out_bufsz)
+        else:
+            _answer(s, req, "ioctl", r, _reply_ioctl, (out_bufsz,))
+    except FuseError as e:
+        lib.fuse_reply_err(req, e.errno)
+    except BaseException as e:
+        s._bug(req, "ioctl", e)
