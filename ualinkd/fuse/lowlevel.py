@@ -426,8 +426,9 @@ def _reply_ok(req: Any, _value: None, *_: Any) -> None:
 
 # -- the callbacks -----------------------------------------------------------------------
 # Each libfuse callback is a `body` that calls the op and returns its value; `_callback`
-# is the one place where that value (or an awaitable of it) becomes a reply and where
-# exceptions cross the boundary: FuseError -> fuse_reply_err, anything else -> _bug (EIO).
+# is where that value (or an awaitable of it) becomes a reply and where exceptions cross
+# the boundary: FuseError -> fuse_reply_err, anything else -> _bug (EIO). The ioctl
+# callback (`_op_ioctl`, at the end) is the same steps written out, for speed.
 
 
 Reply = Callable[..., None]
@@ -452,7 +453,11 @@ def _callback(op: str, reply: Reply, *, no_error_reply: bool = False) -> Callabl
             def cb(req: Any, *args: Any) -> None:
                 s = _active
                 try:
-                    _answer(s, req, op, body(s, req, *args), reply, args)
+                    r = body(s, req, *args)
+                    if type(r) is Completion or hasattr(r, "__await__"):
+                        _answer_later(s, req, op, r, reply, args)
+                    else:
+                        reply(req, r, *args)
                 except FuseError as e:
                     lib.fuse_reply_err(req, e.errno)
                 except BaseException as e:
@@ -464,9 +469,10 @@ def _callback(op: str, reply: Reply, *, no_error_reply: bool = False) -> Callabl
     return register
 
 
-def _answer(s: FuseSession | None, req: Any, op: str, r: Any, reply: Reply,
-            args: tuple[Any, ...]) -> None:
-    """`reply` with an op's value now, or when its Completion or awaitable has it."""
+def _answer_later(s: FuseSession | None, req: Any, op: str, r: Any, reply: Reply,
+                  args: tuple[Any, ...]) -> None:
+    """`reply` with an op's value when its Completion or awaitable has it (or now, if it
+    is neither)."""
     assert s is not None  # callbacks run only inside _drain (or close), which set it
     if type(r) is Completion:
         s._complete(req, op, r, reply, args)
@@ -636,7 +642,7 @@ def _op_ioctl(req: Any, ino: int, fh: int, cmd: int, in_buf: Any, in_bufsz: int,
         if type(r) is tuple:
             _reply_ioctl(req, r, out_bufsz)
         else:
-            _answer(s, req, "ioctl", r, _reply_ioctl, (out_bufsz,))
+            _answer_later(s, req, "ioctl", r, _reply_ioctl, (out_bufsz,))
     except FuseError as e:
         lib.fuse_reply_err(req, e.errno)
     except BaseException as e:
