@@ -112,6 +112,9 @@ class IoctlResult(NamedTuple):
     kdata: bytes  # the kernel buffer after the handler (for tracing)
 
 
+_new_tuple = tuple.__new__
+
+
 class _Route(NamedTuple):
     """drm_ioctl's decisions for one whole ioctl number of a RENDER_ALLOW entry: they depend
     on the number and the (constant) kernel table only, so `DrmDevice.ioctl` makes them once
@@ -247,8 +250,9 @@ class DrmDevice:
                 return finish_later(pending, spec, kdata, out_size)
             result = 0
         after = bytes(kdata)
-        return IoctlResult(result, after if out_size == ksize else after[:out_size], spec,
-                           after)
+        # tuple.__new__: the NamedTuple without its Python-level __new__ (a frame fewer).
+        return _new_tuple(IoctlResult, (result, after if out_size == ksize
+                                        else after[:out_size], spec, after))
 
     def _sizes(self, cmd: int, spec: tbl.IoctlSpec) -> tuple[int, int, int]:
         """drm_ioctl's copy sizes: in and out are the user's size where the user's and the
