@@ -55,6 +55,7 @@ IOWR_EPERM = _ioc(3, 0x43, 24)  # result -EPERM, out = in reversed
 IOWR_ASYNC = _ioc(3, 0x44, 24)  # answered from a task once `gate` is set
 IOWR_BUG = _ioc(3, 0x45, 24)  # the backend raises a plain exception
 IOWR_DRMERR = _ioc(3, 0x46, 24)  # the backend raises DrmError(ENOSPC)
+IOWR_HOOK = _ioc(3, 0x47, 24)  # the backend calls its `hook` (then echoes)
 
 DMABUF_TOKEN, DMABUF_KEY, DMABUF_SIZE = "3141592653", 7, 3 * 4096
 
@@ -82,6 +83,7 @@ class FakeBackend:
     gate: trio.Event = field(default_factory=trio.Event)
     cancelled: int = 0
     completions: list[Completion[bytes]] = field(default_factory=list)
+    hook: Callable[[], None] = lambda: None
 
     def render_minors(self) -> list[int]:
         return self.minors
@@ -113,6 +115,9 @@ class FakeBackend:
             raise RuntimeError("backend bug (expected by the test)")
         if cmd == IOWR_DRMERR:
             raise DrmError(errno.ENOSPC, "no space")
+        if cmd == IOWR_HOOK:
+            self.hook()
+            return 0, in_bytes
         return -errno.EINVAL, bytes(out_size)
 
     async def _slow(self, in_bytes: bytes) -> tuple[int, bytes]:
@@ -290,6 +295,39 @@ async def test_ioctl_directions_and_errors(tmp_path: Path, caplog: pytest.LogCap
         # FUSE reports the calling *thread*; /proc/<tid> works like /proc/<pid>.
         tid = m.backend.opened[0].caller.pid
         assert _tgid(tid) == os.getpid()
+
+
+async def test_unmount_from_an_op_ends_serve_and_the_session_mounts_again(tmp_path: Path):
+    """An op that unmounts (the device fd closed under the receive loop) ends serve()
+    quietly after that request, with no read of the closed fd; the same FuseSession,
+    closed and mounted again, serves as before (the C loop's stop flag is per mount)."""
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    backend = FakeBackend()
+    tree = FileTree(backend, mp)
+    session = FuseSession(tree)
+    for round_ in range(2):
+        session.mount(mp)
+        try:
+            backend.hook = session.unmount
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(session.serve)
+                with trio.fail_after(TIMEOUT):
+                    fd = await in_thread(os.open, str(mp / "dri/renderD128"), os.O_RDWR)
+                    try:
+                        got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+                        assert bytes(got) == b"\x01" * 24
+                        with pytest.raises(OSError):  # the connection is gone with it
+                            await in_thread(_ioctl, fd, IOWR_HOOK, bytearray(24))
+                    finally:
+                        with contextlib.suppress(OSError):
+                            await in_thread(os.close, fd)
+            # serve() returned by itself (the nursery waited for it) and raised nothing
+            assert not session._serving, round_
+        finally:
+            session.unmount()
+            session.close()
+        assert not fuse_mounts_at(str(mp)), "mount left behind"
 
 
 async def test_async_ioctl_does_not_block_others(tmp_path: Path):

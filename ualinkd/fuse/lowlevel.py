@@ -177,6 +177,7 @@ class FuseSession:
         self._se = se
         self.mountpoint = mp
         self._fd = lib.fuse_session_fd(se)
+        self._loop.stop = 0  # an earlier session's unmount() set it
         os.set_blocking(self._fd, False)
 
     async def serve(self) -> None:
