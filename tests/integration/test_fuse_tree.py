@@ -330,6 +330,35 @@ async def test_unmount_from_an_op_ends_serve_and_the_session_mounts_again(tmp_pa
         assert not fuse_mounts_at(str(mp)), "mount left behind"
 
 
+async def test_32bit_caller_gets_enosys(tmp_path: Path):
+    """The structs are the 64-bit layouts, so a 32-bit caller's ioctl (FUSE_IOCTL_COMPAT)
+    is not emulated: the daemon answers ENOSYS without reaching the backend (fuse/_build.py's
+    _ualinkd_op_ioctl), which the caller sees as ENOTTY (what the kernel's FUSE made of it
+    here, with the old Python check as with the C one). The 64-bit call after it goes
+    through."""
+    prog = tmp_path / "compat32"
+    mp = tmp_path / "mnt"
+    build = subprocess.run(
+        ["gcc", "-m32", "-nostdlib", "-static", "-O1",
+         f"-DPATH={chr(34)}{mp / 'dri/renderD128'}{chr(34)}", f"-DCMD={IOWR_ECHO:#x}",
+         str(REPO / "tests/c/ioctl_compat32.c"), "-o", str(prog)],
+        capture_output=True, text=True)
+    if build.returncode != 0:
+        pytest.skip(f"no 32-bit build here: {build.stderr.strip()[:200]}")
+    async with serving(mp) as m:
+        r = await trio.run_process([str(prog)], check=False)
+        if r.returncode == errno.ENOEXEC:
+            pytest.skip("the kernel runs no 32-bit programs")
+        assert r.returncode == errno.ENOTTY
+        assert m.backend.ioctls == []
+        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+        try:
+            got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+            assert bytes(got) == b"\x01" * 24
+        finally:
+            await in_thread(os.close, fd)
+
+
 async def test_async_ioctl_does_not_block_others(tmp_path: Path):
     async with serving(tmp_path / "mnt") as m:
         fd = await in_thread(os.open, m.path("dri/renderD129"), os.O_RDWR)
