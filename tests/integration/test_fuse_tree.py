@@ -56,6 +56,7 @@ IOWR_ASYNC = _ioc(3, 0x44, 24)  # answered from a task once `gate` is set
 IOWR_BUG = _ioc(3, 0x45, 24)  # the backend raises a plain exception
 IOWR_DRMERR = _ioc(3, 0x46, 24)  # the backend raises DrmError(ENOSPC)
 IOWR_HOOK = _ioc(3, 0x47, 24)  # the backend calls its `hook` (then echoes)
+IOWR_LONG = _ioc(3, 0x48, 24)  # the backend answers 25 bytes (a bug), now or from a task
 
 DMABUF_TOKEN, DMABUF_KEY, DMABUF_SIZE = "3141592653", 7, 3 * 4096
 
@@ -118,7 +119,13 @@ class FakeBackend:
         if cmd == IOWR_HOOK:
             self.hook()
             return 0, in_bytes
+        if cmd == IOWR_LONG:
+            return (0, bytes(25)) if in_bytes[0] == 0 else self._long_later()
         return -errno.EINVAL, bytes(out_size)
+
+    async def _long_later(self) -> tuple[int, bytes]:
+        await trio.sleep(0)
+        return 0, bytes(25)
 
     async def _slow(self, in_bytes: bytes) -> tuple[int, bytes]:
         self.async_started.set()
@@ -353,6 +360,30 @@ async def test_32bit_caller_gets_enosys(tmp_path: Path):
         assert m.backend.ioctls == []
         fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
         try:
+            got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+            assert bytes(got) == b"\x01" * 24
+        finally:
+            await in_thread(os.close, fd)
+
+
+async def test_ioctl_answer_longer_than_asked_is_a_bug(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture):
+    """A backend answer with more bytes than the ioctl's size would overrun the caller's
+    buffer: it is a bug (logged, EIO, the caller's buffer untouched), answered now or from
+    a task, and the server keeps serving."""
+    async with serving(tmp_path / "mnt") as m:
+        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+        try:
+            for first in (0, 1):  # 0: answered now, 1: from a task
+                sent = bytes([first]) + b"\x07" * 23
+                cbuf = ctypes.create_string_buffer(sent, 24)
+                with caplog.at_level(logging.ERROR, logger="ualinkd.fuse.lowlevel"):
+                    ret, err = await in_thread(_raw_ioctl, fd, IOWR_LONG, cbuf)
+                assert (ret, err) == (-1, errno.EIO), first
+                assert cbuf.raw == sent
+                assert any("25 bytes, the caller asked 24" in str(r.exc_info and r.exc_info[1])
+                           for r in caplog.records), first
+                caplog.clear()
             got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
             assert bytes(got) == b"\x01" * 24
         finally:

@@ -647,8 +647,11 @@ def _op_ioctl(req: Any, ino: int, fh: int, cmd: int, in_buf: Any, in_bufsz: int,
         r = s.ops.ioctl(ino, fh, cmd, ffi.unpack(in_buf, in_bufsz) if in_bufsz else b"",
                         out_bufsz,
                         s._callers.get((pid, uid, gid)) or s._new_caller(pid, uid, gid))
-        if type(r) is tuple:
-            _reply_ioctl(req, r, out_bufsz)
+        if type(r) is tuple:  # _reply_ioctl, inline
+            result, out = r
+            if len(out) > out_bufsz:
+                raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_bufsz}")
+            lib.fuse_reply_ioctl(req, result, out, len(out))
         else:
             _answer_later(s, req, "ioctl", r, _reply_ioctl, (out_bufsz,))
     except FuseError as e:
