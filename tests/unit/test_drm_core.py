@@ -158,6 +158,17 @@ def test_copy_rules_same_on_every_call_of_a_number(dir_, size, fill):
     assert len(spy.seen) == 3
 
 
+def test_handler_that_grows_the_buffer_still_copies_back_the_user_size(core, f):
+    """drm_ioctl copies back the user's size from the kernel buffer, whatever a handler
+    did to it: a handler writing past the end of its buffer (a test spy can) leaves
+    exactly out_size bytes to copy back."""
+    spy = Spy(write=b"\xee" * 40)
+    kit.device(core).driver.ioctls[tbl.AMDGPU_UALINK_HANDLE] = spy
+    r = kit.ioctl(f, ioc(RW, 0x64, 0x5B, 24), bytes(24))
+    assert (r.result, r.out) == (0, b"\xee" * 24)
+    assert r.kdata == b"\xee" * 40
+
+
 def test_handler_table_change_after_first_call_is_seen(core, f):
     """The dispatch remembers a number's copy sizes, never its handler: a handler swapped in
     after the number was first called is the one that runs, and one removed answers ENOTTY

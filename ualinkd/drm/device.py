@@ -249,9 +249,9 @@ class DrmDevice:
             if pending is not None:
                 return finish_later(pending, spec, kdata, out_size)
             result = 0
-        after = bytes(kdata)
+        after = bytes(kdata)  # (a handler may have resized it: out is cut from what it is)
         # tuple.__new__: the NamedTuple without its Python-level __new__ (a frame fewer).
-        return _new_tuple(IoctlResult, (result, after if out_size == ksize
+        return _new_tuple(IoctlResult, (result, after if len(after) == out_size
                                         else after[:out_size], spec, after))
 
     def _sizes(self, cmd: int, spec: tbl.IoctlSpec) -> tuple[int, int, int]:
