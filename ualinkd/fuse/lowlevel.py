@@ -48,8 +48,6 @@ __all__ = [
 
 ROOT_INO = 1
 _SPLICE_CAPS = lib.FUSE_CAP_SPLICE_READ | lib.FUSE_CAP_SPLICE_WRITE | lib.FUSE_CAP_SPLICE_MOVE
-_EAGAIN = -errno.EAGAIN
-_EINTR = -errno.EINTR
 
 
 class FuseError(Exception):
