@@ -268,9 +268,8 @@ static void _op_ioctl(fuse_req_t req, fuse_ino_t ino, uint64_t fh, unsigned int 
 
 /* libfuse's ioctl callback, passing Python only what the tree uses, as plain values: each
    pointer a cffi callback receives becomes a Python object, and fuse_req_ctx() was one more
-   call from Python (the export ioctl's daemon CPU: see lowlevel._ioctl). 32-bit callers
-   are not emulated (the layouts are the 64-bit ones): ENOSYS, as before, without a trip
-   into Python. */
+   call from Python (lowlevel._op_ioctl). 32-bit callers are not emulated (the layouts are
+   the 64-bit ones): answered ENOSYS, as before, without a trip into Python. */
 static void _ualinkd_op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void *arg,
                               struct fuse_file_info *fi, unsigned flags, const void *in_buf,
                               size_t in_bufsz, size_t out_bufsz)
