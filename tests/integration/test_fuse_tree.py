@@ -28,6 +28,7 @@ import trio
 
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
+from ualinkd.fuse import lowlevel as ll
 from ualinkd.fuse.backend import Caller, SysAttr, SysDir
 from ualinkd.fuse.lowlevel import FuseSession, clear_stale_mount, fuse_mounts_at
 from ualinkd.fuse.procfd import DMABUF_INO_BASE, dmabuf_ino, resolve_caller_fd
@@ -386,6 +387,60 @@ async def test_ioctl_answer_longer_than_asked_is_a_bug(tmp_path: Path,
                 caplog.clear()
             got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
             assert bytes(got) == b"\x01" * 24
+        finally:
+            await in_thread(os.close, fd)
+
+
+async def test_trio_keeps_running_under_a_stream_of_ioctls(tmp_path: Path):
+    """The receive loop waits a little for a client's next request rather than going back to
+    trio at once (fuse/_build.py's linger), but only LINGERS_PER_WAKEUP times per trio
+    wake-up: under a C client's back-to-back ioctls, the daemon's other work (a task here,
+    the fabric in a node) still gets a turn at least every LINGERS_PER_WAKEUP + 1
+    requests."""
+    prog = REPO / "libualink_c/build/ioctl_latency"
+    if not prog.exists():
+        pytest.skip(f"{prog} not built (make c)")
+    count = 20000
+    async with serving(tmp_path / "mnt") as m:
+        turns = 0
+        running = True
+
+        async def other_work() -> None:
+            nonlocal turns
+            while running:
+                turns += 1
+                await trio.sleep(0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other_work)
+            r = await trio.run_process(
+                [str(prog), m.path("dri/renderD128"), f"{IOWR_ECHO:x}", str(count), "0"],
+                capture_stdout=True, capture_stderr=True)
+            running = False
+        assert b"count=20000" in r.stdout
+        assert m.session.requests >= count
+        assert turns >= count // (ll.LINGERS_PER_WAKEUP + 1) // 2, turns
+
+
+async def test_no_linger_while_an_answer_waits_on_trio(tmp_path: Path):
+    """While a request's answer is still to come from trio (a Completion, a task), the
+    receive loop goes back to trio as soon as the device is empty: a linger would hold up
+    that answer."""
+    async with serving(tmp_path / "mnt") as m:
+        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+        try:
+            got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+            assert bytes(got) == b"\x01" * 24
+            assert m.session._loop.linger_ns == ll.LINGER_NS
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(in_thread, os.pread, fd, 8, COMPLETION_VA)
+                await eventually(lambda: bool(m.backend.completions))
+                assert m.session._loop.linger_ns == 0
+                got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))  # drains again
+                assert m.session._loop.linger_ns == 0
+                m.backend.completions[0].set_result(b"\xaa" * 8)
+            got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+            assert m.session._loop.linger_ns == ll.LINGER_NS
         finally:
             await in_thread(os.close, fd)
 

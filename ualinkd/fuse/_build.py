@@ -183,7 +183,7 @@ size_t fuse_add_direntry(fuse_req_t req, char *buf, size_t bufsize, const char *
 void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops);
 
 /* The receive/process loop (see SOURCE). */
-struct _ualinkd_loop { unsigned long requests; int stop; };
+struct _ualinkd_loop { unsigned long requests; int stop; long linger_ns; int lingers; };
 int _ualinkd_drain(struct fuse_session *se, struct fuse_buf *buf, struct _ualinkd_loop *loop);
 
 extern "Python" {
@@ -221,6 +221,8 @@ SOURCE = f"""
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <errno.h>
+#include <poll.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -286,26 +288,49 @@ static void _ualinkd_op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, 
               ctx->pid, ctx->uid, ctx->gid);
 }}
 
-struct _ualinkd_loop {{ unsigned long requests; int stop; }};
+struct _ualinkd_loop {{ unsigned long requests; int stop; long linger_ns; int lingers; }};
 
 /* Receive and process requests until the device has none. Returns 0 when it has none
    (EAGAIN: wait for it to be readable), 1 when the session is over, 2 when a callback set
    loop->stop (unmount, a fatal exception), -errno when reading the device failed. In C
    because it runs twice per request (the second receive finds EAGAIN), and from Python
-   each turn was two or three cffi calls; the callbacks it runs are Python. */
+   each turn was two or three cffi calls; the callbacks it runs are Python.
+
+   Linger: when the device is empty right after a request, wait up to loop->linger_ns for
+   the next one (ppoll: the CPU is free meanwhile), at most loop->lingers times per call.
+   A client on another CPU sends its next ioctl some 10-40 µs after its answer, and going
+   back to trio for it (epoll_ctl, epoll_wait and a scheduler turn in Python) cost more
+   than the request itself: with the daemon and the client on different CPUs, an export
+   ioctl took 70.7 / 63.8 µs of daemon CPU (69.8 / 62.8 µs latency) without, 51.0 / 44.0 µs
+   (50.8 / 42.8 µs) with a 50 µs linger (two runs, 6 x 20,000 ioctls each). On one CPU
+   the client mostly runs before the receive and it finds the request, linger or not.
+   The caller sets linger_ns to 0 while an answer waits on trio (a task, a Completion),
+   and the budget bounds how long trio's other work can wait behind a stream of
+   requests. */
 static int _ualinkd_drain(struct fuse_session *se, struct fuse_buf *buf,
                           struct _ualinkd_loop *loop)
 {{
+    int lingered = 0;
+
     for (;;) {{
         int n = fuse_session_receive_buf(se, buf);
 
         if (n > 0) {{
+            lingered = 0;
             loop->requests++;
             fuse_session_process_buf(se, buf);
             if (loop->stop)
                 return 2;
         }} else if (n == -EAGAIN) {{
-            return 0;
+            struct pollfd pfd = {{ fuse_session_fd(se), POLLIN, 0 }};
+            struct timespec ts = {{ 0, loop->linger_ns }};
+
+            if (lingered || loop->linger_ns <= 0 || loop->lingers <= 0)
+                return 0;
+            lingered = 1;  /* once per empty device: a readable fd that reads EAGAIN ends it */
+            loop->lingers--;
+            if (ppoll(&pfd, 1, &ts, NULL) != 1)
+                return 0;  /* nothing came (or a signal): back to trio */
         }} else if (n == -EINTR) {{
             continue;
         }} else if (n == 0 || fuse_session_exited(se)) {{

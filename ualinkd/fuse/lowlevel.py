@@ -47,6 +47,12 @@ __all__ = [
 ]
 
 ROOT_INO = 1
+# How long the receive loop waits for the next request once the device is empty, and how
+# many times per trio wake-up (fuse/_build.py's _ualinkd_drain says why). A client on
+# another CPU sends its next ioctl 10-40 µs after its answer; the budget keeps trio's own
+# work behind a stream of requests to about 16 requests' time (a millisecond or two).
+LINGER_NS = 50_000
+LINGERS_PER_WAKEUP = 16
 _SPLICE_CAPS = lib.FUSE_CAP_SPLICE_READ | lib.FUSE_CAP_SPLICE_WRITE | lib.FUSE_CAP_SPLICE_MOVE
 
 
@@ -141,9 +147,10 @@ class FuseSession:
         self._nursery: trio.Nursery | None = None
         self._fatal: BaseException | None = None
         self._serving = False
-        # The C receive/process loop's state: its request count, and the flag that stops
-        # it after the request it is processing (unmount, a fatal exception).
+        # The C receive/process loop's state: its request count, the flag that stops it
+        # after the request it is processing (unmount, a fatal exception), and its linger.
         self._loop = ffi.new("struct _ualinkd_loop *")
+        self._tasks = 0  # answers running as tasks in the nursery (_spawn)
 
     @property
     def requests(self) -> int:
@@ -246,7 +253,11 @@ class FuseSession:
         if self._fd < 0:
             return True
         _active = self
-        n = lib._ualinkd_drain(self._se, self._buf, self._loop)
+        loop = self._loop
+        # No linger while an answer waits on trio: it would wait behind us.
+        loop.linger_ns = 0 if self._tasks or self._completing else LINGER_NS
+        loop.lingers = LINGERS_PER_WAKEUP
+        n = lib._ualinkd_drain(self._se, self._buf, loop)
         if self._fatal is not None:
             exc, self._fatal = self._fatal, None
             self._loop.stop = 0
@@ -291,6 +302,8 @@ class FuseSession:
         # restart a long remote read forever; they end within the fabric's timeouts.
         scope = trio.CancelScope()
         key = 0
+        self._tasks += 1
+        self._loop.linger_ns = 0  # its answer comes from trio: the loop must not linger
         if op == "ioctl":
             key = int(ffi.cast("uintptr_t", req))
             self._interruptible[key] = scope
@@ -322,6 +335,7 @@ class FuseSession:
                 except Exception as e:
                     self._bug(req, op, e)
         finally:
+            self._tasks -= 1
             if key:
                 del self._interruptible[key]  # before any await: req's address may be reused
 
@@ -333,6 +347,7 @@ class FuseSession:
 
         key = int(ffi.cast("uintptr_t", req))
         self._completing[key] = req
+        self._loop.linger_ns = 0  # whoever completes it runs in trio: do not linger
 
         def done(c: Completion[Any]) -> None:
             if self._completing.pop(key, None) is None:
