@@ -183,7 +183,7 @@ size_t fuse_add_direntry(fuse_req_t req, char *buf, size_t bufsize, const char *
 void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops);
 
 /* The receive/process loop (see SOURCE). */
-struct _ualinkd_loop { unsigned long requests; int stop; long linger_ns; int lingers; };
+struct _ualinkd_loop { unsigned long requests; int stop; long linger_ns; int turns; };
 int _ualinkd_drain(struct fuse_session *se, struct fuse_buf *buf, struct _ualinkd_loop *loop);
 
 extern "Python" {
@@ -288,16 +288,19 @@ static void _ualinkd_op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, 
               ctx->pid, ctx->uid, ctx->gid);
 }}
 
-struct _ualinkd_loop {{ unsigned long requests; int stop; long linger_ns; int lingers; }};
+struct _ualinkd_loop {{ unsigned long requests; int stop; long linger_ns; int turns; }};
 
-/* Receive and process requests until the device has none. Returns 0 when it has none
-   (EAGAIN: wait for it to be readable), 1 when the session is over, 2 when a callback set
-   loop->stop (unmount, a fatal exception), -errno when reading the device failed. In C
-   because it runs twice per request (the second receive finds EAGAIN), and from Python
-   each turn was two or three cffi calls; the callbacks it runs are Python.
+/* Receive and process requests until the device has none, or loop->turns requests and
+   lingers were done (then trio gets a turn: it finds the device still readable and comes
+   back, so its own work, the fabric's, waits behind a stream of requests for that many at
+   most). Returns 0 when the caller should wait for the device to be readable, 1 when the
+   session is over, 2 when a callback set loop->stop (unmount, a fatal exception), -errno
+   when reading the device failed. In C because it runs twice per request (the second
+   receive finds EAGAIN), and from Python each turn was two or three cffi calls; the
+   callbacks it runs are Python.
 
    Linger: when the device is empty right after a request, wait up to loop->linger_ns for
-   the next one (ppoll: the CPU is free meanwhile), at most loop->lingers times per call.
+   the next one (ppoll: the CPU is free meanwhile).
    A client on another CPU sends its next ioctl some 10-40 µs after its answer, and going
    back to trio for it (epoll_ctl, epoll_wait and a scheduler turn in Python) cost more
    than the request itself: with the daemon and the client on different CPUs, an export
@@ -321,15 +324,16 @@ static int _ualinkd_drain(struct fuse_session *se, struct fuse_buf *buf,
             fuse_session_process_buf(se, buf);
             if (loop->stop)
                 return 2;
+            if (--loop->turns <= 0)
+                return 0;
         }} else if (n == -EAGAIN) {{
             struct pollfd pfd = {{ fuse_session_fd(se), POLLIN, 0 }};
             struct timespec ts = {{ 0, loop->linger_ns }};
 
-            if (lingered || loop->linger_ns <= 0 || loop->lingers <= 0)
+            if (lingered || loop->linger_ns <= 0)
                 return 0;
             lingered = 1;  /* once per empty device: a readable fd that reads EAGAIN ends it */
-            loop->lingers--;
-            if (ppoll(&pfd, 1, &ts, NULL) != 1)
+            if (--loop->turns <= 0 || ppoll(&pfd, 1, &ts, NULL) != 1)
                 return 0;  /* nothing came (or a signal): back to trio */
         }} else if (n == -EINTR) {{
             continue;

@@ -47,12 +47,13 @@ __all__ = [
 ]
 
 ROOT_INO = 1
-# How long the receive loop waits for the next request once the device is empty, and how
-# many times per trio wake-up (fuse/_build.py's _ualinkd_drain says why). A client on
-# another CPU sends its next ioctl 10-40 µs after its answer; the budget keeps trio's own
-# work behind a stream of requests to about 16 requests' time (a millisecond or two).
+# How long the receive loop waits for the next request once the device is empty
+# (fuse/_build.py's _ualinkd_drain says why: a client on another CPU sends its next ioctl
+# 10-40 µs after its answer), and how many requests and lingers it does per trio wake-up:
+# trio's own work (the fabric's) waits behind a stream of requests for that many at most,
+# a millisecond or two, and costs them one scheduler turn (under a µs each).
 LINGER_NS = 50_000
-LINGERS_PER_WAKEUP = 16
+TURNS_PER_WAKEUP = 32
 _SPLICE_CAPS = lib.FUSE_CAP_SPLICE_READ | lib.FUSE_CAP_SPLICE_WRITE | lib.FUSE_CAP_SPLICE_MOVE
 
 
@@ -256,7 +257,7 @@ class FuseSession:
         loop = self._loop
         # No linger while an answer waits on trio: it would wait behind us.
         loop.linger_ns = 0 if self._tasks or self._completing else LINGER_NS
-        loop.lingers = LINGERS_PER_WAKEUP
+        loop.turns = TURNS_PER_WAKEUP
         n = lib._ualinkd_drain(self._se, self._buf, loop)
         if self._fatal is not None:
             exc, self._fatal = self._fatal, None
