@@ -304,11 +304,14 @@ class NodeCore:
         start = self.trace_clock() if self.tracer is not None else 0.0
         if cmd == UALINKD_IOCTL_DRM_FILE_QUERY:
             return self._answer_drm_file_query(drm_file, in_bytes)
-        self._begin_call(caller)
+        if self.tracer is not None:
+            self._begin_call(caller)
         res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
         self.after_request()
         if not isinstance(res, IoctlResult):
             return self._ioctl_later(res, drm_file, cmd, in_bytes, caller, start)
+        if self.tracer is None and not self._mem:  # nothing to record, nothing to forget
+            return res.result, res.out
         return self._reply(res, drm_file, cmd, in_bytes, caller, start)
 
     async def _ioctl_later(

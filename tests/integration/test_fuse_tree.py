@@ -30,6 +30,7 @@ import trio
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.fabric.splice import PipedPayload, PipePool
+from ualinkd.fuse import lowlevel as ll
 from ualinkd.fuse.backend import Caller, SysAttr, SysDir
 from ualinkd.fuse.lowlevel import FuseSession, clear_stale_mount, fuse_mounts_at
 from ualinkd.fuse.procfd import DMABUF_INO_BASE, dmabuf_ino, resolve_caller_fd
@@ -57,6 +58,8 @@ IOWR_EPERM = _ioc(3, 0x43, 24)  # result -EPERM, out = in reversed
 IOWR_ASYNC = _ioc(3, 0x44, 24)  # answered from a task once `gate` is set
 IOWR_BUG = _ioc(3, 0x45, 24)  # the backend raises a plain exception
 IOWR_DRMERR = _ioc(3, 0x46, 24)  # the backend raises DrmError(ENOSPC)
+IOWR_HOOK = _ioc(3, 0x47, 24)  # the backend calls its `hook` (then echoes)
+IOWR_LONG = _ioc(3, 0x48, 24)  # the backend answers 25 bytes (a bug), now or from a task
 
 DMABUF_TOKEN, DMABUF_KEY, DMABUF_SIZE = "3141592653", 7, 3 * 4096
 
@@ -84,6 +87,7 @@ class FakeBackend:
     gate: trio.Event = field(default_factory=trio.Event)
     cancelled: int = 0
     completions: list[Completion[bytes]] = field(default_factory=list)
+    hook: Callable[[], None] = lambda: None
 
     def render_minors(self) -> list[int]:
         return self.minors
@@ -115,7 +119,16 @@ class FakeBackend:
             raise RuntimeError("backend bug (expected by the test)")
         if cmd == IOWR_DRMERR:
             raise DrmError(errno.ENOSPC, "no space")
+        if cmd == IOWR_HOOK:
+            self.hook()
+            return 0, in_bytes
+        if cmd == IOWR_LONG:
+            return (0, bytes(25)) if in_bytes[0] == 0 else self._long_later()
         return -errno.EINVAL, bytes(out_size)
+
+    async def _long_later(self) -> tuple[int, bytes]:
+        await trio.sleep(0)
+        return 0, bytes(25)
 
     async def _slow(self, in_bytes: bytes) -> tuple[int, bytes]:
         self.async_started.set()
@@ -292,6 +305,158 @@ async def test_ioctl_directions_and_errors(tmp_path: Path, caplog: pytest.LogCap
         # FUSE reports the calling *thread*; /proc/<tid> works like /proc/<pid>.
         tid = m.backend.opened[0].caller.pid
         assert _tgid(tid) == os.getpid()
+
+
+async def test_unmount_from_an_op_ends_serve_and_the_session_mounts_again(tmp_path: Path):
+    """An op that unmounts (the device fd closed under the receive loop) ends serve()
+    quietly after that request, with no read of the closed fd; the same FuseSession,
+    closed and mounted again, serves as before (the C loop's stop flag is per mount)."""
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    backend = FakeBackend()
+    tree = FileTree(backend, mp)
+    session = FuseSession(tree)
+    for round_ in range(2):
+        session.mount(mp)
+        try:
+            backend.hook = session.unmount
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(session.serve)
+                with trio.fail_after(TIMEOUT):
+                    fd = await in_thread(os.open, str(mp / "dri/renderD128"), os.O_RDWR)
+                    try:
+                        got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+                        assert bytes(got) == b"\x01" * 24
+                        with pytest.raises(OSError):  # the connection is gone with it
+                            await in_thread(_ioctl, fd, IOWR_HOOK, bytearray(24))
+                    finally:
+                        with contextlib.suppress(OSError):
+                            await in_thread(os.close, fd)
+            # serve() returned by itself (the nursery waited for it) and raised nothing
+            assert not session._serving, round_
+        finally:
+            session.unmount()
+            session.close()
+        assert not fuse_mounts_at(str(mp)), "mount left behind"
+
+
+async def test_32bit_caller_gets_enosys(tmp_path: Path):
+    """The structs are the 64-bit layouts, so a 32-bit caller's ioctl (FUSE_IOCTL_COMPAT)
+    is not emulated: the daemon answers ENOSYS without reaching the backend (fuse/_build.py's
+    _ualinkd_op_ioctl), which the caller sees as ENOTTY (what the kernel's FUSE made of it
+    here, with the old Python check as with the C one). The 64-bit call after it goes
+    through."""
+    prog = tmp_path / "compat32"
+    mp = tmp_path / "mnt"
+    build = subprocess.run(
+        ["gcc", "-m32", "-nostdlib", "-static", "-O1",
+         f"-DPATH={chr(34)}{mp / 'dri/renderD128'}{chr(34)}", f"-DCMD={IOWR_ECHO:#x}",
+         str(REPO / "tests/c/ioctl_compat32.c"), "-o", str(prog)],
+        capture_output=True, text=True)
+    if build.returncode != 0:
+        pytest.skip(f"no 32-bit build here: {build.stderr.strip()[:200]}")
+    async with serving(mp) as m:
+        r = await trio.run_process([str(prog)], check=False)
+        if r.returncode == errno.ENOEXEC:
+            pytest.skip("the kernel runs no 32-bit programs")
+        assert r.returncode == errno.ENOTTY
+        assert m.backend.ioctls == []
+        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+        try:
+            got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+            assert bytes(got) == b"\x01" * 24
+        finally:
+            await in_thread(os.close, fd)
+
+
+async def test_ioctl_answer_longer_than_asked_is_a_bug(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture):
+    """A backend answer with more bytes than the ioctl's size would overrun the caller's
+    buffer: it is a bug (logged, EIO, the caller's buffer untouched), answered now or from
+    a task, and the server keeps serving."""
+    async with serving(tmp_path / "mnt") as m:
+        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+        try:
+            for first in (0, 1):  # 0: answered now, 1: from a task
+                sent = bytes([first]) + b"\x07" * 23
+                cbuf = ctypes.create_string_buffer(sent, 24)
+                with caplog.at_level(logging.ERROR, logger="ualinkd.fuse.lowlevel"):
+                    ret, err = await in_thread(_raw_ioctl, fd, IOWR_LONG, cbuf)
+                assert (ret, err) == (-1, errno.EIO), first
+                assert cbuf.raw == sent
+                assert any("25 bytes, the caller asked 24" in str(r.exc_info and r.exc_info[1])
+                           for r in caplog.records), first
+                caplog.clear()
+            got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+            assert bytes(got) == b"\x01" * 24
+        finally:
+            await in_thread(os.close, fd)
+
+
+@pytest.mark.parametrize("one_cpu", [True, False])
+async def test_trio_keeps_running_under_a_stream_of_ioctls(tmp_path: Path, one_cpu: bool):
+    """The receive loop drains the device and waits a little for a client's next request
+    (fuse/_build.py's linger) rather than going back to trio at once, but does at most
+    TURNS_PER_WAKEUP requests and lingers per trio wake-up: under a C client's
+    back-to-back ioctls, the daemon's other work (a task here, the fabric in a node) still
+    gets a turn, whether the client shares the server's CPU (it then runs as soon as it is
+    answered, and the device is never found empty) or not."""
+    prog = REPO / "libualink_c/build/ioctl_latency"
+    if not prog.exists():
+        pytest.skip(f"{prog} not built (make c)")
+    count = 20000
+    cpu = min(os.sched_getaffinity(0))
+    saved = os.sched_getaffinity(0)  # this thread's: trio's
+    async with serving(tmp_path / "mnt") as m:
+        turns = 0
+        running = True
+
+        async def other_work() -> None:
+            nonlocal turns
+            while running:
+                turns += 1
+                await trio.sleep(0)
+
+        try:
+            if one_cpu:
+                os.sched_setaffinity(0, {cpu})
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(other_work)
+                r = await trio.run_process(
+                    [*(["taskset", "-c", str(cpu)] if one_cpu else []), str(prog),
+                     m.path("dri/renderD128"), f"{IOWR_ECHO:x}", str(count), "0"],
+                    capture_stdout=True, capture_stderr=True)
+                running = False
+        finally:
+            os.sched_setaffinity(0, saved)
+        assert b"count=20000" in r.stdout
+        assert m.session.requests >= count
+        # each drain ends within TURNS_PER_WAKEUP requests, and other_work runs in the trio
+        # turn after it (here 2,200-4,900 turns; 80-720 with an unbounded drain)
+        assert turns >= count // ll.TURNS_PER_WAKEUP - 1, turns
+
+
+async def test_no_linger_while_an_answer_waits_on_trio(tmp_path: Path):
+    """While a request's answer is still to come from trio (a Completion, a task), the
+    receive loop goes back to trio as soon as the device is empty: a linger would hold up
+    that answer."""
+    async with serving(tmp_path / "mnt") as m:
+        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+        try:
+            got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+            assert bytes(got) == b"\x01" * 24
+            assert m.session._loop.linger_ns == ll.LINGER_NS
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(in_thread, os.pread, fd, 8, COMPLETION_VA)
+                await eventually(lambda: bool(m.backend.completions))
+                assert m.session._loop.linger_ns == 0
+                got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))  # drains again
+                assert m.session._loop.linger_ns == 0
+                m.backend.completions[0].set_result(b"\xaa" * 8)
+            got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+            assert m.session._loop.linger_ns == ll.LINGER_NS
+        finally:
+            await in_thread(os.close, fd)
 
 
 async def test_async_ioctl_does_not_block_others(tmp_path: Path):

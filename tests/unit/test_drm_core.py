@@ -7,6 +7,8 @@ import struct
 
 import pytest
 import ualink_testkit as kit
+from hypothesis import given, settings
+from hypothesis import strategies as st_h
 
 from ualinkd.abi import constants as c
 from ualinkd.abi import ioctls as tbl
@@ -128,6 +130,60 @@ def test_ior_ualink_cmd_hands_zeros_to_handler(core, f):
     r = kit.ioctl(f, ioc(IOC_READ, 0x64, 0x5B, 24), struct.pack("<III", 0, 0, 1) + bytes(12))
     assert r.result == -errno.ENOENT
     assert r.out == bytes(24)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dir_=st_h.sampled_from([0, IOC_READ, IOC_WRITE, RW]), size=st_h.integers(0, 48),
+       fill=st_h.integers(0, 255))
+def test_copy_rules_same_on_every_call_of_a_number(dir_, size, fill):
+    """§2.1 (drm_ioctl): for any user direction and size of the UALink number, the handler
+    gets the intersection of the user's and the table's IN bits zero-extended to
+    max(user size, table size), and the user's size is copied back where both have the OUT
+    bit: on the first call of the number and on every later one (the dispatch remembers a
+    number's decisions, DrmDevice._routes)."""
+    core = kit.make_node(kit.pod_config(nodes=[[{"id": 0}]]))
+    f = kit.open_file(core)
+    spy = Spy(write=bytes([fill]) * 16)
+    kit.device(core).driver.ioctls[tbl.AMDGPU_UALINK_HANDLE] = spy
+    data = bytes(range(1, size + 1))
+    in_size = size if dir_ & IOC_WRITE else 0
+    out_size = size if dir_ & IOC_READ else 0
+    ksize = max(in_size, out_size, 24)
+    kdata = data[:in_size] + bytes(ksize - in_size)
+    after = bytes([fill]) * 16 + kdata[16:]
+    for _ in range(3):
+        r = kit.ioctl(f, ioc(dir_, 0x64, 0x5B, size), data)
+        assert spy.seen[-1] == kdata
+        assert (r.result, r.out, r.kdata) == (0, after[:out_size], after)
+    assert len(spy.seen) == 3
+
+
+def test_handler_that_grows_the_buffer_still_copies_back_the_user_size(core, f):
+    """drm_ioctl copies back the user's size from the kernel buffer, whatever a handler
+    did to it: a handler writing past the end of its buffer (a test spy can) leaves
+    exactly out_size bytes to copy back."""
+    spy = Spy(write=b"\xee" * 40)
+    kit.device(core).driver.ioctls[tbl.AMDGPU_UALINK_HANDLE] = spy
+    r = kit.ioctl(f, ioc(RW, 0x64, 0x5B, 24), bytes(24))
+    assert (r.result, r.out) == (0, b"\xee" * 24)
+    assert r.kdata == b"\xee" * 40
+
+
+def test_handler_table_change_after_first_call_is_seen(core, f):
+    """The dispatch remembers a number's copy sizes, never its handler: a handler swapped in
+    after the number was first called is the one that runs, and one removed answers ENOTTY
+    (what a number that was never called would get)."""
+    cmd = ioc(RW, 0x64, 0x48, 64)  # GEM_VA
+    first = kit.ioctl(f, cmd, bytes(64))
+    assert first.result != 0  # the real handler refused an all-zero request
+    spy = Spy(write=b"\x01")
+    drv = kit.device(core).driver
+    drv.ioctls[tbl.AMDGPU_GEM_VA] = spy
+    assert kit.ioctl(f, cmd, bytes(64)).result == 0
+    assert spy.seen == [bytes(64)]
+    del drv.ioctls[tbl.AMDGPU_GEM_VA]
+    r = kit.ioctl(f, cmd, bytes(64))
+    assert (r.result, r.out) == (-errno.ENOTTY, b"")
 
 
 @pytest.mark.parametrize(

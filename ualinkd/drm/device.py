@@ -14,7 +14,7 @@ import logging
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ..abi import ioctls as tbl
 from ..abi import structs as st
@@ -100,15 +100,32 @@ class DrmDriver(Protocol):
     def gem_prime_import(self, buf: DmaBuf) -> GemObject: ...
 
 
-@dataclass(frozen=True, slots=True)
-class IoctlResult:
+class IoctlResult(NamedTuple):
     """What dispatch produced: the result (0 / -errno), the bytes copied out, and the
-    table entry (None when there was none) for the trace."""
+    table entry (None when there was none) for the trace. (A NamedTuple, not a frozen
+    dataclass: one is built per ioctl, and a frozen dataclass's __init__ sets each field
+    through object.__setattr__, several times the cost.)"""
 
     result: int
     out: bytes
     spec: tbl.IoctlSpec | None
     kdata: bytes  # the kernel buffer after the handler (for tracing)
+
+
+_new_tuple = tuple.__new__
+
+
+class _Route(NamedTuple):
+    """drm_ioctl's decisions for one whole ioctl number of a RENDER_ALLOW entry: they depend
+    on the number and the (constant) kernel table only, so `DrmDevice.ioctl` makes them once
+    per number. The handler is still looked up every time: the handler tables may change
+    (tests swap in spies)."""
+
+    spec: tbl.IoctlSpec
+    core: bool  # the device's table (the core ioctls) rather than the driver's
+    in_size: int
+    out_size: int
+    ksize: int
 
 
 async def read_user(copy: CopyFromUser | None, caller: Caller, address: int,
@@ -176,6 +193,11 @@ class DrmDevice:
         # The core ioctls' handlers: this device's and its syncobj half's @handles methods.
         self.handlers: dict[tbl.IoctlSpec, Handler] = {
             **tbl.bind(self), **tbl.bind(self.syncobj)}
+        # Whole ioctl number -> its route to a handler (`ioctl`): one dict lookup per ioctl
+        # instead of the table lookup, four _IOC_ field extractions and the handler's
+        # lookup (with the NamedTuple results, an export of an exported BO in-process:
+        # 7.2 -> 5.5 µs, 13 -> 8 Python calls in this method and below).
+        self._routes: dict[int, _Route] = {}
 
     # -- the caller's memory (copy_from_user / copy_to_user) -------------------------------
     async def read_user(self, caller: Caller, address: int, size: int) -> bytes:
@@ -207,38 +229,75 @@ class DrmDevice:
     def ioctl(
         self, f: DrmFile, cmd: int, in_bytes: bytes, caller: Caller
     ) -> IoctlResult | Awaitable[IoctlResult]:
-        nr = cmd & 0xFF
-        spec = tbl.lookup(nr)
-        if spec is None:
-            return IoctlResult(-errno.EINVAL, b"", None, b"")
+        route = self._routes.get(cmd) or self._route(cmd)
+        if route is None:
+            return self._ioctl_unrouted(f, cmd, in_bytes)
+        spec, core, in_size, out_size, ksize = route
+        handler = (self.handlers if core else self.driver.ioctls).get(spec)
+        if handler is None:
+            return self._ioctl_unrouted(f, cmd, in_bytes)
+        if in_size == ksize == len(in_bytes):
+            kdata = bytearray(in_bytes)
+        else:
+            kdata = bytearray(ksize)
+            kdata[:in_size] = in_bytes[:in_size]
+        try:
+            pending = handler(f, kdata, caller)
+        except DrmError as e:
+            result = -e.errno
+        else:
+            if pending is not None:
+                return finish_later(pending, spec, kdata, out_size)
+            result = 0
+        after = bytes(kdata)  # (a handler may have resized it: out is cut from what it is)
+        # tuple.__new__: the NamedTuple without its Python-level __new__ (a frame fewer).
+        return _new_tuple(IoctlResult, (result, after if len(after) == out_size
+                                        else after[:out_size], spec, after))
+
+    def _sizes(self, cmd: int, spec: tbl.IoctlSpec) -> tuple[int, int, int]:
+        """drm_ioctl's copy sizes: in and out are the user's size where the user's and the
+        table's direction bits both say so; the kernel buffer is the largest of those and
+        the table's size, zero-extended."""
         user_dir = ioc_dir(cmd)
         user_size = ioc_size(cmd)
         table_dir = ioc_dir(spec.cmd)
         in_size = user_size if user_dir & table_dir & IOC_WRITE else 0
         out_size = user_size if user_dir & table_dir & IOC_READ else 0
-        handler = (self.handlers if spec.core else self.driver.ioctls).get(spec)
-        if handler is None and spec.flags & tbl.DRM_RENDER_ALLOW:
+        return in_size, out_size, max(in_size, out_size, ioc_size(spec.cmd))
+
+    def _handler(self, spec: tbl.IoctlSpec) -> Handler | None:
+        return (self.handlers if spec.core else self.driver.ioctls).get(spec)
+
+    def _route(self, cmd: int) -> _Route | None:
+        """The route of `cmd` when its entry is RENDER_ALLOW (remembered), else None."""
+        spec = tbl.lookup(cmd & 0xFF)
+        if spec is None or not spec.flags & tbl.DRM_RENDER_ALLOW:
+            return None
+        if len(self._routes) >= 4096:  # numbers are the caller's to choose: stay bounded
+            self._routes.clear()
+        route = self._routes[cmd] = _Route(spec, spec.core, *self._sizes(cmd, spec))
+        return route
+
+    def _ioctl_unrouted(self, f: DrmFile, cmd: int, in_bytes: bytes) -> IoctlResult:
+        """An ioctl that ends before any handler: no entry (EINVAL), an entry ualinkd does
+        not emulate (ENOTTY), or one a render client may not call (EACCES, its buffer
+        still copied in and back as drm_ioctl does)."""
+        nr = cmd & 0xFF
+        spec = tbl.lookup(nr)
+        if spec is None:
+            return IoctlResult(-errno.EINVAL, b"", None, b"")
+        in_size, out_size, ksize = self._sizes(cmd, spec)
+        if self._handler(spec) is None and spec.flags & tbl.DRM_RENDER_ALLOW:
             # The kernel has it, ualinkd does not emulate it: say so (once) rather than fake it.
             if nr not in _reported_unemulated:
                 _reported_unemulated.add(nr)
                 log.info("ioctl %s (nr 0x%02x) is not emulated: ENOTTY", spec.name, nr)
             return IoctlResult(-errno.ENOTTY, b"", spec, b"")
-        ksize = max(in_size, out_size, ioc_size(spec.cmd))
+        assert not spec.flags & tbl.DRM_RENDER_ALLOW
         kdata = bytearray(ksize)
         kdata[:in_size] = in_bytes[:in_size]
-        result = 0
-        if not spec.flags & tbl.DRM_RENDER_ALLOW:
-            result = -errno.EACCES  # drm_ioctl_permit: render clients need RENDER_ALLOW
-        else:
-            assert handler is not None
-            try:
-                pending = handler(f, kdata, caller)
-            except DrmError as e:
-                result = -e.errno
-            else:
-                if pending is not None:
-                    return finish_later(pending, spec, kdata, out_size)
-        return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
+        # drm_ioctl_permit: render clients need RENDER_ALLOW
+        return IoctlResult(-errno.EACCES, bytes(kdata[:out_size]), spec, bytes(kdata))
 
     # -- core handlers ---------------------------------------------------------------------
     @tbl.handles(tbl.GEM_CLOSE)

@@ -49,9 +49,14 @@ __all__ = [
 ]
 
 ROOT_INO = 1
+# How long the receive loop waits for the next request once the device is empty
+# (fuse/_build.py's _ualinkd_drain says why: a client on another CPU sends its next ioctl
+# 10-40 µs after its answer), and how many requests and lingers it does per trio wake-up:
+# trio's own work (the fabric's) waits behind a stream of requests for that many at most,
+# a millisecond or two, and costs them one scheduler turn (under a µs each).
+LINGER_NS = 50_000
+TURNS_PER_WAKEUP = 32
 _SPLICE_CAPS = lib.FUSE_CAP_SPLICE_READ | lib.FUSE_CAP_SPLICE_WRITE | lib.FUSE_CAP_SPLICE_MOVE
-_EAGAIN = -errno.EAGAIN
-_EINTR = -errno.EINTR
 
 
 class FuseError(Exception):
@@ -148,8 +153,15 @@ class FuseSession:
         self._nursery: trio.Nursery | None = None
         self._fatal: BaseException | None = None
         self._serving = False
-        # Handy for tests and benchmarks; costs one increment per request.
-        self.requests = 0
+        # The C receive/process loop's state: its request count, the flag that stops it
+        # after the request it is processing (unmount, a fatal exception), and its linger.
+        self._loop = ffi.new("struct _ualinkd_loop *")
+        self._tasks = 0  # answers running as tasks in the nursery (_spawn)
+
+    @property
+    def requests(self) -> int:
+        """Requests received so far (handy for tests and benchmarks)."""
+        return int(self._loop.requests)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -176,6 +188,7 @@ class FuseSession:
         self._se = se
         self.mountpoint = mp
         self._fd = lib.fuse_session_fd(se)
+        self._loop.stop = 0  # an earlier session's unmount() set it
         os.set_blocking(self._fd, False)
 
     async def serve(self) -> None:
@@ -213,6 +226,7 @@ class FuseSession:
             pass  # not inside trio: nobody can be waiting on the fd
         lib.fuse_session_unmount(self._se)
         self._fd = -1
+        self._loop.stop = 1  # called from a callback: no further receive on the closed fd
 
     def close(self) -> None:
         """Unmount if needed and free the session. Call after serve() has returned."""
@@ -243,40 +257,37 @@ class FuseSession:
     def _drain(self) -> bool:
         """Receive and process requests until the device has none (EAGAIN). Returns True
         when the session is over. Draining before going back to trio saves a scheduler
-        round trip per request when requests queue up."""
+        round trip per request when requests queue up. The loop itself is C
+        (`_ualinkd_drain`, fuse/_build.py); the callbacks it runs are the Python below."""
         global _active
-        se, buf = self._se, self._buf
-        receive, process = lib.fuse_session_receive_buf, lib.fuse_session_process_buf
-        while True:
-            if self._fd < 0:
-                return True
-            _active = self
-            n = receive(se, buf)
-            if n > 0:
-                self.requests += 1
-                process(se, buf)
-                if self._fatal is not None:
-                    exc, self._fatal = self._fatal, None
-                    raise exc
-            elif n == _EAGAIN:
-                return False
-            elif n == _EINTR:
-                continue
-            elif n == 0 or lib.fuse_session_exited(se):
-                return True
-            else:
-                raise OSError(-n, f"fuse: reading device: {os.strerror(-n)}")
+        if self._fd < 0:
+            return True
+        _active = self
+        loop = self._loop
+        # No linger while an answer waits on trio: it would wait behind us.
+        loop.linger_ns = 0 if self._tasks or self._completing else LINGER_NS
+        loop.turns = TURNS_PER_WAKEUP
+        n = lib._ualinkd_drain(self._se, self._buf, loop)
+        if self._fatal is not None:
+            exc, self._fatal = self._fatal, None
+            self._loop.stop = 0
+            raise exc
+        if n == 0:
+            return False
+        if n > 0:  # over, or stopped by unmount()
+            return True
+        raise OSError(-n, f"fuse: reading device: {os.strerror(-n)}")
 
     # -- helpers used by the callbacks ---------------------------------------------------
 
     def _caller(self, req: Any) -> Caller:
         c = lib.fuse_req_ctx(req)
-        key = (c.pid, c.uid, c.gid)
-        caller = self._callers.get(key)
-        if caller is None:
-            if len(self._callers) > 4096:
-                self._callers.clear()
-            caller = self._callers[key] = Caller(*key)
+        return self._callers.get((c.pid, c.uid, c.gid)) or self._new_caller(c.pid, c.uid, c.gid)
+
+    def _new_caller(self, pid: int, uid: int, gid: int) -> Caller:
+        if len(self._callers) > 4096:
+            self._callers.clear()
+        caller = self._callers[pid, uid, gid] = Caller(pid, uid, gid)
         return caller
 
     def _bug(self, req: Any, op: str, exc: BaseException) -> None:
@@ -286,6 +297,7 @@ class FuseSession:
             lib.fuse_reply_err(req, errno.EIO)
         if not isinstance(exc, Exception):
             self._fatal = exc  # KeyboardInterrupt and friends: re-raised by serve()
+            self._loop.stop = 1
 
     def _spawn(self, req: Any, op: str, aw: Awaitable[Any], finish: Reply,
                args: tuple[Any, ...]) -> None:
@@ -300,6 +312,8 @@ class FuseSession:
         # restart a long remote read forever; they end within the fabric's timeouts.
         scope = trio.CancelScope()
         key = 0
+        self._tasks += 1
+        self._loop.linger_ns = 0  # its answer comes from trio: the loop must not linger
         if op == "ioctl":
             key = int(ffi.cast("uintptr_t", req))
             self._interruptible[key] = scope
@@ -331,6 +345,7 @@ class FuseSession:
                 except Exception as e:
                     self._bug(req, op, e)
         finally:
+            self._tasks -= 1
             if key:
                 del self._interruptible[key]  # before any await: req's address may be reused
 
@@ -342,6 +357,7 @@ class FuseSession:
 
         key = int(ffi.cast("uintptr_t", req))
         self._completing[key] = req
+        self._loop.linger_ns = 0  # whoever completes it runs in trio: do not linger
         # A GPU load's bytes may come in a pipe (drm/loaded.py): its reply is then written to
         # /dev/fuse by us, which takes the request's unique (read now, from its buffer).
         unique = lib._ualinkd_in_unique(self._buf) if op == "read" else 0
@@ -431,14 +447,21 @@ def _fill_stat(st: Any, a: Attr) -> None:
 _EPOCH = int(time.time())
 
 
+# One struct of each for every reply: libfuse copies it before fuse_reply_* returns, and
+# _fill_stat writes the same fields each time (the rest stay zero), so the bytes sent are
+# those of a fresh one. ffi.new() took 0.5 µs per reply (timeit), reuse nothing.
+_stat = ffi.new("struct stat *")
+_entry = ffi.new("struct fuse_entry_param *")
+
+
 def _reply_attr(req: Any, a: Attr) -> None:
-    st = ffi.new("struct stat *")
+    st = _stat
     _fill_stat(st, a)
     lib.fuse_reply_attr(req, st, a.attr_timeout)
 
 
 def _reply_entry(req: Any, a: Attr) -> None:
-    e = ffi.new("struct fuse_entry_param *")
+    e = _entry
     e.ino = a.ino
     e.attr_timeout = a.attr_timeout
     e.entry_timeout = a.entry_timeout
@@ -475,9 +498,8 @@ def _reply_write(req: Any, count: int, *_: Any) -> None:
     lib.fuse_reply_write(req, count)
 
 
-def _reply_ioctl(req: Any, value: tuple[int, bytes], *args: Any) -> None:
+def _reply_ioctl(req: Any, value: tuple[int, bytes], out_size: int) -> None:
     result, out = value
-    out_size = args[-1]  # the callback's out_bufsz
     if len(out) > out_size:
         raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_size}")
     lib.fuse_reply_ioctl(req, result, out, len(out))
@@ -493,8 +515,9 @@ def _reply_ok(req: Any, _value: None, *_: Any) -> None:
 
 # -- the callbacks -----------------------------------------------------------------------
 # Each libfuse callback is a `body` that calls the op and returns its value; `_callback`
-# is the one place where that value (or an awaitable of it) becomes a reply and where
-# exceptions cross the boundary: FuseError -> fuse_reply_err, anything else -> _bug (EIO).
+# is where that value (or an awaitable of it) becomes a reply and where exceptions cross
+# the boundary: FuseError -> fuse_reply_err, anything else -> _bug (EIO). The ioctl
+# callback (`_op_ioctl`, at the end) is the same steps written out, for speed.
 
 
 Reply = Callable[..., None]
@@ -520,10 +543,8 @@ def _callback(op: str, reply: Reply, *, no_error_reply: bool = False) -> Callabl
                 s = _active
                 try:
                     r = body(s, req, *args)
-                    if type(r) is Completion:
-                        s._complete(req, op, r, reply, args)
-                    elif hasattr(r, "__await__"):
-                        s._spawn(req, op, r, reply, args)
+                    if type(r) is Completion or hasattr(r, "__await__"):
+                        _answer_later(s, req, op, r, reply, args)
                     else:
                         reply(req, r, *args)
                 except FuseError as e:
@@ -535,6 +556,19 @@ def _callback(op: str, reply: Reply, *, no_error_reply: bool = False) -> Callabl
         return ffi.def_extern(name=f"_op_{op}")(cb)
 
     return register
+
+
+def _answer_later(s: FuseSession | None, req: Any, op: str, r: Any, reply: Reply,
+                  args: tuple[Any, ...]) -> None:
+    """`reply` with an op's value when its Completion or awaitable has it (or now, if it
+    is neither)."""
+    assert s is not None  # callbacks run only inside _drain (or close), which set it
+    if type(r) is Completion:
+        s._complete(req, op, r, reply, args)
+    elif hasattr(r, "__await__"):
+        s._spawn(req, op, r, reply, args)
+    else:
+        reply(req, r, *args)
 
 
 @ffi.def_extern()
@@ -679,11 +713,29 @@ def _op_statfs(req: Any, ino: int) -> None:
     lib.fuse_reply_statfs(req, st)
 
 
-@_callback("ioctl", _reply_ioctl)
-def _ioctl(s: FuseSession, req: Any, ino: int, cmd: int, arg: Any, fi: Any, flags: int,
-           in_buf: Any, in_bufsz: int,
-           out_bufsz: int) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]:
-    if flags & lib.FUSE_IOCTL_COMPAT:
-        raise FuseError(errno.ENOSYS)  # 32-bit callers: not emulated
-    return s.ops.ioctl(ino, fi.fh, cmd, ffi.buffer(in_buf, in_bufsz)[:] if in_bufsz else b"",
-                       out_bufsz, s._caller(req))
+# The ioctl callback is written out rather than made by _callback, with its reply inline
+# for the common answer (a tuple now): it runs for every ioctl, and _callback's cb -> body
+# -> _caller chain with its *args tuples was 3 of the 19 Python calls the daemon made per
+# export ioctl outside trio (cProfile). Its arguments are plain values (fuse/_build.py's
+# _ualinkd_op_ioctl takes the file handle and the caller out of libfuse's, and answers
+# 32-bit callers ENOSYS). Errors cross as in _callback: FuseError -> fuse_reply_err,
+# anything else -> _bug (EIO).
+@ffi.def_extern(name="_op_ioctl")
+def _op_ioctl(req: Any, ino: int, fh: int, cmd: int, in_buf: Any, in_bufsz: int,
+              out_bufsz: int, pid: int, uid: int, gid: int) -> None:
+    s = _active
+    try:
+        r = s.ops.ioctl(ino, fh, cmd, ffi.unpack(in_buf, in_bufsz) if in_bufsz else b"",
+                        out_bufsz,
+                        s._callers.get((pid, uid, gid)) or s._new_caller(pid, uid, gid))
+        if type(r) is tuple:  # _reply_ioctl, inline
+            result, out = r
+            if len(out) > out_bufsz:
+                raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_bufsz}")
+            lib.fuse_reply_ioctl(req, result, out, len(out))
+        else:
+            _answer_later(s, req, "ioctl", r, _reply_ioctl, (out_bufsz,))
+    except FuseError as e:
+        lib.fuse_reply_err(req, e.errno)
+    except BaseException as e:
+        s._bug(req, "ioctl", e)
