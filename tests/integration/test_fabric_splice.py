@@ -4,10 +4,12 @@ daemon never produces."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import resource
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import trio
@@ -146,3 +148,39 @@ async def test_a_peer_gone_mid_payload_fails_the_load_and_frees_the_pipe(pod: Po
         await lst.aclose()
     await wait_until(lambda: not a.is_up("b"))
     await wait_until(lambda: _pipes() == before)  # the half-filled pipe was closed
+
+
+@contextlib.contextmanager
+def _no_free_fds() -> Iterator[None]:
+    """Every fd number this process may use is taken (RLIMIT_NOFILE, EMFILE), for a while."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    fillers: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1, hard))
+    try:
+        with contextlib.suppress(OSError):
+            while True:  # (the holes below `top`)
+                fillers.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+        with pytest.raises(OSError):
+            os.pipe()
+        yield
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_large_load_with_no_fd_for_a_pipe_is_read_into_memory(pod: Pod) -> None:
+    """A process out of file descriptors (EMFILE) when a large DATA arrives cannot make the
+    payload's pipe: the payload is read into memory, as on a TLS link, and the link stays
+    up (a dropped link would fail every request in flight on it, policy 3)."""
+    mem_b = bytearray(4 * MIB)
+    mem_b[:MIB] = PATTERN[:MIB]
+    a = await pod.start("a")
+    await pod.start("b", on_request=_memory_server(mem_b))
+    await wait_until(lambda: a.is_up("b") and pod.links["b"].is_up("a"))
+    with _no_free_fds():
+        got = await _completed(a.request_soon(0, 2, 0, MIB))
+        assert a.is_up("b")
+    assert got == PATTERN[:MIB]
+    assert await _completed(a.request_soon(0, 2, 0, MIB)) == PATTERN[:MIB]  # (piped again)
