@@ -184,3 +184,38 @@ async def test_a_large_load_with_no_fd_for_a_pipe_is_read_into_memory(pod: Pod) 
         assert a.is_up("b")
     assert got == PATTERN[:MIB]
     assert await _completed(a.request_soon(0, 2, 0, MIB)) == PATTERN[:MIB]  # (piped again)
+
+
+async def test_a_late_large_data_nobody_waits_for_is_dropped_and_leaves_no_pipe(
+        pod: Pod) -> None:
+    """A 1 MiB DATA that comes after its LOAD's deadline (the request failed, its seq was
+    forgotten) is read and dropped with the link up: nobody is given it, its pipe is not
+    left behind (the reader holds one pipe, in its pool, after this and the next large
+    DATA, which is spliced as usual)."""
+    a, stream, dec, out, listeners = await raw_server_b(pod)
+    await stream.send_all(b"".join(encode_frame(f) for f in out))
+    await wait_until(lambda: a.is_up("b"))
+    a.ack_timeout = 0.1
+    late = a.request_soon(0, 2, 0, MIB)
+    assert late is not None
+    load = await read_frame(stream, dec)
+    assert isinstance(load, Load)
+    with pytest.raises(DrmError) as e:
+        await _completed(late)
+    assert e.value.errno == errno.EFAULT
+    a.ack_timeout = 5.0
+    before = _pipes()
+    await stream.send_all(b"".join(encode_frame_parts(Data(load.seq, 0, PATTERN[:MIB]))))
+    got: list[bytes | None] = []
+    c = a.request_soon(0, 2, 0, MIB)
+    assert c is not None
+    c.when_done(lambda c: got.append(_drain_spliced(c.result())))
+    load = await read_frame(stream, dec)
+    assert isinstance(load, Load)
+    await stream.send_all(b"".join(encode_frame_parts(Data(load.seq, 0, PATTERN[1:MIB + 1]))))
+    await wait_until(lambda: c.done)
+    assert got == [PATTERN[1:MIB + 1]]
+    assert a.is_up("b") and _pipes() == before + 2  # (the pool's one pipe)
+    await stream.aclose()
+    for lst in listeners:
+        await lst.aclose()
