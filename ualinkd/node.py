@@ -37,7 +37,7 @@ from .drm.device import (
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.gem import DmaBuf
-from .drm.loaded import Loaded
+from .drm.loaded import Loaded, in_memory
 from .drm.syncobj import EventFd, SyncWaits
 from .drm.tokens import DmaBufTokens
 from .fuse.backend import IoctlReply
@@ -379,9 +379,9 @@ class NodeCore:
                 done, got = -result.errno, b""
             elif isinstance(result, int):
                 done, got = result, bytes(data[:result])
-            else:
-                assert isinstance(result, bytes | bytearray)
-                done, got = len(result), bytes(result)
+            else:  # a load's bytes (in memory now if the fabric held them in a pipe)
+                loaded = in_memory(result)  # type: ignore[arg-type]  # a load's result
+                done, got = len(loaded), bytes(loaded)
             self.tracer(GpuAccessRecord(caller.pid, self.name, minor,
                                         self.managers[minor].accel_id, op, va, length, done,
                                         got, start, self.trace_clock() - start,

@@ -4,10 +4,12 @@ daemon never produces."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import resource
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import trio
@@ -146,3 +148,74 @@ async def test_a_peer_gone_mid_payload_fails_the_load_and_frees_the_pipe(pod: Po
         await lst.aclose()
     await wait_until(lambda: not a.is_up("b"))
     await wait_until(lambda: _pipes() == before)  # the half-filled pipe was closed
+
+
+@contextlib.contextmanager
+def _no_free_fds() -> Iterator[None]:
+    """Every fd number this process may use is taken (RLIMIT_NOFILE, EMFILE), for a while."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    fillers: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1, hard))
+    try:
+        with contextlib.suppress(OSError):
+            while True:  # (the holes below `top`)
+                fillers.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+        with pytest.raises(OSError):
+            os.pipe()
+        yield
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_large_load_with_no_fd_for_a_pipe_is_read_into_memory(pod: Pod) -> None:
+    """A process out of file descriptors (EMFILE) when a large DATA arrives cannot make the
+    payload's pipe: the payload is read into memory, as on a TLS link, and the link stays
+    up (a dropped link would fail every request in flight on it, policy 3)."""
+    mem_b = bytearray(4 * MIB)
+    mem_b[:MIB] = PATTERN[:MIB]
+    a = await pod.start("a")
+    await pod.start("b", on_request=_memory_server(mem_b))
+    await wait_until(lambda: a.is_up("b") and pod.links["b"].is_up("a"))
+    with _no_free_fds():
+        got = await _completed(a.request_soon(0, 2, 0, MIB))
+        assert a.is_up("b")
+    assert got == PATTERN[:MIB]
+    assert await _completed(a.request_soon(0, 2, 0, MIB)) == PATTERN[:MIB]  # (piped again)
+
+
+async def test_a_late_large_data_nobody_waits_for_is_dropped_and_leaves_no_pipe(
+        pod: Pod) -> None:
+    """A 1 MiB DATA that comes after its LOAD's deadline (the request failed, its seq was
+    forgotten) is read and dropped with the link up: nobody is given it, its pipe is not
+    left behind (the reader holds one pipe, in its pool, after this and the next large
+    DATA, which is spliced as usual)."""
+    a, stream, dec, out, listeners = await raw_server_b(pod)
+    await stream.send_all(b"".join(encode_frame(f) for f in out))
+    await wait_until(lambda: a.is_up("b"))
+    a.ack_timeout = 0.1
+    late = a.request_soon(0, 2, 0, MIB)
+    assert late is not None
+    load = await read_frame(stream, dec)
+    assert isinstance(load, Load)
+    with pytest.raises(DrmError) as e:
+        await _completed(late)
+    assert e.value.errno == errno.EFAULT
+    a.ack_timeout = 5.0
+    before = _pipes()
+    await stream.send_all(b"".join(encode_frame_parts(Data(load.seq, 0, PATTERN[:MIB]))))
+    got: list[bytes | None] = []
+    c = a.request_soon(0, 2, 0, MIB)
+    assert c is not None
+    c.when_done(lambda c: got.append(_drain_spliced(c.result())))
+    load = await read_frame(stream, dec)
+    assert isinstance(load, Load)
+    await stream.send_all(b"".join(encode_frame_parts(Data(load.seq, 0, PATTERN[1:MIB + 1]))))
+    await wait_until(lambda: c.done)
+    assert got == [PATTERN[1:MIB + 1]]
+    assert a.is_up("b") and _pipes() == before + 2  # (the pool's one pipe)
+    await stream.aclose()
+    for lst in listeners:
+        await lst.aclose()

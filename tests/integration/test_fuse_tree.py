@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import trio
+from test_fabric_splice import _no_free_fds
 
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
@@ -699,6 +700,47 @@ async def test_a_spliced_read_answers_a_caller_killed_while_it_waited(
             assert got == [data[:n]]
         finally:
             await in_thread(os.close, fd)
+    pool.close()
+
+
+async def test_a_read_of_piped_bytes_with_no_fd_for_the_reply_pipe_is_answered_from_memory(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """The first spliced read reply makes the session's reply pipe (_reply_spliced): with no
+    fd free then (EMFILE) the read is answered from memory, not EIO, and nothing is logged
+    as a bug; once fds are free again the next one is spliced."""
+    backend = FakeBackend()
+    size = 300_000
+    data = (bytes(range(251)) * (size // 251 + 1))[:size]
+    pool = PipePool()
+
+    async with serving(tmp_path / "mnt", backend) as m:
+        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+        try:
+            got: list[bytes] = []
+
+            async def load() -> None:
+                got.append(await in_thread(os.pread, fd, size, COMPLETION_VA))
+
+            for i in range(2):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(load)
+                    await eventually(lambda i=i: len(backend.completions) == i + 1)
+                    n = [e for e in backend.gpu if e[1] == COMPLETION_VA][-1][2]
+                    assert n == size
+                    p = _piped_bytes(pool, data, 4096)
+                    with caplog.at_level(logging.INFO, logger="ualinkd.fuse"), \
+                            (_no_free_fds() if i == 0 else contextlib.nullcontext()):
+                        backend.completions[i].set_result(p)  # type: ignore[arg-type]
+                    if i == 0:  # replied from memory
+                        assert p.memory() == data
+                    else:  # spliced away
+                        with pytest.raises(RuntimeError):
+                            p.memory()
+                    p.settle()
+                assert got[i] == data
+        finally:
+            await in_thread(os.close, fd)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     pool.close()
 
 

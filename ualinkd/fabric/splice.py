@@ -41,7 +41,10 @@ class PipePool:
             return self._free.pop()
         if not self.usable:
             return None
-        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # no fd free now (EMFILE, ENFILE): this payload goes to memory
+            return None
         try:
             fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         except OSError as e:

@@ -15,6 +15,7 @@ from typing import Protocol
 # (ualinkd/sysfs.py); the tree serves them.
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.device import Caller
+from ualinkd.drm.loaded import Loaded
 from ualinkd.sysfs import SysAttr, SysDir, SysLink
 
 __all__ = ["Caller", "IoctlReply", "NodeBackend", "SysAttr", "SysDir", "SysLink"]
@@ -59,9 +60,10 @@ class NodeBackend(Protocol):
 
     def gpu_read(
         self, drm_file: object, va: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes | bytearray] | Completion[bytes | bytearray]:
+    ) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]:
         """pread() on a render node: a GPU load through the file's GPU VM (the bytes now,
-        or later: by an awaitable, or a Completion answered by callback)."""
+        or later: by an awaitable, or a Completion answered by callback, whose bytes may be
+        in a pipe: drm/loaded.py)."""
         ...
 
     def gpu_write(

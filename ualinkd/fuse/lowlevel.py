@@ -400,7 +400,10 @@ class FuseSession:
         if out is None:
             if self._splice_refused:
                 return False
-            out = self._splice_out = _out_pipe()
+            try:
+                out = self._splice_out = _out_pipe()
+            except OSError:  # no fd free now (EMFILE, ENFILE): this reply from memory
+                return False
             if out is None:
                 self._splice_refused = True
                 return False
