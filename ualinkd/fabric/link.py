@@ -843,7 +843,9 @@ class FabricLink:
                         conn.room = trio.Event()
                         await conn.room.wait()
                         conn.paused = False
-                if piped is not None and not piped.left:  # its frame was dispatched
+                # Its frame was dispatched above, and its consumers ran in that call
+                # (drm/loaded.py's contract): no await may come between the two.
+                if piped is not None and not piped.left:
                     piped.settle()
                     piped = None
                 if acked or conn.soon:  # (conn.soon: ACKs still owed from an earlier read)
