@@ -120,6 +120,28 @@ def start_node(
 
 
 @contextlib.contextmanager
+def recording(mounts: list[Path], out: Path) -> Iterator[None]:
+    """`ualinkd record --mount … -o out` attached to running nodes for the block: it has
+    said "recording" when the block starts; after it, the last lines get time to arrive and
+    SIGINT stops it (it must exit 0). Killed if the block fails."""
+    cmd = [sys.executable, "-m", "ualinkd", "record"]
+    for m in mounts:
+        cmd += ["--mount", str(m)]
+    rec = subprocess.Popen([*cmd, "-o", str(out)], stderr=subprocess.PIPE, text=True)
+    try:
+        assert rec.stderr is not None
+        assert rec.stderr.readline().strip() == "recording"
+        yield
+        time.sleep(0.5)  # the last lines on their way through the sockets
+        rec.send_signal(signal.SIGINT)
+        assert rec.wait(30) == 0
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+
+
+@contextlib.contextmanager
 def running_node(
     tmp: Path, config: PodConfig | None = None, name: str = "node0", trace: str | None = None
 ) -> Iterator[Node]:

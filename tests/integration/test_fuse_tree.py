@@ -362,12 +362,7 @@ async def test_32bit_caller_gets_enosys(tmp_path: Path):
             pytest.skip("the kernel runs no 32-bit programs")
         assert r.returncode == errno.ENOTTY
         assert m.backend.ioctls == []
-        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
-        try:
-            got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
-            assert bytes(got) == b"\x01" * 24
-        finally:
-            await in_thread(os.close, fd)
+        await _echo_answers(m, "dri/renderD128")
 
 
 async def test_ioctl_answer_longer_than_asked_is_a_bug(tmp_path: Path,
@@ -517,12 +512,7 @@ async def test_signal_interrupts_a_pending_async_ioctl(tmp_path: Path, sig: int)
             else:
                 assert (rc, out.split()) == (0, ["-1", str(errno.EINTR)])
             assert not m.backend.gate.is_set()
-            fd = await in_thread(os.open, m.path("dri/renderD129"), os.O_RDWR)
-            try:
-                got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
-                assert bytes(got) == b"\x01" * 24
-            finally:
-                await in_thread(os.close, fd)
+            await _echo_answers(m, "dri/renderD129")
     finally:  # after the session is gone: a caller stuck in the kernel is released by then
         for proc in procs:
             if proc.poll() is None:
@@ -611,6 +601,42 @@ def _piped_bytes(pool: PipePool, data: bytes, head: int) -> PipedPayload:
     return p
 
 
+async def _echo_answers(m: Mounted, node: str) -> None:
+    """The echo ioctl on a fresh open of `node` is answered (the session still serves)."""
+    fd = await in_thread(os.open, m.path(node), os.O_RDWR)
+    try:
+        got = await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))
+        assert bytes(got) == b"\x01" * 24
+    finally:
+        await in_thread(os.close, fd)
+
+
+async def _piped_reads(m: Mounted, backend: FakeBackend, size: int, times: int,
+                       answer: Callable[[Completion[Any], int], None]) -> list[bytes]:
+    """`times` preads of `size` bytes at COMPLETION_VA, one after the other, on one open
+    render node; each is answered by `answer(its Completion, n)`, n being what the kernel's
+    request asked (at most 256 pages of the caller's buffer, which need not be
+    page-aligned). What each pread returned."""
+    fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+    got: list[bytes] = []
+
+    async def load() -> None:
+        got.append(await in_thread(os.pread, fd, size, COMPLETION_VA))
+
+    try:
+        for _ in range(times):
+            k = len(backend.completions)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(load)
+                await eventually(lambda k=k: len(backend.completions) == k + 1)
+                n = [e for e in backend.gpu if e[1] == COMPLETION_VA][-1][2]
+                assert isinstance(n, int)
+                answer(backend.completions[k], n)
+    finally:
+        await in_thread(os.close, fd)
+    return got
+
+
 async def test_gpu_read_of_piped_bytes_is_spliced_into_the_caller(tmp_path: Path):
     """A read answered with bytes the fabric holds in a pipe (drm/loaded.py) is replied by
     splicing them, after the bytes that came with the DATA header, into /dev/fuse
@@ -620,32 +646,21 @@ async def test_gpu_read_of_piped_bytes_is_spliced_into_the_caller(tmp_path: Path
     size, head = (1 << 20) - 48, 65523  # (a 1 MiB read the kernel split; a first read's part)
     data = (bytes(range(251)) * (size // 251 + 1))[:size]
     pool = PipePool()
+    asked: list[int] = []
 
+    def answer(c: Completion[Any], n: int) -> None:
+        assert n > head
+        asked.append(n)
+        p = _piped_bytes(pool, data[:n], head)
+        c.set_result(p)
+        assert p.splice_parts() is None  # handed to the reply, not left
+        p.settle()  # (what the reader does next)
 
     async with serving(tmp_path / "mnt", backend) as m:
-        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
-        try:
-            got: list[bytes] = []
-
-            async def load() -> None:
-                got.append(await in_thread(os.pread, fd, size, COMPLETION_VA))
-
-            for i in range(2):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(load)
-                    await eventually(lambda i=i: len(backend.completions) == i + 1)
-                    # The kernel's request: at most 256 pages of the caller's buffer, which
-                    # need not be page-aligned; the answer is what it asked (as _loaded's).
-                    n = [e for e in backend.gpu if e[1] == COMPLETION_VA][-1][2]
-                    assert isinstance(n, int) and n > head
-                    p = _piped_bytes(pool, data[:n], head)
-                    backend.completions[i].set_result(p)  # type: ignore[arg-type]
-                    assert p.splice_parts() is None  # handed to the reply, not left
-                    p.settle()  # (what the reader does next)
-                # (the rest of the caller's read, a request of its own, the fake answers)
-                assert len(got[i]) == size and got[i][:n] == data[:n]
-        finally:
-            await in_thread(os.close, fd)
+        got = await _piped_reads(m, backend, size, 2, answer)
+    # (the rest of each read, a request of its own, the fake answers)
+    for g, n in zip(got, asked, strict=True):
+        assert len(g) == size and g[:n] == data[:n]
     pool.close()
 
 
@@ -685,21 +700,9 @@ async def test_a_spliced_read_answers_a_caller_killed_while_it_waited(
                 backend.completions[0].set_error(DrmError(errno.EFAULT, "test cleanup"))
                 reader.wait()
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
-        try:
-            got: list[bytes] = []
-
-            async def load() -> None:
-                got.append(await in_thread(os.pread, fd, n, COMPLETION_VA))
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(load)
-                await eventually(lambda: len(backend.completions) == 2)
-                backend.completions[1].set_result(  # type: ignore[arg-type]
-                    _piped_bytes(pool, data[:n], 4096))
-            assert got == [data[:n]]
-        finally:
-            await in_thread(os.close, fd)
+        got = await _piped_reads(m, backend, n, 1, lambda c, k: c.set_result(
+            _piped_bytes(pool, data[:k], 4096)))
+        assert got == [data[:n]]
     pool.close()
 
 
@@ -713,33 +716,25 @@ async def test_a_read_of_piped_bytes_with_no_fd_for_the_reply_pipe_is_answered_f
     data = (bytes(range(251)) * (size // 251 + 1))[:size]
     pool = PipePool()
 
+    answered = 0
+
+    def answer(c: Completion[Any], n: int) -> None:
+        nonlocal answered
+        assert n == size
+        p = _piped_bytes(pool, data, 4096)
+        with caplog.at_level(logging.INFO, logger="ualinkd.fuse"), \
+                (_no_free_fds() if answered == 0 else contextlib.nullcontext()):
+            c.set_result(p)
+        if answered == 0:  # replied from memory
+            assert p.memory() == data
+        else:  # spliced away
+            with pytest.raises(RuntimeError):
+                p.memory()
+        p.settle()
+        answered += 1
+
     async with serving(tmp_path / "mnt", backend) as m:
-        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
-        try:
-            got: list[bytes] = []
-
-            async def load() -> None:
-                got.append(await in_thread(os.pread, fd, size, COMPLETION_VA))
-
-            for i in range(2):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(load)
-                    await eventually(lambda i=i: len(backend.completions) == i + 1)
-                    n = [e for e in backend.gpu if e[1] == COMPLETION_VA][-1][2]
-                    assert n == size
-                    p = _piped_bytes(pool, data, 4096)
-                    with caplog.at_level(logging.INFO, logger="ualinkd.fuse"), \
-                            (_no_free_fds() if i == 0 else contextlib.nullcontext()):
-                        backend.completions[i].set_result(p)  # type: ignore[arg-type]
-                    if i == 0:  # replied from memory
-                        assert p.memory() == data
-                    else:  # spliced away
-                        with pytest.raises(RuntimeError):
-                            p.memory()
-                    p.settle()
-                assert got[i] == data
-        finally:
-            await in_thread(os.close, fd)
+        assert await _piped_reads(m, backend, size, 2, answer) == [data, data]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     pool.close()
 

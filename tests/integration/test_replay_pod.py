@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nodes import Client, c_program
+from nodes import Client, c_program, recording
 
 MIB = 1 << 20
 VA0 = 0x100000000
@@ -242,21 +242,8 @@ def test_ualinkd_record_attaches_to_a_running_pod(tmp_path):
     differences."""
     out = tmp_path / "attached.jsonl"
     with pod(tmp_path, "running") as root:
-        rec = subprocess.Popen(
-            [sys.executable, "-m", "ualinkd", "record", "--mount", str(root / "node0"),
-             "--mount", str(root / "node1"), "-o", str(out)],
-            stderr=subprocess.PIPE, text=True)
-        try:
-            assert rec.stderr is not None
-            assert rec.stderr.readline().strip() == "recording"
+        with recording([root / "node0", root / "node1"], out):
             reexport_session(root)
-            time.sleep(0.5)  # the last lines on their way through the sockets
-            rec.send_signal(signal.SIGINT)
-            assert rec.wait(30) == 0
-        finally:
-            if rec.poll() is None:
-                rec.kill()
-                rec.wait()
     recs = [r for r in records(out) if r["type"] in ("ioctl", "open")]
     assert {r["pid"] for r in recs} == {os.getpid()}
     assert sum(r.get("ioctl") == "AMDGPU_UALINK_HANDLE" for r in recs) == 3
