@@ -315,7 +315,8 @@ class UalinkAgent:
     def drain(self) -> None:
         """After a request (ioctl, close): start whatever the managers queued."""
         for mgr in self.host.managers:
-            self._start(mgr, mgr.take_effects())
+            if mgr.outbox:  # (most requests, an export of an exported BO for one, queue none)
+                self._start(mgr, mgr.take_effects())
             self._check_timer(mgr)
 
     def _start(self, mgr: UalinkManager, effects: list[Effect]) -> None:
