@@ -337,13 +337,8 @@ class FuseSession:
             if scope.cancelled_caught:  # interrupted
                 log.debug("fuse %s: interrupted by a signal to the caller, replying EINTR", op)
                 self._reply_err_late(req, errno.EINTR)
-            elif self._fd < 0:
-                lib.fuse_reply_none(req)
             else:
-                try:
-                    finish(req, value, *args)
-                except Exception as e:
-                    self._bug(req, op, e)
+                self._finish_late(req, op, finish, value, args)
         finally:
             self._tasks -= 1
             if key:
@@ -358,9 +353,17 @@ class FuseSession:
         key = int(ffi.cast("uintptr_t", req))
         self._completing[key] = req
         self._loop.linger_ns = 0  # whoever completes it runs in trio: do not linger
-        # A GPU load's bytes may come in a pipe (drm/loaded.py): its reply is then written to
-        # /dev/fuse by us, which takes the request's unique (read now, from its buffer).
-        unique = lib._ualinkd_in_unique(self._buf) if op == "read" else 0
+        if op == "read":
+            # A GPU load's bytes may come in a pipe (drm/loaded.py): its reply is then
+            # written to /dev/fuse by us, which takes the request's unique (read now, from
+            # its buffer).
+            unique = lib._ualinkd_in_unique(self._buf)
+            reply_buf = finish
+
+            def finish(req: Any, value: Any, *args: Any) -> None:
+                if isinstance(value, bytes | bytearray) or \
+                        not self._reply_spliced(req, unique, value):
+                    reply_buf(req, value, *args)
 
         def done(c: Completion[Any]) -> None:
             if self._completing.pop(key, None) is None:
@@ -375,22 +378,25 @@ class FuseSession:
                           exc_info=e)
                 self._reply_err_late(req, errno.EIO)
                 return
-            if self._fd < 0:
-                lib.fuse_reply_none(req)
-                return
-            try:
-                if unique and not isinstance(value, bytes | bytearray) and \
-                        self._reply_spliced(req, unique, value):
-                    return
-                finish(req, value, *args)
-            except Exception as e:
-                self._bug(req, op, e)
+            self._finish_late(req, op, finish, value, args)
 
         try:
             c.when_done(done)
         except BaseException:
             del self._completing[key]  # the callback answers it (EIO): serve() must not
             raise
+
+    def _finish_late(self, req: Any, op: str, finish: Reply, value: Any,
+                     args: tuple[Any, ...]) -> None:
+        """Answer `req` with its op's value, after the callback returned (from a task or a
+        Completion): nothing but freeing it once the device is gone."""
+        if self._fd < 0:
+            lib.fuse_reply_none(req)
+            return
+        try:
+            finish(req, value, *args)
+        except Exception as e:
+            self._bug(req, op, e)
 
     def _reply_spliced(self, req: Any, unique: int, data: PipedBytes) -> bool:
         """Answer a read with bytes held in a pipe by splicing them on into /dev/fuse (one
