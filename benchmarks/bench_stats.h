@@ -9,6 +9,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+/* The idle gap before each timed first import (pod_latency import) and before each
+ * sample of its floor (tcp_floor import): the releases of the previous sample settle. */
+#define IMPORT_SETTLE_NS 2000000
+
 static inline uint64_t now_ns(void)
 {
 	struct timespec ts;

@@ -11,7 +11,7 @@
  *   of it is timed step by step: the UALINK_HANDLE import ioctl (t0..t1), the
  *   open of <mount>/dmabuf/<token> (t1..t2) and PRIME_FD_TO_HANDLE (t2..t3).
  *   The fd, the imported handle and the BO are closed and the releases they
- *   cause are given 2 ms to settle before the next sample.  One line per
+ *   cause are given 2 ms (IMPORT_SETTLE_NS) to settle before the next sample.  One line per
  *   timed sample: t0=.. t1=.. t2=.. t3=.. (CLOCK_MONOTONIC ns, the clock
  *   Python's time.monotonic_ns reads, so daemon-side stamps line up).
  * load: one BO of the largest size is created, mapped, filled (a local GPU
@@ -167,7 +167,7 @@ static int cmd_import(const char *exp_path, const char *imp_path, long count, lo
 		uint64_t handle[2], t0, t1, t2, t3;
 		uint32_t bo = bo_create(efd, IMPORT_BO_SIZE), token, gem;
 		int dmabuf;
-		struct timespec settle = { 0, 2000000 };
+		struct timespec settle = { 0, IMPORT_SETTLE_NS };
 
 		export(efd, bo, handle);
 		nanosleep(&settle, NULL);

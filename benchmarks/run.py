@@ -7,9 +7,14 @@ floor is a C program doing the same physical work:
 | figure (ualinkd)                             | floor (C)                           | goal   |
 |----------------------------------------------|-------------------------------------|--------|
 | export ioctl on an exported BO               | libfuse3 echo ioctl (fuse_echo.c)   | ≤ 2.0× |
-| first import: ioctl + dma-buf open + FD→hdl  | 3 echo ioctls + 1 TCP round trip    | ≤ 4×   |
+| first import: ioctl + dma-buf open + FD→hdl  | 3 echo ioctls + 1 TCP round trip ¹  | ≤ 4×   |
 | 4 KiB remote GPU load                        | 1 echo ioctl + 1 TCP round trip     | ≤ 3×   |
 | 1 MiB remote GPU load, as throughput         | TCP loopback stream (tcp_floor.c)   | ≥ 0.5  |
+
+¹ In the first import's own pattern (tcp_floor.c import): each sample after the same 2 ms
+idle gap as each first import (IMPORT_SETTLE_NS), the four round trips timed as one. On this
+kind of machine the first FUSE round trip after such a gap takes about 4× a hot one, so the
+back-to-back sum (3 hot echoes + 1 hot round trip) is not the same work; it is printed too.
 
 The TCP floors (tcp_floor.c) run between two processes set up as the fabric's links are
 (TCP_NODELAY, 4 MiB buffers, the pod's congestion control: PodConfig.tcp_congestion).
@@ -76,7 +81,7 @@ ALLOWED = os.sched_getaffinity(0)
 
 GOALS = {  # name: (what, comparison, goal)
     "export": ("export ioctl / C FUSE echo", "<=", 2.0),
-    "first_import": ("first import / (3 FUSE echoes + 1 TCP RTT)", "<=", 4.0),
+    "first_import": ("first import / (3 FUSE echoes + 1 TCP RTT)¹", "<=", 4.0),
     "load_4k": ("4 KiB remote load / (1 FUSE echo + 1 TCP RTT)", "<=", 3.0),
     "load_1m": ("1 MiB remote load throughput / C TCP stream", ">=", 0.5),
 }
@@ -238,6 +243,9 @@ def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[
         return {**out, **clock.per_op(c.ioctls + WARMUP)}
     if kind == "tcp_rtt":
         return fields(run_c(BUILD / "tcp_floor", ["rtt", str(c.rtts)], cpus))
+    if kind == "import_floor":
+        return fields(run_c(BUILD / "tcp_floor", ["import", str(echo_dev), UALINK_CMD,
+                                                   str(c.imports)], cpus))
     if kind == "tcp_stream":
         return fields(run_c(BUILD / "tcp_floor", ["stream", str(c.stream_bytes),
                                                    str(c.stream_reps)], cpus))
@@ -272,13 +280,14 @@ def ratios(m: dict[str, dict[str, float]]) -> dict[str, float]:
     echo, rtt = m["echo"]["median_ns"], m["tcp_rtt"]["median_ns"]
     return {
         "export": m["export"]["median_ns"] / echo,
-        "first_import": m["first_import"]["total_ns"] / (3 * echo + rtt),
+        "first_import": m["first_import"]["total_ns"] / m["import_floor"]["median_ns"],
         "load_4k": m["load_4k"]["median_ns"] / (echo + rtt),
         "load_1m": (MiB * 1e9 / m["load_1m"]["median_ns"]) / m["tcp_stream"]["median_bps"],
     }
 
 
-KINDS = ["echo", "export", "tcp_rtt", "first_import", "tcp_stream", "load_4k", "load_1m"]
+KINDS = ["echo", "export", "tcp_rtt", "import_floor", "first_import", "tcp_stream", "load_4k",
+         "load_1m"]
 SERVED = {"echo": "C libfuse3 echo, per ioctl", "export": "ualinkd, per export ioctl",
           "first_import": "ualinkd, per import cycle", "load_4k": "ualinkd, per 4 KiB load",
           "load_1m": "ualinkd, per 1 MiB load"}
@@ -443,6 +452,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "fuse_echo_ioctl_ns": pick("echo", "median_ns"),
             "tcp_rtt_ns": pick("tcp_rtt", "median_ns"),
             "tcp_stream_bps": pick("tcp_stream", "median_bps"),
+            "import_floor_ns": pick("import_floor", "median_ns"),
+            "import_floor_back_to_back_ns": summary(
+                [3 * r["measured"]["echo"]["median_ns"] + r["measured"]["tcp_rtt"]["median_ns"]
+                 for r in runs]),
         },
         "figures": {
             "export_ioctl_ns": pick("export", "median_ns"),
@@ -488,6 +501,10 @@ def table(result: dict[str, Any]) -> list[str]:
                   f"{spread(f['tcp_rtt_ns'], 1e3):>26}",
                   f"{'  TCP stream GiB/s (' + result['congestion'] + ')':<{w}}"
                   f"{spread(f['tcp_stream_bps'], 1 << 30, '{:.2f}'):>26}",
+                  f"{'  3 echoes + 1 round trip, after 2 ms idle ¹':<{w}}"
+                  f"{spread(f['import_floor_ns'], 1e3):>26}",
+                  f"{'    (the same back to back, hot)':<{w}}"
+                  f"{spread(f['import_floor_back_to_back_ns'], 1e3):>26}",
                   f"{'ualinkd (C client)':<{w}}",
                   f"{'  export ioctl (already exported BO)':<{w}}"
                   f"{spread(g['export_ioctl_ns'], 1e3):>26}",
@@ -511,6 +528,9 @@ def table(result: dict[str, Any]) -> list[str]:
             lines.append(f"{'  ' + what:<{w}}{sc['server_cpu_ns_per_op'] / 1e3:>10.1f}"
                          f"{sc['server_wait_ns_per_op'] / 1e3:>12.1f}"
                          f"{sc['server_switches_per_op']:>10.1f}")
+    lines += ["", "¹ the first import's floor is timed in its own pattern: each sample after the "
+                  "same 2 ms idle gap", "  as each first import (the back-to-back sum below it is "
+                  "not the same work)"]
     bd = result.get("breakdown")
     if bd:
         lines += ["", "first import by phase (a second pod, daemons under benchmarks/stamps.py; "

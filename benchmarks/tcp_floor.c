@@ -2,6 +2,7 @@
 /*
  * tcp_floor rtt <count> [size] [warmup] [congestion]
  * tcp_floor stream <total-bytes> <reps> [chunk] [congestion]
+ * tcp_floor import <echo-file> <cmd-hex> <count> [warmup]
  *
  * The TCP floors under ualinkd's fabric figures, in C: two processes (this
  * one and a child it forks, so both inherit the caller's CPU placement) on a
@@ -18,6 +19,13 @@
  *         such transfers.  Congestion control default "cubic" (the pod's
  *         default tcp_congestion), "" keeps the system's.  Prints
  *         median_bps=.. min_bps=.. max_bps=.. reps=.. congestion=..
+ * import: the first import's floor in the first import's own pattern (pod_latency
+ *         import): after the same idle gap (IMPORT_SETTLE_NS), one ioctl <cmd-hex>
+ *         on <echo-file> (fuse_echo's file), one 64-byte round trip, two more such
+ *         ioctls, timed as one sample.  The gap matters: on this kind of machine
+ *         the first FUSE round trip after 2 ms idle takes about 4x a hot one
+ *         (caches, a halted vCPU), so a floor timed back to back is not the same
+ *         work.  Prints median_ns=.. p99_ns=.. mean_ns=.. count=..
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -29,9 +37,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "bench_stats.h"
@@ -242,6 +252,45 @@ static int stream(size_t total, long reps, size_t chunk, const char *congestion)
 	return 0;
 }
 
+static int import_floor(const char *path, unsigned long cmd, long count, long warmup)
+{
+	static char buf[4096], msg[64];
+	size_t size = sizeof(msg);
+	struct timespec settle = { 0, IMPORT_SETTLE_NS };
+	uint64_t *ns = calloc((size_t)count, sizeof(*ns));
+	int efd = open(path, O_RDWR | O_CLOEXEC), fd, status, k;
+	pid_t pid;
+	long i;
+
+	if (!ns)
+		return 2;
+	if (efd < 0)
+		die(path);
+	fd = pair("cubic", echo_child, &size, &pid);
+	for (i = -warmup; i < count; i++) {
+		uint64_t t0;
+
+		nanosleep(&settle, NULL);
+		t0 = now_ns();
+		if (ioctl(efd, cmd, buf) < 0)
+			die("echo ioctl");
+		write_full(fd, msg, size);
+		read_full(fd, msg, size);
+		for (k = 0; k < 2; k++)
+			if (ioctl(efd, cmd, buf) < 0)
+				die("echo ioctl");
+		if (i >= 0)
+			ns[i] = now_ns() - t0;
+	}
+	close(fd);
+	close(efd);
+	waitpid(pid, &status, 0);
+	print_stats(ns, count);
+	printf("\n");
+	free(ns);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -259,9 +308,16 @@ int main(int argc, char **argv)
 
 		if (reps > 0)
 			return stream(total, reps, chunk, argc > 5 ? argv[5] : "cubic");
+	} else if ((argc == 5 || argc == 6) && !strcmp(argv[1], "import")) {
+		long count = strtol(argv[4], NULL, 0);
+		long warmup = argc > 5 ? strtol(argv[5], NULL, 0) : 5;
+
+		if (count > 0 && warmup >= 0)
+			return import_floor(argv[2], strtoul(argv[3], NULL, 16), count, warmup);
 	}
 	fprintf(stderr, "usage: %s rtt <count> [size] [warmup] [congestion]\n"
-			"       %s stream <total-bytes> <reps> [chunk] [congestion]\n",
-		argv[0], argv[0]);
+			"       %s stream <total-bytes> <reps> [chunk] [congestion]\n"
+			"       %s import <echo-file> <cmd-hex> <count> [warmup]\n",
+		argv[0], argv[0], argv[0]);
 	return 2;
 }

@@ -38,7 +38,8 @@ def test_quick_run_writes_every_key(tmp_path):
     result = json.loads(out.read_text())
     assert set(result["placements"]) == {"pinned", "scheduler"}
     for p in result["placements"].values():
-        assert set(p["floors"]) == {"fuse_echo_ioctl_ns", "tcp_rtt_ns", "tcp_stream_bps"}
+        assert set(p["floors"]) == {"fuse_echo_ioctl_ns", "tcp_rtt_ns", "tcp_stream_bps",
+                                    "import_floor_ns", "import_floor_back_to_back_ns"}
         assert set(p["figures"]) == {
             "export_ioctl_ns", "first_import_ns", "first_import_ioctl_ns",
             "first_import_open_ns", "first_import_fd_to_handle_ns", "load_4k_ns",
