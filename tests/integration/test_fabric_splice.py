@@ -26,6 +26,7 @@ from test_fabric_link import (
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.loaded import Loaded
+from ualinkd.fabric import splice
 from ualinkd.fabric.wire import Data, Load, encode_frame, encode_frame_parts
 
 MIB = 1 << 20
@@ -99,10 +100,14 @@ async def test_a_large_load_answer_comes_in_a_pipe_and_leaves_no_fd(pod: Pod) ->
     assert await a.request(0, 2, 12345, MIB - 12345) == PATTERN[12345:MIB]  # request(): bytes
 
 
-async def test_a_trickled_payload_fills_the_pipe_and_moves_to_memory(pod: Pod) -> None:
-    """A peer that sends its 1 MiB DATA in small, separate TCP segments fills the pipe's
-    slots (one per segment) long before its bytes: the reader then moves the payload to
-    memory and reads the rest there. Every byte arrives in order and nothing is spliced."""
+async def test_a_trickled_payload_fills_the_pipe_and_moves_to_memory(
+        pod: Pod, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer that sends its 1 MiB DATA in small, separate TCP segments can fill the pipe's
+    slots (one per fragment) long before its bytes: the reader then moves the payload to
+    memory and reads the rest there. Every byte arrives in order and nothing is spliced.
+    The reader is woken once most of a payload is in (SO_RCVLOWAT), and by then the kernel
+    has merged most segments; a pipe of 4 slots is filled all the same."""
+    monkeypatch.setattr(splice, "PIPE_SIZE", 4 * 4096)
     a, stream, dec, out, listeners = await raw_server_b(pod)
     await stream.send_all(b"".join(encode_frame(f) for f in out))
     await wait_until(lambda: a.is_up("b"))
@@ -121,6 +126,17 @@ async def test_a_trickled_payload_fills_the_pipe_and_moves_to_memory(pod: Pod) -
         await trio.sleep(0.0005)  # its own segment, read (spliced) before the next
     assert await _completed(c) == PATTERN[:MIB]
     assert got == [None]  # in memory by the time it was dispatched
+    # The reader waited for the rest with SO_RCVLOWAT at its size; waiting for the next
+    # frames it is 1 again, so a small answer still wakes it.
+    sock = a._conns["b"].sock
+    assert sock is not None
+    await wait_until(lambda: sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1)
+    c = a.request_soon(0, 2, 100, 16)
+    assert c is not None
+    load = await read_frame(stream, dec)
+    assert isinstance(load, Load) and load.length == 16
+    await stream.send_all(encode_frame(Data(load.seq, 0, PATTERN[100:116])))
+    assert await _completed(c) == PATTERN[100:116]
     await stream.aclose()
     for lst in listeners:
         await lst.aclose()

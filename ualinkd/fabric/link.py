@@ -817,6 +817,7 @@ class FabricLink:
         pipes = PipePool() if fd >= 0 else None
         piped: PipedPayload | None = None
         waited = True
+        lowat = 1  # the socket's SO_RCVLOWAT (see the wait below)
         try:
             while True:
                 # Frames first: the handshake's last read may have brought some already.
@@ -888,6 +889,16 @@ class FabricLink:
                             if piped is not None and piped.pipe_full():
                                 piped.to_memory()  # (a peer trickling tiny segments)
                                 continue
+                            # The rest of a large payload: be woken once most of it is
+                            # in, not for each segment (a 1 MiB DATA woke the reader ~6
+                            # times, a trio turn each). The kernel caps it at half the
+                            # receive buffer and wakes sooner under memory pressure, at EOF
+                            # or on an error; reads are not held back by it.
+                            want = (piped.left if piped is not None
+                                    else 1 if into is None else len(into))
+                            if want != lowat:
+                                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+                                lowat = want
                             await trio.lowlevel.wait_readable(sock)
                             waited = True
                     if not n:
