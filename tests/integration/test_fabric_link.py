@@ -133,13 +133,15 @@ async def raw_auth(port: int, cfg: PodConfig, name: str, peer: str,
     return stream, dec
 
 
-async def raw_server_b(pod: Pod) -> tuple[FabricLink, trio.abc.Stream, FrameDecoder,
-                                          list[Frame], list[trio.SocketListener]]:
-    """Link a, dialing a hand-driven "b" that answers its handshake up to the last frames
-    (returned unsent: the caller sends them, with whatever it wants in the same write)."""
+async def raw_server_b(pod: Pod, **kw: object) -> tuple[FabricLink, trio.abc.Stream,
+                                                       FrameDecoder, list[Frame],
+                                                       list[trio.SocketListener]]:
+    """Link a (FabricLink arguments `kw`), dialing a hand-driven "b" that answers its
+    handshake up to the last frames (returned unsent: the caller sends them, with whatever
+    it wants in the same write)."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
-    a = await pod.start("a")
+    a = await pod.start("a", **kw)
     a.set_peer_address("b", f"127.0.0.1:{port}")
     stream = await listeners[0].accept()
     hs = auth.ServerHandshake(pod.cfg, "b", now=trio.current_time(), nonces=auth.NonceCache())

@@ -21,6 +21,7 @@ from test_fabric_link import (
     raw_server_b,
     read_frame,
     wait_until,
+    warnings,
 )
 
 from ualinkd.drm.completion import Completion
@@ -137,6 +138,56 @@ async def test_a_trickled_payload_fills_the_pipe_and_moves_to_memory(
     assert isinstance(load, Load) and load.length == 16
     await stream.send_all(encode_frame(Data(load.seq, 0, PATTERN[100:116])))
     assert await _completed(c) == PATTERN[100:116]
+    await stream.aclose()
+    for lst in listeners:
+        await lst.aclose()
+
+
+async def test_a_payload_slower_than_the_heartbeat_timeout_keeps_its_link(pod: Pod) -> None:
+    """The reader sleeps until most of a large payload is in (SO_RCVLOWAT), so it reads
+    nothing while a slow link (tc's rate limit, say) brings the bytes; the heartbeat sweep
+    counts bytes coming in as life. A 1 MiB DATA taking 4 heartbeat timeouts (0.3 s each)
+    arrives whole on the same link."""
+    a, stream, dec, out, listeners = await raw_server_b(pod, heartbeat_interval=0.1,
+                                                        heartbeat_timeout=0.3)
+    await stream.send_all(b"".join(encode_frame(f) for f in out))
+    await wait_until(lambda: a.is_up("b"))
+    c = a.request_soon(0, 2, 0, MIB)
+    assert c is not None
+    load = await read_frame(stream, dec)
+    assert isinstance(load, Load)
+    frame = b"".join(encode_frame_parts(Data(load.seq, 0, PATTERN[:MIB])))
+    step = len(frame) // 60 + 1
+    for i in range(0, len(frame), step):
+        await stream.send_all(frame[i:i + step])
+        await trio.sleep(0.02)  # 60 steps: 1.2 s
+    assert await _completed(c) == PATTERN[:MIB]
+    assert a.is_up("b") and pod.states == [("a", "b", True)]
+    await stream.aclose()
+    for lst in listeners:
+        await lst.aclose()
+
+
+async def test_a_peer_stalled_mid_payload_is_dropped_at_the_heartbeat_timeout(
+        pod: Pod, caplog: pytest.LogCaptureFixture) -> None:
+    """A peer that sends half a large DATA and then nothing (its socket still open) is
+    silent, however long the reader waits for the rest: the link drops at the heartbeat
+    timeout with one warning, and the load faults (EFAULT, policy 3)."""
+    a, stream, dec, out, listeners = await raw_server_b(pod, heartbeat_interval=0.1,
+                                                        heartbeat_timeout=0.3)
+    await stream.send_all(b"".join(encode_frame(f) for f in out))
+    await wait_until(lambda: a.is_up("b"))
+    c = a.request_soon(0, 2, 0, MIB)
+    assert c is not None
+    load = await read_frame(stream, dec)
+    frame = b"".join(encode_frame_parts(Data(load.seq, 0, PATTERN[:MIB])))
+    await stream.send_all(frame[: len(frame) // 2])
+    with trio.fail_after(3):
+        with pytest.raises(DrmError) as e:
+            await _completed(c)
+    assert e.value.errno == errno.EFAULT
+    await wait_until(lambda: not a.is_up("b"))
+    assert [m for m in warnings(caplog) if "nothing received" in m], warnings(caplog)
     await stream.aclose()
     for lst in listeners:
         await lst.aclose()

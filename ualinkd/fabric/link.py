@@ -61,7 +61,7 @@ from .session import (
     RequestReceived,
     Session,
 )
-from .splice import PipedPayload, PipePool
+from .splice import PipedPayload, PipePool, unread
 from .wire import (
     Dwords,
     Frame,
@@ -283,6 +283,10 @@ class _Conn:
         self.pings: dict[int, _Waiter] = {}
         self.last_rx = trio.current_time()
         self.last_tx = self.last_rx  # when the socket last took bytes from us
+        # The socket's SO_RCVLOWAT (the reader waits for the rest of a large payload with it)
+        # and, meanwhile, the bytes `_sweep` last saw queued: bytes coming in are life.
+        self.lowat = 1
+        self.inq = 0
         self.pinged = -math.inf  # when the last heartbeat PING was queued
         self.down: _LinkDown | None = None
         self.sock = stream.socket if isinstance(stream, trio.SocketStream) else None
@@ -817,7 +821,6 @@ class FabricLink:
         pipes = PipePool() if fd >= 0 else None
         piped: PipedPayload | None = None
         waited = True
-        lowat = 1  # the socket's SO_RCVLOWAT (see the wait below)
         try:
             while True:
                 # Frames first: the handshake's last read may have brought some already.
@@ -896,9 +899,9 @@ class FabricLink:
                             # or on an error; reads are not held back by it.
                             want = (piped.left if piped is not None
                                     else 1 if into is None else len(into))
-                            if want != lowat:
+                            if want != conn.lowat:
                                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-                                lowat = want
+                                conn.lowat, conn.inq = want, 0
                             await trio.lowlevel.wait_readable(sock)
                             waited = True
                     if not n:
@@ -1071,6 +1074,10 @@ class FabricLink:
     def _sweep(self, conn: _Conn, now: float, quiet_max: float) -> None:
         if conn.paused:  # not reading, on purpose: silence means nothing
             conn.last_rx = now
+        elif conn.lowat > 1:  # the reader waits for most of a payload: is it coming in?
+            queued = unread(conn.fd)
+            if queued != conn.inq:
+                conn.inq, conn.last_rx = queued, now
         silent = now - conn.last_rx
         if silent >= self._hb_timeout:
             conn.drop(_LinkDown(f"nothing received for {silent:.1f} s", logging.WARNING))

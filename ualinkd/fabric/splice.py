@@ -148,7 +148,7 @@ class PipedPayload:
         if self._mem is not None:
             return
         assert self._pipe is not None and not self._taken
-        mem = self._mem = bytearray(self._size)
+        mem = bytearray(self._size)  # (ours once every byte of the pipe is in it)
         k = len(self._prefix)
         mem[:k] = self._prefix
         view = memoryview(mem)
@@ -158,6 +158,7 @@ class PipedPayload:
             if n <= 0:  # (the pipe holds exactly _in_pipe bytes)
                 raise OSError(f"pipe gave {n} of {end - k} payload bytes")
             k += n
+        self._mem = mem
         self._prefix = b""
         self._in_pipe = 0
         pipe, self._pipe = self._pipe, None
@@ -190,7 +191,7 @@ class PipedPayload:
             return
         self._pipe = None
         self._prefix = b""
-        if _queued(pipe[0]):  # the consumer failed part-way: nobody wants the rest
+        if unread(pipe[0]):  # the consumer failed part-way: nobody wants the rest
             _close(pipe)
         else:
             self._pool.give(pipe)
@@ -202,7 +203,8 @@ class PipedPayload:
             _close(pipe)
 
 
-def _queued(fd: int) -> int:
+def unread(fd: int) -> int:
+    """Bytes in a pipe or a socket not read yet (FIONREAD, SIOCINQ)."""
     n = array.array("i", [0])
     fcntl.ioctl(fd, termios.FIONREAD, n)
     return n[0]
