@@ -28,6 +28,7 @@ from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.loaded import Loaded
 from ualinkd.fabric import splice
+from ualinkd.fabric.link import FabricLink
 from ualinkd.fabric.wire import Data, Load, encode_frame, encode_frame_parts
 
 MIB = 1 << 20
@@ -143,11 +144,12 @@ async def test_a_trickled_payload_fills_the_pipe_and_moves_to_memory(
         await lst.aclose()
 
 
-async def test_a_payload_slower_than_the_heartbeat_timeout_keeps_its_link(pod: Pod) -> None:
-    """The reader sleeps until most of a large payload is in (SO_RCVLOWAT), so it reads
-    nothing while a slow link (tc's rate limit, say) brings the bytes; the heartbeat sweep
-    counts bytes coming in as life. A 1 MiB DATA taking 4 heartbeat timeouts (0.3 s each)
-    arrives whole on the same link."""
+async def _raw_peer_load(pod: Pod) -> tuple[FabricLink, trio.abc.Stream,
+                                           list[trio.SocketListener], Completion[Loaded],
+                                           bytes]:
+    """Link a (heartbeats every 0.1 s, 0.3 s timeout) up with a hand-driven b, and a 1 MiB
+    load that b has read: a, b's stream, the listeners, the load, and its DATA frame (of
+    PATTERN) unsent."""
     a, stream, dec, out, listeners = await raw_server_b(pod, heartbeat_interval=0.1,
                                                         heartbeat_timeout=0.3)
     await stream.send_all(b"".join(encode_frame(f) for f in out))
@@ -156,7 +158,16 @@ async def test_a_payload_slower_than_the_heartbeat_timeout_keeps_its_link(pod: P
     assert c is not None
     load = await read_frame(stream, dec)
     assert isinstance(load, Load)
-    frame = b"".join(encode_frame_parts(Data(load.seq, 0, PATTERN[:MIB])))
+    return a, stream, listeners, c, b"".join(encode_frame_parts(Data(load.seq, 0,
+                                                                     PATTERN[:MIB])))
+
+
+async def test_a_payload_slower_than_the_heartbeat_timeout_keeps_its_link(pod: Pod) -> None:
+    """The reader sleeps until most of a large payload is in (SO_RCVLOWAT), so it reads
+    nothing while a slow link (tc's rate limit, say) brings the bytes; the heartbeat sweep
+    counts bytes coming in as life. A 1 MiB DATA taking 4 heartbeat timeouts (0.3 s each)
+    arrives whole on the same link."""
+    a, stream, listeners, c, frame = await _raw_peer_load(pod)
     step = len(frame) // 60 + 1
     for i in range(0, len(frame), step):
         await stream.send_all(frame[i:i + step])
@@ -173,14 +184,7 @@ async def test_a_peer_stalled_mid_payload_is_dropped_at_the_heartbeat_timeout(
     """A peer that sends half a large DATA and then nothing (its socket still open) is
     silent, however long the reader waits for the rest: the link drops at the heartbeat
     timeout with one warning, and the load faults (EFAULT, policy 3)."""
-    a, stream, dec, out, listeners = await raw_server_b(pod, heartbeat_interval=0.1,
-                                                        heartbeat_timeout=0.3)
-    await stream.send_all(b"".join(encode_frame(f) for f in out))
-    await wait_until(lambda: a.is_up("b"))
-    c = a.request_soon(0, 2, 0, MIB)
-    assert c is not None
-    load = await read_frame(stream, dec)
-    frame = b"".join(encode_frame_parts(Data(load.seq, 0, PATTERN[:MIB])))
+    a, stream, listeners, c, frame = await _raw_peer_load(pod)
     await stream.send_all(frame[: len(frame) // 2])
     with trio.fail_after(3):
         with pytest.raises(DrmError) as e:
