@@ -787,6 +787,55 @@ async def test_dmabuf_open_once_size_and_resolve(tmp_path: Path):
             os.close(pfd)
 
 
+async def test_a_released_dmabuf_leaves_no_inode_behind(tmp_path: Path):
+    """Each dma-buf file opened and closed (an import cycle's token) leaves nothing in the
+    tree's inode table, FORGET or not: the kernel keeps a dentry whose zero entry timeout
+    had not expired (in jiffies) at its last close, and its inode with it, until memory
+    pressure. Its key is single-use, so the released inode can do nothing more."""
+    backend = FakeBackend()
+    keys = range(100, 160)
+    for key in keys:
+        backend.add_token(str(key), key, 4096, os.getuid())
+
+    def cycle() -> None:
+        for key in keys:  # open and close back to back, within a jiffy
+            os.close(os.open(m.path(f"dmabuf/{key}"), os.O_RDWR))
+
+    async with serving(tmp_path / "mnt", backend) as m:
+        await in_thread(cycle)
+        await eventually(lambda: len(backend.dmabuf_released) == len(keys))
+        assert m.tree._dmabuf_inodes == {}
+
+
+async def test_tokens_that_died_unopened_do_not_pile_up(tmp_path: Path):
+    """Tokens looked up (stat) but never opened, whose DrmFile then closed, leave inodes
+    the kernel may never forget; past a bound the table drops those whose key is dead
+    (dmabuf_size: ENOENT) and keeps a live one's owner."""
+    backend = FakeBackend()
+    live = "4242"
+    backend.add_token(live, 4242, 4096, os.getuid())
+    dead = [str(k) for k in range(10_000, 12_500)]
+    for name in dead:
+        backend.add_token(name, int(name), 4096, os.getuid())
+
+    def stat_all() -> None:
+        os.stat(m.path(f"dmabuf/{live}"))
+        for name in dead:
+            os.stat(m.path(f"dmabuf/{name}"))
+            del backend.tokens[name]  # its DrmFile closed: the token died
+            del backend.sizes[int(name)]
+
+    async with serving(tmp_path / "mnt", backend) as m:
+        await in_thread(stat_all)
+        assert len(m.tree._dmabuf_inodes) <= 1024
+        assert dmabuf_ino(4242) in m.tree._dmabuf_inodes
+        fd = await in_thread(os.open, m.path(f"dmabuf/{live}"), os.O_RDWR)
+        try:
+            assert (await in_thread(os.fstat, fd)).st_uid == os.getuid()
+        finally:
+            await in_thread(os.close, fd)
+
+
 async def test_resolve_rejects_other_mounts_dmabuf(tmp_path: Path):
     other = FakeBackend()
     other.add_token("42", DMABUF_KEY, 4096, os.getuid())

@@ -24,7 +24,7 @@ from ualinkd.drm.errors import DrmError
 from ualinkd.drm.loaded import Loaded
 from ualinkd.fuse.backend import Caller, NodeBackend
 from ualinkd.fuse.lowlevel import ROOT_INO, Attr, DirEntry, FuseError, FuseSession, OpenReply
-from ualinkd.fuse.procfd import dmabuf_ino, dmabuf_key
+from ualinkd.fuse.procfd import DMABUF_INO_BASE, dmabuf_ino, dmabuf_key
 from ualinkd.sysfs import SysAttr, SysDir, SysLink, dir_mode
 
 T = TypeVar("T")
@@ -35,6 +35,7 @@ _STATIC_TIMEOUT = 60.0  # dirs and render nodes never change within a run
 _DIR_MODE = stat.S_IFDIR | 0o755
 _RENDER_MODE = stat.S_IFREG | 0o666  # S_IFCHR would be opened as a real device
 _DMABUF_MODE = stat.S_IFREG | 0o600
+_DMABUF_PRUNE_MIN = 1024  # dmabuf inodes kept before dead tokens' ones are looked for
 _LINK_MODE = stat.S_IFLNK | 0o777
 # A render node's size covers the whole 48-bit GPU VA space: a direct_io write that ends
 # beyond st_size takes the inode lock exclusively even with parallel direct writes.
@@ -128,8 +129,14 @@ class FileTree:
         # never the head of one version and the tail of another.
         self._sys_text: dict[int, bytes] = {}
         self._fh_mode: dict[int, int] = {}  # render, kfd, dma-buf opens: flags & O_ACCMODE
-        # dmabuf inode -> [lookup count, uid, gid]; dropped when the kernel forgets it.
+        # dmabuf inode -> [lookup count, uid, gid]; dropped when the kernel forgets it, or
+        # when its dma-buf file is released or its token died: a key is single-use, so its
+        # inode can do nothing more (getattr: ENOENT). The kernel keeps a dentry whose
+        # zero timeout had not expired when its last fd closed (fuse_dentry_delete compares
+        # jiffies), and with it the inode, until memory pressure: the FORGET may never come
+        # (an import cycle left one entry behind, 8,000 cycles 1.7 MiB).
         self._dmabuf_inodes: dict[int, list[int]] = {}
+        self._dmabuf_prune_at = _DMABUF_PRUNE_MIN
         self._backend_ioctl = backend.ioctl
 
         root = self._add_dir(ROOT_INO, ROOT_INO, None, "")
@@ -238,11 +245,23 @@ class FileTree:
         except DrmError as e:
             raise FuseError(e.errno) from None
         ino = dmabuf_ino(key)
+        if len(self._dmabuf_inodes) >= self._dmabuf_prune_at:
+            self._prune_dmabuf_inodes()
         entry = self._dmabuf_inodes.setdefault(ino, [0, caller.uid, caller.gid])
         entry[0] += 1
         # Timeouts 0: every open() goes through lookup (tokens are single-use) and every
         # fstat/lseek(SEEK_END) through getattr.
         return Attr(ino, _DMABUF_MODE, size, 1, entry[1], entry[2])
+
+    def _prune_dmabuf_inodes(self) -> None:
+        """Drop the inodes of tokens that died unopened (looked up, then their DrmFile
+        closed); amortised: the next prune waits until the table has doubled."""
+        for ino in list(self._dmabuf_inodes):
+            try:
+                self.backend.dmabuf_size(ino - DMABUF_INO_BASE)
+            except DrmError:
+                del self._dmabuf_inodes[ino]
+        self._dmabuf_prune_at = max(_DMABUF_PRUNE_MIN, 2 * len(self._dmabuf_inodes))
 
     def forget(self, ino: int, nlookup: int) -> None:
         entry = self._dmabuf_inodes.get(ino)
@@ -323,6 +342,7 @@ class FileTree:
             self.backend.release_render(drm_file)
         elif (ref := self._dmabuf_fh.pop(fh, None)) is not None:
             self.backend.dmabuf_release(ref)
+            self._dmabuf_inodes.pop(ino, None)  # its key is dead: no FORGET needed
         elif (process := self._kfd_fh.pop(fh, None)) is not None:
             self.backend.release_kfd(process)
         else:
