@@ -2,6 +2,8 @@
 /*
  * pod_latency import <exporter-render> <importer-render> <count> [warmup]
  * pod_latency load <exporter-render> <importer-render> <size>:<count> [...]
+ * pod_latency cycle <exporter-render> <importer-render> <count> <settle-ns> <exporter-pid>
+ *             <importer-pid>
  *
  * ualinkd's pod figures from a C client issuing raw ioctl(2)s and preads, so
  * that they sit beside C floors with no Python on the client side.
@@ -20,6 +22,12 @@
  *   load, looping over short counts) <count> times after count/10 warm-ups,
  *   into one page-aligned buffer.  One line per size:
  *   size=.. median_ns=.. p99_ns=.. mean_ns=.. count=..
+ * cycle: the import cycle of `import`, every step timed and costed: for each step
+ *   (GEM_CREATE, export, the idle gap of <settle-ns>, the import ioctl, the token
+ *   open, FD_TO_HANDLE, the closes, the idle gap after them) the wall time and the
+ *   CPU time every thread of each daemon used meanwhile (the schedstat of each
+ *   /proc/<pid>/task/<tid>).  Means over <count> cycles after count/10 warm-ups,
+ *   one line per step: step=.. wall_ns=.. exporter_cpu_ns=.. importer_cpu_ns=..
  * Any failing call is fatal (exit 1, the call named on stderr).
  */
 #define _GNU_SOURCE
@@ -31,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <dirent.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -191,6 +200,112 @@ static int cmd_import(const char *exp_path, const char *imp_path, long count, lo
 	return 0;
 }
 
+/* CPU time (ns) every thread of `pid` has used, from its tasks' schedstat. */
+static uint64_t process_cpu_ns(int pid)
+{
+	char path[64], line[128];
+	uint64_t total = 0;
+	struct dirent *t;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", pid);
+	d = opendir(path);
+	if (!d)
+		fail(path);
+	while ((t = readdir(d))) {
+		FILE *f;
+
+		if (t->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%.16s/schedstat", pid, t->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;	/* (a thread that just ended) */
+		if (fgets(line, sizeof(line), f))
+			total += strtoull(line, NULL, 10);
+		fclose(f);
+	}
+	closedir(d);
+	return total;
+}
+
+enum { C_CREATE, C_EXPORT, C_SETTLE, C_IMPORT, C_OPEN, C_FD_TO_HANDLE, C_CLOSE_FD,
+       C_CLOSE_IMPORT, C_CLOSE_BO, C_SETTLE_AFTER, C_STEPS };
+static const char *const cycle_steps[C_STEPS] = {
+	"gem_create", "export", "settle", "import_ioctl", "token_open", "fd_to_handle",
+	"close_dmabuf", "gem_close_import", "gem_close_bo", "settle_after",
+};
+
+struct cycle_clock {
+	int pid[2];		/* exporter, importer */
+	uint64_t wall, cpu[2];	/* at the last mark */
+	double sum[C_STEPS][3];	/* wall, exporter CPU, importer CPU */
+};
+
+/* The step that ended now: add what it took; start the next one. */
+static void cycle_mark(struct cycle_clock *c, int step)
+{
+	uint64_t cpu0 = process_cpu_ns(c->pid[0]), cpu1 = process_cpu_ns(c->pid[1]);
+	uint64_t wall = now_ns();
+
+	if (step >= 0) {
+		c->sum[step][0] += (double)(wall - c->wall);
+		c->sum[step][1] += (double)(cpu0 - c->cpu[0]);
+		c->sum[step][2] += (double)(cpu1 - c->cpu[1]);
+	}
+	c->wall = wall;
+	c->cpu[0] = cpu0;
+	c->cpu[1] = cpu1;
+}
+
+static int cmd_cycle(const char *exp_path, const char *imp_path, long count, long settle_ns,
+		     int exp_pid, int imp_pid)
+{
+	int efd = open_render(exp_path), ifd = open_render(imp_path);
+	struct timespec settle = { settle_ns / 1000000000, settle_ns % 1000000000 };
+	struct cycle_clock c = { .pid = { exp_pid, imp_pid } };
+	char dir[PATH_MAX];
+	long i;
+
+	dmabuf_dir(imp_path, dir, sizeof(dir));
+	for (i = -(count / 10 + 1); i < count; i++) {
+		uint64_t handle[2];
+		uint32_t bo, token, gem;
+		int dmabuf;
+
+		if (i == 0)
+			memset(c.sum, 0, sizeof(c.sum));
+		cycle_mark(&c, -1);
+		bo = bo_create(efd, IMPORT_BO_SIZE);
+		cycle_mark(&c, C_CREATE);
+		export(efd, bo, handle);
+		cycle_mark(&c, C_EXPORT);
+		nanosleep(&settle, NULL);
+		cycle_mark(&c, C_SETTLE);
+		token = import_token(ifd, handle);
+		cycle_mark(&c, C_IMPORT);
+		dmabuf = open_token(dir, token);
+		cycle_mark(&c, C_OPEN);
+		gem = fd_to_handle(ifd, dmabuf);
+		cycle_mark(&c, C_FD_TO_HANDLE);
+		close(dmabuf);
+		cycle_mark(&c, C_CLOSE_FD);
+		gem_close(ifd, gem);
+		cycle_mark(&c, C_CLOSE_IMPORT);
+		gem_close(efd, bo);
+		cycle_mark(&c, C_CLOSE_BO);
+		nanosleep(&settle, NULL);
+		cycle_mark(&c, C_SETTLE_AFTER);
+	}
+	for (i = 0; i < C_STEPS; i++)
+		printf("step=%s wall_ns=%.0f exporter_cpu_ns=%.0f importer_cpu_ns=%.0f\n",
+		       cycle_steps[i], c.sum[i][0] / (double)count, c.sum[i][1] / (double)count,
+		       c.sum[i][2] / (double)count);
+	close(ifd);
+	close(efd);
+	return 0;
+}
+
 static void load_full(int fd, char *buf, size_t size)
 {
 	size_t done = 0;
@@ -281,6 +396,12 @@ int main(int argc, char **argv)
 
 		if (count > 0 && warmup >= 0)
 			return cmd_import(argv[2], argv[3], count, warmup);
+	} else if (argc == 8 && !strcmp(argv[1], "cycle")) {
+		long count = strtol(argv[4], NULL, 0), settle = strtol(argv[5], NULL, 0);
+
+		if (count > 0 && settle >= 0)
+			return cmd_cycle(argv[2], argv[3], count, settle, atoi(argv[6]),
+					 atoi(argv[7]));
 	} else if (argc >= 5 && !strcmp(argv[1], "load")) {
 		int rc = cmd_load(argv[2], argv[3], argc - 4, argv + 4);
 
@@ -288,7 +409,9 @@ int main(int argc, char **argv)
 			return rc;
 	}
 	fprintf(stderr, "usage: %s import <exporter-render> <importer-render> <count> [warmup]\n"
-			"       %s load <exporter-render> <importer-render> <size>:<count> [...]\n",
-		argv[0], argv[0]);
+			"       %s load <exporter-render> <importer-render> <size>:<count> [...]\n"
+			"       %s cycle <exporter-render> <importer-render> <count> <settle-ns>"
+			" <exporter-pid> <importer-pid>\n",
+		argv[0], argv[0], argv[0]);
 	return 2;
 }

@@ -39,7 +39,9 @@ benchmarks/results/latest.json; `--json PATH`). `--quick` is a short run for smo
 (its figures mean little). `--extras` adds the older pod and data-plane tables (revoke →
 RELEASE, imports/s, loads and stores by size) after the main table; `--profile` runs the
 import and load workload once more with both daemons under cProfile and prints each one's
-top functions (the stats files are kept beside the JSON).
+top functions (the stats files are kept beside the JSON); `--cycle` adds the whole import
+cycle step by step (pod_latency cycle: each step's wall time and each daemon's CPU on it),
+in both placements, with the first import's 2 ms idle gaps and with none.
 """
 
 from __future__ import annotations
@@ -406,6 +408,37 @@ def messages_per_cycle(samples: list[dict[str, float]], exporter: Stamps,
 
 # -- where the daemons' time goes --------------------------------------------------------
 
+def cycle(a: Node, b: Node, c: Counts, cpu: int) -> dict[str, dict[str, dict[str, float]]]:
+    """The whole import cycle step by step (pod_latency cycle), in both placements, with
+    the first import's 2 ms idle gaps and with none: each step's wall time and what each
+    daemon spent on it in CPU, means in ns by placement and gap."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for name, cpus in (("pinned", {cpu}), ("scheduler", None)):
+        for pid in (a.proc.pid, b.proc.pid):
+            pin(pid, cpus or ALLOWED)
+        for gap_ms in (2, 0):
+            text = run_c(BUILD / "pod_latency", [
+                "cycle", a.render(), b.render(), str(c.imports), str(gap_ms * 1_000_000),
+                str(a.proc.pid), str(b.proc.pid)], cpus)
+            steps = {}
+            for line in text.splitlines():
+                step = line.split()[0].removeprefix("step=")
+                steps[step] = fields(line)
+            out[f"{name}, {gap_ms} ms gaps"] = steps
+    return out
+
+
+def cycle_table(result: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    lines = ["", "the import cycle step by step (pod_latency cycle; mean µs per cycle: wall, "
+                 "then each daemon's CPU)"]
+    for where, steps in result.items():
+        lines.append(f"{where:<36}{'wall':>10}{'exporter':>10}{'importer':>10}")
+        for step, f in steps.items():
+            lines.append(f"  {step:<34}{f['wall_ns'] / 1e3:>10.1f}"
+                         f"{f['exporter_cpu_ns'] / 1e3:>10.1f}{f['importer_cpu_ns'] / 1e3:>10.1f}")
+    return lines
+
+
 def profile(tmp: Path, c: Counts, out_dir: Path) -> list[str]:
     """The first-import cycle and the 4 KiB and 1 MiB loads once more, in a pod whose
     daemons run under cProfile ($UALINKD_PROFILE, ualinkd/cli/main.py); the stats files
@@ -575,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=HERE / "results" / "latest.json")
     ap.add_argument("--no-breakdown", action="store_true")
     ap.add_argument("--extras", action="store_true", help="also the older pod/data tables")
+    ap.add_argument("--cycle", action="store_true",
+                    help="also the import cycle step by step, with and without idle gaps")
     ap.add_argument("--profile", action="store_true",
                     help="also cProfile both daemons over an import and load workload")
     args = ap.parse_args(argv)
@@ -592,6 +627,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs = placement_runs(reps, counts, cpus, echo, tmp / "echo" / "dev", a, b)
                 result["runs"][name] = runs
                 result["placements"][name] = summarize(runs)
+            if args.cycle:
+                result["cycle"] = cycle(a, b, counts, args.cpu)
             if args.extras:
                 churn = fields(run_c(LIB_BUILD / "gem_churn", [a.render(), "3"], None))
                 result["gem_churn_pairs_per_sec"] = churn["pairs_per_sec"]
@@ -603,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     print("\n".join(table(result)))
+    if "cycle" in result:
+        print("\n".join(cycle_table(result["cycle"])))
     print(f"\nload average before / after: {' '.join(result['machine_before']['loadavg'])} / "
           f"{' '.join(result['machine_after']['loadavg'])} ({result['machine_before']['cpus']} "
           f"CPUs); JSON: {args.json}")

@@ -21,7 +21,7 @@ RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 def test_quick_run_writes_every_key(tmp_path):
     out = tmp_path / "result.json"
     proc = subprocess.Popen(
-        [sys.executable, str(RUN), "--quick", "--reps", "1", "--json", str(out)],
+        [sys.executable, str(RUN), "--quick", "--reps", "1", "--cycle", "--json", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, BENCH_COUNT="50"))
     try:
@@ -62,3 +62,12 @@ def test_quick_run_writes_every_key(tmp_path):
         assert bd["messages_per_cycle"]["importer"].get("NPA_REQ", 0) > 0, bd
         assert all(v is not None and v >= 0 for v in bd["median_ns"].values()), bd
     assert "goal" in text and "first import by phase" in text and str(out) in text
+    # --cycle: each step of the import cycle, in both placements, with and without gaps
+    assert set(result["cycle"]) == {f"{p}, {g} ms gaps" for p in ("pinned", "scheduler")
+                                    for g in (2, 0)}
+    for steps in result["cycle"].values():
+        assert list(steps)[3] == "import_ioctl" and len(steps) == 10, steps
+        for f in steps.values():
+            assert f["wall_ns"] > 0 and f["exporter_cpu_ns"] >= 0, f
+        assert steps["import_ioctl"]["importer_cpu_ns"] > 0
+    assert "the import cycle step by step" in text
