@@ -382,6 +382,37 @@ def test_a_dead_node_leaves_the_others_running_and_starts_again(tmp):
     assert not node_pids(root)
 
 
+def test_silent_control_clients_hold_up_no_request(tmp):
+    """The pod's control socket: clients that connect and send nothing are read without
+    blocking and closed after 2 s; a `ualinkd start-node` behind four of them is answered
+    within its own 3 s (it waited 2 s for each, in turn, before), and the pod still watches
+    its nodes."""
+    import socket
+
+    root = tmp / "pod"
+    with pod(root, nodes=2) as p:
+        silent = []
+        try:
+            for _ in range(4):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(str(root / ".control"))
+                silent.append(s)
+            busy = subprocess.run([sys.executable, "-m", "ualinkd", "start-node", "--root",
+                                   str(root), "--timeout", "3", "node1"],
+                                  capture_output=True, text=True, timeout=60)
+            assert busy.returncode == 1 and "node1 is running" in busy.stderr, busy.stderr
+            for s in silent:  # closed by the pod once their 2 s are up
+                s.settimeout(10)
+                assert s.recv(1) == b""
+        finally:
+            for s in silent:
+                s.close()
+        os.kill(min(p.nodes), signal.SIGKILL)
+        assert wait_for(lambda: "was killed by SIGKILL" in p.stderr(), 10), p.stderr()
+        p.proc.send_signal(signal.SIGTERM)
+        assert p.proc.wait(timeout=30) == 1
+
+
 def test_a_node_dead_at_the_stop_is_in_the_exit_status(tmp):
     root = tmp / "pod"
     with pod(root, nodes=2) as p:

@@ -115,6 +115,8 @@ def pod_command(args: argparse.Namespace) -> int:
 
 
 _CONTROL = ".control"  # under ROOT: `ualinkd start-node` asks the running pod through it
+_CONTROL_READ_TIMEOUT = 2.0  # a control connection's request must come within this
+_CONTROL_WAITING_MAX = 64  # connections whose request has not come yet; more are closed
 
 
 class NodeProcess:
@@ -279,7 +281,7 @@ def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
     from .. import daemon  # noqa: F401  # imported once, for every node forked from here
 
     children: dict[str, _Child] = {}
-    control: socket.socket | None = None
+    control: _ControlRequests | None = None
     try:
         for node in config.nodes:
             children[node.name] = _spawn_node(args, root, conf_path, node.name)
@@ -295,7 +297,7 @@ def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
             ids = ",".join(str(a.accel_id) for a in node.accels)
             print(f"{c.name} ready: mount={c.mount} render={c.mount}/dri/renderD128 "
                   f"accels={ids}", file=ready_out, flush=True)
-        control = _control_socket(root)
+        control = _ControlRequests(_control_socket(root))
         while not stopping():
             for c in children.values():
                 if (code := c.proc.poll()) is not None and not c.reported:
@@ -333,31 +335,61 @@ def _control_socket(root: str) -> socket.socket:
     return sock
 
 
-def _serve_control(control: socket.socket, args: argparse.Namespace, root: str,
+def _serve_control(control: _ControlRequests, args: argparse.Namespace, root: str,
                    conf_path: str, children: dict[str, _Child],
                    stopping: Callable[[], bool]) -> None:
     """Answer `ualinkd start-node` requests: one line in ("start NAME"), one line out."""
-    _serve_requests(control, lambda words: _start_again(words, args, root, conf_path,
-                                                        children, stopping))
+    control.serve(lambda words: _start_again(words, args, root, conf_path, children,
+                                             stopping))
 
 
-def _serve_requests(control: socket.socket, answer: Callable[[list[str]], str]) -> None:
-    """The control socket of a running pod: each connection one request line in (its
-    words), one answer line out ("ok: …" or "error: …")."""
-    while True:
-        try:
-            conn, _ = control.accept()
-        except BlockingIOError:
-            return
-        with conn:
-            conn.settimeout(2)
+class _ControlRequests:
+    """The control socket of a running pod: each connection one request in (its words, one
+    read), one answer line out ("ok: …" or "error: …"). Requests are read without
+    blocking: a client that connects and sends nothing holds up neither the pod's loop
+    (which watches its nodes) nor the clients behind it; it is closed after
+    _CONTROL_READ_TIMEOUT. An answer may take a while (a node started again)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._waiting: list[tuple[socket.socket, float]] = []  # (connection, deadline)
+
+    def serve(self, answer: Callable[[list[str]], str]) -> None:
+        now = time.monotonic()
+        while True:
             try:
-                words = conn.recv(256).decode(errors="replace").split()
-            except OSError:
+                conn, _ = self.sock.accept()
+            except BlockingIOError:
+                break
+            if len(self._waiting) >= _CONTROL_WAITING_MAX:
+                conn.close()
                 continue
-            reply = answer(words)
-            with contextlib.suppress(OSError):
-                conn.sendall(reply.encode() + b"\n")
+            conn.setblocking(False)
+            self._waiting.append((conn, now + _CONTROL_READ_TIMEOUT))
+        waiting, self._waiting = self._waiting, []
+        for conn, deadline in waiting:
+            try:
+                request = conn.recv(256)
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    self._waiting.append((conn, deadline))
+                else:
+                    conn.close()
+                continue
+            except OSError:
+                conn.close()
+                continue
+            with conn:
+                reply = answer(request.decode(errors="replace").split())
+                conn.settimeout(_CONTROL_READ_TIMEOUT)
+                with contextlib.suppress(OSError):
+                    conn.sendall(reply.encode() + b"\n")
+
+    def close(self) -> None:
+        for conn, _ in self._waiting:
+            conn.close()
+        self._waiting.clear()
+        self.sock.close()
 
 
 def _start_again(words: list[str], args: argparse.Namespace, root: str, conf_path: str,
@@ -476,7 +508,7 @@ def _pod_netns(args: argparse.Namespace) -> int:
             print(f"{node.name} ready: ip={node.ip} pid={node.pid} (started again)", flush=True)
             return f"ok: {node.name} ready: pid={node.pid}"
 
-        control = _control_socket(str(pod.dir))
+        control = _ControlRequests(_control_socket(str(pod.dir)))
         try:
             while not stop:
                 for node in pod.nodes:
@@ -485,7 +517,7 @@ def _pod_netns(args: argparse.Namespace) -> int:
                         print(f"ualinkd: {node.name} is not running any more (start it "
                               f"again: {sys.executable} -m ualinkd.testing {pod.dir} start "
                               f"{node.name})", file=sys.stderr, flush=True)
-                _serve_requests(control, start_again)
+                control.serve(start_again)
                 time.sleep(0.1)
         finally:
             control.close()
