@@ -318,7 +318,14 @@ class NodeCore:
         self, pending: Awaitable[IoctlResult], drm_file: DrmFile, cmd: int, in_bytes: bytes,
         caller: Caller, start: float,
     ) -> IoctlReply:
-        res = await pending
+        try:
+            res = await pending
+        except BaseException:
+            # A signal to the caller (FUSE INTERRUPT) cancels the wait: what the call touched
+            # goes with it, or its thread's entry stays for good (a killed client's tid is
+            # never seen again) and every later ioctl takes the recording path.
+            self._end_call(caller)
+            raise
         self.after_request()
         return self._reply(res, drm_file, cmd, in_bytes, caller, start)
 
@@ -478,7 +485,12 @@ class NodeCore:
 
     async def _kfd_later(self, pending: Awaitable[IoctlResult], process: KfdProcess, cmd: int,
                          in_bytes: bytes, caller: Caller, start: float) -> IoctlReply:
-        return self._kfd_reply(await pending, process, cmd, in_bytes, caller, start)
+        try:
+            res = await pending
+        except BaseException:
+            self._end_call(caller)  # as _ioctl_later
+            raise
+        return self._kfd_reply(res, process, cmd, in_bytes, caller, start)
 
     def _kfd_reply(self, res: IoctlResult, process: KfdProcess, cmd: int, in_bytes: bytes,
                    caller: Caller, start: float) -> IoctlReply:
