@@ -147,11 +147,11 @@ async def test_a_trickled_payload_fills_the_pipe_and_moves_to_memory(
 async def _raw_peer_load(pod: Pod) -> tuple[FabricLink, trio.abc.Stream,
                                            list[trio.SocketListener], Completion[Loaded],
                                            bytes]:
-    """Link a (heartbeats every 0.1 s, 0.3 s timeout) up with a hand-driven b, and a 1 MiB
+    """Link a (heartbeats every 0.2 s, 0.6 s timeout) up with a hand-driven b, and a 1 MiB
     load that b has read: a, b's stream, the listeners, the load, and its DATA frame (of
     PATTERN) unsent."""
-    a, stream, dec, out, listeners = await raw_server_b(pod, heartbeat_interval=0.1,
-                                                        heartbeat_timeout=0.3)
+    a, stream, dec, out, listeners = await raw_server_b(pod, heartbeat_interval=0.2,
+                                                        heartbeat_timeout=0.6)
     await stream.send_all(b"".join(encode_frame(f) for f in out))
     await wait_until(lambda: a.is_up("b"))
     c = a.request_soon(0, 2, 0, MIB)
@@ -165,13 +165,13 @@ async def _raw_peer_load(pod: Pod) -> tuple[FabricLink, trio.abc.Stream,
 async def test_a_payload_slower_than_the_heartbeat_timeout_keeps_its_link(pod: Pod) -> None:
     """The reader sleeps until most of a large payload is in (SO_RCVLOWAT), so it reads
     nothing while a slow link (tc's rate limit, say) brings the bytes; the heartbeat sweep
-    counts bytes coming in as life. A 1 MiB DATA taking 4 heartbeat timeouts (0.3 s each)
+    counts bytes coming in as life. A 1 MiB DATA taking 4 heartbeat timeouts (0.6 s each)
     arrives whole on the same link."""
     a, stream, listeners, c, frame = await _raw_peer_load(pod)
     step = len(frame) // 60 + 1
     for i in range(0, len(frame), step):
         await stream.send_all(frame[i:i + step])
-        await trio.sleep(0.02)  # 60 steps: 1.2 s
+        await trio.sleep(0.04)  # 60 steps: 2.4 s
     assert await _completed(c) == PATTERN[:MIB]
     assert a.is_up("b") and pod.states == [("a", "b", True)]
     await stream.aclose()
