@@ -318,16 +318,20 @@ class NodeCore:
         self, pending: Awaitable[IoctlResult], drm_file: DrmFile, cmd: int, in_bytes: bytes,
         caller: Caller, start: float,
     ) -> IoctlReply:
-        try:
-            res = await pending
-        except BaseException:
-            # A signal to the caller (FUSE INTERRUPT) cancels the wait: what the call touched
-            # goes with it, or its thread's entry stays for good (a killed client's tid is
-            # never seen again) and every later ioctl takes the recording path.
-            self._end_call(caller)
-            raise
+        res = await self._ended_if_not_done(pending, caller)
         self.after_request()
         return self._reply(res, drm_file, cmd, in_bytes, caller, start)
+
+    async def _ended_if_not_done(self, pending: Awaitable[IoctlResult],
+                                 caller: Caller) -> IoctlResult:
+        """`pending`'s result. A signal to the caller (FUSE INTERRUPT) cancels the wait:
+        what the call touched goes with it, or its thread's entry stays for good (a killed
+        client's tid is never seen again) and every later ioctl takes the recording path."""
+        try:
+            return await pending
+        except BaseException:
+            self._end_call(caller)
+            raise
 
     def _reply(
         self, res: IoctlResult, drm_file: DrmFile, cmd: int, in_bytes: bytes, caller: Caller,
@@ -485,11 +489,7 @@ class NodeCore:
 
     async def _kfd_later(self, pending: Awaitable[IoctlResult], process: KfdProcess, cmd: int,
                          in_bytes: bytes, caller: Caller, start: float) -> IoctlReply:
-        try:
-            res = await pending
-        except BaseException:
-            self._end_call(caller)  # as _ioctl_later
-            raise
+        res = await self._ended_if_not_done(pending, caller)
         return self._kfd_reply(res, process, cmd, in_bytes, caller, start)
 
     def _kfd_reply(self, res: IoctlResult, process: KfdProcess, cmd: int, in_bytes: bytes,

@@ -881,10 +881,8 @@ class FabricLink:
                                 into = session.receive_buffer()
                                 n = os.readv(fd, [scratch if into is None else into])
                             elif piped.piping:
-                                into = None
                                 n = piped.splice_from(fd)
                             else:
-                                into = None
                                 n = os.readv(fd, [piped.rest()])
                                 piped.received(n)
                             break
@@ -906,11 +904,9 @@ class FabricLink:
                             waited = True
                     if not n:
                         raise _LinkDown(f"{conn.peer} closed the connection")
-                    if piped is not None:
-                        session.received_into(n)
-                    elif into is None:
+                    if piped is None and into is None:
                         session.receive_data(scratch[:n])
-                    else:
+                    else:  # (into the payload's own buffer, or its pipe)
                         session.received_into(n)
                 conn.last_rx = trio.current_time()
         except RemoteProtocolError as e:

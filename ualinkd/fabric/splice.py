@@ -116,8 +116,7 @@ class PipedPayload:
         moved = 0
         while True:
             try:
-                n = os.splice(fd, self._pipe[1], self._size - self._filled,
-                              flags=_SPLICE_FLAGS)
+                n = os.splice(fd, self._pipe[1], self.left, flags=_SPLICE_FLAGS)
             except BlockingIOError:
                 if moved:
                     return moved
