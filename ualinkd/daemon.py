@@ -32,6 +32,7 @@ from .drm.file import DrmFile
 from .fabric.agent import RequestSoonFn, UalinkAgent
 from .fabric.link import FabricLink, SendOutcome
 from .fabric.wire import Load, Store
+from .fuse.dataplane import FAST_MAX as DATA_PLANE_MAX
 from .fuse.lowlevel import FuseSession, clear_stale_mount
 from .fuse.procfd import mount_device, resolve_caller_fd, tgid_of
 from .fuse.tree import FileTree
@@ -359,13 +360,24 @@ async def run_node(
         assert agent is not None
         return agent.on_message(src, dst, dwords)
 
+    # Created before the link: its data plane takes the link's data channels.
+    session = FuseSession(FileTree(core, mount))
+    data_plane = session.data_plane
+
     def on_request(peer: str, req: Load | Store) -> tuple[int, list[memoryview]]:
         assert agent is not None
         arg = req.length if isinstance(req, Load) else req.data
         try:
-            return 0, agent.serve(req.src_accel, req.dst_accel, req.npa_byte_addr, arg)
+            served = agent.serve(req.src_accel, req.dst_accel, req.npa_byte_addr, arg)
         except DrmError as e:
             return -e.errno, []
+        if (type(req) is Load and req.length <= DATA_PLANE_MAX and data_plane.running
+                and tracer is None and core.tracer is None):
+            # Served: the data plane may answer the next LOADs of these BO chunks itself.
+            for npa, n, backing, offset in agent.load_routes(
+                    req.src_accel, req.dst_accel, req.npa_byte_addr, req.length):
+                data_plane.route_export(req.src_accel, req.dst_accel, npa, n, backing, offset)
+        return 0, served
 
     if tracer is not None:
         # the same callables, traced (mypy tells a def's type from a Callable's)
@@ -389,7 +401,6 @@ async def run_node(
     # mountinfo names the mount point by its real path; resolve it before mounting (after,
     # the last lstat would ask our own FUSE server, which is not serving yet).
     real_mount = os.path.realpath(mount)
-    session = FuseSession(FileTree(core, mount))
     session.mount(mount)
     # Caller ranges that map files of this mount are refused (faulting them in would ask us).
     caller_memory.own_dev = mount_device(real_mount)

@@ -17,11 +17,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from . import sysfs
 from .abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
 from .abi.drmfile_query import NONCE, UALINKD_IOCTL_DRM_FILE_QUERY
+from .amdgpu import translation
 from .amdgpu.access import RemoteFn, RemoteSoonFn, gpu_load, gpu_store
 from .amdgpu.cpu_map import CpuMapGrants
 from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.profile import PROFILES
-from .amdgpu.vm import RemotePiece
+from .amdgpu.vm import RemotePiece, npa_byte_address
 from .amdkfd.chardev import Clock, Kfd, KfdNode, KfdProcess, ResolveDrmFile
 from .amdkfd.topology import Topology, TopologyGpu, gpu_ids
 from .config import PodConfig
@@ -102,7 +103,7 @@ class NodeCore:
         self.config = config
         self.node = config.node(node_name)
         self.name = node_name
-        self.tracer = tracer
+        self._tracer = tracer
         self.trace_clock = trace_clock  # the trace's timestamps (wall clock, strace -tt)
         self.tokens = DmaBufTokens(randbits) if randbits else DmaBufTokens()
         self._resolve_key = resolve_fd
@@ -346,6 +347,17 @@ class NodeCore:
                                     fds))
         return res.result, res.out
 
+    @property
+    def tracer(self) -> Callable[[Record], None] | None:
+        return self._tracer
+
+    @tracer.setter
+    def tracer(self, tracer: Callable[[Record], None] | None) -> None:
+        """(`ualinkd record` attaches one at any time: the loads the data plane carries
+        must come back through Python to be recorded.)"""
+        self._tracer = tracer
+        translation.changed()
+
     def gpu_read(
         self, drm_file: object, va: int, size: int, caller: Caller
     ) -> bytes | Awaitable[bytes | bytearray]:
@@ -360,6 +372,23 @@ class NodeCore:
                                                  driver.count_gpu_fault,
                                                  remote_soon=remote_soon))
         return load  # type: ignore[return-value]  # gpu_load's result, traced
+
+    def gpu_read_route(self, drm_file: object, va: int,
+                       size: int) -> tuple[int, int, int, int, int] | None:
+        """For the data plane (fuse/dataplane.c), after a load of [va, va + size) that one
+        remote mapping answered: (VA start, VA end, NPA byte address at the start, issuing
+        accel, exporting accel) of that mapping; None when Python must see its loads (a
+        tracer records them) or it is not one remote mapping."""
+        assert isinstance(drm_file, DrmFile)
+        driver = drm_file.device.driver
+        assert isinstance(driver, AmdgpuDriver)
+        if self._tracer is not None or (hit := driver.vm(drm_file).remote_route(va, size)) is None:
+            return None
+        m, bo = hit
+        assert bo.npa is not None  # (remote_route: an NPA BO)
+        # Issued by the accel that holds the NPA BO, as _remote_for's pieces are.
+        return (m.start, m.end, npa_byte_address(bo.npa, m.offset),
+                self.managers[bo.device.minor].accel_id, bo.npa[0])
 
     def gpu_write(
         self, drm_file: object, va: int, data: bytes, caller: Caller

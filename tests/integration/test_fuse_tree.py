@@ -151,6 +151,10 @@ class FakeBackend:
             return c
         return va.to_bytes(8, "little")[:size].ljust(size, b"\0")
 
+    def gpu_read_route(self, drm_file: object, va: int,
+                       size: int) -> tuple[int, int, int, int, int] | None:
+        return None  # no fabric here: nothing for the data plane
+
     def gpu_write(self, drm_file: object, va: int, data: bytes, caller: Caller) -> int:
         self.gpu.append(("write", va, data))
         return len(data)

@@ -22,6 +22,8 @@ import fcntl
 import os
 from typing import TYPE_CHECKING
 
+from . import translation
+
 if TYPE_CHECKING:
     from ..drm.device import ProcessMemory
 
@@ -88,6 +90,7 @@ class BoMemory:
         what was written so far on the first call; the same fd after). The fd stays ours:
         callers hand out duplicates, and `close()` closes it."""
         if self._shared is None:
+            translation.changed()  # the chunks (and zeros) a data-plane route may read go
             fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             try:
                 os.ftruncate(fd, self.size)  # sparse: no page exists until written
@@ -104,6 +107,7 @@ class BoMemory:
     def close(self) -> None:
         """The BO is freed: our reference to a shared memfd goes (a client mapping of it
         keeps its pages until unmapped; nobody else can reach them)."""
+        translation.changed()  # before the bytes a data-plane route may read go
         if self._shared is not None:
             fd, self._shared = self._shared, None
             os.close(fd)
@@ -161,10 +165,28 @@ class BoMemory:
             c = chunks.get(idx)
             if c is None:
                 c = chunks[idx] = bytearray(min(size, self.size - base))
+                translation.changed()  # a data-plane route may read this chunk as zeros
             o = offset + pos - base
             k = min(len(c) - o, n - pos)
             c[o : o + k] = mv[pos : pos + k]
             pos += k
+
+
+    def backing(self, offset: int, n: int) -> list[tuple[int, int, bytearray | int | None]]:
+        """Where the bytes of [offset, offset + n) live, whole chunks at a time, for a
+        reader outside Python (the data plane, fuse/dataplane.c): (offset of the chunk,
+        its length, its bytearray, or the memfd once shared, or None for a chunk never
+        written, which reads as zeros). Valid until translation.changed(): a new chunk, a
+        share() and close() call it."""
+        self._check(offset, n)
+        shift, size = self._shift, self.chunk
+        out: list[tuple[int, int, bytearray | int | None]] = []
+        for idx in range(offset >> shift, ((offset + n - 1) >> shift) + 1 if n else 0):
+            base = idx << shift
+            length = min(size, self.size - base)
+            out.append((base, length, self._shared if self._shared is not None
+                        else self._chunks.get(idx)))
+        return out
 
 
 def _pread_all(fd: int, n: int, offset: int) -> bytes:

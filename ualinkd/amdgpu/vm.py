@@ -23,6 +23,7 @@ from ..abi import constants as c
 from ..abi.structs import GemVa
 from ..drm.errors import DrmError
 from ..drm.syncobj import STUB, DrmSyncobj
+from . import translation
 from .bo import AmdgpuBo
 
 PAGE = c.GPU_PAGE_SIZE
@@ -190,6 +191,7 @@ class GpuVm:
         return out
 
     def _insert(self, m: Mapping) -> None:
+        translation.changed()
         bisect.insort(self._starts, m.start)
         self._by_start[m.start] = m
         mappings = m.bo_va.mappings
@@ -198,6 +200,7 @@ class GpuVm:
         mappings.add(m)
 
     def _remove(self, m: Mapping) -> None:
+        translation.changed()
         i = bisect.bisect_left(self._starts, m.start)
         del self._starts[i]
         del self._by_start[m.start]
@@ -245,6 +248,19 @@ class GpuVm:
                 self._insert(Mapping(end, m.end, m.offset + (end - m.start), m.flags, m.bo_va))
 
     # -- GPU loads and stores (policy 10) ------------------------------------------------------
+    def remote_route(self, va: int, length: int) -> tuple[Mapping, AmdgpuBo] | None:
+        """The one readable mapping of an imported NPA BO (not revoked) that holds all of
+        [va, va + length), with that BO, or None: where a load of it goes, for the data
+        plane's routes (node.gpu_read_route)."""
+        m = self.lookup(va)
+        if (m is None or not m.flags & c.VM_PAGE_READABLE or m.bo_va.bo is None
+                or va + length > m.end):
+            return None
+        bo = _backing(m.bo_va.bo)
+        if bo.npa is None or bo.npa_revoked:
+            return None
+        return m, bo
+
     def plan(self, va: int, length: int, write: bool) -> tuple[list[Piece], int | None]:
         """Cut [va, va+length) into pieces by mapping; the second value is the VA of the
         first fault (unmapped, missing READABLE/WRITEABLE, a PRT mapping, a revoked NPA BO

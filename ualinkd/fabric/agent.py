@@ -124,6 +124,12 @@ class UalinkAgent:
         mgr.serve_store(src_accel, npa_byte_addr, length_or_data)
         return []
 
+    def load_routes(self, src_accel: int, dst_accel: int, npa_byte_addr: int, length: int
+                    ) -> list[tuple[int, int, bytearray | int | None, int]]:
+        """The data plane's routes for a LOAD just served (UalinkManager.load_routes)."""
+        mgr = self.host.by_accel_id(dst_accel)
+        return [] if mgr is None else mgr.load_routes(src_accel, npa_byte_addr, length)
+
     async def remote_access(
         self, accel_id: int, piece: RemotePiece, write: bool, data: bytes | None = None
     ) -> bytes | bytearray | int:

@@ -6,6 +6,7 @@ The C compiler lays out every struct and checks every callback signature against
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 
@@ -183,6 +184,25 @@ void free(void *ptr);
 size_t fuse_add_direntry(fuse_req_t req, char *buf, size_t bufsize, const char *name,
                          const struct stat *stbuf, off_t off);
 
+/* The data plane's fast path (fuse/dataplane.c). */
+struct ualinkd_dp;
+struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; };
+struct ualinkd_dp *ualinkd_dp_new(void);
+int ualinkd_dp_start(struct ualinkd_dp *dp);
+void ualinkd_dp_stop(struct ualinkd_dp *dp, int err);
+void ualinkd_dp_free(struct ualinkd_dp *dp);
+int ualinkd_dp_open(struct ualinkd_dp *dp, int fd, const uint16_t *accels, int naccels);
+void ualinkd_dp_close(struct ualinkd_dp *dp, int handle);
+void ualinkd_dp_flush(struct ualinkd_dp *dp);
+void ualinkd_dp_route_import(struct ualinkd_dp *dp, uint64_t fh, uint64_t va_start,
+                             uint64_t va_end, uint64_t npa_start, uint16_t src, uint16_t dst);
+void ualinkd_dp_route_export(struct ualinkd_dp *dp, uint16_t src, uint16_t dst,
+                             uint64_t npa_start, const char *mem, int fd, uint64_t fd_off,
+                             uint32_t len);
+int ualinkd_dp_take_fallbacks(struct ualinkd_dp *dp, struct dp_fallback *out, int max);
+int ualinkd_dp_take_event(struct ualinkd_dp *dp, int *handle, char *why, size_t size);
+void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out);
+#define DP_FAST_MAX ...
 /* Filled with the extern "Python" callbacks below by _ualinkd_ops_init(). */
 void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops);
 
@@ -202,8 +222,7 @@ extern "Python" {
     void _op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
                      struct fuse_file_info *fi);
     void _op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
-    void _op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-                  struct fuse_file_info *fi);
+    void _op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, uint64_t fh);
     void _op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
                    struct fuse_file_info *fi);
     void _op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
@@ -236,6 +255,8 @@ SOURCE = f"""
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <linux/fuse.h>
+/* The request _ualinkd_drain is processing (the read callback takes its unique). */
+static const struct fuse_buf *_ualinkd_cur_buf;
 
 /* libfuse 3.14's fuse_file_info has no parallel_direct_writes bit (3.15 added it), so its
    fuse_reply_open cannot ask for FOPEN_PARALLEL_DIRECT_WRITES. This is the same reply (a
@@ -317,8 +338,7 @@ static void _op_readlink(fuse_req_t req, fuse_ino_t ino);
 static void _op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
                         struct fuse_file_info *fi);
 static void _op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
-static void _op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-                     struct fuse_file_info *fi);
+static void _op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, uint64_t fh);
 static void _op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size,
                       off_t off, struct fuse_file_info *fi);
 static void _op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
@@ -385,7 +405,9 @@ static int _ualinkd_drain(struct fuse_session *se, struct fuse_buf *buf,
         if (n > 0) {{
             lingered = 0;
             loop->requests++;
+            _ualinkd_cur_buf = buf;
             fuse_session_process_buf(se, buf);
+            _ualinkd_cur_buf = NULL;
             if (loop->stop)
                 return 2;
             if (--loop->turns <= 0)
@@ -409,6 +431,22 @@ static int _ualinkd_drain(struct fuse_session *se, struct fuse_buf *buf,
     }}
 }}
 
+@DATAPLANE@
+
+/* libfuse's read callback: a load the data plane carries (its routes cover it) goes out
+   from here; any other read is Python's. */
+static void _ualinkd_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                             struct fuse_file_info *fi)
+{{
+    struct ualinkd_dp *dp = fuse_req_userdata(req);
+    uint64_t unique = _ualinkd_cur_buf ? _ualinkd_in_unique(_ualinkd_cur_buf) : 0;
+
+    if (dp != NULL && off >= 0
+            && dp_try_load(dp, req, ino, size, (uint64_t)off, fi->fh, unique) == 0)
+        return;
+    _op_read(req, ino, size, off, fi->fh);
+}}
+
 static void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops)
 {{
     memset(ops, 0, sizeof(*ops));
@@ -421,7 +459,7 @@ static void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops)
     ops->readlink = _op_readlink;
     ops->setattr = _op_setattr;
     ops->open = _op_open;
-    ops->read = _op_read;
+    ops->read = _ualinkd_op_read;
     ops->write = _op_write;
     ops->flush = _op_flush;
     ops->release = _op_release;
@@ -432,6 +470,10 @@ static void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops)
     ops->ioctl = _ualinkd_op_ioctl;
 }}
 """
+
+# The data plane's C (a file of its own: it is most of the C here, and has no f-string braces).
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "dataplane.c")) as _f:
+    SOURCE = SOURCE.replace("@DATAPLANE@", _f.read())
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
@@ -445,7 +487,6 @@ ffibuilder.set_source(
 )
 
 if __name__ == "__main__":
-    import os
     import tempfile
 
     # Build in place without leaving .c/.o files, under the name `pip install -e .` uses

@@ -66,6 +66,13 @@ class NodeBackend(Protocol):
         in a pipe: drm/loaded.py)."""
         ...
 
+    def gpu_read_route(self, drm_file: object, va: int,
+                       size: int) -> tuple[int, int, int, int, int] | None:
+        """After a remote load of [va, va + size) answered whole: the route the data plane
+        may take for the next loads of its mapping (VA start, VA end, NPA byte address at
+        the start, issuing accel, exporting accel), or None."""
+        ...
+
     def gpu_write(
         self, drm_file: object, va: int, data: bytes, caller: Caller
     ) -> int | Awaitable[int] | Completion[int]:

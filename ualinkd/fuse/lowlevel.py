@@ -21,6 +21,7 @@ from ualinkd.drm.completion import Completion
 from ualinkd.drm.loaded import Loaded, PipedBytes
 from ualinkd.fuse._fuse_ll import ffi, lib
 from ualinkd.fuse.backend import Caller
+from ualinkd.fuse.dataplane import FAST_MAX, DataPlane
 
 # Stale-mount clearing lives in mounts.py; these names stay importable from here.
 from ualinkd.fuse.mounts import (
@@ -112,6 +113,8 @@ class Operations(Protocol):
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller
     ) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]: ...
+    def read_route(self, fh: int, off: int,
+                   size: int) -> tuple[int, int, int, int, int] | None: ...
     def write(
         self, ino: int, fh: int, off: int, data: bytes, caller: Caller
     ) -> int | Awaitable[int] | Completion[int]: ...
@@ -157,6 +160,11 @@ class FuseSession:
         # after the request it is processing (unmount, a fatal exception), and its linger.
         self._loop = ffi.new("struct _ualinkd_loop *")
         self._tasks = 0  # answers running as tasks in the nursery (_spawn)
+        # Small GPU loads of imported memory, in C (fuse/dataplane.py); its thread runs
+        # while serve() does.
+        self.data_plane = DataPlane()
+        # The unique of a read the data plane handed back (its buffer is long gone).
+        self._unique: int | None = None
 
     @property
     def requests(self) -> int:
@@ -176,7 +184,7 @@ class FuseSession:
         argv = ffi.new("char *[]", [*argv_keep, ffi.NULL])
         args = ffi.new("struct fuse_args *", {"argc": 3, "argv": argv, "allocated": 0})
         se = lib.fuse_session_new(
-            args, self._llops, ffi.sizeof("struct fuse_lowlevel_ops"), ffi.NULL
+            args, self._llops, ffi.sizeof("struct fuse_lowlevel_ops"), self.data_plane.pointer
         )
         lib.fuse_opt_free_args(args)
         if se == ffi.NULL:
@@ -201,6 +209,8 @@ class FuseSession:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.data_plane.start():
+                    nursery.start_soon(self._serve_handed_back)
                 try:
                     while not self._drain():
                         try:
@@ -212,6 +222,7 @@ class FuseSession:
                     nursery.cancel_scope.cancel()
         finally:
             self._serving = False
+            self.data_plane.stop(errno.EINTR)
             pending, self._completing = self._completing, {}
             for req in pending.values():
                 self._reply_err_late(req, errno.EINTR)
@@ -238,6 +249,7 @@ class FuseSession:
             _active = self
             lib.fuse_session_destroy(self._se)
             self._se = ffi.NULL
+        self.data_plane.free()
         if self._buf.mem != ffi.NULL:
             lib.free(self._buf.mem)
             self._buf.mem = ffi.NULL
@@ -277,6 +289,28 @@ class FuseSession:
         if n > 0:  # over, or stopped by unmount()
             return True
         raise OSError(-n, f"fuse: reading device: {os.strerror(-n)}")
+
+    async def _serve_handed_back(self) -> None:
+        """The reads the data plane's thread handed back (no route at the exporter, a
+        partial or late answer, a channel that went down): Python serves them, as if the
+        read had just come in."""
+        global _active
+        dp = self.data_plane
+        while True:
+            await trio.lowlevel.wait_readable(dp.notify_fd)
+            dp.log_events()
+            handed = dp.take_fallbacks()
+            if self._fd < 0:
+                for req, *_ in handed:
+                    lib.fuse_reply_none(req)
+                continue
+            _active = self
+            for req, ino, size, off, fh, unique in handed:
+                self._unique = unique
+                try:
+                    _read(req, ino, size, off, fh)
+                finally:
+                    self._unique = None
 
     # -- helpers used by the callbacks ---------------------------------------------------
 
@@ -357,7 +391,8 @@ class FuseSession:
             # A GPU load's bytes may come in a pipe (drm/loaded.py): its reply is then
             # written to /dev/fuse by us, which takes the request's unique (read now, from
             # its buffer).
-            unique = lib._ualinkd_in_unique(self._buf)
+            unique = self._unique if self._unique is not None \
+                else lib._ualinkd_in_unique(self._buf)
             reply_buf = finish
 
             def finish(req: Any, value: Any, *args: Any) -> None:
@@ -660,8 +695,19 @@ def _open(s: FuseSession, req: Any, ino: int, fi: Any) -> OpenReply:
 
 @_callback("read", _reply_buf)
 def _read(s: FuseSession, req: Any, ino: int, size: int, off: int,
-          fi: Any) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]:
-    return s.ops.read(ino, fi.fh, off, size, s._caller(req))
+          fh: int) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]:
+    r = s.ops.read(ino, fh, off, size, s._caller(req))
+    if type(r) is Completion and size <= FAST_MAX and s.data_plane.running:
+        # A remote load: once it is served whole, the data plane may carry the next ones
+        # of its mapping (the tree says which, if it is one remote mapping).
+        def learn(c: Completion[Loaded]) -> Loaded:
+            got = c.result()
+            if len(got) == size and (route := s.ops.read_route(fh, off, size)) is not None:
+                s.data_plane.route_import(fh, *route)
+            return got
+
+        return r.then(learn)
+    return r
 
 
 @_callback("write", _reply_write)
@@ -678,6 +724,7 @@ def _op_flush(req: Any, ino: int, fi: Any) -> None:
 # The kernel ignores release errors: always 0.
 @_callback("release", _reply_ok, no_error_reply=True)
 def _release(s: FuseSession, req: Any, ino: int, fi: Any) -> None:
+    s.data_plane.flush()  # its routes name the file by fh, which may be reused
     s.ops.release(ino, fi.fh)
 
 

@@ -402,6 +402,12 @@ class FileTree:
             raise FuseError(e.errno) from None
         raise FuseError(errno.EINVAL)  # dma-buf CPU access is not emulated
 
+    def read_route(self, fh: int, off: int, size: int) -> tuple[int, int, int, int, int] | None:
+        """The data plane's route for the next reads of a render file like that one
+        (Backend.gpu_read_route), or None."""
+        drm_file = self._render_fh.get(fh)
+        return None if drm_file is None else self.backend.gpu_read_route(drm_file, off, size)
+
     def write(
         self, ino: int, fh: int, off: int, data: bytes, caller: Caller
     ) -> int | Awaitable[int] | Completion[int]:

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..abi.constants import CREATE_NO_CPU_ACCESS, DOMAIN_NPA, DOMAIN_VRAM, GPU_PAGE_SIZE
+from ..amdgpu import translation
 from ..amdgpu.bo import AmdgpuBo, pin_in_vram
 from ..amdgpu.driver import AmdgpuDriver
 from ..drm.errors import DrmError
@@ -375,6 +376,8 @@ class UalinkManager:
         target = STAGE_TARGET[stage] if stage is not None else None
         nxt = accel_transition(self.state, event, self.ppod, self.vpod, target)
         changed, self.state = nxt != self.state, nxt
+        if changed:
+            translation.changed()  # an accel that is not ACTIVE serves no NPA access
         return changed
 
     def activate(self) -> None:
@@ -415,6 +418,7 @@ class UalinkManager:
             if entry.shared_npa is not None:
                 self._free_npa(entry.shared_npa[0])
         self.exports.clear()
+        translation.changed()
         self.invalid.clear()
 
     # -- export (§1.6 E1–E7) ---------------------------------------------------------------
@@ -446,6 +450,7 @@ class UalinkManager:
         if entry is None or entry.bo is not bo:
             return
         del self.exports[entry.handle_lo]
+        translation.changed()
         if not entry.importers:
             self._free_export(entry)
             return
@@ -467,6 +472,7 @@ class UalinkManager:
             # translation cache here, so with or without "no-remote-shootdown" the next
             # access through the NPA faults.
             self.npa_table.invalidate(rec.npa_start)
+            translation.changed()
         entry.bo.pin_count -= len(entry.importers)  # once per importer bit (§5.7 step 4)
         entry.bo.ualink_handle_lo = 0
         buf, bo = entry.buf, entry.bo
@@ -488,6 +494,7 @@ class UalinkManager:
         missing = sorted(entry.revoke.expected)
         records = dict(entry.importers)
         entry.importers.clear()
+        translation.changed()
         for rec in records.values():
             self._free_npa(rec.npa_start)
         if entry.shared_npa is not None:
@@ -513,12 +520,14 @@ class UalinkManager:
 
     def _free_npa(self, start: int) -> None:
         self.npa_table.unmap(start)
+        translation.changed()
         if start in self.npa.used:
             self.npa.free(start)
 
     def _drop_importer(self, entry: ExportEntry, remote: int) -> None:
         """Forget one importer of a live export: unpin once, free its NPA (§5.8)."""
         rec = entry.importers.pop(remote)
+        translation.changed()
         entry.bo.pin_count -= 1
         if entry.shared_npa is None:
             self._free_npa(rec.npa_start)
@@ -647,6 +656,7 @@ class UalinkManager:
             del self.imports[node.handle_lo]
         if node.bo is not None:
             node.bo.npa_revoked = True
+            translation.changed()
             node.bo = None
         if node.buf is not None:
             buf, node.buf = node.buf, None
@@ -834,8 +844,10 @@ class UalinkManager:
             self.revoke_finish(entry)
 
     # -- data plane: serving LOAD / STORE from importers (§4.4, policy 10) ----------------------
-    def _resolve_npa(self, src: int, npa_byte_addr: int, length: int) -> tuple[AmdgpuBo, int]:
-        """An importer's NPA access → (our BO, byte offset in it). Refuses (EFAULT) what the
+    def _resolve_npa(self, src: int, npa_byte_addr: int,
+                     length: int) -> tuple[AmdgpuBo, int, int]:
+        """An importer's NPA access → (our BO, byte offset in it, bytes of the BO its NPA
+        mapping reaches). Refuses (EFAULT) what the
         exporter's NPA page table would not translate: another GPU's segment, an unmapped or
         invalidated page, a range past the mapping, a requester that is not an importer."""
         page = npa_byte_addr >> 12
@@ -857,11 +869,11 @@ class UalinkManager:
                 entry = self.exports.get(mapping.bo.ualink_handle_lo)
                 if entry is None or src not in entry.importers:
                     reason = f"accel {src} is not an importer of that BO"
-                elif length < 0 or offset + length > min(mapping.bo.size,
-                                                          mapping.pages * GPU_PAGE_SIZE):
+                elif length < 0 or offset + length > (
+                        reach := min(mapping.bo.size, mapping.pages * GPU_PAGE_SIZE)):
                     reason = "access past the end of the BO"
                 else:
-                    return mapping.bo, offset
+                    return mapping.bo, offset, reach
         self.refused_accesses += 1
         if (src, reason) not in self._refusals_logged:
             self._refusals_logged.add((src, reason))
@@ -871,11 +883,26 @@ class UalinkManager:
 
     def serve_load(self, src: int, npa_byte_addr: int, length: int) -> list[memoryview]:
         """The bytes a LOAD reads, as views of the BO's memory (BoMemory.read_views)."""
-        bo, offset = self._resolve_npa(src, npa_byte_addr, length)
+        bo, offset, _ = self._resolve_npa(src, npa_byte_addr, length)
         return bo.memory.read_views(offset, length)
 
+    def load_routes(self, src: int, npa_byte_addr: int, length: int
+                    ) -> list[tuple[int, int, bytearray | int | None, int]]:
+        """After serving that LOAD: the routes that answer the same LOADs of its BO chunks
+        without us (fuse/dataplane.c), valid until translation.changed(): (NPA byte
+        address, length, where the bytes live (BoMemory.backing), their offset there).
+        Empty when it would not be served now."""
+        try:
+            bo, offset, reach = self._resolve_npa(src, npa_byte_addr, length)
+        except DrmError:
+            return []
+        npa_of_bo = npa_byte_addr - offset  # an NPA mapping is the BO from its first page
+        return [(npa_of_bo + base, min(n, reach - base), backing,
+                 base if isinstance(backing, int) else 0)  # (a memfd holds the whole BO)
+                for base, n, backing in bo.memory.backing(offset, length) if base < reach]
+
     def serve_store(self, src: int, npa_byte_addr: int, data: bytes | bytearray) -> None:
-        bo, offset = self._resolve_npa(src, npa_byte_addr, len(data))
+        bo, offset, _ = self._resolve_npa(src, npa_byte_addr, len(data))
         bo.memory.write(offset, data)
 
     # -- send outcomes ----------

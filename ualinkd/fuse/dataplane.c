@@ -1,0 +1,856 @@
+/* The data plane's fast path: small GPU loads of imported memory, in C on both daemons.
+ *
+ * Appended to the cffi source of _fuse_ll (fuse/_build.py); fuse/dataplane.py is its only
+ * user. Why it exists: a 4 KiB remote load through the Python daemons took three process
+ * turns of ~150 µs each (FUSE read -> LOAD, LOAD -> DATA, DATA -> FUSE reply), against a
+ * floor of one FUSE round trip and one TCP round trip (38 µs on one CPU).
+ *
+ * What it carries, and what it leaves to Python. Each pair of daemons has a data channel
+ * (fabric/link.py authenticates it; DataChannels.open hands it here), a TCP connection
+ * carrying only LOAD and DATA frames in the link's own encoding (fabric/wire.py). One thread
+ * per daemon reads every channel.
+ *  - Importer: a FUSE read of a render node whose range a route covers (installed by
+ *    Python after it served a load of that mapping itself) is sent as a LOAD on the
+ *    exporter's channel straight from the read callback; the thread replies to FUSE
+ *    with the DATA.
+ *  - Exporter: a LOAD that an export route covers (installed by Python after it served a
+ *    load of that range itself: the BO chunk's bytes, by address) is answered with DATA by
+ *    the thread.
+ *  - Everything else goes the way it went before, through Python and the link: a read
+ *    with no route, a LOAD with no route (answered DP_FALLBACK, so the importer asks
+ *    again on the link), any DATA that is not a whole answer, a load not answered within
+ *    DP_TIMEOUT_NS, every load of a channel that goes down. Python decides every fault
+ *    and every refusal, with its logging: the C code only repeats what Python already
+ *    served.
+ * Routes are caches. ualinkd_dp_flush() drops them all (amdgpu/translation.py calls it
+ * whenever a GPU VM, an NPA mapping, an importer set, an accel's state or a BO's memory
+ * changes), under the lock the thread holds while it copies a BO's bytes, so after a flush
+ * no byte is read through an old route and a freed BO is never touched.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+
+#define DP_CHANNELS 64            /* peers of one node (a 64-node pod has 63) */
+#define DP_ACCELS 1024            /* accel ids are 10 bits (ualink/npa.py GPUID_MASK) */
+#define DP_FAST_MAX (64 * 1024)   /* the largest load the fast path carries */
+#define DP_INFLIGHT 64            /* loads outstanding on one channel */
+#define DP_INFLIGHT_BYTES (1u << 20)
+#define DP_OUT_MAX (8u << 20)     /* bytes queued for a peer that does not read: dropped */
+#define DP_TIMEOUT_NS 1000000000LL
+#define DP_IMPORT_ROUTES 64
+#define DP_EXPORT_ROUTES 256
+#define DP_FALLBACK (-EAGAIN)     /* DATA status: not served here, ask on the link */
+#define DP_EVENTS 32
+
+#define DP_LOAD 0x20              /* fabric/wire.py FrameType */
+#define DP_DATA 0x22
+#define DP_LOAD_SIZE 29           /* <IBIHHQII: length, type, seq, src, dst, npa, length, deadline */
+#define DP_DATA_HEAD 13           /* <IBIi: length, type, seq, status */
+#define DP_IN_SIZE (DP_DATA_HEAD + DP_FAST_MAX + DP_LOAD_SIZE)
+
+enum { DP_FREE, DP_OPEN, DP_BROKEN, DP_CLOSING };
+
+struct dp_pending {
+    fuse_req_t req;
+    uint64_t fh, off, unique;
+    fuse_ino_t ino;
+    uint32_t seq, size;
+    int64_t started;
+    int used;
+};
+
+struct dp_channel {
+    int state, fd, want_out;
+    uint32_t gen, next_seq;
+    pthread_mutex_t lock;                     /* out, pending */
+    struct dp_pending pend[DP_INFLIGHT];
+    int npend;
+    uint32_t inflight_bytes;
+    char *out;
+    size_t out_len, out_cap;
+    char *in;                                 /* the thread's */
+    size_t in_len;
+    char why[160];
+    uint8_t accels[DP_ACCELS / 8];            /* the peer's accels */
+};
+
+struct dp_import_route {
+    uint64_t fh, va_start, va_end, npa_start;
+    uint32_t gen;
+    uint16_t src, dst;
+    int used;
+};
+
+struct dp_export_route {
+    uint64_t npa_start, fd_off;
+    const char *mem;                          /* NULL: in `fd` at fd_off, or zeros (fd < 0) */
+    int fd;
+    uint32_t len, gen;
+    uint16_t src, dst;
+    int used;
+};
+
+struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; };
+struct dp_event { int handle; char why[160]; };
+
+struct ualinkd_dp {
+    int epfd, wakefd, notifyfd, running, stop;
+    pthread_t thread;
+    pthread_mutex_t lock;                     /* routes, gen, channel states, queues */
+    uint32_t gen;
+    struct dp_channel ch[DP_CHANNELS];
+    int16_t accel_chan[DP_ACCELS];
+    struct dp_import_route iroute[DP_IMPORT_ROUTES];
+    struct dp_export_route eroute[DP_EXPORT_ROUTES];
+    unsigned inext, enext;
+    struct dp_fallback *fb;
+    size_t nfb, capfb;
+    struct dp_event ev[DP_EVENTS];
+    unsigned nev, lost_events;
+    char frame[DP_DATA_HEAD + DP_FAST_MAX];   /* the thread's DATA being built */
+    /* counters: loads this node sent fast and got answered fast; LOADs it served fast;
+       loads handed back to Python; LOADs answered DP_FALLBACK */
+    uint64_t fast_loads, served, fallbacks, refused;
+};
+
+static int64_t dp_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void dp_put32(char *p, uint32_t v) { memcpy(p, &v, 4); }
+static uint32_t dp_get32(const char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint16_t dp_get16(const char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static uint64_t dp_get64(const char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static void dp_wake(int fd)
+{
+    uint64_t one = 1;
+    ssize_t n = write(fd, &one, sizeof(one));
+    (void)n;  /* a full eventfd is already readable */
+}
+
+/* [dp->lock held] */
+static void dp_event(struct ualinkd_dp *dp, int handle, const char *why)
+{
+    if (dp->nev < DP_EVENTS) {
+        dp->ev[dp->nev].handle = handle;
+        snprintf(dp->ev[dp->nev].why, sizeof(dp->ev[0].why), "%s", why);
+        dp->nev++;
+    } else {
+        dp->lost_events++;
+    }
+    dp_wake(dp->notifyfd);
+}
+
+/* A load Python serves after all. [dp->lock held] */
+static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p)
+{
+    if (dp->nfb == dp->capfb) {
+        size_t cap = dp->capfb ? dp->capfb * 2 : 64;
+        struct dp_fallback *fb = realloc(dp->fb, cap * sizeof(*fb));
+        if (fb == NULL) {
+            fuse_reply_err(p->req, EIO);  /* no memory to hand it over: fail it, loudly */
+            dp->lost_events++;
+            return;
+        }
+        dp->fb = fb;
+        dp->capfb = cap;
+    }
+    dp->fb[dp->nfb].req = p->req;
+    dp->fb[dp->nfb].ino = p->ino;
+    dp->fb[dp->nfb].size = p->size;
+    dp->fb[dp->nfb].off = p->off;
+    dp->fb[dp->nfb].fh = p->fh;
+    dp->fb[dp->nfb].unique = p->unique;
+    dp->nfb++;
+    dp->fallbacks++;
+    dp_wake(dp->notifyfd);
+}
+
+/* The channel cannot be used any more: the thread closes it (dp_reap). [ch->lock held] */
+static void dp_break(struct ualinkd_dp *dp, struct dp_channel *ch, const char *why)
+{
+    if (ch->state != DP_OPEN)
+        return;
+    ch->state = DP_BROKEN;
+    snprintf(ch->why, sizeof(ch->why), "%s", why);
+    shutdown(ch->fd, SHUT_RDWR);
+    dp_wake(dp->wakefd);
+}
+
+/* Queue `n` bytes for the peer, writing what the socket takes now. [ch->lock held] */
+static int dp_send(struct ualinkd_dp *dp, struct dp_channel *ch, const char *buf, size_t n)
+{
+    ssize_t k = 0;
+    char why[96];
+
+    if (ch->state != DP_OPEN)
+        return -1;
+    if (ch->out_len == 0) {
+        k = send(ch->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k == (ssize_t)n)
+            return 0;
+        if (k < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                snprintf(why, sizeof(why), "send failed: %s", strerror(errno));
+                dp_break(dp, ch, why);
+                return -1;
+            }
+            k = 0;
+        }
+    }
+    if (ch->out_len + (n - (size_t)k) > DP_OUT_MAX) {
+        dp_break(dp, ch, "the peer does not take its answers (8 MiB queued)");
+        return -1;
+    }
+    if (ch->out_len + (n - (size_t)k) > ch->out_cap) {
+        size_t cap = ch->out_cap ? ch->out_cap : 65536;
+        char *out;
+        while (cap < ch->out_len + (n - (size_t)k))
+            cap *= 2;
+        out = realloc(ch->out, cap);
+        if (out == NULL) {
+            dp_break(dp, ch, "out of memory");
+            return -1;
+        }
+        ch->out = out;
+        ch->out_cap = cap;
+    }
+    memcpy(ch->out + ch->out_len, buf + k, n - (size_t)k);
+    ch->out_len += n - (size_t)k;
+    if (!ch->want_out) {
+        struct epoll_event ev = { EPOLLIN | EPOLLOUT, { .u32 = (uint32_t)(ch - dp->ch) } };
+        ch->want_out = 1;
+        epoll_ctl(dp->epfd, EPOLL_CTL_MOD, ch->fd, &ev);
+    }
+    return 0;
+}
+
+/* The socket has room again. [thread; takes ch->lock] */
+static void dp_flush_out(struct ualinkd_dp *dp, struct dp_channel *ch)
+{
+    pthread_mutex_lock(&ch->lock);
+    if (ch->state == DP_OPEN && ch->out_len) {
+        ssize_t k = send(ch->fd, ch->out, ch->out_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k > 0) {
+            memmove(ch->out, ch->out + k, ch->out_len - (size_t)k);
+            ch->out_len -= (size_t)k;
+        } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            char why[96];
+            snprintf(why, sizeof(why), "send failed: %s", strerror(errno));
+            dp_break(dp, ch, why);
+        }
+    }
+    if (ch->state == DP_OPEN && !ch->out_len && ch->want_out) {
+        struct epoll_event ev = { EPOLLIN, { .u32 = (uint32_t)(ch - dp->ch) } };
+        ch->want_out = 0;
+        epoll_ctl(dp->epfd, EPOLL_CTL_MOD, ch->fd, &ev);
+    }
+    pthread_mutex_unlock(&ch->lock);
+}
+
+/* A LOAD from the peer: DATA with the bytes when an export route covers it, else
+   DP_FALLBACK. [thread] */
+static void dp_serve(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f)
+{
+    uint32_t seq = dp_get32(f + 5), length = dp_get32(f + 21);
+    uint16_t src = dp_get16(f + 9), dst = dp_get16(f + 11);
+    uint64_t npa = dp_get64(f + 13);
+    int32_t status = DP_FALLBACK;
+    uint32_t n = 0;
+    char *out = dp->frame;
+
+    pthread_mutex_lock(&dp->lock);
+    /* A LOAD claims its source accel: only the peer's own accels' routes answer it. Its
+       range may span routes (BO chunks): piece by piece, each a route's. */
+    if (src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))) && length <= DP_FAST_MAX) {
+        uint32_t done = 0;
+        while (done < length) {
+            uint64_t at = npa + done;
+            struct dp_export_route *r = NULL;
+            uint32_t k;
+            for (unsigned i = 0; i < DP_EXPORT_ROUTES; i++) {
+                struct dp_export_route *q = &dp->eroute[i];
+                if (q->used && q->gen == dp->gen && q->src == src && q->dst == dst
+                        && at >= q->npa_start && at - q->npa_start < q->len) {
+                    r = q;
+                    break;
+                }
+            }
+            if (r == NULL)
+                break;
+            k = r->len - (uint32_t)(at - r->npa_start);
+            if (k > length - done)
+                k = length - done;
+            if (r->mem != NULL)
+                memcpy(out + DP_DATA_HEAD + done, r->mem + (at - r->npa_start), k);
+            else if (r->fd < 0)
+                memset(out + DP_DATA_HEAD + done, 0, k);
+            else if (pread(r->fd, out + DP_DATA_HEAD + done, k,
+                           (off_t)(r->fd_off + (at - r->npa_start))) != (ssize_t)k)
+                break;
+            done += k;
+        }
+        if (done == length) {
+            status = 0;
+            n = length;
+        }
+    }
+    if (status == 0)
+        dp->served++;
+    else
+        dp->refused++;
+    pthread_mutex_unlock(&dp->lock);
+    dp_put32(out, 9 + n);
+    out[4] = DP_DATA;
+    dp_put32(out + 5, seq);
+    dp_put32(out + 9, (uint32_t)status);
+    pthread_mutex_lock(&ch->lock);
+    dp_send(dp, ch, out, DP_DATA_HEAD + n);
+    pthread_mutex_unlock(&ch->lock);
+}
+
+/* A DATA from the peer: the FUSE reply of the load it answers, or that load handed to
+   Python (any status, any length but the whole answer). [thread] */
+static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f, uint32_t len)
+{
+    uint32_t seq = dp_get32(f + 5), n = len - 9;
+    int32_t status = (int32_t)dp_get32(f + 9);
+    struct dp_pending p;
+
+    pthread_mutex_lock(&ch->lock);
+    p = ch->pend[seq % DP_INFLIGHT];
+    if (!p.used || p.seq != seq) {  /* timed out already (handed to Python) */
+        pthread_mutex_unlock(&ch->lock);
+        return;
+    }
+    ch->pend[seq % DP_INFLIGHT].used = 0;
+    ch->npend--;
+    ch->inflight_bytes -= p.size;
+    pthread_mutex_unlock(&ch->lock);
+    if (status == 0 && n == p.size) {
+        fuse_reply_buf(p.req, f + DP_DATA_HEAD, n);
+        pthread_mutex_lock(&dp->lock);
+        dp->fast_loads++;
+        pthread_mutex_unlock(&dp->lock);
+        return;
+    }
+    pthread_mutex_lock(&dp->lock);
+    dp_fall_back(dp, &p);
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* Read what the channel has and act on each whole frame. [thread] */
+static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
+{
+    for (;;) {
+        size_t at = 0;
+        ssize_t k = recv(ch->fd, ch->in + ch->in_len, DP_IN_SIZE - ch->in_len, MSG_DONTWAIT);
+        char why[96];
+
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            snprintf(why, sizeof(why), k == 0 ? "the peer closed it" : "receive failed: %s",
+                     k == 0 ? "" : strerror(errno));
+            pthread_mutex_lock(&ch->lock);
+            dp_break(dp, ch, why);
+            pthread_mutex_unlock(&ch->lock);
+            return;
+        }
+        if (k < 0)
+            return;
+        ch->in_len += (size_t)k;
+        while (ch->in_len - at >= 5) {
+            const char *f = ch->in + at;
+            uint32_t len = dp_get32(f);
+            int type = (unsigned char)f[4];
+            /* Only LOADs and the DATA answering ours come on a data channel, and no DATA
+               longer than the longest load we ask. Anything else: the peer is broken. */
+            int ok = (type == DP_LOAD && len == DP_LOAD_SIZE - 4)
+                  || (type == DP_DATA && len >= 9 && len <= 9 + DP_FAST_MAX);
+            if (!ok) {
+                snprintf(why, sizeof(why), "bad frame (type %#x, length %u)", type, len);
+                pthread_mutex_lock(&ch->lock);
+                dp_break(dp, ch, why);
+                pthread_mutex_unlock(&ch->lock);
+                return;
+            }
+            if (ch->in_len - at < 4 + (size_t)len)
+                break;
+            if (type == DP_LOAD)
+                dp_serve(dp, ch, f);
+            else
+                dp_answered(dp, ch, f, len);
+            at += 4 + len;
+        }
+        memmove(ch->in, ch->in + at, ch->in_len - at);
+        ch->in_len -= at;
+    }
+}
+
+/* Loads not answered in time go to Python. [thread] */
+static void dp_expire(struct ualinkd_dp *dp, int64_t now)
+{
+    for (int c = 0; c < DP_CHANNELS; c++) {
+        struct dp_channel *ch = &dp->ch[c];
+        if (ch->state == DP_FREE || ch->npend == 0)
+            continue;
+        pthread_mutex_lock(&dp->lock);
+        pthread_mutex_lock(&ch->lock);
+        for (int i = 0; i < DP_INFLIGHT; i++) {
+            struct dp_pending *p = &ch->pend[i];
+            if (p->used && now - p->started > DP_TIMEOUT_NS) {
+                p->used = 0;
+                ch->npend--;
+                ch->inflight_bytes -= p->size;
+                dp_fall_back(dp, p);
+            }
+        }
+        pthread_mutex_unlock(&ch->lock);
+        pthread_mutex_unlock(&dp->lock);
+    }
+}
+
+/* A broken or closed channel: its loads go to Python, its fd is closed; a closed one's
+   slot is free again. [thread] */
+static void dp_reap(struct ualinkd_dp *dp)
+{
+    for (int c = 0; c < DP_CHANNELS; c++) {
+        struct dp_channel *ch = &dp->ch[c];
+        int handle = (int)(ch->gen * DP_CHANNELS + c);
+        if (ch->state != DP_BROKEN && ch->state != DP_CLOSING)
+            continue;
+        pthread_mutex_lock(&dp->lock);
+        pthread_mutex_lock(&ch->lock);
+        if (ch->fd >= 0) {
+            epoll_ctl(dp->epfd, EPOLL_CTL_DEL, ch->fd, NULL);
+            close(ch->fd);
+            ch->fd = -1;
+            if (ch->state == DP_BROKEN)
+                dp_event(dp, handle, ch->why);
+        }
+        for (int i = 0; i < DP_INFLIGHT; i++) {
+            if (ch->pend[i].used) {
+                ch->pend[i].used = 0;
+                dp_fall_back(dp, &ch->pend[i]);
+            }
+        }
+        ch->npend = 0;
+        ch->inflight_bytes = 0;
+        ch->out_len = 0;
+        ch->in_len = 0;
+        ch->want_out = 0;
+        if (ch->state == DP_CLOSING) {
+            ch->state = DP_FREE;
+            ch->gen++;
+        }
+        pthread_mutex_unlock(&ch->lock);
+        pthread_mutex_unlock(&dp->lock);
+    }
+}
+
+static void *dp_main(void *arg)
+{
+    struct ualinkd_dp *dp = arg;
+    struct epoll_event evs[16];
+
+    while (!dp->stop) {
+        int n = epoll_wait(dp->epfd, evs, 16, 100);
+        for (int i = 0; i < n; i++) {
+            uint32_t c = evs[i].data.u32;
+            if (c == UINT32_MAX) {
+                uint64_t v;
+                ssize_t k = read(dp->wakefd, &v, sizeof(v));
+                (void)k;
+                continue;
+            }
+            if (dp->ch[c].state != DP_OPEN)
+                continue;
+            if (evs[i].events & EPOLLOUT)
+                dp_flush_out(dp, &dp->ch[c]);
+            if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+                dp_receive(dp, &dp->ch[c]);
+        }
+        dp_reap(dp);
+        dp_expire(dp, dp_now());
+    }
+    return NULL;
+}
+
+/* -- called from Python (the trio thread) -------------------------------------------------- */
+
+static struct ualinkd_dp *ualinkd_dp_new(void)
+{
+    struct ualinkd_dp *dp = calloc(1, sizeof(*dp));
+    if (dp == NULL)
+        return NULL;
+    pthread_mutex_init(&dp->lock, NULL);
+    for (int c = 0; c < DP_CHANNELS; c++) {
+        pthread_mutex_init(&dp->ch[c].lock, NULL);
+        dp->ch[c].fd = -1;
+    }
+    for (int a = 0; a < DP_ACCELS; a++)
+        dp->accel_chan[a] = -1;
+    dp->epfd = dp->wakefd = dp->notifyfd = -1;
+    return dp;
+}
+
+/* Start the thread. Returns the eventfd Python waits on for loads handed back and events,
+   or -errno. */
+static int ualinkd_dp_start(struct ualinkd_dp *dp)
+{
+    struct epoll_event ev = { EPOLLIN, { .u32 = UINT32_MAX } };
+    int err;
+
+    if (dp->running)
+        return dp->notifyfd;
+    dp->epfd = epoll_create1(EPOLL_CLOEXEC);
+    dp->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    dp->notifyfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (dp->epfd < 0 || dp->wakefd < 0 || dp->notifyfd < 0
+            || epoll_ctl(dp->epfd, EPOLL_CTL_ADD, dp->wakefd, &ev) < 0)
+        goto fail;
+    dp->stop = 0;
+    err = pthread_create(&dp->thread, NULL, dp_main, dp);
+    if (err) {
+        errno = err;
+        goto fail;
+    }
+    dp->running = 1;
+    return dp->notifyfd;
+fail:
+    err = errno;
+    if (dp->epfd >= 0) close(dp->epfd);
+    if (dp->wakefd >= 0) close(dp->wakefd);
+    if (dp->notifyfd >= 0) close(dp->notifyfd);
+    dp->epfd = dp->wakefd = dp->notifyfd = -1;
+    return -err;
+}
+
+/* Stop the thread; every channel closed, its loads answered `err` (the session is ending).
+   The routes go. */
+static void ualinkd_dp_stop(struct ualinkd_dp *dp, int err)
+{
+    if (!dp->running)
+        return;
+    dp->stop = 1;
+    dp_wake(dp->wakefd);
+    pthread_join(dp->thread, NULL);
+    dp->running = 0;
+    for (int c = 0; c < DP_CHANNELS; c++) {
+        struct dp_channel *ch = &dp->ch[c];
+        for (int i = 0; i < DP_INFLIGHT; i++)
+            if (ch->pend[i].used) {
+                ch->pend[i].used = 0;
+                fuse_reply_err(ch->pend[i].req, err);
+            }
+        if (ch->fd >= 0)
+            close(ch->fd);
+        ch->fd = -1;
+        ch->npend = 0;
+        ch->inflight_bytes = 0;
+        ch->out_len = ch->in_len = 0;
+        ch->want_out = 0;
+        if (ch->state != DP_FREE)
+            ch->gen++;
+        ch->state = DP_FREE;
+    }
+    for (size_t i = 0; i < dp->nfb; i++)
+        fuse_reply_err(dp->fb[i].req, err);
+    dp->nfb = 0;
+    for (int a = 0; a < DP_ACCELS; a++)
+        dp->accel_chan[a] = -1;
+    dp->gen++;
+    close(dp->epfd);
+    close(dp->wakefd);
+    close(dp->notifyfd);
+    dp->epfd = dp->wakefd = dp->notifyfd = -1;
+}
+
+static void ualinkd_dp_free(struct ualinkd_dp *dp)
+{
+    if (dp == NULL)
+        return;
+    ualinkd_dp_stop(dp, EINTR);
+    for (int c = 0; c < DP_CHANNELS; c++) {
+        free(dp->ch[c].out);
+        free(dp->ch[c].in);
+    }
+    free(dp->fb);
+    free(dp);
+}
+
+/* A data channel to a peer whose accels are `accels`: takes `fd`. Returns its handle, or
+   -errno (fd closed). */
+static int ualinkd_dp_open(struct ualinkd_dp *dp, int fd, const uint16_t *accels, int naccels)
+{
+    struct epoll_event ev = { EPOLLIN, { 0 } };
+    struct dp_channel *ch = NULL;
+    int c, err = EBUSY, flags;
+
+    pthread_mutex_lock(&dp->lock);
+    if (!dp->running)
+        goto fail;
+    for (c = 0; c < DP_CHANNELS; c++)
+        if (dp->ch[c].state == DP_FREE) {
+            ch = &dp->ch[c];
+            break;
+        }
+    if (ch == NULL)
+        goto fail;
+    err = ENOMEM;
+    if (ch->in == NULL && (ch->in = malloc(DP_IN_SIZE)) == NULL)
+        goto fail;
+    flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+        err = errno;
+        goto fail;
+    }
+    pthread_mutex_lock(&ch->lock);
+    memset(ch->accels, 0, sizeof(ch->accels));
+    for (int i = 0; i < naccels; i++)
+        if (accels[i] < DP_ACCELS) {
+            ch->accels[accels[i] >> 3] |= (uint8_t)(1u << (accels[i] & 7));
+            dp->accel_chan[accels[i]] = (int16_t)c;
+        }
+    ch->fd = fd;
+    ch->state = DP_OPEN;
+    ch->npend = 0;
+    ch->inflight_bytes = 0;
+    ch->out_len = ch->in_len = 0;
+    ch->want_out = 0;
+    ch->why[0] = 0;
+    ev.data.u32 = (uint32_t)c;
+    if (epoll_ctl(dp->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        err = errno;
+        ch->state = DP_FREE;
+        ch->fd = -1;
+        for (int a = 0; a < DP_ACCELS; a++)
+            if (dp->accel_chan[a] == c)
+                dp->accel_chan[a] = -1;
+        pthread_mutex_unlock(&ch->lock);
+        goto fail;
+    }
+    pthread_mutex_unlock(&ch->lock);
+    pthread_mutex_unlock(&dp->lock);
+    return (int)(ch->gen * DP_CHANNELS + c);
+fail:
+    pthread_mutex_unlock(&dp->lock);
+    close(fd);
+    return -err;
+}
+
+/* The channel's link went down: the thread closes it; its loads go to Python. */
+static void ualinkd_dp_close(struct ualinkd_dp *dp, int handle)
+{
+    int c = handle % DP_CHANNELS;
+    struct dp_channel *ch = &dp->ch[c];
+
+    if (handle < 0)
+        return;
+    pthread_mutex_lock(&dp->lock);
+    if (ch->state != DP_FREE && ch->gen * DP_CHANNELS + c == (uint32_t)handle) {
+        for (int a = 0; a < DP_ACCELS; a++)
+            if (dp->accel_chan[a] == c)
+                dp->accel_chan[a] = -1;
+        pthread_mutex_lock(&ch->lock);
+        if (ch->state == DP_OPEN && ch->fd >= 0)
+            shutdown(ch->fd, SHUT_RDWR);
+        ch->state = DP_CLOSING;
+        pthread_mutex_unlock(&ch->lock);
+        dp_wake(dp->wakefd);
+    }
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* Every route goes (a translation changed somewhere). Returns once no LOAD is being copied
+   through an old one. */
+static void ualinkd_dp_flush(struct ualinkd_dp *dp)
+{
+    pthread_mutex_lock(&dp->lock);
+    dp->gen++;
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* Reads of render-node file `fh` in [va_start, va_end) are loads of NPA `npa_start`
+   onwards at accel `dst`, issued by accel `src`. */
+static void ualinkd_dp_route_import(struct ualinkd_dp *dp, uint64_t fh, uint64_t va_start,
+                                    uint64_t va_end, uint64_t npa_start, uint16_t src,
+                                    uint16_t dst)
+{
+    struct dp_import_route *r = NULL;
+
+    pthread_mutex_lock(&dp->lock);
+    for (unsigned i = 0; i < DP_IMPORT_ROUTES; i++) {
+        struct dp_import_route *q = &dp->iroute[i];
+        if (q->used && q->fh == fh && q->va_start == va_start) {
+            r = q;
+            break;
+        }
+    }
+    if (r == NULL)
+        r = &dp->iroute[dp->inext++ % DP_IMPORT_ROUTES];
+    r->fh = fh;
+    r->va_start = va_start;
+    r->va_end = va_end;
+    r->npa_start = npa_start;
+    r->src = src;
+    r->dst = dst;
+    r->gen = dp->gen;
+    r->used = 1;
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* LOADs from accel `src` of NPA [npa_start, npa_start + len) at our accel `dst` read the
+   `len` bytes at `mem` (a BO chunk), or in file `fd` from `fd_off` (a BO's memfd) when mem
+   is NULL, or zeros when fd is -1 too (a chunk never written): valid until the next flush. */
+static void ualinkd_dp_route_export(struct ualinkd_dp *dp, uint16_t src, uint16_t dst,
+                                    uint64_t npa_start, const char *mem, int fd,
+                                    uint64_t fd_off, uint32_t len)
+{
+    struct dp_export_route *r = NULL;
+
+    pthread_mutex_lock(&dp->lock);
+    for (unsigned i = 0; i < DP_EXPORT_ROUTES; i++) {
+        struct dp_export_route *q = &dp->eroute[i];
+        if (q->used && q->src == src && q->dst == dst && q->npa_start == npa_start) {
+            r = q;
+            break;
+        }
+    }
+    if (r == NULL)
+        r = &dp->eroute[dp->enext++ % DP_EXPORT_ROUTES];
+    r->src = src;
+    r->dst = dst;
+    r->npa_start = npa_start;
+    r->mem = mem;
+    r->fd = fd;
+    r->fd_off = fd_off;
+    r->len = len;
+    r->gen = dp->gen;
+    r->used = 1;
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* The read callback's fast path (trio thread, inside fuse_session_process_buf): 0 when the
+   load went out as a LOAD (the thread answers `req`), -1 when Python must serve it. */
+static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, size_t size,
+                       uint64_t off, uint64_t fh, uint64_t unique)
+{
+    struct dp_import_route *r = NULL;
+    struct dp_channel *ch;
+    struct dp_pending *p;
+    char f[DP_LOAD_SIZE];
+    uint64_t npa;
+    uint16_t src, dst;
+    uint32_t seq;
+    int c;
+
+    if (!dp->running || size == 0 || size > DP_FAST_MAX)
+        return -1;
+    pthread_mutex_lock(&dp->lock);
+    for (unsigned i = 0; i < DP_IMPORT_ROUTES; i++) {
+        struct dp_import_route *q = &dp->iroute[i];
+        if (q->used && q->gen == dp->gen && q->fh == fh && off >= q->va_start
+                && off < q->va_end && size <= q->va_end - off) {
+            r = q;
+            break;
+        }
+    }
+    if (r == NULL || (c = dp->accel_chan[r->dst]) < 0 || dp->ch[c].state != DP_OPEN) {
+        pthread_mutex_unlock(&dp->lock);
+        return -1;
+    }
+    npa = r->npa_start + (off - r->va_start);
+    src = r->src;
+    dst = r->dst;
+    ch = &dp->ch[c];
+    pthread_mutex_lock(&ch->lock);
+    pthread_mutex_unlock(&dp->lock);
+    seq = ch->next_seq;
+    p = &ch->pend[seq % DP_INFLIGHT];
+    if (ch->npend >= DP_INFLIGHT || p->used || ch->inflight_bytes + size > DP_INFLIGHT_BYTES) {
+        pthread_mutex_unlock(&ch->lock);
+        return -1;
+    }
+    dp_put32(f, DP_LOAD_SIZE - 4);
+    f[4] = DP_LOAD;
+    dp_put32(f + 5, seq);
+    memcpy(f + 9, &src, 2);
+    memcpy(f + 11, &dst, 2);
+    memcpy(f + 13, &npa, 8);
+    dp_put32(f + 21, (uint32_t)size);
+    dp_put32(f + 25, 0);  /* no deadline: the importer's own timeout ends the wait */
+    if (dp_send(dp, ch, f, sizeof(f)) != 0) {
+        pthread_mutex_unlock(&ch->lock);
+        return -1;
+    }
+    ch->next_seq = seq + 1;
+    p->req = req;
+    p->ino = ino;
+    p->size = (uint32_t)size;
+    p->off = off;
+    p->fh = fh;
+    p->unique = unique;
+    p->seq = seq;
+    p->started = dp_now();
+    p->used = 1;
+    ch->npend++;
+    ch->inflight_bytes += (uint32_t)size;
+    pthread_mutex_unlock(&ch->lock);
+    return 0;
+}
+
+/* Loads handed back to Python since the last call (at most `max`). */
+static int ualinkd_dp_take_fallbacks(struct ualinkd_dp *dp, struct dp_fallback *out, int max)
+{
+    int n;
+    uint64_t v;
+    ssize_t k = read(dp->notifyfd, &v, sizeof(v));
+
+    (void)k;
+    pthread_mutex_lock(&dp->lock);
+    n = (int)(dp->nfb < (size_t)max ? dp->nfb : (size_t)max);
+    memcpy(out, dp->fb, (size_t)n * sizeof(*out));
+    memmove(dp->fb, dp->fb + n, (dp->nfb - (size_t)n) * sizeof(*out));
+    dp->nfb -= (size_t)n;
+    if (dp->nfb || dp->nev)
+        dp_wake(dp->notifyfd);
+    pthread_mutex_unlock(&dp->lock);
+    return n;
+}
+
+/* A channel that broke since the last call: its handle and why (1), or nothing (0). */
+static int ualinkd_dp_take_event(struct ualinkd_dp *dp, int *handle, char *why, size_t size)
+{
+    int got = 0;
+
+    pthread_mutex_lock(&dp->lock);
+    if (dp->nev) {
+        *handle = dp->ev[0].handle;
+        snprintf(why, size, "%s", dp->ev[0].why);
+        memmove(dp->ev, dp->ev + 1, (dp->nev - 1) * sizeof(dp->ev[0]));
+        dp->nev--;
+        got = 1;
+    }
+    pthread_mutex_unlock(&dp->lock);
+    return got;
+}
+
+/* fast loads, LOADs served, loads handed to Python, LOADs answered DP_FALLBACK. */
+static void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out)
+{
+    pthread_mutex_lock(&dp->lock);
+    out[0] = dp->fast_loads;
+    out[1] = dp->served;
+    out[2] = dp->fallbacks;
+    out[3] = dp->refused;
+    pthread_mutex_unlock(&dp->lock);
+}

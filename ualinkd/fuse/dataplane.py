@@ -1,0 +1,148 @@
+"""The C data plane's Python side: its channels, its routes, and the loads it hands back.
+
+fuse/dataplane.c says what the C does and why. A FuseSession owns one DataPlane (its
+thread replies to that session's reads). The fabric link hands it each authenticated data
+channel (`open`/`close`: fabric/link.py's DataChannels). The routes come from what Python
+served itself: `route_import` after a render-node read that one remote mapping answered
+(lowlevel.py), `route_export` after a LOAD that one BO chunk answered (daemon.py). Every
+route goes at the next `translation.changed()`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Collection
+from typing import Any
+
+from ualinkd.amdgpu import translation
+from ualinkd.fuse._fuse_ll import ffi, lib
+
+log = logging.getLogger(__name__)
+
+FAST_MAX = lib.DP_FAST_MAX  # the largest load the C carries
+_FALLBACKS_PER_TAKE = 256
+
+Fallback = tuple[Any, int, int, int, int, int]  # (req, ino, size, off, fh, unique)
+
+
+class DataPlane:
+    def __init__(self) -> None:
+        dp = lib.ualinkd_dp_new()
+        if dp == ffi.NULL:
+            raise MemoryError("ualinkd_dp_new")
+        self.pointer: Any = dp
+        self.notify_fd = -1
+        self._peers: dict[int, str] = {}  # channel handle -> peer
+        self._fallbacks = ffi.new("struct dp_fallback[]", _FALLBACKS_PER_TAKE)
+        self._stats = ffi.new("uint64_t[4]")
+        translation.listen(self.flush)
+
+    @property
+    def running(self) -> bool:
+        return self.notify_fd >= 0
+
+    def start(self) -> bool:
+        """Start the thread; False (one warning, loads go through Python) if it cannot."""
+        if self.pointer == ffi.NULL:
+            return False
+        fd = lib.ualinkd_dp_start(self.pointer)
+        if fd < 0:
+            log.warning("data plane: not started (%s); GPU loads go through the link",
+                        os.strerror(-fd))
+            return False
+        self.notify_fd = fd
+        return True
+
+    def stop(self, err: int = errno.EINTR) -> None:
+        """Stop the thread: channels closed, the loads it still held answered `err`."""
+        if self.pointer != ffi.NULL:
+            lib.ualinkd_dp_stop(self.pointer, err)
+        self.notify_fd = -1
+        self._peers.clear()
+
+    def free(self) -> None:
+        translation.unlisten(self.flush)
+        if self.pointer != ffi.NULL:
+            lib.ualinkd_dp_free(self.pointer)
+            self.pointer = ffi.NULL
+        self.notify_fd = -1
+
+    # -- fabric/link.py's DataChannels ---------------------------------------------------
+    def open(self, peer: str, fd: int, peer_accels: Collection[int]) -> int | None:
+        """A data channel to `peer` (its accels `peer_accels`): takes `fd`."""
+        if not self.running:
+            os.close(fd)
+            return None
+        accels = sorted(peer_accels)
+        handle = int(lib.ualinkd_dp_open(self.pointer, fd, ffi.new("uint16_t[]", accels),
+                                         len(accels)))
+        if handle < 0:  # (the C closed fd)
+            log.info("data plane: no channel to %s (%s); its loads go through the link",
+                     peer, os.strerror(-handle))
+            return None
+        self._peers[handle] = peer
+        log.debug("data plane: channel to %s open", peer)
+        return handle
+
+    def close(self, handle: int) -> None:
+        if self.pointer != ffi.NULL:
+            lib.ualinkd_dp_close(self.pointer, handle)
+        self._peers.pop(handle, None)
+
+    # -- routes ----------------------------------------------------------------------------
+    def flush(self) -> None:
+        if self.pointer != ffi.NULL:
+            lib.ualinkd_dp_flush(self.pointer)
+
+    def route_import(self, fh: int, va_start: int, va_end: int, npa_start: int, src: int,
+                     dst: int) -> None:
+        """Reads of file `fh` in [va_start, va_end) load NPA `npa_start` on at accel `dst`,
+        issued by accel `src`."""
+        if self.running:
+            lib.ualinkd_dp_route_import(self.pointer, fh, va_start, va_end, npa_start, src,
+                                        dst)
+
+    def route_export(self, src: int, dst: int, npa_start: int, length: int,
+                     backing: bytearray | int | None, offset: int) -> None:
+        """LOADs from accel `src` of NPA [npa_start, +length) at our accel `dst` read
+        `backing` from `offset`: a BO chunk (which must live, never resized, until the next
+        translation.changed(): BoMemory's chunks do), a BO's memfd, or None for zeros."""
+        if not self.running or length <= 0:
+            return
+        if isinstance(backing, bytearray):
+            if offset < 0 or offset + length > len(backing):
+                return
+            mem = ffi.cast("const char *", ffi.from_buffer(backing)) + offset
+            lib.ualinkd_dp_route_export(self.pointer, src, dst, npa_start, mem, -1, 0, length)
+        else:
+            lib.ualinkd_dp_route_export(self.pointer, src, dst, npa_start, ffi.NULL,
+                                        -1 if backing is None else backing, offset, length)
+
+    # -- what the thread hands back --------------------------------------------------------
+    def take_fallbacks(self) -> list[Fallback]:
+        out: list[Fallback] = []
+        while True:
+            n = lib.ualinkd_dp_take_fallbacks(self.pointer, self._fallbacks,
+                                              _FALLBACKS_PER_TAKE)
+            out += [(f.req, f.ino, f.size, f.off, f.fh, f.unique)
+                    for f in self._fallbacks[0:n]]
+            if n < _FALLBACKS_PER_TAKE:
+                return out
+
+    def log_events(self) -> None:
+        """One line per channel the thread found broken."""
+        handle = ffi.new("int *")
+        why = ffi.new("char[160]")
+        while lib.ualinkd_dp_take_event(self.pointer, handle, why, len(why)):
+            peer = self._peers.get(handle[0], "?")
+            log.warning("data plane: channel to %s dropped: %s (its loads go through the "
+                        "link)", peer, ffi.string(why).decode(errors="replace"))
+
+    def stats(self) -> dict[str, int]:
+        """fast_loads: loads of ours the C carried; served: peers' LOADs it answered;
+        fallbacks: loads it handed back to Python; refused: LOADs it sent back to the link."""
+        lib.ualinkd_dp_stats(self.pointer, self._stats)
+        return dict(zip(("fast_loads", "served", "fallbacks", "refused"), self._stats,
+                        strict=True))
