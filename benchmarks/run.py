@@ -72,6 +72,7 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from nodes import Node, start_node, wait_links_up  # noqa: E402
 
+from ualinkd import sysfs  # noqa: E402
 from ualinkd.cli.main import free_tcp_ports  # noqa: E402
 from ualinkd.config import PodConfig  # noqa: E402
 from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at  # noqa: E402
@@ -263,9 +264,19 @@ def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[
     if kind in ("load_4k", "load_1m"):
         size, count = (4 * KiB, c.loads_4k) if kind == "load_4k" else (MiB, c.loads_1m)
         clock = ServerClock(pods)
+        carried = fast_loads(b)
         out = fields(run_c(pod_lat, ["load", a.render(), b.render(), f"{size}:{count}"], cpus))
-        return {**out, **clock.per_op(count + count // 10 + 1)}
+        # The share of the loads the C data plane carried (fuse/dataplane.c; the rest went
+        # through the daemons' Python and the link).
+        loads = count + count // 10 + 1
+        return {**out, **clock.per_op(loads), "data_plane_share": (fast_loads(b) - carried) / loads}
     raise ValueError(kind)
+
+
+def fast_loads(node: Node) -> int:
+    """The importer's count of loads the data plane carried (sys/kernel/debug)."""
+    text = (node.mount / sysfs.DATA_PLANE_STATUS).read_text()
+    return dict((k, int(v)) for k, v in (ln.split() for ln in text.splitlines()))["fast_loads"]
 
 
 def import_samples(out: str) -> list[dict[str, float]]:

@@ -397,6 +397,7 @@ async def run_node(
                         request_soon=request_soon)
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_links = lambda: {p: link.is_up(p) for p in peers}
+    core.data_plane_stats = data_plane.stats
     clear_stale_mount(mount)
     # mountinfo names the mount point by its real path; resolve it before mounting (after,
     # the last lstat would ask our own FUSE server, which is not serving yet).

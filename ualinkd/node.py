@@ -166,6 +166,9 @@ class NodeCore:
         # Peer node name -> link up (sys/kernel/debug/ualink_fabric); the daemon plugs in
         # its fabric link.
         self.fabric_links: Callable[[], dict[str, bool]] = dict
+        # The C data plane's counters (sys/kernel/debug/ualink_data_plane); the daemon plugs
+        # in its FUSE session's (fuse/dataplane.py).
+        self.data_plane_stats: Callable[[], dict[str, int]] = dict
         # GPU loads/stores of imported NPA BOs (policy 10); a fabric's (`attach_fabric`).
         # Contract: `remote_access(accel_id, piece, write, data)` with accel_id the importing
         # accel; returns the bytes loaded / the count stored, short when the exporter faults
@@ -586,7 +589,11 @@ class NodeCore:
                        mode=sysfs.DEBUGFS_DIR_MODE)
         fabric = SysAttr(lambda: sysfs.show_fabric(self.fabric_links()), mode=sysfs.DEBUG_RO)
         grants = SysAttr(lambda: f"{self.cpu_maps.pending_count}\n", mode=sysfs.DEBUG_RO)
+        data_plane = SysAttr(lambda: "".join(f"{k} {v}\n"
+                                             for k, v in self.data_plane_stats().items()),
+                             mode=sysfs.DEBUG_RO)
         root["kernel"] = SysDir({"debug": SysDir({"dri": debug, "ualink_fabric": fabric,
+                                                 "ualink_data_plane": data_plane,
                                                  "cpu_map_grants": grants},
                                                  mode=sysfs.DEBUGFS_DIR_MODE)})
         return root

@@ -113,6 +113,8 @@ DRM_MAJOR = 226
 RENDER_MINOR_BASE = 128  # drm_minor_alloc: render minors are 128 + the primary's index
 DRM_CLASS = "sys/class/drm"
 FABRIC_STATUS = "sys/kernel/debug/ualink_fabric"
+# `<counter> <n>` lines: the C data plane's (fuse/dataplane.py DataPlane.stats) and `channels`.
+DATA_PLANE_STATUS = "sys/kernel/debug/ualink_data_plane"
 DEBUGFS_DRI = "sys/kernel/debug/dri"
 KFD_TOPOLOGY = "sys/devices/virtual/kfd/kfd/topology"  # kfd_topology.c's sysfs root
 

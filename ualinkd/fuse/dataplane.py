@@ -16,6 +16,8 @@ import os
 from collections.abc import Collection
 from typing import Any
 
+import trio
+
 from ualinkd.amdgpu import translation
 from ualinkd.fuse._fuse_ll import ffi, lib
 
@@ -57,6 +59,11 @@ class DataPlane:
 
     def stop(self, err: int = errno.EINTR) -> None:
         """Stop the thread: channels closed, the loads it still held answered `err`."""
+        if self.notify_fd >= 0:
+            try:
+                trio.lowlevel.notify_closing(self.notify_fd)
+            except RuntimeError:
+                pass  # not inside trio: nobody can be waiting on the fd
         if self.pointer != ffi.NULL:
             lib.ualinkd_dp_stop(self.pointer, err)
         self.notify_fd = -1
@@ -143,6 +150,10 @@ class DataPlane:
     def stats(self) -> dict[str, int]:
         """fast_loads: loads of ours the C carried; served: peers' LOADs it answered;
         fallbacks: loads it handed back to Python; refused: LOADs it sent back to the link."""
+        if self.pointer == ffi.NULL:
+            return {}
         lib.ualinkd_dp_stats(self.pointer, self._stats)
-        return dict(zip(("fast_loads", "served", "fallbacks", "refused"), self._stats,
-                        strict=True))
+        stats = dict(zip(("fast_loads", "served", "fallbacks", "refused"), self._stats,
+                         strict=True))
+        stats["channels"] = len(self._peers)
+        return stats

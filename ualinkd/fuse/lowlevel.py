@@ -235,6 +235,9 @@ class FuseSession:
             trio.lowlevel.notify_closing(self._fd)
         except RuntimeError:
             pass  # not inside trio: nobody can be waiting on the fd
+        # Its thread replies on the device fd: stopped first, it writes to no fd number
+        # that this close frees for reuse.
+        self.data_plane.stop(errno.EINTR)
         lib.fuse_session_unmount(self._se)
         self._fd = -1
         self._loop.stop = 1  # called from a callback: no further receive on the closed fd
@@ -296,8 +299,11 @@ class FuseSession:
         read had just come in."""
         global _active
         dp = self.data_plane
-        while True:
-            await trio.lowlevel.wait_readable(dp.notify_fd)
+        while dp.running:
+            try:
+                await trio.lowlevel.wait_readable(dp.notify_fd)
+            except (trio.ClosedResourceError, OSError):
+                return  # stopped (unmount)
             dp.log_events()
             handed = dp.take_fallbacks()
             if self._fd < 0:

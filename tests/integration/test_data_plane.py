@@ -1,0 +1,178 @@
+"""The C data plane (fuse/dataplane.c) on real daemons: small GPU loads of imported memory
+carried by the two daemons' C threads on their data channel, with the same bytes, faults
+and lifetimes as the link's LOAD/DATA path (spec policy 10, §4.5, §6.3)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import signal
+import time
+
+import pytest
+from nodes import Client, recording, running_pod, wait_until
+from test_pod_fabric import pod_config
+from test_pod_gpu import VA_A, VA_B, share
+
+from ualinkd import sysfs
+
+pytestmark = pytest.mark.integration
+MIB = 1 << 20
+CHUNK = 1 << 16  # amdgpu/memory.py: a BO's memory comes in chunks this big
+
+
+def stats(node) -> dict[str, int]:
+    text = (node.mount / sysfs.DATA_PLANE_STATUS).read_text()
+    return {k: int(v) for k, v in (ln.split() for ln in text.splitlines())}
+
+
+def pattern(n: int, seed: int = 0) -> bytes:
+    return bytes((i * 7 + seed) & 0xFF for i in range(n))
+
+
+def loads_carried(a, b, ca: Client, cb: Client, va_a: int, va_b: int, n: int) -> None:
+    """Loads of B until the data plane carries them (the first of a mapping is Python's)."""
+    def carried() -> bool:
+        assert cb.gpu_read(va_b, n) == ca.gpu_read(va_a, n)
+        return stats(b)["fast_loads"] > 0
+    assert wait_until(carried, 10), (stats(a), stats(b), b.log_text())
+
+
+def test_small_loads_are_carried_by_the_data_plane_with_the_exporters_bytes(tmp_path):
+    """4 KiB loads of an imported BO: after the first (served by Python, which learns the
+    routes) the data plane carries them, on both daemons, with the exporter's bytes: at
+    any offset, across a BO chunk's edge, in a chunk never written (zeros), 1 byte and
+    64 KiB (the largest it carries)."""
+    with running_pod(tmp_path, config=pod_config(2)) as (a, b):
+        assert stats(a)["channels"] == 1 and stats(b)["channels"] == 1
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            bo, _, _ = share(ca, cb, MIB)
+            ca.va_map(bo, VA_A, MIB)
+            data = pattern(MIB // 2)
+            assert ca.gpu_write(VA_A, data) == len(data)
+            loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
+            before_b, before_a = stats(b)["fast_loads"], stats(a)["served"]
+            for off, n in [(0, 4096), (12345, 4096), (CHUNK - 2048, 4096), (3 * CHUNK, 1),
+                           (5 * CHUNK + 17, 4000), (0, CHUNK), (MIB - 4096, 4096),
+                           (MIB // 2 - 100, 300)]:
+                want = (data + bytes(MIB - len(data)))[off:off + n]
+                for _ in range(3):  # the second and third loads ride the routes learnt
+                    assert cb.gpu_read(VA_B + off, n) == want, (off, n)
+            assert stats(b)["fast_loads"] - before_b >= 8
+            assert stats(a)["served"] - before_a >= 8
+            assert "unexpected exception" not in a.log_text() + b.log_text()
+
+
+def test_a_write_after_the_route_was_learnt_is_what_the_next_load_reads(tmp_path):
+    """A route reads the exporter's memory as it is now: a write by the exporter's own GPU
+    after it, in a chunk written before and in one that read as zeros (its first write
+    gives it memory: every route is dropped), is what B's next load returns."""
+    with running_pod(tmp_path, config=pod_config(2)) as (a, b):
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            bo, _, _ = share(ca, cb, MIB)
+            ca.va_map(bo, VA_A, MIB)
+            assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+            loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
+            assert cb.gpu_read(VA_B + 7 * CHUNK, 4096) == bytes(4096)  # never written
+            assert cb.gpu_read(VA_B + 7 * CHUNK, 4096) == bytes(4096)
+            for seed in range(1, 4):
+                assert ca.gpu_write(VA_A, pattern(4096, seed)) == 4096
+                assert ca.gpu_write(VA_A + 7 * CHUNK, pattern(4096, seed)) == 4096
+                assert cb.gpu_read(VA_B, 4096) == pattern(4096, seed)
+                assert cb.gpu_read(VA_B + 7 * CHUNK, 4096) == pattern(4096, seed)
+            # (B's own stores go through the link; the next loads see them too.)
+            assert cb.gpu_write(VA_B + 10, b"from B") == 6
+            assert cb.gpu_read(VA_B, 4096)[10:16] == b"from B"
+
+
+def test_after_a_revoke_or_an_unmap_a_carried_load_faults(tmp_path):
+    """§6.3: once the exporter's BO is freed (GEM_CLOSE revokes it) B's loads fault with
+    EFAULT as the link's do, routes learnt or not; an unmap on B faults at once."""
+    with running_pod(tmp_path, config=pod_config(2)) as (a, b):
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            bo, _, gem = share(ca, cb, MIB)
+            bo2, _, gem2 = share(ca, cb, MIB, va=VA_B + 2 * MIB)
+            ca.va_map(bo, VA_A, MIB)
+            ca.va_map(bo2, VA_A + 2 * MIB, MIB)
+            loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
+            loads_carried(a, b, ca, cb, VA_A + 2 * MIB, VA_B + 2 * MIB, 4096)
+            cb.va_unmap(gem2, VA_B + 2 * MIB, MIB)
+            with pytest.raises(OSError) as e:
+                cb.gpu_read(VA_B + 2 * MIB, 4096)
+            assert e.value.errno == errno.EFAULT
+            ca.va_unmap(bo, VA_A, MIB)
+            ca.bo_close(bo)  # the revoke (§6.4)
+
+            def faults() -> bool:
+                try:
+                    cb.gpu_read(VA_B, 4096)
+                except OSError as e:
+                    assert e.errno == errno.EFAULT
+                    return True
+                return False
+            assert wait_until(faults, 10)
+            with pytest.raises(OSError) as e:
+                cb.gpu_read(VA_B + 4096, 4096)
+            assert e.value.errno == errno.EFAULT
+
+
+def test_a_vanished_exporter_faults_the_loads_and_the_importer_serves_on(tmp_path):
+    """The exporter's daemon killed while B's loads ride the data plane: B's next load
+    faults (EFAULT, policy 3) in bounded time, B logs the channel's end, and its other
+    requests are served."""
+    with running_pod(tmp_path, config=pod_config(2)) as (a, b):
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            bo, _, _ = share(ca, cb, MIB)
+            ca.va_map(bo, VA_A, MIB)
+            assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+            loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
+            a.proc.send_signal(signal.SIGKILL)
+            a.proc.wait(10)
+            start = time.monotonic()
+            with pytest.raises(OSError) as e:
+                for _ in range(100):  # (until B has seen the link go: policy 3)
+                    cb.gpu_read(VA_B, 4096)
+                    time.sleep(0.05)
+            assert e.value.errno == errno.EFAULT
+            assert time.monotonic() - start < 15
+            assert wait_until(lambda: stats(b)["channels"] == 0, 10)
+            assert cb.bo_create(4096) > 0  # B serves on
+            assert "unexpected exception" not in b.log_text()
+
+
+def test_a_recording_sees_every_load_while_it_is_attached(tmp_path):
+    """`ualinkd record` attached: the loads the data plane carried come back through
+    Python (node.py's tracer setter drops the routes) and each is recorded; detached, the
+    data plane carries them again."""
+    out = tmp_path / "rec.jsonl"
+    with running_pod(tmp_path, config=pod_config(2)) as (a, b):
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            bo, _, _ = share(ca, cb, MIB)
+            ca.va_map(bo, VA_A, MIB)
+            assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+            loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
+            with recording([b.mount], out):
+                for i in range(5):
+                    assert cb.gpu_read(VA_B + i, 4096) == (pattern(4096) + bytes(8))[i:i + 4096]
+            loads = [r for r in map(json.loads, out.read_text().splitlines())
+                     if r.get("type") == "gpu" and r.get("op") == "load"]
+            assert len(loads) >= 5, out.read_text()[:2000]
+            fast = stats(b)["fast_loads"]
+            loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
+            assert wait_until(lambda: (cb.gpu_read(VA_B, 4096),
+                                       stats(b)["fast_loads"] > fast)[1], 10)
+
+
+def test_a_tls_pod_has_no_data_channel_and_loads_go_through_the_link(tmp_path):
+    """The C side speaks no TLS: a TLS pod's loads all go through the (TLS) link."""
+    from nodes import tls_pod_config
+
+    config = tls_pod_config(tmp_path, pod_config(2))
+    with running_pod(tmp_path, config=config) as (a, b):
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            bo, _, _ = share(ca, cb, MIB)
+            ca.va_map(bo, VA_A, MIB)
+            assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+            for _ in range(5):
+                assert cb.gpu_read(VA_B, 4096) == pattern(4096)
+        assert stats(b)["channels"] == 0 and stats(b)["fast_loads"] == 0

@@ -1,0 +1,169 @@
+"""The C data plane's exporter side (fuse/dataplane.c) against a hand-driven peer on a real
+socket: it answers a LOAD from its routes with the bytes as they are now, answers anything
+else DP_FALLBACK (the importer asks again on the link, where Python decides), drops every
+route at a flush, and drops a channel that sends what no data channel carries, with one
+log line, while the others are served."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import select
+import socket
+import struct
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from ualinkd.amdgpu import translation
+from ualinkd.fabric.wire import FrameType
+from ualinkd.fuse.dataplane import FAST_MAX, DataPlane
+
+pytestmark = pytest.mark.integration
+LOAD = struct.Struct("<IBIHHQII")  # fabric/wire.py's LOAD frame
+DATA_HEAD = struct.Struct("<IBIi")
+PEER_ACCEL, OUR_ACCEL, NPA = 1, 0, 0x80_0000_0000
+FALLBACK = -errno.EAGAIN
+
+
+@pytest.fixture
+def plane() -> Iterator[DataPlane]:
+    dp = DataPlane()
+    assert dp.start()
+    try:
+        yield dp
+    finally:
+        dp.stop()
+        dp.free()
+
+
+@pytest.fixture
+def channel(plane: DataPlane) -> Iterator[socket.socket]:
+    ours, peer = socket.socketpair()
+    handle = plane.open("peer", ours.detach(), {PEER_ACCEL})
+    assert handle is not None
+    peer.settimeout(5)  # watchdog: an answer that never comes fails the test
+    try:
+        yield peer
+    finally:
+        plane.close(handle)
+        peer.close()
+
+
+def load(peer: socket.socket, seq: int, npa: int, length: int, src: int = PEER_ACCEL,
+         dst: int = OUR_ACCEL) -> tuple[int, int, bytes]:
+    peer.sendall(LOAD.pack(LOAD.size - 4, FrameType.LOAD, seq, src, dst, npa, length, 0))
+    return answer(peer)
+
+
+def answer(peer: socket.socket) -> tuple[int, int, bytes]:
+    head = recv_exactly(peer, DATA_HEAD.size)
+    length, ft, seq, status = DATA_HEAD.unpack(head)
+    assert ft == FrameType.DATA
+    return seq, status, recv_exactly(peer, length - 9)
+
+
+def recv_exactly(peer: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        got = peer.recv(n - len(out))
+        assert got, "the data plane closed the channel"
+        out += got
+    return out
+
+
+def test_a_load_a_route_covers_is_answered_with_the_bytes_as_they_are_now(
+        plane: DataPlane, channel: socket.socket) -> None:
+    """Routes of two chunks side by side and one that reads as zeros: a LOAD inside one, one
+    across two, one of the zero chunk; a later write to the chunk is what the next LOAD
+    reads; a LOAD past the routes, from an accel that is not the peer's, or longer than
+    the fast path carries is answered DP_FALLBACK."""
+    a, b = bytearray(range(256)) * 16, bytearray(b"\xab" * 4096)
+    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA, 4096, a, 0)
+    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA + 4096, 4096, b, 0)
+    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA + 8192, 4096, None, 0)
+    assert load(channel, 1, NPA + 100, 50) == (1, 0, bytes(a[100:150]))
+    assert load(channel, 2, NPA + 4000, 200) == (2, 0, bytes(a[4000:] + b[:104]))
+    assert load(channel, 3, NPA + 8192, 4096) == (3, 0, bytes(4096))
+    a[100:105] = b"hello"
+    assert load(channel, 4, NPA + 100, 5) == (4, 0, b"hello")
+    assert load(channel, 5, NPA + 8192 + 4000, 200) == (5, FALLBACK, b"")  # past the routes
+    assert load(channel, 6, NPA, 16, src=7) == (6, FALLBACK, b"")  # not the peer's accel
+    assert load(channel, 7, NPA, 16, dst=3) == (7, FALLBACK, b"")  # not that accel's route
+    assert load(channel, 8, NPA, FAST_MAX + 1) == (8, FALLBACK, b"")
+    s = plane.stats()
+    assert (s["served"], s["refused"], s["channels"]) == (4, 4, 1)
+
+
+def test_a_translation_change_drops_every_route(plane: DataPlane,
+                                                channel: socket.socket) -> None:
+    """amdgpu/translation.py's changed() (a VM or NPA mapping, an importer, a BO's memory):
+    the next LOAD of a route learnt before it is DP_FALLBACK."""
+    chunk = bytearray(4096)
+    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA, 4096, chunk, 0)
+    assert load(channel, 1, NPA, 8)[1] == 0
+    translation.changed()
+    assert load(channel, 2, NPA, 8) == (2, FALLBACK, b"")
+
+
+@pytest.mark.parametrize("frame", [
+    LOAD.pack(LOAD.size - 4, FrameType.PING, 1, 1, 0, NPA, 8, 0),  # not a data-channel frame
+    LOAD.pack(LOAD.size - 3, FrameType.LOAD, 1, 1, 0, NPA, 8, 0) + b"x",  # a LOAD's length wrong
+    DATA_HEAD.pack(9 + FAST_MAX + 1, FrameType.DATA, 1, 0),  # longer than any load we ask
+    struct.pack("<IB", 0xFFFFFFFF, FrameType.DATA),
+])
+def test_a_frame_no_data_channel_carries_drops_that_channel_only(
+        plane: DataPlane, channel: socket.socket, frame: bytes, caplog) -> None:
+    """Whatever a peer sends that is not a LOAD or the DATA of one of our loads: that
+    channel is dropped (closed, one warning naming its peer), and another channel is
+    served as before."""
+    caplog.set_level(logging.WARNING, logger="ualinkd.fuse.dataplane")
+    other_ours, other = socket.socketpair()
+    other.settimeout(5)
+    handle = plane.open("other", other_ours.detach(), {PEER_ACCEL})
+    assert handle is not None
+    try:
+        chunk = bytearray(b"z" * 4096)  # (a route's memory must live: BoMemory's does)
+        plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA, 4096, chunk, 0)
+        channel.sendall(frame)
+        assert channel.recv(1) == b""  # closed by the data plane
+        deadline = time.monotonic() + 5
+        while not [r for r in caplog.records if "channel to peer dropped" in r.getMessage()]:
+            assert time.monotonic() < deadline, "no log line for the dropped channel"
+            select.select([plane.notify_fd], [], [], 0.1)
+            plane.log_events()
+        assert len([r for r in caplog.records if "dropped" in r.getMessage()]) == 1
+        assert load(other, 9, NPA, 4) == (9, 0, b"zzzz")
+        assert plane.stats()["channels"] == 2  # (closed by the link when it goes down)
+    finally:
+        plane.close(handle)
+        other.close()
+
+
+def test_a_peer_that_does_not_read_its_answers_is_dropped_not_buffered_forever(
+        plane: DataPlane, channel: socket.socket) -> None:
+    """LOADs of 64 KiB from a peer that never reads the answers: the channel holds at most
+    DP_OUT_MAX (8 MiB) beyond what the socket takes, then drops the peer."""
+    chunk = bytearray(FAST_MAX)
+    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA, FAST_MAX, chunk, 0)
+    frame = LOAD.pack(LOAD.size - 4, FrameType.LOAD, 1, PEER_ACCEL, OUR_ACCEL, NPA, FAST_MAX, 0)
+    channel.settimeout(0.05)
+    sent = 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            channel.sendall(frame * 64)
+            sent += 64
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+            break
+    # 2 GiB of answers asked for, at most 8 MiB + the socket buffers held
+    assert sent * FAST_MAX > 64 << 20, sent
+    channel.settimeout(5)
+    drained = 0
+    try:
+        while chunk_ := channel.recv(1 << 20):
+            drained += len(chunk_)
+    except ConnectionResetError:
+        pass
+    assert drained < (8 << 20) + (16 << 20), drained  # then EOF: dropped
