@@ -1,5 +1,6 @@
--- Wireshark / tshark dissector for ualinkd's fabric protocol (version 2): the TCP links
--- between node daemons. Layouts: ualinkd/fabric/wire.py (frames) and
+-- Wireshark / tshark dissector for ualinkd's fabric protocol (version 3; version 2 HELLOs
+-- too): the TCP links between node daemons, and their data channels (the handshake only: what
+-- follows it is the data plane's own bytes). Layouts: ualinkd/fabric/wire.py (frames) and
 -- ualinkd/ualink/protocol.py (the seven UALink messages, spec §5.2-§5.3).
 --
 --   tshark -X lua_script:$(ualinkd config --wireshark) -r capture.pcap -V
@@ -25,6 +26,7 @@ local MSG = {
     [1] = "HELLO", [2] = "HELLO_ACK", [3] = "NPA_REQ", [4] = "NPA_RSP", [5] = "NPA_FAIL",
     [6] = "NPA_REVOKE", [7] = "NPA_RELEASE",
 }
+local CHANNEL = { [0] = "link", [1] = "data channel" }
 local FAIL = { [1] = "NOSPACE", [2] = "INVALID_HANDLE", [3] = "DUPLICATE", [4] = "ERROR" }
 -- Linux errnos the fabric answers with (negative in ACK / DATA status).
 local ERRNO = {
@@ -48,6 +50,7 @@ local f = {
     pod_uuid = ProtoField.guid("ualink.pod_uuid", "Pod UUID"),
     node_name = ProtoField.string("ualink.node_name", "Node name"),
     nonce = ProtoField.bytes("ualink.nonce", "Nonce"),
+    channel = ProtoField.uint8("ualink.channel", "Channel", base.DEC, CHANNEL),
     mac = ProtoField.bytes("ualink.mac", "MAC"),
     seq = ProtoField.uint32("ualink.seq", "Sequence", base.DEC),
     src_accel = ProtoField.uint16("ualink.src_accel", "Source accel", base.DEC),
@@ -159,6 +162,11 @@ local function dissect_frame(tvb, pinfo, tree)
         local n, node = name_field(tvb, t, o + 18)
         t:add(f.nonce, tvb(n, 32))
         info = string.format("%s v%d node=%s", name, tvb(o, 2):le_uint(), node)
+        if tvb(o, 2):le_uint() >= 3 and length >= n + 33 - 4 then  -- wire.CHANNEL_VERSION
+            t:add(f.channel, tvb(n + 32, 1))
+            info = string.format("%s channel=%s", info,
+                                 CHANNEL[tvb(n + 32, 1):uint()] or tvb(n + 32, 1):uint())
+        end
     elseif ft == 0x02 then
         local n, node = name_field(tvb, t, o)
         t:add(f.nonce, tvb(n, 32))
@@ -236,8 +244,11 @@ local function looks_like_frame(tvb)
     if FRAME[ft] == nil or length < 1 or length > MAX_FRAME then return false end
     if FIXED[ft] ~= nil then return length == FIXED[ft] end
     if ft == 0x01 then
-        if tvb:len() < 7 or tvb(5, 2):le_uint() ~= 2 then return false end
-        if tvb:len() >= 24 then return length == 52 + tvb(23, 1):uint() end
+        if tvb:len() < 7 then return false end
+        local v = tvb(5, 2):le_uint()
+        if v ~= 2 and v ~= 3 then return false end
+        -- version 3 (wire.CHANNEL_VERSION) adds the channel byte after the nonce
+        if tvb:len() >= 24 then return length == 52 + (v - 2) + tvb(23, 1):uint() end
     end
     return length >= MIN[ft]
 end

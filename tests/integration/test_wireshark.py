@@ -66,7 +66,7 @@ def test_config_wireshark_prints_the_dissector():
 
 @needs_root
 def test_tshark_decodes_a_pod_capture(tmp_path):
-    """Handshake (AUTH_HELLO with version 2 and the node name), HELLO, NPA_REQ with the
+    """Handshake (AUTH_HELLO with version 3 and the node name), HELLO, NPA_REQ with the
     exported handle, NPA_RSP, ACKs, a LOAD and a STORE with their NPA addresses, DATA."""
     config = pod_config(2)
     ports = [int(n.address.rsplit(":", 1)[1]) for n in config.nodes]
@@ -90,7 +90,7 @@ def test_tshark_decodes_a_pod_capture(tmp_path):
     want = f"0x{hi:016x}{lo & ~0x3FF & (2**64 - 1):016x}"
     assert "malformed" not in out
     assert "UALink fabric frame: AUTH_HELLO" in out
-    assert "Protocol version: 2" in out
+    assert "Protocol version: 3" in out
     assert "Node name: node0" in out and "Node name: node1" in out
     assert "UALink message: HELLO" in out
     assert "UALink message: NPA_REQ" in out
@@ -145,7 +145,8 @@ def test_every_frame_and_message_type_from_wire_py(tmp_path):
     out = _tshark(pcap, "-V")
     assert "malformed" not in out
     for want in (
-        "Protocol version: 2", "Pod UUID: 12345678-9abc-def0-1234-56789abcdef0",
+        "Protocol version: 3", "Channel: link (0)",
+        "Pod UUID: 12345678-9abc-def0-1234-56789abcdef0",
         "Node name: node7", "Node name: node8", "UALink fabric frame: AUTH_PROOF",
         "UALink fabric frame: AUTH_OK",
         "UALink message: HELLO", "Receiver accel id: 4", "Sender accel id: 3",
@@ -166,6 +167,29 @@ def test_every_frame_and_message_type_from_wire_py(tmp_path):
                  "ACK seq=6 status=-110 ETIMEDOUT", "STORE seq=9 3->4 npa=0x0000000000803010 "
                  "len=5", "DATA seq=9 status=-62 ETIME len=0"):
         assert want in summary, summary
+
+
+def test_a_data_channels_handshake_and_a_version_2_hello(tmp_path):
+    """A data channel is its own TCP stream: its AUTH_HELLO (version 3, channel 1) is found
+    by the heuristic and shows its channel; a version 2 HELLO (no channel byte) on another
+    stream is found and decoded too (a capture of an older pod)."""
+    pod = uuid.UUID("12345678-9abc-def0-1234-56789abcdef0")
+    data = w.encode_frame(w.AuthHello(pod, "node3", bytes(32), channel=w.Channel.DATA))
+    old = w.encode_frame(w.AuthHello(pod, "node4", bytes(32), version=2))
+    pcaps = []
+    for i, raw in enumerate((data, old)):
+        text = tmp_path / f"hello{i}.txt"
+        text.write_text("0000 " + " ".join(f"{b:02x}" for b in raw) + "\n\n")
+        pcaps.append(tmp_path / f"hello{i}.pcap")
+        subprocess.run(["text2pcap", "-q", "-T", f"{40005 + 2 * i},{40006 + 2 * i}", str(text),
+                        str(pcaps[-1])], check=True, timeout=60)
+    out = _tshark(pcaps[0], "-V")
+    assert "malformed" not in out
+    assert "Protocol version: 3" in out and "Channel: data channel (1)" in out, out
+    assert "AUTH_HELLO v3 node=node3 channel=data channel" in _tshark(pcaps[0])
+    out = _tshark(pcaps[1], "-V")
+    assert "Protocol version: 2" in out and "Node name: node4" in out, out
+    assert "Channel" not in out and "malformed" not in out
 
 
 def test_a_frame_of_the_wrong_length_is_marked_malformed(tmp_path):

@@ -59,10 +59,54 @@ def test_wrong_key_fails_on_both_sides() -> None:
     (wire.AuthHello(POD.uuid, "stranger", b"\1" * 32), "unknown node"),
     (wire.AuthHello(POD.uuid, "node2", b"\1" * 32), "this node"),
     (wire.AuthHello(POD.uuid, "node0", b"\1" * 32, version=9), "protocol version"),
+    (wire.AuthHello(POD.uuid, "node0", b"\1" * 32, version=2), "protocol version 2, this "
+     "daemon speaks 3"),
+    (wire.AuthHello(POD.uuid, "node0", b"\1" * 32, channel=2), "unknown channel 2"),
+    (wire.AuthHello(POD.uuid, "node0", b"\1" * 32, channel=255), "unknown channel 255"),
 ])
 def test_server_refuses_bad_hello(hello: wire.AuthHello, why: str) -> None:
     with pytest.raises(auth.AuthError, match=why):
         _server().receive_frame(hello, 0.0)
+
+
+@pytest.mark.parametrize("channel", list(wire.Channel))
+def test_the_server_learns_the_channel_the_client_asked_for(channel: wire.Channel) -> None:
+    c = auth.ClientHandshake(POD, "node0", "node2", now=0.0, channel=channel)
+    s = _server()
+    _run(c, s)
+    assert c.established and s.established
+    assert s.channel is channel and c.channel is channel
+    assert c.initial_frames()[0].channel == channel
+
+
+def test_a_proof_for_one_channel_is_no_proof_for_the_other() -> None:
+    """Both macs cover the channel: a HELLO whose channel byte was changed on the way (a
+    data channel's HELLO presented as a link's, or the reverse) fails on both sides, with
+    the same nonces, names and key."""
+    for asked, seen in [(wire.Channel.DATA, wire.Channel.LINK),
+                        (wire.Channel.LINK, wire.Channel.DATA)]:
+        c = auth.ClientHandshake(POD, "node0", "node2", now=0.0, nonce=b"\5" * 32,
+                                 channel=asked)
+        [hello] = c.initial_frames()
+        assert isinstance(hello, wire.AuthHello)
+        honest = _server(nonce=b"\6" * 32)
+        [ok_challenge] = honest.receive_frame(hello, 0.0)
+        tampered = _server(nonce=b"\6" * 32)
+        [challenge] = tampered.receive_frame(dataclasses.replace(hello, channel=seen), 0.0)
+        assert tampered.channel is seen
+        with pytest.raises(auth.AuthError, match="prove the key of our link"):
+            c.receive_frame(challenge, 0.0)  # the server's mac is for the other channel
+        c2 = auth.ClientHandshake(POD, "node0", "node2", now=0.0, nonce=b"\5" * 32,
+                                  channel=asked)
+        [proof] = c2.receive_frame(ok_challenge, 0.0)  # a proof for `asked`...
+        with pytest.raises(auth.AuthError, match="'node0' failed to prove"):
+            tampered.receive_frame(proof, 0.0)  # ...does not verify for `seen`
+        assert honest.receive_frame(proof, 0.0) == [wire.AuthOk()]
+
+
+def test_a_client_refuses_to_ask_for_an_unknown_channel() -> None:
+    with pytest.raises(wire.LocalProtocolError, match="no channel 2"):
+        auth.ClientHandshake(POD, "node0", "node2", now=0.0, channel=2)
 
 
 def test_server_admits_only_the_nodes_that_dial_it() -> None:

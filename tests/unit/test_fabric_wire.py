@@ -64,9 +64,12 @@ messages = st.one_of(
 )
 
 names = st.text(min_size=1, max_size=20).filter(lambda s: len(s.encode()) < 256)
+# An AUTH_HELLO from CHANNEL_VERSION on carries any channel byte; an older one has none.
+hellos = st.integers(0, 0xFFFF).flatmap(lambda v: st.builds(
+    AuthHello, st.uuids(), names, st.binary(min_size=32, max_size=32), st.just(v),
+    st.integers(0, 0xFF) if v >= wire.CHANNEL_VERSION else st.just(0)))
 frames = st.one_of(
-    st.builds(AuthHello, st.uuids(), names, st.binary(min_size=32, max_size=32),
-              st.integers(0, 0xFFFF)),
+    hellos,
     st.builds(AuthChallenge, names, st.binary(min_size=32, max_size=32),
               st.binary(min_size=32, max_size=32)),
     st.builds(AuthProof, st.binary(min_size=32, max_size=32)),
@@ -164,9 +167,27 @@ def test_encode_refuses_out_of_range_values() -> None:
     for bad in (Msg(1 << 32, 0, 0, (0, 0, 0, 0)), Msg(1, 0, 0, (0, 0, 0)), Ack(1, 1 << 31),
                 AuthHello(uuid.uuid4(), "a", b"short"),
                 AuthHello(uuid.uuid4(), "x" * 256, b"\0" * 32),
+                AuthHello(uuid.uuid4(), "a", b"\0" * 32, channel=256),
+                AuthHello(uuid.uuid4(), "a", b"\0" * 32, version=2, channel=1),
                 Store(1, 0, 0, 0, b"\0" * MAX_FRAME)):
         with pytest.raises(LocalProtocolError):
             encode_frame(bad)
+
+
+def test_auth_hello_carries_its_channel_after_the_nonce_from_version_3() -> None:
+    """[version u16][pod uuid][name: u8 length, bytes][nonce 32][channel u8]; a version 2
+    HELLO ends at its nonce and decodes as the link's channel (so a version 2 daemon is told
+    its version, not that its HELLO does not parse)."""
+    pod = uuid.UUID(int=0x1234)
+    raw = encode_frame(AuthHello(pod, "ab", b"\7" * 32, channel=wire.Channel.DATA))
+    assert raw == (struct.pack("<IBH", 1 + 2 + 16 + 3 + 32 + 1, 0x01, 3) + pod.bytes
+                   + b"\2ab" + b"\7" * 32 + b"\1")
+    old = struct.pack("<H", 2) + pod.bytes + b"\2ab" + b"\7" * 32
+    assert decode_payload(0x01, old) == AuthHello(pod, "ab", b"\7" * 32, 2, wire.Channel.LINK)
+    with pytest.raises(RemoteProtocolError, match="bad AUTH_HELLO"):
+        decode_payload(0x01, old + b"\1")  # version 2 has no channel byte
+    with pytest.raises(RemoteProtocolError, match="bad AUTH_HELLO"):
+        decode_payload(0x01, raw[5:-1])  # version 3 has one
 
 
 @pytest.mark.parametrize(("raw", "why"), [

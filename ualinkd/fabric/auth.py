@@ -12,13 +12,16 @@ its link keys (`node_config`), not the pod key: holding node c's keys K_ca, K_cb
 be any node (it is the operator's master key). With mutual TLS the peer's certificate must
 name the node it claims to be, too (its DNS subjectAltNames or common name).
 
-    client → AUTH_HELLO {pod uuid, client name, client nonce}
+    client → AUTH_HELLO {pod uuid, client name, client nonce, channel}
     server → AUTH_CHALLENGE {server name, server nonce, mac("server", ...)}
     client → AUTH_PROOF {mac("client", ...)}
     server → AUTH_OK
 
-Each mac covers the role label, both nonces, the pod uuid and both node names, so a proof is
-bound to one connection and one direction; the server refuses a client nonce it has seen.
+Each mac covers the role label, both nonces, the pod uuid, both node names and the channel,
+so a proof is bound to one connection, one direction and one use; the server refuses a client
+nonce it has seen. The channel (wire.Channel) says what the connection is for: the link, or a
+data channel (its second connection, for the data plane alone: FabricLink); a proof made for
+one is no proof for the other.
 """
 
 from __future__ import annotations
@@ -38,12 +41,15 @@ from .wire import (
     AuthHello,
     AuthOk,
     AuthProof,
+    Channel,
     Frame,
+    LocalProtocolError,
     RemoteProtocolError,
 )
 
 # 2: pairwise link keys (auth), the link clock in PING and deadlines in LOAD/STORE (wire).
-PROTOCOL_VERSION: Final = 2
+# 3: the channel byte in AUTH_HELLO, bound into both macs (data channels).
+PROTOCOL_VERSION: Final = 3
 HANDSHAKE_TIMEOUT: Final = 5.0
 NONCE_CACHE_SIZE: Final = 65536
 _SERVER_LABEL: Final = b"ualinkd-fabric-v1 server"
@@ -113,10 +119,10 @@ def node_config(config: PodConfig, name: str) -> PodConfig:
 
 
 def _mac(key: bytes, label: bytes, client_nonce: bytes, server_nonce: bytes, config: PodConfig,
-         client: str, server: str) -> bytes:
+         client: str, server: str, channel: Channel) -> bytes:
     h = hmac.new(key, digestmod=hashlib.sha256)
     for part in (label, client_nonce, server_nonce, config.uuid.bytes,
-                 client.encode(), server.encode()):
+                 client.encode(), server.encode(), bytes([channel])):
         h.update(len(part).to_bytes(2, "little") + part)
     return h.digest()
 
@@ -165,19 +171,26 @@ class _Handshake:
 
 
 class ClientHandshake(_Handshake):
-    """The dialing side: proves itself to node `peer_name` and checks that it is talking to it."""
+    """The dialing side: proves itself to node `peer_name` and checks that it is talking to it,
+    for `channel` (a wire.Channel; one it does not know is a LocalProtocolError)."""
 
     def __init__(self, config: PodConfig, local_name: str, peer_name: str, *, now: float,
                  timeout: float = HANDSHAKE_TIMEOUT, key: bytes | None = None,
-                 nonce: bytes | None = None, cert_names: Collection[str] | None = None) -> None:
+                 nonce: bytes | None = None, cert_names: Collection[str] | None = None,
+                 channel: int = Channel.LINK) -> None:
         super().__init__(config, local_name, now, timeout, cert_names)
+        try:
+            self.channel = Channel(channel)
+        except ValueError:
+            raise LocalProtocolError(f"no channel {channel}") from None
         self.key = node_keys(config, local_name)[peer_name] if key is None else key
         self.expected_peer = peer_name
         self.nonce = nonce if nonce is not None else secrets.token_bytes(NONCE_SIZE)
         self._state = "challenge"
 
     def initial_frames(self) -> list[Frame]:
-        return [AuthHello(self.config.uuid, self.local_name, self.nonce, PROTOCOL_VERSION)]
+        return [AuthHello(self.config.uuid, self.local_name, self.nonce, PROTOCOL_VERSION,
+                          self.channel)]
 
     def receive_frame(self, frame: Frame, now: float) -> list[Frame]:
         self.check_deadline(now)
@@ -188,7 +201,8 @@ class ClientHandshake(_Handshake):
                 raise AuthError(f"dialed node {self.expected_peer!r} but "
                                 f"{frame.node_name!r} answered")
             self._check_cert(frame.node_name)
-            args = (self.nonce, frame.nonce, self.config, self.local_name, frame.node_name)
+            args = (self.nonce, frame.nonce, self.config, self.local_name, frame.node_name,
+                    self.channel)
             if not hmac.compare_digest(frame.mac, _mac(self.key, _SERVER_LABEL, *args)):
                 raise AuthError(f"{frame.node_name!r} failed to prove the key of our link "
                                 "(a different key, or not that node)")
@@ -209,7 +223,8 @@ class ServerHandshake(_Handshake):
     its link with us (`keys`, by peer name; default `node_keys`).
 
     `accept_from` narrows the admitted node names (the link admits only the nodes that dial
-    it); `nonces` is the daemon-wide replay guard.
+    it); `nonces` is the daemon-wide replay guard. `channel` is what the client asked for in
+    its AUTH_HELLO (both macs cover it): final once `established`.
     """
 
     def __init__(self, config: PodConfig, local_name: str, *, now: float, nonces: NonceCache,
@@ -224,6 +239,7 @@ class ServerHandshake(_Handshake):
         self.accept_from = others if accept_from is None else set(accept_from) & others
         self.nonce = nonce if nonce is not None else secrets.token_bytes(NONCE_SIZE)
         self._client_nonce = b""
+        self.channel = Channel.LINK
         self._state = "hello"
 
     def receive_frame(self, frame: Frame, now: float) -> list[Frame]:
@@ -237,7 +253,7 @@ class ServerHandshake(_Handshake):
                 raise self._unexpected(frame, "AUTH_PROOF")
             assert self.peer_name is not None
             want = _mac(self.key, _CLIENT_LABEL, self._client_nonce, self.nonce, self.config,
-                        self.peer_name, self.local_name)
+                        self.peer_name, self.local_name, self.channel)
             if not hmac.compare_digest(frame.mac, want):
                 raise AuthError(f"{self.peer_name!r} failed to prove the key of our link "
                                 "(a different key, or not that node)")
@@ -252,6 +268,10 @@ class ServerHandshake(_Handshake):
                             f"{PROTOCOL_VERSION}")
         if hello.pod_uuid != self.config.uuid:
             raise AuthError(f"pod {hello.pod_uuid} is not this pod ({self.config.uuid})")
+        try:
+            channel = Channel(hello.channel)
+        except ValueError:
+            raise AuthError(f"unknown channel {hello.channel}") from None
         name = hello.node_name
         if name == self.local_name:
             raise AuthError(f"peer claims to be this node ({name!r})")
@@ -269,7 +289,8 @@ class ServerHandshake(_Handshake):
         self.peer_name = name
         self.key = key
         self._client_nonce = hello.nonce
+        self.channel = channel
         self._state = "proof"
         mac = _mac(self.key, _SERVER_LABEL, hello.nonce, self.nonce, self.config, name,
-                   self.local_name)
+                   self.local_name, channel)
         return AuthChallenge(self.local_name, self.nonce, mac)

@@ -10,6 +10,11 @@ logged one line per cause: the first at once, the rest as a count every REFUSAL_
 A new connection never replaces a live link to the same peer: the old link is probed, and
 only if it misses two heartbeats does the newcomer take over; else the newcomer is refused.
 
+Data channels (`DataChannels`, plain TCP only): a link's second connection, authenticated as
+the link is but asking for channel 1, that the side that dialed the link dials once it is up;
+its socket is handed over to the C data plane and closed when its link goes down. It never
+replaces a link, and is admitted only while its link is live.
+
 Liveness: each side makes sure its peer hears from it about every heartbeat interval,
 with a heartbeat PING (unanswered: the peer's own prove the peer alive) only when it has sent
 nothing else for that long, and at least every CLOCK_REFRESH_INTERVALS intervals for the
@@ -44,7 +49,7 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -52,7 +57,14 @@ from ..config import ConfigError, PodConfig
 from ..drm.completion import Completion
 from ..drm.errors import DrmError
 from ..drm.loaded import Loaded, in_memory
-from .auth import HANDSHAKE_TIMEOUT, ClientHandshake, NonceCache, ServerHandshake, node_keys
+from .auth import (
+    HANDSHAKE_TIMEOUT,
+    AuthError,
+    ClientHandshake,
+    NonceCache,
+    ServerHandshake,
+    node_keys,
+)
 from .session import (
     AckReceived,
     DataReceived,
@@ -63,6 +75,7 @@ from .session import (
 )
 from .splice import PipedPayload, PipePool, unread
 from .wire import (
+    Channel,
     Dwords,
     Frame,
     FrameDecoder,
@@ -84,6 +97,20 @@ OnMessage = Callable[[int, int, Dwords], Awaitable[None] | None]
 OnPeerState = Callable[[str, bool], None]
 # -> (status: 0 or -errno, the loaded bytes as buffers to send as they are)
 OnRequest = Callable[[str, Load | Store], tuple[int, list[memoryview]]]
+
+
+class DataChannels(Protocol):
+    """Where an authenticated data channel's socket goes (the C data plane). Called from the
+    trio thread; neither may block or raise (an exception is a bug: it propagates out of
+    FabricLink.run)."""
+
+    def open(self, peer: str, fd: int, peer_accels: frozenset[int]) -> int | None:
+        """Takes ownership of `fd` (a dup of the socket, blocking mode unspecified: the callee
+        sets it); returns a handle, or None when it refuses (it closed fd)."""
+
+    def close(self, handle: int) -> None:
+        """The link this channel belongs to went down: stop using and close it."""
+
 RECEIVE_SIZE = 1 << 20  # one data-plane chunk in as few reads as possible (TLS)
 SCRATCH_SIZE = 64 << 10  # plain TCP: per-connection receive buffer for everything but payloads
 HANDSHAKE_RECEIVE_SIZE = 4096  # handshake frames are at most HANDSHAKE_MAX_FRAME bytes
@@ -289,6 +316,7 @@ class _Conn:
         self.inq = 0
         self.pinged = -math.inf  # when the last heartbeat PING was queued
         self.down: _LinkDown | None = None
+        self.data_handle: int | None = None  # its data channel's, from DataChannels.open
         self.sock = stream.socket if isinstance(stream, trio.SocketStream) else None
         self.fd = self.sock.fileno() if self.sock is not None else -1
 
@@ -457,6 +485,16 @@ class FabricLink:
     `on_request(peer, Load | Store) -> (status, buffers)` serves the data plane (the daemon
     resolves the NPA through its page table); without it LOAD/STORE are answered with
     -EOPNOTSUPP.
+
+    `data_channels`: each link gets a data channel too, a second connection between the same
+    two daemons authenticated the same way (auth.py, channel 1) and then handed over to it:
+    the side that dialed the link dials it once the link is up, the other admits it only
+    while it has a live link from that peer, and it is closed when that link goes down. A
+    fast path only (the link carries everything without one): a data channel that cannot be
+    had is one INFO line, not retried until the link comes up again. Plain TCP only: the
+    data plane on the other side of `data_channels` speaks no TLS, so with TLS configured no
+    data channel is dialed and none is admitted. Python sends nothing on a data channel past
+    its handshake.
     """
 
     def __init__(self, config: PodConfig, node_name: str, on_message: OnMessage, *,
@@ -470,7 +508,8 @@ class FabricLink:
                  heartbeat_interval: float = 1.0,
                  heartbeat_timeout: float = 5.0,
                  max_pending: tuple[int, int] = (MAX_PENDING_HANDSHAKES,
-                                                 MAX_PENDING_PER_ADDRESS)) -> None:
+                                                 MAX_PENDING_PER_ADDRESS),
+                 data_channels: DataChannels | None = None) -> None:
         self.config = config
         self.node_name = node_name
         self._me = config.node(node_name)
@@ -483,6 +522,14 @@ class FabricLink:
         self._backoff = connect_backoff
         self._ssl_server = ssl_context
         self._ssl_client = ssl_client_context or ssl_context
+        self._data_channels = data_channels
+        # The data plane behind `data_channels` reads and writes the socket itself: no TLS.
+        self._data_plane_tcp = (data_channels is not None and self._ssl_server is None
+                                and self._ssl_client is None)
+        # Per peer: its inbound links between their AUTH_OK and their start (the old link's
+        # probe), which a data channel from it waits out (`_admit_data_channel`).
+        self._admitting: dict[str, int] = {}
+        self._admitted = trio.lowlevel.ParkingLot()
         self._handshake_timeout = handshake_timeout
         self._hb_interval = heartbeat_interval
         self._hb_timeout = heartbeat_timeout
@@ -621,22 +668,40 @@ class FabricLink:
     async def _authenticate_inbound(self, tcp: trio.SocketStream, host: str, addr: str
                                     ) -> tuple[str, trio.abc.Stream, FrameDecoder] | None:
         """The handshake of an inbound connection, and the check that it does not displace
-        a live link: (peer, stream, decoder), or None when refused (and closed)."""
+        a live link: (peer, stream, decoder), or None when refused (and closed) or when it
+        was a data channel (handed over, and closed here)."""
         stream: trio.abc.Stream = tcp
         hs = ServerHandshake(self.config, self.node_name, now=trio.current_time(),
                              nonces=self._nonces, keys=self._keys,
                              accept_from=[p for p in self._peers if p < self.node_name],
                              timeout=self._handshake_timeout)
         decoder = FrameDecoder.for_handshake()
+        counted: list[str] = []  # the peer, once this link is in `_admitting`
+        data_link: list[_Conn] = []  # a data channel: the link it belongs to
+
+        async def before_ok() -> None:
+            assert hs.peer_name is not None
+            if hs.channel is Channel.DATA:
+                data_link.append(await self._admit_data_channel(hs.peer_name, decoder))
+            else:  # from its AUTH_OK on, the peer may dial this link's data channel
+                self._admitting[hs.peer_name] = self._admitting.get(hs.peer_name, 0) + 1
+                counted.append(hs.peer_name)
+
         try:
-            with trio.move_on_at(hs.deadline):
+            with trio.move_on_at(hs.deadline) as within:
                 if self._ssl_server is not None:
                     stream = trio.SSLStream(tcp, self._ssl_server, server_side=True)
                     await stream.do_handshake()
                     hs.cert_names = _cert_names(stream)
-                await self._handshake(stream, hs, decoder, [])
+                await self._handshake(stream, hs, decoder, [], before_ok)
+            if within.cancelled_caught:  # (also after the proof: in before_ok, or AUTH_OK)
+                raise AuthError(f"handshake not finished within {hs.timeout:g} s")
             hs.check_deadline(trio.current_time())
             assert hs.peer_name is not None
+            if data_link:
+                self._hand_over_inbound(data_link[0], tcp, addr)
+                await trio.aclose_forcefully(stream)  # (the data plane has its dup)
+                return None
             if not await self._old_link_gone(hs.peer_name):
                 raise _LinkDown(f"a live link to {hs.peer_name} exists (it answered a "
                                 "liveness probe); a second connection does not replace it")
@@ -645,9 +710,64 @@ class FabricLink:
             self._refusals.note(who, host, _reason(e), trio.current_time())
             await trio.aclose_forcefully(stream)
             return None
+        finally:
+            for peer in counted:  # (no checkpoint from here to the link's start: _run_conn)
+                self._admitting[peer] -= 1
+                if not self._admitting[peer]:
+                    del self._admitting[peer]
+                self._admitted.unpark_all()
         decoder.open_data_plane()
         _tune(tcp, self.config.tcp_congestion)
         return hs.peer_name, stream, decoder
+
+    async def _admit_data_channel(self, peer: str, decoder: FrameDecoder) -> _Conn:
+        """The link an authenticated data channel from `peer` belongs to, before it is told
+        AUTH_OK: our live link from `peer`; _LinkDown when there is none, or when the channel
+        may not be had. One that comes while a link from `peer` is being admitted (its
+        AUTH_OK sent, an old link probed) is that link's: it waits to see that link start,
+        and is refused if it does not."""
+        if self._data_channels is None:
+            raise _LinkDown("a data channel, and this node takes none")
+        if not self._data_plane_tcp:
+            raise _LinkDown("a data channel on a TLS fabric (data channels are plain TCP only)")
+        if decoder.buffered:  # what the handover cannot pass on: the data plane reads the fd
+            raise _LinkDown(f"{decoder.buffered} bytes sent on a data channel before its "
+                            "handshake finished")
+        before = self._conns.get(peer)
+        waited = False
+        while self._admitting.get(peer):
+            waited = True
+            await self._admitted.park()
+        conn = self._conns.get(peer)
+        if conn is None or conn.down is not None or (waited and conn is before):
+            raise _LinkDown(f"a data channel from {peer} without a live link from it")
+        return conn
+
+    def _hand_over_inbound(self, conn: _Conn, tcp: trio.SocketStream, addr: str) -> None:
+        """An admitted data channel, told AUTH_OK: to the data plane, if its link is still
+        up (else _LinkDown)."""
+        if conn.down is not None or self._conns.get(conn.peer) is not conn:
+            raise _LinkDown(f"a data channel from {conn.peer}: its link went down during "
+                            "the handshake")
+        if self._hand_over(conn, tcp):
+            log.debug("fabric %s: data channel from %s (%s) handed over", self.node_name,
+                      conn.peer, addr)
+        else:
+            log.info("fabric %s: the data plane refused the data channel from %s (%s); the "
+                     "link carries its loads", self.node_name, conn.peer, addr)
+
+    def _hand_over(self, conn: _Conn, tcp: trio.SocketStream) -> bool:
+        """A dup of `tcp`'s socket to `data_channels` as the data channel of the link `conn`,
+        in place of one it had (the caller closes `tcp`); False if the data plane refused it.
+        Synchronous: the link cannot end between the caller's check and the handle being
+        `conn`'s (its teardown closes it)."""
+        assert self._data_channels is not None
+        fd = os.dup(tcp.socket.fileno())
+        if conn.data_handle is not None:  # a second data channel for one link replaces the first
+            old, conn.data_handle = conn.data_handle, None
+            self._data_channels.close(old)
+        conn.data_handle = self._data_channels.open(conn.peer, fd, self._accels[conn.peer])
+        return conn.data_handle is not None
 
     async def _old_link_gone(self, peer: str) -> bool:
         """True when no live link to `peer` stands in the way of a new one. A link that is
@@ -714,14 +834,15 @@ class FabricLink:
                 continue
             last, failing_since, warned = None, None, False
             delay = self._backoff[0]
-            await self._run_conn(peer, stream, decoder, f"to {host}:{port}")
+            await self._run_conn(peer, stream, decoder, f"to {host}:{port}", (host, port))
             with trio.move_on_after(delay):
                 await changed.wait()
 
-    async def _dial(self, peer: str, host: str, port: int
+    async def _dial(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK
                     ) -> tuple[trio.abc.Stream, FrameDecoder]:
         hs = ClientHandshake(self.config, self.node_name, peer, now=trio.current_time(),
-                             key=self._keys[peer], timeout=self._handshake_timeout)
+                             key=self._keys[peer], timeout=self._handshake_timeout,
+                             channel=channel)
         decoder = FrameDecoder.for_handshake()
         stream: trio.abc.Stream | None = None
         try:
@@ -743,7 +864,10 @@ class FabricLink:
         return stream, decoder
 
     async def _handshake(self, stream: trio.abc.Stream, hs: ClientHandshake | ServerHandshake,
-                         decoder: FrameDecoder, first: list[Frame]) -> None:
+                         decoder: FrameDecoder, first: list[Frame],
+                         before_ok: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Run `hs` to its end on `stream`; the server's `before_ok()` runs once the peer
+        has proved itself, before it is sent AUTH_OK (a refusal then raises from it)."""
         if first:
             await stream.send_all(b"".join(encode_frame(f) for f in first))
         while not hs.established:
@@ -755,12 +879,16 @@ class FabricLink:
                 decoder.receive_data(data)
                 continue
             replies = hs.receive_frame(frame, trio.current_time())
+            if hs.established and before_ok is not None:
+                await before_ok()
             if replies:
                 await stream.send_all(b"".join(encode_frame(f) for f in replies))
 
     # -- an established connection -----------------------------------------------------------
     async def _run_conn(self, peer: str, stream: trio.abc.Stream, decoder: FrameDecoder,
-                        label: str) -> None:
+                        label: str, dialed: tuple[str, int] | None = None) -> None:
+        """Run the link `stream` to `peer` until it ends; `dialed`: the address we dialed it
+        at, where its data channel is dialed too (`data_channels`)."""
         session = Session(peer, self._accels[peer], self._local_accels, decoder,
                           now=trio.current_time())
         conn = _Conn(peer, stream, session, label)
@@ -783,9 +911,17 @@ class FabricLink:
                     nursery.start_soon(self._reader, conn)
                     nursery.start_soon(self._deliver, conn)
                     nursery.start_soon(self._writer, conn)
+                    # The peer speaks PROTOCOL_VERSION (the handshake admits no other), which
+                    # has data channels; in this nursery, the dial ends with the link.
+                    if dialed is not None and self._data_plane_tcp:
+                        nursery.start_soon(self._dial_data_channel, conn, *dialed)
                     # Our link clock at once: the peer's deadlines need it (Session).
                     self._heartbeat_ping(conn, trio.current_time())
         finally:
+            if conn.data_handle is not None:  # first: the data plane stops using the peer
+                handle, conn.data_handle = conn.data_handle, None
+                assert self._data_channels is not None
+                self._data_channels.close(handle)
             conn.fd = -1  # nothing writes to the fd number once it is closed (and reused)
             for w in (*conn.waiters.values(), *conn.pings.values()):
                 w.set(None)
@@ -808,6 +944,38 @@ class FabricLink:
                 self._nursery.start_soon(self._deliver_rest, conn)
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
+
+    async def _dial_data_channel(self, conn: _Conn, host: str, port: int) -> None:
+        """The data channel of the link `conn`, which we dialed at host:port: dialed once,
+        handed over to `data_channels` for as long as `conn` lasts. Failing is one INFO line:
+        the link carries the data plane without it."""
+        assert self._data_channels is not None
+        peer = conn.peer
+        try:
+            stream, decoder = await self._dial(peer, host, port, Channel.DATA)
+        except (ProtocolError, _LinkDown, OSError, trio.BrokenResourceError) as e:
+            log.info("fabric %s: no data channel to %s at %s:%d: %s (the link carries its "
+                     "loads)", self.node_name, peer, host, port, _reason(e))
+            return
+        try:
+            assert isinstance(stream, trio.SocketStream)  # (plain TCP: _data_plane_tcp)
+            why = None
+            if decoder.buffered:  # the handover could not pass them on
+                why = f"{decoder.buffered} bytes came with its AUTH_OK"
+            else:
+                try:
+                    if not self._hand_over(conn, stream):
+                        why = "the data plane refused it"
+                except OSError as e:
+                    why = f"dup failed: {e.strerror}"
+            if why is None:
+                log.debug("fabric %s: data channel to %s at %s:%d handed over", self.node_name,
+                          peer, host, port)
+            else:
+                log.info("fabric %s: no data channel to %s at %s:%d: %s (the link carries its "
+                         "loads)", self.node_name, peer, host, port, why)
+        finally:
+            await trio.aclose_forcefully(stream)  # (the data plane has its dup)
 
     async def _reader(self, conn: _Conn) -> None:
         session = conn.session

@@ -75,12 +75,25 @@ HANDSHAKE_FRAMES: Final = frozenset(
     {FrameType.AUTH_HELLO, FrameType.AUTH_CHALLENGE, FrameType.AUTH_PROOF, FrameType.AUTH_OK})
 
 
+class Channel(enum.IntEnum):
+    """What a connection between two daemons is for, as its AUTH_HELLO asks (auth.py)."""
+
+    LINK = 0  # the link: handshake, then every frame type (FabricLink)
+    DATA = 1  # a data channel: the handshake, then the data plane's own bytes (FabricLink)
+
+
+# The first protocol version whose AUTH_HELLO carries the channel byte (after the nonce). An
+# older HELLO still parses (as channel 0), so its sender is told which version it speaks.
+CHANNEL_VERSION: Final = 3
+
+
 @dataclass(frozen=True, slots=True)
 class AuthHello:
     pod_uuid: uuid.UUID
     node_name: str
     nonce: bytes
-    version: int = 2  # auth.PROTOCOL_VERSION (wire sits below auth)
+    version: int = 3  # auth.PROTOCOL_VERSION (wire sits below auth)
+    channel: int = Channel.LINK  # any u8 on the wire; auth.py refuses one it does not know
     frame_type: ClassVar[FrameType] = FrameType.AUTH_HELLO
 
 
@@ -202,7 +215,8 @@ _ACCELS = ("seq" / cs.Int32ul, "src_accel" / cs.Int16ul, "dst_accel" / cs.Int16u
 FRAME_PAYLOADS: Final[dict[FrameType, cs.Construct]] = {
     FrameType.AUTH_HELLO: cs.Struct(
         "version" / cs.Int16ul, "pod_uuid" / cs.Bytes(16), "node_name" / _NAME,
-        "nonce" / cs.Bytes(NONCE_SIZE), cs.Terminated),
+        "nonce" / cs.Bytes(NONCE_SIZE),
+        "channel" / cs.If(cs.this.version >= CHANNEL_VERSION, cs.Int8ul), cs.Terminated),
     FrameType.AUTH_CHALLENGE: cs.Struct(
         "node_name" / _NAME, "nonce" / cs.Bytes(NONCE_SIZE), "mac" / cs.Bytes(MAC_SIZE),
         cs.Terminated),
@@ -269,8 +283,16 @@ def _from_fields(ft: FrameType, c: cs.Container) -> Frame:
                 raise RemoteProtocolError(f"{ft.name}: node name is not UTF-8") from None
         elif isinstance(v, list):
             v = tuple(v)
+        elif v is None and f.name == "channel":  # a HELLO older than CHANNEL_VERSION
+            v = int(Channel.LINK)
         kw[f.name] = v
     return cls(**kw)
+
+
+def _check_hello(frame: AuthHello) -> None:
+    if frame.version < CHANNEL_VERSION and frame.channel != Channel.LINK:
+        raise LocalProtocolError(f"cannot encode {frame!r}: a version {frame.version} "
+                                 "AUTH_HELLO has no channel byte")
 
 
 def encode_frame(frame: Frame) -> bytes:
@@ -292,6 +314,8 @@ def encode_frame(frame: Frame) -> bytes:
                               frame.npa_byte_addr, frame.length, frame.deadline)
         if ft in (FrameType.STORE, FrameType.DATA):
             return b"".join(encode_frame_parts(frame))
+        if isinstance(frame, AuthHello):
+            _check_hello(frame)
         payload = FRAME_PAYLOADS[ft].build(_to_fields(frame))
     except (struct.error, cs.ConstructError, TypeError, ValueError) as e:
         raise LocalProtocolError(f"cannot encode {frame!r}: {e}") from None
@@ -338,6 +362,8 @@ def encode_data_parts(seq: int, status: int, data: Sequence[bytes | bytearray | 
 
 def encode_frame_construct(frame: Frame) -> bytes:
     """`encode_frame` without the fast paths (the reference the tests compare against)."""
+    if isinstance(frame, AuthHello):
+        _check_hello(frame)
     payload = FRAME_PAYLOADS[frame.frame_type].build(_to_fields(frame))
     return FRAME_HEADER.build({"length": len(payload) + 1, "type": frame.frame_type}) + payload
 

@@ -1,0 +1,328 @@
+"""Data channels over real sockets on 127.0.0.1: each link's second, data-only connection,
+authenticated as the link is (auth.py, channel 1) and handed over to the node's DataChannels
+(the C data plane's seam; here a recorder that keeps each socket it is given), closed with
+its link; refused without a live link, with a wrong key, over TLS, or with bytes sent early."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import select
+import socket
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import trio
+import trustme
+from test_fabric_link import Pod, _tls_kw, expect_closed, make_pod, raw_auth, read_frame, warnings
+
+from ualinkd.fabric import auth
+from ualinkd.fabric import link as link_mod
+from ualinkd.fabric.link import FabricLink
+from ualinkd.fabric.wire import AuthOk, AuthProof, Channel, FrameDecoder, encode_frame
+
+DW = (3, 0x1000, 0, 0)
+WATCHDOG = 20.0
+_handles = itertools.count(1)
+
+
+class Recorder:
+    """DataChannels that keeps the socket of every open() until its close(); `refuse`: it
+    closes each fd and returns None, as a data plane that cannot take one does."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.live: dict[int, tuple[str, socket.socket, frozenset[int]]] = {}
+        self.opened: list[tuple[int, str, frozenset[int]]] = []
+        self.closed: list[int] = []
+
+    def open(self, peer: str, fd: int, peer_accels: frozenset[int]) -> int | None:
+        if self.refuse:
+            os.close(fd)
+            return None
+        handle = next(_handles)
+        sock = socket.socket(fileno=fd)
+        sock.settimeout(2.0)  # (a test that waits for bytes fails instead of hanging)
+        self.live[handle] = (peer, sock, peer_accels)
+        self.opened.append((handle, peer, peer_accels))
+        return handle
+
+    def close(self, handle: int) -> None:
+        _, sock, _ = self.live.pop(handle)  # KeyError: never opened, or closed twice
+        sock.close()
+        self.closed.append(handle)
+
+    def sock(self, peer: str) -> socket.socket:
+        [s] = [s for p, s, _ in self.live.values() if p == peer]
+        return s
+
+    def peers(self) -> list[str]:
+        return sorted(p for p, _, _ in self.live.values())
+
+    def discard(self) -> None:
+        for _, sock, _ in self.live.values():
+            sock.close()
+        self.live.clear()
+
+
+@pytest.fixture
+def recorders() -> Iterator[dict[str, Recorder]]:
+    """One Recorder per node name; whatever a test leaves open is closed after it."""
+    made: dict[str, Recorder] = {}
+    yield made
+    for r in made.values():
+        r.discard()
+
+
+@pytest.fixture
+async def pod() -> AsyncIterator[Pod]:
+    async with trio.open_nursery() as nursery:
+        yield Pod(make_pod(), nursery)
+        nursery.cancel_scope.cancel()
+
+
+async def start(pod: Pod, recorders: dict[str, Recorder], name: str, refuse: bool = False,
+                **kw: object) -> FabricLink:
+    rec = recorders[name] = Recorder(refuse)
+    return await pod.start(name, data_channels=rec, **kw)
+
+
+async def wait_until(pred, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    with trio.fail_after(timeout):
+        while not pred():
+            await trio.sleep(0.005)
+
+
+def assert_ends_of_one_connection(x: socket.socket, y: socket.socket) -> None:
+    """Bytes written on either come out of the other; nothing else was there first."""
+    assert x.getsockname() == y.getpeername() and y.getsockname() == x.getpeername()
+    # Python sent nothing on either past the handshake (no frame, no heartbeat):
+    assert select.select([x, y], [], [], 0)[0] == []
+    x.sendall(b"load me")
+    assert y.recv(64) == b"load me"
+    y.sendall(b"data")
+    assert x.recv(64) == b"data"
+
+
+async def data_hello(port: int, cfg, name: str, peer: str, key: bytes | None = None,
+                     ssl_context=None, extra: bytes = b""
+                     ) -> tuple[trio.abc.Stream, bool]:  # type: ignore[no-untyped-def]
+    """A hand-driven data channel that authenticates as `name` (`extra` sent with its
+    AUTH_PROOF): its stream, and whether it was told AUTH_OK (else the server closed it)."""
+    stream: trio.abc.Stream = await trio.open_tcp_stream("127.0.0.1", port)
+    if ssl_context is not None:
+        stream = trio.SSLStream(stream, ssl_context, server_hostname="127.0.0.1")
+        await stream.do_handshake()
+    hs = auth.ClientHandshake(cfg, name, peer, now=trio.current_time(), key=key,
+                              channel=Channel.DATA)
+    dec = FrameDecoder()
+    await stream.send_all(encode_frame(hs.initial_frames()[0]))
+    try:
+        challenge = await read_frame(stream, dec)
+        [proof] = hs.receive_frame(challenge, trio.current_time())
+    except auth.AuthError:  # (a wrong key: the server's mac does not verify; prove anyway)
+        proof = AuthProof(b"\0" * 32)
+    await stream.send_all(encode_frame(proof) + extra)
+    try:
+        ok = await read_frame(stream, dec)
+    except (AssertionError, trio.BrokenResourceError):  # closed
+        return stream, False
+    assert ok == AuthOk()
+    return stream, True
+
+
+# ---- the handover -----------------------------------------------------------------------------
+
+async def test_each_link_gets_one_data_channel_whose_two_ends_meet(pod: Pod, recorders) -> None:
+    """Every link of a three-node pod: each side's DataChannels gets exactly one open() for
+    the other node, with that node's accels, and the two fds are the two ends of one TCP
+    connection, on which Python sent nothing (not past the handshake, not a heartbeat)."""
+    with trio.fail_after(WATCHDOG):
+        links = {n: await start(pod, recorders, n, heartbeat_interval=0.05) for n in "abc"}
+        await wait_until(lambda: all(len(r.opened) == 2 for r in recorders.values()))
+        await trio.sleep(0.3)  # six heartbeat intervals: nothing more is opened, nor sent
+        accels = {"a": frozenset({0, 1}), "b": frozenset({2, 3}), "c": frozenset({4, 5})}
+        for n, r in recorders.items():
+            assert sorted((p, acc) for _, p, acc in r.opened) == sorted(
+                (p, accels[p]) for p in "abc" if p != n)
+            assert r.closed == []
+        for x, y in itertools.combinations("abc", 2):
+            assert_ends_of_one_connection(recorders[x].sock(y), recorders[y].sock(x))
+        await links["a"].send(0, 4, DW)  # the links themselves carry on as before
+        await links["c"].send(5, 2, DW)
+        assert pod.got["c"] == [(0, 4, DW)] and pod.got["b"] == [(5, 2, DW)]
+
+
+async def test_a_dropped_link_closes_both_data_channels_and_a_new_pair_comes_back(
+        pod: Pod, recorders) -> None:
+    """close(handle) on both sides when the link goes down (dropped by the dialer; then the
+    other node stopped), and a new pair of ends that meet with each new link."""
+    with trio.fail_after(WATCHDOG):
+        a, b = await start(pod, recorders, "a"), await start(pod, recorders, "b")
+        ra, rb = recorders["a"], recorders["b"]
+        await wait_until(lambda: ra.peers() == ["b"] and rb.peers() == ["a"])
+        first = (ra.opened[0][0], rb.opened[0][0])
+        a._conns["b"].drop(link_mod._LinkDown("test"))
+        await wait_until(lambda: ra.closed == [first[0]] and rb.closed == [first[1]])
+        await wait_until(lambda: ra.peers() == ["b"] and rb.peers() == ["a"])
+        assert len(ra.opened) == len(rb.opened) == 2
+        assert_ends_of_one_connection(ra.sock("b"), rb.sock("a"))
+        second = (ra.opened[1][0], rb.opened[1][0])
+        await b.aclose()  # b stopping closes its own; a's goes when a sees the link down
+        await wait_until(lambda: rb.closed == [first[1], second[1]] and not rb.live)
+        await wait_until(lambda: ra.closed == [first[0], second[0]] and not ra.live)
+        assert not a.is_up("b")
+
+
+async def test_with_tls_no_data_channel_is_opened_nor_admitted(pod: Pod, recorders,
+                                                                caplog) -> None:
+    """The data plane speaks plain TCP: with TLS configured, the dialer dials no data
+    channel and the listener refuses one (over TLS, with the right certificate and key),
+    noted as a refusal; the TLS link carries messages as before."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    with trio.fail_after(WATCHDOG):
+        ca = trustme.CA()
+        a = await start(pod, recorders, "a", **_tls_kw("a", ca))
+        c = await start(pod, recorders, "c", **_tls_kw("c", ca))
+        await a.send(0, 4, DW)
+        await c.send(4, 0, DW)
+        assert pod.got["c"] == [(0, 4, DW)] and pod.got["a"] == [(4, 0, DW)]
+        stream, ok = await data_hello(pod.ports["c"], pod.cfg, "a", "c",
+                                      ssl_context=_tls_kw("a", ca)["ssl_client_context"])
+        assert not ok
+        await expect_closed(stream)
+        await wait_until(lambda: bool(warnings(caplog)))
+        [line] = warnings(caplog)
+        assert "refused connection from a (127.0.0.1:" in line
+        assert "a data channel on a TLS fabric" in line
+        assert recorders["a"].opened == recorders["c"].opened == []
+        assert c.is_up("a")
+
+
+async def test_a_data_channel_with_a_wrong_key_is_refused_and_noted(pod: Pod, recorders,
+                                                                   caplog) -> None:
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    with trio.fail_after(WATCHDOG):
+        a, b = await start(pod, recorders, "a"), await start(pod, recorders, "b")
+        await wait_until(lambda: recorders["b"].peers() == ["a"])
+        wrong = auth.node_keys(pod.cfg, "a")["c"]  # a's key, of another link
+        stream, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b", key=wrong)
+        assert not ok
+        await expect_closed(stream)
+        await wait_until(lambda: bool(warnings(caplog)))
+        [line] = warnings(caplog)
+        assert "refused connection from a (127.0.0.1:" in line
+        assert "'a' failed to prove the key of our link" in line
+        assert len(recorders["b"].opened) == 1 and recorders["b"].closed == []
+        await a.send(0, 2, DW)
+        assert pod.got["b"] == [(0, 2, DW)] and b.is_up("a")
+
+
+async def test_a_data_channel_without_a_live_link_from_its_peer_is_refused(
+        pod: Pod, recorders, caplog) -> None:
+    """b has no link from a: a data channel that authenticates as a, right key and all, is
+    refused before AUTH_OK and noted; and a node without DataChannels refuses one too."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    with trio.fail_after(WATCHDOG):
+        await start(pod, recorders, "b")
+        stream, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b")
+        assert not ok
+        await expect_closed(stream)
+        await wait_until(lambda: bool(warnings(caplog)))
+        [line] = warnings(caplog)
+        assert "refused connection from a (127.0.0.1:" in line
+        assert "a data channel from a without a live link from it" in line
+        assert recorders["b"].opened == []
+        c = await pod.start("c")  # no data_channels
+        main, _ = await raw_auth(pod.ports["c"], pod.cfg, "a", "c")
+        await wait_until(lambda: c.is_up("a"))
+        stream, ok = await data_hello(pod.ports["c"], pod.cfg, "a", "c")
+        assert not ok
+        await expect_closed(stream)
+        await wait_until(lambda: any("this node takes none" in w for w in warnings(caplog)))
+        assert c.is_up("a")
+        await main.aclose()
+
+
+async def test_a_data_channel_that_sends_before_auth_ok_is_refused_and_a_second_replaces(
+        pod: Pod, recorders, caplog) -> None:
+    """Against a hand-driven peer a: a data channel whose AUTH_PROOF came with more bytes is
+    refused (the handover could not pass them on); a good one is handed over, its bytes
+    reach the data plane; a second one for the same link closes the first's handle first.
+    None of them probes or replaces the link (a silent one: a new link would drop it)."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    with trio.fail_after(WATCHDOG):
+        b = await start(pod, recorders, "b", heartbeat_interval=0.05)
+        rb = recorders["b"]
+        main, _ = await raw_auth(pod.ports["b"], pod.cfg, "a", "b")  # never answers a PING
+        await wait_until(lambda: b.is_up("a"))
+        conn = b._conns["a"]
+        early, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b", extra=b"\0" * 7)
+        assert not ok
+        await expect_closed(early)
+        await wait_until(lambda: bool(warnings(caplog)))
+        [line] = warnings(caplog)
+        assert "bytes sent on a data channel before its handshake finished" in line
+        first, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b")
+        assert ok
+        await wait_until(lambda: rb.peers() == ["a"])
+        assert rb.opened[0][1:] == ("a", frozenset({0, 1}))
+        await first.send_all(b"to the data plane")
+        assert rb.sock("a").recv(64) == b"to the data plane"
+        second, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b")
+        assert ok
+        await wait_until(lambda: len(rb.opened) == 2)
+        assert rb.closed == [rb.opened[0][0]] and list(rb.live) == [rb.opened[1][0]]
+        await expect_closed(first)  # the data plane closed the first
+        await trio.sleep(0.3)  # a probe of the silent link would have dropped it by now
+        assert b._conns.get("a") is conn and conn.down is None
+        await main.aclose()
+        await wait_until(lambda: not rb.live)  # the link went: its data channel with it
+        assert rb.closed == [rb.opened[0][0], rb.opened[1][0]]
+        await second.aclose()
+
+
+async def test_a_data_channel_waits_for_its_link_to_replace_a_silent_old_one(
+        pod: Pod, recorders) -> None:
+    """a restarts while b still holds a's old, silent link: a's new link is admitted only
+    once the old one fails its liveness probe, and the data channel a dials as soon as its
+    link is up belongs to the new link, not the old one (it would be closed with it)."""
+    with trio.fail_after(WATCHDOG):
+        b = await start(pod, recorders, "b", heartbeat_interval=0.1, heartbeat_timeout=5.0)
+        old, _ = await raw_auth(pod.ports["b"], pod.cfg, "a", "b")  # never reads nor writes
+        await wait_until(lambda: b.is_up("a"))
+        await start(pod, recorders, "a")
+        ra, rb = recorders["a"], recorders["b"]
+        await wait_until(lambda: ra.peers() == ["b"] and rb.peers() == ["a"])
+        await expect_closed(old)
+        await trio.sleep(0.3)
+        assert rb.closed == [] and ra.closed == [] and len(rb.opened) == 1
+        assert_ends_of_one_connection(ra.sock("b"), rb.sock("a"))
+
+
+async def test_a_data_channel_the_data_plane_refuses_or_cannot_have_is_one_info_line(
+        pod: Pod, recorders, caplog) -> None:
+    """The fast path is optional: a dialer whose data plane refuses the socket, or whose
+    peer takes no data channels, logs one INFO line and does not retry; the link works."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    with trio.fail_after(WATCHDOG):
+        a = await start(pod, recorders, "a", refuse=True)
+        b = await start(pod, recorders, "b")
+        c = await pod.start("c")  # no data_channels
+        await wait_until(lambda: a.is_up("b") and a.is_up("c"))
+        await wait_until(lambda: recorders["b"].peers() == ["a"])
+
+        def infos(what: str) -> list[str]:
+            return [m for r in caplog.records if r.levelno == logging.INFO
+                    and (m := r.getMessage()).startswith(f"fabric a: no data channel {what}")]
+        await wait_until(lambda: bool(infos("to b") and infos("to c")))
+        await trio.sleep(0.3)
+        [to_b], [to_c] = infos("to b"), infos("to c")
+        assert "the data plane refused it" in to_b
+        assert "connection closed during the handshake" in to_c
+        assert recorders["a"].opened == []
+        await a.send(0, 2, DW)
+        await a.send(1, 4, DW)
+        assert pod.got["b"] == [(0, 2, DW)] and pod.got["c"] == [(1, 4, DW)]
+        assert b.is_up("a") and c.is_up("a")
