@@ -386,7 +386,8 @@ async def run_node(
     server_tls, client_tls = tls_contexts(config, node_name)
     link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
                       on_request=on_request, ssl_context=server_tls,
-                      ssl_client_context=client_tls)
+                      ssl_client_context=client_tls,
+                      data_channels=data_plane if tracer is None else None)
     send, send_batch, request = link.send, link.send_batch, link.request
     request_soon: RequestSoonFn | None = link.request_soon
     if tracer is not None:

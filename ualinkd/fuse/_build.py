@@ -194,6 +194,7 @@ void ualinkd_dp_free(struct ualinkd_dp *dp);
 int ualinkd_dp_open(struct ualinkd_dp *dp, int fd, const uint16_t *accels, int naccels);
 void ualinkd_dp_close(struct ualinkd_dp *dp, int handle);
 void ualinkd_dp_flush(struct ualinkd_dp *dp);
+void ualinkd_dp_forget_file(struct ualinkd_dp *dp, uint64_t fh);
 void ualinkd_dp_route_import(struct ualinkd_dp *dp, uint64_t fh, uint64_t va_start,
                              uint64_t va_end, uint64_t npa_start, uint16_t src, uint16_t dst);
 void ualinkd_dp_route_export(struct ualinkd_dp *dp, uint16_t src, uint16_t dst,

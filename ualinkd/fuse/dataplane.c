@@ -679,6 +679,16 @@ static void ualinkd_dp_flush(struct ualinkd_dp *dp)
     pthread_mutex_unlock(&dp->lock);
 }
 
+/* File `fh` was released: its routes go (FUSE may give its number to a later open). */
+static void ualinkd_dp_forget_file(struct ualinkd_dp *dp, uint64_t fh)
+{
+    pthread_mutex_lock(&dp->lock);
+    for (unsigned i = 0; i < DP_IMPORT_ROUTES; i++)
+        if (dp->iroute[i].fh == fh)
+            dp->iroute[i].used = 0;
+    pthread_mutex_unlock(&dp->lock);
+}
+
 /* Reads of render-node file `fh` in [va_start, va_end) are loads of NPA `npa_start`
    onwards at accel `dst`, issued by accel `src`. */
 static void ualinkd_dp_route_import(struct ualinkd_dp *dp, uint64_t fh, uint64_t va_start,

@@ -103,6 +103,11 @@ class DataPlane:
         if self.pointer != ffi.NULL:
             lib.ualinkd_dp_flush(self.pointer)
 
+    def forget_file(self, fh: int) -> None:
+        """File `fh` was released: its routes go."""
+        if self.pointer != ffi.NULL:
+            lib.ualinkd_dp_forget_file(self.pointer, fh)
+
     def route_import(self, fh: int, va_start: int, va_end: int, npa_start: int, src: int,
                      dst: int) -> None:
         """Reads of file `fh` in [va_start, va_end) load NPA `npa_start` on at accel `dst`,

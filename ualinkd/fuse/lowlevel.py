@@ -730,7 +730,7 @@ def _op_flush(req: Any, ino: int, fi: Any) -> None:
 # The kernel ignores release errors: always 0.
 @_callback("release", _reply_ok, no_error_reply=True)
 def _release(s: FuseSession, req: Any, ino: int, fi: Any) -> None:
-    s.data_plane.flush()  # its routes name the file by fh, which may be reused
+    s.data_plane.forget_file(fi.fh)  # its routes name the file by fh
     s.ops.release(ino, fi.fh)
 
 
