@@ -259,7 +259,7 @@ async def test_a_data_channel_that_sends_before_auth_ok_is_refused_and_a_second_
     None of them probes or replaces the link (a silent one: a new link would drop it)."""
     caplog.set_level(logging.INFO, logger="ualinkd.fabric")
     with trio.fail_after(WATCHDOG):
-        b = await start(pod, recorders, "b", heartbeat_interval=0.05)
+        b = await start(pod, recorders, "b", heartbeat_interval=0.05, heartbeat_timeout=10.0)
         rb = recorders["b"]
         main, _ = await raw_auth(pod.ports["b"], pod.cfg, "a", "b")  # never answers a PING
         await wait_until(lambda: b.is_up("a"))
@@ -295,10 +295,12 @@ async def test_a_data_channel_waits_for_its_link_to_replace_a_silent_old_one(
     once the old one fails its liveness probe, and the data channel a dials as soon as its
     link is up belongs to the new link, not the old one (it would be closed with it)."""
     with trio.fail_after(WATCHDOG):
-        b = await start(pod, recorders, "b", heartbeat_interval=0.1, heartbeat_timeout=5.0)
+        # (handshakes of 5 s: the data channel's includes waiting out the probe, 0.2 s)
+        b = await start(pod, recorders, "b", heartbeat_interval=0.1, heartbeat_timeout=10.0,
+                        handshake_timeout=5.0)
         old, _ = await raw_auth(pod.ports["b"], pod.cfg, "a", "b")  # never reads nor writes
         await wait_until(lambda: b.is_up("a"))
-        await start(pod, recorders, "a")
+        await start(pod, recorders, "a", handshake_timeout=5.0)
         ra, rb = recorders["a"], recorders["b"]
         await wait_until(lambda: ra.peers() == ["b"] and rb.peers() == ["a"])
         await expect_closed(old)
