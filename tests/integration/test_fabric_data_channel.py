@@ -20,7 +20,7 @@ from test_fabric_link import Pod, _tls_kw, expect_closed, make_pod, raw_auth, re
 from ualinkd.fabric import auth
 from ualinkd.fabric import link as link_mod
 from ualinkd.fabric.link import FabricLink
-from ualinkd.fabric.wire import AuthOk, AuthProof, Channel, FrameDecoder, encode_frame
+from ualinkd.fabric.wire import AuthOk, AuthProof, Channel, FrameDecoder, Ping, encode_frame
 
 DW = (3, 0x1000, 0, 0)
 WATCHDOG = 20.0
@@ -36,6 +36,7 @@ class Recorder:
         self.live: dict[int, tuple[str, socket.socket, frozenset[int]]] = {}
         self.opened: list[tuple[int, str, frozenset[int]]] = []
         self.closed: list[int] = []
+        self.discarded = False
 
     def open(self, peer: str, fd: int, peer_accels: frozenset[int]) -> int | None:
         if self.refuse:
@@ -49,6 +50,8 @@ class Recorder:
         return handle
 
     def close(self, handle: int) -> None:
+        if self.discarded:  # (the test is over; its links are still stopping)
+            return
         _, sock, _ = self.live.pop(handle)  # KeyError: never opened, or closed twice
         sock.close()
         self.closed.append(handle)
@@ -61,6 +64,7 @@ class Recorder:
         return sorted(p for p, _, _ in self.live.values())
 
     def discard(self) -> None:
+        self.discarded = True
         for _, sock, _ in self.live.values():
             sock.close()
         self.live.clear()
@@ -149,6 +153,12 @@ async def test_each_link_gets_one_data_channel_whose_two_ends_meet(pod: Pod, rec
             assert r.closed == []
         for x, y in itertools.combinations("abc", 2):
             assert_ends_of_one_connection(recorders[x].sock(y), recorders[y].sock(x))
+            for n, p in ((x, y), (y, x)):  # both ends tuned as the link's own (link._tune)
+                link_sock = links[n]._conns[p].sock
+                assert link_sock is not None
+                for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                    assert recorders[n].sock(p).getsockopt(socket.SOL_SOCKET, opt) == \
+                        link_sock.getsockopt(socket.SOL_SOCKET, opt)
         await links["a"].send(0, 4, DW)  # the links themselves carry on as before
         await links["c"].send(5, 2, DW)
         assert pod.got["c"] == [(0, 4, DW)] and pod.got["b"] == [(5, 2, DW)]
@@ -253,7 +263,7 @@ async def test_a_data_channel_that_sends_before_auth_ok_is_refused_and_a_second_
     None of them probes or replaces the link (a silent one: a new link would drop it)."""
     caplog.set_level(logging.INFO, logger="ualinkd.fabric")
     with trio.fail_after(WATCHDOG):
-        b = await start(pod, recorders, "b", heartbeat_interval=0.05)
+        b = await start(pod, recorders, "b", heartbeat_interval=0.05, heartbeat_timeout=10.0)
         rb = recorders["b"]
         main, _ = await raw_auth(pod.ports["b"], pod.cfg, "a", "b")  # never answers a PING
         await wait_until(lambda: b.is_up("a"))
@@ -289,10 +299,12 @@ async def test_a_data_channel_waits_for_its_link_to_replace_a_silent_old_one(
     once the old one fails its liveness probe, and the data channel a dials as soon as its
     link is up belongs to the new link, not the old one (it would be closed with it)."""
     with trio.fail_after(WATCHDOG):
-        b = await start(pod, recorders, "b", heartbeat_interval=0.1, heartbeat_timeout=5.0)
+        # (handshakes of 5 s: the data channel's includes waiting out the probe, 0.2 s)
+        b = await start(pod, recorders, "b", heartbeat_interval=0.1, heartbeat_timeout=10.0,
+                        handshake_timeout=5.0)
         old, _ = await raw_auth(pod.ports["b"], pod.cfg, "a", "b")  # never reads nor writes
         await wait_until(lambda: b.is_up("a"))
-        await start(pod, recorders, "a")
+        await start(pod, recorders, "a", handshake_timeout=5.0)
         ra, rb = recorders["a"], recorders["b"]
         await wait_until(lambda: ra.peers() == ["b"] and rb.peers() == ["a"])
         await expect_closed(old)
@@ -326,3 +338,48 @@ async def test_a_data_channel_the_data_plane_refuses_or_cannot_have_is_one_info_
         await a.send(1, 4, DW)
         assert pod.got["b"] == [(0, 2, DW)] and pod.got["c"] == [(1, 4, DW)]
         assert b.is_up("a") and c.is_up("a")
+
+
+async def test_the_dialer_dials_its_data_channel_at_the_links_address_and_takes_no_bytes(
+        pod: Pod, recorders, caplog) -> None:
+    """Against a hand-driven listener b: once a's link to it is up, a dials the same address
+    again with a channel 1 HELLO; a data channel whose AUTH_OK came with more bytes is not
+    handed over (they could not be passed on), one INFO line, and a does not retry."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    nonces = auth.NonceCache()
+
+    async def answer(stream: trio.abc.Stream, extra: bytes) -> auth.ServerHandshake:
+        hs = auth.ServerHandshake(pod.cfg, "b", now=trio.current_time(), nonces=nonces)
+        dec = FrameDecoder()
+        while not hs.established:
+            out = hs.receive_frame(await read_frame(stream, dec), trio.current_time())
+            await stream.send_all(b"".join(encode_frame(f) for f in out)
+                                  + (extra if hs.established else b""))
+        return hs
+
+    with trio.fail_after(WATCHDOG):
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        a = await start(pod, recorders, "a")
+        a.set_peer_address("b", f"127.0.0.1:{port}")
+        main = await listeners[0].accept()
+        assert (await answer(main, b"")).channel is Channel.LINK
+        await wait_until(lambda: a.is_up("b"))
+        data = await listeners[0].accept()
+        assert (await answer(data, encode_frame(Ping(1)))).channel is Channel.DATA
+        await expect_closed(data)
+
+        def infos() -> list[str]:
+            return [m for r in caplog.records if r.levelno == logging.INFO
+                    and (m := r.getMessage()).startswith("fabric a: no data channel to b")]
+        await wait_until(lambda: bool(infos()))
+        with trio.move_on_after(0.3):  # no retry while the link is up
+            await listeners[0].accept()
+            raise AssertionError("a dialed again")
+        [line] = infos()
+        n = len(encode_frame(Ping(1)))
+        assert f"at 127.0.0.1:{port}: {n} bytes came with its AUTH_OK" in line
+        assert recorders["a"].opened == [] and a.is_up("b")
+        await main.aclose()
+        for lst in listeners:
+            await lst.aclose()

@@ -749,6 +749,7 @@ class FabricLink:
         if conn.down is not None or self._conns.get(conn.peer) is not conn:
             raise _LinkDown(f"a data channel from {conn.peer}: its link went down during "
                             "the handshake")
+        _tune(tcp, self.config.tcp_congestion)  # (this side sends the LOAD answers)
         if self._hand_over(conn, tcp):
             log.debug("fabric %s: data channel from %s (%s) handed over", self.node_name,
                       conn.peer, addr)
