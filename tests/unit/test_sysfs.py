@@ -361,8 +361,8 @@ def test_modes_debugfs_root_only_and_no_file_writable_by_others():
             assert mode & 0o022 == 0, (path, oct(mode))
             if item.write is None:
                 assert mode & 0o222 == 0, (path, oct(mode))
-    # dri/, per minor dir + files, ualink_fabric, cpu_map_grants
-    assert seen == 1 + 2 * (1 + len(DEBUGFS_FILES)) + 2
+    # dri/, per minor dir + files, ualink_fabric, ualink_data_plane, cpu_map_grants
+    assert seen == 1 + 2 * (1 + len(DEBUGFS_FILES)) + 3
 
 
 def test_debugfs_refuses_other_uids_at_every_step():
