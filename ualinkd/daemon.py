@@ -387,7 +387,10 @@ async def run_node(
     link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
                       on_request=on_request, ssl_context=server_tls,
                       ssl_client_context=client_tls,
-                      data_channels=data_plane if tracer is None else None)
+                      # (A traced node takes its data channels too, so its peers log no
+                      # refusals, but learns no routes: every load it serves or makes is
+                      # Python's, and recorded.)
+                      data_channels=data_plane)
     send, send_batch, request = link.send, link.send_batch, link.request
     request_soon: RequestSoonFn | None = link.request_soon
     if tracer is not None:

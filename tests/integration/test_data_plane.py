@@ -176,3 +176,35 @@ def test_a_tls_pod_has_no_data_channel_and_loads_go_through_the_link(tmp_path):
             for _ in range(5):
                 assert cb.gpu_read(VA_B, 4096) == pattern(4096)
         assert stats(b)["channels"] == 0 and stats(b)["fast_loads"] == 0
+
+
+def test_a_traced_exporter_records_every_load_it_serves_and_its_peer_logs_no_refusal(tmp_path):
+    """A pod where only the exporter runs with --trace=json: it takes the data channel (so
+    its peer logs no refusal) but learns no routes, so every LOAD it serves is Python's and
+    is in its trace (the fabric's "recv" records); B's loads are right all along."""
+    from nodes import start_node, wait_links_up
+
+    config = pod_config(2)
+    a = start_node(tmp_path, config, "node0", trace="json")
+    try:
+        b = start_node(tmp_path, config, "node1")
+        try:
+            wait_links_up(a)
+            wait_links_up(b)
+            assert wait_until(lambda: stats(a)["channels"] == 1 and stats(b)["channels"] == 1)
+            with Client(a.render()) as ca, Client(b.render()) as cb:
+                bo, _, _ = share(ca, cb, MIB)
+                ca.va_map(bo, VA_A, MIB)
+                assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+                for _ in range(10):
+                    assert cb.gpu_read(VA_B, 4096) == pattern(4096)
+            assert stats(a)["served"] == 0 and stats(b)["fast_loads"] == 0
+            assert "refused" not in b.log_text() and "refused" not in a.log_text()
+        finally:
+            b.close()
+    finally:
+        a.close()
+    served = [r for r in map(json.loads, a.out.read_text().splitlines())
+              if r.get("type") == "fabric" and r.get("message") == "LOAD"
+              and r.get("direction") == "recv"]
+    assert len(served) >= 10, a.out.read_text()[-3000:]
