@@ -360,6 +360,7 @@ async def run_node(
         assert agent is not None
         return agent.on_message(src, dst, dwords)
 
+    server_tls, client_tls = tls_contexts(config, node_name)
     # Created before the link: its data plane takes the link's data channels.
     session = FuseSession(FileTree(core, mount))
     data_plane = session.data_plane
@@ -383,7 +384,6 @@ async def run_node(
         # the same callables, traced (mypy tells a def's type from a Callable's)
         on_message, on_request = _trace_receives(  # type: ignore[assignment]
             tracer, config, node_name, on_message, on_request)
-    server_tls, client_tls = tls_contexts(config, node_name)
     link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
                       on_request=on_request, ssl_context=server_tls,
                       ssl_client_context=client_tls,
@@ -406,7 +406,11 @@ async def run_node(
     # mountinfo names the mount point by its real path; resolve it before mounting (after,
     # the last lstat would ask our own FUSE server, which is not serving yet).
     real_mount = os.path.realpath(mount)
-    session.mount(mount)
+    try:
+        session.mount(mount)
+    except BaseException:
+        session.close()  # (its data plane listens to translation changes until closed)
+        raise
     # Caller ranges that map files of this mount are refused (faulting them in would ask us).
     caller_memory.own_dev = mount_device(real_mount)
     if caller_memory.own_dev is None:
