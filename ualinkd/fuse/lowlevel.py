@@ -383,6 +383,11 @@ class FuseSession:
             self._tasks -= 1
             if key:
                 del self._interruptible[key]  # before any await: req's address may be reused
+        if not self._tasks and not self._completing and self._fd >= 0:
+            # Its caller's next request (an import's token open) comes some 10-40 µs after
+            # this answer: the C loop waits for it (LINGER_NS) rather than trio, as it
+            # does after an answer it gave itself (_ualinkd_drain).
+            self._drain()
 
     def _complete(self, req: Any, op: str, c: Completion[Any], finish: Reply,
                   args: tuple[Any, ...]) -> None:
