@@ -167,3 +167,15 @@ def test_a_peer_that_does_not_read_its_answers_is_dropped_not_buffered_forever(
     except ConnectionResetError:
         pass
     assert drained < (8 << 20) + (16 << 20), drained  # then EOF: dropped
+
+
+def test_a_load_of_no_bytes_is_python_s_to_answer(plane: DataPlane,
+                                                   channel: socket.socket) -> None:
+    """A LOAD of 0 bytes checks no route: the exporter's Python refuses one at an NPA it
+    does not map (UalinkManager._resolve_npa: EFAULT) and serves one it maps, so the C
+    answers every such LOAD DP_FALLBACK rather than success, wherever it points."""
+    chunk = bytearray(4096)
+    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA, 4096, chunk, 0)
+    assert load(channel, 1, NPA + (1 << 40), 0) == (1, FALLBACK, b"")  # no route there
+    assert load(channel, 2, NPA, 0) == (2, FALLBACK, b"")
+    assert load(channel, 3, NPA, 4) == (3, 0, bytes(4))  # (the channel serves on)

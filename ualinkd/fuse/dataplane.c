@@ -271,7 +271,8 @@ static void dp_serve(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f
     pthread_mutex_lock(&dp->lock);
     /* A LOAD claims its source accel: only the peer's own accels' routes answer it. Its
        range may span routes (BO chunks): piece by piece, each a route's. */
-    if (src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))) && length <= DP_FAST_MAX) {
+    if (src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))) && length > 0
+            && length <= DP_FAST_MAX) {  /* (0 bytes: no route is looked at, Python decides) */
         uint32_t done = 0;
         while (done < length) {
             uint64_t at = npa + done;
