@@ -81,7 +81,7 @@ struct dp_channel {
 
 struct dp_import_route {
     uint64_t fh, va_start, va_end, npa_start;
-    uint32_t gen;
+    uint64_t gen;
     uint16_t src, dst;
     int used;
 };
@@ -90,7 +90,8 @@ struct dp_export_route {
     uint64_t npa_start, fd_off;
     const char *mem;                          /* NULL: in `fd` at fd_off, or zeros (fd < 0) */
     int fd;
-    uint32_t len, gen;
+    uint32_t len;
+    uint64_t gen;
     uint16_t src, dst;
     int used;
 };
@@ -102,7 +103,9 @@ struct ualinkd_dp {
     int epfd, wakefd, notifyfd, running, stop;
     pthread_t thread;
     pthread_mutex_t lock;                     /* routes, gen, channel states, queues */
-    uint32_t gen;
+    uint64_t gen;                             /* a route of another gen is gone: 64 bits, so
+                                                 it never comes round again (32 bits did,
+                                                 after 2^32 flushes: a freed chunk's route) */
     struct dp_channel ch[DP_CHANNELS];
     int16_t accel_chan[DP_ACCELS];
     struct dp_import_route iroute[DP_IMPORT_ROUTES];
