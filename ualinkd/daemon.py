@@ -388,6 +388,7 @@ async def run_node(
                       on_request=on_request, ssl_context=server_tls,
                       ssl_client_context=client_tls,
                       data_channels=data_plane if tracer is None else None)
+    data_plane.set_timeout(link.ack_timeout)  # a carried load's deadline: the link's
     send, send_batch, request = link.send, link.send_batch, link.request
     request_soon: RequestSoonFn | None = link.request_soon
     if tracer is not None:
