@@ -257,6 +257,11 @@ static void dp_flush_out(struct ualinkd_dp *dp, struct dp_channel *ch)
             dp_break(dp, ch, why);
         }
     }
+    if (!ch->out_len && ch->out_cap > 65536) {  /* a backlog's memory goes with it */
+        free(ch->out);
+        ch->out = NULL;
+        ch->out_cap = 0;
+    }
     if (ch->state == DP_OPEN && !ch->out_len && ch->want_out) {
         struct epoll_event ev = { EPOLLIN, { .u32 = (uint32_t)(ch - dp->ch) } };
         ch->want_out = 0;
@@ -462,6 +467,9 @@ static void dp_reap(struct ualinkd_dp *dp)
         ch->npend = 0;
         ch->inflight_bytes = 0;
         ch->out_len = 0;
+        free(ch->out);  /* (up to DP_OUT_MAX, for a slot that may stay free) */
+        ch->out = NULL;
+        ch->out_cap = 0;
         ch->in_len = 0;
         ch->want_out = 0;
         if (ch->state == DP_CLOSING) {
