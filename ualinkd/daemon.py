@@ -391,6 +391,7 @@ async def run_node(
                       # refusals, but learns no routes: every load it serves or makes is
                       # Python's, and recorded.)
                       data_channels=data_plane)
+    data_plane.set_timeout(link.ack_timeout)  # a carried load's deadline: the link's
     send, send_batch, request = link.send, link.send_batch, link.request
     request_soon: RequestSoonFn | None = link.request_soon
     if tracer is not None:

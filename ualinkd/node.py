@@ -393,6 +393,14 @@ class NodeCore:
         return (m.start, m.end, npa_byte_address(bo.npa, m.offset),
                 self.managers[bo.device.minor].accel_id, bo.npa[0])
 
+    def gpu_read_expired(self, drm_file: object) -> None:
+        """A load the data plane carried was not answered in time: the fault gpu_load
+        counts when a remote piece's LOAD expires on the link (access._short)."""
+        assert isinstance(drm_file, DrmFile)
+        driver = drm_file.device.driver
+        assert isinstance(driver, AmdgpuDriver)
+        driver.count_gpu_fault()
+
     def gpu_write(
         self, drm_file: object, va: int, data: bytes, caller: Caller
     ) -> int | Awaitable[int]:

@@ -208,3 +208,50 @@ def test_a_traced_exporter_records_every_load_it_serves_and_its_peer_logs_no_ref
               if r.get("type") == "fabric" and r.get("message") == "LOAD"
               and r.get("direction") == "recv"]
     assert len(served) >= 10, a.out.read_text()[-3000:]
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["data-plane", "link-only"])
+def test_a_load_answered_after_the_links_deadline_faults_as_on_the_link(tmp_path, tls):
+    """A LOAD on the link has the pod's send_ack_timeout_ms to be answered, then the load
+    faults (EFAULT, gpu_faults counts it: policy 7, 10): the TLS pod, whose loads all go
+    through the link, shows it. A load the data plane carries has the same deadline: the
+    exporter stopped (SIGSTOP) past it and resumed within the heartbeat timeout (the link
+    stays up), B's load faults; it did not when the data plane waited its own 1 s and then
+    asked again on the link."""
+    import threading
+
+    from nodes import tls_pod_config
+
+    config = pod_config(2, response_ms=250)
+    with running_pod(tmp_path, config=tls_pod_config(tmp_path, config) if tls
+                     else config) as (a, b):
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            bo, _, _ = share(ca, cb, MIB)
+            ca.va_map(bo, VA_A, MIB)
+            assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+            if tls:
+                assert cb.gpu_read(VA_B, 4096) == pattern(4096)
+            else:
+                loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
+            faults = int(b.debug(128, "gpu_faults"))
+            fast = stats(b)["fast_loads"]
+            got: list[bytes | int] = []
+
+            def read() -> None:
+                try:
+                    got.append(cb.gpu_read(VA_B, 4096))
+                except OSError as e:
+                    got.append(e.errno)
+            a.proc.send_signal(signal.SIGSTOP)
+            try:
+                t = threading.Thread(target=read, daemon=True)
+                t.start()
+                time.sleep(0.8)  # past the 250 ms deadline, well within the 5 s heartbeat's
+            finally:
+                a.proc.send_signal(signal.SIGCONT)
+            t.join(10)  # watchdog
+            assert got == [errno.EFAULT], str(got)[:80]
+            assert int(b.debug(128, "gpu_faults")) == faults + 1
+            assert stats(b)["fast_loads"] == fast
+            assert cb.gpu_read(VA_B, 4096) == pattern(4096)  # (the link is still up)
+            assert "unexpected exception" not in b.log_text()

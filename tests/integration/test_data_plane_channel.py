@@ -6,6 +6,7 @@ log line, while the others are served."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import select
@@ -167,3 +168,54 @@ def test_a_peer_that_does_not_read_its_answers_is_dropped_not_buffered_forever(
     except ConnectionResetError:
         pass
     assert drained < (8 << 20) + (16 << 20), drained  # then EOF: dropped
+
+
+def test_a_load_of_no_bytes_is_python_s_to_answer(plane: DataPlane,
+                                                   channel: socket.socket) -> None:
+    """A LOAD of 0 bytes checks no route: the exporter's Python refuses one at an NPA it
+    does not map (UalinkManager._resolve_npa: EFAULT) and serves one it maps, so the C
+    answers every such LOAD DP_FALLBACK rather than success, wherever it points."""
+    chunk = bytearray(4096)
+    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA, 4096, chunk, 0)
+    assert load(channel, 1, NPA + (1 << 40), 0) == (1, FALLBACK, b"")  # no route there
+    assert load(channel, 2, NPA, 0) == (2, FALLBACK, b"")
+    assert load(channel, 3, NPA, 4) == (3, 0, bytes(4))  # (the channel serves on)
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _malloced() -> int:
+    """Bytes this process holds from malloc, in every arena and mmapped (glibc's
+    mallinfo2): what a buffer of the C thread's costs, whether or not free() gave the
+    pages back to the system."""
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = _Mallinfo2
+    info = libc.mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+def test_answers_held_for_a_slow_peer_are_let_go_once_it_has_them(
+        plane: DataPlane, channel: socket.socket) -> None:
+    """6 MiB of answers queued for a peer that reads nothing for a while (under the 8 MiB
+    that drops it): once it has read them all, the channel's queue gives its memory back
+    (a data plane has 64 channels: 8 MiB kept by each would be 512 MiB for good)."""
+    chunk = bytearray(b"q" * FAST_MAX)
+    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA, FAST_MAX, chunk, 0)
+    n = 96  # 6 MiB of answers
+    before = _malloced()
+    frame = LOAD.pack(LOAD.size - 4, FrameType.LOAD, 1, PEER_ACCEL, OUR_ACCEL, NPA, FAST_MAX, 0)
+    channel.sendall(frame * n)
+    deadline = time.monotonic() + 10
+    while plane.stats()["served"] < n:
+        assert time.monotonic() < deadline, plane.stats()
+        time.sleep(0.01)
+    held = _malloced() - before
+    assert held > 3 << 20, held  # (beyond what the socket buffers took)
+    for _ in range(n):
+        assert answer(channel)[1:] == (0, bytes(chunk))
+    assert load(channel, 2, NPA, 4) == (2, 0, b"qqqq")  # (served on after it)
+    assert _malloced() - before < 2 << 20, (held, _malloced() - before)

@@ -155,6 +155,9 @@ class FakeBackend:
                        size: int) -> tuple[int, int, int, int, int] | None:
         return None  # no fabric here: nothing for the data plane
 
+    def gpu_read_expired(self, drm_file: object) -> None:
+        raise AssertionError("no data plane load here")
+
     def gpu_write(self, drm_file: object, va: int, data: bytes, caller: Caller) -> int:
         self.gpu.append(("write", va, data))
         return len(data)

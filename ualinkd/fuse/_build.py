@@ -186,13 +186,14 @@ size_t fuse_add_direntry(fuse_req_t req, char *buf, size_t bufsize, const char *
 
 /* The data plane's fast path (fuse/dataplane.c). */
 struct ualinkd_dp;
-struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; };
+struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired; };
 struct ualinkd_dp *ualinkd_dp_new(void);
 int ualinkd_dp_start(struct ualinkd_dp *dp);
 void ualinkd_dp_stop(struct ualinkd_dp *dp, int err);
 void ualinkd_dp_free(struct ualinkd_dp *dp);
 int ualinkd_dp_open(struct ualinkd_dp *dp, int fd, const uint16_t *accels, int naccels);
 void ualinkd_dp_close(struct ualinkd_dp *dp, int handle);
+void ualinkd_dp_set_timeout(struct ualinkd_dp *dp, int64_t ns);
 void ualinkd_dp_flush(struct ualinkd_dp *dp);
 void ualinkd_dp_forget_file(struct ualinkd_dp *dp, uint64_t fh);
 void ualinkd_dp_route_import(struct ualinkd_dp *dp, uint64_t fh, uint64_t va_start,

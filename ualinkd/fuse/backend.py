@@ -73,6 +73,12 @@ class NodeBackend(Protocol):
         the start, issuing accel, exporting accel), or None."""
         ...
 
+    def gpu_read_expired(self, drm_file: object) -> None:
+        """A load the data plane carried on such a route got no answer within the link's
+        deadline: a GPU page fault, counted as the link's own expired LOAD is (policy 10);
+        the read is answered EFAULT."""
+        ...
+
     def gpu_write(
         self, drm_file: object, va: int, data: bytes, caller: Caller
     ) -> int | Awaitable[int] | Completion[int]:

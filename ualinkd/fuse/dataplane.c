@@ -18,8 +18,10 @@
  *    the thread.
  *  - Everything else goes the way it went before, through Python and the link: a read
  *    with no route, a LOAD with no route (answered DP_FALLBACK, so the importer asks
- *    again on the link), any DATA that is not a whole answer, a load not answered within
- *    DP_TIMEOUT_NS, every load of a channel that goes down. Python decides every fault
+ *    again on the link), any DATA that is not a whole answer, every load of a channel that
+ *    goes down; and a load not answered within the link's deadline (its ack_timeout,
+ *    ualinkd_dp_set_timeout), handed back marked expired: Python faults it as the link
+ *    faults a LOAD it got no answer to in time. Python decides every fault
  *    and every refusal, with its logging: the C code only repeats what Python already
  *    served.
  * Routes are caches. ualinkd_dp_flush() drops them all (amdgpu/translation.py calls it
@@ -41,7 +43,7 @@
 #define DP_INFLIGHT 64            /* loads outstanding on one channel */
 #define DP_INFLIGHT_BYTES (1u << 20)
 #define DP_OUT_MAX (8u << 20)     /* bytes queued for a peer that does not read: dropped */
-#define DP_TIMEOUT_NS 1000000000LL
+#define DP_TIMEOUT_NS 2000000000LL  /* until ualinkd_dp_set_timeout: the link's default */
 #define DP_IMPORT_ROUTES 64
 #define DP_EXPORT_ROUTES 256
 #define DP_FALLBACK (-EAGAIN)     /* DATA status: not served here, ask on the link */
@@ -81,7 +83,7 @@ struct dp_channel {
 
 struct dp_import_route {
     uint64_t fh, va_start, va_end, npa_start;
-    uint32_t gen;
+    uint64_t gen;
     uint16_t src, dst;
     int used;
 };
@@ -90,19 +92,24 @@ struct dp_export_route {
     uint64_t npa_start, fd_off;
     const char *mem;                          /* NULL: in `fd` at fd_off, or zeros (fd < 0) */
     int fd;
-    uint32_t len, gen;
+    uint32_t len;
+    uint64_t gen;
     uint16_t src, dst;
     int used;
 };
 
-struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; };
+/* expired: no answer came within the deadline (Python faults it), else Python serves it. */
+struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired; };
 struct dp_event { int handle; char why[160]; };
 
 struct ualinkd_dp {
     int epfd, wakefd, notifyfd, running, stop;
+    int64_t timeout_ns;                       /* a load's deadline after it is sent */
     pthread_t thread;
     pthread_mutex_t lock;                     /* routes, gen, channel states, queues */
-    uint32_t gen;
+    uint64_t gen;                             /* a route of another gen is gone: 64 bits, so
+                                                 it never comes round again (32 bits did,
+                                                 after 2^32 flushes: a freed chunk's route) */
     struct dp_channel ch[DP_CHANNELS];
     int16_t accel_chan[DP_ACCELS];
     struct dp_import_route iroute[DP_IMPORT_ROUTES];
@@ -150,8 +157,8 @@ static void dp_event(struct ualinkd_dp *dp, int handle, const char *why)
     dp_wake(dp->notifyfd);
 }
 
-/* A load Python serves after all. [dp->lock held] */
-static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p)
+/* A load Python serves after all, or faults (`expired`). [dp->lock held] */
+static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p, int expired)
 {
     if (dp->nfb == dp->capfb) {
         size_t cap = dp->capfb ? dp->capfb * 2 : 64;
@@ -170,6 +177,7 @@ static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p)
     dp->fb[dp->nfb].off = p->off;
     dp->fb[dp->nfb].fh = p->fh;
     dp->fb[dp->nfb].unique = p->unique;
+    dp->fb[dp->nfb].expired = expired;
     dp->nfb++;
     dp->fallbacks++;
     dp_wake(dp->notifyfd);
@@ -249,6 +257,11 @@ static void dp_flush_out(struct ualinkd_dp *dp, struct dp_channel *ch)
             dp_break(dp, ch, why);
         }
     }
+    if (!ch->out_len && ch->out_cap > 65536) {  /* a backlog's memory goes with it */
+        free(ch->out);
+        ch->out = NULL;
+        ch->out_cap = 0;
+    }
     if (ch->state == DP_OPEN && !ch->out_len && ch->want_out) {
         struct epoll_event ev = { EPOLLIN, { .u32 = (uint32_t)(ch - dp->ch) } };
         ch->want_out = 0;
@@ -271,7 +284,8 @@ static void dp_serve(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f
     pthread_mutex_lock(&dp->lock);
     /* A LOAD claims its source accel: only the peer's own accels' routes answer it. Its
        range may span routes (BO chunks): piece by piece, each a route's. */
-    if (src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))) && length <= DP_FAST_MAX) {
+    if (src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))) && length > 0
+            && length <= DP_FAST_MAX) {  /* (0 bytes: no route is looked at, Python decides) */
         uint32_t done = 0;
         while (done < length) {
             uint64_t at = npa + done;
@@ -344,7 +358,7 @@ static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char
         return;
     }
     pthread_mutex_lock(&dp->lock);
-    dp_fall_back(dp, &p);
+    dp_fall_back(dp, &p, 0);
     pthread_mutex_unlock(&dp->lock);
 }
 
@@ -395,9 +409,12 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
     }
 }
 
-/* Loads not answered in time go to Python. [thread] */
-static void dp_expire(struct ualinkd_dp *dp, int64_t now)
+/* Loads not answered by their deadline go to Python, to fault. Returns the ms until the
+   next deadline (at most 100, the thread's idle wake-up). [thread] */
+static int dp_expire(struct ualinkd_dp *dp, int64_t now)
 {
+    int64_t next = now + 100000000LL;
+
     for (int c = 0; c < DP_CHANNELS; c++) {
         struct dp_channel *ch = &dp->ch[c];
         if (ch->state == DP_FREE || ch->npend == 0)
@@ -406,16 +423,21 @@ static void dp_expire(struct ualinkd_dp *dp, int64_t now)
         pthread_mutex_lock(&ch->lock);
         for (int i = 0; i < DP_INFLIGHT; i++) {
             struct dp_pending *p = &ch->pend[i];
-            if (p->used && now - p->started > DP_TIMEOUT_NS) {
+            if (!p->used)
+                continue;
+            if (now - p->started >= dp->timeout_ns) {
                 p->used = 0;
                 ch->npend--;
                 ch->inflight_bytes -= p->size;
-                dp_fall_back(dp, p);
+                dp_fall_back(dp, p, 1);
+            } else if (p->started + dp->timeout_ns < next) {
+                next = p->started + dp->timeout_ns;
             }
         }
         pthread_mutex_unlock(&ch->lock);
         pthread_mutex_unlock(&dp->lock);
     }
+    return (int)((next - now + 999999) / 1000000);
 }
 
 /* A broken or closed channel: its loads go to Python, its fd is closed; a closed one's
@@ -439,12 +461,15 @@ static void dp_reap(struct ualinkd_dp *dp)
         for (int i = 0; i < DP_INFLIGHT; i++) {
             if (ch->pend[i].used) {
                 ch->pend[i].used = 0;
-                dp_fall_back(dp, &ch->pend[i]);
+                dp_fall_back(dp, &ch->pend[i], 0);
             }
         }
         ch->npend = 0;
         ch->inflight_bytes = 0;
         ch->out_len = 0;
+        free(ch->out);  /* (up to DP_OUT_MAX, for a slot that may stay free) */
+        ch->out = NULL;
+        ch->out_cap = 0;
         ch->in_len = 0;
         ch->want_out = 0;
         if (ch->state == DP_CLOSING) {
@@ -460,9 +485,10 @@ static void *dp_main(void *arg)
 {
     struct ualinkd_dp *dp = arg;
     struct epoll_event evs[16];
+    int wait_ms = 100;
 
     while (!dp->stop) {
-        int n = epoll_wait(dp->epfd, evs, 16, 100);
+        int n = epoll_wait(dp->epfd, evs, 16, wait_ms);
         for (int i = 0; i < n; i++) {
             uint32_t c = evs[i].data.u32;
             if (c == UINT32_MAX) {
@@ -479,7 +505,7 @@ static void *dp_main(void *arg)
                 dp_receive(dp, &dp->ch[c]);
         }
         dp_reap(dp);
-        dp_expire(dp, dp_now());
+        wait_ms = dp_expire(dp, dp_now());
     }
     return NULL;
 }
@@ -499,6 +525,7 @@ static struct ualinkd_dp *ualinkd_dp_new(void)
     for (int a = 0; a < DP_ACCELS; a++)
         dp->accel_chan[a] = -1;
     dp->epfd = dp->wakefd = dp->notifyfd = -1;
+    dp->timeout_ns = DP_TIMEOUT_NS;
     return dp;
 }
 
@@ -670,6 +697,15 @@ static void ualinkd_dp_close(struct ualinkd_dp *dp, int handle)
     pthread_mutex_unlock(&dp->lock);
 }
 
+/* A load's deadline: the link's (its ack_timeout), so that one carried here faults when
+   one on the link would. */
+static void ualinkd_dp_set_timeout(struct ualinkd_dp *dp, int64_t ns)
+{
+    pthread_mutex_lock(&dp->lock);
+    dp->timeout_ns = ns > 0 ? ns : 1;
+    pthread_mutex_unlock(&dp->lock);
+}
+
 /* Every route goes (a translation changed somewhere). Returns once no LOAD is being copied
    through an old one. */
 static void ualinkd_dp_flush(struct ualinkd_dp *dp)
@@ -814,6 +850,8 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
     p->used = 1;
     ch->npend++;
     ch->inflight_bytes += (uint32_t)size;
+    if (dp->timeout_ns < 100000000LL)
+        dp_wake(dp->wakefd);  /* (the thread may sleep 100 ms: past this load's deadline) */
     pthread_mutex_unlock(&ch->lock);
     return 0;
 }

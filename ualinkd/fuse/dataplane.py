@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 FAST_MAX = lib.DP_FAST_MAX  # the largest load the C carries
 _FALLBACKS_PER_TAKE = 256
 
-Fallback = tuple[Any, int, int, int, int, int]  # (req, ino, size, off, fh, unique)
+# (req, ino, size, off, fh, unique, expired: no answer within the deadline, to fault)
+Fallback = tuple[Any, int, int, int, int, int, bool]
 
 
 class DataPlane:
@@ -75,6 +76,12 @@ class DataPlane:
             lib.ualinkd_dp_free(self.pointer)
             self.pointer = ffi.NULL
         self.notify_fd = -1
+
+    def set_timeout(self, seconds: float) -> None:
+        """A load's deadline once sent: the link's ack_timeout, so that a load carried here
+        faults when the same LOAD on the link would (the pod's send_ack_timeout_ms)."""
+        if self.pointer != ffi.NULL:
+            lib.ualinkd_dp_set_timeout(self.pointer, max(1, int(seconds * 1e9)))
 
     # -- fabric/link.py's DataChannels ---------------------------------------------------
     def open(self, peer: str, fd: int, peer_accels: Collection[int]) -> int | None:
@@ -138,7 +145,7 @@ class DataPlane:
         while True:
             n = lib.ualinkd_dp_take_fallbacks(self.pointer, self._fallbacks,
                                               _FALLBACKS_PER_TAKE)
-            out += [(f.req, f.ino, f.size, f.off, f.fh, f.unique)
+            out += [(f.req, f.ino, f.size, f.off, f.fh, f.unique, bool(f.expired))
                     for f in self._fallbacks[0:n]]
             if n < _FALLBACKS_PER_TAKE:
                 return out

@@ -115,6 +115,7 @@ class Operations(Protocol):
     ) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]: ...
     def read_route(self, fh: int, off: int,
                    size: int) -> tuple[int, int, int, int, int] | None: ...
+    def read_expired(self, fh: int) -> None: ...
     def write(
         self, ino: int, fh: int, off: int, data: bytes, caller: Caller
     ) -> int | Awaitable[int] | Completion[int]: ...
@@ -295,8 +296,9 @@ class FuseSession:
 
     async def _serve_handed_back(self) -> None:
         """The reads the data plane's thread handed back (no route at the exporter, a
-        partial or late answer, a channel that went down): Python serves them, as if the
-        read had just come in."""
+        partial answer, a channel that went down): Python serves them, as if the read had
+        just come in; one that got no answer within the link's deadline faults, as the same
+        LOAD on the link does (its GPU fault counted: ops.read_expired)."""
         global _active
         dp = self.data_plane
         while dp.running:
@@ -311,7 +313,14 @@ class FuseSession:
                     lib.fuse_reply_none(req)
                 continue
             _active = self
-            for req, ino, size, off, fh, unique in handed:
+            for req, ino, size, off, fh, unique, expired in handed:
+                if expired:
+                    try:
+                        self.ops.read_expired(fh)
+                    except Exception as e:
+                        self._bug(None, "read (expired)", e)
+                    lib.fuse_reply_err(req, errno.EFAULT)
+                    continue
                 self._unique = unique
                 try:
                     _read(req, ino, size, off, fh)

@@ -408,6 +408,13 @@ class FileTree:
         drm_file = self._render_fh.get(fh)
         return None if drm_file is None else self.backend.gpu_read_route(drm_file, off, size)
 
+    def read_expired(self, fh: int) -> None:
+        """A read the data plane carried got no answer in time: it faults
+        (Backend.gpu_read_expired)."""
+        drm_file = self._render_fh.get(fh)
+        if drm_file is not None:
+            self.backend.gpu_read_expired(drm_file)
+
     def write(
         self, ino: int, fh: int, off: int, data: bytes, caller: Caller
     ) -> int | Awaitable[int] | Completion[int]:
