@@ -30,6 +30,15 @@ def pattern(n: int, seed: int = 0) -> bytes:
     return bytes((i * 7 + seed) & 0xFF for i in range(n))
 
 
+def shared(ca: Client, cb: Client) -> int:
+    """A's 1 MiB BO, mapped at VA_A with pattern(4096) written at its start, imported by B
+    and mapped at VA_B; A's GEM handle."""
+    bo, _, _ = share(ca, cb, MIB)
+    ca.va_map(bo, VA_A, MIB)
+    assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+    return bo
+
+
 def loads_carried(a, b, ca: Client, cb: Client, va_a: int, va_b: int, n: int) -> None:
     """Loads of B until the data plane carries them (the first of a mapping is Python's)."""
     def carried() -> bool:
@@ -69,9 +78,7 @@ def test_a_write_after_the_route_was_learnt_is_what_the_next_load_reads(tmp_path
     gives it memory: every route is dropped), is what B's next load returns."""
     with running_pod(tmp_path, config=pod_config(2)) as (a, b):
         with Client(a.render()) as ca, Client(b.render()) as cb:
-            bo, _, _ = share(ca, cb, MIB)
-            ca.va_map(bo, VA_A, MIB)
-            assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+            shared(ca, cb)
             loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
             assert cb.gpu_read(VA_B + 7 * CHUNK, 4096) == bytes(4096)  # never written
             assert cb.gpu_read(VA_B + 7 * CHUNK, 4096) == bytes(4096)
@@ -122,9 +129,7 @@ def test_a_vanished_exporter_faults_the_loads_and_the_importer_serves_on(tmp_pat
     requests are served."""
     with running_pod(tmp_path, config=pod_config(2)) as (a, b):
         with Client(a.render()) as ca, Client(b.render()) as cb:
-            bo, _, _ = share(ca, cb, MIB)
-            ca.va_map(bo, VA_A, MIB)
-            assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+            shared(ca, cb)
             loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
             a.proc.send_signal(signal.SIGKILL)
             a.proc.wait(10)
@@ -147,9 +152,7 @@ def test_a_recording_sees_every_load_while_it_is_attached(tmp_path):
     out = tmp_path / "rec.jsonl"
     with running_pod(tmp_path, config=pod_config(2)) as (a, b):
         with Client(a.render()) as ca, Client(b.render()) as cb:
-            bo, _, _ = share(ca, cb, MIB)
-            ca.va_map(bo, VA_A, MIB)
-            assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+            shared(ca, cb)
             loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
             with recording([b.mount], out):
                 for i in range(5):
@@ -170,9 +173,7 @@ def test_a_tls_pod_has_no_data_channel_and_loads_go_through_the_link(tmp_path):
     config = tls_pod_config(tmp_path, pod_config(2))
     with running_pod(tmp_path, config=config) as (a, b):
         with Client(a.render()) as ca, Client(b.render()) as cb:
-            bo, _, _ = share(ca, cb, MIB)
-            ca.va_map(bo, VA_A, MIB)
-            assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+            shared(ca, cb)
             for _ in range(5):
                 assert cb.gpu_read(VA_B, 4096) == pattern(4096)
         assert stats(b)["channels"] == 0 and stats(b)["fast_loads"] == 0
@@ -193,9 +194,7 @@ def test_a_traced_exporter_records_every_load_it_serves_and_its_peer_logs_no_ref
             wait_links_up(b)
             assert wait_until(lambda: stats(a)["channels"] == 1 and stats(b)["channels"] == 1)
             with Client(a.render()) as ca, Client(b.render()) as cb:
-                bo, _, _ = share(ca, cb, MIB)
-                ca.va_map(bo, VA_A, MIB)
-                assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+                shared(ca, cb)
                 for _ in range(10):
                     assert cb.gpu_read(VA_B, 4096) == pattern(4096)
             assert stats(a)["served"] == 0 and stats(b)["fast_loads"] == 0
@@ -226,9 +225,7 @@ def test_a_load_answered_after_the_links_deadline_faults_as_on_the_link(tmp_path
     with running_pod(tmp_path, config=tls_pod_config(tmp_path, config) if tls
                      else config) as (a, b):
         with Client(a.render()) as ca, Client(b.render()) as cb:
-            bo, _, _ = share(ca, cb, MIB)
-            ca.va_map(bo, VA_A, MIB)
-            assert ca.gpu_write(VA_A, pattern(4096)) == 4096
+            shared(ca, cb)
             if tls:
                 assert cb.gpu_read(VA_B, 4096) == pattern(4096)
             else:
