@@ -171,7 +171,6 @@ class BoMemory:
             c[o : o + k] = mv[pos : pos + k]
             pos += k
 
-
     def backing(self, offset: int, n: int) -> list[tuple[int, int, bytearray | int | None]]:
         """Where the bytes of [offset, offset + n) live, whole chunks at a time, for a
         reader outside Python (the data plane, fuse/dataplane.c): (offset of the chunk,
