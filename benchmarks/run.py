@@ -510,6 +510,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "load_4k_ns": pick("load_4k", "median_ns"),
             "load_1m_ns": pick("load_1m", "median_ns"),
         },
+        # the share of the loads fuse/dataplane.c carried (0 for 1 MiB: it carries ≤ 64 KiB)
+        "data_plane_share": {k: pick(k, "data_plane_share") for k in ("load_4k", "load_1m")},
         "server_cost": {k: {f: pick(k, f)["median"] for f in (
             "server_cpu_ns_per_op", "server_wait_ns_per_op", "server_switches_per_op")}
             for k in SERVED},
@@ -559,6 +561,8 @@ def table(result: dict[str, Any]) -> list[str]:
                   f"{'    PRIME_FD_TO_HANDLE':<{w}}"
                   f"{spread(g['first_import_fd_to_handle_ns'], 1e3):>26}",
                   f"{'  4 KiB remote GPU load':<{w}}{spread(g['load_4k_ns'], 1e3):>26}",
+                  f"{'    share the C data plane carried ²':<{w}}"
+                  f"{spread(p['data_plane_share']['load_4k'], 0.01, '{:.0f}%'):>26}",
                   f"{'  1 MiB remote GPU load':<{w}}{spread(g['load_1m_ns'], 1e3):>26}",
                   f"{'ratios (per repetition)':<{w}}{'ratio':>26}{'goal':>9}{'  met':<6}"]
         for r in p["ratios"].values():
@@ -574,7 +578,10 @@ def table(result: dict[str, Any]) -> list[str]:
                          f"{sc['server_switches_per_op']:>10.1f}")
     lines += ["", "¹ the first import's floor is timed in its own pattern: each sample after the "
                   "same 2 ms idle gap", "  as each first import (the back-to-back sum below it is "
-                  "not the same work)"]
+                  "not the same work)",
+              "² loads of 64 KiB and less that fuse/dataplane.c carried (its debugfs counter); "
+              "the rest, the first", "  of a mapping among them, went through the daemons' "
+              "Python and the link (1 MiB loads always do)"]
     bd = result.get("breakdown")
     if bd:
         lines += ["", "first import by phase (a second pod, daemons under benchmarks/stamps.py; "
