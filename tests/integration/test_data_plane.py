@@ -214,7 +214,7 @@ def test_a_load_answered_after_the_links_deadline_faults_as_on_the_link(tmp_path
             try:
                 t = threading.Thread(target=read, daemon=True)
                 t.start()
-                time.sleep(0.8)  # past the 250 ms deadline, well within the 5 s heartbeat's
+                time.sleep(0.9)  # past the 250 ms deadline, well within the 5 s heartbeat's
             finally:
                 a.proc.send_signal(signal.SIGCONT)
             t.join(10)  # watchdog
