@@ -223,3 +223,39 @@ def test_a_load_answered_after_the_links_deadline_faults_as_on_the_link(tmp_path
             assert stats(b)["fast_loads"] == fast
             assert cb.gpu_read(VA_B, 4096) == pattern(4096)  # (the link is still up)
             assert "unexpected exception" not in b.log_text()
+
+
+async def test_the_data_plane_runs_before_the_link_can_hand_it_a_channel(tmp_path,
+                                                                          monkeypatch):
+    """A peer's data channel is dialed once per link, as soon as the link is up, and one
+    the data plane refuses is not dialed again: the link carries that peer's loads for
+    good. So the daemon starts its data plane before its link runs (it did so only when
+    FUSE serving began, after the link, the agent and the trace socket had started: a
+    link that came up in between lost its data channel)."""
+    import io
+
+    import trio
+
+    from ualinkd.cli.main import free_tcp_ports
+    from ualinkd.config import PodConfig
+    from ualinkd.daemon import run_node
+    from ualinkd.fabric.link import FabricLink
+    from ualinkd.fuse.lowlevel import fuse_mounts_at
+
+    seen: list[bool] = []
+    run = FabricLink.run
+
+    async def run_noting(self, **kw):
+        seen.append(self._data_channels is not None and self._data_channels.running)
+        await run(self, **kw)
+    monkeypatch.setattr(FabricLink, "run", run_noting)
+    mount = tmp_path / "mnt"
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(run_node, PodConfig.local(1, 1, free_tcp_ports(1)),
+                                    "node0", str(mount), None, io.StringIO())
+                nursery.cancel_scope.cancel()
+    finally:
+        assert not fuse_mounts_at(str(mount)), "mount left behind"
+    assert seen == [True]
