@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
+import os
 import select
 import socket
 import struct
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.integration
 LOAD = struct.Struct("<IBIHHQII")  # fabric/wire.py's LOAD frame
 DATA_HEAD = struct.Struct("<IBIi")
 PEER_ACCEL, OUR_ACCEL, NPA = 1, 0, 0x80_0000_0000
+OTHER_ACCEL = 2  # the peer's second accel
 FALLBACK = -errno.EAGAIN
 
 
@@ -42,7 +44,7 @@ def plane() -> Iterator[DataPlane]:
 @pytest.fixture
 def channel(plane: DataPlane) -> Iterator[socket.socket]:
     ours, peer = socket.socketpair()
-    handle = plane.open("peer", ours.detach(), {PEER_ACCEL})
+    handle = plane.open("peer", ours.detach(), {PEER_ACCEL, OTHER_ACCEL})
     assert handle is not None
     peer.settimeout(5)  # watchdog: an answer that never comes fails the test
     try:
@@ -219,3 +221,46 @@ def test_answers_held_for_a_slow_peer_are_let_go_once_it_has_them(
         assert answer(channel)[1:] == (0, bytes(chunk))
     assert load(channel, 2, NPA, 4) == (2, 0, b"qqqq")  # (served on after it)
     assert _malloced() - before < 2 << 20, (held, _malloced() - before)
+
+
+def test_thousands_of_routes_each_answer_its_own_bytes(plane: DataPlane,
+                                                        channel: socket.socket) -> None:
+    """3,000 routes of 64 KiB chunks (of a BO's memfd: a 187 MiB working set, past the 256
+    routes once kept) each answer with their own chunk's bytes, LOADs across two of them
+    too; 16 routes of 4 KiB BOs in one 64 KiB of NPA space and a second importer's routes
+    at the same NPAs (source aliasing) answer theirs, or DP_FALLBACK (the routes of a
+    crowded bucket not kept), never another route's bytes."""
+    n = 3000
+    fd = os.memfd_create("bo")
+    try:
+        os.ftruncate(fd, n * FAST_MAX)
+        for i in range(n):
+            os.pwrite(fd, i.to_bytes(4, "little") * 4, i * FAST_MAX)
+        for i in range(n):
+            plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA + i * FAST_MAX, FAST_MAX, fd,
+                               i * FAST_MAX)
+        seq = 0
+        for i in (0, 1, 2, 999, 1000, 2998, 2999):
+            seq += 1
+            assert load(channel, seq, NPA + i * FAST_MAX + 4, 8) == (
+                seq, 0, i.to_bytes(4, "little") * 2)
+        seq += 1
+        assert load(channel, seq, NPA + 2 * FAST_MAX - 4, 8) == (
+            seq, 0, bytes(4) + (2).to_bytes(4, "little"))
+        small = NPA + (1 << 40)
+        chunks = [bytearray(i.to_bytes(4, "little") * 1024) for i in range(32)]
+        for i in range(16):
+            plane.route_export(PEER_ACCEL, OUR_ACCEL, small + i * 4096, 4096, chunks[i], 0)
+            plane.route_export(OTHER_ACCEL, OUR_ACCEL, small + i * 4096, 4096,
+                               chunks[16 + i], 0)
+        served = 0
+        for src, base in ((PEER_ACCEL, 0), (OTHER_ACCEL, 16)):
+            for i in range(16):
+                seq += 1
+                got = load(channel, seq, small + i * 4096, 4096, src=src)
+                assert got in ((seq, 0, bytes(chunks[base + i])), (seq, FALLBACK, b"")), i
+                served += got[1] == 0
+        assert served >= 2 * 4, served  # (at least the last routes put in each bucket)
+    finally:
+        translation.changed()  # (before the memfd a route reads goes)
+        os.close(fd)

@@ -45,7 +45,14 @@
 #define DP_OUT_MAX (8u << 20)     /* bytes queued for a peer that does not read: dropped */
 #define DP_TIMEOUT_NS 2000000000LL  /* until ualinkd_dp_set_timeout: the link's default */
 #define DP_IMPORT_ROUTES 64
-#define DP_EXPORT_ROUTES 256
+/* Export routes: one per BO chunk (64 KiB), so 4096 keep a 256 MiB working set of every
+   importer's loads; found through buckets of 64 KiB of NPA space (a route covers at most
+   two), each holding the routes last put in it (small BOs: several share a bucket). With
+   256 routes in one list, a working set past 16 MiB missed on every LOAD: each went to
+   Python after a wasted round trip, slower than the link alone. */
+#define DP_EXPORT_ROUTES 4096
+#define DP_EBUCKET_BITS 13
+#define DP_EBUCKET_WAYS 4
 #define DP_FALLBACK (-EAGAIN)     /* DATA status: not served here, ask on the link */
 #define DP_EVENTS 32
 
@@ -114,6 +121,7 @@ struct ualinkd_dp {
     int16_t accel_chan[DP_ACCELS];
     struct dp_import_route iroute[DP_IMPORT_ROUTES];
     struct dp_export_route eroute[DP_EXPORT_ROUTES];
+    int16_t ebucket[1 << DP_EBUCKET_BITS][DP_EBUCKET_WAYS];  /* eroute indexes, -1: none */
     unsigned inext, enext;
     struct dp_fallback *fb;
     size_t nfb, capfb;
@@ -270,6 +278,49 @@ static void dp_flush_out(struct ualinkd_dp *dp, struct dp_channel *ch)
     pthread_mutex_unlock(&ch->lock);
 }
 
+/* The bucket of NPA byte `at`'s 64 KiB for LOADs from accel `src` at our accel `dst`. */
+static int16_t *dp_ebucket(struct ualinkd_dp *dp, uint16_t src, uint16_t dst, uint64_t at)
+{
+    uint64_t x = (at >> 16) ^ ((uint64_t)src << 48) ^ ((uint64_t)dst << 32);
+
+    x *= 0x9E3779B97F4A7C15ull;
+    return dp->ebucket[x >> (64 - DP_EBUCKET_BITS)];
+}
+
+/* The current export route that holds NPA byte `at` for src -> dst, or NULL. A bucket's
+   entries are hints (a route slot reused, another key hashed there): each is checked.
+   [dp->lock held] */
+static struct dp_export_route *dp_eroute_find(struct ualinkd_dp *dp, uint16_t src,
+                                              uint16_t dst, uint64_t at)
+{
+    int16_t *b = dp_ebucket(dp, src, dst, at);
+
+    for (int j = 0; j < DP_EBUCKET_WAYS; j++) {
+        struct dp_export_route *q;
+        if (b[j] < 0)
+            continue;
+        q = &dp->eroute[b[j]];
+        if (q->used && q->gen == dp->gen && q->src == src && q->dst == dst
+                && at >= q->npa_start && at - q->npa_start < q->len)
+            return q;
+    }
+    return NULL;
+}
+
+/* Route `r` goes first in the bucket of NPA byte `at`. [dp->lock held] */
+static void dp_ebucket_put(struct ualinkd_dp *dp, struct dp_export_route *r, uint64_t at)
+{
+    int16_t *b = dp_ebucket(dp, r->src, r->dst, at);
+    int16_t i = (int16_t)(r - dp->eroute);
+    int j = 0;
+
+    while (j < DP_EBUCKET_WAYS - 1 && b[j] != i)
+        j++;
+    for (; j > 0; j--)
+        b[j] = b[j - 1];
+    b[0] = i;
+}
+
 /* A LOAD from the peer: DATA with the bytes when an export route covers it, else
    DP_FALLBACK. [thread] */
 static void dp_serve(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f)
@@ -289,16 +340,8 @@ static void dp_serve(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f
         uint32_t done = 0;
         while (done < length) {
             uint64_t at = npa + done;
-            struct dp_export_route *r = NULL;
+            struct dp_export_route *r = dp_eroute_find(dp, src, dst, at);
             uint32_t k;
-            for (unsigned i = 0; i < DP_EXPORT_ROUTES; i++) {
-                struct dp_export_route *q = &dp->eroute[i];
-                if (q->used && q->gen == dp->gen && q->src == src && q->dst == dst
-                        && at >= q->npa_start && at - q->npa_start < q->len) {
-                    r = q;
-                    break;
-                }
-            }
             if (r == NULL)
                 break;
             k = r->len - (uint32_t)(at - r->npa_start);
@@ -524,6 +567,7 @@ static struct ualinkd_dp *ualinkd_dp_new(void)
     }
     for (int a = 0; a < DP_ACCELS; a++)
         dp->accel_chan[a] = -1;
+    memset(dp->ebucket, 0xff, sizeof(dp->ebucket));  /* -1: empty */
     dp->epfd = dp->wakefd = dp->notifyfd = -1;
     dp->timeout_ns = DP_TIMEOUT_NS;
     return dp;
@@ -764,14 +808,8 @@ static void ualinkd_dp_route_export(struct ualinkd_dp *dp, uint16_t src, uint16_
     struct dp_export_route *r = NULL;
 
     pthread_mutex_lock(&dp->lock);
-    for (unsigned i = 0; i < DP_EXPORT_ROUTES; i++) {
-        struct dp_export_route *q = &dp->eroute[i];
-        if (q->used && q->src == src && q->dst == dst && q->npa_start == npa_start) {
-            r = q;
-            break;
-        }
-    }
-    if (r == NULL)
+    r = dp_eroute_find(dp, src, dst, npa_start);
+    if (r == NULL || r->npa_start != npa_start)
         r = &dp->eroute[dp->enext++ % DP_EXPORT_ROUTES];
     r->src = src;
     r->dst = dst;
@@ -782,6 +820,9 @@ static void ualinkd_dp_route_export(struct ualinkd_dp *dp, uint16_t src, uint16_
     r->len = len;
     r->gen = dp->gen;
     r->used = 1;
+    dp_ebucket_put(dp, r, npa_start);
+    if (len > 0 && (npa_start + len - 1) >> 16 != npa_start >> 16)
+        dp_ebucket_put(dp, r, npa_start + len - 1);
     pthread_mutex_unlock(&dp->lock);
 }
 

@@ -210,8 +210,8 @@ class FuseSession:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                if self.data_plane.start():
-                    nursery.start_soon(self._serve_handed_back)
+                if self.data_plane.running or self.data_plane.start():  # (the daemon's
+                    nursery.start_soon(self._serve_handed_back)  # runs before its link)
                 try:
                     while not self._drain():
                         try:
