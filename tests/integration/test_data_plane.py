@@ -234,8 +234,10 @@ def test_a_load_answered_after_the_links_deadline_faults_as_on_the_link(tmp_path
             faults = int(b.debug(128, "gpu_faults"))
             fast = stats(b)["fast_loads"]
             got: list[bytes | int] = []
+            reading = threading.Event()
 
             def read() -> None:
+                reading.set()
                 try:
                     got.append(cb.gpu_read(VA_B, 4096))
                 except OSError as e:
@@ -244,6 +246,7 @@ def test_a_load_answered_after_the_links_deadline_faults_as_on_the_link(tmp_path
             try:
                 t = threading.Thread(target=read, daemon=True)
                 t.start()
+                assert reading.wait(10)
                 time.sleep(0.9)  # past the 250 ms deadline, well within the 5 s heartbeat's
             finally:
                 a.proc.send_signal(signal.SIGCONT)

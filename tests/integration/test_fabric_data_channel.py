@@ -174,6 +174,9 @@ async def test_a_dropped_link_closes_both_data_channels_and_a_new_pair_comes_bac
         await wait_until(lambda: ra.peers() == ["b"] and rb.peers() == ["a"])
         first = (ra.opened[0][0], rb.opened[0][0])
         a._conns["b"].drop(link_mod._LinkDown("test"))
+        # at once, before the link's teardown: a load carried meanwhile would get bytes
+        # where the link's LOAD faults
+        assert ra.closed == [first[0]]
         await wait_until(lambda: ra.closed == [first[0]] and rb.closed == [first[1]])
         await wait_until(lambda: ra.peers() == ["b"] and rb.peers() == ["a"])
         assert len(ra.opened) == len(rb.opened) == 2

@@ -317,6 +317,7 @@ class _Conn:
         self.pinged = -math.inf  # when the last heartbeat PING was queued
         self.down: _LinkDown | None = None
         self.data_handle: int | None = None  # its data channel's, from DataChannels.open
+        self.close_data: Callable[[int], None] | None = None  # DataChannels.close
         self.sock = stream.socket if isinstance(stream, trio.SocketStream) else None
         self.fd = self.sock.fileno() if self.sock is not None else -1
 
@@ -381,6 +382,11 @@ class _Conn:
     def drop(self, reason: _LinkDown) -> None:
         if self.down is None:
             self.down = reason
+        if self.data_handle is not None and self.close_data is not None:
+            # At once, not at the teardown a few scheduler turns later: a load the data
+            # plane carried meanwhile would get bytes where the link's faults.
+            handle, self.data_handle = self.data_handle, None
+            self.close_data(handle)
         self.scope.cancel()
 
 
@@ -767,6 +773,7 @@ class FabricLink:
         if conn.data_handle is not None:  # a second data channel for one link replaces the first
             old, conn.data_handle = conn.data_handle, None
             self._data_channels.close(old)
+        conn.close_data = self._data_channels.close
         conn.data_handle = self._data_channels.open(conn.peer, fd, self._accels[conn.peer])
         return conn.data_handle is not None
 
