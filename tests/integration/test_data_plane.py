@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import signal
 import time
 
@@ -244,6 +245,11 @@ def test_a_load_answered_after_the_links_deadline_faults_as_on_the_link(tmp_path
                     got.append(e.errno)
             a.proc.send_signal(signal.SIGSTOP)
             try:
+                # (stopped for real first: SIGSTOP takes effect when the kernel gets to it,
+                # and a thread of the exporter's still running could answer the load)
+                assert wait_until(lambda: all(
+                    open(f"/proc/{a.proc.pid}/task/{tid}/stat").read().rsplit(")", 1)[1]
+                    .split()[0] == "T" for tid in os.listdir(f"/proc/{a.proc.pid}/task")), 10)
                 t = threading.Thread(target=read, daemon=True)
                 t.start()
                 assert reading.wait(10)
