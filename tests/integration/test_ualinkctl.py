@@ -11,11 +11,12 @@ import signal
 from dataclasses import replace
 
 import pytest
-from nodes import Client, running_node, running_pod
+from nodes import Client, running_node, running_pod, wait_until
 
 from ualinkd.cli import ctl
 from ualinkd.cli.main import free_tcp_ports
 from ualinkd.config import PodConfig
+from ualinkd.sysfs import DATA_PLANE_STATUS
 
 pytestmark = pytest.mark.integration
 
@@ -88,6 +89,8 @@ def test_state(busy_pod, capsys):
 
 def test_peers(busy_pod, capsys):
     a, b, _ = busy_pod
+    # (the data channel is dialed once the link is up)
+    assert wait_until(lambda: "channels 1\n" in (a.mount / DATA_PLANE_STATUS).read_text())
     doc = run_json(capsys, a.mount, "peers")
     (acc,) = doc["accels"]
     assert set(acc) == ACCEL_KEYS | {"peers"}
@@ -99,7 +102,9 @@ def test_peers(busy_pod, capsys):
     lines = out.splitlines()
     assert lines[0].split() == ["render", "accel", "remote", "state", "generation"]
     assert lines[1].split()[:4] == ["renderD128", "0", "1", "ESTABLISHED"]
-    assert lines[-1] == "fabric links: node1 up"
+    assert lines[-2] == "fabric links: node1 up"
+    assert lines[-1].startswith("data plane: 1 channels, ")  # (its counters: README)
+    assert doc["data_plane"]["channels"] == 1
 
 
 def test_exports(busy_pod, capsys):
@@ -186,7 +191,8 @@ def test_a_lone_node(tmp_path, capsys):
         doc = run_json(capsys, n.mount, "all")
         assert doc["fabric"] == [] and doc["accels"][0]["peers"] == []
         out = run(capsys, "--mount", str(n.mount), "peers")[1]
-        assert out == "(no peer connections)\nfabric links: none (no peer nodes)\n"
+        assert out == ("(no peer connections)\nfabric links: none (no peer nodes)\n"
+                       "data plane: 0 channels, 0 loads carried, 0 served, 0 handed back\n")
 
 
 # -- fault injection ---------------------------------------------------------------------------

@@ -215,6 +215,15 @@ class Mount:
     def fabric(self) -> list[dict[str, object]]:
         return parse_fabric(self.read(sysfs.FABRIC_STATUS))
 
+    def data_plane(self) -> dict[str, int]:
+        """sys/kernel/debug/ualink_data_plane: the C data plane's counters."""
+        out = {}
+        for ln in self.read(sysfs.DATA_PLANE_STATUS).splitlines():
+            k, _, v = ln.partition(" ")
+            if v.strip().isdigit():
+                out[k] = int(v)
+        return out
+
     def pick(self, render: str | None) -> str:
         """`--render`: renderD<n> or <n>; may be left out on a node with one accel."""
         if render is None:
@@ -290,6 +299,7 @@ def collect(m: Mount, sections: Iterable[str]) -> dict[str, object]:
     doc: dict[str, object] = {"mount": os.path.abspath(m.path), "accels": accels}
     if "peers" in sections:
         doc["fabric"] = m.fabric()
+        doc["data_plane"] = m.data_plane()
     return doc
 
 
@@ -360,9 +370,13 @@ def render_text(doc: dict, sections: list[str]) -> str:
     if "peers" in sections:
         links = ", ".join(f"{x['node']} {'up' if x['up'] else 'down'}"
                           for x in doc.get("fabric", []))
+        dp = doc.get("data_plane") or {}
+        assert isinstance(dp, dict)
         add("peers", ["render", "accel", "remote", "state", "generation"],
             _rows(doc, "peers", ["accel", "state", "generation"]), "no peer connections",
-            f"fabric links: {links or 'none (no peer nodes)'}")
+            f"fabric links: {links or 'none (no peer nodes)'}\n"
+            f"data plane: {dp.get('channels', 0)} channels, {dp.get('fast_loads', 0)} loads "
+            f"carried, {dp.get('served', 0)} served, {dp.get('fallbacks', 0)} handed back")
     if "exports" in sections:
         add("exports", ["render", "accel", "handle_lo", "handle_hi", "bo", "size", "pins",
                         "importers"],
