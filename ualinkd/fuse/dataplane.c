@@ -202,6 +202,23 @@ static void dp_break(struct ualinkd_dp *dp, struct dp_channel *ch, const char *w
     dp_wake(dp->wakefd);
 }
 
+/* A channel holds no load, no bytes in or out. [ch->lock held, or the thread stopped] */
+static void dp_channel_clear(struct dp_channel *ch)
+{
+    ch->npend = 0;
+    ch->inflight_bytes = 0;
+    ch->out_len = ch->in_len = 0;
+    ch->want_out = 0;
+}
+
+/* No load of ours goes to channel `c` any more. [dp->lock held] */
+static void dp_unroute_channel(struct ualinkd_dp *dp, int c)
+{
+    for (int a = 0; a < DP_ACCELS; a++)
+        if (dp->accel_chan[a] == c)
+            dp->accel_chan[a] = -1;
+}
+
 /* Queue `n` bytes for the peer, writing what the socket takes now. [ch->lock held] */
 static int dp_send(struct ualinkd_dp *dp, struct dp_channel *ch, const char *buf, size_t n)
 {
@@ -507,14 +524,10 @@ static void dp_reap(struct ualinkd_dp *dp)
                 dp_fall_back(dp, &ch->pend[i], 0);
             }
         }
-        ch->npend = 0;
-        ch->inflight_bytes = 0;
-        ch->out_len = 0;
+        dp_channel_clear(ch);
         free(ch->out);  /* (up to DP_OUT_MAX, for a slot that may stay free) */
         ch->out = NULL;
         ch->out_cap = 0;
-        ch->in_len = 0;
-        ch->want_out = 0;
         if (ch->state == DP_CLOSING) {
             ch->state = DP_FREE;
             ch->gen++;
@@ -625,10 +638,7 @@ static void ualinkd_dp_stop(struct ualinkd_dp *dp, int err)
         if (ch->fd >= 0)
             close(ch->fd);
         ch->fd = -1;
-        ch->npend = 0;
-        ch->inflight_bytes = 0;
-        ch->out_len = ch->in_len = 0;
-        ch->want_out = 0;
+        dp_channel_clear(ch);
         if (ch->state != DP_FREE)
             ch->gen++;
         ch->state = DP_FREE;
@@ -693,19 +703,14 @@ static int ualinkd_dp_open(struct ualinkd_dp *dp, int fd, const uint16_t *accels
         }
     ch->fd = fd;
     ch->state = DP_OPEN;
-    ch->npend = 0;
-    ch->inflight_bytes = 0;
-    ch->out_len = ch->in_len = 0;
-    ch->want_out = 0;
+    dp_channel_clear(ch);
     ch->why[0] = 0;
     ev.data.u32 = (uint32_t)c;
     if (epoll_ctl(dp->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
         err = errno;
         ch->state = DP_FREE;
         ch->fd = -1;
-        for (int a = 0; a < DP_ACCELS; a++)
-            if (dp->accel_chan[a] == c)
-                dp->accel_chan[a] = -1;
+        dp_unroute_channel(dp, c);
         pthread_mutex_unlock(&ch->lock);
         goto fail;
     }
@@ -728,9 +733,7 @@ static void ualinkd_dp_close(struct ualinkd_dp *dp, int handle)
         return;
     pthread_mutex_lock(&dp->lock);
     if (ch->state != DP_FREE && ch->gen * DP_CHANNELS + c == (uint32_t)handle) {
-        for (int a = 0; a < DP_ACCELS; a++)
-            if (dp->accel_chan[a] == c)
-                dp->accel_chan[a] = -1;
+        dp_unroute_channel(dp, c);
         pthread_mutex_lock(&ch->lock);
         if (ch->state == DP_OPEN && ch->fd >= 0)
             shutdown(ch->fd, SHUT_RDWR);
