@@ -275,8 +275,7 @@ def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[
 
 def fast_loads(node: Node) -> int:
     """The importer's count of loads the data plane carried (sys/kernel/debug)."""
-    text = (node.mount / sysfs.DATA_PLANE_STATUS).read_text()
-    return dict((k, int(v)) for k, v in (ln.split() for ln in text.splitlines()))["fast_loads"]
+    return sysfs.parse_data_plane((node.mount / sysfs.DATA_PLANE_STATUS).read_text())["fast_loads"]
 
 
 def import_samples(out: str) -> list[dict[str, float]]:

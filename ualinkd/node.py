@@ -597,8 +597,7 @@ class NodeCore:
                        mode=sysfs.DEBUGFS_DIR_MODE)
         fabric = SysAttr(lambda: sysfs.show_fabric(self.fabric_links()), mode=sysfs.DEBUG_RO)
         grants = SysAttr(lambda: f"{self.cpu_maps.pending_count}\n", mode=sysfs.DEBUG_RO)
-        data_plane = SysAttr(lambda: "".join(f"{k} {v}\n"
-                                             for k, v in self.data_plane_stats().items()),
+        data_plane = SysAttr(lambda: sysfs.show_data_plane(self.data_plane_stats()),
                              mode=sysfs.DEBUG_RO)
         root["kernel"] = SysDir({"debug": SysDir({"dri": debug, "ualink_fabric": fabric,
                                                  "ualink_data_plane": data_plane,

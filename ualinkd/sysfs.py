@@ -301,6 +301,21 @@ def show_fabric(links: Mapping[str, bool]) -> str:
     return "".join(f"{peer} {'up' if up else 'down'}\n" for peer, up in links.items())
 
 
+def show_data_plane(stats: Mapping[str, int]) -> str:
+    """sys/kernel/debug/ualink_data_plane: `<counter> <n>`, one line per counter."""
+    return "".join(f"{k} {v}\n" for k, v in stats.items())
+
+
+def parse_data_plane(text: str) -> dict[str, int]:
+    """Counter name → value."""
+    out = {}
+    for ln in text.splitlines():
+        k, _, v = ln.partition(" ")
+        if v.strip().isdigit():
+            out[k] = int(v)
+    return out
+
+
 def parse_fabric(text: str) -> dict[str, bool]:
     """Peer node name → link up."""
     out = {}

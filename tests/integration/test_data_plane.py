@@ -23,8 +23,7 @@ CHUNK = 1 << 16  # amdgpu/memory.py: a BO's memory comes in chunks this big
 
 
 def stats(node) -> dict[str, int]:
-    text = (node.mount / sysfs.DATA_PLANE_STATUS).read_text()
-    return {k: int(v) for k, v in (ln.split() for ln in text.splitlines())}
+    return sysfs.parse_data_plane((node.mount / sysfs.DATA_PLANE_STATUS).read_text())
 
 
 def pattern(n: int, seed: int = 0) -> bytes:

@@ -419,6 +419,9 @@ def test_debugfs_lines_round_trip():
     assert sysfs.parse_fabric(sysfs.show_fabric({"node1": True, "node2": False})) == {
         "node1": True, "node2": False}
     assert sysfs.parse_drop_msg(sysfs.show_drop_msg(0x82)) == 0x82
+    counters = {"fast_loads": 7, "served": 0, "channels": 2}
+    assert sysfs.show_data_plane(counters) == "fast_loads 7\nserved 0\nchannels 2\n"
+    assert sysfs.parse_data_plane(sysfs.show_data_plane(counters)) == counters
     with pytest.raises(sysfs.ParseError):
         sysfs.parse_drop_msg("zz")
     core = make_node(pod_config(nodes=TWO_GPUS))

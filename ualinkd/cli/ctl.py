@@ -217,12 +217,7 @@ class Mount:
 
     def data_plane(self) -> dict[str, int]:
         """sys/kernel/debug/ualink_data_plane: the C data plane's counters."""
-        out = {}
-        for ln in self.read(sysfs.DATA_PLANE_STATUS).splitlines():
-            k, _, v = ln.partition(" ")
-            if v.strip().isdigit():
-                out[k] = int(v)
-        return out
+        return sysfs.parse_data_plane(self.read(sysfs.DATA_PLANE_STATUS))
 
     def pick(self, render: str | None) -> str:
         """`--render`: renderD<n> or <n>; may be left out on a node with one accel."""
