@@ -372,8 +372,9 @@ async def run_node(
             served = agent.serve(req.src_accel, req.dst_accel, req.npa_byte_addr, arg)
         except DrmError as e:
             return -e.errno, []
+        # (core.tracer: the --trace one, or `ualinkd record`'s while it is attached)
         if (type(req) is Load and req.length <= DATA_PLANE_MAX and data_plane.running
-                and tracer is None and core.tracer is None):
+                and core.tracer is None):
             # Served: the data plane may answer the next LOADs of these BO chunks itself.
             for npa, n, backing, offset in agent.load_routes(
                     req.src_accel, req.dst_accel, req.npa_byte_addr, req.length):

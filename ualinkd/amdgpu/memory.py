@@ -107,7 +107,10 @@ class BoMemory:
     def close(self) -> None:
         """The BO is freed: our reference to a shared memfd goes (a client mapping of it
         keeps its pages until unmapped; nobody else can reach them)."""
-        translation.changed()  # before the bytes a data-plane route may read go
+        if self._chunks or self._shared is not None:
+            # Before the bytes a data-plane route may read go. (A BO with neither: its
+            # routes read zeros and hold nothing; its NPA unmap drops them.)
+            translation.changed()
         if self._shared is not None:
             fd, self._shared = self._shared, None
             os.close(fd)
