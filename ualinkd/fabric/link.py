@@ -129,6 +129,9 @@ HOLD_MAX = 16 << 20
 # turn (an import waiting for HELLO_ACK, which sends NPA_REQ) in the one after, and trio may
 # run a step's tasks in either order.
 ACK_COALESCE_STEPS = 2
+# Reads in a row that found their bytes without a wait before the reader yields: a large
+# payload takes two (its header, then its bytes), and more in a row means a busy link.
+BUSY_READS = 4
 INBOX_MAX = 4096  # acknowledged messages waiting for their ring, per connection
 DEFER_MAX = 1024
 DEFER_MAX_BYTES = 16 << 20
@@ -996,7 +999,7 @@ class FabricLink:
         scratch = memoryview(bytearray(SCRATCH_SIZE))
         pipes = PipePool() if fd >= 0 else None
         piped: PipedPayload | None = None
-        waited = True
+        unyielded = 0  # reads in a row that found bytes without waiting for them
         try:
             while True:
                 # Frames first: the handshake's last read may have brought some already.
@@ -1036,21 +1039,24 @@ class FabricLink:
                     conn.replied_mark = session.replied
                 elif session.replied - conn.replied_mark >= HOLD_MAX:
                     await self._wait_taken(conn)
-                if not waited:
-                    await trio.lowlevel.checkpoint()  # a busy link must not starve the rest
+                if unyielded >= BUSY_READS:
+                    # A busy link must not starve the rest. A frame that takes two reads
+                    # (a large payload's header, then its bytes) is not a busy link: a turn
+                    # there cost every 1 MiB load a scheduler round.
+                    await trio.lowlevel.checkpoint()
+                    unyielded = 0
                 if sock is None:
                     data: Buffer = await conn.stream.receive_some(RECEIVE_SIZE)
                     if not data:
                         raise _LinkDown(f"{conn.peer} closed the connection")
                     session.receive_data(data)
-                    waited = True
                 else:
                     if (piped is None and pipes is not None
                             and session.collecting() is FrameType.DATA
                             and (pipe := pipes.take()) is not None):
                         piped = PipedPayload(session.collecting_size(), pipes, pipe)
                         piped.start(session.divert(piped))
-                    waited = False
+                    unyielded += 1
                     while True:
                         try:
                             if piped is None:
@@ -1077,7 +1083,7 @@ class FabricLink:
                                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
                                 conn.lowat, conn.inq = want, 0
                             await trio.lowlevel.wait_readable(sock)
-                            waited = True
+                            unyielded = 0
                     if not n:
                         raise _LinkDown(f"{conn.peer} closed the connection")
                     if piped is None and into is None:
@@ -1200,6 +1206,8 @@ class FabricLink:
                 if conn.soon:
                     conn.soon = False
                     for _ in range(ACK_COALESCE_STEPS):
+                        if not conn.has_data_to_send:
+                            break  # the reply's write took the ACKs: no turn to spend
                         await trio.lowlevel.checkpoint()
                     if conn.sock is not None:
                         conn.flush()  # what the woken tasks did not write with it
