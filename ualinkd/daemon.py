@@ -29,7 +29,7 @@ from .config import PodConfig, host_memory_total
 from .cpumap_server import serve_cpu_maps
 from .drm.errors import DrmError
 from .drm.file import DrmFile
-from .fabric.agent import RequestSoonFn, UalinkAgent
+from .fabric.agent import RequestSoonFn, SendBatchSoonFn, UalinkAgent
 from .fabric.link import FabricLink, SendOutcome
 from .fabric.wire import Load, Store
 from .fuse.dataplane import FAST_MAX as DATA_PLANE_MAX
@@ -395,12 +395,14 @@ async def run_node(
     data_plane.set_timeout(link.ack_timeout)  # a carried load's deadline: the link's
     send, send_batch, request = link.send, link.send_batch, link.request
     request_soon: RequestSoonFn | None = link.request_soon
+    send_batch_soon: SendBatchSoonFn | None = link.send_batch_soon
     if tracer is not None:
         send, send_batch, request = _trace_sends(  # type: ignore[assignment]  # (as above)
             tracer, config, node_name, link)
-        request_soon = None  # a traced request is recorded by _trace_sends' wrapper
+        # (a traced request or batch is recorded by _trace_sends' wrappers)
+        request_soon = send_batch_soon = None
     agent = UalinkAgent(core, send, request, send_batch=send_batch,
-                        request_soon=request_soon)
+                        request_soon=request_soon, send_batch_soon=send_batch_soon)
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_links = lambda: {p: link.is_up(p) for p in peers}
     core.data_plane_stats = data_plane.stats

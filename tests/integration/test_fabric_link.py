@@ -28,7 +28,7 @@ from ualinkd.drm.errors import DrmError
 from ualinkd.drm.loaded import Loaded, in_memory
 from ualinkd.fabric import auth
 from ualinkd.fabric import link as link_mod
-from ualinkd.fabric.link import FabricLink, OnRequest
+from ualinkd.fabric.link import Dwords, FabricLink, OnRequest
 from ualinkd.fabric.session import HEARTBEAT
 from ualinkd.fabric.wire import (
     NEED_DATA,
@@ -1031,11 +1031,25 @@ async def test_a_silent_peer_is_probed_then_dropped_after_the_timeout(
 
 # ---- batches (send_batch: a burst of sends, one flush, one ACK waiter) ---------------------
 
-async def test_a_batch_has_each_messages_outcome_as_single_sends_would(pod: Pod) -> None:
+async def batch_outcomes(link: FabricLink, src: int, dst: int, messages: list[Dwords],
+                         soon: bool) -> list[tuple[DrmError | None, float]]:
+    """`send_batch`'s outcomes, or `send_batch_soon`'s (the Completion, polled)."""
+    if not soon:
+        return await link.send_batch(src, dst, messages)
+    c = link.send_batch_soon(src, dst, messages)
+    assert c is not None
+    await wait_until(lambda: c.done, timeout=10)
+    return c.result()
+
+
+@pytest.mark.parametrize("soon", [False, True], ids=["task", "soon"])
+async def test_a_batch_has_each_messages_outcome_as_single_sends_would(pod: Pod,
+                                                                     soon: bool) -> None:
     """Spec §5.1 per message of a batch: the MSGs leave in order; each one's ACK is its own
     outcome (status 0: accepted, with the time it came; a refusal: ECOMM); one the peer
     never acknowledges fails with ETIME at ack_timeout (0.3 s) from the queueing, and its
-    late ACK is dropped without harm, as for a single send that gave up."""
+    late ACK is dropped without harm, as for a single send that gave up. `send_batch_soon`
+    (outcomes by callback, no task) gives the same outcomes at the same times."""
     c = await pod.start("c")
     stream, dec = await raw_auth(pod.ports["c"], pod.cfg, "a", "c")
     await wait_until(lambda: c.is_up("a"))
@@ -1051,7 +1065,7 @@ async def test_a_batch_has_each_messages_outcome_as_single_sends_would(pod: Pod)
     start = trio.current_time()
     async with trio.open_nursery() as n:
         n.start_soon(firmware)
-        outcomes = await c.send_batch(4, 0, batch)
+        outcomes = await batch_outcomes(c, 4, 0, batch, soon)
     assert [(m.src_accel, m.dst_accel, m.dwords) for m in got] == [(4, 0, dw) for dw in batch]
     assert [m.seq for m in got] == sorted({m.seq for m in got})
     (e0, t0), (e1, t1), (e2, t2) = outcomes
@@ -1061,6 +1075,7 @@ async def test_a_batch_has_each_messages_outcome_as_single_sends_would(pod: Pod)
     await stream.send_all(encode_frame(Ack(got[2].seq, 0)))  # late: dropped, link stays
     with trio.fail_after(0.1):
         assert await c.send_batch(4, 0, []) == []  # an empty batch is nothing, at once
+    assert c.send_batch_soon(4, 0, []) is None  # (send_batch's to decide)
 
     async def firmware_again() -> None:
         m = await read_frame(stream, dec)
@@ -1068,15 +1083,16 @@ async def test_a_batch_has_each_messages_outcome_as_single_sends_would(pod: Pod)
 
     async with trio.open_nursery() as n:
         n.start_soon(firmware_again)
-        (outcome,) = await c.send_batch(4, 0, [DW])
+        (outcome,) = await batch_outcomes(c, 4, 0, [DW], soon)
     assert outcome[0] is None and c.is_up("a")
     await stream.aclose()
 
 
-async def test_a_batch_fails_at_once_when_the_link_drops(pod: Pod) -> None:
+@pytest.mark.parametrize("soon", [False, True], ids=["task", "soon"])
+async def test_a_batch_fails_at_once_when_the_link_drops(pod: Pod, soon: bool) -> None:
     """A link that drops before the ACKs came fails every unacknowledged message of the
     batch with ETIME then, not at the ACK timeout (as `send` does: the peer may never have
-    taken them)."""
+    taken them); `send_batch_soon`'s Completion is completed once, by the teardown."""
     c = await pod.start("c", ack_timeout=5.0)
     stream, dec = await raw_auth(pod.ports["c"], pod.cfg, "a", "c")
     await wait_until(lambda: c.is_up("a"))
@@ -1091,7 +1107,7 @@ async def test_a_batch_fails_at_once_when_the_link_drops(pod: Pod) -> None:
     async with trio.open_nursery() as n:
         n.start_soon(firmware)
         with trio.fail_after(3):
-            (e0, _), (e1, t1) = await c.send_batch(4, 0, [DW, DW])
+            (e0, _), (e1, t1) = await batch_outcomes(c, 4, 0, [DW, DW], soon)
     assert e0 is None
     assert e1 is not None and e1.errno == errno.ETIME and "dropped" in e1.strerror
     assert t1 - start < 3
@@ -1115,6 +1131,8 @@ async def test_a_batch_waits_for_its_link_like_single_sends(pod: Pod) -> None:
     assert pod.got["b"] == [(0, 2, (3, i, 0, 0)) for i in range(5)]
     outcomes = await a.send_batch(0, 77, [DW, DW])
     assert [e.errno for e, _ in outcomes if e is not None] == [errno.EINVAL] * 2
+    # Only send_batch waits for a link or names the error; send_batch_soon leaves it that.
+    assert a.send_batch_soon(0, 77, [DW]) is None and a.send_batch_soon(0, 4, [DW]) is None
     start = trio.current_time()
     outcomes = await a.send_batch(0, 4, [DW, DW])  # c never started
     assert [e.errno for e, _ in outcomes if e is not None] == [errno.ETIME] * 2

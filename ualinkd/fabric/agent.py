@@ -9,7 +9,8 @@ waits of imports in flight, woken by the managers' `Wake` effects.
 
 Costs per burst, not per message: the sends one manager call produces (a file's close that
 revokes 2,000 BOs, a ring's burst of NPA_REVOKEs answered) are queued on each link in
-order as one batch, one flush, one task awaiting its ACKs (FabricLink.send_batch); a ring
+order as one batch, one flush, its ACKs' outcomes reported by callback from the link's
+reader (FabricLink.send_batch_soon; a task awaits them while the link is down); a ring
 takes every message queued for it per wake-up.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
@@ -52,6 +54,9 @@ SendFn = Callable[[int, int, p.Dwords], Awaitable[None]]
 # the awaitable gives each one's outcome (None or its DrmError) and when it was known.
 SendBatchFn = Callable[[int, int, Sequence[p.Dwords]],
                        Awaitable[list[tuple[DrmError | None, float]]]]
+# The same, answered by callback (None: the link cannot take them now; SendBatchFn decides)
+SendBatchSoonFn = Callable[[int, int, Sequence[p.Dwords]],
+                           "Completion[list[tuple[DrmError | None, float]]] | None"]
 # (src accel, dst accel, NPA byte address, length to load | bytes to store) -> loaded bytes
 RequestFn = Callable[[int, int, int, "int | bytes"], Awaitable[bytes | bytearray]]
 # The same, answered by callback (None: the link cannot take it now; RequestFn decides)
@@ -91,9 +96,11 @@ _RING_REPLIES = (HelloAckSent, NpaRspSent)
 class UalinkAgent:
     def __init__(self, node: FabricNode, send: SendFn, request: RequestFn | None = None,
                  ring_size: int = RING_SIZE, send_batch: SendBatchFn | None = None,
-                 request_soon: RequestSoonFn | None = None) -> None:
+                 request_soon: RequestSoonFn | None = None,
+                 send_batch_soon: SendBatchSoonFn | None = None) -> None:
         self.host = node.host
         self._send_batch = send_batch
+        self._send_batch_soon = send_batch_soon
         self.ring_size = ring_size
         # accel -> times the link waited for room in its full ring since it last emptied
         self._ring_waits: dict[int, int] = {}
@@ -351,6 +358,11 @@ class UalinkAgent:
                 if dwords is None:
                     dwords = encoded[id(eff.msg)] = eff.msg.encode()
                 messages.append(dwords)
+            soon = (self._send_batch_soon(mgr.accel_id, dst, messages)
+                    if self._send_batch_soon is not None else None)
+            if soon is not None:
+                soon.when_done(functools.partial(self._batch_answered, mgr, sends))
+                continue
             wait = self._send_batch(mgr.accel_id, dst, messages)
             self._nursery.start_soon(self._finish_batch, mgr, sends, wait)
 
@@ -373,7 +385,14 @@ class UalinkAgent:
                             wait: Awaitable[list[tuple[DrmError | None, float]]]) -> None:
         """Each send's outcome, with the time it was known (a wait it starts is counted
         from its ACK, as when each send reported on its own)."""
-        outcomes = await wait
+        self._batch_done(mgr, sends, await wait)
+
+    def _batch_answered(self, mgr: UalinkManager, sends: list[Send],
+                        c: Completion[list[tuple[DrmError | None, float]]]) -> None:
+        self._batch_done(mgr, sends, c.result())
+
+    def _batch_done(self, mgr: UalinkManager, sends: list[Send],
+                    outcomes: list[tuple[DrmError | None, float]]) -> None:
         for eff, (err, when) in zip(sends, outcomes, strict=True):
             mgr.on_sent(eff, err, when)
         self._run_effects(mgr)

@@ -220,6 +220,14 @@ class _Completing:
         else:
             c.set_result(result.data)
 
+    def expire(self, conn: _Conn, seq: int) -> None:
+        """Its deadline passed (FabricLink._expire): the seq is forgotten (a late DATA is
+        dropped) and the request fails."""
+        if conn.waiters.get(seq) is self:
+            del conn.waiters[seq]
+            conn.session.forget(seq)
+            self.set(None)
+
 
 def _data_error(peer: str, result: Any) -> DrmError:
     """A data-plane request's failure (Emulator policy 3, 10): no answer (the link dropped,
@@ -250,12 +258,63 @@ class _Batch:
     def set(self, result: Any) -> None:
         if result is None:  # the link dropped: what is not acknowledged now never will be
             self.dropped = True
-            self.event.set()
+            self._finish()
             return
         self.acks[result.seq] = (result.status, self.conn.last_rx)
         self.left -= 1
         if not self.left:
-            self.event.set()
+            self._finish()
+
+    def _finish(self) -> None:
+        self.event.set()
+
+    def outcomes(self, peer: str, seqs: list[int], ack_timeout: float) -> list[SendOutcome]:
+        """Each MSG's outcome, in order, once the batch is over (every ACK in, the link
+        dropped, or the deadline passed): None or the DrmError `FabricLink.send` raises,
+        with when it became known. A seq still waiting is forgotten here (a late ACK is
+        dropped)."""
+        now = trio.current_time()
+        conn = self.conn
+        out: list[SendOutcome] = []
+        missing = (f"link to {peer} dropped before the ACK" if self.dropped else
+                   f"no ACK from {peer} within {ack_timeout:g} s")
+        for seq in seqs:
+            got = self.acks.get(seq)
+            if got is None:
+                if conn.waiters.get(seq) is self:
+                    del conn.waiters[seq]
+                conn.session.forget(seq)
+                out.append((DrmError(errno.ETIME, missing), now))
+            elif got[0] != 0:
+                out.append((DrmError(errno.ECOMM, f"{peer} refused the message "
+                                                  f"(status {got[0]})"), got[1]))
+            else:
+                out.append((None, got[1]))
+        return out
+
+
+class _CompletingBatch(_Batch):
+    """A _Batch whose outcomes complete a Completion in the call that ends it (the reader's,
+    as the last ACK is decoded; the link's teardown; `_expire` at the deadline), not a
+    task's wait (FabricLink.send_batch_soon): the task a batch cost was a spawn and two
+    scheduler steps on both ends of every import."""
+
+    __slots__ = ("ack_timeout", "completion", "peer", "seqs")
+
+    def __init__(self, conn: _Conn, seqs: list[int], ack_timeout: float) -> None:
+        self.completion: Completion[list[SendOutcome]] | None = Completion()
+        self.peer = conn.peer
+        self.seqs = seqs
+        self.ack_timeout = ack_timeout
+        super().__init__(conn, len(seqs))
+
+    def _finish(self) -> None:
+        c, self.completion = self.completion, None
+        if c is not None:  # (a drop sets each of its seqs' waiter: this one, once each)
+            c.set_result(self.outcomes(self.peer, self.seqs, self.ack_timeout))
+
+    def expire(self, conn: _Conn, seq: int) -> None:
+        self._finish()
 
 
 class _Parked:
@@ -564,7 +623,9 @@ class FabricLink:
         self._closed = False
         # request_soon's waits by deadline, and the event that wakes `_expire` (None: it is
         # not running, and request_soon declines).
-        self._deadlines: list[tuple[float, int, _Conn, int, _Completing]] = []
+        # (deadline, tie-break, conn, seq, waiter): request_soon's, and send_batch_soon's
+        # (a batch's first seq: it expires all of them)
+        self._deadlines: list[tuple[float, int, _Conn, int, _Completing | _CompletingBatch]] = []
         self._deadline_ids = itertools.count()  # ties broken in order, never by _Conn
         self._expiring: trio.Event | None = None
         # Per peer whose link is down: the batches waiting for it, in the order they were sent.
@@ -1409,6 +1470,36 @@ class FabricLink:
         conn.flush()
         return seqs, batch
 
+    def send_batch_soon(self, src_accel: int, dst_accel: int,
+                        messages: Sequence[Dwords]) -> Completion[list[SendOutcome]] | None:
+        """`send_batch` without a task: queued and written now, its outcomes (the same, with
+        the same deadline, kept by `_expire`) completing the Completion in the call that
+        ends the batch. None when the link is not up or the accel is not ours: then
+        `send_batch` decides (it waits in line for the link, or fails)."""
+        peer = self._owner.get(dst_accel)
+        conn = self._conns.get(peer) if peer is not None else None
+        if (conn is None or src_accel not in self._local_accels or self._expiring is None
+                or not messages):
+            return None
+        give_up = trio.current_time() + self.ack_timeout
+        seqs = conn.session.send_messages(src_accel, dst_accel, messages)
+        batch = _CompletingBatch(conn, seqs, self.ack_timeout)
+        completion = batch.completion
+        assert completion is not None  # (set once the batch is over, later)
+        waiters = conn.waiters
+        for seq in seqs:
+            waiters[seq] = batch
+        self._deadline(give_up, conn, seqs[0], batch)
+        conn.flush()
+        return completion
+
+    def _deadline(self, give_up: float, conn: _Conn, seq: int,
+                  waiter: _Completing | _CompletingBatch) -> None:
+        assert self._expiring is not None
+        if not self._deadlines or give_up < self._deadlines[0][0]:
+            self._expiring.set()  # its sleep ends too late (or it has none)
+        heapq.heappush(self._deadlines, (give_up, next(self._deadline_ids), conn, seq, waiter))
+
     async def _send_batch_later(self, src_accel: int, dst_accel: int,
                                 messages: Sequence[Dwords],
                                 give_up: float) -> list[SendOutcome]:
@@ -1437,23 +1528,7 @@ class FabricLink:
         seqs, batch = queued
         with trio.move_on_at(give_up):
             await batch.event.wait()
-        now = trio.current_time()
-        out: list[SendOutcome] = []
-        missing = (f"link to {peer} dropped before the ACK" if batch.dropped else
-                   f"no ACK from {peer} within {self.ack_timeout:g} s")
-        for seq in seqs:
-            got = batch.acks.get(seq)
-            if got is None:
-                if conn.waiters.get(seq) is batch:
-                    del conn.waiters[seq]
-                conn.session.forget(seq)
-                out.append((DrmError(errno.ETIME, missing), now))
-            elif got[0] != 0:
-                out.append((DrmError(errno.ECOMM, f"{peer} refused the message "
-                                                  f"(status {got[0]})"), got[1]))
-            else:
-                out.append((None, got[1]))
-        return out
+        return batch.outcomes(peer, seqs, self.ack_timeout)
 
     def _check_ack(self, peer: str, waiter: _Waiter | None) -> None:
         if waiter is None or not waiter.event.is_set():
@@ -1500,9 +1575,7 @@ class FabricLink:
         seq = conn.session.send_request(src_accel, dst_accel, npa_byte_addr, length_or_data,
                                         now=now, give_up=give_up)
         waiter = conn.waiters[seq] = _Completing(conn.peer)
-        if not self._deadlines or give_up < self._deadlines[0][0]:
-            self._expiring.set()  # its sleep ends too late (or it has none)
-        heapq.heappush(self._deadlines, (give_up, next(self._deadline_ids), conn, seq, waiter))
+        self._deadline(give_up, conn, seq, waiter)
         completion = waiter.completion
         assert completion is not None  # (set only by the reader, later)
         conn.flush()
@@ -1525,10 +1598,8 @@ class FabricLink:
             now = trio.current_time()
             while deadlines and (deadlines[0][0] <= now or deadlines[0][4].completion is None):
                 _, _, conn, seq, waiter = heapq.heappop(deadlines)
-                if conn.waiters.get(seq) is waiter:
-                    del conn.waiters[seq]
-                    conn.session.forget(seq)
-                    waiter.set(None)
+                if waiter.completion is not None:
+                    waiter.expire(conn, seq)
 
     async def ping(self, node_name: str) -> float:
         """Round-trip time to `node_name` in seconds; DrmError(ETIME) after ack_timeout."""
