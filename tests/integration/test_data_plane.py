@@ -7,7 +7,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import shutil
 import signal
+import subprocess
 import time
 
 import pytest
@@ -322,3 +325,52 @@ def test_loads_over_more_chunks_than_a_few_hundred_are_carried_too(tmp_path):
             loads = 2 * len(offsets)
             assert after["fast_loads"] - before["fast_loads"] >= loads * 9 // 10, (before, after)
             assert after["fallbacks"] - before["fallbacks"] <= loads // 10, (before, after)
+
+
+def _data_channel_ports(pid: int, loads_bytes: int) -> tuple[str, str]:
+    """(local, peer) address of the TCP connection of daemon `pid` that received at least
+    `loads_bytes`: its data channel, after that many bytes of carried loads (its link
+    carried a few messages and heartbeats meanwhile)."""
+    out = subprocess.run(["ss", "-tnpiH", "state", "established"], capture_output=True,
+                         text=True, check=True).stdout
+    found = []
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if f"pid={pid}," not in line:
+            continue
+        local, peer = line.split()[2:4]
+        info = lines[i + 1] if i + 1 < len(lines) else ""
+        got = re.search(r"bytes_received:(\d+)", info)
+        if got and int(got.group(1)) >= loads_bytes:
+            found.append((local, peer))
+    assert len(found) == 1, out
+    return found[0]
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_a_data_channel_reset_while_the_link_lasts_is_dialed_again(tmp_path):
+    """A data channel that breaks while its link stays up (here reset with `ss -K`, as a
+    middlebox or a peer's crash of that one socket would): the loads in flight and after
+    it go through the link with the exporter's bytes, one WARNING says so, and the dialer
+    dials a new channel (fabric/link.py _keep_data_channel), which carries them again."""
+    with running_pod(tmp_path, config=pod_config(2)) as (a, b):
+        assert wait_until(lambda: stats(a)["channels"] == 1 and stats(b)["channels"] == 1, 10)
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            shared(ca, cb)
+            loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
+            for _ in range(64):
+                assert cb.gpu_read(VA_B, 4096) == pattern(4096)
+            local, peer = _data_channel_ports(b.proc.pid, 64 * 4096)
+            subprocess.run(["ss", "-K", "-tn", "src", local, "dst", peer], check=True,
+                           capture_output=True)
+            for _ in range(20):  # through the link until a new channel is up
+                assert cb.gpu_read(VA_B, 4096) == pattern(4096)
+            assert wait_until(lambda: "channel to node0 dropped" in b.log_text()
+                              or "channel to node1 dropped" in a.log_text(), 10)
+            assert wait_until(lambda: stats(a)["channels"] == 1 and stats(b)["channels"] == 1,
+                              10), (stats(a), stats(b))
+            before = stats(b)["fast_loads"]
+            assert wait_until(lambda: cb.gpu_read(VA_B, 4096) == pattern(4096)
+                              and stats(b)["fast_loads"] > before, 10), (stats(b), b.log_text())
+            assert "handed over again" in a.log_text() + b.log_text()
+            assert "unexpected exception" not in a.log_text() + b.log_text()

@@ -119,9 +119,11 @@ def test_a_translation_change_drops_every_route(plane: DataPlane,
 def test_a_frame_no_data_channel_carries_drops_that_channel_only(
         plane: DataPlane, channel: socket.socket, frame: bytes, caplog) -> None:
     """Whatever a peer sends that is not a LOAD or the DATA of one of our loads: that
-    channel is dropped (closed, one warning naming its peer), and another channel is
-    served as before."""
+    channel is dropped (closed, one warning naming its peer, its link told: on_broken),
+    and another channel is served as before."""
     caplog.set_level(logging.WARNING, logger="ualinkd.fuse.dataplane")
+    broken: list[int] = []
+    plane.on_broken = broken.append
     other_ours, other = socket.socketpair()
     other.settimeout(5)
     handle = plane.open("other", other_ours.detach(), {PEER_ACCEL})
@@ -138,7 +140,8 @@ def test_a_frame_no_data_channel_carries_drops_that_channel_only(
             plane.log_events()
         assert len([r for r in caplog.records if "dropped" in r.getMessage()]) == 1
         assert load(other, 9, NPA, 4) == (9, 0, b"zzzz")
-        assert plane.stats()["channels"] == 2  # (closed by the link when it goes down)
+        # Only the other one counts now; the link heard of the dropped one's handle.
+        assert plane.stats()["channels"] == 1 and len(broken) == 1 and broken[0] != handle
     finally:
         plane.close(handle)
         other.close()

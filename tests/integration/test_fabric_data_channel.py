@@ -10,7 +10,7 @@ import logging
 import os
 import select
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import trio
@@ -37,6 +37,7 @@ class Recorder:
         self.opened: list[tuple[int, str, frozenset[int]]] = []
         self.closed: list[int] = []
         self.discarded = False
+        self.on_broken: Callable[[int], None] | None = None  # (the link sets it)
 
     def open(self, peer: str, fd: int, peer_accels: frozenset[int]) -> int | None:
         if self.refuse:
@@ -55,6 +56,16 @@ class Recorder:
         _, sock, _ = self.live.pop(handle)  # KeyError: never opened, or closed twice
         sock.close()
         self.closed.append(handle)
+
+    def break_channel(self, peer: str) -> int:
+        """What the data plane does with a channel it finds broken: closes and forgets it,
+        then tells the link (on_broken). Returns its handle."""
+        [handle] = [h for h, (p, _, _) in self.live.items() if p == peer]
+        _, sock, _ = self.live.pop(handle)
+        sock.close()
+        assert self.on_broken is not None
+        self.on_broken(handle)
+        return handle
 
     def sock(self, peer: str) -> socket.socket:
         [s] = [s for p, s, _ in self.live.values() if p == peer]
@@ -341,6 +352,38 @@ async def test_a_data_channel_the_data_plane_refuses_or_cannot_have_is_one_info_
         await a.send(1, 4, DW)
         assert pod.got["b"] == [(0, 2, DW)] and pod.got["c"] == [(1, 4, DW)]
         assert b.is_up("a") and c.is_up("a")
+
+
+async def test_a_data_channel_that_breaks_while_its_link_lasts_is_dialed_again(
+        pod: Pod, recorders, caplog) -> None:
+    """A channel the data plane finds broken (a reset, a hostile frame: it drops that
+    channel and says so, DataChannels.on_broken) while the link stays up: the dialer dials
+    a new one with the link's backoff, one INFO line says so, and the two new ends meet;
+    neither side close()s the handle the data plane dropped itself (Recorder raises), and
+    the link is the same one throughout."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    with trio.fail_after(WATCHDOG):
+        a, b = await start(pod, recorders, "a"), await start(pod, recorders, "b")
+        ra, rb = recorders["a"], recorders["b"]
+        await wait_until(lambda: ra.peers() == ["b"] and rb.peers() == ["a"])
+        links = (a._conns["b"], b._conns["a"])
+        for rec, peer in ((ra, "b"), (rb, "a")):  # (both ends see the break)
+            rec.break_channel(peer)
+        await wait_until(lambda: ra.peers() == ["b"] and rb.peers() == ["a"])
+        assert_ends_of_one_connection(ra.sock("b"), rb.sock("a"))
+        assert len(ra.opened) == len(rb.opened) == 2 and ra.closed == rb.closed == []
+        assert (a._conns["b"], b._conns["a"]) == links
+        again = [m for r in caplog.records if r.levelno == logging.INFO
+                 and "handed over again" in (m := r.getMessage())]
+        assert len(again) == 1
+        # Again, with only the dialer's end noticing first: the other end's old channel is
+        # replaced (closed) when the new one comes.
+        dialer, other = (ra, rb) if "fabric a: data channel to b" in again[0] else (rb, ra)
+        old_other = [h for h in other.live]
+        dialer.break_channel("b" if dialer is ra else "a")
+        await wait_until(lambda: len(dialer.opened) == 3 and other.closed == old_other)
+        await a.send(0, 2, DW)
+        assert pod.got["b"] == [(0, 2, DW)]
 
 
 async def test_the_dialer_dials_its_data_channel_at_the_links_address_and_takes_no_bytes(

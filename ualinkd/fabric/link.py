@@ -111,6 +111,10 @@ class DataChannels(Protocol):
     def close(self, handle: int) -> None:
         """The link this channel belongs to went down: stop using and close it."""
 
+    # Set by the link: called (in the trio thread) with the handle of a channel the data
+    # plane found broken and dropped itself; the link dials a new one if it dialed that.
+    on_broken: Callable[[int], None] | None
+
 RECEIVE_SIZE = 1 << 20  # one data-plane chunk in as few reads as possible (TLS)
 SCRATCH_SIZE = 64 << 10  # plain TCP: per-connection receive buffer for everything but payloads
 HANDSHAKE_RECEIVE_SIZE = 4096  # handshake frames are at most HANDSHAKE_MAX_FRAME bytes
@@ -379,6 +383,7 @@ class _Conn:
         self.pinged = -math.inf  # when the last heartbeat PING was queued
         self.down: _LinkDown | None = None
         self.data_handle: int | None = None  # its data channel's, from DataChannels.open
+        self.data_broken = trio.Event()  # set when the data plane dropped that channel
         self.close_data: Callable[[int], None] | None = None  # DataChannels.close
         self.sock = stream.socket if isinstance(stream, trio.SocketStream) else None
         self.fd = self.sock.fileno() if self.sock is not None else -1
@@ -591,6 +596,8 @@ class FabricLink:
         self._ssl_server = ssl_context
         self._ssl_client = ssl_client_context or ssl_context
         self._data_channels = data_channels
+        if data_channels is not None:
+            data_channels.on_broken = self._data_channel_broken
         # The data plane behind `data_channels` reads and writes the socket itself: no TLS.
         self._data_plane_tcp = (data_channels is not None and self._ssl_server is None
                                 and self._ssl_client is None)
@@ -986,7 +993,7 @@ class FabricLink:
                     # The peer speaks PROTOCOL_VERSION (the handshake admits no other), which
                     # has data channels; in this nursery, the dial ends with the link.
                     if dialed is not None and self._data_plane_tcp:
-                        nursery.start_soon(self._dial_data_channel, conn, *dialed)
+                        nursery.start_soon(self._keep_data_channel, conn, *dialed)
                     # Our link clock at once: the peer's deadlines need it (Session).
                     self._heartbeat_ping(conn, trio.current_time())
         finally:
@@ -1017,18 +1024,48 @@ class FabricLink:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 
-    async def _dial_data_channel(self, conn: _Conn, host: str, port: int) -> None:
-        """The data channel of the link `conn`, which we dialed at host:port: dialed once,
-        handed over to `data_channels` for as long as `conn` lasts. Failing is one INFO line:
-        the link carries the data plane without it."""
+    async def _keep_data_channel(self, conn: _Conn, host: str, port: int) -> None:
+        """The data channel of the link `conn`, which we dialed at host:port, for as long as
+        `conn` lasts (this task is in its nursery). A first dial that fails is not repeated
+        (the peer takes no channel: one INFO line, the link carries the loads). A channel
+        that worked and broke while the link stayed up (a reset, a hostile frame) is dialed
+        again, with the link's backoff, until one is handed over: the loads went back to
+        the slower link path meanwhile, which must not last for the link's life."""
+        delay = self._backoff[0]
+        broke = False
+        while True:
+            conn.data_broken = trio.Event()
+            if await self._dial_data_channel(conn, host, port, quiet=broke):
+                delay = self._backoff[0]
+                await conn.data_broken.wait()
+                broke = True
+            elif not broke:
+                return
+            await trio.sleep(delay)
+            delay = min(delay * 2, self._backoff[1])
+
+    def _data_channel_broken(self, handle: int) -> None:
+        """DataChannels.on_broken: the data plane dropped the channel `handle`."""
+        for conn in self._conns.values():
+            if conn.data_handle == handle:
+                conn.data_handle = None
+                conn.data_broken.set()
+
+    async def _dial_data_channel(self, conn: _Conn, host: str, port: int,
+                                 quiet: bool = False) -> bool:
+        """Dial the data channel of the link `conn` at host:port and hand it over to
+        `data_channels`; True if it was. Failing is one INFO line (DEBUG when `quiet`: a
+        redial, whose channel's break the data plane logged): the link carries the data
+        plane without it."""
         assert self._data_channels is not None
         peer = conn.peer
+        level = logging.DEBUG if quiet else logging.INFO
         try:
             stream, decoder = await self._dial(peer, host, port, Channel.DATA)
         except (ProtocolError, _LinkDown, OSError, trio.BrokenResourceError) as e:
-            log.info("fabric %s: no data channel to %s at %s:%d: %s (the link carries its "
-                     "loads)", self.node_name, peer, host, port, _reason(e))
-            return
+            log.log(level, "fabric %s: no data channel to %s at %s:%d: %s (the link carries "
+                    "its loads)", self.node_name, peer, host, port, _reason(e))
+            return False
         try:
             assert isinstance(stream, trio.SocketStream)  # (plain TCP: _data_plane_tcp)
             why = None
@@ -1041,11 +1078,13 @@ class FabricLink:
                 except OSError as e:
                     why = f"dup failed: {e.strerror}"
             if why is None:
-                log.debug("fabric %s: data channel to %s at %s:%d handed over", self.node_name,
-                          peer, host, port)
+                log.log(logging.INFO if quiet else logging.DEBUG,
+                        "fabric %s: data channel to %s at %s:%d handed over%s", self.node_name,
+                        peer, host, port, " again" if quiet else "")
             else:
-                log.info("fabric %s: no data channel to %s at %s:%d: %s (the link carries its "
-                         "loads)", self.node_name, peer, host, port, why)
+                log.log(level, "fabric %s: no data channel to %s at %s:%d: %s (the link "
+                        "carries its loads)", self.node_name, peer, host, port, why)
+            return why is None
         finally:
             await trio.aclose_forcefully(stream)  # (the data plane has its dup)
 

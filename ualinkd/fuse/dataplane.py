@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import trio
@@ -40,6 +40,7 @@ class DataPlane:
         self._peers: dict[int, str] = {}  # channel handle -> peer
         self._fallbacks = ffi.new("struct dp_fallback[]", _FALLBACKS_PER_TAKE)
         self._stats = ffi.new("uint64_t[4]")
+        self.on_broken: Callable[[int], None] | None = None  # DataChannels.on_broken
         translation.listen(self.flush)
 
     @property
@@ -151,13 +152,16 @@ class DataPlane:
                 return out
 
     def log_events(self) -> None:
-        """One line per channel the thread found broken."""
+        """One line per channel the thread found broken (and dropped: its link is told,
+        `on_broken`, to dial another)."""
         handle = ffi.new("int *")
         why = ffi.new("char[160]")
         while lib.ualinkd_dp_take_event(self.pointer, handle, why, len(why)):
-            peer = self._peers.get(handle[0], "?")
+            peer = self._peers.pop(handle[0], "?")
             log.warning("data plane: channel to %s dropped: %s (its loads go through the "
                         "link)", peer, ffi.string(why).decode(errors="replace"))
+            if self.on_broken is not None:
+                self.on_broken(handle[0])
 
     def stats(self) -> dict[str, int]:
         """fast_loads: loads of ours the C carried; served: peers' LOADs it answered;
