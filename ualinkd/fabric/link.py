@@ -124,6 +124,10 @@ MAX_PENDING_HANDSHAKES = 512
 MAX_PENDING_PER_ADDRESS = 64
 REFUSAL_LOG_INTERVAL = 5.0
 DIAL_WARN_AFTER = 10.0  # s a peer may stay unreachable before it is worth a WARNING
+# A data channel that broke is dialed again after the link's first backoff, doubling up to
+# this (s) while each new one breaks again within it (a peer whose channel keeps failing:
+# a WARNING from the data plane per break, so a few a minute at most).
+DATA_REDIAL_MAX = 30.0
 # Per connection: bytes of answers held for a peer (beyond its socket buffers) before its
 # further requests wait unserved; how many may wait (and their STORE bytes) before reading
 # from it stops. A few transfers' worth of chunks (agent.CHUNK, agent.IN_FLIGHT).
@@ -1036,13 +1040,15 @@ class FabricLink:
         while True:
             conn.data_broken = trio.Event()
             if await self._dial_data_channel(conn, host, port, quiet=broke):
-                delay = self._backoff[0]
+                since = trio.current_time()
                 await conn.data_broken.wait()
+                if trio.current_time() - since >= DATA_REDIAL_MAX:
+                    delay = self._backoff[0]  # (it had served a while: not one that keeps breaking)
                 broke = True
             elif not broke:
                 return
             await trio.sleep(delay)
-            delay = min(delay * 2, self._backoff[1])
+            delay = min(delay * 2, DATA_REDIAL_MAX)
 
     def _data_channel_broken(self, handle: int) -> None:
         """DataChannels.on_broken: the data plane dropped the channel `handle`."""
