@@ -44,6 +44,10 @@
 #define DP_INFLIGHT_BYTES (1u << 20)
 #define DP_OUT_MAX (8u << 20)     /* bytes queued for a peer that does not read: dropped */
 #define DP_TIMEOUT_NS 2000000000LL  /* until ualinkd_dp_set_timeout: the link's default */
+/* The thread's longest sleep: it wakes for its channels, for Python (wakefd) and for the
+   next load's deadline; with no load out, once a second (it was 10 times, in every daemon of
+   an idle pod). A load sent with a shorter deadline than this wakes it to sleep less. */
+#define DP_IDLE_NS 1000000000LL
 #define DP_IMPORT_ROUTES 64
 /* Export routes: one per BO chunk (64 KiB), so 4096 keep a 256 MiB working set of every
    importer's loads; found through buckets of 64 KiB of NPA space (a route covers at most
@@ -470,10 +474,10 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
 }
 
 /* Loads not answered by their deadline go to Python, to fault. Returns the ms until the
-   next deadline (at most 100, the thread's idle wake-up). [thread] */
+   next deadline (at most DP_IDLE_NS, the thread's idle wake-up). [thread] */
 static int dp_expire(struct ualinkd_dp *dp, int64_t now)
 {
-    int64_t next = now + 100000000LL;
+    int64_t next = now + DP_IDLE_NS;
 
     for (int c = 0; c < DP_CHANNELS; c++) {
         struct dp_channel *ch = &dp->ch[c];
@@ -541,7 +545,7 @@ static void *dp_main(void *arg)
 {
     struct ualinkd_dp *dp = arg;
     struct epoll_event evs[16];
-    int wait_ms = 100;
+    int wait_ms = (int)(DP_IDLE_NS / 1000000);
 
     while (!dp->stop) {
         int n = epoll_wait(dp->epfd, evs, 16, wait_ms);
@@ -894,8 +898,8 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
     p->used = 1;
     ch->npend++;
     ch->inflight_bytes += (uint32_t)size;
-    if (dp->timeout_ns < 100000000LL)
-        dp_wake(dp->wakefd);  /* (the thread may sleep 100 ms: past this load's deadline) */
+    if (dp->timeout_ns < DP_IDLE_NS)
+        dp_wake(dp->wakefd);  /* (the thread may sleep DP_IDLE_NS: past this load's deadline) */
     pthread_mutex_unlock(&ch->lock);
     return 0;
 }
