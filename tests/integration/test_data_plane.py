@@ -347,6 +347,12 @@ def _data_channel_ports(pid: int, loads_bytes: int) -> tuple[str, str]:
     return found[0]
 
 
+def _established(local: str, peer: str) -> bool:
+    out = subprocess.run(["ss", "-tnH", "state", "established", "src", local, "dst", peer],
+                         capture_output=True, text=True, check=True).stdout
+    return bool(out.strip())
+
+
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
 def test_a_data_channel_reset_while_the_link_lasts_is_dialed_again(tmp_path):
     """A data channel that breaks while its link stays up (here reset with `ss -K`, as a
@@ -363,6 +369,8 @@ def test_a_data_channel_reset_while_the_link_lasts_is_dialed_again(tmp_path):
             local, peer = _data_channel_ports(b.proc.pid, 64 * 4096)
             subprocess.run(["ss", "-K", "-tn", "src", local, "dst", peer], check=True,
                            capture_output=True)
+            if _established(local, peer):  # (a kernel without CONFIG_INET_DIAG_DESTROY)
+                pytest.skip("ss -K cannot reset a socket on this kernel")
             for _ in range(20):  # through the link until a new channel is up
                 assert cb.gpu_read(VA_B, 4096) == pattern(4096)
             assert wait_until(lambda: "channel to node0 dropped" in b.log_text()
