@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 
 from ualinkd.drm.errors import DrmError
 
@@ -17,9 +16,6 @@ from .mounts import unescape_mountinfo
 # dmabuf/<token> files get inode DMABUF_INO_BASE + key; nothing else in the tree is that high.
 DMABUF_INO_BASE = 1 << 48
 DMABUF_KEY_LIMIT = 1 << 48
-
-# " (deleted)": the dentry is invalidated once the single-use token is consumed.
-_DMABUF_LINK = re.compile(r"/dmabuf/[0-9]+( \(deleted\))?\Z")
 
 
 def dmabuf_ino(key: int) -> int:
@@ -45,12 +41,27 @@ def _read_proc(path: str) -> bytes:
         os.close(f)
 
 
-def _fdinfo(pid: int, fd: int) -> dict[str, str]:
-    info = {}
-    for line in _read_proc(f"/proc/{pid}/fdinfo/{fd}").decode("ascii", "replace").splitlines():
-        k, _, v = line.partition(":")
-        info[k] = v.strip()
-    return info
+def _fdinfo(pid: int, fd: int) -> tuple[int | None, str | None]:
+    """(ino, mnt_id) of fd `fd` of process `pid`, from its fdinfo (None for a field it
+    lacks). FileNotFoundError: no such fd."""
+    text = _read_proc(f"/proc/{pid}/fdinfo/{fd}")
+    return _field(text, b"ino:"), (str(m) if (m := _field(text, b"mnt_id:")) is not None
+                                   else None)
+
+
+def _field(text: bytes, name: bytes) -> int | None:
+    """The decimal value of the fdinfo line `name` (e.g. b"ino:"), None if absent."""
+    if text.startswith(name):
+        at = 0
+    elif (at := text.find(b"\n" + name)) < 0:
+        return None
+    else:
+        at += 1
+    end = text.find(b"\n", at)
+    try:
+        return int(text[at + len(name):end if end >= 0 else None])
+    except ValueError:
+        return None
 
 
 def _mount_dev(mountinfo: str, *, mount_id: str | None = None, path: str | None = None) -> str:
@@ -83,22 +94,21 @@ def mount_device(mountpoint: str) -> tuple[int, int] | None:
 
 def resolve_caller_fd(pid: int, fd: int, mountpoint: str) -> int:
     """The dmabuf key behind fd `fd` of process `pid`, which must be a file under
-    `<mountpoint>/dmabuf/` of *this* mount. EBADF: no such fd; EINVAL: not one of ours."""
+    `<mountpoint>/dmabuf/` of *this* mount. EBADF: no such fd; EINVAL: not one of ours.
+
+    The fd's fdinfo says it all: an inode number in the dmabuf range names one of our
+    dmabuf files by construction, and the mount it is on must be ours. Its path (a
+    readlink, as dear as the rest cold: /proc/<pid>/fd of another process is built anew at
+    each lookup) is read only to say what a refused fd is."""
     try:
-        link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        info = _fdinfo(pid, fd)
+        ino, mnt_id = _fdinfo(pid, fd)
     except FileNotFoundError:
         raise DrmError(errno.EBADF, f"pid {pid} has no fd {fd}") from None
     except PermissionError:
         raise DrmError(errno.EACCES, f"cannot inspect fd {fd} of pid {pid}") from None
-    if not _DMABUF_LINK.search(link):
-        raise DrmError(errno.EINVAL, f"fd {fd} is not a dma-buf file ({link})")
-    try:
-        key = dmabuf_key(int(info["ino"]))
-    except (KeyError, ValueError):
-        key = None
+    key = dmabuf_key(ino) if ino is not None else None
     if key is None:
-        raise DrmError(errno.EINVAL, f"fd {fd} is not a dma-buf file ({link})")
+        raise DrmError(errno.EINVAL, f"fd {fd} is not a dma-buf file ({_link(pid, fd)})")
     # The path may differ in the caller's mount namespace; the superblock device may not.
     # It tells apart two ualinkd mounts on one host (a local pod). Parsing mountinfo costs
     # ~100 µs, so both sides are cached: ours per mount point, theirs per (mount namespace,
@@ -111,15 +121,22 @@ def resolve_caller_fd(pid: int, fd: int, mountpoint: str) -> int:
         ns = os.readlink(f"/proc/{pid}/ns/mnt")
     except OSError:
         ns = f"pid:{pid}"
-    seen = (mountpoint, ns, info.get("mnt_id"))
+    seen = (mountpoint, ns, mnt_id)
     if seen not in _theirs_ok:
-        theirs = _mount_dev(f"/proc/{pid}/mountinfo", mount_id=info.get("mnt_id"))
+        theirs = _mount_dev(f"/proc/{pid}/mountinfo", mount_id=mnt_id)
         if not theirs or theirs != ours:
             raise DrmError(errno.EINVAL, f"fd {fd} is a dma-buf file of another mount")
         if len(_theirs_ok) > 4096:
             _theirs_ok.clear()
         _theirs_ok.add(seen)
     return key
+
+
+def _link(pid: int, fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError as e:
+        return e.strerror or "?"
 
 
 _ours: dict[str, str] = {}
