@@ -18,7 +18,7 @@ from ualinkd.drm.errors import DrmError
 from ualinkd.fabric.agent import UalinkAgent
 from ualinkd.node import NodeCore
 from ualinkd.ualink import protocol as p
-from ualinkd.ualink.peers import ConnState
+from ualinkd.ualink.peers import ConnState, NodeState
 
 ACK_TIMEOUT = 2.0  # send_ack_timeout_ms
 
@@ -192,3 +192,41 @@ async def test_a_ring_burst_keeps_each_links_order_around_an_awaited_reply(
     assert sent == ["NpaRelease", "NpaRsp", "NpaRelease"]
     assert not b.managers[128].imports
 
+
+
+async def test_an_answer_reaching_an_idle_ring_is_handled_in_the_links_call(
+        nursery, autojump_clock):
+    """§5.1's ring, one message after the other: an NPA_RSP (an answer to this accel's own
+    NPA_REQ) that reaches an idle ring is handled in the link's on_message call, as the
+    ring would handle it next (the import node has its answer when the call returns: no
+    scheduler turn between); one that comes while the ring has a message queued waits
+    behind it, in order."""
+    fabric = BatchFabric()
+    cores = await start(nursery, 2, fabric)
+    importer = cores[1].managers[128]
+    seen: list[tuple[str, bool]] = []  # (type, the import node had its answer)
+    deliver = fabric._deliver
+
+    def delivered(src: int, dst: int, dwords: p.Dwords) -> None:
+        msg = p.decode_message(dwords)
+        if isinstance(msg, p.NpaRsp) and behind_a_req:
+            # An NPA_REQ queued first (one the ring answers, here with an NPA_FAIL: no
+            # such export): the NPA_RSP after it is the ring's too, handled after it.
+            fabric.agents[dst].on_message(src, dst, p.NpaReq(0x400, 1).encode())
+        deliver(src, dst, dwords)
+        if isinstance(msg, p.NpaRsp):
+            [node] = [n for lo, n in importer.imports.items()
+                      if p.handle_lo_bits(lo) == msg.handle_lo_bits]
+            seen.append((type(msg).__name__, node.state != NodeState.NOT_READY))
+
+    fabric._deliver = delivered  # type: ignore[method-assign]
+    behind_a_req = False
+    f, bos, handles = await exported_and_imported(cores, 1)
+    assert seen == [("NpaRsp", True)]  # answered in the call
+    seen.clear()
+    behind_a_req = True
+    fi = cores[1].open_render(128, ME)
+    bo, handle = await export(cores[0], f)
+    assert (await import_(cores[1], fi, handle))[0] == 0
+    assert seen == [("NpaRsp", False)]  # queued behind the NPA_REQ
+    assert handle[0] in importer.imports

@@ -132,10 +132,10 @@ DATA_REDIAL_MAX = 30.0
 # further requests wait unserved; how many may wait (and their STORE bytes) before reading
 # from it stops. A few transfers' worth of chunks (agent.CHUNK, agent.IN_FLIGHT).
 HOLD_MAX = 16 << 20
-# Scheduler steps the writer waits before sending the ACKs of MSGs just read (flush_soon):
-# the task a MSG wakes (a receive ring) answers in the next step, the task that ring wakes in
-# turn (an import waiting for HELLO_ACK, which sends NPA_REQ) in the one after, and trio may
-# run a step's tasks in either order.
+# Scheduler batches the ACKs of MSGs just read wait at most (flush_soon) while other tasks
+# are runnable: the task a MSG wakes (a receive ring) answers in the next batch, the task
+# that ring wakes in turn (an import waiting for HELLO_ACK, which sends NPA_REQ) in the one
+# after, and trio may run a batch's tasks in either order.
 ACK_COALESCE_STEPS = 2
 # Reads in a row that found their bytes without a wait before the reader yields: a large
 # payload takes two (its header, then its bytes), and more in a row means a busy link.
@@ -186,6 +186,32 @@ def _tune(stream: trio.abc.Stream, congestion: str) -> None:
 
 
 _CONGESTION_REFUSED: set[str] = set()  # each refusal is logged once per process
+
+
+class _HeldAcks(trio.abc.Instrument):
+    """The connections whose ACKs `_Conn.flush_soon` held back, written once the tasks the
+    MSGs woke have run: when the scheduler is about to wait for I/O (everything runnable
+    ran: a reply took the ACKs with it, or none is coming), or after ACK_COALESCE_STEPS
+    batches of a daemon that stays busy. A trio instrument, not the writer task: its turns
+    (a wake-up and two checkpoints per MSG read) cost every import four on both daemons."""
+
+    def __init__(self) -> None:
+        self.held: dict[_Conn, int] = {}  # conn -> batches it has waited
+
+    def hold(self, conn: _Conn) -> None:
+        self.held.setdefault(conn, 0)
+
+    def before_io_wait(self, timeout: float) -> None:
+        if not self.held:
+            return
+        for conn, waited in list(self.held.items()):
+            if timeout > 0 or waited >= ACK_COALESCE_STEPS or not conn.has_data_to_send:
+                del self.held[conn]
+                conn.soon = False
+                if conn.down is None:
+                    conn.flush()  # what the woken tasks did not write with it
+            else:
+                self.held[conn] = waited + 1
 
 
 class _LinkDown(Exception):
@@ -359,7 +385,8 @@ class _Conn:
         self.scope = trio.CancelScope()
         self.wake = trio.Event()
         self.writing = False
-        self.soon = False  # flush_soon() asked the writer for a deferred flush
+        self.soon = False  # flush_soon() held ACKs back (in held_acks, until they go)
+        self.held_acks: _HeldAcks | None = None  # the link's, once it runs this connection
         self.pending: list[Buffer] = []  # bytes the socket did not take yet, in order
         self.held = 0  # their length
         self.stuck_since = trio.current_time()  # since when `pending` has not shrunk
@@ -407,17 +434,17 @@ class _Conn:
             self.wake.set()
 
     def flush_soon(self) -> None:
-        """Flush after the tasks that the frames just read woke have run (the writer waits
-        ACK_COALESCE_STEPS scheduler steps first): a MSG's ACK then leaves in the same write
-        as the reply it caused, one write and one wake-up of the peer instead of two. The
-        ACK is delayed by those steps only, never past the next write of anything else."""
+        """Flush after the tasks that the frames just read woke have run (_HeldAcks): a
+        MSG's ACK then leaves in the same write as the reply it caused, one write and one
+        wake-up of the peer instead of two. The ACK is delayed by those tasks only (at most
+        ACK_COALESCE_STEPS scheduler batches), never past the next write of anything else."""
         if not self.has_data_to_send:
             return
-        if self.writing or self.pending:
+        if self.writing or self.pending or self.held_acks is None:
             self.flush()
             return
         self.soon = True
-        self.wake.set()
+        self.held_acks.hold(self)
 
     def write_now(self) -> None:
         """Write what is queued without blocking; hold the rest in `pending`."""
@@ -599,6 +626,7 @@ class FabricLink:
         self._backoff = connect_backoff
         self._ssl_server = ssl_context
         self._ssl_client = ssl_client_context or ssl_context
+        self._held_acks = _HeldAcks()
         self._data_channels = data_channels
         if data_channels is not None:
             data_channels.on_broken = self._data_channel_broken
@@ -664,6 +692,7 @@ class FabricLink:
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen on our address, keep the links up; `task_status.started(bound_port)`."""
         host, port = parse_address(self._addresses[self.node_name])
+        trio.lowlevel.add_instrument(self._held_acks)
         try:
             with trio.CancelScope() as self._scope:
                 listeners = await trio.open_tcp_listeners(port, host=host)
@@ -681,6 +710,8 @@ class FabricLink:
                     log.debug("fabric %s: listening on %s:%d", self.node_name, host, self.port)
                     task_status.started(self.port)
         finally:
+            trio.lowlevel.remove_instrument(self._held_acks)
+            self._held_acks.held.clear()
             self._closed = True
             self._expiring = None
             self._deadlines.clear()  # (their connections, now closed, failed them)
@@ -975,6 +1006,7 @@ class FabricLink:
         session = Session(peer, self._accels[peer], self._local_accels, decoder,
                           now=trio.current_time())
         conn = _Conn(peer, stream, session, label)
+        conn.held_acks = self._held_acks
         old = self._conns.get(peer)
         if old is not None:  # the peer redialed: its old connection is dead to it
             old.drop(_LinkDown(f"replaced by a new connection {label}"))
@@ -1309,16 +1341,6 @@ class FabricLink:
             while True:
                 await conn.wake.wait()
                 conn.wake = trio.Event()
-                if conn.soon:
-                    conn.soon = False
-                    for _ in range(ACK_COALESCE_STEPS):
-                        if not conn.has_data_to_send:
-                            break  # the reply's write took the ACKs: no turn to spend
-                        await trio.lowlevel.checkpoint()
-                    if conn.sock is not None:
-                        conn.flush()  # what the woken tasks did not write with it
-                        if not conn.pending:
-                            continue
                 conn.writing = True
                 while conn.has_data_to_send or conn.deferred:
                     if conn.sock is not None:
