@@ -14,6 +14,7 @@ import struct
 import trio
 from test_pod_protocol import GEM_CREATE, ME, UALINK, import_, ioctl, make_pod
 
+from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.fabric.agent import UalinkAgent
 from ualinkd.node import NodeCore
@@ -27,7 +28,7 @@ class BatchFabric:
     """Delivers messages to the agent of their destination accel. `send` is a single send
     (the ring's awaited replies); `send_batch` logs the whole batch at once (queued), then
     delivers its messages and gives their outcomes. Per accel: `ack_delay` (seconds before
-    each message of a batch is accepted, one after the other), `silent` (never
+    each message, single or of a batch, is accepted, one after the other), `silent` (never
     acknowledged: ETIME at ACK_TIMEOUT), `mute` (accepted, never processed)."""
 
     def __init__(self) -> None:
@@ -36,7 +37,9 @@ class BatchFabric:
         self.silent: set[int] = set()
         self.mute: set[int] = set()
         self.log: list[tuple[int, int, p.Message]] = []  # in the order queued on the links
+        self.queued_at: list[float] = []  # when each of `log` was queued
         self.batches: list[tuple[int, int, int]] = []  # (src, dst, messages)
+        self.nursery: trio.Nursery | None = None
 
     def _deliver(self, src: int, dst: int, dwords: p.Dwords) -> None:
         if dst not in self.mute:
@@ -44,13 +47,15 @@ class BatchFabric:
 
     async def send(self, src: int, dst: int, dwords: p.Dwords) -> None:
         self.log.append((src, dst, p.decode_message(dwords)))
-        await trio.sleep(0)
+        self.queued_at.append(trio.current_time())
+        await trio.sleep(self.ack_delay.get(dst, 0))
         self._deliver(src, dst, dwords)
 
     def send_batch(self, src: int, dst: int, messages: list[p.Dwords]):
         self.batches.append((src, dst, len(messages)))
         self.log.extend((src, dst, p.decode_message(dw)) for dw in messages)
         start = trio.current_time()
+        self.queued_at.extend(start for _ in messages)
 
         async def acked() -> list[tuple[DrmError | None, float]]:
             await trio.sleep(0)
@@ -68,13 +73,30 @@ class BatchFabric:
 
         return acked()
 
+    def send_batch_soon(self, src: int, dst: int, messages: list[p.Dwords]
+                        ) -> Completion[list[tuple[DrmError | None, float]]]:
+        """`send_batch` answered by callback (FabricLink.send_batch_soon's contract: queued
+        now, the outcomes completing the Completion later, in another call)."""
+        done: Completion[list[tuple[DrmError | None, float]]] = Completion()
+        acked = self.send_batch(src, dst, messages)
+
+        async def complete() -> None:
+            done.set_result(await acked)
+
+        assert self.nursery is not None
+        self.nursery.start_soon(complete)
+        return done
+
 
 async def start(nursery: trio.Nursery, nodes: int, fabric: BatchFabric) -> list[NodeCore]:
+    """The agents take batches by callback (send_batch_soon), as on a link that is up."""
     cfg = make_pod(nodes)
     cores = []
+    fabric.nursery = nursery
     for n in cfg.nodes:
         core = NodeCore(cfg, n.name)
-        agent = UalinkAgent(core, fabric.send, send_batch=fabric.send_batch)
+        agent = UalinkAgent(core, fabric.send, send_batch=fabric.send_batch,
+                            send_batch_soon=fabric.send_batch_soon)
         await nursery.start(agent.run)
         for a in n.accels:
             fabric.agents[a.accel_id] = agent
@@ -199,8 +221,8 @@ async def test_an_answer_reaching_an_idle_ring_is_handled_in_the_links_call(
     """§5.1's ring, one message after the other: an NPA_RSP (an answer to this accel's own
     NPA_REQ) that reaches an idle ring is handled in the link's on_message call, as the
     ring would handle it next (the import node has its answer when the call returns: no
-    scheduler turn between); one that comes while the ring has a message queued waits
-    behind it, in order."""
+    scheduler turn between); one that comes while the ring has a message (an NPA_REVOKE)
+    waits behind it, in order."""
     fabric = BatchFabric()
     cores = await start(nursery, 2, fabric)
     importer = cores[1].managers[128]
@@ -209,10 +231,10 @@ async def test_an_answer_reaching_an_idle_ring_is_handled_in_the_links_call(
 
     def delivered(src: int, dst: int, dwords: p.Dwords) -> None:
         msg = p.decode_message(dwords)
-        if isinstance(msg, p.NpaRsp) and behind_a_req:
-            # An NPA_REQ queued first (one the ring answers, here with an NPA_FAIL: no
-            # such export): the NPA_RSP after it is the ring's too, handled after it.
-            fabric.agents[dst].on_message(src, dst, p.NpaReq(0x400, 1).encode())
+        if isinstance(msg, p.NpaRsp) and behind_a_revoke:
+            # An NPA_REVOKE queued first (the ring's, of a handle never imported): the
+            # NPA_RSP after it is the ring's too, handled after it.
+            fabric.agents[dst].on_message(src, dst, p.NpaRevoke(0x400, 1).encode())
         deliver(src, dst, dwords)
         if isinstance(msg, p.NpaRsp):
             [node] = [n for lo, n in importer.imports.items()
@@ -220,13 +242,50 @@ async def test_an_answer_reaching_an_idle_ring_is_handled_in_the_links_call(
             seen.append((type(msg).__name__, node.state != NodeState.NOT_READY))
 
     fabric._deliver = delivered  # type: ignore[method-assign]
-    behind_a_req = False
+    behind_a_revoke = False
     f, bos, handles = await exported_and_imported(cores, 1)
     assert seen == [("NpaRsp", True)]  # answered in the call
     seen.clear()
-    behind_a_req = True
+    behind_a_revoke = True
     fi = cores[1].open_render(128, ME)
     bo, handle = await export(cores[0], f)
     assert (await import_(cores[1], fi, handle))[0] == 0
-    assert seen == [("NpaRsp", False)]  # queued behind the NPA_REQ
+    assert seen == [("NpaRsp", False)]  # queued behind the NPA_REVOKE
     assert handle[0] in importer.imports
+
+
+async def test_an_npa_req_handled_at_once_keeps_its_ring_busy_until_its_reply_is_acked(
+        nursery, autojump_clock):
+    """§5.1: the ring awaits each NPA_RSP's ACK before its next message. An NPA_REQ handled
+    at once (it reached an idle ring) sends its NPA_RSP then; a second NPA_REQ that comes
+    before that ACK (0.5 s: the importer is slow to accept) waits in the ring, and its
+    NPA_RSP leaves only once the first's ACK is in, in order; both imports succeed."""
+    fabric = BatchFabric()
+    cores = await start(nursery, 2, fabric)
+    f, bos, handles = await exported_and_imported(cores, 1)  # (connection up)
+    (bo1, h1), (bo2, h2) = [await export(cores[0], f) for _ in range(2)]
+    fabric.log.clear()
+    fabric.queued_at.clear()
+    fabric.batches.clear()
+    ea, ia = cores[0].managers[128].accel_id, cores[1].managers[128].accel_id
+    fabric.ack_delay[ia] = 0.5
+    fi = cores[1].open_render(128, ME)
+    results = []
+
+    async def imp(h: tuple[int, int]) -> None:
+        results.append((await import_(cores[1], fi, h))[0])
+
+    async with trio.open_nursery() as n:
+        n.start_soon(imp, h1)
+        n.start_soon(imp, h2)
+    assert results == [0, 0]
+    rsps = [(t, m) for t, (s_, d, m) in zip(fabric.queued_at, fabric.log, strict=True)
+            if isinstance(m, p.NpaRsp)]
+    assert len(rsps) == 2
+    (t1, m1), (t2, m2) = rsps
+    assert t2 >= t1 + 0.5  # the second waited for the first's ACK
+    # The first NPA_RSP left from the link's call (a batch of one), the second the ring's
+    # way (a single send).
+    assert (ea, ia, 1) in fabric.batches
+    assert {m1.handle_lo_bits, m2.handle_lo_bits} == {p.handle_lo_bits(h1[0]),
+                                                      p.handle_lo_bits(h2[0])}

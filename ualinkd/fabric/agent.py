@@ -21,6 +21,7 @@ import errno
 import functools
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -91,14 +92,14 @@ def _piece_fault(piece: RemotePiece, e: DrmError) -> DrmError:
 
 # Replies a receive handler sends: awaited (or queued) by the ring before its next message.
 _RING_REPLIES = (HelloAckSent, NpaRspSent)
-# Answers to this accel's own requests (an import's NPA_RSP or NPA_FAIL, a connection's
-# HELLO_ACK): one that reaches an idle ring (nothing queued, nothing being handled) is
-# handled in the link's call, as the ring would handle it next. The ring's wake-up cost each
-# a scheduler turn, about 90 µs of a first import's NPA_RSP (pinned). Their handlers wake a
-# waiter and send no reply the ring awaits (those are HELLO's and NPA_REQ's), and they come
-# one per request: the bursts whose sends the ring batches (a file's NPA_REVOKEs, their
-# NPA_RELEASEs) still go through it.
-_HANDLED_AT_ONCE = (p.NpaRsp, p.NpaFail, p.HelloAck)
+# The messages that come one per request: an import's NPA_REQ, and the answers to this
+# accel's own requests (NPA_RSP, NPA_FAIL, HELLO_ACK). One that reaches an idle ring
+# (nothing queued, nothing being handled) is handled in the link's call, as the ring would
+# handle it next; the ring's wake-up cost each a scheduler turn, 60-90 µs of each side of
+# a first import (pinned). An NPA_REQ's reply is the ring's to await: the ring stays busy
+# (later messages wait in it) until its ACK came (_reply_now). The bursts whose sends the
+# ring batches (a file's NPA_REVOKEs, their NPA_RELEASEs) and HELLOs go through the ring.
+_HANDLED_AT_ONCE = (p.NpaReq, p.NpaRsp, p.NpaFail, p.HelloAck)
 
 
 class UalinkAgent:
@@ -118,9 +119,14 @@ class UalinkAgent:
         self._events: dict[tuple[int, ImportDone], trio.Event] = {}
         self._nursery: trio.Nursery | None = None
         self._rx: dict[int, trio.MemorySendChannel[tuple[int, p.Message]]] = {}
-        # accel -> its ring is waiting for a message with none queued (and none handed to
-        # it since): the next message may be handled at once, in order (on_message)
-        self._ring_idle: dict[int, bool] = {}
+        # accel -> True: its ring is waiting for a message with none queued (and none handed
+        # to it since), so the next one may be handled at once, in order (on_message);
+        # None: one is being handled at once and none was handed to the ring since; False
+        # (or absent): the ring has messages, or is handling them
+        self._ring_idle: dict[int, bool | None] = {}
+        # accel -> set once the message handled at once is done (its reply's ACK came):
+        # until then the ring is busy, and waits for it before its next message
+        self._ring_busy: dict[int, trio.Event] = {}
         # accel -> the deadline its timer task sleeps until, and the event that wakes it
         # sooner (set only when a manager's next deadline comes before that).
         self._timer_at: dict[int, float] = {}
@@ -241,7 +247,7 @@ class UalinkAgent:
             log.warning("message from accel %d for accel %d, which is not ours", src, dst)
             return None
         item = (src, p.decode_message(dwords))
-        if (self._ring_idle.get(dst) and self._send_batch is not None
+        if (self._ring_idle.get(dst) and self._send_batch_soon is not None
                 and isinstance(item[1], _HANDLED_AT_ONCE)):
             self._receive_now(dst, *item)
             return None
@@ -268,6 +274,9 @@ class UalinkAgent:
                 burst = [await rx.receive()]
             except trio.EndOfChannel:
                 return
+            busy = self._ring_busy.get(mgr.accel_id)
+            if busy is not None:  # the message before these, handled at once, is not done
+                await busy.wait()
             with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
                 while len(burst) < BURST:
                     burst.append(rx.receive_nowait())
@@ -285,19 +294,61 @@ class UalinkAgent:
 
     def _receive_now(self, accel_id: int, src: int, msg: p.Message) -> None:
         """An idle ring's next message, handled in the caller's call as the ring would
-        (on_message): its sends queued on their links in order, its waiters woken. Such a
-        message sends no reply the ring must await (_HANDLED_AT_ONCE)."""
+        (on_message): its sends queued on their links in order, its waiters woken, and a
+        reply the ring awaits sent now, the ring busy until its ACK (_reply_now)."""
         mgr = self.host.by_accel_id(accel_id)
         assert mgr is not None  # (it has a ring: self._rx)
+        self._ring_idle[accel_id] = None
+        self._ring_busy[accel_id] = trio.Event()
         mgr.receive(src, msg)
-        later: list[Effect] = []
-        while mgr.outbox:
-            for eff in mgr.take_effects():
+        self._effects_now(mgr, deque(), [])
+
+    def _effects_now(self, mgr: UalinkManager, pending: deque[Effect],
+                     later: list[Effect]) -> None:
+        """`_ring_effects` for a message handled at once, then the ring's end of a burst:
+        the effects in order, `later` started ahead of a ring reply, which is sent at once
+        and whose ACK resumes this (in the link's call that brings it)."""
+        while True:
+            while pending:
+                eff = pending.popleft()
                 if isinstance(eff, Send) and isinstance(eff.tag, _RING_REPLIES):
-                    raise AssertionError(f"{type(msg).__name__} sent a ring reply: {eff}")
+                    self._start(mgr, later)
+                    later.clear()
+                    self._reply_now(mgr, eff, pending, later)
+                    return
                 later.append(eff)
+            if not mgr.outbox:
+                break
+            pending.extend(mgr.take_effects())
         self._start(mgr, later)
         self._check_timer(mgr)
+        self._ring_busy.pop(mgr.accel_id).set()  # (a ring given messages meanwhile goes on)
+        if self._ring_idle.get(mgr.accel_id) is None:
+            self._ring_idle[mgr.accel_id] = True
+
+    def _reply_now(self, mgr: UalinkManager, eff: Send, pending: deque[Effect],
+                   later: list[Effect]) -> None:
+        """A ring reply of a message handled at once: queued on its link now, its outcome
+        reported as the ring's `_do_send` would, then the rest of the message's effects."""
+        assert self._send_batch_soon is not None
+        soon = (self._send_batch_soon(mgr.accel_id, eff.dst, [eff.msg.encode()])
+                if mgr.accel_active else None)
+        if soon is None:  # (no link up now, or the accel not ACTIVE: the ring's way, waited)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._reply_later, mgr, eff, pending, later)
+            return
+
+        def acked(c: Completion[list[tuple[DrmError | None, float]]]) -> None:
+            ((err, when),) = c.result()
+            mgr.on_sent(eff, err, when)
+            self._effects_now(mgr, pending, later)
+
+        soon.when_done(acked)
+
+    async def _reply_later(self, mgr: UalinkManager, eff: Send, pending: deque[Effect],
+                           later: list[Effect]) -> None:
+        await self._do_send(mgr, eff)
+        self._effects_now(mgr, pending, later)
 
     async def _timer_loop(self, mgr: UalinkManager) -> None:
         """aioquic's loop: sleep until the manager's next deadline (or until an earlier one
