@@ -13,7 +13,12 @@ only if it misses two heartbeats does the newcomer take over; else the newcomer 
 Data channels (`DataChannels`, plain TCP only): a link's second connection, authenticated as
 the link is but asking for channel 1, that the side that dialed the link dials once it is up;
 its socket is handed over to the C data plane and closed when its link goes down. It never
-replaces a link, and is admitted only while its link is live.
+replaces a link, and is admitted only while its link is live. One the data plane finds broken
+while its link lasts is dialed again (DataChannels.on_broken, DATA_REDIAL_MAX).
+
+A MSG's ACK waits, in the session, for the reply the MSG causes, to leave in the same write:
+`_HeldAcks`, a trio instrument, writes what is still held when the scheduler is about to
+wait (everything the MSGs woke has run), or after ACK_COALESCE_STEPS busy batches.
 
 Liveness: each side makes sure its peer hears from it about every heartbeat interval,
 with a heartbeat PING (unanswered: the peer's own prove the peer alive) only when it has sent
@@ -114,6 +119,7 @@ class DataChannels(Protocol):
     # Set by the link: called (in the trio thread) with the handle of a channel the data
     # plane found broken and dropped itself; the link dials a new one if it dialed that.
     on_broken: Callable[[int], None] | None
+
 
 RECEIVE_SIZE = 1 << 20  # one data-plane chunk in as few reads as possible (TLS)
 SCRATCH_SIZE = 64 << 10  # plain TCP: per-connection receive buffer for everything but payloads
