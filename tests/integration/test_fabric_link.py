@@ -47,6 +47,7 @@ from ualinkd.fabric.wire import (
 )
 
 DW = (3, 0x1000, 0, 0)
+WATCHDOG = 20.0
 
 
 def make_pod(ack_ms: int = 300) -> PodConfig:
@@ -436,6 +437,23 @@ def _tls_kw(name: str, ca: trustme.CA, cert_name: str | None = None) -> dict[str
         ca.configure_trust(ctx)
         cert.configure_cert(ctx)
     return {"ssl_context": server_ctx, "ssl_client_context": client_ctx}
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+async def test_a_held_ack_leaves_without_waiting_for_other_traffic(pod: Pod, tls: bool) -> None:
+    """§5.1: a MSG whose handler sends nothing back (no reply to share the ACK's write
+    with) is still acknowledged at once, not at the next heartbeat: with heartbeats 4 s
+    apart and the 0.3 s ACK timeout every send succeeds, over TLS too (where the writer
+    task, not the held-ACK hook, writes: review5 found it waited for the next wake-up)."""
+    ca = trustme.CA()
+    kw: dict[str, object] = {"heartbeat_interval": 4.0, "heartbeat_timeout": 20.0}
+    a = await pod.start("a", **(_tls_kw("a", ca) if tls else {}), **kw)
+    await pod.start("c", **(_tls_kw("c", ca) if tls else {}), **kw)
+    with trio.fail_after(WATCHDOG):
+        await a.send(0, 4, DW)  # (the link comes up)
+        for _ in range(3):
+            await trio.sleep(0.05)
+            await a.send(0, 4, DW)  # DrmError(ETIME) if the ACK waited for a heartbeat
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])

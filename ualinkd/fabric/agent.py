@@ -248,7 +248,7 @@ class UalinkAgent:
             return None
         item = (src, p.decode_message(dwords))
         if (self._ring_idle.get(dst) and self._send_batch_soon is not None
-                and isinstance(item[1], _HANDLED_AT_ONCE)):
+                and self._send_batch is not None and isinstance(item[1], _HANDLED_AT_ONCE)):
             self._receive_now(dst, *item)
             return None
         self._ring_idle[dst] = False  # (what follows it waits behind it, in the ring)
@@ -268,6 +268,14 @@ class UalinkAgent:
         out together, one batch per destination, once the burst is handled or before a
         reply the ring must wait for (HELLO_ACK, NPA_RSP), so each link's order stays the
         order of the handlers."""
+        try:
+            await self._ring(mgr, rx)
+        finally:
+            self._ring_idle[mgr.accel_id] = False  # (stopped: nothing is handled at once)
+
+    async def _ring(
+        self, mgr: UalinkManager, rx: trio.MemoryReceiveChannel[tuple[int, p.Message]]
+    ) -> None:
         while True:
             self._ring_idle[mgr.accel_id] = rx.statistics().current_buffer_used == 0
             try:

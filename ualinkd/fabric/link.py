@@ -210,14 +210,31 @@ class _HeldAcks(trio.abc.Instrument):
     def before_io_wait(self, timeout: float) -> None:
         if not self.held:
             return
-        for conn, waited in list(self.held.items()):
-            if timeout > 0 or waited >= ACK_COALESCE_STEPS or not conn.has_data_to_send:
-                del self.held[conn]
+        rerun = False
+        try:
+            for conn, waited in list(self.held.items()):
+                if timeout > 0 or waited >= ACK_COALESCE_STEPS or not conn.has_data_to_send:
+                    del self.held[conn]
+                    conn.soon = False
+                    if conn.down is None:
+                        conn.flush()  # what the woken tasks did not write with it
+                        # The writer must finish it (TLS; a full socket): it was woken, but
+                        # trio chose this wait's timeout before calling us.
+                        rerun = rerun or bool(conn.pending)
+                else:
+                    self.held[conn] = waited + 1
+        except Exception:  # a bug: loud, and what is held still goes (trio would drop us)
+            log.exception("fabric: writing held ACKs failed")
+            for conn in self.held:
                 conn.soon = False
-                if conn.down is None:
-                    conn.flush()  # what the woken tasks did not write with it
-            else:
-                self.held[conn] = waited + 1
+            self.held.clear()
+            rerun = True
+        if rerun:
+            trio.lowlevel.current_trio_token().run_sync_soon(_nothing)
+
+
+def _nothing() -> None:
+    """(run_sync_soon's callback: only its wake-up of the run loop is wanted)"""
 
 
 class _LinkDown(Exception):
@@ -716,7 +733,8 @@ class FabricLink:
                     log.debug("fabric %s: listening on %s:%d", self.node_name, host, self.port)
                     task_status.started(self.port)
         finally:
-            trio.lowlevel.remove_instrument(self._held_acks)
+            with contextlib.suppress(KeyError):  # (not there if it ever raised: trio drops it)
+                trio.lowlevel.remove_instrument(self._held_acks)
             self._held_acks.held.clear()
             self._closed = True
             self._expiring = None
@@ -1044,13 +1062,16 @@ class FabricLink:
                 assert self._data_channels is not None
                 self._data_channels.close(handle)
             conn.fd = -1  # nothing writes to the fd number once it is closed (and reused)
-            for w in (*conn.waiters.values(), *conn.pings.values()):
-                w.set(None)
             if self._conns.get(peer) is conn:
                 del self._conns[peer]
                 self._up[peer] = trio.Event()
                 if self._on_peer_state is not None:
                     self._on_peer_state(peer, False)
+            # After the link is gone: a waiter's callback (a batch's outcomes, send_batch_soon)
+            # that sends to this peer again parks that send for the next link, as a task
+            # woken here did when it ran.
+            for w in (*conn.waiters.values(), *conn.pings.values()):
+                w.set(None)
             down = conn.down or _LinkDown("closed")
             if conn.expired > 1:
                 log.info("fabric %s: %d requests from %s refused past their deadline",
@@ -1551,8 +1572,8 @@ class FabricLink:
         `send_batch` decides (it waits in line for the link, or fails)."""
         peer = self._owner.get(dst_accel)
         conn = self._conns.get(peer) if peer is not None else None
-        if (conn is None or src_accel not in self._local_accels or self._expiring is None
-                or not messages):
+        if (conn is None or conn.down is not None or src_accel not in self._local_accels
+                or self._expiring is None or not messages):
             return None
         give_up = trio.current_time() + self.ack_timeout
         seqs = conn.session.send_messages(src_accel, dst_accel, messages)
