@@ -172,3 +172,34 @@ def test_data_longer_than_its_load_is_a_protocol_error():
     a.receive_data(b.data_to_send())
     with pytest.raises(RemoteProtocolError, match="DATA of 9 bytes answers a LOAD of 8"):
         a.next_event(0.0)
+
+
+def test_a_large_load_outstanding_is_known_until_its_data_or_forget():
+    """The reader's header-only read (link.py) follows `expects_large_data`: true while a
+    LOAD whose DATA the decoder collects (wire.COLLECT_AT on) is outstanding and no frame
+    is part read, false once its DATA was decoded or it was forgotten; small LOADs and
+    STOREs never make it true."""
+    from ualinkd.fabric.session import DataReceived
+    from ualinkd.fabric.wire import COLLECT_AT, DATA_HEADER_SIZE
+
+    a = Session("B", {2}, {0}, now=0.0)
+    b = Session("A", {0}, {2}, now=0.0)
+    a.send_request(0, 2, 4096, COLLECT_AT - 1)
+    a.send_request(0, 2, 4096, b"x" * COLLECT_AT)
+    assert not a.expects_large_data
+    big = a.send_request(0, 2, 0, COLLECT_AT)
+    other = a.send_request(0, 2, 0, 1 << 20)
+    assert a.expects_large_data
+    a.forget(other)
+    assert a.expects_large_data
+    b.receive_data(a.data_to_send())
+    while b.next_event(0.0) is not NEED_DATA:
+        pass
+    b.send_data(big, 0, b"y" * COLLECT_AT)
+    wire = b.data_to_send()
+    a.receive_data(wire[:DATA_HEADER_SIZE - 1])  # part of a frame: read on normally
+    assert a.next_event(0.0) is NEED_DATA and not a.expects_large_data
+    a.receive_data(wire[DATA_HEADER_SIZE - 1:])
+    ev = a.next_event(0.0)
+    assert isinstance(ev, DataReceived) and len(ev.data) == COLLECT_AT
+    assert not a.expects_large_data

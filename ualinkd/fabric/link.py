@@ -80,6 +80,7 @@ from .session import (
 )
 from .splice import PipedPayload, PipePool, unread
 from .wire import (
+    DATA_HEADER_SIZE,
     Channel,
     Dwords,
     Frame,
@@ -1226,7 +1227,15 @@ class FabricLink:
                         try:
                             if piped is None:
                                 into = session.receive_buffer()
-                                n = os.readv(fd, [scratch if into is None else into])
+                                if into is not None:
+                                    n = os.readv(fd, [into])
+                                elif session.expects_large_data:
+                                    # Only the next frame's header (a large DATA's, likely):
+                                    # the payload is then spliced whole, none of it copied
+                                    # through scratch and again into the FUSE reply's pipe.
+                                    n = os.readv(fd, [scratch[:DATA_HEADER_SIZE]])
+                                else:
+                                    n = os.readv(fd, [scratch])
                             elif piped.piping:
                                 n = piped.splice_from(fd)
                             else:

@@ -26,6 +26,7 @@ from typing import Final
 
 from .wire import (
     _FAST,
+    COLLECT_AT,
     HANDSHAKE_FRAMES,
     MAX_DATA,
     NEED_DATA,
@@ -125,6 +126,7 @@ class Session:
         self._issued = 0
         self._outstanding: dict[int, FrameType] = {}  # seq -> MSG | LOAD | STORE
         self._load_length: dict[int, int] = {}  # seq of an outstanding LOAD -> its length
+        self._large_loads = 0  # of them, those whose DATA is collected (wire.COLLECT_AT on)
         self._pings: set[int] = set()
         # Bytes of the ACKs and PONGs queued so far in answer to the peer's MSGs and PINGs
         # (the link stops reading from a peer that sends them faster than it takes them).
@@ -212,6 +214,7 @@ class Session:
         self._outstanding[seq] = frame.frame_type
         if isinstance(length_or_data, int):
             self._load_length[seq] = length_or_data
+            self._large_loads += length_or_data >= COLLECT_AT
         return seq
 
     def send_data(self, seq: int, status: int,
@@ -241,7 +244,18 @@ class Session:
     def forget(self, seq: int) -> None:
         """The sender stopped waiting for `seq`: a late reply is dropped, not an error."""
         self._outstanding.pop(seq, None)
-        self._load_length.pop(seq, None)
+        self._load_done(seq)
+
+    def _load_done(self, seq: int) -> None:
+        if self._load_length.pop(seq, 0) >= COLLECT_AT:
+            self._large_loads -= 1
+
+    @property
+    def expects_large_data(self) -> bool:
+        """A LOAD whose DATA the decoder will collect is outstanding, and no frame is part
+        read: the reader may then read just the next frame's DATA header, so that all of a
+        large payload can be spliced (none of it copied in with the header)."""
+        return self._large_loads > 0 and not self._decoder.buffered
 
     def forget_ping(self, token: int) -> None:
         self._pings.discard(token)
@@ -355,7 +369,7 @@ class Session:
             event = self._reply(frame.seq, (FrameType.LOAD, FrameType.STORE),
                                 DataReceived(frame.seq, frame.status, frame.data))
             if event is not None:
-                self._load_length.pop(frame.seq, None)
+                self._load_done(frame.seq)
             return event
         assert ft in HANDSHAKE_FRAMES
         raise RemoteProtocolError(f"{self.peer}: {ft.name} after the handshake")

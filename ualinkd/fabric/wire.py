@@ -606,7 +606,7 @@ class FrameDecoder:
             with memoryview(buf) as view:  # one copy, not a bytearray slice and a copy of it
                 data = bytes(view[start:end])
             return Data(*head, data) if len(head) == 2 else _store(head, data)
-        if end - start < _COLLECT_AT:
+        if end - start < COLLECT_AT:
             return NEED_DATA
         self._head = head
         self._size = end - start
@@ -619,4 +619,5 @@ class FrameDecoder:
 _MSG_TYPE: Final = int(FrameType.MSG)
 _ACK_TYPE: Final = int(FrameType.ACK)
 # Payloads from this size on are collected in their own buffer (FrameDecoder.receive_buffer).
-_COLLECT_AT: Final = 64 << 10
+COLLECT_AT: Final = 64 << 10
+DATA_HEADER_SIZE: Final = _DATA_HDR.size  # a DATA frame up to its payload
