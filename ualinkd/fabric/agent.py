@@ -23,7 +23,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 import trio
 
@@ -319,7 +319,7 @@ class UalinkAgent:
         while True:
             while pending:
                 eff = pending.popleft()
-                if isinstance(eff, Send) and isinstance(eff.tag, _RING_REPLIES):
+                if self._ring_awaits(eff):
                     self._start(mgr, later)
                     later.clear()
                     self._reply_now(mgr, eff, pending, later)
@@ -403,14 +403,18 @@ class UalinkAgent:
         while mgr.outbox:  # (most messages, a RELEASE received, cause none)
             effects = mgr.take_effects()
             for eff in effects:
-                if isinstance(eff, Send) and (
-                        isinstance(eff.tag, _RING_REPLIES)
-                        or (eff.tag is None and self._send_batch is None)):
+                if self._ring_awaits(eff):
                     self._start(mgr, later)
                     later.clear()
                     await self._do_send(mgr, eff)
                 else:
                     later.append(eff)
+
+    def _ring_awaits(self, eff: Effect) -> TypeGuard[Send]:
+        """A send the ring awaits before its next message: a reply (HELLO_ACK, NPA_RSP), and
+        every send when no batches can be queued."""
+        return isinstance(eff, Send) and (isinstance(eff.tag, _RING_REPLIES)
+                                          or (eff.tag is None and self._send_batch is None))
 
     def _run_effects(self, mgr: UalinkManager) -> None:
         while effects := mgr.take_effects():

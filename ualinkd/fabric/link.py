@@ -326,13 +326,14 @@ class _Batch:
     def _finish(self) -> None:
         self.event.set()
 
-    def outcomes(self, peer: str, seqs: list[int], ack_timeout: float) -> list[SendOutcome]:
+    def outcomes(self, seqs: list[int], ack_timeout: float) -> list[SendOutcome]:
         """Each MSG's outcome, in order, once the batch is over (every ACK in, the link
         dropped, or the deadline passed): None or the DrmError `FabricLink.send` raises,
         with when it became known. A seq still waiting is forgotten here (a late ACK is
         dropped)."""
         now = trio.current_time()
         conn = self.conn
+        peer = conn.peer
         out: list[SendOutcome] = []
         missing = (f"link to {peer} dropped before the ACK" if self.dropped else
                    f"no ACK from {peer} within {ack_timeout:g} s")
@@ -357,11 +358,10 @@ class _CompletingBatch(_Batch):
     task's wait (FabricLink.send_batch_soon): the task a batch cost was a spawn and two
     scheduler steps on both ends of every import."""
 
-    __slots__ = ("ack_timeout", "completion", "peer", "seqs")
+    __slots__ = ("ack_timeout", "completion", "seqs")
 
     def __init__(self, conn: _Conn, seqs: list[int], ack_timeout: float) -> None:
         self.completion: Completion[list[SendOutcome]] | None = Completion()
-        self.peer = conn.peer
         self.seqs = seqs
         self.ack_timeout = ack_timeout
         super().__init__(conn, len(seqs))
@@ -369,7 +369,7 @@ class _CompletingBatch(_Batch):
     def _finish(self) -> None:
         c, self.completion = self.completion, None
         if c is not None:  # (a drop sets each of its seqs' waiter: this one, once each)
-            c.set_result(self.outcomes(self.peer, self.seqs, self.ack_timeout))
+            c.set_result(self.outcomes(self.seqs, self.ack_timeout))
 
     def expire(self, conn: _Conn, seq: int) -> None:
         self._finish()
@@ -384,7 +384,7 @@ class _Parked:
     def __init__(self, src: int, dst: int, messages: Sequence[Dwords], give_up: float) -> None:
         self.src, self.dst, self.messages, self.give_up = src, dst, messages, give_up
         self.event = trio.Event()  # set once queued, dropped or failed, or the link closed
-        self.queued: tuple[_Conn, tuple[list[int], _Batch]] | None = None
+        self.queued: tuple[list[int], _Batch] | None = None
         self.error: LocalProtocolError | None = None
 
 
@@ -1525,7 +1525,7 @@ class FabricLink:
         if peer is None or conn is None or src_accel not in self._local_accels:
             return self._send_batch_later(src_accel, dst_accel, messages, give_up)
         queued = self._queue_batch(conn, src_accel, dst_accel, messages)
-        return self._wait_batch(peer, conn, queued, give_up)
+        return self._wait_batch(queued, give_up)
 
     def _parks(self, peer: str | None, src_accel: int) -> bool:
         """Whether a send to `peer` now waits in line for its link (it is down)."""
@@ -1540,8 +1540,8 @@ class FabricLink:
         for parked in self._parked.pop(peer, ()):
             if parked.give_up > now:
                 try:
-                    parked.queued = conn, self._queue_batch(conn, parked.src, parked.dst,
-                                                            parked.messages)
+                    parked.queued = self._queue_batch(conn, parked.src, parked.dst,
+                                                      parked.messages)
                 except LocalProtocolError as e:  # (the sender's bug: raised to it)
                     parked.error = e
             parked.event.set()
@@ -1560,16 +1560,22 @@ class FabricLink:
             why = (errno.ESHUTDOWN, "the fabric link is closed") if self._closed else (
                 errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
             return [(DrmError(*why), trio.current_time()) for _ in parked.messages]
-        conn, queued = parked.queued
-        return await self._wait_batch(peer, conn, queued, parked.give_up)
+        return await self._wait_batch(parked.queued, parked.give_up)
 
     def _queue_batch(self, conn: _Conn, src_accel: int, dst_accel: int,
-                     messages: Sequence[Dwords]) -> tuple[list[int], _Batch]:
+                     messages: Sequence[Dwords], soon: bool = False
+                     ) -> tuple[list[int], _Batch]:
+        """Queue `messages` on `conn` and write them; their ACKs go to one batch waiter (a
+        _CompletingBatch with its deadline kept by `_expire` when `soon`)."""
+        give_up = trio.current_time() + self.ack_timeout
         seqs = conn.session.send_messages(src_accel, dst_accel, messages)
-        batch = _Batch(conn, len(seqs))
+        batch = (_CompletingBatch(conn, seqs, self.ack_timeout) if soon
+                 else _Batch(conn, len(seqs)))
         waiters = conn.waiters
         for seq in seqs:
             waiters[seq] = batch
+        if isinstance(batch, _CompletingBatch):
+            self._deadline(give_up, conn, seqs[0], batch)
         conn.flush()
         return seqs, batch
 
@@ -1584,17 +1590,9 @@ class FabricLink:
         if (conn is None or conn.down is not None or src_accel not in self._local_accels
                 or self._expiring is None or not messages):
             return None
-        give_up = trio.current_time() + self.ack_timeout
-        seqs = conn.session.send_messages(src_accel, dst_accel, messages)
-        batch = _CompletingBatch(conn, seqs, self.ack_timeout)
-        completion = batch.completion
-        assert completion is not None  # (set once the batch is over, later)
-        waiters = conn.waiters
-        for seq in seqs:
-            waiters[seq] = batch
-        self._deadline(give_up, conn, seqs[0], batch)
-        conn.flush()
-        return completion
+        _, batch = self._queue_batch(conn, src_accel, dst_accel, messages, soon=True)
+        assert isinstance(batch, _CompletingBatch) and batch.completion is not None
+        return batch.completion
 
     def _deadline(self, give_up: float, conn: _Conn, seq: int,
                   waiter: _Completing | _CompletingBatch) -> None:
@@ -1617,21 +1615,20 @@ class FabricLink:
             except DrmError as e:
                 err = e
             else:
-                queued = conn, self._queue_batch(conn, src_accel, dst_accel, messages)
+                queued = self._queue_batch(conn, src_accel, dst_accel, messages)
         if queued is None:
             now = trio.current_time()
             why = (err.errno, err.strerror) if err is not None else (
                 errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
             return [(DrmError(*why), now) for _ in messages]
-        conn, (seqs, batch) = queued
-        return await self._wait_batch(peer, conn, (seqs, batch), give_up)
+        return await self._wait_batch(queued, give_up)
 
-    async def _wait_batch(self, peer: str, conn: _Conn, queued: tuple[list[int], _Batch],
+    async def _wait_batch(self, queued: tuple[list[int], _Batch],
                           give_up: float) -> list[SendOutcome]:
         seqs, batch = queued
         with trio.move_on_at(give_up):
             await batch.event.wait()
-        return batch.outcomes(peer, seqs, self.ack_timeout)
+        return batch.outcomes(seqs, self.ack_timeout)
 
     def _check_ack(self, peer: str, waiter: _Waiter | None) -> None:
         if waiter is None or not waiter.event.is_set():

@@ -45,12 +45,13 @@ def _fdinfo(pid: int, fd: int) -> tuple[int | None, str | None]:
     """(ino, mnt_id) of fd `fd` of process `pid`, from its fdinfo (None for a field it
     lacks). FileNotFoundError: no such fd."""
     text = _read_proc(f"/proc/{pid}/fdinfo/{fd}")
-    return _field(text, b"ino:"), (str(m) if (m := _field(text, b"mnt_id:")) is not None
-                                   else None)
+    mnt_id = _field(text, b"mnt_id:")
+    return _field(text, b"ino:"), None if mnt_id is None else str(mnt_id)
 
 
 def _field(text: bytes, name: bytes) -> int | None:
-    """The decimal value of the fdinfo line `name` (e.g. b"ino:"), None if absent."""
+    """The decimal value of the /proc line `name` (e.g. b"ino:" of an fdinfo, b"Tgid:" of
+    a status), None if absent."""
     if text.startswith(name):
         at = 0
     elif (at := text.find(b"\n" + name)) < 0:
@@ -146,8 +147,6 @@ _theirs_ok: set[tuple[str, str, str | None]] = set()
 def tgid_of(tid: int) -> int | None:
     """The process of a thread (FUSE reports the calling thread), None when it is gone."""
     try:
-        status = _read_proc(f"/proc/{tid}/status")
-        at = status.index(b"\nTgid:") + 6
-        return int(status[at:status.index(b"\n", at)])
-    except (OSError, ValueError):
+        return _field(_read_proc(f"/proc/{tid}/status"), b"Tgid:")
+    except OSError:
         return None
