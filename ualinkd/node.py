@@ -9,6 +9,7 @@ keys (/proc), reading and writing a caller's memory, and the syncobj wait primit
 from __future__ import annotations
 
 import errno
+import functools
 import inspect
 import logging
 import time
@@ -301,7 +302,7 @@ class NodeCore:
 
     def ioctl(
         self, drm_file: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
-    ) -> IoctlReply | Awaitable[IoctlReply]:
+    ) -> IoctlReply | Awaitable[IoctlReply] | Completion[IoctlReply]:
         assert isinstance(drm_file, DrmFile)
         if cmd == UALINKD_IOCTL_MMAP_GRANT:  # ualinkd's own, by its whole number (abi/cpumap.py)
             return self.cpu_maps.render_ioctl(drm_file, in_bytes, caller)
@@ -312,6 +313,9 @@ class NodeCore:
             self._begin_call(caller)
         res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
         self.after_request()
+        if isinstance(res, Completion):
+            return res.then(functools.partial(self._ioctl_answered, drm_file, cmd, in_bytes,
+                                              caller, start))
         if not isinstance(res, IoctlResult):
             return self._ioctl_later(res, drm_file, cmd, in_bytes, caller, start)
         if self.tracer is None and not self._mem:  # nothing to record, nothing to forget
@@ -323,6 +327,19 @@ class NodeCore:
         caller: Caller, start: float,
     ) -> IoctlReply:
         res = await self._ended_if_not_done(pending, caller)
+        self.after_request()
+        return self._reply(res, drm_file, cmd, in_bytes, caller, start)
+
+    def _ioctl_answered(self, drm_file: DrmFile, cmd: int, in_bytes: bytes, caller: Caller,
+                        start: float, answered: Completion[IoctlResult]) -> IoctlReply:
+        """`_ioctl_later` for an answer that comes by callback (a remote import's). An
+        interrupted wait ends as an errno (EINTR): the call is recorded and forgotten the
+        same way."""
+        try:
+            res = answered.result()
+        except Exception:
+            self._end_call(caller)
+            raise
         self.after_request()
         return self._reply(res, drm_file, cmd, in_bytes, caller, start)
 

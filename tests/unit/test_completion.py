@@ -81,3 +81,30 @@ def test_a_chain_is_the_composition_of_its_steps(adds: list[int], early: bool, x
     if not early:
         c.set_result(x)
     assert seen == [x + sum(adds)]
+
+
+def test_cancel_runs_the_producers_canceller_once_and_only_before_the_result() -> None:
+    """An interruptible wait (spec I13: the NPA_RSP wait): the consumer's cancel() runs the
+    producer's canceller, which ends the completion with its error, through the steps; a
+    second cancel, or one after the result, does nothing."""
+    calls: list[int] = []
+    c: Completion[int] = Completion()
+    c.on_cancel(lambda: (calls.append(1), c.set_error(DrmError(errno.EINTR))))
+    d = c.then(lambda c: c.result() + 1)
+    seen: list[BaseException] = []
+
+    def done(c: Completion[int]) -> None:
+        with pytest.raises(DrmError) as e:
+            c.result()
+        seen.append(e.value)
+
+    d.when_done(done)
+    assert d.cancel() and not d.cancel()
+    assert calls == [1] and len(seen) == 1 and seen[0].errno == errno.EINTR
+
+    late: Completion[int] = Completion()
+    late.on_cancel(lambda: calls.append(2))
+    late.set_result(3)
+    uncancellable: Completion[int] = Completion()
+    assert not late.cancel() and not uncancellable.cancel()
+    assert calls == [1] and late.result() == 3 and not uncancellable.done

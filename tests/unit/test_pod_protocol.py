@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import errno
 import struct
+from typing import TypeVar
 
 import pytest
 import trio
 
 from ualinkd.config import PodConfig
+from ualinkd.drm.completion import Completion
 from ualinkd.drm.device import Caller
 from ualinkd.drm.errors import DrmError
 from ualinkd.fabric.agent import UalinkAgent
@@ -18,6 +20,8 @@ from ualinkd.node import NodeCore
 from ualinkd.ualink import protocol as p
 from ualinkd.ualink.peers import ConnState, NodeState
 from ualinkd.ualink.state import AddrMode
+
+T = TypeVar("T")
 
 UALINK = 0xC018645B
 GEM_CREATE = 0xC0206440
@@ -67,9 +71,24 @@ async def start(nursery: trio.Nursery, cfg: PodConfig, fabric: MemFabric) -> lis
 
 async def ioctl(core: NodeCore, f, cmd: int, data: bytes) -> tuple[int, bytes]:
     r = core.ioctl(f, cmd, data, (cmd >> 16) & 0x3FFF, ME)
+    if isinstance(r, Completion):
+        return await completed(r)
     if not isinstance(r, tuple):
         r = await r
     return r
+
+
+async def completed(c: Completion[T]) -> T:
+    """An answer that comes by callback (a remote import's), awaited as the FUSE edge
+    takes it: a cancelled wait gives it up (its INTERRUPT)."""
+    done = trio.Event()
+    c.when_done(lambda _: done.set())
+    try:
+        await done.wait()
+    except trio.Cancelled:
+        c.cancel()
+        raise
+    return c.result()
 
 
 async def create_export(core: NodeCore, size: int = 1 << 20):
@@ -313,7 +332,7 @@ async def test_timed_out_waits_leave_no_events_behind(nursery, autojump_clock):
     for i in range(3):
         rc, _ = await import_(b, fb, (lo ^ (i << 10), hi))
         assert rc == -errno.ETIMEDOUT
-    assert agent_b._events == {}
+    assert agent_b._imports == {}
     assert not b.managers[128].imports
 
 

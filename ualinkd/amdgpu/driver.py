@@ -11,6 +11,7 @@ not depend on the one above it.
 from __future__ import annotations
 
 import errno
+import functools
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -18,6 +19,7 @@ from typing import Protocol
 from ..abi import constants as c
 from ..abi import ioctls as tbl
 from ..abi import structs as st
+from ..drm.completion import Completion
 from ..drm.device import Caller, DriverVersion, DrmDevice, Handler, ProcessMemory
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
@@ -46,7 +48,7 @@ class UalinkOps(Protocol):
 
     def import_handle(
         self, file: DrmFile, handle_lo: int, handle_hi: int
-    ) -> DmaBuf | Awaitable[DmaBuf]: ...
+    ) -> DmaBuf | Completion[DmaBuf]: ...
 
     def revoke(self, bo: AmdgpuBo) -> None: ...
 
@@ -338,11 +340,10 @@ class AmdgpuDriver:
         raise DrmError(errno.EINVAL, f"GEM_OP op {args.op}")
 
     # -- UALINK_HANDLE (§1.3–§1.6) ---------------------------------------------------------------
-    async def _import_later(
-        self, pending: Awaitable[DmaBuf], file: DrmFile, kdata: bytearray, caller: Caller
-    ) -> None:
-        """A remote import completes over the fabric (§1.6 I3–I20); the ioctl answers then."""
-        buf = await pending
+    def _import_answered(self, file: DrmFile, kdata: bytearray, caller: Caller,
+                         answered: Completion[DmaBuf]) -> None:
+        """A remote import completed over the fabric (§1.6 I3–I20); the ioctl answers now."""
+        buf = answered.result()
         if file.closed:
             buf.put()
             raise DrmError(errno.EBADF, "the file closed while the import was in flight")
@@ -352,7 +353,7 @@ class AmdgpuDriver:
     @tbl.handles(tbl.AMDGPU_UALINK_HANDLE)
     def ualink_handle_ioctl(
         self, file: DrmFile, kdata: bytearray, caller: Caller
-    ) -> Awaitable[None] | None:
+    ) -> Completion[None] | None:
         args = st.decode_ualink_handle_in(bytes(kdata[:24]))
         # The state check comes before the op is even looked at (§1.6 step 1, §11.1).
         if self.ualink is None or not self.ualink.accel_active:
@@ -363,7 +364,7 @@ class AmdgpuDriver:
         elif args.op == c.UalinkOp.IMPORT:
             got = self.ualink.import_handle(file, args.handle_lo, args.handle_hi)
             if not isinstance(got, DmaBuf):
-                return self._import_later(got, file, kdata, caller)
+                return got.then(functools.partial(self._import_answered, file, kdata, caller))
             token = self.device.tokens.install(got, file, caller.uid)
             kdata[0:4] = st.UALINK_HANDLE_OUT_IMPORT.pack(token)
         else:

@@ -6,6 +6,10 @@ the result (the fabric link, when the exporter's DATA comes in) calls `set_resul
 started and no scheduler step passes in between, which is what a GPU load's round trip costs
 otherwise (a task per request and two wake-ups: issue 15's profile). A consumer that cannot
 take a callback gets an awaitable instead; producers offer both (see fabric/agent.py).
+
+A wait the caller may give up (an import's NPA_RSP wait, interruptible in the kernel: I13)
+has a canceller: the producer's `on_cancel(fn)`, run by the consumer's `cancel()` while the
+result is not in; `fn` ends the completion itself, with the error it chooses.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class Completion(Generic[T]):
     `when_done(cb)`, at most once and last, runs `cb(self)` as soon as the result is there
     (at once if it already is)."""
 
-    __slots__ = ("_callback", "_done", "_error", "_steps", "_value")
+    __slots__ = ("_callback", "_canceller", "_done", "_error", "_steps", "_value")
 
     def __init__(self) -> None:
         self._callback: Callable[[Completion[T]], None] | None = None
@@ -37,6 +41,7 @@ class Completion(Generic[T]):
         self._done = False
         self._value: T | None = None
         self._error: Exception | None = None
+        self._canceller: Callable[[], None] | None = None
 
     @property
     def done(self) -> bool:
@@ -52,6 +57,7 @@ class Completion(Generic[T]):
         if self._done:
             raise RuntimeError("Completion finished twice")
         self._done, self._value, self._error = True, value, error
+        self._canceller = None
         steps, self._steps = self._steps, []
         for fn in steps:
             self._step(fn)
@@ -64,6 +70,19 @@ class Completion(Generic[T]):
             self._value, self._error = fn(self), None
         except Exception as e:
             self._value, self._error = None, e
+
+    def on_cancel(self, canceller: Callable[[], None]) -> None:
+        """(The producer) what `cancel()` runs: it must finish the completion."""
+        self._canceller = canceller
+
+    def cancel(self) -> bool:
+        """(The consumer) give up the wait: the producer's canceller runs, once, if the
+        result is not in (True); without one, or once done, nothing happens (False)."""
+        canceller, self._canceller = self._canceller, None
+        if canceller is None or self._done:
+            return False
+        canceller()
+        return True
 
     def result(self) -> T:
         """The value, or the exception raised; only once done."""

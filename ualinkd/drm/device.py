@@ -10,6 +10,7 @@ ones in `syncobj.py`. The edge injects user-memory access and the wait primitive
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import struct
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,7 @@ from ..abi.constants import (
     DRM_RDWR,
 )
 from ..abi.ioc import IOC_READ, IOC_WRITE, ioc_dir, ioc_size
+from .completion import Completion
 from .errors import DrmError
 from .file import DrmFile
 from .gem import DmaBuf, GemObject
@@ -52,7 +54,7 @@ class Caller:
 
 # A handler works on the kernel buffer in place, like a drm_ioctl_t on kdata. One that needs
 # the fabric returns an awaitable that finishes the work (and may raise DrmError) instead.
-Handler = Callable[[DrmFile, bytearray, Caller], Awaitable[None] | None]
+Handler = Callable[[DrmFile, bytearray, Caller], Awaitable[None] | Completion[None] | None]
 # User memory of the caller, for arrays behind ioctl pointers: awaitables (the edge does the
 # access off the thread that serves FUSE, DESIGN "Restricted ioctls"); both raise
 # DrmError(EFAULT) unless every byte was done.
@@ -161,6 +163,17 @@ async def finish_later(pending: Awaitable[None], spec: tbl.IoctlSpec, kdata: byt
     return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
 
 
+def finish_answered(spec: tbl.IoctlSpec, kdata: bytearray, out_size: int,
+                    answered: Completion[None]) -> IoctlResult:
+    """`finish_later` for a handler answered by callback (a remote import)."""
+    result = 0
+    try:
+        answered.result()
+    except DrmError as e:
+        result = -e.errno
+    return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
+
+
 class DrmDevice:
     def __init__(
         self,
@@ -228,7 +241,7 @@ class DrmDevice:
     # -- dispatch (drm_ioctl) -----------------------------------------------------------------
     def ioctl(
         self, f: DrmFile, cmd: int, in_bytes: bytes, caller: Caller
-    ) -> IoctlResult | Awaitable[IoctlResult]:
+    ) -> IoctlResult | Awaitable[IoctlResult] | Completion[IoctlResult]:
         route = self._routes.get(cmd) or self._route(cmd)
         if route is None:
             return self._ioctl_unrouted(f, cmd, in_bytes)
@@ -246,6 +259,8 @@ class DrmDevice:
         except DrmError as e:
             result = -e.errno
         else:
+            if isinstance(pending, Completion):
+                return pending.then(functools.partial(finish_answered, spec, kdata, out_size))
             if pending is not None:
                 return finish_later(pending, spec, kdata, out_size)
             result = 0

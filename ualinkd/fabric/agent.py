@@ -5,7 +5,7 @@ waits, delivers and carries: one receive task per local accel that hands that ac
 messages to its manager in arrival order, awaiting the sends each one answers with before
 the next (the soft IH ring, §5.1); one timer task per accel that calls `handle_timer(now)`
 at the manager's `get_timer()`; the sends' outcomes reported back with the time; and the
-waits of imports in flight, woken by the managers' `Wake` effects.
+imports in flight, each a Completion the managers' `Wake` effects end (no task waits).
 
 Costs per burst, not per message: the sends one manager call produces (a file's close that
 revokes 2,000 BOs, a ring's burst of NPA_REVOKEs answered) are queued on each link in
@@ -90,6 +90,15 @@ def _piece_fault(piece: RemotePiece, e: DrmError) -> DrmError:
                     f"GPU page fault at NPA {piece.npa_byte_address:#x}: {e.strerror}")
 
 
+def _deliver(flow: ImportFlow, c: Completion[DmaBuf]) -> None:
+    try:
+        buf = flow.outcome()
+    except DrmError as e:
+        c.set_error(e)
+    else:
+        c.set_result(buf)
+
+
 # Replies a receive handler sends: awaited (or queued) by the ring before its next message.
 _RING_REPLIES = (HelloAckSent, NpaRspSent)
 # The messages that come one per request: an import's NPA_REQ, and the answers to this
@@ -116,7 +125,8 @@ class UalinkAgent:
         self._send = send
         self._request = request
         self._request_soon = request_soon
-        self._events: dict[tuple[int, ImportDone], trio.Event] = {}
+        # The imports in flight, by the Wake that ends them (wait_import).
+        self._imports: dict[tuple[int, ImportDone], tuple[ImportFlow, Completion[DmaBuf]]] = {}
         self._nursery: trio.Nursery | None = None
         self._rx: dict[int, trio.MemorySendChannel[tuple[int, p.Message]]] = {}
         # accel -> True: its ring is waiting for a message with none queued (and none handed
@@ -377,23 +387,27 @@ class UalinkAgent:
             self._timer_kick[mgr.accel_id].set()
 
     # -- imports --------------------------------------------------------------------------------
-    async def wait_import(self, mgr: UalinkManager, flow: ImportFlow) -> DmaBuf:
-        """Wait for the manager to decide the import (§1.6 I6–I20); the outcome is its."""
+    def wait_import(self, mgr: UalinkManager, flow: ImportFlow) -> Completion[DmaBuf]:
+        """The import's outcome (§1.6 I6–I20), the manager's decision, delivered by callback
+        in the call that brings its `Wake` (the link's, for an NPA_RSP handled at once): no
+        task waits for it. Its canceller is the waiter's interruption (I10/I13): the
+        manager drops the import and the completion ends with EINTR."""
+        c: Completion[DmaBuf] = Completion()
+        if flow.done:
+            _deliver(flow, c)
+            return c
         key = (mgr.accel_id, ImportDone(flow.node.handle_lo))
-        try:
-            while not flow.done:
-                await self._events.setdefault(key, trio.Event()).wait()
-        except BaseException:
-            mgr.import_cancelled(flow)  # I10
+        self._imports[key] = (flow, c)
+
+        def cancel() -> None:
+            if self._imports.pop(key, None) is None:
+                return
+            mgr.import_cancelled(flow)
             self.drain()
-            raise
-        finally:
-            # A wait that ends without its Wake (cancellation) must not leave its event
-            # behind.
-            ev = self._events.get(key)
-            if ev is not None and not ev.is_set() and not ev.statistics().tasks_waiting:
-                del self._events[key]
-        return flow.outcome()
+            c.set_error(DrmError(errno.EINTR, "the import was interrupted"))
+
+        c.on_cancel(cancel)
+        return c
 
     # -- effects ------------------------------------------------------------------------------
     async def _ring_effects(self, mgr: UalinkManager, later: list[Effect]) -> None:
@@ -433,11 +447,12 @@ class UalinkAgent:
         among this accel's sends fixed), one batch per destination whose ACKs one task
         awaits (a revoke of 2,000 BOs from 8 importers: 8 batches, not 16,000 tasks)."""
         batches: dict[int, list[Send]] = {}
+        woken: list[tuple[ImportFlow, Completion[DmaBuf]]] = []
         for eff in effects:
             if isinstance(eff, Wake):
-                ev = self._events.pop((mgr.accel_id, eff.key), None)
-                if ev is not None:
-                    ev.set()
+                waiter = self._imports.pop((mgr.accel_id, eff.key), None)
+                if waiter is not None:
+                    woken.append(waiter)
             elif self._nursery is None:
                 log.debug("agent not running: dropping %s", eff)
             elif self._send_batch is not None and mgr.accel_active:
@@ -461,6 +476,10 @@ class UalinkAgent:
                 continue
             wait = self._send_batch(mgr.accel_id, dst, messages)
             self._nursery.start_soon(self._finish_batch, mgr, sends, wait)
+        # Last: a waiter answers its ioctl in this call, and the requests that follow may
+        # queue sends of their own, which must come after those above.
+        for flow, c in woken:
+            _deliver(flow, c)
 
     async def _transmit(self, mgr: UalinkManager, dst: int, dwords: p.Dwords) -> None:
         """One message from `mgr`'s accel (§5.1): ESHUTDOWN once that accel is not ACTIVE

@@ -51,11 +51,12 @@ class NodeBackend(Protocol):
 
     def ioctl(
         self, drm_file: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
-    ) -> IoctlReply | Awaitable[IoctlReply]:
+    ) -> IoctlReply | Awaitable[IoctlReply] | Completion[IoctlReply]:
         """A restricted ioctl. in_bytes has _IOC_SIZE(cmd) bytes when the IN bit is set
         (else b""), out_size is _IOC_SIZE(cmd) when the OUT bit is set (else 0).
-        May return an awaitable when the answer needs the fabric; the tree then
-        replies from a task and keeps serving other requests."""
+        May return an awaitable or a Completion when the answer needs the fabric (a wait,
+        a remote import); the tree then replies from a task, or from the call that
+        completes it, and keeps serving other requests meanwhile."""
         ...
 
     def gpu_read(

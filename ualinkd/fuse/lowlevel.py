@@ -125,7 +125,7 @@ class Operations(Protocol):
     def releasedir(self, ino: int, fh: int) -> None: ...
     def ioctl(
         self, ino: int, fh: int, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
-    ) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]: ...
+    ) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]] | Completion[tuple[int, bytes]]: ...
 
 
 # The session whose fuse_session_process_buf() is running. Callbacks only ever run inside
@@ -147,7 +147,10 @@ class FuseSession:
         self._llops = ffi.new("struct fuse_lowlevel_ops *")
         lib._ualinkd_ops_init(self._llops)
         self._callers: dict[tuple[int, int, int], Caller] = {}
-        self._interruptible: dict[int, trio.CancelScope] = {}  # req address -> its wait
+        # req address -> what gives up its wait when its caller gets a signal (INTERRUPT):
+        # a task's cancel scope, or a Completion's cancel (then the key is in _interrupted)
+        self._interruptible: dict[int, Callable[[], None]] = {}
+        self._interrupted: set[int] = set()
         # Requests a Completion will answer (req address -> req): answered EINTR when serve()
         # ends, as its tasks are, so none is answered after the session is gone.
         self._completing: dict[int, Any] = {}
@@ -160,6 +163,7 @@ class FuseSession:
         # The C receive/process loop's state: its request count, the flag that stops it
         # after the request it is processing (unmount, a fatal exception), and its linger.
         self._loop = ffi.new("struct _ualinkd_loop *")
+        self._draining = False  # inside _drain: a callback must not start another
         self._tasks = 0  # answers running as tasks in the nursery (_spawn)
         # Small GPU loads of imported memory, in C (fuse/dataplane.py); its thread runs
         # while serve() does.
@@ -224,6 +228,10 @@ class FuseSession:
         finally:
             self._serving = False
             self.data_plane.stop(errno.EINTR)
+            # An interruptible wait answered by a Completion gives up as a task's does when
+            # its nursery is cancelled (an import in flight is dropped): answered EINTR.
+            for key in [k for k in self._completing if k in self._interruptible]:
+                self._interruptible[key]()
             pending, self._completing = self._completing, {}
             for req in pending.values():
                 self._reply_err_late(req, errno.EINTR)
@@ -283,7 +291,11 @@ class FuseSession:
         # No linger while an answer waits on trio: it would wait behind us.
         loop.linger_ns = 0 if self._tasks or self._completing else LINGER_NS
         loop.turns = TURNS_PER_WAKEUP
-        n = lib._ualinkd_drain(self._se, self._buf, loop)
+        self._draining = True
+        try:
+            n = lib._ualinkd_drain(self._se, self._buf, loop)
+        finally:
+            self._draining = False
         if self._fatal is not None:
             exc, self._fatal = self._fatal, None
             self._loop.stop = 0
@@ -365,7 +377,7 @@ class FuseSession:
         self._loop.linger_ns = 0  # its answer comes from trio: the loop must not linger
         if op == "ioctl":
             key = int(ffi.cast("uintptr_t", req))
-            self._interruptible[key] = scope
+            self._interruptible[key] = scope.cancel
             lib.fuse_req_interrupt_func(req, lib._on_interrupt, ffi.NULL)  # may cancel now
         self._nursery.start_soon(self._finish_async, req, key, scope, op, aw, finish, args)
 
@@ -392,21 +404,38 @@ class FuseSession:
             self._tasks -= 1
             if key:
                 del self._interruptible[key]  # before any await: req's address may be reused
-        if not self._tasks and not self._completing and self._fd >= 0:
-            # Its caller's next request (an import's token open) comes some 10-40 µs after
-            # this answer: the C loop waits for it (LINGER_NS) rather than trio, as it
-            # does after an answer it gave itself (_ualinkd_drain).
-            self._drain()
+        self._drain_after_answer()
+
+    def _drain_after_answer(self) -> None:
+        """After a late ioctl answer: its caller's next request (an import's token open)
+        comes some 10-40 µs later, and the C loop waits for it (LINGER_NS) rather than
+        trio, as it does after an answer it gave itself (_ualinkd_drain). Not from inside a
+        callback (an answer completed by a request): that loop is the one running."""
+        if not self._tasks and not self._completing and self._fd >= 0 and not self._draining:
+            try:
+                self._drain()
+            except OSError:
+                pass  # (the device failed: serve()'s own next read meets it, and ends)
 
     def _complete(self, req: Any, op: str, c: Completion[Any], finish: Reply,
                   args: tuple[Any, ...]) -> None:
         """Answer `req` when `c` completes, from whoever completes it (the fabric's reader:
-        a GPU load's DATA), with no task in between. Not interruptible, as `_spawn`'s GPU
-        loads and stores are not; the fabric's deadline ends it."""
+        a GPU load's DATA, an import's NPA_RSP), with no task in between. An ioctl's wait is
+        interruptible as `_spawn`'s is (I10/I13): INTERRUPT cancels `c`, and the answer is
+        EINTR. GPU loads and stores are not; the fabric's deadline ends them."""
 
         key = int(ffi.cast("uintptr_t", req))
         self._completing[key] = req
         self._loop.linger_ns = 0  # whoever completes it runs in trio: do not linger
+        ioctl = op == "ioctl"
+        if ioctl and not c.done:
+            def interrupted() -> None:
+                self._interrupted.add(key)  # (before: the cancel may answer it at once)
+                if not c.cancel():  # a wait that cannot be given up: it ends as it ends
+                    self._interrupted.discard(key)
+
+            self._interruptible[key] = interrupted
+            lib.fuse_req_interrupt_func(req, lib._on_interrupt, ffi.NULL)  # may cancel now
         if op == "read":
             # A GPU load's bytes may come in a pipe (drm/loaded.py): its reply is then
             # written to /dev/fuse by us, which takes the request's unique (read now, from
@@ -421,6 +450,15 @@ class FuseSession:
                     reply_buf(req, value, *args)
 
         def done(c: Completion[Any]) -> None:
+            if ioctl:
+                self._interruptible.pop(key, None)  # (req's address may be reused after this)
+                if key in self._interrupted:
+                    self._interrupted.discard(key)
+                    if self._completing.pop(key, None) is not None:
+                        log.debug("fuse ioctl: interrupted by a signal to the caller, "
+                                  "replying EINTR")
+                        self._reply_err_late(req, errno.EINTR)
+                    return
             if self._completing.pop(key, None) is None:
                 return  # answered when serve() ended
             try:
@@ -434,6 +472,8 @@ class FuseSession:
                 self._reply_err_late(req, errno.EIO)
                 return
             self._finish_late(req, op, finish, value, args)
+            if ioctl:
+                self._drain_after_answer()
 
         try:
             c.when_done(done)
@@ -639,9 +679,9 @@ def _answer_later(s: FuseSession | None, req: Any, op: str, r: Any, reply: Reply
 def _on_interrupt(req: Any, data: Any) -> None:
     """libfuse: the kernel interrupted `req` (its caller got a signal)."""
     s = _active
-    scope = s._interruptible.get(int(ffi.cast("uintptr_t", req))) if s is not None else None
-    if scope is not None:
-        scope.cancel()
+    give_up = s._interruptible.get(int(ffi.cast("uintptr_t", req))) if s is not None else None
+    if give_up is not None:
+        give_up()
 
 
 @ffi.def_extern()

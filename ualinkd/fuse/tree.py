@@ -353,7 +353,7 @@ class FileTree:
 
     def ioctl(
         self, ino: int, fh: int, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
-    ) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]:
+    ) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]] | Completion[tuple[int, bytes]]:
         if cmd == UALINKD_IOCTL_MMAP_GRANT:
             # The file's access mode is what the open gave it, not what the caller says:
             # a read-only fd never gets a writable mapping (do_mmap's FMODE_WRITE check).
@@ -375,12 +375,14 @@ class FileTree:
             except DrmError as e:
                 raise FuseError(e.errno) from None
         try:
-            r = self._backend_ioctl(drm_file, cmd, in_bytes, out_size, caller)
+            got = self._backend_ioctl(drm_file, cmd, in_bytes, out_size, caller)
         except DrmError as e:
             raise FuseError(e.errno) from None
-        if type(r) is tuple:
-            return r
-        return _drm_errors_to_fuse(r)  # type: ignore[arg-type]  # (as above)
+        if type(got) is tuple:
+            return got
+        if isinstance(got, Completion):
+            return got.then(_drm_error_to_fuse)
+        return _drm_errors_to_fuse(got)  # type: ignore[arg-type]  # (as above)
 
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller

@@ -57,7 +57,7 @@ import heapq
 import itertools
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -65,6 +65,7 @@ from ..abi.constants import CREATE_NO_CPU_ACCESS, DOMAIN_NPA, DOMAIN_VRAM, GPU_P
 from ..amdgpu import translation
 from ..amdgpu.bo import AmdgpuBo, pin_in_vram
 from ..amdgpu.driver import AmdgpuDriver
+from ..drm.completion import Completion
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf
@@ -241,7 +242,8 @@ class ConnSetup:
     deadline: float | None = None
 
 
-ImportWaiter = Callable[["UalinkManager", ImportFlow], Awaitable[DmaBuf]]
+# The fabric's wait for an import's outcome: a Completion its Wake (or an interruption) ends.
+ImportWaiter = Callable[["UalinkManager", ImportFlow], Completion[DmaBuf]]
 
 
 # The importers of every export nobody imports yet: one shared dict that stays empty (an
@@ -557,7 +559,7 @@ class UalinkManager:
     # -- import (§1.6 I1–I20) -----------------------------------------------------------------
     def import_handle(
         self, file: DrmFile, handle_lo: int, handle_hi: int
-    ) -> DmaBuf | Awaitable[DmaBuf]:
+    ) -> DmaBuf | Completion[DmaBuf]:
         exporter_id = handle_lo & p.HANDLE_LO_ID_MASK
         if exporter_id >= ACCEL_MAX:  # I1
             raise DrmError(errno.EINVAL, f"exporter accel id {exporter_id} >= 256")
