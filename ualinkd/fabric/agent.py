@@ -137,10 +137,9 @@ class UalinkAgent:
         # accel -> set once the message handled at once is done (its reply's ACK came):
         # until then the ring is busy, and waits for it before its next message
         self._ring_busy: dict[int, trio.Event] = {}
-        # accel -> the deadline its timer task sleeps until, and the event that wakes it
-        # sooner (set only when a manager's next deadline comes before that).
-        self._timer_at: dict[int, float] = {}
-        self._timer_kick: dict[int, trio.Event] = {}
+        # accel -> the cancel scope its timer task sleeps in, whose deadline is the manager's
+        # next one: brought forward in place when a sooner one is armed (no wake-up).
+        self._timer_scopes: dict[int, trio.CancelScope] = {}
         node.attach_fabric(self.drain, self.wait_import,
                            self.remote_access if request is not None else None,
                            self.remote_access_soon if request_soon is not None else None)
@@ -373,18 +372,21 @@ class UalinkAgent:
         is armed), then let it decide what the time means."""
         while True:
             deadline = mgr.get_timer()
-            kick = self._timer_kick[mgr.accel_id] = trio.Event()
-            at = self._timer_at[mgr.accel_id] = math.inf if deadline is None else deadline
-            with trio.move_on_at(at):
-                await kick.wait()
+            with trio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
+                self._timer_scopes[mgr.accel_id] = scope
+                await trio.sleep_forever()
             mgr.handle_timer(trio.current_time())
             self._run_effects(mgr)
 
     def _check_timer(self, mgr: UalinkManager) -> None:
-        """Wake the timer task only when the next deadline moved before its sleep."""
+        """A deadline armed before the timer task's: its sleep ends then instead. Moving the
+        scope's deadline wakes nobody (an import's NPA_REQ arms one, its NPA_RSP, often in
+        the same read, disarms it: a wake-up each cost the importer a task step). A scope
+        that already ended is harmless to move: its task reads get_timer() anew."""
         deadline = mgr.get_timer()
-        if deadline is not None and deadline < self._timer_at.get(mgr.accel_id, -math.inf):
-            self._timer_kick[mgr.accel_id].set()
+        scope = self._timer_scopes.get(mgr.accel_id)
+        if deadline is not None and scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
 
     # -- imports --------------------------------------------------------------------------------
     def wait_import(self, mgr: UalinkManager, flow: ImportFlow) -> Completion[DmaBuf]:
