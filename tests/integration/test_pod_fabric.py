@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -238,6 +239,38 @@ def test_importer_killed_while_exporter_revokes(tmp_path):
             # (the reset follows the NPA's release in a later step of A's: wait for it too)
             assert wait_until(lambda: "state=NOT_READY" in a.debug(128, "ualink_peers"))
             assert a.debug(128, "gem_objects") == ""
+
+
+def test_importer_stops_while_an_import_waits(tmp_path):
+    """§1.6 I13, §6.9: the importing daemon is stopped (SIGTERM) while a client waits for an
+    NPA_RSP that never comes: the wait ends at once (the stop answers it, as a signal to
+    the caller would), the daemon exits cleanly well before the 5 s response timeout, and
+    nothing in its log is a traceback."""
+    with running_pod(tmp_path, config=pod_config(2, response_ms=5000)) as (a, b):
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            os.close(cb.import_(ca.export(ca.bo_create())))  # the connection is up
+            handle = ca.export(ca.bo_create())
+            rel = b.mount / "sys/kernel/debug/dri/128/ualink_drop_msg"
+            rel.write_text(f"{1 << int(MsgType.NPA_RSP):#x}\n")
+            proc = subprocess.Popen([sys.executable, "-c", _IMPORT_CLIENT, b.render(),
+                                     str(handle[0]), str(handle[1])],
+                                    stdout=subprocess.PIPE, text=True)
+            try:
+                assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
+                assert wait_until(lambda: "state=" in b.debug(128, "ualink_imports")
+                                  and int(rel.read_text(), 16) == 0)  # the drop happened
+                start = time.monotonic()
+                assert b.stop(timeout=3) == 0
+                assert proc.wait(3) == 0
+                assert time.monotonic() - start < 3  # (not the 5 s response timeout)
+                ret, err = proc.stdout.read().split()
+                assert ret == "-1" and int(err) in (errno.EINTR, errno.ENOTCONN), (ret, err)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            log = b.log_text()
+            assert "Traceback" not in log and "unexpected exception" not in log, log
 
 
 def test_tls_fabric(tmp_path):
