@@ -1,7 +1,8 @@
 """libfuse3's low-level session driven from trio: mount, the receive/process loop, replies.
 
 Turns C callbacks into calls on an `Operations` object with Python values, and its return
-values (or `FuseError`, or an awaitable answered from a task) into `fuse_reply_*` calls.
+values (or `FuseError`, an awaitable answered from a task, or a Completion answered in the
+call that completes it) into `fuse_reply_*` calls.
 """
 
 from __future__ import annotations
