@@ -241,6 +241,27 @@ def test_importer_killed_while_exporter_revokes(tmp_path):
             assert a.debug(128, "gem_objects") == ""
 
 
+def _waiting_import(ca: Client, b, dropped: str
+                    ) -> tuple[subprocess.Popen[str], tuple[int, int]]:
+    """A client process importing a new export of `ca`'s on `b`, whose `dropped` message
+    `b` drops (debugfs ualink_drop_msg), once it waits for it; and the handle."""
+    handle = ca.export(ca.bo_create())
+    rel = b.mount / "sys/kernel/debug/dri/128/ualink_drop_msg"
+    rel.write_text(f"{1 << int(MsgType[dropped]):#x}\n")
+    proc = subprocess.Popen([sys.executable, "-c", _IMPORT_CLIENT, b.render(),
+                             str(handle[0]), str(handle[1])],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
+        assert wait_until(lambda: "state=" in b.debug(128, "ualink_imports")
+                          and int(rel.read_text(), 16) == 0)  # the drop happened
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, handle
+
+
 def test_importer_stops_while_an_import_waits(tmp_path):
     """§1.6 I13, §6.9: the importing daemon is stopped (SIGTERM) while a client waits for an
     NPA_RSP that never comes: the wait ends at once (the stop answers it, as a signal to
@@ -249,16 +270,8 @@ def test_importer_stops_while_an_import_waits(tmp_path):
     with running_pod(tmp_path, config=pod_config(2, response_ms=5000)) as (a, b):
         with Client(a.render()) as ca, Client(b.render()) as cb:
             os.close(cb.import_(ca.export(ca.bo_create())))  # the connection is up
-            handle = ca.export(ca.bo_create())
-            rel = b.mount / "sys/kernel/debug/dri/128/ualink_drop_msg"
-            rel.write_text(f"{1 << int(MsgType.NPA_RSP):#x}\n")
-            proc = subprocess.Popen([sys.executable, "-c", _IMPORT_CLIENT, b.render(),
-                                     str(handle[0]), str(handle[1])],
-                                    stdout=subprocess.PIPE, text=True)
+            proc, _ = _waiting_import(ca, b, "NPA_RSP")
             try:
-                assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
-                assert wait_until(lambda: "state=" in b.debug(128, "ualink_imports")
-                                  and int(rel.read_text(), 16) == 0)  # the drop happened
                 start = time.monotonic()
                 assert b.stop(timeout=3) == 0
                 assert proc.wait(3) == 0
@@ -309,16 +322,8 @@ def test_signal_during_an_import_wait(tmp_path, dropped, after):
         with Client(a.render()) as ca, Client(b.render()) as cb:
             if dropped == "NPA_RSP":  # the connection is up before the import under test
                 os.close(cb.import_(ca.export(ca.bo_create())))
-            handle = ca.export(ca.bo_create())
-            rel = b.mount / "sys/kernel/debug/dri/128/ualink_drop_msg"
-            rel.write_text(f"{1 << int(MsgType[dropped]):#x}\n")
-            proc = subprocess.Popen([sys.executable, "-c", _IMPORT_CLIENT, b.render(),
-                                     str(handle[0]), str(handle[1])],
-                                    stdout=subprocess.PIPE, text=True)
+            proc, handle = _waiting_import(ca, b, dropped)
             try:
-                assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
-                assert wait_until(lambda: "state=" in b.debug(128, "ualink_imports")
-                                  and int(rel.read_text(), 16) == 0)  # the drop happened
                 proc.send_signal(signal.SIGUSR1)
                 assert proc.wait(3) == 0  # well before the 5 s response timeout
                 assert proc.stdout.read().split() == ["-1", str(errno.EINTR)]
