@@ -77,12 +77,13 @@ class Completion(Generic[T]):
 
     def cancel(self) -> bool:
         """(The consumer) give up the wait: the producer's canceller runs, once, if the
-        result is not in (True); without one, or once done, nothing happens (False)."""
+        result is not in; True when that ended it. Without one, once done, or when the
+        canceller found nothing to give up (its result is on its way), False."""
         canceller, self._canceller = self._canceller, None
         if canceller is None or self._done:
             return False
         canceller()
-        return True
+        return self._done
 
     def result(self) -> T:
         """The value, or the exception raised; only once done."""

@@ -402,8 +402,9 @@ class UalinkAgent:
         self._imports[key] = (flow, c)
 
         def cancel() -> None:
-            if self._imports.pop(key, None) is None:
-                return
+            if self._imports.get(key, (None, None))[1] is not c:
+                return  # (its Wake is being delivered: the outcome is on its way)
+            del self._imports[key]
             mgr.import_cancelled(flow)
             self.drain()
             c.set_error(DrmError(errno.EINTR, "the import was interrupted"))

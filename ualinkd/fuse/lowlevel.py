@@ -232,7 +232,12 @@ class FuseSession:
             # An interruptible wait answered by a Completion gives up as a task's does when
             # its nursery is cancelled (an import in flight is dropped): answered EINTR.
             for key in [k for k in self._completing if k in self._interruptible]:
-                self._interruptible[key]()
+                give_up = self._interruptible.get(key)  # (an earlier one's may answer it)
+                if give_up is not None:
+                    try:
+                        give_up()
+                    except Exception:
+                        log.exception("fuse: giving up a wait at the session's end failed")
             pending, self._completing = self._completing, {}
             for req in pending.values():
                 self._reply_err_late(req, errno.EINTR)
@@ -410,8 +415,7 @@ class FuseSession:
     def _drain_after_answer(self) -> None:
         """After a late ioctl answer: its caller's next request (an import's token open)
         comes some 10-40 µs later, and the C loop waits for it (LINGER_NS) rather than
-        trio, as it does after an answer it gave itself (_ualinkd_drain). Not from inside a
-        callback (an answer completed by a request): that loop is the one running."""
+        trio, as it does after an answer it gave itself (_ualinkd_drain)."""
         if not self._tasks and not self._completing and self._fd >= 0 and not self._draining:
             try:
                 self._drain()
@@ -472,9 +476,11 @@ class FuseSession:
                           exc_info=e)
                 self._reply_err_late(req, errno.EIO)
                 return
+            # No drain here, unlike a task's answer: this runs inside whoever completed it
+            # (the ring, the link's reader), and a request read now would queue its sends
+            # before the ones its caller has yet to queue (a ring reply): the caller's
+            # next request comes through serve()'s own turn.
             self._finish_late(req, op, finish, value, args)
-            if ioctl:
-                self._drain_after_answer()
 
         try:
             c.when_done(done)
