@@ -155,22 +155,25 @@ async def finish_later(pending: Awaitable[None], spec: tbl.IoctlSpec, kdata: byt
                        out_size: int) -> IoctlResult:
     """The end of an ioctl whose handler awaits (caller memory, a wait): its errno, and the
     user's size copied back whether it failed or not (drm_ioctl's and kfd_ioctl's rule)."""
-    result = 0
     try:
         await pending
     except DrmError as e:
-        result = -e.errno
-    return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
+        return _finished(-e.errno, spec, kdata, out_size)
+    return _finished(0, spec, kdata, out_size)
 
 
 def finish_answered(spec: tbl.IoctlSpec, kdata: bytearray, out_size: int,
                     answered: Completion[None]) -> IoctlResult:
     """`finish_later` for a handler answered by callback (a remote import)."""
-    result = 0
     try:
         answered.result()
     except DrmError as e:
-        result = -e.errno
+        return _finished(-e.errno, spec, kdata, out_size)
+    return _finished(0, spec, kdata, out_size)
+
+
+def _finished(result: int, spec: tbl.IoctlSpec, kdata: bytearray, out_size: int
+              ) -> IoctlResult:
     return IoctlResult(result, bytes(kdata[:out_size]), spec, bytes(kdata))
 
 

@@ -479,8 +479,9 @@ class UalinkAgent:
                 continue
             wait = self._send_batch(mgr.accel_id, dst, messages)
             self._nursery.start_soon(self._finish_batch, mgr, sends, wait)
-        # Last: a waiter answers its ioctl in this call, and the requests that follow may
-        # queue sends of their own, which must come after those above.
+        # Last, as an Event's waiter ran after them: a waiter's answer ends its ioctl in
+        # this call, and that ioctl's after_request starts whatever its manager queued
+        # meanwhile, which must leave after the sends above.
         for flow, c in woken:
             _deliver(flow, c)
 

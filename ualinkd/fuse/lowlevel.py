@@ -164,7 +164,6 @@ class FuseSession:
         # The C receive/process loop's state: its request count, the flag that stops it
         # after the request it is processing (unmount, a fatal exception), and its linger.
         self._loop = ffi.new("struct _ualinkd_loop *")
-        self._draining = False  # inside _drain: a callback must not start another
         self._tasks = 0  # answers running as tasks in the nursery (_spawn)
         # Small GPU loads of imported memory, in C (fuse/dataplane.py); its thread runs
         # while serve() does.
@@ -297,11 +296,7 @@ class FuseSession:
         # No linger while an answer waits on trio: it would wait behind us.
         loop.linger_ns = 0 if self._tasks or self._completing else LINGER_NS
         loop.turns = TURNS_PER_WAKEUP
-        self._draining = True
-        try:
-            n = lib._ualinkd_drain(self._se, self._buf, loop)
-        finally:
-            self._draining = False
+        n = lib._ualinkd_drain(self._se, self._buf, loop)
         if self._fatal is not None:
             exc, self._fatal = self._fatal, None
             self._loop.stop = 0
@@ -410,17 +405,11 @@ class FuseSession:
             self._tasks -= 1
             if key:
                 del self._interruptible[key]  # before any await: req's address may be reused
-        self._drain_after_answer()
-
-    def _drain_after_answer(self) -> None:
-        """After a late ioctl answer: its caller's next request (an import's token open)
-        comes some 10-40 µs later, and the C loop waits for it (LINGER_NS) rather than
-        trio, as it does after an answer it gave itself (_ualinkd_drain)."""
-        if not self._tasks and not self._completing and self._fd >= 0 and not self._draining:
-            try:
-                self._drain()
-            except OSError:
-                pass  # (the device failed: serve()'s own next read meets it, and ends)
+        if not self._tasks and not self._completing and self._fd >= 0:
+            # Its caller's next request (an import's token open) comes some 10-40 µs after
+            # this answer: the C loop waits for it (LINGER_NS) rather than trio, as it
+            # does after an answer it gave itself (_ualinkd_drain).
+            self._drain()
 
     def _complete(self, req: Any, op: str, c: Completion[Any], finish: Reply,
                   args: tuple[Any, ...]) -> None:
