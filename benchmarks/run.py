@@ -509,7 +509,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "load_4k_ns": pick("load_4k", "median_ns"),
             "load_1m_ns": pick("load_1m", "median_ns"),
         },
-        # the share of the loads fuse/dataplane.c carried (0 for 1 MiB: it carries ≤ 64 KiB)
+        # the share of the loads fuse/dataplane.c carried (the first of a mapping is Python's)
         "data_plane_share": {k: pick(k, "data_plane_share") for k in ("load_4k", "load_1m")},
         "server_cost": {k: {f: pick(k, f)["median"] for f in (
             "server_cpu_ns_per_op", "server_wait_ns_per_op", "server_switches_per_op")}
@@ -578,9 +578,9 @@ def table(result: dict[str, Any]) -> list[str]:
     lines += ["", "¹ the first import's floor is timed in its own pattern: each sample after the "
                   "same 2 ms idle gap", "  as each first import (the back-to-back sum below it is "
                   "not the same work)",
-              "² loads of 64 KiB and less that fuse/dataplane.c carried (its debugfs counter); "
-              "the rest, the first", "  of a mapping among them, went through the daemons' "
-              "Python and the link (1 MiB loads always do)"]
+              "² loads that fuse/dataplane.c carried (its debugfs counter); the rest, the "
+              "first of a mapping", "  among them, went through the daemons' Python and the "
+              "link"]
     bd = result.get("breakdown")
     if bd:
         lines += ["", "first import by phase (a second pod, daemons under benchmarks/stamps.py; "

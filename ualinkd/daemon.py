@@ -423,7 +423,7 @@ async def run_node(
         raise OSError(errno.EIO, f"{mount} is not in our mountinfo after mounting it")
     # Before the link runs: a data channel it hands over to a data plane not running yet
     # is refused, and not dialed again while that link lasts (session.serve() keeps it).
-    data_plane.start()
+    session.start_data_plane()
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(_stop_on_signal, nursery.cancel_scope, node_name)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from ualinkd.amdgpu import translation
+from ualinkd.amdgpu.memory import CHUNK
 from ualinkd.fabric.wire import FrameType
 from ualinkd.fuse.dataplane import FAST_MAX, DataPlane
 
@@ -151,9 +152,9 @@ def test_a_peer_that_does_not_read_its_answers_is_dropped_not_buffered_forever(
         plane: DataPlane, channel: socket.socket) -> None:
     """LOADs of 64 KiB from a peer that never reads the answers: the channel holds at most
     DP_OUT_MAX (8 MiB) beyond what the socket takes, then drops the peer."""
-    chunk = bytearray(FAST_MAX)
-    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA, FAST_MAX, chunk, 0)
-    frame = LOAD.pack(LOAD.size - 4, FrameType.LOAD, 1, PEER_ACCEL, OUR_ACCEL, NPA, FAST_MAX, 0)
+    chunk = bytearray(CHUNK)
+    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA, CHUNK, chunk, 0)
+    frame = LOAD.pack(LOAD.size - 4, FrameType.LOAD, 1, PEER_ACCEL, OUR_ACCEL, NPA, CHUNK, 0)
     channel.settimeout(0.05)
     sent = 0
     deadline = time.monotonic() + 20
@@ -164,7 +165,7 @@ def test_a_peer_that_does_not_read_its_answers_is_dropped_not_buffered_forever(
         except (TimeoutError, BrokenPipeError, ConnectionResetError):
             break
     # 2 GiB of answers asked for, at most 8 MiB + the socket buffers held
-    assert sent * FAST_MAX > 64 << 20, sent
+    assert sent * CHUNK > 64 << 20, sent
     channel.settimeout(5)
     drained = 0
     try:
@@ -208,11 +209,11 @@ def test_answers_held_for_a_slow_peer_are_let_go_once_it_has_them(
     """6 MiB of answers queued for a peer that reads nothing for a while (under the 8 MiB
     that drops it): once it has read them all, the channel's queue gives its memory back
     (a data plane has 64 channels: 8 MiB kept by each would be 512 MiB for good)."""
-    chunk = bytearray(b"q" * FAST_MAX)
-    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA, FAST_MAX, chunk, 0)
+    chunk = bytearray(b"q" * CHUNK)
+    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA, CHUNK, chunk, 0)
     n = 96  # 6 MiB of answers
     before = _malloced()
-    frame = LOAD.pack(LOAD.size - 4, FrameType.LOAD, 1, PEER_ACCEL, OUR_ACCEL, NPA, FAST_MAX, 0)
+    frame = LOAD.pack(LOAD.size - 4, FrameType.LOAD, 1, PEER_ACCEL, OUR_ACCEL, NPA, CHUNK, 0)
     channel.sendall(frame * n)
     deadline = time.monotonic() + 10
     while plane.stats()["served"] < n:
@@ -236,19 +237,19 @@ def test_thousands_of_routes_each_answer_its_own_bytes(plane: DataPlane,
     n = 3000
     fd = os.memfd_create("bo")
     try:
-        os.ftruncate(fd, n * FAST_MAX)
+        os.ftruncate(fd, n * CHUNK)
         for i in range(n):
-            os.pwrite(fd, i.to_bytes(4, "little") * 4, i * FAST_MAX)
+            os.pwrite(fd, i.to_bytes(4, "little") * 4, i * CHUNK)
         for i in range(n):
-            plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA + i * FAST_MAX, FAST_MAX, fd,
-                               i * FAST_MAX)
+            plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA + i * CHUNK, CHUNK, fd,
+                               i * CHUNK)
         seq = 0
         for i in (0, 1, 2, 999, 1000, 2998, 2999):
             seq += 1
-            assert load(channel, seq, NPA + i * FAST_MAX + 4, 8) == (
+            assert load(channel, seq, NPA + i * CHUNK + 4, 8) == (
                 seq, 0, i.to_bytes(4, "little") * 2)
         seq += 1
-        assert load(channel, seq, NPA + 2 * FAST_MAX - 4, 8) == (
+        assert load(channel, seq, NPA + 2 * CHUNK - 4, 8) == (
             seq, 0, bytes(4) + (2).to_bytes(4, "little"))
         small = NPA + (1 << 40)
         chunks = [bytearray(i.to_bytes(4, "little") * 1024) for i in range(32)]
@@ -267,3 +268,71 @@ def test_thousands_of_routes_each_answer_its_own_bytes(plane: DataPlane,
     finally:
         translation.changed()  # (before the memfd a route reads goes)
         os.close(fd)
+
+
+def test_a_load_of_a_mebibyte_is_answered_from_every_kind_of_chunk(
+        plane: DataPlane, channel: socket.socket) -> None:
+    """The largest load the fast path carries (FAST_MAX: the link's largest, 1 MiB) across
+    chunks of every kind side by side, off their edges: in memory, in a BO's memfd, never
+    written (zeros, sent in pieces of the C's zero buffer); one more byte, or a range past
+    the routes, is DP_FALLBACK."""
+    assert FAST_MAX == 1 << 20
+    n = FAST_MAX // CHUNK + 2
+    fd = os.memfd_create("bo")
+    mem = [bytearray(bytes([i]) * CHUNK) for i in range(n)]
+    try:
+        os.ftruncate(fd, n * CHUNK)
+        for i in range(n):
+            if i % 3 == 1:
+                os.pwrite(fd, bytes([100 + i]) * CHUNK, i * CHUNK)
+        for i in range(n):
+            backing: bytearray | int | None = (mem[i], fd, None)[i % 3]
+            plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA + i * CHUNK, CHUNK, backing,
+                               i * CHUNK if i % 3 == 1 else 0)
+        want = b"".join((bytes(mem[i]), bytes([100 + i]) * CHUNK, bytes(CHUNK))[i % 3]
+                        for i in range(n))
+        assert load(channel, 1, NPA, FAST_MAX) == (1, 0, want[:FAST_MAX])
+        assert load(channel, 2, NPA + 12345, FAST_MAX) == (2, 0, want[12345:12345 + FAST_MAX])
+        assert load(channel, 3, NPA, FAST_MAX + 1) == (3, FALLBACK, b"")
+        assert load(channel, 4, NPA + 3 * CHUNK, FAST_MAX) == (4, FALLBACK, b"")  # past them
+        assert load(channel, 5, NPA + CHUNK - 1, 2) == (5, 0, want[CHUNK - 1:CHUNK + 1])
+    finally:
+        translation.changed()  # (before the memfd a route reads goes)
+        os.close(fd)
+
+
+def test_a_mebibyte_load_of_small_bos_is_one_answer_of_their_pieces(
+        plane: DataPlane, channel: socket.socket) -> None:
+    """A 1 MiB load over 16 KiB BOs side by side (64 pieces, all a bucket keeps: four per
+    64 KiB of NPA space) is answered whole, each BO's bytes in place; over 4 KiB ones
+    (more than a bucket keeps), DP_FALLBACK, for Python to serve, never a short answer."""
+    bos = [bytearray(bytes([i]) * 16384) for i in range(FAST_MAX // 16384)]
+    for i, chunk in enumerate(bos):
+        plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA + i * 16384, 16384, chunk, 0)
+    assert load(channel, 1, NPA, FAST_MAX) == (1, 0, b"".join(map(bytes, bos)))
+    tiny = [bytearray(bytes([i & 0xFF]) * 4096) for i in range(FAST_MAX // 4096)]
+    base = NPA + (1 << 40)
+    for i, chunk in enumerate(tiny):
+        plane.route_export(PEER_ACCEL, OUR_ACCEL, base + i * 4096, 4096, chunk, 0)
+    assert load(channel, 2, base, FAST_MAX) == (2, FALLBACK, b"")
+
+
+def test_mebibyte_answers_a_slow_peer_takes_late_arrive_whole_and_in_order(
+        plane: DataPlane, channel: socket.socket) -> None:
+    """Six 1 MiB LOADs (of 16 chunks each) from a peer that reads nothing until all are
+    served: the sends the socket took in part are queued from where they stopped, mid-
+    piece, so every answer arrives whole, in order, with its bytes."""
+    chunks = [bytearray(bytes([i]) * CHUNK) for i in range(17)]
+    for i, chunk in enumerate(chunks):
+        plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA + i * CHUNK, CHUNK, chunk, 0)
+    flat = b"".join(map(bytes, chunks))
+    offsets = [0, 1, 4095, 7777, CHUNK - 3, CHUNK]
+    channel.sendall(b"".join(
+        LOAD.pack(LOAD.size - 4, FrameType.LOAD, seq, PEER_ACCEL, OUR_ACCEL, NPA + off,
+                  FAST_MAX, 0) for seq, off in enumerate(offsets)))
+    deadline = time.monotonic() + 10
+    while plane.stats()["served"] < len(offsets):
+        assert time.monotonic() < deadline, plane.stats()
+        time.sleep(0.01)
+    for seq, off in enumerate(offsets):
+        assert answer(channel) == (seq, 0, flat[off:off + FAST_MAX]), seq

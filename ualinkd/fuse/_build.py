@@ -188,7 +188,7 @@ size_t fuse_add_direntry(fuse_req_t req, char *buf, size_t bufsize, const char *
 struct ualinkd_dp;
 struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired; };
 struct ualinkd_dp *ualinkd_dp_new(void);
-int ualinkd_dp_start(struct ualinkd_dp *dp);
+int ualinkd_dp_start(struct ualinkd_dp *dp, int fuse_fd);
 void ualinkd_dp_stop(struct ualinkd_dp *dp, int err);
 void ualinkd_dp_free(struct ualinkd_dp *dp);
 int ualinkd_dp_open(struct ualinkd_dp *dp, int fd, const uint16_t *accels, int naccels);

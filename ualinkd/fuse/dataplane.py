@@ -39,7 +39,7 @@ class DataPlane:
         self.notify_fd = -1
         self._peers: dict[int, str] = {}  # channel handle -> peer
         self._fallbacks = ffi.new("struct dp_fallback[]", _FALLBACKS_PER_TAKE)
-        self._stats = ffi.new("uint64_t[4]")
+        self._stats = ffi.new("uint64_t[5]")
         self.on_broken: Callable[[int], None] | None = None  # DataChannels.on_broken
         translation.listen(self.flush)
 
@@ -47,11 +47,12 @@ class DataPlane:
     def running(self) -> bool:
         return self.notify_fd >= 0
 
-    def start(self) -> bool:
-        """Start the thread; False (one warning, loads go through Python) if it cannot."""
+    def start(self, fuse_fd: int = -1) -> bool:
+        """Start the thread, splicing large answers into `fuse_fd` (the session's /dev/fuse;
+        -1: it copies them); False (one warning, loads go through Python) if it cannot."""
         if self.pointer == ffi.NULL:
             return False
-        fd = lib.ualinkd_dp_start(self.pointer)
+        fd = lib.ualinkd_dp_start(self.pointer, fuse_fd)
         if fd < 0:
             log.warning("data plane: not started (%s); GPU loads go through the link",
                         os.strerror(-fd))
@@ -164,12 +165,13 @@ class DataPlane:
                 self.on_broken(handle[0])
 
     def stats(self) -> dict[str, int]:
-        """fast_loads: loads of ours the C carried; served: peers' LOADs it answered;
-        fallbacks: loads it handed back to Python; refused: LOADs it sent back to the link."""
+        """fast_loads: loads of ours the C carried (spliced: those whose answer it spliced
+        into /dev/fuse); served: peers' LOADs it answered; fallbacks: loads it handed back
+        to Python; refused: LOADs it sent back to the link."""
         if self.pointer == ffi.NULL:
             return {}
         lib.ualinkd_dp_stats(self.pointer, self._stats)
-        stats = dict(zip(("fast_loads", "served", "fallbacks", "refused"), self._stats,
-                         strict=True))
+        stats = dict(zip(("fast_loads", "served", "fallbacks", "refused", "spliced"),
+                         self._stats, strict=True))
         stats["channels"] = len(self._peers)
         return stats

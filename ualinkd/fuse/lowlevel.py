@@ -204,6 +204,11 @@ class FuseSession:
         self._loop.stop = 0  # an earlier session's unmount() set it
         os.set_blocking(self._fd, False)
 
+    def start_data_plane(self) -> bool:
+        """Start this session's data plane (it replies to our reads from its thread, large
+        ones spliced into our /dev/fuse); False if it cannot (loads go through Python)."""
+        return self.data_plane.start(self._fd)
+
     async def serve(self) -> None:
         """Answer requests until the session ends (unmount, or the kernel drops it).
         Awaitable replies run as tasks in a nursery owned here, so when serve() returns
@@ -214,7 +219,7 @@ class FuseSession:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                if self.data_plane.running or self.data_plane.start():  # (the daemon's
+                if self.data_plane.running or self.start_data_plane():  # (the daemon's
                     nursery.start_soon(self._serve_handed_back)  # runs before its link)
                 try:
                     while not self._drain():

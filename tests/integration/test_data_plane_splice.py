@@ -1,0 +1,183 @@
+"""The C data plane's importer side (fuse/dataplane.c) on a real FUSE mount, against a
+hand-driven exporter on a socketpair: a large answer to a carried load is spliced from the
+channel into /dev/fuse (the kernel's one copy into the caller's buffer), and answered from
+memory when the pipe cannot hold its pieces; a small one is copied; an answer that is not
+a whole one hands the load back to Python, whose own answer the caller gets."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import socket
+import struct
+from typing import Any
+
+import pytest
+import trio
+from test_fuse_tree import COMPLETION_VA, FakeBackend, Mounted, eventually, in_thread, serving
+
+from ualinkd.drm.errors import DrmError
+from ualinkd.fabric.wire import FrameType
+from ualinkd.fuse.dataplane import FAST_MAX
+
+pytestmark = pytest.mark.integration
+LOAD = struct.Struct("<IBIHHQII")  # fabric/wire.py's LOAD frame
+DATA_HEAD = struct.Struct("<IBIi")
+SRC, DST, NPA = 3, 9, 0x40_0000_0000  # our accel, the exporter's, where the BO is mapped
+SPAN = 4 * FAST_MAX  # the remote mapping at COMPLETION_VA
+
+
+def exporter_bytes(npa: int, n: int) -> bytes:
+    """What the exporter's BO holds at `npa`: each 4-byte word its own offset."""
+    first = (npa - NPA) // 4
+    words = b"".join((first + i).to_bytes(4, "little") for i in range(n // 4 + 2))
+    return words[(npa - NPA) % 4:][:n]
+
+
+class RoutedBackend(FakeBackend):
+    """Reads at COMPLETION_VA are one remote mapping: the data plane may carry them once
+    Python answered one (FakeBackend's Completion, which the test completes)."""
+
+    def gpu_read_route(self, drm_file: object, va: int,
+                       size: int) -> tuple[int, int, int, int, int] | None:
+        if COMPLETION_VA <= va < COMPLETION_VA + SPAN:
+            return COMPLETION_VA, COMPLETION_VA + SPAN, NPA, SRC, DST
+        return None
+
+
+def aligned_pread(fd: int, n: int, va: int) -> bytes:
+    """One read request of `n` bytes (a page-aligned buffer: the kernel does not split it)."""
+    with mmap.mmap(-1, n) as buf:
+        got = os.preadv(fd, [buf], va)
+        return bytes(buf[:got])
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        got = sock.recv(n - len(out))
+        assert got, "the data plane closed the channel"
+        out += got
+    return out
+
+
+def answer_load(peer: socket.socket, piece: int, status: int = 0) -> tuple[int, int]:
+    """Read one LOAD from the channel and answer it as an exporter would, its bytes sent
+    `piece` bytes per send (status != 0: no bytes). The LOAD's NPA and length."""
+    _, ft, seq, src, dst, npa, length, _ = LOAD.unpack(recv_exactly(peer, LOAD.size))
+    assert (ft, src, dst) == (FrameType.LOAD, SRC, DST)
+    data = exporter_bytes(npa, length) if status == 0 else b""
+    peer.sendall(DATA_HEAD.pack(9 + len(data), FrameType.DATA, seq, status))
+    for at in range(0, len(data), piece):
+        peer.sendall(data[at:at + piece])
+    return npa, length
+
+
+async def carried(m: Mounted, peer: socket.socket, fd: int, va: int, n: int, piece: int,
+                  status: int = 0) -> bytes:
+    """A read of `n` bytes at `va` that the data plane carries, its LOAD answered by us."""
+    async with trio.open_nursery() as nursery:
+        got: list[bytes] = []
+
+        async def read() -> None:
+            got.append(await in_thread(aligned_pread, fd, n, va))
+
+        nursery.start_soon(read)
+        npa, length = await in_thread(answer_load, peer, piece, status)
+        assert (npa, length) == (NPA + va - COMPLETION_VA, n)
+    return got[0]
+
+
+async def routed(m: Mounted) -> tuple[int, socket.socket]:
+    """An open render node whose reads at COMPLETION_VA the data plane carries on a
+    channel to us (the exporter): the first one is Python's, completed here."""
+    await eventually(lambda: m.session.data_plane.running)  # (serve() starts it)
+    ours, peer = socket.socketpair()
+    peer.settimeout(10)  # watchdog: a LOAD that never comes fails the test
+    assert m.session.data_plane.open("exporter", ours.detach(), {DST}) is not None
+    fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(in_thread, aligned_pread, fd, FAST_MAX, COMPLETION_VA)
+        await eventually(lambda: len(m.backend.completions) == 1)
+        m.backend.completions[0].set_result(exporter_bytes(NPA, FAST_MAX))
+    return fd, peer
+
+
+def stats(m: Mounted) -> dict[str, Any]:
+    return m.session.data_plane.stats()
+
+
+async def test_a_large_answer_is_spliced_into_the_caller_and_a_small_one_copied(tmp_path):
+    """1 MiB and 200 KiB answers sent whole are spliced (the `spliced` counter), at a
+    mapping's start and inside it; a 64 KiB one is received into memory and copied; every
+    caller gets the exporter's bytes. (A 1 MiB answer is spliced when the socket's pieces
+    fit the pipe's slots: 32 KiB ones do; where memory is too fragmented for them, it is
+    answered from memory, as the next test's is.)"""
+    async with serving(tmp_path / "mnt", RoutedBackend()) as m:
+        fd, peer = await routed(m)
+        with peer:
+            spliced = []
+            for va, n in [(COMPLETION_VA, FAST_MAX), (COMPLETION_VA + 3 * 4096, FAST_MAX),
+                          (COMPLETION_VA + FAST_MAX, 200 << 10),
+                          (COMPLETION_VA + 8192, 64 << 10)]:
+                before = stats(m)
+                got = await carried(m, peer, fd, va, n, piece=n)
+                assert got == exporter_bytes(NPA + va - COMPLETION_VA, n), (va, n)
+                after = stats(m)
+                assert after["fast_loads"] == before["fast_loads"] + 1
+                spliced.append(after["spliced"] - before["spliced"])
+            assert spliced[2:] == [1, 0] and 1 in spliced[:2], spliced
+            await in_thread(os.close, fd)
+
+
+async def test_an_answer_in_more_pieces_than_the_pipe_holds_is_answered_from_memory(
+        tmp_path):
+    """A 1 MiB answer sent 1 KiB at a time (on a socketpair each send is a pipe slot of its
+    own: more than the pipe's 512): what the pipe took goes to memory behind the DATA's
+    head and the rest is received there; the caller gets every byte in order, and the
+    next answer, sent whole, is spliced again."""
+    async with serving(tmp_path / "mnt", RoutedBackend()) as m:
+        fd, peer = await routed(m)
+        with peer:
+            before = stats(m)
+            got = await carried(m, peer, fd, COMPLETION_VA + 4, FAST_MAX, piece=1024)
+            assert got == exporter_bytes(NPA + 4, FAST_MAX)
+            mid = stats(m)
+            assert (mid["fast_loads"], mid["spliced"]) == (before["fast_loads"] + 1,
+                                                           before["spliced"])
+            got = await carried(m, peer, fd, COMPLETION_VA, FAST_MAX, piece=FAST_MAX)
+            assert got == exporter_bytes(NPA, FAST_MAX)
+            assert stats(m)["spliced"] == mid["spliced"] + 1
+            await in_thread(os.close, fd)
+
+
+async def test_a_large_load_the_exporter_refuses_is_python_s_to_answer(tmp_path):
+    """DP_FALLBACK (the exporter's C has no route) for a 1 MiB load: nothing is spliced, the
+    load goes back to Python (FakeBackend's Completion here, the link in a daemon), and the
+    caller gets Python's answer; an EFAULT from Python is the caller's errno."""
+    async with serving(tmp_path / "mnt", RoutedBackend()) as m:
+        fd, peer = await routed(m)
+        with peer:
+            async with trio.open_nursery() as nursery:
+                got: list[bytes | int] = []
+
+                async def read() -> None:
+                    try:
+                        got.append(await in_thread(aligned_pread, fd, FAST_MAX, COMPLETION_VA))
+                    except OSError as e:
+                        got.append(e.errno)
+
+                for answer in (b"python's" * (FAST_MAX // 8), None):
+                    k = len(m.backend.completions)
+                    nursery.start_soon(read)
+                    await in_thread(answer_load, peer, FAST_MAX, -errno.EAGAIN)
+                    await eventually(lambda k=k: len(m.backend.completions) == k + 1)
+                    if answer is None:
+                        m.backend.completions[k].set_error(DrmError(errno.EFAULT, "fault"))
+                    else:
+                        m.backend.completions[k].set_result(answer)
+                    await eventually(lambda k=k: len(got) == k)
+            assert got == [b"python's" * (FAST_MAX // 8), errno.EFAULT]
+            assert stats(m)["spliced"] == 0
+            await in_thread(os.close, fd)
