@@ -9,8 +9,12 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import signal
 import socket
 import struct
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import pytest
@@ -89,18 +93,25 @@ async def carried(m: Mounted, peer: socket.socket, fd: int, va: int, n: int, pie
     return got[0]
 
 
-async def routed(m: Mounted) -> tuple[int, socket.socket]:
-    """An open render node whose reads at COMPLETION_VA the data plane carries on a
-    channel to us (the exporter): the first one is Python's, completed here."""
+async def channel(m: Mounted) -> socket.socket:
+    """A data channel to us (the exporter): our end of it."""
     await eventually(lambda: m.session.data_plane.running)  # (serve() starts it)
     ours, peer = socket.socketpair()
     peer.settimeout(10)  # watchdog: a LOAD that never comes fails the test
     assert m.session.data_plane.open("exporter", ours.detach(), {DST}) is not None
+    return peer
+
+
+async def routed(m: Mounted, peer: socket.socket | None = None) -> tuple[int, socket.socket]:
+    """An open render node whose reads at COMPLETION_VA the data plane carries on a
+    channel to us (the exporter): the first one is Python's, completed here."""
+    peer = peer or await channel(m)
     fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
+    k = len(m.backend.completions)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(in_thread, aligned_pread, fd, FAST_MAX, COMPLETION_VA)
-        await eventually(lambda: len(m.backend.completions) == 1)
-        m.backend.completions[0].set_result(exporter_bytes(NPA, FAST_MAX))
+        await eventually(lambda: len(m.backend.completions) == k + 1)
+        m.backend.completions[k].set_result(exporter_bytes(NPA, FAST_MAX))
     return fd, peer
 
 
@@ -180,4 +191,52 @@ async def test_a_large_load_the_exporter_refuses_is_python_s_to_answer(tmp_path)
                     await eventually(lambda k=k: len(got) == k)
             assert got == [b"python's" * (FAST_MAX // 8), errno.EFAULT]
             assert stats(m)["spliced"] == 0
+            await in_thread(os.close, fd)
+
+
+async def test_a_caller_killed_while_its_answer_travels_gets_it_and_the_plane_serves_on(
+        tmp_path):
+    """The caller of a carried 1 MiB load SIGKILLed before the answer comes cannot go
+    before its request is answered (fuse's request_wait_answer waits for a request the
+    server took): the spliced reply frees it, the data plane hands nothing to Python, and
+    the next load is spliced as usual."""
+    async with serving(tmp_path / "mnt", RoutedBackend()) as m:
+        peer = await channel(m)
+        with peer:
+            # Spawned while this process has no file of the mount open: a child that
+            # closes one before it runs Python waits for its FLUSH, which this process's
+            # trio thread cannot answer while subprocess's vfork holds its GIL. Its first
+            # load is Python's (it learns that file's route), the second is carried.
+            reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+                import mmap, os
+                fd = os.open({m.path("dri/renderD128")!r}, os.O_RDWR)
+                for _ in range(2):
+                    os.preadv(fd, [mmap.mmap(-1, {FAST_MAX})], {COMPLETION_VA})
+            """)])
+            try:
+                await eventually(lambda: len(m.backend.completions) == 1)
+                m.backend.completions[0].set_result(exporter_bytes(NPA, FAST_MAX))
+                head = await in_thread(recv_exactly, peer, LOAD.size)  # (its LOAD is out)
+                reader.kill()
+                await trio.sleep(0.1)
+                assert reader.poll() is None  # still waiting for its answer
+                _, _, seq, _, _, npa, length, _ = LOAD.unpack(head)
+                peer.sendall(DATA_HEAD.pack(9 + length, FrameType.DATA, seq, 0)
+                             + exporter_bytes(npa, length))
+                with trio.fail_after(10):
+                    assert await in_thread(reader.wait) == -signal.SIGKILL
+            finally:
+                if reader.poll() is None:
+                    reader.kill()
+                    peer.close()  # (the data plane hands the load to Python: failed here)
+                    with trio.move_on_after(5):
+                        await eventually(lambda: len(m.backend.completions) > 1)
+                        m.backend.completions[1].set_error(DrmError(errno.EFAULT, "cleanup"))
+                    await in_thread(reader.wait)
+            assert stats(m)["fallbacks"] == 0
+            fd, _ = await routed(m, peer)
+            before = stats(m)["spliced"]
+            got = await carried(m, peer, fd, COMPLETION_VA, FAST_MAX, piece=FAST_MAX)
+            assert got == exporter_bytes(NPA, FAST_MAX)
+            assert stats(m)["spliced"] == before + 1
             await in_thread(os.close, fd)

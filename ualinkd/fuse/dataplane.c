@@ -612,7 +612,8 @@ broken:
 
 /* The whole answer is in the pipe: into /dev/fuse with it, as its load's reply. The load
    handed to Python meanwhile (expired), or a reply the device refused: the bytes are
-   dropped with the pipe, and Python answers (serves it again through the link). [thread] */
+   dropped with the pipe, and Python answers (the first faults it, the second serves it
+   again through the link). [thread] */
 static void dp_splice_reply(struct ualinkd_dp *dp, struct dp_channel *ch)
 {
     struct dp_pending *slot = &ch->pend[ch->spl_seq % DP_INFLIGHT], p;
@@ -638,9 +639,12 @@ static void dp_splice_reply(struct ualinkd_dp *dp, struct dp_channel *ch)
         pthread_mutex_unlock(&dp->lock);
         return;
     }
-    if (k >= 0 || errno != ENOENT)  /* (ENOENT: its caller is gone; Python frees it) */
-        dp->spl_refused = 1;        /* the device takes no spliced reply: copies from now */
     dp_pipe_reset(dp);
+    if (k < 0 && errno == ENOENT) {  /* its caller is gone (killed): nobody to answer */
+        fuse_reply_none(p.req);
+        return;
+    }
+    dp->spl_refused = 1;  /* the device takes no spliced reply: copies from now on */
     pthread_mutex_lock(&dp->lock);
     dp_fall_back(dp, &p, 0);
     pthread_mutex_unlock(&dp->lock);
