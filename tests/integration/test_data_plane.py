@@ -1,4 +1,4 @@
-"""The C data plane (fuse/dataplane.c) on real daemons: small GPU loads of imported memory
+"""The C data plane (fuse/dataplane.c) on real daemons: GPU loads of imported memory
 carried by the two daemons' C threads on their data channel, with the same bytes, faults
 and lifetimes as the link's LOAD/DATA path (spec policy 10, §4.5, §6.3)."""
 

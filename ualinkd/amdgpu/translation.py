@@ -1,6 +1,6 @@
 """A translation changed: who caches GPU VM or NPA translations outside these layers hears it.
 
-The C data plane (fuse/dataplane.c) answers small GPU loads of imported memory from routes,
+The C data plane (fuse/dataplane.c) answers GPU loads of imported memory from routes,
 caches of what these layers decided when they served a load themselves: a render file's VA
 range → an exporter's NPA range (importer), an importer's NPA range → a BO chunk's bytes
 (exporter). Every change that could make a route wrong calls `changed()` before it can

@@ -1,4 +1,4 @@
-/* The data plane's fast path: small GPU loads of imported memory, in C on both daemons.
+/* The data plane's fast path: GPU loads of imported memory, in C on both daemons.
  *
  * Appended to the cffi source of _fuse_ll (fuse/_build.py); fuse/dataplane.py is its only
  * user. Why it exists: a 4 KiB remote load through the Python daemons took three process
@@ -12,7 +12,7 @@
  *  - Importer: a FUSE read of a render node whose range a route covers (installed by
  *    Python after it served a load of that mapping itself) is sent as a LOAD on the
  *    exporter's channel straight from the read callback; the thread replies to FUSE
- *    with the DATA.
+ *    with the DATA (a large one spliced from the channel into /dev/fuse).
  *  - Exporter: a LOAD that an export route covers (installed by Python after it served a
  *    load of that range itself: the BO chunk's bytes, by address) is answered with DATA by
  *    the thread.
