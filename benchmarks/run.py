@@ -264,18 +264,22 @@ def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[
     if kind in ("load_4k", "load_1m"):
         size, count = (4 * KiB, c.loads_4k) if kind == "load_4k" else (MiB, c.loads_1m)
         clock = ServerClock(pods)
-        carried = fast_loads(b)
+        before = data_plane(b)
         out = fields(run_c(pod_lat, ["load", a.render(), b.render(), f"{size}:{count}"], cpus))
         # The share of the loads the C data plane carried (fuse/dataplane.c; the rest went
-        # through the daemons' Python and the link).
+        # through the daemons' Python and the link), and of those it spliced into FUSE.
         loads = count + count // 10 + 1
-        return {**out, **clock.per_op(loads), "data_plane_share": (fast_loads(b) - carried) / loads}
+        after = data_plane(b)
+        return {**out, **clock.per_op(loads),
+                "data_plane_share": (after["fast_loads"] - before["fast_loads"]) / loads,
+                "spliced_share": (after["spliced"] - before["spliced"]) / loads}
     raise ValueError(kind)
 
 
-def fast_loads(node: Node) -> int:
-    """The importer's count of loads the data plane carried (sys/kernel/debug)."""
-    return sysfs.parse_data_plane((node.mount / sysfs.DATA_PLANE_STATUS).read_text())["fast_loads"]
+def data_plane(node: Node) -> dict[str, int]:
+    """The importer's data-plane counters (sys/kernel/debug): fast_loads, the loads it
+    carried; spliced, those whose answer it spliced into /dev/fuse."""
+    return sysfs.parse_data_plane((node.mount / sysfs.DATA_PLANE_STATUS).read_text())
 
 
 def import_samples(out: str) -> list[dict[str, float]]:
@@ -511,6 +515,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         },
         # the share of the loads fuse/dataplane.c carried (the first of a mapping is Python's)
         "data_plane_share": {k: pick(k, "data_plane_share") for k in ("load_4k", "load_1m")},
+        "spliced_share": pick("load_1m", "spliced_share"),
         "server_cost": {k: {f: pick(k, f)["median"] for f in (
             "server_cpu_ns_per_op", "server_wait_ns_per_op", "server_switches_per_op")}
             for k in SERVED},
@@ -563,6 +568,10 @@ def table(result: dict[str, Any]) -> list[str]:
                   f"{'    share the C data plane carried ²':<{w}}"
                   f"{spread(p['data_plane_share']['load_4k'], 0.01, '{:.0f}%'):>26}",
                   f"{'  1 MiB remote GPU load':<{w}}{spread(g['load_1m_ns'], 1e3):>26}",
+                  f"{'    share the C data plane carried ²':<{w}}"
+                  f"{spread(p['data_plane_share']['load_1m'], 0.01, '{:.0f}%'):>26}",
+                  f"{'    share spliced into /dev/fuse':<{w}}"
+                  f"{spread(p['spliced_share'], 0.01, '{:.0f}%'):>26}",
                   f"{'ratios (per repetition)':<{w}}{'ratio':>26}{'goal':>9}{'  met':<6}"]
         for r in p["ratios"].values():
             met = "yes" if r["met"] else "NO"

@@ -274,8 +274,8 @@ def test_a_load_of_a_mebibyte_is_answered_from_every_kind_of_chunk(
         plane: DataPlane, channel: socket.socket) -> None:
     """The largest load the fast path carries (FAST_MAX: the link's largest, 1 MiB) across
     chunks of every kind side by side, off their edges: in memory, in a BO's memfd, never
-    written (zeros, sent in pieces of the C's zero buffer); one more byte, or a range past
-    the routes, is DP_FALLBACK."""
+    written (zeros, sent in pieces of the C's 64 KiB zero buffer, a 128 KiB route of them
+    too); one more byte, or a range past the routes, is DP_FALLBACK."""
     assert FAST_MAX == 1 << 20
     n = FAST_MAX // CHUNK + 2
     fd = os.memfd_create("bo")
@@ -296,6 +296,12 @@ def test_a_load_of_a_mebibyte_is_answered_from_every_kind_of_chunk(
         assert load(channel, 3, NPA, FAST_MAX + 1) == (3, FALLBACK, b"")
         assert load(channel, 4, NPA + 3 * CHUNK, FAST_MAX) == (4, FALLBACK, b"")  # past them
         assert load(channel, 5, NPA + CHUNK - 1, 2) == (5, 0, want[CHUNK - 1:CHUNK + 1])
+        # one route of zeros longer than the C's zero buffer (a route spans two buckets
+        # at most: 128 KiB)
+        zeros = NPA + (2 << 40)
+        plane.route_export(PEER_ACCEL, OUR_ACCEL, zeros, 2 * CHUNK, None, 0)
+        assert load(channel, 6, zeros, 2 * CHUNK) == (6, 0, bytes(2 * CHUNK))
+        assert load(channel, 7, zeros + 100, 100 << 10) == (7, 0, bytes(100 << 10))
     finally:
         translation.changed()  # (before the memfd a route reads goes)
         os.close(fd)

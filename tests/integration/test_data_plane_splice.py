@@ -66,12 +66,14 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
     return out
 
 
-def answer_load(peer: socket.socket, piece: int, status: int = 0) -> tuple[int, int]:
+def answer_load(peer: socket.socket, piece: int, status: int = 0,
+                short: int = 0) -> tuple[int, int]:
     """Read one LOAD from the channel and answer it as an exporter would, its bytes sent
-    `piece` bytes per send (status != 0: no bytes). The LOAD's NPA and length."""
+    `piece` bytes per send (status != 0: no bytes; `short`: that many fewer than asked).
+    The LOAD's NPA and length."""
     _, ft, seq, src, dst, npa, length, _ = LOAD.unpack(recv_exactly(peer, LOAD.size))
     assert (ft, src, dst) == (FrameType.LOAD, SRC, DST)
-    data = exporter_bytes(npa, length) if status == 0 else b""
+    data = exporter_bytes(npa, length - short) if status == 0 else b""
     peer.sendall(DATA_HEAD.pack(9 + len(data), FrameType.DATA, seq, status))
     for at in range(0, len(data), piece):
         peer.sendall(data[at:at + piece])
@@ -93,10 +95,22 @@ async def carried(m: Mounted, peer: socket.socket, fd: int, va: int, n: int, pie
     return got[0]
 
 
-async def channel(m: Mounted) -> socket.socket:
-    """A data channel to us (the exporter): our end of it."""
+def tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """Two ends of a loopback TCP connection, as a data channel's are (TCP_NODELAY)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        a = socket.create_connection(listener.getsockname())
+        b, _ = listener.accept()
+    for end in (a, b):
+        end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return a, b
+
+
+async def channel(m: Mounted, tcp: bool = False) -> socket.socket:
+    """A data channel to us (the exporter), a socketpair or loopback TCP: our end of it."""
     await eventually(lambda: m.session.data_plane.running)  # (serve() starts it)
-    ours, peer = socket.socketpair()
+    ours, peer = tcp_pair() if tcp else socket.socketpair()
     peer.settimeout(10)  # watchdog: a LOAD that never comes fails the test
     assert m.session.data_plane.open("exporter", ours.detach(), {DST}) is not None
     return peer
@@ -119,35 +133,39 @@ def stats(m: Mounted) -> dict[str, Any]:
     return m.session.data_plane.stats()
 
 
-async def test_a_large_answer_is_spliced_into_the_caller_and_a_small_one_copied(tmp_path):
+@pytest.mark.parametrize("tcp", [False, True], ids=["socketpair", "tcp"])
+async def test_a_large_answer_is_spliced_into_the_caller_and_a_small_one_copied(tmp_path, tcp):
     """1 MiB and 200 KiB answers sent whole are spliced (the `spliced` counter), at a
     mapping's start and inside it; a 64 KiB one is received into memory and copied; every
     caller gets the exporter's bytes. (A 1 MiB answer is spliced when the socket's pieces
     fit the pipe's slots: 32 KiB ones do; where memory is too fragmented for them, it is
-    answered from memory, as the next test's is.)"""
+    answered from memory, as the next test's is.) On TCP the rest of an answer wakes the
+    thread once it is all in (SO_RCVLOWAT), and a small answer after a large one is not
+    held back by it."""
     async with serving(tmp_path / "mnt", RoutedBackend()) as m:
-        fd, peer = await routed(m)
+        fd, peer = await routed(m, await channel(m, tcp))
         with peer:
             spliced = []
             for va, n in [(COMPLETION_VA, FAST_MAX), (COMPLETION_VA + 3 * 4096, FAST_MAX),
                           (COMPLETION_VA + FAST_MAX, 200 << 10),
-                          (COMPLETION_VA + 8192, 64 << 10)]:
+                          (COMPLETION_VA + 8192, 64 << 10), (COMPLETION_VA + 7, 9)]:
                 before = stats(m)
                 got = await carried(m, peer, fd, va, n, piece=n)
                 assert got == exporter_bytes(NPA + va - COMPLETION_VA, n), (va, n)
                 after = stats(m)
                 assert after["fast_loads"] == before["fast_loads"] + 1
                 spliced.append(after["spliced"] - before["spliced"])
-            assert spliced[2:] == [1, 0] and 1 in spliced[:2], spliced
+            assert spliced[2:] == [1, 0, 0] and 1 in spliced[:2], spliced
             await in_thread(os.close, fd)
 
 
 async def test_an_answer_in_more_pieces_than_the_pipe_holds_is_answered_from_memory(
         tmp_path):
     """A 1 MiB answer sent 1 KiB at a time (on a socketpair each send is a pipe slot of its
-    own: more than the pipe's 512): what the pipe took goes to memory behind the DATA's
-    head and the rest is received there; the caller gets every byte in order, and the
-    next answer, sent whole, is spliced again."""
+    own: more than the pipe has, 256 of 1 MiB, or 512 of 2 MiB): what the pipe took goes
+    to memory behind the DATA's head and the rest is received there; the caller gets every
+    byte in order, and the next answer, sent whole, is spliced again. Two such answers in
+    a row pause splicing on the channel: the next, sent whole, goes to memory at once."""
     async with serving(tmp_path / "mnt", RoutedBackend()) as m:
         fd, peer = await routed(m)
         with peer:
@@ -160,37 +178,44 @@ async def test_an_answer_in_more_pieces_than_the_pipe_holds_is_answered_from_mem
             got = await carried(m, peer, fd, COMPLETION_VA, FAST_MAX, piece=FAST_MAX)
             assert got == exporter_bytes(NPA, FAST_MAX)
             assert stats(m)["spliced"] == mid["spliced"] + 1
+            for piece in (1024, 1024, FAST_MAX):  # (the last one: the channel pauses)
+                got = await carried(m, peer, fd, COMPLETION_VA + 8, FAST_MAX, piece=piece)
+                assert got == exporter_bytes(NPA + 8, FAST_MAX)
+            assert stats(m)["spliced"] == mid["spliced"] + 1
+            assert stats(m)["fast_loads"] == mid["fast_loads"] + 4
             await in_thread(os.close, fd)
 
 
-async def test_a_large_load_the_exporter_refuses_is_python_s_to_answer(tmp_path):
-    """DP_FALLBACK (the exporter's C has no route) for a 1 MiB load: nothing is spliced, the
-    load goes back to Python (FakeBackend's Completion here, the link in a daemon), and the
-    caller gets Python's answer; an EFAULT from Python is the caller's errno."""
+async def test_a_large_load_not_answered_whole_is_python_s_to_answer(tmp_path):
+    """A 1 MiB load answered DP_FALLBACK (the exporter's C has no route), or with a DATA
+    4 KiB short of it: nothing is spliced, the load goes back to Python (FakeBackend's
+    Completion here, the link in a daemon), and the caller gets Python's answer; an EFAULT
+    from Python is the caller's errno."""
+    python_s = b"python's" * (FAST_MAX // 8)
     async with serving(tmp_path / "mnt", RoutedBackend()) as m:
         fd, peer = await routed(m)
         with peer:
-            async with trio.open_nursery() as nursery:
+            for status, short, answer in [(-errno.EAGAIN, 0, python_s), (0, 4096, python_s),
+                                          (-errno.EAGAIN, 0, None)]:
                 got: list[bytes | int] = []
 
-                async def read() -> None:
+                async def read(got: list[bytes | int] = got) -> None:
                     try:
                         got.append(await in_thread(aligned_pread, fd, FAST_MAX, COMPLETION_VA))
                     except OSError as e:
                         got.append(e.errno)
 
-                for answer in (b"python's" * (FAST_MAX // 8), None):
-                    k = len(m.backend.completions)
+                k = len(m.backend.completions)
+                async with trio.open_nursery() as nursery:
                     nursery.start_soon(read)
-                    await in_thread(answer_load, peer, FAST_MAX, -errno.EAGAIN)
+                    await in_thread(answer_load, peer, FAST_MAX, status, short)
                     await eventually(lambda k=k: len(m.backend.completions) == k + 1)
                     if answer is None:
                         m.backend.completions[k].set_error(DrmError(errno.EFAULT, "fault"))
                     else:
                         m.backend.completions[k].set_result(answer)
-                    await eventually(lambda k=k: len(got) == k)
-            assert got == [b"python's" * (FAST_MAX // 8), errno.EFAULT]
-            assert stats(m)["spliced"] == 0
+                assert got == [errno.EFAULT if answer is None else answer], (status, short)
+            assert stats(m)["spliced"] == 0 and stats(m)["fallbacks"] == 3
             await in_thread(os.close, fd)
 
 
@@ -225,6 +250,7 @@ async def test_a_caller_killed_while_its_answer_travels_gets_it_and_the_plane_se
                              + exporter_bytes(npa, length))
                 with trio.fail_after(10):
                     assert await in_thread(reader.wait) == -signal.SIGKILL
+                assert stats(m)["spliced"] == 1  # (its answer was)
             finally:
                 if reader.poll() is None:
                     reader.kill()

@@ -70,8 +70,8 @@
 #define DP_DATA 0x22
 #define DP_LOAD_SIZE 29           /* <IBIHHQII: length, type, seq, src, dst, npa, length, deadline */
 #define DP_DATA_HEAD 13           /* <IBIi: length, type, seq, status */
-/* A channel's receive buffer starts this big and grows to one whole DATA of the largest
-   load when one comes (an exporter's channels see only LOADs: they stay small). */
+/* A channel's receive buffer starts this big and grows to one whole DATA when one comes
+   (a spliced answer never enters it); an idle channel's shrinks back (dp_expire). */
 #define DP_IN_START (64 * 1024)
 /* A DATA goes out as one sendmsg of its head and its pieces, straight from the routes'
    memory (no copy through a frame buffer). A load of DP_FAST_MAX finds at most about 90
@@ -83,8 +83,16 @@
    memory and a write to /dev/fuse were two (a 1 MiB load: 660 µs on one CPU, against 275 µs
    for a C TCP stream's two copies). Smaller ones are not worth the pipe's three calls. */
 #define DP_SPLICE_MIN (128 * 1024)
-#define DP_PIPE_SIZE (2u << 20)   /* a reply's header and DP_FAST_MAX in any pieces TCP has */
+/* The pipe: its slots, not its bytes, are what fills. Loopback TCP's pieces are 32 KiB page
+   fragments (a 1 MiB answer takes some 40); a NIC's GRO or a fragmented memory hands over
+   pieces of a page or less, more than a 1 MiB pipe's 256 slots (2 MiB needs
+   CAP_SYS_RESOURCE). Such answers go to memory (dp_splice_to_memory); a channel whose do,
+   DP_SPLICE_MISSES in a row, stops splicing for its next DP_SPLICE_PAUSE large answers, which
+   go the memory path at once (the pipe's extra calls bought nothing). */
+#define DP_PIPE_SIZE (2u << 20)
 #define DP_SPLICE_STALLS 16       /* splices that move nothing while bytes wait: pipe full */
+#define DP_SPLICE_MISSES 2
+#define DP_SPLICE_PAUSE 256
 
 enum { DP_FREE, DP_OPEN, DP_BROKEN, DP_CLOSING };
 
@@ -108,10 +116,13 @@ struct dp_channel {
     size_t out_len, out_cap;
     char *in;                                 /* the thread's */
     size_t in_len, in_cap;
+    int64_t in_used;                          /* when it last received into a grown `in` */
     int big;                                  /* loads pending of DP_SPLICE_MIN or more:
                                                  their answers' heads are read alone */
     uint32_t spl_seq, spl_size, spl_left;     /* the answer being spliced (spl_left > 0) */
     int spl_stalls;                           /* splices in a row that moved nothing */
+    int spl_misses, spl_pause;                /* answers in a row the pipe failed; large
+                                                 answers left before it is tried again */
     char why[160];
     uint8_t accels[DP_ACCELS / 8];            /* the peer's accels */
 };
@@ -242,6 +253,7 @@ static void dp_channel_clear(struct dp_channel *ch)
     ch->want_out = 0;
     __atomic_store_n(&ch->big, 0, __ATOMIC_RELAXED);
     ch->spl_left = 0;
+    ch->spl_misses = ch->spl_pause = 0;
 }
 
 /* Load `p` is no longer pending (answered, expired, or handed to Python). [ch->lock held] */
@@ -491,6 +503,8 @@ static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char
     }
     dp_unpend(ch, &ch->pend[seq % DP_INFLIGHT]);
     pthread_mutex_unlock(&ch->lock);
+    if (p.size >= DP_SPLICE_MIN && ch->spl_pause > 0)
+        ch->spl_pause--;
     if (status == 0 && n == p.size) {
         fuse_reply_buf(p.req, f + DP_DATA_HEAD, n);
         pthread_mutex_lock(&dp->lock);
@@ -545,6 +559,23 @@ static void dp_lowat(struct dp_channel *ch, int n)
     setsockopt(ch->fd, SOL_SOCKET, SO_RCVLOWAT, &n, sizeof(n));
 }
 
+/* The pipe failed one of the channel's answers (DP_SPLICE_MISSES in a row: a pause). */
+static void dp_missed(struct dp_channel *ch)
+{
+    if (++ch->spl_misses >= DP_SPLICE_MISSES) {
+        ch->spl_misses = 0;
+        ch->spl_pause = DP_SPLICE_PAUSE;
+    }
+}
+
+/* Whether the channel's next large answer may be spliced: a pipe and a device to splice
+   into, the pipe free, the channel not pausing. Else no read stops at a head. [thread] */
+static int dp_may_splice(struct ualinkd_dp *dp, struct dp_channel *ch)
+{
+    return dp->fuse_fd >= 0 && !dp->spl_refused && ch->spl_pause == 0
+        && (dp->spl_chan < 0 || dp->spl_chan == (int)(ch - dp->ch));
+}
+
 /* The head of DATA `f` (in_len is its 13 bytes, read alone): if it whole-answers a load of
    ours of DP_SPLICE_MIN or more, its bytes are spliced into the pipe after the FUSE reply's
    header (1), else they are received as any others (0). [thread] */
@@ -555,7 +586,7 @@ static int dp_splice_begin(struct ualinkd_dp *dp, struct dp_channel *ch, const c
     struct dp_pending *p;
     int ok;
 
-    if (n < DP_SPLICE_MIN || dp_get32(f + 9) != 0 || dp->fuse_fd < 0 || dp->spl_chan >= 0)
+    if (n < DP_SPLICE_MIN || dp_get32(f + 9) != 0 || !dp_may_splice(dp, ch) || dp->spl_chan >= 0)
         return 0;
     pthread_mutex_lock(&ch->lock);
     p = &ch->pend[seq % DP_INFLIGHT];
@@ -585,8 +616,10 @@ static int dp_splice_to_memory(struct ualinkd_dp *dp, struct dp_channel *ch)
 {
     size_t got = ch->spl_size - ch->spl_left, need = DP_DATA_HEAD + (size_t)ch->spl_size;
     struct fuse_out_header out;
+    const char *why = "out of memory";
     char *in = ch->in;
 
+    dp_missed(ch);
     if (need > ch->in_cap && (in = realloc(ch->in, need)) == NULL)
         goto broken;
     ch->in = in;
@@ -595,6 +628,7 @@ static int dp_splice_to_memory(struct ualinkd_dp *dp, struct dp_channel *ch)
     in[4] = DP_DATA;
     dp_put32(in + 5, ch->spl_seq);
     dp_put32(in + 9, 0);
+    why = "its pipe read short";
     if (read(dp->spl_r, &out, sizeof(out)) != (ssize_t)sizeof(out)
             || read(dp->spl_r, in + DP_DATA_HEAD, got) != (ssize_t)got)
         goto broken;
@@ -605,7 +639,7 @@ static int dp_splice_to_memory(struct ualinkd_dp *dp, struct dp_channel *ch)
 broken:
     dp_pipe_reset(dp);
     pthread_mutex_lock(&ch->lock);
-    dp_break(dp, ch, "out of memory");
+    dp_break(dp, ch, why);
     pthread_mutex_unlock(&ch->lock);
     return -1;
 }
@@ -619,6 +653,7 @@ static void dp_splice_reply(struct ualinkd_dp *dp, struct dp_channel *ch)
     struct dp_pending *slot = &ch->pend[ch->spl_seq % DP_INFLIGHT], p;
     size_t total = sizeof(struct fuse_out_header) + ch->spl_size;
     ssize_t k;
+    int err;
 
     dp->spl_chan = -1;
     pthread_mutex_lock(&ch->lock);
@@ -631,7 +666,9 @@ static void dp_splice_reply(struct ualinkd_dp *dp, struct dp_channel *ch)
     dp_unpend(ch, slot);
     pthread_mutex_unlock(&ch->lock);
     k = splice(dp->spl_r, NULL, dp->fuse_fd, NULL, total, 0);
+    err = k < 0 ? errno : EIO;
     if (k == (ssize_t)total) {
+        ch->spl_misses = 0;
         fuse_reply_none(p.req);  /* (frees it: the reply went) */
         pthread_mutex_lock(&dp->lock);
         dp->fast_loads++;
@@ -640,11 +677,13 @@ static void dp_splice_reply(struct ualinkd_dp *dp, struct dp_channel *ch)
         return;
     }
     dp_pipe_reset(dp);
-    if (k < 0 && errno == ENOENT) {  /* its caller is gone (killed): nobody to answer */
-        fuse_reply_none(p.req);
+    if (err == ENOENT) {  /* the kernel has no such request (the connection aborted): */
+        fuse_reply_none(p.req);  /* nobody to answer */
         return;
     }
-    dp->spl_refused = 1;  /* the device takes no spliced reply: copies from now on */
+    /* (A device that refused it: the memory path for a while. One that failed it after
+       finding the request ended it EIO, and Python's answer finds ENOENT.) */
+    dp_missed(ch);
     pthread_mutex_lock(&dp->lock);
     dp_fall_back(dp, &p, 0);
     pthread_mutex_unlock(&dp->lock);
@@ -722,10 +761,12 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
             ch->in = in;
             ch->in_cap = cap;
         }
+        if (ch->in_cap > DP_IN_START)
+            ch->in_used = dp_now();
         room = ch->in_cap - ch->in_len;
         /* With a large answer due, no read goes past the frame in front (a head first, on
            its own): an answer's bytes are spliced, not read, once its head says whose. */
-        if (__atomic_load_n(&ch->big, __ATOMIC_RELAXED) > 0)
+        if (__atomic_load_n(&ch->big, __ATOMIC_RELAXED) > 0 && dp_may_splice(dp, ch))
             room = (ch->in_len < DP_DATA_HEAD ? DP_DATA_HEAD : 4 + (size_t)dp_get32(ch->in))
                    - ch->in_len;
         k = recv(ch->fd, ch->in + ch->in_len, room, MSG_DONTWAIT);
@@ -782,6 +823,14 @@ static int dp_expire(struct ualinkd_dp *dp, int64_t now)
 
     for (int c = 0; c < DP_CHANNELS; c++) {
         struct dp_channel *ch = &dp->ch[c];
+        if (ch->state == DP_OPEN && ch->in_len == 0 && ch->in_cap > DP_IN_START
+                && now - ch->in_used >= DP_IDLE_NS) {
+            char *in = realloc(ch->in, DP_IN_START);  /* (idle: a 1 MiB answer's room goes) */
+            if (in != NULL) {
+                ch->in = in;
+                ch->in_cap = DP_IN_START;
+            }
+        }
         if (ch->state == DP_FREE || ch->npend == 0)
             continue;
         pthread_mutex_lock(&dp->lock);
