@@ -11,7 +11,6 @@ import mmap
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 import trio
+from test_data_plane_channel import DATA_HEAD, LOAD, recv_exactly
 from test_fuse_tree import COMPLETION_VA, FakeBackend, Mounted, eventually, in_thread, serving
 
 from ualinkd.drm.errors import DrmError
@@ -26,8 +26,6 @@ from ualinkd.fabric.wire import FrameType
 from ualinkd.fuse.dataplane import FAST_MAX
 
 pytestmark = pytest.mark.integration
-LOAD = struct.Struct("<IBIHHQII")  # fabric/wire.py's LOAD frame
-DATA_HEAD = struct.Struct("<IBIi")
 SRC, DST, NPA = 3, 9, 0x40_0000_0000  # our accel, the exporter's, where the BO is mapped
 SPAN = 4 * FAST_MAX  # the remote mapping at COMPLETION_VA
 
@@ -55,15 +53,6 @@ def aligned_pread(fd: int, n: int, va: int) -> bytes:
     with mmap.mmap(-1, n) as buf:
         got = os.preadv(fd, [buf], va)
         return bytes(buf[:got])
-
-
-def recv_exactly(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        got = sock.recv(n - len(out))
-        assert got, "the data plane closed the channel"
-        out += got
-    return out
 
 
 def answer_load(peer: socket.socket, piece: int, status: int = 0,
