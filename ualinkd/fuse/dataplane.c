@@ -86,9 +86,10 @@
 /* The pipe: its slots, not its bytes, are what fills. Loopback TCP's pieces are 32 KiB page
    fragments (a 1 MiB answer takes some 40); a NIC's GRO or a fragmented memory hands over
    pieces of a page or less, more than a 1 MiB pipe's 256 slots (2 MiB needs
-   CAP_SYS_RESOURCE). Such answers go to memory (dp_splice_to_memory); a channel whose do,
-   DP_SPLICE_MISSES in a row, stops splicing for its next DP_SPLICE_PAUSE large answers, which
-   go the memory path at once (the pipe's extra calls bought nothing). */
+   CAP_SYS_RESOURCE). Such answers go to memory (dp_splice_to_memory); a channel whose
+   answers do so DP_SPLICE_MISSES times in a row stops splicing for its next DP_SPLICE_PAUSE
+   large answers, which take the memory path at once (the pipe's extra calls bought
+   nothing). */
 #define DP_PIPE_SIZE (2u << 20)
 #define DP_SPLICE_STALLS 16       /* splices that move nothing while bytes wait: pipe full */
 #define DP_SPLICE_MISSES 2
@@ -171,7 +172,7 @@ struct ualinkd_dp {
     int spl_r, spl_w, spl_chan, spl_refused;  /* the thread's pipe, and whose answer it holds */
     char *scratch;                            /* its bytes read from memfds (DP_FAST_MAX) */
     /* counters: loads this node sent fast and got answered fast; LOADs it served fast;
-       loads handed back to Python; LOADs answered DP_FALLBACK */
+       loads handed back to Python; LOADs answered DP_FALLBACK; fast loads spliced */
     uint64_t fast_loads, served, fallbacks, refused, spliced;
 };
 
@@ -586,7 +587,8 @@ static int dp_splice_begin(struct ualinkd_dp *dp, struct dp_channel *ch, const c
     struct dp_pending *p;
     int ok;
 
-    if (n < DP_SPLICE_MIN || dp_get32(f + 9) != 0 || !dp_may_splice(dp, ch) || dp->spl_chan >= 0)
+    if (n < DP_SPLICE_MIN || dp_get32(f + 9) != 0 || !dp_may_splice(dp, ch)
+            || dp->spl_chan >= 0)
         return 0;
     pthread_mutex_lock(&ch->lock);
     p = &ch->pend[seq % DP_INFLIGHT];
