@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from test_fuse_tree import COMPLETION_VA, FakeBackend, Mounted, eventually, in_t
 
 from ualinkd.drm.errors import DrmError
 from ualinkd.fabric.wire import FrameType
+from ualinkd.fuse import lowlevel as ll
 from ualinkd.fuse.dataplane import FAST_MAX
 
 pytestmark = pytest.mark.integration
@@ -206,6 +208,37 @@ async def test_a_large_load_not_answered_whole_is_python_s_to_answer(tmp_path):
                         m.backend.completions[k].set_result(answer)
                 assert got == [errno.EFAULT if answer is None else answer], (status, short)
             assert stats(m)["spliced"] == 0 and stats(m)["fallbacks"] == 3
+            await in_thread(os.close, fd)
+
+
+async def test_a_load_handed_back_while_the_loop_lingers_is_served_then(tmp_path, monkeypatch):
+    """After a read the data plane took, the receive loop lingers for the caller's next
+    request (CARRIED_LINGER_NS, _ualinkd_drain) with trio waiting behind it; a load the
+    data plane hands back meanwhile ends the linger (its notify fd), so Python serves it
+    then. Here the linger is 60 s: without that, the serving watchdog (20 s) ends the test."""
+    monkeypatch.setattr(ll, "CARRIED_LINGER_NS", 60 * 10**9)
+    python_s = b"python's" * (FAST_MAX // 8)
+    async with serving(tmp_path / "mnt", RoutedBackend()) as m:
+        fd, peer = await routed(m)
+        with peer:
+            # (answered from a thread: trio waits behind the linger until the hand-back)
+            answerer = threading.Thread(target=answer_load,
+                                        args=(peer, FAST_MAX, -errno.EAGAIN))
+            answerer.start()
+            got: list[bytes] = []
+
+            async def read() -> None:
+                got.append(await in_thread(aligned_pread, fd, FAST_MAX, COMPLETION_VA))
+
+            k = len(m.backend.completions)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(read)
+                    await eventually(lambda: len(m.backend.completions) == k + 1)
+                    m.backend.completions[k].set_result(python_s)
+            finally:
+                answerer.join(10)
+            assert got == [python_s] and stats(m)["fallbacks"] == 1
             await in_thread(os.close, fd)
 
 

@@ -209,7 +209,8 @@ void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out);
 void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops);
 
 /* The receive/process loop (see SOURCE). */
-struct _ualinkd_loop { unsigned long requests; int stop; long linger_ns; int turns; };
+struct _ualinkd_loop { unsigned long requests; int stop; long linger_ns; int turns;
+                       long carried_linger_ns; int wake_fd; };
 int _ualinkd_drain(struct fuse_session *se, struct fuse_buf *buf, struct _ualinkd_loop *loop);
 
 extern "Python" {
@@ -259,6 +260,8 @@ SOURCE = f"""
 #include <linux/fuse.h>
 /* The request _ualinkd_drain is processing (the read callback takes its unique). */
 static const struct fuse_buf *_ualinkd_cur_buf;
+/* The read callback gave its request to the data plane since the last receive. */
+static int _ualinkd_carried;
 
 /* libfuse 3.14's fuse_file_info has no parallel_direct_writes bit (3.15 added it), so its
    fuse_reply_open cannot ask for FOPEN_PARALLEL_DIRECT_WRITES. This is the same reply (a
@@ -374,7 +377,8 @@ static void _ualinkd_op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, 
               ctx->pid, ctx->uid, ctx->gid);
 }}
 
-struct _ualinkd_loop {{ unsigned long requests; int stop; long linger_ns; int turns; }};
+struct _ualinkd_loop {{ unsigned long requests; int stop; long linger_ns; int turns;
+                       long carried_linger_ns; int wake_fd; }};
 
 /* Receive and process requests until the device has none, or loop->turns requests and
    lingers were done (then trio gets a turn: it finds the device still readable and comes
@@ -393,6 +397,12 @@ struct _ualinkd_loop {{ unsigned long requests; int stop; long linger_ns; int tu
    ioctl took 70.7 / 63.8 µs of daemon CPU (69.8 / 62.8 µs latency) without, 51.0 / 44.0 µs
    (50.8 / 42.8 µs) with a 50 µs linger (two runs, 6 x 20,000 ioctls each). On one CPU
    the client mostly runs before the receive and it finds the request, linger or not.
+   After a read the data plane took (its answer comes from the data plane's thread, the
+   caller's next request a fabric round trip later), the linger is loop->carried_linger_ns:
+   4 KiB loads left to the scheduler took 154-201 µs with the 50 µs linger (back to trio
+   before the next load came), 124-146 µs with 250 µs (two rounds of 3 x 3,000 loads); on
+   one CPU the 50 µs one already caught them. The data plane's notify fd (loop->wake_fd)
+   ends it, for trio to serve what the thread handed back.
    The caller sets linger_ns to 0 while an answer waits on trio (a task, a Completion),
    and the budget bounds how long trio's other work can wait behind a stream of
    requests. */
@@ -415,14 +425,22 @@ static int _ualinkd_drain(struct fuse_session *se, struct fuse_buf *buf,
             if (--loop->turns <= 0)
                 return 0;
         }} else if (n == -EAGAIN) {{
-            struct pollfd pfd = {{ fuse_session_fd(se), POLLIN, 0 }};
-            struct timespec ts = {{ 0, loop->linger_ns }};
+            struct pollfd pfd[2] = {{ {{ fuse_session_fd(se), POLLIN, 0 }},
+                                     {{ loop->wake_fd, POLLIN, 0 }} }};
+            long linger = loop->linger_ns;
+            struct timespec ts;
 
-            if (lingered || loop->linger_ns <= 0)
+            if (_ualinkd_carried && linger > 0 && loop->carried_linger_ns > linger)
+                linger = loop->carried_linger_ns;
+            _ualinkd_carried = 0;
+            if (lingered || linger <= 0)
                 return 0;
             lingered = 1;  /* once per empty device: a readable fd that reads EAGAIN ends it */
-            if (--loop->turns <= 0 || ppoll(&pfd, 1, &ts, NULL) != 1)
-                return 0;  /* nothing came (or a signal): back to trio */
+            ts.tv_sec = linger / 1000000000L;
+            ts.tv_nsec = linger % 1000000000L;
+            if (--loop->turns <= 0 || ppoll(pfd, loop->wake_fd >= 0 ? 2 : 1, &ts, NULL) < 1
+                    || !(pfd[0].revents & POLLIN))
+                return 0;  /* nothing came, the data plane has work for trio, or a signal */
         }} else if (n == -EINTR) {{
             continue;
         }} else if (n == 0 || fuse_session_exited(se)) {{
@@ -444,8 +462,10 @@ static void _ualinkd_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t 
     uint64_t unique = _ualinkd_cur_buf ? _ualinkd_in_unique(_ualinkd_cur_buf) : 0;
 
     if (dp != NULL && off >= 0
-            && dp_try_load(dp, req, ino, size, (uint64_t)off, fi->fh, unique) == 0)
+            && dp_try_load(dp, req, ino, size, (uint64_t)off, fi->fh, unique) == 0) {{
+        _ualinkd_carried = 1;
         return;
+    }}
     _op_read(req, ino, size, off, fi->fh);
 }}
 

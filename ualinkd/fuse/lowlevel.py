@@ -57,6 +57,9 @@ ROOT_INO = 1
 # trio's own work (the fabric's) waits behind a stream of requests for that many at most,
 # a millisecond or two, and costs them one scheduler turn (under a µs each).
 LINGER_NS = 50_000
+# ... and after a read the C data plane took: its answer comes from the data plane's thread
+# after a fabric round trip, and the caller's next load after that (_ualinkd_drain).
+CARRIED_LINGER_NS = 250_000
 TURNS_PER_WAKEUP = 32
 _SPLICE_CAPS = lib.FUSE_CAP_SPLICE_READ | lib.FUSE_CAP_SPLICE_WRITE | lib.FUSE_CAP_SPLICE_MOVE
 
@@ -300,6 +303,8 @@ class FuseSession:
         loop = self._loop
         # No linger while an answer waits on trio: it would wait behind us.
         loop.linger_ns = 0 if self._tasks or self._completing else LINGER_NS
+        loop.carried_linger_ns = CARRIED_LINGER_NS
+        loop.wake_fd = self.data_plane.notify_fd
         loop.turns = TURNS_PER_WAKEUP
         n = lib._ualinkd_drain(self._se, self._buf, loop)
         if self._fatal is not None:
