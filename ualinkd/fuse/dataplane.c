@@ -375,6 +375,40 @@ static void dp_flush_out(struct ualinkd_dp *dp, struct dp_channel *ch)
     pthread_mutex_unlock(&ch->lock);
 }
 
+/* The thread drops the channel (dp_break, taking its lock). [thread] */
+static void dp_drop(struct ualinkd_dp *dp, struct dp_channel *ch, const char *why)
+{
+    pthread_mutex_lock(&ch->lock);
+    dp_break(dp, ch, why);
+    pthread_mutex_unlock(&ch->lock);
+}
+
+/* A read of the channel (recv or splice) returned `k`: 0, the peer closed it; else errno
+   says why it failed. The channel is dropped. [thread] */
+static void dp_read_failed(struct ualinkd_dp *dp, struct dp_channel *ch, ssize_t k)
+{
+    char why[96];
+
+    snprintf(why, sizeof(why), k == 0 ? "the peer closed it" : "receive failed: %s",
+             k == 0 ? "" : strerror(errno));
+    dp_drop(dp, ch, why);
+}
+
+/* The channel's receive buffer holds at least `need` bytes: 0, or -1 (out of memory, and
+   the buffer as it was). [thread] */
+static int dp_in_reserve(struct dp_channel *ch, size_t need)
+{
+    char *in;
+
+    if (need <= ch->in_cap)
+        return 0;
+    if ((in = realloc(ch->in, need)) == NULL)
+        return -1;
+    ch->in = in;
+    ch->in_cap = need;
+    return 0;
+}
+
 /* The bucket of NPA byte `at`'s 64 KiB for LOADs from accel `src` at our accel `dst`. */
 static int16_t *dp_ebucket(struct ualinkd_dp *dp, uint16_t src, uint16_t dst, uint64_t at)
 {
@@ -616,16 +650,15 @@ static int dp_splice_begin(struct ualinkd_dp *dp, struct dp_channel *ch, const c
    (dp_answered replies). 0, or -1 when the channel broke. [thread] */
 static int dp_splice_to_memory(struct ualinkd_dp *dp, struct dp_channel *ch)
 {
-    size_t got = ch->spl_size - ch->spl_left, need = DP_DATA_HEAD + (size_t)ch->spl_size;
+    size_t got = ch->spl_size - ch->spl_left;
     struct fuse_out_header out;
     const char *why = "out of memory";
-    char *in = ch->in;
+    char *in;
 
     dp_missed(ch);
-    if (need > ch->in_cap && (in = realloc(ch->in, need)) == NULL)
+    if (dp_in_reserve(ch, DP_DATA_HEAD + (size_t)ch->spl_size) != 0)
         goto broken;
-    ch->in = in;
-    ch->in_cap = need > ch->in_cap ? need : ch->in_cap;
+    in = ch->in;
     dp_put32(in, 9 + ch->spl_size);
     in[4] = DP_DATA;
     dp_put32(in + 5, ch->spl_seq);
@@ -640,9 +673,7 @@ static int dp_splice_to_memory(struct ualinkd_dp *dp, struct dp_channel *ch)
     return 0;
 broken:
     dp_pipe_reset(dp);
-    pthread_mutex_lock(&ch->lock);
-    dp_break(dp, ch, why);
-    pthread_mutex_unlock(&ch->lock);
+    dp_drop(dp, ch, why);
     return -1;
 }
 
@@ -697,7 +728,6 @@ static int dp_splice_more(struct ualinkd_dp *dp, struct dp_channel *ch)
 {
     ssize_t k = splice(ch->fd, NULL, dp->spl_w, NULL, ch->spl_left,
                        SPLICE_F_NONBLOCK | SPLICE_F_MOVE);
-    char why[96];
     int avail = 0;
 
     if (k > 0) {
@@ -727,13 +757,9 @@ static int dp_splice_more(struct ualinkd_dp *dp, struct dp_channel *ch)
         dp_lowat(ch, (int)ch->spl_left);
         return 0;
     }
-    snprintf(why, sizeof(why), k == 0 ? "the peer closed it" : "receive failed: %s",
-             k == 0 ? "" : strerror(errno));
+    dp_read_failed(dp, ch, k);  /* (before the pipe's close: errno) */
     dp_pipe_reset(dp);  /* (its loads go to Python: dp_reap) */
     ch->spl_left = 0;
-    pthread_mutex_lock(&ch->lock);
-    dp_break(dp, ch, why);
-    pthread_mutex_unlock(&ch->lock);
     return -1;
 }
 
@@ -751,17 +777,9 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
             continue;
         }
         /* Room for all of the frame begun (its head was checked when it came). */
-        if (ch->in_len >= 5 && 4 + (size_t)dp_get32(ch->in) > ch->in_cap) {
-            size_t cap = 4 + (size_t)dp_get32(ch->in);
-            char *in = realloc(ch->in, cap);
-            if (in == NULL) {
-                pthread_mutex_lock(&ch->lock);
-                dp_break(dp, ch, "out of memory");
-                pthread_mutex_unlock(&ch->lock);
-                return;
-            }
-            ch->in = in;
-            ch->in_cap = cap;
+        if (ch->in_len >= 5 && dp_in_reserve(ch, 4 + (size_t)dp_get32(ch->in)) != 0) {
+            dp_drop(dp, ch, "out of memory");
+            return;
         }
         if (ch->in_cap > DP_IN_START)
             ch->in_used = dp_now();
@@ -773,11 +791,7 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
                    - ch->in_len;
         k = recv(ch->fd, ch->in + ch->in_len, room, MSG_DONTWAIT);
         if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            snprintf(why, sizeof(why), k == 0 ? "the peer closed it" : "receive failed: %s",
-                     k == 0 ? "" : strerror(errno));
-            pthread_mutex_lock(&ch->lock);
-            dp_break(dp, ch, why);
-            pthread_mutex_unlock(&ch->lock);
+            dp_read_failed(dp, ch, k);
             return;
         }
         if (k < 0)
@@ -793,9 +807,7 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
                   || (type == DP_DATA && len >= 9 && len <= 9 + DP_FAST_MAX);
             if (!ok) {
                 snprintf(why, sizeof(why), "bad frame (type %#x, length %u)", type, len);
-                pthread_mutex_lock(&ch->lock);
-                dp_break(dp, ch, why);
-                pthread_mutex_unlock(&ch->lock);
+                dp_drop(dp, ch, why);
                 return;
             }
             if (ch->in_len - at < 4 + (size_t)len) {
