@@ -541,10 +541,12 @@ static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char
     if (p.size >= DP_SPLICE_MIN && ch->spl_pause > 0)
         ch->spl_pause--;
     if (status == 0 && n == p.size) {
-        fuse_reply_buf(p.req, f + DP_DATA_HEAD, n);
+        /* Counted before the reply goes: a caller that reads the counters once its load
+           returned finds it there (counted after, a test saw one load short). */
         pthread_mutex_lock(&dp->lock);
         dp->fast_loads++;
         pthread_mutex_unlock(&dp->lock);
+        fuse_reply_buf(p.req, f + DP_DATA_HEAD, n);
         return;
     }
     pthread_mutex_lock(&dp->lock);
@@ -698,17 +700,21 @@ static void dp_splice_reply(struct ualinkd_dp *dp, struct dp_channel *ch)
     p = *slot;
     dp_unpend(ch, slot);
     pthread_mutex_unlock(&ch->lock);
+    pthread_mutex_lock(&dp->lock);  /* (counted before the reply goes: dp_answered) */
+    dp->fast_loads++;
+    dp->spliced++;
+    pthread_mutex_unlock(&dp->lock);
     k = splice(dp->spl_r, NULL, dp->fuse_fd, NULL, total, 0);
     err = k < 0 ? errno : EIO;
     if (k == (ssize_t)total) {
         ch->spl_misses = 0;
         fuse_reply_none(p.req);  /* (frees it: the reply went) */
-        pthread_mutex_lock(&dp->lock);
-        dp->fast_loads++;
-        dp->spliced++;
-        pthread_mutex_unlock(&dp->lock);
         return;
     }
+    pthread_mutex_lock(&dp->lock);  /* (it was not carried after all) */
+    dp->fast_loads--;
+    dp->spliced--;
+    pthread_mutex_unlock(&dp->lock);
     dp_pipe_reset(dp);
     if (err == ENOENT) {  /* the kernel has no such request (the connection aborted): */
         fuse_reply_none(p.req);  /* nobody to answer */
