@@ -148,6 +148,60 @@ def test_a_frame_no_data_channel_carries_drops_that_channel_only(
         other.close()
 
 
+def test_a_broken_channel_s_slot_is_free_again_for_the_next_peer(plane: DataPlane) -> None:
+    """The data plane has 64 channel slots (DP_CHANNELS): a channel it drops as broken
+    gives its slot back once its line is logged, so 100 broken channels in a row (a peer
+    that keeps sending what no data channel carries, or links that break over a daemon's
+    life) leave every slot for the next peer, whose loads are served. Before, each left
+    its slot broken for good: the 65th open was EBUSY and every later peer's loads went
+    through the link."""
+    chunk = bytearray(b"q" * 4096)
+    plane.route_export(PEER_ACCEL, OUR_ACCEL, NPA, 4096, chunk, 0)
+    for i in range(100):
+        ours, peer = socket.socketpair()
+        peer.settimeout(5)
+        handle = plane.open(f"peer{i}", ours.detach(), {PEER_ACCEL})
+        assert handle is not None, f"open {i} refused: a broken channel kept its slot"
+        with peer:
+            peer.sendall(struct.pack("<IB", 1, 0x99))  # no data channel carries it
+            assert peer.recv(1) == b""  # dropped
+        deadline = time.monotonic() + 5
+        while plane.stats()["channels"]:
+            assert time.monotonic() < deadline, "the broken channel was never reported"
+            select.select([plane.notify_fd], [], [], 0.1)
+            plane.log_events()
+    ours, peer = socket.socketpair()
+    peer.settimeout(5)
+    handle = plane.open("last", ours.detach(), {PEER_ACCEL})
+    assert handle is not None
+    try:
+        assert load(peer, 1, NPA, 4) == (1, 0, b"qqqq")
+    finally:
+        plane.close(handle)
+        peer.close()
+
+
+def test_a_channel_its_link_closed_is_not_reported_broken_after(plane: DataPlane,
+                                                                 caplog) -> None:
+    """A channel that breaks as its link goes down: the link's close comes first (it
+    logs why), and the break the thread reported before is not a second line naming
+    "?" nor a redial."""
+    caplog.set_level(logging.WARNING, logger="ualinkd.fuse.dataplane")
+    broken: list[int] = []
+    plane.on_broken = broken.append
+    ours, peer = socket.socketpair()
+    handle = plane.open("peer", ours.detach(), {PEER_ACCEL})
+    assert handle is not None
+    peer.close()  # the channel breaks...
+    deadline = time.monotonic() + 5
+    while not select.select([plane.notify_fd], [], [], 0.1)[0]:
+        assert time.monotonic() < deadline, "the break was never reported"
+    plane.close(handle)  # ...and its link closes it before the report is taken
+    plane.log_events()
+    assert not [r for r in caplog.records if "dropped" in r.getMessage()]
+    assert broken == [] and plane.stats()["channels"] == 0
+
+
 def test_a_peer_that_does_not_read_its_answers_is_dropped_not_buffered_forever(
         plane: DataPlane, channel: socket.socket) -> None:
     """LOADs of 64 KiB from a peer that never reads the answers: the channel holds at most

@@ -154,11 +154,18 @@ class DataPlane:
 
     def log_events(self) -> None:
         """One line per channel the thread found broken (and dropped: its link is told,
-        `on_broken`, to dial another)."""
+        `on_broken`, to dial another). Its slot is closed here: the C frees a broken
+        channel's slot only when told (ualinkd_dp_close), and a slot never freed would be
+        one fewer channel for the daemon's life (64 breaks, any peer's, and no channel
+        could open). A channel its link closed meanwhile is not logged: the link's own
+        line says why it went."""
         handle = ffi.new("int *")
         why = ffi.new("char[160]")
         while lib.ualinkd_dp_take_event(self.pointer, handle, why, len(why)):
-            peer = self._peers.pop(handle[0], "?")
+            peer = self._peers.get(handle[0])
+            if peer is None:
+                continue
+            self.close(handle[0])
             log.warning("data plane: channel to %s dropped: %s (its loads go through the "
                         "link)", peer, ffi.string(why).decode(errors="replace"))
             if self.on_broken is not None:
