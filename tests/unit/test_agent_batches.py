@@ -9,6 +9,7 @@ order (§5.1), the 2 s ACK rule and the reset of an importer whose NPA_REVOKE it
 from __future__ import annotations
 
 import errno
+import logging
 import struct
 
 import trio
@@ -289,3 +290,25 @@ async def test_an_npa_req_handled_at_once_keeps_its_ring_busy_until_its_reply_is
     assert (ea, ia, 1) in fabric.batches
     assert {m1.handle_lo_bits, m2.handle_lo_bits} == {p.handle_lo_bits(h1[0]),
                                                       p.handle_lo_bits(h2[0])}
+
+
+async def test_a_ring_reply_the_peer_never_accepts_is_one_warning(nursery, autojump_clock,
+                                                                   caplog):
+    """§5.1: the receive ring waits for its replies' ACKs (2 s at most), every peer's
+    messages behind them. An NPA_RSP its importer never accepts (ETIME at 2 s) is one
+    warning that says so, naming both accels: before, the exporter said nothing of why
+    its ring had stalled."""
+    caplog.set_level(logging.WARNING, logger="ualinkd.ualink.manager")
+    fabric = BatchFabric()
+    cores = await start(nursery, 2, fabric)
+    f, bos, handles = await exported_and_imported(cores, 1)  # (connection up)
+    _, h = await export(cores[0], f)
+    ea, ia = cores[0].managers[128].accel_id, cores[1].managers[128].accel_id
+    fabric.silent.add(ia)
+    fi = cores[1].open_render(128, ME)
+    t0 = trio.current_time()
+    rc = (await import_(cores[1], fi, h))[0]
+    assert rc != 0 and trio.current_time() - t0 >= ACK_TIMEOUT  # (the importer timed out)
+    lines = [r.getMessage() for r in caplog.records if "NpaRsp to accel" in r.getMessage()]
+    assert lines == [f"accel {ea}: NpaRsp to accel {ia} failed: no ACK (this accel's "
+                     "receive ring waited for it, every peer's messages behind it)"]

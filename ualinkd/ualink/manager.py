@@ -912,6 +912,14 @@ class UalinkManager:
         """The agent reports how a `Send` ended (None: the peer accepted it) at time `now`
         (needed by the sends whose acceptance starts a wait: HELLO, NPA_REQ, NPA_REVOKE)."""
         tag = send.tag
+        if err is not None and isinstance(tag, HelloAckSent | NpaRspSent):
+            # A reply the receive ring waited for (§5.1: sends are synchronous, up to the 2 s
+            # ACK limit): say so, since every peer's messages to this accel waited with it.
+            name = type(send.msg).__name__
+            self._log_repeated(("reply-failed", name, send.dst, err.errno), logging.WARNING,
+                               "accel %d: %s to accel %d failed: %s (this accel's receive "
+                               "ring waited for it, every peer's messages behind it)",
+                               self.accel_id, name, send.dst, err.strerror)
         if tag is None:
             if err is not None:
                 name = type(send.msg).__name__
