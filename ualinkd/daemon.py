@@ -273,18 +273,38 @@ def make_tracer(mode: str | None, out: TextIO,
         return None
     keep = trace_filter.match if trace_filter is not None else (lambda rec: True)
     as_json = mode == "json"
+    failures: dict[str, int] = {}  # cause -> times, for one line per cause, not per record
+    closed = [False]
 
     def trace(rec: Record) -> None:
         # Called inside request handling: a record that cannot be rendered (a decoder's
         # bug) or a full disk must cost the trace line, never the caller's ioctl.
+        if closed[0]:
+            return
         try:
             if not as_json and rec.kind == "file":
                 return  # opens and releases are for recordings (JSON)
             if keep(rec):
                 out.write((rec.json() if as_json else rec.text()) + "\n")
                 out.flush()
-        except Exception:
-            log.exception("trace: cannot write the record of %s", rec.name)
+        except BrokenPipeError:
+            # Its reader is gone (`ualinkd pod --trace | head`): tracing ends, in one line.
+            # The stream's fd is pointed at /dev/null so that what its buffer holds cannot
+            # fail again, at the next write or at exit.
+            closed[0] = True
+            log.warning("trace: the trace output's reader is gone; tracing stops")
+            with contextlib.suppress(OSError, ValueError):
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, out.fileno())
+                os.close(null)
+        except Exception as e:
+            cause = f"{type(e).__name__}: {e}" if isinstance(e, OSError) else type(e).__name__
+            n = failures[cause] = failures.get(cause, 0) + 1
+            if n == 1:  # (a decoder's bug: its traceback, once)
+                log.exception("trace: cannot write the record of %s", rec.name)
+            elif n in (10, 100, 1000, 10000) or n % 100000 == 0:
+                log.error("trace: cannot write the record of %s: %s (%d times so far)",
+                          rec.name, cause, n)
 
     return trace
 

@@ -4,8 +4,10 @@ ioctl table drives dispatch and the trace decoder, its per-field hints the forma
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
+import os
 import struct
 import time
 
@@ -305,6 +307,41 @@ def test_tracer_filters_and_survives_a_failing_stream(traced, caplog):
 
     make_tracer("text", Full())(rec)
     assert "cannot write the record of AMDGPU_GEM_CREATE" in caplog.text
+
+
+def test_tracer_whose_reader_is_gone_stops_in_one_line(traced, caplog):
+    """`ualinkd pod --trace | head`: once the pipe's reader is gone every write is EPIPE.
+    The tracer says so once and stops (before, each traced call logged a traceback,
+    forever); a full disk that keeps failing is one line per cause with its count, one
+    traceback at most."""
+    import logging
+
+    from ualinkd.daemon import make_tracer
+
+    rec = gem_create(traced)
+    r, w = os.pipe()
+    os.close(r)
+    out = os.fdopen(w, "w")
+    trace = make_tracer("text", out)
+    for _ in range(50):
+        trace(rec)
+    assert caplog.text.count("reader is gone") == 1 and "Traceback" not in caplog.text
+    out.write("x\n")
+    out.flush()  # (its fd is /dev/null now: nothing more can fail, at exit either)
+    out.close()
+    caplog.clear()
+
+    class Full(io.StringIO):
+        def write(self, s: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    trace = make_tracer("text", Full())
+    with caplog.at_level(logging.ERROR):
+        for _ in range(100):
+            trace(rec)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3 and "(100 times so far)" in lines[-1]
+    assert caplog.text.count("Traceback") == 1
 
 
 def test_info_query_names_agree_with_the_handler():

@@ -4,8 +4,9 @@ a recording `ualinkd replay` takes) until interrupted or `--duration` ends.
 Each node daemon listens on a unix socket named after its mount (`trace_socket_path`, root's
 runtime directory, mode 0600: a trace holds the clients' data). A subscriber gets one JSON
 trace line per record from the moment it connects, at no cost to clients while nobody is
-subscribed. A subscriber that falls more than `QUEUE` records behind loses records, and is
-told so by a `{"type": "lost", "count": N}` line (its recording is then incomplete).
+subscribed. A subscriber that falls more than `QUEUE` records or `QUEUE_BYTES` of them behind
+loses records, and is told so by a `{"type": "lost", "count": N}` line (its recording is then
+incomplete).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from ..trace import SCHEMA_VERSION, Record
 log = logging.getLogger(__name__)
 
 QUEUE = 65536  # records a subscriber may be behind before it loses some
+# ... and bytes of them: a 1 MiB GPU load's record is 2 MiB of JSON hex, so a recorder that
+# stops reading (Ctrl-Z, a pipe into a pager) would otherwise hold the daemon to 128 GiB.
+QUEUE_BYTES = 64 << 20
 
 
 def trace_socket_path(mount: str, resolved: bool = False) -> str:
@@ -50,6 +54,7 @@ class TraceHub:
 
     def __init__(self, base: Callable[[Record], None] | None) -> None:
         self.base = base
+        # (its queue, [records lost since it was last told, bytes queued for it])
         self.subscribers: list[tuple[trio.MemorySendChannel[str], list[int]]] = []
 
     def __call__(self, rec: Record) -> None:
@@ -62,11 +67,15 @@ class TraceHub:
         except Exception:
             log.exception("trace: cannot render the record of %s", rec.name)
             return
-        for send, lost in self.subscribers:
+        for send, counts in self.subscribers:
+            if counts[1] + len(line) > QUEUE_BYTES:
+                counts[0] += 1
+                continue
             try:
                 send.send_nowait(line)
+                counts[1] += len(line)
             except trio.WouldBlock:
-                lost[0] += 1
+                counts[0] += 1
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
@@ -110,7 +119,7 @@ async def serve_trace(core: object, sock: trio.socket.SocketType, path: str) -> 
 
 async def _subscriber(conn: trio.socket.SocketType, core: object, hub: TraceHub) -> None:
     send, recv = trio.open_memory_channel[str](QUEUE)
-    entry = (send, [0])
+    entry = (send, [0, 0])
     hub.subscribers.append(entry)
     core.tracer = hub  # type: ignore[attr-defined]
     try:
@@ -121,17 +130,19 @@ async def _subscriber(conn: trio.socket.SocketType, core: object, hub: TraceHub)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_closed, conn, nursery.cancel_scope)
                 async for line in recv:
-                    batch = [line]
-                    while len(batch) < 256:
+                    batch, size = [line], len(line)
+                    while len(batch) < 256 and size < 1 << 20:
                         try:
-                            batch.append(recv.receive_nowait())
+                            batch.append(line := recv.receive_nowait())
                         except trio.WouldBlock:
                             break
+                        size += len(line)
                     if entry[1][0]:
                         batch.append(json.dumps({"v": SCHEMA_VERSION, "type": "lost",
                                                  "count": entry[1][0]}))
                         entry[1][0] = 0
                     await _send_all(conn, ("\n".join(batch) + "\n").encode())
+                    entry[1][1] -= size  # (held until sent: what QUEUE_BYTES bounds)
     except Exception as e:  # a recorder going away (or anything else) never stops the node
         log.debug("trace subscriber gone: %r", e)
     finally:
