@@ -12,11 +12,13 @@ import errno
 import fcntl
 import logging
 import os
+import queue
 import secrets
 import select
 import signal
 import ssl
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TextIO
@@ -95,6 +97,26 @@ class _HeldEventFds:
         self.total -= 1
 
 
+_closer: queue.SimpleQueue[int] | None = None
+
+
+def _close_elsewhere(fd: int) -> None:
+    """Close `fd`, a copy of a caller's file, on a thread of its own, never the FUSE one: a
+    file of our own mount would send FLUSH to the thread that is closing it."""
+    global _closer
+    if _closer is None:
+        _closer = queue.SimpleQueue()
+
+        def closing(q: queue.SimpleQueue[int]) -> None:
+            while True:
+                with contextlib.suppress(OSError):
+                    os.close(q.get())
+
+        threading.Thread(target=closing, args=(_closer,), name="ualinkd-closer",
+                         daemon=True).start()
+    _closer.put(fd)
+
+
 class CallerEventFd:
     """drm.syncobj.EventFd: the daemon's own reference to a caller's eventfd. Reopening it
     through /proc/<pid>/fd answers ENXIO (an anonymous inode has no open), so the file is
@@ -139,12 +161,19 @@ class CallerEventFd:
                                f"pidfd_getfd of fd {fd}: {os.strerror(err)}")
         finally:
             os.close(pidfd)
-        self._fd = got
         # The same open file as the caller's: check it is still an eventfd (the fd number
-        # could have been reused between the readlink and the getfd).
-        if os.readlink(f"/proc/self/fd/{got}") != "anon_inode:[eventfd]":
-            self.close()
-            raise DrmError(errno.EINVAL, f"fd {fd} is not an eventfd")
+        # could have been reused between the readlink and the getfd, a race a caller can
+        # win on purpose). If it is not, it may be a file of our own mount, whose close
+        # sends FLUSH to this FUSE thread, which would wait for itself for good: it is
+        # closed on another thread.
+        try:
+            target = os.readlink(f"/proc/self/fd/{got}")
+        except OSError:
+            target = "?"
+        if target != "anon_inode:[eventfd]":
+            _close_elsewhere(got)
+            raise DrmError(errno.EINVAL, f"fd {fd} is not an eventfd ({target})")
+        self._fd = got
 
     def signal(self) -> None:
         """eventfd_signal: add 1. Never blocks the daemon: the file's flags are the caller's
