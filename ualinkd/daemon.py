@@ -97,6 +97,53 @@ class _HeldEventFds:
         self.total -= 1
 
 
+STUCK_WRITE = 0.1  # s: a signaller thread writing longer is taken to be blocked
+SIGNAL_WAIT = 0.005  # s: how long a signal waits for its write (CallerEventFd.signal)
+
+
+class _Signaller:
+    """The threads that write registered eventfds (CallerEventFd.signal): one normally;
+    another is started whenever a signal is queued with none idle, so a write a caller
+    blocks on purpose holds up only its own eventfd. Threads beyond the first end after
+    IDLE seconds without work."""
+
+    IDLE = 10.0
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[CallerEventFd] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads = 0
+
+    def put(self, ev: CallerEventFd) -> None:
+        self._queue.put(ev)
+        with self._lock:
+            if self._idle:
+                return
+            self._threads += 1
+            self._idle += 1  # (counted idle from the start: the next put does not spawn too)
+        threading.Thread(target=self._work, name="ualinkd-eventfd", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                ev = self._queue.get(timeout=self.IDLE)
+            except queue.Empty:
+                with self._lock:
+                    if self._threads > 1:
+                        self._threads -= 1
+                        self._idle -= 1
+                        return
+                continue
+            with self._lock:
+                self._idle -= 1
+            try:
+                ev.deliver()
+            finally:
+                with self._lock:
+                    self._idle += 1
+
+
 _closer: queue.SimpleQueue[int] | None = None
 
 
@@ -129,6 +176,12 @@ class CallerEventFd:
     def __init__(self, tid: int, fd: int) -> None:
         self._fd: int | None = None
         self._tgid: int | None = None
+        self._lock = threading.Lock()
+        self._owed = 0  # signals not yet written
+        self._queued = False  # on the signaller's queue
+        self._writing = 0.0  # since when a signaller thread writes it (0: none does)
+        self._closing = False  # closed while a write was in progress
+        self._written = threading.Event()  # the queued signals were written (or lost)
         try:
             target = os.readlink(f"/proc/{tid}/fd/{fd}")
         except OSError:
@@ -176,30 +229,101 @@ class CallerEventFd:
         self._fd = got
 
     def signal(self) -> None:
-        """eventfd_signal: add 1. Never blocks the daemon: the file's flags are the caller's
-        (shared), so writability is polled first (POLLOUT: the counter can take 1); a
-        counter at its maximum loses this increment, as a saturated one does."""
-        if self._fd is None:
-            return
+        """eventfd_signal: add 1, never blocking the FUSE thread. The file's flags are the
+        caller's (shared), and between a poll for room and the write the caller can fill
+        the counter to ULLONG_MAX-1 and clear O_NONBLOCK: the write then blocks until
+        someone reads. eventfd has no write of its own that cannot (pwritev2's RWF_NOWAIT
+        is EOPNOTSUPP), so it is written by the signaller's threads; signals that come
+        while one is queued or being written add to it. This waits for the write up to
+        SIGNAL_WAIT, so that, as in the kernel, the eventfd is readable when the call that
+        signalled it (SYNCOBJ_EVENTFD on a signalled syncobj, a SIGNAL) returns; a write
+        that blocks costs that once, then its signals add up until it is unblocked."""
+        with self._lock:
+            if self._fd is None or self._closing:
+                return
+            self._owed += 1
+            if self._queued or self._writing:
+                return
+            self._queued = True
+            self._written.clear()
+        _signaller.put(self)
+        self._written.wait(SIGNAL_WAIT)
+
+    def deliver(self) -> None:
+        """[a signaller thread] Write what is owed; a counter with no room for it loses it,
+        as a saturated one does. May block, this thread only."""
+        with self._lock:
+            fd, n = self._fd, self._owed
+            self._owed, self._queued = 0, False
+            if fd is None or n == 0:
+                self._written.set()
+                return
+            self._writing = time.monotonic()
         try:
             p = select.poll()
-            p.register(self._fd, select.POLLOUT)
+            p.register(fd, select.POLLOUT)
             if p.poll(0):
-                os.eventfd_write(self._fd, 1)
+                os.eventfd_write(fd, n)
         except OSError:
             pass
+        finally:
+            self._written.set()
+            with self._lock:
+                self._writing = 0.0
+                closing = self._closing
+                if closing:
+                    self._fd = None
+                again = not closing and self._owed > 0 and not self._queued
+                if again:  # (signals that came while it was written)
+                    self._queued = True
+            if closing:
+                self._close_fd(fd)
+            elif again:
+                _signaller.put(self)
 
     def close(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
+        with self._lock:
+            fd = self._fd
+            if fd is not None and self._writing:
+                # Its writer closes it when the write returns; a write that blocks is
+                # ended by a read of the counter (only a caller that filled it on
+                # purpose is blocking it, and nobody else will ever read it).
+                self._closing = True
+                unstick: int | None = os.dup(fd)
+            else:
+                self._fd, unstick = None, None
+        if unstick is not None:
+            threading.Thread(target=self._unstick, args=(unstick,), daemon=True,
+                             name="ualinkd-eventfd-unstick").start()
+        elif fd is not None:
+            self._close_fd(fd)
         self._release_quota()
+
+    def _unstick(self, fd: int) -> None:
+        try:
+            time.sleep(STUCK_WRITE)
+            p = select.poll()
+            p.register(fd, select.POLLIN)
+            with self._lock:
+                stuck = self._fd is not None
+            if stuck and p.poll(int(STUCK_WRITE * 1000)):
+                with contextlib.suppress(OSError):
+                    os.eventfd_read(fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _close_fd(fd: int) -> None:
+        with contextlib.suppress(OSError):
+            os.close(fd)  # (an eventfd: its close never calls into FUSE)
 
     def _release_quota(self) -> None:
         if self._tgid is not None:
             self.held.give_back(self._tgid)
             self._tgid = None
+
+
+_signaller = _Signaller()
 
 
 def query_drm_file(tid: int, fd: int, own_dev: tuple[int, int] | None, nonce: int) -> bool:

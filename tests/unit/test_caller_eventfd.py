@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import tempfile
 import threading
 import time
@@ -54,3 +55,58 @@ def test_a_file_swapped_in_for_the_eventfd_is_einval_and_closed_off_this_thread(
         assert all(n != copies[0] for n, t in closed if t == here)
         assert daemon.CallerEventFd.held.by_tgid.get(os.getpid(), 0) == held  # quota back
         real_close(fd)
+
+
+def _threads(name: str) -> int:
+    return sum(t.name == name for t in threading.enumerate())
+
+
+def test_a_caller_that_fills_its_eventfd_blocks_only_that_eventfd_s_writer() -> None:
+    """eventfd_signal never blocks in the kernel. The daemon's write can (the file's flags
+    are the caller's, and the counter may be filled to ULLONG_MAX-1 between the daemon's
+    poll for room and its write: helper audit A hung a node so). Such a write blocks one
+    signaller thread: the signal returns within SIGNAL_WAIT, another eventfd is readable
+    as soon as its signal returns, and closing the blocked one ends its write."""
+    stuck_fd, other_fd = os.eventfd(0), os.eventfd(0)
+    try:
+        stuck = daemon.CallerEventFd(os.getpid(), stuck_fd)
+        other = daemon.CallerEventFd(os.getpid(), other_fd)
+        stuck.signal()
+        assert os.eventfd_read(stuck_fd) == 1  # written before signal() returned
+        # The race, won for good: the counter at its maximum with room polled for. The
+        # daemon's copy shares the file, so write to the copy as a filled counter allows.
+        os.eventfd_write(stuck_fd, (1 << 64) - 2)
+        real_poll = select.poll
+
+        class Roomy:  # (the poll that said "room" just before the caller filled it)
+            def __init__(self) -> None:
+                self._p = real_poll()
+
+            def register(self, fd: int, events: int) -> None:
+                self._p.register(fd, events)
+
+            def poll(self, timeout: int) -> list[tuple[int, int]]:
+                return [(0, select.POLLOUT)]
+
+        select.poll = Roomy  # type: ignore[assignment,misc]
+        try:
+            t = time.monotonic()
+            stuck.signal()
+            assert time.monotonic() - t < 1  # SIGNAL_WAIT, not forever
+        finally:
+            select.poll = real_poll  # type: ignore[misc]
+        deadline = time.monotonic() + 5
+        while not stuck._writing:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        other.signal()
+        assert os.eventfd_read(other_fd) == 1  # readable as its signal returned
+        stuck.close()  # ends the blocked write (a read of the counter), then closes
+        deadline = time.monotonic() + 5
+        while stuck._writing or _threads("ualinkd-eventfd-unstick"):
+            assert time.monotonic() < deadline, "the blocked write was never ended"
+            time.sleep(0.01)
+        other.close()
+    finally:
+        os.close(stuck_fd)
+        os.close(other_fd)
