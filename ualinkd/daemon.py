@@ -103,7 +103,7 @@ SIGNAL_WAIT = 0.005  # s: how long a signal waits for its write (CallerEventFd.s
 
 class _Signaller:
     """The threads that write registered eventfds (CallerEventFd.signal): one normally;
-    another is started whenever a signal is queued with none idle, so a write a caller
+    another is started whenever more are queued than threads are idle, so a write a caller
     blocks on purpose holds up only its own eventfd. Threads beyond the first end after
     IDLE seconds without work."""
 
@@ -118,7 +118,7 @@ class _Signaller:
     def put(self, ev: CallerEventFd) -> None:
         self._queue.put(ev)
         with self._lock:
-            if self._idle:
+            if self._idle >= self._queue.qsize():  # (each queued one has a thread for it)
                 return
             self._threads += 1
             self._idle += 1  # (counted idle from the start: the next put does not spawn too)
