@@ -88,20 +88,28 @@ def tmp(tmp_path: Path) -> Iterator[Path]:
 
 
 # -- one `ualinkd pod` ------------------------------------------------------------------------
+def ignore_sighup() -> None:
+    """What nohup does before it execs."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def default_sighup() -> None:
+    """What a terminal's shell gives the pod: SIGHUP at its default. The test run itself may
+    be under nohup (an ignored SIGHUP is inherited), and the pod then rightly keeps it."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 class PodProcess:
     def __init__(self, root: Path, nodes: int, nohup: bool = False) -> None:
         self.root = root
         self.out = root.parent / f"{root.name}.out"
         self.err = root.parent / f"{root.name}.err"
 
-        def ignore_sighup() -> None:  # what nohup does before it execs
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "ualinkd", "pod", "--nodes", str(nodes),
                  "--root", str(root)], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                preexec_fn=ignore_sighup if nohup else None)
+                preexec_fn=ignore_sighup if nohup else default_sighup)
         self.nodes: set[int] = set()
 
     def stderr(self) -> str:
@@ -322,7 +330,8 @@ def test_netns_pod_nodes_die_with_it_and_sighup_stops_it(tmp):
         with open(out, "w") as f:
             proc = subprocess.Popen([sys.executable, "-m", "ualinkd", "pod", "--netns",
                                      "--nodes", "2", "--root", str(root)], stdout=f,
-                                    stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+                                    stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                    preexec_fn=default_sighup)
         assert wait_for(lambda: "faults:" in out.read_text() or proc.poll() is not None, 60)
         text = out.read_text()
         assert proc.poll() is None, text
