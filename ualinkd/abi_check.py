@@ -184,6 +184,7 @@ _IOCTL_ARGS = {
     "AMDGPU_GEM_CREATE": "drm_amdgpu_gem_create", "AMDGPU_GEM_MMAP": "drm_amdgpu_gem_mmap",
     "AMDGPU_CTX": "drm_amdgpu_ctx", "AMDGPU_INFO": "drm_amdgpu_info",
     "AMDGPU_GEM_METADATA": "drm_amdgpu_gem_metadata", "AMDGPU_GEM_VA": "drm_amdgpu_gem_va",
+    "AMDGPU_GEM_WAIT_IDLE": "drm_amdgpu_gem_wait_idle",
     "AMDGPU_GEM_OP": "drm_amdgpu_gem_op", "AMDGPU_GEM_USERPTR": "drm_amdgpu_gem_userptr",
     "AMDGPU_VM": "drm_amdgpu_vm", "AMDGPU_UALINK_HANDLE": "drm_amdgpu_ualink_handle",
 }

@@ -166,6 +166,7 @@ struct drm_syncobj_eventfd {
 #define DRM_AMDGPU_GEM_CREATE 0x00
 #define DRM_AMDGPU_GEM_MMAP   0x01
 #define DRM_AMDGPU_GEM_METADATA 0x06
+#define DRM_AMDGPU_GEM_WAIT_IDLE 0x07
 #define DRM_AMDGPU_GEM_VA     0x08
 #define DRM_AMDGPU_GEM_OP     0x10
 #define DRM_AMDGPU_GEM_USERPTR 0x11
@@ -212,6 +213,20 @@ struct drm_amdgpu_gem_mmap_out {
 union drm_amdgpu_gem_mmap {
 	struct drm_amdgpu_gem_mmap_in in;
 	struct drm_amdgpu_gem_mmap_out out;
+};
+
+struct drm_amdgpu_gem_wait_idle_in {
+	__u32 handle;
+	__u32 flags;
+	__u64 timeout;
+};
+struct drm_amdgpu_gem_wait_idle_out {
+	__u32 status;
+	__u32 domain;
+};
+union drm_amdgpu_gem_wait_idle {
+	struct drm_amdgpu_gem_wait_idle_in in;
+	struct drm_amdgpu_gem_wait_idle_out out;
 };
 
 #define AMDGPU_VA_OP_MAP     1
@@ -265,6 +280,7 @@ struct drm_amdgpu_gem_metadata {
 #define DRM_IOCTL_AMDGPU_GEM_CREATE DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_GEM_CREATE, union drm_amdgpu_gem_create)
 #define DRM_IOCTL_AMDGPU_GEM_MMAP   DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_GEM_MMAP, union drm_amdgpu_gem_mmap)
 #define DRM_IOCTL_AMDGPU_GEM_VA     DRM_IOW(DRM_COMMAND_BASE + DRM_AMDGPU_GEM_VA, struct drm_amdgpu_gem_va)
+#define DRM_IOCTL_AMDGPU_GEM_WAIT_IDLE DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_GEM_WAIT_IDLE, union drm_amdgpu_gem_wait_idle)
 #define DRM_IOCTL_AMDGPU_GEM_METADATA DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_GEM_METADATA, struct drm_amdgpu_gem_metadata)
 #define DRM_IOCTL_AMDGPU_GEM_OP     DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_GEM_OP, struct drm_amdgpu_gem_op)
 
@@ -286,6 +302,14 @@ struct drm_amdgpu_gem_userptr {
 #define AMDGPU_CTX_OP_FREE_CTX      2
 #define AMDGPU_CTX_OP_QUERY_STATE   3
 #define AMDGPU_CTX_OP_QUERY_STATE2  4
+#define AMDGPU_CTX_OP_GET_STABLE_PSTATE 5
+#define AMDGPU_CTX_OP_SET_STABLE_PSTATE 6
+#define AMDGPU_CTX_STABLE_PSTATE_FLAGS_MASK 0xf
+#define AMDGPU_CTX_STABLE_PSTATE_NONE      0
+#define AMDGPU_CTX_STABLE_PSTATE_STANDARD  1
+#define AMDGPU_CTX_STABLE_PSTATE_MIN_SCLK  2
+#define AMDGPU_CTX_STABLE_PSTATE_MIN_MCLK  3
+#define AMDGPU_CTX_STABLE_PSTATE_PEAK      4
 #define AMDGPU_CTX_NO_RESET         0
 #define AMDGPU_CTX_PRIORITY_UNSET     -2048
 #define AMDGPU_CTX_PRIORITY_VERY_LOW  -1023
@@ -307,6 +331,10 @@ union drm_amdgpu_ctx_out {
 		__u32 hangs;
 		__u32 reset_status;
 	} state;
+	struct {
+		__u32 flags;
+		__u32 _pad;
+	} pstate;
 };
 union drm_amdgpu_ctx {
 	struct drm_amdgpu_ctx_in in;

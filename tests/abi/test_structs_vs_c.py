@@ -61,6 +61,11 @@ struct drm_amdgpu_gem_mmap_out { __u64 addr_ptr; ...; };
 union drm_amdgpu_gem_mmap {
     struct drm_amdgpu_gem_mmap_in in; struct drm_amdgpu_gem_mmap_out out; ...;
 };
+struct drm_amdgpu_gem_wait_idle_in { __u32 handle; __u32 flags; __u64 timeout; ...; };
+struct drm_amdgpu_gem_wait_idle_out { __u32 status; __u32 domain; ...; };
+union drm_amdgpu_gem_wait_idle {
+    struct drm_amdgpu_gem_wait_idle_in in; struct drm_amdgpu_gem_wait_idle_out out; ...;
+};
 
 struct drm_amdgpu_gem_va {
     __u32 handle; __u32 _pad; __u32 operation; __u32 flags;
@@ -170,7 +175,7 @@ def test_every_layout_is_checked():
     assert {lay.name for lay in LAYOUTS} == {
         "drm_gem_close", "drm_prime_handle", "drm_get_cap",
         "drm_amdgpu_gem_create_in", "drm_amdgpu_gem_create_out",
-        "drm_amdgpu_gem_mmap_in", "drm_amdgpu_gem_mmap_out",
+        "drm_amdgpu_gem_mmap_in", "drm_amdgpu_gem_mmap_out", "drm_amdgpu_gem_wait_idle_in",
         "drm_amdgpu_gem_va", "drm_amdgpu_gem_op", "drm_amdgpu_gem_userptr",
         "drm_syncobj_create", "drm_syncobj_destroy", "drm_syncobj_wait",
         "drm_syncobj_timeline_wait", "drm_syncobj_array", "drm_syncobj_timeline_array",
@@ -226,6 +231,7 @@ def test_union_sizes_match_c(c_abi):
     ffi, _ = c_abi
     assert ffi.sizeof("union drm_amdgpu_gem_create") == st.GEM_CREATE_SIZE == 32
     assert ffi.sizeof("union drm_amdgpu_gem_mmap") == st.GEM_MMAP_SIZE == 8
+    assert ffi.sizeof("union drm_amdgpu_gem_wait_idle") == st.GEM_WAIT_IDLE_SIZE == 16
     assert ffi.offsetof("union drm_amdgpu_gem_create", "out") == 0
     assert ffi.offsetof("union drm_amdgpu_gem_mmap", "out") == 0
     assert ffi.offsetof("struct drm_amdgpu_gem_va", "vm_timeline_point") == (

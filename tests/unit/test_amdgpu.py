@@ -70,20 +70,37 @@ def test_create_gds_with_vm_always_valid_is_einval(f):
     """§2.3: GDS/GWS/OA with VM_ALWAYS_VALID → EINVAL; alone they force NO_CPU_ACCESS."""
     r = kit.gem_create_raw(f, domains=c.DOMAIN_GDS, flags=c.CREATE_VM_ALWAYS_VALID)
     assert r.result == -errno.EINVAL
-    h = kit.gem_create(f, domains=c.DOMAIN_GWS)
+    h = kit.gem_create(f, 1, domains=c.DOMAIN_GWS)
     assert bo(f, h).flags & c.CREATE_NO_CPU_ACCESS
 
 
-@pytest.mark.parametrize("domain", [c.DOMAIN_GDS, c.DOMAIN_GWS, c.DOMAIN_OA,
-                                    c.DOMAIN_DOORBELL])
-def test_special_domain_bos_are_accounted(f, domain):
-    """Issue 10 item 10: a special-domain BO's bytes are the daemon's like any BO's (it can
-    be GEM_VA mapped and stored to), so it is charged to the GTT pool: a 1 TiB GDS BO, which
-    nothing accounted before, is ENOMEM; a small one takes its size from GTT."""
+def test_doorbell_bos_are_accounted(f):
+    """Issue 10 item 10: a DOORBELL BO's bytes are the daemon's like any BO's (it can be
+    GEM_VA mapped and stored to), so it is charged to the GTT pool: a 1 TiB one is ENOMEM,
+    a small one takes its size from GTT."""
+    domain = c.DOMAIN_DOORBELL
     assert kit.gem_create_raw(f, size=1 << 40, domains=domain).result == -errno.ENOMEM
     gtt = f.device.driver.gtt
     h = kit.gem_create(f, 16 * KIB, domains=domain)
     assert bo(f, h).placement is gtt and gtt.used == 16 * KIB
+
+
+def test_gds_gws_oa_bos_are_entries_of_their_aperture(f):
+    """gfx_v9_4_3_set_gds_init, amdgpu_bo_create: GC 9.4.3 has no GDS (any GDS BO is
+    ENOMEM, TTM's ENOSPC as ttm_bo_validate answers it); GWS and OA sizes count entries (64
+    and 16), each one page of the BO (GDS's rounded up to a multiple of 4); entries go back
+    when the BO goes; GTT is not charged."""
+    gtt = f.device.driver.gtt
+    assert kit.gem_create_raw(f, size=1, domains=c.DOMAIN_GDS).result == -errno.ENOMEM
+    assert kit.gem_create_raw(f, size=65, domains=c.DOMAIN_GWS).result == -errno.ENOMEM
+    gws = kit.gem_create(f, 60, domains=c.DOMAIN_GWS)
+    assert bo(f, gws).size == 60 * 4096 and gtt.used == 0
+    assert kit.gem_create_raw(f, size=5, domains=c.DOMAIN_GWS).result == -errno.ENOMEM
+    assert kit.gem_create(f, 4, domains=c.DOMAIN_GWS)
+    oa = kit.gem_create(f, 16, domains=c.DOMAIN_OA)
+    assert kit.gem_create_raw(f, size=1, domains=c.DOMAIN_OA).result == -errno.ENOMEM
+    f.handle_delete(oa)
+    assert kit.gem_create(f, 3, domains=c.DOMAIN_OA)
 
 
 def test_create_encrypted_is_einval(f):

@@ -87,11 +87,20 @@ def test_zero_size_or_null_pointer_is_einval_before_the_query(f, mem, size, ptr)
     assert mem.writes == []
 
 
-@pytest.mark.parametrize("query", [0x01, 0x04, 0x0F, 0x18, 0x20, 0x21, 0x23, 0x7F, 0xFFFFFFFF])
+@pytest.mark.parametrize("query", [0x01, 0x04, 0x20, 0x21, 0x23, 0x7F, 0xFFFFFFFF])
 def test_unknown_or_unanswered_query_is_einval(f, mem, query):
     """The switch's default: EINVAL, nothing written (CRTC_FROM_ID finds no CRTC)."""
     assert info_raw(f, query).result == -errno.EINVAL
     assert mem.writes == []
+
+
+@pytest.mark.parametrize("query", [inf.NUM_BYTES_MOVED, inf.NUM_EVICTIONS,
+                                   inf.NUM_VRAM_CPU_PAGE_FAULTS])
+def test_ttm_counters_are_zero(f, mem, query):
+    """amdgpu_info_ioctl: NUM_BYTES_MOVED, NUM_EVICTIONS and NUM_VRAM_CPU_PAGE_FAULTS are the
+    device's atomic64 counters, copied min(size, 8u): 0 here (nothing moves or faults)."""
+    assert info(f, mem, query) == bytes(8)
+    assert info(f, mem, query, size=3) == bytes(3)
 
 
 @pytest.mark.parametrize("size, expect", [(1, 1), (2, 2), (4, 4), (5, 4), (4096, 4)])
@@ -264,6 +273,20 @@ def test_hw_ip_count(f, mem):
         assert info_raw(f, inf.HW_IP_COUNT, args=(t, 0, 0, 0)).result == -errno.EINVAL
 
 
+def test_vcn_dec_and_enc_are_one_block(f, mem):
+    """amdgpu_ip_get_block_type maps VCN_DEC (6) and VCN_ENC (7) both to the VCN block: the
+    same count and version; VCN 4.0.3's unified ring is an encode ring, so VCN_DEC counts
+    no ring (amdgpu_hw_ip_info's ring_dec loop), and its alignments are the decoder's."""
+    count = [info(f, mem, inf.HW_IP_COUNT, 4, (t, 0, 0, 0)) for t in (6, 7)]
+    assert count[0] == count[1] == struct.pack("<I", 4)
+    dec, enc = (st.INFO_HW_IP.decode(info(f, mem, inf.HW_IP_INFO, 40, (t, 0, 0, 0)))
+                for t in (6, 7))
+    assert (dec.hw_ip_version_major, dec.hw_ip_version_minor) == (4, 0) == (
+        enc.hw_ip_version_major, enc.hw_ip_version_minor)
+    assert (dec.available_rings, dec.ib_start_alignment, dec.ib_size_alignment) == (0, 256, 64)
+    assert (enc.available_rings, enc.ib_start_alignment, enc.ib_size_alignment) == (1, 256, 4)
+
+
 @pytest.mark.parametrize("args, err", [
     ((0x08, 1, 0, 0), 0), ((0x08, 0, 1, 0), 0), ((0x08, 0, 2, 0), errno.EINVAL),
     ((0x0B, 0, 15, 0), 0), ((0x0B, 0, 16, 0), errno.EINVAL),
@@ -283,13 +306,13 @@ def test_fw_version_rules(f, mem, args, err):
 
 def test_sensor_gds_vram_lost(f, mem):
     """SENSOR: GPU_TEMP in millidegrees; VDDNB, which this SMU lacks, and an unknown type →
-    EINVAL. GDS_CONFIG the profile's sizes; VRAM_LOST_COUNTER 0."""
+    EINVAL. GDS_CONFIG the profile's sizes (GC 9.4.3: no GDS); VRAM_LOST_COUNTER 0."""
     assert info(f, mem, inf.SENSOR, 4, (3, 0, 0, 0)) == struct.pack("<I", 38000)
     for t in (6, 0, 0xD):
         assert info_raw(f, inf.SENSOR, args=(t, 0, 0, 0)).result == -errno.EINVAL
     gds = st.INFO_GDS.decode(info(f, mem, inf.GDS_CONFIG, 32))
     assert (gds.gds_total_size, gds.gws_per_compute_partition, gds.oa_per_compute_partition) == (
-        0x10000, 64, 16)
+        0, 64, 16)
     assert info(f, mem, inf.VRAM_LOST_COUNTER, 4) == bytes(4)
 
 
@@ -371,7 +394,7 @@ def test_ctx_alloc_free_query(core, f):
     assert struct.unpack("<I", ctx(f, 1).out[:4]) == (1,)
 
 
-@pytest.mark.parametrize("op", [1, 2, 3, 4])
+@pytest.mark.parametrize("op", [1, 2, 3, 4, 5])
 def test_ctx_flags_must_be_zero(f, op):
     ctx(f, 1)
     assert ctx(f, op, ctx_id=1, flags=1).result == -errno.EINVAL
@@ -394,9 +417,58 @@ def test_ctx_ids_run_out_at_amdgpu_vm_max_num_ctx(f):
     assert (r.result, r.out[:4]) == (-errno.ENOSPC, bytes(4))
 
 
-@pytest.mark.parametrize("op", [0, 5, 6, 8, 0xFFFFFFFF])
+@pytest.mark.parametrize("op", [0, 7, 8, 0xFFFFFFFF])
 def test_ctx_other_ops_einval(f, op):
-    assert ctx(f, op).result == -errno.EINVAL
+    ctx(f, 1)
+    assert ctx(f, op, ctx_id=1).result == -errno.EINVAL
+
+
+GET_PSTATE, SET_PSTATE = 5, 6
+NONE, STANDARD, PEAK = 0, 1, 4
+
+
+def pstate(f, ctx_id: int) -> int:
+    r = ctx(f, GET_PSTATE, ctx_id=ctx_id, priority=-7)
+    assert r.result == 0, r
+    assert r.out[4:] == struct.pack("<IIi", 0, ctx_id, -7)  # out.pstate.flags only
+    return struct.unpack("<I", r.out[:4])[0]
+
+
+def test_ctx_stable_pstate_get_and_set(f):
+    """amdgpu_ctx_ioctl GET/SET_STABLE_PSTATE: the level is in in.flags; bits outside
+    AMDGPU_CTX_STABLE_PSTATE_FLAGS_MASK or a level above PEAK → EINVAL; an unknown context
+    → EINVAL; GET answers the device's level in out.pstate.flags."""
+    ctx(f, 1)
+    assert pstate(f, 1) == NONE
+    assert ctx(f, SET_PSTATE, ctx_id=1, flags=PEAK + 1).result == -errno.EINVAL
+    assert ctx(f, SET_PSTATE, ctx_id=1, flags=0x10 | STANDARD).result == -errno.EINVAL
+    assert ctx(f, SET_PSTATE, ctx_id=9, flags=STANDARD).result == -errno.EINVAL
+    assert ctx(f, GET_PSTATE, ctx_id=9).result == -errno.EINVAL
+    assert ctx(f, SET_PSTATE, ctx_id=1, flags=PEAK).result == 0
+    assert pstate(f, 1) == PEAK
+    assert ctx(f, SET_PSTATE, ctx_id=1, flags=STANDARD).result == 0
+    assert pstate(f, 1) == STANDARD
+    assert ctx(f, SET_PSTATE, ctx_id=1, flags=NONE).result == 0
+    assert pstate(f, 1) == NONE
+
+
+def test_ctx_stable_pstate_one_holder_per_device(core, f):
+    """amdgpu_ctx_set_stable_pstate: a context holding the device away from NONE makes any
+    other context's SET EBUSY (another file's too), until it sets NONE or goes; a context
+    put back the level it found when it was made (amdgpu_ctx_init, amdgpu_ctx_fini)."""
+    other = open_file(core)
+    ctx(f, 1), ctx(f, 1), ctx(other, 1)
+    assert ctx(f, SET_PSTATE, ctx_id=1, flags=PEAK).result == 0
+    assert ctx(f, SET_PSTATE, ctx_id=2, flags=STANDARD).result == -errno.EBUSY
+    assert ctx(other, SET_PSTATE, ctx_id=1, flags=NONE).result == -errno.EBUSY
+    assert pstate(other, 1) == PEAK  # the device's, seen from any context
+    assert ctx(f, 2, ctx_id=1).result == 0  # FREE: it found NONE, and puts it back
+    assert pstate(other, 1) == NONE
+    assert ctx(other, SET_PSTATE, ctx_id=1, flags=STANDARD).result == 0
+    assert ctx(f, SET_PSTATE, ctx_id=2, flags=PEAK).result == -errno.EBUSY
+    other.release()  # its last close: its contexts go, the level goes back
+    assert pstate(f, 2) == NONE
+    assert ctx(f, SET_PSTATE, ctx_id=2, flags=PEAK).result == 0
 
 
 def test_vm_reserve_unreserve(f):

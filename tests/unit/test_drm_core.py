@@ -233,6 +233,27 @@ def test_not_emulated_render_ioctl_is_enosys(f):
     assert (r.result, r.out) == (-errno.ENOTTY, b"")
 
 
+def test_sched_is_master_only(f):
+    """amdgpu_ioctls_kms: AMDGPU_SCHED is DRM_MASTER without DRM_RENDER_ALLOW, so a render
+    client gets EACCES from drm_ioctl_permit (its buffer copied in and back), not ENOTTY."""
+    data = struct.pack("<IIii", 1, 5, 3, 512)
+    r = kit.ioctl(f, ioc(IOC_WRITE, 0x64, 0x55, 16), data)
+    assert (r.result, r.out) == (-errno.EACCES, b"")
+
+
+def test_gem_wait_idle_answers_idle(f):
+    """amdgpu_gem_wait_idle_ioctl: an unknown handle → ENOENT (the buffer echoed); a BO has
+    no fences here (nothing executes), so the union is zeroed and out.status is 0 (idle),
+    whatever the timeout."""
+    cmd = ioc(RW, 0x64, 0x47, 16)
+    r = kit.ioctl(f, cmd, struct.pack("<IIQ", 77, 0, 0))
+    assert (r.result, r.out) == (-errno.ENOENT, struct.pack("<IIQ", 77, 0, 0))
+    bo = kit.gem_create(f)
+    for timeout in (0, 1 << 62, 0xFFFFFFFFFFFFFFFF):
+        r = kit.ioctl(f, cmd, struct.pack("<IIQ", bo, 0xFF, timeout))
+        assert (r.result, r.out) == (0, bytes(16))
+
+
 def test_failure_copies_back_the_echo(f):
     """§1.4: a failing handler still gets its buffer copied back: every byte echoed."""
     data = struct.pack("<III", 0, 0xCAFE, 99) + b"\x42" * 12

@@ -233,9 +233,10 @@ def _entry(nr: int, name: str, layout: st.Layout[Any] | st.ArrayLayout[Any] | in
 
 def _drv_entry(index: int, name: str, layout: st.Layout[Any] | st.ArrayLayout[Any] | int,
                direction: int = IOC_READ | IOC_WRITE, decode_in: DecodeIn | None = None,
-               decode_out: DecodeOut | None = None, hints: Hints | None = None) -> IoctlSpec:
+               decode_out: DecodeOut | None = None, hints: Hints | None = None,
+               flags: int = DRM_AUTH | DRM_RENDER_ALLOW) -> IoctlSpec:
     return _entry(DRM_COMMAND_BASE + index, f"AMDGPU_{name}", layout, direction,
-                  DRM_AUTH | DRM_RENDER_ALLOW, decode_in, decode_out, hints)
+                  flags, decode_in, decode_out, hints)
 
 
 # -- the named entries handlers register against ------------------------------------------------
@@ -305,6 +306,10 @@ AMDGPU_GEM_METADATA = _drv_entry(0x06, "GEM_METADATA", st.GEM_METADATA_SIZE,
                                      c.GEM_METADATA_OP_SET_METADATA: "SET_METADATA",
                                      c.GEM_METADATA_OP_GET_METADATA: "GET_METADATA"}),
                                      "flags": HEX, "tiling_info": HEX, "data": HEX})
+AMDGPU_GEM_WAIT_IDLE = _drv_entry(0x07, "GEM_WAIT_IDLE", st.GEM_WAIT_IDLE_SIZE,
+                                  decode_in=fields(st.GEM_WAIT_IDLE_IN),
+                                  decode_out=lambda d, i: {"status": int.from_bytes(d[:4],
+                                                                                    "little")})
 AMDGPU_GEM_VA = _drv_entry(0x08, "GEM_VA", st.GEM_VA, IOC_WRITE,
                            hints={"operation": VA_OPERATIONS, "flags": VM_PAGE_FLAGS,
                                   "va_address": HEX, "offset_in_bo": HEX, "map_size": HEX,
@@ -412,7 +417,7 @@ AMDGPU_IOCTLS: dict[int, IoctlSpec] = {
         _drv_entry(0x04, "CS", 24),
         AMDGPU_INFO,
         AMDGPU_GEM_METADATA,
-        _drv_entry(0x07, "GEM_WAIT_IDLE", 16),
+        AMDGPU_GEM_WAIT_IDLE,
         AMDGPU_GEM_VA,
         _drv_entry(0x09, "WAIT_CS", 32),
         AMDGPU_GEM_OP,
@@ -420,7 +425,8 @@ AMDGPU_IOCTLS: dict[int, IoctlSpec] = {
         _drv_entry(0x12, "WAIT_FENCES", 24),
         AMDGPU_VM,
         _drv_entry(0x14, "FENCE_TO_HANDLE", 32),
-        _drv_entry(0x15, "SCHED", 16, IOC_WRITE),
+        # DRM_MASTER only (amdgpu_ioctls_kms): a render client gets EACCES at drm_ioctl_permit
+        _drv_entry(0x15, "SCHED", 16, IOC_WRITE, flags=DRM_MASTER),
         _drv_entry(0x16, "USERQ", 64),
         _drv_entry(0x17, "USERQ_SIGNAL", 48),
         _drv_entry(0x18, "USERQ_WAIT", 56),

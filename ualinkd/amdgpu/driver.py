@@ -83,6 +83,11 @@ class AmdgpuDriver:
         self.profile = profile
         self.vram = MemoryPool("vram", vram_size)
         self.gtt = MemoryPool("gtt", gtt_size)
+        # GDS, GWS and OA (AMDGPU_PL_GDS/GWS/OA): a BO of n entries is n pages of them
+        self.on_chip = {
+            c.DOMAIN_GDS: MemoryPool("gds", profile.gds_size * c.PAGE_SIZE),
+            c.DOMAIN_GWS: MemoryPool("gws", profile.gws_size * c.PAGE_SIZE),
+            c.DOMAIN_OA: MemoryPool("oa", profile.oa_size * c.PAGE_SIZE)}
         self.ualink: UalinkOps | None = None
         self._mmap_next = _MMAP_OFFSET_START
         # One hook shared by every BO (a bound method per BO would be 64 bytes each); it
@@ -100,7 +105,16 @@ class AmdgpuDriver:
     def bo_create(self, size: int, alignment: int, domains: int, flags: int) -> AmdgpuBo:
         """amdgpu_gem_object_create with the create ioctl's retries (§2.3): a request that
         does not fit is retried without CPU_ACCESS_REQUIRED (the BO keeps that loss), then,
-        if it was VRAM-only, as VRAM|GTT."""
+        if it was VRAM-only, as VRAM|GTT. A GDS, GWS or OA BO takes its entries from that
+        aperture; none left is ENOMEM (TTM's ENOSPC, as ttm_bo_validate answers it)."""
+        on_chip = self.on_chip.get(domains)
+        if on_chip is not None:
+            if not on_chip.fits(size):
+                raise DrmError(errno.ENOMEM, f"{size // c.PAGE_SIZE} {on_chip.name} entries "
+                               f"do not fit ({on_chip.size // c.PAGE_SIZE} in all)")
+            bo = AmdgpuBo(self.device, size, alignment, domains, flags, on_chip)
+            bo.on_handle_free = self._on_handle_free
+            return bo
         while True:
             try:
                 pool = place(size, domains, self.vram, self.gtt)
@@ -147,6 +161,10 @@ class AmdgpuDriver:
         assert isinstance(obj, AmdgpuBo)
         self.vm(file).bo_close(obj)  # the last handle takes the bo_va and its mappings
 
+    def postclose(self, file: DrmFile) -> None:
+        """amdgpu_driver_postclose_kms: the file's contexts go (amdgpu_ctx_mgr_fini)."""
+        self.info.contexts_closed(file)
+
     def gem_prime_export(self, obj: GemObject) -> DmaBuf:
         """amdgpu_gem_prime_export: userptr and VM_ALWAYS_VALID BOs cannot be shared."""
         assert isinstance(obj, AmdgpuBo)
@@ -185,7 +203,12 @@ class AmdgpuDriver:
             flags |= c.CREATE_NO_CPU_ACCESS
         if args.bo_size == 0:
             raise DrmError(errno.EINVAL, "zero-sized BO")
-        size = -(-args.bo_size // c.PAGE_SIZE) * c.PAGE_SIZE
+        if domains & (c.DOMAIN_GWS | c.DOMAIN_OA):  # amdgpu_bo_create: bo_size is entries
+            size = args.bo_size * c.PAGE_SIZE
+        elif domains & c.DOMAIN_GDS:  # ... a multiple of 4 of them
+            size = -(-args.bo_size // 4) * 4 * c.PAGE_SIZE
+        else:
+            size = -(-args.bo_size // c.PAGE_SIZE) * c.PAGE_SIZE
         flags |= c.CREATE_VRAM_CLEARED | c.CREATE_VRAM_WIPE_ON_RELEASE
         bo = self.bo_create(size, args.alignment, domains, flags)
         handle = file.handle_create(bo)
@@ -287,6 +310,16 @@ class AmdgpuDriver:
         sync = VaSync(lambda address, n: self.device.syncobj.read_u32s(caller, address, n),
                       file.syncobjs.find)
         return gem_va(self.vm(file), args, lookup, sync)
+
+    # -- GEM_WAIT_IDLE (amdgpu_gem_wait_idle_ioctl) ----------------------------------------------
+    @tbl.handles(tbl.AMDGPU_GEM_WAIT_IDLE)
+    def gem_wait_idle_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        """Unknown handle → ENOENT; else the BO's reservation is waited on. Nothing ever
+        executes here, so no BO has a fence: it is idle at once, whatever the timeout and
+        flags, and the kernel zeroes the union and answers out.status 0 (out.domain 0)."""
+        args = st.GEM_WAIT_IDLE_IN.decode(bytes(kdata[: st.GEM_WAIT_IDLE_IN.size]))
+        self.lookup_bo(file, args.handle)
+        kdata[: st.GEM_WAIT_IDLE_SIZE] = bytes(st.GEM_WAIT_IDLE_SIZE)
 
     # -- GEM_METADATA (amdgpu_gem_metadata_ioctl) --------------------------------------------------
     @tbl.handles(tbl.AMDGPU_GEM_METADATA)

@@ -33,6 +33,7 @@ ACCEL_WORKING, CRTC_FROM_ID, HW_IP_INFO, HW_IP_COUNT, TIMESTAMP = 0x00, 0x01, 0x
 FW_VERSION, VRAM_USAGE, GTT_USAGE, GDS_CONFIG, VRAM_GTT = 0x0E, 0x10, 0x11, 0x13, 0x14
 READ_MMR_REG, DEV_INFO, VIS_VRAM_USAGE, MEMORY = 0x15, 0x16, 0x17, 0x19
 SENSOR, VRAM_LOST_COUNTER = 0x1D, 0x1F
+NUM_BYTES_MOVED, NUM_EVICTIONS, NUM_VRAM_CPU_PAGE_FAULTS = 0x0F, 0x18, 0x1E
 FW_GFX_MEC, FW_SDMA, FW_TA = 0x08, 0x0B, 0x13
 
 AMDGPU_HW_IP_NUM = 10
@@ -127,7 +128,11 @@ class AmdgpuInfo:
         self.now_ns = now_ns  # CLOCK_MONOTONIC: the GPU clock counter runs from it
         self._dev_info = st.INFO_DEVICE.encode(dev_info(profile))
         self.vram_lost_counter = 0  # no GPU reset ever loses VRAM here
-        self._ctxs: weakref.WeakKeyDictionary[DrmFile, set[int]] = weakref.WeakKeyDictionary()
+        self._ctxs: weakref.WeakKeyDictionary[DrmFile, dict[int, int]] = (
+            weakref.WeakKeyDictionary())
+        # adev->pm: the stable pstate (AMDGPU_CTX_STABLE_PSTATE_*) and the context holding it
+        self.stable_pstate = CTX_STABLE_PSTATE_NONE
+        self._pstate_owner: tuple[DrmFile, int] | None = None
         self.reserved_vmid: weakref.WeakKeyDictionary[DrmFile, bool] = (
             weakref.WeakKeyDictionary())
 
@@ -192,6 +197,10 @@ class AmdgpuInfo:
             return struct.pack("<I", value)
         if q == VRAM_LOST_COUNTER:
             return struct.pack("<I", self.vram_lost_counter)
+        if q in (NUM_BYTES_MOVED, NUM_EVICTIONS, NUM_VRAM_CPU_PAGE_FAULTS):
+            # The device's atomic64 counters of TTM moves, evictions and CPU faults on VRAM:
+            # BOs here stay where they were placed and CPU maps never fault into VRAM.
+            return struct.pack("<Q", 0)
         # CRTC_FROM_ID finds no CRTC (there are none); every other query is unknown here
         raise DrmError(errno.EINVAL, f"AMDGPU_INFO query {q:#x}")
 
@@ -266,21 +275,27 @@ class AmdgpuInfo:
     def ctx_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
         """amdgpu_ctx_ioctl for clients that never submit. A priority outside
         VERY_LOW..VERY_HIGH counts as NORMAL (the kernel's backwards compatibility) (1);
-        ALLOC, FREE, QUERY_STATE, QUERY_STATE2 refuse non-zero flags (2); ALLOC needs
-        CAP_SYS_NICE (root here) above NORMAL, else EACCES (3), and writes the lowest free
-        id from 1 to out.alloc.ctx_id (4); FREE and the queries of an unknown id → EINVAL
-        (5); QUERY_STATE answers no flags, no hangs, AMDGPU_CTX_NO_RESET and QUERY_STATE2
-        no flags, no hangs: nothing ever runs, so nothing resets (6); any other op EINVAL
-        (7). Bytes the kernel does not write are copied back as sent."""
+        ALLOC, FREE, QUERY_STATE, QUERY_STATE2, GET_STABLE_PSTATE refuse non-zero flags (2);
+        ALLOC needs CAP_SYS_NICE (root here) above NORMAL, else EACCES (3), and writes the
+        lowest free id from 1 to out.alloc.ctx_id (4); FREE and the other ops on an unknown
+        id → EINVAL (5); QUERY_STATE answers no flags, no hangs, AMDGPU_CTX_NO_RESET and
+        QUERY_STATE2 no flags, no hangs: nothing ever runs, so nothing resets (6);
+        SET_STABLE_PSTATE takes its level from in.flags: bits outside the mask, or a level
+        above PEAK → EINVAL (8), then amdgpu_ctx_set_stable_pstate (_set_stable_pstate);
+        GET_STABLE_PSTATE writes the device's level to out.pstate.flags (9); any other op
+        EINVAL (7). Bytes the kernel does not write are copied back as sent."""
         args = st.CTX_IN.decode(bytes(kdata[: st.CTX_IN.size]))
         ctxs = self._contexts(file)
         prio = args.priority
         if not CTX_PRIORITY_VERY_LOW <= prio <= CTX_PRIORITY_VERY_HIGH:  # 1
             prio = CTX_PRIORITY_NORMAL
-        if args.op not in (CTX_OP_ALLOC_CTX, CTX_OP_FREE_CTX, CTX_OP_QUERY_STATE,
-                           CTX_OP_QUERY_STATE2):  # 7
+        if args.op not in _CTX_OPS:  # 7
             raise DrmError(errno.EINVAL, f"context op {args.op}")
-        if args.flags:  # 2
+        if args.op == CTX_OP_SET_STABLE_PSTATE:
+            level = args.flags & CTX_STABLE_PSTATE_FLAGS_MASK
+            if args.flags != level or level > CTX_STABLE_PSTATE_PEAK:  # 8
+                raise DrmError(errno.EINVAL, f"stable pstate flags {args.flags:#x}")
+        elif args.flags:  # 2
             raise DrmError(errno.EINVAL, f"context flags {args.flags:#x}")
         if args.op == CTX_OP_ALLOC_CTX:
             if prio > CTX_PRIORITY_NORMAL and caller.uid != 0:  # 3
@@ -292,23 +307,64 @@ class AmdgpuInfo:
             if ctx_id >= AMDGPU_VM_MAX_NUM_CTX:  # idr_alloc(…, 1, AMDGPU_VM_MAX_NUM_CTX)
                 kdata[0:4] = bytes(4)
                 raise DrmError(errno.ENOSPC, "no context id left")
-            ctxs.add(ctx_id)
+            # amdgpu_ctx_init: the level it finds (its holder's own, if one holds it) is
+            # what the context puts back when it goes
+            owner = self._pstate_owner
+            ctxs[ctx_id] = (self._ctxs[owner[0]][owner[1]] if owner is not None
+                            else self.stable_pstate)
             kdata[0:4] = ctx_id.to_bytes(4, "little")  # 4
             return
         if args.ctx_id not in ctxs:  # 5
             raise DrmError(errno.EINVAL, f"no context {args.ctx_id}")
         if args.op == CTX_OP_FREE_CTX:
-            ctxs.discard(args.ctx_id)
+            self._ctx_fini(file, args.ctx_id)
         elif args.op == CTX_OP_QUERY_STATE:  # 6
             kdata[0:16] = st.CTX_OUT_STATE.pack(0, 0, CTX_NO_RESET)
-        else:
+        elif args.op == CTX_OP_QUERY_STATE2:
             kdata[0:12] = st.CTX_OUT_STATE.pack(0, 0, 0)[:12]
+        elif args.op == CTX_OP_GET_STABLE_PSTATE:  # 9
+            kdata[0:4] = self.stable_pstate.to_bytes(4, "little")
+        else:
+            self._set_stable_pstate(file, args.ctx_id, level)
 
-    def _contexts(self, file: DrmFile) -> set[int]:
-        """The file's context ids (amdgpu_fpriv's ctx_mgr): they go with the file."""
+    def _set_stable_pstate(self, file: DrmFile, ctx_id: int, level: int) -> None:
+        """amdgpu_ctx_set_stable_pstate: one context at a time may hold the device's level
+        away from NONE; any other context's request is EBUSY. Asking for the current level
+        changes nothing; setting NONE lets it go."""
+        owner = self._pstate_owner
+        if owner is not None and not self._holds(file, ctx_id):
+            raise DrmError(errno.EBUSY, f"context {owner[1]} holds the stable pstate")
+        if level == self.stable_pstate:
+            return
+        self.stable_pstate = level  # (amdgpu_dpm_force_performance_level: a level is set)
+        self._pstate_owner = None if level == CTX_STABLE_PSTATE_NONE else (file, ctx_id)
+
+    def _ctx_fini(self, file: DrmFile, ctx_id: int) -> None:
+        """amdgpu_ctx_fini: the context puts back the level it found (EBUSY, when another
+        holds it, is ignored), then goes."""
+        try:
+            self._set_stable_pstate(file, ctx_id, self._ctxs[file][ctx_id])
+        except DrmError:
+            pass
+        del self._ctxs[file][ctx_id]
+        if self._holds(file, ctx_id):  # (it was holding the level it found)
+            self._pstate_owner = None
+
+    def _holds(self, file: DrmFile, ctx_id: int) -> bool:
+        owner = self._pstate_owner
+        return owner is not None and owner[0] is file and owner[1] == ctx_id
+
+    def contexts_closed(self, file: DrmFile) -> None:
+        """amdgpu_ctx_mgr_fini at the file's last close: each context is finished."""
+        for ctx_id in sorted(self._ctxs.get(file, ())):
+            self._ctx_fini(file, ctx_id)
+
+    def _contexts(self, file: DrmFile) -> dict[int, int]:
+        """The file's contexts (amdgpu_fpriv's ctx_mgr), each with the stable pstate it
+        found at creation (ctx->stable_pstate): they go with the file."""
         ctxs = self._ctxs.get(file)
         if ctxs is None:
-            ctxs = self._ctxs[file] = set()
+            ctxs = self._ctxs[file] = {}
         return ctxs
 
     @tbl.handles(tbl.AMDGPU_VM)
@@ -323,6 +379,9 @@ class AmdgpuInfo:
 
 
 CTX_OP_ALLOC_CTX, CTX_OP_FREE_CTX, CTX_OP_QUERY_STATE, CTX_OP_QUERY_STATE2 = 1, 2, 3, 4
+CTX_OP_GET_STABLE_PSTATE, CTX_OP_SET_STABLE_PSTATE = 5, 6
+_CTX_OPS = frozenset(range(CTX_OP_ALLOC_CTX, CTX_OP_SET_STABLE_PSTATE + 1))
+CTX_STABLE_PSTATE_FLAGS_MASK, CTX_STABLE_PSTATE_NONE, CTX_STABLE_PSTATE_PEAK = 0xF, 0, 4
 CTX_PRIORITY_UNSET, CTX_PRIORITY_VERY_LOW = -2048, -1023
 CTX_PRIORITY_NORMAL, CTX_PRIORITY_VERY_HIGH = 0, 1023
 CTX_NO_RESET = 0

@@ -36,11 +36,14 @@ class HwIp:
 
 # GC 9.4.3 has no graphics ring, only compute (chosen counts for one SPX partition of 8
 # XCCs); SDMA 4.4.2, VCN/JPEG 4.0.3; no UVD, VCE or VPE blocks (HW_IP_INFO answers zeros,
-# HW_IP_COUNT EINVAL for those).
+# HW_IP_COUNT EINVAL for those). VCN_DEC and VCN_ENC are both the VCN block
+# (amdgpu_ip_get_block_type): the same version and count, but VCN 4's one unified ring is
+# an encode ring, so VCN_DEC has no ring (amdgpu_hw_ip_info counts ring_dec).
 _GFX943_IPS: dict[int, HwIp] = {
     HW_IP_GFX: HwIp(9, 4, 0x090403, 0, 32, 32, 8),
     HW_IP_COMPUTE: HwIp(9, 4, 0x090403, 0xF, 32, 32, 8),
     HW_IP_DMA: HwIp(4, 4, 0x040402, 0x3, 256, 4, 16),
+    HW_IP_VCN_DEC: HwIp(4, 0, 0x040003, 0, 256, 64, 4),
     HW_IP_VCN_ENC: HwIp(4, 0, 0x040003, 0x1, 256, 4, 4),
     HW_IP_VCN_JPEG: HwIp(4, 0, 0x040003, 0x1, 256, 64, 32),
 }
@@ -98,7 +101,10 @@ class DeviceProfile:
     gpu_counter_freq_khz: int = 100_000  # the TIMESTAMP counter: 100 MHz
     pcie_gen: int = 5
     pcie_num_lanes: int = 16
-    gds_size: int = 0x10000
+    # On-chip apertures (gfx_v9_0/gfx_v9_4_3_set_gds_init): GC 9.4.2 and 9.4.3 removed
+    # all GDS memory; GWS and OA are counted in entries (TTM's range managers, one "page"
+    # per entry).
+    gds_size: int = 0
     gws_size: int = 64
     oa_size: int = 16
     sdma_instances: int = 16
@@ -137,13 +143,15 @@ MI325X = DeviceProfile(
 # "unrecognized id"). MI210's public shape: PCI 1002:740f, 104 CUs of 4 SIMDs, one XCC,
 # 4096-bit HBM2e, 1700 MHz engine / 1600 MHz memory clock peaks, 64 GB (the emulated VRAM
 # capacity is the pod config's, not the part's). Shader engines 8 x 13 CUs and the IP
-# versions (SDMA 4.4.0 x 5, VCN/JPEG 2.6.0) are Aldebaran's layout as chosen here;
+# versions (SDMA 4.4.0 x 5, VCN/JPEG 2.6.0, VCN with a decode ring and encode rings, the
+# encode mask capped at one entity) are Aldebaran's layout as chosen here;
 # external_rev = rev_id + 0x3C as soc15.c sets it for Aldebaran.
 _GFX90A_IPS: dict[int, HwIp] = {
     HW_IP_GFX: HwIp(9, 4, 0x090402, 0, 32, 32, 1),
     HW_IP_COMPUTE: HwIp(9, 4, 0x090402, 0xF, 32, 32, 1),
     HW_IP_DMA: HwIp(4, 4, 0x040400, 0x1, 256, 4, 5),
     HW_IP_VCN_DEC: HwIp(2, 6, 0x020600, 0x1, 256, 64, 2),
+    HW_IP_VCN_ENC: HwIp(2, 6, 0x020600, 0x1, 256, 4, 2),
     HW_IP_VCN_JPEG: HwIp(2, 6, 0x020600, 0x1, 256, 64, 2),
 }
 MI210 = DeviceProfile(

@@ -100,6 +100,7 @@ class DrmDriver(Protocol):
     def gem_object_close(self, obj: GemObject, file: DrmFile) -> None: ...
     def gem_prime_export(self, obj: GemObject) -> DmaBuf: ...
     def gem_prime_import(self, buf: DmaBuf) -> GemObject: ...
+    def postclose(self, file: DrmFile) -> None: ...
 
 
 class IoctlResult(NamedTuple):
@@ -240,6 +241,7 @@ class DrmDevice:
     def file_closed(self, f: DrmFile) -> None:
         self.files.discard(f)
         self.tokens.drop_file(f)
+        self.driver.postclose(f)  # drm_file_free → driver->postclose
 
     # -- dispatch (drm_ioctl) -----------------------------------------------------------------
     def ioctl(
@@ -429,3 +431,6 @@ class _NoDriver:
 
     def gem_prime_import(self, buf: DmaBuf) -> GemObject:
         raise DrmError(errno.EINVAL)
+
+    def postclose(self, file: DrmFile) -> None:
+        pass

@@ -86,6 +86,7 @@ _FIXED: dict[str, tuple[Slot, ...]] = {
     "AMDGPU_GEM_MMAP": (_s("handle", "in", 0, "gem", REF),
                         _s("addr_ptr", "out", 0, "mmap_offset", NEW, 8)),
     "AMDGPU_GEM_METADATA": (_s("handle", "in", 0, "gem", REF),),
+    "AMDGPU_GEM_WAIT_IDLE": (_s("handle", "in", 0, "gem", REF),),
     "AMDGPU_GEM_VA": (_s("handle", "in", 0, "gem", REF),
                       _s("vm_timeline_syncobj_out", "in", 40, "syncobj", REF)),
     "AMDGPU_GEM_OP": (_s("handle", "in", 0, "gem", REF),),
