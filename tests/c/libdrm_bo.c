@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,6 +219,33 @@ int main(void)
 	printf("ok va_unmap load_errno=%d\n",
 	       pread(dfd, back, sizeof(back), (off_t)va) < 0 ? errno : 0);
 	check(amdgpu_va_range_free(vah), "va_free");
+
+	/* amdgpu_bo_wait_for_idle (GEM_WAIT_IDLE): nothing executes, the BO is idle */
+	{
+		bool busy = true;
+
+		check(amdgpu_bo_wait_for_idle(bo, 1000000000ull, &busy), "wait_idle");
+		printf("ok wait_idle busy=%d\n", busy);
+	}
+	/* amdgpu_cs_ctx_create / amdgpu_cs_ctx_stable_pstate (CTX GET/SET_STABLE_PSTATE) */
+	{
+		amdgpu_context_handle ctx;
+		uint32_t before = 99, peak = 99, after = 99;
+
+		check(amdgpu_cs_ctx_create(dev, &ctx), "ctx_create");
+		check(amdgpu_cs_ctx_stable_pstate(ctx, AMDGPU_CTX_OP_GET_STABLE_PSTATE, 0, &before),
+		      "pstate_get");
+		check(amdgpu_cs_ctx_stable_pstate(ctx, AMDGPU_CTX_OP_SET_STABLE_PSTATE,
+						  AMDGPU_CTX_STABLE_PSTATE_PEAK, NULL), "pstate_set");
+		check(amdgpu_cs_ctx_stable_pstate(ctx, AMDGPU_CTX_OP_GET_STABLE_PSTATE, 0, &peak),
+		      "pstate_get");
+		check(amdgpu_cs_ctx_free(ctx), "ctx_free");
+		check(amdgpu_cs_ctx_create(dev, &ctx), "ctx_create");
+		check(amdgpu_cs_ctx_stable_pstate(ctx, AMDGPU_CTX_OP_GET_STABLE_PSTATE, 0, &after),
+		      "pstate_get");
+		check(amdgpu_cs_ctx_free(ctx), "ctx_free");
+		printf("ok stable_pstate before=%u peak=%u after_free=%u\n", before, peak, after);
+	}
 
 	/* amdgpu_bo_set_metadata / amdgpu_bo_query_info (GEM_METADATA, GEM_OP) */
 	memset(&meta, 0, sizeof(meta));

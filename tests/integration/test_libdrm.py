@@ -150,7 +150,8 @@ def test_two_accels_are_two_devices(tmp_path_factory):
 
 
 def test_buffer_objects_and_syncobjs(node):
-    """amdgpu_bo_alloc, export kms/dma-buf, import, VA map/unmap, metadata, query_info,
+    """amdgpu_bo_alloc, export kms/dma-buf, import, VA map/unmap, wait_for_idle, a context's
+    stable pstate, metadata, query_info,
     userptr, and the syncobj calls including their fds (SYNCOBJ_HANDLE_TO_FD tokens turned
     into real fds by the shim; issue 9 item 7)."""
     s = passed(run_shimmed("libdrm_bo", node.mount))
@@ -159,6 +160,10 @@ def test_buffer_objects_and_syncobjs(node):
     assert s["import_dmabuf"] == {"status": "ok", "same": "1", "size": str(BO_SIZE)}
     assert s["gpu_store_load"]["status"] == "ok"
     assert s["va_unmap"]["load_errno"] == str(errno.EFAULT)
+    assert s["wait_idle"]["busy"] == "0"  # amdgpu_gem_wait_idle_ioctl: no fence, idle
+    # amdgpu_ctx_set_stable_pstate: PEAK held by the context, put back (NONE) when it went
+    assert s["stable_pstate"] == {"status": "ok", "before": "0", "peak": "4",
+                                  "after_free": "0"}
     q = s["query_info"]
     assert (q["size"], q["alignment"], q["heap"]) == (str(BO_SIZE), "4096", "4")
     assert (q["tiling"], q["meta_size"], q["meta0"], q["meta1"]) == (
