@@ -541,7 +541,6 @@ CTX_IN = Layout.of_record("drm_amdgpu_ctx_in", AmdgpuCtxIn)
 CTX_SIZE = 16  # union drm_amdgpu_ctx
 CTX_OUT_ALLOC = struct.Struct("<II")  # out.alloc: ctx_id, _pad
 CTX_OUT_STATE = struct.Struct("<QII")  # out.state: flags, hangs, reset_status
-CTX_OUT_PSTATE = struct.Struct("<II")  # out.pstate: flags, _pad
 GEM_WAIT_IDLE_IN = Layout.of_record("drm_amdgpu_gem_wait_idle_in", GemWaitIdleIn)
 GEM_WAIT_IDLE_SIZE = 16  # union drm_amdgpu_gem_wait_idle (out: status, domain)
 VM_IN = Layout.of_record("drm_amdgpu_vm_in", AmdgpuVmIn)
