@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ioctl_latency <file> <cmd-hex> <count> [warmup]
- * ioctl_latency --export <render-node> <count> [warmup]
+ * ioctl_latency [--gap <ns>] <file> <cmd-hex> <count> [warmup]
+ * ioctl_latency [--gap <ns>] --export <render-node> <count> [warmup]
  *
  * Times single ioctls (raw ioctl(2), no retry) with CLOCK_MONOTONIC and
  * prints one line:  median_ns=.. p99_ns=.. mean_ns=.. count=..
@@ -10,8 +10,11 @@
  * op=0 (export), flags=0, gem_handle=1, then zeros; against fuse_echo that
  * is the floor of any FUSE ioctl.  --export first creates a 2 MiB VRAM BO
  * and exports it once, then times repeated (idempotent) UALink exports of it:
- * the daemon's real fast path.  Failed ioctls are timed too and counted on
- * stderr; in --export mode any failure is fatal.
+ * the daemon's real fast path.  With --gap, the client sleeps <ns> before each
+ * ioctl (warm-ups included), so that every timed one meets a server that has
+ * been idle that long, as the first import's does (IMPORT_SETTLE_NS).  Failed
+ * ioctls are timed too and counted on stderr; in --export mode any failure is
+ * fatal.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -61,16 +64,22 @@ int main(int argc, char **argv)
 {
 	static unsigned char buf[BUF_SIZE], request[BUF_SIZE];
 	unsigned long cmd;
-	long count, warmup = 1000, i, failures = 0;
-	int export_mode = argc > 1 && !strcmp(argv[1], "--export");
-	int argi = 3, fd, first_errno = 0;
+	long count, warmup = 1000, i, failures = 0, gap_ns = 0;
+	int export_mode, argi = 3, fd, first_errno = 0;
+	const char *prog = argv[0];
 	uint64_t *ns;
 	size_t size;
 
-	if (argc < argi + 1 || argc > argi + 2) {
-		fprintf(stderr, "usage: %s <file> <cmd-hex> <count> [warmup]\n"
-				"       %s --export <render-node> <count> [warmup]\n",
-			argv[0], argv[0]);
+	if (argc > 2 && !strcmp(argv[1], "--gap")) {
+		gap_ns = strtol(argv[2], NULL, 0);
+		argc -= 2;
+		argv += 2;
+	}
+	export_mode = argc > 1 && !strcmp(argv[1], "--export");
+	if (argc < argi + 1 || argc > argi + 2 || gap_ns < 0 || gap_ns >= 1000000000) {
+		fprintf(stderr, "usage: %s [--gap <ns>] <file> <cmd-hex> <count> [warmup]\n"
+				"       %s [--gap <ns>] --export <render-node> <count> [warmup]\n",
+			prog, prog);
 		return 2;
 	}
 	cmd = export_mode ? DRM_IOCTL_AMDGPU_UALINK_HANDLE : strtoul(argv[2], NULL, 16);
@@ -80,7 +89,7 @@ int main(int argc, char **argv)
 	size = _IOC_SIZE(cmd);
 	if (count <= 0 || warmup < 0 || size > BUF_SIZE) {
 		fprintf(stderr, "%s: need count > 0, warmup >= 0, _IOC_SIZE(cmd) <= %d\n",
-			argv[0], BUF_SIZE);
+			prog, BUF_SIZE);
 		return 2;
 	}
 	fd = open(argv[export_mode ? 2 : 1], O_RDWR | O_CLOEXEC);
@@ -106,6 +115,11 @@ int main(int argc, char **argv)
 		int ret;
 
 		memcpy(buf, request, size);
+		if (gap_ns) {
+			struct timespec gap = { 0, gap_ns };
+
+			nanosleep(&gap, NULL);
+		}
 		t0 = now_ns();
 		ret = ioctl(fd, cmd, buf);
 		t1 = now_ns();

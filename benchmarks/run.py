@@ -88,6 +88,13 @@ GOALS = {  # name: (what, comparison, goal)
     "load_4k": ("4 KiB remote load / (1 FUSE echo + 1 TCP RTT)", "<=", 3.0),
     "load_1m": ("1 MiB remote load throughput / C TCP stream", ">=", 0.5),
 }
+# Ratios printed without a goal: what they explain.
+INFO = {
+    "export_idle": "export ioctl / C echo, both after 2 ms idle ³",
+}
+# The idle gap before each sample of the first import (pod_latency.c's IMPORT_SETTLE_NS),
+# and so of its floor and of the idle-server figures.
+IDLE_GAP_NS = 2_000_000
 
 # Phases of the first import, from the client's and the stamped daemons' clocks.
 PHASES = [
@@ -118,6 +125,7 @@ class Counts:
         self.stream_bytes = (16 if quick else 256) * MiB
         self.stream_reps = 2 if quick else 3
         self.breakdown = max(5, base // 50)
+        self.idle_ioctls = max(20, base // 40)  # each after IDLE_GAP_NS
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -244,6 +252,14 @@ def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[
         clock = ServerClock(pods)
         out = fields(run_c(lat, ["--export", a.render(), str(c.ioctls)], cpus))
         return {**out, **clock.per_op(c.ioctls + WARMUP)}
+    if kind in ("echo_idle", "export_idle"):
+        # One request to a server that has been idle as long as the first import finds
+        # both daemons: the cost of a cold wake-up, C against Python.
+        warmup = str(max(2, c.idle_ioctls // 10))
+        target = ([str(echo_dev), UALINK_CMD] if kind == "echo_idle"
+                  else ["--export", a.render()])
+        return fields(run_c(lat, ["--gap", str(IDLE_GAP_NS), *target, str(c.idle_ioctls),
+                                  warmup], cpus))
     if kind == "tcp_rtt":
         return fields(run_c(BUILD / "tcp_floor", ["rtt", str(c.rtts)], cpus))
     if kind == "import_floor":
@@ -299,11 +315,12 @@ def ratios(m: dict[str, dict[str, float]]) -> dict[str, float]:
         "first_import": m["first_import"]["total_ns"] / m["import_floor"]["median_ns"],
         "load_4k": m["load_4k"]["median_ns"] / (echo + rtt),
         "load_1m": (MiB * 1e9 / m["load_1m"]["median_ns"]) / m["tcp_stream"]["median_bps"],
+        "export_idle": m["export_idle"]["median_ns"] / m["echo_idle"]["median_ns"],
     }
 
 
 KINDS = ["echo", "export", "tcp_rtt", "import_floor", "first_import", "tcp_stream", "load_4k",
-         "load_1m"]
+         "load_1m", "echo_idle", "export_idle"]
 SERVED = {"echo": "C libfuse3 echo, per ioctl", "export": "ualinkd, per export ioctl",
           "first_import": "ualinkd, per import cycle", "load_4k": "ualinkd, per 4 KiB load",
           "load_1m": "ualinkd, per 1 MiB load"}
@@ -497,6 +514,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out = {
         "floors": {
             "fuse_echo_ioctl_ns": pick("echo", "median_ns"),
+            "fuse_echo_ioctl_idle_ns": pick("echo_idle", "median_ns"),
             "tcp_rtt_ns": pick("tcp_rtt", "median_ns"),
             "tcp_stream_bps": pick("tcp_stream", "median_bps"),
             "import_floor_ns": pick("import_floor", "median_ns"),
@@ -506,6 +524,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "figures": {
             "export_ioctl_ns": pick("export", "median_ns"),
+            "export_ioctl_idle_ns": pick("export_idle", "median_ns"),
             "first_import_ns": pick("first_import", "total_ns"),
             "first_import_ioctl_ns": pick("first_import", "ioctl_ns"),
             "first_import_open_ns": pick("first_import", "open_ns"),
@@ -527,6 +546,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         out["ratios"][k] = {**s, "what": what, "goal": f"{cmp} {goal}",
                             "met": s["median"] <= goal if cmp == "<=" else s["median"] >= goal,
                             "met_every_run": worst <= goal if cmp == "<=" else worst >= goal}
+    out["info_ratios"] = {k: {**summary([r["ratios"][k] for r in runs]), "what": what}
+                          for k, what in INFO.items()}
     return out
 
 
@@ -547,6 +568,8 @@ def table(result: dict[str, Any]) -> list[str]:
                   f"{'floors (C)':<{w}}{'µs, or GiB/s':>26}",
                   f"{'  libfuse3 echo ioctl (24 bytes)':<{w}}"
                   f"{spread(f['fuse_echo_ioctl_ns'], 1e3):>26}",
+                  f"{'    the same, after 2 ms idle ³':<{w}}"
+                  f"{spread(f['fuse_echo_ioctl_idle_ns'], 1e3):>26}",
                   f"{'  TCP round trip (64 bytes, loopback)':<{w}}"
                   f"{spread(f['tcp_rtt_ns'], 1e3):>26}",
                   f"{'  TCP stream GiB/s (' + result['congestion'] + ')':<{w}}"
@@ -558,6 +581,8 @@ def table(result: dict[str, Any]) -> list[str]:
                   f"{'ualinkd (C client)':<{w}}",
                   f"{'  export ioctl (already exported BO)':<{w}}"
                   f"{spread(g['export_ioctl_ns'], 1e3):>26}",
+                  f"{'    the same, after 2 ms idle ³':<{w}}"
+                  f"{spread(g['export_ioctl_idle_ns'], 1e3):>26}",
                   f"{'  first import (3 steps below)':<{w}}"
                   f"{spread(g['first_import_ns'], 1e3):>26}",
                   f"{'    import ioctl':<{w}}{spread(g['first_import_ioctl_ns'], 1e3):>26}",
@@ -577,6 +602,8 @@ def table(result: dict[str, Any]) -> list[str]:
             met = "yes" if r["met"] else "NO"
             lines.append(f"{'  ' + r['what']:<{w}}{spread(r, 1, '{:.2f}'):>26}"
                          f"{r['goal']:>9}  {met}")
+        for r in p["info_ratios"].values():
+            lines.append(f"{'  ' + r['what']:<{w}}{spread(r, 1, '{:.2f}'):>26}{'none':>9}")
         lines.append(f"{'server processes (all threads), median':<{w}}{'CPU µs':>10}"
                      f"{'waiting µs':>12}{'switches':>10}")
         for k, what in SERVED.items():
@@ -589,7 +616,11 @@ def table(result: dict[str, Any]) -> list[str]:
                   "not the same work)",
               "² loads that fuse/dataplane.c carried (its debugfs counter); the rest, the "
               "first of a mapping", "  among them, went through the daemons' Python and the "
-              "link"]
+              "link",
+              "³ one request to a server idle for the first import's gap, and nothing else: "
+              "the price of", "  waking a Python daemon against a C one. A first import "
+              "wakes two idle daemons (the importer", "  for the ioctl, the exporter for the "
+              "NPA_REQ), where its floor wakes two idle C servers"]
     bd = result.get("breakdown")
     if bd:
         lines += ["", "first import by phase (a second pod, daemons under benchmarks/stamps.py; "

@@ -38,19 +38,22 @@ def test_quick_run_writes_every_key(tmp_path):
     result = json.loads(out.read_text())
     assert set(result["placements"]) == {"pinned", "scheduler"}
     for p in result["placements"].values():
-        assert set(p["floors"]) == {"fuse_echo_ioctl_ns", "tcp_rtt_ns", "tcp_stream_bps",
-                                    "import_floor_ns", "import_floor_back_to_back_ns"}
+        assert set(p["floors"]) == {"fuse_echo_ioctl_ns", "fuse_echo_ioctl_idle_ns",
+                                    "tcp_rtt_ns", "tcp_stream_bps", "import_floor_ns",
+                                    "import_floor_back_to_back_ns"}
         assert set(p["figures"]) == {
-            "export_ioctl_ns", "first_import_ns", "first_import_ioctl_ns",
-            "first_import_open_ns", "first_import_fd_to_handle_ns", "load_4k_ns",
-            "load_1m_ns"}
+            "export_ioctl_ns", "export_ioctl_idle_ns", "first_import_ns",
+            "first_import_ioctl_ns", "first_import_open_ns", "first_import_fd_to_handle_ns",
+            "load_4k_ns", "load_1m_ns"}
         assert set(p["ratios"]) == {"export", "first_import", "load_4k", "load_1m"}
+        # the ratio without a goal: the idle-server pair of ioctl_latency --gap
+        assert set(p["info_ratios"]) == {"export_idle"}
         # the quick run's loads: all but the first of the mapping carried in C (the 1 MiB
         # ones spliced as their TCP pieces allow: test_data_plane*.py check that)
         for k in ("load_4k", "load_1m"):
             assert p["data_plane_share"][k]["median"] > 0.5, p["data_plane_share"]
         assert 0 <= p["spliced_share"]["median"] <= p["data_plane_share"]["load_1m"]["median"]
-        for group in ("floors", "figures", "ratios"):
+        for group in ("floors", "figures", "ratios", "info_ratios"):
             for v in p[group].values():
                 assert 0 < v["min"] <= v["median"] <= v["max"], (group, v)
         assert set(p["server_cost"]) == {"echo", "export", "first_import", "load_4k",
