@@ -283,3 +283,43 @@ def test_a_recording_that_lost_records_is_a_difference(tmp_path):
     out = io.StringIO()
     (d,) = replay_run(str(path), {"": str(tmp_path)}, out=out)
     assert "lost 3 records" in d.what and "lost 3 records" in out.getvalue()
+
+
+def test_index_keeps_what_orders_a_replay_and_where_each_record_starts():
+    """A streamed replay (`ualinkd replay` reads the file twice rather than holding it):
+    `index_records` checks every line as `load` does, but keeps of each record only what
+    `timeline` and Replay's bookkeeping read, and its line's offset, from which the whole
+    record is read back at its turn."""
+    recs = [_rec("open", time=0.5, pid=1, file=9, path="dri/renderD128"),
+            _rec("ioctl", time=1.0, duration=5.0, pid=1, file=9, in_hex="00" * 64),
+            {"v": 2, "type": "lost", "count": 2},
+            _rec("release", time=7.0, pid=0, file=9)]
+    text = "".join(json.dumps(r) + "\n" + ("\n" if i == 1 else "") for i, r in enumerate(recs))
+    data = text.encode()
+    lines, at = [], 0
+    for line in data.splitlines(keepends=True):
+        lines.append((at, line))
+        at += len(line)
+    index = session.index_records(lines)
+    assert [r["type"] for r in index] == ["open", "ioctl", "lost", "release"]
+    assert all(set(r) <= {*session.INDEX_FIELDS, "at"} for r in index)
+    assert "in_hex" not in index[1] and "path" not in index[0]
+    for r, whole in zip(index, recs, strict=True):
+        assert json.loads(data[r["at"]:].split(b"\n", 1)[0]) == whole
+    order = session.timeline(index)
+    assert [r["time"] for r in order] == [0.5, 1.0, 7.0]
+    full = {r["at"]: whole for r, whole in zip(index, recs, strict=True)}
+    replay = session.Replay(order, lambda r: full[r["at"]])
+    assert [rec for _, rec in replay.steps()] == [recs[0], recs[1], recs[3]]
+    assert replay.recorded_opens == {("node0", 9)}
+    # the same refusals as load, with the same line numbers (blank lines counted)
+    bad = [(0, b"{}\n"), (3, b"\n"), (4, b"not json\n")]
+    for lines_, why in ((bad[:1], "line 1: not a trace record"),
+                        (bad[1:], "line 2: not JSON"),
+                        ([(0, b"\xff\n")], "line 1: not UTF-8")):
+        try:
+            session.index_records(lines_)
+        except session.RecordingError as e:
+            assert why in str(e), e
+        else:
+            raise AssertionError(f"{lines_} was taken as a recording")

@@ -6,11 +6,12 @@ from the recording (the planning and comparing are `replay/session.py`'s)."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import sys
 import time
-from collections.abc import Callable
-from typing import TextIO
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO, TextIO
 
 from .session import (
     Call,
@@ -22,7 +23,7 @@ from .session import (
     Outcome,
     Replay,
     Skip,
-    load,
+    index_records,
     timeline,
 )
 
@@ -107,11 +108,32 @@ def run(path: str, mounts: dict[str, str], pids: set[int] | None = None,
 
     Calls keep the recorded pauses between them (up to MAX_GAP): what the daemons did in
     the background meanwhile (a revoke's NPA_REVOKE and NPA_RELEASE after a close) had that
-    long in the recording too."""
-    with open(path) as f:
-        everything = load(f)
+    long in the recording too.
+
+    The recording is read twice rather than held: once for the order its calls completed
+    in, and again record by record as each one's turn comes (a parsed record takes some
+    ten times its line)."""
+    with open(path, "rb") as f:
+        return _run(f, path, mounts, pids, out, nodes)
+
+
+def _lines_at(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    at = f.tell()
+    for line in f:
+        yield at, line
+        at += len(line)
+
+
+def _run(f: BinaryIO, path: str, mounts: dict[str, str], pids: set[int] | None,
+         out: TextIO, nodes: set[str] | None) -> list[Difference]:
+    everything = index_records(_lines_at(f))
     recs = timeline(everything, pids, nodes)
-    replay = Replay(recs)
+
+    def whole(rec: dict[str, Any]) -> dict[str, Any]:
+        f.seek(rec["at"])
+        return json.loads(f.readline())
+
+    replay = Replay(recs, whole)
     issuer = Issuer(mounts)
     found: list[Difference] = []
     skipped = 0

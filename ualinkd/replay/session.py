@@ -39,22 +39,43 @@ class RecordingError(ValueError):
     """The file is not a recording a replay can use (not JSON lines, schema < 2)."""
 
 
-def load(lines: Iterable[str]) -> list[dict[str, Any]]:
-    recs = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RecordingError(f"line {n}: not JSON ({e.msg})") from None
-        if not isinstance(rec, dict) or "type" not in rec:
-            raise RecordingError(f"line {n}: not a trace record")
-        if rec.get("v", 0) < 2 and rec["type"] in ("ioctl", "gpu"):
-            raise RecordingError(f"line {n}: trace schema {rec.get('v')} has no file ids nor "
-                                 "caller memory; record with this build (schema 2)")
-        recs.append(rec)
-    return recs
+# What a replay orders and filters records by (`timeline`, Replay's bookkeeping, the lost
+# count): all `index_records` keeps of a record until its turn comes to be planned.
+INDEX_FIELDS = ("type", "node", "file", "pid", "time", "duration", "count")
+
+
+def _parse(n: int, line: str | bytes) -> dict[str, Any] | None:
+    """Line `n` of a recording as its record (None: a blank line)."""
+    if not line.strip():
+        return None
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise RecordingError(f"line {n}: not JSON ({e.msg})") from None
+    except UnicodeDecodeError:
+        raise RecordingError(f"line {n}: not UTF-8") from None
+    if not isinstance(rec, dict) or "type" not in rec:
+        raise RecordingError(f"line {n}: not a trace record")
+    if rec.get("v", 0) < 2 and rec["type"] in ("ioctl", "gpu"):
+        raise RecordingError(f"line {n}: trace schema {rec.get('v')} has no file ids nor "
+                             "caller memory; record with this build (schema 2)")
+    return rec
+
+
+def load(lines: Iterable[str | bytes]) -> list[dict[str, Any]]:
+    return [rec for n, line in enumerate(lines, 1) if (rec := _parse(n, line)) is not None]
+
+
+def index_records(lines: Iterable[tuple[int, str | bytes]]) -> list[dict[str, Any]]:
+    """`load` for a recording too large to hold: each record checked as `load` does, but
+    only its INDEX_FIELDS kept, and under "at" what `lines` paired its line with (where it
+    starts, for the edge to read the whole record back when it is replayed)."""
+    out = []
+    for n, (at, line) in enumerate(lines, 1):
+        rec = _parse(n, line)
+        if rec is not None:
+            out.append({**{k: rec[k] for k in INDEX_FIELDS if k in rec}, "at": at})
+    return out
 
 
 def timeline(recs: Iterable[dict[str, Any]], pids: set[int] | None = None,
@@ -155,8 +176,12 @@ def _errname(result: int) -> str:
 class Replay:
     """Plans each recorded record as a call, compares what the replay answered."""
 
-    def __init__(self, recs: list[dict[str, Any]]) -> None:
+    def __init__(self, recs: list[dict[str, Any]],
+                 whole: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+        """`recs` in replay order (`timeline`); `whole`, for records from `index_records`, reads
+        one back whole when its turn comes."""
         self.recs = recs
+        self.whole = whole
         self.mapper = Mapper()
         self.fd_of: dict[FileKey, int] = {}  # the replayer's fd of each recorded open
         self.file_of_key: dict[tuple[str, int], FileKey] = {}  # a dma-buf key's open
@@ -168,7 +193,8 @@ class Replay:
         self.recorded_opens = {(r["node"], r["file"]) for r in recs if r["type"] == "open"}
 
     def steps(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        return enumerate(self.recs, 1)
+        for i, rec in enumerate(self.recs, 1):
+            yield i, self.whole(rec) if self.whole else rec
 
     @staticmethod
     def label(rec: dict[str, Any]) -> str:
