@@ -143,6 +143,7 @@ static void queries(amdgpu_device_handle dev)
 int main(void)
 {
 	drmDevicePtr devices[16], dev_rev, dev_norev;
+	uint64_t cap;
 	amdgpu_device_handle adev, adev2, other;
 	uint32_t major, minor;
 	drmVersionPtr ver;
@@ -201,6 +202,15 @@ int main(void)
 	printf("ok version name=%s major=%d minor=%d\n", ver->name, ver->version_major,
 	       ver->version_minor);
 	drmFreeVersion(ver);
+
+	/* drmGetCap: a render-only cap, and KMS ones amdgpu answers with no display block */
+	check(drmGetCap(fd, DRM_CAP_SYNCOBJ_TIMELINE, &cap), "cap_timeline");
+	printf("ok cap_timeline value=%" PRIu64 "\n", cap);
+	check(drmGetCap(fd, DRM_CAP_DUMB_BUFFER, &cap), "cap_dumb");
+	printf("ok cap_dumb value=%" PRIu64 "\n", cap);
+	check(drmGetCap(fd, DRM_CAP_CURSOR_WIDTH, &cap), "cap_cursor");
+	printf("ok cap_cursor value=%" PRIu64 "\n", cap);
+	printf("ok cap_unknown ret=%d\n", drmGetCap(fd, 0x7f, &cap) ? -errno : 0);
 
 	/* amdgpu_device_initialize twice on one node: the same handle (fd_compare through
 	 * drmGetPrimaryDeviceNameFromFd), as libhsakmt relies on */

@@ -134,6 +134,10 @@ def test_discovery_and_queries(node):
     AMDGPU_INFO query of the 2.4.114 API (spec §2.2)."""
     s = passed(run_shimmed("libdrm_discovery", node.mount))
     check_discovery(s, accels=1)
+    # drmGetCap (drm_getcap): SYNCOBJ_TIMELINE, and the KMS half amdgpu keeps headless
+    assert (s["cap_timeline"]["value"], s["cap_dumb"]["value"], s["cap_cursor"]["value"]) == (
+        "1", "1", "64")
+    assert s["cap_unknown"]["ret"] == str(-errno.EINVAL)
     cfg = PodConfig.local(1, 1)
     check_queries(s, cfg.accel_memory(cfg.nodes[0].accels[0])[0])
     assert "init_other" not in s

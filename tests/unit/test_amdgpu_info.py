@@ -367,8 +367,32 @@ def test_get_cap_syncobj(f, cap, value):
     assert struct.unpack("<QQ", r.out) == (cap, value)
 
 
-def test_get_cap_unknown_is_einval(f):
-    assert ioctl(f, GET_CAP, struct.pack("<QQ", 0x15, 0)).result == -errno.EINVAL
+@pytest.mark.parametrize("cap, value", [
+    (0x1, 1), (0x2, 1), (0x3, 0), (0x4, 0), (0x7, 0), (0x8, 64), (0x9, 64), (0x10, 1),
+    (0x11, 1), (0x12, 1), (0x15, 0)])
+def test_get_cap_kms_caps_of_a_gpu_without_display(f, cap, value):
+    """drm_getcap's second half: amdgpu is a DRIVER_MODESET driver even with no display
+    block (drm_mode_config_init in amdgpu_device_init, mode_config otherwise untouched, no
+    CRTC): DUMB_BUFFER 1 (amdgpu_mode_dumb_create), the cursor sizes' default 64,
+    ADDFB2_MODIFIERS and PAGE_FLIP_TARGET 1, the depth/shadow/async fields 0."""
+    r = ioctl(f, GET_CAP, struct.pack("<QQ", cap, 0xFFFF))
+    assert r.result == 0
+    assert struct.unpack("<QQ", r.out) == (cap, value)
+
+
+@pytest.mark.parametrize("cap", [0x0, 0xA, 0xF, 0x16, 1 << 63])
+def test_get_cap_unknown_is_einval(f, cap):
+    """drm_getcap's `default: return -EINVAL`: the holes in the numbering and past the last."""
+    assert ioctl(f, GET_CAP, struct.pack("<QQ", cap, 0)).result == -errno.EINVAL
+
+
+def test_get_cap_kms_caps_of_a_driver_without_modeset_are_eopnotsupp(f, monkeypatch):
+    """drm_getcap: "Other caps only work with KMS drivers": without DRIVER_MODESET every
+    cap past the render-only ones is EOPNOTSUPP, before the unknown ones' EINVAL."""
+    monkeypatch.setattr(f.device.driver, "kms_caps", None)
+    for cap in (0x1, 0x16):
+        assert ioctl(f, GET_CAP, struct.pack("<QQ", cap, 0)).result == -errno.EOPNOTSUPP
+    assert struct.unpack("<QQ", ioctl(f, GET_CAP, struct.pack("<QQ", 0x13, 0)).out) == (0x13, 1)
 
 
 # ---- CTX / VM --------------------------------------------------------------------------------

@@ -71,6 +71,17 @@ async def user_pages_present(process: ProcessMemory, addr: int, size: int,
         raise DrmError(errno.EFAULT, "userptr range not mapped as asked")
 
 
+# drm_getcap's KMS answers for amdgpu on a GPU without a display block (every profile: GC
+# 9.4.x has no DCE). amdgpu keeps DRIVER_MODESET and calls drm_mode_config_init in
+# amdgpu_device_init, but only a display IP's sw_init would set mode_config's fields, so
+# they stay zero and there is no CRTC. By cap: DUMB_BUFFER (amdgpu has dumb_create),
+# VBLANK_HIGH_CRTC, DUMB_PREFERRED_DEPTH, DUMB_PREFER_SHADOW, ASYNC_PAGE_FLIP, CURSOR_WIDTH
+# and _HEIGHT (64 when unset), ADDFB2_MODIFIERS (!fb_modifiers_not_supported),
+# PAGE_FLIP_TARGET (1 unless a CRTC lacks it), CRTC_IN_VBLANK_EVENT, ATOMIC_ASYNC_PAGE_FLIP.
+HEADLESS_KMS_CAPS = {0x1: 1, 0x2: 1, 0x3: 0, 0x4: 0, 0x7: 0, 0x8: 64, 0x9: 64, 0x10: 1,
+                     0x11: 1, 0x12: 1, 0x15: 0}
+
+
 class AmdgpuDriver:
     def __init__(
         self,
@@ -96,6 +107,7 @@ class AmdgpuDriver:
         self.gpu_faults = 0  # GPU page faults of loads/stores through any file's VM (policy 10)
         # amdgpu_drv.c: KMS_DRIVER_MAJOR.MINOR.PATCHLEVEL of the kernels the spec is from
         self.version = DriverVersion(3, 64, 0, "amdgpu", "20150101", "AMD GPU")
+        self.kms_caps: dict[int, int] | None = HEADLESS_KMS_CAPS
         self.info = AmdgpuInfo(self, profile)  # INFO, and the CTX / VM stubs
         self.ioctls: dict[tbl.IoctlSpec, Handler] = {
             **tbl.bind(self), **tbl.bind(self.info)}

@@ -95,6 +95,9 @@ class DrmDriver(Protocol):
 
     ioctls: dict[tbl.IoctlSpec, Handler]  # tbl.bind(driver): its @handles methods
     version: DriverVersion
+    # drm_getcap's answers past the render-only caps, from the driver's mode_config;
+    # None for a driver without DRIVER_MODESET (those caps are then EOPNOTSUPP)
+    kms_caps: dict[int, int] | None
 
     def gem_object_open(self, obj: GemObject, file: DrmFile) -> None: ...
     def gem_object_close(self, obj: GemObject, file: DrmFile) -> None: ...
@@ -349,9 +352,10 @@ class DrmDevice:
 
     @tbl.handles(tbl.GET_CAP)
     def _get_cap(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
-        """drm_getcap, the caps a render-only client gets: PRIME import|export, a monotonic
-        timestamp, and SYNCOBJ / SYNCOBJ_TIMELINE (amdgpu has DRIVER_SYNCOBJ and
-        DRIVER_SYNCOBJ_TIMELINE). The KMS caps are not emulated (EINVAL)."""
+        """drm_getcap: first the caps any driver answers (PRIME import|export, a monotonic
+        timestamp, SYNCOBJ / SYNCOBJ_TIMELINE: amdgpu has DRIVER_SYNCOBJ and
+        DRIVER_SYNCOBJ_TIMELINE), then, for a DRIVER_MODESET driver, the KMS caps from its
+        mode_config (`DrmDriver.kms_caps`); a cap neither knows is EINVAL."""
         args = st.GET_CAP.decode(kdata[: st.GET_CAP.size])
         if args.capability == DRM_CAP_PRIME:
             value = DRM_PRIME_CAP_IMPORT | DRM_PRIME_CAP_EXPORT
@@ -359,7 +363,14 @@ class DrmDevice:
                                  DRM_CAP_SYNCOBJ_TIMELINE):
             value = 1
         else:
-            raise DrmError(errno.EINVAL, f"capability {args.capability:#x} not emulated")
+            kms = self.driver.kms_caps
+            if kms is None:
+                raise DrmError(errno.EOPNOTSUPP, f"capability {args.capability:#x}: not a "
+                               "KMS driver")
+            known = kms.get(args.capability)
+            if known is None:
+                raise DrmError(errno.EINVAL, f"no capability {args.capability:#x}")
+            value = known
         kdata[8:16] = value.to_bytes(8, "little")
 
     def prime_handle_to_dmabuf(self, f: DrmFile, handle: int) -> DmaBuf:
@@ -419,6 +430,7 @@ class DrmDevice:
 class _NoDriver:
     ioctls: dict[tbl.IoctlSpec, Handler] = {}
     version = DriverVersion(0, 0, 0, "", "", "")
+    kms_caps: dict[int, int] | None = None
 
     def gem_object_open(self, obj: GemObject, file: DrmFile) -> None:
         pass
