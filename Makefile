@@ -17,9 +17,10 @@ VPY     := $(VENV)/bin/python
 # FUSE binding (a pyenv or source-built python brings its own). libhsakmt-dev and rocminfo:
 # Debian's libhsakmt and ROCr, for the KFD tests (tests/integration/test_hsakmt.py). tshark (and its dumpcap): the
 # fabric dissector's test (tests/integration/test_wireshark.py); its debconf question is
-# answered by DEBIAN_FRONTEND=noninteractive below.
+# answered by DEBIAN_FRONTEND=noninteractive below. python3-seccomp: the systemd unit's
+# syscall filter applied to a node (tests/integration/test_service_caps.py).
 APT_PKGS := fuse3 libfuse3-dev libdrm-dev libhsakmt-dev rocminfo iproute2 pkg-config gcc make python3-venv python3-dev \
-            tshark
+            tshark python3-seccomp
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=  # e.g. make bench BENCH_ARGS="--reps 3 --profile"

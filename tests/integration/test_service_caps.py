@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from nodes import start_node
+from nodes import REPO, c_program, start_node
 
 from ualinkd.config import PodConfig
 
@@ -26,6 +26,7 @@ pytestmark = [
 # Debian's /usr/bin/python3, which `make setup` installs (python3-venv, python3-dev).
 
 UNIT = Path(__file__).resolve().parents[2] / "packaging" / "ualinkd@.service"
+SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 
 CLIENT = """
 import fcntl, os, struct, sys
@@ -68,3 +69,63 @@ def test_unit_capabilities_serve_a_client_of_another_uid():
         if node is not None:
             node.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# The unit's seccomp filter (SystemCallFilter, SystemCallErrorNumber=EPERM), applied as
+# systemd would, then the node exec'd under it: python3-seccomp from Debian, the groups
+# expanded by systemd-analyze.
+SECCOMP_EXEC = """
+import errno, os, seccomp, sys
+f = seccomp.SyscallFilter(seccomp.ERRNO(errno.EPERM))
+for name in sys.argv[1].split(","):
+    try:
+        f.add_rule(seccomp.ALLOW, name)
+    except Exception:  # a name libseccomp does not know on this arch
+        pass
+f.load()
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def unit_syscalls() -> set[str]:
+    """The calls SystemCallFilter= allows: its @groups expanded (nested ones too)."""
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read_string(UNIT.read_text())
+    todo, seen, names = unit["Service"]["SystemCallFilter"].split(), set(), set()
+    while todo:
+        item = todo.pop()
+        if not item.startswith("@"):
+            names.add(item)
+            continue
+        if item in seen:
+            continue
+        seen.add(item)
+        out = subprocess.run(["systemd-analyze", "syscall-filter", item], capture_output=True,
+                             text=True, check=True, timeout=30).stdout
+        todo += [w.split()[0] for w in out.splitlines()[1:]
+                 if w.strip() and not w.strip().startswith("#")]
+    return names
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_unit_syscall_filter_serves_the_kfd_and_syncobj_eventfd(tmp_path: Path):
+    """Under the unit's seccomp filter the node still serves what needs its rarer system
+    calls: KFD ACQUIRE_VM and SYNCOBJ_EVENTFD take the caller's fd with pidfd_getfd (not
+    in @system-service), PRIME_FD_TO_HANDLE reads /proc. libhsakmt and libdrm, unmodified,
+    through the shim; any call refused shows as the client's failure."""
+    if subprocess.run(["/usr/bin/python3", "-c", "import seccomp"]).returncode:
+        pytest.skip("python3-seccomp is not installed (make apt installs it)")
+    allowed = ",".join(sorted(unit_syscalls()))
+    node = start_node(tmp_path, PodConfig.local(1, 1), "node0",
+                      prefix=["/usr/bin/python3", "-c", SECCOMP_EXEC, allowed])
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
+        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+        for prog in ("hsakmt_client", "libdrm_bo"):
+            r = subprocess.run([c_program(prog)], env=env, capture_output=True, text=True,
+                               timeout=120)
+            assert r.returncode == 0, prog + r.stdout + r.stderr + node.log_text()
+            assert "fail " not in r.stdout, r.stdout
+        assert "Operation not permitted" not in node.log_text(), node.log_text()
+    finally:
+        node.stop()
