@@ -61,3 +61,20 @@ def test_check_refuses_what_a_start_would_refuse(tmp_path, capsys):
     assert main(["check", "--config", good, "--node", "nodeX"]) == 2
     assert "no node named 'nodeX'" in capsys.readouterr().err
     logging.getLogger().handlers.clear()
+
+
+@pytest.mark.parametrize("key, why", [
+    ("", "[pod] key must be at least 16 bytes"),
+    ("abcd", "[pod] key must be at least 16 bytes"),
+    ("zz" * 16, "[pod] key must be hexadecimal")])
+def test_check_refuses_a_key_a_node_would_refuse(tmp_path, capsys, key, why):
+    """`ualinkd node` checks its links' keys (fabric/auth.py node_keys) before it runs;
+    `check` runs the same check, for every node or the one named."""
+    text = PodConfig.from_dict(pod_doc()).to_toml()
+    path = tmp_path / "pod.toml"
+    lines = [f'key = "{key}"' if ln.startswith("key = ") else ln for ln in text.splitlines()]
+    path.write_text("\n".join(lines) + "\n")
+    for argv in (["check", str(path)], ["check", str(path), "--node", "node1"]):
+        assert main(argv) == 2
+        assert why in capsys.readouterr().err
+    logging.getLogger().handlers.clear()

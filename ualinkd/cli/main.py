@@ -156,6 +156,11 @@ def _check(args: argparse.Namespace) -> int:
     config = PodConfig.load(path)
     if args.node is not None:
         config.node(args.node)
+    # what a node checks next at its start: every link of it has a key (the pod key's form
+    # included), whether the links then run under mutual TLS or not
+    for n in config.nodes:
+        if args.node is None or n.name == args.node:
+            node_keys(config, n.name)
     accels = sum(len(n.accels) for n in config.nodes)
     print(f"{path}: ok: {len(config.nodes)} node{'s' * (len(config.nodes) != 1)}, "
           f"{accels} accel{'s' * (accels != 1)}, {len(config.vpods)} vPod"
