@@ -23,7 +23,7 @@ class NativeLayout:
     lib_dir: Path  # holds libualink.so (and libualink.a in a checkout)
     shim: Path  # libualink_shim.so
     bin_dir: Path  # the example clients: export, import, share, peer
-    pkgconfig_dir: Path | None  # holds ualink.pc (installed package only)
+    pkgconfig_dir: Path | None  # holds ualink.pc (None: a checkout not built yet)
     installed: bool  # inside the package (a wheel) rather than a source checkout
     wireshark: Path  # the fabric protocol's Lua dissector (tshark -X lua_script:...)
 
@@ -41,8 +41,10 @@ def layout() -> NativeLayout:
                             native / "lib" / "pkgconfig", True,
                             native / "share" / "wireshark" / "ualink.lua")
     build = _CHECKOUT / "libualink_c" / "build"
+    pc = build / "pkgconfig"  # libualink_c/Makefile writes it with the checkout's paths
     return NativeLayout(_CHECKOUT / "include", build, build / "libualink_shim.so", build,
-                        None, False, _CHECKOUT / "packaging" / "wireshark" / "ualink.lua")
+                        pc if (pc / "ualink.pc").exists() else None, False,
+                        _CHECKOUT / "packaging" / "wireshark" / "ualink.lua")
 
 
 def library_path() -> Path:

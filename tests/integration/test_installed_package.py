@@ -115,3 +115,20 @@ def test_user_project_builds_a_client_and_runs_the_fixture(installed: Path, tmp_
     where = _run([str(installed / "bin" / "python"), "-c",
                   "import ualinkd.testing.plugin as p; print(p.__file__)"], cwd=tmp_path)
     assert where.stdout.startswith(str(installed)), where.stdout
+
+
+def test_checkout_pkg_config_builds_a_client(tmp_path: Path):
+    """The README's `PKG_CONFIG_PATH=$(ualinkd config --pkgconfig-path) pkg-config --cflags
+    --libs ualink` in a checkout (`make setup`'s editable install): libualink_c/Makefile's
+    ualink.pc names the checkout's include/ and build/, and a client built with it runs
+    the library (it links, loads through the rpath, and asks for a mount it lacks)."""
+    ualinkd = Path(sys.executable).parent / "ualinkd"
+    pc_dir = _run([str(ualinkd), "config", "--pkgconfig-path"]).stdout.strip()
+    assert pc_dir and (Path(pc_dir) / "ualink.pc").is_file(), pc_dir
+    pc = _run(["pkg-config", "--cflags", "--libs", "ualink"],
+              env={**os.environ, "PKG_CONFIG_PATH": pc_dir}).stdout.split()
+    assert f"-I{REPO / 'include'}" in pc, pc
+    (tmp_path / "client.c").write_text(CLIENT)
+    _run(["cc", "-o", str(tmp_path / "client"), str(tmp_path / "client.c"), *pc])
+    ldd = _run(["ldd", str(tmp_path / "client")]).stdout
+    assert str(REPO / "libualink_c" / "build" / "libualink.so") in ldd, ldd
