@@ -38,3 +38,31 @@ def test_a_subscriber_that_stops_reading_holds_queue_bytes_at_most(monkeypatch) 
     counts[1] -= 1000  # (the subscriber's task does this once the line is sent)
     hub(_Rec(1000))  # type: ignore[arg-type]
     assert counts == [40, 10_000] and recv.statistics().current_buffer_used == 10
+
+
+def test_a_new_trace_socket_clears_the_stale_ones_of_killed_daemons(tmp_path) -> None:
+    """A daemon killed by SIGKILL leaves its trace socket; the next daemon to bind one in
+    that directory unlinks every socket nobody listens on, and leaves a live one (and any
+    other file) alone."""
+    import socket
+
+    from ualinkd.replay.record import clear_stale_trace_sockets
+
+    def bound(name: str, listen: bool) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(tmp_path / name))
+        if listen:
+            s.listen(1)
+        return s
+
+    dead = bound("trace-00000000dead0000.sock", listen=False)
+    dead.close()  # as a killed daemon's: the file stays, nothing listens
+    live = bound("trace-00000000a11ce000.sock", listen=True)
+    (tmp_path / "trace-notes.txt").write_text("x")
+    try:
+        assert clear_stale_trace_sockets(str(tmp_path)) == 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "trace-00000000a11ce000.sock", "trace-notes.txt"]
+        assert clear_stale_trace_sockets(str(tmp_path / "missing")) == 0
+    finally:
+        live.close()

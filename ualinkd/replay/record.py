@@ -82,11 +82,12 @@ class TraceHub:
 
 async def bind_trace_socket(real_mount: str) -> tuple[trio.socket.SocketType, str]:
     """The listening socket for the subscribers of the mount at `real_mount` (its resolved
-    path); a stale socket of a dead daemon goes."""
+    path); a stale socket of a dead daemon goes, this mount's and any other's."""
     path = trace_socket_path(real_mount, resolved=True)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+    clear_stale_trace_sockets(os.path.dirname(path))
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         await sock.bind(path)
@@ -98,6 +99,37 @@ async def bind_trace_socket(real_mount: str) -> tuple[trio.socket.SocketType, st
         raise
     sock.listen(8)
     return sock, path
+
+
+def clear_stale_trace_sockets(directory: str) -> int:
+    """Unlink the trace sockets in `directory` nobody listens on: a daemon killed (SIGKILL,
+    a crash) cannot remove its own, and mounts that are used once (tests, pods under fresh
+    roots) would leave one each. A live daemon's answers the connect (it sees a subscriber
+    come and go); a socket with no listener refuses it. Returns how many went."""
+    gone = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in names:
+        if not (name.startswith("trace-") and name.endswith(".sock")):
+            continue
+        path = os.path.join(directory, name)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        probe.setblocking(False)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                gone += 1
+        except OSError:  # alive and busy (EAGAIN: a full backlog), gone already, not ours
+            pass
+        finally:
+            probe.close()
+    if gone:
+        log.info("removed %d stale trace socket(s) of dead daemons from %s", gone, directory)
+    return gone
 
 
 async def serve_trace(core: object, sock: trio.socket.SocketType, path: str) -> None:
