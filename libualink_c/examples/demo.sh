@@ -35,7 +35,7 @@ grep ' ready: ' "$ROOT/pod.out"
 step "node0: an unmodified libdrm_amdgpu program (Debian's libdrm, through the LD_PRELOAD shim)"
 echo "LD_PRELOAD=$BIN/libualink_shim.so UALINK_DRI_DIR=$ROOT/node0/dri $BIN/libdrm_discovery"
 LD_PRELOAD=$BIN/libualink_shim.so UALINK_DRI_DIR=$ROOT/node0/dri "$BIN/libdrm_discovery" \
-  | grep -E '^ok (devices|device2|node_type|names|init|gpu_info|heap_vram|dev_info)' \
+  | grep -E '^ok (get_device|node_type|device_name|render_name|version|init|query_gpu_info|heap_vram|dev_info)( |$)' \
   | cut -c1-110
 
 step "node0: client A stores a message in a VRAM buffer through its GPU and exports it"
