@@ -453,6 +453,9 @@ def test_ualinkctl_pod_status_shows_every_node_and_a_stopped_one(tmp):
         assert lines[0].split() == ["node", "address", "accels", "status", "state", "links"]
         assert [ln.split()[0] for ln in lines[1:]] == ["node0", "node1", "node2"]
         assert all(" serving " in ln and " active " in ln for ln in lines[1:]), r.stdout
+        # `status` is the default: `ualinkctl pod ROOT` prints the same table
+        r2 = subprocess.run([ctl, "pod", str(root)], capture_output=True, text=True, timeout=60)
+        assert (r2.returncode, r2.stdout.splitlines()[0]) == (0, lines[0]), r2.stderr
         victim = next(pid for pid in p.nodes
                       if b"node1" in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0"))
         os.kill(victim, signal.SIGSTOP)

@@ -510,7 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"ualinkctl {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ps = sub.add_parser("pod", help="every node of a pod in one table (no --mount needed)")
-    ps.add_argument("pod_what", choices=["status"], metavar="status")
+    # `status` is the only thing `pod` does (and its default): `ualinkctl pod ROOT` too
+    ps.add_argument("pod_what", choices=["status"], metavar="status", nargs="?",
+                    default="status")
     ps.add_argument("pod", metavar="POD.toml|POD-DIR",
                     help="a `ualinkd pod` root or its pod.toml (nodes mounted beside it), or "
                          "a namespaced pod's state directory (`ualinkd pod --netns` prints it)")
