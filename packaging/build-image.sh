@@ -50,7 +50,15 @@ fi
 # The runtime and limits this host needs (packaging/podman-probe.sh says what and why).
 conf=$(packaging/podman-probe.sh "$base") || die "podman cannot run a container on this host"
 [ -z "$conf" ] || export CONTAINERS_CONF="$conf"
+old=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
 podman build --format docker --build-arg "BASE=$base" -f packaging/Containerfile \
     -t "$image" . >&2
+# The image this build replaced is left untagged (<none>, 200 MB a build): remove it unless
+# it still has a tag or a container (then rmi refuses, and it stays).
+new=$(podman image inspect --format '{{.Id}}' "$image")
+if [ -n "$old" ] && [ "$old" != "$new" ] \
+        && [ -z "$(podman image inspect --format '{{join .RepoTags ""}}' "$old" 2>/dev/null)" ]; then
+    podman rmi "$old" >/dev/null 2>&1 || true
+fi
 echo "$image"
 echo "${conf:-}"

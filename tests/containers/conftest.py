@@ -48,7 +48,14 @@ def image() -> str:
     problems = engine_problems()
     if problems:
         pytest.fail("this host cannot run the container tier:\n  " + "\n  ".join(problems))
+    def dangling() -> set[str]:
+        return set(subprocess.run(["podman", "images", "-q", "--filter", "dangling=true"],
+                                  capture_output=True, text=True, timeout=60).stdout.split())
+
+    before = dangling()
     r = subprocess.run([str(REPO / "packaging" / "build-image.sh"), IMAGE], cwd=REPO,
                        capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, f"building {IMAGE} failed:\n{r.stderr[-4000:]}"
+    # a rebuild removes the image it replaced rather than leaving it untagged
+    assert dangling() <= before, dangling() - before
     return IMAGE
