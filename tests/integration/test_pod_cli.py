@@ -380,6 +380,9 @@ def test_a_dead_node_leaves_the_others_running_and_starts_again(tmp):
                                 str(root), "node1"], capture_output=True, text=True, timeout=90)
         assert again.returncode == 0, again.stderr
         assert again.stdout.startswith("node1 ready: mount=")
+        # the pod's own ready line's fields (`ualinkd pod` prints the same for node1)
+        assert again.stdout.rstrip().endswith(
+            f"render={root / 'node1'}/dri/renderD128 accels=1"), again.stdout
         assert (root / "node1" / "dri" / "renderD128").exists()
         busy = subprocess.run([sys.executable, "-m", "ualinkd", "start-node", "--root",
                                str(root), "node1"], capture_output=True, text=True, timeout=90)

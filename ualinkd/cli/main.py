@@ -82,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     quirks_arg(node)
     pod = sub.add_parser("pod", parents=[verbose],
                          help="run a whole local pod, one daemon process per node")
-    pod.add_argument("--nodes", type=int, default=2)
-    pod.add_argument("--accels-per-node", type=int, default=1)
+    pod.add_argument("--nodes", type=int, default=2, help="nodes, 1..256 (default 2)")
+    pod.add_argument("--accels-per-node", type=int, default=1,
+                     help="accels (GPUs) per node, 1..8 (default 1)")
     pod.add_argument("--root", default="./ualink-pod", help="node i is mounted at ROOT/node<i>")
     pod.add_argument("--ready-timeout", type=float, default=30.0, help=argparse.SUPPRESS)
     pod.add_argument("--netns", action="store_true",

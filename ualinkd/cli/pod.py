@@ -408,9 +408,10 @@ def _start_again(words: list[str], args: argparse.Namespace, root: str, conf_pat
     if not wait_ready(new.sock, new.proc, args.ready_timeout, stopping):
         new.reported = new.proc.poll() is not None
         return f"error: {name} did not become ready"
-    print(f"{name} ready: mount={new.mount} render={new.mount}/dri/renderD128 (started "
-          "again)", file=ready_stream(args), flush=True)
-    return f"ok: {name} ready: mount={new.mount}"
+    ready = f"{name} ready: mount={new.mount} render={new.mount}/dri/renderD128 accels=" + \
+        ",".join(str(a.accel_id) for a in PodConfig.load(conf_path).node(name).accels)
+    print(f"{ready} (started again)", file=ready_stream(args), flush=True)
+    return f"ok: {ready}"
 
 
 def ask_pod(pod_dir: str, request: str, timeout: float) -> tuple[bool, str]:
