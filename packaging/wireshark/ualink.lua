@@ -62,7 +62,7 @@ local f = {
     sender_id = ProtoField.uint32("ualink.msg.sender_id", "Sender accel id", base.DEC, nil,
                                   0x3FF00000),
     handle = ProtoField.string("ualink.msg.handle", "UALink handle"),
-    handle_lo = ProtoField.uint64("ualink.msg.handle_lo", "handle_lo (bits 9..0: the type)",
+    handle_lo = ProtoField.uint64("ualink.msg.handle_lo", "handle_lo as sent (bits 9..0: the type)",
                                   base.HEX),
     handle_hi = ProtoField.uint64("ualink.msg.handle_hi", "handle_hi", base.HEX),
     size_pages = ProtoField.uint32("ualink.msg.size_pages", "Size (pages)", base.DEC),
@@ -100,8 +100,9 @@ local function name_field(tvb, t, o)
     return o + 1 + n, tvb(o + 1, n):string()
 end
 
--- The four dwords of a UALink message (protocol.py decode_message).
-local function message(tvb, t, o)
+-- The four dwords of a UALink message (protocol.py decode_message), sent from accel `src`
+-- to accel `dst` (the frame's header, the fabric's stamp).
+local function message(tvb, t, o, src, dst)
     local dw0 = tvb(o, 4):le_uint()
     local mt = bit32.band(dw0, 0x3FF)
     local name = MSG[mt] or string.format("unknown type %d", mt)
@@ -115,12 +116,18 @@ local function message(tvb, t, o)
                              bit32.band(bit32.rshift(dw0, 20), 0x3FF))
     elseif mt >= 3 and mt <= 7 then
         local lo = tvb(o, 8):le_uint64()
-        local bits = lo:band(UInt64.new(0xFFFFFC00, 0xFFFFFFFF))
+        -- bits 9..0 of handle_lo carry the type on the wire; they are the exporter's accel id,
+        -- which the receiver puts back (§5.3): its own for NPA_REQ and NPA_RELEASE (sent to
+        -- the exporter), the sender's for the others (sent by it). So the handle shown is the
+        -- one UALINK_HANDLE gave.
+        local exporter = (mt == 3 or mt == 7) and dst or src
+        local bits = lo:band(UInt64.new(0xFFFFFC00, 0xFFFFFFFF)):bor(
+            UInt64.new(bit32.band(exporter, 0x3FF), 0))
         m:add_le(f.handle_lo, tvb(o, 8))
         if mt == 3 or mt == 6 or mt == 7 then
             local hi = tvb(o + 8, 8):le_uint64()
             m:add_le(f.handle_hi, tvb(o + 8, 8))
-            -- As a 128-bit hex (hi:lo), bits 9..0 of lo are rebuilt by the receiver (§5.3).
+            -- As a 128-bit hex (hi:lo), lo with its bits 9..0 rebuilt as the receiver does.
             local h = "0x" .. hi:tohex() .. bits:tohex()
             m:add(f.handle, tvb(o, 16), h)
             info = string.format("%s handle=%s", name, h)
@@ -176,7 +183,8 @@ local function dissect_frame(tvb, pinfo, tree)
         t:add(f.mac, tvb(o, 32))
     elseif ft == 0x10 then
         local a = accels(tvb, t, o)
-        info = string.format("MSG %s %s", a, message(tvb, t, o + 8))
+        info = string.format("MSG %s %s", a, message(tvb, t, o + 8, tvb(o + 4, 2):le_uint(),
+                                                      tvb(o + 6, 2):le_uint()))
     elseif ft == 0x11 or ft == 0x22 then
         t:add_le(f.seq, tvb(o, 4))
         t:add_le(f.status, tvb(o + 4, 4))

@@ -73,21 +73,23 @@ def test_tshark_decodes_a_pod_capture(tmp_path):
     pcap = tmp_path / "fabric.pcapng"
     with capture(pcap, ports), running_pod(tmp_path, config=config) as (a, b), \
             Client(a.render()) as ca, Client(b.render()) as cb:
-        bo = ca.bo_create(1 << 16)
-        handle = ca.export(bo)
-        fd = cb.import_(handle)
-        gem = cb.fd_to_handle(fd)
+        # exported by accel 1, so bits 9..0 of the handle (its accel id) are not zero
+        bo = cb.bo_create(1 << 16)
+        handle = cb.export(bo)
+        fd = ca.import_(handle)
+        gem = ca.fd_to_handle(fd)
         os.close(fd)
-        cb.va_map(gem, VA, 1 << 16)
-        assert cb.gpu_write(VA + 4096, b"seen by tshark") == 14
-        assert cb.gpu_read(VA + 4096, 14) == b"seen by tshark"
+        ca.va_map(gem, VA, 1 << 16)
+        assert ca.gpu_write(VA + 4096, b"seen by tshark") == 14
+        assert ca.gpu_read(VA + 4096, 14) == b"seen by tshark"
     r = subprocess.run(["tshark", "-n", "-X", f"lua_script:{DISSECTOR}", "-r", str(pcap), "-V"],
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "Lua: Error" not in out and "Lua: Error" not in r.stderr, out[-3000:] + r.stderr
     lo, hi = handle
-    want = f"0x{hi:016x}{lo & ~0x3FF & (2**64 - 1):016x}"
+    assert lo & 0x3FF == 1
+    want = f"0x{hi:016x}{lo:016x}"  # the handle UALINK_HANDLE gave (§5.3's rebuild)
     assert "malformed" not in out
     assert "UALink fabric frame: AUTH_HELLO" in out
     assert "Protocol version: 3" in out
@@ -115,7 +117,8 @@ def _tshark(pcap: Path, *extra: str) -> str:
 
 def test_every_frame_and_message_type_from_wire_py(tmp_path):
     """Frames built by ualinkd/fabric/wire.py's own encoder, one stream: each of the eleven
-    frame types and seven messages decodes to its fields; two frames in one segment and one
+    frame types and seven messages decodes to its fields (a handle with bits 9..0 rebuilt as
+    the exporter's accel, 4: the receiver of NPA_REQ, the sender of NPA_RSP); two frames in one segment and one
     frame split over two segments (TCP reassembly) decode too."""
     lo = 0xAAAA_BBBB_CCCC_D400
     pod = uuid.UUID("12345678-9abc-def0-1234-56789abcdef0")
@@ -151,7 +154,7 @@ def test_every_frame_and_message_type_from_wire_py(tmp_path):
         "UALink fabric frame: AUTH_OK",
         "UALink message: HELLO", "Receiver accel id: 4", "Sender accel id: 3",
         "UALink message: HELLO_ACK",
-        "UALink message: NPA_REQ", "UALink handle: 0x1122334455667788aaaabbbbccccd400",
+        "UALink message: NPA_REQ", "UALink handle: 0x1122334455667788aaaabbbbccccd404",
         "UALink message: NPA_RSP", "Size (pages): 256", "NPA offset (pages): 0x00000802",
         "UALink message: NPA_FAIL", "Reason: DUPLICATE (3)",
         "UALink message: NPA_REVOKE", "UALink message: NPA_RELEASE",
@@ -163,7 +166,7 @@ def test_every_frame_and_message_type_from_wire_py(tmp_path):
         assert want in out, want
     summary = _tshark(pcap)
     for want in ("MSG seq=2 4->3 HELLO_ACK | MSG seq=3 3->4 NPA_REQ handle=0x11223344",
-                 "NPA_RSP handle_lo=0xaaaabbbbccccd400 size_pages=256 npa_offset=0x802",
+                 "NPA_RSP handle_lo=0xaaaabbbbccccd404 size_pages=256 npa_offset=0x802",
                  "ACK seq=6 status=-110 ETIMEDOUT", "STORE seq=9 3->4 npa=0x0000000000803010 "
                  "len=5", "DATA seq=9 status=-62 ETIME len=0"):
         assert want in summary, summary
