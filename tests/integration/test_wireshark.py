@@ -118,8 +118,8 @@ def _tshark(pcap: Path, *extra: str) -> str:
 def test_every_frame_and_message_type_from_wire_py(tmp_path):
     """Frames built by ualinkd/fabric/wire.py's own encoder, one stream: each of the eleven
     frame types and seven messages decodes to its fields (a handle with bits 9..0 rebuilt as
-    the exporter's accel, 4: the receiver of NPA_REQ, the sender of NPA_RSP); two frames in one segment and one
-    frame split over two segments (TCP reassembly) decode too."""
+    the exporter's accel, 4: the receiver of NPA_REQ, the sender of NPA_RSP); two frames in
+    one segment and one frame split over two segments (TCP reassembly) decode too."""
     lo = 0xAAAA_BBBB_CCCC_D400
     pod = uuid.UUID("12345678-9abc-def0-1234-56789abcdef0")
     frames = [
