@@ -66,3 +66,26 @@ def test_a_new_trace_socket_clears_the_stale_ones_of_killed_daemons(tmp_path) ->
         assert clear_stale_trace_sockets(str(tmp_path / "missing")) == 0
     finally:
         live.close()
+
+
+def test_record_pid_filter_keeps_the_releases_of_that_pids_files_only() -> None:
+    """`ualinkd record --pid`: a release carries no pid (FUSE's RELEASE comes from the
+    kernel), so the recorder keeps it when the pid's own open of that file was kept, and
+    leaves another process's out."""
+    import io
+    import json
+
+    from ualinkd.replay.record import _keep
+
+    out, opened = io.StringIO(), set()
+    recs = [{"type": "open", "pid": 1, "node": "node0", "file": 3},
+            {"type": "open", "pid": 2, "node": "node0", "file": 4},
+            {"type": "ioctl", "pid": 2, "node": "node0", "file": 4},
+            {"type": "release", "pid": 0, "node": "node0", "file": 4},
+            {"type": "release", "pid": 0, "node": "node0", "file": 3},
+            {"type": "lost", "count": 1}]
+    assert sum(_keep(json.dumps(r).encode(), {1}, out, opened) for r in recs) == 3
+    kept = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [(r["type"], r.get("file")) for r in kept] == [
+        ("open", 3), ("release", 3), ("lost", None)]
+    assert opened == set()

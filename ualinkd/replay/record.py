@@ -218,6 +218,7 @@ def record(mounts: list[str], out: TextIO, pids: set[int] | None = None,
         sel.register(s, selectors.EVENT_READ)
         partial[s] = b""
     written = 0
+    opened: set[tuple[object, object]] = set()  # the kept pids' files, for their releases
     end = None if duration is None else time.monotonic() + duration
     try:
         # The hello line of each node says it is subscribed: from here on nothing is missed.
@@ -243,7 +244,7 @@ def record(mounts: list[str], out: TextIO, pids: set[int] | None = None,
                 data = partial[s] + chunk
                 *lines, partial[s] = data.split(b"\n")
                 for line in lines:
-                    written += _keep(line, pids, out)
+                    written += _keep(line, pids, out, opened)
             if partial and not sel.get_map():
                 break
         # Drain what the nodes sent before we stopped.
@@ -254,7 +255,7 @@ def record(mounts: list[str], out: TextIO, pids: set[int] | None = None,
                     data = partial[s] + chunk
                     *lines, partial[s] = data.split(b"\n")
                     for line in lines:
-                        written += _keep(line, pids, out)
+                        written += _keep(line, pids, out, opened)
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
@@ -264,12 +265,24 @@ def record(mounts: list[str], out: TextIO, pids: set[int] | None = None,
     return written
 
 
-def _keep(line: bytes, pids: set[int] | None, out: TextIO) -> int:
+def _keep(line: bytes, pids: set[int] | None, out: TextIO,
+          opened: set[tuple[object, object]] | None = None) -> int:
+    """Write `line` unless `pids` leaves it out. A release has no pid (FUSE's RELEASE comes
+    from the kernel, pid 0): it is kept when `opened` (the (node, file) of the kept pids'
+    opens, which this call keeps up to date) has its file, or always without `opened`."""
     if not line.strip():
         return 0
     if pids is not None:
         rec = json.loads(line)
-        if rec.get("pid") not in pids and rec.get("type") not in ("release", "lost"):
+        kind = rec.get("type")
+        if kind == "release":
+            if opened is not None and (rec.get("node"), rec.get("file")) not in opened:
+                return 0
+            if opened is not None:
+                opened.discard((rec.get("node"), rec.get("file")))
+        elif rec.get("pid") not in pids and kind != "lost":
             return 0
+        elif kind == "open" and opened is not None:
+            opened.add((rec.get("node"), rec.get("file")))
     out.write(line.decode() + "\n")
     return 1
