@@ -168,3 +168,16 @@ def test_header_that_does_not_compile_exits_2(tmp_path):
     p = _abi_check(str(bad))
     assert p.returncode == 2
     assert "does not compile" in p.stderr
+
+
+@needs_cc
+def test_a_member_the_header_lacks_is_named_with_the_size_it_costs(tmp_path):
+    """Audit F: with the import arm deleted from drm_amdgpu_ualink_handle_in's union the
+    struct shrinks; the report names the member it lacks (and where the emulator has it),
+    not only the sizes."""
+    copy = _edited_copy(tmp_path, "\t\t__u64 import_ualink_handle[2];\n", "")
+    r = check.check([str(copy)])
+    assert not r.ok
+    assert ("`drm_amdgpu_ualink_handle_in.import_ualink_handle` is not in this header, "
+            "emulator has it at offset 8 (16 bytes)") in r.mismatches, r.mismatches
+    assert "`drm_amdgpu_ualink_handle_in` is 12 bytes, emulator expects 24" in r.mismatches
