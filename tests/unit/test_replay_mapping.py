@@ -291,7 +291,8 @@ def test_index_keeps_what_orders_a_replay_and_where_each_record_starts():
     `timeline` and Replay's bookkeeping read, and its line's offset, from which the whole
     record is read back at its turn."""
     recs = [_rec("open", time=0.5, pid=1, file=9, path="dri/renderD128"),
-            _rec("ioctl", time=1.0, duration=5.0, pid=1, file=9, in_hex="00" * 64),
+            _rec("ioctl", time=1.0, duration=5.0, pid=1, file=9, ioctl="GEM_CLOSE",
+                 cmd=f"{GEM_CLOSE:#010x}", in_hex="00" * 64, out_hex="", result=0),
             {"v": 2, "type": "lost", "count": 2},
             _rec("release", time=7.0, pid=0, file=9)]
     text = "".join(json.dumps(r) + "\n" + ("\n" if i == 1 else "") for i, r in enumerate(recs))

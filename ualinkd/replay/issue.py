@@ -21,6 +21,7 @@ from .session import (
     IoctlCall,
     OpenCall,
     Outcome,
+    RecordingError,
     Replay,
     Skip,
     index_records,
@@ -113,7 +114,11 @@ def run(path: str, mounts: dict[str, str], pids: set[int] | None = None,
     The recording is read twice rather than held: once for the order its calls completed
     in, and again record by record as each one's turn comes (a parsed record takes some
     ten times its line)."""
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise RecordingError(f"cannot read it ({e.strerror})") from None
+    with f:
         return _run(f, path, mounts, pids, out, nodes)
 
 

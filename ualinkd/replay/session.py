@@ -13,10 +13,12 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..abi.ioc import IoctlCmd
+from ..trace import SCHEMA_VERSION
 from .mapping import (
     ARRAYS,
     FREE,
@@ -36,12 +38,108 @@ FileKey = tuple[str, int]  # (node, the trace's file id)
 
 
 class RecordingError(ValueError):
-    """The file is not a recording a replay can use (not JSON lines, schema < 2)."""
+    """The file is not a recording a replay can use (not JSON lines, a schema it does not
+    read, a field a replay reads missing or of the wrong type, nothing to replay)."""
 
 
 # What a replay orders and filters records by (`timeline`, Replay's bookkeeping, the lost
 # count): all `index_records` keeps of a record until its turn comes to be planned.
 INDEX_FIELDS = ("type", "node", "file", "pid", "time", "duration", "count")
+REPLAYED = ("open", "release", "ioctl", "gpu")  # the record types a replay issues
+
+
+# -- checking a record ---------------------------------------------------------------------
+# Every field `plan`, `compare` and the edge read, per record type, checked when the file is
+# first read: a malformed record is refused with its line and field before anything is
+# issued, never a traceback halfway through the replay.
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_u64(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
+
+
+def _is_time(v: object) -> bool:  # JSON's NaN and Infinity would not sort into a timeline
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_hex(v: object) -> bool:
+    if not isinstance(v, str):
+        return False
+    try:
+        bytes.fromhex(v)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_cmd(v: object) -> bool:
+    if not isinstance(v, str):
+        return False
+    try:
+        return 0 <= int(v, 16) < 1 << 32
+    except ValueError:
+        return False
+
+
+Check = tuple[Callable[[object], bool], str]  # (accepts, what it must be)
+_INT: Check = (_is_int, "an integer")
+_U64: Check = (_is_u64, "an unsigned 64-bit integer")
+_TIME: Check = (_is_time, "a number of seconds")
+_HEX: Check = (_is_hex, "a hex string")
+_STR: Check = (lambda v: isinstance(v, str), "a string")
+_FILE: Check = (lambda v: v is None or _is_int(v), "a file id or null")
+_KEY: Check = (lambda v: v is None or _is_int(v), "an integer or null")
+_DICT: Check = (lambda v: isinstance(v, dict), "an object")
+_LIST: Check = (lambda v: isinstance(v, list), "a list")
+
+_COMMON = {"node": _STR, "pid": _INT, "time": _TIME}
+# field -> (check, required); an optional field, when present, is checked all the same.
+FIELDS: dict[str, dict[str, tuple[Check, bool]]] = {
+    "open": {**{k: (c, True) for k, c in _COMMON.items()}, "duration": (_TIME, False),
+             "file": ((_is_int, "a file id"), True), "path": (_STR, True),
+             "token": (_KEY, False), "key": (_KEY, False), "result": (_INT, False)},
+    "release": {**{k: (c, True) for k, c in _COMMON.items()}, "duration": (_TIME, False),
+                "file": ((_is_int, "a file id"), True), "path": (_STR, False)},
+    "ioctl": {**{k: (c, True) for k, c in _COMMON.items()}, "duration": (_TIME, False),
+              "file": (_FILE, True), "ioctl": (_STR, True),
+              "cmd": ((_is_cmd, "a 32-bit hex ioctl number"), True), "in_hex": (_HEX, True),
+              "out_hex": (_HEX, True), "result": (_INT, True), "in": (_DICT, False),
+              "mem": (_LIST, False), "fds": (_LIST, False)},
+    "gpu": {**{k: (c, True) for k, c in _COMMON.items()}, "duration": (_TIME, False),
+            "file": (_FILE, True),
+            "op": ((lambda v: v in ("load", "store"), '"load" or "store"'), True),
+            "va": (_U64, True), "length": (_U64, True), "result": (_INT, True),
+            "data_hex": (_HEX, False)},
+    "lost": {"count": (_INT, False)},
+}
+MEM_FIELDS: dict[str, Check] = {
+    "op": (lambda v: v in ("read", "write"), '"read" or "write"'), "addr": _U64,
+    "len": _U64, "hex": _HEX, "result": _INT}
+FD_FIELDS: dict[str, Check] = {"fd": _INT, "key": _KEY}
+
+
+def _check_fields(n: int, where: str, rec: dict[str, Any],
+                  fields: dict[str, tuple[Check, bool]]) -> None:
+    for name, ((ok, what), required) in fields.items():
+        if name not in rec:
+            if required:
+                raise RecordingError(f"line {n}: {where}`{name}` is missing")
+        elif not ok(rec[name]):
+            raise RecordingError(f"line {n}: {where}`{name}` is not {what} "
+                                 f"({json.dumps(rec[name])[:40]})")
+
+
+def _check(n: int, rec: dict[str, Any]) -> None:
+    kind = rec["type"]
+    _check_fields(n, "", rec, FIELDS.get(kind, {}))
+    for list_name, entry_fields in (("mem", MEM_FIELDS), ("fds", FD_FIELDS)):
+        for i, entry in enumerate(rec.get(list_name, []) if kind == "ioctl" else []):
+            where = f"{list_name}[{i}]."
+            if not isinstance(entry, dict):
+                raise RecordingError(f"line {n}: `{list_name}[{i}]` is not an object")
+            _check_fields(n, where, entry, {k: (c, True) for k, c in entry_fields.items()})
 
 
 def _parse(n: int, line: str | bytes) -> dict[str, Any] | None:
@@ -54,11 +152,19 @@ def _parse(n: int, line: str | bytes) -> dict[str, Any] | None:
         raise RecordingError(f"line {n}: not JSON ({e.msg})") from None
     except UnicodeDecodeError:
         raise RecordingError(f"line {n}: not UTF-8") from None
-    if not isinstance(rec, dict) or "type" not in rec:
+    if not isinstance(rec, dict) or not isinstance(rec.get("type"), str):
         raise RecordingError(f"line {n}: not a trace record")
-    if rec.get("v", 0) < 2 and rec["type"] in ("ioctl", "gpu"):
+    v = rec.get("v", 0)
+    if not _is_int(v):
+        raise RecordingError(f"line {n}: `v` is not a schema number ({json.dumps(v)[:40]})")
+    if v > SCHEMA_VERSION:
+        raise RecordingError(f"line {n}: trace schema {v} is newer than this build reads "
+                             f"(schema {SCHEMA_VERSION}); replay it with the build that "
+                             "recorded it")
+    if v < 2 and rec["type"] in ("ioctl", "gpu"):
         raise RecordingError(f"line {n}: trace schema {rec.get('v')} has no file ids nor "
                              "caller memory; record with this build (schema 2)")
+    _check(n, rec)
     return rec
 
 

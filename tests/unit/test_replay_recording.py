@@ -1,0 +1,105 @@
+"""What `ualinkd replay` makes of a recording before it issues anything (issue 12 item 2):
+every field a replay later reads is checked on the first pass, so a malformed, newer,
+truncated or empty recording is one line naming the line and the field (exit 2), never a
+traceback halfway through a replay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ualinkd.cli.main import main
+from ualinkd.replay import session
+
+GOOD = {"v": 2, "type": "ioctl", "time": 1.0, "duration": 0.0, "pid": 10, "node": "node0",
+        "file": 1, "ioctl": "GEM_CLOSE", "cmd": "0x40086409", "in_hex": "0100000000000000",
+        "out_hex": "", "result": 0, "mem": [], "fds": []}
+MEM = {"op": "read", "addr": 0x9000, "len": 4, "hex": "01000000", "result": 0}
+
+
+def _without(rec: dict, field: str) -> dict:
+    return {k: v for k, v in rec.items() if k != field}
+
+
+@pytest.mark.parametrize(("rec", "why"), [
+    (_without(GOOD, "time"), "line 2: `time` is missing"),
+    ({**GOOD, "v": 99}, "line 2: trace schema 99 is newer than this build reads (schema 2)"),
+    ({**GOOD, "v": "2"}, "line 2: `v` is not a schema number"),
+    ({**GOOD, "in_hex": "zz"}, 'line 2: `in_hex` is not a hex string ("zz")'),
+    ({**GOOD, "out_hex": None}, "line 2: `out_hex` is not a hex string (null)"),
+    ({**GOOD, "cmd": "nope"}, 'line 2: `cmd` is not a 32-bit hex ioctl number ("nope")'),
+    ({**GOOD, "time": "yesterday"}, 'line 2: `time` is not a number of seconds ("yesterday")'),
+    ({**GOOD, "time": float("nan")}, "line 2: `time` is not a number of seconds (NaN)"),
+    ({**GOOD, "duration": True}, "line 2: `duration` is not a number of seconds (true)"),
+    ({**GOOD, "node": 0}, "line 2: `node` is not a string (0)"),
+    ({**GOOD, "pid": None}, "line 2: `pid` is not an integer (null)"),
+    ({**GOOD, "file": "1"}, 'line 2: `file` is not a file id or null ("1")'),
+    (_without(GOOD, "ioctl"), "line 2: `ioctl` is missing"),
+    (_without(GOOD, "result"), "line 2: `result` is missing"),
+    ({**GOOD, "in": []}, "line 2: `in` is not an object ([])"),
+    ({**GOOD, "mem": {}}, "line 2: `mem` is not a list ({})"),
+    ({**GOOD, "mem": [5]}, "line 2: `mem[0]` is not an object"),
+    ({**GOOD, "mem": [MEM, _without(MEM, "addr")]}, "line 2: mem[1].`addr` is missing"),
+    ({**GOOD, "mem": [{**MEM, "hex": "0"}]}, 'line 2: mem[0].`hex` is not a hex string ("0")'),
+    ({**GOOD, "mem": [{**MEM, "addr": -1}]},
+     "line 2: mem[0].`addr` is not an unsigned 64-bit integer (-1)"),
+    ({**GOOD, "mem": [{**MEM, "op": "peek"}]}, 'line 2: mem[0].`op` is not "read" or "write"'),
+    ({**GOOD, "fds": [{"fd": 3}]}, "line 2: fds[0].`key` is missing"),
+    ({"v": 2, "type": "open", "time": 0.0, "pid": 1, "node": "node0", "file": 1},
+     "line 2: `path` is missing"),
+    ({"v": 2, "type": "open", "time": 0.0, "pid": 1, "node": "node0", "file": 1,
+      "path": "dmabuf/x", "token": "x"}, 'line 2: `token` is not an integer or null ("x")'),
+    ({"v": 2, "type": "release", "time": 0.0, "pid": 1, "node": "node0", "file": None},
+     "line 2: `file` is not a file id (null)"),
+    ({"v": 2, "type": "gpu", "time": 0.0, "pid": 1, "node": "node0", "file": 1, "op": "load",
+      "va": 4096, "length": 4, "result": 4, "data_hex": "xyz"},
+     'line 2: `data_hex` is not a hex string ("xyz")'),
+    ({"v": 2, "type": "gpu", "time": 0.0, "pid": 1, "node": "node0", "file": 1, "op": "peek",
+      "va": 4096, "length": 4, "result": 4}, 'line 2: `op` is not "load" or "store"'),
+    ({"v": 2, "type": "gpu", "time": 0.0, "pid": 1, "node": "node0", "file": 1, "op": "load",
+      "length": 4, "result": 4}, "line 2: `va` is missing"),
+    ({"v": 2, "type": "lost", "count": "3"}, 'line 2: `count` is not an integer ("3")'),
+    ({"v": 2, "type": 7}, "line 2: not a trace record"),
+])
+def test_a_malformed_record_is_refused_naming_its_line_and_field(rec, why):
+    lines = [json.dumps(GOOD) + "\n", json.dumps(rec) + "\n"]
+    with pytest.raises(session.RecordingError) as e:
+        session.index_records(enumerate(lines))
+    assert why in str(e.value)
+    with pytest.raises(session.RecordingError):
+        session.load(lines)
+
+
+def test_the_records_a_trace_writes_pass_the_checks():
+    """The fields the checks ask for are the ones trace.py writes (a fabric record, which
+    a replay does not issue, is not checked beyond its type)."""
+    opened = {"v": 2, "type": "open", "time": 0.5, "duration": 0.0, "pid": 1, "node": "node0",
+              "file": 1, "path": "dri/renderD128", "minor": 128, "token": None, "key": None,
+              "result": 0, "errno": None}
+    gpu = {"v": 2, "type": "gpu", "time": 2.0, "duration": 0.0, "pid": 1, "node": "node0",
+           "file": 1, "op": "store", "va": 4096, "length": 2, "result": 2, "data_hex": "abcd"}
+    recs = [opened, {**GOOD, "mem": [MEM], "fds": [{"fd": 3, "key": None, "result": 0}]}, gpu,
+            {"v": 2, "type": "fabric", "time": 1.0}, {"v": 2, "type": "lost", "count": 1},
+            {**opened, "type": "release"}]
+    assert session.load([json.dumps(r) for r in recs]) == recs
+
+
+def _replay(tmp_path: Path, *args: str) -> int:
+    return main(["replay", *args, "--mount", str(tmp_path)])
+
+
+def test_a_malformed_recording_exits_2_with_one_line(tmp_path, capsys):
+    path = tmp_path / "rec.jsonl"
+    path.write_text(json.dumps(_without(GOOD, "time")) + "\n")
+    assert _replay(tmp_path, str(path)) == 2
+    err = capsys.readouterr().err
+    assert err == f"ualinkd replay: {path}: line 1: `time` is missing\n"
+
+
+def test_a_recording_that_does_not_exist_exits_2_with_one_line(tmp_path, capsys):
+    path = tmp_path / "missing.jsonl"
+    assert _replay(tmp_path, str(path)) == 2
+    assert capsys.readouterr().err == (f"ualinkd replay: {path}: cannot read it "
+                                       "(No such file or directory)\n")
