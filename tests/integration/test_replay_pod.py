@@ -8,9 +8,11 @@ recording."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -18,7 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nodes import Client, c_program, recording
+from nodes import Client, c_program, errno_of, recording
+
+from ualinkd.abi.ioc import ioc
 
 MIB = 1 << 20
 VA0 = 0x100000000
@@ -249,5 +253,29 @@ def test_ualinkd_record_attaches_to_a_running_pod(tmp_path):
     assert sum(r.get("ioctl") == "AMDGPU_UALINK_HANDLE" for r in recs) == 3
     with pod(tmp_path, "fresh") as root:
         res = replay(out, root)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert differences(res) == []
+
+
+AMDGPU_INFO = ioc(1, 0x64, 0x45, 32)  # DRM_IOW(DRM_COMMAND_BASE + AMDGPU_INFO)
+SYNCOBJ_WAIT = ioc(3, 0x64, 0xC3, 40)
+
+
+def test_a_call_given_a_bad_pointer_replays_its_fault(tmp_path):
+    """A client passing 0x10 for INFO's return_pointer and for SYNCOBJ_WAIT's handles gets
+    EFAULT, and so does the replay of its recording: the pointer goes as recorded, with no
+    buffer of the replayer's behind it."""
+    trace = tmp_path / "badptr.jsonl"
+    with pod(tmp_path, "recorded", "--trace=json", "--trace-file", str(trace)) as root:
+        with Client(str(root / "node0/dri/renderD128")) as a:
+            info = struct.pack("<QII", 0x10, 4, 0x00).ljust(32, b"\0")  # ACCEL_WORKING
+            assert errno_of(a.fd, AMDGPU_INFO, info) == errno.EFAULT
+            wait = struct.pack("<QqIIIIQ", 0x10, 0, 1, 0, 0, 0, 0)
+            assert errno_of(a.fd, SYNCOBJ_WAIT, wait) == errno.EFAULT
+    faulted = [r for r in records(trace) if r["type"] == "ioctl" and r["result"] == -14]
+    assert {r["ioctl"] for r in faulted} == {"AMDGPU_INFO", "SYNCOBJ_WAIT"}
+    assert all(m["result"] == -14 for r in faulted for m in r["mem"])
+    with pod(tmp_path, "fresh") as root:
+        res = replay(trace, root)
     assert res.returncode == 0, res.stdout + res.stderr
     assert differences(res) == []

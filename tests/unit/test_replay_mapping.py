@@ -324,3 +324,41 @@ def test_index_keeps_what_orders_a_replay_and_where_each_record_starts():
             assert why in str(e), e
         else:
             raise AssertionError(f"{lines_} was taken as a recording")
+
+
+AMDGPU_INFO = ioc(1, 0x64, 0x45, 32)
+
+
+def test_a_pointer_whose_recorded_access_faulted_goes_unpatched():
+    """The recorded caller passed a bad pointer (INFO's return_pointer 0x10, SYNCOBJ_WAIT's
+    handles 0x10): its access is in `mem` with result -EFAULT. The replay passes that value
+    as it was, with no buffer behind it, so its daemon faults too; it answers as recorded."""
+    replay = session.Replay([])
+    _opened(replay)
+    info = struct.pack("<QII", 0x10, 4, 0x00).ljust(32, b"\0")  # ACCEL_WORKING
+    wait = struct.pack("<QqIIIIQ", 0x10, 0, 1, 0, 0, 0, 0)
+    for name, cmd, arg, op in (("AMDGPU_INFO", AMDGPU_INFO, info, "write"),
+                               ("SYNCOBJ_WAIT", SYNCOBJ_WAIT, wait, "read")):
+        hexed = "01000000" if op == "write" else ""
+        rec = _ioctl(name, cmd, arg, arg, result=-14, mem=[
+            {"op": op, "addr": 0x10, "len": 4, "hex": hexed, "result": -14}])
+        call = replay.plan(rec)
+        assert isinstance(call, session.IoctlCall)
+        assert call.buffers == [] and call.patches == [] and bytes(call.arg) == arg
+        call.sent = bytes(call.arg)
+        assert replay.compare(2, rec, call, session.Outcome(-14, arg=arg)) == []
+
+
+def test_a_faulted_access_beside_good_ones_leaves_those_their_buffers():
+    """SYNCOBJ_WAIT's array read, then a faulting access elsewhere: the array still gets
+    the replay's buffer and its patched pointer; the fault's address none."""
+    replay = session.Replay([])
+    _opened(replay)
+    addr = 0x7FFD0000
+    wait = struct.pack("<QqIIIIQ", addr, 0, 1, 0, 0, 0, 0)
+    rec = _ioctl("SYNCOBJ_WAIT", SYNCOBJ_WAIT, wait, wait, result=-14, mem=[
+        {"op": "read", "addr": addr, "len": 4, "hex": "01000000", "result": 0},
+        {"op": "write", "addr": 0x10, "len": 4, "hex": "00000000", "result": -14}])
+    call = replay.plan(rec)
+    assert isinstance(call, session.IoctlCall)
+    assert len(call.buffers) == 1 and call.patches == [(-1, 0, 0, 0)]

@@ -365,14 +365,17 @@ class Replay:
                     s.write(arg, self.fd_of[opened])
             else:
                 s.write(arg, self.mapper.to_replay(s.kind, scope_of(s.kind, node, key[1]), v))
-        mem = rec.get("mem", [])
+        # Only memory the recorded call reached gets a buffer: a pointer whose access failed
+        # (EFAULT: the caller passed a bad one) goes as recorded, unpatched, so the replay's
+        # daemon faults on it the same way rather than finding the replayer's buffer there.
+        mem = [m for m in rec.get("mem", []) if m["result"] == 0]
         spans = regions((m["addr"], m["len"]) for m in mem)
         buffers = []
         for r in spans:
             data = bytearray([CANARY]) * (r.end - r.start + SLACK)
             buffers.append(Buffer(data, bytearray()))
         for m in mem:  # what was read in, where it was read
-            if m["op"] == "read" and m["result"] == 0:
+            if m["op"] == "read":
                 self._place(spans, buffers, m["addr"], bytes.fromhex(m["hex"]), initial=True)
         for a in ARRAYS.get(name, ()):
             ptr = int.from_bytes(in_bytes[a.ptr:a.ptr + 8], "little")
@@ -382,7 +385,7 @@ class Replay:
             b.expect = bytearray(b.data)
         clock_mem, _ = clock_reading(name, in_bytes)
         for m in mem:  # what the recording's daemon wrote back
-            if m["op"] == "write" and m["result"] == 0:
+            if m["op"] == "write":
                 self._place(spans, buffers, m["addr"], bytes.fromhex(m["hex"]), initial=False)
                 if clock_mem:
                     for r, b in zip(spans, buffers, strict=True):
