@@ -301,7 +301,7 @@ def test_index_keeps_what_orders_a_replay_and_where_each_record_starts():
     for line in data.splitlines(keepends=True):
         lines.append((at, line))
         at += len(line)
-    index = session.index_records(lines)
+    index = session.index_records(lines).records
     assert [r["type"] for r in index] == ["open", "ioctl", "lost", "release"]
     assert all(set(r) <= {*session.INDEX_FIELDS, "at"} for r in index)
     assert "in_hex" not in index[1] and "path" not in index[0]

@@ -103,3 +103,52 @@ def test_a_recording_that_does_not_exist_exits_2_with_one_line(tmp_path, capsys)
     assert _replay(tmp_path, str(path)) == 2
     assert capsys.readouterr().err == (f"ualinkd replay: {path}: cannot read it "
                                        "(No such file or directory)\n")
+
+
+def _numbered(text: bytes) -> list[tuple[int, bytes]]:
+    out, at = [], 0
+    for line in text.splitlines(keepends=True):
+        out.append((at, line))
+        at += len(line)
+    return out
+
+
+def test_a_partial_last_record_is_left_out_and_named():
+    """A recorder killed mid-write leaves a last line with no newline that is not JSON:
+    left out, its line number kept for the edge to report; the records before it stand."""
+    whole = json.dumps(GOOD) + "\n"
+    index = session.index_records(_numbered((whole * 2 + whole[:40]).encode()))
+    assert len(index.records) == 2 and index.partial == 3
+    assert session.index_records(_numbered((whole * 2).encode())).partial is None
+    # a last line that is whole JSON without its newline is a record like any other
+    index = session.index_records(_numbered((whole + whole.rstrip("\n")).encode()))
+    assert len(index.records) == 2 and index.partial is None
+
+
+def test_a_bad_line_elsewhere_is_still_refused():
+    whole = json.dumps(GOOD) + "\n"
+    for text, why in ((whole + whole[:40] + "\n" + whole, "line 2: not JSON"),
+                      (whole + whole[:40] + "\n", "line 2: not JSON"),  # it has its newline
+                      (whole + '{"v": 2}', "line 2: not a trace record")):  # JSON, no record
+        with pytest.raises(session.RecordingError, match=why):
+            session.index_records(_numbered(text.encode()))
+    # lines paired by hand, one without its newline before others
+    with pytest.raises(session.RecordingError, match="line 1: not JSON"):
+        session.index_records([(0, "{"), (1, whole)])
+
+
+def test_replay_of_a_truncated_recording_reports_it_and_replays_the_rest(tmp_path):
+    from io import StringIO
+
+    from ualinkd.replay.issue import run
+
+    (tmp_path / "f").write_bytes(b"")
+    opened = {"v": 2, "type": "open", "time": 0.5, "pid": 1, "node": "node0", "file": 1,
+              "path": "f"}
+    path = tmp_path / "rec.jsonl"
+    whole = [json.dumps(opened), json.dumps({**opened, "type": "release", "time": 0.6})]
+    path.write_text("\n".join(whole) + "\n" + json.dumps(GOOD)[:30])
+    out = StringIO()
+    (d,) = run(str(path), {"": str(tmp_path)}, out=out)
+    assert d.what == "the recording ends in a partial record (line 3), left out"
+    assert "replayed 2 records" in out.getvalue()

@@ -131,7 +131,8 @@ def _lines_at(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
 
 def _run(f: BinaryIO, path: str, mounts: dict[str, str], pids: set[int] | None,
          out: TextIO, nodes: set[str] | None) -> list[Difference]:
-    everything = index_records(_lines_at(f))
+    indexed = index_records(_lines_at(f))
+    everything = indexed.records
     recs = timeline(everything, pids, nodes)
 
     def whole(rec: dict[str, Any]) -> dict[str, Any]:
@@ -146,6 +147,10 @@ def _run(f: BinaryIO, path: str, mounts: dict[str, str], pids: set[int] | None,
     lost = sum(r.get("count", 0) for r in everything if r["type"] == "lost")
     if lost:  # the recorder fell behind: calls are missing, later ones may differ for it
         found.append(Difference(0, path, f"the recording lost {lost} records"))
+        say(str(found[-1]))
+    if indexed.partial is not None:  # the recorder was killed mid-write: its last call is gone
+        found.append(Difference(0, path, f"the recording ends in a partial record (line "
+                                         f"{indexed.partial}), left out"))
         say(str(found[-1]))
     last: tuple[float, float] | None = None  # (recorded end, when the replay issued it)
     try:

@@ -172,16 +172,38 @@ def load(lines: Iterable[str | bytes]) -> list[dict[str, Any]]:
     return [rec for n, line in enumerate(lines, 1) if (rec := _parse(n, line)) is not None]
 
 
-def index_records(lines: Iterable[tuple[int, str | bytes]]) -> list[dict[str, Any]]:
+@dataclasses.dataclass(slots=True)
+class Index:
+    """What `index_records` read: the records, and the line number of a partial last
+    record it left out (a recorder killed mid-write), if there was one."""
+
+    records: list[dict[str, Any]]
+    partial: int | None = None
+
+
+def index_records(lines: Iterable[tuple[int, str | bytes]]) -> Index:
     """`load` for a recording too large to hold: each record checked as `load` does, but
     only its INDEX_FIELDS kept, and under "at" what `lines` paired its line with (where it
-    starts, for the edge to read the whole record back when it is replayed)."""
+    starts, for the edge to read the whole record back when it is replayed).
+
+    A last line with no newline that is not JSON is what a recorder killed mid-write leaves:
+    left out and named in `partial`, the rest replays. Anywhere else it is refused."""
     out = []
+    partial: tuple[int, str | bytes] | None = None
     for n, (at, line) in enumerate(lines, 1):
+        if partial is not None:
+            _parse(*partial)  # not the last line after all: refused as any bad line is
+        ended = line.endswith(b"\n") if isinstance(line, bytes) else line.endswith("\n")
+        if not ended and line.strip():
+            try:
+                json.loads(line)
+            except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                partial = (n, line)
+                continue
         rec = _parse(n, line)
         if rec is not None:
             out.append({**{k: rec[k] for k in INDEX_FIELDS if k in rec}, "at": at})
-    return out
+    return Index(out, partial[0] if partial is not None else None)
 
 
 def timeline(recs: Iterable[dict[str, Any]], pids: set[int] | None = None,
