@@ -125,10 +125,11 @@ def reexport_session(root: Path) -> None:
         a.bo_close(again)
 
 
-def replay(recording: Path, root: Path) -> subprocess.CompletedProcess[str]:
+def replay(recording: Path, root: Path,
+           nodes: tuple[str, ...] = ("node0", "node1")) -> subprocess.CompletedProcess[str]:
+    mounts = [a for n in nodes for a in ("--mount", f"{n}={root / n}")]
     return subprocess.run(
-        [sys.executable, "-m", "ualinkd", "replay", str(recording),
-         "--mount", f"node0={root / 'node0'}", "--mount", f"node1={root / 'node1'}"],
+        [sys.executable, "-m", "ualinkd", "replay", str(recording), *mounts],
         capture_output=True, text=True, timeout=240)
 
 
@@ -276,6 +277,6 @@ def test_a_call_given_a_bad_pointer_replays_its_fault(tmp_path):
     assert {r["ioctl"] for r in faulted} == {"AMDGPU_INFO", "SYNCOBJ_WAIT"}
     assert all(m["result"] == -14 for r in faulted for m in r["mem"])
     with pod(tmp_path, "fresh") as root:
-        res = replay(trace, root)
+        res = replay(trace, root, nodes=("node0",))  # the session never touched node1
     assert res.returncode == 0, res.stdout + res.stderr
     assert differences(res) == []

@@ -25,6 +25,7 @@ from .session import (
     Replay,
     Skip,
     index_records,
+    refuse_unreplayable,
     timeline,
 )
 
@@ -134,6 +135,7 @@ def _run(f: BinaryIO, path: str, mounts: dict[str, str], pids: set[int] | None,
     indexed = index_records(_lines_at(f))
     everything = indexed.records
     recs = timeline(everything, pids, nodes)
+    refuse_unreplayable(everything, recs, mounts, pids)
 
     def whole(rec: dict[str, Any]) -> dict[str, Any]:
         f.seek(rec["at"])

@@ -219,6 +219,27 @@ def timeline(recs: Iterable[dict[str, Any]], pids: set[int] | None = None,
     return sorted(keep, key=lambda r: (r["time"] + r.get("duration", 0.0)))
 
 
+def refuse_unreplayable(everything: list[dict[str, Any]], recs: list[dict[str, Any]],
+                        mounts: Iterable[str], pids: set[int] | None) -> None:
+    """Raise RecordingError, before anything is issued, for a replay that could only say
+    "no differences" about nothing: a recording with no call in it, a `--mount NODE=` for a
+    node it never has (a typo would otherwise skip every call of the node meant), or a
+    `--pid` filter that leaves nothing."""
+    nodes = sorted({r["node"] for r in everything if r["type"] in REPLAYED})
+    if not nodes:
+        lost = sum(r.get("count", 0) for r in everything if r["type"] == "lost")
+        raise RecordingError("no calls to replay" + (f" (the recording lost {lost} records)"
+                                                     if lost else ""))
+    for node in mounts:
+        if node and node not in nodes:
+            raise RecordingError(f"--mount {node}=: the recording has no node {node!r} "
+                                 f"(its nodes: {', '.join(nodes)})")
+    if not recs:
+        had = ", ".join(map(str, sorted({r["pid"] for r in everything if r["type"] in REPLAYED})))
+        asked = f" from pid {', '.join(map(str, sorted(pids)))}" if pids else ""
+        raise RecordingError(f"no calls to replay{asked} (the recording's pids: {had})")
+
+
 # -- what the edge issues ------------------------------------------------------------------
 @dataclasses.dataclass(slots=True)
 class OpenCall:
