@@ -60,6 +60,13 @@ def _without(rec: dict, field: str) -> dict:
       "va": 4096, "length": 4, "result": 4}, 'line 2: `op` is not "load" or "store"'),
     ({"v": 2, "type": "gpu", "time": 0.0, "pid": 1, "node": "node0", "file": 1, "op": "load",
       "length": 4, "result": 4}, "line 2: `va` is missing"),
+    ({"v": 2, "type": "gpu", "time": 0.0, "pid": 1, "node": "node0", "file": 1, "op": "load",
+      "va": 1 << 63, "length": 4, "result": 4}, "line 2: `va` is not an offset below 2**63"),
+    ({"v": 2, "type": "gpu", "time": 0.0, "pid": 1, "node": "node0", "file": 1, "op": "load",
+      "va": 0, "length": 1 << 40, "result": 4},
+     "line 2: `length` is not a byte count up to 0x7ffff000"),
+    ({**GOOD, "mem": [{**MEM, "len": 1 << 60}]},
+     "line 2: mem[0].`len` is not a byte count up to 0x7ffff000"),
     ({"v": 2, "type": "lost", "count": "3"}, 'line 2: `count` is not an integer ("3")'),
     ({"v": 2, "type": 7}, "line 2: not a trace record"),
 ])

@@ -60,6 +60,20 @@ def _is_u64(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
 
 
+# Linux moves at most MAX_RW_COUNT (0x7ffff000) bytes in one read(2) or copy, and a file
+# offset is a signed 64-bit off_t: a GPU access or a caller-memory span past these was never
+# recorded, and would overflow pread or the buffer a replay allocates for it.
+MAX_RW_COUNT = 0x7FFFF000
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_RW_COUNT
+
+
+def _is_offset(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63
+
+
 def _is_time(v: object) -> bool:  # JSON's NaN and Infinity would not sort into a timeline
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -86,6 +100,8 @@ def _is_cmd(v: object) -> bool:
 Check = tuple[Callable[[object], bool], str]  # (accepts, what it must be)
 _INT: Check = (_is_int, "an integer")
 _U64: Check = (_is_u64, "an unsigned 64-bit integer")
+_COUNT: Check = (_is_count, f"a byte count up to {MAX_RW_COUNT:#x}")
+_OFFSET: Check = (_is_offset, "an offset below 2**63")
 _TIME: Check = (_is_time, "a number of seconds")
 _HEX: Check = (_is_hex, "a hex string")
 _STR: Check = (lambda v: isinstance(v, str), "a string")
@@ -110,13 +126,13 @@ FIELDS: dict[str, dict[str, tuple[Check, bool]]] = {
     "gpu": {**{k: (c, True) for k, c in _COMMON.items()}, "duration": (_TIME, False),
             "file": (_FILE, True),
             "op": ((lambda v: v in ("load", "store"), '"load" or "store"'), True),
-            "va": (_U64, True), "length": (_U64, True), "result": (_INT, True),
+            "va": (_OFFSET, True), "length": (_COUNT, True), "result": (_INT, True),
             "data_hex": (_HEX, False)},
     "lost": {"count": (_INT, False)},
 }
 MEM_FIELDS: dict[str, Check] = {
     "op": (lambda v: v in ("read", "write"), '"read" or "write"'), "addr": _U64,
-    "len": _U64, "hex": _HEX, "result": _INT}
+    "len": _COUNT, "hex": _HEX, "result": _INT}
 FD_FIELDS: dict[str, Check] = {"fd": _INT, "key": _KEY}
 
 
