@@ -185,9 +185,12 @@ def _run(f: BinaryIO, path: str, mounts: dict[str, str], pids: set[int] | None,
     finally:
         issuer.close_all()
     calls = sum(1 for r in recs if r["type"] in ("ioctl", "gpu"))
-    calls_differing = len({d.index for d in found})
+    in_calls = [d for d in found if d.index]  # index 0: the recording's own (lost, partial)
+    said = [f"{len(in_calls)} differences in {len({d.index for d in in_calls})} calls"
+            ] if in_calls else []
+    if len(found) > len(in_calls):
+        said.append(f"{len(found) - len(in_calls)} about the recording itself")
     say(f"replayed {len(recs) - skipped} records ({calls} ioctls and GPU accesses) from "
-        f"{path}: " + (f"{len(found)} differences in {calls_differing} calls" if found
-                       else "no differences"))
+        f"{path}: " + (", ".join(said) or "no differences"))
     return found
 
