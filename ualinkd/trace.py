@@ -19,10 +19,10 @@ import errno
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .abi.ioc import IoctlCmd
+from .abi.ioc import IOC_READ, IOC_WRITE, IoctlCmd
 from .abi.ioctls import (
     EnumOf,
     FieldFormat,
@@ -33,6 +33,7 @@ from .abi.ioctls import (
     Hints,
     IoctlSpec,
     all_entries,
+    field_offsets,
 )
 from .replay.mapping import handed_out
 from .ualink.protocol import MSG_TYPE_MASK, MsgType, decode_message
@@ -100,6 +101,38 @@ def timestamp(t: float) -> str:
     """strace -tt: local wall-clock time with microseconds."""
     us = round(t * 1_000_000)
     return time.strftime("%H:%M:%S", time.localtime(us // 1_000_000)) + f".{us % 1_000_000:06d}"
+
+
+_IOC_MACRO = {0: "_IO", IOC_WRITE: "_IOW", IOC_READ: "_IOR", IOC_WRITE | IOC_READ: "_IOWR"}
+
+
+def copy_sizes(cmd: int, spec: IoctlSpec) -> tuple[int, int]:
+    """What drm_ioctl (and kfd_ioctl) copy in from and out to the caller: its size, where
+    its direction and the table's both say so (drm/device.py's rule); past that the kernel's
+    buffer is zero-filled, and nothing of it goes back."""
+    user, table = IoctlCmd.decode(cmd), IoctlCmd.decode(spec.cmd)
+    both = user.direction & table.direction
+    return (user.size if both & IOC_WRITE else 0, user.size if both & IOC_READ else 0)
+
+
+def cmd_mismatch(cmd: int, spec: IoctlSpec) -> str:
+    """How the caller's number differs from the table's, after the name:
+    `[size 40 of 64]`, `[_IOW, kernel _IOWR]`, `[_IOW size 16, kernel _IOWR size 24]`."""
+    user, table = IoctlCmd.decode(cmd), IoctlCmd.decode(spec.cmd)
+    if user.direction == table.direction:
+        return "" if user.size == table.size else f"[size {user.size} of {table.size}]"
+    mine, theirs = _IOC_MACRO[user.direction], _IOC_MACRO[table.direction]
+    if user.size == table.size:
+        return f"[{mine}, kernel {theirs}]"
+    return f"[{mine} size {user.size}, kernel {theirs} size {table.size}]"
+
+
+def _passed(fields: Fields, offsets: Mapping[str, int], size: int, table_size: int) -> Fields:
+    """The fields the caller's `size` bytes reach: the rest are the kernel's zero fill,
+    not the caller's (a field that starts inside them is shown)."""
+    if size >= table_size or not offsets:
+        return fields
+    return {k: v for k, v in fields.items() if offsets.get(k, 0) < size}
 
 
 def _ioc_text(cmd: int) -> str:
@@ -226,10 +259,27 @@ class TraceRecord:
         out: Fields = {}
         # The copied-back bytes are worth decoding when the call succeeded, or when a failed
         # call changed them (GEM_MMAP zeroes its union before failing).
-        changed = self.out_bytes and self.out_bytes != self.in_bytes[: len(self.out_bytes)]
-        if spec and spec.decode_out and self.out_bytes and (self.result == 0 or changed):
+        if spec and spec.decode_out and self.out_bytes and (self.result == 0 or self._changed()):
             out = spec.decode_out(self.out_bytes, inp)
         return inp, out
+
+    def _changed(self) -> bool:
+        """The handler wrote to the kernel's buffer: what was copied back differs from what
+        was copied in (the caller's bytes, zero-filled past what it passed)."""
+        n = len(self.out_bytes)
+        passed = copy_sizes(self.cmd, self.spec)[0] if self.spec else len(self.in_bytes)
+        return self.out_bytes != self.in_bytes[:passed][:n].ljust(n, b"\0")
+
+    def _passed(self) -> tuple[Fields, Fields]:
+        """`_decoded`'s fields less those past the caller's size (text only: JSON keeps
+        every field, and its cmd and size say what the caller passed)."""
+        inp, out = self._decoded()
+        if self.spec is None:
+            return inp, out
+        in_size, out_size = copy_sizes(self.cmd, self.spec)
+        table = IoctlCmd.decode(self.spec.cmd).size
+        return (_passed(inp, field_offsets(self.spec.decode_in), in_size, table),
+                _passed(out, field_offsets(self.spec.decode_out), out_size, table))
 
     def as_dict(self) -> Fields:
         c = IoctlCmd.decode(self.cmd)
@@ -268,14 +318,15 @@ class TraceRecord:
 
     def text(self) -> str:
         hints = self.spec.hints if self.spec else {}
-        inp, out = self._decoded()
-        name = self.spec.full_name if self.spec else _ioc_text(self.cmd)
+        inp, out = self._passed()
+        name = (self.spec.full_name + cmd_mismatch(self.cmd, self.spec) if self.spec
+                else _ioc_text(self.cmd))
         decoded = self.spec is not None and self.spec.decode_in is not None
         arg = "{" + (_text_fields(inp, hints) if decoded else self.in_bytes.hex()) + "}"
         if out:
             arg += " => {" + _text_fields(out, hints) + "}"
         elif self.out_bytes and not (self.spec and self.spec.decode_out) and (
-                self.result == 0 or self.out_bytes != self.in_bytes[: len(self.out_bytes)]):
+                self.result == 0 or self._changed()):
             arg += " => {" + self.out_bytes.hex() + "}"
         res = "0" if self.result == 0 else f"-1 {strerror(-self.result)}"
         ts, dur = _tail(self.start, self.duration)

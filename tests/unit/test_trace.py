@@ -166,6 +166,37 @@ def test_gem_va_record(traced):
     assert d["in"]["flags"]["names"] == ["AMDGPU_VM_PAGE_READABLE", "AMDGPU_VM_PAGE_WRITEABLE"]
 
 
+def test_legacy_gem_va_shows_its_size_and_only_the_fields_it_passed(traced):
+    """libdrm 2.4.114's 40-byte drm_amdgpu_gem_va: drm_ioctl zero-fills the kernel's 64
+    bytes past the caller's 40, so vm_timeline_point and what follows are not the caller's
+    and are not printed; the name says the size (JSON has every field, and cmd/size)."""
+    gem_create(traced, 0x200000)
+    va = st.GEM_VA.encode(st.GemVa(1, 0, c.VA_OP_MAP, c.VM_PAGE_READABLE, 0x7F0000200000, 0,
+                                   0x200000, 0, 0, 0, 0))[:st.GEM_VA_LEGACY_SIZE]
+    rec = traced(ioc(1, 0x64, 0x48, st.GEM_VA_LEGACY_SIZE), va)
+    assert rec.text().endswith(
+        "DRM_IOCTL_AMDGPU_GEM_VA[size 40 of 64]({handle=1, pad=0, operation=MAP, "
+        "flags=AMDGPU_VM_PAGE_READABLE, va_address=0x7f0000200000, offset_in_bo=0, "
+        "map_size=0x200000}) = 0 <0.000125>")
+    d = check_json(rec)
+    assert (d["size"], d["dir"], d["in"]["vm_timeline_point"]) == (40, "W", 0)
+
+
+def test_caller_number_of_another_size_or_direction_is_named(traced):
+    """The DRM core dispatches by nr alone: a caller's _IOC(RW,'d',0x5b,16) or an _IOW
+    UALINK_HANDLE reaches the table's entry, and the text line says how its number
+    differs (copying in or out only what both directions allow, drm_ioctl)."""
+    rec = traced(ioc(3, 0x64, 0x5B, 16), struct.pack("<IIQ", 1, 0, 0x3FF))
+    assert "DRM_IOCTL_AMDGPU_UALINK_HANDLE[size 16 of 24]({op=IMPORT," in rec.text()
+    rec = traced(ioc(1, 0x64, 0x5B, 24), struct.pack("<IIQQ", 1, 0, 0x3FF, 7))
+    assert "DRM_IOCTL_AMDGPU_UALINK_HANDLE[_IOW, kernel _IOWR]({op=IMPORT," in rec.text()
+    rec = traced(ioc(1, 0x64, 0x5B, 16), struct.pack("<IIQ", 1, 0, 0x3FF))
+    assert "UALINK_HANDLE[_IOW size 16, kernel _IOWR size 24]({" in rec.text()
+    rec = traced(ioc(2, 0x64, 0x5B, 24), b"")  # _IOR: nothing is copied in
+    assert "UALINK_HANDLE[_IOR, kernel _IOWR]({}) = -1" in rec.text()
+    assert "UALINK_HANDLE({op=EXPORT" in traced(UALINK, bytes(24)).text()  # (the table's own)
+
+
 def test_prime_flags_and_info_query_are_named(traced):
     """drm_prime.c flags (DRM_CLOEXEC|DRM_RDWR) and AMDGPU_INFO's query by name."""
     gem_create(traced)
@@ -201,7 +232,8 @@ def test_short_input_is_rendered_not_raised(traced):
     rec = traced(ioc(3, 0x64, 0x5B, 8), struct.pack("<II", 0, 0))
     d = check_json(rec)
     assert d["in"] == {"op": {"value": 0, "name": "EXPORT"}, "flags": 0, "gem_handle": 0}
-    assert "ENOENT (No such file or directory)" in rec.text()
+    assert ("UALINK_HANDLE[size 8 of 24]({op=EXPORT, flags=0}) = -1 ENOENT (No such file "
+            "or directory)") in rec.text()
 
 
 def test_every_hint_names_a_field_its_decoder_gives():
@@ -353,3 +385,4 @@ def test_info_query_names_agree_with_the_handler():
                  "VRAM_USAGE", "GTT_USAGE", "GDS_CONFIG", "VRAM_GTT", "READ_MMR_REG",
                  "DEV_INFO", "VIS_VRAM_USAGE", "MEMORY", "SENSOR", "VRAM_LOST_COUNTER"):
         assert c.INFO_QUERIES[getattr(info, name)] == name
+

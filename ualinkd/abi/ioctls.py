@@ -10,7 +10,7 @@ decoders, and "emulated" is having a handler. Flags are the kernel's DRM_* acces
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -173,16 +173,43 @@ def bind(obj: object) -> dict[IoctlSpec, Callable[..., Any]]:
 
 # -- trace decoders: what the bytes of each entry mean -----------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class Decoder:
+    """A trace decoder (DecodeIn or DecodeOut) that also says where each field it yields
+    starts in the bytes: drm_ioctl zero-fills past the caller's size, so the trace leaves
+    out the fields that start past what the caller passed (`field_offsets`)."""
 
-def fields(layout: st.Layout[Any] | st.ArrayLayout[Any]) -> DecodeIn:
+    fn: Callable[..., Fields]
+    offsets: Mapping[str, int]
+
+    def __call__(self, *args: Any) -> Fields:
+        return self.fn(*args)
+
+
+def field_offsets(decode: DecodeIn | DecodeOut | None) -> Mapping[str, int]:
+    """Where each field of `decode`'s result starts (empty: not known, all are shown)."""
+    return decode.offsets if isinstance(decode, Decoder) else {}
+
+
+def _layout_offsets(layout: st.Layout[Any] | st.ArrayLayout[Any]) -> dict[str, int]:
+    if isinstance(layout, st.ArrayLayout):
+        return dict(layout.offsets)
+    offsets, at = {}, 0
+    for sub in layout.schema.subcons:
+        offsets[sub.name] = at
+        at += sub.sizeof()
+    return offsets
+
+
+def fields(layout: st.Layout[Any] | st.ArrayLayout[Any]) -> Decoder:
     def decode(data: bytes) -> Fields:
         padded = data[: layout.size].ljust(layout.size, b"\0")
         return dataclasses.asdict(layout.decode(padded))
 
-    return decode
+    return Decoder(decode, _layout_offsets(layout))
 
 
-def out_fields(layout: st.Layout[Any] | st.ArrayLayout[Any], *names: str) -> DecodeOut:
+def out_fields(layout: st.Layout[Any] | st.ArrayLayout[Any], *names: str) -> Decoder:
     """The copied-back bytes through `layout`, all fields or only `names`."""
     decode = fields(layout)
 
@@ -190,7 +217,7 @@ def out_fields(layout: st.Layout[Any] | st.ArrayLayout[Any], *names: str) -> Dec
         d = decode(data)
         return {n: d[n] for n in names} if names else d
 
-    return out
+    return Decoder(out, decode.offsets)
 
 
 def _ualink_in(data: bytes) -> Fields:
@@ -326,7 +353,10 @@ AMDGPU_GEM_USERPTR = _drv_entry(0x11, "GEM_USERPTR", st.GEM_USERPTR,
 AMDGPU_VM = _drv_entry(0x13, "VM", st.VM_SIZE, decode_in=fields(st.VM_IN),
                        hints={"op": enum_of(c.VM_OPS)})
 AMDGPU_UALINK_HANDLE = _drv_entry(
-    0x1B, "UALINK_HANDLE", st.UALINK_HANDLE_SIZE, decode_in=_ualink_in, decode_out=_ualink_out,
+    0x1B, "UALINK_HANDLE", st.UALINK_HANDLE_SIZE,
+    decode_in=Decoder(_ualink_in, {"op": 0, "flags": 4, "gem_handle": 8,
+                                   "import_ualink_handle": 8}),
+    decode_out=Decoder(_ualink_out, {"export_ualink_handle": 0, "import_dmabuf_handle": 0}),
     hints={"op": enum_of({op.value: op.name for op in c.UalinkOp}),
            "import_ualink_handle": HANDLE128, "export_ualink_handle": HANDLE128})
 
