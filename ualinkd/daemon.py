@@ -554,10 +554,19 @@ async def run_node(
                 data_plane.route_export(req.src_accel, req.dst_accel, npa, n, backing, offset)
         return 0, served
 
+    def fabric_tracer(rec: Record) -> None:
+        """The node's tracer of the moment, not the --trace one it started with: `ualinkd
+        record` puts its TraceHub (which feeds --trace too) in core.tracer when it attaches,
+        and the fabric's records must reach it as the ioctls' do."""
+        if (now := core.tracer) is not None:
+            now(rec)
+
+    # (An untraced node keeps the link's own callables and its fast paths: a recorder
+    # attached to it records no fabric messages, README's Limitations.)
     if tracer is not None:
         # the same callables, traced (mypy tells a def's type from a Callable's)
         on_message, on_request = _trace_receives(  # type: ignore[assignment]
-            tracer, config, node_name, on_message, on_request)
+            fabric_tracer, config, node_name, on_message, on_request)
     link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
                       on_request=on_request, ssl_context=server_tls,
                       ssl_client_context=client_tls,
@@ -571,7 +580,7 @@ async def run_node(
     send_batch_soon: SendBatchSoonFn | None = link.send_batch_soon
     if tracer is not None:
         send, send_batch, request = _trace_sends(  # type: ignore[assignment]  # (as above)
-            tracer, config, node_name, link)
+            fabric_tracer, config, node_name, link)
         # (a traced request or batch is recorded by _trace_sends' wrappers)
         request_soon = send_batch_soon = None
     agent = UalinkAgent(core, send, request, send_batch=send_batch,

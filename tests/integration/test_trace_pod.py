@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nodes import Client
+from nodes import Client, recording
 
 MIB = 1 << 20
 VA0, VA1 = 0x100000000, 0x7F0000000000
@@ -160,3 +160,21 @@ def test_trace_options_are_checked(tmp_path):
                            timeout=60)
         assert r.returncode == 2 and "ualinkd: " in r.stderr, r
     assert not (tmp_path / "pod").exists()
+
+
+def test_recording_a_traced_pod_has_its_fabric_messages(tmp_path):
+    """`ualinkd record` attached to a pod running --trace: the recording has the fabric's
+    messages (both nodes' NPA_REQ/NPA_RSP and the LOAD), not only the ioctls: the fabric's
+    records go to the node's tracer of the moment, the recorder's hub once it attached."""
+    out = tmp_path / "attached.jsonl"
+    with traced_pod(tmp_path, "--trace", "--trace-file", str(tmp_path / "t.txt")) as (root,
+                                                                                    _):
+        with recording([root / "node0", root / "node1"], out):
+            session(root)
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    fabric = {(r["node"], r["direction"], r["message"]) for r in recs if r["type"] == "fabric"}
+    assert {("node1", "send", "NPA_REQ"), ("node0", "recv", "NPA_REQ"),
+            ("node0", "send", "NPA_RSP"), ("node1", "send", "LOAD"),
+            ("node0", "recv", "LOAD")} <= fabric, fabric
+    assert any(r["type"] == "ioctl" for r in recs)
+    assert "fabric send" in (tmp_path / "t.txt").read_text()  # (and --trace still has them)
