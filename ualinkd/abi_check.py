@@ -60,10 +60,7 @@ class Aggregate:
 
 # Python field name -> C member name where the uAPI spells it differently.
 C_NAMES: dict[str, dict[str, str]] = {
-    "drm_amdgpu_gem_create_out": {"pad": "_pad"},
-    "drm_amdgpu_gem_mmap_in": {"pad": "_pad"},
-    "drm_amdgpu_gem_va": {"pad": "_pad"},
-    "drm_amdgpu_info_gds": {"pad": "_pad"},
+    **tbl.HEADER_NAMES,  # (the trace prints the same names)
     # drm_amdgpu_info's 16-byte anonymous union: query_fw is the view that spans all of it
     "drm_amdgpu_info": {"args": "query_fw"},
 }

@@ -24,6 +24,7 @@ from typing import Any
 
 from .abi.ioc import IOC_READ, IOC_WRITE, IoctlCmd
 from .abi.ioctls import (
+    ByOp,
     EnumOf,
     FieldFormat,
     Fields,
@@ -84,12 +85,19 @@ def json_value(value: Any, fmt: FieldFormat | None) -> Any:
     return value
 
 
-def _text_fields(fields: Fields, hints: Hints) -> str:
-    return ", ".join(f"{k}={text_value(v, hints.get(k))}" for k, v in fields.items())
+def _hint(hints: Hints, key: str, inp: Fields) -> FieldFormat | None:
+    fmt = hints.get(key)
+    return fmt.pick(inp) if isinstance(fmt, ByOp) else fmt
 
 
-def _json_fields(fields: Fields, hints: Hints) -> Fields:
-    return {k: json_value(v, hints.get(k)) for k, v in fields.items()}
+def _text_fields(fields: Fields, hints: Hints, inp: Fields | None = None) -> str:
+    ctx = fields if inp is None else inp
+    return ", ".join(f"{k}={text_value(v, _hint(hints, k, ctx))}" for k, v in fields.items())
+
+
+def _json_fields(fields: Fields, hints: Hints, inp: Fields | None = None) -> Fields:
+    ctx = fields if inp is None else inp
+    return {k: json_value(v, _hint(hints, k, ctx)) for k, v in fields.items()}
 
 
 def strerror(err: int) -> str:
@@ -284,6 +292,7 @@ class TraceRecord:
     def as_dict(self) -> Fields:
         c = IoctlCmd.decode(self.cmd)
         hints = self.spec.hints if self.spec else {}
+        out_hints = self.spec.out_hints if self.spec and self.spec.out_hints else hints
         inp, out = self._decoded()
         err = -self.result if self.result < 0 else None
         return {
@@ -304,7 +313,7 @@ class TraceRecord:
             "in_hex": self.in_bytes.hex(),
             "result": self.result,
             "errno": errno.errorcode.get(err) if err else None,
-            "out": _json_fields(out, hints),
+            "out": _json_fields(out, out_hints, inp),
             "out_hex": self.out_bytes.hex(),
             "file": self.file,
             "mem": [m.as_dict() for m in self.mem],
@@ -318,13 +327,14 @@ class TraceRecord:
 
     def text(self) -> str:
         hints = self.spec.hints if self.spec else {}
+        out_hints = self.spec.out_hints if self.spec and self.spec.out_hints else hints
         inp, out = self._passed()
         name = (self.spec.full_name + cmd_mismatch(self.cmd, self.spec) if self.spec
                 else _ioc_text(self.cmd))
         decoded = self.spec is not None and self.spec.decode_in is not None
         arg = "{" + (_text_fields(inp, hints) if decoded else self.in_bytes.hex()) + "}"
         if out:
-            arg += " => {" + _text_fields(out, hints) + "}"
+            arg += " => {" + _text_fields(out, out_hints, inp) + "}"
         elif self.out_bytes and not (self.spec and self.spec.decode_out) and (
                 self.result == 0 or self._changed()):
             arg += " => {" + self.out_bytes.hex() + "}"

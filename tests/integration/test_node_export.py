@@ -259,8 +259,8 @@ def test_trace_json(tmp_path):
     names = [r["ioctl"] for r in records]
     assert names[:3] == ["AMDGPU_GEM_CREATE", "AMDGPU_UALINK_HANDLE", "AMDGPU_UALINK_HANDLE"]
     assert records[0]["in"]["bo_size"] == 8192 and records[0]["result"] == 0
-    assert records[1]["in"] == {"op": {"value": 0, "name": "EXPORT"}, "flags": 0,
-                                "gem_handle": bo}
+    assert records[1]["in"] == {"op": {"value": 0, "name": "EXPORT"},
+                                "flags": {"value": 0, "names": []}, "gem_handle": bo}
     assert records[2]["errno"] == "ENOENT"
 
 

@@ -20,6 +20,7 @@ from ualink_testkit import (
     PRIME_HANDLE_TO_FD,
     UALINK,
     ScriptedBits,
+    iowr,
     open_file,
     pod_config,
     run,
@@ -156,7 +157,7 @@ def test_gem_va_record(traced):
     va = st.GEM_VA.encode(st.GemVa(h, 0, c.VA_OP_MAP, c.VM_PAGE_READABLE | c.VM_PAGE_WRITEABLE,
                                    0x7F0000200000, 0, 0x200000, 0, 0, 0, 0))
     rec = traced(GEM_VA, va)
-    assert ("({handle=1, pad=0, operation=MAP, flags=AMDGPU_VM_PAGE_READABLE|"
+    assert ("({handle=1, _pad=0, operation=MAP, flags=AMDGPU_VM_PAGE_READABLE|"
             "AMDGPU_VM_PAGE_WRITEABLE, va_address=0x7f0000200000, offset_in_bo=0, "
             "map_size=0x200000, vm_timeline_point=0, vm_timeline_syncobj_out=0, "
             "num_syncobj_handles=0, input_fence_syncobj_handles=0}) = 0") in rec.text()
@@ -175,7 +176,7 @@ def test_legacy_gem_va_shows_its_size_and_only_the_fields_it_passed(traced):
                                    0x200000, 0, 0, 0, 0))[:st.GEM_VA_LEGACY_SIZE]
     rec = traced(ioc(1, 0x64, 0x48, st.GEM_VA_LEGACY_SIZE), va)
     assert rec.text().endswith(
-        "DRM_IOCTL_AMDGPU_GEM_VA[size 40 of 64]({handle=1, pad=0, operation=MAP, "
+        "DRM_IOCTL_AMDGPU_GEM_VA[size 40 of 64]({handle=1, _pad=0, operation=MAP, "
         "flags=AMDGPU_VM_PAGE_READABLE, va_address=0x7f0000200000, offset_in_bo=0, "
         "map_size=0x200000}) = 0 <0.000125>")
     d = check_json(rec)
@@ -231,7 +232,8 @@ def test_short_input_is_rendered_not_raised(traced):
     """§2.1: a short struct (zero-extended by the core) still renders."""
     rec = traced(ioc(3, 0x64, 0x5B, 8), struct.pack("<II", 0, 0))
     d = check_json(rec)
-    assert d["in"] == {"op": {"value": 0, "name": "EXPORT"}, "flags": 0, "gem_handle": 0}
+    assert d["in"] == {"op": {"value": 0, "name": "EXPORT"}, "flags": {"value": 0, "names": []},
+                       "gem_handle": 0}
     assert ("UALINK_HANDLE[size 8 of 24]({op=EXPORT, flags=0}) = -1 ENOENT (No such file "
             "or directory)") in rec.text()
 
@@ -242,13 +244,15 @@ def test_every_hint_names_a_field_its_decoder_gives():
         if not spec.hints:
             continue
         size = st.UALINK_HANDLE_SIZE if spec is tbl.AMDGPU_UALINK_HANDLE else 512
-        names = set()
-        for op in (0, 1):
+        names, out_names = set(), set()
+        for op in range(8):  # (AMDGPU_CTX's ops are 1..6, an unknown UALink op is 7)
             data = struct.pack("<I", op).ljust(size, b"\0")
             inp = spec.decode_in(data) if spec.decode_in else {}
             out = spec.decode_out(data, inp) if spec.decode_out else {}
             names |= set(inp) | set(out)
+            out_names |= set(out)
         assert set(spec.hints) <= names, (spec.name, set(spec.hints) - names)
+        assert set(spec.out_hints or ()) <= out_names, spec.name
 
 
 def test_gpu_loads_and_stores_are_traced(traced, core):
@@ -386,3 +390,47 @@ def test_info_query_names_agree_with_the_handler():
                  "DEV_INFO", "VIS_VRAM_USAGE", "MEMORY", "SENSOR", "VRAM_LOST_COUNTER"):
         assert c.INFO_QUERIES[getattr(info, name)] == name
 
+
+def test_ualink_flags_are_named_and_an_unknown_op_is_decoded_neutrally(traced):
+    """UALINK_HANDLE's flags print as a flag set (none is defined: unknown bits in hex, as
+    GEM_CREATE's are); an op that is neither EXPORT nor IMPORT has no arm of the union, so
+    its words are shown as they are, not as an import handle."""
+    rec = traced(UALINK, struct.pack("<IIQQ", 1, 0x80000001, 0x3FF, 7))
+    assert "({op=IMPORT, flags=0x80000001, import_ualink_handle=0x7" in rec.text()
+    assert check_json(rec)["in"]["flags"] == {"value": 0x80000001, "names": [],
+                                              "unknown": 0x80000001}
+    rec = traced(UALINK, struct.pack("<IIIIII", 7, 0, 1, 2, 3, 4))
+    assert rec.text().endswith(
+        "UALINK_HANDLE({op=7, flags=0, words=[0x1, 0x2, 0x3, 0x4]}) = -1 EINVAL (Invalid "
+        "argument) <0.000125>")
+    assert check_json(rec)["in"]["words"] == [1, 2, 3, 4]
+
+
+def test_ctx_answers_are_decoded_per_op(traced):
+    """union drm_amdgpu_ctx_out by op: ALLOC_CTX's ctx_id, QUERY_STATE2's flags, hangs and
+    reset_status, GET_STABLE_PSTATE's level by name, as SET_STABLE_PSTATE's in.flags is."""
+    ctx = iowr(0x42, 16)
+    rec = traced(ctx, struct.pack("<IIIi", 1, 0, 0, 0))
+    assert rec.text().endswith("({op=ALLOC_CTX, flags=0, ctx_id=0, priority=0} => "
+                               "{ctx_id=1}) = 0 <0.000125>")
+    assert check_json(rec)["out"] == {"ctx_id": 1}
+    rec = traced(ctx, struct.pack("<IIIi", 6, 4, 1, 0))
+    assert ("({op=SET_STABLE_PSTATE, flags=AMDGPU_CTX_STABLE_PSTATE_PEAK, ctx_id=1, "
+            "priority=0}) = 0") in rec.text()
+    rec = traced(ctx, struct.pack("<IIIi", 5, 0, 1, 0))
+    assert rec.text().endswith("({op=GET_STABLE_PSTATE, flags=0, ctx_id=1, priority=0} => "
+                               "{flags=AMDGPU_CTX_STABLE_PSTATE_PEAK}) = 0 <0.000125>")
+    assert check_json(rec)["out"]["flags"] == {"value": 4,
+                                               "name": "AMDGPU_CTX_STABLE_PSTATE_PEAK"}
+    rec = traced(ctx, struct.pack("<IIIi", 4, 0, 1, 0))
+    assert rec.text().endswith("=> {flags=0, hangs=0, reset_status=AMDGPU_CTX_NO_RESET}) = 0 "
+                               "<0.000125>")
+    assert "=>" not in traced(ctx, struct.pack("<IIIi", 2, 0, 1, 0)).text()  # FREE: no answer
+
+
+def test_pad_fields_have_the_headers_names():
+    """GEM_VA's and GEM_MMAP's in and GEM_CREATE's out spell it `_pad`, as amdgpu_drm.h
+    and include/ualink/ualink_drm.h do."""
+    assert "_pad" in tbl.AMDGPU_GEM_VA.decode_in(bytes(64))  # type: ignore[misc]
+    assert "_pad" in tbl.AMDGPU_GEM_MMAP.decode_in(bytes(8))  # type: ignore[misc]
+    assert tbl.out_fields(st.GEM_CREATE_OUT)(bytes(8), {}) == {"handle": 0, "_pad": 0}

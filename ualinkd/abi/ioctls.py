@@ -74,7 +74,21 @@ class EnumOf:
 
 HEX, HANDLE128 = Hex(), Handle128()
 FieldFormat = Hex | Handle128 | FlagSet | EnumOf
-Hints = dict[str, FieldFormat]  # field name -> format; a field not named prints as decimal
+
+
+@dataclass(frozen=True, slots=True)
+class ByOp:
+    """A field whose meaning is the op's (AMDGPU_CTX's flags: a pstate level for
+    SET_STABLE_PSTATE, AMDGPU_CTX_QUERY2_FLAGS_* for QUERY_STATE2's answer): the format for
+    each op; any other op prints it as decimal. The op is read from the call's in fields."""
+
+    formats: tuple[tuple[int, FieldFormat], ...]
+
+    def pick(self, inp: Fields) -> FieldFormat | None:
+        return next((f for op, f in self.formats if op == inp.get("op")), None)
+
+
+Hints = dict[str, FieldFormat | ByOp]  # field name -> format; a field not named is decimal
 
 
 def flag_set(prefix: str, **bits: int) -> FlagSet:
@@ -126,6 +140,7 @@ class IoctlSpec:
     decode_in: DecodeIn | None = None  # the trace's view of the bytes copied in
     decode_out: DecodeOut | None = None  # ... and of the bytes copied back (given the input)
     hints: Hints = dataclasses.field(default_factory=dict)  # how the decoded fields print
+    out_hints: Hints | None = None  # ... those of the copied-back bytes, when they differ
 
     @property
     def full_name(self) -> str:
@@ -173,6 +188,17 @@ def bind(obj: object) -> dict[IoctlSpec, Callable[..., Any]]:
 
 # -- trace decoders: what the bytes of each entry mean -----------------------------------------
 
+# Python field name -> the uAPI header's member name where they differ (structs.py's records
+# cannot start a field with `_`): the trace prints the header's names. abi_check.py's C_NAMES
+# starts from this.
+HEADER_NAMES: dict[str, dict[str, str]] = {
+    "drm_amdgpu_gem_create_out": {"pad": "_pad"},
+    "drm_amdgpu_gem_mmap_in": {"pad": "_pad"},
+    "drm_amdgpu_gem_va": {"pad": "_pad"},
+    "drm_amdgpu_info_gds": {"pad": "_pad"},
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Decoder:
     """A trace decoder (DecodeIn or DecodeOut) that also says where each field it yields
@@ -202,11 +228,15 @@ def _layout_offsets(layout: st.Layout[Any] | st.ArrayLayout[Any]) -> dict[str, i
 
 
 def fields(layout: st.Layout[Any] | st.ArrayLayout[Any]) -> Decoder:
+    names = HEADER_NAMES.get(layout.name, {})
+    offsets = {names.get(k, k): v for k, v in _layout_offsets(layout).items()}
+
     def decode(data: bytes) -> Fields:
         padded = data[: layout.size].ljust(layout.size, b"\0")
-        return dataclasses.asdict(layout.decode(padded))
+        d = dataclasses.asdict(layout.decode(padded))
+        return {names.get(k, k): v for k, v in d.items()} if names else d
 
-    return Decoder(decode, _layout_offsets(layout))
+    return Decoder(decode, offsets)
 
 
 def out_fields(layout: st.Layout[Any] | st.ArrayLayout[Any], *names: str) -> Decoder:
@@ -225,8 +255,11 @@ def _ualink_in(data: bytes) -> Fields:
     out: Fields = {"op": args.op, "flags": args.flags}
     if args.op == c.UalinkOp.EXPORT:
         out["gem_handle"] = args.gem_handle
-    else:
+    elif args.op == c.UalinkOp.IMPORT:
         out["import_ualink_handle"] = args.handle_hi << 64 | args.handle_lo
+    else:  # no arm of the union is this op's (the handler refuses it): its words as they are
+        out["words"] = [args.handle_lo & 0xFFFFFFFF, args.handle_lo >> 32,
+                        args.handle_hi & 0xFFFFFFFF, args.handle_hi >> 32]
     return out
 
 
@@ -235,7 +268,38 @@ def _ualink_out(data: bytes, inp: Fields) -> Fields:
     if inp.get("op") == c.UalinkOp.EXPORT:
         lo, hi = st.UALINK_HANDLE_OUT_EXPORT.unpack(data)
         return {"export_ualink_handle": hi << 64 | lo}
-    return {"import_dmabuf_handle": st.UALINK_HANDLE_OUT_IMPORT.unpack(data[:4])[0]}
+    if inp.get("op") == c.UalinkOp.IMPORT:
+        return {"import_dmabuf_handle": st.UALINK_HANDLE_OUT_IMPORT.unpack(data[:4])[0]}
+    return {}  # (an unknown op is refused before anything is written)
+
+
+# union drm_amdgpu_ctx_out: the arm each op writes (amdgpu_ctx_ioctl); FREE_CTX and
+# SET_STABLE_PSTATE write none.
+CTX_OP_ALLOC_CTX, CTX_OP_QUERY_STATE, CTX_OP_QUERY_STATE2 = 1, 3, 4
+CTX_OP_GET_STABLE_PSTATE, CTX_OP_SET_STABLE_PSTATE = 5, 6
+CTX_STABLE_PSTATES = enum_of({0: "AMDGPU_CTX_STABLE_PSTATE_NONE",
+                              1: "AMDGPU_CTX_STABLE_PSTATE_STANDARD",
+                              2: "AMDGPU_CTX_STABLE_PSTATE_MIN_SCLK",
+                              3: "AMDGPU_CTX_STABLE_PSTATE_MIN_MCLK",
+                              4: "AMDGPU_CTX_STABLE_PSTATE_PEAK"})
+CTX_QUERY2_FLAGS = flag_set("AMDGPU_CTX_QUERY2_FLAGS_", RESET=1 << 0, VRAMLOST=1 << 1,
+                            GUILTY=1 << 2, RAS_CE=1 << 3, RAS_UE=1 << 4,
+                            RESET_IN_PROGRESS=1 << 5)
+CTX_RESET_STATUS = enum_of({0: "AMDGPU_CTX_NO_RESET", 1: "AMDGPU_CTX_GUILTY_RESET",
+                            2: "AMDGPU_CTX_INNOCENT_RESET", 3: "AMDGPU_CTX_UNKNOWN_RESET"})
+
+
+def _ctx_out(data: bytes, inp: Fields) -> Fields:
+    data = data[: st.CTX_SIZE].ljust(st.CTX_SIZE, b"\0")
+    op = inp.get("op")
+    if op == CTX_OP_ALLOC_CTX:
+        return {"ctx_id": st.CTX_OUT_ALLOC.unpack(data[:8])[0]}
+    if op in (CTX_OP_QUERY_STATE, CTX_OP_QUERY_STATE2):
+        flags, hangs, reset_status = st.CTX_OUT_STATE.unpack(data)
+        return {"flags": flags, "hangs": hangs, "reset_status": reset_status}
+    if op == CTX_OP_GET_STABLE_PSTATE:
+        return {"flags": st.CTX_OUT_ALLOC.unpack(data[:8])[0]}
+    return {}
 
 
 def _gem_metadata(data: bytes) -> Fields:
@@ -249,21 +313,22 @@ def _gem_metadata(data: bytes) -> Fields:
 def _entry(nr: int, name: str, layout: st.Layout[Any] | st.ArrayLayout[Any] | int,
            direction: int = IOC_READ | IOC_WRITE, flags: int = DRM_RENDER_ALLOW,
            decode_in: DecodeIn | None = None, decode_out: DecodeOut | None = None,
-           hints: Hints | None = None) -> IoctlSpec:
+           hints: Hints | None = None, out_hints: Hints | None = None) -> IoctlSpec:
     """An entry whose arguments have a layout here (its size is the table's size)."""
     size = layout if isinstance(layout, int) else layout.size
     if decode_in is None and not isinstance(layout, int):
         decode_in = fields(layout)
     return IoctlSpec(nr, name, ioc(direction, ord("d"), nr, size), flags, decode_in, decode_out,
-                     hints or {})
+                     hints or {}, out_hints)
 
 
 def _drv_entry(index: int, name: str, layout: st.Layout[Any] | st.ArrayLayout[Any] | int,
                direction: int = IOC_READ | IOC_WRITE, decode_in: DecodeIn | None = None,
                decode_out: DecodeOut | None = None, hints: Hints | None = None,
-               flags: int = DRM_AUTH | DRM_RENDER_ALLOW) -> IoctlSpec:
+               flags: int = DRM_AUTH | DRM_RENDER_ALLOW,
+               out_hints: Hints | None = None) -> IoctlSpec:
     return _entry(DRM_COMMAND_BASE + index, f"AMDGPU_{name}", layout, direction,
-                  flags, decode_in, decode_out, hints)
+                  flags, decode_in, decode_out, hints, out_hints)
 
 
 # -- the named entries handlers register against ------------------------------------------------
@@ -322,8 +387,13 @@ AMDGPU_GEM_MMAP = _drv_entry(0x01, "GEM_MMAP", st.GEM_MMAP_SIZE,
                              decode_out=out_fields(st.GEM_MMAP_OUT),
                              hints={"addr_ptr": HEX})
 AMDGPU_CTX = _drv_entry(0x02, "CTX", st.CTX_SIZE, decode_in=fields(st.CTX_IN),
-                        decode_out=lambda d, i: {"out": d[:16].hex()},
-                        hints={"op": enum_of(c.CTX_OPS)})
+                        decode_out=Decoder(_ctx_out, {}),
+                        hints={"op": enum_of(c.CTX_OPS),
+                               "flags": ByOp(((CTX_OP_SET_STABLE_PSTATE, CTX_STABLE_PSTATES),))},
+                        out_hints={"flags": ByOp(((CTX_OP_QUERY_STATE, HEX),
+                                                  (CTX_OP_QUERY_STATE2, CTX_QUERY2_FLAGS),
+                                                  (CTX_OP_GET_STABLE_PSTATE, CTX_STABLE_PSTATES))),
+                                   "reset_status": CTX_RESET_STATUS})
 AMDGPU_INFO = _drv_entry(0x05, "INFO", st.INFO, IOC_WRITE,
                          hints={"return_pointer": HEX, "query": enum_of(c.INFO_QUERIES)})
 AMDGPU_GEM_METADATA = _drv_entry(0x06, "GEM_METADATA", st.GEM_METADATA_SIZE,
@@ -355,10 +425,12 @@ AMDGPU_VM = _drv_entry(0x13, "VM", st.VM_SIZE, decode_in=fields(st.VM_IN),
 AMDGPU_UALINK_HANDLE = _drv_entry(
     0x1B, "UALINK_HANDLE", st.UALINK_HANDLE_SIZE,
     decode_in=Decoder(_ualink_in, {"op": 0, "flags": 4, "gem_handle": 8,
-                                   "import_ualink_handle": 8}),
+                                   "import_ualink_handle": 8, "words": 8}),
     decode_out=Decoder(_ualink_out, {"export_ualink_handle": 0, "import_dmabuf_handle": 0}),
-    hints={"op": enum_of({op.value: op.name for op in c.UalinkOp}),
-           "import_ualink_handle": HANDLE128, "export_ualink_handle": HANDLE128})
+    # no flag is defined yet (the handler refuses any): all of them are unknown bits, in hex
+    hints={"op": enum_of({op.value: op.name for op in c.UalinkOp}), "flags": FlagSet(()),
+           "import_ualink_handle": HANDLE128, "export_ualink_handle": HANDLE128,
+           "words": HEX})
 
 
 # DRM core ioctls of a modern kernel (no DRM_LEGACY, CONFIG_AGP off). Only the nrs listed
