@@ -562,7 +562,7 @@ async def run_node(
             now(rec)
 
     # (An untraced node keeps the link's own callables and its fast paths: a recorder
-    # attached to it records no fabric messages, README's Limitations.)
+    # attached to it records no fabric messages, as README's Tracing says.)
     if tracer is not None:
         # the same callables, traced (mypy tells a def's type from a Callable's)
         on_message, on_request = _trace_receives(  # type: ignore[assignment]
