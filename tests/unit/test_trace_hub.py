@@ -89,3 +89,33 @@ def test_record_pid_filter_keeps_the_releases_of_that_pids_files_only() -> None:
     assert [(r["type"], r.get("file")) for r in kept] == [
         ("open", 3), ("release", 3), ("lost", None)]
     assert opened == set()
+
+
+def test_a_trace_socket_appears_listening(tmp_path, monkeypatch) -> None:
+    """bind_trace_socket binds and listens under another name, then renames: the nodes of a
+    pod start together, and one's sweep of stale sockets must never find another's between
+    its bind and its listen (it would take it for a dead daemon's)."""
+    import os
+    import socket
+
+    seen: list[list[str]] = []
+    real = record.clear_stale_trace_sockets
+
+    def sweep(directory: str) -> int:
+        seen.append(sorted(os.listdir(directory)))
+        return real(directory)
+
+    monkeypatch.setattr(record, "clear_stale_trace_sockets", sweep)
+    monkeypatch.setattr(record, "trace_socket_path",
+                        lambda mount, resolved=False: str(tmp_path / "trace-0123.sock"))
+
+    async def main() -> None:
+        sock, path = await record.bind_trace_socket("/x")
+        with sock:
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.connect(path)  # listening from the moment the name exists
+            probe.close()
+            assert sorted(os.listdir(tmp_path)) == ["trace-0123.sock"]
+
+    trio.run(main)
+    assert seen == [[]]

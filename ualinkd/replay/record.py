@@ -88,16 +88,25 @@ async def bind_trace_socket(real_mount: str) -> tuple[trio.socket.SocketType, st
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     clear_stale_trace_sockets(os.path.dirname(path))
+    # Bound and listening under a name the sweep above does not take, then renamed into
+    # place: a trace-*.sock is never there unlistened, so another daemon's sweep (the nodes
+    # of a pod start together) cannot take a socket between its bind and its listen.
+    tmp = f"{path}.{os.getpid()}.new"
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        await sock.bind(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        await sock.bind(tmp)
         # No umask dance (process-wide, and the daemon has threads): the directory is the
         # daemon user's alone until the socket is 0600.
-        os.chmod(path, 0o600)
+        os.chmod(tmp, 0o600)
+        sock.listen(8)
+        os.rename(tmp, path)
     except OSError:
         sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
-    sock.listen(8)
     return sock, path
 
 
