@@ -92,30 +92,30 @@ def test_record_pid_filter_keeps_the_releases_of_that_pids_files_only() -> None:
 
 
 def test_a_trace_socket_appears_listening(tmp_path, monkeypatch) -> None:
-    """bind_trace_socket binds and listens under another name, then renames: the nodes of a
-    pod start together, and one's sweep of stale sockets must never find another's between
-    its bind and its listen (it would take it for a dead daemon's)."""
+    """The nodes of a pod start together: another node's sweep of stale sockets, run at the
+    worst moment (between this one's bind and its listen, where it sets the mode), must not
+    take this socket for a dead daemon's. bind_trace_socket binds and listens under another
+    name and renames the socket into place."""
     import os
     import socket
 
-    seen: list[list[str]] = []
-    real = record.clear_stale_trace_sockets
+    path = str(tmp_path / "trace-0123.sock")
+    monkeypatch.setattr(record, "trace_socket_path", lambda mount, resolved=False: path)
+    chmod = os.chmod
 
-    def sweep(directory: str) -> int:
-        seen.append(sorted(os.listdir(directory)))
-        return real(directory)
+    def chmod_while_another_node_sweeps(p: str, mode: int) -> None:
+        chmod(p, mode)
+        record.clear_stale_trace_sockets(str(tmp_path))
 
-    monkeypatch.setattr(record, "clear_stale_trace_sockets", sweep)
-    monkeypatch.setattr(record, "trace_socket_path",
-                        lambda mount, resolved=False: str(tmp_path / "trace-0123.sock"))
+    monkeypatch.setattr(os, "chmod", chmod_while_another_node_sweeps)
 
     async def main() -> None:
-        sock, path = await record.bind_trace_socket("/x")
+        sock, got = await record.bind_trace_socket("/x")
         with sock:
+            assert got == path
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            probe.connect(path)  # listening from the moment the name exists
+            probe.connect(path)
             probe.close()
             assert sorted(os.listdir(tmp_path)) == ["trace-0123.sock"]
 
     trio.run(main)
-    assert seen == [[]]
