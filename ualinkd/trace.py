@@ -340,8 +340,9 @@ class TraceRecord:
             arg += " => {" + self.out_bytes.hex() + "}"
         res = "0" if self.result == 0 else f"-1 {strerror(-self.result)}"
         ts, dur = _tail(self.start, self.duration)
-        return (f"{ts}[pid {self.pid}] {self.node} renderD{self.minor} {name}({arg}) = {res}"
-                f"{dur}")
+        # node.py gives a KFD call minor 0 (no render node has it: they start at 128)
+        dev = "kfd" if self.minor == 0 else f"renderD{self.minor}"
+        return f"{ts}[pid {self.pid}] {self.node} {dev} {name}({arg}) = {res}{dur}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

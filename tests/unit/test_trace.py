@@ -434,3 +434,13 @@ def test_pad_fields_have_the_headers_names():
     assert "_pad" in tbl.AMDGPU_GEM_VA.decode_in(bytes(64))  # type: ignore[misc]
     assert "_pad" in tbl.AMDGPU_GEM_MMAP.decode_in(bytes(8))  # type: ignore[misc]
     assert tbl.out_fields(st.GEM_CREATE_OUT)(bytes(8), {}) == {"handle": 0, "_pad": 0}
+
+
+def test_a_kfd_call_is_traced_on_kfd_not_a_render_node():
+    """A KFD ioctl's line names /dev/kfd: node.py records it with minor 0, which no render
+    node has (they start at 128); it printed `renderD0`."""
+    spec = tbl.kfd_lookup(0x01)  # GET_VERSION
+    assert spec is not None
+    line = TraceRecord(7, "node0", 0, spec.cmd, spec, b"", 0, struct.pack("<II", 1, 17)).text()
+    assert "[pid 7] node0 kfd DRM_IOCTL_AMDKFD_GET_VERSION(" in line, line
+    assert "renderD" not in line
