@@ -275,29 +275,23 @@ def _ualink_out(data: bytes, inp: Fields) -> Fields:
 
 # union drm_amdgpu_ctx_out: the arm each op writes (amdgpu_ctx_ioctl); FREE_CTX and
 # SET_STABLE_PSTATE write none.
-CTX_OP_ALLOC_CTX, CTX_OP_QUERY_STATE, CTX_OP_QUERY_STATE2 = 1, 3, 4
-CTX_OP_GET_STABLE_PSTATE, CTX_OP_SET_STABLE_PSTATE = 5, 6
-CTX_STABLE_PSTATES = enum_of({0: "AMDGPU_CTX_STABLE_PSTATE_NONE",
-                              1: "AMDGPU_CTX_STABLE_PSTATE_STANDARD",
-                              2: "AMDGPU_CTX_STABLE_PSTATE_MIN_SCLK",
-                              3: "AMDGPU_CTX_STABLE_PSTATE_MIN_MCLK",
-                              4: "AMDGPU_CTX_STABLE_PSTATE_PEAK"})
+CTX_STABLE_PSTATES = enum_of({v: f"AMDGPU_CTX_STABLE_PSTATE_{n}"
+                              for v, n in c.CTX_STABLE_PSTATES.items()})
 CTX_QUERY2_FLAGS = flag_set("AMDGPU_CTX_QUERY2_FLAGS_", RESET=1 << 0, VRAMLOST=1 << 1,
                             GUILTY=1 << 2, RAS_CE=1 << 3, RAS_UE=1 << 4,
                             RESET_IN_PROGRESS=1 << 5)
-CTX_RESET_STATUS = enum_of({0: "AMDGPU_CTX_NO_RESET", 1: "AMDGPU_CTX_GUILTY_RESET",
-                            2: "AMDGPU_CTX_INNOCENT_RESET", 3: "AMDGPU_CTX_UNKNOWN_RESET"})
+CTX_RESET_STATUS = enum_of({v: f"AMDGPU_CTX_{n}" for v, n in c.CTX_RESETS.items()})
 
 
 def _ctx_out(data: bytes, inp: Fields) -> Fields:
     data = data[: st.CTX_SIZE].ljust(st.CTX_SIZE, b"\0")
     op = inp.get("op")
-    if op == CTX_OP_ALLOC_CTX:
+    if op == c.CTX_OP_ALLOC_CTX:
         return {"ctx_id": st.CTX_OUT_ALLOC.unpack(data[:8])[0]}
-    if op in (CTX_OP_QUERY_STATE, CTX_OP_QUERY_STATE2):
+    if op in (c.CTX_OP_QUERY_STATE, c.CTX_OP_QUERY_STATE2):
         flags, hangs, reset_status = st.CTX_OUT_STATE.unpack(data)
         return {"flags": flags, "hangs": hangs, "reset_status": reset_status}
-    if op == CTX_OP_GET_STABLE_PSTATE:
+    if op == c.CTX_OP_GET_STABLE_PSTATE:
         return {"flags": st.CTX_OUT_ALLOC.unpack(data[:8])[0]}
     return {}
 
@@ -386,14 +380,14 @@ AMDGPU_GEM_MMAP = _drv_entry(0x01, "GEM_MMAP", st.GEM_MMAP_SIZE,
                              decode_in=fields(st.GEM_MMAP_IN),
                              decode_out=out_fields(st.GEM_MMAP_OUT),
                              hints={"addr_ptr": HEX})
-AMDGPU_CTX = _drv_entry(0x02, "CTX", st.CTX_SIZE, decode_in=fields(st.CTX_IN),
-                        decode_out=Decoder(_ctx_out, {}),
-                        hints={"op": enum_of(c.CTX_OPS),
-                               "flags": ByOp(((CTX_OP_SET_STABLE_PSTATE, CTX_STABLE_PSTATES),))},
-                        out_hints={"flags": ByOp(((CTX_OP_QUERY_STATE, HEX),
-                                                  (CTX_OP_QUERY_STATE2, CTX_QUERY2_FLAGS),
-                                                  (CTX_OP_GET_STABLE_PSTATE, CTX_STABLE_PSTATES))),
-                                   "reset_status": CTX_RESET_STATUS})
+AMDGPU_CTX = _drv_entry(
+    0x02, "CTX", st.CTX_SIZE, decode_in=fields(st.CTX_IN), decode_out=Decoder(_ctx_out, {}),
+    hints={"op": enum_of(c.CTX_OPS),
+           "flags": ByOp(((c.CTX_OP_SET_STABLE_PSTATE, CTX_STABLE_PSTATES),))},
+    out_hints={"flags": ByOp(((c.CTX_OP_QUERY_STATE, HEX),
+                              (c.CTX_OP_QUERY_STATE2, CTX_QUERY2_FLAGS),
+                              (c.CTX_OP_GET_STABLE_PSTATE, CTX_STABLE_PSTATES))),
+               "reset_status": CTX_RESET_STATUS})
 AMDGPU_INFO = _drv_entry(0x05, "INFO", st.INFO, IOC_WRITE,
                          hints={"return_pointer": HEX, "query": enum_of(c.INFO_QUERIES)})
 AMDGPU_GEM_METADATA = _drv_entry(0x06, "GEM_METADATA", st.GEM_METADATA_SIZE,

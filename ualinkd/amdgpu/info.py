@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..abi import constants as c
 from ..abi import ioctls as tbl
 from ..abi import structs as st
 from ..drm.errors import DrmError
@@ -131,7 +132,7 @@ class AmdgpuInfo:
         self._ctxs: weakref.WeakKeyDictionary[DrmFile, dict[int, int]] = (
             weakref.WeakKeyDictionary())
         # adev->pm: the stable pstate (AMDGPU_CTX_STABLE_PSTATE_*) and the context holding it
-        self.stable_pstate = CTX_STABLE_PSTATE_NONE
+        self.stable_pstate = c.CTX_STABLE_PSTATE_NONE
         self._pstate_owner: tuple[DrmFile, int] | None = None
         self.reserved_vmid: weakref.WeakKeyDictionary[DrmFile, bool] = (
             weakref.WeakKeyDictionary())
@@ -291,13 +292,13 @@ class AmdgpuInfo:
             prio = CTX_PRIORITY_NORMAL
         if args.op not in _CTX_OPS:  # 7
             raise DrmError(errno.EINVAL, f"context op {args.op}")
-        if args.op == CTX_OP_SET_STABLE_PSTATE:
-            level = args.flags & CTX_STABLE_PSTATE_FLAGS_MASK
-            if args.flags != level or level > CTX_STABLE_PSTATE_PEAK:  # 8
+        if args.op == c.CTX_OP_SET_STABLE_PSTATE:
+            level = args.flags & c.CTX_STABLE_PSTATE_FLAGS_MASK
+            if args.flags != level or level > c.CTX_STABLE_PSTATE_PEAK:  # 8
                 raise DrmError(errno.EINVAL, f"stable pstate flags {args.flags:#x}")
         elif args.flags:  # 2
             raise DrmError(errno.EINVAL, f"context flags {args.flags:#x}")
-        if args.op == CTX_OP_ALLOC_CTX:
+        if args.op == c.CTX_OP_ALLOC_CTX:
             if prio > CTX_PRIORITY_NORMAL and caller.uid != 0:  # 3
                 kdata[0:4] = bytes(4)  # amdgpu_ctx_alloc failed: out.alloc.ctx_id = 0
                 raise DrmError(errno.EACCES, "a high-priority context needs CAP_SYS_NICE")
@@ -316,13 +317,13 @@ class AmdgpuInfo:
             return
         if args.ctx_id not in ctxs:  # 5
             raise DrmError(errno.EINVAL, f"no context {args.ctx_id}")
-        if args.op == CTX_OP_FREE_CTX:
+        if args.op == c.CTX_OP_FREE_CTX:
             self._ctx_fini(file, args.ctx_id)
-        elif args.op == CTX_OP_QUERY_STATE:  # 6
-            kdata[0:16] = st.CTX_OUT_STATE.pack(0, 0, CTX_NO_RESET)
-        elif args.op == CTX_OP_QUERY_STATE2:
+        elif args.op == c.CTX_OP_QUERY_STATE:  # 6
+            kdata[0:16] = st.CTX_OUT_STATE.pack(0, 0, c.CTX_NO_RESET)
+        elif args.op == c.CTX_OP_QUERY_STATE2:
             kdata[0:12] = st.CTX_OUT_STATE.pack(0, 0, 0)[:12]
-        elif args.op == CTX_OP_GET_STABLE_PSTATE:  # 9
+        elif args.op == c.CTX_OP_GET_STABLE_PSTATE:  # 9
             kdata[0:4] = self.stable_pstate.to_bytes(4, "little")
         else:
             self._set_stable_pstate(file, args.ctx_id, level)
@@ -337,7 +338,7 @@ class AmdgpuInfo:
         if level == self.stable_pstate:
             return
         self.stable_pstate = level  # (amdgpu_dpm_force_performance_level: a level is set)
-        self._pstate_owner = None if level == CTX_STABLE_PSTATE_NONE else (file, ctx_id)
+        self._pstate_owner = None if level == c.CTX_STABLE_PSTATE_NONE else (file, ctx_id)
 
     def _ctx_fini(self, file: DrmFile, ctx_id: int) -> None:
         """amdgpu_ctx_fini: the context puts back the level it found (EBUSY, when another
@@ -378,12 +379,8 @@ class AmdgpuInfo:
         self.reserved_vmid[file] = args.op == VM_OP_RESERVE_VMID
 
 
-CTX_OP_ALLOC_CTX, CTX_OP_FREE_CTX, CTX_OP_QUERY_STATE, CTX_OP_QUERY_STATE2 = 1, 2, 3, 4
-CTX_OP_GET_STABLE_PSTATE, CTX_OP_SET_STABLE_PSTATE = 5, 6
-_CTX_OPS = frozenset(range(CTX_OP_ALLOC_CTX, CTX_OP_SET_STABLE_PSTATE + 1))
-CTX_STABLE_PSTATE_FLAGS_MASK, CTX_STABLE_PSTATE_NONE, CTX_STABLE_PSTATE_PEAK = 0xF, 0, 4
+_CTX_OPS = frozenset(c.CTX_OPS)
 CTX_PRIORITY_UNSET, CTX_PRIORITY_VERY_LOW = -2048, -1023
 CTX_PRIORITY_NORMAL, CTX_PRIORITY_VERY_HIGH = 0, 1023
-CTX_NO_RESET = 0
 AMDGPU_VM_MAX_NUM_CTX = 4096
 VM_OP_RESERVE_VMID, VM_OP_UNRESERVE_VMID = 1, 2
