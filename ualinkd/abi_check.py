@@ -361,13 +361,13 @@ def compare(abi: HeaderAbi, aggregates: Sequence[Aggregate] | None = None,
         hsize = abi.sizes[t]
         declared = [f for f in agg.fields if f not in missing]
         end = max((f.offset + f.size for f in declared), default=0)
-        inside = [f.path for f in missing if f.offset < hsize]  # a reserved name there
+        inside = [f for f in missing if f.offset < hsize]  # a reserved name there
         beyond = [f.path for f in missing if f.offset >= hsize]
         wrong_size = hsize > agg.size or (hsize < agg.size and (not beyond or end > hsize))
         if wrong_size or bad:
             # the layout disagrees: a member the header lacks is then likely why, so name it
             # (past an older prefix's end only when the size is wrong too)
-            for f in missing if wrong_size else [f for f in missing if f.offset < hsize]:
+            for f in missing if wrong_size else inside:
                 rep.mismatches.append(f"`{agg.name}.{f.path}` is not in this header, emulator "
                                       f"has it at offset {f.offset} ({f.size} bytes)")
             if wrong_size:
@@ -375,7 +375,8 @@ def compare(abi: HeaderAbi, aggregates: Sequence[Aggregate] | None = None,
                                       f"{agg.size}")
             continue
         if inside:
-            rep.notes.append(f"`{agg.name}`: {', '.join(inside)} not named in this header "
+            rep.notes.append(f"`{agg.name}`: {', '.join(f.path for f in inside)} not named "
+                             "in this header "
                              "(its offset is padding or a reserved field there; layout agrees)")
         if hsize < agg.size:
             prefix[agg.name] = hsize
