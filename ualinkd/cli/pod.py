@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NoReturn
 
-from ..config import PodConfig
+from ..config import NodeConfig, PodConfig
 from ..readiness import notify_socket, wait_ready
 from .common import ready_stream, trace_options, with_quirks
 
@@ -159,6 +159,12 @@ class _Child:
     proc: NodeProcess
     sock: socket.socket
     reported: bool = False  # its exit was reported
+
+
+def _ready_line(c: _Child, node: NodeConfig) -> str:
+    """The line saying a node serves: the pod's, and start-node's when it is started again."""
+    ids = ",".join(str(a.accel_id) for a in node.accels)
+    return f"{c.name} ready: mount={c.mount} render={c.mount}/dri/renderD128 accels={ids}"
 
 
 def _spawn_node(args: argparse.Namespace, root: str, conf_path: str, name: str) -> _Child:
@@ -294,9 +300,7 @@ def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
         for c in children.values():
             _wait_links(c.name, c.mount, args.ready_timeout, stopping)
         for c, node in zip(children.values(), config.nodes, strict=True):
-            ids = ",".join(str(a.accel_id) for a in node.accels)
-            print(f"{c.name} ready: mount={c.mount} render={c.mount}/dri/renderD128 "
-                  f"accels={ids}", file=ready_out, flush=True)
+            print(_ready_line(c, node), file=ready_out, flush=True)
         control = _ControlRequests(_control_socket(root))
         while not stopping():
             for c in children.values():
@@ -408,8 +412,7 @@ def _start_again(words: list[str], args: argparse.Namespace, root: str, conf_pat
     if not wait_ready(new.sock, new.proc, args.ready_timeout, stopping):
         new.reported = new.proc.poll() is not None
         return f"error: {name} did not become ready"
-    ready = f"{name} ready: mount={new.mount} render={new.mount}/dri/renderD128 accels=" + \
-        ",".join(str(a.accel_id) for a in PodConfig.load(conf_path).node(name).accels)
+    ready = _ready_line(new, PodConfig.load(conf_path).node(name))
     print(f"{ready} (started again)", file=ready_stream(args), flush=True)
     return f"ok: {ready}"
 
