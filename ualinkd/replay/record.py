@@ -85,12 +85,11 @@ async def bind_trace_socket(real_mount: str) -> tuple[trio.socket.SocketType, st
     path); a stale socket of a dead daemon goes, this mount's and any other's."""
     path = trace_socket_path(real_mount, resolved=True)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
     clear_stale_trace_sockets(os.path.dirname(path))
     # Bound and listening under a name the sweep above does not take, then renamed into
-    # place: a trace-*.sock is never there unlistened, so another daemon's sweep (the nodes
-    # of a pod start together) cannot take a socket between its bind and its listen.
+    # place (replacing this mount's old one, if any): a trace-*.sock is never there
+    # unlistened, so another daemon's sweep (the nodes of a pod start together) cannot take
+    # a socket between its bind and its listen.
     tmp = f"{path}.{os.getpid()}.new"
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
@@ -285,10 +284,11 @@ def _keep(line: bytes, pids: set[int] | None, out: TextIO,
         rec = json.loads(line)
         kind = rec.get("type")
         if kind == "release":
-            if opened is not None and (rec.get("node"), rec.get("file")) not in opened:
-                return 0
             if opened is not None:
-                opened.discard((rec.get("node"), rec.get("file")))
+                key = (rec.get("node"), rec.get("file"))
+                if key not in opened:
+                    return 0
+                opened.discard(key)
         elif rec.get("pid") not in pids and kind != "lost":
             return 0
         elif kind == "open" and opened is not None:
