@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ioctl_latency [--gap <ns>] <file> <cmd-hex> <count> [warmup]
- * ioctl_latency [--gap <ns>] --export <render-node> <count> [warmup]
+ * ioctl_latency [--idle] <file> <cmd-hex> <count> [warmup]
+ * ioctl_latency [--idle] --export <render-node> <count> [warmup]
  *
  * Times single ioctls (raw ioctl(2), no retry) with CLOCK_MONOTONIC and
  * prints one line:  median_ns=.. p99_ns=.. mean_ns=.. count=..
@@ -10,9 +10,9 @@
  * op=0 (export), flags=0, gem_handle=1, then zeros; against fuse_echo that
  * is the floor of any FUSE ioctl.  --export first creates a 2 MiB VRAM BO
  * and exports it once, then times repeated (idempotent) UALink exports of it:
- * the daemon's real fast path.  With --gap, the client sleeps <ns> before each
- * ioctl (warm-ups included), so that every timed one meets a server that has
- * been idle that long, as the first import's does (IMPORT_SETTLE_NS).  Failed
+ * the daemon's real fast path.  With --idle, the client sleeps the first
+ * import's gap (IMPORT_SETTLE_NS) before each ioctl (warm-ups included), so
+ * that every timed one meets a server that has been idle that long.  Failed
  * ioctls are timed too and counted on stderr; in --export mode any failure is
  * fatal.
  */
@@ -64,21 +64,21 @@ int main(int argc, char **argv)
 {
 	static unsigned char buf[BUF_SIZE], request[BUF_SIZE];
 	unsigned long cmd;
-	long count, warmup = 1000, i, failures = 0, gap_ns = 0;
-	int export_mode, argi = 3, fd, first_errno = 0;
+	long count, warmup = 1000, i, failures = 0;
+	int export_mode, idle = 0, argi = 3, fd, first_errno = 0;
 	const char *prog = argv[0];
 	uint64_t *ns;
 	size_t size;
 
-	if (argc > 2 && !strcmp(argv[1], "--gap")) {
-		gap_ns = strtol(argv[2], NULL, 0);
-		argc -= 2;
-		argv += 2;
+	if (argc > 1 && !strcmp(argv[1], "--idle")) {
+		idle = 1;
+		argc--;
+		argv++;
 	}
 	export_mode = argc > 1 && !strcmp(argv[1], "--export");
-	if (argc < argi + 1 || argc > argi + 2 || gap_ns < 0 || gap_ns >= 1000000000) {
-		fprintf(stderr, "usage: %s [--gap <ns>] <file> <cmd-hex> <count> [warmup]\n"
-				"       %s [--gap <ns>] --export <render-node> <count> [warmup]\n",
+	if (argc < argi + 1 || argc > argi + 2) {
+		fprintf(stderr, "usage: %s [--idle] <file> <cmd-hex> <count> [warmup]\n"
+				"       %s [--idle] --export <render-node> <count> [warmup]\n",
 			prog, prog);
 		return 2;
 	}
@@ -115,8 +115,8 @@ int main(int argc, char **argv)
 		int ret;
 
 		memcpy(buf, request, size);
-		if (gap_ns) {
-			struct timespec gap = { 0, gap_ns };
+		if (idle) {
+			struct timespec gap = { 0, IMPORT_SETTLE_NS };
 
 			nanosleep(&gap, NULL);
 		}

@@ -92,9 +92,6 @@ GOALS = {  # name: (what, comparison, goal)
 INFO = {
     "export_idle": "export ioctl / C echo, both after 2 ms idle ³",
 }
-# The idle gap before each sample of the first import (pod_latency.c's IMPORT_SETTLE_NS),
-# and so of its floor and of the idle-server figures.
-IDLE_GAP_NS = 2_000_000
 
 # Phases of the first import, from the client's and the stamped daemons' clocks.
 PHASES = [
@@ -125,7 +122,7 @@ class Counts:
         self.stream_bytes = (16 if quick else 256) * MiB
         self.stream_reps = 2 if quick else 3
         self.breakdown = max(5, base // 50)
-        self.idle_ioctls = max(20, base // 40)  # each after IDLE_GAP_NS
+        self.idle_ioctls = max(20, base // 40)  # each after the first import's 2 ms gap
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -258,8 +255,7 @@ def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[
         warmup = str(max(2, c.idle_ioctls // 10))
         target = ([str(echo_dev), UALINK_CMD] if kind == "echo_idle"
                   else ["--export", a.render()])
-        return fields(run_c(lat, ["--gap", str(IDLE_GAP_NS), *target, str(c.idle_ioctls),
-                                  warmup], cpus))
+        return fields(run_c(lat, ["--idle", *target, str(c.idle_ioctls), warmup], cpus))
     if kind == "tcp_rtt":
         return fields(run_c(BUILD / "tcp_floor", ["rtt", str(c.rtts)], cpus))
     if kind == "import_floor":

@@ -46,7 +46,7 @@ def test_quick_run_writes_every_key(tmp_path):
             "first_import_ioctl_ns", "first_import_open_ns", "first_import_fd_to_handle_ns",
             "load_4k_ns", "load_1m_ns"}
         assert set(p["ratios"]) == {"export", "first_import", "load_4k", "load_1m"}
-        # the ratio without a goal: the idle-server pair of ioctl_latency --gap
+        # the ratio without a goal: the idle-server pair of ioctl_latency --idle
         assert set(p["info_ratios"]) == {"export_idle"}
         # the quick run's loads: all but the first of the mapping carried in C (the 1 MiB
         # ones spliced as their TCP pieces allow: test_data_plane*.py check that)
