@@ -292,7 +292,7 @@ class TraceRecord:
     def as_dict(self) -> Fields:
         c = IoctlCmd.decode(self.cmd)
         hints = self.spec.hints if self.spec else {}
-        out_hints = self.spec.out_hints if self.spec and self.spec.out_hints else hints
+        out_hints = self.spec.copied_back_hints if self.spec else {}
         inp, out = self._decoded()
         err = -self.result if self.result < 0 else None
         return {
@@ -327,7 +327,7 @@ class TraceRecord:
 
     def text(self) -> str:
         hints = self.spec.hints if self.spec else {}
-        out_hints = self.spec.out_hints if self.spec and self.spec.out_hints else hints
+        out_hints = self.spec.copied_back_hints if self.spec else {}
         inp, out = self._passed()
         name = (self.spec.full_name + cmd_mismatch(self.cmd, self.spec) if self.spec
                 else _ioc_text(self.cmd))

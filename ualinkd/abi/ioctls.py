@@ -143,6 +143,11 @@ class IoctlSpec:
     out_hints: Hints | None = None  # ... those of the copied-back bytes, when they differ
 
     @property
+    def copied_back_hints(self) -> Hints:
+        """How the fields of the copied-back bytes print: `out_hints`, else `hints`."""
+        return self.hints if self.out_hints is None else self.out_hints
+
+    @property
     def full_name(self) -> str:
         """The name of the header's macro (what strace prints): DRM_IOCTL_AMDGPU_GEM_VA."""
         return f"DRM_IOCTL_{self.name}"
