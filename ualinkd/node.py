@@ -40,6 +40,7 @@ from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.gem import DmaBuf
 from .drm.loaded import Loaded, in_memory
+from .drm.process import Identify, WatchExit, same_thread_group
 from .drm.syncobj import EventFd, SyncWaits
 from .drm.tokens import DmaBufTokens
 from .fuse.backend import IoctlReply
@@ -100,6 +101,8 @@ class NodeCore:
         resolve_drm_file: ResolveDrmFile | None = None,
         host_cpus: int = 1,
         host_memory: int = 0,
+        identify_process: Identify = same_thread_group,
+        watch_exit: WatchExit | None = None,
     ) -> None:
         self.config = config
         self.node = config.node(node_name)
@@ -157,7 +160,10 @@ class NodeCore:
         # every device above was given an AmdgpuDriver (DrmDevice.driver is the core's view)
         self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, drivers, strict=True)],  # type: ignore[arg-type]
                        clock or _no_clock, copy_to_user, resolve_drm_file, copy_from_user,
-                       waits)
+                       waits, identify_process)
+        # The edge's exit notices of the KFD's processes (a pidfd each): a process that
+        # exits ends its KFD context, whoever still holds its files.
+        self._watch_exit = watch_exit
         self.kfd.resolve_dmabuf = self._resolve_dmabuf
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
         self.cpu_maps = CpuMapGrants()
@@ -520,8 +526,24 @@ class NodeCore:
     # -- NodeBackend: the KFD ---------------------------------------------------------------
     def open_kfd(self, caller: Caller) -> KfdProcess:
         process = self.kfd.open(caller)
+        if process.exit is None and self._watch_exit is not None:  # a new context
+            process.exit = self._watch_exit(process.id)
+            process.exit.when_done(lambda done: self._kfd_process_exited(process, done))
+        if process.ended:  # (its process exited before it could be watched)
+            self.kfd.release(process)
+            raise DrmError(errno.ESRCH, f"process {process.pid} has exited")
         self._trace_open(process, caller, "kfd")
         return process
+
+    def _kfd_process_exited(self, process: KfdProcess, notice: Completion[None]) -> None:
+        """A KFD process's exit notice (an error: the watch was cancelled, the context
+        having ended first)."""
+        try:
+            notice.result()
+        except Exception:
+            return
+        self.kfd.process_exited(process)
+        self.after_request()  # what freeing its memory queued (a revoke) goes out now
 
     def release_kfd(self, process: object) -> None:
         assert isinstance(process, KfdProcess)
