@@ -166,7 +166,7 @@ class NodeCore:
         self._watch_exit = watch_exit
         self.kfd.resolve_dmabuf = self._resolve_dmabuf
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
-        self.cpu_maps = CpuMapGrants()
+        self.cpu_maps = CpuMapGrants(identify=identify_process)
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can
         # start a revoke); a fabric carries them out (`attach_fabric`).
         self.after_request: Callable[[], None] = self._discard_effects

@@ -216,6 +216,12 @@ def process_id(tid: int) -> ProcessId | None:
     return None if incarnation is None else ProcessId(tgid, incarnation)
 
 
+def process_of_pidfd(pid: int, pidfd: int) -> ProcessId | None:
+    """The ProcessId of the process behind `pidfd` (whose pid is `pid`), None if unknown."""
+    incarnation = _incarnation(pid, pidfd)
+    return None if incarnation is None else ProcessId(pid, incarnation)
+
+
 def open_pidfd(process: ProcessId) -> int | None:
     """A pidfd of exactly `process` (closed by the caller), None when it has exited: a pid
     given to another process since is refused, never opened in its place."""
