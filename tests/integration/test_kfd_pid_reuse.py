@@ -253,15 +253,18 @@ def test_wait_events_of_250k_events_is_enomem_at_once(node):
 
 
 def rss_kib(pid: int) -> int:
+    """The process's peak resident memory (VmHWM): what one call cost it at its height,
+    though freed since."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith("VmHWM:"):
             return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    raise AssertionError("no VmHWM")
 
 
 def test_a_16m_device_array_is_enomem_and_costs_the_daemon_nothing(node):
     """Item 8: MAP/UNMAP_MEMORY_TO_GPU with 16M device ids (which grew the daemon by
-    156 MiB at cb563a2) is ENOMEM before the array is read: the daemon's RSS stays put."""
+    156 MiB at cb563a2) is ENOMEM before the array is read: the daemon's peak RSS stays
+    put."""
     fd = os.open(node.mount / "kfd", os.O_RDWR)
     try:
         ids = ctypes.create_string_buffer(4 * (16 << 20))
