@@ -17,8 +17,11 @@ from __future__ import annotations
 import errno
 import struct
 import time
+from collections import Counter
 
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 from test_kfd_event_waiters import run_waiters
 from test_kfd_rules import (
     CALLER,
@@ -390,3 +393,79 @@ def test_a_million_device_ids_map_quickly_and_duplicates_follow_the_kernel():
                map_args(a.handle, 3, 2, ptr=0xB00))  # from n_success on: [g0]
     assert (res.result, n_success(res)) == (0, 3)
     assert CALLER.pid == p.pid
+
+
+# -- the waiters kept as counts behave as the kernel's one waiter per entry ------------------
+
+class KernelWaiters:
+    """kfd_events.c with one kfd_event_waiter per entry, as a reference: init_event_waiter,
+    set_event, destroy_event, test_event_condition."""
+
+    def __init__(self, events: list[tuple[bool, bool]], entries: list[int]) -> None:
+        self.auto = [a for a, _ in events]
+        self.signaled = [s for _, s in events]
+        self.alive = [True] * len(events)
+        self.queue: list[list[dict[str, object]]] = [[] for _ in events]
+        self.waiters: list[dict[str, object]] = []
+        for eid in entries:
+            w: dict[str, object] = {"event": eid, "activated": self.signaled[eid]}
+            self.signaled[eid] = self.signaled[eid] and not self.auto[eid]
+            if not w["activated"]:
+                self.queue[eid].append(w)
+            self.waiters.append(w)
+
+    def set(self, eid: int) -> None:
+        self.signaled[eid] = not self.auto[eid] or not self.queue[eid]
+        for w in self.queue[eid]:
+            w["activated"] = True
+
+    def destroy(self, eid: int) -> None:
+        for w in self.queue[eid]:
+            w["event"] = None
+        self.queue[eid] = []
+        self.alive[eid] = False
+
+    def condition(self, all_: bool) -> int:
+        if any(w["event"] is None for w in self.waiters):
+            return FAIL
+        done = (all if all_ else any)(w["activated"] for w in self.waiters)
+        return COMPLETE if done else TIMEOUT
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=hs.lists(hs.tuples(hs.booleans(), hs.booleans()), min_size=1, max_size=4),
+       data=hs.data())
+def test_waiters_kept_as_counts_match_one_waiter_per_entry(events, data):
+    """KfdWait / KfdEventWaiter (one per wait and event, with counts) against the kernel's
+    per-entry waiters: after init and after every SET_EVENT or destroy, the same condition
+    (all and any) and the same signaled state of every event."""
+    n = len(events)
+    entries = data.draw(hs.lists(hs.integers(0, n - 1), max_size=12))
+    ops = data.draw(hs.lists(hs.tuples(hs.sampled_from(["set", "destroy"]),
+                                       hs.integers(0, n - 1)), max_size=8))
+    ref = KernelWaiters(events, entries)
+    kfd = chardev.Kfd([], lambda: (0, 0))
+    p = chardev.KfdProcess(ProcessId(1, 0))
+    evs = [chardev.KfdEvent(i, chardev.KFD_IOC_EVENT_SIGNAL, auto, signaled)
+           for i, (auto, signaled) in enumerate(events)]
+    p.events = {e.event_id: e for e in evs}
+    wait = chardev.KfdWait()
+    for eid, count in Counter(entries).items():
+        kfd._init_waiters(wait, evs[eid], count)
+
+    def same() -> None:
+        for all_ in (True, False):
+            assert wait.condition(all_) == ref.condition(all_)
+        assert [e.signaled for e in evs] == ref.signaled
+
+    same()
+    for op, eid in ops:
+        if not ref.alive[eid]:
+            continue
+        if op == "set":
+            ref.set(eid)
+            kfd._set_event(evs[eid])
+        else:
+            ref.destroy(eid)
+            kfd._destroy_event(p, evs[eid])
+        same()
