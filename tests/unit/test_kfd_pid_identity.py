@@ -469,3 +469,45 @@ def test_waiters_kept_as_counts_match_one_waiter_per_entry(events, data):
             ref.destroy(eid)
             kfd._destroy_event(p, evs[eid])
         same()
+
+
+def test_process_exits_notices_an_exit_and_a_cancel_closes_the_pidfd():
+    """daemon.ProcessExits (the edge's WatchExit): a watched process that exits completes
+    its notice; a cancelled watch ends with an error and holds no pidfd; a process already
+    gone is done at once."""
+    import os
+    import subprocess
+
+    from ualinkd.daemon import ProcessExits
+    from ualinkd.fuse.procfd import process_id
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def main() -> None:
+        exits = ProcessExits()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(exits.run)
+            a, b = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+            try:
+                pa, pb = process_id(a.pid), process_id(b.pid)
+                assert pa is not None and pb is not None
+                before = fds()
+                na, nb = exits.watch(pa), exits.watch(pb)
+                assert exits.watched == 2 and fds() == before + 2
+                assert nb.cancel() and exits.watched == 1 and fds() == before + 1
+                with trio.fail_after(10):
+                    a.kill()
+                    while not na.done:
+                        await trio.sleep(0.01)
+                na.result()
+                assert exits.watched == 0 and fds() == before
+                a.wait()
+                assert exits.watch(pa).done  # gone already
+            finally:
+                for proc in (a, b):
+                    proc.kill()
+                    proc.wait()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)

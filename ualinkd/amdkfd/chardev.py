@@ -4,8 +4,12 @@
 A KFD node is one of the node's accels: its `DrmDevice` and amdgpu driver, so memory the KFD
 hands out later is a GEM BO of the same tables the render nodes serve (issue 14 item 3).
 What needs the caller's memory or fds is injected, as for DrmDevice: `copy_to_user`, and
-`resolve_drm_file` (the caller's fd -> the DrmFile of one of this node's render nodes).
+`resolve_drm_file` (a process's fd -> the DrmFile of one of this node's render nodes).
 Time is an argument too (`clock`), so GET_CLOCK_COUNTERS is tested without sleeping.
+
+A `KfdProcess` is bound to a process, not a pid (`identify`, drm/process.py): the edge
+names the caller's process, and reports its exit (`process_exited`); `release_process` is
+the one end of a context, from its process's exit or its last file's release.
 """
 
 from __future__ import annotations
