@@ -374,6 +374,9 @@ class ProcessExits:
 
     def watch(self, process: ProcessId) -> Completion[None]:
         notice: Completion[None] = Completion()
+        if self._epoll.closed:  # shutting down: the context ends with its files
+            notice.set_error(DrmError(errno.ESHUTDOWN, "no longer watching exits"))
+            return notice
         pidfd = open_pidfd(process)
         if pidfd is None:  # exited already
             notice.set_result(None)
@@ -416,6 +419,7 @@ class ProcessExits:
         finally:
             for pidfd in list(self._watched):
                 self._forget(pidfd)
+            self._epoll.close()
 
 
 class TrioSyncWaits:
