@@ -379,7 +379,10 @@ class Kfd:
         whichever comes first (later calls do nothing): everything it owned goes —
         allocations and their GEM handles, VM bindings (a compute VM is a render file's
         again), doorbell and MMIO pages, events (a waiter still on one fails) — and no
-        ioctl or mmap reaches it again (kfd_process_wq_release)."""
+        ioctl or mmap reaches it again. The kernel takes a kfd_process out of its table and
+        stops its queues at the mm's exit (kfd_process_notifier_release) and frees the rest
+        at its last reference (kfd_process_wq_release, after the last file's release);
+        nothing can reach it in between, so here it all goes at the first of the two."""
         if p.ended:
             return
         p.ended = True
