@@ -278,8 +278,9 @@ def test_a_recording_that_lost_records_is_a_difference(tmp_path):
     """`ualinkd record` fell behind (a `lost` line): the replay says so and fails."""
     from ualinkd.replay.issue import run as replay_run
 
-    (tmp_path / "f").write_bytes(b"")
-    opened = _rec("open", time=0.5, path="f")
+    (tmp_path / "dri").mkdir()
+    (tmp_path / "dri/renderD128").write_bytes(b"")
+    opened = _rec("open", time=0.5, path="dri/renderD128")
     path = tmp_path / "rec.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in (
         opened, {"v": 2, "type": "lost", "count": 3}, {**opened, "type": "release"})))

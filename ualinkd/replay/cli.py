@@ -50,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
     from .issue import run as replay
     from .session import RecordingError
 
-    mounts: dict[str, str] = {}
+    mounts: list[tuple[str, str]] = []  # as given: the replay refuses a node given twice
     for m in args.mount:
         node, sep, path = m.partition("=")
-        mounts[node if sep else ""] = path if sep else m
+        mounts.append((node, path) if sep else ("", m))
     try:
         found = replay(args.recording, mounts, set(args.pid) if args.pid else None)
     except RecordingError as e:
