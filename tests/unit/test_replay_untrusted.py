@@ -85,9 +85,13 @@ def test_an_open_outside_the_device_files_is_refused_before_anything_is_issued(
 
 
 def test_a_release_naming_another_path_is_refused_too(tmp_path, mount, capsys):
+    """A release's path is only its label (node.py's _trace_release: "dmabuf" for a
+    dma-buf's), never opened; another one is a forged recording all the same."""
     rec = _recording(tmp_path, _open("kfd"), {**_release(), "path": "../outside"})
     assert main(["replay", str(rec), "--mount", str(mount)]) == 2
     assert "line 2: `path` is not dri/renderD<n>" in capsys.readouterr().err
+    for label in ("dmabuf", "kfd", "dri/renderD128"):
+        session.load([json.dumps({**_release(), "path": label})])
 
 
 @pytest.mark.parametrize("path", ["dri/renderD128", "dri/card0", "kfd", "dmabuf/4096",

@@ -138,6 +138,8 @@ _KEY: Check = (lambda v: v is None or _is_int(v), "an integer or null")
 _DICT: Check = (lambda v: isinstance(v, dict), "an object")
 _LIST: Check = (lambda v: isinstance(v, list), "a list")
 _PATH: Check = (device_path, DEVICE_PATHS)
+# A release's path is its label (never opened): node.py names a dma-buf's release "dmabuf".
+_RELEASED: Check = (lambda v: device_path(v) or v == "dmabuf", DEVICE_PATHS)
 
 _COMMON = {"node": _STR, "pid": _INT, "time": _TIME}
 # field -> (check, required); an optional field, when present, is checked all the same.
@@ -146,7 +148,7 @@ FIELDS: dict[str, dict[str, tuple[Check, bool]]] = {
              "file": ((_is_int, "a file id"), True), "path": (_PATH, True),
              "token": (_KEY, False), "key": (_KEY, False), "result": (_INT, False)},
     "release": {**{k: (c, True) for k, c in _COMMON.items()}, "duration": (_TIME, False),
-                "file": ((_is_int, "a file id"), True), "path": (_PATH, False)},
+                "file": ((_is_int, "a file id"), True), "path": (_RELEASED, False)},
     "ioctl": {**{k: (c, True) for k, c in _COMMON.items()}, "duration": (_TIME, False),
               "file": (_FILE, True), "ioctl": (_STR, True),
               "cmd": ((_is_cmd, "a 32-bit hex ioctl number"), True), "in_hex": (_HEX, True),
