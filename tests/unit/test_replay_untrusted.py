@@ -79,7 +79,7 @@ def test_an_open_outside_the_device_files_is_refused_before_anything_is_issued(
     assert main(["replay", str(rec), "--mount", str(mount)]) == 2
     err = capsys.readouterr().err
     assert err == (f"ualinkd replay: {rec}: line 1: `path` is not dri/renderD<n>, "
-                   f"dri/card<n>, kfd or dmabuf/<token> ({json.dumps(path)[:40]})\n")
+                   f"dri/card<n>, kfd or dmabuf/<token> ({session._shown(path)})\n")
     assert (tmp_path / "outside").read_text() == "the host's file\n"
     assert (mount / "sys/kernel/debug/dri/128/ualink_drop_msg").read_text() == "0x0\n"
 

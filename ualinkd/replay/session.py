@@ -167,6 +167,12 @@ MEM_FIELDS: dict[str, Check] = {
 FD_FIELDS: dict[str, Check] = {"fd": _INT, "key": _KEY}
 
 
+def _shown(v: object) -> str:
+    """A refused value as the error quotes it: its JSON, cut to 40 characters."""
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
 def _check_fields(n: int, where: str, rec: dict[str, Any],
                   fields: dict[str, tuple[Check, bool]]) -> None:
     for name, ((ok, what), required) in fields.items():
@@ -175,7 +181,7 @@ def _check_fields(n: int, where: str, rec: dict[str, Any],
                 raise RecordingError(f"line {n}: {where}`{name}` is missing")
         elif not ok(rec[name]):
             raise RecordingError(f"line {n}: {where}`{name}` is not {what} "
-                                 f"({json.dumps(rec[name])[:40]})")
+                                 f"({_shown(rec[name])})")
 
 
 def _check(n: int, rec: dict[str, Any]) -> None:
@@ -227,7 +233,7 @@ def _parse_line(n: int, line: str | bytes) -> dict[str, Any]:
         raise RecordingError(f"line {n}: not a trace record")
     v = rec.get("v", 0)
     if not _is_int(v):
-        raise RecordingError(f"line {n}: `v` is not a schema number ({json.dumps(v)[:40]})")
+        raise RecordingError(f"line {n}: `v` is not a schema number ({_shown(v)})")
     if v > SCHEMA_VERSION:
         raise RecordingError(f"line {n}: trace schema {v} is newer than this build reads "
                              f"(schema {SCHEMA_VERSION}); replay it with the build that "
