@@ -383,7 +383,8 @@ def probe(headers: Sequence[str], cflags: Sequence[str] = (),
         src, obj = Path(tmp) / "probe.c", Path(tmp) / "probe.o"
         while True:  # each failed pass drops at least one item (clang stops at 20 errors)
             live = [it for it in items if it[1] not in dropped]
-            head = ("#include <stddef.h>\n" + _includes(headers)
+            # (stdio.h as the run-time probe had it: a header that leaned on it still builds)
+            head = ("#include <stdio.h>\n#include <stddef.h>\n" + _includes(headers)
                     + f'__attribute__((used, section("{_SECTION}")))\n'
                     + "static const unsigned long long ualink_abi_values[] = {\n"
                     + f"{_MARK:#x}ULL,\n")

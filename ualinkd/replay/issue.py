@@ -53,7 +53,9 @@ def open_beneath(dir_fd: int, path: str, flags: int) -> int:
     symlink: openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, or where the kernel (or a
     seccomp filter) lacks it, one openat(O_NOFOLLOW) per component. OSError as open's."""
     how = struct.pack("=QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
-    fd = _syscall(SYS_OPENAT2, dir_fd, path.encode(), how, len(how))
+    # (syscall(2) is variadic: each argument passed as the long the kernel reads)
+    fd = _syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_long(dir_fd), ctypes.c_char_p(path.encode()),
+                  ctypes.c_char_p(how), ctypes.c_size_t(len(how)))
     if fd >= 0:
         return int(fd)
     err = ctypes.get_errno()
