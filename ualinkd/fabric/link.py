@@ -535,6 +535,16 @@ def _cause(reason: str) -> str:
     return re.sub(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\S*\d\S*""", "_", reason)
 
 
+def _rejected_by_peer(e: BaseException) -> bool:
+    """Whether a failed dial met something that answered and failed the handshake (a bad
+    proof or frame: RemoteProtocolError, AuthError; a TLS certificate that does not verify),
+    rather than a refused, reset or timed-out connection."""
+    if isinstance(e, RemoteProtocolError):
+        return True
+    cause = e.__cause__
+    return isinstance(cause, ssl.SSLCertVerificationError)
+
+
 def _reason(e: BaseException) -> str:
     """Why `e` ended a connection. trio keeps the error underneath as __cause__: the
     ssl.SSLError of a failed TLS handshake (its BrokenResourceError says nothing), the
@@ -938,9 +948,13 @@ class FabricLink:
         # A pod's nodes start in any order, so a refused dial in the first seconds is the
         # normal case: failures are DEBUG until the peer has been unreachable for
         # DIAL_WARN_AFTER (its retry budget), then one WARNING, and again when the kind
-        # of failure changes.
+        # of failure changes. That grace is for refused and timed-out connections only:
+        # something on the peer's port that fails the handshake (a wrong key or pod, an
+        # impostor while the peer restarts, TLS verification) is no restarting peer, and
+        # is a WARNING at once, once per kind until a link is up again.
         failing_since: float | None = None
         warned = False
+        rejected: set[tuple[object, ...]] = set()  # the kinds of those warned of
         while True:
             changed = self._address_changed[peer]
             try:
@@ -960,18 +974,23 @@ class FabricLink:
                 now = trio.current_time()
                 failing_since = now if failing_since is None else failing_since
                 lasting = now - failing_since >= DIAL_WARN_AFTER
-                loud = lasting and (not warned or kind != last)
+                if _rejected_by_peer(e):
+                    loud = kind not in rejected
+                    rejected.add(kind)
+                else:
+                    loud = lasting and (not warned or kind != last)
+                    warned = warned or loud
                 log.log(logging.WARNING if loud else logging.DEBUG,
                         "fabric %s: cannot link to %s at %s:%d%s: %s (retrying)",
                         self.node_name, peer, host, port,
                         f" for {now - failing_since:.0f} s" if lasting else "", reason)
-                warned = warned or loud
                 last = kind
                 with trio.move_on_after(delay):
                     await changed.wait()
                 delay = min(delay * 2, self._backoff[1])
                 continue
             last, failing_since, warned = None, None, False
+            rejected.clear()
             delay = self._backoff[0]
             await self._run_conn(peer, stream, decoder, f"to {host}:{port}", (host, port))
             with trio.move_on_after(delay):
@@ -985,7 +1004,7 @@ class FabricLink:
         decoder = FrameDecoder.for_handshake()
         stream: trio.abc.Stream | None = None
         try:
-            with trio.move_on_at(hs.deadline):
+            with trio.move_on_at(hs.deadline) as within:
                 stream = await trio.open_tcp_stream(host, port)
                 _tune(stream, self.config.tcp_congestion)
                 if self._ssl_client is not None:
@@ -993,6 +1012,10 @@ class FabricLink:
                     await stream.do_handshake()
                     hs.cert_names = _cert_names(stream)
                 await self._handshake(stream, hs, decoder, hs.initial_frames())
+            if within.cancelled_caught and not hs.established:
+                # Timed out (a peer busy or starting, a network that drops): not a failed
+                # proof, so it keeps the dial's grace (_dial_loop).
+                raise _LinkDown(f"handshake not finished within {hs.timeout:g} s")
             hs.check_deadline(trio.current_time())
         except BaseException:
             if stream is not None:
