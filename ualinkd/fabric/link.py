@@ -14,7 +14,11 @@ Data channels (`DataChannels`, plain TCP only): a link's second connection, auth
 the link is but asking for channel 1, that the side that dialed the link dials once it is up;
 its socket is handed over to the C data plane and closed when its link goes down. It never
 replaces a link, and is admitted only while its link is live. One the data plane finds broken
-while its link lasts is dialed again (DataChannels.on_broken, DATA_REDIAL_MAX).
+while its link lasts is dialed again (DataChannels.on_broken, DATA_REDIAL_MAX). Nor does a
+second channel replace a healthy one (the link's rule, for channels): the link's own side
+redials only once its channel broke, which closed it, and the data plane here sees that
+close at once; a channel that comes while the link's channel stays healthy for
+`_old_channel_gone`'s wait is refused (a WARNING naming it), whoever holds the link's key.
 
 A MSG's ACK waits, in the session, for the reply the MSG causes, to leave in the same write:
 `_HeldAcks`, a trio instrument, writes what is still held when the scheduler is about to
@@ -888,7 +892,23 @@ class FabricLink:
         conn = self._conns.get(peer)
         if conn is None or conn.down is not None or (waited and conn is before):
             raise _LinkDown(f"a data channel from {peer} without a live link from it")
+        if not await self._old_channel_gone(conn):
+            raise _LinkDown(f"a second data channel from {peer} while its link's channel is "
+                            "healthy: it does not replace it")
         return conn
+
+    async def _old_channel_gone(self, conn: _Conn) -> bool:
+        """True when the link `conn` holds no data channel, or the one it holds breaks
+        within a short wait. The peer's own side dials a new channel only after its old one
+        broke, and closed it: the data plane here sees that close (EOF, a reset) at once
+        and drops the channel (DataChannels.on_broken). One that stays healthy is still in
+        use by the link's peer: a newcomer with the link's key (a stolen or superseded
+        config) must not take it over and answer that peer's loads."""
+        wait = min(self._hb_timeout, 2 * self._hb_interval, self._handshake_timeout / 2)
+        with trio.move_on_after(wait):
+            while conn.data_handle is not None and conn.down is None:
+                await trio.sleep(0.005)
+        return conn.data_handle is None and conn.down is None
 
     def _hand_over_inbound(self, conn: _Conn, tcp: trio.SocketStream, addr: str) -> None:
         """An admitted data channel, told AUTH_OK: to the data plane, if its link is still
@@ -911,7 +931,9 @@ class FabricLink:
         `conn`'s (its teardown closes it)."""
         assert self._data_channels is not None
         fd = os.dup(tcp.socket.fileno())
-        if conn.data_handle is not None:  # a second data channel for one link replaces the first
+        # (A channel that is there still, on the side that dialed it: the data plane has not
+        # said it broke yet. The side that admits channels let none in while one was held.)
+        if conn.data_handle is not None:
             old, conn.data_handle = conn.data_handle, None
             self._data_channels.close(old)
         conn.close_data = self._data_channels.close
