@@ -461,6 +461,7 @@ async def test_a_second_data_channel_never_takes_a_healthy_one(pod: Pod, recorde
             stream, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b")
             taken += ok
             await stream.aclose()
+        print(f"{taken} of 5 second data channels took the link's healthy one")
         assert taken == 0
         assert len(rb.opened) == 1 and rb.closed == []
         assert_ends_of_one_connection(ra.sock("b"), rb.sock("a"))
