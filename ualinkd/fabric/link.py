@@ -675,6 +675,7 @@ class FabricLink:
         # probe), which a data channel from it waits out (`_admit_data_channel`).
         self._admitting: dict[str, int] = {}
         self._admitted = trio.lowlevel.ParkingLot()
+        self._channel_broke = trio.lowlevel.ParkingLot()  # `_old_channel_gone`'s waits
         self._handshake_timeout = handshake_timeout
         self._hb_interval = heartbeat_interval
         self._hb_timeout = heartbeat_timeout
@@ -907,7 +908,8 @@ class FabricLink:
         wait = min(self._hb_timeout, 2 * self._hb_interval, self._handshake_timeout / 2)
         with trio.move_on_after(wait):
             while conn.data_handle is not None and conn.down is None:
-                await trio.sleep(0.005)
+                with trio.move_on_after(0.05):  # (woken by a break; the link's end polled)
+                    await self._channel_broke.park()
         return conn.data_handle is None and conn.down is None
 
     def _hand_over_inbound(self, conn: _Conn, tcp: trio.SocketStream, addr: str) -> None:
@@ -1161,6 +1163,7 @@ class FabricLink:
             if conn.data_handle == handle:
                 conn.data_handle = None
                 conn.data_broken.set()
+        self._channel_broke.unpark_all()
 
     async def _dial_data_channel(self, conn: _Conn, host: str, port: int,
                                  quiet: bool = False) -> bool:
