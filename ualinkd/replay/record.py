@@ -3,7 +3,7 @@ a recording `ualinkd replay` takes) until interrupted or `--duration` ends.
 
 Each node daemon listens on a unix socket named after its mount (`trace_socket_path`, root's
 runtime directory, mode 0600: a trace holds the clients' data). A subscriber gets one JSON
-trace line per record from the moment it connects, at no cost to clients while nobody is
+trace line per record from the moment it subscribes, at no cost to clients while nobody is
 subscribed. A subscriber that falls more than `QUEUE` records or `QUEUE_BYTES` of them behind
 loses records, and is told so by a `{"type": "lost", "count": N}` line (its recording is then
 incomplete).
