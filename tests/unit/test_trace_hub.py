@@ -215,3 +215,56 @@ def test_a_trace_directory_that_is_not_ours_alone_is_refused(tmp_path, monkeypat
     link.symlink_to(directory)
     with pytest.raises(PermissionError):
         record.check_trace_dir(str(link))
+
+
+def test_a_non_root_daemon_refuses_a_trace_directory_another_user_made_first() -> None:
+    """Issue 29, the non-root hazard as it happens: a daemon running as nobody puts its
+    trace sockets in $TMPDIR/ualinkd-65534. Made there first by another user (root here,
+    mode 1777 like /tmp's own), the directory is refused with one clear error and nothing
+    is bound in it; with $TMPDIR clean, nobody makes its own (0700) and binds."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import pytest
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run as nobody")
+    # ($TMPDIR must be reachable by nobody, or tempfile falls back to the real /tmp.)
+    tmp = Path(tempfile.mkdtemp(prefix="ualinkd-tmpdir-"))
+    tmp.chmod(0o1777)
+    try:
+        _nobody_in(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _nobody_in(tmp) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+
+    script = ("import trio\nfrom ualinkd.replay import record\n"
+              "try:\n    s, p = trio.run(record.bind_trace_socket, '/x')\n"
+              "except PermissionError as e:\n    print('refused:', e.strerror)\n"
+              "else:\n    print('bound', p)\n")
+
+    def as_nobody() -> str:
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "--", sys.executable, "-c", script],
+                           env=dict(os.environ, TMPDIR=str(tmp)), capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    squatted = tmp / "ualinkd-65534"
+    squatted.mkdir()
+    squatted.chmod(0o1777)  # another user's, open to all
+    got = as_nobody()
+    assert got == (f"refused: trace socket directory {squatted} belongs to uid 0, not to "
+                   "us (uid 65534); remove it, or let the daemon's user create it"), got
+    assert os.listdir(squatted) == []
+    squatted.rmdir()
+    assert as_nobody().startswith(f"bound {squatted}/trace-")
+    assert squatted.stat().st_uid == 65534 and squatted.stat().st_mode & 0o777 == 0o700
