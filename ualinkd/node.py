@@ -453,13 +453,9 @@ class NodeCore:
             else:  # a load's bytes (in memory now if the fabric held them in a pipe)
                 loaded = in_memory(result)  # type: ignore[arg-type]  # a load's result
                 done, got = len(loaded), bytes(loaded)
-            try:
-                tracer(GpuAccessRecord(caller.pid, self.name, minor,
-                                       self.managers[minor].accel_id, op, va, length, done,
-                                       got, start, self.trace_clock() - start,
-                                       self.file_id(drm_file)))
-            except Exception:  # a tracer's bug is logged; the access's outcome stands
-                log.exception("%s: the tracer failed on a GPU %s", self.name, op)
+            tracer(GpuAccessRecord(caller.pid, self.name, minor,
+                                   self.managers[minor].accel_id, op, va, length, done, got,
+                                   start, self.trace_clock() - start, self.file_id(drm_file)))
 
         try:
             res = access()
