@@ -441,13 +441,16 @@ class NodeCore:
     def _traced_gpu(self, drm_file: DrmFile, op: str, va: int, length: int, data: bytes,
                     caller: Caller, access: Callable[[], object]) -> object:
         """Run a GPU load/store; with a tracer, record its VA, length, result and fault
-        (whether it finished at once or after remote pieces came back)."""
-        if self.tracer is None:
+        (whether it finished at once or after remote pieces came back). The tracer is the
+        one there when the access started, taken once: a recorder that attaches or leaves
+        while remote pieces are in flight (`ualinkd record`, core.tracer) neither gets half
+        an access nor changes its outcome."""
+        tracer = self.tracer
+        if tracer is None:
             return access()
         start = self.trace_clock()
 
         def record(result: object) -> None:
-            assert self.tracer is not None
             minor = drm_file.device.minor
             if isinstance(result, DrmError):
                 done, got = -result.errno, b""
@@ -456,10 +459,9 @@ class NodeCore:
             else:  # a load's bytes (in memory now if the fabric held them in a pipe)
                 loaded = in_memory(result)  # type: ignore[arg-type]  # a load's result
                 done, got = len(loaded), bytes(loaded)
-            self.tracer(GpuAccessRecord(caller.pid, self.name, minor,
-                                        self.managers[minor].accel_id, op, va, length, done,
-                                        got, start, self.trace_clock() - start,
-                                        self.file_id(drm_file)))
+            tracer(GpuAccessRecord(caller.pid, self.name, minor,
+                                   self.managers[minor].accel_id, op, va, length, done, got,
+                                   start, self.trace_clock() - start, self.file_id(drm_file)))
 
         try:
             res = access()

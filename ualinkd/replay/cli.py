@@ -46,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"ualinkd record: no node daemon takes recorders there ({e})",
                       file=sys.stderr)
                 return 1
+            except PermissionError as e:  # (check_trace_dir: the directory is not ours alone)
+                print(f"ualinkd record: {e.strerror}", file=sys.stderr)
+                return 1
         print(f"ualinkd record: {n} records in {args.output}", file=sys.stderr)
         return 0
     from .issue import run as replay
