@@ -187,9 +187,9 @@ def _refuse_nonempty(root: str, names: list[str]) -> None:
 
 def pod_command(args: argparse.Namespace) -> int:
     config = pod_config(args)  # ConfigError: main prints it, exit status 2
+    root = _usable_root(args.root)
     if args.netns:
         return _pod_netns(args, config)
-    root = _usable_root(args.root)
 
     stop = 0
 
@@ -591,11 +591,11 @@ def _pod_netns(args: argparse.Namespace, config: PodConfig) -> int:
     """`ualinkd pod --netns`: the local pod through ualinkd.testing, one namespace a node."""
     from ..testing import Pod, PodError, PodUnavailable
 
-    stop = False
+    stop = 0
 
     def on_signal(signum: int, frame: object) -> None:
         nonlocal stop
-        stop = True
+        stop = signum
 
     # Before Pod.start: it turns a SIGHUP still at its default into SystemExit(129).
     _catch_pod_signals(on_signal)
@@ -620,10 +620,14 @@ def _pod_netns(args: argparse.Namespace, config: PodConfig) -> int:
         except PodError as e:
             print(f"ualinkd: {e}", file=sys.stderr)
             return 1
+        if stop:  # interrupted while the nodes started: the pod never served
+            return _signal_status(stop)
         for node in pod.nodes:
             ids = ",".join(map(str, node.accels))
+            renders = ",".join(f"/dev/dri/renderD{sysfs.RENDER_MINOR_BASE + i}"
+                               for i in range(len(node.accels)))
             print(f"{node.name} ready: ip={node.ip} netns={node.netns} pid={node.pid} "
-                  f"render=/dev/dri/renderD128 (inside the node) accels={ids}", flush=True)
+                  f"render={renders} (inside the node) accels={ids}", flush=True)
         first = pod.nodes[0]
         print(f"pod dir: {pod.dir}\n"
               f"run a client inside {first.name}: nsenter --net=/run/netns/{first.netns} "

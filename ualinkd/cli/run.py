@@ -98,9 +98,10 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
                 enter = node.enter_cmd(argv)
             except (PodError, KeyError, OSError, ValueError) as e:
                 raise RunError(f"{args.node} of the pod in {root}: {e}") from None
-            # Inside the node /dev/dri, /dev/kfd and /sys are the node's: the shim adds the
-            # device identity, the token fds and the loaded driver (README).
-            env.update(UALINK_DRI_DIR="/dev/dri", UALINK_MOUNT="/")
+            # Inside the node's mount namespace its mount is at node.mount (and bound over
+            # /dev/dri, /sys/class/drm…): pointing the shim at the mount itself gives the
+            # program what it gives on a local node, sys/module/amdgpu included.
+            env.update(UALINK_DRI_DIR=str(node.mount / "dri"), UALINK_MOUNT=str(node.mount))
             return enter, env
         if not os.path.isdir(root):
             raise RunError(f"--root {args.root}: not a directory")
