@@ -183,7 +183,8 @@ def test_sighup_stops_the_pod_as_sigterm_does(tmp):
         assert p.proc.wait(30) == 0, p.stderr()
         assert not any(alive(pid) for pid in p.nodes)
         assert not fuse_mounts_under(root)
-        assert sorted(x.name for x in root.iterdir()) == [".nodes.json", "node0", "node1", "pod.toml"]
+        assert sorted(x.name for x in root.iterdir()) == [".nodes.json", "node0", "node1",
+                                                          "pod.toml"]
 
 
 def test_nohup_pod_survives_sighup(tmp):
