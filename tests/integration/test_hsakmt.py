@@ -178,3 +178,39 @@ def test_rocr_queue_create_is_out_of_resources(tmp_path: Path):
                            text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr + node.log_text()
         assert r.stdout.split() == ["1", "0x1008", "0x0"], r.stdout + r.stderr
+
+
+@pytest.mark.skipif(shutil.which("rocminfo") is None, reason="rocminfo is not installed")
+def test_rocminfo_one_flag_away(tmp_path: Path):
+    """Issue 32, items 1-3 as a user types them: `ualinkd pod --profile mi210`, then
+    `ualinkd run ROOT/node0 -- rocminfo` (no LD_PRELOAD, no UALINK_DRI_DIR, no PATH trick,
+    no HSA override): rocminfo finds the ROCk module loaded and lists the gfx90a GPU."""
+    import signal
+    import sys
+    import time
+
+    root = tmp_path / "pod"
+    out = tmp_path / "pod.out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA", "UALINK"))}
+    with open(out, "w") as f:
+        pod = subprocess.Popen([sys.executable, "-m", "ualinkd", "pod", "--nodes", "1",
+                                "--profile", "mi210", "--root", str(root)], stdout=f,
+                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while " ready: " not in out.read_text():
+            assert pod.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.05)
+        r = subprocess.run([sys.executable, "-m", "ualinkd", "run", str(root / "node0"), "--",
+                            "rocminfo"], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+        assert "ROCk module is loaded" in r.stdout
+        assert agent_field(r.stdout, "Device Type") == ["CPU", "GPU"], r.stdout
+        assert "amdgcn-amd-amdhsa--gfx90a" in r.stdout
+        pod.send_signal(signal.SIGTERM)
+        assert pod.wait(30) == 0
+    finally:
+        if pod.poll() is None:
+            pod.kill()
+            pod.wait()
+        subprocess.run(["umount", "-l", str(root / "node0")], capture_output=True)

@@ -728,3 +728,44 @@ def test_ualinkctl_pod_as_another_user_watch_and_json(tmp):
         for point in reversed(fuse_mounts_under(top)):
             subprocess.run(["umount", "-l", point], capture_output=True)
         subprocess.run(["rm", "-rf", str(top)], check=False)
+
+
+def test_ualinkd_run_inside_a_netns_node(tmp):
+    """Issue 32, items 1 and 2 on a `ualinkd pod --netns` pod: `ualinkd run --root POD-DIR
+    NODE -- PROG` runs PROG inside the node's namespaces with the shim pointed at the node's
+    mount there: /dev/dri/renderD128 is the node's character device 226:128 and kmod's
+    lsmod lists amdgpu with the node's sys/module/amdgpu (its size, not an error)."""
+    from ualinkd.testing import PodUnavailable, check_prerequisites, cleanup_stale
+
+    try:
+        check_prerequisites()
+    except PodUnavailable as e:
+        pytest.skip(str(e))
+    root = tmp / "pods"
+    out = tmp / "netns.out"
+    with open(out, "w") as f:
+        proc = subprocess.Popen([*UALINKD, "pod", "--netns", "--nodes", "1", "--root",
+                                 str(root)], stdout=f, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL, preexec_fn=default_sighup)
+    try:
+        assert wait_for(lambda: "faults:" in out.read_text() or proc.poll() is not None, 60)
+        assert proc.poll() is None, out.read_text()
+        pod_dir = re.search(r"^pod dir: (.*)$", out.read_text(), re.M).group(1)
+        r = subprocess.run([*UALINKD, "run", "--root", pod_dir, "node0", "--", "sh", "-c",
+                            "stat -c %t:%T /dev/dri/renderD128; lsmod"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0] == "e2:80", r.stdout
+        assert ["amdgpu", "9928704", "0"] in [ln.split() for ln in lines], r.stdout
+        assert "libkmod" not in r.stderr, r.stderr
+        r = subprocess.run([*UALINKD, "run", "--root", pod_dir, "node9", "--", "true"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "node9" in r.stderr, r.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cleanup_stale(root)
