@@ -633,6 +633,7 @@ def _pod_netns(args: argparse.Namespace, config: PodConfig) -> int:
               f"run a client inside {first.name}: nsenter --net=/run/netns/{first.netns} "
               f"--mount=/proc/{first.pid}/ns/mnt -- CMD  (plain `ip netns exec "
               f"{first.netns} CMD` gives the network only, not /dev/dri)\n"
+              f"  or, with the shim set up: ualinkd run --root {pod.dir} {first.name} -- CMD\n"
               f"  or: {sys.executable} -m ualinkd.testing {pod.dir} run {first.name} -- CMD\n"
               f"faults: {sys.executable} -m ualinkd.testing {pod.dir} "
               "kill|stop|cont|cut|heal NODE, drop-next NODE NPA_RSP, status", flush=True)

@@ -95,14 +95,18 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
 
             try:
                 node = Pod.attach(root).node(args.node)
-                enter = node.enter_cmd(argv)
+                # Inside the node's mount namespace its mount is at node.mount (and bound
+                # over /dev/dri, /sys/class/drm…): pointing the shim at the mount itself
+                # gives the program what it gives on a local node, sys/module/amdgpu
+                # included. Set by env(1) inside, for PROG only: nsenter is not preloaded
+                # (the mount is not there on its side).
+                env.update(UALINK_DRI_DIR=str(node.mount / "dri"),
+                           UALINK_MOUNT=str(node.mount))
+                enter = node.enter_cmd(["env", *(f"{k}={v}" for k, v in env.items()),
+                                        *argv])
             except (PodError, KeyError, OSError, ValueError) as e:
                 raise RunError(f"{args.node} of the pod in {root}: {e}") from None
-            # Inside the node's mount namespace its mount is at node.mount (and bound over
-            # /dev/dri, /sys/class/drm…): pointing the shim at the mount itself gives the
-            # program what it gives on a local node, sys/module/amdgpu included.
-            env.update(UALINK_DRI_DIR=str(node.mount / "dri"), UALINK_MOUNT=str(node.mount))
-            return enter, env
+            return enter, {}
         if not os.path.isdir(root):
             raise RunError(f"--root {args.root}: not a directory")
         path = os.path.join(root, args.node)
