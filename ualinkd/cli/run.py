@@ -53,7 +53,7 @@ def _why_not_a_mount(path: str) -> str | None:
     try:
         with open("/proc/self/mountinfo") as f:
             fstype = next((line.split(" - ", 1)[1].split()[0] for line in f
-                           if line.split()[4] == os.path.realpath(path).replace(" ", "\\040")),
+                           if line.split()[4] == path.replace(" ", "\\040")),
                           "")
     except OSError:
         fstype = "fuse"  # no mountinfo to ask: the files below decide
@@ -112,6 +112,7 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         path = os.path.join(root, args.node)
     else:
         path = os.path.abspath(args.node)
+    path = os.path.realpath(path)  # a symlink to a mount: the mount (mountinfo names it)
     why = _why_not_a_mount(path)
     if why is not None:
         raise RunError(f"{path} is not a ualinkd node's mount ({why}){_hint(path)}")
