@@ -668,66 +668,108 @@ def test_ualinkd_run_sets_up_the_shim_and_refuses_what_is_not_a_node(tmp):
         assert proc.wait(30) == 0
 
 
-def test_ualinkctl_pod_as_another_user_watch_and_json(tmp):
-    """Issue 32, item 9: `ualinkctl pod ROOT` works for a user who cannot read pod.toml
-    (it holds the key; the pod's key-less .nodes.json names the nodes); --json's accels are
-    numbers; --watch says when each table was taken (and clears a terminal); `ualinkctl
-    --mount ROOT` names ROOT/node0."""
-    import json
-    import pty
+@pytest.fixture(scope="module")
+def public_pod() -> Iterator[tuple[Path, str]]:
+    """One `ualinkd pod --nodes 2 --accels-per-node 2` in a directory every user may enter
+    (pytest's own are 0700): (its root, its ready lines). Stopped, unmounted and removed
+    afterwards."""
+    import shutil
     import tempfile
 
-    top = Path(tempfile.mkdtemp(prefix="ualink-ctl-", dir="/tmp"))  # not under a 0700 dir
+    top = Path(tempfile.mkdtemp(prefix="ualink-ctl-", dir="/tmp"))
     top.chmod(0o755)
     root = top / "pod"
     try:
-        with pod_with(root, "--nodes", "2", ready=2) as (proc, _):
-            assert (root / "pod.toml").stat().st_mode & 0o777 == 0o600
-            r = subprocess.run([CTL, "pod", str(root)], capture_output=True, text=True,
-                               timeout=60, preexec_fn=lambda: (os.setgid(65534),
-                                                               os.setuid(65534)))
-            assert r.returncode == 0, r.stderr
-            rows = [ln.split() for ln in r.stdout.splitlines()[1:]]
-            assert [(row[0], row[2], row[3]) for row in rows] == [
-                ("node0", "0", "serving"), ("node1", "1", "serving")], r.stdout
-            doc = json.loads(subprocess.run([CTL, "pod", str(root), "--json"],
-                                            capture_output=True, text=True, timeout=60).stdout)
-            assert [n["accels"] for n in doc["nodes"]] == [[0], [1]]
-            stamp = re.compile(rf"^{re.escape(str(root))} at \d\d:\d\d:\d\d \(every 0.2 s",
-                               re.M)
-            log = top / "watch.out"
-            with open(log, "w") as f:
-                watch = subprocess.Popen([CTL, "pod", str(root), "--watch", "0.2"], stdout=f)
-            try:
-                assert wait_for(lambda: len(stamp.findall(log.read_text())) >= 2, 30)
-            finally:
-                watch.send_signal(signal.SIGINT)
-                watch.wait(30)
-            assert "\x1b[2J" not in log.read_text()
-            leader, follower = pty.openpty()
-            watch = subprocess.Popen([CTL, "pod", str(root), "--watch", "0.2"],
-                                     stdout=follower, stderr=subprocess.DEVNULL)
-            os.close(follower)
-            seen = ""
-            try:
-                deadline = time.monotonic() + 30
-                while seen.count("\x1b[H\x1b[2J") < 2 and time.monotonic() < deadline:
-                    seen += os.read(leader, 65536).decode(errors="replace")
-            finally:
-                watch.send_signal(signal.SIGINT)
-                watch.wait(30)
-                os.close(leader)
-            assert seen.count(f"\x1b[H\x1b[2J{root} at ") >= 2, seen
-            r = subprocess.run([CTL, "--mount", str(root), "state"], capture_output=True,
-                               text=True, timeout=60)
-            assert r.returncode == 1
-            assert f"--mount {root}/node0 (its nodes: node0, node1" in r.stderr, r.stderr
+        with pod_with(root, "--nodes", "2", "--accels-per-node", "2", ready=2) as (proc, out):
+            yield root, out
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0
     finally:
+        left = pids_using(top)
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         for point in reversed(fuse_mounts_under(top)):
             subprocess.run(["umount", "-l", point], capture_output=True)
-        subprocess.run(["rm", "-rf", str(top)], check=False)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_ready_line_names_every_render_node(public_pod):
+    """Issue 32, item 9: a node with two accels is ready with both render nodes named."""
+    root, out = public_pod
+    ready = [ln for ln in out.splitlines() if " ready: " in ln]
+    n1 = root / "node1"
+    assert ready[1] == (f"node1 ready: mount={n1} render={n1}/dri/renderD128,"
+                        f"{n1}/dri/renderD129 accels=2,3"), ready
+
+
+def test_ualinkctl_pod_as_another_user(public_pod):
+    """Issue 32, item 9: `ualinkctl pod ROOT` works for a user who cannot read pod.toml (it
+    holds the key: mode 0600); the pod's key-less ROOT/.nodes.json names the nodes."""
+    root, _ = public_pod
+    assert (root / "pod.toml").stat().st_mode & 0o777 == 0o600
+    r = subprocess.run([CTL, "pod", str(root)], capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+    assert r.returncode == 0, r.stderr
+    rows = [ln.split() for ln in r.stdout.splitlines()[1:]]
+    assert [(row[0], row[2], row[3]) for row in rows] == [
+        ("node0", "0,1", "serving"), ("node1", "2,3", "serving")], r.stdout
+    assert "(root only)" in r.stdout  # debugfs: the links are not this user's to read
+
+
+def test_ualinkctl_pod_json_accels_are_numbers(public_pod):
+    """Issue 32, item 9: `ualinkctl pod --json` gives each node's accels as a list of
+    numbers, not the table's "0,1" string."""
+    import json
+
+    root, _ = public_pod
+    r = subprocess.run([CTL, "pod", str(root), "--json"], capture_output=True, text=True,
+                       timeout=60)
+    assert [n["accels"] for n in json.loads(r.stdout)["nodes"]] == [[0, 1], [2, 3]]
+
+
+def test_ualinkctl_pod_watch_says_when_and_clears_a_terminal(public_pod):
+    """Issue 32, item 9: `ualinkctl pod --watch` heads each table with the pod and the time;
+    to a file the tables follow one another, on a terminal each redraws the screen."""
+    import pty
+
+    root, _ = public_pod
+    stamp = re.compile(rf"^{re.escape(str(root))} at \d\d:\d\d:\d\d \(every 0.2 s", re.M)
+    log = root.parent / "watch.out"
+    with open(log, "w") as f:
+        watch = subprocess.Popen([CTL, "pod", str(root), "--watch", "0.2"], stdout=f)
+    try:
+        assert wait_for(lambda: len(stamp.findall(log.read_text())) >= 2, 30)
+    finally:
+        watch.send_signal(signal.SIGINT)
+        watch.wait(30)
+    assert "\x1b[2J" not in log.read_text()
+    leader, follower = pty.openpty()
+    watch = subprocess.Popen([CTL, "pod", str(root), "--watch", "0.2"], stdout=follower,
+                             stderr=subprocess.DEVNULL)
+    os.close(follower)
+    seen = ""
+    try:
+        deadline = time.monotonic() + 30
+        while seen.count("\x1b[H\x1b[2J") < 2 and time.monotonic() < deadline:
+            seen += os.read(leader, 65536).decode(errors="replace")
+    finally:
+        watch.send_signal(signal.SIGINT)
+        watch.wait(30)
+        os.close(leader)
+    assert seen.count(f"\x1b[H\x1b[2J{root} at ") >= 2, seen
+
+
+def test_ualinkctl_mount_of_a_pod_root_names_its_nodes(public_pod):
+    """Issue 32, item 9: `ualinkctl --mount ROOT` (a pod's root, not a node) says so and
+    names ROOT/node0 and the pod's nodes."""
+    root, _ = public_pod
+    r = subprocess.run([CTL, "--mount", str(root), "state"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1
+    assert r.stderr == (f"ualinkctl: {root} is not a ualinkd mount (no sys/class/drm); a pod "
+                        f"root: --mount {root}/node0 (its nodes: node0, node1; `ualinkctl pod "
+                        f"{root}` shows them all)\n"), r.stderr
 
 
 def test_ualinkd_run_inside_a_netns_node(tmp):
