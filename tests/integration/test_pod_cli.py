@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -775,8 +776,9 @@ def test_ualinkctl_mount_of_a_pod_root_names_its_nodes(public_pod):
 def test_ualinkd_run_inside_a_netns_node(tmp):
     """Issue 32, items 1 and 2 on a `ualinkd pod --netns` pod: `ualinkd run --root POD-DIR
     NODE -- PROG` runs PROG inside the node's namespaces with the shim pointed at the node's
-    mount there: /dev/dri/renderD128 is the node's character device 226:128 and kmod's
-    lsmod lists amdgpu with the node's sys/module/amdgpu (its size, not an error)."""
+    mount there: /dev/dri/renderD128 is the node's character device 226:128, kmod's lsmod
+    lists amdgpu with the node's sys/module/amdgpu (its size, not an error), and rocminfo
+    lists the node's GPU (--profile mi210: the gfx90a ROCr 5.2.3 knows)."""
     from ualinkd.testing import PodUnavailable, check_prerequisites, cleanup_stale
 
     try:
@@ -786,8 +788,9 @@ def test_ualinkd_run_inside_a_netns_node(tmp):
     root = tmp / "pods"
     out = tmp / "netns.out"
     with open(out, "w") as f:
-        proc = subprocess.Popen([*UALINKD, "pod", "--netns", "--nodes", "1", "--root",
-                                 str(root)], stdout=f, stderr=subprocess.DEVNULL,
+        proc = subprocess.Popen([*UALINKD, "pod", "--netns", "--nodes", "1", "--profile",
+                                 "mi210", "--root", str(root)], stdout=f,
+                                stderr=subprocess.DEVNULL,
                                 stdin=subprocess.DEVNULL, preexec_fn=default_sighup)
     try:
         assert wait_for(lambda: "faults:" in out.read_text() or proc.poll() is not None, 60)
@@ -801,6 +804,12 @@ def test_ualinkd_run_inside_a_netns_node(tmp):
         assert lines[0] == "e2:80", r.stdout
         assert ["amdgpu", "9928704", "0"] in [ln.split() for ln in lines], r.stdout
         assert r.stderr == "", r.stderr  # no libkmod error, no word from the shim
+        if shutil.which("rocminfo"):  # ROCr 5.2.3 finds the node's MI210 inside the node
+            r = subprocess.run([*UALINKD, "run", "--root", pod_dir, "node0", "--", "rocminfo"],
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+            assert "ROCk module is loaded" in r.stdout
+            assert "amdgcn-amd-amdhsa--gfx90a" in r.stdout
         r = subprocess.run([*UALINKD, "run", "--root", pod_dir, "node9", "--", "true"],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "node9" in r.stderr, r.stderr
