@@ -563,6 +563,12 @@ def test_pod_never_rewrites_a_users_pod_toml_nor_mounts_over_files(tmp):
                         f"pod with --config {root}/pod.toml, or pass --overwrite to replace "
                         "it\n")
     assert (root / "pod.toml").read_bytes() == before and not (root / "node0").exists()
+    # run from it, but changed (--profile): the change would have to be written over it
+    r = subprocess.run([*UALINKD, "pod", "--config", str(root / "pod.toml"), "--profile",
+                        "mi210", "--root", str(root)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "copy it elsewhere" in r.stderr, r.stderr
+    assert (root / "pod.toml").read_bytes() == before and not (root / "node0").exists()
     with pod_with(root, "--config", str(root / "pod.toml"), ready=1) as (proc, _):
         assert (root / "pod.toml").read_bytes() == before
         proc.send_signal(signal.SIGTERM)

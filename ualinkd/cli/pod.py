@@ -152,14 +152,20 @@ def _usable_root(path: str) -> str:
     return root
 
 
+def _uses_its_file(args: argparse.Namespace, root: str, config: PodConfig) -> bool:
+    """The pod runs from its --config file as it is: the file is ROOT/pod.toml and the pod
+    changes nothing in it (no host:0, --profile or --kernel-quirks)."""
+    path = os.path.join(root, "pod.toml")
+    return (args.config is not None and os.path.exists(path)
+            and os.path.samefile(args.config, path)
+            and PodConfig.load(args.config).to_toml() == config.to_toml())
+
+
 def _refuse_overwrite(root: str, config_file: str | None, overwrite: bool) -> None:
-    """ROOT/pod.toml is replaced only if `ualinkd pod` wrote it (GENERATED_MARK) or it is
-    the --config file itself, or --overwrite says so."""
+    """ROOT/pod.toml, about to be written, is replaced only if `ualinkd pod` wrote it
+    (GENERATED_MARK) or --overwrite says so."""
     path = os.path.join(root, "pod.toml")
     if overwrite or not os.path.exists(path):
-        return
-    if config_file is not None and os.path.exists(config_file) and os.path.samefile(
-            path, config_file):
         return
     try:
         with open(path) as f:
@@ -167,8 +173,13 @@ def _refuse_overwrite(root: str, config_file: str | None, overwrite: bool) -> No
     except OSError as e:
         raise ConfigError(f"{path}: {e.strerror}") from None
     if first != GENERATED_MARK:
-        fix = (f"run that pod with --config {path}" if config_file is None
-               else "give this pod another --root")
+        if config_file is None:
+            fix = f"run that pod with --config {path}"
+        elif os.path.exists(config_file) and os.path.samefile(config_file, path):
+            fix = ("it would be rewritten with this pod's changes (free ports, --profile, "
+                   "--kernel-quirks): copy it elsewhere and give that to --config")
+        else:
+            fix = "give this pod another --root"
         raise ConfigError(f"{path} is not one `ualinkd pod` wrote: {fix}, or pass "
                           "--overwrite to replace it")
 
@@ -206,7 +217,9 @@ def pod_command(args: argparse.Namespace) -> int:
             print(f"ualinkd: another `ualinkd pod` is running on {root}", file=sys.stderr)
             return 1
         names = [n.name for n in config.nodes]
-        _refuse_overwrite(root, args.config and os.path.abspath(args.config), args.overwrite)
+        own_file = _uses_its_file(args, root, config)
+        if not own_file:
+            _refuse_overwrite(root, args.config, args.overwrite)
         try:
             busy = _clear_old_mounts(root, lambda: bool(stop), set(names))
         except (OSError, subprocess.CalledProcessError) as e:  # the latter: fusermount3 -uz
@@ -220,7 +233,7 @@ def pod_command(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 1
         _refuse_nonempty(root, names)
-        return _run_local_pod(args, root, config, lambda: stop)
+        return _run_local_pod(args, root, config, lambda: stop, write_config=not own_file)
 
 
 _CONTROL = ".control"  # under ROOT: `ualinkd start-node` asks the running pod through it
@@ -388,11 +401,6 @@ def _exit_text(code: int) -> str:
     return f"exited with status {code}"
 
 
-def _changed(args: argparse.Namespace, config: PodConfig) -> bool:
-    """The pod to run differs from its --config file (free ports, --profile, quirks)."""
-    return PodConfig.load(args.config).to_toml() != config.to_toml()
-
-
 def _write_nodes_file(root: str, config: PodConfig) -> None:
     """ROOT/.nodes.json (NODES_FILE), mode 0644: what `ualinkctl pod ROOT` shows of the
     nodes, for a user who cannot read pod.toml; never a key."""
@@ -407,12 +415,9 @@ def _write_nodes_file(root: str, config: PodConfig) -> None:
 
 
 def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
-                   stopping: Callable[[], int]) -> int:
+                   stopping: Callable[[], int], write_config: bool = True) -> int:
     conf_path = os.path.join(root, "pod.toml")
-    given = args.config and os.path.abspath(args.config)
-    if not (given and os.path.exists(conf_path) and os.path.samefile(given, conf_path)
-            and not _changed(args, config)):
-        # it holds the pod key
+    if write_config:  # it holds the pod key
         write_private(conf_path, f"{GENERATED_MARK}\n{config.to_toml()}")
     _write_nodes_file(root, config)
     if args.trace_file:
