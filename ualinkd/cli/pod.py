@@ -105,7 +105,7 @@ def pod_config(args: argparse.Namespace) -> PodConfig:
                               "their own addresses): use --nodes and --accels-per-node")
         config = PodConfig.load(args.config)
         for n in config.nodes:
-            if not _NODE_NAME_RE.fullmatch(n.name):
+            if not _NODE_NAME_RE.fullmatch(n.name) or n.name == "pod.toml":
                 raise ConfigError(f"{args.config}: node name {n.name!r} cannot be a "
                                   "directory name under --root (letters, digits, _ . -)")
         # "host:0" (any free port) is filled in here: each node must know its peers' ports.
