@@ -425,12 +425,14 @@ def gpu_sysfs(render_minor: int, profile: DeviceProfile, ualink: SysDir) -> SysD
 AMDGPU_CORESIZE = 9928704  # chosen: an amdgpu.ko of Linux 6.x is about this size
 
 
-def module_sysfs() -> SysDir:
-    """sys/module/amdgpu as a host with the driver loaded has it (issue 32, item 1)."""
+def module_sysfs(refcnt: Callable[[], int]) -> SysDir:
+    """sys/module/amdgpu as a host with the driver loaded has it (issue 32, item 1).
+    `refcnt`: the module's references, one per open render node or kfd file (their
+    file_operations' owner is the module: fops_get in chrdev_open takes one)."""
     return SysDir({"module": SysDir({"amdgpu": SysDir({
         "coresize": _const(f"{AMDGPU_CORESIZE}\n"),
         "initstate": _const("live\n"),
-        "refcnt": _const("0\n"),
+        "refcnt": SysAttr(lambda: f"{refcnt()}\n"),
         "holders": SysDir(),
     })})})
 
