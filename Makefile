@@ -61,7 +61,7 @@ lint: venv
 	$(VENV)/bin/mypy
 
 test: setup lint
-	$(VPY) -m pytest -q $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -rs $(PYTEST_ARGS)
 
 bench: setup
 	$(VPY) benchmarks/run.py $(BENCH_ARGS)

@@ -36,6 +36,17 @@ class ConfigError(ValueError):
     """A pod configuration that cannot be run; the message says what and where."""
 
 
+def split_address(address: str, where: str) -> tuple[str, int]:
+    """A node's fabric address `host:port` or `[v6]:port` → (host, port), port 0..65535
+    (0: any free one); a ConfigError naming `where` otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"{where}: address {address!r} is not host:port (no port)")
+    if int(port) > 65535:
+        raise ConfigError(f"{where}: address {address!r}: port {port} is outside 0..65535")
+    return host.strip("[]"), int(port)
+
+
 # Every key a pod file may hold, per table: what from_dict reads (and to_toml writes).
 # Anything else is a typo that would otherwise be ignored without a word.
 TOP_LEVEL = "the top level"
@@ -373,6 +384,8 @@ class PodConfig:
                 raise ConfigError(f"{src}: node name {name!r} appears twice")
         addresses: dict[str, str] = {}
         for n in self.nodes:
+            if n.address:  # what the fabric's parse_address then refuses, said at load
+                split_address(n.address, f"{src}: node {n.name!r}")
             # Two nodes on one address would each dial the other's listener as itself: not a
             # warning twice a second forever, an error before anything starts. (Port 0 is
             # "any free port", filled in at start-up.)

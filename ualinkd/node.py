@@ -634,6 +634,8 @@ class NodeCore:
             profile = PROFILES[self.node.accels[sysfs.card_index(minor)].profile]
             sysfs.merge(root, sysfs.gpu_sysfs(minor, profile, ualink))
         sysfs.merge(root, sysfs.kfd_topology_sysfs(self.topology))
+        sysfs.merge(root, sysfs.module_sysfs(lambda: sum(
+            len(d.files) for d in self.devices.values()) + len(self.kfd.processes)))
         debug = SysDir({str(minor): self._debugfs(minor) for minor in self.devices},
                        mode=sysfs.DEBUGFS_DIR_MODE)
         fabric = SysAttr(lambda: sysfs.show_fabric(self.fabric_links()), mode=sysfs.DEBUG_RO)

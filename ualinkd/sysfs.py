@@ -419,6 +419,24 @@ def gpu_sysfs(render_minor: int, profile: DeviceProfile, ualink: SysDir) -> SysD
     })
 
 
+# -- the driver's module (kernel/module/sysfs.c): sys/module/amdgpu/ ---------------------------
+# What kmod's lsmod reads for a module /proc/modules lists (libkmod kmod_module_get_refcnt,
+# _get_size, _get_holders); the shim adds amdgpu's /proc/modules line with these values.
+AMDGPU_CORESIZE = 9928704  # chosen: an amdgpu.ko of Linux 6.x is about this size
+
+
+def module_sysfs(refcnt: Callable[[], int]) -> SysDir:
+    """sys/module/amdgpu as a host with the driver loaded has it (issue 32, item 1).
+    `refcnt`: the module's references, one per open render node or kfd file (their
+    file_operations' owner is the module: fops_get in chrdev_open takes one)."""
+    return SysDir({"module": SysDir({"amdgpu": SysDir({
+        "coresize": _const(f"{AMDGPU_CORESIZE}\n"),
+        "initstate": _const("live\n"),
+        "refcnt": SysAttr(lambda: f"{refcnt()}\n"),
+        "holders": SysDir(),
+    })})})
+
+
 def merge(into: SysDir, tree: Mapping[str, SysNode]) -> SysDir:
     """Merge `tree` into `into` (directories joined; a name given twice is a bug)."""
     for name, item in tree.items():

@@ -120,6 +120,20 @@ def explain_vpod_refusal(accel: dict[str, object], pending: dict[str, object]) -
 # -- the mount -------------------------------------------------------------------------------
 
 
+def _pod_root_hint(path: str) -> str:
+    """A pod's root given as --mount: say where its nodes are (from mountinfo: no stat into
+    a node that may not answer)."""
+    from ..fuse.lowlevel import fuse_mounts_under
+
+    root = os.path.abspath(path)
+    nodes = sorted(p for p in fuse_mounts_under(root) if os.path.dirname(p) == root)
+    if not nodes:
+        return ""
+    return (f"; a pod root: --mount {os.path.join(path, os.path.basename(nodes[0]))}"
+            f" (its nodes: {', '.join(os.path.basename(p) for p in nodes)}; "
+            f"`ualinkctl pod {path}` shows them all)")
+
+
 class Mount:
     """A node's mount, checked once; every read and write failure becomes a CtlError."""
 
@@ -134,7 +148,8 @@ class Mount:
             if not os.path.exists(path):
                 raise CtlError(f"{path} does not exist (is the node running? --mount DIR)") \
                     from None
-            raise CtlError(f"{path} is not a ualinkd mount (no sys/class/drm)") from None
+            raise CtlError(f"{path} is not a ualinkd mount (no sys/class/drm)"
+                           f"{_pod_root_hint(path)}") from None
         except OSError as e:
             if e.errno == errno.ENOTCONN:
                 raise CtlError(f"{path}: the node's daemon is gone and left its mount behind "
@@ -566,7 +581,7 @@ def _inside_a_node() -> str | None:
         return None
 
 
-def pod_nodes(path: str) -> list[tuple[str, str, str, str | None]]:
+def pod_nodes(path: str) -> list[tuple[str, str, list[int], str | None]]:
     """(name, address, accels, mount or None) of every node of the pod at `path`: a
     `ualinkd pod` root or its pod.toml (node NAME is mounted at ROOT/NAME), or the state
     directory of a namespaced pod (its pod.json; the mount is reached through the daemon's
@@ -580,16 +595,34 @@ def pod_nodes(path: str) -> list[tuple[str, str, str, str | None]]:
             pod = Pod.attach(path)
         except (PodError, OSError, ValueError) as e:
             raise CtlError(f"{path}: not a pod state directory ({e})") from None
-        return [(n.name, n.ip, ",".join(map(str, n.accels)),
+        return [(n.name, n.ip, list(n.accels),
                  str(n.root) if n.running else None) for n in pod.nodes]
     toml = os.path.join(path, "pod.toml") if os.path.isdir(path) else path
+    root = os.path.dirname(os.path.abspath(toml))
+    if not os.access(toml, os.R_OK) and os.path.exists(toml):
+        # pod.toml holds the key (mode 0600): the pod's key-less list of nodes instead
+        return _public_nodes(root, toml)
     try:
         config = PodConfig.load(toml)
     except ConfigError as e:
         raise CtlError(str(e)) from None
-    root = os.path.dirname(os.path.abspath(toml))
-    return [(n.name, n.address, ",".join(str(a.accel_id) for a in n.accels),
+    return [(n.name, n.address, [a.accel_id for a in n.accels],
              os.path.join(root, n.name)) for n in config.nodes]
+
+
+def _public_nodes(root: str, toml: str) -> list[tuple[str, str, list[int], str | None]]:
+    """The nodes `ualinkd pod` lists in ROOT/.nodes.json (cli/pod.py NODES_FILE, readable by
+    all), for a user who may not read its pod.toml."""
+    from .pod import NODES_FILE
+
+    try:
+        with open(os.path.join(root, NODES_FILE)) as f:
+            nodes = json.load(f)["nodes"]
+        return [(str(n["name"]), str(n["address"]), [int(a) for a in n["accels"]],
+                 os.path.join(root, str(n["name"]))) for n in nodes]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CtlError(f"{toml}: not readable by this user (it holds the pod key), and no "
+                       f"{NODES_FILE} beside it ({e})") from None
 
 
 def pod_status(path: str) -> list[dict[str, object]]:
@@ -627,7 +660,9 @@ def render_pod_status(rows: list[dict[str, object]]) -> str:
         # a row is JSON-shaped (dict[str, object]): its "links" is a dict here
         return " ".join(f"{p}:{'up' if ok else 'DOWN'}" for p, ok in up.items())  # type: ignore[attr-defined]
     return format_table(["node", "address", "accels", "status", "state", "links"],
-                        [[r["node"], r["address"], r["accels"], r["status"],
+                        [[r["node"], r["address"],
+                          ",".join(map(str, r["accels"])),  # type: ignore[call-overload]  # list
+                          r["status"],
                           ",".join(r["states"]) or "-", links(r) or "-"]  # type: ignore[arg-type]  # list
                          for r in rows])
 
@@ -635,17 +670,30 @@ def render_pod_status(rows: list[dict[str, object]]) -> str:
 def _pod_command(args: argparse.Namespace, as_json: bool) -> int:
     import time
 
+    # --watch on a terminal redraws in place (as watch(1)); to a file or a pipe each table
+    # follows the last one. Either way each says when it was taken.
+    redraw = args.watch is not None and not as_json and sys.stdout.isatty()
     while True:
         rows = pod_status(args.pod)
-        print(json.dumps({"pod": args.pod, "nodes": rows}, indent=2) if as_json
-              else render_pod_status(rows), flush=True)
+        if as_json:
+            doc: dict[str, object] = {"pod": args.pod, "nodes": rows}
+            if args.watch is not None:
+                doc["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            text = json.dumps(doc, indent=2)
+        else:
+            text = render_pod_status(rows)
+            if args.watch is not None:
+                text = (f"{args.pod} at {time.strftime('%H:%M:%S')} (every {args.watch:g} s,"
+                        f" Ctrl-C stops)\n{text}")
+        print(("\x1b[H\x1b[2J" if redraw else "") + text, flush=True)
         if args.watch is None:
             return 0 if all(r["status"] == "serving" for r in rows) else 1
         try:
             time.sleep(args.watch)
         except KeyboardInterrupt:
             return 0
-        print()
+        if not redraw:
+            print()
 
 
 def main(argv: list[str] | None = None) -> int:
