@@ -116,9 +116,17 @@ QUIRK_HELLO_NO_RESET = "hello-no-reset"  # §5.4: HELLO on ESTABLISHED skips the
 QUIRK_NO_REMOTE_SHOOTDOWN = "no-remote-shootdown"  # §5.11: accepted; nothing to skip here
 QUIRK_STALE_EXPORT_HANDLE = "stale-export-handle"  # §6.10: re-export returns handle_hi 0
 QUIRK_ALIAS_EXTRA_PINS = "alias-extra-pins"  # §6.10: repeated alias NPA_REQ pins again
+# U's behaviours that the newer kernel N changed (§13), one switch per change:
+QUIRK_NO_RESTART_PROBE = "no-restart-probe"  # N2: setup and HELLO never probe the peer
+QUIRK_NPA_REQ_FAIL_NO_RESET = "npa-req-fail-no-reset"  # N3: a failed NPA_REQ send resets nothing
+QUIRK_SEND_FAIL_SLOW = "send-fail-slow"  # N4: an unposted send polls 2 s for its ACK (link)
+QUIRK_REVOKE_NO_RECHECK = "revoke-no-recheck"  # N5: REVOKE to every importer, no reset
+QUIRK_NO_UALINK_OOPS = "no-ualink-oops"  # N6: the ioctl on a GPU without UALink oopses
+QUIRK_EXPORT_RACE = "export-race"  # N7: racing first exports get two handles; EPERM leaks
 KNOWN_QUIRKS = frozenset(
     {QUIRK_HELLO_NO_RESET, QUIRK_NO_REMOTE_SHOOTDOWN, QUIRK_STALE_EXPORT_HANDLE,
-     QUIRK_ALIAS_EXTRA_PINS}
+     QUIRK_ALIAS_EXTRA_PINS, QUIRK_NO_RESTART_PROBE, QUIRK_NPA_REQ_FAIL_NO_RESET,
+     QUIRK_SEND_FAIL_SLOW, QUIRK_REVOKE_NO_RECHECK, QUIRK_NO_UALINK_OOPS, QUIRK_EXPORT_RACE}
 )
 
 # NPA_FAIL reason -> the importer's errno (§5.2, §1.6 I15–I16)
@@ -196,7 +204,20 @@ class Wake:
     key: WakeKey
 
 
-Effect = Send | Wake
+@dataclass(frozen=True, slots=True)
+class Announce:
+    """Accel `accel`'s manager started with a new `incarnation` (§13 N2): the link tells
+    every peer before anything this incarnation sends."""
+
+    accel: int
+    incarnation: int
+
+
+Effect = Send | Wake | Announce
+
+# §13 N2: how a manager reads a peer's incarnation over the fabric: (local accel, remote
+# accel) -> the remote's incarnation; DrmError when it cannot be read (the probe's error).
+ProbeFn = Callable[[int, int], int]
 
 
 class ImportStep(enum.Enum):
@@ -325,6 +346,14 @@ class UalinkManager:
         # How an import that must wait is awaited: the fabric's waiter (`attach`); None
         # when no fabric runs in this process.
         self.import_waiter: ImportWaiter | None = None
+        # §13 N2: this accel's incarnation (new at each manager start), and how a peer's is
+        # read (the fabric's; None when no fabric runs in this process: nothing to probe).
+        self.incarnation = 0
+        self.probe: ProbeFn | None = None
+        # Per remote accel: READY imports from it and live exports' importer records of it
+        # (what N2's "nothing shared with that peer" counts, kept as they change).
+        self._imported_from: dict[int, int] = {}
+        self._exported_to: dict[int, int] = {}
         self.internal_file = DrmFile(driver.device)  # the driver's internal "ualink" client
         driver.ualink = self
 
@@ -386,6 +415,11 @@ class UalinkManager:
         if not self.change_state(AccelEvent.ACTIVATE):
             return
         self.active_snapshot = self.vpod.active_accels
+        # §13 N2: a manager start is a new incarnation (random: a restarted daemon must not
+        # come back with the number it had), told to the peers before anything we send.
+        self.incarnation = secrets.randbits(64) or 1
+        if self.probe is not None:  # a fabric runs (before it, links announce it as they come up)
+            self.outbox.append(Announce(self.accel_id, self.incarnation))
         self.npa_mode = self.vpod.addr_mode
         self.npa = self._new_npa_space(self.npa_mode)
         log.info("accel %d: ACTIVE in vPod %d", self.accel_id, self.vpod.vpod_id)
@@ -402,6 +436,7 @@ class UalinkManager:
         without messages; peers are not told."""
         for c in self.conns.values():
             c.apply(ConnEvent.STOP)
+            c.peer_incarnation = None
         for node in list(self.imports.values()):
             node.apply(NodeEvent.STOP)
             self._teardown_node(node)
@@ -422,6 +457,8 @@ class UalinkManager:
         self.exports.clear()
         translation.changed()
         self.invalid.clear()
+        self._imported_from.clear()
+        self._exported_to.clear()
 
     # -- export (§1.6 E1–E7) ---------------------------------------------------------------
     def export(self, file: DrmFile, gem_handle: int) -> tuple[int, int]:
@@ -456,6 +493,8 @@ class UalinkManager:
         if not entry.importers:
             self._free_export(entry)
             return
+        for remote in entry.importers:  # unlinked from the per-importer lists (step 1)
+            self._count(self._exported_to, remote, -1)
         entry.revoke = RevokeState()
         self.invalid[entry.handle_lo] = entry
         self._revoke_invalidate(entry)
@@ -529,6 +568,8 @@ class UalinkManager:
     def _drop_importer(self, entry: ExportEntry, remote: int) -> None:
         """Forget one importer of a live export: unpin once, free its NPA (§5.8)."""
         rec = entry.importers.pop(remote)
+        if self.exports.get(entry.handle_lo) is entry:  # (a revoked one was unlinked)
+            self._count(self._exported_to, remote, -1)
         translation.changed()
         entry.bo.pin_count -= 1
         if entry.shared_npa is None:
@@ -536,6 +577,19 @@ class UalinkManager:
         elif not entry.importers:
             self._free_npa(entry.shared_npa[0])
             entry.shared_npa = None
+
+    @staticmethod
+    def _count(counts: dict[int, int], remote: int, delta: int) -> None:
+        n = counts.get(remote, 0) + delta
+        if n:
+            counts[remote] = n
+        else:
+            counts.pop(remote, None)
+
+    def shares_with(self, remote: int) -> bool:
+        """§13 N2: something is imported from or exported to `remote` (a READY import
+        node, or an importer record of a live export)."""
+        return remote in self._imported_from or remote in self._exported_to
 
     # -- connection reset (§5.8) -------------------------------------------------------------
     def connection_reset(self, remote: int, new_state: ConnState, generation: int) -> bool:
@@ -603,14 +657,41 @@ class UalinkManager:
 
     def _setup_connection(self, remote: int) -> bool:
         """§5.4 local setup_connection: True when a HELLO must be sent and waited for,
-        False when already ESTABLISHED; EAGAIN while someone else sets it up (I8)."""
+        False when already ESTABLISHED; EAGAIN while someone else sets it up (I8).
+
+        §13 N2 (quirk "no-restart-probe": U never probes): NOT_READY probes the peer first,
+        and a failed probe is returned at once, no HELLO sent, still NOT_READY. ESTABLISHED
+        with nothing shared with the peer probes too: its error is returned (state kept),
+        in sync goes on, a restarted peer is set up again (IN_PROGRESS, HELLO)."""
         c = self.conn(remote)
+        probing = QUIRK_NO_RESTART_PROBE not in self.quirks
         if c.state == ConnState.ESTABLISHED:
-            return False
+            if not probing or self.shares_with(remote) or not self._probe(remote):
+                return False
+            log.info("accel %d: accel %d restarted (its incarnation changed): connecting "
+                     "again", self.accel_id, remote)
+            c.apply(ConnEvent.RESYNCED)
+            return True
         if c.state in (ConnState.IN_PROGRESS, ConnState.PENDING):
             raise DrmError(errno.EAGAIN, f"connection to accel {remote} is being set up")
+        if probing:
+            self._probe(remote)
         c.apply(ConnEvent.SETUP)
         return True
+
+    def _probe(self, remote: int) -> bool:
+        """§13 N2's probe of `remote` over the fabric: True when it restarted since our last
+        probe ("resynced"), False when in sync; DrmError (ESHUTDOWN when this accel is not
+        ACTIVE, else the read's error) when it cannot be read."""
+        if not self.accel_active:
+            raise DrmError(errno.ESHUTDOWN, f"accel {self.accel_id} is not ACTIVE")
+        if self.probe is None:  # no fabric in this process: nothing to read the peer by
+            return False
+        incarnation = self.probe(self.accel_id, remote)
+        c = self.conn(remote)
+        resynced = c.peer_incarnation is not None and c.peer_incarnation != incarnation
+        c.peer_incarnation = incarnation
+        return resynced
 
     def _hello(self, remote: int) -> p.Hello:
         return p.Hello(receiver_id=remote, sender_id=self.accel_id)
@@ -644,6 +725,8 @@ class UalinkManager:
         node.buf = self.driver.device.prime_handle_to_dmabuf(self.internal_file,
                                                              node.internal_handle)
         node.apply(NodeEvent.WAITER_OK)
+        node.linked = True
+        self._count(self._imported_from, node.exporter, 1)
         node.buf.get()  # the caller's new fd
         return node.buf
 
@@ -656,6 +739,9 @@ class UalinkManager:
         """TEARDOWN: GPU mappings of the NPA BO stop working, the table's references go."""
         if self.imports.get(node.handle_lo) is node:
             del self.imports[node.handle_lo]
+        if node.linked:
+            node.linked = False
+            self._count(self._imported_from, node.exporter, -1)
         if node.bo is not None:
             node.bo.npa_revoked = True
             translation.changed()
@@ -713,6 +799,17 @@ class UalinkManager:
             # build skips this, quirk "hello-no-reset").
             self.connection_reset(src, ConnState.PENDING, c.generation)
         c.apply(ConnEvent.HELLO)
+        if QUIRK_NO_RESTART_PROBE not in self.quirks:
+            # §13 N2: the sender is probed before it is answered; one that cannot be read
+            # gets no HELLO_ACK (it times out) and the connection is NOT_READY.
+            try:
+                self._probe(src)
+            except DrmError as e:
+                c.apply(ConnEvent.HELLO_PROBE_FAILED)
+                self._log_repeated(("hello-probe", src, e.errno), logging.WARNING,
+                                   "accel %d: HELLO from accel %d not answered: probing it "
+                                   "failed: %s", self.accel_id, src, e.strerror)
+                return
         self.outbox.append(Send(self.accel_id, src, p.HelloAck(), HelloAckSent(src)))
 
     def _not_established(self, src: int, what: str) -> bool:
@@ -783,6 +880,7 @@ class UalinkManager:
             if entry.importers is _NO_IMPORTERS:
                 entry.importers = {}
             entry.importers[src] = ImporterRecord(start, pages, self.conn(src).generation)
+            self._count(self._exported_to, src, 1)
         else:  # step 4: a repeated request marks the importer with the current generation
             rec.generation = self.conn(src).generation
         rsp = p.NpaRsp(p.handle_lo_bits(lo), pages, strip_npa(start))
@@ -1011,6 +1109,11 @@ class UalinkManager:
         if flow is None or flow.step != ImportStep.REQUESTING:
             return
         if err is not None:
+            if QUIRK_NPA_REQ_FAIL_NO_RESET not in self.quirks:
+                # §13 N3 (U left it alone): the connection to the exporter is reset first,
+                # with the cleanup of §5.8, if still ESTABLISHED with that generation.
+                self.connection_reset(flow.node.exporter, ConnState.NOT_READY,
+                                      flow.generation)
             self._end(flow, err)
             return
         flow.sent = True
@@ -1069,12 +1172,40 @@ class UalinkManager:
         revoke.unsent -= 1
         if err is not None:
             revoke.expected.discard(dst)
-            gen = entry.importers[dst].generation if dst in entry.importers else 0
-            self.connection_reset(dst, ConnState.NOT_READY, gen)  # as U′ does
+            if QUIRK_REVOKE_NO_RECHECK not in self.quirks:  # §13 N5, as U′ (U: no reset)
+                gen = entry.importers[dst].generation if dst in entry.importers else 0
+                self.connection_reset(dst, ConnState.NOT_READY, gen)
         if not revoke.expected:
             self.revoke_finish(entry)
         elif revoke.unsent == 0:
             self._arm(entry, now)  # step 6: wait up to 5 s for the releases
+
+    def send_due(self, send: Send, now: float | None = None) -> bool:
+        """Asked by the carrier just before it posts `send`: False drops it unsent.
+
+        §13 N5: an NPA_REVOKE goes only to an importer whose connection is still ESTABLISHED
+        with the generation its record holds; one that went down since the revoke began is
+        dropped from the release-expected set (not waited for). U sends to every importer
+        of the set it built first (quirk "revoke-no-recheck")."""
+        tag = send.tag
+        if not isinstance(tag, RevokeSent) or QUIRK_REVOKE_NO_RECHECK in self.quirks:
+            return True
+        entry = self.invalid.get(tag.handle_lo)
+        if entry is None or entry.revoke is None or send.dst not in entry.revoke.expected:
+            return True
+        rec = entry.importers.get(send.dst)
+        if rec is not None and self.conn(send.dst).ready_generation() == rec.generation:
+            return True
+        revoke = entry.revoke
+        revoke.unsent -= 1
+        revoke.expected.discard(send.dst)
+        log.info("accel %d: accel %d went down before its NPA_REVOKE of %#x: skipped",
+                 self.accel_id, send.dst, tag.handle_lo)
+        if not revoke.expected:
+            self.revoke_finish(entry)
+        elif revoke.unsent == 0:
+            self._arm(entry, now)  # step 6 for the importers it did send to
+        return False
 
     # -- time (aioquic's get_timer / handle_timer) --------------------------------------------
     def _arm(self, what: ImportFlow | ConnSetup | ExportEntry, now: float | None) -> None:
