@@ -122,11 +122,12 @@ QUIRK_NPA_REQ_FAIL_NO_RESET = "npa-req-fail-no-reset"  # N3: a failed NPA_REQ se
 QUIRK_SEND_FAIL_SLOW = "send-fail-slow"  # N4: an unposted send polls 2 s for its ACK (link)
 QUIRK_REVOKE_NO_RECHECK = "revoke-no-recheck"  # N5: REVOKE to every importer, no reset
 QUIRK_NO_UALINK_OOPS = "no-ualink-oops"  # N6: the ioctl on a GPU without UALink oopses
-QUIRK_EXPORT_RACE = "export-race"  # N7: racing first exports get two handles; EPERM leaks
+QUIRK_EXPORT_EPERM_LEAK = "export-eperm-leak"  # N7: a refused (EPERM) export leaks the BO
 KNOWN_QUIRKS = frozenset(
     {QUIRK_HELLO_NO_RESET, QUIRK_NO_REMOTE_SHOOTDOWN, QUIRK_STALE_EXPORT_HANDLE,
      QUIRK_ALIAS_EXTRA_PINS, QUIRK_NO_RESTART_PROBE, QUIRK_NPA_REQ_FAIL_NO_RESET,
-     QUIRK_SEND_FAIL_SLOW, QUIRK_REVOKE_NO_RECHECK, QUIRK_NO_UALINK_OOPS, QUIRK_EXPORT_RACE}
+     QUIRK_SEND_FAIL_SLOW, QUIRK_REVOKE_NO_RECHECK, QUIRK_NO_UALINK_OOPS,
+     QUIRK_EXPORT_EPERM_LEAK}
 )
 
 # NPA_FAIL reason -> the importer's errno (§5.2, §1.6 I15–I16)
@@ -475,7 +476,15 @@ class UalinkManager:
                     self.accel_id, bo.ualink_handle_lo,
                 )
                 return bo.ualink_handle_lo, 0
-        buf = self.driver.device.prime_handle_to_dmabuf(file, gem_handle)  # E5: EPERM
+        # §13 N7: one ioctl runs at a time here, so the first export of a BO has stored its
+        # handle before any other export of it is looked at: never two handles for one BO
+        # (N's EAGAIN for the loser of a race has no race to lose).
+        if QUIRK_EXPORT_EPERM_LEAK in self.quirks:
+            bo.get()  # U took the reference first and kept it when E5 failed (§13 N7)
+            buf = self.driver.device.prime_handle_to_dmabuf(file, gem_handle)  # E5: EPERM
+            bo.put()
+        else:
+            buf = self.driver.device.prime_handle_to_dmabuf(file, gem_handle)  # E5: EPERM
         lo, hi = generate_handle(self.accel_id, self.randbits, self.exports)
         bo.get()
         self.exports[lo] = ExportEntry(lo, hi, bo, buf)
