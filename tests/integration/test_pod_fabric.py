@@ -133,12 +133,15 @@ def test_both_addressing_modes(tmp_path, mode):
 
 
 def test_killed_exporter_and_restart(tmp_path):
-    """§5.8a with policy 1: A is SIGKILLed while B holds an import: B's import stays until
+    """§5.8a with policy 1, as U behaves (§13: quirks no-restart-probe, npa-req-fail-no-reset
+    and send-fail-slow; tests/integration/test_kernel_n_pod.py has N's default): A is
+    SIGKILLed while B holds an import: B's import stays until
     a timeout or a HELLO; a new import fails (ETIME: the link is down). A restarts with
     no state: B's first NPA_REQ reaches an A that is not connected, which drops it and
     says HELLO (§5.6 step 1) — that import times out; B answers the HELLO, cleans up what
     it had from the old A and counts a new generation; the next import works."""
-    cfg = pod_config(2)
+    cfg = pod_config(2, quirks=frozenset({"no-restart-probe", "npa-req-fail-no-reset",
+                                          "send-fail-slow"}))
     with running_pod(tmp_path, config=cfg) as (a, b):
         with Client(b.render()) as cb:
             with Client(a.render()) as ca:

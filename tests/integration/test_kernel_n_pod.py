@@ -1,0 +1,212 @@
+"""The newest kernel (spec §13, tag N) in real pods: daemons over TCP, libualink clients, a
+peer SIGKILLed and started again. Each N item's default, and its quirk (the older build U)
+where the daemons show the difference: N2 the restart probe, N3 the reset after a failed
+NPA_REQ send, N4 sends that cannot be posted failing at once, N6 a GPU without UALink."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from nodes import Client, running_pod, start_node, wait_links_up, wait_until
+from test_pod_fabric import pod_config
+
+from ualinkd import sysfs
+from ualinkd.config import AccelConfig, PodConfig
+
+pytestmark = pytest.mark.integration
+
+OLD = {"no-restart-probe", "npa-req-fail-no-reset", "send-fail-slow"}
+
+
+def _imports(node) -> str:
+    return node.debug(128, "ualink_imports")
+
+
+def _link_down(node) -> bool:
+    return not all(sysfs.parse_fabric((node.mount / sysfs.FABRIC_STATUS).read_text()).values())
+
+
+def _shared_then_nothing(ca: Client, cb: Client, b) -> None:
+    """B imports A's BO, A closes it: B releases (§5.7), the connection stays ESTABLISHED
+    with nothing shared."""
+    bo = ca.bo_create()
+    handle = ca.export(bo)
+    os.close(cb.import_(handle))
+    ca.bo_close(bo)
+    assert wait_until(lambda: f"{handle[0]:#018x}" not in _imports(b)), _imports(b)
+    assert "state=ESTABLISHED" in b.debug(128, "ualink_peers")
+
+
+def _restart_with_nothing_shared(tmp_path, quirks: frozenset[str]):
+    """A pod of two; B connected to A with nothing shared; A SIGKILLed and started again.
+    Yields (new A, B, a client of B)."""
+    cfg = pod_config(2, response_ms=1000, quirks=quirks)
+    with running_pod(tmp_path, config=cfg) as (a, b):
+        with Client(b.render()) as cb:
+            with Client(a.render()) as ca:
+                _shared_then_nothing(ca, cb, b)
+            a.stop(signal.SIGKILL)
+            a2 = start_node(tmp_path / "restart", cfg, "node0")
+            try:
+                wait_links_up(a2)
+                wait_links_up(b)
+                yield a2, b, cb
+            finally:
+                a2.close()
+
+
+def test_n2_first_import_after_a_peer_restart_with_nothing_shared_succeeds(tmp_path):
+    """§13 N2: B is ESTABLISHED with A, nothing shared; A is killed and started again (a
+    new incarnation, announced on its new link). B's first import of the new A's handle
+    probes A, finds it resynced, says HELLO again and succeeds at once (U: ETIMEDOUT)."""
+    for a2, _b, cb in _restart_with_nothing_shared(tmp_path, frozenset()):
+        with Client(a2.render()) as ca2:
+            h2 = ca2.export(ca2.bo_create())
+            start = time.monotonic()
+            fd = cb.import_(h2)
+            assert time.monotonic() - start < 1.0  # no 1 s response timeout on the way
+            assert os.lseek(fd, 0, os.SEEK_END) == 1 << 20
+            os.close(fd)
+
+
+def test_n2_quirk_no_restart_probe_first_import_times_out_then_the_retry_works(tmp_path):
+    """§13 N2's quirk "no-restart-probe" (U): B's NPA_REQ goes to the restarted A, which
+    drops it (not connected) and says HELLO: the first import is ETIMEDOUT after the
+    response timeout, the retry works."""
+    for a2, _b, cb in _restart_with_nothing_shared(tmp_path, frozenset({"no-restart-probe"})):
+        with Client(a2.render()) as ca2:
+            h2 = ca2.export(ca2.bo_create())
+            with pytest.raises(OSError) as e:
+                cb.import_(h2)
+            assert e.value.errno == errno.ETIMEDOUT
+            os.close(cb.import_(h2))
+
+
+def _exporter_killed_while_shared(tmp_path, quirks: frozenset[str], ack_ms: int = 1500):
+    """B holds an import from A (and a second BO is exported); A is SIGKILLed and B has seen
+    its link go down. Yields (B, B's client, the held handle, an unimported handle)."""
+    cfg = pod_config(2, response_ms=ack_ms, quirks=quirks)
+    with running_pod(tmp_path, config=cfg) as (a, b):
+        with Client(b.render()) as cb:
+            with Client(a.render()) as ca:
+                held = ca.export(ca.bo_create())
+                other = ca.export(ca.bo_create())
+                os.close(cb.import_(held))
+                a.stop(signal.SIGKILL)
+            assert wait_until(lambda: _link_down(b))
+            yield b, cb, held, other
+
+
+def test_n3_n4_a_send_that_cannot_be_posted_fails_at_once_and_resets(tmp_path):
+    """§13 N4: with A's link down the NPA_REQ cannot be posted: the import fails at once
+    with the post's error (EFAULT, policy 3), not after the 1.5 s ACK timeout. §13 N3: that
+    failed send first resets the connection to A, which takes B's other import from A with
+    it (torn down, no NPA_RELEASE) and leaves it NOT_READY."""
+    for b, cb, held, other in _exporter_killed_while_shared(tmp_path, frozenset()):
+        assert f"{held[0]:#018x}" in _imports(b)
+        start = time.monotonic()
+        with pytest.raises(OSError) as e:
+            cb.import_(other)
+        assert e.value.errno == errno.EFAULT
+        assert time.monotonic() - start < 1.0
+        assert f"{held[0]:#018x}" not in _imports(b)
+        assert "state=NOT_READY" in b.debug(128, "ualink_peers")
+
+
+def test_n3_quirk_npa_req_fail_no_reset_keeps_the_other_imports(tmp_path):
+    """§13 N3's quirk "npa-req-fail-no-reset" (U): the failed NPA_REQ send is returned
+    (EFAULT at once, N4 still on) and the connection left alone: B's import from A stays."""
+    for b, cb, held, other in _exporter_killed_while_shared(
+            tmp_path, frozenset({"npa-req-fail-no-reset"})):
+        with pytest.raises(OSError) as e:
+            cb.import_(other)
+        assert e.value.errno == errno.EFAULT
+        assert f"{held[0]:#018x}" in _imports(b)
+        assert "state=ESTABLISHED" in b.debug(128, "ualink_peers")
+
+
+def test_n4_quirk_send_fail_slow_polls_the_ack_timeout(tmp_path):
+    """§13 N4's quirk "send-fail-slow" (U): the send that cannot be posted waits out the
+    ACK timeout (1.5 s) and fails with ETIME; N3 still resets the connection."""
+    for b, cb, held, other in _exporter_killed_while_shared(
+            tmp_path, frozenset({"send-fail-slow"})):
+        start = time.monotonic()
+        with pytest.raises(OSError) as e:
+            cb.import_(other)
+        assert e.value.errno == errno.ETIME
+        assert time.monotonic() - start >= 1.4
+        assert f"{held[0]:#018x}" not in _imports(b)
+
+
+def test_n2_n3_after_the_reset_the_restarted_exporter_is_imported_from_at_once(tmp_path):
+    """§13 N2 + N3 (what test_pod_fabric's test_killed_exporter_and_restart shows for U):
+    the failed NPA_REQ left B NOT_READY, so after A's restart B probes, says HELLO and its
+    first import succeeds."""
+    cfg = pod_config(2, response_ms=1000)
+    with running_pod(tmp_path, config=cfg) as (a, b):
+        with Client(b.render()) as cb:
+            with Client(a.render()) as ca:
+                held = ca.export(ca.bo_create())
+                os.close(cb.import_(held))
+                a.stop(signal.SIGKILL)
+            assert wait_until(lambda: _link_down(b))
+            with pytest.raises(OSError) as e:
+                cb.import_((held[0] ^ 0x400, held[1]))
+            assert e.value.errno == errno.EFAULT
+            a2 = start_node(tmp_path / "restart", cfg, "node0")
+            try:
+                wait_links_up(a2)
+                wait_links_up(b)
+                with Client(a2.render()) as ca2:
+                    h2 = ca2.export(ca2.bo_create())
+                    os.close(cb.import_(h2))
+                assert "state=ESTABLISHED" in b.debug(128, "ualink_peers")
+            finally:
+                a2.close()
+
+
+# -- N6: a GPU without the UALink IP block --------------------------------------------------
+
+_UALINK_IOCTL = """
+import fcntl, struct, sys
+fd = open(sys.argv[1], "rb+", buffering=0)
+# DRM_IOCTL_AMDGPU_UALINK_HANDLE, op 0 (export) of GEM handle 1 (none: the op is never read)
+try:
+    fcntl.ioctl(fd, 0xC018645B, bytearray(struct.pack("<III", 0, 0, 1) + bytes(12)))
+except OSError as e:
+    print(e.errno)
+"""
+
+
+def _no_ualink_pod(quirks: frozenset[str]) -> PodConfig:
+    cfg = pod_config(1, quirks=quirks)
+    (node,) = cfg.nodes
+    accel = AccelConfig(node.accels[0].accel_id, ualink=False)
+    from dataclasses import replace
+    return replace(cfg, nodes=(replace(node, accels=(accel,)),))
+
+
+def test_n6_a_gpu_without_ualink_answers_eopnotsupp(tmp_path):
+    """§13 N6: `ualink = false` (no UALink IP block): the ioctl is EOPNOTSUPP."""
+    with running_pod(tmp_path, config=_no_ualink_pod(frozenset())) as (a,):
+        out = subprocess.run([sys.executable, "-c", _UALINK_IOCTL, a.render()],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and out.stdout.strip() == str(errno.EOPNOTSUPP), out
+
+
+def test_n6_quirk_no_ualink_oops_kills_the_caller(tmp_path):
+    """§13 N6's quirk "no-ualink-oops" (U's NULL dereference): the calling process dies
+    (SIGKILL) and the daemon logs the oops; the daemon serves on."""
+    with running_pod(tmp_path, config=_no_ualink_pod(frozenset({"no-ualink-oops"}))) as (a,):
+        out = subprocess.run([sys.executable, "-c", _UALINK_IOCTL, a.render()],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == -signal.SIGKILL, out
+        assert wait_until(lambda: "NULL pointer dereference" in a.log_text())
+        with Client(a.render()) as ca:
+            ca.bo_close(ca.bo_create())
