@@ -210,3 +210,36 @@ def test_n6_quirk_no_ualink_oops_kills_the_caller(tmp_path):
         assert wait_until(lambda: "NULL pointer dereference" in a.log_text())
         with Client(a.render()) as ca:
             ca.bo_close(ca.bo_create())
+
+
+# -- N7: concurrent first exports of one BO, through libdrm ---------------------------------
+
+def _export_race(tmp_path, quirks: frozenset[str]) -> dict[str, dict[str, str]]:
+    from nodes import c_program
+    from test_libdrm import parse, run_shimmed
+    c_program("libualink_shim.so")
+    with running_pod(tmp_path, config=pod_config(1, quirks=quirks)) as (a,):
+        r = run_shimmed("libdrm_export_race", a.mount, "16", "20")
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}{r.stderr}"
+    return parse(r.stdout)
+
+
+def test_n7_many_threads_exporting_one_fresh_bo_through_libdrm_get_one_handle(tmp_path):
+    """§13 N7 (§3.4, §1.7): 16 threads released together export the same fresh BO through
+    drmCommandWriteRead, 20 rounds: every thread (and an export after them) gets the same
+    handle, never two for one BO; a refused VM_ALWAYS_VALID export (EPERM) leaks nothing:
+    VRAM usage is back once the BO is freed."""
+    s = _export_race(tmp_path, frozenset())
+    assert s["export_race"]["mismatched"] == "0", s
+    assert s["export_always_valid"]["err"] == str(errno.EPERM), s
+    used = s["vram_after_refused"]
+    assert used["after"] == used["before"], s
+
+
+def test_n7_quirk_export_eperm_leak_keeps_the_refused_bos_vram(tmp_path):
+    """§13 N7's quirk "export-eperm-leak" (U): the refused export keeps a BO reference, so
+    the freed BO's VRAM stays used."""
+    s = _export_race(tmp_path, frozenset({"export-eperm-leak"}))
+    assert s["export_always_valid"]["err"] == str(errno.EPERM), s
+    used = s["vram_after_refused"]
+    assert int(used["after"]) >= int(used["before"]) + (1 << 20), s
