@@ -243,3 +243,73 @@ def test_n7_quirk_export_eperm_leak_keeps_the_refused_bos_vram(tmp_path):
     assert s["export_always_valid"]["err"] == str(errno.EPERM), s
     used = s["vram_after_refused"]
     assert int(used["after"]) >= int(used["before"]) + (1 << 20), s
+
+
+# -- the link itself: N4's unposted sends, N2's incarnations ----------------------------------
+
+async def test_n4_a_send_to_a_link_that_is_down_fails_at_once():
+    """§13 N4 at the link: b was never started, so nothing can be posted to it: send and
+    send_batch fail at once with EFAULT (the quirk's waiting in line for the ACK timeout is
+    test_fabric_link's test_a_batch_waits_for_its_link_like_single_sends)."""
+    import trio
+    from test_fabric_link import Pod, make_pod
+
+    async with trio.open_nursery() as nursery:
+        pod = Pod(make_pod(ack_ms=2000, quirks=frozenset()), nursery)
+        a = await pod.start("a")
+        start = trio.current_time()
+        outcomes = await a.send_batch(0, 2, [(3, 0, 0, 0), (3, 1, 0, 0)])
+        assert [e.errno for e, _ in outcomes if e is not None] == [errno.EFAULT] * 2
+        with pytest.raises(Exception) as e:
+            await a.send(0, 2, (3, 0, 0, 0))
+        assert getattr(e.value, "errno", None) == errno.EFAULT
+        assert trio.current_time() - start < 1.0
+        nursery.cancel_scope.cancel()
+
+
+async def test_n2_the_link_carries_each_accels_incarnation():
+    """§13 N2: each side announces its accels' incarnations as the link comes up and again
+    at a manager start (`announce`); the probe (`incarnation`) reads the peer's, and a link
+    that is down cannot be read (EFAULT), an accel no node owns is EINVAL."""
+    import trio
+    from test_fabric_link import make_pod
+
+    from ualinkd.drm.errors import DrmError
+    from ualinkd.fabric.link import FabricLink
+
+    cfg = make_pod(quirks=frozenset())
+    async with trio.open_nursery() as nursery:
+        links: dict[str, FabricLink] = {}
+        ports: dict[str, int] = {}
+
+        async def start(name: str, base: int) -> FabricLink:
+            link = FabricLink(cfg, name, lambda s, d, w: None, connect_backoff=(0.01, 0.05),
+                              handshake_timeout=0.5)
+            link.local_incarnation = lambda accel: base + accel  # (before it runs)
+            ports[name] = await nursery.start(link.run)
+            links[name] = link
+            for other, olink in links.items():
+                if other != name:
+                    olink.set_peer_address(name, f"127.0.0.1:{ports[name]}")
+                    link.set_peer_address(other, f"127.0.0.1:{ports[other]}")
+            return link
+
+        a = await start("a", 100)
+        with pytest.raises(DrmError) as e:
+            a.incarnation(0, 2)  # b is not running: nothing to read
+        assert e.value.errno == errno.EFAULT
+        b = await start("b", 200)
+        with trio.fail_after(5):
+            while not (a.is_up("b") and b.is_up("a")):
+                await trio.sleep(0.01)
+        with trio.fail_after(5):  # (announced ahead of anything else on the link)
+            while (a.incarnation(0, 3), b.incarnation(2, 1)) != (203, 101):
+                await trio.sleep(0.01)
+        b.announce(2, 999)
+        with trio.fail_after(5):
+            while a.incarnation(1, 2) != 999:
+                await trio.sleep(0.01)
+        with pytest.raises(DrmError) as e:
+            a.incarnation(0, 77)
+        assert e.value.errno == errno.EINVAL
+        nursery.cancel_scope.cancel()
