@@ -15,15 +15,20 @@ for an exporter on another node, starts an `ImportFlow` and returns what the age
 waiter makes of it; the waiter only waits for `Wake(ImportDone)` and reads the outcome.
 The flow's steps, all decided here:
 
-    CONNECTING  connection NOT_READY: it becomes IN_PROGRESS, HELLO is sent (tag HelloSent).
-                (IN_PROGRESS or PENDING: EAGAIN at once, I8; ESTABLISHED: straight on.)
+    CONNECTING  connection NOT_READY: the peer is probed (§13 N2: its error fails the import
+                at once, nothing sent), then IN_PROGRESS, HELLO is sent (tag HelloSent).
+                (IN_PROGRESS or PENDING: EAGAIN at once, I8; ESTABLISHED: straight on,
+                unless nothing is shared with the peer and the probe finds it restarted:
+                then IN_PROGRESS and HELLO as from NOT_READY.)
                 The HELLO send fails          → NOT_READY, the import fails with that error
                 sent, then ESTABLISHED (a HELLO_ACK, or our HELLO_ACK to the peer's own
                 HELLO accepted)               → REQUESTING
                 sent, and no connection within response_timeout (5 s) → NOT_READY, no
                 cleanup, ETIMEDOUT (I11)
     REQUESTING  NPA_REQ is sent (tag NpaReqSent) with the connection's generation noted.
-                The send fails                → the import fails with that error
+                The send fails                → the connection is reset with the noted
+                                                generation (§13 N3), the import fails with
+                                                that error
                 sent, then the node leaves NOT_READY (NPA_RSP/NPA_FAIL, or torn down by a
                 revoke, a reset or a stop)    → DONE: import_finish (the NPA BO, or the
                                                 errno of NPA_FAIL / EINVAL)
@@ -36,17 +41,21 @@ A step's clock starts once its message was accepted (the kernel sends, then wait
 send_ack_timeout_ms comes back as `on_sent(.., DrmError(ETIME), ..)` and fails the step.
 A waiter that is cancelled calls `import_cancelled()`: CONNECTING → NOT_READY (I10).
 A connection setup also starts without an import when NPA_REQ, NPA_RSP or NPA_FAIL comes
-from a peer that is not ESTABLISHED (§5.4); its failure is only logged.
+from a peer that is not ESTABLISHED (§5.4); its failure is only logged. A HELLO received is
+answered once its sender was probed (§13 N2; unreadable: no HELLO_ACK, NOT_READY).
+
+Every step of §13 that changed U's behaviour is U's again under its quirk (KNOWN_QUIRKS).
 
 The revoke flow (§5.7). `revoke()` (the BO's last GEM handle went) takes the export out of
 the live table; with importers it goes to the "handle invalid" table: mappings
 invalidated, pins dropped, one NPA_REVOKE per importer still connected with its recorded
-generation (tag RevokeSent). A failed REVOKE send drops that importer from the expected
-set and resets its connection (as U′ does). Once every send has its outcome the 5 s wait
-is armed (step 6). Each NPA_RELEASE clears its importer; when none is expected, or at the
-deadline, `revoke_finish()` frees every NPA range and resets the connection to each
-importer that never released (steps 7–9). A manager stop ends every flow without
-messages (§6.9).
+generation (tag RevokeSent); just before each is posted the carrier asks `send_due`, which
+drops an importer whose connection went down meanwhile (§13 N5). A failed REVOKE send drops
+that importer from the expected set and resets its connection (as U′ and N do). Once
+every send has its outcome the 5 s wait is armed (step 6). Each NPA_RELEASE clears its
+importer; when none is expected, or at the deadline, `revoke_finish()` frees every NPA range
+and resets the connection to each importer that never released (steps 7–9). A manager stop
+ends every flow without messages (§6.9).
 """
 
 from __future__ import annotations
