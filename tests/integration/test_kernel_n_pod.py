@@ -313,3 +313,27 @@ async def test_n2_the_link_carries_each_accels_incarnation():
             a.incarnation(0, 77)
         assert e.value.errno == errno.EINVAL
         nursery.cancel_scope.cancel()
+
+
+def test_n4_n5_a_revoke_to_a_killed_importer_ends_at_once(tmp_path):
+    """§13 N4 + N5 (§5.7): B is SIGKILLed holding an import and A has seen its link go
+    down; A's revoke cannot post the NPA_REVOKE (EFAULT at once), so B leaves the expected
+    set and its connection is reset: the NPA is freed and the BO gone well before the 1.5 s
+    timeouts (U: test_pod_fabric's test_importer_killed_while_exporter_revokes)."""
+    with running_pod(tmp_path, config=pod_config(2, response_ms=1500)) as (a, b):
+        with Client(a.render()) as ca:
+            bo = ca.bo_create()
+            with Client(b.render()) as cb:
+                fd = cb.import_(ca.export(bo))
+                b.stop(signal.SIGKILL)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass  # (B's mount died with it)
+            assert wait_until(lambda: _link_down(a))
+            start = time.monotonic()
+            ca.bo_close(bo)
+            assert wait_until(lambda: "state=NOT_READY" in a.debug(128, "ualink_peers"))
+            assert a.debug(128, "ualink_npa").startswith("used_pages=0 ")
+            assert time.monotonic() - start < 1.0
+            assert wait_until(lambda: a.debug(128, "gem_objects") == "")

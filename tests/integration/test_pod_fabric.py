@@ -216,8 +216,11 @@ def test_importer_killed_while_exporter_revokes(tmp_path):
     """§6.5, §5.7 steps 6–8: B is SIGKILLed holding an import; A's revoke gets no
     RELEASE: after the response timeout A frees the NPA, unpins, and resets its connection
     to B. (No liveness probing, §5.8a: right after the kill the connection still looks
-    ESTABLISHED; 1.5 s timeouts keep that true on a loaded machine.)"""
-    with running_pod(tmp_path, config=pod_config(2, response_ms=1500)) as (a, b):
+    ESTABLISHED; 1.5 s timeouts keep that true on a loaded machine.) As U behaves (§13 N4's
+    quirk send-fail-slow: the REVOKE waits for the link that is down); N's failing at once
+    is test_kernel_n_pod.py's test_n4_n5_a_revoke_to_a_killed_importer_ends_at_once."""
+    cfg = pod_config(2, response_ms=1500, quirks=frozenset({"send-fail-slow"}))
+    with running_pod(tmp_path, config=cfg) as (a, b):
         with Client(a.render()) as ca:
             bo = ca.bo_create()
             handle = ca.export(bo)
