@@ -391,3 +391,14 @@ def test_conn_resync_is_a_row_of_the_table():
     assert conn.state == ConnState.IN_PROGRESS
     conn.apply(ConnEvent.HELLO_PROBE_FAILED)
     assert conn.state == ConnState.NOT_READY
+
+
+def test_every_n_quirk_is_accepted_by_kernel_quirks_on_the_command_line():
+    """`--kernel-quirks` takes each of §13's quirk names (added to the pod's), and refuses
+    a name it does not know."""
+    from ualinkd.cli.common import with_quirks
+
+    cfg = with_quirks(pod_config(quirks=("hello-no-reset",)), ",".join(N_QUIRKS))
+    assert cfg.kernel_quirks == frozenset(N_QUIRKS) | {"hello-no-reset"}
+    with pytest.raises(ConfigError, match="unknown kernel quirks"):
+        with_quirks(pod_config(), "no-restart-probes")
