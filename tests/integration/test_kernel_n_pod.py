@@ -105,7 +105,7 @@ def _exporter_killed_while_shared(tmp_path, quirks: frozenset[str], ack_ms: int 
 
 def test_n3_n4_a_send_that_cannot_be_posted_fails_at_once_and_resets(tmp_path):
     """§13 N4: with A's link down the NPA_REQ cannot be posted: the import fails at once
-    with the post's error (EFAULT, policy 3), not after the 1.5 s ACK timeout. §13 N3: that
+    with the copy's error (ETIME), not after the 1.5 s ACK timeout. §13 N3: that
     failed send first resets the connection to A, which takes B's other import from A with
     it (torn down, no NPA_RELEASE) and leaves it NOT_READY."""
     for b, cb, held, other in _exporter_killed_while_shared(tmp_path, frozenset()):
@@ -113,7 +113,7 @@ def test_n3_n4_a_send_that_cannot_be_posted_fails_at_once_and_resets(tmp_path):
         start = time.monotonic()
         with pytest.raises(OSError) as e:
             cb.import_(other)
-        assert e.value.errno == errno.EFAULT
+        assert e.value.errno == errno.ETIME
         assert time.monotonic() - start < 1.0
         assert f"{held[0]:#018x}" not in _imports(b)
         assert "state=NOT_READY" in b.debug(128, "ualink_peers")
@@ -121,12 +121,12 @@ def test_n3_n4_a_send_that_cannot_be_posted_fails_at_once_and_resets(tmp_path):
 
 def test_n3_quirk_npa_req_fail_no_reset_keeps_the_other_imports(tmp_path):
     """§13 N3's quirk "npa-req-fail-no-reset" (U): the failed NPA_REQ send is returned
-    (EFAULT at once, N4 still on) and the connection left alone: B's import from A stays."""
+    (ETIME at once, N4 still on) and the connection left alone: B's import from A stays."""
     for b, cb, held, other in _exporter_killed_while_shared(
             tmp_path, frozenset({"npa-req-fail-no-reset"})):
         with pytest.raises(OSError) as e:
             cb.import_(other)
-        assert e.value.errno == errno.EFAULT
+        assert e.value.errno == errno.ETIME
         assert f"{held[0]:#018x}" in _imports(b)
         assert "state=ESTABLISHED" in b.debug(128, "ualink_peers")
 
@@ -158,7 +158,7 @@ def test_n2_n3_after_the_reset_the_restarted_exporter_is_imported_from_at_once(t
             assert wait_until(lambda: _link_down(b))
             with pytest.raises(OSError) as e:
                 cb.import_((held[0] ^ 0x400, held[1]))
-            assert e.value.errno == errno.EFAULT
+            assert e.value.errno == errno.ETIME
             a2 = start_node(tmp_path / "restart", cfg, "node0")
             try:
                 wait_links_up(a2)
@@ -249,7 +249,7 @@ def test_n7_quirk_export_eperm_leak_keeps_the_refused_bos_vram(tmp_path):
 
 async def test_n4_a_send_to_a_link_that_is_down_fails_at_once():
     """§13 N4 at the link: b was never started, so nothing can be posted to it: send and
-    send_batch fail at once with EFAULT (the quirk's waiting in line for the ACK timeout is
+    send_batch fail at once with ETIME (the quirk's waiting in line for the ACK timeout is
     test_fabric_link's test_a_batch_waits_for_its_link_like_single_sends)."""
     import trio
     from test_fabric_link import Pod, make_pod
@@ -259,10 +259,10 @@ async def test_n4_a_send_to_a_link_that_is_down_fails_at_once():
         a = await pod.start("a")
         start = trio.current_time()
         outcomes = await a.send_batch(0, 2, [(3, 0, 0, 0), (3, 1, 0, 0)])
-        assert [e.errno for e, _ in outcomes if e is not None] == [errno.EFAULT] * 2
+        assert [e.errno for e, _ in outcomes if e is not None] == [errno.ETIME] * 2
         with pytest.raises(Exception) as e:
             await a.send(0, 2, (3, 0, 0, 0))
-        assert getattr(e.value, "errno", None) == errno.EFAULT
+        assert getattr(e.value, "errno", None) == errno.ETIME
         assert trio.current_time() - start < 1.0
         nursery.cancel_scope.cancel()
 
@@ -270,7 +270,7 @@ async def test_n4_a_send_to_a_link_that_is_down_fails_at_once():
 async def test_n2_the_link_carries_each_accels_incarnation():
     """§13 N2: each side announces its accels' incarnations as the link comes up and again
     at a manager start (`announce`); the probe (`incarnation`) reads the peer's, and a link
-    that is down cannot be read (EFAULT), an accel no node owns is EINVAL."""
+    that is down cannot be read (ETIME at once), an accel no node owns is EINVAL."""
     import trio
     from test_fabric_link import make_pod
 
@@ -297,7 +297,7 @@ async def test_n2_the_link_carries_each_accels_incarnation():
         a = await start("a", 100)
         with pytest.raises(DrmError) as e:
             a.incarnation(0, 2)  # b is not running: nothing to read
-        assert e.value.errno == errno.EFAULT
+        assert e.value.errno == errno.ETIME
         b = await start("b", 200)
         with trio.fail_after(5):
             while not (a.is_up("b") and b.is_up("a")):
@@ -317,7 +317,7 @@ async def test_n2_the_link_carries_each_accels_incarnation():
 
 def test_n4_n5_a_revoke_to_a_killed_importer_ends_at_once(tmp_path):
     """§13 N4 + N5 (§5.7): B is SIGKILLed holding an import and A has seen its link go
-    down; A's revoke cannot post the NPA_REVOKE (EFAULT at once), so B leaves the expected
+    down; A's revoke cannot post the NPA_REVOKE (ETIME at once), so B leaves the expected
     set and its connection is reset: the NPA is freed and the BO gone well before the 1.5 s
     timeouts (U: test_pod_fabric's test_importer_killed_while_exporter_revokes)."""
     with running_pod(tmp_path, config=pod_config(2, response_ms=1500)) as (a, b):

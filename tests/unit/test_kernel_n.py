@@ -104,10 +104,10 @@ def test_n2_setup_on_not_ready_fails_at_once_with_the_probes_error():
     """§13 N2: setup_connection on NOT_READY probes first; a peer that cannot be read fails
     the import at once with the probe's error, no HELLO sent, still NOT_READY."""
     core, mgr, flows, peers = importer()
-    peers.unreadable = DrmError(errno.EFAULT, "node0 is not reachable")
+    peers.unreadable = DrmError(errno.ETIME, "node0 is not reachable")
     with pytest.raises(DrmError) as e:
         mgr.import_handle(open_file(core), LO, HI)
-    assert e.value.errno == errno.EFAULT
+    assert e.value.errno == errno.ETIME
     assert mgr.take_effects() == [] and mgr.get_timer() is None
     assert mgr.conn(0).state == ConnState.NOT_READY and not mgr.imports
 
@@ -115,7 +115,7 @@ def test_n2_setup_on_not_ready_fails_at_once_with_the_probes_error():
 def test_n2_quirk_no_restart_probe_sends_hello_without_probing():
     """§13 N2's quirk "no-restart-probe" (U): no probe; HELLO goes out as before."""
     core, mgr, flows, peers = importer(("no-restart-probe",))
-    peers.unreadable = DrmError(errno.EFAULT, "node0 is not reachable")
+    peers.unreadable = DrmError(errno.ETIME, "node0 is not reachable")
     mgr.import_handle(open_file(core), LO, HI)
     (hello,) = sends(mgr)
     assert isinstance(hello.msg, p.Hello) and peers.calls == []
@@ -159,7 +159,7 @@ def test_n2_established_in_sync_or_sharing_goes_straight_to_npa_req():
     probe that would fail is not made)."""
     core, mgr, flows, peers = _established_then_nothing_shared()
     import_ready(core, mgr, flows, LO + 0x400)  # in sync: no HELLO (import_ready checks)
-    peers.unreadable = DrmError(errno.EFAULT, "unreadable")
+    peers.unreadable = DrmError(errno.ETIME, "unreadable")
     calls = len(peers.calls)
     mgr.import_handle(open_file(core), LO + 0x800, HI)
     (req,) = sends(mgr)
@@ -191,7 +191,7 @@ def test_n2_hello_from_a_sender_that_cannot_be_probed_gets_no_hello_ack():
     """§13 N2: on HELLO receipt the sender is probed; unreadable → no HELLO_ACK, NOT_READY
     (the sender times out)."""
     core, mgr, flows, peers = importer()
-    peers.unreadable = DrmError(errno.EFAULT, "unreadable")
+    peers.unreadable = DrmError(errno.ETIME, "unreadable")
     mgr.receive(0, p.Hello(receiver_id=1, sender_id=0))
     assert sends(mgr) == [] and mgr.conn(0).state == ConnState.NOT_READY
 
@@ -199,7 +199,7 @@ def test_n2_hello_from_a_sender_that_cannot_be_probed_gets_no_hello_ack():
 def test_n2_quirk_no_restart_probe_answers_every_hello():
     """§13 N2's quirk (U): a HELLO is answered without a probe."""
     core, mgr, flows, peers = importer(("no-restart-probe",))
-    peers.unreadable = DrmError(errno.EFAULT, "unreadable")
+    peers.unreadable = DrmError(errno.ETIME, "unreadable")
     mgr.receive(0, p.Hello(receiver_id=1, sender_id=0))
     (ack,) = sends(mgr)
     assert ack.tag == HelloAckSent(0) and mgr.conn(0).state == ConnState.PENDING

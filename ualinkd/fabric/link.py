@@ -1555,14 +1555,15 @@ class FabricLink:
 
     def incarnation(self, src_accel: int, dst_accel: int) -> int:
         """§13 N2's probe: remote accel `dst_accel`'s manager incarnation, as its link
-        announced it. DrmError: EINVAL (no node owns it, or it is ours), EFAULT (its link
-        is down: the read of an unreachable peer faults, Emulator policy 3)."""
+        announced it. DrmError: EINVAL (no node owns it, or it is ours), ETIME (its link is
+        down: the copy engine's read of an unreachable peer fails, §13 "ETIME on
+        timeout", at once since nothing can be read)."""
         peer = self._owner.get(dst_accel)
         if peer is None or peer == self.node_name or src_accel not in self._local_accels:
             raise DrmError(errno.EINVAL, f"accel {dst_accel} is not across the fabric")
         conn = self._conns.get(peer)
         if conn is None or conn.down is not None or self._closed:
-            raise DrmError(errno.EFAULT, f"{peer} is not reachable")
+            raise DrmError(errno.ETIME, f"{peer} is not reachable: cannot be probed")
         return self._peer_incarnations.get(dst_accel, 0)
 
     def _parks(self, peer: str | None, src_accel: int) -> bool:
@@ -1573,10 +1574,10 @@ class FabricLink:
     async def _not_posted(self, peer: str | None, messages: Sequence[Dwords]
                           ) -> list[SendOutcome]:
         """§13 N4: messages that could not be posted (the link to `peer` is down) fail at
-        once with the post's error, EFAULT (the write to an unreachable peer faults, as
-        Emulator policy 3's loads and stores)."""
+        once with the post's error: the copy engine's, ETIME (as §13 N2's probe of an
+        unreachable peer), not after the ACK poll."""
         now = trio.current_time()
-        return [(DrmError(errno.EFAULT, f"{peer} is not reachable: not posted"), now)
+        return [(DrmError(errno.ETIME, f"{peer} is not reachable: not posted"), now)
                 for _ in messages]
 
     def _unpark(self, peer: str, conn: _Conn) -> None:
