@@ -152,6 +152,8 @@ def test_n2_established_with_nothing_shared_is_set_up_again_after_a_peer_restart
     mgr.on_sent(req, None, 10.0)
     mgr.receive(0, p.NpaRsp(p.handle_lo_bits(lo2), 256, 0x802))
     assert isinstance(flows[-1].outcome(), DmaBuf)
+    assert mgr.shares_with(0)
+    mgr.check_invariants()
 
 
 def test_n2_established_in_sync_or_sharing_goes_straight_to_npa_req():
@@ -239,7 +241,8 @@ def test_n3_a_failed_npa_req_send_takes_the_other_imports_from_that_exporter():
     assert errno_of(flows[-1]) == errno.ETIME
     assert mgr.conn(0).state == ConnState.NOT_READY
     assert not mgr.imports and bo is not None and bo.npa_revoked
-    assert sends(mgr) == []
+    assert sends(mgr) == [] and not mgr.shares_with(0)
+    mgr.check_invariants()
 
 
 # -- N5: revoke re-checks each importer before its NPA_REVOKE -----------------------------------

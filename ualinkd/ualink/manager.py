@@ -1290,6 +1290,17 @@ class UalinkManager:
                 "a pinned BO outside VRAM")
         reserved = 0 if self.npa.reserved is None else 1
         assert len(self.npa_table) + reserved == len(self.npa.used)
+        # §13 N2's "shared with that peer" counts, kept as they change, equal a recount.
+        imported: dict[int, int] = {}
+        for node in self.imports.values():
+            if node.linked:
+                imported[node.exporter] = imported.get(node.exporter, 0) + 1
+        exported: dict[int, int] = {}
+        for entry in self.exports.values():
+            for remote in entry.importers:
+                exported[remote] = exported.get(remote, 0) + 1
+        assert imported == self._imported_from, (imported, self._imported_from)
+        assert exported == self._exported_to, (exported, self._exported_to)
 
 
 # receive(): each message type's handler (one lookup per message, not a chain of isinstance).
