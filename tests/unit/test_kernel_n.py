@@ -405,3 +405,28 @@ def test_every_n_quirk_is_accepted_by_kernel_quirks_on_the_command_line():
     assert cfg.kernel_quirks == frozenset(N_QUIRKS) | {"hello-no-reset"}
     with pytest.raises(ConfigError, match="unknown kernel quirks"):
         with_quirks(pod_config(), "no-restart-probes")
+
+
+def test_n2_incarnation_frames_on_the_wire_and_in_a_session():
+    """§13 N2 (fabric protocol 4): INCARNATION is [u32 length 11][u8 0x14][u16 accel]
+    [u64 incarnation]; a session takes one for a peer accel (IncarnationReceived), drops the
+    link for one naming an accel that is not the peer's, and refuses to announce one that is
+    not ours."""
+    from ualinkd.fabric import wire
+    from ualinkd.fabric.session import IncarnationReceived, Session
+    from ualinkd.fabric.wire import Incarnation, decode_payload, encode_frame
+
+    raw = encode_frame(Incarnation(3, 0x0102_0304_0506_0708))
+    assert raw == struct.pack("<IBHQ", 11, 0x14, 3, 0x0102_0304_0506_0708)
+    assert decode_payload(0x14, raw[5:]) == Incarnation(3, 0x0102_0304_0506_0708)
+    with pytest.raises(wire.RemoteProtocolError):
+        decode_payload(0x14, raw[5:] + b"\0")
+    ours, theirs = Session("b", {2, 3}, {0, 1}), Session("a", {0, 1}, {2, 3})
+    ours.send_incarnation(1, 77)
+    theirs.receive_data(ours.data_to_send())
+    assert theirs.next_event() == IncarnationReceived(1, 77)
+    with pytest.raises(wire.LocalProtocolError):
+        ours.send_incarnation(2, 1)
+    theirs.receive_data(encode_frame(Incarnation(2, 5)))  # accel 2 is theirs, not a's
+    with pytest.raises(wire.RemoteProtocolError, match="announced accel 2"):
+        theirs.next_event()
