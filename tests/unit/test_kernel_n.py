@@ -430,3 +430,23 @@ def test_n2_incarnation_frames_on_the_wire_and_in_a_session():
     theirs.receive_data(encode_frame(Incarnation(2, 5)))  # accel 2 is theirs, not a's
     with pytest.raises(wire.RemoteProtocolError, match="announced accel 2"):
         theirs.next_event()
+
+
+def test_n3_the_reset_takes_the_connection_as_it_is_when_the_send_fails():
+    """§13 N3 as N's code does it (the generation read when the send failed, not the one
+    the NPA_REQ went out with): a HELLO from the exporter re-established the connection
+    while the NPA_REQ waited for its ACK; the failed send still resets the new one."""
+    core, mgr, flows, peers = importer()
+    import_ready(core, mgr, flows)
+    lo2 = LO + 0x400
+    mgr.import_handle(open_file(core), lo2, HI)
+    (req,) = sends(mgr)
+    gen = mgr.conn(0).generation
+    mgr.receive(0, p.Hello(receiver_id=1, sender_id=0))  # N1: reset, then HELLO_ACK
+    (ack,) = sends(mgr)
+    mgr.on_sent(ack, None, 1.0)
+    assert mgr.conn(0).state == ConnState.ESTABLISHED and mgr.conn(0).generation == gen + 1
+    mgr.on_sent(req, ETIME, 2.0)
+    assert errno_of(flows[-1]) == errno.ETIME
+    assert mgr.conn(0).state == ConnState.NOT_READY
+    mgr.check_invariants()

@@ -26,9 +26,8 @@ The flow's steps, all decided here:
                 sent, and no connection within response_timeout (5 s) → NOT_READY, no
                 cleanup, ETIMEDOUT (I11)
     REQUESTING  NPA_REQ is sent (tag NpaReqSent) with the connection's generation noted.
-                The send fails                → the connection is reset with the noted
-                                                generation (§13 N3), the import fails with
-                                                that error
+                The send fails                → the connection is reset if ESTABLISHED
+                                                (§13 N3), the import fails with that error
                 sent, then the node leaves NOT_READY (NPA_RSP/NPA_FAIL, or torn down by a
                 revoke, a reset or a stop)    → DONE: import_finish (the NPA BO, or the
                                                 errno of NPA_FAIL / EINVAL)
@@ -1129,9 +1128,10 @@ class UalinkManager:
         if err is not None:
             if QUIRK_NPA_REQ_FAIL_NO_RESET not in self.quirks:
                 # §13 N3 (U left it alone): the connection to the exporter is reset first,
-                # with the cleanup of §5.8, if still ESTABLISHED with that generation.
-                self.connection_reset(flow.node.exporter, ConnState.NOT_READY,
-                                      flow.generation)
+                # with the cleanup of §5.8, if it is ESTABLISHED: N passes the generation it
+                # reads at that moment, not the one the NPA_REQ was sent with.
+                c = self.conn(flow.node.exporter)
+                self.connection_reset(c.remote, ConnState.NOT_READY, c.ready_generation())
             self._end(flow, err)
             return
         flow.sent = True
