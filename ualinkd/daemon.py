@@ -654,8 +654,12 @@ async def run_node(
             fabric_tracer, config, node_name, link)
         # (a traced request or batch is recorded by _trace_sends' wrappers)
         request_soon = send_batch_soon = None
+    # §13 N2: the managers' incarnations go out on every link, and their probes read the
+    # peers' from it.
+    link.local_incarnation = lambda accel: core.host.by_accel_id(accel).incarnation  # type: ignore[union-attr]
     agent = UalinkAgent(core, send, request, send_batch=send_batch,
-                        request_soon=request_soon, send_batch_soon=send_batch_soon)
+                        request_soon=request_soon, send_batch_soon=send_batch_soon,
+                        probe=link.incarnation, announce=link.announce)
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_links = lambda: {p: link.is_up(p) for p in peers}
     core.data_plane_stats = data_plane.stats

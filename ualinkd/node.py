@@ -12,6 +12,8 @@ import errno
 import functools
 import inspect
 import logging
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -83,6 +85,15 @@ def _no_clock() -> tuple[int, int]:
     return (0, 0)
 
 
+def _oops_kills_caller(caller: Caller) -> None:
+    """§13 N6's quirk: U's NULL dereference oopses in the caller's ioctl, and an oops in
+    process context ends that task without a chance to catch it; the emulator kills it."""
+    try:
+        os.kill(caller.pid, signal.SIGKILL)
+    except OSError as e:
+        log.warning("could not kill pid %d after the oops: %s", caller.pid, e.strerror)
+
+
 class NodeCore:
     def __init__(
         self,
@@ -140,6 +151,10 @@ class NodeCore:
                 accel.stage, config.kernel_quirks, npa_limit_pages=accel.npa_pages,
                 response_timeout=config.response_timeout_ms / 1000, **kwargs,
             )
+            if not accel.ualink:  # §13 N6: no UALink IP block, so no UALink info to reach
+                driver.ualink = None
+                driver.oops_without_ualink = "no-ualink-oops" in config.kernel_quirks
+                driver.oops = _oops_kills_caller
             self.host.managers.append(mgr)
             self.devices[minor] = device
             self.managers[minor] = mgr

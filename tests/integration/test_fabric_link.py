@@ -50,12 +50,16 @@ DW = (3, 0x1000, 0, 0)
 WATCHDOG = 20.0
 
 
-def make_pod(ack_ms: int = 300) -> PodConfig:
-    """Nodes a (accels 0, 1), b (2, 3), c (4, 5): a dials b and c, b dials c."""
+def make_pod(ack_ms: int = 300,
+             quirks: frozenset[str] = frozenset({"send-fail-slow"})) -> PodConfig:
+    """Nodes a (accels 0, 1), b (2, 3), c (4, 5): a dials b and c, b dials c. By default
+    with the quirk "send-fail-slow" (§13 N4's older build): these tests are of sends that
+    wait in line for a link that is down (tests/integration/test_kernel_n_pod.py has N's
+    failing at once)."""
     nodes = tuple(NodeConfig(n, "127.0.0.1:0", (AccelConfig(2 * i), AccelConfig(2 * i + 1)))
                   for i, n in enumerate("abc"))
     cfg = PodConfig(uuid=uuid.uuid4(), key=secrets.token_hex(32), nodes=nodes,
-                    send_ack_timeout_ms=ack_ms)
+                    send_ack_timeout_ms=ack_ms, kernel_quirks=quirks)
     cfg.validate()
     return cfg
 

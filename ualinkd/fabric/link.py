@@ -77,6 +77,7 @@ from .auth import (
 from .session import (
     AckReceived,
     DataReceived,
+    IncarnationReceived,
     MessageReceived,
     PongReceived,
     RequestReceived,
@@ -709,6 +710,14 @@ class FabricLink:
         # Per peer whose link is down: the batches waiting for it, in the order they were sent.
         self._parked: dict[str, deque[_Parked]] = {}
         self.port: int | None = None
+        # §13 N2: our accels' manager incarnations (set by whoever runs the managers; None:
+        # nothing to announce), and the peers' as their links last announced them.
+        self.local_incarnation: Callable[[int], int] | None = None
+        self._peer_incarnations: dict[int, int] = {}
+        # §13 N4: a send that cannot be posted (its link is down) fails at once, as the
+        # newest kernel's; quirk "send-fail-slow": it waits in line for the link (U polled
+        # its ACK for the 2 s).
+        self._post_fails_fast = "send-fail-slow" not in config.kernel_quirks
 
     # -- queries -----------------------------------------------------------------------------
     def is_up(self, node_name: str) -> bool:
@@ -1084,6 +1093,9 @@ class FabricLink:
             old.drop(_LinkDown(f"replaced by a new connection {label}"))
         self._conns[peer] = conn
         self._up[peer].set()
+        if self.local_incarnation is not None:  # (ahead of anything else we send it)
+            for accel in sorted(self._local_accels):
+                session.send_incarnation(accel, self.local_incarnation(accel))
         self._unpark(peer, conn)
         # The first link to a peer is the normal start (DEBUG); one after it went down is news.
         again = peer in self._ever_up
@@ -1113,6 +1125,8 @@ class FabricLink:
             if self._conns.get(peer) is conn:
                 del self._conns[peer]
                 self._up[peer] = trio.Event()
+                for accel in self._accels[peer]:  # (unreadable until it announces again)
+                    self._peer_incarnations.pop(accel, None)
                 if self._on_peer_state is not None:
                     self._on_peer_state(peer, False)
             # After the link is gone: a waiter's callback (a batch's outcomes, send_batch_soon)
@@ -1354,6 +1368,8 @@ class FabricLink:
             waiter = conn.waiters.pop(ev.seq, None)
             if waiter is not None:
                 waiter.set(ev)
+        elif isinstance(ev, IncarnationReceived):
+            self._peer_incarnations[ev.accel] = ev.incarnation
         elif isinstance(ev, PongReceived):
             waiter = conn.pings.pop(ev.token, None)
             if waiter is not None:
@@ -1561,6 +1577,8 @@ class FabricLink:
         now = trio.current_time()
         give_up = now + self.ack_timeout
         peer = self._owner.get(dst_accel)
+        if self._parks(peer, src_accel) and self._post_fails_fast:
+            return self._not_posted(peer, messages)
         if self._parks(peer, src_accel):
             assert peer is not None
             line = self._parked.setdefault(peer, deque())
@@ -1575,10 +1593,40 @@ class FabricLink:
         queued = self._queue_batch(conn, src_accel, dst_accel, messages)
         return self._wait_batch(queued, give_up)
 
+    def announce(self, accel: int, incarnation: int) -> None:
+        """Our accel `accel` started manager incarnation `incarnation` (§13 N2): told to
+        every peer whose link is up, ahead of what that accel sends next."""
+        for conn in list(self._conns.values()):
+            if conn.down is None:
+                conn.session.send_incarnation(accel, incarnation)
+                conn.flush()
+
+    def incarnation(self, src_accel: int, dst_accel: int) -> int:
+        """§13 N2's probe: remote accel `dst_accel`'s manager incarnation, as its link
+        announced it. DrmError: EINVAL (no node owns it, or it is ours), ETIME (its link is
+        down: the copy engine's read of an unreachable peer fails, §13 "ETIME on
+        timeout", at once since nothing can be read)."""
+        peer = self._owner.get(dst_accel)
+        if peer is None or peer == self.node_name or src_accel not in self._local_accels:
+            raise DrmError(errno.EINVAL, f"accel {dst_accel} is not across the fabric")
+        conn = self._conns.get(peer)
+        if conn is None or conn.down is not None or self._closed:
+            raise DrmError(errno.ETIME, f"{peer} is not reachable: cannot be probed")
+        return self._peer_incarnations.get(dst_accel, 0)
+
     def _parks(self, peer: str | None, src_accel: int) -> bool:
         """Whether a send to `peer` now waits in line for its link (it is down)."""
         return (peer is not None and peer in self._up and peer not in self._conns
                 and src_accel in self._local_accels and not self._closed)
+
+    async def _not_posted(self, peer: str | None, messages: Sequence[Dwords]
+                          ) -> list[SendOutcome]:
+        """§13 N4: messages that could not be posted (the link to `peer` is down) fail at
+        once with the post's error: the copy engine's, ETIME (as §13 N2's probe of an
+        unreachable peer), not after the ACK poll."""
+        now = trio.current_time()
+        return [(DrmError(errno.ETIME, f"{peer} is not reachable: not posted"), now)
+                for _ in messages]
 
     def _unpark(self, peer: str, conn: _Conn) -> None:
         """The link to `peer` is up: queue the batches that waited for it, in the order they
