@@ -1,5 +1,5 @@
 """The `ualinkd` command line: `ualinkd node` (one node daemon), `ualinkd pod` (cli/pod.py),
-`check`, `config`, `node-config`, `abi-check`, `record` and `replay`.
+`check`, `config`, `node-config`, `abi-check`, `record`, `replay` and `timeline`.
 
 `main(argv) -> int` so tests call it directly; `entry()` is the console script.
 """
@@ -14,7 +14,7 @@ import sys
 
 import trio
 
-from .. import __version__
+from .. import __version__, timeline
 from ..config import ConfigError, PodConfig
 from ..fabric.auth import node_config, node_keys
 from ..replay import cli as replay_cli
@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     own.add_argument("--node", required=True, help="the node the file is for")
     own.add_argument("--out", required=True, help="where to write it (mode 0600)")
     replay_cli.add_parsers(sub, verbose)
+    timeline.add_parser(sub, verbose)
     return p
 
 
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         lead += 1
     if lead < len(argv) and argv[lead] not in (
             "node", "pod", "check", "config", "start-node", "node-config", "abi-check", "-h",
-            "--help", *replay_cli.COMMANDS,
+            "--help", *replay_cli.COMMANDS, "timeline",
             "--version") and any(
             a == "--config" or a.startswith("--config=") for a in argv[lead:]):
         # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing,
@@ -143,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             return _abi_check(args)
         if args.command in replay_cli.COMMANDS:
             return replay_cli.run(args)
+        if args.command == "timeline":
+            return timeline.run(args)
         return pod_command(args)
     except ConfigError as e:
         print(f"ualinkd: {e}", file=sys.stderr)
