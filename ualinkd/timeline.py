@@ -15,8 +15,11 @@ refusal of a schema newer than this build); everything here past `read` is pure.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import os
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
@@ -473,7 +476,8 @@ def problems(doc: Any) -> list[str]:
 
 
 # -- the command -----------------------------------------------------------------------------
-def add_parser(sub: Any, verbose: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
+               verbose: argparse.ArgumentParser) -> None:
     """`ualinkd timeline` (cli/main.py adds it and dispatches to `run`)."""
     p = sub.add_parser(
         "timeline", parents=[verbose],
@@ -498,10 +502,7 @@ def default_output(path: str) -> str:
     return base + ".timeline.json"
 
 
-def run(args: Any) -> int:
-    import os
-    import sys
-
+def run(args: argparse.Namespace) -> int:
     try:
         loaded = read(args.recording)
     except RecordingError as e:

@@ -262,6 +262,16 @@ def test_the_command(tmp_path: Path, capsys):
     bad.write_text('{"v": 2, "type": "ioctl", "node": "n"}\n')
     assert main(["timeline", str(bad)]) == 2
     assert "line 1: `pid` is missing" in capsys.readouterr().err
+    bad.write_text('{"v": 9, "type": "ioctl"}\n')
+    assert main(["timeline", str(bad)]) == 2
+    assert "trace schema 9 is newer than this build reads" in capsys.readouterr().err
+    # a recorder killed mid-write: the partial last line is named and left out
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(rec.read_text() + '{"v": 2, "type": "ioctl", "ti')
+    assert main(["timeline", str(cut), "-o", str(tmp_path / "cut.json")]) == 0
+    assert f"line {len(session()) + 1} is a partial record" in capsys.readouterr().err
+    assert json.loads((tmp_path / "cut.json").read_text())["otherData"]["records"] == len(
+        session())
 
 
 def test_kfd_calls_decode_by_the_kfd_table():

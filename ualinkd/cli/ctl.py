@@ -13,6 +13,7 @@ import argparse
 import errno
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterable
 
@@ -589,8 +590,6 @@ def container_node(names: Iterable[str]) -> tuple[str, str] | None:
     mount = os.environ.get("UALINK_MOUNT")
     if not mount:
         return None
-    import socket
-
     name = os.environ.get("UALINK_NODE") or socket.gethostname()
     return (name, mount) if name in set(names) else None
 
