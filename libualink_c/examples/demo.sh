@@ -9,7 +9,7 @@ ROOT=$(mktemp -d /tmp/ualink-demo.XXXXXX)
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 debug() { cat "$ROOT/$1/sys/kernel/debug/dri/128/$2"; }
 
-.venv/bin/ualinkd pod --nodes 2 --root "$ROOT" --trace --trace-file "$ROOT/trace.txt" \
+.venv/bin/ualinkd pod --nodes 2 --root "$ROOT" --trace=json --trace-file "$ROOT/trace.jsonl" \
   >"$ROOT/pod.out" 2>"$ROOT/pod.log" &
 POD=$!
 cleanup() {
@@ -75,5 +75,10 @@ echo "node1 gpu_faults: $(debug node1 gpu_faults)"
 exec 4>&-
 wait "$PEER"
 
-step "what the daemons traced (ualinkd pod --trace --trace-file): ioctls, GPU loads/stores, fabric messages"
-cat "$ROOT/trace.txt"
+step "what the daemons traced, in start order (ualinkd timeline --text --no-discovery): ioctls, GPU loads/stores, fabric messages"
+.venv/bin/ualinkd timeline "$ROOT/trace.jsonl" --text --no-discovery
+
+step "the same as a timeline: a track per node, a thread per client, fabric messages as arrows"
+TIMELINE=${UALINK_DEMO_TIMELINE:-/tmp/ualink-demo-timeline.json}
+.venv/bin/ualinkd timeline "$ROOT/trace.jsonl" -o "$TIMELINE" 2>/dev/null
+echo "timeline: $TIMELINE (open it in https://ui.perfetto.dev or chrome://tracing)"

@@ -13,6 +13,7 @@ import argparse
 import errno
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterable
 
@@ -526,11 +527,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ps = sub.add_parser("pod", help="every node of a pod in one table (no --mount needed)")
     # `status` is the only thing `pod` does (and its default): `ualinkctl pod ROOT` too
-    ps.add_argument("pod_what", choices=["status"], metavar="status", nargs="?",
-                    default="status")
-    ps.add_argument("pod", metavar="POD.toml|POD-DIR",
+    # [status] [POD]: argparse cannot tell two optional positionals apart, _pod_where can
+    ps.add_argument("pod", nargs="*", metavar="[status] POD.toml|POD-DIR",
                     help="a `ualinkd pod` root or its pod.toml (nodes mounted beside it), or "
-                         "a namespaced pod's state directory (`ualinkd pod --netns` prints it)")
+                         "a namespaced pod's state directory (`ualinkd pod --netns` prints it); "
+                         "in a node's container, its pod config ($UALINK_CONFIG) by default")
     ps.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                     help="one JSON document")
     ps.add_argument("--watch", type=float, nargs="?", const=1.0, default=None, metavar="S",
@@ -581,6 +582,33 @@ def _inside_a_node() -> str | None:
         return None
 
 
+def _pod_where(words: list[str]) -> str:
+    """`ualinkctl pod [status] [POD]`'s POD; in a node's container ($UALINK_CONFIG set, as the
+    image sets it) the node's own pod config when none is given."""
+    if words[:1] == ["status"] and not (len(words) == 1 and os.path.exists("status")):
+        words = words[1:]
+    if len(words) > 1:
+        raise UsageError(f"pod: one POD expected, not {' '.join(words)}")
+    if words:
+        return words[0]
+    config = os.environ.get("UALINK_CONFIG")
+    if config and os.path.isfile(config):
+        return config
+    raise UsageError("pod: which pod? give its root, its pod.toml or a namespaced pod's "
+                     "state directory")
+
+
+def container_node(names: Iterable[str]) -> tuple[str, str] | None:
+    """(name, mount) of the node whose container this is: the image sets UALINK_MOUNT, and
+    the node is $UALINK_NODE or the host name, as the entrypoint takes it (None elsewhere,
+    or when the pod has no such node)."""
+    mount = os.environ.get("UALINK_MOUNT")
+    if not mount:
+        return None
+    name = os.environ.get("UALINK_NODE") or socket.gethostname()
+    return (name, mount) if name in set(names) else None
+
+
 def pod_nodes(path: str) -> list[tuple[str, str, list[int], str | None]]:
     """(name, address, accels, mount or None) of every node of the pod at `path`: a
     `ualinkd pod` root or its pod.toml (node NAME is mounted at ROOT/NAME), or the state
@@ -606,8 +634,18 @@ def pod_nodes(path: str) -> list[tuple[str, str, list[int], str | None]]:
         config = PodConfig.load(toml)
     except ConfigError as e:
         raise CtlError(str(e)) from None
-    return [(n.name, n.address, [a.accel_id for a in n.accels],
-             os.path.join(root, n.name)) for n in config.nodes]
+    mounts = {n.name: os.path.join(root, n.name) for n in config.nodes}
+    here = container_node(mounts)
+    if here is not None and not any(os.path.isdir(m) for m in mounts.values()):
+        # A pod of containers: each node's mount is in its own container. This one's is
+        # here; the others are seen through this node's links (ELSEWHERE).
+        mounts = {name: here[1] if name == here[0] else ELSEWHERE + here[0]
+                  for name in mounts}
+    return [(n.name, n.address, [a.accel_id for a in n.accels], mounts[n.name])
+            for n in config.nodes]
+
+
+ELSEWHERE = "elsewhere:"  # pod_nodes' mount of a node in another container: "elsewhere:ME"
 
 
 def _public_nodes(root: str, toml: str) -> list[tuple[str, str, list[int], str | None]]:
@@ -629,10 +667,14 @@ def pod_status(path: str) -> list[dict[str, object]]:
     """One row per node: whether it serves (every read bounded: a stopped node is "not
     answering"), its accels' states and its links."""
     rows: list[dict[str, object]] = []
-    for name, address, accels, mount in pod_nodes(path):
+    nodes = pod_nodes(path)
+    for name, address, accels, mount in nodes:
         row: dict[str, object] = {"node": name, "address": address, "accels": accels,
                                   "mount": mount, "status": "serving", "states": [],
                                   "links": {}}
+        if mount is not None and mount.startswith(ELSEWHERE):
+            rows.append(_seen_from(row, mount[len(ELSEWHERE):], nodes))
+            continue
         try:
             if mount is None:
                 raise CtlError("not running")
@@ -650,6 +692,24 @@ def pod_status(path: str) -> list[dict[str, object]]:
                              else "not mounted" if "does not exist" in text else text)
         rows.append(row)
     return rows
+
+
+def _seen_from(row: dict[str, object], me: str,
+               nodes: list[tuple[str, str, str, str | None]]) -> dict[str, object]:
+    """A node in another container, as this container's node sees it: serving when its
+    link to us is up (it answered the handshake and keeps answering heartbeats)."""
+    mine = next(m for n, _, _, m in nodes if n == me)
+    row.update(mount=None, seen_from=me)
+    try:
+        links = sysfs.parse_fabric(Mount(str(mine)).read(sysfs.FABRIC_STATUS))
+    except CtlError as e:
+        row["status"] = f"not known here ({me}: {e})"
+        return row
+    row["status"] = (f"serving (link from {me} up)" if links.get(str(row["node"]))
+                     else f"link from {me} down")
+    row["links"] = None if links.get(str(row["node"])) is None else {
+        me: bool(links[str(row["node"])])}
+    return row
 
 
 def render_pod_status(rows: list[dict[str, object]]) -> str:
@@ -674,20 +734,21 @@ def _pod_command(args: argparse.Namespace, as_json: bool) -> int:
     # follows the last one. Either way each says when it was taken.
     redraw = args.watch is not None and not as_json and sys.stdout.isatty()
     while True:
-        rows = pod_status(args.pod)
+        where = _pod_where(args.pod)
+        rows = pod_status(where)
         if as_json:
-            doc: dict[str, object] = {"pod": args.pod, "nodes": rows}
+            doc: dict[str, object] = {"pod": where, "nodes": rows}
             if args.watch is not None:
                 doc["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             text = json.dumps(doc, indent=2)
         else:
             text = render_pod_status(rows)
             if args.watch is not None:
-                text = (f"{args.pod} at {time.strftime('%H:%M:%S')} (every {args.watch:g} s,"
+                text = (f"{where} at {time.strftime('%H:%M:%S')} (every {args.watch:g} s,"
                         f" Ctrl-C stops)\n{text}")
         print(("\x1b[H\x1b[2J" if redraw else "") + text, flush=True)
         if args.watch is None:
-            return 0 if all(r["status"] == "serving" for r in rows) else 1
+            return 0 if all(str(r["status"]).startswith("serving") for r in rows) else 1
         try:
             time.sleep(args.watch)
         except KeyboardInterrupt:
@@ -708,6 +769,9 @@ def main(argv: list[str] | None = None) -> int:
         except CtlError as e:
             print(f"ualinkctl: {e}", file=sys.stderr)
             return 1
+        except UsageError as e:
+            print(f"ualinkctl: error: {e}", file=sys.stderr)
+            return 2
         except KeyboardInterrupt:
             return 130
     mount = getattr(args, "mount", None) or os.environ.get("UALINK_MOUNT") or _inside_a_node()

@@ -1,5 +1,6 @@
 """The `ualinkd` command line: `ualinkd node` (one node daemon), `ualinkd pod` (cli/pod.py),
-`check`, `config`, `node-config`, `abi-check`, `run` (cli/run.py), `record` and `replay`.
+`check`, `config`, `node-config`, `abi-check`, `run` (cli/run.py), `record`, `replay` and
+`timeline`.
 
 `main(argv) -> int` so tests call it directly; `entry()` is the console script.
 """
@@ -16,7 +17,7 @@ import sys
 
 import trio
 
-from .. import __version__
+from .. import __version__, timeline
 from ..config import ConfigError, PodConfig, split_address
 from ..fabric.auth import node_config, node_keys
 from ..replay import cli as replay_cli
@@ -120,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     own.add_argument("--out", required=True, help="where to write it (mode 0600)")
     run_cli.add_parser(sub)
     replay_cli.add_parsers(sub, verbose)
+    timeline.add_parser(sub, verbose)
     return p
 
 
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         lead += 1
     if lead < len(argv) and argv[lead] not in (
             "node", "pod", "check", "config", "start-node", "node-config", "abi-check", "run", "-h",
-            "--help", *replay_cli.COMMANDS,
+            "--help", *replay_cli.COMMANDS, "timeline",
             "--version") and any(
             a == "--config" or a.startswith("--config=") for a in argv[lead:]):
         # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing,
@@ -161,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             return _abi_check(args)
         if args.command in replay_cli.COMMANDS:
             return replay_cli.run(args)
+        if args.command == "timeline":
+            return timeline.run(args)
         return pod_command(args)
     except ConfigError as e:
         print(f"ualinkd: {e}", file=sys.stderr)
