@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from .amdgpu.info import FW_SDMA
 from .amdgpu.profile import DeviceProfile
+from .amdkfd.queues import SDMA_QUEUES_PER_ENGINE, sdma_engines
 from .amdkfd.topology import Topology, TopologyGpu
 
 # -- the node kinds the FUSE tree serves ---------------------------------------------------------
@@ -503,10 +505,11 @@ def kfd_gpu_properties(n: int, g: TopologyGpu) -> str:
         ("vendor_id", p.pci_vendor), ("device_id", p.pci_device),
         ("location_id", g.pci_bus << 8), ("domain", 0),
         ("drm_render_minor", g.render_minor), ("hive_id", 0),
-        ("num_sdma_engines", p.sdma_instances), ("num_sdma_xgmi_engines", 0),
-        ("num_sdma_queues_per_engine", 8), ("num_cp_queues", 0),
+        ("num_sdma_engines", sdma_engines(p)[0]), ("num_sdma_xgmi_engines", sdma_engines(p)[1]),
+        ("num_sdma_queues_per_engine", SDMA_QUEUES_PER_ENGINE), ("num_cp_queues", 0),
         ("max_engine_clk_fcompute", p.max_engine_clock_khz // 1000), ("local_mem_size", 0),
-        ("fw_version", 0), ("capability", 0), ("debug_prop", 0), ("sdma_fw_version", 0),
+        ("fw_version", 0), ("capability", 0), ("debug_prop", 0),
+        ("sdma_fw_version", p.firmware.get(FW_SDMA, (0, 0))[0]),
         ("unique_id", 0), ("num_xcc", p.num_xcc),
         ("max_engine_clk_ccompute", p.max_engine_clock_khz // 1000)])
 

@@ -68,9 +68,11 @@ def test_libhsakmt_opens_allocates_maps_and_frees(tmp_path: Path):
                      "map_system", "gpu_store_load_system", "free", "create_event",
                      "wait_event", "close_kfd"):
             assert step in by, r.stdout
-        # A queue: none to give (the DQM's limit, EPERM), which libhsakmt 5.2.3 reports
+        # A queue whose ring and pointers are plain malloc'd memory the GPU VM does not
+        # map: refused (EINVAL, kfd_queue_acquire_buffers), which libhsakmt 5.2.3 reports
         # as HSAKMT_STATUS_ERROR for any failed CREATE_QUEUE; what it allocated for the
-        # queue first (EOP buffer, CWSR area) is freed again.
+        # queue first (EOP buffer, CWSR area) is freed again. (Queues that run:
+        # test_hsakmt_queues.py.)
         (q,) = by["create_queue"]
         assert q["status"] == "1", q  # HSAKMT_STATUS_ERROR
         assert int(q["gem_before"]) >= 0 and q["gem_before"] == q["gem_after"], q
