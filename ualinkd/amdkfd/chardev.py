@@ -24,6 +24,7 @@ from ..abi import structs as st
 from ..abi.ioc import IOC_READ, IOC_WRITE
 from ..amdgpu.bo import AmdgpuBo
 from ..amdgpu.driver import AmdgpuDriver, user_pages_present
+from ..amdgpu.engine import gpu_clock_counter
 from ..amdgpu.vm import MAX_PFN, GpuVm
 from ..drm.device import (
     Caller,
@@ -381,7 +382,7 @@ class Kfd:
         gpu = 0
         pdd = p.pdds.get(a.gpu_id)  # 1
         if pdd is not None:
-            gpu = raw * pdd.node.driver.profile.gpu_counter_freq_khz // 1_000_000
+            gpu = gpu_clock_counter(raw, pdd.node.driver.profile.gpu_counter_freq_khz)
         kdata[:40] = st.KFD_GET_CLOCK_COUNTERS.encode(st.KfdGetClockCounters(
             gpu, raw, boot, NSEC_PER_SEC, a.gpu_id, a.pad))  # 2
 
