@@ -37,7 +37,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import ClassVar, Final
 
 from . import engine as eng
 from .engine import AtomicOp, EndReason, EngineRun, GpuFault, QueueState, Request, RunEnd
@@ -89,12 +89,16 @@ class SdmaPacketError(Exception):
 class Nop:
     """SDMA_OP_NOP: `count` dwords after the header are skipped (DW0 29:16)."""
 
+    NAME: ClassVar[str] = "NOP"
+
     count: int
 
 
 @dataclass(frozen=True, slots=True)
 class CopyLinear:
     """SDMA_OP_COPY / COPY_LINEAR: DW1 21:0 = bytes - 1, DW3-4 src, DW5-6 dst."""
+
+    NAME: ClassVar[str] = "COPY_LINEAR"
 
     src: int
     dst: int
@@ -107,6 +111,8 @@ class CopyLinearRect:
     bytes (DW0 31:29). Per side: a dword-aligned base, the window's start x/y/z (elements,
     rows, slices), the row pitch and slice pitch in elements (fields hold value - 1); the
     window is rect_x elements by rect_y rows by rect_z slices (fields hold value - 1)."""
+
+    NAME: ClassVar[str] = "COPY_LINEAR_RECT"
 
     element_log2: int
     src: int
@@ -158,6 +164,8 @@ class ConstFill:
     for dword fills, so the count's bits below the fill size are ignored: the fill covers
     ((count >> fill_size) + 1) << fill_size bytes."""
 
+    NAME: ClassVar[str] = "CONST_FILL"
+
     dst: int
     data: int
     size: int
@@ -177,6 +185,8 @@ class ConstFill:
 class Fence:
     """SDMA_OP_FENCE: the dword `data` stored at `addr` (DW1-2, dword aligned)."""
 
+    NAME: ClassVar[str] = "FENCE"
+
     addr: int
     data: int
 
@@ -184,6 +194,8 @@ class Fence:
 @dataclass(frozen=True, slots=True)
 class Trap:
     """SDMA_OP_TRAP: an interrupt with DW1 27:0 as its context (ROCr: the event id)."""
+
+    NAME: ClassVar[str] = "TRAP"
 
     context_id: int
 
@@ -193,6 +205,8 @@ class PollRegMem:
     """SDMA_OP_POLL_REGMEM: DW0 bit 26 hdp_flush, 30:28 compare function, bit 31 memory
     poll; DW1-2 address; DW3 reference; DW4 mask; DW5 15:0 interval, 27:16 retry count.
     Satisfied when (value & mask) <func> reference."""
+
+    NAME: ClassVar[str] = "POLL_REGMEM"
 
     mem_poll: bool
     hdp_flush: bool
@@ -226,6 +240,8 @@ class AtomicPacket:
     non-returning forms 0x40 higher; ROCr's signal decrement is 0x2F, ADD_RTN_64, with
     source -1). With `loop`, a compare-swap is retried until it succeeds."""
 
+    NAME: ClassVar[str] = "ATOMIC"
+
     op_code: int
     op: AtomicOp
     size: int
@@ -240,6 +256,8 @@ class AtomicPacket:
 class TimestampSet:
     """SDMA_OP_TIMESTAMP / SET: the engine's local timestamp counter starts at `value`."""
 
+    NAME: ClassVar[str] = "TIMESTAMP_SET"
+
     value: int
 
 
@@ -247,6 +265,8 @@ class TimestampSet:
 class TimestampGet:
     """SDMA_OP_TIMESTAMP / GET (local counter) or GET_GLOBAL (the GPU clock counter):
     the 64-bit counter stored at `addr` (DW1 31:3, so 8-byte aligned)."""
+
+    NAME: ClassVar[str] = "TIMESTAMP_GET"
 
     addr: int
     global_clock: bool
@@ -256,6 +276,8 @@ class TimestampGet:
 class WriteLinear:
     """SDMA_OP_WRITE / WRITE_LINEAR (write untiled): DW1-2 dst, DW3 19:0 dwords - 1, the
     dwords after it stored at dst (the kernel's page-table updates and ring tests)."""
+
+    NAME: ClassVar[str] = "WRITE_LINEAR"
 
     dst: int
     data: bytes
