@@ -128,8 +128,18 @@ def test_nops_and_zero_dwords_are_skipped() -> None:
     db = prod.put(words(nop(5), [0, 0], fence(VRAM, 9)))
     end, reqs = drive(ring.run(db), vm)
     assert end.ok and vm.u32(VRAM) == 9
-    assert [r.packet for r in reqs if isinstance(r, eng.Executed)][:3] == [
-        sdma.Nop(5), sdma.Nop(0), sdma.Nop(0)]
+    assert [r.packet for r in reqs if isinstance(r, eng.Executed)] == [
+        sdma.Nop(5), sdma.Padding(2), sdma.Fence(VRAM, 9)]
+    assert ring.packets_done == 4  # the zero dwords are two NOPs
+
+
+def test_a_zeroed_ring_is_one_step_not_one_request_per_dword() -> None:
+    """A doorbell a whole ring ahead over zeros (1 MiB: 262144 one-dword NOPs) is consumed
+    with a handful of requests."""
+    vm, ring, _ = setup(ring_size=1 << 20)
+    end, reqs = drive(ring.run(1 << 20), vm)
+    assert end.ok and ring.rptr == 1 << 20 and len(reqs) == 3  # Read, Executed, rptr Write
+    assert ring.packets_done == 1 << 18
 
 
 def test_copy_rect_window() -> None:
@@ -395,7 +405,8 @@ def test_run_ib_packet_past_the_end_and_faults() -> None:
     vm, _, _ = setup()
     vm.write(HOST, words(fence(VRAM, 1), copy_linear(VRAM, HOST, 4)))
     end, _ = drive(sdma.run_ib(HOST, 6), vm)
-    assert end.reason is EndReason.ERROR and end.offset == 16 and "past the end" in (end.error or "")
+    assert end.reason is EndReason.ERROR and end.offset == 16
+    assert "past the end" in (end.error or "")
     end, _ = drive(sdma.run_ib(0xBAD000, 4), vm)
     assert end.reason is EndReason.ERROR and end.fault is not None
 
@@ -453,3 +464,55 @@ def test_decoded_packets_are_frozen_values() -> None:
         pkt.data = 4  # type: ignore[misc]
     assert not hasattr(pkt, "__dict__")
     assert sdma.ATOMIC_OPS[sdma.TC_OP_ATOMIC_ADD_RTN_64] == (AtomicOp.ADD, 8)
+
+
+_VALID = st.one_of(
+    st.builds(lambda o, v: ("fence", o, v), st.integers(0, 63), st.integers(0, 2**32 - 1)),
+    st.builds(lambda o, ws: ("write", o, ws), st.integers(0, 48),
+              st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=12)),
+    st.builds(lambda o, s, n: ("copy", o, s, n), st.integers(0, 255), st.integers(0, 255),
+              st.integers(1, 64)),
+    st.builds(lambda c: ("nop", c), st.integers(0, 20)),
+    st.builds(lambda n: ("zeros", n), st.integers(1, 6)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_VALID, min_size=1, max_size=25), st.lists(st.integers(1, 60), max_size=30),
+       st.sampled_from([128, 256, 512]))
+def test_valid_streams_split_anywhere_equal_running_them_in_one_go(
+        ops: list[tuple], cuts: list[int], ring_size: int) -> None:
+    """§8 ring protocol, as a model: a stream of valid packets, written across the ring's
+    end (no padding) and rung in arbitrary dword-aligned pieces (packets cut in two by a
+    doorbell), leaves memory exactly as executing the packets one after another does, and
+    rptr ends at the last doorbell."""
+    vm, ring, prod = setup(ring_size=ring_size)
+    src = bytes(range(256)) * 2
+    vm.write(HOST, src)
+    model = bytearray(512)
+    stream: list[list[int]] = []
+    for op in ops:
+        if op[0] == "fence":
+            stream.append(fence(VRAM + 4 * op[1], op[2]))
+            model[4 * op[1]: 4 * op[1] + 4] = struct.pack("<I", op[2])
+        elif op[0] == "write":
+            stream.append(write_linear(VRAM + 4 * op[1], op[2]))
+            model[4 * op[1]: 4 * op[1] + 4 * len(op[2])] = struct.pack(f"<{len(op[2])}I", *op[2])
+        elif op[0] == "copy":
+            stream.append(copy_linear(VRAM + op[1], HOST + op[2], op[3]))
+            model[op[1]: op[1] + op[3]] = src[op[2]: op[2] + op[3]]
+        elif op[0] == "nop":
+            stream.append(nop(op[1]))
+        else:
+            stream.append([0] * op[1])
+    data = words(*stream)
+    pos = 0
+    while pos < len(data):  # ring in pieces no bigger than the space the engine freed
+        step = min(4 * (cuts.pop(0) if cuts else 64), len(data) - pos,
+                   ring_size - (prod.wptr - ring.rptr))
+        db = prod.put(data[pos: pos + step], pad=False)
+        pos += step
+        end, _ = drive(ring.run(db), vm)
+        assert end.reason is EndReason.CAUGHT_UP, end
+    assert ring.rptr == len(data) and vm.u64(RPTR) == len(data)
+    assert vm.read(VRAM, 512) == bytes(model)

@@ -50,6 +50,7 @@ __all__ = [
     "Fence",
     "Nop",
     "Packet",
+    "Padding",
     "PollRegMem",
     "SdmaPacketError",
     "SdmaRing",
@@ -92,6 +93,16 @@ class Nop:
     NAME: ClassVar[str] = "NOP"
 
     count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Padding:
+    """A run of zero dwords, each a one-dword NOP (ROCr zero-fills to the ring's end), taken
+    as one step so that a zeroed ring costs one request, not one per dword."""
+
+    NAME: ClassVar[str] = "NOP"
+
+    zero_dwords: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +294,7 @@ class WriteLinear:
     data: bytes
 
 
-Packet = (Nop | CopyLinear | CopyLinearRect | ConstFill | Fence | Trap | PollRegMem
+Packet = (Nop | Padding | CopyLinear | CopyLinearRect | ConstFill | Fence | Trap | PollRegMem
           | AtomicPacket | TimestampSet | TimestampGet | WriteLinear)
 
 # TC_OP_ATOMIC_* operation codes (gfx9's TC_OP enum) -> the operation; the returning forms
@@ -336,6 +347,10 @@ def decode_packet(buf: Buf, pos: int, end: int) -> tuple[Packet, int] | None:
     if pos + 4 > end:
         return None
     header = _DW.unpack_from(buf, pos)[0]
+    if header == 0:
+        rest = bytes(buf[pos:end])
+        n = (len(rest) - len(rest.lstrip(b"\0"))) & ~3
+        return Padding(n // 4), n
     dw3 = _DW.unpack_from(buf, pos + 12)[0] if (
         header & 0xFFFF == OP_WRITE | SUBOP_WRITE_LINEAR << 8 and pos + 16 <= end) else None
     n = packet_dwords(header, dw3)
@@ -613,7 +628,7 @@ class SdmaRing:
                 return RunEnd(EndReason.POLLING, self.offset())
             pos += n
             self.rptr += n
-            self.packets_done += 1
+            self.packets_done += pkt.zero_dwords if isinstance(pkt, Padding) else 1
             yield eng.Executed(self.offset(index), pkt)
         self.state = QueueState.IDLE
         return RunEnd(EndReason.CAUGHT_UP, self.offset())
