@@ -675,6 +675,13 @@ class NodeCore:
                  "allocations": len(pdd.mems), "events": len(proc.events)}
                 for proc in self.kfd.processes.values()
                 for gpu_id, pdd in proc.pdds.items() if pdd.node.driver is driver)),
+            "kfd_queues": table("kfd_queues", lambda: (
+                {"pid": q.pid, "gpu_id": q.gpu_id, "queue_id": q.queue_id,
+                 "type": q.type_name, "ring": q.ring_base, "ring_size": q.ring_size,
+                 "rptr": q.rptr, "wptr": q.last_doorbell, "packets": q.packets,
+                 "state": q.state.value}
+                for q in self.kfd.queues.all_queues()
+                if self.kfd.nodes[q.gpu_id].driver is driver)),
         }, mode=sysfs.DEBUGFS_DIR_MODE)
 
     def _config_files(self, cfg: SysConfig) -> SysDir:
