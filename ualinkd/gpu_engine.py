@@ -7,9 +7,10 @@ with pread. The scanner reads each slice that has an active queue once per tick 
 compares every queue's 8-byte slot with the value it last ran to. The tick backs off
 adaptively, as AMD's rocjitsu polls its doorbell memfd: from `MIN_INTERVAL` right after
 work, doubling while nothing moves, up to `MAX_INTERVAL`; with no queue at all the task
-sleeps until CREATE_QUEUE makes one. An idle node with 8 idle queues measured 0.6% of one
-CPU (tests/integration/test_hsakmt_queues.py); the price is up to 50 ms before the first
-doorbell after a quiet spell is seen.
+sleeps until CREATE_QUEUE makes one. A trio wake-up costs ~0.2-0.4 ms of CPU on the test
+machine, so the idle tick is 100 ms: an idle node with 8 idle queues measured 0.4% of one
+CPU (0.8% with a 50 ms tick; tests/integration/test_hsakmt_queues.py), and the price is up
+to 100 ms before the first doorbell after a quiet spell is seen.
 
 Running. A queue's engine (amdgpu/sdma.py's ring, amdgpu/aql.py's processor) is a sans-IO
 generator of requests (amdgpu/engine.py); each run is a task of its own, so a poll that
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIN_INTERVAL = 50e-6  # s: the tick right after a doorbell moved or a queue ran
-MAX_INTERVAL = 0.050  # s: the tick of an idle node with queues (its doorbell latency bound)
+MAX_INTERVAL = 0.100  # s: the tick of an idle node with queues (its doorbell latency bound)
 COPY_CHUNK = 4 << 20  # bytes a Copy / Fill moves per load + store
 
 
@@ -299,12 +300,11 @@ class GpuEngineEdge:
         q.error = end.error or "queue error"
         log.warning("GPU queue error: pid %d queue %d (%s, gpu_id %#x) at ring offset %#x: %s",
                     q.pid, q.queue_id, q.type_name, q.gpu_id, end.offset, q.error)
+        self.core.trace_queue(q, "error", end.offset, q.error)
         proc = self.kfd.processes.get(q.pid)
         if end.fault is not None and proc is not None:
             kq.vm_fault(self.kfd, proc, q.gpu_id, end.fault.va, end.fault.write)
 
     def _trace_doorbell(self, q: kq.KfdQueue, value: int) -> None:
-        trace = getattr(self.core, "trace_queue", None)
-        if trace is not None:
-            trace(q, "doorbell", value)
+        self.core.trace_queue(q, "doorbell", value)
 

@@ -25,6 +25,7 @@ from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.profile import PROFILES
 from .amdgpu.vm import RemotePiece, npa_byte_address
 from .amdkfd.chardev import Clock, Kfd, KfdNode, KfdProcess, ResolveDrmFile
+from .amdkfd.queues import KfdQueue
 from .amdkfd.topology import Topology, TopologyGpu, gpu_ids
 from .config import PodConfig
 from .drm.completion import Completion
@@ -49,6 +50,7 @@ from .trace import (
     FileRecord,
     GpuAccessRecord,
     MemAccess,
+    QueueRecord,
     Record,
     TraceRecord,
 )
@@ -159,6 +161,8 @@ class NodeCore:
                        clock or _no_clock, copy_to_user, resolve_drm_file, copy_from_user,
                        waits)
         self.kfd.resolve_dmabuf = self._resolve_dmabuf
+        self.kfd.queues.listeners.append(
+            lambda q, created: self.trace_queue(q, "create" if created else "destroy"))
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
         self.cpu_maps = CpuMapGrants()
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can
@@ -431,6 +435,15 @@ class NodeCore:
                                                    driver.count_gpu_fault,
                                                    remote_soon=remote_soon))
         return store  # type: ignore[return-value]  # gpu_store's result, traced
+
+    def trace_queue(self, q: KfdQueue, event: str, value: int = 0, detail: str = "") -> None:
+        """A user queue's creation, destruction, doorbell or error, to the tracer."""
+        if self.tracer is None:
+            return
+        minor = self.kfd.nodes[q.gpu_id].render_minor
+        self.tracer(QueueRecord(q.pid, self.name, minor, self.managers[minor].accel_id,
+                                q.queue_id, q.type_name, event, value, detail,
+                                self.trace_clock()))
 
     def _traced_gpu(self, drm_file: DrmFile, op: str, va: int, length: int, data: bytes,
                     caller: Caller, access: Callable[[], object]) -> object:

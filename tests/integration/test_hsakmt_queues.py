@@ -8,6 +8,7 @@ left after the process; the idle cost of a node with 8 idle queues."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -76,8 +77,8 @@ def test_libhsakmt_sdma_queue_runs_rocr_packets(tmp_path: Path):
     queues (ualinkctl's kfd_queues table: the good one active with its packets counted and
     rptr = wptr, the one fed an illegal packet in error) and logged one line naming the
     process, queue and ring offset; after destroy and exit, no queue and no GEM object
-    is left, and the daemon still answers."""
-    with running_node(tmp_path) as node:
+    is left. The JSON trace has each queue's create, doorbells, error and destroy."""
+    with running_node(tmp_path, trace="json") as node:
         proc = client(node)
         try:
             out = read_until(proc, "ok queues_before_destroy")
@@ -108,6 +109,15 @@ def test_libhsakmt_sdma_queue_runs_rocr_packets(tmp_path: Path):
         assert wait_until(lambda: queues(node) == [])
         assert wait_until(lambda: node.debug(MINOR, "gem_objects").strip() == "")
         assert node.debug(MINOR, "kfd_processes").strip() == ""
+        recs = [json.loads(ln) for ln in node.out.read_text().splitlines()
+                if ln.startswith("{")]
+        events = [(r["queue_id"], r["event"]) for r in recs if r["type"] == "queue"]
+        assert events.count((0, "create")) == events.count((1, "create")) == 1, events
+        assert events.count((0, "destroy")) == events.count((1, "destroy")) == 1, events
+        # (doorbell writes the scanner did not see apart are one doorbell)
+        assert events.count((0, "doorbell")) >= 8 and (1, "error") in events, events
+        err = next(r for r in recs if r["type"] == "queue" and r["event"] == "error")
+        assert err["pid"] == pid and "unknown packet" in err["detail"], err
 
 
 def _cpu_seconds(pid: int) -> float:
