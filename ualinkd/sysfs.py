@@ -282,6 +282,13 @@ DEBUGFS: dict[str, LineFormat] = {
     "kfd_processes": LineFormat((), (
         Field("pid", int), Field("gpu_id", int), Field("vm_file_pid", int),
         Field("vm_mappings", int), Field("allocations", int), Field("events", int))),
+    # The user queues on this GPU (issue 30 item 6): each process's queue id and type, its
+    # ring (GPU VA and size), the byte index the engine consumed (rptr) and the last
+    # doorbell value (wptr), packets executed, state (active / inactive / error).
+    "kfd_queues": LineFormat((), (
+        Field("pid", int), Field("gpu_id", int), Field("queue_id", int), Field("type", str),
+        Field("ring", lambda t: int(t, 16), _hex64), Field("ring_size", int),
+        Field("rptr", int), Field("wptr", int), Field("packets", int), Field("state", str))),
 }
 DROP_MSG = "ualink_drop_msg"  # Emulator policy 9: a hex bitmap, bit n = message type n
 

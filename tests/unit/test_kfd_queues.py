@@ -101,7 +101,7 @@ def test_create_queue_checks_its_arguments_then_creates():
     # ring base 0 / size 0 is allowed and makes an inactive queue (QUEUE_IS_ACTIVE)
     res, out = create(node, p, g0, ring_base_address=0, ring_size=0)
     assert res == 0
-    assert node.kfd.queues.get(p.pid, out.queue_id, 0).state is queues.QueueState.INACTIVE
+    assert node.kfd.queues.get(p.pid, out.queue_id, 0).state is queues.KfdQueueState.INACTIVE
 
 
 def test_doorbell_offsets_are_the_slice_cookie_plus_an_8_byte_slot():
@@ -197,7 +197,7 @@ def test_ioctls_on_queues_that_exist_and_queues_that_do_not():
     assert update(aql.queue_id, ring=RING + 8192, size=8192, pct=0, prio=3) == 0
     q = node.kfd.queues.get(p.pid, aql.queue_id, 0)
     assert (q.ring_base, q.ring_size, q.percentage, q.priority) == (RING + 8192, 8192, 0, 3)
-    assert q.state is queues.QueueState.INACTIVE
+    assert q.state is queues.KfdQueueState.INACTIVE
     cu = tbl.KFD_SET_CU_MASK.cmd
     assert call(node, p, cu, struct.pack("<IIQ", 0, 0, 0x300)).result == -errno.EINVAL
     assert call(node, p, cu, struct.pack("<IIQ", 0, 33, 0x300)).result == -errno.EINVAL

@@ -776,7 +776,10 @@ class Kfd:
         """kfd_set_event -> set_event: every waiter in the event's queue is activated at
         once (wake_up_all); the event stays signaled unless it is auto-reset and someone
         was waiting (then those waiters consumed it together)."""
-        ev = self._event(p, kdata, cpu_signaled=True)
+        self.signal(self._event(p, kdata, cpu_signaled=True))
+
+    def signal(self, ev: KfdEvent) -> None:
+        """set_event, for SET_EVENT and the interrupt path (queues.event_interrupt)."""
         ev.signaled = not ev.auto_reset or not ev.waiters
         for w in ev.waiters:
             w.activated = True

@@ -30,6 +30,7 @@ from ..drm.errors import DrmError
 if TYPE_CHECKING:
     from ..amdgpu.profile import DeviceProfile
     from ..amdgpu.vm import GpuVm
+    from .chardev import Kfd, KfdProcess
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def sdma_engines(profile: DeviceProfile) -> tuple[int, int]:
     return pcie, profile.sdma_instances - pcie
 
 
-class QueueState(Enum):
+class KfdQueueState(Enum):
     """What ualinkctl shows: ACTIVE runs on a doorbell, INACTIVE (QUEUE_IS_ACTIVE false:
     no ring, size 0 or percentage 0) does not, ERROR stopped for good (a GPU fault or an
     illegal packet) until destroyed."""
@@ -127,13 +128,13 @@ class KfdQueue:
         return self.type in SDMA_TYPES
 
     @property
-    def state(self) -> QueueState:
+    def state(self) -> KfdQueueState:
         if self.error is not None:
-            return QueueState.ERROR
+            return KfdQueueState.ERROR
         # QUEUE_IS_ACTIVE (kfd_priv.h)
         if self.ring_size > 0 and self.ring_base != 0 and self.percentage > 0:
-            return QueueState.ACTIVE
-        return QueueState.INACTIVE
+            return KfdQueueState.ACTIVE
+        return KfdQueueState.INACTIVE
 
     @property
     def type_name(self) -> str:
@@ -364,7 +365,7 @@ class QueueRegistry:
         compute queue has its waves saved (else EINVAL); no wave ever runs here, so the
         control stack and save area used are both 0 bytes. Returns the two sizes."""
         q = self.get(pid, queue_id, errno.EFAULT)
-        if q.is_sdma or q.state is QueueState.ACTIVE:
+        if q.is_sdma or q.state is KfdQueueState.ACTIVE:
             raise DrmError(errno.EINVAL, "only an inactive compute queue has a wave state")
         return 0, 0
 
@@ -386,6 +387,58 @@ class QueueRegistry:
         for q in queues:
             self._remove(q)
         return len(queues)
+
+
+# kfd_events.c: the interrupt path and VM fault reporting
+KFD_SIGNAL_EVENT_LIMIT = 4096
+UNSIGNALED_EVENT_SLOT = 0xFFFF_FFFF_FFFF_FFFF
+KFD_IOC_EVENT_SIGNAL = 0
+KFD_IOC_EVENT_MEMORY = 8
+KFD_IOC_EVENT_DEBUG_EVENT = 5
+SDMA_TRAP_CONTEXT_BITS = 28  # kfd_int_process_v9: the SDMA trap's context id, 28 bits
+
+
+def event_interrupt(kfd: Kfd, p: KfdProcess, context_id: int) -> int:
+    """kfd_signal_event_interrupt(pasid, context_id, 28), what an SDMA TRAP (and an AQL
+    signal's mailbox interrupt) raises: the event the id names, if its slot in the events
+    page is no longer UNSIGNALED (lookup_signaled_event_by_partial_id); else every event
+    whose slot is not UNSIGNALED (the exhaustive search). Each found GPU-signalable event
+    has its slot written back UNSIGNALED (acknowledge_signal) and is set, waking its
+    WAIT_EVENTS waiters (set_event). The slot values were written by the engine before the
+    trap, so they are visible before the wake. Returns how many events were set."""
+    page = kfd._events_page(p)
+    if page is None:
+        return 0
+    slots = page.memory.read(0, min(page.size, KFD_SIGNAL_EVENT_LIMIT * 8))
+
+    def signaled(eid: int) -> bool:
+        return (eid * 8 + 8 <= len(slots)
+                and int.from_bytes(slots[eid * 8 : eid * 8 + 8], "little")
+                != UNSIGNALED_EVENT_SLOT)
+
+    eid = context_id & ((1 << SDMA_TRAP_CONTEXT_BITS) - 1)
+    found = [p.events[eid]] if eid in p.events and signaled(eid) else [
+        ev for i, ev in sorted(p.events.items())
+        if i < KFD_SIGNAL_EVENT_LIMIT and signaled(i)]
+    n = 0
+    for ev in found:
+        if ev.type in (KFD_IOC_EVENT_SIGNAL, KFD_IOC_EVENT_DEBUG_EVENT):  # gpu-signalable
+            page.memory.write(ev.event_id * 8, UNSIGNALED_EVENT_SLOT.to_bytes(8, "little"))
+            kfd.signal(ev)
+            n += 1
+    return n
+
+
+def vm_fault(kfd: Kfd, p: KfdProcess, gpu_id: int, va: int, write: bool) -> int:
+    """kfd_signal_vm_fault_event: every memory-exception event of the process is set (the
+    fault's gpu_id / VA / kind is what the kernel copies out with it; WAIT_EVENTS here does
+    not copy event data out). Returns how many events were set."""
+    n = 0
+    for ev in list(p.events.values()):
+        if ev.type == KFD_IOC_EVENT_MEMORY:
+            kfd.signal(ev)
+            n += 1
+    return n
 
 
 def _mapped(vm: GpuVm, va: int, size: int) -> bool:
