@@ -50,6 +50,7 @@ KFD_IOCTL_MINOR_VERSION = 17
 KFD_IOC_CACHE_POLICY_COHERENT = 0
 KFD_IOC_CACHE_POLICY_NONCOHERENT = 1
 NSEC_PER_SEC = 1_000_000_000
+DOORBELL_ARMED = (1 << 64) - 1  # a doorbell slot no store has written since it was armed
 
 # kfd_flat_memory.c, gfx9 apertures (kfd_init_apertures_v9): LDS and scratch in their own
 # 4 GiB windows at 1 << 48 and 2 << 48; GPUVM from 16 MiB (the reserved bottom libhsakmt
@@ -931,7 +932,12 @@ class Kfd:
             a.read_pointer_address, a.write_pointer_address, a.queue_percentage & 0xFF,
             a.queue_priority, a.sdma_engine_id, a.eop_buffer_address,
             a.ctx_save_restore_address, a.ctl_stack_size))
-        pdd.doorbells()  # the slice the doorbell_offset cookie maps
+        # The slice the doorbell_offset cookie maps, with the queue's slot armed: all-ones,
+        # a value no doorbell store makes (as AMD's rocjitsu re-arms a recycled slot), so
+        # the first store is seen even when it writes what the slot held. ROCr's first AQL
+        # doorbell is 0 (the index of packet 0), which a zeroed slot would hide.
+        pdd.doorbells().memory.write(q.doorbell_slot, DOORBELL_ARMED.to_bytes(8, "little"))
+        q.last_doorbell = DOORBELL_ARMED
         kdata[: layout.size] = layout.encode(dataclasses.replace(
             a, doorbell_offset=q.doorbell_offset, queue_id=q.queue_id))
 
