@@ -87,3 +87,27 @@ def test_rocr_dispatch_fails_on_rocrs_own_queue_and_shuts_down(tmp_path: Path):
         assert r.returncode == 0, r.stdout + r.stderr[-3000:] + node.log_text()[-3000:]
         (d,) = steps(r.stdout)["dispatch_fails"]
         assert int(d["status"], 16) == HSA_STATUS_ERROR_INVALID_CODE_OBJECT
+
+
+@pytest.mark.skipif(not Path("/usr/include/hip/hip_runtime_api.h").exists(),
+                    reason="libamdhip64-dev (Debian's HIP 5.2.3) is not installed")
+def test_hip_memcpy_stops_visibly_at_rocclrs_blit_kernel(tmp_path: Path):
+    """Debian's HIP 5.2.3 (tests/c/rocr_hip.c): hipGetDeviceCount, hipSetDevice and hipMalloc
+    work; hipMemcpy host->device is where it stops: ROCclr copies pageable memory with its
+    blit kernel, a KERNEL_DISPATCH on its own AQL queue, which the emulated GPU cannot run.
+    The queue error reaches ROCclr (HSA_STATUS_ERROR_INVALID_CODE_OBJECT), which aborts the
+    process, visibly and at once: no hang, one log line naming the kernel object, the daemon
+    serving on. (The README's "What the engines run" names this call.)"""
+    with running_node(tmp_path / "node", mi210_config()) as node:
+        r = subprocess.run([c_program("rocr_hip")], env=client_env(node.mount),
+                           capture_output=True, text=True, timeout=120)
+        out = r.stdout + r.stderr
+        for call in ("hipGetDeviceCount", "hipSetDevice", "hipMalloc"):
+            assert f"ok {call}(" in r.stdout, out
+        assert "ok hipMemcpy(" not in r.stdout, out
+        assert r.returncode != 0, out
+        assert "HSA_STATUS_ERROR_INVALID_CODE_OBJECT" in r.stderr, out
+        dispatch = [line for line in node.log_text().splitlines()
+                    if "KERNEL_DISPATCH of kernel object" in line]
+        assert len(dispatch) == 1, node.log_text()[-2000:]
+        assert node.proc.poll() is None
