@@ -5,8 +5,8 @@
  * libhsakmt 5.2.3, and the UALink handle ioctl of the patch series' uAPI
  * (include/ualink/ualink_drm.h).
  *
- *   fabric_sdma export
- *       the exporter: a VRAM BO (libdrm), its bytes written through the CPU mapping,
+ *   fabric_sdma export [bytes]
+ *       the exporter: a VRAM BO (libdrm; 4 MiB unless `bytes` says), its bytes written through the CPU mapping,
  *       the UALink EXPORT; prints the handle, then serves stdin lines:
  *         check <offset> <size> <seed>   the BO holds pattern(seed) there? (its own
  *                                         CPU mapping: what the importer's SDMA stored)
@@ -89,10 +89,10 @@ static double now_s(void)
 }
 
 /* ---------------------------------------------------------------- exporter */
-static int do_export(void)
+static int do_export(size_t bo_size)
 {
 	struct amdgpu_bo_alloc_request req = {
-		.alloc_size = BO_SIZE, .phys_alignment = 4096,
+		.alloc_size = bo_size, .phys_alignment = 4096,
 		.preferred_heap = AMDGPU_GEM_DOMAIN_VRAM,
 		.flags = AMDGPU_GEM_CREATE_CPU_ACCESS_REQUIRED,
 	};
@@ -111,21 +111,21 @@ static int do_export(void)
 	fd = amdgpu_device_get_fd(dev);
 	SYS("bo_alloc", amdgpu_bo_alloc(dev, &req, &bo));
 	SYS("cpu_map", amdgpu_bo_cpu_map(bo, (void **)&cpu));
-	pattern(cpu, BO_SIZE, 1);
+	pattern(cpu, bo_size, 1);
 	SYS("export_kms", amdgpu_bo_export(bo, amdgpu_bo_handle_type_kms, &kms));
 	memset(&u, 0, sizeof(u));
 	u.in.op = DRM_AMDGPU_UALINK_HANDLE_OP_EXPORT;
 	u.in.gem_handle = kms;
 	SYS("export", drmCommandWriteRead(fd, DRM_AMDGPU_UALINK_HANDLE, &u, sizeof(u)));
-	printf("ok export lo=%#" PRIx64 " hi=%#" PRIx64 " size=%u seed=1\n",
+	printf("ok export lo=%#" PRIx64 " hi=%#" PRIx64 " size=%zu seed=1\n",
 	       (uint64_t)u.out.export_ualink_handle[0], (uint64_t)u.out.export_ualink_handle[1],
-	       BO_SIZE);
-	want = malloc(BO_SIZE);
+	       bo_size);
+	want = malloc(bo_size);
 	while (fgets(line, sizeof(line), stdin)) {
 		unsigned long off, size, seed;
 
 		if (sscanf(line, "check %lu %lu %lu", &off, &size, &seed) == 3 &&
-		    off + size <= BO_SIZE && cpu) {
+		    off + size <= bo_size && cpu) {
 			pattern(want, size, (uint32_t)seed);
 			printf("ok check equal=%d\n", memcmp(cpu + off, want, size) == 0);
 		} else if (strncmp(line, "free", 4) == 0 && cpu) {
@@ -376,10 +376,10 @@ static int do_import(uint64_t lo, uint64_t hi)
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	if (argc == 2 && strcmp(argv[1], "export") == 0)
-		return do_export();
+	if ((argc == 2 || argc == 3) && strcmp(argv[1], "export") == 0)
+		return do_export(argc == 3 ? strtoull(argv[2], NULL, 0) : BO_SIZE);
 	if (argc == 4 && strcmp(argv[1], "import") == 0)
 		return do_import(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
-	fprintf(stderr, "usage: fabric_sdma export | import <lo> <hi>\n");
+	fprintf(stderr, "usage: fabric_sdma export [bytes] | import <lo> <hi>\n");
 	return 2;
 }
