@@ -9,7 +9,11 @@ INVALID after consumption and read_dispatch_id advanced, a ring that wraps, a GP
 
 from __future__ import annotations
 
+import json
+import shutil
 import struct
+import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -27,6 +31,8 @@ from ualinkd.amdgpu.engine import (
     RunEnd,
     Write,
     atomic_result,
+    format_packet,
+    packet_fields,
 )
 
 RING = 0x7F00_0000_0000
@@ -175,8 +181,12 @@ def barrier_value(sig: int, value: int, mask: int, cond: int, done: int) -> byte
 @given(st.binary(min_size=64, max_size=64))
 def test_every_slot_decodes(raw: bytes):
     p = aql.decode_packet(raw)
-    assert p.header.type == raw[0]
-    assert p.header.barrier == bool(raw[1] & 1)
+    h = aql.PacketHeader.of(p.header)
+    assert h.type == raw[0] and h.barrier == bool(raw[1] & 1)
+    assert h.acquire_scope == raw[1] >> 1 & 3 and h.release_scope == raw[1] >> 3 & 3
+    # the tracer's view: a name and JSON-able fields (engine.py's format_packet)
+    assert format_packet(p).startswith(p.NAME + "(")
+    json.dumps(packet_fields(p))
 
 
 @given(st.binary(max_size=200).filter(lambda b: len(b) != 64))
@@ -406,3 +416,81 @@ def test_ring_size_must_be_a_power_of_two_of_packets():
     for size in (0, 32, 64 * 3, 100):
         with pytest.raises(ValueError):
             aql.AqlQueue(RING, size, AMDQ + 128, AMDQ + 56)
+
+
+# -- the layouts against Debian's ROCr 5.2.3 headers ------------------------------------------
+_OFFSETS_C = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include <hsa/hsa.h>
+#include <hsa/hsa_ext_amd.h>
+#include <hsa/amd_hsa_queue.h>
+#include <hsa/amd_hsa_signal.h>
+#define P(t, f) printf("%s.%s %zu\n", #t, #f, offsetof(t, f))
+int main(void) {
+  P(amd_queue_t, write_dispatch_id); P(amd_queue_t, read_dispatch_id);
+  P(amd_queue_t, read_dispatch_id_field_base_byte_offset);
+  P(amd_queue_t, queue_inactive_signal);
+  P(amd_signal_t, value); P(amd_signal_t, event_mailbox_ptr); P(amd_signal_t, event_id);
+  P(hsa_kernel_dispatch_packet_t, kernel_object);
+  P(hsa_kernel_dispatch_packet_t, private_segment_size);
+  P(hsa_kernel_dispatch_packet_t, completion_signal);
+  P(hsa_barrier_and_packet_t, dep_signal); P(hsa_barrier_or_packet_t, completion_signal);
+  P(hsa_agent_dispatch_packet_t, return_address);
+  P(hsa_amd_barrier_value_packet_t, signal); P(hsa_amd_barrier_value_packet_t, value);
+  P(hsa_amd_barrier_value_packet_t, mask); P(hsa_amd_barrier_value_packet_t, cond);
+  P(hsa_amd_barrier_value_packet_t, completion_signal);
+  P(hsa_amd_vendor_packet_header_t, AmdFormat);
+  printf("types %d %d %d %d %d %d %d\n", HSA_PACKET_TYPE_VENDOR_SPECIFIC,
+         HSA_PACKET_TYPE_INVALID, HSA_PACKET_TYPE_KERNEL_DISPATCH, HSA_PACKET_TYPE_BARRIER_AND,
+         HSA_PACKET_TYPE_AGENT_DISPATCH, HSA_PACKET_TYPE_BARRIER_OR,
+         HSA_AMD_PACKET_TYPE_BARRIER_VALUE);
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(not Path("/usr/include/hsa/amd_hsa_queue.h").exists() or
+                    shutil.which("cc") is None, reason="libhsa-runtime-dev is not installed")
+def test_layouts_match_rocr_headers(tmp_path: Path):
+    """Every offset aql.py reads or writes is the one Debian's ROCr 5.2.3 headers give."""
+    src, exe = tmp_path / "off.c", tmp_path / "off"
+    src.write_text(_OFFSETS_C)
+    subprocess.run(["cc", "-o", str(exe), str(src)], check=True)
+    out = dict(line.rsplit(" ", 1) for line in
+               subprocess.run([str(exe)], capture_output=True, text=True,
+                              check=True).stdout.splitlines() if not line.startswith("types"))
+    got = {k: int(v) for k, v in out.items()}
+    assert got["amd_queue_t.write_dispatch_id"] == aql.AMD_QUEUE_WRITE_DISPATCH_ID
+    assert got["amd_queue_t.read_dispatch_id"] == aql.AMD_QUEUE_READ_DISPATCH_ID
+    assert (got["amd_queue_t.read_dispatch_id_field_base_byte_offset"]
+            == aql.AMD_QUEUE_READ_DISPATCH_ID_FIELD_BASE_BYTE_OFFSET)
+    assert got["amd_queue_t.queue_inactive_signal"] == aql.AMD_QUEUE_INACTIVE_SIGNAL
+    assert got["amd_signal_t.value"] == aql.AMD_SIGNAL_VALUE
+    assert got["amd_signal_t.event_mailbox_ptr"] == aql.AMD_SIGNAL_EVENT_MAILBOX_PTR
+    assert got["amd_signal_t.event_id"] == aql.AMD_SIGNAL_EVENT_ID
+    # the decoder's struct formats put each field where the header does
+    kobj, done = 0x1111_2222_3333_4444, 0x5555_6666_7777_8888
+    raw = bytearray(64)
+    raw[0] = aql.PacketType.KERNEL_DISPATCH
+    off = got["hsa_kernel_dispatch_packet_t.kernel_object"]
+    raw[off:off + 8] = kobj.to_bytes(8, "little")
+    off = got["hsa_kernel_dispatch_packet_t.completion_signal"]
+    raw[off:off + 8] = done.to_bytes(8, "little")
+    off = got["hsa_kernel_dispatch_packet_t.private_segment_size"]
+    raw[off:off + 4] = (77).to_bytes(4, "little")
+    p = aql.decode_packet(bytes(raw))
+    assert isinstance(p, aql.KernelDispatch)
+    assert (p.kernel_object, p.completion_signal, p.private_segment_size) == (kobj, done, 77)
+    raw = bytearray(64)
+    raw[got["hsa_amd_vendor_packet_header_t.AmdFormat"]] = aql.HSA_AMD_PACKET_TYPE_BARRIER_VALUE
+    for name, v, n in (("signal", 0xAB00, 8), ("value", 5, 8), ("mask", 0xFF, 8), ("cond", 2, 4),
+                       ("completion_signal", 0xCD00, 8)):
+        off = got[f"hsa_amd_barrier_value_packet_t.{name}"]
+        raw[off:off + n] = v.to_bytes(n, "little")
+    bv = aql.decode_packet(bytes(raw))
+    assert isinstance(bv, aql.BarrierValue)
+    assert (bv.signal, bv.value, bv.mask, bv.cond, bv.completion_signal) == (
+        0xAB00, 5, 0xFF, 2, 0xCD00)
+    assert got["hsa_barrier_and_packet_t.dep_signal"] == 8
+    assert got["hsa_barrier_or_packet_t.completion_signal"] == 56

@@ -66,7 +66,7 @@ import enum
 import struct
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Final
+from typing import ClassVar, Final
 
 from ualinkd.amdgpu.engine import (
     Atomic,
@@ -179,7 +179,8 @@ class PacketHeader:
 
 @dataclass(frozen=True, slots=True)
 class KernelDispatch:
-    header: PacketHeader
+    NAME: ClassVar[str] = "KERNEL_DISPATCH"
+    header: int  # the raw u16 (PacketHeader.of reads it)
     setup: int  # dimensions in bits 1:0
     workgroup_size: tuple[int, int, int]
     grid_size: tuple[int, int, int]
@@ -192,21 +193,24 @@ class KernelDispatch:
 
 @dataclass(frozen=True, slots=True)
 class BarrierAnd:
-    header: PacketHeader
+    NAME: ClassVar[str] = "BARRIER_AND"
+    header: int  # the raw u16 (PacketHeader.of reads it)
     dep_signals: tuple[int, ...]  # the five handles, 0 = none
     completion_signal: int
 
 
 @dataclass(frozen=True, slots=True)
 class BarrierOr:
-    header: PacketHeader
+    NAME: ClassVar[str] = "BARRIER_OR"
+    header: int  # the raw u16 (PacketHeader.of reads it)
     dep_signals: tuple[int, ...]
     completion_signal: int
 
 
 @dataclass(frozen=True, slots=True)
 class AgentDispatch:
-    header: PacketHeader
+    NAME: ClassVar[str] = "AGENT_DISPATCH"
+    header: int  # the raw u16 (PacketHeader.of reads it)
     type: int
     return_address: int
     args: tuple[int, int, int, int]
@@ -217,7 +221,8 @@ class AgentDispatch:
 class BarrierValue:
     """hsa_amd_barrier_value_packet_t: wait until (signal.value & mask) `cond` value."""
 
-    header: PacketHeader
+    NAME: ClassVar[str] = "BARRIER_VALUE"
+    header: int  # the raw u16 (PacketHeader.of reads it)
     signal: int
     value: int  # signed, as hsa_signal_value_t
     mask: int
@@ -231,7 +236,8 @@ class Pm4Ib:
     dw_cnt_remain, completion signal @56. ib_va/ib_dwords decoded from the jump when its
     first dword is a type-3 INDIRECT_BUFFER header, else None."""
 
-    header: PacketHeader
+    NAME: ClassVar[str] = "PM4_IB"
+    header: int  # the raw u16 (PacketHeader.of reads it)
     ib_jump: tuple[int, int, int, int]
     dw_cnt_remain: int
     completion_signal: int
@@ -243,7 +249,8 @@ class Pm4Ib:
 class VendorPacket:
     """A vendor-specific packet of a format nobody here runs."""
 
-    header: PacketHeader
+    NAME: ClassVar[str] = "VENDOR_SPECIFIC"
+    header: int  # the raw u16 (PacketHeader.of reads it)
     amd_format: int
     completion_signal: int
 
@@ -252,14 +259,16 @@ class VendorPacket:
 class InvalidPacket:
     """Header type INVALID: a slot not (yet) published by its producer."""
 
-    header: PacketHeader
+    NAME: ClassVar[str] = "INVALID"
+    header: int  # the raw u16 (PacketHeader.of reads it)
 
 
 @dataclass(frozen=True, slots=True)
 class UnknownPacket:
     """A header type hsa.h does not define (6..255)."""
 
-    header: PacketHeader
+    NAME: ClassVar[str] = "UNKNOWN"
+    header: int  # the raw u16 (PacketHeader.of reads it)
     completion_signal: int
 
 
@@ -294,8 +303,8 @@ def decode_packet(raw: bytes) -> AqlPacket:
     type or vendor format is a value too); AqlDecodeError only for another length."""
     if len(raw) != AQL_PACKET_SIZE:
         raise AqlDecodeError(f"an AQL packet is {AQL_PACKET_SIZE} bytes, not {len(raw)}")
-    header = PacketHeader.of(raw[0] | raw[1] << 8)
-    t = header.type
+    header = raw[0] | raw[1] << 8
+    t = header & 0xFF
     if t == PacketType.KERNEL_DISPATCH:
         (_, setup, wx, wy, wz, gx, gy, gz, priv, group, kobj, karg,
          done) = _DISPATCH.unpack(raw)
@@ -499,7 +508,7 @@ class AqlQueue:
                                   "AGENT_DISPATCH on a GPU queue")
         else:
             yield from self._fail(QueueError.INVALID_FORMAT, offset,
-                                  f"packet type {packet.header.type}")
+                                  f"packet type {packet.header & 0xFF}")
 
     def _pm4_ib(self, packet: Pm4Ib, offset: int) -> _Steps:
         """ROCr's cache invalidation: the IB may hold ACQUIRE_MEM (a no-op: nothing caches
