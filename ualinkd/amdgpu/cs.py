@@ -153,7 +153,8 @@ class BoLists:
 
     def _create(self, file: DrmFile, info: list[st.AmdgpuBoListEntry]) -> BoList:
         """amdgpu_bo_list_create: each handle looked up (ENOENT, nothing kept), a
-        reference taken; userptr BOs fill the array from its end."""
+        reference taken; userptr BOs fill the array from its end. (Its EPERM for a userptr
+        BO of another process's mm is not made: a BO here does not record its mm.)"""
         bos: list[AmdgpuBo] = []
         for e in info:
             obj = file.lookup(e.bo_handle)
