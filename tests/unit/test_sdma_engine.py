@@ -420,6 +420,22 @@ def test_run_ib_poll_spins_until_released() -> None:
     assert end.ok and len(vm.sleeps) == 50
 
 
+def test_run_ib_poll_that_never_ends_times_out_as_a_hung_job() -> None:
+    """An IB polling memory nobody releases ends in ERROR once its Sleeps add up to the job
+    timeout (10 s by default, the kernel's lockup_timeout); interval-0 polls count 1 µs each,
+    so they end too."""
+    vm, _, _ = setup()
+    vm.write(SIGNAL, struct.pack("<I", 1))
+    vm.write(HOST, words(nop(), poll(SIGNAL, 0, interval=1000)))
+    end, _ = drive(sdma.run_ib(HOST, 7), vm)
+    assert end.reason is EndReason.ERROR and end.offset == 4 and "timed out" in (end.error or "")
+    assert len(vm.sleeps) == 10_000 and sum(vm.sleeps) == 10_000_000_000
+    vm.sleeps.clear()
+    vm.write(HOST, words(poll(SIGNAL, 0, interval=0)))
+    end, _ = drive(sdma.run_ib(HOST, 6, timeout_ns=5_000_000), vm)
+    assert end.reason is EndReason.ERROR and len(vm.sleeps) == 5000
+
+
 # -- hostile bytes -------------------------------------------------------------------------------
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(min_size=0, max_size=256), st.integers(0, 300))
