@@ -70,3 +70,18 @@ def test_atomic_result_stays_in_range(op: AtomicOp, old: int, src: int, cmp: int
 def test_gpu_fault_names_the_access() -> None:
     assert str(GpuFault(0x1000, True, "unmapped")) == (
         "GPU page fault: write at VA 0x1000 (unmapped)")
+
+
+def test_format_packet_reads_like_strace() -> None:
+    """The tracer's text for a decoded packet: the kernel's packet name, addresses in hex,
+    sizes in decimal, long data elided; the JSON fields keep numbers as numbers."""
+    from ualinkd.amdgpu import sdma
+    from ualinkd.amdgpu.engine import format_packet, packet_fields
+
+    assert format_packet(sdma.CopyLinear(0x7F0000100000, 0x800000000, 4096)) == (
+        "COPY_LINEAR(src=0x7f0000100000, dst=0x800000000, size=4096)")
+    assert format_packet(sdma.WriteLinear(0x1000, bytes(64))) == (
+        "WRITE_LINEAR(dst=0x1000, data=<64 bytes>)")
+    atomic = sdma.AtomicPacket(0x2F, AtomicOp.ADD, 8, False, 0x10, 2**64 - 1, 0, 0)
+    assert format_packet(atomic).startswith("ATOMIC(op_code=0x2f, op=ADD, size=8, loop=false")
+    assert packet_fields(atomic)["op"] == "ADD" and packet_fields(atomic)["addr"] == 0x10

@@ -31,6 +31,7 @@ running at that rate.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -54,7 +55,9 @@ __all__ = [
     "Sleep",
     "Write",
     "atomic_result",
+    "format_packet",
     "gpu_clock_counter",
+    "packet_fields",
 ]
 
 NSEC_PER_MSEC: Final = 1_000_000
@@ -247,3 +250,42 @@ class RunEnd:
 
 # What an engine's run() is: send each request's answer, get a RunEnd back at the end.
 EngineRun = Generator[Request, object, RunEnd]
+
+
+# -- how a decoded packet reads in the trace (strace style, and as JSON fields) ----------------
+_HEX_NAMES: Final = frozenset({"src", "dst", "addr", "data", "reference", "mask", "value", "cmp",
+                               "op_code"})
+
+
+def _hex_field(name: str) -> bool:
+    return name in _HEX_NAMES or name.endswith(("_addr", "_address", "_va", "_signal"))
+
+
+def packet_fields(packet: object) -> dict[str, object]:
+    """A decoded packet's fields as JSON values: numbers, enum names, bytes as hex text."""
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(packet):  # type: ignore[arg-type]
+        v = getattr(packet, f.name)
+        if isinstance(v, enum.Enum):
+            v = v.name
+        elif isinstance(v, bytes | bytearray):
+            v = bytes(v).hex()
+        out[f.name] = v
+    return out
+
+
+def format_packet(packet: object) -> str:
+    """`COPY_LINEAR(src=0x7f0000100000, dst=0x800000000, size=4096)`: the packet's kernel
+    name (its class's NAME) and fields, addresses and data in hex, counts in decimal."""
+    parts = []
+    for name, v in packet_fields(packet).items():
+        if isinstance(v, bool):
+            text = str(v).lower()
+        elif isinstance(v, int) and _hex_field(name):
+            text = hex(v)
+        elif isinstance(v, str) and isinstance(getattr(packet, name), bytes | bytearray):
+            text = f"<{len(v) // 2} bytes>" if len(v) > 32 else "0x" + v
+        else:
+            text = str(v)
+        parts.append(f"{name}={text}")
+    return f"{getattr(packet, 'NAME', type(packet).__name__)}({', '.join(parts)})"
