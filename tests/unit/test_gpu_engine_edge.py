@@ -227,3 +227,26 @@ def test_a_foreign_doorbell_page_does_not_ring_and_a_gone_process_leaves_nothing
     assert rig.node.kfd.queues.dqms[rig.g0].sdma_used == set()
     assert rig.node.kfd.queues.dqms[rig.g0].total_queue_count == 0
     rig.node.kfd.release(other)
+
+
+def test_a_forever_poll_is_rechecked_at_a_bounded_rate_and_released_by_the_cpu():
+    """A POLL_REGMEM with retry 0xFFF (forever) on a word the CPU holds: the queue is
+    re-run at most every POLL_MAX_DELAY once the poll is old (about 50 scans in 0.5 s, not
+    a busy loop); the CPU's store releases it and the fence after it lands."""
+    rig = Rig()
+    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
+                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(poll + fence(DATA + 16, 9))
+        await until(lambda: edge._polling)
+        ticks = edge.ticks
+        await trio.sleep(0.5)
+        assert edge.ticks - ticks < 150, edge.ticks - ticks
+        assert rig.word(DATA + 16) == 0
+        rig.gtt.memory.write(DATA - BASE, b"\x00\x00\x00\x00")
+        await until(lambda: rig.word(DATA + 16) == 9)
+
+    run_edge(rig, body)
+    assert rig.queues[0].state is queues.KfdQueueState.ACTIVE
