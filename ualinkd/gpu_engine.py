@@ -166,6 +166,10 @@ class GpuEngineEdge:
             end = await self._drive(q, doorbell)
         except QueueStopped:
             return
+        except (ValueError, ArithmeticError, IndexError) as e:
+            # a ring the engine refuses (e.g. an AQL ring smaller than one packet), or an
+            # engine bug on strange input: that queue's error, never the node's
+            end = RunEnd(EndReason.ERROR, 0, f"the engine refused the queue: {e}")
         finally:
             self._running.discard(q)
             self._wake.set()  # look again at once: the doorbell may have moved meanwhile
@@ -195,7 +199,10 @@ class GpuEngineEdge:
                                        q.wptr_address)
             elif q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL:
                 # (aql.py is the `rocr` branch's; until it is merged, imported by name)
-                aql = importlib.import_module(".amdgpu.aql", __package__).AqlQueue
+                try:
+                    aql = importlib.import_module(".amdgpu.aql", __package__).AqlQueue
+                except ModuleNotFoundError:
+                    return None
                 q.processor = aql(q.ring_base, q.ring_size, q.rptr_address, q.wptr_address)
         return q.processor
 
@@ -218,8 +225,9 @@ class GpuEngineEdge:
     async def _drive(self, q: kq.KfdQueue, doorbell: int) -> RunEnd:
         proc = self._processor(q)
         if proc is None:
-            return RunEnd(EndReason.ERROR, 0, "a PM4 compute queue: no PM4 command "
-                                              "processor runs here")
+            what = ("no AQL processor in this build" if q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL
+                    else "a PM4 compute queue: no PM4 command processor runs here")
+            return RunEnd(EndReason.ERROR, 0, what)
         gen: EngineRun = proc.run(doorbell)  # type: ignore[attr-defined]
         answer: object = None
         fault: GpuFault | None = None

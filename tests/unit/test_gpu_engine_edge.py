@@ -250,3 +250,25 @@ def test_a_forever_poll_is_rechecked_at_a_bounded_rate_and_released_by_the_cpu()
 
     run_edge(rig, body)
     assert rig.queues[0].state is queues.KfdQueueState.ACTIVE
+
+
+def test_a_ring_the_engine_refuses_is_that_queue_s_error():
+    """An AQL queue whose 32-byte ring holds no 64-byte packet (CREATE_QUEUE accepts any
+    power of two): its first doorbell is a queue error with one log line, the edge and
+    the node go on (the SDMA queue beside it runs)."""
+    rig = Rig()
+    res, out = create(rig.node, rig.p, rig.g0, queue_type=2, ring_size=32,
+                      ring_base_address=RING + 8192, read_pointer_address=RPTR + 64,
+                      write_pointer_address=WPTR + 64)
+    assert res == 0
+    aql = rig.node.kfd.queues.get(rig.p.pid, out.queue_id, 0)
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.p.pdds[rig.g0].doorbells().memory.write(aql.doorbell_slot,
+                                                     (1).to_bytes(8, "little"))
+        await until(lambda: aql.error)
+        rig.submit(fence(DATA, 3))
+        await until(lambda: rig.word(DATA) == 3)
+
+    run_edge(rig, body)
+    assert aql.state is queues.KfdQueueState.ERROR
