@@ -20,6 +20,7 @@ import pytest
 from nodes import REPO, Node, c_program, running_node, wait_until
 
 from ualinkd import sysfs
+from ualinkd.cli import ctl
 
 pytestmark = [
     pytest.mark.integration,
@@ -72,7 +73,7 @@ def queues(node: Node) -> list[dict[str, object]]:
     return sysfs.DEBUGFS["kfd_queues"].parse(node.debug(MINOR, "kfd_queues"))
 
 
-def test_libhsakmt_sdma_queue_runs_rocr_packets(tmp_path: Path):
+def test_libhsakmt_sdma_queue_runs_rocr_packets(tmp_path: Path, capsys):
     """The whole hsakmt_sdma.c run, step by step ok; meanwhile the node lists the two SDMA
     queues (ualinkctl's kfd_queues table: the good one active with its packets counted and
     rptr = wptr, the one fed an illegal packet in error) and logged one line naming the
@@ -91,6 +92,10 @@ def test_libhsakmt_sdma_queue_runs_rocr_packets(tmp_path: Path):
             assert good["state"] == "active" and bad["state"] == "error", rows
             assert good["rptr"] == good["wptr"] and int(good["packets"]) > 100, good
             pid = proc.pid
+            assert ctl.main(["--mount", str(node.mount), "kfd"]) == 0  # ualinkctl kfd
+            listed = capsys.readouterr().out.split("kfd queues\n", 1)[1]
+            assert len([ln for ln in listed.splitlines() if f" {pid} " in ln]) == 2, listed
+            assert "sdma" in listed and " error" in listed and " active" in listed, listed
             errors = [ln for ln in node.log_text().splitlines() if "GPU queue error" in ln]
             assert len(errors) == 1, errors
             assert re.search(rf"pid {pid} queue {bad['queue_id']} \(sdma.*ring offset 0x0",
