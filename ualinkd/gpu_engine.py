@@ -51,8 +51,10 @@ from .amdgpu.engine import (
     Sleep,
     Write,
     atomic_result,
+    format_packet,
     gpu_clock_counter,
 )
+from .amdgpu.sdma import SdmaRing
 from .amdkfd import queues as kq
 from .drm.errors import DrmError
 from .drm.file import DrmFile
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIN_INTERVAL = 50e-6  # s: the tick right after a doorbell moved or a queue ran
+POLL_MAX_DELAY = 0.010  # s: the slowest re-check of a queue blocked on a poll
 MAX_INTERVAL = 0.100  # s: the tick of an idle node with queues (its doorbell latency bound)
 COPY_CHUNK = 4 << 20  # bytes a Copy / Fill moves per load + store
 
@@ -81,7 +84,10 @@ class GpuEngineEdge:
         self.kfd = core.kfd
         self._wake = trio.Event()
         self._running: set[kq.KfdQueue] = set()
-        self._polling: set[kq.KfdQueue] = set()
+        # queues whose engine stopped at an unsatisfied poll: when to run them again, and
+        # the delay that got them there (it grows while the same poll keeps failing)
+        self._polling: dict[kq.KfdQueue, float] = {}
+        self._poll_delay: dict[kq.KfdQueue, float] = {}
         self._nursery: trio.Nursery | None = None
         self.ticks = 0  # scans done, for tests of the idle cost
         self.kfd.queues.listeners.append(self._queue_changed)
@@ -90,7 +96,8 @@ class GpuEngineEdge:
         if created:
             self._wake.set()
         else:
-            self._polling.discard(q)
+            self._polling.pop(q, None)
+            self._poll_delay.pop(q, None)
             q.processor = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -108,15 +115,19 @@ class GpuEngineEdge:
                     await self._wake.wait()  # no queue: nothing to watch until one is made
                     interval = MIN_INTERVAL
                 else:
-                    with trio.move_on_after(interval):
+                    due = min(self._polling.values(), default=None)
+                    wait = interval if due is None else min(
+                        interval, max(0.0, due - trio.current_time()))
+                    with trio.move_on_after(wait):
                         await self._wake.wait()
 
     # -- noticing doorbells --------------------------------------------------------------------
     def _scan(self) -> bool:
         """One tick: start a run for every active queue whose doorbell moved, or whose
-        engine waits on a poll. True when something ran or is running."""
+        engine waits on a poll that is due. True when a doorbell moved."""
         self.ticks += 1
-        busy = bool(self._running)
+        now = trio.current_time()
+        busy = False  # only a doorbell that moved resets the back-off
         for pqm in list(self.kfd.queues.pqms.values()):
             proc = self.kfd.processes.get(pqm.pid)
             if proc is None:
@@ -132,19 +143,21 @@ class GpuEngineEdge:
                         continue
                     page = slices[q.gpu_id] = bo.memory.read(0, bo.size)
                 value = int.from_bytes(page[q.doorbell_slot : q.doorbell_slot + 8], "little")
-                if value != q.last_doorbell or q in self._polling:
-                    if value != q.last_doorbell:
-                        q.doorbells += 1
-                        self._trace_doorbell(q, value)
+                if value != q.last_doorbell:
+                    q.doorbells += 1
+                    self._trace_doorbell(q, value)
                     q.last_doorbell = value
+                    self._poll_delay.pop(q, None)
                     self._start(q, value)
                     busy = True
+                elif q in self._polling and self._polling[q] <= now:
+                    self._start(q, value)  # a poll's re-check: not activity (no back-off reset)
         return busy
 
     def _start(self, q: kq.KfdQueue, doorbell: int) -> None:
         assert self._nursery is not None
         self._running.add(q)
-        self._polling.discard(q)
+        self._polling.pop(q, None)
         self._nursery.start_soon(self._run_queue, q, doorbell)
 
     # -- running a queue -------------------------------------------------------------------------
@@ -153,13 +166,27 @@ class GpuEngineEdge:
             end = await self._drive(q, doorbell)
         except QueueStopped:
             return
+        except (ValueError, ArithmeticError, IndexError) as e:
+            # a ring the engine refuses (e.g. an AQL ring smaller than one packet), or an
+            # engine bug on strange input: that queue's error, never the node's
+            end = RunEnd(EndReason.ERROR, 0, f"the engine refused the queue: {e}")
         finally:
             self._running.discard(q)
             self._wake.set()  # look again at once: the doorbell may have moved meanwhile
+        try:
+            self._alive(q)  # destroyed meanwhile: nothing to keep of it
+        except QueueStopped:
+            return
         self._sync(q)
         if end.reason is EndReason.POLLING:
-            self._polling.add(q)
-        elif end.reason is EndReason.ERROR:
+            # re-checked later, sooner while the poll is young (MIN_INTERVAL, doubling to
+            # POLL_MAX_DELAY): a forever poll costs a re-read every 10 ms, no busy CPU
+            delay = min(self._poll_delay.get(q, MIN_INTERVAL / 2) * 2, POLL_MAX_DELAY)
+            self._poll_delay[q] = delay
+            self._polling[q] = trio.current_time() + delay
+        else:
+            self._poll_delay.pop(q, None)
+        if end.reason is EndReason.ERROR:
             self._queue_error(q, end)
 
     def _processor(self, q: kq.KfdQueue) -> object | None:
@@ -167,12 +194,15 @@ class GpuEngineEdge:
         for the SDMA types, the AQL processor for COMPUTE_AQL; a PM4 compute queue has
         none (no PM4 command processor here: its doorbell is a queue error)."""
         if q.processor is None:
-            # (the engines are the `engine` and `rocr` branches' modules, merged here)
             if q.is_sdma:
-                ring = importlib.import_module(".amdgpu.sdma", __package__).SdmaRing
-                q.processor = ring(q.ring_base, q.ring_size, q.rptr_address, q.wptr_address)
+                q.processor = SdmaRing(q.ring_base, q.ring_size, q.rptr_address,
+                                       q.wptr_address)
             elif q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL:
-                aql = importlib.import_module(".amdgpu.aql", __package__).AqlQueue
+                # (aql.py is the `rocr` branch's; until it is merged, imported by name)
+                try:
+                    aql = importlib.import_module(".amdgpu.aql", __package__).AqlQueue
+                except ModuleNotFoundError:
+                    return None
                 q.processor = aql(q.ring_base, q.ring_size, q.rptr_address, q.wptr_address)
         return q.processor
 
@@ -195,8 +225,9 @@ class GpuEngineEdge:
     async def _drive(self, q: kq.KfdQueue, doorbell: int) -> RunEnd:
         proc = self._processor(q)
         if proc is None:
-            return RunEnd(EndReason.ERROR, 0, "a PM4 compute queue: no PM4 command "
-                                              "processor runs here")
+            what = ("no AQL processor in this build" if q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL
+                    else "a PM4 compute queue: no PM4 command processor runs here")
+            return RunEnd(EndReason.ERROR, 0, what)
         gen: EngineRun = proc.run(doorbell)  # type: ignore[attr-defined]
         answer: object = None
         fault: GpuFault | None = None
@@ -290,6 +321,8 @@ class GpuEngineEdge:
             return None
         if isinstance(req, Executed):
             q.packets += 1
+            if self.core.tracer is not None:  # strace-style: the packet as decoded
+                self.core.trace_queue(q, "packet", req.ring_offset, format_packet(req.packet))
             return None
         raise AssertionError(f"unknown engine request {req!r}")
 

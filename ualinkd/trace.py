@@ -478,8 +478,9 @@ class FabricRecord:
 @dataclasses.dataclass(frozen=True, slots=True)
 class QueueRecord:
     """A user queue's life on the emulated GPU (issue 30 item 6): `event` "create" /
-    "destroy" / "doorbell" (`value` the doorbell's 64-bit value) / "error" (`detail` the
-    reason, `value` the ring offset)."""
+    "destroy" / "doorbell" (`value` the doorbell's 64-bit value) / "packet" (one executed,
+    `detail` as decoded, `value` its ring offset) / "error" (`detail` the reason, `value`
+    the ring offset)."""
 
     pid: int
     node: str
@@ -511,6 +512,7 @@ class QueueRecord:
     def text(self) -> str:
         ts, _ = _tail(self.start, 0.0)
         what = {"doorbell": f", doorbell={self.value:#x}",
+                "packet": f", ring_offset={self.value:#x}, {self.detail}",
                 "error": f", ring_offset={self.value:#x}, {self.detail}"}.get(self.event, "")
         return (f"{ts}[pid {self.pid}] {self.node} renderD{self.minor} {self.name}("
                 f"queue={self.queue_id}, {self.queue_type}{what})")

@@ -195,8 +195,10 @@ class Producer:
             self.vm.write(self.base + pos, bytes(self.size - pos))
             self.wptr += self.size - pos
             pos = 0
-        for i in range(len(data)):  # byte by byte: it may wrap when pad=False
-            self.vm.write(self.base + (self.wptr + i) % self.size, data[i: i + 1])
+        first = min(len(data), self.size - pos)  # the rest wraps to the start (pad=False)
+        self.vm.write(self.base + pos, data[:first])
+        if first < len(data):
+            self.vm.write(self.base, data[first:])
         self.wptr += len(data)
         self.doorbells.append(self.wptr)
         return self.wptr

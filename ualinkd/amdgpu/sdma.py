@@ -74,6 +74,7 @@ RETRY_FOREVER: Final = 0xFFF  # POLL_REGMEM DW5 retry_count: poll until satisfie
 # as a microsecond (ROCr asks 4, the kernel 10: tens of microseconds between re-reads).
 POLL_INTERVAL_UNIT_NS: Final = 1_000
 POLL_SPINS: Final = 8  # unsatisfied checks per run before the ring returns POLLING
+JOB_TIMEOUT_NS: Final = 10_000_000_000  # amdgpu.lockup_timeout's default for SDMA jobs
 
 Buf = bytes | bytearray | memoryview
 _DW = struct.Struct("<I")
@@ -441,6 +442,10 @@ class _Blocked(Exception):
     """A poll (or an atomic loop) used up this run's spins unsatisfied."""
 
 
+class _TimedOut(SdmaPacketError):
+    """An IB's polls waited longer than its job may run."""
+
+
 @dataclass(slots=True)
 class _PollState:
     """The retries a poll packet at one ring index has left, kept across runs."""
@@ -452,11 +457,21 @@ class _PollState:
 class _Executor:
     """Executes decoded packets as requests; the counters a ring (or an IB) keeps."""
 
-    def __init__(self, poll_spins: int | None) -> None:
+    def __init__(self, poll_spins: int | None, sleep_budget_ns: int | None = None) -> None:
         self.poll_spins = poll_spins  # None: spin (with Sleeps) until the poll ends
         self.timestamp_offset = 0  # TIMESTAMP SET: the local counter = clock + offset
         self.poll_timeouts = 0
         self.poll: _PollState | None = None
+        self.sleep_budget_ns = sleep_budget_ns  # None: a poll may wait forever
+        self.slept_ns = 0
+
+    def _sleep(self, ns: int) -> Generator[Request, object, None]:
+        # Each wait counts at least one interval unit, so interval-0 polls use it up too.
+        self.slept_ns += max(ns, POLL_INTERVAL_UNIT_NS)
+        if self.sleep_budget_ns is not None and self.slept_ns > self.sleep_budget_ns:
+            raise _TimedOut(f"timed out after {self.sleep_budget_ns // 1_000_000} ms of "
+                            f"polling")
+        yield eng.Sleep(ns)
 
     def execute(self, pkt: Packet, index: int) -> Generator[Request, object, None]:
         """Run one packet; raises _Blocked when a poll must be resumed by a later run
@@ -522,7 +537,7 @@ class _Executor:
             spins += 1
             if self.poll_spins is not None and spins >= self.poll_spins:
                 raise _Blocked
-            yield eng.Sleep(pkt.interval * POLL_INTERVAL_UNIT_NS)
+            yield from self._sleep(pkt.interval * POLL_INTERVAL_UNIT_NS)
         self.poll = None
 
     def _atomic(self, pkt: AtomicPacket, index: int) -> Generator[Request, object, None]:
@@ -536,7 +551,7 @@ class _Executor:
             spins += 1
             if self.poll_spins is not None and spins >= self.poll_spins:
                 raise _Blocked
-            yield eng.Sleep(pkt.loop_interval * POLL_INTERVAL_UNIT_NS)
+            yield from self._sleep(pkt.loop_interval * POLL_INTERVAL_UNIT_NS)
 
 
 def _bytes(answer: object, size: int) -> Buf:
@@ -645,15 +660,19 @@ def _header_and_dw3(data: Buf, pos: int, end: int) -> tuple[int, int | None]:
     return header, dw3
 
 
-def run_ib(va: int, size_dw: int, *, poll_spins: int | None = None) -> EngineRun:
+def run_ib(va: int, size_dw: int, *, poll_spins: int | None = None,
+           timeout_ns: int | None = JOB_TIMEOUT_NS) -> EngineRun:
     """Execute an indirect buffer of `size_dw` dwords at GPU VA `va` (AMDGPU_CS's SDMA IBs;
     the kernel's own IB packets are the ring's). The IB is read with one Read; a packet
     running past its end is malformed. Polls spin with Sleeps until they end unless
     `poll_spins` bounds them (then the run ends POLLING and cannot be resumed: the caller
-    treats it as a timeout). RunEnd offsets are byte offsets in the IB."""
+    treats it as a timeout). The Sleeps asked for (each at least 1 µs) may add up to
+    `timeout_ns` (the kernel's lockup_timeout for SDMA jobs, 10 s); past it the IB ends in
+    ERROR, as the scheduler's job timeout ends a hung job. RunEnd offsets are byte offsets
+    in the IB."""
     if va & 3:
         return RunEnd(EndReason.ERROR, 0, f"IB address {va:#x} not dword aligned")
-    ex = _Executor(poll_spins)
+    ex = _Executor(poll_spins, timeout_ns)
     pos = 0
     try:
         size = size_dw * 4
