@@ -190,6 +190,7 @@ class KfdProcess:
 # kfd_events.c / kfd_ioctl.h
 KFD_IOC_EVENT_SIGNAL = 0
 KFD_IOC_EVENT_DEBUG_EVENT = 5
+KFD_IOC_EVENT_MEMORY = 8
 KFD_SIGNAL_EVENT_LIMIT = 4096
 KFD_FIRST_NONSIGNAL_EVENT_ID = KFD_SIGNAL_EVENT_LIMIT
 KFD_MMAP_TYPE_EVENTS = 0x2 << 62
@@ -233,6 +234,8 @@ class KfdEvent:
     auto_reset: bool
     signaled: bool = False
     waiters: list[KfdEventWaiter] = field(default_factory=list)  # ev->wq
+    # a memory event's kfd_hsa_memory_exception_data from the last VM fault (queues.vm_fault)
+    memory_exception_data: bytes = b""
 
 
 @dataclass(eq=False, slots=True)
@@ -838,6 +841,15 @@ class Kfd:
             finally:
                 for w, ev in zip(waiters, evs, strict=True):  # 7
                     ev.waiters.remove(w)
+            if result == KFD_IOC_WAIT_RESULT_COMPLETE:
+                # copy_signaled_event_data: an activated memory event's exception data
+                # goes to its kfd_event_data's union (libhsakmt's HsaMemoryAccessFault)
+                for i, w in enumerate(waiters):
+                    ev = evs[i]
+                    if w.activated and ev.type == KFD_IOC_EVENT_MEMORY and \
+                            ev.memory_exception_data:
+                        await self._write_user(caller, a.events_ptr + i * size,
+                                               ev.memory_exception_data)
             kdata[20:24] = result.to_bytes(4, "little")  # 6
             if result == KFD_IOC_WAIT_RESULT_FAIL:
                 raise DrmError(errno.EIO, "an event was destroyed during the wait")

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from ..abi.constants import PAGE_SIZE
 from ..drm.errors import DrmError
 
 if TYPE_CHECKING:
@@ -429,13 +431,24 @@ def event_interrupt(kfd: Kfd, p: KfdProcess, context_id: int) -> int:
     return n
 
 
+def memory_exception_data(gpu_id: int, va: int) -> bytes:
+    """struct kfd_hsa_memory_exception_data (kfd_ioctl.h, 32 bytes) as
+    kfd_signal_vm_fault_event fills it for a fault on a page nothing maps: failure
+    {NotPresent = 1, ReadOnly, NoExecute, imprecise = 0} @0, the page's address @16, the
+    user gpu_id @24, ErrorType 0 (no RAS error) @28."""
+    return struct.pack("<4IQII", 1, 0, 0, 0, va & ~(PAGE_SIZE - 1), gpu_id, 0)
+
+
 def vm_fault(kfd: Kfd, p: KfdProcess, gpu_id: int, va: int, write: bool) -> int:
-    """kfd_signal_vm_fault_event: every memory-exception event of the process is set (the
-    fault's gpu_id / VA / kind is what the kernel copies out with it; WAIT_EVENTS here does
-    not copy event data out). Returns how many events were set."""
+    """kfd_signal_vm_fault_event: every memory-exception event of the process gets the
+    fault's memory_exception_data and is set; WAIT_EVENTS copies the data out to the waiter
+    (copy_signaled_event_data), which is how libhsakmt fills HsaMemoryAccessFault and ROCr's
+    VM-fault handler learns of it. Returns how many events were set."""
     n = 0
+    data = memory_exception_data(gpu_id, va)
     for ev in list(p.events.values()):
         if ev.type == KFD_IOC_EVENT_MEMORY:
+            ev.memory_exception_data = data
             kfd.signal(ev)
             n += 1
     return n
