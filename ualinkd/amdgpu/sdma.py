@@ -34,6 +34,7 @@ since the emulated GPU has no registers to wait for.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ POLL_SPINS: Final = 8  # unsatisfied checks per run before the ring returns POLL
 JOB_TIMEOUT_NS: Final = 10_000_000_000  # amdgpu.lockup_timeout's default for SDMA jobs
 
 Buf = bytes | bytearray | memoryview
+_NONZERO = re.compile(rb"[^\x00]")
 _DW = struct.Struct("<I")
 _QW = struct.Struct("<Q")
 
@@ -348,9 +350,9 @@ def decode_packet(buf: Buf, pos: int, end: int) -> tuple[Packet, int] | None:
     if pos + 4 > end:
         return None
     header = _DW.unpack_from(buf, pos)[0]
-    if header == 0:
-        rest = bytes(buf[pos:end])
-        n = (len(rest) - len(rest.lstrip(b"\0"))) & ~3
+    if header == 0:  # scanned in place: no copy of the rest of the buffer per run
+        nonzero = _NONZERO.search(buf, pos, end)
+        n = ((nonzero.start() if nonzero else end) - pos) & ~3
         return Padding(n // 4), n
     dw3 = _DW.unpack_from(buf, pos + 12)[0] if (
         header & 0xFFFF == OP_WRITE | SUBOP_WRITE_LINEAR << 8 and pos + 16 <= end) else None
