@@ -259,8 +259,9 @@ class GpuEngineEdge:
         none (no PM4 command processor here: its doorbell is a queue error)."""
         if q.processor is None:
             if q.is_sdma:
-                q.processor = SdmaRing(q.ring_base, q.ring_size, q.rptr_address,
-                                       q.wptr_address)
+                ring = SdmaRing(q.ring_base, q.ring_size, q.rptr_address, q.wptr_address)
+                ring.rptr = q.rptr  # 0 for a new queue; kept across UPDATE_QUEUE's new ring
+                q.processor = ring
             elif q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL:
                 # (aql.py is the `rocr` branch's; until it is merged, imported by name)
                 try:
