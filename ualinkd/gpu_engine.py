@@ -3,14 +3,15 @@ user queues whose doorbell moved (issue 30 items 2-3).
 
 Doorbells. A process's doorbell slice is a GTT BO that becomes a memfd when the client maps
 it (amdgpu/memory.py `share()`): the client's doorbell stores land in pages the daemon reads
-with pread. The scanner reads each slice that has an active queue once per tick (8 KiB) and
-compares every queue's 8-byte slot with the value it last ran to. The tick backs off
-adaptively, as AMD's rocjitsu polls its doorbell memfd: from `MIN_INTERVAL` right after
-work, doubling while nothing moves, up to `MAX_INTERVAL`; with no queue at all the task
-sleeps until CREATE_QUEUE makes one. A trio wake-up costs ~0.2-0.4 ms of CPU on the test
-machine, so the idle tick is 100 ms: an idle node with 8 idle queues measured 0.4% of one
-CPU (0.8% with a 50 ms tick; tests/integration/test_hsakmt_queues.py), and the price is up
-to 100 ms before the first doorbell after a quiet spell is seen.
+with pread. The task reads each slice that has an active queue (8 KiB) and compares every
+queue's 8-byte slot with the value it last ran to, at a tick that backs off from
+`MIN_INTERVAL` after a doorbell to `MAX_INTERVAL`; then a watch thread takes over, as AMD's
+rocjitsu polls its doorbell memfd from a thread: it preads the watched slices, backing off
+from `MAX_INTERVAL` to `WATCH_MAX_INTERVAL`, and when a slot moved wakes the task, which
+scans and runs. With no queue at all nothing polls. A trio wake-up costs ~0.2-0.4 ms of CPU
+on the test machine, a thread wake-up ~0.1 ms: an idle node with 8 idle queues measured
+0.25-0.5% of one CPU (tests/integration/test_hsakmt_queues.py; with the trio task alone
+ticking every 100 ms, 0.4%), and a doorbell after a quiet spell is seen within 50 ms.
 
 Running. A queue's engine (amdgpu/sdma.py's ring, amdgpu/aql.py's processor) is a sans-IO
 generator of requests (amdgpu/engine.py); each run is a task of its own, so a poll that
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 import time
 from inspect import isawaitable
 from typing import TYPE_CHECKING
@@ -54,6 +56,7 @@ from .amdgpu.engine import (
     format_packet,
     gpu_clock_counter,
 )
+from .amdgpu.memory import BoMemory
 from .amdgpu.sdma import SdmaRing
 from .amdkfd import queues as kq
 from .drm.errors import DrmError
@@ -67,7 +70,9 @@ log = logging.getLogger(__name__)
 
 MIN_INTERVAL = 50e-6  # s: the tick right after a doorbell moved or a queue ran
 POLL_MAX_DELAY = 0.010  # s: the slowest re-check of a queue blocked on a poll
-MAX_INTERVAL = 0.100  # s: the tick of an idle node with queues (its doorbell latency bound)
+MAX_INTERVAL = 0.002  # s: the slowest trio tick; past it, the watch thread takes over
+WATCH_MAX_INTERVAL = 0.050  # s: the watch thread's slowest period (idle doorbell latency)
+DOORBELL_SLICE = kq.DOORBELL_PROCESS_SLICE
 COPY_CHUNK = 4 << 20  # bytes a Copy / Fill moves per load + store
 
 
@@ -90,6 +95,10 @@ class GpuEngineEdge:
         self._poll_delay: dict[kq.KfdQueue, float] = {}
         self._nursery: trio.Nursery | None = None
         self.ticks = 0  # scans done, for tests of the idle cost
+        # What the watch thread compares: per doorbell slice, its memory and the (slot,
+        # last value) of each queue there that waits for a doorbell. Replaced whole by
+        # each scan (the thread only reads the reference it took).
+        self._watched: tuple[tuple[BoMemory, tuple[tuple[int, bytes], ...]], ...] = ()
         self.kfd.queues.listeners.append(self._queue_changed)
 
     def _queue_changed(self, q: kq.KfdQueue, created: bool) -> None:
@@ -102,6 +111,17 @@ class GpuEngineEdge:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         interval = MAX_INTERVAL
+        stop = threading.Event()
+        token = trio.lowlevel.current_trio_token()
+        watch = threading.Thread(target=self._watch, args=(stop, token),
+                                 name="ualinkd-doorbells", daemon=True)
+        watch.start()
+        try:
+            await self._loop(interval, task_status)
+        finally:
+            stop.set()
+
+    async def _loop(self, interval: float, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
@@ -115,11 +135,45 @@ class GpuEngineEdge:
                     await self._wake.wait()  # no queue: nothing to watch until one is made
                     interval = MIN_INTERVAL
                 else:
+                    # past MAX_INTERVAL the watch thread wakes us when a doorbell moves;
+                    # only a poll's re-check still needs a timer
                     due = min(self._polling.values(), default=None)
-                    wait = interval if due is None else min(
-                        interval, max(0.0, due - trio.current_time()))
+                    wait = (float("inf") if interval >= MAX_INTERVAL else interval)
+                    if due is not None:
+                        wait = min(wait, max(0.0, due - trio.current_time()))
                     with trio.move_on_after(wait):
                         await self._wake.wait()
+
+    def _watch(self, stop: threading.Event, token: trio.lowlevel.TrioToken) -> None:
+        """The watch thread: read the watched doorbell slices (a pread of a memfd) every
+        MAX_INTERVAL after the task last scanned, backing off to WATCH_MAX_INTERVAL, and
+        wake the trio task when a slot differs from what it last ran. It only hints: the
+        trio task scans again and decides, so a slice freed under it (a read error, a
+        stale value) costs one needless scan. A thread wake-up costs a fraction of a trio
+        one, which is what makes an idle node cheap."""
+        interval, seen = MAX_INTERVAL, self._watched
+        while not stop.wait(interval):
+            watched = self._watched
+            # a new snapshot means the task just scanned: look often again, then back off
+            interval = MAX_INTERVAL if watched is not seen else min(interval * 2,
+                                                                     WATCH_MAX_INTERVAL)
+            seen = watched
+            moved = False
+            for memory, slots in watched:
+                try:
+                    page = memory.read(0, DOORBELL_SLICE)
+                except Exception:  # freed meanwhile: let the trio task look
+                    moved = True
+                    break
+                if any(page[off : off + 8] != last for off, last in slots):
+                    moved = True
+                    break
+            if moved:
+                try:
+                    # (the event is looked up in the trio thread: the current one)
+                    token.run_sync_soon(lambda: self._wake.set())
+                except trio.RunFinishedError:
+                    return
 
     # -- noticing doorbells --------------------------------------------------------------------
     def _scan(self) -> bool:
@@ -128,11 +182,13 @@ class GpuEngineEdge:
         self.ticks += 1
         now = trio.current_time()
         busy = False  # only a doorbell that moved resets the back-off
+        watched: list[tuple[BoMemory, tuple[tuple[int, bytes], ...]]] = []
         for pqm in list(self.kfd.queues.pqms.values()):
             proc = self.kfd.processes.get(pqm.pid)
             if proc is None:
                 continue
             slices: dict[int, bytes] = {}
+            waiting: dict[int, list[tuple[int, bytes]]] = {}
             for q in list(pqm.queues.values()):
                 if q.state is not kq.KfdQueueState.ACTIVE or q in self._running:
                     continue
@@ -152,6 +208,14 @@ class GpuEngineEdge:
                     busy = True
                 elif q in self._polling and self._polling[q] <= now:
                     self._start(q, value)  # a poll's re-check: not activity (no back-off reset)
+                else:
+                    waiting.setdefault(q.gpu_id, []).append(
+                        (q.doorbell_slot, value.to_bytes(8, "little")))
+            for gpu_id, slots in waiting.items():
+                bo = proc.pdds[gpu_id].doorbell_bo
+                assert bo is not None  # (a slot of it was just read)
+                watched.append((bo.memory, tuple(slots)))
+        self._watched = tuple(watched)
         return busy
 
     def _start(self, q: kq.KfdQueue, doorbell: int) -> None:
@@ -195,8 +259,9 @@ class GpuEngineEdge:
         none (no PM4 command processor here: its doorbell is a queue error)."""
         if q.processor is None:
             if q.is_sdma:
-                q.processor = SdmaRing(q.ring_base, q.ring_size, q.rptr_address,
-                                       q.wptr_address)
+                ring = SdmaRing(q.ring_base, q.ring_size, q.rptr_address, q.wptr_address)
+                ring.rptr = q.rptr  # 0 for a new queue; kept across UPDATE_QUEUE's new ring
+                q.processor = ring
             elif q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL:
                 # (aql.py is the `rocr` branch's; until it is merged, imported by name)
                 try:

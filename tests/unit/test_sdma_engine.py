@@ -482,6 +482,20 @@ def test_decoded_packets_are_frozen_values() -> None:
     assert sdma.ATOMIC_OPS[sdma.TC_OP_ATOMIC_ADD_RTN_64] == (AtomicOp.ADD, 8)
 
 
+
+def test_zero_runs_between_packets_cost_no_copy_of_the_ring() -> None:
+    """1 MiB of a zero dword then a NOP, 65536 times: 131072 packets, each zero run a
+    padding step found in place (a copy of the ring's rest per run would be quadratic)."""
+    import time
+
+    vm, ring, _ = setup(ring_size=1 << 20)
+    vm.write(RING, words(*([[0], nop(2)] * (1 << 16))))
+    t0 = time.process_time()
+    end, _ = drive(ring.run(1 << 20), vm, max_steps=1 << 20)
+    assert end.ok and ring.packets_done == 1 << 17
+    assert time.process_time() - t0 < 30
+
+
 _VALID = st.one_of(
     st.builds(lambda o, v: ("fence", o, v), st.integers(0, 63), st.integers(0, 2**32 - 1)),
     st.builds(lambda o, ws: ("write", o, ws), st.integers(0, 48),

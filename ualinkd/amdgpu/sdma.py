@@ -34,6 +34,7 @@ since the emulated GPU has no registers to wait for.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ POLL_SPINS: Final = 8  # unsatisfied checks per run before the ring returns POLL
 JOB_TIMEOUT_NS: Final = 10_000_000_000  # amdgpu.lockup_timeout's default for SDMA jobs
 
 Buf = bytes | bytearray | memoryview
+_NONZERO = re.compile(rb"[^\x00]")
 _DW = struct.Struct("<I")
 _QW = struct.Struct("<Q")
 
@@ -348,9 +350,9 @@ def decode_packet(buf: Buf, pos: int, end: int) -> tuple[Packet, int] | None:
     if pos + 4 > end:
         return None
     header = _DW.unpack_from(buf, pos)[0]
-    if header == 0:
-        rest = bytes(buf[pos:end])
-        n = (len(rest) - len(rest.lstrip(b"\0"))) & ~3
+    if header == 0:  # scanned in place: no copy of the rest of the buffer per run
+        nonzero = _NONZERO.search(buf, pos, end)
+        n = ((nonzero.start() if nonzero else end) - pos) & ~3
         return Padding(n // 4), n
     dw3 = _DW.unpack_from(buf, pos + 12)[0] if (
         header & 0xFFFF == OP_WRITE | SUBOP_WRITE_LINEAR << 8 and pos + 16 <= end) else None
@@ -476,46 +478,33 @@ class _Executor:
     def execute(self, pkt: Packet, index: int) -> Generator[Request, object, None]:
         """Run one packet; raises _Blocked when a poll must be resumed by a later run
         (index identifies the packet so its retries carry over)."""
-        t = type(pkt)
-        if t is CopyLinear:
-            assert isinstance(pkt, CopyLinear)
-            yield eng.Copy(pkt.dst, pkt.src, pkt.size)
-        elif t is Fence:
-            assert isinstance(pkt, Fence)
-            yield eng.Write(pkt.addr, _DW.pack(pkt.data))
-        elif t is AtomicPacket:
-            assert isinstance(pkt, AtomicPacket)
-            yield from self._atomic(pkt, index)
-        elif t is PollRegMem:
-            assert isinstance(pkt, PollRegMem)
-            if pkt.mem_poll:
+        match pkt:
+            case CopyLinear():
+                yield eng.Copy(pkt.dst, pkt.src, pkt.size)
+            case Fence():
+                yield eng.Write(pkt.addr, _DW.pack(pkt.data))
+            case AtomicPacket():
+                yield from self._atomic(pkt)
+            case PollRegMem(mem_poll=True):
                 yield from self._poll(pkt, index)
-        elif t is Trap:
-            assert isinstance(pkt, Trap)
-            yield eng.Interrupt(pkt.context_id)
-        elif t is ConstFill:
-            assert isinstance(pkt, ConstFill)
-            yield eng.Fill(pkt.dst, pkt.pattern, pkt.size)
-        elif t is CopyLinearRect:
-            assert isinstance(pkt, CopyLinearRect)
-            for dst, src, n in pkt.rows():
-                yield eng.Copy(dst, src, n)
-        elif t is TimestampGet:
-            assert isinstance(pkt, TimestampGet)
-            now = yield eng.Clock()
-            assert isinstance(now, int)
-            if not pkt.global_clock:
-                now += self.timestamp_offset
-            yield eng.Write(pkt.addr, _QW.pack(now & (1 << 64) - 1))
-        elif t is TimestampSet:
-            assert isinstance(pkt, TimestampSet)
-            now = yield eng.Clock()
-            assert isinstance(now, int)
-            self.timestamp_offset = pkt.value - now
-        elif t is WriteLinear:
-            assert isinstance(pkt, WriteLinear)
-            yield eng.Write(pkt.dst, pkt.data)
-        # Nop: nothing
+            case Trap():
+                yield eng.Interrupt(pkt.context_id)
+            case ConstFill():
+                yield eng.Fill(pkt.dst, pkt.pattern, pkt.size)
+            case CopyLinearRect():
+                for dst, src, n in pkt.rows():
+                    yield eng.Copy(dst, src, n)
+            case TimestampGet():
+                now = _int((yield eng.Clock()))
+                if not pkt.global_clock:
+                    now += self.timestamp_offset
+                yield eng.Write(pkt.addr, _QW.pack(now & (1 << 64) - 1))
+            case TimestampSet():
+                self.timestamp_offset = pkt.value - _int((yield eng.Clock()))
+            case WriteLinear():
+                yield eng.Write(pkt.dst, pkt.data)
+            case _:  # NOP, padding, a register poll (no registers to wait for)
+                pass
 
     def _retries(self, index: int, retry_count: int) -> _PollState:
         if self.poll is None or self.poll.index != index:
@@ -540,18 +529,27 @@ class _Executor:
             yield from self._sleep(pkt.interval * POLL_INTERVAL_UNIT_NS)
         self.poll = None
 
-    def _atomic(self, pkt: AtomicPacket, index: int) -> Generator[Request, object, None]:
+    def _atomic(self, pkt: AtomicPacket) -> Generator[Request, object, None]:
+        """One atomic; a looping compare-swap again until the old value was `cmp` (a
+        failed compare-swap changes nothing, so a later run may simply redo it)."""
         loop = pkt.loop and pkt.op is AtomicOp.CMPSWAP
+        mask = (1 << 8 * pkt.size) - 1
         spins = 0
         while True:
-            old = yield eng.Atomic(pkt.addr, pkt.op, pkt.src, pkt.cmp, pkt.size)
-            assert isinstance(old, int)
-            if not loop or old & ((1 << 8 * pkt.size) - 1) == pkt.cmp & ((1 << 8 * pkt.size) - 1):
+            old = _int((yield eng.Atomic(pkt.addr, pkt.op, pkt.src, pkt.cmp, pkt.size)))
+            if not loop or old & mask == pkt.cmp & mask:
                 return
             spins += 1
             if self.poll_spins is not None and spins >= self.poll_spins:
                 raise _Blocked
             yield from self._sleep(pkt.loop_interval * POLL_INTERVAL_UNIT_NS)
+
+
+def _int(answer: object) -> int:
+    """A Clock's or an Atomic's answer, which the edge promises is an int."""
+    if not isinstance(answer, int):
+        raise TypeError(f"an int was due, the edge answered {type(answer).__name__}")
+    return answer
 
 
 def _bytes(answer: object, size: int) -> Buf:

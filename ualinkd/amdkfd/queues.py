@@ -184,12 +184,12 @@ class DeviceQueueManager:
         engine = sdma_id % engines + (self.num_sdma_engines if xgmi else 0)
         return qtype, engine, sdma_id // engines
 
-    def deallocate_sdma_queue(self, q: KfdQueue) -> None:
-        if q.type == KFD_IOC_QUEUE_TYPE_SDMA_XGMI:
-            engines, local = self.num_xgmi_engines, q.sdma_engine - self.num_sdma_engines
-            self.xgmi_used.discard(q.sdma_queue * engines + local)
+    def deallocate_sdma_queue(self, qtype: int, engine: int, queue: int) -> None:
+        if qtype == KFD_IOC_QUEUE_TYPE_SDMA_XGMI:
+            engines, local = self.num_xgmi_engines, engine - self.num_sdma_engines
+            self.xgmi_used.discard(queue * engines + local)
         else:
-            self.sdma_used.discard(q.sdma_queue * self.num_sdma_engines + q.sdma_engine)
+            self.sdma_used.discard(queue * self.num_sdma_engines + engine)
 
 
 @dataclass(eq=False, slots=True)
@@ -298,8 +298,7 @@ class QueueRegistry:
             did = pqm.allocate_doorbell(a.gpu_id, qtype, engine, sdma_queue)  # 5
         except DrmError:
             if qtype in SDMA_TYPES:
-                dqm.deallocate_sdma_queue(KfdQueue(pid, a.gpu_id, qid, qtype, 0, 0, 0, 0, 0,
-                                                   0, 0, 0, vm, engine, sdma_queue))
+                dqm.deallocate_sdma_queue(qtype, engine, sdma_queue)
             raise
         cookie = KFD_MMAP_TYPE_DOORBELL | (a.gpu_id & 0xFFFF) << KFD_MMAP_GPU_ID_SHIFT
         q = KfdQueue(pid, a.gpu_id, qid, qtype, a.ring_base, a.ring_size, a.rptr_address,
@@ -335,7 +334,7 @@ class QueueRegistry:
         pqm.doorbells.get(q.gpu_id, set()).discard(q.doorbell_id)
         dqm = self.dqms[q.gpu_id]
         if q.is_sdma:
-            dqm.deallocate_sdma_queue(q)
+            dqm.deallocate_sdma_queue(q.type, q.sdma_engine, q.sdma_queue)
         dqm.total_queue_count -= 1
         if not pqm.queues:
             del self.pqms[q.pid]
@@ -350,8 +349,9 @@ class QueueRegistry:
         q = self.get(pid, queue_id, errno.EFAULT)
         if ring_base and ring_size and not _mapped(q.vm, ring_base, ring_size):
             raise DrmError(errno.EINVAL, f"the new ring at {ring_base:#x} is not mapped")
-        if (ring_base, ring_size) != (q.ring_base, q.ring_size) and q.processor is not None:
-            # a new ring: the engine starts again from the current rptr in the new ring
+        if (ring_base, ring_size) != (q.ring_base, q.ring_size):
+            # a new ring (update_mqd): the engine is made again on the next doorbell and
+            # goes on from the rptr it had (the MQD keeps it)
             q.processor = None
         q.ring_base, q.ring_size = ring_base, ring_size
         q.percentage, q.priority = percentage, priority
