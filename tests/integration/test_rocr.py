@@ -73,8 +73,11 @@ def test_rocr_moves_bytes_waits_and_reports_a_dispatch(tmp_path: Path):
         trace = (tmp_path / "node" / "node0.out").read_text()
         # the queues ROCr made: its AQL queue and the SDMA blits (host->device, device->host)
         assert "queue_type=2" in trace and "queue_type=1" in trace, trace[-2000:]
-        # the blocking wait slept in the KFD and the TRAP woke it
-        assert "AMDKFD_WAIT_EVENTS" in trace
+        # a blocked wait slept in the KFD (hsaKmtWaitOnEvent: one event, no timeout) and
+        # only the engine's TRAP could end it: COMPLETE (0) copied back
+        woken = [line for line in trace.splitlines() if "AMDKFD_WAIT_EVENTS" in line and
+                 "num_events=1, wait_for_all=1, timeout=4294967294, wait_result=0})" in line]
+        assert woken, [line for line in trace.splitlines() if "WAIT_EVENTS" in line]
         assert "AMDKFD_DESTROY_QUEUE" in trace
 
 
