@@ -13,7 +13,8 @@
  * queue waiting on a signal; a KERNEL_DISPATCH that fails visibly (the queue's error
  * callback, the completion signal never decremented); hsa_queue_destroy; hsa_shut_down.
  *
- * argv[1], optional: "dispatch" also runs the failing dispatch (default: all steps).
+ * argv[1], optional: "dispatch" runs only the failing dispatch, "bad" only a packet of an
+ * unknown type (default: every step, BARRIER_OR and AMD's barrier-value packet included).
  */
 #define _GNU_SOURCE
 #include <hsa/hsa.h>
@@ -279,6 +280,91 @@ static void barrier_and(hsa_queue_t *q)
 	hsa_signal_destroy(done);
 }
 
+/* BARRIER_OR: any one dependency at 0 releases it */
+static void barrier_or(hsa_queue_t *q)
+{
+	hsa_barrier_or_packet_t p;
+	hsa_signal_t a, b, done;
+	hsa_signal_value_t v;
+
+	CHECK("signal_create", hsa_signal_create(1, 0, NULL, &a));
+	CHECK("signal_create", hsa_signal_create(1, 0, NULL, &b));
+	CHECK("signal_create", hsa_signal_create(1, 0, NULL, &done));
+	memset(&p, 0, sizeof(p));
+	p.header = header(HSA_PACKET_TYPE_BARRIER_OR);
+	p.dep_signal[0] = a;
+	p.dep_signal[3] = b;
+	p.completion_signal = done;
+	submit(q, &p);
+	v = hsa_signal_wait_scacquire(done, HSA_SIGNAL_CONDITION_LT, 1, 100000000ull,
+				      HSA_WAIT_STATE_BLOCKED);
+	step++;
+	if (v != 1)
+		FAIL("barrier_or_held", "value=%" PRId64, v);
+	hsa_signal_store_screlease(b, 0);
+	v = hsa_signal_wait_scacquire(done, HSA_SIGNAL_CONDITION_LT, 1, UINT64_MAX,
+				      HSA_WAIT_STATE_BLOCKED);
+	step++;
+	if (v != 0)
+		FAIL("barrier_or", "value=%" PRId64, v);
+	printf("ok barrier_or\n");
+	hsa_signal_destroy(a);
+	hsa_signal_destroy(b);
+	hsa_signal_destroy(done);
+}
+
+/* AMD's barrier-value vendor packet (hsa_ext_amd.h): wait until (value & mask) < 3 */
+static void barrier_value(hsa_queue_t *q)
+{
+	hsa_amd_barrier_value_packet_t p;
+	hsa_signal_t s, done;
+	hsa_signal_value_t v;
+
+	CHECK("signal_create", hsa_signal_create(0x105, 0, NULL, &s));
+	CHECK("signal_create", hsa_signal_create(1, 0, NULL, &done));
+	memset(&p, 0, sizeof(p));
+	p.header.AmdFormat = HSA_AMD_PACKET_TYPE_BARRIER_VALUE;
+	p.signal = s;
+	p.value = 3;
+	p.mask = 0xFF;
+	p.cond = HSA_SIGNAL_CONDITION_LT;
+	p.completion_signal = done;
+	p.header.header = header(HSA_PACKET_TYPE_VENDOR_SPECIFIC);
+	submit(q, &p);
+	v = hsa_signal_wait_scacquire(done, HSA_SIGNAL_CONDITION_LT, 1, 100000000ull,
+				      HSA_WAIT_STATE_BLOCKED);
+	step++;
+	if (v != 1)
+		FAIL("barrier_value_held", "value=%" PRId64, v);
+	hsa_signal_store_screlease(s, 0x302); /* 0x02 under the mask */
+	v = hsa_signal_wait_scacquire(done, HSA_SIGNAL_CONDITION_LT, 1, UINT64_MAX,
+				      HSA_WAIT_STATE_BLOCKED);
+	step++;
+	if (v != 0)
+		FAIL("barrier_value", "value=%" PRId64, v);
+	printf("ok barrier_value\n");
+	hsa_signal_destroy(s);
+	hsa_signal_destroy(done);
+}
+
+/* A packet type hsa.h does not define: the queue reports INVALID_PACKET_FORMAT. */
+static void bad_packet(hsa_queue_t *q)
+{
+	uint8_t p[64];
+	double t0 = now_s();
+
+	memset(p, 0, sizeof(p));
+	p[0] = 0x17;
+	submit(q, p);
+	step++;
+	while (atomic_load(&queue_errors) == 0) {
+		if (now_s() - t0 > 20)
+			FAIL("bad_packet", "no queue error after 20 s");
+		usleep(1000);
+	}
+	printf("ok bad_packet status=0x%x\n", atomic_load(&queue_error_status));
+}
+
 /*
  * A kernel dispatch: the emulated GPU has no ISA, so the queue reports an error (the
  * error callback hsa_queue_create was given), and the completion signal stays 1.
@@ -321,7 +407,8 @@ int main(int argc, char **argv)
 {
 	hsa_queue_t *q = NULL;
 	static const size_t sizes[] = {4, 4096, 65536 + 12, 4 << 20, 9 << 20};
-	int only_dispatch = argc > 1 && strcmp(argv[1], "dispatch") == 0;
+	int only_dispatch = argc > 1 && (strcmp(argv[1], "dispatch") == 0 ||
+					  strcmp(argv[1], "bad") == 0);
 
 	alarm(240);
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -346,8 +433,13 @@ int main(int argc, char **argv)
 		copy_with_dependency();
 		blocked_wait();
 		barrier_and(q);
+		barrier_or(q);
+		barrier_value(q);
 	}
-	dispatch_fails(q);
+	if (argc > 1 && strcmp(argv[1], "bad") == 0)
+		bad_packet(q);
+	else
+		dispatch_fails(q);
 	CHECK("queue_destroy", hsa_queue_destroy(q));
 	printf("ok queue_destroy\n");
 	CHECK("shut_down", hsa_shut_down());

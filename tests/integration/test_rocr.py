@@ -28,6 +28,7 @@ pytestmark = [
 ]
 SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 HSA_STATUS_ERROR_INVALID_CODE_OBJECT = 0x1010
+HSA_STATUS_ERROR_INVALID_PACKET_FORMAT = 0x1009
 
 
 def mi210_config(nodes: int = 1) -> PodConfig:
@@ -63,6 +64,7 @@ def test_rocr_moves_bytes_waits_and_reports_a_dispatch(tmp_path: Path):
         assert [int(c["size"]) for c in by["copy"]] == [4, 4096, 65536 + 12, 4 << 20, 9 << 20]
         assert "copy_dep_held" in by and "copy_dep_released" in by
         assert "blocked_wait" in by and "barrier_and" in by
+        assert "barrier_or" in by and "barrier_value" in by
         (d,) = by["dispatch_fails"]
         assert int(d["status"], 16) == HSA_STATUS_ERROR_INVALID_CODE_OBJECT, d
         assert d["completion"] == "1"
@@ -90,6 +92,22 @@ def test_rocr_dispatch_fails_on_rocrs_own_queue_and_shuts_down(tmp_path: Path):
         assert r.returncode == 0, r.stdout + r.stderr[-3000:] + node.log_text()[-3000:]
         (d,) = steps(r.stdout)["dispatch_fails"]
         assert int(d["status"], 16) == HSA_STATUS_ERROR_INVALID_CODE_OBJECT
+
+
+def test_rocr_unknown_packet_type_is_an_invalid_packet_format(tmp_path: Path):
+    """A packet of a type hsa.h does not define on ROCr's queue: the CP's code 32 in
+    queue_inactive_signal, which ROCr's handler reports as
+    HSA_STATUS_ERROR_INVALID_PACKET_FORMAT; one log line; destroy and shut_down complete."""
+    with running_node(tmp_path / "node", mi210_config()) as node:
+        r = subprocess.run([c_program("rocr_client"), "bad"], env=client_env(node.mount),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr[-3000:] + node.log_text()[-3000:]
+        by = steps(r.stdout)
+        (b,) = by["bad_packet"]
+        assert int(b["status"], 16) == HSA_STATUS_ERROR_INVALID_PACKET_FORMAT
+        assert "queue_destroy" in by and "shut_down" in by
+        errors = [line for line in node.log_text().splitlines() if "packet type 23" in line]
+        assert len(errors) == 1, node.log_text()[-2000:]
 
 
 @pytest.mark.skipif(not Path("/usr/include/hip/hip_runtime_api.h").exists(),
