@@ -494,3 +494,36 @@ def test_layouts_match_rocr_headers(tmp_path: Path):
         0xAB00, 5, 0xFF, 2, 0xCD00)
     assert got["hsa_barrier_and_packet_t.dep_signal"] == 8
     assert got["hsa_barrier_or_packet_t.completion_signal"] == 56
+
+
+@given(st.lists(st.tuples(st.sampled_from([3, 5]), st.booleans(), st.booleans()),
+                min_size=1, max_size=40),
+       st.sampled_from([1, 2, 4, 8]))
+def test_any_submission_order_completes_every_barrier_once(
+        subs: list[tuple[int, bool, bool]], slots: int):
+    """ROCr's producer protocol in any interleaving (a slot published now or at the next
+    doorbell, a doorbell rung or not), across ring wraps: every published barrier runs
+    exactly once, in order, and the read index ends at the number of packets."""
+    vm = Vm()
+    prod = Producer(vm, slots=slots)
+    done = signal(vm, 1, len(subs))
+    pending: list[tuple[int, bytes]] = []
+    for kind, publish_now, ring in subs:
+        if prod.index - prod.read_dispatch_id >= slots:  # ROCr waits for room
+            for idx, pkt in pending:
+                vm.write(RING + 64 * (idx % slots), pkt[:2])
+            pending.clear()
+            run(vm, prod.queue, prod.index - 1)
+        assert prod.index - prod.read_dispatch_id < slots
+        pkt = barrier(kind, [], done)
+        idx = prod.submit(pkt, publish=publish_now and not pending)
+        if not (publish_now and not pending):
+            pending.append((idx, pkt))
+        if ring:
+            assert run(vm, prod.queue, idx).reason is EndReason.CAUGHT_UP
+    for idx, pkt in pending:
+        vm.write(RING + 64 * (idx % slots), pkt[:2])
+    assert run(vm, prod.queue, prod.index - 1).reason is EndReason.CAUGHT_UP
+    assert prod.read_dispatch_id == len(subs) == prod.queue.packets_done
+    assert vm.i64(done + 8) == 0
+    assert all(vm.read(RING + 64 * i, 1)[0] == aql.PacketType.INVALID for i in range(slots))
