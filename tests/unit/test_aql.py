@@ -400,6 +400,33 @@ def test_queue_error_without_amd_queue_layout_still_stops_the_queue():
     assert end.reason is EndReason.ERROR and q.amd_queue_va is None
 
 
+def test_queue_error_with_the_legacy_doorbell_write_pointer_is_reported():
+    """ROCr's doorbell types other than 2 give max_legacy_doorbell_dispatch_id_plus_1 (@80)
+    as the write pointer: the same amd_queue_t, the same error report."""
+    vm = Vm()
+    inactive = signal(vm, 9, 0, event_id=4)
+    prod = Producer(vm, inactive_signal=inactive)
+    q = aql.AqlQueue(RING, 16 * 64, AMDQ + aql.AMD_QUEUE_READ_DISPATCH_ID,
+                     AMDQ + aql.AMD_QUEUE_LEGACY_WRITE_POINTER)
+    vm.write(RING, dispatch(0x2000, 0))
+    vm.write(AMDQ + aql.AMD_QUEUE_LEGACY_WRITE_POINTER, struct.pack("<Q", 1))
+    assert run(vm, q).reason is EndReason.ERROR
+    assert vm.i64(inactive + 8) == aql.QueueError.INVALID_CODE and Interrupt(4) in vm.requests
+    assert prod.read_dispatch_id == 0
+
+
+def test_queue_error_reports_only_to_a_real_amd_queue():
+    """read_dispatch_id_field_base_byte_offset (@136) must say 128, as ROCr sets it: else
+    the words around the pointers are not an amd_queue_t and nothing is written there."""
+    vm = Vm()
+    inactive = signal(vm, 9, 0, event_id=4)
+    prod = Producer(vm, inactive_signal=inactive)
+    vm.write(AMDQ + aql.AMD_QUEUE_READ_DISPATCH_ID_FIELD_BASE_BYTE_OFFSET, struct.pack("<I", 0))
+    prod.submit(dispatch(0x3000, 0))
+    assert run(vm, prod.queue).reason is EndReason.ERROR
+    assert vm.i64(inactive + 8) == 0 and not any(isinstance(r, Interrupt) for r in vm.requests)
+
+
 # -- faults ----------------------------------------------------------------------------------
 def test_gpu_fault_on_a_dependency_signal_stops_the_queue():
     vm = Vm()

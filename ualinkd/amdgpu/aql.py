@@ -108,6 +108,7 @@ AQL_PACKET_SIZE: Final = 64
 
 # amd_hsa_queue.h: amd_queue_t offsets (256 bytes, 64-byte aligned)
 AMD_QUEUE_WRITE_DISPATCH_ID: Final = 56
+AMD_QUEUE_LEGACY_WRITE_POINTER: Final = 80  # max_legacy_doorbell_dispatch_id_plus_1
 AMD_QUEUE_READ_DISPATCH_ID: Final = 128
 AMD_QUEUE_READ_DISPATCH_ID_FIELD_BASE_BYTE_OFFSET: Final = 136
 AMD_QUEUE_INACTIVE_SIGNAL: Final = 192
@@ -415,11 +416,12 @@ class AqlQueue:
         self.write_pointer_va = write_pointer_va
         # amd_queue_t is found from the rptr address (read_dispatch_id @128), as the CP does
         # with read_dispatch_id_field_base_byte_offset; only when the pointers are laid out
-        # as in amd_queue_t is there a queue_inactive_signal to report errors to.
+        # as in amd_queue_t (the write pointer write_dispatch_id, or the legacy doorbell's
+        # proxy) is there a queue_inactive_signal to report errors to (_fail checks @136).
+        base = read_pointer_va - AMD_QUEUE_READ_DISPATCH_ID
         self.amd_queue_va: int | None = (
-            read_pointer_va - AMD_QUEUE_READ_DISPATCH_ID
-            if read_pointer_va - write_pointer_va
-            == AMD_QUEUE_READ_DISPATCH_ID - AMD_QUEUE_WRITE_DISPATCH_ID else None)
+            base if write_pointer_va - base in (AMD_QUEUE_WRITE_DISPATCH_ID,
+                                                AMD_QUEUE_LEGACY_WRITE_POINTER) else None)
         self.read_index = 0  # packets; CREATE_QUEUE zeroes the hardware rptr
         self.state = QueueState.IDLE
         self.packets_done = 0
@@ -556,10 +558,14 @@ class AqlQueue:
                       f"{why}")
         end = RunEnd(EndReason.ERROR, offset, self.error)
         if self.amd_queue_va is not None:
+            raw = yield Read(self.amd_queue_va + AMD_QUEUE_READ_DISPATCH_ID_FIELD_BASE_BYTE_OFFSET,
+                             4)
+            assert isinstance(raw, bytes)
+            is_amd_queue = _U32.unpack(raw)[0] == AMD_QUEUE_READ_DISPATCH_ID
             raw = yield Read(self.amd_queue_va + AMD_QUEUE_INACTIVE_SIGNAL, 8)
             assert isinstance(raw, bytes)
             inactive = _U64.unpack(raw)[0]
-            if inactive:
+            if is_amd_queue and inactive:
                 yield Write(inactive + AMD_SIGNAL_VALUE, _U64.pack(int(code)))
                 yield from self._wake(inactive)
         raise _Stop(end)
