@@ -100,6 +100,7 @@ class GpuEngineEdge:
         # each scan (the thread only reads the reference it took).
         self._watched: tuple[tuple[BoMemory, tuple[tuple[int, bytes], ...]], ...] = ()
         self.kfd.queues.listeners.append(self._queue_changed)
+        self.kfd.queues.updated.append(lambda q: self._wake.set())
 
     def _queue_changed(self, q: kq.KfdQueue, created: bool) -> None:
         if created:

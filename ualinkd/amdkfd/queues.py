@@ -256,6 +256,8 @@ class QueueRegistry:
             self.dqms[gpu_id] = DeviceQueueManager(gpu_id, pcie, xgmi)
         self.pqms: dict[int, ProcessQueueManager] = {}
         self.listeners: list[QueueListener] = []
+        # told of UPDATE_QUEUE (an inactive queue may become active: look at its doorbell)
+        self.updated: list[Callable[[KfdQueue], None]] = []
         self.created = 0  # since start, for ualinkctl and the abandoned-queue checks
 
     def pqm(self, pid: int) -> ProcessQueueManager:
@@ -353,6 +355,8 @@ class QueueRegistry:
             q.processor = None
         q.ring_base, q.ring_size = ring_base, ring_size
         q.percentage, q.priority = percentage, priority
+        for tell in list(self.updated):
+            tell(q)
         return q
 
     def set_cu_mask(self, pid: int, queue_id: int, mask: bytes) -> None:
