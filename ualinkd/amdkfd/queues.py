@@ -428,7 +428,7 @@ def event_interrupt(kfd: Kfd, p: KfdProcess, context_id: int) -> int:
     for ev in found:
         if ev.type in (KFD_IOC_EVENT_SIGNAL, KFD_IOC_EVENT_DEBUG_EVENT):  # gpu-signalable
             page.memory.write(ev.event_id * 8, UNSIGNALED_EVENT_SLOT.to_bytes(8, "little"))
-            kfd.signal(ev)
+            kfd._set_event(ev)
             n += 1
     return n
 
@@ -440,7 +440,7 @@ def vm_fault(kfd: Kfd, p: KfdProcess, gpu_id: int, va: int, write: bool) -> int:
     n = 0
     for ev in list(p.events.values()):
         if ev.type == KFD_IOC_EVENT_MEMORY:
-            kfd.signal(ev)
+            kfd._set_event(ev)
             n += 1
     return n
 
