@@ -94,12 +94,14 @@ class GpuEngineEdge:
         self._polling: dict[kq.KfdQueue, float] = {}
         self._poll_delay: dict[kq.KfdQueue, float] = {}
         self._nursery: trio.Nursery | None = None
+        self._atomics = trio.Lock()
         self.ticks = 0  # scans done, for tests of the idle cost
         # What the watch thread compares: per doorbell slice, its memory and the (slot,
         # last value) of each queue there that waits for a doorbell. Replaced whole by
         # each scan (the thread only reads the reference it took).
         self._watched: tuple[tuple[BoMemory, tuple[tuple[int, bytes], ...]], ...] = ()
         self.kfd.queues.listeners.append(self._queue_changed)
+        self.kfd.queues.updated.append(lambda q: self._wake.set())
 
     def _queue_changed(self, q: kq.KfdQueue, created: bool) -> None:
         if created:
@@ -368,10 +370,13 @@ class GpuEngineEdge:
                 await self._store(q, req.dst_va + off, chunk[: min(COPY_CHUNK, req.size - off)])
             return None
         if isinstance(req, Atomic):
-            # one read-modify-write: no other engine access runs between the two (trio)
-            old = int.from_bytes(await self._load(q, req.va, req.size), "little")
-            new = atomic_result(req.op, old, req.src, req.cmp, req.size)
-            await self._store(q, req.va, new.to_bytes(req.size, "little"))
+            # one read-modify-write: no other queue's atomic runs between the load and the
+            # store, even when they wait for userptr pages or the fabric (the CPU's own
+            # accesses are the client's; ROCr only decrements signals this way)
+            async with self._atomics:
+                old = int.from_bytes(await self._load(q, req.va, req.size), "little")
+                new = atomic_result(req.op, old, req.src, req.cmp, req.size)
+                await self._store(q, req.va, new.to_bytes(req.size, "little"))
             return old
         if isinstance(req, Interrupt):
             proc = self.kfd.processes.get(q.pid)

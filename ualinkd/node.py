@@ -41,6 +41,7 @@ from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.gem import DmaBuf
 from .drm.loaded import Loaded, in_memory
+from .drm.process import Identify, WatchExit, same_thread_group
 from .drm.syncobj import EventFd, SyncWaits
 from .drm.tokens import DmaBufTokens
 from .fuse.backend import IoctlReply
@@ -102,6 +103,8 @@ class NodeCore:
         resolve_drm_file: ResolveDrmFile | None = None,
         host_cpus: int = 1,
         host_memory: int = 0,
+        identify_process: Identify = same_thread_group,
+        watch_exit: WatchExit | None = None,
     ) -> None:
         self.config = config
         self.node = config.node(node_name)
@@ -159,12 +162,15 @@ class NodeCore:
         # every device above was given an AmdgpuDriver (DrmDevice.driver is the core's view)
         self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, drivers, strict=True)],  # type: ignore[arg-type]
                        clock or _no_clock, copy_to_user, resolve_drm_file, copy_from_user,
-                       waits)
+                       waits, identify_process)
+        # The edge's exit notices of the KFD's processes (a pidfd each): a process that
+        # exits ends its KFD context, whoever still holds its files.
+        self._watch_exit = watch_exit
         self.kfd.resolve_dmabuf = self._resolve_dmabuf
         self.kfd.queues.listeners.append(
             lambda q, created: self.trace_queue(q, "create" if created else "destroy"))
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
-        self.cpu_maps = CpuMapGrants()
+        self.cpu_maps = CpuMapGrants(identify=identify_process)
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can
         # start a revoke); a fabric carries them out (`attach_fabric`).
         self.after_request: Callable[[], None] = self._discard_effects
@@ -448,13 +454,16 @@ class NodeCore:
     def _traced_gpu(self, drm_file: DrmFile, op: str, va: int, length: int, data: bytes,
                     caller: Caller, access: Callable[[], object]) -> object:
         """Run a GPU load/store; with a tracer, record its VA, length, result and fault
-        (whether it finished at once or after remote pieces came back)."""
-        if self.tracer is None:
+        (whether it finished at once or after remote pieces came back). The tracer is the
+        one there when the access started, taken once: a recorder that attaches or leaves
+        while remote pieces are in flight (`ualinkd record`, core.tracer) neither gets half
+        an access nor changes its outcome."""
+        tracer = self.tracer
+        if tracer is None:
             return access()
         start = self.trace_clock()
 
         def record(result: object) -> None:
-            assert self.tracer is not None
             minor = drm_file.device.minor
             if isinstance(result, DrmError):
                 done, got = -result.errno, b""
@@ -463,10 +472,9 @@ class NodeCore:
             else:  # a load's bytes (in memory now if the fabric held them in a pipe)
                 loaded = in_memory(result)  # type: ignore[arg-type]  # a load's result
                 done, got = len(loaded), bytes(loaded)
-            self.tracer(GpuAccessRecord(caller.pid, self.name, minor,
-                                        self.managers[minor].accel_id, op, va, length, done,
-                                        got, start, self.trace_clock() - start,
-                                        self.file_id(drm_file)))
+            tracer(GpuAccessRecord(caller.pid, self.name, minor,
+                                   self.managers[minor].accel_id, op, va, length, done, got,
+                                   start, self.trace_clock() - start, self.file_id(drm_file)))
 
         try:
             res = access()
@@ -533,8 +541,24 @@ class NodeCore:
     # -- NodeBackend: the KFD ---------------------------------------------------------------
     def open_kfd(self, caller: Caller) -> KfdProcess:
         process = self.kfd.open(caller)
+        if process.exit is None and self._watch_exit is not None:  # a new context
+            process.exit = self._watch_exit(process.id)
+            process.exit.when_done(lambda done: self._kfd_process_exited(process, done))
+        if process.ended:  # (its process exited before it could be watched)
+            self.kfd.release(process)
+            raise DrmError(errno.ESRCH, f"process {process.pid} has exited")
         self._trace_open(process, caller, "kfd")
         return process
+
+    def _kfd_process_exited(self, process: KfdProcess, notice: Completion[None]) -> None:
+        """A KFD process's exit notice (an error: the watch was cancelled, the context
+        having ended first)."""
+        try:
+            notice.result()
+        except Exception:
+            return
+        self.kfd.process_exited(process)
+        self.after_request()  # what freeing its memory queued (a revoke) goes out now
 
     def release_kfd(self, process: object) -> None:
         assert isinstance(process, KfdProcess)

@@ -104,6 +104,24 @@ int main(int argc, char **argv)
 		printf("ok copy_rate bytes=%zu h2d_mib_s=%.0f d2h_mib_s=%.0f\n", size,
 		       size / (t1 - t0) / (1 << 20), size / (t2 - t1) / (1 << 20));
 	}
+	if (bench) { /* an empty submission's doorbell -> fence latency, back to back */
+		double best = 1e9, total = 0;
+
+		for (uint32_t i = 0; i < 200; i++) {
+			double t0 = now_s(), dt;
+
+			if (!fence(&q, &sig[3], 1000 + i))
+				break;
+			ring_doorbell(&q);
+			if (!wait_value(&sig[3], 1000 + i, 10))
+				break;
+			dt = now_s() - t0;
+			total += dt;
+			best = dt < best ? dt : best;
+		}
+		printf("ok fence_latency mean_us=%.0f best_us=%.0f\n", total / 200 * 1e6,
+		       best * 1e6);
+	}
 	/* rptr written back as the engine consumed: it reaches the producer's index */
 	{
 		double until = now_s() + 10;

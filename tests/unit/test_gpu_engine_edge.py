@@ -272,3 +272,35 @@ def test_a_ring_the_engine_refuses_is_that_queue_s_error():
 
     run_edge(rig, body)
     assert aql.state is queues.KfdQueueState.ERROR
+
+
+def test_update_queue_moves_the_ring_and_the_engine_goes_on_from_its_rptr():
+    """UPDATE_QUEUE with a new ring base (pqm_update_queue_properties -> update_mqd): the
+    next doorbell runs the packets at the same position in the new ring, from the rptr
+    the engine had (the MQD keeps it); percentage 0 makes the queue inactive: its
+    doorbell is not run until the percentage is back."""
+    rig = Rig()
+    new_ring = RING + 3 * 4096
+    upd = tbl.KFD_UPDATE_QUEUE.cmd
+    qid = rig.queues[0].queue_id
+
+    def update(ring: int, pct: int) -> int:
+        return call(rig.node, rig.p, upd, struct.pack("<QIIII", ring, qid, 4096, pct, 15)).result
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(fence(DATA, 1))
+        await until(lambda: rig.word(DATA) == 1 and rig.queues[0].rptr == 16)
+        assert update(new_ring, 0) == 0
+        assert rig.queues[0].state is queues.KfdQueueState.INACTIVE
+        pos = rig.index[0] % 4096
+        rig.gtt.memory.write(new_ring + pos - BASE, fence(DATA, 2))
+        rig.index[0] += 16
+        rig.p.pdds[rig.g0].doorbells().memory.write(
+            rig.queues[0].doorbell_slot, rig.index[0].to_bytes(8, "little"))
+        await trio.sleep(0.2)
+        assert rig.word(DATA) == 1  # inactive: not run
+        assert update(new_ring, 100) == 0
+        await until(lambda: rig.word(DATA) == 2)
+
+    run_edge(rig, body)
+    assert rig.queues[0].rptr == 32 and rig.queues[0].error is None

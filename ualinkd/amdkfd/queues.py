@@ -258,6 +258,8 @@ class QueueRegistry:
             self.dqms[gpu_id] = DeviceQueueManager(gpu_id, pcie, xgmi)
         self.pqms: dict[int, ProcessQueueManager] = {}
         self.listeners: list[QueueListener] = []
+        # told of UPDATE_QUEUE (an inactive queue may become active: look at its doorbell)
+        self.updated: list[Callable[[KfdQueue], None]] = []
         self.created = 0  # since start, for ualinkctl and the abandoned-queue checks
 
     def pqm(self, pid: int) -> ProcessQueueManager:
@@ -355,6 +357,8 @@ class QueueRegistry:
             q.processor = None
         q.ring_base, q.ring_size = ring_base, ring_size
         q.percentage, q.priority = percentage, priority
+        for tell in list(self.updated):
+            tell(q)
         return q
 
     def set_cu_mask(self, pid: int, queue_id: int, mask: bytes) -> None:
@@ -426,7 +430,7 @@ def event_interrupt(kfd: Kfd, p: KfdProcess, context_id: int) -> int:
     for ev in found:
         if ev.type in (KFD_IOC_EVENT_SIGNAL, KFD_IOC_EVENT_DEBUG_EVENT):  # gpu-signalable
             page.memory.write(ev.event_id * 8, UNSIGNALED_EVENT_SLOT.to_bytes(8, "little"))
-            kfd.signal(ev)
+            kfd._set_event(ev)
             n += 1
     return n
 
@@ -449,7 +453,7 @@ def vm_fault(kfd: Kfd, p: KfdProcess, gpu_id: int, va: int, write: bool) -> int:
     for ev in list(p.events.values()):
         if ev.type == KFD_IOC_EVENT_MEMORY:
             ev.memory_exception_data = data
-            kfd.signal(ev)
+            kfd._set_event(ev)
             n += 1
     return n
 

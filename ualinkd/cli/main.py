@@ -67,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "tshark -X lua_script:$(ualinkd config --wireshark)")):
         cfg.add_argument(flag, action="append_const", const=flag, dest="what", help=what)
     abi = sub.add_parser(
-        "abi-check", help="compile a client's uAPI header (amdgpu_drm.h, drm.h) and compare "
-                          "its structs and ioctl numbers with the emulator's")
+        "abi-check", help="compile (never run) a client's uAPI header (amdgpu_drm.h, drm.h, "
+                          "kfd_ioctl.h) and compare its structs and ioctl numbers with the "
+                          "emulator's")
     abi.add_argument("headers", nargs="+", metavar="HEADER")
     abi.add_argument("-I", dest="include", action="append", default=[], metavar="DIR",
                      help="an include directory for the compiler")
