@@ -181,7 +181,9 @@ class PacketHeader:
 @dataclass(frozen=True, slots=True)
 class KernelDispatch:
     NAME: ClassVar[str] = "KERNEL_DISPATCH"
-    header: int  # the raw u16 (PacketHeader.of reads it)
+    barrier: bool  # the header's fields (PacketHeader), the type being the class
+    acquire_scope: int
+    release_scope: int
     setup: int  # dimensions in bits 1:0
     workgroup_size: tuple[int, int, int]
     grid_size: tuple[int, int, int]
@@ -195,7 +197,9 @@ class KernelDispatch:
 @dataclass(frozen=True, slots=True)
 class BarrierAnd:
     NAME: ClassVar[str] = "BARRIER_AND"
-    header: int  # the raw u16 (PacketHeader.of reads it)
+    barrier: bool  # the header's fields (PacketHeader), the type being the class
+    acquire_scope: int
+    release_scope: int
     dep_signals: tuple[int, ...]  # the five handles, 0 = none
     completion_signal: int
 
@@ -203,7 +207,9 @@ class BarrierAnd:
 @dataclass(frozen=True, slots=True)
 class BarrierOr:
     NAME: ClassVar[str] = "BARRIER_OR"
-    header: int  # the raw u16 (PacketHeader.of reads it)
+    barrier: bool  # the header's fields (PacketHeader), the type being the class
+    acquire_scope: int
+    release_scope: int
     dep_signals: tuple[int, ...]
     completion_signal: int
 
@@ -211,7 +217,9 @@ class BarrierOr:
 @dataclass(frozen=True, slots=True)
 class AgentDispatch:
     NAME: ClassVar[str] = "AGENT_DISPATCH"
-    header: int  # the raw u16 (PacketHeader.of reads it)
+    barrier: bool  # the header's fields (PacketHeader), the type being the class
+    acquire_scope: int
+    release_scope: int
     type: int
     return_address: int
     args: tuple[int, int, int, int]
@@ -223,7 +231,9 @@ class BarrierValue:
     """hsa_amd_barrier_value_packet_t: wait until (signal.value & mask) `cond` value."""
 
     NAME: ClassVar[str] = "BARRIER_VALUE"
-    header: int  # the raw u16 (PacketHeader.of reads it)
+    barrier: bool  # the header's fields (PacketHeader), the type being the class
+    acquire_scope: int
+    release_scope: int
     signal: int
     value: int  # signed, as hsa_signal_value_t
     mask: int
@@ -238,7 +248,9 @@ class Pm4Ib:
     first dword is a type-3 INDIRECT_BUFFER header, else None."""
 
     NAME: ClassVar[str] = "PM4_IB"
-    header: int  # the raw u16 (PacketHeader.of reads it)
+    barrier: bool  # the header's fields (PacketHeader), the type being the class
+    acquire_scope: int
+    release_scope: int
     ib_jump: tuple[int, int, int, int]
     dw_cnt_remain: int
     completion_signal: int
@@ -251,7 +263,9 @@ class VendorPacket:
     """A vendor-specific packet of a format nobody here runs."""
 
     NAME: ClassVar[str] = "VENDOR_SPECIFIC"
-    header: int  # the raw u16 (PacketHeader.of reads it)
+    barrier: bool  # the header's fields (PacketHeader), the type being the class
+    acquire_scope: int
+    release_scope: int
     amd_format: int
     completion_signal: int
 
@@ -261,7 +275,9 @@ class InvalidPacket:
     """Header type INVALID: a slot not (yet) published by its producer."""
 
     NAME: ClassVar[str] = "INVALID"
-    header: int  # the raw u16 (PacketHeader.of reads it)
+    barrier: bool  # the header's fields (PacketHeader), the type being the class
+    acquire_scope: int
+    release_scope: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +285,10 @@ class UnknownPacket:
     """A header type hsa.h does not define (6..255)."""
 
     NAME: ClassVar[str] = "UNKNOWN"
-    header: int  # the raw u16 (PacketHeader.of reads it)
+    barrier: bool  # the header's fields (PacketHeader), the type being the class
+    acquire_scope: int
+    release_scope: int
+    type: int
     completion_signal: int
 
 
@@ -304,37 +323,38 @@ def decode_packet(raw: bytes) -> AqlPacket:
     type or vendor format is a value too); AqlDecodeError only for another length."""
     if len(raw) != AQL_PACKET_SIZE:
         raise AqlDecodeError(f"an AQL packet is {AQL_PACKET_SIZE} bytes, not {len(raw)}")
-    header = raw[0] | raw[1] << 8
-    t = header & 0xFF
+    h = PacketHeader.of(raw[0] | raw[1] << 8)
+    fences = (h.barrier, h.acquire_scope, h.release_scope)
+    t = h.type
     if t == PacketType.KERNEL_DISPATCH:
         (_, setup, wx, wy, wz, gx, gy, gz, priv, group, kobj, karg,
          done) = _DISPATCH.unpack(raw)
-        return KernelDispatch(header, setup, (wx, wy, wz), (gx, gy, gz), priv, group, kobj,
+        return KernelDispatch(*fences, setup, (wx, wy, wz), (gx, gy, gz), priv, group, kobj,
                               karg, done)
     if t in (PacketType.BARRIER_AND, PacketType.BARRIER_OR):
         _, *deps, done = _BARRIER.unpack(raw)
         cls = BarrierAnd if t == PacketType.BARRIER_AND else BarrierOr
-        return cls(header, tuple(deps), done)
+        return cls(*fences, tuple(deps), done)
     if t == PacketType.AGENT_DISPATCH:
         _, kind, ret, a0, a1, a2, a3, done = _AGENT.unpack(raw)
-        return AgentDispatch(header, kind, ret, (a0, a1, a2, a3), done)
+        return AgentDispatch(*fences, kind, ret, (a0, a1, a2, a3), done)
     if t == PacketType.INVALID:
-        return InvalidPacket(header)
+        return InvalidPacket(*fences)
     if t == PacketType.VENDOR_SPECIFIC:
         fmt = raw[2]
         if fmt == HSA_AMD_PACKET_TYPE_BARRIER_VALUE:
             _, _, sig, value, mask, cond, done = _BARRIER_VALUE.unpack(raw)
-            return BarrierValue(header, sig, value, mask, cond, done)
+            return BarrierValue(*fences, sig, value, mask, cond, done)
         # ROCr writes the PM4 format as a u16 (ven_hdr = 1): the second byte is 0.
         if fmt == AMD_AQL_FORMAT_PM4_IB and raw[3] == 0:
             _, _, j0, j1, j2, j3, remain, done = _PM4_IB.unpack(raw)
             jump = (j0, j1, j2, j3)
             ib_va, ib_dwords = _ib_target(jump)
-            return Pm4Ib(header, jump, remain, done, ib_va, ib_dwords)
+            return Pm4Ib(*fences, jump, remain, done, ib_va, ib_dwords)
         _, fmt, done = _VENDOR.unpack(raw)
-        return VendorPacket(header, fmt, done)
+        return VendorPacket(*fences, fmt, done)
     _, done = _HEADER.unpack(raw)
-    return UnknownPacket(header, done)
+    return UnknownPacket(*fences, t, done)
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,9 +528,9 @@ class AqlQueue:
         elif isinstance(packet, AgentDispatch):
             yield from self._fail(QueueError.INVALID_FORMAT, offset,
                                   "AGENT_DISPATCH on a GPU queue")
-        else:
+        elif isinstance(packet, UnknownPacket):
             yield from self._fail(QueueError.INVALID_FORMAT, offset,
-                                  f"packet type {packet.header & 0xFF}")
+                                  f"packet type {packet.type}")
 
     def _pm4_ib(self, packet: Pm4Ib, offset: int) -> _Steps:
         """ROCr's cache invalidation: the IB may hold ACQUIRE_MEM (a no-op: nothing caches
