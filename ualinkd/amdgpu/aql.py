@@ -22,7 +22,8 @@ ROCT-Thunk-Interface rocm-5.2.3 (queues.c, debug.c), and seen in a node's `--tra
   (@128), write_pointer_address = &write_dispatch_id (@56; doorbell type 2 on gfx9);
   libhsakmt adds the EOP buffer (4096 bytes on gfx9) and the CWSR area (gfx90a, 104 CUs:
   ctx_save_restore_size 63508480, ctl_stack_size 36864; the header's ErrorEventId/ErrorReason
-  unused here). CREATE_QUEUE is 96 bytes in this libhsakmt (ctl_stack_size @88).
+  unused here). libhsakmt 5.2.3 passes the 88-byte CREATE_QUEUE (ctl_stack_size @84; the
+  newer kernel's 96 bytes add sdma_engine_id).
 * The CP's side of amd_queue_t: it consumes packets from `read_dispatch_id` while it is
   below `write_dispatch_id` (the doorbell, a 64-bit store of the *last* packet index
   written, only wakes it: ROCr's ExecutePM4 then waits for read index > that index), stalls
