@@ -420,6 +420,22 @@ def test_run_ib_poll_spins_until_released() -> None:
     assert end.ok and len(vm.sleeps) == 50
 
 
+def test_run_ib_poll_that_never_ends_times_out_as_a_hung_job() -> None:
+    """An IB polling memory nobody releases ends in ERROR once its Sleeps add up to the job
+    timeout (10 s by default, the kernel's lockup_timeout); interval-0 polls count 1 µs each,
+    so they end too."""
+    vm, _, _ = setup()
+    vm.write(SIGNAL, struct.pack("<I", 1))
+    vm.write(HOST, words(nop(), poll(SIGNAL, 0, interval=1000)))
+    end, _ = drive(sdma.run_ib(HOST, 7), vm)
+    assert end.reason is EndReason.ERROR and end.offset == 4 and "timed out" in (end.error or "")
+    assert len(vm.sleeps) == 10_000 and sum(vm.sleeps) == 10_000_000_000
+    vm.sleeps.clear()
+    vm.write(HOST, words(poll(SIGNAL, 0, interval=0)))
+    end, _ = drive(sdma.run_ib(HOST, 6, timeout_ns=5_000_000), vm)
+    assert end.reason is EndReason.ERROR and len(vm.sleeps) == 5000
+
+
 # -- hostile bytes -------------------------------------------------------------------------------
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(min_size=0, max_size=256), st.integers(0, 300))
@@ -464,6 +480,20 @@ def test_decoded_packets_are_frozen_values() -> None:
         pkt.data = 4  # type: ignore[misc]
     assert not hasattr(pkt, "__dict__")
     assert sdma.ATOMIC_OPS[sdma.TC_OP_ATOMIC_ADD_RTN_64] == (AtomicOp.ADD, 8)
+
+
+
+def test_zero_runs_between_packets_cost_no_copy_of_the_ring() -> None:
+    """1 MiB of a zero dword then a NOP, 65536 times: 131072 packets, each zero run a
+    padding step found in place (a copy of the ring's rest per run would be quadratic)."""
+    import time
+
+    vm, ring, _ = setup(ring_size=1 << 20)
+    vm.write(RING, words(*([[0], nop(2)] * (1 << 16))))
+    t0 = time.process_time()
+    end, _ = drive(ring.run(1 << 20), vm, max_steps=1 << 20)
+    assert end.ok and ring.packets_done == 1 << 17
+    assert time.process_time() - t0 < 30
 
 
 _VALID = st.one_of(
@@ -516,3 +546,82 @@ def test_valid_streams_split_anywhere_equal_running_them_in_one_go(
         assert end.reason is EndReason.CAUGHT_UP, end
     assert ring.rptr == len(data) and vm.u64(RPTR) == len(data)
     assert vm.read(VRAM, 512) == bytes(model)
+
+
+# -- what Debian's ROCr 5.2.3 really writes ---------------------------------------------------
+# Ring bytes captured from libhsa-runtime64 1.5.0 (ROCr 5.2.3, BlitSdmaV4) running
+# hsa_amd_memory_async_copy / _copy_rect on ualinkd (an MI210 profile, gfx90a): one plain
+# 8 KiB host->device copy, one device->host copy behind a dependency signal, one rect copy.
+ROCR_COPY = bytes.fromhex(
+    "08000000000000000000008000000000000000000000000001000000ff1f00000000000000c06b16147f0000"
+    "00004015147f00000a00005e88eead16147f0000ffffffffffffffff00000000000000000000000005000000"
+    "08006c16147f0000010000000600000001000000")
+ROCR_DEP_COPY = bytes.fromhex(
+    "080000b00cecad16147f000000000000ffffffff0400ff0f080000b008ecad16147f000000000000ffffffff"
+    "0400ff0f08000000000000000000008000000000000000000000000001000000ff1f00000000000000004015"
+    "147f000000806b16147f00000a00005e88eead16147f0000ffffffffffffffff000000000000000000000000"
+    "0500000008006c16147f0000010000000600000001000000")
+ROCR_RECT = bytes.fromhex(
+    "0800000000000000000000800000000000000000000000000104006088c06b16147f00000000000000e00000"
+    "0000000084004015147f00000000000000e001000000000004000200000000000a00005e88eead16147f0000"
+    "ffffffffffffffff0000000000000000000000000500000008006c16147f0000010000000600000001000000")
+R_SRC, R_DST, R_SIGNAL, R_MAILBOX = 0x7F14166BC000, 0x7F1415400000, 0x7F1416ADEE88, 0x7F14166C0008
+R_DEP = 0x7F1416ADEC08
+
+
+def _decoded(data: bytes) -> list[object]:
+    out: list[object] = []
+    pos = 0
+    while pos < len(data):
+        got = sdma.decode_packet(data, pos, len(data))
+        assert got is not None
+        out.append(got[0])
+        pos += got[1]
+    return out
+
+
+def test_rocr_5_2_3_submissions_decode() -> None:
+    """§8's submission, as ROCr 5.2.3 wrote it: the HDP-flush register poll, COPY_LINEAR
+    (count = bytes - 1), ATOMIC ADD_RTN_64 of -1 on the signal, FENCE of the event id to the
+    mailbox, TRAP(event id); a dependency adds two == 0 polls, high dword first."""
+    hdp = sdma.PollRegMem(False, False, 0, 1 << 63, 0, 0, 0, 0)
+    dec = sdma.AtomicPacket(0x2F, AtomicOp.ADD, 8, False, R_SIGNAL, (1 << 64) - 1, 0, 0)
+    tail = [dec, sdma.Fence(R_MAILBOX, 1), sdma.Trap(1)]
+    assert _decoded(ROCR_COPY) == [hdp, sdma.CopyLinear(R_SRC, R_DST, 8192), *tail]
+    assert _decoded(ROCR_DEP_COPY) == [
+        sdma.PollRegMem(True, False, 3, R_DEP + 4, 0, 0xFFFFFFFF, 4, 0xFFF),
+        sdma.PollRegMem(True, False, 3, R_DEP, 0, 0xFFFFFFFF, 4, 0xFFF),
+        hdp, sdma.CopyLinear(R_DST, 0x7F14166B8000, 8192), *tail]
+    rect = _decoded(ROCR_RECT)[1]
+    assert isinstance(rect, sdma.CopyLinearRect) and rect.element == 8
+    # 3 rows of 40 bytes: from (8, 2) of a 64-byte-pitch image to (4, 1) of a 128-byte one
+    assert list(rect.rows()) == [(R_DST + 4 + 128 * y, R_SRC + 8 + 64 * (1 + y), 40)
+                                 for y in range(1, 4)]
+
+
+def test_rocr_5_2_3_submissions_execute() -> None:
+    """The captured bytes run: the copy lands, the signal goes 1 -> 0, the mailbox gets the
+    event id and the trap interrupts with it; the dependency polls pass once the dependency
+    signal is 0."""
+    vm = FakeVm()
+    vm.map(RING, RING_SIZE)
+    vm.map(WPTR - 8, 32)
+    vm.map(R_SRC & ~0xFFFF, 1 << 20)
+    vm.map(R_DST, 1 << 16)
+    vm.map(R_SIGNAL & ~0xFFF, 4096)
+    ring = sdma.SdmaRing(RING, RING_SIZE, RPTR, WPTR)
+    prod = Producer(vm, RING, RING_SIZE)
+    payload = bytes(range(256)) * 32
+    vm.write(R_SRC, payload)
+    for data, dep in ((ROCR_COPY, 0), (ROCR_DEP_COPY, 1)):
+        vm.write(R_SIGNAL, struct.pack("<q", 1))
+        vm.write(R_DEP, struct.pack("<q", dep))
+        db = prod.put(data)
+        end, _ = drive(ring.run(db), vm)
+        if dep:
+            assert end.reason is EndReason.POLLING and vm.u64(R_SIGNAL) == 1
+            vm.write(R_DEP, bytes(8))
+            end, _ = drive(ring.run(db), vm)
+        assert end.ok and vm.u64(R_SIGNAL) == 0 and vm.u32(R_MAILBOX) == 1
+    assert vm.read(R_DST, 8192) == payload and vm.read(0x7F14166B8000, 8192) == payload
+    assert vm.interrupts == [1, 1] and vm.u64(RPTR) == len(ROCR_COPY) + len(ROCR_DEP_COPY)

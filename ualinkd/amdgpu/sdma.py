@@ -34,6 +34,7 @@ since the emulated GPU has no registers to wait for.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -74,8 +75,10 @@ RETRY_FOREVER: Final = 0xFFF  # POLL_REGMEM DW5 retry_count: poll until satisfie
 # as a microsecond (ROCr asks 4, the kernel 10: tens of microseconds between re-reads).
 POLL_INTERVAL_UNIT_NS: Final = 1_000
 POLL_SPINS: Final = 8  # unsatisfied checks per run before the ring returns POLLING
+JOB_TIMEOUT_NS: Final = 10_000_000_000  # amdgpu.lockup_timeout's default for SDMA jobs
 
 Buf = bytes | bytearray | memoryview
+_NONZERO = re.compile(rb"[^\x00]")
 _DW = struct.Struct("<I")
 _QW = struct.Struct("<Q")
 
@@ -347,9 +350,9 @@ def decode_packet(buf: Buf, pos: int, end: int) -> tuple[Packet, int] | None:
     if pos + 4 > end:
         return None
     header = _DW.unpack_from(buf, pos)[0]
-    if header == 0:
-        rest = bytes(buf[pos:end])
-        n = (len(rest) - len(rest.lstrip(b"\0"))) & ~3
+    if header == 0:  # scanned in place: no copy of the rest of the buffer per run
+        nonzero = _NONZERO.search(buf, pos, end)
+        n = ((nonzero.start() if nonzero else end) - pos) & ~3
         return Padding(n // 4), n
     dw3 = _DW.unpack_from(buf, pos + 12)[0] if (
         header & 0xFFFF == OP_WRITE | SUBOP_WRITE_LINEAR << 8 and pos + 16 <= end) else None
@@ -441,6 +444,10 @@ class _Blocked(Exception):
     """A poll (or an atomic loop) used up this run's spins unsatisfied."""
 
 
+class _TimedOut(SdmaPacketError):
+    """An IB's polls waited longer than its job may run."""
+
+
 @dataclass(slots=True)
 class _PollState:
     """The retries a poll packet at one ring index has left, kept across runs."""
@@ -452,55 +459,52 @@ class _PollState:
 class _Executor:
     """Executes decoded packets as requests; the counters a ring (or an IB) keeps."""
 
-    def __init__(self, poll_spins: int | None) -> None:
+    def __init__(self, poll_spins: int | None, sleep_budget_ns: int | None = None) -> None:
         self.poll_spins = poll_spins  # None: spin (with Sleeps) until the poll ends
         self.timestamp_offset = 0  # TIMESTAMP SET: the local counter = clock + offset
         self.poll_timeouts = 0
         self.poll: _PollState | None = None
+        self.sleep_budget_ns = sleep_budget_ns  # None: a poll may wait forever
+        self.slept_ns = 0
+
+    def _sleep(self, ns: int) -> Generator[Request, object, None]:
+        # Each wait counts at least one interval unit, so interval-0 polls use it up too.
+        self.slept_ns += max(ns, POLL_INTERVAL_UNIT_NS)
+        if self.sleep_budget_ns is not None and self.slept_ns > self.sleep_budget_ns:
+            raise _TimedOut(f"timed out after {self.sleep_budget_ns // 1_000_000} ms of "
+                            f"polling")
+        yield eng.Sleep(ns)
 
     def execute(self, pkt: Packet, index: int) -> Generator[Request, object, None]:
         """Run one packet; raises _Blocked when a poll must be resumed by a later run
         (index identifies the packet so its retries carry over)."""
-        t = type(pkt)
-        if t is CopyLinear:
-            assert isinstance(pkt, CopyLinear)
-            yield eng.Copy(pkt.dst, pkt.src, pkt.size)
-        elif t is Fence:
-            assert isinstance(pkt, Fence)
-            yield eng.Write(pkt.addr, _DW.pack(pkt.data))
-        elif t is AtomicPacket:
-            assert isinstance(pkt, AtomicPacket)
-            yield from self._atomic(pkt, index)
-        elif t is PollRegMem:
-            assert isinstance(pkt, PollRegMem)
-            if pkt.mem_poll:
+        match pkt:
+            case CopyLinear():
+                yield eng.Copy(pkt.dst, pkt.src, pkt.size)
+            case Fence():
+                yield eng.Write(pkt.addr, _DW.pack(pkt.data))
+            case AtomicPacket():
+                yield from self._atomic(pkt)
+            case PollRegMem(mem_poll=True):
                 yield from self._poll(pkt, index)
-        elif t is Trap:
-            assert isinstance(pkt, Trap)
-            yield eng.Interrupt(pkt.context_id)
-        elif t is ConstFill:
-            assert isinstance(pkt, ConstFill)
-            yield eng.Fill(pkt.dst, pkt.pattern, pkt.size)
-        elif t is CopyLinearRect:
-            assert isinstance(pkt, CopyLinearRect)
-            for dst, src, n in pkt.rows():
-                yield eng.Copy(dst, src, n)
-        elif t is TimestampGet:
-            assert isinstance(pkt, TimestampGet)
-            now = yield eng.Clock()
-            assert isinstance(now, int)
-            if not pkt.global_clock:
-                now += self.timestamp_offset
-            yield eng.Write(pkt.addr, _QW.pack(now & (1 << 64) - 1))
-        elif t is TimestampSet:
-            assert isinstance(pkt, TimestampSet)
-            now = yield eng.Clock()
-            assert isinstance(now, int)
-            self.timestamp_offset = pkt.value - now
-        elif t is WriteLinear:
-            assert isinstance(pkt, WriteLinear)
-            yield eng.Write(pkt.dst, pkt.data)
-        # Nop: nothing
+            case Trap():
+                yield eng.Interrupt(pkt.context_id)
+            case ConstFill():
+                yield eng.Fill(pkt.dst, pkt.pattern, pkt.size)
+            case CopyLinearRect():
+                for dst, src, n in pkt.rows():
+                    yield eng.Copy(dst, src, n)
+            case TimestampGet():
+                now = _int((yield eng.Clock()))
+                if not pkt.global_clock:
+                    now += self.timestamp_offset
+                yield eng.Write(pkt.addr, _QW.pack(now & (1 << 64) - 1))
+            case TimestampSet():
+                self.timestamp_offset = pkt.value - _int((yield eng.Clock()))
+            case WriteLinear():
+                yield eng.Write(pkt.dst, pkt.data)
+            case _:  # NOP, padding, a register poll (no registers to wait for)
+                pass
 
     def _retries(self, index: int, retry_count: int) -> _PollState:
         if self.poll is None or self.poll.index != index:
@@ -522,21 +526,30 @@ class _Executor:
             spins += 1
             if self.poll_spins is not None and spins >= self.poll_spins:
                 raise _Blocked
-            yield eng.Sleep(pkt.interval * POLL_INTERVAL_UNIT_NS)
+            yield from self._sleep(pkt.interval * POLL_INTERVAL_UNIT_NS)
         self.poll = None
 
-    def _atomic(self, pkt: AtomicPacket, index: int) -> Generator[Request, object, None]:
+    def _atomic(self, pkt: AtomicPacket) -> Generator[Request, object, None]:
+        """One atomic; a looping compare-swap again until the old value was `cmp` (a
+        failed compare-swap changes nothing, so a later run may simply redo it)."""
         loop = pkt.loop and pkt.op is AtomicOp.CMPSWAP
+        mask = (1 << 8 * pkt.size) - 1
         spins = 0
         while True:
-            old = yield eng.Atomic(pkt.addr, pkt.op, pkt.src, pkt.cmp, pkt.size)
-            assert isinstance(old, int)
-            if not loop or old & ((1 << 8 * pkt.size) - 1) == pkt.cmp & ((1 << 8 * pkt.size) - 1):
+            old = _int((yield eng.Atomic(pkt.addr, pkt.op, pkt.src, pkt.cmp, pkt.size)))
+            if not loop or old & mask == pkt.cmp & mask:
                 return
             spins += 1
             if self.poll_spins is not None and spins >= self.poll_spins:
                 raise _Blocked
-            yield eng.Sleep(pkt.loop_interval * POLL_INTERVAL_UNIT_NS)
+            yield from self._sleep(pkt.loop_interval * POLL_INTERVAL_UNIT_NS)
+
+
+def _int(answer: object) -> int:
+    """A Clock's or an Atomic's answer, which the edge promises is an int."""
+    if not isinstance(answer, int):
+        raise TypeError(f"an int was due, the edge answered {type(answer).__name__}")
+    return answer
 
 
 def _bytes(answer: object, size: int) -> Buf:
@@ -645,15 +658,19 @@ def _header_and_dw3(data: Buf, pos: int, end: int) -> tuple[int, int | None]:
     return header, dw3
 
 
-def run_ib(va: int, size_dw: int, *, poll_spins: int | None = None) -> EngineRun:
+def run_ib(va: int, size_dw: int, *, poll_spins: int | None = None,
+           timeout_ns: int | None = JOB_TIMEOUT_NS) -> EngineRun:
     """Execute an indirect buffer of `size_dw` dwords at GPU VA `va` (AMDGPU_CS's SDMA IBs;
     the kernel's own IB packets are the ring's). The IB is read with one Read; a packet
     running past its end is malformed. Polls spin with Sleeps until they end unless
     `poll_spins` bounds them (then the run ends POLLING and cannot be resumed: the caller
-    treats it as a timeout). RunEnd offsets are byte offsets in the IB."""
+    treats it as a timeout). The Sleeps asked for (each at least 1 µs) may add up to
+    `timeout_ns` (the kernel's lockup_timeout for SDMA jobs, 10 s); past it the IB ends in
+    ERROR, as the scheduler's job timeout ends a hung job. RunEnd offsets are byte offsets
+    in the IB."""
     if va & 3:
         return RunEnd(EndReason.ERROR, 0, f"IB address {va:#x} not dword aligned")
-    ex = _Executor(poll_spins)
+    ex = _Executor(poll_spins, timeout_ns)
     pos = 0
     try:
         size = size_dw * 4
