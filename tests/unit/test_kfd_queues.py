@@ -9,12 +9,16 @@ import errno
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st_
 from test_kfd_rules import CALLER, call, memory_node
 
 from ualinkd.abi import ioctls as tbl
 from ualinkd.abi import structs as st
+from ualinkd.amdgpu.profile import MI300X
 from ualinkd.amdkfd import chardev, queues
 from ualinkd.drm.device import Caller
+from ualinkd.drm.errors import DrmError
 
 # A GTT allocation mapped on the first GPU holds the rings and the pointer words.
 BASE = 1 << 32
@@ -267,3 +271,69 @@ def test_a_process_that_goes_leaves_no_queue(abandon: bool):
     assert node.kfd.queues.dqms[g0].sdma_used == set()
     assert sum(1 for _, c in seen if c) == sum(1 for _, c in seen if not c) == made
     node.kfd.release(other)
+
+
+class _NoVm:
+    """A GPU VM that maps everything (the registry's own rules are under test here)."""
+
+    def lookup(self, va: int):
+        class M:
+            end = 1 << 64
+        return M()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st_.lists(st_.tuples(st_.sampled_from(["create", "destroy", "exit"]),
+                            st_.integers(0, 2),  # which process
+                            st_.sampled_from([0, SDMA, AQL, XGMI, BY_ENG]),
+                            st_.integers(0, 15)),  # engine / which queue to destroy
+                 max_size=120))
+def test_queue_registry_invariants(ops):
+    """Any interleaving of CREATE (every type), DESTROY and process exits over three
+    processes keeps the managers consistent: queue ids and doorbells unique within a
+    process, the device's queue count and SDMA bitmaps exactly those of live queues, an
+    SDMA doorbell fixed by (engine, queue), every refusal one of the kernel's errnos with
+    nothing taken; after every process is gone nothing is left."""
+    reg = queues.QueueRegistry({1: MI300X})
+    vm = _NoVm()
+    for op, pid, qtype, n in ops:
+        if op == "create":
+            dqm = reg.dqms[1]
+            before = (dqm.total_queue_count, set(dqm.sdma_used), set(dqm.xgmi_used))
+            try:
+                reg.create(pid, vm, queues.QueueArgs(1, qtype, RING, 4096, RPTR, WPTR, 100,
+                                                     15, n))  # type: ignore[arg-type]
+            except DrmError as e:
+                assert e.errno in (errno.ENOMEM, errno.EBUSY, errno.EPERM)
+                assert before == (dqm.total_queue_count, dqm.sdma_used, dqm.xgmi_used)
+        elif op == "destroy":
+            live = sorted(reg.pqms[pid].queues) if pid in reg.pqms else []
+            qid = live[n % len(live)] if live else n
+            try:
+                reg.destroy(pid, qid)
+            except DrmError as e:
+                assert e.errno == errno.EINVAL and not live
+        else:
+            reg.process_gone(pid)
+        live_qs = reg.all_queues()
+        dqm = reg.dqms[1]
+        assert dqm.total_queue_count == len(live_qs)
+        sdma = [q for q in live_qs if q.type == SDMA]
+        xgmi = [q for q in live_qs if q.type == XGMI]
+        assert {q.sdma_queue * 2 + q.sdma_engine for q in sdma} == dqm.sdma_used
+        assert {q.sdma_queue * 14 + q.sdma_engine - 2 for q in xgmi} == dqm.xgmi_used
+        for pqm in reg.pqms.values():
+            qs = list(pqm.queues.values())
+            assert len({q.doorbell_id for q in qs}) == len(qs)
+            assert pqm.doorbells[1] == {q.doorbell_id for q in qs}
+            for q in qs:
+                assert q.doorbell_offset & 0x1FFF == q.doorbell_slot
+                if q.is_sdma:
+                    assert q.doorbell_id == (0x100 + 0xA * q.sdma_engine
+                                             + (q.sdma_queue & 1) * 512 + (q.sdma_queue >> 1))
+                else:
+                    assert q.doorbell_id % 512 not in queues.NON_CP_DOORBELLS
+    for pid in range(3):
+        reg.process_gone(pid)
+    assert reg.pqms == {} and reg.dqms[1].total_queue_count == 0
+    assert reg.dqms[1].sdma_used == set() == reg.dqms[1].xgmi_used
