@@ -136,6 +136,11 @@ def _unions() -> list[Aggregate]:
         Aggregate("union drm_amdgpu_ctx", st.CTX_SIZE, (
             Field("in", 0, st.CTX_IN.size), Field("out", 0, st.CTX_OUT_STATE.size))),
         Aggregate("struct drm_amdgpu_vm_out", st.VM_SIZE, (Field("flags", 0, 8, False),)),
+        # BO_LIST's out {list_handle, _pad} (amdgpu/cs.py)
+        Aggregate("struct drm_amdgpu_bo_list_out", st.BO_LIST_OUT.size, (
+            Field("list_handle", 0, 4, False), Field("_pad", 4, 4, False))),
+        Aggregate("union drm_amdgpu_bo_list", st.BO_LIST_SIZE, (
+            Field("in", 0, st.BO_LIST_IN.size), Field("out", 0, st.BO_LIST_OUT.size))),
         Aggregate("union drm_amdgpu_vm", st.VM_SIZE, (
             Field("in", 0, st.VM_IN.size), Field("out", 0, st.VM_SIZE))),
         Aggregate("struct drm_amdgpu_gem_metadata", st.GEM_METADATA_SIZE, tuple(meta_fields)),
@@ -190,6 +195,7 @@ _IOCTL_ARGS = {
     "AMDGPU_GEM_WAIT_IDLE": "drm_amdgpu_gem_wait_idle",
     "AMDGPU_GEM_OP": "drm_amdgpu_gem_op", "AMDGPU_GEM_USERPTR": "drm_amdgpu_gem_userptr",
     "AMDGPU_VM": "drm_amdgpu_vm", "AMDGPU_UALINK_HANDLE": "drm_amdgpu_ualink_handle",
+    "AMDGPU_BO_LIST": "drm_amdgpu_bo_list",
 }
 
 

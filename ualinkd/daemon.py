@@ -40,6 +40,7 @@ from .fuse.dataplane import FAST_MAX as DATA_PLANE_MAX
 from .fuse.lowlevel import FuseSession, clear_stale_mount
 from .fuse.procfd import mount_device, open_pidfd, process_id, resolve_caller_fd, tgid_of
 from .fuse.tree import FileTree
+from .gpu_engine import GpuEngineEdge
 from .node import NodeCore
 from .readiness import sd_notify
 from .trace import FabricRecord, Record, TraceFilter
@@ -689,6 +690,7 @@ async def run_node(
             await nursery.start(serve_cpu_maps, core.cpu_maps)
             await nursery.start(exits.run)
             await nursery.start(_serve_trace, core, real_mount)
+            await nursery.start(GpuEngineEdge(core).run)  # the queues' doorbells (issue 30)
             states = ", ".join(
                 f"accel {m.accel_id} {m.state.sysfs}" for m in core.managers.values()
             )

@@ -27,6 +27,7 @@ from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.profile import PROFILES
 from .amdgpu.vm import RemotePiece, npa_byte_address
 from .amdkfd.chardev import Clock, Kfd, KfdNode, KfdProcess, ResolveDrmFile
+from .amdkfd.queues import KfdQueue
 from .amdkfd.topology import Topology, TopologyGpu, gpu_ids
 from .config import PodConfig
 from .drm.completion import Completion
@@ -52,6 +53,7 @@ from .trace import (
     FileRecord,
     GpuAccessRecord,
     MemAccess,
+    QueueRecord,
     Record,
     TraceRecord,
 )
@@ -180,6 +182,8 @@ class NodeCore:
         # exits ends its KFD context, whoever still holds its files.
         self._watch_exit = watch_exit
         self.kfd.resolve_dmabuf = self._resolve_dmabuf
+        self.kfd.queues.listeners.append(
+            lambda q, created: self.trace_queue(q, "create" if created else "destroy"))
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
         self.cpu_maps = CpuMapGrants(identify=identify_process)
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can
@@ -453,6 +457,15 @@ class NodeCore:
                                                    remote_soon=remote_soon))
         return store  # type: ignore[return-value]  # gpu_store's result, traced
 
+    def trace_queue(self, q: KfdQueue, event: str, value: int = 0, detail: str = "") -> None:
+        """A user queue's creation, destruction, doorbell or error, to the tracer."""
+        if self.tracer is None:
+            return
+        minor = self.kfd.nodes[q.gpu_id].render_minor
+        self.tracer(QueueRecord(q.pid, self.name, minor, self.managers[minor].accel_id,
+                                q.queue_id, q.type_name, event, value, detail,
+                                self.trace_clock()))
+
     def _traced_gpu(self, drm_file: DrmFile, op: str, va: int, length: int, data: bytes,
                     caller: Caller, access: Callable[[], object]) -> object:
         """Run a GPU load/store; with a tracer, record its VA, length, result and fault
@@ -716,6 +729,13 @@ class NodeCore:
                  "allocations": len(pdd.mems), "events": len(proc.events)}
                 for proc in self.kfd.processes.values()
                 for gpu_id, pdd in proc.pdds.items() if pdd.node.driver is driver)),
+            "kfd_queues": table("kfd_queues", lambda: (
+                {"pid": q.pid, "gpu_id": q.gpu_id, "queue_id": q.queue_id,
+                 "type": q.type_name, "ring": q.ring_base, "ring_size": q.ring_size,
+                 "rptr": q.rptr, "wptr": q.last_doorbell, "packets": q.packets,
+                 "state": q.state.value}
+                for q in self.kfd.queues.all_queues()
+                if self.kfd.nodes[q.gpu_id].driver is driver)),
         }, mode=sysfs.DEBUGFS_DIR_MODE)
 
     def _config_files(self, cfg: SysConfig) -> SysDir:

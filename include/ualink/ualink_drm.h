@@ -358,6 +358,32 @@ union drm_amdgpu_vm {
 };
 #define DRM_IOCTL_AMDGPU_VM DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_VM, union drm_amdgpu_vm)
 
+#define DRM_AMDGPU_BO_LIST 0x03
+#define AMDGPU_BO_LIST_OP_CREATE  0
+#define AMDGPU_BO_LIST_OP_DESTROY 1
+#define AMDGPU_BO_LIST_OP_UPDATE  2
+struct drm_amdgpu_bo_list_in {
+	__u32 operation;
+	__u32 list_handle;
+	__u32 bo_number;
+	__u32 bo_info_size;
+	__u64 bo_info_ptr;
+};
+struct drm_amdgpu_bo_list_entry {
+	__u32 bo_handle;
+	__u32 bo_priority;
+};
+struct drm_amdgpu_bo_list_out {
+	__u32 list_handle;
+	__u32 _pad;
+};
+union drm_amdgpu_bo_list {
+	struct drm_amdgpu_bo_list_in in;
+	struct drm_amdgpu_bo_list_out out;
+};
+#define DRM_IOCTL_AMDGPU_BO_LIST \
+	DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_BO_LIST, union drm_amdgpu_bo_list)
+
 /* AMDGPU_INFO: the answer goes to return_pointer, at most return_size bytes. */
 #define DRM_AMDGPU_INFO 0x05
 #define AMDGPU_INFO_ACCEL_WORKING     0x00

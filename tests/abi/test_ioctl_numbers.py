@@ -54,6 +54,8 @@ SPEC_IOCTLS = {
     "DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE": 0xC01064C2,
     "DRM_IOCTL_SYNCOBJ_TRANSFER": 0xC02064CC,
     "DRM_IOCTL_SYNCOBJ_EVENTFD": 0xC01864CF,
+    # issue 35: libdrm's amdgpu_bo_list_create / _update / _destroy (a 24-byte union)
+    "DRM_IOCTL_AMDGPU_BO_LIST": 0xC0186443,
 }
 
 # Header macro -> expected value from ualinkd's own constants.
@@ -138,6 +140,10 @@ CONSTANTS = {
     "DRM_IOCTL_AMDGPU_INFO": iow(0x45, st.INFO.size),
     "DRM_IOCTL_AMDGPU_CTX": iowr(0x42, st.CTX_SIZE),
     "DRM_IOCTL_AMDGPU_VM": iowr(0x53, st.VM_SIZE),
+    "DRM_IOCTL_AMDGPU_BO_LIST": iowr(0x43, st.BO_LIST_SIZE),
+    "AMDGPU_BO_LIST_OP_CREATE": c.BO_LIST_OP_CREATE,
+    "AMDGPU_BO_LIST_OP_DESTROY": c.BO_LIST_OP_DESTROY,
+    "AMDGPU_BO_LIST_OP_UPDATE": c.BO_LIST_OP_UPDATE,
     "DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD": iowr(0xC1, st.SYNCOBJ_HANDLE.size),
     "DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE": iowr(0xC2, st.SYNCOBJ_HANDLE.size),
     "DRM_IOCTL_SYNCOBJ_TRANSFER": iowr(0xCC, st.SYNCOBJ_TRANSFER.size),
@@ -188,6 +194,7 @@ TABLE_ENTRIES = {
     "DRM_IOCTL_AMDGPU_INFO": (tbl.AMDGPU_IOCTLS, 0x45),
     "DRM_IOCTL_AMDGPU_CTX": (tbl.AMDGPU_IOCTLS, 0x42),
     "DRM_IOCTL_AMDGPU_VM": (tbl.AMDGPU_IOCTLS, 0x53),
+    "DRM_IOCTL_AMDGPU_BO_LIST": (tbl.AMDGPU_IOCTLS, 0x43),
     "DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD": (tbl.CORE_IOCTLS, 0xC1),
     "DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE": (tbl.CORE_IOCTLS, 0xC2),
     "DRM_IOCTL_SYNCOBJ_TRANSFER": (tbl.CORE_IOCTLS, 0xCC),
@@ -287,6 +294,8 @@ def test_emulated_entries():
         "SYNCOBJ_HANDLE_TO_FD", "SYNCOBJ_FD_TO_HANDLE", "SYNCOBJ_TRANSFER", "SYNCOBJ_EVENTFD",
         # libdrm's amdgpu_bo_wait_for_idle: every BO is idle (nothing executes)
         "AMDGPU_GEM_WAIT_IDLE",
+        # command submission's BO lists (issue 35)
+        "AMDGPU_BO_LIST",
     }
 
 

@@ -119,6 +119,12 @@ struct drm_amdgpu_ctx_in { __u32 op; __u32 flags; __u32 ctx_id; __s32 priority; 
 union drm_amdgpu_ctx { struct drm_amdgpu_ctx_in in; ...; };
 struct drm_amdgpu_vm_in { __u32 op; __u32 flags; ...; };
 union drm_amdgpu_vm { struct drm_amdgpu_vm_in in; ...; };
+struct drm_amdgpu_bo_list_in {
+    __u32 operation; __u32 list_handle; __u32 bo_number; __u32 bo_info_size;
+    __u64 bo_info_ptr; ...;
+};
+struct drm_amdgpu_bo_list_entry { __u32 bo_handle; __u32 bo_priority; ...; };
+union drm_amdgpu_bo_list { struct drm_amdgpu_bo_list_in in; ...; };
 struct drm_amdgpu_info_gds {
     __u32 gds_gfx_partition_size; __u32 compute_partition_size; __u32 gds_total_size;
     __u32 gws_per_gfx_partition; __u32 gws_per_compute_partition; __u32 oa_per_gfx_partition;
@@ -181,6 +187,7 @@ def test_every_layout_is_checked():
         "drm_syncobj_timeline_wait", "drm_syncobj_array", "drm_syncobj_timeline_array",
         "drm_syncobj_handle", "drm_syncobj_transfer", "drm_syncobj_eventfd",
         "drm_amdgpu_ctx_in", "drm_amdgpu_vm_in", "drm_amdgpu_info_gds",
+        "drm_amdgpu_bo_list_in", "drm_amdgpu_bo_list_entry",
         "drm_amdgpu_info_vram_gtt", "drm_amdgpu_heap_info", "drm_amdgpu_info_firmware",
     }
 

@@ -393,6 +393,12 @@ AMDGPU_CTX = _drv_entry(
                               (c.CTX_OP_QUERY_STATE2, CTX_QUERY2_FLAGS),
                               (c.CTX_OP_GET_STABLE_PSTATE, CTX_STABLE_PSTATES))),
                "reset_status": CTX_RESET_STATUS})
+AMDGPU_BO_LIST = _drv_entry(
+    0x03, "BO_LIST", st.BO_LIST_SIZE, decode_in=fields(st.BO_LIST_IN),
+    decode_out=Decoder(lambda d, i: {"list_handle": st.BO_LIST_OUT.unpack(
+        d[:8].ljust(8, b"\0"))[0]}, {"list_handle": 0}),
+    hints={"operation": enum_of({v: f"AMDGPU_BO_LIST_OP_{n}" for v, n in c.BO_LIST_OPS.items()}),
+           "bo_info_ptr": HEX})
 AMDGPU_INFO = _drv_entry(0x05, "INFO", st.INFO, IOC_WRITE,
                          hints={"return_pointer": HEX, "query": enum_of(c.INFO_QUERIES)})
 AMDGPU_GEM_METADATA = _drv_entry(0x06, "GEM_METADATA", st.GEM_METADATA_SIZE,
@@ -514,7 +520,7 @@ AMDGPU_IOCTLS: dict[int, IoctlSpec] = {
         AMDGPU_GEM_CREATE,
         AMDGPU_GEM_MMAP,
         AMDGPU_CTX,
-        _drv_entry(0x03, "BO_LIST", 24),
+        AMDGPU_BO_LIST,
         _drv_entry(0x04, "CS", 24),
         AMDGPU_INFO,
         AMDGPU_GEM_METADATA,

@@ -548,6 +548,27 @@ VM_SIZE = 8  # union drm_amdgpu_vm
 
 
 @dataclass(frozen=True, slots=True)
+class AmdgpuBoListIn:
+    operation: U32
+    list_handle: U32
+    bo_number: U32
+    bo_info_size: U32
+    bo_info_ptr: U64
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuBoListEntry:
+    bo_handle: U32
+    bo_priority: U32
+
+
+BO_LIST_IN = Layout.of_record("drm_amdgpu_bo_list_in", AmdgpuBoListIn)
+BO_LIST_ENTRY = Layout.of_record("drm_amdgpu_bo_list_entry", AmdgpuBoListEntry)
+BO_LIST_SIZE = 24  # union drm_amdgpu_bo_list
+BO_LIST_OUT = struct.Struct("<II")  # out: list_handle, _pad
+
+
+@dataclass(frozen=True, slots=True)
 class AmdgpuInfo:
     """struct drm_amdgpu_info; `args` is the 16-byte union as four u32: every view
     (query_hw_ip, read_mmr_reg, query_fw, sensor_info, ...) is u32s from offset 16."""

@@ -26,6 +26,7 @@ from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf, GemObject
 from .bo import AmdgpuBo, MemoryPool, place
+from .cs import BoLists
 from .info import AmdgpuInfo
 from .memory import UserMemory
 from .profile import MI300X, DeviceProfile
@@ -116,8 +117,9 @@ class AmdgpuDriver:
         self.version = DriverVersion(3, 64, 0, "amdgpu", "20150101", "AMD GPU")
         self.kms_caps: dict[int, int] | None = HEADLESS_KMS_CAPS
         self.info = AmdgpuInfo(self, profile)  # INFO, and the CTX / VM stubs
+        self.bo_lists = BoLists(self, device)  # BO_LIST (issue 35)
         self.ioctls: dict[tbl.IoctlSpec, Handler] = {
-            **tbl.bind(self), **tbl.bind(self.info)}
+            **tbl.bind(self), **tbl.bind(self.info), **tbl.bind(self.bo_lists)}
         device.driver = self
 
     # -- BOs ---------------------------------------------------------------------------------
@@ -181,8 +183,10 @@ class AmdgpuDriver:
         self.vm(file).bo_close(obj)  # the last handle takes the bo_va and its mappings
 
     def postclose(self, file: DrmFile) -> None:
-        """amdgpu_driver_postclose_kms: the file's contexts go (amdgpu_ctx_mgr_fini)."""
+        """amdgpu_driver_postclose_kms: the file's contexts go (amdgpu_ctx_mgr_fini), then
+        its BO lists."""
         self.info.contexts_closed(file)
+        self.bo_lists.file_closed(file)
 
     def gem_prime_export(self, obj: GemObject) -> DmaBuf:
         """amdgpu_gem_prime_export: userptr and VM_ALWAYS_VALID BOs cannot be shared."""

@@ -21,6 +21,7 @@ from ..abi import constants as c
 from ..abi import ioctls as tbl
 from ..abi import structs as st
 from ..drm.errors import DrmError
+from .engine import gpu_clock_counter
 from .profile import DeviceProfile
 from .vm import GMC_HOLE_END, GMC_HOLE_START, PAGE, VA_RESERVED_BOTTOM, VA_RESERVED_TOP, VM_SIZE
 
@@ -166,9 +167,9 @@ class AmdgpuInfo:
                 raise DrmError(errno.EINVAL, f"HW_IP_COUNT type {a0}")
             return struct.pack("<I", ip.count)
         if q == TIMESTAMP:
-            # amdgpu_gfx_get_gpu_clock_counter: gpu_counter_freq (kHz) ticks since boot
-            return struct.pack("<Q", self.now_ns() * self.profile.gpu_counter_freq_khz
-                               // 1_000_000)
+            # amdgpu_gfx_get_gpu_clock_counter: the counter SDMA TIMESTAMP packets read too
+            return struct.pack("<Q", gpu_clock_counter(self.now_ns(),
+                                                       self.profile.gpu_counter_freq_khz))
         if q == FW_VERSION:
             return st.INFO_FIRMWARE.encode(self._firmware(a0, a1, a2))
         if q == VRAM_USAGE:

@@ -15,6 +15,7 @@ the one end of a context, from its process's exit or its last file's release.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 from array import array
@@ -28,6 +29,7 @@ from ..abi import structs as st
 from ..abi.ioc import IOC_READ, IOC_WRITE
 from ..amdgpu.bo import AmdgpuBo
 from ..amdgpu.driver import AmdgpuDriver, user_pages_present
+from ..amdgpu.engine import gpu_clock_counter
 from ..amdgpu.vm import MAX_PFN, GpuVm
 from ..drm.completion import Completion
 from ..drm.device import (
@@ -44,6 +46,7 @@ from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf
 from ..drm.process import Identify, ProcessId, same_thread_group
 from ..drm.syncobj import SyncWaits
+from .queues import QueueArgs, QueueRegistry
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ KFD_IOCTL_MINOR_VERSION = 17
 KFD_IOC_CACHE_POLICY_COHERENT = 0
 KFD_IOC_CACHE_POLICY_NONCOHERENT = 1
 NSEC_PER_SEC = 1_000_000_000
+DOORBELL_ARMED = (1 << 64) - 1  # a doorbell slot no store has written since it was armed
 
 # kfd_flat_memory.c, gfx9 apertures (kfd_init_apertures_v9): LDS and scratch in their own
 # 4 GiB windows at 1 << 48 and 2 << 48; GPUVM from 16 MiB (the reserved bottom libhsakmt
@@ -204,6 +208,7 @@ class KfdProcess:
 # kfd_events.c / kfd_ioctl.h
 KFD_IOC_EVENT_SIGNAL = 0
 KFD_IOC_EVENT_DEBUG_EVENT = 5
+KFD_IOC_EVENT_MEMORY = 8
 KFD_SIGNAL_EVENT_LIMIT = 4096
 KFD_FIRST_NONSIGNAL_EVENT_ID = KFD_SIGNAL_EVENT_LIMIT
 KFD_MMAP_TYPE_EVENTS = 0x2 << 62
@@ -258,6 +263,8 @@ class KfdEvent:
     signaled: bool = False
     # ev->wq: the waiters queued on it (a dict: a wait leaves in O(1), whatever its size)
     waiters: dict[KfdEventWaiter, None] = field(default_factory=dict)
+    # a memory event's kfd_hsa_memory_exception_data from the last VM fault (queues.vm_fault)
+    memory_exception_data: bytes = b""
 
 
 @dataclass(eq=False, slots=True)
@@ -327,6 +334,7 @@ class Kfd:
         self.resolve_drm_file = resolve_drm_file
         # The live contexts by pid: at most one per pid, that of the process now holding it.
         self.processes: dict[int, KfdProcess] = {}
+        self.queues = QueueRegistry({g: n.driver.profile for g, n in self.nodes.items()})
         # amdgpu_vm.process_info: the render files whose VM a KFD process acquired (a
         # compute VM), and by whom.
         self.compute_vms: dict[DrmFile, KfdProcessDevice] = {}
@@ -386,6 +394,7 @@ class Kfd:
         if p.ended:
             return
         p.ended = True
+        self.queues.process_gone(p.pid)  # pqm_uninit: its queues stop first
         if self.processes.get(p.pid) is p:
             del self.processes[p.pid]
         for pdd in p.pdds.values():
@@ -478,7 +487,7 @@ class Kfd:
         gpu = 0
         pdd = p.pdds.get(a.gpu_id)  # 1
         if pdd is not None:
-            gpu = raw * pdd.node.driver.profile.gpu_counter_freq_khz // 1_000_000
+            gpu = gpu_clock_counter(raw, pdd.node.driver.profile.gpu_counter_freq_khz)
         kdata[:40] = st.KFD_GET_CLOCK_COUNTERS.encode(st.KfdGetClockCounters(
             gpu, raw, boot, NSEC_PER_SEC, a.gpu_id, a.pad))  # 2
 
@@ -1003,11 +1012,27 @@ class Kfd:
                     ev.waiters.pop(w, None)
                     if interrupted and ev.auto_reset and (w.first or w.queued_activated):
                         self._set_event(ev)
+            if outcome == KFD_IOC_WAIT_RESULT_COMPLETE:
+                await self._copy_signaled_event_data(p, caller, a.events_ptr, ids, waiters)
             result(outcome)  # 6
             if outcome == KFD_IOC_WAIT_RESULT_FAIL:
                 raise DrmError(errno.EIO, "an event was destroyed during the wait")
 
         return run()
+
+    async def _copy_signaled_event_data(self, p: KfdProcess, caller: Caller, events_ptr: int,
+                                        ids: list[int], waiters: list[KfdEventWaiter]) -> None:
+        """copy_signaled_event_data: each entry whose waiter was activated on a memory event
+        gets the event's kfd_hsa_memory_exception_data in its kfd_event_data's union (what
+        libhsakmt turns into HsaMemoryAccessFault, and ROCr's VM-fault handler reads)."""
+        activated = {w.event.event_id for w in waiters
+                     if w.event is not None and (w.first or w.queued_activated)}
+        for i, eid in enumerate(ids):
+            ev = p.events.get(eid)
+            if (ev is not None and eid in activated and ev.type == KFD_IOC_EVENT_MEMORY
+                    and ev.memory_exception_data):
+                await self._write_user(caller, events_ptr + i * st.KFD_EVENT_DATA_SIZE,
+                                       ev.memory_exception_data)
 
     @staticmethod
     def _init_waiters(wait: KfdWait, ev: KfdEvent, n: int) -> KfdEventWaiter:
@@ -1071,21 +1096,20 @@ class Kfd:
     @tbl.handles(tbl.KFD_SET_XNACK_MODE)
     def set_xnack_mode(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
         """kfd_ioctl_set_xnack_mode: a negative value queries the mode (1); else the mode
-        is switched (no queues can exist here, so never EBUSY); every GPU of this emulator
+        is switched, EBUSY while the process has queues; every GPU of this emulator
         is a gfx9.4 part that can retry faults, so enabling is allowed (kfd_process_xnack_mode)
         (2)."""
         a = st.KFD_SET_XNACK_MODE.decode(bytes(kdata[:4]))
         if a.xnack_enabled < 0:  # 1
             kdata[:4] = st.KFD_SET_XNACK_MODE.encode(st.KfdSetXnackMode(int(p.xnack_enabled)))
         else:
+            if p.pid in self.queues.pqms:
+                raise DrmError(errno.EBUSY, "the process has user queues")
             p.xnack_enabled = a.xnack_enabled != 0  # 2
 
     # -- queues (kfd_ioctl_create_queue ... kfd_ioctl_alloc_queue_gws) ------------------------
-    # No queue is ever created: the emulated GPU has no hardware queue (HQD / HWS slot) to
-    # give, so the device queue manager's limit is always reached. Every argument check
-    # before that is the kernel's, so a runtime sees the same errno for a bad argument as
-    # on a real KFD, and EPERM (create_queue_cpsch / _nocpsch: total_queue_count >=
-    # max_num_of_queues_per_device) for a good one. Lookups of a queue id then find none.
+    # The argument checks are the ioctls' own; what happens to a queue is queues.py's
+    # (process/device queue managers); the emulated engines run them (gpu_engine.py).
 
     @staticmethod
     def _queue_fields_checked(percentage: int, priority: int, ring_base: int,
@@ -1111,9 +1135,10 @@ class Kfd:
         a known queue type (ENOTSUPP, the kernel's internal 524, as it leaks to the user)
         (1); the gpu_id the process's (EINVAL) (2), the process bound to it (ESRCH: here,
         no VM acquired) (3), an SDMA_BY_ENG_ID queue's engine one of the GPU's (EINVAL)
-        (3b); then pqm_create_queue reaches the device queue manager, which
-        has no queue left: EPERM (4). Nothing is allocated on any path."""
-        a = st.KFD_CREATE_QUEUE.decode(bytes(kdata[: st.KFD_CREATE_QUEUE.size]))
+        (3b); then pqm_create_queue (queues.QueueRegistry.create: its limits and errnos),
+        and the answer: queue_id and doorbell_offset (4)."""
+        layout = st.KFD_CREATE_QUEUE
+        a = layout.decode(bytes(kdata[: layout.size]))
         self._queue_fields_checked(a.queue_percentage & 0xFF, a.queue_priority,  # 1
                                    a.ring_base_address, a.ring_size)
         for name, addr, optional in (("read pointer", a.read_pointer_address, False),
@@ -1127,55 +1152,74 @@ class Kfd:
         pdd = p.pdd_by_id(a.gpu_id)  # 2
         if pdd.drm_file is None:  # 3
             raise DrmError(errno.ESRCH, "the process cannot be bound to this GPU")
-        # 3b: SDMA_BY_ENG_ID names an engine of the GPU (the topology's num_sdma_engines,
-        # no xGMI SDMA engines here)
+        # 3b: SDMA_BY_ENG_ID names an engine of the GPU (PCIe and xGMI SDMA engines)
         sdma_engines = pdd.node.driver.profile.sdma_instances
         if a.queue_type == KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID and a.sdma_engine_id >= sdma_engines:
             raise DrmError(errno.EINVAL, f"no SDMA engine {a.sdma_engine_id}")
-        raise DrmError(errno.EPERM, "no hardware queue left on this GPU")  # 4
+        q = self.queues.create(p.pid, pdd.vm(), QueueArgs(  # 4
+            a.gpu_id, a.queue_type, a.ring_base_address, a.ring_size,
+            a.read_pointer_address, a.write_pointer_address, a.queue_percentage & 0xFF,
+            a.queue_priority, a.sdma_engine_id, a.eop_buffer_address,
+            a.ctx_save_restore_address, a.ctl_stack_size))
+        # The slice the doorbell_offset cookie maps, with the queue's slot armed: all-ones,
+        # a value no doorbell store makes (as AMD's rocjitsu re-arms a recycled slot), so
+        # the first store is seen even when it writes what the slot held. ROCr's first AQL
+        # doorbell is 0 (the index of packet 0), which a zeroed slot would hide.
+        pdd.doorbells().memory.write(q.doorbell_slot, DOORBELL_ARMED.to_bytes(8, "little"))
+        q.last_doorbell = DOORBELL_ARMED
+        kdata[: layout.size] = layout.encode(dataclasses.replace(
+            a, doorbell_offset=q.doorbell_offset, queue_id=q.queue_id))
 
     @tbl.handles(tbl.KFD_DESTROY_QUEUE)
     def destroy_queue(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
         """pqm_destroy_queue: a queue id that matches no queue is EINVAL."""
         a = st.KFD_DESTROY_QUEUE.decode(bytes(kdata[: st.KFD_DESTROY_QUEUE.size]))
-        raise DrmError(errno.EINVAL, f"no queue {a.queue_id}")
+        self.queues.destroy(p.pid, a.queue_id)
 
     @tbl.handles(tbl.KFD_UPDATE_QUEUE)
     def update_queue(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
         """kfd_ioctl_update_queue: the shared checks on the whole percentage (1), then
-        pqm_update_queue_properties finds no queue: EFAULT (2)."""
+        pqm_update_queue_properties (EFAULT for no such queue) (2)."""
         a = st.KFD_UPDATE_QUEUE.decode(bytes(kdata[: st.KFD_UPDATE_QUEUE.size]))
         self._queue_fields_checked(a.queue_percentage, a.queue_priority,  # 1
                                    a.ring_base_address, a.ring_size)
-        raise DrmError(errno.EFAULT, f"no queue {a.queue_id}")  # 2
+        self.queues.update(p.pid, a.queue_id, a.ring_base_address, a.ring_size,  # 2
+                           a.queue_percentage, a.queue_priority)
 
     @tbl.handles(tbl.KFD_SET_CU_MASK)
     def set_cu_mask(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> Awaitable[None]:
         """kfd_ioctl_set_cu_mask: num_cu_mask a non-zero multiple of 32 (EINVAL) (1), at
         most 1024 bits used (2), that many bits read from cu_mask_ptr (EFAULT) (3); then
-        pqm_update_mqd finds no queue: EFAULT (4)."""
+        pqm_update_mqd (EFAULT for no such queue) (4)."""
         a = st.KFD_SET_CU_MASK.decode(bytes(kdata[: st.KFD_SET_CU_MASK.size]))
         if a.num_cu_mask % 32 or a.num_cu_mask == 0:  # 1
             raise DrmError(errno.EINVAL, "num_cu_mask must be a non-zero multiple of 32")
         count = min(a.num_cu_mask, KFD_MAX_NUM_CUS)  # 2
 
         async def run() -> None:
-            await self._read_user(caller, a.cu_mask_ptr, count // 8)  # 3
-            raise DrmError(errno.EFAULT, f"no queue {a.queue_id}")  # 4
+            mask = await self._read_user(caller, a.cu_mask_ptr, count // 8)  # 3
+            self.queues.set_cu_mask(p.pid, a.queue_id, mask)  # 4
 
         return run()
 
     @tbl.handles(tbl.KFD_GET_QUEUE_WAVE_STATE)
     def get_queue_wave_state(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
-        """pqm_get_wave_state: no queue with that id is EFAULT."""
-        a = st.KFD_GET_QUEUE_WAVE_STATE.decode(bytes(kdata[: st.KFD_GET_QUEUE_WAVE_STATE.size]))
-        raise DrmError(errno.EFAULT, f"no queue {a.queue_id}")
+        """pqm_get_wave_state: no queue with that id EFAULT, else the saved sizes (none:
+        no wave runs here) or EINVAL (queues.QueueRegistry.wave_state)."""
+        layout = st.KFD_GET_QUEUE_WAVE_STATE
+        a = layout.decode(bytes(kdata[: layout.size]))
+        ctl, save = self.queues.wave_state(p.pid, a.queue_id)
+        kdata[: layout.size] = layout.encode(dataclasses.replace(
+            a, ctl_stack_used_size=ctl, save_area_used_size=save))
 
     @tbl.handles(tbl.KFD_ALLOC_QUEUE_GWS)
     def alloc_queue_gws(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
-        """kfd_ioctl_alloc_queue_gws: pqm_get_user_queue finds no queue: EINVAL."""
-        a = st.KFD_ALLOC_QUEUE_GWS.decode(bytes(kdata[: st.KFD_ALLOC_QUEUE_GWS.size]))
-        raise DrmError(errno.EINVAL, f"no queue {a.queue_id}")
+        """kfd_ioctl_alloc_queue_gws: pqm_get_user_queue (EINVAL for no such queue), then
+        pqm_set_gws; first_gws 0 (the whole GWS)."""
+        layout = st.KFD_ALLOC_QUEUE_GWS
+        a = layout.decode(bytes(kdata[: layout.size]))
+        self.queues.alloc_gws(p.pid, a.queue_id, a.num_gws)
+        kdata[: layout.size] = layout.encode(dataclasses.replace(a, first_gws=0))
 
     @tbl.handles(tbl.KFD_GET_TILE_CONFIG)
     def get_tile_config(self, p: KfdProcess, kdata: bytearray,
@@ -1223,7 +1267,7 @@ class Kfd:
     def runtime_enable(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
         """kfd_ioctl_runtime_enable (since 1.13, the debugger API; GET_VERSION says 1.17):
         ENABLE in mode_mask enables (runtime_enable): EBUSY when already enabled, EEXIST
-        when the process has queues (never here), else the state, r_debug and the TTMP
+        when the process has queues, else the state, r_debug and the TTMP
         setup are kept; no debugger attaches to this KFD, so nothing waits (1). Without
         ENABLE it disables (runtime_disable): r_debug and TTMP setup cleared, 0 (2).
         capabilities_mask is not written, as the kernel's is not."""
@@ -1231,6 +1275,8 @@ class Kfd:
         if a.mode_mask & KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK:  # 1
             if p.runtime_enabled:
                 raise DrmError(errno.EBUSY, "the runtime is already enabled")
+            if p.pid in self.queues.pqms:
+                raise DrmError(errno.EEXIST, "the process already has queues")
             p.runtime_enabled, p.r_debug = True, a.r_debug
             p.ttmp_setup = bool(a.mode_mask & KFD_RUNTIME_ENABLE_MODE_TTMP_SAVE_MASK)
         else:  # 2

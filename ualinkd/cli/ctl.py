@@ -287,7 +287,8 @@ def _objects(m: Mount, r: str) -> dict[str, object]:
 
 
 def _kfd(m: Mount, r: str) -> dict[str, object]:
-    return {"kfd": m.table(r, "kfd_allocations"), "kfd_processes": m.table(r, "kfd_processes")}
+    return {"kfd": m.table(r, "kfd_allocations"), "kfd_processes": m.table(r, "kfd_processes"),
+            "kfd_queues": m.table(r, "kfd_queues")}
 
 
 SECTIONS: dict[str, Callable[[Mount, str], dict[str, object]]] = {
@@ -424,6 +425,12 @@ def render_text(doc: dict, sections: list[str]) -> str:
             _rows(doc, "kfd", ["pid", "handle", "va", "size", "mapped"],
                   {"size": _size, "handle": lambda v: f"{v:#x}", "va": lambda v: f"{v:#x}"}),
             "no KFD allocations")
+        add("kfd queues", ["render", "accel", "pid", "gpu_id", "queue", "type", "ring",
+                           "ring_size", "rptr", "wptr", "packets", "state"],
+            _rows(doc, "kfd_queues", ["pid", "gpu_id", "queue_id", "type", "ring",
+                                      "ring_size", "rptr", "wptr", "packets", "state"],
+                  {"ring": lambda v: f"{v:#x}", "ring_size": _size}),
+            "no KFD queues")
     return "\n\n".join(parts)
 
 
