@@ -232,7 +232,7 @@ class GpuEngineEdge:
             end = await self._drive(q, doorbell)
         except QueueStopped:
             return
-        except (ValueError, ArithmeticError, IndexError) as e:
+        except (ValueError, TypeError, ArithmeticError, IndexError) as e:
             # a ring the engine refuses (e.g. an AQL ring smaller than one packet), or an
             # engine bug on strange input: that queue's error, never the node's
             end = RunEnd(EndReason.ERROR, 0, f"the engine refused the queue: {e}")
