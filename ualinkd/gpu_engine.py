@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MIN_INTERVAL = 50e-6  # s: the tick right after a doorbell moved or a queue ran
+MIN_INTERVAL = 50e-6  # s: the tick right after a doorbell moved
 POLL_MAX_DELAY = 0.010  # s: the slowest re-check of a queue blocked on a poll
 MAX_INTERVAL = 0.002  # s: the slowest trio tick; past it, the watch thread takes over
 WATCH_MAX_INTERVAL = 0.050  # s: the watch thread's slowest period (idle doorbell latency)
@@ -232,7 +232,7 @@ class GpuEngineEdge:
             end = await self._drive(q, doorbell)
         except QueueStopped:
             return
-        except (ValueError, ArithmeticError, IndexError) as e:
+        except (ValueError, TypeError, ArithmeticError, IndexError) as e:
             # a ring the engine refuses (e.g. an AQL ring smaller than one packet), or an
             # engine bug on strange input: that queue's error, never the node's
             end = RunEnd(EndReason.ERROR, 0, f"the engine refused the queue: {e}")
