@@ -702,7 +702,7 @@ def pod_status(path: str) -> list[dict[str, object]]:
 
 
 def _seen_from(row: dict[str, object], me: str,
-               nodes: list[tuple[str, str, str, str | None]]) -> dict[str, object]:
+               nodes: list[tuple[str, str, list[int], str | None]]) -> dict[str, object]:
     """A node in another container, as this container's node sees it: serving when its
     link to us is up (it answered the handshake and keeps answering heartbeats)."""
     mine = next(m for n, _, _, m in nodes if n == me)
