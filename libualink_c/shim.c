@@ -31,8 +31,9 @@
  *    st_rdev = makedev(226, N) (drmGetNodeTypeFromFd, drmGetDevice2).
  *    readdir of /dev/dri lists card<N-128> beside each renderD<N>, both DT_CHR.
  *  - Tokens.  On those fds a successful UALINK_HANDLE IMPORT,
- *    PRIME_HANDLE_TO_FD or SYNCOBJ_HANDLE_TO_FD returns a *token*; the shim
- *    trades it for the real fd by opening <dmabuf dir>/<token>
+ *    PRIME_HANDLE_TO_FD or SYNCOBJ_HANDLE_TO_FD (and the kfd's EXPORT_DMABUF)
+ *    returns a *token*; the shim trades it for the real fd by opening
+ *    <dmabuf dir>/<token>
  *    ($UALINK_DMABUF_DIR, else <mount>/dmabuf) and writes the fd where the
  *    kernel would have.  If that open fails the ioctl fails with its errno.
  *  - Loaded modules.  /proc/modules, opened for reading, reads as the host's
@@ -77,6 +78,7 @@
 
 #include "shim.h"
 #include "ualink/ualink_drm.h"
+#include "ualink/ualink_kfd.h"
 
 #define SHIM_API __attribute__((visibility("default")))
 
@@ -1498,24 +1500,39 @@ static int open_token(uint32_t token, int oflags)
 }
 
 /* Dispatch is by nr (spec §2.2): a size variant of the same _IOWR ioctl is the same call,
- * so the token in it becomes an fd as well, when the struct reaches the field. */
-static bool is_drm_rw(unsigned long request, unsigned int nr, unsigned int min_size)
+ * so the token in it becomes an fd as well, when the struct reaches the field.  `cmd` is
+ * the header's ioctl number (its type and nr are compared, its size is the version's). */
+static bool is_drm_rw(unsigned long request, unsigned long cmd, size_t min_size)
 {
-	return _IOC_TYPE(request) == DRM_IOCTL_BASE && _IOC_NR(request) == nr &&
+	return _IOC_TYPE(request) == _IOC_TYPE(cmd) && _IOC_NR(request) == _IOC_NR(cmd) &&
 	       _IOC_DIR(request) == (_IOC_READ | _IOC_WRITE) &&
 	       _IOC_SIZE(request) >= min_size;
 }
 
-/* KFD EXPORT_DMABUF on the node's kfd (include/ualink/ualink_kfd.h): the fd it returns is a
- * token, traded for the real fd as PRIME's is.  Whether `fd` is the node's kfd is asked of
- * /proc only for this one request. */
-struct shim_kfd_export_dmabuf {
-	__u64 handle;
-	__u32 flags;
-	__u32 dmabuf_fd;
-};
-#define SHIM_KFD_EXPORT_DMABUF _IOWR('K', 0x24, struct shim_kfd_export_dmabuf)
+/* The end of a 32-bit field: the smallest struct size that carries it. */
+#define FIELD_END(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
 
+/* The one trade: issue the ioctl; on success the 32-bit field at `offset` of the reply
+ * holds a token, replaced by the fd it opens (with `oflags`).  Every fd-returning ioctl of
+ * the node goes through here; a failed open fails the ioctl with its errno. */
+static int ioctl_trading_token(int fd, unsigned long request, void *arg, size_t offset,
+			       int oflags)
+{
+	int ret = real_ioctl(fd, request, arg), opened;
+	uint32_t token;
+
+	if (ret != 0)
+		return ret;
+	memcpy(&token, (char *)arg + offset, sizeof(token));
+	opened = open_token(token, oflags);
+	if (opened < 0)
+		return -1;
+	memcpy((char *)arg + offset, &opened, sizeof(opened));
+	return ret;
+}
+
+/* AMDKFD_IOC_EXPORT_DMABUF on the node's kfd: its dmabuf_fd is a token, traded as PRIME's
+ * is.  Whether `fd` is the node's kfd is asked of /proc only for this one request. */
 static bool fd_is_kfd(int fd)
 {
 	char link[32], target[PATH_MAX];
@@ -1531,92 +1548,57 @@ static bool fd_is_kfd(int fd)
 	return strcmp(target, kfd_path) == 0;
 }
 
-static int kfd_export_dmabuf(int fd, unsigned long request, void *arg)
-{
-	struct shim_kfd_export_dmabuf *a = arg;
-	int ret = real_ioctl(fd, request, arg), dmabuf;
-
-	if (ret != 0)
-		return ret;
-	dmabuf = open_token(a->dmabuf_fd, O_RDWR | ((a->flags & O_CLOEXEC) ? O_CLOEXEC : 0));
-	if (dmabuf < 0)
-		return -1;
-	a->dmabuf_fd = (__u32)dmabuf;
-	return ret;
-}
-
-/* struct drm_syncobj_handle (drm.h): handle, flags, fd, pad [, point]. */
-#define DRM_SYNCOBJ_HANDLE_TO_FD_NR 0xC1
-#define SYNCOBJ_HANDLE_FD_OFFSET 8
-
 SHIM_API int ioctl(int fd, unsigned long request, ...)
 {
 	va_list ap;
 	void *arg;
-	int ret, dmabuf;
 
 	va_start(ap, request);
 	arg = va_arg(ap, void *);
 	va_end(ap);
 
-	if (request == SHIM_KFD_EXPORT_DMABUF && arg && fd_is_kfd(fd))
-		return kfd_export_dmabuf(fd, request, arg);
-	if (!shim_fd_is_render(fd))
+	if (request == AMDKFD_IOC_EXPORT_DMABUF && arg && fd_is_kfd(fd)) {
+		const struct kfd_ioctl_export_dmabuf_args *a = arg;
+
+		return ioctl_trading_token(fd, request, arg,
+					   offsetof(struct kfd_ioctl_export_dmabuf_args, dmabuf_fd),
+					   O_RDWR | ((a->flags & O_CLOEXEC) ? O_CLOEXEC : 0));
+	}
+	if (!shim_fd_is_render(fd) || !arg)
 		return real_ioctl(fd, request, arg);
 
-	/* The UALink import: op at offset 0 in, the token at offset 0 out. */
-	if (is_drm_rw(request, DRM_COMMAND_BASE + DRM_AMDGPU_UALINK_HANDLE, sizeof(__u32))) {
-		union drm_amdgpu_ualink_handle *u = arg;
-		/* Read before the call: the reply overwrites bytes 0-3. */
-		bool import = u && u->in.op == DRM_AMDGPU_UALINK_HANDLE_OP_IMPORT;
+	/* The UALink import: op in, the token out (the reply overwrites the op: read it
+	 * before the call). */
+	if (is_drm_rw(request, DRM_IOCTL_AMDGPU_UALINK_HANDLE,
+		      FIELD_END(union drm_amdgpu_ualink_handle, in.op))) {
+		const union drm_amdgpu_ualink_handle *u = arg;
 
-		ret = real_ioctl(fd, request, arg);
-		if (ret != 0 || !import)
-			return ret;
-		dmabuf = open_token(u->out.import_dmabuf_handle,
-				    O_RDWR | O_CLOEXEC);
-		if (dmabuf < 0)
-			return -1;
-		u->out.import_dmabuf_handle = (uint32_t)dmabuf;
-		return ret;
+		if (u->in.op != DRM_AMDGPU_UALINK_HANDLE_OP_IMPORT)
+			return real_ioctl(fd, request, arg);
+		return ioctl_trading_token(fd, request, arg,
+					   offsetof(union drm_amdgpu_ualink_handle,
+						    out.import_dmabuf_handle),
+					   O_RDWR | O_CLOEXEC);
 	}
 
-	/* PRIME_HANDLE_TO_FD: flags at offset 4 in, the token at offset 8 out. */
-	if (is_drm_rw(request, 0x2D, offsetof(struct drm_prime_handle, fd) + sizeof(__s32))) {
-		struct drm_prime_handle *p = arg;
-		uint32_t flags = p ? p->flags : 0;
+	/* PRIME_HANDLE_TO_FD: the token file is always opened O_RDWR (the daemon's
+	 * contract); close-on-exec only if asked, as the kernel does. */
+	if (is_drm_rw(request, DRM_IOCTL_PRIME_HANDLE_TO_FD,
+		      FIELD_END(struct drm_prime_handle, fd))) {
+		const struct drm_prime_handle *p = arg;
 
-		ret = real_ioctl(fd, request, arg);
-		if (ret != 0)
-			return ret;
-		/* The token file is always opened O_RDWR (the daemon's
-		 * contract); close-on-exec only if asked, as the kernel does. */
-		dmabuf = open_token((uint32_t)p->fd,
-				    O_RDWR | ((flags & DRM_CLOEXEC) ? O_CLOEXEC : 0));
-		if (dmabuf < 0)
-			return -1;
-		p->fd = dmabuf;
-		return ret;
+		return ioctl_trading_token(fd, request, arg, offsetof(struct drm_prime_handle, fd),
+					   O_RDWR | ((p->flags & DRM_CLOEXEC) ? O_CLOEXEC : 0));
 	}
 
-	/* SYNCOBJ_HANDLE_TO_FD (a syncobj fd, or a sync_file with
-	 * EXPORT_SYNC_FILE): the token at offset 8 out.  The kernel's
-	 * drm_syncobj_get_fd and drm_syncobj_export_sync_file always take an
+	/* SYNCOBJ_HANDLE_TO_FD (a syncobj fd, or a sync_file with EXPORT_SYNC_FILE): the
+	 * kernel's drm_syncobj_get_fd and drm_syncobj_export_sync_file always take an
 	 * O_CLOEXEC fd; there is no flag for it. */
-	if (is_drm_rw(request, DRM_SYNCOBJ_HANDLE_TO_FD_NR,
-		      SYNCOBJ_HANDLE_FD_OFFSET + sizeof(__s32))) {
-		__s32 token;
-
-		ret = real_ioctl(fd, request, arg);
-		if (ret != 0)
-			return ret;
-		memcpy(&token, (char *)arg + SYNCOBJ_HANDLE_FD_OFFSET, sizeof(token));
-		dmabuf = open_token((uint32_t)token, O_RDWR | O_CLOEXEC);
-		if (dmabuf < 0)
-			return -1;
-		memcpy((char *)arg + SYNCOBJ_HANDLE_FD_OFFSET, &dmabuf, sizeof(dmabuf));
-		return ret;
-	}
+	if (is_drm_rw(request, DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD,
+		      FIELD_END(struct drm_syncobj_handle, fd)))
+		return ioctl_trading_token(fd, request, arg,
+					   offsetof(struct drm_syncobj_handle, fd),
+					   O_RDWR | O_CLOEXEC);
 
 	return real_ioctl(fd, request, arg);
 }

@@ -1,6 +1,6 @@
 """systemd's readiness protocol, both ends: a node daemon says READY=1 on $NOTIFY_SOCKET
 once it serves its mount and fabric (sd_notify); whoever starts one (the local pod in
-cli/main.py, ualinkd.testing's Pod, the integration tests) binds the socket and waits.
+cli/main.py, ualinkd.netns's Pod, the integration tests) binds the socket and waits.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The daemon builds the tree from this (`node.NodeCore.sys_tree`), the FUSE layer serves it
 (`fuse/tree.py`: SysAttr, SysLink, SysDir), and everything that reads it — `ualinkctl`,
-`ualinkd.testing`, the pod launcher, the test harnesses — finds its files with the path
+`ualinkd.netns`, the pod launcher, the test harnesses — finds its files with the path
 functions here and turns their lines into typed values with the same `LineFormat` that
 printed them, so a format is changed in one place.
 

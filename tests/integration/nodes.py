@@ -22,8 +22,8 @@ import pytest
 from ualinkd import sysfs
 from ualinkd.config import PodConfig
 from ualinkd.fuse.lowlevel import clear_stale_mount, fuse_mounts_at
+from ualinkd.netns.agent import libualink_cdef
 from ualinkd.readiness import notify_socket, wait_ready
-from ualinkd.testing.agent import libualink_cdef
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "libualink_c" / "build"

@@ -27,7 +27,7 @@ from ualinkd.config import PodConfig
 from ualinkd.fabric.auth import ClientHandshake
 from ualinkd.fabric.link import parse_address
 from ualinkd.fabric.wire import AuthHello, AuthProof, FrameDecoder, FrameType, encode_frame
-from ualinkd.testing.pod import mount_leaks
+from ualinkd.netns.pod import mount_leaks
 
 MIB = 1 << 20
 VA = 0x7F0000000000

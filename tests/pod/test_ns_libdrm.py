@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from nodes import REPO, c_program
 from test_libdrm import BO_SIZE, check_discovery, parse, passed
 
+from ualinkd.netns.pod import PodUnavailable, check_prerequisites
 from ualinkd.testing import Pod, pod_config
-from ualinkd.testing.pod import PodUnavailable, check_prerequisites
 
 pytestmark = pytest.mark.pod
 

@@ -17,8 +17,8 @@ import time
 import pytest
 from conftest import VPOD1, VPOD2
 
+from ualinkd.netns.agent import Agent
 from ualinkd.testing import Pod
-from ualinkd.testing.agent import Agent
 from ualinkd.ualink.protocol import MsgType
 
 pytestmark = pytest.mark.pod

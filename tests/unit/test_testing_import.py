@@ -1,6 +1,7 @@
-"""`python -m ualinkd.testing.nodeinit` runs twice at every pod node start (issue 15 item 3,
-start-up time): importing the ualinkd.testing package must not load the pod harness (and
-with it the config, the manager and the CLI); `from ualinkd.testing import Pod` still does."""
+"""`python -m ualinkd.netns.nodeinit` runs twice at every pod node start (issue 15 item 3,
+start-up time): importing the ualinkd.testing and ualinkd.netns packages must not load the
+pod supervisor (and with it the config, the manager and the CLI); `from ualinkd.testing
+import Pod` still does (the supervisor lives in ualinkd.netns.pod, issue 33 item 4)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import sys
 CHECK = """
 import sys
 import ualinkd.testing
-import ualinkd.testing.nodeinit
-heavy = [m for m in ("ualinkd.testing.pod", "ualinkd.config", "ualinkd.ualink.manager",
+import ualinkd.netns
+import ualinkd.netns.nodeinit
+heavy = [m for m in ("ualinkd.netns.pod", "ualinkd.config", "ualinkd.ualink.manager",
                      "ualinkd.cli.ctl") if m in sys.modules]
 assert not heavy, heavy
 from ualinkd.testing import Pod, PodError, pod_config
-import ualinkd.testing.pod as pod
+import ualinkd.netns.pod as pod
 assert Pod is pod.Pod and PodError is pod.PodError and pod_config is pod.pod_config
 try:
     ualinkd.testing.no_such_name

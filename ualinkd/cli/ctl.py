@@ -573,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _inside_a_node() -> str | None:
-    """Inside a namespace node (ualinkd.testing, `ualinkd pod --netns`) the node's sys/ tree
+    """Inside a namespace node (ualinkd.netns, `ualinkd pod --netns`) the node's sys/ tree
     is the plain /sys: then the mount is "/", found without --mount."""
     try:
         names = bounded(lambda: os.listdir("/" + sysfs.DRM_CLASS), "/sys/class/drm")
@@ -624,7 +624,7 @@ def pod_nodes(path: str) -> list[tuple[str, str, list[int], str | None]]:
     from ..config import ConfigError, PodConfig
 
     if os.path.isfile(os.path.join(path, "pod.json")):
-        from ..testing.pod import Pod, PodError
+        from ..netns.pod import Pod, PodError
 
         try:
             pod = Pod.attach(path)

@@ -119,7 +119,7 @@ def pod_config(args: argparse.Namespace) -> PodConfig:
         if not 1 <= nodes <= 256 or not 1 <= per <= 8:
             raise ConfigError("--nodes must be 1..256 and --accels-per-node 1..8")
         if args.netns:
-            from ..testing import pod_config as netns_pod_config  # addresses: Pod's
+            from ..netns.pod import pod_config as netns_pod_config  # addresses: Pod's
 
             config = netns_pod_config(nodes, per)
         else:
@@ -593,8 +593,8 @@ def start_node_command(args: argparse.Namespace) -> int:
 
 
 def _pod_netns(args: argparse.Namespace, config: PodConfig) -> int:
-    """`ualinkd pod --netns`: the local pod through ualinkd.testing, one namespace a node."""
-    from ..testing import Pod, PodError, PodUnavailable
+    """`ualinkd pod --netns`: the local pod through ualinkd.netns, one namespace a node."""
+    from ..netns.pod import Pod, PodError, PodUnavailable
 
     stop = 0
 

@@ -91,7 +91,7 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     if args.root is not None:
         root = os.path.abspath(args.root)
         if os.path.isfile(os.path.join(root, "pod.json")):  # `ualinkd pod --netns`'s dir
-            from ..testing.pod import Pod, PodError
+            from ..netns.pod import Pod, PodError
 
             try:
                 node = Pod.attach(root).node(args.node)

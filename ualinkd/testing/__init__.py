@@ -1,4 +1,5 @@
-"""Pods of real ualinkd daemons in network and mount namespaces, with faults as one-liners.
+"""Pods of real ualinkd daemons in network and mount namespaces, with faults as one-liners:
+the test-facing face of the supervisor in ualinkd.netns.
 
     from ualinkd.testing import Pod, pod_config
     with Pod(pod_config(nodes=3)) as pod:
@@ -12,7 +13,7 @@
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .pod import (
+    from ..netns.pod import (
         FABRIC_PORT,
         SUBNET,
         Pod,
@@ -26,10 +27,10 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    # Loaded on first use: `python -m ualinkd.testing.nodeinit` runs twice per pod node
-    # start and needs none of it (pod.py pulls in the config, the manager and the CLI).
+    # Loaded on first use: `python -m ualinkd.netns.nodeinit` runs twice per pod node
+    # start and needs none of it (pod.py pulls in the config and the manager).
     if name in __all__:
-        from . import pod
+        from ..netns import pod
 
         return getattr(pod, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 from ..cli.ctl import msg_type
+from ..netns.pod import Pod, PodError
 from ..sysfs import RENDER_MINOR_BASE
-from .pod import Pod, PodError
 
 
 def build_parser() -> argparse.ArgumentParser:

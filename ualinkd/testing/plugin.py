@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .pod import Pod, PodUnavailable, check_prerequisites, pod_config
+from ..netns.pod import Pod, PodUnavailable, check_prerequisites, pod_config
 
 _PODS = pytest.StashKey[list[Pod]]()
 

@@ -361,7 +361,7 @@ class PodNode:
         sock = notify_socket(notify)
         cmd = ["ip", "netns", "exec", self.netns,
                "unshare", "--mount", "--propagation", "private",
-               sys.executable, "-m", "ualinkd.testing.nodeinit", "--stage",
+               sys.executable, "-m", "ualinkd.netns.nodeinit", "--stage",
                str(self.dir / "stage"), "--",
                sys.executable, "-m", "ualinkd", "node", "--config", str(self.pod.config_path),
                "--node", self.name, "--mount", str(self.mount)]
@@ -395,7 +395,7 @@ class PodNode:
             sock.close()
         self.pod._save_state()
         _run(["nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", "--", sys.executable, "-m",
-              "ualinkd.testing.nodeinit", "--bind", str(self.mount)],
+              "ualinkd.netns.nodeinit", "--bind", str(self.mount)],
              f"{self.name}: bind the node's files over /dev/dri and its GPUs' /sys")
 
     def log_text(self) -> str:
@@ -634,7 +634,8 @@ class Pod:
                  input=f"addr add {node.ip}/24 dev eth0\nlink set eth0 up\nlink set lo up\n")
 
     def _save_state(self) -> None:
-        """pod.json: what `python -m ualinkd.testing` needs to reach the pod."""
+        """pod.json: what `python -m ualinkd.testing`, `ualinkctl pod` and `ualinkd run`
+        need to reach the pod."""
         state = {
             "prefix": self.prefix, "owner": os.getpid(), "fabric_netns": self.fabric_netns,
             "nodes": [{"name": n.name, "index": n.index, "netns": n.netns, "ip": n.ip,

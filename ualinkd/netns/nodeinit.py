@@ -1,14 +1,14 @@
 """Inside a pod node's fresh mount namespace: make the places a real host has, then exec.
 
 Run as `ip netns exec NS unshare --mount --propagation private python -m
-ualinkd.testing.nodeinit --stage DIR -- CMD…`. It puts a tmpfs over `/dev`, `/sys/class`,
+ualinkd.netns.nodeinit --stage DIR -- CMD…`. It puts a tmpfs over `/dev`, `/sys/class`,
 `/sys/devices`, `/sys/dev/char` and `/sys/bus/pci/devices` that mirrors what was there (bind
 mounts of every entry, symlinks copied, so `/dev/null`, `/dev/fuse`, `/dev/pts`,
 `/sys/class/net` … keep working) plus the empty mount points `/dev/dri`, `/dev/dmabuf`,
 `/sys/class/drm`, and a tmpfs on `/sys/kernel/debug` with `dri/` and `ualink_fabric`, then
 execs CMD (the node daemon).
 
-Once the daemon is ready the pod runs `python -m ualinkd.testing.nodeinit --bind MOUNT` in
+Once the daemon is ready the pod runs `python -m ualinkd.netns.nodeinit --bind MOUNT` in
 the daemon's mount namespace (a FUSE server cannot bind its own files: the lookups would
 wait on itself): the daemon's `dri/`, `dmabuf/`, `sys/class/drm`, debugfs files and GPU
 directories `sys/devices/pci0000:<bb>` are bound over the same paths, and its
@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     if len(argv) < 4 or argv[0] != "--stage" or argv[2] != "--":
-        print("usage: python -m ualinkd.testing.nodeinit --stage DIR -- CMD...\n"
-              "       python -m ualinkd.testing.nodeinit --bind NODE_MOUNT", file=sys.stderr)
+        print("usage: python -m ualinkd.netns.nodeinit --stage DIR -- CMD...\n"
+              "       python -m ualinkd.netns.nodeinit --bind NODE_MOUNT", file=sys.stderr)
         return 2
     stage, cmd = argv[1], argv[3:]
     try:

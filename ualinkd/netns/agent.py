@@ -1,6 +1,6 @@
 """A libualink client living inside a pod node, driven one request at a time from a test.
 
-`python -m ualinkd.testing.agent LIBUALINK.so` reads one JSON request per line on stdin
+`python -m ualinkd.netns.agent LIBUALINK.so` reads one JSON request per line on stdin
 (`{"op": "bo_create", "args": [...]}`) and answers one JSON line (`{"ok": value}` or
 `{"errno": n}`); it opens the plain `/dev/dri/renderD<n>` paths of the node it runs in.
 `Agent` (host side) is the proxy: its methods mirror libualink's calls and raise `OSError`
@@ -128,7 +128,7 @@ def serve(lib_path: str) -> int:
 
 # -- the test's side -----------------------------------------------------------------------------
 class AgentHost(Protocol):
-    """Where an Agent runs: what it needs of a pod node (ualinkd.testing.pod.PodNode)."""
+    """Where an Agent runs: what it needs of a pod node (ualinkd.netns.pod.PodNode)."""
 
     name: str
 
@@ -143,7 +143,7 @@ class Agent:
 
     def __init__(self, node: AgentHost) -> None:
         self.node = node
-        self.proc = node.popen([sys.executable, "-m", "ualinkd.testing.agent",
+        self.proc = node.popen([sys.executable, "-m", "ualinkd.netns.agent",
                                 str(libualink_path())],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=1)
 
