@@ -1269,7 +1269,7 @@ class Kfd:
         if self.resolve_dmabuf is None:
             raise DrmError(errno.EBADF, "no fd resolution")
         buf = self.resolve_dmabuf(caller.pid, a.dmabuf_fd)  # 2
-        if not isinstance(buf.obj, AmdgpuBo) or getattr(buf.obj, "npa", None) is not None:
+        if not isinstance(buf.obj, AmdgpuBo) or buf.obj.npa is not None:
             raise DrmError(errno.EINVAL, "not an amdgpu dma-buf")
         device = pdd.node.driver.device
         gem_handle = device.prime_fd_to_handle(pdd.drm_file, buf)  # 3

@@ -383,9 +383,8 @@ class DrmDevice:
         if cached is not None:
             cached.get()
             return cached
-        imported = getattr(obj, "import_buf", None)
-        if imported is not None:
-            buf: DmaBuf = imported
+        if obj.import_buf is not None:  # an import exports the dma-buf it imports
+            buf = obj.import_buf
             buf.get()
         elif obj.dma_buf is not None:
             buf = obj.dma_buf
