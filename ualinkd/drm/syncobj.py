@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 INT64_MAX = (1 << 63) - 1
 # kmalloc_array of the syncobj pointers fails beyond KMALLOC_MAX_SIZE (4 MiB): ENOMEM.
 MAX_HANDLES = (4 << 20) // 8
+# Out fields the handlers put in kdata, by the layouts' names.
+_CREATE_HANDLE = st.SYNCOBJ_CREATE.field("handle")
+_SYNCOBJ_FD = st.SYNCOBJ_HANDLE.field("fd")
+_SYNCOBJ_HANDLE = st.SYNCOBJ_HANDLE.field("handle")
 
 _WAIT_FLAGS = (c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL | c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT
                | c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_DEADLINE)
@@ -302,7 +306,7 @@ class SyncobjIoctls:
         if args.flags & ~c.DRM_SYNCOBJ_CREATE_SIGNALED:
             raise DrmError(errno.EINVAL, f"SYNCOBJ_CREATE flags {args.flags:#x}")
         handle = f.syncobjs.create(bool(args.flags & c.DRM_SYNCOBJ_CREATE_SIGNALED))
-        kdata[0:4] = handle.to_bytes(4, "little")
+        _CREATE_HANDLE.put(kdata, handle)
 
     @tbl.handles(tbl.SYNCOBJ_DESTROY)
     def destroy_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
@@ -463,7 +467,7 @@ class SyncobjIoctls:
                 raise DrmError(errno.EINVAL, f"syncobj {args.handle} has no fence")
             shared = SyncFile(fence)
         token = self.device.tokens.install(shared, f, caller.uid)  # 6 (EMFILE when full)
-        kdata[8:12] = token.to_bytes(4, "little")
+        _SYNCOBJ_FD.put(kdata, token)
 
     @tbl.handles(tbl.SYNCOBJ_FD_TO_HANDLE)
     def fd_to_handle_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
@@ -482,7 +486,7 @@ class SyncobjIoctls:
             if not isinstance(shared, SyncobjFile):  # 3
                 raise DrmError(errno.EINVAL, f"fd {args.fd} is not a syncobj file")
             handle = f.syncobjs.install(shared.syncobj)
-            kdata[0:4] = handle.to_bytes(4, "little")
+            _SYNCOBJ_HANDLE.put(kdata, handle)
             return
         if not isinstance(shared, SyncFile):  # 4
             raise DrmError(errno.EINVAL, f"fd {args.fd} is not a sync file")
