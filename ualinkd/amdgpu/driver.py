@@ -204,7 +204,7 @@ class AmdgpuDriver:
     # -- GEM_CREATE (§2.3) ---------------------------------------------------------------------
     @tbl.handles(tbl.AMDGPU_GEM_CREATE)
     def gem_create_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
-        args = st.GEM_CREATE_IN.decode(bytes(kdata[:32]))
+        args = st.GEM_CREATE_IN.decode(bytes(kdata[: st.GEM_CREATE_IN.size]))
         flags, domains = args.domain_flags, args.domains
         if flags & ~c.CREATE_SETTABLE_MASK:
             raise DrmError(errno.EINVAL, f"create flags {flags:#x}")
@@ -247,7 +247,7 @@ class AmdgpuDriver:
         process that gets its pid later), and a READONLY one refuses GPU stores. VALIDATE
         looks at the process's mappings off the FUSE thread: then the answer is an
         awaitable."""
-        args = st.GEM_USERPTR.decode(bytes(kdata[:24]))
+        args = st.GEM_USERPTR.decode(bytes(kdata[: st.GEM_USERPTR.size]))
         if (args.addr | args.size) & (c.GPU_PAGE_SIZE - 1):
             raise DrmError(errno.EINVAL, "userptr address and size must be page aligned")
         if args.flags & ~c.USERPTR_FLAGS:
@@ -366,7 +366,7 @@ class AmdgpuDriver:
     def gem_op_ioctl(
         self, file: DrmFile, kdata: bytearray, caller: Caller
     ) -> Awaitable[None] | None:
-        args = st.GEM_OP.decode(bytes(kdata[:24]))
+        args = st.GEM_OP.decode(bytes(kdata[: st.GEM_OP.size]))
         if args.padding:
             raise DrmError(errno.EINVAL, "GEM_OP padding must be 0")
         bo = self.lookup_bo(file, args.handle)
@@ -404,7 +404,7 @@ class AmdgpuDriver:
     def ualink_handle_ioctl(
         self, file: DrmFile, kdata: bytearray, caller: Caller
     ) -> Completion[None] | None:
-        args = st.decode_ualink_handle_in(bytes(kdata[:24]))
+        args = st.decode_ualink_handle_in(bytes(kdata[: st.UALINK_HANDLE_SIZE]))
         # The state check comes before the op is even looked at (§1.6 step 1, §11.1).
         if self.ualink is None or not self.ualink.accel_active:
             raise DrmError(errno.EOPNOTSUPP, "accel is not ACTIVE")

@@ -320,7 +320,7 @@ class AmdgpuInfo:
         if args.op == c.CTX_OP_FREE_CTX:
             self._ctx_fini(file, args.ctx_id)
         elif args.op == c.CTX_OP_QUERY_STATE:  # 6
-            kdata[0:16] = st.CTX_OUT_STATE.pack(0, 0, c.CTX_NO_RESET)
+            st.CTX_OUT_STATE.pack_into(kdata, 0, 0, 0, c.CTX_NO_RESET)
         elif args.op == c.CTX_OP_QUERY_STATE2:
             kdata[0:12] = st.CTX_OUT_STATE.pack(0, 0, 0)[:12]
         elif args.op == c.CTX_OP_GET_STABLE_PSTATE:  # 9

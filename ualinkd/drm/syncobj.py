@@ -40,6 +40,8 @@ MAX_HANDLES = (4 << 20) // 8
 _CREATE_HANDLE = st.SYNCOBJ_CREATE.field("handle")
 _SYNCOBJ_FD = st.SYNCOBJ_HANDLE.field("fd")
 _SYNCOBJ_HANDLE = st.SYNCOBJ_HANDLE.field("handle")
+_WAIT_FIRST = st.SYNCOBJ_WAIT.field("first_signaled")
+_TIMELINE_WAIT_FIRST = st.SYNCOBJ_TIMELINE_WAIT.field("first_signaled")
 
 _WAIT_FLAGS = (c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL | c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT
                | c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_DEADLINE)
@@ -370,7 +372,8 @@ class SyncobjIoctls:
         if args.count_handles == 0:
             raise DrmError(errno.EINVAL, "no syncobj handles")
         objs = await self.array_find(f, caller, args.handles, args.count_handles)
-        pending = self._wait(objs, [0] * len(objs), args.flags, args.timeout_nsec, kdata, 24)
+        pending = self._wait(objs, [0] * len(objs), args.flags, args.timeout_nsec, kdata,
+                             _WAIT_FIRST)
         if pending is not None:
             await pending
 
@@ -384,13 +387,14 @@ class SyncobjIoctls:
         objs = await self.array_find(f, caller, args.handles, args.count_handles)
         points = (list(await self.read_u64s(caller, args.points, len(objs))) if args.points
                   else [0] * len(objs))
-        pending = self._wait(objs, points, args.flags, args.timeout_nsec, kdata, 32)
+        pending = self._wait(objs, points, args.flags, args.timeout_nsec, kdata,
+                             _TIMELINE_WAIT_FIRST)
         if pending is not None:
             await pending
 
     def _wait(
         self, objs: list[DrmSyncobj], points: list[int], flags: int, timeout_nsec: int,
-        kdata: bytearray, first_at: int,
+        kdata: bytearray, first_signaled: st.FieldAt,
     ) -> Awaitable[None] | None:
         """drm_syncobj_array_wait_timeout. A syncobj with no fence for its point fails with
         EINVAL unless WAIT_FOR_SUBMIT (or WAIT_AVAILABLE) lets the wait see one arrive. Every
@@ -406,7 +410,7 @@ class SyncobjIoctls:
         first = next((i for i, d in enumerate(done) if d), 0xFFFFFFFF)
 
         def finish(index: int) -> None:
-            kdata[first_at : first_at + 4] = index.to_bytes(4, "little")
+            first_signaled.put(kdata, index)
 
         if all(done) or (any(done) and not wait_all):
             finish(first)
