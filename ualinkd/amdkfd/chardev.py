@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 from array import array
 from collections import Counter
@@ -90,6 +91,21 @@ _NUM_OF_NODES = st.KFD_GET_PROCESS_APERTURES_NEW.field("num_of_nodes")
 _N_SUCCESS = st.KFD_MAP_MEMORY_TO_GPU.field("n_success")
 _WAIT_RESULT = st.KFD_WAIT_EVENTS.field("wait_result")
 _XNACK_ENABLED = st.KFD_SET_XNACK_MODE.field("xnack_enabled")
+
+
+@functools.lru_cache(maxsize=4096)  # numbers are the caller's to choose: stay bounded
+def _route(cmd: int) -> tuple[int, tbl.IoctlSpec | None, int, int, int]:
+    """kfd_ioctl's decisions for one whole number, made once: its nr and entry (None:
+    ENOTTY), and the copies the entry's own cmd decides with the user's size — in, out,
+    and the kernel buffer, zero-extended to the table's size."""
+    nr = ioc_nr(cmd)
+    spec = tbl.kfd_lookup(nr)
+    if spec is None:
+        return nr, None, 0, 0, 0
+    usize = ioc_size(cmd)
+    both = ioc_dir(cmd) & ioc_dir(spec.cmd)
+    return (nr, spec, usize if both & IOC_WRITE else 0, usize if both & IOC_READ else 0,
+            max(usize, ioc_size(spec.cmd)))
 
 
 def kfd_mmap_gpu_id(gpu_id: int) -> int:
@@ -426,8 +442,7 @@ class Kfd:
         cmd decides the copies, with the user's size, the buffer zero-extended to the
         table's size (2); the handler (3); the user's size copied back whenever the
         table's cmd has the OUT bit, success or not (4)."""
-        nr = ioc_nr(cmd)
-        spec = tbl.kfd_lookup(nr)  # 1
+        nr, spec, in_size, out_size, ksize = _route(cmd)  # 1, 2
         if spec is None:
             return IoctlResult(-errno.ENOTTY, b"", None, b"")
         if p.ended or self.identify(caller.pid) != p.id:  # 1b
@@ -438,11 +453,7 @@ class Kfd:
                 _reported_unemulated.add(nr)
                 log.info("KFD ioctl %s (nr 0x%02x) is not emulated: ENOTTY", spec.name, nr)
             return IoctlResult(-errno.ENOTTY, b"", spec, b"")
-        usize = ioc_size(cmd)  # 2
-        both = ioc_dir(cmd) & ioc_dir(spec.cmd)
-        in_size = usize if both & IOC_WRITE else 0
-        out_size = usize if both & IOC_READ else 0
-        kdata = bytearray(max(usize, ioc_size(spec.cmd)))
+        kdata = bytearray(ksize)
         chunk = in_bytes[:in_size]  # a short copy-in leaves zeros, never a shorter buffer
         kdata[: len(chunk)] = chunk
         try:
