@@ -1,9 +1,10 @@
 """The one ioctl table: nr -> entry (name, table cmd = direction and size, flags, how the
-trace decodes its bytes), and the registry of handlers.
+trace decodes its bytes, the values it hands out and takes back), and the registry of handlers.
 
 Handlers in `drm/` and `amdgpu/` register against the named entries (`@handles(GEM_VA)`);
 dispatch (drm/device.py) finds them through `bind`, the trace decoder reads the entries'
-decoders, and "emulated" is having a handler. Flags are the kernel's DRM_* access flags
+decoders, the trace's `handed` and the replay's mapping read `handed` (abi/values.py), and
+"emulated" is having a handler. Flags are the kernel's DRM_* access flags
 (drm_ioctl.c, spec §2.1).
 """
 
