@@ -383,6 +383,7 @@ def test_union_members_the_ioctl_table_names_match_c(c_abi):
         "struct drm_amdgpu_ualink_handle_in", "union drm_amdgpu_ualink_handle_out")}
     for ctype, name, at in [
             ("struct drm_amdgpu_ualink_handle_in", "op", st.UALINK_IN_OP),
+            ("struct drm_amdgpu_ualink_handle_in", "flags", st.UALINK_IN_FLAGS),
             ("struct drm_amdgpu_ualink_handle_in", "gem_handle", st.UALINK_IN_GEM_HANDLE),
             ("union drm_amdgpu_ualink_handle_out", "import_dmabuf_handle",
              st.UALINK_OUT_IMPORT_DMABUF)]:

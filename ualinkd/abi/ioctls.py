@@ -490,9 +490,14 @@ AMDGPU_VM = _drv_entry(0x13, "VM", st.VM_SIZE, decode_in=fields(st.VM_IN),
                        hints={"op": enum_of(c.VM_OPS)})
 AMDGPU_UALINK_HANDLE = _drv_entry(
     0x1B, "UALINK_HANDLE", st.UALINK_HANDLE_SIZE,
-    decode_in=Decoder(_ualink_in, {"op": 0, "flags": 4, "gem_handle": 8,
-                                   "import_ualink_handle": 8, "words": 8}),
-    decode_out=Decoder(_ualink_out, {"export_ualink_handle": 0, "import_dmabuf_handle": 0}),
+    decode_in=Decoder(_ualink_in, {
+        "op": st.UALINK_IN_OP.offset, "flags": st.UALINK_IN_FLAGS.offset,
+        "gem_handle": st.UALINK_IN_GEM_HANDLE.offset,
+        "import_ualink_handle": st.UALINK_IN_IMPORT_HANDLE[0].offset,
+        "words": st.UALINK_IN_GEM_HANDLE.offset}),
+    decode_out=Decoder(_ualink_out, {
+        "export_ualink_handle": st.UALINK_OUT_EXPORT_HANDLE[0].offset,
+        "import_dmabuf_handle": st.UALINK_OUT_IMPORT_DMABUF.offset}),
     # no flag is defined yet (the handler refuses any): all of them are unknown bits, in hex
     hints={"op": enum_of({op.value: op.name for op in c.UalinkOp}), "flags": FlagSet(()),
            "import_ualink_handle": HANDLE128, "export_ualink_handle": HANDLE128,

@@ -386,6 +386,7 @@ _UALINK_IN_FAST = struct.Struct("<IIQQ")
 # The unions' members one by one (in: op, flags, then the union; out: the union).
 _UALINK_IN_UNION_AT = sum(sub.sizeof() for sub in UALINK_HANDLE_IN_SCHEMA.subcons[:2])
 UALINK_IN_OP = FieldAt("op", 0, struct.Struct("<I"))
+UALINK_IN_FLAGS = FieldAt("flags", UALINK_IN_OP.end, struct.Struct("<I"))
 UALINK_IN_GEM_HANDLE = FieldAt("gem_handle", _UALINK_IN_UNION_AT, struct.Struct("<I"))
 UALINK_IN_IMPORT_HANDLE = tuple(
     FieldAt(f"import_ualink_handle[{i}]", _UALINK_IN_UNION_AT + 8 * i, struct.Struct("<Q"))
