@@ -36,7 +36,6 @@ from .abi.ioctls import (
     all_entries,
     field_offsets,
 )
-from .replay.mapping import handed_out
 from .ualink.protocol import MSG_TYPE_MASK, MsgType, decode_message
 
 # 2: a recording (issue 12 item 2): open/release records name each file, ioctls and GPU
@@ -318,8 +317,8 @@ class TraceRecord:
             "file": self.file,
             "mem": [m.as_dict() for m in self.mem],
             "fds": [f.as_dict() for f in self.fds],
-            "handed": [h.as_dict() for h in handed_out(self.name, self.in_bytes,
-                                                        self.out_bytes, self.result)],
+            "handed": [h.as_dict() for h in self.spec.handed.handed_out(
+                self.in_bytes, self.out_bytes, self.result)] if self.spec else [],
         }
 
     def json(self) -> str:

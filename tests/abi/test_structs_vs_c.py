@@ -380,3 +380,25 @@ def test_array_layout_codecs_agree(layout, data):
     assert value == layout.decode_construct(raw)
     assert layout.encode(value) == layout.encode_construct(value)
     assert layout.decode(layout.encode(value)) == value
+
+
+def test_union_members_the_ioctl_table_names_match_c(c_abi):
+    """§1.3: the UALink unions' members the ioctl table's handed values name one by one
+    (abi/values.py) start where the C compiler puts them, with the header's sizes."""
+    ffi, _ = c_abi
+    fields = {ctype: dict(ffi.typeof(ctype).fields) for ctype in (
+        "struct drm_amdgpu_ualink_handle_in", "union drm_amdgpu_ualink_handle_out")}
+    for ctype, name, at in [
+            ("struct drm_amdgpu_ualink_handle_in", "op", st.UALINK_IN_OP),
+            ("struct drm_amdgpu_ualink_handle_in", "flags", st.UALINK_IN_FLAGS),
+            ("struct drm_amdgpu_ualink_handle_in", "gem_handle", st.UALINK_IN_GEM_HANDLE),
+            ("union drm_amdgpu_ualink_handle_out", "import_dmabuf_handle",
+             st.UALINK_OUT_IMPORT_DMABUF)]:
+        member = fields[ctype][name]
+        assert (member.offset, ffi.sizeof(member.type)) == (at.offset, at.size), name
+    for i, at in enumerate(st.UALINK_IN_IMPORT_HANDLE):
+        assert ffi.offsetof("struct drm_amdgpu_ualink_handle_in",
+                            "import_ualink_handle") + 8 * i == at.offset and at.size == 8
+    for i, at in enumerate(st.UALINK_OUT_EXPORT_HANDLE):
+        assert ffi.offsetof("union drm_amdgpu_ualink_handle_out",
+                            "export_ualink_handle") + 8 * i == at.offset and at.size == 8

@@ -7,6 +7,7 @@ raises struct.error / construct's error, never anything else. Same for the UALin
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import construct as cs
@@ -41,6 +42,24 @@ def test_fast_decode_equals_construct_decode(layout, data):
     """STYLE 4: fast decode == construct decode for random bytes of the exact size."""
     raw = data.draw(hs.binary(min_size=layout.size, max_size=layout.size))
     assert layout.decode(raw) == layout.decode_construct(raw)
+
+
+@layout_param
+@settings(max_examples=30, deadline=None)
+@given(data=hs.data())
+def test_one_field_reads_and_puts_what_the_whole_record_does(layout, data):
+    """Layout.field (what handlers put an out field with, and the ioctl table's handed
+    values are named by): reading one field gives the decoded record's value, putting a
+    value changes that field and no other byte."""
+    a, b = data.draw(records(layout)), data.draw(records(layout))
+    for name in (f.name for f in dataclasses.fields(layout.record)):
+        at = layout.field(name)
+        raw = bytearray(layout.encode(a))
+        assert at.get(raw) == getattr(a, name)
+        at.put(raw, getattr(b, name))
+        assert layout.decode(bytes(raw)) == dataclasses.replace(a, **{name: getattr(b, name)})
+    with pytest.raises(KeyError):
+        layout.field("no_such_field")
 
 
 @layout_param
@@ -132,3 +151,20 @@ def test_ioc_rejects_out_of_range_fields(args):
     """§1.1: _IOC fields have 2/8/8/14 bits; ioc() refuses values that would not fit."""
     with pytest.raises(ValueError):
         ioc(*args)
+
+
+@pytest.mark.parametrize("layout", [v for v in vars(st).values() if isinstance(v, st.ArrayLayout)],
+                         ids=lambda lay: lay.name)
+@settings(max_examples=20, deadline=None)
+@given(data=hs.data())
+def test_array_layout_fields_read_what_decode_does(layout, data):
+    """ArrayLayout.field: a scalar field, or element i of an array field (named `x[i]`),
+    reads what the whole struct's decode gives."""
+    raw = data.draw(hs.binary(min_size=layout.size, max_size=layout.size))
+    value = layout.decode(raw)
+    for name, count in zip(layout.offsets, layout.counts, strict=True):
+        whole = getattr(value, name)
+        for i in range(count or 1):
+            at = layout.field(name, i)
+            assert at.get(raw) == (whole if count is None else whole[i])
+            assert at.name == (name if count is None else f"{name}[{i}]")

@@ -161,6 +161,51 @@ def test_syncobj_array_behind_a_pointer_gets_a_buffer_with_mapped_handles():
     assert len(diffs) == 1 and "written past what the recording wrote" in diffs[0].what
 
 
+def test_gem_va_syncobjs_are_mapped_at_the_layouts_fields_and_the_timeline_point_is_not():
+    """drm_amdgpu_gem_va (amdgpu_drm.h): vm_timeline_syncobj_out (u32 at 48) and the array
+    at input_fence_syncobj_handles (u64 at 56) of num_syncobj_handles (u32 at 52) are
+    syncobj handles the replay maps; vm_timeline_point (u64 at 40) is a plain number and is
+    sent as recorded. (The entry's fields come from st.GEM_VA, not from offsets typed by
+    hand: the old table had the three at 40, 48 and 44.)"""
+    replay = session.Replay([])
+    _opened(replay)
+    replay.mapper.learn("syncobj", SCOPE, 3, 30)
+    replay.mapper.learn("syncobj", SCOPE, 4, 40)
+    replay.mapper.learn("gem", SCOPE, 1, 11)
+    fences = 0x7FFD0000
+    va = st.GEM_VA.encode(st.GemVa(1, 0, c.VA_OP_MAP, 0, 1 << 20, 0, 4096, 3, 4, 1, fences))
+    rec = _ioctl("AMDGPU_GEM_VA", ioc(1, 0x64, 0x48, st.GEM_VA.size), va, b"", mem=[
+        {"op": "read", "addr": fences, "len": 4, "hex": struct.pack("<I", 3).hex(),
+         "result": 0}])
+    call = replay.plan(rec)
+    assert isinstance(call, session.IoctlCall)
+    sent = st.GEM_VA.decode(bytes(call.arg))
+    assert (sent.handle, sent.vm_timeline_point, sent.vm_timeline_syncobj_out) == (11, 3, 40)
+    assert call.buffers[0].data[:4] == struct.pack("<I", 30)
+    assert call.patches == [(-1, 56, 0, 0)]
+
+
+def test_every_handed_value_lies_inside_its_entry():
+    """Each slot, array pointer and count of the ioctl table lies within the entry's struct
+    (the table's size in its cmd), and the names are the header's fields."""
+    from ualinkd.abi import ioctls as tbl
+    from ualinkd.abi.ioc import IoctlCmd
+
+    seen = 0
+    for spec in (*tbl.all_entries(), *tbl.KFD_IOCTLS.values()):
+        size = IoctlCmd.decode(spec.cmd).size
+        h = spec.handed
+        fields = [s.at for s in (*h.slots, *(x for _, v in h.by_op for x in v))]
+        fields += [f for a in h.arrays for f in (a.ptr, a.count)]
+        for at in fields:
+            assert at.end <= size, (spec.name, at)
+            seen += 1
+    assert seen >= 30
+    assert [s.field for s in tbl.AMDGPU_UALINK_HANDLE.handed.slots_for(
+        struct.pack("<II", c.UalinkOp.EXPORT, 0))] == [
+        "gem_handle", "export_ualink_handle[0]", "export_ualink_handle[1]"]
+
+
 def test_failed_import_skips_the_dmabuf_open_of_its_token():
     replay = session.Replay([])
     _opened(replay)

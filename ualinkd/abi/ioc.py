@@ -39,6 +39,11 @@ def ioc_dir(cmd: int) -> int:
     return (cmd >> _DIRSHIFT) & ((1 << _DIRBITS) - 1)
 
 
+def ioc_nr(cmd: int) -> int:
+    """_IOC_NR(cmd): the number inside its type's table."""
+    return (cmd >> _NRSHIFT) & ((1 << _NRBITS) - 1)
+
+
 def ioc_size(cmd: int) -> int:
     """_IOC_SIZE(cmd): the argument's size the number declares."""
     return (cmd >> _SIZESHIFT) & ((1 << _SIZEBITS) - 1)

@@ -1,9 +1,10 @@
 """The one ioctl table: nr -> entry (name, table cmd = direction and size, flags, how the
-trace decodes its bytes), and the registry of handlers.
+trace decodes its bytes, the values it hands out and takes back), and the registry of handlers.
 
 Handlers in `drm/` and `amdgpu/` register against the named entries (`@handles(GEM_VA)`);
 dispatch (drm/device.py) finds them through `bind`, the trace decoder reads the entries'
-decoders, and "emulated" is having a handler. Flags are the kernel's DRM_* access flags
+decoders, the trace's `handed` and the replay's mapping read `handed` (abi/values.py), and
+"emulated" is having a handler. Flags are the kernel's DRM_* access flags
 (drm_ioctl.c, spec §2.1).
 """
 
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 from . import constants as c
 from . import structs as st
 from .ioc import DRM_COMMAND_BASE, DRM_COMMAND_END, IOC_NONE, IOC_READ, IOC_WRITE, ioc
+from .values import FREE, NEW, NOTHING_HANDED, REF, ArraySlot, HandedValues, Slot
 
 DRM_AUTH = 0x1
 DRM_MASTER = 0x2
@@ -141,6 +143,8 @@ class IoctlSpec:
     decode_out: DecodeOut | None = None  # ... and of the bytes copied back (given the input)
     hints: Hints = dataclasses.field(default_factory=dict)  # how the decoded fields print
     out_hints: Hints | None = None  # ... those of the copied-back bytes, when they differ
+    # the values it hands out and takes back (trace `handed`, the replay's mapping)
+    handed: HandedValues = NOTHING_HANDED
 
     @property
     def copied_back_hints(self) -> Hints:
@@ -312,79 +316,121 @@ def _gem_metadata(data: bytes) -> Fields:
 def _entry(nr: int, name: str, layout: st.Layout[Any] | st.ArrayLayout[Any] | int,
            direction: int = IOC_READ | IOC_WRITE, flags: int = DRM_RENDER_ALLOW,
            decode_in: DecodeIn | None = None, decode_out: DecodeOut | None = None,
-           hints: Hints | None = None, out_hints: Hints | None = None) -> IoctlSpec:
+           hints: Hints | None = None, out_hints: Hints | None = None,
+           handed: HandedValues = NOTHING_HANDED) -> IoctlSpec:
     """An entry whose arguments have a layout here (its size is the table's size)."""
     size = layout if isinstance(layout, int) else layout.size
     if decode_in is None and not isinstance(layout, int):
         decode_in = fields(layout)
     return IoctlSpec(nr, name, ioc(direction, ord("d"), nr, size), flags, decode_in, decode_out,
-                     hints or {}, out_hints)
+                     hints or {}, out_hints, handed)
 
 
 def _drv_entry(index: int, name: str, layout: st.Layout[Any] | st.ArrayLayout[Any] | int,
                direction: int = IOC_READ | IOC_WRITE, decode_in: DecodeIn | None = None,
                decode_out: DecodeOut | None = None, hints: Hints | None = None,
                flags: int = DRM_AUTH | DRM_RENDER_ALLOW,
-               out_hints: Hints | None = None) -> IoctlSpec:
+               out_hints: Hints | None = None,
+               handed: HandedValues = NOTHING_HANDED) -> IoctlSpec:
     return _entry(DRM_COMMAND_BASE + index, f"AMDGPU_{name}", layout, direction,
-                  flags, decode_in, decode_out, hints, out_hints)
+                  flags, decode_in, decode_out, hints, out_hints, handed)
+
+
+def _slot(layout: st.Layout[Any], name: str, where: str, kind: str, role: str) -> Slot:
+    return Slot(layout.field(name), where, kind, role)
+
+
+def _handed(layout: st.Layout[Any], *slots: tuple[str, str, str, str]) -> HandedValues:
+    """Values at `layout`'s named fields: (field, "in"/"out", kind, role) each."""
+    return HandedValues(tuple(_slot(layout, *s) for s in slots))
+
+
+def _syncobj_array(layout: st.Layout[Any]) -> HandedValues:
+    """The syncobj ioctls' `handles`: a pointer to `count_handles` u32 syncobj handles."""
+    return HandedValues(arrays=(ArraySlot(layout.field("handles"),
+                                          layout.field("count_handles"), "syncobj"),))
 
 
 # -- the named entries handlers register against ------------------------------------------------
 
-GEM_CLOSE = _entry(0x09, "GEM_CLOSE", st.GEM_CLOSE, IOC_WRITE)
+GEM_CLOSE = _entry(0x09, "GEM_CLOSE", st.GEM_CLOSE, IOC_WRITE,
+                   handed=_handed(st.GEM_CLOSE, ("handle", "in", "gem", FREE)))
 GET_CAP = _entry(0x0C, "GET_CAP", st.GET_CAP, decode_out=out_fields(st.GET_CAP),
                  hints={"capability": enum_of(c.DRM_CAPS)})
 PRIME_HANDLE_TO_FD = _entry(0x2D, "PRIME_HANDLE_TO_FD", st.PRIME_HANDLE,
                             decode_out=out_fields(st.PRIME_HANDLE, "fd"),
-                            hints={"flags": PRIME_FLAGS})
+                            hints={"flags": PRIME_FLAGS},
+                            handed=_handed(st.PRIME_HANDLE, ("handle", "in", "gem", REF),
+                                           ("fd", "out", "token", NEW)))
 PRIME_FD_TO_HANDLE = _entry(0x2E, "PRIME_FD_TO_HANDLE", st.PRIME_HANDLE,
                             decode_out=out_fields(st.PRIME_HANDLE, "handle"),
-                            hints={"flags": PRIME_FLAGS})
+                            hints={"flags": PRIME_FLAGS},
+                            handed=_handed(st.PRIME_HANDLE, ("fd", "in", "fd", REF),
+                                           ("handle", "out", "gem", NEW)))
 SYNCOBJ_CREATE = _entry(0xBF, "SYNCOBJ_CREATE", st.SYNCOBJ_CREATE,
                         decode_out=out_fields(st.SYNCOBJ_CREATE, "handle"),
                         hints={"flags": flag_set("DRM_SYNCOBJ_CREATE_",
-                                                 SIGNALED=c.DRM_SYNCOBJ_CREATE_SIGNALED)})
-SYNCOBJ_DESTROY = _entry(0xC0, "SYNCOBJ_DESTROY", st.SYNCOBJ_DESTROY)
+                                                 SIGNALED=c.DRM_SYNCOBJ_CREATE_SIGNALED)},
+                        handed=_handed(st.SYNCOBJ_CREATE, ("handle", "out", "syncobj", NEW)))
+SYNCOBJ_DESTROY = _entry(0xC0, "SYNCOBJ_DESTROY", st.SYNCOBJ_DESTROY,
+                         handed=_handed(st.SYNCOBJ_DESTROY, ("handle", "in", "syncobj", FREE)))
 SYNCOBJ_HANDLE_TO_FD = _entry(
     0xC1, "SYNCOBJ_HANDLE_TO_FD", st.SYNCOBJ_HANDLE, decode_out=out_fields(st.SYNCOBJ_HANDLE, "fd"),
     hints={"flags": flag_set("DRM_SYNCOBJ_HANDLE_TO_FD_FLAGS_", EXPORT_SYNC_FILE=(
-        c.DRM_SYNCOBJ_HANDLE_TO_FD_FLAGS_EXPORT_SYNC_FILE))})
+        c.DRM_SYNCOBJ_HANDLE_TO_FD_FLAGS_EXPORT_SYNC_FILE))},
+    handed=_handed(st.SYNCOBJ_HANDLE, ("handle", "in", "syncobj", REF),
+                   ("fd", "out", "token", NEW)))
 SYNCOBJ_FD_TO_HANDLE = _entry(
     0xC2, "SYNCOBJ_FD_TO_HANDLE", st.SYNCOBJ_HANDLE,
     decode_out=out_fields(st.SYNCOBJ_HANDLE, "handle"),
     hints={"flags": flag_set("DRM_SYNCOBJ_FD_TO_HANDLE_FLAGS_", IMPORT_SYNC_FILE=(
-        c.DRM_SYNCOBJ_FD_TO_HANDLE_FLAGS_IMPORT_SYNC_FILE))})
+        c.DRM_SYNCOBJ_FD_TO_HANDLE_FLAGS_IMPORT_SYNC_FILE))},
+    handed=_handed(st.SYNCOBJ_HANDLE, ("fd", "in", "fd", REF),
+                   ("handle", "out", "syncobj", NEW)))
 SYNCOBJ_WAIT = _entry(0xC3, "SYNCOBJ_WAIT", st.SYNCOBJ_WAIT,
                       decode_out=out_fields(st.SYNCOBJ_WAIT, "first_signaled"),
-                      hints={"handles": HEX, "flags": SYNCOBJ_WAIT_FLAGS})
-SYNCOBJ_RESET = _entry(0xC4, "SYNCOBJ_RESET", st.SYNCOBJ_ARRAY, hints={"handles": HEX})
-SYNCOBJ_SIGNAL = _entry(0xC5, "SYNCOBJ_SIGNAL", st.SYNCOBJ_ARRAY, hints={"handles": HEX})
+                      hints={"handles": HEX, "flags": SYNCOBJ_WAIT_FLAGS},
+                      handed=_syncobj_array(st.SYNCOBJ_WAIT))
+SYNCOBJ_RESET = _entry(0xC4, "SYNCOBJ_RESET", st.SYNCOBJ_ARRAY, hints={"handles": HEX},
+                       handed=_syncobj_array(st.SYNCOBJ_ARRAY))
+SYNCOBJ_SIGNAL = _entry(0xC5, "SYNCOBJ_SIGNAL", st.SYNCOBJ_ARRAY, hints={"handles": HEX},
+                        handed=_syncobj_array(st.SYNCOBJ_ARRAY))
 SYNCOBJ_TIMELINE_WAIT = _entry(0xCA, "SYNCOBJ_TIMELINE_WAIT", st.SYNCOBJ_TIMELINE_WAIT,
                                decode_out=out_fields(st.SYNCOBJ_TIMELINE_WAIT,
                                                      "first_signaled"),
                                hints={"handles": HEX, "points": HEX,
-                                      "flags": SYNCOBJ_WAIT_FLAGS})
+                                      "flags": SYNCOBJ_WAIT_FLAGS},
+                               handed=_syncobj_array(st.SYNCOBJ_TIMELINE_WAIT))
 SYNCOBJ_QUERY = _entry(0xCB, "SYNCOBJ_QUERY", st.SYNCOBJ_TIMELINE_ARRAY,
                        hints={"handles": HEX, "points": HEX, "flags": flag_set(
                            "DRM_SYNCOBJ_QUERY_FLAGS_",
-                           LAST_SUBMITTED=c.DRM_SYNCOBJ_QUERY_FLAGS_LAST_SUBMITTED)})
+                           LAST_SUBMITTED=c.DRM_SYNCOBJ_QUERY_FLAGS_LAST_SUBMITTED)},
+                       handed=_syncobj_array(st.SYNCOBJ_TIMELINE_ARRAY))
 SYNCOBJ_TRANSFER = _entry(0xCC, "SYNCOBJ_TRANSFER", st.SYNCOBJ_TRANSFER,
-                          hints={"flags": SYNCOBJ_WAIT_FLAGS})
+                          hints={"flags": SYNCOBJ_WAIT_FLAGS},
+                          handed=_handed(st.SYNCOBJ_TRANSFER,
+                                         ("src_handle", "in", "syncobj", REF),
+                                         ("dst_handle", "in", "syncobj", REF)))
 SYNCOBJ_TIMELINE_SIGNAL = _entry(0xCD, "SYNCOBJ_TIMELINE_SIGNAL", st.SYNCOBJ_TIMELINE_ARRAY,
-                                 hints={"handles": HEX, "points": HEX})
+                                 hints={"handles": HEX, "points": HEX},
+                                 handed=_syncobj_array(st.SYNCOBJ_TIMELINE_ARRAY))
 SYNCOBJ_EVENTFD = _entry(0xCF, "SYNCOBJ_EVENTFD", st.SYNCOBJ_EVENTFD,
-                         hints={"flags": SYNCOBJ_WAIT_FLAGS})
+                         hints={"flags": SYNCOBJ_WAIT_FLAGS},
+                         handed=_handed(st.SYNCOBJ_EVENTFD, ("handle", "in", "syncobj", REF)))
 
 AMDGPU_GEM_CREATE = _drv_entry(0x00, "GEM_CREATE", st.GEM_CREATE_SIZE,
                                decode_in=fields(st.GEM_CREATE_IN),
                                decode_out=out_fields(st.GEM_CREATE_OUT, "handle"),
                                hints={"bo_size": HEX, "alignment": HEX, "domains": GEM_DOMAINS,
-                                      "domain_flags": GEM_CREATE_FLAGS})
+                                      "domain_flags": GEM_CREATE_FLAGS},
+                               handed=_handed(st.GEM_CREATE_OUT, ("handle", "out", "gem", NEW)))
 AMDGPU_GEM_MMAP = _drv_entry(0x01, "GEM_MMAP", st.GEM_MMAP_SIZE,
                              decode_in=fields(st.GEM_MMAP_IN),
                              decode_out=out_fields(st.GEM_MMAP_OUT),
-                             hints={"addr_ptr": HEX})
+                             hints={"addr_ptr": HEX},
+                             handed=HandedValues((
+                                 _slot(st.GEM_MMAP_IN, "handle", "in", "gem", REF),
+                                 _slot(st.GEM_MMAP_OUT, "addr_ptr", "out", "mmap_offset", NEW))))
 AMDGPU_CTX = _drv_entry(
     0x02, "CTX", st.CTX_SIZE, decode_in=fields(st.CTX_IN), decode_out=Decoder(_ctx_out, {}),
     hints={"op": enum_of(c.CTX_OPS),
@@ -392,7 +438,12 @@ AMDGPU_CTX = _drv_entry(
     out_hints={"flags": ByOp(((c.CTX_OP_QUERY_STATE, HEX),
                               (c.CTX_OP_QUERY_STATE2, CTX_QUERY2_FLAGS),
                               (c.CTX_OP_GET_STABLE_PSTATE, CTX_STABLE_PSTATES))),
-               "reset_status": CTX_RESET_STATUS})
+               "reset_status": CTX_RESET_STATUS},
+    # out.alloc.ctx_id handed out by ALLOC_CTX, in.ctx_id given back by FREE_CTX, else used
+    handed=HandedValues(
+        (Slot(st.CTX_IN.field("ctx_id"), "in", "ctx", REF),), op=st.CTX_IN.field("op"),
+        by_op=((c.CTX_OP_ALLOC_CTX, (Slot(st.CTX_OUT_CTX_ID, "out", "ctx", NEW),)),
+               (c.CTX_OP_FREE_CTX, (Slot(st.CTX_IN.field("ctx_id"), "in", "ctx", FREE),)))))
 AMDGPU_BO_LIST = _drv_entry(
     0x03, "BO_LIST", st.BO_LIST_SIZE, decode_in=fields(st.BO_LIST_IN),
     decode_out=Decoder(lambda d, i: {"list_handle": st.BO_LIST_OUT.unpack(
@@ -400,42 +451,74 @@ AMDGPU_BO_LIST = _drv_entry(
     hints={"operation": enum_of({v: f"AMDGPU_BO_LIST_OP_{n}" for v, n in c.BO_LIST_OPS.items()}),
            "bo_info_ptr": HEX})
 AMDGPU_INFO = _drv_entry(0x05, "INFO", st.INFO, IOC_WRITE,
-                         hints={"return_pointer": HEX, "query": enum_of(c.INFO_QUERIES)})
+                         hints={"return_pointer": HEX, "query": enum_of(c.INFO_QUERIES)},
+                         # TIMESTAMP writes the GPU clock counter to the caller's memory
+                         handed=HandedValues(clock_if=(st.INFO.field("query"),
+                                                       c.INFO_TIMESTAMP)))
 AMDGPU_GEM_METADATA = _drv_entry(0x06, "GEM_METADATA", st.GEM_METADATA_SIZE,
                                  decode_in=_gem_metadata,
                                  decode_out=lambda d, i: _gem_metadata(d),
                                  hints={"op": enum_of({
                                      c.GEM_METADATA_OP_SET_METADATA: "SET_METADATA",
                                      c.GEM_METADATA_OP_GET_METADATA: "GET_METADATA"}),
-                                     "flags": HEX, "tiling_info": HEX, "data": HEX})
+                                     "flags": HEX, "tiling_info": HEX, "data": HEX},
+                                 handed=HandedValues((Slot(st.GEM_METADATA_HANDLE, "in",
+                                                           "gem", REF),)))
 AMDGPU_GEM_WAIT_IDLE = _drv_entry(0x07, "GEM_WAIT_IDLE", st.GEM_WAIT_IDLE_SIZE,
                                   decode_in=fields(st.GEM_WAIT_IDLE_IN),
                                   decode_out=lambda d, i: {"status": int.from_bytes(d[:4],
-                                                                                    "little")})
+                                                                                    "little")},
+                                  handed=_handed(st.GEM_WAIT_IDLE_IN,
+                                                 ("handle", "in", "gem", REF)))
 AMDGPU_GEM_VA = _drv_entry(0x08, "GEM_VA", st.GEM_VA, IOC_WRITE,
                            hints={"operation": VA_OPERATIONS, "flags": VM_PAGE_FLAGS,
                                   "va_address": HEX, "offset_in_bo": HEX, "map_size": HEX,
-                                  "input_fence_syncobj_handles": HEX})
+                                  "input_fence_syncobj_handles": HEX},
+                           handed=HandedValues(
+                               (_slot(st.GEM_VA, "handle", "in", "gem", REF),
+                                _slot(st.GEM_VA, "vm_timeline_syncobj_out", "in", "syncobj",
+                                      REF)),
+                               arrays=(ArraySlot(st.GEM_VA.field("input_fence_syncobj_handles"),
+                                                 st.GEM_VA.field("num_syncobj_handles"),
+                                                 "syncobj"),)))
 AMDGPU_GEM_OP = _drv_entry(0x10, "GEM_OP", st.GEM_OP, decode_out=out_fields(st.GEM_OP),
                            hints={"op": enum_of({
                                c.GEM_OP_GET_GEM_CREATE_INFO: "GET_GEM_CREATE_INFO",
                                c.GEM_OP_SET_PLACEMENT: "SET_PLACEMENT",
                                c.GEM_OP_GET_MAPPING_INFO: "GET_MAPPING_INFO"}),
-                               "value": HEX})
+                               "value": HEX},
+                           handed=_handed(st.GEM_OP, ("handle", "in", "gem", REF)))
 AMDGPU_GEM_USERPTR = _drv_entry(0x11, "GEM_USERPTR", st.GEM_USERPTR,
                                 decode_out=out_fields(st.GEM_USERPTR, "handle"),
-                                hints={"addr": HEX, "size": HEX, "flags": USERPTR_FLAGS})
+                                hints={"addr": HEX, "size": HEX, "flags": USERPTR_FLAGS},
+                                handed=_handed(st.GEM_USERPTR, ("handle", "out", "gem", NEW)))
 AMDGPU_VM = _drv_entry(0x13, "VM", st.VM_SIZE, decode_in=fields(st.VM_IN),
                        hints={"op": enum_of(c.VM_OPS)})
 AMDGPU_UALINK_HANDLE = _drv_entry(
     0x1B, "UALINK_HANDLE", st.UALINK_HANDLE_SIZE,
-    decode_in=Decoder(_ualink_in, {"op": 0, "flags": 4, "gem_handle": 8,
-                                   "import_ualink_handle": 8, "words": 8}),
-    decode_out=Decoder(_ualink_out, {"export_ualink_handle": 0, "import_dmabuf_handle": 0}),
+    decode_in=Decoder(_ualink_in, {
+        "op": st.UALINK_IN_OP.offset, "flags": st.UALINK_IN_FLAGS.offset,
+        "gem_handle": st.UALINK_IN_GEM_HANDLE.offset,
+        "import_ualink_handle": st.UALINK_IN_IMPORT_HANDLE[0].offset,
+        "words": st.UALINK_IN_GEM_HANDLE.offset}),
+    decode_out=Decoder(_ualink_out, {
+        "export_ualink_handle": st.UALINK_OUT_EXPORT_HANDLE[0].offset,
+        "import_dmabuf_handle": st.UALINK_OUT_IMPORT_DMABUF.offset}),
     # no flag is defined yet (the handler refuses any): all of them are unknown bits, in hex
     hints={"op": enum_of({op.value: op.name for op in c.UalinkOp}), "flags": FlagSet(()),
            "import_ualink_handle": HANDLE128, "export_ualink_handle": HANDLE128,
-           "words": HEX})
+           "words": HEX},
+    # EXPORT takes a GEM handle and hands out the pod-wide handle; any other op (IMPORT)
+    # takes that handle and hands out a dma-buf token
+    handed=HandedValues(
+        (*(Slot(at, "in", kind, REF) for at, kind in zip(
+            st.UALINK_IN_IMPORT_HANDLE, ("ualink_lo", "ualink_hi"), strict=True)),
+         Slot(st.UALINK_OUT_IMPORT_DMABUF, "out", "token", NEW)),
+        op=st.UALINK_IN_OP,
+        by_op=((c.UalinkOp.EXPORT, (
+            Slot(st.UALINK_IN_GEM_HANDLE, "in", "gem", REF),
+            *(Slot(at, "out", kind, NEW) for at, kind in zip(
+                st.UALINK_OUT_EXPORT_HANDLE, ("ualink_lo", "ualink_hi"), strict=True)))),)))
 
 
 # DRM core ioctls of a modern kernel (no DRM_LEGACY, CONFIG_AGP off). Only the nrs listed
@@ -565,17 +648,21 @@ KFD_COMMAND_START = 0x01
 KFD_COMMAND_END = 0x27
 
 
-def _kfd(nr: int, name: str, layout: st.Layout[Any] | int, direction: int = _RW) -> IoctlSpec:
+def _kfd(nr: int, name: str, layout: st.Layout[Any] | int, direction: int = _RW,
+         handed: HandedValues = NOTHING_HANDED) -> IoctlSpec:
     size = layout if isinstance(layout, int) else layout.size
     decode_in = None if isinstance(layout, int) else fields(layout)
     decode_out = None if isinstance(layout, int) else out_fields(layout)
     return IoctlSpec(nr, f"AMDKFD_{name}", ioc(direction, KFD_IOCTL_TYPE, nr, size), 0,
-                     decode_in, decode_out)
+                     decode_in, decode_out, handed=handed)
 
 
 KFD_GET_VERSION = _kfd(0x01, "GET_VERSION", st.KFD_GET_VERSION, IOC_READ)
 KFD_SET_MEMORY_POLICY = _kfd(0x04, "SET_MEMORY_POLICY", st.KFD_SET_MEMORY_POLICY, IOC_WRITE)
-KFD_GET_CLOCK_COUNTERS = _kfd(0x05, "GET_CLOCK_COUNTERS", st.KFD_GET_CLOCK_COUNTERS)
+KFD_GET_CLOCK_COUNTERS = _kfd(  # the gpu, cpu and system counters differ in every run
+    0x05, "GET_CLOCK_COUNTERS", st.KFD_GET_CLOCK_COUNTERS,
+    handed=HandedValues(clock_out=(st.KFD_GET_CLOCK_COUNTERS.field("gpu_clock_counter"),
+                                   st.KFD_GET_CLOCK_COUNTERS.field("system_clock_counter"))))
 KFD_CREATE_EVENT = _kfd(0x08, "CREATE_EVENT", st.KFD_CREATE_EVENT)
 KFD_DESTROY_EVENT = _kfd(0x09, "DESTROY_EVENT", st.KFD_EVENT_ID, IOC_WRITE)
 KFD_SET_EVENT = _kfd(0x0A, "SET_EVENT", st.KFD_EVENT_ID, IOC_WRITE)
@@ -655,3 +742,11 @@ assert set(KFD_IOCTLS) == set(range(KFD_COMMAND_START, KFD_COMMAND_END))
 def kfd_lookup(nr: int) -> IoctlSpec | None:
     """kfd_ioctl's entry for `nr` (None: outside the command range, ENOTTY)."""
     return KFD_IOCTLS.get(nr) if KFD_COMMAND_START <= nr < KFD_COMMAND_END else None
+
+
+_BY_NAME = {s.name: s for s in (*all_entries(), *KFD_IOCTLS.values())}
+
+
+def by_name(name: str) -> IoctlSpec | None:
+    """The entry a trace record names (its `ioctl`: GEM_CLOSE, AMDKFD_GET_VERSION)."""
+    return _BY_NAME.get(name)

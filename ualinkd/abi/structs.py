@@ -99,6 +99,39 @@ class Layout(Generic[T]):
         built: bytes = self.schema.build(dataclasses.asdict(value))
         return built
 
+    def field(self, name: str) -> FieldAt:
+        """One named field of the struct, to read or put alone (an answer's out field)."""
+        fmt = self.fast.format
+        for i, sub in enumerate(self.schema.subcons):
+            if sub.name == name:
+                return FieldAt(name, struct.calcsize(fmt[:i + 1]), struct.Struct("<" + fmt[i + 1]))
+        raise KeyError(f"{self.name} has no field {name!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldAt:
+    """One field of a struct: where it starts and its codec. `put` writes it in place (a
+    handler filling one out field of kdata), `get` reads it."""
+
+    name: str
+    offset: int
+    codec: struct.Struct
+
+    @property
+    def size(self) -> int:
+        return self.codec.size
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.codec.size
+
+    def get(self, data: bytes | bytearray) -> int:
+        value: int = self.codec.unpack_from(data, self.offset)[0]
+        return value
+
+    def put(self, data: bytearray, value: int) -> None:
+        self.codec.pack_into(data, self.offset, value)
+
 
 # ---- drm.h ----------------------------------------------------------------------------
 
@@ -292,6 +325,7 @@ GEM_METADATA_SCHEMA = cs.Struct(
 )
 GEM_METADATA_FAST = struct.Struct("<IIQQI64I4x")
 GEM_METADATA_SIZE = 288
+GEM_METADATA_HANDLE = FieldAt("handle", 0, struct.Struct("<I"))
 GEM_METADATA_DATA_OFFSET = 28  # data.data[0]
 GEM_METADATA_DATA_BYTES = 256  # sizeof(data.data)
 assert GEM_METADATA_FAST.size == GEM_METADATA_SCHEMA.sizeof() == GEM_METADATA_SIZE
@@ -349,6 +383,17 @@ UALINK_HANDLE_SIZE = 24
 UALINK_HANDLE_OUT_EXPORT = struct.Struct("<QQ")  # export_ualink_handle[2] at offset 0
 UALINK_HANDLE_OUT_IMPORT = struct.Struct("<I")  # import_dmabuf_handle at offset 0
 _UALINK_IN_FAST = struct.Struct("<IIQQ")
+# The unions' members one by one (in: op, flags, then the union; out: the union).
+_UALINK_IN_UNION_AT = sum(sub.sizeof() for sub in UALINK_HANDLE_IN_SCHEMA.subcons[:2])
+UALINK_IN_OP = FieldAt("op", 0, struct.Struct("<I"))
+UALINK_IN_FLAGS = FieldAt("flags", UALINK_IN_OP.end, struct.Struct("<I"))
+UALINK_IN_GEM_HANDLE = FieldAt("gem_handle", _UALINK_IN_UNION_AT, struct.Struct("<I"))
+UALINK_IN_IMPORT_HANDLE = tuple(
+    FieldAt(f"import_ualink_handle[{i}]", _UALINK_IN_UNION_AT + 8 * i, struct.Struct("<Q"))
+    for i in range(2))
+UALINK_OUT_EXPORT_HANDLE = tuple(
+    FieldAt(f"export_ualink_handle[{i}]", 8 * i, struct.Struct("<Q")) for i in range(2))
+UALINK_OUT_IMPORT_DMABUF = FieldAt("import_dmabuf_handle", 0, UALINK_HANDLE_OUT_IMPORT)
 
 
 def decode_ualink_handle_in(data: bytes) -> UalinkHandleIn:
@@ -446,6 +491,17 @@ class ArrayLayout(Generic[T]):
                 flat.extend(v)
         return self.fast.pack(*flat)
 
+    def field(self, name: str, index: int = 0) -> FieldAt:
+        """One named field (element `index` of an array field), to read or put alone."""
+        for sub in self.schema.subcons:
+            if sub.name == name:
+                inner = sub.subcon if isinstance(sub, cs.Renamed) else sub
+                elem = inner.subcon if isinstance(inner, cs.Array) else inner
+                codec = struct.Struct("<" + _FORMAT[elem])
+                shown = f"{name}[{index}]" if isinstance(inner, cs.Array) else name
+                return FieldAt(shown, self.offsets[name] + index * codec.size, codec)
+        raise KeyError(f"{self.name} has no field {name!r}")
+
     def encode_construct(self, value: T) -> bytes:
         d = dataclasses.asdict(value)
         built: bytes = self.schema.build({k: list(v) if isinstance(v, tuple) else v
@@ -541,6 +597,7 @@ CTX_IN = Layout.of_record("drm_amdgpu_ctx_in", AmdgpuCtxIn)
 CTX_SIZE = 16  # union drm_amdgpu_ctx
 CTX_OUT_ALLOC = struct.Struct("<II")  # out.alloc: ctx_id, _pad
 CTX_OUT_STATE = struct.Struct("<QII")  # out.state: flags, hangs, reset_status
+CTX_OUT_CTX_ID = FieldAt("ctx_id", 0, struct.Struct("<I"))  # out.alloc.ctx_id (the union's start)
 GEM_WAIT_IDLE_IN = Layout.of_record("drm_amdgpu_gem_wait_idle_in", GemWaitIdleIn)
 GEM_WAIT_IDLE_SIZE = 16  # union drm_amdgpu_gem_wait_idle (out: status, domain)
 VM_IN = Layout.of_record("drm_amdgpu_vm_in", AmdgpuVmIn)

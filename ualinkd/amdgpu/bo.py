@@ -24,7 +24,7 @@ from ..abi.constants import (
     DOMAIN_VRAM,
 )
 from ..drm.errors import DrmError
-from ..drm.gem import DmaBuf, GemObject
+from ..drm.gem import GemObject
 from .memory import BoMemory, UserMemory, in_use_elsewhere
 
 if TYPE_CHECKING:
@@ -138,7 +138,6 @@ class AmdgpuBo(GemObject):
         "alignment",
         "allowed_domains",
         "flags",
-        "import_buf",
         "metadata",
         "metadata_flags",
         "mmap_offset",
@@ -172,7 +171,6 @@ class AmdgpuBo(GemObject):
             placement.charge(self)
         self.pin_count = 0
         self.ualink_handle_lo = 0  # bo->ualink_handle_lo: non-zero once exported (§3.4)
-        self.import_buf: DmaBuf | None = None  # a foreign dma-buf this BO imports
         self.mmap_offset = 0
         # An imported NPA BO (§4.6): (exporter accel id, NPA page offset, pages), and
         # whether a revoke/reset took the memory behind it away (§6.3).

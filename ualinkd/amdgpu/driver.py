@@ -40,6 +40,11 @@ _GDS_GWS_OA = c.DOMAIN_GDS | c.DOMAIN_GWS | c.DOMAIN_OA
 # DRM_FILE_PAGE_OFFSET_START/SIZE in bytes: the fake mmap offset window (drm_gem.c, 64-bit).
 _MMAP_OFFSET_START = (0xFFFFFFFF // c.PAGE_SIZE + 1) * c.PAGE_SIZE
 _MMAP_OFFSET_END = _MMAP_OFFSET_START + (0xFFFFFFFF // c.PAGE_SIZE) * 256 * c.PAGE_SIZE
+# Fields the handlers read or put in kdata, by the layouts' names (the unions' arms).
+_CREATE_OUT_HANDLE = st.GEM_CREATE_OUT.field("handle")
+_USERPTR_HANDLE = st.GEM_USERPTR.field("handle")
+_MMAP_IN_HANDLE = st.GEM_MMAP_IN.field("handle")
+_MMAP_OUT_ADDR = st.GEM_MMAP_OUT.field("addr_ptr")
 
 
 class UalinkOps(Protocol):
@@ -210,7 +215,7 @@ class AmdgpuDriver:
     # -- GEM_CREATE (§2.3) ---------------------------------------------------------------------
     @tbl.handles(tbl.AMDGPU_GEM_CREATE)
     def gem_create_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
-        args = st.GEM_CREATE_IN.decode(bytes(kdata[:32]))
+        args = st.GEM_CREATE_IN.decode(bytes(kdata[: st.GEM_CREATE_IN.size]))
         flags, domains = args.domain_flags, args.domains
         if flags & ~c.CREATE_SETTABLE_MASK:
             raise DrmError(errno.EINVAL, f"create flags {flags:#x}")
@@ -236,8 +241,8 @@ class AmdgpuDriver:
         bo = self.bo_create(size, args.alignment, domains, flags)
         handle = file.handle_create(bo)
         bo.put()  # the handle holds its own reference
-        kdata[:32] = bytes(32)
-        kdata[0:4] = handle.to_bytes(4, "little")
+        kdata[: st.GEM_CREATE_SIZE] = bytes(st.GEM_CREATE_SIZE)  # the union's out arm
+        _CREATE_OUT_HANDLE.put(kdata, handle)
 
     # -- GEM_USERPTR (amdgpu_gem_userptr_ioctl) ----------------------------------------------
     @tbl.handles(tbl.AMDGPU_GEM_USERPTR)
@@ -253,7 +258,7 @@ class AmdgpuDriver:
         process that gets its pid later), and a READONLY one refuses GPU stores. VALIDATE
         looks at the process's mappings off the FUSE thread: then the answer is an
         awaitable."""
-        args = st.GEM_USERPTR.decode(bytes(kdata[:24]))
+        args = st.GEM_USERPTR.decode(bytes(kdata[: st.GEM_USERPTR.size]))
         if (args.addr | args.size) & (c.GPU_PAGE_SIZE - 1):
             raise DrmError(errno.EINVAL, "userptr address and size must be page aligned")
         if args.flags & ~c.USERPTR_FLAGS:
@@ -293,17 +298,17 @@ class AmdgpuDriver:
         bo = self.userptr_bo(process, addr, size, readonly)
         handle = file.handle_create(bo)
         bo.put()
-        kdata[20:24] = handle.to_bytes(4, "little")
+        _USERPTR_HANDLE.put(kdata, handle)
 
     # -- GEM_MMAP (§2.7) -----------------------------------------------------------------------
     @tbl.handles(tbl.AMDGPU_GEM_MMAP)
     def gem_mmap_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
-        handle = int.from_bytes(kdata[0:4], "little")
-        kdata[0:8] = bytes(8)  # the union is zeroed before anything can fail
+        handle = _MMAP_IN_HANDLE.get(kdata)
+        _MMAP_OUT_ADDR.put(kdata, 0)  # the union is zeroed before anything can fail
         bo = self.lookup_bo(file, handle)
         if bo.userptr is not None or not bo.cpu_accessible:
             raise DrmError(errno.EPERM, "userptr BO, or BO with NO_CPU_ACCESS")
-        kdata[0:8] = self.mmap_offset(bo).to_bytes(8, "little")
+        _MMAP_OUT_ADDR.put(kdata, self.mmap_offset(bo))
 
     def mmap_offset(self, bo: AmdgpuBo) -> int:
         """amdgpu_bo_mmap_offset: the BO's fake offset on the render node, given on first
@@ -372,7 +377,7 @@ class AmdgpuDriver:
     def gem_op_ioctl(
         self, file: DrmFile, kdata: bytearray, caller: Caller
     ) -> Awaitable[None] | None:
-        args = st.GEM_OP.decode(bytes(kdata[:24]))
+        args = st.GEM_OP.decode(bytes(kdata[: st.GEM_OP.size]))
         if args.padding:
             raise DrmError(errno.EINVAL, "GEM_OP padding must be 0")
         bo = self.lookup_bo(file, args.handle)
@@ -404,13 +409,13 @@ class AmdgpuDriver:
             buf.put()
             raise DrmError(errno.EBADF, "the file closed while the import was in flight")
         token = self.device.tokens.install(buf, file, caller.uid)
-        kdata[0:4] = st.UALINK_HANDLE_OUT_IMPORT.pack(token)
+        st.UALINK_OUT_IMPORT_DMABUF.put(kdata, token)
 
     @tbl.handles(tbl.AMDGPU_UALINK_HANDLE)
     def ualink_handle_ioctl(
         self, file: DrmFile, kdata: bytearray, caller: Caller
     ) -> Completion[None] | None:
-        args = st.decode_ualink_handle_in(bytes(kdata[:24]))
+        args = st.decode_ualink_handle_in(bytes(kdata[: st.UALINK_HANDLE_SIZE]))
         if self.ualink is None and self.oops_without_ualink:
             log.critical("BUG: kernel NULL pointer dereference in the UALink ioctl of a GPU "
                          "without UALink (pid %d; quirk no-ualink-oops, §13 N6)", caller.pid)
@@ -423,13 +428,13 @@ class AmdgpuDriver:
             raise DrmError(errno.EOPNOTSUPP, "accel is not ACTIVE")
         if args.op == c.UalinkOp.EXPORT:
             lo, hi = self.ualink.export(file, args.gem_handle)
-            kdata[0:16] = st.UALINK_HANDLE_OUT_EXPORT.pack(lo, hi)
+            st.UALINK_HANDLE_OUT_EXPORT.pack_into(kdata, 0, lo, hi)  # export_ualink_handle[2]
         elif args.op == c.UalinkOp.IMPORT:
             got = self.ualink.import_handle(file, args.handle_lo, args.handle_hi)
             if not isinstance(got, DmaBuf):
                 return got.then(functools.partial(self._import_answered, file, kdata, caller))
             token = self.device.tokens.install(got, file, caller.uid)
-            kdata[0:4] = st.UALINK_HANDLE_OUT_IMPORT.pack(token)
+            st.UALINK_OUT_IMPORT_DMABUF.put(kdata, token)
         else:
             raise DrmError(errno.EINVAL, f"UALink op {args.op}")
         return None

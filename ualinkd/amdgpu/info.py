@@ -301,27 +301,27 @@ class AmdgpuInfo:
             raise DrmError(errno.EINVAL, f"context flags {args.flags:#x}")
         if args.op == c.CTX_OP_ALLOC_CTX:
             if prio > CTX_PRIORITY_NORMAL and caller.uid != 0:  # 3
-                kdata[0:4] = bytes(4)  # amdgpu_ctx_alloc failed: out.alloc.ctx_id = 0
+                st.CTX_OUT_CTX_ID.put(kdata, 0)  # amdgpu_ctx_alloc failed: out.alloc.ctx_id = 0
                 raise DrmError(errno.EACCES, "a high-priority context needs CAP_SYS_NICE")
             ctx_id = 1
             while ctx_id in ctxs:
                 ctx_id += 1
             if ctx_id >= AMDGPU_VM_MAX_NUM_CTX:  # idr_alloc(…, 1, AMDGPU_VM_MAX_NUM_CTX)
-                kdata[0:4] = bytes(4)
+                st.CTX_OUT_CTX_ID.put(kdata, 0)
                 raise DrmError(errno.ENOSPC, "no context id left")
             # amdgpu_ctx_init: the level it finds (its holder's own, if one holds it) is
             # what the context puts back when it goes
             owner = self._pstate_owner
             ctxs[ctx_id] = (self._ctxs[owner[0]][owner[1]] if owner is not None
                             else self.stable_pstate)
-            kdata[0:4] = ctx_id.to_bytes(4, "little")  # 4
+            st.CTX_OUT_CTX_ID.put(kdata, ctx_id)  # 4
             return
         if args.ctx_id not in ctxs:  # 5
             raise DrmError(errno.EINVAL, f"no context {args.ctx_id}")
         if args.op == c.CTX_OP_FREE_CTX:
             self._ctx_fini(file, args.ctx_id)
         elif args.op == c.CTX_OP_QUERY_STATE:  # 6
-            kdata[0:16] = st.CTX_OUT_STATE.pack(0, 0, c.CTX_NO_RESET)
+            st.CTX_OUT_STATE.pack_into(kdata, 0, 0, 0, c.CTX_NO_RESET)
         elif args.op == c.CTX_OP_QUERY_STATE2:
             kdata[0:12] = st.CTX_OUT_STATE.pack(0, 0, 0)[:12]
         elif args.op == c.CTX_OP_GET_STABLE_PSTATE:  # 9

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 from array import array
 from collections import Counter
@@ -26,7 +27,8 @@ from dataclasses import dataclass, field
 from ..abi import constants as c
 from ..abi import ioctls as tbl
 from ..abi import structs as st
-from ..abi.ioc import IOC_READ, IOC_WRITE
+from ..abi.constants import PAGE_SIZE
+from ..abi.ioc import IOC_READ, IOC_WRITE, ioc_dir, ioc_nr, ioc_size
 from ..amdgpu.bo import AmdgpuBo
 from ..amdgpu.driver import AmdgpuDriver, user_pages_present
 from ..amdgpu.engine import gpu_clock_counter
@@ -77,13 +79,37 @@ ALLOC_MEM_FLAGS_MMIO_REMAP = 1 << 4
 ALLOC_MEM_FLAGS_WRITABLE = 1 << 31
 ALLOC_MEM_FLAGS_EXECUTABLE = 1 << 30
 ALLOC_MEM_FLAGS_PUBLIC = 1 << 29
-PAGE_SIZE = 4096
 # kfd_doorbell_process_slice on gfx9: 1024 queues x 8-byte doorbells
 DOORBELL_PROCESS_SLICE = 1024 * 8
 # kfd_priv.h's mmap cookies on the kfd fd: the type in bits 62-63, the gpu_id from bit 46
 KFD_MMAP_TYPE_DOORBELL = 0x3 << 62
 KFD_MMAP_TYPE_MMIO = 0x0 << 62
 KFD_MMAP_GPU_ID_SHIFT = 46
+
+
+# The answers' out fields, put in kdata by name (the layouts' offsets); GET_VERSION's answer
+# is always the same bytes.
+_VERSION = st.KFD_GET_VERSION.encode(st.KfdGetVersion(KFD_IOCTL_MAJOR_VERSION,
+                                                      KFD_IOCTL_MINOR_VERSION))
+_NUM_OF_NODES = st.KFD_GET_PROCESS_APERTURES_NEW.field("num_of_nodes")
+_N_SUCCESS = st.KFD_MAP_MEMORY_TO_GPU.field("n_success")
+_WAIT_RESULT = st.KFD_WAIT_EVENTS.field("wait_result")
+_XNACK_ENABLED = st.KFD_SET_XNACK_MODE.field("xnack_enabled")
+
+
+@functools.lru_cache(maxsize=4096)  # numbers are the caller's to choose: stay bounded
+def _route(cmd: int) -> tuple[int, tbl.IoctlSpec | None, int, int, int]:
+    """kfd_ioctl's decisions for one whole number, made once: its nr and entry (None:
+    ENOTTY), and the copies the entry's own cmd decides with the user's size — in, out,
+    and the kernel buffer, zero-extended to the table's size."""
+    nr = ioc_nr(cmd)
+    spec = tbl.kfd_lookup(nr)
+    if spec is None:
+        return nr, None, 0, 0, 0
+    usize = ioc_size(cmd)
+    both = ioc_dir(cmd) & ioc_dir(spec.cmd)
+    return (nr, spec, usize if both & IOC_WRITE else 0, usize if both & IOC_READ else 0,
+            max(usize, ioc_size(spec.cmd)))
 
 
 def kfd_mmap_gpu_id(gpu_id: int) -> int:
@@ -425,8 +451,7 @@ class Kfd:
         cmd decides the copies, with the user's size, the buffer zero-extended to the
         table's size (2); the handler (3); the user's size copied back whenever the
         table's cmd has the OUT bit, success or not (4)."""
-        nr = cmd & 0xFF
-        spec = tbl.kfd_lookup(nr)  # 1
+        nr, spec, in_size, out_size, ksize = _route(cmd)  # 1, 2
         if spec is None:
             return IoctlResult(-errno.ENOTTY, b"", None, b"")
         if p.ended or self.identify(caller.pid) != p.id:  # 1b
@@ -437,11 +462,7 @@ class Kfd:
                 _reported_unemulated.add(nr)
                 log.info("KFD ioctl %s (nr 0x%02x) is not emulated: ENOTTY", spec.name, nr)
             return IoctlResult(-errno.ENOTTY, b"", spec, b"")
-        usize = (cmd >> 16) & 0x3FFF  # 2
-        user_dir, table_dir = (cmd >> 30) & 3, (spec.cmd >> 30) & 3
-        in_size = usize if user_dir & table_dir & IOC_WRITE else 0
-        out_size = usize if user_dir & table_dir & IOC_READ else 0
-        kdata = bytearray(max(usize, (spec.cmd >> 16) & 0x3FFF))
+        kdata = bytearray(ksize)
         chunk = in_bytes[:in_size]  # a short copy-in leaves zeros, never a shorter buffer
         kdata[: len(chunk)] = chunk
         try:
@@ -461,8 +482,7 @@ class Kfd:
     # -- handlers ------------------------------------------------------------------------------
     @tbl.handles(tbl.KFD_GET_VERSION)
     def get_version(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
-        kdata[:8] = st.KFD_GET_VERSION.encode(
-            st.KfdGetVersion(KFD_IOCTL_MAJOR_VERSION, KFD_IOCTL_MINOR_VERSION))
+        kdata[: len(_VERSION)] = _VERSION
 
     @tbl.handles(tbl.KFD_SET_MEMORY_POLICY)
     def set_memory_policy(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
@@ -488,7 +508,8 @@ class Kfd:
         pdd = p.pdds.get(a.gpu_id)  # 1
         if pdd is not None:
             gpu = gpu_clock_counter(raw, pdd.node.driver.profile.gpu_counter_freq_khz)
-        kdata[:40] = st.KFD_GET_CLOCK_COUNTERS.encode(st.KfdGetClockCounters(
+        kdata[: st.KFD_GET_CLOCK_COUNTERS.size] = st.KFD_GET_CLOCK_COUNTERS.encode(
+            st.KfdGetClockCounters(
             gpu, raw, boot, NSEC_PER_SEC, a.gpu_id, a.pad))  # 2
 
     @staticmethod
@@ -506,7 +527,7 @@ class Kfd:
         layout = st.KFD_GET_PROCESS_APERTURES_NEW
         a = layout.decode(bytes(kdata[: layout.size]))
         if a.num_of_nodes == 0:  # 1
-            kdata[8:12] = len(p.pdds).to_bytes(4, "little")
+            _NUM_OF_NODES.put(kdata, len(p.pdds))
             return None
         n = min(a.num_of_nodes, len(p.pdds))  # 2
         array = b"".join(st.KFD_PROCESS_DEVICE_APERTURES.encode(self.apertures(pdd))
@@ -514,7 +535,7 @@ class Kfd:
 
         async def copy_out() -> None:
             await self._write_user(caller, a.kfd_process_device_apertures_ptr, array)  # 3
-            kdata[8:12] = n.to_bytes(4, "little")  # 4
+            _NUM_OF_NODES.put(kdata, n)  # 4
 
         return copy_out()
 
@@ -558,7 +579,7 @@ class Kfd:
         layout = st.KFD_GET_AVAILABLE_MEMORY
         a = layout.decode(bytes(kdata[: layout.size]))
         vram = p.pdd_by_id(a.gpu_id).node.driver.vram  # 1
-        kdata[:16] = layout.encode(st.KfdGetAvailableMemory(
+        kdata[: layout.size] = layout.encode(st.KfdGetAvailableMemory(
             max(vram.size - vram.used, 0), a.gpu_id, a.pad))  # 2
 
     # -- memory (kfd_ioctl_alloc/free_memory_of_gpu, map/unmap_memory_to/from_gpu) ----------
@@ -670,7 +691,7 @@ class Kfd:
         """kfd_ioctl_free_memory_of_gpu: the handle's gpu_id the process's (1) and its idr
         an allocation (EINVAL) (2); still mapped on a GPU: EBUSY
         (amdgpu_amdkfd_gpuvm_free_memory_of_gpu) (3); its GEM handle goes with it (4)."""
-        a = st.KFD_FREE_MEMORY_OF_GPU.decode(bytes(kdata[:8]))
+        a = st.KFD_FREE_MEMORY_OF_GPU.decode(bytes(kdata[: st.KFD_FREE_MEMORY_OF_GPU.size]))
         pdd, idr = self._mem(p, a.handle, errno.EINVAL)  # 1, 2
         self._free(p, pdd, idr, force=False)  # 3, 4
 
@@ -717,15 +738,15 @@ class Kfd:
             try:
                 do(gpu_id)
             except DrmError:
-                kdata[20:24] = (start + at).to_bytes(4, "little")
+                _N_SUCCESS.put(kdata, start + at)
                 raise
             if once:
                 with contextlib.suppress(ValueError):
                     repeat_at = min(repeat_at, ids.index(gpu_id, at + 1))
         if once and repeat_at < len(ids):
-            kdata[20:24] = (start + repeat_at).to_bytes(4, "little")
+            _N_SUCCESS.put(kdata, start + repeat_at)
             do(ids[repeat_at])  # raises: not mapped there any more
-        kdata[20:24] = (start + len(ids)).to_bytes(4, "little")
+        _N_SUCCESS.put(kdata, start + len(ids))
 
     @tbl.handles(tbl.KFD_MAP_MEMORY_TO_GPU)
     def map_memory_to_gpu(self, p: KfdProcess, kdata: bytearray,
@@ -901,7 +922,7 @@ class Kfd:
     @staticmethod
     def _event(p: KfdProcess, kdata: bytearray, cpu_signaled: bool) -> KfdEvent:
         """lookup_event_by_id (EINVAL); SET/RESET need a CPU-signalable (signal) event."""
-        a = st.KFD_EVENT_ID.decode(bytes(kdata[:8]))
+        a = st.KFD_EVENT_ID.decode(bytes(kdata[: st.KFD_EVENT_ID.size]))
         ev = p.events.get(a.event_id)
         if ev is None:
             raise DrmError(errno.EINVAL, f"no event {a.event_id}")
@@ -967,7 +988,7 @@ class Kfd:
         a = layout.decode(bytes(kdata[: layout.size]))
 
         def result(value: int) -> None:
-            kdata[20:24] = value.to_bytes(4, "little")
+            _WAIT_RESULT.put(kdata, value)
 
         if a.num_events > MAX_WAIT_EVENTS:  # 1
             result(KFD_IOC_WAIT_RESULT_FAIL)
@@ -1078,7 +1099,7 @@ class Kfd:
         """kfd_ioctl_set_scratch_backing_va: a gpu_id of the process (EINVAL) with a VM
         (kfd_bind_process_to_device: ENODEV); the address is kept for the queues (none run
         here)."""
-        a = st.KFD_SET_SCRATCH_BACKING_VA.decode(bytes(kdata[:16]))
+        a = st.KFD_SET_SCRATCH_BACKING_VA.decode(bytes(kdata[: st.KFD_SET_SCRATCH_BACKING_VA.size]))
         pdd = p.pdd_by_id(a.gpu_id)
         pdd.vm()
         pdd.scratch_backing_va = a.va_addr
@@ -1087,7 +1108,7 @@ class Kfd:
     def set_trap_handler(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
         """kfd_ioctl_set_trap_handler: a gpu_id of the process (EINVAL) bound to it (ESRCH
         when it cannot be, here: no VM); TBA/TMA kept for the queues (none run here)."""
-        a = st.KFD_SET_TRAP_HANDLER.decode(bytes(kdata[:24]))
+        a = st.KFD_SET_TRAP_HANDLER.decode(bytes(kdata[: st.KFD_SET_TRAP_HANDLER.size]))
         pdd = p.pdd_by_id(a.gpu_id)
         if pdd.drm_file is None:
             raise DrmError(errno.ESRCH, "the process cannot be bound to this GPU")
@@ -1099,9 +1120,9 @@ class Kfd:
         is switched, EBUSY while the process has queues; every GPU of this emulator
         is a gfx9.4 part that can retry faults, so enabling is allowed (kfd_process_xnack_mode)
         (2)."""
-        a = st.KFD_SET_XNACK_MODE.decode(bytes(kdata[:4]))
+        a = st.KFD_SET_XNACK_MODE.decode(bytes(kdata[: st.KFD_SET_XNACK_MODE.size]))
         if a.xnack_enabled < 0:  # 1
-            kdata[:4] = st.KFD_SET_XNACK_MODE.encode(st.KfdSetXnackMode(int(p.xnack_enabled)))
+            _XNACK_ENABLED.put(kdata, int(p.xnack_enabled))
         else:
             if p.pid in self.queues.pqms:
                 raise DrmError(errno.EBUSY, "the process has user queues")
@@ -1315,7 +1336,7 @@ class Kfd:
         if self.resolve_dmabuf is None:
             raise DrmError(errno.EBADF, "no fd resolution")
         buf = self.resolve_dmabuf(caller.pid, a.dmabuf_fd)  # 2
-        if not isinstance(buf.obj, AmdgpuBo) or getattr(buf.obj, "npa", None) is not None:
+        if not isinstance(buf.obj, AmdgpuBo) or buf.obj.npa is not None:
             raise DrmError(errno.EINVAL, "not an amdgpu dma-buf")
         device = pdd.node.driver.device
         gem_handle = device.prime_fd_to_handle(pdd.drm_file, buf)  # 3

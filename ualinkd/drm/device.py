@@ -40,6 +40,10 @@ DRM_CAP_TIMESTAMP_MONOTONIC = 0x6
 DRM_CAP_SYNCOBJ = 0x13
 DRM_CAP_SYNCOBJ_TIMELINE = 0x14
 _reported_unemulated: set[int] = set()
+# Out fields the core's handlers put in kdata, by the layouts' names.
+_CAP_VALUE = st.GET_CAP.field("value")
+_PRIME_FD = st.PRIME_HANDLE.field("fd")
+_PRIME_HANDLE = st.PRIME_HANDLE.field("handle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,7 +375,7 @@ class DrmDevice:
             if known is None:
                 raise DrmError(errno.EINVAL, f"no capability {args.capability:#x}")
             value = known
-        kdata[8:16] = value.to_bytes(8, "little")
+        _CAP_VALUE.put(kdata, value)
 
     def prime_handle_to_dmabuf(self, f: DrmFile, handle: int) -> DmaBuf:
         """drm_gem_prime_handle_to_dmabuf: a *new* reference to the handle's dma-buf,
@@ -383,9 +387,8 @@ class DrmDevice:
         if cached is not None:
             cached.get()
             return cached
-        imported = getattr(obj, "import_buf", None)
-        if imported is not None:
-            buf: DmaBuf = imported
+        if obj.import_buf is not None:  # an import exports the dma-buf it imports
+            buf = obj.import_buf
             buf.get()
         elif obj.dma_buf is not None:
             buf = obj.dma_buf
@@ -404,7 +407,7 @@ class DrmDevice:
             raise DrmError(errno.EINVAL, f"PRIME flags {args.flags:#x}")
         buf = self.prime_handle_to_dmabuf(f, args.handle)
         token = self.tokens.install(buf, f, caller.uid)  # takes over our reference
-        kdata[8:12] = token.to_bytes(4, "little")
+        _PRIME_FD.put(kdata, token)
 
     def prime_fd_to_handle(self, f: DrmFile, buf: DmaBuf) -> int:
         """drm_gem_prime_fd_to_handle for an already resolved dma-buf."""
@@ -424,7 +427,7 @@ class DrmDevice:
     def _prime_fd_to_handle(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
         args = st.PRIME_HANDLE.decode(kdata[: st.PRIME_HANDLE.size])
         buf = self.resolve_fd(caller.pid, args.fd)
-        kdata[0:4] = self.prime_fd_to_handle(f, buf).to_bytes(4, "little")
+        _PRIME_HANDLE.put(kdata, self.prime_fd_to_handle(f, buf))
 
 
 class _NoDriver:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class GemObject:
-    __slots__ = ("device", "dma_buf", "handle_count", "id", "refcount", "size")
+    __slots__ = ("device", "dma_buf", "handle_count", "id", "import_buf", "refcount", "size")
 
     def __init__(self, device: DrmDevice, size: int) -> None:
         self.device = device
@@ -22,6 +22,9 @@ class GemObject:
         self.refcount = 1  # the creator's reference
         self.handle_count = 0
         self.dma_buf: DmaBuf | None = None  # the cached export (obj->dma_buf)
+        # The foreign dma-buf this object imports (obj->import_attach's): a driver's
+        # gem_prime_import sets it, its free hook drops the reference (drm_prime_gem_destroy).
+        self.import_buf: DmaBuf | None = None
         self.id = device.next_object_id()
         device.objects[self.id] = self
 

@@ -36,6 +36,12 @@ if TYPE_CHECKING:
 INT64_MAX = (1 << 63) - 1
 # kmalloc_array of the syncobj pointers fails beyond KMALLOC_MAX_SIZE (4 MiB): ENOMEM.
 MAX_HANDLES = (4 << 20) // 8
+# Out fields the handlers put in kdata, by the layouts' names.
+_CREATE_HANDLE = st.SYNCOBJ_CREATE.field("handle")
+_SYNCOBJ_FD = st.SYNCOBJ_HANDLE.field("fd")
+_SYNCOBJ_HANDLE = st.SYNCOBJ_HANDLE.field("handle")
+_WAIT_FIRST = st.SYNCOBJ_WAIT.field("first_signaled")
+_TIMELINE_WAIT_FIRST = st.SYNCOBJ_TIMELINE_WAIT.field("first_signaled")
 
 _WAIT_FLAGS = (c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL | c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_FOR_SUBMIT
                | c.DRM_SYNCOBJ_WAIT_FLAGS_WAIT_DEADLINE)
@@ -302,7 +308,7 @@ class SyncobjIoctls:
         if args.flags & ~c.DRM_SYNCOBJ_CREATE_SIGNALED:
             raise DrmError(errno.EINVAL, f"SYNCOBJ_CREATE flags {args.flags:#x}")
         handle = f.syncobjs.create(bool(args.flags & c.DRM_SYNCOBJ_CREATE_SIGNALED))
-        kdata[0:4] = handle.to_bytes(4, "little")
+        _CREATE_HANDLE.put(kdata, handle)
 
     @tbl.handles(tbl.SYNCOBJ_DESTROY)
     def destroy_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
@@ -366,7 +372,8 @@ class SyncobjIoctls:
         if args.count_handles == 0:
             raise DrmError(errno.EINVAL, "no syncobj handles")
         objs = await self.array_find(f, caller, args.handles, args.count_handles)
-        pending = self._wait(objs, [0] * len(objs), args.flags, args.timeout_nsec, kdata, 24)
+        pending = self._wait(objs, [0] * len(objs), args.flags, args.timeout_nsec, kdata,
+                             _WAIT_FIRST)
         if pending is not None:
             await pending
 
@@ -380,13 +387,14 @@ class SyncobjIoctls:
         objs = await self.array_find(f, caller, args.handles, args.count_handles)
         points = (list(await self.read_u64s(caller, args.points, len(objs))) if args.points
                   else [0] * len(objs))
-        pending = self._wait(objs, points, args.flags, args.timeout_nsec, kdata, 32)
+        pending = self._wait(objs, points, args.flags, args.timeout_nsec, kdata,
+                             _TIMELINE_WAIT_FIRST)
         if pending is not None:
             await pending
 
     def _wait(
         self, objs: list[DrmSyncobj], points: list[int], flags: int, timeout_nsec: int,
-        kdata: bytearray, first_at: int,
+        kdata: bytearray, first_signaled: st.FieldAt,
     ) -> Awaitable[None] | None:
         """drm_syncobj_array_wait_timeout. A syncobj with no fence for its point fails with
         EINVAL unless WAIT_FOR_SUBMIT (or WAIT_AVAILABLE) lets the wait see one arrive. Every
@@ -402,7 +410,7 @@ class SyncobjIoctls:
         first = next((i for i, d in enumerate(done) if d), 0xFFFFFFFF)
 
         def finish(index: int) -> None:
-            kdata[first_at : first_at + 4] = index.to_bytes(4, "little")
+            first_signaled.put(kdata, index)
 
         if all(done) or (any(done) and not wait_all):
             finish(first)
@@ -463,7 +471,7 @@ class SyncobjIoctls:
                 raise DrmError(errno.EINVAL, f"syncobj {args.handle} has no fence")
             shared = SyncFile(fence)
         token = self.device.tokens.install(shared, f, caller.uid)  # 6 (EMFILE when full)
-        kdata[8:12] = token.to_bytes(4, "little")
+        _SYNCOBJ_FD.put(kdata, token)
 
     @tbl.handles(tbl.SYNCOBJ_FD_TO_HANDLE)
     def fd_to_handle_ioctl(self, f: DrmFile, kdata: bytearray, caller: Caller) -> None:
@@ -482,7 +490,7 @@ class SyncobjIoctls:
             if not isinstance(shared, SyncobjFile):  # 3
                 raise DrmError(errno.EINVAL, f"fd {args.fd} is not a syncobj file")
             handle = f.syncobjs.install(shared.syncobj)
-            kdata[0:4] = handle.to_bytes(4, "little")
+            _SYNCOBJ_HANDLE.put(kdata, handle)
             return
         if not isinstance(shared, SyncFile):  # 4
             raise DrmError(errno.EINVAL, f"fd {args.fd} is not a sync file")

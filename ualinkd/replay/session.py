@@ -19,20 +19,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..abi.ioc import IoctlCmd
+from ..abi.ioctls import by_name
+from ..abi.values import FREE, NEW, NOTHING_HANDED, HandedValues
 from ..trace import SCHEMA_VERSION
-from .mapping import (
-    ARRAYS,
-    FREE,
-    NEW,
-    Mapper,
-    Region,
-    clock_reading,
-    pointers,
-    regions,
-    scope_of,
-    slots,
-    span_at,
-)
+from .mapping import Mapper, Region, pointers, regions, scope_of, span_at
 
 SLACK = 4096  # bytes after each caller-memory span: a replay that writes past it shows
 CANARY = 0xA5  # what a span holds where the recording neither read nor wrote
@@ -496,9 +486,9 @@ class Replay:
         cmd = int(rec["cmd"], 16)
         in_bytes = bytes.fromhex(rec["in_hex"])
         arg = bytearray(in_bytes.ljust(max(IoctlCmd.decode(cmd).size, len(in_bytes)), b"\0"))
-        node, name = rec["node"], rec["ioctl"]
+        node, handed = rec["node"], _handed(rec["ioctl"])
         fd_of_recorded = {f["fd"]: f.get("key") for f in rec.get("fds", [])}
-        for s in slots(name, in_bytes):
+        for s in handed.slots_for(in_bytes):
             if s.where != "in" or (v := s.read(in_bytes)) is None:
                 continue
             if s.kind == "fd":
@@ -519,13 +509,12 @@ class Replay:
         for m in mem:  # what was read in, where it was read
             if m["op"] == "read":
                 self._place(spans, buffers, m["addr"], bytes.fromhex(m["hex"]), initial=True)
-        for a in ARRAYS.get(name, ()):
-            ptr = int.from_bytes(in_bytes[a.ptr:a.ptr + 8], "little")
-            count = int.from_bytes(in_bytes[a.count:a.count + 4], "little")
-            self._map_array(spans, buffers, ptr, count, a.size, a.kind, node, key[1])
+        for a in handed.arrays:
+            self._map_array(spans, buffers, a.pointer(in_bytes), a.length(in_bytes), a.size,
+                            a.kind, node, key[1])
         for b in buffers:
             b.expect = bytearray(b.data)
-        clock_mem, _ = clock_reading(name, in_bytes)
+        clock_mem, _ = handed.clock_reading(in_bytes)
         for m in mem:  # what the recording's daemon wrote back
             if m["op"] == "write":
                 self._place(spans, buffers, m["addr"], bytes.fromhex(m["hex"]), initial=False)
@@ -607,19 +596,20 @@ class Replay:
                        diff: Callable[[str], Difference]) -> list[Difference]:
         found: list[Difference] = []
         node, name, file = rec["node"], rec["ioctl"], call.file[1]
+        handed = _handed(name)
         in_bytes = bytes.fromhex(rec["in_hex"])
         want = bytes.fromhex(rec["out_hex"])
         if out.result != rec["result"]:
             found.append(diff(f"= {_errname(out.result)}, recorded = {_errname(rec['result'])}"))
             if rec["result"] == 0:
-                for s in slots(name, in_bytes):
+                for s in handed.slots_for(in_bytes):
                     if s.where == "out" and s.role == NEW and (r := s.read(want)):
                         self.lost[(s.kind, scope_of(s.kind, node, file), r)] = found[0].index
             return found  # what it copied out means nothing next to the recording's
         got = bytearray(out.arg[:len(want)])
         # Echoed inputs: the replay sent mapped values and patched pointers; read them back
         # as the recording's where the daemon left them as sent.
-        for s in slots(name, in_bytes):
+        for s in handed.slots_for(in_bytes):
             if s.where == "in" and (v := s.read(in_bytes)) is not None:
                 if s.read(got) == s.read(call.sent):
                     s.write(got, v)
@@ -627,7 +617,7 @@ class Replay:
             if where == -1 and off + 8 <= len(got) and got[off:off + 8] == call.sent[off:off + 8]:
                 got[off:off + 8] = in_bytes[off:off + 8]
         if out.result == 0 and rec["result"] == 0:
-            for s in slots(name, in_bytes):
+            for s in handed.slots_for(in_bytes):
                 scope = scope_of(s.kind, node, file)
                 if s.where == "out" and s.role == NEW:
                     r, p = s.read(want), s.read(out.arg)
@@ -639,7 +629,7 @@ class Replay:
                     s.write(got, r)  # told once, as a handed-out value
                 elif s.where == "in" and s.role == FREE and (v := s.read(in_bytes)):
                     self.mapper.forget(s.kind, scope, v)
-        _, clock_out = clock_reading(name, in_bytes)
+        _, clock_out = handed.clock_reading(in_bytes)
         if clock_out is not None:
             lo, hi = clock_out
             got[lo:hi] = want[lo:hi]
@@ -657,6 +647,12 @@ class Replay:
                     + (" (written past what the recording wrote)"
                        if all(x == CANARY for x in expect[at:at + 16]) else "")))
         return found
+
+
+def _handed(name: str) -> HandedValues:
+    """The values the recorded ioctl hands out and takes back (none: not in the table)."""
+    spec = by_name(name)
+    return spec.handed if spec is not None else NOTHING_HANDED
 
 
 def _field_diffs(want: bytes, got: bytes, name: str, in_bytes: bytes) -> list[str]:
