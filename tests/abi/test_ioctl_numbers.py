@@ -56,6 +56,9 @@ SPEC_IOCTLS = {
     "DRM_IOCTL_SYNCOBJ_EVENTFD": 0xC01864CF,
     # issue 35: libdrm's amdgpu_bo_list_create / _update / _destroy (a 24-byte union)
     "DRM_IOCTL_AMDGPU_BO_LIST": 0xC0186443,
+    "DRM_IOCTL_AMDGPU_CS": 0xC0186444,
+    "DRM_IOCTL_AMDGPU_WAIT_CS": 0xC0206449,
+    "DRM_IOCTL_AMDGPU_WAIT_FENCES": 0xC0186452,
 }
 
 # Header macro -> expected value from ualinkd's own constants.
@@ -144,6 +147,12 @@ CONSTANTS = {
     "AMDGPU_BO_LIST_OP_CREATE": c.BO_LIST_OP_CREATE,
     "AMDGPU_BO_LIST_OP_DESTROY": c.BO_LIST_OP_DESTROY,
     "AMDGPU_BO_LIST_OP_UPDATE": c.BO_LIST_OP_UPDATE,
+    "DRM_IOCTL_AMDGPU_CS": iowr(0x44, st.CS_SIZE),
+    "DRM_IOCTL_AMDGPU_WAIT_CS": iowr(0x49, st.WAIT_CS_SIZE),
+    "DRM_IOCTL_AMDGPU_WAIT_FENCES": iowr(0x52, st.WAIT_FENCES_SIZE),
+    "AMDGPU_CHUNK_ID_IB": c.CHUNK_ID_IB,
+    "AMDGPU_CHUNK_ID_BO_HANDLES": c.CHUNK_ID_BO_HANDLES,
+    "AMDGPU_CHUNK_ID_SYNCOBJ_TIMELINE_SIGNAL": c.CHUNK_ID_SYNCOBJ_TIMELINE_SIGNAL,
     "DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD": iowr(0xC1, st.SYNCOBJ_HANDLE.size),
     "DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE": iowr(0xC2, st.SYNCOBJ_HANDLE.size),
     "DRM_IOCTL_SYNCOBJ_TRANSFER": iowr(0xCC, st.SYNCOBJ_TRANSFER.size),
@@ -195,6 +204,9 @@ TABLE_ENTRIES = {
     "DRM_IOCTL_AMDGPU_CTX": (tbl.AMDGPU_IOCTLS, 0x42),
     "DRM_IOCTL_AMDGPU_VM": (tbl.AMDGPU_IOCTLS, 0x53),
     "DRM_IOCTL_AMDGPU_BO_LIST": (tbl.AMDGPU_IOCTLS, 0x43),
+    "DRM_IOCTL_AMDGPU_CS": (tbl.AMDGPU_IOCTLS, 0x44),
+    "DRM_IOCTL_AMDGPU_WAIT_CS": (tbl.AMDGPU_IOCTLS, 0x49),
+    "DRM_IOCTL_AMDGPU_WAIT_FENCES": (tbl.AMDGPU_IOCTLS, 0x52),
     "DRM_IOCTL_SYNCOBJ_HANDLE_TO_FD": (tbl.CORE_IOCTLS, 0xC1),
     "DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE": (tbl.CORE_IOCTLS, 0xC2),
     "DRM_IOCTL_SYNCOBJ_TRANSFER": (tbl.CORE_IOCTLS, 0xCC),
@@ -294,8 +306,8 @@ def test_emulated_entries():
         "SYNCOBJ_HANDLE_TO_FD", "SYNCOBJ_FD_TO_HANDLE", "SYNCOBJ_TRANSFER", "SYNCOBJ_EVENTFD",
         # libdrm's amdgpu_bo_wait_for_idle: every BO is idle (nothing executes)
         "AMDGPU_GEM_WAIT_IDLE",
-        # command submission's BO lists (issue 35)
-        "AMDGPU_BO_LIST",
+        # command submission (issue 35): BO lists, SDMA IBs, their fences
+        "AMDGPU_BO_LIST", "AMDGPU_CS", "AMDGPU_WAIT_CS", "AMDGPU_WAIT_FENCES",
     }
 
 

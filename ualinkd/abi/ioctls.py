@@ -201,6 +201,7 @@ HEADER_NAMES: dict[str, dict[str, str]] = {
     "drm_amdgpu_gem_mmap_in": {"pad": "_pad"},
     "drm_amdgpu_gem_va": {"pad": "_pad"},
     "drm_amdgpu_info_gds": {"pad": "_pad"},
+    "drm_amdgpu_cs_chunk_ib": {"pad": "_pad"},
 }
 
 
@@ -399,6 +400,22 @@ AMDGPU_BO_LIST = _drv_entry(
         d[:8].ljust(8, b"\0"))[0]}, {"list_handle": 0}),
     hints={"operation": enum_of({v: f"AMDGPU_BO_LIST_OP_{n}" for v, n in c.BO_LIST_OPS.items()}),
            "bo_info_ptr": HEX})
+AMDGPU_CS = _drv_entry(
+    0x04, "CS", st.CS_SIZE, decode_in=fields(st.CS_IN),
+    decode_out=Decoder(lambda d, i: {"handle": st.CS_OUT.unpack(d[:8].ljust(8, b"\0"))[0]},
+                       {"handle": 0}),
+    hints={"chunks": HEX})
+AMDGPU_WAIT_CS = _drv_entry(
+    0x09, "WAIT_CS", st.WAIT_CS_SIZE, decode_in=fields(st.WAIT_CS_IN),
+    decode_out=Decoder(lambda d, i: {"status": int.from_bytes(d[:8].ljust(8, b"\0"),
+                                                              "little")}, {"status": 0}))
+AMDGPU_WAIT_FENCES = _drv_entry(
+    0x12, "WAIT_FENCES", st.WAIT_FENCES_SIZE, decode_in=fields(st.WAIT_FENCES_IN),
+    decode_out=Decoder(lambda d, i: dict(zip(("status", "first_signaled"),
+                                             st.WAIT_FENCES_OUT.unpack(d[:8].ljust(8, b"\0")),
+                                             strict=True)),
+                       {"status": 0, "first_signaled": 4}),
+    hints={"fences": HEX})
 AMDGPU_INFO = _drv_entry(0x05, "INFO", st.INFO, IOC_WRITE,
                          hints={"return_pointer": HEX, "query": enum_of(c.INFO_QUERIES)})
 AMDGPU_GEM_METADATA = _drv_entry(0x06, "GEM_METADATA", st.GEM_METADATA_SIZE,
@@ -521,15 +538,15 @@ AMDGPU_IOCTLS: dict[int, IoctlSpec] = {
         AMDGPU_GEM_MMAP,
         AMDGPU_CTX,
         AMDGPU_BO_LIST,
-        _drv_entry(0x04, "CS", 24),
+        AMDGPU_CS,
         AMDGPU_INFO,
         AMDGPU_GEM_METADATA,
         AMDGPU_GEM_WAIT_IDLE,
         AMDGPU_GEM_VA,
-        _drv_entry(0x09, "WAIT_CS", 32),
+        AMDGPU_WAIT_CS,
         AMDGPU_GEM_OP,
         AMDGPU_GEM_USERPTR,
-        _drv_entry(0x12, "WAIT_FENCES", 24),
+        AMDGPU_WAIT_FENCES,
         AMDGPU_VM,
         _drv_entry(0x14, "FENCE_TO_HANDLE", 32),
         # DRM_MASTER only (amdgpu_ioctls_kms): a render client gets EACCES at drm_ioctl_permit
