@@ -174,15 +174,19 @@ def test_pass1_errors(f: DrmFile, mem: Mem, runner: Runner, chunk: tuple[int, by
 
 
 def test_parser_init_and_copy_errors(f: DrmFile, mem: Mem, runner: Runner) -> None:
-    """No chunks EINVAL; an unknown context EINVAL; a bad chunk array EFAULT; without an
-    engine edge (no runner) an SDMA IB has no scheduler: EINVAL."""
+    """No chunks EINVAL; an unknown context EINVAL; a bad chunk array EFAULT; 50 IBs for one
+    SDMA ring EINVAL (49 pass); without an engine edge (no runner) an SDMA IB has no
+    scheduler: EINVAL."""
     ctx = ctx_alloc(f)
     assert cs(f, mem, ctx).result == -errno.EINVAL
     assert cs(f, mem, ctx + 5, ib_chunk(IBS, 16)).result == -errno.EINVAL
     bad = st.CS_IN.encode(st.AmdgpuCsIn(ctx, 0, 1, 0, 0x10))
     assert ioctl(f, tbl.AMDGPU_CS, bad).result == -errno.EFAULT
+    one = ib_chunk(*runner.ib(fence(DST, 1)))
+    assert cs(f, mem, ctx, *[one] * 50).result == -errno.EINVAL  # amdgpu_ring_max_ibs: 49
+    assert seq(cs(f, mem, ctx, *[one] * 49)) == 1
     driver(f).cs.runner = None
-    assert cs(f, mem, ctx, ib_chunk(*runner.ib(fence(DST, 1)))).result == -errno.EINVAL
+    assert cs(f, mem, ctx, one).result == -errno.EINVAL
 
 
 def test_bo_lists_of_a_submission(f: DrmFile, mem: Mem, runner: Runner) -> None:

@@ -203,6 +203,7 @@ AMDGPU_HW_IP_NUM = 10
 AMDGPU_CTX_NUM_ENTITIES = (1, 4, 2, 1, 1, 1, 1, 1, 1, 1)
 AMDGPU_SCHED_JOBS = 32  # amdgpu.sched_jobs: fences kept per entity; older ones are signaled
 AMDGPU_CS_GANG_SIZE = 4
+AMDGPU_RING_MAX_IBS = 49  # amdgpu_ring_max_ibs for an SDMA ring (the default case)
 _PAGE = 4096
 
 
@@ -262,6 +263,7 @@ class _Job:
     bo_list: BoList | None = None
     user_fence: tuple[AmdgpuBo, int] | None = None
     post: list[tuple[DrmSyncobj, int]] | None = None  # SYNCOBJ_OUT / TIMELINE_SIGNAL
+    leader: tuple[int, int] = (HW_IP_DMA, 0)
 
 
 class CommandSubmission:
@@ -308,21 +310,21 @@ class CommandSubmission:
     # -- CS ----------------------------------------------------------------------------------
     @tbl.handles(tbl.AMDGPU_CS)
     async def cs_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
-        """amdgpu_cs_ioctl. parser_init: no chunks EINVAL (1), an unknown context EINVAL (2),
-        a guilty one ECANCELED (3). Pass 1 (amdgpu_cs_pass1): the chunk pointer array and
-        each chunk's header and data copied in (EFAULT; over INT_MAX bytes ENOMEM) (4); an IB
+        """amdgpu_cs_ioctl. parser_init: no chunks EINVAL (1), an unknown context EINVAL (2), a
+        guilty one ECANCELED (3). Pass 1 (amdgpu_cs_pass1): the chunk pointer array and each
+        chunk's header and data copied in (EFAULT; over INT_MAX bytes ENOMEM) (4); an IB
         chunk shorter than its struct EINVAL, its IP/instance/ring checked
-        (amdgpu_ctx_get_entity) and a ring with no scheduler here EINVAL, at most 4
-        entities in the gang (5); a FENCE chunk's BO (EINVAL: none, not one page, offset
-        past it, userptr) (6); one BO_HANDLES chunk (a second EINVAL) made into a list as
-        BO_LIST CREATE makes one (7); the dependency and syncobj chunk ids accepted, any
-        other EINVAL (8); no IB EINVAL (9). Pass 2: each dependency's context (EINVAL),
-        entity and sequence (not yet submitted: EINVAL) (10); each SYNCOBJ_IN and
+        (amdgpu_ctx_get_entity) and a ring with no scheduler here EINVAL, at most 4 entities
+        in the gang and 49 IBs per SDMA entity (5); a FENCE chunk's BO (EINVAL: none, not
+        one page, offset past it, userptr) (6); one BO_HANDLES chunk (a second EINVAL) made
+        into a list as BO_LIST CREATE makes one (7); the dependency and syncobj chunk ids
+        accepted, any other EINVAL (8); no IB EINVAL (9). Pass 2: each dependency's context
+        (EINVAL), entity and sequence (not yet submitted: EINVAL) (10); each SYNCOBJ_IN and
         TIMELINE_WAIT syncobj (ENOENT) and its fence (none: EINVAL) (11); one SYNCOBJ_OUT or
         TIMELINE_SIGNAL set (a second EINVAL), each syncobj EINVAL when unknown (12). The
         bo_list_handle: with a BO_HANDLES chunk too EINVAL, unknown ENOENT (13). Then the
-        IBs run (14), the leader entity's fence takes the next sequence number, written
-        to out.handle, and the user fence and the syncobjs get it (15)."""
+        IBs run (14), the leader entity's fence takes the next sequence number, written to
+        out.handle, and the user fence and the syncobjs get it (15)."""
         args = st.CS_IN.decode(bytes(kdata[: st.CS_IN.size]))
         if args.num_chunks == 0:  # 1
             raise DrmError(errno.EINVAL, "no chunks")
@@ -342,7 +344,7 @@ class CommandSubmission:
         finally:
             if job.bo_list is not None:
                 job.bo_list.release()
-        ip, ring = job.gang[-1]
+        ip, ring = job.leader
         seq = ctx.entity(ip, 0, ring).add_fence(error)  # 15
         if error:
             ctx.guilty = True
@@ -381,11 +383,14 @@ class CommandSubmission:
                     raise DrmError(errno.EINVAL, f"no scheduler runs IP {ib.ip_type} IBs "
                                                  f"here (only SDMA IBs run)")
                 key = (ib.ip_type, ib.ring)
-                if key not in job.gang:
+                if key not in job.gang:  # amdgpu_cs_job_idx
                     if len(job.gang) == AMDGPU_CS_GANG_SIZE:
                         raise DrmError(errno.EINVAL, "more than 4 entities in the gang")
                     job.gang.append(key)
+                if sum((i.ip_type, i.ring) == key for i in job.ibs) >= AMDGPU_RING_MAX_IBS:
+                    raise DrmError(errno.EINVAL, f"more than {AMDGPU_RING_MAX_IBS} IBs")
                 job.ibs.append(ib)
+                job.leader = key  # the gang leader: the entity of the last IB chunk
             elif cid == c.CHUNK_ID_FENCE:  # 6
                 if len(data) < st.CS_CHUNK_FENCE.size:
                     raise DrmError(errno.EINVAL, "FENCE chunk too short")
