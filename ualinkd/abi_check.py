@@ -146,6 +146,10 @@ def _unions() -> list[Aggregate]:
             Field("status", 0, 4, False), Field("first_signaled", 4, 4, False))),
         Aggregate("union drm_amdgpu_wait_fences", st.WAIT_FENCES_SIZE, (
             Field("in", 0, st.WAIT_FENCES_IN.size), Field("out", 0, st.WAIT_FENCES_OUT.size))),
+        Aggregate("union drm_amdgpu_fence_to_handle", st.FENCE_TO_HANDLE_SIZE, (
+            Field("in", 0, st.FENCE_TO_HANDLE_SIZE), Field("in.fence", 0, st.AMDGPU_FENCE.size),
+            Field("in.what", 24, 4, False), Field("in.pad", 28, 4, False), Field("out", 0, 4),
+            Field("out.handle", 0, 4, False))),
         Aggregate("union drm_amdgpu_vm", st.VM_SIZE, (
             Field("in", 0, st.VM_IN.size), Field("out", 0, st.VM_SIZE))),
         Aggregate("struct drm_amdgpu_gem_metadata", st.GEM_METADATA_SIZE, tuple(meta_fields)),
@@ -202,6 +206,7 @@ _IOCTL_ARGS = {
     "AMDGPU_VM": "drm_amdgpu_vm", "AMDGPU_UALINK_HANDLE": "drm_amdgpu_ualink_handle",
     "AMDGPU_BO_LIST": "drm_amdgpu_bo_list", "AMDGPU_CS": "drm_amdgpu_cs",
     "AMDGPU_WAIT_CS": "drm_amdgpu_wait_cs", "AMDGPU_WAIT_FENCES": "drm_amdgpu_wait_fences",
+    "AMDGPU_FENCE_TO_HANDLE": "drm_amdgpu_fence_to_handle",
 }
 
 

@@ -486,6 +486,23 @@ union drm_amdgpu_wait_fences {
 #define DRM_IOCTL_AMDGPU_WAIT_FENCES \
 	DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_WAIT_FENCES, union drm_amdgpu_wait_fences)
 
+#define DRM_AMDGPU_FENCE_TO_HANDLE 0x14
+#define AMDGPU_FENCE_TO_HANDLE_GET_SYNCOBJ      0
+#define AMDGPU_FENCE_TO_HANDLE_GET_SYNCOBJ_FD   1
+#define AMDGPU_FENCE_TO_HANDLE_GET_SYNC_FILE_FD 2
+union drm_amdgpu_fence_to_handle {
+	struct {
+		struct drm_amdgpu_fence fence;
+		__u32 what;
+		__u32 pad;
+	} in;
+	struct {
+		__u32 handle;
+	} out;
+};
+#define DRM_IOCTL_AMDGPU_FENCE_TO_HANDLE \
+	DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_FENCE_TO_HANDLE, union drm_amdgpu_fence_to_handle)
+
 /* AMDGPU_INFO: the answer goes to return_pointer, at most return_size bytes. */
 #define DRM_AMDGPU_INFO 0x05
 #define AMDGPU_INFO_ACCEL_WORKING     0x00

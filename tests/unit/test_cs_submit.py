@@ -290,3 +290,28 @@ def test_a_faulting_ib_makes_its_context_guilty(f: DrmFile, mem: Mem, runner: Ru
     assert ctx_op(f, c.CTX_OP_FREE_CTX, ctx).result == 0
     again = ctx_alloc(f)
     assert again == ctx and seq(cs(f, mem, again, ok)) == 1
+
+
+def test_fence_to_handle(f: DrmFile, mem: Mem, runner: Runner) -> None:
+    """amdgpu_cs_fence_to_handle_ioctl: a submitted fence as a new syncobj (its handle, a
+    signaled fence in it), as a syncobj file or a sync file (a dma-buf token each); a
+    sequence not yet given, an unknown context or an unknown `what` EINVAL; only out.handle
+    (4 bytes) is written."""
+    ctx = ctx_alloc(f)
+    seq(cs(f, mem, ctx, ib_chunk(*runner.ib(fence(DST, 1)))))
+
+    def to_handle(what: int, s: int = 1, ctx_id: int = ctx) -> IoctlResult:
+        data = st.AMDGPU_FENCE.encode(st.AmdgpuFence(ctx_id, HW_IP_DMA, 0, 0, s))
+        return ioctl(f, tbl.AMDGPU_FENCE_TO_HANDLE,
+                     data + st.FENCE_TO_HANDLE_WHAT.pack(what, 0))
+
+    r = to_handle(c.FENCE_TO_HANDLE_GET_SYNCOBJ)
+    assert r.result == 0 and r.out[4:24] == r.kdata[4:24]
+    obj = f.syncobjs.find(int.from_bytes(r.out[:4], "little"))
+    assert obj is not None and obj.fence is not None
+    tokens = [int.from_bytes(to_handle(w).out[:4], "little")
+              for w in (c.FENCE_TO_HANDLE_GET_SYNCOBJ_FD, c.FENCE_TO_HANDLE_GET_SYNC_FILE_FD)]
+    assert all(t > 0 for t in tokens) and tokens[0] != tokens[1]
+    assert to_handle(3).result == -errno.EINVAL
+    assert to_handle(c.FENCE_TO_HANDLE_GET_SYNCOBJ, s=2).result == -errno.EINVAL
+    assert to_handle(c.FENCE_TO_HANDLE_GET_SYNCOBJ, ctx_id=ctx + 1).result == -errno.EINVAL

@@ -222,10 +222,10 @@ def test_unknown_nr_record(traced):
 
 
 def test_entry_without_decoder_shows_raw_bytes(traced):
-    """A table entry ualinkd does not emulate (AMDGPU_FENCE_TO_HANDLE: ENOTTY) prints its
-    bytes in hex."""
-    rec = traced(tbl.AMDGPU_IOCTLS[0x54].cmd, bytes(range(32)))
-    assert rec.text().endswith("DRM_IOCTL_AMDGPU_FENCE_TO_HANDLE({" + bytes(range(32)).hex()
+    """A table entry ualinkd does not emulate (AMDGPU_USERQ: ENOTTY) prints its bytes in
+    hex."""
+    rec = traced(tbl.AMDGPU_IOCTLS[0x56].cmd, bytes(range(64)))
+    assert rec.text().endswith("DRM_IOCTL_AMDGPU_USERQ({" + bytes(range(64)).hex()
                                + "}) = -1 ENOTTY (Inappropriate ioctl for device) <0.000125>")
 
 

@@ -416,6 +416,23 @@ AMDGPU_WAIT_FENCES = _drv_entry(
                                              strict=True)),
                        {"status": 0, "first_signaled": 4}),
     hints={"fences": HEX})
+
+
+def _fence_to_handle_in(data: bytes) -> Fields:
+    data = data[: st.FENCE_TO_HANDLE_SIZE].ljust(st.FENCE_TO_HANDLE_SIZE, b"\0")
+    out: Fields = dataclasses.asdict(st.AMDGPU_FENCE.decode(data[: st.AMDGPU_FENCE.size]))
+    out["what"], out["pad"] = st.FENCE_TO_HANDLE_WHAT.unpack(data[st.AMDGPU_FENCE.size:])
+    return out
+
+
+AMDGPU_FENCE_TO_HANDLE = _drv_entry(
+    0x14, "FENCE_TO_HANDLE", st.FENCE_TO_HANDLE_SIZE,
+    decode_in=Decoder(_fence_to_handle_in, {"ctx_id": 0, "ip_type": 4, "ip_instance": 8,
+                                            "ring": 12, "seq_no": 16, "what": 24, "pad": 28}),
+    decode_out=Decoder(lambda d, i: {"handle": int.from_bytes(d[:4].ljust(4, b"\0"),
+                                                              "little")}, {"handle": 0}),
+    hints={"what": enum_of({v: f"AMDGPU_FENCE_TO_HANDLE_{n}"
+                            for v, n in c.FENCE_TO_HANDLE_WHATS.items()})})
 AMDGPU_INFO = _drv_entry(0x05, "INFO", st.INFO, IOC_WRITE,
                          hints={"return_pointer": HEX, "query": enum_of(c.INFO_QUERIES)})
 AMDGPU_GEM_METADATA = _drv_entry(0x06, "GEM_METADATA", st.GEM_METADATA_SIZE,
@@ -548,7 +565,7 @@ AMDGPU_IOCTLS: dict[int, IoctlSpec] = {
         AMDGPU_GEM_USERPTR,
         AMDGPU_WAIT_FENCES,
         AMDGPU_VM,
-        _drv_entry(0x14, "FENCE_TO_HANDLE", 32),
+        AMDGPU_FENCE_TO_HANDLE,
         # DRM_MASTER only (amdgpu_ioctls_kms): a render client gets EACCES at drm_ioctl_permit
         _drv_entry(0x15, "SCHED", 16, IOC_WRITE, flags=DRM_MASTER),
         _drv_entry(0x16, "USERQ", 64),

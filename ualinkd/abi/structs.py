@@ -664,6 +664,8 @@ AMDGPU_FENCE = Layout.of_record("drm_amdgpu_fence", AmdgpuFence)
 WAIT_FENCES_IN = Layout.of_record("drm_amdgpu_wait_fences_in", AmdgpuWaitFencesIn)
 WAIT_FENCES_SIZE = 24  # union drm_amdgpu_wait_fences
 WAIT_FENCES_OUT = struct.Struct("<II")  # out: status, first_signaled
+FENCE_TO_HANDLE_SIZE = 32  # union drm_amdgpu_fence_to_handle: in {fence, what, pad}
+FENCE_TO_HANDLE_WHAT = struct.Struct("<II")  # in.what, in.pad after the 24-byte fence
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from ..abi import ioctls as tbl
 from ..abi import structs as st
 from ..drm.errors import DrmError
 from ..drm.idr import HandleIdr
-from ..drm.syncobj import STUB, DrmSyncobj
+from ..drm.syncobj import STUB, DrmSyncobj, SyncFile, SyncobjFile
 from .bo import AmdgpuBo
 from .engine import EngineRun, RunEnd
 from .profile import HW_IP_DMA
@@ -473,6 +473,33 @@ class CommandSubmission:
                             ib.va_start, end.offset, end.error)
                 return -errno.ETIME
         return 0
+
+    # -- FENCE_TO_HANDLE ----------------------------------------------------------------------
+    @tbl.handles(tbl.AMDGPU_FENCE_TO_HANDLE)
+    def fence_to_handle_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
+        """amdgpu_cs_fence_to_handle_ioctl: the fence looked up as WAIT_FENCES does (an
+        unknown context, entity or a sequence not yet given EINVAL; a forgotten one is the
+        stub fence) (1); then, by in.what, a new syncobj holding it, its handle (2), or a
+        syncobj file (3) or sync file (4) of it, whose fd is a dma-buf token here (the
+        dma-buf tokens of the README); any other `what` EINVAL (5). out.handle is the first
+        4 bytes; the rest is copied back as sent. (Every fence here is signaled; a failed
+        job's -ETIME does not travel into the syncobj.)"""
+        fence = st.AMDGPU_FENCE.decode(bytes(kdata[: st.AMDGPU_FENCE.size]))
+        what, _pad = st.FENCE_TO_HANDLE_WHAT.unpack_from(kdata, st.AMDGPU_FENCE.size)
+        self._ctx(file, fence.ctx_id).entity(
+            fence.ip_type, fence.ip_instance, fence.ring).fence(fence.seq_no)  # 1
+        if what == c.FENCE_TO_HANDLE_GET_SYNCOBJ:  # 2
+            handle = file.syncobjs.create(signaled=True)
+        elif what == c.FENCE_TO_HANDLE_GET_SYNCOBJ_FD:  # 3
+            obj = DrmSyncobj(self.device.syncobj_changed, STUB)
+            shared = SyncobjFile(obj)
+            obj.put()  # the file holds its own reference
+            handle = self.device.tokens.install(shared, file, caller.uid)
+        elif what == c.FENCE_TO_HANDLE_GET_SYNC_FILE_FD:  # 4
+            handle = self.device.tokens.install(SyncFile(STUB), file, caller.uid)
+        else:  # 5
+            raise DrmError(errno.EINVAL, f"FENCE_TO_HANDLE what {what}")
+        kdata[0:4] = handle.to_bytes(4, "little")
 
     # -- WAIT_CS / WAIT_FENCES -----------------------------------------------------------------
     @tbl.handles(tbl.AMDGPU_WAIT_CS)
