@@ -265,6 +265,7 @@ def test_user_fence_gets_the_sequence(f: DrmFile, mem: Mem, runner: Runner) -> N
     assert seq(cs(f, mem, ctx, uf(h, 16), ib)) == 2
     bo = f.lookup(h)
     assert bo is not None and bo.memory.read(16, 8) == struct.pack("<Q", 2)  # type: ignore[attr-defined]
+    assert bo.refcount == 1  # the job's reference went with it
     assert cs(f, mem, ctx, uf(big, 0), ib).result == -errno.EINVAL
     assert cs(f, mem, ctx, uf(h, 4092), ib).result == -errno.EINVAL
     assert cs(f, mem, ctx, uf(999, 0), ib).result == -errno.EINVAL

@@ -341,22 +341,24 @@ class CommandSubmission:
                 if self.bo_lists.get(file, args.bo_list_handle) is None:
                     raise DrmError(errno.ENOENT, f"no BO list {args.bo_list_handle}")
             error = await self._run(file, args.ctx_id, job)  # 14
-        finally:
+            ip, ring = job.leader
+            seq = ctx.entity(ip, 0, ring).add_fence(error)  # 15
+            if error:
+                ctx.guilty = True
+            self.submissions += 1
+            if job.user_fence is not None:
+                bo, offset = job.user_fence
+                bo.memory.write(offset, struct.pack("<Q", seq))
+            for obj, point in job.post or ():
+                if point:
+                    obj.add_point(point)
+                else:
+                    obj.replace_fence(STUB)
+        finally:  # the job's references: its BO list's and the user fence BO's
             if job.bo_list is not None:
                 job.bo_list.release()
-        ip, ring = job.leader
-        seq = ctx.entity(ip, 0, ring).add_fence(error)  # 15
-        if error:
-            ctx.guilty = True
-        self.submissions += 1
-        if job.user_fence is not None:
-            bo, offset = job.user_fence
-            bo.memory.write(offset, struct.pack("<Q", seq))
-        for obj, point in job.post or ():
-            if point:
-                obj.add_point(point)
-            else:
-                obj.replace_fence(STUB)
+            if job.user_fence is not None:
+                job.user_fence[0].put()
         kdata[: st.CS_SIZE] = bytes(st.CS_SIZE)
         kdata[: st.CS_OUT.size] = st.CS_OUT.pack(seq)
 
@@ -394,8 +396,11 @@ class CommandSubmission:
             elif cid == c.CHUNK_ID_FENCE:  # 6
                 if len(data) < st.CS_CHUNK_FENCE.size:
                     raise DrmError(errno.EINVAL, "FENCE chunk too short")
-                job.user_fence = self._user_fence(
+                uf = self._user_fence(
                     file, st.CS_CHUNK_FENCE.decode(data[: st.CS_CHUNK_FENCE.size]))
+                if job.user_fence is not None:  # a later FENCE chunk replaces it
+                    job.user_fence[0].put()
+                job.user_fence = uf
             elif cid == c.CHUNK_ID_BO_HANDLES:  # 7
                 if len(data) < st.BO_LIST_IN.size or job.bo_list is not None:
                     raise DrmError(errno.EINVAL, "BO_HANDLES chunk too short or a second one")
@@ -411,12 +416,13 @@ class CommandSubmission:
 
     def _user_fence(self, file: DrmFile, f: st.AmdgpuCsChunkFence) -> tuple[AmdgpuBo, int]:
         """amdgpu_cs_p1_user_fence: the BO exists, is one page, the 8 bytes fit, not
-        userptr (each EINVAL)."""
+        userptr (each EINVAL); the job takes a reference on it."""
         obj = file.lookup(f.handle)
         if not isinstance(obj, AmdgpuBo):
             raise DrmError(errno.EINVAL, f"no GEM handle {f.handle} for the user fence")
         if obj.size != _PAGE or f.offset > obj.size - 8 or obj.userptr is not None:
             raise DrmError(errno.EINVAL, "bad user fence BO or offset")
+        obj.get()  # amdgpu_bo_ref: the job holds it (its handle may be closed meanwhile)
         return obj, f.offset
 
     def _pass2(self, file: DrmFile, chunks: list[tuple[int, bytes]], job: _Job) -> None:
