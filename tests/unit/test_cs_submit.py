@@ -9,6 +9,8 @@ import errno
 import struct
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 from sdma_fakes import FakeVm, copy_linear, drive, fence, words
 from test_cs_bo_list import Mem
 from ualink_testkit import CALLER, gem_create, open_file, pod_config, run
@@ -316,3 +318,24 @@ def test_fence_to_handle(f: DrmFile, mem: Mem, runner: Runner) -> None:
     assert to_handle(3).result == -errno.EINVAL
     assert to_handle(c.FENCE_TO_HANDLE_GET_SYNCOBJ, s=2).result == -errno.EINVAL
     assert to_handle(c.FENCE_TO_HANDLE_GET_SYNCOBJ, ctx_id=ctx + 1).result == -errno.EINVAL
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chunks=hs.lists(hs.tuples(hs.sampled_from([*c.CHUNK_IDS, 0, 0x42]),
+                                 hs.binary(max_size=64)), min_size=1, max_size=5),
+       bo_list=hs.integers(0, 3), ctx_delta=hs.integers(0, 1))
+def test_random_chunks_answer_an_errno_or_a_sequence(f: DrmFile, mem: Mem, runner: Runner,
+                                                      chunks: list[tuple[int, bytes]],
+                                                      bo_list: int, ctx_delta: int) -> None:
+    """Any chunk ids and bytes: CS answers 0 with a sequence or one of the kernel's errnos,
+    never another exception, and holds no BO reference afterwards."""
+    ctx = ctx_alloc(f) + ctx_delta
+    a = gem_create(f, 4096, c.DOMAIN_GTT)
+    bo = f.lookup(a)
+    assert bo is not None
+    r = cs(f, mem, ctx, *[(cid, data[: len(data) // 4 * 4]) for cid, data in chunks],
+           bo_list=bo_list)
+    assert r.result in (0, -errno.EINVAL, -errno.ENOENT, -errno.EFAULT, -errno.ENOMEM,
+                        -errno.ECANCELED)
+    assert bo.refcount == 1
