@@ -10,6 +10,14 @@ floor is a C program doing the same physical work:
 | first import: ioctl + dma-buf open + FD→hdl  | 3 echo ioctls + 1 TCP round trip ¹  | ≤ 4×   |
 | 4 KiB remote GPU load                        | 1 echo ioctl + 1 TCP round trip     | ≤ 3×   |
 | 1 MiB remote GPU load, as throughput         | TCP loopback stream (tcp_floor.c)   | ≥ 0.5  |
+| SDMA copy 64 MiB host→VRAM, VRAM→host ⁴      | C memcpy of 64 MiB, same process    | ≥ 0.5  |
+| SDMA copy 16 MiB remote→host ⁴               | TCP loopback stream (tcp_floor.c)   | ≥ 0.5  |
+| empty SDMA submission, doorbell→fence ⁴      | TCP round trip                      | printed|
+
+⁴ The GPU engine (issue 30): benchmarks/sdma_bench.c, an unmodified libhsakmt 5.2.3 client
+through the shim on node 1 (an SDMA queue, BlitSdmaV4's packets, the CPU spinning on the
+fence); the remote copy reads a 16 MiB VRAM BO node 0 exported (tests/c/fabric_sdma.c
+export). Its own table, after the main one, with the same placements and repetitions.
 
 ¹ In the first import's own pattern (tcp_floor.c import): each sample after the same 2 ms
 idle gap as each first import (IMPORT_SETTLE_NS), the four round trips timed as one. On this
@@ -123,6 +131,11 @@ class Counts:
         self.stream_reps = 2 if quick else 3
         self.breakdown = max(5, base // 50)
         self.idle_ioctls = max(20, base // 40)  # each after the first import's 2 ms gap
+        # the GPU engine's rows (sdma_bench): copies per repetition, empty submissions
+        self.sdma_local_bytes = 64 * MiB
+        self.sdma_remote_bytes = 16 * MiB
+        self.sdma_copies = 2 if quick else 3
+        self.sdma_fences = 50 if quick else 200
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -638,6 +651,121 @@ def table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+# -- the GPU engine (SDMA) against its floors -----------------------------------------------
+
+ENGINE_GOALS = {  # name: (what, goal as a ratio >=)
+    "sdma_h2d": ("SDMA 64 MiB host→VRAM / C memcpy", 0.5),
+    "sdma_d2h": ("SDMA 64 MiB VRAM→host / C memcpy", 0.5),
+    "sdma_remote": ("SDMA 16 MiB remote→host / C TCP stream", 0.5),
+}
+
+
+def shimmed_env(node: Node) -> dict[str, str]:
+    """An unmodified libhsakmt client's environment: the shim, the node's dri directory."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
+    env.update(LD_PRELOAD=str(LIB_BUILD / "libualink_shim.so"),
+               UALINK_DRI_DIR=str(node.mount / "dri"))
+    return env
+
+
+def run_shimmed(node: Node, args: list[str], cpus: set[int] | None) -> dict[str, float]:
+    prefix = ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
+    r = subprocess.run([*prefix, str(BUILD / "sdma_bench"), *args], env=shimmed_env(node),
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"sdma_bench {' '.join(args)}: exit {r.returncode}\n{r.stderr}")
+    return fields(r.stdout)
+
+
+@contextlib.contextmanager
+def exported_bo(a: Node, size: int) -> Iterator[tuple[str, str]]:
+    """A VRAM BO of `size` exported on node `a` (fabric_sdma export), held while in use."""
+    proc = subprocess.Popen([str(LIB_BUILD / "fabric_sdma"), "export", str(size)],
+                            env=shimmed_env(a), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        kv = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if "lo" not in kv:
+            raise RuntimeError(f"fabric_sdma export: {line!r}")
+        yield kv["lo"], kv["hi"]
+    finally:
+        proc.communicate("", timeout=60)
+
+
+def engine_runs(reps: int, c: Counts, cpus: set[int] | None, a: Node, b: Node,
+                handle: tuple[str, str]) -> list[dict[str, Any]]:
+    """Per repetition: the SDMA figures on node b and their floors, interleaved."""
+    for pid in (a.proc.pid, b.proc.pid):
+        pin(pid, cpus or ALLOWED)
+    runs = []
+    for _ in range(reps):
+        local = run_shimmed(b, ["local", str(c.sdma_local_bytes), str(c.sdma_copies)], cpus)
+        stream = fields(run_c(BUILD / "tcp_floor", ["stream", str(c.stream_bytes),
+                                                     str(c.stream_reps)], cpus))
+        remote = run_shimmed(b, ["remote", *handle, str(c.sdma_remote_bytes),
+                                 str(c.sdma_copies)], cpus)
+        fence = run_shimmed(b, ["fence", str(c.sdma_fences)], cpus)
+        rtt = fields(run_c(BUILD / "tcp_floor", ["rtt", str(c.rtts)], cpus))
+        remote_bps = c.sdma_remote_bytes * 1e9 / remote["remote_ns"]
+        runs.append({
+            "measured": {"local": local, "remote": remote, "fence": fence,
+                         "tcp_stream": stream, "tcp_rtt": rtt},
+            "ratios": {"sdma_h2d": local["memcpy_ns"] / local["h2d_ns"],
+                       "sdma_d2h": local["memcpy_ns"] / local["d2h_ns"],
+                       "sdma_remote": remote_bps / stream["median_bps"],
+                       "fence_over_rtt": fence["fence_ns"] / rtt["median_ns"]}})
+    return runs
+
+
+def engine_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    def pick(kind: str, key: str) -> dict[str, float]:
+        return summary([r["measured"][kind][key] for r in runs])
+
+    out: dict[str, Any] = {
+        "sdma_h2d_ns": pick("local", "h2d_ns"), "sdma_d2h_ns": pick("local", "d2h_ns"),
+        "memcpy_ns": pick("local", "memcpy_ns"), "sdma_remote_ns": pick("remote", "remote_ns"),
+        "tcp_stream_bps": pick("tcp_stream", "median_bps"),
+        "fence_ns": pick("fence", "fence_ns"), "tcp_rtt_ns": pick("tcp_rtt", "median_ns"),
+        "fence_over_rtt": summary([r["ratios"]["fence_over_rtt"] for r in runs]),
+        "ratios": {}}
+    for k, (what, goal) in ENGINE_GOALS.items():
+        s = summary([r["ratios"][k] for r in runs])
+        out["ratios"][k] = {**s, "what": what, "goal": f">= {goal}", "met": s["median"] >= goal}
+    return out
+
+
+def engine_table(result: dict[str, Any]) -> list[str]:
+    w = 46
+    lines = ["", "the GPU engine (SDMA, benchmarks/sdma_bench.c through the shim) against C "
+                 "floors ⁴"]
+    for name, e in result["engine"].items():
+        where = (f"pinned: client and daemons on CPU {result['cpu']}" if name == "pinned"
+                 else "left to the scheduler")
+        gib = 1 << 30
+        lines += ["", f"== {where} ==", f"{'':<{w}}{'ms, µs or GiB/s':>26}",
+                  f"{'  C memcpy 64 MiB (ms)':<{w}}{spread(e['memcpy_ns'], 1e6, '{:.2f}'):>26}",
+                  f"{'  SDMA 64 MiB host→VRAM (ms)':<{w}}"
+                  f"{spread(e['sdma_h2d_ns'], 1e6, '{:.2f}'):>26}",
+                  f"{'  SDMA 64 MiB VRAM→host (ms)':<{w}}"
+                  f"{spread(e['sdma_d2h_ns'], 1e6, '{:.2f}'):>26}",
+                  f"{'  C TCP stream (GiB/s)':<{w}}"
+                  f"{spread(e['tcp_stream_bps'], gib, '{:.2f}'):>26}",
+                  f"{'  SDMA 16 MiB remote→host (ms)':<{w}}"
+                  f"{spread(e['sdma_remote_ns'], 1e6, '{:.2f}'):>26}",
+                  f"{'  C TCP round trip (µs)':<{w}}{spread(e['tcp_rtt_ns'], 1e3):>26}",
+                  f"{'  empty submission doorbell→fence (µs)':<{w}}"
+                  f"{spread(e['fence_ns'], 1e3):>26}",
+                  f"{'ratios (per repetition)':<{w}}{'ratio':>26}{'goal':>9}{'  met':<6}"]
+        for r in e["ratios"].values():
+            lines.append(f"{'  ' + r['what']:<{w}}{spread(r, 1, '{:.2f}'):>26}"
+                         f"{r['goal']:>9}  {'yes' if r['met'] else 'NO'}")
+        lines.append(f"{'  doorbell→fence / C TCP round trip':<{w}}"
+                     f"{spread(e['fence_over_rtt'], 1, '{:.1f}'):>26}{'none':>9}")
+    return lines
+
+
 def machine() -> dict[str, Any]:
     return {"cpus": len(ALLOWED), "kernel": platform.release(),
             "loadavg": Path("/proc/loadavg").read_text().split()[:3],
@@ -660,6 +788,7 @@ def main(argv: list[str] | None = None) -> int:
                          "this process may use)")
     ap.add_argument("--json", type=Path, default=HERE / "results" / "latest.json")
     ap.add_argument("--no-breakdown", action="store_true")
+    ap.add_argument("--no-engine", action="store_true", help="skip the GPU engine's table")
     ap.add_argument("--extras", action="store_true", help="also the older pod/data tables")
     ap.add_argument("--cycle", action="store_true",
                     help="also the import cycle step by step, with and without idle gaps")
@@ -680,6 +809,13 @@ def main(argv: list[str] | None = None) -> int:
                 runs = placement_runs(reps, counts, cpus, echo, tmp / "echo" / "dev", a, b)
                 result["runs"][name] = runs
                 result["placements"][name] = summarize(runs)
+            if (BUILD / "sdma_bench").exists() and not args.no_engine:
+                result["engine_runs"], result["engine"] = {}, {}
+                with exported_bo(a, counts.sdma_remote_bytes) as handle:
+                    for name, cpus in (("pinned", {args.cpu}), ("scheduler", None)):
+                        runs = engine_runs(reps, counts, cpus, a, b, handle)
+                        result["engine_runs"][name] = runs
+                        result["engine"][name] = engine_summary(runs)
             if args.cycle:
                 result["cycle"] = cycle(a, b, counts, args.cpu)
             if args.extras:
@@ -693,6 +829,8 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     print("\n".join(table(result)))
+    if "engine" in result:
+        print("\n".join(engine_table(result)))
     if "cycle" in result:
         print("\n".join(cycle_table(result["cycle"])))
     print(f"\nload average before / after: {' '.join(result['machine_before']['loadavg'])} / "

@@ -14,7 +14,8 @@
  *      /dev/dri, /dev/dri/renderD<N>     → <mount>/dri, <mount>/dri/renderD<N>
  *      /dev/dri/card<N>                  → <mount>/dri/renderD<N+128>
  *      /dev/kfd                          → <mount>/kfd
- *      /sys/dev/char/226:*, /sys/class/drm[/…], /sys/devices/virtual/kfd[/…]
+ *      /sys/dev/char/226:*, /sys/class/drm[/…], /sys/devices/virtual/kfd[/…],
+ *      /sys/module/amdgpu[/…]
  *                                        → <mount>/sys/…
  *      /sys/bus/pci/devices/<bdf>[/…], /sys/devices/pci<…>/<bdf>[/…]
  *                                        → <mount>/sys/… when the node has <bdf>
@@ -34,9 +35,12 @@
  *    trades it for the real fd by opening <dmabuf dir>/<token>
  *    ($UALINK_DMABUF_DIR, else <mount>/dmabuf) and writes the fd where the
  *    kernel would have.  If that open fails the ioctl fails with its errno.
- *  - Everything else passes straight through.  Without UALINK_DRI_DIR the
- *    shim changes nothing; with one that is not a ualinkd mount it changes
- *    nothing either and says so once on stderr.
+ *  - Loaded modules.  /proc/modules, opened for reading, reads as the host's
+ *    with amdgpu's line added (rocminfo runs `lsmod | grep amdgpu` first),
+ *    and /sys/module/amdgpu[/…] → <mount>/sys/module/amdgpu[/…].
+ *  - Everything else passes straight through.  Without UALINK_DRI_DIR, or
+ *    with one that is not a ualinkd mount, the shim changes nothing and says
+ *    so once on stderr (in a process that looks at /dev or /sys at all).
  *
  * The real functions come from dlsym(RTLD_NEXT) on first use.  A thread that
  * re-enters a wrapper while it is inside dlsym (e.g. through a malloc
@@ -63,6 +67,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -237,13 +242,18 @@ static const char *not_a_mount(const char *dir)
 	return NULL;
 }
 
-/* Said once (config_init runs once), with write(2): stdio may not be ready. */
+/* Said once (config_init runs once), with write(2): stdio may not be ready.
+ * dir NULL: UALINK_DRI_DIR is not set (preloaded without it, the shim would
+ * otherwise be off without a word and the program fail on /dev/dri). */
 static void say_off(const char *dir, const char *why)
 {
 	char msg[PATH_MAX + 160];
-	int n = snprintf(msg, sizeof(msg),
-			 "libualink_shim: UALINK_DRI_DIR=%s is not a ualinkd mount (%s); "
-			 "the shim is off and /dev/dri is the system's\n", dir, why);
+	int n = dir ? snprintf(msg, sizeof(msg),
+			       "libualink_shim: UALINK_DRI_DIR=%s is not a ualinkd mount (%s); "
+			       "the shim is off and /dev/dri is the system's\n", dir, why)
+		    : snprintf(msg, sizeof(msg),
+			       "libualink_shim: UALINK_DRI_DIR is not set; the shim is off and "
+			       "/dev/dri is the system's (ualinkd run NODE -- PROG sets it)\n");
 
 	if (n > 0)
 		(void)!syscall(SYS_write, 2, msg,
@@ -260,8 +270,10 @@ static void config_init(void)
 	struct stat st;
 	char *slash;
 
-	if (!dri || !*dri)
+	if (!dri || !*dri) {
+		say_off(NULL, NULL);
 		return;
+	}
 	if (!canon || !canon(dri, dri_dir)) {
 		say_off(dri, strerror(errno));
 		return;
@@ -441,7 +453,8 @@ static const char *redirect_sys(const char *path, char *buf, size_t size)
 	if (!sys_dir[0])
 		return NULL;
 	if (strncmp(rest, "/dev/char/226:", 14) == 0 || under(rest, "/class/drm", NULL) ||
-	    under(rest, "/devices/virtual/kfd", NULL) || under(rest, "/class/kfd", NULL))
+	    under(rest, "/devices/virtual/kfd", NULL) || under(rest, "/class/kfd", NULL) ||
+	    under(rest, "/module/amdgpu", NULL))
 		return join(buf, size, sys_dir, rest);
 	if (strncmp(rest, "/bus/pci/devices/", 17) == 0)
 		return sys_pci(rest, rest + 17, buf, size);
@@ -520,6 +533,120 @@ static int track_open(int fd, const struct target *t)
 	return fd;
 }
 
+/* ---- /proc/modules: a host with amdgpu loaded ------------------------------------ */
+
+/* rocminfo's first check is `lsmod | grep amdgpu` (ROCk loaded?), and kmod's
+ * lsmod reads /proc/modules (libkmod kmod_module_new_from_loaded); lsmod is a
+ * child of the client, with LD_PRELOAD and UALINK_DRI_DIR inherited.  When the
+ * shim is on, /proc/modules reads as the host's with amdgpu's line added, as
+ * on a host where the driver is loaded: the line in the kernel's format
+ * (kernel/module/procfs.c m_show(): name, size, refcount, users, state,
+ * address; the address reads 0 to whoever lacks CAP_SYSLOG).  A host that
+ * lists amdgpu already, or an open for writing, is passed through. */
+#define PROC_MODULES "/proc/modules"
+
+/* One number from the node's sys/module/amdgpu/<attr> (sysfs.module_sysfs),
+ * or "0" when it has none. */
+static void module_attr(const char *attr, char *out, size_t size)
+{
+	char path[PATH_MAX];
+	ssize_t n = -1;
+	int fd;
+
+	if (snprintf(path, sizeof(path), "%s/module/amdgpu/%s", sys_dir[0] ? sys_dir : "/sys",
+		     attr) < (int)sizeof(path) &&
+	    (fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC)) >= 0) {
+		n = syscall(SYS_read, fd, out, size - 1);
+		syscall(SYS_close, fd);
+	}
+	if (n <= 0)
+		n = snprintf(out, size, "0");
+	out[n] = '\0';
+	out[strspn(out, "0123456789")] = '\0';
+	if (!out[0])
+		snprintf(out, size, "0");
+}
+
+static bool write_all(int fd, const char *buf, size_t n)
+{
+	while (n) {
+		ssize_t w = syscall(SYS_write, fd, buf, n);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return false;
+		buf += w;
+		n -= (size_t)w;
+	}
+	return true;
+}
+
+/* A read-only fd that reads as /proc/modules with amdgpu in it (errno set and
+ * -1 when it cannot be made), or -2: pass the open through (not ours to
+ * answer, or the host lists amdgpu itself). */
+static int modules_fd(const char *path, int flags)
+{
+	static const char name[] = "amdgpu ";
+	char buf[4096], self[64], line[128], size[24], refcnt[24];
+	size_t at_line = 0;	/* chars of `name` matched at the current line's start */
+	bool start = true, host_has = false;
+	int host, mem, ro, saved;
+	ssize_t n, i;
+
+	if (!path || strcmp(path, PROC_MODULES) != 0 || (flags & O_ACCMODE) != O_RDONLY ||
+	    (flags & (O_DIRECTORY | O_CREAT | O_TRUNC)) || !shim_active())
+		return -2;
+	mem = (int)syscall(SYS_memfd_create, "modules", MFD_CLOEXEC);
+	if (mem < 0)
+		return -1;
+	host = (int)syscall(SYS_openat, AT_FDCWD, PROC_MODULES, O_RDONLY | O_CLOEXEC);
+	while (host >= 0 && (n = syscall(SYS_read, host, buf, sizeof(buf))) != 0) {
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		for (i = 0; i < n && !host_has; i++) {
+			if (start && buf[i] == name[at_line]) {
+				if (++at_line == sizeof(name) - 1)
+					host_has = true;
+			} else {
+				start = buf[i] == '\n';
+				at_line = 0;
+			}
+		}
+		if (host_has || !write_all(mem, buf, (size_t)n))
+			break;
+	}
+	if (host >= 0)
+		syscall(SYS_close, host);
+	if (!host_has) {
+		module_attr("coresize", size, sizeof(size));
+		module_attr("refcnt", refcnt, sizeof(refcnt));
+		n = snprintf(line, sizeof(line), "amdgpu %s %s - Live 0x0000000000000000\n",
+			     size, refcnt);
+	}
+	if (host_has || !write_all(mem, line, (size_t)n)) {
+		saved = errno;
+		syscall(SYS_close, mem);
+		errno = saved;
+		return host_has ? -2 : -1;
+	}
+	/* Read-only as the real file: the memfd opened again through /proc, with
+	 * the caller's flags (O_CLOEXEC, O_NONBLOCK). */
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", mem);
+	ro = (int)syscall(SYS_openat, AT_FDCWD, self, flags & ~(O_NOFOLLOW | O_NOCTTY));
+	if (ro < 0) {	/* no /proc/self: the memfd itself, at offset 0 */
+		syscall(SYS_lseek, mem, 0, SEEK_SET);
+		if (!(flags & O_CLOEXEC))
+			syscall(SYS_fcntl, mem, F_SETFD, 0);
+		return mem;
+	}
+	syscall(SYS_close, mem);
+	return ro;
+}
+
 /* The mode argument is there only for O_CREAT and O_TMPFILE. */
 #define NEEDS_MODE(flags) \
 	(((flags) & O_CREAT) != 0 || ((flags) & O_TMPFILE) == O_TMPFILE)
@@ -529,9 +656,12 @@ static int do_openat(enum real_id id, int dirfd, const char *path, int flags,
 {
 	char buf[PATH_MAX];
 	struct target t;
-	const char *target = redirect(path, buf, sizeof(buf), &t);
-	int fd;
+	const char *target;
+	int fd = dirfd == AT_FDCWD || (path && path[0] == '/') ? modules_fd(path, flags) : -2;
 
+	if (fd != -2)
+		return fd;
+	target = redirect(path, buf, sizeof(buf), &t);
 	switch (id) {
 	case R_OPEN:
 	case R_OPEN64: {
@@ -644,6 +774,23 @@ static FILE *do_fopen(enum real_id id, const char *path, const char *mode, FILE 
 	if (!fn) {
 		errno = ENOSYS;
 		return NULL;
+	}
+	if (id != R_FREOPEN && id != R_FREOPEN64 && mode && mode[0] == 'r' &&
+	    !strchr(mode, '+')) {
+		int fd = modules_fd(path, O_RDONLY | (strchr(mode, 'e') ? O_CLOEXEC : 0));
+
+		if (fd == -1)
+			return NULL;
+		if (fd >= 0) {
+			f = fdopen(fd, mode);
+			if (!f) {
+				int saved = errno;
+
+				syscall(SYS_close, fd);
+				errno = saved;
+			}
+			return f;
+		}
 	}
 	if (id == R_FREOPEN || id == R_FREOPEN64)
 		f = ((freopen_fn)fn)(path ? target : NULL, mode, stream);

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Container entrypoint: one ualinkd node.
 #
-#   1. validate the pod config (and splice in the pod key from UALINK_KEY_FILE, if set),
+#   1. validate the pod config (and splice in the pod key from UALINK_KEY_FILE or UALINK_KEY,
+#      if set),
 #   2. create the mount point and clear a stale FUSE mount left there by a dead daemon,
 #   3. wait until this node's own fabric address resolves (headless-service DNS records
 #      appear a moment after the pod starts), then
@@ -16,6 +17,8 @@
 #   UALINK_CONFIG     the pod's TOML [/etc/ualinkd/pod.toml]
 #   UALINK_KEY_FILE   a file holding the pod key (hex); replaces [pod] key of the config
 #                     (or none: a config from `ualinkd node-config` holds this node's keys)
+#   UALINK_KEY        the pod key itself, where a secret comes as an environment variable
+#                     (podman kube play: no Secret volumes); not passed on to the daemon
 #   UALINK_MOUNT      the mount point [/run/ualinkd/node]
 #   UALINK_RUNDIR     where the effective config goes when a key is spliced in [/run/ualinkd]
 #   UALINK_DNS_WAIT   seconds to wait for our own address to resolve [60]
@@ -41,6 +44,9 @@ dry_run=${UALINK_DRY_RUN:-0}
 if [ -n "${UALINK_KEY_FILE:-}" ] && [ ! -r "$UALINK_KEY_FILE" ]; then
     die "UALINK_KEY_FILE=$UALINK_KEY_FILE cannot be read" 2
 fi
+if [ -n "${UALINK_KEY_FILE:-}" ] && [ -n "${UALINK_KEY:-}" ]; then
+    die "UALINK_KEY_FILE and UALINK_KEY are both set: give the pod key one way" 2
+fi
 
 # 1. Validate with ualinkd's own loader. Prints the config to run and our address's host.
 validated=$(
@@ -56,9 +62,12 @@ try:
     with open(path, "rb") as f:
         doc = tomllib.load(f)
     key_file = os.environ.get("UALINK_KEY_FILE")
+    key = os.environ.get("UALINK_KEY", "").strip()
     if key_file:
         with open(key_file) as f:
-            doc.setdefault("pod", {})["key"] = f.read().strip()
+            key = f.read().strip()
+    if key:
+        doc.setdefault("pod", {})["key"] = key
     cfg = PodConfig.from_dict(doc, path)
     node_keys(cfg, node)  # the pod key, or this node's own link keys (ualinkd node-config)
     host, _ = parse_address(cfg.node(node).address)
@@ -66,7 +75,7 @@ except tomllib.TOMLDecodeError as e:
     sys.exit(f"ualinkd-entrypoint: invalid pod config: {path}: not valid TOML: {e}")
 except (ConfigError, OSError) as e:
     sys.exit(f"ualinkd-entrypoint: invalid pod config: {e}")
-if key_file:  # the daemon reads one file: write the config with the key, readable by root only
+if key:  # the daemon reads one file: write the config with the key, readable by root only
     rundir = os.environ["UALINK_RUNDIR"]
     os.makedirs(rundir, exist_ok=True)
     path = os.path.join(rundir, "pod.toml")
@@ -77,6 +86,7 @@ print(os.path.abspath(path))
 print(host)
 EOF
 ) || exit 2
+unset UALINK_KEY  # in the config copy now; the daemon's environment need not hold it
 run_config=$(sed -n 1p <<<"$validated")
 host=$(sed -n 2p <<<"$validated")
 
@@ -102,14 +112,26 @@ if is_fuse_mount "$mount" && ! stat "$mount" >/dev/null 2>&1; then
 fi
 mkdir -p "$mount"
 
-# 3. Our own address must resolve before the daemon can listen on it.
+# 3. Our own address must resolve before the daemon can listen on it. Said when it does
+#    not at once (a StatefulSet's headless-Service record comes a moment after the pod
+#    starts; a name that never comes is a wrong address or Service), and every 10 s.
 if [[ ! $host =~ ^[0-9.]+$ && $host != *:* && $dry_run != 1 ]]; then  # a name, not an IP
     wait_s=${UALINK_DNS_WAIT:-60}
+    waited=0
     until getent hosts "$host" >/dev/null; do
-        [ "$wait_s" -gt 0 ] || die "our fabric address $host does not resolve"
+        if [ "$waited" -ge "$wait_s" ]; then
+            die "our fabric address $host does not resolve after ${wait_s}s (the pod \
+config's address for $node; in Kubernetes, the headless Service that names the pods; \
+UALINK_DNS_WAIT sets the wait)"
+        fi
+        if [ $((waited % 10)) = 0 ]; then
+            echo "$me: waiting for our fabric address $host to resolve" \
+                 "($((wait_s - waited))s left)" >&2
+        fi
         sleep 1
-        wait_s=$((wait_s - 1))
+        waited=$((waited + 1))
     done
+    [ "$waited" = 0 ] || echo "$me: $host resolves after ${waited}s" >&2
 fi
 
 # 4. The daemon.

@@ -1,21 +1,27 @@
 """A client's uAPI header against the ABI the emulator speaks (`ualinkd abi-check`).
 
 The emulator's side is what it decodes: every layout of `structs.py` (plus the unions and
-nested structs built from them) and every ioctl number of `ioctls.py` that has a handler.
-The client's side is what the system C compiler makes of the header: a generated C program
-prints `sizeof`/`offsetof` of each struct and field and the value of each `DRM_IOCTL_*`
-macro, so the compiler, not a parser of ours, decides every offset.
+nested structs built from them) and every ioctl number of `ioctls.py` that has a handler, for
+each of its two uAPIs (`Family`): the DRM's and amdgpu's (render nodes, amdgpu_drm.h and
+drm.h) and the KFD's (kfd_ioctl.h). The client's side is what the system C compiler makes of
+the header: a generated C file holds `sizeof`/`offsetof` of each struct and field and the
+value of each `DRM_IOCTL_*` / `AMDKFD_IOC_*` macro as the initializers of one array, so the
+compiler, not a parser of ours, decides every offset. The file is compiled, never run (the
+values are read from the object file's section, as autoconf's AC_COMPUTE_INT does when
+cross-compiling): a third-party header's constructor, or anything else it would do at run
+time, never runs, whoever checks it.
 
 A struct or field the header does not declare is "not declared", not a mismatch (libdrm's
 amdgpu_drm.h has no UALink ioctl). A struct that is an older, shorter version of the
 emulator's (every declared field in place, only trailing fields missing: libdrm 2.4.114's
-drm_amdgpu_info_device, its 40-byte drm_amdgpu_gem_va) is reported as an older prefix and
-passes: drm_ioctl() zero-extends a shorter argument and copies out only the caller's size
-(spec §2.1), and INFO answers are cut to the caller's return_size. Its ioctl number, which
-carries the shorter size, passes for the same reason.
+drm_amdgpu_info_device, its 40-byte drm_amdgpu_gem_va, Linux 6.1's 88-byte
+kfd_ioctl_create_queue_args) is reported as an older prefix and passes: drm_ioctl() and
+kfd_ioctl() zero-extend a shorter argument and copy out only the caller's size (spec §2.1),
+and INFO answers are cut to the caller's return_size. Its ioctl number, which carries the
+shorter size, passes for the same reason.
 
 This module runs the C compiler (subprocess), so it sits beside the sans-IO `abi/` layer it
-reads, not in it; tests/abi uses it against include/ualink/ualink_drm.h.
+reads, not in it; tests/abi uses it against include/ualink/ualink_drm.h and ualink_kfd.h.
 """
 
 from __future__ import annotations
@@ -210,11 +216,68 @@ _IOCTL_ARGS = {
 }
 
 
+def kfd_aggregates() -> list[Aggregate]:
+    """Every struct of the KFD's uAPI the emulated KFD decodes (kfd_ioctl.h's names)."""
+    lays = [v for v in vars(st).values() if isinstance(v, st.Layout | st.ArrayLayout)
+            and v.name.startswith("kfd_")]
+    out = [_layout(lay) for lay in lays]
+    # One Layout serves the structs kfd_ioctl.h declares twice over (same members).
+    for lay, twins in ((st.KFD_EVENT_ID, ("kfd_ioctl_destroy_event_args",
+                                          "kfd_ioctl_reset_event_args")),
+                       (st.KFD_MAP_MEMORY_TO_GPU, ("kfd_ioctl_unmap_memory_from_gpu_args",))):
+        agg = _layout(lay)
+        out += [Aggregate(f"struct {name}", agg.size, agg.fields) for name in twins]
+    # WAIT_EVENTS reads struct kfd_event_data[num_events] by hand: each entry's event_id.
+    out.append(Aggregate("struct kfd_event_data", st.KFD_EVENT_DATA_SIZE, (
+        Field("event_id", st.KFD_EVENT_DATA_EVENT_ID, 4, False),)))
+    return out
+
+
+def kfd_ioctls() -> dict[str, tbl.IoctlSpec]:
+    """Header macro name -> entry, for every KFD ioctl the emulator answers."""
+    import ualinkd.node  # noqa: F401  (every handler module registers its entries)
+
+    return {f"AMDKFD_IOC_{s.name.removeprefix('AMDKFD_')}": s
+            for s in tbl.KFD_IOCTLS.values() if s.emulated}
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One uAPI the emulator speaks, checked as a whole against a header."""
+
+    aggregates: Sequence[Aggregate]
+    ioctls: dict[str, tbl.IoctlSpec]  # header macro -> entry
+    prefix: str  # of its ioctl macros: DRM_IOCTL_, AMDKFD_IOC_
+    ioctl_type: int  # _IOC_TYPE of its numbers
+    args: dict[str, str]  # entry name -> its argument struct (for "older prefix" numbers)
+    dispatcher: str  # who zero-extends a shorter argument
+
+    def declared_by(self, abi: HeaderAbi) -> bool:
+        return (any(a.ctype in abi.sizes for a in self.aggregates)
+                or any(m in abi.ioctls or m in abi.invalid for m in self.ioctls))
+
+
+def drm_family(aggregates: Sequence[Aggregate] | None = None,
+               ioctls: dict[str, tbl.IoctlSpec] | None = None) -> Family:
+    return Family(emulator_aggregates() if aggregates is None else aggregates,
+                  emulator_ioctls() if ioctls is None else ioctls, "DRM_IOCTL_",
+                  DRM_IOCTL_BASE, _IOCTL_ARGS, "the DRM core")
+
+
+def kfd_family() -> Family:
+    ioctls = kfd_ioctls()
+    args = {s.name: f"kfd_ioctl_{s.name.removeprefix('AMDKFD_').lower()}_args"
+            for s in ioctls.values()}
+    args["AMDKFD_AVAILABLE_MEMORY"] = "kfd_ioctl_get_available_memory_args"
+    return Family(kfd_aggregates(), ioctls, "AMDKFD_IOC_", tbl.KFD_IOCTL_TYPE, args,
+                  "kfd_ioctl")
+
+
 # -- the client's side: what the C compiler makes of the header --------------------------------
 
 
 class CompileError(Exception):
-    """The header does not compile (or the probe program does not run)."""
+    """The header does not compile (or the compiler's object file cannot be read)."""
 
 
 _TIMEOUT = 120  # seconds for one compiler run (a wedged compiler fails instead of hanging)
@@ -238,7 +301,7 @@ class HeaderAbi:
     sizes: dict[str, int] = field(default_factory=dict)  # ctype -> sizeof
     fields: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     signed: dict[tuple[str, str], bool] = field(default_factory=dict)  # scalar fields
-    ioctls: dict[str, int] = field(default_factory=dict)  # every DRM_IOCTL_* macro's value
+    ioctls: dict[str, int] = field(default_factory=dict)  # every ioctl macro's value
     invalid: set[str] = field(default_factory=set)  # macros defined but not evaluable
 
 
@@ -257,45 +320,102 @@ def _includes(headers: Sequence[str]) -> str:
                    else f"#include <{h}>\n" for h in headers)
 
 
+# kfd_ioctl.h includes <drm/drm.h>, which Debian ships only as libdrm-dev's libdrm/drm.h: a
+# directory searched last (-idirafter, after the system's) whose drm/ is that one.
+LIBDRM_INCLUDE = Path("/usr/include/libdrm")
+
+
+def _last_resort_includes(tmp: Path) -> list[str]:
+    if not (LIBDRM_INCLUDE / "drm.h").is_file():
+        return []
+    (tmp / "last").mkdir()
+    (tmp / "last" / "drm").symlink_to(LIBDRM_INCLUDE)
+    return ["-idirafter", str(tmp / "last")]
+
+
+_MACROS = re.compile(r"^#define ((?:DRM_IOCTL|AMDKFD_IOC)_\w+) ", re.M)
+
+
 def _ioctl_macros(cc: list[str], headers: Sequence[str], cflags: Sequence[str]) -> list[str]:
-    """Every object-like DRM_IOCTL_* macro the headers define (cc -E -dM)."""
+    """Every object-like DRM_IOCTL_* and AMDKFD_IOC_* macro the headers define (cc -E -dM)."""
     r = _run([*cc, *cflags, "-E", "-dM", "-x", "c", "-"], _includes(headers))
     if r.returncode != 0:
         raise CompileError(f"the header does not compile:\n{r.stderr.strip()}")
-    names = re.findall(r"^#define (DRM_IOCTL_\w+) ", r.stdout, re.M)
-    return sorted(n for n in names if n not in ("DRM_IOCTL_BASE",))
+    return sorted(n for n in _MACROS.findall(r.stdout) if n not in ("DRM_IOCTL_BASE",))
+
+
+# The probe's values: one array of unsigned long long in a section of its own, its first
+# element a marker (it also tells the object's byte order is read right).
+_SECTION = "ualink_abi_probe"
+_MARK = 0x75616C696E6B4142
+
+
+def _elf_section(obj: bytes, name: str) -> tuple[bytes, str]:
+    """The contents of section `name` of the ELF relocatable `obj`, and its byte order
+    ("<" or ">") — from the ELF header and section headers alone (elf(5))."""
+    if obj[:4] != b"\x7fELF" or obj[4] not in (1, 2) or obj[5] not in (1, 2):
+        raise CompileError("the compiler did not write an ELF object file")
+    bits64, order = obj[4] == 2, "<" if obj[5] == 1 else ">"
+    try:
+        if bits64:
+            shoff, = struct.unpack_from(order + "Q", obj, 0x28)
+            shentsize, shnum, shstrndx = struct.unpack_from(order + "HHH", obj, 0x3A)
+            sh = order + "IIQQQQ"  # name, type, flags, addr, offset, size
+        else:
+            shoff, = struct.unpack_from(order + "I", obj, 0x20)
+            shentsize, shnum, shstrndx = struct.unpack_from(order + "HHH", obj, 0x2E)
+            sh = order + "IIIIII"
+        headers = [struct.unpack_from(sh, obj, shoff + i * shentsize) for i in range(shnum)]
+        strtab = headers[shstrndx]
+        names = obj[strtab[4]:strtab[4] + strtab[5]]
+        for h in headers:
+            if names[h[0]:names.index(b"\0", h[0])] == name.encode():
+                return obj[h[4]:h[4] + h[5]], order
+    except (struct.error, IndexError, ValueError):
+        raise CompileError("the compiler's object file is malformed") from None
+    raise CompileError(f"the compiler's object file has no {name} section")
 
 
 def probe(headers: Sequence[str], cflags: Sequence[str] = (),
           aggregates: Sequence[Aggregate] | None = None) -> HeaderAbi:
-    """Compile and run a program printing the layout of every emulator aggregate and the
-    value of every DRM_IOCTL_* macro as `headers` declare them. A line the compiler refuses
-    (an undeclared struct or member) is dropped and the program compiled again."""
+    """Compile (never run) a C file holding the layout of every emulator aggregate (both
+    uAPIs' by default) and the value of every DRM_IOCTL_* and AMDKFD_IOC_* macro as
+    `headers` declare them, and read the values back from the object file. A line the
+    compiler refuses (an undeclared struct or member) is dropped and the file compiled
+    again."""
     cc = compiler()
-    aggregates = emulator_aggregates() if aggregates is None else aggregates
-    macros = _ioctl_macros(cc, headers, cflags)
-    items: list[tuple[str, str]] = []  # (C statement, what it probes)
+    if aggregates is None:
+        aggregates = [*emulator_aggregates(), *kfd_aggregates()]
+    # (initializer line, what it probes, how many values it holds)
+    items: list[tuple[str, str, int]] = []
     for agg in aggregates:
         t = agg.ctype
-        items.append((f'printf("S|{t}|%zu\\n", sizeof({t}));', f"S|{t}"))
+        items.append((f"sizeof({t}),", f"S|{t}", 1))
         for f in agg.fields:
-            items.append((f'printf("F|{t}|{f.path}|%zu|%zu\\n", __builtin_offsetof({t}, '
-                          f"{f.path}), sizeof((({t} *)0)->{f.path}));", f"F|{t}|{f.path}"))
+            items.append((f"__builtin_offsetof({t}, {f.path}), sizeof((({t} *)0)->{f.path}),",
+                          f"F|{t}|{f.path}", 2))
             if f.signed is not None:  # its own line: a non-scalar member drops only it
-                items.append((f'printf("G|{t}|{f.path}|%d\\n", (int)((__typeof__((({t} *)0)'
-                              f"->{f.path}))-1 < 0));", f"G|{t}|{f.path}"))
-    for m in macros:
-        items.append((f'printf("I|{m}|%llu\\n", (unsigned long long)({m}));', f"I|{m}"))
-    dropped: set[str] = set()
+                items.append((f"(__typeof__((({t} *)0)->{f.path}))-1 < 0,", f"G|{t}|{f.path}",
+                              1))
     with tempfile.TemporaryDirectory(prefix="ualinkd-abi-check-") as tmp:
-        src, exe = Path(tmp) / "probe.c", Path(tmp) / "probe"
+        flags = [*cflags, *_last_resort_includes(Path(tmp))]
+        macros = _ioctl_macros(cc, headers, flags)
+        for m in macros:
+            items.append((f"(unsigned long long)({m}),", f"I|{m}", 1))
+        dropped: set[str] = set()
+        src, obj = Path(tmp) / "probe.c", Path(tmp) / "probe.o"
         while True:  # each failed pass drops at least one item (clang stops at 20 errors)
             live = [it for it in items if it[1] not in dropped]
-            head = "#include <stdio.h>\n#include <stddef.h>\n" + _includes(headers)
-            first = head.count("\n") + 2  # line of the first item
-            body = "\n".join(stmt for stmt, _ in live)
-            src.write_text(f"{head}int main(void) {{\n{body}\nreturn 0;\n}}\n")
-            r = _run([*cc, *cflags, "-w", "-o", str(exe), str(src)])
+            # (stdio.h as the run-time probe had it: a header that leaned on it still builds)
+            head = ("#include <stdio.h>\n#include <stddef.h>\n" + _includes(headers)
+                    + f'__attribute__((used, section("{_SECTION}")))\n'
+                    + "static const unsigned long long ualink_abi_values[] = {\n"
+                    + f"{_MARK:#x}ULL,\n")
+            first = head.count("\n") + 1  # line of the first item
+            body = "\n".join(init for init, _, _ in live)
+            src.write_text(f"{head}{body}\n}};\n")
+            # -fno-lto: the section's bytes, not the compiler's intermediate form
+            r = _run([*cc, *flags, "-w", "-fno-lto", "-c", "-o", str(obj), str(src)])
             if r.returncode == 0:
                 break
             bad = {int(n) for n in re.findall(rf"{re.escape(str(src))}:(\d+):", r.stderr)}
@@ -303,20 +423,22 @@ def probe(headers: Sequence[str], cflags: Sequence[str] = (),
             if not hit:
                 raise CompileError(f"the probe does not compile:\n{r.stderr.strip()}")
             dropped |= hit
-        run = _run([str(exe)])
-        if run.returncode != 0:
-            raise CompileError(f"the probe failed: {run.stderr.strip()}")
+        data, order = _elf_section(obj.read_bytes(), _SECTION)
+    count = 1 + sum(n for _, _, n in live)
+    if len(data) != 8 * count or struct.unpack_from(order + "Q", data)[0] != _MARK:
+        raise CompileError(f"the compiler's {_SECTION} section is not the probe's values")
+    values = iter(struct.unpack(f"{order}{count}Q", data)[1:])
     abi = HeaderAbi(invalid={k[2:] for k in dropped if k.startswith("I|")})
-    for line in run.stdout.splitlines():
-        kind, *rest = line.split("|")
+    for _, key, _ in live:
+        kind, *rest = key.split("|")
         if kind == "S":
-            abi.sizes[rest[0]] = int(rest[1])
+            abi.sizes[rest[0]] = next(values)
         elif kind == "F":
-            abi.fields[(rest[0], rest[1])] = (int(rest[2]), int(rest[3]))
+            abi.fields[(rest[0], rest[1])] = (next(values), next(values))
         elif kind == "G":
-            abi.signed[(rest[0], rest[1])] = rest[2] == "1"
+            abi.signed[(rest[0], rest[1])] = next(values) == 1
         elif kind == "I":
-            abi.ioctls[rest[0]] = int(rest[1])
+            abi.ioctls[rest[0]] = next(values)
     return abi
 
 
@@ -348,11 +470,39 @@ class Report:
         return out
 
 
+def families_of(abi: HeaderAbi) -> list[Family]:
+    """The uAPIs a header is checked against: the KFD's when it declares any of the KFD's
+    structs or ioctls, the DRM's and amdgpu's when it declares any of amdgpu's, or any of the
+    DRM core's without the KFD's (kfd_ioctl.h includes drm.h: that is not what is checked).
+    A header declaring none of either is checked against the DRM's (and fails)."""
+    drm, kfd = drm_family(), kfd_family()
+    amdgpu = Family([a for a in drm.aggregates if a.name.startswith("drm_amdgpu_")],
+                    {m: s for m, s in drm.ioctls.items() if m.startswith("DRM_IOCTL_AMDGPU_")},
+                    drm.prefix, drm.ioctl_type, drm.args, drm.dispatcher)
+    if not kfd.declared_by(abi):
+        return [drm]
+    return [drm, kfd] if amdgpu.declared_by(abi) else [kfd]
+
+
 def compare(abi: HeaderAbi, aggregates: Sequence[Aggregate] | None = None,
             ioctls: dict[str, tbl.IoctlSpec] | None = None) -> Report:
-    aggregates = emulator_aggregates() if aggregates is None else aggregates
-    ioctls = emulator_ioctls() if ioctls is None else ioctls
+    """The header's layouts and numbers against the emulator's: those of `families_of` the
+    header, or (tests) of the DRM's with these aggregates and ioctls in place of its own."""
     rep = Report()
+    if aggregates is None and ioctls is None:
+        families = families_of(abi)
+    else:
+        families = [drm_family(aggregates, ioctls)]
+    for fam in families:
+        _compare(abi, fam, rep)
+    if not rep.checked_structs and not rep.checked_ioctls:
+        rep.mismatches.append("the header declares none of the emulator's structs or ioctls "
+                              "(the wrong file, or a missing -I/-D?)")
+    return rep
+
+
+def _compare(abi: HeaderAbi, fam: Family, rep: Report) -> None:
+    aggregates, ioctls = fam.aggregates, fam.ioctls
     prefix: dict[str, int] = {}  # struct name -> the header's (older, shorter) size
     for agg in aggregates:
         t = agg.ctype
@@ -406,8 +556,8 @@ def compare(abi: HeaderAbi, aggregates: Sequence[Aggregate] | None = None,
             rep.notes.append(
                 f"`{agg.name}` is an older prefix: {hsize} bytes (through "
                 f"`{declared[-1].path}`), emulator {agg.size}; {', '.join(beyond)} not "
-                "declared (accepted: the DRM core zero-extends a shorter argument and copies "
-                "out only the caller's size)")
+                f"declared (accepted: {fam.dispatcher} zero-extends a shorter argument and "
+                "copies out only the caller's size)")
     for macro, spec in ioctls.items():
         if macro in abi.invalid:
             rep.mismatches.append(f"`{macro}` is defined but does not compile")
@@ -420,7 +570,7 @@ def compare(abi: HeaderAbi, aggregates: Sequence[Aggregate] | None = None,
         if value == spec.cmd:
             continue
         h, e = IoctlCmd.decode(value), IoctlCmd.decode(spec.cmd)
-        older = prefix.get(_IOCTL_ARGS.get(spec.name, ""))
+        older = prefix.get(fam.args.get(spec.name, ""))
         if (h.direction, h.type, h.nr) == (e.direction, e.type, e.nr) and h.size == older:
             rep.notes.append(f"`{macro}` is {value:#010x}: the older {h.size}-byte argument "
                              f"(emulator {spec.cmd:#010x}; accepted)")
@@ -428,15 +578,12 @@ def compare(abi: HeaderAbi, aggregates: Sequence[Aggregate] | None = None,
         rep.mismatches.append(f"`{macro}` is {value:#010x} (dir {h.direction}, nr {h.nr:#04x}, "
                               f"size {h.size}), emulator expects {spec.cmd:#010x} (dir "
                               f"{e.direction}, nr {e.nr:#04x}, size {e.size})")
-    if not rep.checked_structs and not rep.checked_ioctls:
-        rep.mismatches.append("the header declares none of the emulator's structs or ioctls "
-                              "(the wrong file, or a missing -I/-D?)")
     answered = {s.nr for s in ioctls.values()}
     for macro, value in sorted(abi.ioctls.items()):
         cmd = IoctlCmd.decode(value)
-        if cmd.type == DRM_IOCTL_BASE and macro not in ioctls and cmd.nr not in answered:
-            rep.unanswered.append(macro[len("DRM_IOCTL_"):])
-    return rep
+        if (macro.startswith(fam.prefix) and cmd.type == fam.ioctl_type
+                and macro not in ioctls and cmd.nr not in answered):
+            rep.unanswered.append(macro[len(fam.prefix):])
 
 
 def check(headers: Sequence[str], cflags: Sequence[str] = ()) -> Report:

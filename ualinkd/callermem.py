@@ -187,12 +187,28 @@ def _open_thread(tid: int) -> tuple[int, int]:
         raise
 
 
-def _one_shot(tid: int, address: int, arg: int | bytes, refused: Dev | None) -> bytes | int:
+def _one_shot(dir_fd: int, address: int, arg: int | bytes,
+              refused: Dev | None) -> bytes | int:
+    """In a worker: one access through the pinned /proc/<tid> directory `dir_fd` (closed
+    here). Once that thread has exited, opening its `mem` fails, even if its id has been
+    given to another thread since: the access reaches nobody else's memory."""
     try:
-        dir_fd, mem_fd = _open_thread(tid)
+        mem_fd = os.open("mem", os.O_RDWR, dir_fd=dir_fd)
     except OSError:
+        os.close(dir_fd)
         return 0 if isinstance(arg, bytes) else b""
     return _access(dir_fd, mem_fd, address, arg, refused)
+
+
+def _pin_caller(tid: int) -> int:
+    """/proc/<tid> of a caller, opened while its request is in progress, when the thread
+    cannot have exited: FUSE holds it until we answer, even past SIGKILL. (A worker that
+    opened it by number later, after an interrupted request was answered, could find the
+    id given to another process.) EFAULT when it is gone."""
+    try:
+        return os.open(f"/proc/{tid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        raise DrmError(errno.EFAULT, f"no thread {tid}") from None
 
 
 class CallerMemory:
@@ -214,11 +230,16 @@ class CallerMemory:
         """Workers still inside an access that outlived its deadline."""
         return self._stuck
 
-    async def run(self, fn: Callable[..., T], *args: object) -> T:
+    async def run(self, fn: Callable[..., T], *args: object,
+                  unstarted: Callable[[], None] | None = None) -> T:
         """`fn(*args)` on a worker, at most `timeout` seconds in all (waiting for a free
         worker included): EFAULT past it, and at once when every worker is stuck in an
-        access that outlived its deadline. Busy workers are waited for; stuck ones are not."""
+        access that outlived its deadline. Busy workers are waited for; stuck ones are not.
+        `unstarted` runs, once, in place of `fn` when `fn` never runs (to close what `fn`
+        would have closed)."""
         if self._stuck >= self._limiter.total_tokens:
+            if unstarted is not None:
+                unstarted()
             if not self._exhausted_reported:
                 self._exhausted_reported = True
                 log.warning("caller memory: all %d workers are stuck in accesses that do "
@@ -233,6 +254,8 @@ class CallerMemory:
 
         def start() -> T:  # on the worker: an access given up before it began never begins
             if box.get("abandoned"):
+                if unstarted is not None:
+                    unstarted()
                 raise DrmError(errno.EFAULT, "caller memory access given up before it began")
             return fn(*args)
 
@@ -259,6 +282,8 @@ class CallerMemory:
                 launched = True
                 await finished.wait()
         finally:
+            if not launched and unstarted is not None:
+                unstarted()
             if launched and not finished.is_set():  # past the deadline, or interrupted:
                 box["abandoned"] = True  # the thread keeps its worker until fn returns
                 self._stuck += 1
@@ -282,7 +307,9 @@ class CallerMemory:
         mapped readable (not from our own mount) and read."""
         if size == 0:
             return b""
-        data = await self.run(_one_shot, pid, address, size, self.own_dev)
+        dir_fd = _pin_caller(pid)
+        data = await self.run(_one_shot, dir_fd, address, size, self.own_dev,
+                              unstarted=lambda: os.close(dir_fd))
         # _one_shot returns bytes for a size (an int count for data to write)
         if len(data) != size:  # type: ignore[arg-type]
             raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
@@ -292,7 +319,9 @@ class CallerMemory:
         """copy_to_user: EFAULT unless every byte lands in a writable mapping."""
         if not data:
             return
-        if await self.run(_one_shot, pid, address, data, self.own_dev) != len(data):
+        dir_fd = _pin_caller(pid)
+        if await self.run(_one_shot, dir_fd, address, data, self.own_dev,
+                          unstarted=lambda: os.close(dir_fd)) != len(data):
             raise DrmError(errno.EFAULT, f"bad user address {address:#x}")
 
     def open_process(self, tid: int) -> ProcMemory:

@@ -36,6 +36,17 @@ class ConfigError(ValueError):
     """A pod configuration that cannot be run; the message says what and where."""
 
 
+def split_address(address: str, where: str) -> tuple[str, int]:
+    """A node's fabric address `host:port` or `[v6]:port` → (host, port), port 0..65535
+    (0: any free one); a ConfigError naming `where` otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"{where}: address {address!r} is not host:port (no port)")
+    if int(port) > 65535:
+        raise ConfigError(f"{where}: address {address!r}: port {port} is outside 0..65535")
+    return host.strip("[]"), int(port)
+
+
 # Every key a pod file may hold, per table: what from_dict reads (and to_toml writes).
 # Anything else is a typo that would otherwise be ignored without a word.
 TOP_LEVEL = "the top level"
@@ -46,7 +57,7 @@ KEYS: dict[str, frozenset[str]] = {
                         "caller_memory_timeout_ms", "memory_budget"}),
     "[[nodes]]": frozenset({"name", "address", "accels", "tls_cert", "tls_key", "link_keys"}),
     "[[nodes.accels]]": frozenset({"id", "vram_size", "gtt_size", "stage", "bandwidth",
-                                   "latency", "npa_pages", "profile"}),
+                                   "latency", "npa_pages", "profile", "ualink"}),
     "[[vpods]]": frozenset({"id", "members", "addr_mode"}),
 }
 
@@ -88,6 +99,12 @@ def _profile(value: object, where: str) -> str:
     raise ConfigError(f"{where}: {value!r} is not a device profile (one of "
                       f"{', '.join(sorted(PROFILES))})"
                       + (f"; did you mean {close[0]!r}?" if close else ""))
+
+
+def _ualink_block(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: {value!r} is not true or false")
+    return value
 
 
 def _int(value: object, where: str, lo: int | None = None, hi: int | None = None) -> int:
@@ -161,6 +178,7 @@ class AccelConfig:
     latency: int = 1
     npa_pages: int | None = None  # emulator only: shrink the NPA space (ENOSPC tests)
     profile: str = DEFAULT_PROFILE  # amdgpu/profile.py: the device the accel says it is
+    ualink: bool = True  # False: a GPU without the UALink IP block (§13 N6)
 
 
 @dataclass(frozen=True)
@@ -311,6 +329,7 @@ class PodConfig:
                     _int(a.get("latency", 1), f"{aw}.latency", 0),
                     _int(a["npa_pages"], f"{aw}.npa_pages", 1) if "npa_pages" in a else None,
                     _profile(a.get("profile", DEFAULT_PROFILE), f"{aw}.profile"),
+                    _ualink_block(a.get("ualink", True), f"{aw}.ualink"),
                 ))
             link_keys = n.get("link_keys", {})
             if not isinstance(link_keys, dict) or not all(
@@ -373,6 +392,8 @@ class PodConfig:
                 raise ConfigError(f"{src}: node name {name!r} appears twice")
         addresses: dict[str, str] = {}
         for n in self.nodes:
+            if n.address:  # what the fabric's parse_address then refuses, said at load
+                split_address(n.address, f"{src}: node {n.name!r}")
             # Two nodes on one address would each dial the other's listener as itself: not a
             # warning twice a second forever, an error before anything starts. (Port 0 is
             # "any free port", filled in at start-up.)
@@ -471,6 +492,7 @@ class PodConfig:
                 if a.npa_pages is not None:
                     lines.append(f"npa_pages = {a.npa_pages}")
                 lines.append(f'profile = "{a.profile}"')
+                lines.append(f"ualink = {'true' if a.ualink else 'false'}")
         for v in self.vpods:
             lines += ["", "[[vpods]]", f"id = {v.vpod_id}",
                       f"members = {sorted(v.members)}", f'addr_mode = "{v.addr_mode.sysfs}"']

@@ -25,12 +25,14 @@ import trio
 from .abi.cpumap import GRANT_REPLY_SIZE, GRANT_REQUEST_SIZE, socket_name
 from .amdgpu.cpu_map import CpuMapGrants, Grant
 from .drm.errors import DrmError
-from .fuse.procfd import tgid_of
+from .drm.process import ProcessId
+from .fuse.procfd import process_id, process_of_pidfd
 
 log = logging.getLogger(__name__)
 
 _REPLY = struct.Struct("<iIQ")
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+SO_PEERPIDFD = 77  # asm-generic/socket.h (Python's socket module has no name for it)
 _FETCH_TIMEOUT = 5.0  # a peer that connects and sends nothing holds a task this long at most
 assert _REPLY.size == GRANT_REPLY_SIZE
 
@@ -47,6 +49,20 @@ def _open_for(grant: Grant) -> tuple[int, bool]:
     return os.open(f"/proc/self/fd/{grant.memfd}", mode | os.O_CLOEXEC), True
 
 
+def _peer_process(conn: trio.socket.SocketType, pid: int) -> ProcessId | None:
+    """The connecting process itself: SO_PEERPIDFD (Linux 6.5) is a pidfd of the process
+    that connected, whatever its pid names now; without it, its pid looked up now (None
+    when it is gone)."""
+    try:
+        pidfd = conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+    except OSError:
+        return process_id(pid)
+    try:
+        return process_of_pidfd(pid, pidfd)
+    finally:
+        os.close(pidfd)
+
+
 async def _serve_one(conn: trio.socket.SocketType, grants: CpuMapGrants) -> None:
     with conn, trio.move_on_after(_FETCH_TIMEOUT):
         data = await conn.recv(GRANT_REQUEST_SIZE + 1)
@@ -55,7 +71,7 @@ async def _serve_one(conn: trio.socket.SocketType, grants: CpuMapGrants) -> None
         pid, uid, _gid = _PEERCRED.unpack(
             conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
         try:
-            grant = grants.take(int.from_bytes(data, "little"), pid, uid, tgid_of)
+            grant = grants.take(int.from_bytes(data, "little"), _peer_process(conn, pid), uid)
         except DrmError as e:
             await conn.send(_REPLY.pack(-e.errno, 0, 0))
             return

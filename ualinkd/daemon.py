@@ -29,15 +29,18 @@ from .abi.drmfile_query import NONCE, UALINKD_IOCTL_DRM_FILE_QUERY
 from .callermem import CallerMemory
 from .config import PodConfig, host_memory_total
 from .cpumap_server import serve_cpu_maps
+from .drm.completion import Completion
 from .drm.errors import DrmError
 from .drm.file import DrmFile
+from .drm.process import ProcessId
 from .fabric.agent import RequestSoonFn, SendBatchSoonFn, UalinkAgent
 from .fabric.link import FabricLink, SendOutcome
 from .fabric.wire import Load, Store
 from .fuse.dataplane import FAST_MAX as DATA_PLANE_MAX
 from .fuse.lowlevel import FuseSession, clear_stale_mount
-from .fuse.procfd import mount_device, resolve_caller_fd, tgid_of
+from .fuse.procfd import mount_device, open_pidfd, process_id, resolve_caller_fd, tgid_of
 from .fuse.tree import FileTree
+from .gpu_engine import GpuEngineEdge
 from .node import NodeCore
 from .readiness import sd_notify
 from .trace import FabricRecord, Record, TraceFilter
@@ -326,14 +329,17 @@ class CallerEventFd:
 _signaller = _Signaller()
 
 
-def query_drm_file(tid: int, fd: int, own_dev: tuple[int, int] | None, nonce: int) -> bool:
-    """On a worker thread, never the FUSE one: take a copy of the caller's fd and, if it is
+def query_drm_file(process: ProcessId, fd: int, own_dev: tuple[int, int] | None,
+                   nonce: int) -> bool:
+    """On a worker thread, never the FUSE one: take a copy of the process's fd and, if it is
     a file of our own mount, ask it the private question (abi/drmfile_query.py); whether the
-    ioctl succeeded. An fd that is not open is EINVAL, as KFD's fget failure is."""
-    try:
-        pidfd = os.pidfd_open(tgid_of(tid) or -1)
-    except (OSError, ValueError, StopIteration):
-        raise DrmError(errno.EINVAL, f"no process for thread {tid}") from None
+    ioctl succeeded. An fd that is not open is EINVAL, as KFD's fget failure is. The fd is
+    taken from exactly `process` (a pidfd checked against its identity): should this run
+    late, after the caller gave up and exited, another process given its pid is refused,
+    not searched."""
+    pidfd = open_pidfd(process)
+    if pidfd is None:
+        raise DrmError(errno.EINVAL, f"process {process.pid} has exited")
     try:
         got = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
         if got < 0:
@@ -352,6 +358,69 @@ def query_drm_file(tid: int, fd: int, own_dev: tuple[int, int] | None, nonce: in
         return True
     finally:
         os.close(got)
+
+
+class ProcessExits:
+    """drm/process.py's WatchExit on trio: the exit of each watched process, from its pidfd
+    (readable once the process has exited), all in one epoll set that one task waits on;
+    a process's Completion gets None then. A cancelled watch closes its pidfd at once."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._watched: dict[int, Completion[None]] = {}  # pidfd -> its notice
+
+    @property
+    def watched(self) -> int:
+        return len(self._watched)
+
+    def watch(self, process: ProcessId) -> Completion[None]:
+        notice: Completion[None] = Completion()
+        if self._epoll.closed:  # shutting down: the context ends with its files
+            notice.set_error(DrmError(errno.ESHUTDOWN, "no longer watching exits"))
+            return notice
+        pidfd = open_pidfd(process)
+        if pidfd is None:  # exited already
+            notice.set_result(None)
+            return notice
+        self._epoll.register(pidfd, select.EPOLLIN)
+        self._watched[pidfd] = notice
+
+        def cancel() -> None:
+            self._forget(pidfd)
+            notice.set_error(DrmError(errno.ECANCELED, "no longer watched"))
+
+        notice.on_cancel(cancel)
+        return notice
+
+    def _forget(self, pidfd: int) -> None:
+        del self._watched[pidfd]
+        with contextlib.suppress(OSError, ValueError):
+            self._epoll.unregister(pidfd)
+        os.close(pidfd)
+
+    def exited(self) -> None:
+        """Deliver the notices of the processes that have exited (the epoll is readable)."""
+        for pidfd, _ in self._epoll.poll(0):
+            notice = self._watched.get(pidfd)
+            if notice is None:
+                continue
+            self._forget(pidfd)
+            try:
+                notice.set_result(None)  # (its consumer ends the KFD context here)
+            except Exception:
+                log.exception("KFD: ending the context of an exited process failed")
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        task_status.started()
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(self._epoll.fileno())
+                self.exited()
+        finally:
+            for pidfd in list(self._watched):
+                self._forget(pidfd)
+            self._epoll.close()
 
 
 class TrioSyncWaits:
@@ -495,6 +564,7 @@ async def run_node(
     _raise_fd_limit()
     caller_memory = CallerMemory(config.caller_memory_timeout_ms / 1000)
     tracer = make_tracer(trace, trace_out, trace_filter)
+    exits = ProcessExits()
     core = NodeCore(
         config,
         node_name,
@@ -509,17 +579,19 @@ async def run_node(
                        time.clock_gettime_ns(time.CLOCK_BOOTTIME)),
         host_cpus=os.cpu_count() or 1,
         host_memory=host_memory_total(),
-        resolve_drm_file=lambda tid, fd: resolve_drm_file(tid, fd),
+        resolve_drm_file=lambda process, fd: resolve_drm_file(process, fd),
+        identify_process=process_id,
+        watch_exit=exits.watch,
     )
-    core.kfd.tgid_of = tgid_of  # kfd_ioctl's process check is per process, not thread
 
-    async def resolve_drm_file(tid: int, fd: int) -> DrmFile:
+    async def resolve_drm_file(process: ProcessId, fd: int) -> DrmFile:
         """ACQUIRE_VM's fd -> the DrmFile behind it (abi/drmfile_query.py), off the FUSE
         thread within the caller-memory bound; EINVAL for anything not our render node."""
         nonce = secrets.randbits(64) or 1
         core.drm_file_queries[nonce] = None
         try:
-            await caller_memory.run(query_drm_file, tid, fd, caller_memory.own_dev, nonce)
+            await caller_memory.run(query_drm_file, process, fd, caller_memory.own_dev,
+                                    nonce)
             drm_file = core.drm_file_queries.get(nonce)
         finally:
             core.drm_file_queries.pop(nonce, None)
@@ -583,8 +655,12 @@ async def run_node(
             fabric_tracer, config, node_name, link)
         # (a traced request or batch is recorded by _trace_sends' wrappers)
         request_soon = send_batch_soon = None
+    # §13 N2: the managers' incarnations go out on every link, and their probes read the
+    # peers' from it.
+    link.local_incarnation = lambda accel: core.host.by_accel_id(accel).incarnation  # type: ignore[union-attr]
     agent = UalinkAgent(core, send, request, send_batch=send_batch,
-                        request_soon=request_soon, send_batch_soon=send_batch_soon)
+                        request_soon=request_soon, send_batch_soon=send_batch_soon,
+                        probe=link.incarnation, announce=link.announce)
     peers = [n.name for n in config.nodes if n.name != node_name]
     core.fabric_links = lambda: {p: link.is_up(p) for p in peers}
     core.data_plane_stats = data_plane.stats
@@ -612,7 +688,9 @@ async def run_node(
             await nursery.start(link.run)
             await nursery.start(agent.run)
             await nursery.start(serve_cpu_maps, core.cpu_maps)
+            await nursery.start(exits.run)
             await nursery.start(_serve_trace, core, real_mount)
+            await nursery.start(GpuEngineEdge(core).run)  # the queues' doorbells (issue 30)
             states = ", ".join(
                 f"accel {m.accel_id} {m.state.sysfs}" for m in core.managers.values()
             )

@@ -12,6 +12,8 @@ import errno
 import functools
 import inspect
 import logging
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -25,6 +27,7 @@ from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.profile import PROFILES
 from .amdgpu.vm import RemotePiece, npa_byte_address
 from .amdkfd.chardev import Clock, Kfd, KfdNode, KfdProcess, ResolveDrmFile
+from .amdkfd.queues import KfdQueue
 from .amdkfd.topology import Topology, TopologyGpu, gpu_ids
 from .config import PodConfig
 from .drm.completion import Completion
@@ -40,6 +43,7 @@ from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.gem import DmaBuf
 from .drm.loaded import Loaded, in_memory
+from .drm.process import Identify, WatchExit, same_thread_group
 from .drm.syncobj import EventFd, SyncWaits
 from .drm.tokens import DmaBufTokens
 from .fuse.backend import IoctlReply
@@ -49,6 +53,7 @@ from .trace import (
     FileRecord,
     GpuAccessRecord,
     MemAccess,
+    QueueRecord,
     Record,
     TraceRecord,
 )
@@ -82,6 +87,15 @@ def _no_clock() -> tuple[int, int]:
     return (0, 0)
 
 
+def _oops_kills_caller(caller: Caller) -> None:
+    """§13 N6's quirk: U's NULL dereference oopses in the caller's ioctl, and an oops in
+    process context ends that task without a chance to catch it; the emulator kills it."""
+    try:
+        os.kill(caller.pid, signal.SIGKILL)
+    except OSError as e:
+        log.warning("could not kill pid %d after the oops: %s", caller.pid, e.strerror)
+
+
 class NodeCore:
     def __init__(
         self,
@@ -100,6 +114,8 @@ class NodeCore:
         resolve_drm_file: ResolveDrmFile | None = None,
         host_cpus: int = 1,
         host_memory: int = 0,
+        identify_process: Identify = same_thread_group,
+        watch_exit: WatchExit | None = None,
     ) -> None:
         self.config = config
         self.node = config.node(node_name)
@@ -137,6 +153,10 @@ class NodeCore:
                 accel.stage, config.kernel_quirks, npa_limit_pages=accel.npa_pages,
                 response_timeout=config.response_timeout_ms / 1000, **kwargs,
             )
+            if not accel.ualink:  # §13 N6: no UALink IP block, so no UALink info to reach
+                driver.ualink = None
+                driver.oops_without_ualink = "no-ualink-oops" in config.kernel_quirks
+                driver.oops = _oops_kills_caller
             self.host.managers.append(mgr)
             self.devices[minor] = device
             self.managers[minor] = mgr
@@ -157,10 +177,15 @@ class NodeCore:
         # every device above was given an AmdgpuDriver (DrmDevice.driver is the core's view)
         self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, drivers, strict=True)],  # type: ignore[arg-type]
                        clock or _no_clock, copy_to_user, resolve_drm_file, copy_from_user,
-                       waits)
+                       waits, identify_process)
+        # The edge's exit notices of the KFD's processes (a pidfd each): a process that
+        # exits ends its KFD context, whoever still holds its files.
+        self._watch_exit = watch_exit
         self.kfd.resolve_dmabuf = self._resolve_dmabuf
+        self.kfd.queues.listeners.append(
+            lambda q, created: self.trace_queue(q, "create" if created else "destroy"))
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
-        self.cpu_maps = CpuMapGrants()
+        self.cpu_maps = CpuMapGrants(identify=identify_process)
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can
         # start a revoke); a fabric carries them out (`attach_fabric`).
         self.after_request: Callable[[], None] = self._discard_effects
@@ -432,16 +457,28 @@ class NodeCore:
                                                    remote_soon=remote_soon))
         return store  # type: ignore[return-value]  # gpu_store's result, traced
 
+    def trace_queue(self, q: KfdQueue, event: str, value: int = 0, detail: str = "") -> None:
+        """A user queue's creation, destruction, doorbell or error, to the tracer."""
+        if self.tracer is None:
+            return
+        minor = self.kfd.nodes[q.gpu_id].render_minor
+        self.tracer(QueueRecord(q.pid, self.name, minor, self.managers[minor].accel_id,
+                                q.queue_id, q.type_name, event, value, detail,
+                                self.trace_clock()))
+
     def _traced_gpu(self, drm_file: DrmFile, op: str, va: int, length: int, data: bytes,
                     caller: Caller, access: Callable[[], object]) -> object:
         """Run a GPU load/store; with a tracer, record its VA, length, result and fault
-        (whether it finished at once or after remote pieces came back)."""
-        if self.tracer is None:
+        (whether it finished at once or after remote pieces came back). The tracer is the
+        one there when the access started, taken once: a recorder that attaches or leaves
+        while remote pieces are in flight (`ualinkd record`, core.tracer) neither gets half
+        an access nor changes its outcome."""
+        tracer = self.tracer
+        if tracer is None:
             return access()
         start = self.trace_clock()
 
         def record(result: object) -> None:
-            assert self.tracer is not None
             minor = drm_file.device.minor
             if isinstance(result, DrmError):
                 done, got = -result.errno, b""
@@ -450,10 +487,9 @@ class NodeCore:
             else:  # a load's bytes (in memory now if the fabric held them in a pipe)
                 loaded = in_memory(result)  # type: ignore[arg-type]  # a load's result
                 done, got = len(loaded), bytes(loaded)
-            self.tracer(GpuAccessRecord(caller.pid, self.name, minor,
-                                        self.managers[minor].accel_id, op, va, length, done,
-                                        got, start, self.trace_clock() - start,
-                                        self.file_id(drm_file)))
+            tracer(GpuAccessRecord(caller.pid, self.name, minor,
+                                   self.managers[minor].accel_id, op, va, length, done, got,
+                                   start, self.trace_clock() - start, self.file_id(drm_file)))
 
         try:
             res = access()
@@ -520,8 +556,24 @@ class NodeCore:
     # -- NodeBackend: the KFD ---------------------------------------------------------------
     def open_kfd(self, caller: Caller) -> KfdProcess:
         process = self.kfd.open(caller)
+        if process.exit is None and self._watch_exit is not None:  # a new context
+            process.exit = self._watch_exit(process.id)
+            process.exit.when_done(lambda done: self._kfd_process_exited(process, done))
+        if process.ended:  # (its process exited before it could be watched)
+            self.kfd.release(process)
+            raise DrmError(errno.ESRCH, f"process {process.pid} has exited")
         self._trace_open(process, caller, "kfd")
         return process
+
+    def _kfd_process_exited(self, process: KfdProcess, notice: Completion[None]) -> None:
+        """A KFD process's exit notice (an error: the watch was cancelled, the context
+        having ended first)."""
+        try:
+            notice.result()
+        except Exception:
+            return
+        self.kfd.process_exited(process)
+        self.after_request()  # what freeing its memory queued (a revoke) goes out now
 
     def release_kfd(self, process: object) -> None:
         assert isinstance(process, KfdProcess)
@@ -610,6 +662,8 @@ class NodeCore:
             profile = PROFILES[self.node.accels[sysfs.card_index(minor)].profile]
             sysfs.merge(root, sysfs.gpu_sysfs(minor, profile, ualink))
         sysfs.merge(root, sysfs.kfd_topology_sysfs(self.topology))
+        sysfs.merge(root, sysfs.module_sysfs(lambda: sum(
+            len(d.files) for d in self.devices.values()) + len(self.kfd.processes)))
         debug = SysDir({str(minor): self._debugfs(minor) for minor in self.devices},
                        mode=sysfs.DEBUGFS_DIR_MODE)
         fabric = SysAttr(lambda: sysfs.show_fabric(self.fabric_links()), mode=sysfs.DEBUG_RO)
@@ -675,6 +729,13 @@ class NodeCore:
                  "allocations": len(pdd.mems), "events": len(proc.events)}
                 for proc in self.kfd.processes.values()
                 for gpu_id, pdd in proc.pdds.items() if pdd.node.driver is driver)),
+            "kfd_queues": table("kfd_queues", lambda: (
+                {"pid": q.pid, "gpu_id": q.gpu_id, "queue_id": q.queue_id,
+                 "type": q.type_name, "ring": q.ring_base, "ring_size": q.ring_size,
+                 "rptr": q.rptr, "wptr": q.last_doorbell, "packets": q.packets,
+                 "state": q.state.value}
+                for q in self.kfd.queues.all_queues()
+                if self.kfd.nodes[q.gpu_id].driver is driver)),
         }, mode=sysfs.DEBUGFS_DIR_MODE)
 
     def _config_files(self, cfg: SysConfig) -> SysDir:

@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from .amdgpu.info import FW_SDMA
 from .amdgpu.profile import DeviceProfile
+from .amdkfd.queues import SDMA_QUEUES_PER_ENGINE, sdma_engines
 from .amdkfd.topology import Topology, TopologyGpu
 
 # -- the node kinds the FUSE tree serves ---------------------------------------------------------
@@ -280,6 +282,13 @@ DEBUGFS: dict[str, LineFormat] = {
     "kfd_processes": LineFormat((), (
         Field("pid", int), Field("gpu_id", int), Field("vm_file_pid", int),
         Field("vm_mappings", int), Field("allocations", int), Field("events", int))),
+    # The user queues on this GPU (issue 30 item 6): each process's queue id and type, its
+    # ring (GPU VA and size), the byte index the engine consumed (rptr) and the last
+    # doorbell value (wptr), packets executed, state (active / inactive / error).
+    "kfd_queues": LineFormat((), (
+        Field("pid", int), Field("gpu_id", int), Field("queue_id", int), Field("type", str),
+        Field("ring", lambda t: int(t, 16), _hex64), Field("ring_size", int),
+        Field("rptr", int), Field("wptr", int), Field("packets", int), Field("state", str))),
 }
 DROP_MSG = "ualink_drop_msg"  # Emulator policy 9: a hex bitmap, bit n = message type n
 
@@ -419,6 +428,24 @@ def gpu_sysfs(render_minor: int, profile: DeviceProfile, ualink: SysDir) -> SysD
     })
 
 
+# -- the driver's module (kernel/module/sysfs.c): sys/module/amdgpu/ ---------------------------
+# What kmod's lsmod reads for a module /proc/modules lists (libkmod kmod_module_get_refcnt,
+# _get_size, _get_holders); the shim adds amdgpu's /proc/modules line with these values.
+AMDGPU_CORESIZE = 9928704  # chosen: an amdgpu.ko of Linux 6.x is about this size
+
+
+def module_sysfs(refcnt: Callable[[], int]) -> SysDir:
+    """sys/module/amdgpu as a host with the driver loaded has it (issue 32, item 1).
+    `refcnt`: the module's references, one per open render node or kfd file (their
+    file_operations' owner is the module: fops_get in chrdev_open takes one)."""
+    return SysDir({"module": SysDir({"amdgpu": SysDir({
+        "coresize": _const(f"{AMDGPU_CORESIZE}\n"),
+        "initstate": _const("live\n"),
+        "refcnt": SysAttr(lambda: f"{refcnt()}\n"),
+        "holders": SysDir(),
+    })})})
+
+
 def merge(into: SysDir, tree: Mapping[str, SysNode]) -> SysDir:
     """Merge `tree` into `into` (directories joined; a name given twice is a bug)."""
     for name, item in tree.items():
@@ -485,6 +512,15 @@ def _cache(simd_id_base: int, level: int, size_kb: int, line: int) -> SysDir:
         ("type", HSA_CACHE_TYPE_DATA | HSA_CACHE_TYPE_HSACU)]) + "sibling_map 1\n")})
 
 
+# kfd_topology_add_device (kfd_sysfs.h bits): every GC >= 9.0.1 part has 64-bit AQL
+# doorbells, HSA_CAP_DOORBELL_TYPE_2_0 in DoorbellType (bits 13:12). ROCr 5.2.3's AqlQueue
+# reads it: type 2 makes write_dispatch_id the CP's write pointer and the doorbell a 64-bit
+# store; any other type falls back to gfx8's legacy 32-bit doorbell protocol.
+HSA_CAP_DOORBELL_TYPE_TOTALBITS_SHIFT = 12
+HSA_CAP_DOORBELL_TYPE_2_0 = 0x2
+GFX9_CAPABILITY = HSA_CAP_DOORBELL_TYPE_2_0 << HSA_CAP_DOORBELL_TYPE_TOTALBITS_SHIFT
+
+
 def kfd_gpu_properties(n: int, g: TopologyGpu) -> str:
     """A GPU node's `properties`: its shape from the profile, the same numbers AMDGPU_INFO
     gives (simd_count = CUs x SIMDs per CU), and the identity of its render node and PCI
@@ -503,10 +539,11 @@ def kfd_gpu_properties(n: int, g: TopologyGpu) -> str:
         ("vendor_id", p.pci_vendor), ("device_id", p.pci_device),
         ("location_id", g.pci_bus << 8), ("domain", 0),
         ("drm_render_minor", g.render_minor), ("hive_id", 0),
-        ("num_sdma_engines", p.sdma_instances), ("num_sdma_xgmi_engines", 0),
-        ("num_sdma_queues_per_engine", 8), ("num_cp_queues", 0),
+        ("num_sdma_engines", sdma_engines(p)[0]), ("num_sdma_xgmi_engines", sdma_engines(p)[1]),
+        ("num_sdma_queues_per_engine", SDMA_QUEUES_PER_ENGINE), ("num_cp_queues", 0),
         ("max_engine_clk_fcompute", p.max_engine_clock_khz // 1000), ("local_mem_size", 0),
-        ("fw_version", 0), ("capability", 0), ("debug_prop", 0), ("sdma_fw_version", 0),
+        ("fw_version", 0), ("capability", GFX9_CAPABILITY), ("debug_prop", 0),
+        ("sdma_fw_version", p.firmware.get(FW_SDMA, (0, 0))[0]),
         ("unique_id", 0), ("num_xcc", p.num_xcc),
         ("max_engine_clk_ccompute", p.max_engine_clock_khz // 1000)])
 

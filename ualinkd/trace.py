@@ -475,8 +475,51 @@ class FabricRecord:
         return f"{ts}{self.node} fabric {self.direction} {route} {body} = {res}{dur}"
 
 
-Record = TraceRecord | GpuAccessRecord | FabricRecord | FileRecord
-KINDS = ("ioctl", "gpu", "fabric", "file")
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueRecord:
+    """A user queue's life on the emulated GPU (issue 30 item 6): `event` "create" /
+    "destroy" / "doorbell" (`value` the doorbell's 64-bit value) / "packet" (one executed,
+    `detail` as decoded, `value` its ring offset) / "error" (`detail` the reason, `value`
+    the ring offset)."""
+
+    pid: int
+    node: str
+    minor: int
+    accel: int | None
+    queue_id: int
+    queue_type: str
+    event: str
+    value: int = 0
+    detail: str = ""
+    start: float = 0.0
+
+    kind = "queue"
+    result = None  # (no call: never "failed")
+
+    @property
+    def name(self) -> str:
+        return f"QUEUE_{self.event.upper()}"
+
+    def as_dict(self) -> Fields:
+        return {"v": SCHEMA_VERSION, "type": "queue", "time": self.start, "pid": self.pid,
+                "node": self.node, "minor": self.minor, "accel": self.accel,
+                "queue_id": self.queue_id, "queue_type": self.queue_type,
+                "event": self.event, "value": self.value, "detail": self.detail}
+
+    def json(self) -> str:
+        return json.dumps(self.as_dict(), separators=(",", ":"))
+
+    def text(self) -> str:
+        ts, _ = _tail(self.start, 0.0)
+        what = {"doorbell": f", doorbell={self.value:#x}",
+                "packet": f", ring_offset={self.value:#x}, {self.detail}",
+                "error": f", ring_offset={self.value:#x}, {self.detail}"}.get(self.event, "")
+        return (f"{ts}[pid {self.pid}] {self.node} renderD{self.minor} {self.name}("
+                f"queue={self.queue_id}, {self.queue_type}{what})")
+
+
+Record = TraceRecord | GpuAccessRecord | FabricRecord | FileRecord | QueueRecord
+KINDS = ("ioctl", "gpu", "fabric", "file", "queue")
 
 
 # -- filters ------------------------------------------------------------------------------------

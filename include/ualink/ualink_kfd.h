@@ -260,6 +260,20 @@ struct kfd_ioctl_runtime_enable_args {
 	__u32 capabilities_mask;
 };
 
+/* Answered EPERM for every op, as a kernel built without CONFIG_HSA_AMD_SVM. */
+struct kfd_ioctl_svm_attribute {
+	__u32 type;
+	__u32 value;
+};
+
+struct kfd_ioctl_svm_args {
+	__u64 start_addr;
+	__u64 size;
+	__u32 op;
+	__u32 nattr;
+	struct kfd_ioctl_svm_attribute attrs[];	/* nattr of them */
+};
+
 #define AMDKFD_IOC_GET_VERSION \
 	_IOR(AMDKFD_IOCTL_BASE, 0x01, struct kfd_ioctl_get_version_args)
 #define AMDKFD_IOC_SET_MEMORY_POLICY \
@@ -318,6 +332,8 @@ struct kfd_ioctl_runtime_enable_args {
 	_IOWR(AMDKFD_IOCTL_BASE, 0x1E, struct kfd_ioctl_alloc_queue_gws_args)
 #define AMDKFD_IOC_RUNTIME_ENABLE \
 	_IOWR(AMDKFD_IOCTL_BASE, 0x25, struct kfd_ioctl_runtime_enable_args)
+#define AMDKFD_IOC_SVM \
+	_IOWR(AMDKFD_IOCTL_BASE, 0x20, struct kfd_ioctl_svm_args)
 #endif /* KFD_IOCTL_H_INCLUDED */
 
 #ifdef __cplusplus

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: a local two-node pod; a C client on node0 puts a message in VRAM and exports
 # it; a client on node1 imports it, maps it and loads/stores it through its GPU across the
-# fabric; the exporter lets go and the importer's next load faults. Stops the pod at the end.
+# fabric; the exporter lets go and the importer's next load faults. Then the same across the
+# fabric with the GPU's SDMA engine: a libhsakmt SDMA queue on node1 copies node0's VRAM to
+# host memory and back, and faults once node0 frees it. Stops the pod at the end.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=libualink_c/build
@@ -9,11 +11,11 @@ ROOT=$(mktemp -d /tmp/ualink-demo.XXXXXX)
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 debug() { cat "$ROOT/$1/sys/kernel/debug/dri/128/$2"; }
 
-.venv/bin/ualinkd pod --nodes 2 --root "$ROOT" --trace --trace-file "$ROOT/trace.txt" \
+.venv/bin/ualinkd pod --nodes 2 --root "$ROOT" --trace=json --trace-file "$ROOT/trace.jsonl" \
   >"$ROOT/pod.out" 2>"$ROOT/pod.log" &
 POD=$!
 cleanup() {
-  exec 3>&- 4>&- 2>/dev/null || true
+  exec 3>&- 4>&- 5>&- 6>&- 2>/dev/null || true
   kill -TERM "$POD" 2>/dev/null && wait "$POD" 2>/dev/null || true
   rm -rf "$ROOT"
 }
@@ -75,5 +77,40 @@ echo "node1 gpu_faults: $(debug node1 gpu_faults)"
 exec 4>&-
 wait "$PEER"
 
-step "what the daemons traced (ualinkd pod --trace --trace-file): ioctls, GPU loads/stores, fabric messages"
-cat "$ROOT/trace.txt"
+if [ -x "$BIN/fabric_sdma" ]; then
+  step "node0 -> node1 by the SDMA engine: libhsakmt's SDMA queue copies remote VRAM (fabric_sdma)"
+  SHIM="env LD_PRELOAD=$BIN/libualink_shim.so"
+  mkfifo "$ROOT/e.in" "$ROOT/i.in"
+  $SHIM UALINK_DRI_DIR="$ROOT/node0/dri" "$BIN/fabric_sdma" export <"$ROOT/e.in" >"$ROOT/e.out" &
+  EXP=$!
+  exec 5>"$ROOT/e.in"
+  wait_for "$ROOT/e.out" '^ok export'
+  echo "node0 exporter: $(cat "$ROOT/e.out")"
+  read -r LO HI < <(sed -n 's/^ok export lo=\([^ ]*\) hi=\([^ ]*\).*/\1 \2/p' "$ROOT/e.out")
+  $SHIM UALINK_DRI_DIR="$ROOT/node1/dri" "$BIN/fabric_sdma" import "$LO" "$HI" \
+    <"$ROOT/i.in" >"$ROOT/i.out" 5>&- &
+  IMP=$!
+  exec 6>"$ROOT/i.in"
+  wait_for "$ROOT/i.out" '^ok copy_host_to_remote\|^fail'
+  sed 's/^/node1 importer: /' "$ROOT/i.out"
+  echo "check 1048576 1048576 2" >&5
+  wait_for "$ROOT/e.out" '^ok check'
+  echo "node0 sees the importer's SDMA store in its own VRAM: $(grep '^ok check' "$ROOT/e.out")"
+  echo free >&5
+  wait_for "$ROOT/e.out" '^ok freed'
+  echo again >&6
+  exec 6>&-
+  wait "$IMP" || true
+  echo "node1 after node0 freed the BO: $(grep -E '^(ok revoked_copy|fail)' "$ROOT/i.out")"
+  echo "node1 gpu_faults: $(debug node1 gpu_faults)"
+  exec 5>&-
+  wait "$EXP" || true
+fi
+
+step "what the daemons traced, in start order (ualinkd timeline --text --no-discovery): ioctls, GPU loads/stores, fabric messages"
+.venv/bin/ualinkd timeline "$ROOT/trace.jsonl" --text --no-discovery
+
+step "the same as a timeline: a track per node, a thread per client, fabric messages as arrows"
+TIMELINE=${UALINK_DEMO_TIMELINE:-/tmp/ualink-demo-timeline.json}
+.venv/bin/ualinkd timeline "$ROOT/trace.jsonl" -o "$TIMELINE" 2>/dev/null
+echo "timeline: $TIMELINE (open it in https://ui.perfetto.dev or chrome://tracing)"

@@ -1,5 +1,5 @@
--- Wireshark / tshark dissector for ualinkd's fabric protocol (version 3; version 2 HELLOs
--- too): the TCP links between node daemons, and their data channels (the handshake only: what
+-- Wireshark / tshark dissector for ualinkd's fabric protocol (version 4, which added the
+-- INCARNATION frame of spec §13 N2's restart probe; versions 2 and 3 HELLOs too): the TCP links between node daemons, and their data channels (the handshake only: what
 -- follows it is the data plane's own bytes). Layouts: ualinkd/fabric/wire.py (frames) and
 -- ualinkd/ualink/protocol.py (the seven UALink messages, spec §5.2-§5.3).
 --
@@ -20,7 +20,7 @@ local p = Proto("ualink", "ualinkd UALink fabric")
 local FRAME = {
     [0x01] = "AUTH_HELLO", [0x02] = "AUTH_CHALLENGE", [0x03] = "AUTH_PROOF",
     [0x04] = "AUTH_OK", [0x10] = "MSG", [0x11] = "ACK", [0x12] = "PING", [0x13] = "PONG",
-    [0x20] = "LOAD", [0x21] = "STORE", [0x22] = "DATA",
+    [0x14] = "INCARNATION", [0x20] = "LOAD", [0x21] = "STORE", [0x22] = "DATA",
 }
 local MSG = {
     [1] = "HELLO", [2] = "HELLO_ACK", [3] = "NPA_REQ", [4] = "NPA_RSP", [5] = "NPA_FAIL",
@@ -38,7 +38,8 @@ local ERRNO = {
 }
 -- Fixed payload+type lengths (the `length` field) of the frames that have one.
 local FIXED = {
-    [0x03] = 33, [0x04] = 1, [0x10] = 25, [0x11] = 9, [0x12] = 13, [0x13] = 9, [0x20] = 25,
+    [0x03] = 33, [0x04] = 1, [0x10] = 25, [0x11] = 9, [0x12] = 13, [0x13] = 9, [0x14] = 11,
+    [0x20] = 25,
 }
 local MIN = { [0x01] = 52, [0x02] = 66, [0x21] = 21, [0x22] = 9 }
 local MAX_FRAME = 1048576 + 64  -- wire.py MAX_FRAME (Lua 5.2: no << operator)
@@ -76,6 +77,8 @@ local f = {
     deadline = ProtoField.uint32("ualink.deadline", "Deadline (receiver's link clock, ms)",
                                  base.DEC),
     data = ProtoField.bytes("ualink.data", "Data"),
+    accel = ProtoField.uint16("ualink.accel", "Accel", base.DEC),
+    incarnation = ProtoField.uint64("ualink.incarnation", "Manager incarnation", base.HEX),
 }
 p.fields = f
 
@@ -203,6 +206,13 @@ local function dissect_frame(tvb, pinfo, tree)
     elseif ft == 0x13 then
         t:add_le(f.token, tvb(o, 8))
         info = string.format("%s token=0x%s", name, tvb(o, 8):le_uint64():tohex())
+    elseif ft == 0x14 then
+        -- the sender's accel runs this manager incarnation (what a peer's restart probe
+        -- compares, spec §13 N2): sent as a link comes up and at each manager start
+        t:add_le(f.accel, tvb(o, 2))
+        t:add_le(f.incarnation, tvb(o + 2, 8))
+        info = string.format("%s accel=%u incarnation=0x%s", name, tvb(o, 2):le_uint(),
+                             tvb(o + 2, 8):le_uint64():tohex())
     elseif ft == 0x20 or ft == 0x21 then
         local a = accels(tvb, t, o)
         t:add_le(f.npa_byte_addr, tvb(o + 8, 8))
@@ -254,9 +264,10 @@ local function looks_like_frame(tvb)
     if ft == 0x01 then
         if tvb:len() < 7 then return false end
         local v = tvb(5, 2):le_uint()
-        if v ~= 2 and v ~= 3 then return false end
+        if v < 2 or v > 4 then return false end
         -- version 3 (wire.CHANNEL_VERSION) adds the channel byte after the nonce
-        if tvb:len() >= 24 then return length == 52 + (v - 2) + tvb(23, 1):uint() end
+        local channel = v >= 3 and 1 or 0
+        if tvb:len() >= 24 then return length == 52 + channel + tvb(23, 1):uint() end
     end
     return length >= MIN[ft]
 end

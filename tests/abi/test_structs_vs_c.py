@@ -1,10 +1,10 @@
 """The Python struct layouts agree with include/ualink/ualink_drm.h as a C compiler sees it.
 
 Sizes and offsets come from `ualinkd/abi_check.py`'s probe (the one `ualinkd abi-check`
-runs: a generated C program prints sizeof/offsetof) and are checked against the offsets
-derived from the `struct.Struct` codecs in `ualinkd/abi/structs.py` (spec §1.3, §2.3–§2.8).
-Bytes written through the C struct (cffi in API mode, partial structs) must also decode to
-the same values in Python.
+runs: a generated C file's sizeof/offsetof, compiled and read from the object file) and
+are checked against the offsets derived from the `struct.Struct` codecs in
+`ualinkd/abi/structs.py` (spec §1.3, §2.3–§2.8). Bytes written through the C struct (cffi in
+API mode, partial structs) must also decode to the same values in Python.
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def test_every_layout_is_checked():
 
 @pytest.fixture(scope="session")
 def probed():
-    """The header as `ualinkd abi-check` sees it (a generated C program's sizeof/offsetof)."""
+    """The header as `ualinkd abi-check` sees it (a generated C file's sizeof/offsetof)."""
     return abi_check.probe([str(INCLUDE / "ualink" / "ualink_drm.h")])
 
 

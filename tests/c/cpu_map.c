@@ -16,6 +16,9 @@
  *   cpu_map hold <render>           a mapped BO whose fd is closed; stdin lines
  *                                   step it: partial munmap, then the rest
  *   cpu_map bench <render> <rounds> the cost of mmap + first touch of 2 MiB BOs
+ *   cpu_map closed <render> <MiB> <n>  n BOs of MiB each: created, mapped, filled
+ *                                   and GEM_CLOSEd, each mapping kept; a stdin
+ *                                   line unmaps them all and creates one more
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -529,6 +532,62 @@ static int run_hold(const char *render)
 	return failures ? 1 : 0;
 }
 
+/* The kernel's mapping holds the GEM object: a BO closed while mapped keeps its
+ * memory and its VRAM charge until the last unmap (issue 29 item 5).  Prints
+ * "ok create<i> errno=E" (0: created, mapped, filled, closed; else GEM_CREATE's
+ * errno), then on a stdin line "ok unmapped" and "ok after errno=E". */
+static int run_closed(const char *render, unsigned mib, int n)
+{
+	int fd = open_render(render), i, kept = 0;
+	size_t size = (size_t)mib << 20;
+	char **maps = calloc((size_t)n, sizeof(*maps)), line[64], step[32];
+
+	for (i = 0; i < n; i++) {
+		union drm_amdgpu_gem_create c = { .in = { .bo_size = size, .alignment = 4096,
+							   .domains = AMDGPU_GEM_DOMAIN_VRAM } };
+		struct drm_gem_close cl = { 0 };
+		uint64_t off;
+		char *p;
+
+		snprintf(step, sizeof(step), "create%d", i);
+		if (ioctl(fd, DRM_IOCTL_AMDGPU_GEM_CREATE, &c) != 0) {
+			ok(step, "errno=%d", errno);
+			continue;
+		}
+		off = gem_mmap(fd, c.out.handle);
+		p = off ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)off)
+			: MAP_FAILED;
+		if (p == MAP_FAILED) {
+			fail(step, errno);
+			return 1;
+		}
+		memset(p, 0x5a, size);	/* every page real: host memory, not a hole */
+		cl.handle = c.out.handle;
+		if (ioctl(fd, DRM_IOCTL_GEM_CLOSE, &cl) != 0 || p[size - 1] != 0x5a) {
+			fail(step, errno);
+			return 1;
+		}
+		maps[kept++] = p;
+		ok(step, "errno=0");
+	}
+	if (!fgets(line, sizeof(line), stdin))
+		return 1;
+	for (i = 0; i < kept; i++)
+		munmap(maps[i], size);
+	ok("unmapped", "count=%d", kept);
+	{
+		union drm_amdgpu_gem_create c = { .in = { .bo_size = size, .alignment = 4096,
+							   .domains = AMDGPU_GEM_DOMAIN_VRAM } };
+
+		ok("after", "errno=%d", ioctl(fd, DRM_IOCTL_AMDGPU_GEM_CREATE, &c) ? errno : 0);
+	}
+	while (fgets(line, sizeof(line), stdin))
+		;
+	free(maps);
+	close(fd);
+	return 0;
+}
+
 /* ---- cost (printed, never asserted) ---------------------------------------------- */
 
 static void touch_all(volatile char *p, size_t n)
@@ -599,6 +658,8 @@ int main(int argc, char **argv)
 		return run_hold(argv[2]);
 	if (argc == 4 && !strcmp(argv[1], "bench"))
 		return run_bench(argv[2], atoi(argv[3]));
+	if (argc == 5 && !strcmp(argv[1], "closed"))
+		return run_closed(argv[2], (unsigned)atoi(argv[3]), atoi(argv[4]));
 	if (argc == 4 && !strcmp(argv[1], "fetch"))
 		return run_fetch(argv[2], argv[3]);
 	fprintf(stderr, "usage: see the comment at the top of cpu_map.c\n");

@@ -216,7 +216,8 @@ int main(void)
 	}
 	{
 		/*
-		 * A compute queue: the emulated GPU has none to give, so hsaKmtCreateQueue
+		 * A compute queue on memory the GPU VM does not map (a malloc'd ring, the
+		 * pointers on the stack): CREATE_QUEUE refuses it (EINVAL), so hsaKmtCreateQueue
 		 * fails with the status libhsakmt gives any failed CREATE_QUEUE, having freed
 		 * the EOP / CWSR buffers it allocated first (the VRAM left is the same).
 		 */

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,21 @@ def image() -> str:
     # a rebuild removes the image it replaced rather than leaving it untagged
     assert dangling() <= before, dangling() - before
     return IMAGE
+
+
+@pytest.fixture(scope="module")
+def engine(image: str) -> Iterator[str]:
+    """The image, with CONTAINERS_CONF set to what this host needs (podman-probe.sh)."""
+    probe = subprocess.run([str(REPO / "packaging" / "podman-probe.sh"), image],
+                           capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr
+    old = os.environ.get("CONTAINERS_CONF")
+    if probe.stdout.strip():
+        os.environ["CONTAINERS_CONF"] = probe.stdout.strip()
+    try:
+        yield image
+    finally:
+        if old is None:
+            os.environ.pop("CONTAINERS_CONF", None)
+        else:
+            os.environ["CONTAINERS_CONF"] = old

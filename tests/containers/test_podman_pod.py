@@ -49,24 +49,6 @@ def wait_for(what: str, cond, timeout: float = 60, every: float = 0.5) -> None:
         time.sleep(every)
 
 
-@pytest.fixture(scope="module")
-def engine(image: str) -> Iterator[str]:
-    """The image, with CONTAINERS_CONF set to what this host needs (podman-probe.sh)."""
-    probe = subprocess.run([str(REPO / "packaging" / "podman-probe.sh"), image],
-                           capture_output=True, text=True, timeout=300)
-    assert probe.returncode == 0, probe.stderr
-    old = os.environ.get("CONTAINERS_CONF")
-    if probe.stdout.strip():
-        os.environ["CONTAINERS_CONF"] = probe.stdout.strip()
-    try:
-        yield image
-    finally:
-        if old is None:
-            os.environ.pop("CONTAINERS_CONF", None)
-        else:
-            os.environ["CONTAINERS_CONF"] = old
-
-
 class ContainerPod:
     """Three nodes, node<i> at 10.213.<k>.1<i>:7000 on a network of its own."""
 

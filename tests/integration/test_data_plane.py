@@ -400,3 +400,62 @@ def test_a_data_channel_reset_while_the_link_lasts_is_dialed_again(tmp_path):
                               and stats(b)["fast_loads"] > before, 10), (stats(b), b.log_text())
             assert "handed over again" in a.log_text() + b.log_text()
             assert "unexpected exception" not in a.log_text() + b.log_text()
+
+
+def test_a_party_with_the_link_key_cannot_take_a_live_data_channel(tmp_path):
+    """Issue 29 item 6 on real daemons: node0 dialed node1, so node1 admits node0's data
+    channel. A second party holding node0's link key (a stolen or superseded node config)
+    dials node1 data channels as node0, ten times, and keeps them open: node1 refuses each
+    (one WARNING naming node0 and the address), node0's channel stays the one node1's C data
+    plane uses, and node1's loads of node0's memory are node0's bytes, carried. On the old
+    code each newcomer was admitted and took the channel over (10 of 10; node0, its channel
+    closed, dialed again and took it back, so a forger answering the loads it got gave
+    37-54 % of them its own bytes in the issue's run)."""
+    import trio
+    from test_fabric_data_channel import data_hello
+
+    from ualinkd.fabric.link import parse_address
+
+    config = pod_config(2)
+    with running_pod(tmp_path, config=config) as (a, b):
+        assert wait_until(lambda: stats(a)["channels"] == 1 and stats(b)["channels"] == 1, 10)
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            shared(ca, cb)
+            loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
+            _, port = parse_address(config.nodes[1].address)
+
+            async def attack_then_load() -> tuple[int, list[bool]]:
+                held: list[trio.abc.Stream] = []
+                taken = 0
+
+                async def one() -> None:
+                    nonlocal taken
+                    stream, ok = await data_hello(port, config, "node0", "node1")
+                    taken += ok
+                    held.append(stream)
+
+                try:
+                    async with trio.open_nursery() as n:  # (each is refused after a wait)
+                        for _ in range(10):
+                            n.start_soon(one)
+                    before = stats(b)["fast_loads"]
+                    right = []
+                    for _ in range(10):
+                        got = await trio.to_thread.run_sync(cb.gpu_read, VA_B, 4096)
+                        right.append(got == pattern(4096))
+                    assert stats(b)["fast_loads"] > before  # (carried, not the link's)
+                    return taken, right
+                finally:
+                    for s in held:
+                        await s.aclose()
+
+            taken, right = trio.run(attack_then_load)
+            print(f"{taken} of 10 impostor data channels admitted; "
+                  f"{right.count(False)} of 10 loads wrong")
+            assert taken == 0 and all(right), (taken, right)
+            assert stats(b)["channels"] == 1
+        warned = [line for line in b.log_text().splitlines()
+                  if "refused connection from node0 (127.0.0.1:" in line]
+        assert len(warned) == 1 and "WARNING" in warned[0], b.log_text()
+        assert "a second data channel from node0 while its link's channel is healthy" in \
+            warned[0]

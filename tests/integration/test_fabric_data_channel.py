@@ -269,11 +269,12 @@ async def test_a_data_channel_without_a_live_link_from_its_peer_is_refused(
         await main.aclose()
 
 
-async def test_a_data_channel_that_sends_before_auth_ok_is_refused_and_a_second_replaces(
+async def test_a_data_channel_that_sends_before_auth_ok_is_refused_and_a_second_waits(
         pod: Pod, recorders, caplog) -> None:
     """Against a hand-driven peer a: a data channel whose AUTH_PROOF came with more bytes is
     refused (the handover could not pass them on); a good one is handed over, its bytes
-    reach the data plane; a second one for the same link closes the first's handle first.
+    reach the data plane; a second one for the same link is refused while the first is
+    healthy (issue 29 item 6), and admitted once the data plane found the first broken.
     None of them probes or replaces the link (a silent one: a new link would drop it)."""
     caplog.set_level(logging.INFO, logger="ualinkd.fabric")
     with trio.fail_after(WATCHDOG):
@@ -294,16 +295,22 @@ async def test_a_data_channel_that_sends_before_auth_ok_is_refused_and_a_second_
         assert rb.opened[0][1:] == ("a", frozenset({0, 1}))
         await first.send_all(b"to the data plane")
         assert rb.sock("a").recv(64) == b"to the data plane"
+        refused, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b")
+        assert not ok
+        await expect_closed(refused)
+        assert len(rb.opened) == 1 and rb.closed == []
+        await first.aclose()  # the peer's end goes: the data plane sees it and drops it
+        assert rb.sock("a").recv(64) == b""
+        rb.break_channel("a")
         second, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b")
         assert ok
         await wait_until(lambda: len(rb.opened) == 2)
-        assert rb.closed == [rb.opened[0][0]] and list(rb.live) == [rb.opened[1][0]]
-        await expect_closed(first)  # the data plane closed the first
+        assert rb.closed == [] and list(rb.live) == [rb.opened[1][0]]
         await trio.sleep(0.3)  # a probe of the silent link would have dropped it by now
         assert b._conns.get("a") is conn and conn.down is None
         await main.aclose()
         await wait_until(lambda: not rb.live)  # the link went: its data channel with it
-        assert rb.closed == [rb.opened[0][0], rb.opened[1][0]]
+        assert rb.closed == [rb.opened[1][0]]
         await second.aclose()
 
 
@@ -376,12 +383,18 @@ async def test_a_data_channel_that_breaks_while_its_link_lasts_is_dialed_again(
         again = [m for r in caplog.records if r.levelno == logging.INFO
                  and "handed over again" in (m := r.getMessage())]
         assert len(again) == 1
-        # Again, with only the dialer's end noticing first: the other end's old channel is
-        # replaced (closed) when the new one comes.
+        # Again, with only the dialer's end noticing first: it closed its socket, so the
+        # other end's data plane reads EOF and drops the old channel (after the new one
+        # came: the newcomer waits for that, issue 29 item 6), then takes the new one.
         dialer, other = (ra, rb) if "fabric a: data channel to b" in again[0] else (rb, ra)
-        old_other = [h for h in other.live]
         dialer.break_channel("b" if dialer is ra else "a")
-        await wait_until(lambda: len(dialer.opened) == 3 and other.closed == old_other)
+        await trio.sleep(0.05)  # (the redial is on its way: 20 ms backoff)
+        other_peer = "a" if other is rb else "b"
+        assert other.sock(other_peer).recv(64) == b""
+        other.break_channel(other_peer)
+        await wait_until(lambda: len(dialer.opened) == len(other.opened) == 3)
+        assert other.closed == []
+        assert_ends_of_one_connection(ra.sock("b"), rb.sock("a"))
         await a.send(0, 2, DW)
         assert pod.got["b"] == [(0, 2, DW)]
 
@@ -429,3 +442,33 @@ async def test_the_dialer_dials_its_data_channel_at_the_links_address_and_takes_
         await main.aclose()
         for lst in listeners:
             await lst.aclose()
+
+
+async def test_a_second_data_channel_never_takes_a_healthy_one(pod: Pod, recorders,
+                                                               caplog) -> None:
+    """Issue 29 item 6: the link's rule for channels. A party holding a's link key (a
+    stolen or superseded config) dials b a data channel as a while a's own is healthy: b
+    refuses it before AUTH_OK, again and again, one WARNING naming it (repeats counted in
+    REFUSAL_LOG_INTERVAL's line), and a's channel stays the one b uses — on the old code
+    each newcomer took it, and b's loads of a's memory went to the newcomer."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    with trio.fail_after(WATCHDOG):
+        a, b = await start(pod, recorders, "a"), await start(pod, recorders, "b")
+        ra, rb = recorders["a"], recorders["b"]
+        await wait_until(lambda: ra.peers() == ["b"] and rb.peers() == ["a"])
+        taken = 0
+        for _ in range(5):
+            stream, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b")
+            taken += ok
+            await stream.aclose()
+        print(f"{taken} of 5 second data channels took the link's healthy one")
+        assert taken == 0
+        assert len(rb.opened) == 1 and rb.closed == []
+        assert_ends_of_one_connection(ra.sock("b"), rb.sock("a"))
+        await wait_until(lambda: bool(warnings(caplog)))
+        lines = [w for w in warnings(caplog) if "refused connection" in w]
+        assert len(lines) == 1, warnings(caplog)
+        assert "refused connection from a (127.0.0.1:" in lines[0]
+        assert "a second data channel from a while its link's channel is healthy" in lines[0]
+        await a.send(0, 2, DW)
+        assert pod.got["b"] == [(0, 2, DW)] and b.is_up("a")

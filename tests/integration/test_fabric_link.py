@@ -50,12 +50,16 @@ DW = (3, 0x1000, 0, 0)
 WATCHDOG = 20.0
 
 
-def make_pod(ack_ms: int = 300) -> PodConfig:
-    """Nodes a (accels 0, 1), b (2, 3), c (4, 5): a dials b and c, b dials c."""
+def make_pod(ack_ms: int = 300,
+             quirks: frozenset[str] = frozenset({"send-fail-slow"})) -> PodConfig:
+    """Nodes a (accels 0, 1), b (2, 3), c (4, 5): a dials b and c, b dials c. By default
+    with the quirk "send-fail-slow" (§13 N4's older build): these tests are of sends that
+    wait in line for a link that is down (tests/integration/test_kernel_n_pod.py has N's
+    failing at once)."""
     nodes = tuple(NodeConfig(n, "127.0.0.1:0", (AccelConfig(2 * i), AccelConfig(2 * i + 1)))
                   for i, n in enumerate("abc"))
     cfg = PodConfig(uuid=uuid.uuid4(), key=secrets.token_hex(32), nodes=nodes,
-                    send_ack_timeout_ms=ack_ms)
+                    send_ack_timeout_ms=ack_ms, kernel_quirks=quirks)
     cfg.validate()
     return cfg
 
@@ -837,6 +841,70 @@ async def test_a_dial_failure_is_a_warning_when_its_kind_changes(pod: Pod, caplo
     assert len(loud) == 2, loud
     assert "Connection refused" in loud[0]
     assert "dialed node 'b' but 'c' answered" in loud[1]
+
+
+async def test_an_impostor_on_a_restarting_peers_port_is_a_warning_at_once(
+        pod: Pod, caplog) -> None:
+    """Issue 29 item 12: the dial's grace (DIAL_WARN_AFTER, 10 s, DEBUG meanwhile) is for
+    refused and timed-out connections — a peer restarting. Something on the peer's port
+    that fails the handshake is no restarting peer: a WARNING at once, once per kind (each
+    repeat DEBUG). A listener that accepts and never answers (a handshake timeout) keeps
+    the grace."""
+    caplog.set_level(logging.DEBUG, logger="ualinkd.fabric")
+    with socket.socket() as s:  # a port nobody listens on yet
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    a = await pod.start("a")
+    a.set_peer_address("b", f"127.0.0.1:{port}")
+
+    def dial_failures() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "cannot link to b" in r.getMessage()]
+
+    await wait_until(lambda: len(dial_failures()) >= 2)  # refused
+    listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+
+    async def silent() -> None:  # accepts, says nothing: a handshake that times out (0.5 s)
+        while True:
+            stream = await listeners[0].accept()
+            pod.nursery.start_soon(_hold, stream)
+
+    async def _hold(stream: trio.SocketStream) -> None:
+        with contextlib.suppress(Exception):
+            await stream.receive_some(100)
+            await trio.sleep(2)
+        await stream.aclose()
+
+    async def impostor() -> None:  # c's handshake answering on b's address
+        while True:
+            stream = await listeners[0].accept()
+            hs = auth.ServerHandshake(pod.cfg, "c", now=trio.current_time(),
+                                      nonces=auth.NonceCache())
+            with contextlib.suppress(Exception):
+                out = hs.receive_frame(await read_frame(stream, FrameDecoder()),
+                                       trio.current_time())
+                await stream.send_all(encode_frame(out[0]))
+                await stream.receive_some(100)
+            await stream.aclose()
+
+    async with trio.open_nursery() as n:
+        n.start_soon(silent)
+        await wait_until(lambda: any("not finished" in r.getMessage()
+                                     for r in dial_failures()), timeout=5)
+        n.cancel_scope.cancel()
+    assert all(r.levelno == logging.DEBUG for r in dial_failures()), [
+        (r.levelname, r.getMessage()) for r in dial_failures()]
+    started = trio.current_time()
+    async with trio.open_nursery() as n:
+        n.start_soon(impostor)
+        await wait_until(lambda: sum("'c' answered" in r.getMessage()
+                                     for r in dial_failures()) >= 3)
+        n.cancel_scope.cancel()
+    await listeners[0].aclose()
+    assert trio.current_time() - started < 5  # within the 10 s grace
+    loud = [r.getMessage() for r in dial_failures() if r.levelno >= logging.WARNING]
+    print(f"{len(loud)} WARNING(s) for {sum('answered' in r.getMessage() for r in dial_failures())}"
+          f" impostor answers in {trio.current_time() - started:.1f} s")
+    assert len(loud) == 1 and "dialed node 'b' but 'c' answered" in loud[0], loud
 
 
 async def test_a_peer_that_starts_within_the_grace_is_no_warning(pod: Pod, caplog) -> None:

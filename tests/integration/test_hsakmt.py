@@ -68,9 +68,11 @@ def test_libhsakmt_opens_allocates_maps_and_frees(tmp_path: Path):
                      "map_system", "gpu_store_load_system", "free", "create_event",
                      "wait_event", "close_kfd"):
             assert step in by, r.stdout
-        # A queue: none to give (the DQM's limit, EPERM), which libhsakmt 5.2.3 reports
+        # A queue whose ring and pointers are plain malloc'd memory the GPU VM does not
+        # map: refused (EINVAL, kfd_queue_acquire_buffers), which libhsakmt 5.2.3 reports
         # as HSAKMT_STATUS_ERROR for any failed CREATE_QUEUE; what it allocated for the
-        # queue first (EOP buffer, CWSR area) is freed again.
+        # queue first (EOP buffer, CWSR area) is freed again. (Queues that run:
+        # test_hsakmt_queues.py.)
         (q,) = by["create_queue"]
         assert q["status"] == "1", q  # HSAKMT_STATUS_ERROR
         assert int(q["gem_before"]) >= 0 and q["gem_before"] == q["gem_after"], q
@@ -82,25 +84,16 @@ def test_libhsakmt_opens_allocates_maps_and_frees(tmp_path: Path):
 
 
 
-def fake_lsmod(tmp_path: Path) -> Path:
-    """rocminfo's `lsmod | grep amdgpu` answered (kmod reads /proc/modules, absent here)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    lsmod = bin_dir / "lsmod"
-    lsmod.write_text("#!/bin/sh\necho 'Module                  Size  Used by'\n"
-                     "echo 'amdgpu               1  0'\n")
-    lsmod.chmod(0o755)
-    return bin_dir
-
-
-def run_rocminfo(node, bin_dir: Path, **extra_env: str) -> str:
-    """Debian's rocminfo through the shim against `node`, with the lsmod stand-in on PATH;
-    its output (stdout, then stderr), once it exited 0."""
+def run_rocminfo(node, **extra_env: str) -> str:
+    """Debian's rocminfo through the shim against `node`, nothing else faked: its
+    `lsmod | grep amdgpu` runs the real kmod lsmod, which reads /proc/modules and
+    /sys/module/amdgpu through the shim it inherits (this container has no /proc/modules at
+    all). Its output (stdout, then stderr), once it exited 0."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA"))}
-    env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"),
-               PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}", **extra_env)
+    env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"), **extra_env)
     r = subprocess.run(["rocminfo"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr + node.log_text()
+    assert "ROCk module is loaded" in r.stdout
     return r.stdout + r.stderr
 
 
@@ -113,17 +106,16 @@ def agent_field(stdout: str, name: str) -> list[str]:
 @pytest.mark.skipif(shutil.which("rocminfo") is None, reason="rocminfo is not installed")
 def test_rocminfo_recognizes_an_mi210_without_override(tmp_path: Path):
     """With the gfx90a (MI210) profile, ROCr 5.2.3 knows the GPU: rocminfo lists it as a
-    GPU agent named gfx90a with its 104 CUs, no HSA_OVERRIDE_GFX_VERSION set (only the
-    lsmod stand-in)."""
+    GPU agent named gfx90a with its 104 CUs, no HSA_OVERRIDE_GFX_VERSION set and nothing
+    faked (issue 32, item 1: the shim answers rocminfo's lsmod)."""
     import dataclasses
 
     from ualinkd.config import AccelConfig
     base = PodConfig.local(1, 1)
     node_cfg = dataclasses.replace(base.nodes[0], accels=(AccelConfig(0, profile="mi210"),))
     config = dataclasses.replace(base, nodes=(node_cfg,))
-    bin_dir = fake_lsmod(tmp_path)
     with running_node(tmp_path / "node", config) as node:
-        out = run_rocminfo(node, bin_dir)
+        out = run_rocminfo(node)
         assert agent_field(out, "Device Type") == ["CPU", "GPU"], out
         assert "amdgcn-amd-amdhsa--gfx90a" in out
         assert "unrecognized id" not in out
@@ -133,14 +125,11 @@ def test_rocminfo_recognizes_an_mi210_without_override(tmp_path: Path):
 @pytest.mark.skipif(shutil.which("rocminfo") is None, reason="rocminfo is not installed")
 def test_rocminfo_lists_the_accel_as_a_gpu_agent(tmp_path: Path):
     """Debian's rocminfo 5.2.3 (ROCr 5.2.3 over libhsakmt) through the shim lists the CPU
-    and the accel as a GPU agent. Two things stand in for the host, both said in the README:
-    rocminfo first runs `lsmod | grep amdgpu` (kmod reads /proc/modules, which this
-    container does not have), answered by an `lsmod` on PATH that lists amdgpu; and ROCr
-    5.2.3 drops a gfx942 node as "unrecognized id", so HSA_OVERRIDE_GFX_VERSION=9.0.10
-    presents it as gfx90a, as a user of an old ROCr on MI300 would."""
-    bin_dir = fake_lsmod(tmp_path)
+    and the accel as a GPU agent. ROCr 5.2.3 drops a gfx942 node as "unrecognized id", so
+    HSA_OVERRIDE_GFX_VERSION=9.0.10 presents it as gfx90a, as a user of an old ROCr on MI300
+    would; rocminfo's `lsmod | grep amdgpu` is answered by the shim (nothing on PATH)."""
     with running_node(tmp_path / "node", PodConfig.local(1, 1)) as node:
-        out = run_rocminfo(node, bin_dir, HSA_OVERRIDE_GFX_VERSION="9.0.10")
+        out = run_rocminfo(node, HSA_OVERRIDE_GFX_VERSION="9.0.10")
         assert agent_field(out, "Device Type") == ["CPU", "GPU"], out
         assert "amdgcn-amd-amdhsa--gfx90a" in out
 
@@ -166,17 +155,19 @@ hsa.hsa_queue_create.argtypes = [Agent, ctypes.c_uint32, ctypes.c_uint32, ctypes
 q = ctypes.c_void_p()
 status = hsa.hsa_queue_create(gpus[0], 1024, 0, None, None, 0xFFFFFFFF, 0xFFFFFFFF,
                               ctypes.byref(q))
-print(len(gpus), hex(status), hex(hsa.hsa_shut_down()))
+hsa.hsa_queue_destroy.argtypes = [ctypes.c_void_p]
+destroyed = hsa.hsa_queue_destroy(q) if status == 0 else -1
+print(len(gpus), hex(status), hex(destroyed), hex(hsa.hsa_shut_down()))
 """
 
 
 @pytest.mark.skipif(not Path("/usr/lib/x86_64-linux-gnu/libhsa-runtime64.so.1").exists(),
                     reason="Debian's ROCr (libhsa-runtime64-1) is not installed")
-def test_rocr_queue_create_is_out_of_resources(tmp_path: Path):
+def test_rocr_queue_create_and_destroy(tmp_path: Path):
     """What a runtime that needs a queue sees: Debian's ROCr 5.2.3 (ctypes, through the
-    shim) comes up and finds the MI210 GPU agent, and hsa_queue_create fails with
-    HSA_STATUS_ERROR_OUT_OF_RESOURCES (hsaKmtCreateQueue failed: CREATE_QUEUE's EPERM);
-    hsa_shut_down then succeeds."""
+    shim) comes up and finds the MI210 GPU agent; hsa_queue_create makes its AQL queue
+    (CREATE_QUEUE answers, issue 30 item 1; before, EPERM made it OUT_OF_RESOURCES),
+    hsa_queue_destroy and hsa_shut_down succeed, and the node holds no queue after."""
     import dataclasses
     import sys
 
@@ -190,4 +181,41 @@ def test_rocr_queue_create_is_out_of_resources(tmp_path: Path):
         r = subprocess.run([sys.executable, "-c", ROCR_QUEUE], env=env, capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr + node.log_text()
-        assert r.stdout.split() == ["1", "0x1008", "0x0"], r.stdout + r.stderr
+        assert r.stdout.split() == ["1", "0x0", "0x0", "0x0"], r.stdout + r.stderr
+        assert node.debug(128, "kfd_queues").strip() == "", node.debug(128, "kfd_queues")
+
+
+@pytest.mark.skipif(shutil.which("rocminfo") is None, reason="rocminfo is not installed")
+def test_rocminfo_one_flag_away(tmp_path: Path):
+    """Issue 32, items 1-3 as a user types them: `ualinkd pod --profile mi210`, then
+    `ualinkd run ROOT/node0 -- rocminfo` (no LD_PRELOAD, no UALINK_DRI_DIR, no PATH trick,
+    no HSA override): rocminfo finds the ROCk module loaded and lists the gfx90a GPU."""
+    import signal
+    import sys
+    import time
+
+    root = tmp_path / "pod"
+    out = tmp_path / "pod.out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "HSA", "UALINK"))}
+    with open(out, "w") as f:
+        pod = subprocess.Popen([sys.executable, "-m", "ualinkd", "pod", "--nodes", "1",
+                                "--profile", "mi210", "--root", str(root)], stdout=f,
+                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while " ready: " not in out.read_text():
+            assert pod.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.05)
+        r = subprocess.run([sys.executable, "-m", "ualinkd", "run", str(root / "node0"), "--",
+                            "rocminfo"], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+        assert "ROCk module is loaded" in r.stdout
+        assert agent_field(r.stdout, "Device Type") == ["CPU", "GPU"], r.stdout
+        assert "amdgcn-amd-amdhsa--gfx90a" in r.stdout
+        pod.send_signal(signal.SIGTERM)
+        assert pod.wait(30) == 0
+    finally:
+        if pod.poll() is None:
+            pod.kill()
+            pod.wait()
+        subprocess.run(["umount", "-l", str(root / "node0")], capture_output=True)

@@ -90,6 +90,10 @@ def test_wheel_carries_the_c_side(installed: Path):
     check = _run([str(installed / "bin" / "ualinkd"), "abi-check",
                   str(include / "ualink" / "ualink_drm.h")]).stdout
     assert check.splitlines()[-1].startswith("ok: "), check
+    # issue 32 item 6: and so does the KFD's, checked against the emulated KFD.
+    kfd = _run([str(installed / "bin" / "ualinkd"), "abi-check",
+                str(include / "ualink" / "ualink_kfd.h")]).stdout
+    assert kfd.splitlines() == ["ok: 31 structs and 30 ioctl numbers compared"], kfd
 
 
 def test_user_project_builds_a_client_and_runs_the_fixture(installed: Path, tmp_path: Path):

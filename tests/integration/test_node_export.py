@@ -299,12 +299,15 @@ def test_pod_command_starts_and_stops_cleanly(tmp_path):
                             str(tmp_path / "second")], capture_output=True, text=True,
                            timeout=30)
         assert r.returncode == 1, r.stderr
-        assert "ualinkd: node0: [Errno 98]" in r.stderr and "Traceback" not in r.stderr
+        address = PodConfig.load(root / "pod.toml").node("node0").address
+        assert f"ualinkd: node0: fabric address {address} is in use" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
         assert not fuse_mounts_at(str(root / "node0"))
         assert not fuse_mounts_at(str(root / "node1"))
-        assert sorted(p.name for p in root.iterdir()) == ["node0", "node1", "pod.toml"]
+        assert sorted(p.name for p in root.iterdir()) == [".nodes.json", "node0", "node1",
+                                                          "pod.toml"]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,7 +184,8 @@ def test_sighup_stops_the_pod_as_sigterm_does(tmp):
         assert p.proc.wait(30) == 0, p.stderr()
         assert not any(alive(pid) for pid in p.nodes)
         assert not fuse_mounts_under(root)
-        assert sorted(x.name for x in root.iterdir()) == ["node0", "node1", "pod.toml"]
+        assert sorted(x.name for x in root.iterdir()) == [".nodes.json", "node0", "node1",
+                                                          "pod.toml"]
 
 
 def test_nohup_pod_survives_sighup(tmp):
@@ -473,3 +475,354 @@ def test_ualinkctl_pod_status_shows_every_node_and_a_stopped_one(tmp):
                           "node2": "serving"}
         p.proc.send_signal(signal.SIGTERM)
         assert p.proc.wait(timeout=30) == 0
+
+
+# -- issue 32: your own pod file, `ualinkd run`, the papercuts ---------------------------------
+UALINKD = [sys.executable, "-m", "ualinkd"]
+CTL = str(Path(sys.executable).parent / "ualinkctl")
+
+
+@contextlib.contextmanager
+def pod_with(root: Path, *args: str, ready: int) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`ualinkd pod --root ROOT ARGS` until `ready` ready lines; (the process, its stdout so
+    far). Killed afterwards if still running."""
+    out = root.parent / f"{root.name}.out"
+    err = root.parent / f"{root.name}.err"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen([*UALINKD, "pod", "--root", str(root), *args], stdout=o,
+                                stderr=e, stdin=subprocess.DEVNULL, text=True,
+                                preexec_fn=default_sighup)
+    try:
+        assert wait_for(lambda: proc.poll() is not None
+                        or out.read_text().count(" ready: ") == ready, 60), err.read_text()
+        assert proc.poll() is None, err.read_text()
+        yield proc, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def own_pod_file(path: Path, names: tuple[str, ...], accels: int, port0: bool) -> bytes:
+    """A pod file a user wrote: nodes `names` with `accels` accels each, on ports the kernel
+    picks (host:0) or on free ports written down; its bytes."""
+    from dataclasses import replace
+
+    from ualinkd.cli.main import free_tcp_ports
+    from ualinkd.config import PodConfig
+
+    base = PodConfig.local(len(names), accels,
+                           [0] * len(names) if port0 else free_tcp_ports(len(names)))
+    config = replace(base, nodes=tuple(replace(n, name=name)
+                                       for n, name in zip(base.nodes, names, strict=True)))
+    path.write_text("# my pod\n" + config.to_toml())
+    return path.read_bytes()
+
+
+def test_pod_config_file_and_profile_run_as_written(tmp):
+    """Issue 32, item 3: `ualinkd pod --config FILE --profile mi210` runs the nodes FILE
+    names (mounted at ROOT/NAME, host:0 given free ports) with every accel an MI210, and
+    leaves FILE as it was; the running config is ROOT/pod.toml, marked as the pod's own.
+    Item 9: the ready line of a 2-accel node names both render nodes."""
+    from ualinkd.cli.pod import GENERATED_MARK
+
+    mine = tmp / "mine.toml"
+    before = own_pod_file(mine, ("gpu-a", "gpu-b"), 2, port0=True)
+    root = tmp / "pod"
+    with pod_with(root, "--config", str(mine), "--profile", "mi210", ready=2) as (proc, out):
+        ready = [ln for ln in out.splitlines() if " ready: " in ln]
+        assert [ln.split()[0] for ln in ready] == ["gpu-a", "gpu-b"]
+        a = root / "gpu-a"
+        assert f"render={a}/dri/renderD128,{a}/dri/renderD129 accels=0,1" in ready[0], ready
+        for minor in (128, 129):
+            dev = a / f"sys/class/drm/renderD{minor}/device/device"
+            assert dev.read_text().strip() == "0x740f"  # amdgpu/profile.py's mi210
+        assert "gpu-a up" in (root / "gpu-b/sys/kernel/debug/ualink_fabric").read_text()
+        assert mine.read_bytes() == before
+        running = (root / "pod.toml").read_text()
+        assert running.splitlines()[0] == GENERATED_MARK
+        assert ":0\"" not in running and 'profile = "mi210"' in running
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    assert mine.read_bytes() == before
+    assert not fuse_mounts_under(root)
+
+
+def test_pod_never_rewrites_a_users_pod_toml_nor_mounts_over_files(tmp):
+    """Issue 32, item 3: a pod.toml under ROOT that `ualinkd pod` did not write is refused
+    (exit 2, one line saying --config or --overwrite) and kept byte for byte; --config
+    ROOT/pod.toml runs it without touching it; a node directory that holds files is never
+    mounted over (exit 2, the files still there)."""
+    root = tmp / "pod"
+    root.mkdir()
+    before = own_pod_file(root / "pod.toml", ("node0",), 1, port0=False)
+    r = subprocess.run([*UALINKD, "pod", "--nodes", "1", "--root", str(root)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == (f"ualinkd: {root}/pod.toml is not one `ualinkd pod` wrote: run that "
+                        f"pod with --config {root}/pod.toml, or pass --overwrite to replace "
+                        "it\n")
+    assert (root / "pod.toml").read_bytes() == before and not (root / "node0").exists()
+    # run from it, but changed (--profile): the change would have to be written over it
+    r = subprocess.run([*UALINKD, "pod", "--config", str(root / "pod.toml"), "--profile",
+                        "mi210", "--root", str(root)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "copy it elsewhere" in r.stderr, r.stderr
+    assert (root / "pod.toml").read_bytes() == before and not (root / "node0").exists()
+    with pod_with(root, "--config", str(root / "pod.toml"), ready=1) as (proc, _):
+        assert (root / "pod.toml").read_bytes() == before
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    assert (root / "pod.toml").read_bytes() == before
+    other = tmp / "other"
+    (other / "node0").mkdir(parents=True)
+    (other / "node0" / "notes.txt").write_text("mine")
+    r = subprocess.run([*UALINKD, "pod", "--nodes", "1", "--root", str(other)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert f"{other}/node0 is not empty" in r.stderr and "Traceback" not in r.stderr
+    assert (other / "node0" / "notes.txt").read_text() == "mine"
+    assert not fuse_mounts_under(other) and not (other / "pod.toml").exists()
+    with pod_with(root, "--nodes", "1", "--overwrite", ready=1) as (proc, _):
+        assert (root / "pod.toml").read_bytes() != before
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+@pytest.mark.parametrize("argv", [["pod", "--nodes", "1"], ["start-node", "node0"],
+                                  ["pod", "--netns", "--nodes", "1"]])
+@pytest.mark.parametrize("where", ["file", "under-a-file"])
+def test_root_that_cannot_be_a_directory_is_one_line(tmp, argv, where):
+    """Issue 32, item 9: --root naming a file, or a path under a file, is one line and a
+    non-zero status, no traceback (and no pod started)."""
+    (tmp / "f").write_text("")
+    root = tmp / "f" if where == "file" else tmp / "f" / "pod"
+    r = subprocess.run([*UALINKD, *argv, "--root", str(root)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode in (1, 2), r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert str(tmp / "f") in r.stderr
+
+
+def test_pod_interrupted_before_ready_exits_with_the_signal(tmp):
+    """Issue 32, item 9: a pod stopped by SIGINT before it served (here: waiting for a
+    stopped node of a dead pod to leave the root) exits 130, as a shell reports an
+    interrupted command, not 0."""
+    root = tmp / "pod"
+    with pod(root, nodes=1) as p:
+        (node,) = p.nodes
+        os.kill(node, signal.SIGSTOP)
+        p.proc.kill()
+        p.proc.wait()
+    try:
+        second = subprocess.Popen([*UALINKD, "pod", "--nodes", "1", "--root", str(root)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  preexec_fn=default_sighup)
+        # it asks the stopped mount from a child (`stat -f`, 2 s) and waits up to 5 s
+        # (_LIVE_MOUNT_GRACE) for it to go: interrupted there, with its handlers set
+        assert wait_for(lambda: any(
+            _is_child_stat(int(d), second.pid) for d in os.listdir("/proc") if d.isdigit()),
+            30), "the pod never asked the stopped mount"
+        second.send_signal(signal.SIGINT)
+        out, err = second.communicate(timeout=30)
+        assert second.returncode == 128 + signal.SIGINT, err
+        assert " ready: " not in out
+    finally:
+        os.kill(node, signal.SIGCONT)  # its parent-death SIGTERM is delivered now
+    assert wait_for(lambda: not alive(node), 10)
+    assert wait_for(lambda: not fuse_mounts_under(root), 5)
+
+
+def _is_child_stat(pid: int, parent: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return ppid == parent and f.read().split(b"\0")[0] == b"stat"
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def test_ualinkd_run_sets_up_the_shim_and_refuses_what_is_not_a_node(tmp):
+    """Issue 32, item 2: `ualinkd run NODE -- PROG` runs PROG with the shim preloaded and
+    UALINK_DRI_DIR / UALINK_MOUNT the node's absolute paths (NODE a mount directory, or a
+    name with --root), exit status PROG's; a pod root, a plain directory or a missing path
+    is refused in one line naming why (the root's nodes suggested)."""
+    root = tmp / "pod"
+    with pod_with(root, "--nodes", "2", ready=2) as (proc, _):
+        script = ('echo "$LD_PRELOAD|$UALINK_DRI_DIR|$UALINK_MOUNT"; '
+                  'stat -c %t:%T /dev/dri/renderD128; lsmod | grep -c "^amdgpu "; exit 7')
+        rel = os.path.relpath(root / "node1")
+        for argv in (["run", rel, "--", "sh", "-c", script],
+                     ["run", "--root", str(root), "node1", "sh", "-c", script]):
+            r = subprocess.run([*UALINKD, *argv], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 7, r.stderr
+            env, chr_, amdgpu = r.stdout.splitlines()
+            shim, dri, mount = env.split("|")
+            assert shim.endswith("libualink_shim.so") and os.path.isabs(shim)
+            assert (dri, mount) == (f"{root}/node1/dri", f"{root}/node1")
+            assert chr_ == "e2:80" and amdgpu == "1"  # 226:128, and lsmod lists amdgpu
+        for bad, why in ((root, "not a mount point"), (tmp / "nope", "it does not exist")):
+            r = subprocess.run([*UALINKD, "run", str(bad), "--", "true"], capture_output=True,
+                               text=True, timeout=60)
+            assert r.returncode == 2, r.stderr
+            assert r.stderr.startswith(f"ualinkd run: {bad} is not a ualinkd node's mount "
+                                       f"({why})"), r.stderr
+        assert f"its nodes: {root}/node0, {root}/node1" in subprocess.run(
+            [*UALINKD, "run", str(root), "--", "true"], capture_output=True, text=True,
+            timeout=60).stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+@pytest.fixture(scope="module")
+def public_pod() -> Iterator[tuple[Path, str]]:
+    """One `ualinkd pod --nodes 2 --accels-per-node 2` in a directory every user may enter
+    (pytest's own are 0700): (its root, its ready lines). Stopped, unmounted and removed
+    afterwards."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="ualink-ctl-", dir="/tmp"))
+    top.chmod(0o755)
+    root = top / "pod"
+    try:
+        with pod_with(root, "--nodes", "2", "--accels-per-node", "2", ready=2) as (proc, out):
+            yield root, out
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+    finally:
+        left = pids_using(top)
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for point in reversed(fuse_mounts_under(top)):
+            subprocess.run(["umount", "-l", point], capture_output=True)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_ready_line_names_every_render_node(public_pod):
+    """Issue 32, item 9: a node with two accels is ready with both render nodes named."""
+    root, out = public_pod
+    ready = [ln for ln in out.splitlines() if " ready: " in ln]
+    n1 = root / "node1"
+    assert ready[1] == (f"node1 ready: mount={n1} render={n1}/dri/renderD128,"
+                        f"{n1}/dri/renderD129 accels=2,3"), ready
+
+
+def test_ualinkctl_pod_as_another_user(public_pod):
+    """Issue 32, item 9: `ualinkctl pod ROOT` works for a user who cannot read pod.toml (it
+    holds the key: mode 0600); the pod's key-less ROOT/.nodes.json names the nodes."""
+    root, _ = public_pod
+    assert (root / "pod.toml").stat().st_mode & 0o777 == 0o600
+    r = subprocess.run([CTL, "pod", str(root)], capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+    assert r.returncode == 0, r.stderr
+    rows = [ln.split() for ln in r.stdout.splitlines()[1:]]
+    assert [(row[0], row[2], row[3]) for row in rows] == [
+        ("node0", "0,1", "serving"), ("node1", "2,3", "serving")], r.stdout
+    assert "(root only)" in r.stdout  # debugfs: the links are not this user's to read
+
+
+def test_ualinkctl_pod_json_accels_are_numbers(public_pod):
+    """Issue 32, item 9: `ualinkctl pod --json` gives each node's accels as a list of
+    numbers, not the table's "0,1" string."""
+    import json
+
+    root, _ = public_pod
+    r = subprocess.run([CTL, "pod", str(root), "--json"], capture_output=True, text=True,
+                       timeout=60)
+    assert [n["accels"] for n in json.loads(r.stdout)["nodes"]] == [[0, 1], [2, 3]]
+
+
+def test_ualinkctl_pod_watch_says_when_and_clears_a_terminal(public_pod):
+    """Issue 32, item 9: `ualinkctl pod --watch` heads each table with the pod and the time;
+    to a file the tables follow one another, on a terminal each redraws the screen."""
+    import pty
+
+    root, _ = public_pod
+    stamp = re.compile(rf"^{re.escape(str(root))} at \d\d:\d\d:\d\d \(every 0.2 s", re.M)
+    log = root.parent / "watch.out"
+    with open(log, "w") as f:
+        watch = subprocess.Popen([CTL, "pod", str(root), "--watch", "0.2"], stdout=f)
+    try:
+        assert wait_for(lambda: len(stamp.findall(log.read_text())) >= 2, 30)
+    finally:
+        watch.send_signal(signal.SIGINT)
+        watch.wait(30)
+    assert "\x1b[2J" not in log.read_text()
+    leader, follower = pty.openpty()
+    watch = subprocess.Popen([CTL, "pod", str(root), "--watch", "0.2"], stdout=follower,
+                             stderr=subprocess.DEVNULL)
+    os.close(follower)
+    seen = ""
+    try:
+        deadline = time.monotonic() + 30
+        while seen.count("\x1b[H\x1b[2J") < 2 and time.monotonic() < deadline:
+            seen += os.read(leader, 65536).decode(errors="replace")
+    finally:
+        watch.send_signal(signal.SIGINT)
+        watch.wait(30)
+        os.close(leader)
+    assert seen.count(f"\x1b[H\x1b[2J{root} at ") >= 2, seen
+
+
+def test_ualinkctl_mount_of_a_pod_root_names_its_nodes(public_pod):
+    """Issue 32, item 9: `ualinkctl --mount ROOT` (a pod's root, not a node) says so and
+    names ROOT/node0 and the pod's nodes."""
+    root, _ = public_pod
+    r = subprocess.run([CTL, "--mount", str(root), "state"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1
+    assert r.stderr == (f"ualinkctl: {root} is not a ualinkd mount (no sys/class/drm); a pod "
+                        f"root: --mount {root}/node0 (its nodes: node0, node1; `ualinkctl pod "
+                        f"{root}` shows them all)\n"), r.stderr
+
+
+def test_ualinkd_run_inside_a_netns_node(tmp):
+    """Issue 32, items 1 and 2 on a `ualinkd pod --netns` pod: `ualinkd run --root POD-DIR
+    NODE -- PROG` runs PROG inside the node's namespaces with the shim pointed at the node's
+    mount there: /dev/dri/renderD128 is the node's character device 226:128, kmod's lsmod
+    lists amdgpu with the node's sys/module/amdgpu (its size, not an error), and rocminfo
+    lists the node's GPU (--profile mi210: the gfx90a ROCr 5.2.3 knows)."""
+    from ualinkd.testing import PodUnavailable, check_prerequisites, cleanup_stale
+
+    try:
+        check_prerequisites()
+    except PodUnavailable as e:
+        pytest.skip(str(e))
+    root = tmp / "pods"
+    out = tmp / "netns.out"
+    with open(out, "w") as f:
+        proc = subprocess.Popen([*UALINKD, "pod", "--netns", "--nodes", "1", "--profile",
+                                 "mi210", "--root", str(root)], stdout=f,
+                                stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL, preexec_fn=default_sighup)
+    try:
+        assert wait_for(lambda: "faults:" in out.read_text() or proc.poll() is not None, 60)
+        assert proc.poll() is None, out.read_text()
+        pod_dir = re.search(r"^pod dir: (.*)$", out.read_text(), re.M).group(1)
+        r = subprocess.run([*UALINKD, "run", "--root", pod_dir, "node0", "--", "sh", "-c",
+                            "stat -c %t:%T /dev/dri/renderD128; lsmod"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0] == "e2:80", r.stdout
+        assert ["amdgpu", "9928704", "0"] in [ln.split() for ln in lines], r.stdout
+        assert r.stderr == "", r.stderr  # no libkmod error, no word from the shim
+        if shutil.which("rocminfo"):  # ROCr 5.2.3 finds the node's MI210 inside the node
+            r = subprocess.run([*UALINKD, "run", "--root", pod_dir, "node0", "--", "rocminfo"],
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+            assert "ROCk module is loaded" in r.stdout
+            assert "amdgcn-amd-amdhsa--gfx90a" in r.stdout
+        r = subprocess.run([*UALINKD, "run", "--root", pod_dir, "node9", "--", "true"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "node9" in r.stderr, r.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cleanup_stale(root)

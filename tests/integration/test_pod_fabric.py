@@ -133,12 +133,15 @@ def test_both_addressing_modes(tmp_path, mode):
 
 
 def test_killed_exporter_and_restart(tmp_path):
-    """§5.8a with policy 1: A is SIGKILLed while B holds an import: B's import stays until
+    """§5.8a with policy 1, as U behaves (§13: quirks no-restart-probe, npa-req-fail-no-reset
+    and send-fail-slow; tests/integration/test_kernel_n_pod.py has N's default): A is
+    SIGKILLed while B holds an import: B's import stays until
     a timeout or a HELLO; a new import fails (ETIME: the link is down). A restarts with
     no state: B's first NPA_REQ reaches an A that is not connected, which drops it and
     says HELLO (§5.6 step 1) — that import times out; B answers the HELLO, cleans up what
     it had from the old A and counts a new generation; the next import works."""
-    cfg = pod_config(2)
+    cfg = pod_config(2, quirks=frozenset({"no-restart-probe", "npa-req-fail-no-reset",
+                                          "send-fail-slow"}))
     with running_pod(tmp_path, config=cfg) as (a, b):
         with Client(b.render()) as cb:
             with Client(a.render()) as ca:
@@ -213,8 +216,11 @@ def test_importer_killed_while_exporter_revokes(tmp_path):
     """§6.5, §5.7 steps 6–8: B is SIGKILLed holding an import; A's revoke gets no
     RELEASE: after the response timeout A frees the NPA, unpins, and resets its connection
     to B. (No liveness probing, §5.8a: right after the kill the connection still looks
-    ESTABLISHED; 1.5 s timeouts keep that true on a loaded machine.)"""
-    with running_pod(tmp_path, config=pod_config(2, response_ms=1500)) as (a, b):
+    ESTABLISHED; 1.5 s timeouts keep that true on a loaded machine.) As U behaves (§13 N4's
+    quirk send-fail-slow: the REVOKE waits for the link that is down); N's failing at once
+    is test_kernel_n_pod.py's test_n4_n5_a_revoke_to_a_killed_importer_ends_at_once."""
+    cfg = pod_config(2, response_ms=1500, quirks=frozenset({"send-fail-slow"}))
+    with running_pod(tmp_path, config=cfg) as (a, b):
         with Client(a.render()) as ca:
             bo = ca.bo_create()
             handle = ca.export(bo)

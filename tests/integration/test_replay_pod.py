@@ -280,3 +280,35 @@ def test_a_call_given_a_bad_pointer_replays_its_fault(tmp_path):
         res = replay(trace, root, nodes=("node0",))  # the session never touched node1
     assert res.returncode == 0, res.stdout + res.stderr
     assert differences(res) == []
+
+
+def test_a_recording_reaches_nothing_but_the_device_files(tmp_path):
+    """issue 29 item 2, on a real pod: a three-line recording (open, GPU store, release)
+    whose open names the node's debugfs knob ualink_drop_msg, a file outside the mount by
+    `..`, or by its absolute path, is refused before anything is issued (exit 2, one line):
+    at cb563a2 the first set the node's drop bitmap to 0xff and the others overwrote the
+    file, and the replays said "no differences"."""
+    outside = tmp_path / "outside"
+    outside.write_text("the host's file\n")
+    evil = tmp_path / "evil.jsonl"
+    with pod(tmp_path, "target") as root:
+        knob = root / "node0/sys/kernel/debug/dri/128/ualink_drop_msg"
+        before = knob.read_text()
+        for path in ("sys/kernel/debug/dri/128/ualink_drop_msg", "../../outside",
+                     str(outside)):
+            opened = {"v": 2, "type": "open", "time": 1.0, "pid": 7, "node": "node0",
+                      "file": 1, "path": path, "result": 0}
+            store = {"v": 2, "type": "gpu", "time": 1.1, "pid": 7, "node": "node0", "file": 1,
+                     "op": "store", "va": 0, "length": 3, "result": 3, "data_hex": b"ff\n".hex()}
+            evil.write_text("".join(json.dumps(r) + "\n" for r in (
+                opened, store, {**opened, "type": "release", "time": 1.2, "pid": 0})))
+            res = replay(evil, root, nodes=("node0",))
+            text = json.dumps(path)  # (cut to 40 characters, as the check quotes it)
+            shown = text if len(text) <= 40 else text[:39] + "…"
+            assert res.returncode == 2, res.stdout + res.stderr
+            assert res.stdout == ""
+            assert res.stderr == (f"ualinkd replay: {evil}: line 1: `path` is not "
+                                  "dri/renderD<n>, dri/card<n>, kfd or dmabuf/<token> "
+                                  f"({shown})\n")
+        assert knob.read_text() == before
+    assert outside.read_text() == "the host's file\n"

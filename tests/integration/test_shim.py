@@ -123,7 +123,9 @@ def test_dmabuf_dir_override(node):
 
 
 def test_inert_without_dri_dir(node):
-    """No UALINK_DRI_DIR: /dev/dri/renderD128 is opened as asked, which fails here."""
+    """No UALINK_DRI_DIR: /dev/dri/renderD128 is opened as asked, which fails here; the shim
+    says once on stderr that it is off and why (issue 32, item 2: it was silent, and the
+    program's `open err=2` was all a user saw)."""
     if os.path.exists("/dev/dri/renderD128"):
         pytest.skip("this machine has a real /dev/dri/renderD128")
     plain = run([c_program("unmodified_client")])
@@ -132,7 +134,46 @@ def test_inert_without_dri_dir(node):
     for r in (plain, shimmed, empty):
         assert r.returncode == 1
         assert steps(r.stdout) == {"open": {"status": "fail", "errno": str(errno.ENOENT)}}, r.stdout
-        assert r.stderr == ""
+    assert plain.stderr == ""
+    for r in (shimmed, empty):
+        assert r.stderr.splitlines() == [
+            "libualink_shim: UALINK_DRI_DIR is not set; the shim is off and /dev/dri is the "
+            "system's (ualinkd run NODE -- PROG sets it)"], r.stderr
+
+
+def test_proc_modules_lists_amdgpu(tmp_path: Path):
+    """Issue 32, item 1: under the shim /proc/modules reads as a host's with amdgpu loaded
+    (the kernel's m_show() line: name size refcount users state address) and
+    /sys/module/amdgpu is the node's, so kmod's real lsmod, a child inheriting the shim,
+    lists amdgpu with its size and use count (the node's open files) and no libkmod error.
+    The host's own lines stay; the file is read-only; without the shim nothing changes."""
+    host = Path("/proc/modules").read_text() if Path("/proc/modules").exists() else ""
+    if any(line.startswith("amdgpu ") for line in host.splitlines()):
+        pytest.skip("this host has amdgpu loaded")
+    c_program("libualink_shim.so")
+    with running_node(tmp_path) as node:  # its own: no file of another test still open
+        _proc_modules_on(node, host)
+
+
+def _proc_modules_on(node, host: str) -> None:
+    script = ("cat /proc/modules; echo ---; lsmod; echo ---; cat /sys/module/amdgpu/coresize;"
+              " python3 -c 'import os; fd = os.open(\"/proc/modules\", os.O_RDONLY);"
+              " print(os.read(fd, 7));\ntry: os.write(fd, b\"x\")\n"
+              "except OSError as e: print(e.errno)'")
+    r = run(["sh", "-c", script], LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    modules, lsmod, rest = r.stdout.split("---\n")
+    assert modules == host + "amdgpu 9928704 0 - Live 0x0000000000000000\n"
+    assert lsmod.splitlines()[0].split() == ["Module", "Size", "Used", "by"]
+    assert ["amdgpu", "9928704", "0"] in [line.split() for line in lsmod.splitlines()]
+    assert rest.splitlines() == ["9928704", "b'amdgpu '", str(errno.EBADF)]
+    assert "libkmod" not in r.stderr, r.stderr
+    # the use count is the node's open files, as each open takes a module reference
+    r = run(["sh", "-c", "exec 3</dev/dri/renderD128; cat /proc/modules"],
+            LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+    assert r.stdout.splitlines()[-1] == "amdgpu 9928704 1 - Live 0x0000000000000000", r.stderr
+    plain = run(["sh", "-c", "grep -c amdgpu /proc/modules"])
+    assert plain.stdout.strip() in ("", "0"), plain.stdout
 
 
 def test_only_interposed_symbols_are_exported():

@@ -66,8 +66,9 @@ def test_config_wireshark_prints_the_dissector():
 
 @needs_root
 def test_tshark_decodes_a_pod_capture(tmp_path):
-    """Handshake (AUTH_HELLO with version 3 and the node name), HELLO, NPA_REQ with the
-    exported handle, NPA_RSP, ACKs, a LOAD and a STORE with their NPA addresses, DATA."""
+    """Handshake (AUTH_HELLO with version 4 and the node name), each accel's INCARNATION
+    (§13 N2), HELLO, NPA_REQ with the exported handle, NPA_RSP, ACKs, a LOAD and a STORE
+    with their NPA addresses, DATA."""
     config = pod_config(2)
     ports = [int(n.address.rsplit(":", 1)[1]) for n in config.nodes]
     pcap = tmp_path / "fabric.pcapng"
@@ -92,8 +93,9 @@ def test_tshark_decodes_a_pod_capture(tmp_path):
     want = f"0x{hi:016x}{lo:016x}"  # the handle UALINK_HANDLE gave (§5.3's rebuild)
     assert "malformed" not in out
     assert "UALink fabric frame: AUTH_HELLO" in out
-    assert "Protocol version: 3" in out
+    assert "Protocol version: 4" in out
     assert "Node name: node0" in out and "Node name: node1" in out
+    assert "UALink fabric frame: INCARNATION" in out and "Manager incarnation: 0x" in out
     assert "UALink message: HELLO" in out
     assert "UALink message: NPA_REQ" in out
     assert f"UALink handle: {want}" in out
@@ -116,7 +118,7 @@ def _tshark(pcap: Path, *extra: str) -> str:
 
 
 def test_every_frame_and_message_type_from_wire_py(tmp_path):
-    """Frames built by ualinkd/fabric/wire.py's own encoder, one stream: each of the eleven
+    """Frames built by ualinkd/fabric/wire.py's own encoder, one stream: each of the twelve
     frame types and seven messages decodes to its fields (a handle with bits 9..0 rebuilt as
     the exporter's accel, 4: the receiver of NPA_REQ, the sender of NPA_RSP); two frames in
     one segment and one frame split over two segments (TCP reassembly) decode too."""
@@ -133,6 +135,7 @@ def test_every_frame_and_message_type_from_wire_py(tmp_path):
         w.Msg(6, 4, 3, w.NpaRevoke(lo, 0x1122_3344_5566_7788).encode()),
         w.Msg(7, 3, 4, w.NpaRelease(lo, 0x1122_3344_5566_7788).encode()),
         w.Ack(6, -110), w.Ping(0xFEED, 1234), w.Pong(0xFEED),
+        w.Incarnation(4, 0x0123_4567_89AB_CDEF),
         w.Load(8, 3, 4, 0x803000, 4096, 5000), w.Store(9, 3, 4, 0x803010, b"hello", 5001),
         w.Data(8, 0, b"x" * 10), w.Data(9, -62),
     ]
@@ -148,7 +151,9 @@ def test_every_frame_and_message_type_from_wire_py(tmp_path):
     out = _tshark(pcap, "-V")
     assert "malformed" not in out
     for want in (
-        "Protocol version: 3", "Channel: link (0)",
+        "Protocol version: 4", "Channel: link (0)",
+        "UALink fabric frame: INCARNATION", "Accel: 4",
+        "Manager incarnation: 0x0123456789abcdef",
         "Pod UUID: 12345678-9abc-def0-1234-56789abcdef0",
         "Node name: node7", "Node name: node8", "UALink fabric frame: AUTH_PROOF",
         "UALink fabric frame: AUTH_OK",
@@ -173,7 +178,7 @@ def test_every_frame_and_message_type_from_wire_py(tmp_path):
 
 
 def test_a_data_channels_handshake_and_a_version_2_hello(tmp_path):
-    """A data channel is its own TCP stream: its AUTH_HELLO (version 3, channel 1) is found
+    """A data channel is its own TCP stream: its AUTH_HELLO (version 4, channel 1) is found
     by the heuristic and shows its channel; a version 2 HELLO (no channel byte) on another
     stream is found and decoded too (a capture of an older pod)."""
     pod = uuid.UUID("12345678-9abc-def0-1234-56789abcdef0")
@@ -188,8 +193,8 @@ def test_a_data_channels_handshake_and_a_version_2_hello(tmp_path):
                         str(pcaps[-1])], check=True, timeout=60)
     out = _tshark(pcaps[0], "-V")
     assert "malformed" not in out
-    assert "Protocol version: 3" in out and "Channel: data channel (1)" in out, out
-    assert "AUTH_HELLO v3 node=node3 channel=data channel" in _tshark(pcaps[0])
+    assert "Protocol version: 4" in out and "Channel: data channel (1)" in out, out
+    assert "AUTH_HELLO v4 node=node3 channel=data channel" in _tshark(pcaps[0])
     out = _tshark(pcaps[1], "-V")
     assert "Protocol version: 2" in out and "Node name: node4" in out, out
     assert "Channel" not in out and "malformed" not in out

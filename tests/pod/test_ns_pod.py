@@ -174,11 +174,13 @@ def test_pointers_into_the_bind_mounted_sysfs_are_efault(pod):
 
 def test_killed_exporter_then_restart(pod):
     """Policy 3 + §5.8a: node0 (accel 0) is SIGKILLed while accels 2, 4, 6 have its BO
-    mapped: their loads fault at once; their imports stay (no liveness probing) and a new
-    import towards node0 fails by the timeouts. node0 restarts with no state (a new
-    generation): the first request from each importer meets a node0 that is not connected
-    (it times out and HELLO follows, cleaning up the old imports), after which the stale
-    handle is unknown (EINVAL), the stale mapping faults, and a fresh export works."""
+    mapped: their loads fault at once; their imports stay (no liveness probing). A new
+    import towards node0 cannot post its NPA_REQ (§13 N4: ETIME at once), which resets
+    that importer's connection (§13 N3: its old import goes). node0 restarts with no state
+    (a new generation): the first request from each importer still sharing with the old
+    node0 meets a node0 that is not connected (it times out and HELLO follows, cleaning up
+    the old imports; the reset one probes and says HELLO first, §13 N2), after which the
+    stale handle is unknown (EINVAL), the stale mapping faults, and a fresh export works."""
     ags = agents(pod)
     try:
         bo, handle = share(pod, ags, 0, [2, 4, 6])
@@ -197,6 +199,7 @@ def test_killed_exporter_then_restart(pod):
         ia, i = importers[0]
         assert errno_of(ia.import_, (handle[0] ^ 0x400, handle[1]), i) in (
             errno.ETIME, errno.ETIMEDOUT)
+        assert f"{handle[0]:#018x}" not in pod.owner(i).debug("ualink_imports")  # N3
 
         pod.node(0).start()
         pod.wait_links()

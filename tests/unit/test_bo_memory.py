@@ -103,3 +103,39 @@ def test_bo_memory_created_on_first_use_and_freed_with_the_bo():
     assert bo.refcount == 0
     assert bo._memory is None
     assert not device(core).objects
+
+
+def test_a_freed_bo_still_mapped_keeps_its_charge_until_the_last_user_goes():
+    """Issue 29 item 5: the kernel's vma holds the GEM object, so a BO freed while mapped
+    keeps its pool charge until the last unmap. Here the users are the grant's own file
+    description (as cpumap_server.py reopens the memfd), held by a mapping after its fd is
+    closed, then by a forked child that inherited the mapping; the charge goes with the
+    last of them, and not before."""
+    import mmap
+    import os
+
+    core = make_node()
+    f = open_file(core)
+    h = gem_create(f, 1 << 20, c.DOMAIN_VRAM)
+    bo = f.lookup(h)
+    assert isinstance(bo, AmdgpuBo)
+    vram = bo.placement
+    assert vram is not None and vram.used == 1 << 20
+    given_out = os.open(f"/proc/self/fd/{bo.memory.share()}", os.O_RDWR | os.O_CLOEXEC)
+    mapping = mmap.mmap(given_out, 1 << 20, mmap.MAP_SHARED)
+    os.close(given_out)
+    mapping[:5] = b"kept!"
+    gem_close(f, h)
+    assert vram.used == 1 << 20 and len(vram.held) == 1 and bo not in vram.residents
+    assert not vram.fits(vram.size)
+    child = os.fork()
+    if child == 0:  # holds the inherited mapping a moment, then exits
+        import time
+
+        time.sleep(0.3)
+        os._exit(0 if mapping[:5] == b"kept!" else 1)
+    mapping.close()
+    assert vram.used == 1 << 20  # the child still maps it
+    _, status = os.waitpid(child, 0)
+    assert status == 0
+    assert vram.used == 0 and vram.held == {} and vram.fits(vram.size)

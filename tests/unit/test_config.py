@@ -196,7 +196,7 @@ def test_misspelt_array_of_tables():
     (lambda d: d["nodes"][0]["accels"][0].update(vram="1GiB", stage="ppod", colour="red"),
      "pod.toml: nodes[0].accels[0]: unknown keys 'vram', 'colour' in [[nodes.accels]] "
      "(allowed there: bandwidth, gtt_size, id, latency, npa_pages, profile, stage, "
-     "vram_size); "
+     "ualink, vram_size); "
      "did you mean 'vram_size'?"),
     (lambda d: d["vpods"][0].update(members=[0], addr_mode="source-aliasing", name="x"),
      "pod.toml: vpods[0]: unknown key 'name' in [[vpods]] (allowed there: addr_mode, id, "

@@ -18,15 +18,12 @@ from ualinkd.amdgpu.bo import AmdgpuBo
 from ualinkd.amdgpu.memory import CHUNK, BoMemory
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.gem import DmaBuf
+from ualinkd.drm.process import ProcessId
 
 GIB = 1 << 30
 SIZE = 2 << 20
 RW = cpu_map.PROT_READ | cpu_map.PROT_WRITE
-TGID = {kit.CALLER.pid: kit.CALLER.pid, kit.OTHER_UID.pid: kit.OTHER_UID.pid}
-
-
-def tgid_of(tid: int) -> int | None:
-    return TGID.get(tid)
+ME = ProcessId(kit.CALLER.pid, 0)  # the caller's process (same_thread_group's identity)
 
 
 @pytest.fixture
@@ -84,12 +81,12 @@ def test_grant_names_the_socket_and_is_fetched_once(core):
     g = grant(core, f, off)
     assert (g.offset, g.length, g.prot, g.socket) == (off, SIZE, RW, 0x1234)
     assert g.grant != 0 and core.cpu_maps.pending_count == 1
-    got = core.cpu_maps.take(g.grant, kit.CALLER.pid, kit.CALLER.uid, tgid_of)
+    got = core.cpu_maps.take(g.grant, ME, kit.CALLER.uid)
     assert (got.backing_offset, got.writable, got.map_type) == (0, True, cpu_map.MAP_SHARED)
     assert got.bo is f.lookup(h)
     core.cpu_maps.done(got)
     with pytest.raises(DrmError) as e:
-        core.cpu_maps.take(g.grant, kit.CALLER.pid, kit.CALLER.uid, tgid_of)
+        core.cpu_maps.take(g.grant, ME, kit.CALLER.uid)
     assert e.value.errno == errno.ENOENT
 
 
@@ -105,7 +102,7 @@ def test_someone_elses_grant_is_eacces_and_gone(core, peer):
     g = grant(core, f, off)
     assert bo.refcount == refs + 1
     with pytest.raises(DrmError) as e:
-        core.cpu_maps.take(g.grant, *peer, tgid_of)
+        core.cpu_maps.take(g.grant, ProcessId(peer[0], 0), peer[1])
     assert e.value.errno == errno.EACCES
     assert bo.refcount == refs and core.cpu_maps.pending_count == 0
 
@@ -113,9 +110,22 @@ def test_someone_elses_grant_is_eacces_and_gone(core, peer):
 def test_a_thread_of_the_process_is_the_process(core):
     """FUSE reports the calling thread; SO_PEERCRED the process: they match through Tgid."""
     f, _h, off = bo_setup(core)
+    core.cpu_maps.identify = lambda tid: ProcessId({5001: 5000}.get(tid, tid), 0)
     g = grant(core, f, off, caller=type(kit.CALLER)(pid=5001, uid=kit.CALLER.uid))
-    got = core.cpu_maps.take(g.grant, 5000, kit.CALLER.uid, {5001: 5000}.get)
+    got = core.cpu_maps.take(g.grant, ProcessId(5000, 0), kit.CALLER.uid)
     core.cpu_maps.done(got)
+
+
+def test_a_later_process_with_the_pid_is_not_the_process(core):
+    """Issue 29 item 1's hazard for grants: the process that asked has exited and its pid
+    went to another process of the same uid; that one connecting (its SO_PEERPIDFD names
+    it) gets EACCES, and the grant is gone."""
+    f, _h, off = bo_setup(core)
+    core.cpu_maps.identify = lambda tid: ProcessId(tid, 1)
+    g = grant(core, f, off)
+    with pytest.raises(DrmError) as e:
+        core.cpu_maps.take(g.grant, ProcessId(kit.CALLER.pid, 2), kit.CALLER.uid)
+    assert e.value.errno == errno.EACCES and core.cpu_maps.pending_count == 0
 
 
 @pytest.mark.parametrize("kw,err", [
@@ -154,8 +164,7 @@ def test_prot_none_private_is_a_read_only_shared_mapping(core):
     f, _h, off = bo_setup(core)
     for kw in ({"prot": 0, "flags": cpu_map.MAP_PRIVATE},
                {"prot": cpu_map.PROT_READ, "fmode": cpu_map.O_RDONLY}):
-        got = core.cpu_maps.take(grant(core, f, off, **kw).grant, kit.CALLER.pid, kit.CALLER.uid,
-                                 tgid_of)
+        got = core.cpu_maps.take(grant(core, f, off, **kw).grant, ME, kit.CALLER.uid)
         assert (got.writable, got.map_type) == (False, cpu_map.MAP_SHARED)
         core.cpu_maps.done(got)
 
@@ -183,8 +192,7 @@ def test_dmabuf_offsets_are_bo_offsets(core):
     buf = DmaBuf(f.lookup(h))
     result, out = core.cpu_maps.dmabuf_ioctl(buf, _req(8192, 4096), kit.CALLER)
     assert result == 0
-    got = core.cpu_maps.take(abi.MMAP_GRANT.decode(out).grant, kit.CALLER.pid, kit.CALLER.uid,
-                             tgid_of)
+    got = core.cpu_maps.take(abi.MMAP_GRANT.decode(out).grant, ME, kit.CALLER.uid)
     assert got.backing_offset == 8192
     core.cpu_maps.done(got)
     assert core.cpu_maps.dmabuf_ioctl(buf, _req(SIZE - 4096, 8192), kit.CALLER)[0] == -errno.EINVAL
@@ -200,7 +208,7 @@ def test_pending_grant_keeps_the_bo_and_eviction_drops_it(core, monkeypatch):
     g = grant(core, f, off)
     kit.gem_close(f, h)
     assert bo.refcount == 1 and bo.memory.shared
-    got = core.cpu_maps.take(g.grant, kit.CALLER.pid, kit.CALLER.uid, tgid_of)
+    got = core.cpu_maps.take(g.grant, ME, kit.CALLER.uid)
     os.pread(got.memfd, 1, 0)  # still open
     core.cpu_maps.done(got)
     assert bo.refcount == 0
@@ -270,7 +278,7 @@ def test_shared_memory_is_one_memory_with_a_mapping():
 def test_freed_bo_closes_its_memfd(core):
     """VRAM_WIPE_ON_RELEASE: the BO's bytes go with it — the daemon's memfd is closed."""
     f, h, off = bo_setup(core)
-    got = core.cpu_maps.take(grant(core, f, off).grant, kit.CALLER.pid, kit.CALLER.uid, tgid_of)
+    got = core.cpu_maps.take(grant(core, f, off).grant, ME, kit.CALLER.uid)
     fd = got.memfd
     ino = os.fstat(fd).st_ino
     core.cpu_maps.done(got)

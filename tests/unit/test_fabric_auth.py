@@ -60,7 +60,7 @@ def test_wrong_key_fails_on_both_sides() -> None:
     (wire.AuthHello(POD.uuid, "node2", b"\1" * 32), "this node"),
     (wire.AuthHello(POD.uuid, "node0", b"\1" * 32, version=9), "protocol version"),
     (wire.AuthHello(POD.uuid, "node0", b"\1" * 32, version=2), "protocol version 2, this "
-     "daemon speaks 3"),
+     "daemon speaks 4"),
     (wire.AuthHello(POD.uuid, "node0", b"\1" * 32, channel=2), "unknown channel 2"),
     (wire.AuthHello(POD.uuid, "node0", b"\1" * 32, channel=255), "unknown channel 255"),
 ])

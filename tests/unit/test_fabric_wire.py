@@ -180,7 +180,8 @@ def test_auth_hello_carries_its_channel_after_the_nonce_from_version_3() -> None
     its version, not that its HELLO does not parse)."""
     pod = uuid.UUID(int=0x1234)
     raw = encode_frame(AuthHello(pod, "ab", b"\7" * 32, channel=wire.Channel.DATA))
-    assert raw == (struct.pack("<IBH", 1 + 2 + 16 + 3 + 32 + 1, 0x01, 3) + pod.bytes
+    # (the default version is today's, 4 since §13 N2's INCARNATION frame: same layout)
+    assert raw == (struct.pack("<IBH", 1 + 2 + 16 + 3 + 32 + 1, 0x01, 4) + pod.bytes
                    + b"\2ab" + b"\7" * 32 + b"\1")
     old = struct.pack("<H", 2) + pod.bytes + b"\2ab" + b"\7" * 32
     assert decode_payload(0x01, old) == AuthHello(pod, "ab", b"\7" * 32, 2, wire.Channel.LINK)

@@ -67,7 +67,7 @@ def test_one_set_event_wakes_both_waiters_of_an_auto_reset_event():
     assert run_waiters(node, p, [a, b], actions) == [(0, COMPLETE), (0, COMPLETE)]
     poll = call(node, p, tbl.KFD_WAIT_EVENTS.cmd, wait_args(mem, [0], ptr=0x700))
     assert poll.result == 0 and struct.unpack("<QIIII", poll.out)[4] == TIMEOUT
-    assert p.events[0].waiters == []
+    assert not p.events[0].waiters
 
 
 def test_wait_for_all_keeps_activations_and_others_time_out():

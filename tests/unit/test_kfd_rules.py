@@ -19,6 +19,7 @@ from ualinkd.amdkfd import chardev
 from ualinkd.config import PodConfig
 from ualinkd.drm.device import Caller, IoctlResult
 from ualinkd.drm.errors import DrmError
+from ualinkd.drm.process import ProcessId
 from ualinkd.node import NodeCore
 
 CALLER = Caller(pid=4242, uid=0)
@@ -163,9 +164,9 @@ def test_set_memory_policy_and_available_memory_and_clocks():
 def test_a_kfd_file_answers_only_its_own_process():
     """kfd_ioctl: after the nr lookup (an unknown nr stays ENOTTY), a caller whose process
     is not the one that opened the file gets EBADF with nothing copied; another thread of
-    the same process (tgid_of maps it) is that process."""
+    the same process (identify maps it) is that process."""
     node = make_node(1)
-    node.kfd.tgid_of = lambda tid: {4243: CALLER.pid}.get(tid, tid)
+    node.kfd.identify = lambda tid: ProcessId({4243: CALLER.pid}.get(tid, tid), 0)
     p = node.kfd.open(Caller(pid=4243, uid=0))  # opened by a second thread
     assert p.pid == CALLER.pid
     stranger = Caller(pid=5000, uid=0)

@@ -30,9 +30,9 @@ LO, HI = 0x1234_5678_9ABC_0000, 0x42  # exported by accel 0
 ETIME = DrmError(errno.ETIME, "no ACK within 2 s")  # what the link reports after 2 s
 
 
-def importer() -> tuple[object, UalinkManager, list[ImportFlow]]:
+def importer(quirks: tuple[str, ...] = ()) -> tuple[object, UalinkManager, list[ImportFlow]]:
     """Accel 1 (node1) importing from accel 0; the 'waiter' only records the flow."""
-    core = make_node(pod_config(**THREE), node="node1")
+    core = make_node(pod_config(**THREE, quirks=quirks), node="node1")
     mgr = core.managers[128]
     flows: list[ImportFlow] = []
 
@@ -118,10 +118,11 @@ def test_no_npa_rsp_within_5_s_resets_the_connection():
     assert sends == []  # no NPA_RELEASE, no HELLO
 
 
-def test_an_npa_req_the_link_could_not_deliver_fails_without_a_reset():
-    """I12 with a send error (the 2 s rule): the import fails with it; the connection is
-    not reset (that is I14's, for a delivered request)."""
-    core, mgr, flows = importer()
+def test_quirk_npa_req_fail_no_reset_a_failed_npa_req_send_leaves_the_connection():
+    """§13 N3's quirk "npa-req-fail-no-reset" (U, I12 with a send error, the 2 s rule):
+    the import fails with it; the connection is not reset (that is I14's, for a delivered
+    request)."""
+    core, mgr, flows = importer(quirks=("npa-req-fail-no-reset",))
     mgr.conn(0).apply(ConnEvent.SETUP)
     mgr.conn(0).apply(ConnEvent.HELLO_ACK)
     flow, req = start_import(core, mgr, flows)

@@ -116,6 +116,42 @@ def test_entrypoint_splices_the_key_file_into_a_private_copy(tmp_path):
     assert cfg == replace(PodConfig.load(conf), key=key)  # nothing else changed
 
 
+def test_entrypoint_takes_the_key_from_the_environment(tmp_path):
+    """UALINK_KEY (a Secret as an environment variable: podman kube play has no Secret
+    volumes) is spliced in as UALINK_KEY_FILE's is; both at once are refused."""
+    conf = write_pod(tmp_path)
+    key = "ab" * 32
+    r = entrypoint(tmp_path, {"UALINK_CONFIG": str(conf), "UALINK_NODE": "node0",
+                              "UALINK_KEY": key})
+    assert r.returncode == 0, r.stderr
+    copy = tmp_path / "run" / "pod.toml"
+    assert f"--config {copy} " in r.stdout
+    assert tomllib.loads(copy.read_text())["pod"]["key"] == key
+    assert copy.stat().st_mode & 0o777 == 0o600
+    (tmp_path / "k").write_text(key)
+    r = entrypoint(tmp_path, {"UALINK_CONFIG": str(conf), "UALINK_NODE": "node0",
+                              "UALINK_KEY": key, "UALINK_KEY_FILE": str(tmp_path / "k")})
+    assert r.returncode == 2 and "both set" in r.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="the entrypoint wants /dev/fuse")
+def test_entrypoint_says_it_waits_for_its_address(tmp_path):
+    """Issue 32: the wait for the node's own fabric name (a headless Service's record) is
+    said at once, not after a silent minute, and its failure names what to check."""
+    doc = tomllib.loads(write_pod(tmp_path).read_text())
+    doc["nodes"][0]["address"] = "ualinkd-0.no-such-service.invalid:7000"
+    conf = tmp_path / "named.toml"
+    conf.write_text(PodConfig.from_dict(doc).to_toml())
+    start = time.monotonic()
+    r = entrypoint(tmp_path, {"UALINK_CONFIG": str(conf), "UALINK_NODE": "node0",
+                              "UALINK_DRY_RUN": "0", "UALINK_DNS_WAIT": "2"})
+    assert r.returncode == 1 and time.monotonic() - start < 20, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0] == ("ualinkd-entrypoint: waiting for our fabric address "
+                        "ualinkd-0.no-such-service.invalid to resolve (2s left)"), lines
+    assert "does not resolve after 2s" in lines[-1] and "headless Service" in lines[-1]
+
+
 def test_entrypoint_runs_a_node_config_without_the_pod_key(tmp_path):
     """Issue 10 item 8: a node's own file from `ualinkd node-config` (its link keys, no pod
     key) is a config the entrypoint runs; it refuses the file for another node, which has no
@@ -340,5 +376,67 @@ def test_k8s_manifests_validate_against_the_kubernetes_schemas():
             kubernetes_validate.validate(doc, "1.30.0", strict=True)
     docs = {d["kind"]: d for d in yaml.safe_load_all((PKG / "k8s/statefulset.yaml").read_text())}
     (container,) = docs["StatefulSet"]["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == "ualinkd:0.1.0"
-    assert container["imagePullPolicy"] == "IfNotPresent"
+    # issue 32: the name `make image` gives it under podman (what `podman save` puts in the
+    # archive a kind/k3s user loads); `ualinkd:0.1.0` would be docker.io/library/… there
+    assert container["image"] == "localhost/ualinkd:0.1.0"
+    assert container["imagePullPolicy"] == "Never"
+
+
+def _containers(path: Path) -> list[dict]:
+    out = []
+    for doc in yaml.safe_load_all(path.read_text()):
+        spec = doc.get("spec", {})
+        spec = spec.get("template", {}).get("spec", spec)
+        out += spec.get("containers", [])
+    return out
+
+
+def test_k8s_pods_ask_only_for_what_fuse_needs():
+    """Issue 32: Pod Security refuses `privileged: true`; a node needs mount(2) (SYS_ADMIN,
+    AppArmor unconfined where it is on) and the fuse device: the StatefulSet takes the
+    device from a device plugin (squat.ai/fuse) in a namespace whose Pod Security level
+    admits SYS_ADMIN; the podman variant from a CharDevice hostPath (podman makes it a
+    device)."""
+    for path in (PKG / "k8s").glob("*.yaml"):
+        assert "privileged: true" not in path.read_text(), path
+        for c in _containers(path):
+            sc = c["securityContext"]
+            assert "privileged" not in sc and sc["capabilities"] == {"add": ["SYS_ADMIN"]}
+    docs = {d["kind"]: d for d in yaml.safe_load_all((PKG / "k8s/statefulset.yaml").read_text())}
+    ns = docs["Namespace"]["metadata"]
+    assert ns["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    for kind in ("Service", "ConfigMap", "StatefulSet"):
+        assert docs[kind]["metadata"]["namespace"] == ns["name"]
+    (c,) = _containers(PKG / "k8s/statefulset.yaml")
+    assert c["resources"]["limits"] == {"squat.ai/fuse": 1}
+    assert c["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}
+
+
+def test_podman_kube_variant_is_one_pod_of_the_config_nodes():
+    """podman-pod.yaml (what `podman kube play` of podman 4.3 runs; the container tier runs
+    it): one Pod, a container per node of its ConfigMap's pod.toml, named by UALINK_NODE,
+    addresses on 127.0.0.1 (the Pod's one network namespace; no DNS), distinct ports; none
+    of what podman 4.3 lacks or breaks on: subPath, Secret volumes, StatefulSet."""
+    docs = list(yaml.safe_load_all((PKG / "k8s/podman-pod.yaml").read_text()))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Pod"]
+    cm, pod = docs
+    cfg = PodConfig.from_dict(tomllib.loads(cm["data"]["pod.toml"]), "ConfigMap pod.toml")
+    spec = pod["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert not [v for v in volumes.values() if "secret" in v]
+    assert volumes["fuse"]["hostPath"] == {"path": "/dev/fuse", "type": "CharDevice"}
+    names = []
+    for c in spec["containers"]:
+        env = {e["name"]: e for e in c["env"]}
+        names.append(env["UALINK_NODE"]["value"])
+        assert env["UALINK_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "key"
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        assert all("subPath" not in m for m in mounts.values())
+        conf = Path(env["UALINK_CONFIG"]["value"])
+        assert volumes[mounts[str(conf.parent)]["name"]]["configMap"]["name"] == \
+            cm["metadata"]["name"] and conf.name in cm["data"]
+        assert c["image"] == "localhost/ualinkd:0.1.0" and c["imagePullPolicy"] == "Never"
+    assert names == [n.name for n in cfg.nodes]
+    addresses = [parse_address(n.address) for n in cfg.nodes]
+    assert {h for h, _ in addresses} == {"127.0.0.1"}
+    assert len({p for _, p in addresses}) == len(addresses)

@@ -19,7 +19,7 @@ from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import ioc
 from ualinkd.node import NodeCore
 from ualinkd.replay import session
-from ualinkd.replay.mapping import Mapper, Region, pointers, regions
+from ualinkd.replay.mapping import Mapper, Region, pointers, regions, span_at
 from ualinkd.replay.record import _keep
 
 SYNCOBJ_WAIT = ioc(3, 0x64, 0xC3, 40)
@@ -64,6 +64,18 @@ def test_spans_merge_and_aligned_u64_pointers_into_them_are_found():
     data = struct.pack("<QQII", 0x1008, 5, 0, 0x2000) + struct.pack("<IQI", 0, 0x2000, 0)
     assert pointers(data, spans) == [(0, 0, 8)]
     assert pointers(struct.pack("<QQ", 7, 0x2003), spans) == [(8, 1, 3)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st_h.lists(st_h.tuples(st_h.integers(0, 1 << 20), st_h.integers(0, 4096)), max_size=40),
+       st_h.lists(st_h.integers(0, (1 << 20) + 8192), max_size=40))
+def test_span_at_finds_the_span_a_linear_search_finds(accesses, addrs):
+    """span_at bisects (a call may have thousands of spans: issue 29 item 9's limit is in
+    bytes); it answers what looking through every span would."""
+    spans = regions(accesses)
+    for a in addrs:
+        linear = next((i for i, r in enumerate(spans) if r.start <= a < r.end), None)
+        assert span_at(spans, a) == linear
 
 
 # -- Replay: planning and comparing ---------------------------------------------------------
@@ -278,8 +290,9 @@ def test_a_recording_that_lost_records_is_a_difference(tmp_path):
     """`ualinkd record` fell behind (a `lost` line): the replay says so and fails."""
     from ualinkd.replay.issue import run as replay_run
 
-    (tmp_path / "f").write_bytes(b"")
-    opened = _rec("open", time=0.5, path="f")
+    (tmp_path / "dri").mkdir()
+    (tmp_path / "dri/renderD128").write_bytes(b"")
+    opened = _rec("open", time=0.5, path="dri/renderD128")
     path = tmp_path / "rec.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in (
         opened, {"v": 2, "type": "lost", "count": 3}, {**opened, "type": "release"})))

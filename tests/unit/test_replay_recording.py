@@ -50,7 +50,7 @@ def _without(rec: dict, field: str) -> dict:
     ({"v": 2, "type": "open", "time": 0.0, "pid": 1, "node": "node0", "file": 1},
      "line 2: `path` is missing"),
     ({"v": 2, "type": "open", "time": 0.0, "pid": 1, "node": "node0", "file": 1,
-      "path": "dmabuf/x", "token": "x"}, 'line 2: `token` is not an integer or null ("x")'),
+      "path": "dmabuf/7", "token": "x"}, 'line 2: `token` is not an integer or null ("x")'),
     ({"v": 2, "type": "release", "time": 0.0, "pid": 1, "node": "node0", "file": None},
      "line 2: `file` is not a file id (null)"),
     ({"v": 2, "type": "gpu", "time": 0.0, "pid": 1, "node": "node0", "file": 1, "op": "load",
@@ -149,9 +149,10 @@ def test_replay_of_a_truncated_recording_reports_it_and_replays_the_rest(tmp_pat
 
     from ualinkd.replay.issue import run
 
-    (tmp_path / "f").write_bytes(b"")
+    (tmp_path / "dri").mkdir()
+    (tmp_path / "dri/renderD128").write_bytes(b"")
     opened = {"v": 2, "type": "open", "time": 0.5, "pid": 1, "node": "node0", "file": 1,
-              "path": "f"}
+              "path": "dri/renderD128"}
     path = tmp_path / "rec.jsonl"
     whole = [json.dumps(opened), json.dumps({**opened, "type": "release", "time": 0.6})]
     path.write_text("\n".join(whole) + "\n" + json.dumps(GOOD)[:30])
@@ -164,14 +165,15 @@ def test_replay_of_a_truncated_recording_reports_it_and_replays_the_rest(tmp_pat
 
 
 def _write(tmp_path: Path, *recs: dict) -> Path:
-    (tmp_path / "f").write_bytes(b"")
+    (tmp_path / "dri").mkdir()
+    (tmp_path / "dri/renderD128").write_bytes(b"")
     path = tmp_path / "rec.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     return path
 
 
 OPENED = {"v": 2, "type": "open", "time": 0.5, "pid": 1, "node": "node0", "file": 1,
-          "path": "f"}
+          "path": "dri/renderD128"}
 RELEASED = {**OPENED, "type": "release", "time": 0.6}
 
 

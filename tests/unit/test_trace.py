@@ -445,3 +445,61 @@ def test_a_kfd_call_is_traced_on_kfd_not_a_render_node():
     line = TraceRecord(7, "node0", 0, spec.cmd, spec, b"", 0, struct.pack("<II", 1, 17)).text()
     assert "[pid 7] node0 kfd DRM_IOCTL_AMDKFD_GET_VERSION(" in line, line
     assert "renderD" not in line
+
+
+def _remote_mapping(core, f, va: int) -> None:
+    """An imported NPA BO (§4.6: domain NPA, NO_CPU_ACCESS, bo.npa set) mapped at `va`, so
+    that a GPU access there goes to core.remote_access."""
+    bo = f.device.driver.bo_create(4096, 1, c.DOMAIN_NPA, c.CREATE_NO_CPU_ACCESS)
+    bo.npa = (5, 0x1234, 1)
+    h = f.handle_create(bo)
+    bo.put()
+    res = run(core.ioctl(f, GEM_VA, st.GEM_VA.encode(st.GemVa(
+        h, 0, c.VA_OP_MAP, c.VM_PAGE_READABLE | c.VM_PAGE_WRITEABLE, va, 0, 4096, 0, 0, 0,
+        0)), 64, CALLER))
+    assert res[0] == 0
+
+
+@pytest.mark.parametrize("op", ["store", "load"])
+def test_a_recorder_leaving_mid_access_changes_nothing(traced, core, op):
+    """Issue 29 item 4: a tracer never changes a call's outcome. A recorder that leaves
+    (`ualinkd record` ending: core.tracer goes back to None) while a GPU access waits for
+    its remote piece must not turn the access into an error (it was EIO: the completion
+    asserted the tracer was still there, for a store that had already changed memory).
+    The access is recorded to the tracer that was there when it started."""
+    f = traced.file
+    va = 0x200000
+    _remote_mapping(core, f, va)
+    seen = core.recs
+
+    async def remote(accel, piece, write, data=None):
+        core.tracer = None  # the recorder goes while the piece is on the fabric
+        return piece.length if write else b"R" * piece.length
+
+    core.remote_access = remote
+    before = len(seen)
+    if op == "store":
+        assert run(core.gpu_write(f, va, b"far", CALLER)) == 3
+    else:
+        assert run(core.gpu_read(f, va, 3, CALLER)) == b"RRR"
+    assert core.tracer is None
+    (rec,) = seen[before:]
+    assert isinstance(rec, GpuAccessRecord) and rec.op == op and rec.result == 3
+
+
+def test_a_recorder_coming_mid_access_gets_no_half_access(traced, core):
+    """The other way round: an access that started untraced stays untraced when a recorder
+    attaches meanwhile (it saw no start), and completes as it would have."""
+    f = traced.file
+    va = 0x200000
+    _remote_mapping(core, f, va)
+    late: list = []
+    core.tracer = None
+
+    async def remote(accel, piece, write, data=None):
+        core.tracer = late.append
+        return piece.length
+
+    core.remote_access = remote
+    assert run(core.gpu_write(f, va, b"far", CALLER)) == 3
+    assert late == []

@@ -119,3 +119,152 @@ def test_a_trace_socket_appears_listening(tmp_path, monkeypatch) -> None:
             assert sorted(os.listdir(tmp_path)) == ["trace-0123.sock"]
 
     trio.run(main)
+
+
+class _Core:
+    """What serve_trace needs of a NodeCore: `tracer`, here with every value it was given."""
+
+    name = "node0"
+
+    def __init__(self) -> None:
+        self.history: list[object] = []
+        self._tracer: object = None
+
+    @property
+    def tracer(self) -> object:
+        return self._tracer
+
+    @tracer.setter
+    def tracer(self, value: object) -> None:
+        self.history.append(value)
+        self._tracer = value
+
+
+def test_a_sweep_of_stale_sockets_never_attaches_as_a_subscriber(tmp_path) -> None:
+    """Issue 29 item 4: every node daemon that starts sweeps the trace sockets of its
+    directory (clear_stale_trace_sockets), connecting to each live one. That probe must not
+    be taken for a recorder: attaching made the node's tracer the hub for a moment, and a
+    tracer coming or going failed in-flight GPU accesses. A real recorder (it says
+    SUBSCRIBE first) still attaches, and the node's tracer is back when it leaves."""
+    import socket
+
+    core = _Core()
+
+    async def main() -> None:
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        path = str(tmp_path / "trace-0123.sock")
+        await sock.bind(path)
+        sock.listen(8)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(record.serve_trace, core, sock, path)
+            for _ in range(20):
+                assert await trio.to_thread.run_sync(
+                    record.clear_stale_trace_sockets, str(tmp_path)) == 0
+            await trio.sleep(0.2)  # (the daemon has seen every probe come and go)
+            assert core.history == []
+            sub = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            await sub.connect(path)
+            await sub.send(record.SUBSCRIBE)
+            hello = await sub.recv(4096)
+            assert b'"recording"' in hello and isinstance(core.tracer, record.TraceHub)
+            sub.close()
+            with trio.fail_after(5):
+                while core.tracer is not None:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    # (and None again as serve_trace ends)
+    assert [type(t).__name__ for t in core.history][:2] == ["TraceHub", "NoneType"]
+
+
+def test_a_trace_directory_that_is_not_ours_alone_is_refused(tmp_path, monkeypatch) -> None:
+    """Issue 29: a non-root daemon's trace sockets live in /tmp/ualinkd-<uid>, which another
+    user may create first (and then swap the socket for their own). The daemon refuses a
+    directory owned by another uid, or writable by others, with one clear error (it then
+    serves without recorders: daemon.py logs it), and so does `ualinkd record`."""
+    import errno
+    import os
+
+    import pytest
+
+    directory = tmp_path / "ualinkd-1000"
+    directory.mkdir(mode=0o700)
+    path = str(directory / "trace-0123.sock")
+    monkeypatch.setattr(record, "trace_socket_path", lambda mount, resolved=False: path)
+
+    async def bind() -> None:
+        sock, _ = await record.bind_trace_socket("/x")
+        sock.close()
+
+    trio.run(bind)  # ours, 0700: fine
+    os.unlink(path)
+    for mode, owner in ((0o777, os.geteuid()), (0o1777, os.geteuid()), (0o700, 65534)):
+        directory.chmod(mode)
+        if owner != os.geteuid():
+            if os.geteuid() != 0:
+                continue
+            os.chown(directory, owner, -1)
+        with pytest.raises(PermissionError) as e:
+            trio.run(bind)
+        assert e.value.errno == errno.EPERM and str(directory) in str(e.value)
+        assert os.listdir(directory) == []
+        with pytest.raises(PermissionError):
+            record.record(["/x"], open(os.devnull, "w"))
+    link = tmp_path / "ualinkd-link"
+    link.symlink_to(directory)
+    with pytest.raises(PermissionError):
+        record.check_trace_dir(str(link))
+
+
+def test_a_non_root_daemon_refuses_a_trace_directory_another_user_made_first() -> None:
+    """Issue 29, the non-root hazard as it happens: a daemon running as nobody puts its
+    trace sockets in $TMPDIR/ualinkd-65534. Made there first by another user (root here,
+    mode 1777 like /tmp's own), the directory is refused with one clear error and nothing
+    is bound in it; with $TMPDIR clean, nobody makes its own (0700) and binds."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import pytest
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run as nobody")
+    # ($TMPDIR must be reachable by nobody, or tempfile falls back to the real /tmp.)
+    tmp = Path(tempfile.mkdtemp(prefix="ualinkd-tmpdir-"))
+    tmp.chmod(0o1777)
+    try:
+        _nobody_in(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _nobody_in(tmp) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+
+    script = ("import trio\nfrom ualinkd.replay import record\n"
+              "try:\n    s, p = trio.run(record.bind_trace_socket, '/x')\n"
+              "except PermissionError as e:\n    print('refused:', e.strerror)\n"
+              "else:\n    print('bound', p)\n")
+
+    def as_nobody() -> str:
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "--", sys.executable, "-c", script],
+                           env=dict(os.environ, TMPDIR=str(tmp)), capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    squatted = tmp / "ualinkd-65534"
+    squatted.mkdir()
+    squatted.chmod(0o1777)  # another user's, open to all
+    got = as_nobody()
+    assert got == (f"refused: trace socket directory {squatted} belongs to uid 0, not to "
+                   "us (uid 65534); remove it, or let the daemon's user create it"), got
+    assert os.listdir(squatted) == []
+    squatted.rmdir()
+    assert as_nobody().startswith(f"bound {squatted}/trace-")
+    assert squatted.stat().st_uid == 65534 and squatted.stat().st_mode & 0o777 == 0o700

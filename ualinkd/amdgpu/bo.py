@@ -4,12 +4,15 @@
 bytes the daemon holds; the bytes themselves are a `BoMemory` created on first use and
 allocated lazily, so a 16 GiB BO costs nothing until something writes to it, and what all
 BOs can ever hold is the pools' sizes (the pod's memory budget, config.py). A BO that is
-CPU-mapped shares them as a memfd (`BoMemory.share`).
+CPU-mapped shares them as a memfd (`BoMemory.share`); freed while a client still maps that
+memfd, its charge stays in the pool (`MemoryPool.hold`) until the last mapping is gone, as
+the kernel's vma keeps the GEM object and its placement.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -22,7 +25,7 @@ from ..abi.constants import (
 )
 from ..drm.errors import DrmError
 from ..drm.gem import DmaBuf, GemObject
-from .memory import BoMemory, UserMemory
+from .memory import BoMemory, UserMemory, in_use_elsewhere
 
 if TYPE_CHECKING:
     from ..drm.device import DrmDevice
@@ -50,19 +53,47 @@ class MemoryPool:
     def __init__(self, name: str, size: int) -> None:
         self.name = name
         self.size = size
-        self.used = 0
+        self._used = 0
         self.residents: set[AmdgpuBo] = set()
+        # The memfds of freed BOs a client still maps (BoMemory.close), with their charge:
+        # memory in use, that no BO of ours names any more (never evicted or moved).
+        self.held: dict[int, int] = {}
+
+    @property
+    def used(self) -> int:
+        """Bytes charged: the BOs placed here, and freed BOs' memory still mapped (looked
+        at again on every read: what a munmap gave back shows at once)."""
+        if self.held:
+            self.reap()
+        return self._used
 
     def fits(self, size: int) -> bool:
         return self.used + size <= self.size
 
     def charge(self, bo: AmdgpuBo) -> None:
-        self.used += bo.size
+        self._used += bo.size
         self.residents.add(bo)
 
     def uncharge(self, bo: AmdgpuBo) -> None:
-        self.used -= bo.size
+        self._used -= bo.size
         self.residents.discard(bo)
+
+    def hold(self, bo: AmdgpuBo, memfd: int) -> None:
+        """`bo` is freed, but a client still maps its memory, the memfd (now ours to
+        close): its charge stays until the memfd's last other user is gone."""
+        self.residents.discard(bo)
+        self.held[memfd] = bo.size
+
+    def reap(self) -> int:
+        """Give back the charge of the held memory nobody maps any more; how many bytes."""
+        freed = 0
+        for fd, size in list(self.held.items()):
+            if not in_use_elsewhere(fd):
+                del self.held[fd]
+                os.close(fd)
+                self._used -= size
+                freed += size
+        return freed
 
 
 def move(bo: AmdgpuBo, to: MemoryPool) -> None:
@@ -197,15 +228,21 @@ class AmdgpuBo(GemObject):
             self.on_handle_free(self)
 
     def free(self) -> None:
+        mapped = None
         if self._memory is not None:  # VRAM_WIPE_ON_RELEASE: the bytes go with the BO
-            self._memory.close()
+            mapped = self._memory.close()  # (unless a client still maps them)
             self._memory = None
         if self.userptr is not None:
             self.userptr.close()
             self.userptr = None
         if self.placement is not None:
-            self.placement.uncharge(self)
+            if mapped is not None:
+                self.placement.hold(self, mapped)
+            else:
+                self.placement.uncharge(self)
             self.placement = None
+        elif mapped is not None:  # (no pool accounts it: nothing to keep charged)
+            os.close(mapped)
         if self.import_buf is not None:
             buf, self.import_buf = self.import_buf, None
             buf.put()

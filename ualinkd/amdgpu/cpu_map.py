@@ -6,7 +6,8 @@ amdgpu_gem_object_mmap. A FUSE file cannot be mapped MAP_SHARED here, so the LD_
 asks first with UALINKD_IOCTL_MMAP_GRANT (abi/cpumap.py): the checks below are the kernel's,
 in its order, and a request that passes gets a random single-use grant naming the BO's
 memory (BoMemory.share, a sealed memfd). The shim then presents the grant on the daemon's
-unix socket, from the same process and uid (SO_PEERCRED), and receives the memfd to map in
+unix socket, from the same process (the very process, not its pid: drm/process.py) and uid,
+and receives the memfd to map in
 place of the FUSE file. So a process maps only what its own DrmFile holds a handle to (or
 what its own dma-buf fd is), as drm_vma_node_is_allowed and the dma-buf fd require.
 """
@@ -25,6 +26,7 @@ from ..drm.device import Caller
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf
+from ..drm.process import Identify, ProcessId, same_thread_group
 from .bo import AmdgpuBo
 
 # mmap(2) constants (asm-generic/mman*.h).
@@ -45,7 +47,7 @@ class Grant:
     maps it (MAP_SHARED even for amdgpu's PROT_NONE MAP_PRIVATE, which is never COW)."""
 
     bo: AmdgpuBo
-    tid: int  # the FUSE caller (a thread id)
+    process: ProcessId  # the FUSE caller's process
     uid: int
     backing_offset: int
     writable: bool
@@ -93,8 +95,10 @@ class CpuMapGrants:
     from (abi.socket_name); 0 while no server listens, and then every request is ENODEV,
     which is what mmap answered before CPU mappings existed."""
 
-    def __init__(self, randbits: Callable[[int], int] = secrets.randbits) -> None:
+    def __init__(self, randbits: Callable[[int], int] = secrets.randbits,
+                 identify: Identify = same_thread_group) -> None:
         self._randbits = randbits
+        self.identify = identify  # the calling thread's process (the edge's /proc answer)
         self._pending: OrderedDict[int, Grant] = OrderedDict()
         self.socket = 0
 
@@ -127,7 +131,10 @@ class CpuMapGrants:
             may_write = _mm_core_checks(req)
             bo, backing_offset = target(req)
             map_type = _amdgpu_gem_object_mmap(bo, req)
-            grant = self._install(Grant(bo.backing(), caller.pid, caller.uid, backing_offset,
+            process = self.identify(caller.pid)
+            if process is None:
+                raise DrmError(errno.ESRCH, f"no process for thread {caller.pid}")
+            grant = self._install(Grant(bo.backing(), process, caller.uid, backing_offset,
                                         may_write, map_type))
         except DrmError as e:
             return -e.errno, b""  # nothing copied back, like a failed mmap
@@ -170,15 +177,15 @@ class CpuMapGrants:
         return gid
 
     # -- the socket -------------------------------------------------------------------------
-    def take(self, gid: int, peer_pid: int, peer_uid: int,
-             tgid_of: Callable[[int], int | None]) -> Grant:
+    def take(self, gid: int, peer: ProcessId | None, peer_uid: int) -> Grant:
         """The fetch: the grant, once, to the process and uid that asked for it (the peer's
-        SO_PEERCRED against the ioctl's caller, whose thread id `tgid_of` turns into its
-        process id, None when it is gone). The caller calls `done` after sending."""
+        credentials against the ioctl's caller: its process — a pidfd of the peer, not a
+        pid that a later process may have been given — and uid). The caller calls `done`
+        after sending."""
         grant = self._pending.pop(gid, None)
         if grant is None:
             raise DrmError(errno.ENOENT, "no such grant")
-        if grant.uid != peer_uid or tgid_of(grant.tid) != peer_pid:
+        if grant.uid != peer_uid or peer != grant.process:
             grant.bo.put()
             raise DrmError(errno.EACCES, "the grant belongs to another process")
         return grant

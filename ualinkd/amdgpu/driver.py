@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -30,6 +31,8 @@ from .info import AmdgpuInfo
 from .memory import UserMemory
 from .profile import MI300X, DeviceProfile
 from .vm import GpuVm, VaSync, gem_va
+
+log = logging.getLogger(__name__)
 
 # Domains that must stand alone (amdgpu_gem_are_domains_valid, §2.3).
 _SPECIAL = c.DOMAIN_GDS | c.DOMAIN_GWS | c.DOMAIN_OA | c.DOMAIN_DOORBELL
@@ -101,6 +104,10 @@ class AmdgpuDriver:
             c.DOMAIN_GWS: MemoryPool("gws", profile.gws_size * c.PAGE_SIZE),
             c.DOMAIN_OA: MemoryPool("oa", profile.oa_size * c.PAGE_SIZE)}
         self.ualink: UalinkOps | None = None
+        # §13 N6's quirk "no-ualink-oops": U's ioctl on a GPU without the UALink block
+        # dereferences NULL; `oops` is what the oops does to the caller (the node's kills it)
+        self.oops_without_ualink = False
+        self.oops: Callable[[Caller], None] | None = None
         self._mmap_next = _MMAP_OFFSET_START
         # One hook shared by every BO (a bound method per BO would be 64 bytes each); it
         # looks _handle_free up at each call, so a wrapper installed later is honoured.
@@ -406,7 +413,14 @@ class AmdgpuDriver:
         self, file: DrmFile, kdata: bytearray, caller: Caller
     ) -> Completion[None] | None:
         args = st.decode_ualink_handle_in(bytes(kdata[:24]))
-        # The state check comes before the op is even looked at (§1.6 step 1, §11.1).
+        if self.ualink is None and self.oops_without_ualink:
+            log.critical("BUG: kernel NULL pointer dereference in the UALink ioctl of a GPU "
+                         "without UALink (pid %d; quirk no-ualink-oops, §13 N6)", caller.pid)
+            if self.oops is not None:
+                self.oops(caller)
+            raise DrmError(errno.EFAULT, "oops: NULL UALink info")
+        # The state check comes before the op is even looked at (§1.6 step 1, §11.1; §13 N6:
+        # also on a GPU without the UALink block).
         if self.ualink is None or not self.ualink.accel_active:
             raise DrmError(errno.EOPNOTSUPP, "accel is not ACTIVE")
         if args.op == c.UalinkOp.EXPORT:

@@ -14,6 +14,15 @@ with pread/pwrite rather than mapping it: a read of a hole in a memfd returns ze
 allocating (a read fault through a mapping would allocate the page), so a 16 GiB BO stays
 sparse until something writes to it. A memfd is anonymous memory, not I/O: no call here
 blocks, which keeps this module sans-IO.
+
+A client's mapping outlives the BO (the kernel's vma holds the GEM object, and with it the
+BO's memory and its VRAM/GTT charge, until the last unmap). The daemon cannot see a munmap,
+but it can see the memfd's other users: every grant hands out a file description of its
+own (cpumap_server.py reopens the memfd), which a mapping holds until it is unmapped and a
+process's fd until it is closed, wherever they went (fork, SCM_RIGHTS). `in_use_elsewhere`
+asks the kernel whether any is left: a write lease (F_SETLEASE) is granted only to the
+one open description of a file. So `close()` of a BO whose memfd is still in use keeps the
+memfd (and the BO's pool keeps its charge, bo.py) until that answer is no.
 """
 
 from __future__ import annotations
@@ -56,6 +65,36 @@ def _zeros(n: int) -> bytes:
 # fault), and the seals themselves cannot be changed or removed.
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _IO_MAX = 1 << 30  # per pread/pwrite call (Linux moves at most 0x7ffff000 bytes per call)
+
+
+F_SETSIG = 10  # fcntl.h (Python's fcntl module lacks it)
+SIGURG = 23  # ignored unless handled: what a lease break during the probe sends
+
+
+def in_use_elsewhere(fd: int) -> bool:
+    """Whether a file description of the memfd `fd` other than the one memfd_create made is
+    open anywhere: a grant's (a client's fd, or the mapping that holds it), in any process,
+    or in flight in a unix socket. A probe description of our own asks for a write lease,
+    which the kernel grants only when the probe is the file's one open description
+    (check_conflicting_open: i_writecount and i_readcount; memfd_create's own description
+    counts in neither), and is closed at once, lease and all. A kernel that gives no leases
+    (fs.leases-enable 0: EINVAL) cannot tell: False, so memory is given back as before."""
+    try:
+        probe = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except BlockingIOError:  # (someone holds a lease on it: in use)
+        return True
+    try:
+        # A lease broken in the moment we hold it signals us: SIGURG, not SIGIO, whose
+        # default would end the daemon.
+        fcntl.fcntl(probe, F_SETSIG, SIGURG)
+        fcntl.fcntl(probe, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+    except BlockingIOError:  # EAGAIN: another description is open
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(probe)  # (the lease goes with it)
+    return False
 
 
 class BoMemory:
@@ -104,17 +143,22 @@ class BoMemory:
             self._shared = fd
         return self._shared
 
-    def close(self) -> None:
-        """The BO is freed: our reference to a shared memfd goes (a client mapping of it
-        keeps its pages until unmapped; nobody else can reach them)."""
+    def close(self) -> int | None:
+        """The BO is freed: our reference to a shared memfd goes, or, while a client still
+        maps it (`in_use_elsewhere`), passes to the caller: the memfd, returned, which the
+        BO's pool holds with its charge until nobody else does (MemoryPool.hold). Nobody
+        but that client can reach those pages any more."""
         if self._chunks or self._shared is not None:
             # Before the bytes a data-plane route may read go. (A BO with neither: its
             # routes read zeros and hold nothing; its NPA unmap drops them.)
             translation.changed()
+        self._chunks.clear()
         if self._shared is not None:
             fd, self._shared = self._shared, None
+            if in_use_elsewhere(fd):
+                return fd
             os.close(fd)
-        self._chunks.clear()
+        return None
 
     def _check(self, offset: int, n: int) -> None:
         _check_range(offset, n, self.size)

@@ -4,16 +4,22 @@
 A KFD node is one of the node's accels: its `DrmDevice` and amdgpu driver, so memory the KFD
 hands out later is a GEM BO of the same tables the render nodes serve (issue 14 item 3).
 What needs the caller's memory or fds is injected, as for DrmDevice: `copy_to_user`, and
-`resolve_drm_file` (the caller's fd -> the DrmFile of one of this node's render nodes).
+`resolve_drm_file` (a process's fd -> the DrmFile of one of this node's render nodes).
 Time is an argument too (`clock`), so GET_CLOCK_COUNTERS is tested without sleeping.
+
+A `KfdProcess` is bound to a process, not a pid (`identify`, drm/process.py): the edge
+names the caller's process, and reports its exit (`process_exited`); `release_process` is
+the one end of a context, from its process's exit or its last file's release.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
-import struct
+from array import array
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +31,7 @@ from ..amdgpu.bo import AmdgpuBo
 from ..amdgpu.driver import AmdgpuDriver, user_pages_present
 from ..amdgpu.engine import gpu_clock_counter
 from ..amdgpu.vm import MAX_PFN, GpuVm
+from ..drm.completion import Completion
 from ..drm.device import (
     Caller,
     CopyFromUser,
@@ -37,7 +44,9 @@ from ..drm.device import (
 from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf
+from ..drm.process import Identify, ProcessId, same_thread_group
 from ..drm.syncobj import SyncWaits
+from .queues import QueueArgs, QueueRegistry
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +57,7 @@ KFD_IOCTL_MINOR_VERSION = 17
 KFD_IOC_CACHE_POLICY_COHERENT = 0
 KFD_IOC_CACHE_POLICY_NONCOHERENT = 1
 NSEC_PER_SEC = 1_000_000_000
+DOORBELL_ARMED = (1 << 64) - 1  # a doorbell slot no store has written since it was armed
 
 # kfd_flat_memory.c, gfx9 apertures (kfd_init_apertures_v9): LDS and scratch in their own
 # 4 GiB windows at 1 << 48 and 2 << 48; GPUVM from 16 MiB (the reserved bottom libhsakmt
@@ -163,11 +173,18 @@ class KfdProcessDevice:
 class KfdProcess:
     """kfd_process: one per process, however often it opens /dev/kfd (kfd_create_process
     finds the existing one); a pdd per GPU from the start (kfd_process_create_pdd for every
-    node), so GET_PROCESS_APERTURES_NEW counts them all."""
+    node), so GET_PROCESS_APERTURES_NEW counts them all. Bound to the process itself (`id`,
+    the kernel's mm and lead_thread), not its pid: it ends with the last close of its files
+    or when that process exits, whichever comes first (`ended`), and is never handed to a
+    later process given the same pid."""
 
-    pid: int
+    id: ProcessId
     pdds: dict[int, KfdProcessDevice] = field(default_factory=dict)
     opens: int = 0
+    ended: bool = False
+    # The edge's exit notice for `id` (NodeCore sets it up at the first open); cancelled
+    # when the context ends first.
+    exit: Completion[None] | None = None
     events: dict[int, KfdEvent] = field(default_factory=dict)  # event_idr
     event_page: int | None = None  # the handle of the GTT BO libhsakmt gave as events page
     xnack_enabled: bool = False  # kfd_process_xnack_mode(p, false): retry faults off
@@ -175,6 +192,10 @@ class KfdProcess:
     runtime_enabled: bool = False
     r_debug: int = 0
     ttmp_setup: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.id.pid
 
     def pdd_by_id(self, gpu_id: int) -> KfdProcessDevice:
         """kfd_process_device_data_by_id; an unknown gpu_id is EINVAL in every caller."""
@@ -187,6 +208,7 @@ class KfdProcess:
 # kfd_events.c / kfd_ioctl.h
 KFD_IOC_EVENT_SIGNAL = 0
 KFD_IOC_EVENT_DEBUG_EVENT = 5
+KFD_IOC_EVENT_MEMORY = 8
 KFD_SIGNAL_EVENT_LIMIT = 4096
 KFD_FIRST_NONSIGNAL_EVENT_ID = KFD_SIGNAL_EVENT_LIMIT
 KFD_MMAP_TYPE_EVENTS = 0x2 << 62
@@ -195,6 +217,16 @@ KFD_IOC_WAIT_RESULT_COMPLETE = 0
 KFD_IOC_WAIT_RESULT_TIMEOUT = 1
 KFD_IOC_WAIT_RESULT_FAIL = 2
 UNSIGNALED_EVENT_SLOT = 0xFFFF_FFFF_FFFF_FFFF
+# kmalloc_array (kmalloc_large: at most MAX_PAGE_ORDER = 10 pages of order) fails past
+# KMALLOC_MAX_SIZE with ENOMEM: the kernel's bound on every caller-sized KFD array.
+KMALLOC_MAX_SIZE = 4 << 20
+# alloc_event_waiters: sizeof(struct kfd_event_waiter) on x86-64 = a wait_queue_entry (40)
+# + the event pointer (8) + activated, event_age_enabled (bools), padded to 8 = 56 bytes:
+# WAIT_EVENTS of more than 74,898 events is ENOMEM.
+KFD_EVENT_WAITER_SIZE = 56
+MAX_WAIT_EVENTS = KMALLOC_MAX_SIZE // KFD_EVENT_WAITER_SIZE
+# kfd_ioctl_(un)map_memory_to/from_gpu: kmalloc_array(n_devices, sizeof(uint32_t))
+MAX_DEVICE_IDS = KMALLOC_MAX_SIZE // 4
 KFD_MMAP_TYPE_RESERVED_MEM = 0x1 << 62
 KFD_MMAP_TYPE_MASK = 0x3 << 62
 
@@ -229,22 +261,55 @@ class KfdEvent:
     type: int
     auto_reset: bool
     signaled: bool = False
-    waiters: list[KfdEventWaiter] = field(default_factory=list)  # ev->wq
+    # ev->wq: the waiters queued on it (a dict: a wait leaves in O(1), whatever its size)
+    waiters: dict[KfdEventWaiter, None] = field(default_factory=dict)
+    # a memory event's kfd_hsa_memory_exception_data from the last VM fault (queues.vm_fault)
+    memory_exception_data: bytes = b""
+
+
+@dataclass(eq=False, slots=True)
+class KfdWait:
+    """One WAIT_EVENTS call: its entries (one kfd_event_waiter each in the kernel), how
+    many are activated, and whether an event was destroyed under a queued one. Kept as
+    counts, so test_event_condition costs the same for one entry or 75,000."""
+
+    entries: int = 0
+    activated: int = 0
+    failed: bool = False
+
+    def condition(self, wait_for_all: bool) -> int:
+        """test_event_condition: FAIL when an awaited event was destroyed, COMPLETE when
+        all (or any) entries are activated, else TIMEOUT."""
+        if self.failed:
+            return KFD_IOC_WAIT_RESULT_FAIL
+        done = self.activated == self.entries if wait_for_all else self.activated > 0
+        return KFD_IOC_WAIT_RESULT_COMPLETE if done else KFD_IOC_WAIT_RESULT_TIMEOUT
 
 
 @dataclass(eq=False, slots=True)
 class KfdEventWaiter:
-    """kfd_event_waiter: one WAIT_EVENTS call's hold on one event; `event` None once the
-    event was destroyed under it."""
+    """The kfd_event_waiters of every entry of one wait that names one event (they behave
+    alike, so one object stands for them all): `first` of them were activated at
+    init_event_waiter by the event being signaled and never queued; the other `queued`
+    wait in the event's queue, where set_event activates them all; `event` None once the
+    event was destroyed under them."""
 
+    wait: KfdWait
     event: KfdEvent | None
-    activated: bool
+    first: int = 0
+    queued: int = 0
+    queued_activated: int = 0
+
+    def activate(self) -> None:
+        self.wait.activated += self.queued - self.queued_activated
+        self.queued_activated = self.queued
 
 
 KfdHandler = Callable[[KfdProcess, bytearray, Caller], "Awaitable[None] | None"]
-# (pid, fd) -> the DrmFile behind the caller's fd; DrmError(EINVAL) when the fd is not open
-# or not a render node of this daemon (kfd_ioctl_acquire_vm's fget, amdgpu_file_to_fpriv).
-ResolveDrmFile = Callable[[int, int], Awaitable[DrmFile]]
+# (process, fd) -> the DrmFile behind that process's fd; DrmError(EINVAL) when the fd is not
+# open, not a render node of this daemon (kfd_ioctl_acquire_vm's fget, amdgpu_file_to_fpriv),
+# or the process is gone (its pid is never taken for someone else's).
+ResolveDrmFile = Callable[[ProcessId, int], Awaitable[DrmFile]]
 Clock = Callable[[], tuple[int, int]]  # -> (CLOCK_MONOTONIC_RAW ns, CLOCK_BOOTTIME ns)
 _reported_unemulated: set[int] = set()
 
@@ -258,6 +323,7 @@ class Kfd:
         resolve_drm_file: ResolveDrmFile | None = None,
         copy_from_user: CopyFromUser | None = None,
         waits: SyncWaits | None = None,
+        identify: Identify = same_thread_group,
     ) -> None:
         self.nodes = {n.gpu_id: n for n in nodes}
         assert len(self.nodes) == len(nodes), "gpu_ids must be unique"
@@ -266,45 +332,86 @@ class Kfd:
         self.copy_from_user = copy_from_user
         self.waits = waits  # None: a wait that would block is a bug (the daemon injects one)
         self.resolve_drm_file = resolve_drm_file
+        # The live contexts by pid: at most one per pid, that of the process now holding it.
         self.processes: dict[int, KfdProcess] = {}
+        self.queues = QueueRegistry({g: n.driver.profile for g, n in self.nodes.items()})
+        # amdgpu_vm.process_info: the render files whose VM a KFD process acquired (a
+        # compute VM), and by whom.
+        self.compute_vms: dict[DrmFile, KfdProcessDevice] = {}
         # (pid, fd) -> the dma-buf behind a caller's fd (dma_buf_get: EBADF / EINVAL)
         self.resolve_dmabuf: Callable[[int, int], DmaBuf] | None = None
         self.handlers: dict[tbl.IoctlSpec, KfdHandler] = tbl.bind(self)
         # The process of a calling thread (FUSE reports the thread), None when it is gone;
-        # the edge injects /proc's answer. A kfd_process is one per process, not thread.
-        self.tgid_of: Callable[[int], int | None] = lambda tid: tid
+        # the edge injects /proc's and pidfds' answer (drm/process.py). A kfd_process is one
+        # per process, not thread, and not per pid.
+        self.identify = identify
 
-    # -- open / release (kfd_open, kfd_release) ---------------------------------------------
+    # -- open / release (kfd_open, kfd_release, process exit) -------------------------------
     def open(self, caller: Caller) -> KfdProcess:
         """kfd_open -> kfd_create_process(current): the caller's process (its thread
-        group, the lead_thread later ioctls are checked against)."""
-        pid = self.tgid_of(caller.pid) or caller.pid
-        p = self.processes.get(pid)
+        group, the lead_thread later ioctls are checked against), found by the process
+        itself (the kernel looks it up by mm). A context still filed under the caller's pid
+        belongs to an earlier process that has exited (its exit notice is on its way): the
+        kernel ended that one at its mm's exit, so it ends now and the caller gets its own."""
+        who = self.identify(caller.pid)
+        if who is None:
+            raise DrmError(errno.ESRCH, f"no process for thread {caller.pid}")
+        p = self.processes.get(who.pid)
+        if p is not None and p.id != who:
+            log.info("KFD: pid %d is a new process; the context of the one before ends",
+                     who.pid)
+            self.release_process(p)
+            p = None
         if p is None:
-            p = KfdProcess(pid, {g: KfdProcessDevice(n) for g, n in self.nodes.items()})
-            self.processes[pid] = p
+            p = KfdProcess(who, {g: KfdProcessDevice(n) for g, n in self.nodes.items()})
+            self.processes[who.pid] = p
         p.opens += 1
         return p
 
     def release(self, p: KfdProcess) -> None:
+        """kfd_release: one file of `p` closed; the last one ends the context (if the
+        process's exit did not already)."""
         p.opens -= 1
         assert p.opens >= 0
         if p.opens == 0:
-            # kfd_process_wq_release: the process's devices let go of their VMs.
-            for pdd in p.pdds.values():
-                for idr in list(pdd.mems):
-                    self._free(p, pdd, idr, force=True)
-            for pdd in p.pdds.values():
-                pdd.drm_file = None
-                for bar in (pdd.doorbell_bo, pdd.mmio_bo):
-                    if bar is not None:
-                        bar.put()
-                pdd.doorbell_bo = pdd.mmio_bo = None
-            for ev in p.events.values():  # waiters (none can remain: same process) look again
-                if self.waits is not None:
-                    self.waits.wake(ev)
-            p.events.clear()
-            self.processes.pop(p.pid, None)
+            self.release_process(p)
+
+    def process_exited(self, p: KfdProcess) -> None:
+        """The edge's notice that `p`'s process has exited (kfd_process_notifier_release:
+        the kernel ends a kfd_process with its mm, whoever still holds its files — a child
+        that inherited one, a process it was passed to)."""
+        self.release_process(p)
+
+    def release_process(self, p: KfdProcess) -> None:
+        """The one end of a KFD context, from the last close or the process's exit,
+        whichever comes first (later calls do nothing): everything it owned goes —
+        allocations and their GEM handles, VM bindings (a compute VM is a render file's
+        again), doorbell and MMIO pages, events (a waiter still on one fails) — and no
+        ioctl or mmap reaches it again. The kernel takes a kfd_process out of its table and
+        stops its queues at the mm's exit (kfd_process_notifier_release) and frees the rest
+        at its last reference (kfd_process_wq_release, after the last file's release);
+        nothing can reach it in between, so here it all goes at the first of the two."""
+        if p.ended:
+            return
+        p.ended = True
+        self.queues.process_gone(p.pid)  # pqm_uninit: its queues stop first
+        if self.processes.get(p.pid) is p:
+            del self.processes[p.pid]
+        for pdd in p.pdds.values():
+            for idr in list(pdd.mems):
+                self._free(p, pdd, idr, force=True)
+        for pdd in p.pdds.values():
+            if pdd.drm_file is not None and self.compute_vms.get(pdd.drm_file) is pdd:
+                del self.compute_vms[pdd.drm_file]
+            pdd.drm_file = None
+            for bar in (pdd.doorbell_bo, pdd.mmio_bo):
+                if bar is not None:
+                    bar.put()
+            pdd.doorbell_bo = pdd.mmio_bo = None
+        for ev in list(p.events.values()):
+            self._destroy_event(p, ev)
+        if p.exit is not None:
+            p.exit.cancel()  # the context ended first: stop watching the process
 
     # -- dispatch (kfd_ioctl) -----------------------------------------------------------------
     def ioctl(self, p: KfdProcess, cmd: int, in_bytes: bytes,
@@ -312,7 +419,9 @@ class Kfd:
         """kfd_ioctl: the entry by nr alone (outside the command range: ENOTTY, nothing
         copied) (1); only the process that opened the file may use it — a child that
         inherited the fd, or one it was passed to, gets EBADF, nothing copied (the
-        lead_thread check; children make their own KFD context) (1b); the table's own
+        lead_thread check, a task, not a pid: another process given the pid of one that
+        exited is another process, and an ended context answers nobody; children make their
+        own KFD context) (1b); the table's own
         cmd decides the copies, with the user's size, the buffer zero-extended to the
         table's size (2); the handler (3); the user's size copied back whenever the
         table's cmd has the OUT bit, success or not (4)."""
@@ -320,7 +429,7 @@ class Kfd:
         spec = tbl.kfd_lookup(nr)  # 1
         if spec is None:
             return IoctlResult(-errno.ENOTTY, b"", None, b"")
-        if self.tgid_of(caller.pid) != p.pid:  # 1b
+        if p.ended or self.identify(caller.pid) != p.id:  # 1b
             return IoctlResult(-errno.EBADF, b"", spec, b"")
         handler = self.handlers.get(spec)
         if handler is None:
@@ -411,17 +520,22 @@ class Kfd:
 
     @tbl.handles(tbl.KFD_ACQUIRE_VM)
     def acquire_vm(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> Awaitable[None]:
-        """kfd_ioctl_acquire_vm: the fd must be an open file (fget: EINVAL) (1), the gpu_id
-        the process's (EINVAL) (2); a pdd already bound answers 0 for the same file and
-        EBUSY for another (3); the file must be an amdgpu DRM file (amdgpu_file_to_fpriv:
-        EINVAL) — here a render node of this daemon, and of the gpu_id's accel, since its
-        VM is the one bound (4)."""
+        """kfd_ioctl_acquire_vm: the fd must be an open file of the process (fget: EINVAL)
+        (1), the gpu_id the process's (EINVAL) (2); a pdd already bound answers 0 for the
+        same file and EBUSY for another (3); the file must be an amdgpu DRM file
+        (amdgpu_file_to_fpriv: EINVAL) — here a render node of this daemon, and of the
+        gpu_id's accel, since its VM is the one bound (4); a VM another KFD process already
+        made its compute VM is EINVAL (amdgpu_amdkfd_gpuvm_acquire_process_vm: "Already a
+        compute VM?") (5). The fd is looked up in the process `p` is bound to, never in
+        whichever process has its pid now."""
         a = st.KFD_ACQUIRE_VM.decode(bytes(kdata[: st.KFD_ACQUIRE_VM.size]))
 
         async def acquire() -> None:
             if self.resolve_drm_file is None:
                 raise DrmError(errno.EINVAL, "no way to resolve the caller's fd")
-            drm_file = await self.resolve_drm_file(caller.pid, a.drm_fd)  # 1, 4
+            drm_file = await self.resolve_drm_file(p.id, a.drm_fd)  # 1, 4
+            if p.ended:  # (its process exited meanwhile: nothing to bind)
+                raise DrmError(errno.EBADF, "the KFD process has ended")
             pdd = p.pdd_by_id(a.gpu_id)  # 2
             if pdd.drm_file is not None:  # 3
                 if pdd.drm_file is not drm_file:
@@ -429,7 +543,10 @@ class Kfd:
                 return
             if drm_file.device is not pdd.node.driver.device:  # 4
                 raise DrmError(errno.EINVAL, "the fd is another GPU's render node")
+            if drm_file in self.compute_vms:  # 5
+                raise DrmError(errno.EINVAL, "the render file's VM is already a compute VM")
             pdd.drm_file = drm_file
+            self.compute_vms[drm_file] = pdd
 
         return acquire()
 
@@ -570,33 +687,65 @@ class Kfd:
 
     def _device_ids(self, kdata: bytearray, caller: Caller
                     ) -> tuple[st.KfdMapMemoryToGpu, Awaitable[bytes]]:
-        """Both ioctls' first steps: n_devices > 0 and n_success <= n_devices (EINVAL), then
-        the gpu_id array read from the caller (EFAULT)."""
+        """Both ioctls' first steps: n_devices > 0 and n_success <= n_devices (EINVAL), the
+        array allocated (kmalloc_array: ENOMEM past MAX_DEVICE_IDS, nothing read), then the
+        gpu_id array read from the caller (EFAULT)."""
         a = st.KFD_MAP_MEMORY_TO_GPU.decode(bytes(kdata[: st.KFD_MAP_MEMORY_TO_GPU.size]))
         if a.n_devices == 0 or a.n_success > a.n_devices:
             raise DrmError(errno.EINVAL, "bad n_devices / n_success")
+        if a.n_devices > MAX_DEVICE_IDS:
+            raise DrmError(errno.ENOMEM, f"{a.n_devices} device ids")
         return a, self._read_user(caller, a.device_ids_array_ptr, 4 * a.n_devices)
+
+    @staticmethod
+    def _each_gpu(kdata: bytearray, raw: bytes, start: int, once: bool,
+                  do: Callable[[int], None]) -> None:
+        """The ioctls' loop over the array from n_success on: `do(gpu_id)` for each entry in
+        order, n_success = the index after the last one done, copied back on failure too.
+        Entries naming a GPU already done are done again by the kernel: for map a no-op
+        (`once` False: skipped), for unmap a failure (`once`: `do` sees it again). So `do`
+        runs once per distinct gpu_id, in order of first appearance, and the array (up to a
+        million entries) is only searched in C: one GPU id that fails stops everything, and
+        there are as few GPUs that succeed as this node has."""
+        ids = array("I", raw)[start:]
+        assert ids.itemsize == 4
+        repeat_at = len(ids)  # (unmap) the first entry naming a GPU done before it
+        for gpu_id in dict.fromkeys(ids):
+            at = ids.index(gpu_id)
+            if once and repeat_at < at:
+                break
+            try:
+                do(gpu_id)
+            except DrmError:
+                kdata[20:24] = (start + at).to_bytes(4, "little")
+                raise
+            if once:
+                with contextlib.suppress(ValueError):
+                    repeat_at = min(repeat_at, ids.index(gpu_id, at + 1))
+        if once and repeat_at < len(ids):
+            kdata[20:24] = (start + repeat_at).to_bytes(4, "little")
+            do(ids[repeat_at])  # raises: not mapped there any more
+        kdata[20:24] = (start + len(ids)).to_bytes(4, "little")
 
     @tbl.handles(tbl.KFD_MAP_MEMORY_TO_GPU)
     def map_memory_to_gpu(self, p: KfdProcess, kdata: bytearray,
                           caller: Caller) -> Awaitable[None]:
-        """kfd_ioctl_map_memory_to_gpu: n_devices / n_success (EINVAL) (1), the array
-        (EFAULT) (2), the handle's GPU the process's (EINVAL) with a VM (ENODEV) (3), the
-        allocation known (ENOMEM, as the kernel's translate_handle failure) (4); then from
-        n_success on, each gpu_id the process's (EINVAL) with a VM (ENODEV), the BO mapped
-        at its va in that VM (already mapped: nothing to do), n_success counting each GPU
-        done, copied back on failure too (5)."""
+        """kfd_ioctl_map_memory_to_gpu: n_devices / n_success (EINVAL), the array's
+        allocation (ENOMEM) (1), the array (EFAULT) (2), the handle's GPU the process's
+        (EINVAL) with a VM (ENODEV) (3), the allocation known (ENOMEM, as the kernel's
+        translate_handle failure) (4); then from n_success on, each gpu_id the process's
+        (EINVAL) with a VM (ENODEV), the BO mapped at its va in that VM (already mapped:
+        nothing to do), n_success counting each GPU done, copied back on failure too (5)."""
         a, ids_read = self._device_ids(kdata, caller)  # 1
 
         async def run() -> None:
             raw = await ids_read  # 2
-            ids = struct.unpack(f"<{a.n_devices}I", raw)
             pdd, idr = self._mem_checked(p, a.handle)  # 3, 4
             mem = pdd.mems[idr]
             writable = c.VM_PAGE_WRITEABLE if mem.flags & ALLOC_MEM_FLAGS_WRITABLE else 0
             execable = c.VM_PAGE_EXECUTABLE if mem.flags & ALLOC_MEM_FLAGS_EXECUTABLE else 0
-            for i in range(a.n_success, a.n_devices):  # 5
-                gpu_id = ids[i]
+
+            def map_on(gpu_id: int) -> None:  # 5
                 vm = self._vm_of(p, gpu_id)
                 if gpu_id not in mem.mapped:
                     bo_va = vm.bo_find(mem.bo)
@@ -606,7 +755,8 @@ class Kfd:
                     vm.bo_map(bo_va, mem.va, 0, mem.size,
                               c.VM_PAGE_READABLE | writable | execable)
                     mem.mapped.add(gpu_id)
-                kdata[20:24] = (i + 1).to_bytes(4, "little")
+
+            self._each_gpu(kdata, raw, a.n_success, False, map_on)
 
         return run()
 
@@ -625,15 +775,17 @@ class Kfd:
         a, ids_read = self._device_ids(kdata, caller)
 
         async def run() -> None:
-            ids = struct.unpack(f"<{a.n_devices}I", await ids_read)
+            raw = await ids_read
             pdd, idr = self._mem_checked(p, a.handle)
             mem = pdd.mems[idr]
-            for i in range(a.n_success, a.n_devices):
-                p.pdd_by_id(ids[i])
-                if ids[i] not in mem.mapped:
-                    raise DrmError(errno.EINVAL, f"not mapped on GPU {ids[i]:#x}")
-                self._unmap_on(p, mem, ids[i])
-                kdata[20:24] = (i + 1).to_bytes(4, "little")
+
+            def unmap_on(gpu_id: int) -> None:
+                p.pdd_by_id(gpu_id)
+                if gpu_id not in mem.mapped:
+                    raise DrmError(errno.EINVAL, f"not mapped on GPU {gpu_id:#x}")
+                self._unmap_on(p, mem, gpu_id)
+
+            self._each_gpu(kdata, raw, a.n_success, True, unmap_on)
 
         return run()
 
@@ -718,9 +870,9 @@ class Kfd:
         remap page, exactly one page (kfd_mmio_mmap: EINVAL) (5); a device type without a
         device ENODEV (6); RESERVED_MEM is the APU CWSR area, which no GPU here has:
         EINVAL (7). Returns the BO whose memory is mapped and the offset into it."""
-        pid = self.tgid_of(caller.pid)
-        p = self.processes.get(pid) if pid is not None else None
-        if p is None:  # 1
+        who = self.identify(caller.pid)
+        p = self.processes.get(who.pid) if who is not None else None
+        if p is None or p.id != who:  # 1 (a context of an earlier process with this pid: none)
             raise DrmError(errno.EINVAL, "no KFD process for the caller")
         gpu_id = (offset >> KFD_MMAP_GPU_ID_SHIFT) & 0xFFFF  # 2
         node = self.nodes.get(gpu_id) if gpu_id else None
@@ -759,25 +911,35 @@ class Kfd:
 
     @tbl.handles(tbl.KFD_DESTROY_EVENT)
     def destroy_event(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
-        """destroy_event: the event's waiters lose it (their wait fails) and are woken."""
-        ev = self._event(p, kdata, cpu_signaled=False)
+        self._destroy_event(p, self._event(p, kdata, cpu_signaled=False))
+
+    def _destroy_event(self, p: KfdProcess, ev: KfdEvent) -> None:
+        """destroy_event: the waiters in its queue lose it (their wait fails) and are
+        woken; entries activated at once by a signaled event were never queued."""
         del p.events[ev.event_id]
         for w in ev.waiters:
             w.event = None
+            w.wait.failed = True
+            self._wake(w.wait)
+        ev.waiters.clear()
+
+    def _wake(self, wait: KfdWait) -> None:
         if self.waits is not None:
-            self.waits.wake(ev)
+            self.waits.wake(wait)
+
+    def _set_event(self, ev: KfdEvent) -> None:
+        """set_event: every waiter in the event's queue is activated at once
+        (wake_up_all); the event stays signaled unless it is auto-reset and its queue is
+        not empty (then those waiters consumed it together)."""
+        ev.signaled = not ev.auto_reset or not ev.waiters
+        for w in ev.waiters:
+            w.activate()
+            self._wake(w.wait)
 
     @tbl.handles(tbl.KFD_SET_EVENT)
     def set_event(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
-        """kfd_set_event -> set_event: every waiter in the event's queue is activated at
-        once (wake_up_all); the event stays signaled unless it is auto-reset and someone
-        was waiting (then those waiters consumed it together)."""
-        ev = self._event(p, kdata, cpu_signaled=True)
-        ev.signaled = not ev.auto_reset or not ev.waiters
-        for w in ev.waiters:
-            w.activated = True
-        if self.waits is not None:
-            self.waits.wake(ev)
+        """kfd_set_event: a CPU-signalable event of the process (EINVAL), set."""
+        self._set_event(self._event(p, kdata, cpu_signaled=True))
 
     @tbl.handles(tbl.KFD_RESET_EVENT)
     def reset_event(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
@@ -785,56 +947,131 @@ class Kfd:
 
     @tbl.handles(tbl.KFD_WAIT_EVENTS)
     def wait_events(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> Awaitable[None]:
-        """kfd_wait_on_events: each kfd_event_data read from the caller (EFAULT) and its
-        event known (EINVAL) (1); init_event_waiter: a waiter starts activated if its event
-        is signaled now, which an auto-reset event gives up to it (2); the waiters join
-        their events' queues, where SET_EVENT activates them all (3); test_event_condition:
-        all / any activated completes, a waiter whose event was destroyed fails (4);
-        timeout 0 polls, 0xFFFFFFFF waits for ever, else that many ms (5); the result
-        COMPLETE or TIMEOUT with 0 returned, FAIL with EIO (6); the waiters leave the
-        queues whatever happened (free_waiters) (7)."""
+        """kfd_wait_on_events: the waiters allocated up front (alloc_event_waiters'
+        kmalloc_array: ENOMEM past MAX_WAIT_EVENTS, nothing read) (1); entry by entry, each
+        kfd_event_data read from the caller (EFAULT) and its event known (EINVAL), the
+        first failing entry ending the call with the ones before it initialized (2);
+        init_event_waiter: an entry is activated at once if its event is signaled, which an
+        auto-reset event gives up to it, else it joins the event's queue, where SET_EVENT
+        activates them all (3); test_event_condition: all / any activated completes, a
+        queued waiter whose event was destroyed fails (4); timeout 0 polls, 0xFFFFFFFF
+        waits for ever, else that many ms (5); COMPLETE or TIMEOUT with 0 returned, FAIL
+        with EIO, and FAIL in wait_result whenever the call fails (6); the waiters leave the
+        queues whatever happened, and a wait interrupted by a signal gives back the
+        auto-reset signals it took (free_waiters' undo_auto_reset) (7).
+
+        No work here grows with the entries beyond C-level passes over them: the array is
+        read off the serving thread, its ids picked out and counted per event in C, and
+        the waiters are one per (wait, event) with the wait's counts (KfdWait)."""
         layout = st.KFD_WAIT_EVENTS
         a = layout.decode(bytes(kdata[: layout.size]))
 
+        def result(value: int) -> None:
+            kdata[20:24] = value.to_bytes(4, "little")
+
+        if a.num_events > MAX_WAIT_EVENTS:  # 1
+            result(KFD_IOC_WAIT_RESULT_FAIL)
+            raise DrmError(errno.ENOMEM, f"{a.num_events} event waiters")
+
         async def run() -> None:
-            size = st.KFD_EVENT_DATA_SIZE
-            raw = await self._read_user(caller, a.events_ptr, size * a.num_events)  # 1
-            evs = []
-            for i in range(a.num_events):
-                (eid,) = struct.unpack_from("<I", raw, i * size + st.KFD_EVENT_DATA_EVENT_ID)
-                ev = p.events.get(eid)
-                if ev is None:
-                    raise DrmError(errno.EINVAL, f"no event {eid}")
-                evs.append(ev)
-            waiters = []
-            for ev in evs:  # 2, 3
-                waiters.append(KfdEventWaiter(ev, ev.signaled))
-                ev.signaled = ev.signaled and not ev.auto_reset
-                ev.waiters.append(waiters[-1])
-
-            def condition() -> int:  # 4
-                if any(w.event is None for w in waiters):
-                    return KFD_IOC_WAIT_RESULT_FAIL
-                done = (all if a.wait_for_all else any)(w.activated for w in waiters)
-                return KFD_IOC_WAIT_RESULT_COMPLETE if done else KFD_IOC_WAIT_RESULT_TIMEOUT
-
+            raw, error = await self._read_entries(caller, a.events_ptr, a.num_events)  # 2
+            step, at = st.KFD_EVENT_DATA_SIZE // 4, st.KFD_EVENT_DATA_EVENT_ID // 4
+            ids = memoryview(raw).cast("I")[at::step].tolist()
+            unknown = set(ids).difference(p.events)
+            if unknown:
+                stop = next(i for i, eid in enumerate(ids) if eid in unknown)
+                ids, error = ids[:stop], DrmError(errno.EINVAL, f"no event {ids[stop]}")
+            wait = KfdWait()
+            waiters: list[KfdEventWaiter] = []
+            interrupted = True
             try:
-                if condition() == KFD_IOC_WAIT_RESULT_TIMEOUT and a.timeout != 0:  # 5
+                for eid, n in Counter(ids).items():  # 3
+                    waiters.append(self._init_waiters(wait, p.events[eid], n))
+                if error is not None:
+                    raise error
+                outcome = wait.condition(bool(a.wait_for_all))  # 4
+                if outcome == KFD_IOC_WAIT_RESULT_TIMEOUT and a.timeout != 0:  # 5
                     if self.waits is None:
                         raise DrmError(errno.EINVAL, "no way to wait")
                     deadline = (None if a.timeout == KFD_EVENT_TIMEOUT_INFINITE
                                 else self.waits.now_ns() + a.timeout * 1_000_000)
                     await self.waits.wait_until(
-                        deadline, lambda: condition() != KFD_IOC_WAIT_RESULT_TIMEOUT, evs)
-                result = condition()
+                        deadline, lambda: wait.condition(bool(a.wait_for_all))
+                        != KFD_IOC_WAIT_RESULT_TIMEOUT, [wait])
+                    outcome = wait.condition(bool(a.wait_for_all))
+                interrupted = False
+            except DrmError:
+                interrupted = False
+                result(KFD_IOC_WAIT_RESULT_FAIL)  # 6
+                raise
             finally:
-                for w, ev in zip(waiters, evs, strict=True):  # 7
-                    ev.waiters.remove(w)
-            kdata[20:24] = result.to_bytes(4, "little")  # 6
-            if result == KFD_IOC_WAIT_RESULT_FAIL:
+                for w in waiters:  # 7
+                    ev = w.event
+                    if ev is None:
+                        continue
+                    ev.waiters.pop(w, None)
+                    if interrupted and ev.auto_reset and (w.first or w.queued_activated):
+                        self._set_event(ev)
+            if outcome == KFD_IOC_WAIT_RESULT_COMPLETE:
+                await self._copy_signaled_event_data(p, caller, a.events_ptr, ids, waiters)
+            result(outcome)  # 6
+            if outcome == KFD_IOC_WAIT_RESULT_FAIL:
                 raise DrmError(errno.EIO, "an event was destroyed during the wait")
 
         return run()
+
+    async def _copy_signaled_event_data(self, p: KfdProcess, caller: Caller, events_ptr: int,
+                                        ids: list[int], waiters: list[KfdEventWaiter]) -> None:
+        """copy_signaled_event_data: each entry whose waiter was activated on a memory event
+        gets the event's kfd_hsa_memory_exception_data in its kfd_event_data's union (what
+        libhsakmt turns into HsaMemoryAccessFault, and ROCr's VM-fault handler reads)."""
+        activated = {w.event.event_id for w in waiters
+                     if w.event is not None and (w.first or w.queued_activated)}
+        for i, eid in enumerate(ids):
+            ev = p.events.get(eid)
+            if (ev is not None and eid in activated and ev.type == KFD_IOC_EVENT_MEMORY
+                    and ev.memory_exception_data):
+                await self._write_user(caller, events_ptr + i * st.KFD_EVENT_DATA_SIZE,
+                                       ev.memory_exception_data)
+
+    @staticmethod
+    def _init_waiters(wait: KfdWait, ev: KfdEvent, n: int) -> KfdEventWaiter:
+        """init_event_waiter for `n` entries naming `ev`, in order: while it is signaled
+        each is activated, and an auto-reset event is consumed by the first; the rest
+        join its queue."""
+        first = (1 if ev.auto_reset else n) if ev.signaled and n else 0
+        ev.signaled = ev.signaled and not ev.auto_reset
+        w = KfdEventWaiter(wait, ev, first, n - first)
+        wait.entries += n
+        wait.activated += first
+        if w.queued:
+            ev.waiters[w] = None
+        return w
+
+    async def _read_entries(self, caller: Caller, address: int,
+                            count: int) -> tuple[bytes, DrmError | None]:
+        """The caller's kfd_event_data array, or the longest prefix of whole entries that
+        can be read and the EFAULT that stopped it there (the kernel copies them one at a
+        time: the entries before a fault are initialized). One read in the usual case; a
+        fault is placed by bisection, since a readable prefix is readable all along."""
+        size = st.KFD_EVENT_DATA_SIZE
+        try:
+            return await self._read_user(caller, address, size * count), None
+        except DrmError as e:
+            if e.errno != errno.EFAULT:
+                raise
+            fault = e
+        good, bad, data = 0, count, b""
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            try:
+                data = await self._read_user(caller, address, size * mid)
+                good = mid
+            except DrmError as e:
+                if e.errno != errno.EFAULT:
+                    raise
+                bad = mid
+        return data[: size * good], fault
 
     @tbl.handles(tbl.KFD_SET_SCRATCH_BACKING_VA)
     def set_scratch_backing_va(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
@@ -859,21 +1096,20 @@ class Kfd:
     @tbl.handles(tbl.KFD_SET_XNACK_MODE)
     def set_xnack_mode(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
         """kfd_ioctl_set_xnack_mode: a negative value queries the mode (1); else the mode
-        is switched (no queues can exist here, so never EBUSY); every GPU of this emulator
+        is switched, EBUSY while the process has queues; every GPU of this emulator
         is a gfx9.4 part that can retry faults, so enabling is allowed (kfd_process_xnack_mode)
         (2)."""
         a = st.KFD_SET_XNACK_MODE.decode(bytes(kdata[:4]))
         if a.xnack_enabled < 0:  # 1
             kdata[:4] = st.KFD_SET_XNACK_MODE.encode(st.KfdSetXnackMode(int(p.xnack_enabled)))
         else:
+            if p.pid in self.queues.pqms:
+                raise DrmError(errno.EBUSY, "the process has user queues")
             p.xnack_enabled = a.xnack_enabled != 0  # 2
 
     # -- queues (kfd_ioctl_create_queue ... kfd_ioctl_alloc_queue_gws) ------------------------
-    # No queue is ever created: the emulated GPU has no hardware queue (HQD / HWS slot) to
-    # give, so the device queue manager's limit is always reached. Every argument check
-    # before that is the kernel's, so a runtime sees the same errno for a bad argument as
-    # on a real KFD, and EPERM (create_queue_cpsch / _nocpsch: total_queue_count >=
-    # max_num_of_queues_per_device) for a good one. Lookups of a queue id then find none.
+    # The argument checks are the ioctls' own; what happens to a queue is queues.py's
+    # (process/device queue managers); the emulated engines run them (gpu_engine.py).
 
     @staticmethod
     def _queue_fields_checked(percentage: int, priority: int, ring_base: int,
@@ -899,9 +1135,10 @@ class Kfd:
         a known queue type (ENOTSUPP, the kernel's internal 524, as it leaks to the user)
         (1); the gpu_id the process's (EINVAL) (2), the process bound to it (ESRCH: here,
         no VM acquired) (3), an SDMA_BY_ENG_ID queue's engine one of the GPU's (EINVAL)
-        (3b); then pqm_create_queue reaches the device queue manager, which
-        has no queue left: EPERM (4). Nothing is allocated on any path."""
-        a = st.KFD_CREATE_QUEUE.decode(bytes(kdata[: st.KFD_CREATE_QUEUE.size]))
+        (3b); then pqm_create_queue (queues.QueueRegistry.create: its limits and errnos),
+        and the answer: queue_id and doorbell_offset (4)."""
+        layout = st.KFD_CREATE_QUEUE
+        a = layout.decode(bytes(kdata[: layout.size]))
         self._queue_fields_checked(a.queue_percentage & 0xFF, a.queue_priority,  # 1
                                    a.ring_base_address, a.ring_size)
         for name, addr, optional in (("read pointer", a.read_pointer_address, False),
@@ -915,55 +1152,74 @@ class Kfd:
         pdd = p.pdd_by_id(a.gpu_id)  # 2
         if pdd.drm_file is None:  # 3
             raise DrmError(errno.ESRCH, "the process cannot be bound to this GPU")
-        # 3b: SDMA_BY_ENG_ID names an engine of the GPU (the topology's num_sdma_engines,
-        # no xGMI SDMA engines here)
+        # 3b: SDMA_BY_ENG_ID names an engine of the GPU (PCIe and xGMI SDMA engines)
         sdma_engines = pdd.node.driver.profile.sdma_instances
         if a.queue_type == KFD_IOC_QUEUE_TYPE_SDMA_BY_ENG_ID and a.sdma_engine_id >= sdma_engines:
             raise DrmError(errno.EINVAL, f"no SDMA engine {a.sdma_engine_id}")
-        raise DrmError(errno.EPERM, "no hardware queue left on this GPU")  # 4
+        q = self.queues.create(p.pid, pdd.vm(), QueueArgs(  # 4
+            a.gpu_id, a.queue_type, a.ring_base_address, a.ring_size,
+            a.read_pointer_address, a.write_pointer_address, a.queue_percentage & 0xFF,
+            a.queue_priority, a.sdma_engine_id, a.eop_buffer_address,
+            a.ctx_save_restore_address, a.ctl_stack_size))
+        # The slice the doorbell_offset cookie maps, with the queue's slot armed: all-ones,
+        # a value no doorbell store makes (as AMD's rocjitsu re-arms a recycled slot), so
+        # the first store is seen even when it writes what the slot held. ROCr's first AQL
+        # doorbell is 0 (the index of packet 0), which a zeroed slot would hide.
+        pdd.doorbells().memory.write(q.doorbell_slot, DOORBELL_ARMED.to_bytes(8, "little"))
+        q.last_doorbell = DOORBELL_ARMED
+        kdata[: layout.size] = layout.encode(dataclasses.replace(
+            a, doorbell_offset=q.doorbell_offset, queue_id=q.queue_id))
 
     @tbl.handles(tbl.KFD_DESTROY_QUEUE)
     def destroy_queue(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
         """pqm_destroy_queue: a queue id that matches no queue is EINVAL."""
         a = st.KFD_DESTROY_QUEUE.decode(bytes(kdata[: st.KFD_DESTROY_QUEUE.size]))
-        raise DrmError(errno.EINVAL, f"no queue {a.queue_id}")
+        self.queues.destroy(p.pid, a.queue_id)
 
     @tbl.handles(tbl.KFD_UPDATE_QUEUE)
     def update_queue(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
         """kfd_ioctl_update_queue: the shared checks on the whole percentage (1), then
-        pqm_update_queue_properties finds no queue: EFAULT (2)."""
+        pqm_update_queue_properties (EFAULT for no such queue) (2)."""
         a = st.KFD_UPDATE_QUEUE.decode(bytes(kdata[: st.KFD_UPDATE_QUEUE.size]))
         self._queue_fields_checked(a.queue_percentage, a.queue_priority,  # 1
                                    a.ring_base_address, a.ring_size)
-        raise DrmError(errno.EFAULT, f"no queue {a.queue_id}")  # 2
+        self.queues.update(p.pid, a.queue_id, a.ring_base_address, a.ring_size,  # 2
+                           a.queue_percentage, a.queue_priority)
 
     @tbl.handles(tbl.KFD_SET_CU_MASK)
     def set_cu_mask(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> Awaitable[None]:
         """kfd_ioctl_set_cu_mask: num_cu_mask a non-zero multiple of 32 (EINVAL) (1), at
         most 1024 bits used (2), that many bits read from cu_mask_ptr (EFAULT) (3); then
-        pqm_update_mqd finds no queue: EFAULT (4)."""
+        pqm_update_mqd (EFAULT for no such queue) (4)."""
         a = st.KFD_SET_CU_MASK.decode(bytes(kdata[: st.KFD_SET_CU_MASK.size]))
         if a.num_cu_mask % 32 or a.num_cu_mask == 0:  # 1
             raise DrmError(errno.EINVAL, "num_cu_mask must be a non-zero multiple of 32")
         count = min(a.num_cu_mask, KFD_MAX_NUM_CUS)  # 2
 
         async def run() -> None:
-            await self._read_user(caller, a.cu_mask_ptr, count // 8)  # 3
-            raise DrmError(errno.EFAULT, f"no queue {a.queue_id}")  # 4
+            mask = await self._read_user(caller, a.cu_mask_ptr, count // 8)  # 3
+            self.queues.set_cu_mask(p.pid, a.queue_id, mask)  # 4
 
         return run()
 
     @tbl.handles(tbl.KFD_GET_QUEUE_WAVE_STATE)
     def get_queue_wave_state(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
-        """pqm_get_wave_state: no queue with that id is EFAULT."""
-        a = st.KFD_GET_QUEUE_WAVE_STATE.decode(bytes(kdata[: st.KFD_GET_QUEUE_WAVE_STATE.size]))
-        raise DrmError(errno.EFAULT, f"no queue {a.queue_id}")
+        """pqm_get_wave_state: no queue with that id EFAULT, else the saved sizes (none:
+        no wave runs here) or EINVAL (queues.QueueRegistry.wave_state)."""
+        layout = st.KFD_GET_QUEUE_WAVE_STATE
+        a = layout.decode(bytes(kdata[: layout.size]))
+        ctl, save = self.queues.wave_state(p.pid, a.queue_id)
+        kdata[: layout.size] = layout.encode(dataclasses.replace(
+            a, ctl_stack_used_size=ctl, save_area_used_size=save))
 
     @tbl.handles(tbl.KFD_ALLOC_QUEUE_GWS)
     def alloc_queue_gws(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
-        """kfd_ioctl_alloc_queue_gws: pqm_get_user_queue finds no queue: EINVAL."""
-        a = st.KFD_ALLOC_QUEUE_GWS.decode(bytes(kdata[: st.KFD_ALLOC_QUEUE_GWS.size]))
-        raise DrmError(errno.EINVAL, f"no queue {a.queue_id}")
+        """kfd_ioctl_alloc_queue_gws: pqm_get_user_queue (EINVAL for no such queue), then
+        pqm_set_gws; first_gws 0 (the whole GWS)."""
+        layout = st.KFD_ALLOC_QUEUE_GWS
+        a = layout.decode(bytes(kdata[: layout.size]))
+        self.queues.alloc_gws(p.pid, a.queue_id, a.num_gws)
+        kdata[: layout.size] = layout.encode(dataclasses.replace(a, first_gws=0))
 
     @tbl.handles(tbl.KFD_GET_TILE_CONFIG)
     def get_tile_config(self, p: KfdProcess, kdata: bytearray,
@@ -1011,7 +1267,7 @@ class Kfd:
     def runtime_enable(self, p: KfdProcess, kdata: bytearray, caller: Caller) -> None:
         """kfd_ioctl_runtime_enable (since 1.13, the debugger API; GET_VERSION says 1.17):
         ENABLE in mode_mask enables (runtime_enable): EBUSY when already enabled, EEXIST
-        when the process has queues (never here), else the state, r_debug and the TTMP
+        when the process has queues, else the state, r_debug and the TTMP
         setup are kept; no debugger attaches to this KFD, so nothing waits (1). Without
         ENABLE it disables (runtime_disable): r_debug and TTMP setup cleared, 0 (2).
         capabilities_mask is not written, as the kernel's is not."""
@@ -1019,6 +1275,8 @@ class Kfd:
         if a.mode_mask & KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK:  # 1
             if p.runtime_enabled:
                 raise DrmError(errno.EBUSY, "the runtime is already enabled")
+            if p.pid in self.queues.pqms:
+                raise DrmError(errno.EEXIST, "the process already has queues")
             p.runtime_enabled, p.r_debug = True, a.r_debug
             p.ttmp_setup = bool(a.mode_mask & KFD_RUNTIME_ENABLE_MODE_TTMP_SAVE_MASK)
         else:  # 2

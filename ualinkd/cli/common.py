@@ -64,7 +64,15 @@ def quirks_arg(p: argparse.ArgumentParser) -> None:
 def with_quirks(config: PodConfig, names: str | None) -> PodConfig:
     if not names:
         return config
-    cfg = replace(config, kernel_quirks=config.kernel_quirks
-                  | frozenset(q.strip() for q in names.split(",") if q.strip()))
+    asked = frozenset(q.strip() for q in names.split(",") if q.strip())
+    # named as the user gave them: the option, not the config's source (`<built-in>` for
+    # the pod `ualinkd pod` makes up)
+    from ..ualink.manager import KNOWN_QUIRKS
+
+    if unknown := asked - KNOWN_QUIRKS:
+        raise ConfigError(f"--kernel-quirks: unknown kernel quirk"
+                          f"{'s' * (len(unknown) > 1)} {', '.join(sorted(unknown))} "
+                          f"(known: {', '.join(sorted(KNOWN_QUIRKS))})")
+    cfg = replace(config, kernel_quirks=config.kernel_quirks | asked)
     cfg.validate()
     return cfg

@@ -13,6 +13,7 @@ import argparse
 import errno
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterable
 
@@ -120,6 +121,20 @@ def explain_vpod_refusal(accel: dict[str, object], pending: dict[str, object]) -
 # -- the mount -------------------------------------------------------------------------------
 
 
+def _pod_root_hint(path: str) -> str:
+    """A pod's root given as --mount: say where its nodes are (from mountinfo: no stat into
+    a node that may not answer)."""
+    from ..fuse.lowlevel import fuse_mounts_under
+
+    root = os.path.abspath(path)
+    nodes = sorted(p for p in fuse_mounts_under(root) if os.path.dirname(p) == root)
+    if not nodes:
+        return ""
+    return (f"; a pod root: --mount {os.path.join(path, os.path.basename(nodes[0]))}"
+            f" (its nodes: {', '.join(os.path.basename(p) for p in nodes)}; "
+            f"`ualinkctl pod {path}` shows them all)")
+
+
 class Mount:
     """A node's mount, checked once; every read and write failure becomes a CtlError."""
 
@@ -134,7 +149,8 @@ class Mount:
             if not os.path.exists(path):
                 raise CtlError(f"{path} does not exist (is the node running? --mount DIR)") \
                     from None
-            raise CtlError(f"{path} is not a ualinkd mount (no sys/class/drm)") from None
+            raise CtlError(f"{path} is not a ualinkd mount (no sys/class/drm)"
+                           f"{_pod_root_hint(path)}") from None
         except OSError as e:
             if e.errno == errno.ENOTCONN:
                 raise CtlError(f"{path}: the node's daemon is gone and left its mount behind "
@@ -271,7 +287,8 @@ def _objects(m: Mount, r: str) -> dict[str, object]:
 
 
 def _kfd(m: Mount, r: str) -> dict[str, object]:
-    return {"kfd": m.table(r, "kfd_allocations"), "kfd_processes": m.table(r, "kfd_processes")}
+    return {"kfd": m.table(r, "kfd_allocations"), "kfd_processes": m.table(r, "kfd_processes"),
+            "kfd_queues": m.table(r, "kfd_queues")}
 
 
 SECTIONS: dict[str, Callable[[Mount, str], dict[str, object]]] = {
@@ -408,6 +425,12 @@ def render_text(doc: dict, sections: list[str]) -> str:
             _rows(doc, "kfd", ["pid", "handle", "va", "size", "mapped"],
                   {"size": _size, "handle": lambda v: f"{v:#x}", "va": lambda v: f"{v:#x}"}),
             "no KFD allocations")
+        add("kfd queues", ["render", "accel", "pid", "gpu_id", "queue", "type", "ring",
+                           "ring_size", "rptr", "wptr", "packets", "state"],
+            _rows(doc, "kfd_queues", ["pid", "gpu_id", "queue_id", "type", "ring",
+                                      "ring_size", "rptr", "wptr", "packets", "state"],
+                  {"ring": lambda v: f"{v:#x}", "ring_size": _size}),
+            "no KFD queues")
     return "\n\n".join(parts)
 
 
@@ -511,11 +534,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ps = sub.add_parser("pod", help="every node of a pod in one table (no --mount needed)")
     # `status` is the only thing `pod` does (and its default): `ualinkctl pod ROOT` too
-    ps.add_argument("pod_what", choices=["status"], metavar="status", nargs="?",
-                    default="status")
-    ps.add_argument("pod", metavar="POD.toml|POD-DIR",
+    # [status] [POD]: argparse cannot tell two optional positionals apart, _pod_where can
+    ps.add_argument("pod", nargs="*", metavar="[status] POD.toml|POD-DIR",
                     help="a `ualinkd pod` root or its pod.toml (nodes mounted beside it), or "
-                         "a namespaced pod's state directory (`ualinkd pod --netns` prints it)")
+                         "a namespaced pod's state directory (`ualinkd pod --netns` prints it); "
+                         "in a node's container, its pod config ($UALINK_CONFIG) by default")
     ps.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                     help="one JSON document")
     ps.add_argument("--watch", type=float, nargs="?", const=1.0, default=None, metavar="S",
@@ -566,7 +589,34 @@ def _inside_a_node() -> str | None:
         return None
 
 
-def pod_nodes(path: str) -> list[tuple[str, str, str, str | None]]:
+def _pod_where(words: list[str]) -> str:
+    """`ualinkctl pod [status] [POD]`'s POD; in a node's container ($UALINK_CONFIG set, as the
+    image sets it) the node's own pod config when none is given."""
+    if words[:1] == ["status"] and not (len(words) == 1 and os.path.exists("status")):
+        words = words[1:]
+    if len(words) > 1:
+        raise UsageError(f"pod: one POD expected, not {' '.join(words)}")
+    if words:
+        return words[0]
+    config = os.environ.get("UALINK_CONFIG")
+    if config and os.path.isfile(config):
+        return config
+    raise UsageError("pod: which pod? give its root, its pod.toml or a namespaced pod's "
+                     "state directory")
+
+
+def container_node(names: Iterable[str]) -> tuple[str, str] | None:
+    """(name, mount) of the node whose container this is: the image sets UALINK_MOUNT, and
+    the node is $UALINK_NODE or the host name, as the entrypoint takes it (None elsewhere,
+    or when the pod has no such node)."""
+    mount = os.environ.get("UALINK_MOUNT")
+    if not mount:
+        return None
+    name = os.environ.get("UALINK_NODE") or socket.gethostname()
+    return (name, mount) if name in set(names) else None
+
+
+def pod_nodes(path: str) -> list[tuple[str, str, list[int], str | None]]:
     """(name, address, accels, mount or None) of every node of the pod at `path`: a
     `ualinkd pod` root or its pod.toml (node NAME is mounted at ROOT/NAME), or the state
     directory of a namespaced pod (its pod.json; the mount is reached through the daemon's
@@ -580,26 +630,58 @@ def pod_nodes(path: str) -> list[tuple[str, str, str, str | None]]:
             pod = Pod.attach(path)
         except (PodError, OSError, ValueError) as e:
             raise CtlError(f"{path}: not a pod state directory ({e})") from None
-        return [(n.name, n.ip, ",".join(map(str, n.accels)),
+        return [(n.name, n.ip, list(n.accels),
                  str(n.root) if n.running else None) for n in pod.nodes]
     toml = os.path.join(path, "pod.toml") if os.path.isdir(path) else path
+    root = os.path.dirname(os.path.abspath(toml))
+    if not os.access(toml, os.R_OK) and os.path.exists(toml):
+        # pod.toml holds the key (mode 0600): the pod's key-less list of nodes instead
+        return _public_nodes(root, toml)
     try:
         config = PodConfig.load(toml)
     except ConfigError as e:
         raise CtlError(str(e)) from None
-    root = os.path.dirname(os.path.abspath(toml))
-    return [(n.name, n.address, ",".join(str(a.accel_id) for a in n.accels),
-             os.path.join(root, n.name)) for n in config.nodes]
+    mounts = {n.name: os.path.join(root, n.name) for n in config.nodes}
+    here = container_node(mounts)
+    if here is not None and not any(os.path.isdir(m) for m in mounts.values()):
+        # A pod of containers: each node's mount is in its own container. This one's is
+        # here; the others are seen through this node's links (ELSEWHERE).
+        mounts = {name: here[1] if name == here[0] else ELSEWHERE + here[0]
+                  for name in mounts}
+    return [(n.name, n.address, [a.accel_id for a in n.accels], mounts[n.name])
+            for n in config.nodes]
+
+
+ELSEWHERE = "elsewhere:"  # pod_nodes' mount of a node in another container: "elsewhere:ME"
+
+
+def _public_nodes(root: str, toml: str) -> list[tuple[str, str, list[int], str | None]]:
+    """The nodes `ualinkd pod` lists in ROOT/.nodes.json (cli/pod.py NODES_FILE, readable by
+    all), for a user who may not read its pod.toml."""
+    from .pod import NODES_FILE
+
+    try:
+        with open(os.path.join(root, NODES_FILE)) as f:
+            nodes = json.load(f)["nodes"]
+        return [(str(n["name"]), str(n["address"]), [int(a) for a in n["accels"]],
+                 os.path.join(root, str(n["name"]))) for n in nodes]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CtlError(f"{toml}: not readable by this user (it holds the pod key), and no "
+                       f"{NODES_FILE} beside it ({e})") from None
 
 
 def pod_status(path: str) -> list[dict[str, object]]:
     """One row per node: whether it serves (every read bounded: a stopped node is "not
     answering"), its accels' states and its links."""
     rows: list[dict[str, object]] = []
-    for name, address, accels, mount in pod_nodes(path):
+    nodes = pod_nodes(path)
+    for name, address, accels, mount in nodes:
         row: dict[str, object] = {"node": name, "address": address, "accels": accels,
                                   "mount": mount, "status": "serving", "states": [],
                                   "links": {}}
+        if mount is not None and mount.startswith(ELSEWHERE):
+            rows.append(_seen_from(row, mount[len(ELSEWHERE):], nodes))
+            continue
         try:
             if mount is None:
                 raise CtlError("not running")
@@ -619,6 +701,24 @@ def pod_status(path: str) -> list[dict[str, object]]:
     return rows
 
 
+def _seen_from(row: dict[str, object], me: str,
+               nodes: list[tuple[str, str, list[int], str | None]]) -> dict[str, object]:
+    """A node in another container, as this container's node sees it: serving when its
+    link to us is up (it answered the handshake and keeps answering heartbeats)."""
+    mine = next(m for n, _, _, m in nodes if n == me)
+    row.update(mount=None, seen_from=me)
+    try:
+        links = sysfs.parse_fabric(Mount(str(mine)).read(sysfs.FABRIC_STATUS))
+    except CtlError as e:
+        row["status"] = f"not known here ({me}: {e})"
+        return row
+    row["status"] = (f"serving (link from {me} up)" if links.get(str(row["node"]))
+                     else f"link from {me} down")
+    row["links"] = None if links.get(str(row["node"])) is None else {
+        me: bool(links[str(row["node"])])}
+    return row
+
+
 def render_pod_status(rows: list[dict[str, object]]) -> str:
     def links(row: dict[str, object]) -> str:
         up = row["links"]
@@ -627,7 +727,9 @@ def render_pod_status(rows: list[dict[str, object]]) -> str:
         # a row is JSON-shaped (dict[str, object]): its "links" is a dict here
         return " ".join(f"{p}:{'up' if ok else 'DOWN'}" for p, ok in up.items())  # type: ignore[attr-defined]
     return format_table(["node", "address", "accels", "status", "state", "links"],
-                        [[r["node"], r["address"], r["accels"], r["status"],
+                        [[r["node"], r["address"],
+                          ",".join(map(str, r["accels"])),  # type: ignore[call-overload]  # list
+                          r["status"],
                           ",".join(r["states"]) or "-", links(r) or "-"]  # type: ignore[arg-type]  # list
                          for r in rows])
 
@@ -635,17 +737,31 @@ def render_pod_status(rows: list[dict[str, object]]) -> str:
 def _pod_command(args: argparse.Namespace, as_json: bool) -> int:
     import time
 
+    # --watch on a terminal redraws in place (as watch(1)); to a file or a pipe each table
+    # follows the last one. Either way each says when it was taken.
+    redraw = args.watch is not None and not as_json and sys.stdout.isatty()
     while True:
-        rows = pod_status(args.pod)
-        print(json.dumps({"pod": args.pod, "nodes": rows}, indent=2) if as_json
-              else render_pod_status(rows), flush=True)
+        where = _pod_where(args.pod)
+        rows = pod_status(where)
+        if as_json:
+            doc: dict[str, object] = {"pod": where, "nodes": rows}
+            if args.watch is not None:
+                doc["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            text = json.dumps(doc, indent=2)
+        else:
+            text = render_pod_status(rows)
+            if args.watch is not None:
+                text = (f"{where} at {time.strftime('%H:%M:%S')} (every {args.watch:g} s,"
+                        f" Ctrl-C stops)\n{text}")
+        print(("\x1b[H\x1b[2J" if redraw else "") + text, flush=True)
         if args.watch is None:
-            return 0 if all(r["status"] == "serving" for r in rows) else 1
+            return 0 if all(str(r["status"]).startswith("serving") for r in rows) else 1
         try:
             time.sleep(args.watch)
         except KeyboardInterrupt:
             return 0
-        print()
+        if not redraw:
+            print()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -660,6 +776,9 @@ def main(argv: list[str] | None = None) -> int:
         except CtlError as e:
             print(f"ualinkctl: {e}", file=sys.stderr)
             return 1
+        except UsageError as e:
+            print(f"ualinkctl: error: {e}", file=sys.stderr)
+            return 2
         except KeyboardInterrupt:
             return 130
     mount = getattr(args, "mount", None) or os.environ.get("UALINK_MOUNT") or _inside_a_node()

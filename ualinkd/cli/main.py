@@ -1,5 +1,6 @@
 """The `ualinkd` command line: `ualinkd node` (one node daemon), `ualinkd pod` (cli/pod.py),
-`check`, `config`, `node-config`, `abi-check`, `record` and `replay`.
+`check`, `config`, `node-config`, `abi-check`, `run` (cli/run.py), `record`, `replay` and
+`timeline`.
 
 `main(argv) -> int` so tests call it directly; `entry()` is the console script.
 """
@@ -7,17 +8,20 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import logging
 import os
+import socket
 import sys
 
 import trio
 
-from .. import __version__
-from ..config import ConfigError, PodConfig
+from .. import __version__, timeline
+from ..config import ConfigError, PodConfig, split_address
 from ..fabric.auth import node_config, node_keys
 from ..replay import cli as replay_cli
+from . import run as run_cli
 from .common import (
     check_trace_args,
     quirks_arg,
@@ -54,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", nargs="?", metavar="POD.toml", help="the pod's TOML file")
     check.add_argument("--config", help="the same, as the other commands spell it")
     check.add_argument("--node", help="also check that this node is in it")
+    check.add_argument("--no-resolve", dest="resolve", action="store_false",
+                       help="do not resolve the nodes' host names (a file for a container "
+                            "network, checked outside it)")
     cfg = sub.add_parser("config", help="where the C side is, pkg-config style: "
                          "cc prog.c $(ualinkd config --cflags --libs)")
     for flag, what in (("--cflags", "the compiler flags for <ualink/ualink.h>"),
@@ -67,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "tshark -X lua_script:$(ualinkd config --wireshark)")):
         cfg.add_argument(flag, action="append_const", const=flag, dest="what", help=what)
     abi = sub.add_parser(
-        "abi-check", help="compile a client's uAPI header (amdgpu_drm.h, drm.h) and compare "
-                          "its structs and ioctl numbers with the emulator's")
+        "abi-check", help="compile (never run) a client's uAPI header (amdgpu_drm.h, drm.h, "
+                          "kfd_ioctl.h) and compare its structs and ioctl numbers with the "
+                          "emulator's")
     abi.add_argument("headers", nargs="+", metavar="HEADER")
     abi.add_argument("-I", dest="include", action="append", default=[], metavar="DIR",
                      help="an include directory for the compiler")
@@ -82,10 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
     quirks_arg(node)
     pod = sub.add_parser("pod", parents=[verbose],
                          help="run a whole local pod, one daemon process per node")
-    pod.add_argument("--nodes", type=int, default=2, help="nodes, 1..256 (default 2)")
-    pod.add_argument("--accels-per-node", type=int, default=1,
+    pod.add_argument("--nodes", type=int, default=None, help="nodes, 1..256 (default 2)")
+    pod.add_argument("--accels-per-node", type=int, default=None,
                      help="accels (GPUs) per node, 1..8 (default 1)")
+    pod.add_argument("--config", default=None, metavar="FILE",
+                     help="run the pod FILE describes (`ualinkd check FILE` checks it); node "
+                          "NAME is mounted at ROOT/NAME; an address host:0 gets a free port")
+    pod.add_argument("--profile", default=None, metavar="NAME",
+                     help="every accel's device profile, e.g. mi210 (gfx90a, which Debian's "
+                          "ROCr 5.2.3 knows); default: the config's (gfx942)")
     pod.add_argument("--root", default="./ualink-pod", help="node i is mounted at ROOT/node<i>")
+    pod.add_argument("--overwrite", action="store_true",
+                     help="replace ROOT/pod.toml even if `ualinkd pod` did not write it")
     pod.add_argument("--ready-timeout", type=float, default=30.0, help=argparse.SUPPRESS)
     pod.add_argument("--netns", action="store_true",
                      help="each node in its own network and mount namespace (needs root): "
@@ -103,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     own.add_argument("--config", required=True, help="the pod's TOML file (with the pod key)")
     own.add_argument("--node", required=True, help="the node the file is for")
     own.add_argument("--out", required=True, help="where to write it (mode 0600)")
+    run_cli.add_parser(sub)
     replay_cli.add_parsers(sub, verbose)
+    timeline.add_parser(sub, verbose)
     return p
 
 
@@ -113,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     while lead < len(argv) and argv[lead] in ("-v", "--verbose"):
         lead += 1
     if lead < len(argv) and argv[lead] not in (
-            "node", "pod", "check", "config", "start-node", "node-config", "abi-check", "-h",
-            "--help", *replay_cli.COMMANDS,
+            "node", "pod", "check", "config", "start-node", "node-config", "abi-check", "run", "-h",
+            "--help", *replay_cli.COMMANDS, "timeline",
             "--version") and any(
             a == "--config" or a.startswith("--config=") for a in argv[lead:]):
         # DESIGN.md's "Pod configuration" spells it without the subcommand: the same thing,
@@ -131,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             check_trace_args(args)
         if args.command == "check":
             return _check(args)
+        if args.command == "run":
+            return run_cli.run_command(args)
         if args.command == "start-node":
             return start_node_command(args)
         if args.command == "config":
@@ -143,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             return _abi_check(args)
         if args.command in replay_cli.COMMANDS:
             return replay_cli.run(args)
+        if args.command == "timeline":
+            return timeline.run(args)
         return pod_command(args)
     except ConfigError as e:
         print(f"ualinkd: {e}", file=sys.stderr)
@@ -162,6 +184,19 @@ def _check(args: argparse.Namespace) -> int:
     for n in config.nodes:
         if args.node is None or n.name == args.node:
             node_keys(config, n.name)
+    # what a node refuses when it starts or dials: no address, a host that does not resolve
+    for n in config.nodes:
+        if not n.address:
+            raise ConfigError(f"{path}: node {n.name!r} has no address (host:port)")
+        host, port = split_address(n.address, f"{path}: node {n.name!r}")
+        if args.resolve:
+            try:
+                socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+            except (socket.gaierror, UnicodeError) as e:
+                why = e.strerror if isinstance(e, socket.gaierror) else str(e)
+                raise ConfigError(f"{path}: node {n.name!r}: host {host!r} of address "
+                                  f"{n.address!r} does not resolve here ({why}; "
+                                  "--no-resolve checks a file for another network)") from None
     accels = sum(len(n.accels) for n in config.nodes)
     print(f"{path}: ok: {len(config.nodes)} node{'s' * (len(config.nodes) != 1)}, "
           f"{accels} accel{'s' * (accels != 1)}, {len(config.vpods)} vPod"
@@ -253,9 +288,24 @@ def _node(args: argparse.Namespace) -> int:
     finally:
         if trace_out is not sys.stdout:
             trace_out.close()
+    address = config.node(args.node).address
     for e in failed:
-        print(f"ualinkd: {args.node}: {e}", file=sys.stderr)
+        print(f"ualinkd: {args.node}: {_listen_error(e, address)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _listen_error(e: BaseException, address: str) -> str:
+    """A node's start failure in words naming its fabric address: `[Errno 98] Address
+    already in use` alone does not say which address, nor who may hold it."""
+    if isinstance(e, socket.gaierror):
+        host = address.rpartition(":")[0].strip("[]")
+        return f"fabric address {address}: host {host!r} does not resolve ({e.strerror})"
+    if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
+        return (f"fabric address {address} is in use ({e.strerror}): another pod or program "
+                "listens there (ss -ltnp shows which)")
+    if isinstance(e, OSError) and e.errno == errno.EADDRNOTAVAIL:
+        return f"fabric address {address} is not an address of this host ({e.strerror})"
+    return str(e)
 
 
 def _node_config(args: argparse.Namespace) -> int:

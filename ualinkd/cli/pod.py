@@ -16,6 +16,7 @@ import ctypes
 import errno
 import fcntl
 import gc
+import json
 import logging
 import os
 import re
@@ -26,10 +27,12 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NoReturn
 
-from ..config import NodeConfig, PodConfig
+from .. import sysfs
+from ..amdgpu.profile import PROFILES
+from ..config import ConfigError, NodeConfig, PodConfig
 from ..readiness import notify_socket, wait_ready
 from .common import ready_stream, trace_options, with_quirks
 
@@ -73,20 +76,137 @@ def leaves(group: BaseExceptionGroup) -> list[BaseException]:
             for leaf in (leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
 
 
-def pod_command(args: argparse.Namespace) -> int:
-    if not 1 <= args.nodes <= 256 or not 1 <= args.accels_per_node <= 8:
-        print("ualinkd: --nodes must be 1..256 and --accels-per-node 1..8", file=sys.stderr)
-        return 2
-    if args.netns:
-        return _pod_netns(args)
-    root = os.path.abspath(args.root)
-    os.makedirs(root, exist_ok=True)
+# The first line of a pod.toml that `ualinkd pod` wrote for its run: such a file is the pod's
+# to rewrite at its next start; any other pod.toml is the user's and is never overwritten
+# without --overwrite (issue 32, item 3).
+GENERATED_MARK = ("# written by `ualinkd pod` for its nodes (it rewrites this file at its next "
+                  "start; run your own with --config FILE)")
+# Beside pod.toml, readable by all: the nodes' names, addresses and accels, without the key,
+# for `ualinkctl pod ROOT` run by a user who may not read pod.toml (mode 0600).
+NODES_FILE = ".nodes.json"
+_NODE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a name usable as ROOT/NAME
 
-    stop = False
+
+def _signal_status(signum: int) -> int:
+    """A pod stopped by a signal before it was ready exits as a shell reports a process
+    killed by it (128 + the signal): it did not do what was asked."""
+    return 128 + signum
+
+
+def pod_config(args: argparse.Namespace) -> PodConfig:
+    """The pod to run: --config's file, or --nodes x --accels-per-node local nodes; with
+    --profile every accel's device profile, and --kernel-quirks added. Raises ConfigError."""
+    if args.config is not None:
+        if args.nodes is not None or args.accels_per_node is not None:
+            raise ConfigError("--config FILE says the nodes and accels: not with --nodes or "
+                              "--accels-per-node")
+        if args.netns:
+            raise ConfigError("--config is for a local pod (a --netns pod gives its nodes "
+                              "their own addresses): use --nodes and --accels-per-node")
+        config = PodConfig.load(args.config)
+        for n in config.nodes:
+            if not _NODE_NAME_RE.fullmatch(n.name) or n.name == "pod.toml":
+                raise ConfigError(f"{args.config}: node name {n.name!r} cannot be a "
+                                  "directory name under --root (letters, digits, _ . -)")
+        # "host:0" (any free port) is filled in here: each node must know its peers' ports.
+        free = iter(free_tcp_ports(sum(n.address.endswith(":0") for n in config.nodes)))
+        config = replace(config, nodes=tuple(
+            replace(n, address=f"{n.address[:-2]}:{next(free)}") if n.address.endswith(":0")
+            else n for n in config.nodes))
+    else:
+        nodes = 2 if args.nodes is None else args.nodes
+        per = 1 if args.accels_per_node is None else args.accels_per_node
+        if not 1 <= nodes <= 256 or not 1 <= per <= 8:
+            raise ConfigError("--nodes must be 1..256 and --accels-per-node 1..8")
+        if args.netns:
+            from ..testing import pod_config as netns_pod_config  # addresses: Pod's
+
+            config = netns_pod_config(nodes, per)
+        else:
+            config = PodConfig.local(nodes, per, free_tcp_ports(nodes))
+    if args.profile is not None:
+        config = with_profile(config, args.profile)
+    return with_quirks(config, args.kernel_quirks)
+
+
+def with_profile(config: PodConfig, profile: str) -> PodConfig:
+    """Every accel of `config` with the device profile `profile` (amdgpu/profile.py)."""
+    if profile not in PROFILES:
+        raise ConfigError(f"--profile {profile!r} is not a device profile (one of "
+                          f"{', '.join(sorted(PROFILES))})")
+    return replace(config, nodes=tuple(
+        replace(n, accels=tuple(replace(a, profile=profile) for a in n.accels))
+        for n in config.nodes))
+
+
+def _usable_root(path: str) -> str:
+    """--root made absolute and created; a ConfigError (not a traceback) when it cannot
+    be: a file, a parent that is a file, no permission."""
+    root = os.path.abspath(path)
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise ConfigError(f"--root {path}: not a directory")
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--root {path}: cannot create it: {e.strerror}") from None
+    return root
+
+
+def _uses_its_file(args: argparse.Namespace, root: str, config: PodConfig) -> bool:
+    """The pod runs from its --config file as it is: the file is ROOT/pod.toml and the pod
+    changes nothing in it (no host:0, --profile or --kernel-quirks)."""
+    path = os.path.join(root, "pod.toml")
+    return (args.config is not None and os.path.exists(path)
+            and os.path.samefile(args.config, path)
+            and PodConfig.load(args.config).to_toml() == config.to_toml())
+
+
+def _refuse_overwrite(root: str, config_file: str | None, overwrite: bool) -> None:
+    """ROOT/pod.toml, about to be written, is replaced only if `ualinkd pod` wrote it
+    (GENERATED_MARK) or --overwrite says so."""
+    path = os.path.join(root, "pod.toml")
+    if overwrite or not os.path.exists(path):
+        return
+    try:
+        with open(path) as f:
+            first = f.readline().rstrip("\n")
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    if first != GENERATED_MARK:
+        if config_file is None:
+            fix = f"run that pod with --config {path}"
+        elif os.path.exists(config_file) and os.path.samefile(config_file, path):
+            fix = ("it would be rewritten with this pod's changes (free ports, --profile, "
+                   "--kernel-quirks): copy it elsewhere and give that to --config")
+        else:
+            fix = "give this pod another --root"
+        raise ConfigError(f"{path} is not one `ualinkd pod` wrote: {fix}, or pass "
+                          "--overwrite to replace it")
+
+
+def _refuse_nonempty(root: str, names: list[str]) -> None:
+    """A node is never mounted over a directory that holds something (its files would be
+    hidden while the pod runs); stale mounts were cleared before this."""
+    for name in names:
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.ismount(path) and os.listdir(path):
+            raise ConfigError(f"{path} is not empty: a node is mounted there; empty it or "
+                              "give another --root")
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigError(f"{path} is not a directory: a node is mounted there")
+
+
+def pod_command(args: argparse.Namespace) -> int:
+    config = pod_config(args)  # ConfigError: main prints it, exit status 2
+    root = _usable_root(args.root)
+    if args.netns:
+        return _pod_netns(args, config)
+
+    stop = 0
 
     def on_signal(signum: int, frame: object) -> None:
         nonlocal stop
-        stop = True
+        stop = signum
 
     _catch_pod_signals(on_signal)
 
@@ -96,22 +216,24 @@ def pod_command(args: argparse.Namespace) -> int:
         if not locked:
             print(f"ualinkd: another `ualinkd pod` is running on {root}", file=sys.stderr)
             return 1
+        names = [n.name for n in config.nodes]
+        own_file = _uses_its_file(args, root, config)
+        if not own_file:
+            _refuse_overwrite(root, args.config, args.overwrite)
         try:
-            busy = _clear_old_mounts(root, lambda: stop)
+            busy = _clear_old_mounts(root, lambda: bool(stop), set(names))
         except (OSError, subprocess.CalledProcessError) as e:  # the latter: fusermount3 -uz
             print(f"ualinkd: {e}", file=sys.stderr)
             return 1
         if stop:
-            return 0
+            return _signal_status(stop)
         if busy:
             print(f"ualinkd: {', '.join(busy)} {'is' if len(busy) == 1 else 'are'} still "
                   "served by a live FUSE server (a node of an earlier pod?): stop it first",
                   file=sys.stderr)
             return 1
-        config = with_quirks(
-            PodConfig.local(args.nodes, args.accels_per_node, free_tcp_ports(args.nodes)),
-            args.kernel_quirks)
-        return _run_local_pod(args, root, config, lambda: stop)
+        _refuse_nonempty(root, names)
+        return _run_local_pod(args, root, config, lambda: stop, write_config=not own_file)
 
 
 _CONTROL = ".control"  # under ROOT: `ualinkd start-node` asks the running pod through it
@@ -164,7 +286,9 @@ class _Child:
 def _ready_line(c: _Child, node: NodeConfig) -> str:
     """The line saying a node serves: the pod's, and start-node's when it is started again."""
     ids = ",".join(str(a.accel_id) for a in node.accels)
-    return f"{c.name} ready: mount={c.mount} render={c.mount}/dri/renderD128 accels={ids}"
+    renders = ",".join(f"{c.mount}/dri/renderD{sysfs.RENDER_MINOR_BASE + i}"
+                       for i in range(len(node.accels)))
+    return f"{c.name} ready: mount={c.mount} render={renders} accels={ids}"
 
 
 def _spawn_node(args: argparse.Namespace, root: str, conf_path: str, name: str) -> _Child:
@@ -277,10 +401,25 @@ def _exit_text(code: int) -> str:
     return f"exited with status {code}"
 
 
+def _write_nodes_file(root: str, config: PodConfig) -> None:
+    """ROOT/.nodes.json (NODES_FILE), mode 0644: what `ualinkctl pod ROOT` shows of the
+    nodes, for a user who cannot read pod.toml; never a key."""
+    nodes = [{"name": n.name, "address": n.address,
+              "accels": [a.accel_id for a in n.accels]} for n in config.nodes]
+    tmp = os.path.join(root, f"{NODES_FILE}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.fchmod(fd, 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"nodes": nodes}, f)
+    os.replace(tmp, os.path.join(root, NODES_FILE))
+
+
 def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
-                   stopping: Callable[[], bool]) -> int:
+                   stopping: Callable[[], int], write_config: bool = True) -> int:
     conf_path = os.path.join(root, "pod.toml")
-    write_private(conf_path, config.to_toml())  # it holds the pod key
+    if write_config:  # it holds the pod key
+        write_private(conf_path, f"{GENERATED_MARK}\n{config.to_toml()}")
+    _write_nodes_file(root, config)
     if args.trace_file:
         open(args.trace_file, "w").close()  # this pod's trace; its nodes append to it
     ready_out = ready_stream(args)
@@ -292,13 +431,15 @@ def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
         for node in config.nodes:
             children[node.name] = _spawn_node(args, root, conf_path, node.name)
         for c in children.values():
-            if not wait_ready(c.sock, c.proc, args.ready_timeout, stopping):
-                if stopping():  # Ctrl-C while starting
-                    return 0
+            if not wait_ready(c.sock, c.proc, args.ready_timeout, lambda: bool(stopping())):
+                if stopping():  # Ctrl-C while starting: the pod never served
+                    return _signal_status(stopping())
                 print(f"ualinkd: {c.name} did not become ready", file=sys.stderr)
                 return 1
         for c in children.values():
-            _wait_links(c.name, c.mount, args.ready_timeout, stopping)
+            _wait_links(c.name, c.mount, args.ready_timeout, lambda: bool(stopping()))
+        if stopping():
+            return _signal_status(stopping())
         for c, node in zip(children.values(), config.nodes, strict=True):
             print(_ready_line(c, node), file=ready_out, flush=True)
         control = _ControlRequests(_control_socket(root))
@@ -341,7 +482,7 @@ def _control_socket(root: str) -> socket.socket:
 
 def _serve_control(control: _ControlRequests, args: argparse.Namespace, root: str,
                    conf_path: str, children: dict[str, _Child],
-                   stopping: Callable[[], bool]) -> None:
+                   stopping: Callable[[], int]) -> None:
     """Answer `ualinkd start-node` requests: one line in ("start NAME"), one line out."""
     control.serve(lambda words: _start_again(words, args, root, conf_path, children,
                                              stopping))
@@ -397,7 +538,7 @@ class _ControlRequests:
 
 
 def _start_again(words: list[str], args: argparse.Namespace, root: str, conf_path: str,
-                 children: dict[str, _Child], stopping: Callable[[], bool]) -> str:
+                 children: dict[str, _Child], stopping: Callable[[], int]) -> str:
     if len(words) != 2 or words[0] != "start":
         return "error: unknown request"
     name = words[1]
@@ -409,7 +550,7 @@ def _start_again(words: list[str], args: argparse.Namespace, root: str, conf_pat
     old.sock.close()
     new = _spawn_node(args, root, conf_path, name)
     children[name] = new
-    if not wait_ready(new.sock, new.proc, args.ready_timeout, stopping):
+    if not wait_ready(new.sock, new.proc, args.ready_timeout, lambda: bool(stopping())):
         new.reported = new.proc.poll() is not None
         return f"error: {name} did not become ready"
     ready = _ready_line(new, PodConfig.load(conf_path).node(name))
@@ -427,8 +568,10 @@ def ask_pod(pod_dir: str, request: str, timeout: float) -> tuple[bool, str]:
             s.connect(path)
             s.sendall(request.encode())
             reply = s.makefile().readline().strip()
-    except (FileNotFoundError, ConnectionRefusedError):
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
         return False, f"no running pod to ask in {pod_dir} (no {path})"
+    except OSError as e:  # e.g. a socket of another user's pod (EACCES)
+        return False, f"cannot ask the pod in {pod_dir}: {path}: {e.strerror}"
     except TimeoutError:
         return False, f"the pod did not answer in {timeout:g} s"
     if reply.startswith("ok: "):
@@ -449,19 +592,18 @@ def start_node_command(args: argparse.Namespace) -> int:
     return 1
 
 
-def _pod_netns(args: argparse.Namespace) -> int:
+def _pod_netns(args: argparse.Namespace, config: PodConfig) -> int:
     """`ualinkd pod --netns`: the local pod through ualinkd.testing, one namespace a node."""
-    from ..testing import Pod, PodError, PodUnavailable, pod_config
+    from ..testing import Pod, PodError, PodUnavailable
 
-    stop = False
+    stop = 0
 
     def on_signal(signum: int, frame: object) -> None:
         nonlocal stop
-        stop = True
+        stop = signum
 
     # Before Pod.start: it turns a SIGHUP still at its default into SystemExit(129).
     _catch_pod_signals(on_signal)
-    config = with_quirks(pod_config(args.nodes, args.accels_per_node), args.kernel_quirks)
     if args.trace and not args.trace_file:
         print("ualinkd: the trace goes to each node's daemon log in the pod dir, which is "
               "deleted on exit; --trace-file FILE keeps it", file=sys.stderr)
@@ -483,15 +625,20 @@ def _pod_netns(args: argparse.Namespace) -> int:
         except PodError as e:
             print(f"ualinkd: {e}", file=sys.stderr)
             return 1
+        if stop:  # interrupted while the nodes started: the pod never served
+            return _signal_status(stop)
         for node in pod.nodes:
             ids = ",".join(map(str, node.accels))
+            renders = ",".join(f"/dev/dri/renderD{sysfs.RENDER_MINOR_BASE + i}"
+                               for i in range(len(node.accels)))
             print(f"{node.name} ready: ip={node.ip} netns={node.netns} pid={node.pid} "
-                  f"render=/dev/dri/renderD128 (inside the node) accels={ids}", flush=True)
+                  f"render={renders} (inside the node) accels={ids}", flush=True)
         first = pod.nodes[0]
         print(f"pod dir: {pod.dir}\n"
               f"run a client inside {first.name}: nsenter --net=/run/netns/{first.netns} "
               f"--mount=/proc/{first.pid}/ns/mnt -- CMD  (plain `ip netns exec "
               f"{first.netns} CMD` gives the network only, not /dev/dri)\n"
+              f"  or, with the shim set up: ualinkd run --root {pod.dir} {first.name} -- CMD\n"
               f"  or: {sys.executable} -m ualinkd.testing {pod.dir} run {first.name} -- CMD\n"
               f"faults: {sys.executable} -m ualinkd.testing {pod.dir} "
               "kill|stop|cont|cut|heal NODE, drop-next NODE NPA_RSP, status", flush=True)
@@ -561,11 +708,13 @@ def _root_lock(root: str) -> Iterator[bool]:
         os.close(fd)
 
 
-def _clear_old_mounts(root: str, stopping: Callable[[], bool]) -> list[str]:
+def _clear_old_mounts(root: str, stopping: Callable[[], bool],
+                      names: set[str] | None = None) -> list[str]:
     """Make the `node<i>` mount points under `root` usable (DESIGN: stale mounts are cleared
     at the next start): a dead FUSE mount (its daemon was SIGKILL'd) is unmounted lazily; a
     live one gets _LIVE_MOUNT_GRACE seconds to go, as the nodes of a pod that just died
-    unmount on their parent-death SIGTERM. The mount points still live after that."""
+    unmount on their parent-death SIGTERM. The mount points still live after that.
+    `names`: the nodes of this pod (a --config pod's names need not be node<i>)."""
     from ..fuse.lowlevel import clear_stale_mount, fuse_mounts_under
 
     deadline = time.monotonic() + _LIVE_MOUNT_GRACE
@@ -574,7 +723,8 @@ def _clear_old_mounts(root: str, stopping: Callable[[], bool]) -> list[str]:
         # Parsed from mountinfo, once a pass: no stat into a server that may hang.
         mounted = sorted({path for path in fuse_mounts_under(root)
                           if os.path.dirname(path) == root
-                          and _NODE_DIR_RE.fullmatch(os.path.basename(path))})
+                          and (_NODE_DIR_RE.fullmatch(os.path.basename(path))
+                               or os.path.basename(path) in (names or ()))})
         for path in mounted:
             if not _answers_in_time(path):
                 busy.append(path)  # a stopped server: statfs here would never return

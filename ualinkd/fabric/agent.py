@@ -34,12 +34,14 @@ from ..drm.loaded import Loaded
 from ..ualink import protocol as p
 from ..ualink.host import UalinkHost
 from ..ualink.manager import (
+    Announce,
     Effect,
     HelloAckSent,
     ImportDone,
     ImportFlow,
     ImportWaiter,
     NpaRspSent,
+    ProbeFn,
     Send,
     UalinkManager,
     Wake,
@@ -115,8 +117,16 @@ class UalinkAgent:
     def __init__(self, node: FabricNode, send: SendFn, request: RequestFn | None = None,
                  ring_size: int = RING_SIZE, send_batch: SendBatchFn | None = None,
                  request_soon: RequestSoonFn | None = None,
-                 send_batch_soon: SendBatchSoonFn | None = None) -> None:
+                 send_batch_soon: SendBatchSoonFn | None = None,
+                 probe: ProbeFn | None = None,
+                 announce: Callable[[int, int], None] | None = None) -> None:
         self.host = node.host
+        # §13 N2: the managers read their peers' incarnations through `probe` (the link's
+        # record of them); `announce` tells the peers of a manager start.
+        self._announce = announce
+        if probe is not None:
+            for mgr in self.host.managers:
+                mgr.probe = probe
         self._send_batch = send_batch
         self._send_batch_soon = send_batch_soon
         self.ring_size = ring_size
@@ -451,11 +461,17 @@ class UalinkAgent:
         awaits (a revoke of 2,000 BOs from 8 importers: 8 batches, not 16,000 tasks)."""
         batches: dict[int, list[Send]] = {}
         woken: list[tuple[ImportFlow, Completion[DmaBuf]]] = []
+        now: float | None = None
         for eff in effects:
             if isinstance(eff, Wake):
                 waiter = self._imports.pop((mgr.accel_id, eff.key), None)
                 if waiter is not None:
                     woken.append(waiter)
+            elif isinstance(eff, Announce):
+                if self._announce is not None:
+                    self._announce(eff.accel, eff.incarnation)
+            elif not mgr.send_due(eff, now := trio.current_time() if now is None else now):
+                continue  # (§13 N5: its importer went down; the manager dropped it)
             elif self._nursery is None:
                 log.debug("agent not running: dropping %s", eff)
             elif self._send_batch is not None and mgr.accel_active:
@@ -493,6 +509,8 @@ class UalinkAgent:
         await self._send(mgr.accel_id, dst, dwords)
 
     async def _do_send(self, mgr: UalinkManager, eff: Send) -> None:
+        if not mgr.send_due(eff, trio.current_time()):
+            return
         err: DrmError | None = None
         try:
             await self._transmit(mgr, eff.dst, eff.msg.encode())

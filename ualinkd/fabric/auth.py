@@ -49,7 +49,8 @@ from .wire import (
 
 # 2: pairwise link keys (auth), the link clock in PING and deadlines in LOAD/STORE (wire).
 # 3: the channel byte in AUTH_HELLO, bound into both macs (data channels).
-PROTOCOL_VERSION: Final = 3
+# 4: INCARNATION frames, what the newest kernel's restart probe reads (spec §13 N2).
+PROTOCOL_VERSION: Final = 4
 HANDSHAKE_TIMEOUT: Final = 5.0
 NONCE_CACHE_SIZE: Final = 65536
 _SERVER_LABEL: Final = b"ualinkd-fabric-v1 server"

@@ -14,7 +14,11 @@ Data channels (`DataChannels`, plain TCP only): a link's second connection, auth
 the link is but asking for channel 1, that the side that dialed the link dials once it is up;
 its socket is handed over to the C data plane and closed when its link goes down. It never
 replaces a link, and is admitted only while its link is live. One the data plane finds broken
-while its link lasts is dialed again (DataChannels.on_broken, DATA_REDIAL_MAX).
+while its link lasts is dialed again (DataChannels.on_broken, DATA_REDIAL_MAX). Nor does a
+second channel replace a healthy one (the link's rule, for channels): the link's own side
+redials only once its channel broke, which closed it, and the data plane here sees that
+close at once; a channel that comes while the link's channel stays healthy for
+`_old_channel_gone`'s wait is refused (a WARNING naming it), whoever holds the link's key.
 
 A MSG's ACK waits, in the session, for the reply the MSG causes, to leave in the same write:
 `_HeldAcks`, a trio instrument, writes what is still held when the scheduler is about to
@@ -73,6 +77,7 @@ from .auth import (
 from .session import (
     AckReceived,
     DataReceived,
+    IncarnationReceived,
     MessageReceived,
     PongReceived,
     RequestReceived,
@@ -535,6 +540,16 @@ def _cause(reason: str) -> str:
     return re.sub(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\S*\d\S*""", "_", reason)
 
 
+def _rejected_by_peer(e: BaseException) -> bool:
+    """Whether a failed dial met something that answered and failed the handshake (a bad
+    proof or frame: RemoteProtocolError, AuthError; a TLS certificate that does not verify),
+    rather than a refused, reset or timed-out connection."""
+    if isinstance(e, RemoteProtocolError):
+        return True
+    cause = e.__cause__
+    return isinstance(cause, ssl.SSLCertVerificationError)
+
+
 def _reason(e: BaseException) -> str:
     """Why `e` ended a connection. trio keeps the error underneath as __cause__: the
     ssl.SSLError of a failed TLS handshake (its BrokenResourceError says nothing), the
@@ -661,6 +676,7 @@ class FabricLink:
         # probe), which a data channel from it waits out (`_admit_data_channel`).
         self._admitting: dict[str, int] = {}
         self._admitted = trio.lowlevel.ParkingLot()
+        self._channel_broke = trio.lowlevel.ParkingLot()  # `_old_channel_gone`'s waits
         self._handshake_timeout = handshake_timeout
         self._hb_interval = heartbeat_interval
         self._hb_timeout = heartbeat_timeout
@@ -694,6 +710,14 @@ class FabricLink:
         # Per peer whose link is down: the batches waiting for it, in the order they were sent.
         self._parked: dict[str, deque[_Parked]] = {}
         self.port: int | None = None
+        # §13 N2: our accels' manager incarnations (set by whoever runs the managers; None:
+        # nothing to announce), and the peers' as their links last announced them.
+        self.local_incarnation: Callable[[int], int] | None = None
+        self._peer_incarnations: dict[int, int] = {}
+        # §13 N4: a send that cannot be posted (its link is down) fails at once, as the
+        # newest kernel's; quirk "send-fail-slow": it waits in line for the link (U polled
+        # its ACK for the 2 s).
+        self._post_fails_fast = "send-fail-slow" not in config.kernel_quirks
 
     # -- queries -----------------------------------------------------------------------------
     def is_up(self, node_name: str) -> bool:
@@ -878,7 +902,24 @@ class FabricLink:
         conn = self._conns.get(peer)
         if conn is None or conn.down is not None or (waited and conn is before):
             raise _LinkDown(f"a data channel from {peer} without a live link from it")
+        if not await self._old_channel_gone(conn):
+            raise _LinkDown(f"a second data channel from {peer} while its link's channel is "
+                            "healthy: it does not replace it")
         return conn
+
+    async def _old_channel_gone(self, conn: _Conn) -> bool:
+        """True when the link `conn` holds no data channel, or the one it holds breaks
+        within a short wait. The peer's own side dials a new channel only after its old one
+        broke, and closed it: the data plane here sees that close (EOF, a reset) at once
+        and drops the channel (DataChannels.on_broken). One that stays healthy is still in
+        use by the link's peer: a newcomer with the link's key (a stolen or superseded
+        config) must not take it over and answer that peer's loads."""
+        wait = min(self._hb_timeout, 2 * self._hb_interval, self._handshake_timeout / 2)
+        with trio.move_on_after(wait):
+            while conn.data_handle is not None and conn.down is None:
+                with trio.move_on_after(0.05):  # (woken by a break; the link's end polled)
+                    await self._channel_broke.park()
+        return conn.data_handle is None and conn.down is None
 
     def _hand_over_inbound(self, conn: _Conn, tcp: trio.SocketStream, addr: str) -> None:
         """An admitted data channel, told AUTH_OK: to the data plane, if its link is still
@@ -901,7 +942,9 @@ class FabricLink:
         `conn`'s (its teardown closes it)."""
         assert self._data_channels is not None
         fd = os.dup(tcp.socket.fileno())
-        if conn.data_handle is not None:  # a second data channel for one link replaces the first
+        # (A channel that is there still, on the side that dialed it: the data plane has not
+        # said it broke yet. The side that admits channels let none in while one was held.)
+        if conn.data_handle is not None:
             old, conn.data_handle = conn.data_handle, None
             self._data_channels.close(old)
         conn.close_data = self._data_channels.close
@@ -938,9 +981,13 @@ class FabricLink:
         # A pod's nodes start in any order, so a refused dial in the first seconds is the
         # normal case: failures are DEBUG until the peer has been unreachable for
         # DIAL_WARN_AFTER (its retry budget), then one WARNING, and again when the kind
-        # of failure changes.
+        # of failure changes. That grace is for refused and timed-out connections only:
+        # something on the peer's port that fails the handshake (a wrong key or pod, an
+        # impostor while the peer restarts, TLS verification) is no restarting peer, and
+        # is a WARNING at once, once per kind until a link is up again.
         failing_since: float | None = None
         warned = False
+        rejected: set[tuple[object, ...]] = set()  # the kinds of those warned of
         while True:
             changed = self._address_changed[peer]
             try:
@@ -960,18 +1007,23 @@ class FabricLink:
                 now = trio.current_time()
                 failing_since = now if failing_since is None else failing_since
                 lasting = now - failing_since >= DIAL_WARN_AFTER
-                loud = lasting and (not warned or kind != last)
+                if _rejected_by_peer(e):
+                    loud = kind not in rejected
+                    rejected.add(kind)
+                else:
+                    loud = lasting and (not warned or kind != last)
+                    warned = warned or loud
                 log.log(logging.WARNING if loud else logging.DEBUG,
                         "fabric %s: cannot link to %s at %s:%d%s: %s (retrying)",
                         self.node_name, peer, host, port,
                         f" for {now - failing_since:.0f} s" if lasting else "", reason)
-                warned = warned or loud
                 last = kind
                 with trio.move_on_after(delay):
                     await changed.wait()
                 delay = min(delay * 2, self._backoff[1])
                 continue
             last, failing_since, warned = None, None, False
+            rejected.clear()
             delay = self._backoff[0]
             await self._run_conn(peer, stream, decoder, f"to {host}:{port}", (host, port))
             with trio.move_on_after(delay):
@@ -985,7 +1037,7 @@ class FabricLink:
         decoder = FrameDecoder.for_handshake()
         stream: trio.abc.Stream | None = None
         try:
-            with trio.move_on_at(hs.deadline):
+            with trio.move_on_at(hs.deadline) as within:
                 stream = await trio.open_tcp_stream(host, port)
                 _tune(stream, self.config.tcp_congestion)
                 if self._ssl_client is not None:
@@ -993,6 +1045,10 @@ class FabricLink:
                     await stream.do_handshake()
                     hs.cert_names = _cert_names(stream)
                 await self._handshake(stream, hs, decoder, hs.initial_frames())
+            if within.cancelled_caught and not hs.established:
+                # Timed out (a peer busy or starting, a network that drops): not a failed
+                # proof, so it keeps the dial's grace (_dial_loop).
+                raise _LinkDown(f"handshake not finished within {hs.timeout:g} s")
             hs.check_deadline(trio.current_time())
         except BaseException:
             if stream is not None:
@@ -1037,6 +1093,9 @@ class FabricLink:
             old.drop(_LinkDown(f"replaced by a new connection {label}"))
         self._conns[peer] = conn
         self._up[peer].set()
+        if self.local_incarnation is not None:  # (ahead of anything else we send it)
+            for accel in sorted(self._local_accels):
+                session.send_incarnation(accel, self.local_incarnation(accel))
         self._unpark(peer, conn)
         # The first link to a peer is the normal start (DEBUG); one after it went down is news.
         again = peer in self._ever_up
@@ -1066,6 +1125,8 @@ class FabricLink:
             if self._conns.get(peer) is conn:
                 del self._conns[peer]
                 self._up[peer] = trio.Event()
+                for accel in self._accels[peer]:  # (unreadable until it announces again)
+                    self._peer_incarnations.pop(accel, None)
                 if self._on_peer_state is not None:
                     self._on_peer_state(peer, False)
             # After the link is gone: a waiter's callback (a batch's outcomes, send_batch_soon)
@@ -1116,6 +1177,7 @@ class FabricLink:
             if conn.data_handle == handle:
                 conn.data_handle = None
                 conn.data_broken.set()
+        self._channel_broke.unpark_all()
 
     async def _dial_data_channel(self, conn: _Conn, host: str, port: int,
                                  quiet: bool = False) -> bool:
@@ -1306,6 +1368,8 @@ class FabricLink:
             waiter = conn.waiters.pop(ev.seq, None)
             if waiter is not None:
                 waiter.set(ev)
+        elif isinstance(ev, IncarnationReceived):
+            self._peer_incarnations[ev.accel] = ev.incarnation
         elif isinstance(ev, PongReceived):
             waiter = conn.pings.pop(ev.token, None)
             if waiter is not None:
@@ -1513,6 +1577,8 @@ class FabricLink:
         now = trio.current_time()
         give_up = now + self.ack_timeout
         peer = self._owner.get(dst_accel)
+        if self._parks(peer, src_accel) and self._post_fails_fast:
+            return self._not_posted(peer, messages)
         if self._parks(peer, src_accel):
             assert peer is not None
             line = self._parked.setdefault(peer, deque())
@@ -1527,10 +1593,40 @@ class FabricLink:
         queued = self._queue_batch(conn, src_accel, dst_accel, messages)
         return self._wait_batch(queued, give_up)
 
+    def announce(self, accel: int, incarnation: int) -> None:
+        """Our accel `accel` started manager incarnation `incarnation` (§13 N2): told to
+        every peer whose link is up, ahead of what that accel sends next."""
+        for conn in list(self._conns.values()):
+            if conn.down is None:
+                conn.session.send_incarnation(accel, incarnation)
+                conn.flush()
+
+    def incarnation(self, src_accel: int, dst_accel: int) -> int:
+        """§13 N2's probe: remote accel `dst_accel`'s manager incarnation, as its link
+        announced it. DrmError: EINVAL (no node owns it, or it is ours), ETIME (its link is
+        down: the copy engine's read of an unreachable peer fails, §13 "ETIME on
+        timeout", at once since nothing can be read)."""
+        peer = self._owner.get(dst_accel)
+        if peer is None or peer == self.node_name or src_accel not in self._local_accels:
+            raise DrmError(errno.EINVAL, f"accel {dst_accel} is not across the fabric")
+        conn = self._conns.get(peer)
+        if conn is None or conn.down is not None or self._closed:
+            raise DrmError(errno.ETIME, f"{peer} is not reachable: cannot be probed")
+        return self._peer_incarnations.get(dst_accel, 0)
+
     def _parks(self, peer: str | None, src_accel: int) -> bool:
         """Whether a send to `peer` now waits in line for its link (it is down)."""
         return (peer is not None and peer in self._up and peer not in self._conns
                 and src_accel in self._local_accels and not self._closed)
+
+    async def _not_posted(self, peer: str | None, messages: Sequence[Dwords]
+                          ) -> list[SendOutcome]:
+        """§13 N4: messages that could not be posted (the link to `peer` is down) fail at
+        once with the post's error: the copy engine's, ETIME (as §13 N2's probe of an
+        unreachable peer), not after the ACK poll."""
+        now = trio.current_time()
+        return [(DrmError(errno.ETIME, f"{peer} is not reachable: not posted"), now)
+                for _ in messages]
 
     def _unpark(self, peer: str, conn: _Conn) -> None:
         """The link to `peer` is up: queue the batches that waited for it, in the order they

@@ -36,6 +36,7 @@ from .wire import (
     Frame,
     FrameDecoder,
     FrameType,
+    Incarnation,
     Load,
     LocalProtocolError,
     Ping,
@@ -100,7 +101,16 @@ class DataReceived:
     data: bytes | bytearray | Sink  # Sink: a payload the reader diverted (a PipedPayload)
 
 
-Event = MessageReceived | AckReceived | PongReceived | RequestReceived | DataReceived
+@dataclass(frozen=True, slots=True)
+class IncarnationReceived:
+    """The peer's accel `accel` now runs manager incarnation `incarnation` (§13 N2)."""
+
+    accel: int
+    incarnation: int
+
+
+Event = (MessageReceived | AckReceived | PongReceived | RequestReceived | DataReceived
+         | IncarnationReceived)
 
 
 class Session:
@@ -237,6 +247,12 @@ class Session:
             self._pings.add(token)
         self._queue(Ping(token, self.clock(now)))
 
+    def send_incarnation(self, accel: int, incarnation: int) -> None:
+        """Queue our accel `accel`'s manager incarnation (§13 N2), in order with our MSGs."""
+        if accel not in self._local_accels:
+            raise LocalProtocolError(f"accel {accel} is not ours to announce to {self.peer}")
+        self._queue(Incarnation(accel, incarnation))
+
     def send_heartbeat(self, *, now: float) -> None:
         """Queue a heartbeat PING: our link clock at `now`, and no PONG asked for."""
         self._queue(Ping(HEARTBEAT, self.clock(now)))
@@ -355,6 +371,12 @@ class Session:
                 self._pings.discard(frame.token)
                 return PongReceived(frame.token)
             return None
+        if ft == FrameType.INCARNATION:
+            if frame.accel not in self._peer_accels:
+                raise RemoteProtocolError(
+                    f"{self.peer} announced accel {frame.accel}, not one of its own "
+                    f"{sorted(self._peer_accels)}")
+            return IncarnationReceived(frame.accel, frame.incarnation)
         if ft in (FrameType.LOAD, FrameType.STORE):
             self._check_stamp(frame.src_accel, frame.dst_accel)
             if ft == FrameType.LOAD and frame.length > MAX_DATA:

@@ -66,6 +66,7 @@ class FrameType(enum.IntEnum):
     ACK = 0x11
     PING = 0x12
     PONG = 0x13
+    INCARNATION = 0x14  # §13 N2: an accel's manager incarnation (protocol version 4)
     LOAD = 0x20  # data plane (GPU loads/stores of NPA ranges): request → DATA
     STORE = 0x21
     DATA = 0x22
@@ -92,7 +93,7 @@ class AuthHello:
     pod_uuid: uuid.UUID
     node_name: str
     nonce: bytes
-    version: int = 3  # auth.PROTOCOL_VERSION (wire sits below auth)
+    version: int = 4  # auth.PROTOCOL_VERSION (wire sits below auth)
     channel: int = Channel.LINK  # any u8 on the wire; auth.py refuses one it does not know
     frame_type: ClassVar[FrameType] = FrameType.AUTH_HELLO
 
@@ -153,6 +154,17 @@ class Pong:
 
 
 @dataclass(frozen=True, slots=True)
+class Incarnation:
+    """The sender's accel `accel` runs manager incarnation `incarnation` (§13 N2): sent for
+    each of its accels when the link comes up and again at each manager start, ahead of
+    anything that incarnation sends; what the receiver's probe of that accel reads."""
+
+    accel: int
+    incarnation: int
+    frame_type: ClassVar[FrameType] = FrameType.INCARNATION
+
+
+@dataclass(frozen=True, slots=True)
 class Load:
     """Data plane: read `length` bytes at an NPA byte address of `dst_accel`; answered by DATA.
     `deadline`: on the receiver's link clock, after which the requester no longer waits
@@ -200,11 +212,11 @@ class Data:
 
 
 Frame = (AuthHello | AuthChallenge | AuthProof | AuthOk | Msg | Ack | Ping | Pong
-         | Load | Store | Data)
+         | Incarnation | Load | Store | Data)
 
 FRAME_CLASSES: Final[dict[FrameType, type]] = {
     c.frame_type: c for c in (AuthHello, AuthChallenge, AuthProof, AuthOk, Msg, Ack, Ping, Pong,
-                              Load, Store, Data)
+                              Incarnation, Load, Store, Data)
 }
 
 _NAME = cs.Prefixed(cs.Int8ul, cs.GreedyBytes)
@@ -226,6 +238,8 @@ FRAME_PAYLOADS: Final[dict[FrameType, cs.Construct]] = {
     FrameType.ACK: cs.Struct("seq" / cs.Int32ul, "status" / cs.Int32sl, cs.Terminated),
     FrameType.PING: cs.Struct("token" / cs.Int64ul, "clock" / cs.Int32ul, cs.Terminated),
     FrameType.PONG: cs.Struct("token" / cs.Int64ul, cs.Terminated),
+    FrameType.INCARNATION: cs.Struct("accel" / cs.Int16ul, "incarnation" / cs.Int64ul,
+                                     cs.Terminated),
     FrameType.LOAD: cs.Struct(
         *_ACCELS, "npa_byte_addr" / cs.Int64ul, "length" / cs.Int32ul,
         "deadline" / cs.Int32ul, cs.Terminated),

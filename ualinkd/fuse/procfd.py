@@ -1,5 +1,6 @@
 """Resolve a client's fd to one of this mount's dma-buf files (for PRIME_FD_TO_HANDLE),
-and the dmabuf inode numbering that the file tree and this resolution share.
+and the dmabuf inode numbering that the file tree and this resolution share; and the
+identity of a calling process (drm/process.py's ProcessId) from /proc and pidfds.
 
 Only /proc is read: stat'ing the fd's target would call back into our own FUSE server.
 """
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 
 from ualinkd.drm.errors import DrmError
+from ualinkd.drm.process import ProcessId
 
 from .mounts import unescape_mountinfo
 
@@ -150,3 +153,83 @@ def tgid_of(tid: int) -> int | None:
         return _field(_read_proc(f"/proc/{tid}/status"), b"Tgid:")
     except OSError:
         return None
+
+
+def _pidfs() -> bool:
+    """Whether pidfds have an inode per process (pidfs, Linux 6.9): ours and pid 1's
+    differ. Before that every pidfd is the one anonymous inode and the start time is used."""
+    try:
+        a, b = os.pidfd_open(os.getpid()), os.pidfd_open(1)
+    except OSError:
+        return False
+    try:
+        return os.fstat(a).st_ino != os.fstat(b).st_ino
+    finally:
+        os.close(a)
+        os.close(b)
+
+
+_PIDFS = _pidfs()
+
+
+def _incarnation(pid: int, pidfd: int) -> int | None:
+    """What tells the process behind `pidfd` from any later one with `pid`: its pidfs inode,
+    else its start time (field 22 of /proc/<pid>/stat, read while the pidfd shows it alive,
+    so the stat read is its own)."""
+    if _PIDFS:
+        return os.fstat(pidfd).st_ino
+    try:
+        text = _read_proc(f"/proc/{pid}/stat")
+        start = int(text[text.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if _exited(pidfd) else start
+
+
+def _exited(pidfd: int) -> bool:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def process_id(tid: int) -> ProcessId | None:
+    """The process of calling thread `tid` (FUSE reports threads), None when it is gone.
+    A thread-group leader opens as a pidfd itself (one syscall, and no /proc text to
+    format); another thread's Tgid is read first. A caller blocked in our request cannot
+    exit (FUSE waits for our answer even after SIGKILL), so the pid is its own meanwhile."""
+    try:
+        fd, tgid = os.pidfd_open(tid), tid
+    except OSError as e:
+        if e.errno == errno.ESRCH:  # gone (a thread that is no leader: EINVAL, or ENOENT on 6.18)
+            return None
+        found = tgid_of(tid)
+        if found is None:
+            return None
+        try:
+            fd, tgid = os.pidfd_open(found), found
+        except OSError:
+            return None
+    try:
+        incarnation = _incarnation(tgid, fd)
+    finally:
+        os.close(fd)
+    return None if incarnation is None else ProcessId(tgid, incarnation)
+
+
+def process_of_pidfd(pid: int, pidfd: int) -> ProcessId | None:
+    """The ProcessId of the process behind `pidfd` (whose pid is `pid`), None if unknown."""
+    incarnation = _incarnation(pid, pidfd)
+    return None if incarnation is None else ProcessId(pid, incarnation)
+
+
+def open_pidfd(process: ProcessId) -> int | None:
+    """A pidfd of exactly `process` (closed by the caller), None when it has exited: a pid
+    given to another process since is refused, never opened in its place."""
+    try:
+        fd = os.pidfd_open(process.pid)
+    except OSError:
+        return None
+    if _incarnation(process.pid, fd) != process.incarnation:
+        os.close(fd)
+        return None
+    return fd

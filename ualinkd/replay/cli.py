@@ -26,8 +26,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         help="re-issue a recording against a node or pod and print where the answers differ")
     rep.add_argument("recording", metavar="FILE")
     rep.add_argument("--mount", action="append", required=True, metavar="[NODE=]MOUNT",
-                     help="where a recorded node's calls go (NODE=MOUNT); a bare MOUNT takes "
-                          "every node without its own")
+                     help="where a recorded node's calls go (NODE=MOUNT, once per node); a "
+                          "bare MOUNT takes the calls of the one node without its own (a "
+                          "one-node recording)")
     rep.add_argument("--pid", type=int, action="append", metavar="PID",
                      help="only this recorded pid's calls (repeatable)")
 
@@ -45,15 +46,18 @@ def run(args: argparse.Namespace) -> int:
                 print(f"ualinkd record: no node daemon takes recorders there ({e})",
                       file=sys.stderr)
                 return 1
+            except PermissionError as e:  # (check_trace_dir: the directory is not ours alone)
+                print(f"ualinkd record: {e.strerror}", file=sys.stderr)
+                return 1
         print(f"ualinkd record: {n} records in {args.output}", file=sys.stderr)
         return 0
     from .issue import run as replay
     from .session import RecordingError
 
-    mounts: dict[str, str] = {}
+    mounts: list[tuple[str, str]] = []  # as given: the replay refuses a node given twice
     for m in args.mount:
         node, sep, path = m.partition("=")
-        mounts[node if sep else ""] = path if sep else m
+        mounts.append((node, path) if sep else ("", m))
     try:
         found = replay(args.recording, mounts, set(args.pid) if args.pid else None)
     except RecordingError as e:

@@ -6,11 +6,14 @@ from the recording (the planning and comparing are `replay/session.py`'s)."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
+import stat
+import struct
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, TextIO
 
 from .session import (
@@ -24,6 +27,7 @@ from .session import (
     RecordingError,
     Replay,
     Skip,
+    device_path,
     index_records,
     refuse_unreplayable,
     timeline,
@@ -33,14 +37,61 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _ioctl = _libc.ioctl
 _ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
 _ioctl.restype = ctypes.c_int
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+
+# openat2(2) (Linux 5.6; the same number on every architecture but alpha) and its
+# <linux/openat2.h> flags: RESOLVE_BENEATH refuses a walk leaving the directory (`..`, an
+# absolute path or symlink), RESOLVE_NO_SYMLINKS any symlink on the way.
+SYS_OPENAT2 = 437
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+
+
+def open_beneath(dir_fd: int, path: str, flags: int) -> int:
+    """open(2) of `path` under the directory `dir_fd`, never outside it and through no
+    symlink: openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, or where the kernel (or a
+    seccomp filter) lacks it, one openat(O_NOFOLLOW) per component. OSError as open's."""
+    how = struct.pack("=QQQ", flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
+    # (syscall(2) is variadic: each argument passed as the long the kernel reads)
+    fd = _syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_long(dir_fd), ctypes.c_char_p(path.encode()),
+                  ctypes.c_char_p(how), ctypes.c_size_t(len(how)))
+    if fd >= 0:
+        return int(fd)
+    err = ctypes.get_errno()
+    if err not in (errno.ENOSYS, errno.EPERM):  # EPERM: a container's seccomp default
+        raise OSError(err, os.strerror(err), path)
+    *dirs, name = path.split("/")
+    if any(c in ("", ".", "..") for c in (*dirs, name)):
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), path)
+    at = dir_fd
+    try:
+        for c in dirs:
+            try:
+                sub = os.open(c, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=at)
+            except NotADirectoryError:  # a symlink: ELOOP, as openat2 says
+                if stat.S_ISLNK(os.lstat(c, dir_fd=at).st_mode):
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path) from None
+                raise
+            if at != dir_fd:
+                os.close(at)
+            at = sub
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at)
+    finally:
+        if at != dir_fd:
+            os.close(at)
 
 
 class Issuer:
-    """Issues planned calls; `mounts` maps a recorded node name to a mount ("" = default)."""
+    """Issues planned calls; `mounts` maps a recorded node name to a mount ("" = default).
+    A file is opened only by a name a node's mount serves (`device_path`), under the
+    mount's directory and through no symlink (`open_beneath`)."""
 
     def __init__(self, mounts: dict[str, str]) -> None:
         self.mounts = mounts
         self.fds: dict[tuple[str, int], int] = {}
+        self.dir_fds: dict[str, int] = {}  # mount -> an O_PATH fd of its directory
 
     def mount_for(self, node: str) -> str:
         m = self.mounts.get(node, self.mounts.get(""))
@@ -48,11 +99,18 @@ class Issuer:
             raise KeyError(node)
         return m
 
+    def _open(self, call: OpenCall) -> int:
+        if not device_path(call.path):  # (a token the recording named: dmabuf/-1)
+            raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), call.path)
+        mount = self.mount_for(call.node)
+        if mount not in self.dir_fds:
+            self.dir_fds[mount] = os.open(mount, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return open_beneath(self.dir_fds[mount], call.path, os.O_RDWR)
+
     def issue(self, call: Call) -> Outcome:
         if isinstance(call, OpenCall):
             try:
-                fd = os.open(os.path.join(self.mount_for(call.node), call.path),
-                             os.O_RDWR | os.O_CLOEXEC)
+                fd = self._open(call)
             except OSError as e:
                 return Outcome(-(e.errno or 5))
             self.fds[call.file] = fd
@@ -96,17 +154,21 @@ class Issuer:
         return Outcome(-err if ret < 0 else ret, arg=c_arg.raw[:len(arg)], buffers=after)
 
     def close_all(self) -> None:
-        for fd in self.fds.values():
+        for fd in (*self.fds.values(), *self.dir_fds.values()):
             os.close(fd)
         self.fds.clear()
+        self.dir_fds.clear()
 
 
 MAX_GAP = 2.0  # seconds: the longest recorded pause between two calls a replay keeps
 
 
-def run(path: str, mounts: dict[str, str], pids: set[int] | None = None,
-        out: TextIO = sys.stdout, nodes: set[str] | None = None) -> list[Difference]:
+def run(path: str, mounts: Mapping[str, str] | Sequence[tuple[str, str]],
+        pids: set[int] | None = None, out: TextIO | None = None,
+        nodes: set[str] | None = None) -> list[Difference]:
     """Replay the recording at `path`; print each difference and a summary; return them.
+    `mounts`: (recorded node, its mount) pairs, "" for a mount given without a node, in the
+    order given (`refuse_unreplayable` refuses a node given twice).
 
     Calls keep the recorded pauses between them (up to MAX_GAP): what the daemons did in
     the background meanwhile (a revoke's NPA_REVOKE and NPA_RELEASE after a close) had that
@@ -119,8 +181,8 @@ def run(path: str, mounts: dict[str, str], pids: set[int] | None = None,
         f = open(path, "rb")
     except OSError as e:
         raise RecordingError(f"cannot read it ({e.strerror})") from None
-    with f:
-        return _run(f, path, mounts, pids, out, nodes)
+    with f:  # (stdout when called, not when this module was imported: pytest swaps it)
+        return _run(f, path, mounts, pids, sys.stdout if out is None else out, nodes)
 
 
 def _lines_at(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
@@ -130,12 +192,14 @@ def _lines_at(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
         at += len(line)
 
 
-def _run(f: BinaryIO, path: str, mounts: dict[str, str], pids: set[int] | None,
-         out: TextIO, nodes: set[str] | None) -> list[Difference]:
+def _run(f: BinaryIO, path: str, given: Mapping[str, str] | Sequence[tuple[str, str]],
+         pids: set[int] | None, out: TextIO, nodes: set[str] | None) -> list[Difference]:
     indexed = index_records(_lines_at(f))
     everything = indexed.records
     recs = timeline(everything, pids, nodes)
-    refuse_unreplayable(everything, recs, mounts, pids)
+    pairs = list(given.items()) if isinstance(given, Mapping) else list(given)
+    refuse_unreplayable(everything, recs, pairs, pids)
+    mounts = dict(pairs)
 
     def whole(rec: dict[str, Any]) -> dict[str, Any]:
         f.seek(rec["at"])

@@ -18,6 +18,7 @@ naturally aligned); the replay gives it a buffer of its own holding what the rec
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import struct
 from collections.abc import Iterable, Sequence
@@ -251,8 +252,14 @@ def pointers(data: bytes | bytearray, spans: Sequence[Region]) -> list[tuple[int
     found = []
     for off in range(0, len(data) - 7, 8):
         (v,) = _U64.unpack_from(data, off)
-        for i, r in enumerate(spans):
-            if r.start <= v < r.end:
-                found.append((off, i, v - r.start))
-                break
+        i = span_at(spans, v)
+        if i is not None:
+            found.append((off, i, v - spans[i].start))
     return found
+
+
+def span_at(spans: Sequence[Region], addr: int) -> int | None:
+    """The index of the span of `spans` (disjoint, in address order: `regions`) holding
+    `addr`, found by bisection (a call may have many)."""
+    i = bisect.bisect_right(spans, addr, key=lambda r: r.start) - 1
+    return i if i >= 0 and addr < spans[i].end else None

@@ -3,15 +3,24 @@ a recording `ualinkd replay` takes) until interrupted or `--duration` ends.
 
 Each node daemon listens on a unix socket named after its mount (`trace_socket_path`, root's
 runtime directory, mode 0600: a trace holds the clients' data). A subscriber gets one JSON
-trace line per record from the moment it connects, at no cost to clients while nobody is
+trace line per record from the moment it subscribes, at no cost to clients while nobody is
 subscribed. A subscriber that falls more than `QUEUE` records or `QUEUE_BYTES` of them behind
 loses records, and is told so by a `{"type": "lost", "count": N}` line (its recording is then
 incomplete).
+
+A subscriber says so first (`SUBSCRIBE`, within SUBSCRIBE_TIMEOUT): a connection that does
+not — another daemon's sweep of stale sockets (`clear_stale_trace_sockets`) probes every
+trace socket of its directory — is closed without ever becoming the node's tracer.
+
+The socket's directory must be the daemon user's alone (`check_trace_dir`): a non-root
+daemon's is under the shared /tmp, where another user could have made it first and could
+then swap the socket for their own or remove it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -19,6 +28,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,6 +44,8 @@ QUEUE = 65536  # records a subscriber may be behind before it loses some
 # ... and bytes of them: a 1 MiB GPU load's record is 2 MiB of JSON hex, so a recorder that
 # stops reading (Ctrl-Z, a pipe into a pager) would otherwise hold the daemon to 128 GiB.
 QUEUE_BYTES = 64 << 20
+SUBSCRIBE = b"subscribe\n"  # what a recorder sends first; anything else is not attached
+SUBSCRIBE_TIMEOUT = 10.0  # s a connection may take to say it
 
 
 def trace_socket_path(mount: str, resolved: bool = False) -> str:
@@ -80,11 +92,30 @@ class TraceHub:
                 pass
 
 
+def check_trace_dir(directory: str) -> None:
+    """Refuse (PermissionError, saying why) a trace-socket directory that is not ours alone:
+    a symlink, not a directory, owned by another uid, or writable by group or others.
+    Whoever can write the directory can unlink or replace the socket in it, and a recorder
+    would then read a trace made up by them (or a daemon give its trace to them)."""
+    st = os.lstat(directory)
+    why = None
+    if not stat.S_ISDIR(st.st_mode):
+        why = "is not a directory (a symlink?)"
+    elif st.st_uid != os.geteuid():
+        why = f"belongs to uid {st.st_uid}, not to us (uid {os.geteuid()})"
+    elif st.st_mode & 0o022:
+        why = f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    if why is not None:
+        raise PermissionError(errno.EPERM, f"trace socket directory {directory} {why}; "
+                              "remove it, or let the daemon's user create it")
+
+
 async def bind_trace_socket(real_mount: str) -> tuple[trio.socket.SocketType, str]:
     """The listening socket for the subscribers of the mount at `real_mount` (its resolved
     path); a stale socket of a dead daemon goes, this mount's and any other's."""
     path = trace_socket_path(real_mount, resolved=True)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    check_trace_dir(os.path.dirname(path))
     clear_stale_trace_sockets(os.path.dirname(path))
     # Bound and listening under a name the sweep above does not take, then renamed into
     # place (replacing this mount's old one, if any): a trace-*.sock is never there
@@ -113,7 +144,8 @@ def clear_stale_trace_sockets(directory: str) -> int:
     """Unlink the trace sockets in `directory` nobody listens on: a daemon killed (SIGKILL,
     a crash) cannot remove its own, and mounts that are used once (tests, pods under fresh
     roots) would leave one each. A live daemon's answers the connect (it sees a subscriber
-    come and go); a socket with no listener refuses it. Returns how many went."""
+    come and go, unsubscribed: a probe sends nothing); a socket with no listener refuses
+    it. Returns how many went."""
     gone = 0
     try:
         names = os.listdir(directory)
@@ -157,7 +189,31 @@ async def serve_trace(core: object, sock: trio.socket.SocketType, path: str) -> 
             core.tracer = base  # type: ignore[attr-defined]
 
 
+async def _asked(conn: trio.socket.SocketType) -> bool:
+    """Whether the connection asks to subscribe (SUBSCRIBE, in time). Another daemon's
+    sweep connects and closes without a word: it must not become a subscriber, which would
+    make the node its tracer for a moment, and every GPU access start or end traced."""
+    got = b""
+    with trio.move_on_after(SUBSCRIBE_TIMEOUT):
+        while len(got) < len(SUBSCRIBE) and SUBSCRIBE.startswith(got):
+            chunk = await conn.recv(len(SUBSCRIBE) - len(got))
+            if not chunk:
+                break
+            got += chunk
+    return got == SUBSCRIBE
+
+
 async def _subscriber(conn: trio.socket.SocketType, core: object, hub: TraceHub) -> None:
+    with conn:
+        try:
+            if not await _asked(conn):
+                return
+        except OSError:
+            return
+        await _subscribed(conn, core, hub)
+
+
+async def _subscribed(conn: trio.socket.SocketType, core: object, hub: TraceHub) -> None:
     send, recv = trio.open_memory_channel[str](QUEUE)
     entry = (send, [0, 0])
     hub.subscribers.append(entry)
@@ -211,8 +267,11 @@ def record(mounts: list[str], out: TextIO, pids: set[int] | None = None,
     records have none: they go too)."""
     socks = []
     for m in mounts:
+        path = trace_socket_path(m)
+        check_trace_dir(os.path.dirname(path))
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(trace_socket_path(m))
+        s.connect(path)
+        s.sendall(SUBSCRIBE)
         socks.append(s)
     stop = [False]
 

@@ -14,6 +14,7 @@ import dataclasses
 import errno
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from .mapping import (
     regions,
     scope_of,
     slots,
+    span_at,
 )
 
 SLACK = 4096  # bytes after each caller-memory span: a replay that writes past it shows
@@ -66,6 +68,16 @@ def _is_u64(v: object) -> bool:
 MAX_RW_COUNT = 0x7FFFF000
 
 
+# What one call's caller memory can be: the daemon copies each array the way the kernel
+# kmalloc's it, so no single copy is larger than KMALLOC_MAX_SIZE (4 MiB: memdup_user and
+# kmalloc_array fail past it, amdgpu/vm.py, drm/syncobj.py), and the most one call copies
+# is a few such arrays (SYNCOBJ_TIMELINE_WAIT: 2 MiB of handles and 4 MiB of points). A
+# replay gives each span its own buffer (plus SLACK, and copies of it to compare): a
+# recording claiming more was never recorded, and would cost the replayer gigabytes.
+MAX_COPY = 4 << 20
+MAX_CALL_MEMORY = 16 << 20  # a call's spans, each with its SLACK
+
+
 def _is_count(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_RW_COUNT
 
@@ -86,6 +98,22 @@ def _is_hex(v: object) -> bool:
     except ValueError:
         return False
     return True
+
+
+# The files a recording may open: what a node's mount serves to clients (fuse/tree.py), by
+# their names relative to it. Nothing else (`..`, an absolute path, sys/kernel/debug's
+# knobs, a file of the host) is opened, whatever a recording attached to a bug report says.
+# A dma-buf's recorded name is only its label (the replay opens the token its own daemon
+# handed out); the trace writes dmabuf/None when it had lost the token's name.
+DEVICE_PATH = re.compile(
+    r"dri/renderD[0-9]{1,9}|dri/card[0-9]{1,9}|kfd|dmabuf/(?:[0-9]{1,20}|None)")
+DEVICE_PATHS = "dri/renderD<n>, dri/card<n>, kfd or dmabuf/<token>"
+
+
+def device_path(v: object) -> bool:
+    """`v` names a file a node's mount serves to clients (a relative path, no symlink, no
+    `..`): the only paths a replay opens."""
+    return isinstance(v, str) and DEVICE_PATH.fullmatch(v) is not None
 
 
 def _is_cmd(v: object) -> bool:
@@ -109,15 +137,18 @@ _FILE: Check = (lambda v: v is None or _is_int(v), "a file id or null")
 _KEY: Check = (lambda v: v is None or _is_int(v), "an integer or null")
 _DICT: Check = (lambda v: isinstance(v, dict), "an object")
 _LIST: Check = (lambda v: isinstance(v, list), "a list")
+_PATH: Check = (device_path, DEVICE_PATHS)
+# A release's path is its label (never opened): node.py names a dma-buf's release "dmabuf".
+_RELEASED: Check = (lambda v: device_path(v) or v == "dmabuf", DEVICE_PATHS)
 
 _COMMON = {"node": _STR, "pid": _INT, "time": _TIME}
 # field -> (check, required); an optional field, when present, is checked all the same.
 FIELDS: dict[str, dict[str, tuple[Check, bool]]] = {
     "open": {**{k: (c, True) for k, c in _COMMON.items()}, "duration": (_TIME, False),
-             "file": ((_is_int, "a file id"), True), "path": (_STR, True),
+             "file": ((_is_int, "a file id"), True), "path": (_PATH, True),
              "token": (_KEY, False), "key": (_KEY, False), "result": (_INT, False)},
     "release": {**{k: (c, True) for k, c in _COMMON.items()}, "duration": (_TIME, False),
-                "file": ((_is_int, "a file id"), True), "path": (_STR, False)},
+                "file": ((_is_int, "a file id"), True), "path": (_RELEASED, False)},
     "ioctl": {**{k: (c, True) for k, c in _COMMON.items()}, "duration": (_TIME, False),
               "file": (_FILE, True), "ioctl": (_STR, True),
               "cmd": ((_is_cmd, "a 32-bit hex ioctl number"), True), "in_hex": (_HEX, True),
@@ -136,6 +167,12 @@ MEM_FIELDS: dict[str, Check] = {
 FD_FIELDS: dict[str, Check] = {"fd": _INT, "key": _KEY}
 
 
+def _shown(v: object) -> str:
+    """A refused value as the error quotes it: its JSON, cut to 40 characters."""
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
 def _check_fields(n: int, where: str, rec: dict[str, Any],
                   fields: dict[str, tuple[Check, bool]]) -> None:
     for name, ((ok, what), required) in fields.items():
@@ -144,7 +181,7 @@ def _check_fields(n: int, where: str, rec: dict[str, Any],
                 raise RecordingError(f"line {n}: {where}`{name}` is missing")
         elif not ok(rec[name]):
             raise RecordingError(f"line {n}: {where}`{name}` is not {what} "
-                                 f"({json.dumps(rec[name])[:40]})")
+                                 f"({_shown(rec[name])})")
 
 
 def _check(n: int, rec: dict[str, Any]) -> None:
@@ -156,12 +193,36 @@ def _check(n: int, rec: dict[str, Any]) -> None:
             if not isinstance(entry, dict):
                 raise RecordingError(f"line {n}: `{list_name}[{i}]` is not an object")
             _check_fields(n, where, entry, {k: (c, True) for k, c in entry_fields.items()})
+    if kind == "ioctl":
+        _check_memory(n, rec["mem"] if "mem" in rec else [])
+
+
+def _check_memory(n: int, mem: list[dict[str, Any]]) -> None:
+    """The caller memory an ioctl record claims is memory a call could have copied: each
+    copy at most MAX_COPY, the spans a replay allocates at most MAX_CALL_MEMORY in all."""
+    done = [m for m in mem if m["result"] == 0]  # only these get a buffer (`_plan_ioctl`)
+    for i, m in enumerate(mem):
+        if m["result"] == 0 and m["len"] > MAX_COPY:
+            raise RecordingError(f"line {n}: mem[{i}] copies {m['len']} bytes, more than a "
+                                 f"call copies at once ({MAX_COPY}, KMALLOC_MAX_SIZE)")
+    total = sum(r.end - r.start + SLACK for r in regions((m["addr"], m["len"]) for m in done))
+    if total > MAX_CALL_MEMORY:
+        raise RecordingError(f"line {n}: `mem` needs {total} bytes of caller memory (its spans "
+                             f"and {SLACK} after each), more than a call copies "
+                             f"({MAX_CALL_MEMORY})")
 
 
 def _parse(n: int, line: str | bytes) -> dict[str, Any] | None:
     """Line `n` of a recording as its record (None: a blank line)."""
     if not line.strip():
         return None
+    try:
+        return _parse_line(n, line)
+    except RecursionError:  # the JSON decoder (or a check's json.dumps) went too deep
+        raise RecordingError(f"line {n}: JSON nested too deep") from None
+
+
+def _parse_line(n: int, line: str | bytes) -> dict[str, Any]:
     try:
         rec = json.loads(line)
     except json.JSONDecodeError as e:
@@ -172,7 +233,7 @@ def _parse(n: int, line: str | bytes) -> dict[str, Any] | None:
         raise RecordingError(f"line {n}: not a trace record")
     v = rec.get("v", 0)
     if not _is_int(v):
-        raise RecordingError(f"line {n}: `v` is not a schema number ({json.dumps(v)[:40]})")
+        raise RecordingError(f"line {n}: `v` is not a schema number ({_shown(v)})")
     if v > SCHEMA_VERSION:
         raise RecordingError(f"line {n}: trace schema {v} is newer than this build reads "
                              f"(schema {SCHEMA_VERSION}); replay it with the build that "
@@ -216,6 +277,8 @@ def index_records(lines: Iterable[tuple[int, str | bytes]]) -> Index:
             except ValueError:  # JSONDecodeError, UnicodeDecodeError
                 partial = (n, line)
                 continue
+            except RecursionError:  # whole, but too deep: refused by _parse
+                pass
         rec = _parse(n, line)
         if rec is not None:
             out.append({**{k: rec[k] for k in INDEX_FIELDS if k in rec}, "at": at})
@@ -236,20 +299,40 @@ def timeline(recs: Iterable[dict[str, Any]], pids: set[int] | None = None,
 
 
 def refuse_unreplayable(everything: list[dict[str, Any]], recs: list[dict[str, Any]],
-                        mounts: Iterable[str], pids: set[int] | None) -> None:
+                        mounts: Iterable[tuple[str, str]], pids: set[int] | None) -> None:
     """Raise RecordingError, before anything is issued, for a replay that could only say
-    "no differences" about nothing: a recording with no call in it, a `--mount NODE=` for a
-    node it never has (a typo would otherwise skip every call of the node meant), or a
-    `--pid` filter that leaves nothing."""
+    "no differences" about nothing, or about calls sent to the wrong node: a recording with
+    no call in it, a `--mount NODE=` for a node it never has (a typo would otherwise skip
+    every call of the node meant), one node's mount given twice, or a mount without a node
+    that would take the calls of several nodes (`mounts`: (node or "", directory) pairs as
+    given), or a `--pid` filter that leaves nothing."""
     nodes = sorted({r["node"] for r in everything if r["type"] in REPLAYED})
     if not nodes:
         lost = sum(r.get("count", 0) for r in everything if r["type"] == "lost")
         raise RecordingError("no calls to replay" + (f" (the recording lost {lost} records)"
                                                      if lost else ""))
-    for node in mounts:
+    dirs: dict[str, list[str]] = {}
+    for node, directory in mounts:
         if node and node not in nodes:
             raise RecordingError(f"--mount {node}=: the recording has no node {node!r} "
                                  f"(its nodes: {', '.join(nodes)})")
+        dirs.setdefault(node, []).append(directory)
+    form = " ".join(f"--mount {n}=DIR" for n in nodes)
+    for node, given in dirs.items():
+        if len(given) > 1 and node:
+            raise RecordingError(f"--mount {node}= given {len(given)} times "
+                                 f"({', '.join(given)}): one mount per node ({form})")
+        if len(given) > 1:
+            raise RecordingError(f"--mount {' --mount '.join(given)}: {len(given)} mounts "
+                                 "without a node (only the last would be used): name each "
+                                 f"node's mount ({form})")
+    if "" in dirs:  # it takes the calls of every node without its own
+        taken = sorted({r["node"] for r in recs} - dirs.keys())
+        if len(taken) > 1:
+            raise RecordingError(
+                f"--mount {dirs[''][0]}: the recording has calls on {len(taken)} nodes "
+                f"({', '.join(taken)}), which one mount without a node would take all of: "
+                f"name each node's mount ({form})")
     if not recs:
         had = ", ".join(map(str, sorted({r["pid"] for r in everything if r["type"] in REPLAYED})))
         asked = f" from pid {', '.join(map(str, sorted(pids)))}" if pids else ""
@@ -446,11 +529,9 @@ class Replay:
         for m in mem:  # what the recording's daemon wrote back
             if m["op"] == "write":
                 self._place(spans, buffers, m["addr"], bytes.fromhex(m["hex"]), initial=False)
-                if clock_mem:
-                    for r, b in zip(spans, buffers, strict=True):
-                        if r.start <= m["addr"] < r.end:
-                            off = m["addr"] - r.start
-                            b.any_of.append((off, off + m["len"]))
+                if clock_mem and (i := span_at(spans, m["addr"])) is not None:
+                    off = m["addr"] - spans[i].start
+                    buffers[i].any_of.append((off, off + m["len"]))
         patches = [(-1, off, j, delta) for off, j, delta in pointers(in_bytes, spans)]
         for i, (r, b) in enumerate(zip(spans, buffers, strict=True)):
             patches += [(i, off, j, delta)
@@ -460,25 +541,25 @@ class Replay:
     @staticmethod
     def _place(spans: list[Region], buffers: list[Buffer], addr: int, data: bytes,
                initial: bool) -> None:
-        for r, b in zip(spans, buffers, strict=True):
-            if r.start <= addr < r.end:
-                off = addr - r.start
-                (b.data if initial else b.expect)[off:off + len(data)] = data
-                if initial:
-                    b.expect[off:off + len(data)] = data
-                return
+        i = span_at(spans, addr)
+        if i is not None:
+            b, off = buffers[i], addr - spans[i].start
+            (b.data if initial else b.expect)[off:off + len(data)] = data
+            if initial:
+                b.expect[off:off + len(data)] = data
 
     def _map_array(self, spans: list[Region], buffers: list[Buffer], ptr: int, count: int,
                    size: int, kind: str, node: str, file: int) -> None:
-        for r, b in zip(spans, buffers, strict=True):
-            if r.start <= ptr < r.end:
-                base = ptr - r.start
-                for i in range(min(count, (r.end - ptr) // size)):
-                    o = base + i * size
-                    v = int.from_bytes(b.data[o:o + size], "little")
-                    mapped = self.mapper.to_replay(kind, scope_of(kind, node, file), v)
-                    b.data[o:o + size] = mapped.to_bytes(size, "little")
-                return
+        at = span_at(spans, ptr)
+        if at is None:
+            return
+        r, b = spans[at], buffers[at]
+        base = ptr - r.start
+        for i in range(min(count, (r.end - ptr) // size)):
+            o = base + i * size
+            v = int.from_bytes(b.data[o:o + size], "little")
+            mapped = self.mapper.to_replay(kind, scope_of(kind, node, file), v)
+            b.data[o:o + size] = mapped.to_bytes(size, "little")
 
     # -- comparing ------------------------------------------------------------------------
     def compare(self, index: int, rec: dict[str, Any], call: Call,

@@ -15,15 +15,19 @@ for an exporter on another node, starts an `ImportFlow` and returns what the age
 waiter makes of it; the waiter only waits for `Wake(ImportDone)` and reads the outcome.
 The flow's steps, all decided here:
 
-    CONNECTING  connection NOT_READY: it becomes IN_PROGRESS, HELLO is sent (tag HelloSent).
-                (IN_PROGRESS or PENDING: EAGAIN at once, I8; ESTABLISHED: straight on.)
+    CONNECTING  connection NOT_READY: the peer is probed (§13 N2: its error fails the import
+                at once, nothing sent), then IN_PROGRESS, HELLO is sent (tag HelloSent).
+                (IN_PROGRESS or PENDING: EAGAIN at once, I8; ESTABLISHED: straight on,
+                unless nothing is shared with the peer and the probe finds it restarted:
+                then IN_PROGRESS and HELLO as from NOT_READY.)
                 The HELLO send fails          → NOT_READY, the import fails with that error
                 sent, then ESTABLISHED (a HELLO_ACK, or our HELLO_ACK to the peer's own
                 HELLO accepted)               → REQUESTING
                 sent, and no connection within response_timeout (5 s) → NOT_READY, no
                 cleanup, ETIMEDOUT (I11)
     REQUESTING  NPA_REQ is sent (tag NpaReqSent) with the connection's generation noted.
-                The send fails                → the import fails with that error
+                The send fails                → the connection is reset if ESTABLISHED
+                                                (§13 N3), the import fails with that error
                 sent, then the node leaves NOT_READY (NPA_RSP/NPA_FAIL, or torn down by a
                 revoke, a reset or a stop)    → DONE: import_finish (the NPA BO, or the
                                                 errno of NPA_FAIL / EINVAL)
@@ -36,17 +40,21 @@ A step's clock starts once its message was accepted (the kernel sends, then wait
 send_ack_timeout_ms comes back as `on_sent(.., DrmError(ETIME), ..)` and fails the step.
 A waiter that is cancelled calls `import_cancelled()`: CONNECTING → NOT_READY (I10).
 A connection setup also starts without an import when NPA_REQ, NPA_RSP or NPA_FAIL comes
-from a peer that is not ESTABLISHED (§5.4); its failure is only logged.
+from a peer that is not ESTABLISHED (§5.4); its failure is only logged. A HELLO received is
+answered once its sender was probed (§13 N2; unreadable: no HELLO_ACK, NOT_READY).
+
+Every step of §13 that changed U's behaviour is U's again under its quirk (KNOWN_QUIRKS).
 
 The revoke flow (§5.7). `revoke()` (the BO's last GEM handle went) takes the export out of
 the live table; with importers it goes to the "handle invalid" table: mappings
 invalidated, pins dropped, one NPA_REVOKE per importer still connected with its recorded
-generation (tag RevokeSent). A failed REVOKE send drops that importer from the expected
-set and resets its connection (as U′ does). Once every send has its outcome the 5 s wait
-is armed (step 6). Each NPA_RELEASE clears its importer; when none is expected, or at the
-deadline, `revoke_finish()` frees every NPA range and resets the connection to each
-importer that never released (steps 7–9). A manager stop ends every flow without
-messages (§6.9).
+generation (tag RevokeSent); just before each is posted the carrier asks `send_due`, which
+drops an importer whose connection went down meanwhile (§13 N5). A failed REVOKE send drops
+that importer from the expected set and resets its connection (as U′ and N do). Once
+every send has its outcome the 5 s wait is armed (step 6). Each NPA_RELEASE clears its
+importer; when none is expected, or at the deadline, `revoke_finish()` frees every NPA range
+and resets the connection to each importer that never released (steps 7–9). A manager stop
+ends every flow without messages (§6.9).
 """
 
 from __future__ import annotations
@@ -116,9 +124,18 @@ QUIRK_HELLO_NO_RESET = "hello-no-reset"  # §5.4: HELLO on ESTABLISHED skips the
 QUIRK_NO_REMOTE_SHOOTDOWN = "no-remote-shootdown"  # §5.11: accepted; nothing to skip here
 QUIRK_STALE_EXPORT_HANDLE = "stale-export-handle"  # §6.10: re-export returns handle_hi 0
 QUIRK_ALIAS_EXTRA_PINS = "alias-extra-pins"  # §6.10: repeated alias NPA_REQ pins again
+# U's behaviours that the newer kernel N changed (§13), one switch per change:
+QUIRK_NO_RESTART_PROBE = "no-restart-probe"  # N2: setup and HELLO never probe the peer
+QUIRK_NPA_REQ_FAIL_NO_RESET = "npa-req-fail-no-reset"  # N3: a failed NPA_REQ send resets nothing
+QUIRK_SEND_FAIL_SLOW = "send-fail-slow"  # N4: an unposted send polls 2 s for its ACK (link)
+QUIRK_REVOKE_NO_RECHECK = "revoke-no-recheck"  # N5: REVOKE to every importer, no reset
+QUIRK_NO_UALINK_OOPS = "no-ualink-oops"  # N6: the ioctl on a GPU without UALink oopses
+QUIRK_EXPORT_EPERM_LEAK = "export-eperm-leak"  # N7: a refused (EPERM) export leaks the BO
 KNOWN_QUIRKS = frozenset(
     {QUIRK_HELLO_NO_RESET, QUIRK_NO_REMOTE_SHOOTDOWN, QUIRK_STALE_EXPORT_HANDLE,
-     QUIRK_ALIAS_EXTRA_PINS}
+     QUIRK_ALIAS_EXTRA_PINS, QUIRK_NO_RESTART_PROBE, QUIRK_NPA_REQ_FAIL_NO_RESET,
+     QUIRK_SEND_FAIL_SLOW, QUIRK_REVOKE_NO_RECHECK, QUIRK_NO_UALINK_OOPS,
+     QUIRK_EXPORT_EPERM_LEAK}
 )
 
 # NPA_FAIL reason -> the importer's errno (§5.2, §1.6 I15–I16)
@@ -196,7 +213,20 @@ class Wake:
     key: WakeKey
 
 
-Effect = Send | Wake
+@dataclass(frozen=True, slots=True)
+class Announce:
+    """Accel `accel`'s manager started with a new `incarnation` (§13 N2): the link tells
+    every peer before anything this incarnation sends."""
+
+    accel: int
+    incarnation: int
+
+
+Effect = Send | Wake | Announce
+
+# §13 N2: how a manager reads a peer's incarnation over the fabric: (local accel, remote
+# accel) -> the remote's incarnation; DrmError when it cannot be read (the probe's error).
+ProbeFn = Callable[[int, int], int]
 
 
 class ImportStep(enum.Enum):
@@ -325,6 +355,14 @@ class UalinkManager:
         # How an import that must wait is awaited: the fabric's waiter (`attach`); None
         # when no fabric runs in this process.
         self.import_waiter: ImportWaiter | None = None
+        # §13 N2: this accel's incarnation (new at each manager start), and how a peer's is
+        # read (the fabric's; None when no fabric runs in this process: nothing to probe).
+        self.incarnation = 0
+        self.probe: ProbeFn | None = None
+        # Per remote accel: READY imports from it and live exports' importer records of it
+        # (what N2's "nothing shared with that peer" counts, kept as they change).
+        self._imported_from: dict[int, int] = {}
+        self._exported_to: dict[int, int] = {}
         self.internal_file = DrmFile(driver.device)  # the driver's internal "ualink" client
         driver.ualink = self
 
@@ -386,6 +424,11 @@ class UalinkManager:
         if not self.change_state(AccelEvent.ACTIVATE):
             return
         self.active_snapshot = self.vpod.active_accels
+        # §13 N2: a manager start is a new incarnation (random: a restarted daemon must not
+        # come back with the number it had), told to the peers before anything we send.
+        self.incarnation = secrets.randbits(64) or 1
+        if self.probe is not None:  # a fabric runs (before it, links announce it as they come up)
+            self.outbox.append(Announce(self.accel_id, self.incarnation))
         self.npa_mode = self.vpod.addr_mode
         self.npa = self._new_npa_space(self.npa_mode)
         log.info("accel %d: ACTIVE in vPod %d", self.accel_id, self.vpod.vpod_id)
@@ -402,6 +445,7 @@ class UalinkManager:
         without messages; peers are not told."""
         for c in self.conns.values():
             c.apply(ConnEvent.STOP)
+            c.peer_incarnation = None
         for node in list(self.imports.values()):
             node.apply(NodeEvent.STOP)
             self._teardown_node(node)
@@ -422,6 +466,8 @@ class UalinkManager:
         self.exports.clear()
         translation.changed()
         self.invalid.clear()
+        self._imported_from.clear()
+        self._exported_to.clear()
 
     # -- export (§1.6 E1–E7) ---------------------------------------------------------------
     def export(self, file: DrmFile, gem_handle: int) -> tuple[int, int]:
@@ -438,7 +484,15 @@ class UalinkManager:
                     self.accel_id, bo.ualink_handle_lo,
                 )
                 return bo.ualink_handle_lo, 0
-        buf = self.driver.device.prime_handle_to_dmabuf(file, gem_handle)  # E5: EPERM
+        # §13 N7: one ioctl runs at a time here, so the first export of a BO has stored its
+        # handle before any other export of it is looked at: never two handles for one BO
+        # (N's EAGAIN for the loser of a race has no race to lose).
+        if QUIRK_EXPORT_EPERM_LEAK in self.quirks:
+            bo.get()  # U took the reference first and kept it when E5 failed (§13 N7)
+            buf = self.driver.device.prime_handle_to_dmabuf(file, gem_handle)  # E5: EPERM
+            bo.put()
+        else:
+            buf = self.driver.device.prime_handle_to_dmabuf(file, gem_handle)  # E5: EPERM
         lo, hi = generate_handle(self.accel_id, self.randbits, self.exports)
         bo.get()
         self.exports[lo] = ExportEntry(lo, hi, bo, buf)
@@ -456,6 +510,8 @@ class UalinkManager:
         if not entry.importers:
             self._free_export(entry)
             return
+        for remote in entry.importers:  # unlinked from the per-importer lists (step 1)
+            self._count(self._exported_to, remote, -1)
         entry.revoke = RevokeState()
         self.invalid[entry.handle_lo] = entry
         self._revoke_invalidate(entry)
@@ -529,6 +585,8 @@ class UalinkManager:
     def _drop_importer(self, entry: ExportEntry, remote: int) -> None:
         """Forget one importer of a live export: unpin once, free its NPA (§5.8)."""
         rec = entry.importers.pop(remote)
+        if self.exports.get(entry.handle_lo) is entry:  # (a revoked one was unlinked)
+            self._count(self._exported_to, remote, -1)
         translation.changed()
         entry.bo.pin_count -= 1
         if entry.shared_npa is None:
@@ -536,6 +594,19 @@ class UalinkManager:
         elif not entry.importers:
             self._free_npa(entry.shared_npa[0])
             entry.shared_npa = None
+
+    @staticmethod
+    def _count(counts: dict[int, int], remote: int, delta: int) -> None:
+        n = counts.get(remote, 0) + delta
+        if n:
+            counts[remote] = n
+        else:
+            counts.pop(remote, None)
+
+    def shares_with(self, remote: int) -> bool:
+        """§13 N2: something is imported from or exported to `remote` (a READY import
+        node, or an importer record of a live export)."""
+        return remote in self._imported_from or remote in self._exported_to
 
     # -- connection reset (§5.8) -------------------------------------------------------------
     def connection_reset(self, remote: int, new_state: ConnState, generation: int) -> bool:
@@ -603,14 +674,41 @@ class UalinkManager:
 
     def _setup_connection(self, remote: int) -> bool:
         """§5.4 local setup_connection: True when a HELLO must be sent and waited for,
-        False when already ESTABLISHED; EAGAIN while someone else sets it up (I8)."""
+        False when already ESTABLISHED; EAGAIN while someone else sets it up (I8).
+
+        §13 N2 (quirk "no-restart-probe": U never probes): NOT_READY probes the peer first,
+        and a failed probe is returned at once, no HELLO sent, still NOT_READY. ESTABLISHED
+        with nothing shared with the peer probes too: its error is returned (state kept),
+        in sync goes on, a restarted peer is set up again (IN_PROGRESS, HELLO)."""
         c = self.conn(remote)
+        probing = QUIRK_NO_RESTART_PROBE not in self.quirks
         if c.state == ConnState.ESTABLISHED:
-            return False
+            if not probing or self.shares_with(remote) or not self._probe(remote):
+                return False
+            log.info("accel %d: accel %d restarted (its incarnation changed): connecting "
+                     "again", self.accel_id, remote)
+            c.apply(ConnEvent.RESYNCED)
+            return True
         if c.state in (ConnState.IN_PROGRESS, ConnState.PENDING):
             raise DrmError(errno.EAGAIN, f"connection to accel {remote} is being set up")
+        if probing:
+            self._probe(remote)
         c.apply(ConnEvent.SETUP)
         return True
+
+    def _probe(self, remote: int) -> bool:
+        """§13 N2's probe of `remote` over the fabric: True when it restarted since our last
+        probe ("resynced"), False when in sync; DrmError (ESHUTDOWN when this accel is not
+        ACTIVE, else the read's error) when it cannot be read."""
+        if not self.accel_active:
+            raise DrmError(errno.ESHUTDOWN, f"accel {self.accel_id} is not ACTIVE")
+        if self.probe is None:  # no fabric in this process: nothing to read the peer by
+            return False
+        incarnation = self.probe(self.accel_id, remote)
+        c = self.conn(remote)
+        resynced = c.peer_incarnation is not None and c.peer_incarnation != incarnation
+        c.peer_incarnation = incarnation
+        return resynced
 
     def _hello(self, remote: int) -> p.Hello:
         return p.Hello(receiver_id=remote, sender_id=self.accel_id)
@@ -644,6 +742,8 @@ class UalinkManager:
         node.buf = self.driver.device.prime_handle_to_dmabuf(self.internal_file,
                                                              node.internal_handle)
         node.apply(NodeEvent.WAITER_OK)
+        node.linked = True
+        self._count(self._imported_from, node.exporter, 1)
         node.buf.get()  # the caller's new fd
         return node.buf
 
@@ -656,6 +756,9 @@ class UalinkManager:
         """TEARDOWN: GPU mappings of the NPA BO stop working, the table's references go."""
         if self.imports.get(node.handle_lo) is node:
             del self.imports[node.handle_lo]
+        if node.linked:
+            node.linked = False
+            self._count(self._imported_from, node.exporter, -1)
         if node.bo is not None:
             node.bo.npa_revoked = True
             translation.changed()
@@ -713,6 +816,17 @@ class UalinkManager:
             # build skips this, quirk "hello-no-reset").
             self.connection_reset(src, ConnState.PENDING, c.generation)
         c.apply(ConnEvent.HELLO)
+        if QUIRK_NO_RESTART_PROBE not in self.quirks:
+            # §13 N2: the sender is probed before it is answered; one that cannot be read
+            # gets no HELLO_ACK (it times out) and the connection is NOT_READY.
+            try:
+                self._probe(src)
+            except DrmError as e:
+                c.apply(ConnEvent.HELLO_PROBE_FAILED)
+                self._log_repeated(("hello-probe", src, e.errno), logging.WARNING,
+                                   "accel %d: HELLO from accel %d not answered: probing it "
+                                   "failed: %s", self.accel_id, src, e.strerror)
+                return
         self.outbox.append(Send(self.accel_id, src, p.HelloAck(), HelloAckSent(src)))
 
     def _not_established(self, src: int, what: str) -> bool:
@@ -783,6 +897,7 @@ class UalinkManager:
             if entry.importers is _NO_IMPORTERS:
                 entry.importers = {}
             entry.importers[src] = ImporterRecord(start, pages, self.conn(src).generation)
+            self._count(self._exported_to, src, 1)
         else:  # step 4: a repeated request marks the importer with the current generation
             rec.generation = self.conn(src).generation
         rsp = p.NpaRsp(p.handle_lo_bits(lo), pages, strip_npa(start))
@@ -1011,6 +1126,12 @@ class UalinkManager:
         if flow is None or flow.step != ImportStep.REQUESTING:
             return
         if err is not None:
+            if QUIRK_NPA_REQ_FAIL_NO_RESET not in self.quirks:
+                # §13 N3 (U left it alone): the connection to the exporter is reset first,
+                # with the cleanup of §5.8, if it is ESTABLISHED: N passes the generation it
+                # reads at that moment, not the one the NPA_REQ was sent with.
+                c = self.conn(flow.node.exporter)
+                self.connection_reset(c.remote, ConnState.NOT_READY, c.ready_generation())
             self._end(flow, err)
             return
         flow.sent = True
@@ -1069,12 +1190,40 @@ class UalinkManager:
         revoke.unsent -= 1
         if err is not None:
             revoke.expected.discard(dst)
-            gen = entry.importers[dst].generation if dst in entry.importers else 0
-            self.connection_reset(dst, ConnState.NOT_READY, gen)  # as U′ does
+            if QUIRK_REVOKE_NO_RECHECK not in self.quirks:  # §13 N5, as U′ (U: no reset)
+                gen = entry.importers[dst].generation if dst in entry.importers else 0
+                self.connection_reset(dst, ConnState.NOT_READY, gen)
         if not revoke.expected:
             self.revoke_finish(entry)
         elif revoke.unsent == 0:
             self._arm(entry, now)  # step 6: wait up to 5 s for the releases
+
+    def send_due(self, send: Send, now: float | None = None) -> bool:
+        """Asked by the carrier just before it posts `send`: False drops it unsent.
+
+        §13 N5: an NPA_REVOKE goes only to an importer whose connection is still ESTABLISHED
+        with the generation its record holds; one that went down since the revoke began is
+        dropped from the release-expected set (not waited for). U sends to every importer
+        of the set it built first (quirk "revoke-no-recheck")."""
+        tag = send.tag
+        if not isinstance(tag, RevokeSent) or QUIRK_REVOKE_NO_RECHECK in self.quirks:
+            return True
+        entry = self.invalid.get(tag.handle_lo)
+        if entry is None or entry.revoke is None or send.dst not in entry.revoke.expected:
+            return True
+        rec = entry.importers.get(send.dst)
+        if rec is not None and self.conn(send.dst).ready_generation() == rec.generation:
+            return True
+        revoke = entry.revoke
+        revoke.unsent -= 1
+        revoke.expected.discard(send.dst)
+        log.info("accel %d: accel %d went down before its NPA_REVOKE of %#x: skipped",
+                 self.accel_id, send.dst, tag.handle_lo)
+        if not revoke.expected:
+            self.revoke_finish(entry)
+        elif revoke.unsent == 0:
+            self._arm(entry, now)  # step 6 for the importers it did send to
+        return False
 
     # -- time (aioquic's get_timer / handle_timer) --------------------------------------------
     def _arm(self, what: ImportFlow | ConnSetup | ExportEntry, now: float | None) -> None:
@@ -1141,6 +1290,17 @@ class UalinkManager:
                 "a pinned BO outside VRAM")
         reserved = 0 if self.npa.reserved is None else 1
         assert len(self.npa_table) + reserved == len(self.npa.used)
+        # §13 N2's "shared with that peer" counts, kept as they change, equal a recount.
+        imported: dict[int, int] = {}
+        for node in self.imports.values():
+            if node.linked:
+                imported[node.exporter] = imported.get(node.exporter, 0) + 1
+        exported: dict[int, int] = {}
+        for entry in self.exports.values():
+            for remote in entry.importers:
+                exported[remote] = exported.get(remote, 0) + 1
+        assert imported == self._imported_from, (imported, self._imported_from)
+        assert exported == self._exported_to, (exported, self._exported_to)
 
 
 # receive(): each message type's handler (one lookup per message, not a chain of isinstance).

@@ -32,6 +32,8 @@ class ConnEvent(enum.Enum):
     RESET = "connection reset (§5.8): NPA_RSP timeout, missing NPA_RELEASE, failed REVOKE"
     RESET_FOR_HELLO = "connection reset requested by a HELLO while ESTABLISHED"
     STOP = "manager stop/start"
+    RESYNCED = "setup_connection's probe found the peer restarted (§13 N2)"
+    HELLO_PROBE_FAILED = "the sender of a HELLO could not be probed (§13 N2)"
 
 
 _C = ConnState
@@ -52,6 +54,12 @@ CONN_TRANSITIONS: dict[tuple[ConnState, ConnEvent], ConnState] = {
     # §5.8: only from ESTABLISHED (the caller also checks the generation).
     (_C.ESTABLISHED, _E.RESET): _C.NOT_READY,
     (_C.ESTABLISHED, _E.RESET_FOR_HELLO): _C.PENDING,
+    # §13 N2 (not in U): an ESTABLISHED connection with nothing shared whose peer restarted
+    # is set up again as from NOT_READY; a HELLO whose sender cannot be probed is not
+    # answered.
+    (_C.ESTABLISHED, _E.RESYNCED): _C.IN_PROGRESS,
+    (_C.PENDING, _E.HELLO_PROBE_FAILED): _C.NOT_READY,
+    (_C.IN_PROGRESS, _E.HELLO_PROBE_FAILED): _C.NOT_READY,
     **{(s, _E.STOP): _C.NOT_READY for s in ConnState},
 }
 
@@ -63,6 +71,9 @@ class PeerConn:
     remote: int
     state: ConnState = ConnState.NOT_READY
     generation: int = 0  # +1 every time the state becomes ESTABLISHED; never reset
+    # §13 N2: the peer's incarnation as our last probe read it (None: not probed since our
+    # manager started); a probe reading another one finds the peer "resynced".
+    peer_incarnation: int | None = None
 
     def takes(self, event: ConnEvent) -> bool:
         """True if the table has a row for `event` from the current state."""
@@ -129,6 +140,7 @@ class ImportNode:
     bo: AmdgpuBo | None = None
     buf: DmaBuf | None = None
     internal_handle: int = 0
+    linked: bool = False  # READY and counted in the manager's per-exporter imports (§13 N2)
 
     def apply(self, event: NodeEvent) -> bool:
         nxt = NODE_TRANSITIONS.get((self.state, event))

@@ -1,0 +1,385 @@
+/*
+ * fabric_sdma: AMD's two-node UALink fabric test, with the APIs Debian has (issue 30,
+ * "Tests that must exist": two nodes), run through the shim by
+ * tests/integration/test_fabric_sdma.py. Public APIs only: Debian's libdrm_amdgpu 2.4.114,
+ * libhsakmt 5.2.3, and the UALink handle ioctl of the patch series' uAPI
+ * (include/ualink/ualink_drm.h).
+ *
+ *   fabric_sdma export [bytes]
+ *       the exporter: a VRAM BO (libdrm; 4 MiB unless `bytes` says), its bytes written through the CPU mapping,
+ *       the UALink EXPORT; prints the handle, then serves stdin lines:
+ *         check <offset> <size> <seed>   the BO holds pattern(seed) there? (its own
+ *                                         CPU mapping: what the importer's SDMA stored)
+ *         free                            unmap, close the BO (the import is revoked)
+ *   fabric_sdma import <lo> <hi>
+ *       the importer: hsaKmtOpenKFD (which ACQUIRE_VMs the render file), an SDMA queue
+ *       (hsaKmtCreateQueue(HSA_QUEUE_SDMA), packets as ROCr's BlitSdmaV4 writes them:
+ *       the HDP-flush POLL_REGMEM, COPY_LINEAR chunks, a FENCE), then, on that render file,
+ *       the UALink IMPORT, PRIME_FD_TO_HANDLE and GEM_VA of the imported BO (what newer
+ *       libhsakmt's hsaKmtMemoryVaMap does); the SDMA queue copies remote->host (bytes
+ *       checked against the exporter's pattern) and host->remote; then waits for a stdin
+ *       line ("again") and copies remote->host once more, which after the exporter freed
+ *       the BO must fault: the fence never comes, the KFD's memory event fires.
+ *
+ * Output: ok <step> key=value ...  |  fail <step> ... (exit status = step number).
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <hsakmt.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <amdgpu.h>
+#include <amdgpu_drm.h>
+#include <xf86drm.h>
+
+#include "ualink/ualink_drm.h" /* only its UALink part: amdgpu_drm.h came first */
+
+#define BO_SIZE (4u << 20)
+#define RING_SIZE (1u << 20)
+#define STORE_OFFSET (1u << 20) /* where the importer stores, inside the BO */
+#define STORE_SIZE (1u << 20)
+#define COPY_CHUNK 0x3FFFE0u	/* BlitSdmaV4's largest COPY_LINEAR */
+
+static int step;
+
+#define FAIL(name, fmt, ...)                                                      \
+	do {                                                                      \
+		printf("fail %s " fmt "\n", name, ##__VA_ARGS__);                 \
+		fflush(stdout);                                                   \
+		exit(step ? step : 1);                                            \
+	} while (0)
+#define KMT(name, call)                                                           \
+	do {                                                                      \
+		HSAKMT_STATUS s_ = (call);                                        \
+		step++;                                                           \
+		if (s_ != HSAKMT_STATUS_SUCCESS)                                  \
+			FAIL(name, "status=%d", (int)s_);                         \
+	} while (0)
+#define SYS(name, call)                                                           \
+	do {                                                                      \
+		int r_ = (call);                                                  \
+		step++;                                                           \
+		if (r_ != 0)                                                      \
+			FAIL(name, "ret=%d errno=%d", r_, errno);                 \
+	} while (0)
+
+static void pattern(uint8_t *p, size_t n, uint32_t seed)
+{
+	uint32_t x = seed * 2654435761u + 7;
+	for (size_t i = 0; i < n; i++) {
+		x = x * 1103515245u + 12345u;
+		p[i] = (uint8_t)(x >> 16);
+	}
+}
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* ---------------------------------------------------------------- exporter */
+static int do_export(size_t bo_size)
+{
+	struct amdgpu_bo_alloc_request req = {
+		.alloc_size = bo_size, .phys_alignment = 4096,
+		.preferred_heap = AMDGPU_GEM_DOMAIN_VRAM,
+		.flags = AMDGPU_GEM_CREATE_CPU_ACCESS_REQUIRED,
+	};
+	union drm_amdgpu_ualink_handle u;
+	amdgpu_device_handle dev;
+	amdgpu_bo_handle bo;
+	uint32_t major, minor, kms;
+	uint8_t *cpu = NULL, *want;
+	char line[128];
+	int fd = open("/dev/dri/renderD128", O_RDWR | O_CLOEXEC);
+
+	if (fd < 0)
+		FAIL("open", "errno=%d", errno);
+	SYS("init", amdgpu_device_initialize(fd, &major, &minor, &dev));
+	close(fd);
+	fd = amdgpu_device_get_fd(dev);
+	SYS("bo_alloc", amdgpu_bo_alloc(dev, &req, &bo));
+	SYS("cpu_map", amdgpu_bo_cpu_map(bo, (void **)&cpu));
+	pattern(cpu, bo_size, 1);
+	SYS("export_kms", amdgpu_bo_export(bo, amdgpu_bo_handle_type_kms, &kms));
+	memset(&u, 0, sizeof(u));
+	u.in.op = DRM_AMDGPU_UALINK_HANDLE_OP_EXPORT;
+	u.in.gem_handle = kms;
+	SYS("export", drmCommandWriteRead(fd, DRM_AMDGPU_UALINK_HANDLE, &u, sizeof(u)));
+	printf("ok export lo=%#" PRIx64 " hi=%#" PRIx64 " size=%zu seed=1\n",
+	       (uint64_t)u.out.export_ualink_handle[0], (uint64_t)u.out.export_ualink_handle[1],
+	       bo_size);
+	want = malloc(bo_size);
+	while (fgets(line, sizeof(line), stdin)) {
+		unsigned long off, size, seed;
+
+		if (sscanf(line, "check %lu %lu %lu", &off, &size, &seed) == 3 &&
+		    off + size <= bo_size && cpu) {
+			pattern(want, size, (uint32_t)seed);
+			printf("ok check equal=%d\n", memcmp(cpu + off, want, size) == 0);
+		} else if (strncmp(line, "free", 4) == 0 && cpu) {
+			SYS("cpu_unmap", amdgpu_bo_cpu_unmap(bo));
+			SYS("bo_free", amdgpu_bo_free(bo));
+			cpu = NULL;
+			printf("ok freed\n");
+		}
+	}
+	free(want);
+	if (cpu) {
+		amdgpu_bo_cpu_unmap(bo);
+		amdgpu_bo_free(bo);
+	}
+	amdgpu_device_deinitialize(dev);
+	printf("ok done\n");
+	return 0;
+}
+
+/* ---------------------------------------------------------------- importer */
+/*
+ * The render file libhsakmt acquired the GPU VM with: libhsakmt 5.2.3 opens each render
+ * node once and passes that fd to ACQUIRE_VM; this program opens none itself.
+ */
+static int acquired_render_fd(int minor)
+{
+	char want[32], path[300], target[4096];
+	int found = -1, count = 0;
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+
+	snprintf(want, sizeof(want), "/renderD%d", minor);
+	while (d && (e = readdir(d))) {
+		size_t w = strlen(want);
+		ssize_t n;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		n = readlink(path, target, sizeof(target) - 1);
+		if (n <= 0)
+			continue;
+		target[n] = 0;
+		if ((size_t)n >= w && strcmp(target + n - w, want) == 0) {
+			found = atoi(e->d_name);
+			count++;
+		}
+	}
+	if (d)
+		closedir(d);
+	return count == 1 ? found : -1;
+}
+
+struct sdma {
+	uint32_t *ring;
+	HsaQueueResource res;
+	uint64_t wptr; /* bytes, monotonically increasing (gfx9) */
+	volatile uint32_t *fence;
+	uint32_t fence_value;
+};
+
+static void emit(struct sdma *q, const uint32_t *dw, unsigned n)
+{
+	uint64_t rptr;
+
+	/* wait for room (BlitSdmaV4's reservation against *rptr) */
+	do
+		rptr = __atomic_load_n((uint64_t *)q->res.Queue_read_ptr, __ATOMIC_ACQUIRE);
+	while (q->wptr + n * 4 - rptr >= RING_SIZE);
+	/* a command never straddles the end: zero dwords (1-dword NOPs) to the end */
+	if ((q->wptr % RING_SIZE) + n * 4 > RING_SIZE) {
+		while (q->wptr % RING_SIZE)
+			q->ring[(q->wptr % RING_SIZE) / 4] = 0, q->wptr += 4;
+	}
+	for (unsigned i = 0; i < n; i++)
+		q->ring[(q->wptr % RING_SIZE) / 4 + i] = dw[i];
+	q->wptr += n * 4;
+}
+
+static void submit(struct sdma *q)
+{
+	__atomic_store_n((uint64_t *)q->res.Queue_write_ptr, q->wptr, __ATOMIC_RELEASE);
+	__atomic_store_n((uint64_t *)q->res.Queue_DoorBell, q->wptr, __ATOMIC_RELEASE);
+}
+
+/* copy + fence: returns seconds until the fence, or -1 after `timeout` seconds */
+static double sdma_copy(struct sdma *q, uint64_t dst, uint64_t src, uint64_t size,
+			double timeout)
+{
+	static const uint32_t hdp_flush[6] = {0x8, 0, 0x80000000, 0, 0, 0};
+	uint64_t fence = (uint64_t)(uintptr_t)q->fence;
+	uint32_t value = ++q->fence_value;
+	double t0 = now_s();
+
+	emit(q, hdp_flush, 6);
+	for (uint64_t done = 0; done < size;) {
+		uint64_t n = size - done < COPY_CHUNK ? size - done : COPY_CHUNK;
+		uint32_t copy[7] = {1, (uint32_t)(n - 1), 0, (uint32_t)(src + done),
+				    (uint32_t)((src + done) >> 32), (uint32_t)(dst + done),
+				    (uint32_t)((dst + done) >> 32)};
+		emit(q, copy, 7);
+		done += n;
+	}
+	{
+		uint32_t f[4] = {5, (uint32_t)fence, (uint32_t)(fence >> 32), value};
+		emit(q, f, 4);
+	}
+	submit(q);
+	while (__atomic_load_n(q->fence, __ATOMIC_ACQUIRE) != value) {
+		if (now_s() - t0 > timeout)
+			return -1;
+		usleep(50);
+	}
+	return now_s() - t0;
+}
+
+static int do_import(uint64_t lo, uint64_t hi)
+{
+	HsaSystemProperties sys;
+	HsaNodeProperties p;
+	HsaMemFlags sysmem = {0};
+	HsaEventDescriptor mdesc = {.EventType = HSA_EVENTTYPE_MEMORY};
+	HsaEvent *memev = NULL;
+	union drm_amdgpu_ualink_handle u;
+	struct drm_amdgpu_gem_va gva;
+	struct sdma q = {0};
+	uint32_t gpu = 0, handle;
+	uint8_t *host, *want;
+	uint64_t alt, remote;
+	void *reserve;
+	char line[64];
+	double secs;
+	int fd;
+
+	alarm(120);
+	KMT("open_kfd", hsaKmtOpenKFD());
+	KMT("system_properties", hsaKmtAcquireSystemProperties(&sys));
+	for (uint32_t n = 0; n < sys.NumNodes && !gpu; n++) {
+		KMT("node_properties", hsaKmtGetNodeProperties(n, &p));
+		if (p.NumFComputeCores)
+			gpu = n;
+	}
+	step++;
+	if (!gpu)
+		FAIL("gpu_node", "nodes=%u", sys.NumNodes);
+	KMT("node_properties", hsaKmtGetNodeProperties(gpu, &p));
+
+	/* system memory the GPU maps (ROCr's system allocator): ring, fence, host buffer */
+	sysmem.ui32.PageSize = HSA_PAGE_SIZE_4KB;
+	sysmem.ui32.HostAccess = 1;
+	KMT("alloc_ring", hsaKmtAllocMemory(0, RING_SIZE, sysmem, (void **)&q.ring));
+	KMT("map_ring", hsaKmtMapMemoryToGPU(q.ring, RING_SIZE, &alt));
+	KMT("alloc_fence", hsaKmtAllocMemory(0, 4096, sysmem, (void **)&q.fence));
+	KMT("map_fence", hsaKmtMapMemoryToGPU((void *)q.fence, 4096, &alt));
+	KMT("alloc_host", hsaKmtAllocMemory(0, BO_SIZE, sysmem, (void **)&host));
+	KMT("map_host", hsaKmtMapMemoryToGPU(host, BO_SIZE, &alt));
+	memset(q.ring, 0, RING_SIZE);
+	*q.fence = 0;
+	KMT("create_queue", hsaKmtCreateQueue(gpu, HSA_QUEUE_SDMA, 100, HSA_QUEUE_PRIORITY_MAXIMUM,
+					       q.ring, RING_SIZE, NULL, &q.res));
+	printf("ok create_queue id=%" PRIu64 "\n", (uint64_t)q.res.QueueId);
+	mdesc.NodeId = gpu;
+	KMT("memory_event", hsaKmtCreateEvent(&mdesc, true, false, &memev));
+
+	/* the import, on the render file libhsakmt acquired the VM with */
+	fd = acquired_render_fd(p.DrmRenderMinor);
+	step++;
+	if (fd < 0)
+		FAIL("render_fd", "minor=%d", p.DrmRenderMinor);
+	memset(&u, 0, sizeof(u));
+	u.in.op = DRM_AMDGPU_UALINK_HANDLE_OP_IMPORT;
+	u.in.import_ualink_handle[0] = lo;
+	u.in.import_ualink_handle[1] = hi;
+	SYS("import", drmCommandWriteRead(fd, DRM_AMDGPU_UALINK_HANDLE, &u, sizeof(u)));
+	SYS("prime_fd_to_handle", drmPrimeFDToHandle(fd, (int)u.out.import_dmabuf_handle, &handle));
+	close((int)u.out.import_dmabuf_handle);
+	/* a GPU VA nobody else uses: a CPU reservation, 2 MiB aligned */
+	reserve = mmap(NULL, BO_SIZE + (2u << 20), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
+		       MAP_NORESERVE, -1, 0);
+	step++;
+	if (reserve == MAP_FAILED)
+		FAIL("reserve_va", "errno=%d", errno);
+	remote = ((uint64_t)(uintptr_t)reserve + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1);
+	memset(&gva, 0, sizeof(gva));
+	gva.handle = handle;
+	gva.operation = AMDGPU_VA_OP_MAP;
+	gva.flags = AMDGPU_VM_PAGE_READABLE | AMDGPU_VM_PAGE_WRITEABLE;
+	gva.va_address = remote;
+	gva.map_size = BO_SIZE;
+	SYS("gem_va", drmCommandWriteRead(fd, DRM_AMDGPU_GEM_VA, &gva, sizeof(gva)));
+	printf("ok import va=%#" PRIx64 " size=%u\n", remote, BO_SIZE);
+
+	/* remote -> host: the exporter's bytes, over the fabric, by the SDMA engine */
+	memset(host, 0, BO_SIZE);
+	secs = sdma_copy(&q, (uint64_t)(uintptr_t)host, remote, BO_SIZE, 30);
+	step++;
+	if (secs < 0)
+		FAIL("copy_remote_to_host", "no fence after 30 s");
+	want = malloc(BO_SIZE);
+	pattern(want, BO_SIZE, 1);
+	step++;
+	if (memcmp(host, want, BO_SIZE) != 0)
+		FAIL("remote_bytes", "differ");
+	printf("ok copy_remote_to_host size=%u seconds=%.6f\n", BO_SIZE, secs);
+
+	/* host -> remote: the exporter checks them in its own memory */
+	pattern(host, STORE_SIZE, 2);
+	secs = sdma_copy(&q, remote + STORE_OFFSET, (uint64_t)(uintptr_t)host, STORE_SIZE, 30);
+	step++;
+	if (secs < 0)
+		FAIL("copy_host_to_remote", "no fence after 30 s");
+	printf("ok copy_host_to_remote offset=%u size=%u seed=2 seconds=%.6f\n", STORE_OFFSET,
+	       STORE_SIZE, secs);
+
+	/* the test frees the exporter's BO, then says "again": the next access faults */
+	if (!fgets(line, sizeof(line), stdin))
+		FAIL("again", "stdin closed");
+	secs = sdma_copy(&q, (uint64_t)(uintptr_t)host, remote, 4096, 5);
+	step++;
+	if (secs >= 0)
+		FAIL("revoked_copy", "completed in %.6f s", secs);
+	{
+		HSAKMT_STATUS s = hsaKmtWaitOnEvent(memev, 5000);
+		HsaMemoryAccessFault *f = &memev->EventData.EventData.MemoryAccessFault;
+
+		printf("ok revoked_copy fenced=0 memory_event=%d fault_va=%#" PRIx64 "\n",
+		       s == HSAKMT_STATUS_SUCCESS, s == HSAKMT_STATUS_SUCCESS ?
+		       (uint64_t)f->VirtualAddress : 0);
+	}
+	KMT("destroy_queue", hsaKmtDestroyQueue(q.res.QueueId));
+	gva.operation = AMDGPU_VA_OP_UNMAP;
+	drmCommandWriteRead(fd, DRM_AMDGPU_GEM_VA, &gva, sizeof(gva));
+	{
+		struct drm_gem_close c = {.handle = handle};
+		drmIoctl(fd, DRM_IOCTL_GEM_CLOSE, &c);
+	}
+	KMT("destroy_event", hsaKmtDestroyEvent(memev));
+	hsaKmtUnmapMemoryToGPU(host);
+	hsaKmtFreeMemory(host, BO_SIZE);
+	hsaKmtUnmapMemoryToGPU((void *)q.fence);
+	hsaKmtFreeMemory((void *)q.fence, 4096);
+	hsaKmtUnmapMemoryToGPU(q.ring);
+	hsaKmtFreeMemory(q.ring, RING_SIZE);
+	KMT("close_kfd", hsaKmtCloseKFD());
+	free(want);
+	printf("ok done\n");
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if ((argc == 2 || argc == 3) && strcmp(argv[1], "export") == 0)
+		return do_export(argc == 3 ? strtoull(argv[2], NULL, 0) : BO_SIZE);
+	if (argc == 4 && strcmp(argv[1], "import") == 0)
+		return do_import(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
+	fprintf(stderr, "usage: fabric_sdma export [bytes] | import <lo> <hi>\n");
+	return 2;
+}

@@ -1,0 +1,150 @@
+/*
+ * An SDMA queue copying remote (UALink-imported) memory, the flow of AMD's two-node fabric
+ * test with the APIs Debian has (issue 30, "Tests that must exist"; spec userspace-surface
+ * §3.3 steps 7-8, §8), run through libualink_shim.so by
+ * tests/integration/test_hsakmt_queues.py on the importer's node:
+ *
+ *   hsakmt_sdma_fabric <handle lo> <handle hi> <size>
+ *
+ * libhsakmt 5.2.3 opens the KFD and makes an SDMA queue; the exporter's handle is
+ * imported (the UALink IMPORT ioctl, a dma-buf fd) and the BO mapped into the KFD
+ * process's GPU VM with GEM_VA on the render fd libhsakmt acquired (as newer libhsakmt's
+ * hsaKmtMemoryVaMap does), through Debian's libdrm. The queue copies remote -> host (the
+ * bytes checked against the exporter's pattern) and host -> remote; then, after a
+ * newline on stdin (the exporter has freed its BO meanwhile), the next remote copy must
+ * fault: its fence never lands and nothing hangs.  Output: `ok <step> ...` / `fail <step>`.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <amdgpu_drm.h>
+#include <xf86drm.h>
+
+#include "ualink/ualink_drm.h" /* only its UALink part: amdgpu_drm.h came first */
+#include "sdma_ring.h"
+
+#define REMOTE_VA 0x600000000000ull /* in the GPUVM aperture, clear of libhsakmt's areas */
+
+/* The render fd libhsakmt acquired (its one open of renderD<minor>; see hsakmt_client.c). */
+static int acquired_render_fd(int minor)
+{
+	char want[32], path[300], target[4096];
+	int found = -1, count = 0;
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+
+	snprintf(want, sizeof(want), "/renderD%d", minor);
+	while (d && (e = readdir(d))) {
+		ssize_t n;
+		size_t w = strlen(want);
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		n = readlink(path, target, sizeof(target) - 1);
+		if (n <= 0)
+			continue;
+		target[n] = 0;
+		if ((size_t)n >= w && strcmp(target + n - w, want) == 0) {
+			found = atoi(e->d_name);
+			count++;
+		}
+	}
+	if (d)
+		closedir(d);
+	return count == 1 ? found : -1;
+}
+
+static unsigned char pattern(size_t i)
+{
+	return (unsigned char)(i * 13 + 5);
+}
+
+int main(int argc, char **argv)
+{
+	HsaSystemProperties sys;
+	HsaNodeProperties props;
+	HsaMemFlags sysmem = {0};
+	uint32_t gpu = 0, kms = 0;
+	union drm_amdgpu_ualink_handle u;
+	struct drm_amdgpu_gem_va va;
+	struct queue q;
+	uint64_t alt = 0, size;
+	void *host = NULL;
+	volatile uint32_t *sig;
+	int fd, dmabuf;
+
+	if (argc != 4)
+		return 100;
+	size = strtoull(argv[3], NULL, 0);
+	CHECK("open_kfd", hsaKmtOpenKFD());
+	CHECK("system_properties", hsaKmtAcquireSystemProperties(&sys));
+	for (uint32_t n = 0; n < sys.NumNodes && !gpu; n++) {
+		CHECK("node_properties", hsaKmtGetNodeProperties(n, &props));
+		if (props.NumFComputeCores)
+			gpu = n;
+	}
+	EXPECT("gpu_node", gpu != 0);
+	EXPECT("create_queue", create_queue(gpu, &q));
+	fd = acquired_render_fd(props.DrmRenderMinor);
+	EXPECT("acquired_render_fd", fd >= 0);
+
+	/* UALink IMPORT -> a dma-buf fd -> a GEM handle of the acquired file -> GEM_VA */
+	memset(&u, 0, sizeof(u));
+	u.in.op = DRM_AMDGPU_UALINK_HANDLE_OP_IMPORT;
+	u.in.import_ualink_handle[0] = strtoull(argv[1], NULL, 0);
+	u.in.import_ualink_handle[1] = strtoull(argv[2], NULL, 0);
+	EXPECT("import", drmCommandWriteRead(fd, DRM_AMDGPU_UALINK_HANDLE, &u, sizeof(u)) == 0);
+	dmabuf = (int)u.out.import_dmabuf_handle;
+	EXPECT("prime_fd_to_handle", drmPrimeFDToHandle(fd, dmabuf, &kms) == 0);
+	close(dmabuf);
+	memset(&va, 0, sizeof(va));
+	va.handle = kms;
+	va.operation = AMDGPU_VA_OP_MAP;
+	va.flags = AMDGPU_VM_PAGE_READABLE | AMDGPU_VM_PAGE_WRITEABLE;
+	va.va_address = REMOTE_VA;
+	va.map_size = size;
+	EXPECT("gem_va", drmCommandWriteRead(fd, DRM_AMDGPU_GEM_VA, &va, sizeof(va)) == 0);
+
+	sysmem.ui32.PageSize = HSA_PAGE_SIZE_4KB;
+	sysmem.ui32.HostAccess = 1;
+	sysmem.ui32.NonPaged = 1;
+	CHECK("alloc_system", hsaKmtAllocMemory(0, size + 4096, sysmem, &host));
+	CHECK("map_system", hsaKmtMapMemoryToGPU(host, size + 4096, &alt));
+	sig = (volatile uint32_t *)((char *)host + size);
+	memset(host, 0, size + 4096);
+
+	/* remote -> host: the exporter's pattern */
+	{
+		double t0 = now_s(), t1;
+		size_t bad = 0;
+
+		EXPECT("submit_r2h", hdp_flush(&q) && copy(&q, (uintptr_t)host, REMOTE_VA, size) &&
+		       fence(&q, sig, 1));
+		ring_doorbell(&q);
+		EXPECT("fence_r2h", wait_value(sig, 1, 60));
+		t1 = now_s();
+		for (size_t i = 0; i < size; i++)
+			bad += ((unsigned char *)host)[i] != pattern(i);
+		printf("ok r2h_rate bytes=%" PRIu64 " mib_s=%.0f\n", size,
+		       size / (t1 - t0) / (1 << 20));
+		EXPECT("r2h_bytes", bad == 0);
+	}
+	/* host -> remote: the complement, which the exporter then reads in its own memory */
+	for (size_t i = 0; i < size; i++)
+		((unsigned char *)host)[i] = (unsigned char)~pattern(i);
+	EXPECT("submit_h2r", copy(&q, REMOTE_VA, (uintptr_t)host, size) && fence(&q, sig, 2));
+	ring_doorbell(&q);
+	EXPECT("fence_h2r", wait_value(sig, 2, 60));
+	printf("ok stored\n");
+	fflush(stdout);
+
+	/* the exporter frees its BO: the next access to the import is a GPU page fault */
+	(void)getchar();
+	EXPECT("submit_after_revoke", copy(&q, (uintptr_t)host, REMOTE_VA, 4096) &&
+	       fence(&q, sig, 3));
+	ring_doorbell(&q);
+	EXPECT("revoked_faults", !wait_value(sig, 3, 2));
+	CHECK("destroy_queue", hsaKmtDestroyQueue(q.res.QueueId));
+	CHECK("close_kfd", hsaKmtCloseKFD());
+	printf("ok done\n");
+	return 0;
+}

@@ -1,0 +1,306 @@
+"""The engine edge (ualinkd/gpu_engine.py) on a real NodeCore, its KFD queues and the SDMA
+engine (issue 30 items 2 and "Bad input"): a doorbell store in a process's doorbell slice
+runs the queue against the process's GPU VM; a doorbell past the ring or not dword aligned,
+an illegal packet and a GPU page fault stop that queue only, with one log line naming
+process, queue and ring offset; a fault counts in gpu_faults and sets the process's memory
+events (kfd_signal_vm_fault_event); TRAP signals the event its context id names
+(kfd_signal_event_interrupt) or, for an unknown id, every slot not UNSIGNALED; another
+process's doorbell page does not ring this process's queues; a process that goes while
+its queue waits on a poll leaves nothing behind."""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+
+import trio
+from test_kfd_queues import BASE, RING, RPTR, WPTR, create, mapped_node
+from test_kfd_rules import call
+
+from ualinkd.abi import ioctls as tbl
+from ualinkd.amdkfd import chardev, queues
+from ualinkd.drm.device import Caller
+from ualinkd.gpu_engine import GpuEngineEdge
+
+SDMA = 1
+DATA = BASE + (1 << 20) + 4096  # scratch words in the mapped GTT
+UNMAPPED = BASE + (64 << 20)
+
+
+def fence(addr: int, value: int) -> bytes:
+    return struct.pack("<IIII", 5, addr & 0xFFFF_FFFF, addr >> 32, value)
+
+
+def copy(dst: int, src: int, n: int) -> bytes:
+    return struct.pack("<7I", 1, n - 1, 0, src & 0xFFFF_FFFF, src >> 32,
+                       dst & 0xFFFF_FFFF, dst >> 32)
+
+
+class Rig:
+    """A node whose process has SDMA queues on the first GPU, and the pieces of memory
+    the client would store to: the ring / data GTT BO and the doorbell slice."""
+
+    def __init__(self, nqueues: int = 1) -> None:
+        self.node, self.p, (self.g0, _), _, self.mem = mapped_node()
+        self.gtt = self.p.pdds[self.g0].mems[0].bo
+        self.queues = []
+        for i in range(nqueues):
+            res, out = create(self.node, self.p, self.g0, queue_type=SDMA,
+                              ring_base_address=RING + i * 4096,
+                              read_pointer_address=RPTR + i * 16,
+                              write_pointer_address=WPTR + i * 16)
+            assert res == 0
+            self.queues.append(self.node.kfd.queues.get(self.p.pid, out.queue_id, 0))
+        self.index = [0] * nqueues
+
+    def word(self, va: int, size: int = 4) -> int:
+        return int.from_bytes(self.gtt.memory.read(va - BASE, size), "little")
+
+    def submit(self, packets: bytes, q: int = 0, doorbell: int | None = None) -> None:
+        """The producer: packets at the ring position, then the doorbell store."""
+        pos = self.index[q] % 4096
+        self.gtt.memory.write(RING + q * 4096 + pos - BASE, packets)
+        self.index[q] += len(packets)
+        value = self.index[q] if doorbell is None else doorbell
+        bo = self.p.pdds[self.g0].doorbells()
+        bo.memory.write(self.queues[q].doorbell_slot, value.to_bytes(8, "little"))
+
+
+def run_edge(rig: Rig, body: Callable[[GpuEngineEdge], Awaitable[None]]) -> None:
+    async def main() -> None:
+        edge = GpuEngineEdge(rig.node)
+        async with trio.open_nursery() as n:
+            await n.start(edge.run)
+            with trio.fail_after(10):
+                await body(edge)
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+async def until(pred: Callable[[], object]) -> None:
+    while not pred():
+        await trio.sleep(0.001)
+
+
+def test_a_doorbell_runs_the_queue_through_the_gpu_vm():
+    """A COPY and a FENCE in GTT memory the VM maps: the bytes copied, the fence written,
+    the rptr written back to the queue's read-pointer word, the packets counted."""
+    rig = Rig()
+    rig.gtt.memory.write(DATA - BASE, b"abcdefgh")
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(copy(DATA + 64, DATA, 8) + fence(DATA + 128, 7))
+        await until(lambda: rig.word(DATA + 128) == 7)
+        await until(lambda: rig.word(RPTR, 8) == rig.index[0])
+
+    run_edge(rig, body)
+    assert rig.gtt.memory.read(DATA + 64 - BASE, 8) == b"abcdefgh"
+    q = rig.queues[0]
+    assert q.packets == 2 and q.rptr == rig.index[0] == q.last_doorbell
+    assert q.state is queues.KfdQueueState.ACTIVE
+
+
+def test_bad_doorbells_and_packets_stop_that_queue_only(caplog):
+    """A doorbell beyond what the ring holds, one not dword aligned, an unknown opcode:
+    each stops its own queue (state error, one warning naming pid, queue and ring offset);
+    the fourth queue goes on."""
+    rig = Rig(4)
+    caplog.set_level(logging.WARNING, logger="ualinkd.gpu_engine")
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(fence(DATA, 1), q=0, doorbell=4096 * 2)
+        rig.submit(fence(DATA + 4, 1), q=1, doorbell=6)
+        rig.submit(struct.pack("<I", 0xFF) + fence(DATA + 8, 1), q=2)
+        rig.submit(fence(DATA + 12, 1), q=3)
+        await until(lambda: all(q.error for q in rig.queues[:3]))
+        await until(lambda: rig.word(DATA + 12) == 1)
+
+    run_edge(rig, body)
+    assert [rig.word(DATA + 4 * i) for i in range(4)] == [0, 0, 0, 1]
+    lines = [r.getMessage() for r in caplog.records if "GPU queue error" in r.getMessage()]
+    assert len(lines) == 3, lines
+    for q, line in zip(rig.queues[:3], sorted(lines), strict=True):
+        assert f"pid {rig.p.pid} queue {q.queue_id} (sdma" in line and "ring offset" in line
+    assert "beyond" in " ".join(lines) and "aligned" in " ".join(lines)
+    assert rig.queues[3].state is queues.KfdQueueState.ACTIVE
+
+
+def test_a_gpu_fault_stops_the_queue_counts_and_sets_memory_events(caplog):
+    """COPY from a VA the VM does not map: the queue stops in error, gpu_faults counts
+    one fault, the process's memory-exception event is set, its signal event is not."""
+    rig = Rig()
+    node, p = rig.node, rig.p
+    mem_ev = call(node, p, tbl.KFD_CREATE_EVENT.cmd,
+                  struct.pack("<QIIIIII", 0, 0, queues.KFD_IOC_EVENT_MEMORY, 0, 0, 0, 0))
+    sig_ev = call(node, p, tbl.KFD_CREATE_EVENT.cmd,
+                  struct.pack("<QIIIIII", 0, 0, 0, 1, 0, 0, 0))
+    assert mem_ev.result == 0 and sig_ev.result == 0
+    mem_id = struct.unpack_from("<I", mem_ev.out, 8)[0]
+    sig_id = struct.unpack_from("<I", sig_ev.out, 8)[0]
+    driver = p.pdds[rig.g0].node.driver
+    before = driver.gpu_faults
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(copy(DATA, UNMAPPED, 4096) + fence(DATA + 64, 1))
+        await until(lambda: rig.queues[0].error)
+
+    run_edge(rig, body)
+    assert driver.gpu_faults == before + 1
+    assert "GPU page fault" in (rig.queues[0].error or "")
+    assert p.events[mem_id].signaled and not p.events[sig_id].signaled
+    assert rig.word(DATA + 64) == 0
+    assert sum("GPU queue error" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_trap_signals_the_event_its_context_names_or_scans_the_page():
+    """FENCE(mailbox <- id) + TRAP(id): that event is set and its slot acknowledged
+    (written back UNSIGNALED); a TRAP with an id no event has scans the events page and
+    sets every event whose slot is not UNSIGNALED."""
+    rig = Rig()
+    node, p, g0 = rig.node, rig.p, rig.g0
+    events_va = BASE + (4 << 20)  # libhsakmt's events page: a GTT allocation, GPU-mapped
+    res = call(node, p, tbl.KFD_ALLOC_MEMORY_OF_GPU.cmd, struct.pack(
+        "<QQQQII", events_va, 32768, 0, 0, g0,
+        chardev.ALLOC_MEM_FLAGS_GTT | chardev.ALLOC_MEM_FLAGS_WRITABLE))
+    assert res.result == 0
+    handle = struct.unpack_from("<Q", res.out, 16)[0]
+    assert call(node, p, tbl.KFD_MAP_MEMORY_TO_GPU.cmd,
+                struct.pack("<QQII", handle, 0x100, 1, 0)).result == 0
+    page = p.pdds[g0].mems[handle & 0xFFFF_FFFF].bo
+    res = call(node, p, tbl.KFD_CREATE_EVENT.cmd,
+               struct.pack("<QIIIIII", handle, 0, 0, 1, 0, 0, 0))
+    assert res.result == 0
+    ids = [struct.unpack_from("<I", res.out, 8)[0]]
+    for _ in range(2):
+        r = call(node, p, tbl.KFD_CREATE_EVENT.cmd, struct.pack("<QIIIIII", 0, 0, 0, 1, 0, 0, 0))
+        ids.append(struct.unpack_from("<I", r.out, 8)[0])
+
+    def slot_value(i: int) -> int:
+        return int.from_bytes(page.memory.read(8 * i, 8), "little")
+
+    def trap(ctx: int) -> bytes:
+        return struct.pack("<II", 6, ctx)
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(fence(events_va + 8 * ids[1], ids[1]) + trap(ids[1]))
+        await until(lambda: p.events[ids[1]].signaled)
+        assert not p.events[ids[2]].signaled
+        assert slot_value(ids[1]) == queues.UNSIGNALED_EVENT_SLOT  # acknowledged
+        rig.submit(fence(events_va + 8 * ids[2], 0) + fence(events_va + 8 * ids[2] + 4, 0)
+                   + trap(0x0FFF_FFF0))
+        await until(lambda: p.events[ids[2]].signaled)
+
+    run_edge(rig, body)
+    assert not p.events[ids[0]].signaled
+
+
+def test_a_foreign_doorbell_page_does_not_ring_and_a_gone_process_leaves_nothing():
+    """Another process's doorbell slice (its own BO, what mmap of its kfd fd maps) written
+    at this queue's slot runs nothing here; a queue blocked on a POLL_REGMEM that never
+    passes is torn down with its process (release): no queue, no run left, SDMA queue
+    back to the device."""
+    rig = Rig()
+    other = rig.node.kfd.open(Caller(pid=9191, uid=0))
+    slice_other = other.pdds[rig.g0].doorbells()
+    assert slice_other is not rig.p.pdds[rig.g0].doorbells()
+    slot = rig.queues[0].doorbell_slot
+    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
+                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.gtt.memory.write(RING - BASE, fence(DATA + 16, 5))
+        slice_other.memory.write(slot, (16).to_bytes(8, "little"))
+        await trio.sleep(0.3)
+        assert rig.word(DATA + 16) == 0 and rig.queues[0].last_doorbell == 0
+        rig.gtt.memory.write(RING - BASE, b"\x00" * 16)  # the real producer's ring
+        rig.submit(poll)
+        await until(lambda: edge._running or edge._polling)
+        await trio.sleep(0.05)
+        rig.node.kfd.release(rig.p)
+        await until(lambda: not edge._running and not edge._polling)
+
+    run_edge(rig, body)
+    assert rig.node.kfd.queues.pqms == {}
+    assert rig.node.kfd.queues.dqms[rig.g0].sdma_used == set()
+    assert rig.node.kfd.queues.dqms[rig.g0].total_queue_count == 0
+    rig.node.kfd.release(other)
+
+
+def test_a_forever_poll_is_rechecked_at_a_bounded_rate_and_released_by_the_cpu():
+    """A POLL_REGMEM with retry 0xFFF (forever) on a word the CPU holds: the queue is
+    re-run at most every POLL_MAX_DELAY once the poll is old (about 50 scans in 0.5 s, not
+    a busy loop); the CPU's store releases it and the fence after it lands."""
+    rig = Rig()
+    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
+                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(poll + fence(DATA + 16, 9))
+        await until(lambda: edge._polling)
+        ticks = edge.ticks
+        await trio.sleep(0.5)
+        assert edge.ticks - ticks < 150, edge.ticks - ticks
+        assert rig.word(DATA + 16) == 0
+        rig.gtt.memory.write(DATA - BASE, b"\x00\x00\x00\x00")
+        await until(lambda: rig.word(DATA + 16) == 9)
+
+    run_edge(rig, body)
+    assert rig.queues[0].state is queues.KfdQueueState.ACTIVE
+
+
+def test_a_ring_the_engine_refuses_is_that_queue_s_error():
+    """An AQL queue whose 32-byte ring holds no 64-byte packet (CREATE_QUEUE accepts any
+    power of two): its first doorbell is a queue error with one log line, the edge and
+    the node go on (the SDMA queue beside it runs)."""
+    rig = Rig()
+    res, out = create(rig.node, rig.p, rig.g0, queue_type=2, ring_size=32,
+                      ring_base_address=RING + 8192, read_pointer_address=RPTR + 64,
+                      write_pointer_address=WPTR + 64)
+    assert res == 0
+    aql = rig.node.kfd.queues.get(rig.p.pid, out.queue_id, 0)
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.p.pdds[rig.g0].doorbells().memory.write(aql.doorbell_slot,
+                                                     (1).to_bytes(8, "little"))
+        await until(lambda: aql.error)
+        rig.submit(fence(DATA, 3))
+        await until(lambda: rig.word(DATA) == 3)
+
+    run_edge(rig, body)
+    assert aql.state is queues.KfdQueueState.ERROR
+
+
+def test_update_queue_moves_the_ring_and_the_engine_goes_on_from_its_rptr():
+    """UPDATE_QUEUE with a new ring base (pqm_update_queue_properties -> update_mqd): the
+    next doorbell runs the packets at the same position in the new ring, from the rptr
+    the engine had (the MQD keeps it); percentage 0 makes the queue inactive: its
+    doorbell is not run until the percentage is back."""
+    rig = Rig()
+    new_ring = RING + 3 * 4096
+    upd = tbl.KFD_UPDATE_QUEUE.cmd
+    qid = rig.queues[0].queue_id
+
+    def update(ring: int, pct: int) -> int:
+        return call(rig.node, rig.p, upd, struct.pack("<QIIII", ring, qid, 4096, pct, 15)).result
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(fence(DATA, 1))
+        await until(lambda: rig.word(DATA) == 1 and rig.queues[0].rptr == 16)
+        assert update(new_ring, 0) == 0
+        assert rig.queues[0].state is queues.KfdQueueState.INACTIVE
+        pos = rig.index[0] % 4096
+        rig.gtt.memory.write(new_ring + pos - BASE, fence(DATA, 2))
+        rig.index[0] += 16
+        rig.p.pdds[rig.g0].doorbells().memory.write(
+            rig.queues[0].doorbell_slot, rig.index[0].to_bytes(8, "little"))
+        await trio.sleep(0.2)
+        assert rig.word(DATA) == 1  # inactive: not run
+        assert update(new_ring, 100) == 0
+        await until(lambda: rig.word(DATA) == 2)
+
+    run_edge(rig, body)
+    assert rig.queues[0].rptr == 32 and rig.queues[0].error is None
