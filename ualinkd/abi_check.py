@@ -141,6 +141,21 @@ def _unions() -> list[Aggregate]:
             Field("list_handle", 0, 4, False), Field("_pad", 4, 4, False))),
         Aggregate("union drm_amdgpu_bo_list", st.BO_LIST_SIZE, (
             Field("in", 0, st.BO_LIST_IN.size), Field("out", 0, st.BO_LIST_OUT.size))),
+        # CS, WAIT_CS, WAIT_FENCES (amdgpu/cs.py): the out halves of their unions
+        Aggregate("struct drm_amdgpu_cs_out", st.CS_OUT.size, (Field("handle", 0, 8, False),)),
+        Aggregate("union drm_amdgpu_cs", st.CS_SIZE, (
+            Field("in", 0, st.CS_IN.size), Field("out", 0, st.CS_OUT.size))),
+        Aggregate("struct drm_amdgpu_wait_cs_out", 8, (Field("status", 0, 8, False),)),
+        Aggregate("union drm_amdgpu_wait_cs", st.WAIT_CS_SIZE, (
+            Field("in", 0, st.WAIT_CS_IN.size), Field("out", 0, 8))),
+        Aggregate("struct drm_amdgpu_wait_fences_out", st.WAIT_FENCES_OUT.size, (
+            Field("status", 0, 4, False), Field("first_signaled", 4, 4, False))),
+        Aggregate("union drm_amdgpu_wait_fences", st.WAIT_FENCES_SIZE, (
+            Field("in", 0, st.WAIT_FENCES_IN.size), Field("out", 0, st.WAIT_FENCES_OUT.size))),
+        Aggregate("union drm_amdgpu_fence_to_handle", st.FENCE_TO_HANDLE_SIZE, (
+            Field("in", 0, st.FENCE_TO_HANDLE_SIZE), Field("in.fence", 0, st.AMDGPU_FENCE.size),
+            Field("in.what", 24, 4, False), Field("in.pad", 28, 4, False), Field("out", 0, 4),
+            Field("out.handle", 0, 4, False))),
         Aggregate("union drm_amdgpu_vm", st.VM_SIZE, (
             Field("in", 0, st.VM_IN.size), Field("out", 0, st.VM_SIZE))),
         Aggregate("struct drm_amdgpu_gem_metadata", st.GEM_METADATA_SIZE, tuple(meta_fields)),
@@ -195,7 +210,9 @@ _IOCTL_ARGS = {
     "AMDGPU_GEM_WAIT_IDLE": "drm_amdgpu_gem_wait_idle",
     "AMDGPU_GEM_OP": "drm_amdgpu_gem_op", "AMDGPU_GEM_USERPTR": "drm_amdgpu_gem_userptr",
     "AMDGPU_VM": "drm_amdgpu_vm", "AMDGPU_UALINK_HANDLE": "drm_amdgpu_ualink_handle",
-    "AMDGPU_BO_LIST": "drm_amdgpu_bo_list",
+    "AMDGPU_BO_LIST": "drm_amdgpu_bo_list", "AMDGPU_CS": "drm_amdgpu_cs",
+    "AMDGPU_WAIT_CS": "drm_amdgpu_wait_cs", "AMDGPU_WAIT_FENCES": "drm_amdgpu_wait_fences",
+    "AMDGPU_FENCE_TO_HANDLE": "drm_amdgpu_fence_to_handle",
 }
 
 

@@ -384,6 +384,125 @@ union drm_amdgpu_bo_list {
 #define DRM_IOCTL_AMDGPU_BO_LIST \
 	DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_BO_LIST, union drm_amdgpu_bo_list)
 
+#define DRM_AMDGPU_CS          0x04
+#define DRM_AMDGPU_WAIT_CS     0x09
+#define DRM_AMDGPU_WAIT_FENCES 0x12
+#define AMDGPU_CHUNK_ID_IB                      0x01
+#define AMDGPU_CHUNK_ID_FENCE                   0x02
+#define AMDGPU_CHUNK_ID_DEPENDENCIES            0x03
+#define AMDGPU_CHUNK_ID_SYNCOBJ_IN              0x04
+#define AMDGPU_CHUNK_ID_SYNCOBJ_OUT             0x05
+#define AMDGPU_CHUNK_ID_BO_HANDLES              0x06
+#define AMDGPU_CHUNK_ID_SCHEDULED_DEPENDENCIES  0x07
+#define AMDGPU_CHUNK_ID_SYNCOBJ_TIMELINE_WAIT   0x08
+#define AMDGPU_CHUNK_ID_SYNCOBJ_TIMELINE_SIGNAL 0x09
+#define AMDGPU_CHUNK_ID_CP_GFX_SHADOW           0x0a
+struct drm_amdgpu_cs_chunk {
+	__u32 chunk_id;
+	__u32 length_dw;
+	__u64 chunk_data;
+};
+struct drm_amdgpu_cs_in {
+	__u32 ctx_id;
+	__u32 bo_list_handle;
+	__u32 num_chunks;
+	__u32 flags;
+	__u64 chunks;
+};
+struct drm_amdgpu_cs_out {
+	__u64 handle;
+};
+union drm_amdgpu_cs {
+	struct drm_amdgpu_cs_in in;
+	struct drm_amdgpu_cs_out out;
+};
+struct drm_amdgpu_cs_chunk_ib {
+	__u32 _pad;
+	__u32 flags;
+	__u64 va_start;
+	__u32 ib_bytes;
+	__u32 ip_type;
+	__u32 ip_instance;
+	__u32 ring;
+};
+struct drm_amdgpu_cs_chunk_dep {
+	__u32 ip_type;
+	__u32 ip_instance;
+	__u32 ring;
+	__u32 ctx_id;
+	__u64 handle;
+};
+struct drm_amdgpu_cs_chunk_fence {
+	__u32 handle;
+	__u32 offset;
+};
+struct drm_amdgpu_cs_chunk_sem {
+	__u32 handle;
+};
+struct drm_amdgpu_cs_chunk_syncobj {
+	__u32 handle;
+	__u32 flags;
+	__u64 point;
+};
+struct drm_amdgpu_wait_cs_in {
+	__u64 handle;
+	__u64 timeout;
+	__u32 ip_type;
+	__u32 ip_instance;
+	__u32 ring;
+	__u32 ctx_id;
+};
+struct drm_amdgpu_wait_cs_out {
+	__u64 status;
+};
+union drm_amdgpu_wait_cs {
+	struct drm_amdgpu_wait_cs_in in;
+	struct drm_amdgpu_wait_cs_out out;
+};
+struct drm_amdgpu_fence {
+	__u32 ctx_id;
+	__u32 ip_type;
+	__u32 ip_instance;
+	__u32 ring;
+	__u64 seq_no;
+};
+struct drm_amdgpu_wait_fences_in {
+	__u64 fences;
+	__u32 fence_count;
+	__u32 wait_all;
+	__u64 timeout_ns;
+};
+struct drm_amdgpu_wait_fences_out {
+	__u32 status;
+	__u32 first_signaled;
+};
+union drm_amdgpu_wait_fences {
+	struct drm_amdgpu_wait_fences_in in;
+	struct drm_amdgpu_wait_fences_out out;
+};
+#define DRM_IOCTL_AMDGPU_CS DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_CS, union drm_amdgpu_cs)
+#define DRM_IOCTL_AMDGPU_WAIT_CS \
+	DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_WAIT_CS, union drm_amdgpu_wait_cs)
+#define DRM_IOCTL_AMDGPU_WAIT_FENCES \
+	DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_WAIT_FENCES, union drm_amdgpu_wait_fences)
+
+#define DRM_AMDGPU_FENCE_TO_HANDLE 0x14
+#define AMDGPU_FENCE_TO_HANDLE_GET_SYNCOBJ      0
+#define AMDGPU_FENCE_TO_HANDLE_GET_SYNCOBJ_FD   1
+#define AMDGPU_FENCE_TO_HANDLE_GET_SYNC_FILE_FD 2
+union drm_amdgpu_fence_to_handle {
+	struct {
+		struct drm_amdgpu_fence fence;
+		__u32 what;
+		__u32 pad;
+	} in;
+	struct {
+		__u32 handle;
+	} out;
+};
+#define DRM_IOCTL_AMDGPU_FENCE_TO_HANDLE \
+	DRM_IOWR(DRM_COMMAND_BASE + DRM_AMDGPU_FENCE_TO_HANDLE, union drm_amdgpu_fence_to_handle)
+
 /* AMDGPU_INFO: the answer goes to return_pointer, at most return_size bytes. */
 #define DRM_AMDGPU_INFO 0x05
 #define AMDGPU_INFO_ACCEL_WORKING     0x00

@@ -125,6 +125,30 @@ struct drm_amdgpu_bo_list_in {
 };
 struct drm_amdgpu_bo_list_entry { __u32 bo_handle; __u32 bo_priority; ...; };
 union drm_amdgpu_bo_list { struct drm_amdgpu_bo_list_in in; ...; };
+struct drm_amdgpu_cs_in {
+    __u32 ctx_id; __u32 bo_list_handle; __u32 num_chunks; __u32 flags; __u64 chunks; ...;
+};
+struct drm_amdgpu_cs_chunk { __u32 chunk_id; __u32 length_dw; __u64 chunk_data; ...; };
+struct drm_amdgpu_cs_chunk_ib {
+    __u32 _pad; __u32 flags; __u64 va_start; __u32 ib_bytes; __u32 ip_type;
+    __u32 ip_instance; __u32 ring; ...;
+};
+struct drm_amdgpu_cs_chunk_dep {
+    __u32 ip_type; __u32 ip_instance; __u32 ring; __u32 ctx_id; __u64 handle; ...;
+};
+struct drm_amdgpu_cs_chunk_fence { __u32 handle; __u32 offset; ...; };
+struct drm_amdgpu_cs_chunk_sem { __u32 handle; ...; };
+struct drm_amdgpu_cs_chunk_syncobj { __u32 handle; __u32 flags; __u64 point; ...; };
+struct drm_amdgpu_wait_cs_in {
+    __u64 handle; __u64 timeout; __u32 ip_type; __u32 ip_instance; __u32 ring;
+    __u32 ctx_id; ...;
+};
+struct drm_amdgpu_fence {
+    __u32 ctx_id; __u32 ip_type; __u32 ip_instance; __u32 ring; __u64 seq_no; ...;
+};
+struct drm_amdgpu_wait_fences_in {
+    __u64 fences; __u32 fence_count; __u32 wait_all; __u64 timeout_ns; ...;
+};
 struct drm_amdgpu_info_gds {
     __u32 gds_gfx_partition_size; __u32 compute_partition_size; __u32 gds_total_size;
     __u32 gws_per_gfx_partition; __u32 gws_per_compute_partition; __u32 oa_per_gfx_partition;
@@ -153,6 +177,7 @@ C_NAMES = {
     "drm_amdgpu_gem_mmap_in": {"pad": "_pad"},
     "drm_amdgpu_gem_va": {"pad": "_pad"},
     "drm_amdgpu_info_gds": {"pad": "_pad"},
+    "drm_amdgpu_cs_chunk_ib": {"pad": "_pad"},
 }
 
 # The KFD's layouts are checked against ualink_kfd.h in test_kfd_abi.py.
@@ -187,7 +212,10 @@ def test_every_layout_is_checked():
         "drm_syncobj_timeline_wait", "drm_syncobj_array", "drm_syncobj_timeline_array",
         "drm_syncobj_handle", "drm_syncobj_transfer", "drm_syncobj_eventfd",
         "drm_amdgpu_ctx_in", "drm_amdgpu_vm_in", "drm_amdgpu_info_gds",
-        "drm_amdgpu_bo_list_in", "drm_amdgpu_bo_list_entry",
+        "drm_amdgpu_bo_list_in", "drm_amdgpu_bo_list_entry", "drm_amdgpu_cs_in",
+        "drm_amdgpu_cs_chunk", "drm_amdgpu_cs_chunk_ib", "drm_amdgpu_cs_chunk_dep",
+        "drm_amdgpu_cs_chunk_fence", "drm_amdgpu_cs_chunk_sem", "drm_amdgpu_cs_chunk_syncobj",
+        "drm_amdgpu_wait_cs_in", "drm_amdgpu_fence", "drm_amdgpu_wait_fences_in",
         "drm_amdgpu_info_vram_gtt", "drm_amdgpu_heap_info", "drm_amdgpu_info_firmware",
     }
 

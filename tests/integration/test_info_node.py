@@ -185,10 +185,16 @@ def test_ctx_and_vm_stubs(fd):
     assert errno_of(fd, VM, struct.pack("<II", 9, 0)) == errno.EINVAL
 
 
-def test_cs_bo_list_wait_cs_stay_enotty(fd):
-    """No execution: CS, BO_LIST and WAIT_CS answer ENOTTY (README)."""
-    for cmd, size in ((iowr(0x44, 24), 24), (iowr(0x43, 24), 24), (iowr(0x49, 32), 32)):
-        assert errno_of(fd, cmd, bytes(size)) == errno.ENOTTY
+def test_cs_bo_list_wait_cs_answer_as_the_kernel(fd):
+    """Command submission (README, amdgpu/cs.py): a zeroed CS has no chunks (EINVAL), a
+    zeroed WAIT_CS names context 0, which no CTX gives (EINVAL), a zeroed BO_LIST creates an
+    empty list (handle 1), a zeroed FENCE_TO_HANDLE names context 0 (EINVAL); USERQ is not
+    emulated: ENOTTY."""
+    assert errno_of(fd, iowr(0x44, 24), bytes(24)) == errno.EINVAL
+    assert errno_of(fd, iowr(0x49, 32), bytes(32)) == errno.EINVAL
+    assert call(fd, iowr(0x43, 24), bytes(24))[:8] == struct.pack("<II", 1, 0)
+    assert errno_of(fd, iowr(0x54, 32), bytes(32)) == errno.EINVAL
+    assert errno_of(fd, iowr(0x56, 64), bytes(64)) == errno.ENOTTY
 
 
 class _DrmVersion(ctypes.Structure):

@@ -39,6 +39,13 @@ class Mem:
     async def write(self, pid: int, address: int, data: bytes) -> None:
         raise AssertionError("BO_LIST writes nothing to user memory")
 
+    def put(self, data: bytes) -> int:
+        """`data` at the next free 8-byte-aligned address past the entry area (BASE+4096)."""
+        at = getattr(self, "_next", BASE + 4096)
+        self._next = at + -(-max(len(data), 1) // 8) * 8
+        self.mem[at - BASE: at - BASE + len(data)] = data
+        return at
+
     def entries(self, *pairs: tuple[int, int], stride: int = 8, at: int = BASE) -> int:
         for i, (h, prio) in enumerate(pairs):
             raw = struct.pack("<II", h, prio)[:stride]

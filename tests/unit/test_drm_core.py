@@ -228,8 +228,8 @@ def test_set_master_is_eacces_with_no_bytes(f):
 
 def test_not_emulated_render_ioctl_is_enosys(f):
     """Emulator (ioctls.py, README): a render-allowed ioctl that ualinkd does not emulate
-    (AMDGPU_CS: no execution) answers ENOTTY rather than pretending."""
-    r = kit.ioctl(f, ioc(RW, 0x64, 0x44, 24), bytes(24))
+    (AMDGPU_USERQ: no user-mode queues) answers ENOTTY rather than pretending."""
+    r = kit.ioctl(f, ioc(RW, 0x64, 0x56, 64), bytes(64))
     assert (r.result, r.out) == (-errno.ENOTTY, b"")
 
 

@@ -222,10 +222,11 @@ def test_unknown_nr_record(traced):
 
 
 def test_entry_without_decoder_shows_raw_bytes(traced):
-    """A table entry ualinkd does not emulate (AMDGPU_CS: ENOTTY) prints its bytes in hex."""
-    rec = traced(tbl.AMDGPU_IOCTLS[0x44].cmd, bytes(range(24)))
-    assert rec.text().endswith("DRM_IOCTL_AMDGPU_CS({" + bytes(range(24)).hex() + "}) = -1 "
-                               "ENOTTY (Inappropriate ioctl for device) <0.000125>")
+    """A table entry ualinkd does not emulate (AMDGPU_USERQ: ENOTTY) prints its bytes in
+    hex."""
+    rec = traced(tbl.AMDGPU_IOCTLS[0x56].cmd, bytes(range(64)))
+    assert rec.text().endswith("DRM_IOCTL_AMDGPU_USERQ({" + bytes(range(64)).hex()
+                               + "}) = -1 ENOTTY (Inappropriate ioctl for device) <0.000125>")
 
 
 def test_short_input_is_rendered_not_raised(traced):

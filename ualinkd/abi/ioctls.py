@@ -205,6 +205,7 @@ HEADER_NAMES: dict[str, dict[str, str]] = {
     "drm_amdgpu_gem_mmap_in": {"pad": "_pad"},
     "drm_amdgpu_gem_va": {"pad": "_pad"},
     "drm_amdgpu_info_gds": {"pad": "_pad"},
+    "drm_amdgpu_cs_chunk_ib": {"pad": "_pad"},
 }
 
 
@@ -450,6 +451,39 @@ AMDGPU_BO_LIST = _drv_entry(
         d[:8].ljust(8, b"\0"))[0]}, {"list_handle": 0}),
     hints={"operation": enum_of({v: f"AMDGPU_BO_LIST_OP_{n}" for v, n in c.BO_LIST_OPS.items()}),
            "bo_info_ptr": HEX})
+AMDGPU_CS = _drv_entry(
+    0x04, "CS", st.CS_SIZE, decode_in=fields(st.CS_IN),
+    decode_out=Decoder(lambda d, i: {"handle": st.CS_OUT.unpack(d[:8].ljust(8, b"\0"))[0]},
+                       {"handle": 0}),
+    hints={"chunks": HEX})
+AMDGPU_WAIT_CS = _drv_entry(
+    0x09, "WAIT_CS", st.WAIT_CS_SIZE, decode_in=fields(st.WAIT_CS_IN),
+    decode_out=Decoder(lambda d, i: {"status": int.from_bytes(d[:8].ljust(8, b"\0"),
+                                                              "little")}, {"status": 0}))
+AMDGPU_WAIT_FENCES = _drv_entry(
+    0x12, "WAIT_FENCES", st.WAIT_FENCES_SIZE, decode_in=fields(st.WAIT_FENCES_IN),
+    decode_out=Decoder(lambda d, i: dict(zip(("status", "first_signaled"),
+                                             st.WAIT_FENCES_OUT.unpack(d[:8].ljust(8, b"\0")),
+                                             strict=True)),
+                       {"status": 0, "first_signaled": 4}),
+    hints={"fences": HEX})
+
+
+def _fence_to_handle_in(data: bytes) -> Fields:
+    data = data[: st.FENCE_TO_HANDLE_SIZE].ljust(st.FENCE_TO_HANDLE_SIZE, b"\0")
+    out: Fields = dataclasses.asdict(st.AMDGPU_FENCE.decode(data[: st.AMDGPU_FENCE.size]))
+    out["what"], out["pad"] = st.FENCE_TO_HANDLE_WHAT.unpack(data[st.AMDGPU_FENCE.size:])
+    return out
+
+
+AMDGPU_FENCE_TO_HANDLE = _drv_entry(
+    0x14, "FENCE_TO_HANDLE", st.FENCE_TO_HANDLE_SIZE,
+    decode_in=Decoder(_fence_to_handle_in, {"ctx_id": 0, "ip_type": 4, "ip_instance": 8,
+                                            "ring": 12, "seq_no": 16, "what": 24, "pad": 28}),
+    decode_out=Decoder(lambda d, i: {"handle": int.from_bytes(d[:4].ljust(4, b"\0"),
+                                                              "little")}, {"handle": 0}),
+    hints={"what": enum_of({v: f"AMDGPU_FENCE_TO_HANDLE_{n}"
+                            for v, n in c.FENCE_TO_HANDLE_WHATS.items()})})
 AMDGPU_INFO = _drv_entry(0x05, "INFO", st.INFO, IOC_WRITE,
                          hints={"return_pointer": HEX, "query": enum_of(c.INFO_QUERIES)},
                          # TIMESTAMP writes the GPU clock counter to the caller's memory
@@ -604,17 +638,17 @@ AMDGPU_IOCTLS: dict[int, IoctlSpec] = {
         AMDGPU_GEM_MMAP,
         AMDGPU_CTX,
         AMDGPU_BO_LIST,
-        _drv_entry(0x04, "CS", 24),
+        AMDGPU_CS,
         AMDGPU_INFO,
         AMDGPU_GEM_METADATA,
         AMDGPU_GEM_WAIT_IDLE,
         AMDGPU_GEM_VA,
-        _drv_entry(0x09, "WAIT_CS", 32),
+        AMDGPU_WAIT_CS,
         AMDGPU_GEM_OP,
         AMDGPU_GEM_USERPTR,
-        _drv_entry(0x12, "WAIT_FENCES", 24),
+        AMDGPU_WAIT_FENCES,
         AMDGPU_VM,
-        _drv_entry(0x14, "FENCE_TO_HANDLE", 32),
+        AMDGPU_FENCE_TO_HANDLE,
         # DRM_MASTER only (amdgpu_ioctls_kms): a render client gets EACCES at drm_ioctl_permit
         _drv_entry(0x15, "SCHED", 16, IOC_WRITE, flags=DRM_MASTER),
         _drv_entry(0x16, "USERQ", 64),

@@ -626,6 +626,106 @@ BO_LIST_OUT = struct.Struct("<II")  # out: list_handle, _pad
 
 
 @dataclass(frozen=True, slots=True)
+class AmdgpuCsIn:
+    ctx_id: U32
+    bo_list_handle: U32
+    num_chunks: U32
+    flags: U32
+    chunks: U64  # a user array of num_chunks pointers, each to a drm_amdgpu_cs_chunk
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuCsChunk:
+    chunk_id: U32
+    length_dw: U32
+    chunk_data: U64
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuCsChunkIb:
+    pad: U32
+    flags: U32
+    va_start: U64
+    ib_bytes: U32
+    ip_type: U32
+    ip_instance: U32
+    ring: U32
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuCsChunkDep:
+    ip_type: U32
+    ip_instance: U32
+    ring: U32
+    ctx_id: U32
+    handle: U64
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuCsChunkFence:
+    handle: U32
+    offset: U32
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuCsChunkSem:
+    handle: U32
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuCsChunkSyncobj:
+    handle: U32
+    flags: U32
+    point: U64
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuWaitCsIn:
+    handle: U64
+    timeout: U64
+    ip_type: U32
+    ip_instance: U32
+    ring: U32
+    ctx_id: U32
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuFence:
+    ctx_id: U32
+    ip_type: U32
+    ip_instance: U32
+    ring: U32
+    seq_no: U64
+
+
+@dataclass(frozen=True, slots=True)
+class AmdgpuWaitFencesIn:
+    fences: U64
+    fence_count: U32
+    wait_all: U32
+    timeout_ns: U64
+
+
+CS_IN = Layout.of_record("drm_amdgpu_cs_in", AmdgpuCsIn)
+CS_SIZE = 24  # union drm_amdgpu_cs
+CS_OUT = struct.Struct("<Q")  # out.handle: the submission's sequence number
+CS_CHUNK = Layout.of_record("drm_amdgpu_cs_chunk", AmdgpuCsChunk)
+CS_CHUNK_IB = Layout.of_record("drm_amdgpu_cs_chunk_ib", AmdgpuCsChunkIb)
+CS_CHUNK_DEP = Layout.of_record("drm_amdgpu_cs_chunk_dep", AmdgpuCsChunkDep)
+CS_CHUNK_FENCE = Layout.of_record("drm_amdgpu_cs_chunk_fence", AmdgpuCsChunkFence)
+CS_CHUNK_SEM = Layout.of_record("drm_amdgpu_cs_chunk_sem", AmdgpuCsChunkSem)
+CS_CHUNK_SYNCOBJ = Layout.of_record("drm_amdgpu_cs_chunk_syncobj", AmdgpuCsChunkSyncobj)
+WAIT_CS_IN = Layout.of_record("drm_amdgpu_wait_cs_in", AmdgpuWaitCsIn)
+WAIT_CS_SIZE = 32  # union drm_amdgpu_wait_cs (out: status u64)
+AMDGPU_FENCE = Layout.of_record("drm_amdgpu_fence", AmdgpuFence)
+WAIT_FENCES_IN = Layout.of_record("drm_amdgpu_wait_fences_in", AmdgpuWaitFencesIn)
+WAIT_FENCES_SIZE = 24  # union drm_amdgpu_wait_fences
+WAIT_FENCES_OUT = struct.Struct("<II")  # out: status, first_signaled
+FENCE_TO_HANDLE_SIZE = 32  # union drm_amdgpu_fence_to_handle: in {fence, what, pad}
+FENCE_TO_HANDLE_WHAT = struct.Struct("<II")  # in.what, in.pad after the 24-byte fence
+
+
+@dataclass(frozen=True, slots=True)
 class AmdgpuInfo:
     """struct drm_amdgpu_info; `args` is the 16-byte union as four u32: every view
     (query_hw_ip, read_mmr_reg, query_fw, sensor_info, ...) is u32s from offset 16."""

@@ -26,7 +26,7 @@ from ..drm.errors import DrmError
 from ..drm.file import DrmFile
 from ..drm.gem import DmaBuf, GemObject
 from .bo import AmdgpuBo, MemoryPool, place
-from .cs import BoLists
+from .cs import BoLists, CommandSubmission
 from .info import AmdgpuInfo
 from .memory import UserMemory
 from .profile import MI300X, DeviceProfile
@@ -123,8 +123,10 @@ class AmdgpuDriver:
         self.kms_caps: dict[int, int] | None = HEADLESS_KMS_CAPS
         self.info = AmdgpuInfo(self, profile)  # INFO, and the CTX / VM stubs
         self.bo_lists = BoLists(self, device)  # BO_LIST (issue 35)
+        self.cs = CommandSubmission(self, device, self.bo_lists)  # CS, WAIT_CS, WAIT_FENCES
         self.ioctls: dict[tbl.IoctlSpec, Handler] = {
-            **tbl.bind(self), **tbl.bind(self.info), **tbl.bind(self.bo_lists)}
+            **tbl.bind(self), **tbl.bind(self.info), **tbl.bind(self.bo_lists),
+            **tbl.bind(self.cs)}
         device.driver = self
 
     # -- BOs ---------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ FW_GFX_MEC, FW_SDMA, FW_TA = 0x08, 0x0B, 0x13
 
 AMDGPU_HW_IP_NUM = 10
 AMDGPU_HW_IP_INSTANCE_MAX_COUNT = 1
+CTX_QUERY2_FLAGS_GUILTY = 1 << 2  # AMDGPU_CTX_QUERY2_FLAGS_GUILTY
 AMDGPU_GFX_MAX_SE = 4  # amdgpu_gfx.h: READ_MMR_REG's SE / SH selectors are bounded by these
 AMDGPU_GFX_MAX_SH_PER_SE = 2
 MMR_MAX_COUNT = 128
@@ -275,13 +276,14 @@ class AmdgpuInfo:
 
     @tbl.handles(tbl.AMDGPU_CTX)
     def ctx_ioctl(self, file: DrmFile, kdata: bytearray, caller: Caller) -> None:
-        """amdgpu_ctx_ioctl for clients that never submit. A priority outside
+        """amdgpu_ctx_ioctl. A priority outside
         VERY_LOW..VERY_HIGH counts as NORMAL (the kernel's backwards compatibility) (1);
         ALLOC, FREE, QUERY_STATE, QUERY_STATE2, GET_STABLE_PSTATE refuse non-zero flags (2);
         ALLOC needs CAP_SYS_NICE (root here) above NORMAL, else EACCES (3), and writes the
         lowest free id from 1 to out.alloc.ctx_id (4); FREE and the other ops on an unknown
         id → EINVAL (5); QUERY_STATE answers no flags, no hangs, AMDGPU_CTX_NO_RESET and
-        QUERY_STATE2 no flags, no hangs: nothing ever runs, so nothing resets (6);
+        QUERY_STATE2 no hangs and no flag but GUILTY once a job of the context hung
+        (amdgpu/cs.py): no GPU reset ever happens (6);
         SET_STABLE_PSTATE takes its level from in.flags: bits outside the mask, or a level
         above PEAK → EINVAL (8), then amdgpu_ctx_set_stable_pstate (_set_stable_pstate);
         GET_STABLE_PSTATE writes the device's level to out.pstate.flags (9); any other op
@@ -322,8 +324,9 @@ class AmdgpuInfo:
             self._ctx_fini(file, args.ctx_id)
         elif args.op == c.CTX_OP_QUERY_STATE:  # 6
             st.CTX_OUT_STATE.pack_into(kdata, 0, 0, 0, c.CTX_NO_RESET)
-        elif args.op == c.CTX_OP_QUERY_STATE2:
-            kdata[0:12] = st.CTX_OUT_STATE.pack(0, 0, 0)[:12]
+        elif args.op == c.CTX_OP_QUERY_STATE2:  # GUILTY once a job of it hung (amdgpu/cs.py)
+            guilty = CTX_QUERY2_FLAGS_GUILTY if self.driver.cs.guilty(file, args.ctx_id) else 0
+            kdata[0:12] = st.CTX_OUT_STATE.pack(guilty, 0, 0)[:12]
         elif args.op == c.CTX_OP_GET_STABLE_PSTATE:  # 9
             kdata[0:4] = self.stable_pstate.to_bytes(4, "little")
         else:
@@ -349,8 +352,14 @@ class AmdgpuInfo:
         except DrmError:
             pass
         del self._ctxs[file][ctx_id]
+        self.driver.cs.context_freed(file, ctx_id)
         if self._holds(file, ctx_id):  # (it was holding the level it found)
             self._pstate_owner = None
+
+    def context_exists(self, file: DrmFile, ctx_id: int) -> bool:
+        """amdgpu_ctx_get's lookup: a context CTX gave this file and it has not freed."""
+        ctxs = self._ctxs.get(file)
+        return ctxs is not None and ctx_id in ctxs
 
     def _holds(self, file: DrmFile, ctx_id: int) -> bool:
         owner = self._pstate_owner

@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libdrm_cs: command submission through the public API of Debian's libdrm_amdgpu (2.4.114)
+ * only -- amdgpu_cs_ctx_create, amdgpu_bo_list_create, amdgpu_cs_submit of an SDMA IB
+ * holding a COPY_LINEAR, amdgpu_cs_query_fence_status, amdgpu_cs_wait_fences,
+ * amdgpu_cs_submit_raw2 with a syncobj out chunk -- and a GFX IB, which fails. The bytes
+ * are put and checked by the render node's GPU loads and stores (pwrite/pread at a GPU VA,
+ * DESIGN.md "GPU loads and stores"). Run under libualink_shim.so by
+ * tests/integration/test_libdrm_cs.py:
+ *
+ *   ok <step> key=value ...     as on real amdgpu hardware
+ *   skip <step> owner=<branch>  a part another change provides
+ *   fail <step> err=<n> ...     the first step that failed (exit status 1)
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <amdgpu.h>
+#include <amdgpu_drm.h>
+#include <xf86drm.h>
+
+#include "libdrm_check.h"
+
+#define COPY_SIZE (1u << 20)
+#define IB_SIZE 4096u
+
+struct mapped {
+	amdgpu_bo_handle bo;
+	amdgpu_va_handle vah;
+	uint64_t va;
+};
+
+static struct mapped alloc_mapped(amdgpu_device_handle dev, uint64_t size, uint32_t heap)
+{
+	struct amdgpu_bo_alloc_request req = { .alloc_size = size, .phys_alignment = 4096,
+					       .preferred_heap = heap };
+	struct mapped m;
+
+	check(amdgpu_bo_alloc(dev, &req, &m.bo), "bo_alloc");
+	check(amdgpu_va_range_alloc(dev, amdgpu_gpu_va_range_general, size, 0, 0, &m.va, &m.vah,
+				    0), "va_alloc");
+	check(amdgpu_bo_va_op(m.bo, 0, size, m.va, 0, AMDGPU_VA_OP_MAP), "va_map");
+	return m;
+}
+
+/* An SDMA IB: COPY_LINEAR (gfx9: count = bytes - 1) then NOPs to 8 dwords. */
+static uint32_t copy_ib(uint32_t *ib, uint64_t dst, uint64_t src, uint32_t n)
+{
+	uint32_t i = 0;
+
+	ib[i++] = 1; /* SDMA_OP_COPY, SDMA_SUBOP_COPY_LINEAR */
+	ib[i++] = n - 1;
+	ib[i++] = 0;
+	ib[i++] = (uint32_t)src;
+	ib[i++] = (uint32_t)(src >> 32);
+	ib[i++] = (uint32_t)dst;
+	ib[i++] = (uint32_t)(dst >> 32);
+	ib[i++] = 0; /* SDMA_OP_NOP */
+	return i;
+}
+
+static void put(int fd, uint64_t va, const void *data, size_t n, const char *step)
+{
+	if (pwrite(fd, data, n, (off_t)va) != (ssize_t)n)
+		fail(step, errno);
+}
+
+static int same(int fd, uint64_t va, const unsigned char *want, size_t n)
+{
+	unsigned char *got = malloc(n);
+	int r;
+
+	if (!got || pread(fd, got, n, (off_t)va) != (ssize_t)n)
+		fail("gpu_load", errno);
+	r = memcmp(got, want, n) == 0;
+	free(got);
+	return r;
+}
+
+int main(void)
+{
+	struct amdgpu_cs_request req;
+	struct amdgpu_cs_ib_info ib_info;
+	struct amdgpu_cs_fence fence;
+	struct drm_amdgpu_cs_chunk chunks[2];
+	struct drm_amdgpu_cs_chunk_ib chunk_ib;
+	struct drm_amdgpu_cs_chunk_sem sem;
+	struct mapped src, dst, ib;
+	amdgpu_context_handle ctx;
+	amdgpu_device_handle dev;
+	amdgpu_bo_list_handle list;
+	amdgpu_bo_handle bos[3];
+	uint32_t major, minor, ibw[8], ndw, expired, status, first, syncobj;
+	unsigned char *pattern;
+	uint64_t seq;
+	int fd, dfd, r;
+	size_t i;
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	fd = open("/dev/dri/renderD128", O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		fail("open", errno);
+	check(amdgpu_device_initialize(fd, &major, &minor, &dev), "init");
+	dfd = amdgpu_device_get_fd(dev);
+	check(amdgpu_cs_ctx_create(dev, &ctx), "ctx_create");
+	src = alloc_mapped(dev, COPY_SIZE, AMDGPU_GEM_DOMAIN_GTT);
+	dst = alloc_mapped(dev, COPY_SIZE, AMDGPU_GEM_DOMAIN_VRAM);
+	ib = alloc_mapped(dev, IB_SIZE, AMDGPU_GEM_DOMAIN_GTT);
+	pattern = malloc(COPY_SIZE);
+	if (!pattern)
+		fail("malloc", ENOMEM);
+	for (i = 0; i < COPY_SIZE; i++)
+		pattern[i] = (unsigned char)(i * 31 + 7);
+	put(dfd, src.va, pattern, COPY_SIZE, "gpu_store");
+	ndw = copy_ib(ibw, dst.va, src.va, COPY_SIZE);
+	put(dfd, ib.va, ibw, ndw * 4, "ib_store");
+	bos[0] = src.bo;
+	bos[1] = dst.bo;
+	bos[2] = ib.bo;
+	check(amdgpu_bo_list_create(dev, 3, bos, NULL, &list), "bo_list");
+
+	/* amdgpu_cs_submit: one SDMA IB on ring 0 */
+	memset(&req, 0, sizeof(req));
+	memset(&ib_info, 0, sizeof(ib_info));
+	ib_info.ib_mc_address = ib.va;
+	ib_info.size = ndw;
+	req.ip_type = AMDGPU_HW_IP_DMA;
+	req.resources = list;
+	req.number_of_ibs = 1;
+	req.ibs = &ib_info;
+	r = amdgpu_cs_submit(ctx, 0, &req, 1);
+	if (r == -EINVAL) {
+		/* no engine edge runs SDMA IBs on this node yet */
+		printf("skip sdma_copy owner=queues\n");
+	} else {
+		check(r, "cs_submit");
+		printf("ok cs_submit seq=%" PRIu64 "\n", req.seq_no);
+		memset(&fence, 0, sizeof(fence));
+		fence.context = ctx;
+		fence.ip_type = AMDGPU_HW_IP_DMA;
+		fence.fence = req.seq_no;
+		check(amdgpu_cs_query_fence_status(&fence, AMDGPU_TIMEOUT_INFINITE, 0, &expired),
+		      "query_fence");
+		check(amdgpu_cs_wait_fences(&fence, 1, true, AMDGPU_TIMEOUT_INFINITE, &status,
+					    &first), "wait_fences");
+		printf("ok fence expired=%u signaled=%u\n", expired, status);
+		printf("ok sdma_copy equal=%d\n", same(dfd, dst.va, pattern, COPY_SIZE));
+
+		/* amdgpu_cs_submit_raw2: the IB chunk and a syncobj out chunk */
+		check(amdgpu_cs_create_syncobj2(dev, 0, &syncobj), "syncobj_create");
+		memset(&chunk_ib, 0, sizeof(chunk_ib));
+		chunk_ib.va_start = ib.va;
+		chunk_ib.ib_bytes = ndw * 4;
+		chunk_ib.ip_type = AMDGPU_HW_IP_DMA;
+		sem.handle = syncobj;
+		chunks[0].chunk_id = AMDGPU_CHUNK_ID_IB;
+		chunks[0].length_dw = sizeof(chunk_ib) / 4;
+		chunks[0].chunk_data = (uintptr_t)&chunk_ib;
+		chunks[1].chunk_id = AMDGPU_CHUNK_ID_SYNCOBJ_OUT;
+		chunks[1].length_dw = sizeof(sem) / 4;
+		chunks[1].chunk_data = (uintptr_t)&sem;
+		check(amdgpu_cs_submit_raw2(dev, ctx, 0, 2, chunks, &seq), "submit_raw2");
+		check(amdgpu_cs_syncobj_wait(dev, &syncobj, 1, INT64_MAX, 0, &first),
+		      "syncobj_wait");
+		printf("ok syncobj_out seq=%" PRIu64 "\n", seq);
+		amdgpu_cs_destroy_syncobj(dev, syncobj);
+	}
+
+	/* a GFX IB: this part has no GFX ring, so no scheduler takes it */
+	req.ip_type = AMDGPU_HW_IP_GFX;
+	r = amdgpu_cs_submit(ctx, 0, &req, 1);
+	printf("ok gfx_ib ret=%d\n", r);
+
+	amdgpu_bo_list_destroy(list);
+	amdgpu_cs_ctx_free(ctx);
+	free(pattern);
+	amdgpu_device_deinitialize(dev);
+	close(fd);
+	printf("ok done\n");
+	return 0;
+}
