@@ -27,7 +27,7 @@ from ualinkd.config import PodConfig
 from ualinkd.fabric.auth import ClientHandshake
 from ualinkd.fabric.link import parse_address
 from ualinkd.fabric.wire import AuthHello, AuthProof, FrameDecoder, FrameType, encode_frame
-from ualinkd.netns.pod import mount_leaks
+from ualinkd.podinfo import node_leaks
 
 MIB = 1 << 20
 VA = 0x7F0000000000
@@ -99,8 +99,8 @@ def attacked_pod(tmp: Path, config: PodConfig | None = None
         finally:
             served.close()
         for node, name in ((n0, "node0"), (n1, "node1")):
-            wait_for(lambda node=node, name=name: not mount_leaks(node.mount, name),
-                     what=f"{name} holds nothing: {mount_leaks(node.mount, name)}")
+            wait_for(lambda node=node, name=name: not node_leaks(node.mount, name),
+                     what=f"{name} holds nothing: {node_leaks(node.mount, name)}")
         # The first link is DEBUG; a link that went down and came back says "up again".
         assert "link to node0 up again" not in n1.log_text(), "the link flapped"
 
@@ -284,7 +284,7 @@ def test_impostors_cannot_take_the_link(tmp_path: Path) -> None:
         assert any("'node0' failed to prove the key of our link" in ln for ln in lines), lines
         assert any("a live link to node0 exists" in ln for ln in lines), lines
         assert "link to node0 up again" not in n1.log_text(), "the link flapped"
-        wait_for(lambda: not mount_leaks(n1.mount, "node1"), what="node1 holds nothing")
+        wait_for(lambda: not node_leaks(n1.mount, "node1"), what="node1 holds nothing")
 
 
 @contextlib.contextmanager

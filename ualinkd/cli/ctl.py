@@ -1,7 +1,8 @@
 """`ualinkctl`: look at and steer a running node through its mount (the sys/ tree only).
 
-Reading: the 12 sysfs attributes and the debugfs files of each render node are parsed into
-typed dicts (`--json`: one stable document) or printed as aligned tables. Steering: the
+Reading (ualinkd/podinfo.py, the library every reader shares): the 12 sysfs attributes and
+the debugfs files of each render node are parsed into typed dicts (`--json`: one stable
+document) or printed as aligned tables. Steering: the
 writable files the kernel has too (config/ + commit, ualink_drop_msg). Every failure is one
 line on stderr that says what was refused and why; exit status 1, usage errors 2.
 `main(argv) -> int` so tests call it directly; `entry()` is the console script.
@@ -13,12 +14,22 @@ import argparse
 import errno
 import json
 import os
-import socket
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from .. import __version__, sysfs
-from ..bounded import NotAnswering, bounded
+from ..bounded import bounded
+from ..podinfo import (
+    SECTIONS,
+    Mount,
+    PodNodeInfo,
+    collect,
+    msg_names,
+    pod_nodes,
+)
+from ..podinfo import ReadError as CtlError
+from ..podinfo import errname as _errname
+from ..podinfo import parse_line as parse_line
 from ..ualink.protocol import MsgType
 from ..ualink.state import (
     AccelState,
@@ -29,46 +40,16 @@ from ..ualink.state import (
     why_error,
 )
 
-# -- one-line failures ---------------------------------------------------------------------
+# A failure to report as one line (exit status 1) is a CtlError: the reading library's
+# ReadError, so a read and a refused write fail alike.
 
-
-class CtlError(Exception):
-    """A failure to report as one line (exit status 1)."""
-
-
-def _errname(e: OSError) -> str:
-    return errno.errorcode.get(e.errno or 0, str(e.errno))
-
-
-# -- parsing the files (pure: text in, typed dicts out) ------------------------------------
+# -- parsing the command line ----------------------------------------------------------------
 
 
 # The formats are the daemon's own (ualinkd/sysfs.py); these names are ualinkctl's API.
 SYSFS_ATTRS = sysfs.UALINK_ATTRS
-LineFormat = sysfs.LineFormat
 DEBUGFS_FORMATS = sysfs.DEBUGFS
 _ids = sysfs.ids
-
-
-def parse_line(line: str, fmt: LineFormat, where: str = "") -> dict[str, object]:
-    try:
-        return fmt.parse_line(line)
-    except sysfs.ParseError as e:
-        raise CtlError(f"{where}: {e}") from None
-
-
-def parse_lines(text: str, fmt: LineFormat, where: str = "") -> list[dict[str, object]]:
-    return [parse_line(ln, fmt, where) for ln in text.splitlines() if ln.strip()]
-
-
-def parse_fabric(text: str) -> list[dict[str, object]]:
-    """sys/kernel/debug/ualink_fabric as the JSON document's list of links."""
-    return [{"node": n, "up": up} for n, up in sysfs.parse_fabric(text).items()]
-
-
-def msg_names(bitmap: int) -> list[str]:
-    return [MsgType(t).name if t in MsgType._value2member_map_ else str(t)
-            for t in range(64) if bitmap >> t & 1]
 
 
 def msg_type(word: str) -> MsgType:
@@ -118,201 +99,23 @@ def explain_vpod_refusal(accel: dict[str, object], pending: dict[str, object]) -
             f"{why or 'the daemon refused the configuration'}")
 
 
-# -- the mount -------------------------------------------------------------------------------
+# -- the render node a command steers -------------------------------------------------------
 
 
-def _pod_root_hint(path: str) -> str:
-    """A pod's root given as --mount: say where its nodes are (from mountinfo: no stat into
-    a node that may not answer)."""
-    from ..fuse.lowlevel import fuse_mounts_under
-
-    root = os.path.abspath(path)
-    nodes = sorted(p for p in fuse_mounts_under(root) if os.path.dirname(p) == root)
-    if not nodes:
-        return ""
-    return (f"; a pod root: --mount {os.path.join(path, os.path.basename(nodes[0]))}"
-            f" (its nodes: {', '.join(os.path.basename(p) for p in nodes)}; "
-            f"`ualinkctl pod {path}` shows them all)")
-
-
-class Mount:
-    """A node's mount, checked once; every read and write failure becomes a CtlError."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        drm = os.path.join(path, sysfs.DRM_CLASS)
-        try:
-            names = bounded(lambda: (os.stat(path), os.listdir(drm))[1], f"node at {path}")
-        except NotAnswering as e:
-            raise CtlError(str(e)) from None
-        except FileNotFoundError:
-            if not os.path.exists(path):
-                raise CtlError(f"{path} does not exist (is the node running? --mount DIR)") \
-                    from None
-            raise CtlError(f"{path} is not a ualinkd mount (no sys/class/drm)"
-                           f"{_pod_root_hint(path)}") from None
-        except OSError as e:
-            if e.errno == errno.ENOTCONN:
-                raise CtlError(f"{path}: the node's daemon is gone and left its mount behind "
-                               f"(ENOTCONN); clear it with fusermount3 -uz {path}") from None
-            raise CtlError(f"{path}: {e.strerror} ({_errname(e)})") from None
-        self.renders = sorted((n for n in names if n.startswith("renderD")),
-                              key=lambda n: int(n[len("renderD"):]))
-        if not self.renders:
-            raise CtlError(f"{path} is not a ualinkd mount (no renderD* in sys/class/drm)")
-
-    def _file(self, rel: str) -> str:
-        return os.path.join(self.path, rel)
-
-    def read(self, rel: str) -> str:
-        def read() -> str:
-            with open(self._file(rel)) as f:
-                return f.read()
-        try:
-            return bounded(read, f"node at {self.path}")
-        except NotAnswering as e:
-            raise CtlError(str(e)) from None
-        except FileNotFoundError:
-            raise CtlError(f"{self.path}: no {rel} (a ualinkd older than this ualinkctl?)") \
-                from None
-        except PermissionError as e:
-            hint = (" (debugfs is root only, as on a real host: run ualinkctl as root)"
-                    if rel.startswith("sys/kernel/debug/") else "")
-            raise CtlError(f"{self.path}: reading {rel}: {e.strerror} ({_errname(e)}){hint}") \
-                from None
-        except OSError as e:
-            raise CtlError(f"{self.path}: reading {rel}: {e.strerror} ({_errname(e)})") \
-                from None
-
-    def write(self, rel: str, text: str) -> None:
-        """One write(2) of `text`; OSError goes to the caller, who knows what it means
-        (a node that does not answer is a CtlError)."""
-        def write() -> None:
-            fd = os.open(self._file(rel), os.O_WRONLY)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
-        try:
-            bounded(write, f"node at {self.path}")
-        except NotAnswering as e:
-            raise CtlError(str(e)) from None
-
-    @staticmethod
-    def minor(render: str) -> int:
-        return int(render[len("renderD"):])
-
-    def ualink_dir(self, render: str) -> str:
-        return sysfs.ualink_dir(self.minor(render))
-
-    def debugfs(self, render: str, name: str) -> str:
-        return sysfs.debugfs_file(self.minor(render), name)
-
-    def sysfs(self, render: str) -> dict[str, object]:
-        return {attr: sysfs.parse_value(attr, self.read(f"{self.ualink_dir(render)}/{attr}"))
-                for attr in SYSFS_ATTRS}
-
-    def pending_config(self, render: str) -> dict[str, object]:
-        cfg = f"{self.ualink_dir(render)}/config"
-        return {attr: sysfs.parse_value(attr, self.read(f"{cfg}/{attr}"))
-                for attr in sysfs.VPOD_CONFIG}
-
-    def table(self, render: str, name: str) -> list[dict[str, object]]:
-        rel = self.debugfs(render, name)
-        return parse_lines(self.read(rel), DEBUGFS_FORMATS[name], rel)
-
-    def drop_msg(self, render: str) -> int:
-        rel = self.debugfs(render, sysfs.DROP_MSG)
-        try:
-            return sysfs.parse_drop_msg(self.read(rel))
-        except sysfs.ParseError as e:
-            raise CtlError(f"{rel}: {e}") from None
-
-    def fabric(self) -> list[dict[str, object]]:
-        return parse_fabric(self.read(sysfs.FABRIC_STATUS))
-
-    def data_plane(self) -> dict[str, int]:
-        """sys/kernel/debug/ualink_data_plane: the C data plane's counters."""
-        return sysfs.parse_data_plane(self.read(sysfs.DATA_PLANE_STATUS))
-
-    def pick(self, render: str | None) -> str:
-        """`--render`: renderD<n> or <n>; may be left out on a node with one accel."""
-        if render is None:
-            if len(self.renders) == 1:
-                return self.renders[0]
-            raise UsageError(f"--render is needed: this node has {', '.join(self.renders)}")
-        name = render if render.startswith("renderD") else f"renderD{render}"
-        if name not in self.renders:
-            raise UsageError(f"no {name} on this node (it has {', '.join(self.renders)})")
-        return name
+def pick(m: Mount, render: str | None) -> str:
+    """`--render`: renderD<n> or <n>; may be left out on a node with one accel."""
+    if render is None:
+        if len(m.renders) == 1:
+            return m.renders[0]
+        raise UsageError(f"--render is needed: this node has {', '.join(m.renders)}")
+    name = render if render.startswith("renderD") else f"renderD{render}"
+    if name not in m.renders:
+        raise UsageError(f"no {name} on this node (it has {', '.join(m.renders)})")
+    return name
 
 
 class UsageError(Exception):
     """A command line that cannot mean anything on this node (exit status 2)."""
-
-
-# -- sections: one per read subcommand; `all` is their union -----------------------------------
-
-
-def _state(m: Mount, r: str) -> dict[str, object]:
-    return m.sysfs(r)
-
-
-def _peers(m: Mount, r: str) -> dict[str, object]:
-    return {"peers": m.table(r, "ualink_peers")}
-
-
-def _exports(m: Mount, r: str) -> dict[str, object]:
-    return {"exports": m.table(r, "ualink_exports")}
-
-
-def _imports(m: Mount, r: str) -> dict[str, object]:
-    return {"imports": m.table(r, "ualink_imports")}
-
-
-def _npa(m: Mount, r: str) -> dict[str, object]:
-    rows = m.table(r, "ualink_npa")
-    return {"npa": rows[0] if rows else {"used_pages": 0, "mappings": 0}}
-
-
-def _faults(m: Mount, r: str) -> dict[str, object]:
-    faults = m.read(m.debugfs(r, "gpu_faults")).strip()
-    bitmap: int | None = m.drop_msg(r)
-    return {"faults": {"gpu_faults": int(faults), "drop_msg": bitmap,
-                       "drop_next": msg_names(bitmap) if bitmap is not None else None}}
-
-
-def _objects(m: Mount, r: str) -> dict[str, object]:
-    return {"objects": m.table(r, "gem_objects"), "clients": m.table(r, "clients")}
-
-
-def _kfd(m: Mount, r: str) -> dict[str, object]:
-    return {"kfd": m.table(r, "kfd_allocations"), "kfd_processes": m.table(r, "kfd_processes"),
-            "kfd_queues": m.table(r, "kfd_queues")}
-
-
-SECTIONS: dict[str, Callable[[Mount, str], dict[str, object]]] = {
-    "state": _state, "peers": _peers, "exports": _exports, "imports": _imports,
-    "npa": _npa, "faults": _faults, "objects": _objects, "kfd": _kfd,
-}
-
-
-def collect(m: Mount, sections: Iterable[str]) -> dict[str, object]:
-    """The --json document: {"mount", "accels": [{render, minor, accel_id, …}], "fabric"?}."""
-    sections = list(sections)
-    accels = []
-    for r in m.renders:
-        entry: dict[str, object] = {"render": r, "minor": m.minor(r)}
-        if "state" not in sections:
-            entry["accel_id"] = int(m.read(f"{m.ualink_dir(r)}/accel_id").strip())
-        for s in sections:
-            entry.update(SECTIONS[s](m, r))
-        accels.append(entry)
-    doc: dict[str, object] = {"mount": os.path.abspath(m.path), "accels": accels}
-    if "peers" in sections:
-        doc["fabric"] = m.fabric()
-        doc["data_plane"] = m.data_plane()
-    return doc
 
 
 # -- tables for people ---------------------------------------------------------------------------
@@ -605,87 +408,22 @@ def _pod_where(words: list[str]) -> str:
                      "state directory")
 
 
-def container_node(names: Iterable[str]) -> tuple[str, str] | None:
-    """(name, mount) of the node whose container this is: the image sets UALINK_MOUNT, and
-    the node is $UALINK_NODE or the host name, as the entrypoint takes it (None elsewhere,
-    or when the pod has no such node)."""
-    mount = os.environ.get("UALINK_MOUNT")
-    if not mount:
-        return None
-    name = os.environ.get("UALINK_NODE") or socket.gethostname()
-    return (name, mount) if name in set(names) else None
-
-
-def pod_nodes(path: str) -> list[tuple[str, str, list[int], str | None]]:
-    """(name, address, accels, mount or None) of every node of the pod at `path`: a
-    `ualinkd pod` root or its pod.toml (node NAME is mounted at ROOT/NAME), or the state
-    directory of a namespaced pod (its pod.json; the mount is reached through the daemon's
-    /proc/<pid>/root, None when the daemon is not running)."""
-    from ..config import ConfigError, PodConfig
-
-    if os.path.isfile(os.path.join(path, "pod.json")):
-        from ..netns.pod import Pod, PodError
-
-        try:
-            pod = Pod.attach(path)
-        except (PodError, OSError, ValueError) as e:
-            raise CtlError(f"{path}: not a pod state directory ({e})") from None
-        return [(n.name, n.ip, list(n.accels),
-                 str(n.root) if n.running else None) for n in pod.nodes]
-    toml = os.path.join(path, "pod.toml") if os.path.isdir(path) else path
-    root = os.path.dirname(os.path.abspath(toml))
-    if not os.access(toml, os.R_OK) and os.path.exists(toml):
-        # pod.toml holds the key (mode 0600): the pod's key-less list of nodes instead
-        return _public_nodes(root, toml)
-    try:
-        config = PodConfig.load(toml)
-    except ConfigError as e:
-        raise CtlError(str(e)) from None
-    mounts = {n.name: os.path.join(root, n.name) for n in config.nodes}
-    here = container_node(mounts)
-    if here is not None and not any(os.path.isdir(m) for m in mounts.values()):
-        # A pod of containers: each node's mount is in its own container. This one's is
-        # here; the others are seen through this node's links (ELSEWHERE).
-        mounts = {name: here[1] if name == here[0] else ELSEWHERE + here[0]
-                  for name in mounts}
-    return [(n.name, n.address, [a.accel_id for a in n.accels], mounts[n.name])
-            for n in config.nodes]
-
-
-ELSEWHERE = "elsewhere:"  # pod_nodes' mount of a node in another container: "elsewhere:ME"
-
-
-def _public_nodes(root: str, toml: str) -> list[tuple[str, str, list[int], str | None]]:
-    """The nodes `ualinkd pod` lists in ROOT/.nodes.json (cli/pod.py NODES_FILE, readable by
-    all), for a user who may not read its pod.toml."""
-    from .pod import NODES_FILE
-
-    try:
-        with open(os.path.join(root, NODES_FILE)) as f:
-            nodes = json.load(f)["nodes"]
-        return [(str(n["name"]), str(n["address"]), [int(a) for a in n["accels"]],
-                 os.path.join(root, str(n["name"]))) for n in nodes]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CtlError(f"{toml}: not readable by this user (it holds the pod key), and no "
-                       f"{NODES_FILE} beside it ({e})") from None
-
-
 def pod_status(path: str) -> list[dict[str, object]]:
     """One row per node: whether it serves (every read bounded: a stopped node is "not
     answering"), its accels' states and its links."""
     rows: list[dict[str, object]] = []
     nodes = pod_nodes(path)
-    for name, address, accels, mount in nodes:
-        row: dict[str, object] = {"node": name, "address": address, "accels": accels,
-                                  "mount": mount, "status": "serving", "states": [],
-                                  "links": {}}
-        if mount is not None and mount.startswith(ELSEWHERE):
-            rows.append(_seen_from(row, mount[len(ELSEWHERE):], nodes))
+    for node in nodes:
+        row: dict[str, object] = {"node": node.name, "address": node.address,
+                                  "accels": list(node.accels), "mount": node.mount,
+                                  "status": "serving", "states": [], "links": {}}
+        if node.seen_from is not None:
+            rows.append(_seen_from(row, node.seen_from, nodes))
             continue
         try:
-            if mount is None:
+            if node.mount is None:
                 raise CtlError("not running")
-            m = Mount(mount)
+            m = Mount(node.mount)
             row["states"] = [str(m.sysfs(r).get("accel_state", "?")) for r in m.renders]
             try:
                 row["links"] = sysfs.parse_fabric(m.read(sysfs.FABRIC_STATUS))
@@ -701,12 +439,11 @@ def pod_status(path: str) -> list[dict[str, object]]:
     return rows
 
 
-def _seen_from(row: dict[str, object], me: str,
-               nodes: list[tuple[str, str, list[int], str | None]]) -> dict[str, object]:
+def _seen_from(row: dict[str, object], me: str, nodes: list[PodNodeInfo]) -> dict[str, object]:
     """A node in another container, as this container's node sees it: serving when its
     link to us is up (it answered the handshake and keeps answering heartbeats)."""
-    mine = next(m for n, _, _, m in nodes if n == me)
-    row.update(mount=None, seen_from=me)
+    mine = next(n.mount for n in nodes if n.name == me)
+    row["seen_from"] = me
     try:
         links = sysfs.parse_fabric(Mount(str(mine)).read(sysfs.FABRIC_STATUS))
     except CtlError as e:
@@ -798,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = collect(m, sections)
             print(json.dumps(doc, indent=2) if as_json else render_text(doc, sections))
             return 0
-        render = m.pick(args.render)
+        render = pick(m, args.render)
         if args.command == "drop-next":
             msg = drop_next(m, render, args.msg_type)
         elif args.command == "vpod":

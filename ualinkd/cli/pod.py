@@ -33,6 +33,7 @@ from typing import NoReturn
 from .. import sysfs
 from ..amdgpu.profile import PROFILES
 from ..config import ConfigError, NodeConfig, PodConfig
+from ..podinfo import NODES_FILE  # beside pod.toml, for all: the nodes without the key
 from ..readiness import notify_socket, wait_ready
 from .common import ready_stream, trace_options, with_quirks
 
@@ -81,9 +82,7 @@ def leaves(group: BaseExceptionGroup) -> list[BaseException]:
 # without --overwrite (issue 32, item 3).
 GENERATED_MARK = ("# written by `ualinkd pod` for its nodes (it rewrites this file at its next "
                   "start; run your own with --config FILE)")
-# Beside pod.toml, readable by all: the nodes' names, addresses and accels, without the key,
-# for `ualinkctl pod ROOT` run by a user who may not read pod.toml (mode 0600).
-NODES_FILE = ".nodes.json"
+
 _NODE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a name usable as ROOT/NAME
 
 

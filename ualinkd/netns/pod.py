@@ -24,8 +24,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
-import io
-import json
 import os
 import re
 import secrets
@@ -42,8 +40,8 @@ from pathlib import Path
 
 from .. import sysfs
 from ..bounded import DEFAULT_TIMEOUT, NotAnswering, bounded
-from ..cli import ctl
 from ..config import AccelConfig, NodeConfig, PodConfig, VpodConfig
+from ..podinfo import NetnsNodeState, NetnsPodState, ReadError, node_leaks, node_report, pid_alive
 from ..readiness import notify_socket, wait_ready
 from ..ualink.state import AddrMode
 from .agent import Agent
@@ -106,16 +104,6 @@ def _run(cmd: Sequence[str], what: str, input: str | None = None,
     return r
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _netns_list() -> list[str]:
     try:
         return sorted(os.listdir("/run/netns"))
@@ -139,7 +127,7 @@ def _destroy_netns(names: Iterable[str]) -> None:
                 with contextlib.suppress(OSError):
                     os.kill(pid, sig)
         deadline = time.monotonic() + 5
-        while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.02)
     for ns in names:
         _run(["ip", "netns", "delete", ns], "delete netns", check=False)
@@ -151,14 +139,14 @@ def cleanup_stale(state_root: Path = STATE_ROOT) -> list[str]:
     stale: dict[str, list[str]] = {}
     for ns in _netns_list():
         m = _NS_RE.match(ns)
-        if m and not _pid_alive(int(m.group(2))):
+        if m and not pid_alive(int(m.group(2))):
             stale.setdefault(m.group(1), []).append(ns)
     for names in stale.values():
         _destroy_netns(names)
     if state_root.is_dir():
         for d in state_root.iterdir():
             m = re.match(r"^ualk-(\d+)-[0-9a-f]{4}$", d.name)
-            if m and not _pid_alive(int(m.group(1))):
+            if m and not pid_alive(int(m.group(1))):
                 stale.setdefault(d.name, [])
                 shutil.rmtree(d, ignore_errors=True)
     return sorted(stale)
@@ -187,31 +175,6 @@ def _install_exit_handlers() -> None:
         with contextlib.suppress(ValueError):  # not the main thread: atexit only
             if signal.getsignal(sig) in (signal.SIG_DFL, None):
                 signal.signal(sig, _exit_on_signal)
-
-
-def mount_report(root: str | Path, name: str) -> dict[str, object]:
-    """What `ualinkctl --mount ROOT --json all` prints for the node mounted at `root`."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = ctl.main(["--mount", str(root), "--json", "all"])
-    if rc != 0:
-        raise PodError(f"ualinkctl could not read {name}")
-    return json.loads(out.getvalue())
-
-
-def mount_leaks(root: str | Path, name: str) -> list[str]:
-    """What the node mounted at `root` still holds (pins, NPA ranges, handles, open files,
-    imports), as `ualinkctl --json` reports it; any node mount, in a Pod or not."""
-    found = []
-    for accel in mount_report(root, name)["accels"]:  # type: ignore[attr-defined]  # JSON
-        where = f"{name} {accel['render']}"
-        for key in ("objects", "exports", "imports", "clients"):
-            if accel[key]:
-                found.append(f"{where} {key}: {accel[key]}")
-        npa = accel["npa"]
-        if npa["used_pages"] or npa["mappings"]:
-            found.append(f"{where} npa: {npa}")
-    return found
 
 
 # -- the config ---------------------------------------------------------------------------------
@@ -264,7 +227,7 @@ class PodNode:
     def pid(self) -> int | None:
         if self.proc is None:
             pid = self.attached_pid
-            return pid if pid is not None and _pid_alive(pid) else None
+            return pid if pid is not None and pid_alive(pid) else None
         return self.proc.pid if self.proc.poll() is None else None
 
     @property
@@ -316,12 +279,17 @@ class PodNode:
 
     def report(self) -> dict[str, object]:
         """What `ualinkctl --mount <node> --json all` prints for this node."""
-        return mount_report(self.root, self.name)
+        try:
+            return node_report(self.root)
+        except ReadError as e:
+            raise PodError(f"{self.name}: {e}") from None
 
     def leaks(self) -> list[str]:
-        """What this node still holds (pins, NPA ranges, handles, open files, imports), as
-        `ualinkctl --json` reports it."""
-        return mount_leaks(self.root, self.name)
+        """What this node still holds (pins, NPA ranges, handles, open files, imports)."""
+        try:
+            return node_leaks(self.root, self.name)
+        except ReadError as e:
+            raise PodError(f"{self.name}: {e}") from None
 
     # -- clients inside the node ------------------------------------------------------------
     def enter_cmd(self, argv: Sequence[str], cwd: str | None = None) -> list[str]:
@@ -548,16 +516,16 @@ class Pod:
         does not own the pod: close() does nothing, start()/restart() are not possible."""
         pod_dir = Path(pod_dir)
         try:
-            state = json.loads((pod_dir / "pod.json").read_text())
-        except (OSError, ValueError) as e:
-            raise PodError(f"{pod_dir}: not a running pod's directory ({e})") from None
+            state = NetnsPodState.load(pod_dir)
+        except ReadError as e:
+            raise PodError(str(e)) from None
         pod = cls(PodConfig.load(pod_dir / "pod.toml"))
-        pod.prefix, pod.dir = state["prefix"], pod_dir
-        pod.config_path, pod.fabric_netns = pod_dir / "pod.toml", state["fabric_netns"]
-        for node, ns in zip(pod.nodes, state["nodes"], strict=True):
-            node.netns, node.ip, node.bridge_port = ns["netns"], ns["ip"], ns["bridge_port"]
-            node.dir, node.mount = Path(ns["mount"]).parent, Path(ns["mount"])
-            node.attached_pid = ns["pid"]
+        pod.prefix, pod.dir = state.prefix, pod_dir
+        pod.config_path, pod.fabric_netns = pod_dir / "pod.toml", state.fabric_netns
+        for node, ns in zip(pod.nodes, state.nodes, strict=True):
+            node.netns, node.ip, node.bridge_port = ns.netns, ns.ip, ns.bridge_port
+            node.dir, node.mount = Path(ns.mount).parent, Path(ns.mount)
+            node.attached_pid = ns.pid
         pod._closed = True
         return pod
 
@@ -634,17 +602,10 @@ class Pod:
                  input=f"addr add {node.ip}/24 dev eth0\nlink set eth0 up\nlink set lo up\n")
 
     def _save_state(self) -> None:
-        """pod.json: what `python -m ualinkd.testing`, `ualinkctl pod` and `ualinkd run`
-        need to reach the pod."""
-        state = {
-            "prefix": self.prefix, "owner": os.getpid(), "fabric_netns": self.fabric_netns,
-            "nodes": [{"name": n.name, "index": n.index, "netns": n.netns, "ip": n.ip,
-                       "pid": n.pid, "mount": str(n.mount), "accels": list(n.accels),
-                       "bridge_port": n.bridge_port} for n in self.nodes],
-        }
-        tmp = self.dir / "pod.json.tmp"
-        tmp.write_text(json.dumps(state, indent=1))
-        tmp.replace(self.dir / "pod.json")
+        """pod.json (podinfo.NetnsPodState): how other processes reach the pod."""
+        NetnsPodState(self.prefix, os.getpid(), self.fabric_netns, tuple(
+            NetnsNodeState(n.name, n.index, n.netns, n.ip, n.pid, str(n.mount), n.accels,
+                           n.bridge_port) for n in self.nodes)).save(self.dir)
 
     def close(self) -> None:
         """Stop every daemon and client, delete the namespaces and the state directory.
