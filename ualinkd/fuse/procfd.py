@@ -7,6 +7,7 @@ Only /proc is read: stat'ing the fd's target would call back into our own FUSE s
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -192,11 +193,30 @@ def _exited(pidfd: int) -> bool:
     return bool(poller.poll(0))
 
 
+# /proc/<tid>/stat fields (man 5 proc) of the mm laid out at execve: startcode, endcode,
+# startstack (26-28) and start_data .. env_end (45-51); counted from field 3, the state.
+_IMAGE_FIELDS = (23, 24, 25, 42, 43, 44, 45, 46, 47, 48)
+
+
+def _image(tid: int) -> tuple[int, ...]:
+    """The program image of thread `tid`'s process: its mm's layout from /proc/<tid>/stat
+    (shared by every thread of the process, set anew by each execve, with ASLR at random).
+    The thread's own stat, not the leader's: a leader that exited has no mm to show. The
+    kernel shows zeros where it lets us not see them; () when unreadable."""
+    try:
+        text = _read_proc(f"/proc/{tid}/stat")
+        fields = text[text.rindex(b")") + 2:].split()
+        return tuple(int(fields[i]) for i in _IMAGE_FIELDS)
+    except (OSError, ValueError, IndexError):
+        return ()
+
+
 def process_id(tid: int) -> ProcessId | None:
     """The process of calling thread `tid` (FUSE reports threads), None when it is gone.
     A thread-group leader opens as a pidfd itself (one syscall, and no /proc text to
     format); another thread's Tgid is read first. A caller blocked in our request cannot
-    exit (FUSE waits for our answer even after SIGKILL), so the pid is its own meanwhile."""
+    exit (FUSE waits for our answer even after SIGKILL), nor exec (execve waits for its
+    other threads to die), so the pid and image are its own meanwhile."""
     try:
         fd, tgid = os.pidfd_open(tid), tid
     except OSError as e:
@@ -211,20 +231,31 @@ def process_id(tid: int) -> ProcessId | None:
             return None
     try:
         incarnation = _incarnation(tgid, fd)
+        image = _image(tid)
+        if _exited(fd):  # (the image read was of a later process given the id)
+            return None
     finally:
         os.close(fd)
-    return None if incarnation is None else ProcessId(tgid, incarnation)
+    return None if incarnation is None else ProcessId(tgid, incarnation, image)
 
 
 def process_of_pidfd(pid: int, pidfd: int) -> ProcessId | None:
     """The ProcessId of the process behind `pidfd` (whose pid is `pid`), None if unknown."""
     incarnation = _incarnation(pid, pidfd)
-    return None if incarnation is None else ProcessId(pid, incarnation)
+    image = _image(pid)
+    if image and not image[2]:  # a leader that exited has no mm: a live thread's image
+        with contextlib.suppress(OSError):
+            image = next((im for t in os.listdir(f"/proc/{pid}/task")
+                          if (im := _image(int(t))) and im[2]), image)
+    if incarnation is None or _exited(pidfd):
+        return None
+    return ProcessId(pid, incarnation, image)
 
 
 def open_pidfd(process: ProcessId) -> int | None:
     """A pidfd of exactly `process` (closed by the caller), None when it has exited: a pid
-    given to another process since is refused, never opened in its place."""
+    given to another process since is refused, never opened in its place (a program it
+    exec'd since is the same process: its fds are the ones it kept)."""
     try:
         fd = os.pidfd_open(process.pid)
     except OSError:
