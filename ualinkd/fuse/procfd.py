@@ -194,8 +194,10 @@ def _exited(pidfd: int) -> bool:
 
 
 # /proc/<tid>/stat fields (man 5 proc) of the mm laid out at execve: startcode, endcode,
-# startstack (26-28) and start_data .. env_end (45-51); counted from field 3, the state.
-_IMAGE_FIELDS = (23, 24, 25, 42, 43, 44, 45, 46, 47, 48)
+# startstack (26-28), start_data, end_data, start_brk (45-47); counted from field 3, the
+# state. Not arg_start .. env_end (48-51): a privileged process may move those later
+# (prctl PR_SET_MM_ARG_START: systemd's and libbsd's setproctitle), in the same mm.
+_IMAGE_FIELDS = (23, 24, 25, 42, 43, 44)
 
 
 def _image(tid: int) -> tuple[int, ...]:
