@@ -23,7 +23,8 @@ class ProcessId:
     pid: int  # the thread group id, in the daemon's pid namespace
     incarnation: int  # unique among the processes that ever had this pid while we run
     # The mm's layout set at execve (code, data, brk and stack: placed at random by ASLR):
-    # a program the process exec'd has another. () when not known (a sans-IO identity, or no access to it).
+    # a program the process exec'd has another. () when not known (a sans-IO identity, or
+    # no access to it).
     image: tuple[int, ...] = ()
 
 
