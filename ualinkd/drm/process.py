@@ -22,10 +22,10 @@ from .completion import Completion
 class ProcessId:
     pid: int  # the thread group id, in the daemon's pid namespace
     incarnation: int  # unique among the processes that ever had this pid while we run
-    # The mm's layout set at execve (code, data, brk and stack: placed at random by ASLR):
-    # a program the process exec'd has another. () when not known (a sans-IO identity, or
+    # What its last execve set up (its auxiliary vector: addresses ASLR placed at random):
+    # a program the process exec'd has another. b"" when not known (a sans-IO identity, or
     # no access to it).
-    image: tuple[int, ...] = ()
+    image: bytes = b""
 
 
 # A calling thread's id -> its process, None when it is gone (the edge reads /proc, pidfds).
