@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shlex
 import shutil
 import struct
@@ -281,12 +282,26 @@ class CompileError(Exception):
 
 
 _TIMEOUT = 120  # seconds for one compiler run (a wedged compiler fails instead of hanging)
+# What one compiler run may take: a header is a third party's, and `#include "/dev/zero"`
+# makes cc1 read for ever (3 GiB of memory in 5 s); a real header's probe takes ~100 MiB.
+_MAX_MEMORY = 2 << 30  # RLIMIT_AS of the compiler and its children
+_MAX_OUTPUT = 256 << 20  # RLIMIT_FSIZE: the object file (-E's output goes to a pipe)
+
+
+def _limited() -> None:
+    """In the compiler's process, before exec (inherited by cc1 and as)."""
+    resource.setrlimit(resource.RLIMIT_AS, (_MAX_MEMORY, _MAX_MEMORY))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (_MAX_OUTPUT, _MAX_OUTPUT))
+    resource.setrlimit(resource.RLIMIT_CPU, (_TIMEOUT, _TIMEOUT))
 
 
 def _run(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The compiler, bounded in time and memory, reading only `stdin` (a header including
+    /dev/stdin reads nothing of ours)."""
     try:
         return subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False,
-                              timeout=_TIMEOUT)
+                              timeout=_TIMEOUT, preexec_fn=_limited,
+                              stdin=subprocess.DEVNULL if stdin is None else None)
     except subprocess.TimeoutExpired:
         raise CompileError(f"{argv[0]} did not finish in {_TIMEOUT} s") from None
     except OSError as e:

@@ -328,3 +328,43 @@ def test_a_header_with_both_uapis_is_checked_against_both(tmp_path):
     assert r.ok and r.notes == [], r.mismatches + r.notes
     assert r.checked_structs == len(check.emulator_aggregates()) + len(check.kfd_aggregates())
     assert r.checked_ioctls == len(check.emulator_ioctls()) + len(check.kfd_ioctls())
+
+
+def test_the_compiler_runs_bounded_in_memory_and_reads_no_stdin_of_ours(tmp_path, monkeypatch):
+    """Issue 29 item 7, a header that attacks the compiler: `#include "/dev/zero"` makes
+    cc1 read for ever (3 GiB in 5 s, all of the host's memory within the 120 s timeout, as
+    root). Every compiler run gets RLIMIT_AS (2 GiB), RLIMIT_FSIZE and RLIMIT_CPU, and
+    /dev/null as stdin when it reads no source from us. A stand-in $CC reports what it was
+    given (at cb563a2 and before this: no limit, and our stdin)."""
+    seen = tmp_path / "seen"
+    fake = tmp_path / "cc"
+    fake.write_text(f"#!/bin/sh\n{{ ulimit -v; ulimit -f; ulimit -t; "
+                    f"[ -c /dev/stdin ] && echo tty || wc -c; }} >> {seen}\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    header = tmp_path / "h.h"
+    header.write_text("#define X 1\n")
+    with open("/dev/zero", "rb") as zero:  # (what a caller's stdin might hold)
+        monkeypatch.setattr(sys, "stdin", zero)
+        with pytest.raises(check.CompileError):
+            check.probe([str(header)])
+    got = seen.read_text().split()
+    # ulimit -v is KiB, -f 512-byte blocks (POSIX sh); the -E run's stdin is our source
+    assert got[:3] == [str(check._MAX_MEMORY >> 10), str(check._MAX_OUTPUT >> 9),
+                       str(check._TIMEOUT)], got
+    assert int(got[3]) > 0  # (the -E run read the include lines we gave it)
+
+
+@needs_cc
+def test_a_header_including_dev_zero_fails_in_seconds(tmp_path):
+    """The end to end: a header including /dev/zero is one error line and exit 1 once cc1
+    reaches the memory bound (a few seconds), not the whole host's memory."""
+    import time
+
+    header = tmp_path / "zero.h"
+    header.write_text('#include "/dev/zero"\n')
+    t = time.monotonic()
+    p = _abi_check(str(header))
+    took = time.monotonic() - t
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert took < 60, took

@@ -121,16 +121,20 @@ def assert_ends_of_one_connection(x: socket.socket, y: socket.socket) -> None:
 
 
 async def data_hello(port: int, cfg, name: str, peer: str, key: bytes | None = None,
-                     ssl_context=None, extra: bytes = b""
+                     ssl_context=None, extra: bytes = b"",
+                     link: auth.ClientHandshake | None = None
                      ) -> tuple[trio.abc.Stream, bool]:  # type: ignore[no-untyped-def]
     """A hand-driven data channel that authenticates as `name` (`extra` sent with its
-    AUTH_PROOF): its stream, and whether it was told AUTH_OK (else the server closed it)."""
+    AUTH_PROOF), as the end of the hand-driven `link` (its nonce bound to that link's
+    handshake) or, without one, as a party that only has the key: its stream, and whether
+    it was told AUTH_OK (else the server closed it)."""
     stream: trio.abc.Stream = await trio.open_tcp_stream("127.0.0.1", port)
     if ssl_context is not None:
         stream = trio.SSLStream(stream, ssl_context, server_hostname="127.0.0.1")
         await stream.do_handshake()
     hs = auth.ClientHandshake(cfg, name, peer, now=trio.current_time(), key=key,
-                              channel=Channel.DATA)
+                              channel=Channel.DATA, nonce=None if link is None
+                              else auth.bound_nonce(link.channel_key()))
     dec = FrameDecoder()
     await stream.send_all(encode_frame(hs.initial_frames()[0]))
     try:
@@ -280,29 +284,32 @@ async def test_a_data_channel_that_sends_before_auth_ok_is_refused_and_a_second_
     with trio.fail_after(WATCHDOG):
         b = await start(pod, recorders, "b", heartbeat_interval=0.05, heartbeat_timeout=10.0)
         rb = recorders["b"]
-        main, _ = await raw_auth(pod.ports["b"], pod.cfg, "a", "b")  # never answers a PING
+        hss: list[auth.ClientHandshake] = []
+        main, _ = await raw_auth(pod.ports["b"], pod.cfg, "a", "b",  # never answers a PING
+                                 handshakes=hss)
         await wait_until(lambda: b.is_up("a"))
         conn = b._conns["a"]
-        early, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b", extra=b"\0" * 7)
+        early, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b", extra=b"\0" * 7,
+                                     link=hss[0])
         assert not ok
         await expect_closed(early)
         await wait_until(lambda: bool(warnings(caplog)))
         [line] = warnings(caplog)
         assert "bytes sent on a data channel before its handshake finished" in line
-        first, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b")
+        first, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b", link=hss[0])
         assert ok
         await wait_until(lambda: rb.peers() == ["a"])
         assert rb.opened[0][1:] == ("a", frozenset({0, 1}))
         await first.send_all(b"to the data plane")
         assert rb.sock("a").recv(64) == b"to the data plane"
-        refused, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b")
+        refused, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b", link=hss[0])
         assert not ok
         await expect_closed(refused)
         assert len(rb.opened) == 1 and rb.closed == []
         await first.aclose()  # the peer's end goes: the data plane sees it and drops it
         assert rb.sock("a").recv(64) == b""
         rb.break_channel("a")
-        second, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b")
+        second, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b", link=hss[0])
         assert ok
         await wait_until(lambda: len(rb.opened) == 2)
         assert rb.closed == [] and list(rb.live) == [rb.opened[1][0]]
@@ -469,6 +476,45 @@ async def test_a_second_data_channel_never_takes_a_healthy_one(pod: Pod, recorde
         lines = [w for w in warnings(caplog) if "refused connection" in w]
         assert len(lines) == 1, warnings(caplog)
         assert "refused connection from a (127.0.0.1:" in lines[0]
-        assert "a second data channel from a while its link's channel is healthy" in lines[0]
+        # (refused at once: not bound to the live link's handshake; a's own end's second
+        # channel would be refused as a second while the first is healthy, tested above)
+        assert "a data channel from a not dialed by its live link's end" in lines[0]
+        await a.send(0, 2, DW)
+        assert pod.got["b"] == [(0, 2, DW)] and b.is_up("a")
+
+
+async def test_a_data_channel_is_bound_to_its_live_link_not_only_its_key(
+        pod: Pod, recorders, caplog) -> None:
+    """Issue 29 item 6's windows: a party holding a's link key (a stolen or superseded
+    config), not an end of the live link, dials b data channels as a — one parked while a's
+    channel is healthy, and one more the moment b's data plane found a's channel broken
+    (when a's own redial is still on its way). b refuses both before AUTH_OK: a channel's
+    nonce must be bound to the live link's handshake (auth.bound_nonce), which only a and b
+    saw; a's own redial is taken. At the review of issue 29 the parked one took the channel
+    the moment a's broke, and b's loads of a's memory went to it."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    with trio.fail_after(WATCHDOG):
+        a, b = await start(pod, recorders, "a"), await start(pod, recorders, "b")
+        ra, rb = recorders["a"], recorders["b"]
+        await wait_until(lambda: ra.peers() == ["b"] and rb.peers() == ["a"])
+        results: list[bool] = []
+
+        async def impostor() -> None:
+            stream, ok = await data_hello(pod.ports["b"], pod.cfg, "a", "b")
+            results.append(ok)
+            await stream.aclose()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(impostor)
+            await trio.sleep(0.05)  # (parked, if it is let wait for the healthy channel)
+            rb.break_channel("a")  # b's data plane finds a's channel broken
+            nursery.start_soon(impostor)
+        print(f"{sum(results)} of 2 impostor channels taken when a's channel broke")
+        assert results == [False, False]
+        # a's own end redials once it sees the break (its socket closed by b's data plane)
+        ra.break_channel("b")
+        await wait_until(lambda: len(rb.opened) == 2 and len(rb.live) == 1)
+        assert_ends_of_one_connection(ra.sock("b"), rb.sock("a"))
+        assert any("not dialed by its live link's end" in w for w in warnings(caplog))
         await a.send(0, 2, DW)
         assert pod.got["b"] == [(0, 2, DW)] and b.is_up("a")

@@ -119,10 +119,12 @@ async def read_frame(stream: trio.abc.Stream, dec: FrameDecoder,
 
 async def raw_auth(port: int, cfg: PodConfig, name: str, peer: str,
                    nonce: bytes | None = None, key: bytes | None = None,
-                   ssl_context: ssl.SSLContext | None = None
+                   ssl_context: ssl.SSLContext | None = None,
+                   handshakes: list[auth.ClientHandshake] | None = None
                    ) -> tuple[trio.abc.Stream, FrameDecoder]:
     """A hand-driven client that authenticates as `name` (with the key of its link to `peer`,
-    or `key`; over TLS with `ssl_context`), then may misbehave."""
+    or `key`; over TLS with `ssl_context`), then may misbehave. Its handshake is appended to
+    `handshakes` (what its data channels are bound with)."""
     stream: trio.abc.Stream = await trio.open_tcp_stream("127.0.0.1", port)
     if ssl_context is not None:
         stream = trio.SSLStream(stream, ssl_context, server_hostname="127.0.0.1")
@@ -130,6 +132,8 @@ async def raw_auth(port: int, cfg: PodConfig, name: str, peer: str,
     hs = auth.ClientHandshake(cfg, name, peer, now=trio.current_time(), nonce=nonce, key=key)
     dec = FrameDecoder()
     out = hs.initial_frames()
+    if handshakes is not None:
+        handshakes.append(hs)
     while out or not hs.established:
         await stream.send_all(b"".join(encode_frame(f) for f in out))
         if hs.established:

@@ -325,3 +325,42 @@ def test_caller_memory_never_reaches_the_next_process_with_the_callers_id():
     finally:
         second.kill()
         second.wait()
+
+
+EXEC_VICTIM = r"""
+import ctypes, fcntl, os, struct, sys
+kfd_path, render_path, gpu = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ACQ, ALLOC, MAPC, EXPORT = (int(a) for a in sys.argv[4:8])
+attacker = sys.argv[8]
+VA = 1 << 33
+kfd = os.open(kfd_path, os.O_RDWR); r = os.open(render_path, os.O_RDWR)
+fcntl.ioctl(kfd, ACQ, bytearray(struct.pack("<II", r, gpu)))
+b = bytearray(struct.pack("<QQQQII", VA, 1 << 20, 0, 0, gpu, 0x80000001))
+fcntl.ioctl(kfd, ALLOC, b)
+handle = struct.unpack("<QQQQII", b)[2]
+ids = (ctypes.c_uint32 * 1)(gpu)
+fcntl.ioctl(kfd, MAPC, bytearray(struct.pack("<QQII", handle, ctypes.addressof(ids), 1, 0)))
+os.pwrite(r, b"root's secret", VA)
+os.set_inheritable(kfd, True); os.set_inheritable(r, True)  # both stay open across exec
+os.setgroups([]); os.setgid(65534); os.setuid(65534)  # drop to nobody, run its program
+os.execv(sys.executable, [sys.executable, "-c", attacker, kfd_path, str(handle), str(EXPORT)])
+"""
+
+
+def test_a_kfd_context_ends_when_its_process_execs(node):
+    """Item 1, exec: the kernel binds a kfd_process to the mm (kfd_create_process finds it
+    by current->mm, kfd_process_notifier_release ends it when the mm goes), and execve
+    gives the process a new mm. A root process that allocated VRAM, dropped to nobody and
+    exec'd another program: that program's kfd open is a new context, and EXPORT_DMABUF of
+    root's handle is EINVAL (the old one had ended, though the exec'd program still holds
+    its kfd and render files: they are not close-on-exec; on the old code it was 0)."""
+    r = subprocess.run(
+        [PYTHON, "-c", EXEC_VICTIM, str(node.mount / "kfd"), node.render(0),
+         str(gpu_id(node)),
+         *(str(s.cmd) for s in (tbl.KFD_ACQUIRE_VM, tbl.KFD_ALLOC_MEMORY_OF_GPU,
+                                tbl.KFD_MAP_MEMORY_TO_GPU, tbl.KFD_EXPORT_DMABUF)),
+         ATTACKER], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got_pid, err = (int(x) for x in r.stdout.split())
+    assert err == errno.EINVAL
+    assert wait_until(lambda: not rows(node), 10), rows(node)

@@ -139,3 +139,37 @@ def test_a_freed_bo_still_mapped_keeps_its_charge_until_the_last_user_goes():
     _, status = os.waitpid(child, 0)
     assert status == 0
     assert vram.used == 0 and vram.held == {} and vram.fits(vram.size)
+
+
+def test_a_read_of_a_pools_use_probes_a_bounded_batch_of_held_memfds(monkeypatch):
+    """Issue 29 item 5's holding, under load: a client of uid nobody that keeps thousands of
+    closed 4 KiB BOs mapped made every read of the pool's use (each GEM_CREATE, INFO) probe
+    every held memfd on the serving thread (4,000 held: a GEM_CREATE of anyone took 140 ms
+    instead of 0.1 ms). A read probes at most REAP_BATCH of them, the ones looked at
+    longest ago, so what was unmapped is given back after a few reads."""
+    from ualinkd.amdgpu import bo as bo_module
+
+    probed: list[int] = []
+    mapped = set(range(1000, 1000 + 5000))  # fake fds the client still maps
+    monkeypatch.setattr(bo_module, "in_use_elsewhere", lambda fd: probed.append(fd) or fd in mapped)
+    closed: list[int] = []
+    monkeypatch.setattr(bo_module.os, "close", closed.append)
+    pool = bo_module.MemoryPool("vram", 1 << 30)
+
+    class Freed:  # what hold() reads of a BO
+        size = 4096
+
+    for fd in sorted(mapped):
+        pool.charge(Freed())  # type: ignore[arg-type]
+        pool.hold(Freed(), fd)  # type: ignore[arg-type]
+    assert pool.used == 5000 * 4096 and len(probed) == bo_module.REAP_BATCH
+    last = max(mapped)
+    mapped.discard(last)  # unmapped: the newest held, looked at last
+    reads = 0
+    while last not in closed:
+        probed.clear()
+        pool.used  # noqa: B018
+        reads += 1
+        assert len(probed) <= bo_module.REAP_BATCH
+    assert reads <= 5000 // bo_module.REAP_BATCH + 1
+    assert pool.used == 4999 * 4096 and last not in pool.held

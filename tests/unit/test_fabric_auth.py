@@ -248,3 +248,23 @@ def test_tls_certificate_must_name_the_claimed_node() -> None:
         c.receive_frame(challenge, 0.0)
     ok = _server(cert_names={"node0"})
     ok.receive_frame(wire.AuthHello(POD.uuid, "node0", b"\2" * 32), 0.0)
+
+
+def test_a_data_channel_nonce_is_bound_to_one_link_handshake() -> None:
+    """Issue 29 item 6: both ends of an established link derive the same channel key from
+    the link key and the handshake's two nonces; a nonce bound with it names that link and
+    no other one (another handshake with the same key: a party holding the key that is not
+    the link's end), nor an unbound random nonce."""
+    c = auth.ClientHandshake(POD, "node0", "node2", now=0.0)
+    s = _server()
+    _run(c, s)
+    key = c.channel_key()
+    assert key == s.channel_key() and len(key) == 32
+    nonce = auth.bound_nonce(key)
+    assert len(nonce) == wire.NONCE_SIZE and auth.bound_to(nonce, s.channel_key())
+    other = auth.ClientHandshake(POD, "node0", "node2", now=0.0)
+    _run(other, _server())
+    assert other.channel_key() != key
+    assert not auth.bound_to(auth.bound_nonce(other.channel_key()), key)
+    assert not auth.bound_to(bytes(wire.NONCE_SIZE), key)
+    assert not auth.bound_to(nonce, b"")  # a link whose key is not known binds nothing

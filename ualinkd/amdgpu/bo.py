@@ -12,7 +12,9 @@ the kernel's vma keeps the GEM object and its placement.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -47,6 +49,10 @@ def shared_int(v: int) -> int:
     return got
 
 
+# Held memfds a read of a pool's use looks at (MemoryPool.used): about a millisecond.
+REAP_BATCH = 32
+
+
 class MemoryPool:
     """Capacity of one memory domain of one GPU, and the BOs placed in it."""
 
@@ -56,15 +62,17 @@ class MemoryPool:
         self._used = 0
         self.residents: set[AmdgpuBo] = set()
         # The memfds of freed BOs a client still maps (BoMemory.close), with their charge:
-        # memory in use, that no BO of ours names any more (never evicted or moved).
-        self.held: dict[int, int] = {}
+        # memory in use, that no BO of ours names any more (never evicted or moved). In the
+        # order they are next looked at (reap).
+        self.held: OrderedDict[int, int] = OrderedDict()
 
     @property
     def used(self) -> int:
         """Bytes charged: the BOs placed here, and freed BOs' memory still mapped (looked
-        at again on every read: what a munmap gave back shows at once)."""
+        at again on every read, REAP_BATCH of them: what a munmap gave back shows at once
+        while few are held, and after a few reads when a client holds thousands)."""
         if self.held:
-            self.reap()
+            self.reap(REAP_BATCH)
         return self._used
 
     def fits(self, size: int) -> bool:
@@ -84,15 +92,20 @@ class MemoryPool:
         self.residents.discard(bo)
         self.held[memfd] = bo.size
 
-    def reap(self) -> int:
-        """Give back the charge of the held memory nobody maps any more; how many bytes."""
+    def reap(self, most: int | None = None) -> int:
+        """Give back the charge of the held memory nobody maps any more, looking at `most`
+        of them (the ones looked at longest ago; None: all); how many bytes. The batch
+        bounds what one read costs the thread that serves every client: one probe is four
+        system calls, and a client may hold a memfd per page of the pool."""
         freed = 0
-        for fd, size in list(self.held.items()):
-            if not in_use_elsewhere(fd):
-                del self.held[fd]
-                os.close(fd)
-                self._used -= size
-                freed += size
+        for fd in list(itertools.islice(self.held, most)):
+            if in_use_elsewhere(fd):
+                self.held.move_to_end(fd)
+                continue
+            size = self.held.pop(fd)
+            os.close(fd)
+            self._used -= size
+            freed += size
         return freed
 
 

@@ -4,8 +4,10 @@ The kernel binds per-process state (a kfd_process, a CPU mapping) to the task or
 compares those, never pid numbers: a pid is handed to the next process as soon as the last
 one is reaped. The daemon only sees numbers (FUSE reports the calling thread's id), so the
 edge names each process by its thread group id *and* what tells it from any later process
-given that id (its pidfd's inode: pidfs numbers every struct pid uniquely), and reports its
-exit. A context bound to a `ProcessId` never passes to another process.
+given that id (its pidfd's inode: pidfs numbers every struct pid uniquely) *and* its program
+image (an execve gives the process a new mm, which ends what the kernel bound to the old one),
+and reports its exit. A context bound to a `ProcessId` never passes to another process, nor
+to the program a process exec'd.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from .completion import Completion
 class ProcessId:
     pid: int  # the thread group id, in the daemon's pid namespace
     incarnation: int  # unique among the processes that ever had this pid while we run
+    # What its last execve set up (its auxiliary vector: addresses ASLR placed at random):
+    # a program the process exec'd has another. b"" when not known (a sans-IO identity, or
+    # no access to it).
+    image: bytes = b""
 
 
 # A calling thread's id -> its process, None when it is gone (the edge reads /proc, pidfds).

@@ -145,7 +145,45 @@ class NonceCache:
         return True
 
 
+# A data channel is bound to the live link it serves, not only to the link's key (issue 29
+# item 6): its client nonce is a random half and a tag of it under the link's channel key,
+# which comes from both nonces of that link's handshake — seen only by the link's two ends,
+# so a party holding a stolen or superseded link key cannot dial the channel of a link it
+# is not an end of (nor park one that takes over the moment the link's own channel breaks).
+_CHANNEL_LABEL = b"ualink data channel"
+_TAG_SIZE = NONCE_SIZE // 2
+
+
+def _channel_tag(channel_key: bytes, random: bytes) -> bytes:
+    return hmac.new(channel_key, random, hashlib.sha256).digest()[:_TAG_SIZE]
+
+
+def bound_nonce(channel_key: bytes) -> bytes:
+    """The client nonce of a data channel for the link whose channel key is `channel_key`."""
+    random = secrets.token_bytes(NONCE_SIZE - _TAG_SIZE)
+    return random + _channel_tag(channel_key, random)
+
+
+def bound_to(nonce: bytes, channel_key: bytes) -> bool:
+    """Whether a data channel's client nonce names the link whose key is `channel_key`."""
+    random, tag = nonce[:-_TAG_SIZE], nonce[-_TAG_SIZE:]
+    return (len(nonce) == NONCE_SIZE and bool(channel_key)
+            and hmac.compare_digest(tag, _channel_tag(channel_key, random)))
+
+
 class _Handshake:
+    # (client nonce, server nonce) of an established handshake (`channel_key`)
+    link_nonces: tuple[bytes, bytes] = (b"", b"")
+    key: bytes
+
+    def channel_key(self) -> bytes:
+        """The key the data channels of this (established) link are bound with
+        (`bound_nonce`): the link key and both nonces of this handshake."""
+        h = hmac.new(self.key, digestmod=hashlib.sha256)
+        for part in (_CHANNEL_LABEL, *self.link_nonces):
+            h.update(len(part).to_bytes(2, "little") + part)
+        return h.digest()
+
     def __init__(self, config: PodConfig, local_name: str, now: float, timeout: float,
                  cert_names: Collection[str] | None) -> None:
         self.config = config
@@ -208,6 +246,7 @@ class ClientHandshake(_Handshake):
                 raise AuthError(f"{frame.node_name!r} failed to prove the key of our link "
                                 "(a different key, or not that node)")
             self.peer_name = frame.node_name
+            self.link_nonces = (self.nonce, frame.nonce)
             self._state = "ok"
             return [AuthProof(_mac(self.key, _CLIENT_LABEL, *args))]
         if self._state == "ok":
@@ -258,6 +297,7 @@ class ServerHandshake(_Handshake):
             if not hmac.compare_digest(frame.mac, want):
                 raise AuthError(f"{self.peer_name!r} failed to prove the key of our link "
                                 "(a different key, or not that node)")
+            self.link_nonces = (self._client_nonce, self.nonce)
             self._state = "done"
             self.established = True
             return [AuthOk()]

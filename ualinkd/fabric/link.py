@@ -72,6 +72,8 @@ from .auth import (
     ClientHandshake,
     NonceCache,
     ServerHandshake,
+    bound_nonce,
+    bound_to,
     node_keys,
 )
 from .session import (
@@ -443,6 +445,8 @@ class _Conn:
         self.pinged = -math.inf  # when the last heartbeat PING was queued
         self.down: _LinkDown | None = None
         self.data_handle: int | None = None  # its data channel's, from DataChannels.open
+        # What binds a data channel to this link (auth.bound_nonce): from its handshake
+        self.channel_key = b""
         self.data_broken = trio.Event()  # set when the data plane dropped that channel
         self.close_data: Callable[[int], None] | None = None  # DataChannels.close
         self.sock = stream.socket if isinstance(stream, trio.SocketStream) else None
@@ -823,14 +827,15 @@ class FabricLink:
             if not self._pending[host]:
                 del self._pending[host]
         if admitted is not None:
-            peer, stream, decoder = admitted
-            await self._run_conn(peer, stream, decoder, f"from {addr}")
+            peer, stream, decoder, channel_key = admitted
+            await self._run_conn(peer, stream, decoder, f"from {addr}",
+                                 channel_key=channel_key)
 
     async def _authenticate_inbound(self, tcp: trio.SocketStream, host: str, addr: str
-                                    ) -> tuple[str, trio.abc.Stream, FrameDecoder] | None:
+                                    ) -> tuple[str, trio.abc.Stream, FrameDecoder, bytes] | None:
         """The handshake of an inbound connection, and the check that it does not displace
-        a live link: (peer, stream, decoder), or None when refused (and closed) or when it
-        was a data channel (handed over, and closed here)."""
+        a live link: (peer, stream, decoder, its data channels' key), or None when refused
+        (and closed) or when it was a data channel (handed over, and closed here)."""
         stream: trio.abc.Stream = tcp
         hs = ServerHandshake(self.config, self.node_name, now=trio.current_time(),
                              nonces=self._nonces, keys=self._keys,
@@ -843,7 +848,8 @@ class FabricLink:
         async def before_ok() -> None:
             assert hs.peer_name is not None
             if hs.channel is Channel.DATA:
-                data_link.append(await self._admit_data_channel(hs.peer_name, decoder))
+                data_link.append(await self._admit_data_channel(hs.peer_name, decoder,
+                                                                hs.link_nonces[0]))
             else:  # from its AUTH_OK on, the peer may dial this link's data channel
                 self._admitting[hs.peer_name] = self._admitting.get(hs.peer_name, 0) + 1
                 counted.append(hs.peer_name)
@@ -879,11 +885,13 @@ class FabricLink:
                 self._admitted.unpark_all()
         decoder.open_data_plane()
         _tune(tcp, self.config.tcp_congestion)
-        return hs.peer_name, stream, decoder
+        return hs.peer_name, stream, decoder, hs.channel_key()
 
-    async def _admit_data_channel(self, peer: str, decoder: FrameDecoder) -> _Conn:
+    async def _admit_data_channel(self, peer: str, decoder: FrameDecoder,
+                                  nonce: bytes) -> _Conn:
         """The link an authenticated data channel from `peer` belongs to, before it is told
-        AUTH_OK: our live link from `peer`; _LinkDown when there is none, or when the channel
+        AUTH_OK: our live link from `peer`, which its client `nonce` must name (dialed by
+        that link's end: auth.bound_to); _LinkDown when there is none, or when the channel
         may not be had. One that comes while a link from `peer` is being admitted (its
         AUTH_OK sent, an old link probed) is that link's: it waits to see that link start,
         and is refused if it does not."""
@@ -902,6 +910,9 @@ class FabricLink:
         conn = self._conns.get(peer)
         if conn is None or conn.down is not None or (waited and conn is before):
             raise _LinkDown(f"a data channel from {peer} without a live link from it")
+        if not bound_to(nonce, conn.channel_key):
+            raise _LinkDown(f"a data channel from {peer} not dialed by its live link's end "
+                            "(it has the link's key, not the link's handshake)")
         if not await self._old_channel_gone(conn):
             raise _LinkDown(f"a second data channel from {peer} while its link's channel is "
                             "healthy: it does not replace it")
@@ -998,7 +1009,7 @@ class FabricLink:
                 await changed.wait()
                 continue
             try:
-                stream, decoder = await self._dial(peer, host, port)
+                stream, decoder, channel_key = await self._dial(peer, host, port)
             except (ProtocolError, _LinkDown, OSError, trio.BrokenResourceError) as e:
                 # WARNING when the failure is new or of another kind than the last (refused,
                 # then an impostor answering: both are news); each repeat at DEBUG.
@@ -1025,15 +1036,19 @@ class FabricLink:
             last, failing_since, warned = None, None, False
             rejected.clear()
             delay = self._backoff[0]
-            await self._run_conn(peer, stream, decoder, f"to {host}:{port}", (host, port))
+            await self._run_conn(peer, stream, decoder, f"to {host}:{port}", (host, port),
+                                 channel_key)
             with trio.move_on_after(delay):
                 await changed.wait()
 
-    async def _dial(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK
-                    ) -> tuple[trio.abc.Stream, FrameDecoder]:
+    async def _dial(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK,
+                    nonce: bytes | None = None
+                    ) -> tuple[trio.abc.Stream, FrameDecoder, bytes]:
+        """A connection to `peer` authenticated (with `nonce`: a data channel's bound one):
+        its stream, decoder and, for a link, its data channels' key."""
         hs = ClientHandshake(self.config, self.node_name, peer, now=trio.current_time(),
                              key=self._keys[peer], timeout=self._handshake_timeout,
-                             channel=channel)
+                             channel=channel, nonce=nonce)
         decoder = FrameDecoder.for_handshake()
         stream: trio.abc.Stream | None = None
         try:
@@ -1056,7 +1071,7 @@ class FabricLink:
             raise
         assert stream is not None
         decoder.open_data_plane()
-        return stream, decoder
+        return stream, decoder, hs.channel_key()
 
     async def _handshake(self, stream: trio.abc.Stream, hs: ClientHandshake | ServerHandshake,
                          decoder: FrameDecoder, first: list[Frame],
@@ -1081,12 +1096,14 @@ class FabricLink:
 
     # -- an established connection -----------------------------------------------------------
     async def _run_conn(self, peer: str, stream: trio.abc.Stream, decoder: FrameDecoder,
-                        label: str, dialed: tuple[str, int] | None = None) -> None:
+                        label: str, dialed: tuple[str, int] | None = None,
+                        channel_key: bytes = b"") -> None:
         """Run the link `stream` to `peer` until it ends; `dialed`: the address we dialed it
         at, where its data channel is dialed too (`data_channels`)."""
         session = Session(peer, self._accels[peer], self._local_accels, decoder,
                           now=trio.current_time())
         conn = _Conn(peer, stream, session, label)
+        conn.channel_key = channel_key
         conn.held_acks = self._held_acks
         old = self._conns.get(peer)
         if old is not None:  # the peer redialed: its old connection is dead to it
@@ -1189,7 +1206,8 @@ class FabricLink:
         peer = conn.peer
         level = logging.DEBUG if quiet else logging.INFO
         try:
-            stream, decoder = await self._dial(peer, host, port, Channel.DATA)
+            stream, decoder, _ = await self._dial(peer, host, port, Channel.DATA,
+                                                  bound_nonce(conn.channel_key))
         except (ProtocolError, _LinkDown, OSError, trio.BrokenResourceError) as e:
             log.log(level, "fabric %s: no data channel to %s at %s:%d: %s (the link carries "
                     "its loads)", self.node_name, peer, host, port, _reason(e))

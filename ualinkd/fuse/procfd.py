@@ -7,6 +7,7 @@ Only /proc is read: stat'ing the fd's target would call back into our own FUSE s
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -192,11 +193,26 @@ def _exited(pidfd: int) -> bool:
     return bool(poller.poll(0))
 
 
+def _image(tid: int) -> bytes:
+    """The program image of thread `tid`'s process: the auxiliary vector its last execve
+    gave its mm (/proc/<tid>/auxv: the program's headers, entry and interpreter base, and
+    AT_RANDOM's stack address, each placed at random by ASLR), shared by every thread,
+    changed by nothing but an execve (or CRIU's prctl). The thread's own, not the
+    leader's: a leader that exited has no mm to show. b"" when we may not read it (then
+    every read is b"", which tells no exec apart). One small copy, unlike /proc/<tid>/stat's
+    layout fields, which cost the kernel a pass over the task (twice the ioctl's time)."""
+    try:
+        return _read_proc(f"/proc/{tid}/auxv")
+    except OSError:
+        return b""
+
+
 def process_id(tid: int) -> ProcessId | None:
     """The process of calling thread `tid` (FUSE reports threads), None when it is gone.
     A thread-group leader opens as a pidfd itself (one syscall, and no /proc text to
     format); another thread's Tgid is read first. A caller blocked in our request cannot
-    exit (FUSE waits for our answer even after SIGKILL), so the pid is its own meanwhile."""
+    exit (FUSE waits for our answer even after SIGKILL), nor exec (execve waits for its
+    other threads to die), so the pid and image are its own meanwhile."""
     try:
         fd, tgid = os.pidfd_open(tid), tid
     except OSError as e:
@@ -211,20 +227,29 @@ def process_id(tid: int) -> ProcessId | None:
             return None
     try:
         incarnation = _incarnation(tgid, fd)
+        image = _image(tid)  # (a caller in our request: its own, see above)
     finally:
         os.close(fd)
-    return None if incarnation is None else ProcessId(tgid, incarnation)
+    return None if incarnation is None else ProcessId(tgid, incarnation, image)
 
 
 def process_of_pidfd(pid: int, pidfd: int) -> ProcessId | None:
     """The ProcessId of the process behind `pidfd` (whose pid is `pid`), None if unknown."""
     incarnation = _incarnation(pid, pidfd)
-    return None if incarnation is None else ProcessId(pid, incarnation)
+    image = _image(pid)
+    if not image:  # a leader that exited has no mm: a live thread's image
+        with contextlib.suppress(OSError):
+            image = next((im for t in os.listdir(f"/proc/{pid}/task")
+                          if (im := _image(int(t)))), image)
+    if incarnation is None or _exited(pidfd):
+        return None
+    return ProcessId(pid, incarnation, image)
 
 
 def open_pidfd(process: ProcessId) -> int | None:
     """A pidfd of exactly `process` (closed by the caller), None when it has exited: a pid
-    given to another process since is refused, never opened in its place."""
+    given to another process since is refused, never opened in its place (a program it
+    exec'd since is the same process: its fds are the ones it kept)."""
     try:
         fd = os.pidfd_open(process.pid)
     except OSError:
