@@ -74,6 +74,10 @@ MAX_INTERVAL = 0.002  # s: the slowest trio tick; past it, the watch thread take
 WATCH_MAX_INTERVAL = 0.050  # s: the watch thread's slowest period (idle doorbell latency)
 DOORBELL_SLICE = kq.DOORBELL_PROCESS_SLICE
 COPY_CHUNK = 4 << 20  # bytes a Copy / Fill moves per load + store
+# s: the longest a run keeps the trio thread before letting other tasks in (local memory
+# answers without suspending, so a ring of big copies or a huge COPY_LINEAR_RECT would
+# otherwise hold the whole daemon until it ends)
+RUN_SLICE = 0.005
 
 
 class QueueStopped(Exception):
@@ -298,8 +302,13 @@ class GpuEngineEdge:
         gen: EngineRun = proc.run(doorbell)  # type: ignore[attr-defined]
         answer: object = None
         fault: GpuFault | None = None
+        yield_at = time.monotonic() + RUN_SLICE
         try:
             while True:
+                if time.monotonic() >= yield_at:
+                    await trio.lowlevel.checkpoint()
+                    self._alive(q)
+                    yield_at = time.monotonic() + RUN_SLICE
                 try:
                     req = gen.send(answer) if fault is None else gen.throw(fault)
                 except StopIteration as stop:

@@ -1,0 +1,49 @@
+"""Bad input on the engine edge (issue 30 "Bad input": the daemon never hangs): a run whose
+requests all answer without suspending (local GTT memory) still lets the node's other
+tasks in, and DESTROY_QUEUE stops it mid-packet."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import trio
+from test_gpu_engine_edge import DATA, Rig, run_edge
+
+from ualinkd.gpu_engine import GpuEngineEdge
+
+
+def copy_rect(src: int, dst: int, pitch: int, rx: int, ry: int, rz: int) -> bytes:
+    """COPY_LINEAR_SUB_WIND (vega10_sdma_pkt_open.h SDMA_PKT_COPY_LINEAR_SUBWIN) of 1-byte
+    elements, both sides at x=y=z=0 with a row pitch of `pitch` elements and a slice
+    pitch of 1; the rect fields hold value - 1."""
+    return struct.pack("<13I", 1 | 4 << 8, src & 0xFFFF_FFFF, src >> 32, 0, (pitch - 1) << 13,
+                       0, dst & 0xFFFF_FFFF, dst >> 32, 0, (pitch - 1) << 13, 0,
+                       (rx - 1) | (ry - 1) << 16, rz - 1)
+
+
+def test_a_huge_copy_rect_does_not_hold_the_node_and_destroy_stops_it():
+    """A COPY_LINEAR_RECT of 16384 rows x 8 slices whose rows never join (pitch 2, one
+    byte each: 131072 row copies in local memory, each answered without a trio checkpoint,
+    several seconds here; 16384 x 2048, the most a packet asks, is 256 times that) —
+    before the fix the edge ran it in one go and the trio thread served nothing else (no
+    ioctl needing trio, no other queue) until it ended. Now another task is scheduled
+    within a fraction of a second all along, and DESTROY_QUEUE ends the run."""
+    rig = Rig()
+    worst: list[float] = []
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(copy_rect(DATA, DATA + 65536, 2, 1, 16384, 8))
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.0:
+            a = time.monotonic()
+            await trio.sleep(0.001)
+            worst.append(time.monotonic() - a)
+        q = rig.queues[0]
+        assert q in edge._running and q.packets == 0, "the run should still be in its packet"
+        rig.node.kfd.queues.destroy(rig.p.pid, q.queue_id)
+        while edge._running:
+            await trio.sleep(0.001)
+
+    run_edge(rig, body)
+    assert max(worst) < 0.5, max(worst)
