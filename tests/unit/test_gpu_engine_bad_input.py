@@ -47,3 +47,43 @@ def test_a_huge_copy_rect_does_not_hold_the_node_and_destroy_stops_it():
 
     run_edge(rig, body)
     assert max(worst) < 0.5, max(worst)
+
+
+def test_a_dense_copy_rect_reaches_the_edge_in_pieces_and_faults_at_the_first():
+    """sdma.py CopyLinearRect.rows: a dense window (rows and slices each continuing where
+    the one before ended) is joined only up to RECT_RUN_MAX bytes per Copy. Before, the
+    whole window was one Copy, yielded after its last row: the most a packet asks (16384
+    16-byte elements x 16384 rows x 2048 slices, 2^43 bytes in 2^25 rows) kept the trio
+    thread in rows() for minutes before the first request, and its unmapped start faulted
+    only then. Here 16 MiB mapped (4 Copies of 4 MiB), then the largest window, which
+    faults at its first piece."""
+    from sdma_fakes import FakeVm, Producer, copy_rect, drive, words
+
+    from ualinkd.amdgpu import engine as eng
+    from ualinkd.amdgpu import sdma
+
+    ring_va, src, dst = 0x7F00_0000_0000, 0x10_0000_0000, 0x20_0000_0000
+    vm = FakeVm()
+    vm.map(ring_va, 4096)
+    vm.map(0x7F00_0001_0000, 32)
+    vm.map(src, 16 << 20)
+    vm.map(dst, 16 << 20)
+    ring = sdma.SdmaRing(ring_va, 4096, 0x7F00_0001_0010, 0x7F00_0001_0008)
+    prod = Producer(vm, ring_va, 4096)
+    # 16384 elements of 16 B = 256 KiB rows, 64 of them, pitch = width: dense, 16 MiB
+    db = prod.put(words(copy_rect(4, src, 0, 0, 0, 16384, 64, dst, 0, 0, 0, 16384, 64,
+                                  16384, 64, 1)))
+    end, reqs = drive(ring.run(db), vm)
+    copies = [r for r in reqs if isinstance(r, eng.Copy)]
+    assert end.ok and [c.size for c in copies] == [sdma.RECT_RUN_MAX] * 4, copies
+    assert copies[0] == eng.Copy(dst, src, 1 << 22)
+
+    ring = sdma.SdmaRing(ring_va, 4096, 0x7F00_0001_0010, 0x7F00_0001_0008)
+    prod = Producer(vm, ring_va, 4096)
+    unmapped = 0xFFFF_FF00_0000_0000
+    db = prod.put(words(copy_rect(4, unmapped, 0, 0, 0, 16384, 16384, dst, 0, 0, 0, 16384,
+                                  16384, 16384, 16384, 2048)))
+    t0 = time.monotonic()
+    end, reqs = drive(ring.run(db), vm)
+    assert end.fault is not None and end.fault.va == unmapped, end
+    assert time.monotonic() - t0 < 1.0
