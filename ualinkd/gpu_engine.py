@@ -80,6 +80,23 @@ COPY_CHUNK = 4 << 20  # bytes a Copy / Fill moves per load + store
 RUN_SLICE = 0.005
 
 
+PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit
+
+
+def process_exiting(pid: int) -> bool:
+    """Whether `pid` is past the start of its exit (/proc/<pid>/stat: PF_EXITING in its
+    flags, or a zombie). Its memory can be gone before its files are closed (exit_mm runs
+    before exit_files): a fault an engine took then is the exit's, not the queue's — the
+    kernel stops the queues at the mm's release (kfd_process_notifier_release) before any
+    such fault could be reported. A pid that is not there: False."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & PF_EXITING)
+
+
 class QueueStopped(Exception):
     """The queue was destroyed (or its process went) while a run was under way."""
 
@@ -257,6 +274,8 @@ class GpuEngineEdge:
         else:
             self._poll_delay.pop(q, None)
         if end.reason is EndReason.ERROR:
+            if end.fault is not None and process_exiting(q.pid):
+                return  # its memory went first: the release that follows stops the queue
             self._queue_error(q, end)
 
     def _processor(self, q: kq.KfdQueue) -> object | None:

@@ -87,3 +87,50 @@ def test_a_dense_copy_rect_reaches_the_edge_in_pieces_and_faults_at_the_first():
     end, reqs = drive(ring.run(db), vm)
     assert end.fault is not None and end.fault.va == unmapped, end
     assert time.monotonic() - t0 < 1.0
+
+
+def test_process_exiting_reads_the_exit_from_proc():
+    """gpu_engine.process_exiting: a zombie child is exiting; this process and a pid that
+    does not exist are not."""
+    import os
+    import subprocess
+
+    from ualinkd.gpu_engine import process_exiting
+
+    child = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        while not process_exiting(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)  # (not reaped: a zombie once it has exited)
+        assert process_exiting(child.pid)
+    finally:
+        child.wait()
+    assert not process_exiting(os.getpid())
+    assert not process_exiting(2**22 + 1)  # above pid_max's ceiling: never a process
+
+
+def test_a_fault_of_an_exiting_process_is_no_queue_error(caplog, monkeypatch):
+    """A queue whose process is exiting faults (its memory went with exit_mm before the
+    kfd fd's release): no GPU queue error line, no VM fault event; the release that
+    follows removes the queue. A live process's fault is still one line."""
+    import logging
+
+    from test_gpu_engine_edge import UNMAPPED, fence
+
+    from ualinkd import gpu_engine
+
+    caplog.set_level(logging.WARNING, logger="ualinkd.gpu_engine")
+    for exiting in (True, False):
+        caplog.clear()
+        monkeypatch.setattr(gpu_engine, "process_exiting", lambda pid, e=exiting: e)
+        rig = Rig()
+
+        async def body(edge: GpuEngineEdge, rig: Rig = rig) -> None:
+            rig.submit(fence(UNMAPPED, 1))
+            while rig.queues[0] in edge._running or rig.queues[0].processor is None:
+                await trio.sleep(0.001)
+            await trio.sleep(0.05)
+
+        run_edge(rig, body)
+        lines = [r for r in caplog.records if "GPU queue error" in r.getMessage()]
+        assert len(lines) == (0 if exiting else 1), (exiting, lines)
