@@ -134,3 +134,21 @@ def test_a_fault_of_an_exiting_process_is_no_queue_error(caplog, monkeypatch):
         run_edge(rig, body)
         lines = [r for r in caplog.records if "GPU queue error" in r.getMessage()]
         assert len(lines) == (0 if exiting else 1), (exiting, lines)
+
+
+def test_a_doorbell_going_backwards_is_named_so():
+    """A doorbell below what the engine already consumed is a queue error whose one line
+    says the write pointer went backwards (it said "beyond what the ring holds")."""
+    from sdma_fakes import FakeVm, Producer, drive, fence, words
+
+    from ualinkd.amdgpu import sdma
+
+    vm = FakeVm()
+    vm.map(0x7F00_0000_0000, 4096)
+    vm.map(0x7F00_0001_0000, 64)
+    ring = sdma.SdmaRing(0x7F00_0000_0000, 4096, 0x7F00_0001_0010, 0x7F00_0001_0008)
+    prod = Producer(vm, 0x7F00_0000_0000, 4096)
+    assert drive(ring.run(prod.put(words(fence(0x7F00_0001_0020, 1)))), vm)[0].ok
+    end, _ = drive(ring.run(8), vm)
+    assert end.error == ("doorbell 0x8 behind the read pointer 0x10 (a write pointer that "
+                         "went backwards)"), end

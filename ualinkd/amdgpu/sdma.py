@@ -602,7 +602,10 @@ class SdmaRing:
             return self.error
         if doorbell & 3:
             return self._fail(f"doorbell {doorbell:#x} not dword aligned")
-        if doorbell < self.rptr or doorbell - self.rptr > self.ring_size:
+        if doorbell < self.rptr:
+            return self._fail(f"doorbell {doorbell:#x} behind the read pointer {self.rptr:#x}"
+                              f" (a write pointer that went backwards)")
+        if doorbell - self.rptr > self.ring_size:
             return self._fail(f"doorbell {doorbell:#x} beyond what the ring holds "
                               f"(rptr {self.rptr:#x}, ring size {self.ring_size:#x})")
         self.state = QueueState.RUNNING
