@@ -20,6 +20,7 @@
  *   freering  a queue blocked on a poll whose ring BO is unmapped and freed under it, then
  *             released and rung again; destroyed
  *   destroy   DESTROY_QUEUE while 64 MiB of copies are in flight (timed)
+ *   longrun   a ring of 4 MiB copies and a 33.5 M-row COPY_LINEAR_RECT, exit after 2 s
  *   victim    a queue with a fence written but not rung, until a newline; then rung
  *   foreign N a queue of its own whose doorbell slot it sets to N (the victim's index)
  */
@@ -267,6 +268,43 @@ static int mode_destroy(void)
 	return 0;
 }
 
+/* Long runs: a ring of 4 MiB VRAM->VRAM copies, and a COPY_LINEAR_RECT of 16384 rows x
+ * 2048 slices of one byte each that never join (33.5 M row copies) in mapped memory; then
+ * exit while both run. */
+static int mode_longrun(void)
+{
+	struct queue a, b;
+	void *dev = NULL;
+	uint8_t *buf = gtt(1 << 20);
+	uint64_t alt = 0, d, s;
+	int n = 0;
+
+	EXPECT("longrun_alloc", buf && hsaKmtAllocMemory(gpu, 8 << 20, vram, &dev) == 0 &&
+	       hsaKmtMapMemoryToGPU(dev, 8 << 20, &alt) == 0);
+	EXPECT("longrun_queues", create_queue(gpu, &a) && create_queue(gpu, &b));
+	d = (uintptr_t)dev;
+	while (a.index + 7 * 4 <= RING_SIZE - 4 && copy(&a, d + (4 << 20), d, 4 << 20))
+		n++;
+	s = (uintptr_t)buf;
+	{
+		const uint32_t rect[13] = {SDMA_OP_COPY | 4u << 8, (uint32_t)s, (uint32_t)(s >> 32),
+					   0, 1u << 13, 0, (uint32_t)(s + 65536),
+					   (uint32_t)((s + 65536) >> 32), 0, 1u << 13, 0,
+					   0x3FFFu << 16, 0x7FF};
+
+		EXPECT("longrun_rect", put(&b, rect, 13));
+	}
+	ring_doorbell(&a);
+	ring_doorbell(&b);
+	printf("ok longrun copies=%d\n", n);
+	fflush(stdout);
+	sleep(2);
+	printf("ok longrun_exit rptr_a=%" PRIu64 " of %" PRIu64 " rptr_b=%" PRIu64 "\n",
+	       *rptr(&a), a.index, *rptr(&b));
+	fflush(stdout);
+	_exit(0);
+}
+
 static int mode_victim(void)
 {
 	struct queue q;
@@ -332,6 +370,8 @@ int main(int argc, char **argv)
 		return mode_midcopy();
 	if (strcmp(mode, "freering") == 0)
 		return mode_freering();
+	if (strcmp(mode, "longrun") == 0)
+		return mode_longrun();
 	if (strcmp(mode, "victim") == 0)
 		return mode_victim();
 	if (strcmp(mode, "foreign") == 0 && argc > 2)

@@ -243,3 +243,25 @@ def test_a_foreign_process_cannot_ring_another_s_queue(pinged: Node):
     assert code == 0 and "ok victim_before_ring fence=0" in rest and "ok done" in rest, rest
     assert not error_lines(pinged, victim.pid)
     assert wait_until(lambda: nothing_left(pinged))
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_long_runs_share_the_daemon_and_stop_with_their_process(pinged: Node):
+    """A ring of 4 MiB VRAM copies (~580 MB per doorbell) and a COPY_LINEAR_RECT of
+    33.5 M one-byte rows (minutes of work here) run while the other client is served
+    (the `pinged` fixture's bound); the process exits after 2 s: both runs stop, nothing
+    is left, and the daemon is idle again (under 20% of a CPU over the next second)."""
+    proc = client(pinged, "longrun")
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 0 and "ok longrun_exit" in out, out + pinged.log_text()
+    print(re.search(r"ok longrun_exit.*", out).group(0))  # type: ignore[union-attr]
+    assert wait_until(lambda: nothing_left(pinged), 30), pinged.log_text()
+    t0, c0 = time.monotonic(), _cpu_seconds(pinged.proc.pid)
+    time.sleep(1)
+    busy = (_cpu_seconds(pinged.proc.pid) - c0) / (time.monotonic() - t0)
+    print(f"daemon CPU in the second after: {busy * 100:.0f}%")
+    assert busy < 0.2, busy
