@@ -148,9 +148,9 @@ def _daemon_usage(node: Node) -> tuple[int, int, int]:
 def test_1000_queues_abandoned_by_exiting_processes_leave_nothing(pinged: Node):
     """Processes each take every SDMA queue they may have, block half on a forever
     POLL_REGMEM, and exit without DESTROY_QUEUE, until 1000 queues were made: afterwards
-    no queue, process or GEM object is left, and the daemon's fds are what they were,
-    its threads no more (trio's idle worker threads given their 10 s to end) and its RSS within
-20 MiB of it (measured after a first such process)."""
+    no queue, process or GEM object is left, and the daemon's fds and threads are no more
+    than they were (trio's idle worker threads given their 10 s to end) and its RSS
+    within 20 MiB of it (measured after a first such process)."""
     pids: list[int] = []
 
     def abandon() -> int:
@@ -172,7 +172,8 @@ def test_1000_queues_abandoned_by_exiting_processes_leave_nothing(pinged: Node):
     after = _daemon_usage(pinged)
     print(f"{total} queues abandoned in {time.monotonic() - t0:.1f} s; daemon "
           f"(rss KiB, fds, threads) before {before} after {after}")
-    assert after[1] == before[1] and after[2] <= before[2], (before, after)
+    # (no more than before: the baseline may still hold an fd of the test before closing)
+    assert after[1] <= before[1] and after[2] <= before[2], (before, after)
     # an exit is no queue error: the kernel stops a process's queues before its VM goes
     spurious = [ln for pid in pids for ln in error_lines(pinged, pid)]
     assert not spurious, "\n".join(spurious)
