@@ -74,6 +74,27 @@ MAX_INTERVAL = 0.002  # s: the slowest trio tick; past it, the watch thread take
 WATCH_MAX_INTERVAL = 0.050  # s: the watch thread's slowest period (idle doorbell latency)
 DOORBELL_SLICE = kq.DOORBELL_PROCESS_SLICE
 COPY_CHUNK = 4 << 20  # bytes a Copy / Fill moves per load + store
+# s: the longest a run keeps the trio thread before letting other tasks in (local memory
+# answers without suspending, so a ring of big copies or a huge COPY_LINEAR_RECT would
+# otherwise hold the whole daemon until it ends)
+RUN_SLICE = 0.005
+
+
+PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit
+
+
+def process_exiting(pid: int) -> bool:
+    """Whether `pid` is past the start of its exit (/proc/<pid>/stat: PF_EXITING in its
+    flags, or a zombie). Its memory can be gone before its files are closed (exit_mm runs
+    before exit_files): a fault an engine took then is the exit's, not the queue's — the
+    kernel stops the queues at the mm's release (kfd_process_notifier_release) before any
+    such fault could be reported. A pid that is not there: False."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & PF_EXITING)
 
 
 class QueueStopped(Exception):
@@ -253,6 +274,8 @@ class GpuEngineEdge:
         else:
             self._poll_delay.pop(q, None)
         if end.reason is EndReason.ERROR:
+            if end.fault is not None and process_exiting(q.pid):
+                return  # its memory went first: the release that follows stops the queue
             self._queue_error(q, end)
 
     def _processor(self, q: kq.KfdQueue) -> object | None:
@@ -298,8 +321,13 @@ class GpuEngineEdge:
         gen: EngineRun = proc.run(doorbell)  # type: ignore[attr-defined]
         answer: object = None
         fault: GpuFault | None = None
+        yield_at = time.monotonic() + RUN_SLICE
         try:
             while True:
+                if time.monotonic() >= yield_at:
+                    await trio.lowlevel.checkpoint()
+                    self._alive(q)
+                    yield_at = time.monotonic() + RUN_SLICE
                 try:
                     req = gen.send(answer) if fault is None else gen.throw(fault)
                 except StopIteration as stop:

@@ -75,6 +75,9 @@ RETRY_FOREVER: Final = 0xFFF  # POLL_REGMEM DW5 retry_count: poll until satisfie
 # as a microsecond (ROCr asks 4, the kernel 10: tens of microseconds between re-reads).
 POLL_INTERVAL_UNIT_NS: Final = 1_000
 POLL_SPINS: Final = 8  # unsatisfied checks per run before the ring returns POLLING
+RECT_RUN_MAX: Final = 1 << 22  # bytes of a COPY_LINEAR_RECT's joined rows per Copy (as a
+# COPY_LINEAR's most): a dense 16384 x 16384 x 2048 window is 2^43 bytes in 2^25 rows,
+# which must reach the edge (and its first fault) piece by piece, not after every row
 JOB_TIMEOUT_NS: Final = 10_000_000_000  # amdgpu.lockup_timeout's default for SDMA jobs
 
 Buf = bytes | bytearray | memoryview
@@ -151,7 +154,8 @@ class CopyLinearRect:
 
     def rows(self) -> Iterator[tuple[int, int, int]]:
         """(dst, src, bytes) of the window's rows in order, a row joined to the one before
-        when both sides continue where it ended (a dense window is one piece)."""
+        when both sides continue where it ended (a dense window of up to RECT_RUN_MAX
+        bytes is one piece)."""
         e = self.element_log2
         width = self.rect_x << e
         run: tuple[int, int, int] | None = None
@@ -161,7 +165,8 @@ class CopyLinearRect:
                                  + (self.src_z + z) * self.src_slice_pitch) << e)
                 d = self.dst + ((self.dst_x + (self.dst_y + y) * self.dst_pitch
                                  + (self.dst_z + z) * self.dst_slice_pitch) << e)
-                if run is not None and run[0] + run[2] == d and run[1] + run[2] == s:
+                if (run is not None and run[0] + run[2] == d and run[1] + run[2] == s
+                        and run[2] < RECT_RUN_MAX):
                     run = (run[0], run[1], run[2] + width)
                     continue
                 if run is not None:
@@ -597,7 +602,10 @@ class SdmaRing:
             return self.error
         if doorbell & 3:
             return self._fail(f"doorbell {doorbell:#x} not dword aligned")
-        if doorbell < self.rptr or doorbell - self.rptr > self.ring_size:
+        if doorbell < self.rptr:
+            return self._fail(f"doorbell {doorbell:#x} behind the read pointer {self.rptr:#x}"
+                              f" (a write pointer that went backwards)")
+        if doorbell - self.rptr > self.ring_size:
             return self._fail(f"doorbell {doorbell:#x} beyond what the ring holds "
                               f"(rptr {self.rptr:#x}, ring size {self.ring_size:#x})")
         self.state = QueueState.RUNNING
