@@ -29,6 +29,7 @@ from .session import (
     Skip,
     device_path,
     index_records,
+    queue_summary,
     refuse_unreplayable,
     timeline,
 )
@@ -165,8 +166,11 @@ MAX_GAP = 2.0  # seconds: the longest recorded pause between two calls a replay 
 
 def run(path: str, mounts: Mapping[str, str] | Sequence[tuple[str, str]],
         pids: set[int] | None = None, out: TextIO | None = None,
-        nodes: set[str] | None = None) -> list[Difference]:
+        nodes: set[str] | None = None, verbose: bool = False) -> list[Difference]:
     """Replay the recording at `path`; print each difference and a summary; return them.
+    What it does not replay of the recording's user queues (their doorbells and packets:
+    `QueueSummary`) is said in one line before the summary, and queue by queue with
+    `verbose`; that is the recording's nature, not a difference.
     `mounts`: (recorded node, its mount) pairs, "" for a mount given without a node, in the
     order given (`refuse_unreplayable` refuses a node given twice).
 
@@ -182,7 +186,8 @@ def run(path: str, mounts: Mapping[str, str] | Sequence[tuple[str, str]],
     except OSError as e:
         raise RecordingError(f"cannot read it ({e.strerror})") from None
     with f:  # (stdout when called, not when this module was imported: pytest swaps it)
-        return _run(f, path, mounts, pids, sys.stdout if out is None else out, nodes)
+        return _run(f, path, mounts, pids, sys.stdout if out is None else out, nodes,
+                    verbose)
 
 
 def _lines_at(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
@@ -193,7 +198,8 @@ def _lines_at(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
 
 
 def _run(f: BinaryIO, path: str, given: Mapping[str, str] | Sequence[tuple[str, str]],
-         pids: set[int] | None, out: TextIO, nodes: set[str] | None) -> list[Difference]:
+         pids: set[int] | None, out: TextIO, nodes: set[str] | None,
+         verbose: bool = False) -> list[Difference]:
     indexed = index_records(_lines_at(f))
     everything = indexed.records
     recs = timeline(everything, pids, nodes)
@@ -248,6 +254,13 @@ def _run(f: BinaryIO, path: str, given: Mapping[str, str] | Sequence[tuple[str, 
             found += diffs
     finally:
         issuer.close_all()
+    queued = queue_summary(everything, pids, nodes)
+    if verbose:
+        for q in queued.queues:
+            q.errors = [whole(e) for e in q.errors]  # (indexed without their detail)
+            say(f"  queue not replayed: {q.note()}")
+    if (line := queued.line()) is not None:
+        say(line)
     calls = sum(1 for r in recs if r["type"] in ("ioctl", "gpu"))
     in_calls = [d for d in found if d.index]  # index 0: the recording's own (lost, partial)
     said = [f"{len(in_calls)} differences in {len({d.index for d in in_calls})} calls"

@@ -27,7 +27,10 @@ from ..abi import constants as c
 
 NEW, REF, FREE = "new", "ref", "free"
 # Kinds whose values live in one open file's tables; the rest are per node or pod-wide.
-PER_FILE = frozenset({"gem", "syncobj", "ctx", "mmap_offset"})
+PER_FILE = frozenset({"gem", "syncobj", "ctx", "mmap_offset", "kfd_queue", "kfd_doorbell"})
+# Kinds for which 0 is a value like any other: a KFD queue id (the process's first queue
+# is 0, find_first_zero_bit in pqm_create_queue), unlike a GEM/syncobj handle or a ctx id.
+ZERO_IS_VALUE = frozenset({"kfd_queue"})
 PER_NODE = frozenset({"token"})
 POD_WIDE = frozenset({"ualink_lo", "ualink_hi"})
 
@@ -92,6 +95,16 @@ _FIXED: dict[str, tuple[Slot, ...]] = {
                       _s("vm_timeline_syncobj_out", "in", 40, "syncobj", REF)),
     "AMDGPU_GEM_OP": (_s("handle", "in", 0, "gem", REF),),
     "AMDGPU_GEM_USERPTR": (_s("handle", "out", 20, "gem", NEW),),
+    # A user queue (kfd_ioctl.h): its id per process (the kfd file's), and the doorbell's
+    # mmap cookie, which no ioctl takes back (the client mmaps it) but a re-created queue
+    # may legitimately get another of.
+    "AMDKFD_CREATE_QUEUE": (_s("doorbell_offset", "out", 24, "kfd_doorbell", NEW, 8),
+                            _s("queue_id", "out", 52, "kfd_queue", NEW)),
+    "AMDKFD_DESTROY_QUEUE": (_s("queue_id", "in", 0, "kfd_queue", FREE),),
+    "AMDKFD_UPDATE_QUEUE": (_s("queue_id", "in", 8, "kfd_queue", REF),),
+    "AMDKFD_SET_CU_MASK": (_s("queue_id", "in", 0, "kfd_queue", REF),),
+    "AMDKFD_GET_QUEUE_WAVE_STATE": (_s("queue_id", "in", 16, "kfd_queue", REF),),
+    "AMDKFD_ALLOC_QUEUE_GWS": (_s("queue_id", "in", 0, "kfd_queue", REF),),
 }
 _SYNCOBJ_HANDLES = (ArraySlot("handles", 0, 16, 4, "syncobj"),)
 ARRAYS: dict[str, tuple[ArraySlot, ...]] = {
@@ -161,6 +174,11 @@ def handed_out(name: str, in_bytes: bytes, out_bytes: bytes, result: int) -> lis
     return out
 
 
+def is_value(kind: str, v: int | None) -> bool:
+    """`v` (a slot's content) is a value of `kind` rather than "none" (0, for most kinds)."""
+    return v is not None and (v != 0 or kind in ZERO_IS_VALUE)
+
+
 def scope_of(kind: str, node: str, file: int | None) -> tuple[str, int | None]:
     if kind in POD_WIDE:
         return ("", None)
@@ -192,7 +210,8 @@ class Mapper:
         fwd = self._fwd.setdefault((kind, scope), {})
         back = self._back.setdefault((kind, scope), {})
         problem = None
-        if (recorded == 0) != (replayed == 0):
+        zero_ok = kind in ZERO_IS_VALUE
+        if not zero_ok and (recorded == 0) != (replayed == 0):
             problem = (f"recorded {recorded:#x}, replayed {replayed:#x} "
                        f"({'0 where the recording had a value' if replayed == 0 else 'not 0'})")
         elif recorded in fwd and fwd[recorded] != replayed:
@@ -201,7 +220,7 @@ class Mapper:
         elif recorded not in fwd and replayed in back and back[replayed] != recorded:
             problem = (f"recorded {recorded:#x} (new), replayed {replayed:#x}, which the "
                        f"recording had as {back[replayed]:#x}")
-        if recorded and replayed:
+        if zero_ok or (recorded and replayed):
             old = fwd.get(recorded)
             if old is not None and back.get(old) == recorded:
                 del back[old]

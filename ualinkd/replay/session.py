@@ -27,6 +27,7 @@ from .mapping import (
     Mapper,
     Region,
     clock_reading,
+    is_value,
     pointers,
     regions,
     scope_of,
@@ -48,6 +49,8 @@ class RecordingError(ValueError):
 # count): all `index_records` keeps of a record until its turn comes to be planned.
 INDEX_FIELDS = ("type", "node", "file", "pid", "time", "duration", "count")
 REPLAYED = ("open", "release", "ioctl", "gpu")  # the record types a replay issues
+# ... and of a `queue` record (what `queue_summary` counts; "at" reads an error's detail back)
+QUEUE_INDEX_FIELDS = ("event", "queue_id", "queue_type", "value")
 
 
 # -- checking a record ---------------------------------------------------------------------
@@ -160,6 +163,10 @@ FIELDS: dict[str, dict[str, tuple[Check, bool]]] = {
             "va": (_OFFSET, True), "length": (_COUNT, True), "result": (_INT, True),
             "data_hex": (_HEX, False)},
     "lost": {"count": (_INT, False)},
+    # (never replayed: read for `queue_summary`'s account of what is not)
+    "queue": {**{k: (c, True) for k, c in _COMMON.items()}, "queue_id": (_INT, True),
+              "event": (_STR, True), "queue_type": (_STR, False), "value": (_INT, False),
+              "detail": (_STR, False)},
 }
 MEM_FIELDS: dict[str, Check] = {
     "op": (lambda v: v in ("read", "write"), '"read" or "write"'), "addr": _U64,
@@ -281,7 +288,8 @@ def index_records(lines: Iterable[tuple[int, str | bytes]]) -> Index:
                 pass
         rec = _parse(n, line)
         if rec is not None:
-            out.append({**{k: rec[k] for k in INDEX_FIELDS if k in rec}, "at": at})
+            fields = INDEX_FIELDS + (QUEUE_INDEX_FIELDS if rec["type"] == "queue" else ())
+            out.append({**{k: rec[k] for k in fields if k in rec}, "at": at})
     return Index(out, partial[0] if partial is not None else None)
 
 
@@ -296,6 +304,102 @@ def timeline(recs: Iterable[dict[str, Any]], pids: set[int] | None = None,
         keep = [r for r in keep if r["pid"] in pids
                 or (r["type"] == "release" and (r["node"], r["file"]) in mine)]
     return sorted(keep, key=lambda r: (r["time"] + r.get("duration", 0.0)))
+
+
+@dataclasses.dataclass(slots=True)
+class QueueLife:
+    """One user queue as the recording saw it, from its `create` (or from the recording's
+    start, for a queue made before it) to its `destroy` (or the recording's end)."""
+
+    node: str
+    pid: int
+    queue_id: int
+    queue_type: str
+    created: bool = False
+    destroyed: bool = False
+    doorbells: int = 0
+    packets: int = 0
+    errors: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # their records
+
+    def note(self) -> str:
+        """`[pid 12] node0 queue 0 (sdma): created, 9 doorbells, 340 packets, destroyed`."""
+        parts = ["created" if self.created else "created before the recording",
+                 f"{self.doorbells} doorbells", f"{self.packets} packets"]
+        parts += [f"stopped in error at ring offset {e.get('value', 0):#x}"
+                  + (f": {e['detail']}" if e.get("detail") else "") for e in self.errors]
+        parts.append("destroyed" if self.destroyed else "not destroyed in the recording")
+        return (f"[pid {self.pid}] {self.node} queue {self.queue_id} ({self.queue_type}): "
+                + ", ".join(parts))
+
+
+@dataclasses.dataclass(slots=True)
+class QueueSummary:
+    """What of a recording's user queues a replay does not replay (issue 30 item 6).
+
+    A replay re-issues ioctls and GPU loads/stores. A queue's work is not one of them: the
+    client's CPU writes packets into the ring (its own memory, or a BO it mapped) and stores
+    the write pointer to the doorbell page it mmapped, and the daemon's engine executes
+    them. None of that passes through a call the trace records, so a recording has the
+    doorbells and the packets the engine decoded (`queue` records) but not the ring's bytes
+    a replay would need to make the engine run them again. CREATE_QUEUE and DESTROY_QUEUE
+    (and the other queue ioctls) are ioctls, replayed and compared as any other; the queue
+    they make in the replay gets no doorbell and runs nothing."""
+
+    records: int = 0
+    queues: list[QueueLife] = dataclasses.field(default_factory=list)
+
+    @property
+    def doorbells(self) -> int:
+        return sum(q.doorbells for q in self.queues)
+
+    @property
+    def packets(self) -> int:
+        return sum(q.packets for q in self.queues)
+
+    @property
+    def errors(self) -> int:
+        return sum(len(q.errors) for q in self.queues)
+
+    def line(self) -> str | None:
+        """The summary's line, or None for a recording without queue records."""
+        if not self.records:
+            return None
+        errors = f", {self.errors} queue errors" if self.errors else ""
+        return (f"not replayed: {self.records} queue records ({self.doorbells} doorbells, "
+                f"{self.packets} packets{errors} on {len(self.queues)} queues): the rings' "
+                "contents are the client's CPU memory, not in the recording; the queues' "
+                "ioctls are replayed, their doorbells and packets are not")
+
+
+def queue_summary(recs: Iterable[dict[str, Any]], pids: set[int] | None = None,
+                  nodes: set[str] | None = None) -> QueueSummary:
+    """The `queue` records of `recs` (in the recording's order; of `pids` and `nodes` only,
+    as `timeline` keeps calls) as queue lives: a queue id a process reuses after a destroy
+    is another queue."""
+    out = QueueSummary()
+    live: dict[tuple[str, int, int], QueueLife] = {}
+    for r in recs:
+        if r["type"] != "queue" or (pids is not None and r["pid"] not in pids) or (
+                nodes is not None and r["node"] not in nodes):
+            continue
+        out.records += 1
+        key = (r["node"], r["pid"], r["queue_id"])
+        event = r["event"]
+        q = live.get(key)
+        if q is None or event == "create":
+            q = live[key] = QueueLife(r["node"], r["pid"], r["queue_id"],
+                                      r.get("queue_type") or "?", created=event == "create")
+            out.queues.append(q)
+        if event == "doorbell":
+            q.doorbells += 1
+        elif event == "packet":
+            q.packets += 1
+        elif event == "error":
+            q.errors.append(r)
+        elif event == "destroy":
+            q.destroyed = True
+            del live[key]
+    return out
 
 
 def refuse_unreplayable(everything: list[dict[str, Any]], recs: list[dict[str, Any]],
@@ -490,7 +594,26 @@ class Replay:
             if rec["op"] == "store" and rec.get("data_truncated"):
                 return f"the recording kept {len(data)} of the store's {rec['length']} bytes"
             return GpuCall(key, rec["op"], rec["va"], rec["length"], data)
+        gone = self._lost_queue(rec, key)
+        if gone is not None:
+            return gone
         return self._plan_ioctl(rec, key)
+
+    def _lost_queue(self, rec: dict[str, Any], key: FileKey) -> Skip | None:
+        """A call on a queue the replay's CREATE_QUEUE did not make (it failed where the
+        recording's succeeded): not issued, it follows from that difference (the queue id
+        it names is not the replay's, or names another queue)."""
+        in_bytes = bytes.fromhex(rec["in_hex"])
+        for s in slots(rec["ioctl"], in_bytes):
+            if s.where != "in" or s.kind != "kfd_queue" or (v := s.read(in_bytes)) is None:
+                continue
+            lost_key = (s.kind, scope_of(s.kind, rec["node"], key[1]), v)
+            because = self.lost.get(lost_key)
+            if because is not None:
+                if s.role == FREE:
+                    del self.lost[lost_key]
+                return Skip(because, f"the replay's CREATE_QUEUE did not make queue {v}")
+        return None
 
     def _plan_ioctl(self, rec: dict[str, Any], key: FileKey) -> IoctlCall:
         cmd = int(rec["cmd"], 16)
@@ -613,7 +736,8 @@ class Replay:
             found.append(diff(f"= {_errname(out.result)}, recorded = {_errname(rec['result'])}"))
             if rec["result"] == 0:
                 for s in slots(name, in_bytes):
-                    if s.where == "out" and s.role == NEW and (r := s.read(want)):
+                    if s.where == "out" and s.role == NEW and is_value(s.kind, r := s.read(want)):
+                        assert r is not None
                         self.lost[(s.kind, scope_of(s.kind, node, file), r)] = found[0].index
             return found  # what it copied out means nothing next to the recording's
         got = bytearray(out.arg[:len(want)])
@@ -637,7 +761,8 @@ class Replay:
                     if problem:
                         found.append(diff(f"{s.field} ({s.kind}): {problem}"))
                     s.write(got, r)  # told once, as a handed-out value
-                elif s.where == "in" and s.role == FREE and (v := s.read(in_bytes)):
+                elif s.where == "in" and s.role == FREE and is_value(s.kind, v := s.read(in_bytes)):
+                    assert v is not None
                     self.mapper.forget(s.kind, scope, v)
         _, clock_out = clock_reading(name, in_bytes)
         if clock_out is not None:
