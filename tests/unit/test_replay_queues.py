@@ -214,3 +214,59 @@ def test_mapper_zero_is_a_queue_id_and_not_a_gem_handle():
     assert m.learn("kfd_queue", ("node0", 1), 0, 3) is None
     assert m.to_replay("kfd_queue", ("node0", 1), 0) == 3
     assert m.learn("gem", ("node0", 1), 0, 3) is not None
+
+
+# -- the memory a queue lives in: userptr allocations ----------------------------------------
+def test_a_userptr_allocation_names_the_range_the_replay_maps():
+    """KFD_IOC_ALLOC_MEM_FLAGS_USERPTR (mmap_offset the address) and AMDGPU_GEM_USERPTR
+    take the caller's own pages; other allocations take none."""
+    kfd = struct.pack("<QQQQII", 0x7F0000000000, 8192, 0, 0x7F0000001000, 0xF79B, 0xD6000004)
+    assert session.user_pages("AMDKFD_ALLOC_MEMORY_OF_GPU", kfd) == (0x7F0000001000, 8192)
+    gtt = struct.pack("<QQQQII", 0x7F0000000000, 8192, 0, 0, 0xF79B, 0xD6000002)
+    assert session.user_pages("AMDKFD_ALLOC_MEMORY_OF_GPU", gtt) is None
+    gem = struct.pack("<QQII", 0x7E0000000000, 4096, 0, 0)
+    assert session.user_pages("AMDGPU_GEM_USERPTR", gem) == (0x7E0000000000, 4096)
+    assert session.user_pages("AMDGPU_GEM_CREATE", gem) is None
+
+
+def test_the_issuer_maps_zero_pages_only_where_the_replayer_has_none():
+    """The recorded client's pages at a userptr address become zero pages of the replayer
+    (an overlapping second allocation reuses them); a range over the replayer's own memory
+    is refused, never pinned (a replayed GPU store would write into the replayer)."""
+    import ctypes
+
+    from ualinkd.replay.issue import PAGE, Issuer
+
+    issuer = Issuer({})
+    free = 0x3F0000000000  # (far below the mmap base and above the heap: unused)
+    try:
+        assert issuer.user_pages(free, 4 * PAGE) is None
+        assert ctypes.string_at(free, 4 * PAGE) == bytes(4 * PAGE)
+        assert issuer.user_pages(free + 2 * PAGE, 4 * PAGE) is None  # half of it already ours
+        assert sorted(issuer.user_ranges) == [(free, free + 4 * PAGE),
+                                                       (free + 4 * PAGE, free + 6 * PAGE)]
+        own = ctypes.create_string_buffer(4 * PAGE)
+        start = (ctypes.addressof(own) + PAGE - 1) // PAGE * PAGE
+        why = issuer.user_pages(start, PAGE)
+        assert why is not None and "has memory of its own" in why and "EEXIST" in why
+        assert issuer.user_pages(free, 1 << 40) is not None  # past MAX_USER_PAGES
+    finally:
+        issuer.close_all()
+    assert issuer.user_ranges == []
+
+
+def test_an_event_wait_that_differs_says_the_queues_that_woke_it_are_not_replayed():
+    replay = session.Replay([])
+    _opened_kfd(replay)
+    replay.queues_ran = {("node0", 10)}
+    cmd = ioctls.KFD_WAIT_EVENTS.cmd
+    args = struct.pack("<QIIII", 0, 0, 1, 10000, 0)
+    rec = _ioctl("AMDKFD_WAIT_EVENTS", cmd, args, args)
+    (d,) = _issue(replay, 2, rec, session.Outcome(0, arg=struct.pack("<QIIII", 0, 0, 1,
+                                                                        10000, 1)))
+    assert d.what == ("copied-out bytes differ at offset 20: 01000000, recorded 00000000"
+                      + session.QUEUE_EVENTS_NOTE), d
+    replay.queues_ran = set()
+    (d,) = _issue(replay, 3, rec, session.Outcome(0, arg=struct.pack("<QIIII", 0, 0, 1,
+                                                                        10000, 1)))
+    assert not d.what.endswith(session.QUEUE_EVENTS_NOTE)

@@ -306,6 +306,11 @@ def timeline(recs: Iterable[dict[str, Any]], pids: set[int] | None = None,
     return sorted(keep, key=lambda r: (r["time"] + r.get("duration", 0.0)))
 
 
+EVENT_WAITS = ("AMDKFD_WAIT_EVENTS",)
+QUEUE_EVENTS_NOTE = (" (its process's queues ran packets in the recording, which signal events "
+                     "— TRAP, completion signals — and are not replayed)")
+
+
 @dataclasses.dataclass(slots=True)
 class QueueLife:
     """One user queue as the recording saw it, from its `create` (or from the recording's
@@ -474,6 +479,9 @@ class IoctlCall:
     # (in the struct: -1 | in buffer i, offset, buffer j, offset in j): a pointer to patch
     patches: list[tuple[int, int, int, int]]
     sent: bytes = b""  # set by the edge: the struct with the pointers patched
+    # A userptr allocation's range (address, size): the edge maps zero pages there in the
+    # replayer first (`user_pages`), as the recorded client had its own pages there.
+    user_pages: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -507,6 +515,7 @@ class Outcome:
     buffers: list[bytes] = dataclasses.field(default_factory=list)
     data: bytes = b""
     fd: int = -1
+    refused: str | None = None  # the edge did not issue the call, and why
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -543,6 +552,9 @@ class Replay:
         self.lost: dict[tuple[str, tuple[str, int | None], int], int] = {}
         self.skipped_files: dict[FileKey, int] = {}
         self.recorded_opens = {(r["node"], r["file"]) for r in recs if r["type"] == "open"}
+        # (node, pid) whose queues the recording saw run packets (`queue_summary`): their
+        # TRAPs and completion signals woke event waits the replay's queues cannot.
+        self.queues_ran: set[tuple[str, int]] = set()
 
     def steps(self) -> Iterator[tuple[int, dict[str, Any]]]:
         for i, rec in enumerate(self.recs, 1):
@@ -659,7 +671,7 @@ class Replay:
         for i, (r, b) in enumerate(zip(spans, buffers, strict=True)):
             patches += [(i, off, j, delta)
                         for off, j, delta in pointers(b.data[:r.end - r.start], spans)]
-        return IoctlCall(key, cmd, arg, buffers, patches)
+        return IoctlCall(key, cmd, arg, buffers, patches, user_pages=user_pages(name, in_bytes))
 
     @staticmethod
     def _place(spans: list[Region], buffers: list[Buffer], addr: int, data: bytes,
@@ -707,7 +719,10 @@ class Replay:
             return []
         if isinstance(call, GpuCall):
             return self._compare_gpu(rec, out, diff)
-        return self._compare_ioctl(rec, call, out, diff)
+        found = self._compare_ioctl(rec, call, out, diff)
+        if found and rec["ioctl"] in EVENT_WAITS and (rec["node"], rec["pid"]) in self.queues_ran:
+            found = [dataclasses.replace(d, what=d.what + QUEUE_EVENTS_NOTE) for d in found]
+        return found
 
     @staticmethod
     def _compare_gpu(rec: dict[str, Any], out: Outcome,
@@ -732,8 +747,9 @@ class Replay:
         node, name, file = rec["node"], rec["ioctl"], call.file[1]
         in_bytes = bytes.fromhex(rec["in_hex"])
         want = bytes.fromhex(rec["out_hex"])
-        if out.result != rec["result"]:
-            found.append(diff(f"= {_errname(out.result)}, recorded = {_errname(rec['result'])}"))
+        if out.refused is not None or out.result != rec["result"]:
+            found.append(diff(f"not issued: {out.refused}" if out.refused is not None else
+                              f"= {_errname(out.result)}, recorded = {_errname(rec['result'])}"))
             if rec["result"] == 0:
                 for s in slots(name, in_bytes):
                     if s.where == "out" and s.role == NEW and is_value(s.kind, r := s.read(want)):
@@ -782,6 +798,26 @@ class Replay:
                     + (" (written past what the recording wrote)"
                        if all(x == CANARY for x in expect[at:at + 16]) else "")))
         return found
+
+
+# The userptr allocations: the caller's own pages become a BO (amdgpu_ttm_tt_get_user_pages
+# checks they are mapped). KFD_IOC_ALLOC_MEM_FLAGS_USERPTR (kfd_ioctl.h) with the address
+# in mmap_offset; AMDGPU_GEM_USERPTR's drm_amdgpu_gem_userptr {addr, size, flags, handle}.
+_KFD_ALLOC_USERPTR = 1 << 2
+MAX_USER_PAGES = 16 << 30  # bytes of zero pages a replay maps for them, in all
+
+
+def user_pages(name: str, in_bytes: bytes) -> tuple[int, int] | None:
+    """The (address, size) of caller memory a userptr allocation makes a BO of, else None."""
+    def u64(off: int) -> int:
+        return int.from_bytes(in_bytes[off:off + 8].ljust(8, b"\0"), "little")
+
+    if name == "AMDKFD_ALLOC_MEMORY_OF_GPU" and len(in_bytes) >= 40:
+        flags = int.from_bytes(in_bytes[36:40], "little")
+        return (u64(24), u64(8)) if flags & _KFD_ALLOC_USERPTR else None
+    if name == "AMDGPU_GEM_USERPTR" and len(in_bytes) >= 16:
+        return (u64(0), u64(8))
+    return None
 
 
 def _field_diffs(want: bytes, got: bytes, name: str, in_bytes: bytes) -> list[str]:
