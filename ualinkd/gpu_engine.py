@@ -114,6 +114,7 @@ class GpuEngineEdge:
         else:
             self._polling.pop(q, None)
             self._poll_delay.pop(q, None)
+            self._touched.pop(q, None)
             q.processor = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -259,6 +260,7 @@ class GpuEngineEdge:
             self._poll_delay.pop(q, None)
         if end.reason is EndReason.ERROR:
             self._queue_error(q, end)
+        self._touched.pop(q, None)  # (what the rptr write-back touched: no packet's)
 
     def _processor(self, q: kq.KfdQueue) -> object | None:
         """The engine consuming the queue's ring, made on its first doorbell: an SDMA ring
@@ -452,4 +454,3 @@ class GpuEngineEdge:
     @staticmethod
     def _kept(touched: list[EngineAccess]) -> tuple[tuple[EngineAccess, ...], bool]:
         return tuple(touched[:ENGINE_ACCESSES_KEPT]), len(touched) > ENGINE_ACCESSES_KEPT
-

@@ -30,6 +30,8 @@ def test_each_packet_record_names_the_memory_it_touched_and_its_fields():
         rig.submit(copy(DATA + 64, DATA, 8) + fence(DATA + 128, 7))
         await until(lambda: rig.word(DATA + 128) == 7)
         await until(lambda: rig.word(RPTR, 8) == rig.index[0])
+        await until(lambda: not edge._running)
+        assert edge._touched == {}  # (nothing kept of a queue between runs)
 
     run_edge(rig, body)
     packets = [r for r in seen if isinstance(r, QueueRecord) and r.event == "packet"]
