@@ -19,6 +19,8 @@ import pytest
 from nodes import c_program, recording, running_node
 from test_hsakmt_queues import MINOR, SHIM, queues
 
+from ualinkd.replay.session import QUEUE_EVENTS_NOTE
+
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(not Path("/usr/include/hsakmt.h").exists(),
@@ -61,9 +63,7 @@ def test_a_recorded_hsakmt_sdma_session_replays_and_says_what_of_its_queues_it_d
         # only the wait a TRAP packet woke differs, and says why
         diffs = [ln for ln in out.splitlines() if ln.startswith("#")]
         assert len(diffs) == 1 and "AMDKFD_WAIT_EVENTS" in diffs[0], out + fresh.log_text()
-        assert diffs[0].endswith("(its process's queues ran packets in the recording, which "
-                                 "signal events — TRAP, completion signals — and are not "
-                                 "replayed)"), diffs
+        assert diffs[0].endswith(QUEUE_EVENTS_NOTE), diffs
         assert res.returncode == 1
         assert (f"not replayed: {len(queued)} queue records ({counts['doorbell']} doorbells, "
                 f"{counts['packet']} packets, 1 queue errors on 2 queues): the rings' contents "

@@ -255,18 +255,37 @@ def test_the_issuer_maps_zero_pages_only_where_the_replayer_has_none():
     assert issuer.user_ranges == []
 
 
-def test_an_event_wait_that_differs_says_the_queues_that_woke_it_are_not_replayed():
+def test_an_event_wait_on_a_node_whose_queues_ran_is_bounded_and_says_why_it_differs():
+    """A wait a queue's TRAP ended in the recording cannot end in the replay (no packet
+    runs): on a node whose queues ran, the wait is sent with its recorded time + 250 ms
+    as its timeout (never ROCr's forever), the timeout echoed back is not a difference,
+    and a wait that then differs says why."""
     replay = session.Replay([])
     _opened_kfd(replay)
-    replay.queues_ran = {("node0", 10)}
+    replay.queues_ran = {"node0"}
     cmd = ioctls.KFD_WAIT_EVENTS.cmd
-    args = struct.pack("<QIIII", 0, 0, 1, 10000, 0)
-    rec = _ioctl("AMDKFD_WAIT_EVENTS", cmd, args, args)
-    (d,) = _issue(replay, 2, rec, session.Outcome(0, arg=struct.pack("<QIIII", 0, 0, 1,
-                                                                        10000, 1)))
+    args = struct.pack("<QIIII", 0, 1, 1, 0xFFFFFFFE, 0)
+    rec = {**_ioctl("AMDKFD_WAIT_EVENTS", cmd, args, args), "duration": 0.5}
+    call = replay.plan(rec)
+    assert isinstance(call, session.IoctlCall)
+    assert struct.unpack_from("<I", call.arg, 16)[0] == 750
+    call.sent = bytes(call.arg)
+    timed_out = bytearray(call.arg)
+    timed_out[20:24] = struct.pack("<I", 1)
+    (d,) = replay.compare(2, rec, call, session.Outcome(0, arg=bytes(timed_out)))
     assert d.what == ("copied-out bytes differ at offset 20: 01000000, recorded 00000000"
                       + session.QUEUE_EVENTS_NOTE), d
+    assert replay.compare(3, rec, call, session.Outcome(0, arg=call.sent)) == []
+    short = {**rec, "in_hex": struct.pack("<QIIII", 0, 1, 1, 100, 0).hex()}
+    call = replay.plan(short)
+    assert isinstance(call, session.IoctlCall)
+    assert struct.unpack_from("<I", call.arg, 16)[0] == 100  # (its own, shorter)
     replay.queues_ran = set()
-    (d,) = _issue(replay, 3, rec, session.Outcome(0, arg=struct.pack("<QIIII", 0, 0, 1,
-                                                                        10000, 1)))
+    call = replay.plan(rec)
+    assert isinstance(call, session.IoctlCall)
+    assert struct.unpack_from("<I", call.arg, 16)[0] == 0xFFFFFFFE  # no queues: as recorded
+    call.sent = bytes(call.arg)
+    timed_out = bytearray(call.arg)
+    timed_out[20:24] = struct.pack("<I", 1)
+    (d,) = replay.compare(4, rec, call, session.Outcome(0, arg=bytes(timed_out)))
     assert not d.what.endswith(session.QUEUE_EVENTS_NOTE)

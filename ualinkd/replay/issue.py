@@ -266,7 +266,7 @@ def _run(f: BinaryIO, path: str, given: Mapping[str, str] | Sequence[tuple[str, 
 
     queued = queue_summary(everything, pids, nodes)
     replay = Replay(recs, whole)
-    replay.queues_ran = {(q.node, q.pid) for q in queued.queues if q.packets or q.errors}
+    replay.queues_ran = {q.node for q in queued.queues if q.packets or q.errors}
     issuer = Issuer(mounts)
     found: list[Difference] = []
     skipped = 0

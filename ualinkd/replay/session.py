@@ -306,9 +306,18 @@ def timeline(recs: Iterable[dict[str, Any]], pids: set[int] | None = None,
     return sorted(keep, key=lambda r: (r["time"] + r.get("duration", 0.0)))
 
 
+# kfd_ioctl_wait_events_args' timeout (ms) and its offset. A replay is one thread issuing
+# calls in their recorded completion order: whatever signalled a recorded wait's events
+# through a call (SET_EVENT, another pid's) is issued before it. Only a queue's TRAP or
+# completion signal, which the replay does not run, could end it otherwise, so on a node
+# whose queues ran, a wait waits at most its recorded time plus WAIT_SLACK_MS — never the
+# forever of ROCr's event thread, whose queues will not signal.
 EVENT_WAITS = ("AMDKFD_WAIT_EVENTS",)
-QUEUE_EVENTS_NOTE = (" (its process's queues ran packets in the recording, which signal events "
-                     "— TRAP, completion signals — and are not replayed)")
+WAIT_TIMEOUT_OFFSET = 16
+WAIT_SLACK_MS = 250
+QUEUE_EVENTS_NOTE = (" (the recording's queues on this node ran packets, which signal events — "
+                     "TRAP, completion signals — and are not replayed; the wait was given its "
+                     f"recorded time + {WAIT_SLACK_MS} ms)")
 
 
 @dataclasses.dataclass(slots=True)
@@ -482,6 +491,7 @@ class IoctlCall:
     # A userptr allocation's range (address, size): the edge maps zero pages there in the
     # replayer first (`user_pages`), as the recorded client had its own pages there.
     user_pages: tuple[int, int] | None = None
+    bounded: tuple[int, int] | None = None  # (offset, size) of a timeout the plan lowered
 
 
 @dataclasses.dataclass(slots=True)
@@ -552,9 +562,10 @@ class Replay:
         self.lost: dict[tuple[str, tuple[str, int | None], int], int] = {}
         self.skipped_files: dict[FileKey, int] = {}
         self.recorded_opens = {(r["node"], r["file"]) for r in recs if r["type"] == "open"}
-        # (node, pid) whose queues the recording saw run packets (`queue_summary`): their
-        # TRAPs and completion signals woke event waits the replay's queues cannot.
-        self.queues_ran: set[tuple[str, int]] = set()
+        # The nodes whose queues the recording saw run packets (`queue_summary`): their
+        # TRAPs and completion signals woke event waits the replay's queues cannot (a
+        # process's threads wait too, each its own recorded pid: by node, not by pid).
+        self.queues_ran: set[str] = set()
 
     def steps(self) -> Iterator[tuple[int, dict[str, Any]]]:
         for i, rec in enumerate(self.recs, 1):
@@ -671,7 +682,14 @@ class Replay:
         for i, (r, b) in enumerate(zip(spans, buffers, strict=True)):
             patches += [(i, off, j, delta)
                         for off, j, delta in pointers(b.data[:r.end - r.start], spans)]
-        return IoctlCall(key, cmd, arg, buffers, patches, user_pages=user_pages(name, in_bytes))
+        call = IoctlCall(key, cmd, arg, buffers, patches, user_pages=user_pages(name, in_bytes))
+        if name in EVENT_WAITS and node in self.queues_ran and len(arg) >= 20:
+            o = WAIT_TIMEOUT_OFFSET
+            recorded = int.from_bytes(in_bytes[o:o + 4].ljust(4, b"\0"), "little")
+            bound = min(recorded, math.ceil(rec.get("duration", 0.0) * 1000) + WAIT_SLACK_MS)
+            arg[o:o + 4] = bound.to_bytes(4, "little")
+            call.bounded = (o, 4)
+        return call
 
     @staticmethod
     def _place(spans: list[Region], buffers: list[Buffer], addr: int, data: bytes,
@@ -720,7 +738,7 @@ class Replay:
         if isinstance(call, GpuCall):
             return self._compare_gpu(rec, out, diff)
         found = self._compare_ioctl(rec, call, out, diff)
-        if found and rec["ioctl"] in EVENT_WAITS and (rec["node"], rec["pid"]) in self.queues_ran:
+        if found and rec["ioctl"] in EVENT_WAITS and rec["node"] in self.queues_ran:
             found = [dataclasses.replace(d, what=d.what + QUEUE_EVENTS_NOTE) for d in found]
         return found
 
@@ -780,6 +798,10 @@ class Replay:
                 elif s.where == "in" and s.role == FREE and is_value(s.kind, v := s.read(in_bytes)):
                     assert v is not None
                     self.mapper.forget(s.kind, scope, v)
+        if call.bounded is not None:  # the lowered timeout, echoed: read as the recording's
+            lo, hi = call.bounded[0], call.bounded[0] + call.bounded[1]
+            if got[lo:hi] == call.sent[lo:hi]:
+                got[lo:hi] = in_bytes[lo:hi]
         _, clock_out = clock_reading(name, in_bytes)
         if clock_out is not None:
             lo, hi = clock_out
