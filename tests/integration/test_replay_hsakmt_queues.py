@@ -5,7 +5,9 @@ a fresh node. The recording has each queue's creation, doorbells, packets decode
 memory they touched, its error and destruction; the replay re-creates and destroys the
 queues through the real ioctls (their rings, in userptr memory, get zero pages at the
 recorded addresses), and says what it does not replay: the doorbells and packets (the ring's
-bytes are the client's CPU memory), and the event wait a TRAP packet had woken."""
+bytes are the client's CPU memory), and the event wait a TRAP packet had woken. Debian's
+ROCr 5.2.3 (tests/c/rocr_client.c) the same, its AQL queue too, without the replay hanging
+in ROCr's event thread's endless waits."""
 
 from __future__ import annotations
 
@@ -81,3 +83,37 @@ def test_a_recorded_hsakmt_sdma_session_replays_and_says_what_of_its_queues_it_d
         assert sorted(made) == [(0, "create"), (0, "destroy"), (1, "create"),
                                 (1, "destroy")], made
         assert queues(fresh) == [] and fresh.debug(MINOR, "kfd_processes").strip() == ""
+
+
+def test_a_recorded_rocr_session_replays_its_aql_and_sdma_queues_without_hanging(
+        tmp_path: Path):
+    """Debian's ROCr 5.2.3 (tests/c/rocr_client.c: hsa_queue_create, async copies on its
+    SDMA queues, signal waits, barriers, a dispatch that fails, shutdown) recorded and
+    replayed: every queue ioctl replays as recorded (the AQL and SDMA queues are made and
+    destroyed again), and ROCr's event thread's waits — forever, in the recording ended by
+    completion signals the packets sent — end after their recorded time, each a
+    difference saying why; the replay says what of the 4 queues it did not run."""
+    from test_rocr import client_env, mi210_config
+
+    rec = tmp_path / "rec.jsonl"
+    with running_node(tmp_path / "a", mi210_config()) as node:
+        with recording([node.mount], rec):
+            run = subprocess.run([c_program("rocr_client")], env=client_env(node.mount),
+                                 capture_output=True, text=True, timeout=280)
+            assert run.returncode == 0, run.stdout + run.stderr[-3000:] + node.log_text()
+    recs = [json.loads(ln) for ln in rec.read_text().splitlines()]
+    kinds = {r["queue_type"] for r in recs if r["type"] == "queue"}
+    assert kinds == {"compute_aql", "sdma"}, kinds
+    with running_node(tmp_path / "b", mi210_config()) as fresh:
+        res = subprocess.run([sys.executable, "-m", "ualinkd", "replay", "-v", str(rec),
+                              "--mount", str(fresh.mount)],
+                             capture_output=True, text=True, timeout=240)
+        out = res.stdout
+        diffs = [ln for ln in out.splitlines() if ln.startswith("#")]
+        assert diffs and all("AMDKFD_WAIT_EVENTS" in d and d.endswith(QUEUE_EVENTS_NOTE)
+                             for d in diffs), out + fresh.log_text()[-3000:]
+        notes = [ln for ln in out.splitlines() if ln.startswith("  queue not replayed: ")]
+        assert len(notes) == 4, out
+        assert any("(compute_aql)" in n and "KERNEL_DISPATCH" in n for n in notes), notes
+        assert "not replayed: " in out and " on 4 queues): the rings' contents" in out, out
+        assert queues(fresh) == []
