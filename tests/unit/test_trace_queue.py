@@ -13,10 +13,11 @@ from ualinkd.gpu_engine import GpuEngineEdge
 from ualinkd.trace import ENGINE_ACCESSES_KEPT, EngineAccess, QueueRecord, Record
 
 
-def _traced(rig: Rig) -> list[QueueRecord]:
+def _traced(rig: Rig) -> list[Record]:
+    """Every record the node traces from now on (the caller picks the queue records)."""
     seen: list[Record] = []
     rig.node.tracer = seen.append
-    return seen  # type: ignore[return-value]  # (filtered by the caller)
+    return seen
 
 
 def test_each_packet_record_names_the_memory_it_touched_and_its_fields():
