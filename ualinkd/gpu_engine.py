@@ -55,6 +55,7 @@ from .amdgpu.engine import (
     atomic_result,
     format_packet,
     gpu_clock_counter,
+    packet_fields,
 )
 from .amdgpu.memory import BoMemory
 from .amdgpu.sdma import SdmaRing
@@ -62,6 +63,7 @@ from .amdkfd import queues as kq
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.loaded import in_memory
+from .trace import ENGINE_ACCESSES_KEPT, EngineAccess
 
 if TYPE_CHECKING:
     from .node import NodeCore
@@ -117,6 +119,9 @@ class GpuEngineEdge:
         self._nursery: trio.Nursery | None = None
         self._atomics = trio.Lock()
         self.ticks = 0  # scans done, for tests of the idle cost
+        # While tracing: the memory each running queue's engine touched since its last
+        # packet (`_touch`), for that packet's trace record.
+        self._touched: dict[kq.KfdQueue, list[EngineAccess]] = {}
         # What the watch thread compares: per doorbell slice, its memory and the (slot,
         # last value) of each queue there that waits for a doorbell. Replaced whole by
         # each scan (the thread only reads the reference it took).
@@ -130,6 +135,7 @@ class GpuEngineEdge:
         else:
             self._polling.pop(q, None)
             self._poll_delay.pop(q, None)
+            self._touched.pop(q, None)
             q.processor = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -277,6 +283,7 @@ class GpuEngineEdge:
             if end.fault is not None and process_exiting(q.pid):
                 return  # its memory went first: the release that follows stops the queue
             self._queue_error(q, end)
+        self._touched.pop(q, None)  # (what the rptr write-back touched: no packet's)
 
     def _processor(self, q: kq.KfdQueue) -> object | None:
         """The engine consuming the queue's ring, made on its first doorbell: an SDMA ring
@@ -319,6 +326,7 @@ class GpuEngineEdge:
                     else "a PM4 compute queue: no PM4 command processor runs here")
             return RunEnd(EndReason.ERROR, 0, what)
         gen: EngineRun = proc.run(doorbell)  # type: ignore[attr-defined]
+        self._touched.pop(q, None)  # (a poll re-run re-reads: its packet starts afresh)
         answer: object = None
         fault: GpuFault | None = None
         yield_at = time.monotonic() + RUN_SLICE
@@ -381,6 +389,8 @@ class GpuEngineEdge:
             raise GpuFault(va + n, True)
 
     async def _fulfil(self, q: kq.KfdQueue, req: Request) -> object:
+        if self.core.tracer is not None:
+            self._touch(q, req)
         if isinstance(req, Read):
             return await self._load(q, req.va, req.size)
         if isinstance(req, Write):
@@ -419,8 +429,10 @@ class GpuEngineEdge:
             return None
         if isinstance(req, Executed):
             q.packets += 1
+            touched = self._touched.pop(q, [])
             if self.core.tracer is not None:  # strace-style: the packet as decoded
-                self.core.trace_queue(q, "packet", req.ring_offset, format_packet(req.packet))
+                self.core.trace_queue(q, "packet", req.ring_offset, format_packet(req.packet),
+                                      *self._kept(touched), fields=packet_fields(req.packet))
             return None
         raise AssertionError(f"unknown engine request {req!r}")
 
@@ -431,7 +443,8 @@ class GpuEngineEdge:
         q.error = end.error or "queue error"
         log.warning("GPU queue error: pid %d queue %d (%s, gpu_id %#x) at ring offset %#x: %s",
                     q.pid, q.queue_id, q.type_name, q.gpu_id, end.offset, q.error)
-        self.core.trace_queue(q, "error", end.offset, q.error)
+        self.core.trace_queue(q, "error", end.offset, q.error,
+                              *self._kept(self._touched.pop(q, [])))
         proc = self.kfd.processes.get(q.pid)
         if end.fault is not None and proc is not None:
             kq.vm_fault(self.kfd, proc, q.gpu_id, end.fault.va, end.fault.write)
@@ -439,3 +452,33 @@ class GpuEngineEdge:
     def _trace_doorbell(self, q: kq.KfdQueue, value: int) -> None:
         self.core.trace_queue(q, "doorbell", value)
 
+    def _touch(self, q: kq.KfdQueue, req: Request) -> None:
+        """Note the memory `req` touches for the packet being executed, less the queue's
+        own ring and read/write pointers (consuming the ring, not the packet's work), each
+        distinct access once (a poll re-reads its word)."""
+        if isinstance(req, Read):
+            got = [EngineAccess("read", req.va, req.size)]
+        elif isinstance(req, Write):
+            got = [EngineAccess("write", req.va, len(req.data))]
+        elif isinstance(req, Copy):
+            got = [EngineAccess("read", req.src_va, req.size),
+                   EngineAccess("write", req.dst_va, req.size)]
+        elif isinstance(req, Fill):
+            got = [EngineAccess("write", req.dst_va, req.size)]
+        elif isinstance(req, Atomic):
+            got = [EngineAccess("atomic", req.va, req.size)]
+        else:
+            return
+        ring_end = q.ring_base + q.ring_size
+        touched = self._touched.setdefault(q, [])
+        for a in got:
+            if (q.ring_base <= a.va < ring_end or a.va in (q.rptr_address, q.wptr_address)
+                    or a in touched):
+                continue
+            if len(touched) > ENGINE_ACCESSES_KEPT:
+                break  # (one past the most kept: says "truncated")
+            touched.append(a)
+
+    @staticmethod
+    def _kept(touched: list[EngineAccess]) -> tuple[tuple[EngineAccess, ...], bool]:
+        return tuple(touched[:ENGINE_ACCESSES_KEPT]), len(touched) > ENGINE_ACCESSES_KEPT

@@ -49,6 +49,7 @@ from .drm.tokens import DmaBufTokens
 from .fuse.backend import IoctlReply
 from .sysfs import SysAttr, SysDir, pci_bdf  # noqa: F401 (pci_bdf: its old home)
 from .trace import (
+    EngineAccess,
     FdResolution,
     FileRecord,
     GpuAccessRecord,
@@ -457,14 +458,17 @@ class NodeCore:
                                                    remote_soon=remote_soon))
         return store  # type: ignore[return-value]  # gpu_store's result, traced
 
-    def trace_queue(self, q: KfdQueue, event: str, value: int = 0, detail: str = "") -> None:
-        """A user queue's creation, destruction, doorbell or error, to the tracer."""
+    def trace_queue(self, q: KfdQueue, event: str, value: int = 0, detail: str = "",
+                    mem: tuple[EngineAccess, ...] = (), mem_truncated: bool = False,
+                    fields: dict[str, object] | None = None) -> None:
+        """A user queue's creation, destruction, doorbell, packet or error, to the tracer
+        (a packet's or an error's: the memory touched for it, its decoded fields)."""
         if self.tracer is None:
             return
         minor = self.kfd.nodes[q.gpu_id].render_minor
         self.tracer(QueueRecord(q.pid, self.name, minor, self.managers[minor].accel_id,
                                 q.queue_id, q.type_name, event, value, detail,
-                                self.trace_clock()))
+                                self.trace_clock(), mem, mem_truncated, fields))
 
     def _traced_gpu(self, drm_file: DrmFile, op: str, va: int, length: int, data: bytes,
                     caller: Caller, access: Callable[[], object]) -> object:

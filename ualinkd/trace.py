@@ -475,11 +475,30 @@ class FabricRecord:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class EngineAccess:
+    """Memory a queue's engine touched for one packet, through the process's GPU VM:
+    `op` "read", "write" or "atomic" (a read-modify-write), `length` bytes at `va`."""
+
+    op: str
+    va: int
+    length: int
+
+    def as_dict(self) -> Fields:
+        return {"op": self.op, "va": self.va, "len": self.length}
+
+    def text(self) -> str:
+        return f"{self.op} {self.va:#x}+{self.length:#x}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class QueueRecord:
     """A user queue's life on the emulated GPU (issue 30 item 6): `event` "create" /
     "destroy" / "doorbell" (`value` the doorbell's 64-bit value) / "packet" (one executed,
-    `detail` as decoded, `value` its ring offset) / "error" (`detail` the reason, `value`
-    the ring offset)."""
+    `detail` as decoded, `fields` its decoded fields, `value` its ring offset) / "error"
+    (`detail` the reason, `value` the ring offset). A packet (and an error: the packet that
+    stopped the queue) carries `mem`, the memory the engine touched for it outside the
+    queue's own ring and read/write pointers (the packet's reads, writes and atomics, each
+    distinct access once, at most `ENGINE_ACCESSES_KEPT`; `mem_truncated` when more)."""
 
     pid: int
     node: str
@@ -491,6 +510,9 @@ class QueueRecord:
     value: int = 0
     detail: str = ""
     start: float = 0.0
+    mem: tuple[EngineAccess, ...] = ()
+    mem_truncated: bool = False
+    fields: Fields | None = None  # a packet's decoded fields (engine.packet_fields)
 
     kind = "queue"
     result = None  # (no call: never "failed")
@@ -500,10 +522,16 @@ class QueueRecord:
         return f"QUEUE_{self.event.upper()}"
 
     def as_dict(self) -> Fields:
-        return {"v": SCHEMA_VERSION, "type": "queue", "time": self.start, "pid": self.pid,
-                "node": self.node, "minor": self.minor, "accel": self.accel,
-                "queue_id": self.queue_id, "queue_type": self.queue_type,
-                "event": self.event, "value": self.value, "detail": self.detail}
+        out = {"v": SCHEMA_VERSION, "type": "queue", "time": self.start, "pid": self.pid,
+               "node": self.node, "minor": self.minor, "accel": self.accel,
+               "queue_id": self.queue_id, "queue_type": self.queue_type,
+               "event": self.event, "value": self.value, "detail": self.detail}
+        if self.event in ("packet", "error"):
+            if self.fields is not None:
+                out["fields"] = self.fields
+            out["mem"] = [m.as_dict() for m in self.mem]
+            out["mem_truncated"] = self.mem_truncated
+        return out
 
     def json(self) -> str:
         return json.dumps(self.as_dict(), separators=(",", ":"))
@@ -513,8 +541,14 @@ class QueueRecord:
         what = {"doorbell": f", doorbell={self.value:#x}",
                 "packet": f", ring_offset={self.value:#x}, {self.detail}",
                 "error": f", ring_offset={self.value:#x}, {self.detail}"}.get(self.event, "")
+        if self.mem or self.mem_truncated:
+            what += (", mem=[" + ", ".join(m.text() for m in self.mem)
+                     + (", ..." if self.mem_truncated else "") + "]")
         return (f"{ts}[pid {self.pid}] {self.node} renderD{self.minor} {self.name}("
                 f"queue={self.queue_id}, {self.queue_type}{what})")
+
+
+ENGINE_ACCESSES_KEPT = 64  # distinct accesses a packet's record lists (a poll re-reads one)
 
 
 Record = TraceRecord | GpuAccessRecord | FabricRecord | FileRecord | QueueRecord

@@ -717,12 +717,26 @@ KFD_IMPORT_DMABUF = _kfd(0x1D, "IMPORT_DMABUF", st.KFD_IMPORT_DMABUF)
 KFD_SET_XNACK_MODE = _kfd(0x21, "SET_XNACK_MODE", st.KFD_SET_XNACK_MODE)
 KFD_EXPORT_DMABUF = _kfd(0x24, "EXPORT_DMABUF", st.KFD_EXPORT_DMABUF)
 KFD_AVAILABLE_MEMORY = _kfd(0x23, "AVAILABLE_MEMORY", st.KFD_GET_AVAILABLE_MEMORY)
-KFD_CREATE_QUEUE = _kfd(0x02, "CREATE_QUEUE", st.KFD_CREATE_QUEUE)
-KFD_DESTROY_QUEUE = _kfd(0x03, "DESTROY_QUEUE", st.KFD_DESTROY_QUEUE)
-KFD_UPDATE_QUEUE = _kfd(0x07, "UPDATE_QUEUE", st.KFD_UPDATE_QUEUE, IOC_WRITE)
-KFD_SET_CU_MASK = _kfd(0x1A, "SET_CU_MASK", st.KFD_SET_CU_MASK, IOC_WRITE)
-KFD_GET_QUEUE_WAVE_STATE = _kfd(0x1B, "GET_QUEUE_WAVE_STATE", st.KFD_GET_QUEUE_WAVE_STATE)
-KFD_ALLOC_QUEUE_GWS = _kfd(0x1E, "ALLOC_QUEUE_GWS", st.KFD_ALLOC_QUEUE_GWS)
+# A user queue: its id, per process (the kfd file's; 0 is the first, find_first_zero_bit in
+# pqm_create_queue), and the doorbell's mmap cookie, which no ioctl takes back (the client
+# mmaps it) but a re-created queue may legitimately get another of.
+KFD_CREATE_QUEUE = _kfd(0x02, "CREATE_QUEUE", st.KFD_CREATE_QUEUE,
+                        handed=_handed(st.KFD_CREATE_QUEUE,
+                                       ("doorbell_offset", "out", "kfd_doorbell", NEW),
+                                       ("queue_id", "out", "kfd_queue", NEW)))
+KFD_DESTROY_QUEUE = _kfd(
+    0x03, "DESTROY_QUEUE", st.KFD_DESTROY_QUEUE,
+    handed=_handed(st.KFD_DESTROY_QUEUE, ("queue_id", "in", "kfd_queue", FREE)))
+KFD_UPDATE_QUEUE = _kfd(0x07, "UPDATE_QUEUE", st.KFD_UPDATE_QUEUE, IOC_WRITE,
+                        handed=_handed(st.KFD_UPDATE_QUEUE, ("queue_id", "in", "kfd_queue", REF)))
+KFD_SET_CU_MASK = _kfd(0x1A, "SET_CU_MASK", st.KFD_SET_CU_MASK, IOC_WRITE,
+                       handed=_handed(st.KFD_SET_CU_MASK, ("queue_id", "in", "kfd_queue", REF)))
+KFD_GET_QUEUE_WAVE_STATE = _kfd(
+    0x1B, "GET_QUEUE_WAVE_STATE", st.KFD_GET_QUEUE_WAVE_STATE,
+    handed=_handed(st.KFD_GET_QUEUE_WAVE_STATE, ("queue_id", "in", "kfd_queue", REF)))
+KFD_ALLOC_QUEUE_GWS = _kfd(
+    0x1E, "ALLOC_QUEUE_GWS", st.KFD_ALLOC_QUEUE_GWS,
+    handed=_handed(st.KFD_ALLOC_QUEUE_GWS, ("queue_id", "in", "kfd_queue", REF)))
 KFD_GET_TILE_CONFIG = _kfd(0x12, "GET_TILE_CONFIG", st.KFD_GET_TILE_CONFIG)
 KFD_RUNTIME_ENABLE = _kfd(0x25, "RUNTIME_ENABLE", st.KFD_RUNTIME_ENABLE)
 KFD_SVM = _kfd(0x20, "SVM", 24)

@@ -3,12 +3,13 @@ item 2; issue 33 item 4: they live on the ioctl table's entries, next to the tra
 
 A driver hands out values a client then passes back: GEM and syncobj handles (per open
 file, `drm_gem_handle_create`'s idr), amdgpu context ids, GEM_MMAP offsets, dma-buf tokens
-(per node), UALink handles (pod-wide: the importer's comes from the exporter). An entry's
-`HandedValues` says, by the struct layout's field names (abi/structs.py), whether the call
-hands one out (`NEW`), takes one it handed out (`REF`) or gives one back (`FREE`), which
-pointers lead to arrays of them in the caller's memory (the syncobj ioctls' `handles`), and
-which answers read a clock no two runs share. The trace reports the values handed out
-(`handed`); the replay (replay/) maps them between two runs. Sans-IO: bytes in, ints out.
+(per node), UALink handles (pod-wide: the importer's comes from the exporter), KFD queue
+ids and doorbell mmap cookies (per kfd file). An entry's `HandedValues` says, by the struct
+layout's field names (abi/structs.py), whether the call hands one out (`NEW`), takes one it
+handed out (`REF`) or gives one back (`FREE`), which pointers lead to arrays of them in the
+caller's memory (the syncobj ioctls' `handles`), and which answers read a clock no two runs
+share. The trace reports the values handed out (`handed`); the replay (replay/) maps them
+between two runs. Sans-IO: bytes in, ints out.
 """
 
 from __future__ import annotations

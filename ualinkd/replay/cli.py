@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         node, sep, path = m.partition("=")
         mounts.append((node, path) if sep else ("", m))
     try:
-        found = replay(args.recording, mounts, set(args.pid) if args.pid else None)
+        found = replay(args.recording, mounts, set(args.pid) if args.pid else None,
+                       verbose=getattr(args, "verbose", False))
     except RecordingError as e:
         print(f"ualinkd replay: {args.recording}: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, TextIO
 
 from .session import (
+    MAX_USER_PAGES,
     Call,
     CloseCall,
     Difference,
@@ -29,6 +30,7 @@ from .session import (
     Skip,
     device_path,
     index_records,
+    queue_summary,
     refuse_unreplayable,
     timeline,
 )
@@ -39,6 +41,19 @@ _ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
 _ioctl.restype = ctypes.c_int
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
+_mmap = _libc.mmap
+_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                  ctypes.c_long]
+_mmap.restype = ctypes.c_void_p
+_munmap = _libc.munmap
+_munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_munmap.restype = ctypes.c_int
+# <sys/mman.h>: a private anonymous mapping at exactly the address asked, never over one
+# that is there (MAP_FIXED_NOREPLACE: EEXIST), reserving no swap for pages never touched.
+_MAP_ANON_FIXED = 0x02 | 0x20 | 0x4000 | 0x100000  # PRIVATE|ANONYMOUS|NORESERVE|FIXED_NOREPLACE
+_PROT_RW = 0x1 | 0x2
+_MAP_FAILED = ctypes.c_void_p(-1).value
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 # openat2(2) (Linux 5.6; the same number on every architecture but alpha) and its
 # <linux/openat2.h> flags: RESOLVE_BENEATH refuses a walk leaving the directory (`..`, an
@@ -92,6 +107,7 @@ class Issuer:
         self.mounts = mounts
         self.fds: dict[tuple[str, int], int] = {}
         self.dir_fds: dict[str, int] = {}  # mount -> an O_PATH fd of its directory
+        self.user_ranges: list[tuple[int, int]] = []  # (start, end) of zero pages mapped
 
     def mount_for(self, node: str) -> str:
         m = self.mounts.get(node, self.mounts.get(""))
@@ -131,7 +147,42 @@ class Issuer:
                 return Outcome(-(e.errno or 5))
         return self._ioctl(call)
 
+    def user_pages(self, addr: int, size: int) -> str | None:
+        """Map zero pages at [addr, addr + size) in the replayer where it has none of its
+        own (what was there in the recorded client is not recorded), for a userptr
+        allocation to pin; None, or why not. Never over the replayer's own memory: a BO of
+        it would let a replayed GPU store write into the replayer."""
+        if size == 0 or (addr | size) % PAGE or addr + size > 1 << 47:
+            return None  # the daemon refuses it as it refused the recorded one
+        gaps, at = [], addr
+        for start, end in sorted(self.user_ranges):
+            if end <= at or start >= addr + size:
+                continue
+            if start > at:
+                gaps.append((at, start))
+            at = max(at, end)
+        if at < addr + size:
+            gaps.append((at, addr + size))
+        total = sum(e - s for s, e in (*self.user_ranges, *gaps))
+        if total > MAX_USER_PAGES:
+            return (f"its userptr range would take the replay's zero pages past "
+                    f"{MAX_USER_PAGES >> 30} GiB")
+        for start, end in gaps:
+            got = _mmap(start, end - start, _PROT_RW, _MAP_ANON_FIXED, -1, 0)
+            if got != start:
+                err = ctypes.get_errno()
+                if got not in (None, _MAP_FAILED):  # (a kernel without NOREPLACE: a hint)
+                    _munmap(got, end - start)
+                return (f"the replayer has memory of its own in the recorded userptr range "
+                        f"{addr:#x}+{size:#x} ({errno.errorcode.get(err, err)})")
+            self.user_ranges.append((start, end))
+        return None
+
     def _ioctl(self, call: IoctlCall) -> Outcome:
+        if call.user_pages is not None:
+            why = self.user_pages(*call.user_pages)
+            if why is not None:
+                return Outcome(-errno.EFAULT, refused=why)
         bufs = [ctypes.create_string_buffer(bytes(b.data), len(b.data)) for b in call.buffers]
         addrs = [ctypes.addressof(b) for b in bufs]
         arg = bytearray(call.arg)
@@ -158,6 +209,9 @@ class Issuer:
             os.close(fd)
         self.fds.clear()
         self.dir_fds.clear()
+        for start, end in self.user_ranges:  # (after the files: their BOs let go of them)
+            _munmap(start, end - start)
+        self.user_ranges.clear()
 
 
 MAX_GAP = 2.0  # seconds: the longest recorded pause between two calls a replay keeps
@@ -165,8 +219,11 @@ MAX_GAP = 2.0  # seconds: the longest recorded pause between two calls a replay 
 
 def run(path: str, mounts: Mapping[str, str] | Sequence[tuple[str, str]],
         pids: set[int] | None = None, out: TextIO | None = None,
-        nodes: set[str] | None = None) -> list[Difference]:
+        nodes: set[str] | None = None, verbose: bool = False) -> list[Difference]:
     """Replay the recording at `path`; print each difference and a summary; return them.
+    What it does not replay of the recording's user queues (their doorbells and packets:
+    `QueueSummary`) is said in one line before the summary, and queue by queue with
+    `verbose`; that is the recording's nature, not a difference.
     `mounts`: (recorded node, its mount) pairs, "" for a mount given without a node, in the
     order given (`refuse_unreplayable` refuses a node given twice).
 
@@ -182,7 +239,8 @@ def run(path: str, mounts: Mapping[str, str] | Sequence[tuple[str, str]],
     except OSError as e:
         raise RecordingError(f"cannot read it ({e.strerror})") from None
     with f:  # (stdout when called, not when this module was imported: pytest swaps it)
-        return _run(f, path, mounts, pids, sys.stdout if out is None else out, nodes)
+        return _run(f, path, mounts, pids, sys.stdout if out is None else out, nodes,
+                    verbose)
 
 
 def _lines_at(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
@@ -193,7 +251,8 @@ def _lines_at(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
 
 
 def _run(f: BinaryIO, path: str, given: Mapping[str, str] | Sequence[tuple[str, str]],
-         pids: set[int] | None, out: TextIO, nodes: set[str] | None) -> list[Difference]:
+         pids: set[int] | None, out: TextIO, nodes: set[str] | None,
+         verbose: bool = False) -> list[Difference]:
     indexed = index_records(_lines_at(f))
     everything = indexed.records
     recs = timeline(everything, pids, nodes)
@@ -205,7 +264,9 @@ def _run(f: BinaryIO, path: str, given: Mapping[str, str] | Sequence[tuple[str, 
         f.seek(rec["at"])
         return json.loads(f.readline())
 
+    queued = queue_summary(everything, pids, nodes)
     replay = Replay(recs, whole)
+    replay.queues_ran = {q.node for q in queued.queues if q.packets or q.errors}
     issuer = Issuer(mounts)
     found: list[Difference] = []
     skipped = 0
@@ -248,6 +309,12 @@ def _run(f: BinaryIO, path: str, given: Mapping[str, str] | Sequence[tuple[str, 
             found += diffs
     finally:
         issuer.close_all()
+    if verbose:
+        for q in queued.queues:
+            q.errors = [whole(e) for e in q.errors]  # (indexed without their detail)
+            say(f"  queue not replayed: {q.note()}")
+    if (line := queued.line()) is not None:
+        say(line)
     calls = sum(1 for r in recs if r["type"] in ("ioctl", "gpu"))
     in_calls = [d for d in found if d.index]  # index 0: the recording's own (lost, partial)
     said = [f"{len(in_calls)} differences in {len({d.index for d in in_calls})} calls"

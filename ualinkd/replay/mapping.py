@@ -7,7 +7,7 @@ ones. Where they sit in each ioctl's struct is the ioctl table's (`IoctlSpec.han
 abi/values.py). `Mapper` keeps recorded -> replayed per kind and scope (an open file, a
 node, the pod) and flags a replayed value that breaks the recording's pattern: a "new" value
 that was already handed out for another recorded value, or 0 where the recording had a
-handle (0 is never a handle).
+handle (0 is never a handle, though it is a KFD queue id: `ZERO_IS_VALUE`).
 
 Pointers: a u64 at an 8-aligned offset of the struct (or of caller memory the call read) that
 points into memory the call read or wrote is a pointer (DRM uapi passes pointers as __u64,
@@ -22,9 +22,17 @@ import struct
 from collections.abc import Iterable, Sequence
 
 # Kinds whose values live in one open file's tables; the rest are per node or pod-wide.
-PER_FILE = frozenset({"gem", "syncobj", "ctx", "mmap_offset"})
+PER_FILE = frozenset({"gem", "syncobj", "ctx", "mmap_offset", "kfd_queue", "kfd_doorbell"})
+# Kinds for which 0 is a value like any other: a KFD queue id (the process's first queue
+# is 0, find_first_zero_bit in pqm_create_queue), unlike a GEM/syncobj handle or a ctx id.
+ZERO_IS_VALUE = frozenset({"kfd_queue"})
 PER_NODE = frozenset({"token"})
 POD_WIDE = frozenset({"ualink_lo", "ualink_hi"})
+
+
+def is_value(kind: str, v: int | None) -> bool:
+    """`v` (a slot's content) is a value of `kind` rather than "none" (0, for most kinds)."""
+    return v is not None and (v != 0 or kind in ZERO_IS_VALUE)
 
 
 def scope_of(kind: str, node: str, file: int | None) -> tuple[str, int | None]:
@@ -58,7 +66,8 @@ class Mapper:
         fwd = self._fwd.setdefault((kind, scope), {})
         back = self._back.setdefault((kind, scope), {})
         problem = None
-        if (recorded == 0) != (replayed == 0):
+        zero_ok = kind in ZERO_IS_VALUE
+        if not zero_ok and (recorded == 0) != (replayed == 0):
             problem = (f"recorded {recorded:#x}, replayed {replayed:#x} "
                        f"({'0 where the recording had a value' if replayed == 0 else 'not 0'})")
         elif recorded in fwd and fwd[recorded] != replayed:
@@ -67,7 +76,7 @@ class Mapper:
         elif recorded not in fwd and replayed in back and back[replayed] != recorded:
             problem = (f"recorded {recorded:#x} (new), replayed {replayed:#x}, which the "
                        f"recording had as {back[replayed]:#x}")
-        if recorded and replayed:
+        if zero_ok or (recorded and replayed):
             old = fwd.get(recorded)
             if old is not None and back.get(old) == recorded:
                 del back[old]

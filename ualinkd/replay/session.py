@@ -18,11 +18,12 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ..abi import structs as st
 from ..abi.ioc import IoctlCmd
 from ..abi.ioctls import by_name
 from ..abi.values import FREE, NEW, NOTHING_HANDED, HandedValues
 from ..trace import SCHEMA_VERSION
-from .mapping import Mapper, Region, pointers, regions, scope_of, span_at
+from .mapping import Mapper, Region, is_value, pointers, regions, scope_of, span_at
 
 SLACK = 4096  # bytes after each caller-memory span: a replay that writes past it shows
 CANARY = 0xA5  # what a span holds where the recording neither read nor wrote
@@ -38,6 +39,8 @@ class RecordingError(ValueError):
 # count): all `index_records` keeps of a record until its turn comes to be planned.
 INDEX_FIELDS = ("type", "node", "file", "pid", "time", "duration", "count")
 REPLAYED = ("open", "release", "ioctl", "gpu")  # the record types a replay issues
+# ... and of a `queue` record (what `queue_summary` counts; "at" reads an error's detail back)
+QUEUE_INDEX_FIELDS = ("event", "queue_id", "queue_type", "value")
 
 
 # -- checking a record ---------------------------------------------------------------------
@@ -150,6 +153,10 @@ FIELDS: dict[str, dict[str, tuple[Check, bool]]] = {
             "va": (_OFFSET, True), "length": (_COUNT, True), "result": (_INT, True),
             "data_hex": (_HEX, False)},
     "lost": {"count": (_INT, False)},
+    # (never replayed: read for `queue_summary`'s account of what is not)
+    "queue": {**{k: (c, True) for k, c in _COMMON.items()}, "queue_id": (_INT, True),
+              "event": (_STR, True), "queue_type": (_STR, False), "value": (_INT, False),
+              "detail": (_STR, False)},
 }
 MEM_FIELDS: dict[str, Check] = {
     "op": (lambda v: v in ("read", "write"), '"read" or "write"'), "addr": _U64,
@@ -271,7 +278,8 @@ def index_records(lines: Iterable[tuple[int, str | bytes]]) -> Index:
                 pass
         rec = _parse(n, line)
         if rec is not None:
-            out.append({**{k: rec[k] for k in INDEX_FIELDS if k in rec}, "at": at})
+            fields = INDEX_FIELDS + (QUEUE_INDEX_FIELDS if rec["type"] == "queue" else ())
+            out.append({**{k: rec[k] for k in fields if k in rec}, "at": at})
     return Index(out, partial[0] if partial is not None else None)
 
 
@@ -286,6 +294,116 @@ def timeline(recs: Iterable[dict[str, Any]], pids: set[int] | None = None,
         keep = [r for r in keep if r["pid"] in pids
                 or (r["type"] == "release" and (r["node"], r["file"]) in mine)]
     return sorted(keep, key=lambda r: (r["time"] + r.get("duration", 0.0)))
+
+
+# kfd_ioctl_wait_events_args' timeout (ms) and its offset. A replay is one thread issuing
+# calls in their recorded completion order: whatever signalled a recorded wait's events
+# through a call (SET_EVENT, another pid's) is issued before it. Only a queue's TRAP or
+# completion signal, which the replay does not run, could end it otherwise, so on a node
+# whose queues ran, a wait waits at most its recorded time plus WAIT_SLACK_MS — never the
+# forever of ROCr's event thread, whose queues will not signal.
+EVENT_WAITS = ("AMDKFD_WAIT_EVENTS",)
+WAIT_TIMEOUT = st.KFD_WAIT_EVENTS.field("timeout")
+WAIT_SLACK_MS = 250
+QUEUE_EVENTS_NOTE = (" (the recording's queues on this node ran packets, which signal events — "
+                     "TRAP, completion signals — and are not replayed; the wait was given its "
+                     f"recorded time + {WAIT_SLACK_MS} ms)")
+
+
+@dataclasses.dataclass(slots=True)
+class QueueLife:
+    """One user queue as the recording saw it, from its `create` (or from the recording's
+    start, for a queue made before it) to its `destroy` (or the recording's end)."""
+
+    node: str
+    pid: int
+    queue_id: int
+    queue_type: str
+    created: bool = False
+    destroyed: bool = False
+    doorbells: int = 0
+    packets: int = 0
+    errors: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # their records
+
+    def note(self) -> str:
+        """`[pid 12] node0 queue 0 (sdma): created, 9 doorbells, 340 packets, destroyed`."""
+        parts = ["created" if self.created else "created before the recording",
+                 f"{self.doorbells} doorbells", f"{self.packets} packets"]
+        parts += [f"stopped in error at ring offset {e.get('value', 0):#x}"
+                  + (f": {e['detail']}" if e.get("detail") else "") for e in self.errors]
+        parts.append("destroyed" if self.destroyed else "not destroyed in the recording")
+        return (f"[pid {self.pid}] {self.node} queue {self.queue_id} ({self.queue_type}): "
+                + ", ".join(parts))
+
+
+@dataclasses.dataclass(slots=True)
+class QueueSummary:
+    """What of a recording's user queues a replay does not replay (issue 30 item 6).
+
+    A replay re-issues ioctls and GPU loads/stores. A queue's work is not one of them: the
+    client's CPU writes packets into the ring (its own memory, or a BO it mapped) and stores
+    the write pointer to the doorbell page it mmapped, and the daemon's engine executes
+    them. None of that passes through a call the trace records, so a recording has the
+    doorbells and the packets the engine decoded (`queue` records) but not the ring's bytes
+    a replay would need to make the engine run them again. CREATE_QUEUE and DESTROY_QUEUE
+    (and the other queue ioctls) are ioctls, replayed and compared as any other; the queue
+    they make in the replay gets no doorbell and runs nothing."""
+
+    records: int = 0
+    queues: list[QueueLife] = dataclasses.field(default_factory=list)
+
+    @property
+    def doorbells(self) -> int:
+        return sum(q.doorbells for q in self.queues)
+
+    @property
+    def packets(self) -> int:
+        return sum(q.packets for q in self.queues)
+
+    @property
+    def errors(self) -> int:
+        return sum(len(q.errors) for q in self.queues)
+
+    def line(self) -> str | None:
+        """The summary's line, or None for a recording without queue records."""
+        if not self.records:
+            return None
+        errors = f", {self.errors} queue errors" if self.errors else ""
+        return (f"not replayed: {self.records} queue records ({self.doorbells} doorbells, "
+                f"{self.packets} packets{errors} on {len(self.queues)} queues): the rings' "
+                "contents are the client's CPU memory, not in the recording; the queues' "
+                "ioctls are replayed, their doorbells and packets are not")
+
+
+def queue_summary(recs: Iterable[dict[str, Any]], pids: set[int] | None = None,
+                  nodes: set[str] | None = None) -> QueueSummary:
+    """The `queue` records of `recs` (in the recording's order; of `pids` and `nodes` only,
+    as `timeline` keeps calls) as queue lives: a queue id a process reuses after a destroy
+    is another queue."""
+    out = QueueSummary()
+    live: dict[tuple[str, int, int], QueueLife] = {}
+    for r in recs:
+        if r["type"] != "queue" or (pids is not None and r["pid"] not in pids) or (
+                nodes is not None and r["node"] not in nodes):
+            continue
+        out.records += 1
+        key = (r["node"], r["pid"], r["queue_id"])
+        event = r["event"]
+        q = live.get(key)
+        if q is None or event == "create":
+            q = live[key] = QueueLife(r["node"], r["pid"], r["queue_id"],
+                                      r.get("queue_type") or "?", created=event == "create")
+            out.queues.append(q)
+        if event == "doorbell":
+            q.doorbells += 1
+        elif event == "packet":
+            q.packets += 1
+        elif event == "error":
+            q.errors.append(r)
+        elif event == "destroy":
+            q.destroyed = True
+            del live[key]
+    return out
 
 
 def refuse_unreplayable(everything: list[dict[str, Any]], recs: list[dict[str, Any]],
@@ -360,6 +478,10 @@ class IoctlCall:
     # (in the struct: -1 | in buffer i, offset, buffer j, offset in j): a pointer to patch
     patches: list[tuple[int, int, int, int]]
     sent: bytes = b""  # set by the edge: the struct with the pointers patched
+    # A userptr allocation's range (address, size): the edge maps zero pages there in the
+    # replayer first (`user_pages`), as the recorded client had its own pages there.
+    user_pages: tuple[int, int] | None = None
+    bounded: tuple[int, int] | None = None  # (offset, size) of a timeout the plan lowered
 
 
 @dataclasses.dataclass(slots=True)
@@ -393,6 +515,7 @@ class Outcome:
     buffers: list[bytes] = dataclasses.field(default_factory=list)
     data: bytes = b""
     fd: int = -1
+    refused: str | None = None  # the edge did not issue the call, and why
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -429,6 +552,10 @@ class Replay:
         self.lost: dict[tuple[str, tuple[str, int | None], int], int] = {}
         self.skipped_files: dict[FileKey, int] = {}
         self.recorded_opens = {(r["node"], r["file"]) for r in recs if r["type"] == "open"}
+        # The nodes whose queues the recording saw run packets (`queue_summary`): their
+        # TRAPs and completion signals woke event waits the replay's queues cannot (a
+        # process's threads wait too, each its own recorded pid: by node, not by pid).
+        self.queues_ran: set[str] = set()
 
     def steps(self) -> Iterator[tuple[int, dict[str, Any]]]:
         for i, rec in enumerate(self.recs, 1):
@@ -480,13 +607,33 @@ class Replay:
             if rec["op"] == "store" and rec.get("data_truncated"):
                 return f"the recording kept {len(data)} of the store's {rec['length']} bytes"
             return GpuCall(key, rec["op"], rec["va"], rec["length"], data)
+        gone = self._lost_queue(rec, key)
+        if gone is not None:
+            return gone
         return self._plan_ioctl(rec, key)
+
+    def _lost_queue(self, rec: dict[str, Any], key: FileKey) -> Skip | None:
+        """A call on a queue the replay's CREATE_QUEUE did not make (it failed where the
+        recording's succeeded): not issued, it follows from that difference (the queue id
+        it names is not the replay's, or names another queue)."""
+        in_bytes = bytes.fromhex(rec["in_hex"])
+        for s in _handed(rec["ioctl"]).slots_for(in_bytes):
+            if s.where != "in" or s.kind != "kfd_queue" or (v := s.read(in_bytes)) is None:
+                continue
+            lost_key = (s.kind, scope_of(s.kind, rec["node"], key[1]), v)
+            because = self.lost.get(lost_key)
+            if because is not None:
+                if s.role == FREE:
+                    del self.lost[lost_key]
+                return Skip(because, f"the replay's CREATE_QUEUE did not make queue {v}")
+        return None
 
     def _plan_ioctl(self, rec: dict[str, Any], key: FileKey) -> IoctlCall:
         cmd = int(rec["cmd"], 16)
         in_bytes = bytes.fromhex(rec["in_hex"])
         arg = bytearray(in_bytes.ljust(max(IoctlCmd.decode(cmd).size, len(in_bytes)), b"\0"))
-        node, handed = rec["node"], _handed(rec["ioctl"])
+        node, name = rec["node"], rec["ioctl"]
+        handed = _handed(name)
         fd_of_recorded = {f["fd"]: f.get("key") for f in rec.get("fds", [])}
         for s in handed.slots_for(in_bytes):
             if s.where != "in" or (v := s.read(in_bytes)) is None:
@@ -525,7 +672,14 @@ class Replay:
         for i, (r, b) in enumerate(zip(spans, buffers, strict=True)):
             patches += [(i, off, j, delta)
                         for off, j, delta in pointers(b.data[:r.end - r.start], spans)]
-        return IoctlCall(key, cmd, arg, buffers, patches)
+        call = IoctlCall(key, cmd, arg, buffers, patches, user_pages=user_pages(name, in_bytes))
+        if name in EVENT_WAITS and node in self.queues_ran and len(arg) >= WAIT_TIMEOUT.end:
+            o, n = WAIT_TIMEOUT.offset, WAIT_TIMEOUT.size
+            recorded = int.from_bytes(in_bytes[o:o + n].ljust(n, b"\0"), "little")
+            bound = min(recorded, math.ceil(rec.get("duration", 0.0) * 1000) + WAIT_SLACK_MS)
+            arg[o:o + n] = bound.to_bytes(n, "little")
+            call.bounded = (o, n)
+        return call
 
     @staticmethod
     def _place(spans: list[Region], buffers: list[Buffer], addr: int, data: bytes,
@@ -573,7 +727,10 @@ class Replay:
             return []
         if isinstance(call, GpuCall):
             return self._compare_gpu(rec, out, diff)
-        return self._compare_ioctl(rec, call, out, diff)
+        found = self._compare_ioctl(rec, call, out, diff)
+        if found and rec["ioctl"] in EVENT_WAITS and rec["node"] in self.queues_ran:
+            found = [dataclasses.replace(d, what=d.what + QUEUE_EVENTS_NOTE) for d in found]
+        return found
 
     @staticmethod
     def _compare_gpu(rec: dict[str, Any], out: Outcome,
@@ -599,11 +756,13 @@ class Replay:
         handed = _handed(name)
         in_bytes = bytes.fromhex(rec["in_hex"])
         want = bytes.fromhex(rec["out_hex"])
-        if out.result != rec["result"]:
-            found.append(diff(f"= {_errname(out.result)}, recorded = {_errname(rec['result'])}"))
+        if out.refused is not None or out.result != rec["result"]:
+            found.append(diff(f"not issued: {out.refused}" if out.refused is not None else
+                              f"= {_errname(out.result)}, recorded = {_errname(rec['result'])}"))
             if rec["result"] == 0:
                 for s in handed.slots_for(in_bytes):
-                    if s.where == "out" and s.role == NEW and (r := s.read(want)):
+                    if s.where == "out" and s.role == NEW and is_value(s.kind, r := s.read(want)):
+                        assert r is not None
                         self.lost[(s.kind, scope_of(s.kind, node, file), r)] = found[0].index
             return found  # what it copied out means nothing next to the recording's
         got = bytearray(out.arg[:len(want)])
@@ -627,8 +786,13 @@ class Replay:
                     if problem:
                         found.append(diff(f"{s.field} ({s.kind}): {problem}"))
                     s.write(got, r)  # told once, as a handed-out value
-                elif s.where == "in" and s.role == FREE and (v := s.read(in_bytes)):
+                elif s.where == "in" and s.role == FREE and is_value(s.kind, v := s.read(in_bytes)):
+                    assert v is not None
                     self.mapper.forget(s.kind, scope, v)
+        if call.bounded is not None:  # the lowered timeout, echoed: read as the recording's
+            lo, hi = call.bounded[0], call.bounded[0] + call.bounded[1]
+            if got[lo:hi] == call.sent[lo:hi]:
+                got[lo:hi] = in_bytes[lo:hi]
         _, clock_out = handed.clock_reading(in_bytes)
         if clock_out is not None:
             lo, hi = clock_out
@@ -653,6 +817,27 @@ def _handed(name: str) -> HandedValues:
     """The values the recorded ioctl hands out and takes back (none: not in the table)."""
     spec = by_name(name)
     return spec.handed if spec is not None else NOTHING_HANDED
+
+
+# The userptr allocations: the caller's own pages become a BO (amdgpu_ttm_tt_get_user_pages
+# checks they are mapped). KFD_IOC_ALLOC_MEM_FLAGS_USERPTR (kfd_ioctl.h) with the address
+# in mmap_offset; AMDGPU_GEM_USERPTR's drm_amdgpu_gem_userptr {addr, size, flags, handle}.
+_KFD_ALLOC_USERPTR = 1 << 2
+MAX_USER_PAGES = 16 << 30  # bytes of zero pages a replay maps for them, in all
+
+
+def user_pages(name: str, in_bytes: bytes) -> tuple[int, int] | None:
+    """The (address, size) of caller memory a userptr allocation makes a BO of, else None."""
+    def read(at: st.FieldAt) -> int:
+        return int.from_bytes(in_bytes[at.offset:at.end].ljust(at.size, b"\0"), "little")
+
+    kfd, gem = st.KFD_ALLOC_MEMORY_OF_GPU, st.GEM_USERPTR
+    if name == "AMDKFD_ALLOC_MEMORY_OF_GPU" and len(in_bytes) >= kfd.field("flags").end:
+        return ((read(kfd.field("mmap_offset")), read(kfd.field("size")))
+                if read(kfd.field("flags")) & _KFD_ALLOC_USERPTR else None)
+    if name == "AMDGPU_GEM_USERPTR" and len(in_bytes) >= gem.field("size").end:
+        return (read(gem.field("addr")), read(gem.field("size")))
+    return None
 
 
 def _field_diffs(want: bytes, got: bytes, name: str, in_bytes: bytes) -> list[str]:
