@@ -86,8 +86,10 @@ def in_start_order(recs: Iterable[Rec]) -> list[Rec]:
 
 
 def without_discovery(recs: list[Rec]) -> list[Rec]:
-    """`recs` less the processes that only discovered devices (every ioctl of theirs in
-    DISCOVERY_IOCTLS, no GPU access nor anything else), with their opens and closes."""
+    """`recs` less libdrm's and libhsakmt's device discovery: the processes that only
+    discovered devices (every ioctl of theirs in DISCOVERY_IOCTLS, no GPU access nor anything
+    else), with their opens and closes, and the discovery calls of every other process (a
+    runtime's own start-up asks them too: `make demo`'s libhsakmt clients do)."""
     calls: dict[tuple[str, int], set[str]] = defaultdict(set)
     for r in recs:
         if r["type"] in ("open", "release", "lost", "fabric") or "pid" not in r:
@@ -99,7 +101,8 @@ def without_discovery(recs: list[Rec]) -> list[Rec]:
     return [r for r in recs
             if not (r["type"] == "release" and (r["node"], r.get("file")) in theirs)
             and not ("pid" in r and r["type"] != "release"
-                     and (r.get("node"), r["pid"]) in lookers)]
+                     and (r.get("node"), r["pid"]) in lookers)
+            and not (r["type"] == "ioctl" and r["ioctl"] in DISCOVERY_IOCTLS)]
 
 
 # -- text ------------------------------------------------------------------------------------
@@ -491,8 +494,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     p.add_argument("--text", action="store_true",
                    help="print the records as --trace text in start-time order instead")
     p.add_argument("--no-discovery", action="store_true",
-                   help="leave out the processes that only discovered devices (libdrm's "
-                        "VERSION, GET_CAP, AMDGPU_INFO queries and nothing else)")
+                   help="leave out device discovery: libdrm's VERSION, GET_CAP, AMDGPU_INFO "
+                        "queries, and the processes that made nothing else")
     p.add_argument("--pid", type=int, action="append", metavar="PID",
                    help="only this client's records (repeatable; fabric messages stay)")
 
