@@ -230,6 +230,7 @@ class GpuEngineEdge:
     async def _run_queue(self, q: kq.KfdQueue, doorbell: int) -> None:
         try:
             end = await self._drive(q, doorbell)
+            end = await self._recheck_poll(q, doorbell, end)
         except QueueStopped:
             return
         except (ValueError, TypeError, ArithmeticError, IndexError) as e:
@@ -255,13 +256,39 @@ class GpuEngineEdge:
         if end.reason is EndReason.ERROR:
             self._queue_error(q, end)
 
+    async def _recheck_poll(self, q: kq.KfdQueue, doorbell: int, end: RunEnd) -> RunEnd:
+        """A queue blocked on a poll (ROCr's dependency poll waits on a signal, forever):
+        its run task re-checks it itself, at a delay doubling from MIN_INTERVAL to
+        POLL_MAX_DELAY, until it is released or the doorbell moves (then the scan, woken
+        as the task ends, runs the new work with the back-off reset). Each re-check is one
+        wake-up and one poll read, no scan: a forever poll costs ~1% of a CPU."""
+        delay = MIN_INTERVAL
+        while end.reason is EndReason.POLLING:
+            await trio.sleep(delay)
+            delay = min(delay * 2, POLL_MAX_DELAY)
+            self._alive(q)
+            proc = self.kfd.processes.get(q.pid)
+            bo = proc.pdds[q.gpu_id].doorbell_bo if proc is not None else None
+            if bo is None:
+                raise QueueStopped
+            value = int.from_bytes(bo.memory.read(q.doorbell_slot, 8), "little")
+            if value != q.last_doorbell:
+                self._poll_delay.pop(q, None)
+                break  # (the doorbell is the scan's to notice: it resets the back-off)
+            end = await self._drive(q, doorbell)
+        return end
+
     def _processor(self, q: kq.KfdQueue) -> object | None:
         """The engine consuming the queue's ring, made on its first doorbell: an SDMA ring
         for the SDMA types, the AQL processor for COMPUTE_AQL; a PM4 compute queue has
         none (no PM4 command processor here: its doorbell is a queue error)."""
         if q.processor is None:
             if q.is_sdma:
-                ring = SdmaRing(q.ring_base, q.ring_size, q.rptr_address, q.wptr_address)
+                # one check per run: the edge spaces a failing poll's re-checks (POLLING,
+                # back-off to POLL_MAX_DELAY), which the ring's own Sleeps between spins
+                # would not (8 wake-ups of 10 µs each per re-check: 10-20% of a CPU)
+                ring = SdmaRing(q.ring_base, q.ring_size, q.rptr_address, q.wptr_address,
+                                poll_spins=1)
                 ring.rptr = q.rptr  # 0 for a new queue; kept across UPDATE_QUEUE's new ring
                 q.processor = ring
             elif q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL:
