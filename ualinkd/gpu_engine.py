@@ -96,6 +96,7 @@ class GpuEngineEdge:
         self._nursery: trio.Nursery | None = None
         self._atomics = trio.Lock()
         self.ticks = 0  # scans done, for tests of the idle cost
+        self.poll_rechecks = 0  # re-runs of queues blocked on a poll (_recheck_poll)
         # What the watch thread compares: per doorbell slice, its memory and the (slot,
         # last value) of each queue there that waits for a doorbell. Replaced whole by
         # each scan (the thread only reads the reference it took).
@@ -275,6 +276,7 @@ class GpuEngineEdge:
             if value != q.last_doorbell:
                 self._poll_delay.pop(q, None)
                 break  # (the doorbell is the scan's to notice: it resets the back-off)
+            self.poll_rechecks += 1
             end = await self._drive(q, doorbell)
         return end
 
