@@ -30,6 +30,9 @@ import importlib
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from inspect import isawaitable
 from typing import TYPE_CHECKING
 
@@ -80,6 +83,20 @@ class QueueStopped(Exception):
     """The queue was destroyed (or its process went) while a run was under way."""
 
 
+@dataclass(frozen=True, slots=True)
+class RunTarget:
+    """What one engine run works in and reports to: `vm_file()` is the render file whose
+    GPU VM the requests go to and `alive()` checks the run is still wanted (both raise
+    QueueStopped when its owner went); `interrupt` takes a TRAP's context id (the KFD's
+    event path) and `executed` each packet done: None for an AMDGPU_CS IB, whose TRAP
+    signals no KFD event."""
+
+    vm_file: Callable[[], DrmFile]
+    alive: Callable[[], None]
+    interrupt: Callable[[int], None] | None = None
+    executed: Callable[[Executed], None] | None = None
+
+
 class GpuEngineEdge:
     """The node's doorbell watcher and queue runner. `run()` is the task; the KFD's queue
     registry tells it of queues made and destroyed."""
@@ -103,6 +120,11 @@ class GpuEngineEdge:
         self._watched: tuple[tuple[BoMemory, tuple[tuple[int, bytes], ...]], ...] = ()
         self.kfd.queues.listeners.append(self._queue_changed)
         self.kfd.queues.updated.append(lambda q: self._wake.set())
+        # AMDGPU_CS's SDMA IBs run here too, in the submitting render file's GPU VM: with
+        # no runner the render node refuses them (EINVAL, amdgpu/cs.py)
+        for device in core.devices.values():
+            if isinstance(device.driver, AmdgpuDriver):
+                device.driver.cs.runner = self.run_in_file
 
     def _queue_changed(self, q: kq.KfdQueue, created: bool) -> None:
         if created:
@@ -325,6 +347,31 @@ class GpuEngineEdge:
                     else "a PM4 compute queue: no PM4 command processor runs here")
             return RunEnd(EndReason.ERROR, 0, what)
         gen: EngineRun = proc.run(doorbell)  # type: ignore[attr-defined]
+        return await self._drive_run(self._queue_target(q), gen)
+
+    def _queue_target(self, q: kq.KfdQueue) -> RunTarget:
+        return RunTarget(partial(self._queue_file, q), partial(self._alive, q),
+                         partial(self._queue_interrupt, q), partial(self._queue_executed, q))
+
+    async def run_in_file(self, drm_file: DrmFile, gen: EngineRun) -> RunEnd:
+        """Run an engine generator to its end in `drm_file`'s GPU VM (AMDGPU_CS's SDMA IBs:
+        the device's `driver.cs.runner`), with the queues' fulfilment. Awaited by the CS
+        ioctl's own task (drm/device.py runs an awaiting handler off the FUSE thread); a
+        file closed meanwhile ends the run in error."""
+        def alive() -> None:
+            if drm_file.closed:
+                raise QueueStopped
+
+        def vm_file() -> DrmFile:
+            alive()
+            return drm_file
+
+        try:
+            return await self._drive_run(RunTarget(vm_file, alive), gen)
+        except QueueStopped:
+            return RunEnd(EndReason.ERROR, 0, "the render file was closed")
+
+    async def _drive_run(self, q: RunTarget, gen: EngineRun) -> RunEnd:
         answer: object = None
         fault: GpuFault | None = None
         try:
@@ -336,26 +383,40 @@ class GpuEngineEdge:
                     assert isinstance(end, RunEnd)
                     return end
                 answer, fault = None, None
-                self._alive(q)
+                q.alive()
                 try:
                     answer = await self._fulfil(q, req)
                 except GpuFault as f:
                     fault = f
-                self._alive(q)
+                q.alive()
         finally:
             gen.close()
 
     # -- fulfilling requests against the process's GPU VM ------------------------------------
-    def _vm_file(self, q: kq.KfdQueue) -> tuple[DrmFile, AmdgpuDriver]:
+    def _queue_file(self, q: kq.KfdQueue) -> DrmFile:
         proc = self.kfd.processes.get(q.pid)
         drm_file = proc.pdds[q.gpu_id].drm_file if proc is not None else None
         if drm_file is None:
             raise QueueStopped
+        return drm_file
+
+    def _queue_interrupt(self, q: kq.KfdQueue, context_id: int) -> None:
+        proc = self.kfd.processes.get(q.pid)
+        if proc is not None:
+            kq.event_interrupt(self.kfd, proc, context_id)
+
+    def _queue_executed(self, q: kq.KfdQueue, req: Executed) -> None:
+        q.packets += 1
+        if self.core.tracer is not None:  # strace-style: the packet as decoded
+            self.core.trace_queue(q, "packet", req.ring_offset, format_packet(req.packet))
+
+    def _vm_file(self, q: RunTarget) -> tuple[DrmFile, AmdgpuDriver]:
+        drm_file = q.vm_file()
         driver = drm_file.device.driver
         assert isinstance(driver, AmdgpuDriver)
         return drm_file, driver
 
-    async def _load(self, q: kq.KfdQueue, va: int, size: int) -> bytes:
+    async def _load(self, q: RunTarget, va: int, size: int) -> bytes:
         drm_file, driver = self._vm_file(q)
         remote, _ = self.core._remote_for(drm_file)
         try:
@@ -368,7 +429,7 @@ class GpuEngineEdge:
             raise GpuFault(va + len(data), False)
         return bytes(data)
 
-    async def _store(self, q: kq.KfdQueue, va: int, data: bytes) -> None:
+    async def _store(self, q: RunTarget, va: int, data: bytes) -> None:
         drm_file, driver = self._vm_file(q)
         remote, _ = self.core._remote_for(drm_file)
         try:
@@ -381,7 +442,7 @@ class GpuEngineEdge:
         if n < len(data):
             raise GpuFault(va + n, True)
 
-    async def _fulfil(self, q: kq.KfdQueue, req: Request) -> object:
+    async def _fulfil(self, q: RunTarget, req: Request) -> object:
         if isinstance(req, Read):
             return await self._load(q, req.va, req.size)
         if isinstance(req, Write):
@@ -408,9 +469,8 @@ class GpuEngineEdge:
                 await self._store(q, req.va, new.to_bytes(req.size, "little"))
             return old
         if isinstance(req, Interrupt):
-            proc = self.kfd.processes.get(q.pid)
-            if proc is not None:
-                kq.event_interrupt(self.kfd, proc, req.context_id)
+            if q.interrupt is not None:
+                q.interrupt(req.context_id)
             return None
         if isinstance(req, Clock):
             _, driver = self._vm_file(q)
@@ -419,9 +479,8 @@ class GpuEngineEdge:
             await trio.sleep(req.ns / 1e9)
             return None
         if isinstance(req, Executed):
-            q.packets += 1
-            if self.core.tracer is not None:  # strace-style: the packet as decoded
-                self.core.trace_queue(q, "packet", req.ring_offset, format_packet(req.packet))
+            if q.executed is not None:
+                q.executed(req)
             return None
         raise AssertionError(f"unknown engine request {req!r}")
 

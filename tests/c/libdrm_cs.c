@@ -9,7 +9,6 @@
  * tests/integration/test_libdrm_cs.py:
  *
  *   ok <step> key=value ...     as on real amdgpu hardware
- *   skip <step> owner=<branch>  a part another change provides
  *   fail <step> err=<n> ...     the first step that failed (exit status 1)
  */
 #define _GNU_SOURCE
@@ -136,10 +135,7 @@ int main(void)
 	req.number_of_ibs = 1;
 	req.ibs = &ib_info;
 	r = amdgpu_cs_submit(ctx, 0, &req, 1);
-	if (r == -EINVAL) {
-		/* no engine edge runs SDMA IBs on this node yet */
-		printf("skip sdma_copy owner=queues\n");
-	} else {
+	{
 		check(r, "cs_submit");
 		printf("ok cs_submit seq=%" PRIu64 "\n", req.seq_no);
 		memset(&fence, 0, sizeof(fence));

@@ -20,12 +20,6 @@ def test_libdrm_command_submission(tmp_path):
     with running_node(tmp_path) as node:
         s = passed(run_shimmed("libdrm_cs", node.mount))
         assert s["gfx_ib"]["ret"] == str(-errno.EINVAL)
-        # The SDMA IB needs the node's engine edge to run it (driver.cs.runner, README);
-        # a node whose edge does not offer it answers EINVAL, which the client reports
-        # as a skip owned by the engine edge's change.
-        if s["sdma_copy"]["status"] == "skip":
-            assert s["sdma_copy"]["owner"] == "queues"
-            return
         assert s["cs_submit"]["seq"] == "1"
         # amdgpu_cs_query_fence_status: expired; amdgpu_cs_wait_fences(all): status 1
         assert s["fence"] == {"status": "ok", "expired": "1", "signaled": "1"}
