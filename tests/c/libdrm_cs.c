@@ -3,7 +3,11 @@
  * libdrm_cs: command submission through the public API of Debian's libdrm_amdgpu (2.4.114)
  * only -- amdgpu_cs_ctx_create, amdgpu_bo_list_create, amdgpu_cs_submit of an SDMA IB
  * holding a COPY_LINEAR, amdgpu_cs_query_fence_status, amdgpu_cs_wait_fences,
- * amdgpu_cs_submit_raw2 with a syncobj out chunk -- and a GFX IB, which fails. The bytes
+ * amdgpu_cs_submit_raw2 with a syncobj out chunk -- and a GFX IB, which fails; an IB that
+ * faults (a COPY_LINEAR out of an unmapped VA) on a second context, which makes that context
+ * guilty (amdgpu_cs_query_reset_state2, later submissions ECANCELED) while the first one
+ * goes on. `libdrm_cs import <lo> <hi> <text>`: a COPY_LINEAR IB out of a BO imported by its
+ * UALink handle (libdrm_fabric.c's import flow) into a local VRAM BO. The bytes
  * are put and checked by the render node's GPU loads and stores (pwrite/pread at a GPU VA,
  * DESIGN.md "GPU loads and stores"). Run under libualink_shim.so by
  * tests/integration/test_libdrm_cs.py:
@@ -26,6 +30,8 @@
 #include <xf86drm.h>
 
 #include "libdrm_check.h"
+
+#include "ualink/ualink_drm.h"	/* only its UALink part: amdgpu_drm.h came first */
 
 #define COPY_SIZE (1u << 20)
 #define IB_SIZE 4096u
@@ -83,7 +89,102 @@ static int same(int fd, uint64_t va, const unsigned char *want, size_t n)
 	return r;
 }
 
-int main(void)
+/* amdgpu_cs_submit of one SDMA IB of `ndw` dwords at `ib_va` naming `list`; its return */
+static int submit_ib(amdgpu_context_handle ctx, amdgpu_bo_list_handle list, uint64_t ib_va,
+		     uint32_t ndw, uint64_t *seq)
+{
+	struct amdgpu_cs_request req;
+	struct amdgpu_cs_ib_info ib_info;
+	int r;
+
+	memset(&req, 0, sizeof(req));
+	memset(&ib_info, 0, sizeof(ib_info));
+	ib_info.ib_mc_address = ib_va;
+	ib_info.size = ndw;
+	req.ip_type = AMDGPU_HW_IP_DMA;
+	req.resources = list;
+	req.number_of_ibs = 1;
+	req.ibs = &ib_info;
+	r = amdgpu_cs_submit(ctx, 0, &req, 1);
+	*seq = req.seq_no;
+	return r;
+}
+
+/* The fence of `seq` on ctx's SDMA ring 0: amdgpu_cs_query_fence_status's return */
+static int fence_status(amdgpu_context_handle ctx, uint64_t seq, uint32_t *expired)
+{
+	struct amdgpu_cs_fence fence;
+
+	memset(&fence, 0, sizeof(fence));
+	fence.context = ctx;
+	fence.ip_type = AMDGPU_HW_IP_DMA;
+	fence.fence = seq;
+	return amdgpu_cs_query_fence_status(&fence, AMDGPU_TIMEOUT_INFINITE, 0, expired);
+}
+
+/* The importer's side: a UALink IMPORT of the exporter's handle (libdrm_fabric.c's flow,
+ * amdgpu_bo_import of the dma-buf, a GPU VA map), then an SDMA IB copying `text`'s bytes
+ * out of it at `offset` into a local VRAM BO, checked by a GPU load. */
+static int do_import(uint64_t lo, uint64_t hi, uint64_t offset, const char *text)
+{
+	union drm_amdgpu_ualink_handle u;
+	struct amdgpu_bo_import_result imp;
+	amdgpu_device_handle dev;
+	amdgpu_context_handle ctx;
+	amdgpu_bo_list_handle list;
+	amdgpu_bo_handle bos[3];
+	amdgpu_va_handle vah;
+	struct mapped dst, ib;
+	uint32_t major, minor, ibw[8], ndw, expired;
+	uint64_t va, seq;
+	size_t n = strlen(text);
+	int fd = open("/dev/dri/renderD128", O_RDWR | O_CLOEXEC), dfd;
+
+	if (fd < 0)
+		fail("open", errno);
+	check(amdgpu_device_initialize(fd, &major, &minor, &dev), "init");
+	dfd = amdgpu_device_get_fd(dev);
+	memset(&u, 0, sizeof(u));
+	u.in.op = DRM_AMDGPU_UALINK_HANDLE_OP_IMPORT;
+	u.in.import_ualink_handle[0] = lo;
+	u.in.import_ualink_handle[1] = hi;
+	check(drmCommandWriteRead(dfd, DRM_AMDGPU_UALINK_HANDLE, &u, sizeof(u)), "import");
+	check(amdgpu_bo_import(dev, amdgpu_bo_handle_type_dma_buf_fd,
+			       (uint32_t)u.out.import_dmabuf_handle, &imp), "bo_import");
+	close((int)u.out.import_dmabuf_handle);
+	check(amdgpu_va_range_alloc(dev, amdgpu_gpu_va_range_general, imp.alloc_size, 0, 0, &va,
+				    &vah, 0), "va_alloc");
+	check(amdgpu_bo_va_op(imp.buf_handle, 0, imp.alloc_size, va, 0, AMDGPU_VA_OP_MAP),
+	      "va_map");
+	printf("ok import size=%" PRIu64 "\n", imp.alloc_size);
+
+	check(amdgpu_cs_ctx_create(dev, &ctx), "ctx_create");
+	dst = alloc_mapped(dev, 4096, AMDGPU_GEM_DOMAIN_VRAM);
+	ib = alloc_mapped(dev, IB_SIZE, AMDGPU_GEM_DOMAIN_GTT);
+	ndw = copy_ib(ibw, dst.va, va + offset, (uint32_t)n);
+	put(dfd, ib.va, ibw, ndw * 4, "ib_store");
+	bos[0] = imp.buf_handle;
+	bos[1] = dst.bo;
+	bos[2] = ib.bo;
+	check(amdgpu_bo_list_create(dev, 3, bos, NULL, &list), "bo_list");
+	check(submit_ib(ctx, list, ib.va, ndw, &seq), "cs_submit");
+	check(fence_status(ctx, seq, &expired), "query_fence");
+	printf("ok import_copy expired=%u equal=%d\n", expired,
+	       same(dfd, dst.va, (const unsigned char *)text, n));
+
+	amdgpu_bo_list_destroy(list);
+	amdgpu_cs_ctx_free(ctx);
+	check(amdgpu_bo_va_op(imp.buf_handle, 0, imp.alloc_size, va, 0, AMDGPU_VA_OP_UNMAP),
+	      "va_unmap");
+	check(amdgpu_va_range_free(vah), "va_free");
+	check(amdgpu_bo_free(imp.buf_handle), "bo_free");
+	amdgpu_device_deinitialize(dev);
+	close(fd);
+	printf("ok done\n");
+	return 0;
+}
+
+int main(int argc, char **argv)
 {
 	struct amdgpu_cs_request req;
 	struct amdgpu_cs_ib_info ib_info;
@@ -103,6 +204,9 @@ int main(void)
 	size_t i;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc == 6 && strcmp(argv[1], "import") == 0)
+		return do_import(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0),
+				 strtoull(argv[4], NULL, 0), argv[5]);
 	fd = open("/dev/dri/renderD128", O_RDWR | O_CLOEXEC);
 	if (fd < 0)
 		fail("open", errno);
@@ -173,6 +277,44 @@ int main(void)
 	req.ip_type = AMDGPU_HW_IP_GFX;
 	r = amdgpu_cs_submit(ctx, 0, &req, 1);
 	printf("ok gfx_ib ret=%d\n", r);
+
+	/* an IB that faults (a copy out of an unmapped VA) on a second context: the job is
+	 * what hangs a real SDMA engine until the job timeout -- its fence -ETIME, its context
+	 * guilty, later submissions to it ECANCELED -- while the first context goes on */
+	{
+		amdgpu_context_handle bad;
+		uint64_t bad_seq, flags = 0;
+		struct mapped badib = alloc_mapped(dev, IB_SIZE, AMDGPU_GEM_DOMAIN_GTT);
+		amdgpu_bo_handle badbos[2] = {dst.bo, badib.bo};
+		amdgpu_bo_list_handle badlist;
+
+		check(amdgpu_cs_ctx_create(dev, &bad), "ctx_create_bad");
+		ndw = copy_ib(ibw, dst.va, 0x7f0000000000ull, 4096);
+		put(dfd, badib.va, ibw, ndw * 4, "bad_ib_store");
+		check(amdgpu_bo_list_create(dev, 2, badbos, NULL, &badlist), "bad_bo_list");
+		r = submit_ib(bad, badlist, badib.va, ndw, &bad_seq);
+		printf("ok fault_submit ret=%d\n", r);
+		r = fence_status(bad, bad_seq, &expired);
+		printf("ok fault_fence ret=%d\n", r);
+		check(amdgpu_cs_query_reset_state2(bad, &flags), "reset_state2");
+		printf("ok fault_guilty guilty=%d\n", !!(flags & AMDGPU_CTX_QUERY2_FLAGS_GUILTY));
+		r = submit_ib(bad, badlist, badib.va, ndw, &bad_seq);
+		printf("ok guilty_submit ret=%d\n", r);
+		/* the first context still runs its copy */
+		memset(pattern, 0x5a, 4096);
+		put(dfd, src.va, pattern, 4096, "gpu_store2");
+		ndw = copy_ib(ibw, dst.va, src.va, 4096);
+		put(dfd, ib.va, ibw, ndw * 4, "ib_store2");
+		check(submit_ib(ctx, list, ib.va, ndw, &seq), "other_ctx_submit");
+		check(fence_status(ctx, seq, &expired), "other_ctx_fence");
+		flags = 0;
+		check(amdgpu_cs_query_reset_state2(ctx, &flags), "other_reset_state2");
+		printf("ok other_ctx_runs expired=%u equal=%d guilty=%d\n", expired,
+		       same(dfd, dst.va, pattern, 4096),
+		       !!(flags & AMDGPU_CTX_QUERY2_FLAGS_GUILTY));
+		amdgpu_bo_list_destroy(badlist);
+		amdgpu_cs_ctx_free(bad);
+	}
 
 	amdgpu_bo_list_destroy(list);
 	amdgpu_cs_ctx_free(ctx);

@@ -1,8 +1,10 @@
-"""AMDGPU_CS through Debian's libdrm_amdgpu 2.4.114, unmodified (tests/c/libdrm_cs.c), via the
-shim against a real node (issue 35, "Tests that must exist"): a context, a BO list, an SDMA
-IB with a COPY_LINEAR submitted by amdgpu_cs_submit, its fence queried and waited for, the
-copied bytes checked by GPU loads, a syncobj out of amdgpu_cs_submit_raw2 signaled; a GFX IB
-refused with EINVAL (no GFX ring here)."""
+"""AMDGPU_CS through Debian's libdrm_amdgpu 2.4.114, unmodified (tests/c/libdrm_cs.c, and
+libdrm's own amdgpu_stress), via the shim against real nodes (issue 35, "Tests that must
+exist"): a context, a BO list, an SDMA IB with a COPY_LINEAR submitted by amdgpu_cs_submit
+and run by the node's engine edge, its fence queried and waited for, the copied bytes
+checked by GPU loads, a syncobj out of amdgpu_cs_submit_raw2 signaled; a GFX IB refused with
+EINVAL (no GFX ring here); a faulting IB's context guilty, the others running; a copy out of
+a UALink-imported BO on another node."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import subprocess
 
 import pytest
 from nodes import c_program, running_node, running_pod
-from test_libdrm import SHIM, passed, run_shimmed
+from test_libdrm import SHIM, parse, passed, run_shimmed
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +31,58 @@ def test_libdrm_command_submission(tmp_path):
         assert s["sdma_copy"]["equal"] == "1"
         assert s["syncobj_out"]["seq"] == "2"
         assert node.proc.poll() is None, node.log_text()
+
+
+def test_a_faulting_ib_makes_its_context_guilty_and_others_go_on(tmp_path):
+    """An SDMA IB whose COPY_LINEAR reads an unmapped VA (libdrm_cs.c, a second context):
+    amdgpu_cs_submit succeeds (the job was accepted: a fault is no CS error), its fence
+    answers -ETIME as the scheduler's job timeout leaves a hung job's fence
+    (drm_sched_job_timedout -> amdgpu_job_timedout), QUERY_STATE2 says GUILTY
+    (amdgpu_ctx_query2), a later CS on that context is ECANCELED (amdgpu_cs_parser_init);
+    one log line names the context and the fault; the first context's next copy runs and it
+    is not guilty."""
+    c_program("libualink_shim.so")
+    with running_node(tmp_path) as node:
+        s = passed(run_shimmed("libdrm_cs", node.mount))
+        assert s["fault_submit"]["ret"] == "0"
+        assert s["fault_fence"]["ret"] == str(-errno.ETIME)
+        assert s["fault_guilty"]["guilty"] == "1"
+        assert s["guilty_submit"]["ret"] == str(-errno.ECANCELED)
+        assert s["other_ctx_runs"] == {"status": "ok", "expired": "1", "equal": "1",
+                                       "guilty": "0"}
+        lines = [ln for ln in node.log_text().splitlines() if "AMDGPU_CS" in ln]
+        assert len(lines) == 1 and "GPU page fault" in lines[0] and "guilty" in lines[0], lines
+        assert node.proc.poll() is None, node.log_text()
+
+
+def test_an_sdma_ib_copies_out_of_a_ualink_imported_bo(tmp_path):
+    """Issue 35: a copy out of a UALink-imported BO on another node. libdrm_fabric.c exports
+    a VRAM BO holding a GPU store on node 0; libdrm_cs.c on node 1 imports it by its handle
+    (UALINK_HANDLE IMPORT, amdgpu_bo_import of the dma-buf, GEM_VA), submits an SDMA IB
+    copying the stored bytes out of it into a local VRAM BO and finds them there (the IB's
+    reads go over the fabric, as the queues' copies do)."""
+    c_program("libualink_shim.so")
+    with running_pod(tmp_path, nodes=2) as (a, b):
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(a.mount / "dri"))
+        exporter = subprocess.Popen([c_program("libdrm_fabric"), "export"], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        try:
+            assert exporter.stdout is not None and exporter.stdin is not None
+            head = parse(exporter.stdout.readline() + exporter.stdout.readline())
+            assert "export" in head, head
+            r = run_shimmed("libdrm_cs", b.mount, "import", head["export"]["lo"],
+                            head["export"]["hi"], "4096", head["gpu_store"]["text"])
+            s = passed(r)
+            assert s["import_copy"] == {"status": "ok", "expired": "1", "equal": "1"}
+            out, err = exporter.communicate("", timeout=30)
+            assert exporter.returncode == 0, out + err
+        finally:
+            if exporter.poll() is None:
+                exporter.kill()
+                exporter.wait()
+        assert a.proc.poll() is None and b.proc.poll() is None
 
 
 AMDGPU_STRESS = "/usr/bin/amdgpu_stress"
