@@ -30,7 +30,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from inspect import isawaitable
@@ -60,7 +60,7 @@ from .amdgpu.engine import (
     gpu_clock_counter,
 )
 from .amdgpu.memory import BoMemory
-from .amdgpu.sdma import SdmaRing
+from .amdgpu.sdma import JOB_TIMEOUT_NS, SdmaRing
 from .amdkfd import queues as kq
 from .drm.errors import DrmError
 from .drm.file import DrmFile
@@ -95,6 +95,7 @@ class RunTarget:
     alive: Callable[[], None]
     interrupt: Callable[[int], None] | None = None
     executed: Callable[[Executed], None] | None = None
+    sleep: Callable[[int], Awaitable[None]] | None = None  # None: a Sleep waits its ns
 
 
 class GpuEngineEdge:
@@ -114,6 +115,7 @@ class GpuEngineEdge:
         self._atomics = trio.Lock()
         self.ticks = 0  # scans done, for tests of the idle cost
         self.poll_rechecks = 0  # re-runs of queues blocked on a poll (_recheck_poll)
+        self.job_timeout = JOB_TIMEOUT_NS / 1e9  # s: the longest a CS job may run
         # What the watch thread compares: per doorbell slice, its memory and the (slot,
         # last value) of each queue there that waits for a doorbell. Replaced whole by
         # each scan (the thread only reads the reference it took).
@@ -357,7 +359,11 @@ class GpuEngineEdge:
         """Run an engine generator to its end in `drm_file`'s GPU VM (AMDGPU_CS's SDMA IBs:
         the device's `driver.cs.runner`), with the queues' fulfilment. Awaited by the CS
         ioctl's own task (drm/device.py runs an awaiting handler off the FUSE thread); a
-        file closed meanwhile ends the run in error."""
+        file closed meanwhile ends the run in error. A poll's Sleeps back off (doubling
+        from MIN_INTERVAL to POLL_MAX_DELAY, the queues' re-check rate) and the run ends
+        in error after `job_timeout` of real time, as the scheduler's job timeout ends a
+        hung job (the engine's own budget counts the ns it asked for, which 1 µs sleeps
+        would take minutes of CPU to add up)."""
         def alive() -> None:
             if drm_file.closed:
                 raise QueueStopped
@@ -366,10 +372,20 @@ class GpuEngineEdge:
             alive()
             return drm_file
 
-        try:
-            return await self._drive_run(RunTarget(vm_file, alive), gen)
-        except QueueStopped:
-            return RunEnd(EndReason.ERROR, 0, "the render file was closed")
+        delay = MIN_INTERVAL
+
+        async def sleep(ns: int) -> None:
+            nonlocal delay
+            await trio.sleep(max(ns / 1e9, delay))
+            delay = min(delay * 2, POLL_MAX_DELAY)
+
+        with trio.move_on_after(self.job_timeout):
+            try:
+                return await self._drive_run(RunTarget(vm_file, alive, sleep=sleep), gen)
+            except QueueStopped:
+                return RunEnd(EndReason.ERROR, 0, "the render file was closed")
+        return RunEnd(EndReason.ERROR, 0, f"timed out after {self.job_timeout:g} s "
+                                          f"(the job timeout)")
 
     async def _drive_run(self, q: RunTarget, gen: EngineRun) -> RunEnd:
         answer: object = None
@@ -476,7 +492,7 @@ class GpuEngineEdge:
             _, driver = self._vm_file(q)
             return gpu_clock_counter(time.monotonic_ns(), driver.profile.gpu_counter_freq_khz)
         if isinstance(req, Sleep):
-            await trio.sleep(req.ns / 1e9)
+            await (trio.sleep(req.ns / 1e9) if q.sleep is None else q.sleep(req.ns))
             return None
         if isinstance(req, Executed):
             if q.executed is not None:

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 
 import trio
 from test_kfd_queues import BASE, RING, RPTR, WPTR, create, mapped_node
 from test_kfd_rules import call
 
 from ualinkd.abi import ioctls as tbl
+from ualinkd.amdgpu import sdma
+from ualinkd.amdgpu.engine import EndReason, Read, Request, RunEnd
 from ualinkd.amdkfd import chardev, queues
 from ualinkd.drm.device import Caller
 from ualinkd.gpu_engine import GpuEngineEdge
@@ -306,3 +308,71 @@ def test_update_queue_moves_the_ring_and_the_engine_goes_on_from_its_rptr():
 
     run_edge(rig, body)
     assert rig.queues[0].rptr == 32 and rig.queues[0].error is None
+
+
+def test_run_in_file_runs_cs_ibs_in_the_file_s_gpu_vm():
+    """AMDGPU_CS's runner (issue 35): the edge is each amdgpu device's `cs.runner`; an SDMA
+    IB (sdma.run_ib) run in a render file's GPU VM copies and fences with the queues'
+    fulfilment (no KFD queue, no packet counted on one); a poll in it backs off and is
+    released by the CPU's store; a poll never released ends the run in error after the
+    edge's job timeout (real time: amdgpu's lockup_timeout for SDMA jobs), with a bounded
+    number of wake-ups; an IB reading an unmapped VA ends in a GPU fault."""
+    rig = Rig()
+    drm_file = rig.p.pdds[rig.g0].drm_file
+    assert drm_file is not None
+    ib = DATA + 1024
+    rig.gtt.memory.write(DATA - BASE, b"abcdefgh")
+    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, (DATA + 32) & 0xFFFF_FFFF,
+                       (DATA + 32) >> 32, 0, 0xFFFF_FFFF, 1 | 0xFFF << 16)
+
+    def put_ib(packets: bytes) -> int:
+        rig.gtt.memory.write(ib - BASE, packets)
+        return len(packets) // 4
+
+    async def body(edge: GpuEngineEdge) -> None:
+        assert drm_file.device.driver.cs.runner == edge.run_in_file  # type: ignore[attr-defined]
+        n = put_ib(copy(DATA + 64, DATA, 8) + fence(DATA + 128, 7))
+        end = await edge.run_in_file(drm_file, sdma.run_ib(ib, n))
+        assert end.reason is EndReason.CAUGHT_UP, end
+        assert rig.gtt.memory.read(DATA + 64 - BASE, 8) == b"abcdefgh"
+        assert rig.word(DATA + 128) == 7
+        # a poll the CPU releases after 50 ms
+        rig.gtt.memory.write(DATA + 32 - BASE, b"\x01\x00\x00\x00")
+        n = put_ib(poll + fence(DATA + 128, 8))
+
+        async def release() -> None:
+            await trio.sleep(0.05)
+            rig.gtt.memory.write(DATA + 32 - BASE, b"\x00\x00\x00\x00")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(release)
+            end = await edge.run_in_file(drm_file, sdma.run_ib(ib, n))
+        assert end.reason is EndReason.CAUGHT_UP and rig.word(DATA + 128) == 8, end
+        # a poll never released: the job timeout, in real time, not a busy loop
+        rig.gtt.memory.write(DATA + 32 - BASE, b"\x01\x00\x00\x00")
+        edge.job_timeout = 0.3
+        reads = 0
+        gen = sdma.run_ib(ib, n)
+
+        def counted() -> Generator[Request, object, RunEnd]:
+            nonlocal reads
+            answer: object = None
+            while True:
+                try:
+                    req = gen.send(answer)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                reads += isinstance(req, Read)
+                answer = yield req
+
+        t0 = trio.current_time()
+        end = await edge.run_in_file(drm_file, counted())
+        assert end.reason is EndReason.ERROR and "timed out" in (end.error or ""), end
+        assert 0.3 <= trio.current_time() - t0 < 2 and reads < 60, reads
+        # an IB reading an unmapped VA: a GPU fault
+        n = put_ib(copy(DATA + 64, UNMAPPED, 8))
+        end = await edge.run_in_file(drm_file, sdma.run_ib(ib, n))
+        assert end.reason is EndReason.ERROR and end.fault is not None, end
+        assert end.fault.va == UNMAPPED and not end.fault.write
+
+    run_edge(rig, body)
