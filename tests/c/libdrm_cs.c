@@ -7,7 +7,9 @@
  * faults (a COPY_LINEAR out of an unmapped VA) on a second context, which makes that context
  * guilty (amdgpu_cs_query_reset_state2, later submissions ECANCELED) while the first one
  * goes on. `libdrm_cs import <lo> <hi> <text>`: a COPY_LINEAR IB out of a BO imported by its
- * UALink handle (libdrm_fabric.c's import flow) into a local VRAM BO. The bytes
+ * UALink handle (libdrm_fabric.c's import flow) into a local VRAM BO. `libdrm_cs poll`: an
+ * IB that polls a word a second thread releases by a GPU store 300 ms later, through the
+ * same node, while the submission waits in its ioctl. The bytes
  * are put and checked by the render node's GPU loads and stores (pwrite/pread at a GPU VA,
  * DESIGN.md "GPU loads and stores"). Run under libualink_shim.so by
  * tests/integration/test_libdrm_cs.py:
@@ -23,6 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <amdgpu.h>
@@ -184,6 +188,88 @@ static int do_import(uint64_t lo, uint64_t hi, uint64_t offset, const char *text
 	return 0;
 }
 
+struct release {
+	int fd;
+	uint64_t va;
+};
+
+static void *release_later(void *arg)
+{
+	const struct release *r = arg;
+	const uint32_t zero = 0;
+
+	usleep(300000);
+	put(r->fd, r->va, &zero, 4, "release_store");
+	return NULL;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* A POLL_REGMEM (== 0, retry forever) on a word held at 1, then a FENCE: the CS ioctl waits
+ * for the poll while another thread's GPU store (a pwrite through the same node) releases
+ * it -- which it cannot if the node's serving thread waits in the CS. */
+static int do_poll_ib(void)
+{
+	amdgpu_device_handle dev;
+	amdgpu_context_handle ctx;
+	amdgpu_bo_list_handle list;
+	amdgpu_bo_handle bos[2];
+	struct mapped data, ib;
+	struct release rel;
+	pthread_t thread;
+	uint32_t major, minor, ibw[16], expired, one = 1, got = 0, i = 0;
+	uint64_t seq;
+	double t0;
+	int fd = open("/dev/dri/renderD128", O_RDWR | O_CLOEXEC), dfd, r;
+
+	if (fd < 0)
+		fail("open", errno);
+	check(amdgpu_device_initialize(fd, &major, &minor, &dev), "init");
+	dfd = amdgpu_device_get_fd(dev);
+	check(amdgpu_cs_ctx_create(dev, &ctx), "ctx_create");
+	data = alloc_mapped(dev, 4096, AMDGPU_GEM_DOMAIN_GTT);
+	ib = alloc_mapped(dev, IB_SIZE, AMDGPU_GEM_DOMAIN_GTT);
+	put(dfd, data.va, &one, 4, "hold_store");
+	ibw[i++] = 8u | 3u << 28 | 1u << 31; /* POLL_REGMEM, memory, function == */
+	ibw[i++] = (uint32_t)data.va;
+	ibw[i++] = (uint32_t)(data.va >> 32);
+	ibw[i++] = 0;			/* reference */
+	ibw[i++] = 0xFFFFFFFF;		/* mask */
+	ibw[i++] = 10 | 0xFFFu << 16;	/* interval, retry forever */
+	ibw[i++] = 5;			/* FENCE 7 at data + 64 */
+	ibw[i++] = (uint32_t)(data.va + 64);
+	ibw[i++] = (uint32_t)((data.va + 64) >> 32);
+	ibw[i++] = 7;
+	put(dfd, ib.va, ibw, i * 4, "ib_store");
+	bos[0] = data.bo;
+	bos[1] = ib.bo;
+	check(amdgpu_bo_list_create(dev, 2, bos, NULL, &list), "bo_list");
+	rel.fd = dfd;
+	rel.va = data.va;
+	if (pthread_create(&thread, NULL, release_later, &rel))
+		fail("thread", EAGAIN);
+	t0 = now_s();
+	r = submit_ib(ctx, list, ib.va, i, &seq);
+	check(r, "cs_submit");
+	check(fence_status(ctx, seq, &expired), "query_fence");
+	pthread_join(thread, NULL);
+	if (pread(dfd, &got, 4, (off_t)(data.va + 64)) != 4)
+		fail("gpu_load", errno);
+	printf("ok poll_ib ms=%.0f expired=%u fence=%u\n", (now_s() - t0) * 1e3, expired, got);
+	amdgpu_bo_list_destroy(list);
+	amdgpu_cs_ctx_free(ctx);
+	amdgpu_device_deinitialize(dev);
+	close(fd);
+	printf("ok done\n");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct amdgpu_cs_request req;
@@ -204,6 +290,8 @@ int main(int argc, char **argv)
 	size_t i;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc == 2 && strcmp(argv[1], "poll") == 0)
+		return do_poll_ib();
 	if (argc == 6 && strcmp(argv[1], "import") == 0)
 		return do_import(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0),
 				 strtoull(argv[4], NULL, 0), argv[5]);

@@ -110,3 +110,18 @@ def test_amdgpu_stress_copies_between_vram_and_gtt(tmp_path):
         assert re.search(r"Submitted 4 IBs to copy from 0\(\w+\) to 1\(\w+\) 1048576 bytes",
                          r.stdout), r.stdout
         assert node.proc.poll() is None, node.log_text()
+
+
+def test_a_polling_ib_waits_in_its_ioctl_without_holding_up_the_node(tmp_path):
+    """CS runs the job before it answers (amdgpu/cs.py); an IB blocked on a POLL_REGMEM
+    waits in its own task (drm/device.py awaits a handler off the FUSE serving thread), so
+    the node still serves: the same process's second thread releases the poll with a GPU
+    store (pwrite at the word's VA) 300 ms later, the fence after the poll lands and the
+    ioctl answers within a second, the fence signaled."""
+    c_program("libualink_shim.so")
+    with running_node(tmp_path) as node:
+        s = passed(run_shimmed("libdrm_cs", node.mount, "poll"))
+        p = s["poll_ib"]
+        assert (p["expired"], p["fence"]) == ("1", "7"), p
+        assert 300 <= int(p["ms"]) < 1000, p
+        print(f"polling IB released by a GPU store 300 ms later: CS answered in {p['ms']} ms")
