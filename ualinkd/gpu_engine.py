@@ -292,6 +292,8 @@ class GpuEngineEdge:
             await trio.sleep(delay)
             delay = min(delay * 2, POLL_MAX_DELAY)
             self._alive(q)
+            if q.state is not kq.KfdQueueState.ACTIVE:
+                break  # (UPDATE_QUEUE made it inactive: the scan runs it when it is again)
             proc = self.kfd.processes.get(q.pid)
             bo = proc.pdds[q.gpu_id].doorbell_bo if proc is not None else None
             if bo is None:
