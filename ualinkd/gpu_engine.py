@@ -21,7 +21,13 @@ pages (the client's own memory through caller memory, awaited here, never on the
 thread), imported NPA BOs (fabric loads/stores, a COPY moved in `COPY_CHUNK` pieces). A
 fault is thrown into the engine as GpuFault: the queue stops in error, gpu_faults counts it
 (the resolver's on_fault), the process is told as kfd_signal_vm_fault_event tells it, and
-one log line names process, queue and ring offset; other queues and processes go on.
+one log line names process, queue and ring offset; other queues and processes go on. A
+queue blocked on a poll is re-checked by its own run task, one read at a time at a delay
+doubling to POLL_MAX_DELAY (a forever poll: ~3% of a CPU), until released or rung again.
+
+Command submission. `run_in_file` runs any engine generator in a render file's GPU VM with
+the same fulfilment (a RunTarget says where and what to report): AMDGPU_CS's SDMA IBs, as
+each amdgpu device's `driver.cs.runner`, awaited by the CS ioctl's own task.
 """
 
 from __future__ import annotations
