@@ -370,7 +370,7 @@ int main(int argc, char **argv)
 	 * what hangs a real SDMA engine until the job timeout -- its fence -ETIME, its context
 	 * guilty, later submissions to it ECANCELED -- while the first context goes on */
 	{
-		amdgpu_context_handle bad;
+		amdgpu_context_handle bad, bad2;
 		uint64_t bad_seq, flags = 0;
 		struct mapped badib = alloc_mapped(dev, IB_SIZE, AMDGPU_GEM_DOMAIN_GTT);
 		amdgpu_bo_handle badbos[2] = {dst.bo, badib.bo};
@@ -400,6 +400,17 @@ int main(int argc, char **argv)
 		printf("ok other_ctx_runs expired=%u equal=%d guilty=%d\n", expired,
 		       same(dfd, dst.va, pattern, 4096),
 		       !!(flags & AMDGPU_CTX_QUERY2_FLAGS_GUILTY));
+		/* an IB outside mapped memory: gfx9 SDMA IBs are not looked up at CS time (no
+		 * parse_cs), so the job faults reading it -- the same hang, on a third context */
+		check(amdgpu_cs_ctx_create(dev, &bad2), "ctx_create_unmapped");
+		r = submit_ib(bad2, badlist, 0x7f0000100000ull, 8, &bad_seq);
+		printf("ok unmapped_ib_submit ret=%d\n", r);
+		r = fence_status(bad2, bad_seq, &expired);
+		flags = 0;
+		check(amdgpu_cs_query_reset_state2(bad2, &flags), "unmapped_reset_state2");
+		printf("ok unmapped_ib_fence ret=%d guilty=%d\n", r,
+		       !!(flags & AMDGPU_CTX_QUERY2_FLAGS_GUILTY));
+		amdgpu_cs_ctx_free(bad2);
 		amdgpu_bo_list_destroy(badlist);
 		amdgpu_cs_ctx_free(bad);
 	}

@@ -40,7 +40,7 @@ def test_a_faulting_ib_makes_its_context_guilty_and_others_go_on(tmp_path):
     (drm_sched_job_timedout -> amdgpu_job_timedout), QUERY_STATE2 says GUILTY
     (amdgpu_ctx_query2), a later CS on that context is ECANCELED (amdgpu_cs_parser_init);
     one log line names the context and the fault; the first context's next copy runs and it
-    is not guilty."""
+    is not guilty. An IB at an unmapped VA is accepted and faults the same way."""
     c_program("libualink_shim.so")
     with running_node(tmp_path) as node:
         s = passed(run_shimmed("libdrm_cs", node.mount))
@@ -50,8 +50,14 @@ def test_a_faulting_ib_makes_its_context_guilty_and_others_go_on(tmp_path):
         assert s["guilty_submit"]["ret"] == str(-errno.ECANCELED)
         assert s["other_ctx_runs"] == {"status": "ok", "expired": "1", "equal": "1",
                                        "guilty": "0"}
+        # an IB at an unmapped VA: accepted (gfx9 SDMA rings have no parse_cs), then the
+        # same fault and guilt
+        assert s["unmapped_ib_submit"]["ret"] == "0"
+        assert s["unmapped_ib_fence"] == {"status": "ok", "ret": str(-errno.ETIME),
+                                          "guilty": "1"}
         lines = [ln for ln in node.log_text().splitlines() if "AMDGPU_CS" in ln]
-        assert len(lines) == 1 and "GPU page fault" in lines[0] and "guilty" in lines[0], lines
+        assert len(lines) == 2, lines
+        assert all("GPU page fault" in ln and "guilty" in ln for ln in lines), lines
         assert node.proc.poll() is None, node.log_text()
 
 
