@@ -290,9 +290,10 @@ class GpuEngineEdge:
     async def _recheck_poll(self, q: kq.KfdQueue, doorbell: int, end: RunEnd) -> RunEnd:
         """A queue blocked on a poll (ROCr's dependency poll waits on a signal, forever):
         its run task re-checks it itself, at a delay doubling from MIN_INTERVAL to
-        POLL_MAX_DELAY, until it is released or the doorbell moves (then the scan, woken
-        as the task ends, runs the new work with the back-off reset). Each re-check is one
-        wake-up and one poll read, no scan: a forever poll costs ~1% of a CPU."""
+        POLL_MAX_DELAY (from MIN_INTERVAL again when the run stopped at another poll), until
+        it is released or the doorbell moves (then the scan, woken as the task ends, runs
+        the new work with the back-off reset). Each re-check is one
+        wake-up and one poll read, no scan: a forever poll costs ~3% of a CPU."""
         delay = MIN_INTERVAL
         while end.reason is EndReason.POLLING:
             await trio.sleep(delay)
@@ -309,7 +310,9 @@ class GpuEngineEdge:
                 self._poll_delay.pop(q, None)
                 break  # (the doorbell is the scan's to notice: it resets the back-off)
             self.poll_rechecks += 1
-            end = await self._drive(q, doorbell)
+            offset, end = end.offset, await self._drive(q, doorbell)
+            if end.offset != offset:  # it went on to another poll: a young one again
+                delay = MIN_INTERVAL
         return end
 
     def _processor(self, q: kq.KfdQueue) -> object | None:

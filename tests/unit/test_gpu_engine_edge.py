@@ -256,6 +256,33 @@ def test_a_forever_poll_is_rechecked_at_a_bounded_rate_and_released_by_the_cpu()
     assert rig.queues[0].state is queues.KfdQueueState.ACTIVE
 
 
+def test_a_poll_after_a_released_one_is_rechecked_young():
+    """Two forever polls in a row (a chain of dependencies): once the first, old one (its
+    re-checks 10 ms apart) is released, the run stops at the second, which is re-checked
+    from MIN_INTERVAL again (several re-checks in its first 30 ms, where an old poll's
+    pace gives 3); releasing it lets the fence land."""
+    rig = Rig()
+
+    def poll(va: int) -> bytes:
+        return struct.pack("<6I", 8 | 3 << 28 | 1 << 31, va & 0xFFFF_FFFF, va >> 32, 0,
+                           0xFFFF_FFFF, 10 | 0xFFF << 16)
+
+    rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00\x01\x00\x00\x00")
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(poll(DATA) + poll(DATA + 4) + fence(DATA + 16, 9))
+        await until(lambda: edge.poll_rechecks > 20)  # old: 10 ms apart
+        rig.gtt.memory.write(DATA - BASE, b"\x00\x00\x00\x00")
+        await until(lambda: rig.queues[0].processor.rptr == 24)  # type: ignore[union-attr]
+        rechecks = edge.poll_rechecks
+        await trio.sleep(0.03)
+        assert edge.poll_rechecks - rechecks >= 5, edge.poll_rechecks - rechecks
+        rig.gtt.memory.write(DATA + 4 - BASE, b"\x00\x00\x00\x00")
+        await until(lambda: rig.word(DATA + 16) == 9)
+
+    run_edge(rig, body)
+
+
 def test_a_ring_the_engine_refuses_is_that_queue_s_error():
     """An AQL queue whose 32-byte ring holds no 64-byte packet (CREATE_QUEUE accepts any
     power of two): its first doorbell is a queue error with one log line, the edge and
