@@ -122,6 +122,9 @@ class GpuEngineEdge:
         self.ticks = 0  # scans done, for tests of the idle cost
         self.poll_rechecks = 0  # re-runs of queues blocked on a poll (_recheck_poll)
         self.job_timeout = JOB_TIMEOUT_NS / 1e9  # s: the longest a CS job may run
+        # set (and replaced) when a run ends having done work: what it wrote may release
+        # another queue's poll (one engine's fence is another's dependency), re-checked then
+        self._progress = trio.Event()
         # What the watch thread compares: per doorbell slice, its memory and the (slot,
         # last value) of each queue there that waits for a doorbell. Replaced whole by
         # each scan (the thread only reads the reference it took).
@@ -293,11 +296,15 @@ class GpuEngineEdge:
         POLL_MAX_DELAY (from MIN_INTERVAL again when the run stopped at another poll), until
         it is released or the doorbell moves (then the scan, woken as the task ends, runs
         the new work with the back-off reset). Each re-check is one
-        wake-up and one poll read, no scan: a forever poll costs ~3% of a CPU."""
+        wake-up and one poll read, no scan: a forever poll costs ~3% of a CPU. Another
+        run's work (a queue's or a CS job's) re-checks it at once: an engine's fence
+        releases another's poll without waiting for the back-off."""
         delay = MIN_INTERVAL
         while end.reason is EndReason.POLLING:
-            await trio.sleep(delay)
-            delay = min(delay * 2, POLL_MAX_DELAY)
+            progress = self._progress
+            with trio.move_on_after(delay):
+                await progress.wait()
+            delay = MIN_INTERVAL if progress.is_set() else min(delay * 2, POLL_MAX_DELAY)
             self._alive(q)
             if q.state is not kq.KfdQueueState.ACTIVE:
                 break  # (UPDATE_QUEUE made it inactive: the scan runs it when it is again)
@@ -313,7 +320,13 @@ class GpuEngineEdge:
             offset, end = end.offset, await self._drive(q, doorbell)
             if end.offset != offset:  # it went on to another poll: a young one again
                 delay = MIN_INTERVAL
+        if end.reason is not EndReason.POLLING:
+            self._progressed()
         return end
+
+    def _progressed(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
 
     def _processor(self, q: kq.KfdQueue) -> object | None:
         """The engine consuming the queue's ring, made on its first doorbell: an SDMA ring
@@ -395,6 +408,8 @@ class GpuEngineEdge:
                 return await self._drive_run(RunTarget(vm_file, alive, sleep=sleep), gen)
             except QueueStopped:
                 return RunEnd(EndReason.ERROR, 0, "the render file was closed")
+            finally:
+                self._progressed()
         return RunEnd(EndReason.ERROR, 0, f"timed out after {self.job_timeout:g} s "
                                           f"(the job timeout)")
 
