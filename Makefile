@@ -19,7 +19,7 @@ VPY     := $(VENV)/bin/python
 # fabric dissector's test (tests/integration/test_wireshark.py); its debconf question is
 # answered by DEBIAN_FRONTEND=noninteractive below. python3-seccomp: the systemd unit's
 # syscall filter applied to a node (tests/integration/test_service_caps.py).
-APT_PKGS := fuse3 libfuse3-dev libdrm-dev libhsakmt-dev libhsa-runtime-dev rocminfo iproute2 pkg-config gcc make python3-venv python3-dev \
+APT_PKGS := fuse3 libfuse3-dev libdrm-dev libdrm-tests libhsakmt-dev libhsa-runtime-dev rocminfo iproute2 pkg-config gcc make python3-venv python3-dev \
             tshark python3-seccomp
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=

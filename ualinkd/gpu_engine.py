@@ -21,7 +21,13 @@ pages (the client's own memory through caller memory, awaited here, never on the
 thread), imported NPA BOs (fabric loads/stores, a COPY moved in `COPY_CHUNK` pieces). A
 fault is thrown into the engine as GpuFault: the queue stops in error, gpu_faults counts it
 (the resolver's on_fault), the process is told as kfd_signal_vm_fault_event tells it, and
-one log line names process, queue and ring offset; other queues and processes go on.
+one log line names process, queue and ring offset; other queues and processes go on. A
+queue blocked on a poll is re-checked by its own run task, one read at a time at a delay
+doubling to POLL_MAX_DELAY (a forever poll: ~3% of a CPU), until released or rung again.
+
+Command submission. `run_in_file` runs any engine generator in a render file's GPU VM with
+the same fulfilment (a RunTarget says where and what to report): AMDGPU_CS's SDMA IBs, as
+each amdgpu device's `driver.cs.runner`, awaited by the CS ioctl's own task.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ import importlib
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 from inspect import isawaitable
 from typing import TYPE_CHECKING
 
@@ -58,7 +67,7 @@ from .amdgpu.engine import (
     packet_fields,
 )
 from .amdgpu.memory import BoMemory
-from .amdgpu.sdma import SdmaRing
+from .amdgpu.sdma import JOB_TIMEOUT_NS, SdmaRing
 from .amdkfd import queues as kq
 from .drm.errors import DrmError
 from .drm.file import DrmFile
@@ -103,6 +112,22 @@ class QueueStopped(Exception):
     """The queue was destroyed (or its process went) while a run was under way."""
 
 
+@dataclass(frozen=True, slots=True)
+class RunTarget:
+    """What one engine run works in and reports to: `vm_file()` is the render file whose
+    GPU VM the requests go to and `alive()` checks the run is still wanted (both raise
+    QueueStopped when its owner went); `interrupt` takes a TRAP's context id (the KFD's
+    event path) and `executed` each packet done: None for an AMDGPU_CS IB, whose TRAP
+    signals no KFD event."""
+
+    vm_file: Callable[[], DrmFile]
+    alive: Callable[[], None]
+    interrupt: Callable[[int], None] | None = None
+    executed: Callable[[Executed], None] | None = None
+    sleep: Callable[[int], Awaitable[None]] | None = None  # None: a Sleep waits its ns
+    touch: Callable[[Request], None] | None = None  # while tracing: the memory a request touches
+
+
 class GpuEngineEdge:
     """The node's doorbell watcher and queue runner. `run()` is the task; the KFD's queue
     registry tells it of queues made and destroyed."""
@@ -122,12 +147,22 @@ class GpuEngineEdge:
         # While tracing: the memory each running queue's engine touched since its last
         # packet (`_touch`), for that packet's trace record.
         self._touched: dict[kq.KfdQueue, list[EngineAccess]] = {}
+        self.poll_rechecks = 0  # re-runs of queues blocked on a poll (_recheck_poll)
+        self.job_timeout = JOB_TIMEOUT_NS / 1e9  # s: the longest a CS job may run
+        # set (and replaced) when a run ends having done work: what it wrote may release
+        # another queue's poll (one engine's fence is another's dependency), re-checked then
+        self._progress = trio.Event()
         # What the watch thread compares: per doorbell slice, its memory and the (slot,
         # last value) of each queue there that waits for a doorbell. Replaced whole by
         # each scan (the thread only reads the reference it took).
         self._watched: tuple[tuple[BoMemory, tuple[tuple[int, bytes], ...]], ...] = ()
         self.kfd.queues.listeners.append(self._queue_changed)
         self.kfd.queues.updated.append(lambda q: self._wake.set())
+        # AMDGPU_CS's SDMA IBs run here too, in the submitting render file's GPU VM: with
+        # no runner the render node refuses them (EINVAL, amdgpu/cs.py)
+        for device in core.devices.values():
+            if isinstance(device.driver, AmdgpuDriver):
+                device.driver.cs.runner = self.run_in_file
 
     def _queue_changed(self, q: kq.KfdQueue, created: bool) -> None:
         if created:
@@ -257,6 +292,7 @@ class GpuEngineEdge:
     async def _run_queue(self, q: kq.KfdQueue, doorbell: int) -> None:
         try:
             end = await self._drive(q, doorbell)
+            end = await self._recheck_poll(q, doorbell, end)
         except QueueStopped:
             return
         except (ValueError, TypeError, ArithmeticError, IndexError) as e:
@@ -285,13 +321,55 @@ class GpuEngineEdge:
             self._queue_error(q, end)
         self._touched.pop(q, None)  # (what the rptr write-back touched: no packet's)
 
+    async def _recheck_poll(self, q: kq.KfdQueue, doorbell: int, end: RunEnd) -> RunEnd:
+        """A queue blocked on a poll (ROCr's dependency poll waits on a signal, forever):
+        its run task re-checks it itself, at a delay doubling from MIN_INTERVAL to
+        POLL_MAX_DELAY (from MIN_INTERVAL again when the run stopped at another poll), until
+        it is released or the doorbell moves (then the scan, woken as the task ends, runs
+        the new work with the back-off reset). Each re-check is one
+        wake-up and one poll read, no scan: a forever poll costs ~3% of a CPU. Another
+        run's work (a queue's or a CS job's) re-checks it at once: an engine's fence
+        releases another's poll without waiting for the back-off."""
+        delay = MIN_INTERVAL
+        while end.reason is EndReason.POLLING:
+            progress = self._progress
+            with trio.move_on_after(delay):
+                await progress.wait()
+            delay = MIN_INTERVAL if progress.is_set() else min(delay * 2, POLL_MAX_DELAY)
+            self._alive(q)
+            if q.state is not kq.KfdQueueState.ACTIVE:
+                break  # (UPDATE_QUEUE made it inactive: the scan runs it when it is again)
+            proc = self.kfd.processes.get(q.pid)
+            bo = proc.pdds[q.gpu_id].doorbell_bo if proc is not None else None
+            if bo is None:
+                raise QueueStopped
+            value = int.from_bytes(bo.memory.read(q.doorbell_slot, 8), "little")
+            if value != q.last_doorbell:
+                self._poll_delay.pop(q, None)
+                break  # (the doorbell is the scan's to notice: it resets the back-off)
+            self.poll_rechecks += 1
+            offset, end = end.offset, await self._drive(q, doorbell)
+            if end.offset != offset:  # it went on to another poll: a young one again
+                delay = MIN_INTERVAL
+        if end.reason is not EndReason.POLLING:
+            self._progressed()
+        return end
+
+    def _progressed(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
     def _processor(self, q: kq.KfdQueue) -> object | None:
         """The engine consuming the queue's ring, made on its first doorbell: an SDMA ring
         for the SDMA types, the AQL processor for COMPUTE_AQL; a PM4 compute queue has
         none (no PM4 command processor here: its doorbell is a queue error)."""
         if q.processor is None:
             if q.is_sdma:
-                ring = SdmaRing(q.ring_base, q.ring_size, q.rptr_address, q.wptr_address)
+                # one check per run: the edge spaces a failing poll's re-checks (POLLING,
+                # back-off to POLL_MAX_DELAY), which the ring's own Sleeps between spins
+                # would not (8 wake-ups of 10 µs each per re-check: 10-20% of a CPU)
+                ring = SdmaRing(q.ring_base, q.ring_size, q.rptr_address, q.wptr_address,
+                                poll_spins=1)
                 ring.rptr = q.rptr  # 0 for a new queue; kept across UPDATE_QUEUE's new ring
                 q.processor = ring
             elif q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL:
@@ -327,6 +405,48 @@ class GpuEngineEdge:
             return RunEnd(EndReason.ERROR, 0, what)
         gen: EngineRun = proc.run(doorbell)  # type: ignore[attr-defined]
         self._touched.pop(q, None)  # (a poll re-run re-reads: its packet starts afresh)
+        return await self._drive_run(self._queue_target(q), gen)
+
+    def _queue_target(self, q: kq.KfdQueue) -> RunTarget:
+        return RunTarget(partial(self._queue_file, q), partial(self._alive, q),
+                         partial(self._queue_interrupt, q), partial(self._queue_executed, q),
+                         touch=partial(self._touch, q))
+
+    async def run_in_file(self, drm_file: DrmFile, gen: EngineRun) -> RunEnd:
+        """Run an engine generator to its end in `drm_file`'s GPU VM (AMDGPU_CS's SDMA IBs:
+        the device's `driver.cs.runner`), with the queues' fulfilment. Awaited by the CS
+        ioctl's own task (drm/device.py runs an awaiting handler off the FUSE thread); a
+        file closed meanwhile ends the run in error. A poll's Sleeps back off (doubling
+        from MIN_INTERVAL to POLL_MAX_DELAY, the queues' re-check rate) and the run ends
+        in error after `job_timeout` of real time, as the scheduler's job timeout ends a
+        hung job (the engine's own budget counts the ns it asked for, which 1 µs sleeps
+        would take minutes of CPU to add up)."""
+        def alive() -> None:
+            if drm_file.closed:
+                raise QueueStopped
+
+        def vm_file() -> DrmFile:
+            alive()
+            return drm_file
+
+        delay = MIN_INTERVAL
+
+        async def sleep(ns: int) -> None:
+            nonlocal delay
+            await trio.sleep(max(ns / 1e9, delay))
+            delay = min(delay * 2, POLL_MAX_DELAY)
+
+        with trio.move_on_after(self.job_timeout):
+            try:
+                return await self._drive_run(RunTarget(vm_file, alive, sleep=sleep), gen)
+            except QueueStopped:
+                return RunEnd(EndReason.ERROR, 0, "the render file was closed")
+            finally:
+                self._progressed()
+        return RunEnd(EndReason.ERROR, 0, f"timed out after {self.job_timeout:g} s "
+                                          f"(the job timeout)")
+
+    async def _drive_run(self, q: RunTarget, gen: EngineRun) -> RunEnd:
         answer: object = None
         fault: GpuFault | None = None
         yield_at = time.monotonic() + RUN_SLICE
@@ -334,7 +454,7 @@ class GpuEngineEdge:
             while True:
                 if time.monotonic() >= yield_at:
                     await trio.lowlevel.checkpoint()
-                    self._alive(q)
+                    q.alive()
                     yield_at = time.monotonic() + RUN_SLICE
                 try:
                     req = gen.send(answer) if fault is None else gen.throw(fault)
@@ -343,26 +463,42 @@ class GpuEngineEdge:
                     assert isinstance(end, RunEnd)
                     return end
                 answer, fault = None, None
-                self._alive(q)
+                q.alive()
                 try:
                     answer = await self._fulfil(q, req)
                 except GpuFault as f:
                     fault = f
-                self._alive(q)
+                q.alive()
         finally:
             gen.close()
 
     # -- fulfilling requests against the process's GPU VM ------------------------------------
-    def _vm_file(self, q: kq.KfdQueue) -> tuple[DrmFile, AmdgpuDriver]:
+    def _queue_file(self, q: kq.KfdQueue) -> DrmFile:
         proc = self.kfd.processes.get(q.pid)
         drm_file = proc.pdds[q.gpu_id].drm_file if proc is not None else None
         if drm_file is None:
             raise QueueStopped
+        return drm_file
+
+    def _queue_interrupt(self, q: kq.KfdQueue, context_id: int) -> None:
+        proc = self.kfd.processes.get(q.pid)
+        if proc is not None:
+            kq.event_interrupt(self.kfd, proc, context_id)
+
+    def _queue_executed(self, q: kq.KfdQueue, req: Executed) -> None:
+        q.packets += 1
+        touched = self._touched.pop(q, [])
+        if self.core.tracer is not None:  # strace-style: the packet as decoded
+            self.core.trace_queue(q, "packet", req.ring_offset, format_packet(req.packet),
+                                  *self._kept(touched), fields=packet_fields(req.packet))
+
+    def _vm_file(self, q: RunTarget) -> tuple[DrmFile, AmdgpuDriver]:
+        drm_file = q.vm_file()
         driver = drm_file.device.driver
         assert isinstance(driver, AmdgpuDriver)
         return drm_file, driver
 
-    async def _load(self, q: kq.KfdQueue, va: int, size: int) -> bytes:
+    async def _load(self, q: RunTarget, va: int, size: int) -> bytes:
         drm_file, driver = self._vm_file(q)
         remote, _ = self.core._remote_for(drm_file)
         try:
@@ -375,7 +511,7 @@ class GpuEngineEdge:
             raise GpuFault(va + len(data), False)
         return bytes(data)
 
-    async def _store(self, q: kq.KfdQueue, va: int, data: bytes) -> None:
+    async def _store(self, q: RunTarget, va: int, data: bytes) -> None:
         drm_file, driver = self._vm_file(q)
         remote, _ = self.core._remote_for(drm_file)
         try:
@@ -388,9 +524,9 @@ class GpuEngineEdge:
         if n < len(data):
             raise GpuFault(va + n, True)
 
-    async def _fulfil(self, q: kq.KfdQueue, req: Request) -> object:
-        if self.core.tracer is not None:
-            self._touch(q, req)
+    async def _fulfil(self, q: RunTarget, req: Request) -> object:
+        if q.touch is not None and self.core.tracer is not None:
+            q.touch(req)
         if isinstance(req, Read):
             return await self._load(q, req.va, req.size)
         if isinstance(req, Write):
@@ -417,22 +553,18 @@ class GpuEngineEdge:
                 await self._store(q, req.va, new.to_bytes(req.size, "little"))
             return old
         if isinstance(req, Interrupt):
-            proc = self.kfd.processes.get(q.pid)
-            if proc is not None:
-                kq.event_interrupt(self.kfd, proc, req.context_id)
+            if q.interrupt is not None:
+                q.interrupt(req.context_id)
             return None
         if isinstance(req, Clock):
             _, driver = self._vm_file(q)
             return gpu_clock_counter(time.monotonic_ns(), driver.profile.gpu_counter_freq_khz)
         if isinstance(req, Sleep):
-            await trio.sleep(req.ns / 1e9)
+            await (trio.sleep(req.ns / 1e9) if q.sleep is None else q.sleep(req.ns))
             return None
         if isinstance(req, Executed):
-            q.packets += 1
-            touched = self._touched.pop(q, [])
-            if self.core.tracer is not None:  # strace-style: the packet as decoded
-                self.core.trace_queue(q, "packet", req.ring_offset, format_packet(req.packet),
-                                      *self._kept(touched), fields=packet_fields(req.packet))
+            if q.executed is not None:
+                q.executed(req)
             return None
         raise AssertionError(f"unknown engine request {req!r}")
 

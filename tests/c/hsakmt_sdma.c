@@ -17,6 +17,8 @@
  * ring wraps; a 64 MiB copy each way, timed (argv[1] "bench"); an illegal packet on a
  * second queue, which stops that queue only; both queues destroyed.  argv[1] "idle": eight
  * idle SDMA queues held until a newline on stdin (the idle daemon's CPU is measured).
+ * argv[1] "poll": one queue blocked on a forever POLL_REGMEM (ROCr's dependency poll) until
+ * a newline on stdin, then the CPU releases it and the time to its fence is printed.
  */
 #define _GNU_SOURCE
 #include "sdma_ring.h"
@@ -54,6 +56,45 @@ int main(int argc, char **argv)
 		(void)getchar();
 		for (int i = 0; i < 8; i++)
 			CHECK("destroy_idle_queue", hsaKmtDestroyQueue(idle[i].res.QueueId));
+		CHECK("close_kfd", hsaKmtCloseKFD());
+		printf("ok done\n");
+		return 0;
+	}
+	if (argc > 1 && strcmp(argv[1], "poll") == 0) {
+		/* a forever poll (== 0 on a word the CPU holds at 1, retry 0xFFF), then a fence;
+		 * pending until a newline on stdin (the daemon's CPU is measured meanwhile) */
+		volatile uint32_t *w;
+		double t0;
+
+		EXPECT("create_queue", create_queue(gpu, &q));
+		sysmem.ui32.PageSize = HSA_PAGE_SIZE_4KB;
+		sysmem.ui32.HostAccess = 1;
+		sysmem.ui32.NonPaged = 1;
+		CHECK("alloc_system", hsaKmtAllocMemory(0, 4096, sysmem, &host));
+		CHECK("map_system", hsaKmtMapMemoryToGPU(host, 4096, &alt));
+		w = (volatile uint32_t *)host;
+		w[0] = 0;
+		w[1] = 1;
+		{
+			uint64_t a = (uintptr_t)&w[1];
+			const uint32_t poll[6] = {SDMA_OP_POLL_REGMEM | 3u << 28 | 1u << 31,
+						  (uint32_t)a, (uint32_t)(a >> 32), 0, 0xFFFFFFFF,
+						  10 | 0xFFFu << 16};
+
+			EXPECT("submit_poll", hdp_flush(&q) && put(&q, poll, 6) && fence(&q, w, 1));
+		}
+		ring_doorbell(&q);
+		usleep(100000);
+		EXPECT("poll_holds", w[0] == 0);
+		printf("ok poll_pending\n");
+		fflush(stdout);
+		(void)getchar();
+		EXPECT("poll_still_holds", w[0] == 0);
+		t0 = now_s();
+		w[1] = 0; /* the CPU releases the dependency */
+		EXPECT("poll_released", wait_value(w, 1, 10));
+		printf("ok poll_release latency_us=%.0f\n", (now_s() - t0) * 1e6);
+		CHECK("destroy_queue", hsaKmtDestroyQueue(q.res.QueueId));
 		CHECK("close_kfd", hsaKmtCloseKFD());
 		printf("ok done\n");
 		return 0;

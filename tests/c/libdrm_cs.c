@@ -3,13 +3,18 @@
  * libdrm_cs: command submission through the public API of Debian's libdrm_amdgpu (2.4.114)
  * only -- amdgpu_cs_ctx_create, amdgpu_bo_list_create, amdgpu_cs_submit of an SDMA IB
  * holding a COPY_LINEAR, amdgpu_cs_query_fence_status, amdgpu_cs_wait_fences,
- * amdgpu_cs_submit_raw2 with a syncobj out chunk -- and a GFX IB, which fails. The bytes
+ * amdgpu_cs_submit_raw2 with a syncobj out chunk -- and a GFX IB, which fails; an IB that
+ * faults (a COPY_LINEAR out of an unmapped VA) on a second context, which makes that context
+ * guilty (amdgpu_cs_query_reset_state2, later submissions ECANCELED) while the first one
+ * goes on. `libdrm_cs import <lo> <hi> <text>`: a COPY_LINEAR IB out of a BO imported by its
+ * UALink handle (libdrm_fabric.c's import flow) into a local VRAM BO. `libdrm_cs poll`: an
+ * IB that polls a word a second thread releases by a GPU store 300 ms later, through the
+ * same node, while the submission waits in its ioctl. The bytes
  * are put and checked by the render node's GPU loads and stores (pwrite/pread at a GPU VA,
  * DESIGN.md "GPU loads and stores"). Run under libualink_shim.so by
  * tests/integration/test_libdrm_cs.py:
  *
  *   ok <step> key=value ...     as on real amdgpu hardware
- *   skip <step> owner=<branch>  a part another change provides
  *   fail <step> err=<n> ...     the first step that failed (exit status 1)
  */
 #define _GNU_SOURCE
@@ -20,6 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <amdgpu.h>
@@ -27,6 +34,8 @@
 #include <xf86drm.h>
 
 #include "libdrm_check.h"
+
+#include "ualink/ualink_drm.h"	/* only its UALink part: amdgpu_drm.h came first */
 
 #define COPY_SIZE (1u << 20)
 #define IB_SIZE 4096u
@@ -84,7 +93,184 @@ static int same(int fd, uint64_t va, const unsigned char *want, size_t n)
 	return r;
 }
 
-int main(void)
+/* amdgpu_cs_submit of one SDMA IB of `ndw` dwords at `ib_va` naming `list`; its return */
+static int submit_ib(amdgpu_context_handle ctx, amdgpu_bo_list_handle list, uint64_t ib_va,
+		     uint32_t ndw, uint64_t *seq)
+{
+	struct amdgpu_cs_request req;
+	struct amdgpu_cs_ib_info ib_info;
+	int r;
+
+	memset(&req, 0, sizeof(req));
+	memset(&ib_info, 0, sizeof(ib_info));
+	ib_info.ib_mc_address = ib_va;
+	ib_info.size = ndw;
+	req.ip_type = AMDGPU_HW_IP_DMA;
+	req.resources = list;
+	req.number_of_ibs = 1;
+	req.ibs = &ib_info;
+	r = amdgpu_cs_submit(ctx, 0, &req, 1);
+	*seq = req.seq_no;
+	return r;
+}
+
+/* The fence of `seq` on ctx's SDMA ring 0: amdgpu_cs_query_fence_status's return */
+static int fence_status(amdgpu_context_handle ctx, uint64_t seq, uint32_t *expired)
+{
+	struct amdgpu_cs_fence fence;
+
+	memset(&fence, 0, sizeof(fence));
+	fence.context = ctx;
+	fence.ip_type = AMDGPU_HW_IP_DMA;
+	fence.fence = seq;
+	return amdgpu_cs_query_fence_status(&fence, AMDGPU_TIMEOUT_INFINITE, 0, expired);
+}
+
+/* The importer's side: a UALink IMPORT of the exporter's handle (libdrm_fabric.c's flow,
+ * amdgpu_bo_import of the dma-buf, a GPU VA map), then an SDMA IB copying `text`'s bytes
+ * out of it at `offset` into a local VRAM BO, checked by a GPU load. */
+static int do_import(uint64_t lo, uint64_t hi, uint64_t offset, const char *text)
+{
+	union drm_amdgpu_ualink_handle u;
+	struct amdgpu_bo_import_result imp;
+	amdgpu_device_handle dev;
+	amdgpu_context_handle ctx;
+	amdgpu_bo_list_handle list;
+	amdgpu_bo_handle bos[3];
+	amdgpu_va_handle vah;
+	struct mapped dst, ib;
+	uint32_t major, minor, ibw[8], ndw, expired;
+	uint64_t va, seq;
+	size_t n = strlen(text);
+	int fd = open("/dev/dri/renderD128", O_RDWR | O_CLOEXEC), dfd;
+
+	if (fd < 0)
+		fail("open", errno);
+	check(amdgpu_device_initialize(fd, &major, &minor, &dev), "init");
+	dfd = amdgpu_device_get_fd(dev);
+	memset(&u, 0, sizeof(u));
+	u.in.op = DRM_AMDGPU_UALINK_HANDLE_OP_IMPORT;
+	u.in.import_ualink_handle[0] = lo;
+	u.in.import_ualink_handle[1] = hi;
+	check(drmCommandWriteRead(dfd, DRM_AMDGPU_UALINK_HANDLE, &u, sizeof(u)), "import");
+	check(amdgpu_bo_import(dev, amdgpu_bo_handle_type_dma_buf_fd,
+			       (uint32_t)u.out.import_dmabuf_handle, &imp), "bo_import");
+	close((int)u.out.import_dmabuf_handle);
+	check(amdgpu_va_range_alloc(dev, amdgpu_gpu_va_range_general, imp.alloc_size, 0, 0, &va,
+				    &vah, 0), "va_alloc");
+	check(amdgpu_bo_va_op(imp.buf_handle, 0, imp.alloc_size, va, 0, AMDGPU_VA_OP_MAP),
+	      "va_map");
+	printf("ok import size=%" PRIu64 "\n", imp.alloc_size);
+
+	check(amdgpu_cs_ctx_create(dev, &ctx), "ctx_create");
+	dst = alloc_mapped(dev, 4096, AMDGPU_GEM_DOMAIN_VRAM);
+	ib = alloc_mapped(dev, IB_SIZE, AMDGPU_GEM_DOMAIN_GTT);
+	ndw = copy_ib(ibw, dst.va, va + offset, (uint32_t)n);
+	put(dfd, ib.va, ibw, ndw * 4, "ib_store");
+	bos[0] = imp.buf_handle;
+	bos[1] = dst.bo;
+	bos[2] = ib.bo;
+	check(amdgpu_bo_list_create(dev, 3, bos, NULL, &list), "bo_list");
+	check(submit_ib(ctx, list, ib.va, ndw, &seq), "cs_submit");
+	check(fence_status(ctx, seq, &expired), "query_fence");
+	printf("ok import_copy expired=%u equal=%d\n", expired,
+	       same(dfd, dst.va, (const unsigned char *)text, n));
+
+	amdgpu_bo_list_destroy(list);
+	amdgpu_cs_ctx_free(ctx);
+	check(amdgpu_bo_va_op(imp.buf_handle, 0, imp.alloc_size, va, 0, AMDGPU_VA_OP_UNMAP),
+	      "va_unmap");
+	check(amdgpu_va_range_free(vah), "va_free");
+	check(amdgpu_bo_free(imp.buf_handle), "bo_free");
+	amdgpu_device_deinitialize(dev);
+	close(fd);
+	printf("ok done\n");
+	return 0;
+}
+
+struct release {
+	int fd;
+	uint64_t va;
+};
+
+static void *release_later(void *arg)
+{
+	const struct release *r = arg;
+	const uint32_t zero = 0;
+
+	usleep(300000);
+	put(r->fd, r->va, &zero, 4, "release_store");
+	return NULL;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* A POLL_REGMEM (== 0, retry forever) on a word held at 1, then a FENCE: the CS ioctl waits
+ * for the poll while another thread's GPU store (a pwrite through the same node) releases
+ * it -- which it cannot if the node's serving thread waits in the CS. */
+static int do_poll_ib(void)
+{
+	amdgpu_device_handle dev;
+	amdgpu_context_handle ctx;
+	amdgpu_bo_list_handle list;
+	amdgpu_bo_handle bos[2];
+	struct mapped data, ib;
+	struct release rel;
+	pthread_t thread;
+	uint32_t major, minor, ibw[16], expired, one = 1, got = 0, i = 0;
+	uint64_t seq;
+	double t0;
+	int fd = open("/dev/dri/renderD128", O_RDWR | O_CLOEXEC), dfd, r;
+
+	if (fd < 0)
+		fail("open", errno);
+	check(amdgpu_device_initialize(fd, &major, &minor, &dev), "init");
+	dfd = amdgpu_device_get_fd(dev);
+	check(amdgpu_cs_ctx_create(dev, &ctx), "ctx_create");
+	data = alloc_mapped(dev, 4096, AMDGPU_GEM_DOMAIN_GTT);
+	ib = alloc_mapped(dev, IB_SIZE, AMDGPU_GEM_DOMAIN_GTT);
+	put(dfd, data.va, &one, 4, "hold_store");
+	ibw[i++] = 8u | 3u << 28 | 1u << 31; /* POLL_REGMEM, memory, function == */
+	ibw[i++] = (uint32_t)data.va;
+	ibw[i++] = (uint32_t)(data.va >> 32);
+	ibw[i++] = 0;			/* reference */
+	ibw[i++] = 0xFFFFFFFF;		/* mask */
+	ibw[i++] = 10 | 0xFFFu << 16;	/* interval, retry forever */
+	ibw[i++] = 5;			/* FENCE 7 at data + 64 */
+	ibw[i++] = (uint32_t)(data.va + 64);
+	ibw[i++] = (uint32_t)((data.va + 64) >> 32);
+	ibw[i++] = 7;
+	put(dfd, ib.va, ibw, i * 4, "ib_store");
+	bos[0] = data.bo;
+	bos[1] = ib.bo;
+	check(amdgpu_bo_list_create(dev, 2, bos, NULL, &list), "bo_list");
+	rel.fd = dfd;
+	rel.va = data.va;
+	if (pthread_create(&thread, NULL, release_later, &rel))
+		fail("thread", EAGAIN);
+	t0 = now_s();
+	r = submit_ib(ctx, list, ib.va, i, &seq);
+	check(r, "cs_submit");
+	check(fence_status(ctx, seq, &expired), "query_fence");
+	pthread_join(thread, NULL);
+	if (pread(dfd, &got, 4, (off_t)(data.va + 64)) != 4)
+		fail("gpu_load", errno);
+	printf("ok poll_ib ms=%.0f expired=%u fence=%u\n", (now_s() - t0) * 1e3, expired, got);
+	amdgpu_bo_list_destroy(list);
+	amdgpu_cs_ctx_free(ctx);
+	amdgpu_device_deinitialize(dev);
+	close(fd);
+	printf("ok done\n");
+	return 0;
+}
+
+int main(int argc, char **argv)
 {
 	struct amdgpu_cs_request req;
 	struct amdgpu_cs_ib_info ib_info;
@@ -104,6 +290,11 @@ int main(void)
 	size_t i;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc == 2 && strcmp(argv[1], "poll") == 0)
+		return do_poll_ib();
+	if (argc == 6 && strcmp(argv[1], "import") == 0)
+		return do_import(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0),
+				 strtoull(argv[4], NULL, 0), argv[5]);
 	fd = open("/dev/dri/renderD128", O_RDWR | O_CLOEXEC);
 	if (fd < 0)
 		fail("open", errno);
@@ -136,10 +327,7 @@ int main(void)
 	req.number_of_ibs = 1;
 	req.ibs = &ib_info;
 	r = amdgpu_cs_submit(ctx, 0, &req, 1);
-	if (r == -EINVAL) {
-		/* no engine edge runs SDMA IBs on this node yet */
-		printf("skip sdma_copy owner=queues\n");
-	} else {
+	{
 		check(r, "cs_submit");
 		printf("ok cs_submit seq=%" PRIu64 "\n", req.seq_no);
 		memset(&fence, 0, sizeof(fence));
@@ -177,6 +365,55 @@ int main(void)
 	req.ip_type = AMDGPU_HW_IP_GFX;
 	r = amdgpu_cs_submit(ctx, 0, &req, 1);
 	printf("ok gfx_ib ret=%d\n", r);
+
+	/* an IB that faults (a copy out of an unmapped VA) on a second context: the job is
+	 * what hangs a real SDMA engine until the job timeout -- its fence -ETIME, its context
+	 * guilty, later submissions to it ECANCELED -- while the first context goes on */
+	{
+		amdgpu_context_handle bad, bad2;
+		uint64_t bad_seq, flags = 0;
+		struct mapped badib = alloc_mapped(dev, IB_SIZE, AMDGPU_GEM_DOMAIN_GTT);
+		amdgpu_bo_handle badbos[2] = {dst.bo, badib.bo};
+		amdgpu_bo_list_handle badlist;
+
+		check(amdgpu_cs_ctx_create(dev, &bad), "ctx_create_bad");
+		ndw = copy_ib(ibw, dst.va, 0x7f0000000000ull, 4096);
+		put(dfd, badib.va, ibw, ndw * 4, "bad_ib_store");
+		check(amdgpu_bo_list_create(dev, 2, badbos, NULL, &badlist), "bad_bo_list");
+		r = submit_ib(bad, badlist, badib.va, ndw, &bad_seq);
+		printf("ok fault_submit ret=%d\n", r);
+		r = fence_status(bad, bad_seq, &expired);
+		printf("ok fault_fence ret=%d\n", r);
+		check(amdgpu_cs_query_reset_state2(bad, &flags), "reset_state2");
+		printf("ok fault_guilty guilty=%d\n", !!(flags & AMDGPU_CTX_QUERY2_FLAGS_GUILTY));
+		r = submit_ib(bad, badlist, badib.va, ndw, &bad_seq);
+		printf("ok guilty_submit ret=%d\n", r);
+		/* the first context still runs its copy */
+		memset(pattern, 0x5a, 4096);
+		put(dfd, src.va, pattern, 4096, "gpu_store2");
+		ndw = copy_ib(ibw, dst.va, src.va, 4096);
+		put(dfd, ib.va, ibw, ndw * 4, "ib_store2");
+		check(submit_ib(ctx, list, ib.va, ndw, &seq), "other_ctx_submit");
+		check(fence_status(ctx, seq, &expired), "other_ctx_fence");
+		flags = 0;
+		check(amdgpu_cs_query_reset_state2(ctx, &flags), "other_reset_state2");
+		printf("ok other_ctx_runs expired=%u equal=%d guilty=%d\n", expired,
+		       same(dfd, dst.va, pattern, 4096),
+		       !!(flags & AMDGPU_CTX_QUERY2_FLAGS_GUILTY));
+		/* an IB outside mapped memory: gfx9 SDMA IBs are not looked up at CS time (no
+		 * parse_cs), so the job faults reading it -- the same hang, on a third context */
+		check(amdgpu_cs_ctx_create(dev, &bad2), "ctx_create_unmapped");
+		r = submit_ib(bad2, badlist, 0x7f0000100000ull, 8, &bad_seq);
+		printf("ok unmapped_ib_submit ret=%d\n", r);
+		r = fence_status(bad2, bad_seq, &expired);
+		flags = 0;
+		check(amdgpu_cs_query_reset_state2(bad2, &flags), "unmapped_reset_state2");
+		printf("ok unmapped_ib_fence ret=%d guilty=%d\n", r,
+		       !!(flags & AMDGPU_CTX_QUERY2_FLAGS_GUILTY));
+		amdgpu_cs_ctx_free(bad2);
+		amdgpu_bo_list_destroy(badlist);
+		amdgpu_cs_ctx_free(bad);
+	}
 
 	amdgpu_bo_list_destroy(list);
 	amdgpu_cs_ctx_free(ctx);

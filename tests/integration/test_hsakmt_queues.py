@@ -4,7 +4,8 @@ hsaKmtCreateQueue(HSA_QUEUE_SDMA) and packets as ROCr's BlitSdmaV4 writes them โ
 host<->VRAM (GTT and userptr host memory), FENCE, a POLL_REGMEM dependency the CPU
 releases, ATOMIC, TIMESTAMP, TRAP waking hsaKmtWaitOnEvent, a ring that wraps, an illegal
 packet that stops its queue only, destroy; what the node's tables show meanwhile; nothing
-left after the process; the idle cost of a node with 8 idle queues."""
+left after the process; the idle cost of a node with 8 idle queues, and of one with a
+queue blocked on a poll."""
 
 from __future__ import annotations
 
@@ -152,6 +153,36 @@ def test_an_idle_node_with_8_idle_queues_costs_under_1_percent_cpu(tmp_path: Pat
                 proc.kill()
                 proc.wait()
         assert code == 0, out + rest
+        assert wait_until(lambda: queues(node) == [])
+
+
+def test_a_queue_blocked_on_a_forever_poll_costs_a_few_percent_cpu(tmp_path: Path):
+    """ROCr's dependency poll (POLL_REGMEM, retry count 0xFFF, on a word the CPU releases;
+    spec userspace-surface ยง8): while it is pending the daemon's CPU (utime + stime over
+    4 s) stays under 5% of one CPU, as the edge re-checks a poll that keeps failing at a
+    delay growing to POLL_MAX_DELAY instead of spinning; once the CPU writes the word the
+    fence after the poll lands within 100 ms (printed: the release latency)."""
+    with running_node(tmp_path) as node:
+        proc = client(node, "poll")
+        try:
+            out = read_until(proc, "ok poll_pending")
+            assert "ok poll_pending" in out, out + node.log_text()
+            time.sleep(0.5)  # past the young poll's quick re-checks
+            t0, c0 = time.monotonic(), _cpu_seconds(node.proc.pid)
+            time.sleep(4)
+            frac = (_cpu_seconds(node.proc.pid) - c0) / (time.monotonic() - t0)
+            print(f"daemon while one forever poll is pending: {frac * 100:.2f}% of one CPU")
+            code, rest = finish(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert code == 0, out + rest + node.log_text()
+        latency = re.search(r"ok poll_release latency_us=(\d+)", rest)
+        assert latency, rest
+        print(f"poll released {int(latency[1]) / 1000:.1f} ms after the CPU's store")
+        assert frac < 0.05, frac
+        assert int(latency[1]) < 100_000, rest
         assert wait_until(lambda: queues(node) == [])
 
 

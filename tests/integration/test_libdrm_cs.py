@@ -1,16 +1,21 @@
-"""AMDGPU_CS through Debian's libdrm_amdgpu 2.4.114, unmodified (tests/c/libdrm_cs.c), via the
-shim against a real node (issue 35, "Tests that must exist"): a context, a BO list, an SDMA
-IB with a COPY_LINEAR submitted by amdgpu_cs_submit, its fence queried and waited for, the
-copied bytes checked by GPU loads, a syncobj out of amdgpu_cs_submit_raw2 signaled; a GFX IB
-refused with EINVAL (no GFX ring here)."""
+"""AMDGPU_CS through Debian's libdrm_amdgpu 2.4.114, unmodified (tests/c/libdrm_cs.c, and
+libdrm's own amdgpu_stress), via the shim against real nodes (issue 35, "Tests that must
+exist"): a context, a BO list, an SDMA IB with a COPY_LINEAR submitted by amdgpu_cs_submit
+and run by the node's engine edge, its fence queried and waited for, the copied bytes
+checked by GPU loads, a syncobj out of amdgpu_cs_submit_raw2 signaled; a GFX IB refused with
+EINVAL (no GFX ring here); a faulting IB's context guilty, the others running; a copy out of
+a UALink-imported BO on another node."""
 
 from __future__ import annotations
 
 import errno
+import os
+import re
+import subprocess
 
 import pytest
-from nodes import c_program, running_node
-from test_libdrm import passed, run_shimmed
+from nodes import c_program, running_node, running_pod
+from test_libdrm import SHIM, parse, passed, run_shimmed
 
 pytestmark = pytest.mark.integration
 
@@ -20,15 +25,109 @@ def test_libdrm_command_submission(tmp_path):
     with running_node(tmp_path) as node:
         s = passed(run_shimmed("libdrm_cs", node.mount))
         assert s["gfx_ib"]["ret"] == str(-errno.EINVAL)
-        # The SDMA IB needs the node's engine edge to run it (driver.cs.runner, README);
-        # a node whose edge does not offer it answers EINVAL, which the client reports
-        # as a skip owned by the engine edge's change.
-        if s["sdma_copy"]["status"] == "skip":
-            assert s["sdma_copy"]["owner"] == "queues"
-            return
         assert s["cs_submit"]["seq"] == "1"
         # amdgpu_cs_query_fence_status: expired; amdgpu_cs_wait_fences(all): status 1
         assert s["fence"] == {"status": "ok", "expired": "1", "signaled": "1"}
         assert s["sdma_copy"]["equal"] == "1"
         assert s["syncobj_out"]["seq"] == "2"
         assert node.proc.poll() is None, node.log_text()
+
+
+def test_a_faulting_ib_makes_its_context_guilty_and_others_go_on(tmp_path):
+    """An SDMA IB whose COPY_LINEAR reads an unmapped VA (libdrm_cs.c, a second context):
+    amdgpu_cs_submit succeeds (the job was accepted: a fault is no CS error), its fence
+    answers -ETIME as the scheduler's job timeout leaves a hung job's fence
+    (drm_sched_job_timedout -> amdgpu_job_timedout), QUERY_STATE2 says GUILTY
+    (amdgpu_ctx_query2), a later CS on that context is ECANCELED (amdgpu_cs_parser_init);
+    one log line names the context and the fault; the first context's next copy runs and it
+    is not guilty. An IB at an unmapped VA is accepted and faults the same way."""
+    c_program("libualink_shim.so")
+    with running_node(tmp_path) as node:
+        s = passed(run_shimmed("libdrm_cs", node.mount))
+        assert s["fault_submit"]["ret"] == "0"
+        assert s["fault_fence"]["ret"] == str(-errno.ETIME)
+        assert s["fault_guilty"]["guilty"] == "1"
+        assert s["guilty_submit"]["ret"] == str(-errno.ECANCELED)
+        assert s["other_ctx_runs"] == {"status": "ok", "expired": "1", "equal": "1",
+                                       "guilty": "0"}
+        # an IB at an unmapped VA: accepted (gfx9 SDMA rings have no parse_cs), then the
+        # same fault and guilt
+        assert s["unmapped_ib_submit"]["ret"] == "0"
+        assert s["unmapped_ib_fence"] == {"status": "ok", "ret": str(-errno.ETIME),
+                                          "guilty": "1"}
+        lines = [ln for ln in node.log_text().splitlines() if "AMDGPU_CS" in ln]
+        assert len(lines) == 2, lines
+        assert all("GPU page fault" in ln and "guilty" in ln for ln in lines), lines
+        assert node.proc.poll() is None, node.log_text()
+
+
+def test_an_sdma_ib_copies_out_of_a_ualink_imported_bo(tmp_path):
+    """Issue 35: a copy out of a UALink-imported BO on another node. libdrm_fabric.c exports
+    a VRAM BO holding a GPU store on node 0; libdrm_cs.c on node 1 imports it by its handle
+    (UALINK_HANDLE IMPORT, amdgpu_bo_import of the dma-buf, GEM_VA), submits an SDMA IB
+    copying the stored bytes out of it into a local VRAM BO and finds them there (the IB's
+    reads go over the fabric, as the queues' copies do)."""
+    c_program("libualink_shim.so")
+    with running_pod(tmp_path, nodes=2) as (a, b):
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(a.mount / "dri"))
+        exporter = subprocess.Popen([c_program("libdrm_fabric"), "export"], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        try:
+            assert exporter.stdout is not None and exporter.stdin is not None
+            head = parse(exporter.stdout.readline() + exporter.stdout.readline())
+            assert "export" in head, head
+            r = run_shimmed("libdrm_cs", b.mount, "import", head["export"]["lo"],
+                            head["export"]["hi"], "4096", head["gpu_store"]["text"])
+            s = passed(r)
+            assert s["import_copy"] == {"status": "ok", "expired": "1", "equal": "1"}
+            out, err = exporter.communicate("", timeout=30)
+            assert exporter.returncode == 0, out + err
+        finally:
+            if exporter.poll() is None:
+                exporter.kill()
+                exporter.wait()
+        assert a.proc.poll() is None and b.proc.poll() is None
+
+
+AMDGPU_STRESS = "/usr/bin/amdgpu_stress"
+
+
+@pytest.mark.skipif(not os.path.exists(AMDGPU_STRESS),
+                    reason="libdrm-tests is not installed (make apt installs it)")
+def test_amdgpu_stress_copies_between_vram_and_gtt(tmp_path):
+    """Issue 35's first test as a user runs it: libdrm's own amdgpu_stress (Debian's
+    libdrm-tests 2.4.114), `-b v 2m -b g 2m -c 0 1 1m 4` -- a 2 MiB VRAM and a 2 MiB GTT
+    BO, then copies of 1 MiB from the first to the second, 4 of them, each an SDMA IB
+    (COPY_LINEAR) submitted with amdgpu_cs_submit_raw2 and waited for -- through the shim on
+    a 1-node pod: exit 0 and its report of the 4 IBs."""
+    c_program("libualink_shim.so")
+    with running_pod(tmp_path, nodes=1) as (node,):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("LD_PRELOAD", "UALINK_DRI_DIR", "UALINK_DMABUF_DIR")}
+        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+        r = subprocess.run([AMDGPU_STRESS, "-b", "v", "2m", "-b", "g", "2m",
+                            "-c", "0", "1", "1m", "4"], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}{r.stderr}{node.log_text()}"
+        assert "failed" not in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
+        # its report after the copies: "Submitted 4 IBs to copy from 0(va) to 1(va) ..."
+        assert re.search(r"Submitted 4 IBs to copy from 0\(\w+\) to 1\(\w+\) 1048576 bytes",
+                         r.stdout), r.stdout
+        assert node.proc.poll() is None, node.log_text()
+
+
+def test_a_polling_ib_waits_in_its_ioctl_without_holding_up_the_node(tmp_path):
+    """CS runs the job before it answers (amdgpu/cs.py); an IB blocked on a POLL_REGMEM
+    waits in its own task (drm/device.py awaits a handler off the FUSE serving thread), so
+    the node still serves: the same process's second thread releases the poll with a GPU
+    store (pwrite at the word's VA) 300 ms later, the fence after the poll lands and the
+    ioctl answers within a second, the fence signaled."""
+    c_program("libualink_shim.so")
+    with running_node(tmp_path) as node:
+        s = passed(run_shimmed("libdrm_cs", node.mount, "poll"))
+        p = s["poll_ib"]
+        assert (p["expired"], p["fence"]) == ("1", "7"), p
+        assert 300 <= int(p["ms"]) < 1000, p
+        print(f"polling IB released by a GPU store 300 ms later: CS answered in {p['ms']} ms")

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 
 import trio
+import trio.testing
 from test_kfd_queues import BASE, RING, RPTR, WPTR, create, mapped_node
 from test_kfd_rules import call
 
 from ualinkd.abi import ioctls as tbl
+from ualinkd.amdgpu import sdma
+from ualinkd.amdgpu.engine import EndReason, Read, Request, RunEnd
 from ualinkd.amdkfd import chardev, queues
 from ualinkd.drm.device import Caller
 from ualinkd.gpu_engine import GpuEngineEdge
@@ -231,8 +234,9 @@ def test_a_foreign_doorbell_page_does_not_ring_and_a_gone_process_leaves_nothing
 
 def test_a_forever_poll_is_rechecked_at_a_bounded_rate_and_released_by_the_cpu():
     """A POLL_REGMEM with retry 0xFFF (forever) on a word the CPU holds: the queue is
-    re-run at most every POLL_MAX_DELAY once the poll is old (about 50 scans in 0.5 s, not
-    a busy loop); the CPU's store releases it and the fence after it lands."""
+    re-checked by its run task at most every POLL_MAX_DELAY once the poll is old (about 50
+    re-checks in 0.5 s, not a busy loop, and no scan each time); the CPU's store releases
+    it and the fence after it lands."""
     rig = Rig()
     poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
                        0xFFFF_FFFF, 10 | 0xFFF << 16)
@@ -240,16 +244,44 @@ def test_a_forever_poll_is_rechecked_at_a_bounded_rate_and_released_by_the_cpu()
 
     async def body(edge: GpuEngineEdge) -> None:
         rig.submit(poll + fence(DATA + 16, 9))
-        await until(lambda: edge._polling)
-        ticks = edge.ticks
+        await until(lambda: edge.poll_rechecks > 0)
+        ticks, rechecks = edge.ticks, edge.poll_rechecks
         await trio.sleep(0.5)
-        assert edge.ticks - ticks < 150, edge.ticks - ticks
+        assert 10 < edge.poll_rechecks - rechecks < 150, edge.poll_rechecks - rechecks
+        assert edge.ticks - ticks < 10, edge.ticks - ticks
         assert rig.word(DATA + 16) == 0
         rig.gtt.memory.write(DATA - BASE, b"\x00\x00\x00\x00")
         await until(lambda: rig.word(DATA + 16) == 9)
 
     run_edge(rig, body)
     assert rig.queues[0].state is queues.KfdQueueState.ACTIVE
+
+
+def test_a_poll_after_a_released_one_is_rechecked_young():
+    """Two forever polls in a row (a chain of dependencies): once the first, old one (its
+    re-checks 10 ms apart) is released, the run stops at the second, which is re-checked
+    from MIN_INTERVAL again (several re-checks in its first 30 ms, where an old poll's
+    pace gives 3); releasing it lets the fence land."""
+    rig = Rig()
+
+    def poll(va: int) -> bytes:
+        return struct.pack("<6I", 8 | 3 << 28 | 1 << 31, va & 0xFFFF_FFFF, va >> 32, 0,
+                           0xFFFF_FFFF, 10 | 0xFFF << 16)
+
+    rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00\x01\x00\x00\x00")
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(poll(DATA) + poll(DATA + 4) + fence(DATA + 16, 9))
+        await until(lambda: edge.poll_rechecks > 20)  # old: 10 ms apart
+        rig.gtt.memory.write(DATA - BASE, b"\x00\x00\x00\x00")
+        await until(lambda: rig.queues[0].processor.rptr == 24)  # type: ignore[union-attr]
+        rechecks = edge.poll_rechecks
+        await trio.sleep(0.03)
+        assert edge.poll_rechecks - rechecks >= 5, edge.poll_rechecks - rechecks
+        rig.gtt.memory.write(DATA + 4 - BASE, b"\x00\x00\x00\x00")
+        await until(lambda: rig.word(DATA + 16) == 9)
+
+    run_edge(rig, body)
 
 
 def test_a_ring_the_engine_refuses_is_that_queue_s_error():
@@ -304,3 +336,103 @@ def test_update_queue_moves_the_ring_and_the_engine_goes_on_from_its_rptr():
 
     run_edge(rig, body)
     assert rig.queues[0].rptr == 32 and rig.queues[0].error is None
+
+
+def test_run_in_file_runs_cs_ibs_in_the_file_s_gpu_vm():
+    """AMDGPU_CS's runner (issue 35): the edge is each amdgpu device's `cs.runner`; an SDMA
+    IB (sdma.run_ib) run in a render file's GPU VM copies and fences with the queues'
+    fulfilment (no KFD queue, no packet counted on one); a poll in it backs off and is
+    released by the CPU's store; a poll never released ends the run in error after the
+    edge's job timeout (real time: amdgpu's lockup_timeout for SDMA jobs), with a bounded
+    number of wake-ups; an IB reading an unmapped VA ends in a GPU fault."""
+    rig = Rig()
+    drm_file = rig.p.pdds[rig.g0].drm_file
+    assert drm_file is not None
+    ib = DATA + 1024
+    rig.gtt.memory.write(DATA - BASE, b"abcdefgh")
+    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, (DATA + 32) & 0xFFFF_FFFF,
+                       (DATA + 32) >> 32, 0, 0xFFFF_FFFF, 1 | 0xFFF << 16)
+
+    def put_ib(packets: bytes) -> int:
+        rig.gtt.memory.write(ib - BASE, packets)
+        return len(packets) // 4
+
+    async def body(edge: GpuEngineEdge) -> None:
+        assert drm_file.device.driver.cs.runner == edge.run_in_file  # type: ignore[attr-defined]
+        n = put_ib(copy(DATA + 64, DATA, 8) + fence(DATA + 128, 7))
+        end = await edge.run_in_file(drm_file, sdma.run_ib(ib, n))
+        assert end.reason is EndReason.CAUGHT_UP, end
+        assert rig.gtt.memory.read(DATA + 64 - BASE, 8) == b"abcdefgh"
+        assert rig.word(DATA + 128) == 7
+        # a poll the CPU releases after 50 ms
+        rig.gtt.memory.write(DATA + 32 - BASE, b"\x01\x00\x00\x00")
+        n = put_ib(poll + fence(DATA + 128, 8))
+
+        async def release() -> None:
+            await trio.sleep(0.05)
+            rig.gtt.memory.write(DATA + 32 - BASE, b"\x00\x00\x00\x00")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(release)
+            end = await edge.run_in_file(drm_file, sdma.run_ib(ib, n))
+        assert end.reason is EndReason.CAUGHT_UP and rig.word(DATA + 128) == 8, end
+        # a poll never released: the job timeout, in real time, not a busy loop
+        rig.gtt.memory.write(DATA + 32 - BASE, b"\x01\x00\x00\x00")
+        edge.job_timeout = 0.3
+        reads = 0
+        gen = sdma.run_ib(ib, n)
+
+        def counted() -> Generator[Request, object, RunEnd]:
+            nonlocal reads
+            answer: object = None
+            while True:
+                try:
+                    req = gen.send(answer)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                reads += isinstance(req, Read)
+                answer = yield req
+
+        t0 = trio.current_time()
+        end = await edge.run_in_file(drm_file, counted())
+        assert end.reason is EndReason.ERROR and "timed out" in (end.error or ""), end
+        assert 0.3 <= trio.current_time() - t0 < 2 and reads < 60, reads
+        # an IB reading an unmapped VA: a GPU fault
+        n = put_ib(copy(DATA + 64, UNMAPPED, 8))
+        end = await edge.run_in_file(drm_file, sdma.run_ib(ib, n))
+        assert end.reason is EndReason.ERROR and end.fault is not None, end
+        assert end.fault.va == UNMAPPED and not end.fault.write
+
+    run_edge(rig, body)
+
+
+def test_another_queue_s_fence_releases_an_old_poll_at_once():
+    """One engine's fence is another's dependency (ROCr's SDMA and AQL queues wait on each
+    other's signals): queue 0 polls a word, long enough that its re-checks are 10 ms apart;
+    queue 1's FENCE writes the word; queue 0 is re-checked as queue 1's run ends, not at
+    its back-off's next tick. Measured on trio's virtual clock (MockClock, no real time):
+    the fence after the poll lands within 2 ms of queue 1's doorbell scan, where the
+    back-off alone would take ~7 ms more."""
+    rig = Rig(nqueues=2)
+    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
+                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
+    landed: list[float] = []
+
+    async def main() -> None:
+        edge = GpuEngineEdge(rig.node)
+        async with trio.open_nursery() as n:
+            await n.start(edge.run)
+            with trio.fail_after(10):
+                rig.submit(poll + fence(DATA + 16, 9), q=0)
+                await until(lambda: edge.poll_rechecks > 20)
+                await trio.sleep(0.0031)  # (between two of its 10 ms re-checks)
+                rig.submit(fence(DATA, 0), q=1)
+                edge._wake.set()  # (the watch thread's real-time wake-up, on virtual time)
+                t0 = trio.current_time()
+                await until(lambda: rig.word(DATA + 16) == 9)
+                landed.append(trio.current_time() - t0)
+            n.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert landed and landed[0] < 0.003, landed  # (until() looks every 1 ms)
