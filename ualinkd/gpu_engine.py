@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .amdgpu.access import gpu_load, gpu_store
+from .amdgpu.access import gpu_copy_local, gpu_load, gpu_store
 from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.engine import (
     Atomic,
@@ -352,6 +352,16 @@ class GpuEngineEdge:
         if n < len(data):
             raise GpuFault(va + n, True)
 
+    async def _copy_local(self, q: kq.KfdQueue, req: Copy) -> bool:
+        """A Copy between the process's own memory and a local BO, in one move (access.py
+        gpu_copy_local); False when it is not one (then it goes in COPY_CHUNK pieces)."""
+        drm_file, driver = self._vm_file(q)
+        try:
+            return await gpu_copy_local(driver.vm(drm_file), req.dst_va, req.src_va, req.size,
+                                        driver.count_gpu_fault)
+        except DrmError as e:  # (the process's memory closed under the copy)
+            raise GpuFault(req.src_va, False, e.strerror or "") from None
+
     async def _fulfil(self, q: kq.KfdQueue, req: Request) -> object:
         if isinstance(req, Read):
             return await self._load(q, req.va, req.size)
@@ -359,6 +369,8 @@ class GpuEngineEdge:
             await self._store(q, req.va, req.data)
             return None
         if isinstance(req, Copy):
+            if await self._copy_local(q, req):
+                return None
             for off in range(0, req.size, COPY_CHUNK):
                 n = min(COPY_CHUNK, req.size - off)
                 await self._store(q, req.dst_va + off, await self._load(q, req.src_va + off, n))
