@@ -124,6 +124,11 @@ class BoMemory:
     def shared(self) -> bool:
         return self._shared is not None
 
+    @property
+    def memfd(self) -> int | None:
+        """The memfd once shared (ours: a user dups it), else None."""
+        return self._shared
+
     def share(self, name: str = "ualinkd-bo") -> int:
         """The memfd that holds this BO's bytes from now on (created, sealed and filled with
         what was written so far on the first call; the same fd after). The fd stays ours:
