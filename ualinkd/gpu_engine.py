@@ -82,6 +82,7 @@ WATCH_INTERVAL_NS = 2_000_000  # the C poll's period over mapped doorbell slices
 WATCH_MAX_INTERVAL = 0.050  # s: the watch thread's slowest period over unmapped slices
 DOORBELL_SLICE = kq.DOORBELL_PROCESS_SLICE
 COPY_CHUNK = 4 << 20  # bytes a Copy / Fill moves per load + store
+COPY_PIPELINE = 4  # a Copy's loads outstanding at once (COPY_PIPELINE * COPY_CHUNK buffered)
 
 
 class QueueStopped(Exception):
@@ -435,6 +436,49 @@ class GpuEngineEdge:
         except DrmError as e:  # (the process's memory closed under the copy)
             raise GpuFault(req.src_va, False, e.strerror or "") from None
 
+    async def _copy_pieces(self, q: kq.KfdQueue, req: Copy) -> None:
+        """A Copy in COPY_CHUNK pieces, up to COPY_PIPELINE loads outstanding (a remote
+        source's fabric round trips overlap one another and the stores), stored in order:
+        a fault stops the copy where it would have piece by piece (the pieces before it
+        stored, none after)."""
+        offsets = range(0, req.size, COPY_CHUNK)
+        loaded: dict[int, bytes | Exception] = {}
+        ready = [trio.Event() for _ in offsets]
+        window = trio.Semaphore(COPY_PIPELINE)
+        failed: Exception | None = None
+
+        async def load(i: int, off: int) -> None:
+            try:
+                loaded[i] = await self._load(q, req.src_va + off,
+                                             min(COPY_CHUNK, req.size - off))
+            except Exception as e:  # (GpuFault, QueueStopped: raised in its turn)
+                loaded[i] = e
+            finally:
+                ready[i].set()
+
+        async def feed(nursery: trio.Nursery) -> None:
+            for i, off in enumerate(offsets):
+                await window.acquire()
+                nursery.start_soon(load, i, off)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(feed, nursery)
+            for i, off in enumerate(offsets):
+                await ready[i].wait()
+                data = loaded.pop(i)
+                if isinstance(data, Exception):
+                    failed = data
+                    break
+                try:
+                    await self._store(q, req.dst_va + off, data)
+                except Exception as e:  # (raised past the nursery, unwrapped)
+                    failed = e
+                    break
+                window.release()
+            nursery.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
+
     async def _fulfil(self, q: kq.KfdQueue, req: Request) -> object:
         if isinstance(req, Read):
             return await self._load(q, req.va, req.size)
@@ -442,11 +486,8 @@ class GpuEngineEdge:
             await self._store(q, req.va, req.data)
             return None
         if isinstance(req, Copy):
-            if await self._copy_local(q, req):
-                return None
-            for off in range(0, req.size, COPY_CHUNK):
-                n = min(COPY_CHUNK, req.size - off)
-                await self._store(q, req.dst_va + off, await self._load(q, req.src_va + off, n))
+            if not await self._copy_local(q, req):
+                await self._copy_pieces(q, req)
             return None
         if isinstance(req, Fill):
             pattern = (req.value & 0xFFFF_FFFF).to_bytes(4, "little")
