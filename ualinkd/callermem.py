@@ -23,6 +23,7 @@ import ctypes
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -230,37 +231,98 @@ def _process_vm_copy(tgid: int, dir_fd: int, address: int, group: list[memoryvie
     return int(n)
 
 
-# (a Segment's file, a shared BO's memfd, goes through a worker's scratch buffer)
-_SCRATCH = 4 << 20
-_scratch = threading.local()
+_ZERO_PIECE = 4 << 20
+_zeros = threading.local()
 
 
-def _scratch_buffer() -> memoryview:
-    buf = getattr(_scratch, "buf", None)
-    if buf is None:  # (kept per worker thread: its pages stay warm)
-        buf = _scratch.buf = memoryview(bytearray(_SCRATCH))
+def _zero_buffer() -> memoryview:
+    buf = getattr(_zeros, "buf", None)
+    if buf is None:  # (per worker thread; only ever read)
+        buf = _zeros.buf = memoryview(bytearray(_ZERO_PIECE))
     return buf
+
+
+def _file_ranges(fd: int, off: int, n: int) -> list[tuple[int, int, bool]]:
+    """[off, off + n) of a memfd as (start, end, holds data) ranges (SEEK_DATA/SEEK_HOLE;
+    the daemon reads and writes memfds with pread/pwrite, so moving the shared offset is
+    harmless)."""
+    out: list[tuple[int, int, bool]] = []
+    pos, end = off, off + n
+    while pos < end:
+        try:
+            data = min(os.lseek(fd, pos, os.SEEK_DATA), end)
+        except OSError:  # ENXIO: only a hole from here
+            data = end
+        if data > pos:
+            out.append((pos, data, False))
+        if data >= end:
+            break
+        try:
+            hole = min(os.lseek(fd, data, os.SEEK_HOLE), end)
+        except OSError:
+            hole = end
+        out.append((data, hole, True))
+        pos = hole
+    return out
+
+
+def _file_segment(fd: int, off: int, n: int, write: bool,
+                  move: Callable[[list[memoryview], int], int]) -> int:
+    """Move [off, off + n) of a memfd (a shared BO, sealed against shrinking: no SIGBUS)
+    to (write) or from the process, through a mapping of it: one copy. Toward the process,
+    holes are sent from a zero buffer rather than read through the mapping (a read fault
+    there would allocate the BO's page). `move(views, at)` moves to/from the process at
+    byte `at` of the access; the count moved."""
+    done = 0
+    ranges = _file_ranges(fd, off, n) if write else [(off, off + n, True)]
+    for lo, hi, data in ranges:
+        if not data:
+            zeros = _zero_buffer()
+            for pos in range(lo, hi, _ZERO_PIECE):
+                k = min(_ZERO_PIECE, hi - pos)
+                got = move([zeros[:k]], done)
+                done += got
+                if got < k:
+                    return done
+            continue
+        base = lo & ~(mmap.PAGESIZE - 1)
+        m = mmap.mmap(fd, hi - base, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                      mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
+        try:
+            view = memoryview(m)
+            try:
+                got = move([view[lo - base :]], done)
+            finally:
+                with contextlib.suppress(BufferError):
+                    view.release()
+        finally:
+            with contextlib.suppress(BufferError):
+                m.close()
+        done += got
+        if got < hi - lo:
+            return done
+    return done
 
 
 def _access_vector(tgid: int, dir_fd: int, mem_fd: int, address: int,
                    segments: list[Segment], write: bool, refused: Dev | None) -> int:
     """In a worker: the accessible prefix of the range the segments cover, then one copy
     between it and the buffers (process_vm_readv/writev, else preadv/pwritev of `mem`):
-    no intermediate bytes object; a file segment goes through a reused scratch buffer
-    (pread/pwrite of the file on its side). The count moved (short at the first
+    no intermediate bytes object; a file segment (a shared BO's memfd) through a mapping
+    of it (_file_segment). The count moved (short at the first
     inaccessible page). Closes both fds and the segments' fds (duplicates)."""
     try:
         size = sum(len(b) if isinstance(b, memoryview) else b[2] for b in segments)
         n = _extent_of(dir_fd, address, size, write, refused)
         done = 0
 
-        def move(views: list[memoryview]) -> int:
+        def move(views: list[memoryview], at: int) -> int:
             want = sum(len(v) for v in views)
-            got = _process_vm_copy(tgid, dir_fd, address + done, views, write)
+            got = _process_vm_copy(tgid, dir_fd, at, views, write)
             if got is None:
                 try:
-                    got = (os.pwritev(mem_fd, views, address + done) if write
-                           else os.preadv(mem_fd, views, address + done))
+                    got = (os.pwritev(mem_fd, views, at) if write
+                           else os.preadv(mem_fd, views, at))
                 except (OSError, OverflowError):
                     got = 0
             return min(got, want)
@@ -270,7 +332,7 @@ def _access_vector(tgid: int, dir_fd: int, mem_fd: int, address: int,
             if batch and (seg is None or not isinstance(seg, memoryview)
                           or len(batch) == _IOV_MAX):
                 want = sum(len(v) for v in batch)
-                got = move(batch)
+                got = move(batch, address + done)
                 done += got
                 batch = []
                 if got < want:
@@ -281,23 +343,16 @@ def _access_vector(tgid: int, dir_fd: int, mem_fd: int, address: int,
                 batch.append(seg[: n - done - sum(len(v) for v in batch)])
                 continue
             fd, off, length = seg
-            scratch = _scratch_buffer()
-            for pos in range(0, length, _SCRATCH):
-                k = min(_SCRATCH, length - pos, n - done)
-                if k <= 0:
-                    return done
-                if write:  # the file's bytes, then into the process
-                    if os.preadv(fd, [scratch[:k]], off + pos) != k:
-                        return done
-                    got = move([scratch[:k]])
-                else:  # the process's bytes, then into the file
-                    got = move([scratch[:k]])
-                    w = 0
-                    while w < got:
-                        w += os.pwrite(fd, scratch[w:got], off + pos + w)
-                done += got
-                if got < k:
-                    return done
+            k = min(length, n - done)
+            start = address + done
+
+            def move_at(views: list[memoryview], at: int, start: int = start) -> int:
+                return move(views, start + at)
+
+            got = _file_segment(fd, off, k, write, move_at)
+            done += got
+            if got < k:
+                return done
         return done
     finally:
         for fd in (dir_fd, mem_fd, *(b[0] for b in segments if not isinstance(b, memoryview))):
