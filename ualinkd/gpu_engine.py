@@ -7,15 +7,15 @@ with pread. The task reads each slice that has an active queue (8 KiB) and compa
 queue's 8-byte slot with the value it last ran to, at a tick that backs off from
 `MIN_INTERVAL` after a doorbell to `MAX_INTERVAL`; then a watch thread takes over, as AMD's
 rocjitsu polls its doorbell memfd from a thread: C (fuse/doorbells.c) compares the watched
-slots, through read-only mappings of the slices' memfds, every `WATCH_INTERVAL_NS` (2 ms)
-without the GIL or a system call, and when a slot moved the thread wakes the task, which
-scans and runs (a slice not shared as a memfd is pread every `WATCH_MAX_INTERVAL`). With no
-queue at all nothing polls. A trio wake-up costs ~0.2-0.4 ms of CPU on the test machine, a
-Python thread's ~0.1 ms (polling every 1 ms from Python cost 2% of a CPU), the C poll's a
-few µs: an idle node with 8 idle queues measured 0.5-0.9% of one CPU
-(tests/integration/test_hsakmt_queues.py; 0.25-0.4% with the Python thread's 50 ms
-back-off before), and a doorbell after a quiet spell is seen within 2 ms (1 ms on average;
-up to 50 ms before).
+slots, through read-only mappings of the slices' memfds, every `WATCH_INTERVAL_NS` (2 ms;
+4 ms after a second without a doorbell) without the GIL or a system call, and when a slot
+moved the thread wakes the task, which scans and runs (a slice not shared as a memfd is
+pread every `WATCH_MAX_INTERVAL`). With no queue at all nothing polls. A trio wake-up costs
+~0.2-0.4 ms of CPU on the test machine, a Python thread's ~0.1 ms (polling every 1 ms from
+Python cost 2% of a CPU), the C poll's ~10 µs: an idle node with 8 idle queues measured
+0.5-0.6% of one CPU (tests/integration/test_hsakmt_queues.py; 0.25-0.4% with the Python
+thread's 50 ms back-off before, 0.6-0.9% polling every 2 ms), and a doorbell after a quiet
+spell is seen within 4 ms (2 ms on average, 1 ms within a second of the last; up to 50 ms before).
 
 Running. A queue's engine (amdgpu/sdma.py's ring, amdgpu/aql.py's processor) is a sans-IO
 generator of requests (amdgpu/engine.py); each run is a task of its own, so a poll that
@@ -78,7 +78,12 @@ log = logging.getLogger(__name__)
 MIN_INTERVAL = 50e-6  # s: the tick right after a doorbell moved
 POLL_MAX_DELAY = 0.010  # s: the slowest re-check of a queue blocked on a poll
 MAX_INTERVAL = 0.002  # s: the slowest trio tick; past it, the watch thread takes over
-WATCH_INTERVAL_NS = 2_000_000  # the C poll's period over mapped doorbell slices (mean pickup 1 ms)
+# The C poll's period over mapped doorbell slices: 2 ms (a doorbell seen within 1 ms on
+# average), 4 ms once a second has gone by without a doorbell (2 ms on average; each poll
+# costs ~10 µs of CPU on a loaded machine, and an idle node must stay well under 1%).
+WATCH_INTERVAL_NS = 2_000_000
+WATCH_SLOW_AFTER_NS = 1_000_000_000
+WATCH_SLOW_INTERVAL_NS = 4_000_000
 WATCH_MAX_INTERVAL = 0.050  # s: the watch thread's slowest period over unmapped slices
 DOORBELL_SLICE = kq.DOORBELL_PROCESS_SLICE
 COPY_CHUNK = 4 << 20  # bytes a Copy / Fill moves per load + store
@@ -181,6 +186,7 @@ class GpuEngineEdge:
                 m.close()
             if watched is seen:  # woke the task for this snapshot: wait for the next one
                 _lib.ualinkd_doorbell_wait(_ffi.NULL, _ffi.NULL, 0, WATCH_INTERVAL_NS,
+                                           WATCH_SLOW_AFTER_NS, WATCH_SLOW_INTERVAL_NS,
                                            int(WATCH_MAX_INTERVAL * 1e9), self._stop_flag,
                                            self._generation, gen0)
                 continue
@@ -214,7 +220,8 @@ class GpuEngineEdge:
                     lasts.append(int.from_bytes(last, "little"))
             r = _lib.ualinkd_doorbell_wait(
                 _ffi.new("uint64_t *[]", slots), _ffi.new("uint64_t[]", lasts), len(slots),
-                WATCH_INTERVAL_NS, int(WATCH_MAX_INTERVAL * 1e9) if unmapped else -1,
+                WATCH_INTERVAL_NS, WATCH_SLOW_AFTER_NS, WATCH_SLOW_INTERVAL_NS,
+                int(WATCH_MAX_INTERVAL * 1e9) if unmapped else -1,
                 self._stop_flag, self._generation, gen0)
         finally:
             for buf in buffers:

@@ -29,7 +29,7 @@ def _wait(m: mmap.mmap, offsets: list[int], lasts: list[int], timeout_ns: int,
     try:
         slots = ffi.new("uint64_t *[]", [ffi.cast("uint64_t *", buf + o) for o in offsets])
         return int(lib.ualinkd_doorbell_wait(
-            slots, ffi.new("uint64_t[]", lasts), len(offsets), MS, timeout_ns,
+            slots, ffi.new("uint64_t[]", lasts), len(offsets), MS, 10 * MS, 2 * MS, timeout_ns,
             stop if stop is not None else ffi.new("int *"),
             gen if gen is not None else ffi.new("uint64_t *"), gen0))
     finally:

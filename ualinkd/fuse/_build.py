@@ -186,7 +186,8 @@ size_t fuse_add_direntry(fuse_req_t req, char *buf, size_t bufsize, const char *
 
 /* The GPU engines' doorbell watch (fuse/doorbells.c). */
 int ualinkd_doorbell_wait(const uint64_t *const *slots, const uint64_t *last, int n,
-                          int64_t interval_ns, int64_t timeout_ns, const volatile int *stop,
+                          int64_t interval_ns, int64_t slow_after_ns, int64_t slow_interval_ns,
+                          int64_t timeout_ns, const volatile int *stop,
                           const volatile uint64_t *generation, uint64_t generation0);
 
 /* The data plane's fast path (fuse/dataplane.c). */
