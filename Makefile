@@ -44,7 +44,7 @@ apt:
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml setup.py ualinkd/fuse/_build.py ualinkd/fuse/dataplane.c | apt
+$(VENV)/.installed: pyproject.toml setup.py ualinkd/fuse/_build.py ualinkd/fuse/dataplane.c ualinkd/fuse/doorbells.c | apt
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@

@@ -789,6 +789,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=HERE / "results" / "latest.json")
     ap.add_argument("--no-breakdown", action="store_true")
     ap.add_argument("--no-engine", action="store_true", help="skip the GPU engine's table")
+    ap.add_argument("--engine-only", action="store_true",
+                    help="only the GPU engine's table (no FUSE/import/load rows, no breakdown)")
     ap.add_argument("--extras", action="store_true", help="also the older pod/data tables")
     ap.add_argument("--cycle", action="store_true",
                     help="also the import cycle step by step, with and without idle gaps")
@@ -806,6 +808,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with fuse_echo(tmp) as echo, pod(tmp / "pod", stamps=False) as (a, b):
             for name, cpus in (("pinned", {args.cpu}), ("scheduler", None)):
+                if args.engine_only:
+                    break
                 runs = placement_runs(reps, counts, cpus, echo, tmp / "echo" / "dev", a, b)
                 result["runs"][name] = runs
                 result["placements"][name] = summarize(runs)
@@ -821,14 +825,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.extras:
                 churn = fields(run_c(LIB_BUILD / "gem_churn", [a.render(), "3"], None))
                 result["gem_churn_pairs_per_sec"] = churn["pairs_per_sec"]
-        if not args.no_breakdown:
+        if not args.no_breakdown and not args.engine_only:
             result["breakdown"] = breakdown(tmp / "stamped", counts, args.cpu)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result["machine_after"] = machine()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print("\n".join(table(result)))
+    if result["placements"]:
+        print("\n".join(table(result)))
     if "engine" in result:
         print("\n".join(engine_table(result)))
     if "cycle" in result:

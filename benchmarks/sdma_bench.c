@@ -10,8 +10,10 @@
  *   sdma_bench remote <lo> <hi> <bytes> <reps>
  *       the UALink import of an exported BO (fabric_sdma export), GEM_VA into the KFD
  *       process's VM, SDMA copies remote->host: `remote_ns=<median>`
- *   sdma_bench fence <reps>
- *       an empty submission (one FENCE), doorbell store to fence seen: `fence_ns=<median>`
+ *   sdma_bench fence <reps> [<quiet_ms>]
+ *       an empty submission (one FENCE), doorbell store to fence seen: `fence_ns=<median>`;
+ *       with <quiet_ms>, each submission after that long a quiet spell (the doorbell's
+ *       pickup once the daemon's watch has backed off): `fence_quiet_ns=<median>`
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -249,17 +251,22 @@ int main(int argc, char **argv)
 		for (int i = 0; i < reps; i++)
 			t[i] = submit_wait(&q, (uint64_t)(uintptr_t)h, remote, size);
 		printf("remote_ns=%" PRIu64 " bytes=%zu\n", median(t, reps), size);
-	} else if (argc == 3 && strcmp(argv[1], "fence") == 0) {
+	} else if ((argc == 3 || argc == 4) && strcmp(argv[1], "fence") == 0) {
+		int quiet_ms = argc == 4 ? atoi(argv[3]) : 0;
+
 		reps = atoi(argv[2]);
 		open_queue(&q);
 		t = calloc((size_t)reps, 8);
 		submit_wait(&q, 0, 0, 0);
-		for (int i = 0; i < reps; i++)
+		for (int i = 0; i < reps; i++) {
+			if (quiet_ms)
+				usleep((useconds_t)quiet_ms * 1000);
 			t[i] = submit_wait(&q, 0, 0, 0);
-		printf("fence_ns=%" PRIu64 "\n", median(t, reps));
+		}
+		printf("%s=%" PRIu64 "\n", quiet_ms ? "fence_quiet_ns" : "fence_ns", median(t, reps));
 	} else {
 		fprintf(stderr, "usage: sdma_bench local BYTES REPS | remote LO HI BYTES REPS | "
-				"fence REPS\n");
+				"fence REPS [QUIET_MS]\n");
 		return 2;
 	}
 	KMT(hsaKmtDestroyQueue(q.res.QueueId));

@@ -19,17 +19,21 @@ server. So:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import struct
+import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import outcome
 import trio
 
+from .drm.device import Segment
 from .drm.errors import DrmError
 from .fuse.procfd import tgid_of
 
@@ -162,6 +166,196 @@ def _access(dir_fd: int, mem_fd: int, address: int, arg: int | bytes,
             return b""
     finally:
         for fd in (dir_fd, mem_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+# Buffers per call (the kernel's UIO_MAXIOV) and bytes per worker call: a large copy is
+# several calls, each well inside TIMEOUT.
+_IOV_MAX = 1024
+VECTOR_BYTES = 64 << 20
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_process_vm: dict[bool, Any] = {  # write -> the call (None: use mem)
+    w: getattr(_libc, "process_vm_writev" if w else "process_vm_readv", None)
+    for w in (False, True)}
+for _f in _process_vm.values():
+    if _f is not None:
+        _f.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                       ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
+        _f.restype = ctypes.c_ssize_t
+
+
+def _len(seg: memoryview | tuple[int, int, int]) -> int:
+    return len(seg) if isinstance(seg, memoryview) else seg[2]
+
+
+def _alive(dir_fd: int) -> bool:
+    try:
+        os.stat("stat", dir_fd=dir_fd)
+    except OSError:
+        return False
+    return True
+
+
+def _process_vm_copy(tgid: int, dir_fd: int, address: int, group: list[memoryview],
+                     write: bool) -> int | None:
+    """One process_vm_readv/writev between the buffers and [address, +their size) of
+    `tgid`: the kernel copies straight between the two address spaces (reading
+    /proc/<pid>/mem goes a page at a time through a bounce page: about half the speed).
+    The pinned /proc/<tgid> directory says the process is still the one we mean, before
+    the call and, for a read, after it (a pid is reused only after the whole pid space
+    went round, not within a call). None when the call is not allowed here (seccomp,
+    no CAP_SYS_PTRACE over the process, an old kernel): the caller uses `mem`."""
+    fn = _process_vm[write]
+    if fn is None or not _alive(dir_fd):
+        return None if fn is None else 0
+    keep = [b if not b.readonly else memoryview(bytearray(b)) for b in group]
+    local = (_Iovec * len(keep))(*[
+        _Iovec(ctypes.addressof(ctypes.c_char.from_buffer(b)), len(b)) for b in keep])
+    remote = _Iovec(address, sum(len(b) for b in keep))
+    n = fn(tgid, local, len(keep), ctypes.byref(remote), 1, 0)
+    if n < 0:
+        err = ctypes.get_errno()
+        if err in (errno.ENOSYS, errno.EPERM):
+            _process_vm[write] = None
+            return None
+        return 0
+    if not write and not _alive(dir_fd):
+        return 0
+    return int(n)
+
+
+_ZERO_PIECE = 4 << 20
+_zeros = threading.local()
+
+
+def _zero_buffer() -> memoryview:
+    buf = getattr(_zeros, "buf", None)
+    if buf is None:  # (per worker thread; only ever read)
+        buf = _zeros.buf = memoryview(bytearray(_ZERO_PIECE))
+    return buf
+
+
+def _file_ranges(fd: int, off: int, n: int) -> list[tuple[int, int, bool]]:
+    """[off, off + n) of a memfd as (start, end, holds data) ranges (SEEK_DATA/SEEK_HOLE;
+    the daemon reads and writes memfds with pread/pwrite, so moving the shared offset is
+    harmless)."""
+    out: list[tuple[int, int, bool]] = []
+    pos, end = off, off + n
+    while pos < end:
+        try:
+            data = min(os.lseek(fd, pos, os.SEEK_DATA), end)
+        except OSError:  # ENXIO: only a hole from here
+            data = end
+        if data > pos:
+            out.append((pos, data, False))
+        if data >= end:
+            break
+        try:
+            hole = min(os.lseek(fd, data, os.SEEK_HOLE), end)
+        except OSError:
+            hole = end
+        out.append((data, hole, True))
+        pos = hole
+    return out
+
+
+def _file_segment(fd: int, off: int, n: int, write: bool,
+                  move: Callable[[list[memoryview], int], int]) -> int:
+    """Move [off, off + n) of a memfd (a shared BO, sealed against shrinking: no SIGBUS)
+    to (write) or from the process, through a mapping of it: one copy. Toward the process,
+    holes are sent from a zero buffer rather than read through the mapping (a read fault
+    there would allocate the BO's page). `move(views, at)` moves to/from the process at
+    byte `at` of the access; the count moved."""
+    done = 0
+    ranges = _file_ranges(fd, off, n) if write else [(off, off + n, True)]
+    for lo, hi, data in ranges:
+        if not data:
+            zeros = _zero_buffer()
+            for pos in range(lo, hi, _ZERO_PIECE):
+                k = min(_ZERO_PIECE, hi - pos)
+                got = move([zeros[:k]], done)
+                done += got
+                if got < k:
+                    return done
+            continue
+        base = lo & ~(mmap.PAGESIZE - 1)
+        m = mmap.mmap(fd, hi - base, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                      mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
+        try:
+            view = memoryview(m)
+            try:
+                got = move([view[lo - base :]], done)
+            finally:
+                with contextlib.suppress(BufferError):
+                    view.release()
+        finally:
+            with contextlib.suppress(BufferError):
+                m.close()
+        done += got
+        if got < hi - lo:
+            return done
+    return done
+
+
+def _access_vector(tgid: int, dir_fd: int, mem_fd: int, address: int,
+                   segments: list[Segment], write: bool, refused: Dev | None) -> int:
+    """In a worker: the accessible prefix of the range the segments cover, then one copy
+    between it and the buffers (process_vm_readv/writev, else preadv/pwritev of `mem`):
+    no intermediate bytes object; a file segment (a shared BO's memfd) through a mapping
+    of it (_file_segment). The count moved (short at the first
+    inaccessible page). Closes both fds and the segments' fds (duplicates)."""
+    try:
+        size = sum(len(b) if isinstance(b, memoryview) else b[2] for b in segments)
+        n = _extent_of(dir_fd, address, size, write, refused)
+        done = 0
+
+        def move(views: list[memoryview], at: int) -> int:
+            want = sum(len(v) for v in views)
+            got = _process_vm_copy(tgid, dir_fd, at, views, write)
+            if got is None:
+                try:
+                    got = (os.pwritev(mem_fd, views, at) if write
+                           else os.preadv(mem_fd, views, at))
+                except (OSError, OverflowError):
+                    got = 0
+            return min(got, want)
+
+        batch: list[memoryview] = []
+        for seg in [*segments, None]:
+            if batch and (seg is None or not isinstance(seg, memoryview)
+                          or len(batch) == _IOV_MAX):
+                want = sum(len(v) for v in batch)
+                got = move(batch, address + done)
+                done += got
+                batch = []
+                if got < want:
+                    return done
+            if seg is None or done >= n:
+                break
+            if isinstance(seg, memoryview):
+                batch.append(seg[: n - done - sum(len(v) for v in batch)])
+                continue
+            fd, off, length = seg
+            k = min(length, n - done)
+            start = address + done
+
+            def move_at(views: list[memoryview], at: int, start: int = start) -> int:
+                return move(views, start + at)
+
+            got = _file_segment(fd, off, k, write, move_at)
+            done += got
+            if got < k:
+                return done
+        return done
+    finally:
+        for fd in (dir_fd, mem_fd, *(b[0] for b in segments if not isinstance(b, memoryview))):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
@@ -401,6 +595,51 @@ class ProcMemory:
     async def write(self, address: int, data: bytes) -> int:
         return await self._owner.run(_access, *self._fds(), address, bytes(data),  # type: ignore[arg-type]
                                      self._owner.own_dev)
+
+    async def readv(self, address: int, segments: list[Segment]) -> int:
+        return await self._vector(address, segments, False)
+
+    async def writev(self, address: int, segments: list[Segment]) -> int:
+        return await self._vector(address, segments, True)
+
+    async def _vector(self, address: int, segments: list[Segment], write: bool) -> int:
+        """Up to VECTOR_BYTES of segments per worker call; stops at the first short one.
+        A file segment's fd is duplicated for the worker now, while it is surely the
+        BO's (the BO may be freed, and its fd number reused, before the worker runs)."""
+        pieces: list[Segment] = []
+        for seg in segments:
+            if isinstance(seg, memoryview):
+                pieces.append(seg)
+            else:
+                fd, off, length = seg
+                pieces += [(fd, off + k, min(VECTOR_BYTES, length - k))
+                           for k in range(0, length, VECTOR_BYTES)]
+        done, i = 0, 0
+        while i < len(pieces):
+            group: list[Segment] = []
+            size = 0
+            while i < len(pieces) and (not group or size + _len(pieces[i]) <= VECTOR_BYTES):
+                group.append(pieces[i])
+                size += _len(pieces[i])
+                i += 1
+            assert self._pinned is not None  # (_fds() checked)
+            dir_fd, mem_fd = self._fds()
+            dups = [b if isinstance(b, memoryview) else (os.dup(b[0]), b[1], b[2])
+                    for b in group]
+
+            def unstarted(dups: list[Segment] = dups, fds: tuple[int, int] = (dir_fd, mem_fd),
+                          ) -> None:
+                for fd in (*fds, *(b[0] for b in dups if not isinstance(b, memoryview))):
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+
+            n = await self._owner.run(_access_vector, self._pinned.tgid, dir_fd, mem_fd,
+                                      address + done, dups, write, self._owner.own_dev,
+                                      unstarted=unstarted)
+            done += n
+            if n < size:
+                break
+        return done
 
     def close(self) -> None:
         if self._pinned is not None:

@@ -6,12 +6,16 @@ it (amdgpu/memory.py `share()`): the client's doorbell stores land in pages the 
 with pread. The task reads each slice that has an active queue (8 KiB) and compares every
 queue's 8-byte slot with the value it last ran to, at a tick that backs off from
 `MIN_INTERVAL` after a doorbell to `MAX_INTERVAL`; then a watch thread takes over, as AMD's
-rocjitsu polls its doorbell memfd from a thread: it preads the watched slices, backing off
-from `MAX_INTERVAL` to `WATCH_MAX_INTERVAL`, and when a slot moved wakes the task, which
-scans and runs. With no queue at all nothing polls. A trio wake-up costs ~0.2-0.4 ms of CPU
-on the test machine, a thread wake-up ~0.1 ms: an idle node with 8 idle queues measured
-0.25-0.5% of one CPU (tests/integration/test_hsakmt_queues.py; with the trio task alone
-ticking every 100 ms, 0.4%), and a doorbell after a quiet spell is seen within 50 ms.
+rocjitsu polls its doorbell memfd from a thread: C (fuse/doorbells.c) compares the watched
+slots, through read-only mappings of the slices' memfds, every `WATCH_INTERVAL_NS` (2 ms;
+4 ms after a second without a doorbell) without the GIL or a system call, and when a slot
+moved the thread wakes the task, which scans and runs (a slice not shared as a memfd is
+pread every `WATCH_MAX_INTERVAL`). With no queue at all nothing polls. A trio wake-up costs
+~0.2-0.4 ms of CPU on the test machine, a Python thread's ~0.1 ms (polling every 1 ms from
+Python cost 2% of a CPU), the C poll's ~10 µs: an idle node with 8 idle queues measured
+0.5-0.6% of one CPU (tests/integration/test_hsakmt_queues.py; 0.25-0.4% with the Python
+thread's 50 ms back-off before, 0.6-0.9% polling every 2 ms), and a doorbell after a quiet
+spell is seen within 4 ms (2 ms on average, 1 ms within a second of the last; up to 50 ms before).
 
 Running. A queue's engine (amdgpu/sdma.py's ring, amdgpu/aql.py's processor) is a sans-IO
 generator of requests (amdgpu/engine.py); each run is a task of its own, so a poll that
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import mmap
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -44,7 +49,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .amdgpu.access import gpu_load, gpu_store
+from .amdgpu.access import gpu_copy_local, gpu_load, gpu_store
 from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.engine import (
     Atomic,
@@ -72,6 +77,8 @@ from .amdkfd import queues as kq
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.loaded import in_memory
+from .fuse._fuse_ll import ffi as _ffi
+from .fuse._fuse_ll import lib as _lib
 from .trace import ENGINE_ACCESSES_KEPT, EngineAccess
 
 if TYPE_CHECKING:
@@ -82,7 +89,13 @@ log = logging.getLogger(__name__)
 MIN_INTERVAL = 50e-6  # s: the tick right after a doorbell moved
 POLL_MAX_DELAY = 0.010  # s: the slowest re-check of a queue blocked on a poll
 MAX_INTERVAL = 0.002  # s: the slowest trio tick; past it, the watch thread takes over
-WATCH_MAX_INTERVAL = 0.050  # s: the watch thread's slowest period (idle doorbell latency)
+# The C poll's period over mapped doorbell slices: 2 ms (a doorbell seen within 1 ms on
+# average), 4 ms once a second has gone by without a doorbell (2 ms on average; each poll
+# costs ~10 µs of CPU on a loaded machine, and an idle node must stay well under 1%).
+WATCH_INTERVAL_NS = 2_000_000
+WATCH_SLOW_AFTER_NS = 1_000_000_000
+WATCH_SLOW_INTERVAL_NS = 4_000_000
+WATCH_MAX_INTERVAL = 0.050  # s: the watch thread's slowest period over unmapped slices
 DOORBELL_SLICE = kq.DOORBELL_PROCESS_SLICE
 COPY_CHUNK = 4 << 20  # bytes a Copy / Fill moves per load + store
 # s: the longest a run keeps the trio thread before letting other tasks in (local memory
@@ -106,6 +119,7 @@ def process_exiting(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & PF_EXITING)
+COPY_PIPELINE = 4  # a Copy's loads outstanding at once (COPY_PIPELINE * COPY_CHUNK buffered)
 
 
 class QueueStopped(Exception):
@@ -156,6 +170,14 @@ class GpuEngineEdge:
         # last value) of each queue there that waits for a doorbell. Replaced whole by
         # each scan (the thread only reads the reference it took).
         self._watched: tuple[tuple[BoMemory, tuple[tuple[int, bytes], ...]], ...] = ()
+        # The watch thread's view of the shared doorbell slices: read-only mappings made
+        # here (trio thread) per watched memfd, retired when no longer watched and closed
+        # by the thread (the only one that reads through them) once it holds a newer
+        # snapshot; `_generation` counts snapshots (the C poll returns when it moves).
+        self._maps: dict[BoMemory, mmap.mmap] = {}
+        self._retired: list[mmap.mmap] = []
+        self._generation = _ffi.new("uint64_t *")
+        self._stop_flag = _ffi.new("int *")
         self.kfd.queues.listeners.append(self._queue_changed)
         self.kfd.queues.updated.append(lambda q: self._wake.set())
         # AMDGPU_CS's SDMA IBs run here too, in the submitting render file's GPU VM: with
@@ -184,6 +206,7 @@ class GpuEngineEdge:
             await self._loop(interval, task_status)
         finally:
             stop.set()
+            self._stop_flag[0] = 1
 
     async def _loop(self, interval: float, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
@@ -209,35 +232,74 @@ class GpuEngineEdge:
                         await self._wake.wait()
 
     def _watch(self, stop: threading.Event, token: trio.lowlevel.TrioToken) -> None:
-        """The watch thread: read the watched doorbell slices (a pread of a memfd) every
-        MAX_INTERVAL after the task last scanned, backing off to WATCH_MAX_INTERVAL, and
-        wake the trio task when a slot differs from what it last ran. It only hints: the
-        trio task scans again and decides, so a slice freed under it (a read error, a
-        stale value) costs one needless scan. A thread wake-up costs a fraction of a trio
-        one, which is what makes an idle node cheap."""
-        interval, seen = MAX_INTERVAL, self._watched
-        while not stop.wait(interval):
-            watched = self._watched
-            # a new snapshot means the task just scanned: look often again, then back off
-            interval = MAX_INTERVAL if watched is not seen else min(interval * 2,
-                                                                     WATCH_MAX_INTERVAL)
-            seen = watched
-            moved = False
-            for memory, slots in watched:
-                try:
-                    page = memory.read(0, DOORBELL_SLICE)
-                except Exception:  # freed meanwhile: let the trio task look
-                    moved = True
-                    break
-                if any(page[off : off + 8] != last for off, last in slots):
-                    moved = True
-                    break
+        """The watch thread: wake the trio task when a watched doorbell slot differs from
+        what it last ran. Slices whose memfd the daemon maps (a client that rings a
+        doorbell has mapped its slice, so it is shared) are polled by C every
+        WATCH_INTERVAL_NS without the GIL or a system call (fuse/doorbells.c): a
+        doorbell after a quiet spell is seen within about 1 ms for a few µs of CPU per
+        poll; any other slice is read (pread) every WATCH_MAX_INTERVAL. It only hints:
+        the trio task scans again and decides, so a slice freed under it costs one
+        needless scan."""
+        seen: object = None
+        while not stop.is_set():
+            watched, gen0 = self._watched, self._generation[0]
+            for m in self._retired[:]:  # (the trio task no longer hands these out)
+                self._retired.remove(m)
+                m.close()
+            if watched is seen:  # woke the task for this snapshot: wait for the next one
+                _lib.ualinkd_doorbell_wait(_ffi.NULL, _ffi.NULL, 0, WATCH_INTERVAL_NS,
+                                           WATCH_SLOW_AFTER_NS, WATCH_SLOW_INTERVAL_NS,
+                                           int(WATCH_MAX_INTERVAL * 1e9), self._stop_flag,
+                                           self._generation, gen0)
+                continue
+            if not watched:
+                stop.wait(WATCH_MAX_INTERVAL)
+                continue
+            moved = self._watch_once(watched, gen0)
             if moved:
+                seen = watched
                 try:
                     # (the event is looked up in the trio thread: the current one)
                     token.run_sync_soon(lambda: self._wake.set())
                 except trio.RunFinishedError:
                     return
+
+    def _watch_once(self, watched: tuple[tuple[BoMemory, tuple[tuple[int, bytes], ...]], ...],
+                    gen0: int) -> bool:
+        """One wait of the watch thread over a snapshot: True when a slot moved."""
+        slots, lasts, buffers = [], [], []
+        unmapped = []
+        try:
+            for memory, pairs in watched:
+                m = self._maps.get(memory)
+                if m is None:
+                    unmapped.append((memory, pairs))
+                    continue
+                buf = _ffi.from_buffer(m)
+                buffers.append(buf)
+                for off, last in pairs:
+                    slots.append(_ffi.cast("uint64_t *", buf + off))
+                    lasts.append(int.from_bytes(last, "little"))
+            r = _lib.ualinkd_doorbell_wait(
+                _ffi.new("uint64_t *[]", slots), _ffi.new("uint64_t[]", lasts), len(slots),
+                WATCH_INTERVAL_NS, WATCH_SLOW_AFTER_NS, WATCH_SLOW_INTERVAL_NS,
+                int(WATCH_MAX_INTERVAL * 1e9) if unmapped else -1,
+                self._stop_flag, self._generation, gen0)
+        finally:
+            for buf in buffers:
+                _ffi.release(buf)
+        if r >= 0:
+            return True
+        if r == -1:
+            return False  # stopped, or a new snapshot
+        for memory, pairs in unmapped:
+            try:
+                page = memory.read(0, DOORBELL_SLICE)
+            except Exception:  # freed meanwhile: let the trio task look
+                return True
+            if any(page[off : off + 8] != last for off, last in pairs):
+                return True
+        return False
 
     # -- noticing doorbells --------------------------------------------------------------------
     def _scan(self) -> bool:
@@ -279,8 +341,27 @@ class GpuEngineEdge:
                 bo = proc.pdds[gpu_id].doorbell_bo
                 assert bo is not None  # (a slot of it was just read)
                 watched.append((bo.memory, tuple(slots)))
+        self._map_watched(watched)
         self._watched = tuple(watched)
+        self._generation[0] += 1
         return busy
+
+    def _map_watched(self, watched: list[tuple[BoMemory, tuple[tuple[int, bytes], ...]]],
+                     ) -> None:
+        """A read-only mapping of each watched slice whose BO is shared (a memfd) for the
+        watch thread's C poll; mappings no longer watched are retired for the thread to
+        close."""
+        keep = set()
+        for memory, _ in watched:
+            keep.add(memory)
+            if memory not in self._maps and memory.memfd is not None:
+                try:
+                    self._maps[memory] = mmap.mmap(memory.memfd, memory.size,
+                                                   mmap.MAP_SHARED, mmap.PROT_READ)
+                except (OSError, ValueError):
+                    pass  # (then read by pread)
+        for memory in [m for m in self._maps if m not in keep]:
+            self._retired.append(self._maps.pop(memory))
 
     def _start(self, q: kq.KfdQueue, doorbell: int) -> None:
         assert self._nursery is not None
@@ -524,6 +605,59 @@ class GpuEngineEdge:
         if n < len(data):
             raise GpuFault(va + n, True)
 
+    async def _copy_local(self, q: RunTarget, req: Copy) -> bool:
+        """A Copy between the process's own memory and a local BO, in one move (access.py
+        gpu_copy_local); False when it is not one (then it goes in COPY_CHUNK pieces)."""
+        drm_file, driver = self._vm_file(q)
+        try:
+            return await gpu_copy_local(driver.vm(drm_file), req.dst_va, req.src_va, req.size,
+                                        driver.count_gpu_fault)
+        except DrmError as e:  # (the process's memory closed under the copy)
+            raise GpuFault(req.src_va, False, e.strerror or "") from None
+
+    async def _copy_pieces(self, q: RunTarget, req: Copy) -> None:
+        """A Copy in COPY_CHUNK pieces, up to COPY_PIPELINE loads outstanding (a remote
+        source's fabric round trips overlap one another and the stores), stored in order:
+        a fault stops the copy where it would have piece by piece (the pieces before it
+        stored, none after)."""
+        offsets = range(0, req.size, COPY_CHUNK)
+        loaded: dict[int, bytes | Exception] = {}
+        ready = [trio.Event() for _ in offsets]
+        window = trio.Semaphore(COPY_PIPELINE)
+        failed: Exception | None = None
+
+        async def load(i: int, off: int) -> None:
+            try:
+                loaded[i] = await self._load(q, req.src_va + off,
+                                             min(COPY_CHUNK, req.size - off))
+            except Exception as e:  # (GpuFault, QueueStopped: raised in its turn)
+                loaded[i] = e
+            finally:
+                ready[i].set()
+
+        async def feed(nursery: trio.Nursery) -> None:
+            for i, off in enumerate(offsets):
+                await window.acquire()
+                nursery.start_soon(load, i, off)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(feed, nursery)
+            for i, off in enumerate(offsets):
+                await ready[i].wait()
+                data = loaded.pop(i)
+                if isinstance(data, Exception):
+                    failed = data
+                    break
+                try:
+                    await self._store(q, req.dst_va + off, data)
+                except Exception as e:  # (raised past the nursery, unwrapped)
+                    failed = e
+                    break
+                window.release()
+            nursery.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
+
     async def _fulfil(self, q: RunTarget, req: Request) -> object:
         if q.touch is not None and self.core.tracer is not None:
             q.touch(req)
@@ -533,9 +667,8 @@ class GpuEngineEdge:
             await self._store(q, req.va, req.data)
             return None
         if isinstance(req, Copy):
-            for off in range(0, req.size, COPY_CHUNK):
-                n = min(COPY_CHUNK, req.size - off)
-                await self._store(q, req.dst_va + off, await self._load(q, req.src_va + off, n))
+            if not await self._copy_local(q, req):
+                await self._copy_pieces(q, req)
             return None
         if isinstance(req, Fill):
             pattern = (req.value & 0xFFFF_FFFF).to_bytes(4, "little")

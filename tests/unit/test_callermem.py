@@ -140,3 +140,56 @@ def test_procmap_query_agrees_with_the_maps_text(tmp_path):
         os.close(maps_fd)
         os.close(dir_fd)
         os.close(fd)
+
+
+def test_vectored_access_moves_between_the_process_buffers_and_a_memfd_in_one_copy():
+    """ProcMemory.readv/writev (a userptr BO's copies, drm.device.ProcessMemory): a
+    process's bytes straight into / out of buffers and a shared BO's memfd (its holes sent
+    as zeros, nothing allocated for them); a short count at the first page the process
+    lacks (policy 10), here a PROT_NONE page."""
+    import ctypes
+    import mmap
+    import os
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = mmap.PAGESIZE
+    base = libc.mmap(None, 5 * page, mmap.PROT_READ | mmap.PROT_WRITE,
+                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    libc.mprotect(base + 4 * page, page, 0)  # PROT_NONE after 4 pages
+    mine = (ctypes.c_char * (4 * page)).from_address(base)
+    pattern = bytes(range(256)) * (4 * page // 256)
+    ctypes.memmove(base, pattern, 4 * page)
+    memfd = os.memfd_create("bo", os.MFD_CLOEXEC)
+    os.ftruncate(memfd, 4 * page)
+    os.pwrite(memfd, b"\xee" * page, 0)  # page 0 data, pages 1-3 holes
+
+    async def main() -> None:
+        mem = CallerMemory().open_process(os.getpid())
+        try:
+            a, b = bytearray(page), bytearray(page)
+            assert await mem.readv(base + 8, [memoryview(a), memoryview(b)]) == 2 * page
+            assert bytes(a + b) == pattern[8 : 8 + 2 * page]
+            # into the memfd at page 2 (a hole until now), from the process
+            assert await mem.readv(base, [(memfd, 2 * page, page)]) == page
+            assert os.pread(memfd, page, 2 * page) == pattern[:page]
+            # out of a buffer and the memfd's data page and hole, into the process
+            n = await mem.writev(base, [memoryview(b"\x11" * 16), (memfd, 0, 2 * page)])
+            assert n == 16 + 2 * page
+            assert bytes(mine[: 16 + 2 * page]) == b"\x11" * 16 + b"\xee" * page + bytes(page)
+            assert os.fstat(memfd).st_blocks * 512 == 2 * page  # the hole stayed one
+            # the PROT_NONE page stops the access: the count up to it
+            assert await mem.readv(base + 3 * page, [memoryview(bytearray(2 * page))]) == page
+            assert await mem.writev(base + 3 * page, [(memfd, 0, 2 * page)]) == page
+        finally:
+            mem.close()
+
+    try:
+        trio.run(main)
+    finally:
+        os.close(memfd)
+        libc.munmap(base, 5 * page)

@@ -625,3 +625,54 @@ def test_rocr_5_2_3_submissions_execute() -> None:
         assert end.ok and vm.u64(R_SIGNAL) == 0 and vm.u32(R_MAILBOX) == 1
     assert vm.read(R_DST, 8192) == payload and vm.read(0x7F14166B8000, 8192) == payload
     assert vm.interrupts == [1, 1] and vm.u64(RPTR) == len(ROCR_COPY) + len(ROCR_DEP_COPY)
+
+
+def test_consecutive_copy_linears_are_one_copy_request_each_packet_traced() -> None:
+    """ROCr's BlitSdma cuts a large copy into COPY_LINEARs that continue one another: the
+    engine asks for them as one Copy (the edge moves it in one go), then traces each packet
+    as its own (Executed, packets_done); a copy that does not continue, or whose source and
+    destination overlap, stays its own request."""
+    vm, ring, prod = setup()
+    payload = bytes(range(256)) * 12
+    vm.write(HOST, payload)
+    db = prod.put(words(copy_linear(VRAM, HOST, 1024), copy_linear(VRAM + 1024, HOST + 1024, 1024),
+                        copy_linear(VRAM + 2048, HOST + 2048, 1024),
+                        copy_linear(VRAM + 8192, HOST + 3072, 16),  # does not continue
+                        copy_linear(HOST + 64, HOST, 64), copy_linear(HOST + 128, HOST + 64, 64),
+                        fence(SIGNAL, 9)))
+    end, reqs = drive(ring.run(db), vm)
+    assert end.ok and ring.packets_done == 7
+    assert [r for r in reqs if isinstance(r, eng.Copy)] == [
+        eng.Copy(VRAM, HOST, 3072), eng.Copy(VRAM + 8192, HOST + 3072, 16),
+        eng.Copy(HOST + 64, HOST, 64), eng.Copy(HOST + 128, HOST + 64, 64)]
+    assert vm.read(VRAM, 3072) == payload[:3072]
+    assert [r.ring_offset for r in reqs if isinstance(r, eng.Executed)] == [
+        0, 28, 56, 84, 112, 140, 168]
+    assert vm.u32(SIGNAL) == 9
+
+
+def test_a_fault_inside_merged_copies_stops_at_the_packet_it_hit() -> None:
+    """A fault part-way through merged COPY_LINEARs: the packets wholly before the faulting
+    byte are done (traced), the queue stops at the one it hit, with that ring offset, as
+    packet by packet (§8: an engine fault stops the queue at the packet)."""
+    vm, ring, prod = setup()
+    db = prod.put(words(copy_linear(VRAM, HOST, 1024), copy_linear(VRAM + 1024, HOST + 1024, 1024),
+                        copy_linear(VRAM + 2048, HOST + 2048, 1024), fence(SIGNAL, 9)))
+    gen = ring.run(db)
+    req = gen.send(None)
+    executed = []
+    while True:
+        if isinstance(req, eng.Copy):
+            assert req == eng.Copy(VRAM, HOST, 3072)
+            req = gen.throw(eng.GpuFault(VRAM + 1024 + 100, True))
+            continue
+        if isinstance(req, eng.Executed):
+            executed.append(req.ring_offset)
+        try:
+            req = gen.send(vm.fulfil(req))
+        except StopIteration as stop:
+            end = stop.value
+            break
+    assert end.reason is EndReason.ERROR and end.offset == 28
+    assert end.fault is not None and end.fault.va == VRAM + 1124 and end.fault.write
+    assert executed == [0] and ring.packets_done == 1 and vm.u32(SIGNAL) == 0

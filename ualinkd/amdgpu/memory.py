@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from . import translation
 
 if TYPE_CHECKING:
-    from ..drm.device import ProcessMemory
+    from ..drm.device import ProcessMemory, Segment
 
 # 64 KiB chunks, measured against 4 KiB pages and 256 KiB chunks (1 MiB first write /
 # rewrite / read, ms): 4 KiB 0.71/0.18/0.15, 64 KiB 0.07/0.05/0.05, 256 KiB 0.06/0.05/0.04.
@@ -123,6 +123,11 @@ class BoMemory:
     @property
     def shared(self) -> bool:
         return self._shared is not None
+
+    @property
+    def memfd(self) -> int | None:
+        """The memfd once shared (ours: a user dups it), else None."""
+        return self._shared
 
     def share(self, name: str = "ualinkd-bo") -> int:
         """The memfd that holds this BO's bytes from now on (created, sealed and filled with
@@ -218,6 +223,31 @@ class BoMemory:
             c[o : o + k] = mv[pos : pos + k]
             pos += k
 
+    def segments(self, offset: int, n: int, write: bool) -> list[Segment]:
+        """[offset, offset + n) for a vectored copy between the BO and a process's memory
+        (UserMemory.readv/writev: one copy): views of the chunks (for a write, writable
+        ones, made where nothing was written yet; for a read, zeros where nothing was),
+        or once shared (memfd, offset, n), the memfd read or written in place (not
+        mapped: a mapping's read fault would allocate a hole's page)."""
+        if self._shared is not None:
+            self._check(offset, n)
+            return [(self._shared, offset, n)] if n else []
+        return list(self._write_views(offset, n) if write else self.read_views(offset, n))
+
+    def _write_views(self, offset: int, n: int) -> list[memoryview]:
+        self._check(offset, n)
+        shift, chunks, size = self._shift, self._chunks, self.chunk
+        parts: list[memoryview] = []
+        end = offset + n
+        for idx in range(offset >> shift, ((end - 1) >> shift) + 1 if n else 0):
+            base = idx << shift
+            c = chunks.get(idx)
+            if c is None:
+                c = chunks[idx] = bytearray(min(size, self.size - base))
+                translation.changed()  # a data-plane route may read this chunk as zeros
+            parts.append(memoryview(c)[max(offset, base) - base : min(end, base + size) - base])
+        return parts
+
     def backing(self, offset: int, n: int) -> list[tuple[int, int, bytearray | int | None]]:
         """Where the bytes of [offset, offset + n) live, whole chunks at a time, for a
         reader outside Python (the data plane, fuse/dataplane.c): (offset of the chunk,
@@ -254,6 +284,10 @@ def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> N
         done += os.pwrite(fd, mv[done : done + _IO_MAX], offset + done)
 
 
+def _seg_len(seg: Segment) -> int:
+    return len(seg) if isinstance(seg, memoryview) else seg[2]
+
+
 class UserMemory:
     """The bytes of a userptr BO (AMDGPU_GEM_USERPTR): a process's own memory at `address`,
     through the ProcessMemory the BO holds open. Accesses are awaitables (the edge reaches
@@ -287,6 +321,16 @@ class UserMemory:
         """Store up to the first page the process does not have writable; the count."""
         self._check(offset, len(data))
         return await self.process.write(self.address + offset, bytes(data)) if len(data) else 0
+
+    async def readv(self, offset: int, segments: list[Segment]) -> int:
+        """`read` straight into `segments` (one copy); the count read."""
+        self._check(offset, sum(_seg_len(s) for s in segments))
+        return await self.process.readv(self.address + offset, segments) if segments else 0
+
+    async def writev(self, offset: int, segments: list[Segment]) -> int:
+        """`write` straight from `segments` (one copy); the count stored."""
+        self._check(offset, sum(_seg_len(s) for s in segments))
+        return await self.process.writev(self.address + offset, segments) if segments else 0
 
     def close(self) -> None:
         self.process.close()

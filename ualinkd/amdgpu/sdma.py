@@ -642,6 +642,12 @@ class SdmaRing:
                 break
             pkt, n = got
             index = self.rptr
+            if isinstance(pkt, CopyLinear):
+                run = _copy_run(data, pos, avail, pkt, n)
+                if len(run) > 1:
+                    yield from self._copy_merged(run)
+                    pos += sum(k for _, k in run)
+                    continue
             try:
                 yield from self._exec.execute(pkt, index)
             except _Blocked:
@@ -654,10 +660,68 @@ class SdmaRing:
         self.state = QueueState.IDLE
         return RunEnd(EndReason.CAUGHT_UP, self.offset())
 
+    def _copy_merged(self, run: list[tuple[CopyLinear, int]]) -> Generator[Request, object, None]:
+        """Consecutive COPY_LINEARs that continue one another (ROCr's BlitSdma cuts a large
+        copy into packets of at most 4 MiB) as one Copy request, so the edge moves it in
+        one go; each packet is then done and traced as its own. A fault part-way: the
+        packets wholly before the faulting byte are done, the queue stops at the one it
+        hit, as it would have packet by packet."""
+        first = run[0][0]
+        total = sum(p.size for p, _ in run)
+        try:
+            yield eng.Copy(first.dst, first.src, total)
+        except GpuFault as f:
+            done = f.va - (first.dst if f.write else first.src)
+            for p, k in run:
+                if done < p.size:
+                    break
+                done -= p.size
+                yield from self._packet_done(p, k)
+            raise
+        for p, k in run:
+            yield from self._packet_done(p, k)
+
+    def _packet_done(self, pkt: CopyLinear, n: int) -> Generator[Request, object, None]:
+        index = self.rptr
+        self.rptr += n
+        self.packets_done += 1
+        yield eng.Executed(self.offset(index), pkt)
+
     def _report_rptr(self) -> Generator[Request, object, None]:
         if self.rptr != self._reported_rptr:
             yield eng.Write(self.rptr_va, _QW.pack(self.rptr & (1 << 64) - 1))
             self._reported_rptr = self.rptr
+
+
+MERGE_MAX = 256 << 20  # bytes of consecutive COPY_LINEARs made one Copy request
+
+
+def _copy_run(data: Buf, pos: int, end: int, first: CopyLinear,
+              n: int) -> list[tuple[CopyLinear, int]]:
+    """The COPY_LINEAR at `pos` and those right after it in the ring that continue it
+    (source and destination both follow on), up to MERGE_MAX bytes, while the whole
+    source and destination do not overlap (one copy then does what the packets in turn
+    would). A packet that does not decode ends the run (its turn reports it)."""
+    run = [(first, n)]
+    total, pos = first.size, pos + n
+    while pos < end and total < MERGE_MAX:
+        try:
+            got = decode_packet(data, pos, end)
+        except SdmaPacketError:
+            break
+        if got is None or not isinstance(got[0], CopyLinear):
+            break
+        pkt, k = got[0], got[1]
+        if (pkt.src != first.src + total or pkt.dst != first.dst + total
+                or total + pkt.size > MERGE_MAX):
+            break
+        run.append((pkt, k))
+        total += pkt.size
+        pos += k
+    while len(run) > 1 and (first.src < first.dst + total and first.dst < first.src + total):
+        run.pop()  # overlapping: the packets one by one
+        total = sum(p.size for p, _ in run)
+    return run
 
 
 def _header_and_dw3(data: Buf, pos: int, end: int) -> tuple[int, int | None]:

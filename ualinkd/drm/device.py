@@ -66,16 +66,25 @@ CopyFromUser = Callable[[int, int, int], Awaitable[bytes]]  # (pid, address, siz
 CopyToUser = Callable[[int, int, bytes], Awaitable[None]]  # (pid, address, data)
 
 
+# A piece of a vectored access to process memory: a buffer, or (fd, offset, length) of a
+# file (a shared BO's memfd), which the access reads or writes on its side.
+Segment = memoryview | tuple[int, int, int]
+
+
 class ProcessMemory(Protocol):
     """One process's address space, held open for as long as a BO uses it: still that
     process after it exits (then nothing is accessible), never a later one with its pid.
     `accessible` counts the bytes from `address` mapped readable (writable, for a write);
     `read` gives the bytes up to the first page that is not (short, maybe empty), `write`
-    stores up to there and gives the count. Awaitables, for the reason CopyFromUser is."""
+    stores up to there and gives the count; `readv`/`writev` do the same into / out of
+    segments, the count moved. Awaitables, for the reason CopyFromUser is."""
 
     def accessible(self, address: int, size: int, write: bool) -> Awaitable[int]: ...
     def read(self, address: int, n: int) -> Awaitable[bytes]: ...
     def write(self, address: int, data: bytes) -> Awaitable[int]: ...
+    # the same with the bytes moved straight into / out of the buffers (one copy)
+    def readv(self, address: int, segments: list[Segment]) -> Awaitable[int]: ...
+    def writev(self, address: int, segments: list[Segment]) -> Awaitable[int]: ...
     def close(self) -> None: ...
 
 

@@ -184,6 +184,12 @@ void free(void *ptr);
 size_t fuse_add_direntry(fuse_req_t req, char *buf, size_t bufsize, const char *name,
                          const struct stat *stbuf, off_t off);
 
+/* The GPU engines' doorbell watch (fuse/doorbells.c). */
+int ualinkd_doorbell_wait(const uint64_t *const *slots, const uint64_t *last, int n,
+                          int64_t interval_ns, int64_t slow_after_ns, int64_t slow_interval_ns,
+                          int64_t timeout_ns, const volatile int *stop,
+                          const volatile uint64_t *generation, uint64_t generation0);
+
 /* The data plane's fast path (fuse/dataplane.c). */
 struct ualinkd_dp;
 struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired; };
@@ -452,6 +458,7 @@ static int _ualinkd_drain(struct fuse_session *se, struct fuse_buf *buf,
 }}
 
 @DATAPLANE@
+@DOORBELLS@
 
 /* libfuse's read callback: a load the data plane carries (its routes cover it) goes out
    from here; any other read is Python's. */
@@ -496,6 +503,8 @@ static void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops)
 # The data plane's C (a file of its own: it is most of the C here, and has no f-string braces).
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "dataplane.c")) as _f:
     SOURCE = SOURCE.replace("@DATAPLANE@", _f.read())
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "doorbells.c")) as _f:
+    SOURCE = SOURCE.replace("@DOORBELLS@", _f.read())
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
