@@ -139,6 +139,9 @@ class NodeCore:
         self.host = UalinkHost()
         self.devices: dict[int, DrmDevice] = {}
         self.managers: dict[int, UalinkManager] = {}
+        # The same devices' drivers, as this node made them (DrmDevice.driver is the DRM
+        # core's view of any driver).
+        self.drivers: dict[int, AmdgpuDriver] = {}
         for i, accel in enumerate(self.node.accels):
             minor = RENDER_MINOR_BASE + i
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
@@ -159,11 +162,11 @@ class NodeCore:
                 driver.oops = _oops_kills_caller
             self.host.managers.append(mgr)
             self.devices[minor] = device
+            self.drivers[minor] = driver
             self.managers[minor] = mgr
         self.host.late_init()
         # The KFD (issue 14): a GPU node per accel over the same devices, and the topology
         # that names them by the same gpu_ids.
-        drivers = [d.driver for d in self.devices.values()]
         profiles = [PROFILES[a.profile] for a in self.node.accels]
         ids = gpu_ids([(p, sysfs.pci_bus(m) << 8) for p, m in zip(profiles, self.devices,
                                                                     strict=True)])
@@ -174,8 +177,8 @@ class NodeCore:
         # ACQUIRE_VM's questions in flight: nonce -> the render file that answered (None
         # until one does); abi/drmfile_query.py.
         self.drm_file_queries: dict[int, DrmFile | None] = {}
-        # every device above was given an AmdgpuDriver (DrmDevice.driver is the core's view)
-        self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, drivers, strict=True)],  # type: ignore[arg-type]
+        self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, self.drivers.values(),
+                                                           strict=True)],
                        clock or _no_clock, copy_to_user, resolve_drm_file, copy_from_user,
                        waits, identify_process)
         # The edge's exit notices of the KFD's processes (a pidfd each): a process that
@@ -319,16 +322,14 @@ class NodeCore:
         self._trace_open(drm_file, caller, f"dri/renderD{minor}", minor)
         return drm_file
 
-    def release_render(self, drm_file: object) -> None:
-        assert isinstance(drm_file, DrmFile)
+    def release_render(self, drm_file: DrmFile) -> None:
         self._trace_release(drm_file, f"dri/renderD{drm_file.device.minor}")
         drm_file.release()
         self.after_request()
 
     def ioctl(
-        self, drm_file: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+        self, drm_file: DrmFile, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply | Awaitable[IoctlReply] | Completion[IoctlReply]:
-        assert isinstance(drm_file, DrmFile)
         if cmd == UALINKD_IOCTL_MMAP_GRANT:  # ualinkd's own, by its whole number (abi/cpumap.py)
             return self.cpu_maps.render_ioctl(drm_file, in_bytes, caller)
         start = self.trace_clock() if self.tracer is not None else 0.0
@@ -404,13 +405,11 @@ class NodeCore:
         translation.changed()
 
     def gpu_read(
-        self, drm_file: object, va: int, size: int, caller: Caller
+        self, drm_file: DrmFile, va: int, size: int, caller: Caller
     ) -> bytes | Awaitable[bytes | bytearray]:
         """A GPU load through the file's VM (policy 10): bytes at once when every piece is
         local memory, an awaitable when some are remote (the FUSE edge takes both)."""
-        assert isinstance(drm_file, DrmFile)
-        driver = drm_file.device.driver
-        assert isinstance(driver, AmdgpuDriver)
+        driver = self.drivers[drm_file.device.minor]
         remote, remote_soon = self._remote_for(drm_file)
         load = self._traced_gpu(drm_file, "load", va, size, b"", caller,
                                 lambda: gpu_load(driver.vm(drm_file), va, size, remote,
@@ -418,15 +417,13 @@ class NodeCore:
                                                  remote_soon=remote_soon))
         return load  # type: ignore[return-value]  # gpu_load's result, traced
 
-    def gpu_read_route(self, drm_file: object, va: int,
+    def gpu_read_route(self, drm_file: DrmFile, va: int,
                        size: int) -> tuple[int, int, int, int, int] | None:
         """For the data plane (fuse/dataplane.c), after a load of [va, va + size) that one
         remote mapping answered: (VA start, VA end, NPA byte address at the start, issuing
         accel, exporting accel) of that mapping; None when Python must see its loads (a
         tracer records them) or it is not one remote mapping."""
-        assert isinstance(drm_file, DrmFile)
-        driver = drm_file.device.driver
-        assert isinstance(driver, AmdgpuDriver)
+        driver = self.drivers[drm_file.device.minor]
         if self._tracer is not None or (hit := driver.vm(drm_file).remote_route(va, size)) is None:
             return None
         m, bo = hit
@@ -435,21 +432,17 @@ class NodeCore:
         return (m.start, m.end, npa_byte_address(bo.npa, m.offset),
                 self.managers[bo.device.minor].accel_id, bo.npa[0])
 
-    def gpu_read_expired(self, drm_file: object) -> None:
+    def gpu_read_expired(self, drm_file: DrmFile) -> None:
         """A load the data plane carried was not answered in time: the fault gpu_load
         counts when a remote piece's LOAD expires on the link (access._short)."""
-        assert isinstance(drm_file, DrmFile)
-        driver = drm_file.device.driver
-        assert isinstance(driver, AmdgpuDriver)
+        driver = self.drivers[drm_file.device.minor]
         driver.count_gpu_fault()
 
     def gpu_write(
-        self, drm_file: object, va: int, data: bytes, caller: Caller
+        self, drm_file: DrmFile, va: int, data: bytes, caller: Caller
     ) -> int | Awaitable[int]:
         """A GPU store through the file's VM (policy 10); the count stored."""
-        assert isinstance(drm_file, DrmFile)
-        driver = drm_file.device.driver
-        assert isinstance(driver, AmdgpuDriver)
+        driver = self.drivers[drm_file.device.minor]
         remote, remote_soon = self._remote_for(drm_file)
         store = self._traced_gpu(drm_file, "store", va, len(data), data, caller,
                                  lambda: gpu_store(driver.vm(drm_file), va, data, remote,
@@ -575,16 +568,14 @@ class NodeCore:
         self.kfd.process_exited(process)
         self.after_request()  # what freeing its memory queued (a revoke) goes out now
 
-    def release_kfd(self, process: object) -> None:
-        assert isinstance(process, KfdProcess)
+    def release_kfd(self, process: KfdProcess) -> None:
         self._trace_release(process, "kfd")
         self.kfd.release(process)
         self.after_request()
 
     def kfd_ioctl(
-        self, process: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+        self, process: KfdProcess, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply | Awaitable[IoctlReply]:
-        assert isinstance(process, KfdProcess)
         if cmd == UALINKD_IOCTL_MMAP_GRANT:  # mmap(kfd fd): kfd_mmap's memory (cpu_map.py)
             return self.cpu_maps.kfd_ioctl(
                 lambda offset, length: self.kfd.mmap_target(caller, offset, length),
@@ -621,7 +612,7 @@ class NodeCore:
             self._token_of_key[key] = int(name)
         return key, size
 
-    def dmabuf_open(self, key: int, caller: Caller) -> object:
+    def dmabuf_open(self, key: int, caller: Caller) -> int:
         ref = self.tokens.open(key, caller.uid)
         token = self._token_of_key.pop(key, None)
         self._trace_open(ref, caller, f"dmabuf/{token}", token=token, key=key)
@@ -630,18 +621,16 @@ class NodeCore:
     def dmabuf_size(self, key: int) -> int:
         return self.tokens.size(key)
 
-    def dmabuf_release(self, dmabuf_ref: object) -> None:
-        assert isinstance(dmabuf_ref, int)
+    def dmabuf_release(self, dmabuf_ref: int) -> None:
         self._trace_release(dmabuf_ref, "dmabuf", key=dmabuf_ref)
         self.tokens.release(dmabuf_ref)
         self.after_request()
 
     def dmabuf_ioctl(
-        self, dmabuf_ref: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+        self, dmabuf_ref: int, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply:
         """An ioctl on an opened dma-buf file: only the CPU-mapping grant (a kernel dma-buf's
         own DMA_BUF_IOCTL_* are not emulated: ENOTTY, as before)."""
-        assert isinstance(dmabuf_ref, int)
         if cmd != UALINKD_IOCTL_MMAP_GRANT:
             raise DrmError(errno.ENOTTY)
         return self.cpu_maps.dmabuf_ioctl(self.tokens.resolve(dmabuf_ref), in_bytes, caller)
@@ -679,9 +668,7 @@ class NodeCore:
     def _debugfs(self, minor: int) -> SysDir:
         """debugfs lookalikes (root only, as debugfs is): what the device holds right now,
         one line per item in the formats of `sysfs.DEBUGFS`."""
-        device, mgr = self.devices[minor], self.managers[minor]
-        driver = device.driver
-        assert isinstance(driver, AmdgpuDriver)
+        device, mgr, driver = self.devices[minor], self.managers[minor], self.drivers[minor]
         fmt = sysfs.DEBUGFS
 
         def table(name: str, rows: Callable[[], Iterable[dict[str, object]]]) -> SysAttr:
