@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import logging
 import os
 import queue
@@ -41,7 +42,7 @@ from .fuse.lowlevel import FuseSession, clear_stale_mount
 from .fuse.procfd import mount_device, open_pidfd, process_id, resolve_caller_fd, tgid_of
 from .fuse.tree import FileTree
 from .gpu_engine import GpuEngineEdge
-from .node import NodeCore
+from .node import DrmFileQueries, NodeCore, NodeServices
 from .readiness import sd_notify
 from .trace import FabricRecord, Record, TraceFilter
 
@@ -539,6 +540,28 @@ def open_trace_file(path: str | None) -> TextIO:
     return open(path, "a", buffering=1)
 
 
+def _kfd_clock() -> tuple[int, int]:
+    """The KFD's GET_CLOCK_COUNTERS clocks (amdkfd/chardev.py's Clock)."""
+    return (time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW),
+            time.clock_gettime_ns(time.CLOCK_BOOTTIME))
+
+
+async def resolve_drm_file(queries: DrmFileQueries, caller_memory: CallerMemory,
+                           process: ProcessId, fd: int) -> DrmFile:
+    """ACQUIRE_VM's fd -> the DrmFile behind it (abi/drmfile_query.py), off the FUSE thread
+    within the caller-memory bound; EINVAL for anything not our render node."""
+    nonce = secrets.randbits(64) or 1
+    queries.pending[nonce] = None
+    try:
+        await caller_memory.run(query_drm_file, process, fd, caller_memory.own_dev, nonce)
+        drm_file = queries.pending.get(nonce)
+    finally:
+        queries.pending.pop(nonce, None)
+    if drm_file is None:
+        raise DrmError(errno.EINVAL, f"fd {fd} is not a render node of this daemon")
+    return drm_file
+
+
 def _raise_fd_limit() -> None:
     """Clients hold daemon fds (userptr BOs' process memory, eventfds, CPU-map fetches, fabric
     links): take the hard RLIMIT_NOFILE as the soft one, as servers do, so the default 1024
@@ -565,9 +588,8 @@ async def run_node(
     caller_memory = CallerMemory(config.caller_memory_timeout_ms / 1000)
     tracer = make_tracer(trace, trace_out, trace_filter)
     exits = ProcessExits()
-    core = NodeCore(
-        config,
-        node_name,
+    queries = DrmFileQueries()
+    core = NodeCore(config, node_name, NodeServices(
         resolve_fd=lambda pid, fd: resolve_caller_fd(pid, fd, mount),
         copy_to_user=caller_memory.copy_to_user,
         tracer=tracer,
@@ -575,29 +597,14 @@ async def run_node(
         waits=TrioSyncWaits(),
         open_process_memory=caller_memory.open_process,
         open_eventfd=CallerEventFd,
-        clock=lambda: (time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW),
-                       time.clock_gettime_ns(time.CLOCK_BOOTTIME)),
+        clock=_kfd_clock,
         host_cpus=os.cpu_count() or 1,
         host_memory=host_memory_total(),
-        resolve_drm_file=lambda process, fd: resolve_drm_file(process, fd),
+        resolve_drm_file=functools.partial(resolve_drm_file, queries, caller_memory),
+        drm_file_queries=queries,
         identify_process=process_id,
         watch_exit=exits.watch,
-    )
-
-    async def resolve_drm_file(process: ProcessId, fd: int) -> DrmFile:
-        """ACQUIRE_VM's fd -> the DrmFile behind it (abi/drmfile_query.py), off the FUSE
-        thread within the caller-memory bound; EINVAL for anything not our render node."""
-        nonce = secrets.randbits(64) or 1
-        core.drm_file_queries[nonce] = None
-        try:
-            await caller_memory.run(query_drm_file, process, fd, caller_memory.own_dev,
-                                    nonce)
-            drm_file = core.drm_file_queries.get(nonce)
-        finally:
-            core.drm_file_queries.pop(nonce, None)
-        if drm_file is None:
-            raise DrmError(errno.EINVAL, f"fd {fd} is not a render node of this daemon")
-        return drm_file
+    ))
     agent: UalinkAgent | None = None
 
     def on_message(src: int, dst: int, dwords: tuple[int, int, int, int]

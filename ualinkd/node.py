@@ -2,8 +2,11 @@
 
 It builds, per local accel, a DrmDevice with the amdgpu driver and a UALink manager, runs
 the host-wide late init (state from the pod config, vPod activation), and implements
-`fuse.backend.NodeBackend`. The edge injects resolving a caller's fd to one of our dma-buf
-keys (/proc), reading and writing a caller's memory, and the syncobj wait primitive.
+`fuse.backend.NodeBackend`. What the edge provides (resolving a caller's fd to one of our
+dma-buf keys, reading and writing a caller's memory, the waits and clocks, process identity
+and exits, its own status) comes as one value, `NodeServices`, and the node is complete when
+its constructor returns; only a fabric agent attaches later (`attach_fabric`), and
+`ualinkd record` swaps the tracer.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 
 from . import sysfs
 from .abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
@@ -96,34 +100,63 @@ def _oops_kills_caller(caller: Caller) -> None:
         log.warning("could not kill pid %d after the oops: %s", caller.pid, e.strerror)
 
 
+class DrmFileQueries:
+    """ACQUIRE_VM's questions in flight (abi/drmfile_query.py): nonce -> the render file
+    that answered (None until one does). Shared by the node, whose render files answer the
+    question, and the edge that asks it of a caller's fd (daemon.resolve_drm_file)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, DrmFile | None] = {}
+
+    def answer(self, nonce: int, drm_file: DrmFile) -> bool:
+        """A render file's answer: only to a pending nonce, and only once."""
+        if nonce not in self.pending or self.pending[nonce] is not None:
+            return False
+        self.pending[nonce] = drm_file
+        return True
+
+
+@dataclass(frozen=True)
+class NodeServices:
+    """What the edge gives a node, as one value: the caller's memory and fds, the waits and
+    clocks, process identity and exit notices, the host's size and the edge's own status
+    (fabric links, data plane). The defaults are a node no caller can reach (tests)."""
+
+    resolve_fd: FdResolver = _no_resolver  # a caller's fd -> one of our dma-buf keys
+    copy_from_user: CopyFromUser | None = None
+    copy_to_user: CopyToUser | None = None
+    open_process_memory: OpenProcessMemory | None = None  # userptr BOs
+    open_eventfd: Callable[[int, int], EventFd] | None = None  # SYNCOBJ_EVENTFD
+    resolve_drm_file: ResolveDrmFile | None = None  # ACQUIRE_VM's fd -> our DrmFile
+    drm_file_queries: DrmFileQueries = field(default_factory=DrmFileQueries)
+    waits: SyncWaits | None = None
+    clock: Clock = _no_clock  # the KFD's clock counters
+    trace_clock: Callable[[], float] = time.time  # the trace's timestamps (strace -tt)
+    tracer: Callable[[Record], None] | None = None  # the first one (`ualinkd record` swaps)
+    randbits: Callable[[int], int] | None = None  # dma-buf tokens, UALink handles
+    identify_process: Identify = same_thread_group
+    watch_exit: WatchExit | None = None  # a KFD process's exit notice (a pidfd each)
+    host_cpus: int = 1
+    host_memory: int = 0
+    # Peer node name -> link up (sys/kernel/debug/ualink_fabric).
+    fabric_links: Callable[[], dict[str, bool]] = dict
+    # The C data plane's counters (sys/kernel/debug/ualink_data_plane).
+    data_plane_stats: Callable[[], dict[str, int]] = dict
+
+
 class NodeCore:
-    def __init__(
-        self,
-        config: PodConfig,
-        node_name: str,
-        resolve_fd: FdResolver = _no_resolver,
-        copy_to_user: CopyToUser | None = None,
-        tracer: Callable[[Record], None] | None = None,
-        randbits: Callable[[int], int] | None = None,
-        copy_from_user: CopyFromUser | None = None,
-        waits: SyncWaits | None = None,
-        open_process_memory: OpenProcessMemory | None = None,
-        open_eventfd: Callable[[int, int], EventFd] | None = None,
-        trace_clock: Callable[[], float] = time.time,
-        clock: Clock | None = None,
-        resolve_drm_file: ResolveDrmFile | None = None,
-        host_cpus: int = 1,
-        host_memory: int = 0,
-        identify_process: Identify = same_thread_group,
-        watch_exit: WatchExit | None = None,
-    ) -> None:
+    def __init__(self, config: PodConfig, node_name: str,
+                 services: NodeServices | None = None) -> None:
+        edge = services if services is not None else NodeServices()
+        randbits = edge.randbits
+        copy_from_user, copy_to_user, waits = edge.copy_from_user, edge.copy_to_user, edge.waits
         self.config = config
         self.node = config.node(node_name)
         self.name = node_name
-        self._tracer = tracer
-        self.trace_clock = trace_clock  # the trace's timestamps (wall clock, strace -tt)
+        self._tracer = edge.tracer
+        self.trace_clock = edge.trace_clock
         self.tokens = DmaBufTokens(randbits) if randbits else DmaBufTokens()
-        self._resolve_key = resolve_fd
+        self._resolve_key = edge.resolve_fd
         # What a recording needs beyond the ioctl's bytes (trace schema 2), kept only while
         # tracing: the id of each open file, and per calling thread the caller memory and
         # fds its ioctl in progress touched (a thread has one ioctl in flight at a time).
@@ -146,9 +179,9 @@ class NodeCore:
             minor = RENDER_MINOR_BASE + i
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
                                copy_to_user, waits)
-            device.open_process_memory = open_process_memory
+            device.open_process_memory = edge.open_process_memory
             device.resolve_token_fd = self._resolve_token
-            device.open_eventfd = open_eventfd
+            device.open_eventfd = edge.open_eventfd
             driver = AmdgpuDriver(device, *config.accel_memory(accel), PROFILES[accel.profile])
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(
@@ -170,34 +203,28 @@ class NodeCore:
         profiles = [PROFILES[a.profile] for a in self.node.accels]
         ids = gpu_ids([(p, sysfs.pci_bus(m) << 8) for p, m in zip(profiles, self.devices,
                                                                     strict=True)])
-        self.topology = Topology(host_cpus, host_memory, tuple(
+        self.topology = Topology(edge.host_cpus, edge.host_memory, tuple(
             TopologyGpu(gid, m, sysfs.pci_bus(m), p, config.accel_memory(a)[0])
             for gid, m, p, a in zip(ids, self.devices, profiles, self.node.accels,
                                     strict=True)))
-        # ACQUIRE_VM's questions in flight: nonce -> the render file that answered (None
-        # until one does); abi/drmfile_query.py.
-        self.drm_file_queries: dict[int, DrmFile | None] = {}
+        self.drm_file_queries = edge.drm_file_queries
         self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, self.drivers.values(),
                                                            strict=True)],
-                       clock or _no_clock, copy_to_user, resolve_drm_file, copy_from_user,
-                       waits, identify_process)
+                       edge.clock, copy_to_user, edge.resolve_drm_file, copy_from_user,
+                       waits, edge.identify_process)
         # The edge's exit notices of the KFD's processes (a pidfd each): a process that
         # exits ends its KFD context, whoever still holds its files.
-        self._watch_exit = watch_exit
+        self._watch_exit = edge.watch_exit
         self.kfd.resolve_dmabuf = self._resolve_dmabuf
         self.kfd.queues.listeners.append(
             lambda q, created: self.trace_queue(q, "create" if created else "destroy"))
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
-        self.cpu_maps = CpuMapGrants(identify=identify_process)
+        self.cpu_maps = CpuMapGrants(identify=edge.identify_process)
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can
         # start a revoke); a fabric carries them out (`attach_fabric`).
         self.after_request: Callable[[], None] = self._discard_effects
-        # Peer node name -> link up (sys/kernel/debug/ualink_fabric); the daemon plugs in
-        # its fabric link.
-        self.fabric_links: Callable[[], dict[str, bool]] = dict
-        # The C data plane's counters (sys/kernel/debug/ualink_data_plane); the daemon plugs
-        # in its FUSE session's (fuse/dataplane.py).
-        self.data_plane_stats: Callable[[], dict[str, int]] = dict
+        self.fabric_links = edge.fabric_links
+        self.data_plane_stats = edge.data_plane_stats
         # GPU loads/stores of imported NPA BOs (policy 10); a fabric's (`attach_fabric`).
         # Contract: `remote_access(accel_id, piece, write, data)` with accel_id the importing
         # accel; returns the bytes loaded / the count stored, short when the exporter faults
@@ -541,9 +568,8 @@ class NodeCore:
         """The daemon's own question (abi/drmfile_query.py): only a pending nonce, answered
         once; anything else EINVAL, as a real DRM fd answers an unknown nr."""
         (nonce,) = NONCE.unpack(in_bytes[: NONCE.size].ljust(NONCE.size, b"\0"))
-        if nonce not in self.drm_file_queries or self.drm_file_queries[nonce] is not None:
+        if not self.drm_file_queries.answer(nonce, drm_file):
             return -errno.EINVAL, b""
-        self.drm_file_queries[nonce] = drm_file
         return 0, b""
 
     # -- NodeBackend: the KFD ---------------------------------------------------------------

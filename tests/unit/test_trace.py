@@ -31,7 +31,7 @@ from ualinkd.abi import ioctls as tbl
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import ioc
 from ualinkd.drm.errors import DrmError
-from ualinkd.node import NodeCore
+from ualinkd.node import NodeCore, NodeServices
 from ualinkd.trace import (
     SCHEMA_VERSION,
     FabricRecord,
@@ -59,9 +59,9 @@ def core():
     bits = ScriptedBits(0x1111_2222_3333_4000, 0x5555_6666_7777_8888)
     ticks = [itertools.count()]
     # Every call of the clock advances 125 µs: a request starts at one tick, ends at the next.
-    node = NodeCore(pod_config(nodes=[[{"id": 0}]]), "node0", resolve_fd=lambda p, f: f,
-                    tracer=recs.append, randbits=bits,
-                    trace_clock=lambda: T0 + next(ticks[0]) * 0.000125)
+    node = NodeCore(pod_config(nodes=[[{"id": 0}]]), "node0", NodeServices(
+        resolve_fd=lambda p, f: f, tracer=recs.append, randbits=bits,
+        trace_clock=lambda: T0 + next(ticks[0]) * 0.000125))
     node.recs = recs  # type: ignore[attr-defined]
     node.ticks = ticks  # type: ignore[attr-defined]
     return node

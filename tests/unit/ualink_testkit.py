@@ -18,7 +18,7 @@ from ualinkd.abi.ioc import ioc, iow, iowr
 from ualinkd.config import PodConfig
 from ualinkd.drm.device import Caller, DrmDevice, IoctlResult
 from ualinkd.drm.file import DrmFile
-from ualinkd.node import NodeCore
+from ualinkd.node import NodeCore, NodeServices
 
 MIB = 1 << 20
 POD_UUID = uuid.UUID("0123ABCD-4567-89AB-CDEF-0123456789AB")
@@ -84,13 +84,11 @@ def make_node(
     randbits: Callable[[int], int] | None = None,
     copy_to_user: CopyToUserFake | None = None,
 ) -> NodeCore:
-    return NodeCore(
-        config or pod_config(),
-        node,
+    return NodeCore(config or pod_config(), node, NodeServices(
         resolve_fd=lambda pid, fd: fd,
         copy_to_user=copy_to_user,
         randbits=randbits,
-    )
+    ))
 
 
 def device(core: NodeCore, index: int = 0) -> DrmDevice:
