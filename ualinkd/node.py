@@ -178,10 +178,8 @@ class NodeCore:
         for i, accel in enumerate(self.node.accels):
             minor = RENDER_MINOR_BASE + i
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
-                               copy_to_user, waits)
-            device.open_process_memory = edge.open_process_memory
-            device.resolve_token_fd = self._resolve_token
-            device.open_eventfd = edge.open_eventfd
+                               copy_to_user, waits, edge.open_process_memory,
+                               self._resolve_token, edge.open_eventfd)
             driver = AmdgpuDriver(device, *config.accel_memory(accel), PROFILES[accel.profile])
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(
@@ -211,11 +209,10 @@ class NodeCore:
         self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, self.drivers.values(),
                                                            strict=True)],
                        edge.clock, copy_to_user, edge.resolve_drm_file, copy_from_user,
-                       waits, edge.identify_process)
+                       waits, edge.identify_process, self._resolve_dmabuf)
         # The edge's exit notices of the KFD's processes (a pidfd each): a process that
         # exits ends its KFD context, whoever still holds its files.
         self._watch_exit = edge.watch_exit
-        self.kfd.resolve_dmabuf = self._resolve_dmabuf
         self.kfd.queues.listeners.append(
             lambda q, created: self.trace_queue(q, "create" if created else "destroy"))
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
