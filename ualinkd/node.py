@@ -142,6 +142,8 @@ class NodeServices:
     fabric_links: Callable[[], dict[str, bool]] = dict
     # The C data plane's counters (sys/kernel/debug/ualink_data_plane).
     data_plane_stats: Callable[[], dict[str, int]] = dict
+    # What an oops in a caller's ioctl does to it (§13 N6's quirk: it ends the task).
+    kill_caller: Callable[[Caller], None] = _oops_kills_caller
 
 
 class NodeCore:
@@ -180,17 +182,17 @@ class NodeCore:
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
                                copy_to_user, waits, edge.open_process_memory,
                                self._resolve_token, edge.open_eventfd)
-            driver = AmdgpuDriver(device, *config.accel_memory(accel), PROFILES[accel.profile])
+            # §13 N6: no UALink IP block, so no UALink info to reach (a quirk oopses)
+            driver = AmdgpuDriver(
+                device, *config.accel_memory(accel), PROFILES[accel.profile],
+                ualink_ip=accel.ualink, oops=edge.kill_caller,
+                oops_without_ualink="no-ualink-oops" in config.kernel_quirks)
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(
                 self.host, driver, config.ppod_info(accel), config.vpod_info(accel.accel_id),
                 accel.stage, config.kernel_quirks, npa_limit_pages=accel.npa_pages,
                 response_timeout=config.response_timeout_ms / 1000, **kwargs,
             )
-            if not accel.ualink:  # §13 N6: no UALink IP block, so no UALink info to reach
-                driver.ualink = None
-                driver.oops_without_ualink = "no-ualink-oops" in config.kernel_quirks
-                driver.oops = _oops_kills_caller
             self.host.managers.append(mgr)
             self.devices[minor] = device
             self.drivers[minor] = driver
