@@ -31,6 +31,7 @@ from .callermem import CallerMemory
 from .config import PodConfig, host_memory_total
 from .cpumap_server import serve_cpu_maps
 from .drm.completion import Completion
+from .drm.device import Caller
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.process import ProcessId
@@ -548,6 +549,15 @@ def open_trace_file(path: str | None) -> TextIO:
     return open(path, "a", buffering=1)
 
 
+def _kill_caller(caller: Caller) -> None:
+    """§13 N6's quirk: U's NULL dereference oopses in the caller's ioctl, and an oops in
+    process context ends that task without a chance to catch it; the emulator kills it."""
+    try:
+        os.kill(caller.pid, signal.SIGKILL)
+    except OSError as e:
+        log.warning("could not kill pid %d after the oops: %s", caller.pid, e.strerror)
+
+
 def _kfd_clock() -> tuple[int, int]:
     """The KFD's GET_CLOCK_COUNTERS clocks (amdkfd/chardev.py's Clock)."""
     return (time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW),
@@ -646,6 +656,7 @@ class NodeDaemon:
             host_memory=host_memory_total(),
             fabric_links=self._fabric_links,
             data_plane_stats=self.data_plane.stats,
+            kill_caller=_kill_caller,
         )
 
     def _fabric_link(self, traced: bool) -> FabricLink:

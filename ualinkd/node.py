@@ -15,8 +15,6 @@ import errno
 import functools
 import inspect
 import logging
-import os
-import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -91,13 +89,9 @@ def _no_clock() -> tuple[int, int]:
     return (0, 0)
 
 
-def _oops_kills_caller(caller: Caller) -> None:
-    """§13 N6's quirk: U's NULL dereference oopses in the caller's ioctl, and an oops in
-    process context ends that task without a chance to catch it; the emulator kills it."""
-    try:
-        os.kill(caller.pid, signal.SIGKILL)
-    except OSError as e:
-        log.warning("could not kill pid %d after the oops: %s", caller.pid, e.strerror)
+def _oops_unheard(caller: Caller) -> None:
+    """A node with no edge cannot end a task (the daemon gives `kill_caller`)."""
+    log.warning("an oops in pid %d's ioctl; no edge to end the task", caller.pid)
 
 
 class DrmFileQueries:
@@ -143,7 +137,7 @@ class NodeServices:
     # The C data plane's counters (sys/kernel/debug/ualink_data_plane).
     data_plane_stats: Callable[[], dict[str, int]] = dict
     # What an oops in a caller's ioctl does to it (§13 N6's quirk: it ends the task).
-    kill_caller: Callable[[Caller], None] = _oops_kills_caller
+    kill_caller: Callable[[Caller], None] = _oops_unheard
 
 
 class NodeCore:
