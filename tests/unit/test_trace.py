@@ -20,6 +20,7 @@ from ualink_testkit import (
     PRIME_HANDLE_TO_FD,
     UALINK,
     ScriptedBits,
+    attach_remote_access,
     iowr,
     open_file,
     pod_config,
@@ -475,7 +476,7 @@ def test_a_recorder_leaving_mid_access_changes_nothing(traced, core, op):
         core.tracer = None  # the recorder goes while the piece is on the fabric
         return piece.length if write else b"R" * piece.length
 
-    core.remote_access = remote
+    attach_remote_access(core, remote)
     before = len(seen)
     if op == "store":
         assert run(core.gpu_write(f, va, b"far", CALLER)) == 3
@@ -499,6 +500,6 @@ def test_a_recorder_coming_mid_access_gets_no_half_access(traced, core):
         core.tracer = late.append
         return piece.length
 
-    core.remote_access = remote
+    attach_remote_access(core, remote)
     assert run(core.gpu_write(f, va, b"far", CALLER)) == 3
     assert late == []

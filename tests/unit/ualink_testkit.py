@@ -91,6 +91,17 @@ def make_node(
     ))
 
 
+def attach_remote_access(core: NodeCore, remote_access: Any) -> None:
+    """Attach a fabric, as an agent does (NodeCore.attach_fabric), whose only service is
+    the GPU loads/stores of imported NPA BOs; these tests import nothing, so an import
+    that waits on it fails the test."""
+
+    def no_imports(mgr: Any, flow: Any) -> Any:
+        raise AssertionError("this test's fabric carries no imports")
+
+    core.attach_fabric(core.after_request, no_imports, remote_access)
+
+
 def device(core: NodeCore, index: int = 0) -> DrmDevice:
     return list(core.devices.values())[index]
 
