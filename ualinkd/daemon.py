@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import logging
 import os
 import queue
@@ -30,18 +31,27 @@ from .callermem import CallerMemory
 from .config import PodConfig, host_memory_total
 from .cpumap_server import serve_cpu_maps
 from .drm.completion import Completion
+from .drm.device import Caller
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.process import ProcessId
-from .fabric.agent import RequestSoonFn, SendBatchSoonFn, UalinkAgent
-from .fabric.link import FabricLink, SendOutcome
+from .fabric.agent import (
+    RequestFn,
+    RequestSoonFn,
+    SendBatchFn,
+    SendBatchSoonFn,
+    SendFn,
+    UalinkAgent,
+)
+from .fabric.link import FabricLink, OnMessage, OnRequest, SendOutcome
 from .fabric.wire import Load, Store
 from .fuse.dataplane import FAST_MAX as DATA_PLANE_MAX
+from .fuse.dataplane import DataPlane
 from .fuse.lowlevel import FuseSession, clear_stale_mount
 from .fuse.procfd import mount_device, open_pidfd, process_id, resolve_caller_fd, tgid_of
 from .fuse.tree import FileTree
 from .gpu_engine import GpuEngineEdge
-from .node import NodeCore
+from .node import DrmFileQueries, NodeCore, NodeServices
 from .readiness import sd_notify
 from .trace import FabricRecord, Record, TraceFilter
 
@@ -539,6 +549,37 @@ def open_trace_file(path: str | None) -> TextIO:
     return open(path, "a", buffering=1)
 
 
+def _kill_caller(caller: Caller) -> None:
+    """§13 N6's quirk: U's NULL dereference oopses in the caller's ioctl, and an oops in
+    process context ends that task without a chance to catch it; the emulator kills it."""
+    try:
+        os.kill(caller.pid, signal.SIGKILL)
+    except OSError as e:
+        log.warning("could not kill pid %d after the oops: %s", caller.pid, e.strerror)
+
+
+def _kfd_clock() -> tuple[int, int]:
+    """The KFD's GET_CLOCK_COUNTERS clocks (amdkfd/chardev.py's Clock)."""
+    return (time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW),
+            time.clock_gettime_ns(time.CLOCK_BOOTTIME))
+
+
+async def resolve_drm_file(queries: DrmFileQueries, caller_memory: CallerMemory,
+                           process: ProcessId, fd: int) -> DrmFile:
+    """ACQUIRE_VM's fd -> the DrmFile behind it (abi/drmfile_query.py), off the FUSE thread
+    within the caller-memory bound; EINVAL for anything not our render node."""
+    nonce = secrets.randbits(64) or 1
+    queries.pending[nonce] = None
+    try:
+        await caller_memory.run(query_drm_file, process, fd, caller_memory.own_dev, nonce)
+        drm_file = queries.pending.get(nonce)
+    finally:
+        queries.pending.pop(nonce, None)
+    if drm_file is None:
+        raise DrmError(errno.EINVAL, f"fd {fd} is not a render node of this daemon")
+    return drm_file
+
+
 def _raise_fd_limit() -> None:
     """Clients hold daemon fds (userptr BOs' process memory, eventfds, CPU-map fetches, fabric
     links): take the hard RLIMIT_NOFILE as the soft one, as servers do, so the default 1024
@@ -562,56 +603,105 @@ async def run_node(
 ) -> None:
     mount = os.path.abspath(mount)
     _raise_fd_limit()
-    caller_memory = CallerMemory(config.caller_memory_timeout_ms / 1000)
-    tracer = make_tracer(trace, trace_out, trace_filter)
-    exits = ProcessExits()
-    core = NodeCore(
-        config,
-        node_name,
-        resolve_fd=lambda pid, fd: resolve_caller_fd(pid, fd, mount),
-        copy_to_user=caller_memory.copy_to_user,
-        tracer=tracer,
-        copy_from_user=caller_memory.copy_from_user,
-        waits=TrioSyncWaits(),
-        open_process_memory=caller_memory.open_process,
-        open_eventfd=CallerEventFd,
-        clock=lambda: (time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW),
-                       time.clock_gettime_ns(time.CLOCK_BOOTTIME)),
-        host_cpus=os.cpu_count() or 1,
-        host_memory=host_memory_total(),
-        resolve_drm_file=lambda process, fd: resolve_drm_file(process, fd),
-        identify_process=process_id,
-        watch_exit=exits.watch,
-    )
+    node = NodeDaemon(config, node_name, mount, make_tracer(trace, trace_out, trace_filter))
+    real_mount = node.mount_fuse()
+    await node.serve(real_mount, task_status)
 
-    async def resolve_drm_file(process: ProcessId, fd: int) -> DrmFile:
-        """ACQUIRE_VM's fd -> the DrmFile behind it (abi/drmfile_query.py), off the FUSE
-        thread within the caller-memory bound; EINVAL for anything not our render node."""
-        nonce = secrets.randbits(64) or 1
-        core.drm_file_queries[nonce] = None
+
+class NodeDaemon:
+    """One node: its core and the edges that serve it, each built once and complete, in the
+    order they need each other: the caller's memory, the exit watch and the C data plane
+    (they need no node), the core (given them as one NodeServices), its FUSE session, the
+    fabric link, the UALink agent.
+
+    Three needs point forward, and go through this object's methods, which nothing calls
+    before `serve`: the link hands what it receives to the agent, which sends on the link;
+    and the core's debugfs shows the link's state."""
+
+    def __init__(self, config: PodConfig, node_name: str, mount: str,
+                 tracer: Callable[[Record], None] | None) -> None:
+        self.config, self.name, self.mount = config, node_name, mount
+        self.caller_memory = CallerMemory(config.caller_memory_timeout_ms / 1000)
+        self.exits = ProcessExits()
+        self._peers = [n.name for n in config.nodes if n.name != node_name]
+        # Made before the core, which shows its counters, and the link, which hands it its
+        # data channels; the session runs it.
+        self.data_plane = DataPlane()
         try:
-            await caller_memory.run(query_drm_file, process, fd, caller_memory.own_dev,
-                                    nonce)
-            drm_file = core.drm_file_queries.get(nonce)
-        finally:
-            core.drm_file_queries.pop(nonce, None)
-        if drm_file is None:
-            raise DrmError(errno.EINVAL, f"fd {fd} is not a render node of this daemon")
-        return drm_file
-    agent: UalinkAgent | None = None
+            self.core = NodeCore(config, node_name, self._services(tracer))
+            self.session = FuseSession(FileTree(self.core, mount), data_plane=self.data_plane)
+        except BaseException:
+            self.data_plane.free()
+            raise
+        self.link = self._fabric_link(traced=tracer is not None)
+        self.data_plane.set_timeout(self.link.ack_timeout)  # a carried load's deadline
+        self.agent = self._agent(traced=tracer is not None)
 
-    def on_message(src: int, dst: int, dwords: tuple[int, int, int, int]
-                   ) -> Awaitable[None] | None:
-        assert agent is not None
-        return agent.on_message(src, dst, dwords)
+    def _services(self, tracer: Callable[[Record], None] | None) -> NodeServices:
+        memory, mount, queries = self.caller_memory, self.mount, DrmFileQueries()
+        return NodeServices(
+            resolve_fd=lambda pid, fd: resolve_caller_fd(pid, fd, mount),
+            copy_from_user=memory.copy_from_user,
+            copy_to_user=memory.copy_to_user,
+            open_process_memory=memory.open_process,
+            open_eventfd=CallerEventFd,
+            resolve_drm_file=functools.partial(resolve_drm_file, queries, memory),
+            drm_file_queries=queries,
+            waits=TrioSyncWaits(),
+            clock=_kfd_clock,
+            tracer=tracer,
+            identify_process=process_id,
+            watch_exit=self.exits.watch,
+            host_cpus=os.cpu_count() or 1,
+            host_memory=host_memory_total(),
+            fabric_links=self._fabric_links,
+            data_plane_stats=self.data_plane.stats,
+            kill_caller=_kill_caller,
+        )
 
-    server_tls, client_tls = tls_contexts(config, node_name)
-    # Created before the link: its data plane takes the link's data channels.
-    session = FuseSession(FileTree(core, mount))
-    data_plane = session.data_plane
+    def _fabric_link(self, traced: bool) -> FabricLink:
+        server_tls, client_tls = tls_contexts(self.config, self.name)
+        on_message: OnMessage = self._receive
+        on_request: OnRequest = self._serve_request
+        # (An untraced node keeps the link's own callables and its fast paths: a recorder
+        # attached to it records no fabric messages, as README's Tracing says.)
+        if traced:
+            on_message, on_request = _trace_receives(self._trace, self.config, self.name,
+                                                     on_message, on_request)
+        # §13 N2: the managers' incarnations go out on every link, and their probes read the
+        # peers' from it.
+        by_accel = {m.accel_id: m for m in self.core.managers.values()}
+        return FabricLink(self.config, self.name, on_message, connect_backoff=(0.02, 0.5),
+                          on_request=on_request, ssl_context=server_tls,
+                          ssl_client_context=client_tls,
+                          # (A traced node takes its data channels too, so its peers log no
+                          # refusals, but learns no routes: every load it serves or makes is
+                          # Python's, and recorded.)
+                          data_channels=self.data_plane,
+                          local_incarnation=lambda accel: by_accel[accel].incarnation)
 
-    def on_request(peer: str, req: Load | Store) -> tuple[int, list[memoryview]]:
-        assert agent is not None
+    def _agent(self, traced: bool) -> UalinkAgent:
+        link = self.link
+        send: SendFn = link.send
+        send_batch: SendBatchFn = link.send_batch
+        request: RequestFn = link.request
+        request_soon: RequestSoonFn | None = link.request_soon
+        send_batch_soon: SendBatchSoonFn | None = link.send_batch_soon
+        if traced:
+            send, send_batch, request = _trace_sends(self._trace, self.config, self.name, link)
+            # (a traced request or batch is recorded by _trace_sends' wrappers)
+            request_soon = send_batch_soon = None
+        return UalinkAgent(self.core, send, request, send_batch=send_batch,
+                           request_soon=request_soon, send_batch_soon=send_batch_soon,
+                           probe=link.incarnation, announce=link.announce)
+
+    # -- what the link, the agent and the core ask each other, once serving -----------------
+    def _receive(self, src: int, dst: int, dwords: tuple[int, int, int, int]
+                 ) -> Awaitable[None] | None:
+        return self.agent.on_message(src, dst, dwords)
+
+    def _serve_request(self, peer: str, req: Load | Store) -> tuple[int, list[memoryview]]:
+        agent, data_plane = self.agent, self.data_plane
         arg = req.length if isinstance(req, Load) else req.data
         try:
             served = agent.serve(req.src_accel, req.dst_accel, req.npa_byte_addr, arg)
@@ -619,90 +709,73 @@ async def run_node(
             return -e.errno, []
         # (core.tracer: the --trace one, or `ualinkd record`'s while it is attached)
         if (type(req) is Load and req.length <= DATA_PLANE_MAX and data_plane.running
-                and core.tracer is None):
+                and self.core.tracer is None):
             # Served: the data plane may answer the next LOADs of these BO chunks itself.
             for npa, n, backing, offset in agent.load_routes(
                     req.src_accel, req.dst_accel, req.npa_byte_addr, req.length):
                 data_plane.route_export(req.src_accel, req.dst_accel, npa, n, backing, offset)
         return 0, served
 
-    def fabric_tracer(rec: Record) -> None:
+    def _trace(self, rec: Record) -> None:
         """The node's tracer of the moment, not the --trace one it started with: `ualinkd
         record` puts its TraceHub (which feeds --trace too) in core.tracer when it attaches,
         and the fabric's records must reach it as the ioctls' do."""
-        if (now := core.tracer) is not None:
+        if (now := self.core.tracer) is not None:
             now(rec)
 
-    # (An untraced node keeps the link's own callables and its fast paths: a recorder
-    # attached to it records no fabric messages, as README's Tracing says.)
-    if tracer is not None:
-        # the same callables, traced (mypy tells a def's type from a Callable's)
-        on_message, on_request = _trace_receives(  # type: ignore[assignment]
-            fabric_tracer, config, node_name, on_message, on_request)
-    link = FabricLink(config, node_name, on_message, connect_backoff=(0.02, 0.5),
-                      on_request=on_request, ssl_context=server_tls,
-                      ssl_client_context=client_tls,
-                      # (A traced node takes its data channels too, so its peers log no
-                      # refusals, but learns no routes: every load it serves or makes is
-                      # Python's, and recorded.)
-                      data_channels=data_plane)
-    data_plane.set_timeout(link.ack_timeout)  # a carried load's deadline: the link's
-    send, send_batch, request = link.send, link.send_batch, link.request
-    request_soon: RequestSoonFn | None = link.request_soon
-    send_batch_soon: SendBatchSoonFn | None = link.send_batch_soon
-    if tracer is not None:
-        send, send_batch, request = _trace_sends(  # type: ignore[assignment]  # (as above)
-            fabric_tracer, config, node_name, link)
-        # (a traced request or batch is recorded by _trace_sends' wrappers)
-        request_soon = send_batch_soon = None
-    # §13 N2: the managers' incarnations go out on every link, and their probes read the
-    # peers' from it.
-    link.local_incarnation = lambda accel: core.host.by_accel_id(accel).incarnation  # type: ignore[union-attr]
-    agent = UalinkAgent(core, send, request, send_batch=send_batch,
-                        request_soon=request_soon, send_batch_soon=send_batch_soon,
-                        probe=link.incarnation, announce=link.announce)
-    peers = [n.name for n in config.nodes if n.name != node_name]
-    core.fabric_links = lambda: {p: link.is_up(p) for p in peers}
-    core.data_plane_stats = data_plane.stats
-    clear_stale_mount(mount)
-    # mountinfo names the mount point by its real path; resolve it before mounting (after,
-    # the last lstat would ask our own FUSE server, which is not serving yet).
-    real_mount = os.path.realpath(mount)
-    try:
-        session.mount(mount)
-    except BaseException:
-        session.close()  # (its data plane listens to translation changes until closed)
-        raise
-    # Caller ranges that map files of this mount are refused (faulting them in would ask us).
-    caller_memory.own_dev = mount_device(real_mount)
-    if caller_memory.own_dev is None:
-        session.unmount()
-        session.close()
-        raise OSError(errno.EIO, f"{mount} is not in our mountinfo after mounting it")
-    # Before the link runs: a data channel it hands over to a data plane not running yet
-    # is refused, and not dialed again while that link lasts (session.serve() keeps it).
-    session.start_data_plane()
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(_stop_on_signal, nursery.cancel_scope, node_name)
-            await nursery.start(link.run)
-            await nursery.start(agent.run)
-            await nursery.start(serve_cpu_maps, core.cpu_maps)
-            await nursery.start(exits.run)
-            await nursery.start(_serve_trace, core, real_mount)
-            await nursery.start(GpuEngineEdge(core).run)  # the queues' doorbells (issue 30)
-            states = ", ".join(
-                f"accel {m.accel_id} {m.state.sysfs}" for m in core.managers.values()
-            )
-            log.info("%s: serving %s (%s)", node_name, mount, states)
-            sd_notify("READY=1")
-            task_status.started(core)
-            await session.serve()
-            nursery.cancel_scope.cancel()
-    finally:
-        session.unmount()
-        session.close()
-        log.info("%s: unmounted %s", node_name, mount)
+    def _fabric_links(self) -> dict[str, bool]:
+        return {p: self.link.is_up(p) for p in self._peers}
+
+    # -- running ----------------------------------------------------------------------------
+    def mount_fuse(self) -> str:
+        """Mount (clearing a stale mount left by a killed daemon first) and start the data
+        plane; the mount point's real path."""
+        clear_stale_mount(self.mount)
+        # mountinfo names the mount point by its real path; resolve it before mounting
+        # (after, the last lstat would ask our own FUSE server, which is not serving yet).
+        real_mount = os.path.realpath(self.mount)
+        try:
+            self.session.mount(self.mount)
+        except BaseException:
+            self.session.close()  # (its data plane listens to translation changes until closed)
+            raise
+        # Caller ranges that map files of this mount are refused (faulting them in would
+        # ask us).
+        self.caller_memory.own_dev = mount_device(real_mount)
+        if self.caller_memory.own_dev is None:
+            self.session.unmount()
+            self.session.close()
+            raise OSError(errno.EIO, f"{self.mount} is not in our mountinfo after mounting it")
+        # Before the link runs: a data channel it hands over to a data plane not running yet
+        # is refused, and not dialed again while that link lasts (session.serve() keeps it).
+        self.session.start_data_plane()
+        return real_mount
+
+    async def serve(self, real_mount: str,
+                    task_status: trio.TaskStatus[NodeCore] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until SIGINT/SIGTERM (or the mount goes); always unmounts on the way out."""
+        core = self.core
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(_stop_on_signal, nursery.cancel_scope, self.name)
+                await nursery.start(self.link.run)
+                await nursery.start(self.agent.run)
+                await nursery.start(serve_cpu_maps, core.cpu_maps)
+                await nursery.start(self.exits.run)
+                await nursery.start(_serve_trace, core, real_mount)
+                await nursery.start(GpuEngineEdge(core).run)  # the queues' doorbells (issue 30)
+                states = ", ".join(
+                    f"accel {m.accel_id} {m.state.sysfs}" for m in core.managers.values()
+                )
+                log.info("%s: serving %s (%s)", self.name, self.mount, states)
+                sd_notify("READY=1")
+                task_status.started(core)
+                await self.session.serve()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.session.unmount()
+            self.session.close()
+            log.info("%s: unmounted %s", self.name, self.mount)
 
 
 async def _serve_trace(core: NodeCore, real_mount: str,

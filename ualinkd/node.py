@@ -2,8 +2,11 @@
 
 It builds, per local accel, a DrmDevice with the amdgpu driver and a UALink manager, runs
 the host-wide late init (state from the pod config, vPod activation), and implements
-`fuse.backend.NodeBackend`. The edge injects resolving a caller's fd to one of our dma-buf
-keys (/proc), reading and writing a caller's memory, and the syncobj wait primitive.
+`fuse.backend.NodeBackend`. What the edge provides (resolving a caller's fd to one of our
+dma-buf keys, reading and writing a caller's memory, the waits and clocks, process identity
+and exits, its own status) comes as one value, `NodeServices`, and the node is complete when
+its constructor returns; only a fabric agent attaches later (`attach_fabric`), and
+`ualinkd record` swaps the tracer.
 """
 
 from __future__ import annotations
@@ -12,10 +15,9 @@ import errno
 import functools
 import inspect
 import logging
-import os
-import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 
 from . import sysfs
 from .abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
@@ -88,43 +90,70 @@ def _no_clock() -> tuple[int, int]:
     return (0, 0)
 
 
-def _oops_kills_caller(caller: Caller) -> None:
-    """§13 N6's quirk: U's NULL dereference oopses in the caller's ioctl, and an oops in
-    process context ends that task without a chance to catch it; the emulator kills it."""
-    try:
-        os.kill(caller.pid, signal.SIGKILL)
-    except OSError as e:
-        log.warning("could not kill pid %d after the oops: %s", caller.pid, e.strerror)
+def _oops_unheard(caller: Caller) -> None:
+    """A node with no edge cannot end a task (the daemon gives `kill_caller`)."""
+    log.warning("an oops in pid %d's ioctl; no edge to end the task", caller.pid)
+
+
+class DrmFileQueries:
+    """ACQUIRE_VM's questions in flight (abi/drmfile_query.py): nonce -> the render file
+    that answered (None until one does). Shared by the node, whose render files answer the
+    question, and the edge that asks it of a caller's fd (daemon.resolve_drm_file)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, DrmFile | None] = {}
+
+    def answer(self, nonce: int, drm_file: DrmFile) -> bool:
+        """A render file's answer: only to a pending nonce, and only once."""
+        if nonce not in self.pending or self.pending[nonce] is not None:
+            return False
+        self.pending[nonce] = drm_file
+        return True
+
+
+@dataclass(frozen=True)
+class NodeServices:
+    """What the edge gives a node, as one value: the caller's memory and fds, the waits and
+    clocks, process identity and exit notices, the host's size and the edge's own status
+    (fabric links, data plane). The defaults are a node no caller can reach (tests)."""
+
+    resolve_fd: FdResolver = _no_resolver  # a caller's fd -> one of our dma-buf keys
+    copy_from_user: CopyFromUser | None = None
+    copy_to_user: CopyToUser | None = None
+    open_process_memory: OpenProcessMemory | None = None  # userptr BOs
+    open_eventfd: Callable[[int, int], EventFd] | None = None  # SYNCOBJ_EVENTFD
+    resolve_drm_file: ResolveDrmFile | None = None  # ACQUIRE_VM's fd -> our DrmFile
+    drm_file_queries: DrmFileQueries = field(default_factory=DrmFileQueries)
+    waits: SyncWaits | None = None
+    clock: Clock = _no_clock  # the KFD's clock counters
+    trace_clock: Callable[[], float] = time.time  # the trace's timestamps (strace -tt)
+    tracer: Callable[[Record], None] | None = None  # the first one (`ualinkd record` swaps)
+    randbits: Callable[[int], int] | None = None  # dma-buf tokens, UALink handles
+    identify_process: Identify = same_thread_group
+    watch_exit: WatchExit | None = None  # a KFD process's exit notice (a pidfd each)
+    host_cpus: int = 1
+    host_memory: int = 0
+    # Peer node name -> link up (sys/kernel/debug/ualink_fabric).
+    fabric_links: Callable[[], dict[str, bool]] = dict
+    # The C data plane's counters (sys/kernel/debug/ualink_data_plane).
+    data_plane_stats: Callable[[], dict[str, int]] = dict
+    # What an oops in a caller's ioctl does to it (§13 N6's quirk: it ends the task).
+    kill_caller: Callable[[Caller], None] = _oops_unheard
 
 
 class NodeCore:
-    def __init__(
-        self,
-        config: PodConfig,
-        node_name: str,
-        resolve_fd: FdResolver = _no_resolver,
-        copy_to_user: CopyToUser | None = None,
-        tracer: Callable[[Record], None] | None = None,
-        randbits: Callable[[int], int] | None = None,
-        copy_from_user: CopyFromUser | None = None,
-        waits: SyncWaits | None = None,
-        open_process_memory: OpenProcessMemory | None = None,
-        open_eventfd: Callable[[int, int], EventFd] | None = None,
-        trace_clock: Callable[[], float] = time.time,
-        clock: Clock | None = None,
-        resolve_drm_file: ResolveDrmFile | None = None,
-        host_cpus: int = 1,
-        host_memory: int = 0,
-        identify_process: Identify = same_thread_group,
-        watch_exit: WatchExit | None = None,
-    ) -> None:
+    def __init__(self, config: PodConfig, node_name: str,
+                 services: NodeServices | None = None) -> None:
+        edge = services if services is not None else NodeServices()
+        randbits = edge.randbits
+        copy_from_user, copy_to_user, waits = edge.copy_from_user, edge.copy_to_user, edge.waits
         self.config = config
         self.node = config.node(node_name)
         self.name = node_name
-        self._tracer = tracer
-        self.trace_clock = trace_clock  # the trace's timestamps (wall clock, strace -tt)
+        self._tracer = edge.tracer
+        self.trace_clock = edge.trace_clock
         self.tokens = DmaBufTokens(randbits) if randbits else DmaBufTokens()
-        self._resolve_key = resolve_fd
+        self._resolve_key = edge.resolve_fd
         # What a recording needs beyond the ioctl's bytes (trace schema 2), kept only while
         # tracing: the id of each open file, and per calling thread the caller memory and
         # fds its ioctl in progress touched (a thread has one ioctl in flight at a time).
@@ -140,62 +169,56 @@ class NodeCore:
         self.host = UalinkHost()
         self.devices: dict[int, DrmDevice] = {}
         self.managers: dict[int, UalinkManager] = {}
+        # The same devices' drivers, as this node made them (DrmDevice.driver is the DRM
+        # core's view of any driver).
+        self.drivers: dict[int, AmdgpuDriver] = {}
         for i, accel in enumerate(self.node.accels):
             minor = RENDER_MINOR_BASE + i
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
-                               copy_to_user, waits)
-            device.open_process_memory = open_process_memory
-            device.resolve_token_fd = self._resolve_token
-            device.open_eventfd = open_eventfd
-            driver = AmdgpuDriver(device, *config.accel_memory(accel), PROFILES[accel.profile])
+                               copy_to_user, waits, edge.open_process_memory,
+                               self._resolve_token, edge.open_eventfd)
+            # §13 N6: no UALink IP block, so no UALink info to reach (a quirk oopses)
+            driver = AmdgpuDriver(
+                device, *config.accel_memory(accel), PROFILES[accel.profile],
+                ualink_ip=accel.ualink, oops=edge.kill_caller,
+                oops_without_ualink="no-ualink-oops" in config.kernel_quirks)
             kwargs = {"randbits": randbits} if randbits else {}
             mgr = UalinkManager(
                 self.host, driver, config.ppod_info(accel), config.vpod_info(accel.accel_id),
                 accel.stage, config.kernel_quirks, npa_limit_pages=accel.npa_pages,
                 response_timeout=config.response_timeout_ms / 1000, **kwargs,
             )
-            if not accel.ualink:  # §13 N6: no UALink IP block, so no UALink info to reach
-                driver.ualink = None
-                driver.oops_without_ualink = "no-ualink-oops" in config.kernel_quirks
-                driver.oops = _oops_kills_caller
             self.host.managers.append(mgr)
             self.devices[minor] = device
+            self.drivers[minor] = driver
             self.managers[minor] = mgr
         self.host.late_init()
         # The KFD (issue 14): a GPU node per accel over the same devices, and the topology
         # that names them by the same gpu_ids.
-        drivers = [d.driver for d in self.devices.values()]
         profiles = [PROFILES[a.profile] for a in self.node.accels]
         ids = gpu_ids([(p, sysfs.pci_bus(m) << 8) for p, m in zip(profiles, self.devices,
                                                                     strict=True)])
-        self.topology = Topology(host_cpus, host_memory, tuple(
+        self.topology = Topology(edge.host_cpus, edge.host_memory, tuple(
             TopologyGpu(gid, m, sysfs.pci_bus(m), p, config.accel_memory(a)[0])
             for gid, m, p, a in zip(ids, self.devices, profiles, self.node.accels,
                                     strict=True)))
-        # ACQUIRE_VM's questions in flight: nonce -> the render file that answered (None
-        # until one does); abi/drmfile_query.py.
-        self.drm_file_queries: dict[int, DrmFile | None] = {}
-        # every device above was given an AmdgpuDriver (DrmDevice.driver is the core's view)
-        self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, drivers, strict=True)],  # type: ignore[arg-type]
-                       clock or _no_clock, copy_to_user, resolve_drm_file, copy_from_user,
-                       waits, identify_process)
+        self.drm_file_queries = edge.drm_file_queries
+        self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, self.drivers.values(),
+                                                           strict=True)],
+                       edge.clock, copy_to_user, edge.resolve_drm_file, copy_from_user,
+                       waits, edge.identify_process, self._resolve_dmabuf)
         # The edge's exit notices of the KFD's processes (a pidfd each): a process that
         # exits ends its KFD context, whoever still holds its files.
-        self._watch_exit = watch_exit
-        self.kfd.resolve_dmabuf = self._resolve_dmabuf
+        self._watch_exit = edge.watch_exit
         self.kfd.queues.listeners.append(
             lambda q, created: self.trace_queue(q, "create" if created else "destroy"))
         # CPU mappings (amdgpu/cpu_map.py): the daemon's socket server sets `socket`.
-        self.cpu_maps = CpuMapGrants(identify=identify_process)
+        self.cpu_maps = CpuMapGrants(identify=edge.identify_process)
         # Called after every request that may have queued UALink effects (a GEM_CLOSE can
         # start a revoke); a fabric carries them out (`attach_fabric`).
         self.after_request: Callable[[], None] = self._discard_effects
-        # Peer node name -> link up (sys/kernel/debug/ualink_fabric); the daemon plugs in
-        # its fabric link.
-        self.fabric_links: Callable[[], dict[str, bool]] = dict
-        # The C data plane's counters (sys/kernel/debug/ualink_data_plane); the daemon plugs
-        # in its FUSE session's (fuse/dataplane.py).
-        self.data_plane_stats: Callable[[], dict[str, int]] = dict
+        self.fabric_links = edge.fabric_links
+        self.data_plane_stats = edge.data_plane_stats
         # GPU loads/stores of imported NPA BOs (policy 10); a fabric's (`attach_fabric`).
         # Contract: `remote_access(accel_id, piece, write, data)` with accel_id the importing
         # accel; returns the bytes loaded / the count stored, short when the exporter faults
@@ -320,16 +343,14 @@ class NodeCore:
         self._trace_open(drm_file, caller, f"dri/renderD{minor}", minor)
         return drm_file
 
-    def release_render(self, drm_file: object) -> None:
-        assert isinstance(drm_file, DrmFile)
+    def release_render(self, drm_file: DrmFile) -> None:
         self._trace_release(drm_file, f"dri/renderD{drm_file.device.minor}")
         drm_file.release()
         self.after_request()
 
     def ioctl(
-        self, drm_file: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+        self, drm_file: DrmFile, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply | Awaitable[IoctlReply] | Completion[IoctlReply]:
-        assert isinstance(drm_file, DrmFile)
         if cmd == UALINKD_IOCTL_MMAP_GRANT:  # ualinkd's own, by its whole number (abi/cpumap.py)
             return self.cpu_maps.render_ioctl(drm_file, in_bytes, caller)
         start = self.trace_clock() if self.tracer is not None else 0.0
@@ -405,13 +426,11 @@ class NodeCore:
         translation.changed()
 
     def gpu_read(
-        self, drm_file: object, va: int, size: int, caller: Caller
+        self, drm_file: DrmFile, va: int, size: int, caller: Caller
     ) -> bytes | Awaitable[bytes | bytearray]:
         """A GPU load through the file's VM (policy 10): bytes at once when every piece is
         local memory, an awaitable when some are remote (the FUSE edge takes both)."""
-        assert isinstance(drm_file, DrmFile)
-        driver = drm_file.device.driver
-        assert isinstance(driver, AmdgpuDriver)
+        driver = self.drivers[drm_file.device.minor]
         remote, remote_soon = self._remote_for(drm_file)
         load = self._traced_gpu(drm_file, "load", va, size, b"", caller,
                                 lambda: gpu_load(driver.vm(drm_file), va, size, remote,
@@ -419,15 +438,13 @@ class NodeCore:
                                                  remote_soon=remote_soon))
         return load  # type: ignore[return-value]  # gpu_load's result, traced
 
-    def gpu_read_route(self, drm_file: object, va: int,
+    def gpu_read_route(self, drm_file: DrmFile, va: int,
                        size: int) -> tuple[int, int, int, int, int] | None:
         """For the data plane (fuse/dataplane.c), after a load of [va, va + size) that one
         remote mapping answered: (VA start, VA end, NPA byte address at the start, issuing
         accel, exporting accel) of that mapping; None when Python must see its loads (a
         tracer records them) or it is not one remote mapping."""
-        assert isinstance(drm_file, DrmFile)
-        driver = drm_file.device.driver
-        assert isinstance(driver, AmdgpuDriver)
+        driver = self.drivers[drm_file.device.minor]
         if self._tracer is not None or (hit := driver.vm(drm_file).remote_route(va, size)) is None:
             return None
         m, bo = hit
@@ -436,21 +453,17 @@ class NodeCore:
         return (m.start, m.end, npa_byte_address(bo.npa, m.offset),
                 self.managers[bo.device.minor].accel_id, bo.npa[0])
 
-    def gpu_read_expired(self, drm_file: object) -> None:
+    def gpu_read_expired(self, drm_file: DrmFile) -> None:
         """A load the data plane carried was not answered in time: the fault gpu_load
         counts when a remote piece's LOAD expires on the link (access._short)."""
-        assert isinstance(drm_file, DrmFile)
-        driver = drm_file.device.driver
-        assert isinstance(driver, AmdgpuDriver)
+        driver = self.drivers[drm_file.device.minor]
         driver.count_gpu_fault()
 
     def gpu_write(
-        self, drm_file: object, va: int, data: bytes, caller: Caller
+        self, drm_file: DrmFile, va: int, data: bytes, caller: Caller
     ) -> int | Awaitable[int]:
         """A GPU store through the file's VM (policy 10); the count stored."""
-        assert isinstance(drm_file, DrmFile)
-        driver = drm_file.device.driver
-        assert isinstance(driver, AmdgpuDriver)
+        driver = self.drivers[drm_file.device.minor]
         remote, remote_soon = self._remote_for(drm_file)
         store = self._traced_gpu(drm_file, "store", va, len(data), data, caller,
                                  lambda: gpu_store(driver.vm(drm_file), va, data, remote,
@@ -552,9 +565,8 @@ class NodeCore:
         """The daemon's own question (abi/drmfile_query.py): only a pending nonce, answered
         once; anything else EINVAL, as a real DRM fd answers an unknown nr."""
         (nonce,) = NONCE.unpack(in_bytes[: NONCE.size].ljust(NONCE.size, b"\0"))
-        if nonce not in self.drm_file_queries or self.drm_file_queries[nonce] is not None:
+        if not self.drm_file_queries.answer(nonce, drm_file):
             return -errno.EINVAL, b""
-        self.drm_file_queries[nonce] = drm_file
         return 0, b""
 
     # -- NodeBackend: the KFD ---------------------------------------------------------------
@@ -579,16 +591,14 @@ class NodeCore:
         self.kfd.process_exited(process)
         self.after_request()  # what freeing its memory queued (a revoke) goes out now
 
-    def release_kfd(self, process: object) -> None:
-        assert isinstance(process, KfdProcess)
+    def release_kfd(self, process: KfdProcess) -> None:
         self._trace_release(process, "kfd")
         self.kfd.release(process)
         self.after_request()
 
     def kfd_ioctl(
-        self, process: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+        self, process: KfdProcess, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply | Awaitable[IoctlReply]:
-        assert isinstance(process, KfdProcess)
         if cmd == UALINKD_IOCTL_MMAP_GRANT:  # mmap(kfd fd): kfd_mmap's memory (cpu_map.py)
             return self.cpu_maps.kfd_ioctl(
                 lambda offset, length: self.kfd.mmap_target(caller, offset, length),
@@ -625,7 +635,7 @@ class NodeCore:
             self._token_of_key[key] = int(name)
         return key, size
 
-    def dmabuf_open(self, key: int, caller: Caller) -> object:
+    def dmabuf_open(self, key: int, caller: Caller) -> int:
         ref = self.tokens.open(key, caller.uid)
         token = self._token_of_key.pop(key, None)
         self._trace_open(ref, caller, f"dmabuf/{token}", token=token, key=key)
@@ -634,18 +644,16 @@ class NodeCore:
     def dmabuf_size(self, key: int) -> int:
         return self.tokens.size(key)
 
-    def dmabuf_release(self, dmabuf_ref: object) -> None:
-        assert isinstance(dmabuf_ref, int)
+    def dmabuf_release(self, dmabuf_ref: int) -> None:
         self._trace_release(dmabuf_ref, "dmabuf", key=dmabuf_ref)
         self.tokens.release(dmabuf_ref)
         self.after_request()
 
     def dmabuf_ioctl(
-        self, dmabuf_ref: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+        self, dmabuf_ref: int, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply:
         """An ioctl on an opened dma-buf file: only the CPU-mapping grant (a kernel dma-buf's
         own DMA_BUF_IOCTL_* are not emulated: ENOTTY, as before)."""
-        assert isinstance(dmabuf_ref, int)
         if cmd != UALINKD_IOCTL_MMAP_GRANT:
             raise DrmError(errno.ENOTTY)
         return self.cpu_maps.dmabuf_ioctl(self.tokens.resolve(dmabuf_ref), in_bytes, caller)
@@ -683,9 +691,7 @@ class NodeCore:
     def _debugfs(self, minor: int) -> SysDir:
         """debugfs lookalikes (root only, as debugfs is): what the device holds right now,
         one line per item in the formats of `sysfs.DEBUGFS`."""
-        device, mgr = self.devices[minor], self.managers[minor]
-        driver = device.driver
-        assert isinstance(driver, AmdgpuDriver)
+        device, mgr, driver = self.devices[minor], self.managers[minor], self.drivers[minor]
         fmt = sysfs.DEBUGFS
 
         def table(name: str, rows: Callable[[], Iterable[dict[str, object]]]) -> SysAttr:

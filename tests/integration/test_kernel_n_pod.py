@@ -284,8 +284,8 @@ async def test_n2_the_link_carries_each_accels_incarnation():
 
         async def start(name: str, base: int) -> FabricLink:
             link = FabricLink(cfg, name, lambda s, d, w: None, connect_backoff=(0.01, 0.05),
-                              handshake_timeout=0.5)
-            link.local_incarnation = lambda accel: base + accel  # (before it runs)
+                              handshake_timeout=0.5,
+                              local_incarnation=lambda accel: base + accel)
             ports[name] = await nursery.start(link.run)
             links[name] = link
             for other, olink in links.items():

@@ -517,12 +517,12 @@ def test_info_called_with_other_directions(f, mem):
 def test_trace_decodes_info_and_version_from_the_table():
     """STYLE rule 6: --trace decodes the new entries from abi/ioctls.py (INFO's request,
     VERSION's request and answer)."""
-    from ualinkd.node import NodeCore
+    from ualinkd.node import NodeCore, NodeServices
     from ualinkd.trace import TraceRecord
 
     recs: list[TraceRecord] = []
-    core = NodeCore(pod_config(), "node0", resolve_fd=lambda p, fd: fd, tracer=recs.append,
-                    copy_to_user=CopyToUserFake())
+    core = NodeCore(pod_config(), "node0", NodeServices(
+        resolve_fd=lambda p, fd: fd, tracer=recs.append, copy_to_user=CopyToUserFake()))
     f = open_file(core)
     run(core.ioctl(f, INFO, st.INFO.encode(st.AmdgpuInfo(PTR, 448, inf.DEV_INFO, (0, 0, 0, 0))),
                    0, CALLER))

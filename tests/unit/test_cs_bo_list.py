@@ -18,7 +18,7 @@ from ualinkd.amdgpu.driver import AmdgpuDriver
 from ualinkd.drm.device import IoctlResult
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.file import DrmFile
-from ualinkd.node import NodeCore
+from ualinkd.node import NodeCore, NodeServices
 
 BASE, SIZE = 0x10000, 1 << 16
 
@@ -60,8 +60,8 @@ def mem() -> Mem:
 
 @pytest.fixture
 def core(mem: Mem) -> NodeCore:
-    return NodeCore(pod_config(), "node0", resolve_fd=lambda pid, fd: fd,
-                    copy_to_user=mem.write, copy_from_user=mem.read)
+    return NodeCore(pod_config(), "node0", NodeServices(resolve_fd=lambda pid, fd: fd,
+                    copy_to_user=mem.write, copy_from_user=mem.read))
 
 
 @pytest.fixture

@@ -439,7 +439,7 @@ def test_npa_address_and_remote_round_trip(core, f):
     """§4.5: the NPA byte address is ((exporter << 29) | page offset) * 4096 + offset in
     the BO; accesses go to remote_access with the importing accel id, as awaitables."""
     fabric = FakeFabric()
-    core.remote_access = fabric
+    kit.attach_remote_access(core, fabric)
     h = npa_bo(f)
     va_ok(f, h, offset=PAGE, size=2 * PAGE)
     w = core.gpu_write(f, VA + 3, b"far", kit.CALLER)
@@ -457,7 +457,7 @@ def test_remote_fault_rules(core, f):
     """Policy 10 for remote pieces: a fault at the first byte → EFAULT, later → short
     count; a local piece before a failing remote one is kept."""
     fabric = FakeFabric()
-    core.remote_access = fabric
+    kit.attach_remote_access(core, fabric)
     local, remote = kit.gem_create(f, PAGE), npa_bo(f, pages=2)
     va_ok(f, local, size=PAGE)
     va_ok(f, remote, va=VA + PAGE, size=2 * PAGE)
@@ -486,7 +486,7 @@ def test_no_fabric_means_exporter_unreachable(core, f):
 def test_revoked_npa_bo_faults_but_mapping_stays(core, f):
     """§6.3: after a revoke the mapping record stays, its accesses fault."""
     fabric = FakeFabric()
-    core.remote_access = fabric
+    kit.attach_remote_access(core, fabric)
     h = npa_bo(f)
     va_ok(f, h)
     bo_of(f, h).npa_revoked = True

@@ -19,6 +19,7 @@ from ualinkd.config import ConfigError, PodConfig
 from ualinkd.drm.device import Caller
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.gem import DmaBuf
+from ualinkd.node import NodeCore, NodeServices
 from ualinkd.ualink import protocol as p
 from ualinkd.ualink.manager import (
     KNOWN_QUIRKS,
@@ -324,10 +325,10 @@ def test_n6_a_gpu_without_ualink_answers_eopnotsupp_before_the_op():
 def test_n6_quirk_no_ualink_oops_ends_the_caller():
     """§13 N6's quirk "no-ualink-oops" (U dereferences NULL): the oops ends the calling
     task (the node kills it; here a recorder stands for that)."""
-    core = make_node(pod_config(**NO_UALINK, quirks=("no-ualink-oops",)))
-    f = open_file(core)
     killed: list[Caller] = []
-    core.managers[128].driver.oops = killed.append
+    core = NodeCore(pod_config(**NO_UALINK, quirks=("no-ualink-oops",)), "node0",
+                    NodeServices(kill_caller=killed.append))
+    f = open_file(core)
     assert kit.ualink_export_raw(f, kit.gem_create(f)).result == -errno.EFAULT
     assert killed == [kit.CALLER]
 

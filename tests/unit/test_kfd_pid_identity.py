@@ -43,7 +43,7 @@ from ualinkd.drm.completion import Completion
 from ualinkd.drm.device import Caller
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.process import ProcessId
-from ualinkd.node import NodeCore
+from ualinkd.node import NodeCore, NodeServices
 
 VRAM_RW = chardev.ALLOC_MEM_FLAGS_VRAM | chardev.ALLOC_MEM_FLAGS_WRITABLE
 FAIL = chardev.KFD_IOC_WAIT_RESULT_FAIL
@@ -92,11 +92,11 @@ def identity_node(fds: dict[int, object]) -> tuple[NodeCore, Processes, UserArra
             raise DrmError(errno.EINVAL)
         return f
 
-    node = NodeCore(config, config.nodes[0].name, clock=lambda: (0, 0),
+    node = NodeCore(config, config.nodes[0].name, NodeServices(clock=lambda: (0, 0),
                     copy_to_user=mem.copy_to_user, copy_from_user=mem.copy_from_user,
                     resolve_drm_file=resolve, host_cpus=1, host_memory=1 << 34,
                     waits=TrioSyncWaits(), identify_process=procs.identify,
-                    watch_exit=procs.watch)
+                    watch_exit=procs.watch))
     return node, procs, mem
 
 

@@ -20,7 +20,7 @@ from ualinkd.config import PodConfig
 from ualinkd.drm.device import Caller, IoctlResult
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.process import ProcessId
-from ualinkd.node import NodeCore
+from ualinkd.node import NodeCore, NodeServices
 
 CALLER = Caller(pid=4242, uid=0)
 
@@ -48,9 +48,9 @@ def make_node(accels: int = 2, fds: dict[int, object] | None = None,
             raise DrmError(errno.EINVAL)
         return f
 
-    return NodeCore(config, config.nodes[0].name, clock=lambda: (10**9, 5 * 10**9),
+    return NodeCore(config, config.nodes[0].name, NodeServices(clock=lambda: (10**9, 5 * 10**9),
                     copy_to_user=(mem or Memory()).copy_to_user, resolve_drm_file=resolve,
-                    host_cpus=8, host_memory=1 << 34)
+                    host_cpus=8, host_memory=1 << 34))
 
 
 def call(node: NodeCore, p, cmd: int, data: bytes = b"", caller: Caller | None = None
@@ -564,8 +564,8 @@ def test_an_mi210_node_is_gfx90a_in_the_topology():
     base = PodConfig.local(1, 1)
     node_cfg = dataclasses.replace(base.nodes[0], accels=(AccelConfig(0, profile="mi210"),))
     config = dataclasses.replace(base, nodes=(node_cfg,))
-    node = NodeCore(config, config.nodes[0].name, clock=lambda: (0, 0), host_cpus=2,
-                    host_memory=1 << 34)
+    node = NodeCore(config, config.nodes[0].name, NodeServices(clock=lambda: (0, 0), host_cpus=2,
+                    host_memory=1 << 34))
     props = dict(line.split() for line in sysfs.resolve(
         node.sys_tree(), "devices/virtual/kfd/kfd/topology/nodes/1/properties")
         .read().splitlines())

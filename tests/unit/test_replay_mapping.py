@@ -17,7 +17,7 @@ from ualink_testkit import CALLER, GEM_CLOSE, GEM_CREATE, UALINK, open_file, pod
 from ualinkd.abi import constants as c
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import ioc
-from ualinkd.node import NodeCore
+from ualinkd.node import NodeCore, NodeServices
 from ualinkd.replay import session
 from ualinkd.replay.mapping import Mapper, Region, pointers, regions, span_at
 from ualinkd.replay.record import _keep
@@ -286,8 +286,8 @@ def test_traced_node_records_opens_caller_memory_and_handed_out_values():
     async def copy_to_user(pid: int, addr: int, data: bytes) -> None:
         memory[addr] = data
 
-    core = NodeCore(pod_config(nodes=[[{"id": 0}]]), "node0", tracer=recs.append,
-                    copy_from_user=copy_from_user, copy_to_user=copy_to_user)
+    core = NodeCore(pod_config(nodes=[[{"id": 0}]]), "node0", NodeServices(tracer=recs.append,
+                    copy_from_user=copy_from_user, copy_to_user=copy_to_user))
     f = open_file(core)
     inp = st.GEM_CREATE_IN.encode(st.GemCreateIn(4096, 0, c.DOMAIN_VRAM, 0))
     run(core.ioctl(f, GEM_CREATE, inp, 32, CALLER))

@@ -26,7 +26,7 @@ from ualinkd.daemon import TrioSyncWaits
 from ualinkd.drm.device import IoctlResult
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.file import DrmFile
-from ualinkd.node import NodeCore
+from ualinkd.node import NodeCore, NodeServices
 
 CREATE, DESTROY = iowr(0xBF, 8), iowr(0xC0, 8)
 WAIT, RESET, SIGNAL = iowr(0xC3, 40), iowr(0xC4, 16), iowr(0xC5, 16)
@@ -95,9 +95,9 @@ def mem() -> UserMemory:
 
 @pytest.fixture
 def core(mem):
-    return NodeCore(pod_config(), "node0", resolve_fd=lambda pid, fd: fd,
+    return NodeCore(pod_config(), "node0", NodeServices(resolve_fd=lambda pid, fd: fd,
                     copy_to_user=mem.write, copy_from_user=mem.read,
-                    waits=TrioSyncWaits(mock_now))
+                    waits=TrioSyncWaits(mock_now)))
 
 
 @pytest.fixture
@@ -541,7 +541,7 @@ def test_gem_close_does_not_touch_syncobjs(f, mem):
 
 def test_no_user_memory_is_efault():
     """Without an injected copy_from_user no array can be read: EFAULT (CALLER's pid)."""
-    core = NodeCore(pod_config(), "node0", resolve_fd=lambda pid, fd: fd)
+    core = NodeCore(pod_config(), "node0", NodeServices(resolve_fd=lambda pid, fd: fd))
     f = open_file(core)
     h = create(f, 1)
     data = st.SYNCOBJ_WAIT.encode(st.DrmSyncobjWait(BASE, 0, 1, 0, 0, 0, 0))

@@ -12,11 +12,11 @@ import pytest
 from ualink_testkit import (
     CALLER,
     OTHER_UID,
-    device,
     gem_create,
     ioctl,
     open_file,
     open_token,
+    pod_config,
     prime_from_fd_raw,
     prime_to_token,
 )
@@ -25,6 +25,7 @@ from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import iowr
 from ualinkd.drm import syncobj as so
 from ualinkd.drm.errors import DrmError
+from ualinkd.node import NodeCore, NodeServices
 
 CREATE, DESTROY = iowr(0xBF, 8), iowr(0xC0, 8)
 TO_FD, FROM_FD, TRANSFER, EVENTFD = iowr(0xC1, 16), iowr(0xC2, 16), iowr(0xCC, 32), iowr(0xCF, 24)
@@ -45,18 +46,22 @@ class FakeEventFd:
 
 
 @pytest.fixture
-def eventfds(core):
-    made: list[FakeEventFd] = []
+def eventfds() -> list[FakeEventFd]:
+    """The eventfds the node's edge opened (SYNCOBJ_EVENTFD), in order."""
+    return []
 
+
+@pytest.fixture
+def core(eventfds: list[FakeEventFd]) -> NodeCore:
     def open_eventfd(pid: int, fd: int) -> FakeEventFd:
         if fd == 99:
             raise DrmError(errno.EBADF)
-        e = FakeEventFd(made, fd)
-        made.append(e)
+        e = FakeEventFd(eventfds, fd)
+        eventfds.append(e)
         return e
 
-    device(core).open_eventfd = open_eventfd
-    return made
+    return NodeCore(pod_config(), "node0", NodeServices(resolve_fd=lambda pid, fd: fd,
+                                                        open_eventfd=open_eventfd))
 
 
 @pytest.fixture

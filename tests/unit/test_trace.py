@@ -20,6 +20,7 @@ from ualink_testkit import (
     PRIME_HANDLE_TO_FD,
     UALINK,
     ScriptedBits,
+    attach_remote_access,
     iowr,
     open_file,
     pod_config,
@@ -31,7 +32,7 @@ from ualinkd.abi import ioctls as tbl
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import ioc
 from ualinkd.drm.errors import DrmError
-from ualinkd.node import NodeCore
+from ualinkd.node import NodeCore, NodeServices
 from ualinkd.trace import (
     SCHEMA_VERSION,
     FabricRecord,
@@ -59,9 +60,9 @@ def core():
     bits = ScriptedBits(0x1111_2222_3333_4000, 0x5555_6666_7777_8888)
     ticks = [itertools.count()]
     # Every call of the clock advances 125 µs: a request starts at one tick, ends at the next.
-    node = NodeCore(pod_config(nodes=[[{"id": 0}]]), "node0", resolve_fd=lambda p, f: f,
-                    tracer=recs.append, randbits=bits,
-                    trace_clock=lambda: T0 + next(ticks[0]) * 0.000125)
+    node = NodeCore(pod_config(nodes=[[{"id": 0}]]), "node0", NodeServices(
+        resolve_fd=lambda p, f: f, tracer=recs.append, randbits=bits,
+        trace_clock=lambda: T0 + next(ticks[0]) * 0.000125))
     node.recs = recs  # type: ignore[attr-defined]
     node.ticks = ticks  # type: ignore[attr-defined]
     return node
@@ -476,7 +477,7 @@ def test_a_recorder_leaving_mid_access_changes_nothing(traced, core, op):
         core.tracer = None  # the recorder goes while the piece is on the fabric
         return piece.length if write else b"R" * piece.length
 
-    core.remote_access = remote
+    attach_remote_access(core, remote)
     before = len(seen)
     if op == "store":
         assert run(core.gpu_write(f, va, b"far", CALLER)) == 3
@@ -500,6 +501,6 @@ def test_a_recorder_coming_mid_access_gets_no_half_access(traced, core):
         core.tracer = late.append
         return piece.length
 
-    core.remote_access = remote
+    attach_remote_access(core, remote)
     assert run(core.gpu_write(f, va, b"far", CALLER)) == 3
     assert late == []

@@ -16,8 +16,8 @@ from ualink_testkit import (
     GEM_OP,
     GEM_VA,
     ioctl,
-    make_node,
     open_file,
+    pod_config,
     prime_to_fd_raw,
     run,
     ualink_export_raw,
@@ -28,6 +28,7 @@ from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import ioc
 from ualinkd.amdgpu.access import gpu_load, gpu_store
 from ualinkd.drm.errors import DrmError
+from ualinkd.node import NodeCore, NodeServices
 
 GEM_USERPTR = ioc(3, 0x64, 0x51, 24)
 BASE, PAGES = 0x7F0000000000, 4
@@ -75,14 +76,12 @@ def proc() -> FakeProcess:
 
 @pytest.fixture
 def f(proc):
-    core = make_node()
-
     def open_process_memory(tid: int) -> FakeProcess:
         proc.opened.append(tid)
         return proc
 
-    for dev in core.devices.values():
-        dev.open_process_memory = open_process_memory
+    core = NodeCore(pod_config(), "node0", NodeServices(
+        resolve_fd=lambda pid, fd: fd, open_process_memory=open_process_memory))
     return open_file(core)
 
 

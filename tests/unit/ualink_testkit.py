@@ -18,7 +18,7 @@ from ualinkd.abi.ioc import ioc, iow, iowr
 from ualinkd.config import PodConfig
 from ualinkd.drm.device import Caller, DrmDevice, IoctlResult
 from ualinkd.drm.file import DrmFile
-from ualinkd.node import NodeCore
+from ualinkd.node import NodeCore, NodeServices
 
 MIB = 1 << 20
 POD_UUID = uuid.UUID("0123ABCD-4567-89AB-CDEF-0123456789AB")
@@ -84,13 +84,22 @@ def make_node(
     randbits: Callable[[int], int] | None = None,
     copy_to_user: CopyToUserFake | None = None,
 ) -> NodeCore:
-    return NodeCore(
-        config or pod_config(),
-        node,
+    return NodeCore(config or pod_config(), node, NodeServices(
         resolve_fd=lambda pid, fd: fd,
         copy_to_user=copy_to_user,
         randbits=randbits,
-    )
+    ))
+
+
+def attach_remote_access(core: NodeCore, remote_access: Any) -> None:
+    """Attach a fabric, as an agent does (NodeCore.attach_fabric), whose only service is
+    the GPU loads/stores of imported NPA BOs; these tests import nothing, so an import
+    that waits on it fails the test."""
+
+    def no_imports(mgr: Any, flow: Any) -> Any:
+        raise AssertionError("this test's fabric carries no imports")
+
+    core.attach_fabric(core.after_request, no_imports, remote_access)
 
 
 def device(core: NodeCore, index: int = 0) -> DrmDevice:

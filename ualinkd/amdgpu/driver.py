@@ -98,9 +98,15 @@ class AmdgpuDriver:
         vram_size: int,
         gtt_size: int,
         profile: DeviceProfile = MI300X,
+        ualink_ip: bool = True,
+        oops: Callable[[Caller], None] | None = None,
+        oops_without_ualink: bool = False,
     ) -> None:
         self.device = device
         self.profile = profile
+        # §13 N6: whether the GPU has the UALink IP block (a manager attaches as `ualink`
+        # only then).
+        self.ualink_ip = ualink_ip
         self.vram = MemoryPool("vram", vram_size)
         self.gtt = MemoryPool("gtt", gtt_size)
         # GDS, GWS and OA (AMDGPU_PL_GDS/GWS/OA): a BO of n entries is n pages of them
@@ -111,8 +117,8 @@ class AmdgpuDriver:
         self.ualink: UalinkOps | None = None
         # §13 N6's quirk "no-ualink-oops": U's ioctl on a GPU without the UALink block
         # dereferences NULL; `oops` is what the oops does to the caller (the node's kills it)
-        self.oops_without_ualink = False
-        self.oops: Callable[[Caller], None] | None = None
+        self.oops_without_ualink = oops_without_ualink
+        self.oops = oops
         self._mmap_next = _MMAP_OFFSET_START
         # One hook shared by every BO (a bound method per BO would be 64 bytes each); it
         # looks _handle_free up at each call, so a wrapper installed later is honoured.

@@ -350,6 +350,7 @@ class Kfd:
         copy_from_user: CopyFromUser | None = None,
         waits: SyncWaits | None = None,
         identify: Identify = same_thread_group,
+        resolve_dmabuf: Callable[[int, int], DmaBuf] | None = None,
     ) -> None:
         self.nodes = {n.gpu_id: n for n in nodes}
         assert len(self.nodes) == len(nodes), "gpu_ids must be unique"
@@ -365,7 +366,7 @@ class Kfd:
         # compute VM), and by whom.
         self.compute_vms: dict[DrmFile, KfdProcessDevice] = {}
         # (pid, fd) -> the dma-buf behind a caller's fd (dma_buf_get: EBADF / EINVAL)
-        self.resolve_dmabuf: Callable[[int, int], DmaBuf] | None = None
+        self.resolve_dmabuf = resolve_dmabuf
         self.handlers: dict[tbl.IoctlSpec, KfdHandler] = tbl.bind(self)
         # The process of a calling thread (FUSE reports the thread), None when it is gone;
         # the edge injects /proc's and pidfds' answer (drm/process.py). A kfd_process is one

@@ -203,6 +203,9 @@ class DrmDevice:
         copy_from_user: CopyFromUser | None = None,
         copy_to_user: CopyToUser | None = None,
         waits: SyncWaits | None = None,
+        open_process_memory: OpenProcessMemory | None = None,
+        resolve_token_fd: Callable[[int, int], object] | None = None,
+        open_eventfd: Callable[[int, int], EventFd] | None = None,
     ) -> None:
         self.minor = minor
         self.tokens = tokens
@@ -212,12 +215,12 @@ class DrmDevice:
         self.waits = waits  # None: a wait that would block is a bug (the daemon injects one)
         # Opens the address space of a calling thread's process for a BO that keeps using
         # it after the ioctl (userptr); None: no such access (EFAULT).
-        self.open_process_memory: OpenProcessMemory | None = None
+        self.open_process_memory = open_process_memory
         # (pid, fd) -> the token file behind a caller's fd (syncobj and sync files, for
         # SYNCOBJ_FD_TO_HANDLE); EBADF / EINVAL. None: no fd resolution.
-        self.resolve_token_fd: Callable[[int, int], object] | None = None
+        self.resolve_token_fd = resolve_token_fd
         # (pid, fd) -> the daemon's own reference to a caller's eventfd (EBADF, EINVAL)
-        self.open_eventfd: Callable[[int, int], EventFd] | None = None
+        self.open_eventfd = open_eventfd
         self.driver: DrmDriver = _NoDriver()
         self.objects: dict[int, GemObject] = {}
         self.files: set[DrmFile] = set()

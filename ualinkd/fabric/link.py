@@ -656,7 +656,8 @@ class FabricLink:
                  heartbeat_timeout: float = 5.0,
                  max_pending: tuple[int, int] = (MAX_PENDING_HANDSHAKES,
                                                  MAX_PENDING_PER_ADDRESS),
-                 data_channels: DataChannels | None = None) -> None:
+                 data_channels: DataChannels | None = None,
+                 local_incarnation: Callable[[int], int] | None = None) -> None:
         self.config = config
         self.node_name = node_name
         self._me = config.node(node_name)
@@ -714,9 +715,9 @@ class FabricLink:
         # Per peer whose link is down: the batches waiting for it, in the order they were sent.
         self._parked: dict[str, deque[_Parked]] = {}
         self.port: int | None = None
-        # §13 N2: our accels' manager incarnations (set by whoever runs the managers; None:
+        # §13 N2: our accels' manager incarnations (from whoever runs the managers; None:
         # nothing to announce), and the peers' as their links last announced them.
-        self.local_incarnation: Callable[[int], int] | None = None
+        self.local_incarnation = local_incarnation
         self._peer_incarnations: dict[int, int] = {}
         # §13 N4: a send that cannot be posted (its link is down) fails at once, as the
         # newest kernel's; quirk "send-fail-slow": it waits in line for the link (U polled

@@ -8,7 +8,7 @@ Errors cross it as `ualinkd.drm.errors.DrmError(errno)` and nothing else.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 # The process behind a request (fuse_req_ctx) is the DRM core's Caller, one type from the
 # FUSE edge down to the ioctl handlers. The sys/ tree's node kinds live with its layout
@@ -18,7 +18,8 @@ from ualinkd.drm.device import Caller
 from ualinkd.drm.loaded import Loaded
 from ualinkd.sysfs import SysAttr, SysDir, SysLink
 
-__all__ = ["Caller", "IoctlReply", "NodeBackend", "SysAttr", "SysDir", "SysLink"]
+__all__ = ["Caller", "DmaBufRef", "IoctlReply", "KfdFile", "NodeBackend", "RenderFile", "SysAttr",
+           "SysDir", "SysLink"]
 
 
 # An ioctl answer: (result, out_bytes). result is 0 or a negative errno; out_bytes (at most
@@ -28,7 +29,15 @@ __all__ = ["Caller", "IoctlReply", "NodeBackend", "SysAttr", "SysDir", "SysLink"
 IoctlReply = tuple[int, bytes]
 
 
-class NodeBackend(Protocol):
+# The handles a backend gives for its open files, kept by the tree as they are and handed
+# back on every call on that file (its fh): NodeCore's are DrmFile, KfdProcess and the
+# dma-buf key. The tree never looks inside one.
+RenderFile = TypeVar("RenderFile")
+KfdFile = TypeVar("KfdFile")
+DmaBufRef = TypeVar("DmaBufRef")
+
+
+class NodeBackend(Protocol[RenderFile, KfdFile, DmaBufRef]):
     """A node as the file tree sees it. All methods are called from the trio thread."""
 
     def render_minors(self) -> list[int]:
@@ -40,17 +49,17 @@ class NodeBackend(Protocol):
         takes these minors too."""
         ...
 
-    def open_render(self, minor: int, caller: Caller) -> object:
+    def open_render(self, minor: int, caller: Caller) -> RenderFile:
         """open() of dri/renderD<minor> (or dri/card<minor>): returns the DrmFile (opaque to
         the tree)."""
         ...
 
-    def release_render(self, drm_file: object) -> None:
+    def release_render(self, drm_file: RenderFile) -> None:
         """Last close of that open file: drops its handles."""
         ...
 
     def ioctl(
-        self, drm_file: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+        self, drm_file: RenderFile, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply | Awaitable[IoctlReply] | Completion[IoctlReply]:
         """A restricted ioctl. in_bytes has _IOC_SIZE(cmd) bytes when the IN bit is set
         (else b""), out_size is _IOC_SIZE(cmd) when the OUT bit is set (else 0).
@@ -60,43 +69,43 @@ class NodeBackend(Protocol):
         ...
 
     def gpu_read(
-        self, drm_file: object, va: int, size: int, caller: Caller
+        self, drm_file: RenderFile, va: int, size: int, caller: Caller
     ) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]:
         """pread() on a render node: a GPU load through the file's GPU VM (the bytes now,
         or later: by an awaitable, or a Completion answered by callback, whose bytes may be
         in a pipe: drm/loaded.py)."""
         ...
 
-    def gpu_read_route(self, drm_file: object, va: int,
+    def gpu_read_route(self, drm_file: RenderFile, va: int,
                        size: int) -> tuple[int, int, int, int, int] | None:
         """After a remote load of [va, va + size) answered whole: the route the data plane
         may take for the next loads of its mapping (VA start, VA end, NPA byte address at
         the start, issuing accel, exporting accel), or None."""
         ...
 
-    def gpu_read_expired(self, drm_file: object) -> None:
+    def gpu_read_expired(self, drm_file: RenderFile) -> None:
         """A load the data plane carried on such a route got no answer within the link's
         deadline: a GPU page fault, counted as the link's own expired LOAD is (policy 10);
         the read is answered EFAULT."""
         ...
 
     def gpu_write(
-        self, drm_file: object, va: int, data: bytes, caller: Caller
+        self, drm_file: RenderFile, va: int, data: bytes, caller: Caller
     ) -> int | Awaitable[int] | Completion[int]:
         """pwrite() on a render node: a GPU store; returns the count written (or later, as
         gpu_read)."""
         ...
 
-    def open_kfd(self, caller: Caller) -> object:
+    def open_kfd(self, caller: Caller) -> KfdFile:
         """open() of <mount>/kfd: the caller's KFD process (opaque to the tree)."""
         ...
 
-    def release_kfd(self, process: object) -> None:
+    def release_kfd(self, process: KfdFile) -> None:
         """Last close of an open of kfd."""
         ...
 
     def kfd_ioctl(
-        self, process: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+        self, process: KfdFile, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply | Awaitable[IoctlReply]:
         """A 'K' ioctl on an open kfd, as `ioctl` is for a render node."""
         ...
@@ -107,7 +116,7 @@ class NodeBackend(Protocol):
         token is unknown, already opened, or belongs to another uid."""
         ...
 
-    def dmabuf_open(self, key: int, caller: Caller) -> object:
+    def dmabuf_open(self, key: int, caller: Caller) -> DmaBufRef:
         """open() of a dmabuf file: consumes the token, returns the open dma-buf (an
         opaque reference the tree keeps as the file handle)."""
         ...
@@ -116,12 +125,12 @@ class NodeBackend(Protocol):
         """st_size of the dmabuf file with that key (the BO size)."""
         ...
 
-    def dmabuf_release(self, dmabuf_ref: object) -> None:
+    def dmabuf_release(self, dmabuf_ref: DmaBufRef) -> None:
         """Last close of an opened dma-buf file: drops that reference."""
         ...
 
     def dmabuf_ioctl(
-        self, dmabuf_ref: object, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
+        self, dmabuf_ref: DmaBufRef, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
     ) -> IoctlReply:
         """A restricted ioctl on an opened dma-buf file (ENOTTY unless the node knows it)."""
         ...

@@ -141,7 +141,8 @@ _active: FuseSession | None = None
 class FuseSession:
     """One FUSE mount served from trio. Lifecycle: mount() -> serve() -> unmount() -> close()."""
 
-    def __init__(self, ops: Operations, *, fsname: str = "ualinkd") -> None:
+    def __init__(self, ops: Operations, *, fsname: str = "ualinkd",
+                 data_plane: DataPlane | None = None) -> None:
         self.ops = ops
         self.fsname = fsname
         self.mountpoint: str | None = None
@@ -169,8 +170,8 @@ class FuseSession:
         self._loop = ffi.new("struct _ualinkd_loop *")
         self._tasks = 0  # answers running as tasks in the nursery (_spawn)
         # Small GPU loads of imported memory, in C (fuse/dataplane.py); its thread runs
-        # while serve() does.
-        self.data_plane = DataPlane()
+        # while serve() does. (A daemon makes it first: the node shows its counters.)
+        self.data_plane = data_plane if data_plane is not None else DataPlane()
         # The unique of a read the data plane handed back (its buffer is long gone).
         self._unique: int | None = None
 

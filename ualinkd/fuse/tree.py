@@ -16,13 +16,13 @@ import stat
 import struct
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from ualinkd.abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.loaded import Loaded
-from ualinkd.fuse.backend import Caller, NodeBackend
+from ualinkd.fuse.backend import Caller, DmaBufRef, KfdFile, NodeBackend, RenderFile
 from ualinkd.fuse.lowlevel import ROOT_INO, Attr, DirEntry, FuseError, FuseSession, OpenReply
 from ualinkd.fuse.procfd import DMABUF_INO_BASE, dmabuf_ino, dmabuf_key
 from ualinkd.sysfs import SysAttr, SysDir, SysLink, dir_mode
@@ -110,19 +110,20 @@ def _drm_error_to_fuse(c: Completion[T]) -> T:
         raise FuseError(e.errno) from None
 
 
-class FileTree:
+class FileTree(Generic[RenderFile, KfdFile, DmaBufRef]):
     """The `lowlevel.Operations` of a node's mount. All calls come from the trio thread."""
 
-    def __init__(self, backend: NodeBackend, mountpoint: str | os.PathLike[str]) -> None:
+    def __init__(self, backend: NodeBackend[RenderFile, KfdFile, DmaBufRef],
+                 mountpoint: str | os.PathLike[str]) -> None:
         self.backend = backend
         self.mountpoint = os.path.abspath(os.fspath(mountpoint))
         self._nodes: dict[int, _Dir | _Render | _Kfd | _SysFile | _SysLink] = {}
         self._next_ino = itertools.count(_FIRST_DYNAMIC_INO)
         self._next_fh = itertools.count(1)
         # fh -> open object, one table per kind so the hot paths do a single dict lookup.
-        self._render_fh: dict[int, object] = {}
-        self._dmabuf_fh: dict[int, object] = {}
-        self._kfd_fh: dict[int, object] = {}
+        self._render_fh: dict[int, RenderFile] = {}
+        self._dmabuf_fh: dict[int, DmaBufRef] = {}
+        self._kfd_fh: dict[int, KfdFile] = {}
         self._sys_fh: dict[int, SysAttr] = {}
         # What a sys file showed at the read at offset 0, per open: later offsets read from
         # it, so a file longer than one FUSE read is one consistent text (seq_file's rule),

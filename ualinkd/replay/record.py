@@ -32,7 +32,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Protocol, TextIO
 
 import trio
 
@@ -172,10 +172,24 @@ def clear_stale_trace_sockets(directory: str) -> int:
     return gone
 
 
-async def serve_trace(core: object, sock: trio.socket.SocketType, path: str) -> None:
+class TracedNode(Protocol):
+    """What a recording needs of a node (node.py's NodeCore): its name, and its tracer,
+    which the hub takes over while anyone is subscribed."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tracer(self) -> Callable[[Record], None] | None: ...
+
+    @tracer.setter
+    def tracer(self, tracer: Callable[[Record], None] | None) -> None: ...
+
+
+async def serve_trace(core: TracedNode, sock: trio.socket.SocketType, path: str) -> None:
     """Take `ualinkd record` subscribers until cancelled; `core.tracer` is the hub while
     anyone is subscribed and the daemon's own tracer otherwise."""
-    base = core.tracer  # type: ignore[attr-defined]
+    base = core.tracer
     hub = TraceHub(base)
     with sock:
         try:
@@ -186,7 +200,7 @@ async def serve_trace(core: object, sock: trio.socket.SocketType, path: str) -> 
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            core.tracer = base  # type: ignore[attr-defined]
+            core.tracer = base
 
 
 async def _asked(conn: trio.socket.SocketType) -> bool:
@@ -203,7 +217,7 @@ async def _asked(conn: trio.socket.SocketType) -> bool:
     return got == SUBSCRIBE
 
 
-async def _subscriber(conn: trio.socket.SocketType, core: object, hub: TraceHub) -> None:
+async def _subscriber(conn: trio.socket.SocketType, core: TracedNode, hub: TraceHub) -> None:
     with conn:
         try:
             if not await _asked(conn):
@@ -213,15 +227,15 @@ async def _subscriber(conn: trio.socket.SocketType, core: object, hub: TraceHub)
         await _subscribed(conn, core, hub)
 
 
-async def _subscribed(conn: trio.socket.SocketType, core: object, hub: TraceHub) -> None:
+async def _subscribed(conn: trio.socket.SocketType, core: TracedNode, hub: TraceHub) -> None:
     send, recv = trio.open_memory_channel[str](QUEUE)
     entry = (send, [0, 0])
     hub.subscribers.append(entry)
-    core.tracer = hub  # type: ignore[attr-defined]
+    core.tracer = hub
     try:
         with conn:
             hello = {"v": SCHEMA_VERSION, "type": "recording", "time": time.time(),
-                     "node": getattr(core, "name", None)}
+                     "node": core.name}
             await _send_all(conn, (json.dumps(hello) + "\n").encode())
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_closed, conn, nursery.cancel_scope)
@@ -245,7 +259,7 @@ async def _subscribed(conn: trio.socket.SocketType, core: object, hub: TraceHub)
         hub.subscribers.remove(entry)
         send.close()
         if not hub.subscribers:
-            core.tracer = hub.base  # type: ignore[attr-defined]
+            core.tracer = hub.base
 
 
 async def _send_all(conn: trio.socket.SocketType, data: bytes) -> None:

@@ -364,7 +364,8 @@ class UalinkManager:
         self._imported_from: dict[int, int] = {}
         self._exported_to: dict[int, int] = {}
         self.internal_file = DrmFile(driver.device)  # the driver's internal "ualink" client
-        driver.ualink = self
+        if driver.ualink_ip:  # (§13 N6: without the block the driver has no UALink info)
+            driver.ualink = self
 
     def _log_repeated(self, key: tuple[object, ...], level: int, fmt: str, *args: object) -> None:
         """One line per cause, not one per message: the first occurrence of `key` is logged,
