@@ -23,7 +23,7 @@ from ualinkd.amdgpu.engine import EngineRun, RunEnd
 from ualinkd.amdgpu.profile import HW_IP_COMPUTE, HW_IP_DMA, HW_IP_GFX
 from ualinkd.drm.device import IoctlResult
 from ualinkd.drm.file import DrmFile
-from ualinkd.node import NodeCore
+from ualinkd.node import NodeCore, NodeServices
 
 SRC, DST, IBS = 0x7000_0000, 0x7100_0000, 0x7200_0000
 ETIME = errno.ETIME
@@ -59,8 +59,8 @@ def mem() -> Mem:
 
 @pytest.fixture
 def core(mem: Mem) -> NodeCore:
-    return NodeCore(pod_config(), "node0", resolve_fd=lambda pid, fd: fd,
-                    copy_to_user=mem.write, copy_from_user=mem.read)
+    return NodeCore(pod_config(), "node0", NodeServices(resolve_fd=lambda pid, fd: fd,
+                    copy_to_user=mem.write, copy_from_user=mem.read))
 
 
 @pytest.fixture
