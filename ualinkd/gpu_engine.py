@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .amdgpu.access import gpu_copy_local, gpu_load, gpu_store
+from .amdgpu.cs import IbRun
 from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.engine import (
     Atomic,
@@ -493,7 +494,8 @@ class GpuEngineEdge:
                          partial(self._queue_interrupt, q), partial(self._queue_executed, q),
                          touch=partial(self._touch, q))
 
-    async def run_in_file(self, drm_file: DrmFile, gen: EngineRun) -> RunEnd:
+    async def run_in_file(self, drm_file: DrmFile, gen: EngineRun,
+                          ib: IbRun | None = None) -> RunEnd:
         """Run an engine generator to its end in `drm_file`'s GPU VM (AMDGPU_CS's SDMA IBs:
         the device's `driver.cs.runner`), with the queues' fulfilment. Awaited by the CS
         ioctl's own task (drm/device.py runs an awaiting handler off the FUSE thread); a
@@ -501,7 +503,8 @@ class GpuEngineEdge:
         from MIN_INTERVAL to POLL_MAX_DELAY, the queues' re-check rate) and the run ends
         in error after `job_timeout` of real time, as the scheduler's job timeout ends a
         hung job (the engine's own budget counts the ns it asked for, which 1 µs sleeps
-        would take minutes of CPU to add up)."""
+        would take minutes of CPU to add up). While tracing, each packet of `ib` is
+        traced (core.trace_ib) with the memory it touched outside the IB, as a queue's."""
         def alive() -> None:
             if drm_file.closed:
                 raise QueueStopped
@@ -517,15 +520,44 @@ class GpuEngineEdge:
             await trio.sleep(max(ns / 1e9, delay))
             delay = min(delay * 2, POLL_MAX_DELAY)
 
-        with trio.move_on_after(self.job_timeout):
+        touched: list[EngineAccess] = []
+        with trio.move_on_after(self.job_timeout) as cancel:
             try:
-                return await self._drive_run(RunTarget(vm_file, alive, sleep=sleep), gen)
+                end = await self._drive_run(self._ib_target(drm_file, vm_file, alive, sleep,
+                                                            ib, touched), gen)
             except QueueStopped:
-                return RunEnd(EndReason.ERROR, 0, "the render file was closed")
+                end = RunEnd(EndReason.ERROR, 0, "the render file was closed")
             finally:
                 self._progressed()
-        return RunEnd(EndReason.ERROR, 0, f"timed out after {self.job_timeout:g} s "
-                                          f"(the job timeout)")
+        if not cancel.cancelled_caught:
+            if not end.ok and ib is not None:
+                self.core.trace_ib(drm_file, ib, "error", end.offset, end.error or "IB error",
+                                   *self._kept(touched))
+            return end
+        end = RunEnd(EndReason.ERROR, 0, f"timed out after {self.job_timeout:g} s "
+                                         f"(the job timeout)")
+        if ib is not None:
+            self.core.trace_ib(drm_file, ib, "error", end.offset, end.error or "",
+                               *self._kept(touched))
+        return end
+
+    def _ib_target(self, drm_file: DrmFile, vm_file: Callable[[], DrmFile],
+                   alive: Callable[[], None], sleep: Callable[[int], Awaitable[None]],
+                   ib: IbRun | None, touched: list[EngineAccess]) -> RunTarget:
+        """An IB's run target: with `ib`, its packets traced (while a tracer is attached)."""
+        if ib is None:
+            return RunTarget(vm_file, alive, sleep=sleep)
+        def executed(req: Executed) -> None:
+            if self.core.tracer is not None:
+                self.core.trace_ib(drm_file, ib, "packet", req.ring_offset,
+                                   format_packet(req.packet), *self._kept(touched),
+                                   fields=packet_fields(req.packet))
+            touched.clear()
+
+        def touch(req: Request) -> None:  # (the IB's own words are its packets, not work)
+            _note_touch(touched, req, lambda a: ib.va <= a.va < ib.va + ib.size)
+
+        return RunTarget(vm_file, alive, executed=executed, sleep=sleep, touch=touch)
 
     async def _drive_run(self, q: RunTarget, gen: EngineRun) -> RunEnd:
         answer: object = None
@@ -721,29 +753,36 @@ class GpuEngineEdge:
         """Note the memory `req` touches for the packet being executed, less the queue's
         own ring and read/write pointers (consuming the ring, not the packet's work), each
         distinct access once (a poll re-reads its word)."""
-        if isinstance(req, Read):
-            got = [EngineAccess("read", req.va, req.size)]
-        elif isinstance(req, Write):
-            got = [EngineAccess("write", req.va, len(req.data))]
-        elif isinstance(req, Copy):
-            got = [EngineAccess("read", req.src_va, req.size),
-                   EngineAccess("write", req.dst_va, req.size)]
-        elif isinstance(req, Fill):
-            got = [EngineAccess("write", req.dst_va, req.size)]
-        elif isinstance(req, Atomic):
-            got = [EngineAccess("atomic", req.va, req.size)]
-        else:
-            return
         ring_end = q.ring_base + q.ring_size
-        touched = self._touched.setdefault(q, [])
-        for a in got:
-            if (q.ring_base <= a.va < ring_end or a.va in (q.rptr_address, q.wptr_address)
-                    or a in touched):
-                continue
-            if len(touched) > ENGINE_ACCESSES_KEPT:
-                break  # (one past the most kept: says "truncated")
-            touched.append(a)
+        _note_touch(self._touched.setdefault(q, []), req, lambda a: (
+            q.ring_base <= a.va < ring_end or a.va in (q.rptr_address, q.wptr_address)))
 
     @staticmethod
     def _kept(touched: list[EngineAccess]) -> tuple[tuple[EngineAccess, ...], bool]:
         return tuple(touched[:ENGINE_ACCESSES_KEPT]), len(touched) > ENGINE_ACCESSES_KEPT
+
+
+def _note_touch(touched: list[EngineAccess], req: Request,
+                skip: Callable[[EngineAccess], bool]) -> None:
+    """Add what `req` touches to `touched`, less what `skip` says is the run's own (a
+    queue's ring and pointers, an IB's words), each distinct access once (a poll re-reads
+    its word), one past ENGINE_ACCESSES_KEPT at most (saying "truncated")."""
+    if isinstance(req, Read):
+        got = [EngineAccess("read", req.va, req.size)]
+    elif isinstance(req, Write):
+        got = [EngineAccess("write", req.va, len(req.data))]
+    elif isinstance(req, Copy):
+        got = [EngineAccess("read", req.src_va, req.size),
+               EngineAccess("write", req.dst_va, req.size)]
+    elif isinstance(req, Fill):
+        got = [EngineAccess("write", req.dst_va, req.size)]
+    elif isinstance(req, Atomic):
+        got = [EngineAccess("atomic", req.va, req.size)]
+    else:
+        return
+    for a in got:
+        if skip(a) or a in touched:
+            continue
+        if len(touched) > ENGINE_ACCESSES_KEPT:
+            break
+        touched.append(a)

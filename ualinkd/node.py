@@ -25,6 +25,7 @@ from .abi.drmfile_query import NONCE, UALINKD_IOCTL_DRM_FILE_QUERY
 from .amdgpu import translation
 from .amdgpu.access import RemoteFn, RemoteSoonFn, gpu_load, gpu_store
 from .amdgpu.cpu_map import CpuMapGrants
+from .amdgpu.cs import IbRun
 from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.profile import PROFILES
 from .amdgpu.vm import RemotePiece, npa_byte_address
@@ -55,6 +56,7 @@ from .trace import (
     FdResolution,
     FileRecord,
     GpuAccessRecord,
+    IbRecord,
     MemAccess,
     QueueRecord,
     Record,
@@ -483,6 +485,17 @@ class NodeCore:
                                 q.queue_id, q.type_name, event, value, detail,
                                 self.trace_clock(), mem, mem_truncated, fields))
 
+    def trace_ib(self, drm_file: DrmFile, ib: IbRun, event: str, offset: int, detail: str,
+                 mem: tuple[EngineAccess, ...] = (), mem_truncated: bool = False,
+                 fields: dict[str, object] | None = None) -> None:
+        """An AMDGPU_CS IB's packet executed (or the error that stopped it), to the tracer."""
+        if self.tracer is None:
+            return
+        minor = drm_file.device.minor
+        self.tracer(IbRecord(ib.pid, self.name, minor, self.managers[minor].accel_id,
+                             self.file_id(drm_file), ib.ctx_id, ib.seq, ib.index, ib.va, event,
+                             offset, detail, self.trace_clock(), mem, mem_truncated, fields))
+
     def _traced_gpu(self, drm_file: DrmFile, op: str, va: int, length: int, data: bytes,
                     caller: Caller, access: Callable[[], object]) -> object:
         """Run a GPU load/store; with a tracer, record its VA, length, result and fault
@@ -746,6 +759,7 @@ class NodeCore:
                  "state": q.state.value}
                 for q in self.kfd.queues.all_queues()
                 if self.kfd.nodes[q.gpu_id].driver is driver)),
+            "amdgpu_cs_contexts": table("amdgpu_cs_contexts", driver.cs.context_rows),
         }, mode=sysfs.DEBUGFS_DIR_MODE)
 
     def _config_files(self, cfg: SysConfig) -> SysDir:

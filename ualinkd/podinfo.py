@@ -222,9 +222,13 @@ def _kfd(m: Mount, r: str) -> dict[str, object]:
             "kfd_queues": m.table(r, "kfd_queues")}
 
 
+def _cs(m: Mount, r: str) -> dict[str, object]:
+    return {"cs": m.table(r, "amdgpu_cs_contexts")}
+
+
 SECTIONS: dict[str, Callable[[Mount, str], dict[str, object]]] = {
     "state": _state, "peers": _peers, "exports": _exports, "imports": _imports,
-    "npa": _npa, "faults": _faults, "objects": _objects, "kfd": _kfd,
+    "npa": _npa, "faults": _faults, "objects": _objects, "kfd": _kfd, "cs": _cs,
 }
 
 

@@ -289,6 +289,13 @@ DEBUGFS: dict[str, LineFormat] = {
         Field("pid", int), Field("gpu_id", int), Field("queue_id", int), Field("type", str),
         Field("ring", lambda t: int(t, 16), _hex64), Field("ring_size", int),
         Field("rptr", int), Field("wptr", int), Field("packets", int), Field("state", str))),
+    # Per render file's AMDGPU_CTX context (issue 35): the owner's pid, guilty (1: a job of
+    # it hung the engine), the last sequence submitted and signaled, the submissions, IBs
+    # and IB packets executed, the last fence's error (0 or -errno: -ETIME for a hang).
+    "amdgpu_cs_contexts": LineFormat((), (
+        Field("pid", int), Field("ctx_id", int), Field("guilty", int),
+        Field("submitted", int), Field("signaled", int), Field("submissions", int),
+        Field("ibs", int), Field("packets", int), Field("last_error", int))),
 }
 DROP_MSG = "ualink_drop_msg"  # Emulator policy 9: a hex bitmap, bit n = message type n
 

@@ -22,6 +22,19 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .abi import structs as st
+from .abi.constants import (
+    CHUNK_ID_BO_HANDLES,
+    CHUNK_ID_DEPENDENCIES,
+    CHUNK_ID_FENCE,
+    CHUNK_ID_IB,
+    CHUNK_ID_SCHEDULED_DEPENDENCIES,
+    CHUNK_ID_SYNCOBJ_IN,
+    CHUNK_ID_SYNCOBJ_OUT,
+    CHUNK_ID_SYNCOBJ_TIMELINE_SIGNAL,
+    CHUNK_ID_SYNCOBJ_TIMELINE_WAIT,
+    CHUNK_IDS,
+)
 from .abi.ioc import IOC_READ, IOC_WRITE, IoctlCmd
 from .abi.ioctls import (
     ByOp,
@@ -162,6 +175,91 @@ def _preview(data: bytes) -> str:
 def _tail(start: float, duration: float) -> tuple[str, str]:
     return (timestamp(start) + " " if start else "",
             f" <{duration:.6f}>" if start else "")
+
+
+# -- AMDGPU_CS chunks, from the caller memory the CS read ----------------------------------------
+def cs_chunks(in_bytes: bytes, mem: Iterable[MemAccess]) -> list[Fields] | None:
+    """AMDGPU_CS's chunks as the daemon read them (amdgpu/cs.py's pass 1: the pointer array,
+    each drm_amdgpu_cs_chunk, its data, a BO_HANDLES chunk's entries), decoded from the
+    call's recorded `mem` rather than read again; None when the call read no pointer
+    array. A chunk whose header or data the call did not get (EFAULT, or checks that
+    stopped it first) has what it got: `id` alone, or no `data`."""
+    if len(in_bytes) < st.CS_IN.size:
+        return None
+    args = st.CS_IN.decode(in_bytes[: st.CS_IN.size])
+    got: dict[int, bytes] = {}
+    for m in mem:
+        if m.op == "read" and m.result == 0:
+            got.setdefault(m.addr, m.data)
+    ptrs = got.get(args.chunks)
+    if ptrs is None:
+        return None
+    out: list[Fields] = []
+    for i in range(min(args.num_chunks, len(ptrs) // 8)):
+        ptr = int.from_bytes(ptrs[8 * i: 8 * i + 8], "little")
+        head = got.get(ptr)
+        if head is None or len(head) < st.CS_CHUNK.size:
+            out.append({"ptr": ptr})
+            continue
+        h = st.CS_CHUNK.decode(head[: st.CS_CHUNK.size])
+        chunk: Fields = {"id": CHUNK_IDS.get(h.chunk_id, h.chunk_id), "length_dw": h.length_dw,
+                         "chunk_data": h.chunk_data}
+        data = got.get(h.chunk_data, b"") if h.length_dw else b""
+        if len(data) >= 4 * h.length_dw:
+            chunk.update(_chunk_data(h.chunk_id, data[: 4 * h.length_dw], got))
+        out.append(chunk)
+    return out
+
+
+def _entries(data: bytes, layout: Any) -> list[Fields]:
+    n = len(data) // layout.size
+    return [dataclasses.asdict(layout.decode(data[i * layout.size: (i + 1) * layout.size]))
+            for i in range(n)]
+
+
+def _chunk_data(cid: int, data: bytes, got: Mapping[int, bytes]) -> Fields:
+    """One chunk's data as its id says (amdgpu_drm.h's drm_amdgpu_cs_chunk_*)."""
+    if cid == CHUNK_ID_IB and len(data) >= st.CS_CHUNK_IB.size:
+        ib = st.CS_CHUNK_IB.decode(data[: st.CS_CHUNK_IB.size])
+        return {"ip_type": ib.ip_type, "ip_instance": ib.ip_instance, "ring": ib.ring,
+                "va_start": ib.va_start, "ib_bytes": ib.ib_bytes, "flags": ib.flags}
+    if cid == CHUNK_ID_FENCE and len(data) >= st.CS_CHUNK_FENCE.size:
+        return dataclasses.asdict(st.CS_CHUNK_FENCE.decode(data[: st.CS_CHUNK_FENCE.size]))
+    if cid in (CHUNK_ID_DEPENDENCIES, CHUNK_ID_SCHEDULED_DEPENDENCIES):
+        return {"deps": _entries(data, st.CS_CHUNK_DEP)}
+    if cid in (CHUNK_ID_SYNCOBJ_IN, CHUNK_ID_SYNCOBJ_OUT):
+        return {"handles": [int.from_bytes(data[i: i + 4], "little")
+                            for i in range(0, len(data) - 3, 4)]}
+    if cid in (CHUNK_ID_SYNCOBJ_TIMELINE_WAIT, CHUNK_ID_SYNCOBJ_TIMELINE_SIGNAL):
+        return {"syncobjs": _entries(data, st.CS_CHUNK_SYNCOBJ)}
+    if cid == CHUNK_ID_BO_HANDLES and len(data) >= st.BO_LIST_IN.size:
+        bl = st.BO_LIST_IN.decode(data[: st.BO_LIST_IN.size])
+        size = st.BO_LIST_ENTRY.size
+        out: Fields = {"bo_number": bl.bo_number, "bo_info_size": bl.bo_info_size}
+        if bl.bo_info_size == size and (raw := got.get(bl.bo_info_ptr)) is not None:
+            out["bos"] = [e["bo_handle"] for e in _entries(raw[: bl.bo_number * size],
+                                                            st.BO_LIST_ENTRY)]
+        elif bl.bo_number and bl.bo_info_size:  # one read per entry, the first 8 bytes
+            raws = [got.get(bl.bo_info_ptr + i * bl.bo_info_size) for i in range(bl.bo_number)]
+            if all(r is not None for r in raws):
+                out["bos"] = [int.from_bytes(r[:4], "little") for r in raws if r is not None]
+        return out
+    return {"data_hex": data.hex()}
+
+
+def _chunk_text(ch: Fields) -> str:
+    hexed = {"chunk_data", "va_start", "ptr"}
+    parts = []
+    for k, v in ch.items():
+        if k == "id":
+            continue
+        if isinstance(v, list):
+            v = "[" + ", ".join("{" + ", ".join(f"{a}={b}" for a, b in e.items()) + "}"
+                                if isinstance(e, dict) else str(e) for e in v) + "]"
+        elif k in hexed and isinstance(v, int):
+            v = f"{v:#x}"
+        parts.append(f"{k}={v}")
+    return f"{ch.get('id', '?')}{{{', '.join(parts)}}}"
 
 
 # -- the records --------------------------------------------------------------------------------
@@ -317,9 +415,19 @@ class TraceRecord:
             "file": self.file,
             "mem": [m.as_dict() for m in self.mem],
             "fds": [f.as_dict() for f in self.fds],
+            **self._chunks_dict(),
             "handed": [h.as_dict() for h in self.spec.handed.handed_out(
                 self.in_bytes, self.out_bytes, self.result)] if self.spec else [],
         }
+
+    def _chunks(self) -> list[Fields] | None:
+        if self.spec is None or self.spec.name != "AMDGPU_CS":
+            return None
+        return cs_chunks(self.in_bytes, self.mem)
+
+    def _chunks_dict(self) -> Fields:
+        chunks = self._chunks()
+        return {} if chunks is None else {"chunks": chunks}
 
     def json(self) -> str:
         return json.dumps(self.as_dict(), separators=(",", ":"))
@@ -332,6 +440,8 @@ class TraceRecord:
                 else _ioc_text(self.cmd))
         decoded = self.spec is not None and self.spec.decode_in is not None
         arg = "{" + (_text_fields(inp, hints) if decoded else self.in_bytes.hex()) + "}"
+        if (chunks := self._chunks()) is not None:  # strace -v: what the pointers point at
+            arg += ", [" + ", ".join(_chunk_text(ch) for ch in chunks) + "]"
         if out:
             arg += " => {" + _text_fields(out, out_hints, inp) + "}"
         elif self.out_bytes and not (self.spec and self.spec.decode_out) and (
@@ -548,11 +658,68 @@ class QueueRecord:
                 f"queue={self.queue_id}, {self.queue_type}{what})")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class IbRecord:
+    """One packet of an AMDGPU_CS IB as the SDMA engine executed it (issue 35 item 4),
+    traced as a queue's packet is: the render file, context, the submission's sequence
+    number and the IB (its index in the job and VA), `event` "packet" (`offset` its byte
+    offset in the IB, `detail` as decoded, `fields` its decoded fields) or "error" (the IB
+    stopped there: `detail` the reason), and `mem`, the memory the engine touched for it
+    outside the IB itself (as QueueRecord's)."""
+
+    pid: int
+    node: str
+    minor: int
+    accel: int | None
+    file: int | None
+    ctx_id: int
+    seq: int
+    ib: int
+    ib_va: int
+    event: str
+    offset: int
+    detail: str = ""
+    start: float = 0.0
+    mem: tuple[EngineAccess, ...] = ()
+    mem_truncated: bool = False
+    fields: Fields | None = None
+
+    kind = "ib"
+    result = None  # (no call: never "failed")
+
+    @property
+    def name(self) -> str:
+        return f"IB_{self.event.upper()}"
+
+    def as_dict(self) -> Fields:
+        out = {"v": SCHEMA_VERSION, "type": "ib", "time": self.start, "pid": self.pid,
+               "node": self.node, "minor": self.minor, "accel": self.accel,
+               "file": self.file, "ctx_id": self.ctx_id, "seq": self.seq, "ib": self.ib,
+               "ib_va": self.ib_va, "event": self.event, "offset": self.offset,
+               "detail": self.detail, "mem": [m.as_dict() for m in self.mem],
+               "mem_truncated": self.mem_truncated}
+        if self.fields is not None:
+            out["fields"] = self.fields
+        return out
+
+    def json(self) -> str:
+        return json.dumps(self.as_dict(), separators=(",", ":"))
+
+    def text(self) -> str:
+        ts, _ = _tail(self.start, 0.0)
+        what = f", offset={self.offset:#x}, {self.detail}"
+        if self.mem or self.mem_truncated:
+            what += (", mem=[" + ", ".join(m.text() for m in self.mem)
+                     + (", ..." if self.mem_truncated else "") + "]")
+        return (f"{ts}[pid {self.pid}] {self.node} renderD{self.minor} {self.name}("
+                f"ctx={self.ctx_id}, seq={self.seq}, ib={self.ib}@{self.ib_va:#x}{what})")
+
+
 ENGINE_ACCESSES_KEPT = 64  # distinct accesses a packet's record lists (a poll re-reads one)
 
 
-Record = TraceRecord | GpuAccessRecord | FabricRecord | FileRecord | QueueRecord
-KINDS = ("ioctl", "gpu", "fabric", "file", "queue")
+Record = TraceRecord | GpuAccessRecord | FabricRecord | FileRecord | QueueRecord | IbRecord
+KINDS = ("ioctl", "gpu", "fabric", "file", "queue", "ib")
 
 
 # -- filters ------------------------------------------------------------------------------------

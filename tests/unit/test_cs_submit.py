@@ -18,6 +18,7 @@ from ualink_testkit import CALLER, gem_create, open_file, pod_config, run
 from ualinkd.abi import constants as c
 from ualinkd.abi import ioctls as tbl
 from ualinkd.abi import structs as st
+from ualinkd.amdgpu.cs import IbRun
 from ualinkd.amdgpu.driver import AmdgpuDriver
 from ualinkd.amdgpu.engine import EngineRun, RunEnd
 from ualinkd.amdgpu.profile import HW_IP_COMPUTE, HW_IP_DMA, HW_IP_GFX
@@ -38,10 +39,12 @@ class Runner:
         self.vm.map(DST, 1 << 16)
         self.vm.map(IBS, 1 << 16)
         self.files: list[DrmFile] = []
+        self.ibs: list[IbRun] = []
         self.ib_at = IBS
 
-    async def __call__(self, file: DrmFile, gen: EngineRun) -> RunEnd:
+    async def __call__(self, file: DrmFile, gen: EngineRun, ib: IbRun) -> RunEnd:
         self.files.append(file)
+        self.ibs.append(ib)
         return drive(gen, self.vm)[0]
 
     def ib(self, *packets: list[int]) -> tuple[int, int]:

@@ -37,7 +37,7 @@ from ..drm.errors import DrmError
 from ..drm.idr import HandleIdr
 from ..drm.syncobj import STUB, DrmSyncobj, SyncFile, SyncobjFile
 from .bo import AmdgpuBo
-from .engine import EngineRun, RunEnd
+from .engine import EngineRun, Executed, Request, RunEnd
 from .profile import HW_IP_DMA
 from .sdma import run_ib
 
@@ -47,12 +47,28 @@ if TYPE_CHECKING:
     from .driver import AmdgpuDriver
 
 __all__ = ["AMDGPU_BO_LIST_MAX_PRIORITY", "BoList", "BoLists", "CommandSubmission",
-           "EngineRunner"]
+           "EngineRunner", "IbRun"]
 
 log = logging.getLogger(__name__)
 
+
+
+@dataclass(frozen=True, slots=True)
+class IbRun:
+    """Which IB an engine run is (for the engine edge's trace records): the submitting
+    process, its context, the sequence number the submission takes, the IB's index in the
+    job, VA and size in bytes."""
+
+    pid: int
+    ctx_id: int
+    seq: int
+    index: int
+    va: int
+    size: int
+
+
 # Runs an engine generator to its end in a render file's GPU VM (the node's engine edge).
-EngineRunner = Callable[["DrmFile", EngineRun], Awaitable[RunEnd]]
+EngineRunner = Callable[["DrmFile", EngineRun, IbRun], Awaitable[RunEnd]]
 
 AMDGPU_BO_LIST_MAX_PRIORITY = 32  # amdgpu_bo_list.h: priorities above it are clamped
 _KVMALLOC_MAX = 0x7FFF_FFFF  # kvmalloc refuses more than INT_MAX bytes: ENOMEM
@@ -240,6 +256,14 @@ class _Entity:
 class _CtxState:
     entities: dict[tuple[int, int], _Entity] = field(default_factory=dict)
     guilty: bool = False
+    # What debugfs's amdgpu_cs_contexts shows: submissions that ran, their IBs and packets
+    # executed, the last sequence submitted and the last signaled, the last fence error.
+    submissions: int = 0
+    ibs: int = 0
+    packets: int = 0
+    submitted: int = 0
+    signaled: int = 0
+    last_error: int = 0
 
     def entity(self, ip: int, instance: int, ring: int) -> _Entity:
         """amdgpu_ctx_get_entity: an IP beyond the table, an instance other than 0 or a ring
@@ -340,12 +364,16 @@ class CommandSubmission:
                     raise DrmError(errno.EINVAL, "a BO list handle and a BO_HANDLES chunk")
                 if self.bo_lists.get(file, args.bo_list_handle) is None:
                     raise DrmError(errno.ENOENT, f"no BO list {args.bo_list_handle}")
-            error = await self._run(file, args.ctx_id, job)  # 14
             ip, ring = job.leader
-            seq = ctx.entity(ip, 0, ring).add_fence(error)  # 15
+            entity = ctx.entity(ip, 0, ring)
+            ctx.submitted = entity.sequence
+            error = await self._run(file, caller, args.ctx_id, ctx, entity.sequence, job)  # 14
+            seq = entity.add_fence(error)  # 15
             if error:
                 ctx.guilty = True
             self.submissions += 1
+            ctx.submissions += 1
+            ctx.signaled, ctx.last_error = seq, error
             if job.user_fence is not None:
                 bo, offset = job.user_fence
                 bo.memory.write(offset, struct.pack("<Q", seq))
@@ -467,18 +495,38 @@ class CommandSubmission:
         if obj.fence_at(point) is None:
             raise DrmError(errno.EINVAL, f"syncobj {handle} has no fence at point {point}")
 
-    async def _run(self, file: DrmFile, ctx_id: int, job: _Job) -> int:
-        """The job's IBs in order through the engine; the fence's error (0, or -ETIME for
-        an IB the engine stopped on: one log line names the context, IB and reason)."""
+    async def _run(self, file: DrmFile, caller: Caller, ctx_id: int, ctx: _CtxState, seq: int,
+                   job: _Job) -> int:
+        """The job's IBs in order through the engine, each IB and packet counted for the
+        context; the fence's error (0, or -ETIME for an IB the engine stopped on: one log
+        line names the context, IB and reason). `seq` is the sequence the job's fence
+        takes (named in each IB's trace records)."""
         assert self.runner is not None  # _has_engine let no IB through without one
         for n, ib in enumerate(job.ibs):
-            end = await self.runner(file, run_ib(ib.va_start, ib.ib_bytes // 4))
+            ctx.ibs += 1
+            end = await self.runner(file, _counted(run_ib(ib.va_start, ib.ib_bytes // 4), ctx),
+                                    IbRun(caller.pid, ctx_id, seq, n, ib.va_start,
+                                          ib.ib_bytes))
             if not end.ok:
                 log.warning("AMDGPU_CS: context %d's SDMA IB %d at %#x stopped at byte %#x: "
                             "%s; its fence gets -ETIME and the context is guilty", ctx_id, n,
                             ib.va_start, end.offset, end.error)
                 return -errno.ETIME
         return 0
+
+    # -- debugfs -------------------------------------------------------------------------------
+    def context_rows(self) -> list[dict[str, object]]:
+        """debugfs amdgpu_cs_contexts: per render file's context, its submissions."""
+        rows: list[dict[str, object]] = []
+        for file in list(self.device.files):
+            ctxs = self._ctxs.get(file, {})
+            for ctx_id in self.driver.info.context_ids(file):
+                s = ctxs.get(ctx_id) or _CtxState()
+                rows.append({"pid": file.pid, "ctx_id": ctx_id, "guilty": int(s.guilty),
+                             "submitted": s.submitted, "signaled": s.signaled,
+                             "submissions": s.submissions, "ibs": s.ibs,
+                             "packets": s.packets, "last_error": s.last_error})
+        return rows
 
     # -- FENCE_TO_HANDLE ----------------------------------------------------------------------
     @tbl.handles(tbl.AMDGPU_FENCE_TO_HANDLE)
@@ -559,3 +607,27 @@ class CommandSubmission:
         kdata[: st.WAIT_FENCES_OUT.size] = st.WAIT_FENCES_OUT.pack(1, first)
         if error:
             raise DrmError(-error, f"fence {fences[first].seq_no} failed")
+
+
+def _counted(gen: EngineRun, ctx: _CtxState) -> EngineRun:
+    """`gen` as it is, counting its packets executed (its Executed requests) for `ctx`;
+    every answer and fault passes through to it."""
+    try:
+        req: Request = next(gen)
+        while True:
+            if isinstance(req, Executed):
+                ctx.packets += 1
+            try:
+                answer = yield req
+            except GeneratorExit:
+                raise
+            except BaseException as e:  # a GPU fault thrown in by the edge
+                req = gen.throw(e)
+            else:
+                req = gen.send(answer)
+    except StopIteration as stop:
+        end = stop.value
+        assert isinstance(end, RunEnd)
+        return end
+    finally:
+        gen.close()

@@ -361,6 +361,10 @@ class AmdgpuInfo:
         ctxs = self._ctxs.get(file)
         return ctxs is not None and ctx_id in ctxs
 
+    def context_ids(self, file: DrmFile) -> list[int]:
+        """The file's live context ids, lowest first (debugfs, amdgpu/cs.py's table)."""
+        return sorted(self._ctxs.get(file, ()))
+
     def _holds(self, file: DrmFile, ctx_id: int) -> bool:
         owner = self._pstate_owner
         return owner is not None and owner[0] is file and owner[1] == ctx_id

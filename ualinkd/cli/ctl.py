@@ -164,6 +164,11 @@ def _rows(doc: dict, key: str, cols: list[str],
     return rows
 
 
+def _fence_error(v: object) -> str:
+    """A fence error as -ENAME (0: none)."""
+    return f"-{errno.errorcode.get(-v, -v)}" if isinstance(v, int) and v < 0 else str(v)
+
+
 def render_text(doc: dict, sections: list[str]) -> str:
     parts: list[str] = []
 
@@ -234,6 +239,14 @@ def render_text(doc: dict, sections: list[str]) -> str:
                                       "ring_size", "rptr", "wptr", "packets", "state"],
                   {"ring": lambda v: f"{v:#x}", "ring_size": _size}),
             "no KFD queues")
+    if "cs" in sections:
+        add("cs", ["render", "accel", "pid", "ctx", "guilty", "submitted", "signaled",
+                   "submissions", "ibs", "packets", "last_error"],
+            _rows(doc, "cs", ["pid", "ctx_id", "guilty", "submitted", "signaled",
+                              "submissions", "ibs", "packets", "last_error"],
+                  {"guilty": lambda v: "yes" if v else "no",
+                   "last_error": _fence_error}),
+            "no AMDGPU_CS contexts")
     return "\n\n".join(parts)
 
 
@@ -319,6 +332,8 @@ READ_COMMANDS = {
     "objects": "GEM objects and the clients holding render nodes open",
     "kfd": "KFD processes (their VM, allocation and event counts) and allocations: handle, "
            "GPU VA, size, the GPUs it is mapped on",
+    "cs": "AMDGPU_CTX contexts of render files: guilty, last sequence submitted/signaled, "
+          "submissions, IBs and packets executed, last fence error",
     "all": "everything above, one document",
 }
 
