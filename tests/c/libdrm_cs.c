@@ -288,6 +288,9 @@ int main(int argc, char **argv)
 	uint64_t seq;
 	int fd, dfd, r;
 	size_t i;
+	/* "hold": before the contexts go, wait for a line on stdin (a test reads the node's
+	 * per-context table meanwhile) */
+	int hold = argc == 2 && strcmp(argv[1], "hold") == 0;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc == 2 && strcmp(argv[1], "poll") == 0)
@@ -410,6 +413,13 @@ int main(int argc, char **argv)
 		check(amdgpu_cs_query_reset_state2(bad2, &flags), "unmapped_reset_state2");
 		printf("ok unmapped_ib_fence ret=%d guilty=%d\n", r,
 		       !!(flags & AMDGPU_CTX_QUERY2_FLAGS_GUILTY));
+		if (hold) {
+			char line[8];
+
+			printf("ok hold\n");
+			if (!fgets(line, sizeof line, stdin))
+				line[0] = 0;
+		}
 		amdgpu_cs_ctx_free(bad2);
 		amdgpu_bo_list_destroy(badlist);
 		amdgpu_cs_ctx_free(bad);

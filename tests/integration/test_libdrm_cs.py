@@ -9,6 +9,7 @@ a UALink-imported BO on another node."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import subprocess
@@ -16,6 +17,8 @@ import subprocess
 import pytest
 from nodes import c_program, running_node, running_pod
 from test_libdrm import SHIM, parse, passed, run_shimmed
+
+from ualinkd.cli import ctl
 
 pytestmark = pytest.mark.integration
 
@@ -131,3 +134,69 @@ def test_a_polling_ib_waits_in_its_ioctl_without_holding_up_the_node(tmp_path):
         assert (p["expired"], p["fence"]) == ("1", "7"), p
         assert 300 <= int(p["ms"]) < 1000, p
         print(f"polling IB released by a GPU store 300 ms later: CS answered in {p['ms']} ms")
+
+
+def test_traced_cs_chunks_ib_packets_and_ualinkctl_cs(tmp_path, capsys):
+    """Issue 35 item 4, on a node traced as JSON running libdrm_cs.c: each AMDGPU_CS record
+    carries its chunks as amdgpu_cs_pass1 read them (libdrm's amdgpu_cs_submit: the IB
+    chunk's ip_type DMA, ring 0, va_start and ib_bytes; amdgpu_cs_submit_raw2's SYNCOBJ_OUT
+    chunk its handle); each IB's packets executed are `ib` records naming the file,
+    context, sequence and IB, the packet decoded (COPY_LINEAR) with the memory it read and
+    wrote, and the faulting IB an `error` record. While the client holds its contexts
+    (`hold`), `ualinkctl cs` lists them: the guilty ones with -ETIME, the good one with its
+    submissions and packets; --json has the same rows."""
+    c_program("libualink_shim.so")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", "UALINK_DRI_DIR", "UALINK_DMABUF_DIR")}
+    with running_node(tmp_path, trace="json") as node:
+        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(node.mount / "dri"))
+        proc = subprocess.Popen([c_program("libdrm_cs"), "hold"], env=env, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        try:
+            assert proc.stdout is not None
+            out = ""
+            while "ok hold" not in out:
+                line = proc.stdout.readline()
+                assert line, out + node.log_text()
+                out += line
+            capsys.readouterr()
+            assert ctl.main(["--mount", str(node.mount), "cs"]) == 0
+            table = capsys.readouterr().out
+            assert ctl.main(["--mount", str(node.mount), "cs", "--json"]) == 0
+            rows = json.loads(capsys.readouterr().out)["accels"][0]["cs"]
+            rest, err = proc.communicate("\n", timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, out + rest + err
+        pid = proc.pid
+        mine = [r for r in rows if r["pid"] == pid]
+        assert len(mine) == 3, rows  # the first context and the two guilty ones
+        good = [r for r in mine if not r["guilty"]]
+        guilty = [r for r in mine if r["guilty"]]
+        assert len(good) == 1 and len(guilty) == 2, mine
+        assert good[0]["submissions"] == good[0]["submitted"] == good[0]["signaled"] == 3
+        assert good[0]["packets"] >= 3 and good[0]["last_error"] == 0, good
+        assert all(r["last_error"] == -errno.ETIME and r["submissions"] == 1 for r in guilty)
+        assert table.count(f" {pid} ") == 3 and table.count("-ETIME") == 2, table
+        recs = [json.loads(ln) for ln in node.out.read_text().splitlines()
+                if ln.startswith("{")]
+        cs = [r for r in recs if r["type"] == "ioctl" and r["ioctl"] == "AMDGPU_CS"
+              and r["pid"] == pid]
+        first = cs[0]
+        ib = next(ch for ch in first["chunks"] if ch["id"] == "IB")
+        assert ib["ip_type"] == 2 and ib["ring"] == 0 and ib["ib_bytes"] > 0, first
+        assert any(ch["id"] == "SYNCOBJ_OUT" and len(ch["handles"]) == 1
+                   for r in cs for ch in r.get("chunks", [])), cs
+        ibs = [r for r in recs if r["type"] == "ib" and r["pid"] == pid]
+        firsts = [r for r in ibs if r["seq"] == 1 and r["ctx_id"] == first["in"]["ctx_id"]]
+        copy = next(r for r in firsts if r["event"] == "packet"
+                    and "COPY_LINEAR" in r["detail"])
+        assert copy["file"] == first["file"] and copy["ib"] == 0, copy
+        assert copy["ib_va"] == ib["va_start"], copy
+        assert {m["op"] for m in copy["mem"]} == {"read", "write"}, copy
+        errors = [r for r in ibs if r["event"] == "error"]
+        assert len(errors) == 2 and all("fault" in r["detail"] for r in errors), errors
+        assert node.proc.poll() is None, node.log_text()

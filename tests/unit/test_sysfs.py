@@ -324,8 +324,8 @@ def test_links_through_the_file_tree():
 
 # -- permissions: debugfs is root's, and no sys file is writable by others (issue 10 item 2) -----
 
-DEBUGFS_FILES = ["amdgpu_cs_contexts", "clients", "gem_objects", "gpu_faults", "kfd_allocations", "kfd_processes",
-                 "kfd_queues", "ualink_drop_msg",
+DEBUGFS_FILES = ["amdgpu_cs_contexts", "clients", "gem_objects", "gpu_faults",
+                 "kfd_allocations", "kfd_processes", "kfd_queues", "ualink_drop_msg",
                  "ualink_exports", "ualink_imports", "ualink_npa", "ualink_peers"]
 
 
