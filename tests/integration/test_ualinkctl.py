@@ -168,13 +168,13 @@ def test_all_is_every_section_in_one_document(busy_pod, capsys):
     (acc,) = doc["accels"]
     assert set(acc) == (ACCEL_KEYS | STATE_KEYS | {"peers", "exports", "imports", "npa",
                                                   "faults", "objects", "clients", "kfd",
-                                                  "kfd_processes", "kfd_queues"})
+                                                  "kfd_processes", "kfd_queues", "cs"})
     assert doc["fabric"] == [{"node": "node0", "up": True}]
     assert acc["imports"][0]["handle_lo"] == f"{handle[0]:#018x}"
     out = run(capsys, "--mount", str(b.mount), "all")[1]
     titles = [part.splitlines()[0] for part in out.strip().split("\n\n")]
     assert titles == ["state", "peers", "exports", "imports", "npa", "faults", "objects",
-                      "clients", "kfd processes", "kfd", "kfd queues"]
+                      "clients", "kfd processes", "kfd", "kfd queues", "cs"]
 
 
 def test_options_after_the_subcommand_and_from_the_environment(busy_pod, capsys,
