@@ -529,15 +529,11 @@ class GpuEngineEdge:
                 end = RunEnd(EndReason.ERROR, 0, "the render file was closed")
             finally:
                 self._progressed()
-        if not cancel.cancelled_caught:
-            if not end.ok and ib is not None:
-                self.core.trace_ib(drm_file, ib, "error", end.offset, end.error or "IB error",
-                                   *self._kept(touched))
-            return end
-        end = RunEnd(EndReason.ERROR, 0, f"timed out after {self.job_timeout:g} s "
-                                         f"(the job timeout)")
-        if ib is not None:
-            self.core.trace_ib(drm_file, ib, "error", end.offset, end.error or "",
+        if cancel.cancelled_caught:
+            end = RunEnd(EndReason.ERROR, 0, f"timed out after {self.job_timeout:g} s "
+                                             f"(the job timeout)")
+        if not end.ok and ib is not None:  # (the IB's last record: why it stopped)
+            self.core.trace_ib(drm_file, ib, "error", end.offset, end.error or "IB error",
                                *self._kept(touched))
         return end
 
@@ -547,6 +543,7 @@ class GpuEngineEdge:
         """An IB's run target: with `ib`, its packets traced (while a tracer is attached)."""
         if ib is None:
             return RunTarget(vm_file, alive, sleep=sleep)
+
         def executed(req: Executed) -> None:
             if self.core.tracer is not None:
                 self.core.trace_ib(drm_file, ib, "packet", req.ring_offset,
