@@ -48,6 +48,12 @@ if [ -n "${UALINK_KEY_FILE:-}" ] && [ -n "${UALINK_KEY:-}" ]; then
     die "UALINK_KEY_FILE and UALINK_KEY are both set: give the pod key one way" 2
 fi
 
+# The run directory also holds the trace socket, whose directory a daemon refuses when others
+# may write it (replay/record.py check_trace_dir): an orchestrator's emptyDir is mode 0777.
+if [ -d "$rundir" ] && [ -O "$rundir" ]; then
+    chmod go-w "$rundir" || die "cannot make $rundir ours alone (chmod go-w)"
+fi
+
 # 1. Validate with ualinkd's own loader. Prints the config to run and our address's host.
 validated=$(
     UALINK_NODE="$node" UALINK_CONFIG="$config" UALINK_RUNDIR="$rundir" \

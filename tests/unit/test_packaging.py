@@ -134,6 +134,18 @@ def test_entrypoint_takes_the_key_from_the_environment(tmp_path):
     assert r.returncode == 2 and "both set" in r.stderr
 
 
+def test_entrypoint_makes_an_emptydir_run_directory_its_own(tmp_path):
+    """An orchestrator's emptyDir at /run/ualinkd is mode 0777; the trace socket lives there and
+    a daemon refuses a trace directory others may write (issue 29, replay/record.py
+    check_trace_dir), so the entrypoint takes group/other write off a run directory it owns."""
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o777)
+    r = entrypoint(tmp_path, {"UALINK_CONFIG": str(write_pod(tmp_path)), "UALINK_NODE": "node0"})
+    assert r.returncode == 0, r.stderr
+    assert run.stat().st_mode & 0o022 == 0
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="the entrypoint wants /dev/fuse")
 def test_entrypoint_says_it_waits_for_its_address(tmp_path):
     """Issue 32: the wait for the node's own fabric name (a headless Service's record) is
