@@ -120,7 +120,8 @@ def test_debugfs_and_sys_writes_are_root_only(node: Node):
     debug = [f"{sysfs.DEBUGFS_DRI}/{minor}/{name}" for minor in (128, 129)
              for name in sorted(os.listdir(node.mount / sysfs.DEBUGFS_DRI / str(minor)))]
     debug.append(sysfs.FABRIC_STATUS)
-    assert len(debug) == 23  # 11 per GPU (kfd_allocations, _processes, _queues) and ualink_fabric
+    # 12 per GPU (kfd_allocations, _processes, _queues, amdgpu_cs_contexts) and ualink_fabric
+    assert len(debug) == 25
     for p in debug:
         (node.mount / p).read_bytes()  # root: fine, and now cached
     ualink = sysfs.ualink_dir(128)
