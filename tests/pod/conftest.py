@@ -8,13 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from pod_layout import TIMEOUT_MS, VPOD1, VPOD2
 
 from ualinkd.testing import Pod, pod_config
 from ualinkd.testing.plugin import pod_or_skip
-
-VPOD1 = [0, 2, 4, 6]
-VPOD2 = [1, 3, 5, 7]
-TIMEOUT_MS = 300
 
 
 def restore(pod: Pod) -> None:

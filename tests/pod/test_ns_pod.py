@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from conftest import VPOD1, VPOD2
+from pod_layout import VPOD1, VPOD2
 
 from ualinkd.netns.agent import Agent
 from ualinkd.testing import Pod
