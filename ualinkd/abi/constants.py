@@ -142,6 +142,10 @@ USERPTR_VALIDATE = 1 << 2
 USERPTR_REGISTER = 1 << 3
 USERPTR_FLAGS = USERPTR_READONLY | USERPTR_ANONONLY | USERPTR_VALIDATE | USERPTR_REGISTER
 
+# kfd_ioctl.h: AMDKFD_IOC_ALLOC_MEMORY_OF_GPU's flag for the caller's own pages (the address
+# in mmap_offset); the KFD and the replay's userptr mapping both read it from here.
+KFD_IOC_ALLOC_MEM_FLAGS_USERPTR = 1 << 2
+
 # drm.h: syncobj fds
 DRM_SYNCOBJ_FD_TO_HANDLE_FLAGS_IMPORT_SYNC_FILE = 1 << 0
 DRM_SYNCOBJ_HANDLE_TO_FD_FLAGS_EXPORT_SYNC_FILE = 1 << 0

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..abi import structs as st
+from ..abi.constants import KFD_IOC_ALLOC_MEM_FLAGS_USERPTR
 from ..abi.ioc import IoctlCmd
 from ..abi.ioctls import by_name
 from ..abi.values import FREE, NEW, NOTHING_HANDED, HandedValues
@@ -822,7 +823,6 @@ def _handed(name: str) -> HandedValues:
 # The userptr allocations: the caller's own pages become a BO (amdgpu_ttm_tt_get_user_pages
 # checks they are mapped). KFD_IOC_ALLOC_MEM_FLAGS_USERPTR (kfd_ioctl.h) with the address
 # in mmap_offset; AMDGPU_GEM_USERPTR's drm_amdgpu_gem_userptr {addr, size, flags, handle}.
-_KFD_ALLOC_USERPTR = 1 << 2
 MAX_USER_PAGES = 16 << 30  # bytes of zero pages a replay maps for them, in all
 
 
@@ -834,7 +834,7 @@ def user_pages(name: str, in_bytes: bytes) -> tuple[int, int] | None:
     kfd, gem = st.KFD_ALLOC_MEMORY_OF_GPU, st.GEM_USERPTR
     if name == "AMDKFD_ALLOC_MEMORY_OF_GPU" and len(in_bytes) >= kfd.field("flags").end:
         return ((read(kfd.field("mmap_offset")), read(kfd.field("size")))
-                if read(kfd.field("flags")) & _KFD_ALLOC_USERPTR else None)
+                if read(kfd.field("flags")) & KFD_IOC_ALLOC_MEM_FLAGS_USERPTR else None)
     if name == "AMDGPU_GEM_USERPTR" and len(in_bytes) >= gem.field("size").end:
         return (read(gem.field("addr")), read(gem.field("size")))
     return None
