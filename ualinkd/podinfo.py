@@ -18,6 +18,7 @@ import errno
 import json
 import os
 import socket
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -77,6 +78,57 @@ def _pod_root_hint(path: str) -> str:
     return (f"; a pod root: --mount {os.path.join(path, os.path.basename(nodes[0]))}"
             f" (its nodes: {', '.join(os.path.basename(p) for p in nodes)}; "
             f"`ualinkctl pod {path}` shows them all)")
+
+
+def _why_not_a_mount(path: str) -> str | None:
+    """Why `path` is not a ualinkd node's mount, or None if it is one (a FUSE file system
+    with dri/renderD128 as a regular file and the node's sys/class/drm, DESIGN.md "The mount
+    of one node"; what the shim itself checks, and more)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "it does not exist"
+    except OSError as e:
+        return e.strerror or str(e)
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    if not os.path.ismount(path):
+        return "not a mount point"
+    try:
+        with open("/proc/self/mountinfo") as f:
+            fstype = next((line.split(" - ", 1)[1].split()[0] for line in f
+                           if line.split()[4] == path.replace(" ", "\\040")),
+                          "")
+    except OSError:
+        fstype = "fuse"  # no mountinfo to ask: the files below decide
+    if not fstype.startswith("fuse"):
+        return f"a {fstype or 'non-FUSE'} mount, not a node's FUSE mount"
+    render = os.path.join(path, "dri", f"renderD{sysfs.RENDER_MINOR_BASE}")
+    if not os.path.isfile(render) or not os.path.isdir(os.path.join(path, sysfs.DRM_CLASS)):
+        return "a FUSE mount without a node's dri/renderD128 and sys/class/drm"
+    return None
+
+
+def _pod_nodes_hint(path: str) -> str:
+    """A pod root given where a node was meant: name its nodes."""
+    try:
+        nodes = sorted(n for n in os.listdir(path) if _why_not_a_mount(os.path.join(path, n))
+                       is None)
+    except OSError:
+        return ""
+    if nodes:
+        return f" (a pod root? its nodes: {', '.join(os.path.join(path, n) for n in nodes)})"
+    return ""
+
+
+def not_a_node_mount(path: str) -> str | None:
+    """One line saying why `path` (a realpath: mountinfo names mounts so) is not a ualinkd
+    node's mount, a pod root's nodes named, or None if it is one: what `ualinkd run` and
+    `ualinkd replay --mount` refuse before they send a program or a recording there."""
+    why = _why_not_a_mount(path)
+    if why is None:
+        return None
+    return f"{path} is not a ualinkd node's mount ({why}){_pod_nodes_hint(path)}"
 
 
 class Mount:

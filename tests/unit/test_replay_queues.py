@@ -13,10 +13,15 @@ import json
 import struct
 from pathlib import Path
 
+import pytest
+
 from ualinkd.abi import ioctls
 from ualinkd.cli.main import main
 from ualinkd.replay import session
 from ualinkd.replay.mapping import Mapper
+
+# (replays into plain directories: conftest.py's plain_dirs_as_mounts)
+pytestmark = pytest.mark.usefixtures("plain_dirs_as_mounts")
 
 CREATE_QUEUE = ioctls.KFD_CREATE_QUEUE.cmd
 DESTROY_QUEUE = ioctls.KFD_DESTROY_QUEUE.cmd

@@ -13,6 +13,9 @@ import pytest
 from ualinkd.cli.main import main
 from ualinkd.replay import session
 
+# (replays into plain directories: conftest.py's plain_dirs_as_mounts)
+pytestmark = pytest.mark.usefixtures("plain_dirs_as_mounts")
+
 GOOD = {"v": 2, "type": "ioctl", "time": 1.0, "duration": 0.0, "pid": 10, "node": "node0",
         "file": 1, "ioctl": "GEM_CLOSE", "cmd": "0x40086409", "in_hex": "0100000000000000",
         "out_hex": "", "result": 0, "mem": [], "fds": []}

@@ -16,6 +16,9 @@ import pytest
 from ualinkd.cli.main import main
 from ualinkd.replay import issue, session
 
+# (replays into plain directories: conftest.py's plain_dirs_as_mounts)
+pytestmark = pytest.mark.usefixtures("plain_dirs_as_mounts")
+
 STORE = b"written by the recording"
 
 

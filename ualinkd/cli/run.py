@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 import sys
 
-from .. import sysfs
+from ..podinfo import not_a_node_mount
 
 
 class RunError(Exception):
@@ -34,47 +33,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "holding the node NODE")
     r.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- PROG ARGS",
                    help="the program and its arguments")
-
-
-def _why_not_a_mount(path: str) -> str | None:
-    """Why `path` is not a ualinkd node's mount, or None if it is one (a FUSE file system
-    with dri/renderD128 as a regular file and the node's sys/class/drm, DESIGN.md "The mount
-    of one node"; what the shim itself checks, and more)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return "it does not exist"
-    except OSError as e:
-        return e.strerror or str(e)
-    if not stat.S_ISDIR(st.st_mode):
-        return "not a directory"
-    if not os.path.ismount(path):
-        return "not a mount point"
-    try:
-        with open("/proc/self/mountinfo") as f:
-            fstype = next((line.split(" - ", 1)[1].split()[0] for line in f
-                           if line.split()[4] == path.replace(" ", "\\040")),
-                          "")
-    except OSError:
-        fstype = "fuse"  # no mountinfo to ask: the files below decide
-    if not fstype.startswith("fuse"):
-        return f"a {fstype or 'non-FUSE'} mount, not a node's FUSE mount"
-    render = os.path.join(path, "dri", f"renderD{sysfs.RENDER_MINOR_BASE}")
-    if not os.path.isfile(render) or not os.path.isdir(os.path.join(path, sysfs.DRM_CLASS)):
-        return "a FUSE mount without a node's dri/renderD128 and sys/class/drm"
-    return None
-
-
-def _hint(path: str) -> str:
-    """A pod root given where a node was meant: name its nodes."""
-    try:
-        nodes = sorted(n for n in os.listdir(path) if _why_not_a_mount(os.path.join(path, n))
-                       is None)
-    except OSError:
-        return ""
-    if nodes:
-        return f" (a pod root? its nodes: {', '.join(os.path.join(path, n) for n in nodes)})"
-    return ""
 
 
 def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
@@ -113,9 +71,8 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     else:
         path = os.path.abspath(args.node)
     path = os.path.realpath(path)  # a symlink to a mount: the mount (mountinfo names it)
-    why = _why_not_a_mount(path)
-    if why is not None:
-        raise RunError(f"{path} is not a ualinkd node's mount ({why}){_hint(path)}")
+    if (refusal := not_a_node_mount(path)) is not None:
+        raise RunError(refusal)
     env.update(UALINK_DRI_DIR=os.path.join(path, "dri"), UALINK_MOUNT=path)
     return argv, env
 

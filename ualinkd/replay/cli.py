@@ -4,7 +4,10 @@ adds these parsers and dispatches here."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from ..podinfo import not_a_node_mount
 
 COMMANDS = ("record", "replay")
 
@@ -58,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     for m in args.mount:
         node, sep, path = m.partition("=")
         mounts.append((node, path) if sep else ("", m))
+    for _node, path in mounts:  # (else every call of a typo'd DIR is a "difference")
+        if (refusal := not_a_node_mount(os.path.realpath(path))) is not None:
+            print(f"ualinkd replay: {refusal}", file=sys.stderr)
+            return 2
     try:
         found = replay(args.recording, mounts, set(args.pid) if args.pid else None,
                        verbose=getattr(args, "verbose", False))
