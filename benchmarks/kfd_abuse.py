@@ -21,7 +21,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from test_kfd_pid_reuse import (  # noqa: E402
     gpu_id,
     kfd_call,
     rss_kib,
+    serving_gaps,
     spawn_as,
 )
 
@@ -47,37 +47,25 @@ from ualinkd.config import PodConfig  # noqa: E402
 
 def wait_events(node, n: int) -> str:
     fd = os.open(node.mount / "kfd", os.O_RDWR)
-    probe_fd = os.open(node.mount / "kfd", os.O_RDWR)
     try:
         _, out = kfd_call(fd, tbl.KFD_CREATE_EVENT.cmd, struct.pack("<QIIIIII", 0, 0, 0, 0,
                                                                     0, 0, 0))
         event_id = struct.unpack("<QIIIIII", out)[1]
         kfd_call(fd, tbl.KFD_SET_EVENT.cmd, struct.pack("<II", event_id, 0))
         entries = ctypes.create_string_buffer(struct.pack("<32xQII", 0, event_id, 0) * n)
-        gaps: list[float] = []
-        done = threading.Event()
 
-        def probe() -> None:
-            while not done.is_set():
-                t = time.monotonic()
-                kfd_call(probe_fd, tbl.KFD_GET_VERSION.cmd, bytes(8))
-                gaps.append(time.monotonic() - t)
-                time.sleep(0.01)
+        def wait() -> tuple[int, bytes, float]:
+            t = time.monotonic()
+            err, out = kfd_call(fd, tbl.KFD_WAIT_EVENTS.cmd, struct.pack(
+                "<QIIII", ctypes.addressof(entries), n, 1, 0, 0xFF))
+            return err, out, time.monotonic() - t
 
-        th = threading.Thread(target=probe)
-        th.start()
-        t = time.monotonic()
-        err, out = kfd_call(fd, tbl.KFD_WAIT_EVENTS.cmd, struct.pack(
-            "<QIIII", ctypes.addressof(entries), n, 1, 0, 0xFF))
-        took = time.monotonic() - t
-        done.set()
-        th.join()
+        gap, (err, out, took) = serving_gaps(node, wait)
         return (f"WAIT_EVENTS {n:>9,} events: {errno.errorcode.get(err, err)!s:>7}, "
                 f"wait_result {struct.unpack('<QIIII', out)[4]}, call {took:6.2f} s, "
-                f"another caller blocked up to {max(gaps or [0]):6.2f} s")
+                f"another caller blocked up to {gap:6.2f} s")
     finally:
         os.close(fd)
-        os.close(probe_fd)
 
 
 def map_16m(node) -> str:
