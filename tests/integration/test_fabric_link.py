@@ -802,6 +802,20 @@ async def test_pending_handshakes_are_capped_in_all_and_per_address(
     await wait_until(lambda: c.is_up("b"))
 
 
+async def _impostor(pod: Pod, listener: trio.SocketListener) -> None:
+    """Node c's handshake answering every dial that reaches `listener` (b's address)."""
+    while True:
+        stream = await listener.accept()
+        hs = auth.ServerHandshake(pod.cfg, "c", now=trio.current_time(),
+                                  nonces=auth.NonceCache())
+        with contextlib.suppress(Exception):
+            out = hs.receive_frame(await read_frame(stream, FrameDecoder()),
+                                   trio.current_time())
+            await stream.send_all(encode_frame(out[0]))
+            await stream.receive_some(100)
+        await stream.aclose()
+
+
 async def test_a_dial_failure_is_a_warning_when_its_kind_changes(pod: Pod, caplog,
                                                                  monkeypatch) -> None:
     """Item 9: a dialer logs at WARNING the first lasting failure and each change of its kind
@@ -823,20 +837,8 @@ async def test_a_dial_failure_is_a_warning_when_its_kind_changes(pod: Pod, caplo
     await wait_until(lambda: len(dial_failures()) >= 3)
     listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
 
-    async def impostor() -> None:  # c's handshake answering on b's address
-        while True:
-            stream = await listeners[0].accept()
-            hs = auth.ServerHandshake(pod.cfg, "c", now=trio.current_time(),
-                                      nonces=auth.NonceCache())
-            with contextlib.suppress(Exception):
-                out = hs.receive_frame(await read_frame(stream, FrameDecoder()),
-                                       trio.current_time())
-                await stream.send_all(encode_frame(out[0]))
-                await stream.receive_some(100)
-            await stream.aclose()
-
     async with trio.open_nursery() as n:
-        n.start_soon(impostor)
+        n.start_soon(_impostor, pod, listeners[0])
         await wait_until(lambda: sum("'c' answered" in r.getMessage()
                                      for r in dial_failures()) >= 3)
         n.cancel_scope.cancel()
@@ -878,18 +880,6 @@ async def test_an_impostor_on_a_restarting_peers_port_is_a_warning_at_once(
             await trio.sleep(2)
         await stream.aclose()
 
-    async def impostor() -> None:  # c's handshake answering on b's address
-        while True:
-            stream = await listeners[0].accept()
-            hs = auth.ServerHandshake(pod.cfg, "c", now=trio.current_time(),
-                                      nonces=auth.NonceCache())
-            with contextlib.suppress(Exception):
-                out = hs.receive_frame(await read_frame(stream, FrameDecoder()),
-                                       trio.current_time())
-                await stream.send_all(encode_frame(out[0]))
-                await stream.receive_some(100)
-            await stream.aclose()
-
     async with trio.open_nursery() as n:
         n.start_soon(silent)
         await wait_until(lambda: any("not finished" in r.getMessage()
@@ -899,7 +889,7 @@ async def test_an_impostor_on_a_restarting_peers_port_is_a_warning_at_once(
         (r.levelname, r.getMessage()) for r in dial_failures()]
     started = trio.current_time()
     async with trio.open_nursery() as n:
-        n.start_soon(impostor)
+        n.start_soon(_impostor, pod, listeners[0])
         await wait_until(lambda: sum("'c' answered" in r.getMessage()
                                      for r in dial_failures()) >= 3)
         n.cancel_scope.cancel()
