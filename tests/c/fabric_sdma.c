@@ -24,7 +24,6 @@
  * Output: ok <step> key=value ...  |  fail <step> ... (exit status = step number).
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <hsakmt.h>
@@ -42,14 +41,14 @@
 #include <xf86drm.h>
 
 #include "ualink/ualink_drm.h" /* only its UALink part: amdgpu_drm.h came first */
+#include "render_fd.h"
+#include "sdma_ring.h" /* the ring and its packets; its `step` is the one counted here */
+#include "ualink_import.h"
 
 #define BO_SIZE (4u << 20)
-#define RING_SIZE (1u << 20)
+#define RING_BYTES (1u << 20) /* the importer's ring (sdma_ring.h's RING_SIZE: 4 KiB) */
 #define STORE_OFFSET (1u << 20) /* where the importer stores, inside the BO */
 #define STORE_SIZE (1u << 20)
-#define COPY_CHUNK 0x3FFFE0u	/* BlitSdmaV4's largest COPY_LINEAR */
-
-static int step;
 
 #define FAIL(name, fmt, ...)                                                      \
 	do {                                                                      \
@@ -79,13 +78,6 @@ static void pattern(uint8_t *p, size_t n, uint32_t seed)
 		x = x * 1103515245u + 12345u;
 		p[i] = (uint8_t)(x >> 16);
 	}
-}
-
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec / 1e9;
 }
 
 /* ---------------------------------------------------------------- exporter */
@@ -146,98 +138,18 @@ static int do_export(size_t bo_size)
 }
 
 /* ---------------------------------------------------------------- importer */
-/*
- * The render file libhsakmt acquired the GPU VM with: libhsakmt 5.2.3 opens each render
- * node once and passes that fd to ACQUIRE_VM; this program opens none itself.
- */
-static int acquired_render_fd(int minor)
+/* copy + fence, the fence at `sig`: seconds until the fence, or -1 after `timeout` seconds */
+static double sdma_copy(struct queue *q, volatile uint32_t *sig, uint64_t dst, uint64_t src,
+			uint64_t size, double timeout)
 {
-	char want[32], path[300], target[4096];
-	int found = -1, count = 0;
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-
-	snprintf(want, sizeof(want), "/renderD%d", minor);
-	while (d && (e = readdir(d))) {
-		size_t w = strlen(want);
-		ssize_t n;
-
-		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-		n = readlink(path, target, sizeof(target) - 1);
-		if (n <= 0)
-			continue;
-		target[n] = 0;
-		if ((size_t)n >= w && strcmp(target + n - w, want) == 0) {
-			found = atoi(e->d_name);
-			count++;
-		}
-	}
-	if (d)
-		closedir(d);
-	return count == 1 ? found : -1;
-}
-
-struct sdma {
-	uint32_t *ring;
-	HsaQueueResource res;
-	uint64_t wptr; /* bytes, monotonically increasing (gfx9) */
-	volatile uint32_t *fence;
-	uint32_t fence_value;
-};
-
-static void emit(struct sdma *q, const uint32_t *dw, unsigned n)
-{
-	uint64_t rptr;
-
-	/* wait for room (BlitSdmaV4's reservation against *rptr) */
-	do
-		rptr = __atomic_load_n((uint64_t *)q->res.Queue_read_ptr, __ATOMIC_ACQUIRE);
-	while (q->wptr + n * 4 - rptr >= RING_SIZE);
-	/* a command never straddles the end: zero dwords (1-dword NOPs) to the end */
-	if ((q->wptr % RING_SIZE) + n * 4 > RING_SIZE) {
-		while (q->wptr % RING_SIZE)
-			q->ring[(q->wptr % RING_SIZE) / 4] = 0, q->wptr += 4;
-	}
-	for (unsigned i = 0; i < n; i++)
-		q->ring[(q->wptr % RING_SIZE) / 4 + i] = dw[i];
-	q->wptr += n * 4;
-}
-
-static void submit(struct sdma *q)
-{
-	__atomic_store_n((uint64_t *)q->res.Queue_write_ptr, q->wptr, __ATOMIC_RELEASE);
-	__atomic_store_n((uint64_t *)q->res.Queue_DoorBell, q->wptr, __ATOMIC_RELEASE);
-}
-
-/* copy + fence: returns seconds until the fence, or -1 after `timeout` seconds */
-static double sdma_copy(struct sdma *q, uint64_t dst, uint64_t src, uint64_t size,
-			double timeout)
-{
-	static const uint32_t hdp_flush[6] = {0x8, 0, 0x80000000, 0, 0, 0};
-	uint64_t fence = (uint64_t)(uintptr_t)q->fence;
-	uint32_t value = ++q->fence_value;
+	static uint32_t value;
 	double t0 = now_s();
 
-	emit(q, hdp_flush, 6);
-	for (uint64_t done = 0; done < size;) {
-		uint64_t n = size - done < COPY_CHUNK ? size - done : COPY_CHUNK;
-		uint32_t copy[7] = {1, (uint32_t)(n - 1), 0, (uint32_t)(src + done),
-				    (uint32_t)((src + done) >> 32), (uint32_t)(dst + done),
-				    (uint32_t)((dst + done) >> 32)};
-		emit(q, copy, 7);
-		done += n;
-	}
-	{
-		uint32_t f[4] = {5, (uint32_t)fence, (uint32_t)(fence >> 32), value};
-		emit(q, f, 4);
-	}
-	submit(q);
-	while (__atomic_load_n(q->fence, __ATOMIC_ACQUIRE) != value) {
-		if (now_s() - t0 > timeout)
-			return -1;
-		usleep(50);
-	}
-	return now_s() - t0;
+	value++;
+	if (!(hdp_flush(q) && copy(q, dst, src, size) && fence(q, sig, value)))
+		return -1; /* no room in the ring within 10 s */
+	ring_doorbell(q);
+	return wait_value(sig, value, timeout) ? now_s() - t0 : -1;
 }
 
 static int do_import(uint64_t lo, uint64_t hi)
@@ -247,13 +159,14 @@ static int do_import(uint64_t lo, uint64_t hi)
 	HsaMemFlags sysmem = {0};
 	HsaEventDescriptor mdesc = {.EventType = HSA_EVENTTYPE_MEMORY};
 	HsaEvent *memev = NULL;
-	union drm_amdgpu_ualink_handle u;
 	struct drm_amdgpu_gem_va gva;
-	struct sdma q = {0};
+	struct queue q = {0};
+	volatile uint32_t *sig;
 	uint32_t gpu = 0, handle;
 	uint8_t *host, *want;
 	uint64_t alt, remote;
-	void *reserve;
+	const char *failed;
+	void *hole;
 	char line[64];
 	double secs;
 	int fd;
@@ -274,16 +187,17 @@ static int do_import(uint64_t lo, uint64_t hi)
 	/* system memory the GPU maps (ROCr's system allocator): ring, fence, host buffer */
 	sysmem.ui32.PageSize = HSA_PAGE_SIZE_4KB;
 	sysmem.ui32.HostAccess = 1;
-	KMT("alloc_ring", hsaKmtAllocMemory(0, RING_SIZE, sysmem, (void **)&q.ring));
-	KMT("map_ring", hsaKmtMapMemoryToGPU(q.ring, RING_SIZE, &alt));
-	KMT("alloc_fence", hsaKmtAllocMemory(0, 4096, sysmem, (void **)&q.fence));
-	KMT("map_fence", hsaKmtMapMemoryToGPU((void *)q.fence, 4096, &alt));
+	KMT("alloc_ring", hsaKmtAllocMemory(0, RING_BYTES, sysmem, (void **)&q.ring));
+	KMT("map_ring", hsaKmtMapMemoryToGPU(q.ring, RING_BYTES, &alt));
+	KMT("alloc_fence", hsaKmtAllocMemory(0, 4096, sysmem, (void **)&sig));
+	KMT("map_fence", hsaKmtMapMemoryToGPU((void *)sig, 4096, &alt));
 	KMT("alloc_host", hsaKmtAllocMemory(0, BO_SIZE, sysmem, (void **)&host));
 	KMT("map_host", hsaKmtMapMemoryToGPU(host, BO_SIZE, &alt));
-	memset(q.ring, 0, RING_SIZE);
-	*q.fence = 0;
+	memset(q.ring, 0, RING_BYTES);
+	q.size = RING_BYTES;
+	*sig = 0;
 	KMT("create_queue", hsaKmtCreateQueue(gpu, HSA_QUEUE_SDMA, 100, HSA_QUEUE_PRIORITY_MAXIMUM,
-					       q.ring, RING_SIZE, NULL, &q.res));
+					       q.ring, RING_BYTES, NULL, &q.res));
 	printf("ok create_queue id=%" PRIu64 "\n", (uint64_t)q.res.QueueId);
 	mdesc.NodeId = gpu;
 	KMT("memory_event", hsaKmtCreateEvent(&mdesc, true, false, &memev));
@@ -293,32 +207,22 @@ static int do_import(uint64_t lo, uint64_t hi)
 	step++;
 	if (fd < 0)
 		FAIL("render_fd", "minor=%d", p.DrmRenderMinor);
-	memset(&u, 0, sizeof(u));
-	u.in.op = DRM_AMDGPU_UALINK_HANDLE_OP_IMPORT;
-	u.in.import_ualink_handle[0] = lo;
-	u.in.import_ualink_handle[1] = hi;
-	SYS("import", drmCommandWriteRead(fd, DRM_AMDGPU_UALINK_HANDLE, &u, sizeof(u)));
-	SYS("prime_fd_to_handle", drmPrimeFDToHandle(fd, (int)u.out.import_dmabuf_handle, &handle));
-	close((int)u.out.import_dmabuf_handle);
 	/* a GPU VA nobody else uses: a CPU reservation, 2 MiB aligned */
-	reserve = mmap(NULL, BO_SIZE + (2u << 20), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
-		       MAP_NORESERVE, -1, 0);
+	hole = mmap(NULL, BO_SIZE + (2u << 20), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
+		    MAP_NORESERVE, -1, 0);
 	step++;
-	if (reserve == MAP_FAILED)
+	if (hole == MAP_FAILED)
 		FAIL("reserve_va", "errno=%d", errno);
-	remote = ((uint64_t)(uintptr_t)reserve + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1);
-	memset(&gva, 0, sizeof(gva));
-	gva.handle = handle;
-	gva.operation = AMDGPU_VA_OP_MAP;
-	gva.flags = AMDGPU_VM_PAGE_READABLE | AMDGPU_VM_PAGE_WRITEABLE;
-	gva.va_address = remote;
-	gva.map_size = BO_SIZE;
-	SYS("gem_va", drmCommandWriteRead(fd, DRM_AMDGPU_GEM_VA, &gva, sizeof(gva)));
+	remote = ((uint64_t)(uintptr_t)hole + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1);
+	failed = import_and_map(fd, lo, hi, remote, BO_SIZE, &handle);
+	step++;
+	if (failed)
+		FAIL(failed, "errno=%d", errno);
 	printf("ok import va=%#" PRIx64 " size=%u\n", remote, BO_SIZE);
 
 	/* remote -> host: the exporter's bytes, over the fabric, by the SDMA engine */
 	memset(host, 0, BO_SIZE);
-	secs = sdma_copy(&q, (uint64_t)(uintptr_t)host, remote, BO_SIZE, 30);
+	secs = sdma_copy(&q, sig, (uint64_t)(uintptr_t)host, remote, BO_SIZE, 30);
 	step++;
 	if (secs < 0)
 		FAIL("copy_remote_to_host", "no fence after 30 s");
@@ -331,7 +235,7 @@ static int do_import(uint64_t lo, uint64_t hi)
 
 	/* host -> remote: the exporter checks them in its own memory */
 	pattern(host, STORE_SIZE, 2);
-	secs = sdma_copy(&q, remote + STORE_OFFSET, (uint64_t)(uintptr_t)host, STORE_SIZE, 30);
+	secs = sdma_copy(&q, sig, remote + STORE_OFFSET, (uint64_t)(uintptr_t)host, STORE_SIZE, 30);
 	step++;
 	if (secs < 0)
 		FAIL("copy_host_to_remote", "no fence after 30 s");
@@ -341,7 +245,7 @@ static int do_import(uint64_t lo, uint64_t hi)
 	/* the test frees the exporter's BO, then says "again": the next access faults */
 	if (!fgets(line, sizeof(line), stdin))
 		FAIL("again", "stdin closed");
-	secs = sdma_copy(&q, (uint64_t)(uintptr_t)host, remote, 4096, 5);
+	secs = sdma_copy(&q, sig, (uint64_t)(uintptr_t)host, remote, 4096, 5);
 	step++;
 	if (secs >= 0)
 		FAIL("revoked_copy", "completed in %.6f s", secs);
@@ -354,7 +258,12 @@ static int do_import(uint64_t lo, uint64_t hi)
 		       (uint64_t)f->VirtualAddress : 0);
 	}
 	KMT("destroy_queue", hsaKmtDestroyQueue(q.res.QueueId));
+	memset(&gva, 0, sizeof(gva));
+	gva.handle = handle;
 	gva.operation = AMDGPU_VA_OP_UNMAP;
+	gva.flags = AMDGPU_VM_PAGE_READABLE | AMDGPU_VM_PAGE_WRITEABLE;
+	gva.va_address = remote;
+	gva.map_size = BO_SIZE;
 	drmCommandWriteRead(fd, DRM_AMDGPU_GEM_VA, &gva, sizeof(gva));
 	{
 		struct drm_gem_close c = {.handle = handle};
@@ -363,10 +272,10 @@ static int do_import(uint64_t lo, uint64_t hi)
 	KMT("destroy_event", hsaKmtDestroyEvent(memev));
 	hsaKmtUnmapMemoryToGPU(host);
 	hsaKmtFreeMemory(host, BO_SIZE);
-	hsaKmtUnmapMemoryToGPU((void *)q.fence);
-	hsaKmtFreeMemory((void *)q.fence, 4096);
+	hsaKmtUnmapMemoryToGPU((void *)sig);
+	hsaKmtFreeMemory((void *)sig, 4096);
 	hsaKmtUnmapMemoryToGPU(q.ring);
-	hsaKmtFreeMemory(q.ring, RING_SIZE);
+	hsaKmtFreeMemory(q.ring, RING_BYTES);
 	KMT("close_kfd", hsaKmtCloseKFD());
 	free(want);
 	printf("ok done\n");

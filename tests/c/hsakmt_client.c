@@ -12,13 +12,14 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <dirent.h>
 #include <hsakmt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "render_fd.h"
 
 static int step;
 
@@ -32,39 +33,6 @@ static int step;
 			return step;                                              \
 		}                                                                 \
 	} while (0)
-
-/*
- * The render fd libhsakmt acquired the GPU's VM with: libhsakmt 5.2.3 opens each render
- * node once (hsakmt_open_drm_render_device) and passes that fd to ACQUIRE_VM, and this
- * program opens none itself, so it is the one fd of the process on renderD<minor>; more
- * than one is a failure, not a pick.
- */
-static int acquired_render_fd(int minor)
-{
-	char want[32], path[300], target[4096];
-	int found = -1, count = 0;
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-
-	snprintf(want, sizeof(want), "/renderD%d", minor);
-	while (d && (e = readdir(d))) {
-		ssize_t n;
-		size_t w = strlen(want);
-
-		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-		n = readlink(path, target, sizeof(target) - 1);
-		if (n <= 0)
-			continue;
-		target[n] = 0;
-		if ((size_t)n >= w && strcmp(target + n - w, want) == 0) {
-			found = atoi(e->d_name);
-			count++;
-		}
-	}
-	if (d)
-		closedir(d);
-	return count == 1 ? found : -1;
-}
 
 /* A GPU store of `pattern` at `va` and a load back, through that file's emulated GPU. */
 static int gpu_store_load(int minor, uint64_t va, size_t size, unsigned char pattern)

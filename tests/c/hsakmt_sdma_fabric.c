@@ -15,43 +15,16 @@
  * fault: its fence never lands and nothing hangs.  Output: `ok <step> ...` / `fail <step>`.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <amdgpu_drm.h>
 #include <xf86drm.h>
 
 #include "ualink/ualink_drm.h" /* only its UALink part: amdgpu_drm.h came first */
+#include "render_fd.h"
 #include "sdma_ring.h"
+#include "ualink_import.h"
 
 #define REMOTE_VA 0x600000000000ull /* in the GPUVM aperture, clear of libhsakmt's areas */
-
-/* The render fd libhsakmt acquired (its one open of renderD<minor>; see hsakmt_client.c). */
-static int acquired_render_fd(int minor)
-{
-	char want[32], path[300], target[4096];
-	int found = -1, count = 0;
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-
-	snprintf(want, sizeof(want), "/renderD%d", minor);
-	while (d && (e = readdir(d))) {
-		ssize_t n;
-		size_t w = strlen(want);
-
-		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-		n = readlink(path, target, sizeof(target) - 1);
-		if (n <= 0)
-			continue;
-		target[n] = 0;
-		if ((size_t)n >= w && strcmp(target + n - w, want) == 0) {
-			found = atoi(e->d_name);
-			count++;
-		}
-	}
-	if (d)
-		closedir(d);
-	return count == 1 ? found : -1;
-}
 
 static unsigned char pattern(size_t i)
 {
@@ -64,13 +37,12 @@ int main(int argc, char **argv)
 	HsaNodeProperties props;
 	HsaMemFlags sysmem = {0};
 	uint32_t gpu = 0, kms = 0;
-	union drm_amdgpu_ualink_handle u;
-	struct drm_amdgpu_gem_va va;
 	struct queue q;
 	uint64_t alt = 0, size;
 	void *host = NULL;
 	volatile uint32_t *sig;
-	int fd, dmabuf;
+	const char *failed;
+	int fd;
 
 	if (argc != 4)
 		return 100;
@@ -88,21 +60,9 @@ int main(int argc, char **argv)
 	EXPECT("acquired_render_fd", fd >= 0);
 
 	/* UALink IMPORT -> a dma-buf fd -> a GEM handle of the acquired file -> GEM_VA */
-	memset(&u, 0, sizeof(u));
-	u.in.op = DRM_AMDGPU_UALINK_HANDLE_OP_IMPORT;
-	u.in.import_ualink_handle[0] = strtoull(argv[1], NULL, 0);
-	u.in.import_ualink_handle[1] = strtoull(argv[2], NULL, 0);
-	EXPECT("import", drmCommandWriteRead(fd, DRM_AMDGPU_UALINK_HANDLE, &u, sizeof(u)) == 0);
-	dmabuf = (int)u.out.import_dmabuf_handle;
-	EXPECT("prime_fd_to_handle", drmPrimeFDToHandle(fd, dmabuf, &kms) == 0);
-	close(dmabuf);
-	memset(&va, 0, sizeof(va));
-	va.handle = kms;
-	va.operation = AMDGPU_VA_OP_MAP;
-	va.flags = AMDGPU_VM_PAGE_READABLE | AMDGPU_VM_PAGE_WRITEABLE;
-	va.va_address = REMOTE_VA;
-	va.map_size = size;
-	EXPECT("gem_va", drmCommandWriteRead(fd, DRM_AMDGPU_GEM_VA, &va, sizeof(va)) == 0);
+	failed = import_and_map(fd, strtoull(argv[1], NULL, 0), strtoull(argv[2], NULL, 0),
+				REMOTE_VA, size, &kms);
+	EXPECT(failed ? failed : "import", !failed);
 
 	sysmem.ui32.PageSize = HSA_PAGE_SIZE_4KB;
 	sysmem.ui32.HostAccess = 1;

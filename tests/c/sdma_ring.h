@@ -1,7 +1,8 @@
 /*
  * An SDMA user queue driven through libhsakmt 5.2.3's public API, with the packets
  * ROCr 5.2.3's BlitSdmaV4 writes (the kernel's vega10_sdma_pkt_open.h layouts), for the
- * test programs hsakmt_sdma.c and hsakmt_sdma_fabric.c (static helpers, one copy each).
+ * test programs hsakmt_sdma.c, hsakmt_sdma_bad.c, hsakmt_sdma_fabric.c and fabric_sdma.c
+ * (static helpers, one copy each; a ring of another size than RING_SIZE sets q->size).
  */
 #ifndef SDMA_RING_H
 #define SDMA_RING_H
