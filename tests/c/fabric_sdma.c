@@ -154,7 +154,6 @@ static double sdma_copy(struct queue *q, volatile uint32_t *sig, uint64_t dst, u
 
 static int do_import(uint64_t lo, uint64_t hi)
 {
-	HsaSystemProperties sys;
 	HsaNodeProperties p;
 	HsaMemFlags sysmem = {0};
 	HsaEventDescriptor mdesc = {.EventType = HSA_EVENTTYPE_MEMORY};
@@ -172,17 +171,8 @@ static int do_import(uint64_t lo, uint64_t hi)
 	int fd;
 
 	alarm(120);
-	KMT("open_kfd", hsaKmtOpenKFD());
-	KMT("system_properties", hsaKmtAcquireSystemProperties(&sys));
-	for (uint32_t n = 0; n < sys.NumNodes && !gpu; n++) {
-		KMT("node_properties", hsaKmtGetNodeProperties(n, &p));
-		if (p.NumFComputeCores)
-			gpu = n;
-	}
-	step++;
-	if (!gpu)
-		FAIL("gpu_node", "nodes=%u", sys.NumNodes);
-	KMT("node_properties", hsaKmtGetNodeProperties(gpu, &p));
+	if (open_kfd_gpu(&gpu, &p))
+		exit(step);
 
 	/* system memory the GPU maps (ROCr's system allocator): ring, fence, host buffer */
 	sysmem.ui32.PageSize = HSA_PAGE_SIZE_4KB;

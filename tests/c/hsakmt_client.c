@@ -19,20 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kmt_check.h"
 #include "render_fd.h"
-
-static int step;
-
-#define CHECK(name, call)                                                         \
-	do {                                                                      \
-		HSAKMT_STATUS s_ = (call);                                        \
-		step++;                                                           \
-		if (s_ != HSAKMT_STATUS_SUCCESS) {                                \
-			printf("fail %s status=%d\n", name, (int)s_);             \
-			fflush(stdout);                                           \
-			return step;                                              \
-		}                                                                 \
-	} while (0)
 
 /* A GPU store of `pattern` at `va` and a load back, through that file's emulated GPU. */
 static int gpu_store_load(int minor, uint64_t va, size_t size, unsigned char pattern)

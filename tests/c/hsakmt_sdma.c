@@ -25,7 +25,8 @@
 
 int main(int argc, char **argv)
 {
-	HsaSystemProperties sys;
+	HsaNodeProperties props;
+	int failed;
 	uint32_t gpu = 0;
 	struct queue q, bad;
 	HsaMemFlags vram = {0}, sysmem = {0};
@@ -35,16 +36,8 @@ int main(int argc, char **argv)
 	volatile uint32_t *sig;
 	int bench = argc > 1 && strcmp(argv[1], "bench") == 0;
 
-	CHECK("open_kfd", hsaKmtOpenKFD());
-	CHECK("system_properties", hsaKmtAcquireSystemProperties(&sys));
-	for (uint32_t n = 0; n < sys.NumNodes && !gpu; n++) {
-		HsaNodeProperties p;
-
-		CHECK("node_properties", hsaKmtGetNodeProperties(n, &p));
-		if (p.NumFComputeCores)
-			gpu = n;
-	}
-	EXPECT("gpu_node", gpu != 0);
+	if ((failed = open_kfd_gpu(&gpu, &props)))
+		return failed;
 	if (argc > 1 && strcmp(argv[1], "idle") == 0) {
 		/* 8 idle SDMA queues held until a newline on stdin (the idle-cost measurement) */
 		struct queue idle[8];

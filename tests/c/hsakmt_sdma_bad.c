@@ -339,21 +339,14 @@ static int mode_foreign(uint64_t index)
 
 int main(int argc, char **argv)
 {
-	HsaSystemProperties sys;
+	HsaNodeProperties props;
+	int failed;
 	const char *mode = argc > 1 ? argv[1] : "";
 
 	if (strcmp(mode, "ping") == 0)
 		return mode_ping();
-	CHECK("open_kfd", hsaKmtOpenKFD());
-	CHECK("system_properties", hsaKmtAcquireSystemProperties(&sys));
-	for (uint32_t n = 0; n < sys.NumNodes && !gpu; n++) {
-		HsaNodeProperties p;
-
-		CHECK("node_properties", hsaKmtGetNodeProperties(n, &p));
-		if (p.NumFComputeCores)
-			gpu = n;
-	}
-	EXPECT("gpu_node", gpu != 0);
+	if ((failed = open_kfd_gpu(&gpu, &props)))
+		return failed;
 	sysmem.ui32.PageSize = HSA_PAGE_SIZE_4KB;
 	sysmem.ui32.HostAccess = 1;
 	sysmem.ui32.NonPaged = 1;

@@ -33,7 +33,6 @@ static unsigned char pattern(size_t i)
 
 int main(int argc, char **argv)
 {
-	HsaSystemProperties sys;
 	HsaNodeProperties props;
 	HsaMemFlags sysmem = {0};
 	uint32_t gpu = 0, kms = 0;
@@ -42,19 +41,13 @@ int main(int argc, char **argv)
 	void *host = NULL;
 	volatile uint32_t *sig;
 	const char *failed;
-	int fd;
+	int fd, r;
 
 	if (argc != 4)
 		return 100;
 	size = strtoull(argv[3], NULL, 0);
-	CHECK("open_kfd", hsaKmtOpenKFD());
-	CHECK("system_properties", hsaKmtAcquireSystemProperties(&sys));
-	for (uint32_t n = 0; n < sys.NumNodes && !gpu; n++) {
-		CHECK("node_properties", hsaKmtGetNodeProperties(n, &props));
-		if (props.NumFComputeCores)
-			gpu = n;
-	}
-	EXPECT("gpu_node", gpu != 0);
+	if ((r = open_kfd_gpu(&gpu, &props)))
+		return r;
 	EXPECT("create_queue", create_queue(gpu, &q));
 	fd = acquired_render_fd(props.DrmRenderMinor);
 	EXPECT("acquired_render_fd", fd >= 0);

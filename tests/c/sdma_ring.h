@@ -14,29 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int step;
-
-#define CHECK(name, call)                                                         \
-	do {                                                                      \
-		HSAKMT_STATUS s_ = (call);                                        \
-		step++;                                                           \
-		if (s_ != HSAKMT_STATUS_SUCCESS) {                                \
-			printf("fail %s status=%d\n", name, (int)s_);             \
-			fflush(stdout);                                           \
-			return step;                                              \
-		}                                                                 \
-	} while (0)
-#define EXPECT(name, cond)                                                        \
-	do {                                                                      \
-		step++;                                                           \
-		if (!(cond)) {                                                    \
-			printf("fail %s\n", name);                                \
-			fflush(stdout);                                           \
-			return step;                                              \
-		}                                                                 \
-		printf("ok %s\n", name);                                          \
-		fflush(stdout);                                                   \
-	} while (0)
+#include "kmt_check.h"
 
 /* sdma_v4_0 / vega10_sdma_pkt_open.h opcodes */
 #define SDMA_OP_NOP 0
