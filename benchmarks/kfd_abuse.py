@@ -33,12 +33,12 @@ from test_kfd_pid_reuse import (  # noqa: E402
     ATTACKER,
     NOBODY,
     PYTHON,
-    VICTIM,
     gpu_id,
     kfd_call,
     rss_kib,
     serving_gaps,
     spawn_as,
+    victim,
 )
 
 from ualinkd.abi import ioctls as tbl  # noqa: E402
@@ -85,27 +85,14 @@ def map_16m(node) -> str:
 
 
 def pid_reuse(node) -> str:
-    proc = subprocess.Popen(
-        [PYTHON, "-c", VICTIM, str(node.mount / "kfd"), node.render(0), str(gpu_id(node)),
-         *(str(s.cmd) for s in (tbl.KFD_ACQUIRE_VM, tbl.KFD_ALLOC_MEMORY_OF_GPU,
-                                tbl.KFD_MAP_MEMORY_TO_GPU))],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        pid, handle = (int(x) for x in proc.stdout.readline().split())
-        proc.wait(30)
+    with victim(node) as (pid, handle):
         attacker = spawn_as(pid, [*NOBODY, PYTHON, "-c", ATTACKER, str(node.mount / "kfd"),
                                   str(handle), str(tbl.KFD_EXPORT_DMABUF.cmd)],
                             stdout=subprocess.PIPE)
         out, _ = attacker.communicate(timeout=60)
-        got_pid, err = (int(x) for x in out.split())
-        return (f"pid reuse: uid nobody as pid {got_pid} (root's was {pid}): EXPORT_DMABUF of "
-                f"root's handle -> {errno.errorcode.get(err, err)}")
-    finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.kill()
-        proc.wait(30)
+    got_pid, err = (int(x) for x in out.split())
+    return (f"pid reuse: uid nobody as pid {got_pid} (root's was {pid}): EXPORT_DMABUF of "
+            f"root's handle -> {errno.errorcode.get(err, err)}")
 
 
 def acquire_twice(node) -> str:

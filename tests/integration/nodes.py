@@ -319,6 +319,16 @@ def call(fd: int, cmd: int, data: bytes) -> bytes:
     return bytes(buf)
 
 
+def call_errno(fd: int, cmd: int, data: bytes) -> tuple[int, bytes]:
+    """A raw ioctl(2) that may fail: (0 or its errno, the buffer after the call)."""
+    buf = bytearray(data)
+    try:
+        fcntl.ioctl(fd, cmd, buf)
+    except OSError as e:
+        return e.errno, bytes(buf)
+    return 0, bytes(buf)
+
+
 def errno_of(fd: int, cmd: int, data: bytes) -> int:
     """The errno of a raw ioctl(2) that must fail."""
     with pytest.raises(OSError) as ei:

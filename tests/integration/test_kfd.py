@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import struct
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from nodes import REPO, Client, c_program, running_node, running_pod
+from nodes import call_errno as kfd_ioctl
 
 from ualinkd import sysfs
 from ualinkd.abi import ioctls as tbl
@@ -36,16 +36,6 @@ SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 def node(tmp_path_factory):
     with running_node(tmp_path_factory.mktemp("kfd"), PodConfig.local(1, 2)) as n:
         yield n
-
-
-def kfd_ioctl(fd: int, cmd: int, data: bytes) -> tuple[int, bytes]:
-    """ioctl(2) with a buffer: (0 or errno, the buffer after the call)."""
-    buf = bytearray(data)
-    try:
-        fcntl.ioctl(fd, cmd, buf)
-    except OSError as e:
-        return e.errno, bytes(buf)
-    return 0, bytes(buf)
 
 
 def gpu_ids(node) -> list[int]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import os
 import shutil
 import struct
@@ -25,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from nodes import call_errno as kfd_call
 from nodes import running_node, wait_until
 
 from ualinkd import sysfs
@@ -187,15 +187,6 @@ def test_acquire_vm_of_a_render_file_another_kfd_process_acquired_is_einval(node
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert int(r.stdout) == errno.EINVAL
-
-
-def kfd_call(fd: int, cmd: int, data: bytes) -> tuple[int, bytes]:
-    buf = bytearray(data)
-    try:
-        fcntl.ioctl(fd, cmd, buf)
-    except OSError as e:
-        return e.errno, bytes(buf)
-    return 0, bytes(buf)
 
 
 def serving_gaps(node, seconds_while) -> tuple[float, object]:
