@@ -11,9 +11,9 @@ from __future__ import annotations
 import errno
 import json
 import struct
-from pathlib import Path
 
 import pytest
+import ualink_testkit as kit
 
 from ualinkd.abi import ioctls
 from ualinkd.cli.main import main
@@ -116,14 +116,6 @@ def test_index_keeps_what_the_queue_summary_reads_and_checks_it():
         raise AssertionError("a queue record with a string queue_id was accepted")
 
 
-def _write(tmp_path: Path, *recs: dict) -> Path:
-    (tmp_path / "dri").mkdir()
-    (tmp_path / "dri/renderD128").write_bytes(b"")
-    path = tmp_path / "rec.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    return path
-
-
 OPENED = {"v": 2, "type": "open", "time": 0.5, "pid": 10, "node": "node0", "file": 1,
           "path": "dri/renderD128"}
 RELEASED = {**OPENED, "type": "release", "time": 3.0}
@@ -132,7 +124,7 @@ RELEASED = {**OPENED, "type": "release", "time": 3.0}
 def test_replay_says_what_of_the_queues_it_does_not_replay(tmp_path, capsys):
     """The CLI prints the summary line before its last line (and per queue with -v); not
     a difference: a recording whose calls all replay exits 0."""
-    path = _write(tmp_path, OPENED, _queue("create", 0, t=1.0),
+    path = kit.write_recording(tmp_path, OPENED, _queue("create", 0, t=1.0),
                   _queue("doorbell", 0, value=0x20, t=1.1),
                   _queue("packet", 0, detail="FENCE(addr=0x1000, data=0x1)", t=1.2),
                   _queue("error", 1, value=0x8, detail="unknown packet", t=1.3), RELEASED)
@@ -155,7 +147,7 @@ def test_replay_says_what_of_the_queues_it_does_not_replay(tmp_path, capsys):
 
 
 def test_a_recording_without_queues_says_nothing_of_them(tmp_path, capsys):
-    path = _write(tmp_path, OPENED, RELEASED)
+    path = kit.write_recording(tmp_path, OPENED, RELEASED)
     assert main(["replay", str(path), "--mount", str(tmp_path)]) == 0
     assert "not replayed" not in capsys.readouterr().out
 

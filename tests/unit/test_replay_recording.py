@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import ualink_testkit as kit
 
 from ualinkd.cli.main import main
 from ualinkd.replay import session
@@ -167,14 +168,6 @@ def test_replay_of_a_truncated_recording_reports_it_and_replays_the_rest(tmp_pat
         f"{path}: 1 about the recording itself")
 
 
-def _write(tmp_path: Path, *recs: dict) -> Path:
-    (tmp_path / "dri").mkdir()
-    (tmp_path / "dri/renderD128").write_bytes(b"")
-    path = tmp_path / "rec.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    return path
-
-
 OPENED = {"v": 2, "type": "open", "time": 0.5, "pid": 1, "node": "node0", "file": 1,
           "path": "dri/renderD128"}
 RELEASED = {**OPENED, "type": "release", "time": 0.6}
@@ -186,13 +179,13 @@ RELEASED = {**OPENED, "type": "release", "time": 0.6}
     (({"v": 2, "type": "lost", "count": 3},), "no calls to replay (the recording lost 3 records)"),
 ])
 def test_a_recording_with_no_call_in_it_is_refused(tmp_path, capsys, recs, why):
-    path = _write(tmp_path, *recs)
+    path = kit.write_recording(tmp_path, *recs)
     assert _replay(tmp_path, str(path)) == 2
     assert capsys.readouterr().err == f"ualinkd replay: {path}: {why}\n"
 
 
 def test_a_pid_filter_that_leaves_nothing_is_refused(tmp_path, capsys):
-    path = _write(tmp_path, OPENED, RELEASED)
+    path = kit.write_recording(tmp_path, OPENED, RELEASED)
     assert _replay(tmp_path, str(path), "--pid", "7") == 2
     assert capsys.readouterr().err.endswith(
         ": no calls to replay from pid 7 (the recording's pids: 1)\n")
@@ -200,7 +193,7 @@ def test_a_pid_filter_that_leaves_nothing_is_refused(tmp_path, capsys):
 
 
 def test_a_mount_for_a_node_the_recording_never_has_is_refused(tmp_path, capsys):
-    path = _write(tmp_path, OPENED, {**OPENED, "node": "node1", "file": 2}, RELEASED)
+    path = kit.write_recording(tmp_path, OPENED, {**OPENED, "node": "node1", "file": 2}, RELEASED)
     assert main(["replay", str(path), "--mount", f"node0={tmp_path}",
                  "--mount", f"nod1={tmp_path}"]) == 2
     assert capsys.readouterr().err == (f"ualinkd replay: {path}: --mount nod1=: the recording "

@@ -7,9 +7,11 @@ token's key doubles as the fd passed to PRIME_FD_TO_HANDLE.
 from __future__ import annotations
 
 import errno
+import json
 import struct
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from ualinkd.abi import constants as c
@@ -237,3 +239,14 @@ def connected_export(config: PodConfig, remotes: Iterable[int] = (1, 2),
     f = open_file(core)
     lo, hi = ualink_export(f, gem_create(f, size=size))
     return core, mgr, f, lo, hi
+
+
+def write_recording(directory: Path, *recs: dict[str, Any]) -> Path:
+    """`recs` as a recording (directory/rec.jsonl, one JSON object a line), with
+    directory/dri/renderD128 an empty file: `directory` stands in for a node's mount in the
+    replay's unit tests (a replay's opens find that file)."""
+    (directory / "dri").mkdir()
+    (directory / "dri/renderD128").write_bytes(b"")
+    path = directory / "rec.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
