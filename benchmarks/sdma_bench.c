@@ -16,7 +16,6 @@
  *       pickup once the daemon's watch has backed off): `fence_quiet_ns=<median>`
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <hsakmt.h>
 #include <inttypes.h>
@@ -30,6 +29,7 @@
 #include <unistd.h>
 
 #include "ualink/ualink_drm.h" /* the DRM/amdgpu uAPI subset, UALink included */
+#include "../tests/c/render_fd.h" /* acquired_render_fd */
 
 #define RING_SIZE (1u << 20)
 #define COPY_CHUNK 0x3FFFE0u
@@ -142,28 +142,6 @@ static uint64_t submit_wait(struct sdma *q, uint64_t dst, uint64_t src, uint64_t
 		if (now_ns() - t0 > 60ull * 1000000000u)
 			die("a fence within 60 s", value);
 	return now_ns() - t0;
-}
-
-static int acquired_render_fd(int minor)
-{
-	char want[32], path[300], target[4096];
-	int found = -1;
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-
-	snprintf(want, sizeof(want), "/renderD%d", minor);
-	while (d && (e = readdir(d))) {
-		size_t w = strlen(want);
-		ssize_t n;
-
-		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-		n = readlink(path, target, sizeof(target) - 1);
-		if (n > 0 && (size_t)n >= w && (target[n] = 0, strcmp(target + n - w, want) == 0))
-			found = atoi(e->d_name);
-	}
-	if (d)
-		closedir(d);
-	return found;
 }
 
 int main(int argc, char **argv)
