@@ -41,6 +41,7 @@
 #include <xf86drm.h>
 
 #include "ualink/ualink_drm.h" /* only its UALink part: amdgpu_drm.h came first */
+#include "fabric_pattern.h"
 #include "render_fd.h"
 #include "sdma_ring.h" /* the ring and its packets; its `step` is the one counted here */
 #include "ualink_import.h"
@@ -70,15 +71,6 @@
 		if (r_ != 0)                                                      \
 			FAIL(name, "ret=%d errno=%d", r_, errno);                 \
 	} while (0)
-
-static void pattern(uint8_t *p, size_t n, uint32_t seed)
-{
-	uint32_t x = seed * 2654435761u + 7;
-	for (size_t i = 0; i < n; i++) {
-		x = x * 1103515245u + 12345u;
-		p[i] = (uint8_t)(x >> 16);
-	}
-}
 
 /* ---------------------------------------------------------------- exporter */
 static int do_export(size_t bo_size)

@@ -3,8 +3,9 @@
  * Debian's libhsakmt 5.2.3 and then use that file themselves (hsakmt_client.c,
  * hsakmt_sdma_fabric.c, fabric_sdma.c). libhsakmt opens each render node once
  * (hsakmt_open_drm_render_device) and passes that fd to ACQUIRE_VM; these programs open
- * none themselves, so it is the one fd of the process on renderD<minor>: more than one is
- * a failure (-1), not a pick.
+ * none themselves, so it is the one fd of the process on renderD<minor> (minor < 0: on
+ * any render node, for rocr_fabric.c, which knows no minor): more than one is a failure
+ * (-1), not a pick.
  */
 #ifndef RENDER_FD_H
 #define RENDER_FD_H
@@ -21,7 +22,10 @@ static inline int acquired_render_fd(int minor)
 	DIR *d = opendir("/proc/self/fd");
 	struct dirent *e;
 
-	snprintf(want, sizeof(want), "/renderD%d", minor);
+	if (minor < 0)
+		snprintf(want, sizeof(want), "/renderD");
+	else
+		snprintf(want, sizeof(want), "/renderD%d", minor);
 	while (d && (e = readdir(d))) {
 		size_t w = strlen(want);
 		ssize_t n;
@@ -31,7 +35,8 @@ static inline int acquired_render_fd(int minor)
 		if (n <= 0)
 			continue;
 		target[n] = 0;
-		if ((size_t)n >= w && strcmp(target + n - w, want) == 0) {
+		if (minor < 0 ? strstr(target, want) != NULL
+			      : (size_t)n >= w && strcmp(target + n - w, want) == 0) {
 			found = atoi(e->d_name);
 			count++;
 		}

@@ -15,7 +15,6 @@
  *   the BO is a GPU page fault: ROCr's VM-fault handler reports it and aborts the process.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <hsa/hsa.h>
 #include <hsa/hsa_ext_amd.h>
@@ -28,6 +27,8 @@
 #include <unistd.h>
 
 #include "ualink/ualink_drm.h"
+#include "fabric_pattern.h"
+#include "render_fd.h"
 
 static hsa_agent_t cpu, gpu;
 static hsa_amd_memory_pool_t sys_pool;
@@ -44,15 +45,6 @@ static int have_pool;
 		if (s_ != HSA_STATUS_SUCCESS)                                     \
 			FAIL(name, "status=0x%x", (unsigned)s_);                  \
 	} while (0)
-
-static void pattern(uint8_t *p, size_t n, uint32_t seed)
-{
-	uint32_t x = seed * 2654435761u + 7;
-	for (size_t i = 0; i < n; i++) {
-		x = x * 1103515245u + 12345u;
-		p[i] = (uint8_t)(x >> 16);
-	}
-}
 
 static hsa_status_t agent_cb(hsa_agent_t agent, void *data)
 {
@@ -79,32 +71,6 @@ static hsa_status_t pool_cb(hsa_amd_memory_pool_t pool, void *data)
 		have_pool = 1;
 	}
 	return HSA_STATUS_SUCCESS;
-}
-
-/* the one render file of the process: the one ROCr's libhsakmt opened and acquired */
-static int render_fd(void)
-{
-	char path[300], target[4096];
-	int found = -1, count = 0;
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-
-	while (d && (e = readdir(d))) {
-		ssize_t n;
-
-		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-		n = readlink(path, target, sizeof(target) - 1);
-		if (n <= 0)
-			continue;
-		target[n] = 0;
-		if (strstr(target, "/renderD")) {
-			found = atoi(e->d_name);
-			count++;
-		}
-	}
-	if (d)
-		closedir(d);
-	return count == 1 ? found : -1;
 }
 
 static void copy(void *dst, hsa_agent_t dst_agent, const void *src, hsa_agent_t src_agent,
@@ -150,7 +116,7 @@ int main(int argc, char **argv)
 	/* AMD's test: a dummy queue to create a VMID */
 	CHECK("queue_create", hsa_queue_create(gpu, 64, HSA_QUEUE_TYPE_MULTI, NULL, NULL,
 					       UINT32_MAX, UINT32_MAX, &q));
-	fd = render_fd();
+	fd = acquired_render_fd(-1); /* (ROCr knows no render minor: the one of any) */
 	if (fd < 0)
 		FAIL("render_fd", "not exactly one render file");
 	memset(&u, 0, sizeof(u));
