@@ -27,6 +27,10 @@ from ualinkd.readiness import notify_socket, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "libualink_c" / "build"
+SHIM = BUILD / "libualink_shim.so"  # the LD_PRELOAD shim the unmodified clients run through
+# The libhsakmt programs are built only where Debian's libhsakmt-dev is (libualink_c/Makefile).
+NEEDS_HSAKMT = pytest.mark.skipif(not Path("/usr/include/hsakmt.h").exists(),
+                                  reason="libhsakmt-dev is not installed (make apt installs it)")
 
 
 def c_program(name: str) -> str:

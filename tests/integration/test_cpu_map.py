@@ -15,12 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nodes import BUILD, c_program, running_node, running_pod
+from nodes import SHIM, c_program, running_node, running_pod
 from test_shim import steps
 
 pytestmark = pytest.mark.integration
 
-SHIM = BUILD / "libualink_shim.so"
 RENDER = "/dev/dri/renderD128"  # the shim's redirect: its fds are tracked (tokens become fds)
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
 

@@ -17,14 +17,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nodes import REPO, Node, c_program, running_pod
+from nodes import NEEDS_HSAKMT, SHIM, Node, c_program, running_pod
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not Path("/usr/include/hsakmt.h").exists(),
-                       reason="libhsakmt-dev is not installed (make apt installs it)"),
+    NEEDS_HSAKMT,
 ]
-SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 BO_SIZE = 4 << 20
 
 

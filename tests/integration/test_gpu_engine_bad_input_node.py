@@ -19,16 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nodes import REPO, Node, c_program, running_node, wait_until
+from nodes import NEEDS_HSAKMT, SHIM, Node, c_program, running_node, wait_until
 
 from ualinkd import sysfs
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not Path("/usr/include/hsakmt.h").exists(),
-                       reason="libhsakmt-dev is not installed (make apt installs it)"),
+    NEEDS_HSAKMT,
 ]
-SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 MINOR = 128
 PING_WORST_MS = 2000  # the slowest GET_VERSION another client may see meanwhile (2 busy cores)
 

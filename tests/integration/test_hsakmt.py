@@ -14,17 +14,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nodes import REPO, c_program, running_node
+from nodes import NEEDS_HSAKMT, SHIM, c_program, running_node
 
 from ualinkd import sysfs
 from ualinkd.config import PodConfig
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not Path("/usr/include/hsakmt.h").exists(),
-                       reason="libhsakmt-dev is not installed (make apt installs it)"),
+    NEEDS_HSAKMT,
 ]
-SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 
 
 def steps(stdout: str) -> list[tuple[str, str, dict[str, str]]]:

@@ -18,17 +18,15 @@ import time
 from pathlib import Path
 
 import pytest
-from nodes import REPO, Node, c_program, running_node, wait_until
+from nodes import NEEDS_HSAKMT, SHIM, Node, c_program, running_node, wait_until
 
 from ualinkd import sysfs
 from ualinkd.cli import ctl
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not Path("/usr/include/hsakmt.h").exists(),
-                       reason="libhsakmt-dev is not installed (make apt installs it)"),
+    NEEDS_HSAKMT,
 ]
-SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 MINOR = 128
 
 

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from nodes import REPO, Client, c_program, running_node, running_pod
+from nodes import SHIM, Client, c_program, running_node, running_pod
 from nodes import call_errno as kfd_ioctl
 
 from ualinkd import sysfs
@@ -29,7 +29,6 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (FUSE mounts, pidfd_getfd)"),
 ]
-SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nodes import REPO, c_program, running_node
+from nodes import NEEDS_HSAKMT, SHIM, c_program, running_node
 
 from ualinkd.config import PodConfig
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not Path("/usr/include/hsakmt.h").exists(),
-                       reason="libhsakmt-dev is not installed (make apt installs it)"),
+    NEEDS_HSAKMT,
 ]
-SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 
 
 def test_kfd_hammer_then_libhsakmt_still_works(tmp_path: Path):

@@ -15,14 +15,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nodes import REPO, c_program, running_node, running_pod
+from nodes import SHIM, c_program, running_node, running_pod
 
 from ualinkd.amdgpu import vm
 from ualinkd.config import PodConfig
 
 pytestmark = pytest.mark.integration
 
-SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 BO_SIZE = 2 << 20
 DRM_NODE_RENDER = 2
 DRM_BUS_PCI = 0

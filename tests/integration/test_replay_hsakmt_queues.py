@@ -18,15 +18,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from nodes import c_program, recording, running_node
-from test_hsakmt_queues import MINOR, SHIM, queues
+from nodes import NEEDS_HSAKMT, SHIM, c_program, recording, running_node
+from test_hsakmt_queues import MINOR, queues
 
 from ualinkd.replay.session import QUEUE_EVENTS_NOTE
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not Path("/usr/include/hsakmt.h").exists(),
-                       reason="libhsakmt-dev is not installed (make apt installs it)"),
+    NEEDS_HSAKMT,
 ]
 
 

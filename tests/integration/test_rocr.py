@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nodes import REPO, c_program, running_node
+from nodes import SHIM, c_program, running_node
 
 from ualinkd.config import AccelConfig, PodConfig
 
@@ -26,7 +26,6 @@ pytestmark = [
     pytest.mark.skipif(not Path("/usr/include/hsa/hsa_ext_amd.h").exists(),
                        reason="libhsa-runtime-dev is not installed (make apt installs it)"),
 ]
-SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 HSA_STATUS_ERROR_INVALID_CODE_OBJECT = 0x1010
 HSA_STATUS_ERROR_INVALID_PACKET_FORMAT = 0x1009
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from nodes import REPO, c_program, start_node
+from nodes import SHIM, c_program, start_node
 
 from ualinkd.config import PodConfig
 
@@ -26,7 +26,6 @@ pytestmark = [
 # Debian's /usr/bin/python3, which `make setup` installs (python3-venv, python3-dev).
 
 UNIT = Path(__file__).resolve().parents[2] / "packaging" / "ualinkd@.service"
-SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 
 CLIENT = """
 import fcntl, os, struct, sys

@@ -14,13 +14,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from nodes import REPO, c_program, running_node
+from nodes import REPO, SHIM, c_program, running_node
 
 from ualinkd.config import PodConfig
 
 pytestmark = pytest.mark.integration
 
-SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 BO_SIZE = 2 << 20
 INTERPOSED = {
     "open", "open64", "openat", "openat64", "__open_2", "__open64_2", "__openat_2",

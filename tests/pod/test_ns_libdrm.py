@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from nodes import REPO, c_program
+from nodes import SHIM, c_program
 from test_libdrm import BO_SIZE, check_discovery, parse, passed
 
 from ualinkd.netns.pod import PodUnavailable, check_prerequisites
@@ -24,7 +24,6 @@ from ualinkd.testing import Pod, pod_config
 
 pytestmark = pytest.mark.pod
 
-SHIM = REPO / "libualink_c" / "build" / "libualink_shim.so"
 
 
 def shimmed(argv: list[str]) -> list[str]:
