@@ -18,7 +18,6 @@ import errno
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,17 +26,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
+from nodes import call_errno as kfd_call  # noqa: E402
 from nodes import running_node  # noqa: E402
 from test_kfd_pid_reuse import (  # noqa: E402
-    ACQUIRE_TWICE,
-    ATTACKER,
-    NOBODY,
-    PYTHON,
-    gpu_id,
-    kfd_call,
+    acquire_twice,
+    attack,
     rss_kib,
     serving_gaps,
-    spawn_as,
     victim,
 )
 
@@ -86,20 +81,13 @@ def map_16m(node) -> str:
 
 def pid_reuse(node) -> str:
     with victim(node) as (pid, handle):
-        attacker = spawn_as(pid, [*NOBODY, PYTHON, "-c", ATTACKER, str(node.mount / "kfd"),
-                                  str(handle), str(tbl.KFD_EXPORT_DMABUF.cmd)],
-                            stdout=subprocess.PIPE)
-        out, _ = attacker.communicate(timeout=60)
-    got_pid, err = (int(x) for x in out.split())
+        got_pid, err = attack(node, pid, handle)
     return (f"pid reuse: uid nobody as pid {got_pid} (root's was {pid}): EXPORT_DMABUF of "
             f"root's handle -> {errno.errorcode.get(err, err)}")
 
 
-def acquire_twice(node) -> str:
-    r = subprocess.run([PYTHON, "-c", ACQUIRE_TWICE, str(node.mount / "kfd"), node.render(0),
-                        str(gpu_id(node)), str(tbl.KFD_ACQUIRE_VM.cmd)],
-                       capture_output=True, text=True, timeout=60)
-    err = int(r.stdout)
+def acquire_twice_row(node) -> str:
+    err = acquire_twice(node)
     return f"ACQUIRE_VM of another KFD process's compute VM: {errno.errorcode.get(err, err)}"
 
 
@@ -112,7 +100,7 @@ def main() -> int:
                 print(wait_events(node, n), flush=True)
             print(map_16m(node), flush=True)
             print(pid_reuse(node), flush=True)
-            print(acquire_twice(node), flush=True)
+            print(acquire_twice_row(node), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -132,6 +132,26 @@ def victim(node) -> Iterator[tuple[int, int]]:
         proc.wait(30)
 
 
+def attack(node, pid: int, handle: int) -> tuple[int, int]:
+    """A uid-nobody process that got `pid` (root's exited one) exports root's allocation
+    `handle`: (the pid it ran as, EXPORT_DMABUF's errno, 0 if the export worked)."""
+    attacker = spawn_as(pid, [*NOBODY, PYTHON, "-c", ATTACKER, str(node.mount / "kfd"),
+                              str(handle), str(tbl.KFD_EXPORT_DMABUF.cmd)],
+                        stdout=subprocess.PIPE)
+    out, _ = attacker.communicate(timeout=60)
+    got_pid, err = (int(x) for x in out.split())
+    return got_pid, err
+
+
+def acquire_twice(node) -> int:
+    """ACQUIRE_VM of a render file another KFD process acquired: its errno (0 if it worked)."""
+    r = subprocess.run([PYTHON, "-c", ACQUIRE_TWICE, str(node.mount / "kfd"), node.render(0),
+                        str(gpu_id(node)), str(tbl.KFD_ACQUIRE_VM.cmd)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout)
+
+
 def test_a_kfd_context_does_not_pass_to_the_next_process_with_its_pid(node):
     """Item 1: a process of uid nobody given the pid of root's exited process opens the
     kfd, and EXPORT_DMABUF of root's allocation handle is EINVAL (on cb563a2 it was 0, and
@@ -139,12 +159,7 @@ def test_a_kfd_context_does_not_pass_to_the_next_process_with_its_pid(node):
     holds the kfd file (the node's kfd_processes table has no row left once the attacker
     is gone too)."""
     with victim(node) as (pid, handle):
-        attacker = spawn_as(pid, [*NOBODY, PYTHON, "-c", ATTACKER, str(node.mount / "kfd"),
-                                  str(handle), str(tbl.KFD_EXPORT_DMABUF.cmd)],
-                            stdout=subprocess.PIPE)
-        out, _ = attacker.communicate(timeout=60)
-        got_pid, err = (int(x) for x in out.split())
-        assert got_pid == pid and err == errno.EINVAL
+        assert attack(node, pid, handle) == (pid, errno.EINVAL)
         assert wait_until(lambda: not rows(node), 10), rows(node)
 
 
@@ -182,11 +197,7 @@ def test_acquire_vm_of_a_render_file_another_kfd_process_acquired_is_einval(node
     """Item 11: amdgpu_amdkfd_gpuvm_acquire_process_vm refuses a VM already a compute VM
     (EINVAL): a child with the parent's render file and a KFD context of its own cannot
     acquire it (on cb563a2: 0)."""
-    r = subprocess.run([PYTHON, "-c", ACQUIRE_TWICE, str(node.mount / "kfd"), node.render(0),
-                        str(gpu_id(node)), str(tbl.KFD_ACQUIRE_VM.cmd)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert int(r.stdout) == errno.EINVAL
+    assert acquire_twice(node) == errno.EINVAL
 
 
 def serving_gaps(node, seconds_while) -> tuple[float, object]:
