@@ -39,10 +39,11 @@ def cpu_map(node, *args: str, prefix: list[str] | None = None) -> dict[str, dict
 
 
 @contextlib.contextmanager
-def cpu_map_proc(node, *args: str) -> Iterator[subprocess.Popen[str]]:
+def cpu_map_proc(node, *args: str,
+                 prefix: list[str] | None = None) -> Iterator[subprocess.Popen[str]]:
     """A long-lived cpu_map driven on stdin; killed on the way out whatever happens."""
-    proc = subprocess.Popen([c_program("cpu_map"), *args], env=env_for(node), text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen([*(prefix or []), c_program("cpu_map"), *args], env=env_for(node),
+                            text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         yield proc
     finally:
@@ -293,10 +294,7 @@ def test_a_closed_bo_keeps_its_charge_while_it_is_mapped():
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, root, ignore_errors=True)
         node = stack.enter_context(running_node(root, config))
-        proc = subprocess.Popen([*NOBODY, c_program("cpu_map"), "closed", RENDER, "8", "6"],
-                                env=env_for(node), text=True, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE)
-        try:
+        with cpu_map_proc(node, "closed", RENDER, "8", "6", prefix=NOBODY) as proc:
             created = [next_step(proc)[f"create{i}"] for i in range(6)]
             print(f"{sum(c['errno'] == '0' for c in created)} of 6 8 MiB BOs created, "
                   "filled, closed and kept mapped on 16 MiB VRAM + 16 MiB GTT")
@@ -306,12 +304,4 @@ def test_a_closed_bo_keeps_its_charge_while_it_is_mapped():
             assert done["unmapped"] == {"status": "ok", "count": "4"}
             assert next_step(proc)["after"] == {"status": "ok", "errno": "0"}
             assert _vram_used(node) == 8 << 20  # (the one made after: still open)
-        finally:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()  # type: ignore[union-attr]
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
         assert _vram_used(node) == 0

@@ -44,7 +44,9 @@ pytestmark = [
                        reason="needs root, ns_last_pid, setpriv and /usr/bin/python3"),
 ]
 
-VICTIM = r"""
+# Root's KFD process (argv: kfd, render node, gpu_id, then the ioctl numbers): ACQUIRE_VM,
+# a 1 MiB VRAM allocation (handle), mapped to the GPU, holding a secret.
+_ROOT_ALLOCATES = r"""
 import ctypes, fcntl, os, struct, sys
 kfd_path, render_path, gpu = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ACQ, ALLOC, MAPC = (int(a) for a in sys.argv[4:7])
@@ -57,6 +59,9 @@ handle = struct.unpack("<QQQQII", b)[2]
 ids = (ctypes.c_uint32 * 1)(gpu)
 fcntl.ioctl(kfd, MAPC, bytearray(struct.pack("<QQII", handle, ctypes.addressof(ids), 1, 0)))
 os.pwrite(r, b"root's secret", VA)  # a GPU store into the allocation
+"""
+
+VICTIM = _ROOT_ALLOCATES + r"""
 if os.fork() == 0:  # a worker that did not exec: it keeps the kfd (and render) file
     sys.stdin.read()  # until the test closes our stdin
     os._exit(0)
@@ -329,20 +334,8 @@ def test_caller_memory_never_reaches_the_next_process_with_the_callers_id():
         second.wait()
 
 
-EXEC_VICTIM = r"""
-import ctypes, fcntl, os, struct, sys
-kfd_path, render_path, gpu = sys.argv[1], sys.argv[2], int(sys.argv[3])
-ACQ, ALLOC, MAPC, EXPORT = (int(a) for a in sys.argv[4:8])
-attacker = sys.argv[8]
-VA = 1 << 33
-kfd = os.open(kfd_path, os.O_RDWR); r = os.open(render_path, os.O_RDWR)
-fcntl.ioctl(kfd, ACQ, bytearray(struct.pack("<II", r, gpu)))
-b = bytearray(struct.pack("<QQQQII", VA, 1 << 20, 0, 0, gpu, 0x80000001))
-fcntl.ioctl(kfd, ALLOC, b)
-handle = struct.unpack("<QQQQII", b)[2]
-ids = (ctypes.c_uint32 * 1)(gpu)
-fcntl.ioctl(kfd, MAPC, bytearray(struct.pack("<QQII", handle, ctypes.addressof(ids), 1, 0)))
-os.pwrite(r, b"root's secret", VA)
+EXEC_VICTIM = _ROOT_ALLOCATES + r"""
+EXPORT, attacker = int(sys.argv[7]), sys.argv[8]
 os.set_inheritable(kfd, True); os.set_inheritable(r, True)  # both stay open across exec
 os.setgroups([]); os.setgid(65534); os.setuid(65534)  # drop to nobody, run its program
 os.execv(sys.executable, [sys.executable, "-c", attacker, kfd_path, str(handle), str(EXPORT)])
