@@ -9,9 +9,11 @@ fails loudly at the step that needs it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,29 @@ def run_shimmed(prog: str, mount: Path, *args: str,
     env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(mount / "dri"))
     return subprocess.run([c_program(prog), *args], env=env, capture_output=True, text=True,
                           timeout=60, **kw)  # type: ignore[call-overload]
+
+
+@contextlib.contextmanager
+def libdrm_exporter(
+        mount: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, dict[str, str]]]]:
+    """`libdrm_fabric export` through the shim on the node at `mount`, once it has exported
+    its BO: (the process, its first two steps: `export` lo/hi and `gpu_store` text). A
+    newline or EOF on its stdin ends it; killed on the way out if it has not ended."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(mount / "dri"))
+    exporter = subprocess.Popen([c_program("libdrm_fabric"), "export"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        assert exporter.stdout is not None and exporter.stderr is not None
+        lines = exporter.stdout.readline() + exporter.stdout.readline()
+        head = parse(lines)
+        assert "export" in head, lines + exporter.stderr.read()
+        yield exporter, head
+    finally:
+        if exporter.poll() is None:
+            exporter.kill()
+            exporter.wait()
 
 
 def passed(r: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
@@ -193,16 +218,7 @@ def test_fabric_export_import_across_two_nodes(tmp_path):
     store, and amdgpu_bo_cpu_map of the import refused with EPERM."""
     c_program("libualink_shim.so")
     with running_pod(tmp_path, nodes=2) as (a, b):
-        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(a.mount / "dri"))
-        exporter = subprocess.Popen([c_program("libdrm_fabric"), "export"], env=env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-        try:
-            assert exporter.stdout is not None and exporter.stdin is not None
-            lines = [exporter.stdout.readline(), exporter.stdout.readline()]
-            head = parse("".join(lines))
-            assert "export" in head, "".join(lines) + exporter.stderr.read()  # type: ignore[union-attr]
+        with libdrm_exporter(a.mount) as (exporter, head):
             text = head["gpu_store"]["text"]
             r = run_shimmed("libdrm_fabric", b.mount, "import", head["export"]["lo"],
                             head["export"]["hi"], text)
@@ -214,7 +230,3 @@ def test_fabric_export_import_across_two_nodes(tmp_path):
             out, err = exporter.communicate("", timeout=30)
             assert exporter.returncode == 0, out + err
             assert "ok done" in out
-        finally:
-            if exporter.poll() is None:
-                exporter.kill()
-                exporter.wait()

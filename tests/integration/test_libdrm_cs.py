@@ -15,8 +15,8 @@ import re
 import subprocess
 
 import pytest
-from nodes import c_program, running_node, running_pod
-from test_libdrm import SHIM, parse, passed, run_shimmed
+from nodes import SHIM, c_program, running_node, running_pod
+from test_libdrm import libdrm_exporter, passed, run_shimmed
 
 from ualinkd.cli import ctl
 
@@ -72,25 +72,13 @@ def test_an_sdma_ib_copies_out_of_a_ualink_imported_bo(tmp_path):
     reads go over the fabric, as the queues' copies do)."""
     c_program("libualink_shim.so")
     with running_pod(tmp_path, nodes=2) as (a, b):
-        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-        env.update(LD_PRELOAD=str(SHIM), UALINK_DRI_DIR=str(a.mount / "dri"))
-        exporter = subprocess.Popen([c_program("libdrm_fabric"), "export"], env=env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-        try:
-            assert exporter.stdout is not None and exporter.stdin is not None
-            head = parse(exporter.stdout.readline() + exporter.stdout.readline())
-            assert "export" in head, head
+        with libdrm_exporter(a.mount) as (exporter, head):
             r = run_shimmed("libdrm_cs", b.mount, "import", head["export"]["lo"],
                             head["export"]["hi"], "4096", head["gpu_store"]["text"])
             s = passed(r)
             assert s["import_copy"] == {"status": "ok", "expired": "1", "equal": "1"}
             out, err = exporter.communicate("", timeout=30)
             assert exporter.returncode == 0, out + err
-        finally:
-            if exporter.poll() is None:
-                exporter.kill()
-                exporter.wait()
         assert a.proc.poll() is None and b.proc.poll() is None
 
 
