@@ -367,13 +367,13 @@ class NodeCore:
         res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
         self.after_request()
         if isinstance(res, Completion):
-            return res.then(functools.partial(self._ioctl_answered, drm_file, cmd, in_bytes,
+            return res.then(functools.partial(self._ioctl_ended, drm_file, cmd, in_bytes,
                                               caller, start))
         if self.tracer is None and not self._mem:  # nothing to record, nothing to forget
             return res.result, res.out
         return self._reply(res, drm_file, cmd, in_bytes, caller, start)
 
-    def _ioctl_answered(self, drm_file: DrmFile, cmd: int, in_bytes: bytes, caller: Caller,
+    def _ioctl_ended(self, drm_file: DrmFile, cmd: int, in_bytes: bytes, caller: Caller,
                         start: float, answered: Completion[IoctlResult]) -> IoctlReply:
         """The end of an ioctl answered later (a wait, the caller's memory, a remote
         import). An interrupted wait ends as an error (EINTR): what the call touched goes
@@ -590,13 +590,13 @@ class NodeCore:
         self._begin_call(caller)
         res = self.kfd.ioctl(process, cmd, in_bytes, caller)
         if isinstance(res, Completion):
-            return res.then(functools.partial(self._kfd_answered, process, cmd, in_bytes,
+            return res.then(functools.partial(self._kfd_ended, process, cmd, in_bytes,
                                               caller, start))
         return self._kfd_reply(res, process, cmd, in_bytes, caller, start)
 
-    def _kfd_answered(self, process: KfdProcess, cmd: int, in_bytes: bytes, caller: Caller,
+    def _kfd_ended(self, process: KfdProcess, cmd: int, in_bytes: bytes, caller: Caller,
                       start: float, answered: Completion[IoctlResult]) -> IoctlReply:
-        """A KFD ioctl answered later (`_ioctl_answered`'s rules)."""
+        """A KFD ioctl answered later (`_ioctl_ended`'s rules)."""
         try:
             res = answered.result()
         except Exception:
