@@ -374,7 +374,7 @@ class NodeCore:
         return self._reply(res, drm_file, cmd, in_bytes, caller, start)
 
     def _ioctl_ended(self, drm_file: DrmFile, cmd: int, in_bytes: bytes, caller: Caller,
-                        start: float, answered: Completion[IoctlResult]) -> IoctlReply:
+                     start: float, answered: Completion[IoctlResult]) -> IoctlReply:
         """The end of an ioctl answered later (a wait, the caller's memory, a remote
         import). An interrupted wait ends as an error (EINTR): what the call touched goes
         with it, or its thread's entry stays for good (a killed client's tid is never seen
@@ -595,7 +595,7 @@ class NodeCore:
         return self._kfd_reply(res, process, cmd, in_bytes, caller, start)
 
     def _kfd_ended(self, process: KfdProcess, cmd: int, in_bytes: bytes, caller: Caller,
-                      start: float, answered: Completion[IoctlResult]) -> IoctlReply:
+                   start: float, answered: Completion[IoctlResult]) -> IoctlReply:
         """A KFD ioctl answered later (`_ioctl_ended`'s rules)."""
         try:
             res = answered.result()
