@@ -14,7 +14,8 @@ with no edge runs it at once (`run_now`), which suits fakes that never wait.
 
 A wait the caller may give up (an import's NPA_RSP wait, interruptible in the kernel: I13)
 has a canceller: the producer's `on_cancel(fn)`, run by the consumer's `cancel()` while the
-result is not in; `fn` ends the completion itself, with the error it chooses.
+result is not in; `fn` ends the completion itself, with the error it chooses (at once, or,
+for a Spawn's task, once that task has unwound from its cancel).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class Completion(Generic[T]):
             self._value, self._error = None, e
 
     def on_cancel(self, canceller: Callable[[], None]) -> None:
-        """(The producer) what `cancel()` runs: it must finish the completion."""
+        """(The producer) what `cancel()` runs: it must finish the completion (at once, or
+        as soon as the work it cancelled has unwound: then `cancel()` returns False)."""
         self._canceller = canceller
 
     def cancel(self) -> bool:
