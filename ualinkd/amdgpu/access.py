@@ -165,23 +165,26 @@ def _load_pieces(
     count = [0]  # bytes loaded so far
 
     def start(p: Piece) -> Completion[Any]:
-        return _local(p, spawn, None) if type(p) is LocalPiece else \
-            remote(p, False, None)  # type: ignore[arg-type]  # (a RemotePiece)
+        if isinstance(p, LocalPiece):
+            return _local(p, spawn, None)
+        return remote(p, False, None)
 
     def take(p: Piece, c: Completion[Any]) -> bool:
-        if type(p) is LocalPiece:
+        if isinstance(p, LocalPiece):
             got: bytes | bytearray = c.result()
             if len(got) < p.length:
                 _short(count[0] + len(got), va, on_fault)
         else:
-            got = in_memory(_loaded(p, _outcome(c), count[0], va,  # type: ignore[arg-type]
-                                    on_fault))
+            got = in_memory(_loaded(p, _outcome(c), count[0], va, on_fault))
         out.append(got)
         count[0] += len(got)
         return len(got) == p.length
 
-    return _in_turn(pieces, start, take).then(
-        lambda c: (c.result(), out[0] if len(out) == 1 else b"".join(out))[1])
+    def joined(over: Completion[None]) -> Loaded:
+        over.result()  # (the access's error, raised)
+        return out[0] if len(out) == 1 else b"".join(out)  # one piece: its buffer, uncopied
+
+    return _in_turn(pieces, start, take).then(joined)
 
 
 def gpu_store(
@@ -213,20 +216,25 @@ def _store_pieces(
 
     def start(p: Piece) -> Completion[Any]:
         chunk = data[count[0] : count[0] + p.length]
-        return _local(p, spawn, chunk) if type(p) is LocalPiece else \
-            remote(p, True, chunk)  # type: ignore[arg-type]  # (a RemotePiece)
+        if isinstance(p, LocalPiece):
+            return _local(p, spawn, chunk)
+        return remote(p, True, chunk)
 
     def take(p: Piece, c: Completion[Any]) -> bool:
-        if type(p) is LocalPiece:
+        if isinstance(p, LocalPiece):
             n: int = c.result()
             if n < p.length:
                 _short(count[0] + n, va, on_fault)
         else:
-            n = _stored(p, _outcome(c), count[0], va, on_fault)  # type: ignore[arg-type]
+            n = _stored(p, _outcome(c), count[0], va, on_fault)
         count[0] += n
         return n == p.length
 
-    return _in_turn(pieces, start, take).then(lambda c: (c.result(), count[0])[1])
+    def counted(over: Completion[None]) -> int:
+        over.result()  # (the access's error, raised)
+        return count[0]
+
+    return _in_turn(pieces, start, take).then(counted)
 
 
 def _stored(p: RemotePiece, r: Loaded | int | DrmError, done: int, va: int,
