@@ -140,9 +140,12 @@ class _InTask:
     def __call__(self, aw: Awaitable[T]) -> Completion[T]:
         c: Completion[T] = Completion()
         self._todo.append((aw, c))
-        if self._wake is not None:  # (handed over by a callback while `value` waits)
-            self._wake.set()
+        self._woken()  # (handed over by a callback while `value` waits)
         return c
+
+    def _woken(self, _: object = None) -> None:
+        if self._wake is not None:
+            self._wake.set()
 
     async def value(self, answer: T | Completion[T]) -> T:
         if type(answer) is not Completion:
@@ -163,7 +166,7 @@ class _InTask:
             wake = self._wake = trio.Event()
             if not watched:
                 watched = True
-                answer.when_done(lambda _: self._wake.set())  # type: ignore[union-attr]
+                answer.when_done(self._woken)
             await wake.wait()
         return answer.result()
 
