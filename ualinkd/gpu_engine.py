@@ -148,8 +148,8 @@ class _InTask:
             self._wake.set()
 
     async def value(self, answer: T | Completion[T]) -> T:
-        if type(answer) is not Completion:
-            return answer  # type: ignore[return-value]  # (not a Completion: a T)
+        if not isinstance(answer, Completion):
+            return answer
         watched = False
         while not answer.done:
             if self._todo:
