@@ -358,7 +358,7 @@ class FileTree(Generic[RenderFile, KfdFile, DmaBufRef]):
                 r = self.backend.kfd_ioctl(process, cmd, in_bytes, out_size, caller)
             except DrmError as e:
                 raise FuseError(e.errno) from None
-            return r if type(r) is tuple else r.then(_drm_error_to_fuse)  # type: ignore[union-attr]
+            return r.then(_drm_error_to_fuse) if isinstance(r, Completion) else r
         if drm_file is None:
             ref = self._dmabuf_fh.get(fh)
             if ref is None:
@@ -371,9 +371,7 @@ class FileTree(Generic[RenderFile, KfdFile, DmaBufRef]):
             got = self._backend_ioctl(drm_file, cmd, in_bytes, out_size, caller)
         except DrmError as e:
             raise FuseError(e.errno) from None
-        if type(got) is tuple:
-            return got
-        return got.then(_drm_error_to_fuse)  # type: ignore[union-attr]  # (not a tuple)
+        return got.then(_drm_error_to_fuse) if isinstance(got, Completion) else got
 
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller
@@ -381,9 +379,7 @@ class FileTree(Generic[RenderFile, KfdFile, DmaBufRef]):
         try:
             if (drm_file := self._render_fh.get(fh)) is not None:
                 r = self.backend.gpu_read(drm_file, off, size, caller)
-                if type(r) is not Completion:
-                    return r
-                return r.then(_drm_error_to_fuse)
+                return r.then(_drm_error_to_fuse) if isinstance(r, Completion) else r
             if (attr := self._sys_fh.get(fh)) is not None:
                 if off == 0 or fh not in self._sys_text:
                     data = attr.read()
@@ -413,9 +409,7 @@ class FileTree(Generic[RenderFile, KfdFile, DmaBufRef]):
         try:
             if (drm_file := self._render_fh.get(fh)) is not None:
                 r = self.backend.gpu_write(drm_file, off, data, caller)
-                if type(r) is not Completion:
-                    return r
-                return r.then(_drm_error_to_fuse)
+                return r.then(_drm_error_to_fuse) if isinstance(r, Completion) else r
             if (attr := self._sys_fh.get(fh)) is not None:
                 if attr.write is None:
                     raise FuseError(errno.EACCES)
