@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 import trio
 
@@ -56,6 +56,7 @@ from .readiness import sd_notify
 from .trace import FabricRecord, Record, TraceFilter
 
 log = logging.getLogger("ualinkd")
+T = TypeVar("T")
 
 
 _SYS_PIDFD_GETFD = 438  # x86-64 (and the generic table)
@@ -614,9 +615,10 @@ class NodeDaemon:
     (they need no node), the core (given them as one NodeServices), its FUSE session, the
     fabric link, the UALink agent.
 
-    Three needs point forward, and go through this object's methods, which nothing calls
+    Four needs point forward, and go through this object's methods, which nothing calls
     before `serve`: the link hands what it receives to the agent, which sends on the link;
-    and the core's debugfs shows the link's state."""
+    the core's debugfs shows the link's state; and the core's coroutines run as tasks of
+    the FUSE session (its Spawn), which answer their requests."""
 
     def __init__(self, config: PodConfig, node_name: str, mount: str,
                  tracer: Callable[[Record], None] | None) -> None:
@@ -657,6 +659,7 @@ class NodeDaemon:
             fabric_links=self._fabric_links,
             data_plane_stats=self.data_plane.stats,
             kill_caller=_kill_caller,
+            spawn=self._spawn,
         )
 
     def _fabric_link(self, traced: bool) -> FabricLink:
@@ -696,6 +699,9 @@ class NodeDaemon:
                            probe=link.incarnation, announce=link.announce)
 
     # -- what the link, the agent and the core ask each other, once serving -----------------
+    def _spawn(self, aw: Awaitable[T]) -> Completion[T]:
+        return self.session.spawn(aw)
+
     def _receive(self, src: int, dst: int, dwords: tuple[int, int, int, int]
                  ) -> Awaitable[None] | None:
         return self.agent.on_message(src, dst, dwords)

@@ -44,8 +44,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from inspect import isawaitable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -75,9 +74,10 @@ from .amdgpu.engine import (
 from .amdgpu.memory import BoMemory
 from .amdgpu.sdma import JOB_TIMEOUT_NS, SdmaRing
 from .amdkfd import queues as kq
+from .drm.completion import Completion
 from .drm.errors import DrmError
 from .drm.file import DrmFile
-from .drm.loaded import in_memory
+from .drm.loaded import Loaded, in_memory
 from .fuse._fuse_ll import ffi as _ffi
 from .fuse._fuse_ll import lib as _lib
 from .trace import ENGINE_ACCESSES_KEPT, EngineAccess
@@ -86,6 +86,7 @@ if TYPE_CHECKING:
     from .node import NodeCore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MIN_INTERVAL = 50e-6  # s: the tick right after a doorbell moved
 POLL_MAX_DELAY = 0.010  # s: the slowest re-check of a queue blocked on a poll
@@ -121,6 +122,53 @@ def process_exiting(pid: int) -> bool:
         return False
     return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & PF_EXITING)
 COPY_PIPELINE = 4  # a Copy's loads outstanding at once (COPY_PIPELINE * COPY_CHUNK buffered)
+
+
+class _InTask:
+    """gpu_load's and gpu_store's Spawn for an engine run, which awaits their answer in its
+    own task: a coroutine they hand it (a userptr BO's pages; the fabric's, where it answers
+    no other way) runs in that task when `value` awaits the answer, as the access's own
+    coroutine did before an answer had one shape: no task and no wake-up added. One per
+    access."""
+
+    __slots__ = ("_todo", "_wake")
+
+    def __init__(self) -> None:
+        self._todo: list[tuple[Awaitable[Any], Completion[Any]]] = []
+        self._wake: trio.Event | None = None
+
+    def __call__(self, aw: Awaitable[T]) -> Completion[T]:
+        c: Completion[T] = Completion()
+        self._todo.append((aw, c))
+        self._woken()  # (handed over by a callback while `value` waits)
+        return c
+
+    def _woken(self, _: object = None) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def value(self, answer: T | Completion[T]) -> T:
+        if not isinstance(answer, Completion):
+            return answer
+        watched = False
+        while not answer.done:
+            if self._todo:
+                aw, c = self._todo.pop(0)
+                try:
+                    got = await aw
+                except Exception as e:
+                    c.set_error(e)
+                else:
+                    c.set_result(got)
+                continue
+            # Another party ends it (the fabric's DATA), or its callback hands us a
+            # coroutine (the piece after a remote one).
+            wake = self._wake = trio.Event()
+            if not watched:
+                watched = True
+                answer.when_done(self._woken)
+            await wake.wait()
+        return answer.result()
 
 
 class QueueStopped(Exception):
@@ -610,24 +658,25 @@ class GpuEngineEdge:
 
     async def _load(self, q: RunTarget, va: int, size: int) -> bytes:
         drm_file, driver = self._vm_file(q)
-        remote, _ = self.core._remote_for(drm_file)
+        here = _InTask()
         try:
-            pending = gpu_load(driver.vm(drm_file), va, size, remote, driver.count_gpu_fault)
-            got = await pending if isawaitable(pending) else pending
+            got: Loaded = await here.value(gpu_load(driver.vm(drm_file), va, size,
+                                                    self.core._remote_for(drm_file, here),
+                                                    driver.count_gpu_fault, here))
         except DrmError as e:
             raise GpuFault(va, False, e.strerror or "") from None
-        data = in_memory(got)  # type: ignore[arg-type]  # bytes or a loaded buffer
+        data = in_memory(got)
         if len(data) < size:
             raise GpuFault(va + len(data), False)
         return bytes(data)
 
     async def _store(self, q: RunTarget, va: int, data: bytes) -> None:
         drm_file, driver = self._vm_file(q)
-        remote, _ = self.core._remote_for(drm_file)
+        here = _InTask()
         try:
-            n = gpu_store(driver.vm(drm_file), va, data, remote, driver.count_gpu_fault)
-            if isawaitable(n):
-                n = await n
+            n = await here.value(gpu_store(driver.vm(drm_file), va, data,
+                                           self.core._remote_for(drm_file, here),
+                                           driver.count_gpu_fault, here))
         except DrmError as e:
             raise GpuFault(va, True, e.strerror or "") from None
         assert isinstance(n, int)

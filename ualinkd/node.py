@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import errno
 import functools
-import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import sysfs
 from .abi.cpumap import UALINKD_IOCTL_MMAP_GRANT
 from .abi.drmfile_query import NONCE, UALINKD_IOCTL_DRM_FILE_QUERY
 from .amdgpu import translation
-from .amdgpu.access import RemoteFn, RemoteSoonFn, gpu_load, gpu_store
+from .amdgpu.access import RemoteFn, gpu_load, gpu_store
 from .amdgpu.cpu_map import CpuMapGrants
 from .amdgpu.cs import IbRun
 from .amdgpu.driver import AmdgpuDriver
@@ -33,7 +33,7 @@ from .amdkfd.chardev import Clock, Kfd, KfdNode, KfdProcess, ResolveDrmFile
 from .amdkfd.queues import KfdQueue
 from .amdkfd.topology import Topology, TopologyGpu, gpu_ids
 from .config import PodConfig
-from .drm.completion import Completion
+from .drm.completion import Completion, Spawn, run_now
 from .drm.device import (
     Caller,
     CopyFromUser,
@@ -141,6 +141,9 @@ class NodeServices:
     data_plane_stats: Callable[[], dict[str, int]] = dict
     # What an oops in a caller's ioctl does to it (§13 N6's quirk: it ends the task).
     kill_caller: Callable[[Caller], None] = _oops_unheard
+    # Runs the core's coroutines (an ioctl that awaits the caller's memory, a GPU access of a
+    # userptr BO) to a Completion: the FUSE session's tasks; run_now with no edge.
+    spawn: Spawn[Any] = run_now
 
 
 class NodeCore:
@@ -178,7 +181,7 @@ class NodeCore:
             minor = RENDER_MINOR_BASE + i
             device = DrmDevice(minor, self.tokens, self._resolve_dmabuf, copy_from_user,
                                copy_to_user, waits, edge.open_process_memory,
-                               self._resolve_token, edge.open_eventfd)
+                               self._resolve_token, edge.open_eventfd, edge.spawn)
             # §13 N6: no UALink IP block, so no UALink info to reach (a quirk oopses)
             driver = AmdgpuDriver(
                 device, *config.accel_memory(accel), PROFILES[accel.profile],
@@ -208,7 +211,8 @@ class NodeCore:
         self.kfd = Kfd([KfdNode(gid, d) for gid, d in zip(ids, self.drivers.values(),
                                                            strict=True)],
                        edge.clock, copy_to_user, edge.resolve_drm_file, copy_from_user,
-                       waits, edge.identify_process, self._resolve_dmabuf)
+                       waits, edge.identify_process, self._resolve_dmabuf, edge.spawn)
+        self.spawn = edge.spawn
         # The edge's exit notices of the KFD's processes (a pidfd each): a process that
         # exits ends its KFD context, whoever still holds its files.
         self._watch_exit = edge.watch_exit
@@ -352,7 +356,7 @@ class NodeCore:
 
     def ioctl(
         self, drm_file: DrmFile, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
-    ) -> IoctlReply | Awaitable[IoctlReply] | Completion[IoctlReply]:
+    ) -> IoctlReply | Completion[IoctlReply]:
         if cmd == UALINKD_IOCTL_MMAP_GRANT:  # ualinkd's own, by its whole number (abi/cpumap.py)
             return self.cpu_maps.render_ioctl(drm_file, in_bytes, caller)
         start = self.trace_clock() if self.tracer is not None else 0.0
@@ -363,27 +367,18 @@ class NodeCore:
         res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
         self.after_request()
         if isinstance(res, Completion):
-            return res.then(functools.partial(self._ioctl_answered, drm_file, cmd, in_bytes,
+            return res.then(functools.partial(self._ioctl_ended, drm_file, cmd, in_bytes,
                                               caller, start))
-        if not isinstance(res, IoctlResult):
-            return self._ioctl_later(res, drm_file, cmd, in_bytes, caller, start)
         if self.tracer is None and not self._mem:  # nothing to record, nothing to forget
             return res.result, res.out
         return self._reply(res, drm_file, cmd, in_bytes, caller, start)
 
-    async def _ioctl_later(
-        self, pending: Awaitable[IoctlResult], drm_file: DrmFile, cmd: int, in_bytes: bytes,
-        caller: Caller, start: float,
-    ) -> IoctlReply:
-        res = await self._ended_if_not_done(pending, caller)
-        self.after_request()
-        return self._reply(res, drm_file, cmd, in_bytes, caller, start)
-
-    def _ioctl_answered(self, drm_file: DrmFile, cmd: int, in_bytes: bytes, caller: Caller,
-                        start: float, answered: Completion[IoctlResult]) -> IoctlReply:
-        """`_ioctl_later` for an answer that comes by callback (a remote import's). An
-        interrupted wait ends as an errno (EINTR): the call is recorded and forgotten the
-        same way."""
+    def _ioctl_ended(self, drm_file: DrmFile, cmd: int, in_bytes: bytes, caller: Caller,
+                     start: float, answered: Completion[IoctlResult]) -> IoctlReply:
+        """The end of an ioctl answered later (a wait, the caller's memory, a remote
+        import). An interrupted wait ends as an error (EINTR): what the call touched goes
+        with it, or its thread's entry stays for good (a killed client's tid is never seen
+        again) and every later ioctl takes the recording path."""
         try:
             res = answered.result()
         except Exception:
@@ -391,17 +386,6 @@ class NodeCore:
             raise
         self.after_request()
         return self._reply(res, drm_file, cmd, in_bytes, caller, start)
-
-    async def _ended_if_not_done(self, pending: Awaitable[IoctlResult],
-                                 caller: Caller) -> IoctlResult:
-        """`pending`'s result. A signal to the caller (FUSE INTERRUPT) cancels the wait:
-        what the call touched goes with it, or its thread's entry stays for good (a killed
-        client's tid is never seen again) and every later ioctl takes the recording path."""
-        try:
-            return await pending
-        except BaseException:
-            self._end_call(caller)
-            raise
 
     def _reply(
         self, res: IoctlResult, drm_file: DrmFile, cmd: int, in_bytes: bytes, caller: Caller,
@@ -429,15 +413,15 @@ class NodeCore:
 
     def gpu_read(
         self, drm_file: DrmFile, va: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes | bytearray]:
+    ) -> bytes | Completion[Loaded]:
         """A GPU load through the file's VM (policy 10): bytes at once when every piece is
-        local memory, an awaitable when some are remote (the FUSE edge takes both)."""
+        local memory, a Completion when some are remote or a process's (userptr)."""
         driver = self.drivers[drm_file.device.minor]
-        remote, remote_soon = self._remote_for(drm_file)
+        spawn = self.spawn
+        remote = self._remote_for(drm_file, spawn)
         load = self._traced_gpu(drm_file, "load", va, size, b"", caller,
                                 lambda: gpu_load(driver.vm(drm_file), va, size, remote,
-                                                 driver.count_gpu_fault,
-                                                 remote_soon=remote_soon))
+                                                 driver.count_gpu_fault, spawn))
         return load  # type: ignore[return-value]  # gpu_load's result, traced
 
     def gpu_read_route(self, drm_file: DrmFile, va: int,
@@ -463,14 +447,14 @@ class NodeCore:
 
     def gpu_write(
         self, drm_file: DrmFile, va: int, data: bytes, caller: Caller
-    ) -> int | Awaitable[int]:
+    ) -> int | Completion[int]:
         """A GPU store through the file's VM (policy 10); the count stored."""
         driver = self.drivers[drm_file.device.minor]
-        remote, remote_soon = self._remote_for(drm_file)
+        spawn = self.spawn
+        remote = self._remote_for(drm_file, spawn)
         store = self._traced_gpu(drm_file, "store", va, len(data), data, caller,
                                  lambda: gpu_store(driver.vm(drm_file), va, data, remote,
-                                                   driver.count_gpu_fault,
-                                                   remote_soon=remote_soon))
+                                                   driver.count_gpu_fault, spawn))
         return store  # type: ignore[return-value]  # gpu_store's result, traced
 
     def trace_queue(self, q: KfdQueue, event: str, value: int = 0, detail: str = "",
@@ -537,42 +521,28 @@ class NodeCore:
                 return done
 
             return res.then(recorded)
-        if not inspect.isawaitable(res):
-            record(res)
-            return res
+        record(res)
+        return res
 
-        async def later() -> object:
-            try:
-                done = await res
-            except DrmError as e:
-                record(e)
-                raise
-            record(done)
-            return done
-
-        return later()
-
-    def _remote_for(self, drm_file: DrmFile) -> tuple[RemoteFn, RemoteSoonFn | None]:
-        """The fabric's access functions for `drm_file`'s remote pieces (awaitable, and by
-        callback when the fabric offers it)."""
-        def issuer(piece: RemotePiece) -> int:
+    def _remote_for(self, drm_file: DrmFile, spawn: Spawn[Any]) -> RemoteFn:
+        """The fabric's access function for `drm_file`'s remote pieces."""
+        def remote(piece: RemotePiece, write: bool,
+                   data: bytes | None) -> Completion[Loaded | int]:
             # The access is issued by the accel that holds the NPA BO (normally this file's).
             device = piece.bo.device if piece.bo is not None else drm_file.device
-            return self.managers[device.minor].accel_id
+            return self._fabric_access(self.managers[device.minor].accel_id, piece, write,
+                                       data, spawn)
 
-        def remote(piece: RemotePiece, write: bool,
-                   data: bytes | None) -> Awaitable[bytes | bytearray | int]:
-            return self.remote_access(issuer(piece), piece, write, data)
+        return remote
 
+    def _fabric_access(self, accel_id: int, piece: RemotePiece, write: bool,
+                       data: bytes | None, spawn: Spawn[Any]) -> Completion[Loaded | int]:
+        """The fabric's GPU load/store of one remote piece, as a Completion: by callback
+        where the fabric can, else its coroutine run by `spawn`."""
         soon = self.remote_access_soon
-        if soon is None:
-            return remote, None
-
-        def remote_soon(piece: RemotePiece, write: bool,
-                        data: bytes | None) -> Completion[Loaded | int] | None:
-            return soon(issuer(piece), piece, write, data)
-
-        return remote, remote_soon
+        if soon is not None and (c := soon(accel_id, piece, write, data)) is not None:
+            return c
+        return spawn(self.remote_access(accel_id, piece, write, data))
 
     def _answer_drm_file_query(self, drm_file: DrmFile, in_bytes: bytes) -> IoctlReply:
         """The daemon's own question (abi/drmfile_query.py): only a pending nonce, answered
@@ -611,7 +581,7 @@ class NodeCore:
 
     def kfd_ioctl(
         self, process: KfdProcess, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
-    ) -> IoctlReply | Awaitable[IoctlReply]:
+    ) -> IoctlReply | Completion[IoctlReply]:
         if cmd == UALINKD_IOCTL_MMAP_GRANT:  # mmap(kfd fd): kfd_mmap's memory (cpu_map.py)
             return self.cpu_maps.kfd_ioctl(
                 lambda offset, length: self.kfd.mmap_target(caller, offset, length),
@@ -619,13 +589,19 @@ class NodeCore:
         start = self.trace_clock() if self.tracer is not None else 0.0
         self._begin_call(caller)
         res = self.kfd.ioctl(process, cmd, in_bytes, caller)
-        if not isinstance(res, IoctlResult):
-            return self._kfd_later(res, process, cmd, in_bytes, caller, start)
+        if isinstance(res, Completion):
+            return res.then(functools.partial(self._kfd_ended, process, cmd, in_bytes,
+                                              caller, start))
         return self._kfd_reply(res, process, cmd, in_bytes, caller, start)
 
-    async def _kfd_later(self, pending: Awaitable[IoctlResult], process: KfdProcess, cmd: int,
-                         in_bytes: bytes, caller: Caller, start: float) -> IoctlReply:
-        res = await self._ended_if_not_done(pending, caller)
+    def _kfd_ended(self, process: KfdProcess, cmd: int, in_bytes: bytes, caller: Caller,
+                   start: float, answered: Completion[IoctlResult]) -> IoctlReply:
+        """A KFD ioctl answered later (`_ioctl_ended`'s rules)."""
+        try:
+            res = answered.result()
+        except Exception:
+            self._end_call(caller)
+            raise
         return self._kfd_reply(res, process, cmd, in_bytes, caller, start)
 
     def _kfd_reply(self, res: IoctlResult, process: KfdProcess, cmd: int, in_bytes: bytes,

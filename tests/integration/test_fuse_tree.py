@@ -28,7 +28,7 @@ import pytest
 import trio
 from test_fabric_splice import _no_free_fds
 
-from ualinkd.drm.completion import Completion
+from ualinkd.drm.completion import Completion, run_now
 from ualinkd.drm.errors import DrmError
 from ualinkd.fabric.splice import PipedPayload, PipePool
 from ualinkd.fuse import lowlevel as ll
@@ -89,6 +89,8 @@ class FakeBackend:
     cancelled: int = 0
     completions: list[Completion[bytes]] = field(default_factory=list)
     hook: Callable[[], None] = lambda: None
+    # The trio edge's Spawn a node is given (the daemon's: its FUSE session's, `serving`).
+    spawn: Callable[[Any], Completion[Any]] = run_now
 
     def render_minors(self) -> list[int]:
         return self.minors
@@ -115,7 +117,7 @@ class FakeBackend:
         if cmd == IOWR_EPERM:
             return -errno.EPERM, in_bytes[::-1]
         if cmd == IOWR_ASYNC:
-            return self._slow(in_bytes)
+            return self.spawn(self._slow(in_bytes))
         if cmd == IOWR_BUG:
             raise RuntimeError("backend bug (expected by the test)")
         if cmd == IOWR_DRMERR:
@@ -124,7 +126,7 @@ class FakeBackend:
             self.hook()
             return 0, in_bytes
         if cmd == IOWR_LONG:
-            return (0, bytes(25)) if in_bytes[0] == 0 else self._long_later()
+            return (0, bytes(25)) if in_bytes[0] == 0 else self.spawn(self._long_later())
         return -errno.EINVAL, bytes(out_size)
 
     async def _long_later(self) -> tuple[int, bytes]:
@@ -220,6 +222,7 @@ async def serving(mp: Path, backend: FakeBackend | None = None) -> AsyncIterator
     backend = backend or FakeBackend()
     tree = FileTree(backend, mp)
     session = tree.session()
+    backend.spawn = session.spawn
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(session.serve)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import errno
 
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ualinkd.drm.completion import Completion
+from ualinkd.drm.completion import Completion, run_now
 from ualinkd.drm.errors import DrmError
+from ualinkd.gpu_engine import _InTask
 
 
 def test_steps_run_in_order_in_the_producers_call_and_the_consumer_last() -> None:
@@ -108,3 +110,68 @@ def test_cancel_runs_the_producers_canceller_once_and_only_before_the_result() -
     uncancellable: Completion[int] = Completion()
     assert not late.cancel() and not uncancellable.cancel()
     assert calls == [1] and late.result() == 3 and not uncancellable.done
+
+
+def test_run_now_is_the_spawn_of_a_node_without_an_edge() -> None:
+    """completion.run_now: a coroutine that never suspends (fakes answering at once) ends
+    its Completion in the call, its error too; one that suspends is a bug of the test,
+    raised at once, after the coroutine is closed (its cleanup ran)."""
+    async def value() -> int:
+        return 7
+
+    async def fails() -> int:
+        raise DrmError(errno.EFAULT, "no memory")
+
+    assert run_now(value()).result() == 7
+    with pytest.raises(DrmError):
+        run_now(fails()).result()
+    cleaned: list[bool] = []
+
+    class Suspends:  # what an event loop's wait does: yield to the loop
+        def __await__(self):  # type: ignore[no-untyped-def]
+            yield "a trap only an event loop understands"
+
+    async def waits() -> None:
+        try:
+            await Suspends()
+        finally:
+            cleaned.append(True)
+
+    with pytest.raises(RuntimeError, match="no edge"):
+        run_now(waits())
+    assert cleaned == [True]
+
+
+def test_the_engine_runs_a_spawned_coroutine_in_its_own_task() -> None:
+    """gpu_engine._InTask, the engine's Spawn: the coroutines an access hands it run in the
+    awaiting task (no task started), also one handed over by a callback while it waits for
+    a Completion another task ends (a piece after a remote one), and the answer is the
+    chain's."""
+    here = _InTask()
+    tasks_before: list[int] = []
+    remote: Completion[int] = Completion()
+
+    async def local(n: int) -> int:
+        tasks_before.append(id(trio.lowlevel.current_task()))
+        return n
+
+    def after_remote(c: Completion[int]) -> None:
+        here(local(c.result() + 1)).when_done(lambda d: answer.set_result(d.result() * 10))
+
+    answer: Completion[int] = Completion()
+    first = here(local(1))
+    first.when_done(lambda c: remote.when_done(after_remote))
+
+    async def main() -> int:
+        async with trio.open_nursery() as n:
+            async def exporter() -> None:
+                await trio.sleep(0.1)
+                remote.set_result(4)
+
+            n.start_soon(exporter)
+            got = await here.value(answer)
+            assert set(tasks_before) == {id(trio.lowlevel.current_task())}
+            return got
+
+    assert trio.run(main) == 50
+    assert len(tasks_before) == 2

@@ -29,6 +29,7 @@ from ualinkd.amdgpu.vm import (
     RemotePiece,
     gem_va,
 )
+from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.file import DrmFile
 
@@ -471,6 +472,57 @@ def test_remote_fault_rules(core, f):
         kit.run(core.gpu_read(f, VA + 2 * PAGE, 4, kit.CALLER))
     assert ei.value.errno == errno.EFAULT
     assert driver_of(f).gpu_faults == 2
+
+
+class LaterFabric:
+    """A fabric that answers every remote piece by callback, when the test completes it
+    (as the link's reader does when the DATA comes in)."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[RemotePiece, Completion[Any]]] = []
+
+    def soon(self, accel: int, piece: RemotePiece, write: bool,
+             data: bytes | None = None) -> Completion[Any]:
+        c: Completion[Any] = Completion()
+        self.pending.append((piece, c))
+        return c
+
+    async def never(self, *a: Any) -> Any:
+        raise AssertionError("every piece is answered by callback here")
+
+    def attach(self, core: Any) -> None:
+        def no_imports(mgr: Any, flow: Any) -> Any:
+            raise AssertionError("this test's fabric carries no imports")
+
+        core.attach_fabric(core.after_request, no_imports, self.never, self.soon)
+
+
+def test_pieces_answered_later_go_in_turn_and_stop_at_a_short_one(core, f):
+    """Policy 10 over several pieces answered by callback (access.py's _in_turn): the next
+    remote piece is asked only once the one before came back, from the call that completes
+    it, the bytes joined in order; a store whose remote piece comes back short stops there
+    (the piece after it is never written) with the short count, and counts one fault."""
+    fabric = LaterFabric()
+    fabric.attach(core)
+    local, a, b = kit.gem_create(f, PAGE), npa_bo(f, pages=1), npa_bo(f, pages=1)
+    va_ok(f, local, size=PAGE)
+    va_ok(f, a, va=VA + PAGE, size=PAGE)
+    va_ok(f, b, va=VA + 2 * PAGE, size=PAGE)
+    assert core.gpu_write(f, VA + PAGE - 2, b"LL", kit.CALLER) == 2  # (local: at once)
+
+    r = core.gpu_read(f, VA + PAGE - 2, PAGE + 4, kit.CALLER)
+    assert isinstance(r, Completion) and not r.done
+    assert [p.length for p, _ in fabric.pending] == [PAGE]  # B waits for A
+    fabric.pending.pop(0)[1].set_result(b"A" * PAGE)
+    assert [p.length for p, _ in fabric.pending] == [2] and not r.done
+    fabric.pending.pop(0)[1].set_result(b"BB")
+    assert r.result() == b"LL" + b"A" * PAGE + b"BB"
+
+    w = core.gpu_write(f, VA + PAGE, b"x" * (PAGE + 2), kit.CALLER)
+    assert isinstance(w, Completion) and not w.done
+    fabric.pending.pop(0)[1].set_result(100)  # the exporter faulted part-way
+    assert w.result() == 100 and not fabric.pending
+    assert driver_of(f).gpu_faults == 1
 
 
 def test_no_fabric_means_exporter_unreachable(core, f):

@@ -10,6 +10,7 @@ import errno
 import struct
 
 import trio
+import ualink_testkit as kit
 from test_kfd_rules import call, create, event_node, wait_args
 from trio.testing import MockClock
 
@@ -39,7 +40,8 @@ def run_waiters(node, p, waits: list[bytes], actions) -> list[tuple[int, int]]:
             async with trio.open_nursery() as nursery:
                 for i, args in enumerate(waits):
                     async def waiter(i: int = i, args: bytes = args) -> None:
-                        res = await node.kfd.ioctl(p, tbl.KFD_WAIT_EVENTS.cmd, args, caller)
+                        res = await kit.answer(node.kfd.ioctl(
+                            p, tbl.KFD_WAIT_EVENTS.cmd, args, caller))
                         out[i] = (res.result, struct.unpack("<QIIII", res.out)[4])
                     nursery.start_soon(waiter)
                 await trio.sleep(0.5)

@@ -20,6 +20,7 @@ import time
 from collections import Counter
 
 import trio
+import ualink_testkit as kit
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 from test_kfd_event_waiters import run_waiters
@@ -96,7 +97,7 @@ def identity_node(fds: dict[int, object]) -> tuple[NodeCore, Processes, UserArra
                     copy_to_user=mem.copy_to_user, copy_from_user=mem.copy_from_user,
                     resolve_drm_file=resolve, host_cpus=1, host_memory=1 << 34,
                     waits=TrioSyncWaits(), identify_process=procs.identify,
-                    watch_exit=procs.watch))
+                    watch_exit=procs.watch, spawn=kit.lazy_spawn))
     return node, procs, mem
 
 
@@ -336,7 +337,8 @@ def test_an_interrupted_wait_gives_back_the_auto_reset_signal_it_took():
 
     async def main() -> None:
         with trio.move_on_after(1):
-            await node.kfd.ioctl(p, tbl.KFD_WAIT_EVENTS.cmd, args, Caller(pid=p.pid, uid=0))
+            await kit.answer(node.kfd.ioctl(p, tbl.KFD_WAIT_EVENTS.cmd, args,
+                                            Caller(pid=p.pid, uid=0)))
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert p.events[0].signaled and not p.events[0].waiters and not p.events[1].waiters

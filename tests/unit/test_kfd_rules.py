@@ -10,6 +10,7 @@ import struct
 
 import pytest
 import trio
+import ualink_testkit as kit
 
 from ualinkd import sysfs
 from ualinkd.abi import ioctls as tbl
@@ -50,20 +51,14 @@ def make_node(accels: int = 2, fds: dict[int, object] | None = None,
 
     return NodeCore(config, config.nodes[0].name, NodeServices(clock=lambda: (10**9, 5 * 10**9),
                     copy_to_user=(mem or Memory()).copy_to_user, resolve_drm_file=resolve,
-                    host_cpus=8, host_memory=1 << 34))
+                    host_cpus=8, host_memory=1 << 34, spawn=kit.lazy_spawn))
 
 
 def call(node: NodeCore, p, cmd: int, data: bytes = b"", caller: Caller | None = None
          ) -> IoctlResult:
     """The ioctl from `p`'s own process (kfd_ioctl's lead_thread check), unless `caller`."""
     res = node.kfd.ioctl(p, cmd, data, caller or Caller(pid=p.pid, uid=CALLER.uid))
-    if isinstance(res, IoctlResult):
-        return res
-
-    async def run() -> IoctlResult:
-        return await res
-
-    return trio.run(run)
+    return kit.run(res)  # type: ignore[no-any-return]  # (its coroutine, run to its end)
 
 
 def test_unknown_and_out_of_range_nrs_are_enotty_with_nothing_copied():
@@ -428,7 +423,7 @@ def test_a_blocking_wait_is_woken_by_set_event_and_times_out_otherwise():
             out: list[int] = []
 
             async def waiter() -> None:
-                res = await node.kfd.ioctl(p, tbl.KFD_WAIT_EVENTS.cmd, args, CALLER)
+                res = await kit.answer(node.kfd.ioctl(p, tbl.KFD_WAIT_EVENTS.cmd, args, CALLER))
                 out.extend([res.result, struct.unpack("<QIIII", res.out)[4]])
 
             nursery.start_soon(waiter)
@@ -444,7 +439,7 @@ def test_a_blocking_wait_is_woken_by_set_event_and_times_out_otherwise():
         0, chardev.KFD_IOC_WAIT_RESULT_COMPLETE)
 
     async def alone() -> int:
-        res = await node.kfd.ioctl(p, tbl.KFD_WAIT_EVENTS.cmd, args, CALLER)
+        res = await kit.answer(node.kfd.ioctl(p, tbl.KFD_WAIT_EVENTS.cmd, args, CALLER))
         return struct.unpack("<QIIII", res.out)[4]
 
     assert trio.run(alone, clock=MockClock(autojump_threshold=0)) == (

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+import ualink_testkit as kit
 from ualink_testkit import CALLER, GEM_VA, gem_close, gem_create, open_file, pod_config, run
 from ualink_testkit import ioctl as raw_ioctl
 
@@ -97,7 +98,7 @@ def mem() -> UserMemory:
 def core(mem):
     return NodeCore(pod_config(), "node0", NodeServices(resolve_fd=lambda pid, fd: fd,
                     copy_to_user=mem.write, copy_from_user=mem.read,
-                    waits=TrioSyncWaits(mock_now)))
+                    waits=TrioSyncWaits(mock_now), spawn=kit.lazy_spawn))
 
 
 @pytest.fixture
@@ -387,7 +388,7 @@ def test_wait_for_submit_is_woken_by_signal(f, mem):
         done: list[tuple[float, IoctlResult]] = []
 
         async def waiter() -> None:
-            r = await pending  # type: ignore[misc]
+            r = await kit.answer(pending)
             done.append((trio.current_time(), r))
 
         async with trio.open_nursery() as n:
@@ -407,7 +408,7 @@ def test_wait_times_out_with_etime_at_the_deadline(f, mem):
     async def main() -> None:
         h = create(f)
         t0 = trio.current_time()
-        r = await wait_raw(f, mem, [h], SUBMIT, mock_now() + 50_000_000)  # type: ignore[misc]
+        r = await kit.answer(wait_raw(f, mem, [h], SUBMIT, mock_now() + 50_000_000))
         assert (r.result, trio.current_time() - t0) == (-errno.ETIME, pytest.approx(0.05))
 
     run_trio(main)
@@ -423,7 +424,7 @@ def test_wait_all_needs_every_point(f, mem):
         results: list[IoctlResult] = []
 
         async def waiter() -> None:
-            results.append(await pending)  # type: ignore[misc]
+            results.append(await kit.answer(pending))
 
         async with trio.open_nursery() as n:
             n.start_soon(waiter)
@@ -520,7 +521,7 @@ def test_gem_va_wakes_a_timeline_waiter(f, mem):
         results: list[IoctlResult] = []
 
         async def waiter() -> None:
-            results.append(await pending)  # type: ignore[misc]
+            results.append(await kit.answer(pending))
 
         async with trio.open_nursery() as n:
             n.start_soon(waiter)

@@ -9,6 +9,7 @@ import errno
 import struct
 
 import pytest
+import ualink_testkit as kit
 from ualink_testkit import (
     CALLER,
     OTHER_UID,
@@ -24,6 +25,7 @@ from ualink_testkit import (
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import iowr
 from ualinkd.drm import syncobj as so
+from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.node import NodeCore, NodeServices
 
@@ -61,7 +63,8 @@ def core(eventfds: list[FakeEventFd]) -> NodeCore:
         return e
 
     return NodeCore(pod_config(), "node0", NodeServices(resolve_fd=lambda pid, fd: fd,
-                                                        open_eventfd=open_eventfd))
+                                                        open_eventfd=open_eventfd,
+                                                        spawn=kit.lazy_spawn))
 
 
 @pytest.fixture
@@ -243,13 +246,6 @@ class FakeWaits:
         pass
 
 
-def run(awaitable):
-    coro = awaitable.__await__()
-    with pytest.raises(StopIteration) as stop:
-        coro.send(None)
-    return stop.value.value
-
-
 def test_transfer_wait_for_submit_waits_for_the_fence(f):
     """WAIT_FOR_SUBMIT with no fence yet: the ioctl waits (deadline now + 5 s, as
     drm_syncobj_find_fence) and transfers once the fence arrives; ETIME if none does."""
@@ -257,12 +253,12 @@ def test_transfer_wait_for_submit_waits_for_the_fence(f):
     f.device.waits = waits
     a, b = create(f), create(f)
     pending = transfer(f, a, b, 0, 0, WAIT_FOR_SUBMIT)
-    assert not hasattr(pending, "result")
+    assert isinstance(pending, Completion) and not pending.done
     obj(f, a).replace_fence(so.STUB)
-    assert run(pending).result == 0 and obj(f, b).has_point(0)
+    assert kit.run(pending).result == 0 and obj(f, b).has_point(0)
     assert waits.deadlines == [1_000 + so.WAIT_FOR_SUBMIT_TIMEOUT_NS]
     c = create(f)
-    assert run(transfer(f, c, b, 0, 0, WAIT_FOR_SUBMIT)).result == -errno.ETIME
+    assert kit.run(transfer(f, c, b, 0, 0, WAIT_FOR_SUBMIT)).result == -errno.ETIME
 
 
 # ---- EVENTFD ----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from ualink_testkit import (
     GEM_OP,
     GEM_VA,
     ioctl,
+    lazy_spawn,
     open_file,
     pod_config,
     prime_to_fd_raw,
@@ -161,19 +162,20 @@ def test_gpu_loads_and_stores_reach_the_process_memory(f, proc):
     vm = f.device.driver.vm(f)
     faults: list[int] = []
 
-    got = run(gpu_load(vm, va + 5, 300, remote, lambda: faults.append(1)))
+    got = run(gpu_load(vm, va + 5, 300, remote, lambda: faults.append(1), lazy_spawn))
     assert got == bytes(proc.mem[5:305])
-    assert run(gpu_store(vm, va + PAGE, b"written by the GPU", remote, lambda: None)) == 18
+    assert run(gpu_store(vm, va + PAGE, b"written by the GPU", remote, lambda: None,
+                         lazy_spawn)) == 18
     assert proc.mem[PAGE:PAGE + 18] == b"written by the GPU"
     assert proc.opened == [CALLER.pid]
     with pytest.raises(DrmError):  # the process's last page is read-only
-        run(gpu_store(vm, va + (PAGES - 1) * PAGE, b"x", remote, lambda: None))
+        run(gpu_store(vm, va + (PAGES - 1) * PAGE, b"x", remote, lambda: None, lazy_spawn))
     ro = userptr(f, flags=RO)
     _map(f, ro, 0x200000, c.VM_PAGE_READABLE | c.VM_PAGE_WRITEABLE)
     with pytest.raises(DrmError) as e:
-        run(gpu_store(vm, 0x200000, b"x", remote, lambda: faults.append(1)))
+        run(gpu_store(vm, 0x200000, b"x", remote, lambda: faults.append(1), lazy_spawn))
     assert e.value.errno == errno.EFAULT and faults == [1]
-    assert run(gpu_load(vm, 0x200000, 4, remote, lambda: None)) == bytes(proc.mem[:4])
+    assert run(gpu_load(vm, 0x200000, 4, remote, lambda: None, lazy_spawn)) == bytes(proc.mem[:4])
     for handle in (h, ro):
         assert ioctl(f, GEM_CLOSE, struct.pack("<II", handle, 0)).result == 0
     assert proc.closed == 2
@@ -188,11 +190,13 @@ def test_userptr_faults_give_short_counts(f, proc):
     edge = BASE + (PAGES - 1) * PAGE  # the last mapped page; the next one is not mapped
     h = userptr(f, addr=edge, size=2 * PAGE, flags=RO)  # no VALIDATE: accepted as is
     _map(f, h, 0x100000, c.VM_PAGE_READABLE, size=2 * PAGE)
-    got = run(gpu_load(vm, 0x100000 + 100, 2 * PAGE - 100, remote, lambda: faults.append(1)))
+    got = run(gpu_load(vm, 0x100000 + 100, 2 * PAGE - 100, remote, lambda: faults.append(1),
+                       lazy_spawn))
     assert got == bytes(proc.mem[-PAGE + 100:]) and faults == [1]
     w = userptr(f, flags=REG)  # the last page is read-only in the process
     _map(f, w, 0x200000, c.VM_PAGE_READABLE | c.VM_PAGE_WRITEABLE)
     at = 0x200000 + (PAGES - 2) * PAGE
-    assert run(gpu_store(vm, at, b"y" * 2 * PAGE, remote, lambda: faults.append(2))) == PAGE
+    assert run(gpu_store(vm, at, b"y" * 2 * PAGE, remote, lambda: faults.append(2),
+                         lazy_spawn)) == PAGE
     assert proc.mem[(PAGES - 2) * PAGE:(PAGES - 1) * PAGE] == b"y" * PAGE
     assert faults == [1, 2]

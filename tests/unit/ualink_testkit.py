@@ -7,6 +7,7 @@ token's key doubles as the fd passed to PRIME_FD_TO_HANDLE.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import struct
 import uuid
@@ -14,10 +15,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from ualinkd.abi import constants as c
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import ioc, iow, iowr
 from ualinkd.config import PodConfig
+from ualinkd.drm.completion import Completion
 from ualinkd.drm.device import Caller, DrmDevice, IoctlResult
 from ualinkd.drm.file import DrmFile
 from ualinkd.node import NodeCore, NodeServices
@@ -117,8 +121,14 @@ def ioctl(f: DrmFile, cmd: int, data: bytes, caller: Caller = CALLER) -> IoctlRe
 
 
 def run(aw: Any) -> Any:
-    """Drive an awaitable whose awaits never suspend (the fakes of caller memory answer at
-    once), without trio; a plain value is returned as it is."""
+    """The value of an answer that is in already: a Completion's (its coroutine ran at once,
+    with no edge: completion.run_now, the fakes of caller memory answering at once), or an
+    awaitable driven whose awaits never suspend, without trio; a plain value as it is."""
+    if isinstance(aw, Completion):
+        while not aw.done and _unstarted:  # (its own coroutine, or those it waits for)
+            c = next(iter(_unstarted))  # (the oldest first)
+            _ended(c, functools.partial(run, _unstarted.pop(c)))
+        return aw.result()
     if not isinstance(aw, Awaitable):
         return aw
     coro = aw.__await__()
@@ -127,6 +137,50 @@ def run(aw: Any) -> Any:
     except StopIteration as stop:
         return stop.value
     raise AssertionError("the coroutine suspended")
+
+
+# The coroutines lazy_spawn adapted, not started yet, by the Completion that answers them.
+_unstarted: dict[Completion[Any], Awaitable[Any]] = {}
+
+
+def lazy_spawn(aw: Awaitable[Any]) -> Completion[Any]:
+    """A Spawn for tests whose waits suspend (the daemon's is its FUSE session's): the
+    coroutine runs when the test asks for the answer, in the test's own task, as it did when
+    the core handed coroutines up: `run` drives it without trio (the fakes answer at once),
+    `answer` awaits it under trio (cancelled, the wait is given up)."""
+    c: Completion[Any] = Completion()
+    _unstarted[c] = aw
+    return c
+
+
+def _ended(c: Completion[Any], step: Callable[[], Any]) -> None:
+    try:
+        got = step()
+    except Exception as e:
+        c.set_error(e)
+    else:
+        c.set_result(got)
+
+
+async def answer(got: Any) -> Any:
+    """Await an answer under trio: a Completion's value (a lazy_spawn one's coroutine run
+    here); a value as it is."""
+    if not isinstance(got, Completion):
+        return got
+    while not got.done and _unstarted:  # (its own coroutine, or those it waits for)
+        c = next(iter(_unstarted))  # (the oldest first)
+        aw = _unstarted.pop(c)
+        try:
+            value = await aw
+        except Exception as e:
+            c.set_error(e)
+        else:
+            c.set_result(value)
+    if not got.done:
+        ended = trio.Event()
+        got.when_done(lambda _: ended.set())
+        await ended.wait()
+    return got.result()
 
 
 def u32(data: bytes, off: int = 0) -> int:

@@ -1,29 +1,30 @@
 """GPU loads and stores through a GpuVm (spec policy 10, §4.5, §4.6, §6.3).
 
 `gpu_load`/`gpu_store` take the pieces `GpuVm.plan()` cut a VA range into and carry them
-out with policy 10's EFAULT / short-count rule, returning an awaitable only when the fabric
-or a process's memory (a userptr BO, reached off the FUSE thread) is needed.
+out with policy 10's EFAULT / short-count rule, one after another, returning a Completion
+only when the fabric or a process's memory (a userptr BO, reached off the FUSE thread, whose
+coroutine the edge's Spawn runs) is needed.
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Awaitable, Callable
+import functools
+from collections.abc import Callable
+from typing import Any
 
-from ..drm.completion import Completion
+from ..drm.completion import Completion, Spawn, done
 from ..drm.errors import DrmError
 from ..drm.loaded import Loaded, in_memory
 from .engine import GpuFault
 from .vm import GpuVm, LocalPiece, Piece, RemotePiece
 
-__all__ = ["RemoteFn", "RemoteSoonFn", "gpu_copy_local", "gpu_load", "gpu_store"]
+__all__ = ["RemoteFn", "gpu_copy_local", "gpu_load", "gpu_store"]
 
-# (piece, write, data for a store) -> the loaded bytes | the count stored; may come back
-# short when the exporter faults part-way; DrmError(EFAULT) when nothing could be done.
-RemoteFn = Callable[[RemotePiece, bool, bytes | None], Awaitable[bytes | bytearray | int]]
-# The same answered by callback (drm/completion.py), or None when it cannot be.
-RemoteSoonFn = Callable[[RemotePiece, bool, bytes | None],
-                        Completion[Loaded | int] | None]
+# (piece, write, data for a store) -> the loaded bytes | the count stored, by callback
+# (drm/completion.py); may come back short when the exporter faults part-way;
+# DrmError(EFAULT) when nothing could be done.
+RemoteFn = Callable[[RemotePiece, bool, bytes | None], Completion[Loaded | int]]
 
 
 def _fault(va: int) -> DrmError:
@@ -45,36 +46,26 @@ def _plan(vm: GpuVm, va: int, n: int, write: bool,
 
 
 def gpu_load(
-    vm: GpuVm, va: int, size: int, remote: RemoteFn, on_fault: Callable[[], None], *,
-    remote_soon: RemoteSoonFn | None = None,
-) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]:
+    vm: GpuVm, va: int, size: int, remote: RemoteFn, on_fault: Callable[[], None],
+    spawn: Spawn[Any],
+) -> bytes | Completion[Loaded]:
     """A GPU load of `size` bytes at `va` (policy 10): EFAULT if the first byte faults, else
-    the bytes up to the first faulting page. `on_fault` runs once per faulting access.
-    A load of one remote piece is a Completion when `remote_soon` takes it."""
+    the bytes up to the first faulting page. `on_fault` runs once per faulting access;
+    `spawn` runs a userptr BO's reads."""
     pieces, later_fault = _plan(vm, va, size, False, on_fault)
     if all(type(p) is LocalPiece and p.bo.userptr is None for p in pieces):
         return b"".join([p.bo.memory.read(p.bo_offset, p.length)  # type: ignore[union-attr]
                          for p in pieces])  # (all() above: every piece is a LocalPiece)
-    if remote_soon is not None and len(pieces) == 1 and type(piece := pieces[0]) is RemotePiece:
-        c = remote_soon(piece, False, None)
-        if c is not None:
-            return c.then(lambda c: _loaded(piece, _outcome(c), 0, va, later_fault))
-    return _load_later(pieces, va, remote, later_fault)
+    if len(pieces) == 1 and type(piece := pieces[0]) is RemotePiece:
+        return remote(piece, False, None).then(
+            lambda c: _loaded(piece, _outcome(c), 0, va, later_fault))
+    return _load_pieces(pieces, va, remote, spawn, later_fault)
 
 
 def _outcome(c: Completion[Loaded | int]) -> Loaded | int | DrmError:
     """A remote piece's answer, its DrmError as a value (what _loaded/_stored take)."""
     try:
         return c.result()
-    except DrmError as e:
-        return e
-
-
-async def _answer(remote: RemoteFn, p: RemotePiece, write: bool,
-                  data: bytes | None) -> bytes | bytearray | int | DrmError:
-    """`_outcome` for the awaitable path."""
-    try:
-        return await remote(p, write, data)
     except DrmError as e:
         return e
 
@@ -112,58 +103,100 @@ def _short(done: int, va: int, on_fault: Callable[[], None] | None) -> None:
         raise _fault(va)
 
 
-async def _read_local(p: LocalPiece) -> bytes:
-    """A local piece's bytes. Only a userptr BO can fault here (its process's memory, read
-    off the FUSE thread, so this is a coroutine): then the bytes up to the first page the
-    process does not have readable (policy 10's short count), empty if that is the first."""
-    user = p.bo.userptr
-    if user is None:
-        return p.bo.memory.read(p.bo_offset, p.length)
-    return await user.read(p.bo_offset, p.length)
+def _in_turn(pieces: list[Piece], start: Callable[[Piece], Completion[Any]],
+             take: Callable[[Piece, Completion[Any]], bool]) -> Completion[None]:
+    """The pieces of an access one after another (policy 10 stops an access at its first
+    short piece, and a store must not reach past it): `start(p)` begins piece p, `take(p, c)`
+    takes its outcome (raising ends the access with that error) and says whether to go on.
+    A piece that waits resumes the rest from the call that completes it."""
+    over: Completion[None] = Completion()
+
+    def go(i: int) -> None:
+        try:
+            while i < len(pieces):
+                p = pieces[i]
+                c = start(p)
+                if not c.done:
+                    c.when_done(functools.partial(resume, i))
+                    return
+                if not take(p, c):
+                    break
+                i += 1
+        except Exception as e:
+            over.set_error(e)
+            return
+        over.set_result(None)
+
+    def resume(i: int, c: Completion[Any]) -> None:
+        try:
+            more = take(pieces[i], c)
+        except Exception as e:
+            over.set_error(e)
+            return
+        if more:
+            go(i + 1)
+        else:
+            over.set_result(None)
+
+    go(0)
+    return over
 
 
-async def _write_local(p: LocalPiece, data: bytes | memoryview) -> int:
-    """Store into a local piece; the count stored (short only for a userptr BO whose
-    process has a page unmapped or read-only, policy 10)."""
+def _local(p: LocalPiece, spawn: Spawn[Any], data: bytes | None) -> Completion[Any]:
+    """A local piece's load (data None) or store. Only a userptr BO can fault here, or wait
+    (its process's memory, reached off the FUSE thread): the bytes up to the first page
+    the process does not have readable, or the count stored up to the first it lacks
+    writable (policy 10's short count)."""
     user = p.bo.userptr
+    if data is None:
+        return done(p.bo.memory.read(p.bo_offset, p.length)) if user is None \
+            else spawn(user.read(p.bo_offset, p.length))
     if user is None:
         p.bo.memory.write(p.bo_offset, data)
-        return p.length
-    return await user.write(p.bo_offset, data)
+        return done(p.length)
+    return spawn(user.write(p.bo_offset, data))
 
 
-async def _load_later(
-    pieces: list[Piece], va: int, remote: RemoteFn, on_fault: Callable[[], None] | None
-) -> bytes | bytearray:
+def _load_pieces(
+    pieces: list[Piece], va: int, remote: RemoteFn, spawn: Spawn[Any],
+    on_fault: Callable[[], None] | None,
+) -> Completion[Loaded]:
     out: list[bytes | bytearray] = []
-    done = 0
-    for p in pieces:
+    count = [0]  # bytes loaded so far
+
+    def start(p: Piece) -> Completion[Any]:
         if isinstance(p, LocalPiece):
-            got: bytes | bytearray = await _read_local(p)
+            return _local(p, spawn, None)
+        return remote(p, False, None)
+
+    def take(p: Piece, c: Completion[Any]) -> bool:
+        if isinstance(p, LocalPiece):
+            got: bytes | bytearray = c.result()
             if len(got) < p.length:
-                _short(done + len(got), va, on_fault)
+                _short(count[0] + len(got), va, on_fault)
         else:
-            got = in_memory(_loaded(p, await _answer(remote, p, False, None), done, va,
-                                    on_fault))
+            got = in_memory(_loaded(p, _outcome(c), count[0], va, on_fault))
         out.append(got)
-        done += len(got)
-        if len(got) < p.length:
-            break
-    return out[0] if len(out) == 1 else b"".join(out)  # one piece: its buffer, uncopied
+        count[0] += len(got)
+        return len(got) == p.length
+
+    def joined(over: Completion[None]) -> Loaded:
+        over.result()  # (the access's error, raised)
+        return out[0] if len(out) == 1 else b"".join(out)  # one piece: its buffer, uncopied
+
+    return _in_turn(pieces, start, take).then(joined)
 
 
 def gpu_store(
-    vm: GpuVm, va: int, data: bytes, remote: RemoteFn, on_fault: Callable[[], None], *,
-    remote_soon: RemoteSoonFn | None = None,
-) -> int | Awaitable[int] | Completion[int]:
+    vm: GpuVm, va: int, data: bytes, remote: RemoteFn, on_fault: Callable[[], None],
+    spawn: Spawn[Any],
+) -> int | Completion[int]:
     """A GPU store of `data` at `va` (policy 10): EFAULT if the first byte faults, else the
-    count stored up to the first faulting page. A store of one remote piece is a Completion
-    when `remote_soon` takes it."""
+    count stored up to the first faulting page (`gpu_load`'s arguments)."""
     pieces, later_fault = _plan(vm, va, len(data), True, on_fault)
-    if remote_soon is not None and len(pieces) == 1 and type(piece := pieces[0]) is RemotePiece:
-        c = remote_soon(piece, True, data[: piece.length])
-        if c is not None:
-            return c.then(lambda c: _stored(piece, _outcome(c), 0, va, later_fault))
+    if len(pieces) == 1 and type(piece := pieces[0]) is RemotePiece:
+        return remote(piece, True, data[: piece.length]).then(
+            lambda c: _stored(piece, _outcome(c), 0, va, later_fault))
     if all(type(p) is LocalPiece and p.bo.userptr is None for p in pieces):
         mv = memoryview(data)
         done = 0
@@ -172,26 +205,36 @@ def gpu_store(
             p.bo.memory.write(p.bo_offset, mv[done : done + p.length])  # type: ignore[union-attr]
             done += p.length
         return done
-    return _store_later(pieces, va, data, remote, later_fault)
+    return _store_pieces(pieces, va, data, remote, spawn, later_fault)
 
 
-async def _store_later(
-    pieces: list[Piece], va: int, data: bytes, remote: RemoteFn,
+def _store_pieces(
+    pieces: list[Piece], va: int, data: bytes, remote: RemoteFn, spawn: Spawn[Any],
     on_fault: Callable[[], None] | None,
-) -> int:
-    done = 0
-    for p in pieces:
-        chunk = data[done : done + p.length]
+) -> Completion[int]:
+    count = [0]  # bytes stored so far
+
+    def start(p: Piece) -> Completion[Any]:
+        chunk = data[count[0] : count[0] + p.length]
         if isinstance(p, LocalPiece):
-            n = await _write_local(p, chunk)
+            return _local(p, spawn, chunk)
+        return remote(p, True, chunk)
+
+    def take(p: Piece, c: Completion[Any]) -> bool:
+        if isinstance(p, LocalPiece):
+            n: int = c.result()
             if n < p.length:
-                _short(done + n, va, on_fault)
+                _short(count[0] + n, va, on_fault)
         else:
-            n = _stored(p, await _answer(remote, p, True, chunk), done, va, on_fault)
-        done += n
-        if n < p.length:
-            break
-    return done
+            n = _stored(p, _outcome(c), count[0], va, on_fault)
+        count[0] += n
+        return n == p.length
+
+    def counted(over: Completion[None]) -> int:
+        over.result()  # (the access's error, raised)
+        return count[0]
+
+    return _in_turn(pieces, start, take).then(counted)
 
 
 def _stored(p: RemotePiece, r: Loaded | int | DrmError, done: int, va: int,

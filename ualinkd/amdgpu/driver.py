@@ -11,7 +11,6 @@ not depend on the one above it.
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import struct
 from collections.abc import Awaitable, Callable
@@ -409,10 +408,9 @@ class AmdgpuDriver:
         raise DrmError(errno.EINVAL, f"GEM_OP op {args.op}")
 
     # -- UALINK_HANDLE (§1.3–§1.6) ---------------------------------------------------------------
-    def _import_answered(self, file: DrmFile, kdata: bytearray, caller: Caller,
-                         answered: Completion[DmaBuf]) -> None:
-        """A remote import completed over the fabric (§1.6 I3–I20); the ioctl answers now."""
-        buf = answered.result()
+    def _imported(self, file: DrmFile, kdata: bytearray, caller: Caller, buf: DmaBuf) -> None:
+        """An import's dma-buf, at once or once the fabric completed it (§1.6 I3–I20): its
+        token is the ioctl's answer, unless the file closed while the import was in flight."""
         if file.closed:
             buf.put()
             raise DrmError(errno.EBADF, "the file closed while the import was in flight")
@@ -439,10 +437,9 @@ class AmdgpuDriver:
             st.UALINK_HANDLE_OUT_EXPORT.pack_into(kdata, 0, lo, hi)  # export_ualink_handle[2]
         elif args.op == c.UalinkOp.IMPORT:
             got = self.ualink.import_handle(file, args.handle_lo, args.handle_hi)
-            if not isinstance(got, DmaBuf):
-                return got.then(functools.partial(self._import_answered, file, kdata, caller))
-            token = self.device.tokens.install(got, file, caller.uid)
-            st.UALINK_OUT_IMPORT_DMABUF.put(kdata, token)
+            if isinstance(got, Completion):
+                return got.then(lambda c: self._imported(file, kdata, caller, c.result()))
+            self._imported(file, kdata, caller, got)
         else:
             raise DrmError(errno.EINVAL, f"UALink op {args.op}")
         return None

@@ -33,13 +33,13 @@ from ..amdgpu.bo import AmdgpuBo
 from ..amdgpu.driver import AmdgpuDriver, user_pages_present
 from ..amdgpu.engine import gpu_clock_counter
 from ..amdgpu.vm import MAX_PFN, GpuVm
-from ..drm.completion import Completion
+from ..drm.completion import Completion, Spawn, run_now
 from ..drm.device import (
     Caller,
     CopyFromUser,
     CopyToUser,
     IoctlResult,
-    finish_later,
+    finish,
     read_user,
     write_user,
 )
@@ -351,8 +351,10 @@ class Kfd:
         waits: SyncWaits | None = None,
         identify: Identify = same_thread_group,
         resolve_dmabuf: Callable[[int, int], DmaBuf] | None = None,
+        spawn: Spawn[None] = run_now,
     ) -> None:
         self.nodes = {n.gpu_id: n for n in nodes}
+        self.spawn = spawn  # runs a handler's coroutine to a Completion (DrmDevice.spawn)
         assert len(self.nodes) == len(nodes), "gpu_ids must be unique"
         self.clock = clock
         self.copy_to_user = copy_to_user
@@ -442,7 +444,7 @@ class Kfd:
 
     # -- dispatch (kfd_ioctl) -----------------------------------------------------------------
     def ioctl(self, p: KfdProcess, cmd: int, in_bytes: bytes,
-              caller: Caller) -> IoctlResult | Awaitable[IoctlResult]:
+              caller: Caller) -> IoctlResult | Completion[IoctlResult]:
         """kfd_ioctl: the entry by nr alone (outside the command range: ENOTTY, nothing
         copied) (1); only the process that opened the file may use it — a child that
         inherited the fd, or one it was passed to, gets EBADF, nothing copied (the
@@ -470,8 +472,8 @@ class Kfd:
             pending = handler(p, kdata, caller)  # 3
         except DrmError as e:
             return IoctlResult(-e.errno, bytes(kdata[:out_size]), spec, bytes(kdata))  # 4
-        if pending is not None:
-            return finish_later(pending, spec, kdata, out_size)
+        if pending is not None:  # a coroutine: adapted here, once
+            return self.spawn(pending).then(functools.partial(finish, spec, kdata, out_size))
         return IoctlResult(0, bytes(kdata[:out_size]), spec, bytes(kdata))
 
     async def _read_user(self, caller: Caller, address: int, size: int) -> bytes:

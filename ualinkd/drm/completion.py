@@ -4,20 +4,26 @@ The kernel's `struct completion` / `dma_fence_add_callback` idea, sans-IO: whoev
 the result (the fabric link, when the exporter's DATA comes in) calls `set_result` or
 `set_error`, and the consumer's callback runs right there, in the producer's call. No task is
 started and no scheduler step passes in between, which is what a GPU load's round trip costs
-otherwise (a task per request and two wake-ups: issue 15's profile). A consumer that cannot
-take a callback gets an awaitable instead; producers offer both (see fabric/agent.py).
+otherwise (a task per request and two wake-ups: issue 15's profile).
+
+It is the one deferred shape a request's answer has when it crosses a layer: a layer returns
+a plain value or a Completion, never an awaitable. Work the core writes as a coroutine (an
+ioctl handler that awaits the caller's memory) is adapted into a Completion once, by the
+`Spawn` the edge injects: the trio edge runs it as a task that ends the Completion; a node
+with no edge runs it at once (`run_now`), which suits fakes that never wait.
 
 A wait the caller may give up (an import's NPA_RSP wait, interruptible in the kernel: I13)
 has a canceller: the producer's `on_cancel(fn)`, run by the consumer's `cancel()` while the
-result is not in; `fn` ends the completion itself, with the error it chooses.
+result is not in; `fn` ends the completion itself, with the error it chooses (at once, or,
+for a Spawn's task, once that task has unwound from its cancel).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Completion"]
+__all__ = ["Completion", "Spawn", "done", "run_now"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -72,7 +78,8 @@ class Completion(Generic[T]):
             self._value, self._error = None, e
 
     def on_cancel(self, canceller: Callable[[], None]) -> None:
-        """(The producer) what `cancel()` runs: it must finish the completion."""
+        """(The producer) what `cancel()` runs: it must finish the completion (at once, or
+        as soon as the work it cancelled has unwound: then `cancel()` returns False)."""
         self._canceller = canceller
 
     def cancel(self) -> bool:
@@ -109,3 +116,36 @@ class Completion(Generic[T]):
         else:
             self._steps.append(fn)
         return self  # type: ignore[return-value]  # the same object, its result now a U
+
+
+# The edge's adapter from a coroutine to a Completion: it runs `aw` (a task at the trio edge)
+# and ends the Completion with its outcome. Its canceller (Completion.cancel) gives up the
+# run; the Completion then ends with the error the edge chooses (the FUSE edge's EINTR).
+Spawn = Callable[[Awaitable[T]], Completion[T]]
+
+
+def done(value: T) -> Completion[T]:
+    """A Completion that already has its result."""
+    c: Completion[T] = Completion()
+    c.set_result(value)
+    return c
+
+
+def run_now(aw: Awaitable[T]) -> Completion[T]:
+    """The Spawn of a node with no edge (unit tests): `aw` runs to its end in this call,
+    which works when nothing it awaits suspends (fakes that answer at once); one that does
+    suspend is a bug of the test, raised here (after `aw` is closed, its cleanup done)."""
+    c: Completion[T] = Completion()
+    steps = aw.__await__()
+    try:
+        steps.send(None)
+    except StopIteration as stop:
+        c.set_result(stop.value)
+        return c
+    except Exception as e:
+        c.set_error(e)
+        return c
+    close = getattr(steps, "close", None)
+    if close is not None:
+        close()
+    raise RuntimeError("a coroutine waited, and this node has no edge to run it (Spawn)")

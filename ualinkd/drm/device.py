@@ -27,7 +27,7 @@ from ..abi.constants import (
     DRM_RDWR,
 )
 from ..abi.ioc import IOC_READ, IOC_WRITE, ioc_dir, ioc_size
-from .completion import Completion
+from .completion import Completion, Spawn, run_now
 from .errors import DrmError
 from .file import DrmFile
 from .gem import DmaBuf, GemObject
@@ -56,8 +56,10 @@ class Caller:
     gid: int = 0
 
 
-# A handler works on the kernel buffer in place, like a drm_ioctl_t on kdata. One that needs
-# the fabric returns an awaitable that finishes the work (and may raise DrmError) instead.
+# A handler works on the kernel buffer in place, like a drm_ioctl_t on kdata. One that must
+# wait returns what finishes the work (and may raise DrmError) instead: a Completion (a
+# remote import's answer), or a coroutine (it awaits the caller's memory or a wait), which
+# `DrmDevice.ioctl` turns into one with the edge's Spawn.
 Handler = Callable[[DrmFile, bytearray, Caller], Awaitable[None] | Completion[None] | None]
 # User memory of the caller, for arrays behind ioctl pointers: awaitables (the edge does the
 # access off the thread that serves FUSE, DESIGN "Restricted ioctls"); both raise
@@ -168,20 +170,11 @@ async def write_user(copy: CopyToUser | None, caller: Caller, address: int,
     await copy(caller.pid, address, data)
 
 
-async def finish_later(pending: Awaitable[None], spec: tbl.IoctlSpec, kdata: bytearray,
-                       out_size: int) -> IoctlResult:
-    """The end of an ioctl whose handler awaits (caller memory, a wait): its errno, and the
-    user's size copied back whether it failed or not (drm_ioctl's and kfd_ioctl's rule)."""
-    try:
-        await pending
-    except DrmError as e:
-        return _finished(-e.errno, spec, kdata, out_size)
-    return _finished(0, spec, kdata, out_size)
-
-
-def finish_answered(spec: tbl.IoctlSpec, kdata: bytearray, out_size: int,
-                    answered: Completion[None]) -> IoctlResult:
-    """`finish_later` for a handler answered by callback (a remote import)."""
+def finish(spec: tbl.IoctlSpec, kdata: bytearray, out_size: int,
+           answered: Completion[None]) -> IoctlResult:
+    """The end of an ioctl whose handler answered later (it awaited caller memory or a
+    wait, or a remote import answered it): its errno, and the user's size copied back
+    whether it failed or not (drm_ioctl's and kfd_ioctl's rule)."""
     try:
         answered.result()
     except DrmError as e:
@@ -206,6 +199,7 @@ class DrmDevice:
         open_process_memory: OpenProcessMemory | None = None,
         resolve_token_fd: Callable[[int, int], object] | None = None,
         open_eventfd: Callable[[int, int], EventFd] | None = None,
+        spawn: Spawn[None] = run_now,
     ) -> None:
         self.minor = minor
         self.tokens = tokens
@@ -221,6 +215,8 @@ class DrmDevice:
         self.resolve_token_fd = resolve_token_fd
         # (pid, fd) -> the daemon's own reference to a caller's eventfd (EBADF, EINVAL)
         self.open_eventfd = open_eventfd
+        # Runs a handler's coroutine to a Completion (the edge's tasks; run_now: no edge)
+        self.spawn = spawn
         self.driver: DrmDriver = _NoDriver()
         self.objects: dict[int, GemObject] = {}
         self.files: set[DrmFile] = set()
@@ -265,7 +261,7 @@ class DrmDevice:
     # -- dispatch (drm_ioctl) -----------------------------------------------------------------
     def ioctl(
         self, f: DrmFile, cmd: int, in_bytes: bytes, caller: Caller
-    ) -> IoctlResult | Awaitable[IoctlResult] | Completion[IoctlResult]:
+    ) -> IoctlResult | Completion[IoctlResult]:
         route = self._routes.get(cmd) or self._route(cmd)
         if route is None:
             return self._ioctl_unrouted(f, cmd, in_bytes)
@@ -283,10 +279,10 @@ class DrmDevice:
         except DrmError as e:
             result = -e.errno
         else:
-            if isinstance(pending, Completion):
-                return pending.then(functools.partial(finish_answered, spec, kdata, out_size))
             if pending is not None:
-                return finish_later(pending, spec, kdata, out_size)
+                if not isinstance(pending, Completion):  # a coroutine: adapted here, once
+                    pending = self.spawn(pending)
+                return pending.then(functools.partial(finish, spec, kdata, out_size))
             result = 0
         after = bytes(kdata)  # (a handler may have resized it: out is cut from what it is)
         # tuple.__new__: the NamedTuple without its Python-level __new__ (a frame fewer).

@@ -7,7 +7,6 @@ Errors cross it as `ualinkd.drm.errors.DrmError(errno)` and nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from typing import Protocol, TypeVar
 
 # The process behind a request (fuse_req_ctx) is the DRM core's Caller, one type from the
@@ -60,20 +59,20 @@ class NodeBackend(Protocol[RenderFile, KfdFile, DmaBufRef]):
 
     def ioctl(
         self, drm_file: RenderFile, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
-    ) -> IoctlReply | Awaitable[IoctlReply] | Completion[IoctlReply]:
+    ) -> IoctlReply | Completion[IoctlReply]:
         """A restricted ioctl. in_bytes has _IOC_SIZE(cmd) bytes when the IN bit is set
         (else b""), out_size is _IOC_SIZE(cmd) when the OUT bit is set (else 0).
-        May return an awaitable or a Completion when the answer needs the fabric (a wait,
-        a remote import); the tree then replies from a task, or from the call that
-        completes it, and keeps serving other requests meanwhile."""
+        May return a Completion when the answer must wait (a wait, the caller's memory, a
+        remote import); the tree then replies from the call that completes it, and keeps
+        serving other requests meanwhile."""
         ...
 
     def gpu_read(
         self, drm_file: RenderFile, va: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]:
+    ) -> bytes | Completion[Loaded]:
         """pread() on a render node: a GPU load through the file's GPU VM (the bytes now,
-        or later: by an awaitable, or a Completion answered by callback, whose bytes may be
-        in a pipe: drm/loaded.py)."""
+        or later: a Completion answered by callback, whose bytes may be in a pipe:
+        drm/loaded.py)."""
         ...
 
     def gpu_read_route(self, drm_file: RenderFile, va: int,
@@ -91,7 +90,7 @@ class NodeBackend(Protocol[RenderFile, KfdFile, DmaBufRef]):
 
     def gpu_write(
         self, drm_file: RenderFile, va: int, data: bytes, caller: Caller
-    ) -> int | Awaitable[int] | Completion[int]:
+    ) -> int | Completion[int]:
         """pwrite() on a render node: a GPU store; returns the count written (or later, as
         gpu_read)."""
         ...
@@ -106,7 +105,7 @@ class NodeBackend(Protocol[RenderFile, KfdFile, DmaBufRef]):
 
     def kfd_ioctl(
         self, process: KfdFile, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
-    ) -> IoctlReply | Awaitable[IoctlReply]:
+    ) -> IoctlReply | Completion[IoctlReply]:
         """A 'K' ioctl on an open kfd, as `ioctl` is for a render node."""
         ...
 

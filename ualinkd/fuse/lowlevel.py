@@ -1,8 +1,9 @@
 """libfuse3's low-level session driven from trio: mount, the receive/process loop, replies.
 
 Turns C callbacks into calls on an `Operations` object with Python values, and its return
-values (or `FuseError`, an awaitable answered from a task, or a Completion answered in the
-call that completes it) into `fuse_reply_*` calls.
+values (or `FuseError`, or a Completion answered in the call that completes it) into
+`fuse_reply_*` calls. It is also the trio edge's Spawn: a coroutine of the core runs as a
+task of the session (`spawn`), which answers through a Completion like any other.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -34,6 +35,7 @@ from ualinkd.fuse.mounts import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 __all__ = [
     "Attr",
@@ -116,20 +118,20 @@ class Operations(Protocol):
     def open(self, ino: int, flags: int, caller: Caller) -> OpenReply: ...
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]: ...
+    ) -> bytes | Completion[Loaded]: ...
     def read_route(self, fh: int, off: int,
                    size: int) -> tuple[int, int, int, int, int] | None: ...
     def read_expired(self, fh: int) -> None: ...
     def write(
         self, ino: int, fh: int, off: int, data: bytes, caller: Caller
-    ) -> int | Awaitable[int] | Completion[int]: ...
+    ) -> int | Completion[int]: ...
     def release(self, ino: int, fh: int) -> None: ...
     def opendir(self, ino: int, caller: Caller) -> int: ...
     def readdir(self, ino: int, fh: int, off: int) -> Iterable[DirEntry]: ...
     def releasedir(self, ino: int, fh: int) -> None: ...
     def ioctl(
         self, ino: int, fh: int, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
-    ) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]] | Completion[tuple[int, bytes]]: ...
+    ) -> tuple[int, bytes] | Completion[tuple[int, bytes]]: ...
 
 
 # The session whose fuse_session_process_buf() is running. Callbacks only ever run inside
@@ -168,7 +170,7 @@ class FuseSession:
         # The C receive/process loop's state: its request count, the flag that stops it
         # after the request it is processing (unmount, a fatal exception), and its linger.
         self._loop = ffi.new("struct _ualinkd_loop *")
-        self._tasks = 0  # answers running as tasks in the nursery (_spawn)
+        self._tasks = 0  # coroutines running as tasks in the nursery (spawn)
         # Small GPU loads of imported memory, in C (fuse/dataplane.py); its thread runs
         # while serve() does. (A daemon makes it first: the node shows its counters.)
         self.data_plane = data_plane if data_plane is not None else DataPlane()
@@ -215,7 +217,7 @@ class FuseSession:
 
     async def serve(self) -> None:
         """Answer requests until the session ends (unmount, or the kernel drops it).
-        Awaitable replies run as tasks in a nursery owned here, so when serve() returns
+        Coroutines run as tasks in a nursery owned here (`spawn`), so when serve() returns
         no request is left unanswered."""
         if self._se == ffi.NULL:
             raise RuntimeError("not mounted")
@@ -372,50 +374,46 @@ class FuseSession:
             self._fatal = exc  # KeyboardInterrupt and friends: re-raised by serve()
             self._loop.stop = 1
 
-    def _spawn(self, req: Any, op: str, aw: Awaitable[Any], finish: Reply,
-               args: tuple[Any, ...]) -> None:
+    def spawn(self, aw: Awaitable[T]) -> Completion[T]:
+        """The trio edge's Spawn (drm/completion.py): `aw` runs as a task of this session's
+        nursery, and the Completion returned ends with its outcome; a request answered by
+        it is answered as any Completion's (`_complete`). An ioctl's caller may get a signal
+        while it waits (an import's HELLO_ACK or NPA_RSP, a syncobj wait): the kernel then
+        sends INTERRUPT, `_complete` cancels the Completion, which cancels the task, and
+        its answer is EINTR (spec I10/I13), as it is when serve() ends; without that a
+        SIGKILLed caller would hang in the kernel until the wait ended. GPU loads and
+        stores (read/write) are not interruptible, as on a GPU: a profiler's timer signal
+        must not restart a long remote read forever; they end within the fabric's
+        timeouts. Outside serve() the answer is EIO."""
+        c: Completion[T] = Completion()
         if self._nursery is None:
-            lib.fuse_reply_err(req, errno.EIO)
-            return
-        # An ioctl's caller may get a signal while we wait (an import's HELLO_ACK or
-        # NPA_RSP, a syncobj wait): the kernel then sends INTERRUPT, and _on_interrupt
-        # cancels the wait, which answers EINTR (spec I10/I13); without that a SIGKILLed
-        # caller would hang in the kernel until the wait ended. GPU loads and stores
-        # (read/write) are not interruptible, as on a GPU: a profiler's timer signal must not
-        # restart a long remote read forever; they end within the fabric's timeouts.
+            c.set_error(FuseError(errno.EIO))
+            return c
         scope = trio.CancelScope()
-        key = 0
+        c.on_cancel(scope.cancel)  # (the task ends it, once it is cancelled)
         self._tasks += 1
         self._loop.linger_ns = 0  # its answer comes from trio: the loop must not linger
-        if op == "ioctl":
-            key = int(ffi.cast("uintptr_t", req))
-            self._interruptible[key] = scope.cancel
-            lib.fuse_req_interrupt_func(req, lib._on_interrupt, ffi.NULL)  # may cancel now
-        self._nursery.start_soon(self._finish_async, req, key, scope, op, aw, finish, args)
+        self._nursery.start_soon(self._run_spawned, aw, c, scope)
+        return c
 
-    async def _finish_async(self, req: Any, key: int, scope: trio.CancelScope, op: str,
-                            aw: Awaitable[Any], finish: Reply, args: tuple[Any, ...]) -> None:
+    async def _run_spawned(self, aw: Awaitable[T], c: Completion[T],
+                           scope: trio.CancelScope) -> None:
         try:
             with scope:
                 value = await aw
-        except FuseError as e:
-            self._reply_err_late(req, e.errno)
         except trio.Cancelled:  # the session is shutting down
-            self._reply_err_late(req, errno.EINTR)
+            c.set_error(FuseError(errno.EINTR))
             raise
         except Exception as e:
-            log.error("fuse %s (async): unexpected exception, replying EIO", op, exc_info=e)
-            self._reply_err_late(req, errno.EIO)
+            c.set_error(e)
         else:
             if scope.cancelled_caught:  # interrupted
-                log.debug("fuse %s: interrupted by a signal to the caller, replying EINTR", op)
-                self._reply_err_late(req, errno.EINTR)
+                log.debug("fuse: a wait interrupted by a signal to the caller, replying EINTR")
+                c.set_error(FuseError(errno.EINTR))
             else:
-                self._finish_late(req, op, finish, value, args)
+                c.set_result(value)
         finally:
             self._tasks -= 1
-            if key:
-                del self._interruptible[key]  # before any await: req's address may be reused
         if not self._tasks and not self._completing and self._fd >= 0:
             # Its caller's next request (an import's token open) comes some 10-40 µs after
             # this answer: the C loop waits for it (LINGER_NS) rather than trio, as it
@@ -425,9 +423,9 @@ class FuseSession:
     def _complete(self, req: Any, op: str, c: Completion[Any], finish: Reply,
                   args: tuple[Any, ...]) -> None:
         """Answer `req` when `c` completes, from whoever completes it (the fabric's reader:
-        a GPU load's DATA, an import's NPA_RSP), with no task in between. An ioctl's wait is
-        interruptible as `_spawn`'s is (I10/I13): INTERRUPT cancels `c`, and the answer is
-        EINTR. GPU loads and stores are not; the fabric's deadline ends them."""
+        a GPU load's DATA, an import's NPA_RSP, or a task of `spawn`), with no task in
+        between. An ioctl's wait is interruptible (I10/I13): INTERRUPT cancels `c`, and the
+        answer is EINTR. GPU loads and stores are not; the fabric's deadline ends them."""
 
         key = int(ffi.cast("uintptr_t", req))
         self._completing[key] = req
@@ -476,10 +474,10 @@ class FuseSession:
                           exc_info=e)
                 self._reply_err_late(req, errno.EIO)
                 return
-            # No drain here, unlike a task's answer: this runs inside whoever completed it
-            # (the ring, the link's reader), and a request read now would queue its sends
-            # before the ones its caller has yet to queue (a ring reply): the caller's
-            # next request comes through serve()'s own turn.
+            # No drain here (a task of `spawn` drains after this): this runs inside
+            # whoever completed it (the ring, the link's reader), and a request read now
+            # would queue its sends before the ones its caller has yet to queue (a ring
+            # reply): the caller's next request comes through serve()'s own turn.
             self._finish_late(req, op, finish, value, args)
 
         try:
@@ -490,8 +488,8 @@ class FuseSession:
 
     def _finish_late(self, req: Any, op: str, finish: Reply, value: Any,
                      args: tuple[Any, ...]) -> None:
-        """Answer `req` with its op's value, after the callback returned (from a task or a
-        Completion): nothing but freeing it once the device is gone."""
+        """Answer `req` with its op's value, after the callback returned (its Completion
+        ended): nothing but freeing it once the device is gone."""
         if self._fd < 0:
             lib.fuse_reply_none(req)
             return
@@ -626,7 +624,7 @@ def _reply_ok(req: Any, _value: None, *_: Any) -> None:
 
 # -- the callbacks -----------------------------------------------------------------------
 # Each libfuse callback is a `body` that calls the op and returns its value; `_callback`
-# is where that value (or an awaitable of it) becomes a reply and where exceptions cross
+# is where that value (or a Completion of it) becomes a reply and where exceptions cross
 # the boundary: FuseError -> fuse_reply_err, anything else -> _bug (EIO). The ioctl
 # callback (`_op_ioctl`, at the end) is the same steps written out, for speed.
 
@@ -637,7 +635,7 @@ Reply = Callable[..., None]
 def _callback(op: str, reply: Reply, *, no_error_reply: bool = False) -> Callable[
         [Callable[..., Any]], Callable[..., None]]:
     """Register `body(s, req, *args)` as libfuse's `_op_<op>`; `reply(req, value, *args)`
-    answers it, from a task when the value is awaitable. `no_error_reply`: requests that
+    answers it, when its Completion ends if it is one. `no_error_reply`: requests that
     take no error reply (forget, release): a failing op is logged and the reply still sent."""
 
     def register(body: Callable[..., Any]) -> Callable[..., None]:
@@ -654,8 +652,8 @@ def _callback(op: str, reply: Reply, *, no_error_reply: bool = False) -> Callabl
                 s = _active
                 try:
                     r = body(s, req, *args)
-                    if type(r) is Completion or hasattr(r, "__await__"):
-                        _answer_later(s, req, op, r, reply, args)
+                    if type(r) is Completion:
+                        s._complete(req, op, r, reply, args)
                     else:
                         reply(req, r, *args)
                 except FuseError as e:
@@ -667,19 +665,6 @@ def _callback(op: str, reply: Reply, *, no_error_reply: bool = False) -> Callabl
         return ffi.def_extern(name=f"_op_{op}")(cb)
 
     return register
-
-
-def _answer_later(s: FuseSession | None, req: Any, op: str, r: Any, reply: Reply,
-                  args: tuple[Any, ...]) -> None:
-    """`reply` with an op's value when its Completion or awaitable has it (or now, if it
-    is neither)."""
-    assert s is not None  # callbacks run only inside _drain (or close), which set it
-    if type(r) is Completion:
-        s._complete(req, op, r, reply, args)
-    elif hasattr(r, "__await__"):
-        s._spawn(req, op, r, reply, args)
-    else:
-        reply(req, r, *args)
 
 
 @ffi.def_extern()
@@ -762,7 +747,7 @@ def _open(s: FuseSession, req: Any, ino: int, fi: Any) -> OpenReply:
 
 @_callback("read", _reply_buf)
 def _read(s: FuseSession, req: Any, ino: int, size: int, off: int,
-          fh: int) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]:
+          fh: int) -> bytes | Completion[Loaded]:
     r = s.ops.read(ino, fh, off, size, s._caller(req))
     if type(r) is Completion and size <= FAST_MAX and s.data_plane.running:
         # A remote load: once it is served whole, the data plane may carry the next ones
@@ -779,7 +764,7 @@ def _read(s: FuseSession, req: Any, ino: int, size: int, off: int,
 
 @_callback("write", _reply_write)
 def _write(s: FuseSession, req: Any, ino: int, buf: Any, size: int, off: int,
-           fi: Any) -> int | Awaitable[int] | Completion[int]:
+           fi: Any) -> int | Completion[int]:
     return s.ops.write(ino, fi.fh, off, ffi.buffer(buf, size)[:], s._caller(req))
 
 
@@ -856,8 +841,10 @@ def _op_ioctl(req: Any, ino: int, fh: int, cmd: int, in_buf: Any, in_bufsz: int,
             if len(out) > out_bufsz:
                 raise ValueError(f"ioctl reply has {len(out)} bytes, the caller asked {out_bufsz}")
             lib.fuse_reply_ioctl(req, result, out, len(out))
+        elif isinstance(r, Completion):
+            s._complete(req, "ioctl", r, _reply_ioctl, (out_bufsz,))
         else:
-            _answer_later(s, req, "ioctl", r, _reply_ioctl, (out_bufsz,))
+            _reply_ioctl(req, r, out_bufsz)
     except FuseError as e:
         lib.fuse_reply_err(req, e.errno)
     except BaseException as e:

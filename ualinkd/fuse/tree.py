@@ -14,7 +14,7 @@ import itertools
 import os
 import stat
 import struct
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -95,15 +95,8 @@ def _with_fmode(in_bytes: bytes, mode: int) -> bytes:
     return in_bytes[:_FMODE_AT] + struct.pack("<I", mode) + in_bytes[_FMODE_AT + 4:]
 
 
-async def _drm_errors_to_fuse(aw: Awaitable[T]) -> T:
-    try:
-        return await aw
-    except DrmError as e:
-        raise FuseError(e.errno) from None
-
-
 def _drm_error_to_fuse(c: Completion[T]) -> T:
-    """`_drm_errors_to_fuse` for an answer that comes by callback."""
+    """A Completion's DrmError, as the FuseError it is at this boundary."""
     try:
         return c.result()
     except DrmError as e:
@@ -354,7 +347,7 @@ class FileTree(Generic[RenderFile, KfdFile, DmaBufRef]):
 
     def ioctl(
         self, ino: int, fh: int, cmd: int, in_bytes: bytes, out_size: int, caller: Caller
-    ) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]] | Completion[tuple[int, bytes]]:
+    ) -> tuple[int, bytes] | Completion[tuple[int, bytes]]:
         if cmd == UALINKD_IOCTL_MMAP_GRANT:
             # The file's access mode is what the open gave it, not what the caller says:
             # a read-only fd never gets a writable mapping (do_mmap's FMODE_WRITE check).
@@ -365,8 +358,7 @@ class FileTree(Generic[RenderFile, KfdFile, DmaBufRef]):
                 r = self.backend.kfd_ioctl(process, cmd, in_bytes, out_size, caller)
             except DrmError as e:
                 raise FuseError(e.errno) from None
-            # not a tuple: the awaitable the backend returns for a slow ioctl
-            return r if type(r) is tuple else _drm_errors_to_fuse(r)  # type: ignore[arg-type]
+            return r.then(_drm_error_to_fuse) if isinstance(r, Completion) else r
         if drm_file is None:
             ref = self._dmabuf_fh.get(fh)
             if ref is None:
@@ -379,22 +371,15 @@ class FileTree(Generic[RenderFile, KfdFile, DmaBufRef]):
             got = self._backend_ioctl(drm_file, cmd, in_bytes, out_size, caller)
         except DrmError as e:
             raise FuseError(e.errno) from None
-        if type(got) is tuple:
-            return got
-        if isinstance(got, Completion):
-            return got.then(_drm_error_to_fuse)
-        return _drm_errors_to_fuse(got)  # type: ignore[arg-type]  # (as above)
+        return got.then(_drm_error_to_fuse) if isinstance(got, Completion) else got
 
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller
-    ) -> bytes | Awaitable[bytes | bytearray] | Completion[Loaded]:
+    ) -> bytes | Completion[Loaded]:
         try:
             if (drm_file := self._render_fh.get(fh)) is not None:
                 r = self.backend.gpu_read(drm_file, off, size, caller)
-                if isinstance(r, bytes | bytearray):
-                    return r
-                return r.then(_drm_error_to_fuse) if isinstance(r, Completion) \
-                    else _drm_errors_to_fuse(r)
+                return r.then(_drm_error_to_fuse) if isinstance(r, Completion) else r
             if (attr := self._sys_fh.get(fh)) is not None:
                 if off == 0 or fh not in self._sys_text:
                     data = attr.read()
@@ -420,14 +405,11 @@ class FileTree(Generic[RenderFile, KfdFile, DmaBufRef]):
 
     def write(
         self, ino: int, fh: int, off: int, data: bytes, caller: Caller
-    ) -> int | Awaitable[int] | Completion[int]:
+    ) -> int | Completion[int]:
         try:
             if (drm_file := self._render_fh.get(fh)) is not None:
                 r = self.backend.gpu_write(drm_file, off, data, caller)
-                if isinstance(r, int):
-                    return r
-                return r.then(_drm_error_to_fuse) if isinstance(r, Completion) \
-                    else _drm_errors_to_fuse(r)
+                return r.then(_drm_error_to_fuse) if isinstance(r, Completion) else r
             if (attr := self._sys_fh.get(fh)) is not None:
                 if attr.write is None:
                     raise FuseError(errno.EACCES)
