@@ -30,7 +30,6 @@ from .wire import (
     HANDSHAKE_FRAMES,
     MAX_DATA,
     NEED_DATA,
-    Ack,
     Data,
     Dwords,
     Frame,
@@ -344,7 +343,8 @@ class Session:
             if src not in self._peer_accels or dst not in self._local_accels:
                 self._check_stamp(src, dst)  # raises, saying which
             seq = frame.seq
-            self._out.append(_ACK_PACK(_ACK_LENGTH, _ACK, seq, 0))  # §5.1, as below
+            # §5.1: the peer's firmware accepts a message before its driver sees it.
+            self._out.append(_ACK_PACK(_ACK_LENGTH, _ACK, seq, 0))
             self.replied += _ACK_LENGTH + 4
             return MessageReceived(src, dst, frame.dwords)
         if ft is _ACK:
@@ -353,14 +353,6 @@ class Session:
                 del self._outstanding[seq]
                 return AckReceived(seq, frame.status)
             return self._reply(seq, (FrameType.MSG,), AckReceived(seq, frame.status))
-        if ft == FrameType.MSG:
-            self._check_stamp(frame.src_accel, frame.dst_accel)
-            # §5.1: the peer's firmware accepts a message before its driver sees it.
-            self._queue(Ack(frame.seq, 0))
-            self.replied += _ACK_LENGTH + 4
-            return MessageReceived(frame.src_accel, frame.dst_accel, frame.dwords)
-        if ft == FrameType.ACK:
-            return self._reply(frame.seq, (FrameType.MSG,), AckReceived(frame.seq, frame.status))
         if ft == FrameType.PING:
             if frame.token != HEARTBEAT:
                 self._queue(Pong(frame.token))
