@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import heapq
 import itertools
 import logging
@@ -65,7 +66,7 @@ import trio
 from ..config import ConfigError, PodConfig
 from ..drm.completion import Completion
 from ..drm.errors import DrmError
-from ..drm.loaded import Loaded, in_memory
+from ..drm.loaded import Loaded
 from .auth import (
     HANDSHAKE_TIMEOUT,
     AuthError,
@@ -254,6 +255,8 @@ class _LinkDown(Exception):
 
 
 class _Waiter:
+    """A PING's waiter (FabricLink.ping): its PONG, or None when the link dropped first."""
+
     __slots__ = ("event", "result")
 
     def __init__(self) -> None:
@@ -266,12 +269,14 @@ class _Waiter:
 
 
 class _Completing:
-    """A waiter whose answer completes a Completion in the reader's call (request_soon)."""
+    """A LOAD/STORE's waiter (FabricLink.request): its DATA completes the Completion in the
+    reader's call; its deadline (the link's timer heap) or the link's drop fails it."""
 
-    __slots__ = ("completion", "peer")
+    __slots__ = ("completion", "conn", "peer", "seq")
 
-    def __init__(self, peer: str) -> None:
-        self.peer = peer
+    def __init__(self, conn: _Conn, seq: int) -> None:
+        self.peer = conn.peer
+        self.conn, self.seq = conn, seq
         # Dropped once set: the deadline heap keeps this waiter until its deadline, and must
         # not keep the loaded bytes that long.
         self.completion: Completion[Loaded] | None = Completion()
@@ -285,9 +290,10 @@ class _Completing:
         else:
             c.set_result(result.data)
 
-    def expire(self, conn: _Conn, seq: int) -> None:
-        """Its deadline passed (FabricLink._expire): the seq is forgotten (a late DATA is
+    def expire(self) -> None:
+        """Its deadline passed (FabricLink._timers): the seq is forgotten (a late DATA is
         dropped) and the request fails."""
+        conn, seq = self.conn, self.seq
         if conn.waiters.get(seq) is self:
             del conn.waiters[seq]
             conn.session.forget(seq)
@@ -305,20 +311,23 @@ def _data_error(peer: str, result: Any) -> DrmError:
 class _Batch:
     """One waiter for the ACKs of several MSGs queued together on `conn`
     (`FabricLink.send_batch`): each of their seqs maps to it in `_Conn.waiters`. It notes
-    every ACK with the time it came (the read that brought it: `conn.last_rx`) and wakes its
-    one task once, when the last is in or the link dropped, so a burst of N messages costs
-    one wake-up, not N."""
+    every ACK with the time it came (the read that brought it: `conn.last_rx`) and completes
+    its Completion once, in the call that ends the batch (the reader's, as the last ACK is
+    decoded; the link's teardown; the timer task at the deadline), so a burst of N messages
+    costs one callback, and no task."""
 
-    __slots__ = ("acks", "conn", "dropped", "event", "left")
+    __slots__ = ("ack_timeout", "acks", "completion", "conn", "dropped", "left", "seqs")
 
-    def __init__(self, conn: _Conn, count: int) -> None:
+    def __init__(self, conn: _Conn, seqs: list[int], ack_timeout: float) -> None:
         self.conn = conn
-        self.event = trio.Event()
+        self.seqs = seqs
+        self.ack_timeout = ack_timeout
         self.acks: dict[int, tuple[int, float]] = {}  # seq -> (ACK status, when it came)
-        self.left = count
+        self.left = len(seqs)
         self.dropped = False
-        if not count:
-            self.event.set()
+        self.completion: Completion[list[SendOutcome]] | None = Completion()
+        if not seqs:
+            self._finish()
 
     def set(self, result: Any) -> None:
         if result is None:  # the link dropped: what is not acknowledged now never will be
@@ -330,12 +339,17 @@ class _Batch:
         if not self.left:
             self._finish()
 
-    def _finish(self) -> None:
-        self.event.set()
+    def expire(self) -> None:
+        self._finish()
 
-    def outcomes(self, seqs: list[int], ack_timeout: float) -> list[SendOutcome]:
+    def _finish(self) -> None:
+        c, self.completion = self.completion, None
+        if c is not None:  # (a drop sets each of its seqs' waiter: this one, once each)
+            c.set_result(self.outcomes())
+
+    def outcomes(self) -> list[SendOutcome]:
         """Each MSG's outcome, in order, once the batch is over (every ACK in, the link
-        dropped, or the deadline passed): None or the DrmError `FabricLink.send` raises,
+        dropped, or the deadline passed): None or the DrmError `FabricLink.send` gives,
         with when it became known. A seq still waiting is forgotten here (a late ACK is
         dropped)."""
         now = trio.current_time()
@@ -343,8 +357,8 @@ class _Batch:
         peer = conn.peer
         out: list[SendOutcome] = []
         missing = (f"link to {peer} dropped before the ACK" if self.dropped else
-                   f"no ACK from {peer} within {ack_timeout:g} s")
-        for seq in seqs:
+                   f"no ACK from {peer} within {self.ack_timeout:g} s")
+        for seq in self.seqs:
             got = self.acks.get(seq)
             if got is None:
                 if conn.waiters.get(seq) is self:
@@ -359,45 +373,42 @@ class _Batch:
         return out
 
 
-class _CompletingBatch(_Batch):
-    """A _Batch whose outcomes complete a Completion in the call that ends it (the reader's,
-    as the last ACK is decoded; the link's teardown; `_expire` at the deadline), not a
-    task's wait (FabricLink.send_batch_soon): the task a batch cost was a spawn and two
-    scheduler steps on both ends of every import."""
-
-    __slots__ = ("ack_timeout", "completion", "seqs")
-
-    def __init__(self, conn: _Conn, seqs: list[int], ack_timeout: float) -> None:
-        self.completion: Completion[list[SendOutcome]] | None = Completion()
-        self.seqs = seqs
-        self.ack_timeout = ack_timeout
-        super().__init__(conn, len(seqs))
-
-    def _finish(self) -> None:
-        c, self.completion = self.completion, None
-        if c is not None:  # (a drop sets each of its seqs' waiter: this one, once each)
-            c.set_result(self.outcomes(self.seqs, self.ack_timeout))
-
-    def expire(self, conn: _Conn, seq: int) -> None:
-        self._finish()
-
-
 class _Parked:
-    """A batch sent while its link was down (FabricLink.send_batch): queued when the link
-    comes up, in line with the others parked for that peer, before anything sent later."""
+    """A batch sent while its link was down (FabricLink.send_batch, quirk send-fail-slow):
+    queued when the link comes up, in line with the others parked for that peer, before
+    anything sent later; failed at its deadline (the link's timer heap) if it is not."""
 
-    __slots__ = ("dst", "error", "event", "give_up", "messages", "queued", "src")
+    __slots__ = ("completion", "dst", "give_up", "link", "messages", "peer", "src")
 
-    def __init__(self, src: int, dst: int, messages: Sequence[Dwords], give_up: float) -> None:
+    def __init__(self, link: FabricLink, peer: str, src: int, dst: int,
+                 messages: Sequence[Dwords], give_up: float) -> None:
+        self.link, self.peer = link, peer
         self.src, self.dst, self.messages, self.give_up = src, dst, messages, give_up
-        self.event = trio.Event()  # set once queued, dropped or failed, or the link closed
-        self.queued: tuple[list[int], _Batch] | None = None
-        self.error: LocalProtocolError | None = None
+        # None once queued (the batch's completes it then) or failed.
+        self.completion: Completion[list[SendOutcome]] | None = Completion()
+
+    def fail(self, errno_: int, why: str) -> None:
+        c, self.completion = self.completion, None
+        if c is not None:
+            now = trio.current_time()
+            c.set_result([(DrmError(errno_, why), now) for _ in self.messages])
+
+    def expire(self) -> None:
+        """Its wait is over and its link never came: the sends fail as unacknowledged."""
+        line = self.link._parked.get(self.peer)
+        if line is not None and self in line:
+            line.remove(self)
+            if not line:
+                del self.link._parked[self.peer]
+        self.fail(errno.ETIME, f"no ACK from {self.peer} within {self.link.ack_timeout:g} s")
 
 
 # A message's outcome in a batch: None (accepted) or the DrmError `send` would raise, and
 # when that became known (the ACK's arrival; the deadline, for a missing one).
 SendOutcome = tuple[DrmError | None, float]
+# What the link's timer heap holds: a wait that ends at its deadline (`expire()`), unless
+# its `completion` was taken first (then it leaves the heap when it reaches the top).
+_Timed = _Completing | _Batch | _Parked
 
 
 class _Conn:
@@ -705,13 +716,12 @@ class FabricLink:
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
         self._closed = False
-        # request_soon's waits by deadline, and the event that wakes `_expire` (None: it is
-        # not running, and request_soon declines).
-        # (deadline, tie-break, conn, seq, waiter): request_soon's, and send_batch_soon's
-        # (a batch's first seq: it expires all of them)
-        self._deadlines: list[tuple[float, int, _Conn, int, _Completing | _CompletingBatch]] = []
-        self._deadline_ids = itertools.count()  # ties broken in order, never by _Conn
-        self._expiring: trio.Event | None = None
+        # The waits that end at a deadline (a request's, a batch's, a parked batch's), by
+        # deadline, and the event that wakes `_timers` when one sooner than its sleep comes.
+        # (deadline, tie-break, waiter): ties broken in order, never by the waiter.
+        self._deadlines: list[tuple[float, int, _Timed]] = []
+        self._deadline_ids = itertools.count()
+        self._timer_moved = trio.Event()
         # Per peer whose link is down: the batches waiting for it, in the order they were sent.
         self._parked: dict[str, deque[_Parked]] = {}
         self.port: int | None = None
@@ -752,7 +762,7 @@ class FabricLink:
                 self.port = listeners[0].socket.getsockname()[1]
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._refusals.run)
-                    nursery.start_soon(self._expire)
+                    nursery.start_soon(self._timers)
                     nursery.start_soon(self._heartbeats)
                     self._nursery = nursery
                     for listener in listeners:
@@ -767,14 +777,13 @@ class FabricLink:
                 trio.lowlevel.remove_instrument(self._held_acks)
             self._held_acks.held.clear()
             self._closed = True
-            self._expiring = None
             self._deadlines.clear()  # (their connections, now closed, failed them)
-            for ev in self._up.values():  # wake sends waiting for a link: they fail now
+            for ev in self._up.values():  # wake pings waiting for a link: they fail now
                 ev.set()
-            for line in self._parked.values():
+            parked_lines, self._parked = self._parked, {}
+            for line in parked_lines.values():
                 for parked in line:
-                    parked.event.set()
-            self._parked.clear()
+                    parked.fail(errno.ESHUTDOWN, "the fabric link is closed")
             self._stopped.set()
 
     async def aclose(self, grace: float = 0.5) -> None:
@@ -1147,7 +1156,7 @@ class FabricLink:
                     self._peer_incarnations.pop(accel, None)
                 if self._on_peer_state is not None:
                     self._on_peer_state(peer, False)
-            # After the link is gone: a waiter's callback (a batch's outcomes, send_batch_soon)
+            # After the link is gone: a waiter's callback (a batch's outcomes)
             # that sends to this peer again parks that send for the next link, as a task
             # woken here did when it ran.
             for w in (*conn.waiters.values(), *conn.pings.values()):
@@ -1526,91 +1535,73 @@ class FabricLink:
             self._heartbeat_ping(conn, now)
 
     # -- sending -----------------------------------------------------------------------------
-    async def _conn_for(self, dst_accel: int, src_accel: int) -> tuple[str, _Conn]:
-        """The connection towards `dst_accel`'s node, waiting for it to come up."""
+    def _route_error(self, dst_accel: int, src_accel: int) -> DrmError | None:
+        """Why nothing from `src_accel` to `dst_accel` can go over this fabric, if so."""
         peer = self._owner.get(dst_accel)
         if peer is None:
-            raise DrmError(errno.EINVAL, f"no node owns accel {dst_accel}")
+            return DrmError(errno.EINVAL, f"no node owns accel {dst_accel}")
         if peer == self.node_name:
-            raise DrmError(errno.EINVAL, f"accel {dst_accel} is local, not across the fabric")
+            return DrmError(errno.EINVAL, f"accel {dst_accel} is local, not across the fabric")
         if src_accel not in self._local_accels:
-            raise DrmError(errno.EINVAL, f"accel {src_accel} is not on {self.node_name}")
-        while True:
-            if self._closed:
-                raise DrmError(errno.ESHUTDOWN, "the fabric link is closed")
-            conn = self._conns.get(peer)
-            if conn is not None:
-                return peer, conn
-            await self._up[peer].wait()
+            return DrmError(errno.EINVAL, f"accel {src_accel} is not on {self.node_name}")
+        if self._closed:
+            return DrmError(errno.ESHUTDOWN, "the fabric link is closed")
+        return None
 
-    async def _exchange(
-        self, dst_accel: int, src_accel: int, queue: Callable[[Session, float], int]
-    ) -> tuple[str, _Waiter | None]:
-        """Queue a frame that a seq-numbered reply answers (MSG → ACK, LOAD/STORE → DATA) and
-        wait up to ack_timeout for it (`queue(session, give_up)`: give_up is when the wait
-        ends). The waiter is None if the link never came up; its
-        event is unset if no reply came in time."""
-        peer = self._owner.get(dst_accel, "?")
-        waiter = None
-        give_up = trio.current_time() + self.ack_timeout
-        with trio.move_on_at(give_up):
-            peer, conn = await self._conn_for(dst_accel, src_accel)
-            seq = queue(conn.session, give_up)
-            waiter = conn.waiters[seq] = _Waiter()
-            conn.flush()
-            try:
-                await waiter.event.wait()
-            finally:
-                if not waiter.event.is_set():
-                    conn.waiters.pop(seq, None)
-                    conn.session.forget(seq)
-        return peer, waiter
+    def send(self, src_accel: int, dst_accel: int, dwords: Dwords) -> Completion[None]:
+        """Send one UALink message; it completes once the peer accepted it (spec §5.1).
 
-    async def send(self, src_accel: int, dst_accel: int, dwords: Dwords) -> None:
-        """Send one UALink message and wait for the peer to accept it (spec §5.1).
-
-        DrmError: ETIME (no ACK within ack_timeout, or the link dropped before it came),
-        ECOMM (the peer refused it), EINVAL (no such remote accel), ESHUTDOWN (closed).
+        Its error (set_error): DrmError ETIME (no ACK within ack_timeout, the link dropped
+        before it came, or §13 N4: the link is down and it cannot be posted), ECOMM (the
+        peer refused it), EINVAL (no such remote accel), ESHUTDOWN (closed). `send_batch`
+        of one message, its outcome raised.
         """
-        peer = self._owner.get(dst_accel)
-        if self._parks(peer, src_accel):  # in line with the batches that wait for the link
-            ((err, _),) = await self.send_batch(src_accel, dst_accel, (dwords,))
+        def raised(c: Completion[list[SendOutcome]]) -> None:
+            ((err, _),) = c.result()
             if err is not None:
                 raise err
-            return
-        peer, waiter = await self._exchange(
-            dst_accel, src_accel, lambda s, _: s.send_message(src_accel, dst_accel, dwords))
-        self._check_ack(peer, waiter)
+
+        return self.send_batch(src_accel, dst_accel, (dwords,)).then(raised)
 
     def send_batch(self, src_accel: int, dst_accel: int,
-                   messages: Sequence[Dwords]) -> Awaitable[list[SendOutcome]]:
+                   messages: Sequence[Dwords]) -> Completion[list[SendOutcome]]:
         """`send` for several messages to one accel: all queued, in order, before this
-        returns when the link is up (so they keep their place among the caller's sends: a
-        receive ring goes on with its next message meanwhile; when it is down, in line with
-        the sends waiting for it, queued as it comes up: `_unpark`), written with one
-        flush, and their ACKs awaited
-        with one waiter and one deadline (ack_timeout from now, as for sends started
-        together). What it returns gives each message's outcome, in order: None or the
-        DrmError `send` would have raised, with the time it became known (its ACK's
-        arrival; the deadline or the link's drop for one that never came)."""
+        returns when the link is up (so they keep their place among the caller's sends) and
+        written with one flush; their ACKs complete one Completion (in the reader's call
+        that brings the last, the link's teardown, or the timer task at the deadline:
+        ack_timeout from now, as for sends started together). It gives each message's
+        outcome, in order: None or the DrmError `send` gives, with the time it became known
+        (its ACK's arrival; the deadline or the link's drop for one that never came).
+
+        When the link is down (§13 N4) they fail at once with ETIME, not posted; with
+        quirk send-fail-slow they wait in line for it until the deadline, queued as it
+        comes up (`_unpark`)."""
+        c: Completion[list[SendOutcome]]
         now = trio.current_time()
-        give_up = now + self.ack_timeout
         peer = self._owner.get(dst_accel)
-        if self._parks(peer, src_accel) and self._post_fails_fast:
-            return self._not_posted(peer, messages)
+        if not messages:
+            c = Completion()
+            c.set_result([])
+            return c
         if self._parks(peer, src_accel):
             assert peer is not None
+            if self._post_fails_fast:  # §13 N4: the copy engine's post fails, at once
+                return _outcomes(DrmError(errno.ETIME, f"{peer} is not reachable: not posted"),
+                                 now, len(messages))
             line = self._parked.setdefault(peer, deque())
-            while line and line[0].give_up <= now:  # (failed by now: their waits are over)
-                line.popleft().event.set()
-            parked = _Parked(src_accel, dst_accel, messages, give_up)
+            parked = _Parked(self, peer, src_accel, dst_accel, messages,
+                             now + self.ack_timeout)
             line.append(parked)
-            return self._wait_parked(peer, parked)
+            self._deadline(parked.give_up, parked)
+            assert parked.completion is not None
+            return parked.completion
         conn = self._conns.get(peer) if peer is not None else None
-        if peer is None or conn is None or src_accel not in self._local_accels:
-            return self._send_batch_later(src_accel, dst_accel, messages, give_up)
-        queued = self._queue_batch(conn, src_accel, dst_accel, messages)
-        return self._wait_batch(queued, give_up)
+        err = self._route_error(dst_accel, src_accel)
+        if err is not None or conn is None:
+            # (no conn but not parked: the route's error, whichever it is)
+            return _outcomes(err or DrmError(errno.ESHUTDOWN, "the fabric link is closed"),
+                             now, len(messages))
+        return self._queue_batch(conn, src_accel, dst_accel, messages)
 
     def announce(self, accel: int, incarnation: int) -> None:
         """Our accel `accel` started manager incarnation `incarnation` (§13 N2): told to
@@ -1634,18 +1625,9 @@ class FabricLink:
         return self._peer_incarnations.get(dst_accel, 0)
 
     def _parks(self, peer: str | None, src_accel: int) -> bool:
-        """Whether a send to `peer` now waits in line for its link (it is down)."""
+        """Whether a send to `peer` now finds its link down (it is a peer, and not up)."""
         return (peer is not None and peer in self._up and peer not in self._conns
                 and src_accel in self._local_accels and not self._closed)
-
-    async def _not_posted(self, peer: str | None, messages: Sequence[Dwords]
-                          ) -> list[SendOutcome]:
-        """§13 N4: messages that could not be posted (the link to `peer` is down) fail at
-        once with the post's error: the copy engine's, ETIME (as §13 N2's probe of an
-        unreachable peer), not after the ACK poll."""
-        now = trio.current_time()
-        return [(DrmError(errno.ETIME, f"{peer} is not reachable: not posted"), now)
-                for _ in messages]
 
     def _unpark(self, peer: str, conn: _Conn) -> None:
         """The link to `peer` is up: queue the batches that waited for it, in the order they
@@ -1653,168 +1635,94 @@ class FabricLink:
         runs later, and trio runs the tasks of one wake-up in either order)."""
         now = trio.current_time()
         for parked in self._parked.pop(peer, ()):
-            if parked.give_up > now:
-                try:
-                    parked.queued = self._queue_batch(conn, parked.src, parked.dst,
-                                                      parked.messages)
-                except LocalProtocolError as e:  # (the sender's bug: raised to it)
-                    parked.error = e
-            parked.event.set()
-
-    async def _wait_parked(self, peer: str, parked: _Parked) -> list[SendOutcome]:
-        with trio.move_on_at(parked.give_up):
-            await parked.event.wait()
-        if parked.error is not None:
-            raise parked.error
-        if parked.queued is None:
-            line = self._parked.get(peer)
-            if line is not None and parked in line:
-                line.remove(parked)
-                if not line:
-                    del self._parked[peer]
-            why = (errno.ESHUTDOWN, "the fabric link is closed") if self._closed else (
-                errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
-            return [(DrmError(*why), trio.current_time()) for _ in parked.messages]
-        return await self._wait_batch(parked.queued, parked.give_up)
+            c, parked.completion = parked.completion, None
+            if c is None:
+                continue
+            if parked.give_up <= now:  # (its deadline is due: the wait is over)
+                parked.completion = c
+                parked.fail(errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
+                continue
+            try:
+                batch = self._queue_batch(conn, parked.src, parked.dst, parked.messages,
+                                          parked.give_up)
+            except LocalProtocolError as e:  # (the sender's bug: raised to it)
+                c.set_error(e)
+            else:
+                batch.when_done(functools.partial(_pass_on, c))
 
     def _queue_batch(self, conn: _Conn, src_accel: int, dst_accel: int,
-                     messages: Sequence[Dwords], soon: bool = False
-                     ) -> tuple[list[int], _Batch]:
-        """Queue `messages` on `conn` and write them; their ACKs go to one batch waiter (a
-        _CompletingBatch with its deadline kept by `_expire` when `soon`)."""
-        give_up = trio.current_time() + self.ack_timeout
+                     messages: Sequence[Dwords], give_up: float | None = None
+                     ) -> Completion[list[SendOutcome]]:
+        """Queue `messages` on `conn` and write them; their ACKs go to one batch waiter,
+        which gives up at `give_up` (ack_timeout from now by default)."""
+        if give_up is None:
+            give_up = trio.current_time() + self.ack_timeout
         seqs = conn.session.send_messages(src_accel, dst_accel, messages)
-        batch = (_CompletingBatch(conn, seqs, self.ack_timeout) if soon
-                 else _Batch(conn, len(seqs)))
+        batch = _Batch(conn, seqs, self.ack_timeout)
         waiters = conn.waiters
         for seq in seqs:
             waiters[seq] = batch
-        if isinstance(batch, _CompletingBatch):
-            self._deadline(give_up, conn, seqs[0], batch)
+        self._deadline(give_up, batch)
         conn.flush()
-        return seqs, batch
-
-    def send_batch_soon(self, src_accel: int, dst_accel: int,
-                        messages: Sequence[Dwords]) -> Completion[list[SendOutcome]] | None:
-        """`send_batch` without a task: queued and written now, its outcomes (the same, with
-        the same deadline, kept by `_expire`) completing the Completion in the call that
-        ends the batch. None when the link is not up or the accel is not ours: then
-        `send_batch` decides (it waits in line for the link, or fails)."""
-        peer = self._owner.get(dst_accel)
-        conn = self._conns.get(peer) if peer is not None else None
-        if (conn is None or conn.down is not None or src_accel not in self._local_accels
-                or self._expiring is None or not messages):
-            return None
-        _, batch = self._queue_batch(conn, src_accel, dst_accel, messages, soon=True)
-        assert isinstance(batch, _CompletingBatch) and batch.completion is not None
+        assert batch.completion is not None
         return batch.completion
 
-    def _deadline(self, give_up: float, conn: _Conn, seq: int,
-                  waiter: _Completing | _CompletingBatch) -> None:
-        assert self._expiring is not None
+    def _deadline(self, give_up: float, waiter: _Timed) -> None:
         if not self._deadlines or give_up < self._deadlines[0][0]:
-            self._expiring.set()  # its sleep ends too late (or it has none)
-        heapq.heappush(self._deadlines, (give_up, next(self._deadline_ids), conn, seq, waiter))
+            self._timer_moved.set()  # its sleep ends too late (or it has none)
+        heapq.heappush(self._deadlines, (give_up, next(self._deadline_ids), waiter))
 
-    async def _send_batch_later(self, src_accel: int, dst_accel: int,
-                                messages: Sequence[Dwords],
-                                give_up: float) -> list[SendOutcome]:
-        """The link is not up (or the stamp is wrong): wait for it until `give_up`, as the
-        messages' own `send`s would have, then queue them all in order."""
-        peer = self._owner.get(dst_accel, "?")
-        err: DrmError | None = None
-        queued = None
-        with trio.move_on_at(give_up):
-            try:
-                peer, conn = await self._conn_for(dst_accel, src_accel)
-            except DrmError as e:
-                err = e
-            else:
-                queued = self._queue_batch(conn, src_accel, dst_accel, messages)
-        if queued is None:
-            now = trio.current_time()
-            why = (err.errno, err.strerror) if err is not None else (
-                errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
-            return [(DrmError(*why), now) for _ in messages]
-        return await self._wait_batch(queued, give_up)
-
-    async def _wait_batch(self, queued: tuple[list[int], _Batch],
-                          give_up: float) -> list[SendOutcome]:
-        seqs, batch = queued
-        with trio.move_on_at(give_up):
-            await batch.event.wait()
-        return batch.outcomes(seqs, self.ack_timeout)
-
-    def _check_ack(self, peer: str, waiter: _Waiter | None) -> None:
-        if waiter is None or not waiter.event.is_set():
-            raise DrmError(errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
-        if waiter.result is None:
-            raise DrmError(errno.ETIME, f"link to {peer} dropped before the ACK")
-        if waiter.result.status != 0:
-            raise DrmError(errno.ECOMM, f"{peer} refused the message "
-                                        f"(status {waiter.result.status})")
-
-    async def request(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
-                      length_or_data: int | bytes) -> bytes | bytearray:
+    def request(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
+                length_or_data: int | bytes) -> Completion[Loaded]:
         """Data plane: LOAD (`length_or_data` an int) or STORE (bytes) at an NPA byte address.
 
-        Returns the loaded bytes (b"" for a STORE). DrmError(EFAULT) when the peer is not
-        reachable or answers with an error (Emulator policy 3, 10).
+        Queued and written now; its DATA completes the Completion in the reader's call: the
+        loaded bytes (b"" for a STORE; a payload the reader holds in a pipe, drm/loaded.py,
+        for a large one on plain TCP). Its error: DrmError(EFAULT) when the peer is not
+        reachable, did not answer within ack_timeout, or answered with an error (Emulator
+        policy 3, 10); EINVAL when the accels do not go over the fabric.
         """
-        peer = self._owner.get(dst_accel, "?")
-        if peer in self._up and peer not in self._conns:  # Emulator policy 3: fault at once
-            raise DrmError(errno.EFAULT, f"{peer} is not reachable")
-        peer, waiter = await self._exchange(
-            dst_accel, src_accel,
-            lambda s, give_up: s.send_request(src_accel, dst_accel, npa_byte_addr,
-                                              length_or_data, now=trio.current_time(),
-                                              give_up=give_up))
-        result = None if waiter is None else waiter.result
-        if result is None or result.status != 0:
-            raise _data_error(peer, result)
-        return in_memory(result.data)
-
-    def request_soon(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
-                     length_or_data: int | bytes) -> Completion[Loaded] | None:
-        """`request` without a task: the LOAD/STORE is queued and written now, and its DATA
-        completes the Completion in the reader's call (the same errors, as set_error; the
-        same deadline, ack_timeout, kept by `_expire`). None when the link is not up or the
-        accels are not ours: then `request` decides (it waits for a link coming up, or
-        faults at once)."""
+        c: Completion[Loaded]
         peer = self._owner.get(dst_accel)
         conn = self._conns.get(peer) if peer is not None else None
-        if conn is None or src_accel not in self._local_accels or self._expiring is None:
-            return None
+        err = None
+        if peer in self._up and conn is None:  # Emulator policy 3: fault at once
+            err = DrmError(errno.EFAULT, f"{peer} is not reachable")
+        else:
+            err = self._route_error(dst_accel, src_accel)
+        if err is not None or conn is None:
+            c = Completion()
+            c.set_error(err or DrmError(errno.EFAULT, f"{peer} is not reachable"))
+            return c
         now = trio.current_time()
         give_up = now + self.ack_timeout
         seq = conn.session.send_request(src_accel, dst_accel, npa_byte_addr, length_or_data,
                                         now=now, give_up=give_up)
-        waiter = conn.waiters[seq] = _Completing(conn.peer)
-        self._deadline(give_up, conn, seq, waiter)
+        waiter = conn.waiters[seq] = _Completing(conn, seq)
+        self._deadline(give_up, waiter)
         completion = waiter.completion
         assert completion is not None  # (set only by the reader, later)
         conn.flush()
         return completion
 
-    async def _expire(self) -> None:
-        """Ends request_soon's waits at their deadline, as `_exchange`'s scope does for
-        `request`: the seq is forgotten (a late DATA is dropped) and the request fails."""
+    async def _timers(self) -> None:
+        """Ends the waits at their deadline (requests, batches, parked batches). Answered
+        ones leave the heap here too, not one wake-up each at their own deadline: in steady
+        traffic this wakes about once per ack_timeout."""
         deadlines = self._deadlines
         while True:
-            self._expiring = trio.Event()
+            self._timer_moved = trio.Event()
             if not deadlines:
-                await self._expiring.wait()
+                await self._timer_moved.wait()
                 continue
             with trio.move_on_at(deadlines[0][0]):
-                await self._expiring.wait()
+                await self._timer_moved.wait()
                 continue
-            # Answered requests leave the heap here too, not one wake-up each at their own
-            # deadline: in steady traffic this wakes about once per ack_timeout.
             now = trio.current_time()
-            while deadlines and (deadlines[0][0] <= now or deadlines[0][4].completion is None):
-                _, _, conn, seq, waiter = heapq.heappop(deadlines)
+            while deadlines and (deadlines[0][0] <= now or deadlines[0][2].completion is None):
+                _, _, waiter = heapq.heappop(deadlines)
                 if waiter.completion is not None:
-                    waiter.expire(conn, seq)
+                    waiter.expire()
 
     async def ping(self, node_name: str) -> float:
         """Round-trip time to `node_name` in seconds; DrmError(ETIME) after ack_timeout."""
@@ -1841,3 +1749,18 @@ class FabricLink:
         if waiter is None or waiter.result is None:
             raise DrmError(errno.ETIME, f"no PONG from {node_name}")
         return trio.current_time() - start
+
+
+def _outcomes(err: DrmError, now: float, count: int) -> Completion[list[SendOutcome]]:
+    """A batch's outcomes known at once: every message failed with `err` at `now`."""
+    c: Completion[list[SendOutcome]] = Completion()
+    c.set_result([(err, now) for _ in range(count)])
+    return c
+
+
+def _pass_on(to: Completion[list[SendOutcome]], c: Completion[list[SendOutcome]]) -> None:
+    """A queued parked batch's outcomes, to the Completion its sender holds."""
+    try:
+        to.set_result(c.result())
+    except Exception as e:  # (a bug's, handed on to the sender as its own would be)
+        to.set_error(e)
