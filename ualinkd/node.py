@@ -49,6 +49,7 @@ from .drm.loaded import Loaded, in_memory
 from .drm.process import Identify, WatchExit, same_thread_group
 from .drm.syncobj import EventFd, SyncWaits
 from .drm.tokens import DmaBufTokens
+from .fabric.waiting import completed
 from .fuse.backend import IoctlReply
 from .sysfs import SysAttr, SysDir, pci_bdf  # noqa: F401 (pci_bdf: its old home)
 from .trace import (
@@ -70,22 +71,22 @@ log = logging.getLogger(__name__)
 
 RENDER_MINOR_BASE = sysfs.RENDER_MINOR_BASE
 FdResolver = Callable[[int, int], int]  # (pid, fd) -> dma-buf key; raises EBADF/EINVAL
-# (importing accel id, piece, write, data to store | None) -> loaded bytes | count stored.
-RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"],
-                        Awaitable["bytes | bytearray | int"]]
-# The same answered by callback; None when it cannot be (then RemoteAccess is used).
-RemoteAccessSoon = Callable[[int, RemotePiece, bool, "bytes | None"],
-                            "Completion[Loaded | int] | None"]
+# (importing accel id, piece, write, data to store | None) -> loaded bytes | count stored,
+# by callback (fabric/agent.py's remote_access).
+RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"], "Completion[Loaded | int]"]
 
 
 def _no_resolver(pid: int, fd: int) -> int:
     raise DrmError(errno.EBADF)
 
 
-async def _no_fabric(
+def _no_fabric(
     accel_id: int, piece: RemotePiece, write: bool, data: bytes | None = None
-) -> bytes | int:
-    raise DrmError(errno.EFAULT, f"accel {piece.exporter_accel} is unreachable (no fabric)")
+) -> Completion[Loaded | int]:
+    c: Completion[Loaded | int] = Completion()
+    c.set_error(DrmError(errno.EFAULT, f"accel {piece.exporter_accel} is unreachable "
+                                       "(no fabric)"))
+    return c
 
 
 def _no_clock() -> tuple[int, int]:
@@ -227,21 +228,18 @@ class NodeCore:
         # part-way, and raises DrmError(EFAULT) when not even the first byte could be done
         # (no PTE at the exporter, exporter unreachable: policy 3).
         self.remote_access: RemoteAccess = _no_fabric
-        self.remote_access_soon: RemoteAccessSoon | None = None
 
     def attach_fabric(self, drain: Callable[[], None], wait_import: ImportWaiter,
-                      remote_access: RemoteAccess | None,
-                      remote_access_soon: RemoteAccessSoon | None = None) -> None:
+                      remote_access: RemoteAccess | None) -> None:
         """A fabric agent (fabric/agent.py) serves this node from now on: `drain` carries
         the managers' effects after each request, `wait_import` waits for their remote
         imports, `remote_access` (when it has a data plane) does GPU loads/stores of
-        imported NPA BOs, `remote_access_soon` the same by callback where it can."""
+        imported NPA BOs, by callback."""
         self.after_request = drain
         for mgr in self.managers.values():
             mgr.attach(wait_import)
         if remote_access is not None:
             self.remote_access = remote_access
-        self.remote_access_soon = remote_access_soon
 
     def _discard_effects(self) -> None:
         for mgr in self.managers.values():
@@ -560,17 +558,15 @@ class NodeCore:
             device = piece.bo.device if piece.bo is not None else drm_file.device
             return self.managers[device.minor].accel_id
 
-        def remote(piece: RemotePiece, write: bool,
-                   data: bytes | None) -> Awaitable[bytes | bytearray | int]:
-            return self.remote_access(issuer(piece), piece, write, data)
-
-        soon = self.remote_access_soon
-        if soon is None:
-            return remote, None
+        async def remote(piece: RemotePiece, write: bool,
+                         data: bytes | None) -> bytes | bytearray | int:
+            # (access.py's awaitable shape, until it takes the Completion only)
+            got = await completed(self.remote_access(issuer(piece), piece, write, data))
+            return got if isinstance(got, int) else in_memory(got)
 
         def remote_soon(piece: RemotePiece, write: bool,
                         data: bytes | None) -> Completion[Loaded | int] | None:
-            return soon(issuer(piece), piece, write, data)
+            return self.remote_access(issuer(piece), piece, write, data)
 
         return remote, remote_soon
 

@@ -16,7 +16,9 @@ from ualinkd.abi import constants as c
 from ualinkd.abi import structs as st
 from ualinkd.abi.ioc import ioc, iow, iowr
 from ualinkd.config import PodConfig
+from ualinkd.drm.completion import Completion
 from ualinkd.drm.device import Caller, DrmDevice, IoctlResult
+from ualinkd.drm.errors import DrmError
 from ualinkd.drm.file import DrmFile
 from ualinkd.node import NodeCore, NodeServices
 
@@ -93,13 +95,24 @@ def make_node(
 
 def attach_remote_access(core: NodeCore, remote_access: Any) -> None:
     """Attach a fabric, as an agent does (NodeCore.attach_fabric), whose only service is
-    the GPU loads/stores of imported NPA BOs; these tests import nothing, so an import
-    that waits on it fails the test."""
+    the GPU loads/stores of imported NPA BOs, answered at once: `remote_access(accel,
+    piece, write, data)` returns the loaded bytes or the count stored, or raises DrmError,
+    and the agent's Completion is done when it returns. These tests import nothing, so an
+    import that waits on it fails the test."""
 
     def no_imports(mgr: Any, flow: Any) -> Any:
         raise AssertionError("this test's fabric carries no imports")
 
-    core.attach_fabric(core.after_request, no_imports, remote_access)
+    def access(accel: int, piece: Any, write: bool, data: bytes | None = None
+               ) -> Completion[Any]:
+        c: Completion[Any] = Completion()
+        try:
+            c.set_result(remote_access(accel, piece, write, data))
+        except DrmError as e:
+            c.set_error(e)
+        return c
+
+    core.attach_fabric(core.after_request, no_imports, access)
 
 
 def device(core: NodeCore, index: int = 0) -> DrmDevice:
@@ -116,7 +129,10 @@ def ioctl(f: DrmFile, cmd: int, data: bytes, caller: Caller = CALLER) -> IoctlRe
 
 def run(aw: Any) -> Any:
     """Drive an awaitable whose awaits never suspend (the fakes of caller memory answer at
-    once), without trio; a plain value is returned as it is."""
+    once), without trio; a plain value is returned as it is, a done Completion's result
+    given."""
+    if isinstance(aw, Completion):
+        return aw.result()
     if not isinstance(aw, Awaitable):
         return aw
     coro = aw.__await__()
