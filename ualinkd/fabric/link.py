@@ -66,6 +66,7 @@ from ..config import ConfigError, PodConfig
 from ..drm.completion import Completion
 from ..drm.errors import DrmError
 from ..drm.loaded import Loaded, in_memory
+from . import dialing
 from .auth import (
     HANDSHAKE_TIMEOUT,
     AuthError,
@@ -723,6 +724,12 @@ class FabricLink:
         # newest kernel's; quirk "send-fail-slow": it waits in line for the link (U polled
         # its ACK for the 2 s).
         self._post_fails_fast = "send-fail-slow" not in config.kernel_quirks
+        # fabric/dialing.py: every pair linked at start, or each on its first use (a knock
+        # from the node that does not dial); dials in their handshake at once are limited.
+        self.links_at_start = dialing.links_at_start(config.fabric_links, len(config.nodes))
+        self._first_use = dialing.FirstUse(config.response_timeout_ms / 1000)  # (§5.4's wait)
+        self._dial_slots = trio.CapacityLimiter(dialing.DIAL_CONCURRENCY)
+        self._down: dict[str, trio.Event] = {}  # per peer with a link: set when it goes
 
     # -- queries -----------------------------------------------------------------------------
     def is_up(self, node_name: str) -> bool:
@@ -758,7 +765,7 @@ class FabricLink:
                     for listener in listeners:
                         nursery.start_soon(self._accept_loop, listener, nursery)
                     for peer in self._peers:
-                        if self.node_name < peer:
+                        if self.links_at_start and dialing.dials(self.node_name, peer):
                             nursery.start_soon(self._dial_loop, peer)
                     log.debug("fabric %s: listening on %s:%d", self.node_name, host, self.port)
                     task_status.started(self.port)
@@ -840,7 +847,8 @@ class FabricLink:
         stream: trio.abc.Stream = tcp
         hs = ServerHandshake(self.config, self.node_name, now=trio.current_time(),
                              nonces=self._nonces, keys=self._keys,
-                             accept_from=[p for p in self._peers if p < self.node_name],
+                             accept_from=[p for p in self._peers if not self.links_at_start
+                                          or dialing.dials(p, self.node_name)],
                              timeout=self._handshake_timeout)
         decoder = FrameDecoder.for_handshake()
         counted: list[str] = []  # the peer, once this link is in `_admitting`
@@ -851,6 +859,9 @@ class FabricLink:
             if hs.channel is Channel.DATA:
                 data_link.append(await self._admit_data_channel(hs.peer_name, decoder,
                                                                 hs.link_nonces[0]))
+            elif not dialing.dials(hs.peer_name, self.node_name):  # (on first use only)
+                self._want(hs.peer_name)
+                raise dialing.Knocked(hs.peer_name)
             else:  # from its AUTH_OK on, the peer may dial this link's data channel
                 self._admitting[hs.peer_name] = self._admitting.get(hs.peer_name, 0) + 1
                 counted.append(hs.peer_name)
@@ -873,6 +884,11 @@ class FabricLink:
             if not await self._old_link_gone(hs.peer_name):
                 raise _LinkDown(f"a live link to {hs.peer_name} exists (it answered a "
                                 "liveness probe); a second connection does not replace it")
+        except dialing.Knocked:
+            log.debug("fabric %s: %s (%s) asks for our link: dialing it", self.node_name,
+                      hs.peer_name, addr)
+            await trio.aclose_forcefully(stream)
+            return None
         except (ProtocolError, _LinkDown, trio.BrokenResourceError, OSError) as e:
             who = f"{hs.peer_name} ({addr})" if hs.peer_name else addr
             self._refusals.note(who, host, _reason(e), trio.current_time())
@@ -988,7 +1004,7 @@ class FabricLink:
         return True
 
     async def _dial_loop(self, peer: str) -> None:
-        delay = self._backoff[0]
+        backoff = dialing.Backoff(*self._backoff)
         last: tuple[object, ...] | None = None  # the kind of the last failure
         # A pod's nodes start in any order, so a refused dial in the first seconds is the
         # normal case: failures are DEBUG until the peer has been unreachable for
@@ -1030,21 +1046,83 @@ class FabricLink:
                         self.node_name, peer, host, port,
                         f" for {now - failing_since:.0f} s" if lasting else "", reason)
                 last = kind
-                with trio.move_on_after(delay):
+                with trio.move_on_after(backoff.next_delay()):
                     await changed.wait()
-                delay = min(delay * 2, self._backoff[1])
                 continue
             last, failing_since, warned = None, None, False
             rejected.clear()
-            delay = self._backoff[0]
+            backoff.reset()
             await self._run_conn(peer, stream, decoder, f"to {host}:{port}", (host, port),
                                  channel_key)
-            with trio.move_on_after(delay):
+            with trio.move_on_after(backoff.next_delay()):
                 await changed.wait()
+
+    def _want(self, peer: str) -> None:
+        """A use of the link with `peer` (links on first use): its dial loop, or its knock
+        loop on the side that does not dial, starts the first time."""
+        if (not self.links_at_start and self._nursery is not None and not self._closed
+                and self._first_use.want(peer, trio.current_time())):
+            self._nursery.start_soon(self._dial_loop if dialing.dials(self.node_name, peer)
+                                     else self._knock_loop, peer)
+
+    def _setting_up(self, peer: str | None) -> bool:
+        """A use of `peer`'s link, which is not up: wanted now, and True while it is being
+        set up for its first use (the use waits for it), False once the peer counts as
+        unreachable (dialing.FirstUse)."""
+        if self.links_at_start or peer not in self._up or self._closed:
+            return False
+        self._want(peer)
+        return self._first_use.setting_up(peer, trio.current_time())
+
+    async def _knock_loop(self, peer: str) -> None:
+        """The link with `peer`, which dials it, asked for and kept (dialing.py): a knock (a
+        link handshake the peer refuses once it has proved us, then dials back) whenever
+        the link is down, with the dial loop's backoff while no link comes."""
+        backoff = dialing.Backoff(*self._backoff)
+        failing_since: float | None = None
+        while not self._closed:
+            if peer in self._conns:
+                backoff.reset()
+                failing_since = None
+                await self._down.setdefault(peer, trio.Event()).wait()
+                continue
+            try:
+                host, port = parse_address(self._addresses[peer])
+            except ConfigError:
+                host, port = "", 0
+            if port == 0:  # not known yet (ephemeral port, no address): set_peer_address
+                await self._address_changed[peer].wait()
+                continue
+            try:
+                stream, decoder, channel_key = await self._dial(peer, host, port)
+            except (ProtocolError, _LinkDown, OSError, trio.BrokenResourceError) as e:
+                now = trio.current_time()
+                failing_since = now if failing_since is None else failing_since
+                knocked = isinstance(e, _LinkDown) and "closed during" in str(e)
+                loud = not knocked and now - failing_since >= DIAL_WARN_AFTER
+                log.log(logging.WARNING if loud else logging.DEBUG,
+                        "fabric %s: asking %s at %s:%d for our link: %s", self.node_name,
+                        peer, host, port, "it dials back" if knocked else _reason(e))
+                if loud:
+                    failing_since = now  # (one WARNING per DIAL_WARN_AFTER)
+                with trio.move_on_after(backoff.next_delay()):
+                    await self._up[peer].wait()
+                continue
+            # A peer that links at start took us as its dialer: the link is this one.
+            await self._run_conn(peer, stream, decoder, f"to {host}:{port}",
+                                 (host, port), channel_key)
 
     async def _dial(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK,
                     nonce: bytes | None = None
                     ) -> tuple[trio.abc.Stream, FrameDecoder, bytes]:
+        """`_dial_now` once one of the DIAL_CONCURRENCY slots is free: the handshake's time
+        starts then, not while its turn waits."""
+        async with self._dial_slots:
+            return await self._dial_now(peer, host, port, channel, nonce)
+
+    async def _dial_now(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK,
+                        nonce: bytes | None = None
+                        ) -> tuple[trio.abc.Stream, FrameDecoder, bytes]:
         """A connection to `peer` authenticated (with `nonce`: a data channel's bound one):
         its stream, decoder and, for a link, its data channels' key."""
         hs = ClientHandshake(self.config, self.node_name, peer, now=trio.current_time(),
@@ -1111,6 +1189,7 @@ class FabricLink:
             old.drop(_LinkDown(f"replaced by a new connection {label}"))
         self._conns[peer] = conn
         self._up[peer].set()
+        self._first_use.up(peer, trio.current_time())
         if self.local_incarnation is not None:  # (ahead of anything else we send it)
             for accel in sorted(self._local_accels):
                 session.send_incarnation(accel, self.local_incarnation(accel))
@@ -1143,6 +1222,7 @@ class FabricLink:
             if self._conns.get(peer) is conn:
                 del self._conns[peer]
                 self._up[peer] = trio.Event()
+                self._down.pop(peer, trio.Event()).set()  # (a knock loop waits for it)
                 for accel in self._accels[peer]:  # (unreadable until it announces again)
                     self._peer_incarnations.pop(accel, None)
                 if self._on_peer_state is not None:
@@ -1535,6 +1615,7 @@ class FabricLink:
             raise DrmError(errno.EINVAL, f"accel {dst_accel} is local, not across the fabric")
         if src_accel not in self._local_accels:
             raise DrmError(errno.EINVAL, f"accel {src_accel} is not on {self.node_name}")
+        self._setting_up(peer)  # (on first use: dialed or asked for now)
         while True:
             if self._closed:
                 raise DrmError(errno.ESHUTDOWN, "the fabric link is closed")
@@ -1629,14 +1710,21 @@ class FabricLink:
         if peer is None or peer == self.node_name or src_accel not in self._local_accels:
             raise DrmError(errno.EINVAL, f"accel {dst_accel} is not across the fabric")
         conn = self._conns.get(peer)
+        if (conn is None or conn.down is not None) and self._setting_up(peer):
+            raise DrmError(errno.EAGAIN, f"the link to {peer} is being set up (first use)")
         if conn is None or conn.down is not None or self._closed:
             raise DrmError(errno.ETIME, f"{peer} is not reachable: cannot be probed")
+        if (dst_accel not in self._peer_incarnations and not self.links_at_start
+                and self._first_use.announcing(peer, trio.current_time())):
+            raise DrmError(errno.EAGAIN, f"{peer} has not announced accel {dst_accel} on its "
+                           "new link yet")
         return self._peer_incarnations.get(dst_accel, 0)
 
     def _parks(self, peer: str | None, src_accel: int) -> bool:
         """Whether a send to `peer` now waits in line for its link (it is down)."""
         return (peer is not None and peer in self._up and peer not in self._conns
-                and src_accel in self._local_accels and not self._closed)
+                and src_accel in self._local_accels and not self._closed
+                and not self._setting_up(peer))
 
     async def _not_posted(self, peer: str | None, messages: Sequence[Dwords]
                           ) -> list[SendOutcome]:
@@ -1762,7 +1850,8 @@ class FabricLink:
         reachable or answers with an error (Emulator policy 3, 10).
         """
         peer = self._owner.get(dst_accel, "?")
-        if peer in self._up and peer not in self._conns:  # Emulator policy 3: fault at once
+        if peer in self._up and peer not in self._conns and not self._setting_up(peer):
+            # Emulator policy 3: fault at once
             raise DrmError(errno.EFAULT, f"{peer} is not reachable")
         peer, waiter = await self._exchange(
             dst_accel, src_accel,
@@ -1820,6 +1909,7 @@ class FabricLink:
         """Round-trip time to `node_name` in seconds; DrmError(ETIME) after ack_timeout."""
         if node_name not in self._up:
             raise DrmError(errno.EINVAL, f"{node_name!r} is not a peer of {self.node_name!r}")
+        self._setting_up(node_name)
         waiter = None
         start = math.nan
         with trio.move_on_after(self.ack_timeout):
