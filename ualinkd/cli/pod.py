@@ -33,6 +33,7 @@ from typing import NoReturn
 from .. import sysfs
 from ..amdgpu.profile import PROFILES
 from ..config import ConfigError, NodeConfig, PodConfig
+from ..fabric.dialing import links_at_start
 from ..podinfo import NODES_FILE  # beside pod.toml, for all: the nodes without the key
 from ..readiness import notify_socket, wait_ready
 from .common import ready_stream, trace_options, with_quirks
@@ -435,8 +436,11 @@ def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
                     return _signal_status(stopping())
                 print(f"ualinkd: {c.name} did not become ready", file=sys.stderr)
                 return 1
-        for c in children.values():
-            _wait_links(c.name, c.mount, args.ready_timeout, lambda: bool(stopping()))
+        if links_at_start(config.fabric_links, len(config.nodes)):
+            for c in children.values():
+                _wait_links(c.name, c.mount, args.ready_timeout, lambda: bool(stopping()))
+        else:  # (fabric/dialing.py: a pair's link comes up when the pair first needs it)
+            log.info("%d nodes: each fabric link comes up on its first use", len(children))
         if stopping():
             return _signal_status(stopping())
         for c, node in zip(children.values(), config.nodes, strict=True):
