@@ -67,6 +67,7 @@ from ..config import ConfigError, PodConfig
 from ..drm.completion import Completion
 from ..drm.errors import DrmError
 from ..drm.loaded import Loaded
+from . import dialing
 from .auth import (
     HANDSHAKE_TIMEOUT,
     AuthError,
@@ -374,33 +375,51 @@ class _Batch:
 
 
 class _Parked:
-    """A batch sent while its link was down (FabricLink.send_batch, quirk send-fail-slow):
-    queued when the link comes up, in line with the others parked for that peer, before
-    anything sent later; failed at its deadline (the link's timer heap) if it is not."""
+    """A use of a link that is down (a batch under quirk send-fail-slow, anything sent
+    while the link is set up for its first use): `queue(conn)` when the link comes up, in
+    line with the others parked for that peer, before anything sent later; `failed` at
+    its deadline (the link's timer heap) if it is not queued by then."""
 
-    __slots__ = ("completion", "dst", "give_up", "link", "messages", "peer", "src")
+    __slots__ = ("completion", "failed", "give_up", "link", "peer", "queue")
 
-    def __init__(self, link: FabricLink, peer: str, src: int, dst: int,
-                 messages: Sequence[Dwords], give_up: float) -> None:
-        self.link, self.peer = link, peer
-        self.src, self.dst, self.messages, self.give_up = src, dst, messages, give_up
-        # None once queued (the batch's completes it then) or failed.
-        self.completion: Completion[list[SendOutcome]] | None = Completion()
+    def __init__(self, link: FabricLink, peer: str, give_up: float,
+                 queue: Callable[[_Conn], Completion[Any]],
+                 failed: Callable[[Completion[Any], DrmError], None]) -> None:
+        self.link, self.peer, self.give_up = link, peer, give_up
+        self.queue, self.failed = queue, failed
+        # None once queued (what it queued completes it then) or failed.
+        self.completion: Completion[Any] | None = Completion()
 
-    def fail(self, errno_: int, why: str) -> None:
+    def fail(self, error: DrmError) -> None:
         c, self.completion = self.completion, None
         if c is not None:
-            now = trio.current_time()
-            c.set_result([(DrmError(errno_, why), now) for _ in self.messages])
+            self.failed(c, error)
 
     def expire(self) -> None:
-        """Its wait is over and its link never came: the sends fail as unacknowledged."""
+        """Its wait is over and its link never came: it fails as unanswered."""
         line = self.link._parked.get(self.peer)
         if line is not None and self in line:
             line.remove(self)
             if not line:
                 del self.link._parked[self.peer]
-        self.fail(errno.ETIME, f"no ACK from {self.peer} within {self.link.ack_timeout:g} s")
+        self.fail(DrmError(errno.ETIME,
+                           f"no ACK from {self.peer} within {self.link.ack_timeout:g} s"))
+
+
+def _batch_failed(count: int) -> Callable[[Completion[Any], DrmError], None]:
+    """How a parked batch of `count` messages fails: each message with the error."""
+    def failed(c: Completion[Any], error: DrmError) -> None:
+        now = trio.current_time()
+        c.set_result([(error, now) for _ in range(count)])
+    return failed
+
+
+def _request_failed(peer: str) -> Callable[[Completion[Any], DrmError], None]:
+    """How a parked request to `peer` fails: unanswered is EFAULT (policy 3), as a request
+    the link took and its peer never answered; closed is ESHUTDOWN."""
+    def failed(c: Completion[Any], error: DrmError) -> None:
+        c.set_error(_data_error(peer, None) if error.errno == errno.ETIME else error)
+    return failed
 
 
 # A message's outcome in a batch: None (accepted) or the DrmError `send` would raise, and
@@ -733,6 +752,12 @@ class FabricLink:
         # newest kernel's; quirk "send-fail-slow": it waits in line for the link (U polled
         # its ACK for the 2 s).
         self._post_fails_fast = "send-fail-slow" not in config.kernel_quirks
+        # fabric/dialing.py: every pair linked at start, or each on its first use (a knock
+        # from the node that does not dial); dials in their handshake at once are limited.
+        self.links_at_start = dialing.links_at_start(config.fabric_links, len(config.nodes))
+        self._first_use = dialing.FirstUse(config.response_timeout_ms / 1000)  # (§5.4's wait)
+        self._dial_slots = trio.CapacityLimiter(dialing.DIAL_CONCURRENCY)
+        self._down: dict[str, trio.Event] = {}  # per peer with a link: set when it goes
 
     # -- queries -----------------------------------------------------------------------------
     def is_up(self, node_name: str) -> bool:
@@ -768,7 +793,7 @@ class FabricLink:
                     for listener in listeners:
                         nursery.start_soon(self._accept_loop, listener, nursery)
                     for peer in self._peers:
-                        if self.node_name < peer:
+                        if self.links_at_start and dialing.dials(self.node_name, peer):
                             nursery.start_soon(self._dial_loop, peer)
                     log.debug("fabric %s: listening on %s:%d", self.node_name, host, self.port)
                     task_status.started(self.port)
@@ -783,7 +808,7 @@ class FabricLink:
             parked_lines, self._parked = self._parked, {}
             for line in parked_lines.values():
                 for parked in line:
-                    parked.fail(errno.ESHUTDOWN, "the fabric link is closed")
+                    parked.fail(DrmError(errno.ESHUTDOWN, "the fabric link is closed"))
             self._stopped.set()
 
     async def aclose(self, grace: float = 0.5) -> None:
@@ -849,7 +874,8 @@ class FabricLink:
         stream: trio.abc.Stream = tcp
         hs = ServerHandshake(self.config, self.node_name, now=trio.current_time(),
                              nonces=self._nonces, keys=self._keys,
-                             accept_from=[p for p in self._peers if p < self.node_name],
+                             accept_from=[p for p in self._peers if not self.links_at_start
+                                          or dialing.dials(p, self.node_name)],
                              timeout=self._handshake_timeout)
         decoder = FrameDecoder.for_handshake()
         counted: list[str] = []  # the peer, once this link is in `_admitting`
@@ -860,6 +886,9 @@ class FabricLink:
             if hs.channel is Channel.DATA:
                 data_link.append(await self._admit_data_channel(hs.peer_name, decoder,
                                                                 hs.link_nonces[0]))
+            elif not dialing.dials(hs.peer_name, self.node_name):  # (on first use only)
+                self._want(hs.peer_name)
+                raise dialing.Knocked(hs.peer_name)
             else:  # from its AUTH_OK on, the peer may dial this link's data channel
                 self._admitting[hs.peer_name] = self._admitting.get(hs.peer_name, 0) + 1
                 counted.append(hs.peer_name)
@@ -882,6 +911,11 @@ class FabricLink:
             if not await self._old_link_gone(hs.peer_name):
                 raise _LinkDown(f"a live link to {hs.peer_name} exists (it answered a "
                                 "liveness probe); a second connection does not replace it")
+        except dialing.Knocked:
+            log.debug("fabric %s: %s (%s) asks for our link: dialing it", self.node_name,
+                      hs.peer_name, addr)
+            await trio.aclose_forcefully(stream)
+            return None
         except (ProtocolError, _LinkDown, trio.BrokenResourceError, OSError) as e:
             who = f"{hs.peer_name} ({addr})" if hs.peer_name else addr
             self._refusals.note(who, host, _reason(e), trio.current_time())
@@ -997,7 +1031,7 @@ class FabricLink:
         return True
 
     async def _dial_loop(self, peer: str) -> None:
-        delay = self._backoff[0]
+        backoff = dialing.Backoff(*self._backoff)
         last: tuple[object, ...] | None = None  # the kind of the last failure
         # A pod's nodes start in any order, so a refused dial in the first seconds is the
         # normal case: failures are DEBUG until the peer has been unreachable for
@@ -1039,21 +1073,83 @@ class FabricLink:
                         self.node_name, peer, host, port,
                         f" for {now - failing_since:.0f} s" if lasting else "", reason)
                 last = kind
-                with trio.move_on_after(delay):
+                with trio.move_on_after(backoff.next_delay()):
                     await changed.wait()
-                delay = min(delay * 2, self._backoff[1])
                 continue
             last, failing_since, warned = None, None, False
             rejected.clear()
-            delay = self._backoff[0]
+            backoff.reset()
             await self._run_conn(peer, stream, decoder, f"to {host}:{port}", (host, port),
                                  channel_key)
-            with trio.move_on_after(delay):
+            with trio.move_on_after(backoff.next_delay()):
                 await changed.wait()
+
+    def _want(self, peer: str) -> None:
+        """A use of the link with `peer` (links on first use): its dial loop, or its knock
+        loop on the side that does not dial, starts the first time."""
+        if (not self.links_at_start and self._nursery is not None and not self._closed
+                and self._first_use.want(peer, trio.current_time())):
+            self._nursery.start_soon(self._dial_loop if dialing.dials(self.node_name, peer)
+                                     else self._knock_loop, peer)
+
+    def _setting_up(self, peer: str | None) -> bool:
+        """A use of `peer`'s link, which is not up: wanted now, and True while it is being
+        set up for its first use (the use waits for it), False once the peer counts as
+        unreachable (dialing.FirstUse)."""
+        if self.links_at_start or peer not in self._up or self._closed:
+            return False
+        self._want(peer)
+        return self._first_use.setting_up(peer, trio.current_time())
+
+    async def _knock_loop(self, peer: str) -> None:
+        """The link with `peer`, which dials it, asked for and kept (dialing.py): a knock (a
+        link handshake the peer refuses once it has proved us, then dials back) whenever
+        the link is down, with the dial loop's backoff while no link comes."""
+        backoff = dialing.Backoff(*self._backoff)
+        failing_since: float | None = None
+        while not self._closed:
+            if peer in self._conns:
+                backoff.reset()
+                failing_since = None
+                await self._down.setdefault(peer, trio.Event()).wait()
+                continue
+            try:
+                host, port = parse_address(self._addresses[peer])
+            except ConfigError:
+                host, port = "", 0
+            if port == 0:  # not known yet (ephemeral port, no address): set_peer_address
+                await self._address_changed[peer].wait()
+                continue
+            try:
+                stream, decoder, channel_key = await self._dial(peer, host, port)
+            except (ProtocolError, _LinkDown, OSError, trio.BrokenResourceError) as e:
+                now = trio.current_time()
+                failing_since = now if failing_since is None else failing_since
+                knocked = isinstance(e, _LinkDown) and "closed during" in str(e)
+                loud = not knocked and now - failing_since >= DIAL_WARN_AFTER
+                log.log(logging.WARNING if loud else logging.DEBUG,
+                        "fabric %s: asking %s at %s:%d for our link: %s", self.node_name,
+                        peer, host, port, "it dials back" if knocked else _reason(e))
+                if loud:
+                    failing_since = now  # (one WARNING per DIAL_WARN_AFTER)
+                with trio.move_on_after(backoff.next_delay()):
+                    await self._up[peer].wait()
+                continue
+            # A peer that links at start took us as its dialer: the link is this one.
+            await self._run_conn(peer, stream, decoder, f"to {host}:{port}",
+                                 (host, port), channel_key)
 
     async def _dial(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK,
                     nonce: bytes | None = None
                     ) -> tuple[trio.abc.Stream, FrameDecoder, bytes]:
+        """`_dial_now` once one of the DIAL_CONCURRENCY slots is free: the handshake's time
+        starts then, not while its turn waits."""
+        async with self._dial_slots:
+            return await self._dial_now(peer, host, port, channel, nonce)
+
+    async def _dial_now(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK,
+                        nonce: bytes | None = None
+                        ) -> tuple[trio.abc.Stream, FrameDecoder, bytes]:
         """A connection to `peer` authenticated (with `nonce`: a data channel's bound one):
         its stream, decoder and, for a link, its data channels' key."""
         hs = ClientHandshake(self.config, self.node_name, peer, now=trio.current_time(),
@@ -1120,6 +1216,7 @@ class FabricLink:
             old.drop(_LinkDown(f"replaced by a new connection {label}"))
         self._conns[peer] = conn
         self._up[peer].set()
+        self._first_use.up(peer, trio.current_time())
         if self.local_incarnation is not None:  # (ahead of anything else we send it)
             for accel in sorted(self._local_accels):
                 session.send_incarnation(accel, self.local_incarnation(accel))
@@ -1152,6 +1249,7 @@ class FabricLink:
             if self._conns.get(peer) is conn:
                 del self._conns[peer]
                 self._up[peer] = trio.Event()
+                self._down.pop(peer, trio.Event()).set()  # (a knock loop waits for it)
                 for accel in self._accels[peer]:  # (unreadable until it announces again)
                     self._peer_incarnations.pop(accel, None)
                 if self._on_peer_state is not None:
@@ -1583,25 +1681,21 @@ class FabricLink:
             c = Completion()
             c.set_result([])
             return c
-        if self._parks(peer, src_accel):
-            assert peer is not None
-            if self._post_fails_fast:  # §13 N4: the copy engine's post fails, at once
-                return _outcomes(DrmError(errno.ETIME, f"{peer} is not reachable: not posted"),
-                                 now, len(messages))
-            line = self._parked.setdefault(peer, deque())
-            parked = _Parked(self, peer, src_accel, dst_accel, messages,
-                             now + self.ack_timeout)
-            line.append(parked)
-            self._deadline(parked.give_up, parked)
-            assert parked.completion is not None
-            return parked.completion
-        conn = self._conns.get(peer) if peer is not None else None
         err = self._route_error(dst_accel, src_accel)
-        if err is not None or conn is None:
-            # (no conn but not parked: the route's error, whichever it is)
-            return _outcomes(err or DrmError(errno.ESHUTDOWN, "the fabric link is closed"),
+        if err is not None:
+            return _outcomes(err, now, len(messages))
+        assert peer is not None
+        conn = self._conns.get(peer)
+        if conn is not None:
+            return self._queue_batch(conn, src_accel, dst_accel, messages)
+        if self._post_fails_fast and not self._setting_up(peer):
+            # §13 N4: the copy engine's post fails, at once
+            return _outcomes(DrmError(errno.ETIME, f"{peer} is not reachable: not posted"),
                              now, len(messages))
-        return self._queue_batch(conn, src_accel, dst_accel, messages)
+        # Set up for its first use, or quirk send-fail-slow: in line for the link.
+        give_up = now + self.ack_timeout
+        return self._park(peer, give_up, lambda conn: self._queue_batch(
+            conn, src_accel, dst_accel, messages, give_up), _batch_failed(len(messages)))
 
     def announce(self, accel: int, incarnation: int) -> None:
         """Our accel `accel` started manager incarnation `incarnation` (§13 N2): told to
@@ -1620,35 +1714,44 @@ class FabricLink:
         if peer is None or peer == self.node_name or src_accel not in self._local_accels:
             raise DrmError(errno.EINVAL, f"accel {dst_accel} is not across the fabric")
         conn = self._conns.get(peer)
+        if (conn is None or conn.down is not None) and self._setting_up(peer):
+            raise DrmError(errno.EAGAIN, f"the link to {peer} is being set up (first use)")
         if conn is None or conn.down is not None or self._closed:
             raise DrmError(errno.ETIME, f"{peer} is not reachable: cannot be probed")
+        if (dst_accel not in self._peer_incarnations and not self.links_at_start
+                and self._first_use.announcing(peer, trio.current_time())):
+            raise DrmError(errno.EAGAIN, f"{peer} has not announced accel {dst_accel} on its "
+                           "new link yet")
         return self._peer_incarnations.get(dst_accel, 0)
 
-    def _parks(self, peer: str | None, src_accel: int) -> bool:
-        """Whether a send to `peer` now finds its link down (it is a peer, and not up)."""
-        return (peer is not None and peer in self._up and peer not in self._conns
-                and src_accel in self._local_accels and not self._closed)
+    def _park(self, peer: str, give_up: float, queue: Callable[[_Conn], Completion[Any]],
+              failed: Callable[[Completion[Any], DrmError], None]) -> Completion[Any]:
+        """A use of the link to `peer`, which is down: `queue(conn)` once it is up (in line
+        with the others parked for it), or `failed` at `give_up`."""
+        parked = _Parked(self, peer, give_up, queue, failed)
+        self._parked.setdefault(peer, deque()).append(parked)
+        self._deadline(give_up, parked)
+        assert parked.completion is not None
+        return parked.completion
 
     def _unpark(self, peer: str, conn: _Conn) -> None:
-        """The link to `peer` is up: queue the batches that waited for it, in the order they
-        were sent, before anyone can send anything else on it (a task woken by the link
-        runs later, and trio runs the tasks of one wake-up in either order)."""
+        """The link to `peer` is up: queue what waited for it, in the order it was sent,
+        before anyone can send anything else on it (a task woken by the link runs later,
+        and trio runs the tasks of one wake-up in either order)."""
         now = trio.current_time()
         for parked in self._parked.pop(peer, ()):
-            c, parked.completion = parked.completion, None
-            if c is None:
+            if parked.completion is None:
                 continue
             if parked.give_up <= now:  # (its deadline is due: the wait is over)
-                parked.completion = c
-                parked.fail(errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
+                parked.expire()
                 continue
+            c, parked.completion = parked.completion, None
             try:
-                batch = self._queue_batch(conn, parked.src, parked.dst, parked.messages,
-                                          parked.give_up)
+                queued = parked.queue(conn)
             except LocalProtocolError as e:  # (the sender's bug: raised to it)
                 c.set_error(e)
             else:
-                batch.when_done(functools.partial(_pass_on, c))
+                queued.when_done(functools.partial(_pass_on, c))
 
     def _queue_batch(self, conn: _Conn, src_accel: int, dst_accel: int,
                      messages: Sequence[Dwords], give_up: float | None = None
@@ -1686,18 +1789,27 @@ class FabricLink:
         peer = self._owner.get(dst_accel)
         conn = self._conns.get(peer) if peer is not None else None
         err = None
-        if peer in self._up and conn is None:  # Emulator policy 3: fault at once
-            err = DrmError(errno.EFAULT, f"{peer} is not reachable")
+        if peer in self._up and conn is None and not self._setting_up(peer):
+            err = DrmError(errno.EFAULT, f"{peer} is not reachable")  # policy 3: at once
         else:
             err = self._route_error(dst_accel, src_accel)
-        if err is not None or conn is None:
+        if err is not None:
             c = Completion()
-            c.set_error(err or DrmError(errno.EFAULT, f"{peer} is not reachable"))
+            c.set_error(err)
             return c
-        now = trio.current_time()
-        give_up = now + self.ack_timeout
+        give_up = trio.current_time() + self.ack_timeout
+        if conn is None:  # (being set up for its first use: the request waits for it)
+            assert peer is not None
+            return self._park(peer, give_up, lambda conn: self._queue_request(
+                conn, src_accel, dst_accel, npa_byte_addr, length_or_data, give_up),
+                _request_failed(peer))
+        return self._queue_request(conn, src_accel, dst_accel, npa_byte_addr, length_or_data,
+                                   give_up)
+
+    def _queue_request(self, conn: _Conn, src_accel: int, dst_accel: int, npa_byte_addr: int,
+                       length_or_data: int | bytes, give_up: float) -> Completion[Loaded]:
         seq = conn.session.send_request(src_accel, dst_accel, npa_byte_addr, length_or_data,
-                                        now=now, give_up=give_up)
+                                        now=trio.current_time(), give_up=give_up)
         waiter = conn.waiters[seq] = _Completing(conn, seq)
         self._deadline(give_up, waiter)
         completion = waiter.completion
@@ -1728,6 +1840,7 @@ class FabricLink:
         """Round-trip time to `node_name` in seconds; DrmError(ETIME) after ack_timeout."""
         if node_name not in self._up:
             raise DrmError(errno.EINVAL, f"{node_name!r} is not a peer of {self.node_name!r}")
+        self._setting_up(node_name)
         waiter = None
         start = math.nan
         with trio.move_on_after(self.ack_timeout):
@@ -1758,9 +1871,9 @@ def _outcomes(err: DrmError, now: float, count: int) -> Completion[list[SendOutc
     return c
 
 
-def _pass_on(to: Completion[list[SendOutcome]], c: Completion[list[SendOutcome]]) -> None:
-    """A queued parked batch's outcomes, to the Completion its sender holds."""
+def _pass_on(to: Completion[Any], c: Completion[Any]) -> None:
+    """What a parked use queued, once answered: to the Completion its sender holds."""
     try:
         to.set_result(c.result())
-    except Exception as e:  # (a bug's, handed on to the sender as its own would be)
+    except Exception as e:  # (its error, handed on as its own)
         to.set_error(e)

@@ -1,0 +1,125 @@
+"""Fabric links that come up on first use (`[pod] fabric_links = "on-first-use"`, the default
+of pods over 32 nodes; fabric/dialing.py): real daemons over TCP on 127.0.0.1, C clients
+through libualink. A pair's link is set up when an import first needs it, as the kernel's
+connection is (`amdgpu_ualink_setup_connection` on first use, spec §5.4); the node whose
+name sorts first dials, the other asks it to (a knock)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from nodes import Client, Node, start_node, wait_until
+
+from ualinkd import sysfs
+from ualinkd.cli.main import free_tcp_ports
+from ualinkd.config import PodConfig
+
+pytestmark = pytest.mark.integration
+
+VA = 0x40_0000_0000  # where an exporter maps its BO
+IMPORT_VA = 0x50_0000_0000  # where an importer maps the import
+
+
+def first_use_config(nodes: int, response_ms: int = 2000) -> PodConfig:
+    base = PodConfig.local(nodes, 1, free_tcp_ports(nodes))
+    return replace(base, fabric_links="on-first-use", response_timeout_ms=response_ms,
+                   send_ack_timeout_ms=response_ms)
+
+
+@contextlib.contextmanager
+def first_use_pod(tmp: Path, config: PodConfig) -> Iterator[list[Node]]:
+    started: list[Node] = []
+    try:
+        for n in config.nodes:
+            started.append(start_node(tmp, config, n.name))
+        yield started
+    finally:
+        for node in started:
+            node.close()
+
+
+def links(node: Node) -> dict[str, bool]:
+    return sysfs.parse_fabric((node.mount / sysfs.FABRIC_STATUS).read_text())
+
+
+def import_and_load(exporter: Client, importer: Client, data: bytes) -> bytes:
+    """Export a BO holding `data` on one node, import it on another and GPU-load it."""
+    bo = exporter.bo_create(1 << 16)
+    exporter.va_map(bo, VA, 1 << 16)
+    assert exporter.gpu_write(VA, data) == len(data)
+    fd = importer.import_(exporter.export(bo))
+    try:
+        gem = importer.fd_to_handle(fd)
+        importer.va_map(gem, IMPORT_VA, 1 << 16)
+        return importer.gpu_read(IMPORT_VA, len(data))
+    finally:
+        os.close(fd)
+
+
+def test_links_come_up_on_first_use_in_either_direction(tmp_path):
+    """§5.4: no link at start; an import from a node whose name sorts first (node2 imports
+    node0's BO: node2 asks, node0 dials back) and one towards it (node0 imports node1's:
+    node0 dials) each bring up that pair's link, and only it; the GPU loads across them
+    see the exporter's bytes. Nothing above INFO is logged for it."""
+    with first_use_pod(tmp_path, first_use_config(3)) as (n0, n1, n2):
+        assert not any(up for n in (n0, n1, n2) for up in links(n).values())
+        with Client(n0.render()) as c0, Client(n1.render()) as c1, Client(n2.render()) as c2:
+            assert import_and_load(c0, c2, b"knocked") == b"knocked"
+            assert links(n2) == {"node0": True, "node1": False}
+            assert links(n0)["node2"] and not links(n0)["node1"]
+            assert import_and_load(c1, c0, b"dialed") == b"dialed"
+            assert links(n0) == {"node1": True, "node2": True}
+            assert not links(n1)["node2"] and not links(n2)["node1"]
+        for node in (n0, n1, n2):
+            bad = [line for line in node.log_text().splitlines()
+                   if " WARNING " in line or " ERROR " in line]
+            assert not bad, bad
+
+
+def test_a_knocked_link_comes_back_after_its_dialer_restarts(tmp_path):
+    """§5.8a: node1 asked node0 for their link; node0 restarts (a new daemon, which wants
+    no link). node1 knocks again, so its next import of node0's memory works, through the
+    HELLO of a restarted peer, without anyone dialing at start."""
+    config = first_use_config(2)
+    with first_use_pod(tmp_path, config) as (n0, n1):
+        with Client(n0.render()) as c0, Client(n1.render()) as c1:
+            assert import_and_load(c0, c1, b"before") == b"before"
+        n0.close()
+        n0b = start_node(tmp_path / "again", config, "node0")
+        try:
+            assert wait_until(lambda: links(n1)["node0"], timeout=10)
+            with Client(n0b.render()) as c0, Client(n1.render()) as c1:
+                assert import_and_load(c0, c1, b"after") == b"after"
+        finally:
+            n0b.close()
+
+
+def test_first_use_of_an_unreachable_peer_fails_after_the_response_timeout(tmp_path):
+    """§5.4 / §13 N2: an import whose exporter's node never came up waits for the link
+    (EAGAIN to the client, which libualink retries as drmIoctl does, §1.7) for the pod's
+    response timeout, then fails as an unreachable peer's does (ETIME), and again at once
+    while the peer stays away."""
+    config = first_use_config(2, response_ms=1000)
+    with first_use_pod(tmp_path, config) as (n0, n1):
+        with Client(n0.render()) as c0:
+            handle = c0.export(c0.bo_create(1 << 16))
+        n0.close()
+        with Client(n1.render()) as c1:
+            t = time.monotonic()
+            with pytest.raises(OSError) as e:
+                c1.import_(handle)
+            waited = time.monotonic() - t
+            assert e.value.errno == errno.ETIME, e.value
+            assert 0.9 <= waited < 5, waited
+            t = time.monotonic()
+            with pytest.raises(OSError) as e:
+                c1.import_(handle)
+            assert e.value.errno == errno.ETIME
+            assert time.monotonic() - t < 0.5
