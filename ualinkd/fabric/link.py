@@ -79,12 +79,13 @@ from .auth import (
     node_keys,
 )
 from .session import (
-    AckReceived,
-    DataReceived,
+    BatchWait,
     IncarnationReceived,
     MessageReceived,
     PongReceived,
     RequestReceived,
+    RequestWait,
+    SendOutcome,
     Session,
 )
 from .splice import PipedPayload, PipePool, unread
@@ -269,111 +270,6 @@ class _Waiter:
         self.event.set()
 
 
-class _Completing:
-    """A LOAD/STORE's waiter (FabricLink.request): its DATA completes the Completion in the
-    reader's call; its deadline (the link's timer heap) or the link's drop fails it."""
-
-    __slots__ = ("completion", "conn", "peer", "seq")
-
-    def __init__(self, conn: _Conn, seq: int) -> None:
-        self.peer = conn.peer
-        self.conn, self.seq = conn, seq
-        # Dropped once set: the deadline heap keeps this waiter until its deadline, and must
-        # not keep the loaded bytes that long.
-        self.completion: Completion[Loaded] | None = Completion()
-
-    def set(self, result: Any) -> None:
-        c, self.completion = self.completion, None
-        if c is None:
-            return
-        if result is None or result.status != 0:
-            c.set_error(_data_error(self.peer, result))
-        else:
-            c.set_result(result.data)
-
-    def expire(self) -> None:
-        """Its deadline passed (FabricLink._timers): the seq is forgotten (a late DATA is
-        dropped) and the request fails."""
-        conn, seq = self.conn, self.seq
-        if conn.waiters.get(seq) is self:
-            del conn.waiters[seq]
-            conn.session.forget(seq)
-            self.set(None)
-
-
-def _data_error(peer: str, result: Any) -> DrmError:
-    """A data-plane request's failure (Emulator policy 3, 10): no answer (the link dropped,
-    or the deadline passed) or the exporter's -errno."""
-    if result is None:
-        return DrmError(errno.EFAULT, f"no answer from {peer}")
-    return DrmError(-result.status if result.status < 0 else errno.EFAULT)
-
-
-class _Batch:
-    """One waiter for the ACKs of several MSGs queued together on `conn`
-    (`FabricLink.send_batch`): each of their seqs maps to it in `_Conn.waiters`. It notes
-    every ACK with the time it came (the read that brought it: `conn.last_rx`) and completes
-    its Completion once, in the call that ends the batch (the reader's, as the last ACK is
-    decoded; the link's teardown; the timer task at the deadline), so a burst of N messages
-    costs one callback, and no task."""
-
-    __slots__ = ("ack_timeout", "acks", "completion", "conn", "dropped", "left", "seqs")
-
-    def __init__(self, conn: _Conn, seqs: list[int], ack_timeout: float) -> None:
-        self.conn = conn
-        self.seqs = seqs
-        self.ack_timeout = ack_timeout
-        self.acks: dict[int, tuple[int, float]] = {}  # seq -> (ACK status, when it came)
-        self.left = len(seqs)
-        self.dropped = False
-        self.completion: Completion[list[SendOutcome]] | None = Completion()
-        if not seqs:
-            self._finish()
-
-    def set(self, result: Any) -> None:
-        if result is None:  # the link dropped: what is not acknowledged now never will be
-            self.dropped = True
-            self._finish()
-            return
-        self.acks[result.seq] = (result.status, self.conn.last_rx)
-        self.left -= 1
-        if not self.left:
-            self._finish()
-
-    def expire(self) -> None:
-        self._finish()
-
-    def _finish(self) -> None:
-        c, self.completion = self.completion, None
-        if c is not None:  # (a drop sets each of its seqs' waiter: this one, once each)
-            c.set_result(self.outcomes())
-
-    def outcomes(self) -> list[SendOutcome]:
-        """Each MSG's outcome, in order, once the batch is over (every ACK in, the link
-        dropped, or the deadline passed): None or the DrmError `FabricLink.send` gives,
-        with when it became known. A seq still waiting is forgotten here (a late ACK is
-        dropped)."""
-        now = trio.current_time()
-        conn = self.conn
-        peer = conn.peer
-        out: list[SendOutcome] = []
-        missing = (f"link to {peer} dropped before the ACK" if self.dropped else
-                   f"no ACK from {peer} within {self.ack_timeout:g} s")
-        for seq in self.seqs:
-            got = self.acks.get(seq)
-            if got is None:
-                if conn.waiters.get(seq) is self:
-                    del conn.waiters[seq]
-                conn.session.forget(seq)
-                out.append((DrmError(errno.ETIME, missing), now))
-            elif got[0] != 0:
-                out.append((DrmError(errno.ECOMM, f"{peer} refused the message "
-                                                  f"(status {got[0]})"), got[1]))
-            else:
-                out.append((None, got[1]))
-        return out
-
-
 class _Parked:
     """A use of a link that is down (a batch under quirk send-fail-slow, anything sent
     while the link is set up for its first use): `queue(conn)` when the link comes up, in
@@ -418,20 +314,15 @@ def _request_failed(peer: str) -> Callable[[Completion[Any], DrmError], None]:
     """How a parked request to `peer` fails: unanswered is EFAULT (policy 3), as a request
     the link took and its peer never answered; closed is ESHUTDOWN."""
     def failed(c: Completion[Any], error: DrmError) -> None:
-        c.set_error(_data_error(peer, None) if error.errno == errno.ETIME else error)
+        c.set_error(DrmError(errno.EFAULT, f"no answer from {peer}")
+                    if error.errno == errno.ETIME else error)
     return failed
 
 
-# A message's outcome in a batch: None (accepted) or the DrmError `send` would raise, and
-# when that became known (the ACK's arrival; the deadline, for a missing one).
-SendOutcome = tuple[DrmError | None, float]
-# What the link's timer heap holds: a wait that ends at its deadline (`expire()`), unless
-# its `completion` was taken first (then it leaves the heap when it reaches the top).
-_Timed = _Completing | _Batch | _Parked
 
 
 class _Conn:
-    """One authenticated connection: its stream, its Session, its waiters.
+    """One authenticated connection: its stream, its Session (which keeps its requests), its PINGs.
 
     On plain TCP (`fd` set) queued frames are written at once by whoever queues them, as far
     as the socket takes them without blocking; the writer task only finishes what is left
@@ -464,8 +355,8 @@ class _Conn:
         self.replied_mark = 0
         self.not_reading_logged = False
         self.expired = 0  # requests refused past their deadline
-        self.waiters: dict[int, _Waiter | _Completing | _Batch] = {}
         self.pings: dict[int, _Waiter] = {}
+        self.timer_at = math.inf  # when the link's timer task calls session.handle_timer
         self.last_rx = trio.current_time()
         self.last_tx = self.last_rx  # when the socket last took bytes from us
         # The socket's SO_RCVLOWAT (the reader waits for the rest of a large payload with it)
@@ -551,6 +442,9 @@ class _Conn:
         self.scope.cancel()
 
 
+# What the link's timer heap holds: a connection whose Session's timer is due then (unless
+# it moved: `_Conn.timer_at`), or a parked use of a link that is down.
+_Timed = _Parked | _Conn
 Buffer = bytes | bytearray | memoryview
 _IOV_MAX = 1024
 
@@ -1257,7 +1151,8 @@ class FabricLink:
             # After the link is gone: a waiter's callback (a batch's outcomes)
             # that sends to this peer again parks that send for the next link, as a task
             # woken here did when it ran.
-            for w in (*conn.waiters.values(), *conn.pings.values()):
+            conn.session.close(trio.current_time())
+            for w in conn.pings.values():
                 w.set(None)
             down = conn.down or _LinkDown("closed")
             if conn.expired > 1:
@@ -1490,10 +1385,6 @@ class FabricLink:
             elif (wait := self._on_message(ev.src_accel, ev.dst_accel, ev.dwords)) is not None:
                 conn.inbox.append((ev.src_accel, ev.dst_accel, ev.dwords, wait))
                 conn.inbox_wake.set()
-        elif isinstance(ev, AckReceived | DataReceived):
-            waiter = conn.waiters.pop(ev.seq, None)
-            if waiter is not None:
-                waiter.set(ev)
         elif isinstance(ev, IncarnationReceived):
             self._peer_incarnations[ev.accel] = ev.incarnation
         elif isinstance(ev, PongReceived):
@@ -1760,15 +1651,21 @@ class FabricLink:
         which gives up at `give_up` (ack_timeout from now by default)."""
         if give_up is None:
             give_up = trio.current_time() + self.ack_timeout
-        seqs = conn.session.send_messages(src_accel, dst_accel, messages)
-        batch = _Batch(conn, seqs, self.ack_timeout)
-        waiters = conn.waiters
-        for seq in seqs:
-            waiters[seq] = batch
-        self._deadline(give_up, batch)
+        session = conn.session
+        batch = BatchWait(conn.peer, session.send_messages(src_accel, dst_accel, messages),
+                          self.ack_timeout)
+        session.expect(batch, give_up)
+        self._arm(conn, give_up)
         conn.flush()
         assert batch.completion is not None
         return batch.completion
+
+    def _arm(self, conn: _Conn, when: float) -> None:
+        """`conn`'s Session has a timer due at `when`: the timer task calls its
+        handle_timer then, if that is sooner than it would have."""
+        if when < conn.timer_at:
+            conn.timer_at = when
+            self._deadline(when, conn)
 
     def _deadline(self, give_up: float, waiter: _Timed) -> None:
         if not self._deadlines or give_up < self._deadlines[0][0]:
@@ -1808,19 +1705,23 @@ class FabricLink:
 
     def _queue_request(self, conn: _Conn, src_accel: int, dst_accel: int, npa_byte_addr: int,
                        length_or_data: int | bytes, give_up: float) -> Completion[Loaded]:
-        seq = conn.session.send_request(src_accel, dst_accel, npa_byte_addr, length_or_data,
-                                        now=trio.current_time(), give_up=give_up)
-        waiter = conn.waiters[seq] = _Completing(conn, seq)
-        self._deadline(give_up, waiter)
+        session = conn.session
+        waiter = RequestWait(conn.peer, session.send_request(
+            src_accel, dst_accel, npa_byte_addr, length_or_data, now=trio.current_time(),
+            give_up=give_up))
+        session.expect(waiter, give_up)
+        self._arm(conn, give_up)
         completion = waiter.completion
         assert completion is not None  # (set only by the reader, later)
         conn.flush()
         return completion
 
     async def _timers(self) -> None:
-        """Ends the waits at their deadline (requests, batches, parked batches). Answered
-        ones leave the heap here too, not one wake-up each at their own deadline: in steady
-        traffic this wakes about once per ack_timeout."""
+        """aioquic's loop for every link at once: sleep until the first due timer (a
+        Session's `get_timer()`, a parked use's deadline), then hand the time to it
+        (`handle_timer(now)`). An entry whose connection's timer moved is dropped when it
+        comes up (a Session drops its answered waits itself: in steady traffic a link's
+        timer comes about once per ack_timeout)."""
         deadlines = self._deadlines
         while True:
             self._timer_moved = trio.Event()
@@ -1831,10 +1732,23 @@ class FabricLink:
                 await self._timer_moved.wait()
                 continue
             now = trio.current_time()
-            while deadlines and (deadlines[0][0] <= now or deadlines[0][2].completion is None):
-                _, _, waiter = heapq.heappop(deadlines)
-                if waiter.completion is not None:
-                    waiter.expire()
+            while deadlines and deadlines[0][0] <= now:
+                when, _, target = heapq.heappop(deadlines)
+                if isinstance(target, _Parked):
+                    if target.completion is not None:
+                        target.expire()
+                elif target.timer_at == when:
+                    target.timer_at = math.inf
+                    if target.down is None:
+                        self._session_timer(target, now)
+
+    def _session_timer(self, conn: _Conn, now: float) -> None:
+        session = conn.session
+        session.handle_timer(now)
+        conn.flush()  # (what it queued)
+        nxt = session.get_timer()
+        if nxt is not None:
+            self._arm(conn, nxt)
 
     async def ping(self, node_name: str) -> float:
         """Round-trip time to `node_name` in seconds; DrmError(ETIME) after ack_timeout."""
