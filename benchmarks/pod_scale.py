@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 from nodes import Client  # noqa: E402
 
 from ualinkd import sysfs  # noqa: E402
+from ualinkd.fabric.dialing import links_at_start  # noqa: E402
 from ualinkd.testing import Pod, pod_config  # noqa: E402
 
 SIZES = [int(x) for x in os.environ.get("BENCH_POD_SIZES", "2,8,32").split(",") if x]
@@ -227,8 +228,9 @@ def local_pod(n: int, per: int) -> dict[str, object]:
     print(f"CPU per daemon until then: median {statistics.median(cpu):.2f} s, "
           f"total {sum(cpu):.0f} s (this machine: {os.cpu_count()} CPUs)")
     if first is not None:
-        print(f"first import node{n - 1} <- node0 (no link yet: set up on this use): "
-              f"{first * 1e3:.1f} ms")
+        how = ("its link up since the start" if links_at_start("auto", n)
+               else "no link yet: set up on this use")
+        print(f"first import node{n - 1} <- node0 ({how}): {first * 1e3:.1f} ms")
     return {"nodes": n, "accels_per_node": per, "ready_s": round(up, 2),
             "accel_states": sorted(states), "log_lines": lines,
             "log_lines_after_import": lines_after,

@@ -102,10 +102,10 @@ def test_a_knocked_link_comes_back_after_its_dialer_restarts(tmp_path):
 
 
 def test_first_use_of_an_unreachable_peer_fails_after_the_response_timeout(tmp_path):
-    """§5.4 / §13 N2: an import whose exporter's node never came up waits for the link
-    (EAGAIN to the client, which libualink retries as drmIoctl does, §1.7) for the pod's
-    response timeout, then fails as an unreachable peer's does (ETIME), and again at once
-    while the peer stays away."""
+    """§5.4 / §13 N2: an import whose exporter's node is gone waits for the link in the
+    daemon (its HELLO waits in line, as the kernel's setup_connection waits for the answer)
+    for the pod's response timeout, then fails as an unreachable peer's does (ETIME), and
+    again at once while the peer stays away."""
     config = first_use_config(2, response_ms=1000)
     with first_use_pod(tmp_path, config) as (n0, n1):
         with Client(n0.render()) as c0:
@@ -123,3 +123,46 @@ def test_first_use_of_an_unreachable_peer_fails_after_the_response_timeout(tmp_p
                 c1.import_(handle)
             assert e.value.errno == errno.ETIME
             assert time.monotonic() - t < 0.5
+
+
+def test_ualinkd_pod_of_first_use_links_is_ready_without_links(tmp_path):
+    """`ualinkd pod` with `fabric_links = "on-first-use"` prints every node's ready line once
+    the nodes serve, with every accel ACTIVE and no link up (none is needed yet); the first
+    import across a pair links it. SIGINT stops it cleanly, its mounts gone."""
+    import signal
+    import subprocess
+    import sys
+
+    from ualinkd.fuse.lowlevel import fuse_mounts_under
+
+    mine = tmp_path / "mine.toml"
+    mine.write_text(first_use_config(3).to_toml())
+    root = tmp_path / "pod"
+    out, err = tmp_path / "pod.out", tmp_path / "pod.err"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "ualinkd", "pod", "--config", str(mine),
+                                 "--root", str(root)], stdout=o, stderr=e,
+                                stdin=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: proc.poll() is not None
+                          or out.read_text().count(" ready: ") == 3, 60), err.read_text()
+        assert proc.poll() is None, err.read_text()
+        assert "each fabric link comes up on its first use" in err.read_text()
+        for i in range(3):
+            node = root / f"node{i}"
+            state = node / "sys/class/drm/renderD128/device/ualink/accel_state"
+            assert state.read_text().strip() == "active"
+            status = sysfs.parse_fabric((node / sysfs.FABRIC_STATUS).read_text())
+            assert not any(status.values()), status
+        with Client(str(root / "node0/dri/renderD128")) as c0, \
+                Client(str(root / "node2/dri/renderD128")) as c2:
+            assert import_and_load(c0, c2, b"pod") == b"pod"
+        assert sysfs.parse_fabric((root / "node2" / sysfs.FABRIC_STATUS).read_text()) == {
+            "node0": True, "node1": False}
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0, err.read_text()
+        assert not fuse_mounts_under(str(root))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

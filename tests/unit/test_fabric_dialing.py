@@ -1,10 +1,8 @@
 """fabric/dialing.py, the dialing policy, sans-IO: when links come up, who dials, backoff with
-jitter, and what a first use gets while its link is set up (spec §5.4's setup_connection:
-EAGAIN while IN_PROGRESS; §1.7: libdrm retries it)."""
+jitter, and how long a first use waits for its link (spec §5.4's setup_connection waits for
+its HELLO's answer)."""
 
 from __future__ import annotations
-
-import errno
 
 import pytest
 from hypothesis import given
@@ -61,19 +59,16 @@ def test_backoff_jitter_spreads_dials_that_failed_together():
 def test_first_use_waits_for_the_link_then_counts_the_peer_unreachable():
     f = dialing.FirstUse(wait=5.0)
     assert not f.wanted("b")
-    assert f.unavailable("b", 0.0) == errno.ETIME  # (not wanted: nothing is being set up)
+    assert not f.setting_up("b", 0.0)  # (not wanted: nothing is being set up)
     assert f.want("b", 10.0)
     assert not f.want("b", 11.0)  # (its loop started once)
     assert f.wanted("b")
-    assert f.unavailable("b", 14.9) == errno.EAGAIN  # IN_PROGRESS: the caller retries
-    assert f.unavailable("b", 15.0) == errno.ETIME  # tried for the wait: unreachable
+    assert f.setting_up("b", 14.9)  # its uses wait for the link
+    assert not f.setting_up("b", 15.0)  # tried for the wait: unreachable
 
 
 def test_a_link_that_worked_and_dropped_is_an_unreachable_peer():
     f = dialing.FirstUse(wait=5.0)
     f.want("b", 0.0)
-    f.up("b", 1.0)
+    f.up("b")
     assert not f.setting_up("b", 1.5)
-    assert f.unavailable("b", 1.5) == errno.ETIME
-    assert f.announcing("b", 1.5) and not f.announcing("b", 6.0)
-    assert not f.announcing("c", 1.5)

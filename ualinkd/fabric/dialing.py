@@ -22,16 +22,16 @@ from [d/2, d], d doubling up to its cap), so the dials of nodes that failed toge
 come back together; at most DIAL_CONCURRENCY dials of one node are in their handshake at a
 time (a burst of first uses waits its turn rather than timing out in a crowd of handshakes).
 
-**Until when.** A first use of a pair waits for its link (`FirstUse`): a probe of the peer
-(§13 N2) answers EAGAIN while the link is being set up, as the kernel's `setup_connection`
-does for a connection IN_PROGRESS (libdrm retries it, spec §1.7), and ETIME once the pair has
-been tried for the pod's response timeout (FIRST_USE_WAIT by default) with no link: the peer
-is unreachable, as for a link that dropped.
+**Until when.** A first use of a pair waits for its link (`FirstUse`), in the daemon, as the
+kernel's `setup_connection` waits for its HELLO's answer: the probe of the peer (§13 N2)
+finds it not known yet, and the HELLO waits in line for the link (up to the send ACK
+timeout), so the client's ioctl blocks rather than spinning on EAGAIN. Once the pair has been
+tried for the pod's response timeout (FIRST_USE_WAIT by default) with no link, the peer is
+unreachable, as after a link that dropped: the probe fails at once with ETIME.
 """
 
 from __future__ import annotations
 
-import errno
 import random
 from collections.abc import Callable
 
@@ -42,7 +42,7 @@ MODES = (AUTO, AT_START, ON_FIRST_USE)
 # Pods up to this size link every pair at start (auto): 32 nodes is 496 links, all up in
 # about 3 s on two CPUs; 64 nodes (2,016 links) took 9 s, 128 nodes (8,128) 167 s.
 AT_START_MAX_NODES = 32
-DIAL_CONCURRENCY = 16  # dials of one node in their handshake at a time
+DIAL_CONCURRENCY = 64  # dials of one node in their handshake at a time
 # How long a first use waits for its link before the peer counts as unreachable: the
 # kernel's HELLO wait (setup_connection waits <= 5 s for hello_done, §5.4).
 FIRST_USE_WAIT = 5.0
@@ -91,13 +91,12 @@ class FirstUse:
     """The pairs this node wants linked on first use, and what a use of one that is not up
     yet gets. `want` starts a pair (True the first time: its dial or knock loop starts);
     `up` notes a link up (the pair has worked: a later drop is an unreachable peer, not a
-    link being set up); `unavailable` is the errno of a use now. Times are seconds on the
-    caller's monotonic clock."""
+    link being set up). Times are seconds on the caller's monotonic clock."""
 
     def __init__(self, wait: float = FIRST_USE_WAIT) -> None:
         self.wait = wait
         self._since: dict[str, float] = {}  # peer -> when first wanted
-        self._linked: dict[str, float] = {}  # peer -> when its link last came up
+        self._linked: set[str] = set()  # peers whose link has been up
 
     def want(self, peer: str, now: float) -> bool:
         if peer in self._since:
@@ -108,21 +107,15 @@ class FirstUse:
     def wanted(self, peer: str) -> bool:
         return peer in self._since
 
-    def up(self, peer: str, now: float) -> None:
-        self._linked[peer] = now
+    def up(self, peer: str) -> None:
+        self._linked.add(peer)
 
-    def announcing(self, peer: str, now: float) -> bool:
-        """Whether `peer`'s link came up so recently that what the peer announces first on
-        it (its accels' incarnations, §13 N2) may still be on its way."""
-        since = self._linked.get(peer)
-        return since is not None and now - since < self.wait
+    def deadline(self, peer: str) -> float:
+        """Until when a use of `peer`'s link, wanted, may wait for its first set-up."""
+        return self._since[peer] + self.wait
 
     def setting_up(self, peer: str, now: float) -> bool:
         """Whether a use of `peer`'s link, not up now, is waiting for its first set-up
         (rather than finding a peer that cannot be reached)."""
         since = self._since.get(peer)
         return since is not None and peer not in self._linked and now - since < self.wait
-
-    def unavailable(self, peer: str, now: float) -> int:
-        """EAGAIN while the link is being set up for its first use, else ETIME."""
-        return errno.EAGAIN if self.setting_up(peer, now) else errno.ETIME

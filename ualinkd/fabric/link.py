@@ -1026,7 +1026,10 @@ class FabricLink:
                         peer, host, port, "it dials back" if knocked else _reason(e))
                 if loud:
                     failing_since = now  # (one WARNING per DIAL_WARN_AFTER)
-                with trio.move_on_after(backoff.next_delay()):
+                # Heard: its dial back may wait its turn there (dialing.DIAL_CONCURRENCY),
+                # and each knock again would cost it a handshake.
+                wait = self._handshake_timeout if knocked else backoff.next_delay()
+                with trio.move_on_after(wait):
                     await self._up[peer].wait()
                 continue
             # A peer that links at start took us as its dialer: the link is this one.
@@ -1110,7 +1113,7 @@ class FabricLink:
             old.drop(_LinkDown(f"replaced by a new connection {label}"))
         self._conns[peer] = conn
         self._up[peer].set()
-        self._first_use.up(peer, trio.current_time())
+        self._first_use.up(peer)
         if self.local_incarnation is not None:  # (ahead of anything else we send it)
             for accel in sorted(self._local_accels):
                 session.send_incarnation(accel, self.local_incarnation(accel))
@@ -1579,12 +1582,15 @@ class FabricLink:
         conn = self._conns.get(peer)
         if conn is not None:
             return self._queue_batch(conn, src_accel, dst_accel, messages)
-        if self._post_fails_fast and not self._setting_up(peer):
+        setting_up = self._setting_up(peer)
+        if self._post_fails_fast and not setting_up:
             # §13 N4: the copy engine's post fails, at once
             return _outcomes(DrmError(errno.ETIME, f"{peer} is not reachable: not posted"),
                              now, len(messages))
         # Set up for its first use, or quirk send-fail-slow: in line for the link.
         give_up = now + self.ack_timeout
+        if setting_up:  # (first use: §5.4's wait)
+            give_up = max(give_up, self._first_use.deadline(peer))
         return self._park(peer, give_up, lambda conn: self._queue_batch(
             conn, src_accel, dst_accel, messages, give_up), _batch_failed(len(messages)))
 
@@ -1598,21 +1604,19 @@ class FabricLink:
 
     def incarnation(self, src_accel: int, dst_accel: int) -> int:
         """§13 N2's probe: remote accel `dst_accel`'s manager incarnation, as its link
-        announced it. DrmError: EINVAL (no node owns it, or it is ours), ETIME (its link is
-        down: the copy engine's read of an unreachable peer fails, §13 "ETIME on
-        timeout", at once since nothing can be read)."""
+        announced it; 0 while not known (its link has not brought it yet, or is being set up
+        for its first use: the HELLO that follows waits for it). DrmError: EINVAL (no node
+        owns it, or it is ours), ETIME (its link is down: the copy engine's read of an
+        unreachable peer fails, §13 "ETIME on timeout", at once since nothing can be
+        read)."""
         peer = self._owner.get(dst_accel)
         if peer is None or peer == self.node_name or src_accel not in self._local_accels:
             raise DrmError(errno.EINVAL, f"accel {dst_accel} is not across the fabric")
         conn = self._conns.get(peer)
         if (conn is None or conn.down is not None) and self._setting_up(peer):
-            raise DrmError(errno.EAGAIN, f"the link to {peer} is being set up (first use)")
+            return 0  # (not known yet: the link comes up on this first use, dialing.py)
         if conn is None or conn.down is not None or self._closed:
             raise DrmError(errno.ETIME, f"{peer} is not reachable: cannot be probed")
-        if (dst_accel not in self._peer_incarnations and not self.links_at_start
-                and self._first_use.announcing(peer, trio.current_time())):
-            raise DrmError(errno.EAGAIN, f"{peer} has not announced accel {dst_accel} on its "
-                           "new link yet")
         return self._peer_incarnations.get(dst_accel, 0)
 
     def _park(self, peer: str, give_up: float, queue: Callable[[_Conn], Completion[Any]],
