@@ -24,15 +24,10 @@ A MSG's ACK waits, in the session, for the reply the MSG causes, to leave in the
 `_HeldAcks`, a trio instrument, writes what is still held when the scheduler is about to
 wait (everything the MSGs woke has run), or after ACK_COALESCE_STEPS busy batches.
 
-Liveness: each side makes sure its peer hears from it about every heartbeat interval,
-with a heartbeat PING (unanswered: the peer's own prove the peer alive) only when it has sent
-nothing else for that long, and at least every CLOCK_REFRESH_INTERVALS intervals for the
-link clock the PING carries. A peer heard nothing from for PROBE_AFTER_INTERVALS intervals
-(its heartbeats may be sparser than ours) is sent PINGs that it answers, once an interval.
-A link that brought nothing for the heartbeat timeout is dropped. One task sweeps every link
-HEARTBEAT_SWEEPS times an interval: a pod of 64 nodes has 63 links a node, swept in one
-wake-up rather than 63, and an idle link carries two frames an interval, not four (a PING
-and a PONG each way).
+Timers: each link's Session decides its own (requests' deadlines; heartbeats, probes and
+death, liveness.py) with time as an input; one task (`_timers`) sleeps until the first
+Session's `get_timer()` and calls its `handle_timer(now)`, then writes what it queued or
+drops the link. Liveness's due times share one grid, so the links' timers come together.
 
 What a link holds is bounded, and a full bound stops reading, never drops what the peer sent
 in order. A message whose receive ring is full waits in the link's inbox (acknowledged, in
@@ -78,6 +73,7 @@ from .auth import (
     bound_to,
     node_keys,
 )
+from .liveness import Liveness
 from .session import (
     BatchWait,
     IncarnationReceived,
@@ -160,17 +156,6 @@ BUSY_READS = 4
 INBOX_MAX = 4096  # acknowledged messages waiting for their ring, per connection
 DEFER_MAX = 1024
 DEFER_MAX_BYTES = 16 << 20
-# Sweeps of the links per heartbeat interval. A link we have sent nothing on for more than
-# an interval less half a sweep gets its heartbeat PING (so the PINGs of an idle link come
-# an interval apart, however late each sweep runs, and no link is quiet for much longer).
-HEARTBEAT_SWEEPS = 4
-# A peer silent for this many intervals (twice what its heartbeats leave, if it uses ours)
-# is asked for PONGs: its silence then says it is gone, whatever its own interval.
-PROBE_AFTER_INTERVALS = 2
-# A busy link (never quiet for an interval) still sends a PING every this many intervals:
-# the peer's reading of our link clock is then never old (its deadlines assume our clock
-# runs at its rate; two hosts' clocks, 100 ppm apart, drift 1 ms in 10 s, and none on one).
-CLOCK_REFRESH_INTERVALS = 10
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -357,13 +342,13 @@ class _Conn:
         self.expired = 0  # requests refused past their deadline
         self.pings: dict[int, _Waiter] = {}
         self.timer_at = math.inf  # when the link's timer task calls session.handle_timer
-        self.last_rx = trio.current_time()
-        self.last_tx = self.last_rx  # when the socket last took bytes from us
+        # last_rx (bytes came in), last_tx (the socket took bytes from us): liveness.py
+        assert session.liveness is not None
+        self.live = session.liveness
         # The socket's SO_RCVLOWAT (the reader waits for the rest of a large payload with it)
-        # and, meanwhile, the bytes `_sweep` last saw queued: bytes coming in are life.
+        # and, meanwhile, the bytes the timer last saw queued: bytes coming in are life.
         self.lowat = 1
         self.inq = 0
-        self.pinged = -math.inf  # when the last heartbeat PING was queued
         self.down: _LinkDown | None = None
         self.data_handle: int | None = None  # its data channel's, from DataChannels.open
         # What binds a data channel to this link (auth.bound_nonce): from its handshake
@@ -418,7 +403,7 @@ class _Conn:
             bufs, total = [], 0
             self.drop(_LinkDown(f"send failed: {e!r}"))
         if written:
-            self.stuck_since = self.last_tx = trio.current_time()
+            self.stuck_since = self.live.last_tx = trio.current_time()
         self._hold(bufs, total - written)
 
     def _hold(self, bufs: list[Buffer], size: int | None = None) -> None:
@@ -682,7 +667,6 @@ class FabricLink:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._refusals.run)
                     nursery.start_soon(self._timers)
-                    nursery.start_soon(self._heartbeats)
                     self._nursery = nursery
                     for listener in listeners:
                         nursery.start_soon(self._accept_loop, listener, nursery)
@@ -916,9 +900,9 @@ class FabricLink:
                                   now=trio.current_time())
             old.flush()
             with trio.move_on_after(probe):
-                while old.down is None and old.last_rx <= start:
+                while old.down is None and old.live.last_rx <= start:
                     await trio.sleep(min(0.02, self._hb_interval))
-            if old.down is None and old.last_rx > start:
+            if old.down is None and old.live.last_rx > start:
                 return False
             old.drop(_LinkDown(f"silent for {probe:g} s after a liveness probe (a new "
                                "connection came)", logging.WARNING))
@@ -1103,8 +1087,9 @@ class FabricLink:
                         channel_key: bytes = b"") -> None:
         """Run the link `stream` to `peer` until it ends; `dialed`: the address we dialed it
         at, where its data channel is dialed too (`data_channels`)."""
-        session = Session(peer, self._accels[peer], self._local_accels, decoder,
-                          now=trio.current_time())
+        now = trio.current_time()
+        session = Session(peer, self._accels[peer], self._local_accels, decoder, now=now,
+                          liveness=Liveness(self._hb_interval, self._hb_timeout, now))
         conn = _Conn(peer, stream, session, label)
         conn.channel_key = channel_key
         conn.held_acks = self._held_acks
@@ -1136,7 +1121,9 @@ class FabricLink:
                     if dialed is not None and self._data_plane_tcp:
                         nursery.start_soon(self._keep_data_channel, conn, *dialed)
                     # Our link clock at once: the peer's deadlines need it (Session).
-                    self._heartbeat_ping(conn, trio.current_time())
+                    session.send_heartbeat(now=trio.current_time())
+                    conn.flush()
+                    self._arm(conn, conn.live.next_due())
         finally:
             if conn.data_handle is not None:  # first: the data plane stops using the peer
                 handle, conn.data_handle = conn.data_handle, None
@@ -1241,7 +1228,7 @@ class FabricLink:
             await trio.aclose_forcefully(stream)  # (the data plane has its dup)
 
     async def _reader(self, conn: _Conn) -> None:
-        session = conn.session
+        session, live = conn.session, conn.live
         # Plain TCP: receive into one reusable buffer, and the rest of a large STORE / DATA
         # payload straight into its own buffer (one copy of a megabyte, not three), with
         # plain non-blocking reads (trio's recv adds a task switch each). TLS: receive_some.
@@ -1350,7 +1337,7 @@ class FabricLink:
                         session.receive_data(scratch[:n])
                     else:  # (into the payload's own buffer, or its pipe)
                         session.received_into(n)
-                conn.last_rx = trio.current_time()
+                live.last_rx = trio.current_time()
         except RemoteProtocolError as e:
             conn.drop(_LinkDown(f"protocol error: {e}", logging.WARNING))
         except _LinkDown as e:
@@ -1368,7 +1355,7 @@ class FabricLink:
         had less than HOLD_MAX held for it: it sends faster than it takes them (requests
         wait in `deferred` instead, but these are answered as they are read). Read nothing
         more from it until it has taken what is held; TCP slows it down meanwhile, and
-        `_sweep` drops it if it takes nothing for the heartbeat timeout."""
+        its liveness drops it if it takes nothing for the heartbeat timeout."""
         if not conn.not_reading_logged:
             conn.not_reading_logged = True
             log.warning("fabric %s: %s is not taking its answers (%d MiB held for it): "
@@ -1473,58 +1460,12 @@ class FabricLink:
                         for part in parts:
                             await conn.stream.send_all(part)
                             conn.held -= len(part)
-                            conn.stuck_since = conn.last_tx = trio.current_time()
+                            conn.stuck_since = conn.live.last_tx = trio.current_time()
                     self._serve_deferred(conn)
                 conn.writing = False
                 self._progress.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             conn.drop(_LinkDown(f"send failed: {e!r}"))
-
-    def _heartbeat_ping(self, conn: _Conn, now: float) -> None:
-        conn.session.send_heartbeat(now=now)
-        conn.pinged = now
-        conn.flush()
-
-    async def _heartbeats(self) -> None:
-        """Sweeps every link HEARTBEAT_SWEEPS times a heartbeat interval: heartbeat PINGs
-        where needed, and the two ways a link dies quietly: nothing received while reading,
-        nothing taken while answers are held."""
-        step = self._hb_interval / HEARTBEAT_SWEEPS
-        sweep = trio.current_time()
-        while True:
-            sweep = max(sweep + step, trio.current_time())  # late: no catching up
-            await trio.sleep_until(sweep)
-            now = trio.current_time()
-            for conn in list(self._conns.values()):
-                if conn.down is None:
-                    self._sweep(conn, now, self._hb_interval - step / 2)
-
-    def _sweep(self, conn: _Conn, now: float, quiet_max: float) -> None:
-        if conn.paused:  # not reading, on purpose: silence means nothing
-            conn.last_rx = now
-        elif conn.lowat > 1:  # the reader waits for most of a payload: is it coming in?
-            queued = unread(conn.fd)
-            if queued != conn.inq:
-                conn.inq, conn.last_rx = queued, now
-        silent = now - conn.last_rx
-        if silent >= self._hb_timeout:
-            conn.drop(_LinkDown(f"nothing received for {silent:.1f} s", logging.WARNING))
-            return
-        stuck = now - conn.stuck_since
-        if conn.held and stuck >= self._hb_timeout:  # (TLS: `held` while in send_all)
-            conn.drop(_LinkDown(f"peer not reading: {conn.held >> 20} MiB held, none "
-                                f"taken for {stuck:.1f} s", logging.WARNING))
-            return
-        interval = self._hb_interval
-        if silent > PROBE_AFTER_INTERVALS * interval and now - conn.pinged >= interval:
-            # Answered, unlike a heartbeat (and carrying our clock as well).
-            conn.session.send_ping(secrets.randbits(64) or 1, track=False, now=now)
-            conn.pinged = now
-            conn.flush()
-        # Anything written proves us alive as well as a PING, except for the clock it carries.
-        elif (now - max(conn.last_tx, conn.pinged) > quiet_max
-              or now - conn.pinged >= CLOCK_REFRESH_INTERVALS * interval):
-            self._heartbeat_ping(conn, now)
 
     # -- sending -----------------------------------------------------------------------------
     def _route_error(self, dst_accel: int, src_accel: int) -> DrmError | None:
@@ -1747,8 +1688,21 @@ class FabricLink:
                         self._session_timer(target, now)
 
     def _session_timer(self, conn: _Conn, now: float) -> None:
-        session = conn.session
-        session.handle_timer(now)
+        """`conn`'s Session's timer is due: what the link sees goes in first (the two ways
+        a link dies quietly: nothing received while reading, nothing taken while answers
+        are held), then its handle_timer decides."""
+        live, session = conn.live, conn.session
+        if conn.paused:  # not reading, on purpose: silence means nothing
+            live.last_rx = now
+        elif conn.lowat > 1:  # the reader waits for most of a payload: is it coming in?
+            queued = unread(conn.fd)
+            if queued != conn.inq:
+                conn.inq, live.last_rx = queued, now
+        live.held, live.stuck_since = conn.held, conn.stuck_since  # (TLS: held in send_all)
+        dead = session.handle_timer(now)
+        if dead is not None:
+            conn.drop(_LinkDown(dead.reason, logging.WARNING))
+            return
         conn.flush()  # (what it queued)
         nxt = session.get_timer()
         if nxt is not None:

@@ -15,12 +15,14 @@ A PING with token HEARTBEAT is a heartbeat: it carries the clock and proves the 
 and is not answered (each side sends its own, so a PONG would only double the traffic). Any
 other token is answered with a PONG of the same token (round trips, liveness probes).
 
-The requests' bookkeeping is here too, aioquic's way: a request's sender hands its `Waiter`
-to `expect(waiter, give_up)`; the reply completes it in `next_event`'s call (no event comes
-out for it), `handle_timer(now)` fails the waits whose time is up (forgetting their seqs: a
-late reply is then dropped), and `get_timer()` says when that is next due. `close(now)` fails
-what still waits when the link drops. The waits are Completions (drm/completion.py):
-`RequestWait` for a LOAD/STORE, `BatchWait` for the ACKs of MSGs queued together.
+The requests' bookkeeping and the link's timers are here too, aioquic's way: a request's
+sender hands its `Waiter` to `expect(waiter, give_up)`; the reply completes it in
+`next_event`'s call (no event comes out for it), `handle_timer(now)` fails the waits whose
+time is up (forgetting their seqs: a late reply is then dropped) and queues the PINGs the
+link's liveness asks for (liveness.py), or says the link is dead; `get_timer()` says when it
+is next due. `close(now)` fails what still waits when the link drops. The waits are
+Completions (drm/completion.py): `RequestWait` for a LOAD/STORE, `BatchWait` for the ACKs of
+MSGs queued together.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import errno
 import heapq
 import itertools
 import math
+import secrets
 import struct
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -37,6 +40,8 @@ from typing import Any, Final, Protocol, TypeVar
 from ..drm.completion import Completion
 from ..drm.errors import DrmError
 from ..drm.loaded import Loaded
+from .liveness import Dead, Liveness
+from .liveness import Ping as LivePing
 from .wire import (
     _FAST,
     COLLECT_AT,
@@ -237,8 +242,11 @@ class Session:
     """
 
     def __init__(self, peer: str, peer_accels: Collection[int], local_accels: Collection[int],
-                 decoder: FrameDecoder | None = None, *, now: float = 0.0) -> None:
+                 decoder: FrameDecoder | None = None, *, now: float = 0.0,
+                 liveness: Liveness | None = None) -> None:
         self.peer = peer
+        # When to PING and when the link is dead (None: the caller keeps no heartbeats).
+        self.liveness = liveness
         self._origin = now  # our link clock's zero
         # The peer's clock from its last PING: (its link clock in ms, our `now` on receipt).
         self._peer_clock: tuple[int, float] | None = None
@@ -375,6 +383,8 @@ class Session:
     def send_heartbeat(self, *, now: float) -> None:
         """Queue a heartbeat PING: our link clock at `now`, and no PONG asked for."""
         self._queue(Ping(HEARTBEAT, self.clock(now)))
+        if self.liveness is not None:
+            self.liveness.pinged_now(now)
 
     def forget(self, seq: int) -> None:
         """The sender stopped waiting for `seq`: a late reply is dropped, not an error."""
@@ -434,22 +444,38 @@ class Session:
         return len(self._waiters)
 
     def get_timer(self) -> float | None:
-        """When `handle_timer` is next due (aioquic's): the first wait whose time is up;
-        None when nothing waits."""
+        """When `handle_timer` is next due (aioquic's): the first wait whose time is up, or
+        the liveness's next due time; None when nothing waits and no liveness is kept."""
         timers = self._timers
         while timers and timers[0][2].completion is None:  # answered: gone lazily
             heapq.heappop(timers)
-        return timers[0][0] if timers else None
+        due = timers[0][0] if timers else None
+        if self.liveness is not None:
+            live = self.liveness.next_due()
+            due = live if due is None else min(due, live)
+        return due
 
-    def handle_timer(self, now: float) -> None:
+    def handle_timer(self, now: float) -> Dead | None:
         """Fail the waits whose time is up at `now`: their seqs are forgotten (a late reply
-        is dropped, not an error). Answered ones leave the heap here too."""
+        is dropped, not an error). Answered ones leave the heap here too. Then the
+        liveness's turn: a heartbeat or probe PING queued, or Dead (drop the link)."""
         self._now = max(self._now, now)
         timers = self._timers
         while timers and (timers[0][0] <= now or timers[0][2].completion is None):
             _, _, waiter = heapq.heappop(timers)
             if waiter.completion is not None:
                 self._give_up(waiter, now, dropped=False)
+        if self.liveness is None:
+            return None
+        verdict = self.liveness.handle(now)
+        if verdict is LivePing.PROBE:
+            # Answered, unlike a heartbeat (and carrying our clock as well).
+            self.send_ping(secrets.randbits(64) or 1, track=False, now=now)
+        elif verdict is LivePing.HEARTBEAT:
+            self.send_heartbeat(now=now)
+        elif verdict is not None:
+            return verdict
+        return None
 
     def _give_up(self, waiter: Waiter, now: float, dropped: bool) -> None:
         for seq in waiter.seqs:
@@ -459,10 +485,12 @@ class Session:
         waiter.failed(now, dropped)
 
     def close(self, now: float) -> None:
-        """The link dropped: every wait fails now (each waiter once, in the order sent)."""
+        """The link dropped: every wait fails now (each waiter once, in the order sent), and
+        no timer is left."""
         waiters = list({id(w): w for w in self._waiters.values()}.values())
         self._waiters.clear()
         self._timers.clear()
+        self.liveness = None
         for waiter in waiters:
             if waiter.completion is not None:
                 waiter.failed(now, dropped=True)
