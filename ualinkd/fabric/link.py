@@ -730,6 +730,7 @@ class FabricLink:
         self._first_use = dialing.FirstUse(config.response_timeout_ms / 1000)  # (§5.4's wait)
         self._dial_slots = trio.CapacityLimiter(dialing.DIAL_CONCURRENCY)
         self._down: dict[str, trio.Event] = {}  # per peer with a link: set when it goes
+        self._linked = trio.Event()  # set when a link comes up (the sweeps wait for one)
 
     # -- queries -----------------------------------------------------------------------------
     def is_up(self, node_name: str) -> bool:
@@ -1193,6 +1194,7 @@ class FabricLink:
         self._conns[peer] = conn
         self._up[peer].set()
         self._first_use.up(peer)
+        self._linked.set()
         if self.local_incarnation is not None:  # (ahead of anything else we send it)
             for accel in sorted(self._local_accels):
                 session.send_incarnation(accel, self.local_incarnation(accel))
@@ -1574,6 +1576,10 @@ class FabricLink:
         step = self._hb_interval / HEARTBEAT_SWEEPS
         sweep = trio.current_time()
         while True:
+            if not self._conns:  # nothing to sweep (a pod linked on first use, idle)
+                self._linked = trio.Event()
+                await self._linked.wait()
+                sweep = trio.current_time()
             sweep = max(sweep + step, trio.current_time())  # late: no catching up
             await trio.sleep_until(sweep)
             now = trio.current_time()
