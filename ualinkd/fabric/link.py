@@ -254,6 +254,11 @@ class _LinkDown(Exception):
         self.level = level
 
 
+class _ProofTaken(_LinkDown):
+    """The peer proved itself and took our proof, then closed without AUTH_OK: what a knock
+    gets once heard (dialing.py), unlike a refusal before the handshake (a limit)."""
+
+
 class _Waiter:
     __slots__ = ("event", "result")
 
@@ -1100,7 +1105,7 @@ class FabricLink:
             except (ProtocolError, _LinkDown, OSError, trio.BrokenResourceError) as e:
                 now = trio.current_time()
                 failing_since = now if failing_since is None else failing_since
-                knocked = isinstance(e, _LinkDown) and "closed during" in str(e)
+                knocked = isinstance(e, _ProofTaken)
                 # One WARNING once the peer has been unreachable for DIAL_WARN_AFTER (as a
                 # dial loop's), none for a knock heard.
                 loud = not knocked and not warned and now - failing_since >= DIAL_WARN_AFTER
@@ -1170,6 +1175,9 @@ class FabricLink:
             if isinstance(frame, _NeedData):
                 data = await stream.receive_some(HANDSHAKE_RECEIVE_SIZE)
                 if not data:
+                    if isinstance(hs, ClientHandshake) and hs.peer_name is not None:
+                        raise _ProofTaken("connection closed during the handshake (after "
+                                          "our proof)")
                     raise _LinkDown("connection closed during the handshake")
                 decoder.receive_data(data)
                 continue
