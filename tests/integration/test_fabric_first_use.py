@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from nodes import Client, Node, start_node, wait_until
+from nodes import Client, Node, start_node, tls_pod_config, wait_until
 
 from ualinkd import sysfs
 from ualinkd.cli.main import free_tcp_ports
@@ -78,6 +78,20 @@ def test_links_come_up_on_first_use_in_either_direction(tmp_path):
             assert links(n0) == {"node1": True, "node2": True}
             assert not links(n1)["node2"] and not links(n2)["node1"]
         for node in (n0, n1, n2):
+            bad = [line for line in node.log_text().splitlines()
+                   if " WARNING " in line or " ERROR " in line]
+            assert not bad, bad
+
+
+def test_first_use_over_mutual_tls(tmp_path):
+    """The same over mutual TLS (no data channels): node1 asks node0 for their link over
+    TLS, node0 dials back, the import and its GPU load go through."""
+    config = tls_pod_config(tmp_path, first_use_config(2))
+    with first_use_pod(tmp_path, config) as (n0, n1):
+        with Client(n0.render()) as c0, Client(n1.render()) as c1:
+            assert import_and_load(c0, c1, b"tls") == b"tls"
+        assert links(n1) == {"node0": True}
+        for node in (n0, n1):
             bad = [line for line in node.log_text().splitlines()
                    if " WARNING " in line or " ERROR " in line]
             assert not bad, bad

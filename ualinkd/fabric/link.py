@@ -241,6 +241,11 @@ class _LinkDown(Exception):
         self.level = level
 
 
+class _ProofTaken(_LinkDown):
+    """The peer proved itself and took our proof, then closed without AUTH_OK: what a knock
+    gets once heard (dialing.py), unlike a refusal before the handshake (a limit)."""
+
+
 class _Waiter:
     """A PING's waiter (FabricLink.ping): its PONG, or None when the link dropped first."""
 
@@ -985,10 +990,11 @@ class FabricLink:
         the link is down, with the dial loop's backoff while no link comes."""
         backoff = dialing.Backoff(*self._backoff)
         failing_since: float | None = None
+        warned = False
         while not self._closed:
             if peer in self._conns:
                 backoff.reset()
-                failing_since = None
+                failing_since, warned = None, False
                 await self._down.setdefault(peer, trio.Event()).wait()
                 continue
             try:
@@ -1003,13 +1009,14 @@ class FabricLink:
             except (ProtocolError, _LinkDown, OSError, trio.BrokenResourceError) as e:
                 now = trio.current_time()
                 failing_since = now if failing_since is None else failing_since
-                knocked = isinstance(e, _LinkDown) and "closed during" in str(e)
-                loud = not knocked and now - failing_since >= DIAL_WARN_AFTER
+                knocked = isinstance(e, _ProofTaken)
+                # One WARNING once the peer has been unreachable for DIAL_WARN_AFTER (as a
+                # dial loop's), none for a knock heard.
+                loud = not knocked and not warned and now - failing_since >= DIAL_WARN_AFTER
+                warned = warned or loud
                 log.log(logging.WARNING if loud else logging.DEBUG,
                         "fabric %s: asking %s at %s:%d for our link: %s", self.node_name,
                         peer, host, port, "it dials back" if knocked else _reason(e))
-                if loud:
-                    failing_since = now  # (one WARNING per DIAL_WARN_AFTER)
                 # Heard: its dial back may wait its turn there (dialing.DIAL_CONCURRENCY),
                 # and each knock again would cost it a handshake.
                 wait = self._handshake_timeout if knocked else backoff.next_delay()
@@ -1072,6 +1079,9 @@ class FabricLink:
             if isinstance(frame, _NeedData):
                 data = await stream.receive_some(HANDSHAKE_RECEIVE_SIZE)
                 if not data:
+                    if isinstance(hs, ClientHandshake) and hs.peer_name is not None:
+                        raise _ProofTaken("connection closed during the handshake (after "
+                                          "our proof)")
                     raise _LinkDown("connection closed during the handshake")
                 decoder.receive_data(data)
                 continue
