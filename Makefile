@@ -2,8 +2,9 @@
 #   make demo   install what is missing, start a local pod, run the example clients
 #   make test   install what is missing, ruff, the whole test suite
 # Also: make bench, make bench-pod (benchmarks/), make c (the C library and programs), make clean.
-#   make bench-pod sizes: BENCH_POD_EXPORTS=1000000 BENCH_POD_LOCAL=64 BENCH_POD_REVOKE_BOS=2000
-#   BENCH_POD_REVOKE_IMPORTERS=8 BENCH_POD_SIZES=2,8,32 (0 or empty skips that part).
+#   make bench-pod sizes: BENCH_POD_EXPORTS=1000000 BENCH_POD_SHAPES=256x1,128x2,64x4,32x8
+#   BENCH_POD_REVOKE_BOS=2000 BENCH_POD_REVOKE_IMPORTERS=8 BENCH_POD_SIZES=2,8,32 (0 or empty
+#   skips that part); the figures also go to benchmarks/results/pod_scale.json.
 
 # The venv's interpreter: Debian's own python3 where it is (the one the container image runs;
 # a PGO and LTO build: a loop of Python calls here 1.58 -> 1.19 s against a pyenv build of

@@ -4,9 +4,14 @@
    a new export and of an idempotent re-export at 1,000 and at BENCH_POD_EXPORTS (default
    1,000,000) live exports, and the daemon's RSS growth per export.
    Goals: p50 at the large count within 1.2x of the 1,000 figure; <= 1 KiB per export.
-2. A local pod (`ualinkd pod --nodes BENCH_POD_LOCAL`, default 64, TCP on 127.0.0.1): time
-   from the command to every node ready with every fabric link up, each accel ACTIVE, and
-   the RSS (and PSS) of every daemon. Goal: 64 nodes in < 30 s.
+2. Local pods of each shape of BENCH_POD_SHAPES (NODESxACCELS, default
+   256x1,128x2,64x4,32x8: the kernel's 256 accels each way; `ualinkd pod`, TCP on
+   127.0.0.1): time from the command to every node ready and every accel ACTIVE (pods of
+   up to 32 nodes wait for every fabric link too; larger ones link each pair on first use,
+   fabric/dialing.py), the log lines the pod wrote by then, the RSS, PSS and CPU of every
+   daemon, and one first import across a pair with no link yet (its set-up included).
+   Goal: each shape all-ACTIVE in < 60 s, its log lines bounded (a node's "serving" line,
+   one per accel, SPARE_LINES_PER_NODE more).
 3. Revoke fan-out: BENCH_POD_REVOKE_BOS (2000) exported BOs, each imported by every one of
    BENCH_POD_REVOKE_IMPORTERS (8) nodes; the exporter's file closes (every BO's handle_free
    revokes it) and the time until every RELEASE is in (the exporter's NPA use back to what
@@ -17,11 +22,13 @@
 
 Each part runs unless its variable is 0 (BENCH_POD_SIZES empty). The ualinkd sources are
 byte-compiled first, as an installed package's are (pip compiles at install): with
-PYTHONDONTWRITEBYTECODE set every daemon would otherwise compile them again at start."""
+PYTHONDONTWRITEBYTECODE set every daemon would otherwise compile them again at start.
+The figures go to BENCH_POD_JSON too (default benchmarks/results/pod_scale.json)."""
 
 from __future__ import annotations
 
 import compileall
+import json
 import os
 import signal
 import statistics
@@ -38,14 +45,23 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 from nodes import Client  # noqa: E402
 
 from ualinkd import sysfs  # noqa: E402
+from ualinkd.fabric.dialing import links_at_start  # noqa: E402
 from ualinkd.testing import Pod, pod_config  # noqa: E402
 
 SIZES = [int(x) for x in os.environ.get("BENCH_POD_SIZES", "2,8,32").split(",") if x]
 EXPORTS = int(os.environ.get("BENCH_POD_EXPORTS", "1000000"))
-LOCAL = int(os.environ.get("BENCH_POD_LOCAL", "64"))
+SHAPES = [tuple(int(v) for v in x.split("x")) for x in
+          os.environ.get("BENCH_POD_SHAPES", "256x1,128x2,64x4,32x8").split(",") if x]
+JSON_PATH = Path(os.environ.get("BENCH_POD_JSON",
+                                str(REPO / "benchmarks" / "results" / "pod_scale.json")))
+GOAL_S = 60.0  # issue 34: any shape up to 256 accels all-ACTIVE within this
+# Log lines a node may write while its pod starts (bounded output): its "serving" line, one
+# "ACTIVE" line per accel, and this many more.
+SPARE_LINES_PER_NODE = 2
 REVOKE_BOS = int(os.environ.get("BENCH_POD_REVOKE_BOS", "2000"))
 REVOKE_IMPORTERS = int(os.environ.get("BENCH_POD_REVOKE_IMPORTERS", "8"))
 EXPORT_SCALE = REPO / "benchmarks" / "build" / "export_scale"
+RESULT: dict[str, object] = {}  # what BENCH_POD_JSON gets
 
 
 def rss_mib(pid: int) -> float:
@@ -160,44 +176,81 @@ def exports(n: int) -> None:
           f"({time.perf_counter() - t:.0f} s)")
 
 
-def local_pod(n: int) -> None:
-    """Part 2: `ualinkd pod --nodes n`, timed to every node ready with its links up."""
-    print(f"\nlocal pod: ualinkd pod --nodes {n} (127.0.0.1)")
+def local_pod(n: int, per: int) -> dict[str, object]:
+    """Part 2: `ualinkd pod --nodes n --accels-per-node per`, timed to every node ready and
+    every accel ACTIVE; then one first import across a pair that has no link yet."""
+    print(f"\nlocal pod: ualinkd pod --nodes {n} --accels-per-node {per} (127.0.0.1)", flush=True)
     with tempfile.TemporaryDirectory(prefix="ualinkd-bench-pod-") as root:
+        errors = Path(root) / "pod.log"
         t = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "ualinkd", "pod", "--nodes", str(n),
-                                 "--root", root, "--ready-timeout", "120"],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        with open(errors, "w") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "ualinkd", "pod", "--nodes", str(n),
+                                     "--accels-per-node", str(per), "--root", root,
+                                     "--ready-timeout", "120"],
+                                    stdout=subprocess.PIPE, stderr=err, text=True)
         try:
             assert proc.stdout is not None
             ready = 0
-            for line in proc.stdout:  # printed once every node has every link up
+            for line in proc.stdout:  # printed once every node serves (and links, <= 32)
                 ready += " ready: " in line
                 if ready == n:
                     break
             up = time.perf_counter() - t
             if ready != n:
-                raise RuntimeError(f"only {ready} of {n} nodes became ready")
-            states = {(Path(root) / f"node{i}" / "sys" / "class" / "drm" / "renderD128"
-                       / "device" / "ualink" / "accel_state").read_text().strip()
-                      for i in range(n)}
+                raise RuntimeError(f"only {ready} of {n} nodes became ready:\n"
+                                   + "\n".join(errors.read_text().splitlines()[-20:]))
+            lines = len(errors.read_text().splitlines())
+            states = {(Path(root) / f"node{i}" / "sys" / "class" / "drm"
+                       / f"renderD{sysfs.RENDER_MINOR_BASE + a}" / "device" / "ualink"
+                       / "accel_state").read_text().strip()
+                      for i in range(n) for a in range(per)}
             kids = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
                     .read_text().split()]
             rss = [rss_mib(pid) for pid in kids]
             pss = [pss_mib(pid) for pid in kids]
             cpu = [cpu_s(pid) for pid in kids]
+            first = first_import(Path(root) / "node0", Path(root) / f"node{n - 1}") if n > 1 \
+                else None
+            lines_after = len(errors.read_text().splitlines())
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(120)
-    print(f"all {n} nodes ready with every link up in {up:.1f} s, accel states {sorted(states)}"
-          f" [{'met' if up < 30 and states == {'active'} else 'MISSED'}: < 30 s]")
+    bound = n * (1 + per + SPARE_LINES_PER_NODE)
+    met = up < GOAL_S and states == {"active"} and lines <= bound
+    print(f"all {n} nodes ready, {n * per} accels {'/'.join(sorted(states))}, in {up:.1f} s"
+          f" [{'met' if met else 'MISSED'}: < {GOAL_S:.0f} s, <= {bound} log lines]")
+    print(f"log lines by then: {lines} ({lines / n:.1f} a node); after the first import: "
+          f"{lines_after}")
     print(f"RSS per daemon MiB: min {min(rss):.1f} median {statistics.median(rss):.1f} "
           f"max {max(rss):.1f} total {sum(rss):.0f}")
-    print("  " + " ".join(f"{r:.1f}" for r in rss))
     print(f"PSS per daemon MiB (shared pages split among their users): median "
           f"{statistics.median(pss):.1f}, total {sum(pss):.0f}")
     print(f"CPU per daemon until then: median {statistics.median(cpu):.2f} s, "
           f"total {sum(cpu):.0f} s (this machine: {os.cpu_count()} CPUs)")
+    if first is not None:
+        how = ("its link up since the start" if links_at_start("auto", n)
+               else "no link yet: set up on this use")
+        print(f"first import node{n - 1} <- node0 ({how}): {first * 1e3:.1f} ms")
+    return {"nodes": n, "accels_per_node": per, "ready_s": round(up, 2),
+            "accel_states": sorted(states), "log_lines": lines,
+            "log_lines_after_import": lines_after,
+            "rss_mib": {"min": round(min(rss), 1), "median": round(statistics.median(rss), 1),
+                        "max": round(max(rss), 1)},
+            "pss_mib_median": round(statistics.median(pss), 1),
+            "cpu_s": {"median": round(statistics.median(cpu), 3), "total": round(sum(cpu), 1)},
+            "first_import_ms": None if first is None else round(first * 1e3, 2),
+            "goal_met": met}
+
+
+def first_import(exporter: Path, importer: Path) -> float:
+    """Seconds one import on `importer` of a BO exported on `exporter` takes (libualink, so
+    the EAGAINs of a link being set up are retried as drmIoctl retries them)."""
+    with Client(str(exporter / "dri" / "renderD128")) as ca, \
+            Client(str(importer / "dri" / "renderD128")) as cb:
+        handle = ca.export(ca.bo_create(64 << 10))
+        t = time.perf_counter()
+        os.close(cb.import_(handle))
+        return time.perf_counter() - t
 
 
 def revoke_fanout(bos: int, importers: int) -> None:
@@ -251,11 +304,22 @@ def main() -> int:
     compileall.compile_dir(str(REPO / "ualinkd"), quiet=1)
     if EXPORTS:
         exports(EXPORTS)
-    if LOCAL:
-        local_pod(LOCAL)
+    RESULT["machine_before"] = {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}
+    if SHAPES:
+        RESULT["shapes"] = [local_pod(n, per) for n, per in SHAPES]
+        print(f"\n{'shape':>8} {'ACTIVE s':>9} {'log lines':>10} {'RSS MiB':>8} "
+              f"{'PSS MiB':>8} {'CPU s':>6} {'1st import ms':>14}")
+        for r in RESULT["shapes"]:  # type: ignore[attr-defined]
+            print(f"{r['nodes']:>4}x{r['accels_per_node']:<3} {r['ready_s']:>9.1f} "
+                  f"{r['log_lines']:>10} {r['rss_mib']['median']:>8.1f} "
+                  f"{r['pss_mib_median']:>8.1f} {r['cpu_s']['median']:>6.2f} "
+                  f"{r['first_import_ms'] or 0:>14.1f} {'met' if r['goal_met'] else 'MISSED'}")
+        print(f"goal: every shape all-ACTIVE < {GOAL_S:.0f} s (per-daemon medians)")
+        _write_json(quiet=True)
     if REVOKE_BOS and REVOKE_IMPORTERS:
         revoke_fanout(REVOKE_BOS, REVOKE_IMPORTERS)
     if not SIZES:
+        _write_json()
         return 0
     print("\npods in namespaces, one accel per node")
     print(f"{'nodes':>5} {'ACTIVE s':>12} {'RSS MiB':>10} {'imp p50 ms':>10} "
@@ -263,7 +327,16 @@ def main() -> int:
     for n in SIZES:
         print(one(n), flush=True)
     print("targets: 32 nodes ACTIVE < 30 s; revoke to 31 importers < 100 ms")
+    _write_json()
     return 0
+
+
+def _write_json(quiet: bool = False) -> None:
+    RESULT["machine_after"] = {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}
+    JSON_PATH.parent.mkdir(parents=True, exist_ok=True)
+    JSON_PATH.write_text(json.dumps(RESULT, indent=1) + "\n")
+    if not quiet:
+        print(f"JSON: {JSON_PATH}")
 
 
 if __name__ == "__main__":

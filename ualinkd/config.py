@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .amdgpu.profile import DEFAULT_PROFILE, PROFILES
+from .fabric.dialing import MODES as LINK_MODES
 from .ualink.manager import KNOWN_QUIRKS
 from .ualink.state import (
     ACCEL_MAX,
@@ -54,7 +55,7 @@ KEYS: dict[str, frozenset[str]] = {
     TOP_LEVEL: frozenset({"pod", "nodes", "vpods"}),
     "[pod]": frozenset({"uuid", "key", "size", "kernel_quirks", "response_timeout_ms",
                         "send_ack_timeout_ms", "tls_ca", "tcp_congestion",
-                        "caller_memory_timeout_ms", "memory_budget"}),
+                        "caller_memory_timeout_ms", "memory_budget", "fabric_links"}),
     "[[nodes]]": frozenset({"name", "address", "accels", "tls_cert", "tls_key", "link_keys"}),
     "[[nodes.accels]]": frozenset({"id", "vram_size", "gtt_size", "stage", "bandwidth",
                                    "latency", "npa_pages", "profile", "ualink"}),
@@ -117,6 +118,14 @@ def _int(value: object, where: str, lo: int | None = None, hi: int | None = None
                   else f"at most {hi}")
         raise ConfigError(f"{where}: {value} must be {bounds}")
     return value
+
+
+def _fabric_links(value: object, source: str) -> str:
+    mode = _str(value, f"{source}: [pod] fabric_links")
+    if mode not in LINK_MODES:
+        raise ConfigError(f"{source}: [pod] fabric_links must be one of "
+                          f"{', '.join(LINK_MODES)}, not {mode!r}")
+    return mode
 
 
 def _str(value: object, where: str) -> str:
@@ -220,6 +229,9 @@ class PodConfig:
     # The fabric links' TCP congestion control; "" keeps the system default. Not BBR: its
     # pacing slows the data plane's megabyte bursts (see fabric/link.py _tune).
     tcp_congestion: str = "cubic"
+    # When the fabric links each pair: "at-start", "on-first-use", or "auto" (at start up to
+    # fabric/dialing.py's AT_START_MAX_NODES nodes, on first use above).
+    fabric_links: str = "auto"
     source: str = field(default="<built-in>", compare=False)
 
     # -- lookups --------------------------------------------------------------------------
@@ -377,6 +389,7 @@ class PodConfig:
                                           f"{source}: [pod] caller_memory_timeout_ms", 1),
             memory_budget=(parse_size(pod["memory_budget"], f"{source}: [pod] memory_budget")
                            if "memory_budget" in pod else None),
+            fabric_links=_fabric_links(pod.get("fabric_links", "auto"), source),
             source=source,
         )
         cfg.validate()
@@ -472,6 +485,8 @@ class PodConfig:
         if self.tls_ca is not None:
             lines.append(f'tls_ca = "{self.tls_ca}"')
         lines.append(f'tcp_congestion = "{self.tcp_congestion}"')
+        if self.fabric_links != "auto":
+            lines.append(f'fabric_links = "{self.fabric_links}"')
         for n in self.nodes:
             lines += ["", "[[nodes]]", f'name = "{n.name}"', f'address = "{n.address}"']
             if n.tls_cert and n.tls_key:

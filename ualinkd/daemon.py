@@ -34,13 +34,11 @@ from .drm.completion import Completion
 from .drm.device import Caller
 from .drm.errors import DrmError
 from .drm.file import DrmFile
+from .drm.loaded import Loaded
 from .drm.process import ProcessId
 from .fabric.agent import (
     RequestFn,
-    RequestSoonFn,
     SendBatchFn,
-    SendBatchSoonFn,
-    SendFn,
     UalinkAgent,
 )
 from .fabric.link import FabricLink, OnMessage, OnRequest, SendOutcome
@@ -685,17 +683,11 @@ class NodeDaemon:
 
     def _agent(self, traced: bool) -> UalinkAgent:
         link = self.link
-        send: SendFn = link.send
         send_batch: SendBatchFn = link.send_batch
         request: RequestFn = link.request
-        request_soon: RequestSoonFn | None = link.request_soon
-        send_batch_soon: SendBatchSoonFn | None = link.send_batch_soon
-        if traced:
-            send, send_batch, request = _trace_sends(self._trace, self.config, self.name, link)
-            # (a traced request or batch is recorded by _trace_sends' wrappers)
-            request_soon = send_batch_soon = None
-        return UalinkAgent(self.core, send, request, send_batch=send_batch,
-                           request_soon=request_soon, send_batch_soon=send_batch_soon,
+        if traced:  # (each request and batch recorded by _trace_sends' steps)
+            send_batch, request = _trace_sends(self._trace, self.config, self.name, link)
+        return UalinkAgent(self.core, send_batch, request,
                            probe=link.incarnation, announce=link.announce)
 
     # -- what the link, the agent and the core ask each other, once serving -----------------
@@ -842,56 +834,46 @@ def _data_record(node: str, direction: str, req: Load | Store,
 
 def _trace_sends(
     tracer: Callable[[Record], None], config: PodConfig, node: str, link: FabricLink,
-) -> tuple[Callable[..., Awaitable[None]], Callable[..., Awaitable[list[SendOutcome]]],
-           Callable[..., Awaitable[bytes | bytearray]]]:
+) -> tuple[SendBatchFn, RequestFn]:
     """The fabric on the sending side: each UALink message when its ACK came (or the send
-    failed), each LOAD/STORE when its DATA came back; the duration is the round trip."""
+    failed), each LOAD/STORE when its DATA came back; the duration is the round trip.
+    Recorded in the call that completes each (a step on the link's Completion)."""
     names = _accel_names(config)
 
-    def sent(src: int, dst: int, dwords: tuple[int, int, int, int], start: float,
-             err: DrmError | None) -> None:
-        tracer(FabricRecord.ualink(node, "send", src, dst, dwords, names,
-                                   -err.errno if err else 0, start, time.time() - start))
-
-    async def send(src: int, dst: int, dwords: tuple[int, int, int, int]) -> None:
-        start = time.time()
-        try:
-            await link.send(src, dst, dwords)
-        except DrmError as e:
-            sent(src, dst, dwords, start, e)
-            raise
-        sent(src, dst, dwords, start, None)
-
     def send_batch(src: int, dst: int, messages: Sequence[tuple[int, int, int, int]]
-                   ) -> Awaitable[list[SendOutcome]]:
+                   ) -> Completion[list[SendOutcome]]:
         start, t0 = time.time(), trio.current_time()
-        acked = link.send_batch(src, dst, messages)  # queued now, in the caller's order
 
-        async def wait() -> list[SendOutcome]:
-            outcomes = await acked
+        def traced(c: Completion[list[SendOutcome]]) -> list[SendOutcome]:
+            outcomes = c.result()
             for dwords, (err, when) in zip(messages, outcomes, strict=True):
                 # each one's round trip: from the queueing to its own ACK (or failure)
                 tracer(FabricRecord.ualink(node, "send", src, dst, dwords, names,
                                            -err.errno if err else 0, start, when - t0))
             return outcomes
 
-        return wait()
+        # queued now, in the caller's order
+        return link.send_batch(src, dst, messages).then(traced)
 
-    async def request(src: int, dst: int, npa_byte_addr: int,
-                      length_or_data: int | bytes) -> bytes | bytearray:
+    def request(src: int, dst: int, npa_byte_addr: int,
+                length_or_data: int | bytes) -> Completion[Loaded]:
         start = time.time()
         req: Load | Store = (Load(0, src, dst, npa_byte_addr, length_or_data)
                              if isinstance(length_or_data, int)
                              else Store(0, src, dst, npa_byte_addr, length_or_data))
-        try:
-            got = await link.request(src, dst, npa_byte_addr, length_or_data)
-        except DrmError as e:
-            tracer(_data_record(node, "send", req, names, -e.errno, start))
-            raise
-        tracer(_data_record(node, "send", req, names, 0, start))
-        return got
 
-    return send, send_batch, request
+        def traced(c: Completion[Loaded]) -> Loaded:
+            try:
+                got = c.result()
+            except DrmError as e:
+                tracer(_data_record(node, "send", req, names, -e.errno, start))
+                raise
+            tracer(_data_record(node, "send", req, names, 0, start))
+            return got
+
+        return link.request(src, dst, npa_byte_addr, length_or_data).then(traced)
+
+    return send_batch, request
 
 
 async def _stop_on_signal(

@@ -661,7 +661,7 @@ class GpuEngineEdge:
         here = _InTask()
         try:
             got: Loaded = await here.value(gpu_load(driver.vm(drm_file), va, size,
-                                                    self.core._remote_for(drm_file, here),
+                                                    self.core._remote_for(drm_file),
                                                     driver.count_gpu_fault, here))
         except DrmError as e:
             raise GpuFault(va, False, e.strerror or "") from None
@@ -675,7 +675,7 @@ class GpuEngineEdge:
         here = _InTask()
         try:
             n = await here.value(gpu_store(driver.vm(drm_file), va, data,
-                                           self.core._remote_for(drm_file, here),
+                                           self.core._remote_for(drm_file),
                                            driver.count_gpu_fault, here))
         except DrmError as e:
             raise GpuFault(va, True, e.strerror or "") from None

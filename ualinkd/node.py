@@ -15,7 +15,7 @@ import errno
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,22 +70,22 @@ log = logging.getLogger(__name__)
 
 RENDER_MINOR_BASE = sysfs.RENDER_MINOR_BASE
 FdResolver = Callable[[int, int], int]  # (pid, fd) -> dma-buf key; raises EBADF/EINVAL
-# (importing accel id, piece, write, data to store | None) -> loaded bytes | count stored.
-RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"],
-                        Awaitable["bytes | bytearray | int"]]
-# The same answered by callback; None when it cannot be (then RemoteAccess is used).
-RemoteAccessSoon = Callable[[int, RemotePiece, bool, "bytes | None"],
-                            "Completion[Loaded | int] | None"]
+# (importing accel id, piece, write, data to store | None) -> loaded bytes | count stored,
+# by callback (fabric/agent.py's remote_access).
+RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"], "Completion[Loaded | int]"]
 
 
 def _no_resolver(pid: int, fd: int) -> int:
     raise DrmError(errno.EBADF)
 
 
-async def _no_fabric(
+def _no_fabric(
     accel_id: int, piece: RemotePiece, write: bool, data: bytes | None = None
-) -> bytes | int:
-    raise DrmError(errno.EFAULT, f"accel {piece.exporter_accel} is unreachable (no fabric)")
+) -> Completion[Loaded | int]:
+    c: Completion[Loaded | int] = Completion()
+    c.set_error(DrmError(errno.EFAULT, f"accel {piece.exporter_accel} is unreachable "
+                                       "(no fabric)"))
+    return c
 
 
 def _no_clock() -> tuple[int, int]:
@@ -231,21 +231,18 @@ class NodeCore:
         # part-way, and raises DrmError(EFAULT) when not even the first byte could be done
         # (no PTE at the exporter, exporter unreachable: policy 3).
         self.remote_access: RemoteAccess = _no_fabric
-        self.remote_access_soon: RemoteAccessSoon | None = None
 
     def attach_fabric(self, drain: Callable[[], None], wait_import: ImportWaiter,
-                      remote_access: RemoteAccess | None,
-                      remote_access_soon: RemoteAccessSoon | None = None) -> None:
+                      remote_access: RemoteAccess | None) -> None:
         """A fabric agent (fabric/agent.py) serves this node from now on: `drain` carries
         the managers' effects after each request, `wait_import` waits for their remote
         imports, `remote_access` (when it has a data plane) does GPU loads/stores of
-        imported NPA BOs, `remote_access_soon` the same by callback where it can."""
+        imported NPA BOs, by callback."""
         self.after_request = drain
         for mgr in self.managers.values():
             mgr.attach(wait_import)
         if remote_access is not None:
             self.remote_access = remote_access
-        self.remote_access_soon = remote_access_soon
 
     def _discard_effects(self) -> None:
         for mgr in self.managers.values():
@@ -418,7 +415,7 @@ class NodeCore:
         local memory, a Completion when some are remote or a process's (userptr)."""
         driver = self.drivers[drm_file.device.minor]
         spawn = self.spawn
-        remote = self._remote_for(drm_file, spawn)
+        remote = self._remote_for(drm_file)
         load = self._traced_gpu(drm_file, "load", va, size, b"", caller,
                                 lambda: gpu_load(driver.vm(drm_file), va, size, remote,
                                                  driver.count_gpu_fault, spawn))
@@ -451,7 +448,7 @@ class NodeCore:
         """A GPU store through the file's VM (policy 10); the count stored."""
         driver = self.drivers[drm_file.device.minor]
         spawn = self.spawn
-        remote = self._remote_for(drm_file, spawn)
+        remote = self._remote_for(drm_file)
         store = self._traced_gpu(drm_file, "store", va, len(data), data, caller,
                                  lambda: gpu_store(driver.vm(drm_file), va, data, remote,
                                                    driver.count_gpu_fault, spawn))
@@ -524,25 +521,16 @@ class NodeCore:
         record(res)
         return res
 
-    def _remote_for(self, drm_file: DrmFile, spawn: Spawn[Any]) -> RemoteFn:
-        """The fabric's access function for `drm_file`'s remote pieces."""
+    def _remote_for(self, drm_file: DrmFile) -> RemoteFn:
+        """The fabric's access function for `drm_file`'s remote pieces, answered by the
+        fabric's Completion."""
         def remote(piece: RemotePiece, write: bool,
                    data: bytes | None) -> Completion[Loaded | int]:
             # The access is issued by the accel that holds the NPA BO (normally this file's).
             device = piece.bo.device if piece.bo is not None else drm_file.device
-            return self._fabric_access(self.managers[device.minor].accel_id, piece, write,
-                                       data, spawn)
+            return self.remote_access(self.managers[device.minor].accel_id, piece, write, data)
 
         return remote
-
-    def _fabric_access(self, accel_id: int, piece: RemotePiece, write: bool,
-                       data: bytes | None, spawn: Spawn[Any]) -> Completion[Loaded | int]:
-        """The fabric's GPU load/store of one remote piece, as a Completion: by callback
-        where the fabric can, else its coroutine run by `spawn`."""
-        soon = self.remote_access_soon
-        if soon is not None and (c := soon(accel_id, piece, write, data)) is not None:
-            return c
-        return spawn(self.remote_access(accel_id, piece, write, data))
 
     def _answer_drm_file_query(self, drm_file: DrmFile, in_bytes: bytes) -> IoctlReply:
         """The daemon's own question (abi/drmfile_query.py): only a pending nonce, answered

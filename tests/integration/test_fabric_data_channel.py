@@ -20,6 +20,7 @@ from test_fabric_link import Pod, _tls_kw, expect_closed, make_pod, raw_auth, re
 from ualinkd.fabric import auth
 from ualinkd.fabric import link as link_mod
 from ualinkd.fabric.link import FabricLink
+from ualinkd.fabric.waiting import completed
 from ualinkd.fabric.wire import AuthOk, AuthProof, Channel, FrameDecoder, Ping, encode_frame
 
 DW = (3, 0x1000, 0, 0)
@@ -174,8 +175,8 @@ async def test_each_link_gets_one_data_channel_whose_two_ends_meet(pod: Pod, rec
                 for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                     assert recorders[n].sock(p).getsockopt(socket.SOL_SOCKET, opt) == \
                         link_sock.getsockopt(socket.SOL_SOCKET, opt)
-        await links["a"].send(0, 4, DW)  # the links themselves carry on as before
-        await links["c"].send(5, 2, DW)
+        await completed(links["a"].send(0, 4, DW))  # the links themselves carry on as before
+        await completed(links["c"].send(5, 2, DW))
         assert pod.got["c"] == [(0, 4, DW)] and pod.got["b"] == [(5, 2, DW)]
 
 
@@ -213,8 +214,8 @@ async def test_with_tls_no_data_channel_is_opened_nor_admitted(pod: Pod, recorde
         ca = trustme.CA()
         a = await start(pod, recorders, "a", **_tls_kw("a", ca))
         c = await start(pod, recorders, "c", **_tls_kw("c", ca))
-        await a.send(0, 4, DW)
-        await c.send(4, 0, DW)
+        await completed(a.send(0, 4, DW))
+        await completed(c.send(4, 0, DW))
         assert pod.got["c"] == [(0, 4, DW)] and pod.got["a"] == [(4, 0, DW)]
         stream, ok = await data_hello(pod.ports["c"], pod.cfg, "a", "c",
                                       ssl_context=_tls_kw("a", ca)["ssl_client_context"])
@@ -243,7 +244,7 @@ async def test_a_data_channel_with_a_wrong_key_is_refused_and_noted(pod: Pod, re
         assert "refused connection from a (127.0.0.1:" in line
         assert "'a' failed to prove the key of our link" in line
         assert len(recorders["b"].opened) == 1 and recorders["b"].closed == []
-        await a.send(0, 2, DW)
+        await completed(a.send(0, 2, DW))
         assert pod.got["b"] == [(0, 2, DW)] and b.is_up("a")
 
 
@@ -362,8 +363,8 @@ async def test_a_data_channel_the_data_plane_refuses_or_cannot_have_is_one_info_
         assert "the data plane refused it" in to_b
         assert "connection closed during the handshake" in to_c
         assert recorders["a"].opened == []
-        await a.send(0, 2, DW)
-        await a.send(1, 4, DW)
+        await completed(a.send(0, 2, DW))
+        await completed(a.send(1, 4, DW))
         assert pod.got["b"] == [(0, 2, DW)] and pod.got["c"] == [(1, 4, DW)]
         assert b.is_up("a") and c.is_up("a")
 
@@ -402,7 +403,7 @@ async def test_a_data_channel_that_breaks_while_its_link_lasts_is_dialed_again(
         await wait_until(lambda: len(dialer.opened) == len(other.opened) == 3)
         assert other.closed == []
         assert_ends_of_one_connection(ra.sock("b"), rb.sock("a"))
-        await a.send(0, 2, DW)
+        await completed(a.send(0, 2, DW))
         assert pod.got["b"] == [(0, 2, DW)]
 
 
@@ -479,7 +480,7 @@ async def test_a_second_data_channel_never_takes_a_healthy_one(pod: Pod, recorde
         # (refused at once: not bound to the live link's handshake; a's own end's second
         # channel would be refused as a second while the first is healthy, tested above)
         assert "a data channel from a not dialed by its live link's end" in lines[0]
-        await a.send(0, 2, DW)
+        await completed(a.send(0, 2, DW))
         assert pod.got["b"] == [(0, 2, DW)] and b.is_up("a")
 
 
@@ -516,5 +517,5 @@ async def test_a_data_channel_is_bound_to_its_live_link_not_only_its_key(
         await wait_until(lambda: len(rb.opened) == 2 and len(rb.live) == 1)
         assert_ends_of_one_connection(ra.sock("b"), rb.sock("a"))
         assert any("not dialed by its live link's end" in w for w in warnings(caplog))
-        await a.send(0, 2, DW)
+        await completed(a.send(0, 2, DW))
         assert pod.got["b"] == [(0, 2, DW)] and b.is_up("a")

@@ -7,15 +7,18 @@ from __future__ import annotations
 import errno
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import trio
 from test_fabric_link import DW, Pod, expect_closed, make_pod, raw_server_b, wait_until
 
+from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.fabric import link as link_mod
 from ualinkd.fabric.link import FabricLink
+from ualinkd.fabric.waiting import completed
 from ualinkd.fabric.wire import AuthHello, Data, Load, Ping, Pong, _NeedData, encode_frame
 
 
@@ -55,7 +58,7 @@ async def test_a_ping_flood_from_a_peer_that_reads_too_little_is_bounded(
             await wait_until(lambda: conn.paused or conn.held > bound, timeout=20)
             assert conn.held <= bound, f"{conn.held} bytes held for a peer that does not read"
             assert [r for r in caplog.records if "not taking its answers" in r.getMessage()]
-            await a.send(0, 4, DW)  # another link is served meanwhile
+            await completed(a.send(0, 4, DW))  # another link is served meanwhile
             assert pod.got["c"] == [(0, 4, DW)]
             # It reads again, as fast as it can: every PING is answered, in order.
             while len(tokens) < count:
@@ -78,7 +81,7 @@ async def test_messages_that_waited_for_the_link_keep_their_order(pod: Pod) -> N
     contract (queued in order): a batch sent while the link to b is down waits for it; a
     message sent once the link is up (here: from the link-up callback, before any waiting
     task has run) goes behind it, not ahead. So does a single `send`."""
-    order: list[Awaitable[object]] = []
+    order: list[Completion[Any]] = []
     a: FabricLink
 
     def on_peer_state(peer: str, up: bool) -> None:
@@ -93,8 +96,8 @@ async def test_messages_that_waited_for_the_link_keep_their_order(pod: Pod) -> N
     waited = [a.send_batch(0, 2, [(3, 0, 0, 0)]), a.send(0, 2, (3, 1, 0, 0))]  # b is down
     outcomes: list[object] = []
 
-    async def wait(aw: Awaitable[object]) -> None:
-        outcomes.append(await aw)
+    async def wait(c: Completion[Any]) -> None:
+        outcomes.append(await completed(c))
 
     with trio.fail_after(10):  # watchdog
         async with trio.open_nursery() as n:
@@ -129,8 +132,8 @@ async def test_a_flood_of_hellos_with_made_up_names_is_two_log_lines(pod: Pod, c
     assert "refused 29 more connections like that" in lines[1]
 
 
-async def test_every_request_soon_is_answered_once_when_the_peer_vanishes(pod: Pod) -> None:
-    """The data plane without tasks (request_soon, drm/completion.py): of 2,000 LOADs in
+async def test_every_request_is_answered_once_when_the_peer_vanishes(pod: Pod) -> None:
+    """The data plane without tasks (request's Completion, drm/completion.py): of 2,000 LOADs in
     flight, the peer answers every other one (a few of them twice), then
     vanishes. Each Completion is done exactly once (a second answer would raise in the
     reader and end the link loudly): with the bytes, or EFAULT (policy 3); nothing is
@@ -143,8 +146,7 @@ async def test_every_request_soon_is_answered_once_when_the_peer_vanishes(pod: P
     done: list[int] = []
     completions = []
     for i in range(n):
-        c = a.request_soon(0, 2, 4096 * i, 8)
-        assert c is not None
+        c = a.request(0, 2, 4096 * i, 8)
         c.when_done(lambda c, i=i: done.append(i))
         completions.append(c)
     loads: list[Load] = []
@@ -171,7 +173,6 @@ async def test_every_request_soon_is_answered_once_when_the_peer_vanishes(pod: P
             with pytest.raises(DrmError) as e:
                 c.result()
             assert e.value.errno == errno.EFAULT
-    await wait_until(lambda: not a._deadlines, timeout=5)  # (at their deadlines: 300 ms)
-    assert all(w.completion is None for w in conn.waiters.values())
+    assert conn.session.waiting == 0 and conn.session.get_timer() is None
     for lst in listeners:
         await lst.aclose()

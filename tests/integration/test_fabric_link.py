@@ -30,6 +30,7 @@ from ualinkd.fabric import auth
 from ualinkd.fabric import link as link_mod
 from ualinkd.fabric.link import Dwords, FabricLink, OnRequest
 from ualinkd.fabric.session import HEARTBEAT
+from ualinkd.fabric.waiting import completed
 from ualinkd.fabric.wire import (
     NEED_DATA,
     Ack,
@@ -182,11 +183,11 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 async def test_messages_flow_both_ways_with_the_right_stamps(pod: Pod) -> None:
     a, b, c = [await pod.start(n) for n in "abc"]
     await wait_until(lambda: a.is_up("b") and a.is_up("c") and b.is_up("c"))
-    await a.send(0, 2, DW)
-    await b.send(3, 1, (4, 5, 6, 7))
-    await c.send(5, 0, (6, 0, 0, 0))
-    await a.send(1, 4, (7, 1, 2, 3))
-    await c.send(4, 3, (1, 2 << 10, 0, 0))
+    await completed(a.send(0, 2, DW))
+    await completed(b.send(3, 1, (4, 5, 6, 7)))
+    await completed(c.send(5, 0, (6, 0, 0, 0)))
+    await completed(a.send(1, 4, (7, 1, 2, 3)))
+    await completed(c.send(4, 3, (1, 2 << 10, 0, 0)))
     assert pod.got["a"] == [(3, 1, (4, 5, 6, 7)), (5, 0, (6, 0, 0, 0))]
     assert pod.got["b"] == [(0, 2, DW), (4, 3, (1, 2 << 10, 0, 0))]
     assert pod.got["c"] == [(1, 4, (7, 1, 2, 3))]
@@ -200,8 +201,8 @@ async def test_many_concurrent_sends_keep_order_per_link(pod: Pod) -> None:
     a, b = await pod.start("a"), await pod.start("b")
     async with trio.open_nursery() as n:
         for i in range(50):
-            n.start_soon(a.send, 0, 2, (3, i, 0, 0))
-            n.start_soon(b.send, 2, 1, (3, i, 0, 0))
+            n.start_soon(_send, a, 0, 2, (3, i, 0, 0))
+            n.start_soon(_send, b, 2, 1, (3, i, 0, 0))
     assert sorted(w[1] for _, _, w in pod.got["b"]) == list(range(50))
     assert len(pod.got["a"]) == 50
 
@@ -209,14 +210,14 @@ async def test_many_concurrent_sends_keep_order_per_link(pod: Pod) -> None:
 async def test_send_errors(pod: Pod) -> None:
     a = await pod.start("a")
     with pytest.raises(DrmError) as e:
-        await a.send(0, 77, DW)
+        await completed(a.send(0, 77, DW))
     assert e.value.errno == errno.EINVAL
     with pytest.raises(DrmError) as e:
-        await a.send(0, 1, DW)  # local accel
+        await completed(a.send(0, 1, DW))  # local accel
     assert e.value.errno == errno.EINVAL
     start = trio.current_time()
     with pytest.raises(DrmError) as e:
-        await a.send(0, 2, DW)  # b never started
+        await completed(a.send(0, 2, DW))  # b never started
     assert e.value.errno == errno.ETIME
     assert 0.3 <= trio.current_time() - start < 0.6
 
@@ -224,7 +225,7 @@ async def test_send_errors(pod: Pod) -> None:
 async def test_send_waits_for_a_link_that_comes_up(pod: Pod) -> None:
     a = await pod.start("a", ack_timeout=2.0)
     async with trio.open_nursery() as n:
-        n.start_soon(a.send, 0, 2, DW)
+        n.start_soon(_send, a, 0, 2, DW)
         await trio.sleep(0.05)
         await pod.start("b")
     assert pod.got["b"] == [(0, 2, DW)]
@@ -233,12 +234,12 @@ async def test_send_waits_for_a_link_that_comes_up(pod: Pod) -> None:
 async def test_reconnects_after_the_listening_side_restarts(pod: Pod, caplog) -> None:
     caplog.set_level(logging.INFO, logger="ualinkd.fabric")
     a, b = await pod.start("a"), await pod.start("b")
-    await a.send(0, 2, DW)
+    await completed(a.send(0, 2, DW))
     await b.aclose()
     await wait_until(lambda: not a.is_up("b"))
     assert ("a", "b", False) in pod.states
     with pytest.raises(DrmError) as e:
-        await a.send(0, 2, DW)
+        await completed(a.send(0, 2, DW))
     assert e.value.errno == errno.ETIME
     # Same port again: only the dialer's backoff brings the link back.
     nodes = tuple(dataclasses.replace(n, address=f"127.0.0.1:{pod.ports['b']}")
@@ -246,7 +247,7 @@ async def test_reconnects_after_the_listening_side_restarts(pod: Pod, caplog) ->
     pod.got["b"] = []
     await pod.start("b", dataclasses.replace(pod.cfg, nodes=nodes))
     await wait_until(lambda: a.is_up("b"))
-    await a.send(1, 3, DW)
+    await completed(a.send(1, 3, DW))
     assert pod.got["b"] == [(1, 3, DW)]
     assert len(warnings(caplog)) <= 1  # the first failed redial; repeats are DEBUG
     assert all("cannot link to b" in w for w in warnings(caplog))
@@ -263,7 +264,7 @@ async def test_nonzero_ack_status_is_ecomm(pod: Pod) -> None:
             await stream.send_all(encode_frame(Ack(msg.seq, -5)))
         n.start_soon(fake_firmware)
         with pytest.raises(DrmError) as e:
-            await c.send(4, 0, DW)
+            await completed(c.send(4, 0, DW))
     assert e.value.errno == errno.ECOMM
     await stream.aclose()
 
@@ -288,7 +289,7 @@ async def test_a_full_ring_holds_messages_without_blocking_the_acks_behind_them(
             async def full_ring() -> None:
                 if not handler_sent:  # the first message's handler talks back to a
                     handler_sent.append(None)
-                    await links["b"].send(2, 0, (9, 0, 0, 0))
+                    await completed(links["b"].send(2, 0, (9, 0, 0, 0)))
                     handler_sent[0] = "acked"
                 await ring_free.wait()
                 got.append(dwords[1])
@@ -301,7 +302,7 @@ async def test_a_full_ring_holds_messages_without_blocking_the_acks_behind_them(
     await wait_until(lambda: a.is_up("b"))
     async with trio.open_nursery() as n:
         for i in range(61):
-            n.start_soon(a.send, 0, 2, (3, i, 0, 0))
+            n.start_soon(_send, a, 0, 2, (3, i, 0, 0))
             await trio.sleep(0)
         await wait_until(lambda: handler_sent == ["acked"])  # not stuck behind the 60
         b_conn = links["b"]._conns["a"]
@@ -334,7 +335,7 @@ async def test_acknowledged_messages_are_delivered_after_the_link_goes_down(pod:
     await wait_until(lambda: a.is_up("b"))
     async with trio.open_nursery() as n:
         for i in range(10):
-            n.start_soon(a.send, 0, 2, (3, i, 0, 0))
+            n.start_soon(_send, a, 0, 2, (3, i, 0, 0))
             await trio.sleep(0)
     conn = links["b"]._conns["a"]
     assert len(conn.inbox) == 10  # all ACKed, none delivered
@@ -411,8 +412,8 @@ async def test_bad_peer_is_dropped_and_logged_once(pod: Pod, caplog, case: str) 
     await expect_closed(stream)
     await wait_until(lambda: bool(warnings(caplog)))
     # The well-behaved peer keeps exchanging messages both ways.
-    await a.send(0, 4, DW)
-    await c.send(5, 1, DW)
+    await completed(a.send(0, 4, DW))
+    await completed(c.send(5, 1, DW))
     assert pod.got["c"] == [(0, 4, DW)] and pod.got["a"] == [(5, 1, DW)]
     [line] = warnings(caplog)
     assert CASES[case] in line, line
@@ -460,10 +461,10 @@ async def test_a_held_ack_leaves_without_waiting_for_other_traffic(pod: Pod, tls
     a = await pod.start("a", **(_tls_kw("a", ca) if tls else {}), **kw)
     await pod.start("c", **(_tls_kw("c", ca) if tls else {}), **kw)
     with trio.fail_after(WATCHDOG):
-        await a.send(0, 4, DW)  # (the link comes up)
+        await completed(a.send(0, 4, DW))  # (the link comes up)
         for _ in range(3):
             await trio.sleep(0.05)
-            await a.send(0, 4, DW)  # DrmError(ETIME) if the ACK waited for a heartbeat
+            await completed(a.send(0, 4, DW))  # DrmError(ETIME) if the ACK waited for a heartbeat
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
@@ -482,14 +483,15 @@ async def test_loads_and_stores_of_every_size_cross_concurrently(pod: Pod, tls: 
 
     async def loads(link: FabricLink, src: int, dst: int, base: int) -> None:
         for n in sizes:
-            got = await link.request(src, dst, base + n, n)
+            got = await _completed(link.request(src, dst, base + n, n))
             assert got == (pattern * 2)[base + n:base + 2 * n]
 
     async def stores(link: FabricLink, src: int, dst: int, base: int) -> None:
         for i, n in enumerate(sizes):
             data = bytes([i + 1]) * n
-            assert await link.request(src, dst, base, data) == b""
-            assert await link.request(src, dst, base, n) == data  # the store was applied
+            assert await _completed(link.request(src, dst, base, data)) == b""
+            # the store was applied
+            assert await _completed(link.request(src, dst, base, n)) == data
 
     async with trio.open_nursery() as nursery:
         for k in range(3):
@@ -498,42 +500,54 @@ async def test_loads_and_stores_of_every_size_cross_concurrently(pod: Pod, tls: 
         nursery.start_soon(stores, b, 2, 0, 0)  # and the other way, at the same time
     assert mem_b[:3 << 20] == (pattern * 2)[:3 << 20]
     with pytest.raises(DrmError) as e:
-        await a.request(0, 2, (4 << 20) - 10, 11)
+        await _completed(a.request(0, 2, (4 << 20) - 10, 11))
     assert e.value.errno == errno.EFAULT
-    assert await a.request(0, 2, 0, 4) == pattern[:4]  # the link survived the refusal
+    assert await _completed(a.request(0, 2, 0, 4)) == pattern[:4]  # the link survived the refusal
 
 
-async def _completed(c: Completion[Loaded] | None) -> bytes | bytearray:
-    """Wait (a test's poll) for what request_soon's Completion says: a large payload that
+async def _completed(c: Completion[Loaded]) -> bytes | bytearray:
+    """Wait (a test's poll) for what a request's Completion says: a large payload that
     was spliced into a pipe is in memory by then (drm/loaded.py's contract)."""
-    assert c is not None
     await wait_until(lambda: c.done)
     return in_memory(c.result())
 
 
-async def test_request_soon_answers_as_request_does(pod: Pod) -> None:
-    """request_soon (the data plane without a task per request) loads and stores the same
-    bytes as request, fails the same way (EFAULT refused by the exporter, EFAULT when the
-    link drops with requests in flight), and declines (None) where request would wait or
-    refuse: no link up yet, an accel that is not ours."""
+async def _send(link: FabricLink, src: int, dst: int, dwords: Dwords) -> None:
+    """A send from a task of its own (a test's concurrent senders)."""
+    await completed(link.send(src, dst, dwords))
+
+
+def _failed_at_once(c: Completion[Loaded]) -> int:
+    """The errno of a request that failed in the call that made it."""
+    assert c.done
+    with pytest.raises(DrmError) as e:
+        c.result()
+    return e.value.errno
+
+
+async def test_requests_complete_by_callback(pod: Pod) -> None:
+    """A request's Completion (the data plane without a task per request) gives the
+    loaded bytes and the stored count, fails with the exporter's error (EFAULT refused by
+    the exporter), with EFAULT when the link drops with requests in flight, and at once
+    where nothing can be sent: no link up (policy 3), an accel that is not ours."""
     mem_b = bytearray(4 << 20)
     a = await pod.start("a")
-    assert a.request_soon(0, 2, 0, 4) is None  # b has not come up: request() decides
+    assert _failed_at_once(a.request(0, 2, 0, 4)) == errno.EFAULT  # b has not come up
     b = await pod.start("b", on_request=_memory_server(mem_b))
     await wait_until(lambda: a.is_up("b") and b.is_up("a"))
-    assert a.request_soon(2, 0, 0, 4) is None  # accel 2 is b's, not a's
+    assert _failed_at_once(a.request(2, 0, 0, 4)) == errno.EINVAL  # accel 2 is b's, not a's
     pattern = bytes(range(256)) * (1 << 12)  # 1 MiB
     mem_b[: 1 << 20] = pattern
-    many = [a.request_soon(0, 2, n, n) for n in (1, 4096, 65537, 1 << 19)]
+    many = [a.request(0, 2, n, n) for n in (1, 4096, 65537, 1 << 19)]
     for n, c in zip((1, 4096, 65537, 1 << 19), many, strict=True):
         assert await _completed(c) == pattern[n:2 * n]
-    assert await _completed(a.request_soon(1, 3, 2 << 20, b"\x5a" * 4096)) == b""
+    assert await _completed(a.request(1, 3, 2 << 20, b"\x5a" * 4096)) == b""
     assert mem_b[2 << 20:(2 << 20) + 4096] == b"\x5a" * 4096
     with pytest.raises(DrmError) as e:
-        await _completed(a.request_soon(0, 2, (4 << 20) - 10, 11))
+        await _completed(a.request(0, 2, (4 << 20) - 10, 11))
     assert e.value.errno == errno.EFAULT  # the exporter's -EFAULT
-    assert await a.request(0, 2, 0, 4) == pattern[:4]  # and the link is still up
-    in_flight = [a.request_soon(0, 2, 0, 1 << 20) for _ in range(8)]
+    assert await _completed(a.request(0, 2, 0, 4)) == pattern[:4]  # and the link is still up
+    in_flight = [a.request(0, 2, 0, 1 << 20) for _ in range(8)]
     a._conns["b"].drop(link_mod._LinkDown("test"))
     for c in in_flight:
         assert c is not None
@@ -544,7 +558,7 @@ async def test_request_soon_answers_as_request_does(pod: Pod) -> None:
             assert err.errno == errno.EFAULT  # or failed with the link
 
 
-async def test_request_soon_gives_up_at_its_deadline(pod: Pod) -> None:
+async def test_a_request_gives_up_at_its_deadline(pod: Pod) -> None:
     """§5.1's ack timeout bounds a data-plane request as it does `request`'s: a peer that
     reads a LOAD and never answers fails it with EFAULT once ack_timeout (300 ms here) has
     passed, not before; its late DATA is then dropped and the link stays up."""
@@ -552,7 +566,7 @@ async def test_request_soon_gives_up_at_its_deadline(pod: Pod) -> None:
     await stream.send_all(b"".join(encode_frame(f) for f in out))
     await wait_until(lambda: a.is_up("b"))
     start = trio.current_time()
-    c = a.request_soon(0, 2, 4096, 16)
+    c = a.request(0, 2, 4096, 16)
     assert c is not None
     load = await read_frame(stream, dec)
     assert isinstance(load, Load) and load.length == 16
@@ -589,7 +603,7 @@ async def test_links_use_the_pods_congestion_control(pod: Pod, caplog) -> None:
     bogus = dataclasses.replace(pod.cfg, tcp_congestion="no-such-algorithm")
     c = await pod.start("c", bogus)
     await wait_until(lambda: c.is_up("a") and c.is_up("b"))
-    await c.send(4, 0, DW)
+    await completed(c.send(4, 0, DW))
     assert [w for w in warnings(caplog) if "congestion" in w] == [
         "fabric: TCP congestion control 'no-such-algorithm' refused (No such file or "
         "directory); links use the system default"]
@@ -601,8 +615,8 @@ async def test_tls_links_carry_messages_and_refuse_plain_tcp(pod: Pod, caplog) -
     caplog.set_level(logging.INFO, logger="ualinkd.fabric")
     ca = trustme.CA()
     a, c = await pod.start("a", **_tls_kw("a", ca)), await pod.start("c", **_tls_kw("c", ca))
-    await a.send(0, 4, DW)
-    await c.send(4, 0, DW)
+    await completed(a.send(0, 4, DW))
+    await completed(c.send(4, 0, DW))
     assert pod.got["c"] == [(0, 4, DW)] and pod.got["a"] == [(4, 0, DW)]
     stream = await trio.open_tcp_stream("127.0.0.1", pod.ports["c"])
     await _hello(stream, AuthHello(pod.cfg.uuid, "b", secrets.token_bytes(32)))
@@ -663,7 +677,7 @@ async def test_frames_that_arrive_with_the_handshake_are_delivered(pod: Pod) -> 
 def _round_trips(link: FabricLink, src: int, dst: int, n: int) -> Callable[[], object]:
     async def run() -> None:
         for i in range(n):
-            await link.send(src, dst, (3, i, 0, 0))
+            await completed(link.send(src, dst, (3, i, 0, 0)))
             await trio.sleep(0.005)
     return run
 
@@ -684,8 +698,8 @@ async def test_an_impostor_with_another_nodes_keys_is_refused(pod: Pod, caplog) 
             hs.receive_frame(challenge, trio.current_time())
         await stream.send_all(encode_frame(AuthProof(b"\0" * 32)))  # try its luck anyway
         await expect_closed(stream)
-    await b.send(2, 4, DW)
-    await c.send(4, 2, DW)
+    await completed(b.send(2, 4, DW))
+    await completed(c.send(4, 2, DW))
     assert pod.got["c"] == [(2, 4, DW)] and pod.got["b"] == [(4, 2, DW)]
     assert ("c", "b", False) not in pod.states
     lines = warnings(caplog)
@@ -722,7 +736,7 @@ async def test_a_silent_link_gives_way_to_a_new_connection(pod: Pod) -> None:
     await expect_closed(old)
     with trio.fail_after(2):
         async with trio.open_nursery() as n:
-            n.start_soon(c.send, 4, 2, DW)
+            n.start_soon(_send, c, 4, 2, DW)
             while not isinstance(f := await read_frame(new, dec), Msg):
                 pass
             await new.send_all(encode_frame(Ack(f.seq, 0)))
@@ -787,7 +801,7 @@ async def test_pending_handshakes_are_capped_in_all_and_per_address(
     for s in [per_address, *in_all]:
         assert await _closed_by_peer(s)
         await s.aclose()
-    await a.send(0, 4, DW)
+    await completed(a.send(0, 4, DW))
     assert pod.got["c"] == [(0, 4, DW)]
     await wait_until(lambda: len(warnings(caplog)) >= 3)
     lines = warnings(caplog)
@@ -959,11 +973,11 @@ async def test_an_ack_shares_its_write_with_the_reply_its_message_caused(
 
     async def answer() -> None:
         async for src, dst, _ in rx:  # a ring task, as the agent's
-            await b.send_batch(dst, src, [reply])
+            await completed(b.send_batch(dst, src, [reply]))
 
     pod.nursery.start_soon(answer)
     with trio.fail_after(5):
-        await a.send(0, 2, DW)
+        await completed(a.send(0, 2, DW))
         await wait_until(lambda: (0, 2, reply) in pod.got["a"] or (2, 0, reply) in pod.got["a"])
     assert b_got == [(0, 2, DW)]
     frames_per_write = []
@@ -1062,11 +1076,11 @@ async def test_a_busy_link_sends_no_heartbeat_pings(
         await settle()
         assert [f for _, f in raw.frames if isinstance(f, Pong)] == [Pong(7)]
         while trio.current_time() < up + 9.5:
-            await c.send(4, 2, DW)
+            await completed(c.send(4, 2, DW))
             await advance(mock_clock, 0.25)
         assert len(raw.pings()) == 1, raw.pings()  # every interval, before
         while trio.current_time() < up + 10.5:
-            await c.send(4, 2, DW)
+            await completed(c.send(4, 2, DW))
             await advance(mock_clock, 0.25)
         [_, (refresh, again)] = raw.pings()
         assert again.token == HEARTBEAT and refresh - up == 10.0
@@ -1113,25 +1127,19 @@ async def test_a_silent_peer_is_probed_then_dropped_after_the_timeout(
 
 # ---- batches (send_batch: a burst of sends, one flush, one ACK waiter) ---------------------
 
-async def batch_outcomes(link: FabricLink, src: int, dst: int, messages: list[Dwords],
-                         soon: bool) -> list[tuple[DrmError | None, float]]:
-    """`send_batch`'s outcomes, or `send_batch_soon`'s (the Completion, polled)."""
-    if not soon:
-        return await link.send_batch(src, dst, messages)
-    c = link.send_batch_soon(src, dst, messages)
-    assert c is not None
+async def batch_outcomes(link: FabricLink, src: int, dst: int, messages: list[Dwords]
+                         ) -> list[tuple[DrmError | None, float]]:
+    """`send_batch`'s outcomes (its Completion, polled: no task of ours waits on it)."""
+    c = link.send_batch(src, dst, messages)
     await wait_until(lambda: c.done, timeout=10)
     return c.result()
 
 
-@pytest.mark.parametrize("soon", [False, True], ids=["task", "soon"])
-async def test_a_batch_has_each_messages_outcome_as_single_sends_would(pod: Pod,
-                                                                     soon: bool) -> None:
+async def test_a_batch_has_each_messages_outcome_as_single_sends_would(pod: Pod) -> None:
     """Spec §5.1 per message of a batch: the MSGs leave in order; each one's ACK is its own
     outcome (status 0: accepted, with the time it came; a refusal: ECOMM); one the peer
     never acknowledges fails with ETIME at ack_timeout (0.3 s) from the queueing, and its
-    late ACK is dropped without harm, as for a single send that gave up. `send_batch_soon`
-    (outcomes by callback, no task) gives the same outcomes at the same times."""
+    late ACK is dropped without harm, as for a single send that gave up."""
     c = await pod.start("c")
     stream, dec = await raw_auth(pod.ports["c"], pod.cfg, "a", "c")
     await wait_until(lambda: c.is_up("a"))
@@ -1147,7 +1155,7 @@ async def test_a_batch_has_each_messages_outcome_as_single_sends_would(pod: Pod,
     start = trio.current_time()
     async with trio.open_nursery() as n:
         n.start_soon(firmware)
-        outcomes = await batch_outcomes(c, 4, 0, batch, soon)
+        outcomes = await batch_outcomes(c, 4, 0, batch)
     assert [(m.src_accel, m.dst_accel, m.dwords) for m in got] == [(4, 0, dw) for dw in batch]
     assert [m.seq for m in got] == sorted({m.seq for m in got})
     (e0, t0), (e1, t1), (e2, t2) = outcomes
@@ -1156,8 +1164,7 @@ async def test_a_batch_has_each_messages_outcome_as_single_sends_would(pod: Pod,
     assert e2 is not None and e2.errno == errno.ETIME and t2 >= start + 0.3
     await stream.send_all(encode_frame(Ack(got[2].seq, 0)))  # late: dropped, link stays
     with trio.fail_after(0.1):
-        assert await c.send_batch(4, 0, []) == []  # an empty batch is nothing, at once
-    assert c.send_batch_soon(4, 0, []) is None  # (send_batch's to decide)
+        assert await completed(c.send_batch(4, 0, [])) == []  # an empty batch is nothing, at once
 
     async def firmware_again() -> None:
         m = await read_frame(stream, dec)
@@ -1165,16 +1172,15 @@ async def test_a_batch_has_each_messages_outcome_as_single_sends_would(pod: Pod,
 
     async with trio.open_nursery() as n:
         n.start_soon(firmware_again)
-        (outcome,) = await batch_outcomes(c, 4, 0, [DW], soon)
+        (outcome,) = await batch_outcomes(c, 4, 0, [DW])
     assert outcome[0] is None and c.is_up("a")
     await stream.aclose()
 
 
-@pytest.mark.parametrize("soon", [False, True], ids=["task", "soon"])
-async def test_a_batch_fails_at_once_when_the_link_drops(pod: Pod, soon: bool) -> None:
+async def test_a_batch_fails_at_once_when_the_link_drops(pod: Pod) -> None:
     """A link that drops before the ACKs came fails every unacknowledged message of the
     batch with ETIME then, not at the ACK timeout (as `send` does: the peer may never have
-    taken them); `send_batch_soon`'s Completion is completed once, by the teardown."""
+    taken them); its Completion is completed once, by the teardown."""
     c = await pod.start("c", ack_timeout=5.0)
     stream, dec = await raw_auth(pod.ports["c"], pod.cfg, "a", "c")
     await wait_until(lambda: c.is_up("a"))
@@ -1189,7 +1195,7 @@ async def test_a_batch_fails_at_once_when_the_link_drops(pod: Pod, soon: bool) -
     async with trio.open_nursery() as n:
         n.start_soon(firmware)
         with trio.fail_after(3):
-            (e0, _), (e1, t1) = await batch_outcomes(c, 4, 0, [DW, DW], soon)
+            (e0, _), (e1, t1) = await batch_outcomes(c, 4, 0, [DW, DW])
     assert e0 is None
     assert e1 is not None and e1.errno == errno.ETIME and "dropped" in e1.strerror
     assert t1 - start < 3
@@ -1204,18 +1210,16 @@ async def test_a_batch_waits_for_its_link_like_single_sends(pod: Pod) -> None:
         results: list[object] = []
 
         async def batch() -> None:
-            results.extend(await a.send_batch(0, 2, [(3, i, 0, 0) for i in range(5)]))
+            results.extend(await completed(a.send_batch(0, 2, [(3, i, 0, 0) for i in range(5)])))
 
         n.start_soon(batch)
         await trio.sleep(0.05)
         await pod.start("b")
     assert [e for e, _ in results] == [None] * 5  # type: ignore[misc]
     assert pod.got["b"] == [(0, 2, (3, i, 0, 0)) for i in range(5)]
-    outcomes = await a.send_batch(0, 77, [DW, DW])
+    outcomes = await completed(a.send_batch(0, 77, [DW, DW]))
     assert [e.errno for e, _ in outcomes if e is not None] == [errno.EINVAL] * 2
-    # Only send_batch waits for a link or names the error; send_batch_soon leaves it that.
-    assert a.send_batch_soon(0, 77, [DW]) is None and a.send_batch_soon(0, 4, [DW]) is None
     start = trio.current_time()
-    outcomes = await a.send_batch(0, 4, [DW, DW])  # c never started
+    outcomes = await completed(a.send_batch(0, 4, [DW, DW]))  # c never started
     assert [e.errno for e, _ in outcomes if e is not None] == [errno.ETIME] * 2
     assert trio.current_time() - start >= 2.0

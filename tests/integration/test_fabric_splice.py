@@ -71,7 +71,7 @@ def _drain_spliced(data: Loaded) -> bytes | None:
 
 
 async def test_a_large_load_answer_comes_in_a_pipe_and_leaves_no_fd(pod: Pod) -> None:
-    """A 1 MiB DATA on a plain TCP link reaches request_soon's consumer as PipedBytes: in
+    """A 1 MiB DATA on a plain TCP link reaches a request's consumer as PipedBytes: in
     the reader's call the pipe holds every byte after those that came with the header (the
     FUSE reply splices them on); a consumer that does not splice gets them in memory once
     that call ended. The pipes are reused: 20 loads later the process holds no more fds."""
@@ -84,7 +84,7 @@ async def test_a_large_load_answer_comes_in_a_pipe_and_leaves_no_fd(pod: Pod) ->
     spliced: list[bytes | None] = []
 
     def load_spliced() -> Completion[Loaded]:
-        c = a.request_soon(0, 2, 0, MIB)
+        c = a.request(0, 2, 0, MIB)
         assert c is not None
         c.when_done(lambda c: spliced.append(_drain_spliced(c.result())))
         return c
@@ -96,10 +96,10 @@ async def test_a_large_load_answer_comes_in_a_pipe_and_leaves_no_fd(pod: Pod) ->
     for _ in range(20):
         c = load_spliced()
         await wait_until(lambda c=c: c.done)
-        assert await _completed(a.request_soon(0, 2, 0, MIB)) == PATTERN[:MIB]  # in memory
+        assert await _completed(a.request(0, 2, 0, MIB)) == PATTERN[:MIB]  # in memory
     assert spliced[1:] == [PATTERN[:MIB]] * 20
     assert _pipes() == before
-    assert await a.request(0, 2, 12345, MIB - 12345) == PATTERN[12345:MIB]  # request(): bytes
+    assert await _completed(a.request(0, 2, 12345, MIB - 12345)) == PATTERN[12345:MIB]
 
 
 async def test_a_trickled_payload_fills_the_pipe_and_moves_to_memory(
@@ -116,7 +116,7 @@ async def test_a_trickled_payload_fills_the_pipe_and_moves_to_memory(
     assert isinstance(stream, trio.SocketStream)
     stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     got: list[bytes | None] = []
-    c = a.request_soon(0, 2, 0, MIB)
+    c = a.request(0, 2, 0, MIB)
     assert c is not None
     c.when_done(lambda c: got.append(_drain_spliced(c.result())))
     load = await read_frame(stream, dec)
@@ -133,7 +133,7 @@ async def test_a_trickled_payload_fills_the_pipe_and_moves_to_memory(
     sock = a._conns["b"].sock
     assert sock is not None
     await wait_until(lambda: sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1)
-    c = a.request_soon(0, 2, 100, 16)
+    c = a.request(0, 2, 100, 16)
     assert c is not None
     load = await read_frame(stream, dec)
     assert isinstance(load, Load) and load.length == 16
@@ -154,7 +154,7 @@ async def _raw_peer_load(pod: Pod) -> tuple[FabricLink, trio.abc.Stream,
                                                         heartbeat_timeout=0.6)
     await stream.send_all(b"".join(encode_frame(f) for f in out))
     await wait_until(lambda: a.is_up("b"))
-    c = a.request_soon(0, 2, 0, MIB)
+    c = a.request(0, 2, 0, MIB)
     assert c is not None
     load = await read_frame(stream, dec)
     assert isinstance(load, Load)
@@ -204,7 +204,7 @@ async def test_a_peer_gone_mid_payload_fails_the_load_and_frees_the_pipe(pod: Po
     await stream.send_all(b"".join(encode_frame(f) for f in out))
     await wait_until(lambda: a.is_up("b"))
     before = _pipes()
-    c = a.request_soon(0, 2, 0, MIB)
+    c = a.request(0, 2, 0, MIB)
     assert c is not None
     load = await read_frame(stream, dec)
     assert isinstance(load, Load)
@@ -251,10 +251,10 @@ async def test_a_large_load_with_no_fd_for_a_pipe_is_read_into_memory(pod: Pod) 
     await pod.start("b", on_request=_memory_server(mem_b))
     await wait_until(lambda: a.is_up("b") and pod.links["b"].is_up("a"))
     with _no_free_fds():
-        got = await _completed(a.request_soon(0, 2, 0, MIB))
+        got = await _completed(a.request(0, 2, 0, MIB))
         assert a.is_up("b")
     assert got == PATTERN[:MIB]
-    assert await _completed(a.request_soon(0, 2, 0, MIB)) == PATTERN[:MIB]  # (piped again)
+    assert await _completed(a.request(0, 2, 0, MIB)) == PATTERN[:MIB]  # (piped again)
 
 
 async def test_a_late_large_data_nobody_waits_for_is_dropped_and_leaves_no_pipe(
@@ -267,7 +267,7 @@ async def test_a_late_large_data_nobody_waits_for_is_dropped_and_leaves_no_pipe(
     await stream.send_all(b"".join(encode_frame(f) for f in out))
     await wait_until(lambda: a.is_up("b"))
     a.ack_timeout = 0.1
-    late = a.request_soon(0, 2, 0, MIB)
+    late = a.request(0, 2, 0, MIB)
     assert late is not None
     load = await read_frame(stream, dec)
     assert isinstance(load, Load)
@@ -278,7 +278,7 @@ async def test_a_late_large_data_nobody_waits_for_is_dropped_and_leaves_no_pipe(
     before = _pipes()
     await stream.send_all(b"".join(encode_frame_parts(Data(load.seq, 0, PATTERN[:MIB]))))
     got: list[bytes | None] = []
-    c = a.request_soon(0, 2, 0, MIB)
+    c = a.request(0, 2, 0, MIB)
     assert c is not None
     c.when_done(lambda c: got.append(_drain_spliced(c.result())))
     load = await read_frame(stream, dec)

@@ -18,6 +18,7 @@ from test_pod_fabric import pod_config
 
 from ualinkd import sysfs
 from ualinkd.config import AccelConfig, PodConfig
+from ualinkd.fabric.waiting import completed
 
 pytestmark = pytest.mark.integration
 
@@ -258,10 +259,10 @@ async def test_n4_a_send_to_a_link_that_is_down_fails_at_once():
         pod = Pod(make_pod(ack_ms=2000, quirks=frozenset()), nursery)
         a = await pod.start("a")
         start = trio.current_time()
-        outcomes = await a.send_batch(0, 2, [(3, 0, 0, 0), (3, 1, 0, 0)])
+        outcomes = await completed(a.send_batch(0, 2, [(3, 0, 0, 0), (3, 1, 0, 0)]))
         assert [e.errno for e, _ in outcomes if e is not None] == [errno.ETIME] * 2
         with pytest.raises(Exception) as e:
-            await a.send(0, 2, (3, 0, 0, 0))
+            await completed(a.send(0, 2, (3, 0, 0, 0)))
         assert getattr(e.value, "errno", None) == errno.ETIME
         assert trio.current_time() - start < 1.0
         nursery.cancel_scope.cancel()

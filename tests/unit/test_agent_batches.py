@@ -46,13 +46,7 @@ class BatchFabric:
         if dst not in self.mute:
             self.agents[dst].on_message(src, dst, dwords)
 
-    async def send(self, src: int, dst: int, dwords: p.Dwords) -> None:
-        self.log.append((src, dst, p.decode_message(dwords)))
-        self.queued_at.append(trio.current_time())
-        await trio.sleep(self.ack_delay.get(dst, 0))
-        self._deliver(src, dst, dwords)
-
-    def send_batch(self, src: int, dst: int, messages: list[p.Dwords]):
+    def _send_batch(self, src: int, dst: int, messages: list[p.Dwords]):
         self.batches.append((src, dst, len(messages)))
         self.log.extend((src, dst, p.decode_message(dw)) for dw in messages)
         start = trio.current_time()
@@ -74,12 +68,12 @@ class BatchFabric:
 
         return acked()
 
-    def send_batch_soon(self, src: int, dst: int, messages: list[p.Dwords]
-                        ) -> Completion[list[tuple[DrmError | None, float]]]:
-        """`send_batch` answered by callback (FabricLink.send_batch_soon's contract: queued
-        now, the outcomes completing the Completion later, in another call)."""
+    def send_batch(self, src: int, dst: int, messages: list[p.Dwords]
+                   ) -> Completion[list[tuple[DrmError | None, float]]]:
+        """FabricLink.send_batch's contract: queued now, the outcomes completing the
+        Completion later, in another call."""
         done: Completion[list[tuple[DrmError | None, float]]] = Completion()
-        acked = self.send_batch(src, dst, messages)
+        acked = self._send_batch(src, dst, messages)
 
         async def complete() -> None:
             done.set_result(await acked)
@@ -90,14 +84,13 @@ class BatchFabric:
 
 
 async def start(nursery: trio.Nursery, nodes: int, fabric: BatchFabric) -> list[NodeCore]:
-    """The agents take batches by callback (send_batch_soon), as on a link that is up."""
+    """The agents take batches by callback (send_batch), as on a link that is up."""
     cfg = make_pod(nodes)
     cores = []
     fabric.nursery = nursery
     for n in cfg.nodes:
         core = NodeCore(cfg, n.name)
-        agent = UalinkAgent(core, fabric.send, send_batch=fabric.send_batch,
-                            send_batch_soon=fabric.send_batch_soon)
+        agent = UalinkAgent(core, fabric.send_batch)
         await nursery.start(agent.run)
         for a in n.accels:
             fabric.agents[a.accel_id] = agent

@@ -187,8 +187,8 @@ def test_misspelt_array_of_tables():
 @pytest.mark.parametrize("edit,expected", [
     (lambda d: d["pod"].update(response_timeout=50),
      "pod.toml: unknown key 'response_timeout' in [pod] (allowed there: "
-     "caller_memory_timeout_ms, kernel_quirks, key, memory_budget, response_timeout_ms, "
-     "send_ack_timeout_ms, size, tcp_congestion, tls_ca, uuid); "
+     "caller_memory_timeout_ms, fabric_links, kernel_quirks, key, memory_budget, "
+     "response_timeout_ms, send_ack_timeout_ms, size, tcp_congestion, tls_ca, uuid); "
      "did you mean 'response_timeout_ms'?"),
     (lambda d: d["nodes"][1].update(adress="127.0.0.1:7001"),
      "pod.toml: nodes[1]: unknown key 'adress' in [[nodes]] (allowed there: accels, address, "
@@ -226,7 +226,7 @@ def test_to_toml_writes_exactly_the_known_keys(tmp_path):
     doc = pod_doc(nodes=[[{"id": 0, "npa_pages": 64, "vram_size": "1GiB", "gtt_size": 4096}],
                          [{"id": 5, "profile": "mi300a"}]],
                   quirks=["hello-no-reset"], tls_ca="/ca.pem", tcp_congestion="",
-                  memory_budget="8GiB")
+                  memory_budget="8GiB", fabric_links="on-first-use")
     for i, n in enumerate(doc["nodes"]):
         n.update(tls_cert=f"/n{i}.pem", tls_key=f"/n{i}.key")
     doc["nodes"][0]["link_keys"] = {"node1": "cd" * 32}
@@ -318,3 +318,19 @@ def test_sizes_must_be_positive(value):
     """Issue 11: a pool of 0 bytes (or less) is a ConfigError naming the key."""
     doc = pod_doc(nodes=[[{"id": 0, "vram_size": value}], [{"id": 1}]])
     assert f"nodes[0].accels[0].vram_size: {value!r} must be a positive size" in err(doc)
+
+
+@pytest.mark.parametrize("value,ok", [("auto", True), ("at-start", True),
+                                      ("on-first-use", True), ("lazy", False), (1, False)])
+def test_fabric_links_mode(value, ok):
+    """`[pod] fabric_links` (fabric/dialing.py): when each pair's link comes up; another
+    value is an error naming the allowed ones, and "auto" (the default) is not written."""
+    doc = pod_doc(fabric_links=value)
+    if not ok:
+        with pytest.raises(ConfigError, match="fabric_links"):
+            PodConfig.from_dict(doc)
+        return
+    cfg = PodConfig.from_dict(doc)
+    assert cfg.fabric_links == value
+    assert ("fabric_links" in cfg.to_toml()) == (value != "auto")
+    assert PodConfig.from_dict(pod_doc()).fabric_links == "auto"

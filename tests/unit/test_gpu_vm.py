@@ -421,7 +421,7 @@ class FakeFabric:
         self.calls: list[tuple[int, RemotePiece, bool]] = []
         self.fault_from = 1 << 64
 
-    async def __call__(self, accel: int, piece: RemotePiece, write: bool,
+    def __call__(self, accel: int, piece: RemotePiece, write: bool,
                        data: bytes | None = None) -> bytes | int:
         self.calls.append((accel, piece, write))
         n = max(0, min(piece.length, self.fault_from - piece.npa_byte_address))
@@ -438,7 +438,7 @@ class FakeFabric:
 
 def test_npa_address_and_remote_round_trip(core, f):
     """§4.5: the NPA byte address is ((exporter << 29) | page offset) * 4096 + offset in
-    the BO; accesses go to remote_access with the importing accel id, as awaitables."""
+    the BO; accesses go to remote_access with the importing accel id."""
     fabric = FakeFabric()
     kit.attach_remote_access(core, fabric)
     h = npa_bo(f)

@@ -451,3 +451,21 @@ def test_n3_the_reset_takes_the_connection_as_it_is_when_the_send_fails():
     assert errno_of(flows[-1]) == errno.ETIME
     assert mgr.conn(0).state == ConnState.NOT_READY
     mgr.check_invariants()
+
+
+def test_n2_a_probe_with_nothing_to_read_yet_is_read_again_once_established():
+    """§13 N2 with links on first use (fabric/dialing.py): the probe before the HELLO finds
+    no incarnation yet (0: the link comes up for this HELLO), which is neither a restart nor
+    a reading; the connection's ESTABLISHED reads it, so a later restart is told apart."""
+    core, mgr, flows, peers = importer()
+    peers.incarnation[0] = 0
+    mgr.import_handle(open_file(core), LO, HI)
+    (send,) = sends(mgr)
+    assert isinstance(send.msg, p.Hello)
+    assert mgr.conn(0).peer_incarnation is None
+    mgr.on_sent(send, None, 0.0)
+    peers.incarnation[0] = 7  # announced on the link, ahead of the HELLO_ACK
+    mgr.receive(0, p.HelloAck())
+    assert mgr.conn(0).peer_incarnation == 7
+    (send,) = sends(mgr)
+    assert send.tag == NpaReqSent(LO)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import struct
+from collections.abc import Sequence
 from typing import TypeVar
 
 import pytest
@@ -39,15 +40,32 @@ class MemFabric:
         self.down: set[int] = set()  # accels whose link is down: sends fail with ETIME
         self.mute: set[int] = set()  # accels that accept but never process
         self.log: list[tuple[int, int, p.Message]] = []
+        self.nursery: trio.Nursery | None = None
 
-    async def send(self, src: int, dst: int, dwords: p.Dwords) -> None:
-        await trio.sleep(0)
-        if dst in self.down:
-            await trio.sleep(2)
-            raise DrmError(errno.ETIME, "no ack")
-        self.log.append((src, dst, p.decode_message(dwords)))
-        if dst not in self.mute:
-            self.agents[dst].on_message(src, dst, dwords)
+    def send_batch(self, src: int, dst: int, messages: Sequence[p.Dwords]
+                   ) -> Completion[list[tuple[DrmError | None, float]]]:
+        """FabricLink.send_batch's contract: queued now, in order; the outcomes complete
+        the Completion from another task (a down accel's after 2 s, with ETIME)."""
+        done: Completion[list[tuple[DrmError | None, float]]] = Completion()
+
+        async def deliver() -> None:
+            await trio.sleep(0)
+            if dst in self.down:
+                await trio.sleep(2)
+                now = trio.current_time()
+                done.set_result([(DrmError(errno.ETIME, "no ack"), now) for _ in messages])
+                return
+            out: list[tuple[DrmError | None, float]] = []
+            for dwords in messages:
+                self.log.append((src, dst, p.decode_message(dwords)))
+                if dst not in self.mute:
+                    self.agents[dst].on_message(src, dst, dwords)
+                out.append((None, trio.current_time()))
+            done.set_result(out)
+
+        assert self.nursery is not None
+        self.nursery.start_soon(deliver)
+        return done
 
 
 def make_pod(nodes: int = 2, mode: AddrMode = AddrMode.SOURCE_ALIASING, **kw) -> PodConfig:
@@ -59,9 +77,10 @@ def make_pod(nodes: int = 2, mode: AddrMode = AddrMode.SOURCE_ALIASING, **kw) ->
 
 async def start(nursery: trio.Nursery, cfg: PodConfig, fabric: MemFabric) -> list[NodeCore]:
     cores = []
+    fabric.nursery = nursery
     for n in cfg.nodes:
         core = NodeCore(cfg, n.name)
-        agent = UalinkAgent(core, fabric.send)
+        agent = UalinkAgent(core, fabric.send_batch)
         await nursery.start(agent.run)
         for a in n.accels:
             fabric.agents[a.accel_id] = agent
@@ -362,8 +381,11 @@ async def test_sends_of_a_deactivated_accel_fail_with_eshutdown(nursery, autojum
     fb = b.open_render(128, ME)
     assert (await import_(b, fb, handle))[0] == 0
     sent = len(fabric.log)
+    drain, a.after_request = a.after_request, lambda: None  # (the agent starts it below)
     assert (await ioctl(a, fa, GEM_CLOSE, struct.pack("<II", bo, 0)))[0] == 0  # REVOKE queued
-    a.managers[128].deactivate()  # before the send task runs
+    assert a.managers[128].outbox  # not started yet ...
+    a.managers[128].deactivate()  # ... when the accel is deactivated
+    drain()
     await trio.sleep(1)
     assert fabric.log[sent:] == []
     assert a.managers[128].npa_import_pages == 0

@@ -473,7 +473,7 @@ def test_a_recorder_leaving_mid_access_changes_nothing(traced, core, op):
     _remote_mapping(core, f, va)
     seen = core.recs
 
-    async def remote(accel, piece, write, data=None):
+    def remote(accel, piece, write, data=None):
         core.tracer = None  # the recorder goes while the piece is on the fabric
         return piece.length if write else b"R" * piece.length
 
@@ -497,7 +497,7 @@ def test_a_recorder_coming_mid_access_gets_no_half_access(traced, core):
     late: list = []
     core.tracer = None
 
-    async def remote(accel, piece, write, data=None):
+    def remote(accel, piece, write, data=None):
         core.tracer = late.append
         return piece.length
 

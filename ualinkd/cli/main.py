@@ -34,6 +34,7 @@ from .pod import (
     free_tcp_ports,
     leaves,
     pod_command,
+    preloaded_config,
     start_node_command,
     write_private,
 )
@@ -43,6 +44,7 @@ __all__ = ["ask_pod", "build_parser", "entry", "free_tcp_ports", "main", "write_
 log = logging.getLogger("ualinkd")
 
 
+@functools.cache  # (the nodes `ualinkd pod` forks parse their command line with the pod's)
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ualinkd", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"ualinkd {__version__}")
@@ -264,7 +266,8 @@ def _node(args: argparse.Namespace) -> int:
         print(f"ualinkd: {args.node}: the pod that started this node is gone",
               file=sys.stderr)
         return 1
-    config = with_quirks(PodConfig.load(args.config), args.kernel_quirks)
+    config = with_quirks(preloaded_config(args.config) or PodConfig.load(args.config),
+                         args.kernel_quirks)
     node_keys(config, args.node)  # fail early on an unknown name or a link without a key
     from ..daemon import open_trace_file
     from ..trace import TraceFilter

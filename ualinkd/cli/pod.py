@@ -33,6 +33,7 @@ from typing import NoReturn
 from .. import sysfs
 from ..amdgpu.profile import PROFILES
 from ..config import ConfigError, NodeConfig, PodConfig
+from ..fabric.dialing import links_at_start
 from ..podinfo import NODES_FILE  # beside pod.toml, for all: the nodes without the key
 from ..readiness import notify_socket, wait_ready
 from .common import ready_stream, trace_options, with_quirks
@@ -301,6 +302,30 @@ def _spawn_node(args: argparse.Namespace, root: str, conf_path: str, name: str) 
 
 
 _CMDLINE: list[ctypes.Array[ctypes.c_char]] = []  # a forked node's command line, kept alive
+# The pod's config file as this process loaded it, for the nodes it forks: parsing the
+# pod.toml of 256 nodes takes 0.1 s, more than half of a forked node's start-up, and 256
+# nodes on 2 CPUs would pay it 256 times. Keyed by the file's identity, size and mtime.
+_PRELOADED: dict[str, tuple[tuple[int, int, int], PodConfig]] = {}
+
+
+def _file_key(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _preload_config(path: str) -> None:
+    key = _file_key(path)
+    _PRELOADED[os.path.abspath(path)] = key, PodConfig.load(path)
+
+
+def preloaded_config(path: str) -> PodConfig | None:
+    """The config at `path` as the pod that forked this node loaded it, if the file has not
+    changed since (else None: load it)."""
+    entry = _PRELOADED.get(os.path.abspath(path))
+    try:
+        return entry[1] if entry is not None and entry[0] == _file_key(path) else None
+    except OSError:
+        return None
 
 
 def _fork_node(argv: list[str], env: dict[str, str]) -> NodeProcess:
@@ -419,6 +444,7 @@ def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
     if write_config:  # it holds the pod key
         write_private(conf_path, f"{GENERATED_MARK}\n{config.to_toml()}")
     _write_nodes_file(root, config)
+    _preload_config(conf_path)
     if args.trace_file:
         open(args.trace_file, "w").close()  # this pod's trace; its nodes append to it
     ready_out = ready_stream(args)
@@ -435,8 +461,11 @@ def _run_local_pod(args: argparse.Namespace, root: str, config: PodConfig,
                     return _signal_status(stopping())
                 print(f"ualinkd: {c.name} did not become ready", file=sys.stderr)
                 return 1
-        for c in children.values():
-            _wait_links(c.name, c.mount, args.ready_timeout, lambda: bool(stopping()))
+        if links_at_start(config.fabric_links, len(config.nodes)):
+            for c in children.values():
+                _wait_links(c.name, c.mount, args.ready_timeout, lambda: bool(stopping()))
+        else:  # (fabric/dialing.py: a pair's link comes up when the pair first needs it)
+            log.info("%d nodes: each fabric link comes up on its first use", len(children))
         if stopping():
             return _signal_status(stopping())
         for c, node in zip(children.values(), config.nodes, strict=True):

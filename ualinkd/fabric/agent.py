@@ -9,9 +9,10 @@ imports in flight, each a Completion the managers' `Wake` effects end (no task w
 
 Costs per burst, not per message: the sends one manager call produces (a file's close that
 revokes 2,000 BOs, a ring's burst of NPA_REVOKEs answered) are queued on each link in
-order as one batch, one flush, its ACKs' outcomes reported by callback from the link's
-reader (FabricLink.send_batch_soon; a task awaits them while the link is down); a ring
-takes every message queued for it per wake-up.
+order as one batch, one flush, its ACKs' outcomes reported by callback (a Completion, from
+the link's reader: FabricLink.send_batch); a ring takes every message queued for it per
+wake-up. The data plane's requests are Completions too (FabricLink.request): a GPU load
+over the fabric costs no task.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import trio
 from ..drm.completion import Completion
 from ..drm.errors import DrmError
 from ..drm.gem import DmaBuf
-from ..drm.loaded import Loaded
+from ..drm.loaded import Loaded, in_memory
 from ..ualink import protocol as p
 from ..ualink.host import UalinkHost
 from ..ualink.manager import (
@@ -46,33 +47,28 @@ from ..ualink.manager import (
     UalinkManager,
     Wake,
 )
+from .waiting import completed
 
 if TYPE_CHECKING:
     from ..amdgpu.vm import RemotePiece
 
 log = logging.getLogger(__name__)
 
-SendFn = Callable[[int, int, p.Dwords], Awaitable[None]]
+# A message's outcome: None or its DrmError, and when it was known (FabricLink.SendOutcome).
+SendOutcome = tuple[DrmError | None, float]
 # (src accel, dst accel, messages): queues them at once, in order (FabricLink.send_batch);
-# the awaitable gives each one's outcome (None or its DrmError) and when it was known.
-SendBatchFn = Callable[[int, int, Sequence[p.Dwords]],
-                       Awaitable[list[tuple[DrmError | None, float]]]]
-# The same, answered by callback (None: the link cannot take them now; SendBatchFn decides)
-SendBatchSoonFn = Callable[[int, int, Sequence[p.Dwords]],
-                           "Completion[list[tuple[DrmError | None, float]]] | None"]
+# the Completion gives each one's outcome.
+SendBatchFn = Callable[[int, int, Sequence[p.Dwords]], "Completion[list[SendOutcome]]"]
 # (src accel, dst accel, NPA byte address, length to load | bytes to store) -> loaded bytes
-RequestFn = Callable[[int, int, int, "int | bytes"], Awaitable[bytes | bytearray]]
-# The same, answered by callback (None: the link cannot take it now; RequestFn decides)
-RequestSoonFn = Callable[[int, int, int, "int | bytes"], "Completion[Loaded] | None"]
+# (FabricLink.request)
+RequestFn = Callable[[int, int, int, "int | bytes"], "Completion[Loaded]"]
 CHUNK = 1 << 20  # data-plane transfers are split into chunks this big ...
 IN_FLIGHT = 4  # ... with this many outstanding at once per transfer
 RING_SIZE = 1024  # messages queued per local accel; past it the link stops reading
 BURST = 256  # messages a ring takes per wake-up, their sends queued together
 # (importing accel, piece, write, data to store | None) -> loaded bytes | count stored
 RemoteAccessFn = Callable[[int, "RemotePiece", bool, "bytes | None"],
-                          Awaitable["bytes | bytearray | int"]]
-RemoteAccessSoonFn = Callable[[int, "RemotePiece", bool, "bytes | None"],
-                              "Completion[Loaded | int] | None"]
+                          "Completion[Loaded | int]"]
 
 
 class FabricNode(Protocol):
@@ -82,8 +78,7 @@ class FabricNode(Protocol):
     def host(self) -> UalinkHost: ...
 
     def attach_fabric(self, drain: Callable[[], None], wait_import: ImportWaiter,
-                      remote_access: RemoteAccessFn | None,
-                      remote_access_soon: RemoteAccessSoonFn | None = None) -> None: ...
+                      remote_access: RemoteAccessFn | None) -> None: ...
 
 
 def _piece_fault(piece: RemotePiece, e: DrmError) -> DrmError:
@@ -108,16 +103,14 @@ _RING_REPLIES = (HelloAckSent, NpaRspSent)
 # (nothing queued, nothing being handled) is handled in the link's call, as the ring would
 # handle it next; the ring's wake-up cost each a scheduler turn, 60-90 µs of each side of
 # a first import (pinned). An NPA_REQ's reply is the ring's to await: the ring stays busy
-# (later messages wait in it) until its ACK came (_reply_now). The bursts whose sends the
+# (later messages wait in it) until its ACK came (_reply_at_once). The bursts whose sends the
 # ring batches (a file's NPA_REVOKEs, their NPA_RELEASEs) and HELLOs go through the ring.
 _HANDLED_AT_ONCE = (p.NpaReq, p.NpaRsp, p.NpaFail, p.HelloAck)
 
 
 class UalinkAgent:
-    def __init__(self, node: FabricNode, send: SendFn, request: RequestFn | None = None,
-                 ring_size: int = RING_SIZE, send_batch: SendBatchFn | None = None,
-                 request_soon: RequestSoonFn | None = None,
-                 send_batch_soon: SendBatchSoonFn | None = None,
+    def __init__(self, node: FabricNode, send_batch: SendBatchFn,
+                 request: RequestFn | None = None, *, ring_size: int = RING_SIZE,
                  probe: ProbeFn | None = None,
                  announce: Callable[[int, int], None] | None = None) -> None:
         self.host = node.host
@@ -128,13 +121,10 @@ class UalinkAgent:
             for mgr in self.host.managers:
                 mgr.probe = probe
         self._send_batch = send_batch
-        self._send_batch_soon = send_batch_soon
         self.ring_size = ring_size
         # accel -> times the link waited for room in its full ring since it last emptied
         self._ring_waits: dict[int, int] = {}
-        self._send = send
         self._request = request
-        self._request_soon = request_soon
         # The imports in flight, by the Wake that ends them (wait_import).
         self._imports: dict[tuple[int, ImportDone], tuple[ImportFlow, Completion[DmaBuf]]] = {}
         self._nursery: trio.Nursery | None = None
@@ -151,8 +141,7 @@ class UalinkAgent:
         # next one: brought forward in place when a sooner one is armed (no wake-up).
         self._timer_scopes: dict[int, trio.CancelScope] = {}
         node.attach_fabric(self.drain, self.wait_import,
-                           self.remote_access if request is not None else None,
-                           self.remote_access_soon if request_soon is not None else None)
+                           self.remote_access if request is not None else None)
 
     # -- data plane ------------------------------------------------------------------------
     def serve(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
@@ -173,67 +162,19 @@ class UalinkAgent:
         mgr = self.host.by_accel_id(dst_accel)
         return [] if mgr is None else mgr.load_routes(src_accel, npa_byte_addr, length)
 
-    async def remote_access(
+    def remote_access(
         self, accel_id: int, piece: RemotePiece, write: bool, data: bytes | None = None
-    ) -> bytes | bytearray | int:
+    ) -> Completion[Loaded | int]:
         """A GPU load/store of an imported NPA BO: LOAD/STORE requests to the exporter, in
-        chunks, several in flight. A store returns once the exporter applied it. If a chunk
+        chunks, several in flight, answered by callback (no task: the link's reader
+        completes them). A store completes once the exporter applied it. If a chunk
         faults, the result stops before it (EFAULT when nothing was done, policy 10)."""
         assert self._request is not None
         length = piece.length
-        if length <= CHUNK:  # one request: no tasks to spawn
-            arg = length if not write else (data or b"")[:length]
-            try:
-                got = await self._request(accel_id, piece.exporter_accel,
-                                          piece.npa_byte_address, arg)
-            except DrmError as e:
-                raise _piece_fault(piece, e) from None
-            return length if write else got
-        spans = [(off, min(CHUNK, length - off)) for off in range(0, length, CHUNK)]
-        results: list[bytes | bytearray | None] = [None] * len(spans)
-        limiter = trio.CapacityLimiter(IN_FLIGHT)
-
-        async def one(i: int, off: int, n: int) -> None:
-            async with limiter:
-                arg: int | bytes = n if not write else (data or b"")[off:off + n]
-                try:
-                    results[i] = await self._request(  # type: ignore[misc]  # asserted above
-                        accel_id, piece.exporter_accel, piece.npa_byte_address + off, arg)
-                except DrmError:
-                    results[i] = None
-
-        async with trio.open_nursery() as nursery:
-            for i, (off, n) in enumerate(spans):
-                nursery.start_soon(one, i, off, n)
-        done = 0
-        loaded = []
-        for (_, n), r in zip(spans, results, strict=True):
-            if r is None:
-                break
-            # A short answer (policy 10: the exporter faulted part-way) ends the count there:
-            # later chunks would land at the wrong offsets.
-            count = n if write else len(r)
-            done += count
-            loaded.append(r)
-            if count < n:
-                break
-        if done == 0 and length:
-            raise DrmError(errno.EFAULT, f"GPU page fault at NPA {piece.npa_byte_address:#x}")
-        return done if write else b"".join(loaded)
-
-    def remote_access_soon(
-        self, accel_id: int, piece: RemotePiece, write: bool, data: bytes | None = None
-    ) -> Completion[Loaded | int] | None:
-        """`remote_access` answered by callback, for a piece one request carries (the
-        common GPU load/store); None when it takes more, or the link cannot take it now."""
-        assert self._request_soon is not None
-        length = piece.length
         if length > CHUNK:
-            return None
-        c = self._request_soon(accel_id, piece.exporter_accel, piece.npa_byte_address,
-                               length if not write else (data or b"")[:length])
-        if c is None:
-            return None
+            return _Transfer(self._request, accel_id, piece, write, data).start()
+        c = self._request(accel_id, piece.exporter_accel, piece.npa_byte_address,
+                          length if not write else (data or b"")[:length])
 
         def answered(c: Completion[Loaded]) -> Loaded | int:
             try:
@@ -266,8 +207,7 @@ class UalinkAgent:
             log.warning("message from accel %d for accel %d, which is not ours", src, dst)
             return None
         item = (src, p.decode_message(dwords))
-        if (self._ring_idle.get(dst) and self._send_batch_soon is not None
-                and self._send_batch is not None and isinstance(item[1], _HANDLED_AT_ONCE)):
+        if self._ring_idle.get(dst) and isinstance(item[1], _HANDLED_AT_ONCE):
             self._receive_now(dst, *item)
             return None
         self._ring_idle[dst] = False  # (what follows it waits behind it, in the ring)
@@ -322,7 +262,7 @@ class UalinkAgent:
     def _receive_now(self, accel_id: int, src: int, msg: p.Message) -> None:
         """An idle ring's next message, handled in the caller's call as the ring would
         (on_message): its sends queued on their links in order, its waiters woken, and a
-        reply the ring awaits sent now, the ring busy until its ACK (_reply_now)."""
+        reply the ring awaits sent now, the ring busy until its ACK (_reply_at_once)."""
         mgr = self.host.by_accel_id(accel_id)
         assert mgr is not None  # (it has a ring: self._rx)
         self._ring_idle[accel_id] = None
@@ -341,7 +281,7 @@ class UalinkAgent:
                 if self._ring_awaits(eff):
                     self._start(mgr, later)
                     later.clear()
-                    self._reply_now(mgr, eff, pending, later)
+                    self._reply_at_once(mgr, eff, pending, later)
                     return
                 later.append(eff)
             if not mgr.outbox:
@@ -353,29 +293,12 @@ class UalinkAgent:
         if self._ring_idle.get(mgr.accel_id) is None:
             self._ring_idle[mgr.accel_id] = True
 
-    def _reply_now(self, mgr: UalinkManager, eff: Send, pending: deque[Effect],
-                   later: list[Effect]) -> None:
+    def _reply_at_once(self, mgr: UalinkManager, eff: Send, pending: deque[Effect],
+                       later: list[Effect]) -> None:
         """A ring reply of a message handled at once: queued on its link now, its outcome
-        reported as the ring's `_do_send` would, then the rest of the message's effects."""
-        assert self._send_batch_soon is not None
-        soon = (self._send_batch_soon(mgr.accel_id, eff.dst, [eff.msg.encode()])
-                if mgr.accel_active else None)
-        if soon is None:  # (no link up now, or the accel not ACTIVE: the ring's way, waited)
-            assert self._nursery is not None
-            self._nursery.start_soon(self._reply_later, mgr, eff, pending, later)
-            return
-
-        def acked(c: Completion[list[tuple[DrmError | None, float]]]) -> None:
-            ((err, when),) = c.result()
-            mgr.on_sent(eff, err, when)
-            self._effects_now(mgr, pending, later)
-
-        soon.when_done(acked)
-
-    async def _reply_later(self, mgr: UalinkManager, eff: Send, pending: deque[Effect],
-                           later: list[Effect]) -> None:
-        await self._do_send(mgr, eff)
-        self._effects_now(mgr, pending, later)
+        reported as the ring's `_do_send` would, then the rest of the message's effects
+        (in the call that brings its ACK)."""
+        self._send_one(mgr, eff, lambda: self._effects_now(mgr, pending, later))
 
     async def _timer_loop(self, mgr: UalinkManager) -> None:
         """aioquic's loop: sleep until the manager's next deadline (or until an earlier one
@@ -425,7 +348,7 @@ class UalinkAgent:
     # -- effects ------------------------------------------------------------------------------
     async def _ring_effects(self, mgr: UalinkManager, later: list[Effect]) -> None:
         """The effects of one ring message: the replies the ring waits for (HELLO_ACK,
-        NPA_RSP; every send when no batches can be queued) are sent and awaited here, after
+        NPA_RSP) are sent and awaited here, after
         what `later` holds went out ahead of them; the rest is added to `later`."""
         while mgr.outbox:  # (most messages, a RELEASE received, cause none)
             effects = mgr.take_effects()
@@ -438,10 +361,8 @@ class UalinkAgent:
                     later.append(eff)
 
     def _ring_awaits(self, eff: Effect) -> TypeGuard[Send]:
-        """A send the ring awaits before its next message: a reply (HELLO_ACK, NPA_RSP), and
-        every send when no batches can be queued."""
-        return isinstance(eff, Send) and (isinstance(eff.tag, _RING_REPLIES)
-                                          or (eff.tag is None and self._send_batch is None))
+        """A send the ring awaits before its next message: a reply (HELLO_ACK, NPA_RSP)."""
+        return isinstance(eff, Send) and isinstance(eff.tag, _RING_REPLIES)
 
     def _run_effects(self, mgr: UalinkManager) -> None:
         while effects := mgr.take_effects():
@@ -461,6 +382,7 @@ class UalinkAgent:
         awaits (a revoke of 2,000 BOs from 8 importers: 8 batches, not 16,000 tasks)."""
         batches: dict[int, list[Send]] = {}
         woken: list[tuple[ImportFlow, Completion[DmaBuf]]] = []
+        inactive: list[Send] = []
         now: float | None = None
         for eff in effects:
             if isinstance(eff, Wake):
@@ -474,66 +396,133 @@ class UalinkAgent:
                 continue  # (§13 N5: its importer went down; the manager dropped it)
             elif self._nursery is None:
                 log.debug("agent not running: dropping %s", eff)
-            elif self._send_batch is not None and mgr.accel_active:
+            elif mgr.accel_active:
                 batches.setdefault(eff.dst, []).append(eff)
             else:
-                self._nursery.start_soon(self._send_then_drain, mgr, eff)
+                inactive.append(eff)
         # A revoke's one NPA_REVOKE goes to each of its importers: encoded once, not once each.
         encoded: dict[int, p.Dwords] = {}
+        sent: list[tuple[Completion[list[SendOutcome]], list[Send]]] = []
         for dst, sends in batches.items():
-            assert self._send_batch is not None and self._nursery is not None
             messages = []
             for eff in sends:
                 dwords = encoded.get(id(eff.msg))
                 if dwords is None:
                     dwords = encoded[id(eff.msg)] = eff.msg.encode()
                 messages.append(dwords)
-            soon = (self._send_batch_soon(mgr.accel_id, dst, messages)
-                    if self._send_batch_soon is not None else None)
-            if soon is not None:
-                soon.when_done(functools.partial(self._batch_answered, mgr, sends))
-                continue
-            wait = self._send_batch(mgr.accel_id, dst, messages)
-            self._nursery.start_soon(self._finish_batch, mgr, sends, wait)
+            sent.append((self._send_batch(mgr.accel_id, dst, messages), sends))
         # Last, as an Event's waiter ran after them: a waiter's answer ends its ioctl in
         # this call, and that ioctl's after_request starts whatever its manager queued
         # meanwhile, which must leave after the sends above.
         for flow, c in woken:
             _deliver(flow, c)
+        # The outcomes after all of that: one already known (a link down, §13 N4) is
+        # reported now, and what the manager does about it leaves after the sends above.
+        for outcomes, sends in sent:
+            outcomes.when_done(functools.partial(self._batch_done, mgr, sends))
+        for eff in inactive:
+            self._send_one(mgr, eff, functools.partial(self._run_effects, mgr))
 
-    async def _transmit(self, mgr: UalinkManager, dst: int, dwords: p.Dwords) -> None:
-        """One message from `mgr`'s accel (§5.1): ESHUTDOWN once that accel is not ACTIVE
-        (deactivated while the send was queued or waited for), else the link's send."""
+    def _send_one(self, mgr: UalinkManager, eff: Send, then: Callable[[], None]) -> None:
+        """One message from `mgr`'s accel (§5.1), its outcome reported to the manager
+        (`on_sent`) by callback, then `then()`: ESHUTDOWN at once when that accel is not
+        ACTIVE (deactivated while the send was queued), else the link's. A send no longer
+        due (§13 N5) is dropped, and `then()` runs."""
+        now = trio.current_time()
+        if not mgr.send_due(eff, now):
+            then()
+            return
         if not mgr.accel_active:
-            raise DrmError(errno.ESHUTDOWN, f"accel {mgr.accel_id} is not ACTIVE")
-        await self._send(mgr.accel_id, dst, dwords)
+            mgr.on_sent(eff, DrmError(errno.ESHUTDOWN, f"accel {mgr.accel_id} is not ACTIVE"),
+                        now)
+            then()
+            return
+
+        def acked(c: Completion[list[SendOutcome]]) -> None:
+            ((err, when),) = c.result()
+            mgr.on_sent(eff, err, when)
+            then()
+
+        self._send_batch(mgr.accel_id, eff.dst, [eff.msg.encode()]).when_done(acked)
 
     async def _do_send(self, mgr: UalinkManager, eff: Send) -> None:
-        if not mgr.send_due(eff, trio.current_time()):
-            return
-        err: DrmError | None = None
-        try:
-            await self._transmit(mgr, eff.dst, eff.msg.encode())
-        except DrmError as e:
-            err = e
-        mgr.on_sent(eff, err, trio.current_time())
-
-    async def _finish_batch(self, mgr: UalinkManager, sends: list[Send],
-                            wait: Awaitable[list[tuple[DrmError | None, float]]]) -> None:
-        """Each send's outcome, with the time it was known (a wait it starts is counted
-        from its ACK, as when each send reported on its own)."""
-        self._batch_done(mgr, sends, await wait)
-
-    def _batch_answered(self, mgr: UalinkManager, sends: list[Send],
-                        c: Completion[list[tuple[DrmError | None, float]]]) -> None:
-        self._batch_done(mgr, sends, c.result())
+        """`_send_one`, for the ring, which waits for it before its next message."""
+        done: Completion[None] = Completion()
+        self._send_one(mgr, eff, lambda: done.set_result(None))
+        await completed(done)
 
     def _batch_done(self, mgr: UalinkManager, sends: list[Send],
-                    outcomes: list[tuple[DrmError | None, float]]) -> None:
-        for eff, (err, when) in zip(sends, outcomes, strict=True):
+                    c: Completion[list[SendOutcome]]) -> None:
+        """Each send's outcome, with the time it was known (a wait it starts is counted
+        from its ACK, as when each send reported on its own)."""
+        for eff, (err, when) in zip(sends, c.result(), strict=True):
             mgr.on_sent(eff, err, when)
         self._run_effects(mgr)
 
-    async def _send_then_drain(self, mgr: UalinkManager, eff: Send) -> None:
-        await self._do_send(mgr, eff)
-        self._run_effects(mgr)
+
+class _Transfer:
+    """A remote access larger than one request (UalinkAgent.remote_access): CHUNK-sized
+    requests, IN_FLIGHT of them at a time, each answer issuing the next in the call that
+    brings it; the Completion ends once every chunk is answered."""
+
+    def __init__(self, request: RequestFn, accel_id: int, piece: RemotePiece, write: bool,
+                 data: bytes | None) -> None:
+        self._request, self._accel_id, self._piece = request, accel_id, piece
+        self._write, self._data = write, data or b""
+        length = piece.length
+        self._spans = [(off, min(CHUNK, length - off)) for off in range(0, length, CHUNK)]
+        self._results: list[bytes | bytearray | None] = [None] * len(self._spans)
+        self._next = 0
+        self._in_flight = 0
+        self._left = len(self._spans)
+        self._issuing = False
+        self.done: Completion[Loaded | int] = Completion()
+
+    def start(self) -> Completion[Loaded | int]:
+        self._issue()
+        return self.done
+
+    def _issue(self) -> None:
+        if self._issuing:  # (an answer that came at once: the loop below goes on)
+            return
+        self._issuing = True
+        try:
+            while self._next < len(self._spans) and self._in_flight < IN_FLIGHT:
+                i = self._next
+                self._next += 1
+                self._in_flight += 1
+                off, n = self._spans[i]
+                arg: int | bytes = n if not self._write else self._data[off:off + n]
+                c = self._request(self._accel_id, self._piece.exporter_accel,
+                                  self._piece.npa_byte_address + off, arg)
+                c.when_done(functools.partial(self._answered, i))
+        finally:
+            self._issuing = False
+
+    def _answered(self, i: int, c: Completion[Loaded]) -> None:
+        self._in_flight -= 1
+        self._left -= 1
+        try:
+            self._results[i] = in_memory(c.result())
+        except DrmError:
+            self._results[i] = None
+        if self._left:
+            self._issue()
+            return
+        done = 0
+        loaded = []
+        for (_, n), r in zip(self._spans, self._results, strict=True):
+            if r is None:
+                break
+            # A short answer (policy 10: the exporter faulted part-way) ends the count there:
+            # later chunks would land at the wrong offsets.
+            count = n if self._write else len(r)
+            done += count
+            loaded.append(r)
+            if count < n:
+                break
+        if done == 0:
+            self.done.set_error(DrmError(
+                errno.EFAULT, f"GPU page fault at NPA {self._piece.npa_byte_address:#x}"))
+        else:
+            self.done.set_result(done if self._write else b"".join(loaded))

@@ -24,15 +24,10 @@ A MSG's ACK waits, in the session, for the reply the MSG causes, to leave in the
 `_HeldAcks`, a trio instrument, writes what is still held when the scheduler is about to
 wait (everything the MSGs woke has run), or after ACK_COALESCE_STEPS busy batches.
 
-Liveness: each side makes sure its peer hears from it about every heartbeat interval,
-with a heartbeat PING (unanswered: the peer's own prove the peer alive) only when it has sent
-nothing else for that long, and at least every CLOCK_REFRESH_INTERVALS intervals for the
-link clock the PING carries. A peer heard nothing from for PROBE_AFTER_INTERVALS intervals
-(its heartbeats may be sparser than ours) is sent PINGs that it answers, once an interval.
-A link that brought nothing for the heartbeat timeout is dropped. One task sweeps every link
-HEARTBEAT_SWEEPS times an interval: a pod of 64 nodes has 63 links a node, swept in one
-wake-up rather than 63, and an idle link carries two frames an interval, not four (a PING
-and a PONG each way).
+Timers: each link's Session decides its own (requests' deadlines; heartbeats, probes and
+death, liveness.py) with time as an input; one task (`_timers`) sleeps until the first
+Session's `get_timer()` and calls its `handle_timer(now)`, then writes what it queued or
+drops the link. Liveness's due times share one grid, so the links' timers come together.
 
 What a link holds is bounded, and a full bound stops reading, never drops what the peer sent
 in order. A message whose receive ring is full waits in the link's inbox (acknowledged, in
@@ -47,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import heapq
 import itertools
 import logging
@@ -65,7 +61,8 @@ import trio
 from ..config import ConfigError, PodConfig
 from ..drm.completion import Completion
 from ..drm.errors import DrmError
-from ..drm.loaded import Loaded, in_memory
+from ..drm.loaded import Loaded
+from . import dialing
 from .auth import (
     HANDSHAKE_TIMEOUT,
     AuthError,
@@ -76,13 +73,15 @@ from .auth import (
     bound_to,
     node_keys,
 )
+from .liveness import Liveness
 from .session import (
-    AckReceived,
-    DataReceived,
+    BatchWait,
     IncarnationReceived,
     MessageReceived,
     PongReceived,
     RequestReceived,
+    RequestWait,
+    SendOutcome,
     Session,
 )
 from .splice import PipedPayload, PipePool, unread
@@ -157,17 +156,6 @@ BUSY_READS = 4
 INBOX_MAX = 4096  # acknowledged messages waiting for their ring, per connection
 DEFER_MAX = 1024
 DEFER_MAX_BYTES = 16 << 20
-# Sweeps of the links per heartbeat interval. A link we have sent nothing on for more than
-# an interval less half a sweep gets its heartbeat PING (so the PINGs of an idle link come
-# an interval apart, however late each sweep runs, and no link is quiet for much longer).
-HEARTBEAT_SWEEPS = 4
-# A peer silent for this many intervals (twice what its heartbeats leave, if it uses ours)
-# is asked for PONGs: its silence then says it is gone, whatever its own interval.
-PROBE_AFTER_INTERVALS = 2
-# A busy link (never quiet for an interval) still sends a PING every this many intervals:
-# the peer's reading of our link clock is then never old (its deadlines assume our clock
-# runs at its rate; two hosts' clocks, 100 ppm apart, drift 1 ms in 10 s, and none on one).
-CLOCK_REFRESH_INTERVALS = 10
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -253,7 +241,14 @@ class _LinkDown(Exception):
         self.level = level
 
 
+class _ProofTaken(_LinkDown):
+    """The peer proved itself and took our proof, then closed without AUTH_OK: what a knock
+    gets once heard (dialing.py), unlike a refusal before the handshake (a limit)."""
+
+
 class _Waiter:
+    """A PING's waiter (FabricLink.ping): its PONG, or None when the link dropped first."""
+
     __slots__ = ("event", "result")
 
     def __init__(self) -> None:
@@ -265,143 +260,59 @@ class _Waiter:
         self.event.set()
 
 
-class _Completing:
-    """A waiter whose answer completes a Completion in the reader's call (request_soon)."""
-
-    __slots__ = ("completion", "peer")
-
-    def __init__(self, peer: str) -> None:
-        self.peer = peer
-        # Dropped once set: the deadline heap keeps this waiter until its deadline, and must
-        # not keep the loaded bytes that long.
-        self.completion: Completion[Loaded] | None = Completion()
-
-    def set(self, result: Any) -> None:
-        c, self.completion = self.completion, None
-        if c is None:
-            return
-        if result is None or result.status != 0:
-            c.set_error(_data_error(self.peer, result))
-        else:
-            c.set_result(result.data)
-
-    def expire(self, conn: _Conn, seq: int) -> None:
-        """Its deadline passed (FabricLink._expire): the seq is forgotten (a late DATA is
-        dropped) and the request fails."""
-        if conn.waiters.get(seq) is self:
-            del conn.waiters[seq]
-            conn.session.forget(seq)
-            self.set(None)
-
-
-def _data_error(peer: str, result: Any) -> DrmError:
-    """A data-plane request's failure (Emulator policy 3, 10): no answer (the link dropped,
-    or the deadline passed) or the exporter's -errno."""
-    if result is None:
-        return DrmError(errno.EFAULT, f"no answer from {peer}")
-    return DrmError(-result.status if result.status < 0 else errno.EFAULT)
-
-
-class _Batch:
-    """One waiter for the ACKs of several MSGs queued together on `conn`
-    (`FabricLink.send_batch`): each of their seqs maps to it in `_Conn.waiters`. It notes
-    every ACK with the time it came (the read that brought it: `conn.last_rx`) and wakes its
-    one task once, when the last is in or the link dropped, so a burst of N messages costs
-    one wake-up, not N."""
-
-    __slots__ = ("acks", "conn", "dropped", "event", "left")
-
-    def __init__(self, conn: _Conn, count: int) -> None:
-        self.conn = conn
-        self.event = trio.Event()
-        self.acks: dict[int, tuple[int, float]] = {}  # seq -> (ACK status, when it came)
-        self.left = count
-        self.dropped = False
-        if not count:
-            self.event.set()
-
-    def set(self, result: Any) -> None:
-        if result is None:  # the link dropped: what is not acknowledged now never will be
-            self.dropped = True
-            self._finish()
-            return
-        self.acks[result.seq] = (result.status, self.conn.last_rx)
-        self.left -= 1
-        if not self.left:
-            self._finish()
-
-    def _finish(self) -> None:
-        self.event.set()
-
-    def outcomes(self, seqs: list[int], ack_timeout: float) -> list[SendOutcome]:
-        """Each MSG's outcome, in order, once the batch is over (every ACK in, the link
-        dropped, or the deadline passed): None or the DrmError `FabricLink.send` raises,
-        with when it became known. A seq still waiting is forgotten here (a late ACK is
-        dropped)."""
-        now = trio.current_time()
-        conn = self.conn
-        peer = conn.peer
-        out: list[SendOutcome] = []
-        missing = (f"link to {peer} dropped before the ACK" if self.dropped else
-                   f"no ACK from {peer} within {ack_timeout:g} s")
-        for seq in seqs:
-            got = self.acks.get(seq)
-            if got is None:
-                if conn.waiters.get(seq) is self:
-                    del conn.waiters[seq]
-                conn.session.forget(seq)
-                out.append((DrmError(errno.ETIME, missing), now))
-            elif got[0] != 0:
-                out.append((DrmError(errno.ECOMM, f"{peer} refused the message "
-                                                  f"(status {got[0]})"), got[1]))
-            else:
-                out.append((None, got[1]))
-        return out
-
-
-class _CompletingBatch(_Batch):
-    """A _Batch whose outcomes complete a Completion in the call that ends it (the reader's,
-    as the last ACK is decoded; the link's teardown; `_expire` at the deadline), not a
-    task's wait (FabricLink.send_batch_soon): the task a batch cost was a spawn and two
-    scheduler steps on both ends of every import."""
-
-    __slots__ = ("ack_timeout", "completion", "seqs")
-
-    def __init__(self, conn: _Conn, seqs: list[int], ack_timeout: float) -> None:
-        self.completion: Completion[list[SendOutcome]] | None = Completion()
-        self.seqs = seqs
-        self.ack_timeout = ack_timeout
-        super().__init__(conn, len(seqs))
-
-    def _finish(self) -> None:
-        c, self.completion = self.completion, None
-        if c is not None:  # (a drop sets each of its seqs' waiter: this one, once each)
-            c.set_result(self.outcomes(self.seqs, self.ack_timeout))
-
-    def expire(self, conn: _Conn, seq: int) -> None:
-        self._finish()
-
-
 class _Parked:
-    """A batch sent while its link was down (FabricLink.send_batch): queued when the link
-    comes up, in line with the others parked for that peer, before anything sent later."""
+    """A use of a link that is down (a batch under quirk send-fail-slow, anything sent
+    while the link is set up for its first use): `queue(conn)` when the link comes up, in
+    line with the others parked for that peer, before anything sent later; `failed` at
+    its deadline (the link's timer heap) if it is not queued by then."""
 
-    __slots__ = ("dst", "error", "event", "give_up", "messages", "queued", "src")
+    __slots__ = ("completion", "failed", "give_up", "link", "peer", "queue")
 
-    def __init__(self, src: int, dst: int, messages: Sequence[Dwords], give_up: float) -> None:
-        self.src, self.dst, self.messages, self.give_up = src, dst, messages, give_up
-        self.event = trio.Event()  # set once queued, dropped or failed, or the link closed
-        self.queued: tuple[list[int], _Batch] | None = None
-        self.error: LocalProtocolError | None = None
+    def __init__(self, link: FabricLink, peer: str, give_up: float,
+                 queue: Callable[[_Conn], Completion[Any]],
+                 failed: Callable[[Completion[Any], DrmError], None]) -> None:
+        self.link, self.peer, self.give_up = link, peer, give_up
+        self.queue, self.failed = queue, failed
+        # None once queued (what it queued completes it then) or failed.
+        self.completion: Completion[Any] | None = Completion()
+
+    def fail(self, error: DrmError) -> None:
+        c, self.completion = self.completion, None
+        if c is not None:
+            self.failed(c, error)
+
+    def expire(self) -> None:
+        """Its wait is over and its link never came: it fails as unanswered."""
+        line = self.link._parked.get(self.peer)
+        if line is not None and self in line:
+            line.remove(self)
+            if not line:
+                del self.link._parked[self.peer]
+        self.fail(DrmError(errno.ETIME,
+                           f"no ACK from {self.peer} within {self.link.ack_timeout:g} s"))
 
 
-# A message's outcome in a batch: None (accepted) or the DrmError `send` would raise, and
-# when that became known (the ACK's arrival; the deadline, for a missing one).
-SendOutcome = tuple[DrmError | None, float]
+def _batch_failed(count: int) -> Callable[[Completion[Any], DrmError], None]:
+    """How a parked batch of `count` messages fails: each message with the error."""
+    def failed(c: Completion[Any], error: DrmError) -> None:
+        now = trio.current_time()
+        c.set_result([(error, now) for _ in range(count)])
+    return failed
+
+
+def _request_failed(peer: str) -> Callable[[Completion[Any], DrmError], None]:
+    """How a parked request to `peer` fails: unanswered is EFAULT (policy 3), as a request
+    the link took and its peer never answered; closed is ESHUTDOWN."""
+    def failed(c: Completion[Any], error: DrmError) -> None:
+        c.set_error(DrmError(errno.EFAULT, f"no answer from {peer}")
+                    if error.errno == errno.ETIME else error)
+    return failed
+
+
 
 
 class _Conn:
-    """One authenticated connection: its stream, its Session, its waiters.
+    """One authenticated connection: its stream, its Session (which keeps its requests), its PINGs.
 
     On plain TCP (`fd` set) queued frames are written at once by whoever queues them, as far
     as the socket takes them without blocking; the writer task only finishes what is left
@@ -434,15 +345,15 @@ class _Conn:
         self.replied_mark = 0
         self.not_reading_logged = False
         self.expired = 0  # requests refused past their deadline
-        self.waiters: dict[int, _Waiter | _Completing | _Batch] = {}
         self.pings: dict[int, _Waiter] = {}
-        self.last_rx = trio.current_time()
-        self.last_tx = self.last_rx  # when the socket last took bytes from us
+        self.timer_at = math.inf  # when the link's timer task calls session.handle_timer
+        # last_rx (bytes came in), last_tx (the socket took bytes from us): liveness.py
+        assert session.liveness is not None
+        self.live = session.liveness
         # The socket's SO_RCVLOWAT (the reader waits for the rest of a large payload with it)
-        # and, meanwhile, the bytes `_sweep` last saw queued: bytes coming in are life.
+        # and, meanwhile, the bytes the timer last saw queued: bytes coming in are life.
         self.lowat = 1
         self.inq = 0
-        self.pinged = -math.inf  # when the last heartbeat PING was queued
         self.down: _LinkDown | None = None
         self.data_handle: int | None = None  # its data channel's, from DataChannels.open
         # What binds a data channel to this link (auth.bound_nonce): from its handshake
@@ -497,7 +408,7 @@ class _Conn:
             bufs, total = [], 0
             self.drop(_LinkDown(f"send failed: {e!r}"))
         if written:
-            self.stuck_since = self.last_tx = trio.current_time()
+            self.stuck_since = self.live.last_tx = trio.current_time()
         self._hold(bufs, total - written)
 
     def _hold(self, bufs: list[Buffer], size: int | None = None) -> None:
@@ -521,6 +432,9 @@ class _Conn:
         self.scope.cancel()
 
 
+# What the link's timer heap holds: a connection whose Session's timer is due then (unless
+# it moved: `_Conn.timer_at`), or a parked use of a link that is down.
+_Timed = _Parked | _Conn
 Buffer = bytes | bytearray | memoryview
 _IOV_MAX = 1024
 
@@ -705,13 +619,12 @@ class FabricLink:
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
         self._closed = False
-        # request_soon's waits by deadline, and the event that wakes `_expire` (None: it is
-        # not running, and request_soon declines).
-        # (deadline, tie-break, conn, seq, waiter): request_soon's, and send_batch_soon's
-        # (a batch's first seq: it expires all of them)
-        self._deadlines: list[tuple[float, int, _Conn, int, _Completing | _CompletingBatch]] = []
-        self._deadline_ids = itertools.count()  # ties broken in order, never by _Conn
-        self._expiring: trio.Event | None = None
+        # The waits that end at a deadline (a request's, a batch's, a parked batch's), by
+        # deadline, and the event that wakes `_timers` when one sooner than its sleep comes.
+        # (deadline, tie-break, waiter): ties broken in order, never by the waiter.
+        self._deadlines: list[tuple[float, int, _Timed]] = []
+        self._deadline_ids = itertools.count()
+        self._timer_moved = trio.Event()
         # Per peer whose link is down: the batches waiting for it, in the order they were sent.
         self._parked: dict[str, deque[_Parked]] = {}
         self.port: int | None = None
@@ -723,6 +636,12 @@ class FabricLink:
         # newest kernel's; quirk "send-fail-slow": it waits in line for the link (U polled
         # its ACK for the 2 s).
         self._post_fails_fast = "send-fail-slow" not in config.kernel_quirks
+        # fabric/dialing.py: every pair linked at start, or each on its first use (a knock
+        # from the node that does not dial); dials in their handshake at once are limited.
+        self.links_at_start = dialing.links_at_start(config.fabric_links, len(config.nodes))
+        self._first_use = dialing.FirstUse(config.response_timeout_ms / 1000)  # (§5.4's wait)
+        self._dial_slots = trio.CapacityLimiter(dialing.DIAL_CONCURRENCY)
+        self._down: dict[str, trio.Event] = {}  # per peer with a link: set when it goes
 
     # -- queries -----------------------------------------------------------------------------
     def is_up(self, node_name: str) -> bool:
@@ -752,13 +671,12 @@ class FabricLink:
                 self.port = listeners[0].socket.getsockname()[1]
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._refusals.run)
-                    nursery.start_soon(self._expire)
-                    nursery.start_soon(self._heartbeats)
+                    nursery.start_soon(self._timers)
                     self._nursery = nursery
                     for listener in listeners:
                         nursery.start_soon(self._accept_loop, listener, nursery)
                     for peer in self._peers:
-                        if self.node_name < peer:
+                        if self.links_at_start and dialing.dials(self.node_name, peer):
                             nursery.start_soon(self._dial_loop, peer)
                     log.debug("fabric %s: listening on %s:%d", self.node_name, host, self.port)
                     task_status.started(self.port)
@@ -767,14 +685,13 @@ class FabricLink:
                 trio.lowlevel.remove_instrument(self._held_acks)
             self._held_acks.held.clear()
             self._closed = True
-            self._expiring = None
             self._deadlines.clear()  # (their connections, now closed, failed them)
-            for ev in self._up.values():  # wake sends waiting for a link: they fail now
+            for ev in self._up.values():  # wake pings waiting for a link: they fail now
                 ev.set()
-            for line in self._parked.values():
+            parked_lines, self._parked = self._parked, {}
+            for line in parked_lines.values():
                 for parked in line:
-                    parked.event.set()
-            self._parked.clear()
+                    parked.fail(DrmError(errno.ESHUTDOWN, "the fabric link is closed"))
             self._stopped.set()
 
     async def aclose(self, grace: float = 0.5) -> None:
@@ -840,7 +757,8 @@ class FabricLink:
         stream: trio.abc.Stream = tcp
         hs = ServerHandshake(self.config, self.node_name, now=trio.current_time(),
                              nonces=self._nonces, keys=self._keys,
-                             accept_from=[p for p in self._peers if p < self.node_name],
+                             accept_from=[p for p in self._peers if not self.links_at_start
+                                          or dialing.dials(p, self.node_name)],
                              timeout=self._handshake_timeout)
         decoder = FrameDecoder.for_handshake()
         counted: list[str] = []  # the peer, once this link is in `_admitting`
@@ -851,6 +769,9 @@ class FabricLink:
             if hs.channel is Channel.DATA:
                 data_link.append(await self._admit_data_channel(hs.peer_name, decoder,
                                                                 hs.link_nonces[0]))
+            elif not dialing.dials(hs.peer_name, self.node_name):  # (on first use only)
+                self._want(hs.peer_name)
+                raise dialing.Knocked(hs.peer_name)
             else:  # from its AUTH_OK on, the peer may dial this link's data channel
                 self._admitting[hs.peer_name] = self._admitting.get(hs.peer_name, 0) + 1
                 counted.append(hs.peer_name)
@@ -873,6 +794,11 @@ class FabricLink:
             if not await self._old_link_gone(hs.peer_name):
                 raise _LinkDown(f"a live link to {hs.peer_name} exists (it answered a "
                                 "liveness probe); a second connection does not replace it")
+        except dialing.Knocked:
+            log.debug("fabric %s: %s (%s) asks for our link: dialing it", self.node_name,
+                      hs.peer_name, addr)
+            await trio.aclose_forcefully(stream)
+            return None
         except (ProtocolError, _LinkDown, trio.BrokenResourceError, OSError) as e:
             who = f"{hs.peer_name} ({addr})" if hs.peer_name else addr
             self._refusals.note(who, host, _reason(e), trio.current_time())
@@ -979,16 +905,16 @@ class FabricLink:
                                   now=trio.current_time())
             old.flush()
             with trio.move_on_after(probe):
-                while old.down is None and old.last_rx <= start:
+                while old.down is None and old.live.last_rx <= start:
                     await trio.sleep(min(0.02, self._hb_interval))
-            if old.down is None and old.last_rx > start:
+            if old.down is None and old.live.last_rx > start:
                 return False
             old.drop(_LinkDown(f"silent for {probe:g} s after a liveness probe (a new "
                                "connection came)", logging.WARNING))
         return True
 
     async def _dial_loop(self, peer: str) -> None:
-        delay = self._backoff[0]
+        backoff = dialing.Backoff(*self._backoff)
         last: tuple[object, ...] | None = None  # the kind of the last failure
         # A pod's nodes start in any order, so a refused dial in the first seconds is the
         # normal case: failures are DEBUG until the peer has been unreachable for
@@ -1030,21 +956,88 @@ class FabricLink:
                         self.node_name, peer, host, port,
                         f" for {now - failing_since:.0f} s" if lasting else "", reason)
                 last = kind
-                with trio.move_on_after(delay):
+                with trio.move_on_after(backoff.next_delay()):
                     await changed.wait()
-                delay = min(delay * 2, self._backoff[1])
                 continue
             last, failing_since, warned = None, None, False
             rejected.clear()
-            delay = self._backoff[0]
+            backoff.reset()
             await self._run_conn(peer, stream, decoder, f"to {host}:{port}", (host, port),
                                  channel_key)
-            with trio.move_on_after(delay):
+            with trio.move_on_after(backoff.next_delay()):
                 await changed.wait()
+
+    def _want(self, peer: str) -> None:
+        """A use of the link with `peer` (links on first use): its dial loop, or its knock
+        loop on the side that does not dial, starts the first time."""
+        if (not self.links_at_start and self._nursery is not None and not self._closed
+                and self._first_use.want(peer, trio.current_time())):
+            self._nursery.start_soon(self._dial_loop if dialing.dials(self.node_name, peer)
+                                     else self._knock_loop, peer)
+
+    def _setting_up(self, peer: str | None) -> bool:
+        """A use of `peer`'s link, which is not up: wanted now, and True while it is being
+        set up for its first use (the use waits for it), False once the peer counts as
+        unreachable (dialing.FirstUse)."""
+        if self.links_at_start or peer not in self._up or self._closed:
+            return False
+        self._want(peer)
+        return self._first_use.setting_up(peer, trio.current_time())
+
+    async def _knock_loop(self, peer: str) -> None:
+        """The link with `peer`, which dials it, asked for and kept (dialing.py): a knock (a
+        link handshake the peer refuses once it has proved us, then dials back) whenever
+        the link is down, with the dial loop's backoff while no link comes."""
+        backoff = dialing.Backoff(*self._backoff)
+        failing_since: float | None = None
+        warned = False
+        while not self._closed:
+            if peer in self._conns:
+                backoff.reset()
+                failing_since, warned = None, False
+                await self._down.setdefault(peer, trio.Event()).wait()
+                continue
+            try:
+                host, port = parse_address(self._addresses[peer])
+            except ConfigError:
+                host, port = "", 0
+            if port == 0:  # not known yet (ephemeral port, no address): set_peer_address
+                await self._address_changed[peer].wait()
+                continue
+            try:
+                stream, decoder, channel_key = await self._dial(peer, host, port)
+            except (ProtocolError, _LinkDown, OSError, trio.BrokenResourceError) as e:
+                now = trio.current_time()
+                failing_since = now if failing_since is None else failing_since
+                knocked = isinstance(e, _ProofTaken)
+                # One WARNING once the peer has been unreachable for DIAL_WARN_AFTER (as a
+                # dial loop's), none for a knock heard.
+                loud = not knocked and not warned and now - failing_since >= DIAL_WARN_AFTER
+                warned = warned or loud
+                log.log(logging.WARNING if loud else logging.DEBUG,
+                        "fabric %s: asking %s at %s:%d for our link: %s", self.node_name,
+                        peer, host, port, "it dials back" if knocked else _reason(e))
+                # Heard: its dial back may wait its turn there (dialing.DIAL_CONCURRENCY),
+                # and each knock again would cost it a handshake.
+                wait = self._handshake_timeout if knocked else backoff.next_delay()
+                with trio.move_on_after(wait):
+                    await self._up[peer].wait()
+                continue
+            # A peer that links at start took us as its dialer: the link is this one.
+            await self._run_conn(peer, stream, decoder, f"to {host}:{port}",
+                                 (host, port), channel_key)
 
     async def _dial(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK,
                     nonce: bytes | None = None
                     ) -> tuple[trio.abc.Stream, FrameDecoder, bytes]:
+        """`_dial_now` once one of the DIAL_CONCURRENCY slots is free: the handshake's time
+        starts then, not while its turn waits."""
+        async with self._dial_slots:
+            return await self._dial_now(peer, host, port, channel, nonce)
+
+    async def _dial_now(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK,
+                        nonce: bytes | None = None
+                        ) -> tuple[trio.abc.Stream, FrameDecoder, bytes]:
         """A connection to `peer` authenticated (with `nonce`: a data channel's bound one):
         its stream, decoder and, for a link, its data channels' key."""
         hs = ClientHandshake(self.config, self.node_name, peer, now=trio.current_time(),
@@ -1086,6 +1079,9 @@ class FabricLink:
             if isinstance(frame, _NeedData):
                 data = await stream.receive_some(HANDSHAKE_RECEIVE_SIZE)
                 if not data:
+                    if isinstance(hs, ClientHandshake) and hs.peer_name is not None:
+                        raise _ProofTaken("connection closed during the handshake (after "
+                                          "our proof)")
                     raise _LinkDown("connection closed during the handshake")
                 decoder.receive_data(data)
                 continue
@@ -1101,8 +1097,9 @@ class FabricLink:
                         channel_key: bytes = b"") -> None:
         """Run the link `stream` to `peer` until it ends; `dialed`: the address we dialed it
         at, where its data channel is dialed too (`data_channels`)."""
-        session = Session(peer, self._accels[peer], self._local_accels, decoder,
-                          now=trio.current_time())
+        now = trio.current_time()
+        session = Session(peer, self._accels[peer], self._local_accels, decoder, now=now,
+                          liveness=Liveness(self._hb_interval, self._hb_timeout, now))
         conn = _Conn(peer, stream, session, label)
         conn.channel_key = channel_key
         conn.held_acks = self._held_acks
@@ -1111,6 +1108,7 @@ class FabricLink:
             old.drop(_LinkDown(f"replaced by a new connection {label}"))
         self._conns[peer] = conn
         self._up[peer].set()
+        self._first_use.up(peer)
         if self.local_incarnation is not None:  # (ahead of anything else we send it)
             for accel in sorted(self._local_accels):
                 session.send_incarnation(accel, self.local_incarnation(accel))
@@ -1133,7 +1131,9 @@ class FabricLink:
                     if dialed is not None and self._data_plane_tcp:
                         nursery.start_soon(self._keep_data_channel, conn, *dialed)
                     # Our link clock at once: the peer's deadlines need it (Session).
-                    self._heartbeat_ping(conn, trio.current_time())
+                    session.send_heartbeat(now=trio.current_time())
+                    conn.flush()
+                    self._arm(conn, conn.live.next_due())
         finally:
             if conn.data_handle is not None:  # first: the data plane stops using the peer
                 handle, conn.data_handle = conn.data_handle, None
@@ -1143,14 +1143,16 @@ class FabricLink:
             if self._conns.get(peer) is conn:
                 del self._conns[peer]
                 self._up[peer] = trio.Event()
+                self._down.pop(peer, trio.Event()).set()  # (a knock loop waits for it)
                 for accel in self._accels[peer]:  # (unreadable until it announces again)
                     self._peer_incarnations.pop(accel, None)
                 if self._on_peer_state is not None:
                     self._on_peer_state(peer, False)
-            # After the link is gone: a waiter's callback (a batch's outcomes, send_batch_soon)
+            # After the link is gone: a waiter's callback (a batch's outcomes)
             # that sends to this peer again parks that send for the next link, as a task
             # woken here did when it ran.
-            for w in (*conn.waiters.values(), *conn.pings.values()):
+            conn.session.close(trio.current_time())
+            for w in conn.pings.values():
                 w.set(None)
             down = conn.down or _LinkDown("closed")
             if conn.expired > 1:
@@ -1236,7 +1238,7 @@ class FabricLink:
             await trio.aclose_forcefully(stream)  # (the data plane has its dup)
 
     async def _reader(self, conn: _Conn) -> None:
-        session = conn.session
+        session, live = conn.session, conn.live
         # Plain TCP: receive into one reusable buffer, and the rest of a large STORE / DATA
         # payload straight into its own buffer (one copy of a megabyte, not three), with
         # plain non-blocking reads (trio's recv adds a task switch each). TLS: receive_some.
@@ -1345,7 +1347,7 @@ class FabricLink:
                         session.receive_data(scratch[:n])
                     else:  # (into the payload's own buffer, or its pipe)
                         session.received_into(n)
-                conn.last_rx = trio.current_time()
+                live.last_rx = trio.current_time()
         except RemoteProtocolError as e:
             conn.drop(_LinkDown(f"protocol error: {e}", logging.WARNING))
         except _LinkDown as e:
@@ -1363,7 +1365,7 @@ class FabricLink:
         had less than HOLD_MAX held for it: it sends faster than it takes them (requests
         wait in `deferred` instead, but these are answered as they are read). Read nothing
         more from it until it has taken what is held; TCP slows it down meanwhile, and
-        `_sweep` drops it if it takes nothing for the heartbeat timeout."""
+        its liveness drops it if it takes nothing for the heartbeat timeout."""
         if not conn.not_reading_logged:
             conn.not_reading_logged = True
             log.warning("fabric %s: %s is not taking its answers (%d MiB held for it): "
@@ -1383,10 +1385,6 @@ class FabricLink:
             elif (wait := self._on_message(ev.src_accel, ev.dst_accel, ev.dwords)) is not None:
                 conn.inbox.append((ev.src_accel, ev.dst_accel, ev.dwords, wait))
                 conn.inbox_wake.set()
-        elif isinstance(ev, AckReceived | DataReceived):
-            waiter = conn.waiters.pop(ev.seq, None)
-            if waiter is not None:
-                waiter.set(ev)
         elif isinstance(ev, IncarnationReceived):
             self._peer_incarnations[ev.accel] = ev.incarnation
         elif isinstance(ev, PongReceived):
@@ -1472,145 +1470,80 @@ class FabricLink:
                         for part in parts:
                             await conn.stream.send_all(part)
                             conn.held -= len(part)
-                            conn.stuck_since = conn.last_tx = trio.current_time()
+                            conn.stuck_since = conn.live.last_tx = trio.current_time()
                     self._serve_deferred(conn)
                 conn.writing = False
                 self._progress.unpark_all()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             conn.drop(_LinkDown(f"send failed: {e!r}"))
 
-    def _heartbeat_ping(self, conn: _Conn, now: float) -> None:
-        conn.session.send_heartbeat(now=now)
-        conn.pinged = now
-        conn.flush()
-
-    async def _heartbeats(self) -> None:
-        """Sweeps every link HEARTBEAT_SWEEPS times a heartbeat interval: heartbeat PINGs
-        where needed, and the two ways a link dies quietly: nothing received while reading,
-        nothing taken while answers are held."""
-        step = self._hb_interval / HEARTBEAT_SWEEPS
-        sweep = trio.current_time()
-        while True:
-            sweep = max(sweep + step, trio.current_time())  # late: no catching up
-            await trio.sleep_until(sweep)
-            now = trio.current_time()
-            for conn in list(self._conns.values()):
-                if conn.down is None:
-                    self._sweep(conn, now, self._hb_interval - step / 2)
-
-    def _sweep(self, conn: _Conn, now: float, quiet_max: float) -> None:
-        if conn.paused:  # not reading, on purpose: silence means nothing
-            conn.last_rx = now
-        elif conn.lowat > 1:  # the reader waits for most of a payload: is it coming in?
-            queued = unread(conn.fd)
-            if queued != conn.inq:
-                conn.inq, conn.last_rx = queued, now
-        silent = now - conn.last_rx
-        if silent >= self._hb_timeout:
-            conn.drop(_LinkDown(f"nothing received for {silent:.1f} s", logging.WARNING))
-            return
-        stuck = now - conn.stuck_since
-        if conn.held and stuck >= self._hb_timeout:  # (TLS: `held` while in send_all)
-            conn.drop(_LinkDown(f"peer not reading: {conn.held >> 20} MiB held, none "
-                                f"taken for {stuck:.1f} s", logging.WARNING))
-            return
-        interval = self._hb_interval
-        if silent > PROBE_AFTER_INTERVALS * interval and now - conn.pinged >= interval:
-            # Answered, unlike a heartbeat (and carrying our clock as well).
-            conn.session.send_ping(secrets.randbits(64) or 1, track=False, now=now)
-            conn.pinged = now
-            conn.flush()
-        # Anything written proves us alive as well as a PING, except for the clock it carries.
-        elif (now - max(conn.last_tx, conn.pinged) > quiet_max
-              or now - conn.pinged >= CLOCK_REFRESH_INTERVALS * interval):
-            self._heartbeat_ping(conn, now)
-
     # -- sending -----------------------------------------------------------------------------
-    async def _conn_for(self, dst_accel: int, src_accel: int) -> tuple[str, _Conn]:
-        """The connection towards `dst_accel`'s node, waiting for it to come up."""
+    def _route_error(self, dst_accel: int, src_accel: int) -> DrmError | None:
+        """Why nothing from `src_accel` to `dst_accel` can go over this fabric, if so."""
         peer = self._owner.get(dst_accel)
         if peer is None:
-            raise DrmError(errno.EINVAL, f"no node owns accel {dst_accel}")
+            return DrmError(errno.EINVAL, f"no node owns accel {dst_accel}")
         if peer == self.node_name:
-            raise DrmError(errno.EINVAL, f"accel {dst_accel} is local, not across the fabric")
+            return DrmError(errno.EINVAL, f"accel {dst_accel} is local, not across the fabric")
         if src_accel not in self._local_accels:
-            raise DrmError(errno.EINVAL, f"accel {src_accel} is not on {self.node_name}")
-        while True:
-            if self._closed:
-                raise DrmError(errno.ESHUTDOWN, "the fabric link is closed")
-            conn = self._conns.get(peer)
-            if conn is not None:
-                return peer, conn
-            await self._up[peer].wait()
+            return DrmError(errno.EINVAL, f"accel {src_accel} is not on {self.node_name}")
+        if self._closed:
+            return DrmError(errno.ESHUTDOWN, "the fabric link is closed")
+        return None
 
-    async def _exchange(
-        self, dst_accel: int, src_accel: int, queue: Callable[[Session, float], int]
-    ) -> tuple[str, _Waiter | None]:
-        """Queue a frame that a seq-numbered reply answers (MSG → ACK, LOAD/STORE → DATA) and
-        wait up to ack_timeout for it (`queue(session, give_up)`: give_up is when the wait
-        ends). The waiter is None if the link never came up; its
-        event is unset if no reply came in time."""
-        peer = self._owner.get(dst_accel, "?")
-        waiter = None
-        give_up = trio.current_time() + self.ack_timeout
-        with trio.move_on_at(give_up):
-            peer, conn = await self._conn_for(dst_accel, src_accel)
-            seq = queue(conn.session, give_up)
-            waiter = conn.waiters[seq] = _Waiter()
-            conn.flush()
-            try:
-                await waiter.event.wait()
-            finally:
-                if not waiter.event.is_set():
-                    conn.waiters.pop(seq, None)
-                    conn.session.forget(seq)
-        return peer, waiter
+    def send(self, src_accel: int, dst_accel: int, dwords: Dwords) -> Completion[None]:
+        """Send one UALink message; it completes once the peer accepted it (spec §5.1).
 
-    async def send(self, src_accel: int, dst_accel: int, dwords: Dwords) -> None:
-        """Send one UALink message and wait for the peer to accept it (spec §5.1).
-
-        DrmError: ETIME (no ACK within ack_timeout, or the link dropped before it came),
-        ECOMM (the peer refused it), EINVAL (no such remote accel), ESHUTDOWN (closed).
+        Its error (set_error): DrmError ETIME (no ACK within ack_timeout, the link dropped
+        before it came, or §13 N4: the link is down and it cannot be posted), ECOMM (the
+        peer refused it), EINVAL (no such remote accel), ESHUTDOWN (closed). `send_batch`
+        of one message, its outcome raised.
         """
-        peer = self._owner.get(dst_accel)
-        if self._parks(peer, src_accel):  # in line with the batches that wait for the link
-            ((err, _),) = await self.send_batch(src_accel, dst_accel, (dwords,))
+        def raised(c: Completion[list[SendOutcome]]) -> None:
+            ((err, _),) = c.result()
             if err is not None:
                 raise err
-            return
-        peer, waiter = await self._exchange(
-            dst_accel, src_accel, lambda s, _: s.send_message(src_accel, dst_accel, dwords))
-        self._check_ack(peer, waiter)
+
+        return self.send_batch(src_accel, dst_accel, (dwords,)).then(raised)
 
     def send_batch(self, src_accel: int, dst_accel: int,
-                   messages: Sequence[Dwords]) -> Awaitable[list[SendOutcome]]:
+                   messages: Sequence[Dwords]) -> Completion[list[SendOutcome]]:
         """`send` for several messages to one accel: all queued, in order, before this
-        returns when the link is up (so they keep their place among the caller's sends: a
-        receive ring goes on with its next message meanwhile; when it is down, in line with
-        the sends waiting for it, queued as it comes up: `_unpark`), written with one
-        flush, and their ACKs awaited
-        with one waiter and one deadline (ack_timeout from now, as for sends started
-        together). What it returns gives each message's outcome, in order: None or the
-        DrmError `send` would have raised, with the time it became known (its ACK's
-        arrival; the deadline or the link's drop for one that never came)."""
+        returns when the link is up (so they keep their place among the caller's sends) and
+        written with one flush; their ACKs complete one Completion (in the reader's call
+        that brings the last, the link's teardown, or the timer task at the deadline:
+        ack_timeout from now, as for sends started together). It gives each message's
+        outcome, in order: None or the DrmError `send` gives, with the time it became known
+        (its ACK's arrival; the deadline or the link's drop for one that never came).
+
+        When the link is down (§13 N4) they fail at once with ETIME, not posted; with
+        quirk send-fail-slow they wait in line for it until the deadline, queued as it
+        comes up (`_unpark`)."""
+        c: Completion[list[SendOutcome]]
         now = trio.current_time()
-        give_up = now + self.ack_timeout
         peer = self._owner.get(dst_accel)
-        if self._parks(peer, src_accel) and self._post_fails_fast:
-            return self._not_posted(peer, messages)
-        if self._parks(peer, src_accel):
-            assert peer is not None
-            line = self._parked.setdefault(peer, deque())
-            while line and line[0].give_up <= now:  # (failed by now: their waits are over)
-                line.popleft().event.set()
-            parked = _Parked(src_accel, dst_accel, messages, give_up)
-            line.append(parked)
-            return self._wait_parked(peer, parked)
-        conn = self._conns.get(peer) if peer is not None else None
-        if peer is None or conn is None or src_accel not in self._local_accels:
-            return self._send_batch_later(src_accel, dst_accel, messages, give_up)
-        queued = self._queue_batch(conn, src_accel, dst_accel, messages)
-        return self._wait_batch(queued, give_up)
+        if not messages:
+            c = Completion()
+            c.set_result([])
+            return c
+        err = self._route_error(dst_accel, src_accel)
+        if err is not None:
+            return _outcomes(err, now, len(messages))
+        assert peer is not None
+        conn = self._conns.get(peer)
+        if conn is not None:
+            return self._queue_batch(conn, src_accel, dst_accel, messages)
+        setting_up = self._setting_up(peer)
+        if self._post_fails_fast and not setting_up:
+            # §13 N4: the copy engine's post fails, at once
+            return _outcomes(DrmError(errno.ETIME, f"{peer} is not reachable: not posted"),
+                             now, len(messages))
+        # Set up for its first use, or quirk send-fail-slow: in line for the link.
+        give_up = now + self.ack_timeout
+        if setting_up:  # (first use: §5.4's wait)
+            give_up = max(give_up, self._first_use.deadline(peer))
+        return self._park(peer, give_up, lambda conn: self._queue_batch(
+            conn, src_accel, dst_accel, messages, give_up), _batch_failed(len(messages)))
 
     def announce(self, accel: int, incarnation: int) -> None:
         """Our accel `accel` started manager incarnation `incarnation` (§13 N2): told to
@@ -1622,204 +1555,174 @@ class FabricLink:
 
     def incarnation(self, src_accel: int, dst_accel: int) -> int:
         """§13 N2's probe: remote accel `dst_accel`'s manager incarnation, as its link
-        announced it. DrmError: EINVAL (no node owns it, or it is ours), ETIME (its link is
-        down: the copy engine's read of an unreachable peer fails, §13 "ETIME on
-        timeout", at once since nothing can be read)."""
+        announced it; 0 while not known (its link has not brought it yet, or is being set up
+        for its first use: the HELLO that follows waits for it). DrmError: EINVAL (no node
+        owns it, or it is ours), ETIME (its link is down: the copy engine's read of an
+        unreachable peer fails, §13 "ETIME on timeout", at once since nothing can be
+        read)."""
         peer = self._owner.get(dst_accel)
         if peer is None or peer == self.node_name or src_accel not in self._local_accels:
             raise DrmError(errno.EINVAL, f"accel {dst_accel} is not across the fabric")
         conn = self._conns.get(peer)
+        if (conn is None or conn.down is not None) and self._setting_up(peer):
+            return 0  # (not known yet: the link comes up on this first use, dialing.py)
         if conn is None or conn.down is not None or self._closed:
             raise DrmError(errno.ETIME, f"{peer} is not reachable: cannot be probed")
         return self._peer_incarnations.get(dst_accel, 0)
 
-    def _parks(self, peer: str | None, src_accel: int) -> bool:
-        """Whether a send to `peer` now waits in line for its link (it is down)."""
-        return (peer is not None and peer in self._up and peer not in self._conns
-                and src_accel in self._local_accels and not self._closed)
-
-    async def _not_posted(self, peer: str | None, messages: Sequence[Dwords]
-                          ) -> list[SendOutcome]:
-        """§13 N4: messages that could not be posted (the link to `peer` is down) fail at
-        once with the post's error: the copy engine's, ETIME (as §13 N2's probe of an
-        unreachable peer), not after the ACK poll."""
-        now = trio.current_time()
-        return [(DrmError(errno.ETIME, f"{peer} is not reachable: not posted"), now)
-                for _ in messages]
+    def _park(self, peer: str, give_up: float, queue: Callable[[_Conn], Completion[Any]],
+              failed: Callable[[Completion[Any], DrmError], None]) -> Completion[Any]:
+        """A use of the link to `peer`, which is down: `queue(conn)` once it is up (in line
+        with the others parked for it), or `failed` at `give_up`."""
+        parked = _Parked(self, peer, give_up, queue, failed)
+        self._parked.setdefault(peer, deque()).append(parked)
+        self._deadline(give_up, parked)
+        assert parked.completion is not None
+        return parked.completion
 
     def _unpark(self, peer: str, conn: _Conn) -> None:
-        """The link to `peer` is up: queue the batches that waited for it, in the order they
-        were sent, before anyone can send anything else on it (a task woken by the link
-        runs later, and trio runs the tasks of one wake-up in either order)."""
+        """The link to `peer` is up: queue what waited for it, in the order it was sent,
+        before anyone can send anything else on it (a task woken by the link runs later,
+        and trio runs the tasks of one wake-up in either order)."""
         now = trio.current_time()
         for parked in self._parked.pop(peer, ()):
-            if parked.give_up > now:
-                try:
-                    parked.queued = self._queue_batch(conn, parked.src, parked.dst,
-                                                      parked.messages)
-                except LocalProtocolError as e:  # (the sender's bug: raised to it)
-                    parked.error = e
-            parked.event.set()
-
-    async def _wait_parked(self, peer: str, parked: _Parked) -> list[SendOutcome]:
-        with trio.move_on_at(parked.give_up):
-            await parked.event.wait()
-        if parked.error is not None:
-            raise parked.error
-        if parked.queued is None:
-            line = self._parked.get(peer)
-            if line is not None and parked in line:
-                line.remove(parked)
-                if not line:
-                    del self._parked[peer]
-            why = (errno.ESHUTDOWN, "the fabric link is closed") if self._closed else (
-                errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
-            return [(DrmError(*why), trio.current_time()) for _ in parked.messages]
-        return await self._wait_batch(parked.queued, parked.give_up)
+            if parked.completion is None:
+                continue
+            if parked.give_up <= now:  # (its deadline is due: the wait is over)
+                parked.expire()
+                continue
+            c, parked.completion = parked.completion, None
+            try:
+                queued = parked.queue(conn)
+            except LocalProtocolError as e:  # (the sender's bug: raised to it)
+                c.set_error(e)
+            else:
+                queued.when_done(functools.partial(_pass_on, c))
 
     def _queue_batch(self, conn: _Conn, src_accel: int, dst_accel: int,
-                     messages: Sequence[Dwords], soon: bool = False
-                     ) -> tuple[list[int], _Batch]:
-        """Queue `messages` on `conn` and write them; their ACKs go to one batch waiter (a
-        _CompletingBatch with its deadline kept by `_expire` when `soon`)."""
-        give_up = trio.current_time() + self.ack_timeout
-        seqs = conn.session.send_messages(src_accel, dst_accel, messages)
-        batch = (_CompletingBatch(conn, seqs, self.ack_timeout) if soon
-                 else _Batch(conn, len(seqs)))
-        waiters = conn.waiters
-        for seq in seqs:
-            waiters[seq] = batch
-        if isinstance(batch, _CompletingBatch):
-            self._deadline(give_up, conn, seqs[0], batch)
+                     messages: Sequence[Dwords], give_up: float | None = None
+                     ) -> Completion[list[SendOutcome]]:
+        """Queue `messages` on `conn` and write them; their ACKs go to one batch waiter,
+        which gives up at `give_up` (ack_timeout from now by default)."""
+        if give_up is None:
+            give_up = trio.current_time() + self.ack_timeout
+        session = conn.session
+        batch = BatchWait(conn.peer, session.send_messages(src_accel, dst_accel, messages),
+                          self.ack_timeout)
+        session.expect(batch, give_up)
+        self._arm(conn, give_up)
         conn.flush()
-        return seqs, batch
-
-    def send_batch_soon(self, src_accel: int, dst_accel: int,
-                        messages: Sequence[Dwords]) -> Completion[list[SendOutcome]] | None:
-        """`send_batch` without a task: queued and written now, its outcomes (the same, with
-        the same deadline, kept by `_expire`) completing the Completion in the call that
-        ends the batch. None when the link is not up or the accel is not ours: then
-        `send_batch` decides (it waits in line for the link, or fails)."""
-        peer = self._owner.get(dst_accel)
-        conn = self._conns.get(peer) if peer is not None else None
-        if (conn is None or conn.down is not None or src_accel not in self._local_accels
-                or self._expiring is None or not messages):
-            return None
-        _, batch = self._queue_batch(conn, src_accel, dst_accel, messages, soon=True)
-        assert isinstance(batch, _CompletingBatch) and batch.completion is not None
+        assert batch.completion is not None
         return batch.completion
 
-    def _deadline(self, give_up: float, conn: _Conn, seq: int,
-                  waiter: _Completing | _CompletingBatch) -> None:
-        assert self._expiring is not None
+    def _arm(self, conn: _Conn, when: float) -> None:
+        """`conn`'s Session has a timer due at `when`: the timer task calls its
+        handle_timer then, if that is sooner than it would have."""
+        if when < conn.timer_at:
+            conn.timer_at = when
+            self._deadline(when, conn)
+
+    def _deadline(self, give_up: float, waiter: _Timed) -> None:
         if not self._deadlines or give_up < self._deadlines[0][0]:
-            self._expiring.set()  # its sleep ends too late (or it has none)
-        heapq.heappush(self._deadlines, (give_up, next(self._deadline_ids), conn, seq, waiter))
+            self._timer_moved.set()  # its sleep ends too late (or it has none)
+        heapq.heappush(self._deadlines, (give_up, next(self._deadline_ids), waiter))
 
-    async def _send_batch_later(self, src_accel: int, dst_accel: int,
-                                messages: Sequence[Dwords],
-                                give_up: float) -> list[SendOutcome]:
-        """The link is not up (or the stamp is wrong): wait for it until `give_up`, as the
-        messages' own `send`s would have, then queue them all in order."""
-        peer = self._owner.get(dst_accel, "?")
-        err: DrmError | None = None
-        queued = None
-        with trio.move_on_at(give_up):
-            try:
-                peer, conn = await self._conn_for(dst_accel, src_accel)
-            except DrmError as e:
-                err = e
-            else:
-                queued = self._queue_batch(conn, src_accel, dst_accel, messages)
-        if queued is None:
-            now = trio.current_time()
-            why = (err.errno, err.strerror) if err is not None else (
-                errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
-            return [(DrmError(*why), now) for _ in messages]
-        return await self._wait_batch(queued, give_up)
-
-    async def _wait_batch(self, queued: tuple[list[int], _Batch],
-                          give_up: float) -> list[SendOutcome]:
-        seqs, batch = queued
-        with trio.move_on_at(give_up):
-            await batch.event.wait()
-        return batch.outcomes(seqs, self.ack_timeout)
-
-    def _check_ack(self, peer: str, waiter: _Waiter | None) -> None:
-        if waiter is None or not waiter.event.is_set():
-            raise DrmError(errno.ETIME, f"no ACK from {peer} within {self.ack_timeout:g} s")
-        if waiter.result is None:
-            raise DrmError(errno.ETIME, f"link to {peer} dropped before the ACK")
-        if waiter.result.status != 0:
-            raise DrmError(errno.ECOMM, f"{peer} refused the message "
-                                        f"(status {waiter.result.status})")
-
-    async def request(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
-                      length_or_data: int | bytes) -> bytes | bytearray:
+    def request(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
+                length_or_data: int | bytes) -> Completion[Loaded]:
         """Data plane: LOAD (`length_or_data` an int) or STORE (bytes) at an NPA byte address.
 
-        Returns the loaded bytes (b"" for a STORE). DrmError(EFAULT) when the peer is not
-        reachable or answers with an error (Emulator policy 3, 10).
+        Queued and written now; its DATA completes the Completion in the reader's call: the
+        loaded bytes (b"" for a STORE; a payload the reader holds in a pipe, drm/loaded.py,
+        for a large one on plain TCP). Its error: DrmError(EFAULT) when the peer is not
+        reachable, did not answer within ack_timeout, or answered with an error (Emulator
+        policy 3, 10); EINVAL when the accels do not go over the fabric.
         """
-        peer = self._owner.get(dst_accel, "?")
-        if peer in self._up and peer not in self._conns:  # Emulator policy 3: fault at once
-            raise DrmError(errno.EFAULT, f"{peer} is not reachable")
-        peer, waiter = await self._exchange(
-            dst_accel, src_accel,
-            lambda s, give_up: s.send_request(src_accel, dst_accel, npa_byte_addr,
-                                              length_or_data, now=trio.current_time(),
-                                              give_up=give_up))
-        result = None if waiter is None else waiter.result
-        if result is None or result.status != 0:
-            raise _data_error(peer, result)
-        return in_memory(result.data)
-
-    def request_soon(self, src_accel: int, dst_accel: int, npa_byte_addr: int,
-                     length_or_data: int | bytes) -> Completion[Loaded] | None:
-        """`request` without a task: the LOAD/STORE is queued and written now, and its DATA
-        completes the Completion in the reader's call (the same errors, as set_error; the
-        same deadline, ack_timeout, kept by `_expire`). None when the link is not up or the
-        accels are not ours: then `request` decides (it waits for a link coming up, or
-        faults at once)."""
+        c: Completion[Loaded]
         peer = self._owner.get(dst_accel)
         conn = self._conns.get(peer) if peer is not None else None
-        if conn is None or src_accel not in self._local_accels or self._expiring is None:
-            return None
-        now = trio.current_time()
-        give_up = now + self.ack_timeout
-        seq = conn.session.send_request(src_accel, dst_accel, npa_byte_addr, length_or_data,
-                                        now=now, give_up=give_up)
-        waiter = conn.waiters[seq] = _Completing(conn.peer)
-        self._deadline(give_up, conn, seq, waiter)
+        err = None
+        if peer in self._up and conn is None and not self._setting_up(peer):
+            err = DrmError(errno.EFAULT, f"{peer} is not reachable")  # policy 3: at once
+        else:
+            err = self._route_error(dst_accel, src_accel)
+        if err is not None:
+            c = Completion()
+            c.set_error(err)
+            return c
+        give_up = trio.current_time() + self.ack_timeout
+        if conn is None:  # (being set up for its first use: the request waits for it)
+            assert peer is not None
+            return self._park(peer, give_up, lambda conn: self._queue_request(
+                conn, src_accel, dst_accel, npa_byte_addr, length_or_data, give_up),
+                _request_failed(peer))
+        return self._queue_request(conn, src_accel, dst_accel, npa_byte_addr, length_or_data,
+                                   give_up)
+
+    def _queue_request(self, conn: _Conn, src_accel: int, dst_accel: int, npa_byte_addr: int,
+                       length_or_data: int | bytes, give_up: float) -> Completion[Loaded]:
+        session = conn.session
+        waiter = RequestWait(conn.peer, session.send_request(
+            src_accel, dst_accel, npa_byte_addr, length_or_data, now=trio.current_time(),
+            give_up=give_up))
+        session.expect(waiter, give_up)
+        self._arm(conn, give_up)
         completion = waiter.completion
         assert completion is not None  # (set only by the reader, later)
         conn.flush()
         return completion
 
-    async def _expire(self) -> None:
-        """Ends request_soon's waits at their deadline, as `_exchange`'s scope does for
-        `request`: the seq is forgotten (a late DATA is dropped) and the request fails."""
+    async def _timers(self) -> None:
+        """aioquic's loop for every link at once: sleep until the first due timer (a
+        Session's `get_timer()`, a parked use's deadline), then hand the time to it
+        (`handle_timer(now)`). An entry whose connection's timer moved is dropped when it
+        comes up (a Session drops its answered waits itself: in steady traffic a link's
+        timer comes about once per ack_timeout)."""
         deadlines = self._deadlines
         while True:
-            self._expiring = trio.Event()
+            self._timer_moved = trio.Event()
             if not deadlines:
-                await self._expiring.wait()
+                await self._timer_moved.wait()
                 continue
             with trio.move_on_at(deadlines[0][0]):
-                await self._expiring.wait()
+                await self._timer_moved.wait()
                 continue
-            # Answered requests leave the heap here too, not one wake-up each at their own
-            # deadline: in steady traffic this wakes about once per ack_timeout.
             now = trio.current_time()
-            while deadlines and (deadlines[0][0] <= now or deadlines[0][4].completion is None):
-                _, _, conn, seq, waiter = heapq.heappop(deadlines)
-                if waiter.completion is not None:
-                    waiter.expire(conn, seq)
+            while deadlines and deadlines[0][0] <= now:
+                when, _, target = heapq.heappop(deadlines)
+                if isinstance(target, _Parked):
+                    if target.completion is not None:
+                        target.expire()
+                elif target.timer_at == when:
+                    target.timer_at = math.inf
+                    if target.down is None:
+                        self._session_timer(target, now)
+
+    def _session_timer(self, conn: _Conn, now: float) -> None:
+        """`conn`'s Session's timer is due: what the link sees goes in first (the two ways
+        a link dies quietly: nothing received while reading, nothing taken while answers
+        are held), then its handle_timer decides."""
+        live, session = conn.live, conn.session
+        if conn.paused:  # not reading, on purpose: silence means nothing
+            live.last_rx = now
+        elif conn.lowat > 1:  # the reader waits for most of a payload: is it coming in?
+            queued = unread(conn.fd)
+            if queued != conn.inq:
+                conn.inq, live.last_rx = queued, now
+        live.held, live.stuck_since = conn.held, conn.stuck_since  # (TLS: held in send_all)
+        dead = session.handle_timer(now)
+        if dead is not None:
+            conn.drop(_LinkDown(dead.reason, logging.WARNING))
+            return
+        conn.flush()  # (what it queued)
+        nxt = session.get_timer()
+        if nxt is not None:
+            self._arm(conn, nxt)
 
     async def ping(self, node_name: str) -> float:
         """Round-trip time to `node_name` in seconds; DrmError(ETIME) after ack_timeout."""
         if node_name not in self._up:
             raise DrmError(errno.EINVAL, f"{node_name!r} is not a peer of {self.node_name!r}")
+        self._setting_up(node_name)
         waiter = None
         start = math.nan
         with trio.move_on_after(self.ack_timeout):
@@ -1841,3 +1744,18 @@ class FabricLink:
         if waiter is None or waiter.result is None:
             raise DrmError(errno.ETIME, f"no PONG from {node_name}")
         return trio.current_time() - start
+
+
+def _outcomes(err: DrmError, now: float, count: int) -> Completion[list[SendOutcome]]:
+    """A batch's outcomes known at once: every message failed with `err` at `now`."""
+    c: Completion[list[SendOutcome]] = Completion()
+    c.set_result([(err, now) for _ in range(count)])
+    return c
+
+
+def _pass_on(to: Completion[Any], c: Completion[Any]) -> None:
+    """What a parked use queued, once answered: to the Completion its sender holds."""
+    try:
+        to.set_result(c.result())
+    except Exception as e:  # (its error, handed on as its own)
+        to.set_error(e)

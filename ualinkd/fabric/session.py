@@ -14,23 +14,40 @@ requester reported an error never changes memory later (README, emulator decisio
 A PING with token HEARTBEAT is a heartbeat: it carries the clock and proves the sender alive,
 and is not answered (each side sends its own, so a PONG would only double the traffic). Any
 other token is answered with a PONG of the same token (round trips, liveness probes).
+
+The requests' bookkeeping and the link's timers are here too, aioquic's way: a request's
+sender hands its `Waiter` to `expect(waiter, give_up)`; the reply completes it in
+`next_event`'s call (no event comes out for it), `handle_timer(now)` fails the waits whose
+time is up (forgetting their seqs: a late reply is then dropped) and queues the PINGs the
+link's liveness asks for (liveness.py), or says the link is dead; `get_timer()` says when it
+is next due. `close(now)` fails what still waits when the link drops. The waits are
+Completions (drm/completion.py): `RequestWait` for a LOAD/STORE, `BatchWait` for the ACKs of
+MSGs queued together.
 """
 
 from __future__ import annotations
 
+import errno
+import heapq
+import itertools
 import math
+import secrets
 import struct
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Protocol, TypeVar
 
+from ..drm.completion import Completion
+from ..drm.errors import DrmError
+from ..drm.loaded import Loaded
+from .liveness import Dead, Liveness
+from .liveness import Ping as LivePing
 from .wire import (
     _FAST,
     COLLECT_AT,
     HANDSHAKE_FRAMES,
     MAX_DATA,
     NEED_DATA,
-    Ack,
     Data,
     Dwords,
     Frame,
@@ -58,6 +75,7 @@ _ACK_PACK: Final = _FAST[FrameType.ACK].pack
 _ACK_LENGTH: Final = _FAST[FrameType.ACK].size - 4
 _PONG_SIZE: Final = _FAST[FrameType.PONG].size
 
+_Reply = TypeVar("_Reply", "AckReceived", "DataReceived")
 SEQ_MOD: Final = 1 << 32
 CLOCK_MOD: Final = 1 << 32  # link clocks in ms wrap after 49 days: compared modulo
 # Of a requester's wait, the part kept back for the answer's way home (a quarter of it, at
@@ -112,6 +130,107 @@ class IncarnationReceived:
 Event = (MessageReceived | AckReceived | PongReceived | RequestReceived | DataReceived
          | IncarnationReceived)
 
+# A message's outcome: None (accepted) or the DrmError its send gives, and when that became
+# known (its ACK's arrival; the deadline or the link's drop, for one that never came).
+SendOutcome = tuple[DrmError | None, float]
+
+
+class Waiter(Protocol):
+    """Who takes the replies to `seqs` (Session.expect). `completion` is None once it is
+    done (its entry in the timer heap is then dropped)."""
+
+    @property
+    def seqs(self) -> Sequence[int]: ...
+
+    @property
+    def completion(self) -> Completion[Any] | None: ...
+
+    def answered(self, seq: int, status: int, data: Any, now: float) -> None:
+        """The reply to `seq` (its status; a DATA's payload, None for an ACK), at `now`."""
+
+    def failed(self, now: float, dropped: bool) -> None:
+        """No more replies come: its time is up, or (`dropped`) the link dropped."""
+
+
+class RequestWait:
+    """A LOAD/STORE's wait: its DATA gives the loaded bytes (b"" for a STORE; a payload the
+    reader holds in a pipe, drm/loaded.py), or DrmError: the exporter's -errno, EFAULT when
+    no answer came (Emulator policy 3, 10)."""
+
+    __slots__ = ("completion", "peer", "seqs")
+
+    def __init__(self, peer: str, seq: int) -> None:
+        self.peer = peer
+        self.seqs = (seq,)
+        # Dropped once set: the timer heap keeps this waiter until its deadline, and must not
+        # keep the loaded bytes that long.
+        self.completion: Completion[Loaded] | None = Completion()
+
+    def answered(self, seq: int, status: int, data: Any, now: float) -> None:
+        c, self.completion = self.completion, None
+        if c is None:
+            return
+        if status != 0:
+            c.set_error(DrmError(-status if status < 0 else errno.EFAULT))
+        else:
+            c.set_result(data)
+
+    def failed(self, now: float, dropped: bool) -> None:
+        c, self.completion = self.completion, None
+        if c is not None:
+            c.set_error(DrmError(errno.EFAULT, f"no answer from {self.peer}"))
+
+
+class BatchWait:
+    """One wait for the ACKs of several MSGs queued together (FabricLink.send_batch): it
+    notes every ACK with the time it came, and completes once, when the last is in, its
+    time is up or the link dropped, with each message's outcome in order: so a burst of N
+    messages costs one callback."""
+
+    __slots__ = ("ack_timeout", "acks", "completion", "dropped", "left", "peer", "seqs")
+
+    def __init__(self, peer: str, seqs: Sequence[int], ack_timeout: float) -> None:
+        self.peer = peer
+        self.seqs = seqs
+        self.ack_timeout = ack_timeout
+        self.acks: dict[int, tuple[int, float]] = {}  # seq -> (ACK status, when it came)
+        self.left = len(seqs)
+        self.dropped = False
+        self.completion: Completion[list[SendOutcome]] | None = Completion()
+
+    def answered(self, seq: int, status: int, data: Any, now: float) -> None:
+        self.acks[seq] = (status, now)
+        self.left -= 1
+        if not self.left:
+            self._finish(now)
+
+    def failed(self, now: float, dropped: bool) -> None:
+        self.dropped = dropped  # (what is not acknowledged now never will be)
+        self._finish(now)
+
+    def _finish(self, now: float) -> None:
+        c, self.completion = self.completion, None
+        if c is not None:
+            c.set_result(self.outcomes(now))
+
+    def outcomes(self, now: float) -> list[SendOutcome]:
+        """Each MSG's outcome, in order: accepted (None), refused by the peer (ECOMM), or
+        never acknowledged (ETIME, at `now`)."""
+        peer = self.peer
+        out: list[SendOutcome] = []
+        missing = (f"link to {peer} dropped before the ACK" if self.dropped else
+                   f"no ACK from {peer} within {self.ack_timeout:g} s")
+        for seq in self.seqs:
+            got = self.acks.get(seq)
+            if got is None:
+                out.append((DrmError(errno.ETIME, missing), now))
+            elif got[0] != 0:
+                out.append((DrmError(errno.ECOMM, f"{peer} refused the message "
+                                                  f"(status {got[0]})"), got[1]))
+            else:
+                out.append((None, got[1]))
+        return out
+
 
 class Session:
     """The established link to node `peer`, whose accels are `peer_accels`; ours are `local_accels`.
@@ -123,8 +242,11 @@ class Session:
     """
 
     def __init__(self, peer: str, peer_accels: Collection[int], local_accels: Collection[int],
-                 decoder: FrameDecoder | None = None, *, now: float = 0.0) -> None:
+                 decoder: FrameDecoder | None = None, *, now: float = 0.0,
+                 liveness: Liveness | None = None) -> None:
         self.peer = peer
+        # When to PING and when the link is dead (None: the caller keeps no heartbeats).
+        self.liveness = liveness
         self._origin = now  # our link clock's zero
         # The peer's clock from its last PING: (its link clock in ms, our `now` on receipt).
         self._peer_clock: tuple[int, float] | None = None
@@ -138,6 +260,11 @@ class Session:
         self._load_length: dict[int, int] = {}  # seq of an outstanding LOAD -> its length
         self._large_loads = 0  # of them, those whose DATA is collected (wire.COLLECT_AT on)
         self._pings: set[int] = set()
+        # seq -> who takes its reply; the waits by deadline: (give_up, tie-break, waiter)
+        self._waiters: dict[int, Waiter] = {}
+        self._timers: list[tuple[float, int, Waiter]] = []
+        self._timer_ids = itertools.count()
+        self._now = now  # the latest time we were given (replies are dated by it)
         # Bytes of the ACKs and PONGs queued so far in answer to the peer's MSGs and PINGs
         # (the link stops reading from a peer that sends them faster than it takes them).
         self.replied = 0
@@ -256,6 +383,8 @@ class Session:
     def send_heartbeat(self, *, now: float) -> None:
         """Queue a heartbeat PING: our link clock at `now`, and no PONG asked for."""
         self._queue(Ping(HEARTBEAT, self.clock(now)))
+        if self.liveness is not None:
+            self.liveness.pinged_now(now)
 
     def forget(self, seq: int) -> None:
         """The sender stopped waiting for `seq`: a late reply is dropped, not an error."""
@@ -302,6 +431,78 @@ class Session:
     def has_data_to_send(self) -> bool:
         return bool(self._out)
 
+    # -- waiting for replies -----------------------------------------------------------------
+    def expect(self, waiter: Waiter, give_up: float) -> None:
+        """`waiter` takes the replies to its seqs (sent already), until `give_up`."""
+        for seq in waiter.seqs:
+            self._waiters[seq] = waiter
+        heapq.heappush(self._timers, (give_up, next(self._timer_ids), waiter))
+
+    @property
+    def waiting(self) -> int:
+        """Seqs whose reply a waiter still expects."""
+        return len(self._waiters)
+
+    def get_timer(self) -> float | None:
+        """When `handle_timer` is next due (aioquic's): the first wait whose time is up, or
+        the liveness's next due time; None when nothing waits and no liveness is kept."""
+        timers = self._timers
+        while timers and timers[0][2].completion is None:  # answered: gone lazily
+            heapq.heappop(timers)
+        due = timers[0][0] if timers else None
+        if self.liveness is not None:
+            live = self.liveness.next_due()
+            due = live if due is None else min(due, live)
+        return due
+
+    def handle_timer(self, now: float) -> Dead | None:
+        """Fail the waits whose time is up at `now`: their seqs are forgotten (a late reply
+        is dropped, not an error). Answered ones leave the heap here too. Then the
+        liveness's turn: a heartbeat or probe PING queued, or Dead (drop the link)."""
+        self._now = max(self._now, now)
+        timers = self._timers
+        while timers and (timers[0][0] <= now or timers[0][2].completion is None):
+            _, _, waiter = heapq.heappop(timers)
+            if waiter.completion is not None:
+                self._give_up(waiter, now, dropped=False)
+        if self.liveness is None:
+            return None
+        verdict = self.liveness.handle(now)
+        if verdict is LivePing.PROBE:
+            # Answered, unlike a heartbeat (and carrying our clock as well).
+            self.send_ping(secrets.randbits(64) or 1, track=False, now=now)
+        elif verdict is LivePing.HEARTBEAT:
+            self.send_heartbeat(now=now)
+        elif verdict is not None:
+            return verdict
+        return None
+
+    def _give_up(self, waiter: Waiter, now: float, dropped: bool) -> None:
+        for seq in waiter.seqs:
+            if self._waiters.get(seq) is waiter:
+                del self._waiters[seq]
+                self.forget(seq)
+        waiter.failed(now, dropped)
+
+    def close(self, now: float) -> None:
+        """The link dropped: every wait fails now (each waiter once, in the order sent), and
+        no timer is left."""
+        waiters = list({id(w): w for w in self._waiters.values()}.values())
+        self._waiters.clear()
+        self._timers.clear()
+        self.liveness = None
+        for waiter in waiters:
+            if waiter.completion is not None:
+                waiter.failed(now, dropped=True)
+
+    def _answered(self, event: AckReceived | DataReceived, data: Any = None) -> Event | None:
+        """A reply for its waiter, if any (then no event); else the event."""
+        waiter = self._waiters.pop(event.seq, None)
+        if waiter is None:
+            return event
+        waiter.answered(event.seq, event.status, data, self._now)
+        return None
+
     # -- receiving ---------------------------------------------------------------------------
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._decoder.receive_data(data)
@@ -327,6 +528,8 @@ class Session:
     def next_event(self, now: float | None = None) -> Event | _NeedData:
         """The next event; `now` is when the bytes were taken in (a PING's clock is dated
         by it; without it, PINGs give the peer's clock no reading)."""
+        if now is not None:
+            self._now = now
         while True:
             frame = self._decoder.next_frame()
             if frame is NEED_DATA:
@@ -344,23 +547,17 @@ class Session:
             if src not in self._peer_accels or dst not in self._local_accels:
                 self._check_stamp(src, dst)  # raises, saying which
             seq = frame.seq
-            self._out.append(_ACK_PACK(_ACK_LENGTH, _ACK, seq, 0))  # §5.1, as below
+            # §5.1: the peer's firmware accepts a message before its driver sees it.
+            self._out.append(_ACK_PACK(_ACK_LENGTH, _ACK, seq, 0))
             self.replied += _ACK_LENGTH + 4
             return MessageReceived(src, dst, frame.dwords)
         if ft is _ACK:
             seq = frame.seq
             if self._outstanding.get(seq) is _MSG:
                 del self._outstanding[seq]
-                return AckReceived(seq, frame.status)
-            return self._reply(seq, (FrameType.MSG,), AckReceived(seq, frame.status))
-        if ft == FrameType.MSG:
-            self._check_stamp(frame.src_accel, frame.dst_accel)
-            # §5.1: the peer's firmware accepts a message before its driver sees it.
-            self._queue(Ack(frame.seq, 0))
-            self.replied += _ACK_LENGTH + 4
-            return MessageReceived(frame.src_accel, frame.dst_accel, frame.dwords)
-        if ft == FrameType.ACK:
-            return self._reply(frame.seq, (FrameType.MSG,), AckReceived(frame.seq, frame.status))
+                return self._answered(AckReceived(seq, frame.status))
+            ack = self._reply(seq, (FrameType.MSG,), AckReceived(seq, frame.status))
+            return None if ack is None else self._answered(ack)
         if ft == FrameType.PING:
             if frame.token != HEARTBEAT:
                 self._queue(Pong(frame.token))
@@ -390,13 +587,14 @@ class Session:
                                           f"answers a LOAD of {asked}")
             event = self._reply(frame.seq, (FrameType.LOAD, FrameType.STORE),
                                 DataReceived(frame.seq, frame.status, frame.data))
-            if event is not None:
-                self._load_done(frame.seq)
-            return event
+            if event is None:
+                return None
+            self._load_done(frame.seq)
+            return self._answered(event, frame.data)
         assert ft in HANDSHAKE_FRAMES
         raise RemoteProtocolError(f"{self.peer}: {ft.name} after the handshake")
 
-    def _reply(self, seq: int, kinds: tuple[FrameType, ...], event: Event) -> Event | None:
+    def _reply(self, seq: int, kinds: tuple[FrameType, ...], event: _Reply) -> _Reply | None:
         kind = self._outstanding.get(seq)
         if kind is None:
             age = (self._next_seq - seq) % SEQ_MOD

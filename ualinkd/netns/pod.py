@@ -41,6 +41,7 @@ from pathlib import Path
 from .. import sysfs
 from ..bounded import DEFAULT_TIMEOUT, NotAnswering, bounded
 from ..config import AccelConfig, NodeConfig, PodConfig, VpodConfig
+from ..fabric.dialing import links_at_start
 from ..podinfo import NetnsNodeState, NetnsPodState, ReadError, node_leaks, node_report, pid_alive
 from ..readiness import notify_socket, wait_ready
 from ..ualink.state import AddrMode
@@ -634,7 +635,11 @@ class Pod:
         return [n for n in self.nodes if n.running]
 
     def wait_links(self, timeout: float = 10) -> None:
-        """Until every running node reports every other running node's link up."""
+        """Until every running node reports every other running node's link up; at once
+        for a pod whose links come up on first use (fabric/dialing.py), which has none
+        until its nodes use them."""
+        if not links_at_start(self.config.fabric_links, len(self.config.nodes)):
+            return
         deadline = time.monotonic() + timeout
         while True:
             alive = self.running_nodes()

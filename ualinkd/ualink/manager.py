@@ -706,6 +706,8 @@ class UalinkManager:
         if self.probe is None:  # no fabric in this process: nothing to read the peer by
             return False
         incarnation = self.probe(self.accel_id, remote)
+        if not incarnation:  # not announced yet (a link just up, or coming up): unknown
+            return False
         c = self.conn(remote)
         resynced = c.peer_incarnation is not None and c.peer_incarnation != incarnation
         c.peer_incarnation = incarnation
@@ -1108,6 +1110,15 @@ class UalinkManager:
     def _connected(self, remote: int) -> None:
         """The connection to `remote` became ESTABLISHED: the setups whose HELLO went out
         are done, and their imports go on to NPA_REQ."""
+        if (self.conn(remote).peer_incarnation is None and self.probe is not None
+                and QUIRK_NO_RESTART_PROBE not in self.quirks):
+            # Its probe found nothing to read yet (the link came up for this connection, on
+            # first use: fabric/dialing.py); the peer announced itself since, and a restart
+            # is told from this reading.
+            try:
+                self._probe(remote)
+            except DrmError:
+                pass
         for setup in [s for s in self.setups.values() if s.remote == remote and s.sent]:
             del self.setups[setup.number]
             flow = setup.flow
