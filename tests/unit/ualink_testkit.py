@@ -23,6 +23,7 @@ from ualinkd.abi.ioc import ioc, iow, iowr
 from ualinkd.config import PodConfig
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.device import Caller, DrmDevice, IoctlResult
+from ualinkd.drm.errors import DrmError
 from ualinkd.drm.file import DrmFile
 from ualinkd.node import NodeCore, NodeServices
 
@@ -99,13 +100,24 @@ def make_node(
 
 def attach_remote_access(core: NodeCore, remote_access: Any) -> None:
     """Attach a fabric, as an agent does (NodeCore.attach_fabric), whose only service is
-    the GPU loads/stores of imported NPA BOs; these tests import nothing, so an import
-    that waits on it fails the test."""
+    the GPU loads/stores of imported NPA BOs, answered at once: `remote_access(accel,
+    piece, write, data)` returns the loaded bytes or the count stored, or raises DrmError,
+    and the agent's Completion is done when it returns. These tests import nothing, so an
+    import that waits on it fails the test."""
 
     def no_imports(mgr: Any, flow: Any) -> Any:
         raise AssertionError("this test's fabric carries no imports")
 
-    core.attach_fabric(core.after_request, no_imports, remote_access)
+    def access(accel: int, piece: Any, write: bool, data: bytes | None = None
+               ) -> Completion[Any]:
+        c: Completion[Any] = Completion()
+        try:
+            c.set_result(remote_access(accel, piece, write, data))
+        except DrmError as e:
+            c.set_error(e)
+        return c
+
+    core.attach_fabric(core.after_request, no_imports, access)
 
 
 def device(core: NodeCore, index: int = 0) -> DrmDevice:
