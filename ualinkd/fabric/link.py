@@ -1,6 +1,8 @@
 """FabricLink: this node's TCP links to every other node of the pod (trio). It listens, dials
 the peers whose names sort after ours, authenticates (auth.py), then runs a Session per peer with
-one reader and one writer task; reconnects with backoff; sends wait for the peer's ACK.
+one reader and one writer task; reconnects with backoff; sends wait for the peer's ACK. When
+each pair is linked (at start, or on its first use, the other node knocking), how often dials
+are retried and how many run at once is fabric/dialing.py's policy.
 
 Before a connection has authenticated it costs little and cannot make us hold much: its
 decoder takes only handshake frames of handshake size (FrameDecoder.for_handshake), at most
