@@ -19,7 +19,8 @@ floor is a C program doing the same physical work:
 
 ⁴ The GPU engine (issue 30): benchmarks/sdma_bench.c, an unmodified libhsakmt 5.2.3 client
 through the shim on node 1 (an SDMA queue, BlitSdmaV4's packets, the CPU spinning on the
-fence, then sleeping in hsaKmtWaitOnEvent until the TRAP as ROCr's interrupt signals do);
+fence for 200 µs, then sleeping in hsaKmtWaitOnEvent until the TRAP, as ROCr's interrupt
+signals wait);
 the remote copy reads a 16 MiB VRAM BO node 0 exported (tests/c/fabric_sdma.c export). Its
 own table, after the main one, with the same placements and repetitions.
 
