@@ -238,3 +238,44 @@ def test_a_shared_bo_stays_mapped_between_copies_and_is_unmapped_after_them():
     finally:
         os.close(memfd)
         src.close()
+
+
+def test_a_large_write_goes_straight_from_the_bytes_and_stops_at_the_first_bad_page():
+    """ProcMemory.write of at least _VECTOR_WRITE_MIN (an SDMA copy's 4 MiB piece into a
+    userptr BO) is one process_vm_writev from the bytes themselves (no copy of them), with
+    the same short count as a small write: up to the first page the process lacks
+    writable (policy 10), here a read-only page after 32 pages."""
+    import ctypes
+    import mmap
+    import os
+
+    from ualinkd import callermem
+
+    page = mmap.PAGESIZE
+    n = callermem._VECTOR_WRITE_MIN // page * 2  # pages written, half of them allowed
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    base = libc.mmap(None, n * page, mmap.PROT_READ | mmap.PROT_WRITE,
+                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    libc.mprotect(base + n // 2 * page, n // 2 * page, mmap.PROT_READ)
+    data = os.urandom(n * page)
+    assert callermem._bytes_base(memoryview(data)) is not None  # (read in place)
+
+    async def main() -> None:
+        mem = CallerMemory().open_process(os.getpid())
+        try:
+            assert await mem.write(base, data[: n // 2 * page]) == n // 2 * page
+            assert ctypes.string_at(base, n // 2 * page) == data[: n // 2 * page]
+            assert await mem.write(base + page, data) == (n // 2 - 1) * page
+            assert ctypes.string_at(base + page, 8) == data[:8]
+        finally:
+            mem.close()
+
+    try:
+        trio.run(main)
+    finally:
+        libc.munmap(base, n * page)
