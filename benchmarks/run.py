@@ -148,7 +148,7 @@ class Counts:
         self.sdma_remote_bytes = 16 * MiB
         self.sdma_copies = 2 if quick else 3
         self.sdma_fences = 50 if quick else 200
-        self.engine_cpu_seconds = 2 if quick else 8  # idle / forever-poll CPU windows
+        self.engine_cpu_seconds = 2 if quick else 4  # idle / forever-poll CPU windows (s)
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
