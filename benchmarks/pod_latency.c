@@ -2,6 +2,7 @@
 /*
  * pod_latency import <exporter-render> <importer-render> <count> [warmup]
  * pod_latency load <exporter-render> <importer-render> <size>:<count> [...]
+ * pod_latency store <exporter-render> <importer-render> <size>:<count> [...]
  * pod_latency cycle <exporter-render> <importer-render> <count> <settle-ns> <exporter-pid>
  *             <importer-pid>
  *
@@ -22,6 +23,8 @@
  *   load, looping over short counts) <count> times after count/10 warm-ups,
  *   into one page-aligned buffer.  One line per size:
  *   size=.. median_ns=.. p99_ns=.. mean_ns=.. count=..
+ * store: the same with pwrite at that VA (a remote GPU store, the same BO and buffer),
+ *   one line per size in the same format.
  * cycle: the import cycle of `import`, every step timed and costed: for each step
  *   (GEM_CREATE, export, the idle gap of <settle-ns>, the import ioctl, the token
  *   open, FD_TO_HANDLE, the closes, the idle gap after them) the wall time and the
@@ -324,7 +327,26 @@ static void load_full(int fd, char *buf, size_t size)
 	}
 }
 
-static int cmd_load(const char *exp_path, const char *imp_path, int nspec, char **spec)
+static void store_full(int fd, const char *buf, size_t size)
+{
+	size_t done = 0;
+
+	while (done < size) {
+		ssize_t n = pwrite(fd, buf + done, size - done, (off_t)(VA + done));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			if (n == 0)
+				errno = EIO;
+			fail("pwrite (remote GPU store)");
+		}
+		done += (size_t)n;
+	}
+}
+
+static int cmd_load(const char *exp_path, const char *imp_path, int nspec, char **spec,
+		    int store)
 {
 	int efd = open_render(exp_path), ifd = open_render(imp_path), dmabuf;
 	size_t sizes[16], max = 0;
@@ -373,7 +395,10 @@ static int cmd_load(const char *exp_path, const char *imp_path, int nspec, char 
 		for (i = -warmup; i < count; i++) {
 			uint64_t t0 = now_ns();
 
-			load_full(ifd, buf, sizes[s]);
+			if (store)
+				store_full(ifd, buf, sizes[s]);
+			else
+				load_full(ifd, buf, sizes[s]);
 			if (i >= 0)
 				ns[i] = now_ns() - t0;
 		}
@@ -402,14 +427,15 @@ int main(int argc, char **argv)
 		if (count > 0 && settle >= 0)
 			return cmd_cycle(argv[2], argv[3], count, settle, atoi(argv[6]),
 					 atoi(argv[7]));
-	} else if (argc >= 5 && !strcmp(argv[1], "load")) {
-		int rc = cmd_load(argv[2], argv[3], argc - 4, argv + 4);
+	} else if (argc >= 5 && (!strcmp(argv[1], "load") || !strcmp(argv[1], "store"))) {
+		int rc = cmd_load(argv[2], argv[3], argc - 4, argv + 4, !strcmp(argv[1], "store"));
 
 		if (rc != 2)
 			return rc;
 	}
 	fprintf(stderr, "usage: %s import <exporter-render> <importer-render> <count> [warmup]\n"
-			"       %s load <exporter-render> <importer-render> <size>:<count> [...]\n"
+			"       %s load|store <exporter-render> <importer-render> <size>:<count>"
+			" [...]\n"
 			"       %s cycle <exporter-render> <importer-render> <count> <settle-ns>"
 			" <exporter-pid> <importer-pid>\n",
 		argv[0], argv[0], argv[0]);

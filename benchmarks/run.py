@@ -10,14 +10,25 @@ floor is a C program doing the same physical work:
 | first import: ioctl + dma-buf open + FD→hdl  | 3 echo ioctls + 1 TCP round trip ¹  | ≤ 4×   |
 | 4 KiB remote GPU load                        | 1 echo ioctl + 1 TCP round trip     | ≤ 3×   |
 | 1 MiB remote GPU load, as throughput         | TCP loopback stream (tcp_floor.c)   | ≥ 0.5  |
+| 1 MiB remote GPU store, as throughput        | TCP loopback stream (tcp_floor.c)   | ≥ 0.5  |
 | SDMA copy 64 MiB host→VRAM, VRAM→host ⁴      | C memcpy of 64 MiB, same process    | ≥ 0.5  |
 | SDMA copy 16 MiB remote→host ⁴               | TCP loopback stream (tcp_floor.c)   | ≥ 0.5  |
 | empty SDMA submission, doorbell→fence ⁴      | TCP round trip                      | printed|
+| idle daemon CPU, 8 idle SDMA queues ⁵        | (none: % of one CPU)                | < 1%   |
+| daemon CPU, one queue on a forever poll ⁵    | (none: % of one CPU)                | printed|
 
 ⁴ The GPU engine (issue 30): benchmarks/sdma_bench.c, an unmodified libhsakmt 5.2.3 client
 through the shim on node 1 (an SDMA queue, BlitSdmaV4's packets, the CPU spinning on the
-fence); the remote copy reads a 16 MiB VRAM BO node 0 exported (tests/c/fabric_sdma.c
-export). Its own table, after the main one, with the same placements and repetitions.
+fence for 200 µs, then sleeping in hsaKmtWaitOnEvent until the TRAP, as ROCr's interrupt
+signals wait);
+the remote copy reads a 16 MiB VRAM BO node 0 exported (tests/c/fabric_sdma.c export). Its
+own table, after the main one, with the same placements and repetitions.
+
+⁵ tests/c/hsakmt_sdma.c's `idle` (8 SDMA queues, doorbells mapped, never rung) and `poll`
+(one queue blocked on POLL_REGMEM with retry 0xFFF, ROCr's dependency poll) on node 1: the
+daemon's CPU (every thread's schedstat) over `Counts.engine_cpu_seconds`, as a share of one
+CPU, after a second's settling; the poll's release latency (CPU store → fence) beside it.
+The tests (tests/integration/test_hsakmt_queues.py) only guard these against a spin.
 
 ¹ In the first import's own pattern (tcp_floor.c import): each sample after the same 2 ms
 idle gap as each first import (IMPORT_SETTLE_NS), the four round trips timed as one. On this
@@ -95,6 +106,7 @@ GOALS = {  # name: (what, comparison, goal)
     "first_import": ("first import / (3 FUSE echoes + 1 TCP RTT)¹", "<=", 4.0),
     "load_4k": ("4 KiB remote load / (1 FUSE echo + 1 TCP RTT)", "<=", 3.0),
     "load_1m": ("1 MiB remote load throughput / C TCP stream", ">=", 0.5),
+    "store_1m": ("1 MiB remote store throughput / C TCP stream", ">=", 0.5),
 }
 # Ratios printed without a goal: what they explain.
 INFO = {
@@ -136,6 +148,7 @@ class Counts:
         self.sdma_remote_bytes = 16 * MiB
         self.sdma_copies = 2 if quick else 3
         self.sdma_fences = 50 if quick else 200
+        self.engine_cpu_seconds = 2 if quick else 4  # idle / forever-poll CPU windows (s)
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -286,6 +299,11 @@ def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[
         return {**{k: statistics.median(s[k] for s in steps)
                    for k in ("total_ns", "ioctl_ns", "open_ns", "fd_to_handle_ns")},
                 **clock.per_op(c.imports + c.imports // 10 + 1)}
+    if kind == "store_1m":
+        clock = ServerClock(pods)
+        out = fields(run_c(pod_lat, ["store", a.render(), b.render(), f"{MiB}:{c.loads_1m}"],
+                           cpus))
+        return {**out, **clock.per_op(c.loads_1m + c.loads_1m // 10 + 1)}
     if kind in ("load_4k", "load_1m"):
         size, count = (4 * KiB, c.loads_4k) if kind == "load_4k" else (MiB, c.loads_1m)
         clock = ServerClock(pods)
@@ -324,15 +342,16 @@ def ratios(m: dict[str, dict[str, float]]) -> dict[str, float]:
         "first_import": m["first_import"]["total_ns"] / m["import_floor"]["median_ns"],
         "load_4k": m["load_4k"]["median_ns"] / (echo + rtt),
         "load_1m": (MiB * 1e9 / m["load_1m"]["median_ns"]) / m["tcp_stream"]["median_bps"],
+        "store_1m": (MiB * 1e9 / m["store_1m"]["median_ns"]) / m["tcp_stream"]["median_bps"],
         "export_idle": m["export_idle"]["median_ns"] / m["echo_idle"]["median_ns"],
     }
 
 
 KINDS = ["echo", "export", "tcp_rtt", "import_floor", "first_import", "tcp_stream", "load_4k",
-         "load_1m", "echo_idle", "export_idle"]
+         "load_1m", "store_1m", "echo_idle", "export_idle"]
 SERVED = {"echo": "C libfuse3 echo, per ioctl", "export": "ualinkd, per export ioctl",
           "first_import": "ualinkd, per import cycle", "load_4k": "ualinkd, per 4 KiB load",
-          "load_1m": "ualinkd, per 1 MiB load"}
+          "load_1m": "ualinkd, per 1 MiB load", "store_1m": "ualinkd, per 1 MiB store"}
 
 
 def placement_runs(reps: int, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[bytes],
@@ -540,6 +559,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "first_import_fd_to_handle_ns": pick("first_import", "fd_to_handle_ns"),
             "load_4k_ns": pick("load_4k", "median_ns"),
             "load_1m_ns": pick("load_1m", "median_ns"),
+            "store_1m_ns": pick("store_1m", "median_ns"),
         },
         # the share of the loads fuse/dataplane.c carried (the first of a mapping is Python's)
         "data_plane_share": {k: pick(k, "data_plane_share") for k in ("load_4k", "load_1m")},
@@ -606,6 +626,7 @@ def table(result: dict[str, Any]) -> list[str]:
                   f"{spread(p['data_plane_share']['load_1m'], 0.01, '{:.0f}%'):>26}",
                   f"{'    share spliced into /dev/fuse':<{w}}"
                   f"{spread(p['spliced_share'], 0.01, '{:.0f}%'):>26}",
+                  f"{'  1 MiB remote GPU store':<{w}}{spread(g['store_1m_ns'], 1e3):>26}",
                   f"{'ratios (per repetition)':<{w}}{'ratio':>26}{'goal':>9}{'  met':<6}"]
         for r in p["ratios"].values():
             met = "yes" if r["met"] else "NO"
@@ -658,6 +679,7 @@ ENGINE_GOALS = {  # name: (what, goal as a ratio >=)
     "sdma_d2h": ("SDMA 64 MiB VRAM→host / C memcpy", 0.5),
     "sdma_remote": ("SDMA 16 MiB remote→host / C TCP stream", 0.5),
 }
+IDLE_CPU_GOAL = 0.01  # of one CPU: issue 30's idle node with 8 idle queues
 
 
 def shimmed_env(node: Node) -> dict[str, str]:
@@ -694,6 +716,50 @@ def exported_bo(a: Node, size: int) -> Iterator[tuple[str, str]]:
         proc.communicate("", timeout=60)
 
 
+def engine_cpu(node: Node, mode: str, c: Counts, cpus: set[int] | None) -> dict[str, float]:
+    """The daemon's CPU (all threads, schedstat) as a share of one CPU while
+    tests/c/hsakmt_sdma.c `mode` holds its queues (`idle`: 8 idle SDMA queues; `poll`: one
+    queue blocked on a forever POLL_REGMEM), over c.engine_cpu_seconds after 1 s of
+    settling; for `poll`, also the release latency the client prints (CPU store → fence)."""
+    import threading
+
+    prefix = ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
+    ready = "ok idle_queues" if mode == "idle" else "ok poll_pending"
+    proc = subprocess.Popen([*prefix, str(LIB_BUILD / "hsakmt_sdma"), mode],
+                            env=shimmed_env(node), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        out = ""
+        while ready not in out:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"hsakmt_sdma {mode}: no {ready!r}:\n{out}")
+            out += line
+        time.sleep(1)  # past the back-off after the creations (and the young poll)
+        clock, t0 = ServerClock([node.proc.pid]), time.monotonic()
+        time.sleep(c.engine_cpu_seconds)
+        cpu = clock.read()[0] - clock.start[0]
+        share = cpu / 1e9 / (time.monotonic() - t0)
+        rest, _ = proc.communicate("\n", timeout=60)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"hsakmt_sdma {mode}: exit {proc.returncode}\n{out}{rest}")
+    got = {"cpu_share": share}
+    if mode == "poll":
+        m = re.search(r"poll_release latency_us=(\d+)", rest)
+        if m is None:
+            raise RuntimeError(f"hsakmt_sdma poll: no release latency:\n{rest}")
+        got["release_ns"] = float(m[1]) * 1e3
+    return got
+
+
 def engine_runs(reps: int, c: Counts, cpus: set[int] | None, a: Node, b: Node,
                 handle: tuple[str, str]) -> list[dict[str, Any]]:
     """Per repetition: the SDMA figures on node b and their floors, interleaved."""
@@ -708,10 +774,12 @@ def engine_runs(reps: int, c: Counts, cpus: set[int] | None, a: Node, b: Node,
                                  str(c.sdma_copies)], cpus)
         fence = run_shimmed(b, ["fence", str(c.sdma_fences)], cpus)
         rtt = fields(run_c(BUILD / "tcp_floor", ["rtt", str(c.rtts)], cpus))
+        idle = engine_cpu(b, "idle", c, cpus)
+        poll = engine_cpu(b, "poll", c, cpus)
         remote_bps = c.sdma_remote_bytes * 1e9 / remote["remote_ns"]
         runs.append({
             "measured": {"local": local, "remote": remote, "fence": fence,
-                         "tcp_stream": stream, "tcp_rtt": rtt},
+                         "tcp_stream": stream, "tcp_rtt": rtt, "idle": idle, "poll": poll},
             "ratios": {"sdma_h2d": local["memcpy_ns"] / local["h2d_ns"],
                        "sdma_d2h": local["memcpy_ns"] / local["d2h_ns"],
                        "sdma_remote": remote_bps / stream["median_bps"],
@@ -729,10 +797,15 @@ def engine_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "tcp_stream_bps": pick("tcp_stream", "median_bps"),
         "fence_ns": pick("fence", "fence_ns"), "tcp_rtt_ns": pick("tcp_rtt", "median_ns"),
         "fence_over_rtt": summary([r["ratios"]["fence_over_rtt"] for r in runs]),
+        "idle_cpu_share": pick("idle", "cpu_share"), "poll_cpu_share": pick("poll", "cpu_share"),
+        "poll_release_ns": pick("poll", "release_ns"),
         "ratios": {}}
     for k, (what, goal) in ENGINE_GOALS.items():
         s = summary([r["ratios"][k] for r in runs])
         out["ratios"][k] = {**s, "what": what, "goal": f">= {goal}", "met": s["median"] >= goal}
+    idle = out["idle_cpu_share"]
+    out["idle_cpu"] = {**idle, "what": "idle daemon CPU, 8 idle SDMA queues ⁵",
+                       "goal": f"< {IDLE_CPU_GOAL:.0%}", "met": idle["median"] < IDLE_CPU_GOAL}
     return out
 
 
@@ -763,6 +836,14 @@ def engine_table(result: dict[str, Any]) -> list[str]:
                          f"{r['goal']:>9}  {'yes' if r['met'] else 'NO'}")
         lines.append(f"{'  doorbell→fence / C TCP round trip':<{w}}"
                      f"{spread(e['fence_over_rtt'], 1, '{:.1f}'):>26}{'none':>9}")
+        ic = e["idle_cpu"]
+        lines += [f"{'daemon CPU, % of one CPU ⁵':<{w}}{'%':>26}{'goal':>9}{'  met':<6}",
+                  f"{'  8 idle SDMA queues':<{w}}{spread(ic, 0.01, '{:.2f}'):>26}"
+                  f"{ic['goal']:>9}  {'yes' if ic['met'] else 'NO'}",
+                  f"{'  one queue on a forever poll':<{w}}"
+                  f"{spread(e['poll_cpu_share'], 0.01, '{:.2f}'):>26}{'none':>9}",
+                  f"{'    its release, CPU store → fence (ms)':<{w}}"
+                  f"{spread(e['poll_release_ns'], 1e6, '{:.2f}'):>26}"]
     return lines
 
 

@@ -3,10 +3,19 @@
  * unmodified libhsakmt 5.2.3 client through the shim, with their C floors in the same process
  * where there is one. Packets as ROCr's BlitSdmaV4 writes them (spec userspace-surface §8).
  *
+ * Each submission ends as ROCr's BlitSdmaV4 ends a copy whose completion signal is an
+ * interrupt signal (the default kind): FENCE of the signal's value, FENCE of the event id to
+ * the event's mailbox, TRAP(event id). The client then waits as ROCr's
+ * InterruptSignal::WaitRelaxed waits: it spins on the value for up to 200 µs (its
+ * kMaxElapsed), then sleeps in hsaKmtWaitOnEvent until the TRAP's interrupt, looking again
+ * each time it wakes. (Spinning for the whole copy, as this client did before, is not what a
+ * runtime does, and with client and daemon pinned to one CPU it takes the CPU from the daemon
+ * the copy waits for.) SDMA_BENCH_WAIT=spin spins throughout, for comparison.
+ *
  *   sdma_bench local <bytes> <reps>
- *       SDMA copies host->VRAM and VRAM->host of <bytes> (COPY_LINEAR chunks + FENCE, the
- *       CPU spinning on the fence), and a C memcpy of the same size between two host
- *       buffers: `h2d_ns=<median> d2h_ns=<median> memcpy_ns=<median>`
+ *       SDMA copies host->VRAM and VRAM->host of <bytes> (COPY_LINEAR chunks + the end
+ *       above), and a C memcpy of the same size between two host buffers:
+ *       `h2d_ns=<median> d2h_ns=<median> memcpy_ns=<median>`
  *   sdma_bench remote <lo> <hi> <bytes> <reps>
  *       the UALink import of an exported BO (fabric_sdma export), GEM_VA into the KFD
  *       process's VM, SDMA copies remote->host: `remote_ns=<median>`
@@ -33,6 +42,9 @@
 
 #define RING_SIZE (1u << 20)
 #define COPY_CHUNK 0x3FFFE0u
+#define SPIN_NS 200000u /* ROCr 5.2's InterruptSignal::WaitRelaxed: kMaxElapsed */
+
+static int spin_only; /* SDMA_BENCH_WAIT=spin */
 
 static void die(const char *what, long v)
 {
@@ -78,6 +90,7 @@ struct sdma {
 	uint64_t wptr;
 	volatile uint32_t *fence;
 	uint32_t value;
+	HsaEvent *event; /* the TRAP's: ROCr's interrupt signal's event */
 };
 
 static void open_queue(struct sdma *q)
@@ -101,6 +114,12 @@ static void open_queue(struct sdma *q)
 	memset(q->ring, 0, RING_SIZE);
 	KMT(hsaKmtCreateQueue(gpu_node, HSA_QUEUE_SDMA, 100, HSA_QUEUE_PRIORITY_MAXIMUM, q->ring,
 			      RING_SIZE, NULL, &q->res));
+	{
+		HsaEventDescriptor desc = {.EventType = HSA_EVENTTYPE_SIGNAL, .NodeId = gpu_node};
+
+		KMT(hsaKmtCreateEvent(&desc, false, false, &q->event));
+	}
+	spin_only = getenv("SDMA_BENCH_WAIT") && strcmp(getenv("SDMA_BENCH_WAIT"), "spin") == 0;
 }
 
 static void emit(struct sdma *q, const uint32_t *dw, unsigned n)
@@ -132,15 +151,32 @@ static uint64_t submit_wait(struct sdma *q, uint64_t dst, uint64_t src, uint64_t
 		done += n;
 	}
 	{
+		uint64_t mbox = q->event->EventData.HWData2;
+		uint32_t id = q->event->EventId;
 		uint32_t f[4] = {5, (uint32_t)fence, (uint32_t)(fence >> 32), value};
+		uint32_t m[4] = {5, (uint32_t)mbox, (uint32_t)(mbox >> 32), id};
+		uint32_t trap[2] = {6, id & 0x0FFFFFFFu};
+
 		emit(q, f, 4);
+		emit(q, m, 4);
+		emit(q, trap, 2);
 	}
 	__atomic_store_n((uint64_t *)q->res.Queue_write_ptr, q->wptr, __ATOMIC_RELEASE);
 	t0 = now_ns();
 	__atomic_store_n((uint64_t *)q->res.Queue_DoorBell, q->wptr, __ATOMIC_RELEASE);
-	while (__atomic_load_n(q->fence, __ATOMIC_ACQUIRE) != value)
-		if (now_ns() - t0 > 60ull * 1000000000u)
+	while (__atomic_load_n(q->fence, __ATOMIC_ACQUIRE) != value) {
+		uint64_t waited = now_ns() - t0;
+
+		if (waited > 60ull * 1000000000u)
 			die("a fence within 60 s", value);
+		if (spin_only || waited < SPIN_NS)
+			continue;
+		/* (auto-reset: a TRAP of an earlier submission that came after its fence was
+		 * seen wakes this wait once; the loop looks at the fence again) */
+		HSAKMT_STATUS s = hsaKmtWaitOnEvent(q->event, 1000);
+		if (s != HSAKMT_STATUS_SUCCESS && s != HSAKMT_STATUS_WAIT_TIMEOUT)
+			die("hsaKmtWaitOnEvent", s);
+	}
 	return now_ns() - t0;
 }
 
@@ -248,6 +284,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	KMT(hsaKmtDestroyQueue(q.res.QueueId));
+	KMT(hsaKmtDestroyEvent(q.event));
 	KMT(hsaKmtCloseKFD());
 	return 0;
 }

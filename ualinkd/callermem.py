@@ -27,6 +27,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -174,6 +175,10 @@ def _access(dir_fd: int, mem_fd: int, address: int, arg: int | bytes,
 # several calls, each well inside TIMEOUT.
 _IOV_MAX = 1024
 VECTOR_BYTES = 64 << 20
+# A write this big goes by process_vm_writev (_access_vector) rather than a pwrite of `mem`,
+# which moves a page at a time through a bounce page: half the speed (a remote→host SDMA
+# copy stores 4 MiB pieces this way: 8% of the importer's busy time, py-spy).
+_VECTOR_WRITE_MIN = 64 << 10
 
 
 class _Iovec(ctypes.Structure):
@@ -203,6 +208,21 @@ def _alive(dir_fd: int) -> bool:
     return True
 
 
+def _bytes_base(b: memoryview) -> int | None:
+    """The address of a read-only view's bytes when it is a whole `bytes` object (the
+    common case: data to store), so that process_vm_writev reads it in place; None for
+    any other read-only buffer (copied first: ctypes maps only writable ones)."""
+    obj = b.obj
+    if type(obj) is bytes and b.contiguous and b.nbytes == len(obj):
+        return ctypes.cast(ctypes.c_char_p(obj), ctypes.c_void_p).value
+    return None
+
+
+def _address(b: memoryview) -> int:
+    base = _bytes_base(b) if b.readonly else None
+    return base if base is not None else ctypes.addressof(ctypes.c_char.from_buffer(b))
+
+
 def _process_vm_copy(tgid: int, dir_fd: int, address: int, group: list[memoryview],
                      write: bool) -> int | None:
     """One process_vm_readv/writev between the buffers and [address, +their size) of
@@ -215,9 +235,9 @@ def _process_vm_copy(tgid: int, dir_fd: int, address: int, group: list[memoryvie
     fn = _process_vm[write]
     if fn is None or not _alive(dir_fd):
         return None if fn is None else 0
-    keep = [b if not b.readonly else memoryview(bytearray(b)) for b in group]
-    local = (_Iovec * len(keep))(*[
-        _Iovec(ctypes.addressof(ctypes.c_char.from_buffer(b)), len(b)) for b in keep])
+    keep = [b if not b.readonly or _bytes_base(b) is not None else memoryview(bytearray(b))
+            for b in group]
+    local = (_Iovec * len(keep))(*[_Iovec(_address(b), len(b)) for b in keep])
     remote = _Iovec(address, sum(len(b) for b in keep))
     n = fn(tgid, local, len(keep), ctypes.byref(remote), 1, 0)
     if n < 0:
@@ -266,13 +286,102 @@ def _file_ranges(fd: int, off: int, n: int) -> list[tuple[int, int, bool]]:
     return out
 
 
+# madvise(2) advice numbers (Linux 5.14; Python 3.11's mmap has no names for them): fault a
+# range's pages in at once, for reading or for writing.
+_MADV_POPULATE_READ, _MADV_POPULATE_WRITE = 22, 23
+
+
+class _Mappings:
+    """Mappings of shared BOs' memfds (whole, MAP_SHARED, read-write) kept across the
+    accesses of the workers: mapping a 64 MiB BO with MAP_POPULATE and unmapping it again
+    cost about as much CPU as the copy itself (py-spy of `sdma_bench local`: 9% against
+    8%), for every copy. Keyed by the memfd's inode (which cannot be reused while a mapping
+    holds its file); an entry no worker uses is unmapped KEEP seconds after its last use by
+    a reaper thread that runs only while entries exist. So a freed BO's pages outlive it by
+    at most about KEEP. A mapping is of the BO's own file description (a dup of it), which
+    memory.py's in_use_elsewhere() does not count as another user."""
+
+    KEEP = 0.5  # s
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._maps: dict[tuple[int, int], list[Any]] = {}  # key -> [mmap, users, last use]
+        self._reaper = False
+
+    def acquire(self, fd: int) -> tuple[tuple[int, int], mmap.mmap] | None:
+        """A mapping of the whole memfd, held until release(key); None when it cannot be
+        mapped (the caller maps the range itself)."""
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return None
+        key = (st.st_dev, st.st_ino)
+        with self._lock:
+            e = self._maps.get(key)
+            if e is not None:
+                e[1] += 1
+                return key, e[0]
+        if not st.st_size:
+            return None
+        try:
+            m = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError):
+            return None
+        with self._lock:
+            e = self._maps.get(key)
+            if e is None:
+                e = self._maps[key] = [m, 0, 0.0]
+                if not self._reaper:
+                    self._reaper = True
+                    threading.Thread(target=self._reap, name="ualinkd-bo-maps",
+                                     daemon=True).start()
+            e[1] += 1
+        if e[0] is not m:  # (another worker mapped it meanwhile)
+            m.close()
+        return key, e[0]
+
+    def release(self, key: tuple[int, int]) -> None:
+        with self._lock:
+            e = self._maps[key]
+            e[1] -= 1
+            e[2] = time.monotonic()
+
+    def _reap(self) -> None:
+        while True:
+            time.sleep(self.KEEP / 2)
+            now = time.monotonic()
+            with self._lock:
+                old = [k for k, e in self._maps.items() if not e[1] and now - e[2] >= self.KEEP]
+                done = [self._maps.pop(k)[0] for k in old]
+                last = self._reaper = bool(self._maps)
+            for m in done:
+                with contextlib.suppress(BufferError):  # (a view still alive: GC unmaps it)
+                    m.close()
+            if not last:
+                return
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._maps)
+
+
+_MAPPINGS = _Mappings()
+
+
+def _populate(m: mmap.mmap, start: int, length: int, write: bool) -> None:
+    """Fault [start, +length) of a mapping in at once (one call, not a fault per page);
+    a kernel without MADV_POPULATE_* faults them in as they are touched."""
+    with contextlib.suppress(OSError, ValueError):
+        m.madvise(_MADV_POPULATE_WRITE if write else _MADV_POPULATE_READ, start, length)
+
+
 def _file_segment(fd: int, off: int, n: int, write: bool,
                   move: Callable[[list[memoryview], int], int]) -> int:
     """Move [off, off + n) of a memfd (a shared BO, sealed against shrinking: no SIGBUS)
-    to (write) or from the process, through a mapping of it: one copy. Toward the process,
-    holes are sent from a zero buffer rather than read through the mapping (a read fault
-    there would allocate the BO's page). `move(views, at)` moves to/from the process at
-    byte `at` of the access; the count moved."""
+    to (write) or from the process, through a mapping of it (_Mappings'): one copy. Toward
+    the process, holes are sent from a zero buffer rather than read through the mapping (a
+    read fault there would allocate the BO's page). `move(views, at)` moves to/from the
+    process at byte `at` of the access; the count moved."""
     done = 0
     ranges = _file_ranges(fd, off, n) if write else [(off, off + n, True)]
     for lo, hi, data in ranges:
@@ -286,18 +395,27 @@ def _file_segment(fd: int, off: int, n: int, write: bool,
                     return done
             continue
         base = lo & ~(mmap.PAGESIZE - 1)
-        m = mmap.mmap(fd, hi - base, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                      mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
+        held = _MAPPINGS.acquire(fd)
+        if held is None:
+            m = mmap.mmap(fd, hi - base, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                          mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
+        else:
+            m = held[1]
+            _populate(m, base, hi - base, not write)
+            base = 0
         try:
             view = memoryview(m)
             try:
-                got = move([view[lo - base :]], done)
+                got = move([view[lo - base : hi - base]], done)
             finally:
                 with contextlib.suppress(BufferError):
                     view.release()
         finally:
-            with contextlib.suppress(BufferError):
-                m.close()
+            if held is None:
+                with contextlib.suppress(BufferError):
+                    m.close()
+            else:
+                _MAPPINGS.release(held[0])
         done += got
         if got < hi - lo:
             return done
@@ -593,6 +711,8 @@ class ProcMemory:
                                      self._owner.own_dev)
 
     async def write(self, address: int, data: bytes) -> int:
+        if len(data) >= _VECTOR_WRITE_MIN:  # (straight from the buffer: process_vm_writev)
+            return await self._vector(address, [memoryview(bytes(data))], True)
         return await self._owner.run(_access, *self._fds(), address, bytes(data),  # type: ignore[arg-type]
                                      self._owner.own_dev)
 

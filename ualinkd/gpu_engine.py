@@ -200,10 +200,6 @@ class GpuEngineEdge:
         self.kfd = core.kfd
         self._wake = trio.Event()
         self._running: set[kq.KfdQueue] = set()
-        # queues whose engine stopped at an unsatisfied poll: when to run them again, and
-        # the delay that got them there (it grows while the same poll keeps failing)
-        self._polling: dict[kq.KfdQueue, float] = {}
-        self._poll_delay: dict[kq.KfdQueue, float] = {}
         self._nursery: trio.Nursery | None = None
         self._atomics = trio.Lock()
         self.ticks = 0  # scans done, for tests of the idle cost
@@ -239,8 +235,6 @@ class GpuEngineEdge:
         if created:
             self._wake.set()
         else:
-            self._polling.pop(q, None)
-            self._poll_delay.pop(q, None)
             self._touched.pop(q, None)
             q.processor = None
 
@@ -271,12 +265,9 @@ class GpuEngineEdge:
                     await self._wake.wait()  # no queue: nothing to watch until one is made
                     interval = MIN_INTERVAL
                 else:
-                    # past MAX_INTERVAL the watch thread wakes us when a doorbell moves;
-                    # only a poll's re-check still needs a timer
-                    due = min(self._polling.values(), default=None)
-                    wait = (float("inf") if interval >= MAX_INTERVAL else interval)
-                    if due is not None:
-                        wait = min(wait, max(0.0, due - trio.current_time()))
+                    # past MAX_INTERVAL the watch thread wakes us when a doorbell moves (a
+                    # poll's re-checks are its run task's own: _recheck_poll)
+                    wait = float("inf") if interval >= MAX_INTERVAL else interval
                     with trio.move_on_after(wait):
                         await self._wake.wait()
 
@@ -352,11 +343,10 @@ class GpuEngineEdge:
 
     # -- noticing doorbells --------------------------------------------------------------------
     def _scan(self) -> bool:
-        """One tick: start a run for every active queue whose doorbell moved, or whose
-        engine waits on a poll that is due. True when a doorbell moved."""
+        """One tick: start a run for every active queue whose doorbell moved (a queue
+        blocked on a poll is its run task's, still running). True when a doorbell moved."""
         self.ticks += 1
-        now = trio.current_time()
-        busy = False  # only a doorbell that moved resets the back-off
+        busy = False
         watched: list[tuple[BoMemory, tuple[tuple[int, bytes], ...]]] = []
         for pqm in list(self.kfd.queues.pqms.values()):
             proc = self.kfd.processes.get(pqm.pid)
@@ -378,11 +368,8 @@ class GpuEngineEdge:
                     q.doorbells += 1
                     self._trace_doorbell(q, value)
                     q.last_doorbell = value
-                    self._poll_delay.pop(q, None)
                     self._start(q, value)
                     busy = True
-                elif q in self._polling and self._polling[q] <= now:
-                    self._start(q, value)  # a poll's re-check: not activity (no back-off reset)
                 else:
                     waiting.setdefault(q.gpu_id, []).append(
                         (q.doorbell_slot, value.to_bytes(8, "little")))
@@ -415,7 +402,6 @@ class GpuEngineEdge:
     def _start(self, q: kq.KfdQueue, doorbell: int) -> None:
         assert self._nursery is not None
         self._running.add(q)
-        self._polling.pop(q, None)
         self._nursery.start_soon(self._run_queue, q, doorbell)
 
     # -- running a queue -------------------------------------------------------------------------
@@ -437,14 +423,8 @@ class GpuEngineEdge:
         except QueueStopped:
             return
         self._sync(q)
-        if end.reason is EndReason.POLLING:
-            # re-checked later, sooner while the poll is young (MIN_INTERVAL, doubling to
-            # POLL_MAX_DELAY): a forever poll costs a re-read every 10 ms, no busy CPU
-            delay = min(self._poll_delay.get(q, MIN_INTERVAL / 2) * 2, POLL_MAX_DELAY)
-            self._poll_delay[q] = delay
-            self._polling[q] = trio.current_time() + delay
-        else:
-            self._poll_delay.pop(q, None)
+        # (a run that ends POLLING stopped re-checking because its doorbell moved: the
+        # scan, woken above, runs the queue again and the poll is a young one again)
         if end.reason is EndReason.ERROR:
             if end.fault is not None and process_exiting(q.pid):
                 return  # its memory went first: the release that follows stops the queue
@@ -459,7 +439,10 @@ class GpuEngineEdge:
         the new work with the back-off reset). Each re-check is one
         wake-up and one poll read, no scan: a forever poll costs ~3% of a CPU. Another
         run's work (a queue's or a CS job's) re-checks it at once: an engine's fence
-        releases another's poll without waiting for the back-off."""
+        releases another's poll without waiting for the back-off. While UPDATE_QUEUE has
+        the queue inactive the task keeps waiting (at the same delays) without running it:
+        the poll is re-checked once the queue is active again (the one place a blocked
+        queue waits: the scan never runs a queue whose doorbell did not move)."""
         delay = MIN_INTERVAL
         while end.reason is EndReason.POLLING:
             progress = self._progress
@@ -468,14 +451,13 @@ class GpuEngineEdge:
             delay = MIN_INTERVAL if progress.is_set() else min(delay * 2, POLL_MAX_DELAY)
             self._alive(q)
             if q.state is not kq.KfdQueueState.ACTIVE:
-                break  # (UPDATE_QUEUE made it inactive: the scan runs it when it is again)
+                continue  # (UPDATE_QUEUE made it inactive: not run until it is again)
             proc = self.kfd.processes.get(q.pid)
             bo = proc.pdds[q.gpu_id].doorbell_bo if proc is not None else None
             if bo is None:
                 raise QueueStopped
             value = int.from_bytes(bo.memory.read(q.doorbell_slot, 8), "little")
             if value != q.last_doorbell:
-                self._poll_delay.pop(q, None)
                 break  # (the doorbell is the scan's to notice: it resets the back-off)
             self.poll_rechecks += 1
             offset, end = end.offset, await self._drive(q, doorbell)

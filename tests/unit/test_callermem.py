@@ -193,3 +193,89 @@ def test_vectored_access_moves_between_the_process_buffers_and_a_memfd_in_one_co
     finally:
         os.close(memfd)
         libc.munmap(base, 5 * page)
+
+
+def test_a_shared_bo_stays_mapped_between_copies_and_is_unmapped_after_them():
+    """callermem._Mappings: the copies of a shared BO (a memfd) go through one mapping of it
+    kept between accesses (mapping and unmapping 64 MiB per copy cost as much as the copy),
+    and that mapping goes about KEEP after the last copy, so a freed BO's pages do not stay
+    behind in the daemon (its /proc/self/maps no longer names the memfd)."""
+    import mmap
+    import os
+    import time
+
+    from ualinkd import callermem
+
+    page = mmap.PAGESIZE
+    src = mmap.mmap(-1, 4 * page)
+    src[:] = b"\x5a" * (4 * page)
+    import ctypes
+
+    base = ctypes.addressof(ctypes.c_char.from_buffer(src))
+    memfd = os.memfd_create("ualinkd-test-bo-maps", os.MFD_CLOEXEC)
+    os.ftruncate(memfd, 4 * page)
+
+    def mapped() -> int:
+        with open("/proc/self/maps") as f:
+            return sum("ualinkd-test-bo-maps" in ln for ln in f)
+
+    async def main() -> None:
+        mem = CallerMemory().open_process(os.getpid())
+        try:
+            for _ in range(3):
+                assert await mem.readv(base, [(memfd, 0, 4 * page)]) == 4 * page
+                assert mapped() == 1  # one mapping, kept across the copies
+        finally:
+            mem.close()
+
+    try:
+        trio.run(main)
+        assert os.pread(memfd, 4 * page, 0) == b"\x5a" * (4 * page)
+        deadline = time.monotonic() + 10 * callermem._Mappings.KEEP + 5
+        while mapped() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mapped() == 0
+    finally:
+        os.close(memfd)
+        src.close()
+
+
+def test_a_large_write_goes_straight_from_the_bytes_and_stops_at_the_first_bad_page():
+    """ProcMemory.write of at least _VECTOR_WRITE_MIN (an SDMA copy's 4 MiB piece into a
+    userptr BO) is one process_vm_writev from the bytes themselves (no copy of them), with
+    the same short count as a small write: up to the first page the process lacks
+    writable (policy 10), here a read-only page after 32 pages."""
+    import ctypes
+    import mmap
+    import os
+
+    from ualinkd import callermem
+
+    page = mmap.PAGESIZE
+    n = callermem._VECTOR_WRITE_MIN // page * 2  # pages written, half of them allowed
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    base = libc.mmap(None, n * page, mmap.PROT_READ | mmap.PROT_WRITE,
+                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    libc.mprotect(base + n // 2 * page, n // 2 * page, mmap.PROT_READ)
+    data = os.urandom(n * page)
+    assert callermem._bytes_base(memoryview(data)) is not None  # (read in place)
+
+    async def main() -> None:
+        mem = CallerMemory().open_process(os.getpid())
+        try:
+            assert await mem.write(base, data[: n // 2 * page]) == n // 2 * page
+            assert ctypes.string_at(base, n // 2 * page) == data[: n // 2 * page]
+            assert await mem.write(base + page, data) == (n // 2 - 1) * page
+            assert ctypes.string_at(base + page, 8) == data[:8]
+        finally:
+            mem.close()
+
+    try:
+        trio.run(main)
+    finally:
+        libc.munmap(base, n * page)

@@ -220,10 +220,10 @@ def test_a_foreign_doorbell_page_does_not_ring_and_a_gone_process_leaves_nothing
         assert rig.word(DATA + 16) == 0 and rig.queues[0].last_doorbell == chardev.DOORBELL_ARMED
         rig.gtt.memory.write(RING - BASE, b"\x00" * 16)  # the real producer's ring
         rig.submit(poll)
-        await until(lambda: edge._running or edge._polling)
+        await until(lambda: edge._running)
         await trio.sleep(0.05)
         rig.node.kfd.release(rig.p)
-        await until(lambda: not edge._running and not edge._polling)
+        await until(lambda: not edge._running)
 
     run_edge(rig, body)
     assert rig.node.kfd.queues.pqms == {}
@@ -436,3 +436,33 @@ def test_another_queue_s_fence_releases_an_old_poll_at_once():
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert landed and landed[0] < 0.003, landed  # (until() looks every 1 ms)
+
+
+def test_a_queue_blocked_on_a_poll_waits_while_inactive_and_goes_on_once_active():
+    """A queue blocked on a forever POLL_REGMEM (ROCr's dependency poll) that UPDATE_QUEUE
+    makes inactive (percentage 0, pqm_update_queue_properties) is not run while inactive,
+    even once the CPU released the word; made active again, its poll is re-checked and the
+    fence after it lands, without a doorbell (its run task is the one that waits)."""
+    rig = Rig()
+    upd = tbl.KFD_UPDATE_QUEUE.cmd
+    qid = rig.queues[0].queue_id
+    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, (DATA + 32) & 0xFFFF_FFFF,
+                       (DATA + 32) >> 32, 0, 0xFFFF_FFFF, 10 | 0xFFF << 16)
+    rig.gtt.memory.write(DATA + 32 - BASE, b"\x01\x00\x00\x00")
+
+    def update(pct: int) -> int:
+        return call(rig.node, rig.p, upd, struct.pack("<QIIII", RING, qid, 4096, pct, 15)).result
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(poll + fence(DATA, 7))
+        await until(lambda: edge.poll_rechecks > 2)
+        assert rig.word(DATA) == 0
+        assert update(0) == 0
+        rig.gtt.memory.write(DATA + 32 - BASE, b"\x00\x00\x00\x00")  # the CPU releases it
+        await trio.sleep(0.2)
+        assert rig.word(DATA) == 0  # inactive: not run
+        assert update(100) == 0
+        await until(lambda: rig.word(DATA) == 7)
+
+    run_edge(rig, body)
+    assert rig.queues[0].error is None
