@@ -1,13 +1,15 @@
 """`make bench`: ualinkd's figures next to their C floors, measured in the same run and the
-same CPU placement, with the ratios and the goals of issue 15.
+same CPU placement, with the ratios and the goals of issue 34 (issue 15's, with the export
+and first-import goals it set: the first import stays in Python, and both goals hold in both
+placements).
 
 Every figure is taken by a C client (benchmarks/ioctl_latency.c, pod_latency.c) and every
 floor is a C program doing the same physical work:
 
 | figure (ualinkd)                             | floor (C)                           | goal   |
 |----------------------------------------------|-------------------------------------|--------|
-| export ioctl on an exported BO               | libfuse3 echo ioctl (fuse_echo.c)   | ≤ 2.0× |
-| first import: ioctl + dma-buf open + FD→hdl  | 3 echo ioctls + 1 TCP round trip ¹  | ≤ 4×   |
+| export ioctl on an exported BO               | libfuse3 echo ioctl (fuse_echo.c)   | ≤ 2.5× |
+| first import: ioctl + dma-buf open + FD→hdl  | 3 echo ioctls + 1 TCP round trip ¹  | ≤ 8×   |
 | 4 KiB remote GPU load                        | 1 echo ioctl + 1 TCP round trip     | ≤ 3×   |
 | 1 MiB remote GPU load, as throughput         | TCP loopback stream (tcp_floor.c)   | ≥ 0.5  |
 | 1 MiB remote GPU store, as throughput        | TCP loopback stream (tcp_floor.c)   | ≥ 0.5  |
@@ -102,8 +104,8 @@ KiB, MiB = 1 << 10, 1 << 20
 ALLOWED = os.sched_getaffinity(0)
 
 GOALS = {  # name: (what, comparison, goal)
-    "export": ("export ioctl / C FUSE echo", "<=", 2.0),
-    "first_import": ("first import / (3 FUSE echoes + 1 TCP RTT)¹", "<=", 4.0),
+    "export": ("export ioctl / C FUSE echo", "<=", 2.5),
+    "first_import": ("first import / (3 FUSE echoes + 1 TCP RTT)¹", "<=", 8.0),
     "load_4k": ("4 KiB remote load / (1 FUSE echo + 1 TCP RTT)", "<=", 3.0),
     "load_1m": ("1 MiB remote load throughput / C TCP stream", ">=", 0.5),
     "store_1m": ("1 MiB remote store throughput / C TCP stream", ">=", 0.5),
