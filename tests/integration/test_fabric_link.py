@@ -26,8 +26,8 @@ from ualinkd.config import AccelConfig, NodeConfig, PodConfig
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.loaded import Loaded, in_memory
-from ualinkd.fabric import auth
-from ualinkd.fabric import link as link_mod
+from ualinkd.fabric import admission, auth
+from ualinkd.fabric import conn as conn_mod
 from ualinkd.fabric.link import Dwords, FabricLink, OnRequest
 from ualinkd.fabric.session import HEARTBEAT
 from ualinkd.fabric.waiting import completed
@@ -276,9 +276,8 @@ async def test_a_full_ring_holds_messages_without_blocking_the_acks_behind_them(
     b keeps reading (the acknowledged messages wait in the link's inbox, in order), so the
     ACK arrives and nothing is lost. With the inbox full (INBOX_MAX) b stops reading, and
     reads on once there is room."""
-    import ualinkd.fabric.link as link_mod
 
-    monkeypatch.setattr(link_mod, "INBOX_MAX", 40)
+    monkeypatch.setattr(conn_mod, "INBOX_MAX", 40)
     got: list[int] = []
     ring_free = trio.Event()
     handler_sent: list[object] = []
@@ -548,7 +547,7 @@ async def test_requests_complete_by_callback(pod: Pod) -> None:
     assert e.value.errno == errno.EFAULT  # the exporter's -EFAULT
     assert await _completed(a.request(0, 2, 0, 4)) == pattern[:4]  # and the link is still up
     in_flight = [a.request(0, 2, 0, 1 << 20) for _ in range(8)]
-    a._conns["b"].drop(link_mod._LinkDown("test"))
+    a._conns["b"].drop(conn_mod.LinkDown("test"))
     for c in in_flight:
         assert c is not None
         await wait_until(lambda c=c: c.done)
@@ -787,7 +786,7 @@ async def test_pending_handshakes_are_capped_in_all_and_per_address(
     address here); more are closed at once, one log line per cause plus one with the count
     of the rest; the established link keeps working, and the slots come back."""
     caplog.set_level(logging.INFO, logger="ualinkd.fabric")
-    monkeypatch.setattr(link_mod, "REFUSAL_LOG_INTERVAL", 0.2)
+    monkeypatch.setattr(admission, "REFUSAL_LOG_INTERVAL", 0.2)
     a = await pod.start("a")
     c = await pod.start("c", max_pending=(5, 3), handshake_timeout=5.0)
     await wait_until(lambda: c.is_up("a"))
@@ -949,7 +948,7 @@ async def test_an_ack_shares_its_write_with_the_reply_its_message_caused(
     task answers in a later scheduler step, and the link's deferred flush (flush_soon) puts
     the ACK and that reply in one write (one wake-up of the peer, not two)."""
     writes: list[tuple[int, bytes]] = []
-    real_writev = link_mod.os.writev
+    real_writev = conn_mod.os.writev
 
     def recording_writev(fd: int, bufs: list[bytes]) -> int:
         n = real_writev(fd, bufs)
@@ -970,7 +969,7 @@ async def test_an_ack_shares_its_write_with_the_reply_its_message_caused(
             out.append(f)
         return out
 
-    monkeypatch.setattr(link_mod.os, "writev", recording_writev)
+    monkeypatch.setattr(conn_mod.os, "writev", recording_writev)
     a = await pod.start("a")
     # b's heartbeat: one PING at link-up (a flush of its own), then none during the test.
     b = await pod.start("b", on_message=ring, heartbeat_interval=60.0, heartbeat_timeout=120.0)
