@@ -9,7 +9,8 @@
    127.0.0.1): time from the command to every node ready and every accel ACTIVE (pods of
    up to 32 nodes wait for every fabric link too; larger ones link each pair on first use,
    fabric/dialing.py), the log lines the pod wrote by then, the RSS, PSS and CPU of every
-   daemon, and one first import across a pair with no link yet (its set-up included).
+   daemon, one first import across a pair with no link yet (its set-up included), and a
+   fan-in: every other node's first import of a BO of node0, all at once.
    Goal: each shape all-ACTIVE in < 60 s, its log lines bounded (a node's "serving" line,
    one per accel, SPARE_LINES_PER_NODE more).
 3. Revoke fan-out: BENCH_POD_REVOKE_BOS (2000) exported BOs, each imported by every one of
@@ -211,6 +212,7 @@ def local_pod(n: int, per: int) -> dict[str, object]:
             cpu = [cpu_s(pid) for pid in kids]
             first = first_import(Path(root) / "node0", Path(root) / f"node{n - 1}") if n > 1 \
                 else None
+            fan = fan_in(Path(root), n) if n > 2 else None
             lines_after = len(errors.read_text().splitlines())
         finally:
             proc.send_signal(signal.SIGINT)
@@ -227,6 +229,9 @@ def local_pod(n: int, per: int) -> dict[str, object]:
           f"{statistics.median(pss):.1f}, total {sum(pss):.0f}")
     print(f"CPU per daemon until then: median {statistics.median(cpu):.2f} s, "
           f"total {sum(cpu):.0f} s (this machine: {os.cpu_count()} CPUs)")
+    if fan is not None:
+        print(f"fan-in: {n - 1} first imports at once into node0, one from each other node: "
+              f"all done in {fan[0]:.2f} s, {fan[1]} failed")
     if first is not None:
         how = ("its link up since the start" if links_at_start("auto", n)
                else "no link yet: set up on this use")
@@ -239,7 +244,32 @@ def local_pod(n: int, per: int) -> dict[str, object]:
             "pss_mib_median": round(statistics.median(pss), 1),
             "cpu_s": {"median": round(statistics.median(cpu), 3), "total": round(sum(cpu), 1)},
             "first_import_ms": None if first is None else round(first * 1e3, 2),
+            "fan_in_s": None if fan is None else round(fan[0], 2),
+            "fan_in_failed": None if fan is None else fan[1],
             "goal_met": met}
+
+
+def fan_in(root: Path, n: int) -> tuple[float, int]:
+    """Every node but node0 imports a BO of node0's at once (most pairs not linked yet in a
+    pod linked on first use): seconds until all are done, and how many failed."""
+    with Client(str(root / "node0" / "dri" / "renderD128")) as ca:
+        handles = [ca.export(ca.bo_create(64 << 10)) for _ in range(n - 1)]
+        failed: list[OSError] = []
+
+        def importer(i: int) -> None:
+            with Client(str(root / f"node{i + 1}" / "dri" / "renderD128")) as c:
+                try:
+                    os.close(c.import_(handles[i]))
+                except OSError as e:
+                    failed.append(e)
+
+        threads = [threading.Thread(target=importer, args=(i,)) for i in range(n - 1)]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return time.perf_counter() - t, len(failed)
 
 
 def first_import(exporter: Path, importer: Path) -> float:
@@ -308,12 +338,13 @@ def main() -> int:
     if SHAPES:
         RESULT["shapes"] = [local_pod(n, per) for n, per in SHAPES]
         print(f"\n{'shape':>8} {'ACTIVE s':>9} {'log lines':>10} {'RSS MiB':>8} "
-              f"{'PSS MiB':>8} {'CPU s':>6} {'1st import ms':>14}")
+              f"{'PSS MiB':>8} {'CPU s':>6} {'1st import ms':>14} {'fan-in s':>9}")
         for r in RESULT["shapes"]:  # type: ignore[attr-defined]
             print(f"{r['nodes']:>4}x{r['accels_per_node']:<3} {r['ready_s']:>9.1f} "
                   f"{r['log_lines']:>10} {r['rss_mib']['median']:>8.1f} "
                   f"{r['pss_mib_median']:>8.1f} {r['cpu_s']['median']:>6.2f} "
-                  f"{r['first_import_ms'] or 0:>14.1f} {'met' if r['goal_met'] else 'MISSED'}")
+                  f"{r['first_import_ms'] or 0:>14.1f} {r['fan_in_s'] or 0:>9.2f} "
+                  f"{'met' if r['goal_met'] else 'MISSED'}")
         print(f"goal: every shape all-ACTIVE < {GOAL_S:.0f} s (per-daemon medians)")
         _write_json(quiet=True)
     if REVOKE_BOS and REVOKE_IMPORTERS:

@@ -180,3 +180,39 @@ def test_ualinkd_pod_of_first_use_links_is_ready_without_links(tmp_path):
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def test_a_pod_over_32_nodes_links_on_first_use_by_default(tmp_path):
+    """`ualinkd pod --nodes 33` (fabric_links "auto": over dialing.AT_START_MAX_NODES) is
+    ready with no link up and writes a bounded log while it starts: a "serving" and an
+    "ACTIVE" line per node, and one line saying how it links. The full mesh of a pod this
+    size would be 528 links."""
+    import signal
+    import subprocess
+    import sys
+
+    from ualinkd.fabric.dialing import AT_START_MAX_NODES
+
+    n = AT_START_MAX_NODES + 1
+    root = tmp_path / "pod"
+    out, err = tmp_path / "pod.out", tmp_path / "pod.err"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "ualinkd", "pod", "--nodes", str(n),
+                                 "--root", str(root)], stdout=o, stderr=e,
+                                stdin=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: proc.poll() is not None
+                          or out.read_text().count(" ready: ") == n, 120), err.read_text()
+        assert proc.poll() is None, err.read_text()
+        lines = err.read_text().splitlines()
+        assert len(lines) <= 2 * n + 2, lines
+        assert any("each fabric link comes up on its first use" in ln for ln in lines)
+        for i in (0, n - 1):
+            status = sysfs.parse_fabric((root / f"node{i}" / sysfs.FABRIC_STATUS).read_text())
+            assert len(status) == n - 1 and not any(status.values()), status
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0, err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -24,10 +24,12 @@ time (a burst of first uses waits its turn rather than timing out in a crowd of 
 
 **Until when.** A first use of a pair waits for its link (`FirstUse`), in the daemon, as the
 kernel's `setup_connection` waits for its HELLO's answer: the probe of the peer (§13 N2)
-finds it not known yet, and the HELLO waits in line for the link (up to the send ACK
-timeout), so the client's ioctl blocks rather than spinning on EAGAIN. Once the pair has been
-tried for the pod's response timeout (FIRST_USE_WAIT by default) with no link, the peer is
-unreachable, as after a link that dropped: the probe fails at once with ETIME.
+finds it not known yet (and reads it once the connection is ESTABLISHED), and the HELLO waits
+in line for the link until `FirstUse.deadline`, so the client's ioctl blocks rather than
+spinning on EAGAIN. Once the pair has been tried for the pod's response timeout
+(FIRST_USE_WAIT by default) with no link, the peer is unreachable, as after a link that
+dropped: its uses fail at once with ETIME. A knock that is heard (the peer took our proof)
+waits for the dial back for a handshake's time before knocking again.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """FabricLink: this node's TCP links to every other node of the pod (trio), the facade the agent
-and the node use. It listens, dials the peers (dialing.py says which, and when), authenticates
-(auth.py), then runs a Session per peer (session.py) on a Conn (conn.py) with one reader and
-one writer task; reconnects with backoff. Sends and requests are answered by Completions.
+and the node use. It listens, dials the peers, authenticates (auth.py), then runs a Session
+per peer (session.py) on a Conn (conn.py) with one reader and one writer task; reconnects
+with backoff. Sends and requests are answered by Completions. When each pair is linked (at
+start, or on its first use, the other node knocking), how often dials are retried and how
+many run at once is fabric/dialing.py's policy.
 
 Before a connection has authenticated it costs little and cannot make us hold much
 (admission.py: the limits on handshakes in progress, the refusals' log). A new connection
