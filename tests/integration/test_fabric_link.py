@@ -270,30 +270,30 @@ async def test_nonzero_ack_status_is_ecomm(pod: Pod) -> None:
 
 
 async def test_a_full_ring_holds_messages_without_blocking_the_acks_behind_them(
-        pod: Pod, monkeypatch) -> None:
-    """Issue 10 item 4 (§5.1): b's ring takes nothing until the handler of b's first message
-    has sent a message to a and had its ACK, which comes back behind a's 60 further messages:
-    b keeps reading (the acknowledged messages wait in the link's inbox, in order), so the
-    ACK arrives and nothing is lost. With the inbox full (INBOX_MAX) b stops reading, and
-    reads on once there is room."""
-
-    monkeypatch.setattr(conn_mod, "INBOX_MAX", 40)
-    got: list[int] = []
-    ring_free = trio.Event()
+        pod: Pod) -> None:
+    """Issue 10 item 4 (§5.1): b's ring handles nothing until the handler of b's first
+    message has sent a message to a and had its ACK, which comes back among a's 60 further
+    messages: b keeps reading (the acknowledged messages wait in the accel's one queue, in
+    order), so the ACK arrives and nothing is lost. With the queue at its bound (40 here:
+    on_message's Completion) b stops reading, and reads on once it has room."""
+    queue: list[int] = []
+    room: list[Completion[None]] = []
     handler_sent: list[object] = []
     links: dict[str, FabricLink] = {}
 
-    def on_message(src: int, dst: int, dwords: tuple[int, ...]):
-        if not ring_free.is_set():
-            async def full_ring() -> None:
-                if not handler_sent:  # the first message's handler talks back to a
-                    handler_sent.append(None)
-                    await completed(links["b"].send(2, 0, (9, 0, 0, 0)))
-                    handler_sent[0] = "acked"
-                await ring_free.wait()
-                got.append(dwords[1])
-            return full_ring()
-        got.append(dwords[1])
+    async def talk_back() -> None:  # the first message's handler
+        handler_sent.append(None)
+        await completed(links["b"].send(2, 0, (9, 0, 0, 0)))
+        handler_sent[0] = "acked"
+
+    def on_message(src: int, dst: int, dwords: tuple[int, ...]) -> Completion[None] | None:
+        queue.append(dwords[1])
+        if len(queue) == 1:
+            pod.nursery.start_soon(talk_back)
+        if len(queue) >= 40 and not handler_sent[1:]:
+            c: Completion[None] = Completion()
+            room.append(c)
+            return c
         return None
 
     a = await pod.start("a", ack_timeout=5.0)
@@ -305,44 +305,40 @@ async def test_a_full_ring_holds_messages_without_blocking_the_acks_behind_them(
             await trio.sleep(0)
         await wait_until(lambda: handler_sent == ["acked"])  # not stuck behind the 60
         b_conn = links["b"]._conns["a"]
-        await wait_until(lambda: b_conn.paused)  # inbox full: reading stopped
-        assert len(b_conn.inbox) == 40
-        ring_free.set()
-    assert got == list(range(61))  # every message, in order
+        await wait_until(lambda: b_conn.paused)  # the queue at its bound: reading stopped
+        assert len(queue) == 40
+        handler_sent.append("free")
+        for c in room:
+            c.set_result(None)
+    assert queue == list(range(61))  # every message, in order
     assert pod.got["a"] == [(2, 0, (9, 0, 0, 0))]
 
 
-async def test_acknowledged_messages_are_delivered_after_the_link_goes_down(pod: Pod) -> None:
-    """Issue 10 item 4: messages b acknowledged while its ring was full are delivered even
-    when the link drops before the ring has room (the sender was told they were taken)."""
+async def test_a_message_is_in_its_queue_before_its_ack_leaves(pod: Pod) -> None:
+    """Issue 10 item 4 (§5.1: the firmware accepts a message before its driver sees it):
+    the link hands an acknowledged message to its accel's queue in the call that decodes
+    it, before the ACK is written; so a link that drops after the ACK went loses nothing."""
     got: list[int] = []
-    ring_free = trio.Event()
+    acked: list[int] = []
     links: dict[str, FabricLink] = {}
 
-    def on_message(src: int, dst: int, dwords: tuple[int, ...]):
-        if ring_free.is_set():
-            got.append(dwords[1])
-            return None
-
-        async def full_ring() -> None:
-            await ring_free.wait()
-            got.append(dwords[1])
-        return full_ring()
+    def on_message(src: int, dst: int, dwords: tuple[int, ...]) -> None:
+        got.append(dwords[1])
 
     a = await pod.start("a")
     links["b"] = await pod.start("b", on_message=on_message)
     await wait_until(lambda: a.is_up("b"))
+
+    async def send(i: int) -> None:
+        await completed(a.send(0, 2, (3, i, 0, 0)))
+        acked.append(i)
+        assert i in got  # (in its queue before the sender heard its ACK)
+
     async with trio.open_nursery() as n:
-        for i in range(10):
-            n.start_soon(_send, a, 0, 2, (3, i, 0, 0))
-            await trio.sleep(0)
-    conn = links["b"]._conns["a"]
-    assert len(conn.inbox) == 10  # all ACKed, none delivered
+        n.start_soon(send, 0)
     await a.aclose()
     await wait_until(lambda: not links["b"].is_up("a"))
-    ring_free.set()
-    await wait_until(lambda: len(got) == 10)
-    assert got == list(range(10))
+    assert got == [0] and acked == [0]
 
 
 # ---- misbehaving peers ----------------------------------------------------------------------

@@ -7,9 +7,9 @@ once by whoever queues them on plain TCP, as far as the socket takes them, and i
 task finishes the rest (TLS: all of it).
 
 What a connection holds is bounded, and a full bound stops reading, never drops what the
-peer sent in order. A message whose receive ring is full waits in the inbox (acknowledged,
-in order, up to INBOX_MAX), past which the reader waits too and TCP slows the sender; the
-inbox lets the reader reach the ACKs that the ring's own handlers wait for. Data-plane
+peer sent in order. A message goes, acknowledged, to its accel's one queue (`on_message`:
+the agent's ring); when that queue is full the reader waits for room, and TCP slows the
+sender. Data-plane
 answers held for a peer that does not take them are capped at HOLD_MAX, past which its
 requests wait unserved (DEFER_MAX of them), then reading stops; a peer that takes nothing
 for the heartbeat timeout is dropped as not reading (liveness.py).
@@ -28,13 +28,15 @@ import math
 import os
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
+from ..drm.completion import Completion
 from .session import Event, MessageReceived, RequestReceived, Session
 from .splice import PipedPayload, PipePool
+from .waiting import completed
 from .wire import (
     DATA_HEADER_SIZE,
     Dwords,
@@ -49,6 +51,10 @@ log = logging.getLogger("ualinkd.fabric.link")
 
 # -> (status: 0 or -errno, the loaded bytes as buffers to send as they are)
 OnRequest = Callable[[str, Load | Store], tuple[int, list[memoryview]]]
+# (src accel, dst accel, dwords) of an acknowledged message, queued for its accel: None, or
+# a Completion that ends once its queue has room (nothing more is read from the peer
+# meanwhile: back-pressure).
+OnMessage = Callable[[int, int, Dwords], "Completion[None] | None"]
 
 RECEIVE_SIZE = 1 << 20  # one data-plane chunk in as few reads as possible (TLS)
 SCRATCH_SIZE = 64 << 10  # plain TCP: per-connection receive buffer for everything but payloads
@@ -64,7 +70,6 @@ ACK_COALESCE_STEPS = 2
 # Reads in a row that found their bytes without a wait before the reader yields: a large
 # payload takes two (its header, then its bytes), and more in a row means a busy link.
 BUSY_READS = 4
-INBOX_MAX = 4096  # acknowledged messages waiting for their ring, per connection
 DEFER_MAX = 1024
 DEFER_MAX_BYTES = 16 << 20
 
@@ -167,12 +172,14 @@ class Conn:
     (`pending`). Saves a task switch per frame on the data plane's round trips."""
 
     def __init__(self, peer: str, stream: trio.abc.Stream, session: Session, label: str, *,
-                 node: str, dispatch: Callable[[Conn, Event], None],
+                 node: str, on_message: OnMessage, dispatch: Callable[[Conn, Event], None],
                  on_request: OnRequest | None, on_progress: Callable[[], object]) -> None:
         self.peer = peer
         self.node = node  # ours (for the log)
-        # Events other than a request (a message, an incarnation, a PONG), in the reader's
-        # call; requests are served here (`on_request`), or refused.
+        # A message, acknowledged, to its accel's queue; events other than a message or a
+        # request (an incarnation, a PONG) to `dispatch`, in the reader's call; requests are
+        # served here (`on_request`), or refused.
+        self.on_message = on_message
         self.dispatch = dispatch
         self.on_request = on_request
         self.on_progress = on_progress  # the writer wrote all it had
@@ -190,12 +197,7 @@ class Conn:
         self.deferred: deque[Load | Store] = deque()  # requests waiting for `held` to drop
         self.deferred_bytes = 0
         self.room = trio.Event()  # set when `deferred` is no longer full
-        # Acknowledged messages their ring could not take yet, in order: (src, dst, dwords,
-        # what to await until it is in, if on_message already said; FabricLink._deliver).
-        self.inbox: deque[tuple[int, int, Dwords, Awaitable[None] | None]] = deque()
-        self.inbox_wake = trio.Event()
-        self.inbox_room = trio.Event()
-        self.paused = False  # the reader waits (for the inbox, `deferred` or `held`)
+        self.paused = False  # the reader waits (for a ring's room, `deferred` or `held`)
         # session.replied when `held` was last seen below HOLD_MAX (`read`).
         self.replied_mark = 0
         self.not_reading_logged = False
@@ -302,8 +304,9 @@ class Conn:
 
     async def read(self) -> None:
         """The reader task: bytes in, frames decoded and handed on, as fast as the peer
-        sends and we take them (flow control: INBOX_MAX, DEFER_MAX, HOLD_MAX)."""
+        sends and we take them (flow control: a ring's room, DEFER_MAX, HOLD_MAX)."""
         session, live, dispatch = self.session, self.live, self.dispatch
+        on_message = self.on_message
         # Plain TCP: receive into one reusable buffer, and the rest of a large STORE / DATA
         # payload straight into its own buffer (one copy of a megabyte, not three), with
         # plain non-blocking reads (trio's recv adds a task switch each). TLS: receive_some.
@@ -325,18 +328,17 @@ class Conn:
                     # usually causes (written by another task), to share its write.
                     if type(ev) is MessageReceived:
                         acked = True
-                        dispatch(self, ev)
+                        room = on_message(ev.src_accel, ev.dst_accel, ev.dwords)
+                        if room is not None and not room.done:  # its ring is full
+                            self.flush()  # the ACKs of what waits in the ring go out now
+                            self.paused = True  # read nothing more until it has room
+                            await completed(room)
+                            self.paused = False
                     elif type(ev) is RequestReceived:
                         self.flush()  # answers to earlier requests leave as we go
                         self._request(ev.request)
                     else:
                         dispatch(self, ev)
-                    while len(self.inbox) >= INBOX_MAX:  # rings full: read nothing more
-                        self.flush()  # the ACKs of what waits in the inbox go out now
-                        self.paused = True
-                        self.inbox_room = trio.Event()
-                        await self.inbox_room.wait()
-                        self.paused = False
                     while len(self.deferred) >= DEFER_MAX or self.deferred_bytes >= DEFER_MAX_BYTES:
                         self.flush()
                         self.paused = True  # the peer does not take its answers: read no more

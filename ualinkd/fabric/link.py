@@ -66,6 +66,7 @@ from .conn import (
     Conn,
     HeldAcks,
     LinkDown,
+    OnMessage,
     OnRequest,
     PingWaiter,
     tune,
@@ -84,7 +85,6 @@ from .session import (
     BatchWait,
     Event,
     IncarnationReceived,
-    MessageReceived,
     PongReceived,
     RequestWait,
     SendOutcome,
@@ -104,9 +104,6 @@ from .wire import (
 
 log = logging.getLogger(__name__)
 
-# May return an awaitable: the message is taken once it completes, and nothing more is read
-# from that peer meanwhile (back-pressure).
-OnMessage = Callable[[int, int, Dwords], Awaitable[None] | None]
 OnPeerState = Callable[[str, bool], None]
 
 
@@ -703,7 +700,8 @@ class FabricLink:
         now = trio.current_time()
         session = Session(peer, self._accels[peer], self._local_accels, decoder, now=now,
                           liveness=Liveness(self._hb_interval, self._hb_timeout, now))
-        conn = Conn(peer, stream, session, label, node=self.node_name, dispatch=self._dispatch,
+        conn = Conn(peer, stream, session, label, node=self.node_name,
+                    on_message=self._on_message, dispatch=self._dispatch,
                     on_request=self._on_request, on_progress=self._progress.unpark_all)
         conn.channel_key = channel_key
         conn.held_acks = self._held_acks
@@ -728,7 +726,6 @@ class FabricLink:
             with conn.scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(conn.read)
-                    nursery.start_soon(self._deliver, conn)
                     nursery.start_soon(conn.write)
                     # The peer speaks PROTOCOL_VERSION (the handshake admits no other), which
                     # has data channels; in this nursery, the dial ends with the link.
@@ -768,8 +765,6 @@ class FabricLink:
             log.log(logging.DEBUG if quiet else down.level, "fabric %s: link to %s (%s) down: %s",
                     self.node_name, peer, label, down)
             self._progress.unpark_all()
-            if conn.inbox and self._nursery is not None:
-                self._nursery.start_soon(self._deliver_rest, conn)
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 
@@ -843,41 +838,12 @@ class FabricLink:
 
     def _dispatch(self, conn: Conn, ev: Event) -> None:
         """What `conn`'s reader decoded, other than a request (Conn serves those)."""
-        if isinstance(ev, MessageReceived):
-            if conn.inbox:  # behind those already waiting
-                conn.inbox.append((ev.src_accel, ev.dst_accel, ev.dwords, None))
-            elif (wait := self._on_message(ev.src_accel, ev.dst_accel, ev.dwords)) is not None:
-                conn.inbox.append((ev.src_accel, ev.dst_accel, ev.dwords, wait))
-                conn.inbox_wake.set()
-        elif isinstance(ev, IncarnationReceived):
+        if isinstance(ev, IncarnationReceived):
             self._peer_incarnations[ev.accel] = ev.incarnation
         elif isinstance(ev, PongReceived):
             waiter = conn.pings.pop(ev.token, None)
             if waiter is not None:
                 waiter.set(ev)
-
-    async def _deliver(self, conn: Conn) -> None:
-        """Hands the inbox's messages to their rings, in order, as they take them."""
-        while True:
-            while not conn.inbox:
-                conn.inbox_wake = trio.Event()
-                await conn.inbox_wake.wait()
-            await self._deliver_head(conn)
-            conn.inbox_room.set()
-
-    async def _deliver_head(self, conn: Conn) -> None:
-        src, dst, dwords, wait = conn.inbox[0]
-        # Cancelled while it waits (the link went down): not delivered, and tried afresh.
-        conn.inbox[0] = (src, dst, dwords, None)
-        if wait is None:
-            wait = self._on_message(src, dst, dwords)
-        if wait is not None:
-            await wait
-        conn.inbox.popleft()
-
-    async def _deliver_rest(self, conn: Conn) -> None:
-        while conn.inbox:
-            await self._deliver_head(conn)
 
     # -- sending -----------------------------------------------------------------------------
     def _route_error(self, dst_accel: int, src_accel: int) -> DrmError | None:
