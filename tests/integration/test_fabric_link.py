@@ -816,9 +816,9 @@ async def test_a_dial_failure_is_a_warning_when_its_kind_changes(pod: Pod, caplo
     """Item 9: a dialer logs at WARNING the first lasting failure and each change of its kind
     (the peer refuses connections, then an impostor answers on its address), each repeat at
     DEBUG. (DIAL_WARN_AFTER 0: every failure counts as lasting here.)"""
-    import ualinkd.fabric.link as link_module
+    import ualinkd.fabric.dialer as dialer_module
 
-    monkeypatch.setattr(link_module, "DIAL_WARN_AFTER", 0.0)
+    monkeypatch.setattr(dialer_module, "DIAL_WARN_AFTER", 0.0)
     caplog.set_level(logging.DEBUG, logger="ualinkd.fabric")
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

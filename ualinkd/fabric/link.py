@@ -42,7 +42,7 @@ import math
 import os
 import secrets
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import trio
@@ -51,11 +51,10 @@ from ..config import ConfigError, PodConfig
 from ..drm.completion import Completion
 from ..drm.errors import DrmError
 from ..drm.loaded import Loaded
-from . import admission, dialing
+from . import admission, dialer, dialing
 from .auth import (
     HANDSHAKE_TIMEOUT,
     AuthError,
-    ClientHandshake,
     NonceCache,
     ServerHandshake,
     bound_nonce,
@@ -71,6 +70,7 @@ from .conn import (
     PingWaiter,
     tune,
 )
+from .dialer import Dialer, ProofTaken, handshake, parse_address
 from .liveness import Liveness
 from .parking import (
     Failed,
@@ -94,12 +94,9 @@ from .splice import unread
 from .wire import (
     Channel,
     Dwords,
-    Frame,
     FrameDecoder,
     LocalProtocolError,
     ProtocolError,
-    _NeedData,
-    encode_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -123,25 +120,11 @@ class DataChannels(Protocol):
     # plane found broken and dropped itself; the link dials a new one if it dialed that.
     on_broken: Callable[[int], None] | None
 
-HANDSHAKE_RECEIVE_SIZE = 4096  # handshake frames are at most HANDSHAKE_MAX_FRAME bytes
-DIAL_WARN_AFTER = 10.0  # s a peer may stay unreachable before it is worth a WARNING
 # A data channel that broke is dialed again after the link's first backoff, doubling up to
 # this (s) while each new one breaks again within it (a peer whose channel keeps failing:
 # a WARNING from the data plane per break, so a few a minute at most).
 DATA_REDIAL_MAX = 30.0
 
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` → (host, port)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"fabric address {address!r} is not host:port")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-class _ProofTaken(LinkDown):
-    """The peer proved itself and took our proof, then closed without AUTH_OK: what a knock
-    gets once heard (dialing.py), unlike a refusal before the handshake (a limit)."""
 
 
 # What the link's timer heap holds: a connection whose Session's timer is due then (unless
@@ -250,7 +233,8 @@ class FabricLink:
         # from the node that does not dial); dials in their handshake at once are limited.
         self.links_at_start = dialing.links_at_start(config.fabric_links, len(config.nodes))
         self._first_use = dialing.FirstUse(config.response_timeout_ms / 1000)  # (§5.4's wait)
-        self._dial_slots = trio.CapacityLimiter(dialing.DIAL_CONCURRENCY)
+        self._dialer = Dialer(config, node_name, self._keys, handshake_timeout,
+                              self._ssl_client)
         self._down: dict[str, trio.Event] = {}  # per peer with a link: set when it goes
 
     # -- queries -----------------------------------------------------------------------------
@@ -382,7 +366,7 @@ class FabricLink:
                     stream = trio.SSLStream(tcp, self._ssl_server, server_side=True)
                     await stream.do_handshake()
                     hs.cert_names = admission.cert_names(stream)
-                await self._handshake(stream, hs, decoder, [], before_ok)
+                await handshake(stream, hs, decoder, [], before_ok)
             if within.cancelled_caught:  # (also after the proof: in before_ok, or AUTH_OK)
                 raise AuthError(f"handshake not finished within {hs.timeout:g} s")
             hs.check_deadline(trio.current_time())
@@ -536,7 +520,7 @@ class FabricLink:
                 await changed.wait()
                 continue
             try:
-                stream, decoder, channel_key = await self._dial(peer, host, port)
+                stream, decoder, channel_key = await self._dialer.dial(peer, host, port)
             except (ProtocolError, LinkDown, OSError, trio.BrokenResourceError) as e:
                 # WARNING when the failure is new or of another kind than the last (refused,
                 # then an impostor answering: both are news); each repeat at DEBUG.
@@ -544,7 +528,7 @@ class FabricLink:
                 kind = (type(e), admission.cause(reason))
                 now = trio.current_time()
                 failing_since = now if failing_since is None else failing_since
-                lasting = now - failing_since >= DIAL_WARN_AFTER
+                lasting = now - failing_since >= dialer.DIAL_WARN_AFTER
                 if admission.rejected_by_peer(e):
                     loud = kind not in rejected
                     rejected.add(kind)
@@ -605,14 +589,14 @@ class FabricLink:
                 await self._address_changed[peer].wait()
                 continue
             try:
-                stream, decoder, channel_key = await self._dial(peer, host, port)
+                stream, decoder, channel_key = await self._dialer.dial(peer, host, port)
             except (ProtocolError, LinkDown, OSError, trio.BrokenResourceError) as e:
                 now = trio.current_time()
                 failing_since = now if failing_since is None else failing_since
-                knocked = isinstance(e, _ProofTaken)
+                knocked = isinstance(e, ProofTaken)
                 # One WARNING once the peer has been unreachable for DIAL_WARN_AFTER (as a
                 # dial loop's), none for a knock heard.
-                loud = not knocked and not warned and now - failing_since >= DIAL_WARN_AFTER
+                loud = not knocked and not warned and now - failing_since >= dialer.DIAL_WARN_AFTER
                 warned = warned or loud
                 log.log(logging.WARNING if loud else logging.DEBUG,
                         "fabric %s: asking %s at %s:%d for our link: %s", self.node_name,
@@ -626,70 +610,6 @@ class FabricLink:
             # A peer that links at start took us as its dialer: the link is this one.
             await self._run_conn(peer, stream, decoder, f"to {host}:{port}",
                                  (host, port), channel_key)
-
-    async def _dial(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK,
-                    nonce: bytes | None = None
-                    ) -> tuple[trio.abc.Stream, FrameDecoder, bytes]:
-        """`_dial_now` once one of the DIAL_CONCURRENCY slots is free: the handshake's time
-        starts then, not while its turn waits."""
-        async with self._dial_slots:
-            return await self._dial_now(peer, host, port, channel, nonce)
-
-    async def _dial_now(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK,
-                        nonce: bytes | None = None
-                        ) -> tuple[trio.abc.Stream, FrameDecoder, bytes]:
-        """A connection to `peer` authenticated (with `nonce`: a data channel's bound one):
-        its stream, decoder and, for a link, its data channels' key."""
-        hs = ClientHandshake(self.config, self.node_name, peer, now=trio.current_time(),
-                             key=self._keys[peer], timeout=self._handshake_timeout,
-                             channel=channel, nonce=nonce)
-        decoder = FrameDecoder.for_handshake()
-        stream: trio.abc.Stream | None = None
-        try:
-            with trio.move_on_at(hs.deadline) as within:
-                stream = await trio.open_tcp_stream(host, port)
-                tune(stream, self.config.tcp_congestion)
-                if self._ssl_client is not None:
-                    stream = trio.SSLStream(stream, self._ssl_client, server_hostname=host)
-                    await stream.do_handshake()
-                    hs.cert_names = admission.cert_names(stream)
-                await self._handshake(stream, hs, decoder, hs.initial_frames())
-            if within.cancelled_caught and not hs.established:
-                # Timed out (a peer busy or starting, a network that drops): not a failed
-                # proof, so it keeps the dial's grace (_dial_loop).
-                raise LinkDown(f"handshake not finished within {hs.timeout:g} s")
-            hs.check_deadline(trio.current_time())
-        except BaseException:
-            if stream is not None:
-                await trio.aclose_forcefully(stream)
-            raise
-        assert stream is not None
-        decoder.open_data_plane()
-        return stream, decoder, hs.channel_key()
-
-    async def _handshake(self, stream: trio.abc.Stream, hs: ClientHandshake | ServerHandshake,
-                         decoder: FrameDecoder, first: list[Frame],
-                         before_ok: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Run `hs` to its end on `stream`; the server's `before_ok()` runs once the peer
-        has proved itself, before it is sent AUTH_OK (a refusal then raises from it)."""
-        if first:
-            await stream.send_all(b"".join(encode_frame(f) for f in first))
-        while not hs.established:
-            frame = decoder.next_frame()
-            if isinstance(frame, _NeedData):
-                data = await stream.receive_some(HANDSHAKE_RECEIVE_SIZE)
-                if not data:
-                    if isinstance(hs, ClientHandshake) and hs.peer_name is not None:
-                        raise _ProofTaken("connection closed during the handshake (after "
-                                          "our proof)")
-                    raise LinkDown("connection closed during the handshake")
-                decoder.receive_data(data)
-                continue
-            replies = hs.receive_frame(frame, trio.current_time())
-            if hs.established and before_ok is not None:
-                await before_ok()
-            if replies:
-                await stream.send_all(b"".join(encode_frame(f) for f in replies))
 
     # -- an established connection -----------------------------------------------------------
     async def _run_conn(self, peer: str, stream: trio.abc.Stream, decoder: FrameDecoder,
@@ -808,7 +728,7 @@ class FabricLink:
         peer = conn.peer
         level = logging.DEBUG if quiet else logging.INFO
         try:
-            stream, decoder, _ = await self._dial(peer, host, port, Channel.DATA,
+            stream, decoder, _ = await self._dialer.dial(peer, host, port, Channel.DATA,
                                                   bound_nonce(conn.channel_key))
         except (ProtocolError, LinkDown, OSError, trio.BrokenResourceError) as e:
             log.log(level, "fabric %s: no data channel to %s at %s:%d: %s (the link carries "
