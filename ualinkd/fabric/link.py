@@ -10,15 +10,8 @@ Before a connection has authenticated it costs little and cannot make us hold mu
 never replaces a live link to the same peer: the old link is probed, and only if it misses
 two heartbeats does the newcomer take over; else the newcomer is refused.
 
-Data channels (`DataChannels`, plain TCP only): a link's second connection, authenticated as
-the link is but asking for channel 1, that the side that dialed the link dials once it is up;
-its socket is handed over to the C data plane and closed when its link goes down. It never
-replaces a link, and is admitted only while its link is live. One the data plane finds broken
-while its link lasts is dialed again (DataChannels.on_broken, DATA_REDIAL_MAX). Nor does a
-second channel replace a healthy one (the link's rule, for channels): the link's own side
-redials only once its channel broke, which closed it, and the data plane here sees that
-close at once; a channel that comes while the link's channel stays healthy for
-`_old_channel_gone`'s wait is refused (a WARNING naming it), whoever holds the link's key.
+Data channels (plain TCP only): a link's second connection, handed over to the C data
+plane, are channels.py's (ChannelKeeper).
 
 Timers: each link's Session decides its own (requests' deadlines; heartbeats, probes and
 death, liveness.py) with time as an input; one task (`_timers`) sleeps until the first
@@ -39,11 +32,10 @@ import heapq
 import itertools
 import logging
 import math
-import os
 import secrets
 import ssl
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
@@ -57,10 +49,9 @@ from .auth import (
     AuthError,
     NonceCache,
     ServerHandshake,
-    bound_nonce,
-    bound_to,
     node_keys,
 )
+from .channels import ChannelKeeper, DataChannels
 from .conn import (
     Conn,
     HeldAcks,
@@ -104,26 +95,7 @@ log = logging.getLogger(__name__)
 OnPeerState = Callable[[str, bool], None]
 
 
-class DataChannels(Protocol):
-    """Where an authenticated data channel's socket goes (the C data plane). Called from the
-    trio thread; neither may block or raise (an exception is a bug: it propagates out of
-    FabricLink.run)."""
 
-    def open(self, peer: str, fd: int, peer_accels: frozenset[int]) -> int | None:
-        """Takes ownership of `fd` (a dup of the socket, blocking mode unspecified: the callee
-        sets it); returns a handle, or None when it refuses (it closed fd)."""
-
-    def close(self, handle: int) -> None:
-        """The link this channel belongs to went down: stop using and close it."""
-
-    # Set by the link: called (in the trio thread) with the handle of a channel the data
-    # plane found broken and dropped itself; the link dials a new one if it dialed that.
-    on_broken: Callable[[int], None] | None
-
-# A data channel that broke is dialed again after the link's first backoff, doubling up to
-# this (s) while each new one breaks again within it (a peer whose channel keeps failing:
-# a WARNING from the data plane per break, so a few a minute at most).
-DATA_REDIAL_MAX = 30.0
 
 
 
@@ -180,17 +152,6 @@ class FabricLink:
         self._ssl_server = ssl_context
         self._ssl_client = ssl_client_context or ssl_context
         self._held_acks = HeldAcks()
-        self._data_channels = data_channels
-        if data_channels is not None:
-            data_channels.on_broken = self._data_channel_broken
-        # The data plane behind `data_channels` reads and writes the socket itself: no TLS.
-        self._data_plane_tcp = (data_channels is not None and self._ssl_server is None
-                                and self._ssl_client is None)
-        # Per peer: its inbound links between their AUTH_OK and their start (the old link's
-        # probe), which a data channel from it waits out (`_admit_data_channel`).
-        self._admitting: dict[str, int] = {}
-        self._admitted = trio.lowlevel.ParkingLot()
-        self._channel_broke = trio.lowlevel.ParkingLot()  # `_old_channel_gone`'s waits
         self._handshake_timeout = handshake_timeout
         self._hb_interval = heartbeat_interval
         self._hb_timeout = heartbeat_timeout
@@ -235,6 +196,11 @@ class FabricLink:
         self._first_use = dialing.FirstUse(config.response_timeout_ms / 1000)  # (§5.4's wait)
         self._dialer = Dialer(config, node_name, self._keys, handshake_timeout,
                               self._ssl_client)
+        # The data plane behind `data_channels` reads and writes the socket itself: no TLS.
+        self._channels = ChannelKeeper(
+            node_name, data_channels, self._ssl_server is None and self._ssl_client is None,
+            self._conns, self._accels, self._dialer, config.tcp_congestion, connect_backoff,
+            min(heartbeat_timeout, 2 * heartbeat_interval, handshake_timeout / 2))
         self._down: dict[str, trio.Event] = {}  # per peer with a link: set when it goes
 
     # -- queries -----------------------------------------------------------------------------
@@ -345,19 +311,19 @@ class FabricLink:
                                           or dialing.dials(p, self.node_name)],
                              timeout=self._handshake_timeout)
         decoder = FrameDecoder.for_handshake()
-        counted: list[str] = []  # the peer, once this link is in `_admitting`
+        counted: list[str] = []  # the peer, once this link is `admitting` (channels.py)
         data_link: list[Conn] = []  # a data channel: the link it belongs to
 
         async def before_ok() -> None:
             assert hs.peer_name is not None
             if hs.channel is Channel.DATA:
-                data_link.append(await self._admit_data_channel(hs.peer_name, decoder,
-                                                                hs.link_nonces[0]))
+                data_link.append(await self._channels.admit(hs.peer_name, decoder,
+                                                            hs.link_nonces[0]))
             elif not dialing.dials(hs.peer_name, self.node_name):  # (on first use only)
                 self._want(hs.peer_name)
                 raise dialing.Knocked(hs.peer_name)
             else:  # from its AUTH_OK on, the peer may dial this link's data channel
-                self._admitting[hs.peer_name] = self._admitting.get(hs.peer_name, 0) + 1
+                self._channels.admitting(hs.peer_name)
                 counted.append(hs.peer_name)
 
         try:
@@ -372,7 +338,7 @@ class FabricLink:
             hs.check_deadline(trio.current_time())
             assert hs.peer_name is not None
             if data_link:
-                self._hand_over_inbound(data_link[0], tcp, addr)
+                self._channels.hand_over_inbound(data_link[0], tcp, addr)
                 await trio.aclose_forcefully(stream)  # (the data plane has its dup)
                 return None
             if not await self._old_link_gone(hs.peer_name):
@@ -390,88 +356,10 @@ class FabricLink:
             return None
         finally:
             for peer in counted:  # (no checkpoint from here to the link's start: _run_conn)
-                self._admitting[peer] -= 1
-                if not self._admitting[peer]:
-                    del self._admitting[peer]
-                self._admitted.unpark_all()
+                self._channels.admitted(peer)
         decoder.open_data_plane()
         tune(tcp, self.config.tcp_congestion)
         return hs.peer_name, stream, decoder, hs.channel_key()
-
-    async def _admit_data_channel(self, peer: str, decoder: FrameDecoder,
-                                  nonce: bytes) -> Conn:
-        """The link an authenticated data channel from `peer` belongs to, before it is told
-        AUTH_OK: our live link from `peer`, which its client `nonce` must name (dialed by
-        that link's end: auth.bound_to); LinkDown when there is none, or when the channel
-        may not be had. One that comes while a link from `peer` is being admitted (its
-        AUTH_OK sent, an old link probed) is that link's: it waits to see that link start,
-        and is refused if it does not."""
-        if self._data_channels is None:
-            raise LinkDown("a data channel, and this node takes none")
-        if not self._data_plane_tcp:
-            raise LinkDown("a data channel on a TLS fabric (data channels are plain TCP only)")
-        if decoder.buffered:  # what the handover cannot pass on: the data plane reads the fd
-            raise LinkDown(f"{decoder.buffered} bytes sent on a data channel before its "
-                            "handshake finished")
-        before = self._conns.get(peer)
-        waited = False
-        while self._admitting.get(peer):
-            waited = True
-            await self._admitted.park()
-        conn = self._conns.get(peer)
-        if conn is None or conn.down is not None or (waited and conn is before):
-            raise LinkDown(f"a data channel from {peer} without a live link from it")
-        if not bound_to(nonce, conn.channel_key):
-            raise LinkDown(f"a data channel from {peer} not dialed by its live link's end "
-                            "(it has the link's key, not the link's handshake)")
-        if not await self._old_channel_gone(conn):
-            raise LinkDown(f"a second data channel from {peer} while its link's channel is "
-                            "healthy: it does not replace it")
-        return conn
-
-    async def _old_channel_gone(self, conn: Conn) -> bool:
-        """True when the link `conn` holds no data channel, or the one it holds breaks
-        within a short wait. The peer's own side dials a new channel only after its old one
-        broke, and closed it: the data plane here sees that close (EOF, a reset) at once
-        and drops the channel (DataChannels.on_broken). One that stays healthy is still in
-        use by the link's peer: a newcomer with the link's key (a stolen or superseded
-        config) must not take it over and answer that peer's loads."""
-        wait = min(self._hb_timeout, 2 * self._hb_interval, self._handshake_timeout / 2)
-        with trio.move_on_after(wait):
-            while conn.data_handle is not None and conn.down is None:
-                with trio.move_on_after(0.05):  # (woken by a break; the link's end polled)
-                    await self._channel_broke.park()
-        return conn.data_handle is None and conn.down is None
-
-    def _hand_over_inbound(self, conn: Conn, tcp: trio.SocketStream, addr: str) -> None:
-        """An admitted data channel, told AUTH_OK: to the data plane, if its link is still
-        up (else LinkDown)."""
-        if conn.down is not None or self._conns.get(conn.peer) is not conn:
-            raise LinkDown(f"a data channel from {conn.peer}: its link went down during "
-                            "the handshake")
-        tune(tcp, self.config.tcp_congestion)  # (this side sends the LOAD answers)
-        if self._hand_over(conn, tcp):
-            log.debug("fabric %s: data channel from %s (%s) handed over", self.node_name,
-                      conn.peer, addr)
-        else:
-            log.info("fabric %s: the data plane refused the data channel from %s (%s); the "
-                     "link carries its loads", self.node_name, conn.peer, addr)
-
-    def _hand_over(self, conn: Conn, tcp: trio.SocketStream) -> bool:
-        """A dup of `tcp`'s socket to `data_channels` as the data channel of the link `conn`,
-        in place of one it had (the caller closes `tcp`); False if the data plane refused it.
-        Synchronous: the link cannot end between the caller's check and the handle being
-        `conn`'s (its teardown closes it)."""
-        assert self._data_channels is not None
-        fd = os.dup(tcp.socket.fileno())
-        # (A channel that is there still, on the side that dialed it: the data plane has not
-        # said it broke yet. The side that admits channels let none in while one was held.)
-        if conn.data_handle is not None:
-            old, conn.data_handle = conn.data_handle, None
-            self._data_channels.close(old)
-        conn.close_data = self._data_channels.close
-        conn.data_handle = self._data_channels.open(conn.peer, fd, self._accels[conn.peer])
-        return conn.data_handle is not None
 
     async def _old_link_gone(self, peer: str) -> bool:
         """True when no live link to `peer` stands in the way of a new one. A link that is
@@ -649,17 +537,14 @@ class FabricLink:
                     nursery.start_soon(conn.write)
                     # The peer speaks PROTOCOL_VERSION (the handshake admits no other), which
                     # has data channels; in this nursery, the dial ends with the link.
-                    if dialed is not None and self._data_plane_tcp:
-                        nursery.start_soon(self._keep_data_channel, conn, *dialed)
+                    if dialed is not None and self._channels.tcp:
+                        nursery.start_soon(self._channels.keep, conn, *dialed)
                     # Our link clock at once: the peer's deadlines need it (Session).
                     session.send_heartbeat(now=trio.current_time())
                     conn.flush()
                     self._arm(conn, conn.live.next_due())
         finally:
-            if conn.data_handle is not None:  # first: the data plane stops using the peer
-                handle, conn.data_handle = conn.data_handle, None
-                assert self._data_channels is not None
-                self._data_channels.close(handle)
+            self._channels.close(conn)  # first: the data plane stops using the peer
             conn.fd = -1  # nothing writes to the fd number once it is closed (and reused)
             if self._conns.get(peer) is conn:
                 del self._conns[peer]
@@ -687,74 +572,6 @@ class FabricLink:
             self._progress.unpark_all()
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
-
-    async def _keep_data_channel(self, conn: Conn, host: str, port: int) -> None:
-        """The data channel of the link `conn`, which we dialed at host:port, for as long as
-        `conn` lasts (this task is in its nursery). A first dial that fails is not repeated
-        (the peer takes no channel: one INFO line, the link carries the loads). A channel
-        that worked and broke while the link stayed up (a reset, a hostile frame) is dialed
-        again, with the link's backoff, until one is handed over: the loads went back to
-        the slower link path meanwhile, which must not last for the link's life."""
-        delay = self._backoff[0]
-        broke = False
-        while True:
-            conn.data_broken = trio.Event()
-            if await self._dial_data_channel(conn, host, port, quiet=broke):
-                since = trio.current_time()
-                await conn.data_broken.wait()
-                if trio.current_time() - since >= DATA_REDIAL_MAX:
-                    delay = self._backoff[0]  # (it had served a while: not one that keeps breaking)
-                broke = True
-            elif not broke:
-                return
-            await trio.sleep(delay)
-            delay = min(delay * 2, DATA_REDIAL_MAX)
-
-    def _data_channel_broken(self, handle: int) -> None:
-        """DataChannels.on_broken: the data plane dropped the channel `handle`."""
-        for conn in self._conns.values():
-            if conn.data_handle == handle:
-                conn.data_handle = None
-                conn.data_broken.set()
-        self._channel_broke.unpark_all()
-
-    async def _dial_data_channel(self, conn: Conn, host: str, port: int,
-                                 quiet: bool = False) -> bool:
-        """Dial the data channel of the link `conn` at host:port and hand it over to
-        `data_channels`; True if it was. Failing is one INFO line (DEBUG when `quiet`: a
-        redial, whose channel's break the data plane logged): the link carries the data
-        plane without it."""
-        assert self._data_channels is not None
-        peer = conn.peer
-        level = logging.DEBUG if quiet else logging.INFO
-        try:
-            stream, decoder, _ = await self._dialer.dial(peer, host, port, Channel.DATA,
-                                                  bound_nonce(conn.channel_key))
-        except (ProtocolError, LinkDown, OSError, trio.BrokenResourceError) as e:
-            log.log(level, "fabric %s: no data channel to %s at %s:%d: %s (the link carries "
-                    "its loads)", self.node_name, peer, host, port, admission.reason(e))
-            return False
-        try:
-            assert isinstance(stream, trio.SocketStream)  # (plain TCP: _data_plane_tcp)
-            why = None
-            if decoder.buffered:  # the handover could not pass them on
-                why = f"{decoder.buffered} bytes came with its AUTH_OK"
-            else:
-                try:
-                    if not self._hand_over(conn, stream):
-                        why = "the data plane refused it"
-                except OSError as e:
-                    why = f"dup failed: {e.strerror}"
-            if why is None:
-                log.log(logging.INFO if quiet else logging.DEBUG,
-                        "fabric %s: data channel to %s at %s:%d handed over%s", self.node_name,
-                        peer, host, port, " again" if quiet else "")
-            else:
-                log.log(level, "fabric %s: no data channel to %s at %s:%d: %s (the link "
-                        "carries its loads)", self.node_name, peer, host, port, why)
-            return why is None
-        finally:
-            await trio.aclose_forcefully(stream)  # (the data plane has its dup)
 
     def _dispatch(self, conn: Conn, ev: Event) -> None:
         """What `conn`'s reader decoded, other than a request (Conn serves those)."""
