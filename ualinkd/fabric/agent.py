@@ -274,7 +274,10 @@ class UalinkAgent:
             later: list[Effect] = []
             for src, msg in burst:
                 mgr.receive(src, msg)
-                await self._ring_effects(mgr, later)
+                done: Completion[None] = Completion()
+                self._effects(mgr, deque(), later, functools.partial(done.set_result, None))
+                if not done.done:  # a reply's ACK is awaited before the next message
+                    await completed(done)
             self._start(mgr, later)
             self._check_timer(mgr)
             if not queue and ring.waited:
@@ -287,47 +290,26 @@ class UalinkAgent:
     def _receive_now(self, accel_id: int, src: int, msg: p.Message) -> None:
         """An idle ring's next message, handled in the caller's call as the ring would
         (on_message): its sends queued on their links in order, its waiters woken, and a
-        reply the ring awaits sent now, the ring busy until its ACK (_reply_at_once)."""
+        reply the ring awaits sent now, the ring busy until its ACK (`_effects`)."""
         mgr = self.host.by_accel_id(accel_id)
-        assert mgr is not None  # (it has a ring: self._rx)
+        assert mgr is not None  # (it has a ring: self._rings)
         ring = self._rings[accel_id]
         ring.idle = None
         ring.busy = trio.Event()
         mgr.receive(src, msg)
-        self._effects_now(mgr, deque(), [])
+        later: list[Effect] = []
+        self._effects(mgr, deque(), later, lambda: self._handled_at_once(mgr, ring, later))
 
-    def _effects_now(self, mgr: UalinkManager, pending: deque[Effect],
-                     later: list[Effect]) -> None:
-        """`_ring_effects` for a message handled at once, then the ring's end of a burst:
-        the effects in order, `later` started ahead of a ring reply, which is sent at once
-        and whose ACK resumes this (in the link's call that brings it)."""
-        while True:
-            while pending:
-                eff = pending.popleft()
-                if self._ring_awaits(eff):
-                    self._start(mgr, later)
-                    later.clear()
-                    self._reply_at_once(mgr, eff, pending, later)
-                    return
-                later.append(eff)
-            if not mgr.outbox:
-                break
-            pending.extend(mgr.take_effects())
+    def _handled_at_once(self, mgr: UalinkManager, ring: _Ring, later: list[Effect]) -> None:
+        """The ring's end of a burst, for a message handled at once: what it did not wait
+        for goes out, and the ring is no longer busy."""
         self._start(mgr, later)
         self._check_timer(mgr)
-        ring = self._rings[mgr.accel_id]
         busy, ring.busy = ring.busy, None
         assert busy is not None
         busy.set()  # (a ring given messages meanwhile goes on)
         if ring.idle is None:
             ring.idle = True
-
-    def _reply_at_once(self, mgr: UalinkManager, eff: Send, pending: deque[Effect],
-                       later: list[Effect]) -> None:
-        """A ring reply of a message handled at once: queued on its link now, its outcome
-        reported as the ring's `_do_send` would, then the rest of the message's effects
-        (in the call that brings its ACK)."""
-        self._send_one(mgr, eff, lambda: self._effects_now(mgr, pending, later))
 
     async def _timer_loop(self, mgr: UalinkManager) -> None:
         """aioquic's loop: sleep until the manager's next deadline (or until an earlier one
@@ -375,19 +357,25 @@ class UalinkAgent:
         return c
 
     # -- effects ------------------------------------------------------------------------------
-    async def _ring_effects(self, mgr: UalinkManager, later: list[Effect]) -> None:
-        """The effects of one ring message: the replies the ring waits for (HELLO_ACK,
-        NPA_RSP) are sent and awaited here, after
-        what `later` holds went out ahead of them; the rest is added to `later`."""
-        while mgr.outbox:  # (most messages, a RELEASE received, cause none)
-            effects = mgr.take_effects()
-            for eff in effects:
+    def _effects(self, mgr: UalinkManager, pending: deque[Effect], later: list[Effect],
+                 then: Callable[[], None]) -> None:
+        """The effects of one ring message, in order (the ring's, and one handled at once):
+        a reply the ring waits for (HELLO_ACK, NPA_RSP) is sent after what `later` holds
+        went out ahead of it, and the rest goes on in the call that brings its ACK (the
+        link's); the others are added to `later`. `then()` once none is left."""
+        while True:
+            while pending:
+                eff = pending.popleft()
                 if self._ring_awaits(eff):
                     self._start(mgr, later)
                     later.clear()
-                    await self._do_send(mgr, eff)
-                else:
-                    later.append(eff)
+                    self._send_one(mgr, eff, lambda: self._effects(mgr, pending, later, then))
+                    return
+                later.append(eff)
+            if not mgr.outbox:  # (most messages, a RELEASE received, cause none)
+                break
+            pending.extend(mgr.take_effects())
+        then()
 
     def _ring_awaits(self, eff: Effect) -> TypeGuard[Send]:
         """A send the ring awaits before its next message: a reply (HELLO_ACK, NPA_RSP)."""
@@ -473,12 +461,6 @@ class UalinkAgent:
             then()
 
         self._send_batch(mgr.accel_id, eff.dst, [eff.msg.encode()]).when_done(acked)
-
-    async def _do_send(self, mgr: UalinkManager, eff: Send) -> None:
-        """`_send_one`, for the ring, which waits for it before its next message."""
-        done: Completion[None] = Completion()
-        self._send_one(mgr, eff, lambda: done.set_result(None))
-        await completed(done)
 
     def _batch_done(self, mgr: UalinkManager, sends: list[Send],
                     c: Completion[list[SendOutcome]]) -> None:
