@@ -13,7 +13,8 @@ $UALINK_BENCH_STAMPS when the daemon exits:
   answer is built; the FUSE reply follows) for DRM_IOCTL_AMDGPU_UALINK_HANDLE;
 - ``msg_out``: Session.send_messages (each MSG queued to the socket: single sends and batches
   both come through it), with its type (§5.2);
-- ``msg_in``: FabricLink._dispatch of a MessageReceived (the MSG decoded), with its type.
+- ``msg_in``: Session.next_event returning a MessageReceived (the MSG decoded; the link's
+  reader hands it to its accel's queue in the same call), with its type.
 
 A stamp is (ns, kind, msg type or 0). If a method named here is gone (the daemon was
 refactored), the wrapper stops with an error naming it rather than produce a silent gap.
@@ -31,7 +32,6 @@ from typing import Any
 
 from ualinkd.abi import structs
 from ualinkd.abi.ioc import DRM_COMMAND_BASE, iowr
-from ualinkd.fabric.link import FabricLink
 from ualinkd.fabric.session import MessageReceived, Session
 from ualinkd.node import NodeCore
 from ualinkd.ualink.protocol import MSG_TYPE_MASK
@@ -47,7 +47,7 @@ def install() -> None:
     add = STAMPS.append
     cmd_ualink = DRM_IOCTL_AMDGPU_UALINK_HANDLE
     ioctl, reply = NodeCore.ioctl, NodeCore._reply
-    send_messages, dispatch = Session.send_messages, FabricLink._dispatch
+    send_messages, next_event = Session.send_messages, Session.next_event
 
     def timed_ioctl(self: NodeCore, drm_file: object, cmd: int, *args: Any) -> Any:
         if cmd == cmd_ualink:
@@ -66,16 +66,17 @@ def install() -> None:
             add((t, "msg_out", dwords[0] & MSG_TYPE_MASK))
         return send_messages(self, src, dst, messages)
 
-    def timed_dispatch(self: FabricLink, conn: Any, ev: object) -> None:
+    def timed_next_event(self: Session, at: float | None = None) -> Any:
+        ev = next_event(self, at)
         if type(ev) is MessageReceived:
             add((now(), "msg_in", ev.dwords[0] & MSG_TYPE_MASK))
-        dispatch(self, conn, ev)
+        return ev
 
     # Patched in for the run: the stamps are this benchmark's only, the classes stay as they are.
     NodeCore.ioctl = timed_ioctl  # type: ignore[method-assign]
     NodeCore._reply = timed_reply  # type: ignore[method-assign]
     Session.send_messages = timed_send  # type: ignore[method-assign]
-    FabricLink._dispatch = timed_dispatch  # type: ignore[method-assign]
+    Session.next_event = timed_next_event  # type: ignore[method-assign]
 
 
 def _dump(path: str) -> None:

@@ -695,7 +695,7 @@ class NodeDaemon:
         return self.session.spawn(aw)
 
     def _receive(self, src: int, dst: int, dwords: tuple[int, int, int, int]
-                 ) -> Awaitable[None] | None:
+                 ) -> Completion[None] | None:
         return self.agent.on_message(src, dst, dwords)
 
     def _serve_request(self, peer: str, req: Load | Store) -> tuple[int, list[memoryview]]:
@@ -799,16 +799,16 @@ def _accel_names(config: PodConfig) -> Callable[[int], str | None]:
 
 def _trace_receives(
     tracer: Callable[[Record], None], config: PodConfig, node: str,
-    on_message: Callable[[int, int, tuple[int, int, int, int]], Awaitable[None] | None],
+    on_message: Callable[[int, int, tuple[int, int, int, int]], Completion[None] | None],
     on_request: Callable[[str, Load | Store], tuple[int, list[memoryview]]],
-) -> tuple[Callable[[int, int, tuple[int, int, int, int]], Awaitable[None] | None],
+) -> tuple[Callable[[int, int, tuple[int, int, int, int]], Completion[None] | None],
            Callable[[str, Load | Store], tuple[int, list[memoryview]]]]:
     """The fabric on the receiving side: each UALink message as it arrives, each LOAD/STORE
     as this node serves it (the result is its DATA answer's status)."""
     names = _accel_names(config)
 
     def message(src: int, dst: int, dwords: tuple[int, int, int, int]
-                ) -> Awaitable[None] | None:
+                ) -> Completion[None] | None:
         tracer(FabricRecord.ualink(node, "recv", src, dst, dwords, names, start=time.time()))
         return on_message(src, dst, dwords)
 

@@ -305,7 +305,8 @@ async def test_the_data_plane_runs_before_the_link_can_hand_it_a_channel(tmp_pat
     run = FabricLink.run
 
     async def run_noting(self, **kw):
-        seen.append(self._data_channels is not None and self._data_channels.running)
+        plane = self._channels.plane  # (the link's DataChannels: the node's data plane)
+        seen.append(plane is not None and plane.running)
         await run(self, **kw)
     monkeypatch.setattr(FabricLink, "run", run_noting)
     mount = tmp_path / "mnt"

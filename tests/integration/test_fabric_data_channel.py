@@ -18,7 +18,7 @@ import trustme
 from test_fabric_link import Pod, _tls_kw, expect_closed, make_pod, raw_auth, read_frame, warnings
 
 from ualinkd.fabric import auth
-from ualinkd.fabric import link as link_mod
+from ualinkd.fabric import conn as conn_mod
 from ualinkd.fabric.link import FabricLink
 from ualinkd.fabric.waiting import completed
 from ualinkd.fabric.wire import AuthOk, AuthProof, Channel, FrameDecoder, Ping, encode_frame
@@ -189,7 +189,7 @@ async def test_a_dropped_link_closes_both_data_channels_and_a_new_pair_comes_bac
         ra, rb = recorders["a"], recorders["b"]
         await wait_until(lambda: ra.peers() == ["b"] and rb.peers() == ["a"])
         first = (ra.opened[0][0], rb.opened[0][0])
-        a._conns["b"].drop(link_mod._LinkDown("test"))
+        a._conns["b"].drop(conn_mod.LinkDown("test"))
         # at once, before the link's teardown: a load carried meanwhile would get bytes
         # where the link's LOAD faults
         assert ra.closed == [first[0]]

@@ -16,7 +16,7 @@ from test_fabric_link import DW, Pod, expect_closed, make_pod, raw_server_b, wai
 
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
-from ualinkd.fabric import link as link_mod
+from ualinkd.fabric import conn as conn_mod
 from ualinkd.fabric.link import FabricLink
 from ualinkd.fabric.waiting import completed
 from ualinkd.fabric.wire import AuthHello, Data, Load, Ping, Pong, _NeedData, encode_frame
@@ -37,7 +37,7 @@ async def test_a_ping_flood_from_a_peer_that_reads_too_little_is_bounded(
     more from it (TCP then slows it down), another link is still served, and once it reads
     again every PING is answered, in order, none lost. (A peer that takes a little now and
     then is never "not reading", so the heartbeat timeout alone does not bound this.)"""
-    monkeypatch.setattr(link_mod, "HOLD_MAX", 64 << 10)
+    monkeypatch.setattr(conn_mod, "HOLD_MAX", 64 << 10)
     a, stream, dec, out, listeners = await raw_server_b(pod)
     await pod.start("c")
     await stream.send_all(b"".join(encode_frame(f) for f in out))
@@ -50,7 +50,7 @@ async def test_a_ping_flood_from_a_peer_that_reads_too_little_is_bounded(
     count = 200_000  # 2.6 MB of PONGs, forty times HOLD_MAX
     flood = b"".join(encode_frame(Ping(i + 1, 0)) for i in range(count))
     # HOLD_MAX held before, HOLD_MAX of replies since, one read's replies more
-    bound = 3 * link_mod.HOLD_MAX
+    bound = 3 * conn_mod.HOLD_MAX
     tokens: list[int] = []
     with trio.fail_after(30):  # watchdog
         async with trio.open_nursery() as n:

@@ -26,8 +26,8 @@ from ualinkd.config import AccelConfig, NodeConfig, PodConfig
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.loaded import Loaded, in_memory
-from ualinkd.fabric import auth
-from ualinkd.fabric import link as link_mod
+from ualinkd.fabric import admission, auth
+from ualinkd.fabric import conn as conn_mod
 from ualinkd.fabric.link import Dwords, FabricLink, OnRequest
 from ualinkd.fabric.session import HEARTBEAT
 from ualinkd.fabric.waiting import completed
@@ -270,31 +270,30 @@ async def test_nonzero_ack_status_is_ecomm(pod: Pod) -> None:
 
 
 async def test_a_full_ring_holds_messages_without_blocking_the_acks_behind_them(
-        pod: Pod, monkeypatch) -> None:
-    """Issue 10 item 4 (§5.1): b's ring takes nothing until the handler of b's first message
-    has sent a message to a and had its ACK, which comes back behind a's 60 further messages:
-    b keeps reading (the acknowledged messages wait in the link's inbox, in order), so the
-    ACK arrives and nothing is lost. With the inbox full (INBOX_MAX) b stops reading, and
-    reads on once there is room."""
-    import ualinkd.fabric.link as link_mod
-
-    monkeypatch.setattr(link_mod, "INBOX_MAX", 40)
-    got: list[int] = []
-    ring_free = trio.Event()
+        pod: Pod) -> None:
+    """Issue 10 item 4 (§5.1): b's ring handles nothing until the handler of b's first
+    message has sent a message to a and had its ACK, which comes back among a's 60 further
+    messages: b keeps reading (the acknowledged messages wait in the accel's one queue, in
+    order), so the ACK arrives and nothing is lost. With the queue at its bound (40 here:
+    on_message's Completion) b stops reading, and reads on once it has room."""
+    queue: list[int] = []
+    room: list[Completion[None]] = []
     handler_sent: list[object] = []
     links: dict[str, FabricLink] = {}
 
-    def on_message(src: int, dst: int, dwords: tuple[int, ...]):
-        if not ring_free.is_set():
-            async def full_ring() -> None:
-                if not handler_sent:  # the first message's handler talks back to a
-                    handler_sent.append(None)
-                    await completed(links["b"].send(2, 0, (9, 0, 0, 0)))
-                    handler_sent[0] = "acked"
-                await ring_free.wait()
-                got.append(dwords[1])
-            return full_ring()
-        got.append(dwords[1])
+    async def talk_back() -> None:  # the first message's handler
+        handler_sent.append(None)
+        await completed(links["b"].send(2, 0, (9, 0, 0, 0)))
+        handler_sent[0] = "acked"
+
+    def on_message(src: int, dst: int, dwords: tuple[int, ...]) -> Completion[None] | None:
+        queue.append(dwords[1])
+        if len(queue) == 1:
+            pod.nursery.start_soon(talk_back)
+        if len(queue) >= 40 and not handler_sent[1:]:
+            c: Completion[None] = Completion()
+            room.append(c)
+            return c
         return None
 
     a = await pod.start("a", ack_timeout=5.0)
@@ -306,44 +305,40 @@ async def test_a_full_ring_holds_messages_without_blocking_the_acks_behind_them(
             await trio.sleep(0)
         await wait_until(lambda: handler_sent == ["acked"])  # not stuck behind the 60
         b_conn = links["b"]._conns["a"]
-        await wait_until(lambda: b_conn.paused)  # inbox full: reading stopped
-        assert len(b_conn.inbox) == 40
-        ring_free.set()
-    assert got == list(range(61))  # every message, in order
+        await wait_until(lambda: b_conn.paused)  # the queue at its bound: reading stopped
+        assert len(queue) == 40
+        handler_sent.append("free")
+        for c in room:
+            c.set_result(None)
+    assert queue == list(range(61))  # every message, in order
     assert pod.got["a"] == [(2, 0, (9, 0, 0, 0))]
 
 
-async def test_acknowledged_messages_are_delivered_after_the_link_goes_down(pod: Pod) -> None:
-    """Issue 10 item 4: messages b acknowledged while its ring was full are delivered even
-    when the link drops before the ring has room (the sender was told they were taken)."""
+async def test_a_message_is_in_its_queue_before_its_ack_leaves(pod: Pod) -> None:
+    """Issue 10 item 4 (§5.1: the firmware accepts a message before its driver sees it):
+    the link hands an acknowledged message to its accel's queue in the call that decodes
+    it, before the ACK is written; so a link that drops after the ACK went loses nothing."""
     got: list[int] = []
-    ring_free = trio.Event()
+    acked: list[int] = []
     links: dict[str, FabricLink] = {}
 
-    def on_message(src: int, dst: int, dwords: tuple[int, ...]):
-        if ring_free.is_set():
-            got.append(dwords[1])
-            return None
-
-        async def full_ring() -> None:
-            await ring_free.wait()
-            got.append(dwords[1])
-        return full_ring()
+    def on_message(src: int, dst: int, dwords: tuple[int, ...]) -> None:
+        got.append(dwords[1])
 
     a = await pod.start("a")
     links["b"] = await pod.start("b", on_message=on_message)
     await wait_until(lambda: a.is_up("b"))
+
+    async def send(i: int) -> None:
+        await completed(a.send(0, 2, (3, i, 0, 0)))
+        acked.append(i)
+        assert i in got  # (in its queue before the sender heard its ACK)
+
     async with trio.open_nursery() as n:
-        for i in range(10):
-            n.start_soon(_send, a, 0, 2, (3, i, 0, 0))
-            await trio.sleep(0)
-    conn = links["b"]._conns["a"]
-    assert len(conn.inbox) == 10  # all ACKed, none delivered
+        n.start_soon(send, 0)
     await a.aclose()
     await wait_until(lambda: not links["b"].is_up("a"))
-    ring_free.set()
-    await wait_until(lambda: len(got) == 10)
-    assert got == list(range(10))
+    assert got == [0] and acked == [0]
 
 
 # ---- misbehaving peers ----------------------------------------------------------------------
@@ -548,7 +543,7 @@ async def test_requests_complete_by_callback(pod: Pod) -> None:
     assert e.value.errno == errno.EFAULT  # the exporter's -EFAULT
     assert await _completed(a.request(0, 2, 0, 4)) == pattern[:4]  # and the link is still up
     in_flight = [a.request(0, 2, 0, 1 << 20) for _ in range(8)]
-    a._conns["b"].drop(link_mod._LinkDown("test"))
+    a._conns["b"].drop(conn_mod.LinkDown("test"))
     for c in in_flight:
         assert c is not None
         await wait_until(lambda c=c: c.done)
@@ -787,7 +782,7 @@ async def test_pending_handshakes_are_capped_in_all_and_per_address(
     address here); more are closed at once, one log line per cause plus one with the count
     of the rest; the established link keeps working, and the slots come back."""
     caplog.set_level(logging.INFO, logger="ualinkd.fabric")
-    monkeypatch.setattr(link_mod, "REFUSAL_LOG_INTERVAL", 0.2)
+    monkeypatch.setattr(admission, "REFUSAL_LOG_INTERVAL", 0.2)
     a = await pod.start("a")
     c = await pod.start("c", max_pending=(5, 3), handshake_timeout=5.0)
     await wait_until(lambda: c.is_up("a"))
@@ -835,9 +830,9 @@ async def test_a_dial_failure_is_a_warning_when_its_kind_changes(pod: Pod, caplo
     """Item 9: a dialer logs at WARNING the first lasting failure and each change of its kind
     (the peer refuses connections, then an impostor answers on its address), each repeat at
     DEBUG. (DIAL_WARN_AFTER 0: every failure counts as lasting here.)"""
-    import ualinkd.fabric.link as link_module
+    import ualinkd.fabric.dialer as dialer_module
 
-    monkeypatch.setattr(link_module, "DIAL_WARN_AFTER", 0.0)
+    monkeypatch.setattr(dialer_module, "DIAL_WARN_AFTER", 0.0)
     caplog.set_level(logging.DEBUG, logger="ualinkd.fabric")
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -939,7 +934,7 @@ async def test_an_ack_shares_its_write_with_the_reply_its_message_caused(
     task answers in a later scheduler step, and the link's deferred flush (flush_soon) puts
     the ACK and that reply in one write (one wake-up of the peer, not two)."""
     writes: list[tuple[int, bytes]] = []
-    real_writev = link_mod.os.writev
+    real_writev = conn_mod.os.writev
 
     def recording_writev(fd: int, bufs: list[bytes]) -> int:
         n = real_writev(fd, bufs)
@@ -960,7 +955,7 @@ async def test_an_ack_shares_its_write_with_the_reply_its_message_caused(
             out.append(f)
         return out
 
-    monkeypatch.setattr(link_mod.os, "writev", recording_writev)
+    monkeypatch.setattr(conn_mod.os, "writev", recording_writev)
     a = await pod.start("a")
     # b's heartbeat: one PING at link-up (a flush of its own), then none during the test.
     b = await pod.start("b", on_message=ring, heartbeat_interval=60.0, heartbeat_timeout=120.0)

@@ -210,6 +210,41 @@ async def test_a_ring_burst_keeps_each_links_order_around_an_awaited_reply(
 
 
 
+async def test_a_message_waits_in_one_queue_per_accel_and_a_full_one_holds_the_link(
+        nursery, autojump_clock):
+    """§5.1's soft IH ring as the one place an acknowledged message waits: on_message
+    queues it for its accel at once (None: the link reads on) up to RING_SIZE + BACKLOG;
+    past that it returns a Completion the link waits for, which ends once the ring has
+    taken a burst, and nothing is lost or reordered. The ring that was full says so once."""
+    fabric = BatchFabric()
+    cores = await start(nursery, 2, fabric)
+    agent = fabric.agents[1]
+    agent.ring_size = 4
+    ring = agent._rings[1]
+    ring.limit = 4 + 3  # (RING_SIZE + BACKLOG, made small)
+    mgr = cores[1].managers[128]
+    seen: list[int] = []
+    receive = mgr.receive
+
+    def received(src: int, msg: p.Message) -> None:
+        seen.append(msg.handle_hi)  # type: ignore[union-attr]
+        receive(src, msg)
+
+    mgr.receive = received  # type: ignore[method-assign]
+    busy = trio.Event()
+    ring.busy = busy  # the ring waits (a message handled at once is not done)
+    answers = [agent.on_message(0, 1, p.NpaRevoke(0x400, i).encode()) for i in range(9)]
+    assert answers[:6] == [None] * 6  # queued, the link reads on
+    rooms = answers[6:]
+    assert all(c is not None and not c.done for c in rooms)  # full: the link waits
+    assert len(ring.queue) == 9  # (acknowledged: all kept, in order)
+    ring.busy = None
+    busy.set()
+    await trio.sleep(0.1)
+    assert all(c is not None and c.done for c in rooms)  # room again
+    assert seen == list(range(9)) and not ring.queue and ring.waited == 0
+
+
 async def test_an_answer_reaching_an_idle_ring_is_handled_in_the_links_call(
         nursery, autojump_clock):
     """§5.1's ring, one message after the other: an NPA_RSP (an answer to this accel's own

@@ -87,7 +87,7 @@ def test_any_peer_frames_give_events_or_a_remote_error(sends: list[tuple], frame
         try:
             ev = s.next_event(now=1.0)
         except RemoteProtocolError:
-            return  # the link drops the connection (FabricLink._reader)
+            return  # the link drops the connection (Conn.read, fabric/conn.py)
         if isinstance(f, Msg):
             answered += 1
             assert ev == MessageReceived(f.src_accel, f.dst_accel, f.dwords)

@@ -17,13 +17,12 @@ over the fabric costs no task.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 import trio
@@ -64,7 +63,11 @@ SendBatchFn = Callable[[int, int, Sequence[p.Dwords]], "Completion[list[SendOutc
 RequestFn = Callable[[int, int, int, "int | bytes"], "Completion[Loaded]"]
 CHUNK = 1 << 20  # data-plane transfers are split into chunks this big ...
 IN_FLIGHT = 4  # ... with this many outstanding at once per transfer
-RING_SIZE = 1024  # messages queued per local accel; past it the link stops reading
+RING_SIZE = 1024  # messages queued per local accel before its ring counts as full (logged)
+# Acknowledged messages an accel's queue holds past RING_SIZE before the link stops reading
+# from their sender: room for the link to read on to the ACKs that the ring's own handlers
+# wait for (a handler that sends a reply waits for its ACK, behind the peer's messages).
+BACKLOG = 4096
 BURST = 256  # messages a ring takes per wake-up, their sends queued together
 # (importing accel, piece, write, data to store | None) -> loaded bytes | count stored
 RemoteAccessFn = Callable[[int, "RemotePiece", bool, "bytes | None"],
@@ -108,6 +111,35 @@ _RING_REPLIES = (HelloAckSent, NpaRspSent)
 _HANDLED_AT_ONCE = (p.NpaReq, p.NpaRsp, p.NpaFail, p.HelloAck)
 
 
+class _Ring:
+    """One local accel's receive queue, the soft IH ring (§5.1): acknowledged messages wait
+    here, in arrival order, until its task handles them; the link waits for room past
+    `limit` (RING_SIZE + BACKLOG)."""
+
+    __slots__ = ("busy", "idle", "limit", "queue", "room", "waited", "wake")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.queue: deque[tuple[int, p.Message]] = deque()
+        self.wake = trio.Event()  # set when a message is queued
+        # The links waiting for room (on_message's Completions), ended once there is.
+        self.room: list[Completion[None]] = []
+        self.waited = 0  # messages that found it full (past RING_SIZE) since it last emptied
+        # True: the ring waits for a message with none queued (and none handed to it
+        # since), so the next one may be handled at once, in order (on_message); None: one
+        # is being handled at once and none was queued since; False: the ring has messages,
+        # or is handling them.
+        self.idle: bool | None = False
+        # Set once the message handled at once is done (its reply's ACK came): until then
+        # the ring is busy, and waits for it before its next message.
+        self.busy: trio.Event | None = None
+
+    def make_room(self) -> None:
+        room, self.room = self.room, []
+        for c in room:
+            c.set_result(None)
+
+
 class UalinkAgent:
     def __init__(self, node: FabricNode, send_batch: SendBatchFn,
                  request: RequestFn | None = None, *, ring_size: int = RING_SIZE,
@@ -122,21 +154,13 @@ class UalinkAgent:
                 mgr.probe = probe
         self._send_batch = send_batch
         self.ring_size = ring_size
-        # accel -> times the link waited for room in its full ring since it last emptied
-        self._ring_waits: dict[int, int] = {}
         self._request = request
         # The imports in flight, by the Wake that ends them (wait_import).
         self._imports: dict[tuple[int, ImportDone], tuple[ImportFlow, Completion[DmaBuf]]] = {}
         self._nursery: trio.Nursery | None = None
-        self._rx: dict[int, trio.MemorySendChannel[tuple[int, p.Message]]] = {}
-        # accel -> True: its ring is waiting for a message with none queued (and none handed
-        # to it since), so the next one may be handled at once, in order (on_message);
-        # None: one is being handled at once and none was handed to the ring since; False
-        # (or absent): the ring has messages, or is handling them
-        self._ring_idle: dict[int, bool | None] = {}
-        # accel -> set once the message handled at once is done (its reply's ACK came):
-        # until then the ring is busy, and waits for it before its next message
-        self._ring_busy: dict[int, trio.Event] = {}
+        # accel -> its receive queue (the soft IH ring): the one place an acknowledged
+        # message waits, from the link's call that decoded it to its handling
+        self._rings: dict[int, _Ring] = {}
         # accel -> the cancel scope its timer task sleeps in, whose deadline is the manager's
         # next one: brought forward in place when a sooner one is armed (no wake-up).
         self._timer_scopes: dict[int, trio.CancelScope] = {}
@@ -189,38 +213,40 @@ class UalinkAgent:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for mgr in self.host.managers:
-                tx, rx = trio.open_memory_channel[tuple[int, p.Message]](self.ring_size)
-                self._rx[mgr.accel_id] = tx
-                nursery.start_soon(self._receive_loop, mgr, rx)
+                ring = self._rings[mgr.accel_id] = _Ring(self.ring_size + BACKLOG)
+                nursery.start_soon(self._receive_loop, mgr, ring)
                 nursery.start_soon(self._timer_loop, mgr)
             task_status.started()
             await trio.sleep_forever()
 
     # -- receiving -------------------------------------------------------------------------
-    def on_message(self, src: int, dst: int, dwords: p.Dwords) -> Awaitable[None] | None:
-        """Called by the link once it has acknowledged a message (§5.1), in arrival order.
-        An acknowledged message is never dropped: when `dst`'s ring is full this returns
-        what to await until it is queued, and the link reads nothing more from that peer
-        meanwhile (back-pressure: TCP slows the sender down)."""
-        tx = self._rx.get(dst)
-        if tx is None:
+    def on_message(self, src: int, dst: int, dwords: p.Dwords) -> Completion[None] | None:
+        """Called by the link once it has acknowledged a message (§5.1), in arrival order:
+        the message is queued for `dst`'s ring now (or handled at once by an idle ring).
+        An acknowledged message is never dropped: when the queue holds RING_SIZE + BACKLOG
+        this returns a Completion that ends once it has room again, and the link reads
+        nothing more from that peer meanwhile (back-pressure: TCP slows the sender down)."""
+        ring = self._rings.get(dst)
+        if ring is None:
             log.warning("message from accel %d for accel %d, which is not ours", src, dst)
             return None
-        item = (src, p.decode_message(dwords))
-        if self._ring_idle.get(dst) and isinstance(item[1], _HANDLED_AT_ONCE):
-            self._receive_now(dst, *item)
+        msg = p.decode_message(dwords)
+        if ring.idle and isinstance(msg, _HANDLED_AT_ONCE):
+            self._receive_now(dst, src, msg)
             return None
-        self._ring_idle[dst] = False  # (what follows it waits behind it, in the ring)
-        try:
-            tx.send_nowait(item)
-        except trio.WouldBlock:
-            self._ring_waits[dst] = self._ring_waits.get(dst, 0) + 1
-            return tx.send(item)
+        ring.idle = False  # (what follows it waits behind it, in the ring)
+        queue = ring.queue
+        queue.append((src, msg))
+        ring.wake.set()
+        if len(queue) > self.ring_size:
+            ring.waited += 1
+            if len(queue) >= ring.limit:
+                room: Completion[None] = Completion()
+                ring.room.append(room)
+                return room
         return None
 
-    async def _receive_loop(
-        self, mgr: UalinkManager, rx: trio.MemoryReceiveChannel[tuple[int, p.Message]]
-    ) -> None:
+    async def _receive_loop(self, mgr: UalinkManager, ring: _Ring) -> None:
         """The soft IH ring (§5.1): messages handled one after the other, in arrival order.
         It takes what is queued (up to BURST) per wake-up: the sends their handlers do not
         wait for (NPA_RELEASE, NPA_FAIL, …) are queued on their links as they come and go
@@ -228,77 +254,62 @@ class UalinkAgent:
         reply the ring must wait for (HELLO_ACK, NPA_RSP), so each link's order stays the
         order of the handlers."""
         try:
-            await self._ring(mgr, rx)
+            await self._ring(mgr, ring)
         finally:
-            self._ring_idle[mgr.accel_id] = False  # (stopped: nothing is handled at once)
+            ring.idle = False  # (stopped: nothing is handled at once)
+            ring.make_room()  # (a link that waits for room reads on)
 
-    async def _ring(
-        self, mgr: UalinkManager, rx: trio.MemoryReceiveChannel[tuple[int, p.Message]]
-    ) -> None:
+    async def _ring(self, mgr: UalinkManager, ring: _Ring) -> None:
+        queue = ring.queue
         while True:
-            self._ring_idle[mgr.accel_id] = rx.statistics().current_buffer_used == 0
-            try:
-                burst = [await rx.receive()]
-            except trio.EndOfChannel:
-                return
-            busy = self._ring_busy.get(mgr.accel_id)
-            if busy is not None:  # the message before these, handled at once, is not done
-                await busy.wait()
-            with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
-                while len(burst) < BURST:
-                    burst.append(rx.receive_nowait())
+            ring.idle = not queue
+            while not queue:
+                ring.wake = trio.Event()
+                await ring.wake.wait()
+            if ring.busy is not None:  # the message before these, handled at once, is not done
+                await ring.busy.wait()
+            burst = [queue.popleft() for _ in range(min(BURST, len(queue)))]
+            if len(queue) < ring.limit:
+                ring.make_room()
             later: list[Effect] = []
             for src, msg in burst:
                 mgr.receive(src, msg)
-                await self._ring_effects(mgr, later)
+                done: Completion[None] = Completion()
+                self._effects(mgr, deque(), later, functools.partial(done.set_result, None))
+                if not done.done:  # a reply's ACK is awaited before the next message
+                    await completed(done)
             self._start(mgr, later)
             self._check_timer(mgr)
-            if rx.statistics().current_buffer_used == 0 and self._ring_waits.get(mgr.accel_id):
+            if not queue and ring.waited:
                 # One line per episode of a full ring, not one per message that waited.
                 log.info("accel %d: receive ring (%d messages) was full; %d messages waited "
                          "for room (none dropped)", mgr.accel_id, self.ring_size,
-                         self._ring_waits.pop(mgr.accel_id))
+                         ring.waited)
+                ring.waited = 0
 
     def _receive_now(self, accel_id: int, src: int, msg: p.Message) -> None:
         """An idle ring's next message, handled in the caller's call as the ring would
         (on_message): its sends queued on their links in order, its waiters woken, and a
-        reply the ring awaits sent now, the ring busy until its ACK (_reply_at_once)."""
+        reply the ring awaits sent now, the ring busy until its ACK (`_effects`)."""
         mgr = self.host.by_accel_id(accel_id)
-        assert mgr is not None  # (it has a ring: self._rx)
-        self._ring_idle[accel_id] = None
-        self._ring_busy[accel_id] = trio.Event()
+        assert mgr is not None  # (it has a ring: self._rings)
+        ring = self._rings[accel_id]
+        ring.idle = None
+        ring.busy = trio.Event()
         mgr.receive(src, msg)
-        self._effects_now(mgr, deque(), [])
+        later: list[Effect] = []
+        self._effects(mgr, deque(), later, lambda: self._handled_at_once(mgr, ring, later))
 
-    def _effects_now(self, mgr: UalinkManager, pending: deque[Effect],
-                     later: list[Effect]) -> None:
-        """`_ring_effects` for a message handled at once, then the ring's end of a burst:
-        the effects in order, `later` started ahead of a ring reply, which is sent at once
-        and whose ACK resumes this (in the link's call that brings it)."""
-        while True:
-            while pending:
-                eff = pending.popleft()
-                if self._ring_awaits(eff):
-                    self._start(mgr, later)
-                    later.clear()
-                    self._reply_at_once(mgr, eff, pending, later)
-                    return
-                later.append(eff)
-            if not mgr.outbox:
-                break
-            pending.extend(mgr.take_effects())
+    def _handled_at_once(self, mgr: UalinkManager, ring: _Ring, later: list[Effect]) -> None:
+        """The ring's end of a burst, for a message handled at once: what it did not wait
+        for goes out, and the ring is no longer busy."""
         self._start(mgr, later)
         self._check_timer(mgr)
-        self._ring_busy.pop(mgr.accel_id).set()  # (a ring given messages meanwhile goes on)
-        if self._ring_idle.get(mgr.accel_id) is None:
-            self._ring_idle[mgr.accel_id] = True
-
-    def _reply_at_once(self, mgr: UalinkManager, eff: Send, pending: deque[Effect],
-                       later: list[Effect]) -> None:
-        """A ring reply of a message handled at once: queued on its link now, its outcome
-        reported as the ring's `_do_send` would, then the rest of the message's effects
-        (in the call that brings its ACK)."""
-        self._send_one(mgr, eff, lambda: self._effects_now(mgr, pending, later))
+        busy, ring.busy = ring.busy, None
+        assert busy is not None
+        busy.set()  # (a ring given messages meanwhile goes on)
+        if ring.idle is None:
+            ring.idle = True
 
     async def _timer_loop(self, mgr: UalinkManager) -> None:
         """aioquic's loop: sleep until the manager's next deadline (or until an earlier one
@@ -346,19 +357,25 @@ class UalinkAgent:
         return c
 
     # -- effects ------------------------------------------------------------------------------
-    async def _ring_effects(self, mgr: UalinkManager, later: list[Effect]) -> None:
-        """The effects of one ring message: the replies the ring waits for (HELLO_ACK,
-        NPA_RSP) are sent and awaited here, after
-        what `later` holds went out ahead of them; the rest is added to `later`."""
-        while mgr.outbox:  # (most messages, a RELEASE received, cause none)
-            effects = mgr.take_effects()
-            for eff in effects:
+    def _effects(self, mgr: UalinkManager, pending: deque[Effect], later: list[Effect],
+                 then: Callable[[], None]) -> None:
+        """The effects of one ring message, in order (the ring's, and one handled at once):
+        a reply the ring waits for (HELLO_ACK, NPA_RSP) is sent after what `later` holds
+        went out ahead of it, and the rest goes on in the call that brings its ACK (the
+        link's); the others are added to `later`. `then()` once none is left."""
+        while True:
+            while pending:
+                eff = pending.popleft()
                 if self._ring_awaits(eff):
                     self._start(mgr, later)
                     later.clear()
-                    await self._do_send(mgr, eff)
-                else:
-                    later.append(eff)
+                    self._send_one(mgr, eff, lambda: self._effects(mgr, pending, later, then))
+                    return
+                later.append(eff)
+            if not mgr.outbox:  # (most messages, a RELEASE received, cause none)
+                break
+            pending.extend(mgr.take_effects())
+        then()
 
     def _ring_awaits(self, eff: Effect) -> TypeGuard[Send]:
         """A send the ring awaits before its next message: a reply (HELLO_ACK, NPA_RSP)."""
@@ -444,12 +461,6 @@ class UalinkAgent:
             then()
 
         self._send_batch(mgr.accel_id, eff.dst, [eff.msg.encode()]).when_done(acked)
-
-    async def _do_send(self, mgr: UalinkManager, eff: Send) -> None:
-        """`_send_one`, for the ring, which waits for it before its next message."""
-        done: Completion[None] = Completion()
-        self._send_one(mgr, eff, lambda: done.set_result(None))
-        await completed(done)
 
     def _batch_done(self, mgr: UalinkManager, sends: list[Send],
                     c: Completion[list[SendOutcome]]) -> None:

@@ -532,11 +532,11 @@ class Session:
             self._now = now
         while True:
             frame = self._decoder.next_frame()
-            if frame is NEED_DATA:
+            if isinstance(frame, _NeedData):
                 return NEED_DATA
-            if now is not None and frame.frame_type == FrameType.PING:
+            if now is not None and type(frame) is Ping:
                 self._peer_clock = (frame.clock, now)
-            event = self._handle(frame)  # type: ignore[arg-type]  # not NEED_DATA: a Frame
+            event = self._handle(frame)
             if event is not None:
                 return event
 
@@ -574,12 +574,12 @@ class Session:
                     f"{self.peer} announced accel {frame.accel}, not one of its own "
                     f"{sorted(self._peer_accels)}")
             return IncarnationReceived(frame.accel, frame.incarnation)
-        if ft in (FrameType.LOAD, FrameType.STORE):
+        if type(frame) is Load or type(frame) is Store:
             self._check_stamp(frame.src_accel, frame.dst_accel)
-            if ft == FrameType.LOAD and frame.length > MAX_DATA:
+            if type(frame) is Load and frame.length > MAX_DATA:
                 raise RemoteProtocolError(
                     f"{self.peer}: LOAD of {frame.length} bytes > {MAX_DATA}")
-            return RequestReceived(frame)  # type: ignore[arg-type]  # a Load or a Store
+            return RequestReceived(frame)
         if ft == FrameType.DATA:
             asked = self._load_length.get(frame.seq)
             if asked is not None and len(frame.data) > asked:
