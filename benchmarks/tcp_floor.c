@@ -8,7 +8,7 @@
  * one and a child it forks, so both inherit the caller's CPU placement) on a
  * loopback TCP connection set up the way the fabric sets up its links
  * (TCP_NODELAY as trio does, 4 MiB SO_SNDBUF/SO_RCVBUF and the congestion
- * control as fabric/link.py _tune does).
+ * control as fabric/conn.py tune does).
  *
  * rtt:    <size> bytes (default 64, about one fabric MSG frame) sent and
  *         echoed back, <count> times after <warmup> (default 1000).  The

@@ -227,7 +227,7 @@ class PodConfig:
     memory_budget: int | None = None
     tls_ca: str | None = None  # when set (with each node's cert and key) links use mutual TLS
     # The fabric links' TCP congestion control; "" keeps the system default. Not BBR: its
-    # pacing slows the data plane's megabyte bursts (see fabric/link.py _tune).
+    # pacing slows the data plane's megabyte bursts (see fabric/conn.py tune).
     tcp_congestion: str = "cubic"
     # When the fabric links each pair: "at-start", "on-first-use", or "auto" (at start up to
     # fabric/dialing.py's AT_START_MAX_NODES nodes, on first use above).

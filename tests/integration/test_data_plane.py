@@ -377,7 +377,7 @@ def test_a_data_channel_reset_while_the_link_lasts_is_dialed_again(tmp_path):
     """A data channel that breaks while its link stays up (here reset with `ss -K`, as a
     middlebox or a peer's crash of that one socket would): the loads in flight and after
     it go through the link with the exporter's bytes, one WARNING says so, and the dialer
-    dials a new channel (fabric/link.py _keep_data_channel), which carries them again."""
+    dials a new channel (fabric/channels.py ChannelKeeper.keep), which carries them again."""
     with running_pod(tmp_path, config=pod_config(2)) as (a, b):
         assert wait_until(lambda: stats(a)["channels"] == 1 and stats(b)["channels"] == 1, 10)
         with Client(a.render()) as ca, Client(b.render()) as cb:

@@ -114,7 +114,7 @@ async def test_messages_that_waited_for_the_link_keep_their_order(pod: Pod) -> N
 
 
 async def test_a_flood_of_hellos_with_made_up_names_is_two_log_lines(pod: Pod, caplog) -> None:
-    """Refusals are logged one line per cause and interval (link.py, _Refusals): the cause is
+    """Refusals are logged one line per cause and interval (admission.py, Refusals): the cause is
     the reason without the names in it. A name the refusal quotes with double quotes (its
     repr, when it holds a single quote) is still a name: 30 unauthenticated HELLOs, each
     with a different made-up name, are one line and one count line, not 30 lines."""

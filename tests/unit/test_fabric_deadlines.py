@@ -175,7 +175,7 @@ def test_data_longer_than_its_load_is_a_protocol_error():
 
 
 def test_a_large_load_outstanding_is_known_until_its_data_or_forget():
-    """The reader's header-only read (link.py) follows `expects_large_data`: true while a
+    """The reader's header-only read (conn.py) follows `expects_large_data`: true while a
     LOAD whose DATA the decoder collects (wire.COLLECT_AT on) is outstanding and no frame
     is part read, false once its DATA was decoded or it was forgotten; small LOADs and
     STOREs never make it true."""

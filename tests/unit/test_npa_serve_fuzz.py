@@ -1,7 +1,7 @@
 """The exporter's data plane against any LOAD / STORE an authenticated peer can send (the
 robustness review, session 6; §4.4, policy 10): `serve_load` / `serve_store` give the bytes
 asked for, or refuse with DrmError(EFAULT) and change nothing; never another exception,
-which would escape FabricLink._serve and end the node. Both address modes."""
+which would escape Conn._serve (fabric/conn.py) and end the node. Both address modes."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 fuse/dataplane.c says what the C does and why. A FuseSession owns one DataPlane (its
 thread replies to that session's reads). The fabric link hands it each authenticated data
-channel (`open`/`close`: fabric/link.py's DataChannels). The routes come from what Python
+channel (`open`/`close`: fabric/channels.py's DataChannels). The routes come from what Python
 served itself: `route_import` after a render-node read that one remote mapping answered
 (lowlevel.py), `route_export` after a LOAD that one BO chunk answered (daemon.py). Every
 route goes at the next `translation.changed()`.
@@ -85,7 +85,7 @@ class DataPlane:
         if self.pointer != ffi.NULL:
             lib.ualinkd_dp_set_timeout(self.pointer, max(1, int(seconds * 1e9)))
 
-    # -- fabric/link.py's DataChannels ---------------------------------------------------
+    # -- fabric/channels.py's DataChannels -----------------------------------------------
     def open(self, peer: str, fd: int, peer_accels: Collection[int]) -> int | None:
         """A data channel to `peer` (its accels `peer_accels`): takes `fd`."""
         if not self.running:
