@@ -115,6 +115,25 @@ def test_a_knocked_link_comes_back_after_its_dialer_restarts(tmp_path):
             n0b.close()
 
 
+def test_a_dialed_link_comes_back_after_its_dialer_restarts(tmp_path):
+    """The other way round: node0 (the dialer) used the pair first, so node1 never asked for
+    the link; node0 restarts. The link is kept as one made at start is (README, "Fabric links
+    at scale"): node1 knocks for it again, so node1's next import of node0's memory finds it
+    up (before, nobody asked: the link stayed down and that import failed with ETIME)."""
+    config = first_use_config(2)
+    with first_use_pod(tmp_path, config) as (n0, n1):
+        with Client(n0.render()) as c0, Client(n1.render()) as c1:
+            assert import_and_load(c1, c0, b"before") == b"before"
+        n0.close()
+        n0b = start_node(tmp_path / "again", config, "node0")
+        try:
+            assert wait_until(lambda: links(n1)["node0"], timeout=10)
+            with Client(n0b.render()) as c0, Client(n1.render()) as c1:
+                assert import_and_load(c0, c1, b"after") == b"after"
+        finally:
+            n0b.close()
+
+
 def test_first_use_of_an_unreachable_peer_fails_after_the_response_timeout(tmp_path):
     """§5.4 / §13 N2: an import whose exporter's node is gone waits for the link in the
     daemon (its HELLO waits in line, as the kernel's setup_connection waits for the answer)

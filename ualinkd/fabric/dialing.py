@@ -14,8 +14,8 @@ share memory. `[pod] fabric_links` in the pod config chooses (`auto`: by the pod
 nodes never dial each other at once. On first use the other node *knocks*: it dials and
 proves itself as for a link (auth.py), and the node that dials answers by refusing that
 connection and dialing back (`Knocked`); the link, its data channel and its redials are then
-the dialer's as at start-up. Once wanted, a link is kept: it is dialed again when it drops
-(a knocking node knocks again), as an at-start link is.
+the dialer's as at start-up. Once wanted or up, a link is kept by both sides: it is dialed
+again when it drops (a knocking node knocks again), as an at-start link is.
 
 **How often.** Failed dials back off exponentially with jitter (`Backoff`: each delay drawn
 from [d/2, d], d doubling up to its cap), so the dials of nodes that failed together do not

@@ -519,6 +519,9 @@ class FabricLink:
         self._conns[peer] = conn
         self._up[peer].set()
         self._first_use.up(peer)
+        # Linked on first use, the pair is wanted by both sides from now on, whichever used
+        # it first: the side that does not dial knocks again when it drops (dialing.py).
+        self._want(peer)
         if self.local_incarnation is not None:  # (ahead of anything else we send it)
             for accel in sorted(self._local_accels):
                 session.send_incarnation(accel, self.local_incarnation(accel))
