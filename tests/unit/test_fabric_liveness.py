@@ -53,7 +53,7 @@ def _run(live: Liveness, until: float, *, peer_every: float | None = None,
 
 def test_an_idle_link_heartbeats_once_an_interval_on_the_grid() -> None:
     live = Liveness(INTERVAL, TIMEOUT, now=10.1)
-    live.pinged_now(10.1)  # the link's first PING, at once
+    live.ping_queued(10.1)  # the link's first PING, at once
     got = _run(live, 20.0, peer_every=0.5)
     assert [v for _, v in got] == [Ping.HEARTBEAT] * len(got)
     times = [t for t, _ in got]
@@ -65,7 +65,7 @@ def test_an_idle_link_heartbeats_once_an_interval_on_the_grid() -> None:
 
 def test_a_busy_link_still_sends_its_clock() -> None:
     live = Liveness(INTERVAL, TIMEOUT, now=0.0)
-    live.pinged_now(0.0)
+    live.ping_queued(0.0)
     got = _run(live, 35.0, peer_every=0.5, busy=True)
     times = [t for t, v in got if v is Ping.HEARTBEAT]
     assert times and times[0] >= CLOCK_REFRESH_INTERVALS * INTERVAL
@@ -75,7 +75,7 @@ def test_a_busy_link_still_sends_its_clock() -> None:
 
 def test_a_silent_peer_is_probed_once_an_interval_then_dropped() -> None:
     live = Liveness(INTERVAL, TIMEOUT, now=0.0)
-    live.pinged_now(0.0)
+    live.ping_queued(0.0)
     got = _run(live, 100.0)
     probes = [t for t, v in got if v is Ping.PROBE]
     assert probes[0] > PROBE_AFTER_INTERVALS * INTERVAL
@@ -87,7 +87,7 @@ def test_a_silent_peer_is_probed_once_an_interval_then_dropped() -> None:
 
 def test_a_peer_that_takes_nothing_is_dropped_at_the_timeout() -> None:
     live = Liveness(INTERVAL, TIMEOUT, now=0.0)
-    live.pinged_now(0.0)
+    live.ping_queued(0.0)
     live.held, live.stuck_since = 32 << 20, 1.0
     got = _run(live, 100.0, peer_every=0.5)
     when, verdict = got[-1]
@@ -98,8 +98,8 @@ def test_a_peer_that_takes_nothing_is_dropped_at_the_timeout() -> None:
 def test_links_started_apart_share_the_grid() -> None:
     """One wake-up serves every link due then: their due times coincide on the grid."""
     a, b = Liveness(INTERVAL, TIMEOUT, now=3.01), Liveness(INTERVAL, TIMEOUT, now=3.1)
-    a.pinged_now(3.01)
-    b.pinged_now(3.1)
+    a.ping_queued(3.01)
+    b.ping_queued(3.1)
     assert a.next_due() == b.next_due() == 4.0
 
 
@@ -110,7 +110,7 @@ def test_never_dead_while_the_peer_talks_and_never_quiet_for_long(
     """Whatever the traffic, handled at its due times: a link whose peer sent within the
     timeout is never dead, and we never go an interval and a step without sending."""
     live = Liveness(INTERVAL, TIMEOUT, now=0.0)
-    live.pinged_now(0.0)
+    live.ping_queued(0.0)
     now = 0.0
     for kind, dt in steps:
         target = now + dt

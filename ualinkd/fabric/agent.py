@@ -506,11 +506,11 @@ class _Transfer:
                 arg: int | bytes = n if not self._write else self._data[off:off + n]
                 c = self._request(self._accel_id, self._piece.exporter_accel,
                                   self._piece.npa_byte_address + off, arg)
-                c.when_done(functools.partial(self._answered, i))
+                c.when_done(functools.partial(self._chunk_done, i))
         finally:
             self._issuing = False
 
-    def _answered(self, i: int, c: Completion[Loaded]) -> None:
+    def _chunk_done(self, i: int, c: Completion[Loaded]) -> None:
         self._in_flight -= 1
         self._left -= 1
         try:

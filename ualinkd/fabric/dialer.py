@@ -75,16 +75,15 @@ class Dialer:
     async def dial(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK,
                    nonce: bytes | None = None
                    ) -> tuple[trio.abc.Stream, FrameDecoder, bytes]:
-        """`dial_now` once one of the DIAL_CONCURRENCY slots is free: the handshake's time
-        starts then, not while its turn waits."""
-        async with self._slots:
-            return await self.dial_now(peer, host, port, channel, nonce)
-
-    async def dial_now(self, peer: str, host: str, port: int, channel: Channel = Channel.LINK,
-                       nonce: bytes | None = None
-                       ) -> tuple[trio.abc.Stream, FrameDecoder, bytes]:
         """A connection to `peer` authenticated (with `nonce`: a data channel's bound one):
-        its stream, decoder and, for a link, its data channels' key."""
+        its stream, decoder and, for a link, its data channels' key. It waits for one of the
+        DIAL_CONCURRENCY slots first: the handshake's time starts then, not while its turn
+        waits."""
+        async with self._slots:
+            return await self._dial(peer, host, port, channel, nonce)
+
+    async def _dial(self, peer: str, host: str, port: int, channel: Channel,
+                    nonce: bytes | None) -> tuple[trio.abc.Stream, FrameDecoder, bytes]:
         hs = ClientHandshake(self.config, self.node_name, peer, now=trio.current_time(),
                              key=self._keys[peer], timeout=self._handshake_timeout,
                              channel=channel, nonce=nonce)

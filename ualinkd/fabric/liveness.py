@@ -67,7 +67,7 @@ class Liveness:
         self.stuck_since = now
         self._handled = -math.inf  # the last `handle(now)`'s now
 
-    def pinged_now(self, now: float) -> None:
+    def ping_queued(self, now: float) -> None:
         """A PING that carries our clock was queued at `now` (the link's first, at once)."""
         self.pinged = now
 

@@ -384,7 +384,7 @@ class Session:
         """Queue a heartbeat PING: our link clock at `now`, and no PONG asked for."""
         self._queue(Ping(HEARTBEAT, self.clock(now)))
         if self.liveness is not None:
-            self.liveness.pinged_now(now)
+            self.liveness.ping_queued(now)
 
     def forget(self, seq: int) -> None:
         """The sender stopped waiting for `seq`: a late reply is dropped, not an error."""
@@ -495,7 +495,7 @@ class Session:
             if waiter.completion is not None:
                 waiter.failed(now, dropped=True)
 
-    def _answered(self, event: AckReceived | DataReceived, data: Any = None) -> Event | None:
+    def _to_waiter(self, event: AckReceived | DataReceived, data: Any = None) -> Event | None:
         """A reply for its waiter, if any (then no event); else the event."""
         waiter = self._waiters.pop(event.seq, None)
         if waiter is None:
@@ -555,9 +555,9 @@ class Session:
             seq = frame.seq
             if self._outstanding.get(seq) is _MSG:
                 del self._outstanding[seq]
-                return self._answered(AckReceived(seq, frame.status))
+                return self._to_waiter(AckReceived(seq, frame.status))
             ack = self._reply(seq, (FrameType.MSG,), AckReceived(seq, frame.status))
-            return None if ack is None else self._answered(ack)
+            return None if ack is None else self._to_waiter(ack)
         if ft == FrameType.PING:
             if frame.token != HEARTBEAT:
                 self._queue(Pong(frame.token))
@@ -590,7 +590,7 @@ class Session:
             if event is None:
                 return None
             self._load_done(frame.seq)
-            return self._answered(event, frame.data)
+            return self._to_waiter(event, frame.data)
         assert ft in HANDSHAKE_FRAMES
         raise RemoteProtocolError(f"{self.peer}: {ft.name} after the handshake")
 
