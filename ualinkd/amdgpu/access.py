@@ -31,7 +31,6 @@ def _fault(va: int) -> DrmError:
     return DrmError(errno.EFAULT, f"GPU page fault at VA {va:#x}")
 
 
-
 def _plan(vm: GpuVm, va: int, n: int, write: bool,
           on_fault: Callable[[], None]) -> tuple[list[Piece], Callable[[], None] | None]:
     """The pieces of an access and who reports a fault found later: a fault in the page

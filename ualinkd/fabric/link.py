@@ -95,10 +95,6 @@ log = logging.getLogger(__name__)
 OnPeerState = Callable[[str, bool], None]
 
 
-
-
-
-
 # What the link's timer heap holds: a connection whose Session's timer is due then (unless
 # it moved: `Conn.timer_at`), or a parked use of a link that is down.
 _Timed = Parked | Conn
