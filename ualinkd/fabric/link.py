@@ -396,10 +396,7 @@ class FabricLink:
         rejected: set[tuple[object, ...]] = set()  # the kinds of those warned of
         while True:
             changed = self._address_changed[peer]
-            try:
-                host, port = parse_address(self._addresses[peer])
-            except ConfigError:
-                host, port = "", 0
+            host, port = self._peer_address(peer)
             if port == 0:  # not known yet (ephemeral port, no address): set_peer_address
                 await changed.wait()
                 continue
@@ -435,6 +432,14 @@ class FabricLink:
             with trio.move_on_after(backoff.next_delay()):
                 await changed.wait()
 
+    def _peer_address(self, peer: str) -> tuple[str, int]:
+        """Where `peer` listens; port 0 while that is not known (an ephemeral port not set
+        yet, no address: set_peer_address)."""
+        try:
+            return parse_address(self._addresses[peer])
+        except ConfigError:
+            return "", 0
+
     def _want(self, peer: str) -> None:
         """A use of the link with `peer` (links on first use): its dial loop, or its knock
         loop on the side that does not dial, starts the first time."""
@@ -465,10 +470,7 @@ class FabricLink:
                 failing_since, warned = None, False
                 await self._down.setdefault(peer, trio.Event()).wait()
                 continue
-            try:
-                host, port = parse_address(self._addresses[peer])
-            except ConfigError:
-                host, port = "", 0
+            host, port = self._peer_address(peer)
             if port == 0:  # not known yet (ephemeral port, no address): set_peer_address
                 await self._address_changed[peer].wait()
                 continue
