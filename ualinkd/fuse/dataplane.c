@@ -6,7 +6,7 @@
  * floor of one FUSE round trip and one TCP round trip (38 µs on one CPU).
  *
  * What it carries, and what it leaves to Python. Each pair of daemons has a data channel
- * (fabric/auth.py authenticates it; channels.py's DataChannels.open hands it here), a TCP connection
+ * (fabric/link.py authenticates it; DataChannels.open hands it here), a TCP connection
  * carrying only LOAD and DATA frames in the link's own encoding (fabric/wire.py). One thread
  * per daemon reads every channel.
  *  - Importer: a FUSE read of a render node whose range a route covers (installed by
