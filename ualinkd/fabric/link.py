@@ -649,6 +649,14 @@ class FabricLink:
     def is_up(self, node_name: str) -> bool:
         return node_name in self._conns
 
+    def link_state(self, node_name: str) -> str:
+        """ualink_fabric's state of the link (dialing.UP, DOWN, UNLINKED, LINKING)."""
+        if node_name in self._conns:
+            return dialing.UP
+        if self.links_at_start:
+            return dialing.DOWN
+        return self._first_use.down_state(node_name, trio.current_time())
+
     def peer_of(self, accel_id: int) -> str | None:
         """The node that owns `accel_id`, or None."""
         return self._owner.get(accel_id)
