@@ -721,8 +721,8 @@ class NodeDaemon:
         if (now := self.core.tracer) is not None:
             now(rec)
 
-    def _fabric_links(self) -> dict[str, bool]:
-        return {p: self.link.is_up(p) for p in self._peers}
+    def _fabric_links(self) -> dict[str, str]:
+        return {p: self.link.link_state(p) for p in self._peers}
 
     # -- running ----------------------------------------------------------------------------
     def mount_fuse(self) -> str:
