@@ -635,6 +635,7 @@ class NodeDaemon:
             raise
         self.link = self._fabric_link(traced=tracer is not None)
         self.data_plane.set_timeout(self.link.ack_timeout)  # a carried load's deadline
+        self.data_plane.link_up = self.link.is_up  # (a dropped channel's line: its link's fate)
         self.agent = self._agent(traced=tracer is not None)
 
     def _services(self, tracer: Callable[[Record], None] | None) -> NodeServices:

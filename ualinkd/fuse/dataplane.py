@@ -24,6 +24,10 @@ from ualinkd.fuse._fuse_ll import ffi, lib
 log = logging.getLogger(__name__)
 
 FAST_MAX = lib.DP_FAST_MAX  # the largest load the C carries
+# s a dropped channel's line waits for its link's fate: a peer that stops (a pod stopping,
+# a daemon restarted or killed) closes its channels and its link together, and the channel's
+# end is often seen first; the link's own line then says why both went.
+DROP_LOG_GRACE = 2.0
 _FALLBACKS_PER_TAKE = 256
 
 # (req, ino, size, off, fh, unique, expired: no answer within the deadline, to fault)
@@ -41,6 +45,9 @@ class DataPlane:
         self._fallbacks = ffi.new("struct dp_fallback[]", _FALLBACKS_PER_TAKE)
         self._stats = ffi.new("uint64_t[5]")
         self.on_broken: Callable[[int], None] | None = None  # DataChannels.on_broken
+        # Whether the link to a peer is up (FabricLink.is_up; None: no link to ask, a
+        # dropped channel is logged at once)
+        self.link_up: Callable[[str], bool] | None = None
         translation.listen(self.flush)
 
     @property
@@ -158,7 +165,9 @@ class DataPlane:
         channel's slot only when told (ualinkd_dp_close), and a slot never freed would be
         one fewer channel for the daemon's life (64 breaks, any peer's, and no channel
         could open). A channel its link closed meanwhile is not logged: the link's own
-        line says why it went."""
+        line says why it went; nor is one whose link goes down within DROP_LOG_GRACE (a
+        peer that stops closes both; at a 256-node pod's stop every node wrote a WARNING
+        per peer): the WARNING is for a channel that broke while its link stays up."""
         handle = ffi.new("int *")
         why = ffi.new("char[160]")
         while lib.ualinkd_dp_take_event(self.pointer, handle, why, len(why)):
@@ -166,10 +175,32 @@ class DataPlane:
             if peer is None:
                 continue
             self.close(handle[0])
-            log.warning("data plane: channel to %s dropped: %s (its loads go through the "
-                        "link)", peer, ffi.string(why).decode(errors="replace"))
+            reason = ffi.string(why).decode(errors="replace")
+            if self.link_up is None:
+                self._log_dropped(peer, reason)
+            else:
+                trio.lowlevel.spawn_system_task(self._log_dropped_later, peer, reason,
+                                                self.link_up)
             if self.on_broken is not None:
                 self.on_broken(handle[0])
+
+    @staticmethod
+    def _log_dropped(peer: str, why: str) -> None:
+        log.warning("data plane: channel to %s dropped: %s (its loads go through the link)",
+                    peer, why)
+
+    async def _log_dropped_later(self, peer: str, why: str,
+                                 link_up: Callable[[str], bool]) -> None:
+        """The dropped channel's line once its link had DROP_LOG_GRACE to go down too: a
+        WARNING if it is still up, else DEBUG (the link's line says why both went)."""
+        try:
+            await trio.sleep(DROP_LOG_GRACE)
+        except trio.Cancelled:  # the daemon stops: nothing to report
+            return
+        if link_up(peer):
+            self._log_dropped(peer, why)
+        else:
+            log.debug("data plane: channel to %s closed with its link: %s", peer, why)
 
     def stats(self) -> dict[str, int]:
         """fast_loads: loads of ours the C carried (spliced: those whose answer it spliced
