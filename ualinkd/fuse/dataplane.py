@@ -24,6 +24,7 @@ from ualinkd.fuse._fuse_ll import ffi, lib
 log = logging.getLogger(__name__)
 
 FAST_MAX = lib.DP_FAST_MAX  # the largest load the C carries
+CHANNELS = lib.DP_CHANNELS  # channels open at once (one per peer that has one)
 # s a dropped channel's line waits for its link's fate: a peer that stops (a pod stopping,
 # a daemon restarted or killed) closes its channels and its link together, and the channel's
 # end is often seen first; the link's own line then says why both went.
@@ -48,6 +49,7 @@ class DataPlane:
         # Whether the link to a peer is up (FabricLink.is_up; None: no link to ask, a
         # dropped channel is logged at once)
         self.link_up: Callable[[str], bool] | None = None
+        self._said_full = False  # has_room said the table is full (once per episode)
         translation.listen(self.flush)
 
     @property
@@ -109,10 +111,26 @@ class DataPlane:
         log.debug("data plane: channel to %s open", peer)
         return handle
 
+    def has_room(self, dialing: int = 0) -> bool:
+        """Whether `open` would take one more channel, `dialing` more being dialed: asked by
+        the link before it dials or admits one, so that past CHANNELS peers a link costs no
+        channel handshake to be refused (and two lines each); one INFO line when the table
+        fills (again after a channel closed)."""
+        if not self.running:
+            return False
+        if len(self._peers) + dialing < CHANNELS:
+            return True
+        if len(self._peers) >= CHANNELS and not self._said_full:
+            self._said_full = True
+            log.info("data plane: all %d channels in use; the links to more peers carry "
+                     "their loads themselves", CHANNELS)
+        return False
+
     def close(self, handle: int) -> None:
         if self.pointer != ffi.NULL:
             lib.ualinkd_dp_close(self.pointer, handle)
-        self._peers.pop(handle, None)
+        if self._peers.pop(handle, None) is not None:
+            self._said_full = False  # (room again: the next time it fills is news)
 
     # -- routes ----------------------------------------------------------------------------
     def flush(self) -> None:
