@@ -125,6 +125,10 @@ class DataChannels(Protocol):
     def close(self, handle: int) -> None:
         """The link this channel belongs to went down: stop using and close it."""
 
+    def has_room(self, dialing: int = 0) -> bool:
+        """Whether `open` would take one more (`dialing` more being dialed): a channel is
+        neither dialed nor admitted when not (its handshake would be wasted)."""
+
     # Set by the link: called (in the trio thread) with the handle of a channel the data
     # plane found broken and dropped itself; the link dials a new one if it dialed that.
     on_broken: Callable[[int], None] | None
@@ -241,6 +245,10 @@ class _LinkDown(Exception):
     def __init__(self, reason: str, level: int = logging.INFO) -> None:
         super().__init__(reason)
         self.level = level
+
+
+class _NoRoom(_LinkDown):
+    """A data channel refused in its handshake: our data plane has every channel in use."""
 
 
 class _ProofTaken(_LinkDown):
@@ -588,6 +596,7 @@ class FabricLink:
         self._ssl_client = ssl_client_context or ssl_context
         self._held_acks = _HeldAcks()
         self._data_channels = data_channels
+        self._data_dialing = 0  # data channels being dialed (DataChannels.has_room)
         if data_channels is not None:
             data_channels.on_broken = self._data_channel_broken
         # The data plane behind `data_channels` reads and writes the socket itself: no TLS.
@@ -809,6 +818,10 @@ class FabricLink:
                       hs.peer_name, addr)
             await trio.aclose_forcefully(stream)
             return None
+        except _NoRoom as e:  # (not a hostile connection: the data plane said it is full)
+            log.debug("fabric %s: %s (%s): %s", self.node_name, hs.peer_name, addr, e)
+            await trio.aclose_forcefully(stream)
+            return None
         except (ProtocolError, _LinkDown, trio.BrokenResourceError, OSError) as e:
             who = f"{hs.peer_name} ({addr})" if hs.peer_name else addr
             self._refusals.note(who, host, _reason(e), trio.current_time())
@@ -834,6 +847,8 @@ class FabricLink:
         and is refused if it does not."""
         if self._data_channels is None:
             raise _LinkDown("a data channel, and this node takes none")
+        if not self._data_channels.has_room():
+            raise _NoRoom("a data channel, and this node's data plane has no room for one")
         if not self._data_plane_tcp:
             raise _LinkDown("a data channel on a TLS fabric (data channels are plain TCP only)")
         if decoder.buffered:  # what the handover cannot pass on: the data plane reads the fd
@@ -1216,8 +1231,11 @@ class FabricLink:
         redial, whose channel's break the data plane logged): the link carries the data
         plane without it."""
         assert self._data_channels is not None
+        if not self._data_channels.has_room(self._data_dialing):  # (it said so, once)
+            return False
         peer = conn.peer
         level = logging.DEBUG if quiet else logging.INFO
+        self._data_dialing += 1  # (until the handover, in the same step as the dial's end)
         try:
             stream, decoder, _ = await self._dial(peer, host, port, Channel.DATA,
                                                   bound_nonce(conn.channel_key))
@@ -1225,6 +1243,8 @@ class FabricLink:
             log.log(level, "fabric %s: no data channel to %s at %s:%d: %s (the link carries "
                     "its loads)", self.node_name, peer, host, port, _reason(e))
             return False
+        finally:
+            self._data_dialing -= 1
         try:
             assert isinstance(stream, trio.SocketStream)  # (plain TCP: _data_plane_tcp)
             why = None
