@@ -250,12 +250,15 @@ def local_pod(n: int, per: int) -> dict[str, object]:
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(120)
+        # what the pod's orderly stop wrote: a peer that stops is news (INFO), not a WARNING
+        stop_lines = errors.read_text().splitlines()[lines_after:]
+        stop_warnings = sum(" WARNING " in ln or " ERROR " in ln for ln in stop_lines)
     bound = n * (1 + per + SPARE_LINES_PER_NODE)
     met = up < GOAL_S and states == {"active"} and lines <= bound
     print(f"all {n} nodes ready, {n * per} accels {'/'.join(sorted(states))}, in {up:.1f} s"
           f" [{'met' if met else 'MISSED'}: < {GOAL_S:.0f} s, <= {bound} log lines]")
     print(f"log lines by then: {lines} ({lines / n:.1f} a node); after the first import: "
-          f"{lines_after}")
+          f"{lines_after}; at the stop: {len(stop_lines)}, {stop_warnings} WARNING or worse")
     print(f"RSS per daemon MiB: min {min(rss):.1f} median {statistics.median(rss):.1f} "
           f"max {max(rss):.1f} total {sum(rss):.0f}")
     print(f"PSS per daemon MiB (shared pages split among their users): median "
@@ -276,6 +279,7 @@ def local_pod(n: int, per: int) -> dict[str, object]:
     return {"nodes": n, "accels_per_node": per, "ready_s": round(up, 2),
             "accel_states": sorted(states), "log_lines": lines,
             "log_lines_after_import": lines_after,
+            "stop_log_lines": len(stop_lines), "stop_warnings": stop_warnings,
             "rss_mib": {"min": round(min(rss), 1), "median": round(statistics.median(rss), 1),
                         "max": round(max(rss), 1)},
             "pss_mib_median": round(statistics.median(pss), 1),
