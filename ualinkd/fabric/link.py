@@ -847,8 +847,6 @@ class FabricLink:
         and is refused if it does not."""
         if self._data_channels is None:
             raise _LinkDown("a data channel, and this node takes none")
-        if not self._data_channels.has_room():
-            raise _NoRoom("a data channel, and this node's data plane has no room for one")
         if not self._data_plane_tcp:
             raise _LinkDown("a data channel on a TLS fabric (data channels are plain TCP only)")
         if decoder.buffered:  # what the handover cannot pass on: the data plane reads the fd
@@ -868,6 +866,8 @@ class FabricLink:
         if not await self._old_channel_gone(conn):
             raise _LinkDown(f"a second data channel from {peer} while its link's channel is "
                             "healthy: it does not replace it")
+        if not self._data_channels.has_room():  # (last: one that may not be had says why)
+            raise _NoRoom("a data channel, and this node's data plane has no room for one")
         return conn
 
     async def _old_channel_gone(self, conn: _Conn) -> bool:
