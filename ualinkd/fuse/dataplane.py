@@ -210,11 +210,9 @@ class DataPlane:
     async def _log_dropped_later(self, peer: str, why: str,
                                  link_up: Callable[[str], bool]) -> None:
         """The dropped channel's line once its link had DROP_LOG_GRACE to go down too: a
-        WARNING if it is still up, else DEBUG (the link's line says why both went)."""
-        try:
-            await trio.sleep(DROP_LOG_GRACE)
-        except trio.Cancelled:  # the daemon stops: nothing to report
-            return
+        WARNING if it is still up, else DEBUG (the link's line says why both went). A
+        system task: the daemon's end cancels it, with nothing to report."""
+        await trio.sleep(DROP_LOG_GRACE)
         if link_up(peer):
             self._log_dropped(peer, why)
         else:
