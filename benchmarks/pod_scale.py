@@ -10,7 +10,9 @@
    up to 32 nodes wait for every fabric link too; larger ones link each pair on first use,
    fabric/dialing.py), the log lines the pod wrote by then, the RSS, PSS and CPU of every
    daemon, one first import across a pair with no link yet (its set-up included), and a
-   fan-in: every other node's first import of a BO of node0, all at once.
+   fan-in: every other node's first import of a BO of node0, all at once; before the
+   imports, each daemon's CPU and wake-ups a second while the pod is idle for
+   BENCH_POD_IDLE_S (10) seconds.
    Goal: each shape all-ACTIVE in < 60 s, its log lines bounded (a node's "serving" line,
    one per accel, SPARE_LINES_PER_NODE more).
 3. Revoke fan-out: BENCH_POD_REVOKE_BOS (2000) exported BOs, each imported by every one of
@@ -59,6 +61,8 @@ GOAL_S = 60.0  # issue 34: any shape up to 256 accels all-ACTIVE within this
 # Log lines a node may write while its pod starts (bounded output): its "serving" line, one
 # "ACTIVE" line per accel, and this many more.
 SPARE_LINES_PER_NODE = 2
+# Seconds each shape's pod is watched idle once ready (its daemons' CPU and wake-ups)
+IDLE_S = float(os.environ.get("BENCH_POD_IDLE_S", "10"))
 REVOKE_BOS = int(os.environ.get("BENCH_POD_REVOKE_BOS", "2000"))
 REVOKE_IMPORTERS = int(os.environ.get("BENCH_POD_REVOKE_IMPORTERS", "8"))
 EXPORT_SCALE = REPO / "benchmarks" / "build" / "export_scale"
@@ -85,6 +89,34 @@ def cpu_s(pid: int) -> float:
     """User + system CPU time of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sched(pid: int) -> tuple[float, int]:
+    """CPU seconds and wake-ups so far of every thread of a process (/proc/PID/task/*/
+    schedstat: ns on the CPU, then timeslices run, one per wake-up of a sleeping thread;
+    ns-exact where /proc/PID/stat counts clock ticks)."""
+    cpu = wakeups = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            run, _, slices = map(int, (task / "schedstat").read_text().split())
+        except (OSError, ValueError):  # a thread that just ended
+            continue
+        cpu += run
+        wakeups += slices
+    return cpu / 1e9, wakeups
+
+
+def idle(pids: list[int], seconds: float) -> dict[str, float]:
+    """Each daemon's CPU (% of one CPU) and wake-ups a second over `seconds` with nothing
+    to do (after the pod is ready, before any import): medians, and the pod's CPU total."""
+    before = [sched(pid) for pid in pids]
+    time.sleep(seconds)
+    after = [sched(pid) for pid in pids]
+    cpu = [(a[0] - b[0]) / seconds * 100 for a, b in zip(after, before, strict=True)]
+    wake = [(a[1] - b[1]) / seconds for a, b in zip(after, before, strict=True)]
+    return {"seconds": seconds, "cpu_pct_median": round(statistics.median(cpu), 3),
+            "cpu_pct_total": round(sum(cpu), 1),
+            "wakeups_per_s_median": round(statistics.median(wake), 1)}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -210,6 +242,7 @@ def local_pod(n: int, per: int) -> dict[str, object]:
             rss = [rss_mib(pid) for pid in kids]
             pss = [pss_mib(pid) for pid in kids]
             cpu = [cpu_s(pid) for pid in kids]
+            quiet = idle(kids, IDLE_S) if IDLE_S else None
             first = first_import(Path(root) / "node0", Path(root) / f"node{n - 1}") if n > 1 \
                 else None
             fan = fan_in(Path(root), n) if n > 2 else None
@@ -217,18 +250,25 @@ def local_pod(n: int, per: int) -> dict[str, object]:
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(120)
+        # what the pod's orderly stop wrote: a peer that stops is news (INFO), not a WARNING
+        stop_lines = errors.read_text().splitlines()[lines_after:]
+        stop_warnings = sum(" WARNING " in ln or " ERROR " in ln for ln in stop_lines)
     bound = n * (1 + per + SPARE_LINES_PER_NODE)
     met = up < GOAL_S and states == {"active"} and lines <= bound
     print(f"all {n} nodes ready, {n * per} accels {'/'.join(sorted(states))}, in {up:.1f} s"
           f" [{'met' if met else 'MISSED'}: < {GOAL_S:.0f} s, <= {bound} log lines]")
     print(f"log lines by then: {lines} ({lines / n:.1f} a node); after the first import: "
-          f"{lines_after}")
+          f"{lines_after}; at the stop: {len(stop_lines)}, {stop_warnings} WARNING or worse")
     print(f"RSS per daemon MiB: min {min(rss):.1f} median {statistics.median(rss):.1f} "
           f"max {max(rss):.1f} total {sum(rss):.0f}")
     print(f"PSS per daemon MiB (shared pages split among their users): median "
           f"{statistics.median(pss):.1f}, total {sum(pss):.0f}")
     print(f"CPU per daemon until then: median {statistics.median(cpu):.2f} s, "
           f"total {sum(cpu):.0f} s (this machine: {os.cpu_count()} CPUs)")
+    if quiet is not None:
+        print(f"idle for {IDLE_S:.0f} s once ready: per daemon median "
+              f"{quiet['cpu_pct_median']:.3f}% of a CPU, {quiet['wakeups_per_s_median']:.1f} "
+              f"wake-ups/s; all {n}: {quiet['cpu_pct_total']:.1f}% of a CPU")
     if fan is not None:
         print(f"fan-in: {n - 1} first imports at once into node0, one from each other node: "
               f"all done in {fan[0]:.2f} s, {fan[1]} failed")
@@ -239,10 +279,12 @@ def local_pod(n: int, per: int) -> dict[str, object]:
     return {"nodes": n, "accels_per_node": per, "ready_s": round(up, 2),
             "accel_states": sorted(states), "log_lines": lines,
             "log_lines_after_import": lines_after,
+            "stop_log_lines": len(stop_lines), "stop_warnings": stop_warnings,
             "rss_mib": {"min": round(min(rss), 1), "median": round(statistics.median(rss), 1),
                         "max": round(max(rss), 1)},
             "pss_mib_median": round(statistics.median(pss), 1),
             "cpu_s": {"median": round(statistics.median(cpu), 3), "total": round(sum(cpu), 1)},
+            "idle": quiet,
             "first_import_ms": None if first is None else round(first * 1e3, 2),
             "fan_in_s": None if fan is None else round(fan[0], 2),
             "fan_in_failed": None if fan is None else fan[1],
@@ -338,11 +380,14 @@ def main() -> int:
     if SHAPES:
         RESULT["shapes"] = [local_pod(n, per) for n, per in SHAPES]
         print(f"\n{'shape':>8} {'ACTIVE s':>9} {'log lines':>10} {'RSS MiB':>8} "
-              f"{'PSS MiB':>8} {'CPU s':>6} {'1st import ms':>14} {'fan-in s':>9}")
+              f"{'PSS MiB':>8} {'CPU s':>6} {'idle %':>7} {'wake/s':>7} "
+              f"{'1st import ms':>14} {'fan-in s':>9}")
         for r in RESULT["shapes"]:  # type: ignore[attr-defined]
+            q = r["idle"] or {"cpu_pct_median": 0, "wakeups_per_s_median": 0}
             print(f"{r['nodes']:>4}x{r['accels_per_node']:<3} {r['ready_s']:>9.1f} "
                   f"{r['log_lines']:>10} {r['rss_mib']['median']:>8.1f} "
                   f"{r['pss_mib_median']:>8.1f} {r['cpu_s']['median']:>6.2f} "
+                  f"{q['cpu_pct_median']:>7.3f} {q['wakeups_per_s_median']:>7.1f} "
                   f"{r['first_import_ms'] or 0:>14.1f} {r['fan_in_s'] or 0:>9.2f} "
                   f"{'met' if r['goal_met'] else 'MISSED'}")
         print(f"goal: every shape all-ACTIVE < {GOAL_S:.0f} s (per-daemon medians)")

@@ -635,6 +635,7 @@ class NodeDaemon:
             raise
         self.link = self._fabric_link(traced=tracer is not None)
         self.data_plane.set_timeout(self.link.ack_timeout)  # a carried load's deadline
+        self.data_plane.link_up = self.link.is_up  # (a dropped channel's line: its link's fate)
         self.agent = self._agent(traced=tracer is not None)
 
     def _services(self, tracer: Callable[[Record], None] | None) -> NodeServices:
@@ -721,8 +722,8 @@ class NodeDaemon:
         if (now := self.core.tracer) is not None:
             now(rec)
 
-    def _fabric_links(self) -> dict[str, bool]:
-        return {p: self.link.is_up(p) for p in self._peers}
+    def _fabric_links(self) -> dict[str, str]:
+        return {p: self.link.link_state(p) for p in self._peers}
 
     # -- running ----------------------------------------------------------------------------
     def mount_fuse(self) -> str:

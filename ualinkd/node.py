@@ -135,8 +135,8 @@ class NodeServices:
     watch_exit: WatchExit | None = None  # a KFD process's exit notice (a pidfd each)
     host_cpus: int = 1
     host_memory: int = 0
-    # Peer node name -> link up (sys/kernel/debug/ualink_fabric).
-    fabric_links: Callable[[], dict[str, bool]] = dict
+    # Peer node name -> its link's state (sys/kernel/debug/ualink_fabric, sysfs.show_fabric).
+    fabric_links: Callable[[], dict[str, str]] = dict
     # The C data plane's counters (sys/kernel/debug/ualink_data_plane).
     data_plane_stats: Callable[[], dict[str, int]] = dict
     # What an oops in a caller's ioctl does to it (§13 N6's quirk: it ends the task).

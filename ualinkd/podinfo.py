@@ -54,8 +54,25 @@ def parse_lines(text: str, fmt: sysfs.LineFormat, where: str = "") -> list[dict[
 
 
 def parse_fabric(text: str) -> list[dict[str, object]]:
-    """sys/kernel/debug/ualink_fabric as the JSON document's list of links."""
-    return [{"node": n, "up": up} for n, up in sysfs.parse_fabric(text).items()]
+    """sys/kernel/debug/ualink_fabric as the JSON document's list of links: `node` and
+    `up`, and `state` (sysfs.FABRIC_NOT_YET) on a link of a pod linked on first use that
+    has not been up yet, which is down but not the way a dropped link is."""
+    links: list[dict[str, object]] = []
+    for n, state in sysfs.parse_fabric_states(text).items():
+        link: dict[str, object] = {"node": n, "up": state == sysfs.FABRIC_UP}
+        if state in sysfs.FABRIC_NOT_YET:
+            link["state"] = state
+        links.append(link)
+    return links
+
+
+def link_word(link: dict[str, object]) -> str:
+    """How `ualinkctl` shows a link of parse_fabric: up, down, `unlinked (first use)` (a
+    link on first use no use has asked for yet), `linking (first use)`."""
+    state = link.get("state")
+    if state is not None:
+        return f"{state} (first use)"
+    return "up" if link["up"] else "down"
 
 
 def msg_names(bitmap: int) -> list[str]:

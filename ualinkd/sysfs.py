@@ -312,9 +312,19 @@ def parse_drop_msg(text: str) -> int:
         raise ParseError("ualink_drop_msg takes a hex bitmap") from None
 
 
-def show_fabric(links: Mapping[str, bool]) -> str:
-    """sys/kernel/debug/ualink_fabric: `<peer node> up|down`, one line per peer."""
-    return "".join(f"{peer} {'up' if up else 'down'}\n" for peer, up in links.items())
+# ualink_fabric's states of a link (fabric/dialing.py): `up`, `down`, and two kinds of down
+# of a pair linked on first use that has never been up, written `down <state>` so that the
+# second field stays `up|down` for every reader of the file.
+FABRIC_UP, FABRIC_DOWN = "up", "down"
+FABRIC_NOT_YET = ("unlinked", "linking")  # no use has asked for it yet; its first set-up
+
+
+def show_fabric(links: Mapping[str, str]) -> str:
+    """sys/kernel/debug/ualink_fabric: `<peer node> up|down`, one line per peer; a link of
+    a pod linked on first use that has not been up yet is `<peer> down unlinked` (no use
+    yet) or `<peer> down linking` (its first use waits for it)."""
+    return "".join(f"{peer} {state}\n" if state in (FABRIC_UP, FABRIC_DOWN)
+                   else f"{peer} {FABRIC_DOWN} {state}\n" for peer, state in links.items())
 
 
 def show_data_plane(stats: Mapping[str, int]) -> str:
@@ -334,11 +344,18 @@ def parse_data_plane(text: str) -> dict[str, int]:
 
 def parse_fabric(text: str) -> dict[str, bool]:
     """Peer node name → link up."""
+    return {peer: state == FABRIC_UP for peer, state in parse_fabric_states(text).items()}
+
+
+def parse_fabric_states(text: str) -> dict[str, str]:
+    """Peer node name → its link's state: `up`, `down`, or one of FABRIC_NOT_YET."""
     out = {}
     for ln in text.splitlines():
         parts = ln.split()
         if len(parts) == 2:
-            out[parts[0]] = parts[1] == "up"
+            out[parts[0]] = parts[1]
+        elif len(parts) == 3 and parts[1] == FABRIC_DOWN:
+            out[parts[0]] = parts[2] if parts[2] in FABRIC_NOT_YET else FABRIC_DOWN
     return out
 
 

@@ -461,3 +461,25 @@ def test_a_party_with_the_link_key_cannot_take_a_live_data_channel(tmp_path):
         assert len(warned) == 1 and "WARNING" in warned[0], b.log_text()
         # (refused at once: its nonce is not bound to the live link's handshake)
         assert "a data channel from node0 not dialed by its live link's end" in warned[0]
+
+
+def test_a_peer_that_stops_closes_its_channels_without_a_warning(tmp_path):
+    """A peer that stops (SIGTERM: a pod's orderly stop) closes its data channels and its
+    links together: the nodes it leaves log no data-plane WARNING for the channel (the
+    link's own INFO line says the peer closed it), whichever of the two ends they see
+    first (fuse/dataplane.py DROP_LOG_GRACE). Before, every node wrote "channel to node2
+    dropped: the peer closed it" as a WARNING, one per peer at a 256-node pod's stop.
+    (A channel that breaks while its link lasts still warns: the reset test above.)"""
+    from ualinkd.fuse.dataplane import DROP_LOG_GRACE
+
+    with running_pod(tmp_path, config=pod_config(3)) as (a, b, c):
+        assert wait_until(lambda: all(stats(n)["channels"] == 2 for n in (a, b, c)), 10)
+        assert c.stop() == 0
+        for node in (a, b):
+            assert wait_until(lambda n=node: "node2 closed the connection" in n.log_text(), 10)
+        time.sleep(DROP_LOG_GRACE + 1)
+        for node in (a, b):
+            bad = [ln for ln in node.log_text().splitlines()
+                   if " WARNING " in ln or " ERROR " in ln]
+            assert not bad, bad
+            assert stats(node)["channels"] == 1

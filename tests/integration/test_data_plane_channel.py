@@ -398,3 +398,41 @@ def test_mebibyte_answers_a_slow_peer_takes_late_arrive_whole_and_in_order(
         time.sleep(0.01)
     for seq, off in enumerate(offsets):
         assert answer(channel) == (seq, 0, flat[off:off + FAST_MAX]), seq
+
+
+def test_has_room_until_every_channel_is_in_use_then_one_info_line(plane: DataPlane,
+                                                                   caplog) -> None:
+    """DataChannels.has_room, which the link asks before it dials or admits a channel: yes
+    while fewer than DP_CHANNELS are open (counting those being dialed), no once all are,
+    which is said in one INFO line per time the table fills; a channel closed makes room.
+    (The C refuses the 65th open, EBUSY: what has_room spares a handshake for.)"""
+    from ualinkd.fuse.dataplane import CHANNELS
+
+    caplog.set_level(logging.INFO, logger="ualinkd.fuse.dataplane")
+    ends, handles = [], []
+    try:
+        for i in range(CHANNELS):
+            assert plane.has_room()
+            assert plane.has_room(CHANNELS - 1 - i) and not plane.has_room(CHANNELS - i)
+            ours, peer = socket.socketpair()
+            ends.append(peer)
+            handle = plane.open(f"peer{i}", ours.detach(), {PEER_ACCEL})
+            assert handle is not None
+            handles.append(handle)
+        assert not [r for r in caplog.records if "channels in use" in r.getMessage()]
+        assert not plane.has_room() and not plane.has_room()
+        [line] = [r for r in caplog.records if "channels in use" in r.getMessage()]
+        assert line.levelno == logging.INFO
+        caplog.clear()
+        ours, peer = socket.socketpair()
+        ends.append(peer)
+        assert plane.open("one too many", ours.detach(), {PEER_ACCEL}) is None  # EBUSY
+        plane.close(handles.pop())
+        assert plane.has_room()
+        assert not plane.has_room(1)  # (full counting one being dialed: no line)
+        assert not [r for r in caplog.records if "channels in use" in r.getMessage()]
+    finally:
+        for h in handles:
+            plane.close(h)
+        for e in ends:
+            e.close()

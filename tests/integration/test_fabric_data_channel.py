@@ -39,6 +39,10 @@ class Recorder:
         self.closed: list[int] = []
         self.discarded = False
         self.on_broken: Callable[[int], None] | None = None  # (the link sets it)
+        self.full = False  # has_room says no, as a data plane with every channel in use
+
+    def has_room(self, dialing: int = 0) -> bool:
+        return not self.full
 
     def open(self, peer: str, fd: int, peer_accels: frozenset[int]) -> int | None:
         if self.refuse:
@@ -367,6 +371,39 @@ async def test_a_data_channel_the_data_plane_refuses_or_cannot_have_is_one_info_
         await completed(a.send(1, 4, DW))
         assert pod.got["b"] == [(0, 2, DW)] and pod.got["c"] == [(1, 4, DW)]
         assert b.is_up("a") and c.is_up("a")
+
+
+async def test_a_full_data_plane_is_asked_for_no_channel(pod: Pod, recorders, caplog) -> None:
+    """A data plane with every channel in use (DP_CHANNELS peers: a node linked to more than
+    64) is not asked for one more: its link dials no channel (no handshake, no line: the data
+    plane said once that it is full), and a channel dialed to it is refused in its handshake
+    (one INFO line on the dialer, no retry). Before, each such link did a channel handshake
+    to have it refused, with two INFO lines. The links work."""
+    caplog.set_level(logging.INFO, logger="ualinkd.fabric")
+    with trio.fail_after(WATCHDOG):
+        recorders["a"] = Recorder()
+        recorders["a"].full = True
+        recorders["c"] = Recorder()
+        recorders["c"].full = True
+        a = await pod.start("a", data_channels=recorders["a"])
+        b = await start(pod, recorders, "b")
+        c = await pod.start("c", data_channels=recorders["c"])
+        await wait_until(lambda: a.is_up("b") and a.is_up("c") and b.is_up("c"))
+
+        def infos() -> list[str]:
+            return [r.getMessage() for r in caplog.records
+                    if "data channel" in r.getMessage()]
+        await wait_until(lambda: bool(infos()))
+        await trio.sleep(0.3)
+        [to_c] = infos()  # a asked for none; b's to c was refused in its handshake
+        assert to_c.startswith("fabric b: no data channel to c "), to_c
+        assert "closed during the handshake" in to_c, to_c
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert [r.opened for r in recorders.values()] == [[], [], []]
+        await completed(a.send(0, 2, DW))
+        await completed(b.send(2, 4, DW))
+        assert pod.got["b"] == [(0, 2, DW)] and pod.got["c"] == [(2, 4, DW)]
+        assert c.is_up("a") and c.is_up("b")
 
 
 async def test_a_data_channel_that_breaks_while_its_link_lasts_is_dialed_again(

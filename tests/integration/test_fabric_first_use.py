@@ -83,6 +83,39 @@ def test_links_come_up_on_first_use_in_either_direction(tmp_path):
             assert not bad, bad
 
 
+def test_a_link_never_used_is_shown_unlinked_not_down(tmp_path, capsys):
+    """ualink_fabric (`ualinkctl peers`, `ualinkctl pod`): a link on first use that no use
+    has asked for is `<peer> down unlinked` (the second field stays up|down), shown as
+    `unlinked (first use)`, and not as a dropped link, which stays `<peer> down`."""
+    import json
+
+    from ualinkd.cli import ctl
+
+    def peers(node: Node, *json_flag: str) -> str:
+        assert ctl.main(["--mount", str(node.mount), *json_flag, "peers"]) == 0
+        return capsys.readouterr().out
+
+    with first_use_pod(tmp_path, first_use_config(3)) as (n0, n1, n2):
+        status = n0.mount / sysfs.FABRIC_STATUS
+        assert status.read_text() == "node1 down unlinked\nnode2 down unlinked\n"
+        assert peers(n0).splitlines()[-2] == (
+            "fabric links: node1 unlinked (first use), node2 unlinked (first use)")
+        assert json.loads(peers(n0, "--json"))["fabric"] == [
+            {"node": "node1", "up": False, "state": "unlinked"},
+            {"node": "node2", "up": False, "state": "unlinked"}]
+        with Client(n0.render()) as c0, Client(n1.render()) as c1:
+            assert import_and_load(c0, c1, b"used") == b"used"
+        assert status.read_text() == "node1 up\nnode2 down unlinked\n"
+        n1.close()  # dropped: down, as any dropped link
+        assert wait_until(lambda: status.read_text().startswith("node1 down\n"), timeout=15)
+        assert status.read_text() == "node1 down\nnode2 down unlinked\n"
+        assert peers(n0).splitlines()[-2] == (
+            "fabric links: node1 down, node2 unlinked (first use)")
+        assert json.loads(peers(n0, "--json"))["fabric"] == [
+            {"node": "node1", "up": False},
+            {"node": "node2", "up": False, "state": "unlinked"}]
+
+
 def test_first_use_over_mutual_tls(tmp_path):
     """The same over mutual TLS (no data channels): node1 asks node0 for their link over
     TLS, node0 dials back, the import and its GPU load go through."""
@@ -192,6 +225,13 @@ def test_ualinkd_pod_of_first_use_links_is_ready_without_links(tmp_path):
             assert import_and_load(c0, c2, b"pod") == b"pod"
         assert sysfs.parse_fabric((root / "node2" / sysfs.FABRIC_STATUS).read_text()) == {
             "node0": True, "node1": False}
+        # `ualinkctl pod`: the pair never used is unlinked, not DOWN as a dropped link
+        from ualinkd.cli import ctl
+        rows = {r["node"]: r for r in ctl.pod_status(str(root))}
+        assert rows["node2"]["links"] == {"node0": True, "node1": False}
+        assert rows["node2"]["first_use"] == {"node1": "unlinked"}
+        table = ctl.render_pod_status(list(rows.values()))
+        assert "node0:up node1:unlinked" in table and "DOWN" not in table, table
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0, err.read_text()
         assert not fuse_mounts_under(str(root))

@@ -72,3 +72,18 @@ def test_a_link_that_worked_and_dropped_is_an_unreachable_peer():
     f.want("b", 0.0)
     f.up("b")
     assert not f.setting_up("b", 1.5)
+
+
+def test_a_link_not_up_yet_is_unlinked_or_linking_not_down():
+    """ualink_fabric's state of a link on first use that is not up: `unlinked` until a use
+    asks for it (or the peer links it), `linking` while the use waits for it, `down` once
+    the wait is over (unreachable) or after it has been up (dropped)."""
+    f = dialing.FirstUse(wait=5.0)
+    assert f.down_state("b", 0.0) == dialing.UNLINKED
+    f.want("b", 10.0)
+    assert f.down_state("b", 14.9) == dialing.LINKING
+    assert f.down_state("b", 15.0) == dialing.DOWN  # tried for the wait: unreachable
+    f.up("b")
+    assert f.down_state("b", 15.0) == dialing.DOWN  # dropped after it worked
+    f.up("c")  # the peer linked it (we never wanted it): once down, a dropped link
+    assert f.down_state("c", 0.0) == dialing.DOWN

@@ -466,3 +466,46 @@ def test_a_queue_blocked_on_a_poll_waits_while_inactive_and_goes_on_once_active(
 
     run_edge(rig, body)
     assert rig.queues[0].error is None
+
+
+def _doorbell_thread_wakeups() -> int:
+    """How many times the kernel has run the watch thread ("ualinkd-doorbells"): the third
+    field of its /proc schedstat (timeslices run, one per wake-up of a sleeping thread)."""
+    import threading
+    from pathlib import Path
+    (tid,) = [t.native_id for t in threading.enumerate() if t.name == "ualinkd-doorbells"]
+    return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[2])
+
+
+def test_with_no_queue_to_watch_the_watch_thread_never_wakes():
+    """An idle node (no queue; then a queue that waited for a doorbell and was destroyed)
+    pays no timer wake-up for its engine: the watch thread sleeps until a scan gives it
+    slots to poll (it woke every WATCH_MAX_INTERVAL, 20 times a second: 27% of a CPU for
+    a 256-node pod's idle daemons on one host). With a queue waiting it polls, and a
+    doorbell still runs it. (Wake-ups are the kernel's count: /proc schedstat.)"""
+    rig = Rig(nqueues=0)
+
+    async def body(edge: GpuEngineEdge) -> None:
+        await trio.sleep(0.05)
+        before = _doorbell_thread_wakeups()
+        await trio.sleep(1.0)
+        assert _doorbell_thread_wakeups() - before <= 2
+        # a queue: watched (polled), and its doorbell runs it
+        res, out = create(rig.node, rig.p, rig.g0, queue_type=SDMA, ring_base_address=RING,
+                          read_pointer_address=RPTR, write_pointer_address=WPTR)
+        assert res == 0
+        rig.queues.append(rig.node.kfd.queues.get(rig.p.pid, out.queue_id, 0))
+        rig.index.append(0)
+        rig.p.pdds[rig.g0].doorbells()
+        await until(lambda: edge._watched)
+        rig.submit(fence(DATA, 7))
+        await until(lambda: rig.word(DATA) == 7)
+        # destroyed: nothing left to watch, and the thread sleeps again
+        rig.node.kfd.queues.destroy(rig.p.pid, out.queue_id)
+        await until(lambda: not edge._watched)
+        await trio.sleep(0.05)
+        before = _doorbell_thread_wakeups()
+        await trio.sleep(1.0)
+        assert _doorbell_thread_wakeups() - before <= 2
+
+    run_edge(rig, body)

@@ -416,8 +416,14 @@ def test_debugfs_lines_round_trip():
                                     "pins": 1, "importers": [2, 5]}
     with pytest.raises(TypeError):
         fmt.line(bo=1)
-    assert sysfs.parse_fabric(sysfs.show_fabric({"node1": True, "node2": False})) == {
-        "node1": True, "node2": False}
+    fabric = {"node1": "up", "node2": "down", "node3": "unlinked", "node4": "linking"}
+    text = sysfs.show_fabric(fabric)
+    # the second field stays up|down; a link on first use not up yet says which in a third
+    assert text == "node1 up\nnode2 down\nnode3 down unlinked\nnode4 down linking\n"
+    assert sysfs.parse_fabric(text) == {
+        "node1": True, "node2": False, "node3": False, "node4": False}
+    assert sysfs.parse_fabric_states(text) == fabric
+    assert sysfs.parse_fabric_states("node5 down what\n") == {"node5": "down"}
     assert sysfs.parse_drop_msg(sysfs.show_drop_msg(0x82)) == 0x82
     counters = {"fast_loads": 7, "served": 0, "channels": 2}
     assert sysfs.show_data_plane(counters) == "fast_loads 7\nserved 0\nchannels 2\n"

@@ -268,3 +268,33 @@ def _nobody_in(tmp) -> None:  # type: ignore[no-untyped-def]
     squatted.rmdir()
     assert as_nobody().startswith(f"bound {squatted}/trace-")
     assert squatted.stat().st_uid == 65534 and squatted.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_sweep_does_not_probe_a_socket_proc_net_unix_says_is_listened_on(tmp_path) -> None:
+    """The sweep every starting daemon makes (clear_stale_trace_sockets) leaves a live
+    daemon's trace socket alone without connecting to it when /proc/net/unix lists it as
+    listening, under its path or the `<path>.<pid>.new` name bind_trace_socket bound it to
+    before renaming it: a 256-node pod starting on one host probed each live daemon by each
+    later one (~0.2 ms of CPU and a wake-up each). A dead one is still found and removed."""
+    import os
+    import socket
+
+    import pytest
+
+    path = str(tmp_path / "trace-00000000a11ce000.sock")
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(f"{path}.{os.getpid()}.new")
+    live.listen(8)
+    os.rename(f"{path}.{os.getpid()}.new", path)
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(tmp_path / "trace-00000000dead0000.sock"))
+    dead.close()
+    try:
+        assert path in record.listening_unix_paths()
+        assert record.clear_stale_trace_sockets(str(tmp_path)) == 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["trace-00000000a11ce000.sock"]
+        live.setblocking(False)
+        with pytest.raises(BlockingIOError):  # nobody connected: no probe
+            live.accept()
+    finally:
+        live.close()

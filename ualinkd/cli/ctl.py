@@ -24,6 +24,7 @@ from ..podinfo import (
     Mount,
     PodNodeInfo,
     collect,
+    link_word,
     msg_names,
     pod_nodes,
 )
@@ -188,8 +189,7 @@ def render_text(doc: dict, sections: list[str]) -> str:
             [[a["render"], a["accel_id"]] + [a[c] for c in cols] for a in accels], "no accels",
             f"pPod {accels[0]['ppod_id']} ({accels[0]['link_type']})" if accels else "")
     if "peers" in sections:
-        links = ", ".join(f"{x['node']} {'up' if x['up'] else 'down'}"
-                          for x in doc.get("fabric", []))
+        links = ", ".join(f"{x['node']} {link_word(x)}" for x in doc.get("fabric", []))
         dp = doc.get("data_plane") or {}
         assert isinstance(dp, dict)
         add("peers", ["render", "accel", "remote", "state", "generation"],
@@ -431,7 +431,8 @@ def pod_status(path: str) -> list[dict[str, object]]:
     for node in nodes:
         row: dict[str, object] = {"node": node.name, "address": node.address,
                                   "accels": list(node.accels), "mount": node.mount,
-                                  "status": "serving", "states": [], "links": {}}
+                                  "status": "serving", "states": [], "links": {},
+                                  "first_use": {}}
         if node.seen_from is not None:
             rows.append(_seen_from(row, node.seen_from, nodes))
             continue
@@ -441,7 +442,11 @@ def pod_status(path: str) -> list[dict[str, object]]:
             m = Mount(node.mount)
             row["states"] = [str(m.sysfs(r).get("accel_state", "?")) for r in m.renders]
             try:
-                row["links"] = sysfs.parse_fabric(m.read(sysfs.FABRIC_STATUS))
+                states = sysfs.parse_fabric_states(m.read(sysfs.FABRIC_STATUS))
+                row["links"] = {p: s == sysfs.FABRIC_UP for p, s in states.items()}
+                # links on first use not up yet: down, but not the way a dropped link is
+                row["first_use"] = {p: s for p, s in states.items()
+                                    if s in sysfs.FABRIC_NOT_YET}
             except CtlError:
                 row["links"] = None  # debugfs is root only
         except CtlError as e:
@@ -476,8 +481,11 @@ def render_pod_status(rows: list[dict[str, object]]) -> str:
         up = row["links"]
         if up is None:
             return "(root only)"
-        # a row is JSON-shaped (dict[str, object]): its "links" is a dict here
-        return " ".join(f"{p}:{'up' if ok else 'DOWN'}" for p, ok in up.items())  # type: ignore[attr-defined]
+        assert isinstance(up, dict)
+        first_use = row.get("first_use") or {}
+        assert isinstance(first_use, dict)
+        return " ".join(f"{p}:{'up' if ok else first_use.get(p, 'DOWN')}"
+                        for p, ok in up.items())
     return format_table(["node", "address", "accels", "status", "state", "links"],
                         [[r["node"], r["address"],
                           ",".join(map(str, r["accels"])),  # type: ignore[call-overload]  # list

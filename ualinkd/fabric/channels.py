@@ -34,6 +34,10 @@ log = logging.getLogger("ualinkd.fabric.link")
 DATA_REDIAL_MAX = 30.0
 
 
+class NoRoom(LinkDown):
+    """A data channel refused in its handshake: our data plane has every channel in use."""
+
+
 class DataChannels(Protocol):
     """Where an authenticated data channel's socket goes (the C data plane). Called from the
     trio thread; neither may block or raise (an exception is a bug: it propagates out of
@@ -45,6 +49,10 @@ class DataChannels(Protocol):
 
     def close(self, handle: int) -> None:
         """The link this channel belongs to went down: stop using and close it."""
+
+    def has_room(self, dialing: int = 0) -> bool:
+        """Whether `open` would take one more (`dialing` more being dialed): a channel is
+        neither dialed nor admitted when not (its handshake would be wasted)."""
 
     # Set by the link: called (in the trio thread) with the handle of a channel the data
     # plane found broken and dropped itself; the link dials a new one if it dialed that.
@@ -73,6 +81,7 @@ class ChannelKeeper:
         # probe), which a data channel from it waits out (`admit`).
         self._admitting: dict[str, int] = {}
         self._admitted = trio.lowlevel.ParkingLot()
+        self._dialing = 0  # data channels being dialed (DataChannels.has_room)
         self._channel_broke = trio.lowlevel.ParkingLot()  # `_old_channel_gone`'s waits
         if plane is not None:
             plane.on_broken = self.broken
@@ -124,6 +133,9 @@ class ChannelKeeper:
         if not await self._old_channel_gone(conn):
             raise LinkDown(f"a second data channel from {peer} while its link's channel is "
                             "healthy: it does not replace it")
+        assert self.plane is not None
+        if not self.plane.has_room():  # (last: one that may not be had says why)
+            raise NoRoom("a data channel, and this node's data plane has no room for one")
         return conn
 
     async def _old_channel_gone(self, conn: Conn) -> bool:
@@ -206,8 +218,11 @@ class ChannelKeeper:
         redial, whose channel's break the data plane logged): the link carries the data
         plane without it."""
         assert self.plane is not None
+        if not self.plane.has_room(self._dialing):  # (it said so, once)
+            return False
         peer = conn.peer
         level = logging.DEBUG if quiet else logging.INFO
+        self._dialing += 1  # (until the handover, in the same step as the dial's end)
         try:
             stream, decoder, _ = await self._dialer.dial(peer, host, port, Channel.DATA,
                                                   bound_nonce(conn.channel_key))
@@ -215,6 +230,8 @@ class ChannelKeeper:
             log.log(level, "fabric %s: no data channel to %s at %s:%d: %s (the link carries "
                     "its loads)", self.node_name, peer, host, port, admission.reason(e))
             return False
+        finally:
+            self._dialing -= 1
         try:
             assert isinstance(stream, trio.SocketStream)  # (plain TCP: `tcp`)
             why = None

@@ -48,6 +48,10 @@ DIAL_CONCURRENCY = 64  # dials of one node in their handshake at a time
 # How long a first use waits for its link before the peer counts as unreachable: the
 # kernel's HELLO wait (setup_connection waits <= 5 s for hello_done, §5.4).
 FIRST_USE_WAIT = 5.0
+# A link's states in ualink_fabric (sysfs.show_fabric): up, or down; a pair linked on first
+# use is not down the way a dropped link is until it has been up once: unlinked (no use yet)
+# or linking (its first use waits for it).
+UP, DOWN, UNLINKED, LINKING = "up", "down", "unlinked", "linking"
 
 
 def links_at_start(mode: str, nodes: int) -> bool:
@@ -115,6 +119,16 @@ class FirstUse:
     def deadline(self, peer: str) -> float:
         """Until when a use of `peer`'s link, wanted, may wait for its first set-up."""
         return self._since[peer] + self.wait
+
+    def down_state(self, peer: str, now: float) -> str:
+        """What a link that is not up is, for ualink_fabric (sysfs.show_fabric): UNLINKED
+        when no use has asked for it yet (nor has the peer linked it), LINKING while its
+        first set-up is waited for, else DOWN (it dropped, or its peer is unreachable)."""
+        if peer in self._linked:
+            return DOWN
+        if peer not in self._since:
+            return UNLINKED
+        return LINKING if self.setting_up(peer, now) else DOWN
 
     def setting_up(self, peer: str, now: float) -> bool:
         """Whether a use of `peer`'s link, not up now, is waiting for its first set-up

@@ -51,7 +51,7 @@ from .auth import (
     ServerHandshake,
     node_keys,
 )
-from .channels import ChannelKeeper, DataChannels
+from .channels import ChannelKeeper, DataChannels, NoRoom
 from .conn import (
     Conn,
     HeldAcks,
@@ -203,6 +203,14 @@ class FabricLink:
     def is_up(self, node_name: str) -> bool:
         return node_name in self._conns
 
+    def link_state(self, node_name: str) -> str:
+        """ualink_fabric's state of the link (dialing.UP, DOWN, UNLINKED, LINKING)."""
+        if node_name in self._conns:
+            return dialing.UP
+        if self.links_at_start:
+            return dialing.DOWN
+        return self._first_use.down_state(node_name, trio.current_time())
+
     def peer_of(self, accel_id: int) -> str | None:
         """The node that owns `accel_id`, or None."""
         return self._owner.get(accel_id)
@@ -343,6 +351,10 @@ class FabricLink:
         except dialing.Knocked:
             log.debug("fabric %s: %s (%s) asks for our link: dialing it", self.node_name,
                       hs.peer_name, addr)
+            await trio.aclose_forcefully(stream)
+            return None
+        except NoRoom as e:  # (not a hostile connection: the data plane said it is full)
+            log.debug("fabric %s: %s (%s): %s", self.node_name, hs.peer_name, addr, e)
             await trio.aclose_forcefully(stream)
             return None
         except (ProtocolError, LinkDown, trio.BrokenResourceError, OSError) as e:

@@ -211,6 +211,7 @@ int ualinkd_dp_take_fallbacks(struct ualinkd_dp *dp, struct dp_fallback *out, in
 int ualinkd_dp_take_event(struct ualinkd_dp *dp, int *handle, char *why, size_t size);
 void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out);
 #define DP_FAST_MAX ...
+#define DP_CHANNELS ...
 /* Filled with the extern "Python" callbacks below by _ualinkd_ops_init(). */
 void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops);
 

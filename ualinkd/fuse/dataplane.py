@@ -24,6 +24,11 @@ from ualinkd.fuse._fuse_ll import ffi, lib
 log = logging.getLogger(__name__)
 
 FAST_MAX = lib.DP_FAST_MAX  # the largest load the C carries
+CHANNELS = lib.DP_CHANNELS  # channels open at once (one per peer that has one)
+# s a dropped channel's line waits for its link's fate: a peer that stops (a pod stopping,
+# a daemon restarted or killed) closes its channels and its link together, and the channel's
+# end is often seen first; the link's own line then says why both went.
+DROP_LOG_GRACE = 2.0
 _FALLBACKS_PER_TAKE = 256
 
 # (req, ino, size, off, fh, unique, expired: no answer within the deadline, to fault)
@@ -41,6 +46,10 @@ class DataPlane:
         self._fallbacks = ffi.new("struct dp_fallback[]", _FALLBACKS_PER_TAKE)
         self._stats = ffi.new("uint64_t[5]")
         self.on_broken: Callable[[int], None] | None = None  # DataChannels.on_broken
+        # Whether the link to a peer is up (FabricLink.is_up; None: no link to ask, a
+        # dropped channel is logged at once)
+        self.link_up: Callable[[str], bool] | None = None
+        self._said_full = False  # has_room said the table is full (once per episode)
         translation.listen(self.flush)
 
     @property
@@ -102,10 +111,26 @@ class DataPlane:
         log.debug("data plane: channel to %s open", peer)
         return handle
 
+    def has_room(self, dialing: int = 0) -> bool:
+        """Whether `open` would take one more channel, `dialing` more being dialed: asked by
+        the link before it dials or admits one, so that past CHANNELS peers a link costs no
+        channel handshake to be refused (and two lines each); one INFO line when the table
+        fills (again after a channel closed)."""
+        if not self.running:
+            return False
+        if len(self._peers) + dialing < CHANNELS:
+            return True
+        if len(self._peers) >= CHANNELS and not self._said_full:
+            self._said_full = True
+            log.info("data plane: all %d channels in use; the links to more peers carry "
+                     "their loads themselves", CHANNELS)
+        return False
+
     def close(self, handle: int) -> None:
         if self.pointer != ffi.NULL:
             lib.ualinkd_dp_close(self.pointer, handle)
-        self._peers.pop(handle, None)
+        if self._peers.pop(handle, None) is not None:
+            self._said_full = False  # (room again: the next time it fills is news)
 
     # -- routes ----------------------------------------------------------------------------
     def flush(self) -> None:
@@ -158,7 +183,9 @@ class DataPlane:
         channel's slot only when told (ualinkd_dp_close), and a slot never freed would be
         one fewer channel for the daemon's life (64 breaks, any peer's, and no channel
         could open). A channel its link closed meanwhile is not logged: the link's own
-        line says why it went."""
+        line says why it went; nor is one whose link goes down within DROP_LOG_GRACE (a
+        peer that stops closes both; at a 256-node pod's stop every node wrote a WARNING
+        per peer): the WARNING is for a channel that broke while its link stays up."""
         handle = ffi.new("int *")
         why = ffi.new("char[160]")
         while lib.ualinkd_dp_take_event(self.pointer, handle, why, len(why)):
@@ -166,10 +193,30 @@ class DataPlane:
             if peer is None:
                 continue
             self.close(handle[0])
-            log.warning("data plane: channel to %s dropped: %s (its loads go through the "
-                        "link)", peer, ffi.string(why).decode(errors="replace"))
+            reason = ffi.string(why).decode(errors="replace")
+            if self.link_up is None:
+                self._log_dropped(peer, reason)
+            else:
+                trio.lowlevel.spawn_system_task(self._log_dropped_later, peer, reason,
+                                                self.link_up)
             if self.on_broken is not None:
                 self.on_broken(handle[0])
+
+    @staticmethod
+    def _log_dropped(peer: str, why: str) -> None:
+        log.warning("data plane: channel to %s dropped: %s (its loads go through the link)",
+                    peer, why)
+
+    async def _log_dropped_later(self, peer: str, why: str,
+                                 link_up: Callable[[str], bool]) -> None:
+        """The dropped channel's line once its link had DROP_LOG_GRACE to go down too: a
+        WARNING if it is still up, else DEBUG (the link's line says why both went). A
+        system task: the daemon's end cancels it, with nothing to report."""
+        await trio.sleep(DROP_LOG_GRACE)
+        if link_up(peer):
+            self._log_dropped(peer, why)
+        else:
+            log.debug("data plane: channel to %s closed with its link: %s", peer, why)
 
     def stats(self) -> dict[str, int]:
         """fast_loads: loads of ours the C carried (spliced: those whose answer it spliced

@@ -140,21 +140,51 @@ async def bind_trace_socket(real_mount: str) -> tuple[trio.socket.SocketType, st
     return sock, path
 
 
+_SO_ACCEPTCON = 0x10000  # /proc/net/unix's flag of a listening socket (include/linux/net.h)
+
+
+def listening_unix_paths() -> set[str]:
+    """The paths of the unix sockets a process listens on in this network namespace
+    (/proc/net/unix), a trace socket under the name it had when it started listening
+    (`<path>.<pid>.new`, bind_trace_socket's, renamed since) given as its path; empty when
+    the file cannot be read."""
+    paths: set[str] = set()
+    try:
+        with open("/proc/net/unix") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return paths
+    for line in lines:
+        parts = line.split(None, 7)
+        if len(parts) < 8 or not int(parts[3], 16) & _SO_ACCEPTCON:
+            continue
+        path = parts[7]
+        base, _, pid = path.removesuffix(".new").rpartition(".")
+        paths.add(base if path.endswith(".new") and pid.isdigit() else path)
+    return paths
+
+
 def clear_stale_trace_sockets(directory: str) -> int:
     """Unlink the trace sockets in `directory` nobody listens on: a daemon killed (SIGKILL,
     a crash) cannot remove its own, and mounts that are used once (tests, pods under fresh
-    roots) would leave one each. A live daemon's answers the connect (it sees a subscriber
-    come and go, unsubscribed: a probe sends nothing); a socket with no listener refuses
-    it. Returns how many went."""
+    roots) would leave one each. A socket that /proc/net/unix says is listened on is left
+    alone without a probe: every daemon that starts sweeps, and each probe cost a live
+    daemon a wake-up and ~0.2 ms of CPU (a 256-node pod starting on one host: 32,640 of
+    them). Any other is probed: a live daemon's (in another network namespace) answers the
+    connect (it sees a subscriber come and go, unsubscribed: a probe sends nothing); a
+    socket with no listener refuses it. Returns how many went."""
     gone = 0
     try:
         names = os.listdir(directory)
     except OSError:
         return 0
+    live = listening_unix_paths()
     for name in names:
         if not (name.startswith("trace-") and name.endswith(".sock")):
             continue
         path = os.path.join(directory, name)
+        if path in live:
+            continue
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         probe.setblocking(False)
         try:
