@@ -171,6 +171,10 @@ class FuseSession:
         # after the request it is processing (unmount, a fatal exception), and its linger.
         self._loop = ffi.new("struct _ualinkd_loop *")
         self._tasks = 0  # coroutines running as tasks in the nursery (spawn)
+        # The task that drains when woken (_wake_serve), while it waits to be; and whether
+        # the C loop is running (a drain asked from inside it would be a second one)
+        self._drainer: trio.lowlevel.Task | None = None
+        self._draining = False
         # Small GPU loads of imported memory, in C (fuse/dataplane.py); its thread runs
         # while serve() does. (A daemon makes it first: the node shows its counters.)
         self.data_plane = data_plane if data_plane is not None else DataPlane()
@@ -227,6 +231,7 @@ class FuseSession:
                 self._nursery = nursery
                 if self.data_plane.running or self.start_data_plane():  # (the daemon's
                     nursery.start_soon(self._serve_handed_back)  # runs before its link)
+                nursery.start_soon(self._drain_when_woken)
                 try:
                     while not self._drain():
                         try:
@@ -309,7 +314,11 @@ class FuseSession:
         loop.carried_linger_ns = CARRIED_LINGER_NS
         loop.wake_fd = self.data_plane.notify_fd
         loop.turns = TURNS_PER_WAKEUP
-        n = lib._ualinkd_drain(self._se, self._buf, loop)
+        self._draining = True
+        try:
+            n = lib._ualinkd_drain(self._se, self._buf, loop)
+        finally:
+            self._draining = False
         if self._fatal is not None:
             exc, self._fatal = self._fatal, None
             self._loop.stop = 0
@@ -319,6 +328,39 @@ class FuseSession:
         if n > 0:  # over, or stopped by unmount()
             return True
         raise OSError(-n, f"fuse: reading device: {os.strerror(-n)}")
+
+    async def _drain_when_woken(self) -> None:
+        """Drain (with the loop's linger) each time `_wake_serve` asks: a reschedule of a
+        parked task, where cancelling serve()'s wait for the device cost 40-50 µs (trio's
+        cancellation: its abort, an epoll_ctl, an exception through the wait). serve()
+        keeps the device's own wake-ups; the two never run at once (one thread)."""
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            self._drainer = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        while True:
+            self._drainer = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(abort)
+            if self._fd < 0 or self._drain():
+                return  # over: serve() sees it at its own next wake-up (the fd closed)
+
+    def _wake_serve(self) -> None:
+        """After an answer given late, outside the C loop (an import's, when its NPA_RSP
+        came): the loop drains in the scheduler's next turn, with its linger, instead of
+        waiting for the device through trio. The caller's next requests (an import's token
+        open, then its PRIME_FD_TO_HANDLE) come 10-40 µs after the answer: the loop takes
+        them without a trio wake-up each, and the link's held ACKs (fabric/link.py's
+        _HeldAcks: the NPA_RSP's) go when the scheduler next waits, after them, rather
+        than wake the peer (on one CPU: run it) between the answer and those requests.
+        Not while a task of `spawn` runs (the last one drains as it ends) or another
+        answer waits on trio (the loop would not linger), nor from inside the loop (it
+        takes the next request itself)."""
+        if self._tasks or self._completing or self._draining:
+            return
+        if (task := self._drainer) is not None:
+            self._drainer = None
+            trio.lowlevel.reschedule(task)
 
     async def _serve_handed_back(self) -> None:
         """The reads the data plane's thread handed back (no route at the exporter, a
@@ -477,8 +519,10 @@ class FuseSession:
             # No drain here (a task of `spawn` drains after this): this runs inside
             # whoever completed it (the ring, the link's reader), and a request read now
             # would queue its sends before the ones its caller has yet to queue (a ring
-            # reply): the caller's next request comes through serve()'s own turn.
+            # reply): the caller's next request comes in the scheduler's next turn
+            # (_wake_serve).
             self._finish_late(req, op, finish, value, args)
+            self._wake_serve()
 
         try:
             c.when_done(done)
