@@ -468,10 +468,10 @@ async def test_no_linger_while_an_answer_waits_on_trio(tmp_path: Path):
 async def test_an_answer_given_late_drains_before_trio_waits(tmp_path: Path):
     """A request answered late, by a Completion that someone else ends (an import's ioctl,
     in the fabric reader's call that brings its NPA_RSP): the session drains, with its
-    linger, in the scheduler's next turn, before trio waits for I/O (lowlevel.py's
-    _wake_serve). The caller's next request (the token's open, 10-40 µs later) is then
-    taken by the receive loop without a trio wake-up, and the fabric's held ACKs, written
-    when trio waits, go after it. Before, the session waited for the device through trio."""
+    linger, as soon as trio is about to wait for I/O (lowlevel.py's _wake_serve: after the
+    fabric's held ACKs are written then, §5.1), that wait cut short. The caller's next
+    request (the token's open, 10-40 µs later) is then taken by the receive loop without
+    a trio wake-up. Before, the session waited for the device through trio."""
     events: list[str] = []
 
     class IoWaits(trio.abc.Instrument):
@@ -498,7 +498,7 @@ async def test_an_answer_given_late_drains_before_trio_waits(tmp_path: Path):
                 m.backend.completions[0].set_result(b"\xaa" * 8)  # (the reply goes now)
                 await trio.sleep(0.01)
                 trio.lowlevel.remove_instrument(instrument)
-            assert events[:1] == ["drain"], events
+            assert events[:2] == ["io wait", "drain"], events
             # and the loop still takes requests as before
             assert bytes(await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))) == b"\x01" * 24
         finally:
