@@ -465,48 +465,6 @@ async def test_no_linger_while_an_answer_waits_on_trio(tmp_path: Path):
             await in_thread(os.close, fd)
 
 
-async def test_an_answer_given_late_drains_before_trio_waits(tmp_path: Path):
-    """A request answered late, by a Completion that someone else ends (an import's ioctl,
-    in the fabric reader's call that brings its NPA_RSP): the session drains, with its
-    linger, as soon as trio is about to wait for I/O (lowlevel.py's _wake_serve: after the
-    fabric's held ACKs are written then, §5.1), that wait cut short. The caller's next
-    request (the token's open, 10-40 µs later) is then taken by the receive loop without
-    a trio wake-up. Before, the session waited for the device through trio."""
-    events: list[str] = []
-
-    class IoWaits(trio.abc.Instrument):
-        def before_io_wait(self, timeout: float) -> None:
-            if timeout > 0:
-                events.append("io wait")
-
-    async with serving(tmp_path / "mnt") as m:
-        fd = await in_thread(os.open, m.path("dri/renderD128"), os.O_RDWR)
-        drain = m.session._drain
-
-        def counted() -> bool:
-            events.append("drain")
-            return drain()
-
-        m.session._drain = counted  # type: ignore[method-assign]
-        instrument = IoWaits()
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(in_thread, os.pread, fd, 8, COMPLETION_VA)
-                await eventually(lambda: bool(m.backend.completions))
-                trio.lowlevel.add_instrument(instrument)
-                events.clear()
-                m.backend.completions[0].set_result(b"\xaa" * 8)  # (the reply goes now)
-                await trio.sleep(0.01)
-                trio.lowlevel.remove_instrument(instrument)
-            assert events[:2] == ["io wait", "drain"], events
-            # and the loop still takes requests as before
-            assert bytes(await in_thread(_ioctl, fd, IOWR_ECHO, bytearray(24))) == b"\x01" * 24
-        finally:
-            with contextlib.suppress(KeyError):
-                trio.lowlevel.remove_instrument(instrument)
-            await in_thread(os.close, fd)
-
-
 async def test_async_ioctl_does_not_block_others(tmp_path: Path):
     async with serving(tmp_path / "mnt") as m:
         fd = await in_thread(os.open, m.path("dri/renderD129"), os.O_RDWR)

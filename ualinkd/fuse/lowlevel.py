@@ -8,7 +8,6 @@ task of the session (`spawn`), which answers through a Completion like any other
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import logging
@@ -172,13 +171,6 @@ class FuseSession:
         # after the request it is processing (unmount, a fatal exception), and its linger.
         self._loop = ffi.new("struct _ualinkd_loop *")
         self._tasks = 0  # coroutines running as tasks in the nursery (spawn)
-        # The task that drains when woken (_wake_serve), while it waits to be; the count
-        # of requests when a drain was asked (none asked: None); and whether the C loop
-        # is running (a drain asked from inside it would be a second one)
-        self._drainer: trio.lowlevel.Task | None = None
-        self._drain_asked: int | None = None
-        self._draining = False
-        self._at_io_wait = _DrainAtIoWait(self)
         # Small GPU loads of imported memory, in C (fuse/dataplane.py); its thread runs
         # while serve() does. (A daemon makes it first: the node shows its counters.)
         self.data_plane = data_plane if data_plane is not None else DataPlane()
@@ -235,8 +227,6 @@ class FuseSession:
                 self._nursery = nursery
                 if self.data_plane.running or self.start_data_plane():  # (the daemon's
                     nursery.start_soon(self._serve_handed_back)  # runs before its link)
-                nursery.start_soon(self._drain_when_woken)
-                trio.lowlevel.add_instrument(self._at_io_wait)
                 try:
                     while not self._drain():
                         try:
@@ -244,9 +234,6 @@ class FuseSession:
                         except (trio.ClosedResourceError, OSError):
                             break  # unmount() closed the fd under us
                 finally:
-                    with contextlib.suppress(KeyError):  # (trio drops one that raised)
-                        trio.lowlevel.remove_instrument(self._at_io_wait)
-                    self._drain_asked = None
                     self._nursery = None
                     nursery.cancel_scope.cancel()
         finally:
@@ -322,11 +309,7 @@ class FuseSession:
         loop.carried_linger_ns = CARRIED_LINGER_NS
         loop.wake_fd = self.data_plane.notify_fd
         loop.turns = TURNS_PER_WAKEUP
-        self._draining = True
-        try:
-            n = lib._ualinkd_drain(self._se, self._buf, loop)
-        finally:
-            self._draining = False
+        n = lib._ualinkd_drain(self._se, self._buf, loop)
         if self._fatal is not None:
             exc, self._fatal = self._fatal, None
             self._loop.stop = 0
@@ -336,41 +319,6 @@ class FuseSession:
         if n > 0:  # over, or stopped by unmount()
             return True
         raise OSError(-n, f"fuse: reading device: {os.strerror(-n)}")
-
-    async def _drain_when_woken(self) -> None:
-        """Drain (with the loop's linger) each time `_DrainAtIoWait` wakes it: a
-        reschedule of a parked task, where cancelling serve()'s wait for the device cost
-        40-50 µs (trio's cancellation: its abort, an epoll_ctl, an exception through the
-        wait). serve() keeps the device's own wake-ups; the two never run at once (one
-        thread), and one that drained since the ask leaves this one nothing to do."""
-
-        def abort(_: Any) -> trio.lowlevel.Abort:
-            self._drainer = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        while True:
-            self._drainer = trio.lowlevel.current_task()
-            await trio.lowlevel.wait_task_rescheduled(abort)
-            asked, self._drain_asked = self._drain_asked, None
-            if self._fd < 0:
-                return  # over: serve() sees it at its own next wake-up (the fd closed)
-            if asked == self._loop.requests and self._drain():
-                return
-
-    def _wake_serve(self) -> None:
-        """After an answer given late, outside the C loop (an import's, when its NPA_RSP
-        came): the loop drains as soon as the scheduler would wait for I/O, with its
-        linger, instead of waiting for the device through trio. The caller's next requests
-        (an import's token open, then its PRIME_FD_TO_HANDLE) come 10-40 µs after the
-        answer: the loop takes them without a trio wake-up each. Not sooner: the link's
-        ACKs held until then (fabric/link.py's _HeldAcks; the NPA_RSP's) are written
-        first, as the peer's firmware acknowledges a message before its driver handles
-        it (§5.1). Not while a task of `spawn` runs (the last one drains as it ends) or
-        another answer waits on trio (the loop would not linger), nor from inside the
-        loop (it takes the next request itself)."""
-        if self._tasks or self._completing or self._draining:
-            return
-        self._drain_asked = self._loop.requests
 
     async def _serve_handed_back(self) -> None:
         """The reads the data plane's thread handed back (no route at the exporter, a
@@ -529,10 +477,8 @@ class FuseSession:
             # No drain here (a task of `spawn` drains after this): this runs inside
             # whoever completed it (the ring, the link's reader), and a request read now
             # would queue its sends before the ones its caller has yet to queue (a ring
-            # reply): the caller's next request comes in the scheduler's next turn
-            # (_wake_serve).
+            # reply): the caller's next request comes through serve()'s own turn.
             self._finish_late(req, op, finish, value, args)
-            self._wake_serve()
 
         try:
             c.when_done(done)
@@ -590,33 +536,6 @@ class FuseSession:
             lib.fuse_reply_none(req)  # the connection is gone: just free the request
         else:
             lib.fuse_reply_err(req, err)
-
-
-class _DrainAtIoWait(trio.abc.Instrument):
-    """Wakes a session's drainer when the scheduler is about to wait for I/O (everything
-    runnable ran) after `_wake_serve` asked; a wait with a timeout of 0 (tasks runnable)
-    is not one yet. Every instrument's before_io_wait runs before the wait, so the
-    link's held ACKs are written by then whatever the order (theirs flush on a timeout
-    above 0); the wait itself, its timeout chosen before, is cut short (run_sync_soon)."""
-
-    def __init__(self, session: FuseSession) -> None:
-        self.session = session
-
-    def before_io_wait(self, timeout: float) -> None:
-        s = self.session
-        if s._drain_asked is None or timeout <= 0:
-            return
-        task = s._drainer
-        if task is None:  # (the drainer is draining or gone: nothing to wake)
-            s._drain_asked = None
-            return
-        s._drainer = None
-        trio.lowlevel.reschedule(task)
-        trio.lowlevel.current_trio_token().run_sync_soon(_nothing)
-
-
-def _nothing() -> None:
-    """(run_sync_soon's callback: only its wake-up of the run loop is wanted)"""
 
 
 # -- reply helpers (module level: called per request, keep them flat) --------------------
