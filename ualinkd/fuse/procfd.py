@@ -111,7 +111,14 @@ def resolve_caller_fd(pid: int, fd: int, mountpoint: str) -> int:
     The fd's fdinfo says it all: an inode number in the dmabuf range names one of our
     dmabuf files by construction, and the mount it is on must be ours. Its path (a
     readlink, as dear as the rest cold: /proc/<pid>/fd of another process is built anew at
-    each lookup) is read only to say what a refused fd is."""
+    each lookup) is read only to say what a refused fd is.
+
+    The fdinfo is read on every call, not cached per (pid, fd): nothing tells us that a
+    caller closed or dup2'd over an fd (a close of one of several fds of a file sends no
+    RELEASE), so a cached answer could let another file through under the same number;
+    and comparing the fd with a file of ours (kcmp) would need our own reference to the
+    caller's file, which would hold its dma-buf open (its RELEASE) for as long as we kept
+    it."""
     try:
         ino, mnt_id = _fdinfo(pid, fd)
     except FileNotFoundError:
