@@ -860,6 +860,40 @@ async def test_resolve_rejects_other_mounts_dmabuf(tmp_path: Path):
             await in_thread(os.close, fd)
 
 
+async def test_resolve_a_caller_in_another_mount_namespace(tmp_path: Path):
+    """PRIME_FD_TO_HANDLE's resolution (policy 5) of a caller's dma-buf fd on our mount's
+    copy in another mount namespace (a container's): another mount id than ours, so not
+    procfd's own-mount shortcut but the superblock check; accepted, as on our own mount,
+    and a fd there on another ualinkd mount's copy is still refused (EINVAL)."""
+    other = FakeBackend()
+    other.add_token("42", DMABUF_KEY, 4096, os.getuid())
+    async with serving(tmp_path / "a") as a, serving(tmp_path / "b", other) as b:
+        a.backend.add_token("43", DMABUF_KEY + 1, 4096, os.getuid())
+        child = subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", sys.executable, "-c",
+             "import os, sys\n"
+             "print(os.open(sys.argv[1], os.O_RDWR), os.open(sys.argv[2], os.O_RDWR),"
+             " flush=True)\n"
+             "sys.stdin.read()", a.path("dmabuf/43"), b.path("dmabuf/42")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None
+            line = await in_thread(child.stdout.readline)
+            fd_a, fd_b = map(int, line.split())
+            with open(f"/proc/{child.pid}/fdinfo/{fd_a}") as f:
+                theirs = next(ln.split()[1] for ln in f if ln.startswith("mnt_id:"))
+            with open("/proc/self/mountinfo") as f:  # (the topmost mount at a.mp)
+                ours = [ln.split()[0] for ln in f if ln.split()[4] == a.mp][-1]
+            assert theirs != ours  # (the copy: the shortcut does not apply)
+            assert resolve_caller_fd(child.pid, fd_a, a.mp) == DMABUF_KEY + 1
+            with pytest.raises(OSError) as ei:
+                resolve_caller_fd(child.pid, fd_b, a.mp)
+            assert ei.value.errno == errno.EINVAL
+        finally:
+            child.kill()
+            await in_thread(child.wait)
+
+
 def test_dmabuf_inode_mapping():
     assert dmabuf_ino(1) == DMABUF_INO_BASE + 1
     with pytest.raises(ValueError):

@@ -72,7 +72,14 @@ def _field(text: bytes, name: bytes) -> int | None:
 def _mount_dev(mountinfo: str, *, mount_id: str | None = None, path: str | None = None) -> str:
     """The st_dev ("major:minor") of a mount found by id or by mount point; "" if none.
     For stacked mounts at one path the last (topmost) wins."""
-    dev = ""
+    return _mount_entry(mountinfo, mount_id=mount_id, path=path)[1]
+
+
+def _mount_entry(mountinfo: str, *, mount_id: str | None = None,
+                 path: str | None = None) -> tuple[str, str]:
+    """(mount id, st_dev) of a mount found by id or by mount point; ("", "") if none.
+    For stacked mounts at one path the last (topmost) wins."""
+    found = ("", "")
     try:
         with open(mountinfo) as f:
             for line in f:
@@ -81,10 +88,10 @@ def _mount_dev(mountinfo: str, *, mount_id: str | None = None, path: str | None 
                 if (mount_id is not None and fields[0] == mount_id) or (
                     path is not None and mp == path
                 ):
-                    dev = fields[2]
+                    found = (fields[0], fields[2])
     except FileNotFoundError:
         pass
-    return dev
+    return found
 
 
 def mount_device(mountpoint: str) -> tuple[int, int] | None:
@@ -104,7 +111,14 @@ def resolve_caller_fd(pid: int, fd: int, mountpoint: str) -> int:
     The fd's fdinfo says it all: an inode number in the dmabuf range names one of our
     dmabuf files by construction, and the mount it is on must be ours. Its path (a
     readlink, as dear as the rest cold: /proc/<pid>/fd of another process is built anew at
-    each lookup) is read only to say what a refused fd is."""
+    each lookup) is read only to say what a refused fd is.
+
+    The fdinfo is read on every call, not cached per (pid, fd): nothing tells us that a
+    caller closed or dup2'd over an fd (a close of one of several fds of a file sends no
+    RELEASE), so a cached answer could let another file through under the same number;
+    and comparing the fd with a file of ours (kcmp) would need our own reference to the
+    caller's file, which would hold its dma-buf open (its RELEASE) for as long as we kept
+    it."""
     try:
         ino, mnt_id = _fdinfo(pid, fd)
     except FileNotFoundError:
@@ -119,9 +133,14 @@ def resolve_caller_fd(pid: int, fd: int, mountpoint: str) -> int:
     # ~100 µs, so both sides are cached: ours per mount point, theirs per (mount namespace,
     # mount id) once seen to be ours (ids are unique among live mounts).
     ours = _ours.get(mountpoint)
-    if not ours:
-        ours = _ours[mountpoint] = _mount_dev("/proc/self/mountinfo",
-                                              path=os.path.abspath(mountpoint))
+    if ours is None or not ours[1]:
+        ours = _ours[mountpoint] = _mount_entry("/proc/self/mountinfo",
+                                                path=os.path.abspath(mountpoint))
+    if mnt_id is not None and mnt_id == ours[0]:
+        # Our own mount (a caller in our mount namespace, the usual one): mount ids are
+        # unique among live mounts, and ours lives while we serve it, so no other mount
+        # has its id; the caller's namespace is not read (a /proc readlink per call).
+        return key
     try:
         ns = os.readlink(f"/proc/{pid}/ns/mnt")
     except OSError:
@@ -129,7 +148,7 @@ def resolve_caller_fd(pid: int, fd: int, mountpoint: str) -> int:
     seen = (mountpoint, ns, mnt_id)
     if seen not in _theirs_ok:
         theirs = _mount_dev(f"/proc/{pid}/mountinfo", mount_id=mnt_id)
-        if not theirs or theirs != ours:
+        if not theirs or theirs != ours[1]:
             raise DrmError(errno.EINVAL, f"fd {fd} is a dma-buf file of another mount")
         if len(_theirs_ok) > 4096:
             _theirs_ok.clear()
@@ -144,7 +163,7 @@ def _link(pid: int, fd: int) -> str:
         return e.strerror or "?"
 
 
-_ours: dict[str, str] = {}
+_ours: dict[str, tuple[str, str]] = {}  # mount point -> (mount id, st_dev) in our namespace
 _theirs_ok: set[tuple[str, str, str | None]] = set()
 
 
