@@ -192,7 +192,8 @@ int ualinkd_doorbell_wait(const uint64_t *const *slots, const uint64_t *last, in
 
 /* The data plane's fast path (fuse/dataplane.c). */
 struct ualinkd_dp;
-struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired; };
+struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired;
+                     char *data; };
 struct ualinkd_dp *ualinkd_dp_new(void);
 int ualinkd_dp_start(struct ualinkd_dp *dp, int fuse_fd);
 void ualinkd_dp_stop(struct ualinkd_dp *dp, int err);
@@ -203,7 +204,8 @@ void ualinkd_dp_set_timeout(struct ualinkd_dp *dp, int64_t ns);
 void ualinkd_dp_flush(struct ualinkd_dp *dp);
 void ualinkd_dp_forget_file(struct ualinkd_dp *dp, uint64_t fh);
 void ualinkd_dp_route_import(struct ualinkd_dp *dp, uint64_t fh, uint64_t va_start,
-                             uint64_t va_end, uint64_t npa_start, uint16_t src, uint16_t dst);
+                             uint64_t va_end, uint64_t npa_start, uint16_t src, uint16_t dst,
+                             int perm);
 void ualinkd_dp_route_export(struct ualinkd_dp *dp, uint16_t src, uint16_t dst,
                              uint64_t npa_start, const char *mem, int fd, uint64_t fd_off,
                              uint32_t len);
@@ -211,6 +213,8 @@ int ualinkd_dp_take_fallbacks(struct ualinkd_dp *dp, struct dp_fallback *out, in
 int ualinkd_dp_take_event(struct ualinkd_dp *dp, int *handle, char *why, size_t size);
 void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out);
 #define DP_FAST_MAX ...
+#define DP_READ ...
+#define DP_WRITE ...
 /* Filled with the extern "Python" callbacks below by _ualinkd_ops_init(). */
 void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops);
 
@@ -476,6 +480,22 @@ static void _ualinkd_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t 
     _op_read(req, ino, size, off, fi->fh);
 }}
 
+/* libfuse's write callback: a store the data plane carries (a route with write permission
+   covers it) goes out from here; any other write is Python's. */
+static void _ualinkd_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size,
+                              off_t off, struct fuse_file_info *fi)
+{{
+    struct ualinkd_dp *dp = fuse_req_userdata(req);
+    uint64_t unique = _ualinkd_cur_buf ? _ualinkd_in_unique(_ualinkd_cur_buf) : 0;
+
+    if (dp != NULL && off >= 0
+            && dp_try_store(dp, req, ino, buf, size, (uint64_t)off, fi->fh, unique) == 0) {{
+        _ualinkd_carried = 1;
+        return;
+    }}
+    _op_write(req, ino, buf, size, off, fi);
+}}
+
 static void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops)
 {{
     memset(ops, 0, sizeof(*ops));
@@ -489,7 +509,7 @@ static void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops)
     ops->setattr = _op_setattr;
     ops->open = _op_open;
     ops->read = _ualinkd_op_read;
-    ops->write = _op_write;
+    ops->write = _ualinkd_op_write;
     ops->flush = _op_flush;
     ops->release = _op_release;
     ops->opendir = _op_opendir;

@@ -1,4 +1,4 @@
-/* The data plane's fast path: GPU loads of imported memory, in C on both daemons.
+/* The data plane's fast path: GPU loads and stores of imported memory, in C on both daemons.
  *
  * Appended to the cffi source of _fuse_ll (fuse/_build.py); fuse/dataplane.py is its only
  * user. Why it exists: a 4 KiB remote load through the Python daemons took three process
@@ -67,8 +67,10 @@
 #define DP_EVENTS 32
 
 #define DP_LOAD 0x20              /* fabric/wire.py FrameType */
+#define DP_STORE 0x21
 #define DP_DATA 0x22
 #define DP_LOAD_SIZE 29           /* <IBIHHQII: length, type, seq, src, dst, npa, length, deadline */
+#define DP_STORE_HEAD 25          /* <IBIHHQI: length, type, seq, src, dst, npa, deadline; data */
 #define DP_DATA_HEAD 13           /* <IBIi: length, type, seq, status */
 /* A channel's receive buffer starts this big and grows to one whole DATA when one comes
    (a spliced answer never enters it); an idle channel's shrinks back (dp_expire). */
@@ -104,6 +106,8 @@ struct dp_pending {
     uint32_t seq, size;
     int64_t started;
     int used;
+    char *data;                               /* a store's bytes (NULL: a load), kept for
+                                                 Python should it have to store them itself */
 };
 
 struct dp_channel {
@@ -128,11 +132,13 @@ struct dp_channel {
     uint8_t accels[DP_ACCELS / 8];            /* the peer's accels */
 };
 
+#define DP_READ 1                 /* an import route's permissions: what Python served */
+#define DP_WRITE 2
 struct dp_import_route {
     uint64_t fh, va_start, va_end, npa_start;
     uint64_t gen;
     uint16_t src, dst;
-    int used;
+    int used, perm;
 };
 
 struct dp_export_route {
@@ -145,8 +151,10 @@ struct dp_export_route {
     int used;
 };
 
-/* expired: no answer came within the deadline (Python faults it), else Python serves it. */
-struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired; };
+/* expired: no answer came within the deadline (Python faults it), else Python serves it;
+   data: a store's bytes (malloc'd: Python frees them), NULL for a load. */
+struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired;
+                     char *data; };
 struct dp_event { int handle; char why[160]; };
 
 struct ualinkd_dp {
@@ -172,8 +180,10 @@ struct ualinkd_dp {
     int spl_r, spl_w, spl_chan, spl_refused;  /* the thread's pipe, and whose answer it holds */
     char *scratch;                            /* its bytes read from memfds (DP_FAST_MAX) */
     /* counters: loads this node sent fast and got answered fast; LOADs it served fast;
-       loads handed back to Python; LOADs answered DP_FALLBACK; fast loads spliced */
+       loads handed back to Python; LOADs answered DP_FALLBACK; fast loads spliced; the same
+       for stores: fast, served, refused (their fallbacks are counted with the loads') */
     uint64_t fast_loads, served, fallbacks, refused, spliced;
+    uint64_t fast_stores, served_stores, refused_stores;
 };
 
 static int64_t dp_now(void)
@@ -216,6 +226,7 @@ static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p, int 
         struct dp_fallback *fb = realloc(dp->fb, cap * sizeof(*fb));
         if (fb == NULL) {
             fuse_reply_err(p->req, EIO);  /* no memory to hand it over: fail it, loudly */
+            free(p->data);
             dp->lost_events++;
             return;
         }
@@ -229,6 +240,7 @@ static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p, int 
     dp->fb[dp->nfb].fh = p->fh;
     dp->fb[dp->nfb].unique = p->unique;
     dp->fb[dp->nfb].expired = expired;
+    dp->fb[dp->nfb].data = p->data;
     dp->nfb++;
     dp->fallbacks++;
     dp_wake(dp->notifyfd);
@@ -263,7 +275,7 @@ static void dp_unpend(struct dp_channel *ch, struct dp_pending *p)
     p->used = 0;
     ch->npend--;
     ch->inflight_bytes -= p->size;
-    if (p->size >= DP_SPLICE_MIN)
+    if (p->data == NULL && p->size >= DP_SPLICE_MIN)
         __atomic_sub_fetch(&ch->big, 1, __ATOMIC_RELAXED);
 }
 
@@ -522,6 +534,71 @@ static void dp_serve(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f
     pthread_mutex_unlock(&dp->lock);
 }
 
+/* A STORE from the peer, `len` its frame's length: stored, and DATA status 0 (no bytes)
+   sent, when export routes cover all of it with memory (a BO chunk, or its memfd), else
+   nothing stored and DP_FALLBACK (the importer stores it through the link: Python decides,
+   as it decides every fault). All or nothing, as the exporter's Python serves a STORE
+   (UalinkManager.serve_store): routes are checked for the whole range before a byte is
+   written. A chunk never written has no memory yet (a zeros route): Python makes it.
+   [thread] */
+static void dp_serve_store(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f,
+                           uint32_t len)
+{
+    uint32_t seq = dp_get32(f + 5), length = len + 4 - DP_STORE_HEAD;
+    uint16_t src = dp_get16(f + 9), dst = dp_get16(f + 11);
+    uint64_t npa = dp_get64(f + 13);
+    const char *data = f + DP_STORE_HEAD;
+    int32_t status = DP_FALLBACK;
+    char head[DP_DATA_HEAD];
+    struct dp_export_route *pieces[DP_IOV];
+    int npieces = 0;
+
+    pthread_mutex_lock(&dp->lock);
+    if (src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))) && length > 0
+            && length <= DP_FAST_MAX) {
+        uint32_t done = 0;
+        while (done < length && npieces < DP_IOV) {
+            struct dp_export_route *r = dp_eroute_find(dp, src, dst, npa + done);
+            uint32_t k;
+            if (r == NULL || (r->mem == NULL && r->fd < 0))
+                break;
+            k = r->len - (uint32_t)(npa + done - r->npa_start);
+            done += k < length - done ? k : length - done;
+            pieces[npieces++] = r;
+        }
+        if (done == length) {
+            status = 0;
+            done = 0;
+            for (int i = 0; i < npieces && status == 0; i++) {
+                struct dp_export_route *r = pieces[i];
+                uint64_t at = npa + done - r->npa_start;
+                uint32_t k = r->len - (uint32_t)at;
+                if (k > length - done)
+                    k = length - done;
+                if (r->mem != NULL)  /* (a BO chunk: a bytearray, writable) */
+                    memcpy((char *)r->mem + at, data + done, k);
+                else if (pwrite(r->fd, data + done, k, (off_t)(r->fd_off + at)) != (ssize_t)k)
+                    status = -EIO;  /* (a memfd BO of its size: it does not happen) */
+                done += k;
+            }
+        }
+    }
+    if (status == 0)
+        dp->served_stores++;
+    else
+        dp->refused_stores++;
+    if (status != 0)
+        status = DP_FALLBACK;  /* (a failed pwrite: Python's store says what went wrong) */
+    dp_put32(head, 9);
+    head[4] = DP_DATA;
+    dp_put32(head + 5, seq);
+    dp_put32(head + 9, (uint32_t)status);
+    pthread_mutex_lock(&ch->lock);
+    dp_send(dp, ch, head, sizeof(head));
+    pthread_mutex_unlock(&ch->lock);
+    pthread_mutex_unlock(&dp->lock);
+}
+
 /* A DATA from the peer: the FUSE reply of the load it answers, or that load handed to
    Python (any status, any length but the whole answer). [thread] */
 static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f, uint32_t len)
@@ -538,6 +615,20 @@ static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char
     }
     dp_unpend(ch, &ch->pend[seq % DP_INFLIGHT]);
     pthread_mutex_unlock(&ch->lock);
+    if (p.data != NULL) {  /* a store's answer: stored (no bytes), or Python's to do */
+        if (status == 0 && n == 0) {
+            pthread_mutex_lock(&dp->lock);
+            dp->fast_stores++;
+            pthread_mutex_unlock(&dp->lock);
+            free(p.data);
+            fuse_reply_write(p.req, p.size);
+            return;
+        }
+        pthread_mutex_lock(&dp->lock);
+        dp_fall_back(dp, &p, 0);
+        pthread_mutex_unlock(&dp->lock);
+        return;
+    }
     if (p.size >= DP_SPLICE_MIN && ch->spl_pause > 0)
         ch->spl_pause--;
     if (status == 0 && n == p.size) {
@@ -807,9 +898,12 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
             const char *f = ch->in + at;
             uint32_t len = dp_get32(f);
             int type = (unsigned char)f[4];
-            /* Only LOADs and the DATA answering ours come on a data channel, and no DATA
-               longer than the longest load we ask. Anything else: the peer is broken. */
+            /* Only LOADs, STOREs and the DATA answering ours come on a data channel, and
+               no DATA longer than the longest load we ask, no STORE longer than the
+               longest we send. Anything else: the peer is broken. */
             int ok = (type == DP_LOAD && len == DP_LOAD_SIZE - 4)
+                  || (type == DP_STORE && len > DP_STORE_HEAD - 4
+                      && len <= DP_STORE_HEAD - 4 + DP_FAST_MAX)
                   || (type == DP_DATA && len >= 9 && len <= 9 + DP_FAST_MAX);
             if (!ok) {
                 snprintf(why, sizeof(why), "bad frame (type %#x, length %u)", type, len);
@@ -824,6 +918,8 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
             }
             if (type == DP_LOAD)
                 dp_serve(dp, ch, f);
+            else if (type == DP_STORE)
+                dp_serve_store(dp, ch, f, len);
             else
                 dp_answered(dp, ch, f, len);
             at += 4 + len;
@@ -1015,6 +1111,8 @@ static void ualinkd_dp_stop(struct ualinkd_dp *dp, int err)
             if (ch->pend[i].used) {
                 ch->pend[i].used = 0;
                 fuse_reply_err(ch->pend[i].req, err);
+                free(ch->pend[i].data);
+                ch->pend[i].data = NULL;
             }
         if (ch->fd >= 0)
             close(ch->fd);
@@ -1024,8 +1122,10 @@ static void ualinkd_dp_stop(struct ualinkd_dp *dp, int err)
             ch->gen++;
         ch->state = DP_FREE;
     }
-    for (size_t i = 0; i < dp->nfb; i++)
+    for (size_t i = 0; i < dp->nfb; i++) {
         fuse_reply_err(dp->fb[i].req, err);
+        free(dp->fb[i].data);
+    }
     dp->nfb = 0;
     for (int a = 0; a < DP_ACCELS; a++)
         dp->accel_chan[a] = -1;
@@ -1159,11 +1259,13 @@ static void ualinkd_dp_forget_file(struct ualinkd_dp *dp, uint64_t fh)
     pthread_mutex_unlock(&dp->lock);
 }
 
-/* Reads of render-node file `fh` in [va_start, va_end) are loads of NPA `npa_start`
-   onwards at accel `dst`, issued by accel `src`. */
+/* Reads (perm DP_READ) or writes (DP_WRITE) of render-node file `fh` in [va_start,
+   va_end) are loads or stores of NPA `npa_start` onwards at accel `dst`, issued by accel
+   `src`. A route of the same mapping learns the other permission when Python served that
+   access too. */
 static void ualinkd_dp_route_import(struct ualinkd_dp *dp, uint64_t fh, uint64_t va_start,
                                     uint64_t va_end, uint64_t npa_start, uint16_t src,
-                                    uint16_t dst)
+                                    uint16_t dst, int perm)
 {
     struct dp_import_route *r = NULL;
 
@@ -1177,6 +1279,10 @@ static void ualinkd_dp_route_import(struct ualinkd_dp *dp, uint64_t fh, uint64_t
     }
     if (r == NULL)
         r = &dp->iroute[dp->inext++ % DP_IMPORT_ROUTES];
+    else if (r->gen == dp->gen && r->va_end == va_end && r->npa_start == npa_start
+             && r->src == src && r->dst == dst)
+        perm |= r->perm;  /* (the same mapping, still current) */
+    r->perm = perm;
     r->fh = fh;
     r->va_start = va_start;
     r->va_end = va_end;
@@ -1235,8 +1341,8 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
     pthread_mutex_lock(&dp->lock);
     for (unsigned i = 0; i < DP_IMPORT_ROUTES; i++) {
         struct dp_import_route *q = &dp->iroute[i];
-        if (q->used && q->gen == dp->gen && q->fh == fh && off >= q->va_start
-                && off < q->va_end && size <= q->va_end - off) {
+        if (q->used && (q->perm & DP_READ) && q->gen == dp->gen && q->fh == fh
+                && off >= q->va_start && off < q->va_end && size <= q->va_end - off) {
             r = q;
             break;
         }
@@ -1257,6 +1363,7 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
         pthread_mutex_unlock(&ch->lock);
         return -1;
     }
+    p->data = NULL;  /* (a store's, handed on with it, in a slot used before) */
     dp_put32(f, DP_LOAD_SIZE - 4);
     f[4] = DP_LOAD;
     dp_put32(f + 5, seq);
@@ -1288,6 +1395,92 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
     ch->inflight_bytes += (uint32_t)size;
     if (dp->timeout_ns < DP_IDLE_NS)
         dp_wake(dp->wakefd);  /* (the thread may sleep DP_IDLE_NS: past this load's deadline) */
+    pthread_mutex_unlock(&ch->lock);
+    return 0;
+}
+
+/* The write callback's fast path (trio thread, inside fuse_session_process_buf): 0 when
+   the store of `buf` went out as a STORE (the thread answers `req`: the count, once the
+   exporter stored it all), -1 when Python must serve it. Its bytes are kept until the
+   answer: an exporter that refuses it (no route there) or a channel that goes down hands
+   the store to Python, which stores them through the link and decides any fault (policy
+   10: one STORE is stored whole or not at all, as the link's). Ordering: the channel
+   carries this file's loads and stores in the order they came, and the exporter's thread
+   applies them in that order. */
+static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, const char *buf,
+                        size_t size, uint64_t off, uint64_t fh, uint64_t unique)
+{
+    struct dp_import_route *r = NULL;
+    struct dp_channel *ch;
+    struct dp_pending *p;
+    char f[DP_STORE_HEAD];
+    struct iovec iov[2];
+    uint64_t npa;
+    uint16_t src, dst;
+    uint32_t seq;
+    char *copy;
+    int c;
+
+    if (!dp->running || size == 0 || size > DP_FAST_MAX)
+        return -1;
+    pthread_mutex_lock(&dp->lock);
+    for (unsigned i = 0; i < DP_IMPORT_ROUTES; i++) {
+        struct dp_import_route *q = &dp->iroute[i];
+        if (q->used && (q->perm & DP_WRITE) && q->gen == dp->gen && q->fh == fh
+                && off >= q->va_start && off < q->va_end && size <= q->va_end - off) {
+            r = q;
+            break;
+        }
+    }
+    if (r == NULL || (c = dp->accel_chan[r->dst]) < 0 || dp->ch[c].state != DP_OPEN) {
+        pthread_mutex_unlock(&dp->lock);
+        return -1;
+    }
+    npa = r->npa_start + (off - r->va_start);
+    src = r->src;
+    dst = r->dst;
+    ch = &dp->ch[c];
+    pthread_mutex_lock(&ch->lock);
+    pthread_mutex_unlock(&dp->lock);
+    seq = ch->next_seq;
+    p = &ch->pend[seq % DP_INFLIGHT];
+    if (ch->npend >= DP_INFLIGHT || p->used || ch->inflight_bytes + size > DP_INFLIGHT_BYTES
+            || (copy = malloc(size)) == NULL) {
+        pthread_mutex_unlock(&ch->lock);
+        return -1;
+    }
+    memcpy(copy, buf, size);
+    dp_put32(f, (uint32_t)(DP_STORE_HEAD - 4 + size));
+    f[4] = DP_STORE;
+    dp_put32(f + 5, seq);
+    memcpy(f + 9, &src, 2);
+    memcpy(f + 11, &dst, 2);
+    memcpy(f + 13, &npa, 8);
+    dp_put32(f + 21, 0);  /* no deadline: the importer's own timeout ends the wait */
+    iov[0].iov_base = f;
+    iov[0].iov_len = sizeof(f);
+    iov[1].iov_base = copy;
+    iov[1].iov_len = size;
+    if (dp_sendv(dp, ch, iov, 2) != 0) {
+        pthread_mutex_unlock(&ch->lock);
+        free(copy);
+        return -1;
+    }
+    ch->next_seq = seq + 1;
+    p->req = req;
+    p->ino = ino;
+    p->size = (uint32_t)size;
+    p->off = off;
+    p->fh = fh;
+    p->unique = unique;
+    p->seq = seq;
+    p->started = dp_now();
+    p->data = copy;
+    p->used = 1;
+    ch->npend++;
+    ch->inflight_bytes += (uint32_t)size;
+    if (dp->timeout_ns < DP_IDLE_NS)
+        dp_wake(dp->wakefd);
     pthread_mutex_unlock(&ch->lock);
     return 0;
 }
@@ -1329,7 +1522,7 @@ static int ualinkd_dp_take_event(struct ualinkd_dp *dp, int *handle, char *why, 
 }
 
 /* fast loads, LOADs served, loads handed to Python, LOADs answered DP_FALLBACK, fast loads
-   whose answer was spliced. */
+   whose answer was spliced; fast stores, STOREs served, STOREs answered DP_FALLBACK. */
 static void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out)
 {
     pthread_mutex_lock(&dp->lock);
@@ -1338,5 +1531,8 @@ static void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out)
     out[2] = dp->fallbacks;
     out[3] = dp->refused;
     out[4] = dp->spliced;
+    out[5] = dp->fast_stores;
+    out[6] = dp->served_stores;
+    out[7] = dp->refused_stores;
     pthread_mutex_unlock(&dp->lock);
 }

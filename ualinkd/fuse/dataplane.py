@@ -1,11 +1,11 @@
-"""The C data plane's Python side: its channels, its routes, and the loads it hands back.
+"""The C data plane's Python side: its channels, its routes, and the accesses it hands back.
 
 fuse/dataplane.c says what the C does and why. A FuseSession owns one DataPlane (its
-thread replies to that session's reads). The fabric link hands it each authenticated data
-channel (`open`/`close`: fabric/link.py's DataChannels). The routes come from what Python
-served itself: `route_import` after a render-node read that one remote mapping answered
-(lowlevel.py), `route_export` after a LOAD that one BO chunk answered (daemon.py). Every
-route goes at the next `translation.changed()`.
+thread replies to that session's reads and writes). The fabric link hands it each
+authenticated data channel (`open`/`close`: fabric/link.py's DataChannels). The routes
+come from what Python served itself: `route_import` after a render-node read or write that
+one remote mapping answered (lowlevel.py), `route_export` after a LOAD or STORE that BO
+chunks answered (daemon.py). Every route goes at the next `translation.changed()`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 FAST_MAX = lib.DP_FAST_MAX  # the largest load the C carries
 _FALLBACKS_PER_TAKE = 256
 
-# (req, ino, size, off, fh, unique, expired: no answer within the deadline, to fault)
-Fallback = tuple[Any, int, int, int, int, int, bool]
+# (req, ino, size, off, fh, unique, expired: no answer within the deadline, to fault,
+#  data: a store's bytes, None for a load)
+Fallback = tuple[Any, int, int, int, int, int, bool, bytes | None]
 
 
 class DataPlane:
@@ -39,7 +40,7 @@ class DataPlane:
         self.notify_fd = -1
         self._peers: dict[int, str] = {}  # channel handle -> peer
         self._fallbacks = ffi.new("struct dp_fallback[]", _FALLBACKS_PER_TAKE)
-        self._stats = ffi.new("uint64_t[5]")
+        self._stats = ffi.new("uint64_t[8]")
         self.on_broken: Callable[[int], None] | None = None  # DataChannels.on_broken
         translation.listen(self.flush)
 
@@ -118,18 +119,19 @@ class DataPlane:
             lib.ualinkd_dp_forget_file(self.pointer, fh)
 
     def route_import(self, fh: int, va_start: int, va_end: int, npa_start: int, src: int,
-                     dst: int) -> None:
-        """Reads of file `fh` in [va_start, va_end) load NPA `npa_start` on at accel `dst`,
-        issued by accel `src`."""
+                     dst: int, *, write: bool = False) -> None:
+        """Reads (`write`: writes) of file `fh` in [va_start, va_end) load (store) NPA
+        `npa_start` on at accel `dst`, issued by accel `src`."""
         if self.running:
             lib.ualinkd_dp_route_import(self.pointer, fh, va_start, va_end, npa_start, src,
-                                        dst)
+                                        dst, lib.DP_WRITE if write else lib.DP_READ)
 
     def route_export(self, src: int, dst: int, npa_start: int, length: int,
                      backing: bytearray | int | None, offset: int) -> None:
-        """LOADs from accel `src` of NPA [npa_start, +length) at our accel `dst` read
-        `backing` from `offset`: a BO chunk (which must live, never resized, until the next
-        translation.changed(): BoMemory's chunks do), a BO's memfd, or None for zeros."""
+        """LOADs (and STOREs) from accel `src` of NPA [npa_start, +length) at our accel `dst`
+        read (write) `backing` from `offset`: a BO chunk (which must live, never resized,
+        until the next translation.changed(): BoMemory's chunks do), a BO's memfd, or None
+        for zeros (no STORE: Python makes the chunk)."""
         if not self.running or length <= 0:
             return
         if isinstance(backing, bytearray):
@@ -147,8 +149,12 @@ class DataPlane:
         while True:
             n = lib.ualinkd_dp_take_fallbacks(self.pointer, self._fallbacks,
                                               _FALLBACKS_PER_TAKE)
-            out += [(f.req, f.ino, f.size, f.off, f.fh, f.unique, bool(f.expired))
-                    for f in self._fallbacks[0:n]]
+            for f in self._fallbacks[0:n]:
+                data = None
+                if f.data != ffi.NULL:  # a store's bytes: ours now
+                    data = ffi.buffer(f.data, f.size)[:]
+                    lib.free(f.data)
+                out.append((f.req, f.ino, f.size, f.off, f.fh, f.unique, bool(f.expired), data))
             if n < _FALLBACKS_PER_TAKE:
                 return out
 
@@ -173,12 +179,14 @@ class DataPlane:
 
     def stats(self) -> dict[str, int]:
         """fast_loads: loads of ours the C carried (spliced: those whose answer it spliced
-        into /dev/fuse); served: peers' LOADs it answered; fallbacks: loads it handed back
-        to Python; refused: LOADs it sent back to the link."""
+        into /dev/fuse); served: peers' LOADs it answered; fallbacks: loads and stores it
+        handed back to Python; refused: LOADs it sent back to the link; fast_stores,
+        served_stores, refused_stores: the same for stores."""
         if self.pointer == ffi.NULL:
             return {}
         lib.ualinkd_dp_stats(self.pointer, self._stats)
-        stats = dict(zip(("fast_loads", "served", "fallbacks", "refused", "spliced"),
+        stats = dict(zip(("fast_loads", "served", "fallbacks", "refused", "spliced",
+                          "fast_stores", "served_stores", "refused_stores"),
                          self._stats, strict=True))
         stats["channels"] = len(self._peers)
         return stats
