@@ -193,7 +193,7 @@ int ualinkd_doorbell_wait(const uint64_t *const *slots, const uint64_t *last, in
 /* The data plane's fast path (fuse/dataplane.c). */
 struct ualinkd_dp;
 struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired;
-                     char *data; };
+                     char *data; void *block; };
 struct ualinkd_dp *ualinkd_dp_new(void);
 int ualinkd_dp_start(struct ualinkd_dp *dp, int fuse_fd);
 void ualinkd_dp_stop(struct ualinkd_dp *dp, int err);
@@ -268,8 +268,9 @@ SOURCE = f"""
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <linux/fuse.h>
-/* The request _ualinkd_drain is processing (the read callback takes its unique). */
-static const struct fuse_buf *_ualinkd_cur_buf;
+/* The request _ualinkd_drain is processing (the read callback takes its unique; the write
+   callback may take its buffer over: dp_try_store). */
+static struct fuse_buf *_ualinkd_cur_buf;
 /* The read callback gave its request to the data plane since the last receive. */
 static int _ualinkd_carried;
 
@@ -489,7 +490,8 @@ static void _ualinkd_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, s
     uint64_t unique = _ualinkd_cur_buf ? _ualinkd_in_unique(_ualinkd_cur_buf) : 0;
 
     if (dp != NULL && off >= 0
-            && dp_try_store(dp, req, ino, buf, size, (uint64_t)off, fi->fh, unique) == 0) {{
+            && dp_try_store(dp, req, ino, buf, size, (uint64_t)off, fi->fh, unique,
+                            _ualinkd_cur_buf) == 0) {{
         _ualinkd_carried = 1;
         return;
     }}

@@ -96,6 +96,10 @@
 #define DP_SPLICE_STALLS 16       /* splices that move nothing while bytes wait: pipe full */
 #define DP_SPLICE_MISSES 2
 #define DP_SPLICE_PAUSE 256
+/* A STORE whose bytes still to come are this many or more is received straight into the
+   BO's chunks, once they are all in the socket (dp_store_direct): one copy, where a
+   receive into `in` and a copy into the chunks were two. */
+#define DP_DIRECT_MIN (64 * 1024)
 
 enum { DP_FREE, DP_OPEN, DP_BROKEN, DP_CLOSING };
 
@@ -108,6 +112,7 @@ struct dp_pending {
     int used;
     char *data;                               /* a store's bytes (NULL: a load), kept for
                                                  Python should it have to store them itself */
+    void *block;                              /* what holds them, freed with them */
 };
 
 struct dp_channel {
@@ -128,6 +133,7 @@ struct dp_channel {
     int spl_stalls;                           /* splices in a row that moved nothing */
     int spl_misses, spl_pause;                /* answers in a row the pipe failed; large
                                                  answers left before it is tried again */
+    int nodirect;                             /* the STORE in front is received into `in` */
     char why[160];
     uint8_t accels[DP_ACCELS / 8];            /* the peer's accels */
 };
@@ -152,9 +158,9 @@ struct dp_export_route {
 };
 
 /* expired: no answer came within the deadline (Python faults it), else Python serves it;
-   data: a store's bytes (malloc'd: Python frees them), NULL for a load. */
+   data: a store's bytes, NULL for a load, in `block` (malloc'd: Python frees it). */
 struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired;
-                     char *data; };
+                     char *data; void *block; };
 struct dp_event { int handle; char why[160]; };
 
 struct ualinkd_dp {
@@ -226,7 +232,7 @@ static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p, int 
         struct dp_fallback *fb = realloc(dp->fb, cap * sizeof(*fb));
         if (fb == NULL) {
             fuse_reply_err(p->req, EIO);  /* no memory to hand it over: fail it, loudly */
-            free(p->data);
+            free(p->block);
             dp->lost_events++;
             return;
         }
@@ -241,6 +247,7 @@ static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p, int 
     dp->fb[dp->nfb].unique = p->unique;
     dp->fb[dp->nfb].expired = expired;
     dp->fb[dp->nfb].data = p->data;
+    dp->fb[dp->nfb].block = p->block;
     dp->nfb++;
     dp->fallbacks++;
     dp_wake(dp->notifyfd);
@@ -267,6 +274,7 @@ static void dp_channel_clear(struct dp_channel *ch)
     __atomic_store_n(&ch->big, 0, __ATOMIC_RELAXED);
     ch->spl_left = 0;
     ch->spl_misses = ch->spl_pause = 0;
+    ch->nodirect = 0;
 }
 
 /* Load `p` is no longer pending (answered, expired, or handed to Python). [ch->lock held] */
@@ -599,6 +607,91 @@ static void dp_serve_store(struct ualinkd_dp *dp, struct dp_channel *ch, const c
     pthread_mutex_unlock(&dp->lock);
 }
 
+static void dp_lowat(struct dp_channel *ch, int n);
+
+/* The STORE whose head is in front of `in` (its bytes partly received): once the rest is
+   all in the socket, received straight into the BO's chunks that export routes give, with
+   what `in` holds of it copied there first, and answered (1: consumed). 0: not all there
+   yet (the channel is readable once it is); -1: not this way (small, not all memory the
+   routes cover: dp_serve_store answers it once it is whole in `in`); -2: the channel
+   broke. Under dp->lock from the route lookup to the answer's send, as dp_serve_store:
+   no chunk is freed meanwhile. [thread] */
+static int dp_store_direct(struct ualinkd_dp *dp, struct dp_channel *ch)
+{
+    const char *f = ch->in;
+    uint32_t len = dp_get32(f), seq = dp_get32(f + 5), length, have, rest, done = 0;
+    uint16_t src = dp_get16(f + 9), dst = dp_get16(f + 11);
+    uint64_t npa = dp_get64(f + 13);
+    struct iovec *iov = dp->iov;
+    struct msghdr m = { 0 };
+    char head[DP_DATA_HEAD];
+    int niov = 0, avail = 0;
+    ssize_t k;
+
+    if (ch->nodirect || len <= DP_STORE_HEAD - 4 || len > DP_STORE_HEAD - 4 + DP_FAST_MAX
+            || ch->in_len >= 4 + (size_t)len)
+        return -1;
+    length = len + 4 - DP_STORE_HEAD;
+    have = (uint32_t)ch->in_len - DP_STORE_HEAD;
+    rest = length - have;
+    if (rest < DP_DIRECT_MIN || !(src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))))) {
+        ch->nodirect = 1;
+        return -1;
+    }
+    if (ioctl(ch->fd, FIONREAD, &avail) != 0 || avail < 0 || (uint32_t)avail < rest) {
+        dp_lowat(ch, (int)rest);
+        return 0;
+    }
+    pthread_mutex_lock(&dp->lock);
+    while (done < length && niov < DP_IOV) {
+        struct dp_export_route *r = dp_eroute_find(dp, src, dst, npa + done);
+        uint64_t at;
+        uint32_t n;
+        if (r == NULL || r->mem == NULL)  /* (a memfd's: pwrite, from `in`) */
+            break;
+        at = npa + done - r->npa_start;
+        n = r->len - (uint32_t)at;
+        if (n > length - done)
+            n = length - done;
+        if (done + n <= have) {  /* (received already) */
+            memcpy((char *)r->mem + at, f + DP_STORE_HEAD + done, n);
+        } else {
+            uint32_t skip = done < have ? have - done : 0;
+            if (skip)
+                memcpy((char *)r->mem + at, f + DP_STORE_HEAD + done, skip);
+            iov[niov].iov_base = (char *)r->mem + at + skip;
+            iov[niov++].iov_len = n - skip;
+        }
+        done += n;
+    }
+    if (done < length) {  /* (what was copied is stored again, whole, by whoever serves it) */
+        pthread_mutex_unlock(&dp->lock);
+        ch->nodirect = 1;
+        dp_lowat(ch, 1);
+        return -1;
+    }
+    m.msg_iov = iov;
+    m.msg_iovlen = (size_t)niov;
+    k = recvmsg(ch->fd, &m, MSG_DONTWAIT);
+    dp_lowat(ch, 1);
+    if (k != (ssize_t)rest) {  /* (FIONREAD said they were there) */
+        pthread_mutex_unlock(&dp->lock);
+        dp_drop(dp, ch, k < 0 ? "receive failed" : "a STORE's bytes came short");
+        return -2;
+    }
+    dp->served_stores++;
+    dp_put32(head, 9);
+    head[4] = DP_DATA;
+    dp_put32(head + 5, seq);
+    dp_put32(head + 9, 0);
+    pthread_mutex_lock(&ch->lock);
+    dp_send(dp, ch, head, sizeof(head));
+    pthread_mutex_unlock(&ch->lock);
+    pthread_mutex_unlock(&dp->lock);
+    ch->in_len = 0;
+    return 1;
+}
+
 /* A DATA from the peer: the FUSE reply of the load it answers, or that load handed to
    Python (any status, any length but the whole answer). [thread] */
 static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f, uint32_t len)
@@ -620,7 +713,7 @@ static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char
             pthread_mutex_lock(&dp->lock);
             dp->fast_stores++;
             pthread_mutex_unlock(&dp->lock);
-            free(p.data);
+            free(p.block);
             fuse_reply_write(p.req, p.size);
             return;
         }
@@ -873,6 +966,13 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
                 return;
             continue;
         }
+        if (ch->in_len >= DP_STORE_HEAD && (unsigned char)ch->in[4] == DP_STORE) {
+            int d = dp_store_direct(dp, ch);
+            if (d == 0 || d == -2)
+                return;
+            if (d == 1)
+                continue;
+        }
         /* Room for all of the frame begun (its head was checked when it came). */
         if (ch->in_len >= 5 && dp_in_reserve(ch, 4 + (size_t)dp_get32(ch->in)) != 0) {
             dp_drop(dp, ch, "out of memory");
@@ -922,6 +1022,7 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
                 dp_serve_store(dp, ch, f, len);
             else
                 dp_answered(dp, ch, f, len);
+            ch->nodirect = 0;  /* (the frame in front is the next one) */
             at += 4 + len;
         }
         if (at) {
@@ -1111,8 +1212,8 @@ static void ualinkd_dp_stop(struct ualinkd_dp *dp, int err)
             if (ch->pend[i].used) {
                 ch->pend[i].used = 0;
                 fuse_reply_err(ch->pend[i].req, err);
-                free(ch->pend[i].data);
-                ch->pend[i].data = NULL;
+                free(ch->pend[i].block);
+                ch->pend[i].data = ch->pend[i].block = NULL;
             }
         if (ch->fd >= 0)
             close(ch->fd);
@@ -1124,7 +1225,7 @@ static void ualinkd_dp_stop(struct ualinkd_dp *dp, int err)
     }
     for (size_t i = 0; i < dp->nfb; i++) {
         fuse_reply_err(dp->fb[i].req, err);
-        free(dp->fb[i].data);
+        free(dp->fb[i].block);
     }
     dp->nfb = 0;
     for (int a = 0; a < DP_ACCELS; a++)
@@ -1363,7 +1464,7 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
         pthread_mutex_unlock(&ch->lock);
         return -1;
     }
-    p->data = NULL;  /* (a store's, handed on with it, in a slot used before) */
+    p->data = p->block = NULL;  /* (a store's, handed on with it, in a slot used before) */
     dp_put32(f, DP_LOAD_SIZE - 4);
     f[4] = DP_LOAD;
     dp_put32(f + 5, seq);
@@ -1406,9 +1507,14 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
    the store to Python, which stores them through the link and decides any fault (policy
    10: one STORE is stored whole or not at all, as the link's). Ordering: the channel
    carries this file's loads and stores in the order they came, and the exporter's thread
-   applies them in that order. */
+   applies them in that order.
+   The bytes are kept without a copy: `in` is the buffer libfuse received the request into
+   (its struct fuse_buf), and the store takes that buffer over (its mem set to NULL, so the
+   session's next receive allocates another: libfuse's fuse_session_receive_buf does when
+   mem is NULL). A copy of 1 MiB was an eighth of a carried store's time. */
 static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, const char *buf,
-                        size_t size, uint64_t off, uint64_t fh, uint64_t unique)
+                        size_t size, uint64_t off, uint64_t fh, uint64_t unique,
+                        struct fuse_buf *in)
 {
     struct dp_import_route *r = NULL;
     struct dp_channel *ch;
@@ -1418,11 +1524,12 @@ static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, c
     uint64_t npa;
     uint16_t src, dst;
     uint32_t seq;
-    char *copy;
-    int c;
+    int c, steal;
 
     if (!dp->running || size == 0 || size > DP_FAST_MAX)
         return -1;
+    steal = in != NULL && in->mem != NULL && !(in->flags & FUSE_BUF_IS_FD)
+        && buf >= (const char *)in->mem && buf + size <= (const char *)in->mem + in->size;
     pthread_mutex_lock(&dp->lock);
     for (unsigned i = 0; i < DP_IMPORT_ROUTES; i++) {
         struct dp_import_route *q = &dp->iroute[i];
@@ -1444,12 +1551,10 @@ static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, c
     pthread_mutex_unlock(&dp->lock);
     seq = ch->next_seq;
     p = &ch->pend[seq % DP_INFLIGHT];
-    if (ch->npend >= DP_INFLIGHT || p->used || ch->inflight_bytes + size > DP_INFLIGHT_BYTES
-            || (copy = malloc(size)) == NULL) {
+    if (ch->npend >= DP_INFLIGHT || p->used || ch->inflight_bytes + size > DP_INFLIGHT_BYTES) {
         pthread_mutex_unlock(&ch->lock);
         return -1;
     }
-    memcpy(copy, buf, size);
     dp_put32(f, (uint32_t)(DP_STORE_HEAD - 4 + size));
     f[4] = DP_STORE;
     dp_put32(f + 5, seq);
@@ -1459,13 +1564,26 @@ static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, c
     dp_put32(f + 21, 0);  /* no deadline: the importer's own timeout ends the wait */
     iov[0].iov_base = f;
     iov[0].iov_len = sizeof(f);
-    iov[1].iov_base = copy;
+    iov[1].iov_base = (void *)buf;
     iov[1].iov_len = size;
-    if (dp_sendv(dp, ch, iov, 2) != 0) {
+    if (steal) {
+        p->block = in->mem;
+        p->data = (char *)buf;
+    } else if ((p->block = p->data = malloc(size)) != NULL) {
+        memcpy(p->data, buf, size);
+    } else {
         pthread_mutex_unlock(&ch->lock);
-        free(copy);
         return -1;
     }
+    if (dp_sendv(dp, ch, iov, 2) != 0) {
+        if (!steal)
+            free(p->block);
+        p->data = p->block = NULL;
+        pthread_mutex_unlock(&ch->lock);
+        return -1;
+    }
+    if (steal)
+        in->mem = NULL;  /* (the store's now) */
     ch->next_seq = seq + 1;
     p->req = req;
     p->ino = ino;
@@ -1475,7 +1593,6 @@ static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, c
     p->unique = unique;
     p->seq = seq;
     p->started = dp_now();
-    p->data = copy;
     p->used = 1;
     ch->npend++;
     ch->inflight_bytes += (uint32_t)size;

@@ -153,7 +153,7 @@ class DataPlane:
                 data = None
                 if f.data != ffi.NULL:  # a store's bytes: ours now
                     data = ffi.buffer(f.data, f.size)[:]
-                    lib.free(f.data)
+                    lib.free(f.block)
                 out.append((f.req, f.ino, f.size, f.off, f.fh, f.unique, bool(f.expired), data))
             if n < _FALLBACKS_PER_TAKE:
                 return out
