@@ -146,3 +146,46 @@ def test_a_vanished_exporter_fails_the_stores_and_the_importer_serves_on(tmp_pat
             assert wait_until(lambda: stats(b)["channels"] == 0, 10)
             assert cb.bo_create(4096) > 0  # B serves on
             assert "unexpected exception" not in b.log_text()
+
+
+def test_a_store_answered_after_the_links_deadline_faults_as_on_the_link(tmp_path):
+    """A carried store has the link's deadline (send_ack_timeout_ms): the exporter stopped
+    (SIGSTOP) past it and resumed within the heartbeat timeout, B's store faults (EFAULT,
+    gpu_faults counts it: policy 7, 10), as a STORE on the link whose answer is late does
+    (agent._piece_fault); the link stays up and the next store is carried again."""
+    import threading
+
+    config = pod_config(2, response_ms=250)
+    with running_pod(tmp_path, config=config) as (a, b):
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            shared(ca, cb)
+            stores_carried(a, b, cb, VA_B, 4096)
+            faults = int(b.debug(128, "gpu_faults"))
+            fast = stats(b)["fast_stores"]
+            got: list[int] = []
+            writing = threading.Event()
+
+            def write() -> None:
+                writing.set()
+                try:
+                    got.append(aligned_write(cb, VA_B, pattern(4096, 3)))
+                except OSError as e:
+                    got.append(-e.errno)
+            a.proc.send_signal(signal.SIGSTOP)
+            try:
+                # (every thread stopped for real first: test_data_plane's load twin says why)
+                assert wait_until(lambda: all(
+                    open(f"/proc/{a.proc.pid}/task/{tid}/stat").read().rsplit(")", 1)[1]
+                    .split()[0] == "T" for tid in os.listdir(f"/proc/{a.proc.pid}/task")), 10)
+                t = threading.Thread(target=write, daemon=True)
+                t.start()
+                assert writing.wait(10)
+                time.sleep(0.9)  # past the 250 ms deadline, well within the 5 s heartbeat's
+            finally:
+                a.proc.send_signal(signal.SIGCONT)
+            t.join(10)  # watchdog
+            assert got == [-errno.EFAULT], got
+            assert int(b.debug(128, "gpu_faults")) == faults + 1
+            assert stats(b)["fast_stores"] == fast
+            stores_carried(a, b, cb, VA_B, 4096)  # (the link is still up)
+            assert "unexpected exception" not in b.log_text()
