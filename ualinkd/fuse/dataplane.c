@@ -100,6 +100,10 @@
    BO's chunks, once they are all in the socket (dp_store_direct): one copy, where a
    receive into `in` and a copy into the chunks were two. */
 #define DP_DIRECT_MIN (64 * 1024)
+/* A carried store this big keeps libfuse's request buffer (dp_try_store); a smaller one is
+   copied: the buffer is as big as the largest write, and the next receive allocates it
+   anew. */
+#define DP_STEAL_MIN (64 * 1024)
 
 enum { DP_FREE, DP_OPEN, DP_BROKEN, DP_CLOSING };
 
@@ -1511,7 +1515,8 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
    The bytes are kept without a copy: `in` is the buffer libfuse received the request into
    (its struct fuse_buf), and the store takes that buffer over (its mem set to NULL, so the
    session's next receive allocates another: libfuse's fuse_session_receive_buf does when
-   mem is NULL). A copy of 1 MiB was an eighth of a carried store's time. */
+   mem is NULL). A copy of 1 MiB was an eighth of a carried store's time. A small store is
+   copied (DP_STEAL_MIN). */
 static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, const char *buf,
                         size_t size, uint64_t off, uint64_t fh, uint64_t unique,
                         struct fuse_buf *in)
@@ -1528,7 +1533,7 @@ static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, c
 
     if (!dp->running || size == 0 || size > DP_FAST_MAX)
         return -1;
-    steal = in != NULL && in->mem != NULL && !(in->flags & FUSE_BUF_IS_FD)
+    steal = size >= DP_STEAL_MIN && in != NULL && in->mem != NULL && !(in->flags & FUSE_BUF_IS_FD)
         && buf >= (const char *)in->mem && buf + size <= (const char *)in->mem + in->size;
     pthread_mutex_lock(&dp->lock);
     for (unsigned i = 0; i < DP_IMPORT_ROUTES; i++) {
