@@ -39,6 +39,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <netinet/in.h>
 
 #define DP_CHANNELS 64            /* peers of one node (a 64-node pod has 63) */
 #define DP_ACCELS 1024            /* accel ids are 10 bits (ualink/npa.py GPUID_MASK) */
@@ -100,6 +101,9 @@
    BO's chunks, once they are all in the socket (dp_store_direct): one copy, where a
    receive into `in` and a copy into the chunks were two. */
 #define DP_DIRECT_MIN (64 * 1024)
+/* ... waiting at most this long for them all to be in the socket (a TCP receive buffer
+   that cannot grow to hold them, memory pressure): then they go through `in`. */
+#define DP_DIRECT_WAIT_NS 20000000LL
 /* A carried store this big keeps libfuse's request buffer (dp_try_store); a smaller one is
    copied: the buffer is as big as the largest write, and the next receive allocates it
    anew. */
@@ -138,6 +142,9 @@ struct dp_channel {
     int spl_misses, spl_pause;                /* answers in a row the pipe failed; large
                                                  answers left before it is tried again */
     int nodirect;                             /* the STORE in front is received into `in` */
+    int tcp;                                  /* a TCP socket (SO_RCVLOWAT grows its buffer) */
+    int64_t direct_since;                     /* waiting for a STORE's bytes since (0: not) */
+    int lowat_raised;                         /* SO_RCVLOWAT raised for them (1 again after) */
     char why[160];
     uint8_t accels[DP_ACCELS / 8];            /* the peer's accels */
 };
@@ -279,6 +286,8 @@ static void dp_channel_clear(struct dp_channel *ch)
     ch->spl_left = 0;
     ch->spl_misses = ch->spl_pause = 0;
     ch->nodirect = 0;
+    ch->direct_since = 0;
+    ch->lowat_raised = 0;
 }
 
 /* Load `p` is no longer pending (answered, expired, or handed to Python). [ch->lock held] */
@@ -638,14 +647,27 @@ static int dp_store_direct(struct ualinkd_dp *dp, struct dp_channel *ch)
     length = len + 4 - DP_STORE_HEAD;
     have = (uint32_t)ch->in_len - DP_STORE_HEAD;
     rest = length - have;
-    if (rest < DP_DIRECT_MIN || !(src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))))) {
-        ch->nodirect = 1;
-        return -1;
-    }
+    if (rest < DP_DIRECT_MIN || !ch->tcp
+            || !(src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7)))))
+        goto indirect;
     if (ioctl(ch->fd, FIONREAD, &avail) != 0 || avail < 0 || (uint32_t)avail < rest) {
+        /* Readable once they are all there: TCP grows its receive buffer to hold them, or
+           takes a smaller mark (read back), which would never come: `in` then. */
+        int lowat = 0;
+        socklen_t sl = sizeof(lowat);
+        int64_t now = dp_now();
+        if (ch->direct_since == 0)
+            ch->direct_since = now;
+        else if (now - ch->direct_since >= DP_DIRECT_WAIT_NS)
+            goto indirect;
         dp_lowat(ch, (int)rest);
+        ch->lowat_raised = 1;
+        if (getsockopt(ch->fd, SOL_SOCKET, SO_RCVLOWAT, &lowat, &sl) != 0
+                || lowat < (int)rest)
+            goto indirect;
         return 0;
     }
+    ch->direct_since = 0;
     pthread_mutex_lock(&dp->lock);
     while (done < length && niov < DP_IOV) {
         struct dp_export_route *r = dp_eroute_find(dp, src, dst, npa + done);
@@ -670,14 +692,15 @@ static int dp_store_direct(struct ualinkd_dp *dp, struct dp_channel *ch)
     }
     if (done < length) {  /* (what was copied is stored again, whole, by whoever serves it) */
         pthread_mutex_unlock(&dp->lock);
-        ch->nodirect = 1;
-        dp_lowat(ch, 1);
-        return -1;
+        goto indirect;
     }
     m.msg_iov = iov;
     m.msg_iovlen = (size_t)niov;
     k = recvmsg(ch->fd, &m, MSG_DONTWAIT);
-    dp_lowat(ch, 1);
+    if (ch->lowat_raised) {
+        ch->lowat_raised = 0;
+        dp_lowat(ch, 1);
+    }
     if (k != (ssize_t)rest) {  /* (FIONREAD said they were there) */
         pthread_mutex_unlock(&dp->lock);
         dp_drop(dp, ch, k < 0 ? "receive failed" : "a STORE's bytes came short");
@@ -694,6 +717,16 @@ static int dp_store_direct(struct ualinkd_dp *dp, struct dp_channel *ch)
     pthread_mutex_unlock(&dp->lock);
     ch->in_len = 0;
     return 1;
+indirect:
+    /* (every way out of a wait lowers the mark again: a mark left raised kept the next
+       small frames unread until more bytes came, past their deadline) */
+    ch->nodirect = 1;
+    ch->direct_since = 0;
+    if (ch->lowat_raised) {
+        ch->lowat_raised = 0;
+        dp_lowat(ch, 1);
+    }
+    return -1;
 }
 
 /* A DATA from the peer: the FUSE reply of the load it answers, or that load handed to
@@ -1044,6 +1077,12 @@ static int dp_expire(struct ualinkd_dp *dp, int64_t now)
 
     for (int c = 0; c < DP_CHANNELS; c++) {
         struct dp_channel *ch = &dp->ch[c];
+        if (ch->state == DP_OPEN && ch->direct_since) {  /* (a STORE's bytes waited for) */
+            if (now - ch->direct_since >= DP_DIRECT_WAIT_NS)
+                dp_receive(dp, ch);  /* (they go through `in` now) */
+            else if (ch->direct_since + DP_DIRECT_WAIT_NS < next)
+                next = ch->direct_since + DP_DIRECT_WAIT_NS;
+        }
         if (ch->state == DP_OPEN && ch->in_len == 0 && ch->in_cap > DP_IN_START
                 && now - ch->in_used >= DP_IDLE_NS) {
             char *in = realloc(ch->in, DP_IN_START);  /* (idle: a 1 MiB answer's room goes) */
@@ -1296,6 +1335,12 @@ static int ualinkd_dp_open(struct ualinkd_dp *dp, int fd, const uint16_t *accels
     ch->fd = fd;
     ch->state = DP_OPEN;
     dp_channel_clear(ch);
+    {
+        int proto = 0;
+        socklen_t sl = sizeof(proto);
+        ch->tcp = getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &sl) == 0
+            && proto == IPPROTO_TCP;
+    }
     ch->why[0] = 0;
     ev.data.u32 = (uint32_t)c;
     if (epoll_ctl(dp->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
