@@ -152,7 +152,8 @@ def test_a_store_answered_after_the_links_deadline_faults_as_on_the_link(tmp_pat
     """A carried store has the link's deadline (send_ack_timeout_ms): the exporter stopped
     (SIGSTOP) past it and resumed within the heartbeat timeout, B's store faults (EFAULT,
     gpu_faults counts it: policy 7, 10), as a STORE on the link whose answer is late does
-    (agent._piece_fault); the link stays up and the next store is carried again."""
+    (agent._piece_fault), and never lands later (issue 10 item 7: A refuses it as past its
+    deadline); the link stays up and the next store is carried again."""
     import threading
 
     config = pod_config(2, response_ms=250)
@@ -187,5 +188,10 @@ def test_a_store_answered_after_the_links_deadline_faults_as_on_the_link(tmp_pat
             assert got == [-errno.EFAULT], got
             assert int(b.debug(128, "gpu_faults")) == faults + 1
             assert stats(b)["fast_stores"] == fast
+            # The STORE was in A's socket: resumed, A refuses it as past its deadline (the
+            # deadline the link's STOREs carry too, on A's link clock), never stores it.
+            assert wait_until(lambda: "past its deadline" in a.log_text(), 10)
+            assert stats(a)["late_stores"] == 1
+            assert ca.gpu_read(VA_A, 4096) == pattern(4096, 9)  # stores_carried's bytes
             stores_carried(a, b, cb, VA_B, 4096)  # (the link is still up)
             assert "unexpected exception" not in b.log_text()

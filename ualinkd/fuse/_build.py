@@ -201,6 +201,8 @@ void ualinkd_dp_free(struct ualinkd_dp *dp);
 int ualinkd_dp_open(struct ualinkd_dp *dp, int fd, const uint16_t *accels, int naccels);
 void ualinkd_dp_close(struct ualinkd_dp *dp, int handle);
 void ualinkd_dp_set_timeout(struct ualinkd_dp *dp, int64_t ns);
+void ualinkd_dp_set_clock(struct ualinkd_dp *dp, int handle, int64_t origin, uint32_t peer_ms,
+                          int64_t peer_at);
 void ualinkd_dp_flush(struct ualinkd_dp *dp);
 void ualinkd_dp_forget_file(struct ualinkd_dp *dp, uint64_t fh);
 void ualinkd_dp_route_import(struct ualinkd_dp *dp, uint64_t fh, uint64_t va_start,

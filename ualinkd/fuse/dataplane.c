@@ -104,6 +104,8 @@
 /* ... waiting at most this long for them all to be in the socket (a TCP receive buffer
    that cannot grow to hold them, memory pressure): then they go through `in`. */
 #define DP_DIRECT_WAIT_NS 20000000LL
+#define DP_CLOCK_MOD 4294967296LL  /* fabric/session.py CLOCK_MOD: link clocks in ms */
+#define DP_ANSWER_MARGIN_MS 500   /* fabric/session.py ANSWER_MARGIN */
 /* A carried store this big keeps libfuse's request buffer (dp_try_store); a smaller one is
    copied: the buffer is as big as the largest write, and the next receive allocates it
    anew. */
@@ -145,6 +147,12 @@ struct dp_channel {
     int tcp;                                  /* a TCP socket (SO_RCVLOWAT grows its buffer) */
     int64_t direct_since;                     /* waiting for a STORE's bytes since (0: not) */
     int lowat_raised;                         /* SO_RCVLOWAT raised for them (1 again after) */
+    /* The link's clocks (fabric/session.py), for STORE deadlines: our link clock's zero
+       (CLOCK_MONOTONIC ns; 0: not known, no STORE of the peer's is found late), and the
+       peer's clock from its last PING (its ms, our ns on receipt; peer_at 0: none yet, our
+       STOREs carry no deadline). */
+    int64_t clk_origin, peer_at;
+    uint32_t peer_ms;
     char why[160];
     uint8_t accels[DP_ACCELS / 8];            /* the peer's accels */
 };
@@ -200,7 +208,7 @@ struct ualinkd_dp {
        loads handed back to Python; LOADs answered DP_FALLBACK; fast loads spliced; the same
        for stores: fast, served, refused (their fallbacks are counted with the loads') */
     uint64_t fast_loads, served, fallbacks, refused, spliced;
-    uint64_t fast_stores, served_stores, refused_stores;
+    uint64_t fast_stores, served_stores, refused_stores, late_stores;
 };
 
 static int64_t dp_now(void)
@@ -555,6 +563,8 @@ static void dp_serve(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f
     pthread_mutex_unlock(&dp->lock);
 }
 
+static int dp_late(const struct dp_channel *ch, uint32_t deadline);
+
 /* A STORE from the peer, `len` its frame's length: stored, and DATA status 0 (no bytes)
    sent, when export routes cover all of it with memory (a BO chunk, or its memfd), else
    nothing stored and DP_FALLBACK (the importer stores it through the link: Python decides,
@@ -575,7 +585,11 @@ static void dp_serve_store(struct ualinkd_dp *dp, struct dp_channel *ch, const c
     int npieces = 0;
 
     pthread_mutex_lock(&dp->lock);
-    if (src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))) && length > 0
+    if (dp_late(ch, dp_get32(f + 21))) {  /* its importer gave up: never stored */
+        dp->late_stores++;
+        dp_wake(dp->notifyfd);  /* (Python logs it) */
+        status = -ETIME;
+    } else if (src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))) && length > 0
             && length <= DP_FAST_MAX) {
         uint32_t done = 0;
         while (done < length && npieces < DP_IOV) {
@@ -606,9 +620,9 @@ static void dp_serve_store(struct ualinkd_dp *dp, struct dp_channel *ch, const c
     }
     if (status == 0)
         dp->served_stores++;
-    else
+    else if (status != -ETIME)
         dp->refused_stores++;
-    if (status != 0)
+    if (status != 0 && status != -ETIME)
         status = DP_FALLBACK;  /* (a failed pwrite: Python's store says what went wrong) */
     dp_put32(head, 9);
     head[4] = DP_DATA;
@@ -621,6 +635,37 @@ static void dp_serve_store(struct ualinkd_dp *dp, struct dp_channel *ch, const c
 }
 
 static void dp_lowat(struct dp_channel *ch, int n);
+
+/* A STORE's deadline on the peer's link clock, as the link stamps its own
+   (session.deadline_for with its margin): a lower bound of the peer's clock now plus the
+   wait left (`left_ns`) less the answer's margin; 0 (none) before the peer's first PING.
+   So an exporter that gets the STORE after its importer gave up (and faulted it) refuses
+   it rather than storing what was reported failed (policy 10). [ch->lock held] */
+static uint32_t dp_deadline(const struct dp_channel *ch, int64_t now, int64_t left_ns)
+{
+    int64_t lower, left_ms = left_ns / 1000000, keep, budget;
+
+    if (ch->peer_at == 0)
+        return 0;
+    lower = (int64_t)ch->peer_ms + (now - ch->peer_at) / 1000000;
+    keep = left_ms / 4 < DP_ANSWER_MARGIN_MS ? left_ms / 4 : DP_ANSWER_MARGIN_MS;
+    budget = left_ms - keep;
+    lower = (lower + (budget > -1 ? budget : -1)) % DP_CLOCK_MOD;
+    return lower ? (uint32_t)lower : (uint32_t)(DP_CLOCK_MOD - 1);
+}
+
+/* Whether a request's `deadline` has passed on our link clock for this channel's peer
+   (session.expired). */
+static int dp_late(const struct dp_channel *ch, uint32_t deadline)
+{
+    int64_t clock, late;
+
+    if (deadline == 0 || ch->clk_origin == 0)
+        return 0;
+    clock = ((dp_now() - ch->clk_origin) / 1000000) % DP_CLOCK_MOD;
+    late = ((clock - (int64_t)deadline) % DP_CLOCK_MOD + DP_CLOCK_MOD) % DP_CLOCK_MOD;
+    return late > 0 && late < DP_CLOCK_MOD / 2;
+}
 
 /* The STORE whose head is in front of `in` (its bytes partly received): once the rest is
    all in the socket, received straight into the BO's chunks that export routes give, with
@@ -647,7 +692,7 @@ static int dp_store_direct(struct ualinkd_dp *dp, struct dp_channel *ch)
     length = len + 4 - DP_STORE_HEAD;
     have = (uint32_t)ch->in_len - DP_STORE_HEAD;
     rest = length - have;
-    if (rest < DP_DIRECT_MIN || !ch->tcp
+    if (rest < DP_DIRECT_MIN || !ch->tcp || dp_late(ch, dp_get32(f + 21))
             || !(src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7)))))
         goto indirect;
     if (ioctl(ch->fd, FIONREAD, &avail) != 0 || avail < 0 || (uint32_t)avail < rest) {
@@ -1335,6 +1380,8 @@ static int ualinkd_dp_open(struct ualinkd_dp *dp, int fd, const uint16_t *accels
     ch->fd = fd;
     ch->state = DP_OPEN;
     dp_channel_clear(ch);
+    ch->clk_origin = ch->peer_at = 0;
+    ch->peer_ms = 0;
     {
         int proto = 0;
         socklen_t sl = sizeof(proto);
@@ -1387,6 +1434,27 @@ static void ualinkd_dp_set_timeout(struct ualinkd_dp *dp, int64_t ns)
 {
     pthread_mutex_lock(&dp->lock);
     dp->timeout_ns = ns > 0 ? ns : 1;
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* The link's clocks for channel `handle` (fabric/session.py): our link clock's zero, and
+   the peer's last PING (peer_at 0: none yet), all CLOCK_MONOTONIC ns. */
+static void ualinkd_dp_set_clock(struct ualinkd_dp *dp, int handle, int64_t origin,
+                                 uint32_t peer_ms, int64_t peer_at)
+{
+    int c = handle % DP_CHANNELS;
+    struct dp_channel *ch = &dp->ch[c];
+
+    if (handle < 0)
+        return;
+    pthread_mutex_lock(&dp->lock);
+    if (ch->state != DP_FREE && ch->gen * DP_CHANNELS + c == (uint32_t)handle) {
+        pthread_mutex_lock(&ch->lock);
+        ch->clk_origin = origin ? origin : 1;
+        ch->peer_ms = peer_ms;
+        ch->peer_at = peer_at;
+        pthread_mutex_unlock(&ch->lock);
+    }
     pthread_mutex_unlock(&dp->lock);
 }
 
@@ -1611,7 +1679,7 @@ static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, c
     memcpy(f + 9, &src, 2);
     memcpy(f + 11, &dst, 2);
     memcpy(f + 13, &npa, 8);
-    dp_put32(f + 21, 0);  /* no deadline: the importer's own timeout ends the wait */
+    dp_put32(f + 21, dp_deadline(ch, dp_now(), dp->timeout_ns));
     iov[0].iov_base = f;
     iov[0].iov_len = sizeof(f);
     iov[1].iov_base = (void *)buf;
@@ -1701,5 +1769,6 @@ static void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out)
     out[5] = dp->fast_stores;
     out[6] = dp->served_stores;
     out[7] = dp->refused_stores;
+    out[8] = dp->late_stores;
     pthread_mutex_unlock(&dp->lock);
 }

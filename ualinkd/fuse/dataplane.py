@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -40,7 +41,8 @@ class DataPlane:
         self.notify_fd = -1
         self._peers: dict[int, str] = {}  # channel handle -> peer
         self._fallbacks = ffi.new("struct dp_fallback[]", _FALLBACKS_PER_TAKE)
-        self._stats = ffi.new("uint64_t[8]")
+        self._stats = ffi.new("uint64_t[9]")
+        self._late_logged = 0
         self.on_broken: Callable[[int], None] | None = None  # DataChannels.on_broken
         translation.listen(self.flush)
 
@@ -102,6 +104,19 @@ class DataPlane:
         self._peers[handle] = peer
         log.debug("data plane: channel to %s open", peer)
         return handle
+
+    def clock(self, handle: int, origin: float, peer_clock: tuple[int, float] | None) -> None:
+        """The link's clocks for channel `handle` (fabric/session.py, trio time): our link
+        clock's zero, and the peer's clock from its last PING (its ms, our time on receipt).
+        The STOREs we send carry a deadline on the peer's clock as the link's do, and a
+        peer's STORE found past its deadline is refused, never stored (policy 10: a store
+        its requester reported failed must not land later)."""
+        if self.pointer == ffi.NULL:
+            return
+        to_mono = time.monotonic() - trio.current_time()
+        peer_ms, at = peer_clock if peer_clock is not None else (0, None)
+        lib.ualinkd_dp_set_clock(self.pointer, handle, int((origin + to_mono) * 1e9), peer_ms,
+                                 0 if at is None else max(1, int((at + to_mono) * 1e9)))
 
     def close(self, handle: int) -> None:
         if self.pointer != ffi.NULL:
@@ -165,6 +180,11 @@ class DataPlane:
         one fewer channel for the daemon's life (64 breaks, any peer's, and no channel
         could open). A channel its link closed meanwhile is not logged: the link's own
         line says why it went."""
+        late = self.stats().get("late_stores", 0)
+        if late > self._late_logged:
+            self._late_logged = late
+            log.warning("data plane: refused a STORE past its deadline (its requester had "
+                        "given up): %d so far", late)
         handle = ffi.new("int *")
         why = ffi.new("char[160]")
         while lib.ualinkd_dp_take_event(self.pointer, handle, why, len(why)):
@@ -181,12 +201,13 @@ class DataPlane:
         """fast_loads: loads of ours the C carried (spliced: those whose answer it spliced
         into /dev/fuse); served: peers' LOADs it answered; fallbacks: loads and stores it
         handed back to Python; refused: LOADs it sent back to the link; fast_stores,
-        served_stores, refused_stores: the same for stores."""
+        served_stores, refused_stores: the same for stores; late_stores: STOREs refused
+        past their deadline."""
         if self.pointer == ffi.NULL:
             return {}
         lib.ualinkd_dp_stats(self.pointer, self._stats)
         stats = dict(zip(("fast_loads", "served", "fallbacks", "refused", "spliced",
-                          "fast_stores", "served_stores", "refused_stores"),
+                          "fast_stores", "served_stores", "refused_stores", "late_stores"),
                          self._stats, strict=True))
         stats["channels"] = len(self._peers)
         return stats
