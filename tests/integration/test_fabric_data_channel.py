@@ -40,6 +40,9 @@ class Recorder:
         self.discarded = False
         self.on_broken: Callable[[int], None] | None = None  # (the link sets it)
 
+    def clock(self, handle: int, origin: float, peer_clock: tuple[int, float] | None) -> None:
+        pass  # (no STOREs here)
+
     def open(self, peer: str, fd: int, peer_accels: frozenset[int]) -> int | None:
         if self.refuse:
             os.close(fd)

@@ -125,6 +125,10 @@ class DataChannels(Protocol):
     def close(self, handle: int) -> None:
         """The link this channel belongs to went down: stop using and close it."""
 
+    def clock(self, handle: int, origin: float, peer_clock: tuple[int, float] | None) -> None:
+        """The link's clocks (Session.clocks), for the channel's STORE deadlines: at its
+        open and at each PING of the peer's."""
+
     # Set by the link: called (in the trio thread) with the handle of a channel the data
     # plane found broken and dropped itself; the link dials a new one if it dialed that.
     on_broken: Callable[[int], None] | None
@@ -358,6 +362,7 @@ class _Conn:
         self.inq = 0
         self.down: _LinkDown | None = None
         self.data_handle: int | None = None  # its data channel's, from DataChannels.open
+        self.clocks_pushed: tuple[int, float] | None = None  # the PING it was last told of
         # What binds a data channel to this link (auth.bound_nonce): from its handshake
         self.channel_key = b""
         self.data_broken = trio.Event()  # set when the data plane dropped that channel
@@ -889,7 +894,18 @@ class FabricLink:
             self._data_channels.close(old)
         conn.close_data = self._data_channels.close
         conn.data_handle = self._data_channels.open(conn.peer, fd, self._accels[conn.peer])
+        if conn.data_handle is not None:
+            conn.clocks_pushed = None
+            self._push_clocks(conn)
         return conn.data_handle is not None
+
+    def _push_clocks(self, conn: _Conn) -> None:
+        """The data channel's STORE deadlines follow the link's clocks (the peer's last PING)."""
+        origin, peer_clock = conn.session.clocks
+        if conn.data_handle is not None and self._data_channels is not None \
+                and (peer_clock is None or peer_clock is not conn.clocks_pushed):
+            conn.clocks_pushed = peer_clock
+            self._data_channels.clock(conn.data_handle, origin, peer_clock)
 
     async def _old_link_gone(self, peer: str) -> bool:
         """True when no live link to `peer` stands in the way of a new one. A link that is
@@ -1255,6 +1271,8 @@ class FabricLink:
             while True:
                 # Frames first: the handshake's last read may have brought some already.
                 acked = False
+                if conn.data_handle is not None and session.clocks[1] is not conn.clocks_pushed:
+                    self._push_clocks(conn)  # (a PING came)
                 while not isinstance(ev := session.next_event(trio.current_time()), _NeedData):
                     # A MSG's ACK is queued in the session as the MSG is decoded, so it goes
                     # out ahead of anything the MSG causes whenever it is written. Data-plane
