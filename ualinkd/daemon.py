@@ -707,11 +707,13 @@ class NodeDaemon:
         except DrmError as e:
             return -e.errno, []
         # (core.tracer: the --trace one, or `ualinkd record`'s while it is attached)
-        if (type(req) is Load and req.length <= DATA_PLANE_MAX and data_plane.running
+        length = req.length if isinstance(req, Load) else len(req.data)
+        if (0 < length <= DATA_PLANE_MAX and data_plane.running
                 and self.core.tracer is None):
-            # Served: the data plane may answer the next LOADs of these BO chunks itself.
+            # Served: the data plane may answer the next LOADs and STOREs of these BO
+            # chunks itself (a STORE has the same reach as a LOAD: _resolve_npa).
             for npa, n, backing, offset in agent.load_routes(
-                    req.src_accel, req.dst_accel, req.npa_byte_addr, req.length):
+                    req.src_accel, req.dst_accel, req.npa_byte_addr, length):
                 data_plane.route_export(req.src_accel, req.dst_accel, npa, n, backing, offset)
         return 0, served
 

@@ -421,14 +421,16 @@ class NodeCore:
                                                  driver.count_gpu_fault, spawn))
         return load  # type: ignore[return-value]  # gpu_load's result, traced
 
-    def gpu_read_route(self, drm_file: DrmFile, va: int,
-                       size: int) -> tuple[int, int, int, int, int] | None:
-        """For the data plane (fuse/dataplane.c), after a load of [va, va + size) that one
-        remote mapping answered: (VA start, VA end, NPA byte address at the start, issuing
-        accel, exporting accel) of that mapping; None when Python must see its loads (a
-        tracer records them) or it is not one remote mapping."""
+    def gpu_read_route(self, drm_file: DrmFile, va: int, size: int,
+                       write: bool = False) -> tuple[int, int, int, int, int] | None:
+        """For the data plane (fuse/dataplane.c), after a load (`write`: a store) of
+        [va, va + size) that one remote mapping answered: (VA start, VA end, NPA byte
+        address at the start, issuing accel, exporting accel) of that mapping; None when
+        Python must see its accesses (a tracer records them) or it is not one remote
+        mapping (readable; for a store, writeable)."""
         driver = self.drivers[drm_file.device.minor]
-        if self._tracer is not None or (hit := driver.vm(drm_file).remote_route(va, size)) is None:
+        vm = driver.vm(drm_file)
+        if self._tracer is not None or (hit := vm.remote_route(va, size, write)) is None:
             return None
         m, bo = hit
         assert bo.npa is not None  # (remote_route: an NPA BO)

@@ -44,6 +44,9 @@ class Recorder:
     def has_room(self, dialing: int = 0) -> bool:
         return not self.full
 
+    def clock(self, handle: int, origin: float, peer_clock: tuple[int, float] | None) -> None:
+        pass  # (no STOREs here)
+
     def open(self, peer: str, fd: int, peer_accels: frozenset[int]) -> int | None:
         if self.refuse:
             os.close(fd)

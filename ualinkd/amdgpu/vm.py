@@ -248,12 +248,14 @@ class GpuVm:
                 self._insert(Mapping(end, m.end, m.offset + (end - m.start), m.flags, m.bo_va))
 
     # -- GPU loads and stores (policy 10) ------------------------------------------------------
-    def remote_route(self, va: int, length: int) -> tuple[Mapping, AmdgpuBo] | None:
-        """The one readable mapping of an imported NPA BO (not revoked) that holds all of
-        [va, va + length), with that BO, or None: where a load of it goes, for the data
-        plane's routes (node.gpu_read_route)."""
+    def remote_route(self, va: int, length: int,
+                     write: bool = False) -> tuple[Mapping, AmdgpuBo] | None:
+        """The one readable (`write`: writeable) mapping of an imported NPA BO (not
+        revoked) that holds all of [va, va + length), with that BO, or None: where a load
+        (a store) of it goes, for the data plane's routes (node.gpu_read_route)."""
+        need = c.VM_PAGE_WRITEABLE if write else c.VM_PAGE_READABLE
         m = self.lookup(va)
-        if (m is None or not m.flags & c.VM_PAGE_READABLE or m.bo_va.bo is None
+        if (m is None or not m.flags & need or m.bo_va.bo is None
                 or va + length > m.end):
             return None
         bo = _backing(m.bo_va.bo)

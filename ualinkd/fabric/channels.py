@@ -50,6 +50,10 @@ class DataChannels(Protocol):
     def close(self, handle: int) -> None:
         """The link this channel belongs to went down: stop using and close it."""
 
+    def clock(self, handle: int, origin: float, peer_clock: tuple[int, float] | None) -> None:
+        """The link's clocks (Session.clocks), for the channel's STORE deadlines: at its
+        open and at each PING of the peer's."""
+
     def has_room(self, dialing: int = 0) -> bool:
         """Whether `open` would take one more (`dialing` more being dialed): a channel is
         neither dialed nor admitted when not (its handshake would be wasted)."""
@@ -178,7 +182,11 @@ class ChannelKeeper:
             old, conn.data_handle = conn.data_handle, None
             self.plane.close(old)
         conn.close_data = self.plane.close
+        conn.data_clock = self.plane.clock
         conn.data_handle = self.plane.open(conn.peer, fd, self._accels[conn.peer])
+        if conn.data_handle is not None:
+            conn.clocks_pushed = None
+            conn.push_clocks()
         return conn.data_handle is not None
 
     async def keep(self, conn: Conn, host: str, port: int) -> None:

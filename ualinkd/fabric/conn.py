@@ -217,6 +217,9 @@ class Conn:
         self.channel_key = b""
         self.data_broken = trio.Event()  # set when the data plane dropped that channel
         self.close_data: Callable[[int], None] | None = None  # DataChannels.close
+        # DataChannels.clock, and the peer's PING it was last told of (push_clocks)
+        self.data_clock: Callable[[int, float, tuple[int, float] | None], None] | None = None
+        self.clocks_pushed: tuple[int, float] | None = None
         self.sock = stream.socket if isinstance(stream, trio.SocketStream) else None
         self.fd = self.sock.fileno() if self.sock is not None else -1
 
@@ -288,6 +291,15 @@ class Conn:
             self.close_data(handle)
         self.scope.cancel()
 
+    def push_clocks(self) -> None:
+        """The data channel's STORE deadlines follow the link's clocks (the peer's last
+        PING): told at the channel's open and after each PING."""
+        origin, peer_clock = self.session.clocks
+        if self.data_handle is not None and self.data_clock is not None \
+                and (peer_clock is None or peer_clock is not self.clocks_pushed):
+            self.clocks_pushed = peer_clock
+            self.data_clock(self.data_handle, origin, peer_clock)
+
     def _request(self, req: Load | Store) -> None:
         """A LOAD/STORE from the peer: served now, or in order behind those waiting for
         what is held for the peer to drop below HOLD_MAX."""
@@ -321,6 +333,8 @@ class Conn:
             while True:
                 # Frames first: the handshake's last read may have brought some already.
                 acked = False
+                if self.data_handle is not None and session.clocks[1] is not self.clocks_pushed:
+                    self.push_clocks()  # (a PING came)
                 while not isinstance(ev := session.next_event(trio.current_time()), _NeedData):
                     # A MSG's ACK is queued in the session as the MSG is decoded, so it goes
                     # out ahead of anything the MSG causes whenever it is written. Data-plane

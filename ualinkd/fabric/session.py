@@ -303,6 +303,13 @@ class Session:
             raise LocalProtocolError(f"cannot encode a MSG of {dwords!r}: {e}") from None
         return seqs
 
+    @property
+    def clocks(self) -> tuple[float, tuple[int, float] | None]:
+        """Our link clock's zero and the peer's clock from its last PING (its link clock in
+        ms, our time on receipt), or None: for the data channel's STOREs (fuse/dataplane.c),
+        stamped and checked as the link's are."""
+        return self._origin, self._peer_clock
+
     def clock(self, now: float) -> int:
         """Our link clock at `now` (what our PINGs carry)."""
         return math.floor((now - self._origin) * 1000) % CLOCK_MOD

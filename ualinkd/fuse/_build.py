@@ -192,7 +192,8 @@ int ualinkd_doorbell_wait(const uint64_t *const *slots, const uint64_t *last, in
 
 /* The data plane's fast path (fuse/dataplane.c). */
 struct ualinkd_dp;
-struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired; };
+struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired;
+                     char *data; void *block; };
 struct ualinkd_dp *ualinkd_dp_new(void);
 int ualinkd_dp_start(struct ualinkd_dp *dp, int fuse_fd);
 void ualinkd_dp_stop(struct ualinkd_dp *dp, int err);
@@ -200,10 +201,13 @@ void ualinkd_dp_free(struct ualinkd_dp *dp);
 int ualinkd_dp_open(struct ualinkd_dp *dp, int fd, const uint16_t *accels, int naccels);
 void ualinkd_dp_close(struct ualinkd_dp *dp, int handle);
 void ualinkd_dp_set_timeout(struct ualinkd_dp *dp, int64_t ns);
+void ualinkd_dp_set_clock(struct ualinkd_dp *dp, int handle, int64_t origin, uint32_t peer_ms,
+                          int64_t peer_at);
 void ualinkd_dp_flush(struct ualinkd_dp *dp);
 void ualinkd_dp_forget_file(struct ualinkd_dp *dp, uint64_t fh);
 void ualinkd_dp_route_import(struct ualinkd_dp *dp, uint64_t fh, uint64_t va_start,
-                             uint64_t va_end, uint64_t npa_start, uint16_t src, uint16_t dst);
+                             uint64_t va_end, uint64_t npa_start, uint16_t src, uint16_t dst,
+                             int perm);
 void ualinkd_dp_route_export(struct ualinkd_dp *dp, uint16_t src, uint16_t dst,
                              uint64_t npa_start, const char *mem, int fd, uint64_t fd_off,
                              uint32_t len);
@@ -212,6 +216,8 @@ int ualinkd_dp_take_event(struct ualinkd_dp *dp, int *handle, char *why, size_t 
 void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out);
 #define DP_FAST_MAX ...
 #define DP_CHANNELS ...
+#define DP_READ ...
+#define DP_WRITE ...
 /* Filled with the extern "Python" callbacks below by _ualinkd_ops_init(). */
 void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops);
 
@@ -265,8 +271,9 @@ SOURCE = f"""
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <linux/fuse.h>
-/* The request _ualinkd_drain is processing (the read callback takes its unique). */
-static const struct fuse_buf *_ualinkd_cur_buf;
+/* The request _ualinkd_drain is processing (the read callback takes its unique; the write
+   callback may take its buffer over: dp_try_store). */
+static struct fuse_buf *_ualinkd_cur_buf;
 /* The read callback gave its request to the data plane since the last receive. */
 static int _ualinkd_carried;
 
@@ -477,6 +484,23 @@ static void _ualinkd_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t 
     _op_read(req, ino, size, off, fi->fh);
 }}
 
+/* libfuse's write callback: a store the data plane carries (a route with write permission
+   covers it) goes out from here; any other write is Python's. */
+static void _ualinkd_op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size,
+                              off_t off, struct fuse_file_info *fi)
+{{
+    struct ualinkd_dp *dp = fuse_req_userdata(req);
+    uint64_t unique = _ualinkd_cur_buf ? _ualinkd_in_unique(_ualinkd_cur_buf) : 0;
+
+    if (dp != NULL && off >= 0
+            && dp_try_store(dp, req, ino, buf, size, (uint64_t)off, fi->fh, unique,
+                            _ualinkd_cur_buf) == 0) {{
+        _ualinkd_carried = 1;
+        return;
+    }}
+    _op_write(req, ino, buf, size, off, fi);
+}}
+
 static void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops)
 {{
     memset(ops, 0, sizeof(*ops));
@@ -490,7 +514,7 @@ static void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops)
     ops->setattr = _op_setattr;
     ops->open = _op_open;
     ops->read = _ualinkd_op_read;
-    ops->write = _op_write;
+    ops->write = _ualinkd_op_write;
     ops->flush = _op_flush;
     ops->release = _op_release;
     ops->opendir = _op_opendir;

@@ -75,11 +75,12 @@ class NodeBackend(Protocol[RenderFile, KfdFile, DmaBufRef]):
         drm/loaded.py)."""
         ...
 
-    def gpu_read_route(self, drm_file: RenderFile, va: int,
-                       size: int) -> tuple[int, int, int, int, int] | None:
-        """After a remote load of [va, va + size) answered whole: the route the data plane
-        may take for the next loads of its mapping (VA start, VA end, NPA byte address at
-        the start, issuing accel, exporting accel), or None."""
+    def gpu_read_route(self, drm_file: RenderFile, va: int, size: int,
+                       write: bool = False) -> tuple[int, int, int, int, int] | None:
+        """After a remote load (`write`: store) of [va, va + size) answered whole: the
+        route the data plane may take for the next loads (stores) of its mapping (VA
+        start, VA end, NPA byte address at the start, issuing accel, exporting accel), or
+        None."""
         ...
 
     def gpu_read_expired(self, drm_file: RenderFile) -> None:

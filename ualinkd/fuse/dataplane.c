@@ -1,4 +1,4 @@
-/* The data plane's fast path: GPU loads of imported memory, in C on both daemons.
+/* The data plane's fast path: GPU loads and stores of imported memory, in C on both daemons.
  *
  * Appended to the cffi source of _fuse_ll (fuse/_build.py); fuse/dataplane.py is its only
  * user. Why it exists: a 4 KiB remote load through the Python daemons took three process
@@ -39,6 +39,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <netinet/in.h>
 
 #define DP_CHANNELS 64            /* peers of one node (a 64-node pod has 63) */
 #define DP_ACCELS 1024            /* accel ids are 10 bits (ualink/npa.py GPUID_MASK) */
@@ -67,8 +68,10 @@
 #define DP_EVENTS 32
 
 #define DP_LOAD 0x20              /* fabric/wire.py FrameType */
+#define DP_STORE 0x21
 #define DP_DATA 0x22
 #define DP_LOAD_SIZE 29           /* <IBIHHQII: length, type, seq, src, dst, npa, length, deadline */
+#define DP_STORE_HEAD 25          /* <IBIHHQI: length, type, seq, src, dst, npa, deadline; data */
 #define DP_DATA_HEAD 13           /* <IBIi: length, type, seq, status */
 /* A channel's receive buffer starts this big and grows to one whole DATA when one comes
    (a spliced answer never enters it); an idle channel's shrinks back (dp_expire). */
@@ -94,6 +97,19 @@
 #define DP_SPLICE_STALLS 16       /* splices that move nothing while bytes wait: pipe full */
 #define DP_SPLICE_MISSES 2
 #define DP_SPLICE_PAUSE 256
+/* A STORE whose bytes still to come are this many or more is received straight into the
+   BO's chunks, once they are all in the socket (dp_store_direct): one copy, where a
+   receive into `in` and a copy into the chunks were two. */
+#define DP_DIRECT_MIN (64 * 1024)
+/* ... waiting at most this long for them all to be in the socket (a TCP receive buffer
+   that cannot grow to hold them, memory pressure): then they go through `in`. */
+#define DP_DIRECT_WAIT_NS 20000000LL
+#define DP_CLOCK_MOD 4294967296LL  /* fabric/session.py CLOCK_MOD: link clocks in ms */
+#define DP_ANSWER_MARGIN_MS 500   /* fabric/session.py ANSWER_MARGIN */
+/* A carried store this big keeps libfuse's request buffer (dp_try_store); a smaller one is
+   copied: the buffer is as big as the largest write, and the next receive allocates it
+   anew. */
+#define DP_STEAL_MIN (64 * 1024)
 
 enum { DP_FREE, DP_OPEN, DP_BROKEN, DP_CLOSING };
 
@@ -104,6 +120,9 @@ struct dp_pending {
     uint32_t seq, size;
     int64_t started;
     int used;
+    char *data;                               /* a store's bytes (NULL: a load), kept for
+                                                 Python should it have to store them itself */
+    void *block;                              /* what holds them, freed with them */
 };
 
 struct dp_channel {
@@ -124,15 +143,27 @@ struct dp_channel {
     int spl_stalls;                           /* splices in a row that moved nothing */
     int spl_misses, spl_pause;                /* answers in a row the pipe failed; large
                                                  answers left before it is tried again */
+    int nodirect;                             /* the STORE in front is received into `in` */
+    int tcp;                                  /* a TCP socket (SO_RCVLOWAT grows its buffer) */
+    int64_t direct_since;                     /* waiting for a STORE's bytes since (0: not) */
+    int lowat_raised;                         /* SO_RCVLOWAT raised for them (1 again after) */
+    /* The link's clocks (fabric/session.py), for STORE deadlines: our link clock's zero
+       (CLOCK_MONOTONIC ns; 0: not known, no STORE of the peer's is found late), and the
+       peer's clock from its last PING (its ms, our ns on receipt; peer_at 0: none yet, our
+       STOREs carry no deadline). */
+    int64_t clk_origin, peer_at;
+    uint32_t peer_ms;
     char why[160];
     uint8_t accels[DP_ACCELS / 8];            /* the peer's accels */
 };
 
+#define DP_READ 1                 /* an import route's permissions: what Python served */
+#define DP_WRITE 2
 struct dp_import_route {
     uint64_t fh, va_start, va_end, npa_start;
     uint64_t gen;
     uint16_t src, dst;
-    int used;
+    int used, perm;
 };
 
 struct dp_export_route {
@@ -145,8 +176,10 @@ struct dp_export_route {
     int used;
 };
 
-/* expired: no answer came within the deadline (Python faults it), else Python serves it. */
-struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired; };
+/* expired: no answer came within the deadline (Python faults it), else Python serves it;
+   data: a store's bytes, NULL for a load, in `block` (malloc'd: Python frees it). */
+struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired;
+                     char *data; void *block; };
 struct dp_event { int handle; char why[160]; };
 
 struct ualinkd_dp {
@@ -172,8 +205,10 @@ struct ualinkd_dp {
     int spl_r, spl_w, spl_chan, spl_refused;  /* the thread's pipe, and whose answer it holds */
     char *scratch;                            /* its bytes read from memfds (DP_FAST_MAX) */
     /* counters: loads this node sent fast and got answered fast; LOADs it served fast;
-       loads handed back to Python; LOADs answered DP_FALLBACK; fast loads spliced */
+       loads handed back to Python; LOADs answered DP_FALLBACK; fast loads spliced; the same
+       for stores: fast, served, refused (their fallbacks are counted with the loads') */
     uint64_t fast_loads, served, fallbacks, refused, spliced;
+    uint64_t fast_stores, served_stores, refused_stores, late_stores;
 };
 
 static int64_t dp_now(void)
@@ -216,6 +251,7 @@ static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p, int 
         struct dp_fallback *fb = realloc(dp->fb, cap * sizeof(*fb));
         if (fb == NULL) {
             fuse_reply_err(p->req, EIO);  /* no memory to hand it over: fail it, loudly */
+            free(p->block);
             dp->lost_events++;
             return;
         }
@@ -229,6 +265,8 @@ static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p, int 
     dp->fb[dp->nfb].fh = p->fh;
     dp->fb[dp->nfb].unique = p->unique;
     dp->fb[dp->nfb].expired = expired;
+    dp->fb[dp->nfb].data = p->data;
+    dp->fb[dp->nfb].block = p->block;
     dp->nfb++;
     dp->fallbacks++;
     dp_wake(dp->notifyfd);
@@ -255,6 +293,9 @@ static void dp_channel_clear(struct dp_channel *ch)
     __atomic_store_n(&ch->big, 0, __ATOMIC_RELAXED);
     ch->spl_left = 0;
     ch->spl_misses = ch->spl_pause = 0;
+    ch->nodirect = 0;
+    ch->direct_since = 0;
+    ch->lowat_raised = 0;
 }
 
 /* Load `p` is no longer pending (answered, expired, or handed to Python). [ch->lock held] */
@@ -263,7 +304,7 @@ static void dp_unpend(struct dp_channel *ch, struct dp_pending *p)
     p->used = 0;
     ch->npend--;
     ch->inflight_bytes -= p->size;
-    if (p->size >= DP_SPLICE_MIN)
+    if (p->data == NULL && p->size >= DP_SPLICE_MIN)
         __atomic_sub_fetch(&ch->big, 1, __ATOMIC_RELAXED);
 }
 
@@ -522,6 +563,217 @@ static void dp_serve(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f
     pthread_mutex_unlock(&dp->lock);
 }
 
+static int dp_late(const struct dp_channel *ch, uint32_t deadline);
+
+/* A STORE from the peer, `len` its frame's length: stored, and DATA status 0 (no bytes)
+   sent, when export routes cover all of it with memory (a BO chunk, or its memfd), else
+   nothing stored and DP_FALLBACK (the importer stores it through the link: Python decides,
+   as it decides every fault). All or nothing, as the exporter's Python serves a STORE
+   (UalinkManager.serve_store): routes are checked for the whole range before a byte is
+   written. A chunk never written has no memory yet (a zeros route): Python makes it.
+   [thread] */
+static void dp_serve_store(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f,
+                           uint32_t len)
+{
+    uint32_t seq = dp_get32(f + 5), length = len + 4 - DP_STORE_HEAD;
+    uint16_t src = dp_get16(f + 9), dst = dp_get16(f + 11);
+    uint64_t npa = dp_get64(f + 13);
+    const char *data = f + DP_STORE_HEAD;
+    int32_t status = DP_FALLBACK;
+    char head[DP_DATA_HEAD];
+    struct dp_export_route *pieces[DP_IOV];
+    int npieces = 0;
+
+    pthread_mutex_lock(&dp->lock);
+    if (dp_late(ch, dp_get32(f + 21))) {  /* its importer gave up: never stored */
+        dp->late_stores++;
+        dp_wake(dp->notifyfd);  /* (Python logs it) */
+        status = -ETIME;
+    } else if (src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))) && length > 0
+            && length <= DP_FAST_MAX) {
+        uint32_t done = 0;
+        while (done < length && npieces < DP_IOV) {
+            struct dp_export_route *r = dp_eroute_find(dp, src, dst, npa + done);
+            uint32_t k;
+            if (r == NULL || (r->mem == NULL && r->fd < 0))
+                break;
+            k = r->len - (uint32_t)(npa + done - r->npa_start);
+            done += k < length - done ? k : length - done;
+            pieces[npieces++] = r;
+        }
+        if (done == length) {
+            status = 0;
+            done = 0;
+            for (int i = 0; i < npieces && status == 0; i++) {
+                struct dp_export_route *r = pieces[i];
+                uint64_t at = npa + done - r->npa_start;
+                uint32_t k = r->len - (uint32_t)at;
+                if (k > length - done)
+                    k = length - done;
+                if (r->mem != NULL)  /* (a BO chunk: a bytearray, writable) */
+                    memcpy((char *)r->mem + at, data + done, k);
+                else if (pwrite(r->fd, data + done, k, (off_t)(r->fd_off + at)) != (ssize_t)k)
+                    status = -EIO;  /* (a memfd BO of its size: it does not happen) */
+                done += k;
+            }
+        }
+    }
+    if (status == 0)
+        dp->served_stores++;
+    else if (status != -ETIME)
+        dp->refused_stores++;
+    if (status != 0 && status != -ETIME)
+        status = DP_FALLBACK;  /* (a failed pwrite: Python's store says what went wrong) */
+    dp_put32(head, 9);
+    head[4] = DP_DATA;
+    dp_put32(head + 5, seq);
+    dp_put32(head + 9, (uint32_t)status);
+    pthread_mutex_lock(&ch->lock);
+    dp_send(dp, ch, head, sizeof(head));
+    pthread_mutex_unlock(&ch->lock);
+    pthread_mutex_unlock(&dp->lock);
+}
+
+static void dp_lowat(struct dp_channel *ch, int n);
+
+/* A STORE's deadline on the peer's link clock, as the link stamps its own
+   (session.deadline_for with its margin): a lower bound of the peer's clock now plus the
+   wait left (`left_ns`) less the answer's margin; 0 (none) before the peer's first PING.
+   So an exporter that gets the STORE after its importer gave up (and faulted it) refuses
+   it rather than storing what was reported failed (policy 10). [ch->lock held] */
+static uint32_t dp_deadline(const struct dp_channel *ch, int64_t now, int64_t left_ns)
+{
+    int64_t lower, left_ms = left_ns / 1000000, keep, budget;
+
+    if (ch->peer_at == 0)
+        return 0;
+    lower = (int64_t)ch->peer_ms + (now - ch->peer_at) / 1000000;
+    keep = left_ms / 4 < DP_ANSWER_MARGIN_MS ? left_ms / 4 : DP_ANSWER_MARGIN_MS;
+    budget = left_ms - keep;
+    lower = (lower + (budget > -1 ? budget : -1)) % DP_CLOCK_MOD;
+    return lower ? (uint32_t)lower : (uint32_t)(DP_CLOCK_MOD - 1);
+}
+
+/* Whether a request's `deadline` has passed on our link clock for this channel's peer
+   (session.expired). */
+static int dp_late(const struct dp_channel *ch, uint32_t deadline)
+{
+    int64_t clock, late;
+
+    if (deadline == 0 || ch->clk_origin == 0)
+        return 0;
+    clock = ((dp_now() - ch->clk_origin) / 1000000) % DP_CLOCK_MOD;
+    late = ((clock - (int64_t)deadline) % DP_CLOCK_MOD + DP_CLOCK_MOD) % DP_CLOCK_MOD;
+    return late > 0 && late < DP_CLOCK_MOD / 2;
+}
+
+/* The STORE whose head is in front of `in` (its bytes partly received): once the rest is
+   all in the socket, received straight into the BO's chunks that export routes give, with
+   what `in` holds of it copied there first, and answered (1: consumed). 0: not all there
+   yet (the channel is readable once it is); -1: not this way (small, not all memory the
+   routes cover: dp_serve_store answers it once it is whole in `in`); -2: the channel
+   broke. Under dp->lock from the route lookup to the answer's send, as dp_serve_store:
+   no chunk is freed meanwhile. [thread] */
+static int dp_store_direct(struct ualinkd_dp *dp, struct dp_channel *ch)
+{
+    const char *f = ch->in;
+    uint32_t len = dp_get32(f), seq = dp_get32(f + 5), length, have, rest, done = 0;
+    uint16_t src = dp_get16(f + 9), dst = dp_get16(f + 11);
+    uint64_t npa = dp_get64(f + 13);
+    struct iovec *iov = dp->iov;
+    struct msghdr m = { 0 };
+    char head[DP_DATA_HEAD];
+    int niov = 0, avail = 0;
+    ssize_t k;
+
+    if (ch->nodirect || len <= DP_STORE_HEAD - 4 || len > DP_STORE_HEAD - 4 + DP_FAST_MAX
+            || ch->in_len >= 4 + (size_t)len)
+        return -1;
+    length = len + 4 - DP_STORE_HEAD;
+    have = (uint32_t)ch->in_len - DP_STORE_HEAD;
+    rest = length - have;
+    if (rest < DP_DIRECT_MIN || !ch->tcp || dp_late(ch, dp_get32(f + 21))
+            || !(src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7)))))
+        goto indirect;
+    if (ioctl(ch->fd, FIONREAD, &avail) != 0 || avail < 0 || (uint32_t)avail < rest) {
+        /* Readable once they are all there: TCP grows its receive buffer to hold them, or
+           takes a smaller mark (read back), which would never come: `in` then. */
+        int lowat = 0;
+        socklen_t sl = sizeof(lowat);
+        int64_t now = dp_now();
+        if (ch->direct_since == 0)
+            ch->direct_since = now;
+        else if (now - ch->direct_since >= DP_DIRECT_WAIT_NS)
+            goto indirect;
+        dp_lowat(ch, (int)rest);
+        ch->lowat_raised = 1;
+        if (getsockopt(ch->fd, SOL_SOCKET, SO_RCVLOWAT, &lowat, &sl) != 0
+                || lowat < (int)rest)
+            goto indirect;
+        return 0;
+    }
+    ch->direct_since = 0;
+    pthread_mutex_lock(&dp->lock);
+    while (done < length && niov < DP_IOV) {
+        struct dp_export_route *r = dp_eroute_find(dp, src, dst, npa + done);
+        uint64_t at;
+        uint32_t n;
+        if (r == NULL || r->mem == NULL)  /* (a memfd's: pwrite, from `in`) */
+            break;
+        at = npa + done - r->npa_start;
+        n = r->len - (uint32_t)at;
+        if (n > length - done)
+            n = length - done;
+        if (done + n <= have) {  /* (received already) */
+            memcpy((char *)r->mem + at, f + DP_STORE_HEAD + done, n);
+        } else {
+            uint32_t skip = done < have ? have - done : 0;
+            if (skip)
+                memcpy((char *)r->mem + at, f + DP_STORE_HEAD + done, skip);
+            iov[niov].iov_base = (char *)r->mem + at + skip;
+            iov[niov++].iov_len = n - skip;
+        }
+        done += n;
+    }
+    if (done < length) {  /* (what was copied is stored again, whole, by whoever serves it) */
+        pthread_mutex_unlock(&dp->lock);
+        goto indirect;
+    }
+    m.msg_iov = iov;
+    m.msg_iovlen = (size_t)niov;
+    k = recvmsg(ch->fd, &m, MSG_DONTWAIT);
+    if (ch->lowat_raised) {
+        ch->lowat_raised = 0;
+        dp_lowat(ch, 1);
+    }
+    if (k != (ssize_t)rest) {  /* (FIONREAD said they were there) */
+        pthread_mutex_unlock(&dp->lock);
+        dp_drop(dp, ch, k < 0 ? "receive failed" : "a STORE's bytes came short");
+        return -2;
+    }
+    dp->served_stores++;
+    dp_put32(head, 9);
+    head[4] = DP_DATA;
+    dp_put32(head + 5, seq);
+    dp_put32(head + 9, 0);
+    pthread_mutex_lock(&ch->lock);
+    dp_send(dp, ch, head, sizeof(head));
+    pthread_mutex_unlock(&ch->lock);
+    pthread_mutex_unlock(&dp->lock);
+    ch->in_len = 0;
+    return 1;
+indirect:
+    /* (every way out of a wait lowers the mark again: a mark left raised kept the next
+       small frames unread until more bytes came, past their deadline) */
+    ch->nodirect = 1;
+    ch->direct_since = 0;
+    if (ch->lowat_raised) {
+        ch->lowat_raised = 0;
+        dp_lowat(ch, 1);
+    }
+    return -1;
+}
+
 /* A DATA from the peer: the FUSE reply of the load it answers, or that load handed to
    Python (any status, any length but the whole answer). [thread] */
 static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f, uint32_t len)
@@ -538,6 +790,20 @@ static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char
     }
     dp_unpend(ch, &ch->pend[seq % DP_INFLIGHT]);
     pthread_mutex_unlock(&ch->lock);
+    if (p.data != NULL) {  /* a store's answer: stored (no bytes), or Python's to do */
+        if (status == 0 && n == 0) {
+            pthread_mutex_lock(&dp->lock);
+            dp->fast_stores++;
+            pthread_mutex_unlock(&dp->lock);
+            free(p.block);
+            fuse_reply_write(p.req, p.size);
+            return;
+        }
+        pthread_mutex_lock(&dp->lock);
+        dp_fall_back(dp, &p, 0);
+        pthread_mutex_unlock(&dp->lock);
+        return;
+    }
     if (p.size >= DP_SPLICE_MIN && ch->spl_pause > 0)
         ch->spl_pause--;
     if (status == 0 && n == p.size) {
@@ -782,6 +1048,13 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
                 return;
             continue;
         }
+        if (ch->in_len >= DP_STORE_HEAD && (unsigned char)ch->in[4] == DP_STORE) {
+            int d = dp_store_direct(dp, ch);
+            if (d == 0 || d == -2)
+                return;
+            if (d == 1)
+                continue;
+        }
         /* Room for all of the frame begun (its head was checked when it came). */
         if (ch->in_len >= 5 && dp_in_reserve(ch, 4 + (size_t)dp_get32(ch->in)) != 0) {
             dp_drop(dp, ch, "out of memory");
@@ -807,9 +1080,12 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
             const char *f = ch->in + at;
             uint32_t len = dp_get32(f);
             int type = (unsigned char)f[4];
-            /* Only LOADs and the DATA answering ours come on a data channel, and no DATA
-               longer than the longest load we ask. Anything else: the peer is broken. */
+            /* Only LOADs, STOREs and the DATA answering ours come on a data channel, and
+               no DATA longer than the longest load we ask, no STORE longer than the
+               longest we send. Anything else: the peer is broken. */
             int ok = (type == DP_LOAD && len == DP_LOAD_SIZE - 4)
+                  || (type == DP_STORE && len > DP_STORE_HEAD - 4
+                      && len <= DP_STORE_HEAD - 4 + DP_FAST_MAX)
                   || (type == DP_DATA && len >= 9 && len <= 9 + DP_FAST_MAX);
             if (!ok) {
                 snprintf(why, sizeof(why), "bad frame (type %#x, length %u)", type, len);
@@ -824,8 +1100,11 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
             }
             if (type == DP_LOAD)
                 dp_serve(dp, ch, f);
+            else if (type == DP_STORE)
+                dp_serve_store(dp, ch, f, len);
             else
                 dp_answered(dp, ch, f, len);
+            ch->nodirect = 0;  /* (the frame in front is the next one) */
             at += 4 + len;
         }
         if (at) {
@@ -843,6 +1122,12 @@ static int dp_expire(struct ualinkd_dp *dp, int64_t now)
 
     for (int c = 0; c < DP_CHANNELS; c++) {
         struct dp_channel *ch = &dp->ch[c];
+        if (ch->state == DP_OPEN && ch->direct_since) {  /* (a STORE's bytes waited for) */
+            if (now - ch->direct_since >= DP_DIRECT_WAIT_NS)
+                dp_receive(dp, ch);  /* (they go through `in` now) */
+            else if (ch->direct_since + DP_DIRECT_WAIT_NS < next)
+                next = ch->direct_since + DP_DIRECT_WAIT_NS;
+        }
         if (ch->state == DP_OPEN && ch->in_len == 0 && ch->in_cap > DP_IN_START
                 && now - ch->in_used >= DP_IDLE_NS) {
             char *in = realloc(ch->in, DP_IN_START);  /* (idle: a 1 MiB answer's room goes) */
@@ -1015,6 +1300,8 @@ static void ualinkd_dp_stop(struct ualinkd_dp *dp, int err)
             if (ch->pend[i].used) {
                 ch->pend[i].used = 0;
                 fuse_reply_err(ch->pend[i].req, err);
+                free(ch->pend[i].block);
+                ch->pend[i].data = ch->pend[i].block = NULL;
             }
         if (ch->fd >= 0)
             close(ch->fd);
@@ -1024,8 +1311,10 @@ static void ualinkd_dp_stop(struct ualinkd_dp *dp, int err)
             ch->gen++;
         ch->state = DP_FREE;
     }
-    for (size_t i = 0; i < dp->nfb; i++)
+    for (size_t i = 0; i < dp->nfb; i++) {
         fuse_reply_err(dp->fb[i].req, err);
+        free(dp->fb[i].block);
+    }
     dp->nfb = 0;
     for (int a = 0; a < DP_ACCELS; a++)
         dp->accel_chan[a] = -1;
@@ -1091,6 +1380,14 @@ static int ualinkd_dp_open(struct ualinkd_dp *dp, int fd, const uint16_t *accels
     ch->fd = fd;
     ch->state = DP_OPEN;
     dp_channel_clear(ch);
+    ch->clk_origin = ch->peer_at = 0;
+    ch->peer_ms = 0;
+    {
+        int proto = 0;
+        socklen_t sl = sizeof(proto);
+        ch->tcp = getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &sl) == 0
+            && proto == IPPROTO_TCP;
+    }
     ch->why[0] = 0;
     ev.data.u32 = (uint32_t)c;
     if (epoll_ctl(dp->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
@@ -1140,6 +1437,27 @@ static void ualinkd_dp_set_timeout(struct ualinkd_dp *dp, int64_t ns)
     pthread_mutex_unlock(&dp->lock);
 }
 
+/* The link's clocks for channel `handle` (fabric/session.py): our link clock's zero, and
+   the peer's last PING (peer_at 0: none yet), all CLOCK_MONOTONIC ns. */
+static void ualinkd_dp_set_clock(struct ualinkd_dp *dp, int handle, int64_t origin,
+                                 uint32_t peer_ms, int64_t peer_at)
+{
+    int c = handle % DP_CHANNELS;
+    struct dp_channel *ch = &dp->ch[c];
+
+    if (handle < 0)
+        return;
+    pthread_mutex_lock(&dp->lock);
+    if (ch->state != DP_FREE && ch->gen * DP_CHANNELS + c == (uint32_t)handle) {
+        pthread_mutex_lock(&ch->lock);
+        ch->clk_origin = origin ? origin : 1;
+        ch->peer_ms = peer_ms;
+        ch->peer_at = peer_at;
+        pthread_mutex_unlock(&ch->lock);
+    }
+    pthread_mutex_unlock(&dp->lock);
+}
+
 /* Every route goes (a translation changed somewhere). Returns once no LOAD is being copied
    through an old one. */
 static void ualinkd_dp_flush(struct ualinkd_dp *dp)
@@ -1159,11 +1477,13 @@ static void ualinkd_dp_forget_file(struct ualinkd_dp *dp, uint64_t fh)
     pthread_mutex_unlock(&dp->lock);
 }
 
-/* Reads of render-node file `fh` in [va_start, va_end) are loads of NPA `npa_start`
-   onwards at accel `dst`, issued by accel `src`. */
+/* Reads (perm DP_READ) or writes (DP_WRITE) of render-node file `fh` in [va_start,
+   va_end) are loads or stores of NPA `npa_start` onwards at accel `dst`, issued by accel
+   `src`. A route of the same mapping learns the other permission when Python served that
+   access too. */
 static void ualinkd_dp_route_import(struct ualinkd_dp *dp, uint64_t fh, uint64_t va_start,
                                     uint64_t va_end, uint64_t npa_start, uint16_t src,
-                                    uint16_t dst)
+                                    uint16_t dst, int perm)
 {
     struct dp_import_route *r = NULL;
 
@@ -1177,6 +1497,10 @@ static void ualinkd_dp_route_import(struct ualinkd_dp *dp, uint64_t fh, uint64_t
     }
     if (r == NULL)
         r = &dp->iroute[dp->inext++ % DP_IMPORT_ROUTES];
+    else if (r->gen == dp->gen && r->va_end == va_end && r->npa_start == npa_start
+             && r->src == src && r->dst == dst)
+        perm |= r->perm;  /* (the same mapping, still current) */
+    r->perm = perm;
     r->fh = fh;
     r->va_start = va_start;
     r->va_end = va_end;
@@ -1235,8 +1559,8 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
     pthread_mutex_lock(&dp->lock);
     for (unsigned i = 0; i < DP_IMPORT_ROUTES; i++) {
         struct dp_import_route *q = &dp->iroute[i];
-        if (q->used && q->gen == dp->gen && q->fh == fh && off >= q->va_start
-                && off < q->va_end && size <= q->va_end - off) {
+        if (q->used && (q->perm & DP_READ) && q->gen == dp->gen && q->fh == fh
+                && off >= q->va_start && off < q->va_end && size <= q->va_end - off) {
             r = q;
             break;
         }
@@ -1257,6 +1581,7 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
         pthread_mutex_unlock(&ch->lock);
         return -1;
     }
+    p->data = p->block = NULL;  /* (a store's, handed on with it, in a slot used before) */
     dp_put32(f, DP_LOAD_SIZE - 4);
     f[4] = DP_LOAD;
     dp_put32(f + 5, seq);
@@ -1288,6 +1613,109 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
     ch->inflight_bytes += (uint32_t)size;
     if (dp->timeout_ns < DP_IDLE_NS)
         dp_wake(dp->wakefd);  /* (the thread may sleep DP_IDLE_NS: past this load's deadline) */
+    pthread_mutex_unlock(&ch->lock);
+    return 0;
+}
+
+/* The write callback's fast path (trio thread, inside fuse_session_process_buf): 0 when
+   the store of `buf` went out as a STORE (the thread answers `req`: the count, once the
+   exporter stored it all), -1 when Python must serve it. Its bytes are kept until the
+   answer: an exporter that refuses it (no route there) or a channel that goes down hands
+   the store to Python, which stores them through the link and decides any fault (policy
+   10: one STORE is stored whole or not at all, as the link's). Ordering: the channel
+   carries this file's loads and stores in the order they came, and the exporter's thread
+   applies them in that order.
+   The bytes are kept without a copy: `in` is the buffer libfuse received the request into
+   (its struct fuse_buf), and the store takes that buffer over (its mem set to NULL, so the
+   session's next receive allocates another: libfuse's fuse_session_receive_buf does when
+   mem is NULL). A copy of 1 MiB was an eighth of a carried store's time. A small store is
+   copied (DP_STEAL_MIN). */
+static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, const char *buf,
+                        size_t size, uint64_t off, uint64_t fh, uint64_t unique,
+                        struct fuse_buf *in)
+{
+    struct dp_import_route *r = NULL;
+    struct dp_channel *ch;
+    struct dp_pending *p;
+    char f[DP_STORE_HEAD];
+    struct iovec iov[2];
+    uint64_t npa;
+    uint16_t src, dst;
+    uint32_t seq;
+    int c, steal;
+
+    if (!dp->running || size == 0 || size > DP_FAST_MAX)
+        return -1;
+    steal = size >= DP_STEAL_MIN && in != NULL && in->mem != NULL && !(in->flags & FUSE_BUF_IS_FD)
+        && buf >= (const char *)in->mem && buf + size <= (const char *)in->mem + in->size;
+    pthread_mutex_lock(&dp->lock);
+    for (unsigned i = 0; i < DP_IMPORT_ROUTES; i++) {
+        struct dp_import_route *q = &dp->iroute[i];
+        if (q->used && (q->perm & DP_WRITE) && q->gen == dp->gen && q->fh == fh
+                && off >= q->va_start && off < q->va_end && size <= q->va_end - off) {
+            r = q;
+            break;
+        }
+    }
+    if (r == NULL || (c = dp->accel_chan[r->dst]) < 0 || dp->ch[c].state != DP_OPEN) {
+        pthread_mutex_unlock(&dp->lock);
+        return -1;
+    }
+    npa = r->npa_start + (off - r->va_start);
+    src = r->src;
+    dst = r->dst;
+    ch = &dp->ch[c];
+    pthread_mutex_lock(&ch->lock);
+    pthread_mutex_unlock(&dp->lock);
+    seq = ch->next_seq;
+    p = &ch->pend[seq % DP_INFLIGHT];
+    if (ch->npend >= DP_INFLIGHT || p->used || ch->inflight_bytes + size > DP_INFLIGHT_BYTES) {
+        pthread_mutex_unlock(&ch->lock);
+        return -1;
+    }
+    dp_put32(f, (uint32_t)(DP_STORE_HEAD - 4 + size));
+    f[4] = DP_STORE;
+    dp_put32(f + 5, seq);
+    memcpy(f + 9, &src, 2);
+    memcpy(f + 11, &dst, 2);
+    memcpy(f + 13, &npa, 8);
+    dp_put32(f + 21, dp_deadline(ch, dp_now(), dp->timeout_ns));
+    iov[0].iov_base = f;
+    iov[0].iov_len = sizeof(f);
+    iov[1].iov_base = (void *)buf;
+    iov[1].iov_len = size;
+    if (steal) {
+        p->block = in->mem;
+        p->data = (char *)buf;
+    } else if ((p->block = p->data = malloc(size)) != NULL) {
+        memcpy(p->data, buf, size);
+    } else {
+        pthread_mutex_unlock(&ch->lock);
+        return -1;
+    }
+    if (dp_sendv(dp, ch, iov, 2) != 0) {
+        if (!steal)
+            free(p->block);
+        p->data = p->block = NULL;
+        pthread_mutex_unlock(&ch->lock);
+        return -1;
+    }
+    if (steal)
+        in->mem = NULL;  /* (the store's now) */
+    ch->next_seq = seq + 1;
+    p->req = req;
+    p->ino = ino;
+    p->size = (uint32_t)size;
+    p->off = off;
+    p->fh = fh;
+    p->unique = unique;
+    p->seq = seq;
+    p->started = dp_now();
+    p->used = 1;
+    ch->npend++;
+    ch->inflight_bytes += (uint32_t)size;
+    if (dp->timeout_ns < DP_IDLE_NS)
+        dp_wake(dp->wakefd);
     pthread_mutex_unlock(&ch->lock);
     return 0;
 }
@@ -1329,7 +1757,7 @@ static int ualinkd_dp_take_event(struct ualinkd_dp *dp, int *handle, char *why, 
 }
 
 /* fast loads, LOADs served, loads handed to Python, LOADs answered DP_FALLBACK, fast loads
-   whose answer was spliced. */
+   whose answer was spliced; fast stores, STOREs served, STOREs answered DP_FALLBACK. */
 static void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out)
 {
     pthread_mutex_lock(&dp->lock);
@@ -1338,5 +1766,9 @@ static void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out)
     out[2] = dp->fallbacks;
     out[3] = dp->refused;
     out[4] = dp->spliced;
+    out[5] = dp->fast_stores;
+    out[6] = dp->served_stores;
+    out[7] = dp->refused_stores;
+    out[8] = dp->late_stores;
     pthread_mutex_unlock(&dp->lock);
 }

@@ -1,11 +1,11 @@
-"""The C data plane's Python side: its channels, its routes, and the loads it hands back.
+"""The C data plane's Python side: its channels, its routes, and the accesses it hands back.
 
 fuse/dataplane.c says what the C does and why. A FuseSession owns one DataPlane (its
-thread replies to that session's reads). The fabric link hands it each authenticated data
-channel (`open`/`close`: fabric/channels.py's DataChannels). The routes come from what Python
-served itself: `route_import` after a render-node read that one remote mapping answered
-(lowlevel.py), `route_export` after a LOAD that one BO chunk answered (daemon.py). Every
-route goes at the next `translation.changed()`.
+thread replies to that session's reads and writes). The fabric link hands it each
+authenticated data channel (`open`/`close`: fabric/channels.py's DataChannels). The routes
+come from what Python served itself: `route_import` after a render-node read or write that
+one remote mapping answered (lowlevel.py), `route_export` after a LOAD or STORE that BO
+chunks answered (daemon.py). Every route goes at the next `translation.changed()`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -31,8 +32,9 @@ CHANNELS = lib.DP_CHANNELS  # channels open at once (one per peer that has one)
 DROP_LOG_GRACE = 2.0
 _FALLBACKS_PER_TAKE = 256
 
-# (req, ino, size, off, fh, unique, expired: no answer within the deadline, to fault)
-Fallback = tuple[Any, int, int, int, int, int, bool]
+# (req, ino, size, off, fh, unique, expired: no answer within the deadline, to fault,
+#  data: a store's bytes, None for a load)
+Fallback = tuple[Any, int, int, int, int, int, bool, bytes | None]
 
 
 class DataPlane:
@@ -44,7 +46,8 @@ class DataPlane:
         self.notify_fd = -1
         self._peers: dict[int, str] = {}  # channel handle -> peer
         self._fallbacks = ffi.new("struct dp_fallback[]", _FALLBACKS_PER_TAKE)
-        self._stats = ffi.new("uint64_t[5]")
+        self._stats = ffi.new("uint64_t[9]")
+        self._late_logged = 0
         self.on_broken: Callable[[int], None] | None = None  # DataChannels.on_broken
         # Whether the link to a peer is up (FabricLink.is_up; None: no link to ask, a
         # dropped channel is logged at once)
@@ -126,6 +129,19 @@ class DataPlane:
                      "their loads themselves", CHANNELS)
         return False
 
+    def clock(self, handle: int, origin: float, peer_clock: tuple[int, float] | None) -> None:
+        """The link's clocks for channel `handle` (fabric/session.py, trio time): our link
+        clock's zero, and the peer's clock from its last PING (its ms, our time on receipt).
+        The STOREs we send carry a deadline on the peer's clock as the link's do, and a
+        peer's STORE found past its deadline is refused, never stored (policy 10: a store
+        its requester reported failed must not land later)."""
+        if self.pointer == ffi.NULL:
+            return
+        to_mono = time.monotonic() - trio.current_time()
+        peer_ms, at = peer_clock if peer_clock is not None else (0, None)
+        lib.ualinkd_dp_set_clock(self.pointer, handle, int((origin + to_mono) * 1e9), peer_ms,
+                                 0 if at is None else max(1, int((at + to_mono) * 1e9)))
+
     def close(self, handle: int) -> None:
         if self.pointer != ffi.NULL:
             lib.ualinkd_dp_close(self.pointer, handle)
@@ -143,18 +159,19 @@ class DataPlane:
             lib.ualinkd_dp_forget_file(self.pointer, fh)
 
     def route_import(self, fh: int, va_start: int, va_end: int, npa_start: int, src: int,
-                     dst: int) -> None:
-        """Reads of file `fh` in [va_start, va_end) load NPA `npa_start` on at accel `dst`,
-        issued by accel `src`."""
+                     dst: int, *, write: bool = False) -> None:
+        """Reads (`write`: writes) of file `fh` in [va_start, va_end) load (store) NPA
+        `npa_start` on at accel `dst`, issued by accel `src`."""
         if self.running:
             lib.ualinkd_dp_route_import(self.pointer, fh, va_start, va_end, npa_start, src,
-                                        dst)
+                                        dst, lib.DP_WRITE if write else lib.DP_READ)
 
     def route_export(self, src: int, dst: int, npa_start: int, length: int,
                      backing: bytearray | int | None, offset: int) -> None:
-        """LOADs from accel `src` of NPA [npa_start, +length) at our accel `dst` read
-        `backing` from `offset`: a BO chunk (which must live, never resized, until the next
-        translation.changed(): BoMemory's chunks do), a BO's memfd, or None for zeros."""
+        """LOADs (and STOREs) from accel `src` of NPA [npa_start, +length) at our accel `dst`
+        read (write) `backing` from `offset`: a BO chunk (which must live, never resized,
+        until the next translation.changed(): BoMemory's chunks do), a BO's memfd, or None
+        for zeros (no STORE: Python makes the chunk)."""
         if not self.running or length <= 0:
             return
         if isinstance(backing, bytearray):
@@ -172,8 +189,12 @@ class DataPlane:
         while True:
             n = lib.ualinkd_dp_take_fallbacks(self.pointer, self._fallbacks,
                                               _FALLBACKS_PER_TAKE)
-            out += [(f.req, f.ino, f.size, f.off, f.fh, f.unique, bool(f.expired))
-                    for f in self._fallbacks[0:n]]
+            for f in self._fallbacks[0:n]:
+                data = None
+                if f.data != ffi.NULL:  # a store's bytes: ours now
+                    data = ffi.buffer(f.data, f.size)[:]
+                    lib.free(f.block)
+                out.append((f.req, f.ino, f.size, f.off, f.fh, f.unique, bool(f.expired), data))
             if n < _FALLBACKS_PER_TAKE:
                 return out
 
@@ -186,6 +207,11 @@ class DataPlane:
         line says why it went; nor is one whose link goes down within DROP_LOG_GRACE (a
         peer that stops closes both; at a 256-node pod's stop every node wrote a WARNING
         per peer): the WARNING is for a channel that broke while its link stays up."""
+        late = self.stats().get("late_stores", 0)
+        if late > self._late_logged:
+            self._late_logged = late
+            log.warning("data plane: refused a STORE past its deadline (its requester had "
+                        "given up): %d so far", late)
         handle = ffi.new("int *")
         why = ffi.new("char[160]")
         while lib.ualinkd_dp_take_event(self.pointer, handle, why, len(why)):
@@ -220,12 +246,15 @@ class DataPlane:
 
     def stats(self) -> dict[str, int]:
         """fast_loads: loads of ours the C carried (spliced: those whose answer it spliced
-        into /dev/fuse); served: peers' LOADs it answered; fallbacks: loads it handed back
-        to Python; refused: LOADs it sent back to the link."""
+        into /dev/fuse); served: peers' LOADs it answered; fallbacks: loads and stores it
+        handed back to Python; refused: LOADs it sent back to the link; fast_stores,
+        served_stores, refused_stores: the same for stores; late_stores: STOREs refused
+        past their deadline."""
         if self.pointer == ffi.NULL:
             return {}
         lib.ualinkd_dp_stats(self.pointer, self._stats)
-        stats = dict(zip(("fast_loads", "served", "fallbacks", "refused", "spliced"),
+        stats = dict(zip(("fast_loads", "served", "fallbacks", "refused", "spliced",
+                          "fast_stores", "served_stores", "refused_stores", "late_stores"),
                          self._stats, strict=True))
         stats["channels"] = len(self._peers)
         return stats

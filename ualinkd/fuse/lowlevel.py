@@ -119,8 +119,8 @@ class Operations(Protocol):
     def read(
         self, ino: int, fh: int, off: int, size: int, caller: Caller
     ) -> bytes | Completion[Loaded]: ...
-    def read_route(self, fh: int, off: int,
-                   size: int) -> tuple[int, int, int, int, int] | None: ...
+    def read_route(self, fh: int, off: int, size: int,
+                   write: bool = False) -> tuple[int, int, int, int, int] | None: ...
     def read_expired(self, fh: int) -> None: ...
     def write(
         self, ino: int, fh: int, off: int, data: bytes, caller: Caller
@@ -339,13 +339,18 @@ class FuseSession:
                     lib.fuse_reply_none(req)
                 continue
             _active = self
-            for req, ino, size, off, fh, unique, expired in handed:
-                if expired:
+            for req, ino, size, off, fh, unique, expired, data in handed:
+                if expired:  # (a store too: the link's STORE that expired faults it)
                     try:
                         self.ops.read_expired(fh)
                     except Exception as e:
                         self._bug(None, "read (expired)", e)
                     lib.fuse_reply_err(req, errno.EFAULT)
+                    continue
+                if data is not None:  # a store: Python stores it through the link
+                    fi = ffi.new("struct fuse_file_info *")
+                    fi.fh = fh
+                    _write(req, ino, ffi.from_buffer(data), size, off, fi)
                     continue
                 self._unique = unique
                 try:
@@ -765,7 +770,19 @@ def _read(s: FuseSession, req: Any, ino: int, size: int, off: int,
 @_callback("write", _reply_write)
 def _write(s: FuseSession, req: Any, ino: int, buf: Any, size: int, off: int,
            fi: Any) -> int | Completion[int]:
-    return s.ops.write(ino, fi.fh, off, ffi.buffer(buf, size)[:], s._caller(req))
+    fh = fi.fh
+    r = s.ops.write(ino, fh, off, ffi.buffer(buf, size)[:], s._caller(req))
+    if type(r) is Completion and size <= FAST_MAX and s.data_plane.running:
+        # A remote store: once it is stored whole, the data plane may carry the next ones
+        # of its mapping (the tree says which, if it is one writable remote mapping).
+        def learn(c: Completion[int]) -> int:
+            n = c.result()
+            if n == size and (route := s.ops.read_route(fh, off, size, True)) is not None:
+                s.data_plane.route_import(fh, *route, write=True)
+            return n
+
+        return r.then(learn)
+    return r
 
 
 @ffi.def_extern()

@@ -390,11 +390,16 @@ class FileTree(Generic[RenderFile, KfdFile, DmaBufRef]):
             raise FuseError(e.errno) from None
         raise FuseError(errno.EINVAL)  # dma-buf CPU access is not emulated
 
-    def read_route(self, fh: int, off: int, size: int) -> tuple[int, int, int, int, int] | None:
-        """The data plane's route for the next reads of a render file like that one
-        (Backend.gpu_read_route), or None."""
+    def read_route(self, fh: int, off: int, size: int,
+                   write: bool = False) -> tuple[int, int, int, int, int] | None:
+        """The data plane's route for the next reads (`write`: writes) of a render file
+        like that one (Backend.gpu_read_route), or None."""
         drm_file = self._render_fh.get(fh)
-        return None if drm_file is None else self.backend.gpu_read_route(drm_file, off, size)
+        if drm_file is None:
+            return None
+        if write:
+            return self.backend.gpu_read_route(drm_file, off, size, write=True)
+        return self.backend.gpu_read_route(drm_file, off, size)
 
     def read_expired(self, fh: int) -> None:
         """A read the data plane carried got no answer in time: it faults
