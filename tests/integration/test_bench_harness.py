@@ -44,8 +44,8 @@ def test_quick_run_writes_every_key(tmp_path):
         assert set(p["figures"]) == {
             "export_ioctl_ns", "export_ioctl_idle_ns", "first_import_ns",
             "first_import_ioctl_ns", "first_import_open_ns", "first_import_fd_to_handle_ns",
-            "load_4k_ns", "load_1m_ns"}
-        assert set(p["ratios"]) == {"export", "first_import", "load_4k", "load_1m"}
+            "load_4k_ns", "load_1m_ns", "store_1m_ns"}
+        assert set(p["ratios"]) == {"export", "first_import", "load_4k", "load_1m", "store_1m"}
         # the ratio without a goal: the idle-server pair of ioctl_latency --idle
         assert set(p["info_ratios"]) == {"export_idle"}
         # the quick run's loads: all but the first of the mapping carried in C (the 1 MiB
@@ -57,7 +57,7 @@ def test_quick_run_writes_every_key(tmp_path):
             for v in p[group].values():
                 assert 0 < v["min"] <= v["median"] <= v["max"], (group, v)
         assert set(p["server_cost"]) == {"echo", "export", "first_import", "load_4k",
-                                         "load_1m"}
+                                         "load_1m", "store_1m"}
         for cost in p["server_cost"].values():
             assert cost["server_cpu_ns_per_op"] > 0 and cost["server_switches_per_op"] > 0
             assert cost["server_wait_ns_per_op"] >= 0
