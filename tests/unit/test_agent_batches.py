@@ -245,6 +245,43 @@ async def test_a_message_waits_in_one_queue_per_accel_and_a_full_one_holds_the_l
     assert seen == list(range(9)) and not ring.queue and ring.waited == 0
 
 
+async def test_a_flood_to_one_accel_holds_only_its_senders_link(nursery, autojump_clock):
+    """§5.1's ring is one queue per accel, but the room in it is counted per sender (as the
+    per-link inbox it replaced was): a peer that floods an accel past RING_SIZE + BACKLOG
+    waits for room, while another sender's message to the same accel is queued and its link
+    reads on (its ACKs and DATA keep coming); nothing is dropped or reordered, and the
+    flooder reads on once its own share has room."""
+    fabric = BatchFabric()
+    cores = await start(nursery, 2, fabric)
+    agent = fabric.agents[1]
+    agent.ring_size = 4
+    ring = agent._rings[1]
+    ring.limit = 4 + 3  # (RING_SIZE + BACKLOG, made small)
+    mgr = cores[1].managers[128]
+    seen: list[tuple[int, int]] = []
+    receive = mgr.receive
+
+    def received(src: int, msg: p.Message) -> None:
+        seen.append((src, msg.handle_hi))  # type: ignore[union-attr]
+        receive(src, msg)
+
+    mgr.receive = received  # type: ignore[method-assign]
+    busy = trio.Event()
+    ring.busy = busy  # the ring waits (a message handled at once is not done)
+    flood = [agent.on_message(0, 1, p.NpaRevoke(0x400, i).encode()) for i in range(8)]
+    assert flood[:6] == [None] * 6
+    assert all(c is not None and not c.done for c in flood[6:])  # the flooder waits
+    innocent = [agent.on_message(2, 1, p.NpaRevoke(0x800, i).encode()) for i in range(3)]
+    assert innocent == [None] * 3  # another sender's link reads on
+    assert len(ring.queue) == 11
+    ring.busy = None
+    busy.set()
+    await trio.sleep(0.1)
+    assert all(c is not None and c.done for c in flood[6:])
+    assert seen == [(0, i) for i in range(8)] + [(2, i) for i in range(3)]
+    assert not ring.queue and not ring.by_src and not ring.room
+
+
 async def test_an_answer_reaching_an_idle_ring_is_handled_in_the_links_call(
         nursery, autojump_clock):
     """§5.1's ring, one message after the other: an NPA_RSP (an answer to this accel's own

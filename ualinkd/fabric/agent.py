@@ -64,9 +64,12 @@ RequestFn = Callable[[int, int, int, "int | bytes"], "Completion[Loaded]"]
 CHUNK = 1 << 20  # data-plane transfers are split into chunks this big ...
 IN_FLIGHT = 4  # ... with this many outstanding at once per transfer
 RING_SIZE = 1024  # messages queued per local accel before its ring counts as full (logged)
-# Acknowledged messages an accel's queue holds past RING_SIZE before the link stops reading
-# from their sender: room for the link to read on to the ACKs that the ring's own handlers
-# wait for (a handler that sends a reply waits for its ACK, behind the peer's messages).
+# Acknowledged messages of one sender an accel's queue holds past RING_SIZE before the link
+# stops reading from that sender: room for the link to read on to the ACKs that the ring's
+# own handlers wait for (a handler that sends a reply waits for its ACK, behind the peer's
+# messages). Counted per sending accel, so a peer that floods one accel holds up its own
+# link only: another peer's messages to that accel queue, and its link reads on (its ACKs
+# and DATA answers to this node's requests keep coming), as with a per-link inbox.
 BACKLOG = 4096
 BURST = 256  # messages a ring takes per wake-up, their sends queued together
 # (importing accel, piece, write, data to store | None) -> loaded bytes | count stored
@@ -113,17 +116,19 @@ _HANDLED_AT_ONCE = (p.NpaReq, p.NpaRsp, p.NpaFail, p.HelloAck)
 
 class _Ring:
     """One local accel's receive queue, the soft IH ring (§5.1): acknowledged messages wait
-    here, in arrival order, until its task handles them; the link waits for room past
-    `limit` (RING_SIZE + BACKLOG)."""
+    here, in arrival order, until its task handles them; a sender's link waits for room
+    once `limit` (RING_SIZE + BACKLOG) of that sender's messages are queued."""
 
-    __slots__ = ("busy", "idle", "limit", "queue", "room", "waited", "wake")
+    __slots__ = ("busy", "by_src", "idle", "limit", "queue", "room", "waited", "wake")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.queue: deque[tuple[int, p.Message]] = deque()
+        self.by_src: dict[int, int] = {}  # sending accel -> its messages in `queue`
         self.wake = trio.Event()  # set when a message is queued
-        # The links waiting for room (on_message's Completions), ended once there is.
-        self.room: list[Completion[None]] = []
+        # The links waiting for room (on_message's Completions), by sending accel, each
+        # ended once that sender's share of the queue is below `limit` again.
+        self.room: dict[int, list[Completion[None]]] = {}
         self.waited = 0  # messages that found it full (past RING_SIZE) since it last emptied
         # True: the ring waits for a message with none queued (and none handed to it
         # since), so the next one may be handled at once, in order (on_message); None: one
@@ -134,10 +139,25 @@ class _Ring:
         # the ring is busy, and waits for it before its next message.
         self.busy: trio.Event | None = None
 
+    def take(self, n: int) -> list[tuple[int, p.Message]]:
+        """The next `n` queued messages, the links of senders now below `limit` reading on."""
+        burst = [self.queue.popleft() for _ in range(n)]
+        for src, _ in burst:
+            left = self.by_src[src] - 1
+            if left:
+                self.by_src[src] = left
+            else:
+                del self.by_src[src]
+            if left < self.limit and src in self.room:
+                for c in self.room.pop(src):
+                    c.set_result(None)
+        return burst
+
     def make_room(self) -> None:
-        room, self.room = self.room, []
-        for c in room:
-            c.set_result(None)
+        room, self.room = self.room, {}
+        for waiting in room.values():
+            for c in waiting:
+                c.set_result(None)
 
 
 class UalinkAgent:
@@ -224,8 +244,9 @@ class UalinkAgent:
         """Called by the link once it has acknowledged a message (§5.1), in arrival order:
         the message is queued for `dst`'s ring now (or handled at once by an idle ring).
         An acknowledged message is never dropped: when the queue holds RING_SIZE + BACKLOG
-        this returns a Completion that ends once it has room again, and the link reads
-        nothing more from that peer meanwhile (back-pressure: TCP slows the sender down)."""
+        of `src`'s messages this returns a Completion that ends once it has room for them
+        again, and the link reads nothing more from that peer meanwhile (back-pressure: TCP
+        slows the sender down); other senders' links read on."""
         ring = self._rings.get(dst)
         if ring is None:
             log.warning("message from accel %d for accel %d, which is not ours", src, dst)
@@ -237,12 +258,13 @@ class UalinkAgent:
         ring.idle = False  # (what follows it waits behind it, in the ring)
         queue = ring.queue
         queue.append((src, msg))
+        mine = ring.by_src[src] = ring.by_src.get(src, 0) + 1
         ring.wake.set()
         if len(queue) > self.ring_size:
             ring.waited += 1
-            if len(queue) >= ring.limit:
+            if mine >= ring.limit:
                 room: Completion[None] = Completion()
-                ring.room.append(room)
+                ring.room.setdefault(src, []).append(room)
                 return room
         return None
 
@@ -268,9 +290,7 @@ class UalinkAgent:
                 await ring.wake.wait()
             if ring.busy is not None:  # the message before these, handled at once, is not done
                 await ring.busy.wait()
-            burst = [queue.popleft() for _ in range(min(BURST, len(queue)))]
-            if len(queue) < ring.limit:
-                ring.make_room()
+            burst = ring.take(min(BURST, len(queue)))
             later: list[Effect] = []
             for src, msg in burst:
                 mgr.receive(src, msg)
