@@ -223,7 +223,7 @@ class DataPlane:
             if self.link_up is None:
                 self._log_dropped(peer, reason)
             else:
-                trio.lowlevel.spawn_system_task(self._log_dropped_later, peer, reason,
+                trio.lowlevel.spawn_system_task(self._dropped_with_its_link, peer, reason,
                                                 self.link_up)
             if self.on_broken is not None:
                 self.on_broken(handle[0])
@@ -233,7 +233,7 @@ class DataPlane:
         log.warning("data plane: channel to %s dropped: %s (its loads go through the link)",
                     peer, why)
 
-    async def _log_dropped_later(self, peer: str, why: str,
+    async def _dropped_with_its_link(self, peer: str, why: str,
                                  link_up: Callable[[str], bool]) -> None:
         """The dropped channel's line once its link had DROP_LOG_GRACE to go down too: a
         WARNING if it is still up, else DEBUG (the link's line says why both went). A
