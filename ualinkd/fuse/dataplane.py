@@ -234,7 +234,7 @@ class DataPlane:
                     peer, why)
 
     async def _dropped_with_its_link(self, peer: str, why: str,
-                                 link_up: Callable[[str], bool]) -> None:
+                                     link_up: Callable[[str], bool]) -> None:
         """The dropped channel's line once its link had DROP_LOG_GRACE to go down too: a
         WARNING if it is still up, else DEBUG (the link's line says why both went). A
         system task: the daemon's end cancels it, with nothing to report."""
