@@ -1,11 +1,13 @@
 """The UALink agent: waits for the fabric on behalf of the managers (trio).
 
 The managers (ualink/manager.py) decide every UALink flow, timeouts included; this only
-waits, delivers and carries: one receive task per local accel that hands that accel's
+waits, delivers and carries: one receive ring per local accel that hands that accel's
 messages to its manager in arrival order, awaiting the sends each one answers with before
-the next (the soft IH ring, §5.1); one timer task per accel that calls `handle_timer(now)`
-at the manager's `get_timer()`; the sends' outcomes reported back with the time; and the
-imports in flight, each a Completion the managers' `Wake` effects end (no task waits).
+the next (the soft IH ring, §5.1), its task taking what is queued and the call that brings
+an awaited reply's ACK going on with it (a bounded part); one timer task per accel that
+calls `handle_timer(now)` at the manager's `get_timer()`; the sends' outcomes reported back
+with the time; and the imports in flight, each a Completion the managers' `Wake` effects
+end (no task waits).
 
 Costs per burst, not per message: the sends one manager call produces (a file's close that
 revokes 2,000 BOs, a ring's burst of NPA_REVOKEs answered) are queued on each link in
@@ -108,8 +110,9 @@ _RING_REPLIES = (HelloAckSent, NpaRspSent)
 # (nothing queued, nothing being handled) is handled in the link's call, as the ring would
 # handle it next; the ring's wake-up cost each a scheduler turn, 60-90 µs of each side of
 # a first import (pinned). An NPA_REQ's reply is the ring's to await: the ring stays busy
-# (later messages wait in it) until its ACK came (_reply_at_once). The bursts whose sends the
-# ring batches (a file's NPA_REVOKEs, their NPA_RELEASEs) and HELLOs go through the ring.
+# (later messages wait in it) until its ACK came, and that ACK's call goes on with them
+# (_handle). The bursts whose sends the ring batches (a file's NPA_REVOKEs, their
+# NPA_RELEASEs) and HELLOs go through the ring.
 _HANDLED_AT_ONCE = (p.NpaReq, p.NpaRsp, p.NpaFail, p.HelloAck)
 
 
