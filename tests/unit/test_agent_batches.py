@@ -433,3 +433,67 @@ async def test_a_replys_ack_carries_the_ring_on_in_its_call_for_at_most_a_burst(
     assert [m for m, _ in seen[6:]] == ["NpaRevoke"] * 2
     assert all(task is not me for _, task in seen[6:])  # (the ring's task took them)
     assert ring.idle and not ring.queue and len(held) == 2
+
+
+async def test_a_hello_fan_in_answers_the_next_hello_in_the_call_of_the_acks(
+        nursery, autojump_clock):
+    """§5.1 (issue 34's fan-in): two importers' HELLOs reach one accel; its ring (its task)
+    answers the first and awaits its HELLO_ACK's ACK, the second waiting in the ring. When
+    that ACK comes, the second HELLO is answered in the same call (its HELLO_ACK queued on
+    its link before the call returns), not after the ring's task is scheduled again (2.8 ms
+    a HELLO on a loaded 128-node fan-in). Both imports then succeed."""
+    fabric = BatchFabric()
+    cores = await start(nursery, 3, fabric)
+    f = cores[0].open_render(128, ME)
+    _, handle = await export(cores[0], f)
+    exporter = cores[0].managers[128]
+    agent = fabric.agents[exporter.accel_id]
+    ring = agent._rings[exporter.accel_id]
+    held: list[tuple[int, int, list[p.Dwords],
+                     Completion[list[tuple[DrmError | None, float]]]]] = []
+
+    def send_batch(src: int, dst: int, messages: list[p.Dwords]
+                   ) -> Completion[list[tuple[DrmError | None, float]]]:
+        c: Completion[list[tuple[DrmError | None, float]]] = Completion()
+        held.append((src, dst, messages, c))
+        return c
+
+    def accept(i: int) -> None:
+        """The peer accepts held batch `i` (as its link's reader would bring the ACKs)."""
+        src, dst, messages, c = held[i]
+        for dw in messages:
+            fabric._deliver(src, dst, dw)
+        c.set_result([(None, trio.current_time()) for _ in messages])
+
+    agent._send_batch = send_batch  # type: ignore[method-assign]
+    seen: list[tuple[str, object]] = []
+    receive = exporter.receive
+
+    def received(src: int, msg: p.Message) -> None:
+        seen.append((type(msg).__name__, trio.lowlevel.current_task()))
+        receive(src, msg)
+
+    exporter.receive = received  # type: ignore[method-assign]
+    results: list[int] = []
+
+    async def imp(core: NodeCore) -> None:
+        fi = core.open_render(128, ME)
+        results.append((await import_(core, fi, handle))[0])
+
+    nursery.start_soon(imp, cores[1])
+    nursery.start_soon(imp, cores[2])
+    await trio.testing.wait_all_tasks_blocked()
+    me = trio.lowlevel.current_task()
+    assert [m for m, _ in seen] == ["Hello"] and seen[0][1] is not me  # the ring's task
+    assert [[type(p.decode_message(dw)) for dw in h[2]] for h in held] == [[p.HelloAck]]
+    assert ring.busy and len(ring.queue) <= 1  # the second HELLO waits (queue or burst)
+    accept(0)
+    assert seen[1] == ("Hello", me)  # answered in the ACK's call ...
+    assert [type(p.decode_message(dw)) for dw in held[1][2]] == [p.HelloAck]  # ... sent
+    assert held[1][1] != held[0][1]  # (to the other importer)
+    accept(1)
+    agent._send_batch = fabric.send_batch  # type: ignore[method-assign]  # (as before)
+    with trio.fail_after(10):
+        while len(results) < 2:
+            await trio.sleep(0.01)
+    assert results == [0, 0] and not ring.busy
