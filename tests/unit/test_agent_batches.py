@@ -486,7 +486,7 @@ async def test_a_hello_fan_in_answers_the_next_hello_in_the_call_of_the_acks(
     me = trio.lowlevel.current_task()
     assert [m for m, _ in seen] == ["Hello"] and seen[0][1] is not me  # the ring's task
     assert [[type(p.decode_message(dw)) for dw in h[2]] for h in held] == [[p.HelloAck]]
-    assert ring.busy and len(ring.queue) <= 1  # the second HELLO waits (queue or burst)
+    assert len(ring.queue) <= 1  # the second HELLO waits (in the queue or its burst)
     accept(0)
     assert seen[1] == ("Hello", me)  # answered in the ACK's call ...
     assert [type(p.decode_message(dw)) for dw in held[1][2]] == [p.HelloAck]  # ... sent
