@@ -1,11 +1,13 @@
 """The UALink agent: waits for the fabric on behalf of the managers (trio).
 
 The managers (ualink/manager.py) decide every UALink flow, timeouts included; this only
-waits, delivers and carries: one receive task per local accel that hands that accel's
+waits, delivers and carries: one receive ring per local accel that hands that accel's
 messages to its manager in arrival order, awaiting the sends each one answers with before
-the next (the soft IH ring, §5.1); one timer task per accel that calls `handle_timer(now)`
-at the manager's `get_timer()`; the sends' outcomes reported back with the time; and the
-imports in flight, each a Completion the managers' `Wake` effects end (no task waits).
+the next (the soft IH ring, §5.1), its task taking what is queued and the call that brings
+an awaited reply's ACK going on with it (a bounded part); one timer task per accel that
+calls `handle_timer(now)` at the manager's `get_timer()`; the sends' outcomes reported back
+with the time; and the imports in flight, each a Completion the managers' `Wake` effects
+end (no task waits).
 
 Costs per burst, not per message: the sends one manager call produces (a file's close that
 revokes 2,000 BOs, a ring's burst of NPA_REVOKEs answered) are queued on each link in
@@ -46,7 +48,6 @@ from ..ualink.manager import (
     UalinkManager,
     Wake,
 )
-from .waiting import completed
 
 if TYPE_CHECKING:
     from ..amdgpu.vm import RemotePiece
@@ -109,8 +110,9 @@ _RING_REPLIES = (HelloAckSent, NpaRspSent)
 # (nothing queued, nothing being handled) is handled in the link's call, as the ring would
 # handle it next; the ring's wake-up cost each a scheduler turn, 60-90 µs of each side of
 # a first import (pinned). An NPA_REQ's reply is the ring's to await: the ring stays busy
-# (later messages wait in it) until its ACK came (_reply_at_once). The bursts whose sends the
-# ring batches (a file's NPA_REVOKEs, their NPA_RELEASEs) and HELLOs go through the ring.
+# (later messages wait in it) until its ACK came, and that ACK's call goes on with them
+# (_handle). The bursts whose sends the ring batches (a file's NPA_REVOKEs, their
+# NPA_RELEASEs) and HELLOs go through the ring.
 _HANDLED_AT_ONCE = (p.NpaReq, p.NpaRsp, p.NpaFail, p.HelloAck)
 
 
@@ -119,7 +121,8 @@ class _Ring:
     here, in arrival order, until its task handles them; a sender's link waits for room
     once `limit` (RING_SIZE + BACKLOG) of that sender's messages are queued."""
 
-    __slots__ = ("busy", "by_src", "idle", "limit", "queue", "room", "waited", "wake")
+    __slots__ = ("busy", "by_src", "closed", "idle", "limit", "queue", "room", "waited",
+                 "wake")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -130,14 +133,17 @@ class _Ring:
         # ended once that sender's share of the queue is below `limit` again.
         self.room: dict[int, list[Completion[None]]] = {}
         self.waited = 0  # messages that found it full (past RING_SIZE) since it last emptied
-        # True: the ring waits for a message with none queued (and none handed to it
-        # since), so the next one may be handled at once, in order (on_message); None: one
-        # is being handled at once and none was queued since; False: the ring has messages,
-        # or is handling them.
-        self.idle: bool | None = False
-        # Set once the message handled at once is done (its reply's ACK came): until then
-        # the ring is busy, and waits for it before its next message.
-        self.busy: trio.Event | None = None
+        # True: the ring waits for a message with none queued and none being handled, so
+        # the next one may be handled at once, in order (on_message); False: it has
+        # messages, or is handling them.
+        self.idle = False
+        # True while its messages are handled outside its task: one handled at once, or a
+        # reply's ACK awaited, the ring going on in the call that brings that ACK (the
+        # link's: UalinkAgent._carry_on). Its task neither takes a message nor is woken
+        # meanwhile (messages that come only queue); it is woken if that call hands back
+        # a queue it did not empty.
+        self.busy = False
+        self.closed = False  # its task stopped: a pending ACK's call does not go on
 
     def take(self, n: int) -> list[tuple[int, p.Message]]:
         """The next `n` queued messages, the links of senders now below `limit` reading on."""
@@ -259,7 +265,8 @@ class UalinkAgent:
         queue = ring.queue
         queue.append((src, msg))
         mine = ring.by_src[src] = ring.by_src.get(src, 0) + 1
-        ring.wake.set()
+        if not ring.busy:  # (a busy ring's handler takes it next, in the ACK's call)
+            ring.wake.set()
         if len(queue) > self.ring_size:
             ring.waited += 1
             if mine >= ring.limit:
@@ -274,62 +281,86 @@ class UalinkAgent:
         wait for (NPA_RELEASE, NPA_FAIL, …) are queued on their links as they come and go
         out together, one batch per destination, once the burst is handled or before a
         reply the ring must wait for (HELLO_ACK, NPA_RSP), so each link's order stays the
-        order of the handlers."""
+        order of the handlers. Such a reply's ACK is awaited in no task: the ring goes on
+        in the call that brings it (_carry_on)."""
         try:
             await self._ring(mgr, ring)
         finally:
             ring.idle = False  # (stopped: nothing is handled at once)
+            ring.closed = True
             ring.make_room()  # (a link that waits for room reads on)
 
     async def _ring(self, mgr: UalinkManager, ring: _Ring) -> None:
         queue = ring.queue
         while True:
-            ring.idle = not queue
-            while not queue:
+            while ring.busy or not queue:
+                ring.idle = not queue and not ring.busy
                 ring.wake = trio.Event()
                 await ring.wake.wait()
-            if ring.busy is not None:  # the message before these, handled at once, is not done
-                await ring.busy.wait()
-            burst = ring.take(min(BURST, len(queue)))
-            later: list[Effect] = []
-            for src, msg in burst:
+            ring.idle = False
+            self._handle(mgr, ring, deque(ring.take(min(BURST, len(queue)))), [], 0)
+
+    def _handle(self, mgr: UalinkManager, ring: _Ring, burst: deque[tuple[int, p.Message]],
+                later: list[Effect], budget: int) -> None:
+        """The ring's messages, in order: `burst`'s, then (in a link's call) more of the
+        queue's, a burst at a time, while fewer than `budget` were handled in this call.
+        A reply the ring awaits (HELLO_ACK, NPA_RSP) whose ACK has not come leaves the
+        ring busy: this returns, and the call that brings the ACK goes on (_carry_on),
+        with a new budget. Otherwise the ring is idle at the end (an empty queue), or its
+        task is woken for the rest (the budget spent: a link's reader serves no long
+        queue)."""
+        while True:
+            while burst:
+                src, msg = burst.popleft()
                 mgr.receive(src, msg)
                 done: Completion[None] = Completion()
                 self._effects(mgr, deque(), later, functools.partial(done.set_result, None))
                 if not done.done:  # a reply's ACK is awaited before the next message
-                    await completed(done)
+                    ring.busy = True
+                    done.when_done(functools.partial(self._carry_on, mgr, ring, burst, later))
+                    return
+                budget -= 1
             self._start(mgr, later)
+            later = []
             self._check_timer(mgr)
+            queue = ring.queue
             if not queue and ring.waited:
                 # One line per episode of a full ring, not one per message that waited.
                 log.info("accel %d: receive ring (%d messages) was full; %d messages waited "
                          "for room (none dropped)", mgr.accel_id, self.ring_size,
                          ring.waited)
                 ring.waited = 0
+            if not queue or budget <= 0 or ring.closed:
+                break
+            burst = deque(ring.take(min(BURST, budget, len(queue))))
+        if ring.busy:  # (a link's call: the ring is its task's again)
+            ring.busy = False
+            if ring.queue:
+                ring.wake.set()
+            elif not ring.closed:
+                ring.idle = True
+
+    def _carry_on(self, mgr: UalinkManager, ring: _Ring, burst: deque[tuple[int, p.Message]],
+                  later: list[Effect], _: Completion[None]) -> None:
+        """The reply the ring awaited is acknowledged (or failed), in the link's call that
+        brings it: the ring goes on in this call, rather than wake its task (a scheduler
+        turn, and a wait for one on a loaded machine: a HELLO fan-in's ring waited ~3 ms
+        per HELLO), for the rest of its burst and at most BURST messages in all."""
+        if ring.closed:
+            return
+        self._handle(mgr, ring, burst, later, BURST)
 
     def _receive_now(self, accel_id: int, src: int, msg: p.Message) -> None:
         """An idle ring's next message, handled in the caller's call as the ring would
         (on_message): its sends queued on their links in order, its waiters woken, and a
-        reply the ring awaits sent now, the ring busy until its ACK (`_effects`)."""
+        reply the ring awaits sent now, the ring busy until its ACK, whose call goes on
+        with what was queued meanwhile (`_handle`)."""
         mgr = self.host.by_accel_id(accel_id)
         assert mgr is not None  # (it has a ring: self._rings)
         ring = self._rings[accel_id]
-        ring.idle = None
-        ring.busy = trio.Event()
-        mgr.receive(src, msg)
-        later: list[Effect] = []
-        self._effects(mgr, deque(), later, lambda: self._handled_at_once(mgr, ring, later))
-
-    def _handled_at_once(self, mgr: UalinkManager, ring: _Ring, later: list[Effect]) -> None:
-        """The ring's end of a burst, for a message handled at once: what it did not wait
-        for goes out, and the ring is no longer busy."""
-        self._start(mgr, later)
-        self._check_timer(mgr)
-        busy, ring.busy = ring.busy, None
-        assert busy is not None
-        busy.set()  # (a ring given messages meanwhile goes on)
-        if ring.idle is None:
-            ring.idle = True
+        ring.idle = False
+        ring.busy = True
+        self._handle(mgr, ring, deque([(src, msg)]), [], 0)
 
     async def _timer_loop(self, mgr: UalinkManager) -> None:
         """aioquic's loop: sleep until the manager's next deadline (or until an earlier one
