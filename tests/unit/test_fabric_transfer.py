@@ -181,5 +181,11 @@ def test_a_shared_bos_large_load_is_a_view_of_its_memfd_and_a_hole_stays_a_hole(
     [view] = m.read_views(4 * CHUNK, CHUNK)
     assert bytes(view) == bytes(CHUNK)
     assert blocks(fd) == before
+    m.write(4 * CHUNK, data[:CHUNK])  # the hole filled: mapped from now on
+    [view] = m.read_views(4 * CHUNK + 8, CHUNK - 8)
+    assert not isinstance(view.obj, bytes)
+    assert bytes(view) == data[8:CHUNK]
+    [view] = m.read_views(50, CHUNK)  # (within the range known to have no hole)
+    assert not isinstance(view.obj, bytes) and bytes(view) == data[50:50 + CHUNK]
     del view
     m.close()

@@ -102,7 +102,7 @@ def in_use_elsewhere(fd: int) -> bool:
 
 
 class BoMemory:
-    __slots__ = ("_chunks", "_shared", "_shift", "chunk", "size")
+    __slots__ = ("_chunks", "_filled", "_shared", "_shift", "chunk", "size")
 
     def __init__(self, size: int, chunk: int = CHUNK) -> None:
         if size < 0 or chunk <= 0 or chunk & (chunk - 1):
@@ -112,6 +112,10 @@ class BoMemory:
         self._shift = chunk.bit_length() - 1
         self._chunks: dict[int, bytearray] = {}
         self._shared: int | None = None  # the memfd, once shared
+        # A range of the memfd known to have no hole (_mapped): holes get filled, never
+        # made (nothing punches one), so it stays true; it saves the SEEK_HOLE, whose
+        # walk goes on to the first hole, the file's end for a BO written whole.
+        self._filled = (0, 0)
 
     @property
     def chunks(self) -> int:
@@ -162,6 +166,7 @@ class BoMemory:
             # routes read zeros and hold nothing; its NPA unmap drops them.)
             translation.changed()
         self._chunks.clear()
+        self._filled = (0, 0)
         if self._shared is not None:
             fd, self._shared = self._shared, None
             if in_use_elsewhere(fd):
@@ -196,7 +201,7 @@ class BoMemory:
         if self._shared is not None:
             if not n:
                 return []
-            view = _mapped(self._shared, offset, n) if n >= _MAP_MIN else None
+            view = self._mapped(offset, n) if n >= _MAP_MIN else None
             return [view if view is not None else memoryview(_pread_all(self._shared, n, offset))]
         shift, chunks, size = self._shift, self._chunks, self.chunk
         zeros = memoryview(_zeros(size))
@@ -208,6 +213,11 @@ class BoMemory:
             c = chunks.get(idx)
             parts.append(zeros[: hi - lo] if c is None else memoryview(c)[lo - base : hi - base])
         return parts
+
+    def _mapped(self, offset: int, n: int) -> memoryview | None:
+        assert self._shared is not None
+        view, self._filled = _mapped(self._shared, offset, n, self._filled)
+        return view
 
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         n = len(data)
@@ -272,21 +282,26 @@ class BoMemory:
         return out
 
 
-def _mapped(fd: int, offset: int, n: int) -> memoryview | None:
+def _mapped(fd: int, offset: int, n: int, filled: tuple[int, int]
+            ) -> tuple[memoryview | None, tuple[int, int]]:
     """[offset, offset + n) of a sealed memfd as a read-only view of a mapping of it (the
     exporter's LOAD answer is copied once, into the socket, not read into a buffer first),
     or None if the range has a hole: a mapping's fault there would allocate the page that
-    a pread reads as zeros. The mapping goes when the last view of it does."""
+    a pread reads as zeros. The mapping goes when the last view of it does. `filled`: a
+    range known to have no hole, and the one known after this call."""
     try:
-        if os.lseek(fd, offset, os.SEEK_HOLE) < offset + n:
-            return None
+        if not filled[0] <= offset <= offset + n <= filled[1]:
+            hole = os.lseek(fd, offset, os.SEEK_HOLE)
+            if hole < offset + n:
+                return None, filled
+            filled = (offset, hole)
         base = offset - offset % mmap.ALLOCATIONGRANULARITY
         # (MAP_POPULATE: the range's pages mapped in this call, not one fault at a time.)
         m = mmap.mmap(fd, offset + n - base, mmap.MAP_SHARED | mmap.MAP_POPULATE,
                       mmap.PROT_READ, offset=base)
     except OSError:  # (ENXIO: none; ENOMEM: no room to map it now) read it instead
-        return None
-    return memoryview(m)[offset - base :]
+        return None, filled
+    return memoryview(m)[offset - base :], filled
 
 
 def _pread_all(fd: int, n: int, offset: int) -> bytes:
