@@ -61,6 +61,14 @@ def gpu_load(
     return _load_pieces(pieces, va, remote, spawn, later_fault)
 
 
+def _part(data: bytes | bytearray, start: int, n: int) -> bytes:
+    """data[start:start + n] as bytes (what the fabric's STORE takes), copied once at most
+    (none for all of a bytes)."""
+    if isinstance(data, bytes):
+        return data[start : start + n]
+    return bytes(memoryview(data)[start : start + n])
+
+
 def _outcome(c: Completion[Loaded | int]) -> Loaded | int | DrmError:
     """A remote piece's answer, its DrmError as a value (what _loaded/_stored take)."""
     try:
@@ -141,7 +149,8 @@ def _in_turn(pieces: list[Piece], start: Callable[[Piece], Completion[Any]],
     return over
 
 
-def _local(p: LocalPiece, spawn: Spawn[Any], data: bytes | None) -> Completion[Any]:
+def _local(p: LocalPiece, spawn: Spawn[Any], data: bytes | bytearray | None
+           ) -> Completion[Any]:
     """A local piece's load (data None) or store. Only a userptr BO can fault here, or wait
     (its process's memory, reached off the FUSE thread): the bytes up to the first page
     the process does not have readable, or the count stored up to the first it lacks
@@ -187,14 +196,14 @@ def _load_pieces(
 
 
 def gpu_store(
-    vm: GpuVm, va: int, data: bytes, remote: RemoteFn, on_fault: Callable[[], None],
-    spawn: Spawn[Any],
+    vm: GpuVm, va: int, data: bytes | bytearray, remote: RemoteFn,
+    on_fault: Callable[[], None], spawn: Spawn[Any],
 ) -> int | Completion[int]:
     """A GPU store of `data` at `va` (policy 10): EFAULT if the first byte faults, else the
     count stored up to the first faulting page (`gpu_load`'s arguments)."""
     pieces, later_fault = _plan(vm, va, len(data), True, on_fault)
     if len(pieces) == 1 and type(piece := pieces[0]) is RemotePiece:
-        return remote(piece, True, data[: piece.length]).then(
+        return remote(piece, True, _part(data, 0, piece.length)).then(
             lambda c: _stored(piece, _outcome(c), 0, va, later_fault))
     if all(type(p) is LocalPiece and p.bo.userptr is None for p in pieces):
         mv = memoryview(data)
@@ -208,16 +217,18 @@ def gpu_store(
 
 
 def _store_pieces(
-    pieces: list[Piece], va: int, data: bytes, remote: RemoteFn, spawn: Spawn[Any],
-    on_fault: Callable[[], None] | None,
+    pieces: list[Piece], va: int, data: bytes | bytearray, remote: RemoteFn,
+    spawn: Spawn[Any], on_fault: Callable[[], None] | None,
 ) -> Completion[int]:
     count = [0]  # bytes stored so far
 
     def start(p: Piece) -> Completion[Any]:
-        chunk = data[count[0] : count[0] + p.length]
         if isinstance(p, LocalPiece):
-            return _local(p, spawn, chunk)
-        return remote(p, True, chunk)
+            # (All of it, as it is, for a store of one piece: the GPU engine's remote
+            # copy stores each loaded megabyte-sized bytearray into a userptr BO.)
+            whole = count[0] == 0 and p.length == len(data)
+            return _local(p, spawn, data if whole else data[count[0] : count[0] + p.length])
+        return remote(p, True, _part(data, count[0], p.length))
 
     def take(p: Piece, c: Completion[Any]) -> bool:
         if isinstance(p, LocalPiece):

@@ -28,6 +28,7 @@ memfd (and the BO's pool keeps its charge, bo.py) until that answer is no.
 from __future__ import annotations
 
 import fcntl
+import mmap
 import os
 from typing import TYPE_CHECKING
 
@@ -64,6 +65,9 @@ def _zeros(n: int) -> bytes:
 # change (a client that shrank it would make the daemon's reads short and its NPA LOADs
 # fault), and the seals themselves cannot be changed or removed.
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+# A LOAD answer this big is sent from a mapping of a shared BO's memfd (_mapped); a
+# smaller one is read (a mapping and its unmapping cost more than a copy of a few pages).
+_MAP_MIN = 64 << 10
 _IO_MAX = 1 << 30  # per pread/pwrite call (Linux moves at most 0x7ffff000 bytes per call)
 
 
@@ -98,7 +102,7 @@ def in_use_elsewhere(fd: int) -> bool:
 
 
 class BoMemory:
-    __slots__ = ("_chunks", "_shared", "_shift", "chunk", "size")
+    __slots__ = ("_chunks", "_filled", "_shared", "_shift", "chunk", "size")
 
     def __init__(self, size: int, chunk: int = CHUNK) -> None:
         if size < 0 or chunk <= 0 or chunk & (chunk - 1):
@@ -108,6 +112,10 @@ class BoMemory:
         self._shift = chunk.bit_length() - 1
         self._chunks: dict[int, bytearray] = {}
         self._shared: int | None = None  # the memfd, once shared
+        # A range of the memfd known to have no hole (_mapped): holes get filled, never
+        # made (nothing punches one), so it stays true; it saves the SEEK_HOLE, whose
+        # walk goes on to the first hole, the file's end for a BO written whole.
+        self._filled = (0, 0)
 
     @property
     def chunks(self) -> int:
@@ -158,6 +166,7 @@ class BoMemory:
             # routes read zeros and hold nothing; its NPA unmap drops them.)
             translation.changed()
         self._chunks.clear()
+        self._filled = (0, 0)
         if self._shared is not None:
             fd, self._shared = self._shared, None
             if in_use_elsewhere(fd):
@@ -187,10 +196,13 @@ class BoMemory:
     def read_views(self, offset: int, n: int) -> list[memoryview]:
         """The bytes at [offset, offset + n) as views of the chunks (a shared zero chunk where
         nothing was written), for a reader that copies them out itself (a socket's writev).
-        They see later writes to those chunks."""
+        They see later writes to those chunks (once shared, to the memfd)."""
         self._check(offset, n)
         if self._shared is not None:
-            return [memoryview(_pread_all(self._shared, n, offset))] if n else []
+            if not n:
+                return []
+            view = self._mapped(offset, n) if n >= _MAP_MIN else None
+            return [view if view is not None else memoryview(_pread_all(self._shared, n, offset))]
         shift, chunks, size = self._shift, self._chunks, self.chunk
         zeros = memoryview(_zeros(size))
         parts: list[memoryview] = []
@@ -201,6 +213,11 @@ class BoMemory:
             c = chunks.get(idx)
             parts.append(zeros[: hi - lo] if c is None else memoryview(c)[lo - base : hi - base])
         return parts
+
+    def _mapped(self, offset: int, n: int) -> memoryview | None:
+        assert self._shared is not None
+        view, self._filled = _mapped(self._shared, offset, n, self._filled)
+        return view
 
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         n = len(data)
@@ -263,6 +280,28 @@ class BoMemory:
             out.append((base, length, self._shared if self._shared is not None
                         else self._chunks.get(idx)))
         return out
+
+
+def _mapped(fd: int, offset: int, n: int, filled: tuple[int, int]
+            ) -> tuple[memoryview | None, tuple[int, int]]:
+    """[offset, offset + n) of a sealed memfd as a read-only view of a mapping of it (the
+    exporter's LOAD answer is copied once, into the socket, not read into a buffer first),
+    or None if the range has a hole: a mapping's fault there would allocate the page that
+    a pread reads as zeros. The mapping goes when the last view of it does. `filled`: a
+    range known to have no hole, and the one known after this call."""
+    try:
+        if not filled[0] <= offset <= offset + n <= filled[1]:
+            hole = os.lseek(fd, offset, os.SEEK_HOLE)
+            if hole < offset + n:
+                return None, filled
+            filled = (offset, hole)
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        # (MAP_POPULATE: the range's pages mapped in this call, not one fault at a time.)
+        m = mmap.mmap(fd, offset + n - base, mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                      mmap.PROT_READ, offset=base)
+    except OSError:  # (ENXIO: none; ENOMEM: no room to map it now) read it instead
+        return None, filled
+    return memoryview(m)[offset - base :], filled
 
 
 def _pread_all(fd: int, n: int, offset: int) -> bytes:

@@ -32,6 +32,13 @@ class PipedBytes(Protocol):
         """The bytes in memory (read from the pipe first if need be)."""
         ...
 
+    def read_into(self, dest: memoryview) -> None:
+        """Copy the bytes into `dest` (at least len(self) long), straight from the pipe
+        while it holds them: one copy, no buffer of their own (a large load that gathers
+        its chunks in one buffer). Like `splice_parts`, it takes the pipe's bytes: later,
+        `memory()` has nothing. OSError if the pipe gave less than it holds."""
+        ...
+
 
 # What a GPU load returns: bytes, or a payload the fabric holds in a pipe.
 Loaded: TypeAlias = bytes | bytearray | PipedBytes
@@ -42,3 +49,14 @@ def in_memory(data: Loaded) -> bytes | bytearray:
     if isinstance(data, bytes | bytearray):
         return data
     return data.memory()
+
+
+def copy_into(data: Loaded, dest: memoryview) -> int:
+    """Put `data` at the start of `dest` (at least len(data) long), from the fabric's pipe
+    when it is still there (PipedBytes.read_into): how many bytes."""
+    n = len(data)
+    if isinstance(data, bytes | bytearray):
+        dest[:n] = data
+    else:
+        data.read_into(dest)
+    return n

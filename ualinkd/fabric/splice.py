@@ -150,13 +150,7 @@ class PipedPayload:
         mem = bytearray(self._size)  # (ours once every byte of the pipe is in it)
         k = len(self._prefix)
         mem[:k] = self._prefix
-        view = memoryview(mem)
-        end = k + self._in_pipe
-        while k < end:
-            n = os.readv(self._pipe[0], [view[k:end]])
-            if n <= 0:  # (the pipe holds exactly _in_pipe bytes)
-                raise OSError(f"pipe gave {n} of {end - k} payload bytes")
-            k += n
+        _read_pipe(self._pipe[0], memoryview(mem), k, k + self._in_pipe)
         self._mem = mem
         self._prefix = b""
         self._in_pipe = 0
@@ -169,6 +163,18 @@ class PipedPayload:
             return None
         self._taken = True
         return self._prefix, self._pipe[0], self._in_pipe
+
+    def read_into(self, dest: memoryview) -> None:
+        if self._mem is not None:  # (the reader's call that completed it has ended)
+            dest[:self._size] = self._mem
+            return
+        if self._taken:
+            raise RuntimeError("payload bytes were spliced away")
+        assert self._pipe is not None
+        self._taken = True  # (settle: an emptied pipe goes back to the pool, else closed)
+        k = len(self._prefix)
+        dest[:k] = self._prefix
+        _read_pipe(self._pipe[0], dest, k, k + self._in_pipe)
 
     def memory(self) -> bytearray:
         if self._mem is None:
@@ -200,6 +206,15 @@ class PipedPayload:
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
             _close(pipe)
+
+
+def _read_pipe(fd: int, view: memoryview, k: int, end: int) -> None:
+    """Read a pipe that holds exactly end - k bytes into view[k:end]."""
+    while k < end:
+        n = os.readv(fd, [view[k:end]])
+        if n <= 0:
+            raise OSError(f"pipe gave {n} of {end - k} payload bytes")
+        k += n
 
 
 def unread(fd: int) -> int:
