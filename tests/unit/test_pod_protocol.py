@@ -17,6 +17,7 @@ from ualinkd.drm.completion import Completion
 from ualinkd.drm.device import Caller
 from ualinkd.drm.errors import DrmError
 from ualinkd.fabric.agent import UalinkAgent
+from ualinkd.fabric.waiting import completed
 from ualinkd.node import NodeCore
 from ualinkd.ualink import protocol as p
 from ualinkd.ualink.peers import ConnState, NodeState
@@ -95,19 +96,6 @@ async def ioctl(core: NodeCore, f, cmd: int, data: bytes) -> tuple[int, bytes]:
     if not isinstance(r, tuple):
         r = await r
     return r
-
-
-async def completed(c: Completion[T]) -> T:
-    """An answer that comes by callback (a remote import's), awaited as the FUSE edge
-    takes it: a cancelled wait gives it up (its INTERRUPT)."""
-    done = trio.Event()
-    c.when_done(lambda _: done.set())
-    try:
-        await done.wait()
-    except trio.Cancelled:
-        c.cancel()
-        raise
-    return c.result()
 
 
 async def create_export(core: NodeCore, size: int = 1 << 20):

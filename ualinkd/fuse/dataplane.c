@@ -1540,18 +1540,17 @@ static void ualinkd_dp_route_export(struct ualinkd_dp *dp, uint16_t src, uint16_
     pthread_mutex_unlock(&dp->lock);
 }
 
-/* The read callback's fast path (trio thread, inside fuse_session_process_buf): 0 when the
-   load went out as a LOAD (the thread answers `req`), -1 when Python must serve it. */
-static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, size_t size,
-                       uint64_t off, uint64_t fh, uint64_t unique)
+/* The fast paths' first step (trio thread): the import route of file `fh` that covers
+   [off, off + size) with permission `perm` (DP_READ for a load, DP_WRITE for a store), its
+   peer's open channel and the next pending slot of it. 0 with that channel's lock held (the
+   caller sends its frame, then fills the slot or gives it up, and unlocks); -1 when the
+   access is Python's (no such route or channel, too big, or the channel's window full). */
+static int dp_reserve(struct ualinkd_dp *dp, unsigned perm, uint64_t fh, uint64_t off,
+                      size_t size, struct dp_channel **chp, struct dp_pending **pp,
+                      uint64_t *npa, uint16_t *src, uint16_t *dst, uint32_t *seq)
 {
     struct dp_import_route *r = NULL;
     struct dp_channel *ch;
-    struct dp_pending *p;
-    char f[DP_LOAD_SIZE];
-    uint64_t npa;
-    uint16_t src, dst;
-    uint32_t seq;
     int c;
 
     if (!dp->running || size == 0 || size > DP_FAST_MAX)
@@ -1559,7 +1558,7 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
     pthread_mutex_lock(&dp->lock);
     for (unsigned i = 0; i < DP_IMPORT_ROUTES; i++) {
         struct dp_import_route *q = &dp->iroute[i];
-        if (q->used && (q->perm & DP_READ) && q->gen == dp->gen && q->fh == fh
+        if (q->used && (q->perm & perm) && q->gen == dp->gen && q->fh == fh
                 && off >= q->va_start && off < q->va_end && size <= q->va_end - off) {
             r = q;
             break;
@@ -1569,18 +1568,37 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
         pthread_mutex_unlock(&dp->lock);
         return -1;
     }
-    npa = r->npa_start + (off - r->va_start);
-    src = r->src;
-    dst = r->dst;
+    *npa = r->npa_start + (off - r->va_start);
+    *src = r->src;
+    *dst = r->dst;
     ch = &dp->ch[c];
     pthread_mutex_lock(&ch->lock);
     pthread_mutex_unlock(&dp->lock);
-    seq = ch->next_seq;
-    p = &ch->pend[seq % DP_INFLIGHT];
-    if (ch->npend >= DP_INFLIGHT || p->used || ch->inflight_bytes + size > DP_INFLIGHT_BYTES) {
+    *seq = ch->next_seq;
+    *pp = &ch->pend[*seq % DP_INFLIGHT];
+    if (ch->npend >= DP_INFLIGHT || (*pp)->used
+            || ch->inflight_bytes + size > DP_INFLIGHT_BYTES) {
         pthread_mutex_unlock(&ch->lock);
         return -1;
     }
+    *chp = ch;
+    return 0;
+}
+
+/* The read callback's fast path (trio thread, inside fuse_session_process_buf): 0 when the
+   load went out as a LOAD (the thread answers `req`), -1 when Python must serve it. */
+static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, size_t size,
+                       uint64_t off, uint64_t fh, uint64_t unique)
+{
+    struct dp_channel *ch;
+    struct dp_pending *p;
+    char f[DP_LOAD_SIZE];
+    uint64_t npa;
+    uint16_t src, dst;
+    uint32_t seq;
+
+    if (dp_reserve(dp, DP_READ, fh, off, size, &ch, &p, &npa, &src, &dst, &seq) != 0)
+        return -1;
     p->data = p->block = NULL;  /* (a store's, handed on with it, in a slot used before) */
     dp_put32(f, DP_LOAD_SIZE - 4);
     f[4] = DP_LOAD;
@@ -1634,7 +1652,6 @@ static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, c
                         size_t size, uint64_t off, uint64_t fh, uint64_t unique,
                         struct fuse_buf *in)
 {
-    struct dp_import_route *r = NULL;
     struct dp_channel *ch;
     struct dp_pending *p;
     char f[DP_STORE_HEAD];
@@ -1642,37 +1659,12 @@ static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, c
     uint64_t npa;
     uint16_t src, dst;
     uint32_t seq;
-    int c, steal;
+    int steal;
 
-    if (!dp->running || size == 0 || size > DP_FAST_MAX)
-        return -1;
     steal = size >= DP_STEAL_MIN && in != NULL && in->mem != NULL && !(in->flags & FUSE_BUF_IS_FD)
         && buf >= (const char *)in->mem && buf + size <= (const char *)in->mem + in->size;
-    pthread_mutex_lock(&dp->lock);
-    for (unsigned i = 0; i < DP_IMPORT_ROUTES; i++) {
-        struct dp_import_route *q = &dp->iroute[i];
-        if (q->used && (q->perm & DP_WRITE) && q->gen == dp->gen && q->fh == fh
-                && off >= q->va_start && off < q->va_end && size <= q->va_end - off) {
-            r = q;
-            break;
-        }
-    }
-    if (r == NULL || (c = dp->accel_chan[r->dst]) < 0 || dp->ch[c].state != DP_OPEN) {
-        pthread_mutex_unlock(&dp->lock);
+    if (dp_reserve(dp, DP_WRITE, fh, off, size, &ch, &p, &npa, &src, &dst, &seq) != 0)
         return -1;
-    }
-    npa = r->npa_start + (off - r->va_start);
-    src = r->src;
-    dst = r->dst;
-    ch = &dp->ch[c];
-    pthread_mutex_lock(&ch->lock);
-    pthread_mutex_unlock(&dp->lock);
-    seq = ch->next_seq;
-    p = &ch->pend[seq % DP_INFLIGHT];
-    if (ch->npend >= DP_INFLIGHT || p->used || ch->inflight_bytes + size > DP_INFLIGHT_BYTES) {
-        pthread_mutex_unlock(&ch->lock);
-        return -1;
-    }
     dp_put32(f, (uint32_t)(DP_STORE_HEAD - 4 + size));
     f[4] = DP_STORE;
     dp_put32(f + 5, seq);
