@@ -6,9 +6,9 @@
  * floor of one FUSE round trip and one TCP round trip (38 µs on one CPU).
  *
  * What it carries, and what it leaves to Python. Each pair of daemons has a data channel
- * (fabric/link.py authenticates it; DataChannels.open hands it here), a TCP connection
- * carrying only LOAD and DATA frames in the link's own encoding (fabric/wire.py). One thread
- * per daemon reads every channel.
+ * (the fabric link authenticates it; fabric/channels.py hands it here: DataChannels.open), a
+ * TCP connection carrying only LOAD, STORE and DATA frames in the link's own encoding
+ * (fabric/wire.py). One thread per daemon reads every channel.
  *  - Importer: a FUSE read of a render node whose range a route covers (installed by
  *    Python after it served a load of that mapping itself) is sent as a LOAD on the
  *    exporter's channel straight from the read callback; the thread replies to FUSE
