@@ -239,19 +239,25 @@ class ServerClock:
 
     def __init__(self, pids: list[int]) -> None:
         self.pids = pids
+        # (pid, tid) -> its last (CPU, wait, switches): a thread that ended keeps what it was
+        # last seen with, so the sum never goes back (a worker thread ending inside a window
+        # took its whole CPU out of a sum of the live threads, and the share came out < 0).
+        self._seen: dict[tuple[int, str], tuple[int, int, int]] = {}
         self.start = self.read()
 
     def read(self) -> tuple[int, int, int]:
-        cpu = wait = switches = 0
         for pid in self.pids:
             for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
                     on, queued, _ = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
-                    cpu, wait = cpu + int(on), wait + int(queued)
+                    switches = 0
                     for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
                         if "ctxt_switches:" in line:
                             switches += int(line.split()[1])
-        return cpu, wait, switches
+                    self._seen[(pid, tid)] = (int(on), int(queued), switches)
+        cpu = sum(v[0] for v in self._seen.values())
+        wait = sum(v[1] for v in self._seen.values())
+        return cpu, wait, sum(v[2] for v in self._seen.values())
 
     def per_op(self, ops: int) -> dict[str, float]:
         end = self.read()
@@ -742,7 +748,9 @@ def engine_cpu(node: Node, mode: str, c: Counts, cpus: set[int] | None) -> dict[
             out += line
         time.sleep(1)  # past the back-off after the creations (and the young poll)
         clock, t0 = ServerClock([node.proc.pid]), time.monotonic()
-        time.sleep(c.engine_cpu_seconds)
+        while time.monotonic() - t0 < c.engine_cpu_seconds:
+            time.sleep(0.1)
+            clock.read()  # (a worker thread that ends keeps the CPU it was last seen with)
         cpu = clock.read()[0] - clock.start[0]
         share = cpu / 1e9 / (time.monotonic() - t0)
         rest, _ = proc.communicate("\n", timeout=60)
