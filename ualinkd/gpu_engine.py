@@ -42,6 +42,7 @@ from __future__ import annotations
 import importlib
 import logging
 import mmap
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -83,6 +84,7 @@ from .drm.file import DrmFile
 from .drm.loaded import Loaded, in_memory
 from .fuse._fuse_ll import ffi as _ffi
 from .fuse._fuse_ll import lib as _lib
+from .fuse.procfd import open_pidfd
 from .trace import ENGINE_ACCESSES_KEPT, EngineAccess
 
 if TYPE_CHECKING:
@@ -432,7 +434,7 @@ class GpuEngineEdge:
         # (a run that ends POLLING stopped re-checking because its doorbell moved: the
         # scan, woken above, runs the queue again and the poll is a young one again)
         if end.reason is EndReason.ERROR:
-            if end.fault is not None and process_exiting(q.pid):
+            if end.fault is not None and self._exiting(q):
                 return  # its memory went first: the release that follows stops the queue
             self._queue_error(q, end)
         self._touched.pop(q, None)  # (what the rptr write-back touched: no packet's)
@@ -509,6 +511,21 @@ class GpuEngineEdge:
         if rptr is None:
             rptr = getattr(p, "read_index", 0) * 64
         q.rptr = rptr
+
+    def _exiting(self, q: kq.KfdQueue) -> bool:
+        """Whether `q`'s process is exiting or gone: past the start of its exit, or its exact
+        identity no longer there (reaped already, before the pidfd watch has ended its KFD
+        context: the fault was the exit's all the same). A sans-IO identity never exits."""
+        if process_exiting(q.pid):
+            return True
+        proc = self.kfd.processes.get(q.pid)
+        if proc is None or proc.id.incarnation == 0:
+            return False
+        pidfd = open_pidfd(proc.id)
+        if pidfd is None:
+            return True
+        os.close(pidfd)
+        return False
 
     def _alive(self, q: kq.KfdQueue) -> None:
         pqm = self.kfd.queues.pqms.get(q.pid)

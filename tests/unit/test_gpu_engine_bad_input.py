@@ -136,6 +136,42 @@ def test_a_fault_of_an_exiting_process_is_no_queue_error(caplog, monkeypatch):
         assert len(lines) == (0 if exiting else 1), (exiting, lines)
 
 
+def test_a_fault_of_a_process_reaped_already_is_no_queue_error(caplog, monkeypatch):
+    """The exit can be over before the engine looks (/proc/<pid> gone: reaped, its pidfd
+    watch not yet heard): a fault of a queue whose process's exact identity is gone is the
+    exit's too, no queue error (CI saw four such lines when 1000 abandoned queues raced
+    their processes' exits). The identity, not the pid, says so: a pid given to another
+    process since is still gone for it."""
+    import dataclasses
+    import logging
+    import subprocess
+
+    from test_gpu_engine_edge import UNMAPPED, fence
+
+    from ualinkd import gpu_engine
+    from ualinkd.fuse.procfd import process_id
+
+    caplog.set_level(logging.WARNING, logger="ualinkd.gpu_engine")
+    child = subprocess.Popen(["sleep", "30"])
+    gone = process_id(child.pid)
+    child.kill()
+    child.wait()  # (reaped: no /proc/<pid>, so process_exiting says no)
+    assert gone is not None and not gpu_engine.process_exiting(gone.pid)
+    rig = Rig()
+    proc = rig.node.kfd.processes[rig.p.pid]
+    monkeypatch.setattr(proc, "id", dataclasses.replace(proc.id, incarnation=gone.incarnation,
+                                                        pid=gone.pid))
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(fence(UNMAPPED, 1))
+        while rig.queues[0] in edge._running or rig.queues[0].processor is None:
+            await trio.sleep(0.001)
+        await trio.sleep(0.05)
+
+    run_edge(rig, body)
+    assert not [r for r in caplog.records if "GPU queue error" in r.getMessage()]
+
+
 def test_a_doorbell_going_backwards_is_named_so():
     """A doorbell below what the engine already consumed is a queue error whose one line
     says the write pointer went backwards (it said "beyond what the ring holds")."""
