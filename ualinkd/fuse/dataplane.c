@@ -1585,6 +1585,30 @@ static int dp_reserve(struct ualinkd_dp *dp, unsigned perm, uint64_t fh, uint64_
     return 0;
 }
 
+/* The fast paths' last step, once their frame went out on `ch` (dp_reserve's slot `p`,
+   sequence `seq`): the slot now waits for the answer to request `req`, and `ch`'s lock,
+   held since dp_reserve, is released. */
+static void dp_commit(struct ualinkd_dp *dp, struct dp_channel *ch, struct dp_pending *p,
+                      fuse_req_t req, fuse_ino_t ino, size_t size, uint64_t off, uint64_t fh,
+                      uint64_t unique, uint32_t seq)
+{
+    ch->next_seq = seq + 1;
+    p->req = req;
+    p->ino = ino;
+    p->size = (uint32_t)size;
+    p->off = off;
+    p->fh = fh;
+    p->unique = unique;
+    p->seq = seq;
+    p->started = dp_now();
+    p->used = 1;
+    ch->npend++;
+    ch->inflight_bytes += (uint32_t)size;
+    if (dp->timeout_ns < DP_IDLE_NS)
+        dp_wake(dp->wakefd);  /* (the thread may sleep DP_IDLE_NS: past this one's deadline) */
+    pthread_mutex_unlock(&ch->lock);
+}
+
 /* The read callback's fast path (trio thread, inside fuse_session_process_buf): 0 when the
    load went out as a LOAD (the thread answers `req`), -1 when Python must serve it. */
 static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, size_t size,
@@ -1617,21 +1641,7 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
         pthread_mutex_unlock(&ch->lock);
         return -1;
     }
-    ch->next_seq = seq + 1;
-    p->req = req;
-    p->ino = ino;
-    p->size = (uint32_t)size;
-    p->off = off;
-    p->fh = fh;
-    p->unique = unique;
-    p->seq = seq;
-    p->started = dp_now();
-    p->used = 1;
-    ch->npend++;
-    ch->inflight_bytes += (uint32_t)size;
-    if (dp->timeout_ns < DP_IDLE_NS)
-        dp_wake(dp->wakefd);  /* (the thread may sleep DP_IDLE_NS: past this load's deadline) */
-    pthread_mutex_unlock(&ch->lock);
+    dp_commit(dp, ch, p, req, ino, size, off, fh, unique, seq);
     return 0;
 }
 
@@ -1694,21 +1704,7 @@ static int dp_try_store(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, c
     }
     if (steal)
         in->mem = NULL;  /* (the store's now) */
-    ch->next_seq = seq + 1;
-    p->req = req;
-    p->ino = ino;
-    p->size = (uint32_t)size;
-    p->off = off;
-    p->fh = fh;
-    p->unique = unique;
-    p->seq = seq;
-    p->started = dp_now();
-    p->used = 1;
-    ch->npend++;
-    ch->inflight_bytes += (uint32_t)size;
-    if (dp->timeout_ns < DP_IDLE_NS)
-        dp_wake(dp->wakefd);
-    pthread_mutex_unlock(&ch->lock);
+    dp_commit(dp, ch, p, req, ino, size, off, fh, unique, seq);
     return 0;
 }
 
