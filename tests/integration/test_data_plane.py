@@ -12,7 +12,9 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from nodes import Client, recording, running_pod, wait_until
@@ -231,6 +233,36 @@ def test_a_traced_exporter_records_every_load_it_serves_and_its_peer_logs_no_ref
     assert len(served) >= 10, a.out.read_text()[-3000:]
 
 
+def while_stopped(proc: subprocess.Popen[bytes], access: Callable[[], object]) -> list[object]:
+    """`access` (a GPU load or store through the importer) run while the exporter `proc` is
+    stopped (SIGSTOP) for 0.9 s, past the 250 ms deadline and well within the 5 s
+    heartbeat's: [what it returned], or [the errno it failed with]."""
+    got: list[object] = []
+    started = threading.Event()
+
+    def run() -> None:
+        started.set()
+        try:
+            got.append(access())
+        except OSError as e:
+            got.append(e.errno)
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        # (stopped for real first: SIGSTOP takes effect when the kernel gets to it, and a
+        # thread of the exporter's still running could answer the access)
+        assert wait_until(lambda: all(
+            open(f"/proc/{proc.pid}/task/{tid}/stat").read().rsplit(")", 1)[1]
+            .split()[0] == "T" for tid in os.listdir(f"/proc/{proc.pid}/task")), 10)
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        assert started.wait(10)
+        time.sleep(0.9)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    t.join(10)  # watchdog
+    return got
+
+
 @pytest.mark.parametrize("tls", [False, True], ids=["data-plane", "link-only"])
 def test_a_load_answered_after_the_links_deadline_faults_as_on_the_link(tmp_path, tls):
     """A LOAD on the link has the pod's send_ack_timeout_ms to be answered, then the load
@@ -239,7 +271,6 @@ def test_a_load_answered_after_the_links_deadline_faults_as_on_the_link(tmp_path
     exporter stopped (SIGSTOP) past it and resumed within the heartbeat timeout (the link
     stays up), B's load faults; it did not when the data plane waited its own 1 s and then
     asked again on the link."""
-    import threading
 
     from nodes import tls_pod_config
 
@@ -254,29 +285,7 @@ def test_a_load_answered_after_the_links_deadline_faults_as_on_the_link(tmp_path
                 loads_carried(a, b, ca, cb, VA_A, VA_B, 4096)
             faults = int(b.debug(128, "gpu_faults"))
             fast = stats(b)["fast_loads"]
-            got: list[bytes | int] = []
-            reading = threading.Event()
-
-            def read() -> None:
-                reading.set()
-                try:
-                    got.append(cb.gpu_read(VA_B, 4096))
-                except OSError as e:
-                    got.append(e.errno)
-            a.proc.send_signal(signal.SIGSTOP)
-            try:
-                # (stopped for real first: SIGSTOP takes effect when the kernel gets to it,
-                # and a thread of the exporter's still running could answer the load)
-                assert wait_until(lambda: all(
-                    open(f"/proc/{a.proc.pid}/task/{tid}/stat").read().rsplit(")", 1)[1]
-                    .split()[0] == "T" for tid in os.listdir(f"/proc/{a.proc.pid}/task")), 10)
-                t = threading.Thread(target=read, daemon=True)
-                t.start()
-                assert reading.wait(10)
-                time.sleep(0.9)  # past the 250 ms deadline, well within the 5 s heartbeat's
-            finally:
-                a.proc.send_signal(signal.SIGCONT)
-            t.join(10)  # watchdog
+            got = while_stopped(a.proc, lambda: cb.gpu_read(VA_B, 4096))
             assert got == [errno.EFAULT], str(got)[:80]
             assert int(b.debug(128, "gpu_faults")) == faults + 1
             assert stats(b)["fast_loads"] == fast

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from nodes import Client, recording, running_pod, wait_until
-from test_data_plane import CHUNK, MIB, pattern, shared, stats
+from test_data_plane import CHUNK, MIB, pattern, shared, stats, while_stopped
 from test_pod_fabric import pod_config
 from test_pod_gpu import VA_A, VA_B
 
@@ -154,7 +154,6 @@ def test_a_store_answered_after_the_links_deadline_faults_as_on_the_link(tmp_pat
     gpu_faults counts it: policy 7, 10), as a STORE on the link whose answer is late does
     (agent._piece_fault), and never lands later (issue 10 item 7: A refuses it as past its
     deadline); the link stays up and the next store is carried again."""
-    import threading
 
     config = pod_config(2, response_ms=250)
     with running_pod(tmp_path, config=config) as (a, b):
@@ -163,29 +162,8 @@ def test_a_store_answered_after_the_links_deadline_faults_as_on_the_link(tmp_pat
             stores_carried(a, b, cb, VA_B, 4096)
             faults = int(b.debug(128, "gpu_faults"))
             fast = stats(b)["fast_stores"]
-            got: list[int] = []
-            writing = threading.Event()
-
-            def write() -> None:
-                writing.set()
-                try:
-                    got.append(aligned_write(cb, VA_B, pattern(4096, 3)))
-                except OSError as e:
-                    got.append(-e.errno)
-            a.proc.send_signal(signal.SIGSTOP)
-            try:
-                # (every thread stopped for real first: test_data_plane's load twin says why)
-                assert wait_until(lambda: all(
-                    open(f"/proc/{a.proc.pid}/task/{tid}/stat").read().rsplit(")", 1)[1]
-                    .split()[0] == "T" for tid in os.listdir(f"/proc/{a.proc.pid}/task")), 10)
-                t = threading.Thread(target=write, daemon=True)
-                t.start()
-                assert writing.wait(10)
-                time.sleep(0.9)  # past the 250 ms deadline, well within the 5 s heartbeat's
-            finally:
-                a.proc.send_signal(signal.SIGCONT)
-            t.join(10)  # watchdog
-            assert got == [-errno.EFAULT], got
+            got = while_stopped(a.proc, lambda: aligned_write(cb, VA_B, pattern(4096, 3)))
+            assert got == [errno.EFAULT], got
             assert int(b.debug(128, "gpu_faults")) == faults + 1
             assert stats(b)["fast_stores"] == fast
             # The STORE was in A's socket: resumed, A refuses it as past its deadline (the
