@@ -269,13 +269,15 @@ class ServerClock:
 WARMUP = 1000  # ioctl_latency's default warm-up calls
 
 
-def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[bytes],
+def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[bytes] | None,
             echo_dev: Path, a: Node, b: Node) -> dict[str, float]:
     """One measurement; every value in ns (or bytes/s for the stream), and for the FUSE
-    servers' figures their cost per operation (ServerClock)."""
+    servers' figures their cost per operation (ServerClock). `echo` may be None for the
+    kinds that do not use fuse_echo (--data-rows)."""
     lat, pod_lat = LIB_BUILD / "ioctl_latency", BUILD / "pod_latency"
     pods = [a.proc.pid, b.proc.pid]
     if kind == "echo":
+        assert echo is not None
         clock = ServerClock([echo.pid])
         out = fields(run_c(lat, [str(echo_dev), UALINK_CMD, str(c.ioctls)], cpus))
         return {**out, **clock.per_op(c.ioctls + WARMUP)}
@@ -360,6 +362,37 @@ KINDS = ["echo", "export", "tcp_rtt", "import_floor", "first_import", "tcp_strea
 SERVED = {"echo": "C libfuse3 echo, per ioctl", "export": "ualinkd, per export ioctl",
           "first_import": "ualinkd, per import cycle", "load_4k": "ualinkd, per 4 KiB load",
           "load_1m": "ualinkd, per 1 MiB load", "store_1m": "ualinkd, per 1 MiB store"}
+
+
+DATA_ROWS = ["tcp_stream", "load_1m", "store_1m"]  # --data-rows: the 1 MiB rows and their floor
+
+
+def data_rows(reps: int, c: Counts, cpus: set[int] | None, a: Node, b: Node) -> list[str]:
+    """`--data-rows`: only the 1 MiB remote load and store against the C TCP stream, each
+    repetition's floor and figures measured back to back (issue 34's two data rows)."""
+    for pid in (a.proc.pid, b.proc.pid):
+        pin(pid, cpus or ALLOWED)
+    rows = []
+    for _ in range(reps):
+        m = {k: measure(k, c, cpus, None, Path(), a, b) for k in DATA_ROWS}
+        # (a C client fetching 1 MiB answers one request at a time: the ceiling of a load)
+        fetch = fields(run_c(BUILD / "tcp_floor", ["fetch", str(c.loads_1m), str(MiB)], cpus))
+        rows.append({"stream": m["tcp_stream"]["median_bps"],
+                     "fetch": MiB * 1e9 / fetch["median_ns"] / m["tcp_stream"]["median_bps"],
+                     **{k: MiB * 1e9 / m[k]["median_ns"] / m["tcp_stream"]["median_bps"]
+                        for k in ("load_1m", "store_1m")},
+                     **{f"{k}_us": m[k]["median_ns"] / 1e3 for k in ("load_1m", "store_1m")},
+                     **{f"{k}_cpu_us": m[k]["server_cpu_ns_per_op"] / 1e3
+                        for k in ("load_1m", "store_1m")}})
+    def col(k: str, scale: float = 1, fmt: str = "{:.2f}") -> str:
+        return spread(summary([r[k] for r in rows]), scale, fmt)
+    return [f"  C TCP stream GiB/s {col('stream', 1 << 30)}",
+            f"  {'C client fetching 1 MiB answers / C TCP stream':<46} {col('fetch')}  "
+            "(no goal: the answers' copies in series)",
+            *(f"  {what:<46} {col(k)}  (goal >= 0.5; {col(k + '_us', 1, '{:.0f}')} µs, "
+              f"daemons' CPU {col(k + '_cpu_us', 1, '{:.0f}')} µs per op)"
+              for k, what in (("load_1m", "1 MiB remote load / C TCP stream"),
+                              ("store_1m", "1 MiB remote store / C TCP stream")))]
 
 
 def placement_runs(reps: int, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[bytes],
@@ -887,10 +920,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the import cycle step by step, with and without idle gaps")
     ap.add_argument("--profile", action="store_true",
                     help="also cProfile both daemons over an import and load workload")
+    ap.add_argument("--data-rows", action="store_true",
+                    help="only the 1 MiB remote load and store rows and their C TCP stream, "
+                         "both placements (printed, no JSON)")
     args = ap.parse_args(argv)
     reps = args.reps or (1 if args.quick else 5)
     counts = Counts(args.quick)
     build()
+    if args.data_rows:
+        tmp = Path(tempfile.mkdtemp(prefix="ualink-bench."))
+        try:
+            with pod(tmp / "pod", stamps=False) as (a, b):
+                for name, cpus in (("pinned", {args.cpu}), ("scheduler", None)):
+                    print(f"{name}: {reps} repetition(s), median [min–max]", flush=True)
+                    print("\n".join(data_rows(reps, counts, cpus, a, b)), flush=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return 0
     congestion = PodConfig.local(1, 1).tcp_congestion or "system default"
     result: dict[str, Any] = {"reps": reps, "cpu": args.cpu, "counts": counts.as_dict(),
                               "congestion": congestion, "machine_before": machine(),

@@ -2,6 +2,7 @@
 /*
  * tcp_floor rtt <count> [size] [warmup] [congestion]
  * tcp_floor stream <total-bytes> <reps> [chunk] [congestion]
+ * tcp_floor fetch <count> <size> [warmup] [congestion]
  * tcp_floor import <echo-file> <cmd-hex> <count> [warmup]
  *
  * The TCP floors under ualinkd's fabric figures, in C: two processes (this
@@ -19,6 +20,11 @@
  *         such transfers.  Congestion control default "cubic" (the pod's
  *         default tcp_congestion), "" keeps the system's.  Prints
  *         median_bps=.. min_bps=.. max_bps=.. reps=.. congestion=..
+ * fetch:  a 29-byte request (a LOAD's size) answered with <size> bytes, <count>
+ *         times after <warmup> (default 10): one request and its answer in turn, the
+ *         answer's two copies (send, receive) one after the other, as a remote GPU load's
+ *         are; not a goal's floor, the ceiling of a load done one at a time (issue 34).
+ *         Prints median_ns=.. p99_ns=.. mean_ns=.. count=.. size=..
  * import: the first import's floor in the first import's own pattern (pod_latency
  *         import): after the same idle gap (IMPORT_SETTLE_NS), one ioctl <cmd-hex>
  *         on <echo-file> (fuse_echo's file), one 64-byte round trip, two more such
@@ -181,6 +187,61 @@ static int rtt(long count, size_t size, long warmup, const char *congestion)
 	return 0;
 }
 
+/* fetch: the child answers each 29-byte request (a LOAD's size) with <size> bytes from one
+   buffer; the parent times request to last byte read. */
+static void fetch_child(int fd, void *arg)
+{
+	size_t size = *(size_t *)arg;
+	char *buf = malloc(size), req[29];
+
+	if (buf == NULL)
+		return;
+	memset(buf, 0x3c, size);
+	for (;;) {
+		size_t got = 0;
+
+		while (got < sizeof(req)) {
+			ssize_t r = read(fd, req + got, sizeof(req) - got);
+
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0)
+				return;	/* the parent is done */
+			got += (size_t)r;
+		}
+		write_full(fd, buf, size);
+	}
+}
+
+static int fetch(long count, size_t size, long warmup, const char *congestion)
+{
+	uint64_t *ns = calloc((size_t)count, sizeof(*ns));
+	char *buf = malloc(size), req[29];
+	pid_t pid;
+	int fd, status;
+	long i;
+
+	if (!ns || !buf || size == 0)
+		return 2;
+	memset(req, 1, sizeof(req));
+	fd = pair(congestion, fetch_child, &size, &pid);
+	for (i = -warmup; i < count; i++) {
+		uint64_t t0 = now_ns();
+
+		write_full(fd, req, sizeof(req));
+		read_full(fd, buf, size);
+		if (i >= 0)
+			ns[i] = now_ns() - t0;
+	}
+	close(fd);
+	waitpid(pid, &status, 0);
+	print_stats(ns, count);
+	printf(" size=%zu\n", size);
+	free(ns);
+	free(buf);
+	return 0;
+}
+
 struct sink_arg {
 	size_t total;
 	long reps;
@@ -308,6 +369,13 @@ int main(int argc, char **argv)
 
 		if (reps > 0)
 			return stream(total, reps, chunk, argc > 5 ? argv[5] : "cubic");
+	} else if (argc >= 4 && argc <= 6 && !strcmp(argv[1], "fetch")) {
+		long count = strtol(argv[2], NULL, 0);
+		size_t size = strtoul(argv[3], NULL, 0);
+		long warmup = argc > 4 ? strtol(argv[4], NULL, 0) : 10;
+
+		if (count > 0 && warmup >= 0)
+			return fetch(count, size, warmup, argc > 5 ? argv[5] : "cubic");
 	} else if ((argc == 5 || argc == 6) && !strcmp(argv[1], "import")) {
 		long count = strtol(argv[4], NULL, 0);
 		long warmup = argc > 5 ? strtol(argv[5], NULL, 0) : 5;
@@ -317,7 +385,8 @@ int main(int argc, char **argv)
 	}
 	fprintf(stderr, "usage: %s rtt <count> [size] [warmup] [congestion]\n"
 			"       %s stream <total-bytes> <reps> [chunk] [congestion]\n"
+			"       %s fetch <count> <size> [warmup] [congestion]\n"
 			"       %s import <echo-file> <cmd-hex> <count> [warmup]\n",
-		argv[0], argv[0], argv[0]);
+		argv[0], argv[0], argv[0], argv[0]);
 	return 2;
 }

@@ -79,3 +79,47 @@ def test_quick_run_writes_every_key(tmp_path):
             assert f["wall_ns"] > 0 and f["exporter_cpu_ns"] >= 0, f
         assert steps["import_ioctl"]["importer_cpu_ns"] > 0
     assert "the import cycle step by step" in text
+
+
+def test_data_rows_prints_the_1mib_rows_and_the_fetch_ceiling(tmp_path):
+    """`run.py --data-rows`: only issue 34's two 1 MiB rows (remote load and store against
+    the C TCP stream) in both placements, each with its latency and the daemons' CPU, and
+    `tcp_floor fetch` (1 MiB answers fetched one at a time) beside them; no figure judged."""
+    proc = subprocess.Popen(
+        [sys.executable, str(RUN), "--quick", "--reps", "1", "--data-rows"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, BENCH_COUNT="50"))
+    try:
+        text, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # run.py's context managers stop daemons, unmount
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        pytest.fail("benchmarks/run.py --data-rows did not finish in 120 s")
+    assert proc.returncode == 0, text
+    lines = [ln.strip() for ln in text.splitlines()]
+    for name in ("pinned", "scheduler"):
+        at = next(i for i, ln in enumerate(lines) if ln.startswith(f"{name}:"))
+        rows = lines[at + 1:at + 5]
+        assert rows[0].startswith("C TCP stream GiB/s"), rows
+        assert rows[1].startswith("C client fetching 1 MiB answers / C TCP stream"), rows
+        assert rows[2].startswith("1 MiB remote load / C TCP stream"), rows
+        assert rows[3].startswith("1 MiB remote store / C TCP stream"), rows
+        for row in rows[2:]:
+            assert "goal >= 0.5" in row and "daemons' CPU" in row, row
+
+
+def test_tcp_floor_fetch_times_whole_answers():
+    """tcp_floor fetch <count> <size>: each sample is a request and its whole answer."""
+    prog = RUN.parent / "build" / "tcp_floor"
+    subprocess.run(["make", "-s", "-C", str(RUN.parent)], check=True, timeout=120)
+    out = subprocess.run([str(prog), "fetch", "20", str(1 << 20), "2"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    fields = dict(kv.split("=") for kv in out.split())
+    assert fields["count"] == "20" and fields["size"] == str(1 << 20), out
+    assert 0 < int(fields["median_ns"]) <= int(fields["p99_ns"]), out
+    bad = subprocess.run([str(prog), "fetch", "20"], capture_output=True, timeout=10)
+    assert bad.returncode == 2  # (a size is required)

@@ -173,3 +173,34 @@ def test_a_store_answered_after_the_links_deadline_faults_as_on_the_link(tmp_pat
             assert ca.gpu_read(VA_A, 4096) == pattern(4096, 9)  # stores_carried's bytes
             stores_carried(a, b, cb, VA_B, 4096)  # (the link is still up)
             assert "unexpected exception" not in b.log_text()
+
+
+def test_large_stores_reuse_the_request_buffers_and_an_idle_node_frees_them(tmp_path):
+    """fuse/dataplane.c dp_try_store / dp_block_done: a carried store of 64 KiB or more
+    takes libfuse's request buffer (no copy of its bytes); once answered, that buffer is
+    kept and handed to libfuse in place of the next one a store takes, so the daemon does
+    not allocate (and the kernel fault in) a fresh 1 MiB per store. Every store's bytes land
+    whole in A's BO, in order, whichever buffer carried them (§6 GPU stores: a store is
+    stored whole, policy 10); a node idle for a second keeps none (its memory goes, as an
+    idle channel's receive buffer does)."""
+    with running_pod(tmp_path, config=pod_config(2)) as (a, b):
+        assert wait_until(lambda: stats(a)["channels"] == 1 and stats(b)["channels"] == 1, 10)
+        with Client(a.render()) as ca, Client(b.render()) as cb:
+            shared(ca, cb)
+            assert ca.gpu_write(VA_A, bytes(MIB)) == MIB  # (every chunk has memory)
+            stores_carried(a, b, cb, VA_B, MIB)
+            before = stats(b)
+            for seed in range(1, 7):
+                data = pattern(MIB, seed)
+                assert aligned_write(cb, VA_B, data) == MIB
+                assert ca.gpu_read(VA_A, MIB) == data, seed
+            after = stats(b)
+            assert after["fast_stores"] - before["fast_stores"] == 6
+            # (each store but maybe the first hands libfuse the buffer an earlier one kept)
+            assert after["reused_buffers"] - before["reused_buffers"] >= 5, (before, after)
+            assert 1 <= after["kept_buffers"] <= 2
+            assert wait_until(lambda: stats(b)["kept_buffers"] == 0, 5), stats(b)
+            data = pattern(MIB, 99)  # (and a store after that takes a fresh one again)
+            assert aligned_write(cb, VA_B, data) == MIB
+            assert ca.gpu_read(VA_A, MIB) == data
+            assert "unexpected exception" not in a.log_text() + b.log_text()

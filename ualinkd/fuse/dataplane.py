@@ -46,7 +46,7 @@ class DataPlane:
         self.notify_fd = -1
         self._peers: dict[int, str] = {}  # channel handle -> peer
         self._fallbacks = ffi.new("struct dp_fallback[]", _FALLBACKS_PER_TAKE)
-        self._stats = ffi.new("uint64_t[9]")
+        self._stats = ffi.new("uint64_t[11]")
         self._late_logged = 0
         self.on_broken: Callable[[int], None] | None = None  # DataChannels.on_broken
         # Whether the link to a peer is up (FabricLink.is_up; None: no link to ask, a
@@ -249,12 +249,15 @@ class DataPlane:
         into /dev/fuse); served: peers' LOADs it answered; fallbacks: loads and stores it
         handed back to Python; refused: LOADs it sent back to the link; fast_stores,
         served_stores, refused_stores: the same for stores; late_stores: STOREs refused
-        past their deadline."""
+        past their deadline; reused_buffers: carried stores that handed libfuse a request
+        buffer kept from an earlier one (dataplane.c DP_SPARES), kept_buffers: how many it
+        keeps now (none once idle a second)."""
         if self.pointer == ffi.NULL:
             return {}
         lib.ualinkd_dp_stats(self.pointer, self._stats)
         stats = dict(zip(("fast_loads", "served", "fallbacks", "refused", "spliced",
-                          "fast_stores", "served_stores", "refused_stores", "late_stores"),
+                          "fast_stores", "served_stores", "refused_stores", "late_stores",
+                          "reused_buffers", "kept_buffers"),
                          self._stats, strict=True))
         stats["channels"] = len(self._peers)
         return stats
