@@ -123,6 +123,9 @@ struct dp_pending {
     char *data;                               /* a store's bytes (NULL: a load), kept for
                                                  Python should it have to store them itself */
     void *block;                              /* what holds them, freed with them */
+    char *dest;                               /* a GPU engine's load (ualinkd_dp_load_into):
+                                                 where its bytes go (NULL: a FUSE request's) */
+    uint64_t token;                           /* ... and what its outcome is posted as */
 };
 
 struct dp_channel {
@@ -155,6 +158,12 @@ struct dp_channel {
     uint32_t peer_ms;
     char why[160];
     uint8_t accels[DP_ACCELS / 8];            /* the peer's accels */
+    int engine;                               /* engine loads pending: their answers' heads
+                                                 are read alone (dp_direct_begin) */
+    char *dr_dest;                            /* the engine answer being received straight
+                                                 into its destination (NULL: its load
+                                                 expired meanwhile, the rest is dropped) */
+    uint32_t dr_seq, dr_size, dr_left;        /* ... its load, size and bytes still to come */
 };
 
 #define DP_READ 1                 /* an import route's permissions: what Python served */
@@ -181,6 +190,10 @@ struct dp_export_route {
 struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired;
                      char *data; void *block; };
 struct dp_event { int handle; char why[160]; };
+/* An engine load's outcome: 0 (its bytes are at its destination), DP_FALLBACK (not carried:
+   Python loads it through the link), -ETIME (no answer within the deadline: the link's
+   fault) or -errno (the data plane stopped). */
+struct dp_loaded { uint64_t token; int32_t status; };
 
 struct ualinkd_dp {
     int epfd, wakefd, notifyfd, running, stop;
@@ -209,6 +222,11 @@ struct ualinkd_dp {
        for stores: fast, served, refused (their fallbacks are counted with the loads') */
     uint64_t fast_loads, served, fallbacks, refused, spliced;
     uint64_t fast_stores, served_stores, refused_stores, late_stores;
+    /* Engine loads' outcomes not yet taken, and the room kept for them: one entry per load
+       issued and not yet taken, reserved when it is issued (posting one never allocates). */
+    struct dp_loaded *ld;
+    size_t nld, ld_reserved, capld;
+    uint64_t engine_loads, engine_fallbacks;  /* carried whole; handed back (any reason) */
 };
 
 static int64_t dp_now(void)
@@ -244,8 +262,15 @@ static void dp_event(struct ualinkd_dp *dp, int handle, const char *why)
 }
 
 /* A load Python serves after all, or faults (`expired`). [dp->lock held] */
+static void dp_engine_post(struct ualinkd_dp *dp, uint64_t token, int32_t status);
+
 static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p, int expired)
 {
+    if (p->dest != NULL) {  /* an engine load: its Python side falls back, or faults */
+        dp->engine_fallbacks++;
+        dp_engine_post(dp, p->token, expired ? -ETIME : DP_FALLBACK);
+        return;
+    }
     if (dp->nfb == dp->capfb) {
         size_t cap = dp->capfb ? dp->capfb * 2 : 64;
         struct dp_fallback *fb = realloc(dp->fb, cap * sizeof(*fb));
@@ -296,6 +321,8 @@ static void dp_channel_clear(struct dp_channel *ch)
     ch->nodirect = 0;
     ch->direct_since = 0;
     ch->lowat_raised = 0;
+    __atomic_store_n(&ch->engine, 0, __ATOMIC_RELAXED);
+    ch->dr_left = 0;
 }
 
 /* Load `p` is no longer pending (answered, expired, or handed to Python). [ch->lock held] */
@@ -306,6 +333,8 @@ static void dp_unpend(struct dp_channel *ch, struct dp_pending *p)
     ch->inflight_bytes -= p->size;
     if (p->data == NULL && p->size >= DP_SPLICE_MIN)
         __atomic_sub_fetch(&ch->big, 1, __ATOMIC_RELAXED);
+    if (p->dest != NULL)
+        __atomic_sub_fetch(&ch->engine, 1, __ATOMIC_RELAXED);
 }
 
 /* No load of ours goes to channel `c` any more. [dp->lock held] */
@@ -774,6 +803,9 @@ indirect:
     return -1;
 }
 
+static void dp_engine_answered(struct ualinkd_dp *dp, const struct dp_pending *p,
+                               const char *bytes);
+
 /* A DATA from the peer: the FUSE reply of the load it answers, or that load handed to
    Python (any status, any length but the whole answer). [thread] */
 static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f, uint32_t len)
@@ -802,6 +834,10 @@ static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char
         pthread_mutex_lock(&dp->lock);
         dp_fall_back(dp, &p, 0);
         pthread_mutex_unlock(&dp->lock);
+        return;
+    }
+    if (p.dest != NULL) {  /* an engine load's answer, received whole into `in` */
+        dp_engine_answered(dp, &p, status == 0 && n == p.size ? f + DP_DATA_HEAD : NULL);
         return;
     }
     if (p.size >= DP_SPLICE_MIN && ch->spl_pause > 0)
@@ -1035,6 +1071,9 @@ static int dp_splice_more(struct ualinkd_dp *dp, struct dp_channel *ch)
     return -1;
 }
 
+static int dp_direct_begin(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f);
+static int dp_direct_more(struct ualinkd_dp *dp, struct dp_channel *ch);
+
 /* Read what the channel has and act on each whole frame. [thread] */
 static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
 {
@@ -1045,6 +1084,11 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
 
         if (ch->spl_left) {
             if (dp_splice_more(dp, ch) <= 0)
+                return;
+            continue;
+        }
+        if (ch->dr_left) {
+            if (dp_direct_more(dp, ch) <= 0)
                 return;
             continue;
         }
@@ -1065,7 +1109,8 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
         room = ch->in_cap - ch->in_len;
         /* With a large answer due, no read goes past the frame in front (a head first, on
            its own): an answer's bytes are spliced, not read, once its head says whose. */
-        if (__atomic_load_n(&ch->big, __ATOMIC_RELAXED) > 0 && dp_may_splice(dp, ch))
+        if ((__atomic_load_n(&ch->big, __ATOMIC_RELAXED) > 0 && dp_may_splice(dp, ch))
+                || __atomic_load_n(&ch->engine, __ATOMIC_RELAXED) > 0)
             room = (ch->in_len < DP_DATA_HEAD ? DP_DATA_HEAD : 4 + (size_t)dp_get32(ch->in))
                    - ch->in_len;
         k = recv(ch->fd, ch->in + ch->in_len, room, MSG_DONTWAIT);
@@ -1094,7 +1139,7 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
             }
             if (ch->in_len - at < 4 + (size_t)len) {
                 if (type == DP_DATA && at == 0 && ch->in_len == DP_DATA_HEAD
-                        && dp_splice_begin(dp, ch, f))
+                        && (dp_splice_begin(dp, ch, f) || dp_direct_begin(dp, ch, f)))
                     ch->in_len = 0;  /* (its bytes go to the pipe) */
                 break;
             }
@@ -1145,6 +1190,9 @@ static int dp_expire(struct ualinkd_dp *dp, int64_t now)
             if (!p->used)
                 continue;
             if (now - p->started >= dp->timeout_ns) {
+                if (ch->dr_left && ch->dr_seq == p->seq && p->dest != NULL)
+                    ch->dr_dest = NULL;  /* (its destination is Python's again: the rest
+                                            of its answer is dropped as it comes) */
                 dp_unpend(ch, p);
                 dp_fall_back(dp, p, 1);
             } else if (p->started + dp->timeout_ns < next) {
@@ -1297,7 +1345,12 @@ static void ualinkd_dp_stop(struct ualinkd_dp *dp, int err)
     for (int c = 0; c < DP_CHANNELS; c++) {
         struct dp_channel *ch = &dp->ch[c];
         for (int i = 0; i < DP_INFLIGHT; i++)
-            if (ch->pend[i].used) {
+            if (ch->pend[i].used && ch->pend[i].dest != NULL) {
+                ch->pend[i].used = 0;
+                pthread_mutex_lock(&dp->lock);
+                dp_engine_post(dp, ch->pend[i].token, -err);
+                pthread_mutex_unlock(&dp->lock);
+            } else if (ch->pend[i].used) {
                 ch->pend[i].used = 0;
                 fuse_reply_err(ch->pend[i].req, err);
                 free(ch->pend[i].block);
@@ -1337,6 +1390,7 @@ static void ualinkd_dp_free(struct ualinkd_dp *dp)
         free(dp->ch[c].in);
     }
     free(dp->fb);
+    free(dp->ld);
     free(dp->scratch);
     free(dp);
 }
@@ -1581,6 +1635,7 @@ static int dp_reserve(struct ualinkd_dp *dp, unsigned perm, uint64_t fh, uint64_
         pthread_mutex_unlock(&ch->lock);
         return -1;
     }
+    (*pp)->dest = NULL;  /* (a FUSE request's: an engine load's slot before, maybe) */
     *chp = ch;
     return 0;
 }
@@ -1758,5 +1813,223 @@ static void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out)
     out[6] = dp->served_stores;
     out[7] = dp->refused_stores;
     out[8] = dp->late_stores;
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* -- the GPU engine's remote loads (gpu_engine.py's remote copies) ---------------------------
+ *
+ * An SDMA copy from imported memory loads it in DP_FAST_MAX pieces: each a LOAD on the
+ * exporter's channel (ualinkd_dp_load_into), whose DATA the thread receives straight into
+ * the piece's destination (a buffer Python keeps alive until the load's outcome is posted:
+ * ualinkd_dp_take_loaded), and posts as done. What the FUSE path hands back to Python, this
+ * posts as DP_FALLBACK (no route at the exporter, a partial answer, a channel that went
+ * down: Python loads that piece through the link) or -ETIME (no answer within the link's
+ * deadline: Python faults it as the link does). Once an outcome is posted the thread never
+ * touches the destination again: an answer still coming for a load that expired is dropped
+ * as it comes (dr_dest NULL). */
+
+/* Post an engine load's outcome (its room was reserved when it was issued).
+   [dp->lock held] */
+static void dp_engine_post(struct ualinkd_dp *dp, uint64_t token, int32_t status)
+{
+    if (dp->nld < dp->capld) {  /* (always: ualinkd_dp_load_into reserved it) */
+        dp->ld[dp->nld].token = token;
+        dp->ld[dp->nld].status = status;
+        dp->nld++;
+    } else {
+        dp->lost_events++;
+    }
+    if (dp->notifyfd >= 0)
+        dp_wake(dp->notifyfd);
+}
+
+/* An engine load answered by a DATA received into `in`: its `bytes` (NULL: not a whole
+   answer, Python's to load) copied to its destination. Its slot is free already: nobody
+   else posts it. [thread] */
+static void dp_engine_answered(struct ualinkd_dp *dp, const struct dp_pending *p,
+                               const char *bytes)
+{
+    if (bytes != NULL)
+        memcpy(p->dest, bytes, p->size);
+    pthread_mutex_lock(&dp->lock);
+    if (bytes != NULL) {
+        dp->engine_loads++;
+        dp_engine_post(dp, p->token, 0);
+    } else {
+        dp_fall_back(dp, p, 0);
+    }
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* The head of DATA `f` (read alone: an engine load is pending) whole-answers an engine load
+   of ours: its bytes are received straight into the load's destination (1), not through
+   `in` and a copy (a 1 MiB piece: one copy of the bytes on this side, where the link's
+   path made three). Else 0: it is received as any other frame. [thread] */
+static int dp_direct_begin(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f)
+{
+    uint32_t seq = dp_get32(f + 5), n = dp_get32(f) - 9;
+    struct dp_pending *p;
+    int ok;
+
+    (void)dp;
+    if (n == 0 || dp_get32(f + 9) != 0)
+        return 0;
+    pthread_mutex_lock(&ch->lock);
+    p = &ch->pend[seq % DP_INFLIGHT];
+    ok = p->used && p->seq == seq && p->dest != NULL && p->size == n;
+    if (ok) {
+        ch->dr_dest = p->dest;
+        ch->dr_seq = seq;
+        ch->dr_size = ch->dr_left = n;
+    }
+    pthread_mutex_unlock(&ch->lock);
+    if (ok && ch->tcp)
+        dp_lowat(ch, (int)n);  /* (woken once it is all there, not at each segment) */
+    return ok;
+}
+
+/* More of the answer received straight into its destination: 1 when the channel may have
+   more to read, 0 when it has nothing now, -1 when it broke (its load goes back to Python
+   with the channel's others: dp_reap). [thread] */
+static int dp_direct_more(struct ualinkd_dp *dp, struct dp_channel *ch)
+{
+    size_t want = ch->dr_left;
+    char *to;
+    ssize_t k;
+
+    if (ch->dr_dest != NULL) {
+        to = ch->dr_dest + (ch->dr_size - ch->dr_left);
+    } else {  /* (its load expired: dropped, through `in`, at least DP_IN_START big) */
+        to = ch->in;
+        if (want > ch->in_cap)
+            want = ch->in_cap;
+    }
+    k = recv(ch->fd, to, want, MSG_DONTWAIT);
+    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        ch->dr_left = 0;
+        dp_read_failed(dp, ch, k);
+        return -1;
+    }
+    if (k < 0) {
+        if (ch->tcp)
+            dp_lowat(ch, (int)ch->dr_left);
+        return 0;
+    }
+    ch->dr_left -= (uint32_t)k;
+    if (ch->dr_left)
+        return 1;
+    if (ch->tcp)
+        dp_lowat(ch, 1);
+    if (ch->dr_dest != NULL) {
+        struct dp_pending *slot = &ch->pend[ch->dr_seq % DP_INFLIGHT], p;
+        pthread_mutex_lock(&ch->lock);
+        p = *slot;
+        if (slot->used && slot->seq == ch->dr_seq && slot->dest == ch->dr_dest)
+            dp_unpend(ch, slot);
+        else
+            p.dest = NULL;  /* (cannot be: only this thread ends it meanwhile) */
+        pthread_mutex_unlock(&ch->lock);
+        if (p.dest != NULL) {
+            pthread_mutex_lock(&dp->lock);
+            dp->engine_loads++;
+            dp_engine_post(dp, p.token, 0);
+            pthread_mutex_unlock(&dp->lock);
+        }
+    }
+    return 1;
+}
+
+/* An engine load (trio thread): 0 when a LOAD of [npa, npa + size) at accel `dst`, issued
+   by our accel `src`, went out on dst's channel, its bytes to land at `dest` (which must
+   stay valid until `token`'s outcome is taken: ualinkd_dp_take_loaded); -1 when it did not
+   (no open channel to dst, too big, the channel's window full, no memory): the caller
+   loads it through the link. */
+static int ualinkd_dp_load_into(struct ualinkd_dp *dp, uint16_t src, uint16_t dst,
+                                uint64_t npa, char *dest, uint32_t size, uint64_t token)
+{
+    struct dp_channel *ch;
+    struct dp_pending *p;
+    char f[DP_LOAD_SIZE];
+    uint32_t seq;
+    int c;
+
+    if (!dp->running || size == 0 || size > DP_FAST_MAX || dst >= DP_ACCELS || dest == NULL)
+        return -1;
+    pthread_mutex_lock(&dp->lock);
+    if (dp->ld_reserved == dp->capld) {
+        size_t cap = dp->capld ? dp->capld * 2 : 64;
+        struct dp_loaded *ld = realloc(dp->ld, cap * sizeof(*ld));
+        if (ld == NULL) {
+            pthread_mutex_unlock(&dp->lock);
+            return -1;
+        }
+        dp->ld = ld;
+        dp->capld = cap;
+    }
+    if ((c = dp->accel_chan[dst]) < 0 || dp->ch[c].state != DP_OPEN) {
+        pthread_mutex_unlock(&dp->lock);
+        return -1;
+    }
+    ch = &dp->ch[c];
+    pthread_mutex_lock(&ch->lock);
+    seq = ch->next_seq;
+    p = &ch->pend[seq % DP_INFLIGHT];
+    if (ch->npend >= DP_INFLIGHT || p->used || ch->inflight_bytes + size > DP_INFLIGHT_BYTES) {
+        pthread_mutex_unlock(&ch->lock);
+        pthread_mutex_unlock(&dp->lock);
+        return -1;
+    }
+    dp_put32(f, DP_LOAD_SIZE - 4);
+    f[4] = DP_LOAD;
+    dp_put32(f + 5, seq);
+    memcpy(f + 9, &src, 2);
+    memcpy(f + 11, &dst, 2);
+    memcpy(f + 13, &npa, 8);
+    dp_put32(f + 21, size);
+    dp_put32(f + 25, 0);  /* no deadline: ours ends the wait (dp_expire) */
+    /* (counted before the LOAD goes: its answer's head must be read alone) */
+    __atomic_add_fetch(&ch->engine, 1, __ATOMIC_RELAXED);
+    if (size >= DP_SPLICE_MIN)  /* (dp_unpend's count: a load without `data`) */
+        __atomic_add_fetch(&ch->big, 1, __ATOMIC_RELAXED);
+    if (dp_send(dp, ch, f, sizeof(f)) != 0) {
+        __atomic_sub_fetch(&ch->engine, 1, __ATOMIC_RELAXED);
+        if (size >= DP_SPLICE_MIN)
+            __atomic_sub_fetch(&ch->big, 1, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&ch->lock);
+        pthread_mutex_unlock(&dp->lock);
+        return -1;
+    }
+    dp->ld_reserved++;
+    pthread_mutex_unlock(&dp->lock);
+    p->data = p->block = NULL;
+    p->dest = dest;
+    p->token = token;
+    dp_commit(dp, ch, p, NULL, 0, size, 0, 0, 0, seq);
+    return 0;
+}
+
+/* Engine loads' outcomes posted since the last call (at most `max`). */
+static int ualinkd_dp_take_loaded(struct ualinkd_dp *dp, struct dp_loaded *out, int max)
+{
+    int n;
+
+    pthread_mutex_lock(&dp->lock);
+    n = (int)(dp->nld < (size_t)max ? dp->nld : (size_t)max);
+    memcpy(out, dp->ld, (size_t)n * sizeof(*out));
+    memmove(dp->ld, dp->ld + n, (dp->nld - (size_t)n) * sizeof(*out));
+    dp->nld -= (size_t)n;
+    dp->ld_reserved -= (size_t)n;
+    if (dp->nld && dp->notifyfd >= 0)
+        dp_wake(dp->notifyfd);
+    pthread_mutex_unlock(&dp->lock);
+    return n;
+}
+
+/* Engine loads carried whole; engine loads handed back (fallbacks, expiries). */
+static void ualinkd_dp_engine_stats(struct ualinkd_dp *dp, uint64_t *out)
+{
+    pthread_mutex_lock(&dp->lock);
+    out[0] = dp->engine_loads;
+    out[1] = dp->engine_fallbacks;
     pthread_mutex_unlock(&dp->lock);
 }
