@@ -48,8 +48,8 @@ RINGS_KEPT = 2  # buffer rings kept for the next copies (4 MiB each)
 # (importing accel, piece, write, data) -> the loaded bytes, by Completion (node.py's
 # remote_access: the link's LOAD)
 RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"], "Completion[Loaded | int]"]
-# (offset in the copy, bytes) -> the count stored (short: a fault there)
-Store = Callable[[int, memoryview], Awaitable[int]]
+# (offset in the copy, its bytes from there on) -> the count stored (short: a fault there)
+Store = Callable[[int, list[memoryview]], Awaitable[int]]
 
 
 class RemoteCopier:
@@ -71,7 +71,9 @@ class RemoteCopier:
         """Copy `piece` (issued by our accel `src_accel`) to `store`: (bytes loaded in order
         up to the first piece not loaded whole, bytes stored). Both are piece.length when
         all went well; loaded < length: the source faulted there; stored < loaded: the
-        destination did (`store` came back short)."""
+        destination did (`store` came back short). Every piece loaded whole since the
+        last store goes in one store (one system call, one check of the process's
+        mappings: a store per piece cost more than the load of the next ones)."""
         ring = self._rings.pop() if self._rings else bytearray(IN_FLIGHT * CHUNK)
         spans = [(off, min(CHUNK, piece.length - off)) for off in range(0, piece.length, CHUNK)]
         loads: list[Completion[int]] = []
@@ -82,28 +84,39 @@ class RemoteCopier:
             out -= 1
             return c.result()
 
-        def issue(i: int) -> None:
+        def issue_up_to(end: int) -> None:
             nonlocal out
-            out += 1
-            loads.append(self._load(src_accel, piece, spans[i], ring,
-                                    (i % IN_FLIGHT) * CHUNK).then(ended))
+            for i in range(len(loads), min(end, len(spans))):
+                out += 1
+                loads.append(self._load(src_accel, piece, spans[i], ring,
+                                        (i % IN_FLIGHT) * CHUNK).then(ended))
 
         loaded = stored = 0
         try:
-            for i in range(min(IN_FLIGHT, len(spans))):
-                issue(i)
-            for i, (_, n) in enumerate(spans):
-                got = await completed(loads[i])
-                loaded += got
-                if got < n:
+            issue_up_to(IN_FLIGHT)
+            i = 0  # the next piece to store
+            while i < len(spans):
+                await completed(loads[i])
+                j, whole = i, True
+                while j < len(loads) and loads[j].done:
+                    got = loads[j].result()
+                    loaded += got
+                    if got < spans[j][1]:
+                        whole = False
+                        break
+                    j += 1
+                if j > i:
+                    views = [memoryview(ring)[(k % IN_FLIGHT) * CHUNK:][:spans[k][1]]
+                             for k in range(i, j)]
+                    want = sum(len(v) for v in views)
+                    n = await store(spans[i][0], views)
+                    stored += n
+                    if n < want:
+                        break
+                if not whole:
                     break
-                slot = (i % IN_FLIGHT) * CHUNK
-                k = await store(spans[i][0], memoryview(ring)[slot:slot + n])
-                stored += k
-                if k < n:
-                    break
-                if i + IN_FLIGHT < len(spans):
-                    issue(i + IN_FLIGHT)
+                i = j
+                issue_up_to(i + IN_FLIGHT)
         finally:
             if out == 0 and len(self._rings) < RINGS_KEPT:
                 self._rings.append(ring)

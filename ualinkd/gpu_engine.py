@@ -80,6 +80,7 @@ from .amdgpu.sdma import JOB_TIMEOUT_NS, SdmaRing
 from .amdgpu.vm import LocalPiece, RemotePiece
 from .amdkfd import queues as kq
 from .drm.completion import Completion
+from .drm.device import Segment
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.loaded import Loaded, in_memory
@@ -729,11 +730,14 @@ class GpuEngineEdge:
         src_accel = self.core.managers[s.bo.device.minor].accel_id
         bo, base = d.bo, d.bo_offset
 
-        async def store(off: int, data: memoryview) -> int:
+        async def store(off: int, data: list[memoryview]) -> int:
             if bo.userptr is not None:
-                return await bo.userptr.writev(base + off, [data])
-            bo.memory.write(base + off, data)
-            return len(data)
+                segments: list[Segment] = [*data]
+                return await bo.userptr.writev(base + off, segments)
+            for v in data:
+                bo.memory.write(base + off, v)
+                off += len(v)
+            return sum(len(v) for v in data)
 
         try:
             loaded, stored = await copier.copy(src_accel, s, store)

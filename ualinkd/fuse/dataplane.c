@@ -39,6 +39,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/sendfile.h>
 #include <netinet/in.h>
 
 #define DP_CHANNELS 64            /* peers of one node (a 64-node pod has 63) */
@@ -522,6 +523,9 @@ static void dp_ebucket_put(struct ualinkd_dp *dp, struct dp_export_route *r, uin
     b[0] = i;
 }
 
+static int dp_serve_files(struct ualinkd_dp *dp, struct dp_channel *ch, uint32_t seq,
+                          uint16_t src, uint16_t dst, uint64_t npa, uint32_t length);
+
 /* A LOAD from the peer: DATA with the bytes when an export route covers it, else
    DP_FALLBACK. [thread] */
 static void dp_serve(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f)
@@ -540,6 +544,11 @@ static void dp_serve(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f
     if (src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))) && length > 0
             && length <= DP_FAST_MAX) {  /* (0 bytes: no route is looked at, Python decides) */
         uint32_t done = 0;
+        if (dp_serve_files(dp, ch, seq, src, dst, npa, length)) {
+            dp->served++;
+            pthread_mutex_unlock(&dp->lock);
+            return;
+        }
         while (done < length && niov < DP_IOV) {
             uint64_t at = npa + done;
             struct dp_export_route *r = dp_eroute_find(dp, src, dst, at);
@@ -2032,4 +2041,117 @@ static void ualinkd_dp_engine_stats(struct ualinkd_dp *dp, uint64_t *out)
     out[0] = dp->engine_loads;
     out[1] = dp->engine_fallbacks;
     pthread_mutex_unlock(&dp->lock);
+}
+
+/* A large LOAD whose routes are (some of them) a BO's memfd, answered without copying those
+   bytes here: sendfile(2) hands the memfd's pages to the socket (the receiver's copy is the
+   only one), where dp_serve reads them into `scratch` and sends that (two copies, the
+   exporter's half of a 1 MiB piece's cost). Whatever the socket does not take now is read
+   and queued (dp_sendv), as dp_serve queues it. 1 when it answered the LOAD (or broke the
+   channel trying), 0 when it is not one (dp_serve answers it). [thread; dp->lock held, so
+   the routes' memory stays while it is read] */
+#define DP_SENDFILE_MIN (64 * 1024)
+static int dp_serve_files(struct ualinkd_dp *dp, struct dp_channel *ch, uint32_t seq,
+                          uint16_t src, uint16_t dst, uint64_t npa, uint32_t length)
+{
+    struct dp_export_route *r[DP_IOV];
+    uint64_t off[DP_IOV];
+    uint32_t k[DP_IOV], done = 0, pos = 0;
+    int n = 0, files = 0, i, niov = 0;
+    char head[DP_DATA_HEAD], why[96];
+    size_t hsent = 0, used = 0;
+    ssize_t got;
+
+    if (length < DP_SENDFILE_MIN || !ch->tcp)
+        return 0;
+    while (done < length) {
+        struct dp_export_route *q = dp_eroute_find(dp, src, dst, npa + done);
+        uint32_t kk;
+        if (q == NULL || n == DP_IOV - 1)
+            return 0;
+        off[n] = npa + done - q->npa_start;
+        kk = q->len - (uint32_t)off[n];
+        if (kk > length - done)
+            kk = length - done;
+        if (q->mem == NULL && q->fd < 0 && kk > DP_ZEROS)
+            return 0;
+        files += q->mem == NULL && q->fd >= 0;
+        r[n] = q;
+        k[n++] = kk;
+        done += kk;
+    }
+    if (!files || (dp->scratch == NULL && (dp->scratch = malloc(DP_FAST_MAX)) == NULL))
+        return 0;
+    dp_put32(head, 9 + length);
+    head[4] = DP_DATA;
+    dp_put32(head + 5, seq);
+    dp_put32(head + 9, 0);
+    pthread_mutex_lock(&ch->lock);
+    if (ch->state != DP_OPEN || ch->out_len) {  /* (frames queued ahead: dp_serve queues) */
+        pthread_mutex_unlock(&ch->lock);
+        return 0;
+    }
+    got = send(ch->fd, head, sizeof(head), MSG_DONTWAIT | MSG_NOSIGNAL | MSG_MORE);
+    hsent = got > 0 ? (size_t)got : 0;
+    if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+        goto failed;
+    /* Piece by piece while the socket takes them whole; i, pos: where it stopped. */
+    for (i = 0; hsent == sizeof(head) && i < n; i++) {
+        for (pos = 0; pos < k[i]; pos += (uint32_t)got) {
+            if (r[i]->mem == NULL && r[i]->fd >= 0) {
+                off_t at = (off_t)(r[i]->fd_off + off[i] + pos);
+                got = sendfile(ch->fd, r[i]->fd, &at, k[i] - pos);
+            } else {
+                got = send(ch->fd, (r[i]->mem != NULL ? r[i]->mem + off[i] : dp_zeros) + pos,
+                           k[i] - pos, MSG_DONTWAIT | MSG_NOSIGNAL
+                           | (i + 1 < n ? MSG_MORE : 0));
+            }
+            if (got <= 0)
+                break;
+        }
+        if (pos < k[i]) {
+            if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+                goto failed;
+            if (got == 0 && r[i]->mem == NULL && r[i]->fd >= 0)
+                goto failed;  /* (the memfd is shorter than its route: cannot be) */
+            break;
+        }
+    }
+    if (hsent == sizeof(head) && i == n) {
+        pthread_mutex_unlock(&ch->lock);
+        return 1;
+    }
+    /* The rest, queued: the head's, then piece i from pos and every one after it. */
+    if (hsent < sizeof(head)) {
+        dp->iov[niov].iov_base = head + hsent;
+        dp->iov[niov++].iov_len = sizeof(head) - hsent;
+        i = 0;
+        pos = 0;
+    }
+    for (; i < n; i++, pos = 0) {
+        char *piece;
+        if (r[i]->mem != NULL) {
+            piece = (char *)r[i]->mem + off[i] + pos;
+        } else if (r[i]->fd < 0) {
+            piece = dp_zeros + pos;
+        } else {
+            piece = dp->scratch + used;
+            if (pread(r[i]->fd, piece, k[i] - pos, (off_t)(r[i]->fd_off + off[i] + pos))
+                    != (ssize_t)(k[i] - pos)) {
+                errno = EIO;
+                goto failed;
+            }
+            used += k[i] - pos;
+        }
+        dp->iov[niov].iov_base = piece;
+        dp->iov[niov++].iov_len = k[i] - pos;
+    }
+    dp_sendv(dp, ch, dp->iov, niov);
+    pthread_mutex_unlock(&ch->lock);
+    return 1;
+failed:
+    snprintf(why, sizeof(why), "send failed: %s", strerror(errno));
+    dp_break(dp, ch, why);
+    pthread_mutex_unlock(&ch->lock);
+    return 1;
 }
