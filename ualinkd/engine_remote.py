@@ -43,7 +43,12 @@ log = logging.getLogger(__name__)
 
 CHUNK = FAST_MAX  # bytes per load: the data plane's largest (and the link's CHUNK)
 IN_FLIGHT = 4  # loads out at once per copy (the data plane's window per channel: 4 MiB)
-RINGS_KEPT = 2  # buffer rings kept for the next copies (4 MiB each)
+# Slots of a copy's buffer ring: twice the loads out, so that IN_FLIGHT pieces load while
+# as many are stored (with IN_FLIGHT slots, a store of the pieces in them held up the next
+# loads until it ended: 16 MiB in 4 rounds of load-then-store).
+SLOTS = 2 * IN_FLIGHT
+RINGS_KEPT = 1  # buffer rings kept for the next copies (SLOTS MiB each: a fresh one's
+#                 page faults cost about as much as its copy)
 
 # (importing accel, piece, write, data) -> the loaded bytes, by Completion (node.py's
 # remote_access: the link's LOAD)
@@ -74,27 +79,31 @@ class RemoteCopier:
         destination did (`store` came back short). Every piece loaded whole since the
         last store goes in one store (one system call, one check of the process's
         mappings: a store per piece cost more than the load of the next ones)."""
-        ring = self._rings.pop() if self._rings else bytearray(IN_FLIGHT * CHUNK)
+        ring = self._rings.pop() if self._rings else bytearray(SLOTS * CHUNK)
         spans = [(off, min(CHUNK, piece.length - off)) for off in range(0, piece.length, CHUNK)]
         loads: list[Completion[int]] = []
         out = 0  # loads not yet ended (the ring is reused only with none)
+        i = 0  # the next piece to store (its slot and the ones after it are not free)
+        going = True  # (False once the copy ended: no more loads)
 
         def ended(c: Completion[int]) -> int:
             nonlocal out
             out -= 1
+            issue()  # (in the call that brings the answer: the window stays full)
             return c.result()
 
-        def issue_up_to(end: int) -> None:
+        def issue() -> None:
+            # (at most IN_FLIGHT out, none into a slot whose piece is not stored yet)
             nonlocal out
-            for i in range(len(loads), min(end, len(spans))):
+            while going and len(loads) < min(i + SLOTS, len(spans)) and out < IN_FLIGHT:
+                k = len(loads)
                 out += 1
-                loads.append(self._load(src_accel, piece, spans[i], ring,
-                                        (i % IN_FLIGHT) * CHUNK).then(ended))
+                loads.append(self._load(src_accel, piece, spans[k], ring,
+                                        (k % SLOTS) * CHUNK).then(ended))
 
         loaded = stored = 0
         try:
-            issue_up_to(IN_FLIGHT)
-            i = 0  # the next piece to store
+            issue()
             while i < len(spans):
                 await completed(loads[i])
                 j, whole = i, True
@@ -106,7 +115,7 @@ class RemoteCopier:
                         break
                     j += 1
                 if j > i:
-                    views = [memoryview(ring)[(k % IN_FLIGHT) * CHUNK:][:spans[k][1]]
+                    views = [memoryview(ring)[(k % SLOTS) * CHUNK:][:spans[k][1]]
                              for k in range(i, j)]
                     want = sum(len(v) for v in views)
                     n = await store(spans[i][0], views)
@@ -116,8 +125,9 @@ class RemoteCopier:
                 if not whole:
                     break
                 i = j
-                issue_up_to(i + IN_FLIGHT)
+                issue()
         finally:
+            going = False
             if out == 0 and len(self._rings) < RINGS_KEPT:
                 self._rings.append(ring)
         self.copies += 1

@@ -2075,10 +2075,19 @@ static int dp_serve_files(struct ualinkd_dp *dp, struct dp_channel *ch, uint32_t
             kk = length - done;
         if (q->mem == NULL && q->fd < 0 && kk > DP_ZEROS)
             return 0;
-        files += q->mem == NULL && q->fd >= 0;
+        done += kk;
+        if (q->mem == NULL && q->fd >= 0) {
+            files++;
+            /* (the BO's next chunk in the same memfd, where the last one ends: one piece,
+               one sendfile for a whole LOAD of a BO's memfd rather than one per chunk) */
+            if (n > 0 && r[n - 1]->mem == NULL && r[n - 1]->fd == q->fd
+                    && r[n - 1]->fd_off + off[n - 1] + k[n - 1] == q->fd_off + off[n]) {
+                k[n - 1] += kk;
+                continue;
+            }
+        }
         r[n] = q;
         k[n++] = kk;
-        done += kk;
     }
     if (!files || (dp->scratch == NULL && (dp->scratch = malloc(DP_FAST_MAX)) == NULL))
         return 0;
