@@ -5,9 +5,9 @@ piece (a userptr BO: the client's own memory; or a BO of this node) loads its so
 `CHUNK` pieces (the link's and the data plane's largest request), `IN_FLIGHT` of them out
 at once, each received by the data plane's C thread straight into a slot of a buffer ring
 (fuse/dataplane.c `ualinkd_dp_load_into`: one copy of the bytes on this side, no task and no
-frame parsing in Python), and stores each piece as soon as it and every piece before it are
-in, while the next ones load: the C thread's receive, the worker thread's
-process_vm_writev and the exporter's send overlap.
+frame parsing in Python), and stores every run of pieces loaded in order in one store as
+soon as it is in, while the next pieces load into the ring's other slots: the C thread's
+receive, the worker thread's process_vm_writev and the exporter's sendfile overlap.
 
 What the data plane does not carry goes through the link exactly as a FUSE load's does: a
 piece it does not take (no channel to the exporter, its window full) or hands back (no
@@ -31,13 +31,14 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from .amdgpu.vm import RemotePiece
 from .drm.completion import Completion
 from .drm.errors import DrmError
 from .drm.loaded import Loaded, copy_into
 from .fabric.waiting import completed
-from .fuse.dataplane import EXPIRED, FAST_MAX, LOADED, DataPlane
+from .fuse.dataplane import EXPIRED, FAST_MAX, LOADED
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,22 @@ RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"], "Completion[Lo
 Store = Callable[[int, list[memoryview]], Awaitable[int]]
 
 
+class DataPlaneLoads(Protocol):
+    """What the copier asks of the data plane (fuse/dataplane.py DataPlane)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    def load_into(self, src: int, dst: int, npa: int, buf: bytearray, offset: int,
+                  n: int) -> Completion[int] | None: ...
+
+
 class RemoteCopier:
     """The node's engine copies from imported memory (one per GpuEngineEdge). `copy` does
-    one; `stats` counts what went which way."""
+    one; `copies` and `link_pieces` count them and their pieces the link carried. One
+    ring (SLOTS MiB) is kept between copies."""
 
-    def __init__(self, data_plane: DataPlane, remote_access: RemoteAccess) -> None:
+    def __init__(self, data_plane: DataPlaneLoads, remote_access: RemoteAccess) -> None:
         self._dp = data_plane
         self._remote = remote_access
         self._rings: list[bytearray] = []
@@ -85,21 +97,27 @@ class RemoteCopier:
         out = 0  # loads not yet ended (the ring is reused only with none)
         i = 0  # the next piece to store (its slot and the ones after it are not free)
         going = True  # (False once the copy ended: no more loads)
+        issuing = False  # (a load that ends at once is counted, not issued from again)
 
         def ended(c: Completion[int]) -> int:
             nonlocal out
             out -= 1
-            issue()  # (in the call that brings the answer: the window stays full)
+            if not issuing:
+                issue()  # (in the call that brings the answer: the window stays full)
             return c.result()
 
         def issue() -> None:
             # (at most IN_FLIGHT out, none into a slot whose piece is not stored yet)
-            nonlocal out
-            while going and len(loads) < min(i + SLOTS, len(spans)) and out < IN_FLIGHT:
-                k = len(loads)
-                out += 1
-                loads.append(self._load(src_accel, piece, spans[k], ring,
-                                        (k % SLOTS) * CHUNK).then(ended))
+            nonlocal out, issuing
+            issuing = True
+            try:
+                while going and len(loads) < min(i + SLOTS, len(spans)) and out < IN_FLIGHT:
+                    k = len(loads)
+                    out += 1
+                    loads.append(self._load(src_accel, piece, spans[k], ring,
+                                            (k % SLOTS) * CHUNK).then(ended))
+            finally:
+                issuing = False
 
         loaded = stored = 0
         try:
