@@ -262,9 +262,10 @@ static void dp_event(struct ualinkd_dp *dp, int handle, const char *why)
     dp_wake(dp->notifyfd);
 }
 
-/* A load Python serves after all, or faults (`expired`). [dp->lock held] */
 static void dp_engine_post(struct ualinkd_dp *dp, uint64_t token, int32_t status);
 
+/* A load Python serves after all, or faults (`expired`); an engine load's outcome is posted
+   instead (ualinkd_dp_take_loaded). [dp->lock held] */
 static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p, int expired)
 {
     if (p->dest != NULL) {  /* an engine load: its Python side falls back, or faults */
