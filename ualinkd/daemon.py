@@ -764,7 +764,8 @@ class NodeDaemon:
                 await nursery.start(serve_cpu_maps, core.cpu_maps)
                 await nursery.start(self.exits.run)
                 await nursery.start(_serve_trace, core, real_mount)
-                await nursery.start(GpuEngineEdge(core).run)  # the queues' doorbells (issue 30)
+                # the queues' doorbells (issue 30); remote copies through the data plane
+                await nursery.start(GpuEngineEdge(core, self.data_plane).run)
                 states = ", ".join(
                     f"accel {m.accel_id} {m.state.sysfs}" for m in core.managers.values()
                 )

@@ -77,17 +77,21 @@ from .amdgpu.engine import (
 )
 from .amdgpu.memory import BoMemory
 from .amdgpu.sdma import JOB_TIMEOUT_NS, SdmaRing
+from .amdgpu.vm import LocalPiece, RemotePiece
 from .amdkfd import queues as kq
 from .drm.completion import Completion
+from .drm.device import Segment
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.loaded import Loaded, in_memory
+from .engine_remote import RemoteCopier
 from .fuse._fuse_ll import ffi as _ffi
 from .fuse._fuse_ll import lib as _lib
 from .fuse.procfd import open_pidfd
 from .trace import ENGINE_ACCESSES_KEPT, EngineAccess
 
 if TYPE_CHECKING:
+    from .fuse.dataplane import DataPlane
     from .node import NodeCore
 
 log = logging.getLogger(__name__)
@@ -200,8 +204,13 @@ class GpuEngineEdge:
     """The node's doorbell watcher and queue runner. `run()` is the task; the KFD's queue
     registry tells it of queues made and destroyed."""
 
-    def __init__(self, core: NodeCore) -> None:
+    def __init__(self, core: NodeCore, data_plane: DataPlane | None = None) -> None:
         self.core = core
+        # Copies from imported memory through the C data plane (engine_remote.py), when
+        # the node has one.
+        self.remote_copier = None if data_plane is None else RemoteCopier(
+            data_plane, lambda accel, piece, write, data: core.remote_access(
+                accel, piece, write, data))
         self.kfd = core.kfd
         self._wake = trio.Event()
         self._running: set[kq.KfdQueue] = set()
@@ -700,6 +709,50 @@ class GpuEngineEdge:
         except DrmError as e:  # (the process's memory closed under the copy)
             raise GpuFault(req.src_va, False, e.strerror or "") from None
 
+    async def _copy_remote(self, q: RunTarget, req: Copy) -> bool:
+        """A Copy from one imported NPA BO mapping to one local piece (a userptr BO, a BO of
+        this node), through the C data plane (engine_remote.py); False when it is not one,
+        or there is no data plane (then it goes in COPY_CHUNK pieces through the link). A
+        tracer attached sees every access through Python, as its FUSE loads."""
+        copier = self.remote_copier
+        if copier is None or not copier.running or self.core.tracer is not None:
+            return False
+        drm_file, driver = self._vm_file(q)
+        vm = driver.vm(drm_file)
+        src, src_fault = vm.plan(req.src_va, req.size, write=False)
+        if src_fault is not None or len(src) != 1 or type(s := src[0]) is not RemotePiece \
+                or s.bo is None:
+            return False
+        dst, dst_fault = vm.plan(req.dst_va, req.size, write=True)
+        if dst_fault is not None or len(dst) != 1 or type(d := dst[0]) is not LocalPiece:
+            return False
+        # Issued by the accel that holds the NPA BO, as node._remote_for's pieces are.
+        src_accel = self.core.managers[s.bo.device.minor].accel_id
+        bo, base = d.bo, d.bo_offset
+
+        async def store(off: int, data: list[memoryview]) -> int:
+            if bo.userptr is not None:
+                segments: list[Segment] = [*data]
+                return await bo.userptr.writev(base + off, segments)
+            for v in data:
+                bo.memory.write(base + off, v)
+                off += len(v)
+            return sum(len(v) for v in data)
+
+        try:
+            loaded, stored = await copier.copy(src_accel, s, store)
+        except DrmError as e:  # (the process's memory closed under the copy)
+            raise GpuFault(req.dst_va, True, e.strerror or "") from None
+        if loaded < req.size:  # policy 10: the link's fault (access._short), counted once
+            driver.count_gpu_fault()
+            raise GpuFault(req.src_va + loaded, False,
+                           "" if loaded else f"GPU page fault at VA {req.src_va:#x}")
+        if stored < req.size:
+            driver.count_gpu_fault()
+            raise GpuFault(req.dst_va + stored, True,
+                           "" if stored else f"GPU page fault at VA {req.dst_va:#x}")
+        return True
+
     async def _copy_pieces(self, q: RunTarget, req: Copy) -> None:
         """A Copy in COPY_CHUNK pieces, up to COPY_PIPELINE loads outstanding (a remote
         source's fabric round trips overlap one another and the stores), stored in order:
@@ -752,7 +805,7 @@ class GpuEngineEdge:
             await self._store(q, req.va, req.data)
             return None
         if isinstance(req, Copy):
-            if not await self._copy_local(q, req):
+            if not await self._copy_local(q, req) and not await self._copy_remote(q, req):
                 await self._copy_pieces(q, req)
             return None
         if isinstance(req, Fill):

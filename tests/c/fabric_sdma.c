@@ -20,6 +20,13 @@
  *       checked against the exporter's pattern) and host->remote; then waits for a stdin
  *       line ("again") and copies remote->host once more, which after the exporter freed
  *       the BO must fault: the fence never comes, the KFD's memory event fires.
+ *   fabric_sdma copies <lo> <hi> <bytes>
+ *       the importer of a `bytes` BO (`export <bytes>`), as `import` sets it up, then one
+ *       SDMA copy remote->host per stdin line `copy <offset> <size>` (the BO's bytes from
+ *       offset into a host buffer filled with 0xEE, at the same offset): `ok copy equal=1`
+ *       when the host buffer holds pattern(1) there and 0xEE around it; a copy not fenced
+ *       within 10 s is a fault: `ok fault memory_event=1 fault_va=...`, and no more copies
+ *       (the queue stopped in error).
  *
  * Output: ok <step> key=value ...  |  fail <step> ... (exit status = step number).
  */
@@ -264,6 +271,91 @@ static int do_import(uint64_t lo, uint64_t hi)
 	return 0;
 }
 
+static int do_copies(uint64_t lo, uint64_t hi, size_t bo_size)
+{
+	HsaNodeProperties p;
+	HsaMemFlags sysmem = {0};
+	HsaEventDescriptor mdesc = {.EventType = HSA_EVENTTYPE_MEMORY};
+	HsaEvent *memev = NULL;
+	struct queue q = {0};
+	volatile uint32_t *sig;
+	uint32_t gpu = 0, handle;
+	uint8_t *host, *want;
+	uint64_t alt, remote;
+	const char *failed;
+	void *hole;
+	char line[128];
+	int fd;
+
+	alarm(300);
+	if (open_kfd_gpu(&gpu, &p))
+		exit(step);
+	sysmem.ui32.PageSize = HSA_PAGE_SIZE_4KB;
+	sysmem.ui32.HostAccess = 1;
+	KMT("alloc_ring", hsaKmtAllocMemory(0, RING_BYTES, sysmem, (void **)&q.ring));
+	KMT("map_ring", hsaKmtMapMemoryToGPU(q.ring, RING_BYTES, &alt));
+	KMT("alloc_fence", hsaKmtAllocMemory(0, 4096, sysmem, (void **)&sig));
+	KMT("map_fence", hsaKmtMapMemoryToGPU((void *)sig, 4096, &alt));
+	KMT("alloc_host", hsaKmtAllocMemory(0, bo_size, sysmem, (void **)&host));
+	KMT("map_host", hsaKmtMapMemoryToGPU(host, bo_size, &alt));
+	memset(q.ring, 0, RING_BYTES);
+	q.size = RING_BYTES;
+	*sig = 0;
+	KMT("create_queue", hsaKmtCreateQueue(gpu, HSA_QUEUE_SDMA, 100, HSA_QUEUE_PRIORITY_MAXIMUM,
+					       q.ring, RING_BYTES, NULL, &q.res));
+	mdesc.NodeId = gpu;
+	KMT("memory_event", hsaKmtCreateEvent(&mdesc, true, false, &memev));
+	fd = acquired_render_fd(p.DrmRenderMinor);
+	step++;
+	if (fd < 0)
+		FAIL("render_fd", "minor=%d", p.DrmRenderMinor);
+	hole = mmap(NULL, bo_size + (2u << 20), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
+		    MAP_NORESERVE, -1, 0);
+	step++;
+	if (hole == MAP_FAILED)
+		FAIL("reserve_va", "errno=%d", errno);
+	remote = ((uint64_t)(uintptr_t)hole + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1);
+	failed = import_and_map(fd, lo, hi, remote, bo_size, &handle);
+	step++;
+	if (failed)
+		FAIL(failed, "errno=%d", errno);
+	printf("ok import va=%#" PRIx64 " size=%zu\n", remote, bo_size);
+	want = malloc(bo_size);
+	pattern(want, bo_size, 1);
+	while (fgets(line, sizeof(line), stdin)) {
+		unsigned long off, size;
+		double secs;
+		int equal;
+
+		if (sscanf(line, "copy %lu %lu", &off, &size) != 2 || size == 0 ||
+		    off + size > bo_size) {
+			printf("fail copy bad line\n");
+			continue;
+		}
+		memset(host, 0xEE, bo_size);
+		secs = sdma_copy(&q, sig, (uint64_t)(uintptr_t)host + off, remote + off, size, 10);
+		if (secs < 0) {
+			HSAKMT_STATUS s = hsaKmtWaitOnEvent(memev, 5000);
+			HsaMemoryAccessFault *f = &memev->EventData.EventData.MemoryAccessFault;
+
+			printf("ok fault memory_event=%d fault_va=%#" PRIx64 "\n",
+			       s == HSAKMT_STATUS_SUCCESS, s == HSAKMT_STATUS_SUCCESS ?
+			       (uint64_t)f->VirtualAddress : 0);
+			break;
+		}
+		equal = memcmp(host + off, want + off, size) == 0;
+		for (size_t i = 0; i < bo_size && equal; i += 4093)  /* (around it: untouched) */
+			if ((i < off || i >= off + size) && host[i] != 0xEE)
+				equal = 0;
+		if ((off && host[off - 1] != 0xEE) || (off + size < bo_size && host[off + size] != 0xEE))
+			equal = 0;
+		printf("ok copy equal=%d seconds=%.6f\n", equal, secs);
+	}
+	free(want);
+	printf("ok done\n");
+	return 0;  /* (the process's exit frees the rest: what the daemon must clean up) */
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -271,6 +363,10 @@ int main(int argc, char **argv)
 		return do_export(argc == 3 ? strtoull(argv[2], NULL, 0) : BO_SIZE);
 	if (argc == 4 && strcmp(argv[1], "import") == 0)
 		return do_import(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0));
-	fprintf(stderr, "usage: fabric_sdma export [bytes] | import <lo> <hi>\n");
+	if (argc == 5 && strcmp(argv[1], "copies") == 0)
+		return do_copies(strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0),
+				 strtoull(argv[4], NULL, 0));
+	fprintf(stderr, "usage: fabric_sdma export [bytes] | import <lo> <hi> | "
+		"copies <lo> <hi> <bytes>\n");
 	return 2;
 }

@@ -214,10 +214,16 @@ void ualinkd_dp_route_export(struct ualinkd_dp *dp, uint16_t src, uint16_t dst,
 int ualinkd_dp_take_fallbacks(struct ualinkd_dp *dp, struct dp_fallback *out, int max);
 int ualinkd_dp_take_event(struct ualinkd_dp *dp, int *handle, char *why, size_t size);
 void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out);
+struct dp_loaded { uint64_t token; int32_t status; };
+int ualinkd_dp_load_into(struct ualinkd_dp *dp, uint16_t src, uint16_t dst, uint64_t npa,
+                         char *dest, uint32_t size, uint64_t token);
+int ualinkd_dp_take_loaded(struct ualinkd_dp *dp, struct dp_loaded *out, int max);
+void ualinkd_dp_engine_stats(struct ualinkd_dp *dp, uint64_t *out);
 #define DP_FAST_MAX ...
 #define DP_CHANNELS ...
 #define DP_READ ...
 #define DP_WRITE ...
+#define DP_FALLBACK ...
 /* Filled with the extern "Python" callbacks below by _ualinkd_ops_init(). */
 void _ualinkd_ops_init(struct fuse_lowlevel_ops *ops);
 

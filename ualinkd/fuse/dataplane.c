@@ -40,6 +40,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/sendfile.h>
 #include <netinet/in.h>
 
 #define DP_CHANNELS 64            /* peers of one node (a 64-node pod has 63) */
@@ -133,6 +134,9 @@ struct dp_pending {
     void *block;                              /* what holds them, freed with them */
     size_t stolen;                            /* block is a libfuse buffer of this many
                                                  usable bytes (0: a malloc of the store's) */
+    char *dest;                               /* a GPU engine's load (ualinkd_dp_load_into):
+                                                 where its bytes go (NULL: a FUSE request's) */
+    uint64_t token;                           /* ... and what its outcome is posted as */
 };
 
 struct dp_channel {
@@ -165,6 +169,12 @@ struct dp_channel {
     uint32_t peer_ms;
     char why[160];
     uint8_t accels[DP_ACCELS / 8];            /* the peer's accels */
+    int engine;                               /* engine loads pending: their answers' heads
+                                                 are read alone (dp_direct_begin) */
+    char *dr_dest;                            /* the engine answer being received straight
+                                                 into its destination (NULL: its load
+                                                 expired meanwhile, the rest is dropped) */
+    uint32_t dr_seq, dr_size, dr_left;        /* ... its load, size and bytes still to come */
 };
 
 #define DP_READ 1                 /* an import route's permissions: what Python served */
@@ -191,6 +201,10 @@ struct dp_export_route {
 struct dp_fallback { fuse_req_t req; fuse_ino_t ino; uint64_t size, off, fh, unique; int expired;
                      char *data; void *block; };
 struct dp_event { int handle; char why[160]; };
+/* An engine load's outcome: 0 (its bytes are at its destination), DP_FALLBACK (not carried:
+   Python loads it through the link), -ETIME (no answer within the deadline: the link's
+   fault) or -errno (the data plane stopped). */
+struct dp_loaded { uint64_t token; int32_t status; };
 
 struct ualinkd_dp {
     int epfd, wakefd, notifyfd, running, stop;
@@ -225,6 +239,11 @@ struct ualinkd_dp {
        for stores: fast, served, refused (their fallbacks are counted with the loads') */
     uint64_t fast_loads, served, fallbacks, refused, spliced;
     uint64_t fast_stores, served_stores, refused_stores, late_stores;
+    /* Engine loads' outcomes not yet taken, and the room kept for them: one entry per load
+       issued and not yet taken, reserved when it is issued (posting one never allocates). */
+    struct dp_loaded *ld;
+    size_t nld, ld_reserved, capld;
+    uint64_t engine_loads, engine_fallbacks;  /* carried whole; handed back (any reason) */
 };
 
 static int64_t dp_now(void)
@@ -259,9 +278,17 @@ static void dp_event(struct ualinkd_dp *dp, int handle, const char *why)
     dp_wake(dp->notifyfd);
 }
 
-/* A load Python serves after all, or faults (`expired`). [dp->lock held] */
+static void dp_engine_post(struct ualinkd_dp *dp, uint64_t token, int32_t status);
+
+/* A load Python serves after all, or faults (`expired`); an engine load's outcome is posted
+   instead (ualinkd_dp_take_loaded). [dp->lock held] */
 static void dp_fall_back(struct ualinkd_dp *dp, const struct dp_pending *p, int expired)
 {
+    if (p->dest != NULL) {  /* an engine load: its Python side falls back, or faults */
+        dp->engine_fallbacks++;
+        dp_engine_post(dp, p->token, expired ? -ETIME : DP_FALLBACK);
+        return;
+    }
     if (dp->nfb == dp->capfb) {
         size_t cap = dp->capfb ? dp->capfb * 2 : 64;
         struct dp_fallback *fb = realloc(dp->fb, cap * sizeof(*fb));
@@ -312,6 +339,8 @@ static void dp_channel_clear(struct dp_channel *ch)
     ch->nodirect = 0;
     ch->direct_since = 0;
     ch->lowat_raised = 0;
+    __atomic_store_n(&ch->engine, 0, __ATOMIC_RELAXED);
+    ch->dr_left = 0;
 }
 
 /* Load `p` is no longer pending (answered, expired, or handed to Python). [ch->lock held] */
@@ -322,6 +351,8 @@ static void dp_unpend(struct dp_channel *ch, struct dp_pending *p)
     ch->inflight_bytes -= p->size;
     if (p->data == NULL && p->size >= DP_SPLICE_MIN)
         __atomic_sub_fetch(&ch->big, 1, __ATOMIC_RELAXED);
+    if (p->dest != NULL)
+        __atomic_sub_fetch(&ch->engine, 1, __ATOMIC_RELAXED);
 }
 
 /* No load of ours goes to channel `c` any more. [dp->lock held] */
@@ -559,6 +590,9 @@ static void dp_ebucket_put(struct ualinkd_dp *dp, struct dp_export_route *r, uin
     b[0] = i;
 }
 
+static int dp_serve_files(struct ualinkd_dp *dp, struct dp_channel *ch, uint32_t seq,
+                          uint16_t src, uint16_t dst, uint64_t npa, uint32_t length);
+
 /* A LOAD from the peer: DATA with the bytes when an export route covers it, else
    DP_FALLBACK. [thread] */
 static void dp_serve(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f)
@@ -577,6 +611,11 @@ static void dp_serve(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f
     if (src < DP_ACCELS && (ch->accels[src >> 3] & (1u << (src & 7))) && length > 0
             && length <= DP_FAST_MAX) {  /* (0 bytes: no route is looked at, Python decides) */
         uint32_t done = 0;
+        if (dp_serve_files(dp, ch, seq, src, dst, npa, length)) {
+            dp->served++;
+            pthread_mutex_unlock(&dp->lock);
+            return;
+        }
         while (done < length && niov < DP_IOV) {
             uint64_t at = npa + done;
             struct dp_export_route *r = dp_eroute_find(dp, src, dst, at);
@@ -840,6 +879,9 @@ indirect:
     return -1;
 }
 
+static void dp_engine_answered(struct ualinkd_dp *dp, const struct dp_pending *p,
+                               const char *bytes);
+
 /* A DATA from the peer: the FUSE reply of the load it answers, or that load handed to
    Python (any status, any length but the whole answer). [thread] */
 static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f, uint32_t len)
@@ -868,6 +910,10 @@ static void dp_answered(struct ualinkd_dp *dp, struct dp_channel *ch, const char
         pthread_mutex_lock(&dp->lock);
         dp_fall_back(dp, &p, 0);
         pthread_mutex_unlock(&dp->lock);
+        return;
+    }
+    if (p.dest != NULL) {  /* an engine load's answer, received whole into `in` */
+        dp_engine_answered(dp, &p, status == 0 && n == p.size ? f + DP_DATA_HEAD : NULL);
         return;
     }
     if (p.size >= DP_SPLICE_MIN && ch->spl_pause > 0)
@@ -1101,6 +1147,9 @@ static int dp_splice_more(struct ualinkd_dp *dp, struct dp_channel *ch)
     return -1;
 }
 
+static int dp_direct_begin(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f);
+static int dp_direct_more(struct ualinkd_dp *dp, struct dp_channel *ch);
+
 /* Read what the channel has and act on each whole frame. [thread] */
 static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
 {
@@ -1111,6 +1160,11 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
 
         if (ch->spl_left) {
             if (dp_splice_more(dp, ch) <= 0)
+                return;
+            continue;
+        }
+        if (ch->dr_left) {
+            if (dp_direct_more(dp, ch) <= 0)
                 return;
             continue;
         }
@@ -1131,7 +1185,8 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
         room = ch->in_cap - ch->in_len;
         /* With a large answer due, no read goes past the frame in front (a head first, on
            its own): an answer's bytes are spliced, not read, once its head says whose. */
-        if (__atomic_load_n(&ch->big, __ATOMIC_RELAXED) > 0 && dp_may_splice(dp, ch))
+        if ((__atomic_load_n(&ch->big, __ATOMIC_RELAXED) > 0 && dp_may_splice(dp, ch))
+                || __atomic_load_n(&ch->engine, __ATOMIC_RELAXED) > 0)
             room = (ch->in_len < DP_DATA_HEAD ? DP_DATA_HEAD : 4 + (size_t)dp_get32(ch->in))
                    - ch->in_len;
         k = recv(ch->fd, ch->in + ch->in_len, room, MSG_DONTWAIT);
@@ -1160,7 +1215,7 @@ static void dp_receive(struct ualinkd_dp *dp, struct dp_channel *ch)
             }
             if (ch->in_len - at < 4 + (size_t)len) {
                 if (type == DP_DATA && at == 0 && ch->in_len == DP_DATA_HEAD
-                        && dp_splice_begin(dp, ch, f))
+                        && (dp_splice_begin(dp, ch, f) || dp_direct_begin(dp, ch, f)))
                     ch->in_len = 0;  /* (its bytes go to the pipe) */
                 break;
             }
@@ -1213,6 +1268,9 @@ static int dp_expire(struct ualinkd_dp *dp, int64_t now)
             if (!p->used)
                 continue;
             if (now - p->started >= dp->timeout_ns) {
+                if (ch->dr_left && ch->dr_seq == p->seq && p->dest != NULL)
+                    ch->dr_dest = NULL;  /* (its destination is Python's again: the rest
+                                            of its answer is dropped as it comes) */
                 dp_unpend(ch, p);
                 dp_fall_back(dp, p, 1);
             } else if (p->started + dp->timeout_ns < next) {
@@ -1366,7 +1424,12 @@ static void ualinkd_dp_stop(struct ualinkd_dp *dp, int err)
     for (int c = 0; c < DP_CHANNELS; c++) {
         struct dp_channel *ch = &dp->ch[c];
         for (int i = 0; i < DP_INFLIGHT; i++)
-            if (ch->pend[i].used) {
+            if (ch->pend[i].used && ch->pend[i].dest != NULL) {
+                ch->pend[i].used = 0;
+                pthread_mutex_lock(&dp->lock);
+                dp_engine_post(dp, ch->pend[i].token, -err);
+                pthread_mutex_unlock(&dp->lock);
+            } else if (ch->pend[i].used) {
                 ch->pend[i].used = 0;
                 fuse_reply_err(ch->pend[i].req, err);
                 free(ch->pend[i].block);
@@ -1406,6 +1469,7 @@ static void ualinkd_dp_free(struct ualinkd_dp *dp)
         free(dp->ch[c].in);
     }
     free(dp->fb);
+    free(dp->ld);
     free(dp->scratch);
     dp_spares_free(dp, 0);
     free(dp);
@@ -1651,6 +1715,7 @@ static int dp_reserve(struct ualinkd_dp *dp, unsigned perm, uint64_t fh, uint64_
         pthread_mutex_unlock(&ch->lock);
         return -1;
     }
+    (*pp)->dest = NULL;  /* (a FUSE request's: an engine load's slot before, maybe) */
     *chp = ch;
     return 0;
 }
@@ -1836,4 +1901,344 @@ static void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out)
     out[9] = dp->reused_buffers;
     out[10] = (uint64_t)dp->nspare;
     pthread_mutex_unlock(&dp->spare_lock);
+}
+
+/* -- the GPU engine's remote loads (gpu_engine.py's remote copies) ---------------------------
+ *
+ * An SDMA copy from imported memory loads it in DP_FAST_MAX pieces: each a LOAD on the
+ * exporter's channel (ualinkd_dp_load_into), whose DATA the thread receives straight into
+ * the piece's destination (a buffer Python keeps alive until the load's outcome is posted:
+ * ualinkd_dp_take_loaded), and posts as done. What the FUSE path hands back to Python, this
+ * posts as DP_FALLBACK (no route at the exporter, a partial answer, a channel that went
+ * down: Python loads that piece through the link) or -ETIME (no answer within the link's
+ * deadline: Python faults it as the link does). Once an outcome is posted the thread never
+ * touches the destination again: an answer still coming for a load that expired is dropped
+ * as it comes (dr_dest NULL). */
+
+/* Post an engine load's outcome (its room was reserved when it was issued).
+   [dp->lock held] */
+static void dp_engine_post(struct ualinkd_dp *dp, uint64_t token, int32_t status)
+{
+    if (dp->nld < dp->capld) {  /* (always: ualinkd_dp_load_into reserved it) */
+        dp->ld[dp->nld].token = token;
+        dp->ld[dp->nld].status = status;
+        dp->nld++;
+    } else {
+        dp->lost_events++;
+    }
+    if (dp->notifyfd >= 0)
+        dp_wake(dp->notifyfd);
+}
+
+/* An engine load answered by a DATA received into `in`: its `bytes` (NULL: not a whole
+   answer, Python's to load) copied to its destination. Its slot is free already: nobody
+   else posts it. [thread] */
+static void dp_engine_answered(struct ualinkd_dp *dp, const struct dp_pending *p,
+                               const char *bytes)
+{
+    if (bytes != NULL)
+        memcpy(p->dest, bytes, p->size);
+    pthread_mutex_lock(&dp->lock);
+    if (bytes != NULL) {
+        dp->engine_loads++;
+        dp_engine_post(dp, p->token, 0);
+    } else {
+        dp_fall_back(dp, p, 0);
+    }
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* The head of DATA `f` (read alone: an engine load is pending) whole-answers an engine load
+   of ours: its bytes are received straight into the load's destination (1), not through
+   `in` and a copy (a 1 MiB piece: one copy of the bytes on this side, where the link's
+   path made three). Else 0: it is received as any other frame. [thread] */
+static int dp_direct_begin(struct ualinkd_dp *dp, struct dp_channel *ch, const char *f)
+{
+    uint32_t seq = dp_get32(f + 5), n = dp_get32(f) - 9;
+    struct dp_pending *p;
+    int ok;
+
+    (void)dp;
+    if (n == 0 || dp_get32(f + 9) != 0)
+        return 0;
+    pthread_mutex_lock(&ch->lock);
+    p = &ch->pend[seq % DP_INFLIGHT];
+    ok = p->used && p->seq == seq && p->dest != NULL && p->size == n;
+    if (ok) {
+        ch->dr_dest = p->dest;
+        ch->dr_seq = seq;
+        ch->dr_size = ch->dr_left = n;
+    }
+    pthread_mutex_unlock(&ch->lock);
+    if (ok && ch->tcp)
+        dp_lowat(ch, (int)n);  /* (woken once it is all there, not at each segment) */
+    return ok;
+}
+
+/* More of the answer received straight into its destination: 1 when the channel may have
+   more to read, 0 when it has nothing now, -1 when it broke (its load goes back to Python
+   with the channel's others: dp_reap). [thread] */
+static int dp_direct_more(struct ualinkd_dp *dp, struct dp_channel *ch)
+{
+    size_t want = ch->dr_left;
+    char *to;
+    ssize_t k;
+
+    if (ch->dr_dest != NULL) {
+        to = ch->dr_dest + (ch->dr_size - ch->dr_left);
+    } else {  /* (its load expired: dropped, through `in`, at least DP_IN_START big) */
+        to = ch->in;
+        if (want > ch->in_cap)
+            want = ch->in_cap;
+    }
+    k = recv(ch->fd, to, want, MSG_DONTWAIT);
+    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        ch->dr_left = 0;
+        dp_read_failed(dp, ch, k);
+        return -1;
+    }
+    if (k < 0) {
+        if (ch->tcp)
+            dp_lowat(ch, (int)ch->dr_left);
+        return 0;
+    }
+    ch->dr_left -= (uint32_t)k;
+    if (ch->dr_left)
+        return 1;
+    if (ch->tcp)
+        dp_lowat(ch, 1);
+    if (ch->dr_dest != NULL) {
+        struct dp_pending *slot = &ch->pend[ch->dr_seq % DP_INFLIGHT], p;
+        pthread_mutex_lock(&ch->lock);
+        p = *slot;
+        if (slot->used && slot->seq == ch->dr_seq && slot->dest == ch->dr_dest)
+            dp_unpend(ch, slot);
+        else
+            p.dest = NULL;  /* (cannot be: only this thread ends it meanwhile) */
+        pthread_mutex_unlock(&ch->lock);
+        if (p.dest != NULL) {
+            pthread_mutex_lock(&dp->lock);
+            dp->engine_loads++;
+            dp_engine_post(dp, p.token, 0);
+            pthread_mutex_unlock(&dp->lock);
+        }
+    }
+    return 1;
+}
+
+/* An engine load (trio thread): 0 when a LOAD of [npa, npa + size) at accel `dst`, issued
+   by our accel `src`, went out on dst's channel, its bytes to land at `dest` (which must
+   stay valid until `token`'s outcome is taken: ualinkd_dp_take_loaded); -1 when it did not
+   (no open channel to dst, too big, the channel's window full, no memory): the caller
+   loads it through the link. */
+static int ualinkd_dp_load_into(struct ualinkd_dp *dp, uint16_t src, uint16_t dst,
+                                uint64_t npa, char *dest, uint32_t size, uint64_t token)
+{
+    struct dp_channel *ch;
+    struct dp_pending *p;
+    char f[DP_LOAD_SIZE];
+    uint32_t seq;
+    int c;
+
+    if (!dp->running || size == 0 || size > DP_FAST_MAX || dst >= DP_ACCELS || dest == NULL)
+        return -1;
+    pthread_mutex_lock(&dp->lock);
+    if (dp->ld_reserved == dp->capld) {
+        size_t cap = dp->capld ? dp->capld * 2 : 64;
+        struct dp_loaded *ld = realloc(dp->ld, cap * sizeof(*ld));
+        if (ld == NULL) {
+            pthread_mutex_unlock(&dp->lock);
+            return -1;
+        }
+        dp->ld = ld;
+        dp->capld = cap;
+    }
+    if ((c = dp->accel_chan[dst]) < 0 || dp->ch[c].state != DP_OPEN) {
+        pthread_mutex_unlock(&dp->lock);
+        return -1;
+    }
+    ch = &dp->ch[c];
+    pthread_mutex_lock(&ch->lock);
+    seq = ch->next_seq;
+    p = &ch->pend[seq % DP_INFLIGHT];
+    if (ch->npend >= DP_INFLIGHT || p->used || ch->inflight_bytes + size > DP_INFLIGHT_BYTES) {
+        pthread_mutex_unlock(&ch->lock);
+        pthread_mutex_unlock(&dp->lock);
+        return -1;
+    }
+    dp_put32(f, DP_LOAD_SIZE - 4);
+    f[4] = DP_LOAD;
+    dp_put32(f + 5, seq);
+    memcpy(f + 9, &src, 2);
+    memcpy(f + 11, &dst, 2);
+    memcpy(f + 13, &npa, 8);
+    dp_put32(f + 21, size);
+    dp_put32(f + 25, 0);  /* no deadline: ours ends the wait (dp_expire) */
+    /* (counted before the LOAD goes: its answer's head must be read alone) */
+    __atomic_add_fetch(&ch->engine, 1, __ATOMIC_RELAXED);
+    if (size >= DP_SPLICE_MIN)  /* (dp_unpend's count: a load without `data`) */
+        __atomic_add_fetch(&ch->big, 1, __ATOMIC_RELAXED);
+    if (dp_send(dp, ch, f, sizeof(f)) != 0) {
+        __atomic_sub_fetch(&ch->engine, 1, __ATOMIC_RELAXED);
+        if (size >= DP_SPLICE_MIN)
+            __atomic_sub_fetch(&ch->big, 1, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&ch->lock);
+        pthread_mutex_unlock(&dp->lock);
+        return -1;
+    }
+    dp->ld_reserved++;
+    pthread_mutex_unlock(&dp->lock);
+    p->data = p->block = NULL;
+    p->dest = dest;
+    p->token = token;
+    dp_commit(dp, ch, p, NULL, 0, size, 0, 0, 0, seq);
+    return 0;
+}
+
+/* Engine loads' outcomes posted since the last call (at most `max`). */
+static int ualinkd_dp_take_loaded(struct ualinkd_dp *dp, struct dp_loaded *out, int max)
+{
+    int n;
+
+    pthread_mutex_lock(&dp->lock);
+    n = (int)(dp->nld < (size_t)max ? dp->nld : (size_t)max);
+    memcpy(out, dp->ld, (size_t)n * sizeof(*out));
+    memmove(dp->ld, dp->ld + n, (dp->nld - (size_t)n) * sizeof(*out));
+    dp->nld -= (size_t)n;
+    dp->ld_reserved -= (size_t)n;
+    if (dp->nld && dp->notifyfd >= 0)
+        dp_wake(dp->notifyfd);
+    pthread_mutex_unlock(&dp->lock);
+    return n;
+}
+
+/* Engine loads carried whole; engine loads handed back (fallbacks, expiries). */
+static void ualinkd_dp_engine_stats(struct ualinkd_dp *dp, uint64_t *out)
+{
+    pthread_mutex_lock(&dp->lock);
+    out[0] = dp->engine_loads;
+    out[1] = dp->engine_fallbacks;
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* A large LOAD whose routes are (some of them) a BO's memfd, answered without copying those
+   bytes here: sendfile(2) hands the memfd's pages to the socket (the receiver's copy is the
+   only one), where dp_serve reads them into `scratch` and sends that (two copies, the
+   exporter's half of a 1 MiB piece's cost). Whatever the socket does not take now is read
+   and queued (dp_sendv), as dp_serve queues it. 1 when it answered the LOAD (or broke the
+   channel trying), 0 when it is not one (dp_serve answers it). [thread; dp->lock held, so
+   the routes' memory stays while it is read] */
+#define DP_SENDFILE_MIN (64 * 1024)
+static int dp_serve_files(struct ualinkd_dp *dp, struct dp_channel *ch, uint32_t seq,
+                          uint16_t src, uint16_t dst, uint64_t npa, uint32_t length)
+{
+    struct dp_export_route *r[DP_IOV];
+    uint64_t off[DP_IOV];
+    uint32_t k[DP_IOV], done = 0, pos = 0;
+    int n = 0, files = 0, i, niov = 0;
+    char head[DP_DATA_HEAD], why[96];
+    size_t hsent = 0, used = 0;
+    ssize_t got;
+
+    if (length < DP_SENDFILE_MIN || !ch->tcp)
+        return 0;
+    while (done < length) {
+        struct dp_export_route *q = dp_eroute_find(dp, src, dst, npa + done);
+        uint32_t kk;
+        if (q == NULL || n == DP_IOV - 1)
+            return 0;
+        off[n] = npa + done - q->npa_start;
+        kk = q->len - (uint32_t)off[n];
+        if (kk > length - done)
+            kk = length - done;
+        if (q->mem == NULL && q->fd < 0 && kk > DP_ZEROS)
+            return 0;
+        done += kk;
+        if (q->mem == NULL && q->fd >= 0) {
+            files++;
+            /* (the BO's next chunk in the same memfd, where the last one ends: one piece,
+               one sendfile for a whole LOAD of a BO's memfd rather than one per chunk) */
+            if (n > 0 && r[n - 1]->mem == NULL && r[n - 1]->fd == q->fd
+                    && r[n - 1]->fd_off + off[n - 1] + k[n - 1] == q->fd_off + off[n]) {
+                k[n - 1] += kk;
+                continue;
+            }
+        }
+        r[n] = q;
+        k[n++] = kk;
+    }
+    if (!files || (dp->scratch == NULL && (dp->scratch = malloc(DP_FAST_MAX)) == NULL))
+        return 0;
+    dp_put32(head, 9 + length);
+    head[4] = DP_DATA;
+    dp_put32(head + 5, seq);
+    dp_put32(head + 9, 0);
+    pthread_mutex_lock(&ch->lock);
+    if (ch->state != DP_OPEN || ch->out_len) {  /* (frames queued ahead: dp_serve queues) */
+        pthread_mutex_unlock(&ch->lock);
+        return 0;
+    }
+    got = send(ch->fd, head, sizeof(head), MSG_DONTWAIT | MSG_NOSIGNAL | MSG_MORE);
+    hsent = got > 0 ? (size_t)got : 0;
+    if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+        goto failed;
+    /* Piece by piece while the socket takes them whole; i, pos: where it stopped. */
+    for (i = 0; hsent == sizeof(head) && i < n; i++) {
+        for (pos = 0; pos < k[i]; pos += (uint32_t)got) {
+            if (r[i]->mem == NULL && r[i]->fd >= 0) {
+                off_t at = (off_t)(r[i]->fd_off + off[i] + pos);
+                got = sendfile(ch->fd, r[i]->fd, &at, k[i] - pos);
+            } else {
+                got = send(ch->fd, (r[i]->mem != NULL ? r[i]->mem + off[i] : dp_zeros) + pos,
+                           k[i] - pos, MSG_DONTWAIT | MSG_NOSIGNAL
+                           | (i + 1 < n ? MSG_MORE : 0));
+            }
+            if (got <= 0)
+                break;
+        }
+        if (pos < k[i]) {
+            if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+                goto failed;
+            if (got == 0 && r[i]->mem == NULL && r[i]->fd >= 0)
+                goto failed;  /* (the memfd is shorter than its route: cannot be) */
+            break;
+        }
+    }
+    if (hsent == sizeof(head) && i == n) {
+        pthread_mutex_unlock(&ch->lock);
+        return 1;
+    }
+    /* The rest, queued: the head's, then piece i from pos and every one after it. */
+    if (hsent < sizeof(head)) {
+        dp->iov[niov].iov_base = head + hsent;
+        dp->iov[niov++].iov_len = sizeof(head) - hsent;
+        i = 0;
+        pos = 0;
+    }
+    for (; i < n; i++, pos = 0) {
+        char *piece;
+        if (r[i]->mem != NULL) {
+            piece = (char *)r[i]->mem + off[i] + pos;
+        } else if (r[i]->fd < 0) {
+            piece = dp_zeros + pos;
+        } else {
+            piece = dp->scratch + used;
+            if (pread(r[i]->fd, piece, k[i] - pos, (off_t)(r[i]->fd_off + off[i] + pos))
+                    != (ssize_t)(k[i] - pos)) {
+                errno = EIO;
+                goto failed;
+            }
+            used += k[i] - pos;
+        }
+        dp->iov[niov].iov_base = piece;
+        dp->iov[niov++].iov_len = k[i] - pos;
+    }
+    dp_sendv(dp, ch, dp->iov, niov);
+    pthread_mutex_unlock(&ch->lock);
+    return 1;
+failed:
+    snprintf(why, sizeof(why), "send failed: %s", strerror(errno));
+    dp_break(dp, ch, why);
+    pthread_mutex_unlock(&ch->lock);
+    return 1;
 }

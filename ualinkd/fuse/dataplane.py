@@ -6,6 +6,8 @@ authenticated data channel (`open`/`close`: fabric/channels.py's DataChannels). 
 come from what Python served itself: `route_import` after a render-node read or write that
 one remote mapping answered (lowlevel.py), `route_export` after a LOAD or STORE that BO
 chunks answered (daemon.py). Every route goes at the next `translation.changed()`.
+The GPU engine's remote copies load through it too (`load_into`: a piece's bytes received
+straight into a buffer of the engine's, its outcome a Completion).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import trio
 
 from ualinkd.amdgpu import translation
+from ualinkd.drm.completion import Completion
 from ualinkd.fuse._fuse_ll import ffi, lib
 
 log = logging.getLogger(__name__)
@@ -31,6 +34,13 @@ CHANNELS = lib.DP_CHANNELS  # channels open at once (one per peer that has one)
 # end is often seen first; the link's own line then says why both went.
 DROP_LOG_GRACE = 2.0
 _FALLBACKS_PER_TAKE = 256
+_LOADED_PER_TAKE = 256
+# An engine load's outcome (`load_into`): its bytes are in the buffer; not carried (the
+# caller loads them through the link); no answer within the link's deadline (the link's
+# fault); the data plane stopped.
+LOADED = 0
+FALLBACK = lib.DP_FALLBACK
+EXPIRED = -errno.ETIME
 
 # (req, ino, size, off, fh, unique, expired: no answer within the deadline, to fault,
 #  data: a store's bytes, None for a load)
@@ -53,6 +63,12 @@ class DataPlane:
         # dropped channel is logged at once)
         self.link_up: Callable[[str], bool] | None = None
         self._said_full = False  # has_room said the table is full (once per episode)
+        # Engine loads out (`load_into`): token -> (its Completion, the buffer the thread
+        # writes into, kept alive here until the thread posted its outcome)
+        self._loads: dict[int, tuple[Completion[int], Any]] = {}
+        self._next_token = 1
+        self._loaded = ffi.new("struct dp_loaded[]", _LOADED_PER_TAKE)
+        self._engine_stats = ffi.new("uint64_t[2]")
         translation.listen(self.flush)
 
     @property
@@ -83,10 +99,13 @@ class DataPlane:
             lib.ualinkd_dp_stop(self.pointer, err)
         self.notify_fd = -1
         self._peers.clear()
+        self.finish_loads()  # (the thread posted those it held as `-err`)
 
     def free(self) -> None:
         translation.unlisten(self.flush)
         if self.pointer != ffi.NULL:
+            lib.ualinkd_dp_stop(self.pointer, errno.EINTR)
+            self.finish_loads()  # (what it held: posted EINTR)
             lib.ualinkd_dp_free(self.pointer)
             self.pointer = ffi.NULL
         self.notify_fd = -1
@@ -183,6 +202,46 @@ class DataPlane:
             lib.ualinkd_dp_route_export(self.pointer, src, dst, npa_start, ffi.NULL,
                                         -1 if backing is None else backing, offset, length)
 
+    # -- the GPU engine's loads ------------------------------------------------------------
+    def load_into(self, src: int, dst: int, npa: int, buf: bytearray, offset: int,
+                  n: int) -> Completion[int] | None:
+        """A load of NPA [npa, +n) at accel `dst` issued by our accel `src`, its bytes
+        received by the thread straight into buf[offset:offset + n]: its outcome (LOADED,
+        FALLBACK, EXPIRED or -errno) by Completion, once the thread no longer touches the
+        buffer (it is kept alive here until then, whatever becomes of the caller). None
+        when the data plane does not take it (no channel to `dst`, its window full, more
+        than FAST_MAX): the caller loads it through the link."""
+        if not self.running or not 0 < n <= FAST_MAX or offset < 0 or offset + n > len(buf):
+            return None
+        token = self._next_token
+        view = ffi.from_buffer(buf)  # (holds buf, and keeps it from being resized)
+        if lib.ualinkd_dp_load_into(self.pointer, src, dst, npa,
+                                    ffi.cast("char *", view) + offset, n, token) != 0:
+            return None
+        self._next_token += 1
+        c: Completion[int] = Completion()
+        self._loads[token] = (c, view)
+        return c
+
+    def finish_loads(self) -> None:
+        """Complete the engine loads whose outcome the thread posted."""
+        if self.pointer == ffi.NULL or not self._loads:
+            return
+        while True:
+            n = lib.ualinkd_dp_take_loaded(self.pointer, self._loaded, _LOADED_PER_TAKE)
+            for d in self._loaded[0:n]:
+                c, _ = self._loads.pop(d.token)
+                c.set_result(int(d.status))
+            if n < _LOADED_PER_TAKE:
+                return
+
+    def engine_stats(self) -> tuple[int, int]:
+        """(engine loads carried whole, engine loads handed back to the link or faulted)"""
+        if self.pointer == ffi.NULL:
+            return 0, 0
+        lib.ualinkd_dp_engine_stats(self.pointer, self._engine_stats)
+        return int(self._engine_stats[0]), int(self._engine_stats[1])
+
     # -- what the thread hands back --------------------------------------------------------
     def take_fallbacks(self) -> list[Fallback]:
         out: list[Fallback] = []
@@ -251,7 +310,9 @@ class DataPlane:
         served_stores, refused_stores: the same for stores; late_stores: STOREs refused
         past their deadline; reused_buffers: carried stores that handed libfuse a request
         buffer kept from an earlier one (dataplane.c DP_SPARES), kept_buffers: how many it
-        keeps now (none once idle a second)."""
+        keeps now (none once idle a second); engine_loads, engine_fallbacks: the GPU
+        engine's loads (`load_into`) carried whole, and handed back (to the link, or to
+        fault)."""
         if self.pointer == ffi.NULL:
             return {}
         lib.ualinkd_dp_stats(self.pointer, self._stats)
@@ -260,4 +321,5 @@ class DataPlane:
                           "reused_buffers", "kept_buffers"),
                          self._stats, strict=True))
         stats["channels"] = len(self._peers)
+        stats["engine_loads"], stats["engine_fallbacks"] = self.engine_stats()
         return stats

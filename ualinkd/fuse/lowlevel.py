@@ -334,6 +334,7 @@ class FuseSession:
                 return  # stopped (unmount)
             dp.log_events()
             handed = dp.take_fallbacks()
+            dp.finish_loads()  # (the GPU engine's: gpu_engine.py's remote copies)
             if self._fd < 0:
                 for req, *_ in handed:
                     lib.fuse_reply_none(req)

@@ -1,0 +1,200 @@
+"""The GPU engine's copies from imported memory through the C data plane (issue 34; trio).
+
+An SDMA copy whose source is one imported NPA BO mapping and whose destination is one local
+piece (a userptr BO: the client's own memory; or a BO of this node) loads its source in
+`CHUNK` pieces (the link's and the data plane's largest request), `IN_FLIGHT` of them out
+at once, each received by the data plane's C thread straight into a slot of a buffer ring
+(fuse/dataplane.c `ualinkd_dp_load_into`: one copy of the bytes on this side, no task and no
+frame parsing in Python), and stores every run of pieces loaded in order in one store as
+soon as it is in, while the next pieces load into the ring's other slots: the C thread's
+receive, the worker thread's process_vm_writev and the exporter's sendfile overlap.
+
+What the data plane does not carry goes through the link exactly as a FUSE load's does: a
+piece it does not take (no channel to the exporter, its window full) or hands back (no
+route at the exporter yet, a partial answer, a channel that went down) is that piece's
+LOAD on the link, into the same slot; a piece that got no answer within the link's deadline
+(EXPIRED) faults as the link's LOAD would, and so does a piece the link faults.
+
+Policy 10 as the piece-by-piece copy keeps it: pieces are stored in order, and the copy
+stops at the first piece not loaded whole, storing nothing of it (nor of any after it): the
+copy faults at the first byte not loaded, or, when a store comes back short, at the first
+byte not stored.
+
+Lifetimes: a slot's buffer is the data plane's to write into until the load's outcome was
+posted (DataPlane keeps the buffer alive until then), whatever becomes of the copy (its
+queue destroyed, its process gone: the task is cancelled, the outcome still comes, within
+the link's deadline at most). A ring goes back to the pool only when no load of it is out.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from .amdgpu.vm import RemotePiece
+from .drm.completion import Completion
+from .drm.errors import DrmError
+from .drm.loaded import Loaded, copy_into
+from .fabric.waiting import completed
+from .fuse.dataplane import EXPIRED, FAST_MAX, LOADED
+
+log = logging.getLogger(__name__)
+
+CHUNK = FAST_MAX  # bytes per load: the data plane's largest (and the link's CHUNK)
+IN_FLIGHT = 4  # loads out at once per copy (the data plane's window per channel: 4 MiB)
+# Slots of a copy's buffer ring: twice the loads out, so that IN_FLIGHT pieces load while
+# as many are stored (with IN_FLIGHT slots, a store of the pieces in them held up the next
+# loads until it ended: 16 MiB in 4 rounds of load-then-store).
+SLOTS = 2 * IN_FLIGHT
+RINGS_KEPT = 1  # buffer rings kept for the next copies (SLOTS MiB each: a fresh one's
+#                 page faults cost about as much as its copy)
+
+# (importing accel, piece, write, data) -> the loaded bytes, by Completion (node.py's
+# remote_access: the link's LOAD)
+RemoteAccess = Callable[[int, RemotePiece, bool, "bytes | None"], "Completion[Loaded | int]"]
+# (offset in the copy, its bytes from there on) -> the count stored (short: a fault there)
+Store = Callable[[int, list[memoryview]], Awaitable[int]]
+
+
+class DataPlaneLoads(Protocol):
+    """What the copier asks of the data plane (fuse/dataplane.py DataPlane)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    def load_into(self, src: int, dst: int, npa: int, buf: bytearray, offset: int,
+                  n: int) -> Completion[int] | None: ...
+
+
+class RemoteCopier:
+    """The node's engine copies from imported memory (one per GpuEngineEdge). `copy` does
+    one; `copies` and `link_pieces` count them and their pieces the link carried. One
+    ring (SLOTS MiB) is kept between copies."""
+
+    def __init__(self, data_plane: DataPlaneLoads, remote_access: RemoteAccess) -> None:
+        self._dp = data_plane
+        self._remote = remote_access
+        self._rings: list[bytearray] = []
+        self.copies = 0  # copies done this way
+        self.link_pieces = 0  # pieces that went through the link instead
+
+    @property
+    def running(self) -> bool:
+        return self._dp.running
+
+    async def copy(self, src_accel: int, piece: RemotePiece, store: Store) -> tuple[int, int]:
+        """Copy `piece` (issued by our accel `src_accel`) to `store`: (bytes loaded in order
+        up to the first piece not loaded whole, bytes stored). Both are piece.length when
+        all went well; loaded < length: the source faulted there; stored < loaded: the
+        destination did (`store` came back short). Every piece loaded whole since the
+        last store goes in one store (one system call, one check of the process's
+        mappings: a store per piece cost more than the load of the next ones)."""
+        ring = self._rings.pop() if self._rings else bytearray(SLOTS * CHUNK)
+        spans = [(off, min(CHUNK, piece.length - off)) for off in range(0, piece.length, CHUNK)]
+        loads: list[Completion[int]] = []
+        out = 0  # loads not yet ended (the ring is reused only with none)
+        i = 0  # the next piece to store (its slot and the ones after it are not free)
+        going = True  # (False once the copy ended: no more loads)
+        issuing = False  # (a load that ends at once is counted, not issued from again)
+
+        def ended(c: Completion[int]) -> int:
+            nonlocal out
+            out -= 1
+            if not issuing:
+                issue()  # (in the call that brings the answer: the window stays full)
+            return c.result()
+
+        def issue() -> None:
+            # (at most IN_FLIGHT out, none into a slot whose piece is not stored yet)
+            nonlocal out, issuing
+            issuing = True
+            try:
+                while going and len(loads) < min(i + SLOTS, len(spans)) and out < IN_FLIGHT:
+                    k = len(loads)
+                    out += 1
+                    loads.append(self._load(src_accel, piece, spans[k], ring,
+                                            (k % SLOTS) * CHUNK).then(ended))
+            finally:
+                issuing = False
+
+        loaded = stored = 0
+        try:
+            issue()
+            while i < len(spans):
+                await completed(loads[i])
+                j, whole = i, True
+                while j < len(loads) and loads[j].done:
+                    got = loads[j].result()
+                    loaded += got
+                    if got < spans[j][1]:
+                        whole = False
+                        break
+                    j += 1
+                if j > i:
+                    views = [memoryview(ring)[(k % SLOTS) * CHUNK:][:spans[k][1]]
+                             for k in range(i, j)]
+                    want = sum(len(v) for v in views)
+                    n = await store(spans[i][0], views)
+                    stored += n
+                    if n < want:
+                        break
+                if not whole:
+                    break
+                i = j
+                issue()
+        finally:
+            going = False
+            if out == 0 and len(self._rings) < RINGS_KEPT:
+                self._rings.append(ring)
+        self.copies += 1
+        return loaded, stored
+
+    def _load(self, src_accel: int, piece: RemotePiece, span: tuple[int, int],
+              ring: bytearray, slot: int) -> Completion[int]:
+        """One piece into ring[slot:]: the count loaded (less than asked: a fault)."""
+        off, n = span
+        sub = RemotePiece(piece.exporter_accel, piece.npa_byte_address + off, n, piece.bo)
+        fast = self._dp.load_into(src_accel, piece.exporter_accel, sub.npa_byte_address,
+                                  ring, slot, n)
+        if fast is None:
+            return self._by_link(src_accel, sub, ring, slot)
+        over: Completion[int] = Completion()
+        fast.when_done(functools.partial(self._answered, src_accel, sub, ring, slot, over))
+        return over
+
+    def _answered(self, src_accel: int, sub: RemotePiece, ring: bytearray, slot: int,
+                  over: Completion[int], fast: Completion[int]) -> None:
+        status = fast.result()
+        if status == LOADED:
+            over.set_result(sub.length)
+        elif status == EXPIRED:  # (the link's LOAD past its deadline: a fault)
+            over.set_result(0)
+        else:  # not carried: the link's LOAD, into the same slot
+            self._by_link(src_accel, sub, ring, slot).when_done(
+                lambda c: over.set_result(c.result()))
+
+    def _by_link(self, src_accel: int, sub: RemotePiece, ring: bytearray,
+                 slot: int) -> Completion[int]:
+        self.link_pieces += 1
+
+        def landed(c: Completion[Loaded | int]) -> int:
+            try:
+                got = c.result()
+                assert not isinstance(got, int)  # (a load's answer)
+                # (in the link reader's call: a piped answer is still in its pipe)
+                return copy_into(got, memoryview(ring)[slot:slot + sub.length])
+            except DrmError:
+                return 0
+            except OSError as e:  # (the fabric's pipe gave less than it holds: a fault)
+                log.warning("engine: a loaded piece at NPA %#x could not be read: %s",
+                            sub.npa_byte_address, e)
+                return 0
+
+        try:
+            return self._remote(src_accel, sub, False, None).then(landed)
+        except DrmError:
+            over: Completion[int] = Completion()
+            over.set_result(0)
+            return over
