@@ -586,8 +586,9 @@ def _access_vector(tgid: int, dir_fd: int, mem_fd: int, address: int,
                 break
             if isinstance(seg, memoryview):
                 view = seg[: n - done - batched]
-                batch.append(view)
-                batched += len(view)
+                if view:  # (none past the accessible prefix: an empty buffer has no address)
+                    batch.append(view)
+                    batched += len(view)
                 continue
             fd, off, length = seg
             k = min(length, n - done)
