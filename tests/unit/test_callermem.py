@@ -493,3 +493,65 @@ def test_a_kept_mapping_is_populated_and_its_holes_looked_for_once(monkeypatch):
         assert bytes(src[8 : 8 + 4 * page]) == data[: 4 * page]
     finally:
         os.close(memfd)
+
+
+def test_a_quick_access_is_answered_without_going_back_to_trio():
+    """CallerMemory.run(quick=True) (issue 34: an SDMA submission's ring read, fence and
+    rptr writes): the worker hands a small access's answer straight back to the trio
+    thread waiting for it, so no other task runs in between (no trip through trio's
+    wake-up and scheduler); one that takes longer than QUICK_WAIT is awaited as any other,
+    with its right answer; the worker slot is given back either way."""
+    import random
+    import time
+
+    from ualinkd import callermem
+
+    async def main() -> None:
+        mem = CallerMemory(workers=2)
+        others: list[int] = []
+
+        async def other() -> None:
+            others.append(1)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(other)
+            assert await mem.run(lambda: 41 + 1, quick=True) == 42
+            assert others == []  # (not a schedule point: the other task has not run yet)
+        assert others == [1]
+        slow = callermem.QUICK_WAIT * 20
+        assert await mem.run(lambda: time.sleep(slow) or "late", quick=True) == "late"
+        # answers that come about when the quick wait gives up: each still its own
+        for i in range(200):
+            delay = random.uniform(0, 2 * callermem.QUICK_WAIT)
+            assert await mem.run(lambda i=i, d=delay: time.sleep(d) or i, quick=True) == i
+        assert mem._limiter.borrowed_tokens == 0 and mem.stuck == 0
+
+    trio.run(main)
+
+
+def test_no_quick_wait_while_a_worker_is_stuck(monkeypatch):
+    """With a worker stuck in an access past its deadline (a client whose memory hangs), a
+    quick access is awaited in trio from the start: the trio thread never blocks on it, so
+    another task can still run while it waits (here the task that lets it finish)."""
+    from ualinkd import callermem
+
+    monkeypatch.setattr(callermem, "QUICK_WAIT", 5.0)
+    stuck = threading.Event()
+    go = threading.Event()
+
+    async def main() -> None:
+        mem = CallerMemory(timeout=0.1, workers=4)
+        with pytest.raises(DrmError):
+            await mem.run(stuck.wait)
+        assert mem.stuck == 1
+
+        async def release() -> None:
+            go.set()
+
+        async with trio.open_nursery() as n:
+            n.start_soon(release)
+            # (a blocked trio thread would leave `go` unset: wait() False after 3 s)
+            assert await mem.run(lambda: go.wait(3), quick=True) is True
+        stuck.set()
+
+    trio.run(main)
