@@ -509,3 +509,37 @@ def test_with_no_queue_to_watch_the_watch_thread_never_wakes():
         assert _doorbell_thread_wakeups() - before <= 2
 
     run_edge(rig, body)
+
+
+def test_a_wait_for_events_looks_at_the_process_s_doorbells_at_once(monkeypatch):
+    """Issue 34 (doorbell→fence): a process with queues that starts WAIT_EVENTS is
+    told to the engine (QueueRegistry.waiting), which scans its doorbells then rather than
+    at the watch thread's next poll, so work rung just before the wait runs at once. With
+    the watch's polls slowed to a minute, only that scan can run the fence here; a process
+    without queues tells nobody."""
+    from test_kfd_rules import wait_args
+
+    from ualinkd import gpu_engine
+
+    for name in ("WATCH_INTERVAL_NS", "WATCH_SLOW_INTERVAL_NS"):
+        monkeypatch.setattr(gpu_engine, name, 60_000_000_000)
+    monkeypatch.setattr(gpu_engine, "WATCH_MAX_INTERVAL", 60.0)
+    rig = Rig()
+    told: list[int] = []
+    rig.node.kfd.queues.waiting.append(told.append)
+
+    async def body(edge: GpuEngineEdge) -> None:
+        await trio.sleep(0.1)  # the trio ticks back off; the (slowed) watch thread polls
+        rig.submit(fence(DATA, 9))
+        await trio.sleep(0.05)
+        assert rig.word(DATA) == 0  # not seen by any poll
+        assert call(rig.node, rig.p, tbl.KFD_WAIT_EVENTS.cmd,
+                    wait_args(rig.mem, [])).result == 0
+        assert told == [rig.p.pid]
+        await until(lambda: rig.word(DATA) == 9)
+
+    run_edge(rig, body)
+    other = rig.node.kfd.open(Caller(pid=9292, uid=0))
+    assert call(rig.node, other, tbl.KFD_WAIT_EVENTS.cmd, wait_args(rig.mem, [])).result == 0
+    assert told == [rig.p.pid]
+    rig.node.kfd.release(other)
