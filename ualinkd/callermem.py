@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import itertools
 import logging
 import mmap
 import os
@@ -268,6 +269,7 @@ def _process_vm_copy(tgid: int, dir_fd: int, address: int, group: list[memoryvie
 # speed on one thread (it pins each page before copying it; a C floor: 64 MiB in 20 ms
 # against memcpy's 13 ms), and two threads move 64 MiB in 10.5 ms.
 SPLIT_MIN = 8 << 20
+SPLIT_PIECE = 4 << 20  # what each of the two threads takes at a time
 splits = 0  # moves done in two halves (for tests)
 
 
@@ -280,43 +282,68 @@ def _cpus() -> int:
         return 1
 
 
-def _cut(views: list[memoryview], at: int) -> tuple[list[memoryview], list[memoryview]]:
-    """The views split at byte `at` of their concatenation."""
-    first: list[memoryview] = []
-    pos = 0
-    for i, v in enumerate(views):
-        if pos + len(v) > at:
-            k = at - pos
-            return ([*first, v[:k]] if k else first), [v[k:], *views[i + 1 :]]
-        first.append(v)
-        pos += len(v)
-    return first, []
+def _pieces(views: list[memoryview], size: int) -> list[list[memoryview]]:
+    """The views cut into consecutive pieces of `size` bytes (the last one shorter), in one
+    pass over them."""
+    out: list[list[memoryview]] = []
+    piece: list[memoryview] = []
+    room = size
+    for v in views:
+        while len(v) >= room:
+            piece.append(v[:room])
+            out.append(piece)
+            v, piece, room = v[room:], [], size
+        if v:
+            piece.append(v)
+            room -= len(v)
+    if piece:
+        out.append(piece)
+    return out
 
 
 def _split_move(tgid: int, dir_fd: int, address: int, views: list[memoryview],
                 write: bool) -> int | None:
-    """_process_vm_copy of `views` in two halves at once, the second on a thread of its own
-    (made for it: a helper stuck in a hostile mapping holds nobody else up, and its worker
-    is bounded as any other). The count is the first half's when that came back short,
-    else both: the copy stops where one move would have (policy 10), since the extent
-    checked before is anonymous memory, which only the process changing its own mappings
-    under the copy can make fail — and then the bytes past that point are as undefined as
-    a GPU copy into memory its owner unmaps."""
+    """_process_vm_copy of `views` by two threads at once, this one and a helper made for
+    it (a helper stuck in a hostile mapping holds nobody else up, and its worker is bounded
+    as any other), in SPLIT_PIECE pieces each takes in turn: a thread that gets less of a
+    CPU (another process on the second one) moves fewer pieces instead of holding up the
+    end. The count is that of the pieces in order up to the first short one, as one move
+    would have stopped (policy 10): the extent checked before is anonymous memory, which
+    only the process changing its own mappings under the copy can make fail part-way, and
+    then the bytes past that point are as undefined as a GPU copy's into memory its owner
+    unmaps."""
     global splits
     want = sum(len(v) for v in views)
-    half = want // 2 & ~(mmap.PAGESIZE - 1)
-    a, b = _cut(views, half)
-    second: list[int | None] = []
-    helper = threading.Thread(
-        target=lambda: second.append(_process_vm_copy(tgid, dir_fd, address + half, b, write)),
-        name="ualinkd-copy-half", daemon=True)
+    starts = list(range(0, want, SPLIT_PIECE))
+    pieces = _pieces(views, SPLIT_PIECE)
+    results: list[int | None] = [-1] * len(starts)  # -1: not moved
+    taken = itertools.count()  # (next() is atomic under the GIL: each piece taken once)
+    stop = threading.Event()
+
+    def mover() -> None:
+        while not stop.is_set() and (i := next(taken)) < len(starts):
+            at = starts[i]
+            n = min(SPLIT_PIECE, want - at)
+            got = _process_vm_copy(tgid, dir_fd, address + at, pieces[i], write)
+            results[i] = got
+            if got is None or got < n:
+                stop.set()  # (no piece after it counts: none is taken any more)
+
+    helper = threading.Thread(target=mover, name="ualinkd-copy-half", daemon=True)
     helper.start()
-    got = _process_vm_copy(tgid, dir_fd, address, a, write)
+    mover()
     helper.join()
     splits += 1
-    if got is None or second[0] is None:
-        return None  # (process_vm_* not allowed here: the caller moves it all by mem)
-    return got if got < half else got + second[0]
+    done = 0
+    for at, got in zip(starts, results, strict=True):
+        if got is None:
+            return None  # process_vm_* not allowed here: the caller moves it all by mem
+        if got < 0:  # (pieces are taken in order: one before this one stopped the move)
+            return done
+        done += got
+        if got < min(SPLIT_PIECE, want - at):
+            break
+    return done
 
 
 _ZERO_PIECE = 4 << 20

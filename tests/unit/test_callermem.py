@@ -296,9 +296,9 @@ def _libc_mmap():
 def test_a_big_move_of_anonymous_memory_goes_in_two_halves_byte_exact(monkeypatch):
     """callermem._split_move (issue 34, the SDMA engine's host<->VRAM copies): a move of at
     least SPLIT_MIN of a process's anonymous memory, when the worker may run on two CPUs,
-    is two process_vm_readv/writev at once, cut at a page inside a buffer; every byte lands
-    where one move would put it, both ways, between buffers of odd sizes and a shared BO's
-    memfd (its kept mapping). Pinned to one CPU it stays one move."""
+    is moved by two threads taking SPLIT_PIECE pieces in turn, cut inside buffers; every
+    byte lands where one move would put it, both ways, between buffers of odd sizes and a
+    shared BO's memfd (its kept mapping). Pinned to one CPU it stays one move."""
     import ctypes
     import mmap
     import os
@@ -308,6 +308,7 @@ def test_a_big_move_of_anonymous_memory_goes_in_two_halves_byte_exact(monkeypatc
     page = mmap.PAGESIZE
     pages = 64
     monkeypatch.setattr(callermem, "SPLIT_MIN", 16 * page)
+    monkeypatch.setattr(callermem, "SPLIT_PIECE", 5 * page)
     cpus = [2]
     monkeypatch.setattr(callermem, "_cpus", lambda: cpus[0])
     libc = _libc_mmap()
@@ -370,6 +371,7 @@ def test_a_fault_mid_copy_stops_at_the_same_place_with_splits_allowed(monkeypatc
 
     page = mmap.PAGESIZE
     monkeypatch.setattr(callermem, "SPLIT_MIN", 8 * page)
+    monkeypatch.setattr(callermem, "SPLIT_PIECE", 3 * page)
     monkeypatch.setattr(callermem, "_cpus", lambda: 2)
     libc = _libc_mmap()
     anon, tail = 32, 8
@@ -555,3 +557,22 @@ def test_no_quick_wait_while_a_worker_is_stuck(monkeypatch):
         stuck.set()
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("sizes", [[7], [3, 4], [1, 1, 1, 1, 1, 1, 1], [10], [2, 9, 1]])
+@pytest.mark.parametrize("piece", [1, 2, 3, 5, 16])
+def test_pieces_cut_views_into_consecutive_equal_pieces(sizes, piece):
+    """callermem._pieces: the split move's pieces are the views' bytes in order, each
+    `piece` long but the last, none empty."""
+    from ualinkd.callermem import _pieces
+
+    data = bytes(range(sum(sizes)))
+    views, pos = [], 0
+    for n in sizes:
+        views.append(memoryview(data)[pos : pos + n])
+        pos += n
+    out = _pieces(views, piece)
+    assert b"".join(b"".join(bytes(v) for v in p) for p in out) == data
+    lengths = [sum(len(v) for v in p) for p in out]
+    assert all(n == piece for n in lengths[:-1]) and 0 < lengths[-1] <= piece
+    assert all(len(v) for p in out for v in p)
