@@ -5,7 +5,8 @@ Doorbells. A process's doorbell slice is a GTT BO that becomes a memfd when the 
 it (amdgpu/memory.py `share()`): the client's doorbell stores land in pages the daemon reads
 with pread. The task reads each slice that has an active queue (8 KiB) and compares every
 queue's 8-byte slot with the value it last ran to, at a tick that backs off from
-`MIN_INTERVAL` after a doorbell to `MAX_INTERVAL`; then a watch thread takes over, as AMD's
+`MIN_INTERVAL` after a doorbell (or a run's end: a runtime rings again once it has seen its
+work done) to `MAX_INTERVAL`; then a watch thread takes over, as AMD's
 rocjitsu polls its doorbell memfd from a thread: C (fuse/doorbells.c) compares the watched
 slots, through read-only mappings of the slices' memfds, every `WATCH_INTERVAL_NS` (2 ms;
 4 ms after a second without a doorbell) without the GIL or a system call, and when a slot
@@ -18,7 +19,9 @@ since; `make bench-pod`'s idle figures). A trio wake-up costs
 Python cost 2% of a CPU), the C poll's ~10 µs: an idle node with 8 idle queues measured
 0.5-0.6% of one CPU (tests/integration/test_hsakmt_queues.py; 0.25-0.4% with the Python
 thread's 50 ms back-off before, 0.6-0.9% polling every 2 ms), and a doorbell after a quiet
-spell is seen within 4 ms (2 ms on average, 1 ms within a second of the last; up to 50 ms before).
+spell is seen within 4 ms (2 ms on average, 1 ms within a second of the last; up to 50 ms before),
+and at once when the process starts a WAIT_EVENTS (QueueRegistry.waiting: ROCr waits right
+after ringing).
 
 Running. A queue's engine (amdgpu/sdma.py's ring, amdgpu/aql.py's processor) is a sans-IO
 generator of requests (amdgpu/engine.py); each run is a task of its own, so a poll that
@@ -208,6 +211,7 @@ class GpuEngineEdge:
         self._nursery: trio.Nursery | None = None
         self._atomics = trio.Lock()
         self.ticks = 0  # scans done, for tests of the idle cost
+        self._ended = False  # a queue's run ended since the last scan (_loop's back-off)
         # While tracing: the memory each running queue's engine touched since its last
         # packet (`_touch`), for that packet's trace record.
         self._touched: dict[kq.KfdQueue, list[EngineAccess]] = {}
@@ -273,7 +277,10 @@ class GpuEngineEdge:
             task_status.started()
             while True:
                 self._wake = trio.Event()
-                if self._scan():
+                ended, self._ended = self._ended, False
+                if self._scan() or ended:
+                    # (a queue rung, or one that just went idle: a runtime rings again as
+                    # soon as it has seen its work done, so look often for a while)
                     interval = MIN_INTERVAL
                 else:
                     interval = min(interval * 2, MAX_INTERVAL)
@@ -432,6 +439,7 @@ class GpuEngineEdge:
             end = RunEnd(EndReason.ERROR, 0, f"the engine refused the queue: {e}")
         finally:
             self._running.discard(q)
+            self._ended = True
             self._wake.set()  # look again at once: the doorbell may have moved meanwhile
         try:
             self._alive(q)  # destroyed meanwhile: nothing to keep of it
