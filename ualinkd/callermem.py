@@ -14,6 +14,9 @@ server. So:
   keeping its slot; while every slot is held by such a thread, accesses fail with EFAULT at
   once (one log line when that starts). A thread held by our own mount after a race (the
   range remapped after the check) frees itself: the trio thread is free to answer the READ.
+- a small access is still a worker's, but the trio thread waits for its answer itself, for
+  QUICK_WAIT (1 ms) at most, before awaiting it as any other (`run`'s `quick`); a move of
+  8 MiB or more of anonymous memory is shared by two threads when two CPUs are there.
 """
 
 from __future__ import annotations
