@@ -543,3 +543,28 @@ def test_a_wait_for_events_looks_at_the_process_s_doorbells_at_once(monkeypatch)
     assert call(rig.node, other, tbl.KFD_WAIT_EVENTS.cmd, wait_args(rig.mem, [])).result == 0
     assert told == [rig.p.pid]
     rig.node.kfd.release(other)
+
+
+def test_a_run_that_ends_puts_the_doorbell_tick_back_to_its_shortest():
+    """Issue 34 (doorbell→fence): a runtime rings again as soon as it has seen its work
+    done, so a queue's run that ends makes the loop look at the doorbells again from
+    MIN_INTERVAL, backing off to MAX_INTERVAL (a few scans, then the watch thread), as
+    after a doorbell — not only once. Here the run is released from a long poll, while
+    the loop had long backed off."""
+    rig = Rig()
+    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
+                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(poll + fence(DATA + 16, 9))
+        await until(lambda: edge.poll_rechecks > 5)
+        await trio.sleep(0.05)  # (the loop has backed off to the watch thread)
+        ticks = edge.ticks
+        rig.gtt.memory.write(DATA - BASE, b"\x00\x00\x00\x00")  # the CPU releases it
+        await until(lambda: rig.word(DATA + 16) == 9 and not edge._running)
+        await trio.sleep(0.1)
+        # 50, 100, 200, ... µs up to MAX_INTERVAL: about 6 scans (1 before), then none
+        assert 4 <= edge.ticks - ticks <= 12, edge.ticks - ticks
+
+    run_edge(rig, body)
