@@ -568,3 +568,38 @@ def test_a_run_that_ends_puts_the_doorbell_tick_back_to_its_shortest():
         assert 4 <= edge.ticks - ticks <= 12, edge.ticks - ticks
 
     run_edge(rig, body)
+
+
+def test_a_doorbell_rung_while_its_queue_runs_goes_on_in_the_same_task():
+    """Issue 34 (doorbell→fence): a runtime rings its next submission as soon as it has
+    seen its fence, often before the run has written its rptr back; the run's task goes on
+    with the new doorbell (counted and traced as a scan's) instead of ending and leaving it
+    to the scan it wakes. Both submissions run, in one task."""
+    from ualinkd.amdgpu.engine import Write
+
+    rig = Rig()
+
+    async def body(edge: GpuEngineEdge) -> None:
+        starts: list[int] = []
+        start, fulfil = edge._start, edge._fulfil
+
+        def counted_start(q: queues.KfdQueue, value: int) -> None:
+            starts.append(value)
+            start(q, value)
+
+        async def fulfil_and_ring(q, req):  # the client rings once it sees the first fence
+            out = await fulfil(q, req)
+            if isinstance(req, Write) and req.va == DATA and not rig.word(DATA + 4):
+                rig.submit(fence(DATA + 4, 2))
+            return out
+
+        edge._start = counted_start  # type: ignore[method-assign]
+        edge._fulfil = fulfil_and_ring  # type: ignore[method-assign]
+        rig.submit(fence(DATA, 1))
+        await until(lambda: rig.word(DATA + 4) == 2 and not edge._running)
+        assert starts == [16]  # (one task for both: the scan started only the first)
+        q = rig.queues[0]
+        assert (q.doorbells, q.packets, q.last_doorbell) == (2, 2, 32)
+        await until(lambda: rig.word(RPTR, 8) == 32)
+
+    run_edge(rig, body)
