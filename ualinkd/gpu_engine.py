@@ -813,9 +813,6 @@ class GpuEngineEdge:
         if isinstance(req, Interrupt):
             if q.interrupt is not None:
                 q.interrupt(req.context_id)
-                # the waiters the TRAP woke are answered before this run goes on (its rptr
-                # write-back next: a caller-memory access of its own), not after it
-                await trio.lowlevel.checkpoint()
             return None
         if isinstance(req, Clock):
             _, driver = self._vm_file(q)
