@@ -413,7 +413,9 @@ class GpuEngineEdge:
 
     def _rung_again(self, q: kq.KfdQueue) -> int | None:
         """`q`'s doorbell, if it moved while its run went on (and the queue is still active):
-        the run's task goes on with it, as a scan would start it."""
+        the run's task goes on with it, as a scan would start it (QueueStopped when it was
+        destroyed meanwhile)."""
+        self._alive(q)
         proc = self.kfd.processes.get(q.pid)
         bo = proc.pdds[q.gpu_id].doorbell_bo if proc is not None else None
         if bo is None or q.state is not kq.KfdQueueState.ACTIVE:
