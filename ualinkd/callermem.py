@@ -21,6 +21,7 @@ server. So:
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import errno
@@ -332,10 +333,20 @@ def _split_move(tgid: int, dir_fd: int, address: int, views: list[memoryview],
             if got is None or got < n:
                 stop.set()  # (no piece after it counts: none is taken any more)
 
-    helper = threading.Thread(target=mover, name="ualinkd-copy-half", daemon=True)
-    helper.start()
+    helped = threading.Lock()
+    helped.acquire()
+
+    def helper() -> None:
+        try:
+            mover()
+        finally:
+            helped.release()
+
+    # (_thread's start does not wait for the new thread to run, as Thread.start does: on a
+    # busy machine that wait, for a CPU and the GIL, held this one up for 1-2 ms)
+    _thread.start_new_thread(helper, ())
     mover()
-    helper.join()
+    helped.acquire()
     splits += 1
     done = 0
     for at, got in zip(starts, results, strict=True):
