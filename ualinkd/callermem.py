@@ -344,7 +344,10 @@ def _split_move(tgid: int, dir_fd: int, address: int, views: list[memoryview],
 
     # (_thread's start does not wait for the new thread to run, as Thread.start does: on a
     # busy machine that wait, for a CPU and the GIL, held this one up for 1-2 ms)
-    _thread.start_new_thread(helper, ())
+    try:
+        _thread.start_new_thread(helper, ())
+    except RuntimeError:  # (no thread to be had now: one move, as on one CPU)
+        return _process_vm_copy(tgid, dir_fd, address, views, write)
     mover()
     helped.acquire()
     splits += 1
