@@ -24,7 +24,11 @@ through the shim on node 1 (an SDMA queue, BlitSdmaV4's packets, the CPU spinnin
 fence for 200 µs, then sleeping in hsaKmtWaitOnEvent until the TRAP, as ROCr's interrupt
 signals wait);
 the remote copy reads a 16 MiB VRAM BO node 0 exported (tests/c/fabric_sdma.c export). Its
-own table, after the main one, with the same placements and repetitions.
+own table, after the main one, with the same placements and repetitions. Beside the local
+copies, what they do physically (the daemon moves a client's bytes with process_vm_readv /
+writev, which pins each page: on this kind of machine 0.6-0.7 of a memcpy's speed on one
+thread): sdma_bench's own process_vm_readv of 64 MiB of a child's memory, on one thread and
+split over two, printed as the ceiling a copy can reach in that placement.
 
 ⁵ tests/c/hsakmt_sdma.c's `idle` (8 SDMA queues, doorbells mapped, never rung) and `poll`
 (one queue blocked on POLL_REGMEM with retry 0xFFF, ROCr's dependency poll) on node 1: the
@@ -826,7 +830,10 @@ def engine_runs(reps: int, c: Counts, cpus: set[int] | None, a: Node, b: Node,
             "ratios": {"sdma_h2d": local["memcpy_ns"] / local["h2d_ns"],
                        "sdma_d2h": local["memcpy_ns"] / local["d2h_ns"],
                        "sdma_remote": remote_bps / stream["median_bps"],
-                       "fence_over_rtt": fence["fence_ns"] / rtt["median_ns"]}})
+                       "fence_over_rtt": fence["fence_ns"] / rtt["median_ns"],
+                       # the ceiling of a copy done by process_vm_readv: on one thread, on two
+                       "pvm_floor": local["memcpy_ns"] / local["pvm_ns"],
+                       "pvm2_floor": local["memcpy_ns"] / local["pvm2_ns"]}})
     return runs
 
 
@@ -837,6 +844,9 @@ def engine_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "sdma_h2d_ns": pick("local", "h2d_ns"), "sdma_d2h_ns": pick("local", "d2h_ns"),
         "memcpy_ns": pick("local", "memcpy_ns"), "sdma_remote_ns": pick("remote", "remote_ns"),
+        "pvm_ns": pick("local", "pvm_ns"), "pvm2_ns": pick("local", "pvm2_ns"),
+        "pvm_floor": summary([r["ratios"]["pvm_floor"] for r in runs]),
+        "pvm2_floor": summary([r["ratios"]["pvm2_floor"] for r in runs]),
         "tcp_stream_bps": pick("tcp_stream", "median_bps"),
         "fence_ns": pick("fence", "fence_ns"), "tcp_rtt_ns": pick("tcp_rtt", "median_ns"),
         "fence_over_rtt": summary([r["ratios"]["fence_over_rtt"] for r in runs]),
@@ -866,6 +876,10 @@ def engine_table(result: dict[str, Any]) -> list[str]:
                   f"{spread(e['sdma_h2d_ns'], 1e6, '{:.2f}'):>26}",
                   f"{'  SDMA 64 MiB VRAM→host (ms)':<{w}}"
                   f"{spread(e['sdma_d2h_ns'], 1e6, '{:.2f}'):>26}",
+                  f"{'  C process_vm_readv 64 MiB, 1 thread (ms)':<{w}}"
+                  f"{spread(e['pvm_ns'], 1e6, '{:.2f}'):>26}",
+                  f"{'  C process_vm_readv 64 MiB, 2 threads (ms)':<{w}}"
+                  f"{spread(e['pvm2_ns'], 1e6, '{:.2f}'):>26}",
                   f"{'  C TCP stream (GiB/s)':<{w}}"
                   f"{spread(e['tcp_stream_bps'], gib, '{:.2f}'):>26}",
                   f"{'  SDMA 16 MiB remote→host (ms)':<{w}}"
@@ -879,6 +893,9 @@ def engine_table(result: dict[str, Any]) -> list[str]:
                          f"{r['goal']:>9}  {'yes' if r['met'] else 'NO'}")
         lines.append(f"{'  doorbell→fence / C TCP round trip':<{w}}"
                      f"{spread(e['fence_over_rtt'], 1, '{:.1f}'):>26}{'none':>9}")
+        for key, threads in (("pvm_floor", "1 thread"), ("pvm2_floor", "2 threads")):
+            lines.append(f"{'  ceiling: C memcpy / process_vm_readv, ' + threads:<{w}}"
+                         f"{spread(e[key], 1, '{:.2f}'):>26}{'none':>9}")
         ic = e["idle_cpu"]
         lines += [f"{'daemon CPU, % of one CPU ⁵':<{w}}{'%':>26}{'goal':>9}{'  met':<6}",
                   f"{'  8 idle SDMA queues':<{w}}{spread(ic, 0.01, '{:.2f}'):>26}"

@@ -15,7 +15,10 @@
  *   sdma_bench local <bytes> <reps>
  *       SDMA copies host->VRAM and VRAM->host of <bytes> (COPY_LINEAR chunks + the end
  *       above), and a C memcpy of the same size between two host buffers:
- *       `h2d_ns=<median> d2h_ns=<median> memcpy_ns=<median>`
+ *       `h2d_ns=<median> d2h_ns=<median> memcpy_ns=<median>`; then the floor of what the
+ *       daemon's copy does physically: process_vm_readv of <bytes> of a child's anonymous
+ *       memory into this process, on one thread and split over two (what the daemon does
+ *       with two CPUs): `pvm_ns=<median> pvm2_ns=<median>`
  *   sdma_bench remote <lo> <hi> <bytes> <reps>
  *       the UALink import of an exported BO (fabric_sdma export), GEM_VA into the KFD
  *       process's VM, SDMA copies remote->host: `remote_ns=<median>`
@@ -27,6 +30,10 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <hsakmt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -180,6 +187,72 @@ static uint64_t submit_wait(struct sdma *q, uint64_t dst, uint64_t src, uint64_t
 	return now_ns() - t0;
 }
 
+/* the process_vm_readv floor: a child holds <size> bytes of anonymous memory, the parent
+ * reads them into `into` (one call per thread, as the daemon's worker does) */
+struct pvm_half {
+	pid_t pid;
+	char *local;
+	uint64_t remote;
+	size_t size;
+};
+
+static void *pvm_read(void *arg)
+{
+	struct pvm_half *h = arg;
+	struct iovec l = {h->local, h->size}, r = {(void *)(uintptr_t)h->remote, h->size};
+
+	if (process_vm_readv(h->pid, &l, 1, &r, 1, 0) != (ssize_t)h->size)
+		die("process_vm_readv", -errno);
+	return NULL;
+}
+
+static void pvm_floor(char *into, size_t size, int reps)
+{
+	int fds[2];
+	uint64_t remote, *one = calloc((size_t)reps, 8), *two = calloc((size_t)reps, 8);
+	pid_t pid;
+
+	if (pipe(fds))
+		die("pipe", -errno);
+	pid = fork();
+	if (pid == 0) {
+		char *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+		if (m == MAP_FAILED)
+			_exit(1);
+		memset(m, 0x3c, size);
+		remote = (uint64_t)(uintptr_t)m;
+		if (write(fds[1], &remote, 8) != 8)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	if (pid < 0 || read(fds[0], &remote, 8) != 8)
+		die("the floor's child", pid);
+	for (int i = 0; i < reps; i++) {
+		struct pvm_half a = {pid, into, remote, size / 2}, b = a;
+		pthread_t t;
+		uint64_t t0 = now_ns();
+
+		a.size = size;
+		pvm_read(&a);
+		one[i] = now_ns() - t0;
+		a.size = size / 2;
+		b.local += size / 2, b.remote += size / 2, b.size = size - size / 2;
+		t0 = now_ns();
+		if (pthread_create(&t, NULL, pvm_read, &b))
+			die("pthread_create", 0);
+		pvm_read(&a);
+		pthread_join(t, NULL);
+		two[i] = now_ns() - t0;
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	close(fds[0]);
+	close(fds[1]);
+	printf("pvm_ns=%" PRIu64 " pvm2_ns=%" PRIu64 "\n", median(one, reps), median(two, reps));
+}
+
 int main(int argc, char **argv)
 {
 	struct sdma q = {0};
@@ -221,6 +294,7 @@ int main(int argc, char **argv)
 			die("the bytes copied back", 0);
 		printf("h2d_ns=%" PRIu64 " d2h_ns=%" PRIu64 " memcpy_ns=%" PRIu64 " bytes=%zu\n",
 		       median(t, reps), median(t2, reps), median(t3, reps), size);
+		pvm_floor(h2, size, reps);
 	} else if (argc == 6 && strcmp(argv[1], "remote") == 0) {
 		union drm_amdgpu_ualink_handle u;
 		struct drm_prime_handle ph = {0};

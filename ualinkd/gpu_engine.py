@@ -5,7 +5,8 @@ Doorbells. A process's doorbell slice is a GTT BO that becomes a memfd when the 
 it (amdgpu/memory.py `share()`): the client's doorbell stores land in pages the daemon reads
 with pread. The task reads each slice that has an active queue (8 KiB) and compares every
 queue's 8-byte slot with the value it last ran to, at a tick that backs off from
-`MIN_INTERVAL` after a doorbell to `MAX_INTERVAL`; then a watch thread takes over, as AMD's
+`MIN_INTERVAL` after a doorbell (or a run's end: a runtime rings again once it has seen its
+work done) to `MAX_INTERVAL`; then a watch thread takes over, as AMD's
 rocjitsu polls its doorbell memfd from a thread: C (fuse/doorbells.c) compares the watched
 slots, through read-only mappings of the slices' memfds, every `WATCH_INTERVAL_NS` (2 ms;
 4 ms after a second without a doorbell) without the GIL or a system call, and when a slot
@@ -18,7 +19,9 @@ since; `make bench-pod`'s idle figures). A trio wake-up costs
 Python cost 2% of a CPU), the C poll's ~10 µs: an idle node with 8 idle queues measured
 0.5-0.6% of one CPU (tests/integration/test_hsakmt_queues.py; 0.25-0.4% with the Python
 thread's 50 ms back-off before, 0.6-0.9% polling every 2 ms), and a doorbell after a quiet
-spell is seen within 4 ms (2 ms on average, 1 ms within a second of the last; up to 50 ms before).
+spell is seen within 4 ms (2 ms on average, 1 ms within a second of the last; up to 50 ms before),
+and at once when the process starts a WAIT_EVENTS (QueueRegistry.waiting: ROCr waits right
+after ringing).
 
 Running. A queue's engine (amdgpu/sdma.py's ring, amdgpu/aql.py's processor) is a sans-IO
 generator of requests (amdgpu/engine.py); each run is a task of its own, so a poll that
@@ -217,6 +220,7 @@ class GpuEngineEdge:
         self._nursery: trio.Nursery | None = None
         self._atomics = trio.Lock()
         self.ticks = 0  # scans done, for tests of the idle cost
+        self._ended = False  # a queue's run ended since the last scan (_loop's back-off)
         # While tracing: the memory each running queue's engine touched since its last
         # packet (`_touch`), for that packet's trace record.
         self._touched: dict[kq.KfdQueue, list[EngineAccess]] = {}
@@ -242,11 +246,18 @@ class GpuEngineEdge:
         self._rewatch = threading.Event()
         self.kfd.queues.listeners.append(self._queue_changed)
         self.kfd.queues.updated.append(lambda q: self._wake.set())
+        self.kfd.queues.waiting.append(self._waiting)
         # AMDGPU_CS's SDMA IBs run here too, in the submitting render file's GPU VM: with
         # no runner the render node refuses them (EINVAL, amdgpu/cs.py)
         for device in core.devices.values():
             if isinstance(device.driver, AmdgpuDriver):
                 device.driver.cs.runner = self.run_in_file
+
+    def _waiting(self, pid: int) -> None:
+        """A process with queues started a WAIT_EVENTS: scan now (the doorbell it rang
+        before waiting is seen at once instead of at the watch's next poll; a scan that
+        finds nothing costs ~20-40 µs)."""
+        self._wake.set()
 
     def _queue_changed(self, q: kq.KfdQueue, created: bool) -> None:
         # (a queue gone: the scan drops its slot, so the watch thread stops polling it)
@@ -275,7 +286,10 @@ class GpuEngineEdge:
             task_status.started()
             while True:
                 self._wake = trio.Event()
-                if self._scan():
+                ended, self._ended = self._ended, False
+                if self._scan() or ended:
+                    # (a queue rung, or one that just went idle: a runtime rings again as
+                    # soon as it has seen its work done, so look often for a while)
                     interval = MIN_INTERVAL
                 else:
                     interval = min(interval * 2, MAX_INTERVAL)
@@ -380,10 +394,7 @@ class GpuEngineEdge:
                         continue
                     page = slices[q.gpu_id] = bo.memory.read(0, bo.size)
                 value = int.from_bytes(page[q.doorbell_slot : q.doorbell_slot + 8], "little")
-                if value != q.last_doorbell:
-                    q.doorbells += 1
-                    self._trace_doorbell(q, value)
-                    q.last_doorbell = value
+                if self._moved(q, value):
                     self._start(q, value)
                     busy = True
                 else:
@@ -398,6 +409,28 @@ class GpuEngineEdge:
         self._generation[0] += 1
         self._rewatch.set()
         return busy
+
+    def _moved(self, q: kq.KfdQueue, value: int) -> bool:
+        """Whether `value`, read from `q`'s doorbell slot, is a doorbell: it differs from
+        what the queue last ran to (then counted, traced and taken as the new target)."""
+        if value == q.last_doorbell:
+            return False
+        q.doorbells += 1
+        self._trace_doorbell(q, value)
+        q.last_doorbell = value
+        return True
+
+    def _rung_again(self, q: kq.KfdQueue) -> int | None:
+        """`q`'s doorbell, if it moved while its run went on (and the queue is still active):
+        the run's task goes on with it, as a scan would start it (QueueStopped when it was
+        destroyed meanwhile)."""
+        self._alive(q)
+        proc = self.kfd.processes.get(q.pid)
+        bo = proc.pdds[q.gpu_id].doorbell_bo if proc is not None else None
+        if bo is None or q.state is not kq.KfdQueueState.ACTIVE:
+            return None
+        value = int.from_bytes(bo.memory.read(q.doorbell_slot, 8), "little")
+        return value if self._moved(q, value) else None
 
     def _map_watched(self, watched: list[tuple[BoMemory, tuple[tuple[int, bytes], ...]]],
                      ) -> None:
@@ -426,6 +459,14 @@ class GpuEngineEdge:
         try:
             end = await self._drive(q, doorbell)
             end = await self._recheck_poll(q, doorbell, end)
+            # Rung again while it ran (a runtime rings as soon as it has seen its fence,
+            # often before the run has written its rptr back): on at once in this task,
+            # not after the scan this task's end wakes (100-150 µs on a loaded machine).
+            while (end.reason is EndReason.CAUGHT_UP
+                   and (rung := self._rung_again(q)) is not None):
+                doorbell = rung
+                end = await self._drive(q, doorbell)
+                end = await self._recheck_poll(q, doorbell, end)
         except QueueStopped:
             return
         except (ValueError, TypeError, ArithmeticError, IndexError) as e:
@@ -434,6 +475,7 @@ class GpuEngineEdge:
             end = RunEnd(EndReason.ERROR, 0, f"the engine refused the queue: {e}")
         finally:
             self._running.discard(q)
+            self._ended = True
             self._wake.set()  # look again at once: the doorbell may have moved meanwhile
         try:
             self._alive(q)  # destroyed meanwhile: nothing to keep of it

@@ -79,6 +79,12 @@ def test_quick_run_writes_every_key(tmp_path):
             assert f["wall_ns"] > 0 and f["exporter_cpu_ns"] >= 0, f
         assert steps["import_ioctl"]["importer_cpu_ns"] > 0
     assert "the import cycle step by step" in text
+    # the engine table (where libhsakmt is), with sdma_bench's own process_vm_readv floor
+    if (RUN.parent / "build" / "sdma_bench").exists():
+        assert set(result["engine"]) == {"pinned", "scheduler"}
+    for e in result.get("engine", {}).values():
+        for k in ("pvm_ns", "pvm2_ns", "pvm_floor", "pvm2_floor"):
+            assert 0 < e[k]["min"] <= e[k]["median"] <= e[k]["max"], (k, e[k])
 
 
 def test_data_rows_prints_the_1mib_rows_and_the_fetch_ceiling(tmp_path):

@@ -124,6 +124,26 @@ def test_libhsakmt_sdma_queue_runs_rocr_packets(tmp_path: Path, capsys):
         assert err["pid"] == pid and "unknown packet" in err["detail"], err
 
 
+def test_64_mib_copies_each_way_are_byte_exact(tmp_path: Path):
+    """hsakmt_sdma.c bench: a 64 MiB copy host→VRAM (a system-memory userptr BO into a VRAM
+    BO's 1,024 chunks) and VRAM→host (into a registered malloc'd buffer), checked byte for
+    byte by the client. Moves of that size are shared by two threads in 4 MiB pieces when
+    the node may run on two CPUs (callermem._split_move, issue 34), cut inside the chunks'
+    buffers: every byte must land where one move would put it."""
+    with running_node(tmp_path) as node:
+        proc = client(node, "bench")
+        try:
+            out = read_until(proc, "ok queues_before_destroy")
+            assert "ok copy_rate bytes=67108864" in out, out + node.log_text()[-2000:]
+            assert "ok copy_bytes" in out, out + node.log_text()[-2000:]
+            code, rest = finish(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert code == 0, out + rest + node.log_text()[-2000:]
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

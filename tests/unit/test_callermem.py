@@ -279,3 +279,300 @@ def test_a_large_write_goes_straight_from_the_bytes_and_stops_at_the_first_bad_p
         trio.run(main)
     finally:
         libc.munmap(base, n * page)
+
+
+def _libc_mmap():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+def test_a_big_move_of_anonymous_memory_goes_in_two_halves_byte_exact(monkeypatch):
+    """callermem._split_move (issue 34, the SDMA engine's host<->VRAM copies): a move of at
+    least SPLIT_MIN of a process's anonymous memory, when the worker may run on two CPUs,
+    is moved by two threads taking SPLIT_PIECE pieces in turn, cut inside buffers; every
+    byte lands where one move would put it, both ways, between buffers of odd sizes and a
+    shared BO's memfd (its kept mapping). Pinned to one CPU it stays one move."""
+    import ctypes
+    import mmap
+    import os
+
+    from ualinkd import callermem
+
+    page = mmap.PAGESIZE
+    pages = 64
+    monkeypatch.setattr(callermem, "SPLIT_MIN", 16 * page)
+    monkeypatch.setattr(callermem, "SPLIT_PIECE", 5 * page)
+    cpus = [2]
+    monkeypatch.setattr(callermem, "_cpus", lambda: cpus[0])
+    libc = _libc_mmap()
+    base = libc.mmap(None, pages * page, mmap.PROT_READ | mmap.PROT_WRITE,
+                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    data = os.urandom(pages * page)
+    ctypes.memmove(base, data, len(data))
+    memfd = os.memfd_create("ualinkd-test-split", os.MFD_CLOEXEC)
+    os.ftruncate(memfd, pages * page)
+    sizes = [1000, 3 * page + 17, 29 * page, 5 * page - 1017, 27 * page]
+    assert sum(sizes) == pages * page
+
+    async def main() -> None:
+        mem = CallerMemory().open_process(os.getpid())
+        try:
+            before = callermem.splits
+            bufs = [bytearray(n) for n in sizes]
+            assert await mem.readv(base, [memoryview(b) for b in bufs]) == pages * page
+            assert b"".join(bufs) == data
+            assert callermem.splits == before + 1
+            # back, from other bytes, into the process
+            other = os.urandom(pages * page)
+            views, pos = [], 0
+            for n in sizes:
+                views.append(memoryview(other)[pos : pos + n])
+                pos += n
+            assert await mem.writev(base, views) == pages * page
+            assert ctypes.string_at(base, pages * page) == other
+            # a shared BO: its memfd from the process, then the process from it
+            assert await mem.readv(base, [(memfd, 0, pages * page)]) == pages * page
+            assert os.pread(memfd, pages * page, 0) == other
+            os.pwrite(memfd, data, 0)
+            assert await mem.writev(base, [(memfd, 0, pages * page)]) == pages * page
+            assert ctypes.string_at(base, pages * page) == data
+            assert callermem.splits == before + 4
+            cpus[0] = 1  # pinned: one move
+            assert await mem.readv(base, [(memfd, 0, pages * page)]) == pages * page
+            assert callermem.splits == before + 4
+        finally:
+            mem.close()
+
+    try:
+        trio.run(main)
+    finally:
+        os.close(memfd)
+        libc.munmap(base, pages * page)
+
+
+def test_a_fault_mid_copy_stops_at_the_same_place_with_splits_allowed(monkeypatch, tmp_path):
+    """Policy 10 with _split_move on: a range the maps check finds readable but that faults
+    part-way — a file mapped past its end (SIGBUS pages) after anonymous memory — is never
+    split (the halves could not stop together), and the copy stops at the first page past
+    the file's end, nothing stored beyond it; an anonymous range whose PROT_NONE page the
+    check finds is split up to it only."""
+    import ctypes
+    import mmap
+    import os
+
+    from ualinkd import callermem
+
+    page = mmap.PAGESIZE
+    monkeypatch.setattr(callermem, "SPLIT_MIN", 8 * page)
+    monkeypatch.setattr(callermem, "SPLIT_PIECE", 3 * page)
+    monkeypatch.setattr(callermem, "_cpus", lambda: 2)
+    libc = _libc_mmap()
+    anon, tail = 32, 8
+    base = libc.mmap(None, (anon + tail) * page, mmap.PROT_READ | mmap.PROT_WRITE,
+                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    data = os.urandom(anon * page)
+    ctypes.memmove(base, data, len(data))
+    f = tmp_path / "one-page"
+    f.write_bytes(b"\x77" * page)
+    fd = os.open(f, os.O_RDWR)
+    MAP_FIXED = 0x10
+    got_at = libc.mmap(base + anon * page, tail * page, mmap.PROT_READ | mmap.PROT_WRITE,
+                       mmap.MAP_SHARED | MAP_FIXED, fd, 0)
+    assert got_at == base + anon * page
+
+    async def main() -> None:
+        mem = CallerMemory().open_process(os.getpid())
+        try:
+            before = callermem.splits
+            buf = bytearray(b"\xaa" * ((anon + tail) * page))
+            n = await mem.readv(base, [memoryview(buf)])
+            assert n == (anon + 1) * page  # the file's one page, then its end
+            assert bytes(buf[:n]) == data + b"\x77" * page
+            assert bytes(buf[n:]) == b"\xaa" * (len(buf) - n)
+            assert callermem.splits == before
+            # anonymous up to a PROT_NONE page: split, and stopped at it
+            libc.mprotect(base + 20 * page, page, 0)
+            buf = bytearray(b"\xaa" * (anon * page))
+            assert await mem.readv(base, [memoryview(buf)]) == 20 * page
+            assert bytes(buf[: 20 * page]) == data[: 20 * page]
+            assert bytes(buf[20 * page :]) == b"\xaa" * (12 * page)
+            assert callermem.splits == before + 1
+        finally:
+            mem.close()
+
+    try:
+        trio.run(main)
+    finally:
+        libc.munmap(base, (anon + tail) * page)
+        os.close(fd)
+
+
+def test_many_buffers_stop_exactly_at_the_first_page_the_process_lacks():
+    """ProcMemory.readv/writev over many small buffers (a VRAM BO's 64 KiB chunks; here
+    1000-byte ones, not page-aligned): the accessible prefix is cut inside the buffer it
+    ends in, the count is exact and no byte past it moves (the batch's running length,
+    no longer summed per buffer)."""
+    import ctypes
+    import mmap
+    import os
+
+    page = mmap.PAGESIZE
+    libc = _libc_mmap()
+    base = libc.mmap(None, 8 * page, mmap.PROT_READ | mmap.PROT_WRITE,
+                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    data = os.urandom(8 * page)
+    ctypes.memmove(base, data, len(data))
+    libc.mprotect(base + 5 * page, 3 * page, mmap.PROT_READ)
+
+    async def main() -> None:
+        mem = CallerMemory().open_process(os.getpid())
+        try:
+            bufs = [bytearray(b"\xaa" * 1000) for _ in range(8 * page // 1000)]
+            total = 1000 * len(bufs)
+            assert await mem.readv(base, [memoryview(b) for b in bufs]) == total
+            assert b"".join(bufs) == data[:total]
+            src = os.urandom(total)
+            views = [memoryview(src)[k : k + 1000] for k in range(0, total, 1000)]
+            assert await mem.writev(base, views) == 5 * page  # then read-only pages
+            assert ctypes.string_at(base, 8 * page) == src[: 5 * page] + data[5 * page :]
+        finally:
+            mem.close()
+
+    try:
+        trio.run(main)
+    finally:
+        libc.munmap(base, 8 * page)
+
+
+def test_a_kept_mapping_is_populated_and_its_holes_looked_for_once(monkeypatch):
+    """callermem._Kept: the copies of a shared BO through its kept mapping fault its pages
+    in once, not per copy (a MADV_POPULATE of 64 MiB already mapped cost 2-3 ms a copy),
+    and a range written through it is known to have no hole (no SEEK_HOLE walk per copy
+    toward the process); the bytes are the same."""
+    import ctypes
+    import mmap
+    import os
+
+    from ualinkd import callermem
+
+    page = mmap.PAGESIZE
+    populates: list[tuple[int, bool]] = []
+    walks: list[int] = []
+    populate, file_ranges = callermem._populate, callermem._file_ranges
+    monkeypatch.setattr(callermem, "_populate", lambda m, s, n, w: (
+        populates.append((n, w)), populate(m, s, n, w))[1])
+    monkeypatch.setattr(callermem, "_file_ranges", lambda fd, off, n: (
+        walks.append(n), file_ranges(fd, off, n))[1])
+    src = mmap.mmap(-1, 8 * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    data = os.urandom(8 * page)
+    src[:] = data
+    base = ctypes.addressof(ctypes.c_char.from_buffer(src))
+    memfd = os.memfd_create("ualinkd-test-kept", os.MFD_CLOEXEC)
+    os.ftruncate(memfd, 8 * page)
+
+    async def main() -> None:
+        mem = CallerMemory().open_process(os.getpid())
+        try:
+            for _ in range(3):
+                assert await mem.readv(base, [(memfd, 0, 8 * page)]) == 8 * page
+            assert populates == [(8 * page, True)]
+            for _ in range(3):
+                assert await mem.writev(base + 8, [(memfd, 0, 4 * page)]) == 4 * page
+            assert populates == [(8 * page, True)] and walks == []
+        finally:
+            mem.close()
+
+    try:
+        trio.run(main)
+        assert os.pread(memfd, 8 * page, 0) == data
+        assert bytes(src[8 : 8 + 4 * page]) == data[: 4 * page]
+    finally:
+        os.close(memfd)
+
+
+def test_a_quick_access_is_answered_without_going_back_to_trio():
+    """CallerMemory.run(quick=True) (issue 34: an SDMA submission's ring read, fence and
+    rptr writes): the worker hands a small access's answer straight back to the trio
+    thread waiting for it, so no other task runs in between (no trip through trio's
+    wake-up and scheduler); one that takes longer than QUICK_WAIT is awaited as any other,
+    with its right answer; the worker slot is given back either way."""
+    import random
+    import time
+
+    from ualinkd import callermem
+
+    async def main() -> None:
+        mem = CallerMemory(workers=2)
+        others: list[int] = []
+
+        async def other() -> None:
+            others.append(1)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(other)
+            assert await mem.run(lambda: 41 + 1, quick=True) == 42
+            assert others == []  # (not a schedule point: the other task has not run yet)
+        assert others == [1]
+        slow = callermem.QUICK_WAIT * 20
+        assert await mem.run(lambda: time.sleep(slow) or "late", quick=True) == "late"
+        # answers that come about when the quick wait gives up: each still its own
+        for i in range(200):
+            delay = random.uniform(0, 2 * callermem.QUICK_WAIT)
+            assert await mem.run(lambda i=i, d=delay: time.sleep(d) or i, quick=True) == i
+        assert mem._limiter.borrowed_tokens == 0 and mem.stuck == 0
+
+    trio.run(main)
+
+
+def test_no_quick_wait_while_a_worker_is_stuck(monkeypatch):
+    """With a worker stuck in an access past its deadline (a client whose memory hangs), a
+    quick access is awaited in trio from the start: the trio thread never blocks on it, so
+    another task can still run while it waits (here the task that lets it finish)."""
+    from ualinkd import callermem
+
+    monkeypatch.setattr(callermem, "QUICK_WAIT", 5.0)
+    stuck = threading.Event()
+    go = threading.Event()
+
+    async def main() -> None:
+        mem = CallerMemory(timeout=0.1, workers=4)
+        with pytest.raises(DrmError):
+            await mem.run(stuck.wait)
+        assert mem.stuck == 1
+
+        async def release() -> None:
+            go.set()
+
+        async with trio.open_nursery() as n:
+            n.start_soon(release)
+            # (a blocked trio thread would leave `go` unset: wait() False after 3 s)
+            assert await mem.run(lambda: go.wait(3), quick=True) is True
+        stuck.set()
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("sizes", [[7], [3, 4], [1, 1, 1, 1, 1, 1, 1], [10], [2, 9, 1]])
+@pytest.mark.parametrize("piece", [1, 2, 3, 5, 16])
+def test_pieces_cut_views_into_consecutive_equal_pieces(sizes, piece):
+    """callermem._pieces: the split move's pieces are the views' bytes in order, each
+    `piece` long but the last, none empty."""
+    from ualinkd.callermem import _pieces
+
+    data = bytes(range(sum(sizes)))
+    views, pos = [], 0
+    for n in sizes:
+        views.append(memoryview(data)[pos : pos + n])
+        pos += n
+    out = _pieces(views, piece)
+    assert b"".join(b"".join(bytes(v) for v in p) for p in out) == data
+    lengths = [sum(len(v) for v in p) for p in out]
+    assert all(n == piece for n in lengths[:-1]) and 0 < lengths[-1] <= piece
+    assert all(len(v) for p in out for v in p)

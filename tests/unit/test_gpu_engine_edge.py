@@ -509,3 +509,97 @@ def test_with_no_queue_to_watch_the_watch_thread_never_wakes():
         assert _doorbell_thread_wakeups() - before <= 2
 
     run_edge(rig, body)
+
+
+def test_a_wait_for_events_looks_at_the_process_s_doorbells_at_once(monkeypatch):
+    """Issue 34 (doorbell→fence): a process with queues that starts WAIT_EVENTS is
+    told to the engine (QueueRegistry.waiting), which scans its doorbells then rather than
+    at the watch thread's next poll, so work rung just before the wait runs at once. With
+    the watch's polls slowed to a minute, only that scan can run the fence here; a process
+    without queues tells nobody."""
+    from test_kfd_rules import wait_args
+
+    from ualinkd import gpu_engine
+
+    for name in ("WATCH_INTERVAL_NS", "WATCH_SLOW_INTERVAL_NS"):
+        monkeypatch.setattr(gpu_engine, name, 60_000_000_000)
+    monkeypatch.setattr(gpu_engine, "WATCH_MAX_INTERVAL", 60.0)
+    rig = Rig()
+    told: list[int] = []
+    rig.node.kfd.queues.waiting.append(told.append)
+
+    async def body(edge: GpuEngineEdge) -> None:
+        await trio.sleep(0.1)  # the trio ticks back off; the (slowed) watch thread polls
+        rig.submit(fence(DATA, 9))
+        await trio.sleep(0.05)
+        assert rig.word(DATA) == 0  # not seen by any poll
+        assert call(rig.node, rig.p, tbl.KFD_WAIT_EVENTS.cmd,
+                    wait_args(rig.mem, [])).result == 0
+        assert told == [rig.p.pid]
+        await until(lambda: rig.word(DATA) == 9)
+
+    run_edge(rig, body)
+    other = rig.node.kfd.open(Caller(pid=9292, uid=0))
+    assert call(rig.node, other, tbl.KFD_WAIT_EVENTS.cmd, wait_args(rig.mem, [])).result == 0
+    assert told == [rig.p.pid]
+    rig.node.kfd.release(other)
+
+
+def test_a_run_that_ends_puts_the_doorbell_tick_back_to_its_shortest():
+    """Issue 34 (doorbell→fence): a runtime rings again as soon as it has seen its work
+    done, so a queue's run that ends makes the loop look at the doorbells again from
+    MIN_INTERVAL, backing off to MAX_INTERVAL (a few scans, then the watch thread), as
+    after a doorbell — not only once. Here the run is released from a long poll, while
+    the loop had long backed off."""
+    rig = Rig()
+    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
+                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(poll + fence(DATA + 16, 9))
+        await until(lambda: edge.poll_rechecks > 5)
+        await trio.sleep(0.05)  # (the loop has backed off to the watch thread)
+        ticks = edge.ticks
+        rig.gtt.memory.write(DATA - BASE, b"\x00\x00\x00\x00")  # the CPU releases it
+        await until(lambda: rig.word(DATA + 16) == 9 and not edge._running)
+        await trio.sleep(0.1)
+        # 50, 100, 200, ... µs up to MAX_INTERVAL: about 6 scans (1 before), then none
+        assert 4 <= edge.ticks - ticks <= 12, edge.ticks - ticks
+
+    run_edge(rig, body)
+
+
+def test_a_doorbell_rung_while_its_queue_runs_goes_on_in_the_same_task():
+    """Issue 34 (doorbell→fence): a runtime rings its next submission as soon as it has
+    seen its fence, often before the run has written its rptr back; the run's task goes on
+    with the new doorbell (counted and traced as a scan's) instead of ending and leaving it
+    to the scan it wakes. Both submissions run, in one task."""
+    from ualinkd.amdgpu.engine import Write
+
+    rig = Rig()
+
+    async def body(edge: GpuEngineEdge) -> None:
+        starts: list[int] = []
+        start, fulfil = edge._start, edge._fulfil
+
+        def counted_start(q: queues.KfdQueue, value: int) -> None:
+            starts.append(value)
+            start(q, value)
+
+        async def fulfil_and_ring(q, req):  # the client rings once it sees the first fence
+            out = await fulfil(q, req)
+            if isinstance(req, Write) and req.va == DATA and not rig.word(DATA + 4):
+                rig.submit(fence(DATA + 4, 2))
+            return out
+
+        edge._start = counted_start  # type: ignore[method-assign]
+        edge._fulfil = fulfil_and_ring  # type: ignore[method-assign]
+        rig.submit(fence(DATA, 1))
+        await until(lambda: rig.word(DATA + 4) == 2 and not edge._running)
+        assert starts == [16]  # (one task for both: the scan started only the first)
+        q = rig.queues[0]
+        assert (q.doorbells, q.packets, q.last_doorbell) == (2, 2, 32)
+        await until(lambda: rig.word(RPTR, 8) == 32)
+
+    run_edge(rig, body)

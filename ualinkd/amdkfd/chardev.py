@@ -989,6 +989,9 @@ class Kfd:
         the waiters are one per (wait, event) with the wait's counts (KfdWait)."""
         layout = st.KFD_WAIT_EVENTS
         a = layout.decode(bytes(kdata[: layout.size]))
+        if p.pid in self.queues.pqms:
+            for tell in list(self.queues.waiting):
+                tell(p.pid)
 
         def result(value: int) -> None:
             _WAIT_RESULT.put(kdata, value)

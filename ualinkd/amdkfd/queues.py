@@ -260,6 +260,12 @@ class QueueRegistry:
         self.listeners: list[QueueListener] = []
         # told of UPDATE_QUEUE (an inactive queue may become active: look at its doorbell)
         self.updated: list[Callable[[KfdQueue], None]] = []
+        # told of a WAIT_EVENTS by a process that has queues, when it comes in: a runtime
+        # waits for the work it has just rung for (ROCr: 200 µs of spinning on the signal,
+        # then WAIT_EVENTS), so the engine looks at that process's doorbells now rather
+        # than at its next poll (the hardware sees a doorbell write at once; the emulator
+        # polls for it, every 2-4 ms when quiet)
+        self.waiting: list[Callable[[int], None]] = []
         self.created = 0  # since start, for ualinkctl and the abandoned-queue checks
 
     def pqm(self, pid: int) -> ProcessQueueManager:
