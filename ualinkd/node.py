@@ -356,17 +356,18 @@ class NodeCore:
     ) -> IoctlReply | Completion[IoctlReply]:
         if cmd == UALINKD_IOCTL_MMAP_GRANT:  # ualinkd's own, by its whole number (abi/cpumap.py)
             return self.cpu_maps.render_ioctl(drm_file, in_bytes, caller)
-        start = self.trace_clock() if self.tracer is not None else 0.0
+        # (_tracer, not the property: every ioctl reads it, and a property is a call)
+        start = self.trace_clock() if self._tracer is not None else 0.0
         if cmd == UALINKD_IOCTL_DRM_FILE_QUERY:
             return self._answer_drm_file_query(drm_file, in_bytes)
-        if self.tracer is not None:
+        if self._tracer is not None:
             self._begin_call(caller)
         res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
         self.after_request()
         if isinstance(res, Completion):
             return res.then(functools.partial(self._ioctl_ended, drm_file, cmd, in_bytes,
                                               caller, start))
-        if self.tracer is None and not self._mem:  # nothing to record, nothing to forget
+        if self._tracer is None and not self._mem:  # nothing to record, nothing to forget
             return res.result, res.out
         return self._reply(res, drm_file, cmd, in_bytes, caller, start)
 

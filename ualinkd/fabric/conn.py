@@ -193,7 +193,10 @@ class Conn:
         self.held_acks: HeldAcks | None = None  # the link's, once it runs this connection
         self.pending: list[Buffer] = []  # bytes the socket did not take yet, in order
         self.held = 0  # their length
-        self.stuck_since = trio.current_time()  # since when `pending` has not shrunk
+        # trio.current_time() is three Python calls (the run's clock behind two wrappers);
+        # the clock's own method is one. Read on every frame in and out.
+        self.now: Callable[[], float] = trio.lowlevel.current_clock().current_time
+        self.stuck_since = self.now()  # since when `pending` has not shrunk
         self.deferred: deque[Load | Store] = deque()  # requests waiting for `held` to drop
         self.deferred_bytes = 0
         self.room = trio.Event()  # set when `deferred` is no longer full
@@ -254,7 +257,7 @@ class Conn:
         """Write what is queued without blocking; hold the rest in `pending`."""
         new = self.session.data_to_send_parts()
         bufs = self.pending + new
-        total = self.held + sum(len(b) for b in new)
+        total = self.held + sum(map(len, new))  # (map: no generator frame per write)
         self.pending, self.held = [], 0
         written = 0
         try:
@@ -268,7 +271,7 @@ class Conn:
             bufs, total = [], 0
             self.drop(LinkDown(f"send failed: {e!r}"))
         if written:
-            self.stuck_since = self.live.last_tx = trio.current_time()
+            self.stuck_since = self.live.last_tx = self.now()
         self._hold(bufs, total - written)
 
     def _hold(self, bufs: list[Buffer], size: int | None = None) -> None:
@@ -277,9 +280,9 @@ class Conn:
         if not bufs:
             return
         if not self.pending:
-            self.stuck_since = trio.current_time()
+            self.stuck_since = self.now()
         self.pending += [bytes(b) if isinstance(b, memoryview) else b for b in bufs]
-        self.held += sum(len(b) for b in bufs) if size is None else size
+        self.held += sum(map(len, bufs)) if size is None else size
 
     def drop(self, reason: LinkDown) -> None:
         if self.down is None:
@@ -317,7 +320,7 @@ class Conn:
     async def read(self) -> None:
         """The reader task: bytes in, frames decoded and handed on, as fast as the peer
         sends and we take them (flow control: a ring's room, DEFER_MAX, HOLD_MAX)."""
-        session, live, dispatch = self.session, self.live, self.dispatch
+        session, live, dispatch, now = self.session, self.live, self.dispatch, self.now
         on_message = self.on_message
         # Plain TCP: receive into one reusable buffer, and the rest of a large STORE / DATA
         # payload straight into its own buffer (one copy of a megabyte, not three), with
@@ -335,7 +338,7 @@ class Conn:
                 acked = False
                 if self.data_handle is not None and session.clocks[1] is not self.clocks_pushed:
                     self.push_clocks()  # (a PING came)
-                while not isinstance(ev := session.next_event(trio.current_time()), _NeedData):
+                while not isinstance(ev := session.next_event(now()), _NeedData):
                     # A MSG's ACK is queued in the session as the MSG is decoded, so it goes
                     # out ahead of anything the MSG causes whenever it is written. Data-plane
                     # answers go out at once; a MSG's ACK waits for the reply the message
@@ -423,7 +426,7 @@ class Conn:
                             if want != self.lowat:
                                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
                                 self.lowat, self.inq = want, 0
-                            await trio.lowlevel.wait_readable(sock)
+                            await trio.lowlevel.wait_readable(fd)  # (fd: no fileno() call)
                             unyielded = 0
                     if not n:
                         raise LinkDown(f"{self.peer} closed the connection")
@@ -431,7 +434,7 @@ class Conn:
                         session.receive_data(scratch[:n])
                     else:  # (into the payload's own buffer, or its pipe)
                         session.received_into(n)
-                live.last_rx = trio.current_time()
+                live.last_rx = now()
         except RemoteProtocolError as e:
             self.drop(LinkDown(f"protocol error: {e}", logging.WARNING))
         except LinkDown as e:
@@ -464,7 +467,7 @@ class Conn:
 
     def _serve(self, req: Load | Store) -> None:
         session = self.session
-        if session.expired(req, trio.current_time()):
+        if session.expired(req, self.now()):
             self.expired += 1
             if self.expired == 1:  # one line per link; the count when it goes down
                 log.warning("fabric %s: refused a %s from %s past its deadline (its "
@@ -506,7 +509,7 @@ class Conn:
                         for part in parts:
                             await self.stream.send_all(part)
                             self.held -= len(part)
-                            self.stuck_since = self.live.last_tx = trio.current_time()
+                            self.stuck_since = self.live.last_tx = self.now()
                     self._serve_deferred()
                 self.writing = False
                 self.on_progress()

@@ -322,7 +322,7 @@ class UalinkManager:
     ) -> None:
         self.host = host
         self.driver = driver
-        self.ppod = ppod
+        self.ppod = ppod  # (sets accel_id)
         self.vpod = vpod
         self.stage = stage
         self.quirks = quirks
@@ -379,8 +379,15 @@ class UalinkManager:
             log.log(level, fmt + " (%d times so far)", *args, n)
 
     @property
-    def accel_id(self) -> int:
-        return self.ppod.accel_id
+    def ppod(self) -> PpodInfo:
+        return self._ppod
+
+    @ppod.setter
+    def ppod(self, ppod: PpodInfo) -> None:
+        # accel_id is read a dozen times per import (every effect, every timer check): a
+        # plain attribute, kept with the pPod info it comes from, not a property call each.
+        self._ppod = ppod
+        self.accel_id: int = ppod.accel_id
 
     @property
     def accel_active(self) -> bool:
