@@ -332,6 +332,7 @@ class Conn:
         pipes = PipePool() if fd >= 0 else None
         piped: PipedPayload | None = None
         unyielded = 0  # reads in a row that found bytes without waiting for them
+        drained = False  # the last read into scratch emptied the socket
         try:
             while True:
                 # Frames first: the handshake's last read may have brought some already.
@@ -399,6 +400,13 @@ class Conn:
                                 into = session.receive_buffer()
                                 if into is not None:
                                     n = os.readv(fd, [into])
+                                elif drained:
+                                    # The last read took less than scratch holds: the
+                                    # socket was empty then. Wait for it rather than read
+                                    # it again for an EAGAIN (an exception on every
+                                    # wake-up, both daemons' twice per import); bytes that
+                                    # came meanwhile make the wait end at once.
+                                    n = -1
                                 elif session.expects_large_data:
                                     # Only the next frame's header (a large DATA's, likely):
                                     # the payload is then spliced whole, none of it copied
@@ -406,28 +414,31 @@ class Conn:
                                     n = os.readv(fd, [scratch[:DATA_HEADER_SIZE]])
                                 else:
                                     n = os.readv(fd, [scratch])
+                                    drained = n < SCRATCH_SIZE
                             elif piped.piping:
                                 n = piped.splice_from(fd)
                             else:
                                 n = os.readv(fd, [piped.rest()])
                                 piped.received(n)
-                            break
+                            if n >= 0:
+                                break
                         except BlockingIOError:
                             if piped is not None and piped.pipe_full():
                                 piped.to_memory()  # (a peer trickling tiny segments)
                                 continue
-                            # The rest of a large payload: be woken once most of it is
-                            # in, not for each segment (a 1 MiB DATA woke the reader ~6
-                            # times, a trio turn each). The kernel caps it at half the
-                            # receive buffer and wakes sooner under memory pressure, at EOF
-                            # or on an error; reads are not held back by it.
-                            want = (piped.left if piped is not None
-                                    else 1 if into is None else len(into))
-                            if want != self.lowat:
-                                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-                                self.lowat, self.inq = want, 0
-                            await trio.lowlevel.wait_readable(fd)  # (fd: no fileno() call)
-                            unyielded = 0
+                        # The rest of a large payload: be woken once most of it is
+                        # in, not for each segment (a 1 MiB DATA woke the reader ~6
+                        # times, a trio turn each). The kernel caps it at half the
+                        # receive buffer and wakes sooner under memory pressure, at EOF
+                        # or on an error; reads are not held back by it.
+                        drained = False
+                        want = (piped.left if piped is not None
+                                else 1 if into is None else len(into))
+                        if want != self.lowat:
+                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+                            self.lowat, self.inq = want, 0
+                        await trio.lowlevel.wait_readable(fd)  # (fd: no fileno() call)
+                        unyielded = 0
                     if not n:
                         raise LinkDown(f"{self.peer} closed the connection")
                     if piped is None and into is None:
