@@ -381,8 +381,10 @@ class UalinkAgent:
         scope's deadline wakes nobody (an import's NPA_REQ arms one, its NPA_RSP, often in
         the same read, disarms it: a wake-up each cost the importer a task step). A scope
         that already ended is harmless to move: its task reads get_timer() anew."""
+        if not mgr.deadline_armed:  # none armed since get_timer() last ran: none sooner
+            return
         deadline = mgr.get_timer()
-        if deadline is None:  # (after most requests: the scope is not looked up)
+        if deadline is None:
             return
         scope = self._timer_scopes.get(mgr.accel_id)
         if scope is not None and deadline < scope.deadline:
@@ -447,7 +449,8 @@ class UalinkAgent:
         for mgr in self.host.managers:
             if mgr.outbox:  # (most requests, an export of an exported BO for one, queue none)
                 self._start(mgr, mgr.take_effects())
-            self._check_timer(mgr)
+            if mgr.deadline_armed:  # (most arm none either: no call)
+                self._check_timer(mgr)
 
     def _start(self, mgr: UalinkManager, effects: list[Effect]) -> None:
         """Wake the waiters; queue the sends on their links now, in order (their places

@@ -352,6 +352,10 @@ class UalinkManager:
         self._setup_numbers = itertools.count(1)
         self._timers: list[tuple[float, int, ImportFlow | ConnSetup | ExportEntry]] = []
         self._timer_seq = itertools.count()
+        # A deadline was armed since get_timer() last ran: only then can the next one be
+        # sooner than what the caller last read (most requests arm none, and the caller
+        # asks after every one).
+        self.deadline_armed = False
         # How an import that must wait is awaited: the fabric's waiter (`attach`); None
         # when no fabric runs in this process.
         self.import_waiter: ImportWaiter | None = None
@@ -1254,6 +1258,7 @@ class UalinkManager:
         else:
             what.deadline = deadline
         heapq.heappush(self._timers, (deadline, next(self._timer_seq), what))
+        self.deadline_armed = True
 
     def _armed(self, deadline: float, what: ImportFlow | ConnSetup | ExportEntry) -> bool:
         """Whether a timer entry still stands (its flow may have ended or moved on)."""
@@ -1266,6 +1271,7 @@ class UalinkManager:
 
     def get_timer(self) -> float | None:
         """The next deadline of a flow (None: nothing waits for time)."""
+        self.deadline_armed = False
         timers = self._timers
         while timers and not self._armed(timers[0][0], timers[0][2]):
             heapq.heappop(timers)
