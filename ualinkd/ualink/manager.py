@@ -394,8 +394,15 @@ class UalinkManager:
         self.accel_id: int = ppod.accel_id
 
     @property
-    def accel_active(self) -> bool:
-        return self.state == AccelState.ACTIVE
+    def state(self) -> AccelState:
+        return self._state
+
+    @state.setter
+    def state(self, state: AccelState) -> None:
+        # accel_active is asked on every send and request (a property was a call each): a
+        # plain attribute, kept with the state it comes from.
+        self._state = state
+        self.accel_active: bool = state == AccelState.ACTIVE
 
     def conn(self, remote: int) -> PeerConn:
         c = self.conns.get(remote)
