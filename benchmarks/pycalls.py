@@ -10,7 +10,8 @@ SIGUSR2s sent to a daemon, over a pod of two daemons on loopback as `make bench`
 prints, for the exporter (node0) and the importer (node1):
 
 - per export ioctl: `ioctl_latency --export` on node0 (an already exported BO, its
-  warm-up calls included);
+  warm-up calls included), trio's wake-ups shared among the ioctls each one served: how
+  many the receive loop's linger caught varies with the timing (±1 call per ioctl);
 - per import cycle: `pod_latency import` (per sample: a BO created, exported and closed on
   node0; imported, its dma-buf token opened, FD_TO_HANDLE, all closed on node1; the
   NPA_REVOKE/NPA_RELEASE that follow), each daemon's calls over the whole cycle.

@@ -185,6 +185,7 @@ class Conn:
         self.on_progress = on_progress  # the writer wrote all it had
         self.stream = stream
         self.session = session
+        self.queued = session.queued  # (its frames queued and not yet taken: a list)
         self.label = label
         self.scope = trio.CancelScope()
         self.wake = trio.Event()
@@ -228,14 +229,16 @@ class Conn:
 
     @property
     def has_data_to_send(self) -> bool:
-        return bool(self.pending) or self.session.has_data_to_send
+        return bool(self.pending) or bool(self.queued)
 
     def flush(self) -> None:
-        if not self.has_data_to_send:
+        # (The lists themselves, not has_data_to_send: a flush runs several times per
+        # wake-up, and each property was a call or two.)
+        if not self.pending and not self.queued:
             return
         if self.fd >= 0 and not self.writing and not self.pending:
             self.write_now()
-        if self.session.has_data_to_send:
+        if self.queued:
             self._hold(self.session.data_to_send_parts())
         if self.pending:
             self.wake.set()
@@ -245,7 +248,7 @@ class Conn:
         MSG's ACK then leaves in the same write as the reply it caused, one write and one
         wake-up of the peer instead of two. The ACK is delayed by those tasks only (at most
         ACK_COALESCE_STEPS scheduler batches), never past the next write of anything else."""
-        if not self.has_data_to_send:
+        if not self.pending and not self.queued:
             return
         if self.writing or self.pending or self.held_acks is None:
             self.flush()

@@ -261,6 +261,9 @@ class Session:
         self.received_into: Callable[[int], None] = self._decoder.received_into
         self.collecting: Callable[[], FrameType | None] = self._decoder.collecting
         self._out: list[bytes | bytearray | memoryview] = []
+        # The same list, for the link to test for bytes to send without a call (it does on
+        # every flush, several per wake-up); only this class changes it.
+        self.queued: Sequence[bytes | bytearray | memoryview] = self._out
         self._next_seq = 1
         self._issued = 0
         self._outstanding: dict[int, FrameType] = {}  # seq -> MSG | LOAD | STORE
