@@ -302,7 +302,7 @@ class NodeCore:
         return copy_to_user
 
     def _begin_call(self, caller: Caller) -> None:
-        if self.tracer is not None:
+        if self._tracer is not None:
             self._mem[caller.pid] = []
             self._fds[caller.pid] = []
 
@@ -311,18 +311,18 @@ class NodeCore:
 
     def _trace_open(self, obj: object, caller: Caller, path: str, minor: int | None = None,
                     token: int | None = None, key: int | None = None) -> None:
-        if self.tracer is None:
+        if self._tracer is None:
             return
         file = self._next_file
         self._next_file += 1
         self._file_ids[key if key is not None else id(obj)] = file
-        self.tracer(FileRecord("open", caller.pid, self.name, file, path, minor, token, key,
+        self._tracer(FileRecord("open", caller.pid, self.name, file, path, minor, token, key,
                                start=self.trace_clock()))
 
     def _trace_release(self, obj: object, path: str, key: int | None = None) -> None:
         file = self._file_ids.pop(key if key is not None else id(obj), None)
-        if self.tracer is not None and file is not None:
-            self.tracer(FileRecord("release", 0, self.name, file, path, key=key,
+        if self._tracer is not None and file is not None:
+            self._tracer(FileRecord("release", 0, self.name, file, path, key=key,
                                    start=self.trace_clock()))
 
     def file_id(self, obj: object) -> int | None:
@@ -356,17 +356,17 @@ class NodeCore:
     ) -> IoctlReply | Completion[IoctlReply]:
         if cmd == UALINKD_IOCTL_MMAP_GRANT:  # ualinkd's own, by its whole number (abi/cpumap.py)
             return self.cpu_maps.render_ioctl(drm_file, in_bytes, caller)
-        start = self.trace_clock() if self.tracer is not None else 0.0
+        start = self.trace_clock() if self._tracer is not None else 0.0
         if cmd == UALINKD_IOCTL_DRM_FILE_QUERY:
             return self._answer_drm_file_query(drm_file, in_bytes)
-        if self.tracer is not None:
+        if self._tracer is not None:
             self._begin_call(caller)
         res = drm_file.device.ioctl(drm_file, cmd, in_bytes, caller)
         self.after_request()
         if isinstance(res, Completion):
             return res.then(functools.partial(self._ioctl_ended, drm_file, cmd, in_bytes,
                                               caller, start))
-        if self.tracer is None and not self._mem:  # nothing to record, nothing to forget
+        if self._tracer is None and not self._mem:  # nothing to record, nothing to forget
             return res.result, res.out
         return self._reply(res, drm_file, cmd, in_bytes, caller, start)
 
@@ -389,9 +389,9 @@ class NodeCore:
         start: float,
     ) -> IoctlReply:
         mem, fds = self._end_call(caller)
-        if self.tracer is not None:
+        if self._tracer is not None:
             minor = drm_file.device.minor
-            self.tracer(TraceRecord(caller.pid, self.name, minor, cmd, res.spec, in_bytes,
+            self._tracer(TraceRecord(caller.pid, self.name, minor, cmd, res.spec, in_bytes,
                                     res.result, res.out, self.managers[minor].accel_id, start,
                                     self.trace_clock() - start, self.file_id(drm_file), mem,
                                     fds))
@@ -399,6 +399,8 @@ class NodeCore:
 
     @property
     def tracer(self) -> Callable[[Record], None] | None:
+        # (This file reads _tracer: every ioctl, lookup and open asks it, and a property
+        # is a Python call each.)
         return self._tracer
 
     @tracer.setter
@@ -461,10 +463,10 @@ class NodeCore:
                     fields: dict[str, object] | None = None) -> None:
         """A user queue's creation, destruction, doorbell, packet or error, to the tracer
         (a packet's or an error's: the memory touched for it, its decoded fields)."""
-        if self.tracer is None:
+        if self._tracer is None:
             return
         minor = self.kfd.nodes[q.gpu_id].render_minor
-        self.tracer(QueueRecord(q.pid, self.name, minor, self.managers[minor].accel_id,
+        self._tracer(QueueRecord(q.pid, self.name, minor, self.managers[minor].accel_id,
                                 q.queue_id, q.type_name, event, value, detail,
                                 self.trace_clock(), mem, mem_truncated, fields))
 
@@ -472,10 +474,10 @@ class NodeCore:
                  mem: tuple[EngineAccess, ...] = (), mem_truncated: bool = False,
                  fields: dict[str, object] | None = None) -> None:
         """An AMDGPU_CS IB's packet executed (or the error that stopped it), to the tracer."""
-        if self.tracer is None:
+        if self._tracer is None:
             return
         minor = drm_file.device.minor
-        self.tracer(IbRecord(ib.pid, self.name, minor, self.managers[minor].accel_id,
+        self._tracer(IbRecord(ib.pid, self.name, minor, self.managers[minor].accel_id,
                              self.file_id(drm_file), ib.ctx_id, ib.seq, ib.index, ib.va, event,
                              offset, detail, self.trace_clock(), mem, mem_truncated, fields))
 
@@ -486,7 +488,7 @@ class NodeCore:
         one there when the access started, taken once: a recorder that attaches or leaves
         while remote pieces are in flight (`ualinkd record`, core.tracer) neither gets half
         an access nor changes its outcome."""
-        tracer = self.tracer
+        tracer = self._tracer
         if tracer is None:
             return access()
         start = self.trace_clock()
@@ -576,7 +578,7 @@ class NodeCore:
             return self.cpu_maps.kfd_ioctl(
                 lambda offset, length: self.kfd.mmap_target(caller, offset, length),
                 in_bytes, caller)
-        start = self.trace_clock() if self.tracer is not None else 0.0
+        start = self.trace_clock() if self._tracer is not None else 0.0
         self._begin_call(caller)
         res = self.kfd.ioctl(process, cmd, in_bytes, caller)
         if isinstance(res, Completion):
@@ -598,8 +600,8 @@ class NodeCore:
                    caller: Caller, start: float) -> IoctlReply:
         self.after_request()
         mem, fds = self._end_call(caller)
-        if self.tracer is not None:
-            self.tracer(TraceRecord(caller.pid, self.name, 0, cmd, res.spec, in_bytes,
+        if self._tracer is not None:
+            self._tracer(TraceRecord(caller.pid, self.name, 0, cmd, res.spec, in_bytes,
                                     res.result, res.out, None, start,
                                     self.trace_clock() - start, self.file_id(process), mem,
                                     fds))
@@ -608,7 +610,7 @@ class NodeCore:
     # -- NodeBackend: dma-bufs ----------------------------------------------------------------
     def dmabuf_lookup(self, name: str, caller: Caller) -> tuple[int, int]:
         key, size = self.tokens.lookup(name, caller.uid)
-        if self.tracer is not None:
+        if self._tracer is not None:
             if len(self._token_of_key) >= 4096:  # looked up, never opened: keep it bounded
                 self._token_of_key.clear()
             self._token_of_key[key] = int(name)

@@ -190,6 +190,8 @@ class UalinkAgent:
         # accel -> the cancel scope its timer task sleeps in, whose deadline is the manager's
         # next one: brought forward in place when a sooner one is armed (no wake-up).
         self._timer_scopes: dict[int, trio.CancelScope] = {}
+        # The run's clock: trio.current_time() is three Python calls, this one (set in run)
+        self._now: Callable[[], float] = trio.current_time
         node.attach_fabric(self.drain, self.wait_import,
                            self.remote_access if request is not None else None)
 
@@ -236,6 +238,7 @@ class UalinkAgent:
         return c.then(answered)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._now = trio.lowlevel.current_clock().current_time
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for mgr in self.host.managers:
@@ -378,9 +381,13 @@ class UalinkAgent:
         scope's deadline wakes nobody (an import's NPA_REQ arms one, its NPA_RSP, often in
         the same read, disarms it: a wake-up each cost the importer a task step). A scope
         that already ended is harmless to move: its task reads get_timer() anew."""
+        if not mgr.deadline_armed:  # none armed since get_timer() last ran: none sooner
+            return
         deadline = mgr.get_timer()
+        if deadline is None:
+            return
         scope = self._timer_scopes.get(mgr.accel_id)
-        if deadline is not None and scope is not None and deadline < scope.deadline:
+        if scope is not None and deadline < scope.deadline:
             scope.deadline = deadline
 
     # -- imports --------------------------------------------------------------------------------
@@ -442,7 +449,8 @@ class UalinkAgent:
         for mgr in self.host.managers:
             if mgr.outbox:  # (most requests, an export of an exported BO for one, queue none)
                 self._start(mgr, mgr.take_effects())
-            self._check_timer(mgr)
+            if mgr.deadline_armed:  # (most arm none either: no call)
+                self._check_timer(mgr)
 
     def _start(self, mgr: UalinkManager, effects: list[Effect]) -> None:
         """Wake the waiters; queue the sends on their links now, in order (their places
@@ -460,7 +468,7 @@ class UalinkAgent:
             elif isinstance(eff, Announce):
                 if self._announce is not None:
                     self._announce(eff.accel, eff.incarnation)
-            elif not mgr.send_due(eff, now := trio.current_time() if now is None else now):
+            elif not mgr.send_due(eff, now := self._now() if now is None else now):
                 continue  # (§13 N5: its importer went down; the manager dropped it)
             elif self._nursery is None:
                 log.debug("agent not running: dropping %s", eff)
@@ -496,7 +504,7 @@ class UalinkAgent:
         (`on_sent`) by callback, then `then()`: ESHUTDOWN at once when that accel is not
         ACTIVE (deactivated while the send was queued), else the link's. A send no longer
         due (§13 N5) is dropped, and `then()` runs."""
-        now = trio.current_time()
+        now = self._now()
         if not mgr.send_due(eff, now):
             then()
             return

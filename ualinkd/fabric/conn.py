@@ -185,6 +185,7 @@ class Conn:
         self.on_progress = on_progress  # the writer wrote all it had
         self.stream = stream
         self.session = session
+        self.queued = session.queued  # (its frames queued and not yet taken: a list)
         self.label = label
         self.scope = trio.CancelScope()
         self.wake = trio.Event()
@@ -193,7 +194,10 @@ class Conn:
         self.held_acks: HeldAcks | None = None  # the link's, once it runs this connection
         self.pending: list[Buffer] = []  # bytes the socket did not take yet, in order
         self.held = 0  # their length
-        self.stuck_since = trio.current_time()  # since when `pending` has not shrunk
+        # trio.current_time() is three Python calls (the run's clock behind two wrappers);
+        # the clock's own method is one. Read on every frame in and out.
+        self.now: Callable[[], float] = trio.lowlevel.current_clock().current_time
+        self.stuck_since = self.now()  # since when `pending` has not shrunk
         self.deferred: deque[Load | Store] = deque()  # requests waiting for `held` to drop
         self.deferred_bytes = 0
         self.room = trio.Event()  # set when `deferred` is no longer full
@@ -225,14 +229,16 @@ class Conn:
 
     @property
     def has_data_to_send(self) -> bool:
-        return bool(self.pending) or self.session.has_data_to_send
+        return bool(self.pending) or bool(self.queued)
 
     def flush(self) -> None:
-        if not self.has_data_to_send:
+        # (The lists themselves, not has_data_to_send: a flush runs several times per
+        # wake-up, and each property was a call or two.)
+        if not self.pending and not self.queued:
             return
         if self.fd >= 0 and not self.writing and not self.pending:
             self.write_now()
-        if self.session.has_data_to_send:
+        if self.queued:
             self._hold(self.session.data_to_send_parts())
         if self.pending:
             self.wake.set()
@@ -242,7 +248,7 @@ class Conn:
         MSG's ACK then leaves in the same write as the reply it caused, one write and one
         wake-up of the peer instead of two. The ACK is delayed by those tasks only (at most
         ACK_COALESCE_STEPS scheduler batches), never past the next write of anything else."""
-        if not self.has_data_to_send:
+        if not self.pending and not self.queued:
             return
         if self.writing or self.pending or self.held_acks is None:
             self.flush()
@@ -254,7 +260,7 @@ class Conn:
         """Write what is queued without blocking; hold the rest in `pending`."""
         new = self.session.data_to_send_parts()
         bufs = self.pending + new
-        total = self.held + sum(len(b) for b in new)
+        total = self.held + sum(map(len, new))  # (map: no generator frame per write)
         self.pending, self.held = [], 0
         written = 0
         try:
@@ -268,7 +274,7 @@ class Conn:
             bufs, total = [], 0
             self.drop(LinkDown(f"send failed: {e!r}"))
         if written:
-            self.stuck_since = self.live.last_tx = trio.current_time()
+            self.stuck_since = self.live.last_tx = self.now()
         self._hold(bufs, total - written)
 
     def _hold(self, bufs: list[Buffer], size: int | None = None) -> None:
@@ -277,9 +283,9 @@ class Conn:
         if not bufs:
             return
         if not self.pending:
-            self.stuck_since = trio.current_time()
+            self.stuck_since = self.now()
         self.pending += [bytes(b) if isinstance(b, memoryview) else b for b in bufs]
-        self.held += sum(len(b) for b in bufs) if size is None else size
+        self.held += sum(map(len, bufs)) if size is None else size
 
     def drop(self, reason: LinkDown) -> None:
         if self.down is None:
@@ -317,7 +323,7 @@ class Conn:
     async def read(self) -> None:
         """The reader task: bytes in, frames decoded and handed on, as fast as the peer
         sends and we take them (flow control: a ring's room, DEFER_MAX, HOLD_MAX)."""
-        session, live, dispatch = self.session, self.live, self.dispatch
+        session, live, dispatch, now = self.session, self.live, self.dispatch, self.now
         on_message = self.on_message
         # Plain TCP: receive into one reusable buffer, and the rest of a large STORE / DATA
         # payload straight into its own buffer (one copy of a megabyte, not three), with
@@ -329,13 +335,14 @@ class Conn:
         pipes = PipePool() if fd >= 0 else None
         piped: PipedPayload | None = None
         unyielded = 0  # reads in a row that found bytes without waiting for them
+        drained = False  # the last read into scratch emptied the socket
         try:
             while True:
                 # Frames first: the handshake's last read may have brought some already.
                 acked = False
                 if self.data_handle is not None and session.clocks[1] is not self.clocks_pushed:
                     self.push_clocks()  # (a PING came)
-                while not isinstance(ev := session.next_event(trio.current_time()), _NeedData):
+                while not isinstance(ev := session.next_event(now()), _NeedData):
                     # A MSG's ACK is queued in the session as the MSG is decoded, so it goes
                     # out ahead of anything the MSG causes whenever it is written. Data-plane
                     # answers go out at once; a MSG's ACK waits for the reply the message
@@ -396,6 +403,13 @@ class Conn:
                                 into = session.receive_buffer()
                                 if into is not None:
                                     n = os.readv(fd, [into])
+                                elif drained:
+                                    # The last read took less than scratch holds: the
+                                    # socket was empty then. Wait for it rather than read
+                                    # it again for an EAGAIN (an exception on every
+                                    # wake-up, both daemons' twice per import); bytes that
+                                    # came meanwhile make the wait end at once.
+                                    n = -1
                                 elif session.expects_large_data:
                                     # Only the next frame's header (a large DATA's, likely):
                                     # the payload is then spliced whole, none of it copied
@@ -403,35 +417,38 @@ class Conn:
                                     n = os.readv(fd, [scratch[:DATA_HEADER_SIZE]])
                                 else:
                                     n = os.readv(fd, [scratch])
+                                    drained = n < SCRATCH_SIZE
                             elif piped.piping:
                                 n = piped.splice_from(fd)
                             else:
                                 n = os.readv(fd, [piped.rest()])
                                 piped.received(n)
-                            break
+                            if n >= 0:
+                                break
                         except BlockingIOError:
                             if piped is not None and piped.pipe_full():
                                 piped.to_memory()  # (a peer trickling tiny segments)
                                 continue
-                            # The rest of a large payload: be woken once most of it is
-                            # in, not for each segment (a 1 MiB DATA woke the reader ~6
-                            # times, a trio turn each). The kernel caps it at half the
-                            # receive buffer and wakes sooner under memory pressure, at EOF
-                            # or on an error; reads are not held back by it.
-                            want = (piped.left if piped is not None
-                                    else 1 if into is None else len(into))
-                            if want != self.lowat:
-                                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-                                self.lowat, self.inq = want, 0
-                            await trio.lowlevel.wait_readable(sock)
-                            unyielded = 0
+                        # The rest of a large payload: be woken once most of it is
+                        # in, not for each segment (a 1 MiB DATA woke the reader ~6
+                        # times, a trio turn each). The kernel caps it at half the
+                        # receive buffer and wakes sooner under memory pressure, at EOF
+                        # or on an error; reads are not held back by it.
+                        drained = False
+                        want = (piped.left if piped is not None
+                                else 1 if into is None else len(into))
+                        if want != self.lowat:
+                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+                            self.lowat, self.inq = want, 0
+                        await trio.lowlevel.wait_readable(fd)  # (fd: no fileno() call)
+                        unyielded = 0
                     if not n:
                         raise LinkDown(f"{self.peer} closed the connection")
                     if piped is None and into is None:
                         session.receive_data(scratch[:n])
                     else:  # (into the payload's own buffer, or its pipe)
                         session.received_into(n)
-                live.last_rx = trio.current_time()
+                live.last_rx = now()
         except RemoteProtocolError as e:
             self.drop(LinkDown(f"protocol error: {e}", logging.WARNING))
         except LinkDown as e:
@@ -464,7 +481,7 @@ class Conn:
 
     def _serve(self, req: Load | Store) -> None:
         session = self.session
-        if session.expired(req, trio.current_time()):
+        if session.expired(req, self.now()):
             self.expired += 1
             if self.expired == 1:  # one line per link; the count when it goes down
                 log.warning("fabric %s: refused a %s from %s past its deadline (its "
@@ -506,7 +523,7 @@ class Conn:
                         for part in parts:
                             await self.stream.send_all(part)
                             self.held -= len(part)
-                            self.stuck_since = self.live.last_tx = trio.current_time()
+                            self.stuck_since = self.live.last_tx = self.now()
                     self._serve_deferred()
                 self.writing = False
                 self.on_progress()

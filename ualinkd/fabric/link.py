@@ -148,6 +148,9 @@ class FabricLink:
         self._ssl_server = ssl_context
         self._ssl_client = ssl_client_context or ssl_context
         self._held_acks = HeldAcks()
+        # The run's clock (trio.current_time() is it behind two wrappers: three Python calls
+        # where this is one), read on every send and request; set once running.
+        self._now: Callable[[], float] = trio.current_time
         self._handshake_timeout = handshake_timeout
         self._hb_interval = heartbeat_interval
         self._hb_timeout = heartbeat_timeout
@@ -229,6 +232,7 @@ class FabricLink:
         """Listen on our address, keep the links up; `task_status.started(bound_port)`."""
         host, port = parse_address(self._addresses[self.node_name])
         trio.lowlevel.add_instrument(self._held_acks)
+        self._now = trio.lowlevel.current_clock().current_time
         try:
             with trio.CancelScope() as self._scope:
                 listeners = await trio.open_tcp_listeners(port, host=host)
@@ -638,7 +642,7 @@ class FabricLink:
         quirk send-fail-slow they wait in line for it until the deadline, queued as it
         comes up (`_unpark`)."""
         c: Completion[list[SendOutcome]]
-        now = trio.current_time()
+        now = self._now()
         peer = self._owner.get(dst_accel)
         if not messages:
             c = Completion()
@@ -650,7 +654,8 @@ class FabricLink:
         assert peer is not None
         conn = self._conns.get(peer)
         if conn is not None:
-            return self._queue_batch(conn, src_accel, dst_accel, messages)
+            return self._queue_batch(conn, src_accel, dst_accel, messages,
+                                     now + self.ack_timeout)
         setting_up = self._setting_up(peer)
         if self._post_fails_fast and not setting_up:
             # §13 N4: the copy engine's post fails, at once
@@ -722,7 +727,7 @@ class FabricLink:
         """Queue `messages` on `conn` and write them; their ACKs go to one batch waiter,
         which gives up at `give_up` (ack_timeout from now by default)."""
         if give_up is None:
-            give_up = trio.current_time() + self.ack_timeout
+            give_up = self._now() + self.ack_timeout
         session = conn.session
         batch = BatchWait(conn.peer, session.send_messages(src_accel, dst_accel, messages),
                           self.ack_timeout)
@@ -766,7 +771,7 @@ class FabricLink:
             c = Completion()
             c.set_error(err)
             return c
-        give_up = trio.current_time() + self.ack_timeout
+        give_up = self._now() + self.ack_timeout
         if conn is None:  # (being set up for its first use: the request waits for it)
             assert peer is not None
             return self._park(peer, give_up, lambda conn: self._queue_request(
@@ -779,7 +784,7 @@ class FabricLink:
                        length_or_data: int | bytes, give_up: float) -> Completion[Loaded]:
         session = conn.session
         waiter = RequestWait(conn.peer, session.send_request(
-            src_accel, dst_accel, npa_byte_addr, length_or_data, now=trio.current_time(),
+            src_accel, dst_accel, npa_byte_addr, length_or_data, now=self._now(),
             give_up=give_up))
         session.expect(waiter, give_up)
         self._arm(conn, give_up)

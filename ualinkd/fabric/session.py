@@ -33,7 +33,7 @@ import itertools
 import math
 import secrets
 import struct
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
 
@@ -253,7 +253,17 @@ class Session:
         self._peer_accels = frozenset(peer_accels)
         self._local_accels = frozenset(local_accels)
         self._decoder = decoder or FrameDecoder()
+        # The decoder's methods as ours, not wrapped: the reader calls them on every pass (a
+        # wrapper was a Python call more each, on every wake-up).
+        self.receive_data: Callable[[bytes | bytearray | memoryview], None] = \
+            self._decoder.receive_data
+        self.receive_buffer: Callable[[], memoryview | None] = self._decoder.receive_buffer
+        self.received_into: Callable[[int], None] = self._decoder.received_into
+        self.collecting: Callable[[], FrameType | None] = self._decoder.collecting
         self._out: list[bytes | bytearray | memoryview] = []
+        # The same list, for the link to test for bytes to send without a call (it does on
+        # every flush, several per wake-up); only this class changes it.
+        self.queued: Sequence[bytes | bytearray | memoryview] = self._out
         self._next_seq = 1
         self._issued = 0
         self._outstanding: dict[int, FrameType] = {}  # seq -> MSG | LOAD | STORE
@@ -511,19 +521,9 @@ class Session:
         return None
 
     # -- receiving ---------------------------------------------------------------------------
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        self._decoder.receive_data(data)
-
-    def receive_buffer(self) -> memoryview | None:
-        """Where the rest of a large incoming payload goes (FrameDecoder.receive_buffer)."""
-        return self._decoder.receive_buffer()
-
-    def received_into(self, n: int) -> None:
-        self._decoder.received_into(n)
-
-    def collecting(self) -> FrameType | None:
-        """A large payload that may be diverted (FrameDecoder.collecting)."""
-        return self._decoder.collecting()
+    # receive_data, receive_buffer (where the rest of a large incoming payload goes),
+    # received_into and collecting (a large payload that may be diverted) are the decoder's
+    # own methods, bound in __init__.
 
     def collecting_size(self) -> int:
         return self._decoder.collecting_size

@@ -548,63 +548,62 @@ class FrameDecoder:
     def next_frame(self) -> Frame | _NeedData:
         if self._error is not None:
             raise self._error
+        # One call per frame (the reader asks on every pass): the body is here, in a
+        # try that makes an error stick, not in a helper of its own.
         try:
-            return self._next_frame()
+            payload: bytes | bytearray | Sink
+            if self._size:
+                return NEED_DATA
+            if self._payload is not None:
+                if self._filled < len(self._payload):
+                    return NEED_DATA
+                payload, head = self._payload, self._head
+                self._payload, self._filled, self._head = None, 0, ()
+                if len(head) == 2:
+                    return Data(head[0], head[1], payload)
+                assert isinstance(payload, bytearray)  # (only a DATA payload is diverted)
+                return _store(head, payload)
+            buf, pos = self._buf, self._pos
+            if len(buf) - pos < 4:
+                return NEED_DATA
+            (length,) = _LENGTH.unpack_from(buf, pos)
+            if length == 0 or length > self._max_frame:
+                raise RemoteProtocolError(f"frame length {length} outside 1..{self._max_frame}")
+            if len(buf) - pos < HEADER_SIZE:
+                return NEED_DATA
+            frame_type = buf[pos + 4]
+            if frame_type not in self._types:
+                if frame_type not in FRAME_CLASSES:
+                    raise RemoteProtocolError(f"unknown frame type {frame_type:#04x}")
+                raise RemoteProtocolError(f"{FrameType(frame_type).name} frame before the "
+                                          "handshake finished")
+            end = pos + 4 + length
+            # The frames of every message round trip, unpacked in place (decode_payload's fast
+            # path, without copying the payload out first).
+            if frame_type == _MSG_TYPE and length == _MSG_LENGTH:
+                if len(buf) < end:
+                    return NEED_DATA
+                seq, src, dst, dw0, dw1, dw2, dw3 = _MSG_FIELDS.unpack_from(buf, pos + HEADER_SIZE)
+                self._pos = end
+                return Msg(seq, src, dst, (dw0, dw1, dw2, dw3))
+            if frame_type == _ACK_TYPE and length == _ACK_LENGTH:
+                if len(buf) < end:
+                    return NEED_DATA
+                seq, status = _ACK_FIELDS.unpack_from(buf, pos + HEADER_SIZE)
+                self._pos = end
+                return Ack(seq, status)
+            if frame_type == FrameType.DATA and length >= _DATA_HDR.size - 4:
+                return self._data_plane(pos, end, _DATA_HDR.size, "<Ii")
+            if frame_type == FrameType.STORE and length >= _STORE_HDR.size - 4:
+                return self._data_plane(pos, end, _STORE_HDR.size, _STORE_FMT)
+            if len(buf) < end:
+                return NEED_DATA
+            payload = bytes(buf[pos + HEADER_SIZE: end])
+            self._pos = end
+            return decode_payload(frame_type, payload)
         except RemoteProtocolError as e:
             self._error = e
             raise
-
-    def _next_frame(self) -> Frame | _NeedData:
-        payload: bytes | bytearray | Sink
-        if self._size:
-            return NEED_DATA
-        if self._payload is not None:
-            if self._filled < len(self._payload):
-                return NEED_DATA
-            payload, head = self._payload, self._head
-            self._payload, self._filled, self._head = None, 0, ()
-            if len(head) == 2:
-                return Data(head[0], head[1], payload)
-            assert isinstance(payload, bytearray)  # (only a DATA payload is diverted)
-            return _store(head, payload)
-        buf, pos = self._buf, self._pos
-        if len(buf) - pos < 4:
-            return NEED_DATA
-        (length,) = _LENGTH.unpack_from(buf, pos)
-        if length == 0 or length > self._max_frame:
-            raise RemoteProtocolError(f"frame length {length} outside 1..{self._max_frame}")
-        if len(buf) - pos < HEADER_SIZE:
-            return NEED_DATA
-        frame_type = buf[pos + 4]
-        if frame_type not in self._types:
-            if frame_type not in FRAME_CLASSES:
-                raise RemoteProtocolError(f"unknown frame type {frame_type:#04x}")
-            raise RemoteProtocolError(f"{FrameType(frame_type).name} frame before the "
-                                      "handshake finished")
-        end = pos + 4 + length
-        # The frames of every message round trip, unpacked in place (decode_payload's fast
-        # path, without copying the payload out first).
-        if frame_type == _MSG_TYPE and length == _MSG_LENGTH:
-            if len(buf) < end:
-                return NEED_DATA
-            seq, src, dst, dw0, dw1, dw2, dw3 = _MSG_FIELDS.unpack_from(buf, pos + HEADER_SIZE)
-            self._pos = end
-            return Msg(seq, src, dst, (dw0, dw1, dw2, dw3))
-        if frame_type == _ACK_TYPE and length == _ACK_LENGTH:
-            if len(buf) < end:
-                return NEED_DATA
-            seq, status = _ACK_FIELDS.unpack_from(buf, pos + HEADER_SIZE)
-            self._pos = end
-            return Ack(seq, status)
-        if frame_type == FrameType.DATA and length >= _DATA_HDR.size - 4:
-            return self._data_plane(pos, end, _DATA_HDR.size, "<Ii")
-        if frame_type == FrameType.STORE and length >= _STORE_HDR.size - 4:
-            return self._data_plane(pos, end, _STORE_HDR.size, _STORE_FMT)
-        if len(buf) < end:
-            return NEED_DATA
-        payload = bytes(buf[pos + HEADER_SIZE: end])
-        self._pos = end
-        return decode_payload(frame_type, payload)
 
     def _data_plane(self, pos: int, end: int, head_size: int, head_fmt: str
                     ) -> Frame | _NeedData:

@@ -322,7 +322,7 @@ class UalinkManager:
     ) -> None:
         self.host = host
         self.driver = driver
-        self.ppod = ppod
+        self.ppod = ppod  # (sets accel_id)
         self.vpod = vpod
         self.stage = stage
         self.quirks = quirks
@@ -352,6 +352,10 @@ class UalinkManager:
         self._setup_numbers = itertools.count(1)
         self._timers: list[tuple[float, int, ImportFlow | ConnSetup | ExportEntry]] = []
         self._timer_seq = itertools.count()
+        # A deadline was armed since get_timer() last ran: only then can the next one be
+        # sooner than what the caller last read (most requests arm none, and the caller
+        # asks after every one).
+        self.deadline_armed = False
         # How an import that must wait is awaited: the fabric's waiter (`attach`); None
         # when no fabric runs in this process.
         self.import_waiter: ImportWaiter | None = None
@@ -379,12 +383,26 @@ class UalinkManager:
             log.log(level, fmt + " (%d times so far)", *args, n)
 
     @property
-    def accel_id(self) -> int:
-        return self.ppod.accel_id
+    def ppod(self) -> PpodInfo:
+        return self._ppod
+
+    @ppod.setter
+    def ppod(self, ppod: PpodInfo) -> None:
+        # accel_id is read a dozen times per import (every effect, every timer check): a
+        # plain attribute, kept with the pPod info it comes from, not a property call each.
+        self._ppod = ppod
+        self.accel_id: int = ppod.accel_id
 
     @property
-    def accel_active(self) -> bool:
-        return self.state == AccelState.ACTIVE
+    def state(self) -> AccelState:
+        return self._state
+
+    @state.setter
+    def state(self, state: AccelState) -> None:
+        # accel_active is asked on every send and request (a property was a call each): a
+        # plain attribute, kept with the state it comes from.
+        self._state = state
+        self.accel_active: bool = state == AccelState.ACTIVE
 
     def conn(self, remote: int) -> PeerConn:
         c = self.conns.get(remote)
@@ -1247,6 +1265,7 @@ class UalinkManager:
         else:
             what.deadline = deadline
         heapq.heappush(self._timers, (deadline, next(self._timer_seq), what))
+        self.deadline_armed = True
 
     def _armed(self, deadline: float, what: ImportFlow | ConnSetup | ExportEntry) -> bool:
         """Whether a timer entry still stands (its flow may have ended or moved on)."""
@@ -1259,6 +1278,7 @@ class UalinkManager:
 
     def get_timer(self) -> float | None:
         """The next deadline of a flow (None: nothing waits for time)."""
+        self.deadline_armed = False
         timers = self._timers
         while timers and not self._armed(timers[0][0], timers[0][2]):
             heapq.heappop(timers)

@@ -211,6 +211,17 @@ def _decoded(cls: type[_H], bits: int, handle_hi: int) -> _H:
     return msg
 
 
+def _decoded_rsp(bits: int, size_pages: int, npa_offset: int) -> NpaRsp:
+    """`NpaRsp(bits, size_pages, npa_offset)` for fields just decoded (bits as in
+    `_decoded`; the other two a dword each), without __post_init__'s checks: every first
+    import receives one."""
+    msg = _new(NpaRsp)
+    _set(msg, "handle_lo_bits", bits)
+    _set(msg, "size_pages", size_pages)
+    _set(msg, "npa_offset", npa_offset)
+    return msg
+
+
 def decode_message(dwords: Dwords) -> Message:
     """The four dwords of a received message → its typed value. Any four u32s decode."""
     if len(dwords) != 4:
@@ -231,7 +242,7 @@ def decode_message(dwords: Dwords) -> Message:
     if t == MsgType.NPA_REQ:
         return _decoded(NpaReq, bits, dw3 << 32 | dw2)
     if t == MsgType.NPA_RSP:
-        return NpaRsp(bits, dw2, dw3)
+        return _decoded_rsp(bits, dw2, dw3)
     if t == MsgType.NPA_FAIL:
         return NpaFail(bits, dw2 & 0xFF)
     if t == MsgType.NPA_REVOKE:
