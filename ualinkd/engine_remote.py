@@ -87,8 +87,10 @@ class RemoteCopier:
     async def copy(self, src_accel: int, piece: RemotePiece, store: Store) -> tuple[int, int]:
         """Copy `piece` (issued by our accel `src_accel`) to `store`: (bytes loaded in order
         up to the first piece not loaded whole, bytes stored). Both are piece.length when
-        all went well; loaded < length: the source faulted there; stored < loaded: the
-        destination did (`store` came back short). Every piece loaded whole since the
+        all went well; loaded < length: the source faulted there; stored < length with
+        loaded == length: the destination did (`store` came back short: the copy stops
+        there, so the source did not fault before it, whatever its later pieces did, and
+        the caller must not report one). Every piece loaded whole since the
         last store goes in one store (one system call, one check of the process's
         mappings: a store per piece cost more than the load of the next ones)."""
         ring = self._rings.pop() if self._rings else bytearray(SLOTS * CHUNK)
@@ -120,6 +122,7 @@ class RemoteCopier:
                 issuing = False
 
         loaded = stored = 0
+        clean = False  # (no store was given up: none may still read the ring)
         try:
             issue()
             while i < len(spans):
@@ -138,15 +141,20 @@ class RemoteCopier:
                     want = sum(len(v) for v in views)
                     n = await store(spans[i][0], views)
                     stored += n
-                    if n < want:
+                    if n < want:  # (the destination's fault comes first in copy order)
+                        loaded = piece.length
                         break
                 if not whole:
                     break
                 i = j
                 issue()
+            clean = True
         finally:
             going = False
-            if out == 0 and len(self._rings) < RINGS_KEPT:
+            # A store that raised (callermem's worker past its deadline, or cancelled) may
+            # still be reading the ring in its worker thread: the ring goes with it, lest
+            # the next copy's bytes (another process's) reach this one's memory.
+            if clean and out == 0 and len(self._rings) < RINGS_KEPT:
                 self._rings.append(ring)
         self.copies += 1
         return loaded, stored

@@ -176,3 +176,43 @@ async def test_a_cancelled_copy_leaves_its_ring_to_the_loads_still_out():
     loaded, stored, dst, _ = await run_copy(plane, copier)  # (the old loads answered first)
     assert (loaded, stored) == (SIZE, SIZE) and dst == SRC[:SIZE]
     assert first not in plane.rings and len(plane.rings) == 1
+
+
+async def test_a_short_store_before_the_last_batch_is_the_destinations_fault():
+    """Policy 10, the fault address exact: a store that comes back short in a batch
+    before the copy's last one is the destination's fault (gpu_engine._copy_remote reads
+    `loaded < length` as a source fault first): the source did not fault before it, so
+    `loaded` is the whole length. Failed before: loaded was the pieces up to that batch."""
+    plane = FakePlane(lambda i: LOADED)
+    copier = RemoteCopier(plane, link())
+    at = 1 * CHUNK + 4096  # (the second piece: stored before the last pieces are loaded)
+    loaded, stored, dst, _ = await run_copy(plane, copier, short_store_at=at)
+    assert (loaded, stored) == (SIZE, at)
+    assert dst[:at] == SRC[:at] and dst[at:] == b"\xee" * (SIZE - at)
+
+
+async def test_a_store_that_raised_does_not_give_its_ring_to_the_next_copy():
+    """A store given up (callermem's worker past its deadline, or the copy cancelled
+    mid-store) may still be reading the ring from its worker thread, which finishes the
+    process_vm_writev later: the ring is not reused by the next copy (another process's
+    bytes would reach the first one's memory). Failed before: it was kept."""
+    plane = FakePlane(lambda i: LOADED)
+    copier = RemoteCopier(plane, link())
+
+    async def store(off: int, views: list[memoryview]) -> int:
+        while plane.out:  # (every load answered: none out when the store gives up)
+            await trio.sleep(0)
+        raise DrmError(errno.EFAULT, "caller memory access took over 2.0 s")
+
+    async with trio.open_nursery() as nursery:
+        async def run() -> None:
+            with pytest.raises(DrmError):
+                await copier.copy(0, RemotePiece(1, NPA, 2 * CHUNK), store)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(run)
+        while True:
+            await trio.sleep(0)
+            if plane.out:
+                plane.deliver_one(False)
+    assert not plane.out and copier._rings == []
