@@ -158,6 +158,22 @@ def running_node(
         assert not fuse_mounts_at(str(node.mount)), "mount left behind"
 
 
+def stop_process(pid: int) -> None:
+    """SIGSTOP `pid` and return once every thread of it is stopped: the signal takes effect
+    when the kernel gets to each thread, and a daemon's thread still running meanwhile (the
+    data plane's C thread answers a GPU access in microseconds) would serve what a test
+    sends it next as if it had not been stopped."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def state(tid: str) -> str:
+        try:
+            return open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:  # (a thread that ended meanwhile)
+            return "T"
+    assert wait_until(lambda: all(state(t) == "T" for t in os.listdir(f"/proc/{pid}/task")),
+                      10), f"process {pid} did not stop"
+
+
 def wait_until(pred: Callable[[], object], timeout: float = 5.0) -> bool:
     """Poll `pred` until it is true (True) or `timeout` seconds passed (its last answer)."""
     deadline = time.monotonic() + timeout

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nodes import Client, Node, c_program, force_unmount, running_node, running_pod
+from nodes import Client, Node, c_program, force_unmount, running_node, running_pod, stop_process
 
 from ualinkd.abi.ioc import iowr
 from ualinkd.cli.main import free_tcp_ports
@@ -139,7 +139,7 @@ def test_a_hung_mapping_holds_only_its_caller_and_only_for_the_timeout(tmp_path)
                                  caller_memory_timeout_ms=5000)
     with running_pod(tmp_path, config=config) as (n0, n1), \
             mapped_caller(n0, n1.mount / ATTR, threads=9) as client:
-        n1.proc.send_signal(signal.SIGSTOP)
+        stop_process(n1.proc.pid)
         try:
             client.go()
             deadline = time.monotonic() + 10

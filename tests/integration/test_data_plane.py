@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from nodes import Client, recording, running_pod, wait_until
+from nodes import Client, recording, running_pod, stop_process, wait_until
 from test_pod_fabric import pod_config
 from test_pod_gpu import VA_A, VA_B, share
 
@@ -246,13 +246,8 @@ def while_stopped(proc: subprocess.Popen[bytes], access: Callable[[], object]) -
             got.append(access())
         except OSError as e:
             got.append(e.errno)
-    proc.send_signal(signal.SIGSTOP)
+    stop_process(proc.pid)
     try:
-        # (stopped for real first: SIGSTOP takes effect when the kernel gets to it, and a
-        # thread of the exporter's still running could answer the access)
-        assert wait_until(lambda: all(
-            open(f"/proc/{proc.pid}/task/{tid}/stat").read().rsplit(")", 1)[1]
-            .split()[0] == "T" for tid in os.listdir(f"/proc/{proc.pid}/task")), 10)
         t = threading.Thread(target=run, daemon=True)
         t.start()
         assert started.wait(10)

@@ -19,7 +19,7 @@ import time
 
 import pytest
 import trio
-from nodes import Client, running_pod, start_node
+from nodes import Client, running_pod, start_node, stop_process
 from test_fabric_link import raw_auth, read_frame
 from test_pod_fabric import wait_until
 from test_pod_gpu import VA_B, share
@@ -277,7 +277,7 @@ def test_a_store_that_failed_never_lands_later(tmp_path):
             share(ca, cb, 64 << 10)
             old, new = os.urandom(4096), os.urandom(4096)
             assert cb.gpu_write(VA_B, old) == 4096
-            a.proc.send_signal(signal.SIGSTOP)
+            stop_process(a.proc.pid)
             try:
                 with pytest.raises(OSError) as e:
                     cb.gpu_write(VA_B, new)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from nodes import Client, running_pod
+from nodes import Client, running_pod, stop_process
 from test_pod_fabric import pod_config
 
 pytestmark = pytest.mark.integration
@@ -63,7 +63,7 @@ def test_a_store_waiting_on_a_stopped_exporter_holds_up_no_other_store(tmp_path)
             assert storer.stdout is not None and storer.stdin is not None
             assert select.select([storer.stdout], [], [], 20)[0], "the storer never got ready"
             assert storer.stdout.readline().strip() == "ready"
-            a.proc.send_signal(signal.SIGSTOP)
+            stop_process(a.proc.pid)
             storer.stdin.write("\n")
             storer.stdin.flush()
             deadline = time.monotonic() + 10

@@ -11,7 +11,7 @@ import signal
 from dataclasses import replace
 
 import pytest
-from nodes import Client, running_node, running_pod, wait_until
+from nodes import Client, running_node, running_pod, stop_process, wait_until
 
 from ualinkd.cli import ctl
 from ualinkd.cli.main import free_tcp_ports
@@ -369,7 +369,7 @@ def test_a_stopped_node_is_not_answering_instead_of_a_hang(tmp_path):
 
     ualinkctl = str(Path(sys.executable).parent / "ualinkctl")
     with running_node(tmp_path) as n:
-        os.kill(n.proc.pid, signal.SIGSTOP)
+        stop_process(n.proc.pid)
         try:
             for argv in (["state"], ["--json", "all"], ["drop-next", "NPA_RSP"]):
                 r = subprocess.run([ualinkctl, "--mount", str(n.mount), *argv],
