@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from .amdgpu.vm import RemotePiece
-from .drm.completion import Completion
+from .drm.completion import Completion, done
 from .drm.errors import DrmError
 from .drm.loaded import Loaded, copy_into
 from .fabric.waiting import completed
@@ -94,74 +94,20 @@ class RemoteCopier:
         last store goes in one store (one system call, one check of the process's
         mappings: a store per piece cost more than the load of the next ones)."""
         ring = self._rings.pop() if self._rings else bytearray(SLOTS * CHUNK)
-        spans = [(off, min(CHUNK, piece.length - off)) for off in range(0, piece.length, CHUNK)]
-        loads: list[Completion[int]] = []
-        out = 0  # loads not yet ended (the ring is reused only with none)
-        i = 0  # the next piece to store (its slot and the ones after it are not free)
-        going = True  # (False once the copy ended: no more loads)
-        issuing = False  # (a load that ends at once is counted, not issued from again)
-
-        def ended(c: Completion[int]) -> int:
-            nonlocal out
-            out -= 1
-            if not issuing:
-                issue()  # (in the call that brings the answer: the window stays full)
-            return c.result()
-
-        def issue() -> None:
-            # (at most IN_FLIGHT out, none into a slot whose piece is not stored yet)
-            nonlocal out, issuing
-            issuing = True
-            try:
-                while going and len(loads) < min(i + SLOTS, len(spans)) and out < IN_FLIGHT:
-                    k = len(loads)
-                    out += 1
-                    loads.append(self._load(src_accel, piece, spans[k], ring,
-                                            (k % SLOTS) * CHUNK).then(ended))
-            finally:
-                issuing = False
-
-        loaded = stored = 0
-        clean = False  # (no store was given up: none may still read the ring)
-        try:
-            issue()
-            while i < len(spans):
-                await completed(loads[i])
-                j, whole = i, True
-                while j < len(loads) and loads[j].done:
-                    got = loads[j].result()
-                    loaded += got
-                    if got < spans[j][1]:
-                        whole = False
-                        break
-                    j += 1
-                if j > i:
-                    views = [memoryview(ring)[(k % SLOTS) * CHUNK:][:spans[k][1]]
-                             for k in range(i, j)]
-                    want = sum(len(v) for v in views)
-                    n = await store(spans[i][0], views)
-                    stored += n
-                    if n < want:  # (the destination's fault comes first in copy order)
-                        loaded = piece.length
-                        break
-                if not whole:
-                    break
-                i = j
-                issue()
-            clean = True
-        finally:
-            going = False
-            # A store that raised (callermem's worker past its deadline, or cancelled) may
-            # still be reading the ring in its worker thread: the ring goes with it, lest
-            # the next copy's bytes (another process's) reach this one's memory.
-            if clean and out == 0 and len(self._rings) < RINGS_KEPT:
-                self._rings.append(ring)
+        one = RingCopy(self, src_accel, piece, ring)
+        # (Raised: a store that raised, callermem's worker past its deadline or cancelled,
+        # may still be reading the ring in its worker thread: the ring goes with it, lest
+        # the next copy's bytes, another process's, reach this one's memory.)
+        loaded, stored = await one.run(store)
+        if one.out == 0 and len(self._rings) < RINGS_KEPT:
+            self._rings.append(ring)
         self.copies += 1
         return loaded, stored
 
-    def _load(self, src_accel: int, piece: RemotePiece, span: tuple[int, int],
-              ring: bytearray, slot: int) -> Completion[int]:
-        """One piece into ring[slot:]: the count loaded (less than asked: a fault)."""
+    def load(self, src_accel: int, piece: RemotePiece, span: tuple[int, int],
+             ring: bytearray, slot: int) -> Completion[int]:
+        """One span of `piece` into ring[slot:]: the count loaded (less than asked: a
+        fault)."""
         off, n = span
         sub = RemotePiece(piece.exporter_accel, piece.npa_byte_address + off, n, piece.bo)
         fast = self._dp.load_into(src_accel, piece.exporter_accel, sub.npa_byte_address,
@@ -169,11 +115,13 @@ class RemoteCopier:
         if fast is None:
             return self._by_link(src_accel, sub, ring, slot)
         over: Completion[int] = Completion()
-        fast.when_done(functools.partial(self._answered, src_accel, sub, ring, slot, over))
+        fast.when_done(functools.partial(self._by_status, src_accel, sub, ring, slot, over))
         return over
 
-    def _answered(self, src_accel: int, sub: RemotePiece, ring: bytearray, slot: int,
-                  over: Completion[int], fast: Completion[int]) -> None:
+    def _by_status(self, src_accel: int, sub: RemotePiece, ring: bytearray, slot: int,
+                   over: Completion[int], fast: Completion[int]) -> None:
+        """`over` from the data plane's outcome of `sub`: its length, a fault, or the
+        link's LOAD of it when the data plane handed it back."""
         status = fast.result()
         if status == LOADED:
             over.set_result(sub.length)
@@ -203,6 +151,80 @@ class RemoteCopier:
         try:
             return self._remote(src_accel, sub, False, None).then(landed)
         except DrmError:
-            over: Completion[int] = Completion()
-            over.set_result(0)
-            return over
+            return done(0)
+
+
+class RingCopy:
+    """One copy's buffer ring and its window of loads (RemoteCopier.copy): piece k loads
+    into slot k % SLOTS; at most IN_FLIGHT loads are out, none into a slot whose piece is
+    not stored yet; each load's answer issues the next load in its own call, so that the
+    window stays full while the copy waits for a store. `out` counts the loads not yet
+    ended: the ring may be reused only with none."""
+
+    def __init__(self, copier: RemoteCopier, src_accel: int, piece: RemotePiece,
+                 ring: bytearray) -> None:
+        self._copier = copier
+        self._src_accel = src_accel
+        self._piece = piece
+        self._ring = ring
+        self._spans = [(off, min(CHUNK, piece.length - off))
+                       for off in range(0, piece.length, CHUNK)]
+        self._loads: list[Completion[int]] = []  # piece k's load, issued in order
+        self._next = 0  # the next piece to store (its slot and the ones after it are busy)
+        self._going = True  # (False once the copy ended: no more loads)
+        self._issuing = False  # (a load that ends at once is counted, not issued from again)
+        self.out = 0
+
+    def issue(self) -> None:
+        """Issue loads while the window and the free slots allow."""
+        self._issuing = True
+        try:
+            while self._going and self.out < IN_FLIGHT \
+                    and len(self._loads) < min(self._next + SLOTS, len(self._spans)):
+                k = len(self._loads)
+                self.out += 1
+                self._loads.append(self._copier.load(
+                    self._src_accel, self._piece, self._spans[k], self._ring,
+                    (k % SLOTS) * CHUNK).then(self._ended))
+        finally:
+            self._issuing = False
+
+    def _ended(self, c: Completion[int]) -> int:
+        self.out -= 1
+        if not self._issuing:  # (in the call that brings the answer: the window stays full)
+            self.issue()
+        return c.result()
+
+    async def run(self, store: Store) -> tuple[int, int]:
+        """RemoteCopier.copy's (loaded, stored): the pieces stored in order, each run of
+        pieces loaded whole in one store, up to the first piece not loaded whole or the
+        first short store."""
+        spans, loads = self._spans, self._loads
+        loaded = stored = 0
+        try:
+            self.issue()
+            while (i := self._next) < len(spans):
+                await completed(loads[i])
+                j, whole = i, True
+                while j < len(loads) and loads[j].done:
+                    got = loads[j].result()
+                    loaded += got
+                    if got < spans[j][1]:
+                        whole = False
+                        break
+                    j += 1
+                if j > i:
+                    views = [memoryview(self._ring)[(k % SLOTS) * CHUNK:][:spans[k][1]]
+                             for k in range(i, j)]
+                    want = sum(len(v) for v in views)
+                    n = await store(spans[i][0], views)
+                    stored += n
+                    if n < want:  # (the destination's fault comes first in copy order)
+                        return self._piece.length, stored
+                if not whole:
+                    break
+                self._next = j
+                self.issue()
+            return loaded, stored
+        finally:
+            self._going = False
