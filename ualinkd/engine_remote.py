@@ -18,7 +18,9 @@ LOAD on the link, into the same slot; a piece that got no answer within the link
 Policy 10 as the piece-by-piece copy keeps it: pieces are stored in order, and the copy
 stops at the first piece not loaded whole, storing nothing of it (nor of any after it): the
 copy faults at the first byte not loaded, or, when a store comes back short, at the first
-byte not stored.
+byte not stored. Its destination is looked up in the GPU VM again at every store
+(`PieceStore`), as the piece-by-piece copy looks it up per piece: one unmapped during the
+copy faults at its first unmapped byte.
 
 Lifetimes: a slot's buffer is the data plane's to write into until the load's outcome was
 posted (DataPlane keeps the buffer alive until then), whatever becomes of the copy (its
@@ -33,8 +35,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from .amdgpu.vm import RemotePiece
+from .amdgpu.vm import GpuVm, LocalPiece, RemotePiece
 from .drm.completion import Completion, done
+from .drm.device import Segment
 from .drm.errors import DrmError
 from .drm.loaded import Loaded, copy_into
 from .fabric.waiting import completed
@@ -66,6 +69,53 @@ class DataPlaneLoads(Protocol):
 
     def load_into(self, src: int, dst: int, npa: int, buf: bytearray, offset: int,
                   n: int) -> Completion[int] | None: ...
+
+
+class PieceStore:
+    """A copy's destination (a `Store`): the local piece `vm` mapped at `va` when the copy
+    began (a userptr BO: the client's own memory; or a BO of this node). Each store plans
+    its range again, as the piece-by-piece copy looked the VM up for every piece, and
+    writes only the prefix still mapped to that piece at the same place: a destination
+    unmapped or freed during the copy (which takes up to the link's deadline) faults at
+    its first unmapped byte (policy 10), and no byte reaches what its address names now
+    (a reused userptr address: another allocation of the client's)."""
+
+    def __init__(self, vm: GpuVm, va: int, piece: LocalPiece) -> None:
+        self._vm = vm
+        self._va = va
+        self._bo = piece.bo
+        self._base = piece.bo_offset
+
+    async def __call__(self, off: int, data: list[memoryview]) -> int:
+        want = sum(len(v) for v in data)
+        pieces, _ = self._vm.plan(self._va + off, want, write=True)
+        n = 0  # (the bytes from `off` still mapped to the BO at the same offset)
+        for p in pieces:
+            if type(p) is not LocalPiece or p.bo is not self._bo \
+                    or p.bo_offset != self._base + off + n:
+                break
+            n += p.length
+        if n < want:
+            data = _prefix(data, n)
+        bo, at = self._bo, self._base + off
+        if bo.userptr is not None:
+            segments: list[Segment] = [*data]
+            return await bo.userptr.writev(at, segments)
+        for v in data:
+            bo.memory.write(at, v)
+            at += len(v)
+        return n
+
+
+def _prefix(views: list[memoryview], n: int) -> list[memoryview]:
+    """The first `n` bytes of `views`."""
+    out: list[memoryview] = []
+    for v in views:
+        if n <= 0:
+            break
+        out.append(v[:n])
+        n -= len(out[-1])
+    return out
 
 
 class RemoteCopier:
