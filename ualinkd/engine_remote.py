@@ -51,8 +51,9 @@ IN_FLIGHT = 4  # loads out at once per copy (the data plane's window per channel
 # as many are stored (with IN_FLIGHT slots, a store of the pieces in them held up the next
 # loads until it ended: 16 MiB in 4 rounds of load-then-store).
 SLOTS = 2 * IN_FLIGHT
-RINGS_KEPT = 1  # buffer rings kept for the next copies (SLOTS MiB each: a fresh one's
-#                 page faults cost about as much as its copy)
+RING = SLOTS * CHUNK  # bytes of a full ring (a copy of fewer pieces gets one of its length)
+RINGS_KEPT = 1  # full rings kept for the next copies (a fresh one's page faults cost about
+#                 as much as its copy)
 
 # (importing accel, piece, write, data) -> the loaded bytes, by Completion (node.py's
 # remote_access: the link's LOAD)
@@ -121,7 +122,7 @@ def _prefix(views: list[memoryview], n: int) -> list[memoryview]:
 class RemoteCopier:
     """The node's engine copies from imported memory (one per GpuEngineEdge). `copy` does
     one; `copies` and `link_pieces` count them and their pieces the link carried. One
-    ring (SLOTS MiB) is kept between copies."""
+    full ring (SLOTS MiB) is kept between copies."""
 
     def __init__(self, data_plane: DataPlaneLoads, remote_access: RemoteAccess) -> None:
         self._dp = data_plane
@@ -143,13 +144,15 @@ class RemoteCopier:
         the caller must not report one). Every piece loaded whole since the
         last store goes in one store (one system call, one check of the process's
         mappings: a store per piece cost more than the load of the next ones)."""
-        ring = self._rings.pop() if self._rings else bytearray(SLOTS * CHUNK)
+        # (A fresh ring of fewer than SLOTS pieces holds just them: piece k is at k * CHUNK
+        # and only the last one may be short. It is not kept: the next copy may be longer.)
+        ring = self._rings.pop() if self._rings else bytearray(min(RING, piece.length))
         one = RingCopy(self, src_accel, piece, ring)
         # (Raised: a store that raised, callermem's worker past its deadline or cancelled,
         # may still be reading the ring in its worker thread: the ring goes with it, lest
         # the next copy's bytes, another process's, reach this one's memory.)
         loaded, stored = await one.run(store)
-        if one.out == 0 and len(self._rings) < RINGS_KEPT:
+        if one.out == 0 and len(ring) == RING and len(self._rings) < RINGS_KEPT:
             self._rings.append(ring)
         self.copies += 1
         return loaded, stored

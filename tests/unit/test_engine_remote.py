@@ -20,7 +20,14 @@ from ualinkd.amdgpu.vm import PAGE, LocalPiece, RemotePiece
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.loaded import Loaded
-from ualinkd.engine_remote import CHUNK, IN_FLIGHT, PieceStore, RemoteCopier, Store
+from ualinkd.engine_remote import (
+    CHUNK,
+    IN_FLIGHT,
+    SLOTS,
+    PieceStore,
+    RemoteCopier,
+    Store,
+)
 from ualinkd.fuse.dataplane import EXPIRED, FALLBACK, LOADED
 
 NPA = 0x4000_0000
@@ -38,6 +45,7 @@ class FakePlane:
         self.out: list[tuple[Completion[int], bytearray, int, int, int, int]] = []
         self.most_out = 0
         self.rings: set[int] = set()  # the buffers loaded into
+        self.sizes: list[int] = []  # their lengths, at each load
 
     def load_into(self, src: int, dst: int, npa: int, buf: bytearray, offset: int,
                   n: int) -> Completion[int] | None:
@@ -46,6 +54,7 @@ class FakePlane:
             return None
         c: Completion[int] = Completion()
         self.rings.add(id(buf))
+        self.sizes.append(len(buf))
         self.out.append((c, buf, offset, npa, n, status))
         self.most_out = max(self.most_out, len(self.out))
         return c
@@ -215,8 +224,8 @@ async def test_a_store_that_raised_does_not_give_its_ring_to_the_next_copy():
 
     async with trio.open_nursery() as nursery:
         async def run() -> None:
-            with pytest.raises(DrmError):
-                await copier.copy(0, RemotePiece(1, NPA, 2 * CHUNK), store)
+            with pytest.raises(DrmError):  # (a full ring: one that would be kept)
+                await copier.copy(0, RemotePiece(1, NPA, SIZE), store)
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(run)
@@ -277,3 +286,32 @@ async def test_a_destination_unmapped_during_the_copy_faults_at_its_first_unmapp
     if change != "freed":  # (a freed BO's memory is gone)
         assert a.memory.read(0, length) == SRC[:end] + bytes(length - end)
     assert b.memory.read(0, length) == bytes(length)
+
+
+async def test_a_copy_of_fewer_pieces_than_the_ring_gets_a_ring_of_its_length():
+    """A copy of fewer than SLOTS pieces with no ring kept loads into a ring of its own
+    length, which is not kept (the next copy may be longer); a full ring kept serves a
+    short copy and is kept again. Failed before: every fresh ring was SLOTS MiB, zeroed
+    (a 4-byte copy paid the page faults of 8 MiB)."""
+    plane = FakePlane(lambda i: LOADED)
+    copier = RemoteCopier(plane, link())
+
+    def into(dst: bytearray) -> Store:
+        async def store(off: int, views: list[memoryview]) -> int:
+            for v in views:
+                dst[off:off + len(v)] = v
+                off += len(v)
+            return sum(len(v) for v in views)
+        return store
+
+    for length in (4, 3 * CHUNK + 5):
+        dst = bytearray(length)
+        assert await answered(plane, copier, length, into(dst)) == (length, length)
+        assert dst == SRC[:length] and plane.sizes[-1] == length and copier._rings == []
+    await run_copy(plane, copier)  # (SIZE: more pieces than slots, a full ring, kept)
+    (ring,) = copier._rings
+    assert len(ring) == SLOTS * CHUNK
+    dst = bytearray(4)
+    assert await answered(plane, copier, 4, into(dst)) == (4, 4) and dst == SRC[:4]
+    assert plane.sizes[-1] == SLOTS * CHUNK
+    assert len(copier._rings) == 1 and copier._rings[0] is ring
