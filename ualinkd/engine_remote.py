@@ -18,7 +18,9 @@ LOAD on the link, into the same slot; a piece that got no answer within the link
 Policy 10 as the piece-by-piece copy keeps it: pieces are stored in order, and the copy
 stops at the first piece not loaded whole, storing nothing of it (nor of any after it): the
 copy faults at the first byte not loaded, or, when a store comes back short, at the first
-byte not stored.
+byte not stored. Its destination is looked up in the GPU VM again at every store
+(`PieceStore`), as the piece-by-piece copy looks it up per piece: one unmapped during the
+copy faults at its first unmapped byte.
 
 Lifetimes: a slot's buffer is the data plane's to write into until the load's outcome was
 posted (DataPlane keeps the buffer alive until then), whatever becomes of the copy (its
@@ -33,8 +35,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from .amdgpu.vm import RemotePiece
-from .drm.completion import Completion
+from .amdgpu.vm import GpuVm, LocalPiece, RemotePiece
+from .drm.completion import Completion, done
+from .drm.device import Segment
 from .drm.errors import DrmError
 from .drm.loaded import Loaded, copy_into
 from .fabric.waiting import completed
@@ -48,8 +51,9 @@ IN_FLIGHT = 4  # loads out at once per copy (the data plane's window per channel
 # as many are stored (with IN_FLIGHT slots, a store of the pieces in them held up the next
 # loads until it ended: 16 MiB in 4 rounds of load-then-store).
 SLOTS = 2 * IN_FLIGHT
-RINGS_KEPT = 1  # buffer rings kept for the next copies (SLOTS MiB each: a fresh one's
-#                 page faults cost about as much as its copy)
+RING = SLOTS * CHUNK  # bytes of a full ring (a copy of fewer pieces gets one of its length)
+RINGS_KEPT = 1  # full rings kept for the next copies (a fresh one's page faults cost about
+#                 as much as its copy)
 
 # (importing accel, piece, write, data) -> the loaded bytes, by Completion (node.py's
 # remote_access: the link's LOAD)
@@ -68,10 +72,57 @@ class DataPlaneLoads(Protocol):
                   n: int) -> Completion[int] | None: ...
 
 
+class PieceStore:
+    """A copy's destination (a `Store`): the local piece `vm` mapped at `va` when the copy
+    began (a userptr BO: the client's own memory; or a BO of this node). Each store plans
+    its range again, as the piece-by-piece copy looked the VM up for every piece, and
+    writes only the prefix still mapped to that piece at the same place: a destination
+    unmapped or freed during the copy (which takes up to the link's deadline) faults at
+    its first unmapped byte (policy 10), and no byte reaches what its address names now
+    (a reused userptr address: another allocation of the client's)."""
+
+    def __init__(self, vm: GpuVm, va: int, piece: LocalPiece) -> None:
+        self._vm = vm
+        self._va = va
+        self._bo = piece.bo
+        self._base = piece.bo_offset
+
+    async def __call__(self, off: int, data: list[memoryview]) -> int:
+        want = sum(len(v) for v in data)
+        pieces, _ = self._vm.plan(self._va + off, want, write=True)
+        n = 0  # (the bytes from `off` still mapped to the BO at the same offset)
+        for p in pieces:
+            if type(p) is not LocalPiece or p.bo is not self._bo \
+                    or p.bo_offset != self._base + off + n:
+                break
+            n += p.length
+        if n < want:
+            data = _prefix(data, n)
+        bo, at = self._bo, self._base + off
+        if bo.userptr is not None:
+            segments: list[Segment] = [*data]
+            return await bo.userptr.writev(at, segments)
+        for v in data:
+            bo.memory.write(at, v)
+            at += len(v)
+        return n
+
+
+def _prefix(views: list[memoryview], n: int) -> list[memoryview]:
+    """The first `n` bytes of `views`."""
+    out: list[memoryview] = []
+    for v in views:
+        if n <= 0:
+            break
+        out.append(v[:n])
+        n -= len(out[-1])
+    return out
+
+
 class RemoteCopier:
     """The node's engine copies from imported memory (one per GpuEngineEdge). `copy` does
     one; `copies` and `link_pieces` count them and their pieces the link carried. One
-    ring (SLOTS MiB) is kept between copies."""
+    full ring (SLOTS MiB) is kept between copies."""
 
     def __init__(self, data_plane: DataPlaneLoads, remote_access: RemoteAccess) -> None:
         self._dp = data_plane
@@ -93,75 +144,23 @@ class RemoteCopier:
         the caller must not report one). Every piece loaded whole since the
         last store goes in one store (one system call, one check of the process's
         mappings: a store per piece cost more than the load of the next ones)."""
-        ring = self._rings.pop() if self._rings else bytearray(SLOTS * CHUNK)
-        spans = [(off, min(CHUNK, piece.length - off)) for off in range(0, piece.length, CHUNK)]
-        loads: list[Completion[int]] = []
-        out = 0  # loads not yet ended (the ring is reused only with none)
-        i = 0  # the next piece to store (its slot and the ones after it are not free)
-        going = True  # (False once the copy ended: no more loads)
-        issuing = False  # (a load that ends at once is counted, not issued from again)
-
-        def ended(c: Completion[int]) -> int:
-            nonlocal out
-            out -= 1
-            if not issuing:
-                issue()  # (in the call that brings the answer: the window stays full)
-            return c.result()
-
-        def issue() -> None:
-            # (at most IN_FLIGHT out, none into a slot whose piece is not stored yet)
-            nonlocal out, issuing
-            issuing = True
-            try:
-                while going and len(loads) < min(i + SLOTS, len(spans)) and out < IN_FLIGHT:
-                    k = len(loads)
-                    out += 1
-                    loads.append(self._load(src_accel, piece, spans[k], ring,
-                                            (k % SLOTS) * CHUNK).then(ended))
-            finally:
-                issuing = False
-
-        loaded = stored = 0
-        clean = False  # (no store was given up: none may still read the ring)
-        try:
-            issue()
-            while i < len(spans):
-                await completed(loads[i])
-                j, whole = i, True
-                while j < len(loads) and loads[j].done:
-                    got = loads[j].result()
-                    loaded += got
-                    if got < spans[j][1]:
-                        whole = False
-                        break
-                    j += 1
-                if j > i:
-                    views = [memoryview(ring)[(k % SLOTS) * CHUNK:][:spans[k][1]]
-                             for k in range(i, j)]
-                    want = sum(len(v) for v in views)
-                    n = await store(spans[i][0], views)
-                    stored += n
-                    if n < want:  # (the destination's fault comes first in copy order)
-                        loaded = piece.length
-                        break
-                if not whole:
-                    break
-                i = j
-                issue()
-            clean = True
-        finally:
-            going = False
-            # A store that raised (callermem's worker past its deadline, or cancelled) may
-            # still be reading the ring in its worker thread: the ring goes with it, lest
-            # the next copy's bytes (another process's) reach this one's memory.
-            if clean and out == 0 and len(self._rings) < RINGS_KEPT:
-                self._rings.append(ring)
+        # (A fresh ring of fewer than SLOTS pieces holds just them: piece k is at k * CHUNK
+        # and only the last one may be short. It is not kept: the next copy may be longer.)
+        ring = self._rings.pop() if self._rings else bytearray(min(RING, piece.length))
+        one = RingCopy(self, src_accel, piece, ring)
+        # (Raised: a store that raised, callermem's worker past its deadline or cancelled,
+        # may still be reading the ring in its worker thread: the ring goes with it, lest
+        # the next copy's bytes, another process's, reach this one's memory.)
+        loaded, stored = await one.run(store)
+        if one.out == 0 and len(ring) == RING and len(self._rings) < RINGS_KEPT:
+            self._rings.append(ring)
         self.copies += 1
         return loaded, stored
 
-    def _load(self, src_accel: int, piece: RemotePiece, span: tuple[int, int],
-              ring: bytearray, slot: int) -> Completion[int]:
-        """One piece into ring[slot:]: the count loaded (less than asked: a fault)."""
+    def load(self, src_accel: int, piece: RemotePiece, span: tuple[int, int],
+             ring: bytearray, slot: int) -> Completion[int]:
+        """One span of `piece` into ring[slot:]: the count loaded (less than asked: a
+        fault)."""
         off, n = span
         sub = RemotePiece(piece.exporter_accel, piece.npa_byte_address + off, n, piece.bo)
         fast = self._dp.load_into(src_accel, piece.exporter_accel, sub.npa_byte_address,
@@ -169,11 +168,13 @@ class RemoteCopier:
         if fast is None:
             return self._by_link(src_accel, sub, ring, slot)
         over: Completion[int] = Completion()
-        fast.when_done(functools.partial(self._answered, src_accel, sub, ring, slot, over))
+        fast.when_done(functools.partial(self._by_status, src_accel, sub, ring, slot, over))
         return over
 
-    def _answered(self, src_accel: int, sub: RemotePiece, ring: bytearray, slot: int,
-                  over: Completion[int], fast: Completion[int]) -> None:
+    def _by_status(self, src_accel: int, sub: RemotePiece, ring: bytearray, slot: int,
+                   over: Completion[int], fast: Completion[int]) -> None:
+        """`over` from the data plane's outcome of `sub`: its length, a fault, or the
+        link's LOAD of it when the data plane handed it back."""
         status = fast.result()
         if status == LOADED:
             over.set_result(sub.length)
@@ -203,6 +204,80 @@ class RemoteCopier:
         try:
             return self._remote(src_accel, sub, False, None).then(landed)
         except DrmError:
-            over: Completion[int] = Completion()
-            over.set_result(0)
-            return over
+            return done(0)
+
+
+class RingCopy:
+    """One copy's buffer ring and its window of loads (RemoteCopier.copy): piece k loads
+    into slot k % SLOTS; at most IN_FLIGHT loads are out, none into a slot whose piece is
+    not stored yet; each load's answer issues the next load in its own call, so that the
+    window stays full while the copy waits for a store. `out` counts the loads not yet
+    ended: the ring may be reused only with none."""
+
+    def __init__(self, copier: RemoteCopier, src_accel: int, piece: RemotePiece,
+                 ring: bytearray) -> None:
+        self._copier = copier
+        self._src_accel = src_accel
+        self._piece = piece
+        self._ring = ring
+        self._spans = [(off, min(CHUNK, piece.length - off))
+                       for off in range(0, piece.length, CHUNK)]
+        self._loads: list[Completion[int]] = []  # piece k's load, issued in order
+        self._next = 0  # the next piece to store (its slot and the ones after it are busy)
+        self._going = True  # (False once the copy ended: no more loads)
+        self._issuing = False  # (a load that ends at once is counted, not issued from again)
+        self.out = 0
+
+    def issue(self) -> None:
+        """Issue loads while the window and the free slots allow."""
+        self._issuing = True
+        try:
+            while self._going and self.out < IN_FLIGHT \
+                    and len(self._loads) < min(self._next + SLOTS, len(self._spans)):
+                k = len(self._loads)
+                self.out += 1
+                self._loads.append(self._copier.load(
+                    self._src_accel, self._piece, self._spans[k], self._ring,
+                    (k % SLOTS) * CHUNK).then(self._ended))
+        finally:
+            self._issuing = False
+
+    def _ended(self, c: Completion[int]) -> int:
+        self.out -= 1
+        if not self._issuing:  # (in the call that brings the answer: the window stays full)
+            self.issue()
+        return c.result()
+
+    async def run(self, store: Store) -> tuple[int, int]:
+        """RemoteCopier.copy's (loaded, stored): the pieces stored in order, each run of
+        pieces loaded whole in one store, up to the first piece not loaded whole or the
+        first short store."""
+        spans, loads = self._spans, self._loads
+        loaded = stored = 0
+        try:
+            self.issue()
+            while (i := self._next) < len(spans):
+                await completed(loads[i])
+                j, whole = i, True
+                while j < len(loads) and loads[j].done:
+                    got = loads[j].result()
+                    loaded += got
+                    if got < spans[j][1]:
+                        whole = False
+                        break
+                    j += 1
+                if j > i:
+                    views = [memoryview(self._ring)[(k % SLOTS) * CHUNK:][:spans[k][1]]
+                             for k in range(i, j)]
+                    want = sum(len(v) for v in views)
+                    n = await store(spans[i][0], views)
+                    stored += n
+                    if n < want:  # (the destination's fault comes first in copy order)
+                        return self._piece.length, stored
+                if not whole:
+                    break
+                self._next = j
+                self.issue()
+            return loaded, stored
+        finally:
+            self._going = False

@@ -83,11 +83,10 @@ from .amdgpu.sdma import JOB_TIMEOUT_NS, SdmaRing
 from .amdgpu.vm import LocalPiece, RemotePiece
 from .amdkfd import queues as kq
 from .drm.completion import Completion
-from .drm.device import Segment
 from .drm.errors import DrmError
 from .drm.file import DrmFile
 from .drm.loaded import Loaded, in_memory
-from .engine_remote import RemoteCopier
+from .engine_remote import PieceStore, RemoteCopier
 from .fuse._fuse_ll import ffi as _ffi
 from .fuse._fuse_ll import lib as _lib
 from .fuse.procfd import open_pidfd
@@ -770,19 +769,8 @@ class GpuEngineEdge:
             return False
         # Issued by the accel that holds the NPA BO, as node._remote_for's pieces are.
         src_accel = self.core.managers[s.bo.device.minor].accel_id
-        bo, base = d.bo, d.bo_offset
-
-        async def store(off: int, data: list[memoryview]) -> int:
-            if bo.userptr is not None:
-                segments: list[Segment] = [*data]
-                return await bo.userptr.writev(base + off, segments)
-            for v in data:
-                bo.memory.write(base + off, v)
-                off += len(v)
-            return sum(len(v) for v in data)
-
         try:
-            loaded, stored = await copier.copy(src_accel, s, store)
+            loaded, stored = await copier.copy(src_accel, s, PieceStore(vm, req.dst_va, d))
         except DrmError as e:  # (the process's memory closed under the copy)
             raise GpuFault(req.dst_va, True, e.strerror or "") from None
         if loaded < req.size:  # policy 10: the link's fault (access._short), counted once

@@ -12,12 +12,22 @@ from collections.abc import Callable
 
 import pytest
 import trio
+import ualink_testkit as kit
+from test_gpu_vm import NO_HANDLE, VA, bo_of, va_ok, vm_of
 
-from ualinkd.amdgpu.vm import RemotePiece
+from ualinkd.abi import constants as c
+from ualinkd.amdgpu.vm import PAGE, LocalPiece, RemotePiece
 from ualinkd.drm.completion import Completion
 from ualinkd.drm.errors import DrmError
 from ualinkd.drm.loaded import Loaded
-from ualinkd.engine_remote import CHUNK, IN_FLIGHT, RemoteCopier
+from ualinkd.engine_remote import (
+    CHUNK,
+    IN_FLIGHT,
+    SLOTS,
+    PieceStore,
+    RemoteCopier,
+    Store,
+)
 from ualinkd.fuse.dataplane import EXPIRED, FALLBACK, LOADED
 
 NPA = 0x4000_0000
@@ -35,6 +45,7 @@ class FakePlane:
         self.out: list[tuple[Completion[int], bytearray, int, int, int, int]] = []
         self.most_out = 0
         self.rings: set[int] = set()  # the buffers loaded into
+        self.sizes: list[int] = []  # their lengths, at each load
 
     def load_into(self, src: int, dst: int, npa: int, buf: bytearray, offset: int,
                   n: int) -> Completion[int] | None:
@@ -43,6 +54,7 @@ class FakePlane:
             return None
         c: Completion[int] = Completion()
         self.rings.add(id(buf))
+        self.sizes.append(len(buf))
         self.out.append((c, buf, offset, npa, n, status))
         self.most_out = max(self.most_out, len(self.out))
         return c
@@ -92,10 +104,17 @@ async def run_copy(plane: FakePlane, copier: RemoteCopier, last_first: bool = Fa
         stores.append((off, n))
         return n
 
+    loaded, stored = await answered(plane, copier, SIZE, store, last_first)
+    return loaded, stored, dst, stores
+
+
+async def answered(plane: FakePlane, copier: RemoteCopier, length: int, store: Store,
+                   last_first: bool = False) -> tuple[int, int]:
+    """The copy of NPA [NPA, +length) to `store`, its loads answered one per turn."""
     result: list[tuple[int, int]] = []
     async with trio.open_nursery() as nursery:
         async def run() -> None:
-            result.append(await copier.copy(0, RemotePiece(1, NPA, SIZE), store))
+            result.append(await copier.copy(0, RemotePiece(1, NPA, length), store))
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(run)
@@ -103,8 +122,7 @@ async def run_copy(plane: FakePlane, copier: RemoteCopier, last_first: bool = Fa
             await trio.sleep(0)
             if plane.out:
                 plane.deliver_one(last_first)
-    loaded, stored = result[0]
-    return loaded, stored, dst, stores
+    return result[0]
 
 
 @pytest.mark.parametrize("last_first", [False, True], ids=["in-order", "reversed"])
@@ -206,8 +224,8 @@ async def test_a_store_that_raised_does_not_give_its_ring_to_the_next_copy():
 
     async with trio.open_nursery() as nursery:
         async def run() -> None:
-            with pytest.raises(DrmError):
-                await copier.copy(0, RemotePiece(1, NPA, 2 * CHUNK), store)
+            with pytest.raises(DrmError):  # (a full ring: one that would be kept)
+                await copier.copy(0, RemotePiece(1, NPA, SIZE), store)
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(run)
@@ -216,3 +234,84 @@ async def test_a_store_that_raised_does_not_give_its_ring_to_the_next_copy():
             if plane.out:
                 plane.deliver_one(False)
     assert not plane.out and copier._rings == []
+
+
+@pytest.mark.parametrize("change", ["freed", "cleared", "another-bo", "moved", "read-only"])
+async def test_a_destination_unmapped_during_the_copy_faults_at_its_first_unmapped_byte(
+        change: str):
+    """Policy 10 (spec "Emulator policy" 10), gpu_engine._copy_remote's destination: the
+    client changes its GPU VM between two stores of the copy (the BO freed: GEM_CLOSE; part
+    of the range cleared; another BO, or the same BO at another offset, mapped there by
+    REPLACE; the range made read-only): each store plans its range again, as the
+    piece-by-piece copy looked the VM up per piece, so the copy stores up to the first
+    byte no longer mapped to the same place and comes back short there (_copy_remote:
+    GpuFault(dst_va + stored)); nothing reaches the BO past it, nor the BO now mapped.
+    Failed before: every store wrote where the copy's first plan said (stored == length:
+    no fault, and the bytes went to memory the address no longer names, for a userptr
+    BO a CPU address the client may have reused)."""
+    core = kit.make_node()
+    f = kit.open_file(core)
+    length = 6 * CHUNK
+    h, other = kit.gem_create(f, length), kit.gem_create(f, length)
+    a, b = bo_of(f, h), bo_of(f, other)
+    va_ok(f, h, size=length)
+    vm = vm_of(f)
+    (d,), fault = vm.plan(VA, length, write=True)
+    assert fault is None and isinstance(d, LocalPiece)
+    at = 5 * CHUNK + PAGE  # (past the first store: at most IN_FLIGHT pieces)
+    tail = dict(va=VA + at, size=length - at)
+    first: list[int] = []
+    pieces = PieceStore(vm, VA, d)
+
+    async def store(off: int, views: list[memoryview]) -> int:
+        n = await pieces(off, views)
+        if not first:  # (the VM changed under the copy, after its first store)
+            first.append(off + n)
+            if change == "freed":
+                kit.gem_close(f, h)
+            elif change == "cleared":
+                va_ok(f, NO_HANDLE, op=c.VA_OP_CLEAR, **tail)
+            elif change == "another-bo":
+                va_ok(f, other, op=c.VA_OP_REPLACE, offset=at, **tail)
+            elif change == "moved":
+                va_ok(f, h, op=c.VA_OP_REPLACE, offset=0, **tail)
+            else:
+                va_ok(f, h, op=c.VA_OP_REPLACE, offset=at, flags=c.VM_PAGE_READABLE, **tail)
+        return n
+
+    plane = FakePlane(lambda i: LOADED)
+    loaded, stored = await answered(plane, RemoteCopier(plane, link()), length, store)
+    end = first[0] if change == "freed" else at
+    assert first[0] < at and (loaded, stored) == (length, end)
+    if change != "freed":  # (a freed BO's memory is gone)
+        assert a.memory.read(0, length) == SRC[:end] + bytes(length - end)
+    assert b.memory.read(0, length) == bytes(length)
+
+
+async def test_a_copy_of_fewer_pieces_than_the_ring_gets_a_ring_of_its_length():
+    """A copy of fewer than SLOTS pieces with no ring kept loads into a ring of its own
+    length, which is not kept (the next copy may be longer); a full ring kept serves a
+    short copy and is kept again. Failed before: every fresh ring was SLOTS MiB, zeroed
+    (a 4-byte copy paid the page faults of 8 MiB)."""
+    plane = FakePlane(lambda i: LOADED)
+    copier = RemoteCopier(plane, link())
+
+    def into(dst: bytearray) -> Store:
+        async def store(off: int, views: list[memoryview]) -> int:
+            for v in views:
+                dst[off:off + len(v)] = v
+                off += len(v)
+            return sum(len(v) for v in views)
+        return store
+
+    for length in (4, 3 * CHUNK + 5):
+        dst = bytearray(length)
+        assert await answered(plane, copier, length, into(dst)) == (length, length)
+        assert dst == SRC[:length] and plane.sizes[-1] == length and copier._rings == []
+    await run_copy(plane, copier)  # (SIZE: more pieces than slots, a full ring, kept)
+    (ring,) = copier._rings
+    assert len(ring) == SLOTS * CHUNK
+    dst = bytearray(4)
+    assert await answered(plane, copier, 4, into(dst)) == (4, 4) and dst == SRC[:4]
+    assert plane.sizes[-1] == SLOTS * CHUNK
+    assert len(copier._rings) == 1 and copier._rings[0] is ring
