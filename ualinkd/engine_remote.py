@@ -53,7 +53,7 @@ IN_FLIGHT = 4  # loads out at once per copy (the data plane's window per channel
 SLOTS = 2 * IN_FLIGHT
 # Pieces a store waits for (fewer: the copy's last ones, or a fault among them): a store of
 # each piece as it came in cost a worker's hand-over and a check of the process's mappings
-# per MiB (16 MiB copied by 4 MiB SDMA packets: 14 stores instead of 5).
+# per MiB (a 16 MiB copy, answers coming one by one: ~14 stores; now 4).
 STORE_PIECES = IN_FLIGHT
 RING = SLOTS * CHUNK  # bytes of a full ring (a copy of fewer pieces gets one of its length)
 RINGS_KEPT = 1  # full rings kept for the next copies (a fresh one's page faults cost about

@@ -129,8 +129,8 @@ async def answered(plane: FakePlane, copier: RemoteCopier, length: int, store: S
 async def test_a_store_takes_store_pieces_pieces_not_one_per_answer():
     """Issue 34: pieces answered one at a time, in order, are stored STORE_PIECES at a time
     (the copy's last ones fewer): one hand-over to a caller-memory worker and one check
-    of the process's mappings per 4 MiB, not per MiB as each piece came in (16 MiB by
-    4 MiB SDMA packets: 14 stores, now 5)."""
+    of the process's mappings per 4 MiB, not per MiB as each piece came in (a 16 MiB
+    copy: ~14 stores, now 4)."""
     plane = FakePlane(lambda i: LOADED)
     copier = RemoteCopier(plane, link())
     loaded, stored, dst, stores = await run_copy(plane, copier)
