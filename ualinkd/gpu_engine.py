@@ -243,6 +243,7 @@ class GpuEngineEdge:
         # Set with each new snapshot (and at the end): what the thread sleeps on while it
         # has nothing to poll, rather than waking on a timer.
         self._rewatch = threading.Event()
+        self._all_running = False  # (the last scan's: every queue was in a run)
         self.kfd.queues.listeners.append(self._queue_changed)
         self.kfd.queues.updated.append(lambda q: self._wake.set())
         self.kfd.queues.waiting.append(self._waiting)
@@ -292,8 +293,12 @@ class GpuEngineEdge:
                     interval = MIN_INTERVAL
                 else:
                     interval = min(interval * 2, MAX_INTERVAL)
-                if not self.kfd.queues.pqms:
-                    await self._wake.wait()  # no queue: nothing to watch until one is made
+                if not self.kfd.queues.pqms or self._all_running:
+                    # no queue: nothing to watch until one is made; every queue in a run
+                    # (one long SDMA copy): nothing until a run ends (its task rings again
+                    # itself for a doorbell rung meanwhile) or a queue changes, each of
+                    # which wakes us (the back-off's ticks cost the copy's CPU ~7 scans)
+                    await self._wake.wait()
                     interval = MIN_INTERVAL
                 else:
                     # past MAX_INTERVAL the watch thread wakes us when a doorbell moves (a
@@ -376,15 +381,20 @@ class GpuEngineEdge:
         blocked on a poll is its run task's, still running). True when a doorbell moved."""
         self.ticks += 1
         busy = False
+        all_running = True
         watched: list[tuple[BoMemory, tuple[tuple[int, bytes], ...]]] = []
         for pqm in list(self.kfd.queues.pqms.values()):
             proc = self.kfd.processes.get(pqm.pid)
             if proc is None:
+                all_running = False
                 continue
             slices: dict[int, bytes] = {}
             waiting: dict[int, list[tuple[int, bytes]]] = {}
             for q in list(pqm.queues.values()):
-                if q.state is not kq.KfdQueueState.ACTIVE or q in self._running:
+                if q in self._running:
+                    continue
+                all_running = False
+                if q.state is not kq.KfdQueueState.ACTIVE:
                     continue
                 page = slices.get(q.gpu_id)
                 if page is None:
@@ -404,9 +414,16 @@ class GpuEngineEdge:
                 assert bo is not None  # (a slot of it was just read)
                 watched.append((bo.memory, tuple(slots)))
         self._map_watched(watched)
+        # Nothing watched before nor now (every queue running, e.g. one long copy): the
+        # thread, parked on the last empty snapshot with no mapping to close, has nothing
+        # new; waking it cost every scan two context switches and a GIL hand-over (on one
+        # CPU, 5% of an SDMA copy's importer time).
+        quiet = not watched and not self._watched and not self._retired
         self._watched = tuple(watched)
         self._generation[0] += 1
-        self._rewatch.set()
+        if not quiet:
+            self._rewatch.set()
+        self._all_running = all_running and not busy
         return busy
 
     def _moved(self, q: kq.KfdQueue, value: int) -> bool:

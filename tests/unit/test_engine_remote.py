@@ -24,6 +24,7 @@ from ualinkd.engine_remote import (
     CHUNK,
     IN_FLIGHT,
     SLOTS,
+    STORE_PIECES,
     PieceStore,
     RemoteCopier,
     Store,
@@ -123,6 +124,61 @@ async def answered(plane: FakePlane, copier: RemoteCopier, length: int, store: S
             if plane.out:
                 plane.deliver_one(last_first)
     return result[0]
+
+
+async def test_a_store_takes_store_pieces_pieces_not_one_per_answer():
+    """Issue 34: pieces answered one at a time, in order, are stored STORE_PIECES at a time
+    (the copy's last ones fewer): one hand-over to a caller-memory worker and one check
+    of the process's mappings per 4 MiB, not per MiB as each piece came in (a 16 MiB
+    copy: ~14 stores, now 4)."""
+    plane = FakePlane(lambda i: LOADED)
+    copier = RemoteCopier(plane, link())
+    loaded, stored, dst, stores = await run_copy(plane, copier)
+    assert (loaded, stored) == (SIZE, SIZE) and dst == SRC[:SIZE]
+    pieces = -(-SIZE // CHUNK)
+    assert STORE_PIECES > 1
+    # (in order, contiguous; every store but the last one STORE_PIECES pieces or more: more
+    # when further answers came in before the copy's task ran)
+    assert [off for off, _ in stores] == [sum(n for _, n in stores[:k])
+                                          for k in range(len(stores))]
+    assert all(n >= STORE_PIECES * CHUNK for _, n in stores[:-1]), stores
+    assert len(stores) <= -(-pieces // STORE_PIECES)
+    assert plane.most_out <= IN_FLIGHT
+
+
+async def test_a_fault_inside_a_store_s_run_stores_the_pieces_before_it_at_once():
+    """Policy 10 with stores of STORE_PIECES: piece 1 expires while piece 0 is in and pieces
+    2.. are still out: piece 0 is stored and the copy stops at piece 1's first byte,
+    without waiting for the rest of the run."""
+    plane = FakePlane(lambda i: EXPIRED if i == 1 else LOADED)
+    copier = RemoteCopier(plane, link())
+    dst = bytearray(b"\xee" * SIZE)
+    stores: list[tuple[int, int]] = []
+
+    async def store(off: int, views: list[memoryview]) -> int:
+        n = sum(len(v) for v in views)
+        dst[off:off + n] = b"".join(views)
+        stores.append((off, n))
+        return n
+
+    result: list[tuple[int, int]] = []
+    async with trio.open_nursery() as nursery:
+        async def run() -> None:
+            result.append(await copier.copy(0, RemotePiece(1, NPA, SIZE), store))
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(run)
+        while len(plane.out) < IN_FLIGHT:
+            await trio.sleep(0)
+        plane.deliver_one(False)  # piece 0
+        plane.deliver_one(False)  # piece 1: expired; 2 and 3 stay out
+        await trio.sleep(1)  # (ended at once: cancelled)
+        raise AssertionError("the copy waited for pieces after the fault")
+    assert result == [(CHUNK, CHUNK)]
+    assert stores == [(0, CHUNK)] and dst[:CHUNK] == SRC[:CHUNK]
+    assert dst[CHUNK:] == b"\xee" * (SIZE - CHUNK)
+    for out, *_ in plane.out:  # (the loads still out end: the ring is not kept with them)
+        out.set_result(LOADED)
 
 
 @pytest.mark.parametrize("last_first", [False, True], ids=["in-order", "reversed"])

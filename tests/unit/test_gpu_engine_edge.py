@@ -603,3 +603,65 @@ def test_a_doorbell_rung_while_its_queue_runs_goes_on_in_the_same_task():
         await until(lambda: rig.word(RPTR, 8) == 32)
 
     run_edge(rig, body)
+
+
+def test_scans_while_every_queue_runs_leave_the_watch_thread_asleep():
+    """Issue 34 (SDMA remote copy): while the only queue is in a run (here blocked on a
+    forever poll; a long copy alike) no doorbell is watched, and a scan of the loop (each
+    a tick after a doorbell, a wait for events, a queue update) leaves the watch thread
+    parked on the empty snapshot it has: it woke on every scan, two context switches and
+    a GIL hand-over each, on the CPU the copy needs. (Wake-ups: /proc schedstat.)"""
+    import threading
+    from pathlib import Path
+
+    earlier = {t.ident for t in threading.enumerate()}
+    rig = Rig()
+    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
+                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.submit(poll + fence(DATA + 16, 9))
+        await until(lambda: edge.poll_rechecks > 0 and not edge._watched)
+        # (this edge's watch thread: an earlier test's may still be on its way out)
+        (tid,) = [t.native_id for t in threading.enumerate()
+                  if t.name == "ualinkd-doorbells" and t.ident not in earlier]
+        schedstat = Path(f"/proc/self/task/{tid}/schedstat")
+        await trio.sleep(0.05)
+        ticks, before = edge.ticks, int(schedstat.read_text().split()[2])
+        for _ in range(30):
+            edge._wake.set()
+            await trio.sleep(0.003)
+        assert edge.ticks - ticks >= 30
+        assert int(schedstat.read_text().split()[2]) - before <= 3
+        rig.gtt.memory.write(DATA - BASE, b"\x00\x00\x00\x00")  # released: fence lands
+        await until(lambda: rig.word(DATA + 16) == 9)
+
+    run_edge(rig, body)
+
+
+def test_while_every_queue_runs_the_loop_does_not_tick():
+    """Issue 34 (SDMA remote copy): with every queue in a run (here the only one, blocked
+    on a forever poll; a long copy alike) a scan finds nothing to look at, so after a
+    doorbell the loop waits for a wake-up (a run ending, a queue changing, a wait for
+    events) instead of ticking its back-off, 50 µs up to MAX_INTERVAL (~7 scans, each
+    on the CPU the copy needs). The run's end still puts the tick back (its queue is then
+    watched again) and the fence after the poll lands."""
+    rig = Rig()
+    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
+                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
+
+    async def body(edge: GpuEngineEdge) -> None:
+        ticks = edge.ticks
+        rig.submit(poll + fence(DATA + 16, 9))
+        await until(lambda: edge._running)
+        await trio.sleep(0.05)
+        assert edge.ticks - ticks <= 3, edge.ticks - ticks
+        ticks = edge.ticks
+        rig.gtt.memory.write(DATA - BASE, b"\x00\x00\x00\x00")  # released: fence lands
+        await until(lambda: rig.word(DATA + 16) == 9 and not edge._running)
+        await until(lambda: edge._watched)  # (its doorbell looked at again)
+        assert edge.ticks > ticks
+
+    run_edge(rig, body)

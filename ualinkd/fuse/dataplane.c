@@ -1922,9 +1922,9 @@ static void ualinkd_dp_stats(struct ualinkd_dp *dp, uint64_t *out)
  * touches the destination again: an answer still coming for a load that expired is dropped
  * as it comes (dr_dest NULL). */
 
-/* Post an engine load's outcome (its room was reserved when it was issued).
-   [dp->lock held] */
-static void dp_engine_post(struct ualinkd_dp *dp, uint64_t token, int32_t status)
+/* Record an engine load's outcome (its room was reserved when it was issued), without
+   waking Python. [dp->lock held] */
+static void dp_engine_record(struct ualinkd_dp *dp, uint64_t token, int32_t status)
 {
     if (dp->nld < dp->capld) {  /* (always: ualinkd_dp_load_into reserved it) */
         dp->ld[dp->nld].token = token;
@@ -1933,6 +1933,27 @@ static void dp_engine_post(struct ualinkd_dp *dp, uint64_t token, int32_t status
     } else {
         dp->lost_events++;
     }
+}
+
+/* Post an engine load's outcome: recorded, Python woken. [dp->lock held] */
+static void dp_engine_post(struct ualinkd_dp *dp, uint64_t token, int32_t status)
+{
+    dp_engine_record(dp, token, status);
+    if (dp->notifyfd >= 0)
+        dp_wake(dp->notifyfd);
+}
+
+/* An engine load loaded whole: counted and recorded under dp->lock, Python woken once it
+   is released. (Woken under it, the trio thread, on the same CPU, preempted this thread
+   still holding it, then blocked in its first call that takes it, ualinkd_dp_stats: two
+   more context switches per 1 MiB piece of an SDMA copy.) The notify fd is closed only
+   once this thread was joined (ualinkd_dp_stop). [thread] */
+static void dp_engine_loaded(struct ualinkd_dp *dp, uint64_t token)
+{
+    pthread_mutex_lock(&dp->lock);
+    dp->engine_loads++;
+    dp_engine_record(dp, token, 0);
+    pthread_mutex_unlock(&dp->lock);
     if (dp->notifyfd >= 0)
         dp_wake(dp->notifyfd);
 }
@@ -1943,15 +1964,13 @@ static void dp_engine_post(struct ualinkd_dp *dp, uint64_t token, int32_t status
 static void dp_engine_answered(struct ualinkd_dp *dp, const struct dp_pending *p,
                                const char *bytes)
 {
-    if (bytes != NULL)
-        memcpy(p->dest, bytes, p->size);
-    pthread_mutex_lock(&dp->lock);
     if (bytes != NULL) {
-        dp->engine_loads++;
-        dp_engine_post(dp, p->token, 0);
-    } else {
-        dp_fall_back(dp, p, 0);
+        memcpy(p->dest, bytes, p->size);
+        dp_engine_loaded(dp, p->token);
+        return;
     }
+    pthread_mutex_lock(&dp->lock);
+    dp_fall_back(dp, p, 0);
     pthread_mutex_unlock(&dp->lock);
 }
 
@@ -2023,12 +2042,8 @@ static int dp_direct_more(struct ualinkd_dp *dp, struct dp_channel *ch)
         else
             p.dest = NULL;  /* (cannot be: only this thread ends it meanwhile) */
         pthread_mutex_unlock(&ch->lock);
-        if (p.dest != NULL) {
-            pthread_mutex_lock(&dp->lock);
-            dp->engine_loads++;
-            dp_engine_post(dp, p.token, 0);
-            pthread_mutex_unlock(&dp->lock);
-        }
+        if (p.dest != NULL)
+            dp_engine_loaded(dp, p.token);
     }
     return 1;
 }

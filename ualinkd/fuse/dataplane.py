@@ -69,6 +69,8 @@ class DataPlane:
         self._next_token = 1
         self._loaded = ffi.new("struct dp_loaded[]", _LOADED_PER_TAKE)
         self._engine_stats = ffi.new("uint64_t[2]")
+        self._event_handle = ffi.new("int *")  # (log_events': what take_event fills in)
+        self._event_why = ffi.new("char[160]")
         translation.listen(self.flush)
 
     @property
@@ -266,13 +268,17 @@ class DataPlane:
         line says why it went; nor is one whose link goes down within DROP_LOG_GRACE (a
         peer that stops closes both; at a 256-node pod's stop every node wrote a WARNING
         per peer): the WARNING is for a channel that broke while its link stays up."""
-        late = self.stats().get("late_stores", 0)
+        if self.pointer == ffi.NULL:
+            return
+        # (on every wake-up of the thread's eventfd, one per GPU engine load: the counters
+        # alone, not stats()'s dict and its engine counters, a third C call)
+        lib.ualinkd_dp_stats(self.pointer, self._stats)
+        late = int(self._stats[8])  # (late_stores)
         if late > self._late_logged:
             self._late_logged = late
             log.warning("data plane: refused a STORE past its deadline (its requester had "
                         "given up): %d so far", late)
-        handle = ffi.new("int *")
-        why = ffi.new("char[160]")
+        handle, why = self._event_handle, self._event_why
         while lib.ualinkd_dp_take_event(self.pointer, handle, why, len(why)):
             peer = self._peers.get(handle[0])
             if peer is None:
