@@ -151,80 +151,95 @@ static double sdma_copy(struct queue *q, volatile uint32_t *sig, uint64_t dst, u
 	return wait_value(sig, value, timeout) ? now_s() - t0 : -1;
 }
 
-static int do_import(uint64_t lo, uint64_t hi)
+/* What both importing modes set up: an SDMA queue on system memory (ROCr's system
+   allocator: its ring, a fence and a host buffer of `bo_size`), a memory event for the
+   queue's faults, and the handle imported on the render file libhsakmt acquired the VM
+   with, mapped at a GPU VA nobody else uses. Exits with the failing step's number. */
+struct importer {
+	struct queue q;
+	volatile uint32_t *sig;
+	uint8_t *host;
+	HsaEvent *memev;
+	uint64_t remote;
+	uint32_t handle;
+	int fd;
+};
+
+static void set_up_importer(uint64_t lo, uint64_t hi, size_t bo_size, struct importer *im)
 {
 	HsaNodeProperties p;
 	HsaMemFlags sysmem = {0};
 	HsaEventDescriptor mdesc = {.EventType = HSA_EVENTTYPE_MEMORY};
-	HsaEvent *memev = NULL;
-	struct drm_amdgpu_gem_va gva;
-	struct queue q = {0};
-	volatile uint32_t *sig;
-	uint32_t gpu = 0, handle;
-	uint8_t *host, *want;
-	uint64_t alt, remote;
+	uint32_t gpu = 0;
+	uint64_t alt;
 	const char *failed;
 	void *hole;
-	char line[64];
-	double secs;
-	int fd;
 
-	alarm(120);
+	memset(im, 0, sizeof(*im));
 	if (open_kfd_gpu(&gpu, &p))
 		exit(step);
-
-	/* system memory the GPU maps (ROCr's system allocator): ring, fence, host buffer */
 	sysmem.ui32.PageSize = HSA_PAGE_SIZE_4KB;
 	sysmem.ui32.HostAccess = 1;
-	KMT("alloc_ring", hsaKmtAllocMemory(0, RING_BYTES, sysmem, (void **)&q.ring));
-	KMT("map_ring", hsaKmtMapMemoryToGPU(q.ring, RING_BYTES, &alt));
-	KMT("alloc_fence", hsaKmtAllocMemory(0, 4096, sysmem, (void **)&sig));
-	KMT("map_fence", hsaKmtMapMemoryToGPU((void *)sig, 4096, &alt));
-	KMT("alloc_host", hsaKmtAllocMemory(0, BO_SIZE, sysmem, (void **)&host));
-	KMT("map_host", hsaKmtMapMemoryToGPU(host, BO_SIZE, &alt));
-	memset(q.ring, 0, RING_BYTES);
-	q.size = RING_BYTES;
-	*sig = 0;
+	KMT("alloc_ring", hsaKmtAllocMemory(0, RING_BYTES, sysmem, (void **)&im->q.ring));
+	KMT("map_ring", hsaKmtMapMemoryToGPU(im->q.ring, RING_BYTES, &alt));
+	KMT("alloc_fence", hsaKmtAllocMemory(0, 4096, sysmem, (void **)&im->sig));
+	KMT("map_fence", hsaKmtMapMemoryToGPU((void *)im->sig, 4096, &alt));
+	KMT("alloc_host", hsaKmtAllocMemory(0, bo_size, sysmem, (void **)&im->host));
+	KMT("map_host", hsaKmtMapMemoryToGPU(im->host, bo_size, &alt));
+	memset(im->q.ring, 0, RING_BYTES);
+	im->q.size = RING_BYTES;
+	*im->sig = 0;
 	KMT("create_queue", hsaKmtCreateQueue(gpu, HSA_QUEUE_SDMA, 100, HSA_QUEUE_PRIORITY_MAXIMUM,
-					       q.ring, RING_BYTES, NULL, &q.res));
-	printf("ok create_queue id=%" PRIu64 "\n", (uint64_t)q.res.QueueId);
+					       im->q.ring, RING_BYTES, NULL, &im->q.res));
+	printf("ok create_queue id=%" PRIu64 "\n", (uint64_t)im->q.res.QueueId);
 	mdesc.NodeId = gpu;
-	KMT("memory_event", hsaKmtCreateEvent(&mdesc, true, false, &memev));
-
-	/* the import, on the render file libhsakmt acquired the VM with */
-	fd = acquired_render_fd(p.DrmRenderMinor);
+	KMT("memory_event", hsaKmtCreateEvent(&mdesc, true, false, &im->memev));
+	im->fd = acquired_render_fd(p.DrmRenderMinor);
 	step++;
-	if (fd < 0)
+	if (im->fd < 0)
 		FAIL("render_fd", "minor=%d", p.DrmRenderMinor);
-	/* a GPU VA nobody else uses: a CPU reservation, 2 MiB aligned */
-	hole = mmap(NULL, BO_SIZE + (2u << 20), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
+	/* (a CPU reservation, 2 MiB aligned, that nothing else will map) */
+	hole = mmap(NULL, bo_size + (2u << 20), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
 		    MAP_NORESERVE, -1, 0);
 	step++;
 	if (hole == MAP_FAILED)
 		FAIL("reserve_va", "errno=%d", errno);
-	remote = ((uint64_t)(uintptr_t)hole + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1);
-	failed = import_and_map(fd, lo, hi, remote, BO_SIZE, &handle);
+	im->remote = ((uint64_t)(uintptr_t)hole + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1);
+	failed = import_and_map(im->fd, lo, hi, im->remote, bo_size, &im->handle);
 	step++;
 	if (failed)
 		FAIL(failed, "errno=%d", errno);
-	printf("ok import va=%#" PRIx64 " size=%u\n", remote, BO_SIZE);
+	printf("ok import va=%#" PRIx64 " size=%zu\n", im->remote, bo_size);
+}
+
+static int do_import(uint64_t lo, uint64_t hi)
+{
+	struct importer im;
+	struct drm_amdgpu_gem_va gva;
+	uint8_t *want;
+	char line[64];
+	double secs;
+
+	alarm(120);
+	set_up_importer(lo, hi, BO_SIZE, &im);
 
 	/* remote -> host: the exporter's bytes, over the fabric, by the SDMA engine */
-	memset(host, 0, BO_SIZE);
-	secs = sdma_copy(&q, sig, (uint64_t)(uintptr_t)host, remote, BO_SIZE, 30);
+	memset(im.host, 0, BO_SIZE);
+	secs = sdma_copy(&im.q, im.sig, (uint64_t)(uintptr_t)im.host, im.remote, BO_SIZE, 30);
 	step++;
 	if (secs < 0)
 		FAIL("copy_remote_to_host", "no fence after 30 s");
 	want = malloc(BO_SIZE);
 	pattern(want, BO_SIZE, 1);
 	step++;
-	if (memcmp(host, want, BO_SIZE) != 0)
+	if (memcmp(im.host, want, BO_SIZE) != 0)
 		FAIL("remote_bytes", "differ");
 	printf("ok copy_remote_to_host size=%u seconds=%.6f\n", BO_SIZE, secs);
 
 	/* host -> remote: the exporter checks them in its own memory */
-	pattern(host, STORE_SIZE, 2);
-	secs = sdma_copy(&q, sig, remote + STORE_OFFSET, (uint64_t)(uintptr_t)host, STORE_SIZE, 30);
+	pattern(im.host, STORE_SIZE, 2);
+	secs = sdma_copy(&im.q, im.sig, im.remote + STORE_OFFSET, (uint64_t)(uintptr_t)im.host,
+			 STORE_SIZE, 30);
 	step++;
 	if (secs < 0)
 		FAIL("copy_host_to_remote", "no fence after 30 s");
@@ -234,37 +249,37 @@ static int do_import(uint64_t lo, uint64_t hi)
 	/* the test frees the exporter's BO, then says "again": the next access faults */
 	if (!fgets(line, sizeof(line), stdin))
 		FAIL("again", "stdin closed");
-	secs = sdma_copy(&q, sig, (uint64_t)(uintptr_t)host, remote, 4096, 5);
+	secs = sdma_copy(&im.q, im.sig, (uint64_t)(uintptr_t)im.host, im.remote, 4096, 5);
 	step++;
 	if (secs >= 0)
 		FAIL("revoked_copy", "completed in %.6f s", secs);
 	{
-		HSAKMT_STATUS s = hsaKmtWaitOnEvent(memev, 5000);
-		HsaMemoryAccessFault *f = &memev->EventData.EventData.MemoryAccessFault;
+		HSAKMT_STATUS s = hsaKmtWaitOnEvent(im.memev, 5000);
+		HsaMemoryAccessFault *f = &im.memev->EventData.EventData.MemoryAccessFault;
 
 		printf("ok revoked_copy fenced=0 memory_event=%d fault_va=%#" PRIx64 "\n",
 		       s == HSAKMT_STATUS_SUCCESS, s == HSAKMT_STATUS_SUCCESS ?
 		       (uint64_t)f->VirtualAddress : 0);
 	}
-	KMT("destroy_queue", hsaKmtDestroyQueue(q.res.QueueId));
+	KMT("destroy_queue", hsaKmtDestroyQueue(im.q.res.QueueId));
 	memset(&gva, 0, sizeof(gva));
-	gva.handle = handle;
+	gva.handle = im.handle;
 	gva.operation = AMDGPU_VA_OP_UNMAP;
 	gva.flags = AMDGPU_VM_PAGE_READABLE | AMDGPU_VM_PAGE_WRITEABLE;
-	gva.va_address = remote;
+	gva.va_address = im.remote;
 	gva.map_size = BO_SIZE;
-	drmCommandWriteRead(fd, DRM_AMDGPU_GEM_VA, &gva, sizeof(gva));
+	drmCommandWriteRead(im.fd, DRM_AMDGPU_GEM_VA, &gva, sizeof(gva));
 	{
-		struct drm_gem_close c = {.handle = handle};
-		drmIoctl(fd, DRM_IOCTL_GEM_CLOSE, &c);
+		struct drm_gem_close c = {.handle = im.handle};
+		drmIoctl(im.fd, DRM_IOCTL_GEM_CLOSE, &c);
 	}
-	KMT("destroy_event", hsaKmtDestroyEvent(memev));
-	hsaKmtUnmapMemoryToGPU(host);
-	hsaKmtFreeMemory(host, BO_SIZE);
-	hsaKmtUnmapMemoryToGPU((void *)sig);
-	hsaKmtFreeMemory((void *)sig, 4096);
-	hsaKmtUnmapMemoryToGPU(q.ring);
-	hsaKmtFreeMemory(q.ring, RING_BYTES);
+	KMT("destroy_event", hsaKmtDestroyEvent(im.memev));
+	hsaKmtUnmapMemoryToGPU(im.host);
+	hsaKmtFreeMemory(im.host, BO_SIZE);
+	hsaKmtUnmapMemoryToGPU((void *)im.sig);
+	hsaKmtFreeMemory((void *)im.sig, 4096);
+	hsaKmtUnmapMemoryToGPU(im.q.ring);
+	hsaKmtFreeMemory(im.q.ring, RING_BYTES);
 	KMT("close_kfd", hsaKmtCloseKFD());
 	free(want);
 	printf("ok done\n");
@@ -273,53 +288,12 @@ static int do_import(uint64_t lo, uint64_t hi)
 
 static int do_copies(uint64_t lo, uint64_t hi, size_t bo_size)
 {
-	HsaNodeProperties p;
-	HsaMemFlags sysmem = {0};
-	HsaEventDescriptor mdesc = {.EventType = HSA_EVENTTYPE_MEMORY};
-	HsaEvent *memev = NULL;
-	struct queue q = {0};
-	volatile uint32_t *sig;
-	uint32_t gpu = 0, handle;
-	uint8_t *host, *want;
-	uint64_t alt, remote;
-	const char *failed;
-	void *hole;
+	struct importer im;
+	uint8_t *want;
 	char line[128];
-	int fd;
 
 	alarm(300);
-	if (open_kfd_gpu(&gpu, &p))
-		exit(step);
-	sysmem.ui32.PageSize = HSA_PAGE_SIZE_4KB;
-	sysmem.ui32.HostAccess = 1;
-	KMT("alloc_ring", hsaKmtAllocMemory(0, RING_BYTES, sysmem, (void **)&q.ring));
-	KMT("map_ring", hsaKmtMapMemoryToGPU(q.ring, RING_BYTES, &alt));
-	KMT("alloc_fence", hsaKmtAllocMemory(0, 4096, sysmem, (void **)&sig));
-	KMT("map_fence", hsaKmtMapMemoryToGPU((void *)sig, 4096, &alt));
-	KMT("alloc_host", hsaKmtAllocMemory(0, bo_size, sysmem, (void **)&host));
-	KMT("map_host", hsaKmtMapMemoryToGPU(host, bo_size, &alt));
-	memset(q.ring, 0, RING_BYTES);
-	q.size = RING_BYTES;
-	*sig = 0;
-	KMT("create_queue", hsaKmtCreateQueue(gpu, HSA_QUEUE_SDMA, 100, HSA_QUEUE_PRIORITY_MAXIMUM,
-					       q.ring, RING_BYTES, NULL, &q.res));
-	mdesc.NodeId = gpu;
-	KMT("memory_event", hsaKmtCreateEvent(&mdesc, true, false, &memev));
-	fd = acquired_render_fd(p.DrmRenderMinor);
-	step++;
-	if (fd < 0)
-		FAIL("render_fd", "minor=%d", p.DrmRenderMinor);
-	hole = mmap(NULL, bo_size + (2u << 20), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
-		    MAP_NORESERVE, -1, 0);
-	step++;
-	if (hole == MAP_FAILED)
-		FAIL("reserve_va", "errno=%d", errno);
-	remote = ((uint64_t)(uintptr_t)hole + (2u << 20) - 1) & ~(uint64_t)((2u << 20) - 1);
-	failed = import_and_map(fd, lo, hi, remote, bo_size, &handle);
-	step++;
-	if (failed)
-		FAIL(failed, "errno=%d", errno);
-	printf("ok import va=%#" PRIx64 " size=%zu\n", remote, bo_size);
+	set_up_importer(lo, hi, bo_size, &im);
 	want = malloc(bo_size);
 	pattern(want, bo_size, 1);
 	while (fgets(line, sizeof(line), stdin)) {
@@ -332,22 +306,24 @@ static int do_copies(uint64_t lo, uint64_t hi, size_t bo_size)
 			printf("fail copy bad line\n");
 			continue;
 		}
-		memset(host, 0xEE, bo_size);
-		secs = sdma_copy(&q, sig, (uint64_t)(uintptr_t)host + off, remote + off, size, 10);
+		memset(im.host, 0xEE, bo_size);
+		secs = sdma_copy(&im.q, im.sig, (uint64_t)(uintptr_t)im.host + off, im.remote + off,
+				 size, 10);
 		if (secs < 0) {
-			HSAKMT_STATUS s = hsaKmtWaitOnEvent(memev, 5000);
-			HsaMemoryAccessFault *f = &memev->EventData.EventData.MemoryAccessFault;
+			HSAKMT_STATUS s = hsaKmtWaitOnEvent(im.memev, 5000);
+			HsaMemoryAccessFault *f = &im.memev->EventData.EventData.MemoryAccessFault;
 
 			printf("ok fault memory_event=%d fault_va=%#" PRIx64 "\n",
 			       s == HSAKMT_STATUS_SUCCESS, s == HSAKMT_STATUS_SUCCESS ?
 			       (uint64_t)f->VirtualAddress : 0);
 			break;
 		}
-		equal = memcmp(host + off, want + off, size) == 0;
+		equal = memcmp(im.host + off, want + off, size) == 0;
 		for (size_t i = 0; i < bo_size && equal; i += 4093)  /* (around it: untouched) */
-			if ((i < off || i >= off + size) && host[i] != 0xEE)
+			if ((i < off || i >= off + size) && im.host[i] != 0xEE)
 				equal = 0;
-		if ((off && host[off - 1] != 0xEE) || (off + size < bo_size && host[off + size] != 0xEE))
+		if ((off && im.host[off - 1] != 0xEE) ||
+		    (off + size < bo_size && im.host[off + size] != 0xEE))
 			equal = 0;
 		printf("ok copy equal=%d seconds=%.6f\n", equal, secs);
 	}

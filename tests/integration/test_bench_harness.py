@@ -18,14 +18,15 @@ pytestmark = pytest.mark.integration
 RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 
 
-def test_quick_run_writes_every_key(tmp_path):
-    out = tmp_path / "result.json"
+def _quick_run(args: list[str], timeout: float) -> str:
+    """`run.py --quick --reps 1 <args>` with 50 samples a figure: its output, once it exited
+    0 (a run past `timeout` is interrupted: its daemons stopped and its mounts gone)."""
     proc = subprocess.Popen(
-        [sys.executable, str(RUN), "--quick", "--reps", "1", "--cycle", "--json", str(out)],
+        [sys.executable, str(RUN), "--quick", "--reps", "1", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, BENCH_COUNT="50"))
     try:
-        text, _ = proc.communicate(timeout=240)
+        text, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGINT)  # run.py's context managers stop daemons, unmount
         try:
@@ -33,8 +34,14 @@ def test_quick_run_writes_every_key(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-        pytest.fail("benchmarks/run.py --quick did not finish in 240 s")
+        pytest.fail(f"benchmarks/run.py {' '.join(args)} did not finish in {timeout:.0f} s")
     assert proc.returncode == 0, text
+    return text
+
+
+def test_quick_run_writes_every_key(tmp_path):
+    out = tmp_path / "result.json"
+    text = _quick_run(["--cycle", "--json", str(out)], 240)
     result = json.loads(out.read_text())
     assert set(result["placements"]) == {"pinned", "scheduler"}
     for p in result["placements"].values():
@@ -91,21 +98,7 @@ def test_data_rows_prints_the_1mib_rows_and_the_fetch_ceiling(tmp_path):
     """`run.py --data-rows`: only issue 34's two 1 MiB rows (remote load and store against
     the C TCP stream) in both placements, each with its latency and the daemons' CPU, and
     `tcp_floor fetch` (1 MiB answers fetched one at a time) beside them; no figure judged."""
-    proc = subprocess.Popen(
-        [sys.executable, str(RUN), "--quick", "--reps", "1", "--data-rows"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, BENCH_COUNT="50"))
-    try:
-        text, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)  # run.py's context managers stop daemons, unmount
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-        pytest.fail("benchmarks/run.py --data-rows did not finish in 120 s")
-    assert proc.returncode == 0, text
+    text = _quick_run(["--data-rows"], 120)
     lines = [ln.strip() for ln in text.splitlines()]
     for name in ("pinned", "scheduler"):
         at = next(i for i, ln in enumerate(lines) if ln.startswith(f"{name}:"))

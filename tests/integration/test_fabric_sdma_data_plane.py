@@ -50,6 +50,7 @@ def importer(node: Node, exp: dict[str, str], size: int
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         read_ok(proc, "gpu_node")
+        read_ok(proc, "create_queue")
         yield proc, int(read_ok(proc, "import")["va"], 16)
     finally:
         if proc.poll() is None:
