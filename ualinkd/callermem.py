@@ -778,6 +778,14 @@ class CallerMemory:
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(report, result)
 
+        def launch() -> bool:  # its worker token held: the access on a worker thread
+            try:
+                trio.lowlevel.start_thread_soon(lambda: start(), deliver)
+            except BaseException:
+                self._limiter.release_on_behalf_of(borrower)
+                raise
+            return True
+
         launched = False
         if quick and not self._stuck:
             try:
@@ -786,12 +794,7 @@ class CallerMemory:
                 pass
             else:
                 box["quick"] = True
-                try:
-                    trio.lowlevel.start_thread_soon(lambda: start(), deliver)
-                except BaseException:
-                    self._limiter.release_on_behalf_of(borrower)
-                    raise
-                launched = True
+                launched = launch()
                 answered.wait(QUICK_WAIT)
                 with handover:
                     if "result" not in box:
@@ -803,12 +806,7 @@ class CallerMemory:
             with trio.move_on_after(self.timeout):
                 if not launched:
                     await self._limiter.acquire_on_behalf_of(borrower)  # a busy one frees soon
-                    try:
-                        trio.lowlevel.start_thread_soon(lambda: start(), deliver)
-                    except BaseException:
-                        self._limiter.release_on_behalf_of(borrower)
-                        raise
-                    launched = True
+                    launched = launch()
                 await finished.wait()
         finally:
             if not launched and unstarted is not None:

@@ -1751,6 +1751,21 @@ static void dp_commit(struct ualinkd_dp *dp, struct dp_channel *ch, struct dp_pe
     pthread_mutex_unlock(&ch->lock);
 }
 
+/* A LOAD frame of [npa, npa + size) at accel `dst`, issued by our accel `src` (fabric/wire.py
+   Load). It carries no deadline: the importer's own timeout ends its wait (dp_expire). */
+static void dp_load_frame(char f[DP_LOAD_SIZE], uint32_t seq, uint16_t src, uint16_t dst,
+                          uint64_t npa, uint32_t size)
+{
+    dp_put32(f, DP_LOAD_SIZE - 4);
+    f[4] = DP_LOAD;
+    dp_put32(f + 5, seq);
+    memcpy(f + 9, &src, 2);
+    memcpy(f + 11, &dst, 2);
+    memcpy(f + 13, &npa, 8);
+    dp_put32(f + 21, size);
+    dp_put32(f + 25, 0);
+}
+
 /* The read callback's fast path (trio thread, inside fuse_session_process_buf): 0 when the
    load went out as a LOAD (the thread answers `req`), -1 when Python must serve it. */
 static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, size_t size,
@@ -1766,14 +1781,7 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
     if (dp_reserve(dp, DP_READ, fh, off, size, &ch, &p, &npa, &src, &dst, &seq) != 0)
         return -1;
     p->data = p->block = NULL;  /* (a store's, handed on with it, in a slot used before) */
-    dp_put32(f, DP_LOAD_SIZE - 4);
-    f[4] = DP_LOAD;
-    dp_put32(f + 5, seq);
-    memcpy(f + 9, &src, 2);
-    memcpy(f + 11, &dst, 2);
-    memcpy(f + 13, &npa, 8);
-    dp_put32(f + 21, (uint32_t)size);
-    dp_put32(f + 25, 0);  /* no deadline: the importer's own timeout ends the wait */
+    dp_load_frame(f, seq, src, dst, npa, (uint32_t)size);
     /* (counted before the LOAD goes: its answer's head must not be read with its bytes) */
     if (size >= DP_SPLICE_MIN)
         __atomic_add_fetch(&ch->big, 1, __ATOMIC_RELAXED);
@@ -2088,14 +2096,7 @@ static int ualinkd_dp_load_into(struct ualinkd_dp *dp, uint16_t src, uint16_t ds
         pthread_mutex_unlock(&dp->lock);
         return -1;
     }
-    dp_put32(f, DP_LOAD_SIZE - 4);
-    f[4] = DP_LOAD;
-    dp_put32(f + 5, seq);
-    memcpy(f + 9, &src, 2);
-    memcpy(f + 11, &dst, 2);
-    memcpy(f + 13, &npa, 8);
-    dp_put32(f + 21, size);
-    dp_put32(f + 25, 0);  /* no deadline: ours ends the wait (dp_expire) */
+    dp_load_frame(f, seq, src, dst, npa, size);
     /* (counted before the LOAD goes: its answer's head must be read alone) */
     __atomic_add_fetch(&ch->engine, 1, __ATOMIC_RELAXED);
     if (size >= DP_SPLICE_MIN)  /* (dp_unpend's count: a load without `data`) */
