@@ -1802,7 +1802,11 @@ static int dp_try_load(struct ualinkd_dp *dp, fuse_req_t req, fuse_ino_t ino, si
    the store to Python, which stores them through the link and decides any fault (policy
    10: one STORE is stored whole or not at all, as the link's). Ordering: the channel
    carries this file's loads and stores in the order they came, and the exporter's thread
-   applies them in that order.
+   applies them in that order, with one exception no issuer of ours can see: a large LOAD
+   answered by sendfile (dp_serve_files) hands the BO's pages to the socket by reference, so
+   until the importer has read its answer, a STORE applied after it shows in it. Every
+   issuer here waits for a load's answer (copied out before it completes) before its next
+   access; one that pipelines a STORE behind a LOAD of the same bytes must not rely on it.
    The bytes are kept without a copy: `in` is the buffer libfuse received the request into
    (its struct fuse_buf), and the store takes that buffer over (its mem set to NULL, so the
    session's next receive allocates another: libfuse's fuse_session_receive_buf does when
