@@ -138,25 +138,30 @@ static int pair(const char *congestion, void (*child)(int, void *), void *arg, p
 	return fd;
 }
 
+/* A child's read of exactly `n` bytes: 0 once the parent is done (end of file, an error). */
+static int child_read(int fd, char *buf, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r = read(fd, buf + got, n - got);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return 0;
+		got += (size_t)r;
+	}
+	return 1;
+}
+
 static void echo_child(int fd, void *arg)
 {
 	size_t size = *(size_t *)arg;
 	char buf[65536];
 
-	for (;;) {
-		size_t got = 0;
-
-		while (got < size) {
-			ssize_t r = read(fd, buf + got, size - got);
-
-			if (r < 0 && errno == EINTR)
-				continue;
-			if (r <= 0)
-				return;	/* the parent is done */
-			got += (size_t)r;
-		}
+	while (child_read(fd, buf, size))
 		write_full(fd, buf, size);
-	}
 }
 
 static int rtt(long count, size_t size, long warmup, const char *congestion)
@@ -197,20 +202,9 @@ static void fetch_child(int fd, void *arg)
 	if (buf == NULL)
 		return;
 	memset(buf, 0x3c, size);
-	for (;;) {
-		size_t got = 0;
-
-		while (got < sizeof(req)) {
-			ssize_t r = read(fd, req + got, sizeof(req) - got);
-
-			if (r < 0 && errno == EINTR)
-				continue;
-			if (r <= 0)
-				return;	/* the parent is done */
-			got += (size_t)r;
-		}
+	while (child_read(fd, req, sizeof(req)))
 		write_full(fd, buf, size);
-	}
+	free(buf);
 }
 
 static int fetch(long count, size_t size, long warmup, const char *congestion)
