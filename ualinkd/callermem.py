@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import gc
 import itertools
 import logging
 import mmap
@@ -518,11 +519,26 @@ class _Mappings:
             with self._lock:
                 old = [k for k, e in self._maps.items()
                        if not e.users and now - e.last >= self.KEEP]
-                done = [self._maps.pop(k).map for k in old]
+                done = [self._maps.pop(k) for k in old]
+            collected = False
+            for e in done:
+                try:
+                    e.map.close()
+                    continue
+                except BufferError:
+                    pass
+                # A view of it is still alive: most likely in a reference cycle (a copy that
+                # failed keeps its exception, whose traceback holds the frame with the view),
+                # which an idle daemon's collector may not look at for hours, the BO's pages
+                # and the memfd's fd held all that time (a CI run saw the fd outlive 20 s).
+                # One collection; a view still alive after it unmaps the mapping at its end.
+                if not collected:
+                    gc.collect()
+                    collected = True
+                with contextlib.suppress(BufferError):
+                    e.map.close()
+            with self._lock:
                 last = self._reaper = bool(self._maps)
-            for m in done:
-                with contextlib.suppress(BufferError):  # (a view still alive: GC unmaps it)
-                    m.close()
             if not last:
                 return
 

@@ -240,6 +240,48 @@ def test_a_shared_bo_stays_mapped_between_copies_and_is_unmapped_after_them():
         src.close()
 
 
+def test_a_kept_mapping_whose_view_is_held_in_a_reference_cycle_is_still_unmapped():
+    """callermem._Mappings: a view of a kept mapping left alive in a reference cycle (a
+    failed copy's exception, whose traceback holds the frame with the view) does not keep
+    the mapping, nor its fd, past the reaper's round: the reaper collects once and unmaps
+    (before, it gave up on the BufferError and an idle daemon held the memfd for as long as
+    its collector did not run: a CI run of the 1000-queue test saw it outlive 20 s)."""
+    import gc
+    import mmap
+    import os
+    import time
+
+    from ualinkd import callermem
+
+    memfd = os.memfd_create("ualinkd-test-bo-cycle", os.MFD_CLOEXEC)
+    os.ftruncate(memfd, 4 * mmap.PAGESIZE)
+
+    def mapped() -> int:
+        with open("/proc/self/maps") as f:
+            return sum("ualinkd-test-bo-cycle" in ln for ln in f)
+
+    class Cycle:
+        pass
+
+    gc.disable()  # (as long as an idle daemon's collector does not happen to run)
+    try:
+        held = callermem._MAPPINGS.acquire(memfd)
+        assert held is not None
+        c = Cycle()
+        c.me = c  # type: ignore[attr-defined]
+        c.view = memoryview(held[1].map)[:16]  # type: ignore[attr-defined]
+        callermem._MAPPINGS.release(held[0])
+        del c, held
+        assert mapped() == 1
+        deadline = time.monotonic() + 10 * callermem._Mappings.KEEP + 5
+        while mapped() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mapped() == 0
+    finally:
+        gc.enable()
+        os.close(memfd)
+
+
 def test_a_large_write_goes_straight_from_the_bytes_and_stops_at_the_first_bad_page():
     """ProcMemory.write of at least _VECTOR_WRITE_MIN (an SDMA copy's 4 MiB piece into a
     userptr BO) is one process_vm_writev from the bytes themselves (no copy of them), with
