@@ -14,7 +14,7 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -33,27 +33,9 @@ FALLBACK = -errno.EAGAIN
 
 
 @pytest.fixture
-def plane() -> Iterator[DataPlane]:
-    dp = DataPlane()
-    assert dp.start()
-    try:
-        yield dp
-    finally:
-        dp.stop()
-        dp.free()
-
-
-@pytest.fixture
-def channel(plane: DataPlane) -> Iterator[socket.socket]:
-    ours, peer = socket.socketpair()
-    handle = plane.open("peer", ours.detach(), {PEER_ACCEL, OTHER_ACCEL})
-    assert handle is not None
-    peer.settimeout(5)  # watchdog: an answer that never comes fails the test
-    try:
-        yield peer
-    finally:
-        plane.close(handle)
-        peer.close()
+def channel(open_channel: Callable[..., socket.socket]) -> socket.socket:
+    """The peer's end of a data channel (conftest.py's) to its two accels."""
+    return open_channel({PEER_ACCEL, OTHER_ACCEL})
 
 
 def load(peer: socket.socket, seq: int, npa: int, length: int, src: int = PEER_ACCEL,
@@ -490,24 +472,17 @@ def test_a_store_the_routes_cover_with_memory_is_stored_whole_or_not_at_all(
 
 
 @pytest.fixture(params=["tcp", "unix"])
-def stream(request: pytest.FixtureRequest, plane: DataPlane) -> Iterator[socket.socket]:
+def stream(request: pytest.FixtureRequest,
+           open_channel: Callable[..., socket.socket]) -> socket.socket:
     """A channel on loopback TCP, as the link's are (a large STORE's bytes are received
     straight into the chunks), or on a socketpair (whose buffer cannot hold them: they go
     through the channel's buffer)."""
-    if request.param == "tcp":
-        with socket.create_server(("127.0.0.1", 0)) as server:
-            peer = socket.create_connection(server.getsockname())
-            ours, _ = server.accept()
-    else:
-        ours, peer = socket.socketpair()
-    handle = plane.open("peer", ours.detach(), {PEER_ACCEL})
-    assert handle is not None
-    peer.settimeout(5)  # watchdog
-    try:
-        yield peer
-    finally:
-        plane.close(handle)
-        peer.close()
+    if request.param == "unix":
+        return open_channel({PEER_ACCEL})
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        peer = socket.create_connection(server.getsockname())
+        ours, _ = server.accept()
+    return open_channel({PEER_ACCEL}, (ours, peer))
 
 
 def test_a_mebibyte_store_is_received_into_the_chunks_and_answered_after(

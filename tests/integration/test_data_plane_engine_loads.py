@@ -14,7 +14,7 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -30,28 +30,10 @@ SIZE = 256 * 1024  # (past DP_SPLICE_MIN: the answer's head is read alone either
 
 
 @pytest.fixture
-def plane() -> Iterator[DataPlane]:
-    dp = DataPlane()
-    assert dp.start()
-    dp.set_timeout(0.3)
-    try:
-        yield dp
-    finally:
-        dp.stop()
-        dp.free()
-
-
-@pytest.fixture
-def peer(plane: DataPlane) -> Iterator[socket.socket]:
-    ours, theirs = socket.socketpair()
-    handle = plane.open("peer", ours.detach(), {PEER_ACCEL})
-    assert handle is not None
-    theirs.settimeout(5)  # watchdog
-    try:
-        yield theirs
-    finally:
-        plane.close(handle)
-        theirs.close()
+def peer(plane: DataPlane, open_channel: Callable[..., socket.socket]) -> socket.socket:
+    """The exporter's end of a data channel (conftest.py's), its loads' deadline 0.3 s."""
+    plane.set_timeout(0.3)
+    return open_channel({PEER_ACCEL})
 
 
 def take_load(peer: socket.socket) -> tuple[int, int, int]:
