@@ -5,6 +5,7 @@ offset, and each AMDKFD_IOC_* number (the kernel's kfd_ioctl.h, issue 14)."""
 
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 
@@ -51,6 +52,14 @@ IOCTLS = {  # macro -> table entry
 # Layouts that grew after Debian 12's header (KFD 1.11): its struct is this many bytes, the
 # fields it has at the same offsets, and its ioctl number that size.
 GREW_SINCE_SYSTEM_HEADER = {"kfd_ioctl_create_queue_args": 88}
+# What came after KFD 1.11, with the KFD minor version that added it (the kernel's
+# include/uapi/linux/kfd_ioctl.h version list: 1.12 "DMA buf export ioctl", 1.13 "debugger
+# API"): a system header older than that lacks it, the one reason a test here skips.
+# test_structs_newer_than_the_system_header_are_the_kernel_uapi_s checks them instead.
+ADDED_IN_MINOR = {
+    "kfd_ioctl_export_dmabuf_args": 12, "AMDKFD_IOC_EXPORT_DMABUF": 12,
+    "kfd_ioctl_runtime_enable_args": 13, "AMDKFD_IOC_RUNTIME_ENABLE": 13,
+}
 
 
 def _compile(tmp: Path, name: str, include: str, dirs: list[str],
@@ -93,6 +102,22 @@ def c_kfd(request, tmp_path_factory):
     return _compile(tmp, f"_ualink_kfd_{request.param}", include, dirs)
 
 
+def _newer_than_the_system_header(c_kfd, name: str) -> str:
+    """The skip reason for `name` (a struct or an ioctl macro) missing from the compiled
+    header: only the system header may lack something, only what came after its KFD
+    version, and then it must not name it at all (a struct it has but we failed to see is a
+    failure, not a skip)."""
+    assert c_kfd.__name__.endswith("_system"), f"{name} is missing from ualink_kfd.h"
+    text = SYSTEM_HEADER.read_text()
+    m = re.search(r"#define\s+KFD_IOCTL_MINOR_VERSION\s+(\d+)", text)
+    assert m, "the system header has no KFD_IOCTL_MINOR_VERSION"
+    minor = int(m.group(1))
+    assert name in ADDED_IN_MINOR and minor < ADDED_IN_MINOR[name], (
+        f"{name} is missing from the system header of KFD 1.{minor}, which should have it")
+    assert not re.search(rf"\b{name}\b", text), f"the system header has {name}: not seen"
+    return f"{name} is newer than this header (KFD 1.{minor} < 1.{ADDED_IN_MINOR[name]})"
+
+
 def test_every_kfd_layout_is_here():
     assert len(LAYOUTS) == 27
 
@@ -104,7 +129,7 @@ def test_kfd_layouts_match_c(c_kfd, layout):
     try:
         ffi.sizeof(ctype)
     except ffi.error:
-        pytest.skip(f"{ctype} is newer than this header")
+        pytest.skip(_newer_than_the_system_header(c_kfd, layout.name))
     size = layout.size
     if c_kfd.__name__.endswith("_system"):
         size = GREW_SINCE_SYSTEM_HEADER.get(layout.name, size)
@@ -119,7 +144,7 @@ def test_kfd_layouts_match_c(c_kfd, layout):
 @pytest.mark.parametrize("macro", sorted(IOCTLS))
 def test_kfd_ioctl_numbers_match_c(c_kfd, macro):
     if not hasattr(c_kfd.lib, macro):
-        pytest.skip(f"{macro} is newer than this header")
+        pytest.skip(_newer_than_the_system_header(c_kfd, macro))
     cmd = IOCTLS[macro].cmd
     grown = {"AMDKFD_IOC_CREATE_QUEUE": "kfd_ioctl_create_queue_args"}
     if c_kfd.__name__.endswith("_system") and macro in grown:
@@ -132,3 +157,40 @@ def test_event_data_entries_match_c(c_kfd):
     ffi = c_kfd.ffi
     assert ffi.sizeof("struct kfd_event_data") == st.KFD_EVENT_DATA_SIZE
     assert ffi.offsetof("struct kfd_event_data", "event_id") == st.KFD_EVENT_DATA_EVENT_ID
+
+
+# The kernel's include/uapi/linux/kfd_ioctl.h (KFD 1.15, Linux 6.8), as offset: field, and
+# each struct's size: what the system header's check above cannot say of the structs newer
+# than Debian 12's header. Both are AMDKFD_IOWR: _IOWR('K', nr, 16).
+KERNEL_UAPI = {
+    "kfd_ioctl_export_dmabuf_args": (
+        16, {0: "handle", 8: "flags", 12: "dmabuf_fd"}, tbl.KFD_EXPORT_DMABUF, 0xC0104B24),
+    "kfd_ioctl_runtime_enable_args": (
+        16, {0: "r_debug", 8: "mode_mask", 12: "capabilities_mask"}, tbl.KFD_RUNTIME_ENABLE,
+        0xC0104B25),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_UAPI))
+def test_structs_newer_than_the_system_header_are_the_kernel_uapi_s(name):
+    """EXPORT_DMABUF (KFD 1.12, 0x24: `hsaKmtExportDMABufHandle`, userspace-surface.md §7
+    item 5: 16 bytes) and RUNTIME_ENABLE (1.13, 0x25) against the kernel's uapi layout:
+    size, each field's offset and width (a u64 then two u32), in both codecs (the fast
+    struct and the construct schema, built and parsed), and the ioctl number. Debian 12's
+    <linux/kfd_ioctl.h> is KFD 1.11 and has neither, so test_kfd_layouts_match_c and
+    test_kfd_ioctl_numbers_match_c check them only against ualink_kfd.h, our own header."""
+    size, fields, spec, cmd = KERNEL_UAPI[name]
+    layout = next(lay for lay in LAYOUTS if lay.name == name)
+    assert layout.size == size
+    assert [sub.name for sub in layout.schema.subcons] == list(fields.values())
+    widths = {0: 8, 8: 4, 12: 4}  # (__u64 at 0, __u32 at 8 and 12)
+    for offset, field in fields.items():
+        at = layout.field(field)
+        assert (at.offset, at.size) == (offset, widths[offset]), field
+    # Distinct bytes in every field: a field read at another offset or width shows.
+    wire = bytes(range(0x11, 0x11 + size))
+    want = {f: int.from_bytes(wire[o:o + widths[o]], "little") for o, f in fields.items()}
+    value = layout.record(**want)
+    assert layout.decode_construct(wire) == value == layout.decode(wire)
+    assert layout.encode_construct(value) == wire == layout.encode(value)
+    assert spec.cmd == cmd  # (its size field, bits 16-29, is the 16 bytes)
