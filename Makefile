@@ -19,9 +19,10 @@ VPY     := $(VENV)/bin/python
 # Debian's libhsakmt and ROCr, for the KFD tests (tests/integration/test_hsakmt.py). tshark (and its dumpcap): the
 # fabric dissector's test (tests/integration/test_wireshark.py); its debconf question is
 # answered by DEBIAN_FRONTEND=noninteractive below. python3-seccomp: the systemd unit's
-# syscall filter applied to a node (tests/integration/test_service_caps.py).
+# syscall filter applied to a node (tests/integration/test_service_caps.py). libamdhip64-dev:
+# Debian's HIP 5.2.3, run unmodified by tests/integration/test_rocr.py (tests/c/rocr_hip.c).
 APT_PKGS := fuse3 libfuse3-dev libdrm-dev libdrm-tests libhsakmt-dev libhsa-runtime-dev rocminfo iproute2 pkg-config gcc make python3-venv python3-dev \
-            tshark python3-seccomp
+            tshark python3-seccomp libamdhip64-dev
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=  # e.g. make bench BENCH_ARGS="--reps 3 --profile"

@@ -110,7 +110,8 @@ def test_rocr_unknown_packet_type_is_an_invalid_packet_format(tmp_path: Path):
 
 
 @pytest.mark.skipif(not Path("/usr/include/hip/hip_runtime_api.h").exists(),
-                    reason="libamdhip64-dev (Debian's HIP 5.2.3) is not installed")
+                    reason="libamdhip64-dev (Debian's HIP 5.2.3) is not installed "
+                           "(make apt installs it)")
 def test_hip_memcpy_stops_visibly_at_rocclrs_blit_kernel(tmp_path: Path):
     """Debian's HIP 5.2.3 (tests/c/rocr_hip.c): hipGetDeviceCount, hipSetDevice and hipMalloc
     work; hipMemcpy host->device is where it stops: ROCclr copies pageable memory with its
