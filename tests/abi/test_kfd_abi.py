@@ -159,31 +159,41 @@ def test_event_data_entries_match_c(c_kfd):
     assert ffi.offsetof("struct kfd_event_data", "event_id") == st.KFD_EVENT_DATA_EVENT_ID
 
 
-# The kernel's include/uapi/linux/kfd_ioctl.h (KFD 1.15, Linux 6.8), as offset: field, and
-# each struct's size: what the system header's check above cannot say of the structs newer
-# than Debian 12's header. Both are AMDKFD_IOWR: _IOWR('K', nr, 16).
+
+# The kernel's include/uapi/linux/kfd_ioctl.h, as offset: field, each struct's size, and
+# its number (all AMDKFD_IOWR: _IOWR('K', nr, size)): what the system header's checks above
+# cannot say of what came after Debian 12's KFD 1.11. EXPORT_DMABUF came in 1.12,
+# RUNTIME_ENABLE in 1.13, CREATE_QUEUE's sdma_engine_id and pad (88 -> 96 bytes) in 1.17.
 KERNEL_UAPI = {
     "kfd_ioctl_export_dmabuf_args": (
         16, {0: "handle", 8: "flags", 12: "dmabuf_fd"}, tbl.KFD_EXPORT_DMABUF, 0xC0104B24),
     "kfd_ioctl_runtime_enable_args": (
         16, {0: "r_debug", 8: "mode_mask", 12: "capabilities_mask"}, tbl.KFD_RUNTIME_ENABLE,
         0xC0104B25),
+    "kfd_ioctl_create_queue_args": (
+        96, {0: "ring_base_address", 8: "write_pointer_address", 16: "read_pointer_address",
+             24: "doorbell_offset", 32: "ring_size", 36: "gpu_id", 40: "queue_type",
+             44: "queue_percentage", 48: "queue_priority", 52: "queue_id",
+             56: "eop_buffer_address", 64: "eop_buffer_size", 72: "ctx_save_restore_address",
+             80: "ctx_save_restore_size", 84: "ctl_stack_size", 88: "sdma_engine_id",
+             92: "pad"}, tbl.KFD_CREATE_QUEUE, 0xC0604B02),
 }
 
 
 @pytest.mark.parametrize("name", sorted(KERNEL_UAPI))
 def test_structs_newer_than_the_system_header_are_the_kernel_uapi_s(name):
-    """EXPORT_DMABUF (KFD 1.12, 0x24: `hsaKmtExportDMABufHandle`, userspace-surface.md §7
-    item 5: 16 bytes) and RUNTIME_ENABLE (1.13, 0x25) against the kernel's uapi layout:
-    size, each field's offset and width (a u64 then two u32), in both codecs (the fast
-    struct and the construct schema, built and parsed), and the ioctl number. Debian 12's
-    <linux/kfd_ioctl.h> is KFD 1.11 and has neither, so test_kfd_layouts_match_c and
-    test_kfd_ioctl_numbers_match_c check them only against ualink_kfd.h, our own header."""
+    """EXPORT_DMABUF (0x24: `hsaKmtExportDMABufHandle`, userspace-surface.md §7 item 5: 16
+    bytes), RUNTIME_ENABLE (0x25) and CREATE_QUEUE's 1.17 layout against the kernel's uapi:
+    size, each field's offset and width, in both codecs (the fast struct and the construct
+    schema, built and parsed), and the ioctl number. Debian 12's <linux/kfd_ioctl.h> is
+    KFD 1.11: test_kfd_layouts_match_c and test_kfd_ioctl_numbers_match_c check the first
+    two, and CREATE_QUEUE's last 8 bytes, only against ualink_kfd.h, our own header."""
     size, fields, spec, cmd = KERNEL_UAPI[name]
     layout = next(lay for lay in LAYOUTS if lay.name == name)
     assert layout.size == size
     assert [sub.name for sub in layout.schema.subcons] == list(fields.values())
-    widths = {0: 8, 8: 4, 12: 4}  # (__u64 at 0, __u32 at 8 and 12)
+    ends = [*list(fields)[1:], size]
+    widths = {o: end - o for o, end in zip(fields, ends, strict=True)}  # (no padding in them)
     for offset, field in fields.items():
         at = layout.field(field)
         assert (at.offset, at.size) == (offset, widths[offset]), field
@@ -193,4 +203,4 @@ def test_structs_newer_than_the_system_header_are_the_kernel_uapi_s(name):
     value = layout.record(**want)
     assert layout.decode_construct(wire) == value == layout.decode(wire)
     assert layout.encode_construct(value) == wire == layout.encode(value)
-    assert spec.cmd == cmd  # (its size field, bits 16-29, is the 16 bytes)
+    assert spec.cmd == cmd  # (its size field, bits 16-29, is the struct's size)
