@@ -8,7 +8,6 @@
  * Run under libualink_shim.so by tests/integration/test_libdrm.py:
  *
  *   ok <step> key=value ...     as on real amdgpu hardware
- *   skip <step> owner=<branch>  a part another change tests
  *   fail <step> err=<n> ...     the first step that failed (exit status 1)
  */
 #define _GNU_SOURCE
@@ -66,15 +65,30 @@ static void gpu_roundtrip(int fd, uint64_t va, const char *pattern, const char *
 }
 
 /* ---- CPU mapping (amdgpu_bo_cpu_map) -----------------------------------------
- * HOOK(l2b): the CPU-map checks of issue 9 item 6 (map a VRAM BO, a CPU store
- * read back by a GPU load at its VA, and by a remote importer) belong to the
- * CPU-mapping change; it fills this in.  Until then only this part is skipped. */
-static void cpu_map_checks(amdgpu_device_handle dev, amdgpu_bo_handle bo, uint64_t va)
+ * amdgpu_bo_cpu_map (GEM_MMAP, then a shared mmap of the device fd at its offset) of
+ * the VRAM BO mapped at va: one memory for the CPU mapping and GPU loads and stores
+ * (README "CPU mappings"), so what the GPU stored before the map reads through it, a
+ * CPU store is what a GPU load at its VA reads, and a GPU store shows in the mapping;
+ * amdgpu_bo_cpu_unmap.  (A remote importer's side: tests/c/cpu_map.c.) */
+static void cpu_map_checks(int fd, amdgpu_bo_handle bo, uint64_t va, const char *before)
 {
-	(void)dev;
-	(void)bo;
-	(void)va;
-	printf("skip cpu_map owner=l2b\n");
+	static const char by_cpu[] = "stored by the CPU";
+	static const char by_gpu[] = "stored by the GPU, read by the CPU";
+	char back[sizeof(by_cpu)];
+	char *cpu;
+
+	check(amdgpu_bo_cpu_map(bo, (void **)&cpu), "cpu_map");
+	expect(memcmp(cpu, before, strlen(before)) == 0, "cpu_map");
+	memcpy(cpu + 4096, by_cpu, sizeof(by_cpu));
+	memset(back, 0, sizeof(back));
+	if (pread(fd, back, sizeof(back), (off_t)(va + 4096)) != (ssize_t)sizeof(back))
+		fail("cpu_map", errno);
+	expect(memcmp(back, by_cpu, sizeof(by_cpu)) == 0, "cpu_map");
+	if (pwrite(fd, by_gpu, sizeof(by_gpu), (off_t)(va + 8192)) != (ssize_t)sizeof(by_gpu))
+		fail("cpu_map", errno);
+	expect(memcmp(cpu + 8192, by_gpu, sizeof(by_gpu)) == 0, "cpu_map");
+	check(amdgpu_bo_cpu_unmap(bo), "cpu_unmap");
+	printf("ok cpu_map gpu_before=1 cpu_to_gpu=1 gpu_to_cpu=1\n");
 }
 
 static void syncobjs(amdgpu_device_handle dev)
@@ -213,7 +227,7 @@ int main(void)
 	check(amdgpu_bo_va_op(bo, 0, BO_SIZE, va, 0, AMDGPU_VA_OP_MAP), "va_map");
 	printf("ok va_map va=%#" PRIx64 "\n", va);
 	gpu_roundtrip(dfd, va, "stored by the GPU", "gpu_store_load");
-	cpu_map_checks(dev, bo, va);
+	cpu_map_checks(dfd, bo, va, "stored by the GPU");
 	/* amdgpu_bo_va_op(UNMAP): the VA faults afterwards */
 	check(amdgpu_bo_va_op(bo, 0, BO_SIZE, va, 0, AMDGPU_VA_OP_UNMAP), "va_unmap");
 	printf("ok va_unmap load_errno=%d\n",
