@@ -31,7 +31,10 @@ pages (the client's own memory through caller memory, awaited here, never on the
 thread), imported NPA BOs (fabric loads/stores, a COPY moved in `COPY_CHUNK` pieces). A
 fault is thrown into the engine as GpuFault: the queue stops in error, gpu_faults counts it
 (the resolver's on_fault), the process is told as kfd_signal_vm_fault_event tells it, and
-one log line names process, queue and ring offset; other queues and processes go on. A
+one log line names process, queue and ring offset; other queues and processes go on. An
+error the engine reached is reported so even when the queue is destroyed before its run
+returns: the error's own signal write wakes the client, whose handler (ROCr's) may destroy
+the queue while the run still awaits a write to its memory. A
 queue blocked on a poll is re-checked by its own run task, one read at a time at a delay
 doubling to POLL_MAX_DELAY (a forever poll: ~3% of a CPU), until released or rung again.
 
@@ -42,7 +45,6 @@ each amdgpu device's `driver.cs.runner`, awaited by the CS ioctl's own task.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import mmap
 import os
@@ -56,6 +58,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from .amdgpu.access import gpu_copy_local, gpu_load, gpu_store
+from .amdgpu.aql import AQL_PACKET_SIZE, AqlQueue
 from .amdgpu.cs import IbRun
 from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.engine import (
@@ -263,7 +266,8 @@ class GpuEngineEdge:
         # (a queue gone: the scan drops its slot, so the watch thread stops polling it)
         self._wake.set()
         if not created:
-            self._touched.pop(q, None)
+            if q not in self._running:  # (else the run's task drops it as it ends)
+                self._touched.pop(q, None)
             q.processor = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -472,6 +476,7 @@ class GpuEngineEdge:
 
     # -- running a queue -------------------------------------------------------------------------
     async def _run_queue(self, q: kq.KfdQueue, doorbell: int) -> None:
+        end: RunEnd | None = None
         try:
             end = await self._drive(q, doorbell)
             end = await self._recheck_poll(q, doorbell, end)
@@ -484,7 +489,7 @@ class GpuEngineEdge:
                 end = await self._drive(q, doorbell)
                 end = await self._recheck_poll(q, doorbell, end)
         except QueueStopped:
-            return
+            pass  # destroyed under a run that reached no error: nothing to report
         except (ValueError, TypeError, ArithmeticError, IndexError) as e:
             # a ring the engine refuses (e.g. an AQL ring smaller than one packet), or an
             # engine bug on strange input: that queue's error, never the node's
@@ -493,18 +498,27 @@ class GpuEngineEdge:
             self._running.discard(q)
             self._ended = True
             self._wake.set()  # look again at once: the doorbell may have moved meanwhile
+        if end is not None:
+            self._run_ended(q, end)
+        self._touched.pop(q, None)  # (what the rptr write-back touched: no packet's)
+
+    def _run_ended(self, q: kq.KfdQueue, end: RunEnd) -> None:
+        """What a run's end leaves: the rptr ualinkctl shows, and a queue error reported
+        (unless it is a fault of an exiting process). A queue destroyed meanwhile keeps
+        nothing, but an error its engine reached is still reported (`_drive`)."""
         try:
-            self._alive(q)  # destroyed meanwhile: nothing to keep of it
+            self._alive(q)
         except QueueStopped:
-            return
-        self._sync(q)
+            if end.ok:
+                return
+        else:
+            self._sync(q)
         # (a run that ends POLLING stopped re-checking because its doorbell moved: the
         # scan, woken above, runs the queue again and the poll is a young one again)
         if end.reason is EndReason.ERROR:
             if end.fault is not None and self._exiting(q):
                 return  # its memory went first: the release that follows stops the queue
             self._queue_error(q, end)
-        self._touched.pop(q, None)  # (what the rptr write-back touched: no packet's)
 
     async def _recheck_poll(self, q: kq.KfdQueue, doorbell: int, end: RunEnd) -> RunEnd:
         """A queue blocked on a poll (ROCr's dependency poll waits on a signal, forever):
@@ -546,7 +560,7 @@ class GpuEngineEdge:
         self._progress.set()
         self._progress = trio.Event()
 
-    def _processor(self, q: kq.KfdQueue) -> object | None:
+    def _processor(self, q: kq.KfdQueue) -> SdmaRing | AqlQueue | None:
         """The engine consuming the queue's ring, made on its first doorbell: an SDMA ring
         for the SDMA types, the AQL processor for COMPUTE_AQL; a PM4 compute queue has
         none (no PM4 command processor here: its doorbell is a queue error)."""
@@ -560,24 +574,19 @@ class GpuEngineEdge:
                 ring.rptr = q.rptr  # 0 for a new queue; kept across UPDATE_QUEUE's new ring
                 q.processor = ring
             elif q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL:
-                # (aql.py is the `rocr` branch's; until it is merged, imported by name)
-                try:
-                    aql = importlib.import_module(".amdgpu.aql", __package__).AqlQueue
-                except ModuleNotFoundError:
-                    return None
-                q.processor = aql(q.ring_base, q.ring_size, q.rptr_address, q.wptr_address)
+                q.processor = AqlQueue(q.ring_base, q.ring_size, q.rptr_address,
+                                       q.wptr_address)
+        assert q.processor is None or isinstance(q.processor, SdmaRing | AqlQueue)
         return q.processor
 
     @staticmethod
     def _sync(q: kq.KfdQueue) -> None:
         """What ualinkctl shows of the engine: the byte index consumed."""
         p = q.processor
-        if p is None:
-            return
-        rptr = getattr(p, "rptr", None)
-        if rptr is None:
-            rptr = getattr(p, "read_index", 0) * 64
-        q.rptr = rptr
+        if isinstance(p, SdmaRing):
+            q.rptr = p.rptr
+        elif isinstance(p, AqlQueue):
+            q.rptr = p.read_index * AQL_PACKET_SIZE
 
     def _exiting(self, q: kq.KfdQueue) -> bool:
         """Whether `q`'s process is exiting or gone: past the start of its exit, or its exact
@@ -600,14 +609,23 @@ class GpuEngineEdge:
             raise QueueStopped
 
     async def _drive(self, q: kq.KfdQueue, doorbell: int) -> RunEnd:
-        proc = self._processor(q)
-        if proc is None:
-            what = ("no AQL processor in this build" if q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL
-                    else "a PM4 compute queue: no PM4 command processor runs here")
-            return RunEnd(EndReason.ERROR, 0, what)
-        gen: EngineRun = proc.run(doorbell)  # type: ignore[attr-defined]
+        """One run of the queue's engine. Destroyed under it (QueueStopped) after the engine
+        reached a queue error: that error, which the run would have returned (the error's
+        signal write or interrupt can wake the client that destroys the queue: ROCr's
+        queue-error handler), so that it is reported all the same, once; an engine in error
+        returns at once, so an error it holds here is this run's."""
+        engine = self._processor(q)
+        if engine is None:
+            return RunEnd(EndReason.ERROR, 0,
+                          "a PM4 compute queue: no PM4 command processor runs here")
+        gen = engine.run(doorbell)
         self._touched.pop(q, None)  # (a poll re-run re-reads: its packet starts afresh)
-        return await self._drive_run(self._queue_target(q), gen)
+        try:
+            return await self._drive_run(self._queue_target(q), gen)
+        except QueueStopped:
+            if engine.error is None:
+                raise
+            return engine.error
 
     def _queue_target(self, q: kq.KfdQueue) -> RunTarget:
         return RunTarget(partial(self._queue_file, q), partial(self._alive, q),
