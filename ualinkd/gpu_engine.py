@@ -31,10 +31,11 @@ pages (the client's own memory through caller memory, awaited here, never on the
 thread), imported NPA BOs (fabric loads/stores, a COPY moved in `COPY_CHUNK` pieces). A
 fault is thrown into the engine as GpuFault: the queue stops in error, gpu_faults counts it
 (the resolver's on_fault), the process is told as kfd_signal_vm_fault_event tells it, and
-one log line names process, queue and ring offset; other queues and processes go on. An
-error the engine reached is reported so even when the queue is destroyed before its run
-returns: the error's own signal write wakes the client, whose handler (ROCr's) may destroy
-the queue while the run still awaits a write to its memory. A
+one log line names process, queue and ring offset; other queues and processes go on. A
+queue error is reported (logged, traced, a fault told) at the step where its engine reaches
+it, before the engine's own report goes to memory (an AQL queue's inactive signal, its
+mailbox and interrupt; an SDMA ring's rptr write-back): the client that report wakes (ROCr's
+queue-error handler) may destroy the queue, or exit, before the run returns. A
 queue blocked on a poll is re-checked by its own run task, one read at a time at a delay
 doubling to POLL_MAX_DELAY (a forever poll: ~3% of a CPU), until released or rung again.
 
@@ -203,6 +204,7 @@ class RunTarget:
     executed: Callable[[Executed], None] | None = None
     sleep: Callable[[int], Awaitable[None]] | None = None  # None: a Sleep waits its ns
     touch: Callable[[Request], None] | None = None  # while tracing: the memory a request touches
+    stepped: Callable[[], None] | None = None  # after each step of the engine (_reached)
 
 
 class GpuEngineEdge:
@@ -266,8 +268,7 @@ class GpuEngineEdge:
         # (a queue gone: the scan drops its slot, so the watch thread stops polling it)
         self._wake.set()
         if not created:
-            if q not in self._running:  # (else the run's task drops it as it ends)
-                self._touched.pop(q, None)
+            self._touched.pop(q, None)
             q.processor = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -476,7 +477,6 @@ class GpuEngineEdge:
 
     # -- running a queue -------------------------------------------------------------------------
     async def _run_queue(self, q: kq.KfdQueue, doorbell: int) -> None:
-        end: RunEnd | None = None
         try:
             end = await self._drive(q, doorbell)
             end = await self._recheck_poll(q, doorbell, end)
@@ -489,7 +489,7 @@ class GpuEngineEdge:
                 end = await self._drive(q, doorbell)
                 end = await self._recheck_poll(q, doorbell, end)
         except QueueStopped:
-            pass  # destroyed under a run that reached no error: nothing to report
+            return  # (an error its engine reached before was reported then: _reached)
         except (ValueError, TypeError, ArithmeticError, IndexError) as e:
             # a ring the engine refuses (e.g. an AQL ring smaller than one packet), or an
             # engine bug on strange input: that queue's error, never the node's
@@ -498,27 +498,30 @@ class GpuEngineEdge:
             self._running.discard(q)
             self._ended = True
             self._wake.set()  # look again at once: the doorbell may have moved meanwhile
-        if end is not None:
-            self._run_ended(q, end)
-        self._touched.pop(q, None)  # (what the rptr write-back touched: no packet's)
-
-    def _run_ended(self, q: kq.KfdQueue, end: RunEnd) -> None:
-        """What a run's end leaves: the rptr ualinkctl shows, and a queue error reported
-        (unless it is a fault of an exiting process). A queue destroyed meanwhile keeps
-        nothing, but an error its engine reached is still reported (`_drive`)."""
         try:
-            self._alive(q)
+            self._alive(q)  # destroyed meanwhile: nothing to keep of it
         except QueueStopped:
-            if end.ok:
-                return
-        else:
-            self._sync(q)
+            return
+        self._sync(q)
         # (a run that ends POLLING stopped re-checking because its doorbell moved: the
         # scan, woken above, runs the queue again and the poll is a young one again)
-        if end.reason is EndReason.ERROR:
-            if end.fault is not None and self._exiting(q):
-                return  # its memory went first: the release that follows stops the queue
-            self._queue_error(q, end)
+        if end.reason is EndReason.ERROR and q.error is None:  # (not reported at its step)
+            self._report_error(q, end)
+        self._touched.pop(q, None)  # (what the rptr write-back touched: no packet's)
+
+    def _reached(self, q: kq.KfdQueue, engine: SdmaRing | AqlQueue) -> None:
+        """After each step of `q`'s engine: an error it has just reached is reported now,
+        before the requests that report it to the client's memory (aql.py `_fail`: the
+        inactive signal, whose value ROCr's handler sees, then its mailbox and interrupt;
+        sdma.py: the rptr write-back) are fulfilled, since that client may destroy the
+        queue or exit before the run returns. Once: the KFD queue keeps the error."""
+        if engine.error is not None and q.error is None:
+            self._report_error(q, engine.error)
+
+    def _report_error(self, q: kq.KfdQueue, end: RunEnd) -> None:
+        if end.fault is not None and self._exiting(q):
+            return  # its memory went first: the release that follows stops the queue
+        self._queue_error(q, end)
 
     async def _recheck_poll(self, q: kq.KfdQueue, doorbell: int, end: RunEnd) -> RunEnd:
         """A queue blocked on a poll (ROCr's dependency poll waits on a signal, forever):
@@ -609,28 +612,18 @@ class GpuEngineEdge:
             raise QueueStopped
 
     async def _drive(self, q: kq.KfdQueue, doorbell: int) -> RunEnd:
-        """One run of the queue's engine. Destroyed under it (QueueStopped) after the engine
-        reached a queue error: that error, which the run would have returned (the error's
-        signal write or interrupt can wake the client that destroys the queue: ROCr's
-        queue-error handler), so that it is reported all the same, once; an engine in error
-        returns at once, so an error it holds here is this run's."""
         engine = self._processor(q)
         if engine is None:
             return RunEnd(EndReason.ERROR, 0,
                           "a PM4 compute queue: no PM4 command processor runs here")
         gen = engine.run(doorbell)
         self._touched.pop(q, None)  # (a poll re-run re-reads: its packet starts afresh)
-        try:
-            return await self._drive_run(self._queue_target(q), gen)
-        except QueueStopped:
-            if engine.error is None:
-                raise
-            return engine.error
+        return await self._drive_run(self._queue_target(q, engine), gen)
 
-    def _queue_target(self, q: kq.KfdQueue) -> RunTarget:
+    def _queue_target(self, q: kq.KfdQueue, engine: SdmaRing | AqlQueue) -> RunTarget:
         return RunTarget(partial(self._queue_file, q), partial(self._alive, q),
                          partial(self._queue_interrupt, q), partial(self._queue_executed, q),
-                         touch=partial(self._touch, q))
+                         touch=partial(self._touch, q), stepped=partial(self._reached, q, engine))
 
     async def run_in_file(self, drm_file: DrmFile, gen: EngineRun,
                           ib: IbRun | None = None) -> RunEnd:
@@ -710,6 +703,9 @@ class GpuEngineEdge:
                     end = stop.value
                     assert isinstance(end, RunEnd)
                     return end
+                finally:
+                    if q.stepped is not None:
+                        q.stepped()
                 answer, fault = None, None
                 q.alive()
                 try:

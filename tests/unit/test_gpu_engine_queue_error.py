@@ -1,21 +1,24 @@
 """A queue error is reported once (the edge's "GPU queue error" log line and the tracer's
 `error` record, gpu_engine.py `_queue_error`) even when the queue is destroyed after its
-engine reached the error but before the run returned. The CP reports an AQL error through
-amd_queue_t.queue_inactive_signal (aql.py `AqlQueue._fail`: the code stored in the
-signal's value, its mailbox written, its event interrupted), and ROCr 5.2.3's
-DynamicScratchHandler, woken by that value, calls the queue's error callback, which may
-destroy the queue (hsa_queue_destroy -> DESTROY_QUEUE) while the run still awaits a store
-to the client's own memory (a userptr page: caller memory). An SDMA ring's packet error is
-followed by its rptr write-back (sdma.py `SdmaRing.run`), the same window.
+engine reached the error but before the run returned: it is reported at the step where the
+engine reaches it, before the engine's own report reaches the client's memory. The CP
+reports an AQL error through amd_queue_t.queue_inactive_signal (aql.py `AqlQueue._fail`:
+the code stored in the signal's value, its mailbox written, its event interrupted), and
+ROCr 5.2.3's DynamicScratchHandler, woken by that value, calls the queue's error callback,
+which may destroy the queue (hsa_queue_destroy -> DESTROY_QUEUE) while the run still awaits
+a store to the client's own memory (a userptr page: caller memory). An SDMA ring's packet
+error is followed by its rptr write-back (sdma.py `SdmaRing.run`), the same window.
 
-The destroying client is played deterministically: the edge's store of the error's mailbox
-word (or of the rptr) is followed, before the run goes on, by the real KFD DESTROY_QUEUE
-ioctl (kfd_ioctl_destroy_queue), as a client served while that store awaited its memory."""
+The destroying client is played deterministically: the edge's store to a word (the error's
+mailbox, the rptr) is followed, before the run goes on, by the real KFD DESTROY_QUEUE ioctl
+(kfd_ioctl_destroy_queue), as a client served while that store awaited its memory."""
 
 from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Callable
+from functools import partial
 
 from test_gpu_engine_edge import BASE, DATA, RPTR, Rig, fence, run_edge, until
 from test_kfd_queues import create, destroy
@@ -23,7 +26,7 @@ from test_kfd_queues import create, destroy
 from ualinkd.amdgpu import aql, sdma
 from ualinkd.amdgpu.engine import EndReason, EngineRun, RunEnd
 from ualinkd.gpu_engine import GpuEngineEdge, RunTarget
-from ualinkd.trace import EngineAccess, QueueRecord, Record
+from ualinkd.trace import QueueRecord, Record
 
 AQL = 2  # KFD_IOC_QUEUE_TYPE_COMPUTE_AQL
 AQL_RING = BASE + 16384  # 64 packets, past the Rig's SDMA rings
@@ -37,20 +40,21 @@ def _errors(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "GPU queue error" in r.getMessage()]
 
 
-def _destroy_after_store(edge: GpuEngineEdge, va: int, destroy_queue: object) -> list[int]:
-    """After the edge's store to `va`, call `destroy_queue()` (the real DESTROY_QUEUE),
-    before the run's next step: what a client served while that store awaited does. The
-    list returned counts the destructions."""
-    done: list[int] = []
+def _on_stores(edge: GpuEngineEdge, before: dict[int, Callable[[], None]],
+               after: dict[int, Callable[[], None]]) -> None:
+    """Around each of the edge's stores to a word named in `before` / `after`, call what
+    it names (once per word): after a store, before the run's next step, is where a
+    client served while that store awaited its memory acts."""
     store = edge._store
 
-    async def store_then_destroy(q: RunTarget, at: int, data: bytes | bytearray) -> None:
-        await store(q, at, data)
-        if at == va and not done:
-            done.append(destroy_queue())  # type: ignore[operator]
+    async def watched(q: RunTarget, va: int, data: bytes | bytearray) -> None:
+        if va in before:
+            before.pop(va)()
+        await store(q, va, data)
+        if va in after:
+            after.pop(va)()
 
-    edge._store = store_then_destroy  # type: ignore[method-assign]
-    return done
+    edge._store = watched  # type: ignore[method-assign]
 
 
 def test_an_aql_error_is_reported_when_its_wake_up_destroys_the_queue(caplog):
@@ -58,8 +62,9 @@ def test_an_aql_error_is_reported_when_its_wake_up_destroys_the_queue(caplog):
     amd_queue_t: the processor stores code 32 (INVALID_PACKET_FORMAT) in the inactive
     signal and writes its mailbox; the queue is destroyed right after that write, before
     the run returns. Still one log line naming the queue and the packet, one `error`
-    record with the memory the failing packet touched (the signal's value), nothing of the
-    queue kept by the edge. (Before: the run's QueueStopped ended it silently; ROCr's
+    record before the queue's `destroy` record, nothing of the queue kept by the edge; the
+    line was logged before the signal's value (what wakes ROCr's handler) was stored.
+    (Before: the run's QueueStopped ended it silently; ROCr's
     test_rocr_unknown_packet_type_is_an_invalid_packet_format saw no line 1 time in 4.)"""
     caplog.set_level(logging.WARNING, logger="ualinkd.gpu_engine")
     rig = Rig()
@@ -78,59 +83,59 @@ def test_an_aql_error_is_reported_when_its_wake_up_destroys_the_queue(caplog):
     mem.write(AQL_RING - BASE, struct.pack("<H", 23).ljust(aql.AQL_PACKET_SIZE, b"\0"))
     mem.write(AMDQ + aql.AMD_QUEUE_WRITE_DISPATCH_ID - BASE, struct.pack("<Q", 1))
 
+    logged: list[int] = []
+    destroyed: list[int] = []
+
     async def body(edge: GpuEngineEdge) -> None:
-        destroyed = _destroy_after_store(
-            edge, MAILBOX, lambda: destroy(rig.node, rig.p, q.queue_id))
+        _on_stores(edge, {SIGNAL + 8: lambda: logged.append(len(_errors(caplog)))},
+                   {MAILBOX: lambda: destroyed.append(destroy(rig.node, rig.p, q.queue_id))})
         # ROCr's doorbell: the index of the last packet written
         rig.p.pdds[rig.g0].doorbells().memory.write(q.doorbell_slot, (0).to_bytes(8, "little"))
         await until(lambda: destroyed and not edge._running)
-        assert destroyed == [0]
         assert edge._touched == {}  # (nothing kept of the destroyed queue)
 
     run_edge(rig, body)
+    assert destroyed == [0]  # (DESTROY_QUEUE succeeded)
+    assert logged == [1]  # (the line was there before the client could see the error)
     assert rig.word(SIGNAL + 8, 8) == aql.QueueError.INVALID_FORMAT  # what woke the client
     assert rig.word(MAILBOX) == EVENT_ID
-    assert rig.node.kfd.queues.pqms.get(rig.p.pid) is None or \
-        q.queue_id not in rig.node.kfd.queues.pqms[rig.p.pid].queues
+    assert q.queue_id not in getattr(rig.node.kfd.queues.pqms.get(rig.p.pid), "queues", {})
     (line,) = _errors(caplog)
     assert f"pid {rig.p.pid} queue {q.queue_id} (compute_aql" in line.lower(), line
     assert "queue error 32 (INVALID_FORMAT) at ring offset 0x0: packet type 23" in line, line
-    (err,) = [r for r in seen if isinstance(r, QueueRecord) and r.event == "error"]
-    assert err.queue_id == q.queue_id and "packet type 23" in err.detail, err
-    assert EngineAccess("write", SIGNAL + 8, 8) in err.mem, err
-    assert EngineAccess("write", MAILBOX, 4) in err.mem, err
+    events = [(r.event, r.detail) for r in seen
+              if isinstance(r, QueueRecord) and r.queue_id == q.queue_id]
+    assert [e for e, _ in events] == ["create", "doorbell", "error", "destroy"], events
+    assert "packet type 23" in events[2][1], events
 
 
 def test_an_sdma_packet_error_is_reported_when_the_rptr_write_back_outlives_the_queue(caplog):
     """A FENCE then an unknown opcode on an SDMA ring: the ring reaches its error, then
     writes the rptr back (the FENCE consumed); the queue is destroyed right after that
-    store. Still one log line and one `error` record for it. A second queue destroyed the
-    same way after a run without error reports nothing (a destroyed queue's run is no
-    error of its own)."""
+    store. Still one log line (there before the write-back) and one `error` record for it.
+    A second queue destroyed the same way after a run without error reports nothing (a
+    destroyed queue's run is no error of its own)."""
     caplog.set_level(logging.WARNING, logger="ualinkd.gpu_engine")
     rig = Rig(2)
     seen: list[Record] = []
     rig.node.tracer = seen.append
     bad, good = rig.queues
 
+    logged: list[int] = []
+    destroyed: list[int] = []
+
     async def body(edge: GpuEngineEdge) -> None:
-        gone: list[int] = []
-        store = edge._store
-
-        async def store_then_destroy(t: RunTarget, at: int, data: bytes | bytearray) -> None:
-            await store(t, at, data)
-            for i, q in enumerate(rig.queues):
-                if at == RPTR + 16 * i and q.queue_id not in gone:
-                    assert destroy(rig.node, rig.p, q.queue_id) == 0
-                    gone.append(q.queue_id)
-
-        edge._store = store_then_destroy  # type: ignore[method-assign]
+        _on_stores(edge, {RPTR: lambda: logged.append(len(_errors(caplog)))},
+                   {RPTR + 16 * i: partial(lambda q: destroyed.append(
+                       destroy(rig.node, rig.p, q.queue_id)), q)
+                    for i, q in enumerate(rig.queues)})
         rig.submit(fence(DATA, 1) + struct.pack("<I", 0xFF), q=0)
         rig.submit(fence(DATA + 4, 2), q=1)
-        await until(lambda: len(gone) == 2 and not edge._running)
+        await until(lambda: len(destroyed) == 2 and not edge._running)
         assert edge._touched == {}
 
     run_edge(rig, body)
+    assert destroyed == [0, 0] and logged == [1]
     assert rig.word(DATA) == 1 and rig.word(DATA + 4) == 2
     assert rig.word(RPTR, 8) == 16 and rig.word(RPTR + 16, 8) == 16  # (the write-backs)
     (line,) = _errors(caplog)
@@ -154,9 +159,9 @@ def _finish(gen: EngineRun, answers: list[object]) -> RunEnd:
 
 
 def test_an_engine_keeps_the_error_it_reached_as_one_run_end():
-    """aql.py and sdma.py keep a queue's error the same way (the edge reads it when the
-    queue is destroyed under the run that reached it): a RunEnd, returned again, unchanged
-    and without a request, by every later run."""
+    """aql.py and sdma.py keep a queue's error the same way (the edge reads it after each
+    step of a run, to report it at the step that reached it): a RunEnd, returned again,
+    unchanged and without a request, by every later run."""
     ring = sdma.SdmaRing(AQL_RING, 4096, AMDQ, AMDQ + 8)
     end = _finish(ring.run(4), [struct.pack("<I", 0xFF)])
     assert end.reason is EndReason.ERROR and ring.error is end
