@@ -196,7 +196,8 @@ class RunTarget:
     GPU VM the requests go to and `alive()` checks the run is still wanted (both raise
     QueueStopped when its owner went); `interrupt` takes a TRAP's context id (the KFD's
     event path) and `executed` each packet done: None for an AMDGPU_CS IB, whose TRAP
-    signals no KFD event."""
+    signals no KFD event. `stepped` is called after each step of the engine (a queue's
+    reports an error the step reached: `_reached`)."""
 
     vm_file: Callable[[], DrmFile]
     alive: Callable[[], None]
@@ -204,7 +205,7 @@ class RunTarget:
     executed: Callable[[Executed], None] | None = None
     sleep: Callable[[int], Awaitable[None]] | None = None  # None: a Sleep waits its ns
     touch: Callable[[Request], None] | None = None  # while tracing: the memory a request touches
-    stepped: Callable[[], None] | None = None  # after each step of the engine (_reached)
+    stepped: Callable[[], None] | None = None
 
 
 class GpuEngineEdge:

@@ -446,9 +446,9 @@ class AqlQueue:
         self.read_index = 0  # packets; CREATE_QUEUE zeroes the hardware rptr
         self.state = QueueState.IDLE
         self.packets_done = 0
-        # The queue error, once reached (for good): what every later run returns, and what
-        # the edge reports if the queue is destroyed before the run that reached it ends
-        # (the error's own signal write can wake the client that destroys it).
+        # The queue error, once reached (for good): what every later run returns; the edge
+        # reads it after each step, to report it before the requests that tell the client
+        # (whose handler may destroy the queue before the run ends).
         self.error: RunEnd | None = None
 
     def offset_of(self, index: int) -> int:
