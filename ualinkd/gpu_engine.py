@@ -196,8 +196,8 @@ class RunTarget:
     GPU VM the requests go to and `alive()` checks the run is still wanted (both raise
     QueueStopped when its owner went); `interrupt` takes a TRAP's context id (the KFD's
     event path) and `executed` each packet done: None for an AMDGPU_CS IB, whose TRAP
-    signals no KFD event. `stepped` is called after each step of the engine (a queue's
-    reports an error the step reached: `_reached`)."""
+    signals no KFD event; `reached` takes a queue error at the step its engine reached it
+    (`_reached`)."""
 
     vm_file: Callable[[], DrmFile]
     alive: Callable[[], None]
@@ -205,7 +205,7 @@ class RunTarget:
     executed: Callable[[Executed], None] | None = None
     sleep: Callable[[int], Awaitable[None]] | None = None  # None: a Sleep waits its ns
     touch: Callable[[Request], None] | None = None  # while tracing: the memory a request touches
-    stepped: Callable[[], None] | None = None
+    reached: Callable[[RunEnd], None] | None = None
 
 
 class GpuEngineEdge:
@@ -510,14 +510,14 @@ class GpuEngineEdge:
             self._report_error(q, end)
         self._touched.pop(q, None)  # (what the rptr write-back touched: no packet's)
 
-    def _reached(self, q: kq.KfdQueue, engine: SdmaRing | AqlQueue) -> None:
-        """After each step of `q`'s engine: an error it has just reached is reported now,
-        before the requests that report it to the client's memory (aql.py `_fail`: the
-        inactive signal, whose value ROCr's handler sees, then its mailbox and interrupt;
-        sdma.py: the rptr write-back) are fulfilled, since that client may destroy the
-        queue or exit before the run returns. Once: the KFD queue keeps the error."""
-        if engine.error is not None and q.error is None:
-            self._report_error(q, engine.error)
+    def _reached(self, q: kq.KfdQueue, end: RunEnd) -> None:
+        """The error `q`'s engine holds after a step of its run, reported now: before the
+        requests that report it to the client's memory (aql.py `_fail`: the inactive
+        signal, whose value ROCr's handler sees, then its mailbox and interrupt; sdma.py:
+        the rptr write-back) are fulfilled, since that client may destroy the queue or exit
+        before the run returns. Once: the KFD queue keeps the error."""
+        if q.error is None:
+            self._report_error(q, end)
 
     def _report_error(self, q: kq.KfdQueue, end: RunEnd) -> None:
         if end.fault is not None and self._exiting(q):
@@ -619,12 +619,12 @@ class GpuEngineEdge:
                           "a PM4 compute queue: no PM4 command processor runs here")
         gen = engine.run(doorbell)
         self._touched.pop(q, None)  # (a poll re-run re-reads: its packet starts afresh)
-        return await self._drive_run(self._queue_target(q, engine), gen)
+        return await self._drive_run(self._queue_target(q), gen, engine)
 
-    def _queue_target(self, q: kq.KfdQueue, engine: SdmaRing | AqlQueue) -> RunTarget:
+    def _queue_target(self, q: kq.KfdQueue) -> RunTarget:
         return RunTarget(partial(self._queue_file, q), partial(self._alive, q),
                          partial(self._queue_interrupt, q), partial(self._queue_executed, q),
-                         touch=partial(self._touch, q), stepped=partial(self._reached, q, engine))
+                         touch=partial(self._touch, q), reached=partial(self._reached, q))
 
     async def run_in_file(self, drm_file: DrmFile, gen: EngineRun,
                           ib: IbRun | None = None) -> RunEnd:
@@ -688,7 +688,10 @@ class GpuEngineEdge:
 
         return RunTarget(vm_file, alive, executed=executed, sleep=sleep, touch=touch)
 
-    async def _drive_run(self, q: RunTarget, gen: EngineRun) -> RunEnd:
+    async def _drive_run(self, q: RunTarget, gen: EngineRun,
+                         engine: SdmaRing | AqlQueue | None = None) -> RunEnd:
+        """Fulfil `gen`'s requests to its RunEnd; `engine`, a queue's, is looked at after
+        each step for an error it reached (q.reached)."""
         answer: object = None
         fault: GpuFault | None = None
         yield_at = time.monotonic() + RUN_SLICE
@@ -705,8 +708,8 @@ class GpuEngineEdge:
                     assert isinstance(end, RunEnd)
                     return end
                 finally:
-                    if q.stepped is not None:
-                        q.stepped()
+                    if engine is not None and engine.error is not None and q.reached:
+                        q.reached(engine.error)
                 answer, fault = None, None
                 q.alive()
                 try:
