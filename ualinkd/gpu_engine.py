@@ -32,6 +32,10 @@ thread), imported NPA BOs (fabric loads/stores, a COPY moved in `COPY_CHUNK` pie
 fault is thrown into the engine as GpuFault: the queue stops in error, gpu_faults counts it
 (the resolver's on_fault), the process is told as kfd_signal_vm_fault_event tells it, and
 one log line names process, queue and ring offset; other queues and processes go on. A
+queue error is reported (logged, traced, a fault told) at the step where its engine reaches
+it, before the engine's own report goes to memory (an AQL queue's inactive signal, its
+mailbox and interrupt; an SDMA ring's rptr write-back): the client that report wakes (ROCr's
+queue-error handler) may destroy the queue, or exit, before the run returns. A
 queue blocked on a poll is re-checked by its own run task, one read at a time at a delay
 doubling to POLL_MAX_DELAY (a forever poll: ~3% of a CPU), until released or rung again.
 
@@ -42,7 +46,6 @@ each amdgpu device's `driver.cs.runner`, awaited by the CS ioctl's own task.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import mmap
 import os
@@ -56,6 +59,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from .amdgpu.access import gpu_copy_local, gpu_load, gpu_store
+from .amdgpu.aql import AQL_PACKET_SIZE, AqlQueue
 from .amdgpu.cs import IbRun
 from .amdgpu.driver import AmdgpuDriver
 from .amdgpu.engine import (
@@ -192,7 +196,8 @@ class RunTarget:
     GPU VM the requests go to and `alive()` checks the run is still wanted (both raise
     QueueStopped when its owner went); `interrupt` takes a TRAP's context id (the KFD's
     event path) and `executed` each packet done: None for an AMDGPU_CS IB, whose TRAP
-    signals no KFD event."""
+    signals no KFD event; `reached` takes a queue error at the step its engine reached it
+    (`_reached`)."""
 
     vm_file: Callable[[], DrmFile]
     alive: Callable[[], None]
@@ -200,6 +205,7 @@ class RunTarget:
     executed: Callable[[Executed], None] | None = None
     sleep: Callable[[int], Awaitable[None]] | None = None  # None: a Sleep waits its ns
     touch: Callable[[Request], None] | None = None  # while tracing: the memory a request touches
+    reached: Callable[[RunEnd], None] | None = None
 
 
 class GpuEngineEdge:
@@ -484,7 +490,7 @@ class GpuEngineEdge:
                 end = await self._drive(q, doorbell)
                 end = await self._recheck_poll(q, doorbell, end)
         except QueueStopped:
-            return
+            return  # (an error its engine reached before was reported then: _reached)
         except (ValueError, TypeError, ArithmeticError, IndexError) as e:
             # a ring the engine refuses (e.g. an AQL ring smaller than one packet), or an
             # engine bug on strange input: that queue's error, never the node's
@@ -500,11 +506,23 @@ class GpuEngineEdge:
         self._sync(q)
         # (a run that ends POLLING stopped re-checking because its doorbell moved: the
         # scan, woken above, runs the queue again and the poll is a young one again)
-        if end.reason is EndReason.ERROR:
-            if end.fault is not None and self._exiting(q):
-                return  # its memory went first: the release that follows stops the queue
-            self._queue_error(q, end)
+        if end.reason is EndReason.ERROR and q.error is None:  # (not reported at its step)
+            self._report_error(q, end)
         self._touched.pop(q, None)  # (what the rptr write-back touched: no packet's)
+
+    def _reached(self, q: kq.KfdQueue, end: RunEnd) -> None:
+        """The error `q`'s engine holds after a step of its run, reported now: before the
+        requests that report it to the client's memory (aql.py `_fail`: the inactive
+        signal, whose value ROCr's handler sees, then its mailbox and interrupt; sdma.py:
+        the rptr write-back) are fulfilled, since that client may destroy the queue or exit
+        before the run returns. Once: the KFD queue keeps the error."""
+        if q.error is None:
+            self._report_error(q, end)
+
+    def _report_error(self, q: kq.KfdQueue, end: RunEnd) -> None:
+        if end.fault is not None and self._exiting(q):
+            return  # its memory went first: the release that follows stops the queue
+        self._queue_error(q, end)
 
     async def _recheck_poll(self, q: kq.KfdQueue, doorbell: int, end: RunEnd) -> RunEnd:
         """A queue blocked on a poll (ROCr's dependency poll waits on a signal, forever):
@@ -546,7 +564,7 @@ class GpuEngineEdge:
         self._progress.set()
         self._progress = trio.Event()
 
-    def _processor(self, q: kq.KfdQueue) -> object | None:
+    def _processor(self, q: kq.KfdQueue) -> SdmaRing | AqlQueue | None:
         """The engine consuming the queue's ring, made on its first doorbell: an SDMA ring
         for the SDMA types, the AQL processor for COMPUTE_AQL; a PM4 compute queue has
         none (no PM4 command processor here: its doorbell is a queue error)."""
@@ -560,24 +578,19 @@ class GpuEngineEdge:
                 ring.rptr = q.rptr  # 0 for a new queue; kept across UPDATE_QUEUE's new ring
                 q.processor = ring
             elif q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL:
-                # (aql.py is the `rocr` branch's; until it is merged, imported by name)
-                try:
-                    aql = importlib.import_module(".amdgpu.aql", __package__).AqlQueue
-                except ModuleNotFoundError:
-                    return None
-                q.processor = aql(q.ring_base, q.ring_size, q.rptr_address, q.wptr_address)
+                q.processor = AqlQueue(q.ring_base, q.ring_size, q.rptr_address,
+                                       q.wptr_address)
+        assert q.processor is None or isinstance(q.processor, SdmaRing | AqlQueue)
         return q.processor
 
     @staticmethod
     def _sync(q: kq.KfdQueue) -> None:
         """What ualinkctl shows of the engine: the byte index consumed."""
         p = q.processor
-        if p is None:
-            return
-        rptr = getattr(p, "rptr", None)
-        if rptr is None:
-            rptr = getattr(p, "read_index", 0) * 64
-        q.rptr = rptr
+        if isinstance(p, SdmaRing):
+            q.rptr = p.rptr
+        elif isinstance(p, AqlQueue):
+            q.rptr = p.read_index * AQL_PACKET_SIZE
 
     def _exiting(self, q: kq.KfdQueue) -> bool:
         """Whether `q`'s process is exiting or gone: past the start of its exit, or its exact
@@ -600,19 +613,18 @@ class GpuEngineEdge:
             raise QueueStopped
 
     async def _drive(self, q: kq.KfdQueue, doorbell: int) -> RunEnd:
-        proc = self._processor(q)
-        if proc is None:
-            what = ("no AQL processor in this build" if q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL
-                    else "a PM4 compute queue: no PM4 command processor runs here")
-            return RunEnd(EndReason.ERROR, 0, what)
-        gen: EngineRun = proc.run(doorbell)  # type: ignore[attr-defined]
+        engine = self._processor(q)
+        if engine is None:
+            return RunEnd(EndReason.ERROR, 0,
+                          "a PM4 compute queue: no PM4 command processor runs here")
+        gen = engine.run(doorbell)
         self._touched.pop(q, None)  # (a poll re-run re-reads: its packet starts afresh)
-        return await self._drive_run(self._queue_target(q), gen)
+        return await self._drive_run(self._queue_target(q), gen, engine)
 
     def _queue_target(self, q: kq.KfdQueue) -> RunTarget:
         return RunTarget(partial(self._queue_file, q), partial(self._alive, q),
                          partial(self._queue_interrupt, q), partial(self._queue_executed, q),
-                         touch=partial(self._touch, q))
+                         touch=partial(self._touch, q), reached=partial(self._reached, q))
 
     async def run_in_file(self, drm_file: DrmFile, gen: EngineRun,
                           ib: IbRun | None = None) -> RunEnd:
@@ -676,7 +688,10 @@ class GpuEngineEdge:
 
         return RunTarget(vm_file, alive, executed=executed, sleep=sleep, touch=touch)
 
-    async def _drive_run(self, q: RunTarget, gen: EngineRun) -> RunEnd:
+    async def _drive_run(self, q: RunTarget, gen: EngineRun,
+                         engine: SdmaRing | AqlQueue | None = None) -> RunEnd:
+        """Fulfil `gen`'s requests to its RunEnd; `engine`, a queue's, is looked at after
+        each step for an error it reached (q.reached)."""
         answer: object = None
         fault: GpuFault | None = None
         yield_at = time.monotonic() + RUN_SLICE
@@ -692,6 +707,9 @@ class GpuEngineEdge:
                     end = stop.value
                     assert isinstance(end, RunEnd)
                     return end
+                finally:
+                    if engine is not None and engine.error is not None and q.reached:
+                        q.reached(engine.error)
                 answer, fault = None, None
                 q.alive()
                 try:

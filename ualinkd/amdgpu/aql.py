@@ -417,7 +417,7 @@ class _Stop(Exception):
 class AqlQueue:
     """The CP's view of one COMPUTE_AQL queue (CREATE_QUEUE's ring and pointers). One owner:
     the edge that drives its `run()`; `state`, `read_index` and `packets_done` are read by
-    the tracer and ualinkctl.
+    the tracer and ualinkctl, `error` (a RunEnd, as SdmaRing's) by the edge.
 
     `run(doorbell)` consumes packets from `read_index` while it is below the
     write_dispatch_id in memory (the doorbell value is the last index written, a wake-up),
@@ -446,14 +446,17 @@ class AqlQueue:
         self.read_index = 0  # packets; CREATE_QUEUE zeroes the hardware rptr
         self.state = QueueState.IDLE
         self.packets_done = 0
-        self.error: str | None = None
+        # The queue error, once reached (for good): what every later run returns; the edge
+        # reads it after each step, to report it before the requests that tell the client
+        # (whose handler may destroy the queue before the run ends).
+        self.error: RunEnd | None = None
 
     def offset_of(self, index: int) -> int:
         return index % self.slots * AQL_PACKET_SIZE
 
     def run(self, doorbell: int) -> EngineRun:
-        if self.state is QueueState.ERROR:
-            return RunEnd(EndReason.ERROR, self.offset_of(self.read_index), self.error)
+        if self.error is not None:
+            return self.error
         self.state = QueueState.RUNNING
         offset = self.offset_of(self.read_index)
         try:
@@ -487,8 +490,9 @@ class AqlQueue:
             return stop.end
         except GpuFault as fault:
             self.state = QueueState.ERROR
-            self.error = f"{fault} at ring offset {offset:#x}"
-            return RunEnd(EndReason.ERROR, offset, self.error, fault)
+            self.error = RunEnd(EndReason.ERROR, offset, f"{fault} at ring offset {offset:#x}",
+                                fault)
+            return self.error
         self.state = QueueState.IDLE
         return RunEnd(EndReason.CAUGHT_UP, self.offset_of(self.read_index))
 
@@ -575,9 +579,9 @@ class AqlQueue:
         """A queue error: ERROR for good; the code stored in queue_inactive_signal and its
         event woken, which ROCr's handler turns into the queue's error callback."""
         self.state = QueueState.ERROR
-        self.error = (f"queue error {int(code)} ({code.name}) at ring offset {offset:#x}: "
-                      f"{why}")
-        end = RunEnd(EndReason.ERROR, offset, self.error)
+        end = self.error = RunEnd(EndReason.ERROR, offset,
+                                  f"queue error {int(code)} ({code.name}) at ring offset "
+                                  f"{offset:#x}: {why}")
         if self.amd_queue_va is not None:
             raw = yield Read(self.amd_queue_va + AMD_QUEUE_READ_DISPATCH_ID_FIELD_BASE_BYTE_OFFSET,
                              4)

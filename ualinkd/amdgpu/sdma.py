@@ -580,6 +580,9 @@ class SdmaRing:
         self.rptr = 0  # consumed byte index (64-bit, monotonic)
         self.state = QueueState.IDLE
         self.packets_done = 0
+        # The queue error, once reached (for good): what every later run returns; the edge
+        # reads it after each step, to report it before the rptr write-back that follows a
+        # packet error (the client may destroy the queue before the run ends).
         self.error: RunEnd | None = None
         self._exec = _Executor(poll_spins)
         self._reported_rptr = 0
