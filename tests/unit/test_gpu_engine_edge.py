@@ -614,7 +614,9 @@ def test_scans_while_every_queue_runs_leave_the_watch_thread_asleep():
     import threading
     from pathlib import Path
 
-    earlier = {t.ident for t in threading.enumerate()}
+    # (the Thread objects, not their idents: glibc hands an exited thread's stack, and so
+    # its ident, to the next thread started, an earlier test's watch thread's to this one)
+    earlier = set(threading.enumerate())
     rig = Rig()
     poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
                        0xFFFF_FFFF, 10 | 0xFFF << 16)
@@ -625,7 +627,7 @@ def test_scans_while_every_queue_runs_leave_the_watch_thread_asleep():
         await until(lambda: edge.poll_rechecks > 0 and not edge._watched)
         # (this edge's watch thread: an earlier test's may still be on its way out)
         (tid,) = [t.native_id for t in threading.enumerate()
-                  if t.name == "ualinkd-doorbells" and t.ident not in earlier]
+                  if t.name == "ualinkd-doorbells" and t not in earlier]
         schedstat = Path(f"/proc/self/task/{tid}/schedstat")
         await trio.sleep(0.05)
         ticks, before = edge.ticks, int(schedstat.read_text().split()[2])
