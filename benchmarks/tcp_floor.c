@@ -155,6 +155,81 @@ static int child_read(int fd, char *buf, size_t n)
 	return 1;
 }
 
+/*
+ * A timed floor's exchange with its child: `prepare` (NULL: none) before each sample,
+ * untimed; `run`, timed; `check` (NULL: none) after each, untimed, nonzero when the
+ * exchange did not do its work.
+ */
+struct exchange {
+	void (*prepare)(void *arg, long i);
+	void (*run)(void *arg);
+	int (*check)(void *arg, long i);
+	void *arg;
+};
+
+/*
+ * The parent's loop of the timed floors: `count` samples of x->run after `warmup`
+ * unsampled ones (i < 0), then the child's end (`fd` closed: its end of file; the child
+ * reaped).  The samples, or NULL when out of memory, a check failed or the child did.
+ */
+static uint64_t *sample(const struct exchange *x, long count, long warmup, int fd, pid_t pid)
+{
+	uint64_t *ns = calloc((size_t)count, sizeof(*ns));
+	int status, ok = ns != NULL;
+	long i;
+
+	for (i = -warmup; ok && i < count; i++) {
+		uint64_t t0;
+
+		if (x->prepare)
+			x->prepare(x->arg, i);
+		t0 = now_ns();
+		x->run(x->arg);
+		if (i >= 0)
+			ns[i] = now_ns() - t0;
+		ok = x->check == NULL || x->check(x->arg, i) == 0;
+	}
+	close(fd);
+	if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status))
+		ok = 0;
+	if (!ok) {
+		free(ns);
+		return NULL;
+	}
+	return ns;
+}
+
+/* The summary line of a floor timed by `sample`, `size=..` at its end (0: none): 0, or 1
+   when sample() failed. */
+static int report(uint64_t *ns, long count, size_t size)
+{
+	if (ns == NULL)
+		return 1;
+	print_stats(ns, count);
+	if (size)
+		printf(" size=%zu", size);
+	printf("\n");
+	free(ns);
+	return 0;
+}
+
+/* rtt and fetch: the parent's end of the pair, the request and the answer's buffer */
+struct ask {
+	int fd;
+	const char *req;
+	size_t req_size;
+	char *answer;
+	size_t size;
+};
+
+static void ask_run(void *arg)
+{
+	struct ask *a = arg;
+
+	write_full(a->fd, a->req, a->req_size);
+	read_full(a->fd, a->answer, a->size);
+}
+
 static void echo_child(int fd, void *arg)
 {
 	size_t size = *(size_t *)arg;
@@ -167,29 +242,15 @@ static void echo_child(int fd, void *arg)
 static int rtt(long count, size_t size, long warmup, const char *congestion)
 {
 	static char buf[65536];
-	uint64_t *ns = calloc((size_t)count, sizeof(*ns));
+	struct ask a = { -1, buf, size, buf, size };
+	struct exchange x = { NULL, ask_run, NULL, &a };
 	pid_t pid;
-	int fd, status;
-	long i;
 
-	if (!ns || size == 0 || size > sizeof(buf))
+	if (size == 0 || size > sizeof(buf))
 		return 2;
-	fd = pair(congestion, echo_child, &size, &pid);
+	a.fd = pair(congestion, echo_child, &size, &pid);
 	memset(buf, 0x5a, size);
-	for (i = -warmup; i < count; i++) {
-		uint64_t t0 = now_ns();
-
-		write_full(fd, buf, size);
-		read_full(fd, buf, size);
-		if (i >= 0)
-			ns[i] = now_ns() - t0;
-	}
-	close(fd);
-	waitpid(pid, &status, 0);
-	print_stats(ns, count);
-	printf(" size=%zu\n", size);
-	free(ns);
-	return 0;
+	return report(sample(&x, count, warmup, a.fd, pid), count, size);
 }
 
 /* fetch: the child answers each 29-byte request (a LOAD's size) with <size> bytes from one
@@ -209,31 +270,19 @@ static void fetch_child(int fd, void *arg)
 
 static int fetch(long count, size_t size, long warmup, const char *congestion)
 {
-	uint64_t *ns = calloc((size_t)count, sizeof(*ns));
-	char *buf = malloc(size), req[29];
+	char req[29], *buf = malloc(size);
+	struct ask a = { -1, req, sizeof(req), buf, size };
+	struct exchange x = { NULL, ask_run, NULL, &a };
 	pid_t pid;
-	int fd, status;
-	long i;
+	int ret;
 
-	if (!ns || !buf || size == 0)
+	if (!buf || size == 0)
 		return 2;
 	memset(req, 1, sizeof(req));
-	fd = pair(congestion, fetch_child, &size, &pid);
-	for (i = -warmup; i < count; i++) {
-		uint64_t t0 = now_ns();
-
-		write_full(fd, req, sizeof(req));
-		read_full(fd, buf, size);
-		if (i >= 0)
-			ns[i] = now_ns() - t0;
-	}
-	close(fd);
-	waitpid(pid, &status, 0);
-	print_stats(ns, count);
-	printf(" size=%zu\n", size);
-	free(ns);
+	a.fd = pair(congestion, fetch_child, &size, &pid);
+	ret = report(sample(&x, count, warmup, a.fd, pid), count, size);
 	free(buf);
-	return 0;
+	return ret;
 }
 
 struct sink_arg {
@@ -307,43 +356,52 @@ static int stream(size_t total, long reps, size_t chunk, const char *congestion)
 	return 0;
 }
 
+/* import: after the idle gap, an echo ioctl, a 64-byte round trip, two more ioctls */
+struct import_ex {
+	struct ask rt;
+	int efd;
+	unsigned long cmd;
+	char buf[4096];
+};
+
+static void import_settle(void *arg, long i)
+{
+	struct timespec settle = { 0, IMPORT_SETTLE_NS };
+
+	(void)arg, (void)i;
+	nanosleep(&settle, NULL);
+}
+
+static void import_run(void *arg)
+{
+	struct import_ex *m = arg;
+	int k;
+
+	for (k = 0; k < 3; k++) {
+		if (ioctl(m->efd, m->cmd, m->buf) < 0)
+			die("echo ioctl");
+		if (k == 0)
+			ask_run(&m->rt);
+	}
+}
+
 static int import_floor(const char *path, unsigned long cmd, long count, long warmup)
 {
-	static char buf[4096], msg[64];
+	static char msg[64];
+	static struct import_ex m = { { -1, msg, sizeof(msg), msg, sizeof(msg) }, -1, 0, { 0 } };
+	struct exchange x = { import_settle, import_run, NULL, &m };
 	size_t size = sizeof(msg);
-	struct timespec settle = { 0, IMPORT_SETTLE_NS };
-	uint64_t *ns = calloc((size_t)count, sizeof(*ns));
-	int efd = open(path, O_RDWR | O_CLOEXEC), fd, status, k;
 	pid_t pid;
-	long i;
+	int ret;
 
-	if (!ns)
-		return 2;
-	if (efd < 0)
+	m.cmd = cmd;
+	m.efd = open(path, O_RDWR | O_CLOEXEC);
+	if (m.efd < 0)
 		die(path);
-	fd = pair("cubic", echo_child, &size, &pid);
-	for (i = -warmup; i < count; i++) {
-		uint64_t t0;
-
-		nanosleep(&settle, NULL);
-		t0 = now_ns();
-		if (ioctl(efd, cmd, buf) < 0)
-			die("echo ioctl");
-		write_full(fd, msg, size);
-		read_full(fd, msg, size);
-		for (k = 0; k < 2; k++)
-			if (ioctl(efd, cmd, buf) < 0)
-				die("echo ioctl");
-		if (i >= 0)
-			ns[i] = now_ns() - t0;
-	}
-	close(fd);
-	close(efd);
-	waitpid(pid, &status, 0);
-	print_stats(ns, count);
-	printf("\n");
-	free(ns);
-	return 0;
+	m.rt.fd = pair("cubic", echo_child, &size, &pid);
+	ret = report(sample(&x, count, warmup, m.rt.fd, pid), count, 0);
+	close(m.efd);
+	return ret;
 }
 
 int main(int argc, char **argv)
