@@ -842,21 +842,26 @@ def engine_runs(reps: int, c: Counts, cpus: set[int] | None, a: Node, b: Node,
         rtt = fields(run_c(BUILD / "tcp_floor", ["rtt", str(c.rtts)], cpus))
         idle = engine_cpu(b, "idle", c, cpus)
         poll = engine_cpu(b, "poll", c, cpus)
-        remote_bps = c.sdma_remote_bytes * 1e9 / remote["remote_ns"]
-        runs.append({
-            "measured": {"local": local, "remote": remote, "fence": fence,
-                         "tcp_stream": stream, "tcp_relay": relay, "tcp_rtt": rtt,
-                         "idle": idle, "poll": poll},
-            "ratios": {"sdma_h2d": local["memcpy_ns"] / local["h2d_ns"],
-                       "sdma_d2h": local["memcpy_ns"] / local["d2h_ns"],
-                       "sdma_remote": remote_bps / stream["median_bps"],
-                       # against the same work done in C (no goal: printed beside it)
-                       "remote_over_relay": relay["relay_ns"] / remote["remote_ns"],
-                       "fence_over_rtt": fence["fence_ns"] / rtt["median_ns"],
-                       # the ceiling of a copy done by process_vm_readv: on one thread, on two
-                       "pvm_floor": local["memcpy_ns"] / local["pvm_ns"],
-                       "pvm2_floor": local["memcpy_ns"] / local["pvm2_ns"]}})
+        measured = {"local": local, "remote": remote, "fence": fence, "tcp_stream": stream,
+                    "tcp_relay": relay, "tcp_rtt": rtt, "idle": idle, "poll": poll}
+        runs.append({"measured": measured, "ratios": engine_ratios(measured)})
     return runs
+
+
+def engine_ratios(m: dict[str, dict[str, float]]) -> dict[str, float]:
+    """One repetition's ratios from its measurements (the C programs' fields)."""
+    local, remote = m["local"], m["remote"]
+    remote_bps = remote["bytes"] * 1e9 / remote["remote_ns"]
+    return {"sdma_h2d": local["memcpy_ns"] / local["h2d_ns"],
+            "sdma_d2h": local["memcpy_ns"] / local["d2h_ns"],
+            "sdma_remote": remote_bps / m["tcp_stream"]["median_bps"],
+            # against the same work done in C (no goal: printed beside it)
+            "remote_over_relay": remote_bps * m["tcp_relay"]["relay_ns"]
+            / (m["tcp_relay"]["bytes"] * 1e9),
+            "fence_over_rtt": m["fence"]["fence_ns"] / m["tcp_rtt"]["median_ns"],
+            # the ceiling of a copy done by process_vm_readv: on one thread, on two
+            "pvm_floor": local["memcpy_ns"] / local["pvm_ns"],
+            "pvm2_floor": local["memcpy_ns"] / local["pvm2_ns"]}
 
 
 def engine_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
