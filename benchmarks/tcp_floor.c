@@ -49,6 +49,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -306,8 +307,8 @@ static int fetch(long count, size_t size, long warmup, const char *congestion)
  * child on the accepted end) holds the bytes in a memfd and answers each 29-byte request
  * with a 13-byte head and its piece, sendfile'd from the memfd (dp_serve_files); the
  * importer (this process) keeps RELAY_IN_FLIGHT requests out, receives each answer straight
- * into its slot of a RELAY_SLOTS-piece ring (SO_RCVLOWAT at the piece's size: woken once per
- * answer, as the data plane's thread is), and writes every run of pieces in, at least
+ * into its slot of a RELAY_SLOTS-piece ring (woken once it is all in: relay_recv; the data
+ * plane's thread is woken for its head, then for its piece), and writes every run of pieces in, at least
  * RELAY_STORE_PIECES (fewer at the end), into the client's anonymous memory with one
  * process_vm_writev (callermem's worker; never split: its split starts at 8 MiB); the
  * client (a child) only holds that memory.  Two copies of the bytes: socket to ring, ring
@@ -332,6 +333,7 @@ struct relay {
 	uint64_t at;                    /* the client's memory */
 	char *ring;
 	int nowrite;                    /* TCP_FLOOR_RELAY_NOWRITE: the check's own test */
+	int lowat;                      /* the socket's SO_RCVLOWAT (the receiving thread's) */
 	uint64_t stamp;                 /* this relay's stamp (prepare) */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -399,12 +401,51 @@ static void relay_exporter(int fd, void *arg)
 	}
 }
 
+/*
+ * An answer into `head` and `to` (its `n` bytes), the receiving thread woken once it is all
+ * in: SO_RCVLOWAT at what is left of it, lowered as it comes, as the data plane lowers it
+ * (dp_direct_more).  Not a blocking read with the mark at the answer's size: one that took
+ * part of it sleeps past the rest (the socket wakes a reader once its unread bytes reach
+ * the mark, and the part taken is not unread any more).
+ */
+static void relay_recv(struct relay *r, char *head, char *to, uint32_t n)
+{
+	struct iovec v[2] = { { head, RELAY_HEAD }, { to, n } }, *at = v;
+	struct msghdr m = { .msg_iov = v, .msg_iovlen = 2 };
+	size_t left = RELAY_HEAD + (size_t)n;
+
+	while (left) {
+		struct pollfd in = { r->sock, POLLIN, 0 };
+		ssize_t k;
+
+		if ((int)left != r->lowat) {
+			r->lowat = (int)left;
+			setsockopt(r->sock, SOL_SOCKET, SO_RCVLOWAT, &r->lowat, sizeof(r->lowat));
+		}
+		if (poll(&in, 1, -1) < 0 && errno != EINTR)
+			die("poll");
+		k = recvmsg(r->sock, &m, MSG_DONTWAIT);
+		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			continue;
+		if (k <= 0)
+			die("recvmsg");
+		left -= (size_t)k;
+		for (; at < v + 2 && (size_t)k >= at->iov_len; at++)
+			k -= (ssize_t)at->iov_len;
+		if (at < v + 2) {
+			at->iov_base = (char *)at->iov_base + k;
+			at->iov_len -= (size_t)k;
+		}
+		m.msg_iov = at;
+		m.msg_iovlen = (size_t)(v + 2 - at);
+	}
+}
+
 /* The importer's receiving thread: each relay's answers in order, each into its slot. */
 static void *relay_receiver(void *arg)
 {
 	struct relay *r = arg;
 	long seen = 0, k;
-	int lowat = 0;
 
 	for (;;) {
 		pthread_mutex_lock(&r->lock);
@@ -418,19 +459,13 @@ static void *relay_receiver(void *arg)
 			char head[RELAY_HEAD];
 			uint32_t n = relay_len(r, k), len, seq;
 
-			/* (readable once the piece is in: the head's read waits for its piece) */
-			if ((int)n != lowat) {
-				lowat = (int)n;
-				setsockopt(r->sock, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof(lowat));
-			}
-			read_full(r->sock, head, sizeof(head));
+			relay_recv(r, head, r->ring + (size_t)(k % RELAY_SLOTS) * RELAY_PIECE, n);
 			memcpy(&len, head, 4);
 			memcpy(&seq, head + 5, 4);
 			if (len != 9 + n || seq != (uint32_t)k) {
 				fprintf(stderr, "relay: answer %ld: length %u seq %u\n", k, len, seq);
 				exit(1);
 			}
-			read_full(r->sock, r->ring + (size_t)(k % RELAY_SLOTS) * RELAY_PIECE, n);
 			pthread_mutex_lock(&r->lock);
 			r->received++;
 			relay_issue(r);
