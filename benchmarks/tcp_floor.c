@@ -308,10 +308,10 @@ static int fetch(long count, size_t size, long warmup, const char *congestion)
  * with a 13-byte head and its piece, sendfile'd from the memfd (dp_serve_files); the
  * importer (this process) keeps RELAY_IN_FLIGHT requests out, receives each answer straight
  * into its slot of a RELAY_SLOTS-piece ring (woken once it is all in: relay_recv; the data
- * plane's thread is woken for its head, then for its piece), and writes every run of pieces in, at least
- * RELAY_STORE_PIECES (fewer at the end), into the client's anonymous memory with one
- * process_vm_writev (callermem's worker; never split: its split starts at 8 MiB); the
- * client (a child) only holds that memory.  Two copies of the bytes: socket to ring, ring
+ * plane's thread is woken for its head, then for its piece), and writes every run of
+ * pieces in, at least RELAY_STORE_PIECES (fewer at the end), into the client's anonymous
+ * memory with one process_vm_writev (callermem's worker; never split: its split starts at
+ * 8 MiB); the client (a child) only holds that memory.  Two copies of the bytes: socket to ring, ring
  * to client.  Two threads in the importer, as in the emulator: one receives (and issues the
  * next request as each answer comes in, where the emulator's trio thread does), the other
  * writes, so that the receive, the writes and the exporter's sendfile overlap.
@@ -334,7 +334,6 @@ struct relay {
 	char *ring;
 	int nowrite;                    /* TCP_FLOOR_RELAY_NOWRITE: the check's own test */
 	int lowat;                      /* the socket's SO_RCVLOWAT (the receiving thread's) */
-	uint64_t stamp;                 /* this relay's stamp (prepare) */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	long gen;                       /* relays started: the receiver's start */
@@ -524,11 +523,11 @@ static void relay_run(void *arg)
 static void relay_prepare(void *arg, long i)
 {
 	struct relay *r = arg;
+	uint64_t stamp = (uint64_t)(i + 1 + (1L << 20)) << 32;  /* (i: -1 for the warm-up) */
 	long k;
 
-	r->stamp = (uint64_t)(i + 1 + (1L << 20)) << 32;
 	for (k = 0; k < r->pieces; k++)
-		r->src[(size_t)k * RELAY_PIECE / 8] = r->stamp | (uint64_t)k;
+		r->src[(size_t)k * RELAY_PIECE / 8] = stamp | (uint64_t)k;
 }
 
 /* Compare the client's [off, off + n) with the exporter's (`n` <= RELAY_PIECE): 0 if equal. */
