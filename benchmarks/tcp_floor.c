@@ -311,10 +311,10 @@ static int fetch(long count, size_t size, long warmup, const char *congestion)
  * plane's thread is woken for its head, then for its piece), and writes every run of
  * pieces in, at least RELAY_STORE_PIECES (fewer at the end), into the client's anonymous
  * memory with one process_vm_writev (callermem's worker; never split: its split starts at
- * 8 MiB); the client (a child) only holds that memory.  Two copies of the bytes: socket to ring, ring
- * to client.  Two threads in the importer, as in the emulator: one receives (and issues the
- * next request as each answer comes in, where the emulator's trio thread does), the other
- * writes, so that the receive, the writes and the exporter's sendfile overlap.
+ * 8 MiB); the client (a child) only holds that memory.  Two copies of the bytes: socket to
+ * ring, ring to client.  Two threads in the importer, as in the emulator: one receives (and
+ * issues the next request as each answer comes in, where the emulator's trio thread does),
+ * the other writes, so that the receive, the writes and the exporter's sendfile overlap.
  */
 #define RELAY_PIECE (1u << 20)          /* engine_remote.CHUNK: the data plane's largest */
 #define RELAY_IN_FLIGHT 4               /* engine_remote.IN_FLIGHT */
