@@ -626,11 +626,14 @@ static int relay(size_t bytes, long reps, const char *congestion)
 	pthread_mutex_unlock(&r.lock);
 	pthread_join(rx, NULL);
 	/* the last relay's bytes, all of them (untimed: once, lest it warm the caches) */
-	for (off = 0, ok = ns != NULL; ok && off < bytes; off += RELAY_PIECE)
-		if (relay_compare(&r, buf, off, bytes - off < RELAY_PIECE ? bytes - off : RELAY_PIECE)) {
-			fprintf(stderr, "relay: the client's bytes differ in [%zu, +1 MiB)\n", off);
+	for (off = 0, ok = ns != NULL; ok && off < bytes; off += RELAY_PIECE) {
+		size_t n = bytes - off < RELAY_PIECE ? bytes - off : RELAY_PIECE;
+
+		if (relay_compare(&r, buf, off, n)) {
+			fprintf(stderr, "relay: the client's bytes differ in [%zu, +%zu)\n", off, n);
 			ok = 0;
 		}
+	}
 	close(r.client_fd);
 	if (waitpid(r.client, &status, 0) != r.client || !WIFEXITED(status) || WEXITSTATUS(status))
 		ok = 0;
