@@ -93,7 +93,7 @@ def test_quick_run_writes_every_key(tmp_path):
         assert set(result["engine"]) == {"pinned", "scheduler"}
     for e in result.get("engine", {}).values():
         for k in ("pvm_ns", "pvm2_ns", "pvm_floor", "pvm2_floor", "tcp_relay_ns",
-                  "remote_over_relay"):
+                  "remote_over_relay", "relay_over_stream"):
             assert 0 < e[k]["min"] <= e[k]["median"] <= e[k]["max"], (k, e[k])
 
 
