@@ -77,6 +77,8 @@ def test_quick_run_writes_every_key(tmp_path):
         assert bd["messages_per_cycle"]["importer"].get("NPA_REQ", 0) > 0, bd
         assert all(v is not None and v >= 0 for v in bd["median_ns"].values()), bd
     assert "goal" in text and "first import by phase" in text and str(out) in text
+    if "engine" in result:  # the remote copy beside the same work in C (tcp_floor relay)
+        assert text.count("SDMA 16 MiB remote→host / C relay") == 2, text
     # --cycle: each step of the import cycle, in both placements, with and without gaps
     assert set(result["cycle"]) == {f"{p}, {g} ms gaps" for p in ("pinned", "scheduler")
                                     for g in (2, 0)}
@@ -90,7 +92,8 @@ def test_quick_run_writes_every_key(tmp_path):
     if (RUN.parent / "build" / "sdma_bench").exists():
         assert set(result["engine"]) == {"pinned", "scheduler"}
     for e in result.get("engine", {}).values():
-        for k in ("pvm_ns", "pvm2_ns", "pvm_floor", "pvm2_floor"):
+        for k in ("pvm_ns", "pvm2_ns", "pvm_floor", "pvm2_floor", "tcp_relay_ns",
+                  "remote_over_relay", "relay_over_stream"):
             assert 0 < e[k]["min"] <= e[k]["median"] <= e[k]["max"], (k, e[k])
 
 
@@ -122,3 +125,31 @@ def test_tcp_floor_fetch_times_whole_answers():
     assert 0 < int(fields["median_ns"]) <= int(fields["p99_ns"]), out
     bad = subprocess.run([str(prog), "fetch", "20"], capture_output=True, timeout=10)
     assert bad.returncode == 2  # (a size is required)
+
+
+def test_tcp_floor_relay_moves_every_byte_to_the_client():
+    """tcp_floor relay <bytes> <reps>: the SDMA remote copy's work in C (exporter, importer,
+    client). Every relay's pieces are read back from the client (each piece's first word,
+    stamped anew before each relay) and the last relay's bytes all of them: a relay that
+    writes nothing fails, so the floor cannot be fast by doing nothing. Ten pieces, the
+    last one short: the 8-slot ring wraps; pinned to one CPU too (both importer threads,
+    exporter and client on it: nothing waits for a CPU it cannot get)."""
+    prog = RUN.parent / "build" / "tcp_floor"
+    subprocess.run(["make", "-s", "-C", str(RUN.parent)], check=True, timeout=120)
+    size = 9 * (1 << 20) + 4096
+    one_cpu = ["taskset", "-c", str(min(os.sched_getaffinity(0)))]
+    for prefix in ([], one_cpu):
+        out = subprocess.run([*prefix, str(prog), "relay", str(size), "3"], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        fields = dict(kv.split("=") for kv in out.stdout.split())
+        assert fields["reps"] == "3" and fields["bytes"] == str(size), out.stdout
+        assert 0 < int(fields["min_ns"]) <= int(fields["relay_ns"]) <= int(fields["max_ns"])
+    nowrite = subprocess.run([str(prog), "relay", str(size), "3"], capture_output=True,
+                             text=True, timeout=60,
+                             env=dict(os.environ, TCP_FLOOR_RELAY_NOWRITE="1"))
+    assert nowrite.returncode == 1 and "relay_ns" not in nowrite.stdout, nowrite
+    assert "piece 0 did not reach the client" in nowrite.stderr, nowrite.stderr
+    for bad in (["relay", "12", "3"], ["relay", str(size)], ["relay", "0", "3"]):
+        r = subprocess.run([str(prog), *bad], capture_output=True, timeout=10)
+        assert r.returncode == 2, bad  # (a multiple of 8 bytes, at least one rep: usage)
