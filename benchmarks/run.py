@@ -127,6 +127,10 @@ GOALS = {  # name: (what, comparison, goal)
 # Ratios printed without a goal: what they explain.
 INFO = {
     "export_idle": "export ioctl / C echo, both after 2 ms idle ³",
+    "load_1m_relay": "1 MiB load / C FUSE relay ⁷",
+    "store_1m_relay": "1 MiB store / C FUSE relay ⁷",
+    "relay_load_1m_stream": "C FUSE relay load / C TCP stream ⁷",
+    "relay_store_1m_stream": "C FUSE relay store / C TCP stream ⁷",
 }
 
 # Phases of the first import, from the client's and the stamped daemons' clocks.
@@ -194,15 +198,16 @@ def fields(line: str) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def fuse_echo(tmp: Path) -> Iterator[subprocess.Popen[bytes]]:
-    mnt = tmp / "echo"
+def fuse_server(mnt: Path, argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """A C FUSE floor (`argv`, mounting at `mnt`) once it mounted; stopped (SIGTERM, then
+    SIGKILL) and its mount gone after, even a stale one."""
     mnt.mkdir()
-    proc = subprocess.Popen([str(LIB_BUILD / "fuse_echo"), str(mnt), "-f"])
+    proc = subprocess.Popen(argv)
     try:
         deadline = time.monotonic() + 10
         while not fuse_mounts_at(str(mnt)):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("fuse_echo did not mount")
+                raise RuntimeError(f"{Path(argv[0]).name} did not mount")
             time.sleep(0.02)
         yield proc
     finally:
@@ -214,6 +219,31 @@ def fuse_echo(tmp: Path) -> Iterator[subprocess.Popen[bytes]]:
             proc.wait()
         if fuse_mounts_at(str(mnt)):
             clear_stale_mount(mnt)
+
+
+@contextlib.contextmanager
+def fuse_echo(tmp: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with fuse_server(tmp / "echo", [str(LIB_BUILD / "fuse_echo"), str(tmp / "echo"),
+                                    "-f"]) as proc:
+        yield proc
+
+
+class Relay:
+    """A running `fuse_relay serve`: its file, and its two processes (the FUSE server and the
+    exporter it forked)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], file: Path) -> None:
+        self.proc, self.file = proc, file
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        self.pids = [proc.pid, *map(int, children)]
+
+
+@contextlib.contextmanager
+def fuse_relay(tmp: Path, mib: int = 1) -> Iterator[Relay]:
+    """The 1 MiB loads' and stores' floor (fuse_relay.c): <tmp>/relay/bo, `mib` MiB."""
+    mnt = tmp / "relay"
+    with fuse_server(mnt, [str(BUILD / "fuse_relay"), "serve", str(mnt), str(mib)]) as proc:
+        yield Relay(proc, mnt / "bo")
 
 
 @contextlib.contextmanager
@@ -284,10 +314,10 @@ WARMUP = 1000  # ioctl_latency's default warm-up calls
 
 
 def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[bytes] | None,
-            echo_dev: Path, a: Node, b: Node) -> dict[str, float]:
+            echo_dev: Path, a: Node, b: Node, relay: Relay | None = None) -> dict[str, float]:
     """One measurement; every value in ns (or bytes/s for the stream), and for the FUSE
     servers' figures their cost per operation (ServerClock). `echo` may be None for the
-    kinds that do not use fuse_echo (--data-rows)."""
+    kinds that do not use fuse_echo (--data-rows), `relay` for those not fuse_relay's."""
     lat, pod_lat = LIB_BUILD / "ioctl_latency", BUILD / "pod_latency"
     pods = [a.proc.pid, b.proc.pid]
     if kind == "echo":
@@ -323,6 +353,15 @@ def measure(kind: str, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[
         return {**{k: statistics.median(s[k] for s in steps)
                    for k in ("total_ns", "ioctl_ns", "open_ns", "fd_to_handle_ns")},
                 **clock.per_op(c.imports + c.imports // 10 + 1)}
+    if kind in ("relay_load_1m", "relay_store_1m"):
+        # The same work as load_1m / store_1m in C: fuse_relay's client on its file, the
+        # same count after the same warm-ups, then one 1 MiB store and load of its check.
+        assert relay is not None
+        clock = ServerClock(relay.pids)
+        op = kind.split("_")[1]
+        out = fields(run_c(BUILD / "fuse_relay", [op, str(relay.file), str(MiB),
+                                                   str(c.loads_1m)], cpus))
+        return {**out, **clock.per_op(c.loads_1m + c.loads_1m // 10 + 1 + 2)}
     if kind == "store_1m":
         clock = ServerClock(pods)
         out = fields(run_c(pod_lat, ["store", a.render(), b.render(), f"{MiB}:{c.loads_1m}"],
@@ -368,27 +407,44 @@ def ratios(m: dict[str, dict[str, float]]) -> dict[str, float]:
         "load_1m": (MiB * 1e9 / m["load_1m"]["median_ns"]) / m["tcp_stream"]["median_bps"],
         "store_1m": (MiB * 1e9 / m["store_1m"]["median_ns"]) / m["tcp_stream"]["median_bps"],
         "export_idle": m["export_idle"]["median_ns"] / m["echo_idle"]["median_ns"],
+        **relay_ratios(m),
     }
 
 
+def relay_ratios(m: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The 1 MiB rows against the same work in C (fuse_relay.c), as throughputs (no goal),
+    and that floor's own throughput over the stream: the best the goal's ratio can be."""
+    out = {}
+    for k in ("load_1m", "store_1m"):
+        relay_ns = m[f"relay_{k}"]["median_ns"]
+        out[f"{k}_relay"] = relay_ns / m[k]["median_ns"]
+        out[f"relay_{k}_stream"] = MiB * 1e9 / relay_ns / m["tcp_stream"]["median_bps"]
+    return out
+
+
 KINDS = ["echo", "export", "tcp_rtt", "import_floor", "first_import", "tcp_stream", "load_4k",
-         "load_1m", "store_1m", "echo_idle", "export_idle"]
+         "load_1m", "relay_load_1m", "store_1m", "relay_store_1m", "echo_idle", "export_idle"]
 SERVED = {"echo": "C libfuse3 echo, per ioctl", "export": "ualinkd, per export ioctl",
           "first_import": "ualinkd, per import cycle", "load_4k": "ualinkd, per 4 KiB load",
-          "load_1m": "ualinkd, per 1 MiB load", "store_1m": "ualinkd, per 1 MiB store"}
+          "load_1m": "ualinkd, per 1 MiB load", "store_1m": "ualinkd, per 1 MiB store",
+          "relay_load_1m": "C FUSE relay, per 1 MiB load ⁷",
+          "relay_store_1m": "C FUSE relay, per 1 MiB store ⁷"}
 
 
-DATA_ROWS = ["tcp_stream", "load_1m", "store_1m"]  # --data-rows: the 1 MiB rows and their floor
+# --data-rows: the 1 MiB rows, their floor and the same work in C
+DATA_ROWS = ["tcp_stream", "load_1m", "relay_load_1m", "store_1m", "relay_store_1m"]
 
 
-def data_rows(reps: int, c: Counts, cpus: set[int] | None, a: Node, b: Node) -> list[str]:
-    """`--data-rows`: only the 1 MiB remote load and store against the C TCP stream, each
-    repetition's floor and figures measured back to back (issue 34's two data rows)."""
-    for pid in (a.proc.pid, b.proc.pid):
+def data_rows(reps: int, c: Counts, cpus: set[int] | None, a: Node, b: Node,
+              relay: Relay) -> list[str]:
+    """`--data-rows`: only the 1 MiB remote load and store against the C TCP stream (issue
+    34's two data rows) and against the same work in C (fuse_relay.c, no goal), each
+    repetition's floors and figures measured back to back."""
+    for pid in (a.proc.pid, b.proc.pid, *relay.pids):
         pin(pid, cpus or ALLOWED)
     rows = []
     for _ in range(reps):
-        m = {k: measure(k, c, cpus, None, Path(), a, b) for k in DATA_ROWS}
+        m = {k: measure(k, c, cpus, None, Path(), a, b, relay) for k in DATA_ROWS}
         # (a C client fetching 1 MiB answers one request at a time: the ceiling of a load)
         fetch = fields(run_c(BUILD / "tcp_floor", ["fetch", str(c.loads_1m), str(MiB)], cpus))
         rows.append({"stream": m["tcp_stream"]["median_bps"],
@@ -397,7 +453,10 @@ def data_rows(reps: int, c: Counts, cpus: set[int] | None, a: Node, b: Node) -> 
                         for k in ("load_1m", "store_1m")},
                      **{f"{k}_us": m[k]["median_ns"] / 1e3 for k in ("load_1m", "store_1m")},
                      **{f"{k}_cpu_us": m[k]["server_cpu_ns_per_op"] / 1e3
-                        for k in ("load_1m", "store_1m")}})
+                        for k in ("load_1m", "store_1m", "relay_load_1m", "relay_store_1m")},
+                     **{f"relay_{k}_us": m[f"relay_{k}"]["median_ns"] / 1e3
+                        for k in ("load_1m", "store_1m")},
+                     **relay_ratios(m)})
     def col(k: str, scale: float = 1, fmt: str = "{:.2f}") -> str:
         return spread(summary([r[k] for r in rows]), scale, fmt)
     return [f"  C TCP stream GiB/s {col('stream', 1 << 30)}",
@@ -406,17 +465,23 @@ def data_rows(reps: int, c: Counts, cpus: set[int] | None, a: Node, b: Node) -> 
             *(f"  {what:<46} {col(k)}  (goal >= 0.5; {col(k + '_us', 1, '{:.0f}')} µs, "
               f"daemons' CPU {col(k + '_cpu_us', 1, '{:.0f}')} µs per op)"
               for k, what in (("load_1m", "1 MiB remote load / C TCP stream"),
-                              ("store_1m", "1 MiB remote store / C TCP stream")))]
+                              ("store_1m", "1 MiB remote store / C TCP stream"))),
+            *(f"  {what:<46} {col(k + '_relay')}  (no goal; the relay "
+              f"{col('relay_' + k + '_us', 1, '{:.0f}')} µs, its CPU "
+              f"{col('relay_' + k + '_cpu_us', 1, '{:.0f}')} µs per op, its own ratio to the "
+              f"stream {col('relay_' + k + '_stream')})"
+              for k, what in (("load_1m", "1 MiB load / C FUSE relay"),
+                              ("store_1m", "1 MiB store / C FUSE relay")))]
 
 
 def placement_runs(reps: int, c: Counts, cpus: set[int] | None, echo: subprocess.Popen[bytes],
-                   echo_dev: Path, a: Node, b: Node) -> list[dict[str, Any]]:
+                   echo_dev: Path, a: Node, b: Node, relay: Relay) -> list[dict[str, Any]]:
     all_cpus = ALLOWED
-    for pid in (echo.pid, a.proc.pid, b.proc.pid):
+    for pid in (echo.pid, a.proc.pid, b.proc.pid, *relay.pids):
         pin(pid, cpus or all_cpus)
     runs = []
     for _ in range(reps):
-        m = {k: measure(k, c, cpus, echo, echo_dev, a, b) for k in KINDS}
+        m = {k: measure(k, c, cpus, echo, echo_dev, a, b, relay) for k in KINDS}
         runs.append({"measured": m, "ratios": ratios(m)})
     return runs
 
@@ -604,6 +669,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "import_floor_back_to_back_ns": summary(
                 [3 * r["measured"]["echo"]["median_ns"] + r["measured"]["tcp_rtt"]["median_ns"]
                  for r in runs]),
+            "fuse_relay_load_1m_ns": pick("relay_load_1m", "median_ns"),
+            "fuse_relay_store_1m_ns": pick("relay_store_1m", "median_ns"),
         },
         "figures": {
             "export_ioctl_ns": pick("export", "median_ns"),
@@ -662,6 +729,10 @@ def table(result: dict[str, Any]) -> list[str]:
                   f"{spread(f['import_floor_ns'], 1e3):>26}",
                   f"{'    (the same back to back, hot)':<{w}}"
                   f"{spread(f['import_floor_back_to_back_ns'], 1e3):>26}",
+                  f"{'  C FUSE relay, 1 MiB load ⁷':<{w}}"
+                  f"{spread(f['fuse_relay_load_1m_ns'], 1e3):>26}",
+                  f"{'  C FUSE relay, 1 MiB store ⁷':<{w}}"
+                  f"{spread(f['fuse_relay_store_1m_ns'], 1e3):>26}",
                   f"{'ualinkd (C client)':<{w}}",
                   f"{'  export ioctl (already exported BO)':<{w}}"
                   f"{spread(g['export_ioctl_ns'], 1e3):>26}",
@@ -705,7 +776,8 @@ def table(result: dict[str, Any]) -> list[str]:
               "³ one request to a server idle for the first import's gap, and nothing else: "
               "the price of", "  waking a Python daemon against a C one. A first import "
               "wakes two idle daemons (the importer", "  for the ioctl, the exporter for the "
-              "NPA_REQ), where its floor wakes two idle C servers"]
+              "NPA_REQ), where its floor wakes two idle C servers",
+              *RELAY_FUSE_NOTE.splitlines()]
     bd = result.get("breakdown")
     if bd:
         lines += ["", "first import by phase (a second pod, daemons under benchmarks/stamps.py; "
@@ -725,6 +797,15 @@ def table(result: dict[str, Any]) -> list[str]:
                 lines.append(f"  {n}: {v['other_msgs']} other MSGs went out during the "
                              "samples' import ioctls (not counted as their edges)")
     return lines
+
+
+RELAY_FUSE_NOTE = """\
+⁷ C FUSE relay (fuse_relay.c): the 1 MiB rows' work in C, a single-threaded libfuse3 server
+  forwarding each 1 MiB read or write of its direct_io file over loopback TCP to an exporter
+  process (reads answered by sendfile from a memfd, writes received into it), timed by the
+  same pread/pwrite client loop; it replies to FUSE from a buffer where ualinkd splices a
+  load's answer. No goal: the goals stay against the stream; its own ratio to the stream
+  is the best theirs can be with this shape of work."""
 
 
 # -- the GPU engine (SDMA) against its floors -----------------------------------------------
@@ -988,10 +1069,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.data_rows:
         tmp = Path(tempfile.mkdtemp(prefix="ualink-bench."))
         try:
-            with pod(tmp / "pod", stamps=False) as (a, b):
+            with fuse_relay(tmp) as relay, pod(tmp / "pod", stamps=False) as (a, b):
                 for name, cpus in (("pinned", {args.cpu}), ("scheduler", None)):
                     print(f"{name}: {reps} repetition(s), median [min–max]", flush=True)
-                    print("\n".join(data_rows(reps, counts, cpus, a, b)), flush=True)
+                    print("\n".join(data_rows(reps, counts, cpus, a, b, relay)), flush=True)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return 0
@@ -1001,11 +1082,13 @@ def main(argv: list[str] | None = None) -> int:
                               "placements": {}, "runs": {}}
     tmp = Path(tempfile.mkdtemp(prefix="ualink-bench."))
     try:
-        with fuse_echo(tmp) as echo, pod(tmp / "pod", stamps=False) as (a, b):
+        with fuse_echo(tmp) as echo, fuse_relay(tmp) as relay, \
+                pod(tmp / "pod", stamps=False) as (a, b):
             for name, cpus in (("pinned", {args.cpu}), ("scheduler", None)):
                 if args.engine_only:
                     break
-                runs = placement_runs(reps, counts, cpus, echo, tmp / "echo" / "dev", a, b)
+                runs = placement_runs(reps, counts, cpus, echo, tmp / "echo" / "dev", a, b,
+                                      relay)
                 result["runs"][name] = runs
                 result["placements"][name] = summarize(runs)
             if (BUILD / "sdma_bench").exists() and not args.no_engine:
