@@ -13,6 +13,7 @@ floor is a C program doing the same physical work:
 | 4 KiB remote GPU load                        | 1 echo ioctl + 1 TCP round trip     | ≤ 3×   |
 | 1 MiB remote GPU load, as throughput         | TCP loopback stream (tcp_floor.c)   | ≥ 0.5  |
 | 1 MiB remote GPU store, as throughput        | TCP loopback stream (tcp_floor.c)   | ≥ 0.5  |
+| 1 MiB remote GPU load and store              | the same work in C (fuse_relay.c ⁷) | printed|
 | SDMA copy 64 MiB host→VRAM, VRAM→host ⁴      | C memcpy of 64 MiB, same process    | ≥ 0.5  |
 | SDMA copy 16 MiB remote→host ⁴               | TCP loopback stream (tcp_floor.c)   | ≥ 0.5  |
 | SDMA copy 16 MiB remote→host ⁴               | the same work in C (relay ⁶)        | printed|
@@ -45,6 +46,13 @@ receiving each answer into an 8-slot ring on one thread and writing runs of 4 in
 client's memory with process_vm_writev on another, and a client holding that memory. Two
 copies of the bytes (socket → ring → client) where the C TCP stream makes one between two
 processes; the goal stays against the stream.
+
+⁷ The 1 MiB rows' work in C (benchmarks/fuse_relay.c): a single-threaded libfuse3 server
+whose direct_io file forwards each 1 MiB read or write over loopback TCP to an exporter
+process holding the bytes in a memfd (reads answered with sendfile, writes received into
+its mapping), replying to FUSE from a buffer (ualinkd splices a load's answer instead); its
+own client times pread/pwrite as pod_latency does, then checks a pattern written and read
+back. Printed beside the rows, and its own ratio to the stream (the ceiling of theirs).
 
 ¹ In the first import's own pattern (tcp_floor.c import): each sample after the same 2 ms
 idle gap as each first import (IMPORT_SETTLE_NS), the four round trips timed as one. On this
