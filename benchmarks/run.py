@@ -52,7 +52,8 @@ whose direct_io file forwards each 1 MiB read or write over loopback TCP to an e
 process holding the bytes in a memfd (reads answered with sendfile, writes received into
 its mapping), replying to FUSE from a buffer (ualinkd splices a load's answer instead); its
 own client times pread/pwrite as pod_latency does, then checks a pattern written and read
-back. Printed beside the rows, and its own ratio to the stream (the ceiling of theirs).
+back. Printed beside the rows, and its own ratio to the stream: where the plain way of
+that work stands against the goal. Not a ceiling: ualinkd's load, which splices, beats it.
 
 ¹ In the first import's own pattern (tcp_floor.c import): each sample after the same 2 ms
 idle gap as each first import (IMPORT_SETTLE_NS), the four round trips timed as one. On this
@@ -421,7 +422,8 @@ def ratios(m: dict[str, dict[str, float]]) -> dict[str, float]:
 
 def relay_ratios(m: dict[str, dict[str, float]]) -> dict[str, float]:
     """The 1 MiB rows against the same work in C (fuse_relay.c), as throughputs (no goal),
-    and that floor's own throughput over the stream: the best the goal's ratio can be."""
+    and that floor's own throughput over the stream: where the plain way of that work in C
+    stands against the goal (not a ceiling: ualinkd's load splices where it copies)."""
     out = {}
     for k in ("load_1m", "store_1m"):
         relay_ns = m[f"relay_{k}"]["median_ns"]
@@ -812,8 +814,8 @@ RELAY_FUSE_NOTE = """\
   forwarding each 1 MiB read or write of its direct_io file over loopback TCP to an exporter
   process (reads answered by sendfile from a memfd, writes received into it), timed by the
   same pread/pwrite client loop; it replies to FUSE from a buffer where ualinkd splices a
-  load's answer. No goal: the goals stay against the stream; its own ratio to the stream
-  is the best theirs can be with this shape of work."""
+  load's answer (so a load of ualinkd's can beat it). No goal: the goals stay against the
+  stream; its own ratio to the stream says where the plain way of this work stands."""
 
 
 # -- the GPU engine (SDMA) against its floors -----------------------------------------------
