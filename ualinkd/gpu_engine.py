@@ -515,8 +515,11 @@ class GpuEngineEdge:
         requests that report it to the client's memory (aql.py `_fail`: the inactive
         signal, whose value ROCr's handler sees, then its mailbox and interrupt; sdma.py:
         the rptr write-back) are fulfilled, since that client may destroy the queue or exit
-        before the run returns. Once: the KFD queue keeps the error."""
-        if q.error is None:
+        before the run returns. Once per error: the KFD queue keeps the one told. An engine
+        that faults while telling its error (its inactive signal, or the rptr write-back,
+        unmapped) holds a new one carrying that fault, told too: the process's memory
+        events and gpu_faults hear of the fault as of any other."""
+        if q.error is None or (end.fault is not None and end.error != q.error):
             self._report_error(q, end)
 
     def _report_error(self, q: kq.KfdQueue, end: RunEnd) -> None:

@@ -20,11 +20,14 @@ import struct
 from collections.abc import Callable
 from functools import partial
 
-from test_gpu_engine_edge import BASE, DATA, RPTR, Rig, fence, run_edge, until
+from test_gpu_engine_edge import BASE, DATA, RPTR, UNMAPPED, Rig, fence, run_edge, until
 from test_kfd_queues import create, destroy
+from test_kfd_rules import call
 
+from ualinkd.abi import ioctls as tbl
 from ualinkd.amdgpu import aql, sdma
 from ualinkd.amdgpu.engine import EndReason, EngineRun, RunEnd
+from ualinkd.amdkfd import queues
 from ualinkd.gpu_engine import GpuEngineEdge, RunTarget
 from ualinkd.trace import QueueRecord, Record
 
@@ -70,18 +73,7 @@ def test_an_aql_error_is_reported_when_its_wake_up_destroys_the_queue(caplog):
     rig = Rig()
     seen: list[Record] = []
     rig.node.tracer = seen.append
-    res, out = create(rig.node, rig.p, rig.g0, queue_type=AQL, ring_base_address=AQL_RING,
-                      ring_size=4096, read_pointer_address=AMDQ + aql.AMD_QUEUE_READ_DISPATCH_ID,
-                      write_pointer_address=AMDQ + aql.AMD_QUEUE_WRITE_DISPATCH_ID)
-    assert res == 0
-    q = rig.node.kfd.queues.get(rig.p.pid, out.queue_id, 0)
-    mem = rig.gtt.memory
-    mem.write(AMDQ + aql.AMD_QUEUE_READ_DISPATCH_ID_FIELD_BASE_BYTE_OFFSET - BASE,
-              struct.pack("<I", aql.AMD_QUEUE_READ_DISPATCH_ID))
-    mem.write(AMDQ + aql.AMD_QUEUE_INACTIVE_SIGNAL - BASE, struct.pack("<Q", SIGNAL))
-    mem.write(SIGNAL - BASE, struct.pack("<qqQI", 1, 0, MAILBOX, EVENT_ID))
-    mem.write(AQL_RING - BASE, struct.pack("<H", 23).ljust(aql.AQL_PACKET_SIZE, b"\0"))
-    mem.write(AMDQ + aql.AMD_QUEUE_WRITE_DISPATCH_ID - BASE, struct.pack("<Q", 1))
+    q = _bad_aql_queue(rig, SIGNAL)
 
     logged: list[int] = []
     destroyed: list[int] = []
@@ -144,6 +136,60 @@ def test_an_sdma_packet_error_is_reported_when_the_rptr_write_back_outlives_the_
     errors = [r for r in seen if isinstance(r, QueueRecord) and r.event == "error"]
     assert [r.queue_id for r in errors] == [bad.queue_id], errors
     assert good.error is None
+
+
+def _bad_aql_queue(rig: Rig, inactive_signal: int) -> queues.KfdQueue:
+    """An AQL queue laid out as ROCr's amd_queue_t, its inactive signal at
+    `inactive_signal` (its event's mailbox MAILBOX), with one packet of type 23 (hsa.h
+    defines none) written: its doorbell is still to ring."""
+    res, out = create(rig.node, rig.p, rig.g0, queue_type=AQL, ring_base_address=AQL_RING,
+                      ring_size=4096, read_pointer_address=AMDQ + aql.AMD_QUEUE_READ_DISPATCH_ID,
+                      write_pointer_address=AMDQ + aql.AMD_QUEUE_WRITE_DISPATCH_ID)
+    assert res == 0
+    q = rig.node.kfd.queues.get(rig.p.pid, out.queue_id, 0)
+    mem = rig.gtt.memory
+    mem.write(AMDQ + aql.AMD_QUEUE_READ_DISPATCH_ID_FIELD_BASE_BYTE_OFFSET - BASE,
+              struct.pack("<I", aql.AMD_QUEUE_READ_DISPATCH_ID))
+    mem.write(AMDQ + aql.AMD_QUEUE_INACTIVE_SIGNAL - BASE, struct.pack("<Q", inactive_signal))
+    mem.write(SIGNAL - BASE, struct.pack("<qqQI", 1, 0, MAILBOX, EVENT_ID))
+    mem.write(AQL_RING - BASE, struct.pack("<H", 23).ljust(aql.AQL_PACKET_SIZE, b"\0"))
+    mem.write(AMDQ + aql.AMD_QUEUE_WRITE_DISPATCH_ID - BASE, struct.pack("<Q", 1))
+    return q
+
+
+def _memory_event(rig: Rig) -> int:
+    """A memory-exception event of the process (KFD_IOC_EVENT_MEMORY): what
+    kfd_signal_vm_fault_event sets."""
+    ev = call(rig.node, rig.p, tbl.KFD_CREATE_EVENT.cmd,
+              struct.pack("<QIIIIII", 0, 0, queues.KFD_IOC_EVENT_MEMORY, 0, 0, 0, 0))
+    assert ev.result == 0
+    return int(struct.unpack_from("<I", ev.out, 8)[0])
+
+
+def test_a_fault_while_telling_an_aql_error_is_told_too(caplog):
+    """The inactive signal's pointer names memory the GPU VM does not map: the processor
+    reaches INVALID_PACKET_FORMAT (told at that step), then faults storing the code into
+    the signal. The fault is a second error, told as any GPU fault is: its own line,
+    gpu_faults, the process's memory event (kfd_signal_vm_fault_event). (Before: the first
+    error was told at its step and the fault after it dropped silently.)"""
+    caplog.set_level(logging.WARNING, logger="ualinkd.gpu_engine")
+    rig = Rig()
+    q = _bad_aql_queue(rig, UNMAPPED)
+    mem_id = _memory_event(rig)
+    driver = rig.p.pdds[rig.g0].node.driver
+    before = driver.gpu_faults
+
+    async def body(edge: GpuEngineEdge) -> None:
+        rig.p.pdds[rig.g0].doorbells().memory.write(q.doorbell_slot, (0).to_bytes(8, "little"))
+        await until(lambda: len(_errors(caplog)) == 2 and not edge._running)
+
+    run_edge(rig, body)
+    first, fault = _errors(caplog)
+    assert "queue error 32 (INVALID_FORMAT)" in first, first
+    assert f"GPU page fault: write at VA {UNMAPPED + aql.AMD_SIGNAL_VALUE:#x}" in fault, fault
+    assert driver.gpu_faults == before + 1
+    assert rig.p.events[mem_id].signaled
+    assert "GPU page fault" in (q.error or "")
 
 
 def _finish(gen: EngineRun, answers: list[object]) -> RunEnd:
