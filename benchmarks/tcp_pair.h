@@ -9,8 +9,10 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -82,7 +84,14 @@ static inline int pair(const char *congestion, void (*child)(int, void *), void 
 	if (*pid < 0)
 		die("fork");
 	if (*pid == 0) {
-		int c = accept(lfd, NULL, NULL);
+		int c;
+
+		/* A parent that dies before it connects (a congestion control the kernel
+		 * refuses, a failed connect) must not leave this child in accept() for
+		 * good, holding its caller's output pipes. */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() == 1)
+			_exit(1);
+		c = accept(lfd, NULL, NULL);
 
 		if (c < 0)
 			die("accept");
