@@ -25,8 +25,8 @@ def node(request, tmp_path_factory):
 def plane() -> Iterator[DataPlane]:
     """A started data plane (its thread running, no channel yet)."""
     dp = DataPlane()
-    assert dp.start()
     try:
+        assert dp.start()
         yield dp
     finally:
         dp.stop()
