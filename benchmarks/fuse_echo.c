@@ -69,24 +69,8 @@ int main(int argc, char **argv)
 	if (fuse_opt_add_arg(&args, "-ofsname=fuse_echo,subtype=echo"))
 		goto out_args;
 	se = fuse_session_new(&args, &echo_ops, sizeof(echo_ops), NULL);
-	if (!se)
-		goto out_args;
-	/* A shell starts background jobs with SIGINT ignored, and libfuse only
-	 * takes over signals left at SIG_DFL: reset it so `kill -INT` from a
-	 * benchmark script unmounts too. */
-	signal(SIGINT, SIG_DFL);
-	if (fuse_set_signal_handlers(se) != 0)
-		goto out_session;
-	if (fuse_session_mount(se, opts.mountpoint) != 0)
-		goto out_signals;
-
-	ret = fuse_session_loop(se) < 0;	/* single-threaded on purpose */
-
-	fuse_session_unmount(se);
-out_signals:
-	fuse_remove_signal_handlers(se);
-out_session:
-	fuse_session_destroy(se);
+	if (se)
+		ret = one_file_serve(se, opts.mountpoint);
 out_args:
 	free(opts.mountpoint);
 	fuse_opt_free_args(&args);

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fuse_lowlevel.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -102,6 +103,28 @@ static void one_file_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 	}
 	fi->direct_io = 1;
 	fuse_reply_open(req, fi);
+}
+
+/* Mount `se` at `mountpoint` and serve it, single-threaded on purpose, until a signal
+ * ends the loop; then unmount and destroy it: 0, or 1 when it failed.  A shell starts
+ * background jobs with SIGINT ignored, and libfuse only takes over signals left at
+ * SIG_DFL: it is reset so that `kill -INT` from a benchmark script unmounts too. */
+static int one_file_serve(struct fuse_session *se, const char *mountpoint)
+{
+	int ret = 1;
+
+	signal(SIGINT, SIG_DFL);
+	if (fuse_set_signal_handlers(se) != 0)
+		goto out_session;
+	if (fuse_session_mount(se, mountpoint) != 0)
+		goto out_signals;
+	ret = fuse_session_loop(se) < 0;
+	fuse_session_unmount(se);
+out_signals:
+	fuse_remove_signal_handlers(se);
+out_session:
+	fuse_session_destroy(se);
+	return ret;
 }
 
 #define ONE_FILE_OPS \

@@ -233,24 +233,8 @@ static int serve(const char *mountpoint, size_t mib, const char *congestion)
 	/* the exporter first: it must not inherit /dev/fuse */
 	sock = pair(congestion, exporter, &size, &child);
 	se = fuse_session_new(&args, &relay_ops, sizeof(relay_ops), NULL);
-	if (!se)
-		goto out;
-	/* a shell starts background jobs with SIGINT ignored, and libfuse only takes over
-	   signals left at SIG_DFL (as fuse_echo.c) */
-	signal(SIGINT, SIG_DFL);
-	if (fuse_set_signal_handlers(se) != 0)
-		goto out_session;
-	if (fuse_session_mount(se, mountpoint) != 0)
-		goto out_signals;
-
-	ret = fuse_session_loop(se) < 0;	/* single-threaded on purpose */
-
-	fuse_session_unmount(se);
-out_signals:
-	fuse_remove_signal_handlers(se);
-out_session:
-	fuse_session_destroy(se);
-out:
+	if (se)
+		ret = one_file_serve(se, mountpoint);
 	close(sock);	/* the exporter's end of file: it exits */
 	waitpid(child, NULL, 0);
 	return ret;
