@@ -153,27 +153,31 @@ static int relay_io(char *p, size_t n, int out)
 	return 0;
 }
 
-/* The request's range clipped to the file (and to one exchange's largest). */
-static size_t relay_clip(size_t size, off_t off)
+/* The head of a request for `size` bytes at `off`, its size clipped to the file (and to
+   one exchange's largest): 0, or -1 with `req` answered when it is not for the file. */
+static int relay_head(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct head *h)
 {
+	if (ino != ONE_FILE_INO) {
+		fuse_reply_err(req, EISDIR);
+		return -1;
+	}
 	if (off >= one_file.size)
-		return 0;
-	if (size > (size_t)(one_file.size - off))
+		size = 0;
+	else if (size > (size_t)(one_file.size - off))
 		size = (size_t)(one_file.size - off);
-	return size < RELAY_MAX ? size : RELAY_MAX;
+	h->off = (uint64_t)off;
+	h->size = (uint32_t)(size < RELAY_MAX ? size : RELAY_MAX);
+	return 0;
 }
 
 static void relay_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		       struct fuse_file_info *fi)
 {
-	struct head h = { .op = OP_LOAD, .off = (uint64_t)off };
+	struct head h = { .op = OP_LOAD };
 
 	(void)fi;
-	if (ino != ONE_FILE_INO) {
-		fuse_reply_err(req, EISDIR);
+	if (relay_head(req, ino, size, off, &h))
 		return;
-	}
-	h.size = (uint32_t)relay_clip(size, off);
 	if (!h.size) {
 		fuse_reply_buf(req, NULL, 0);
 		return;
@@ -189,14 +193,11 @@ static void relay_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void relay_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size,
 			off_t off, struct fuse_file_info *fi)
 {
-	struct head h = { .op = OP_STORE, .off = (uint64_t)off };
+	struct head h = { .op = OP_STORE };
 
 	(void)fi;
-	if (ino != ONE_FILE_INO) {
-		fuse_reply_err(req, EISDIR);
+	if (relay_head(req, ino, size, off, &h))
 		return;
-	}
-	h.size = (uint32_t)relay_clip(size, off);
 	if (!h.size) {
 		fuse_reply_err(req, off >= one_file.size ? ENOSPC : EIO);
 		return;
