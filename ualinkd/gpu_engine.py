@@ -583,7 +583,6 @@ class GpuEngineEdge:
             elif q.type == kq.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL:
                 q.processor = AqlQueue(q.ring_base, q.ring_size, q.rptr_address,
                                        q.wptr_address)
-        assert q.processor is None or isinstance(q.processor, SdmaRing | AqlQueue)
         return q.processor
 
     @staticmethod

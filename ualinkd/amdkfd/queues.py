@@ -30,7 +30,9 @@ from ..abi.constants import PAGE_SIZE
 from ..drm.errors import DrmError
 
 if TYPE_CHECKING:
+    from ..amdgpu.aql import AqlQueue
     from ..amdgpu.profile import DeviceProfile
+    from ..amdgpu.sdma import SdmaRing
     from ..amdgpu.vm import GpuVm
     from .chardev import Kfd, KfdProcess
 
@@ -114,7 +116,7 @@ class KfdQueue:
     cu_mask: bytes = b""
     gws: bool = False
     error: str | None = None
-    processor: object | None = None  # the engine's ring consumer (the edge makes it)
+    processor: SdmaRing | AqlQueue | None = None  # the engine's ring consumer (the edge makes it)
     rptr: int = 0  # the byte index consumed, as the engine last wrote it back
     last_doorbell: int = 0
     packets: int = 0
