@@ -35,6 +35,10 @@ CHANNELS = lib.DP_CHANNELS  # channels open at once (one per peer that has one)
 DROP_LOG_GRACE = 2.0
 _FALLBACKS_PER_TAKE = 256
 _LOADED_PER_TAKE = 256
+# ualinkd_dp_stats's counters, in the order it writes them (stats() names them)
+_STATS = ("fast_loads", "served", "fallbacks", "refused", "spliced", "fast_stores",
+          "served_stores", "refused_stores", "late_stores", "reused_buffers", "kept_buffers")
+_LATE_STORES = _STATS.index("late_stores")  # (log_events reads it alone)
 # An engine load's outcome (`load_into`): its bytes are in the buffer; not carried (the
 # caller loads them through the link); no answer within the link's deadline (the link's
 # fault); the data plane stopped.
@@ -56,7 +60,7 @@ class DataPlane:
         self.notify_fd = -1
         self._peers: dict[int, str] = {}  # channel handle -> peer
         self._fallbacks = ffi.new("struct dp_fallback[]", _FALLBACKS_PER_TAKE)
-        self._stats = ffi.new("uint64_t[11]")
+        self._stats = ffi.new("uint64_t[]", len(_STATS))
         self._late_logged = 0
         self.on_broken: Callable[[int], None] | None = None  # DataChannels.on_broken
         # Whether the link to a peer is up (FabricLink.is_up; None: no link to ask, a
@@ -273,7 +277,7 @@ class DataPlane:
         # (on every wake-up of the thread's eventfd, one per GPU engine load: the counters
         # alone, not stats()'s dict and its engine counters, a third C call)
         lib.ualinkd_dp_stats(self.pointer, self._stats)
-        late = int(self._stats[8])  # (late_stores)
+        late = int(self._stats[_LATE_STORES])
         if late > self._late_logged:
             self._late_logged = late
             log.warning("data plane: refused a STORE past its deadline (its requester had "
@@ -322,10 +326,7 @@ class DataPlane:
         if self.pointer == ffi.NULL:
             return {}
         lib.ualinkd_dp_stats(self.pointer, self._stats)
-        stats = dict(zip(("fast_loads", "served", "fallbacks", "refused", "spliced",
-                          "fast_stores", "served_stores", "refused_stores", "late_stores",
-                          "reused_buffers", "kept_buffers"),
-                         self._stats, strict=True))
+        stats = dict(zip(_STATS, self._stats, strict=True))
         stats["channels"] = len(self._peers)
         stats["engine_loads"], stats["engine_fallbacks"] = self.engine_stats()
         return stats
