@@ -35,6 +35,13 @@ def fence(addr: int, value: int) -> bytes:
     return struct.pack("<IIII", 5, addr & 0xFFFF_FFFF, addr >> 32, value)
 
 
+def forever_poll(va: int) -> bytes:
+    """POLL_REGMEM of the dword at `va` until it equals 0 (mask 0xFFFFFFFF), retry 0xFFF:
+    forever, as ROCr's dependency poll (interval 10)."""
+    return struct.pack("<6I", 8 | 3 << 28 | 1 << 31, va & 0xFFFF_FFFF, va >> 32, 0,
+                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+
+
 def copy(dst: int, src: int, n: int) -> bytes:
     return struct.pack("<7I", 1, n - 1, 0, src & 0xFFFF_FFFF, src >> 32,
                        dst & 0xFFFF_FFFF, dst >> 32)
@@ -209,8 +216,7 @@ def test_a_foreign_doorbell_page_does_not_ring_and_a_gone_process_leaves_nothing
     slice_other = other.pdds[rig.g0].doorbells()
     assert slice_other is not rig.p.pdds[rig.g0].doorbells()
     slot = rig.queues[0].doorbell_slot
-    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
-                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    poll = forever_poll(DATA)
     rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
 
     async def body(edge: GpuEngineEdge) -> None:
@@ -238,8 +244,7 @@ def test_a_forever_poll_is_rechecked_at_a_bounded_rate_and_released_by_the_cpu()
     re-checks in 0.5 s, not a busy loop, and no scan each time); the CPU's store releases
     it and the fence after it lands."""
     rig = Rig()
-    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
-                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    poll = forever_poll(DATA)
     rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
 
     async def body(edge: GpuEngineEdge) -> None:
@@ -263,15 +268,10 @@ def test_a_poll_after_a_released_one_is_rechecked_young():
     from MIN_INTERVAL again (several re-checks in its first 30 ms, where an old poll's
     pace gives 3); releasing it lets the fence land."""
     rig = Rig()
-
-    def poll(va: int) -> bytes:
-        return struct.pack("<6I", 8 | 3 << 28 | 1 << 31, va & 0xFFFF_FFFF, va >> 32, 0,
-                           0xFFFF_FFFF, 10 | 0xFFF << 16)
-
     rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00\x01\x00\x00\x00")
 
     async def body(edge: GpuEngineEdge) -> None:
-        rig.submit(poll(DATA) + poll(DATA + 4) + fence(DATA + 16, 9))
+        rig.submit(forever_poll(DATA) + forever_poll(DATA + 4) + fence(DATA + 16, 9))
         await until(lambda: edge.poll_rechecks > 20)  # old: 10 ms apart
         rig.gtt.memory.write(DATA - BASE, b"\x00\x00\x00\x00")
         await until(lambda: rig.queues[0].processor.rptr == 24)  # type: ignore[union-attr]
@@ -414,8 +414,7 @@ def test_another_queue_s_fence_releases_an_old_poll_at_once():
     the fence after the poll lands within 2 ms of queue 1's doorbell scan, where the
     back-off alone would take ~7 ms more."""
     rig = Rig(nqueues=2)
-    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
-                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    poll = forever_poll(DATA)
     rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
     landed: list[float] = []
 
@@ -446,8 +445,7 @@ def test_a_queue_blocked_on_a_poll_waits_while_inactive_and_goes_on_once_active(
     rig = Rig()
     upd = tbl.KFD_UPDATE_QUEUE.cmd
     qid = rig.queues[0].queue_id
-    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, (DATA + 32) & 0xFFFF_FFFF,
-                       (DATA + 32) >> 32, 0, 0xFFFF_FFFF, 10 | 0xFFF << 16)
+    poll = forever_poll(DATA + 32)
     rig.gtt.memory.write(DATA + 32 - BASE, b"\x01\x00\x00\x00")
 
     def update(pct: int) -> int:
@@ -552,8 +550,7 @@ def test_a_run_that_ends_puts_the_doorbell_tick_back_to_its_shortest():
     after a doorbell — not only once. Here the run is released from a long poll, while
     the loop had long backed off."""
     rig = Rig()
-    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
-                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    poll = forever_poll(DATA)
     rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
 
     async def body(edge: GpuEngineEdge) -> None:
@@ -618,8 +615,7 @@ def test_scans_while_every_queue_runs_leave_the_watch_thread_asleep():
     # its ident, to the next thread started, an earlier test's watch thread's to this one)
     earlier = set(threading.enumerate())
     rig = Rig()
-    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
-                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    poll = forever_poll(DATA)
     rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
 
     async def body(edge: GpuEngineEdge) -> None:
@@ -650,8 +646,7 @@ def test_while_every_queue_runs_the_loop_does_not_tick():
     on the CPU the copy needs). The run's end still puts the tick back (its queue is then
     watched again) and the fence after the poll lands."""
     rig = Rig()
-    poll = struct.pack("<6I", 8 | 3 << 28 | 1 << 31, DATA & 0xFFFF_FFFF, DATA >> 32, 0,
-                       0xFFFF_FFFF, 10 | 0xFFF << 16)
+    poll = forever_poll(DATA)
     rig.gtt.memory.write(DATA - BASE, b"\x01\x00\x00\x00")
 
     async def body(edge: GpuEngineEdge) -> None:
